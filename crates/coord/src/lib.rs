@@ -1,0 +1,1 @@
+//! Control plane: the gRPC coordination service, its client, worker identity and config broadcast.

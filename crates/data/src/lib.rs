@@ -1,0 +1,1 @@
+//! Corpus readers, parallel tokenization, packing/padding and the exact partition of a corpus over hosts.

@@ -1,0 +1,1 @@
+//! A typed builder that emits StableHLO text with Shardy sharding annotations.

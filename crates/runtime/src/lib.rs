@@ -1,0 +1,1 @@
+//! A thin safe wrapper over the PJRT C API: load a plugin, compile StableHLO, move buffers, execute.

@@ -1,0 +1,1 @@
+//! Activation shards (safetensors), manifests, statistics and exactly-once uploads to object stores.
