@@ -1,0 +1,361 @@
+//! Model configuration in two layers, like candle's `LlamaConfig::into_config`: [`HfConfig`]
+//! mirrors `config.json` with optional fields, and [`ModelConfig`] is the plain validated form
+//! every other part of siphon uses. [`ModelConfig::params`] lists every weight tensor the
+//! forward needs, by its Hugging Face name, with its shape and [`ParamClass`]; the planner
+//! shards by class and the loaders fill tensors by name.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ModelError;
+
+/// The architectures siphon can build a forward pass for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// Llama family (Llama 2/3, SmolLM2, Mistral-style configs without sliding window).
+    Llama,
+    /// Qwen2 / Qwen2.5: Llama with q/k/v biases.
+    Qwen2,
+}
+
+/// RoPE frequency scaling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RopeScaling {
+    /// Llama 3's piecewise scaling of long wavelengths.
+    Llama3 {
+        /// Overall scale factor.
+        factor: f64,
+        /// Wavelengths shorter than `original_max / high_freq_factor` are kept.
+        low_freq_factor: f64,
+        /// Wavelengths longer than `original_max / low_freq_factor` are divided by `factor`.
+        high_freq_factor: f64,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: usize,
+    },
+    /// Plain linear position interpolation: positions divided by `factor`.
+    Linear {
+        /// Scale factor.
+        factor: f64,
+    },
+}
+
+/// `config.json` as Hugging Face writes it; every field optional so that a missing one gets
+/// a clear error or the architecture's default in [`HfConfig::into_config`].
+#[derive(Debug, Clone, Default, Deserialize)]
+#[allow(missing_docs)]
+pub struct HfConfig {
+    pub architectures: Option<Vec<String>>,
+    pub model_type: Option<String>,
+    pub vocab_size: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    pub num_hidden_layers: Option<usize>,
+    pub num_attention_heads: Option<usize>,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub rms_norm_eps: Option<f64>,
+    pub rope_theta: Option<f64>,
+    pub rope_scaling: Option<serde_json::Value>,
+    pub max_position_embeddings: Option<usize>,
+    pub tie_word_embeddings: Option<bool>,
+    pub attention_bias: Option<bool>,
+    pub hidden_act: Option<String>,
+    pub bos_token_id: Option<serde_json::Value>,
+    pub eos_token_id: Option<serde_json::Value>,
+    pub pad_token_id: Option<serde_json::Value>,
+    pub torch_dtype: Option<String>,
+}
+
+/// The validated configuration of a supported model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// Which forward builder to use.
+    pub arch: Arch,
+    /// Rows of the embedding table.
+    pub vocab_size: usize,
+    /// Width of the residual stream (d_model).
+    pub hidden_size: usize,
+    /// Width of the MLP's gate/up projections.
+    pub intermediate_size: usize,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (GQA when fewer than `n_heads`).
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RoPE frequency scaling, if any.
+    pub rope_scaling: Option<RopeScaling>,
+    /// Longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// Whether lm_head shares the embedding table (no separate `lm_head.weight`).
+    pub tie_word_embeddings: bool,
+    /// Whether q/k/v projections have biases (Qwen2 yes, Llama no).
+    pub qkv_bias: bool,
+}
+
+impl HfConfig {
+    /// Parses `config.json` text.
+    pub fn from_json(text: &str) -> Result<HfConfig, ModelError> {
+        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))
+    }
+
+    /// Validates and fills architecture defaults.
+    pub fn into_config(self) -> Result<ModelConfig, ModelError> {
+        let arch = match self.model_type.as_deref() {
+            Some("llama") | Some("mistral") => Arch::Llama,
+            Some("qwen2") => Arch::Qwen2,
+            Some(other) => {
+                return Err(ModelError::UnsupportedArch(format!(
+                    "model_type {other:?} (supported: llama, qwen2)"
+                )));
+            }
+            None => match self.architectures.as_deref().and_then(|a| a.first()).map(String::as_str) {
+                Some("LlamaForCausalLM") | Some("MistralForCausalLM") => Arch::Llama,
+                Some("Qwen2ForCausalLM") => Arch::Qwen2,
+                other => {
+                    return Err(ModelError::UnsupportedArch(format!(
+                        "config.json has no model_type and architectures {other:?}"
+                    )));
+                }
+            },
+        };
+        fn need<T>(v: Option<T>, name: &str) -> Result<T, ModelError> {
+            v.ok_or_else(|| ModelError::Config(format!("config.json lacks {name}")))
+        }
+        let hidden_size = need(self.hidden_size, "hidden_size")?;
+        let n_heads = need(self.num_attention_heads, "num_attention_heads")?;
+        let n_kv_heads = self.num_key_value_heads.unwrap_or(n_heads);
+        let head_dim = match self.head_dim {
+            Some(d) => d,
+            None if n_heads > 0 && hidden_size % n_heads == 0 => hidden_size / n_heads,
+            None => {
+                return Err(ModelError::Config(format!(
+                    "hidden_size {hidden_size} is not divisible by num_attention_heads {n_heads}"
+                )));
+            }
+        };
+        if let Some(act) = self.hidden_act.as_deref() {
+            if act != "silu" {
+                return Err(ModelError::UnsupportedArch(format!("hidden_act {act:?} (only silu)")));
+            }
+        }
+        let rope_scaling = match self.rope_scaling {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(parse_rope_scaling(&v)?),
+        };
+        let config = ModelConfig {
+            arch,
+            vocab_size: need(self.vocab_size, "vocab_size")?,
+            hidden_size,
+            intermediate_size: need(self.intermediate_size, "intermediate_size")?,
+            n_layers: need(self.num_hidden_layers, "num_hidden_layers")?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta: self.rope_theta.unwrap_or(10_000.0),
+            rope_scaling,
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            qkv_bias: self.attention_bias.unwrap_or(arch == Arch::Qwen2),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn parse_rope_scaling(v: &serde_json::Value) -> Result<RopeScaling, ModelError> {
+    let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str());
+    let num = |name: &str| -> Result<f64, ModelError> {
+        v.get(name)
+            .and_then(|x| x.as_f64())
+            .ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))
+    };
+    match kind {
+        Some("llama3") => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+        }),
+        Some("linear") => Ok(RopeScaling::Linear { factor: num("factor")? }),
+        Some("default") => Ok(RopeScaling::Linear { factor: 1.0 }),
+        other => Err(ModelError::UnsupportedArch(format!(
+            "rope_scaling type {other:?} (supported: llama3, linear)"
+        ))),
+    }
+}
+
+/// What role a weight tensor plays; the planner shards by class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamClass {
+    /// `model.embed_tokens.weight` [vocab, hidden].
+    Embedding,
+    /// `lm_head.weight` [vocab, hidden] (absent when tied; siphon never computes logits).
+    LmHead,
+    /// Query projection [n_heads*head_dim, hidden].
+    AttnQ,
+    /// Key projection [n_kv_heads*head_dim, hidden].
+    AttnK,
+    /// Value projection [n_kv_heads*head_dim, hidden].
+    AttnV,
+    /// Output projection [hidden, n_heads*head_dim].
+    AttnO,
+    /// Query bias [n_heads*head_dim].
+    QBias,
+    /// Key bias [n_kv_heads*head_dim].
+    KBias,
+    /// Value bias [n_kv_heads*head_dim].
+    VBias,
+    /// MLP gate projection [intermediate, hidden].
+    MlpGate,
+    /// MLP up projection [intermediate, hidden].
+    MlpUp,
+    /// MLP down projection [hidden, intermediate].
+    MlpDown,
+    /// An RMSNorm weight [hidden].
+    Norm,
+}
+
+/// One weight tensor of the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamInfo {
+    /// Hugging Face tensor name, e.g. `model.layers.3.self_attn.q_proj.weight`.
+    pub name: String,
+    /// Shape as stored by Hugging Face (out, in for linear layers).
+    pub shape: Vec<usize>,
+    /// Role of the tensor.
+    pub class: ParamClass,
+    /// Block index, `None` for embeddings, final norm and lm_head.
+    pub layer: Option<usize>,
+}
+
+impl ModelConfig {
+    /// Checks the relations the forward relies on.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let fail = |m: String| Err(ModelError::Config(m));
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.n_layers == 0 || self.head_dim == 0
+        {
+            return fail("vocab_size, hidden_size, num_hidden_layers and head_dim must be positive".into());
+        }
+        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return fail(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return fail(format!("head_dim {} must be even for RoPE", self.head_dim));
+        }
+        Ok(())
+    }
+
+    /// Every weight tensor the forward pass reads, for the first `n_layers` blocks
+    /// (pass `self.n_layers` for all). The lm_head is listed only when untied and
+    /// `with_lm_head` is set: activation extraction never computes logits.
+    pub fn params(&self, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+        let h = self.hidden_size;
+        let q = self.n_heads * self.head_dim;
+        let kv = self.n_kv_heads * self.head_dim;
+        let i = self.intermediate_size;
+        let mut out = vec![ParamInfo {
+            name: "model.embed_tokens.weight".into(),
+            shape: vec![self.vocab_size, h],
+            class: ParamClass::Embedding,
+            layer: None,
+        }];
+        for l in 0..n_layers.min(self.n_layers) {
+            let p = |suffix: &str, shape: Vec<usize>, class| ParamInfo {
+                name: format!("model.layers.{l}.{suffix}"),
+                shape,
+                class,
+                layer: Some(l),
+            };
+            out.push(p("input_layernorm.weight", vec![h], ParamClass::Norm));
+            out.push(p("self_attn.q_proj.weight", vec![q, h], ParamClass::AttnQ));
+            out.push(p("self_attn.k_proj.weight", vec![kv, h], ParamClass::AttnK));
+            out.push(p("self_attn.v_proj.weight", vec![kv, h], ParamClass::AttnV));
+            if self.qkv_bias {
+                out.push(p("self_attn.q_proj.bias", vec![q], ParamClass::QBias));
+                out.push(p("self_attn.k_proj.bias", vec![kv], ParamClass::KBias));
+                out.push(p("self_attn.v_proj.bias", vec![kv], ParamClass::VBias));
+            }
+            out.push(p("self_attn.o_proj.weight", vec![h, q], ParamClass::AttnO));
+            out.push(p("post_attention_layernorm.weight", vec![h], ParamClass::Norm));
+            out.push(p("mlp.gate_proj.weight", vec![i, h], ParamClass::MlpGate));
+            out.push(p("mlp.up_proj.weight", vec![i, h], ParamClass::MlpUp));
+            out.push(p("mlp.down_proj.weight", vec![h, i], ParamClass::MlpDown));
+        }
+        out.push(ParamInfo {
+            name: "model.norm.weight".into(),
+            shape: vec![h],
+            class: ParamClass::Norm,
+            layer: None,
+        });
+        if with_lm_head && !self.tie_word_embeddings {
+            out.push(ParamInfo {
+                name: "lm_head.weight".into(),
+                shape: vec![self.vocab_size, h],
+                class: ParamClass::LmHead,
+                layer: None,
+            });
+        }
+        out
+    }
+
+    /// Number of weights (elements) of the whole model, lm_head included when untied.
+    pub fn n_params(&self) -> usize {
+        self.params(self.n_layers, true).iter().map(|p| p.shape.iter().product::<usize>()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QWEN25_05B: &str = r#"{
+      "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+      "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+      "num_attention_heads": 14, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+      "rope_theta": 1000000.0, "tie_word_embeddings": true, "vocab_size": 151936,
+      "max_position_embeddings": 32768, "rope_scaling": null }"#;
+
+    #[test]
+    fn qwen_defaults_and_param_count() {
+        let c = HfConfig::from_json(QWEN25_05B).unwrap().into_config().unwrap();
+        assert_eq!(c.arch, Arch::Qwen2);
+        assert_eq!(c.head_dim, 64);
+        assert!(c.qkv_bias && c.tie_word_embeddings);
+        // Qwen2.5-0.5B has 494,032,768 parameters.
+        assert_eq!(c.n_params(), 494_032_768);
+    }
+
+    #[test]
+    fn llama3_rope_scaling_parses() {
+        let text = r#"{"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+          "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+          "num_key_value_heads": 8, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+          "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#;
+        let c = HfConfig::from_json(text).unwrap().into_config().unwrap();
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 32.0));
+        assert!(!c.qkv_bias);
+    }
+
+    #[test]
+    fn bad_configs_name_the_problem() {
+        let err = HfConfig::from_json(r#"{"model_type": "gpt2"}"#).unwrap().into_config().unwrap_err();
+        assert!(err.to_string().contains("gpt2"), "{err}");
+        let err = HfConfig::from_json(r#"{"model_type": "llama", "hidden_size": 8}"#)
+            .unwrap()
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("num_attention_heads"), "{err}");
+    }
+}
