@@ -1,0 +1,893 @@
+//! The function builder: typed ops in, StableHLO text out.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use siphon_mesh::{Mesh, MeshError, PartitionSpec};
+
+use crate::{DType, HloError, Result, TensorType};
+
+/// Gives every builder a distinct id so a value from one builder cannot silently name a
+/// different value in another.
+static NEXT_BUILDER: AtomicUsize = AtomicUsize::new(1);
+
+/// A handle to a tensor value inside one [`Builder`]. Cheap to copy; ask the builder for
+/// its type with [`Builder::ty`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Value {
+    builder: usize,
+    id: usize,
+}
+
+/// Dimension numbers of a `dot_general`: batching dimensions pair up lhs and rhs
+/// dimensions one to one and come first in the result; contracting dimensions are summed
+/// over; the remaining (free) lhs dimensions follow, then the free rhs dimensions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DotDims {
+    /// Batching dimensions of the lhs.
+    pub lhs_batch: Vec<usize>,
+    /// Batching dimensions of the rhs.
+    pub rhs_batch: Vec<usize>,
+    /// Contracting dimensions of the lhs.
+    pub lhs_contract: Vec<usize>,
+    /// Contracting dimensions of the rhs.
+    pub rhs_contract: Vec<usize>,
+}
+
+impl DotDims {
+    /// Contract `lhs_contract` with `rhs_contract`, no batching dimensions.
+    pub fn contract(lhs_contract: &[usize], rhs_contract: &[usize]) -> DotDims {
+        DotDims {
+            lhs_contract: lhs_contract.to_vec(),
+            rhs_contract: rhs_contract.to_vec(),
+            ..DotDims::default()
+        }
+    }
+
+    /// Batched contraction.
+    pub fn batched(
+        lhs_batch: &[usize],
+        rhs_batch: &[usize],
+        lhs_contract: &[usize],
+        rhs_contract: &[usize],
+    ) -> DotDims {
+        DotDims {
+            lhs_batch: lhs_batch.to_vec(),
+            rhs_batch: rhs_batch.to_vec(),
+            lhs_contract: lhs_contract.to_vec(),
+            rhs_contract: rhs_contract.to_vec(),
+        }
+    }
+}
+
+/// Comparison direction of [`Builder::compare`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompareDir {
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+}
+
+impl CompareDir {
+    fn mlir(self) -> &'static str {
+        match self {
+            CompareDir::Eq => "EQ",
+            CompareDir::Ne => "NE",
+            CompareDir::Lt => "LT",
+            CompareDir::Le => "LE",
+            CompareDir::Gt => "GT",
+            CompareDir::Ge => "GE",
+        }
+    }
+}
+
+/// Builds one public function `@main` (the entry point XLA compiles) and prints it as a
+/// StableHLO module named after the builder.
+///
+/// Ops append to the body in call order; every op validates its operands first and
+/// leaves the builder unchanged when it returns an error.
+#[derive(Debug)]
+pub struct Builder {
+    id: usize,
+    name: String,
+    mesh: Option<Mesh>,
+    args: Vec<(usize, Option<PartitionSpec>)>,
+    types: Vec<TensorType>,
+    names: Vec<String>,
+    body: String,
+    regions: usize,
+}
+
+impl Builder {
+    /// A builder for module `@name` without sharding annotations (single device).
+    pub fn new(name: &str) -> Builder {
+        Builder {
+            id: NEXT_BUILDER.fetch_add(1, Ordering::Relaxed),
+            name: name.to_string(),
+            mesh: None,
+            args: Vec::new(),
+            types: Vec::new(),
+            names: Vec::new(),
+            body: String::new(),
+            regions: 0,
+        }
+    }
+
+    /// A builder whose module declares `sdy.mesh @mesh` from `mesh`, so that arguments,
+    /// results and constraints can carry partition specs over its axes.
+    pub fn with_mesh(name: &str, mesh: Mesh) -> Builder {
+        let mut b = Builder::new(name);
+        b.mesh = Some(mesh);
+        b
+    }
+
+    /// The mesh, if the builder has one.
+    pub fn mesh(&self) -> Option<&Mesh> {
+        self.mesh.as_ref()
+    }
+
+    /// The type of `v`.
+    pub fn ty(&self, v: Value) -> Result<&TensorType> {
+        self.check("ty", v)?;
+        Ok(&self.types[v.id])
+    }
+
+    /// The dimensions of `v`.
+    pub fn dims(&self, v: Value) -> Result<&[usize]> {
+        Ok(self.ty(v)?.dims())
+    }
+
+    /// The element type of `v`.
+    pub fn dtype(&self, v: Value) -> Result<DType> {
+        Ok(self.ty(v)?.dtype())
+    }
+
+    /// Adds a function argument. `sharding` (only with a mesh) says how it arrives split
+    /// over the devices; `None` leaves it to the partitioner (replicated for inputs).
+    pub fn arg(&mut self, ty: TensorType, sharding: Option<PartitionSpec>) -> Result<Value> {
+        let what = format!("argument {} {ty}", self.args.len());
+        if let Some(spec) = &sharding {
+            self.check_spec(&what, spec, ty.dims(), true)?;
+        }
+        let name = format!("%arg{}", self.args.len());
+        let v = self.push_value(name, ty);
+        self.args.push((v.id, sharding));
+        Ok(v)
+    }
+
+    // ---------------------------------------------------------------- constants, iota
+
+    /// A tensor of `ty` with every element `value` (rounded to the dtype; integers
+    /// truncate toward zero, predicates are `value != 0`).
+    pub fn splat(&mut self, value: f64, ty: TensorType) -> Result<Value> {
+        let lit = scalar_literal(value, ty.dtype());
+        let line = format!("stablehlo.constant dense<{lit}> : {ty}");
+        Ok(self.emit(line, ty))
+    }
+
+    /// A scalar constant.
+    pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<Value> {
+        self.splat(value, TensorType::scalar(dtype))
+    }
+
+    /// An f32 constant tensor from row-major data.
+    pub fn constant_f32(&mut self, data: &[f32], dims: &[usize]) -> Result<Value> {
+        let ty = TensorType::new(DType::F32, dims);
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.constant_bytes(&bytes, ty)
+    }
+
+    /// An i32 constant tensor from row-major data.
+    pub fn constant_i32(&mut self, data: &[i32], dims: &[usize]) -> Result<Value> {
+        let ty = TensorType::new(DType::I32, dims);
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.constant_bytes(&bytes, ty)
+    }
+
+    /// A constant from raw little-endian row-major bytes (not for `Pred`).
+    pub fn constant_bytes(&mut self, bytes: &[u8], ty: TensorType) -> Result<Value> {
+        if ty.dtype() == DType::Pred {
+            return Err(HloError::Constant("pred constants must be splats".into()));
+        }
+        if bytes.len() != ty.byte_size() {
+            return Err(HloError::Constant(format!(
+                "{} bytes given for {ty} ({} bytes)",
+                bytes.len(),
+                ty.byte_size()
+            )));
+        }
+        let mut hex = String::with_capacity(bytes.len() * 2);
+        for byte in bytes {
+            write!(hex, "{byte:02X}").expect("writing to a String cannot fail");
+        }
+        let line = format!("stablehlo.constant dense<\"0x{hex}\"> : {ty}");
+        Ok(self.emit(line, ty))
+    }
+
+    /// `0, 1, 2, …` along dimension `dim` of a tensor of `ty`.
+    pub fn iota(&mut self, ty: TensorType, dim: usize) -> Result<Value> {
+        if dim >= ty.rank() {
+            return Err(shape_err("iota", format!("dimension {dim} out of range for {ty}")));
+        }
+        if ty.dtype() == DType::Pred {
+            return Err(dtype_err("iota", format!("iota of {ty} needs a numeric type")));
+        }
+        let line = format!("stablehlo.iota dim = {dim} : {ty}");
+        Ok(self.emit(line, ty))
+    }
+
+    // ---------------------------------------------------------------- elementwise
+
+    /// `a + b` (same type).
+    pub fn add(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("add", a, b, Kind::Numeric)
+    }
+
+    /// `a - b` (same type).
+    pub fn sub(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("subtract", a, b, Kind::Numeric)
+    }
+
+    /// `a * b` (same type).
+    pub fn mul(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("multiply", a, b, Kind::Numeric)
+    }
+
+    /// `a / b` (same type).
+    pub fn div(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("divide", a, b, Kind::Numeric)
+    }
+
+    /// Elementwise maximum.
+    pub fn max(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("maximum", a, b, Kind::Numeric)
+    }
+
+    /// Elementwise minimum.
+    pub fn min(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("minimum", a, b, Kind::Numeric)
+    }
+
+    /// `a ^ b` elementwise (floats).
+    pub fn pow(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("power", a, b, Kind::Float)
+    }
+
+    /// Logical and of predicates (or bitwise and of integers).
+    pub fn and(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("and", a, b, Kind::IntOrPred)
+    }
+
+    /// Logical or of predicates (or bitwise or of integers).
+    pub fn or(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("or", a, b, Kind::IntOrPred)
+    }
+
+    /// `-a`.
+    pub fn neg(&mut self, a: Value) -> Result<Value> {
+        self.unary("negate", a, Kind::Numeric)
+    }
+
+    /// `|a|`.
+    pub fn abs(&mut self, a: Value) -> Result<Value> {
+        self.unary("abs", a, Kind::Numeric)
+    }
+
+    /// `1 / sqrt(a)`.
+    pub fn rsqrt(&mut self, a: Value) -> Result<Value> {
+        self.unary("rsqrt", a, Kind::Float)
+    }
+
+    /// `sqrt(a)`.
+    pub fn sqrt(&mut self, a: Value) -> Result<Value> {
+        self.unary("sqrt", a, Kind::Float)
+    }
+
+    /// `e^a`.
+    pub fn exp(&mut self, a: Value) -> Result<Value> {
+        self.unary("exponential", a, Kind::Float)
+    }
+
+    /// Natural logarithm.
+    pub fn log(&mut self, a: Value) -> Result<Value> {
+        self.unary("log", a, Kind::Float)
+    }
+
+    /// `1 / (1 + e^-a)`.
+    pub fn logistic(&mut self, a: Value) -> Result<Value> {
+        self.unary("logistic", a, Kind::Float)
+    }
+
+    /// Hyperbolic tangent.
+    pub fn tanh(&mut self, a: Value) -> Result<Value> {
+        self.unary("tanh", a, Kind::Float)
+    }
+
+    /// Sine.
+    pub fn sin(&mut self, a: Value) -> Result<Value> {
+        self.unary("sine", a, Kind::Float)
+    }
+
+    /// Cosine.
+    pub fn cos(&mut self, a: Value) -> Result<Value> {
+        self.unary("cosine", a, Kind::Float)
+    }
+
+    /// Elementwise comparison; the result is a `Pred` tensor of the operands' shape.
+    pub fn compare(&mut self, dir: CompareDir, a: Value, b: Value) -> Result<Value> {
+        let ta = self.ty_of("compare", a)?.clone();
+        let tb = self.ty_of("compare", b)?.clone();
+        if ta != tb {
+            return Err(mismatch("compare", &ta, &tb));
+        }
+        let kind = match ta.dtype() {
+            d if d.is_float() => "FLOAT",
+            d if d.is_unsigned() || d == DType::Pred => "UNSIGNED",
+            _ => "SIGNED",
+        };
+        let out = ta.with_dtype(DType::Pred);
+        let line = format!(
+            "stablehlo.compare  {}, {}, {},  {kind} : ({ta}, {tb}) -> {out}",
+            dir.mlir(),
+            self.name(a),
+            self.name(b)
+        );
+        Ok(self.emit(line, out))
+    }
+
+    /// `pred ? on_true : on_false` elementwise; `pred` is a `Pred` tensor of the same
+    /// shape or a `Pred` scalar.
+    pub fn select(&mut self, pred: Value, on_true: Value, on_false: Value) -> Result<Value> {
+        let tp = self.ty_of("select", pred)?.clone();
+        let tt = self.ty_of("select", on_true)?.clone();
+        let tf = self.ty_of("select", on_false)?.clone();
+        if tt != tf {
+            return Err(mismatch("select", &tt, &tf));
+        }
+        if tp.dtype() != DType::Pred {
+            return Err(dtype_err("select", format!("predicate must be i1, got {tp}")));
+        }
+        if tp.rank() != 0 && tp.dims() != tt.dims() {
+            return Err(shape_err("select", format!("predicate {tp} does not match {tt}")));
+        }
+        let line = format!(
+            "stablehlo.select {}, {}, {} : {tp}, {tt}",
+            self.name(pred),
+            self.name(on_true),
+            self.name(on_false)
+        );
+        Ok(self.emit(line, tt))
+    }
+
+    /// Converts to another element type (floats round to nearest even; float to int
+    /// truncates).
+    pub fn convert(&mut self, a: Value, dtype: DType) -> Result<Value> {
+        let ta = self.ty_of("convert", a)?.clone();
+        if ta.dtype() == dtype {
+            return Ok(a);
+        }
+        let out = ta.with_dtype(dtype);
+        let line = format!("stablehlo.convert {} : ({ta}) -> {out}", self.name(a));
+        Ok(self.emit(line, out))
+    }
+
+    // ---------------------------------------------------------------- shape ops
+
+    /// Broadcasts `a` to `dims`: operand dimension `i` becomes result dimension
+    /// `mapping[i]` (its size must equal that dimension or be 1); the other result
+    /// dimensions are new.
+    pub fn broadcast_in_dim(&mut self, a: Value, dims: &[usize], mapping: &[usize]) -> Result<Value> {
+        let ta = self.ty_of("broadcast_in_dim", a)?.clone();
+        if mapping.len() != ta.rank() {
+            return Err(shape_err(
+                "broadcast_in_dim",
+                format!("{ta} needs {} mapped dimensions, got {mapping:?}", ta.rank()),
+            ));
+        }
+        for (i, &m) in mapping.iter().enumerate() {
+            let ok = m < dims.len()
+                && !mapping[..i].contains(&m)
+                && (ta.dims()[i] == dims[m] || ta.dims()[i] == 1);
+            if !ok {
+                return Err(shape_err(
+                    "broadcast_in_dim",
+                    format!("cannot broadcast {ta} to {dims:?} with dims = {mapping:?}"),
+                ));
+            }
+        }
+        let out = TensorType::new(ta.dtype(), dims);
+        let line = format!(
+            "stablehlo.broadcast_in_dim {}, dims = {} : ({ta}) -> {out}",
+            self.name(a),
+            list(mapping)
+        );
+        Ok(self.emit(line, out))
+    }
+
+    /// Broadcasts `a` to `dims` aligning its dimensions with the trailing ones, like
+    /// NumPy (a scalar becomes a splat).
+    pub fn broadcast_to(&mut self, a: Value, dims: &[usize]) -> Result<Value> {
+        let rank = self.ty_of("broadcast_to", a)?.rank();
+        if rank > dims.len() {
+            return Err(shape_err(
+                "broadcast_to",
+                format!("cannot broadcast rank {rank} to {dims:?}"),
+            ));
+        }
+        let mapping: Vec<usize> = (dims.len() - rank..dims.len()).collect();
+        self.broadcast_in_dim(a, dims, &mapping)
+    }
+
+    /// Same elements, new shape (element count must match).
+    pub fn reshape(&mut self, a: Value, dims: &[usize]) -> Result<Value> {
+        let ta = self.ty_of("reshape", a)?.clone();
+        let out = TensorType::new(ta.dtype(), dims);
+        if out.num_elements() != ta.num_elements() {
+            return Err(shape_err("reshape", format!("cannot reshape {ta} to {out}")));
+        }
+        if out == ta {
+            return Ok(a);
+        }
+        let line = format!("stablehlo.reshape {} : ({ta}) -> {out}", self.name(a));
+        Ok(self.emit(line, out))
+    }
+
+    /// Permutes dimensions: result dimension `i` is operand dimension `perm[i]`.
+    pub fn transpose(&mut self, a: Value, perm: &[usize]) -> Result<Value> {
+        let ta = self.ty_of("transpose", a)?.clone();
+        if !is_permutation(perm, ta.rank()) {
+            return Err(shape_err("transpose", format!("{perm:?} is not a permutation of {ta}'s dimensions")));
+        }
+        let dims: Vec<usize> = perm.iter().map(|&p| ta.dims()[p]).collect();
+        let out = TensorType::new(ta.dtype(), &dims);
+        let line = format!("stablehlo.transpose {}, dims = {} : ({ta}) -> {out}", self.name(a), list(perm));
+        Ok(self.emit(line, out))
+    }
+
+    /// `a[start:limit:stride]` per dimension.
+    pub fn slice(&mut self, a: Value, start: &[usize], limit: &[usize], strides: &[usize]) -> Result<Value> {
+        let ta = self.ty_of("slice", a)?.clone();
+        let r = ta.rank();
+        if start.len() != r || limit.len() != r || strides.len() != r {
+            return Err(shape_err("slice", format!("{ta} needs {r} start/limit/stride values")));
+        }
+        let mut dims = Vec::with_capacity(r);
+        for d in 0..r {
+            if start[d] > limit[d] || limit[d] > ta.dims()[d] || strides[d] == 0 {
+                return Err(shape_err(
+                    "slice",
+                    format!("bad range {}:{}:{} for dimension {d} of {ta}", start[d], limit[d], strides[d]),
+                ));
+            }
+            dims.push((limit[d] - start[d]).div_ceil(strides[d]));
+        }
+        let out = TensorType::new(ta.dtype(), &dims);
+        let line = format!(
+            "stablehlo.slice {} [{}] : ({ta}) -> {out}",
+            self.name(a),
+            (0..r)
+                .map(|d| if strides[d] == 1 {
+                    format!("{}:{}", start[d], limit[d])
+                } else {
+                    format!("{}:{}:{}", start[d], limit[d], strides[d])
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(self.emit(line, out))
+    }
+
+    /// `a[.., start..limit, ..]` along one dimension.
+    pub fn slice_dim(&mut self, a: Value, dim: usize, start: usize, limit: usize) -> Result<Value> {
+        let dims = self.ty_of("slice", a)?.dims().to_vec();
+        if dim >= dims.len() {
+            return Err(shape_err("slice", format!("dimension {dim} out of range for {dims:?}")));
+        }
+        let mut s = vec![0; dims.len()];
+        let mut l = dims.clone();
+        s[dim] = start;
+        l[dim] = limit;
+        self.slice(a, &s, &l, &vec![1; dims.len()])
+    }
+
+    /// Joins tensors along `dim` (all other dimensions and the dtype must agree).
+    pub fn concatenate(&mut self, parts: &[Value], dim: usize) -> Result<Value> {
+        if parts.is_empty() {
+            return Err(shape_err("concatenate", "needs at least one operand".into()));
+        }
+        let types: Vec<TensorType> =
+            parts.iter().map(|&p| self.ty_of("concatenate", p).cloned()).collect::<Result<_>>()?;
+        let first = &types[0];
+        if dim >= first.rank() {
+            return Err(shape_err("concatenate", format!("dimension {dim} out of range for {first}")));
+        }
+        let mut out_dims = first.dims().to_vec();
+        out_dims[dim] = 0;
+        for t in &types {
+            let same_rest = t.rank() == first.rank()
+                && (0..t.rank()).all(|d| d == dim || t.dims()[d] == first.dims()[d]);
+            if t.dtype() != first.dtype() || !same_rest {
+                return Err(shape_err("concatenate", format!("{t} does not fit {first} along dimension {dim}")));
+            }
+            out_dims[dim] += t.dims()[dim];
+        }
+        let out = TensorType::new(first.dtype(), &out_dims);
+        let names: Vec<&str> = parts.iter().map(|&p| self.name(p)).collect();
+        let tys: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+        let line = format!(
+            "stablehlo.concatenate {}, dim = {dim} : ({}) -> {out}",
+            names.join(", "),
+            tys.join(", ")
+        );
+        Ok(self.emit(line, out))
+    }
+
+    // ---------------------------------------------------------------- compute
+
+    /// General matrix product; see [`DotDims`] for the result layout. The result has the
+    /// operands' dtype.
+    pub fn dot_general(&mut self, lhs: Value, rhs: Value, dims: &DotDims) -> Result<Value> {
+        let dtype = self.dtype(lhs).map_err(|_| foreign("dot_general", lhs))?;
+        self.dot_general_to(lhs, rhs, dims, dtype)
+    }
+
+    /// General matrix product accumulating into and returning `out_dtype` (e.g. bf16
+    /// operands, f32 result).
+    pub fn dot_general_to(&mut self, lhs: Value, rhs: Value, dims: &DotDims, out_dtype: DType) -> Result<Value> {
+        let tl = self.ty_of("dot_general", lhs)?.clone();
+        let tr = self.ty_of("dot_general", rhs)?.clone();
+        if tl.dtype() != tr.dtype() {
+            return Err(dtype_err("dot_general", format!("operand dtypes differ: {tl} vs {tr}")));
+        }
+        if tl.dtype() == DType::Pred || out_dtype == DType::Pred {
+            return Err(dtype_err("dot_general", format!("{tl} is not numeric")));
+        }
+        let bad = |d: String| Err(shape_err("dot_general", format!("{d} for {tl} x {tr} ({dims:?})")));
+        if dims.lhs_batch.len() != dims.rhs_batch.len() || dims.lhs_contract.len() != dims.rhs_contract.len() {
+            return bad("batch/contracting dimension lists differ in length".into());
+        }
+        let lhs_used: Vec<usize> = dims.lhs_batch.iter().chain(&dims.lhs_contract).copied().collect();
+        let rhs_used: Vec<usize> = dims.rhs_batch.iter().chain(&dims.rhs_contract).copied().collect();
+        if !distinct_below(&lhs_used, tl.rank()) || !distinct_below(&rhs_used, tr.rank()) {
+            return bad("repeated or out-of-range dimension".into());
+        }
+        for (&l, &r) in dims.lhs_batch.iter().zip(&dims.rhs_batch).chain(dims.lhs_contract.iter().zip(&dims.rhs_contract)) {
+            if tl.dims()[l] != tr.dims()[r] {
+                return bad(format!("lhs dimension {l} ({}) != rhs dimension {r} ({})", tl.dims()[l], tr.dims()[r]));
+            }
+        }
+        let mut out_dims: Vec<usize> = dims.lhs_batch.iter().map(|&d| tl.dims()[d]).collect();
+        out_dims.extend((0..tl.rank()).filter(|d| !lhs_used.contains(d)).map(|d| tl.dims()[d]));
+        out_dims.extend((0..tr.rank()).filter(|d| !rhs_used.contains(d)).map(|d| tr.dims()[d]));
+        let out = TensorType::new(out_dtype, &out_dims);
+        let mut attrs = String::new();
+        if !dims.lhs_batch.is_empty() {
+            write!(attrs, ", batching_dims = {} x {}", list(&dims.lhs_batch), list(&dims.rhs_batch))
+                .expect("writing to a String cannot fail");
+        }
+        write!(attrs, ", contracting_dims = {} x {}", list(&dims.lhs_contract), list(&dims.rhs_contract))
+            .expect("writing to a String cannot fail");
+        let line = format!(
+            "stablehlo.dot_general {}, {}{attrs} : ({tl}, {tr}) -> {out}",
+            self.name(lhs),
+            self.name(rhs)
+        );
+        Ok(self.emit(line, out))
+    }
+
+    /// `[.., k] x [k, n] -> [.., n]`: contracts the last dimension of `a` with the first
+    /// of a rank-2 `b`.
+    pub fn matmul(&mut self, a: Value, b: Value) -> Result<Value> {
+        let ra = self.ty_of("matmul", a)?.rank();
+        if ra == 0 {
+            return Err(shape_err("matmul", "lhs is a scalar".into()));
+        }
+        self.dot_general(a, b, &DotDims::contract(&[ra - 1], &[0]))
+    }
+
+    /// `[.., k] x [n, k] -> [.., n]`: multiplies by the transpose of `w` without a
+    /// transpose op (the layout of Hugging Face linear weights, `[out, in]`).
+    pub fn matmul_t(&mut self, a: Value, w: Value) -> Result<Value> {
+        let ra = self.ty_of("matmul_t", a)?.rank();
+        if ra == 0 {
+            return Err(shape_err("matmul_t", "lhs is a scalar".into()));
+        }
+        self.dot_general(a, w, &DotDims::contract(&[ra - 1], &[1]))
+    }
+
+    /// Sum over `dims` (removed from the shape).
+    pub fn reduce_sum(&mut self, a: Value, dims: &[usize]) -> Result<Value> {
+        self.reduce("add", 0.0, a, dims)
+    }
+
+    /// Maximum over `dims` (removed from the shape).
+    pub fn reduce_max(&mut self, a: Value, dims: &[usize]) -> Result<Value> {
+        let init = match self.dtype(a).map_err(|_| foreign("reduce", a))? {
+            d if d.is_float() => f64::NEG_INFINITY,
+            DType::I8 => i8::MIN as f64,
+            DType::I32 => i32::MIN as f64,
+            DType::I64 => i64::MIN as f64,
+            _ => 0.0,
+        };
+        self.reduce("maximum", init, a, dims)
+    }
+
+    /// Pins the sharding of an intermediate value (`sdy.sharding_constraint`), guiding the
+    /// partitioner where propagation alone would choose badly.
+    pub fn sharding_constraint(&mut self, a: Value, spec: &PartitionSpec) -> Result<Value> {
+        let ta = self.ty_of("sharding_constraint", a)?.clone();
+        let what = format!("constraint on {} {ta}", self.name(a));
+        self.check_spec(&what, spec, ta.dims(), false)?;
+        let line = format!("sdy.sharding_constraint {} {} : {ta}", self.name(a), sharding_body(spec));
+        Ok(self.emit(line, ta))
+    }
+
+    /// Embedding lookup: `table [rows, ..]` indexed by integer `indices` of any shape
+    /// gives `indices.shape ++ table.shape[1..]` (a `stablehlo.gather`). Out-of-range
+    /// indices are clamped, as gather does.
+    pub fn take_rows(&mut self, table: Value, indices: Value) -> Result<Value> {
+        let tt = self.ty_of("take_rows", table)?.clone();
+        let ti = self.ty_of("take_rows", indices)?.clone();
+        if tt.rank() == 0 {
+            return Err(shape_err("take_rows", format!("table {tt} has no rows")));
+        }
+        if !ti.dtype().is_int() {
+            return Err(dtype_err("take_rows", format!("indices must be integers, got {ti}")));
+        }
+        let batch = ti.rank();
+        let mut out_dims = ti.dims().to_vec();
+        out_dims.extend_from_slice(&tt.dims()[1..]);
+        let out = TensorType::new(tt.dtype(), &out_dims);
+        let offset_dims: Vec<usize> = (batch..batch + tt.rank() - 1).collect();
+        let mut slice_sizes = vec![1];
+        slice_sizes.extend_from_slice(&tt.dims()[1..]);
+        let line = format!(
+            "\"stablehlo.gather\"({}, {}) <{{dimension_numbers = #stablehlo.gather<offset_dims = {}, collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {batch}>, indices_are_sorted = false, slice_sizes = array<i64: {}>}}> : ({tt}, {ti}) -> {out}",
+            self.name(table),
+            self.name(indices),
+            list(&offset_dims),
+            slice_sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+        );
+        Ok(self.emit(line, out))
+    }
+
+    // ---------------------------------------------------------------- finish
+
+    /// Returns `results` (no result shardings) and prints the module.
+    pub fn finish(self, results: &[Value]) -> Result<String> {
+        let with: Vec<(Value, Option<PartitionSpec>)> = results.iter().map(|&v| (v, None)).collect();
+        self.finish_sharded(&with)
+    }
+
+    /// Returns `results`, each with an optional partition spec (only with a mesh), and
+    /// prints the module.
+    pub fn finish_sharded(self, results: &[(Value, Option<PartitionSpec>)]) -> Result<String> {
+        if results.is_empty() {
+            return Err(HloError::NoResults(self.name.clone()));
+        }
+        for (i, (v, spec)) in results.iter().enumerate() {
+            let ty = self.ty_of("return", *v)?;
+            if let Some(spec) = spec {
+                self.check_spec(&format!("result {i} {ty}"), spec, ty.dims(), true)?;
+            }
+        }
+        let mut out = String::new();
+        let w = &mut out;
+        let _ = writeln!(w, "module @{} {{", self.name);
+        if let Some(mesh) = &self.mesh {
+            let axes: Vec<String> = mesh.axes().iter().map(|a| format!("\"{}\"={}", a.name, a.size)).collect();
+            let _ = writeln!(w, "  sdy.mesh @mesh = <[{}]>", axes.join(", "));
+        }
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .map(|(id, spec)| {
+                format!("{}: {}{}", self.names[*id], self.types[*id], sharding_attr(spec.as_ref()))
+            })
+            .collect();
+        let res_types: Vec<String> = results
+            .iter()
+            .map(|(v, spec)| format!("{}{}", self.types[v.id], sharding_attr(spec.as_ref())))
+            .collect();
+        let _ = writeln!(
+            w,
+            "  func.func public @main({}) -> ({}) {{",
+            args.join(", "),
+            res_types.join(", ")
+        );
+        w.push_str(&self.body);
+        let names: Vec<&str> = results.iter().map(|(v, _)| self.name(*v)).collect();
+        let tys: Vec<String> = results.iter().map(|(v, _)| self.types[v.id].to_string()).collect();
+        let _ = writeln!(w, "    return {} : {}", names.join(", "), tys.join(", "));
+        let _ = writeln!(w, "  }}");
+        let _ = writeln!(w, "}}");
+        Ok(out)
+    }
+
+    // ---------------------------------------------------------------- internals
+
+    fn check(&self, op: &'static str, v: Value) -> Result<()> {
+        if v.builder != self.id || v.id >= self.types.len() {
+            return Err(foreign(op, v));
+        }
+        Ok(())
+    }
+
+    fn ty_of(&self, op: &'static str, v: Value) -> Result<&TensorType> {
+        self.check(op, v)?;
+        Ok(&self.types[v.id])
+    }
+
+    fn name(&self, v: Value) -> &str {
+        &self.names[v.id]
+    }
+
+    fn push_value(&mut self, name: String, ty: TensorType) -> Value {
+        self.types.push(ty);
+        self.names.push(name);
+        Value { builder: self.id, id: self.types.len() - 1 }
+    }
+
+    /// Appends `%N = line` to the body and returns `%N`.
+    fn emit(&mut self, line: String, ty: TensorType) -> Value {
+        let name = format!("%{}", self.types.len());
+        let _ = writeln!(self.body, "    {name} = {line}");
+        self.push_value(name, ty)
+    }
+
+    fn check_spec(&self, what: &str, spec: &PartitionSpec, dims: &[usize], divisible: bool) -> Result<()> {
+        let mesh = self.mesh.as_ref().ok_or_else(|| HloError::NoMesh(what.to_string()))?;
+        match spec.shard_shape(dims, mesh) {
+            Ok(_) => Ok(()),
+            // Shardy pads uneven splits of intermediates; only buffers that cross the
+            // host boundary must split evenly.
+            Err(MeshError::NotDivisible { .. }) if !divisible => Ok(()),
+            Err(source) => Err(HloError::Sharding { what: what.to_string(), source }),
+        }
+    }
+
+    fn binary(&mut self, op: &'static str, a: Value, b: Value, kind: Kind) -> Result<Value> {
+        let ta = self.ty_of(op, a)?.clone();
+        let tb = self.ty_of(op, b)?.clone();
+        if ta != tb {
+            return Err(mismatch(op, &ta, &tb));
+        }
+        kind.check(op, &ta)?;
+        let line = format!("stablehlo.{op} {}, {} : {ta}", self.name(a), self.name(b));
+        Ok(self.emit(line, ta))
+    }
+
+    fn unary(&mut self, op: &'static str, a: Value, kind: Kind) -> Result<Value> {
+        let ta = self.ty_of(op, a)?.clone();
+        kind.check(op, &ta)?;
+        let line = format!("stablehlo.{op} {} : {ta}", self.name(a));
+        Ok(self.emit(line, ta))
+    }
+
+    fn reduce(&mut self, op: &'static str, init: f64, a: Value, dims: &[usize]) -> Result<Value> {
+        let ta = self.ty_of("reduce", a)?.clone();
+        Kind::Numeric.check("reduce", &ta)?;
+        if !distinct_below(dims, ta.rank()) {
+            return Err(shape_err("reduce", format!("bad dimensions {dims:?} for {ta}")));
+        }
+        let mut sorted = dims.to_vec();
+        sorted.sort_unstable();
+        let out_dims: Vec<usize> =
+            (0..ta.rank()).filter(|d| !sorted.contains(d)).map(|d| ta.dims()[d]).collect();
+        let out = TensorType::new(ta.dtype(), &out_dims);
+        let scalar = TensorType::scalar(ta.dtype());
+        let init_v = self.splat(init, scalar.clone())?;
+        let r = self.regions;
+        self.regions += 1;
+        let line = format!(
+            "stablehlo.reduce({} init: {}) across dimensions = {} : ({ta}, {scalar}) -> {out}\n     reducer(%r{r}_a: {scalar}, %r{r}_b: {scalar})  {{\n      %r{r}_c = stablehlo.{op} %r{r}_a, %r{r}_b : {scalar}\n      stablehlo.return %r{r}_c : {scalar}\n    }}",
+            self.name(a),
+            self.name(init_v),
+            list(&sorted)
+        );
+        Ok(self.emit(line, out))
+    }
+}
+
+/// Which dtypes an elementwise op accepts.
+#[derive(Clone, Copy)]
+enum Kind {
+    Numeric,
+    Float,
+    IntOrPred,
+}
+
+impl Kind {
+    fn check(self, op: &'static str, t: &TensorType) -> Result<()> {
+        let d = t.dtype();
+        let ok = match self {
+            Kind::Numeric => d != DType::Pred,
+            Kind::Float => d.is_float(),
+            Kind::IntOrPred => d.is_int() || d == DType::Pred,
+        };
+        if ok {
+            Ok(())
+        } else {
+            let want = match self {
+                Kind::Numeric => "a numeric type",
+                Kind::Float => "a floating-point type",
+                Kind::IntOrPred => "an integer or predicate type",
+            };
+            Err(dtype_err(op, format!("{t} is not {want}")))
+        }
+    }
+}
+
+fn shape_err(op: &'static str, detail: String) -> HloError {
+    HloError::Shape { op, detail }
+}
+
+fn dtype_err(op: &'static str, detail: String) -> HloError {
+    HloError::DType { op, detail }
+}
+
+fn foreign(op: &'static str, v: Value) -> HloError {
+    HloError::ForeignValue { op, id: v.id }
+}
+
+fn mismatch(op: &'static str, a: &TensorType, b: &TensorType) -> HloError {
+    if a.dtype() != b.dtype() {
+        dtype_err(op, format!("operand types differ: {a} vs {b}"))
+    } else {
+        shape_err(op, format!("operand shapes differ: {a} vs {b} (broadcast explicitly)"))
+    }
+}
+
+fn list(xs: &[usize]) -> String {
+    format!("[{}]", xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
+}
+
+fn distinct_below(xs: &[usize], rank: usize) -> bool {
+    xs.iter().enumerate().all(|(i, &x)| x < rank && !xs[..i].contains(&x))
+}
+
+fn is_permutation(perm: &[usize], rank: usize) -> bool {
+    perm.len() == rank && distinct_below(perm, rank)
+}
+
+/// `<@mesh, [{"data"}, {}]>`
+fn sharding_body(spec: &PartitionSpec) -> String {
+    let dims: Vec<String> = spec
+        .dims()
+        .iter()
+        .map(|axes| format!("{{{}}}", axes.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")))
+        .collect();
+    format!("<@mesh, [{}]>", dims.join(", "))
+}
+
+fn sharding_attr(spec: Option<&PartitionSpec>) -> String {
+    match spec {
+        Some(spec) => format!(" {{sdy.sharding = #sdy.sharding{}}}", sharding_body(spec)),
+        None => String::new(),
+    }
+}
+
+/// The literal of a splat constant. Floats are written as hex bit patterns so that the
+/// value in the program is exactly the rounded one (and infinities need no spelling).
+fn scalar_literal(value: f64, dtype: DType) -> String {
+    match dtype {
+        DType::Pred => (if value != 0.0 { "true" } else { "false" }).to_string(),
+        DType::F64 => format!("0x{:016X}", value.to_bits()),
+        DType::F32 => format!("0x{:08X}", (value as f32).to_bits()),
+        DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(value).to_bits()),
+        DType::F16 => format!("0x{:04X}", half::f16::from_f64(value).to_bits()),
+        DType::I8 => (value as i8).to_string(),
+        DType::U8 => (value as u8).to_string(),
+        DType::I32 => (value as i32).to_string(),
+        DType::I64 => (value as i64).to_string(),
+    }
+}

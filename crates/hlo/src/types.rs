@@ -1,0 +1,178 @@
+//! Element types and tensor types, with their MLIR spelling.
+
+use std::fmt;
+
+/// Element type of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DType {
+    /// 1-bit boolean (`i1`), the result of comparisons.
+    Pred,
+    /// Signed 8-bit integer.
+    I8,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 32-bit integer.
+    I32,
+    /// Signed 64-bit integer.
+    I64,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// IEEE single precision.
+    F32,
+    /// IEEE double precision.
+    F64,
+}
+
+impl DType {
+    /// The MLIR element type name (`f32`, `bf16`, `i32`, `ui8`, `i1`, …).
+    pub fn mlir(self) -> &'static str {
+        match self {
+            DType::Pred => "i1",
+            DType::I8 => "i8",
+            DType::U8 => "ui8",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+
+    /// True for floating-point types.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// True for integer types (not `Pred`).
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
+    }
+
+    /// True for unsigned integer types.
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, DType::U8)
+    }
+
+    /// Bytes per element as PJRT buffers store it (`Pred` takes a byte).
+    pub fn byte_size(self) -> usize {
+        match self {
+            DType::Pred | DType::I8 | DType::U8 => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::F32 => 4,
+            DType::I64 | DType::F64 => 8,
+        }
+    }
+
+    /// Parses the names users type (`f32`, `bf16`, `f16`, `i32`, …); also accepts
+    /// `float32`/`bfloat16`/`float16`.
+    pub fn parse(name: &str) -> Option<DType> {
+        Some(match name {
+            "pred" | "bool" | "i1" => DType::Pred,
+            "i8" | "int8" => DType::I8,
+            "u8" | "ui8" | "uint8" => DType::U8,
+            "i32" | "int32" => DType::I32,
+            "i64" | "int64" => DType::I64,
+            "f16" | "float16" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "f32" | "float32" => DType::F32,
+            "f64" | "float64" => DType::F64,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::U8 => "u8",
+            DType::Pred => "pred",
+            other => other.mlir(),
+        })
+    }
+}
+
+/// A ranked tensor type: dimensions and element type. Displays as MLIR does:
+/// `tensor<4x8xf32>`, `tensor<f32>` for a scalar.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    dtype: DType,
+    dims: Vec<usize>,
+}
+
+impl TensorType {
+    /// A tensor of `dtype` with shape `dims` (empty for a scalar).
+    pub fn new(dtype: DType, dims: &[usize]) -> TensorType {
+        TensorType { dtype, dims: dims.to_vec() }
+    }
+
+    /// A scalar of `dtype`.
+    pub fn scalar(dtype: DType) -> TensorType {
+        TensorType { dtype, dims: Vec::new() }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+
+    /// Number of elements.
+    pub fn num_elements(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Bytes of a dense row-major buffer of this type.
+    pub fn byte_size(&self) -> usize {
+        self.num_elements() * self.dtype.byte_size()
+    }
+
+    /// The same shape with another element type.
+    pub fn with_dtype(&self, dtype: DType) -> TensorType {
+        TensorType { dtype, dims: self.dims.clone() }
+    }
+}
+
+impl fmt::Display for TensorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tensor<")?;
+        for d in &self.dims {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", self.dtype.mlir())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn types_print_like_mlir() {
+        assert_eq!(TensorType::new(DType::F32, &[4, 8]).to_string(), "tensor<4x8xf32>");
+        assert_eq!(TensorType::scalar(DType::BF16).to_string(), "tensor<bf16>");
+        assert_eq!(TensorType::new(DType::U8, &[3]).to_string(), "tensor<3xui8>");
+        assert_eq!(TensorType::new(DType::Pred, &[2, 1]).to_string(), "tensor<2x1xi1>");
+    }
+
+    #[test]
+    fn dtype_names_round_trip() {
+        for d in [DType::Pred, DType::I8, DType::U8, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64] {
+            assert_eq!(DType::parse(&d.to_string()), Some(d));
+            assert_eq!(DType::parse(d.mlir()), Some(d));
+        }
+        assert_eq!(DType::parse("float8"), None);
+    }
+}

@@ -1,0 +1,193 @@
+//! Snapshot tests of emitted StableHLO text, and shape/dtype error tests.
+//!
+//! Each snapshot lives in `tests/snapshots/<name>.mlir`. Run with `UPDATE_EXPECT=1` to
+//! rewrite the files after an intended change, then review the diff.
+
+use siphon_hlo::{Builder, CompareDir, DType, DotDims, HloError, TensorType};
+use siphon_mesh::{Mesh, PartitionSpec};
+
+fn expect_snapshot(name: &str, actual: &str) {
+    let path = format!("{}/tests/snapshots/{name}.mlir", env!("CARGO_MANIFEST_DIR"));
+    if std::env::var_os("UPDATE_EXPECT").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e} (run with UPDATE_EXPECT=1 to create it)"));
+    if expected != actual {
+        panic!(
+            "snapshot {name} differs (run with UPDATE_EXPECT=1 to accept):\n--- expected\n{expected}\n--- actual\n{actual}"
+        );
+    }
+}
+
+fn f32t(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, dims)
+}
+
+fn mesh_2x4() -> Mesh {
+    Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap()
+}
+
+/// Every op once, single device.
+pub fn all_ops_module() -> String {
+    let mut b = Builder::new("all_ops");
+    let x = b.arg(f32t(&[4, 8]), None).unwrap();
+    let w = b.arg(f32t(&[8, 6]), None).unwrap();
+    let ids = b.arg(TensorType::new(DType::I32, &[2, 3]), None).unwrap();
+    let y = b.matmul(x, w).unwrap(); // [4, 6]
+    let y2 = b.add(y, y).unwrap();
+    let y3 = b.sub(y2, y).unwrap();
+    let y4 = b.mul(y3, y).unwrap();
+    let y5 = b.div(y4, y2).unwrap();
+    let y6 = b.max(y5, y).unwrap();
+    let y7 = b.min(y6, y).unwrap();
+    let y8 = b.neg(y7).unwrap();
+    let e = b.exp(y8).unwrap();
+    let l = b.log(e).unwrap();
+    let s = b.logistic(l).unwrap();
+    let t = b.tanh(s).unwrap();
+    let r = b.rsqrt(e).unwrap();
+    let q = b.sqrt(e).unwrap();
+    let p = b.pow(q, r).unwrap();
+    let sum = b.reduce_sum(p, &[1]).unwrap(); // [4]
+    let mx = b.reduce_max(t, &[0]).unwrap(); // [6]
+    let bs = b.broadcast_in_dim(sum, &[4, 6], &[0]).unwrap();
+    let bm = b.broadcast_to(mx, &[4, 6]).unwrap();
+    let lt = b.compare(CompareDir::Lt, bs, bm).unwrap();
+    let sel = b.select(lt, bs, bm).unwrap();
+    let tr = b.transpose(sel, &[1, 0]).unwrap(); // [6, 4]
+    let rs = b.reshape(tr, &[3, 8]).unwrap();
+    let sl = b.slice(rs, &[0, 1], &[2, 8], &[1, 2]).unwrap(); // [2, 4]
+    let cat = b.concatenate(&[sl, sl], 0).unwrap(); // [4, 4]
+    let io = b.iota(TensorType::new(DType::I32, &[4, 4]), 1).unwrap();
+    let iof = b.convert(io, DType::F32).unwrap();
+    let sum2 = b.add(cat, iof).unwrap();
+    let bf = b.convert(sum2, DType::BF16).unwrap();
+    let emb = b.take_rows(x, ids).unwrap(); // [2, 3, 8]
+    let c = b.constant_f32(&[1.0, -2.5, 0.0, 3.0], &[4]).unwrap();
+    let half = b.splat(0.5, f32t(&[2, 3, 8])).unwrap();
+    let emb2 = b.mul(emb, half).unwrap();
+    let bx = b.reshape(x, &[2, 2, 8]).unwrap();
+    let bw = b.reshape(x, &[2, 8, 2]).unwrap();
+    let bd = b.dot_general(bx, bw, &DotDims::batched(&[0], &[0], &[2], &[1])).unwrap(); // [2,2,2]
+    b.finish(&[bf, emb2, c, bd]).unwrap()
+}
+
+/// A tensor-parallel MLP on a 2x4 mesh with shardings on arguments, results and inside.
+pub fn sharded_mlp_module() -> String {
+    let mut b = Builder::with_mesh("sharded_mlp", mesh_2x4());
+    let x = b.arg(f32t(&[8, 16]), Some(PartitionSpec::new(&[&["data"], &[]]))).unwrap();
+    let up = b.arg(f32t(&[32, 16]), Some(PartitionSpec::new(&[&["model"], &[]]))).unwrap();
+    let down = b.arg(f32t(&[16, 32]), Some(PartitionSpec::new(&[&[], &["model"]]))).unwrap();
+    let h = b.matmul_t(x, up).unwrap(); // [8, 32]
+    let h = b.sharding_constraint(h, &PartitionSpec::new(&[&["data"], &["model"]])).unwrap();
+    let h = b.logistic(h).unwrap();
+    let y = b.matmul_t(h, down).unwrap(); // [8, 16]
+    b.finish_sharded(&[
+        (y, Some(PartitionSpec::new(&[&["data"], &[]]))),
+        (h, Some(PartitionSpec::new(&[&["data"], &["model"]]))),
+    ])
+    .unwrap()
+}
+
+#[test]
+fn all_ops_snapshot() {
+    expect_snapshot("all_ops", &all_ops_module());
+}
+
+#[test]
+fn sharded_mlp_snapshot() {
+    expect_snapshot("sharded_mlp", &sharded_mlp_module());
+}
+
+#[test]
+fn splat_constants_are_exact_bit_patterns() {
+    let mut b = Builder::new("consts");
+    let a = b.scalar(1.0, DType::F32).unwrap();
+    let n = b.scalar(f64::NEG_INFINITY, DType::F32).unwrap();
+    let h = b.scalar(1.0, DType::BF16).unwrap();
+    let i = b.scalar(-3.0, DType::I32).unwrap();
+    let p = b.scalar(1.0, DType::Pred).unwrap();
+    let text = b.finish(&[a, n, h, i, p]).unwrap();
+    assert!(text.contains("dense<0x3F800000> : tensor<f32>"), "{text}");
+    assert!(text.contains("dense<0xFF800000> : tensor<f32>"), "{text}");
+    assert!(text.contains("dense<0x3F80> : tensor<bf16>"), "{text}");
+    assert!(text.contains("dense<-3> : tensor<i32>"), "{text}");
+    assert!(text.contains("dense<true> : tensor<i1>"), "{text}");
+}
+
+fn is_shape_err(r: Result<siphon_hlo::Value, HloError>, needle: &str) {
+    match r {
+        Err(e @ HloError::Shape { .. }) => assert!(e.to_string().contains(needle), "{e} lacks {needle:?}"),
+        other => panic!("expected a shape error containing {needle:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn shape_errors_name_the_shapes() {
+    let mut b = Builder::new("bad");
+    let a = b.arg(f32t(&[2, 3]), None).unwrap();
+    let c = b.arg(f32t(&[3, 2]), None).unwrap();
+    is_shape_err(b.add(a, c), "tensor<2x3xf32> vs tensor<3x2xf32>");
+    is_shape_err(b.matmul(a, a), "lhs dimension 1 (3) != rhs dimension 0 (2)");
+    is_shape_err(b.dot_general(a, c, &DotDims::contract(&[1, 1], &[0, 1])), "repeated");
+    is_shape_err(b.reshape(a, &[4, 2]), "cannot reshape tensor<2x3xf32> to tensor<4x2xf32>");
+    is_shape_err(b.transpose(a, &[0, 0]), "not a permutation");
+    is_shape_err(b.slice(a, &[0, 2], &[2, 4], &[1, 1]), "bad range 2:4:1 for dimension 1");
+    is_shape_err(b.concatenate(&[a, c], 0), "does not fit");
+    is_shape_err(b.broadcast_in_dim(a, &[2, 4], &[0, 1]), "cannot broadcast");
+    is_shape_err(b.reduce_sum(a, &[2]), "bad dimensions [2]");
+    is_shape_err(b.iota(f32t(&[3]), 1), "out of range");
+    // A failed op leaves the builder usable and adds nothing.
+    let ok = b.add(a, a).unwrap();
+    let text = b.finish(&[ok]).unwrap();
+    assert_eq!(text.matches(" = stablehlo.").count(), 1, "{text}");
+}
+
+#[test]
+fn dtype_errors_name_the_dtypes() {
+    let mut b = Builder::new("bad");
+    let f = b.arg(f32t(&[2]), None).unwrap();
+    let i = b.arg(TensorType::new(DType::I32, &[2]), None).unwrap();
+    let err = b.add(f, i).unwrap_err();
+    assert!(matches!(err, HloError::DType { .. }) && err.to_string().contains("i32"), "{err}");
+    assert!(matches!(b.rsqrt(i), Err(HloError::DType { .. })));
+    assert!(matches!(b.take_rows(f, f), Err(HloError::DType { .. })));
+    assert!(matches!(b.select(f, f, f), Err(HloError::DType { .. })));
+}
+
+#[test]
+fn foreign_values_are_rejected() {
+    let mut one = Builder::new("one");
+    let mut two = Builder::new("two");
+    let a = one.arg(f32t(&[2]), None).unwrap();
+    let _ = two.arg(f32t(&[2]), None).unwrap();
+    assert!(matches!(two.add(a, a), Err(HloError::ForeignValue { .. })));
+}
+
+#[test]
+fn sharding_errors_are_errors() {
+    let mut plain = Builder::new("plain");
+    let err = plain.arg(f32t(&[8]), Some(PartitionSpec::new(&[&["data"]]))).unwrap_err();
+    assert!(matches!(err, HloError::NoMesh(_)), "{err}");
+
+    let mut b = Builder::with_mesh("m", mesh_2x4());
+    let err = b.arg(f32t(&[6, 4]), Some(PartitionSpec::new(&[&["model"], &[]]))).unwrap_err();
+    assert!(err.to_string().contains("argument 0") && err.to_string().contains("4 ways"), "{err}");
+    let err = b.arg(f32t(&[8]), Some(PartitionSpec::new(&[&["fsdp"]]))).unwrap_err();
+    assert!(err.to_string().contains("fsdp"), "{err}");
+    let x = b.arg(f32t(&[8, 6]), None).unwrap();
+    // Uneven splits are allowed inside (Shardy pads) but not on results.
+    let c = b.sharding_constraint(x, &PartitionSpec::new(&[&[], &["model"]])).unwrap();
+    let err = b.sharding_constraint(x, &PartitionSpec::new(&[&["data"]])).unwrap_err();
+    assert!(err.to_string().contains("dimensions"), "{err}");
+    let err = b.finish_sharded(&[(c, Some(PartitionSpec::new(&[&[], &["model"]])))]).unwrap_err();
+    assert!(err.to_string().contains("result 0"), "{err}");
+}
+
+#[test]
+fn empty_results_are_an_error() {
+    let b = Builder::new("empty");
+    assert!(matches!(b.finish(&[]), Err(HloError::NoResults(_))));
+}
