@@ -1,1 +1,56 @@
 //! Activation shards (safetensors), manifests, statistics and exactly-once uploads to object stores.
+//!
+//! Each host of an extraction run owns a [`ShardWriter`]. The compute loop pushes one
+//! [`BatchActivations`] per batch; a background pipeline selects the included tokens,
+//! optionally shuffles them across a window of batches, converts to the stored dtype, seals
+//! ~256 MB safetensors shards, uploads them through object_store (local disk, `s3://`, `gs://`,
+//! `az://`) and commits each shard by rewriting the host's `manifest.jsonl`.
+//!
+//! Dataset layout:
+//! ```text
+//! {output}/{run}/run.json                       config, model, hooks, mesh, partition
+//! {output}/{run}/stats.json                     per hook count/mean/variance/mean norm (all hosts)
+//! {output}/{run}/machine_{m:03}_host_{h:02}/
+//!     shard_{n:06}.safetensors                  per hook [tokens, d_model]; token_ids, doc_index,
+//!                                               position, sample_index [tokens]; mask (optional)
+//!     manifest.jsonl                            one line per committed shard
+//!     stats.json                                this host's statistics
+//! ```
+//!
+//! Exactly-once: a shard belongs to the dataset only once its manifest line is written, which
+//! happens after its upload completed. Reopening a host deletes everything its manifest does not
+//! name and resumes after the last committed shard ([`ShardWriter::resume_point`]); shard
+//! contents are a pure function of the input batches, so a restarted run writes the same bytes.
+//!
+//! Reading a shard in Python:
+//! ```text
+//! from safetensors.numpy import load_file; t = load_file("shard_000000.safetensors"); t["token_ids"], t["blocks.3.hook_resid_post"]
+//! ```
+//! (numpy has no bfloat16: bf16 shards load in torch with `safetensors.torch.load_file`, or in
+//! numpy after `pip install ml_dtypes`.)
+#![deny(missing_docs)]
+
+mod batch;
+mod config;
+mod error;
+mod failpoint;
+mod location;
+mod manifest;
+mod run;
+mod shard;
+mod stats;
+mod upload;
+mod verify;
+mod writer;
+
+pub use batch::{ActivationDtype, BatchActivations, HookActivations};
+pub use config::{DEFAULT_TARGET_SHARD_BYTES, HostId, MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig};
+pub use error::{Result, StoreError};
+pub use location::{MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, parse_host_dir, shard_name};
+pub use manifest::{ManifestLine, parse_manifest, render_manifest};
+pub use run::{ResumePoint, RunJson, list_hosts, merge_host_stats};
+pub use shard::{FORMAT_TAG, RESERVED_TENSOR_NAMES, SealedShard, ShardSummary, summarize_shard};
+pub use stats::{HookStats, HookStatsJson, RunStats, StatsFile, merge_run_stats};
+pub use upload::upload_object;
+pub use verify::{HostReport, VerifyReport, finalize_run, verify_run, verify_run_blocking};
+pub use writer::{HostSummary, ShardWriter};

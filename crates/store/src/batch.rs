@@ -1,0 +1,135 @@
+//! The per-batch record the extraction loop hands to the writer.
+//!
+//! The store does not know about tokenizers, corpora or models: it receives, per batch, the
+//! hook activations as raw little-endian host memory plus the per-token bookkeeping the data
+//! crate produced, and an opaque resume position.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, StoreError};
+
+/// Element type of activations, as produced by the engine or as stored in shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActivationDtype {
+    /// IEEE f32.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE f16.
+    F16,
+}
+
+impl ActivationDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            ActivationDtype::F32 => 4,
+            ActivationDtype::Bf16 | ActivationDtype::F16 => 2,
+        }
+    }
+
+    /// The safetensors dtype name.
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            ActivationDtype::F32 => "F32",
+            ActivationDtype::Bf16 => "BF16",
+            ActivationDtype::F16 => "F16",
+        }
+    }
+
+    /// Parses `f32`, `bf16` or `f16` (case-insensitive).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(ActivationDtype::F32),
+            "bf16" | "bfloat16" => Ok(ActivationDtype::Bf16),
+            "f16" | "float16" => Ok(ActivationDtype::F16),
+            other => Err(StoreError::InvalidConfig(format!("unknown activation dtype {other:?} (expected f32, bf16 or f16)"))),
+        }
+    }
+}
+
+/// One hook's activations for a whole batch: `[batch, seq, d_model]`, row-major, little-endian.
+#[derive(Debug, Clone)]
+pub struct HookActivations {
+    /// Hook name, e.g. `blocks.3.hook_resid_post`.
+    pub hook: String,
+    /// Element type of `data`.
+    pub dtype: ActivationDtype,
+    /// Width of one token's activation vector.
+    pub d_model: usize,
+    /// `batch * seq * d_model * dtype.size()` bytes.
+    pub data: Vec<u8>,
+}
+
+/// Everything the writer needs about one batch of `batch` sequences of `seq` tokens.
+///
+/// Samples (sequences) are numbered per host: this batch holds samples
+/// `first_sample .. first_sample + batch`, and the next batch must start where this one ends.
+#[derive(Debug, Clone)]
+pub struct BatchActivations {
+    /// Host-local index of the batch's first sequence.
+    pub first_sample: u64,
+    /// Number of sequences.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Per hook activations, in the run's hook order.
+    pub hooks: Vec<HookActivations>,
+    /// `[batch, seq]` token ids.
+    pub token_ids: Vec<i32>,
+    /// `[batch, seq]` index of the corpus document each token came from.
+    pub doc_index: Vec<i64>,
+    /// `[batch, seq]` position of each token inside its document.
+    pub position: Vec<i32>,
+    /// `[batch, seq]`; false marks tokens to exclude (BOS, padding, separators).
+    pub keep: Vec<bool>,
+    /// Opaque data-stream position after this batch (from the data crate), recorded in the
+    /// manifest so that a restart resumes exactly after the last committed shard.
+    pub data_position_after: serde_json::Value,
+}
+
+impl BatchActivations {
+    /// Number of sample indices this batch covers.
+    pub fn sample_end(&self) -> u64 {
+        self.first_sample + self.batch as u64
+    }
+
+    /// Checks shapes against the run's hooks; returns a clear error naming the first problem.
+    pub fn validate(&self, hooks: &[String]) -> Result<()> {
+        let bad = |reason: String| StoreError::InvalidBatch { first_sample: self.first_sample, reason };
+        let tokens = self.batch.checked_mul(self.seq).ok_or_else(|| bad("batch * seq overflows".into()))?;
+        if tokens == 0 {
+            return Err(bad(format!("empty batch (batch {} x seq {})", self.batch, self.seq)));
+        }
+        for (name, len) in [
+            ("token_ids", self.token_ids.len()),
+            ("doc_index", self.doc_index.len()),
+            ("position", self.position.len()),
+            ("keep", self.keep.len()),
+        ] {
+            if len != tokens {
+                return Err(bad(format!("{name} has {len} entries, expected batch*seq = {tokens}")));
+            }
+        }
+        if self.hooks.len() != hooks.len() || self.hooks.iter().zip(hooks).any(|(h, n)| &h.hook != n) {
+            let got: Vec<&str> = self.hooks.iter().map(|h| h.hook.as_str()).collect();
+            return Err(bad(format!("hooks {got:?} differ from the run's hooks {hooks:?}")));
+        }
+        for hook in &self.hooks {
+            if hook.d_model == 0 {
+                return Err(bad(format!("hook {} has d_model 0", hook.hook)));
+            }
+            let expected = tokens * hook.d_model * hook.dtype.size();
+            if hook.data.len() != expected {
+                return Err(bad(format!(
+                    "hook {} has {} bytes, expected batch*seq*d_model*{} = {expected}",
+                    hook.hook,
+                    hook.data.len(),
+                    hook.dtype.size()
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,161 @@
+//! What a run writes (format settings, recorded in `run.json`) and how (pipeline settings).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::batch::ActivationDtype;
+use crate::error::{Result, StoreError};
+
+/// Default target shard size: about 256 MB.
+pub const DEFAULT_TARGET_SHARD_BYTES: u64 = 256 << 20;
+/// S3's minimum multipart part size (all parts but the last).
+pub const MIN_PART_BYTES: usize = 5 << 20;
+
+/// Which process of the cluster this writer is: `machine_{m:03}_host_{h:02}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HostId {
+    /// Machine index.
+    pub machine: u32,
+    /// Host (process) index on that machine.
+    pub host: u32,
+}
+
+impl HostId {
+    /// The host's directory name inside the run.
+    pub fn dir_name(self) -> String {
+        format!("machine_{:03}_host_{:02}", self.machine, self.host)
+    }
+}
+
+/// Seeded shuffle of tokens across a window of batches.
+///
+/// A shard always holds whole windows, so a window is shuffled exactly once and a restart
+/// (which resumes at a shard boundary, hence at a window boundary) reproduces the same shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShuffleConfig {
+    /// Seed; combined with the host id and the window's first sample.
+    pub seed: u64,
+    /// Batches per shuffle window.
+    pub window_batches: usize,
+}
+
+/// Settings that decide the bytes of the dataset; recorded in `run.json` and compared on resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardFormat {
+    /// Element type activations are stored as.
+    pub dtype: ActivationDtype,
+    /// A shard is closed at the first batch (or shuffle window) boundary at or past this size.
+    pub target_shard_bytes: u64,
+    /// Keep excluded tokens and add a `mask` tensor instead of dropping them.
+    pub keep_excluded: bool,
+    /// Optional shuffle of tokens before writing.
+    pub shuffle: Option<ShuffleConfig>,
+}
+
+impl Default for ShardFormat {
+    fn default() -> Self {
+        ShardFormat { dtype: ActivationDtype::Bf16, target_shard_bytes: DEFAULT_TARGET_SHARD_BYTES, keep_excluded: false, shuffle: None }
+    }
+}
+
+/// How shards are uploaded. Does not change the dataset's bytes, so a resumed run may differ here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UploadConfig {
+    /// Multipart part size; at least 5 MiB. Shards no larger than this are sent with one put.
+    pub part_bytes: usize,
+    /// Upper bound on part/put requests in flight across all shards of this host.
+    pub concurrency: usize,
+    /// Attempts per shard upload before giving up (each attempt restarts the upload).
+    pub max_attempts: u32,
+    /// Backoff before the second attempt; doubled each further attempt.
+    pub initial_backoff: Duration,
+}
+
+impl Default for UploadConfig {
+    fn default() -> Self {
+        UploadConfig { part_bytes: 16 << 20, concurrency: 8, max_attempts: 5, initial_backoff: Duration::from_millis(200) }
+    }
+}
+
+/// Everything one host's writer needs.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Output root: a local path, `file://`, `s3://`, `gs://`, `az://`/`abfs://`, or `http(s)://`.
+    pub output: String,
+    /// Extra object_store options (e.g. `aws_endpoint`), on top of the environment's.
+    pub options: Vec<(String, String)>,
+    /// Run name: the directory under `output`.
+    pub run: String,
+    /// This writer's host.
+    pub host: HostId,
+    /// Dataset format.
+    pub format: ShardFormat,
+    /// Upload behaviour.
+    pub upload: UploadConfig,
+    /// Batches queued between the compute loop and the shard assembler (back-pressure point).
+    pub queue_batches: usize,
+    /// Sealed shards waiting for an upload slot; bounds memory to about
+    /// `(pending_shards + concurrent shard uploads + 1) * target_shard_bytes`.
+    pub pending_shards: usize,
+}
+
+impl StoreConfig {
+    /// A config with default format and pipeline settings.
+    pub fn new(output: impl Into<String>, run: impl Into<String>, host: HostId) -> Self {
+        StoreConfig {
+            output: output.into(),
+            options: Vec::new(),
+            run: run.into(),
+            host,
+            format: ShardFormat::default(),
+            upload: UploadConfig::default(),
+            queue_batches: 4,
+            pending_shards: 1,
+        }
+    }
+
+    /// Checks ranges without doing any I/O.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |s: String| Err(StoreError::InvalidConfig(s));
+        if self.run.is_empty() || self.run.contains('/') || self.run.starts_with('.') {
+            return bad(format!("run name {:?} must be a non-empty single path segment", self.run));
+        }
+        if self.format.target_shard_bytes == 0 {
+            return bad("target_shard_bytes must be > 0".into());
+        }
+        if let Some(shuffle) = self.format.shuffle
+            && shuffle.window_batches == 0
+        {
+            return bad("shuffle window_batches must be > 0".into());
+        }
+        if self.upload.part_bytes < MIN_PART_BYTES {
+            return bad(format!("upload part_bytes {} is below the 5 MiB multipart minimum", self.upload.part_bytes));
+        }
+        if self.upload.concurrency == 0 || self.upload.max_attempts == 0 {
+            return bad("upload concurrency and max_attempts must be > 0".into());
+        }
+        if self.queue_batches == 0 {
+            return bad("queue_batches must be > 0".into());
+        }
+        if self.host.machine > 999 || self.host.host > 99 {
+            return bad(format!("host id {:?} does not fit machine_{{:03}}_host_{{:02}}", self.host));
+        }
+        Ok(())
+    }
+}
+
+/// What `run.json` records about the run besides the shard format; opaque to the store.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RunDescriptor {
+    /// Model identity (id, revision, architecture...).
+    pub model: serde_json::Value,
+    /// Hook names, in tensor order.
+    pub hooks: Vec<String>,
+    /// Device mesh.
+    pub mesh: serde_json::Value,
+    /// How the corpus is partitioned over hosts.
+    pub partition: serde_json::Value,
+    /// The extraction config (corpus, seq len, batch size...).
+    pub config: serde_json::Value,
+}

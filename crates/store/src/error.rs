@@ -1,0 +1,89 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while writing, resuming or verifying a dataset.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The output URL could not be parsed or names an unsupported scheme.
+    #[error("invalid output location {url:?}: {reason}")]
+    InvalidLocation {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A configuration value is out of range or inconsistent.
+    #[error("invalid store configuration: {0}")]
+    InvalidConfig(String),
+    /// A batch handed to the writer does not have the shape or dtype it must have.
+    #[error("invalid batch (samples starting at {first_sample}): {reason}")]
+    InvalidBatch {
+        /// The first sample index of the offending batch.
+        first_sample: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The output already holds a run whose `run.json` differs from this run's.
+    #[error(
+        "refusing to resume into {path}: its run.json holds a different configuration; differing fields: {}",
+        fields.join(", ")
+    )]
+    RunMismatch {
+        /// The run.json object.
+        path: String,
+        /// Dotted paths of the fields that differ, with both values.
+        fields: Vec<String>,
+    },
+    /// An object store request failed (after the client's own retries).
+    #[error("object store {op} {path}: {source}")]
+    ObjectStore {
+        /// The operation (put, get, list, ...).
+        op: &'static str,
+        /// The object path.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// A local file operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The operation.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A manifest, run.json or stats.json object is not what this crate writes.
+    #[error("corrupt {path}: {reason}")]
+    Corrupt {
+        /// The object.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A shard could not be read back as safetensors.
+    #[error("shard {path}: {reason}")]
+    BadShard {
+        /// The shard object.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The background writer stopped (after an earlier error, reported here).
+    #[error("background shard writer failed: {0}")]
+    Background(String),
+}
+
+impl StoreError {
+    pub(crate) fn store(op: &'static str, path: impl std::fmt::Display, source: object_store::Error) -> Self {
+        StoreError::ObjectStore { op, path: path.to_string(), source }
+    }
+}
+
+/// Shorthand for results with [`StoreError`].
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -1,0 +1,315 @@
+//! Shard assembly (token selection, shuffle, dtype conversion) and the safetensors encoding.
+//!
+//! A shard is built column-wise: one growing buffer per tensor. Sealing writes the safetensors
+//! header and hands out the header plus the column buffers as separate `Bytes` chunks, so the
+//! shard's bytes are never copied into one contiguous file image before upload.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use sha2::{Digest, Sha256};
+
+use crate::batch::{ActivationDtype, BatchActivations};
+use crate::config::{HostId, ShardFormat};
+use crate::error::{Result, StoreError};
+use crate::stats::{HookStats, RunStats};
+
+/// Format tag in every shard's metadata and in run.json.
+pub const FORMAT_TAG: &str = "siphon-activations/1";
+/// Tensor names that hooks may not use.
+pub const RESERVED_TENSOR_NAMES: [&str; 5] = ["token_ids", "doc_index", "position", "sample_index", "mask"];
+
+/// Identity written into each shard's metadata.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardIdentity {
+    pub run: String,
+    pub model: String,
+    pub host: HostId,
+    pub hooks: Vec<String>,
+}
+
+/// A shard ready to upload: its bytes in chunks, with everything the manifest needs.
+#[derive(Debug, Clone)]
+pub struct SealedShard {
+    /// Shard index within the host.
+    pub index: u64,
+    /// The file's bytes, in order (header first).
+    pub chunks: Vec<Bytes>,
+    /// Total size.
+    pub bytes: u64,
+    /// Hex sha256 of the whole file.
+    pub sha256: String,
+    /// Token rows stored.
+    pub tokens: u64,
+    /// Rows whose mask is true (equals `tokens` unless excluded tokens are kept).
+    pub included_tokens: u64,
+    /// Host-local samples `[start, end)` the shard covers.
+    pub samples: (u64, u64),
+    /// Data position after the shard's last batch.
+    pub data_position_after: serde_json::Value,
+    /// Statistics of the shard's stored values.
+    pub stats: RunStats,
+}
+
+/// Accumulates whole batches (or shuffle windows) into one shard.
+pub(crate) struct ShardBuilder {
+    identity: ShardIdentity,
+    format: ShardFormat,
+    index: u64,
+    hooks: Vec<(usize, Vec<u8>)>,
+    token_ids: Vec<i32>,
+    doc_index: Vec<i64>,
+    position: Vec<i32>,
+    sample_index: Vec<i64>,
+    mask: Vec<bool>,
+    samples: Option<(u64, u64)>,
+    data_position_after: serde_json::Value,
+}
+
+impl ShardBuilder {
+    pub fn new(identity: ShardIdentity, format: ShardFormat, index: u64) -> Self {
+        ShardBuilder {
+            identity,
+            format,
+            index,
+            hooks: Vec::new(),
+            token_ids: Vec::new(),
+            doc_index: Vec::new(),
+            position: Vec::new(),
+            sample_index: Vec::new(),
+            mask: Vec::new(),
+            samples: None,
+            data_position_after: serde_json::Value::Null,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_none()
+    }
+
+    /// Bytes of tensor data so far.
+    pub fn data_bytes(&self) -> u64 {
+        let meta = self.token_ids.len() * (4 + 8 + 4 + 8 + usize::from(self.format.keep_excluded));
+        (self.hooks.iter().map(|(_, b)| b.len()).sum::<usize>() + meta) as u64
+    }
+
+    /// Appends one unit (a batch, or a shuffle window of batches) whose samples are contiguous.
+    pub fn add_unit(&mut self, unit: &[BatchActivations]) -> Result<()> {
+        let Some(first) = unit.first() else { return Ok(()) };
+        let last = unit.last().expect("non-empty");
+        if self.hooks.is_empty() {
+            self.hooks = first.hooks.iter().map(|h| (h.d_model, Vec::new())).collect();
+        }
+        for batch in unit {
+            for (h, (d_model, _)) in batch.hooks.iter().zip(&self.hooks) {
+                if h.d_model != *d_model {
+                    return Err(StoreError::InvalidBatch {
+                        first_sample: batch.first_sample,
+                        reason: format!("hook {} changed d_model from {} to {}", h.hook, d_model, h.d_model),
+                    });
+                }
+            }
+        }
+        // (batch in unit, token in batch) of every token that goes into the shard.
+        let mut order: Vec<(u32, u32)> = Vec::new();
+        for (b, batch) in unit.iter().enumerate() {
+            for t in 0..batch.batch * batch.seq {
+                if self.format.keep_excluded || batch.keep[t] {
+                    order.push((b as u32, t as u32));
+                }
+            }
+        }
+        if let Some(shuffle) = self.format.shuffle {
+            // Seed from the run seed, the host and the window's first sample: the same window
+            // is permuted identically however often the run is restarted.
+            let seed = shuffle.seed
+                ^ (u64::from(self.identity.host.machine) << 48)
+                ^ (u64::from(self.identity.host.host) << 40)
+                ^ first.first_sample.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            order.shuffle(&mut rng);
+        }
+        let out_dtype = self.format.dtype;
+        for (h, (d_model, column)) in self.hooks.iter_mut().enumerate() {
+            column.reserve(order.len() * *d_model * out_dtype.size());
+            for &(b, t) in &order {
+                let hook = &unit[b as usize].hooks[h];
+                let row_bytes = hook.d_model * hook.dtype.size();
+                let row = &hook.data[t as usize * row_bytes..(t as usize + 1) * row_bytes];
+                convert_row(hook.dtype, row, out_dtype, column);
+            }
+        }
+        for &(b, t) in &order {
+            let batch = &unit[b as usize];
+            let t = t as usize;
+            self.token_ids.push(batch.token_ids[t]);
+            self.doc_index.push(batch.doc_index[t]);
+            self.position.push(batch.position[t]);
+            self.sample_index.push((batch.first_sample + (t / batch.seq) as u64) as i64);
+            self.mask.push(batch.keep[t]);
+        }
+        let start = self.samples.map_or(first.first_sample, |(s, _)| s);
+        self.samples = Some((start, last.sample_end()));
+        self.data_position_after = last.data_position_after.clone();
+        Ok(())
+    }
+
+    /// Encodes the shard as safetensors and computes its hash and statistics.
+    pub fn seal(self) -> Result<SealedShard> {
+        let ShardBuilder { identity, format, index, hooks, token_ids, doc_index, position, sample_index, mask, samples, data_position_after } = self;
+        let (sample_start, sample_end) = samples.unwrap_or((0, 0));
+        let tokens = token_ids.len();
+        let included_tokens = mask.iter().filter(|m| **m).count() as u64;
+        let dtype = format.dtype;
+
+        let mut stats = RunStats::new();
+        for ((d_model, column), name) in hooks.iter().zip(&identity.hooks) {
+            let mask = format.keep_excluded.then_some(mask.as_slice());
+            stats.insert(name.clone(), HookStats::from_rows(dtype, *d_model, column, mask));
+        }
+
+        // Tensors ordered by element alignment (8, 4, 2, 1 bytes) so every tensor in a
+        // mmap-ed file starts aligned for its dtype.
+        let mut tensors: Vec<(String, &'static str, Vec<usize>, Bytes)> = Vec::new();
+        tensors.push(("doc_index".into(), "I64", vec![tokens], le_bytes(&doc_index, |v| v.to_le_bytes())));
+        tensors.push(("sample_index".into(), "I64", vec![tokens], le_bytes(&sample_index, |v| v.to_le_bytes())));
+        let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Bytes)> = hooks
+            .into_iter()
+            .zip(&identity.hooks)
+            .map(|((d_model, column), name)| (name.clone(), dtype.safetensors_name(), vec![tokens, d_model], Bytes::from(column)))
+            .collect();
+        if dtype == ActivationDtype::F32 {
+            tensors.append(&mut hook_tensors);
+        }
+        tensors.push(("token_ids".into(), "I32", vec![tokens], le_bytes(&token_ids, |v| v.to_le_bytes())));
+        tensors.push(("position".into(), "I32", vec![tokens], le_bytes(&position, |v| v.to_le_bytes())));
+        tensors.append(&mut hook_tensors);
+        if format.keep_excluded {
+            tensors.push(("mask".into(), "BOOL", vec![tokens], Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>())));
+        }
+
+        let mut metadata = BTreeMap::new();
+        metadata.insert("format", FORMAT_TAG.to_string());
+        metadata.insert("run", identity.run.clone());
+        metadata.insert("model", identity.model.clone());
+        metadata.insert("hooks", serde_json::to_string(&identity.hooks).expect("strings serialize"));
+        metadata.insert("dtype", dtype.safetensors_name().to_lowercase());
+        metadata.insert("shard_index", index.to_string());
+        metadata.insert("machine", identity.host.machine.to_string());
+        metadata.insert("host", identity.host.host.to_string());
+        metadata.insert("sample_start", sample_start.to_string());
+        metadata.insert("sample_end", sample_end.to_string());
+        metadata.insert("tokens", tokens.to_string());
+        metadata.insert("excluded_tokens_kept_with_mask", format.keep_excluded.to_string());
+
+        let mut header = serde_json::Map::new();
+        header.insert("__metadata__".into(), serde_json::to_value(&metadata).expect("strings serialize"));
+        let mut offset = 0usize;
+        for (name, dt, shape, data) in &tensors {
+            let end = offset + data.len();
+            header.insert(name.clone(), serde_json::json!({ "dtype": dt, "shape": shape, "data_offsets": [offset, end] }));
+            offset = end;
+        }
+        let mut header = serde_json::to_vec(&header).expect("json serializes");
+        // Pad with spaces so the data section starts 8-byte aligned, as safetensors does.
+        while (8 + header.len()) % 8 != 0 {
+            header.push(b' ');
+        }
+        let mut head = Vec::with_capacity(8 + header.len());
+        head.extend_from_slice(&(header.len() as u64).to_le_bytes());
+        head.extend_from_slice(&header);
+
+        let mut chunks = vec![Bytes::from(head)];
+        chunks.extend(tensors.into_iter().map(|(_, _, _, data)| data).filter(|d| !d.is_empty()));
+        let mut hasher = Sha256::new();
+        let mut bytes = 0u64;
+        for chunk in &chunks {
+            hasher.update(chunk);
+            bytes += chunk.len() as u64;
+        }
+        Ok(SealedShard {
+            index,
+            chunks,
+            bytes,
+            sha256: hex::encode(hasher.finalize()),
+            tokens: tokens as u64,
+            included_tokens,
+            samples: (sample_start, sample_end),
+            data_position_after,
+            stats,
+        })
+    }
+}
+
+/// What a shard's safetensors header says, plus statistics recomputed from its data.
+#[derive(Debug, Clone)]
+pub struct ShardSummary {
+    /// `__metadata__` entries.
+    pub metadata: HashMap<String, String>,
+    /// Token rows (length of `token_ids`).
+    pub tokens: u64,
+    /// Rows included by the mask (all rows when there is no mask).
+    pub included_tokens: u64,
+    /// Per hook statistics of the stored values.
+    pub stats: RunStats,
+}
+
+/// Parses a shard file and checks that every hook and bookkeeping tensor has the same row count.
+pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String]) -> Result<ShardSummary> {
+    let bad = |reason: String| StoreError::BadShard { path: path.to_string(), reason };
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
+    let metadata = meta.metadata().clone().unwrap_or_default();
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+    let tokens = st.tensor("token_ids").map_err(|e| bad(format!("token_ids: {e}")))?.shape().first().copied().unwrap_or(0);
+    for name in ["doc_index", "position", "sample_index"] {
+        let t = st.tensor(name).map_err(|e| bad(format!("{name}: {e}")))?;
+        if t.shape() != [tokens] {
+            return Err(bad(format!("{name} has shape {:?}, expected [{tokens}]", t.shape())));
+        }
+    }
+    let mask: Option<Vec<bool>> = match st.tensor("mask") {
+        Ok(t) => Some(t.data().iter().map(|&b| b != 0).collect()),
+        Err(_) => None,
+    };
+    let included_tokens = mask.as_ref().map_or(tokens, |m| m.iter().filter(|x| **x).count()) as u64;
+    let mut stats = RunStats::new();
+    for hook in hooks {
+        let t = st.tensor(hook).map_err(|e| bad(format!("hook {hook}: {e}")))?;
+        let dtype = match t.dtype() {
+            safetensors::Dtype::F32 => ActivationDtype::F32,
+            safetensors::Dtype::BF16 => ActivationDtype::Bf16,
+            safetensors::Dtype::F16 => ActivationDtype::F16,
+            other => return Err(bad(format!("hook {hook} has dtype {other:?}"))),
+        };
+        if t.shape().len() != 2 || t.shape()[0] != tokens {
+            return Err(bad(format!("hook {hook} has shape {:?}, expected [{tokens}, d_model]", t.shape())));
+        }
+        stats.insert(hook.clone(), HookStats::from_rows(dtype, t.shape()[1], t.data(), mask.as_deref()));
+    }
+    Ok(ShardSummary { metadata, tokens: tokens as u64, included_tokens, stats })
+}
+
+fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Bytes {
+    let mut out = Vec::with_capacity(values.len() * N);
+    for &v in values {
+        out.extend_from_slice(&f(v));
+    }
+    Bytes::from(out)
+}
+
+/// Appends one row converted from `src_dtype` to `dst_dtype` (little-endian both sides).
+fn convert_row(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDtype, dst: &mut Vec<u8>) {
+    if src_dtype == dst_dtype {
+        dst.extend_from_slice(src);
+        return;
+    }
+    let mut values = vec![0f32; src.len() / src_dtype.size()];
+    crate::stats::decode_row(src_dtype, src, &mut values);
+    match dst_dtype {
+        ActivationDtype::F32 => values.iter().for_each(|v| dst.extend_from_slice(&v.to_le_bytes())),
+        ActivationDtype::Bf16 => values.iter().for_each(|v| dst.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),
+        ActivationDtype::F16 => values.iter().for_each(|v| dst.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
+    }
+}

