@@ -1,0 +1,89 @@
+//! Opening a model: a Hugging Face directory (`config.json`, `model.safetensors` or
+//! `model.safetensors.index.json`, `tokenizer.json`, `tokenizer_config.json`) or a GGUF file.
+//! Either way the result is the same [`LoadedModel`]: a validated config, weights by HF name
+//! and, when the files have one, a tokenizer.
+
+use std::path::{Path, PathBuf};
+
+use crate::gguf::{convert, GgufFile};
+use crate::tokenizer::TextTokenizer;
+use crate::weights::Weights;
+use crate::{HfConfig, ModelConfig, ModelError};
+
+/// A model's config, weights and tokenizer, files mapped but no tensor read yet.
+#[derive(Debug)]
+pub struct LoadedModel {
+    /// Where it was opened from.
+    pub path: PathBuf,
+    /// Validated configuration.
+    pub config: ModelConfig,
+    /// Weight tensors by Hugging Face name.
+    pub weights: Weights,
+    /// The tokenizer, when the directory or file carries one.
+    pub tokenizer: Option<TextTokenizer>,
+}
+
+impl LoadedModel {
+    /// Opens an HF model directory or a `.gguf` file.
+    pub fn open(path: &Path) -> Result<LoadedModel, ModelError> {
+        let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
+        if meta.is_dir() {
+            Self::open_hf_dir(path)
+        } else {
+            Self::open_gguf(path)
+        }
+    }
+
+    /// Opens an HF model directory.
+    pub fn open_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
+        let config = HfConfig::from_json(&text)?.into_config()?;
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let weights = if index.exists() {
+            Weights::from_safetensors_index(&index)?
+        } else if single.exists() {
+            Weights::from_safetensors_file(&single)?
+        } else {
+            return Err(ModelError::io(
+                &single,
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "neither model.safetensors nor model.safetensors.index.json exists",
+                ),
+            ));
+        };
+        let tokenizer = TextTokenizer::from_hf_dir(dir)?;
+        Ok(LoadedModel { path: dir.to_path_buf(), config, weights, tokenizer })
+    }
+
+    /// Opens a GGUF file (llama or qwen2 architecture).
+    pub fn open_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
+        let file = GgufFile::open(path)?;
+        let config = convert::hf_config(&file)?.into_config()?;
+        let tokenizer = match file.get("tokenizer.ggml.model") {
+            None => None,
+            Some(_) => Some(TextTokenizer::from_gguf(&file)?),
+        };
+        let weights = Weights::from_gguf(file, config.n_heads, config.n_kv_heads)?;
+        Ok(LoadedModel { path: path.to_path_buf(), config, weights, tokenizer })
+    }
+
+    /// Checks that every tensor the forward of the first `n_layers` blocks needs is present
+    /// with the shape the config implies, so a bad checkpoint fails before any upload.
+    pub fn check_weights(&self, n_layers: usize) -> Result<(), ModelError> {
+        for p in self.config.params(n_layers, false) {
+            let meta = self.weights.meta(&p.name)?;
+            if meta.shape != p.shape {
+                return Err(ModelError::ShapeMismatch {
+                    name: p.name,
+                    expected: p.shape,
+                    found: meta.shape,
+                    source_desc: self.weights.describe(),
+                });
+            }
+        }
+        Ok(())
+    }
+}

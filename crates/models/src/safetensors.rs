@@ -1,0 +1,141 @@
+//! Hugging Face safetensors weights: one `model.safetensors`, or a
+//! `model.safetensors.index.json` whose `weight_map` spreads tensors over several files.
+//!
+//! Each file is memory-mapped once; its header is parsed and checked by the `safetensors`
+//! crate (which rejects truncated files: the header's data offsets must end exactly at the
+//! end of the file) and tensors are read as slices of the map.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
+
+use crate::weights::{Stored, TensorMeta};
+use crate::ModelError;
+
+/// One or more mapped safetensors files with a name → file index.
+pub(crate) struct SafeTensorsSet {
+    files: Vec<MappedFile>,
+    by_name: HashMap<String, (usize, TensorInfo)>,
+    describe: String,
+}
+
+impl std::fmt::Debug for SafeTensorsSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafeTensorsSet").field("source", &self.describe).field("tensors", &self.by_name.len()).finish()
+    }
+}
+
+struct MappedFile {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Offset of the data section (8 + header length).
+    data_start: usize,
+}
+
+impl SafeTensorsSet {
+    pub(crate) fn open_file(path: &Path) -> Result<SafeTensorsSet, ModelError> {
+        let mut set = SafeTensorsSet { files: Vec::new(), by_name: HashMap::new(), describe: path.display().to_string() };
+        set.add_file(path, None)?;
+        Ok(set)
+    }
+
+    pub(crate) fn open_index(index: &Path) -> Result<SafeTensorsSet, ModelError> {
+        let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+        let corrupt = |detail: String| ModelError::Corrupt { path: index.to_path_buf(), detail };
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| corrupt(format!("not JSON: {e}")))?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| corrupt("lacks a weight_map object".into()))?;
+        let mut files: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for (name, file) in map {
+            let file = file.as_str().ok_or_else(|| corrupt(format!("weight_map[{name:?}] is not a string")))?;
+            if file.contains('/') || file.contains('\\') || file == ".." {
+                return Err(corrupt(format!("weight_map[{name:?}] names {file:?} outside the model directory")));
+            }
+            files.entry(file).or_default().insert(name);
+        }
+        let dir = index.parent().unwrap_or(Path::new("."));
+        let mut set = SafeTensorsSet { files: Vec::new(), by_name: HashMap::new(), describe: index.display().to_string() };
+        for (file, names) in files {
+            set.add_file(&dir.join(file), Some(&names))?;
+        }
+        // Every tensor the index promises must be in the file it names.
+        for (name, file) in map {
+            if !set.by_name.contains_key(name) {
+                return Err(ModelError::MissingTensor {
+                    name: name.clone(),
+                    source_desc: format!("{} (index names it)", dir.join(file.as_str().unwrap_or("")).display()),
+                });
+            }
+        }
+        Ok(set)
+    }
+
+    fn add_file(&mut self, path: &Path, only: Option<&BTreeSet<&str>>) -> Result<(), ModelError> {
+        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        // SAFETY: read-only map of a model file nobody writes while siphon runs.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+        let (n, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!("not a valid safetensors file: {e}"),
+        })?;
+        let idx = self.files.len();
+        for (name, info) in metadata.tensors() {
+            if only.is_some_and(|only| !only.contains(name.as_str())) {
+                continue;
+            }
+            if let Some((other, _)) = self.by_name.get(&name) {
+                return Err(ModelError::Corrupt {
+                    path: path.to_path_buf(),
+                    detail: format!("tensor {name:?} is also in {}", self.files[*other].path.display()),
+                });
+            }
+            self.by_name.insert(name, (idx, info.clone()));
+        }
+        self.files.push(MappedFile { path: path.to_path_buf(), mmap, data_start: 8 + n });
+        Ok(())
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    pub(crate) fn names(&self) -> BTreeSet<String> {
+        self.by_name.keys().cloned().collect()
+    }
+
+    fn entry(&self, name: &str) -> Result<&(usize, TensorInfo), ModelError> {
+        self.by_name
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor { name: name.into(), source_desc: self.describe.clone() })
+    }
+
+    pub(crate) fn meta(&self, name: &str) -> Result<TensorMeta, ModelError> {
+        let (_, info) = self.entry(name)?;
+        Ok(TensorMeta { name: name.into(), shape: info.shape.clone(), stored: format!("{:?}", info.dtype) })
+    }
+
+    pub(crate) fn raw(&self, name: &str) -> Result<(Stored, Vec<usize>, &[u8]), ModelError> {
+        let (idx, info) = self.entry(name)?;
+        let file = &self.files[*idx];
+        let stored = match info.dtype {
+            Dtype::F32 => Stored::F32,
+            Dtype::F16 => Stored::F16,
+            Dtype::BF16 => Stored::Bf16,
+            other => {
+                return Err(ModelError::UnsupportedQuant(format!(
+                    "tensor {name:?} in {} is {other:?} (supported: F32, F16, BF16)",
+                    file.path.display()
+                )));
+            }
+        };
+        // read_metadata checked that offsets are in order and end at the file's end.
+        let (a, b) = info.data_offsets;
+        let bytes = &file.mmap[file.data_start + a..file.data_start + b];
+        Ok((stored, info.shape.clone(), bytes))
+    }
+}

@@ -1,0 +1,222 @@
+//! Tokenizers: `tokenizer.json` (+ `tokenizer_config.json`) from an HF directory, or one built
+//! from a GGUF file's `tokenizer.ggml.*` metadata.
+//!
+//! The GGUF build follows what transformers does with `gguf_file=` so that siphon gets HF's
+//! token ids: for `tokenizer.ggml.model = "gpt2"` a byte-level BPE over the file's tokens and
+//! merges (tokens not spelled in the GPT-2 byte alphabet are re-spelled), the byte-level
+//! pre-tokenizer — or, for the `pre` types transformers knows (llama3, qwen2), their split
+//! regex first — the tokens marked CONTROL added as special tokens, USER_DEFINED ones as
+//! plain added tokens, and BOS/EOS added when `add_bos_token`/`add_eos_token` say so.
+//! SentencePiece-style (`llama`) vocabularies are not built yet and give a clear error.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::gguf::{GgufFile, GgufValue};
+use crate::ModelError;
+
+/// A ready tokenizer plus the special-token facts the data pipeline needs.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Beginning-of-sequence token id, if the model has one.
+    pub bos_id: Option<u32>,
+    /// End-of-sequence token id, if the model has one.
+    pub eos_id: Option<u32>,
+    /// Padding token id, if the model names one.
+    pub pad_id: Option<u32>,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("vocab_size", &self.inner.get_vocab_size(true))
+            .field("bos_id", &self.bos_id)
+            .field("eos_id", &self.eos_id)
+            .field("pad_id", &self.pad_id)
+            .finish()
+    }
+}
+
+const GPT4_STYLE_LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+impl TextTokenizer {
+    /// Wraps a `tokenizers::Tokenizer`.
+    pub fn new(inner: tokenizers::Tokenizer, bos_id: Option<u32>, eos_id: Option<u32>, pad_id: Option<u32>) -> TextTokenizer {
+        TextTokenizer { inner, bos_id, eos_id, pad_id }
+    }
+
+    /// The underlying tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// Token ids of `text`, special tokens (BOS) added as the model's tokenizer config says,
+    /// like HF's `tokenizer(text)["input_ids"]`.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        let enc = self.inner.encode(text, true).map_err(|e| ModelError::Tokenizer(format!("encoding text: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Reads `tokenizer.json` and, when present, `tokenizer_config.json` from an HF model
+    /// directory. Returns `None` when the directory has no `tokenizer.json`.
+    pub fn from_hf_dir(dir: &Path) -> Result<Option<TextTokenizer>, ModelError> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            return Ok(None);
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let mut tok = TextTokenizer { inner, bos_id: None, eos_id: None, pad_id: None };
+        let config_path = dir.join("tokenizer_config.json");
+        if config_path.exists() {
+            let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
+            let config: Value = serde_json::from_str(&text).map_err(|e| ModelError::Corrupt {
+                path: config_path.clone(),
+                detail: format!("not JSON: {e}"),
+            })?;
+            // Special tokens are given as a string or as {"content": ...}.
+            let id_of = |key: &str| {
+                let v = config.get(key)?;
+                let s = v.as_str().or_else(|| v.get("content").and_then(Value::as_str))?;
+                tok.inner.token_to_id(s)
+            };
+            tok.bos_id = id_of("bos_token");
+            tok.eos_id = id_of("eos_token");
+            tok.pad_id = id_of("pad_token");
+        }
+        Ok(Some(tok))
+    }
+
+    /// Builds the tokenizer a GGUF file describes, as transformers does.
+    pub fn from_gguf(file: &GgufFile) -> Result<TextTokenizer, ModelError> {
+        let fail = |m: String| ModelError::Tokenizer(format!("{}: {m}", file.path().display()));
+        let model = file.get("tokenizer.ggml.model").and_then(GgufValue::as_str).ok_or_else(|| fail("no tokenizer.ggml.model".into()))?;
+        if model != "gpt2" {
+            return Err(fail(format!("tokenizer.ggml.model {model:?} is not supported yet (supported: gpt2 byte-level BPE)")));
+        }
+        let strings = |key: &str| -> Result<Vec<&str>, ModelError> {
+            let arr = file.get(key).and_then(GgufValue::as_array).ok_or_else(|| fail(format!("no {key} array")))?;
+            arr.iter().map(|v| v.as_str().ok_or_else(|| fail(format!("{key} holds a non-string")))).collect()
+        };
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges = strings("tokenizer.ggml.merges")?;
+        let token_types: Vec<u64> = match file.get("tokenizer.ggml.token_type").and_then(GgufValue::as_array) {
+            Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+            None => Vec::new(),
+        };
+        let id = |key: &str| -> Result<Option<u32>, ModelError> {
+            match file.get(&format!("tokenizer.ggml.{key}")).and_then(GgufValue::as_u64) {
+                None => Ok(None),
+                Some(i) if (i as usize) < tokens.len() => Ok(Some(i as u32)),
+                Some(i) => Err(fail(format!("tokenizer.ggml.{key} {i} is outside the {}-token vocabulary", tokens.len()))),
+            }
+        };
+        let flag = |key: &str| file.get(&format!("tokenizer.ggml.{key}")).and_then(GgufValue::as_bool).unwrap_or(false);
+        let (bos_id, eos_id, pad_id) = (id("bos_token_id")?, id("eos_token_id")?, id("padding_token_id")?);
+
+        let alphabet: HashSet<char> = byte_alphabet().into_iter().collect();
+        let spelling = byte_alphabet();
+        let mut vocab = serde_json::Map::new();
+        for (i, t) in tokens.iter().enumerate() {
+            let s = if t.chars().all(|c| alphabet.contains(&c)) {
+                t.to_string()
+            } else {
+                t.bytes().map(|b| spelling[b as usize]).collect()
+            };
+            vocab.insert(s, json!(i));
+        }
+        let mut added = Vec::new();
+        for (i, (t, ty)) in tokens.iter().zip(&token_types).enumerate() {
+            // 3 = CONTROL (special), 4 = USER_DEFINED (plain added token). transformers skips a
+            // CONTROL token not spelled in the byte alphabet as a llama.cpp mislabel.
+            let special = match ty {
+                3 if t.chars().all(|c| alphabet.contains(&c)) => true,
+                4 => false,
+                _ => continue,
+            };
+            added.push(json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": !special, "special": special}));
+        }
+        let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+        let pre = file.get("tokenizer.ggml.pre").and_then(GgufValue::as_str);
+        let split = match pre {
+            Some("llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "smaug-bpe" | "dbrx") => Some(GPT4_STYLE_LLAMA3),
+            Some("qwen2" | "deepseek-r1-qwen") => Some(QWEN2_SPLIT),
+            _ => None,
+        };
+        let pre_tokenizer = match split {
+            None => byte_level(true),
+            Some(regex) => json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+                byte_level(false)]}),
+        };
+        let (add_bos, add_eos) = (flag("add_bos_token"), flag("add_eos_token"));
+        let mut single = Vec::new();
+        let mut special_tokens = BTreeMap::new();
+        if let (true, Some(b)) = (add_bos, bos_id) {
+            let s = &tokens[b as usize];
+            single.push(json!({"SpecialToken": {"id": s, "type_id": 0}}));
+            special_tokens.insert(s.to_string(), json!({"id": s, "ids": [b], "tokens": [s]}));
+        }
+        single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+        if let (true, Some(e)) = (add_eos, eos_id) {
+            let s = &tokens[e as usize];
+            single.push(json!({"SpecialToken": {"id": s, "type_id": 0}}));
+            special_tokens.insert(s.to_string(), json!({"id": s, "ids": [e], "tokens": [s]}));
+        }
+        let mut pair = single.clone();
+        pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+        let spec = json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special_tokens},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
+                "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": merges},
+        });
+        let inner: tokenizers::Tokenizer = spec
+            .to_string()
+            .parse()
+            .map_err(|e| fail(format!("building the BPE tokenizer: {e}")))?;
+        Ok(TextTokenizer { inner, bos_id, eos_id, pad_id })
+    }
+}
+
+/// GPT-2's byte → printable character map (`bytes_to_unicode`): printable Latin-1 bytes map
+/// to themselves, the other 68 to U+0100 onwards in byte order.
+fn byte_alphabet() -> Vec<char> {
+    let keep = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let mut next = 256u32;
+    (0u32..256)
+        .map(|b| {
+            if keep(b) {
+                char::from_u32(b).unwrap()
+            } else {
+                let c = char::from_u32(next).unwrap();
+                next += 1;
+                c
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_alphabet_matches_gpt2() {
+        let a = byte_alphabet();
+        assert_eq!(a[b' ' as usize], 'Ġ'); // U+0120
+        assert_eq!(a[b'\n' as usize], 'Ċ'); // U+010A
+        assert_eq!(a[b'A' as usize], 'A');
+        assert_eq!(a.iter().collect::<HashSet<_>>().len(), 256);
+    }
+}

@@ -1,0 +1,345 @@
+//! [`Weights`]: one source of weight tensors by Hugging Face name, whatever the file format.
+//!
+//! Files stay memory-mapped. A tensor requested in the dtype it is stored in is returned as
+//! a slice of the map (no copy); any conversion (f32 ↔ bf16/f16, GGUF dequantization and
+//! llama.cpp's q/k row permutation) writes straight into the one output buffer, so a tensor
+//! is never copied twice on its way to the device.
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use half::{bf16, f16};
+
+use crate::gguf::convert::{self, RowOrder};
+use crate::gguf::{dequant, GgufFile};
+use crate::safetensors::SafeTensorsSet;
+use crate::{ModelError, ParamInfo};
+
+/// Element types of weights and activations handed to the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// 32-bit IEEE float.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+
+    /// The lowercase name used on the command line and in StableHLO (`f32`, `bf16`, `f16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+        }
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<DType, ModelError> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(DType::F32),
+            "bf16" | "bfloat16" => Ok(DType::Bf16),
+            "f16" | "float16" => Ok(DType::F16),
+            _ => Err(ModelError::Config(format!("dtype {s:?} (supported: f32, bf16, f16)"))),
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A tensor on the host: little-endian elements of `dtype` in row-major order, borrowed from
+/// the file's memory map when no conversion was needed.
+#[derive(Debug, Clone)]
+pub struct HostTensor<'a> {
+    /// Element type of `data`.
+    pub dtype: DType,
+    /// Row-major shape.
+    pub shape: Vec<usize>,
+    /// `shape.product() * dtype.size()` bytes.
+    pub data: Cow<'a, [u8]>,
+}
+
+impl HostTensor<'_> {
+    /// Number of elements.
+    pub fn n_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The elements as f32 (a copy; for tests and inspection).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.n_elements()];
+        decode_into(self.dtype, &self.data, &mut out);
+        out
+    }
+}
+
+/// How a tensor is stored in its file, before any conversion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    /// Hugging Face name.
+    pub name: String,
+    /// Row-major shape in Hugging Face layout.
+    pub shape: Vec<usize>,
+    /// The stored encoding as the file names it (`F32`, `BF16`, `Q4_1`, ...).
+    pub stored: String,
+}
+
+/// Weight tensors by Hugging Face name, from safetensors files or a GGUF file.
+#[derive(Debug)]
+pub struct Weights {
+    inner: Inner,
+}
+
+#[derive(Debug)]
+enum Inner {
+    SafeTensors(SafeTensorsSet),
+    Gguf(GgufWeights),
+}
+
+#[derive(Debug)]
+struct GgufWeights {
+    file: GgufFile,
+    arch: String,
+    n_heads: usize,
+    n_kv_heads: usize,
+    /// HF name → index into the file's tensor directory.
+    names: std::collections::BTreeMap<String, usize>,
+}
+
+impl Weights {
+    /// Weights from one `model.safetensors` file.
+    pub fn from_safetensors_file(path: &Path) -> Result<Weights, ModelError> {
+        Ok(Weights { inner: Inner::SafeTensors(SafeTensorsSet::open_file(path)?) })
+    }
+
+    /// Weights from a `model.safetensors.index.json` and the files it names.
+    pub fn from_safetensors_index(path: &Path) -> Result<Weights, ModelError> {
+        Ok(Weights { inner: Inner::SafeTensors(SafeTensorsSet::open_index(path)?) })
+    }
+
+    /// Weights from an open GGUF file, named and laid out as transformers would load them.
+    /// `n_heads`/`n_kv_heads` come from the file's config and undo llama.cpp's q/k
+    /// permutation.
+    pub fn from_gguf(file: GgufFile, n_heads: usize, n_kv_heads: usize) -> Result<Weights, ModelError> {
+        let arch = convert::architecture(&file)?;
+        let mut names = std::collections::BTreeMap::new();
+        for (i, t) in file.tensors().iter().enumerate() {
+            if let Some(hf) = convert::hf_name(&t.name) {
+                names.insert(hf, i);
+            }
+        }
+        Ok(Weights { inner: Inner::Gguf(GgufWeights { file, arch, n_heads, n_kv_heads, names }) })
+    }
+
+    /// Where the weights come from, for messages.
+    pub fn describe(&self) -> String {
+        match &self.inner {
+            Inner::SafeTensors(s) => s.describe(),
+            Inner::Gguf(g) => g.file.path().display().to_string(),
+        }
+    }
+
+    /// All tensor names (Hugging Face naming), sorted.
+    pub fn names(&self) -> BTreeSet<String> {
+        match &self.inner {
+            Inner::SafeTensors(s) => s.names(),
+            Inner::Gguf(g) => g.names.keys().cloned().collect(),
+        }
+    }
+
+    /// Stored shape and encoding of a tensor.
+    pub fn meta(&self, name: &str) -> Result<TensorMeta, ModelError> {
+        match &self.inner {
+            Inner::SafeTensors(s) => s.meta(name),
+            Inner::Gguf(g) => {
+                let t = g.info(name)?;
+                Ok(TensorMeta { name: name.into(), shape: t.shape(), stored: format!("{:?}", t.ggml_type) })
+            }
+        }
+    }
+
+    /// A tensor converted to `dtype` (borrowed from the map when stored as `dtype`).
+    pub fn get(&self, name: &str, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
+        match &self.inner {
+            Inner::SafeTensors(s) => {
+                let (stored, shape, bytes) = s.raw(name)?;
+                let data = convert_bytes(stored, bytes, dtype);
+                Ok(HostTensor { dtype, shape, data })
+            }
+            Inner::Gguf(g) => g.get(name, dtype),
+        }
+    }
+
+    /// The tensor a forward parameter needs, checked against the shape the config expects.
+    pub fn load(&self, param: &ParamInfo, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
+        let meta = self.meta(&param.name)?;
+        if meta.shape != param.shape {
+            return Err(ModelError::ShapeMismatch {
+                name: param.name.clone(),
+                expected: param.shape.clone(),
+                found: meta.shape,
+                source_desc: self.describe(),
+            });
+        }
+        self.get(&param.name, dtype)
+    }
+}
+
+impl GgufWeights {
+    fn info(&self, name: &str) -> Result<&crate::gguf::GgufTensorInfo, ModelError> {
+        let i = self.names.get(name).ok_or_else(|| ModelError::MissingTensor {
+            name: name.into(),
+            source_desc: self.file.path().display().to_string(),
+        })?;
+        Ok(&self.file.tensors()[*i])
+    }
+
+    fn get(&self, name: &str, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
+        let t = self.info(name)?;
+        let shape = t.shape();
+        let raw = self.file.data(t);
+        let row_len = t.dims[0];
+        let n_rows = t.n_elements() / row_len.max(1);
+        let row_bytes = row_len / t.ggml_type.block_size() * t.ggml_type.block_bytes();
+        let order = convert::row_order(&self.arch, &t.name, self.n_heads, self.n_kv_heads);
+        if let RowOrder::ReversePermute { n_heads } = order {
+            if n_heads == 0 || n_rows % (2 * n_heads) != 0 {
+                return Err(ModelError::ShapeMismatch {
+                    name: name.into(),
+                    expected: vec![n_heads * 2, row_len],
+                    found: shape,
+                    source_desc: format!("{} (rows must split into {n_heads} heads of even size)", self.file.path().display()),
+                });
+            }
+        }
+        let mut out = vec![0u8; t.n_elements() * dtype.size()];
+        let mut row = vec![0f32; row_len];
+        let out_row_bytes = row_len * dtype.size();
+        for (hf_row, dst) in out.chunks_exact_mut(out_row_bytes.max(1)).enumerate().take(n_rows) {
+            let src_row = convert::hf_row_of(order, n_rows, hf_row);
+            let src = &raw[src_row * row_bytes..(src_row + 1) * row_bytes];
+            dequant::dequantize(t.ggml_type, src, &mut row);
+            encode_into(dtype, &row, dst);
+        }
+        Ok(HostTensor { dtype, shape, data: Cow::Owned(out) })
+    }
+}
+
+/// Safetensors encodings siphon reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stored {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Stored {
+    fn as_dtype(self) -> DType {
+        match self {
+            Stored::F32 => DType::F32,
+            Stored::F16 => DType::F16,
+            Stored::Bf16 => DType::Bf16,
+        }
+    }
+}
+
+fn convert_bytes(stored: Stored, bytes: &[u8], want: DType) -> Cow<'_, [u8]> {
+    let from = stored.as_dtype();
+    if from == want {
+        return Cow::Borrowed(bytes);
+    }
+    let n = bytes.len() / from.size();
+    let mut out = vec![0u8; n * want.size()];
+    // Convert in chunks through a small f32 buffer so no full-size f32 copy is made.
+    const CHUNK: usize = 4096;
+    let mut tmp = vec![0f32; CHUNK];
+    for (src, dst) in bytes.chunks(CHUNK * from.size()).zip(out.chunks_mut(CHUNK * want.size())) {
+        let m = src.len() / from.size();
+        decode_into(from, src, &mut tmp[..m]);
+        encode_into(want, &tmp[..m], dst);
+    }
+    Cow::Owned(out)
+}
+
+/// Decodes little-endian elements of `dtype` into f32.
+pub fn decode_into(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    match dtype {
+        DType::F32 => {
+            for (s, d) in src.chunks_exact(4).zip(dst) {
+                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+        }
+        DType::Bf16 => {
+            for (s, d) in src.chunks_exact(2).zip(dst) {
+                *d = bf16::from_le_bytes([s[0], s[1]]).to_f32();
+            }
+        }
+        DType::F16 => {
+            for (s, d) in src.chunks_exact(2).zip(dst) {
+                *d = f16::from_le_bytes([s[0], s[1]]).to_f32();
+            }
+        }
+    }
+}
+
+/// Encodes f32 values as little-endian elements of `dtype` (round to nearest even).
+pub fn encode_into(dtype: DType, src: &[f32], dst: &mut [u8]) {
+    match dtype {
+        DType::F32 => {
+            for (s, d) in src.iter().zip(dst.chunks_exact_mut(4)) {
+                d.copy_from_slice(&s.to_le_bytes());
+            }
+        }
+        DType::Bf16 => {
+            for (s, d) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                d.copy_from_slice(&bf16::from_f32(*s).to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            for (s, d) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                d.copy_from_slice(&f16::from_f32(*s).to_le_bytes());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversion_borrows_when_dtype_matches() {
+        let bytes: Vec<u8> = [1.0f32, -0.5, 3.25].iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert!(matches!(convert_bytes(Stored::F32, &bytes, DType::F32), Cow::Borrowed(_)));
+        let bf = convert_bytes(Stored::F32, &bytes, DType::Bf16);
+        let t = HostTensor { dtype: DType::Bf16, shape: vec![3], data: bf };
+        assert_eq!(t.to_f32_vec(), vec![1.0, -0.5, 3.25]);
+        let back = convert_bytes(Stored::Bf16, &t.data, DType::F16);
+        let t = HostTensor { dtype: DType::F16, shape: vec![3], data: back };
+        assert_eq!(t.to_f32_vec(), vec![1.0, -0.5, 3.25]);
+    }
+
+    #[test]
+    fn dtype_parses() {
+        assert_eq!("BF16".parse::<DType>().unwrap(), DType::Bf16);
+        assert!("int8".parse::<DType>().unwrap_err().to_string().contains("int8"));
+    }
+}
