@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
 use crate::error::{CoordError, Result};
-pub(crate) use barrier::{Arrival, BarrierKey, list};
+pub(crate) use barrier::{Arrival, BarrierKey};
 pub(crate) use kv::Lookup;
 
 /// The barrier every task passes once after registering (the all-tasks registration barrier).

@@ -1,0 +1,282 @@
+//! [`Coordination`]: one process's membership in a job, with a blocking API.
+//!
+//! Process 0 also hosts the service (unless told otherwise); every process then connects as a
+//! client. The handle owns a small tokio runtime so that synchronous code (the extraction loop,
+//! PJRT's key-value callbacks, the CLI) can call it directly.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use crate::client::{Client, ClientOptions};
+use crate::error::{CoordError, Result};
+use crate::identity::Identity;
+use crate::service::{self, CoordinatorHandle, ServiceConfig};
+
+/// How a process joins its job.
+#[derive(Debug, Clone)]
+pub struct JoinOptions {
+    /// The job's shared secret.
+    pub job_token: String,
+    /// Address the hosted service listens on; default: the coordinator address itself (not
+    /// 0.0.0.0 unless asked).
+    pub bind: Option<SocketAddr>,
+    /// Whether this process hosts the service; default: when it is process 0.
+    pub host_service: Option<bool>,
+    /// Client timeouts and backoff.
+    pub client: ClientOptions,
+    /// Grace period after a broken heartbeat stream, on the hosted service.
+    pub grace: Duration,
+    /// Heartbeat timeout on the hosted service.
+    pub service_heartbeat_timeout: Duration,
+}
+
+impl JoinOptions {
+    /// Defaults for a job secured by `job_token`.
+    pub fn new(job_token: impl Into<String>) -> JoinOptions {
+        let defaults = ServiceConfig::new(1, "");
+        JoinOptions {
+            job_token: job_token.into(),
+            bind: None,
+            host_service: None,
+            client: ClientOptions::default(),
+            grace: defaults.grace,
+            service_heartbeat_timeout: defaults.heartbeat_timeout,
+        }
+    }
+}
+
+/// One process's membership in a job. Blocking methods must not be called from inside an
+/// async runtime; use [`Coordination::client`] there.
+pub struct Coordination {
+    // Declared before the runtime so they drop while it still runs.
+    client: Client,
+    hosted: Option<CoordinatorHandle>,
+    runtime: tokio::runtime::Runtime,
+    identity: Identity,
+}
+
+impl Coordination {
+    /// Joins the job: hosts the service when this is process 0, connects, registers and waits
+    /// until every process registered (within `options.client.register_timeout`).
+    pub fn join(identity: &Identity, options: JoinOptions) -> Result<Coordination> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("siphon-coord")
+            .enable_all()
+            .build()
+            .map_err(|e| CoordError::Internal(format!("cannot start the coordination runtime: {e}")))?;
+        let hosts = options.host_service.unwrap_or(identity.process_id == 0);
+        let mut identity = identity.clone();
+        let hosted = if hosts {
+            let bind = match options.bind {
+                Some(addr) => addr,
+                None => resolve(&identity.coordinator)?,
+            };
+            let mut config = ServiceConfig::new(identity.num_processes, options.job_token.clone());
+            config.grace = options.grace;
+            config.heartbeat_timeout = options.service_heartbeat_timeout;
+            let (handle, server) = runtime.block_on(service::bind(config, bind))?;
+            runtime.spawn(async move {
+                if let Err(error) = server.await {
+                    tracing::error!(%error, "coordination service stopped");
+                }
+            });
+            // Port 0 (tests, single-host runs) becomes the real port.
+            if identity.coordinator.ends_with(":0") || options.bind.is_some_and(|b| b.port() == 0) {
+                identity.coordinator = handle.local_addr().to_string();
+            }
+            Some(handle)
+        } else {
+            None
+        };
+        let client = runtime.block_on(Client::connect(
+            &identity.coordinator,
+            identity.process_id,
+            &options.job_token,
+            &options.client,
+        ));
+        let client = match client {
+            Ok(client) => client,
+            Err(error) => {
+                if let Some(handle) = &hosted {
+                    handle.stop();
+                }
+                return Err(error);
+            }
+        };
+        if client.num_tasks() != identity.num_processes {
+            return Err(CoordError::InvalidArgument(format!(
+                "this process believes the job has {} processes but the coordinator at {} has {}",
+                identity.num_processes,
+                identity.coordinator,
+                client.num_tasks()
+            )));
+        }
+        Ok(Coordination { client, hosted, runtime, identity })
+    }
+
+    /// The identity this process joined with (the coordinator address is the real one).
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// This process's id.
+    pub fn process_id(&self) -> u32 {
+        self.client.task()
+    }
+
+    /// The async client, for code running inside an async runtime.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The runtime the client runs on.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        self.runtime.handle()
+    }
+
+    /// The hosted service, on the process that hosts it.
+    pub fn hosted_service(&self) -> Option<&CoordinatorHandle> {
+        self.hosted.as_ref()
+    }
+
+    /// The job's error, if it has one.
+    pub fn job_error(&self) -> Option<CoordError> {
+        self.client.job_error()
+    }
+
+    /// See [`Client::barrier`].
+    pub fn barrier(&self, id: &str, timeout: Duration) -> Result<()> {
+        self.runtime.block_on(self.client.barrier(id, timeout))
+    }
+
+    /// See [`Client::barrier_among`].
+    pub fn barrier_among(&self, id: &str, timeout: Duration, participants: &[u32]) -> Result<()> {
+        self.runtime.block_on(self.client.barrier_among(id, timeout, participants))
+    }
+
+    /// See [`Client::kv_set`].
+    pub fn kv_set(&self, key: &str, value: &[u8], allow_overwrite: bool) -> Result<()> {
+        self.runtime.block_on(self.client.kv_set(key, value, allow_overwrite))
+    }
+
+    /// See [`Client::kv_get`].
+    pub fn kv_get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.runtime.block_on(self.client.kv_get(key, timeout))
+    }
+
+    /// See [`Client::kv_try_get`].
+    pub fn kv_try_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.runtime.block_on(self.client.kv_try_get(key))
+    }
+
+    /// See [`Client::kv_increment`].
+    pub fn kv_increment(&self, key: &str, delta: i64) -> Result<i64> {
+        self.runtime.block_on(self.client.kv_increment(key, delta))
+    }
+
+    /// See [`Client::kv_list`].
+    pub fn kv_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        self.runtime.block_on(self.client.kv_list(prefix))
+    }
+
+    /// See [`Client::kv_delete`].
+    pub fn kv_delete(&self, key: &str) -> Result<()> {
+        self.runtime.block_on(self.client.kv_delete(key))
+    }
+
+    /// See [`Client::kv_delete_prefix`].
+    pub fn kv_delete_prefix(&self, prefix: &str) -> Result<()> {
+        self.runtime.block_on(self.client.kv_delete_prefix(prefix))
+    }
+
+    /// See [`Client::report_error`].
+    pub fn report_error(&self, message: &str) -> Result<()> {
+        self.runtime.block_on(self.client.report_error(message))
+    }
+
+    /// See [`Client::alive_tasks`].
+    pub fn alive_tasks(&self, subset: &[u32]) -> Result<Vec<u32>> {
+        self.runtime.block_on(self.client.alive_tasks(subset))
+    }
+
+    /// The shutdown barrier. On the hosting process, also waits (up to `timeout`) until the
+    /// other processes have disconnected, so that none loses the service mid-shutdown.
+    pub fn shutdown(&self, timeout: Duration) -> Result<()> {
+        self.runtime.block_on(async {
+            self.client.shutdown(timeout).await?;
+            if let Some(handle) = &self.hosted {
+                handle.wait_idle(timeout).await;
+            }
+            Ok(())
+        })
+    }
+
+    /// Installs a panic hook and SIGTERM/SIGINT handlers that report the failure to the job
+    /// before the process exits, so that the other processes stop at once instead of waiting
+    /// for a heartbeat timeout. Call once per process.
+    pub fn install_failure_reporting(&self) {
+        let client = self.client.clone();
+        let handle = self.runtime.handle().clone();
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = format!("task {} panicked: {info}", client.task());
+            let client = client.clone();
+            let handle = handle.clone();
+            // The hook may run on a runtime thread, where block_on is not allowed: report from
+            // a fresh thread and wait for it (bounded).
+            let reporter = std::thread::spawn(move || {
+                handle.block_on(async {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), client.report_error(&message)).await;
+                })
+            });
+            let _ = reporter.join();
+            previous(info);
+        }));
+        let client = self.client.clone();
+        self.runtime.spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                tracing::warn!("cannot install signal handlers; a signal will not be reported to the job");
+                return;
+            };
+            let (name, code) = tokio::select! {
+                _ = term.recv() => ("SIGTERM", 143),
+                _ = int.recv() => ("SIGINT", 130),
+            };
+            let message = format!("task {} received {name}", client.task());
+            let _ = tokio::time::timeout(Duration::from_secs(2), client.report_error(&message)).await;
+            eprintln!("error: {message}; reported to the job");
+            std::process::exit(code);
+        });
+    }
+}
+
+impl Drop for Coordination {
+    fn drop(&mut self) {
+        if let Some(handle) = &self.hosted {
+            handle.stop();
+        }
+    }
+}
+
+fn resolve(address: &str) -> Result<SocketAddr> {
+    address
+        .to_socket_addrs()
+        .map_err(|e| CoordError::InvalidArgument(format!("cannot resolve the coordinator address '{address}': {e}")))?
+        .next()
+        .ok_or_else(|| CoordError::InvalidArgument(format!("the coordinator address '{address}' resolves to nothing")))
+}
+
+impl Coordination {
+    /// See [`crate::broadcast::broadcast_config`]; rank 0 resolves a new run name and start
+    /// time ([`crate::broadcast::new_run_identity`]) and every rank returns them.
+    pub fn broadcast_config(&self, compared: &serde_json::Value, timeout: Duration) -> Result<serde_json::Value> {
+        self.runtime.block_on(crate::broadcast::broadcast_config(
+            &self.client,
+            compared,
+            crate::broadcast::new_run_identity,
+            timeout,
+        ))
+    }
+}
