@@ -1,1 +1,99 @@
-//! Mesh and sharding planner: chooses mesh shapes and per-parameter partition specs and predicts memory.
+//! Mesh and sharding planner: chooses a mesh shape over the hosts' devices, a partition spec
+//! for every weight tensor, and predicts per-device memory — all before any plugin is loaded.
+//!
+//! The planner is pure: it reads a validated [`siphon_models::ModelConfig`], a device
+//! [`Topology`] (hosts × local devices, as PJRT reports them) and a [`PlanRequest`], and
+//! returns a [`Plan`] or a [`PlanError`] naming what is wrong. It does no I/O and never links
+//! PJRT, so `siphon plan` and the extraction command's pre-flight check run the exact same
+//! code in milliseconds, before weights are read or devices touched.
+//!
+//! Three pieces, one module each:
+//! - [`mesh`]: the mesh kinds (`1d`, `2d`, `3d`, `auto`), the axes `data` × `fsdp` × `model`
+//!   and the device order that keeps `fsdp`/`model` groups inside a host; impossible shapes
+//!   are errors that list the valid ones.
+//! - [`rules`]: the partition spec of each parameter class (Megatron-style on `model`, the
+//!   other weight dimension on `fsdp`), with divisibility checks and a logged fallback to
+//!   replication of a dimension that does not divide.
+//! - [`memory`]: per-device bytes of weights (sharded and gathered), activations of a batch,
+//!   and whether that fits a device's memory with headroom.
+//!
+//! ```
+//! use siphon_models::HfConfig;
+//! use siphon_plan::{plan, MeshKind, PlanRequest, Topology};
+//! let config = HfConfig::from_json(r#"{"model_type": "llama", "vocab_size": 32000,
+//!     "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
+//!     "num_attention_heads": 8, "num_key_value_heads": 4}"#).unwrap().into_config().unwrap();
+//! let topology = Topology::uniform(2, 4).unwrap();
+//! let mut request = PlanRequest::default();
+//! request.mesh.kind = MeshKind::TwoD;
+//! request.batch = Some(8);
+//! let plan = plan(&config, &topology, &request).unwrap();
+//! assert_eq!(plan.mesh.to_string(), "[data=2, model=4]");
+//! // A batch the data axis cannot split is refused before anything expensive happens.
+//! request.batch = Some(3);
+//! assert!(siphon_plan::plan(&config, &topology, &request).is_err());
+//! ```
+#![deny(missing_docs)]
+
+pub mod memory;
+pub mod mesh;
+mod planner;
+pub mod rules;
+
+pub use memory::{ActivationMemory, DType, MemoryEstimate, WeightMemory};
+pub use mesh::{DeviceInfo, MeshKind, MeshRequest, MeshShape, Topology};
+pub use planner::{ClassPlan, Fallback, Plan, PlanRequest, Suggestion, plan};
+pub use rules::{TensorSharding, input_spec, param_spec};
+
+/// What went wrong planning a mesh and its shardings.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// The device topology itself is unusable (no devices, hosts of different sizes).
+    #[error("invalid device topology: {0}")]
+    Topology(String),
+    /// The requested mesh shape cannot be built on this topology for this model.
+    #[error("{}", invalid_mesh_text(.requested, .reason, .valid))]
+    InvalidMesh {
+        /// What was asked for, e.g. `2d with --model-parallel 16`.
+        requested: String,
+        /// Why it is impossible.
+        reason: String,
+        /// Every shape that would work on this topology for this model.
+        valid: Vec<MeshShape>,
+    },
+    /// The global batch cannot be split evenly over the `data` axis.
+    #[error(
+        "batch {batch} is not divisible by the data axis ({data} ways, mesh {mesh}); \
+         use a batch that is a multiple of {data}"
+    )]
+    BatchNotDivisible {
+        /// The requested global batch.
+        batch: usize,
+        /// Size of the data axis.
+        data: usize,
+        /// The mesh, as text.
+        mesh: String,
+    },
+    /// A request value is out of range (zero batch, headroom outside [0, 1), ...).
+    #[error("invalid plan request: {0}")]
+    Request(String),
+    /// `auto` needs to know the device memory to choose a shape.
+    #[error("--mesh auto chooses the smallest sharding that fits, so it needs the device memory (--device-memory GiB)")]
+    AutoNeedsMemory,
+    /// Building the mesh or applying a spec failed (a bug in the planner's own arithmetic).
+    #[error(transparent)]
+    Mesh(#[from] siphon_mesh::MeshError),
+}
+
+fn invalid_mesh_text(requested: &str, reason: &str, valid: &[MeshShape]) -> String {
+    let list: Vec<String> = valid.iter().map(|s| s.to_string()).collect();
+    if list.is_empty() {
+        format!("mesh {requested} is impossible: {reason}; no mesh shape is valid on these devices")
+    } else {
+        format!(
+            "mesh {requested} is impossible: {reason}; valid shapes (data×fsdp×model): {}",
+            list.join(", ")
+        )
+    }
+}

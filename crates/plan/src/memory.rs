@@ -1,0 +1,298 @@
+//! Per-device memory prediction.
+//!
+//! Weights (per device, dtype bytes `w`):
+//! - `sharded`: Σ over tensors of the shard each device holds, `w · Π shard_shape` — what is
+//!   resident between forwards.
+//! - `gathered`: Σ of whole tensors — what a device holds if every weight is replicated (the
+//!   seed's "all-gathered" measurement).
+//! - `fsdp_gather`: the transient working set of FSDP. Before a block runs, XLA all-gathers its
+//!   weights over `fsdp` (still split over `model`); with the next block's gather overlapping
+//!   the current one, two blocks are live: `2 · max_layer Σ (tensor / model_ways − shard)`.
+//!   The embedding is not gathered: a lookup into a vocabulary-split table is partitioned
+//!   (masked gather + all-reduce) by XLA.
+//!
+//! Activations for a global batch `B` × sequence `S` on a mesh with `data` = `D`, `model` = `M`
+//! (local batch `b = B / D`, activation dtype bytes `a`, hidden `h`, intermediate `I`,
+//! `q = heads · head_dim`, `kv = kv_heads · head_dim`):
+//! - `input`: token ids and positions, `2 · 4 · b · S` (i32).
+//! - `hooks`: every requested hook output stays live until the forward returns,
+//!   `hooks · b · S · h · a` (hook outputs are replicated over `fsdp`/`model`).
+//! - `working`: one block's transients, freed before the next block:
+//!   `a · b · S · (3h + (q + 2kv)/M + 3I/M)` (residual, normed input, attention output; local
+//!   q/k/v; gate, up and their product) plus attention scores and probabilities in f32,
+//!   `2 · 4 · b · (heads/M) · S²`.
+//!
+//! Fits when `sharded + fsdp_gather + activations ≤ device_memory · (1 − headroom)`. The
+//! default headroom of 10% covers what the formula leaves out: the runtime's own buffers,
+//! compiled code, allocator padding and fragmentation.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use siphon_mesh::Mesh;
+use siphon_models::{ModelConfig, ParamInfo};
+
+use crate::mesh::{DATA, FSDP, MODEL};
+use crate::PlanError;
+
+/// Default share of device memory kept free.
+pub const DEFAULT_HEADROOM: f64 = 0.10;
+
+/// Element type of weights and activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// bfloat16.
+    BF16,
+    /// IEEE half.
+    F16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::BF16 | DType::F16 => 2,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+        })
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    /// Accepts siphon's names and `config.json`'s `torch_dtype` names.
+    fn from_str(s: &str) -> Result<DType, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" | "float" => Ok(DType::F32),
+            "bf16" | "bfloat16" => Ok(DType::BF16),
+            "f16" | "float16" | "half" => Ok(DType::F16),
+            other => Err(format!("unknown dtype {other:?} (expected f32, bf16 or f16)")),
+        }
+    }
+}
+
+/// Per-device weight bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightMemory {
+    /// Bytes of all planned weights together (one copy).
+    pub total_bytes: u64,
+    /// Bytes each device holds with the plan's shardings (the largest over devices; every
+    /// device holds the same amount with even splits).
+    pub sharded_bytes: u64,
+    /// Bytes each device would hold with every weight replicated (= `total_bytes`).
+    pub gathered_bytes: u64,
+    /// Transient bytes of FSDP all-gathers (two blocks gathered over `fsdp`).
+    pub fsdp_gather_bytes: u64,
+}
+
+/// Per-device activation bytes for one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActivationMemory {
+    /// Global batch (sequences).
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Sequences per device (`batch / data`).
+    pub local_batch: usize,
+    /// Number of `[batch, seq, hidden]` hook outputs requested.
+    pub hooks: usize,
+    /// Token ids and positions.
+    pub input_bytes: u64,
+    /// Hook outputs.
+    pub hook_bytes: u64,
+    /// One block's transients.
+    pub working_bytes: u64,
+    /// Sum of the three.
+    pub total_bytes: u64,
+}
+
+/// The whole per-device estimate and the verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MemoryEstimate {
+    /// Weights.
+    pub weights: WeightMemory,
+    /// Activations, when a batch and sequence length were given.
+    pub activations: Option<ActivationMemory>,
+    /// `weights.sharded + weights.fsdp_gather + activations.total`.
+    pub required_bytes: u64,
+    /// Memory of one device, when given.
+    pub device_memory_bytes: Option<u64>,
+    /// Share of device memory kept free.
+    pub headroom: f64,
+    /// `device_memory · (1 − headroom)`.
+    pub budget_bytes: Option<u64>,
+    /// Whether `required ≤ budget`; `None` without a device memory.
+    pub fits: Option<bool>,
+}
+
+fn model_ways(spec: &siphon_mesh::PartitionSpec, mesh: &Mesh) -> usize {
+    spec.dims().iter().flatten().filter(|a| a.as_str() == MODEL).map(|_| mesh.axis_size_or_one(MODEL)).product()
+}
+
+fn fsdp_split(spec: &siphon_mesh::PartitionSpec) -> bool {
+    spec.dims().iter().flatten().any(|a| a.as_str() == FSDP)
+}
+
+/// Weight bytes for `params` sharded by `specs` (same order) on `mesh`.
+pub fn weight_memory(
+    params: &[ParamInfo],
+    specs: &[siphon_mesh::PartitionSpec],
+    mesh: &Mesh,
+    dtype: DType,
+) -> Result<WeightMemory, PlanError> {
+    let w = dtype.bytes();
+    let mut total = 0u64;
+    let mut sharded = 0u64;
+    let mut per_layer: std::collections::BTreeMap<usize, u64> = Default::default();
+    for (param, spec) in params.iter().zip(specs) {
+        let full: u64 = param.shape.iter().map(|&d| d as u64).product::<u64>() * w;
+        let shard: u64 =
+            spec.shard_shape(&param.shape, mesh)?.iter().map(|&d| d as u64).product::<u64>() * w;
+        total += full;
+        sharded += shard;
+        if let (Some(layer), true) = (param.layer, fsdp_split(spec)) {
+            let gathered = full / model_ways(spec, mesh) as u64;
+            *per_layer.entry(layer).or_default() += gathered - shard;
+        }
+    }
+    let max_layer = per_layer.values().copied().max().unwrap_or(0);
+    Ok(WeightMemory {
+        total_bytes: total,
+        sharded_bytes: sharded,
+        gathered_bytes: total,
+        fsdp_gather_bytes: 2 * max_layer,
+    })
+}
+
+/// Activation bytes per device for a global `batch` × `seq` with `hooks` hook outputs.
+/// `batch` must already be checked to divide over the mesh's `data` axis.
+pub fn activation_memory(
+    config: &ModelConfig,
+    mesh: &Mesh,
+    batch: usize,
+    seq: usize,
+    hooks: usize,
+    dtype: DType,
+) -> ActivationMemory {
+    let a = dtype.bytes();
+    let data = mesh.axis_size_or_one(DATA) as u64;
+    let model = mesh.axis_size_or_one(MODEL) as u64;
+    let b = batch as u64 / data;
+    let s = seq as u64;
+    let h = config.hidden_size as u64;
+    let q = (config.n_heads * config.head_dim) as u64;
+    let kv = (config.n_kv_heads * config.head_dim) as u64;
+    let i = config.intermediate_size as u64;
+    let input_bytes = 2 * 4 * b * s;
+    let hook_bytes = hooks as u64 * b * s * h * a;
+    let working_bytes = a * b * s * (3 * h + (q + 2 * kv) / model + 3 * i / model)
+        + 2 * 4 * b * (config.n_heads as u64 / model) * s * s;
+    ActivationMemory {
+        batch,
+        seq,
+        local_batch: b as usize,
+        hooks,
+        input_bytes,
+        hook_bytes,
+        working_bytes,
+        total_bytes: input_bytes + hook_bytes + working_bytes,
+    }
+}
+
+/// Combines the parts and decides whether they fit.
+pub fn estimate(
+    weights: WeightMemory,
+    activations: Option<ActivationMemory>,
+    device_memory_bytes: Option<u64>,
+    headroom: f64,
+) -> MemoryEstimate {
+    let required_bytes = weights.sharded_bytes
+        + weights.fsdp_gather_bytes
+        + activations.map_or(0, |a| a.total_bytes);
+    let budget_bytes = device_memory_bytes.map(|m| (m as f64 * (1.0 - headroom)) as u64);
+    MemoryEstimate {
+        weights,
+        activations,
+        required_bytes,
+        device_memory_bytes,
+        headroom,
+        budget_bytes,
+        fits: budget_bytes.map(|b| required_bytes <= b),
+    }
+}
+
+/// Bytes as GiB text with two decimals, e.g. `13.21 GiB`.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use siphon_mesh::PartitionSpec;
+    use siphon_models::ParamClass;
+
+    fn param(shape: &[usize], layer: Option<usize>) -> ParamInfo {
+        ParamInfo { name: "w".into(), shape: shape.to_vec(), class: ParamClass::MlpUp, layer }
+    }
+
+    #[test]
+    fn sharded_is_total_over_ways_and_gathered_is_total() {
+        let mesh = Mesh::new(&[("fsdp", 2), ("model", 4)], (0..8).collect()).unwrap();
+        let params = [param(&[64, 32], Some(0)), param(&[32], None)];
+        let specs = [PartitionSpec::new(&[&["model"], &["fsdp"]]), PartitionSpec::replicated(1)];
+        let m = weight_memory(&params, &specs, &mesh, DType::BF16).unwrap();
+        assert_eq!(m.total_bytes, (64 * 32 + 32) * 2);
+        assert_eq!(m.gathered_bytes, m.total_bytes);
+        assert_eq!(m.sharded_bytes, (64 * 32 / 8 + 32) * 2);
+        // Layer 0 gathered over fsdp, still split over model: 64*32/4 elements; minus the shard.
+        assert_eq!(m.fsdp_gather_bytes, 2 * (64 * 32 / 4 - 64 * 32 / 8) * 2);
+        let f32 = weight_memory(&params, &specs, &mesh, DType::F32).unwrap();
+        assert_eq!(f32.sharded_bytes, 2 * m.sharded_bytes);
+    }
+
+    #[test]
+    fn activations_follow_the_formula_and_the_verdict_uses_headroom() {
+        let config = siphon_models::HfConfig::from_json(
+            r#"{"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}"#,
+        )
+        .unwrap()
+        .into_config()
+        .unwrap();
+        let mesh = Mesh::new(&[("data", 2), ("model", 2)], (0..4).collect()).unwrap();
+        let act = activation_memory(&config, &mesh, 8, 16, 3, DType::F32);
+        assert_eq!(act.local_batch, 4);
+        assert_eq!(act.input_bytes, 2 * 4 * 4 * 16);
+        assert_eq!(act.hook_bytes, 3 * 4 * 16 * 64 * 4);
+        let expected_working = 4 * 4 * 16 * (3 * 64 + (64 + 2 * 32) / 2 + 3 * 128 / 2) + 8 * 4 * 2 * 16 * 16;
+        assert_eq!(act.working_bytes, expected_working);
+        let w = WeightMemory { total_bytes: 0, sharded_bytes: 1000, gathered_bytes: 0, fsdp_gather_bytes: 0 };
+        let needed = 1000 + act.total_bytes;
+        let fits = estimate(w, Some(act), Some(needed * 2), 0.1);
+        assert_eq!(fits.fits, Some(true));
+        let tight = estimate(w, Some(act), Some(needed), 0.1);
+        assert_eq!(tight.fits, Some(false));
+        assert_eq!(estimate(w, None, None, 0.1).fits, None);
+    }
+
+    #[test]
+    fn dtype_names() {
+        assert_eq!("bfloat16".parse::<DType>().unwrap(), DType::BF16);
+        assert_eq!("F32".parse::<DType>().unwrap().bytes(), 4);
+        assert!("int8".parse::<DType>().is_err());
+    }
+}

@@ -1,0 +1,514 @@
+//! The planner proper: resolves the mesh, shards every parameter, estimates memory, and — when
+//! the plan does not fit — searches for the smallest sharding that does.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use siphon_mesh::{Mesh, PartitionSpec};
+use siphon_models::{Arch, ModelConfig, ParamClass, ParamInfo};
+
+use crate::memory::{self, DType, MemoryEstimate, gib};
+use crate::mesh::{self, MeshKind, MeshRequest, MeshShape, Topology};
+use crate::rules;
+use crate::PlanError;
+
+/// Everything the planner needs besides the model and the devices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// Mesh kind and fixed axis sizes.
+    pub mesh: MeshRequest,
+    /// Weight and activation dtype.
+    pub dtype: DType,
+    /// Global batch (sequences per step), for the activation estimate and the data-axis check.
+    pub batch: Option<usize>,
+    /// Tokens per sequence; activations are estimated when both `batch` and `seq` are given.
+    pub seq: Option<usize>,
+    /// Number of `[batch, seq, hidden]` hook outputs; `None` means every hidden state
+    /// (`n_layers + 1`, like `output_hidden_states`), the most a run can ask for.
+    pub hooks: Option<usize>,
+    /// Memory of one device in bytes; without it the plan says nothing about fitting.
+    pub device_memory_bytes: Option<u64>,
+    /// Share of device memory kept free, in `[0, 1)`.
+    pub headroom: f64,
+    /// Plan `lm_head.weight` too (activation extraction never computes logits, so by default
+    /// it is neither loaded nor counted).
+    pub with_lm_head: bool,
+}
+
+impl Default for PlanRequest {
+    fn default() -> PlanRequest {
+        PlanRequest {
+            mesh: MeshRequest::default(),
+            dtype: DType::BF16,
+            batch: None,
+            seq: None,
+            hooks: None,
+            device_memory_bytes: None,
+            headroom: memory::DEFAULT_HEADROOM,
+            with_lm_head: false,
+        }
+    }
+}
+
+/// How one parameter class is sharded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassPlan {
+    /// The class.
+    pub class: ParamClass,
+    /// How many tensors of this class the model has.
+    pub tensors: usize,
+    /// Shape of one tensor (all tensors of a class share it).
+    pub shape: Vec<usize>,
+    /// The spec used.
+    pub spec: PartitionSpec,
+    /// The spec as `P(...)` text.
+    pub spec_text: String,
+    /// Shape of one tensor's shard on one device.
+    pub shard_shape: Vec<usize>,
+    /// Bytes of all tensors of the class on one device.
+    pub bytes_per_device: u64,
+    /// Bytes of all tensors of the class, one copy.
+    pub total_bytes: u64,
+}
+
+/// A dimension that could not be split as the class rule wanted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fallback {
+    /// The class.
+    pub class: ParamClass,
+    /// Its tensor shape.
+    pub shape: Vec<usize>,
+    /// What was done instead, and why.
+    pub reason: String,
+}
+
+/// A different mesh that fits when the requested one does not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Suggestion {
+    /// Axis sizes.
+    pub shape: MeshShape,
+    /// The mesh as text.
+    pub mesh: String,
+    /// Whether its weight-sharding group spans hosts.
+    pub spans_hosts: bool,
+    /// Its predicted per-device bytes.
+    pub required_bytes: u64,
+    /// Flags that request it.
+    pub flags: String,
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Model architecture.
+    pub arch: Arch,
+    /// Transformer blocks.
+    pub n_layers: usize,
+    /// Weights (elements) planned.
+    pub n_params: u64,
+    /// Whether `lm_head.weight` is among them.
+    pub lm_head_included: bool,
+    /// Weight and activation dtype.
+    pub dtype: DType,
+    /// Hosts.
+    pub hosts: usize,
+    /// Devices per host.
+    pub devices_per_host: usize,
+    /// The kind that was asked for.
+    pub kind: MeshKind,
+    /// The chosen axis sizes.
+    pub shape: MeshShape,
+    /// The named mesh (size-1 axes left out).
+    pub mesh: Mesh,
+    /// Whether the weight-sharding group spans hosts.
+    pub spans_hosts: bool,
+    /// Spec of the `[batch, seq]` token ids.
+    pub input_spec: PartitionSpec,
+    /// Per parameter class.
+    pub classes: Vec<ClassPlan>,
+    /// Dimensions split less than their rule wanted.
+    pub fallbacks: Vec<Fallback>,
+    /// Memory per device.
+    pub memory: MemoryEstimate,
+    /// When the plan does not fit: the smallest sharding that does, if any.
+    pub suggestion: Option<Suggestion>,
+    /// Remarks for people (why a shape was chosen, what spans hosts, what does not fit).
+    pub notes: Vec<String>,
+    /// Spec of every parameter by Hugging Face name, for the forward builder and the loader.
+    #[serde(skip)]
+    param_specs: Vec<(String, PartitionSpec)>,
+}
+
+impl Plan {
+    /// Spec of every planned parameter by its Hugging Face name, in `ModelConfig::params` order.
+    pub fn param_specs(&self) -> &[(String, PartitionSpec)] {
+        &self.param_specs
+    }
+
+    /// Spec of one parameter by Hugging Face name.
+    pub fn spec(&self, name: &str) -> Option<&PartitionSpec> {
+        self.param_specs.iter().find(|(n, _)| n == name).map(|(_, s)| s)
+    }
+
+    /// `Some(false)` when a device memory was given and the plan does not fit in it.
+    pub fn fits(&self) -> Option<bool> {
+        self.memory.fits
+    }
+}
+
+/// Plans `config` on `topology`: every check (mesh shape, whole heads on `model`, batch over
+/// `data`, divisibility of each tensor) runs here, with no I/O, so a caller can refuse a bad
+/// run before loading a plugin or reading weights. A plan that does not fit the device
+/// memory is still returned (`plan.fits() == Some(false)`), with a suggestion when one fits.
+pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) -> Result<Plan, PlanError> {
+    check_request(request)?;
+    if request.mesh.kind == MeshKind::Auto {
+        return plan_auto(config, topology, request);
+    }
+    let shape = mesh::resolve(&request.mesh, config, topology)?;
+    check_batch(shape, topology, request)?;
+    let mut plan = evaluate(config, topology, shape, request)?;
+    if shape.fsdp > 1 && request.mesh.fsdp.is_none() && request.mesh.kind == MeshKind::TwoD {
+        plan.notes.push(format!(
+            "{} heads and {} KV heads allow model={} (whole heads); the rest of each weight-sharding \
+             group (×{}) shards on fsdp",
+            config.n_heads, config.n_kv_heads, shape.model, shape.fsdp
+        ));
+    }
+    if plan.fits() == Some(false) {
+        let fitting = first_fitting(config, topology, request, None)?;
+        match &fitting {
+            Some(s) if s.spans_hosts => plan.notes.push(format!(
+                "does not fit; no plan within a host fits, only a plan spanning hosts fits: {} ({} per device, {})",
+                s.mesh, gib(s.required_bytes), s.flags
+            )),
+            Some(s) => plan.notes.push(format!(
+                "does not fit; {} fits ({} per device, {})",
+                s.mesh, gib(s.required_bytes), s.flags
+            )),
+            None => plan.notes.push(format!(
+                "does not fit, and no mesh over these {} devices fits",
+                topology.num_devices()
+            )),
+        }
+        plan.suggestion = fitting;
+    }
+    Ok(plan)
+}
+
+fn check_request(request: &PlanRequest) -> Result<(), PlanError> {
+    if !(0.0..1.0).contains(&request.headroom) {
+        return Err(PlanError::Request(format!("headroom {} must be in [0, 1)", request.headroom)));
+    }
+    if request.batch == Some(0) || request.seq == Some(0) {
+        return Err(PlanError::Request("batch and seq must be at least 1".into()));
+    }
+    Ok(())
+}
+
+fn check_batch(shape: MeshShape, topology: &Topology, request: &PlanRequest) -> Result<(), PlanError> {
+    match request.batch {
+        Some(batch) if batch % shape.data != 0 => Err(PlanError::BatchNotDivisible {
+            batch,
+            data: shape.data,
+            mesh: shape.build(topology)?.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Candidate shapes by growing weight-sharding group, each with the most `model` that splits
+/// whole heads; `constraints` keeps only shapes matching the request's fixed sizes.
+fn candidates(
+    config: &ModelConfig,
+    topology: &Topology,
+    constraints: Option<&MeshRequest>,
+    batch: Option<usize>,
+) -> Vec<MeshShape> {
+    let n = topology.num_devices();
+    let mut out = Vec::new();
+    for group in (1..=n).filter(|g| n % g == 0) {
+        let model = match constraints.and_then(|c| c.model) {
+            Some(m) if group % m == 0 => m,
+            Some(_) => continue,
+            None => match constraints.and_then(|c| c.fsdp) {
+                Some(f) if group % f == 0 => group / f,
+                Some(_) => continue,
+                None => mesh::best_model(config, topology, group),
+            },
+        };
+        let shape = MeshShape { data: n / group, fsdp: group / model, model };
+        let matches = constraints.is_none_or(|c| {
+            c.data.is_none_or(|d| d == shape.data)
+                && c.fsdp.is_none_or(|f| f == shape.fsdp)
+                && c.model.is_none_or(|m| m == shape.model)
+        });
+        if matches
+            && shape.check(config, topology).is_none()
+            && batch.is_none_or(|b| b % shape.data == 0)
+        {
+            out.push(shape);
+        }
+    }
+    out
+}
+
+fn first_fitting(
+    config: &ModelConfig,
+    topology: &Topology,
+    request: &PlanRequest,
+    constraints: Option<&MeshRequest>,
+) -> Result<Option<Suggestion>, PlanError> {
+    for shape in candidates(config, topology, constraints, request.batch) {
+        let plan = evaluate(config, topology, shape, request)?;
+        if plan.fits() == Some(true) {
+            return Ok(Some(Suggestion {
+                shape,
+                mesh: plan.mesh.to_string(),
+                spans_hosts: plan.spans_hosts,
+                required_bytes: plan.memory.required_bytes,
+                flags: shape.flags(),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+fn plan_auto(config: &ModelConfig, topology: &Topology, request: &PlanRequest) -> Result<Plan, PlanError> {
+    if request.device_memory_bytes.is_none() {
+        return Err(PlanError::AutoNeedsMemory);
+    }
+    let shapes = candidates(config, topology, Some(&request.mesh), request.batch);
+    if shapes.is_empty() {
+        // Say precisely why: the fixed sizes, or the batch.
+        let shape = mesh::resolve(&request.mesh, config, topology)?;
+        check_batch(shape, topology, request)?;
+        return Err(PlanError::InvalidMesh {
+            requested: request.mesh.to_string(),
+            reason: "no shape matches the fixed axis sizes".into(),
+            valid: mesh::valid_shapes(config, topology),
+        });
+    }
+    let mut best: Option<Plan> = None;
+    for shape in shapes {
+        let plan = evaluate(config, topology, shape, request)?;
+        if plan.fits() == Some(true) {
+            let mut plan = plan;
+            plan.notes.push(format!(
+                "auto: the smallest weight-sharding group that fits with {:.0}% headroom is {} devices",
+                request.headroom * 100.0,
+                shape.weight_group()
+            ));
+            if plan.spans_hosts {
+                plan.notes.push(format!(
+                    "no plan within a host fits; only a plan spanning hosts fits (group of {} devices over {} hosts)",
+                    shape.weight_group(),
+                    shape.weight_group() / topology.devices_per_host()
+                ));
+            }
+            return Ok(plan);
+        }
+        if best.as_ref().is_none_or(|b| plan.memory.required_bytes < b.memory.required_bytes) {
+            best = Some(plan);
+        }
+    }
+    let mut plan = best.expect("at least one candidate was evaluated");
+    plan.notes.push(format!(
+        "auto: no mesh over these {} devices fits; this is the one needing the least memory",
+        topology.num_devices()
+    ));
+    Ok(plan)
+}
+
+/// The plan for one concrete shape (already checked).
+fn evaluate(
+    config: &ModelConfig,
+    topology: &Topology,
+    shape: MeshShape,
+    request: &PlanRequest,
+) -> Result<Plan, PlanError> {
+    let mesh = shape.build(topology)?;
+    let params: Vec<ParamInfo> = config.params(config.n_layers, request.with_lm_head);
+    let mut specs = Vec::with_capacity(params.len());
+    let mut classes: Vec<ClassPlan> = Vec::new();
+    let mut fallbacks: Vec<Fallback> = Vec::new();
+    let w = request.dtype.bytes();
+    for param in &params {
+        let sharding = rules::param_spec(param.class, &param.shape, &mesh);
+        let shard_shape = sharding.spec.shard_shape(&param.shape, &mesh)?;
+        let full: u64 = param.shape.iter().map(|&d| d as u64).product::<u64>() * w;
+        let shard: u64 = shard_shape.iter().map(|&d| d as u64).product::<u64>() * w;
+        match classes.iter_mut().find(|c| c.class == param.class && c.shape == param.shape) {
+            Some(c) => {
+                c.tensors += 1;
+                c.bytes_per_device += shard;
+                c.total_bytes += full;
+            }
+            None => {
+                if let Some(reason) = &sharding.fallback {
+                    fallbacks.push(Fallback {
+                        class: param.class,
+                        shape: param.shape.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+                classes.push(ClassPlan {
+                    class: param.class,
+                    tensors: 1,
+                    shape: param.shape.clone(),
+                    spec_text: sharding.spec.to_string(),
+                    spec: sharding.spec.clone(),
+                    shard_shape,
+                    bytes_per_device: shard,
+                    total_bytes: full,
+                });
+            }
+        }
+        specs.push(sharding.spec);
+    }
+    let weights = memory::weight_memory(&params, &specs, &mesh, request.dtype)?;
+    let activations = match (request.batch, request.seq) {
+        (Some(batch), Some(seq)) => Some(memory::activation_memory(
+            config,
+            &mesh,
+            batch,
+            seq,
+            request.hooks.unwrap_or(config.n_layers + 1),
+            request.dtype,
+        )),
+        _ => None,
+    };
+    let estimate = memory::estimate(weights, activations, request.device_memory_bytes, request.headroom);
+    let spans_hosts = shape.spans_hosts(topology);
+    let mut notes = Vec::new();
+    if !request.with_lm_head && !config.tie_word_embeddings {
+        notes.push("lm_head.weight is not loaded (activation extraction never computes logits)".into());
+    }
+    if spans_hosts {
+        notes.push(format!(
+            "the weight-sharding group (fsdp×model = {}) spans {} hosts: weight collectives cross hosts",
+            shape.weight_group(),
+            shape.weight_group() / topology.devices_per_host()
+        ));
+    }
+    let n_params = params.iter().map(|p| p.shape.iter().map(|&d| d as u64).product::<u64>()).sum();
+    Ok(Plan {
+        arch: config.arch,
+        n_layers: config.n_layers,
+        n_params,
+        lm_head_included: request.with_lm_head && !config.tie_word_embeddings,
+        dtype: request.dtype,
+        hosts: topology.hosts(),
+        devices_per_host: topology.devices_per_host(),
+        kind: request.mesh.kind,
+        shape,
+        input_spec: rules::input_spec(&mesh),
+        mesh,
+        spans_hosts,
+        classes,
+        fallbacks,
+        memory: estimate,
+        suggestion: None,
+        notes,
+        param_specs: params.into_iter().map(|p| p.name).zip(specs).collect(),
+    })
+}
+
+impl fmt::Display for Plan {
+    /// The human-readable report `siphon plan` prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let arch = match self.arch {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+        };
+        writeln!(
+            f,
+            "model     {arch}, {} layers, {:.2}B weights planned{}, {}",
+            self.n_layers,
+            self.n_params as f64 / 1e9,
+            if self.lm_head_included { " (lm_head included)" } else { "" },
+            self.dtype
+        )?;
+        writeln!(
+            f,
+            "devices   {} hosts × {} devices = {}",
+            self.hosts,
+            self.devices_per_host,
+            self.hosts * self.devices_per_host
+        )?;
+        writeln!(
+            f,
+            "mesh      {} {}  (data×fsdp×model = {}; weights sharded over {} devices, {})",
+            self.kind,
+            self.mesh,
+            self.shape,
+            self.shape.weight_group(),
+            if self.spans_hosts { "spanning hosts" } else { "within a host" }
+        )?;
+        writeln!(f, "input     {}", self.input_spec)?;
+        writeln!(f, "sharding")?;
+        writeln!(f, "  {:<10} {:>7}  {:<16} {:<28} {:>12}", "class", "tensors", "shape", "spec", "per device")?;
+        for c in &self.classes {
+            writeln!(
+                f,
+                "  {:<10} {:>7}  {:<16} {:<28} {:>12}",
+                class_name(c.class),
+                c.tensors,
+                format!("{:?}", c.shape),
+                c.spec_text,
+                gib(c.bytes_per_device)
+            )?;
+        }
+        for fb in &self.fallbacks {
+            writeln!(f, "  fallback: {} {:?}: {}", class_name(fb.class), fb.shape, fb.reason)?;
+        }
+        let m = &self.memory;
+        writeln!(f, "memory per device")?;
+        writeln!(
+            f,
+            "  weights sharded   {:>12}  ({} bytes; total {} / {})",
+            gib(m.weights.sharded_bytes),
+            m.weights.sharded_bytes,
+            gib(m.weights.total_bytes),
+            self.shape.weight_group()
+        )?;
+        writeln!(f, "  weights gathered  {:>12}  ({} bytes; every weight replicated)", gib(m.weights.gathered_bytes), m.weights.gathered_bytes)?;
+        writeln!(f, "  fsdp gather       {:>12}  (two blocks all-gathered over fsdp)", gib(m.weights.fsdp_gather_bytes))?;
+        match &m.activations {
+            Some(a) => writeln!(
+                f,
+                "  activations       {:>12}  (batch {} = {} per device × seq {}, {} hooks: hooks {}, working {})",
+                gib(a.total_bytes),
+                a.batch,
+                a.local_batch,
+                a.seq,
+                a.hooks,
+                gib(a.hook_bytes),
+                gib(a.working_bytes)
+            )?,
+            None => writeln!(f, "  activations       (give --batch and --seq)")?,
+        }
+        writeln!(f, "  required          {:>12}", gib(m.required_bytes))?;
+        match (m.device_memory_bytes, m.budget_bytes, m.fits) {
+            (Some(device), Some(budget), Some(fits)) => {
+                writeln!(
+                    f,
+                    "  budget            {:>12}  ({} device memory − {:.0}% headroom)",
+                    gib(budget),
+                    gib(device),
+                    m.headroom * 100.0
+                )?;
+                writeln!(f, "fits      {}", if fits { "yes" } else { "no" })?;
+            }
+            _ => writeln!(f, "fits      unknown (give --device-memory GiB)")?,
+        }
+        for note in &self.notes {
+            writeln!(f, "note      {note}")?;
+        }
+        Ok(())
+    }
+}
+
+fn class_name(class: ParamClass) -> String {
+    serde_json::to_value(class).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_else(|| format!("{class:?}"))
+}
