@@ -1,1 +1,83 @@
-//! A thin safe wrapper over the PJRT C API: load a plugin, compile StableHLO, move buffers, execute.
+//! A thin safe wrapper over the PJRT C API: load a plugin, compile StableHLO, move buffers,
+//! execute — over one device or SPMD over a [`siphon_mesh::Mesh`].
+//!
+//! PJRT is XLA's plugin interface: libtpu on TPU, the CUDA plugin on GPU, the CPU plugin in
+//! tests. This crate loads a plugin with `libloading`, mirrors the C structs it needs by hand
+//! (`ffi`), and wraps each PJRT handle in an owning Rust type:
+//!
+//! - [`Plugin`]: the loaded library (once per process, never unloaded), its API version and
+//!   attributes. [`PluginLocator`] finds one (`--plugin`, `SIPHON_PJRT_PLUGIN`, the cache
+//!   directory, Python packages) and says why.
+//! - [`Client`]: devices ([`DeviceInfo`]), uploads ([`Client::upload`]), compilation
+//!   ([`Client::compile`] with [`CompileOptions`], encoded as `xla.CompileOptionsProto` here).
+//! - [`Executable`]: [`Executable::execute`] over N devices (`[device][arg]` lists),
+//!   [`Executable::compiled_memory_stats`].
+//! - [`Buffer`]: one array on one device; [`Buffer::to_host`] gives a [`HostArray`].
+//! - [`ShardedArray`]: one buffer per mesh partition, split and assembled by a
+//!   [`siphon_mesh::PartitionSpec`] ([`Client::upload_sharded`], [`Executable::execute_sharded`],
+//!   [`ShardedArray::to_host`]).
+//!
+//! Invariants: every PJRT call goes through one path that sets `struct_size`, refuses
+//! functions the plugin's table lacks, and turns a `PJRT_Error` into [`Error::Pjrt`]; every
+//! handle is freed on drop, and children (buffers, executables) keep their client alive;
+//! compile options are validated before XLA sees them, since XLA aborts the process on some
+//! inconsistent ones. All calls block until PJRT's events complete; call them off an async
+//! runtime.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use siphon_mesh::{Mesh, PartitionSpec};
+//! use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginLocator};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let choice = PluginLocator::new().locate()?;
+//! println!("plugin {} ({})", choice.path.display(), choice.reason);
+//! let plugin = Plugin::load(&choice.path)?;
+//! let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(8))?;
+//!
+//! // x[8,4] split by rows over a 2x4 mesh ("data" x "model"), doubled on every device.
+//! let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect())?;
+//! let spec = PartitionSpec::new(&[&["data"], &[]]);
+//! let program = r#"
+//! sdy.mesh @mesh = <["data"=2, "model"=4]>
+//! func.func @main(%x: tensor<8x4xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}]>})
+//!     -> (tensor<8x4xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}]>}) {
+//!   %y = stablehlo.add %x, %x : tensor<8x4xf32>
+//!   return %y : tensor<8x4xf32>
+//! }"#;
+//! let executable = client.compile(program, &CompileOptions::spmd(&mesh))?;
+//! let x = HostArray::from_slice(&[8, 4], &(0..32).map(|i| i as f32).collect::<Vec<_>>())?;
+//! let x = client.upload_sharded(&x, &spec, &mesh)?;
+//! let outputs = executable.execute_sharded(&mesh, &[&x], &[spec])?;
+//! let y: Vec<f32> = outputs[0].to_host()?.to_vec()?;
+//! assert_eq!(y[5], 10.0);
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod buffer;
+mod client;
+mod compile;
+mod error;
+mod ffi;
+mod locate;
+mod plugin;
+mod proto;
+mod sharded;
+
+pub use buffer::{Buffer, ElementType, HostArray, NativeType};
+pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore, OptionValue};
+pub use compile::{CompileOptions, CompiledMemoryStats, Executable};
+pub use error::{Error, ErrorCode, Result};
+pub use locate::{
+    CPU_PLUGIN_VERSION, PLUGIN_ENV, PluginChoice, PluginLocator, PluginSource, cpu_plugin_path_in,
+    default_cpu_plugin_path, siphon_cache_dir,
+};
+pub use plugin::{AttributeValue, Plugin};
+pub use sharded::ShardedArray;
+
+/// The PJRT C API version this crate's structs follow: `(major, minor)`.
+pub const PJRT_API_VERSION: (i32, i32) = (ffi::PJRT_API_MAJOR, ffi::PJRT_API_MINOR);

@@ -1,0 +1,460 @@
+//! Element types, host arrays and device buffers.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::client::{Client, ClientInner};
+use crate::error::{Error, Result};
+use crate::ffi::{self, slot};
+
+/// An array element type (PJRT's `PJRT_Buffer_Type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ElementType {
+    /// Boolean, one byte per element.
+    Pred,
+    /// Signed 8-bit integer.
+    S8,
+    /// Signed 16-bit integer.
+    S16,
+    /// Signed 32-bit integer.
+    S32,
+    /// Signed 64-bit integer.
+    S64,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Unsigned 16-bit integer.
+    U16,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Unsigned 64-bit integer.
+    U64,
+    /// IEEE half precision.
+    F16,
+    /// IEEE single precision.
+    F32,
+    /// IEEE double precision.
+    F64,
+    /// bfloat16.
+    BF16,
+}
+
+impl ElementType {
+    /// Bytes per element.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            ElementType::Pred | ElementType::S8 | ElementType::U8 => 1,
+            ElementType::S16 | ElementType::U16 | ElementType::F16 | ElementType::BF16 => 2,
+            ElementType::S32 | ElementType::U32 | ElementType::F32 => 4,
+            ElementType::S64 | ElementType::U64 | ElementType::F64 => 8,
+        }
+    }
+
+    /// The StableHLO spelling (`f32`, `bf16`, `i32`, `ui8`, `i1`, ...).
+    pub fn stablehlo_name(self) -> &'static str {
+        match self {
+            ElementType::Pred => "i1",
+            ElementType::S8 => "i8",
+            ElementType::S16 => "i16",
+            ElementType::S32 => "i32",
+            ElementType::S64 => "i64",
+            ElementType::U8 => "ui8",
+            ElementType::U16 => "ui16",
+            ElementType::U32 => "ui32",
+            ElementType::U64 => "ui64",
+            ElementType::F16 => "f16",
+            ElementType::F32 => "f32",
+            ElementType::F64 => "f64",
+            ElementType::BF16 => "bf16",
+        }
+    }
+
+    pub(crate) fn to_raw(self) -> i32 {
+        match self {
+            ElementType::Pred => 1,
+            ElementType::S8 => 2,
+            ElementType::S16 => 3,
+            ElementType::S32 => 4,
+            ElementType::S64 => 5,
+            ElementType::U8 => 6,
+            ElementType::U16 => 7,
+            ElementType::U32 => 8,
+            ElementType::U64 => 9,
+            ElementType::F16 => 10,
+            ElementType::F32 => 11,
+            ElementType::F64 => 12,
+            ElementType::BF16 => 13,
+        }
+    }
+
+    pub(crate) fn from_raw(raw: i32) -> Option<ElementType> {
+        Some(match raw {
+            1 => ElementType::Pred,
+            2 => ElementType::S8,
+            3 => ElementType::S16,
+            4 => ElementType::S32,
+            5 => ElementType::S64,
+            6 => ElementType::U8,
+            7 => ElementType::U16,
+            8 => ElementType::U32,
+            9 => ElementType::U64,
+            10 => ElementType::F16,
+            11 => ElementType::F32,
+            12 => ElementType::F64,
+            13 => ElementType::BF16,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for ElementType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.stablehlo_name())
+    }
+}
+
+/// Rust element types that map to a PJRT element type.
+pub trait NativeType: bytemuck::Pod {
+    /// The matching element type.
+    const TYPE: ElementType;
+}
+
+macro_rules! native {
+    ($($t:ty => $e:ident),*) => { $(impl NativeType for $t { const TYPE: ElementType = ElementType::$e; })* };
+}
+native!(f32 => F32, f64 => F64, bf16 => BF16, f16 => F16, i8 => S8, i16 => S16, i32 => S32,
+    i64 => S64, u8 => U8, u16 => U16, u32 => U32, u64 => U64);
+
+/// A dense row-major array in host memory: element type, shape and bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostArray {
+    element_type: ElementType,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl HostArray {
+    /// An array from raw little-endian bytes; checks the length against the shape.
+    pub fn from_bytes(
+        element_type: ElementType,
+        shape: &[usize],
+        bytes: Vec<u8>,
+    ) -> Result<HostArray> {
+        let expected = shape.iter().product::<usize>() * element_type.size_in_bytes();
+        if bytes.len() != expected {
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes do not hold a {element_type}{shape:?} array ({expected} bytes)",
+                bytes.len()
+            )));
+        }
+        Ok(HostArray {
+            element_type,
+            shape: shape.to_vec(),
+            bytes,
+        })
+    }
+
+    /// An array of `T` values; checks the count against the shape.
+    pub fn from_slice<T: NativeType>(shape: &[usize], values: &[T]) -> Result<HostArray> {
+        HostArray::from_bytes(T::TYPE, shape, bytemuck::cast_slice(values).to_vec())
+    }
+
+    /// A scalar-free array of zeros.
+    pub fn zeros(element_type: ElementType, shape: &[usize]) -> HostArray {
+        let len = shape.iter().product::<usize>() * element_type.size_in_bytes();
+        HostArray {
+            element_type,
+            shape: shape.to_vec(),
+            bytes: vec![0; len],
+        }
+    }
+
+    /// The element type.
+    pub fn element_type(&self) -> ElementType {
+        self.element_type
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The raw row-major bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Takes the raw bytes.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the array has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values as `T`, which must be the array's element type.
+    pub fn to_vec<T: NativeType>(&self) -> Result<Vec<T>> {
+        if T::TYPE != self.element_type {
+            return Err(Error::InvalidArgument(format!(
+                "array holds {}, not {}",
+                self.element_type,
+                T::TYPE
+            )));
+        }
+        // Copy element by element: `bytes` has no alignment guarantee for `T`.
+        let mut values = vec![T::zeroed(); self.len()];
+        bytemuck::cast_slice_mut::<T, u8>(&mut values).copy_from_slice(&self.bytes);
+        Ok(values)
+    }
+
+    /// The values converted to f32 (from any float type; integers are cast).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let b = &self.bytes;
+        let chunks = |n: usize| b.chunks_exact(n);
+        match self.element_type {
+            ElementType::F32 => chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            ElementType::F64 => chunks(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
+            ElementType::BF16 => chunks(2)
+                .map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            ElementType::F16 => chunks(2)
+                .map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            ElementType::Pred | ElementType::U8 => b.iter().map(|&v| v as f32).collect(),
+            ElementType::S8 => b.iter().map(|&v| v as i8 as f32).collect(),
+            ElementType::S16 => chunks(2)
+                .map(|c| i16::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
+            ElementType::U16 => chunks(2)
+                .map(|c| u16::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
+            ElementType::S32 => chunks(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
+            ElementType::U32 => chunks(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
+            ElementType::S64 => chunks(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
+            ElementType::U64 => chunks(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
+        }
+    }
+}
+
+/// An array on one device. Freed on drop; keeps its client alive.
+pub struct Buffer {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) raw: *mut ffi::PJRT_Buffer,
+}
+
+// SAFETY: PJRT buffers are thread-safe (XLA's PjRtBuffer is internally synchronized and
+// may be read, copied and freed from any thread); the client it points at is Send + Sync.
+unsafe impl Send for Buffer {}
+// SAFETY: see `Send`; shared references only issue PJRT calls that read the buffer.
+unsafe impl Sync for Buffer {}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let mut args: ffi::PJRT_Buffer_Destroy_Args = ffi::zeroed();
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live and destroyed once.
+        if let Err(err) = unsafe { self.client.plugin.call(slot::Buffer_Destroy, &mut args) } {
+            tracing::warn!("failed to destroy PJRT buffer: {err}");
+        }
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("element_type", &self.element_type().ok())
+            .field("dims", &self.dims().ok())
+            .field("device", &self.device_id().ok())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Copies `array` to device `device_id` and waits until the host memory is no longer
+    /// needed.
+    pub fn upload(&self, array: &HostArray, device_id: usize) -> Result<Buffer> {
+        self.upload_bytes(array.element_type, &array.shape, &array.bytes, device_id)
+    }
+
+    /// Copies a row-major host array given as raw bytes to device `device_id`.
+    pub fn upload_bytes(
+        &self,
+        element_type: ElementType,
+        shape: &[usize],
+        bytes: &[u8],
+        device_id: usize,
+    ) -> Result<Buffer> {
+        let expected = shape.iter().product::<usize>() * element_type.size_in_bytes();
+        if bytes.len() != expected {
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes do not hold a {element_type}{shape:?} array ({expected} bytes)",
+                bytes.len()
+            )));
+        }
+        let inner = &self.inner;
+        let device = inner.addressable_device(device_id)?;
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let mut args: ffi::PJRT_Client_BufferFromHostBuffer_Args = ffi::zeroed();
+        args.client = inner.raw;
+        // A zero-length array still needs a valid pointer.
+        static EMPTY: [u8; 8] = [0; 8];
+        args.data = if bytes.is_empty() {
+            EMPTY.as_ptr()
+        } else {
+            bytes.as_ptr()
+        } as *const c_void;
+        args.type_ = element_type.to_raw();
+        args.dims = dims.as_ptr();
+        args.num_dims = dims.len();
+        args.host_buffer_semantics = ffi::HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+        args.device = device.raw;
+        // SAFETY: `bytes` and `dims` outlive the call, and we wait on `done_with_host_buffer`
+        // below before `bytes` can be freed or changed.
+        unsafe {
+            inner
+                .plugin
+                .call(slot::Client_BufferFromHostBuffer, &mut args)
+        }?;
+        if args.buffer.is_null() {
+            inner.plugin.await_event(
+                args.done_with_host_buffer,
+                "PJRT_Client_BufferFromHostBuffer",
+            )?;
+            return Err(Error::Unexpected(
+                "BufferFromHostBuffer returned no buffer".into(),
+            ));
+        }
+        let buffer = Buffer {
+            client: inner.clone(),
+            raw: args.buffer,
+        };
+        inner.plugin.await_event(
+            args.done_with_host_buffer,
+            "PJRT_Client_BufferFromHostBuffer",
+        )?;
+        Ok(buffer)
+    }
+}
+
+impl Buffer {
+    /// The element type.
+    pub fn element_type(&self) -> Result<ElementType> {
+        let mut args: ffi::PJRT_Buffer_ElementType_Args = ffi::zeroed();
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live.
+        unsafe { self.client.plugin.call(slot::Buffer_ElementType, &mut args) }?;
+        ElementType::from_raw(args.type_).ok_or_else(|| {
+            Error::Unexpected(format!("unsupported PJRT element type {}", args.type_))
+        })
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> Result<Vec<usize>> {
+        let mut args: ffi::PJRT_Buffer_Dimensions_Args = ffi::zeroed();
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live.
+        unsafe { self.client.plugin.call(slot::Buffer_Dimensions, &mut args) }?;
+        if args.num_dims == 0 || args.dims.is_null() {
+            return Ok(Vec::new());
+        }
+        // SAFETY: `dims` has `num_dims` entries and lives as long as the buffer.
+        let dims = unsafe { std::slice::from_raw_parts(args.dims, args.num_dims) };
+        Ok(dims.iter().map(|&d| d.max(0) as usize).collect())
+    }
+
+    /// The id of the device holding the buffer.
+    pub fn device_id(&self) -> Result<usize> {
+        let raw = self.raw_device()?;
+        self.client
+            .device_id_of(raw)
+            .ok_or_else(|| Error::Unexpected("buffer on a device the client does not list".into()))
+    }
+
+    pub(crate) fn raw_device(&self) -> Result<*mut ffi::PJRT_Device> {
+        let mut args: ffi::PJRT_Buffer_Device_Args = ffi::zeroed();
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live.
+        unsafe { self.client.plugin.call(slot::Buffer_Device, &mut args) }?;
+        Ok(args.device)
+    }
+
+    /// Bytes the buffer occupies on its device (may exceed the dense size: padding, tiling).
+    pub fn on_device_size_in_bytes(&self) -> Result<usize> {
+        let mut args: ffi::PJRT_Buffer_OnDeviceSizeInBytes_Args = ffi::zeroed();
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live.
+        unsafe {
+            self.client
+                .plugin
+                .call(slot::Buffer_OnDeviceSizeInBytes, &mut args)
+        }?;
+        Ok(args.on_device_size_in_bytes)
+    }
+
+    /// Waits until the buffer's contents are computed (or failed).
+    pub fn wait_ready(&self) -> Result<()> {
+        let mut args: ffi::PJRT_Buffer_ReadyEvent_Args = ffi::zeroed();
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live.
+        unsafe { self.client.plugin.call(slot::Buffer_ReadyEvent, &mut args) }?;
+        self.client
+            .plugin
+            .await_event(args.event, "PJRT_Buffer_ReadyEvent")
+    }
+
+    /// Copies the buffer to host memory (dense, row-major).
+    pub fn to_host(&self) -> Result<HostArray> {
+        let element_type = self.element_type()?;
+        let dims = self.dims()?;
+        let plugin = &self.client.plugin;
+        let mut query: ffi::PJRT_Buffer_ToHostBuffer_Args = ffi::zeroed();
+        query.src = self.raw;
+        // SAFETY: with a null `dst` the call only reports the needed size.
+        unsafe { plugin.call(slot::Buffer_ToHostBuffer, &mut query) }?;
+        plugin.destroy_event(query.event);
+        let expected = dims.iter().product::<usize>() * element_type.size_in_bytes();
+        if query.dst_size != expected {
+            return Err(Error::Unexpected(format!(
+                "device buffer {element_type}{dims:?} needs {} host bytes, expected {expected}",
+                query.dst_size
+            )));
+        }
+        let mut bytes = vec![0u8; expected];
+        let mut args: ffi::PJRT_Buffer_ToHostBuffer_Args = ffi::zeroed();
+        args.src = self.raw;
+        args.dst = if bytes.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            bytes.as_mut_ptr() as *mut c_void
+        };
+        args.dst_size = bytes.len();
+        if bytes.is_empty() {
+            return HostArray::from_bytes(element_type, &dims, bytes);
+        }
+        // SAFETY: `bytes` has `dst_size` bytes and is not touched until the event completes.
+        unsafe { plugin.call(slot::Buffer_ToHostBuffer, &mut args) }?;
+        plugin.await_event(args.event, "PJRT_Buffer_ToHostBuffer")?;
+        HostArray::from_bytes(element_type, &dims, bytes)
+    }
+}

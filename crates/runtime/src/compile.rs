@@ -1,0 +1,472 @@
+//! Compiling StableHLO into executables, running them, and their memory statistics.
+
+use std::collections::HashSet;
+use std::ffi::c_char;
+use std::sync::Arc;
+
+use siphon_mesh::Mesh;
+
+use crate::buffer::Buffer;
+use crate::client::{Client, ClientInner};
+use crate::error::{Error, Result};
+use crate::ffi::{self, slot};
+use crate::proto;
+
+/// How XLA compiles a program: replicas × partitions, SPMD/Shardy and the device assignment.
+///
+/// Every field is validated against the client before anything reaches XLA, because XLA
+/// aborts the process (a failed `CHECK`) on some inconsistent options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompileOptions {
+    /// Number of replicas (data-parallel copies outside SPMD); siphon uses 1.
+    pub num_replicas: usize,
+    /// Number of SPMD partitions (devices one program is split over).
+    pub num_partitions: usize,
+    /// Let XLA's SPMD partitioner split the program according to its sharding annotations.
+    pub use_spmd_partitioning: bool,
+    /// Use Shardy (`sdy.*` annotations) instead of GSPMD. Needs `use_spmd_partitioning`.
+    pub use_shardy_partitioner: bool,
+    /// Device ids as `[replica][partition]`. `None`: the first `num_replicas *
+    /// num_partitions` addressable devices, in the client's order.
+    pub device_assignment: Option<Vec<Vec<usize>>>,
+}
+
+impl Default for CompileOptions {
+    fn default() -> CompileOptions {
+        CompileOptions::single_device(None)
+    }
+}
+
+impl CompileOptions {
+    /// One replica, one partition, on `device_id` (the first addressable device if `None`).
+    pub fn single_device(device_id: Option<usize>) -> CompileOptions {
+        CompileOptions {
+            num_replicas: 1,
+            num_partitions: 1,
+            use_spmd_partitioning: false,
+            use_shardy_partitioner: false,
+            device_assignment: device_id.map(|id| vec![vec![id]]),
+        }
+    }
+
+    /// SPMD over every device of `mesh` with Shardy: partition `p` runs on
+    /// `mesh.device_ids()[p]`, the order `sdy.mesh` assumes.
+    pub fn spmd(mesh: &Mesh) -> CompileOptions {
+        CompileOptions {
+            num_replicas: 1,
+            num_partitions: mesh.num_devices(),
+            use_spmd_partitioning: true,
+            use_shardy_partitioner: true,
+            device_assignment: Some(vec![mesh.device_ids().to_vec()]),
+        }
+    }
+
+    /// Checks the options against `client` and returns the full `[replica][partition]`
+    /// device assignment to send.
+    pub(crate) fn resolve(&self, client: &ClientInner) -> Result<Vec<Vec<usize>>> {
+        let invalid = |message: String| Err(Error::InvalidCompileOptions(message));
+        if self.num_replicas < 1 {
+            return invalid("num_replicas must be at least 1".into());
+        }
+        if self.num_partitions < 1 {
+            return invalid("num_partitions must be at least 1".into());
+        }
+        if self.num_partitions > 1 && !self.use_spmd_partitioning {
+            return invalid(format!(
+                "{} partitions need use_spmd_partitioning (siphon only runs SPMD programs)",
+                self.num_partitions
+            ));
+        }
+        if self.use_shardy_partitioner && !self.use_spmd_partitioning {
+            return invalid("use_shardy_partitioner needs use_spmd_partitioning".into());
+        }
+        let total = self.num_replicas.saturating_mul(self.num_partitions);
+        let assignment = match &self.device_assignment {
+            Some(assignment) => assignment.clone(),
+            None => {
+                let addressable: Vec<usize> = client
+                    .devices
+                    .iter()
+                    .filter(|device| device.info.addressable)
+                    .map(|device| device.info.id)
+                    .collect();
+                if addressable.len() < total {
+                    return invalid(format!(
+                        "{} replicas x {} partitions need {total} devices but the client has {} addressable",
+                        self.num_replicas,
+                        self.num_partitions,
+                        addressable.len()
+                    ));
+                }
+                addressable[..total]
+                    .chunks(self.num_partitions)
+                    .map(|c| c.to_vec())
+                    .collect()
+            }
+        };
+        if assignment.len() != self.num_replicas
+            || assignment
+                .iter()
+                .any(|row| row.len() != self.num_partitions)
+        {
+            let rows: Vec<usize> = assignment.iter().map(Vec::len).collect();
+            return invalid(format!(
+                "device assignment has rows of lengths {rows:?}; expected {} rows of {} devices",
+                self.num_replicas, self.num_partitions
+            ));
+        }
+        let mut seen = HashSet::new();
+        let mut any_addressable = false;
+        for &id in assignment.iter().flatten() {
+            let device = client.device(id).map_err(|_| {
+                Error::InvalidCompileOptions(format!(
+                    "device assignment names device {id}, which the client does not have (devices: {:?})",
+                    client.devices.iter().map(|d| d.info.id).collect::<Vec<_>>()
+                ))
+            })?;
+            if !seen.insert(id) {
+                return invalid(format!("device assignment uses device {id} twice"));
+            }
+            any_addressable |= device.info.addressable;
+        }
+        if !any_addressable {
+            return invalid(format!(
+                "no device in the assignment is addressable from process {}",
+                client.process_index
+            ));
+        }
+        Ok(assignment)
+    }
+}
+
+/// Sizes XLA reports for a compiled program, per device (`PJRT_Executable_GetCompiledMemoryStats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompiledMemoryStats {
+    /// Generated code.
+    pub generated_code_size_in_bytes: i64,
+    /// Arguments.
+    pub argument_size_in_bytes: i64,
+    /// Outputs.
+    pub output_size_in_bytes: i64,
+    /// Output bytes aliased to arguments.
+    pub alias_size_in_bytes: i64,
+    /// Temporaries.
+    pub temp_size_in_bytes: i64,
+    /// Peak device memory, when the plugin reports it (0 otherwise).
+    pub peak_memory_in_bytes: i64,
+    /// Host-memory arguments.
+    pub host_argument_size_in_bytes: i64,
+    /// Host-memory outputs.
+    pub host_output_size_in_bytes: i64,
+    /// Host-memory temporaries.
+    pub host_temp_size_in_bytes: i64,
+}
+
+/// A compiled program loaded on its devices. Freed on drop; keeps its client alive.
+pub struct Executable {
+    client: Arc<ClientInner>,
+    raw: *mut ffi::PJRT_LoadedExecutable,
+    num_outputs: usize,
+    /// Addressable devices in execution order (the order of `execute`'s argument lists).
+    device_ids: Vec<usize>,
+    device_raws: Vec<*mut ffi::PJRT_Device>,
+    options: CompileOptions,
+}
+
+// SAFETY: a PJRT loaded executable is thread-safe (XLA's PjRtLoadedExecutable may be executed
+// concurrently from several threads); the stored device pointers are owned by the client.
+unsafe impl Send for Executable {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Executable {}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        let mut args: ffi::PJRT_Executable_Destroy_Args = ffi::zeroed();
+        args.executable = self.raw as *mut _;
+        // SAFETY: the executable is live and destroyed once.
+        if let Err(err) = unsafe {
+            self.client
+                .plugin
+                .call(slot::LoadedExecutable_Destroy, &mut args)
+        } {
+            tracing::warn!("failed to destroy PJRT executable: {err}");
+        }
+    }
+}
+
+impl std::fmt::Debug for Executable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executable")
+            .field("num_outputs", &self.num_outputs)
+            .field("device_ids", &self.device_ids)
+            .finish()
+    }
+}
+
+/// A `PJRT_Executable` (the unloaded view), destroyed on drop.
+struct UnloadedView<'a> {
+    client: &'a ClientInner,
+    raw: *mut ffi::PJRT_Executable,
+}
+
+impl Drop for UnloadedView<'_> {
+    fn drop(&mut self) {
+        let mut args: ffi::PJRT_Executable_Destroy_Args = ffi::zeroed();
+        args.executable = self.raw as *mut _;
+        // SAFETY: the view is live and destroyed once.
+        if let Err(err) = unsafe { self.client.plugin.call(slot::Executable_Destroy, &mut args) } {
+            tracing::warn!("failed to destroy PJRT executable view: {err}");
+        }
+    }
+}
+
+impl Client {
+    /// Compiles StableHLO (MLIR text or bytecode) with `options`.
+    ///
+    /// Options are validated first ([`Error::InvalidCompileOptions`]); parse and compile
+    /// failures come back as [`Error::Pjrt`] with XLA's message.
+    pub fn compile(&self, program: &str, options: &CompileOptions) -> Result<Executable> {
+        self.compile_bytes(program.as_bytes(), options)
+    }
+
+    /// Compiles a StableHLO program given as bytes (text or portable bytecode).
+    pub fn compile_bytes(&self, program: &[u8], options: &CompileOptions) -> Result<Executable> {
+        let inner = &self.inner;
+        if program.iter().all(|b| b.is_ascii_whitespace()) {
+            return Err(Error::InvalidArgument(
+                "the StableHLO program is empty".into(),
+            ));
+        }
+        let assignment = options.resolve(inner)?;
+        let encoded = proto::compile_options(options, &assignment);
+        let format = b"mlir";
+        let mut code = program.to_vec();
+        let mut program_struct: ffi::PJRT_Program = ffi::zeroed_plain();
+        program_struct.struct_size = std::mem::size_of::<ffi::PJRT_Program>();
+        program_struct.code = code.as_mut_ptr() as *mut c_char;
+        program_struct.code_size = code.len();
+        program_struct.format = format.as_ptr() as *const c_char;
+        program_struct.format_size = format.len();
+        let mut args: ffi::PJRT_Client_Compile_Args = ffi::zeroed();
+        args.client = inner.raw;
+        args.program = &program_struct;
+        args.compile_options = encoded.as_ptr() as *const c_char;
+        args.compile_options_size = encoded.len();
+        // SAFETY: program, format and options outlive the call; the options were validated so
+        // that XLA's CHECKs on replica/partition counts hold.
+        unsafe { inner.plugin.call(slot::Client_Compile, &mut args) }?;
+        if args.executable.is_null() {
+            return Err(Error::Unexpected(
+                "PJRT_Client_Compile returned no executable".into(),
+            ));
+        }
+        let mut executable = Executable {
+            client: inner.clone(),
+            raw: args.executable,
+            num_outputs: 0,
+            device_ids: Vec::new(),
+            device_raws: Vec::new(),
+            options: options.clone(),
+        };
+        // From here on, `executable`'s Drop frees it on error.
+        executable.num_outputs = executable.count(slot::Executable_NumOutputs)?;
+        let mut devices: ffi::PJRT_LoadedExecutable_AddressableDevices_Args = ffi::zeroed();
+        devices.executable = executable.raw;
+        // SAFETY: the executable is live.
+        unsafe {
+            inner
+                .plugin
+                .call(slot::LoadedExecutable_AddressableDevices, &mut devices)
+        }?;
+        if !devices.addressable_devices.is_null() {
+            // SAFETY: the executable owns `num_addressable_devices` device pointers.
+            executable.device_raws = unsafe {
+                std::slice::from_raw_parts(
+                    devices.addressable_devices,
+                    devices.num_addressable_devices,
+                )
+            }
+            .to_vec();
+        }
+        executable.device_ids = executable
+            .device_raws
+            .iter()
+            .map(|&raw| {
+                inner.device_id_of(raw).ok_or_else(|| {
+                    Error::Unexpected("executable runs on a device the client does not list".into())
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(executable)
+    }
+}
+
+impl Executable {
+    fn view(&self) -> Result<UnloadedView<'_>> {
+        let mut args: ffi::PJRT_LoadedExecutable_GetExecutable_Args = ffi::zeroed();
+        args.loaded_executable = self.raw;
+        // SAFETY: the executable is live.
+        unsafe {
+            self.client
+                .plugin
+                .call(slot::LoadedExecutable_GetExecutable, &mut args)
+        }?;
+        if args.executable.is_null() {
+            return Err(Error::Unexpected("GetExecutable returned null".into()));
+        }
+        Ok(UnloadedView {
+            client: &self.client,
+            raw: args.executable,
+        })
+    }
+
+    fn count(&self, slot: ffi::Slot) -> Result<usize> {
+        let view = self.view()?;
+        let mut args: ffi::PJRT_Executable_Count_Args = ffi::zeroed();
+        args.executable = view.raw;
+        // SAFETY: NumOutputs/NumPartitions/NumReplicas share this layout; the view is live.
+        unsafe { self.client.plugin.call(slot, &mut args) }?;
+        Ok(args.value)
+    }
+
+    /// Outputs per device.
+    pub fn num_outputs(&self) -> usize {
+        self.num_outputs
+    }
+
+    /// Ids of the devices this process runs the program on, in the order `execute` takes
+    /// argument lists (for SPMD: partition order of the device assignment).
+    pub fn device_ids(&self) -> &[usize] {
+        &self.device_ids
+    }
+
+    /// The options the program was compiled with.
+    pub fn options(&self) -> &CompileOptions {
+        &self.options
+    }
+
+    /// XLA's memory estimate for one device running this program.
+    pub fn compiled_memory_stats(&self) -> Result<CompiledMemoryStats> {
+        let view = self.view()?;
+        let mut args: ffi::PJRT_Executable_GetCompiledMemoryStats_Args = ffi::zeroed();
+        args.executable = view.raw;
+        // SAFETY: the view is live.
+        unsafe {
+            self.client
+                .plugin
+                .call(slot::Executable_GetCompiledMemoryStats, &mut args)
+        }?;
+        Ok(CompiledMemoryStats {
+            generated_code_size_in_bytes: args.generated_code_size_in_bytes,
+            argument_size_in_bytes: args.argument_size_in_bytes,
+            output_size_in_bytes: args.output_size_in_bytes,
+            alias_size_in_bytes: args.alias_size_in_bytes,
+            temp_size_in_bytes: args.temp_size_in_bytes,
+            peak_memory_in_bytes: args.peak_memory_in_bytes,
+            host_argument_size_in_bytes: args.host_argument_size_in_bytes,
+            host_output_size_in_bytes: args.host_output_size_in_bytes,
+            host_temp_size_in_bytes: args.host_temp_size_in_bytes,
+        })
+    }
+
+    /// Runs the program. `arguments[d]` are the arguments for device `device_ids()[d]`, each
+    /// a buffer on that device; returns `outputs[d][o]`, and waits until all are computed.
+    pub fn execute(&self, arguments: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
+        let num_devices = self.device_ids.len();
+        if arguments.len() != num_devices {
+            return Err(Error::InvalidArgument(format!(
+                "the program runs on {num_devices} devices {:?} but {} argument lists were given",
+                self.device_ids,
+                arguments.len()
+            )));
+        }
+        let num_args = arguments.first().map_or(0, Vec::len);
+        for (position, list) in arguments.iter().enumerate() {
+            if list.len() != num_args {
+                return Err(Error::InvalidArgument(format!(
+                    "argument list {position} has {} buffers, list 0 has {num_args}",
+                    list.len()
+                )));
+            }
+            for (index, buffer) in list.iter().enumerate() {
+                if !Arc::ptr_eq(&buffer.client, &self.client) {
+                    return Err(Error::InvalidArgument(format!(
+                        "argument {index} for device {} belongs to another client",
+                        self.device_ids[position]
+                    )));
+                }
+                if buffer.raw_device()? != self.device_raws[position] {
+                    return Err(Error::InvalidArgument(format!(
+                        "argument {index} for device {} is on device {}",
+                        self.device_ids[position],
+                        buffer.device_id()?
+                    )));
+                }
+            }
+        }
+        let argument_raws: Vec<Vec<*mut ffi::PJRT_Buffer>> = arguments
+            .iter()
+            .map(|list| list.iter().map(|b| b.raw).collect())
+            .collect();
+        let argument_pointers: Vec<*const *mut ffi::PJRT_Buffer> =
+            argument_raws.iter().map(|list| list.as_ptr()).collect();
+        let mut output_raws: Vec<Vec<*mut ffi::PJRT_Buffer>> = (0..num_devices)
+            .map(|_| vec![std::ptr::null_mut(); self.num_outputs])
+            .collect();
+        let output_pointers: Vec<*mut *mut ffi::PJRT_Buffer> = output_raws
+            .iter_mut()
+            .map(|list| list.as_mut_ptr())
+            .collect();
+        let mut events: Vec<*mut ffi::PJRT_Event> = vec![std::ptr::null_mut(); num_devices];
+
+        let mut options: ffi::PJRT_ExecuteOptions = ffi::zeroed_plain();
+        options.struct_size = std::mem::size_of::<ffi::PJRT_ExecuteOptions>();
+        let mut args: ffi::PJRT_LoadedExecutable_Execute_Args = ffi::zeroed();
+        args.executable = self.raw;
+        args.options = &mut options;
+        args.argument_lists = argument_pointers.as_ptr();
+        args.num_devices = num_devices;
+        args.num_args = num_args;
+        args.output_lists = output_pointers.as_ptr();
+        args.device_complete_events = events.as_mut_ptr();
+        // SAFETY: argument and output lists are [num_devices][..] arrays that outlive the
+        // call; every argument buffer is live, on the right device, and of this client.
+        unsafe {
+            self.client
+                .plugin
+                .call(slot::LoadedExecutable_Execute, &mut args)
+        }?;
+        // Take ownership of every output first so they are freed whatever happens next.
+        let outputs: Vec<Vec<Buffer>> = output_raws
+            .into_iter()
+            .map(|list| {
+                list.into_iter()
+                    .filter(|raw| !raw.is_null())
+                    .map(|raw| Buffer {
+                        client: self.client.clone(),
+                        raw,
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut first_error = None;
+        for event in events {
+            if let Err(err) = self
+                .client
+                .plugin
+                .await_event(event, "PJRT_LoadedExecutable_Execute")
+            {
+                first_error.get_or_insert(err);
+            }
+        }
+        if let Some(err) = first_error {
+            return Err(err);
+        }
+        if outputs.iter().any(|list| list.len() != self.num_outputs) {
+            return Err(Error::Unexpected(
+                "execution returned fewer outputs than declared".into(),
+            ));
+        }
+        Ok(outputs)
+    }
+}

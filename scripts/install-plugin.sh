@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Idempotent: installs the pinned XLA CPU PJRT plugin where siphon looks by default:
+#   $SIPHON_CACHE/pjrt/xla-cpu-2026.6.23/libpjrt_cpu.so
+# with SIPHON_CACHE=${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}.
+# The plugin is an unmodified XLA CPU PJRT build shipped in the PyPI wheel
+# fastatomstruct-xla-cpu==2026.6.23; both the wheel and the library are checked against
+# pinned sha256 sums. Does nothing when the installed file already has the right sum.
+# Prints the installed path on the last line, e.g. for
+#   export SIPHON_PJRT_PLUGIN="$(scripts/install-plugin.sh | tail -n1)"
+set -euo pipefail
+
+version="2026.6.23"
+package="fastatomstruct-xla-cpu"
+wheel_sha="88b1c430b341b4bea40a37420311c9c75db6e22b46d2ff95b6986577bee6afe9"
+member="fastatomstruct_xla_cpu/libpjrt_cpu.so"
+lib_sha="0a0fe56ca17be9efc7b942e89e534e5e0ad4a0f1e369b66d27b62184509015b9"
+
+cache="${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}"
+dest_dir="$cache/pjrt/xla-cpu-$version"
+dest="$dest_dir/libpjrt_cpu.so"
+python="${PYTHON:-python3}"
+
+sha_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+if [[ -f "$dest" && "$(sha_of "$dest")" == "$lib_sha" ]]; then
+    echo "$dest"
+    exit 0
+fi
+
+mkdir -p "$dest_dir"
+work="$(mktemp -d "$dest_dir/.install.XXXXXX")"
+# The temp dir sits beside the destination so the final rename is atomic (same filesystem).
+trap 'rm -rf "$work"' EXIT
+
+echo "downloading $package==$version with pip" >&2
+"$python" -m pip download --quiet --disable-pip-version-check --no-deps \
+    --dest "$work/wheel" "$package==$version" >&2
+shopt -s nullglob
+wheels=("$work"/wheel/*.whl)
+if [[ ${#wheels[@]} -ne 1 ]]; then
+    echo "error: expected one wheel from pip download, found ${#wheels[@]} in $work/wheel" >&2
+    exit 1
+fi
+wheel="${wheels[0]}"
+got="$(sha_of "$wheel")"
+if [[ "$got" != "$wheel_sha" ]]; then
+    echo "error: $wheel has sha256 $got, expected $wheel_sha" >&2
+    exit 1
+fi
+
+echo "extracting $member" >&2
+"$python" - "$wheel" "$member" "$work/libpjrt_cpu.so" <<'PY'
+import shutil, sys, zipfile
+wheel, member, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+got="$(sha_of "$work/libpjrt_cpu.so")"
+if [[ "$got" != "$lib_sha" ]]; then
+    echo "error: extracted $member has sha256 $got, expected $lib_sha" >&2
+    exit 1
+fi
+chmod 0755 "$work/libpjrt_cpu.so"
+mv -f "$work/libpjrt_cpu.so" "$dest"
+echo "installed $dest" >&2
+echo "$dest"
