@@ -3,14 +3,20 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod forward;
 pub mod gguf;
 pub mod hf;
+pub mod hooks;
+mod llama;
+mod qwen2;
 mod safetensors;
 pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Arch, HfConfig, ModelConfig, ParamClass, ParamInfo, RopeScaling};
+pub use forward::{build_forward, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;
+pub use hooks::HookPoint;
 pub use tokenizer::TextTokenizer;
 pub use weights::{DType, HostTensor, TensorMeta, Weights};
 
@@ -66,6 +72,15 @@ pub enum ModelError {
     /// The tokenizer files could not be read or built.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A hook name is unknown, out of range or repeated.
+    #[error("hook {0}")]
+    Hook(String),
+    /// A partition spec does not fit the model's weights, the inputs or the mesh.
+    #[error("sharding: {0}")]
+    Sharding(String),
+    /// The forward graph could not be built (a shape or dtype bug caught before XLA).
+    #[error("building the forward graph: {0}")]
+    Graph(#[from] siphon_hlo::HloError),
 }
 
 impl ModelError {

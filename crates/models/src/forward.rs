@@ -1,0 +1,610 @@
+//! The forward pass as a StableHLO program: what goes in ([`ForwardSpec`]), what comes out
+//! ([`ForwardProgram`]), and the graph pieces every architecture shares (RMSNorm, RoPE,
+//! grouped-query attention, the SiLU-gated MLP, hook collection).
+//!
+//! The program's arguments are, in order: every weight of [`ForwardProgram::params`] (in
+//! the compute dtype, Hugging Face layout), then `input_ids`, `attention_mask` (1 = real
+//! token) and `position_ids`, each `[batch, seq]` i32. Its results are the requested hooks
+//! in the requested order, each `[batch, seq, hidden]` in the output dtype. Position ids
+//! are an input so that the caller decides them: `cumsum(mask) - 1` for padded rows makes
+//! left- and right-padded rows give the activations of an unpadded run.
+//!
+//! Numerics follow Hugging Face transformers: RMSNorm and softmax in f32, RoPE tables in
+//! f32 rounded to the compute dtype, masked scores replaced by the most negative f32 (not
+//! -inf, so a query row whose keys are all padding gives a uniform average, not NaN).
+//!
+//! Layout choices for speed: the residual stream is `[batch*seq, hidden]` so every
+//! projection is one large 2-D matmul against the `[out, in]` weight (contracting the
+//! weight's second dimension, no transpose op), and attention uses batched dot_generals
+//! over `[batch, kv_head]` with the query heads of a group kept together (GQA without
+//! materialising repeated keys).
+
+use std::collections::{BTreeMap, HashMap};
+
+use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType, Value};
+use siphon_mesh::{Mesh, PartitionSpec};
+
+use crate::config::{Arch, ModelConfig, ParamClass, ParamInfo, RopeScaling};
+use crate::hooks::HookPoint;
+use crate::ModelError;
+
+/// What to build: shapes, hooks, dtypes and sharding.
+#[derive(Debug, Clone)]
+pub struct ForwardSpec {
+    /// Rows per batch.
+    pub batch: usize,
+    /// Tokens per row.
+    pub seq: usize,
+    /// The activations to return, in result order. Blocks after the last one needed are
+    /// not built.
+    pub hooks: Vec<HookPoint>,
+    /// Dtype of the weights and of the compute (`F32` or `BF16`).
+    pub compute_dtype: DType,
+    /// Dtype of the returned activations (`F32`, `BF16` or `F16`).
+    pub output_dtype: DType,
+    /// The device mesh. A mesh without axes means one device and no sharding annotations.
+    pub mesh: Mesh,
+    /// Partition spec per weight, by Hugging Face name; a missing name is replicated.
+    pub param_specs: HashMap<String, PartitionSpec>,
+    /// Partition spec of the three `[batch, seq]` inputs; `None` is replicated.
+    pub input_spec: Option<PartitionSpec>,
+}
+
+impl ForwardSpec {
+    /// One device, f32 in and out, no sharding.
+    pub fn new(batch: usize, seq: usize, hooks: Vec<HookPoint>) -> ForwardSpec {
+        ForwardSpec {
+            batch,
+            seq,
+            hooks,
+            compute_dtype: DType::F32,
+            output_dtype: DType::F32,
+            mesh: Mesh::single_device(),
+            param_specs: HashMap::new(),
+            input_spec: None,
+        }
+    }
+
+    /// Uses `mesh` with the fixed Megatron-style plan of [`megatron_specs`].
+    pub fn with_megatron_plan(mut self, config: &ModelConfig, mesh: Mesh) -> ForwardSpec {
+        let (params, input) = megatron_specs(config, &mesh);
+        self.param_specs = params;
+        self.input_spec = Some(input);
+        self.mesh = mesh;
+        self
+    }
+}
+
+/// One `[batch, seq]` i32 input of the program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputInfo {
+    /// `input_ids`, `attention_mask` or `position_ids`.
+    pub name: &'static str,
+    /// `[batch, seq]`.
+    pub shape: Vec<usize>,
+    /// Always `I32`.
+    pub dtype: DType,
+    /// How it is split over the mesh.
+    pub spec: PartitionSpec,
+}
+
+/// One result of the program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputInfo {
+    /// Which activation.
+    pub hook: HookPoint,
+    /// `[batch, seq, hidden]`.
+    pub shape: Vec<usize>,
+    /// The output dtype.
+    pub dtype: DType,
+    /// How it comes back split over the mesh.
+    pub spec: PartitionSpec,
+}
+
+/// A built forward pass: the program text and the order and meaning of its arguments and
+/// results.
+#[derive(Debug, Clone)]
+pub struct ForwardProgram {
+    /// StableHLO module text (entry function `@main`).
+    pub text: String,
+    /// Weight arguments, in argument order.
+    pub params: Vec<ParamInfo>,
+    /// Partition spec of each weight argument (same order as `params`).
+    pub param_specs: Vec<PartitionSpec>,
+    /// Dtype every weight argument must have.
+    pub param_dtype: DType,
+    /// The inputs that follow the weights: `input_ids`, `attention_mask`, `position_ids`.
+    pub inputs: Vec<InputInfo>,
+    /// The results, in order.
+    pub outputs: Vec<OutputInfo>,
+    /// The mesh the program is partitioned over.
+    pub mesh: Mesh,
+    /// Number of blocks the program runs.
+    pub n_blocks: usize,
+}
+
+/// Builds the forward pass of `config` as described by `spec`.
+pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    config.validate()?;
+    match config.arch {
+        Arch::Llama => crate::llama::build(config, spec),
+        Arch::Qwen2 => crate::qwen2::build(config, spec),
+    }
+}
+
+/// The fixed Megatron-style plan: q/k/v/gate/up (and the q/k/v biases) split by output
+/// features over `model`, o/down split by input features over `model` (XLA inserts the
+/// all-reduce), embeddings and norms replicated, inputs split by batch over `data`. Axes
+/// the mesh lacks are left out, so the plan works on any mesh.
+pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, PartitionSpec>, PartitionSpec) {
+    let model: &[&str] = if mesh.axis_size("model").is_some() { &["model"] } else { &[] };
+    let data: &[&str] = if mesh.axis_size("data").is_some() { &["data"] } else { &[] };
+    let mut specs = HashMap::new();
+    for p in config.params(config.n_layers, true) {
+        let spec = match p.class {
+            ParamClass::AttnQ | ParamClass::AttnK | ParamClass::AttnV | ParamClass::MlpGate | ParamClass::MlpUp => {
+                PartitionSpec::new(&[model, &[]])
+            }
+            ParamClass::QBias | ParamClass::KBias | ParamClass::VBias => PartitionSpec::new(&[model]),
+            ParamClass::AttnO | ParamClass::MlpDown => PartitionSpec::new(&[&[], model]),
+            ParamClass::Embedding | ParamClass::LmHead | ParamClass::Norm => continue,
+        };
+        specs.insert(p.name, spec);
+    }
+    (specs, PartitionSpec::new(&[data, &[]]))
+}
+
+/// Graph state shared by the architecture files: the builder, the weights by name, the
+/// shapes, and the per-batch tables (RoPE, mask) built once for all blocks.
+pub(crate) struct Graph<'a> {
+    pub b: Builder,
+    pub config: &'a ModelConfig,
+    pub spec: &'a ForwardSpec,
+    pub dt: DType,
+    weights: HashMap<String, Value>,
+    params: Vec<ParamInfo>,
+    param_specs: Vec<PartitionSpec>,
+    /// Mesh axes the flattened token dimension `batch*seq` is split over.
+    token_axes: Vec<String>,
+    input_spec: PartitionSpec,
+    sharded: bool,
+    pub input_ids: Value,
+    pub attention_mask: Value,
+    pub position_ids: Value,
+    hooks: BTreeMap<HookPoint, Value>,
+}
+
+impl<'a> Graph<'a> {
+    /// Validates `spec`, declares the weight arguments for `n_blocks` blocks (and the
+    /// final norm when `with_final_norm`), then the three inputs.
+    pub fn new(config: &'a ModelConfig, spec: &'a ForwardSpec, n_blocks: usize, with_final_norm: bool) -> Result<Graph<'a>, ModelError> {
+        if spec.batch == 0 || spec.seq == 0 {
+            return Err(ModelError::Config(format!("batch {} x seq {} has no tokens", spec.batch, spec.seq)));
+        }
+        if !matches!(spec.compute_dtype, DType::F32 | DType::BF16) {
+            return Err(ModelError::Config(format!("compute dtype {} (supported: f32, bf16)", spec.compute_dtype)));
+        }
+        if !matches!(spec.output_dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(ModelError::Config(format!("output dtype {} (supported: f32, bf16, f16)", spec.output_dtype)));
+        }
+        let all: Vec<String> = config.params(config.n_layers, true).into_iter().map(|p| p.name).collect();
+        if let Some(unknown) = spec.param_specs.keys().find(|k| !all.contains(k)) {
+            return Err(ModelError::Sharding(format!("partition spec given for {unknown:?}, which is not a weight of this model")));
+        }
+        let sharded = !spec.mesh.axes().is_empty();
+        let mut b = if sharded { Builder::with_mesh("siphon_forward", spec.mesh.clone()) } else { Builder::new("siphon_forward") };
+        let dt = spec.compute_dtype;
+        let mut params = config.params(n_blocks, false);
+        if !with_final_norm {
+            params.retain(|p| p.name != "model.norm.weight");
+        }
+        let mut weights = HashMap::new();
+        let mut param_specs = Vec::new();
+        for p in &params {
+            let pspec = spec.param_specs.get(&p.name).cloned().unwrap_or_else(|| PartitionSpec::replicated(p.shape.len()));
+            if sharded {
+                pspec.validate(&p.shape, &spec.mesh).map_err(|e| ModelError::Sharding(format!("{}: {e}", p.name)))?;
+            }
+            let v = b.arg(TensorType::new(dt, &p.shape), sharded.then(|| pspec.clone()))?;
+            weights.insert(p.name.clone(), v);
+            param_specs.push(pspec);
+        }
+        let input_spec = spec.input_spec.clone().unwrap_or_else(|| PartitionSpec::replicated(2));
+        if sharded {
+            input_spec
+                .validate(&[spec.batch, spec.seq], &spec.mesh)
+                .map_err(|e| ModelError::Sharding(format!("inputs [batch, seq]: {e}")))?;
+        } else if !input_spec.is_replicated() {
+            return Err(ModelError::Sharding(format!("input spec {input_spec} given for a mesh without axes")));
+        }
+        let ids_ty = TensorType::new(DType::I32, &[spec.batch, spec.seq]);
+        let in_spec = sharded.then(|| input_spec.clone());
+        let input_ids = b.arg(ids_ty.clone(), in_spec.clone())?;
+        let attention_mask = b.arg(ids_ty.clone(), in_spec.clone())?;
+        let position_ids = b.arg(ids_ty, in_spec)?;
+        let token_axes = input_spec.dims().concat();
+        Ok(Graph {
+            b,
+            config,
+            spec,
+            dt,
+            weights,
+            params,
+            param_specs,
+            token_axes,
+            input_spec,
+            sharded,
+            input_ids,
+            attention_mask,
+            position_ids,
+            hooks: BTreeMap::new(),
+        })
+    }
+
+    /// Number of tokens in the batch.
+    pub fn tokens(&self) -> usize {
+        self.spec.batch * self.spec.seq
+    }
+
+    /// The weight argument named `name`.
+    pub fn w(&self, name: &str) -> Result<Value, ModelError> {
+        self.weights
+            .get(name)
+            .copied()
+            .ok_or_else(|| ModelError::Config(format!("the forward needs weight {name:?}, which was not declared")))
+    }
+
+    /// Records `x` (`[tokens, hidden]`) as `hook` if it was requested.
+    pub fn hook(&mut self, hook: HookPoint, x: Value) -> Result<(), ModelError> {
+        if self.spec.hooks.contains(&hook) {
+            self.hooks.insert(hook, x);
+        }
+        Ok(())
+    }
+
+    /// Pins the residual stream `[tokens, hidden]` to the input's token split, so every
+    /// block starts from the same layout whatever propagation chose inside.
+    pub fn constrain_tokens(&mut self, x: Value) -> Result<Value, ModelError> {
+        if !self.sharded {
+            return Ok(x);
+        }
+        let axes: Vec<&str> = self.token_axes.iter().map(String::as_str).collect();
+        Ok(self.b.sharding_constraint(x, &PartitionSpec::new(&[&axes, &[]]))?)
+    }
+
+    /// Token embeddings `[tokens, hidden]`.
+    pub fn embed(&mut self) -> Result<Value, ModelError> {
+        let table = self.w("model.embed_tokens.weight")?;
+        let ids = self.b.reshape(self.input_ids, &[self.tokens()])?;
+        let x = self.b.take_rows(table, ids)?;
+        self.constrain_tokens(x)
+    }
+
+    /// Hugging Face's RMSNorm: `w * (x / sqrt(mean(x²) + eps))`, the normalisation in f32,
+    /// cast back to the compute dtype before the weight multiply.
+    pub fn rms_norm(&mut self, x: Value, weight: &str) -> Result<Value, ModelError> {
+        let w = self.w(weight)?;
+        let dims = self.b.dims(x)?.to_vec();
+        let (rows, hidden) = (dims[0], dims[1]);
+        let b = &mut self.b;
+        let xf = b.convert(x, DType::F32)?;
+        let sq = b.mul(xf, xf)?;
+        let sum = b.reduce_sum(sq, &[1])?;
+        let n = b.splat(hidden as f64, TensorType::new(DType::F32, &[rows]))?;
+        let mean = b.div(sum, n)?;
+        let eps = b.splat(self.config.rms_norm_eps, TensorType::new(DType::F32, &[rows]))?;
+        let var = b.add(mean, eps)?;
+        let inv = b.rsqrt(var)?;
+        let inv = b.broadcast_in_dim(inv, &[rows, hidden], &[0])?;
+        let normed = b.mul(xf, inv)?;
+        let normed = b.convert(normed, self.dt)?;
+        let w = b.broadcast_in_dim(w, &[rows, hidden], &[1])?;
+        Ok(b.mul(normed, w)?)
+    }
+
+    /// `x · Wᵀ (+ bias)` for a Hugging Face `[out, in]` weight.
+    pub fn linear(&mut self, x: Value, weight: &str, bias: Option<&str>) -> Result<Value, ModelError> {
+        let w = self.w(weight)?;
+        let y = self.b.matmul_t(x, w)?;
+        match bias {
+            None => Ok(y),
+            Some(bias) => {
+                let bv = self.w(bias)?;
+                let dims = self.b.dims(y)?.to_vec();
+                let bv = self.b.broadcast_in_dim(bv, &dims, &[dims.len() - 1])?;
+                Ok(self.b.add(y, bv)?)
+            }
+        }
+    }
+
+    /// RoPE tables `(cos, sin)`, each `[tokens, head_dim]` in the compute dtype, from the
+    /// position ids: `emb = concat(freqs, freqs)`, `freqs = pos * inv_freq`, computed in f32.
+    pub fn rope_tables(&mut self) -> Result<(Value, Value), ModelError> {
+        let inv_freq = rope_inv_freq(self.config);
+        let half = inv_freq.len();
+        let t = self.tokens();
+        let b = &mut self.b;
+        let inv = b.constant_f32(&inv_freq, &[half])?;
+        let pos = b.reshape(self.position_ids, &[t])?;
+        let pos = b.convert(pos, DType::F32)?;
+        let pos = b.broadcast_in_dim(pos, &[t, half], &[0])?;
+        let inv = b.broadcast_in_dim(inv, &[t, half], &[1])?;
+        let freqs = b.mul(pos, inv)?;
+        let emb = b.concatenate(&[freqs, freqs], 1)?;
+        let cos = b.cos(emb)?;
+        let sin = b.sin(emb)?;
+        Ok((b.convert(cos, self.dt)?, b.convert(sin, self.dt)?))
+    }
+
+    /// Rotates `x` `[tokens, heads, head_dim]` with Hugging Face's rotate-half RoPE:
+    /// `x·cos + rotate_half(x)·sin`, `rotate_half(x) = concat(-x₂, x₁)`.
+    pub fn apply_rope(&mut self, x: Value, cos: Value, sin: Value) -> Result<Value, ModelError> {
+        let dims = self.b.dims(x)?.to_vec();
+        let d = dims[2];
+        let b = &mut self.b;
+        let x1 = b.slice_dim(x, 2, 0, d / 2)?;
+        let x2 = b.slice_dim(x, 2, d / 2, d)?;
+        let nx2 = b.neg(x2)?;
+        let rot = b.concatenate(&[nx2, x1], 2)?;
+        let cos = b.broadcast_in_dim(cos, &dims, &[0, 2])?;
+        let sin = b.broadcast_in_dim(sin, &dims, &[0, 2])?;
+        let a = b.mul(x, cos)?;
+        let r = b.mul(rot, sin)?;
+        Ok(b.add(a, r)?)
+    }
+
+    /// The attention mask for all blocks: `[batch, seq_q, seq_k]` predicate, true where
+    /// query `i` may attend key `j` (`j <= i` and key `j` is a real token).
+    pub fn attention_mask(&mut self) -> Result<Value, ModelError> {
+        let (bsz, s) = (self.spec.batch, self.spec.seq);
+        let b = &mut self.b;
+        let qi = b.iota(TensorType::new(DType::I32, &[s, s]), 0)?;
+        let ki = b.iota(TensorType::new(DType::I32, &[s, s]), 1)?;
+        let causal = b.compare(CompareDir::Ge, qi, ki)?;
+        let causal = b.broadcast_in_dim(causal, &[bsz, s, s], &[1, 2])?;
+        let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz, s]))?;
+        let real = b.compare(CompareDir::Ne, self.attention_mask, zero)?;
+        let real = b.broadcast_in_dim(real, &[bsz, s, s], &[0, 2])?;
+        Ok(b.and(causal, real)?)
+    }
+
+    /// Grouped-query attention. `q` is `[tokens, n_heads*head_dim]` (RoPE applied), `k`
+    /// and `v` `[tokens, n_kv_heads*head_dim]`; query head `h` reads kv head
+    /// `h / (n_heads/n_kv_heads)` (Hugging Face's `repeat_kv`). Returns
+    /// `[tokens, n_heads*head_dim]` ready for `o_proj`.
+    pub fn attention(&mut self, q: Value, k: Value, v: Value, mask: Value) -> Result<Value, ModelError> {
+        let c = self.config;
+        let (bsz, s, nkv, hd) = (self.spec.batch, self.spec.seq, c.n_kv_heads, c.head_dim);
+        let g = c.n_heads / c.n_kv_heads;
+        let dt = self.dt;
+        let b = &mut self.b;
+        let q = b.reshape(q, &[bsz, s, nkv, g, hd])?;
+        let k = b.reshape(k, &[bsz, s, nkv, hd])?;
+        let v = b.reshape(v, &[bsz, s, nkv, hd])?;
+        // scores[b, kv, i, g, j] = q[b, i, kv, g, :] · k[b, j, kv, :]
+        let scores = b.dot_general(q, k, &DotDims::batched(&[0, 2], &[0, 2], &[4], &[3]))?;
+        let sdims = vec![bsz, nkv, s, g, s];
+        let scale = b.splat((hd as f64).powf(-0.5), TensorType::new(dt, &sdims))?;
+        let scores = b.mul(scores, scale)?;
+        let scores = b.convert(scores, DType::F32)?;
+        let mask = b.broadcast_in_dim(mask, &sdims, &[0, 2, 4])?;
+        let floor = b.splat(f32::MIN as f64, TensorType::new(DType::F32, &sdims))?;
+        let scores = b.select(mask, scores, floor)?;
+        let probs = softmax_last(b, scores)?;
+        let probs = b.convert(probs, dt)?;
+        // out[b, kv, i, g, :] = Σ_j probs[b, kv, i, g, j] · v[b, j, kv, :]
+        let out = b.dot_general(probs, v, &DotDims::batched(&[0, 1], &[0, 2], &[4], &[1]))?;
+        let out = b.transpose(out, &[0, 2, 1, 3, 4])?;
+        Ok(b.reshape(out, &[bsz * s, c.n_heads * hd])?)
+    }
+
+    /// The SiLU-gated MLP: `down(silu(gate(x)) * up(x))`.
+    pub fn gated_mlp(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
+        let p = format!("model.layers.{layer}.mlp");
+        let gate = self.linear(x, &format!("{p}.gate_proj.weight"), None)?;
+        let up = self.linear(x, &format!("{p}.up_proj.weight"), None)?;
+        let b = &mut self.b;
+        let sig = b.logistic(gate)?;
+        let act = b.mul(gate, sig)?;
+        let h = b.mul(act, up)?;
+        self.linear(h, &format!("{p}.down_proj.weight"), None)
+    }
+
+    /// Returns the requested hooks and prints the program.
+    pub fn finish(self, n_blocks: usize) -> Result<ForwardProgram, ModelError> {
+        let (bsz, s, h) = (self.spec.batch, self.spec.seq, self.config.hidden_size);
+        let out_spec = PartitionSpec::from_dims(vec![
+            self.input_spec.dims()[0].clone(),
+            self.input_spec.dims()[1].clone(),
+            Vec::new(),
+        ]);
+        let mut b = self.b;
+        let mut results = Vec::new();
+        let mut outputs = Vec::new();
+        for &hook in &self.spec.hooks {
+            let x = *self.hooks.get(&hook).ok_or_else(|| {
+                ModelError::Hook(format!("{hook} was requested but the graph did not produce it"))
+            })?;
+            let x = b.reshape(x, &[bsz, s, h])?;
+            let x = b.convert(x, self.spec.output_dtype)?;
+            results.push((x, self.sharded.then(|| out_spec.clone())));
+            outputs.push(OutputInfo { hook, shape: vec![bsz, s, h], dtype: self.spec.output_dtype, spec: out_spec.clone() });
+        }
+        let text = b.finish_sharded(&results)?;
+        let inputs = ["input_ids", "attention_mask", "position_ids"]
+            .into_iter()
+            .map(|name| InputInfo { name, shape: vec![bsz, s], dtype: DType::I32, spec: self.input_spec.clone() })
+            .collect();
+        Ok(ForwardProgram {
+            text,
+            params: self.params,
+            param_specs: self.param_specs,
+            param_dtype: self.dt,
+            inputs,
+            outputs,
+            mesh: self.spec.mesh.clone(),
+            n_blocks,
+        })
+    }
+}
+
+/// Blocks to build for `hooks`, and whether the final norm is needed.
+pub(crate) fn blocks_for(config: &ModelConfig, hooks: &[HookPoint]) -> Result<(usize, bool), ModelError> {
+    if hooks.is_empty() {
+        return Err(ModelError::Hook("no hooks requested: the forward would return nothing".into()));
+    }
+    for (i, h) in hooks.iter().enumerate() {
+        if h.layer().is_some_and(|l| l >= config.n_layers) {
+            return Err(ModelError::Hook(format!("{h}: layer out of range (the model has {} layers)", config.n_layers)));
+        }
+        if hooks[..i].contains(h) {
+            return Err(ModelError::Hook(format!("{h} is requested twice")));
+        }
+    }
+    let n = hooks.iter().map(|h| h.blocks_needed(config.n_layers)).max().unwrap_or(0);
+    Ok((n, hooks.contains(&HookPoint::LnFinal)))
+}
+
+/// Softmax over the last dimension of an f32 tensor, max-subtracted.
+fn softmax_last(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
+    let dims = b.dims(x)?.to_vec();
+    let last = dims.len() - 1;
+    let keep: Vec<usize> = (0..last).collect();
+    let m = b.reduce_max(x, &[last])?;
+    let m = b.broadcast_in_dim(m, &dims, &keep)?;
+    let shifted = b.sub(x, m)?;
+    let e = b.exp(shifted)?;
+    let sum = b.reduce_sum(e, &[last])?;
+    let sum = b.broadcast_in_dim(sum, &dims, &keep)?;
+    Ok(b.div(e, sum)?)
+}
+
+/// RoPE inverse frequencies as Hugging Face computes them (f32), with Llama-3 or linear
+/// scaling applied.
+pub fn rope_inv_freq(config: &ModelConfig) -> Vec<f32> {
+    let d = config.head_dim;
+    let base = config.rope_theta as f32;
+    let inv: Vec<f32> = (0..d).step_by(2).map(|i| 1.0 / base.powf(i as f32 / d as f32)).collect();
+    match &config.rope_scaling {
+        None => inv,
+        Some(RopeScaling::Linear { factor }) => inv.iter().map(|f| f / *factor as f32).collect(),
+        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            let (factor, low, high) = (*factor, *low_freq_factor, *high_freq_factor);
+            let old = *original_max_position_embeddings as f64;
+            let low_wavelen = old / low;
+            let high_wavelen = old / high;
+            inv.iter()
+                .map(|&f| {
+                    let f = f as f64;
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    let scaled = if wavelen > low_wavelen { f / factor } else { f };
+                    let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                    if medium {
+                        let smooth = (old / wavelen - low) / (high - low);
+                        ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
+                    } else {
+                        scaled as f32
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> ModelConfig {
+        ModelConfig {
+            arch: Arch::Qwen2,
+            vocab_size: 32,
+            hidden_size: 16,
+            intermediate_size: 24,
+            n_layers: 3,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 4,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+            max_position_embeddings: 128,
+            tie_word_embeddings: true,
+            qkv_bias: true,
+        }
+    }
+
+    #[test]
+    fn only_needed_blocks_and_weights_are_arguments() {
+        let c = tiny();
+        let p = build_forward(&c, &ForwardSpec::new(2, 5, vec![HookPoint::AttnOut(0)])).unwrap();
+        assert_eq!(p.n_blocks, 1);
+        assert!(p.params.iter().all(|p| p.layer.is_none_or(|l| l == 0)));
+        assert!(!p.params.iter().any(|p| p.name == "model.norm.weight"));
+        // 1 result of [2, 5, 16].
+        assert_eq!(p.outputs.len(), 1);
+        assert!(p.text.contains("-> (tensor<2x5x16xf32>)"), "{}", p.text.lines().nth(1).unwrap());
+        let p = build_forward(&c, &ForwardSpec::new(2, 5, vec![HookPoint::LnFinal, HookPoint::ResidPre(1)])).unwrap();
+        assert_eq!(p.n_blocks, 3);
+        assert_eq!(p.params.last().unwrap().name, "model.norm.weight");
+        assert_eq!(p.outputs[0].hook, HookPoint::LnFinal);
+        let p = build_forward(&c, &ForwardSpec::new(1, 4, vec![HookPoint::ResidPre(0)])).unwrap();
+        assert_eq!(p.n_blocks, 0);
+        assert_eq!(p.params.len(), 1);
+    }
+
+    #[test]
+    fn bad_specs_are_errors() {
+        let c = tiny();
+        let err = build_forward(&c, &ForwardSpec::new(2, 5, vec![HookPoint::MlpOut(3)])).unwrap_err();
+        assert!(err.to_string().contains("blocks.3.hook_mlp_out"), "{err}");
+        let err = build_forward(&c, &ForwardSpec::new(2, 5, vec![])).unwrap_err();
+        assert!(err.to_string().contains("no hooks"), "{err}");
+        let mut spec = ForwardSpec::new(2, 5, vec![HookPoint::LnFinal]);
+        spec.compute_dtype = DType::F16;
+        assert!(build_forward(&c, &spec).unwrap_err().to_string().contains("compute dtype f16"));
+        let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+        // 2 kv heads * 4 = 8 rows split 4 ways is fine; batch 3 over data=2 is not.
+        let spec = ForwardSpec::new(3, 5, vec![HookPoint::LnFinal]).with_megatron_plan(&c, mesh.clone());
+        let err = build_forward(&c, &spec).unwrap_err();
+        assert!(err.to_string().contains("inputs"), "{err}");
+        let mut spec = ForwardSpec::new(2, 5, vec![HookPoint::LnFinal]).with_megatron_plan(&c, mesh);
+        spec.param_specs.insert("model.layers.0.mlp.gate.weight".into(), PartitionSpec::replicated(2));
+        let err = build_forward(&c, &spec).unwrap_err();
+        assert!(err.to_string().contains("gate.weight"), "{err}");
+    }
+
+    #[test]
+    fn sharded_program_annotates_everything() {
+        let c = tiny();
+        let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+        let spec = ForwardSpec::new(2, 4, vec![HookPoint::ResidPost(1)]).with_megatron_plan(&c, mesh);
+        let p = build_forward(&c, &spec).unwrap();
+        assert!(p.text.contains("sdy.mesh @mesh = <[\"data\"=2, \"model\"=4]>"));
+        let q0 = p.params.iter().position(|p| p.name == "model.layers.0.self_attn.q_proj.weight").unwrap();
+        assert_eq!(p.param_specs[q0], PartitionSpec::new(&[&["model"], &[]]));
+        assert_eq!(p.outputs[0].spec, PartitionSpec::new(&[&["data"], &[], &[]]));
+        assert!(p.text.contains("sdy.sharding_constraint"));
+    }
+
+    #[test]
+    fn llama3_scaling_matches_hf_formula() {
+        let mut c = tiny();
+        c.head_dim = 64;
+        c.rope_theta = 500000.0;
+        let plain = rope_inv_freq(&c);
+        c.rope_scaling = Some(RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        });
+        let scaled = rope_inv_freq(&c);
+        // High frequencies (short wavelengths) untouched, the lowest divided by the factor.
+        assert_eq!(scaled[0], plain[0]);
+        assert!((scaled[31] - plain[31] / 8.0).abs() <= 1e-6 * plain[31]);
+        // Medium band lies strictly between.
+        let mid = (0..32).find(|&i| scaled[i] != plain[i] && (scaled[i] - plain[i] / 8.0).abs() > 1e-12).unwrap();
+        assert!(scaled[mid] < plain[mid] && scaled[mid] > plain[mid] / 8.0);
+    }
+}

@@ -1,0 +1,21 @@
+//! Qwen2 / Qwen2.5: the Llama decoder (RMSNorm, rotate-half RoPE with a large
+//! `rope_theta`, grouped-query attention, SiLU-gated MLP) plus biases on the q, k and v
+//! projections (none on o_proj). Small checkpoints tie the output head to the token
+//! embedding (`tie_word_embeddings`); siphon never computes logits, so tied and untied
+//! checkpoints build the same graph and `lm_head.weight` is never an argument.
+//!
+//! Sliding-window attention (`use_sliding_window`) is off in every released Qwen2.5
+//! config, so full causal attention is what Hugging Face computes too.
+
+use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::llama::{build_decoder, QkvBias};
+use crate::{Arch, ModelConfig, ModelError};
+
+/// Builds the Qwen2 forward for `spec`.
+pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.arch != Arch::Qwen2 {
+        return Err(ModelError::UnsupportedArch(format!("qwen2 builder given a {:?} config", config.arch)));
+    }
+    let bias = if config.qkv_bias { QkvBias::Yes } else { QkvBias::No };
+    build_decoder(config, spec, bias)
+}
