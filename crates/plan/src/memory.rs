@@ -234,9 +234,17 @@ pub fn estimate(
     }
 }
 
-/// Bytes as GiB text with two decimals, e.g. `13.21 GiB`.
+/// Bytes as GiB text with two decimals, e.g. `13.21 GiB` (MiB or KiB below 1 GiB and 1 MiB,
+/// so small tensors do not print as zero).
 pub fn gib(bytes: u64) -> String {
-    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+    let b = bytes as f64;
+    if bytes >= 1 << 30 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if bytes >= 1 << 20 {
+        format!("{:.2} MiB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.2} KiB", b / 1024.0)
+    }
 }
 
 #[cfg(test)]

@@ -187,8 +187,13 @@ pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) ->
                 s.mesh, gib(s.required_bytes), s.flags
             )),
             None => plan.notes.push(format!(
-                "does not fit, and no mesh over these {} devices fits",
-                topology.num_devices()
+                "does not fit, and no mesh over these {} devices fits{}",
+                topology.num_devices(),
+                if request.batch.is_some() && request.seq.is_some() {
+                    " at this batch and sequence length (try a smaller --batch or --seq)"
+                } else {
+                    ""
+                }
             )),
         }
         plan.suggestion = fitting;

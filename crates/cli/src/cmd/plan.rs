@@ -1,8 +1,141 @@
-//! Placeholder until its issue lands.
+//! `siphon plan`: the mesh, each parameter class's sharding and the per-device memory a model
+//! would use on a given number of hosts and devices — without loading any plugin or weights.
+//!
+//! [`MeshArgs`] holds the mesh flags so that `siphon extract` and `siphon forward` can flatten
+//! the same flags; they then call [`siphon_plan::plan`] (pure, no I/O) for the same checks
+//! before anything expensive.
 
-#[derive(clap::Args)]
-pub struct Args {}
+use std::path::{Path, PathBuf};
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use anyhow::Context;
+use siphon_models::{HfConfig, ModelConfig};
+use siphon_plan::{DType, MeshKind, MeshRequest, PlanRequest, Topology};
+
+/// Mesh flags shared by every command that builds a mesh.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MeshArgs {
+    /// Mesh layout: 1d (every device on model), 2d (data across hosts × weight sharding within
+    /// a host), 3d (data × fsdp × model), auto (smallest weight sharding that fits
+    /// --device-memory).
+    #[arg(long = "mesh", value_name = "KIND", default_value = "2d")]
+    pub kind: MeshKind,
+    /// Size of the data (batch-splitting) axis.
+    #[arg(long, value_name = "N")]
+    pub data: Option<usize>,
+    /// Size of the fsdp (weight-sharding on the hidden dimension) axis.
+    #[arg(long, value_name = "N")]
+    pub fsdp: Option<usize>,
+    /// Size of the model (tensor-parallel, whole heads) axis.
+    #[arg(long = "model-parallel", value_name = "N")]
+    pub model_parallel: Option<usize>,
+}
+
+impl MeshArgs {
+    /// The planner's request for these flags.
+    pub fn request(&self) -> MeshRequest {
+        MeshRequest { kind: self.kind, data: self.data, fsdp: self.fsdp, model: self.model_parallel }
+    }
+}
+
+/// `siphon plan` flags.
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "config"])))]
+pub struct Args {
+    /// A Hugging Face model directory (its config.json is read) or a .gguf file.
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    /// A config.json file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Number of hosts.
+    #[arg(long, default_value_t = 1)]
+    pub hosts: usize,
+    /// Accelerator devices on each host.
+    #[arg(long, default_value_t = 1)]
+    pub devices_per_host: usize,
+    /// Memory of one device, in GiB.
+    #[arg(long, value_name = "GiB")]
+    pub device_memory: Option<f64>,
+    #[command(flatten)]
+    pub mesh: MeshArgs,
+    /// Global batch (sequences per step); must divide over the data axis.
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Tokens per sequence (with --batch: the activation estimate).
+    #[arg(long)]
+    pub seq: Option<usize>,
+    /// Number of [batch, seq, hidden] hook outputs (default: every hidden state, layers + 1).
+    #[arg(long)]
+    pub hooks: Option<usize>,
+    /// Weight and activation dtype: f32, bf16, f16 (default: the config's torch_dtype, else bf16).
+    #[arg(long)]
+    pub dtype: Option<DType>,
+    /// Share of device memory kept free.
+    #[arg(long, default_value_t = siphon_plan::memory::DEFAULT_HEADROOM)]
+    pub headroom: f64,
+    /// Also plan lm_head.weight (extraction never computes logits, so it is skipped by default).
+    #[arg(long)]
+    pub lm_head: bool,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let (config, config_dtype) = load_config(args.model.as_deref(), args.config.as_deref())?;
+    let topology = Topology::uniform(args.hosts, args.devices_per_host)?;
+    let device_memory_bytes = match args.device_memory {
+        Some(gib) if !(gib.is_finite() && gib > 0.0) => {
+            anyhow::bail!("--device-memory {gib} must be a positive number of GiB")
+        }
+        Some(gib) => Some((gib * (1u64 << 30) as f64) as u64),
+        None => None,
+    };
+    let request = PlanRequest {
+        mesh: args.mesh.request(),
+        dtype: args.dtype.or(config_dtype).unwrap_or(DType::BF16),
+        batch: args.batch,
+        seq: args.seq,
+        hooks: args.hooks,
+        device_memory_bytes,
+        headroom: args.headroom,
+        with_lm_head: args.lm_head,
+    };
+    let plan = siphon_plan::plan(&config, &topology, &request)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan).context("serializing the plan")?);
+    } else {
+        print!("{plan}");
+    }
+    Ok(())
+}
+
+/// Reads a model's config from `--model` (HF directory, config.json or .gguf) or `--config`,
+/// with the dtype its `torch_dtype` names, if any.
+pub fn load_config(model: Option<&Path>, config: Option<&Path>) -> anyhow::Result<(ModelConfig, Option<DType>)> {
+    let hf = match (model, config) {
+        (_, Some(path)) => read_config_json(path)?,
+        (Some(path), None) if path.is_dir() => read_config_json(&path.join("config.json"))?,
+        (Some(path), None) if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) => {
+            let file = siphon_models::gguf::GgufFile::open(path)
+                .with_context(|| format!("reading GGUF {}", path.display()))?;
+            siphon_models::gguf::convert::hf_config(&file)
+                .with_context(|| format!("GGUF metadata of {}", path.display()))?
+        }
+        (Some(path), None) if path.is_file() => read_config_json(path)?,
+        (Some(path), None) => anyhow::bail!(
+            "--model {}: no such directory or file (give an HF model directory, a config.json or a .gguf; \
+             or use --config)",
+            path.display()
+        ),
+        (None, None) => anyhow::bail!("give --model PATH or --config config.json"),
+    };
+    let dtype = hf.torch_dtype.as_deref().and_then(|d| d.parse::<DType>().ok());
+    let config = hf.into_config().context("model config")?;
+    Ok((config, dtype))
+}
+
+fn read_config_json(path: &Path) -> anyhow::Result<HfConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    HfConfig::from_json(&text).with_context(|| format!("parsing {}", path.display()))
 }

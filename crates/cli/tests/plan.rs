@@ -1,0 +1,100 @@
+//! `siphon plan` end to end: the binary on committed config fixtures. Nothing here loads a
+//! plugin (SIPHON_PJRT_PLUGIN is pointed at a file that does not exist to prove it).
+
+use std::process::{Command, Output};
+
+fn siphon(args: &[&str]) -> Output {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    Command::new(env!("CARGO_BIN_EXE_siphon"))
+        .current_dir(root)
+        .env("SIPHON_PJRT_PLUGIN", "/nonexistent/libpjrt.so")
+        .args(args)
+        .output()
+        .expect("running siphon")
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(out.status.success(), "siphon failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+#[test]
+fn qwen_7b_on_4_hosts_of_16_is_2d_with_weights_over_16_and_fits() {
+    let out = siphon(&[
+        "plan", "--config", "fixtures/configs/qwen2.5-7b.json", "--hosts", "4", "--devices-per-host", "16",
+        "--device-memory", "16",
+    ]);
+    let text = stdout(&out);
+    assert!(text.contains("mesh      2d [data=4, fsdp=4, model=4]"), "{text}");
+    assert!(text.contains("fits      yes"), "{text}");
+    let out = siphon(&[
+        "plan", "--config", "fixtures/configs/qwen2.5-7b.json", "--hosts", "4", "--devices-per-host", "16",
+        "--device-memory", "16", "--json",
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let axes: Vec<(String, u64)> = json["mesh"]["axes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["name"].as_str().unwrap().to_string(), a["size"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(axes, [("data".into(), 4), ("fsdp".into(), 4), ("model".into(), 4)]);
+    let total = json["memory"]["weights"]["total_bytes"].as_u64().unwrap();
+    let sharded = json["memory"]["weights"]["sharded_bytes"].as_u64().unwrap();
+    // Qwen2.5-7B without lm_head: 7,070,619,136 weights in bf16.
+    assert_eq!(total, 7_070_619_136 * 2);
+    assert_eq!(json["memory"]["weights"]["gathered_bytes"].as_u64().unwrap(), total);
+    // total/16, up to the replicated norms and the biases split only over model=4.
+    assert!(sharded >= total / 16 && sharded - total / 16 < total / 16 / 1000, "{sharded} vs {}", total / 16);
+    assert_eq!(json["memory"]["fits"], true);
+    assert_eq!(json["kind"], "2d");
+}
+
+#[test]
+fn llama_70b_on_4_hosts_of_4_fits_only_spanning_hosts() {
+    let base = ["plan", "--config", "fixtures/configs/llama-3.1-70b.json", "--hosts", "4", "--devices-per-host", "4", "--device-memory", "16"];
+    let text = stdout(&siphon(&base));
+    assert!(text.contains("fits      no"), "{text}");
+    assert!(text.contains("only a plan spanning hosts fits"), "{text}");
+    let mut auto = base.to_vec();
+    auto.extend(["--mesh", "auto"]);
+    let text = stdout(&siphon(&auto));
+    assert!(text.contains("fits      yes"), "{text}");
+    assert!(text.contains("spanning hosts"), "{text}");
+    assert!(text.contains("only a plan spanning hosts fits"), "{text}");
+}
+
+#[test]
+fn bad_batch_or_heads_fail_before_any_plugin() {
+    let out = siphon(&[
+        "plan", "--config", "fixtures/configs/qwen2.5-7b.json", "--hosts", "4", "--devices-per-host", "16",
+        "--batch", "6", "--seq", "128",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("batch 6 is not divisible by the data axis (4 ways"), "{err}");
+    let out = siphon(&[
+        "plan", "--config", "fixtures/configs/qwen2.5-7b.json", "--hosts", "1", "--devices-per-host", "16",
+        "--model-parallel", "16",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model=16 does not divide num_attention_heads 28"), "{err}");
+    assert!(err.contains("valid shapes"), "{err}");
+}
+
+#[test]
+fn model_dir_and_missing_paths() {
+    let dir = std::env::temp_dir().join(format!("siphon-plan-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/configs/qwen2.5-0.5b.json");
+    std::fs::copy(fixture, dir.join("config.json")).unwrap();
+    let out = siphon(&["plan", "--model", dir.to_str().unwrap(), "--devices-per-host", "2"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("qwen2, 24 layers"), "{text}");
+    assert!(text.contains("[model=2]"), "{text}");
+    let out = siphon(&["plan", "--model", "/nonexistent/model"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model"));
+}
