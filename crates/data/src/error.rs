@@ -1,0 +1,106 @@
+//! The crate's error type. Every variant names what was being read, so a message on a host
+//! among hundreds says which file (and where in it) is at fault.
+
+/// Errors of the data path.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The `--corpus` value could not be understood (bad URL, unsupported scheme, bad glob).
+    #[error("invalid corpus source {spec:?}: {reason}")]
+    BadSource {
+        /// The source as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The source resolved to no readable corpus file.
+    #[error("no corpus files found at {spec:?} (looked for {looked_for})")]
+    NoFiles {
+        /// The source as given.
+        spec: String,
+        /// Which file kinds were searched for.
+        looked_for: String,
+    },
+    /// Listing, reading or probing an object failed.
+    #[error("cannot read {location}: {source}")]
+    Store {
+        /// The file or prefix being read.
+        location: String,
+        /// The object_store error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// A local path could not be accessed.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The path being accessed.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A parquet file could not be decoded.
+    #[error("parquet file {file}{}: {source}", row_group.map(|g| format!(" (row group {g})")).unwrap_or_default())]
+    Parquet {
+        /// The file.
+        file: String,
+        /// The row group being decoded, if known.
+        row_group: Option<usize>,
+        /// The parquet error.
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    /// A parquet file lacks the text column.
+    #[error("corpus file {file} has no column {column:?} (columns: {available})")]
+    MissingColumn {
+        /// The file.
+        file: String,
+        /// The requested column.
+        column: String,
+        /// The columns it does have, comma-separated.
+        available: String,
+    },
+    /// The text column is not a string column.
+    #[error("corpus file {file}: column {column:?} has type {data_type}, expected a string column")]
+    ColumnType {
+        /// The file.
+        file: String,
+        /// The column.
+        column: String,
+        /// Its arrow data type.
+        data_type: String,
+    },
+    /// A record could not be used and the reader runs in strict mode.
+    #[error("{file}: {location}: {reason}")]
+    InvalidRecord {
+        /// The file.
+        file: String,
+        /// Where in the file (byte offset, row group and row).
+        location: String,
+        /// What is wrong with the record.
+        reason: String,
+    },
+    /// A file cannot be used as a corpus file at all (e.g. too large for whole-file records).
+    #[error("corpus file {file}: {reason}")]
+    Unusable {
+        /// The file.
+        file: String,
+        /// Why.
+        reason: String,
+    },
+    /// The tokenizer failed or lacks a token that was asked for.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// Invalid options (sequence length, worker index, ...).
+    #[error("invalid data configuration: {0}")]
+    Config(String),
+    /// A resume position does not belong to this corpus, configuration or worker.
+    #[error("cannot resume: {0}")]
+    Resume(String),
+    /// Building the async runtime or a worker thread failed.
+    #[error("cannot start data-path threads: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,361 @@
+//! Packing and padding: turns tokenized documents of one unit into fixed-length rows with
+//! per-token document ids, positions and masks. Pure and synchronous.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Which side of a padded row the padding goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PadSide {
+    /// Pad tokens after the document (`doc doc pad pad`).
+    Right,
+    /// Pad tokens before the document (`pad pad doc doc`).
+    Left,
+}
+
+/// How documents become rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "mode", content = "side")]
+pub enum PackMode {
+    /// Concatenate the documents of a unit (each `[BOS] text [EOS]`) and cut into rows;
+    /// the last row of a unit is right-padded.
+    Pack,
+    /// One document per row, truncated to the row, padded on the given side.
+    Pad(PadSide),
+}
+
+/// Token ids with a special role. The models crate fills this from GGUF metadata; for a
+/// tokenizer.json use [`SpecialTokens::detect`](crate::SpecialTokens::detect).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SpecialTokens {
+    /// Beginning-of-sequence token, if the model has one.
+    pub bos: Option<u32>,
+    /// End-of-sequence (end-of-text) token, if any.
+    pub eos: Option<u32>,
+    /// Token written into pad positions (its value never matters: pad positions are masked).
+    pub pad: u32,
+    /// More ids excluded from activations wherever they occur (e.g. `<|im_start|>`).
+    pub exclude: Vec<u32>,
+}
+
+/// Packing options.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PackConfig {
+    /// Tokens per row.
+    pub seq_len: usize,
+    /// Pack or pad.
+    pub mode: PackMode,
+    /// Special token ids.
+    pub special: SpecialTokens,
+    /// Put BOS before each document (ignored when there is no BOS).
+    pub doc_bos: bool,
+    /// Put EOS after each document (ignored when there is no EOS).
+    pub doc_eos: bool,
+    /// Pack mode: start every row with BOS, so no row begins mid-document without the
+    /// token models use as an attention sink. The inserted BOS is excluded like any BOS.
+    pub row_bos: bool,
+}
+
+impl PackConfig {
+    /// Defaults: pack mode with BOS before and EOS after each document and BOS at each row
+    /// start; pad mode with BOS only.
+    pub fn new(seq_len: usize, mode: PackMode, special: SpecialTokens) -> PackConfig {
+        let pack = mode == PackMode::Pack;
+        PackConfig { seq_len, mode, special, doc_bos: true, doc_eos: pack, row_bos: pack }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.seq_len < 2 {
+            return Err(Error::Config(format!("seq_len {} is too small (at least 2)", self.seq_len)));
+        }
+        if self.seq_len > i32::MAX as usize {
+            return Err(Error::Config(format!("seq_len {} is too large", self.seq_len)));
+        }
+        Ok(())
+    }
+
+    fn bos(&self) -> Option<u32> {
+        self.special.bos.filter(|_| self.doc_bos)
+    }
+
+    fn eos(&self) -> Option<u32> {
+        self.special.eos.filter(|_| self.doc_eos)
+    }
+
+    fn row_bos(&self) -> Option<u32> {
+        self.special.bos.filter(|_| self.row_bos && self.mode == PackMode::Pack)
+    }
+
+    /// Tokens of a document with `n` content tokens, separators included.
+    pub(crate) fn doc_len(&self, n: usize) -> usize {
+        n + usize::from(self.bos().is_some()) + usize::from(self.eos().is_some())
+    }
+
+    /// Token `i` of a document, separators included.
+    fn doc_token(&self, content: &[u32], i: usize) -> u32 {
+        let lead = usize::from(self.bos().is_some());
+        match self.bos() {
+            Some(b) if i == 0 => b,
+            _ if i - lead < content.len() => content[i - lead],
+            _ => self.eos().expect("index past content only when EOS is appended"),
+        }
+    }
+
+    fn excluded(&self, id: u32) -> bool {
+        Some(id) == self.special.bos || Some(id) == self.special.eos || self.special.exclude.contains(&id)
+    }
+}
+
+/// Marks a pad or inserted position in [`Row::doc`] and [`Row::doc_pos`].
+pub const NO_DOC: i64 = -1;
+
+/// A global document id: `unit << 32 | record index within unit`. Stable for a corpus and
+/// configuration, independent of the partition.
+pub fn doc_id(unit: u32, record: u64) -> i64 {
+    (i64::from(unit) << 32) | (record as i64 & 0xffff_ffff)
+}
+
+/// One finished row, and where the stream continues after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Row {
+    pub index_in_unit: u32,
+    pub tokens: Vec<u32>,
+    pub attention: Vec<u8>,
+    pub exclude: Vec<u8>,
+    pub doc: Vec<i64>,
+    pub doc_pos: Vec<i32>,
+    /// Next (record index, token offset) within the unit, or None if the unit is done.
+    pub next: Option<(u64, u64)>,
+}
+
+/// Packs the documents of one unit. Feed documents in record order with [`Packer::push`],
+/// then call [`Packer::finish`].
+pub(crate) struct Packer {
+    cfg: Arc<PackConfig>,
+    unit: u32,
+    next_index: u32,
+    cur: Option<Row>,
+    /// Counters for stats.
+    pub truncated_docs: u64,
+    pub pad_tokens: u64,
+}
+
+impl Packer {
+    /// `first_index` is the row index within the unit of the first row produced (non-zero
+    /// on resume).
+    pub fn new(cfg: Arc<PackConfig>, unit: u32, first_index: u32) -> Packer {
+        Packer { cfg, unit, next_index: first_index, cur: None, truncated_docs: 0, pad_tokens: 0 }
+    }
+
+    fn empty_row(&mut self) -> Row {
+        let n = self.cfg.seq_len;
+        let row = Row {
+            index_in_unit: self.next_index,
+            tokens: Vec::with_capacity(n),
+            attention: Vec::with_capacity(n),
+            exclude: Vec::with_capacity(n),
+            doc: Vec::with_capacity(n),
+            doc_pos: Vec::with_capacity(n),
+            next: None,
+        };
+        self.next_index += 1;
+        row
+    }
+
+    /// Adds document `record` (content tokens, no separators), starting at token `offset`
+    /// of its separated form (non-zero only when resuming mid-document). Finished rows are
+    /// appended to `out`.
+    pub fn push(&mut self, record: u64, stable: u64, content: &[u32], offset: u64, out: &mut Vec<Row>) {
+        let cfg = self.cfg.clone();
+        let cfg = &*cfg;
+        let doc = doc_id(self.unit, stable);
+        let len = cfg.doc_len(content.len());
+        match cfg.mode {
+            PackMode::Pad(side) => {
+                let mut row = self.empty_row();
+                let take = len.min(cfg.seq_len);
+                if len > take {
+                    self.truncated_docs += 1;
+                }
+                let pad = cfg.seq_len - take;
+                self.pad_tokens += pad as u64;
+                if side == PadSide::Left {
+                    push_pad(cfg, &mut row, pad);
+                }
+                for i in 0..take {
+                    let id = cfg.doc_token(content, i);
+                    push_tok(cfg, &mut row, id, doc, i as i32);
+                }
+                if side == PadSide::Right {
+                    push_pad(cfg, &mut row, pad);
+                }
+                row.next = Some((record + 1, 0));
+                out.push(row);
+            }
+            PackMode::Pack => {
+                let mut i = offset as usize;
+                while i < len {
+                    let mut row = match self.cur.take() {
+                        Some(row) => row,
+                        None => {
+                            let mut row = self.empty_row();
+                            if let Some(b) = cfg.row_bos() {
+                                // The document's own BOS serves when the row starts with it.
+                                let starts_with_bos = i == 0 && cfg.bos() == Some(b);
+                                if !starts_with_bos {
+                                    push_tok(cfg, &mut row, b, NO_DOC, -1);
+                                }
+                            }
+                            row
+                        }
+                    };
+                    let room = cfg.seq_len - row.tokens.len();
+                    let take = room.min(len - i);
+                    for j in i..i + take {
+                        push_tok(cfg, &mut row, cfg.doc_token(content, j), doc, j as i32);
+                    }
+                    i += take;
+                    if row.tokens.len() == cfg.seq_len {
+                        row.next = Some(if i < len { (record, i as u64) } else { (record + 1, 0) });
+                        out.push(row);
+                    } else {
+                        self.cur = Some(row);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the unit: a partial packed row is right-padded and emitted.
+    pub fn finish(&mut self, out: &mut Vec<Row>) {
+        if let Some(mut row) = self.cur.take() {
+            let pad = self.cfg.seq_len - row.tokens.len();
+            self.pad_tokens += pad as u64;
+            push_pad(&self.cfg, &mut row, pad);
+            row.next = None;
+            out.push(row);
+        }
+    }
+}
+
+fn push_tok(cfg: &PackConfig, row: &mut Row, id: u32, doc: i64, pos: i32) {
+    row.tokens.push(id);
+    row.attention.push(1);
+    row.exclude.push(u8::from(cfg.excluded(id)));
+    row.doc.push(doc);
+    row.doc_pos.push(pos);
+}
+
+fn push_pad(cfg: &PackConfig, row: &mut Row, n: usize) {
+    for _ in 0..n {
+        row.tokens.push(cfg.special.pad);
+        row.attention.push(0);
+        row.exclude.push(1);
+        row.doc.push(NO_DOC);
+        row.doc_pos.push(-1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOS: u32 = 1;
+    const EOS: u32 = 2;
+    const PAD: u32 = 0;
+
+    fn special() -> SpecialTokens {
+        SpecialTokens { bos: Some(BOS), eos: Some(EOS), pad: PAD, exclude: vec![99] }
+    }
+
+    #[test]
+    fn pack_keeps_boundaries_and_masks() {
+        let mut cfg = PackConfig::new(6, PackMode::Pack, special());
+        cfg.row_bos = false;
+        let mut p = Packer::new(Arc::new(cfg.clone()), 3, 0);
+        let mut out = Vec::new();
+        p.push(0, 0, &[10, 11, 12], 0, &mut out); // B 10 11 12 E  (5)
+        p.push(1, 1, &[20, 99, 21], 0, &mut out); // B 20 99 21 E  (5)
+        p.finish(&mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].tokens, vec![BOS, 10, 11, 12, EOS, BOS]);
+        assert_eq!(out[0].exclude, vec![1, 0, 0, 0, 1, 1]);
+        assert_eq!(out[0].doc, vec![doc_id(3, 0), doc_id(3, 0), doc_id(3, 0), doc_id(3, 0), doc_id(3, 0), doc_id(3, 1)]);
+        assert_eq!(out[0].doc_pos, vec![0, 1, 2, 3, 4, 0]);
+        assert_eq!(out[0].next, Some((1, 1)));
+        assert_eq!(out[1].tokens, vec![20, 99, 21, EOS, PAD, PAD]);
+        assert_eq!(out[1].attention, vec![1, 1, 1, 1, 0, 0]);
+        assert_eq!(out[1].exclude, vec![0, 1, 0, 1, 1, 1]);
+        assert_eq!(out[1].doc_pos, vec![1, 2, 3, 4, -1, -1]);
+        assert_eq!(out[1].doc[4], NO_DOC);
+        assert_eq!(out[1].next, None);
+        assert_eq!((out[0].index_in_unit, out[1].index_in_unit), (0, 1));
+        assert_eq!(p.pad_tokens, 2);
+    }
+
+    #[test]
+    fn row_bos_starts_every_row() {
+        let cfg = PackConfig::new(4, PackMode::Pack, special());
+        let mut p = Packer::new(Arc::new(cfg.clone()), 0, 0);
+        let mut out = Vec::new();
+        p.push(0, 0, &[10, 11, 12, 13, 14], 0, &mut out); // B 10 11 12 13 14 E
+        p.finish(&mut out);
+        // Row 0 starts with the doc's own BOS; later rows get an inserted one.
+        assert_eq!(out[0].tokens, vec![BOS, 10, 11, 12]);
+        assert_eq!(out[1].tokens, vec![BOS, 13, 14, EOS]);
+        assert_eq!(out[1].doc[0], NO_DOC);
+        assert_eq!(out[1].exclude[0], 1);
+        assert_eq!(out[1].doc_pos, vec![-1, 4, 5, 6]);
+        assert_eq!(out[0].next, Some((0, 4)));
+    }
+
+    #[test]
+    fn pad_left_and_right_truncate() {
+        for side in [PadSide::Left, PadSide::Right] {
+            let cfg = PackConfig::new(5, PackMode::Pad(side), special());
+            let mut p = Packer::new(Arc::new(cfg.clone()), 0, 0);
+            let mut out = Vec::new();
+            p.push(0, 0, &[10, 11], 0, &mut out);
+            p.push(1, 1, &[20, 21, 22, 23, 24, 25], 0, &mut out);
+            assert_eq!(p.truncated_docs, 1);
+            let expect_short = match side {
+                PadSide::Left => vec![PAD, PAD, BOS, 10, 11],
+                PadSide::Right => vec![BOS, 10, 11, PAD, PAD],
+            };
+            assert_eq!(out[0].tokens, expect_short);
+            let mask: Vec<u8> = expect_short.iter().enumerate().map(|(i, _)| u8::from(out[0].doc_pos[i] >= 0)).collect();
+            assert_eq!(out[0].attention, mask);
+            assert_eq!(out[0].exclude, expect_short.iter().map(|&t| u8::from(t == PAD || t == BOS)).collect::<Vec<_>>());
+            assert_eq!(out[1].tokens, vec![BOS, 20, 21, 22, 23]);
+            assert_eq!(out[1].attention, vec![1; 5]);
+            assert_eq!(out[1].next, Some((2, 0)));
+        }
+    }
+
+    #[test]
+    fn resume_mid_document_reproduces_rows() {
+        let cfg = PackConfig::new(4, PackMode::Pack, special());
+        let docs: Vec<Vec<u32>> = vec![vec![10, 11, 12, 13, 14, 15, 16], vec![20], vec![30, 31, 32]];
+        let mut full = Vec::new();
+        let mut p = Packer::new(Arc::new(cfg.clone()), 0, 0);
+        for (i, d) in docs.iter().enumerate() {
+            p.push(i as u64, i as u64, d, 0, &mut full);
+        }
+        p.finish(&mut full);
+        for cut in 0..full.len() - 1 {
+            let (rec, off) = full[cut].next.unwrap();
+            let mut rest = Vec::new();
+            let mut p = Packer::new(Arc::new(cfg.clone()), 0, full[cut].index_in_unit + 1);
+            for (i, d) in docs.iter().enumerate().skip(rec as usize) {
+                p.push(i as u64, i as u64, d, if i as u64 == rec { off } else { 0 }, &mut rest);
+            }
+            p.finish(&mut rest);
+            assert_eq!(rest, full[cut + 1..].to_vec(), "resume after row {cut}");
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! Reading the records of one unit, streaming, from the object store.
+
+use std::sync::Arc;
+
+use arrow_array::{Array, LargeStringArray, StringArray, StringViewArray};
+use futures::TryStreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+
+use crate::error::{Error, Result};
+use crate::plan::{Corpus, InvalidRecords, UnitKind, load_parquet_meta, permute, text_column_index};
+use crate::source::{CorpusFile, FileFormat};
+use crate::plan::Unit;
+
+/// One record as read, before tokenization.
+#[derive(Debug)]
+pub(crate) enum Record {
+    /// A document.
+    Text(String),
+    /// Present but blank.
+    Empty,
+    /// Unusable (reason).
+    Invalid(String),
+}
+
+/// Receives `(index in emitted order, stable record index, record)`; returns `false` to stop.
+pub(crate) type Emit<'a> = dyn FnMut(u64, u64, Record) -> Result<bool> + 'a;
+
+/// Bytes fetched per request when scanning byte-range units.
+const BLOCK: u64 = 1 << 20;
+/// Invalid records logged per reader before going quiet.
+const LOGGED_INVALID: u32 = 5;
+
+/// Reads units of one corpus; caches the parquet footer of the last file it read.
+pub(crate) struct UnitReader {
+    corpus: Corpus,
+    meta_cache: Option<(u32, ArrowReaderMetadata)>,
+    logged_invalid: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl UnitReader {
+    pub fn new(corpus: Corpus) -> UnitReader {
+        UnitReader { corpus, meta_cache: None, logged_invalid: Arc::default() }
+    }
+
+    /// Streams the records of `unit`, starting at emitted index `skip`.
+    pub async fn read(&mut self, unit: &Unit, skip: u64, emit: &mut Emit<'_>) -> Result<()> {
+        let file = self.corpus.files[unit.file as usize].clone();
+        let shuffle_seed = self.corpus.config.shuffle.filter(|s| s.within_unit).map(|s| s.seed ^ (u64::from(unit.id) << 20) ^ 0x5eed);
+        let strict = self.corpus.config.invalid == InvalidRecords::Error;
+        let logged = self.logged_invalid.clone();
+        // Wraps `emit` with the invalid-record policy; `loc` says where the record is.
+        let mut checked = |order: u64, stable: u64, record: Record, loc: &dyn Fn() -> String| -> Result<bool> {
+            if let Record::Invalid(reason) = &record {
+                if strict {
+                    return Err(Error::InvalidRecord { file: file.display.clone(), location: loc(), reason: reason.clone() });
+                }
+                if logged.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < LOGGED_INVALID {
+                    tracing::warn!(file = %file.display, location = %loc(), %reason, "skipping invalid record");
+                }
+            }
+            emit(order, stable, record)
+        };
+        if let Some(seed) = shuffle_seed {
+            // Within-unit shuffle: gather the unit, permute, hand out from `skip`.
+            let mut all: Vec<(u64, Record, String)> = Vec::new();
+            let mut gather = |_: u64, stable: u64, record: Record, loc: &dyn Fn() -> String| -> Result<bool> {
+                all.push((stable, record, loc()));
+                Ok(true)
+            };
+            self.read_raw(unit, &file, 0, &mut gather).await?;
+            permute(&mut all, seed);
+            for (order, (stable, record, loc)) in all.into_iter().enumerate().skip(skip as usize) {
+                if !checked(order as u64, stable, record, &|| loc.clone())? {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        let mut pass = |order: u64, stable: u64, record: Record, loc: &dyn Fn() -> String| checked(order, stable, record, loc);
+        self.read_raw(unit, &file, skip, &mut pass).await
+    }
+
+    async fn read_raw(
+        &mut self,
+        unit: &Unit,
+        file: &CorpusFile,
+        skip: u64,
+        emit: &mut dyn FnMut(u64, u64, Record, &dyn Fn() -> String) -> Result<bool>,
+    ) -> Result<()> {
+        let store = self.corpus.store.clone();
+        match (unit.kind, file.format) {
+            (UnitKind::RowGroup { index, rows }, _) => {
+                let meta = match &self.meta_cache {
+                    Some((f, meta)) if *f == unit.file => meta.clone(),
+                    _ => {
+                        let meta = load_parquet_meta(&store, file).await?;
+                        self.meta_cache = Some((unit.file, meta.clone()));
+                        meta
+                    }
+                };
+                read_row_group(store, file, meta, &self.corpus.config.text_column, index as usize, rows, skip, emit).await
+            }
+            (UnitKind::WholeFile, _) => {
+                if skip > 0 {
+                    return Ok(());
+                }
+                let bytes = store
+                    .get(&file.path)
+                    .await
+                    .map_err(|source| Error::Store { location: file.display.clone(), source })?
+                    .bytes()
+                    .await
+                    .map_err(|source| Error::Store { location: file.display.clone(), source })?;
+                let record = match String::from_utf8(bytes.to_vec()) {
+                    Ok(text) if text.trim().is_empty() => Record::Empty,
+                    Ok(text) => Record::Text(text),
+                    Err(e) => Record::Invalid(format!("not UTF-8 text ({e})")),
+                };
+                emit(0, 0, record, &|| "whole file".to_string())?;
+                Ok(())
+            }
+            (UnitKind::Bytes { start, end }, format) => {
+                let json_field = self.corpus.config.json_field.clone();
+                let mut lines = LineReader::new(store, file, start).await?;
+                let mut index = 0u64;
+                while let Some((offset, line)) = lines.next_line(end).await? {
+                    if index >= skip {
+                        let record = match format {
+                            FileFormat::Jsonl => json_record(&line, &json_field),
+                            _ => text_record(line),
+                        };
+                        if !emit(index, index, record, &|| format!("byte {offset}"))? {
+                            break;
+                        }
+                    }
+                    index += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_row_group(
+    store: Arc<dyn ObjectStore>,
+    file: &CorpusFile,
+    meta: ArrowReaderMetadata,
+    column: &str,
+    row_group: usize,
+    rows: u64,
+    skip: u64,
+    emit: &mut dyn FnMut(u64, u64, Record, &dyn Fn() -> String) -> Result<bool>,
+) -> Result<()> {
+    if skip >= rows {
+        return Ok(());
+    }
+    let perr = |source| Error::Parquet { file: file.display.clone(), row_group: Some(row_group), source };
+    let col = text_column_index(&meta, file, column)?;
+    let reader = StoreReader::new(store, file);
+    let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta);
+    let mask = ProjectionMask::roots(builder.parquet_schema(), [col]);
+    let mut builder = builder.with_row_groups(vec![row_group]).with_projection(mask).with_batch_size(1024);
+    if skip > 0 {
+        // Resume inside a row group: skipped pages are not decoded.
+        builder = builder.with_row_selection(RowSelection::from(vec![
+            RowSelector::skip(skip as usize),
+            RowSelector::select((rows - skip) as usize),
+        ]));
+    }
+    let mut stream = builder.build().map_err(perr)?;
+    let mut row = skip;
+    while let Some(batch) = stream.try_next().await.map_err(perr)? {
+        let array = batch.column(0);
+        let mut each = |value: Option<&str>| -> Result<bool> {
+            let record = match value {
+                None => Record::Invalid("null text".into()),
+                Some(t) if t.trim().is_empty() => Record::Empty,
+                Some(t) => Record::Text(t.to_string()),
+            };
+            let r = row;
+            row += 1;
+            emit(r, r, record, &|| format!("row group {row_group}, row {r}"))
+        };
+        macro_rules! walk {
+            ($ty:ty) => {{
+                let a = array.as_any().downcast_ref::<$ty>().expect("type checked against the schema");
+                for i in 0..a.len() {
+                    if !each(if a.is_null(i) { None } else { Some(a.value(i)) })? {
+                        return Ok(());
+                    }
+                }
+            }};
+        }
+        match array.data_type() {
+            arrow_schema::DataType::Utf8 => walk!(StringArray),
+            arrow_schema::DataType::LargeUtf8 => walk!(LargeStringArray),
+            arrow_schema::DataType::Utf8View => walk!(StringViewArray),
+            other => {
+                return Err(Error::ColumnType { file: file.display.clone(), column: column.to_string(), data_type: other.to_string() });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn text_record(line: Vec<u8>) -> Record {
+    match String::from_utf8(line) {
+        Ok(t) if t.trim().is_empty() => Record::Empty,
+        Ok(t) => Record::Text(t),
+        Err(e) => Record::Invalid(format!("line is not UTF-8 ({e})")),
+    }
+}
+
+fn json_record(line: &[u8], field: &str) -> Record {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Record::Empty;
+    }
+    let value: serde_json::Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => return Record::Invalid(format!("line is not valid JSON ({e})")),
+    };
+    match value.get(field) {
+        None => Record::Invalid(format!("no field {field:?}")),
+        Some(serde_json::Value::String(s)) if s.trim().is_empty() => Record::Empty,
+        Some(serde_json::Value::String(s)) => Record::Text(s.clone()),
+        Some(serde_json::Value::Null) => Record::Invalid(format!("field {field:?} is null")),
+        Some(_) => Record::Invalid(format!("field {field:?} is not a string")),
+    }
+}
+
+/// Yields the lines that start in `[start, end)` of a file, fetching blocks on demand. A line
+/// that starts before `start` belongs to the previous unit and is skipped; the last line may
+/// run past `end` and is read to its end.
+struct LineReader {
+    store: Arc<dyn ObjectStore>,
+    file: CorpusFile,
+    buf: Vec<u8>,
+    /// File offset of `buf[0]`.
+    buf_start: u64,
+    /// File offset of the next line.
+    pos: u64,
+}
+
+impl LineReader {
+    async fn new(store: Arc<dyn ObjectStore>, file: &CorpusFile, start: u64) -> Result<LineReader> {
+        let mut reader = LineReader { store, file: file.clone(), buf: Vec::new(), buf_start: start.saturating_sub(1), pos: start };
+        if start > 0 {
+            // Does a line start exactly at `start`? Only if the byte before is a newline.
+            reader.fill_to(start + 1).await?;
+            if reader.buf.first() != Some(&b'\n') {
+                reader.pos = start - 1;
+                match reader.find_newline().await? {
+                    Some(nl) => reader.pos = nl + 1,
+                    None => reader.pos = reader.file.size,
+                }
+            }
+        }
+        Ok(reader)
+    }
+
+    /// Makes `buf` cover the file up to `upto` (or its end).
+    async fn fill_to(&mut self, upto: u64) -> Result<()> {
+        let have = self.buf_start + self.buf.len() as u64;
+        let upto = upto.min(self.file.size);
+        if upto <= have {
+            return Ok(());
+        }
+        let want_end = (have + BLOCK).max(upto).min(self.file.size);
+        let bytes = self
+            .store
+            .get_range(&self.file.path, have..want_end)
+            .await
+            .map_err(|source| Error::Store { location: format!("{} (bytes {have}..{want_end})", self.file.display), source })?;
+        self.buf.extend_from_slice(&bytes);
+        Ok(())
+    }
+
+    /// Offset of the first newline at or after `pos`, or None at end of file.
+    async fn find_newline(&mut self) -> Result<Option<u64>> {
+        let mut from = self.pos;
+        loop {
+            let have = self.buf_start + self.buf.len() as u64;
+            if from < have {
+                let rel = (from - self.buf_start) as usize;
+                if let Some(i) = self.buf[rel..].iter().position(|&b| b == b'\n') {
+                    return Ok(Some(from + i as u64));
+                }
+                from = have;
+            }
+            if have >= self.file.size {
+                return Ok(None);
+            }
+            self.fill_to(have + BLOCK).await?;
+        }
+    }
+
+    async fn next_line(&mut self, end: u64) -> Result<Option<(u64, Vec<u8>)>> {
+        if self.pos >= end || self.pos >= self.file.size {
+            return Ok(None);
+        }
+        // Drop consumed bytes so memory stays at about one block plus one line.
+        let consumed = (self.pos - self.buf_start) as usize;
+        if consumed > 0 && consumed <= self.buf.len() {
+            self.buf.drain(..consumed);
+            self.buf_start = self.pos;
+        }
+        let line_start = self.pos;
+        let line_end = self.find_newline().await?;
+        let stop = line_end.unwrap_or(self.file.size);
+        self.fill_to(stop).await?;
+        let rel = (line_start - self.buf_start) as usize..(stop - self.buf_start) as usize;
+        let mut line = self.buf[rel].to_vec();
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        self.pos = stop + 1;
+        Ok(Some((line_start, line)))
+    }
+}
+
+/// Parquet's async reader over our object store. (parquet's own `ParquetObjectReader` is
+/// deprecated and built against a different object_store release.)
+pub(crate) struct StoreReader {
+    store: Arc<dyn ObjectStore>,
+    path: object_store::path::Path,
+    size: u64,
+}
+
+impl StoreReader {
+    pub fn new(store: Arc<dyn ObjectStore>, file: &CorpusFile) -> StoreReader {
+        StoreReader { store, path: file.path.clone(), size: file.size }
+    }
+}
+
+fn external(e: object_store::Error) -> parquet::errors::ParquetError {
+    parquet::errors::ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for StoreReader {
+    fn get_bytes(&mut self, range: std::ops::Range<u64>) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
+        Box::pin(async move { self.store.get_range(&self.path, range).await.map_err(external) })
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Vec<bytes::Bytes>>> {
+        // One call, so stores that coalesce nearby ranges (all of object_store's) can.
+        Box::pin(async move { self.store.get_ranges(&self.path, &ranges).await.map_err(external) })
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        _options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
+    ) -> futures::future::BoxFuture<'a, parquet::errors::Result<Arc<parquet::file::metadata::ParquetMetaData>>> {
+        Box::pin(async move {
+            let size = self.size;
+            // 64 KiB usually holds the whole footer: one request per file.
+            let meta = parquet::file::metadata::ParquetMetaDataReader::new()
+                .with_prefetch_hint(Some(64 << 10))
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(meta))
+        })
+    }
+}

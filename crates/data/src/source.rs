@@ -1,0 +1,336 @@
+//! Resolving a corpus source (`/data/dir`, `shards/*.parquet`, `s3://bucket/prefix/`,
+//! `file:///abs/path`) into a sorted list of files on one object store.
+//!
+//! Every source, local ones included, is read through `object_store`, so the code that
+//! tests exercise on local files is the code that reads S3 or GCS in production.
+
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How the records of a file are encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum FileFormat {
+    /// Apache Parquet with a string column (the Hugging Face datasets layout).
+    Parquet,
+    /// One JSON object per line; the text lives in a configurable field.
+    Jsonl,
+    /// Plain UTF-8 text; see [`TextRecords`](crate::TextRecords) for what a record is.
+    Text,
+}
+
+impl FileFormat {
+    /// The format implied by a file name's extension, if it is one siphon reads.
+    pub fn from_name(name: &str) -> Option<FileFormat> {
+        let lower = name.to_ascii_lowercase();
+        let ext = lower.rsplit_once('.').map(|(_, e)| e)?;
+        match ext {
+            "parquet" | "pq" => Some(FileFormat::Parquet),
+            "jsonl" | "ndjson" | "json" => Some(FileFormat::Jsonl),
+            "txt" | "text" | "md" => Some(FileFormat::Text),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name, as accepted by `--format`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FileFormat::Parquet => "parquet",
+            FileFormat::Jsonl => "jsonl",
+            FileFormat::Text => "text",
+        }
+    }
+}
+
+/// One corpus file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorpusFile {
+    /// Location within the store.
+    pub path: StorePath,
+    /// Human-readable location (a local path or a URL), used in messages and positions.
+    pub display: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// How its records are encoded.
+    pub format: FileFormat,
+}
+
+/// A resolved source: the store and its files in the global (sorted) order.
+#[derive(Clone, Debug)]
+pub(crate) struct Resolved {
+    pub store: Arc<dyn ObjectStore>,
+    pub files: Vec<CorpusFile>,
+}
+
+/// Where the files of a source live, before listing.
+pub(crate) struct Located {
+    pub store: Arc<dyn ObjectStore>,
+    /// Prefix put in front of a store path to display it (`/`, `s3://bucket/`).
+    pub display_root: String,
+    /// The path part of the source inside the store (may contain glob characters).
+    pub path: String,
+    /// True for local paths: directories can be told from files without a request.
+    pub local: bool,
+}
+
+/// Turns a source string into a store and a path inside it; does not touch the data.
+pub(crate) fn locate(spec: &str) -> Result<Located> {
+    let bad = |reason: String| Error::BadSource { spec: spec.to_string(), reason };
+    if let Some((scheme, _)) = spec.split_once("://") {
+        let url = url::Url::parse(spec).map_err(|e| bad(e.to_string()))?;
+        if scheme == "file" {
+            let local = url.to_file_path().map_err(|()| bad("not an absolute file path".into()))?;
+            return locate_local(spec, &local.to_string_lossy());
+        }
+        if !matches!(scheme, "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "http" | "https") {
+            return Err(bad(format!("unsupported scheme {scheme:?} (use a local path, file://, s3://, gs://, az:// or https://)")));
+        }
+        // Glob characters are not valid in URLs as typed by users; percent-decode the path
+        // ourselves so that `s3://b/x/*.parquet` keeps its `*`.
+        let raw_path = url.path().trim_start_matches('/').to_string();
+        let path = percent_decode(&raw_path);
+        // Credentials and endpoints come from the environment (AWS_*, GOOGLE_*, AZURE_*),
+        // as with every other object_store based tool.
+        let mut root_url = url.clone();
+        root_url.set_path("/");
+        let (store, _) = object_store::parse_url_opts(&root_url, std::env::vars())
+            .map_err(|e| bad(e.to_string()))?;
+        let display_root = format!("{}://{}/", scheme, url.host_str().unwrap_or_default());
+        return Ok(Located { store: Arc::from(store), display_root, path, local: false });
+    }
+    locate_local(spec, spec)
+}
+
+fn locate_local(spec: &str, path: &str) -> Result<Located> {
+    let bad = |reason: String| Error::BadSource { spec: spec.to_string(), reason };
+    let (base, rest) = split_glob(path);
+    let base_fs = if base.is_empty() { ".".to_string() } else { base.clone() };
+    let abs = std::fs::canonicalize(&base_fs).map_err(|source| Error::Io { path: base_fs.clone(), source })?;
+    let abs = abs.to_str().ok_or_else(|| bad("path is not valid UTF-8".into()))?.trim_end_matches('/').to_string();
+    let full = match rest {
+        Some(pattern) => format!("{abs}/{pattern}"),
+        None => abs,
+    };
+    let store = object_store::local::LocalFileSystem::new();
+    Ok(Located {
+        store: Arc::new(store),
+        display_root: "/".into(),
+        path: full.trim_start_matches('/').to_string(),
+        local: true,
+    })
+}
+
+/// Splits `a/b/*.x` into (`a/b`, Some(`*.x`)); a path without glob characters into (path, None).
+fn split_glob(path: &str) -> (String, Option<String>) {
+    let components: Vec<&str> = path.split('/').collect();
+    match components.iter().position(|c| has_glob(c)) {
+        None => (path.to_string(), None),
+        Some(i) => {
+            let base = components[..i].join("/");
+            let base = if base.is_empty() && path.starts_with('/') { "/".to_string() } else { base };
+            (base, Some(components[i..].join("/")))
+        }
+    }
+}
+
+fn has_glob(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Lists the files of a located source, sorted by path. `forced` overrides extension-based
+/// format detection (and then a directory yields all its visible files).
+pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFormat>) -> Result<Resolved> {
+    let Located { store, display_root, path, local } = located;
+    let looked_for = match forced {
+        Some(f) => format!("{} files", f.name()),
+        None => "*.parquet, *.jsonl, *.ndjson, *.json, *.txt, *.text, *.md".to_string(),
+    };
+    let display = |p: &StorePath| format!("{display_root}{p}");
+    let format_of = |p: &StorePath| forced.or_else(|| FileFormat::from_name(p.filename().unwrap_or_default()));
+
+    let (base, pattern) = split_glob(&path);
+    let mut files = Vec::new();
+    let single_file = match (&pattern, local) {
+        (Some(_), _) => None,
+        (None, true) => {
+            let fs_path = format!("/{path}");
+            let meta = std::fs::metadata(&fs_path).map_err(|source| Error::Io { path: fs_path.clone(), source })?;
+            if meta.is_file() { Some(()) } else { None }
+        }
+        (None, false) => {
+            let p = store_path(spec, &path)?;
+            match store.head(&p).await {
+                Ok(_) => Some(()),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(source) => return Err(Error::Store { location: display(&p), source }),
+            }
+        }
+    };
+    if single_file.is_some() {
+        let p = store_path(spec, &path)?;
+        let meta = store.head(&p).await.map_err(|source| Error::Store { location: display(&p), source })?;
+        let format = format_of(&p).ok_or_else(|| Error::BadSource {
+            spec: spec.to_string(),
+            reason: "cannot tell the file format from the extension; pass --format".into(),
+        })?;
+        files.push(CorpusFile { display: display(&p), path: p, size: meta.size, format });
+    } else {
+        let prefix = store_path(spec, &base)?;
+        let matcher = pattern.as_ref().map(|p| Glob::new(&format!("{base}/{p}").trim_start_matches('/').to_string()));
+        let listed: Vec<object_store::ObjectMeta> = store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|source| Error::Store { location: display(&prefix), source })?;
+        for meta in listed {
+            let rel: Vec<_> = meta.location.prefix_match(&prefix).map(|it| it.collect()).unwrap_or_default();
+            // Hidden files and `_SUCCESS`-style markers are never corpus data.
+            if rel.iter().any(|part| part.as_ref().starts_with(['.', '_'])) {
+                continue;
+            }
+            if let Some(m) = &matcher {
+                if !m.matches(meta.location.as_ref()) {
+                    continue;
+                }
+            }
+            let Some(format) = format_of(&meta.location) else { continue };
+            files.push(CorpusFile { display: display(&meta.location), path: meta.location, size: meta.size, format });
+        }
+    }
+    if files.is_empty() {
+        return Err(Error::NoFiles { spec: spec.to_string(), looked_for });
+    }
+    files.sort_by(|a, b| a.path.as_ref().cmp(b.path.as_ref()));
+    Ok(Resolved { store, files })
+}
+
+fn store_path(spec: &str, path: &str) -> Result<StorePath> {
+    StorePath::parse(path.trim_end_matches('/')).map_err(|e| Error::BadSource { spec: spec.to_string(), reason: e.to_string() })
+}
+
+/// A small glob matcher over `/`-separated paths: `*` and `?` stay within one component,
+/// `**` spans components, `[abc]`/`[a-z]`/`[!x]` are character classes.
+#[derive(Debug)]
+pub(crate) struct Glob {
+    pattern: Vec<char>,
+}
+
+impl Glob {
+    pub fn new(pattern: &str) -> Glob {
+        Glob { pattern: pattern.chars().collect() }
+    }
+
+    pub fn matches(&self, text: &str) -> bool {
+        let text: Vec<char> = text.chars().collect();
+        glob_match(&self.pattern, &text)
+    }
+}
+
+fn glob_match(p: &[char], t: &[char]) -> bool {
+    match p.first() {
+        None => t.is_empty(),
+        Some('*') if p.get(1) == Some(&'*') => {
+            // `**/` may also match zero directories.
+            let rest = if p.get(2) == Some(&'/') { &p[3..] } else { &p[2..] };
+            (0..=t.len()).any(|i| glob_match(rest, &t[i..])) || (p.get(2) == Some(&'/') && glob_match(&p[2..], t))
+        }
+        Some('*') => {
+            let mut i = 0;
+            loop {
+                if glob_match(&p[1..], &t[i..]) {
+                    return true;
+                }
+                if i >= t.len() || t[i] == '/' {
+                    return false;
+                }
+                i += 1;
+            }
+        }
+        Some('?') => t.first().is_some_and(|c| *c != '/') && glob_match(&p[1..], &t[1..]),
+        Some('[') => {
+            let Some(close) = p.iter().skip(2).position(|c| *c == ']').map(|i| i + 2) else {
+                return t.first() == Some(&'[') && glob_match(&p[1..], &t[1..]);
+            };
+            let Some(&c) = t.first() else { return false };
+            let (negate, class) = match p[1] {
+                '!' | '^' => (true, &p[2..close]),
+                _ => (false, &p[1..close]),
+            };
+            let mut hit = false;
+            let mut i = 0;
+            while i < class.len() {
+                if i + 2 < class.len() && class[i + 1] == '-' {
+                    hit |= class[i] <= c && c <= class[i + 2];
+                    i += 3;
+                } else {
+                    hit |= class[i] == c;
+                    i += 1;
+                }
+            }
+            hit != negate && c != '/' && glob_match(&p[close + 1..], &t[1..])
+        }
+        Some(&c) => t.first() == Some(&c) && glob_match(&p[1..], &t[1..]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_semantics() {
+        let g = Glob::new("data/*.parquet");
+        assert!(g.matches("data/a.parquet"));
+        assert!(!g.matches("data/sub/a.parquet"));
+        assert!(!g.matches("data/a.jsonl"));
+        let g = Glob::new("data/**/*.parquet");
+        assert!(g.matches("data/a.parquet"));
+        assert!(g.matches("data/x/y/a.parquet"));
+        let g = Glob::new("d/part-0[0-2]?.txt");
+        assert!(g.matches("d/part-001.txt"));
+        assert!(!g.matches("d/part-031.txt"));
+        assert!(Glob::new("d/[!a]*").matches("d/b1"));
+        assert!(!Glob::new("d/[!a]*").matches("d/a1"));
+    }
+
+    #[test]
+    fn split_and_formats() {
+        assert_eq!(split_glob("/a/b/*.x"), ("/a/b".to_string(), Some("*.x".to_string())));
+        assert_eq!(split_glob("/a/b"), ("/a/b".to_string(), None));
+        assert_eq!(FileFormat::from_name("x/train-00001.parquet"), Some(FileFormat::Parquet));
+        assert_eq!(FileFormat::from_name("a.JSONL"), Some(FileFormat::Jsonl));
+        assert_eq!(FileFormat::from_name("README"), None);
+        assert_eq!(percent_decode("a%2Ab"), "a*b");
+    }
+
+    #[test]
+    fn unsupported_scheme_is_named() {
+        let err = locate("ftp://host/x").err().expect("ftp must be refused");
+        assert!(err.to_string().contains("unsupported scheme \"ftp\""), "{err}");
+    }
+}

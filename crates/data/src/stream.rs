@@ -1,0 +1,605 @@
+//! The per-worker pipeline: a reader thread streams the worker's units, tokenizer threads
+//! encode chunks of records, and the consumer (the caller's thread, in
+//! [`BatchStream::next`]) puts chunks back in order, packs them and cuts batches.
+//!
+//! Memory is bounded by credits: the reader may only hand out a chunk while fewer than
+//! `max_in_flight` chunks are between it and the consumer, so the channels and the reorder
+//! buffer never hold more than that.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use serde::{Deserialize, Serialize};
+use tokenizers::Tokenizer;
+
+use crate::error::{Error, Result};
+use crate::pack::{PackConfig, Packer, Row};
+use crate::plan::{Corpus, Fnv, Partition, Unit, Worker};
+use crate::read::{Record, UnitReader};
+
+/// Records per chunk handed to a tokenizer thread.
+const CHUNK_RECORDS: usize = 64;
+/// Text bytes per chunk, whichever comes first.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Options of one worker's stream.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct StreamConfig {
+    /// How the corpus is split.
+    pub partition: Partition,
+    /// Which worker this stream is.
+    pub worker: Worker,
+    /// Packing.
+    pub pack: PackConfig,
+    /// Sequences per batch (the last batch of a stream may be shorter).
+    pub batch_size: usize,
+    /// Tokenizer threads (at least 1).
+    pub threads: usize,
+    /// Continue from a position recorded with an earlier batch.
+    pub resume: Option<Position>,
+}
+
+impl StreamConfig {
+    /// A single-worker stream with one tokenizer thread per available core.
+    pub fn new(pack: PackConfig, batch_size: usize) -> StreamConfig {
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        StreamConfig { partition: Partition::SINGLE, worker: Worker { machine: 0, host: 0 }, pack, batch_size, threads, resume: None }
+    }
+}
+
+/// Where a worker's stream continues: stored with each batch (as opaque JSON in shard
+/// manifests) and passed back in [`StreamConfig::resume`].
+///
+/// The next sequence starts at token `token` of record `record` of the unit at `ordinal` in
+/// the global order, and is row `row_in_unit` of that unit. Resuming seeks to that unit
+/// (a parquet row group, or a byte range of a jsonl/text file) and skips `record` records
+/// inside it without tokenizing them; nothing before the unit is read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    /// Fingerprint of corpus plan, partition, packing and tokenizer; resume refuses a
+    /// position from a different setup.
+    pub plan: String,
+    /// Ordinal of the unit in the global order (`>=` the number of units: stream finished).
+    pub ordinal: u64,
+    /// Id of that unit, `None` when the stream is finished.
+    pub unit: Option<u32>,
+    /// The unit in words (`file (row group 3)`), for people reading manifests.
+    pub location: Option<String>,
+    /// Record index within the unit.
+    pub record: u64,
+    /// Token offset within that record's document (separators included).
+    pub token: u64,
+    /// Index within the unit of the next row.
+    pub row_in_unit: u32,
+    /// Batches this worker produced before this position.
+    pub batches: u64,
+    /// Sequences this worker produced before this position.
+    pub sequences: u64,
+}
+
+impl Position {
+    /// True when the worker has nothing left.
+    pub fn is_end(&self) -> bool {
+        self.unit.is_none()
+    }
+}
+
+/// Stable identity of a sequence: (unit id, row index within the unit). Equal across runs,
+/// resumes and partitions, so a dataset can be checked for gaps and duplicates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SeqId {
+    /// Unit id.
+    pub unit: u32,
+    /// Row index within the unit.
+    pub index: u32,
+}
+
+impl SeqId {
+    /// As one integer: `unit << 32 | index`.
+    pub fn as_u64(self) -> u64 {
+        (u64::from(self.unit) << 32) | u64::from(self.index)
+    }
+}
+
+/// `len()` sequences of `seq_len` tokens, row-major. Pad positions have attention 0,
+/// exclude 1, doc and doc_pos -1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// Index of this batch in the worker's stream.
+    pub index: u64,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Identity of each sequence.
+    pub ids: Vec<SeqId>,
+    /// Token ids, `[len, seq_len]`.
+    pub tokens: Vec<u32>,
+    /// 1 for real tokens, 0 for padding.
+    pub attention_mask: Vec<u8>,
+    /// 1 where activations must not be kept: BOS, EOS, pad and the user's special tokens.
+    pub exclude: Vec<u8>,
+    /// Global document id per token ([`doc_id`](crate::doc_id)), -1 for pad/inserted BOS.
+    pub doc: Vec<i64>,
+    /// Position of the token within its document, -1 for pad/inserted BOS.
+    pub doc_pos: Vec<i32>,
+    /// Where the stream continues after this batch.
+    pub position: Position,
+}
+
+impl Batch {
+    /// Number of sequences.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// True for a batch without sequences (never produced by a stream).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Tokens of sequence `i`.
+    pub fn sequence(&self, i: usize) -> &[u32] {
+        &self.tokens[i * self.seq_len..(i + 1) * self.seq_len]
+    }
+}
+
+/// Counters of a stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataStats {
+    /// Units finished.
+    pub units: u64,
+    /// Records read (documents + empty + invalid).
+    pub records: u64,
+    /// Documents tokenized into rows.
+    pub documents: u64,
+    /// Blank records (or records that tokenize to nothing), skipped.
+    pub empty: u64,
+    /// Unusable records, skipped.
+    pub invalid: u64,
+    /// Documents cut short by padding mode.
+    pub truncated: u64,
+    /// Sequences produced.
+    pub sequences: u64,
+    /// Non-pad tokens in produced sequences.
+    pub tokens: u64,
+    /// Pad tokens in produced sequences.
+    pub pad_tokens: u64,
+    /// Tokens marked excluded (pad included).
+    pub excluded_tokens: u64,
+    /// Batches produced.
+    pub batches: u64,
+}
+
+enum Work {
+    Chunk { seq: u64, ordinal: u64, unit: Unit, records: Vec<(u64, u64, Record)>, end_of_unit: bool },
+    Failed { seq: u64, error: Error },
+    End { seq: u64 },
+}
+
+enum Tok {
+    Ids(Vec<u32>),
+    Empty,
+    Invalid,
+}
+
+enum Done {
+    Chunk { ordinal: u64, unit: Unit, docs: Vec<(u64, u64, Tok)>, end_of_unit: bool },
+    Failed(Error),
+    End,
+}
+
+/// A worker's stream of batches. Iterating yields `Result<Batch>`; after an error the
+/// stream ends. Dropping it stops and joins its threads.
+pub struct BatchStream {
+    corpus: Corpus,
+    cfg: Arc<PackConfig>,
+    batch_size: usize,
+    workers: u64,
+    plan: String,
+    resume: Option<Position>,
+    done_rx: Option<Receiver<(u64, Done)>>,
+    credit_tx: Option<SyncSender<()>>,
+    reorder: BTreeMap<u64, Done>,
+    next_seq: u64,
+    packer: Option<(u64, Packer)>,
+    rows: VecDeque<(u64, u32, Row)>,
+    finished: bool,
+    failed: bool,
+    stats: DataStats,
+    position: Position,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Corpus {
+    /// Starts `config.worker`'s stream of batches.
+    pub fn stream(&self, tokenizer: Arc<Tokenizer>, config: StreamConfig) -> Result<BatchStream> {
+        config.pack.validate()?;
+        if config.batch_size == 0 {
+            return Err(Error::Config("batch_size must be positive".into()));
+        }
+        if config.threads == 0 {
+            return Err(Error::Config("at least one tokenizer thread is needed".into()));
+        }
+        let vocab = tokenizer.get_vocab_size(true) as u64;
+        let special = &config.pack.special;
+        for id in special.bos.iter().chain(&special.eos).chain([&special.pad]).chain(&special.exclude) {
+            if u64::from(*id) >= vocab && tokenizer.id_to_token(*id).is_none() {
+                return Err(Error::Tokenizer(format!("special token id {id} is outside the vocabulary of {vocab}")));
+            }
+        }
+        let w = config.partition.index(config.worker)?;
+        let n_workers = config.partition.workers();
+        let plan = format!("{:016x}", self.stream_fingerprint(&config, vocab));
+        let n_units = self.order.len() as u64;
+
+        let start = match &config.resume {
+            None => self.position_at(&plan, w, 0, 0, 0, 0, 0),
+            Some(p) => {
+                if p.plan != plan {
+                    return Err(Error::Resume(format!(
+                        "position was recorded for plan {} but this corpus, partition, packing and tokenizer give {plan}",
+                        p.plan
+                    )));
+                }
+                if p.ordinal < n_units {
+                    if p.ordinal % n_workers != w {
+                        return Err(Error::Resume(format!("unit ordinal {} does not belong to worker {w}", p.ordinal)));
+                    }
+                    if p.unit != Some(self.order[p.ordinal as usize]) {
+                        return Err(Error::Resume(format!("unit at ordinal {} is not unit {:?}", p.ordinal, p.unit)));
+                    }
+                }
+                p.clone()
+            }
+        };
+        let ordinals: Vec<u64> = (start.ordinal.max(w)..n_units).filter(|o| o % n_workers == w).collect();
+
+        let max_in_flight = 4 * config.threads + 4;
+        let (work_tx, work_rx) = sync_channel::<Work>(max_in_flight);
+        let (done_tx, done_rx) = sync_channel::<(u64, Done)>(max_in_flight);
+        let (credit_tx, credit_rx) = sync_channel::<()>(max_in_flight);
+        for _ in 0..max_in_flight {
+            credit_tx.send(()).expect("receiver alive");
+        }
+        let mut threads = Vec::new();
+        let corpus = self.clone();
+        let skip = start.record;
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("siphon-read-{w}"))
+                .spawn(move || read_main(corpus, ordinals, skip, work_tx, credit_rx))
+                .map_err(Error::Runtime)?,
+        );
+        let work_rx = Arc::new(Mutex::new(work_rx));
+        for t in 0..config.threads {
+            let work_rx = work_rx.clone();
+            let done_tx = done_tx.clone();
+            let tokenizer = tokenizer.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("siphon-tok-{w}-{t}"))
+                    .spawn(move || tokenize_main(&tokenizer, &work_rx, &done_tx))
+                    .map_err(Error::Runtime)?,
+            );
+        }
+        drop(done_tx);
+        let stats = DataStats::default();
+        Ok(BatchStream {
+            corpus: self.clone(),
+            cfg: Arc::new(config.pack),
+            batch_size: config.batch_size,
+            workers: n_workers,
+            plan,
+            resume: Some(start.clone()),
+            done_rx: Some(done_rx),
+            credit_tx: Some(credit_tx),
+            reorder: BTreeMap::new(),
+            next_seq: 0,
+            packer: None,
+            rows: VecDeque::new(),
+            finished: false,
+            failed: false,
+            stats,
+            position: start,
+            threads,
+        })
+    }
+
+    fn stream_fingerprint(&self, config: &StreamConfig, vocab: u64) -> u64 {
+        let pack = serde_json::to_string(&config.pack).expect("PackConfig serializes");
+        Fnv::new()
+            .u64(self.fingerprint)
+            .u64(u64::from(config.partition.machines))
+            .u64(u64::from(config.partition.hosts))
+            .bytes(pack.as_bytes())
+            .u64(vocab)
+            .0
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn position_at(&self, plan: &str, first: u64, ordinal: u64, record: u64, token: u64, batches: u64, sequences: u64) -> Position {
+        let ordinal = ordinal.max(first);
+        let unit = self.unit_at(ordinal);
+        Position {
+            plan: plan.to_string(),
+            ordinal: if unit.is_some() { ordinal } else { self.order.len() as u64 },
+            unit: unit.map(|u| u.id),
+            location: unit.map(|u| self.describe_unit(u)),
+            record,
+            token,
+            row_in_unit: 0,
+            batches,
+            sequences,
+        }
+    }
+}
+
+impl BatchStream {
+    /// Counters so far.
+    pub fn stats(&self) -> &DataStats {
+        &self.stats
+    }
+
+    /// Where the stream continues after the last batch returned (the start before any).
+    pub fn position(&self) -> &Position {
+        &self.position
+    }
+
+    /// Takes chunks in order until more than `batch_size` rows are ready or the input ends
+    /// (one row of look-ahead, so the last batch knows it is the last).
+    fn fill(&mut self) -> Result<()> {
+        while self.rows.len() <= self.batch_size && !self.finished {
+            let done = loop {
+                if let Some(done) = self.reorder.remove(&self.next_seq) {
+                    break done;
+                }
+                let rx = self.done_rx.as_ref().expect("open while not finished");
+                match rx.recv() {
+                    Ok((seq, done)) => {
+                        self.reorder.insert(seq, done);
+                    }
+                    Err(_) => return Err(Error::Runtime(std::io::Error::other("a data-path thread stopped unexpectedly"))),
+                }
+            };
+            self.next_seq += 1;
+            if let Some(credit) = &self.credit_tx {
+                let _ = credit.send(());
+            }
+            match done {
+                Done::Failed(e) => return Err(e),
+                Done::End => self.finished = true,
+                Done::Chunk { ordinal, unit, docs, end_of_unit } => self.absorb(ordinal, unit, docs, end_of_unit),
+            }
+        }
+        Ok(())
+    }
+
+    fn absorb(&mut self, ordinal: u64, unit: Unit, docs: Vec<(u64, u64, Tok)>, end_of_unit: bool) {
+        let resume = self.resume.as_ref().filter(|p| p.ordinal == ordinal);
+        if self.packer.as_ref().is_none_or(|(o, _)| *o != ordinal) {
+            let first_row = resume.map_or(0, |p| p.row_in_unit);
+            self.packer = Some((ordinal, Packer::new(self.cfg.clone(), unit.id, first_row)));
+        }
+        let (_, packer) = self.packer.as_mut().expect("just set");
+        let mut out = Vec::new();
+        for (order, stable, tok) in docs {
+            self.stats.records += 1;
+            match tok {
+                Tok::Empty => self.stats.empty += 1,
+                Tok::Invalid => self.stats.invalid += 1,
+                Tok::Ids(ids) => {
+                    self.stats.documents += 1;
+                    let offset = resume.filter(|p| p.record == order).map_or(0, |p| p.token);
+                    packer.push(order, stable, &ids, offset, &mut out);
+                }
+            }
+        }
+        if end_of_unit {
+            packer.finish(&mut out);
+            self.stats.truncated += packer.truncated_docs;
+            self.stats.units += 1;
+            self.packer = None;
+            // Only the first unit of a resumed stream starts mid-way.
+            self.resume = None;
+        }
+        self.rows.extend(out.into_iter().map(|r| (ordinal, unit.id, r)));
+    }
+
+    fn make_batch(&mut self) -> Batch {
+        let n = self.batch_size.min(self.rows.len());
+        let seq_len = self.cfg.seq_len;
+        let mut batch = Batch {
+            index: self.position.batches,
+            seq_len,
+            ids: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(n * seq_len),
+            attention_mask: Vec::with_capacity(n * seq_len),
+            exclude: Vec::with_capacity(n * seq_len),
+            doc: Vec::with_capacity(n * seq_len),
+            doc_pos: Vec::with_capacity(n * seq_len),
+            position: self.position.clone(),
+        };
+        let mut last = None;
+        for (ordinal, unit, row) in self.rows.drain(..n) {
+            let real = row.attention.iter().filter(|&&a| a == 1).count() as u64;
+            self.stats.tokens += real;
+            self.stats.pad_tokens += seq_len as u64 - real;
+            self.stats.excluded_tokens += row.exclude.iter().filter(|&&e| e == 1).count() as u64;
+            batch.ids.push(SeqId { unit, index: row.index_in_unit });
+            batch.tokens.extend_from_slice(&row.tokens);
+            batch.attention_mask.extend_from_slice(&row.attention);
+            batch.exclude.extend_from_slice(&row.exclude);
+            batch.doc.extend_from_slice(&row.doc);
+            batch.doc_pos.extend_from_slice(&row.doc_pos);
+            last = Some((ordinal, row.index_in_unit, row.next));
+        }
+        self.stats.sequences += n as u64;
+        self.stats.batches += 1;
+        let (ordinal, index, next) = last.expect("batch has rows");
+        let batches = self.position.batches + 1;
+        let sequences = self.position.sequences + n as u64;
+        self.position = match next {
+            _ if self.rows.is_empty() && self.finished => {
+                self.corpus.position_at(&self.plan, 0, self.corpus.order.len() as u64, 0, 0, batches, sequences)
+            }
+            Some((record, token)) => {
+                let mut p = self.corpus.position_at(&self.plan, 0, ordinal, record, token, batches, sequences);
+                p.row_in_unit = index + 1;
+                p
+            }
+            None => self.corpus.position_at(&self.plan, 0, ordinal + self.workers, 0, 0, batches, sequences),
+        };
+        batch.position = self.position.clone();
+        batch
+    }
+}
+
+impl Iterator for BatchStream {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.failed {
+            return None;
+        }
+        if let Err(e) = self.fill() {
+            self.failed = true;
+            self.shutdown();
+            return Some(Err(e));
+        }
+        if self.rows.is_empty() {
+            self.shutdown();
+            return None;
+        }
+        Some(Ok(self.make_batch()))
+    }
+}
+
+impl BatchStream {
+    fn shutdown(&mut self) {
+        // Closing our ends unblocks every thread: the reader fails to get a credit, the
+        // tokenizers fail to send, and each exits.
+        self.credit_tx.take();
+        self.done_rx.take();
+        for handle in self.threads.drain(..) {
+            if handle.join().is_err() {
+                tracing::error!("a data-path thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for BatchStream {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Hands out chunks in order, one credit each.
+struct ChunkSender {
+    seq: u64,
+    work_tx: SyncSender<Work>,
+    credit_rx: Receiver<()>,
+}
+
+impl ChunkSender {
+    /// False when the consumer is gone.
+    fn send(&mut self, make: impl FnOnce(u64) -> Work) -> bool {
+        if self.credit_rx.recv().is_err() {
+            return false;
+        }
+        let ok = self.work_tx.send(make(self.seq)).is_ok();
+        self.seq += 1;
+        ok
+    }
+}
+
+fn read_main(corpus: Corpus, ordinals: Vec<u64>, first_skip: u64, work_tx: SyncSender<Work>, credit_rx: Receiver<()>) {
+    let mut sender = ChunkSender { seq: 0, work_tx, credit_rx };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            sender.send(|seq| Work::Failed { seq, error: Error::Runtime(e) });
+            return;
+        }
+    };
+    rt.block_on(async {
+        let mut reader = UnitReader::new(corpus.clone());
+        for (i, &ordinal) in ordinals.iter().enumerate() {
+            let unit = *corpus.unit_at(ordinal).expect("ordinal within the plan");
+            let skip = if i == 0 { first_skip } else { 0 };
+            let mut chunk: Vec<(u64, u64, Record)> = Vec::new();
+            let mut bytes = 0usize;
+            let mut alive = true;
+            let result = {
+                let mut emit = |order: u64, stable: u64, record: Record| -> Result<bool> {
+                    if let Record::Text(t) = &record {
+                        bytes += t.len();
+                    }
+                    chunk.push((order, stable, record));
+                    if chunk.len() >= CHUNK_RECORDS || bytes >= CHUNK_BYTES {
+                        let records = std::mem::take(&mut chunk);
+                        bytes = 0;
+                        alive = sender.send(|seq| Work::Chunk { seq, ordinal, unit, records, end_of_unit: false });
+                    }
+                    Ok(alive)
+                };
+                reader.read(&unit, skip, &mut emit).await
+            };
+            if !alive {
+                return;
+            }
+            if let Err(error) = result {
+                sender.send(|seq| Work::Failed { seq, error });
+                return;
+            }
+            if !sender.send(|seq| Work::Chunk { seq, ordinal, unit, records: chunk, end_of_unit: true }) {
+                return;
+            }
+        }
+        sender.send(|seq| Work::End { seq });
+    });
+}
+
+fn tokenize_main(tokenizer: &Tokenizer, work_rx: &Mutex<Receiver<Work>>, done_tx: &SyncSender<(u64, Done)>) {
+    loop {
+        let work = {
+            let Ok(rx) = work_rx.lock() else { return };
+            match rx.recv() {
+                Ok(work) => work,
+                Err(_) => return,
+            }
+        };
+        let item = match work {
+            Work::End { seq } => (seq, Done::End),
+            Work::Failed { seq, error } => (seq, Done::Failed(error)),
+            Work::Chunk { seq, ordinal, unit, records, end_of_unit } => {
+                let mut docs = Vec::with_capacity(records.len());
+                let mut failure = None;
+                for (order, stable, record) in records {
+                    let tok = match record {
+                        Record::Empty => Tok::Empty,
+                        Record::Invalid(_) => Tok::Invalid,
+                        Record::Text(text) => match tokenizer.encode_fast(text.as_str(), false) {
+                            Ok(enc) if enc.get_ids().is_empty() => Tok::Empty,
+                            Ok(enc) => Tok::Ids(enc.get_ids().to_vec()),
+                            Err(e) => {
+                                failure = Some(Error::Tokenizer(format!("unit {} record {stable}: {e}", unit.id)));
+                                break;
+                            }
+                        },
+                    };
+                    docs.push((order, stable, tok));
+                }
+                match failure {
+                    Some(e) => (seq, Done::Failed(e)),
+                    None => (seq, Done::Chunk { ordinal, unit, docs, end_of_unit }),
+                }
+            }
+        };
+        if done_tx.send(item).is_err() {
+            return;
+        }
+    }
+}
