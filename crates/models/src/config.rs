@@ -56,6 +56,9 @@ pub struct HfConfig {
     pub rms_norm_eps: Option<f64>,
     pub rope_theta: Option<f64>,
     pub rope_scaling: Option<serde_json::Value>,
+    /// transformers ≥5 writes `rope_parameters` (with `rope_theta` and `rope_type` inside)
+    /// instead of `rope_scaling` + `rope_theta`.
+    pub rope_parameters: Option<serde_json::Value>,
     pub max_position_embeddings: Option<usize>,
     pub tie_word_embeddings: Option<bool>,
     pub attention_bias: Option<bool>,
@@ -145,7 +148,18 @@ impl HfConfig {
                 return Err(ModelError::UnsupportedArch(format!("hidden_act {act:?} (only silu)")));
             }
         }
-        let rope_scaling = match self.rope_scaling {
+        let mut rope_theta = self.rope_theta;
+        let mut rope_scaling_json = self.rope_scaling;
+        if let Some(params) = self.rope_parameters.filter(|p| !p.is_null()) {
+            if let Some(theta) = params.get("rope_theta").and_then(|t| t.as_f64()) {
+                rope_theta = Some(theta);
+            }
+            let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(|t| t.as_str());
+            if !matches!(kind, None | Some("default")) {
+                rope_scaling_json = Some(params);
+            }
+        }
+        let rope_scaling = match rope_scaling_json {
             None | Some(serde_json::Value::Null) => None,
             Some(v) => Some(parse_rope_scaling(&v)?),
         };
@@ -159,7 +173,7 @@ impl HfConfig {
             n_kv_heads,
             head_dim,
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta: self.rope_theta.unwrap_or(10_000.0),
+            rope_theta: rope_theta.unwrap_or(10_000.0),
             rope_scaling,
             max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
@@ -346,6 +360,20 @@ mod tests {
         let c = HfConfig::from_json(text).unwrap().into_config().unwrap();
         assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 32.0));
         assert!(!c.qkv_bias);
+    }
+
+    #[test]
+    fn transformers5_rope_parameters_parse() {
+        let text = r#"{"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+          "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 500.0}}"#;
+        let c = HfConfig::from_json(text).unwrap().into_config().unwrap();
+        assert_eq!(c.rope_theta, 500.0);
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { original_max_position_embeddings: 16, .. })));
+        let text = text.replace("llama3", "default");
+        let c = HfConfig::from_json(&text).unwrap().into_config().unwrap();
+        assert_eq!((c.rope_theta, c.rope_scaling), (500.0, None));
     }
 
     #[test]

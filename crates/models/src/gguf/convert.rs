@@ -163,6 +163,7 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         rms_norm_eps: float("attention.layer_norm_rms_epsilon"),
         rope_theta: float("rope.freq_base"),
         rope_scaling,
+        rope_parameters: None,
         max_position_embeddings: int("context_length")?,
         // transformers ties the embeddings exactly when the file has no output.weight.
         tie_word_embeddings: Some(file.tensor("output.weight").is_none()),

@@ -1,0 +1,144 @@
+//! Loading the committed fixtures (HF directories written by transformers) and the SmolLM2
+//! GGUF, and clear errors for damaged copies of them.
+
+use std::path::{Path, PathBuf};
+
+use siphon_models::{Arch, DType, LoadedModel, ModelError};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models").join(name)
+}
+
+fn smollm2_gguf() -> Option<PathBuf> {
+    match std::env::var_os("SIPHON_SMOLLM2_GGUF") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => {
+            eprintln!("note: SIPHON_SMOLLM2_GGUF unset (scripts/setup-model.sh); skipping the SmolLM2 part");
+            None
+        }
+    }
+}
+
+#[test]
+fn tiny_llama_dir_loads() {
+    let m = LoadedModel::open(&fixture("tiny-llama")).unwrap();
+    assert_eq!(m.config.arch, Arch::Llama);
+    assert!(m.config.tie_word_embeddings);
+    assert!(m.config.rope_scaling.is_some(), "Llama-3 rope scaling from rope_parameters");
+    m.check_weights(m.config.n_layers).unwrap();
+    let t = m.weights.get("model.embed_tokens.weight", DType::F32).unwrap();
+    assert!(matches!(t.data, std::borrow::Cow::Borrowed(_)), "f32 → f32 is a view of the map");
+    assert_eq!(t.shape, vec![256, 64]);
+    let bf = m.weights.get("model.embed_tokens.weight", DType::Bf16).unwrap();
+    let (a, b) = (t.to_f32_vec(), bf.to_f32_vec());
+    assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= x.abs() / 128.0));
+}
+
+#[test]
+fn tiny_qwen2_sharded_index_loads() {
+    let m = LoadedModel::open(&fixture("tiny-qwen2")).unwrap();
+    assert_eq!(m.config.arch, Arch::Qwen2);
+    assert!(!m.config.tie_word_embeddings && m.config.qkv_bias);
+    m.check_weights(m.config.n_layers).unwrap();
+    // Tensors come from both shards.
+    assert!(m.weights.names().contains("lm_head.weight"));
+    assert_eq!(m.weights.meta("model.layers.0.self_attn.k_proj.bias").unwrap().shape, vec![32]);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn damaged_safetensors_give_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    copy_dir(&fixture("tiny-llama"), &dir);
+    let file = dir.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    // Truncated anywhere: header, data.
+    for cut in [0, 5, 8, 100, bytes.len() / 2, bytes.len() - 1] {
+        std::fs::write(&file, &bytes[..cut]).unwrap();
+        let err = LoadedModel::open(&dir).unwrap_err();
+        assert!(matches!(err, ModelError::Corrupt { .. }), "cut {cut}: {err}");
+        assert!(err.to_string().contains("model.safetensors"), "{err}");
+    }
+    // Garbage header.
+    let mut bad = bytes.clone();
+    bad[8] = b'!';
+    std::fs::write(&file, &bad).unwrap();
+    assert!(matches!(LoadedModel::open(&dir), Err(ModelError::Corrupt { .. })));
+    // Missing weights file.
+    std::fs::remove_file(&file).unwrap();
+    let err = LoadedModel::open(&dir).unwrap_err();
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
+    // Missing config.
+    let err = LoadedModel::open(tmp.path()).unwrap_err();
+    assert!(err.to_string().contains("config.json"), "{err}");
+}
+
+#[test]
+fn damaged_sharded_index_gives_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("q");
+    copy_dir(&fixture("tiny-qwen2"), &dir);
+    let index = dir.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    // The index promises a tensor no shard has.
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["weight_map"]["model.layers.9.mlp.up_proj.weight"] = "model-00001-of-00002.safetensors".into();
+    std::fs::write(&index, json.to_string()).unwrap();
+    let err = LoadedModel::open(&dir).unwrap_err();
+    assert!(matches!(err, ModelError::MissingTensor { .. }), "{err}");
+    assert!(err.to_string().contains("model.layers.9.mlp.up_proj.weight"), "{err}");
+    // A shard is gone.
+    std::fs::write(&index, &text).unwrap();
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let err = LoadedModel::open(&dir).unwrap_err();
+    assert!(matches!(err, ModelError::Io { .. }), "{err}");
+    assert!(err.to_string().contains("model-00002-of-00002.safetensors"), "{err}");
+    // Not JSON.
+    std::fs::write(&index, "{").unwrap();
+    let err = LoadedModel::open(&dir).unwrap_err();
+    assert!(err.to_string().contains("index.json"), "{err}");
+}
+
+#[test]
+fn config_shape_mismatch_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    copy_dir(&fixture("tiny-llama"), &dir);
+    let cfg = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace("\"intermediate_size\": 128", "\"intermediate_size\": 96");
+    std::fs::write(&cfg, text).unwrap();
+    let m = LoadedModel::open(&dir).unwrap();
+    let err = m.check_weights(3).unwrap_err();
+    assert!(matches!(err, ModelError::ShapeMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("mlp.gate_proj.weight") && err.to_string().contains("[96, 64]"), "{err}");
+}
+
+#[test]
+fn smollm2_gguf_config_and_tokenizer_match_hf() {
+    let Some(path) = smollm2_gguf() else { return };
+    let m = LoadedModel::open(&path).unwrap();
+    let c = &m.config;
+    assert_eq!((c.n_layers, c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim), (30, 576, 9, 3, 64));
+    assert_eq!((c.vocab_size, c.intermediate_size, c.rope_theta), (49152, 1536, 100000.0));
+    assert!(c.tie_word_embeddings);
+    m.check_weights(c.n_layers).unwrap();
+    let tok = m.tokenizer.as_ref().expect("GGUF has a tokenizer");
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("smollm2/token_ids.json")).unwrap()).unwrap();
+    let texts = golden["texts"].as_array().unwrap();
+    let ids = golden["ids"].as_array().unwrap();
+    assert!(texts.len() >= 5);
+    for (text, want) in texts.iter().zip(ids) {
+        let want: Vec<u32> = want.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let text = text.as_str().unwrap();
+        assert_eq!(tok.encode(text).unwrap(), want, "text {text:?}");
+    }
+}
