@@ -39,6 +39,7 @@ mod manifest;
 mod run;
 mod shard;
 mod stats;
+pub mod synthetic;
 mod upload;
 mod verify;
 mod writer;

@@ -95,6 +95,14 @@ impl ShardWriter {
     /// the last committed shard (see [`ShardWriter::resume_point`]).
     pub fn open(config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
         config.validate()?;
+        let location = StoreLocation::open(&config.output, &config.options)?;
+        Self::open_at(location, config, descriptor)
+    }
+
+    /// Like [`ShardWriter::open`], with an already opened location (a custom or wrapped
+    /// object store); `config.output` and `config.options` are then ignored.
+    pub fn open_at(location: StoreLocation, config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
+        config.validate()?;
         validate_hooks(&descriptor.hooks)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -102,7 +110,6 @@ impl ShardWriter {
             .enable_all()
             .build()
             .map_err(|source| StoreError::Io { op: "start runtime", path: "siphon-store".into(), source })?;
-        let location = StoreLocation::open(&config.output, &config.options)?;
         let run_json = RunJson::new(&config.run, &descriptor, &config.format);
         let state = runtime.block_on(async {
             claim_run(&location, &run_json).await?;

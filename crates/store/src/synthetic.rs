@@ -1,0 +1,100 @@
+//! Deterministic synthetic batches, for the crash tests' writer process and the benchmark.
+//!
+//! Batch `k` holds samples `k*batch ..`; every value is a function of (sample, token, hook,
+//! dimension), so a restarted process regenerates exactly the batches it lost. The first token
+//! of each sequence is excluded (like a BOS), and so is the last token of every third sequence
+//! (like padding).
+
+use crate::batch::{ActivationDtype, BatchActivations, HookActivations};
+
+/// Shape of the synthetic stream.
+#[derive(Debug, Clone)]
+pub struct SyntheticSpec {
+    /// Hook names.
+    pub hooks: Vec<String>,
+    /// Sequences per batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Activation width.
+    pub d_model: usize,
+}
+
+impl SyntheticSpec {
+    /// `n` hooks named `blocks.{i}.hook_resid_post`.
+    pub fn new(n_hooks: usize, batch: usize, seq: usize, d_model: usize) -> Self {
+        SyntheticSpec { hooks: (0..n_hooks).map(|i| format!("blocks.{i}.hook_resid_post")).collect(), batch, seq, d_model }
+    }
+
+    /// The activation value of `(sample, token, hook, dim)`; exactly representable in bf16.
+    pub fn value(sample: u64, token: usize, hook: usize, dim: usize) -> f32 {
+        let h = mix(sample.wrapping_mul(0x100_0000) ^ ((token as u64) << 24) ^ ((hook as u64) << 20) ^ dim as u64);
+        // 8 significant bits: survives the f32 -> bf16 conversion unchanged.
+        ((h % 255) as f32 - 127.0) / 16.0
+    }
+
+    /// Token id of `(sample, token)`.
+    pub fn token_id(sample: u64, token: usize) -> i32 {
+        (mix(sample << 16 ^ token as u64) % 50_000) as i32
+    }
+
+    /// Whether `(sample, token)` is included.
+    pub fn keep(&self, sample: u64, token: usize) -> bool {
+        token != 0 && !(sample % 3 == 2 && token == self.seq - 1)
+    }
+
+    /// Batch number `k`.
+    pub fn batch(&self, k: u64) -> BatchActivations {
+        let first_sample = k * self.batch as u64;
+        let tokens = self.batch * self.seq;
+        let mut token_ids = Vec::with_capacity(tokens);
+        let mut doc_index = Vec::with_capacity(tokens);
+        let mut position = Vec::with_capacity(tokens);
+        let mut keep = Vec::with_capacity(tokens);
+        for b in 0..self.batch {
+            let sample = first_sample + b as u64;
+            for t in 0..self.seq {
+                token_ids.push(Self::token_id(sample, t));
+                // Two documents packed per sequence.
+                doc_index.push((sample * 2 + (2 * t / self.seq) as u64) as i64);
+                position.push((t % self.seq.div_ceil(2)) as i32);
+                keep.push(self.keep(sample, t));
+            }
+        }
+        let hooks = self
+            .hooks
+            .iter()
+            .enumerate()
+            .map(|(h, name)| {
+                let mut data = Vec::with_capacity(tokens * self.d_model * 4);
+                for b in 0..self.batch {
+                    for t in 0..self.seq {
+                        for d in 0..self.d_model {
+                            data.extend_from_slice(&Self::value(first_sample + b as u64, t, h, d).to_le_bytes());
+                        }
+                    }
+                }
+                HookActivations { hook: name.clone(), dtype: ActivationDtype::F32, d_model: self.d_model, data }
+            })
+            .collect();
+        BatchActivations {
+            first_sample,
+            batch: self.batch,
+            seq: self.seq,
+            hooks,
+            token_ids,
+            doc_index,
+            position,
+            keep,
+            data_position_after: serde_json::json!({ "batch": k + 1 }),
+        }
+    }
+}
+
+fn mix(mut x: u64) -> u64 {
+    // splitmix64 finalizer.
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
