@@ -1,0 +1,264 @@
+//! Readers: parquet row groups, jsonl, text directories, URLs and globs, in-memory stores,
+//! skipped-record counting and the errors for unreadable input.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use object_store::ObjectStoreExt;
+use siphon_data::{Corpus, CorpusConfig, Error, InvalidRecords, PackMode, PadSide, TextRecords, UnitKind};
+
+fn pad_right() -> siphon_data::StreamConfig {
+    stream_config(512, PackMode::Pad(PadSide::Right), 7)
+}
+
+#[test]
+fn parquet_with_several_row_groups_reads_every_row_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts: Vec<Option<String>> = (0..50).map(|i| if i == 7 { None } else { Some(doc_text(i)) }).collect();
+    write_parquet(&dir.path().join("a.parquet"), &texts[..33], 8);
+    write_parquet(&dir.path().join("b.parquet"), &texts[33..], 5);
+    let corpus = Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default()).unwrap();
+    let groups: Vec<(u32, u64)> = corpus
+        .units()
+        .iter()
+        .map(|u| match u.kind {
+            UnitKind::RowGroup { index, rows } => (index, rows),
+            other => panic!("unexpected unit {other:?}"),
+        })
+        .collect();
+    assert_eq!(groups, vec![(0, 8), (1, 8), (2, 8), (3, 8), (4, 1), (0, 5), (1, 5), (2, 5), (3, 2)]);
+
+    let mut stream = corpus.stream(tokenizer(), pad_right()).unwrap();
+    let mut got = Vec::new();
+    for batch in stream.by_ref() {
+        got.extend(doc_texts(&rows_of(&batch.unwrap())));
+    }
+    let expected: Vec<String> = texts.iter().flatten().filter(|t| !t.trim().is_empty()).cloned().collect();
+    assert_eq!(got, expected);
+    let stats = stream.stats();
+    assert_eq!(stats.records, 50);
+    assert_eq!(stats.invalid, 1, "the null row");
+    assert_eq!(stats.empty, texts.iter().flatten().filter(|t| t.trim().is_empty()).count() as u64);
+    assert_eq!(stats.documents, expected.len() as u64);
+    assert_eq!(stats.units, 9);
+}
+
+#[test]
+fn jsonl_lines_are_read_once_whatever_the_unit_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..60 {
+        match i % 10 {
+            3 => lines.push("{not json".to_string()),
+            4 => lines.push("{\"other\": \"x\"}".to_string()),
+            5 => lines.push("{\"content\": 12}".to_string()),
+            6 => lines.push(String::new()),
+            8 => lines.push("{\"content\": \"  \"}".to_string()),
+            _ => {
+                let text = doc_text(i);
+                lines.push(format!("{{\"id\": {i}, \"content\": {text:?}}}"));
+                if !text.trim().is_empty() {
+                    expected.push(text);
+                }
+            }
+        }
+    }
+    // CRLF endings and no final newline must not matter either.
+    std::fs::write(dir.path().join("x.jsonl"), lines.join("\r\n")).unwrap();
+    let size = std::fs::metadata(dir.path().join("x.jsonl")).unwrap().len();
+    for unit_bytes in [1, 2, 3, 5, 17, 64, 255, size - 1, size, 1 << 20] {
+        let mut config = CorpusConfig::default();
+        config.json_field = "content".into();
+        config.unit_bytes = unit_bytes;
+        let corpus = Corpus::open(dir.path().join("x.jsonl").to_str().unwrap(), &config).unwrap();
+        assert_eq!(corpus.units().len() as u64, size.div_ceil(unit_bytes));
+        let mut stream = corpus.stream(tokenizer(), pad_right()).unwrap();
+        let mut got = Vec::new();
+        for batch in stream.by_ref() {
+            got.extend(doc_texts(&rows_of(&batch.unwrap())));
+        }
+        assert_eq!(got, expected, "unit_bytes {unit_bytes}");
+        assert_eq!(stream.stats().invalid, 18, "bad JSON, missing field, non-string field");
+        assert_eq!(stream.stats().records, 60);
+    }
+}
+
+#[test]
+fn strict_mode_names_the_file_and_offset_of_a_bad_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.jsonl");
+    std::fs::write(&path, "{\"text\": \"fine\"}\n{oops\n").unwrap();
+    let mut config = CorpusConfig::default();
+    config.invalid = InvalidRecords::Error;
+    let corpus = Corpus::open(path.to_str().unwrap(), &config).unwrap();
+    let results: Vec<_> = corpus.stream(tokenizer(), pad_right()).unwrap().collect();
+    let err = results.into_iter().find_map(Result::err).expect("strict mode fails");
+    let msg = err.to_string();
+    assert!(matches!(err, Error::InvalidRecord { .. }), "{msg}");
+    assert!(msg.contains("bad.jsonl") && msg.contains("byte 17") && msg.contains("not valid JSON"), "{msg}");
+}
+
+#[test]
+fn text_directories_one_document_per_file_or_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("texts");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::write(root.join("b.txt"), "second file\nline two\n").unwrap();
+    std::fs::write(root.join("a.txt"), "first file").unwrap();
+    std::fs::write(root.join("sub/c.md"), "\nthird\n\n").unwrap();
+    std::fs::write(root.join("empty.txt"), "  \n").unwrap();
+    std::fs::write(root.join(".hidden.txt"), "hidden").unwrap();
+    std::fs::write(root.join("notes.csv"), "not a corpus file").unwrap();
+
+    let corpus = Corpus::open(root.to_str().unwrap(), &CorpusConfig::default()).unwrap();
+    let names: Vec<String> = corpus.files().iter().map(|f| f.display.rsplit('/').next().unwrap().to_string()).collect();
+    assert_eq!(names, ["a.txt", "b.txt", "empty.txt", "c.md"]);
+    let mut stream = corpus.stream(tokenizer(), pad_right()).unwrap();
+    let got: Vec<String> = stream.by_ref().flat_map(|b| doc_texts(&rows_of(&b.unwrap()))).collect();
+    assert_eq!(got, ["first file", "second file\nline two\n", "\nthird\n\n"]);
+    assert_eq!(stream.stats().empty, 1);
+
+    let mut config = CorpusConfig::default();
+    config.text_records = TextRecords::Line;
+    config.unit_bytes = 4;
+    let corpus = Corpus::open(root.to_str().unwrap(), &config).unwrap();
+    let mut stream = corpus.stream(tokenizer(), pad_right()).unwrap();
+    let got: Vec<String> = stream.by_ref().flat_map(|b| doc_texts(&rows_of(&b.unwrap()))).collect();
+    assert_eq!(got, ["first file", "second file", "line two", "third"]);
+    assert_eq!(stream.stats().empty, 3, "blank lines of c.md and empty.txt");
+}
+
+#[test]
+fn file_urls_and_globs_resolve_like_local_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, texts) in [("x-0.parquet", 0..10), ("x-1.parquet", 10..25), ("y-0.parquet", 25..30)] {
+        let texts: Vec<Option<String>> = texts.map(|i| Some(doc_text(i))).collect();
+        write_parquet(&dir.path().join(name), &texts, 4);
+    }
+    let base = dir.path().canonicalize().unwrap();
+    let local = Corpus::open(&format!("{}/x-*.parquet", base.display()), &CorpusConfig::default()).unwrap();
+    let url = Corpus::open(&format!("file://{}/x-*.parquet", base.display()), &CorpusConfig::default()).unwrap();
+    assert_eq!(local.files().len(), 2);
+    assert_eq!(local.files(), url.files());
+    assert_eq!(local.fingerprint(), url.fingerprint());
+    let a = rows(&local, pad_right());
+    let b = rows(&url, pad_right());
+    assert_eq!(a, b);
+    let expected: Vec<String> = (0..25).map(doc_text).filter(|t| !t.trim().is_empty()).collect();
+    assert_eq!(doc_texts(&a), expected);
+    let one = Corpus::open(&format!("file://{}/y-0.parquet", base.display()), &CorpusConfig::default()).unwrap();
+    assert_eq!(one.files().len(), 1);
+    let all = Corpus::open(&format!("file://{}/", base.display()), &CorpusConfig::default()).unwrap();
+    assert_eq!(all.files().len(), 3);
+}
+
+#[test]
+fn an_in_memory_store_reads_like_a_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts: Vec<Option<String>> = (0..20).map(|i| Some(doc_text(i))).collect();
+    write_parquet(&dir.path().join("p.parquet"), &texts, 6);
+    std::fs::write(dir.path().join("q.jsonl"), "{\"text\": \"from jsonl\"}\n").unwrap();
+    let store = Arc::new(object_store::memory::InMemory::new());
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for name in ["p.parquet", "q.jsonl"] {
+        let bytes = std::fs::read(dir.path().join(name)).unwrap();
+        let path = object_store::path::Path::from(format!("corpus/{name}"));
+        rt.block_on(store.put(&path, bytes.into())).unwrap();
+    }
+    let mem = Corpus::open_store(store, "corpus", "memory:///", &CorpusConfig::default()).unwrap();
+    let disk = Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default()).unwrap();
+    assert_eq!(mem.units(), disk.units());
+    assert_eq!(doc_texts(&rows(&mem, pad_right())), doc_texts(&rows(&disk, pad_right())));
+}
+
+#[test]
+fn unreadable_input_is_a_clear_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    write_parquet(&dir.path().join("ok.parquet"), &[Some("a".into())], 1);
+    let mut config = CorpusConfig::default();
+    config.text_column = "body".into();
+    let err = Corpus::open(dir.path().to_str().unwrap(), &config).unwrap_err().to_string();
+    assert!(err.contains("ok.parquet") && err.contains("no column \"body\"") && err.contains("id, text"), "{err}");
+
+    config.text_column = "id".into();
+    assert!(Corpus::open(dir.path().to_str().unwrap(), &config).is_ok(), "any string column may be the text");
+
+    std::fs::write(dir.path().join("broken.parquet"), b"PAR1 this is not parquet").unwrap();
+    let err = Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default()).unwrap_err().to_string();
+    assert!(err.contains("broken.parquet"), "{err}");
+
+    let err = Corpus::open(dir.path().join("missing").to_str().unwrap(), &CorpusConfig::default()).unwrap_err().to_string();
+    assert!(err.contains("missing"), "{err}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let err = Corpus::open(empty.path().to_str().unwrap(), &CorpusConfig::default()).unwrap_err();
+    assert!(matches!(err, Error::NoFiles { .. }), "{err}");
+}
+
+#[test]
+fn padding_sides_and_masks() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("d.jsonl"), "{\"text\": \"ab<|sep|>c\"}\n{\"text\": \"0123456789abcdef\"}\n").unwrap();
+    let corpus = Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default()).unwrap();
+    let left = rows(&corpus, stream_config(8, PackMode::Pad(PadSide::Left), 4));
+    let right = rows(&corpus, stream_config(8, PackMode::Pad(PadSide::Right), 4));
+    let c = u32::from(b'c');
+    let (a, b) = (u32::from(b'a'), u32::from(b'b'));
+    assert_eq!(left[0].tokens, vec![PAD, PAD, PAD, BOS, a, b, SEP, c]);
+    assert_eq!(left[0].attention, vec![0, 0, 0, 1, 1, 1, 1, 1]);
+    assert_eq!(left[0].exclude, vec![1, 1, 1, 1, 0, 0, 1, 0]);
+    assert_eq!(left[0].doc_pos, vec![-1, -1, -1, 0, 1, 2, 3, 4]);
+    assert_eq!(right[0].tokens, vec![BOS, a, b, SEP, c, PAD, PAD, PAD]);
+    assert_eq!(right[0].attention, vec![1, 1, 1, 1, 1, 0, 0, 0]);
+    assert_eq!(right[0].exclude, vec![1, 0, 0, 1, 0, 1, 1, 1]);
+    // The long document is truncated, not wrapped; both sides agree when nothing is padded.
+    assert_eq!(left[1], right[1]);
+    assert_eq!(left[1].tokens[1..], b"0123456"[..].iter().map(|&x| u32::from(x)).collect::<Vec<_>>()[..]);
+    assert_eq!(left.len(), 2);
+}
+
+#[test]
+fn pack_rows_keep_document_boundaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts: Vec<Option<String>> = (0..40).map(|i| Some(doc_text(i))).collect();
+    write_parquet(&dir.path().join("p.parquet"), &texts, 16);
+    let corpus = Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default()).unwrap();
+    let packed = rows(&corpus, stream_config(32, PackMode::Pack, 8));
+    let mut rebuilt: std::collections::BTreeMap<i64, Vec<(i32, u32)>> = Default::default();
+    for row in &packed {
+        // Every row starts with BOS (its own or the document's).
+        assert_eq!(row.tokens[0], BOS);
+        for i in 0..row.tokens.len() {
+            let t = row.tokens[i];
+            let special = matches!(t, BOS | EOS | SEP) || row.attention[i] == 0;
+            assert_eq!(row.exclude[i], u8::from(special), "exclusion mask at {i}");
+            if row.doc[i] >= 0 {
+                rebuilt.entry(row.doc[i]).or_default().push((row.doc_pos[i], t));
+            }
+            // A new document begins with its BOS at position 0.
+            if i > 0 && row.doc[i] >= 0 && row.doc[i] != row.doc[i - 1] && row.doc[i - 1] >= 0 {
+                assert_eq!((row.tokens[i], row.doc_pos[i]), (BOS, 0));
+                assert_eq!(row.tokens[i - 1], EOS);
+            }
+        }
+        // Padding only at the end of the last row of a unit.
+        let real = row.attention.iter().filter(|&&a| a == 1).count();
+        assert!(row.attention[..real].iter().all(|&a| a == 1));
+    }
+    // Split documents reassemble to BOS + text + EOS with contiguous positions.
+    let expected: Vec<String> = texts.iter().flatten().filter(|t| !t.trim().is_empty()).cloned().collect();
+    assert_eq!(rebuilt.len(), expected.len());
+    for (tokens, text) in rebuilt.values().zip(&expected) {
+        let positions: Vec<i32> = tokens.iter().map(|p| p.0).collect();
+        assert_eq!(positions, (0..tokens.len() as i32).collect::<Vec<_>>());
+        let mut want = vec![BOS];
+        want.extend(text.bytes().map(u32::from));
+        want.push(EOS);
+        assert_eq!(tokens.iter().map(|p| p.1).collect::<Vec<_>>(), want);
+    }
+    // Three row groups: at most three padded rows.
+    assert!(packed.iter().filter(|r| r.attention.contains(&0)).count() <= 3);
+}
