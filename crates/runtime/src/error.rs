@@ -100,6 +100,14 @@ pub enum Error {
         /// The path looked at.
         path: PathBuf,
     },
+    /// `--plugin` or `SIPHON_PJRT_PLUGIN` names a file that does not exist.
+    #[error("PJRT plugin {path} (from {from}) does not exist")]
+    ConfiguredPluginMissing {
+        /// The path.
+        path: PathBuf,
+        /// Where the path came from: `--plugin` or `SIPHON_PJRT_PLUGIN`.
+        from: &'static str,
+    },
     /// The file is not an ELF shared library (or could not be read).
     #[error("PJRT plugin {path} is not a shared library: {reason}")]
     NotSharedLibrary {

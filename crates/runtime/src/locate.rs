@@ -114,19 +114,13 @@ impl PluginLocator {
     /// is an error, not a reason to look elsewhere: the user asked for that file.
     pub fn locate(&self) -> Result<PluginChoice> {
         if let Some(path) = &self.explicit {
-            return existing(
-                path,
-                PluginSource::Explicit,
-                format!("--plugin {}", path.display()),
-            );
+            let reason = format!("--plugin {}", path.display());
+            return existing(path, PluginSource::Explicit, "--plugin", reason);
         }
         if let Some(value) = &self.env_value {
             let path = PathBuf::from(value);
-            return existing(
-                &path,
-                PluginSource::EnvVar,
-                format!("{PLUGIN_ENV}={}", path.display()),
-            );
+            let reason = format!("{PLUGIN_ENV}={}", path.display());
+            return existing(&path, PluginSource::EnvVar, PLUGIN_ENV, reason);
         }
         let mut tried = vec![
             format!("--plugin (not given)"),
@@ -175,10 +169,16 @@ impl PluginLocator {
     }
 }
 
-fn existing(path: &Path, source: PluginSource, reason: String) -> Result<PluginChoice> {
+fn existing(
+    path: &Path,
+    source: PluginSource,
+    from: &'static str,
+    reason: String,
+) -> Result<PluginChoice> {
     if !path.exists() {
-        return Err(Error::PluginNotFound {
+        return Err(Error::ConfiguredPluginMissing {
             path: path.to_path_buf(),
+            from,
         });
     }
     Ok(PluginChoice {

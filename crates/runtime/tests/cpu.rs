@@ -548,7 +548,16 @@ fn missing_or_non_pjrt_plugin_paths_give_clear_errors() {
         .explicit(Some(&missing))
         .locate()
         .unwrap_err();
-    assert!(matches!(err, Error::PluginNotFound { .. }));
+    assert!(
+        matches!(
+            err,
+            Error::ConfiguredPluginMissing {
+                from: "--plugin",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
