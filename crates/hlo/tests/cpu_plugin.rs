@@ -1,0 +1,185 @@
+//! The builder's programs compiled and run on the PJRT CPU plugin, checked against plain
+//! Rust. The plugin path comes from `SIPHON_PJRT_PLUGIN` (set by scripts/test.sh), else
+//! siphon's cache directory (`scripts/install-plugin.sh` puts it there).
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use common::{all_ops_module, f32t, mesh_2x4, sharded_mlp_module};
+use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType};
+use siphon_mesh::PartitionSpec;
+use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin};
+
+fn client() -> Client {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
+            assert!(path.is_file(), "no PJRT CPU plugin at {}: run scripts/install-plugin.sh", path.display());
+            let plugin: Arc<Plugin> = Plugin::load(&path).expect("load the CPU plugin");
+            Client::new(&plugin, ClientOptions::new().cpu_device_count(8)).unwrap()
+        })
+        .clone()
+}
+
+/// Compiles `text` for one device, runs it on `args`, returns each output as f32.
+fn run_single(text: &str, args: &[HostArray]) -> Vec<Vec<f32>> {
+    let client = client();
+    let exe = client.compile(text, &CompileOptions::single_device(None)).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let device = exe.device_ids()[0];
+    let bufs: Vec<_> = args.iter().map(|a| client.upload(a, device).unwrap()).collect();
+    let refs: Vec<_> = bufs.iter().collect();
+    let out = exe.execute(&[refs]).unwrap();
+    out[0].iter().map(|b| b.to_host().unwrap().to_f32()).collect()
+}
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    // Small deterministic values in [-1, 1).
+    (0..n as u32).map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(97)) >> 8) % 2000) as f32 / 1000.0 - 1.0).collect()
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what}[{i}]: {x} vs {y}");
+    }
+}
+
+fn matmul_t(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|l| x[i * k + l] as f64 * w[j * k + l] as f64).sum::<f64>() as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn every_op_compiles_and_runs() {
+    let x = data(32, 1);
+    let w = data(48, 2);
+    let ids = [0i32, 1, 2, 3, 1, 0];
+    let out = run_single(
+        &all_ops_module(),
+        &[
+            HostArray::from_slice(&[4, 8], &x).unwrap(),
+            HostArray::from_slice(&[8, 6], &w).unwrap(),
+            HostArray::from_slice(&[2, 3], &ids).unwrap(),
+        ],
+    );
+    assert_eq!(out.len(), 4);
+    assert_eq!(out[0].len(), 16);
+    // Gathered rows times 0.5.
+    let want: Vec<f32> = ids.iter().flat_map(|&r| x[r as usize * 8..r as usize * 8 + 8].iter().map(|v| v * 0.5)).collect();
+    close(&out[1], &want, 0.0, "take_rows");
+    close(&out[2], &[1.0, -2.5, 0.0, 3.0], 0.0, "constant");
+    // Batched matmul of x viewed as [2,2,8] and [2,8,2].
+    let mut want = vec![0.0f32; 8];
+    for bi in 0..2 {
+        for i in 0..2 {
+            for j in 0..2 {
+                want[bi * 4 + i * 2 + j] = (0..8).map(|k| x[bi * 16 + i * 8 + k] * x[bi * 16 + k * 2 + j]).sum();
+            }
+        }
+    }
+    close(&out[3], &want, 1e-6, "batched dot_general");
+}
+
+#[test]
+fn softmax_mask_and_shape_ops_match_rust() {
+    // softmax(select(iota_row >= iota_col, x, -big)) over the last dim, then transpose,
+    // slice and concatenate.
+    let n = 4;
+    let mut b = Builder::new("softmax");
+    let x = b.arg(f32t(&[n, n]), None).unwrap();
+    let r = b.iota(TensorType::new(DType::I32, &[n, n]), 0).unwrap();
+    let c = b.iota(TensorType::new(DType::I32, &[n, n]), 1).unwrap();
+    let keep = b.compare(CompareDir::Ge, r, c).unwrap();
+    let floor = b.splat(f32::MIN as f64, f32t(&[n, n])).unwrap();
+    let s = b.select(keep, x, floor).unwrap();
+    let m = b.reduce_max(s, &[1]).unwrap();
+    let m = b.broadcast_in_dim(m, &[n, n], &[0]).unwrap();
+    let e = b.sub(s, m).unwrap();
+    let e = b.exp(e).unwrap();
+    let z = b.reduce_sum(e, &[1]).unwrap();
+    let z = b.broadcast_in_dim(z, &[n, n], &[0]).unwrap();
+    let p = b.div(e, z).unwrap();
+    let t = b.transpose(p, &[1, 0]).unwrap();
+    let top = b.slice_dim(t, 0, 0, 1).unwrap();
+    let cat = b.concatenate(&[top, top], 0).unwrap();
+    let text = b.finish(&[p, cat]).unwrap();
+    let xs = data(n * n, 3);
+    let out = run_single(&text, &[HostArray::from_slice(&[n, n], &xs).unwrap()]);
+    let mut want = vec![0.0f32; n * n];
+    for i in 0..n {
+        let row = &xs[i * n..i * n + i + 1];
+        let mx = row.iter().cloned().fold(f32::MIN, f32::max);
+        let z: f32 = row.iter().map(|v| (v - mx).exp()).sum();
+        for j in 0..=i {
+            want[i * n + j] = (row[j] - mx).exp() / z;
+        }
+    }
+    close(&out[0], &want, 1e-6, "masked softmax");
+    let first_col: Vec<f32> = (0..n).map(|i| want[i * n]).collect();
+    let want_cat: Vec<f32> = first_col.iter().chain(&first_col).cloned().collect();
+    close(&out[1], &want_cat, 1e-6, "transpose/slice/concat");
+}
+
+#[test]
+fn bf16_convert_and_mixed_dot_run() {
+    let mut b = Builder::new("bf16");
+    let x = b.arg(f32t(&[3, 4]), None).unwrap();
+    let w = b.arg(f32t(&[5, 4]), None).unwrap();
+    let xb = b.convert(x, DType::BF16).unwrap();
+    let wb = b.convert(w, DType::BF16).unwrap();
+    let y = b.dot_general_to(xb, wb, &DotDims::contract(&[1], &[1]), DType::F32).unwrap();
+    let text = b.finish(&[y]).unwrap();
+    let (xs, ws) = (data(12, 4), data(20, 5));
+    let out = run_single(
+        &text,
+        &[HostArray::from_slice(&[3, 4], &xs).unwrap(), HostArray::from_slice(&[5, 4], &ws).unwrap()],
+    );
+    close(&out[0], &matmul_t(&xs, &ws, 3, 4, 5), 2e-2, "bf16 dot");
+}
+
+#[test]
+fn sharded_mlp_on_2x4_mesh_equals_single_device_and_rust() {
+    let client = client();
+    let mesh = mesh_2x4();
+    let (xs, ups, downs) = (data(8 * 16, 6), data(32 * 16, 7), data(16 * 32, 8));
+    let arrays = [
+        HostArray::from_slice(&[8, 16], &xs).unwrap(),
+        HostArray::from_slice(&[32, 16], &ups).unwrap(),
+        HostArray::from_slice(&[16, 32], &downs).unwrap(),
+    ];
+    let single = run_single(&sharded_mlp_module(None), &arrays);
+
+    let text = sharded_mlp_module(Some(mesh.clone()));
+    let exe = client.compile(&text, &CompileOptions::spmd(&mesh)).unwrap();
+    let specs = [
+        PartitionSpec::new(&[&["data"], &[]]),
+        PartitionSpec::new(&[&["model"], &[]]),
+        PartitionSpec::new(&[&[], &["model"]]),
+    ];
+    let args: Vec<_> = arrays.iter().zip(&specs).map(|(a, s)| client.upload_sharded(a, s, &mesh).unwrap()).collect();
+    let arg_refs: Vec<_> = args.iter().collect();
+    let out_specs = [PartitionSpec::new(&[&["data"], &[]]), PartitionSpec::new(&[&["data"], &["model"]])];
+    let out = exe.execute_sharded(&mesh, &arg_refs, &out_specs).unwrap();
+    let y = out[0].to_host().unwrap().to_f32();
+    let h = out[1].to_host().unwrap().to_f32();
+    close(&y, &single[0], 1e-5, "sharded vs single y");
+    close(&h, &single[1], 1e-5, "sharded vs single h");
+    let want_h: Vec<f32> = matmul_t(&xs, &ups, 8, 16, 32).iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect();
+    close(&h, &want_h, 1e-5, "h vs rust");
+    close(&y, &matmul_t(&want_h, &downs, 8, 32, 16), 1e-5, "y vs rust");
+}
+
+#[test]
+fn malformed_text_is_an_error_not_a_crash() {
+    let err = client().compile("module { func.func @main() -> () { bogus } }", &CompileOptions::single_device(None));
+    assert!(err.is_err());
+}
