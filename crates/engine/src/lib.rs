@@ -1,1 +1,489 @@
-//! Runs a model's forward on a device mesh: weights sharded onto devices, batches in, hook activations out.
+//! Runs a model's forward on a device mesh: weights sharded onto devices, batches in, hook
+//! activations out.
+//!
+//! An [`Engine`] is built once per (model, hooks, mesh, dtypes): it builds the forward with
+//! `siphon-models`, reads each weight the program needs from the memory-mapped checkpoint
+//! (converted to the compute dtype on the way), splits it by the program's
+//! [`PartitionSpec`] and uploads to each device only its shard. [`Engine::run`] then takes a
+//! [`Batch`] of token ids and an attention mask, compiles the program for that
+//! `(batch, seq)` shape the first time it is seen (cached after), runs it and copies the
+//! requested activations back to the host as [`Activations`].
+//!
+//! Designed for the extraction loop: compile once per shape, upload weights once, run many
+//! batches; everything here blocks (PJRT waits on its events) and is CPU-heavy, so call it
+//! from a plain thread or `spawn_blocking`, never on an async executor's worker.
+//!
+//! Architecture invariants: the engine never computes logits (the forward stops after the
+//! last block a hook needs); weights live on the devices once, shared by every compiled
+//! shape; position ids are `cumsum(mask) - 1` clamped at 0 unless the caller gives them, so
+//! left- and right-padded rows give the activations of the unpadded sequence.
+//!
+//! ```no_run
+//! use siphon_engine::{Batch, Engine, EngineOptions};
+//! use siphon_models::{HookPoint, LoadedModel};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let plugin = siphon_runtime::Plugin::load(std::path::Path::new("libpjrt_cpu.so"))?;
+//! let client = siphon_runtime::Client::new(&plugin, siphon_runtime::ClientOptions::new())?;
+//! let model = LoadedModel::open(std::path::Path::new("fixtures/models/tiny-llama"))?;
+//! let hooks = HookPoint::parse_list("blocks.1.hook_resid_post", model.config.n_layers)?;
+//! let engine = Engine::new(&client, &model, hooks, EngineOptions::default())?;
+//! let batch = Batch::new(vec![vec![1, 2, 3]], None)?;
+//! let acts = engine.run(&batch)?;
+//! println!("{:?}", acts.get(siphon_models::HookPoint::ResidPost(1)).unwrap().shape());
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use siphon_mesh::{Mesh, PartitionSpec};
+use siphon_models::forward::megatron_specs;
+use siphon_models::{build_forward, DType, ForwardProgram, ForwardSpec, HookPoint, LoadedModel, ParamInfo};
+use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
+
+/// What went wrong loading or running a model.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// Reading the checkpoint or building the forward failed.
+    #[error(transparent)]
+    Model(#[from] siphon_models::ModelError),
+    /// PJRT failed (upload, compile, execute, download).
+    #[error("{context}: {source}")]
+    Runtime {
+        /// What the engine was doing.
+        context: String,
+        /// The runtime's error.
+        source: siphon_runtime::Error,
+    },
+    /// A partition spec does not fit a tensor on the mesh.
+    #[error("{context}: {source}")]
+    Mesh {
+        /// Which tensor.
+        context: String,
+        /// The mesh crate's error.
+        source: siphon_mesh::MeshError,
+    },
+    /// The batch is malformed (ragged rows, mask of the wrong size, ...).
+    #[error("invalid batch: {0}")]
+    Batch(String),
+    /// Options that cannot work together.
+    #[error("invalid engine options: {0}")]
+    Options(String),
+}
+
+fn rt<T>(context: impl FnOnce() -> String, r: siphon_runtime::Result<T>) -> Result<T, EngineError> {
+    r.map_err(|source| EngineError::Runtime { context: context(), source })
+}
+
+/// How weights are split over the mesh.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ShardingPlan {
+    /// Every weight replicated; inputs split by batch over `data` when the mesh has it.
+    Replicated,
+    /// The fixed Megatron-style plan of `siphon_models::forward::megatron_specs`.
+    Megatron,
+    /// Explicit specs per HF weight name (missing names replicated) and for the inputs.
+    Explicit {
+        /// Weight specs by name.
+        params: HashMap<String, PartitionSpec>,
+        /// Spec of the `[batch, seq]` inputs.
+        input: Option<PartitionSpec>,
+    },
+}
+
+/// Dtypes, mesh and sharding of an [`Engine`].
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Weights and compute (`F32` or `Bf16`).
+    pub compute_dtype: DType,
+    /// Returned activations.
+    pub output_dtype: DType,
+    /// Devices; [`Mesh::single_device`] by default.
+    pub mesh: Mesh,
+    /// How weights and inputs are split over `mesh`.
+    pub plan: ShardingPlan,
+}
+
+impl Default for EngineOptions {
+    fn default() -> EngineOptions {
+        EngineOptions {
+            compute_dtype: DType::F32,
+            output_dtype: DType::F32,
+            mesh: Mesh::single_device(),
+            plan: ShardingPlan::Megatron,
+        }
+    }
+}
+
+/// A batch of equal-length token rows, its attention mask and position ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    batch: usize,
+    seq: usize,
+    input_ids: Vec<i32>,
+    attention_mask: Vec<i32>,
+    position_ids: Vec<i32>,
+}
+
+impl Batch {
+    /// Rows of token ids (all the same length) and an optional 0/1 mask of the same shape
+    /// (all ones when `None`). Position ids are `cumsum(mask) - 1`, clamped at 0.
+    pub fn new(ids: Vec<Vec<u32>>, mask: Option<Vec<Vec<u8>>>) -> Result<Batch, EngineError> {
+        let batch = ids.len();
+        let seq = ids.first().map_or(0, Vec::len);
+        if batch == 0 || seq == 0 {
+            return Err(EngineError::Batch("the batch is empty".into()));
+        }
+        if let Some(row) = ids.iter().position(|r| r.len() != seq) {
+            return Err(EngineError::Batch(format!(
+                "row {row} has {} tokens, row 0 has {seq}: rows must have equal length",
+                ids[row].len()
+            )));
+        }
+        let mask = match mask {
+            None => vec![1i32; batch * seq],
+            Some(m) => {
+                if m.len() != batch || m.iter().any(|r| r.len() != seq) {
+                    return Err(EngineError::Batch(format!("the attention mask must be {batch}x{seq} like the ids")));
+                }
+                let mut flat = Vec::with_capacity(batch * seq);
+                for (r, row) in m.iter().enumerate() {
+                    for &v in row {
+                        if v > 1 {
+                            return Err(EngineError::Batch(format!("attention mask row {r} holds {v}; only 0 and 1")));
+                        }
+                        flat.push(i32::from(v));
+                    }
+                }
+                flat
+            }
+        };
+        let mut input_ids = Vec::with_capacity(batch * seq);
+        for row in &ids {
+            for &t in row {
+                input_ids.push(i32::try_from(t).map_err(|_| EngineError::Batch(format!("token id {t} exceeds i32")))?);
+            }
+        }
+        let position_ids = positions_from_mask(&mask, seq);
+        Ok(Batch { batch, seq, input_ids, attention_mask: mask, position_ids })
+    }
+
+    /// Replaces the computed position ids (row-major `[batch, seq]`).
+    pub fn with_position_ids(mut self, position_ids: Vec<i32>) -> Result<Batch, EngineError> {
+        if position_ids.len() != self.batch * self.seq {
+            return Err(EngineError::Batch(format!(
+                "{} position ids for a {}x{} batch",
+                position_ids.len(),
+                self.batch,
+                self.seq
+            )));
+        }
+        if let Some(p) = position_ids.iter().find(|&&p| p < 0) {
+            return Err(EngineError::Batch(format!("negative position id {p}")));
+        }
+        self.position_ids = position_ids;
+        Ok(self)
+    }
+
+    /// Rows.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Tokens per row.
+    pub fn seq(&self) -> usize {
+        self.seq
+    }
+
+    /// Row-major `[batch, seq]` attention mask.
+    pub fn attention_mask(&self) -> &[i32] {
+        &self.attention_mask
+    }
+
+    /// Row-major `[batch, seq]` position ids.
+    pub fn position_ids(&self) -> &[i32] {
+        &self.position_ids
+    }
+
+    /// Row-major `[batch, seq]` token ids.
+    pub fn input_ids(&self) -> &[i32] {
+        &self.input_ids
+    }
+}
+
+/// `cumsum(mask) - 1` per row, clamped at 0 (HF's convention for padded batches).
+pub fn positions_from_mask(mask: &[i32], seq: usize) -> Vec<i32> {
+    let mut out = Vec::with_capacity(mask.len());
+    for row in mask.chunks(seq.max(1)) {
+        let mut sum = 0i32;
+        for &m in row {
+            sum += m;
+            out.push((sum - 1).max(0));
+        }
+    }
+    out
+}
+
+/// The requested activations of one batch, in hook order, each `[batch, seq, hidden]`.
+#[derive(Debug, Clone)]
+pub struct Activations {
+    /// (hook, array) in the order the hooks were requested.
+    pub hooks: Vec<(HookPoint, HostArray)>,
+}
+
+impl Activations {
+    /// The array of one hook.
+    pub fn get(&self, hook: HookPoint) -> Option<&HostArray> {
+        self.hooks.iter().find(|(h, _)| *h == hook).map(|(_, a)| a)
+    }
+}
+
+/// Timings of the last [`Engine::new`] steps, for logs and benchmarks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadStats {
+    /// Seconds reading, converting, splitting and uploading weights.
+    pub upload_s: f64,
+    /// Bytes uploaded over all devices.
+    pub uploaded_bytes: usize,
+}
+
+struct Compiled {
+    executable: Executable,
+    program: ForwardProgram,
+}
+
+/// A model's weights on a mesh, and its forward compiled per batch shape.
+pub struct Engine {
+    client: Client,
+    config: siphon_models::ModelConfig,
+    hooks: Vec<HookPoint>,
+    options: EngineOptions,
+    param_specs: HashMap<String, PartitionSpec>,
+    input_spec: Option<PartitionSpec>,
+    params: Vec<ParamInfo>,
+    weights: Vec<ShardedArray>,
+    compiled: Mutex<HashMap<(usize, usize), Arc<Compiled>>>,
+    load_stats: LoadStats,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("hooks", &self.hooks)
+            .field("mesh", &self.options.mesh)
+            .field("compute_dtype", &self.options.compute_dtype)
+            .field("params", &self.params.len())
+            .finish()
+    }
+}
+
+fn element_type(dtype: DType) -> ElementType {
+    match dtype {
+        DType::F32 => ElementType::F32,
+        DType::Bf16 => ElementType::BF16,
+        DType::F16 => ElementType::F16,
+    }
+}
+
+fn hlo_dtype(dtype: DType) -> siphon_hlo::DType {
+    match dtype {
+        DType::F32 => siphon_hlo::DType::F32,
+        DType::Bf16 => siphon_hlo::DType::BF16,
+        DType::F16 => siphon_hlo::DType::F16,
+    }
+}
+
+impl Engine {
+    /// Checks the checkpoint, builds the forward's parameter list for `hooks` and uploads the
+    /// weights it needs, each device receiving only its shard.
+    pub fn new(
+        client: &Client,
+        model: &LoadedModel,
+        hooks: Vec<HookPoint>,
+        options: EngineOptions,
+    ) -> Result<Engine, EngineError> {
+        if hooks.is_empty() {
+            return Err(EngineError::Options("no hooks requested".into()));
+        }
+        if options.compute_dtype == DType::F16 {
+            return Err(EngineError::Options("compute dtype f16 is not supported (use f32 or bf16)".into()));
+        }
+        let mesh = options.mesh.clone();
+        let available = client.addressable_device_ids();
+        if let Some(d) = mesh.device_ids().iter().find(|d| !available.contains(d)) {
+            return Err(EngineError::Options(format!(
+                "mesh device {d} is not one of this client's devices {available:?}"
+            )));
+        }
+        let (param_specs, input_spec) = match &options.plan {
+            ShardingPlan::Replicated => {
+                let data: &[&str] = if mesh.axis_size("data").is_some() { &["data"] } else { &[] };
+                (HashMap::new(), Some(PartitionSpec::new(&[data, &[]])))
+            }
+            ShardingPlan::Megatron => {
+                let (p, i) = megatron_specs(&model.config, &mesh);
+                (p, Some(i))
+            }
+            ShardingPlan::Explicit { params, input } => (params.clone(), input.clone()),
+        };
+        let mut engine = Engine {
+            client: client.clone(),
+            config: model.config.clone(),
+            hooks,
+            options,
+            param_specs,
+            input_spec,
+            params: Vec::new(),
+            weights: Vec::new(),
+            compiled: Mutex::new(HashMap::new()),
+            load_stats: LoadStats::default(),
+        };
+        // The parameter list does not depend on the batch shape: build a small program once
+        // to learn it (the builder is pure Rust, milliseconds).
+        let probe_batch = engine.input_spec.as_ref().map_or(1, |s| s.ways(0, &mesh)).max(1);
+        let probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
+        model.check_weights(probe.n_blocks)?;
+        let start = Instant::now();
+        let mut uploaded = 0usize;
+        let mut weights = Vec::with_capacity(probe.params.len());
+        for (param, spec) in probe.params.iter().zip(&probe.param_specs) {
+            let tensor = model.weights.load(param, engine.options.compute_dtype)?;
+            let ty = element_type(tensor.dtype);
+            let context = || format!("uploading {}", param.name);
+            let shard_shape = spec
+                .shard_shape(&tensor.shape, &mesh)
+                .map_err(|source| EngineError::Mesh { context: context(), source })?;
+            let buffers = if spec.is_replicated() {
+                // Same bytes to every device, straight from the map when no conversion ran.
+                mesh.device_ids()
+                    .iter()
+                    .map(|&d| rt(context, client.upload_bytes(ty, &shard_shape, &tensor.data, d)))
+                    .collect::<Result<Vec<_>, _>>()?
+            } else {
+                let shards = spec
+                    .split(&tensor.data, tensor.dtype.size(), &tensor.shape, &mesh)
+                    .map_err(|source| EngineError::Mesh { context: context(), source })?;
+                shards
+                    .iter()
+                    .zip(mesh.device_ids())
+                    .map(|(bytes, &d)| rt(context, client.upload_bytes(ty, &shard_shape, bytes, d)))
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            uploaded += shard_shape.iter().product::<usize>() * tensor.dtype.size() * mesh.num_devices();
+            weights.push(rt(context, ShardedArray::from_buffers(buffers, &tensor.shape, spec, &mesh))?);
+        }
+        engine.load_stats = LoadStats { upload_s: start.elapsed().as_secs_f64(), uploaded_bytes: uploaded };
+        tracing::info!(
+            params = weights.len(),
+            bytes = uploaded,
+            seconds = engine.load_stats.upload_s,
+            "weights uploaded"
+        );
+        engine.params = probe.params;
+        engine.weights = weights;
+        Ok(engine)
+    }
+
+    fn spec(&self, batch: usize, seq: usize) -> ForwardSpec {
+        let mut spec = ForwardSpec::new(batch, seq, self.hooks.clone());
+        spec.compute_dtype = hlo_dtype(self.options.compute_dtype);
+        spec.output_dtype = hlo_dtype(self.options.output_dtype);
+        spec.mesh = self.options.mesh.clone();
+        spec.param_specs = self.param_specs.clone();
+        spec.input_spec = self.input_spec.clone();
+        spec
+    }
+
+    /// The hooks every run returns, in order.
+    pub fn hooks(&self) -> &[HookPoint] {
+        &self.hooks
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &siphon_models::ModelConfig {
+        &self.config
+    }
+
+    /// The mesh the weights live on.
+    pub fn mesh(&self) -> &Mesh {
+        &self.options.mesh
+    }
+
+    /// How long the weight upload took and how much it moved.
+    pub fn load_stats(&self) -> LoadStats {
+        self.load_stats
+    }
+
+    /// Compiles the forward for `(batch, seq)` unless already compiled. [`Engine::run`]
+    /// does this on demand; calling it ahead keeps compile time out of the first batch.
+    pub fn prepare(&self, batch: usize, seq: usize) -> Result<(), EngineError> {
+        self.compiled_for(batch, seq).map(|_| ())
+    }
+
+    fn compiled_for(&self, batch: usize, seq: usize) -> Result<Arc<Compiled>, EngineError> {
+        if let Some(c) = self.compiled.lock().expect("compile cache poisoned").get(&(batch, seq)) {
+            return Ok(c.clone());
+        }
+        let mesh = &self.options.mesh;
+        if let Some(spec) = &self.input_spec {
+            let ways = spec.ways(0, mesh);
+            if batch % ways != 0 {
+                return Err(EngineError::Batch(format!(
+                    "batch {batch} does not split evenly over {ways} data-parallel devices"
+                )));
+            }
+        }
+        let start = Instant::now();
+        let program = build_forward(&self.config, &self.spec(batch, seq))?;
+        if program.params != self.params {
+            return Err(EngineError::Options(format!(
+                "the forward for batch {batch} x seq {seq} takes different weights than the uploaded ones"
+            )));
+        }
+        let options = if mesh.num_devices() > 1 {
+            CompileOptions::spmd(mesh)
+        } else {
+            CompileOptions::single_device(Some(mesh.device_ids()[0]))
+        };
+        let executable = rt(|| format!("compiling the forward for batch {batch} x seq {seq}"), self.client.compile(&program.text, &options))?;
+        tracing::info!(batch, seq, seconds = start.elapsed().as_secs_f64(), "forward compiled");
+        let compiled = Arc::new(Compiled { executable, program });
+        self.compiled.lock().expect("compile cache poisoned").insert((batch, seq), compiled.clone());
+        Ok(compiled)
+    }
+
+    /// Runs one batch and returns the requested activations on the host.
+    pub fn run(&self, batch: &Batch) -> Result<Activations, EngineError> {
+        if let Some(&t) = batch.input_ids.iter().find(|&&t| t < 0 || t as usize >= self.config.vocab_size) {
+            return Err(EngineError::Batch(format!("token id {t} is outside the vocabulary (0..{})", self.config.vocab_size)));
+        }
+        let compiled = self.compiled_for(batch.batch, batch.seq)?;
+        let mesh = &self.options.mesh;
+        let program = &compiled.program;
+        let mut inputs = Vec::with_capacity(3);
+        for info in &program.inputs {
+            let values = match info.name {
+                "input_ids" => &batch.input_ids,
+                "attention_mask" => &batch.attention_mask,
+                "position_ids" => &batch.position_ids,
+                other => return Err(EngineError::Options(format!("the forward takes an unknown input {other:?}"))),
+            };
+            let array = rt(|| format!("preparing {}", info.name), HostArray::from_slice(&[batch.batch, batch.seq], values))?;
+            inputs.push(rt(|| format!("uploading {}", info.name), self.client.upload_sharded(&array, &info.spec, mesh))?);
+        }
+        let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).collect();
+        let out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
+        let outputs = rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
+        let mut hooks = Vec::with_capacity(outputs.len());
+        for (info, out) in program.outputs.iter().zip(&outputs) {
+            let host = rt(|| format!("copying {} to the host", info.hook), out.to_host())?;
+            hooks.push((info.hook, host));
+        }
+        Ok(Activations { hooks })
+    }
+}

@@ -1,0 +1,179 @@
+//! The engine against HF transformers' golden activations (fixtures/models, written by
+//! scripts/gen-fixtures.sh), on the pinned XLA CPU plugin.
+//!
+//! The plugin path comes from `SIPHON_PJRT_PLUGIN` (scripts/test.sh sets it; locally run
+//! scripts/install-plugin.sh), the SmolLM2 GGUF from `SIPHON_SMOLLM2_GGUF`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use safetensors::SafeTensors;
+use siphon_engine::{Activations, Batch, Engine, EngineOptions, ShardingPlan};
+use siphon_mesh::Mesh;
+use siphon_models::{HookPoint, LoadedModel};
+use siphon_runtime::{Client, ClientOptions, Plugin};
+
+fn client() -> Client {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
+            assert!(path.is_file(), "no PJRT plugin at {}: run scripts/install-plugin.sh", path.display());
+            let plugin: Arc<Plugin> = Plugin::load(&path).expect("load the PJRT plugin");
+            Client::new(&plugin, ClientOptions::new().cpu_device_count(8)).expect("CPU client")
+        })
+        .clone()
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models").join(name)
+}
+
+struct Golden {
+    ids: Vec<Vec<u32>>,
+    mask: Vec<Vec<u8>>,
+    positions: Vec<i32>,
+    acts: Vec<(HookPoint, Vec<usize>, Vec<f32>)>,
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+fn i32s(bytes: &[u8]) -> Vec<i32> {
+    bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+fn golden(path: &Path) -> Golden {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ids_t = st.tensor("input_ids").unwrap();
+    let (b, s) = (ids_t.shape()[0], ids_t.shape()[1]);
+    let ids = i32s(ids_t.data());
+    let ids: Vec<Vec<u32>> = ids.chunks(s).map(|r| r.iter().map(|&t| t as u32).collect()).collect();
+    let mask: Vec<Vec<u8>> = match st.tensor("attention_mask") {
+        Ok(m) => i32s(m.data()).chunks(s).map(|r| r.iter().map(|&v| v as u8).collect()).collect(),
+        Err(_) => vec![vec![1; s]; b],
+    };
+    let positions = match st.tensor("position_ids") {
+        Ok(p) => i32s(p.data()),
+        Err(_) => (0..b).flat_map(|_| 0..s as i32).collect(),
+    };
+    let mut acts = Vec::new();
+    for (name, view) in st.tensors() {
+        if let Ok(hook) = name.parse::<HookPoint>() {
+            acts.push((hook, view.shape().to_vec(), f32s(view.data())));
+        }
+    }
+    acts.sort_by_key(|a| a.0);
+    Golden { ids, mask, positions, acts }
+}
+
+/// Max |a - b| over positions whose mask is 1, and max |b| there.
+fn masked_diff(a: &[f32], b: &[f32], mask: &[Vec<u8>], d: usize) -> (f32, f32) {
+    let flat_mask: Vec<u8> = mask.iter().flatten().copied().collect();
+    let (mut diff, mut scale) = (0f32, 0f32);
+    for (tok, m) in flat_mask.iter().enumerate() {
+        if *m == 0 {
+            continue;
+        }
+        for i in tok * d..(tok + 1) * d {
+            diff = diff.max((a[i] - b[i]).abs());
+            scale = scale.max(b[i].abs());
+        }
+    }
+    (diff, scale)
+}
+
+fn run(model: &LoadedModel, hooks: &[HookPoint], batch: &Batch, mesh: Mesh) -> Activations {
+    let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, ..EngineOptions::default() };
+    let engine = Engine::new(&client(), model, hooks.to_vec(), options).unwrap();
+    engine.run(batch).unwrap()
+}
+
+fn check_tiny(name: &str) {
+    let model = LoadedModel::open(&fixture(name)).unwrap();
+    let d = model.config.hidden_size;
+    for side in ["right", "left"] {
+        let g = golden(&fixture(name).join(format!("golden-{side}.safetensors")));
+        let hooks: Vec<HookPoint> = g.acts.iter().map(|a| a.0).collect();
+        assert_eq!(hooks.len(), 4 * model.config.n_layers + 1, "every hook point is in the fixture");
+        let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
+        assert_eq!(batch.position_ids(), &g.positions[..], "cumsum(mask)-1 positions as HF got");
+        let acts = run(&model, &hooks, &batch, Mesh::single_device());
+        for (hook, shape, want) in &g.acts {
+            let got = acts.get(*hook).unwrap();
+            assert_eq!(got.shape(), &shape[..], "{name} {side} {hook}");
+            let (diff, scale) = masked_diff(&got.to_f32(), want, &g.mask, d);
+            assert!(scale > 0.1, "{name} {side} {hook}: golden values are not trivially small");
+            assert!(diff <= 1e-4, "{name} {side} {hook}: max-abs difference {diff:e} > 1e-4");
+        }
+    }
+}
+
+#[test]
+fn tiny_llama_matches_hf_at_every_hook() {
+    check_tiny("tiny-llama");
+}
+
+#[test]
+fn tiny_qwen2_matches_hf_at_every_hook() {
+    check_tiny("tiny-qwen2");
+}
+
+#[test]
+fn mesh_2x4_equals_single_device() {
+    let model = LoadedModel::open(&fixture("tiny-qwen2")).unwrap();
+    let g = golden(&fixture("tiny-qwen2/golden-left.safetensors"));
+    // 4 rows so the batch splits over data=2: the left-padded rows plus a full one.
+    let mut ids = g.ids.clone();
+    let mut mask = g.mask.clone();
+    ids.push(g.ids[0].iter().rev().copied().collect());
+    mask.push(vec![1; ids[0].len()]);
+    let batch = Batch::new(ids, Some(mask.clone())).unwrap();
+    let hooks = HookPoint::parse_list(
+        "blocks.0.hook_attn_out,blocks.1.hook_mlp_out,blocks.2.hook_resid_post,ln_final.hook_normalized",
+        model.config.n_layers,
+    )
+    .unwrap();
+    let single = run(&model, &hooks, &batch, Mesh::single_device());
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    let sharded = run(&model, &hooks, &batch, mesh);
+    for hook in &hooks {
+        let (a, b) = (single.get(*hook).unwrap().to_f32(), sharded.get(*hook).unwrap().to_f32());
+        let (diff, _) = masked_diff(&a, &b, &mask, model.config.hidden_size);
+        assert!(diff <= 1e-5, "{hook}: 2x4 mesh differs from one device by {diff:e}");
+    }
+}
+
+#[test]
+fn smollm2_gguf_matches_hf() {
+    let Some(path) = std::env::var_os("SIPHON_SMOLLM2_GGUF") else {
+        eprintln!("note: SIPHON_SMOLLM2_GGUF unset (scripts/setup-model.sh); skipping");
+        return;
+    };
+    let model = LoadedModel::open(Path::new(&path)).unwrap();
+    let g = golden(&fixture("smollm2/golden.safetensors"));
+    let hooks: Vec<HookPoint> = g.acts.iter().map(|a| a.0).collect();
+    let batch = Batch::new(g.ids.clone(), None).unwrap();
+    let acts = run(&model, &hooks, &batch, Mesh::single_device());
+    for (hook, _, want) in &g.acts {
+        let got = acts.get(*hook).unwrap().to_f32();
+        let (diff, scale) = masked_diff(&got, want, &g.mask, model.config.hidden_size);
+        assert!(diff <= 1e-3 * scale, "{hook}: max-abs difference {diff:e} exceeds 1e-3 of max |x| {scale:e}");
+    }
+}
+
+#[test]
+fn bad_batches_are_clear_errors() {
+    let err = Batch::new(vec![vec![1, 2], vec![3]], None).unwrap_err();
+    assert!(err.to_string().contains("row 1 has 1 tokens"), "{err}");
+    let err = Batch::new(vec![vec![1, 2]], Some(vec![vec![1]])).unwrap_err();
+    assert!(err.to_string().contains("mask"), "{err}");
+    let model = LoadedModel::open(&fixture("tiny-llama")).unwrap();
+    let engine = Engine::new(&client(), &model, vec![HookPoint::ResidPost(0)], EngineOptions::default()).unwrap();
+    let err = engine.run(&Batch::new(vec![vec![1, 999]], None).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("999"), "{err}");
+}
