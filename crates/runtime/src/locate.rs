@@ -42,6 +42,15 @@ pub struct PluginChoice {
     pub reason: String,
 }
 
+/// Another name for [`PluginChoice`].
+pub type LocatedPlugin = PluginChoice;
+
+/// Shorthand for `PluginLocator::new().explicit(explicit).locate()`: the plugin this process
+/// should use, given an optional `--plugin` path.
+pub fn locate_plugin(explicit: Option<&Path>) -> Result<PluginChoice> {
+    PluginLocator::new().explicit(explicit).locate()
+}
+
 /// Plugins shipped inside Python packages: (package, path inside site-packages).
 const PYTHON_PLUGINS: &[(&str, &str)] = &[
     ("libtpu", "libtpu/libtpu.so"),
