@@ -177,3 +177,32 @@ fn bad_batches_are_clear_errors() {
     let err = engine.run(&Batch::new(vec![vec![1, 999]], None).unwrap()).unwrap_err();
     assert!(err.to_string().contains("999"), "{err}");
 }
+
+#[test]
+fn bf16_compute_and_outputs_stay_close_and_shapes_compile_once() {
+    let model = LoadedModel::open(&fixture("tiny-llama")).unwrap();
+    let g = golden(&fixture("tiny-llama/golden-right.safetensors"));
+    let hooks = vec![HookPoint::ResidPost(1), HookPoint::LnFinal];
+    let options = EngineOptions {
+        compute_dtype: siphon_models::DType::Bf16,
+        output_dtype: siphon_models::DType::Bf16,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::new(&client(), &model, hooks.clone(), options).unwrap();
+    let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
+    let acts = engine.run(&batch).unwrap();
+    for hook in &hooks {
+        let got = acts.get(*hook).unwrap();
+        assert_eq!(got.element_type(), siphon_runtime::ElementType::BF16);
+        let want = &g.acts.iter().find(|a| a.0 == *hook).unwrap().2;
+        let (diff, scale) = masked_diff(&got.to_f32(), want, &g.mask, model.config.hidden_size);
+        // bf16 keeps 8 significant bits; three blocks of bf16 matmuls stay within a few %.
+        assert!(diff <= 0.05 * scale, "{hook}: bf16 differs by {diff:e} (scale {scale:e})");
+    }
+    // A second batch of the same shape reuses the compiled program and gives the same bits.
+    let again = engine.run(&batch).unwrap();
+    assert_eq!(again.get(HookPoint::LnFinal).unwrap(), acts.get(HookPoint::LnFinal).unwrap());
+    // A new shape compiles on demand.
+    let short = Batch::new(vec![g.ids[0][..4].to_vec()], None).unwrap();
+    assert_eq!(engine.run(&short).unwrap().get(HookPoint::LnFinal).unwrap().shape(), &[1, 4, 64]);
+}
