@@ -380,6 +380,10 @@ impl Client {
         let result = self.call(rpc.shutdown(proto::ShutdownRequest { timeout_ms: duration_ms(timeout) })).await;
         if result.is_ok() {
             self.inner.shutting_down.store(true, Ordering::SeqCst);
+            // Close the heartbeat stream now: the hosting process waits for it before it stops.
+            if let Some(task) = self.inner.heartbeat.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                task.abort();
+            }
         }
         result.map(|_| ())
     }

@@ -99,6 +99,9 @@ impl Coordination {
             Ok(client) => client,
             Err(error) => {
                 if let Some(handle) = &hosted {
+                    // Let the peers get their own answer (e.g. the registration timeout) from
+                    // the service before it goes away.
+                    runtime.block_on(handle.wait_idle(Some(identity.process_id), Duration::from_secs(1)));
                     handle.stop();
                 }
                 return Err(error);
@@ -206,7 +209,7 @@ impl Coordination {
         self.runtime.block_on(async {
             self.client.shutdown(timeout).await?;
             if let Some(handle) = &self.hosted {
-                handle.wait_idle(timeout).await;
+                handle.wait_idle(Some(self.client.task()), timeout).await;
             }
             Ok(())
         })
@@ -234,6 +237,7 @@ impl Coordination {
             previous(info);
         }));
         let client = self.client.clone();
+        let hosted = self.hosted.clone();
         self.runtime.spawn(async move {
             use tokio::signal::unix::{SignalKind, signal};
             let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
@@ -246,6 +250,9 @@ impl Coordination {
             };
             let message = format!("task {} received {name}", client.task());
             let _ = tokio::time::timeout(Duration::from_secs(2), client.report_error(&message)).await;
+            if let Some(handle) = hosted {
+                handle.wait_idle(Some(client.task()), Duration::from_secs(1)).await;
+            }
             eprintln!("error: {message}; reported to the job");
             std::process::exit(code);
         });
@@ -255,6 +262,13 @@ impl Coordination {
 impl Drop for Coordination {
     fn drop(&mut self) {
         if let Some(handle) = &self.hosted {
+            // Keep serving a little while peers still hold streams, so that they learn the
+            // job's error (or finish their shutdown) from the service rather than by losing it.
+            let me = self.client.task();
+            let wait = if handle.job_error().is_some() { Duration::from_secs(1) } else { Duration::from_millis(500) };
+            if tokio::runtime::Handle::try_current().is_err() {
+                self.runtime.block_on(handle.wait_idle(Some(me), wait));
+            }
             handle.stop();
         }
     }

@@ -95,13 +95,14 @@ impl CoordinatorHandle {
         self.shared.lock().fail(None, error);
     }
 
-    /// Waits until no task holds a heartbeat stream, or `timeout` passes; returns whether all
-    /// are gone. The hosting process calls this before stopping so that peers finishing their
-    /// shutdown do not see the service vanish under them.
-    pub async fn wait_idle(&self, timeout: Duration) -> bool {
+    /// Waits until no task but `except` (the hosting process's own) holds a heartbeat stream,
+    /// or `timeout` passes; returns whether all are gone. The hosting process calls this before
+    /// stopping, so that peers finishing their shutdown, or still to learn of the job's error,
+    /// do not see the service vanish under them.
+    pub async fn wait_idle(&self, except: Option<u32>, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.shared.lock().all_gone() {
+            if self.shared.lock().all_gone(except) {
                 return true;
             }
             if Instant::now() >= deadline {

@@ -43,6 +43,9 @@ struct TaskSlot {
     // Each heartbeat stream gets a new generation, so that the end of an old stream cannot
     // mark a task that reconnected meanwhile.
     generation: u64,
+    // Whether the stream of `generation` is still open (whatever the status says): the hosting
+    // process waits for peers to close theirs before it stops the service.
+    stream_open: bool,
     last_seen: Instant,
 }
 
@@ -58,7 +61,7 @@ impl State {
     pub(crate) fn new(num_tasks: u32) -> (State, watch::Receiver<Option<CoordError>>) {
         let (error_tx, error_rx) = watch::channel(None);
         let now = Instant::now();
-        let slot = TaskSlot { incarnation: 0, status: TaskStatus::Absent, generation: 0, last_seen: now };
+        let slot = TaskSlot { incarnation: 0, status: TaskStatus::Absent, generation: 0, stream_open: false, last_seen: now };
         let state = State {
             tasks: vec![slot; num_tasks as usize],
             job_error: None,
@@ -138,6 +141,7 @@ impl State {
     pub(crate) fn connect(&mut self, task: u32, now: Instant) -> u64 {
         let slot = &mut self.tasks[task as usize];
         slot.generation += 1;
+        slot.stream_open = true;
         slot.last_seen = now;
         if matches!(slot.status, TaskStatus::Registered | TaskStatus::Disconnected) {
             slot.status = TaskStatus::Connected;
@@ -156,6 +160,9 @@ impl State {
     /// within the grace period (false when it shut down cleanly or is already failed).
     pub(crate) fn disconnect(&mut self, task: u32, generation: u64) -> bool {
         let slot = &mut self.tasks[task as usize];
+        if slot.generation == generation {
+            slot.stream_open = false;
+        }
         if slot.generation != generation || slot.status != TaskStatus::Connected {
             return false;
         }
@@ -314,9 +321,10 @@ impl State {
             .collect())
     }
 
-    /// Whether no task holds a heartbeat stream any more (used before stopping the service).
-    pub(crate) fn all_gone(&self) -> bool {
-        self.tasks.iter().all(|slot| slot.status != TaskStatus::Connected)
+    /// Whether no task but `except` holds a heartbeat stream any more (checked before the
+    /// hosting process stops the service).
+    pub(crate) fn all_gone(&self, except: Option<u32>) -> bool {
+        self.tasks.iter().enumerate().all(|(task, slot)| !slot.stream_open || Some(task as u32) == except)
     }
 
     #[cfg(test)]

@@ -119,7 +119,11 @@ fn shutdown_barrier_makes_disconnects_harmless() {
     assert!(matches!(state.barrier(1, (SHUTDOWN_BARRIER.into(), 0), Duration::from_secs(5), &[], now), Arrival::Done(Ok(()))));
     assert!(!state.disconnect(0, generation), "a shut-down task's disconnect is not a failure");
     assert!(state.job_error().is_none());
-    assert!(state.all_gone());
+    assert!(!state.all_gone(None), "task 1's stream is still open");
+    assert!(state.all_gone(Some(1)));
+    let generation1 = state.connect(1, now);
+    assert!(!state.disconnect(1, generation1));
+    assert!(state.all_gone(None));
 }
 
 #[test]

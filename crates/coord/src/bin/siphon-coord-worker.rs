@@ -1,0 +1,106 @@
+//! Test worker for the control plane's multi-process tests and benchmark: one process of a
+//! job, identity from the usual flags/environment, token from `SIPHON_JOB_TOKEN`.
+//!
+//! Usage: `siphon-coord-worker SCENARIO [--rounds N] [--config KEY=VALUE]...`
+//! - `check`: barriers, a KV broadcast from task 0, the config check, then shutdown.
+//! - `wait`: join, print "waiting", wait in a barrier of all tasks for up to 60 s.
+//! - `hold`: join, print "waiting", sleep 60 s without entering that barrier (the process the
+//!   tests kill).
+//! - `fail`: join, print "waiting", report an error "worker failed on purpose" and exit 1.
+//! - `panic`: join, print "waiting", panic (the panic hook reports it).
+//!
+//! Exits 0 on success; on any error prints `error: ...` to stderr and exits 1.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use siphon_coord::{Coordination, JoinOptions, identity};
+
+fn main() {
+    match run() {
+        Ok(()) => {}
+        Err(message) => {
+            eprintln!("error: {message}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scenario = args.first().cloned().ok_or("missing scenario")?;
+    let mut rounds = 10u32;
+    let mut config = Map::new();
+    let mut rest = args[1..].iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--rounds" => rounds = rest.next().and_then(|v| v.parse().ok()).ok_or("bad --rounds")?,
+            "--config" => {
+                let pair = rest.next().ok_or("missing --config value")?;
+                let (key, value) = pair.split_once('=').ok_or("--config wants KEY=VALUE")?;
+                config.insert(key.to_string(), Value::String(value.to_string()));
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    let token = std::env::var("SIPHON_JOB_TOKEN").map_err(|_| "SIPHON_JOB_TOKEN is not set")?;
+    let me = identity::resolve_from_process(&identity::IdentityFlags::default()).map_err(|e| e.to_string())?;
+    let mut options = JoinOptions::new(token);
+    options.client.connect_timeout = Duration::from_secs(20);
+    options.client.register_timeout = Duration::from_secs(
+        std::env::var("WORKER_REGISTER_TIMEOUT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(20),
+    );
+    let job = Coordination::join(&me, options).map_err(|e| e.to_string())?;
+    job.install_failure_reporting();
+    let task = job.process_id();
+    let timeout = Duration::from_secs(30);
+    match scenario.as_str() {
+        "check" => {
+            let mut latencies = Vec::new();
+            for _ in 0..rounds {
+                let started = Instant::now();
+                job.barrier("round", timeout).map_err(|e| e.to_string())?;
+                latencies.push(started.elapsed());
+            }
+            if task == 0 {
+                job.kv_set("broadcast", b"from task 0", false).map_err(|e| e.to_string())?;
+            }
+            let value = job.kv_get("broadcast", timeout).map_err(|e| e.to_string())?;
+            if value != b"from task 0" {
+                return Err(format!("broadcast value {value:?}"));
+            }
+            let run = job.broadcast_config(&Value::Object(config), timeout).map_err(|e| e.to_string())?;
+            job.kv_set(&format!("run/{task}"), run["run_name"].to_string().as_bytes(), false)
+                .map_err(|e| e.to_string())?;
+            job.barrier("names", timeout).map_err(|e| e.to_string())?;
+            let names = job.kv_list("run/").map_err(|e| e.to_string())?;
+            if names.len() != me.num_processes as usize || names.iter().any(|(_, n)| n != &names[0].1) {
+                return Err(format!("tasks disagree on the run name: {names:?}"));
+            }
+            latencies.sort();
+            println!("ok task {task} barrier p50 {:?}", latencies[latencies.len() / 2]);
+            job.shutdown(timeout).map_err(|e| e.to_string())?;
+        }
+        "wait" => {
+            eprintln!("waiting");
+            job.barrier("forever", Duration::from_secs(60)).map_err(|e| e.to_string())?;
+        }
+        "hold" => {
+            eprintln!("waiting");
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "fail" => {
+            eprintln!("waiting");
+            std::thread::sleep(Duration::from_millis(300));
+            job.report_error("worker failed on purpose").map_err(|e| e.to_string())?;
+            return Err("worker failed on purpose".into());
+        }
+        "panic" => {
+            eprintln!("waiting");
+            std::thread::sleep(Duration::from_millis(300));
+            panic!("worker panicked on purpose");
+        }
+        other => return Err(format!("unknown scenario {other}")),
+    }
+    Ok(())
+}
