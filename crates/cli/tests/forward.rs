@@ -1,0 +1,114 @@
+//! `siphon forward` end to end on the tiny llama fixture: output file layout, values against
+//! HF's golden activations, and clean failures on bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// (header JSON, data) of a safetensors file.
+fn read_safetensors(path: &Path) -> (serde_json::Value, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    (header, bytes[8 + n..].to_vec())
+}
+
+fn tensor_f32(header: &serde_json::Value, data: &[u8], name: &str) -> (Vec<usize>, Vec<f32>) {
+    let t = &header[name];
+    assert_eq!(t["dtype"], "F32", "{name}");
+    let shape = t["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
+    let values = data[a..b].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    (shape, values)
+}
+
+/// A scratch directory removed on drop (the cli crate has no tempfile dev-dependency).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("siphon-forward-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn siphon(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_siphon"))
+        .args(args)
+        .env("TF_CPP_MIN_LOG_LEVEL", "2")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn forward_writes_hooks_matching_hf() {
+    let model = repo().join("fixtures/models/tiny-llama");
+    let (golden_header, golden_data) = read_safetensors(&model.join("golden-right.safetensors"));
+    // Row 0 of the right-padded golden batch is unpadded: run it alone.
+    let (_, ids) = {
+        let t = &golden_header["input_ids"];
+        let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
+        let ids: Vec<i32> = golden_data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        ((), ids)
+    };
+    let seq = golden_header["input_ids"]["shape"][1].as_u64().unwrap() as usize;
+    let tmp = Scratch::new("ok");
+    let ids_file = tmp.path().join("ids.json");
+    std::fs::write(&ids_file, serde_json::to_string(&vec![ids[..seq].to_vec()]).unwrap()).unwrap();
+    let out = tmp.path().join("acts.safetensors");
+    let hooks = "blocks.0.hook_attn_out,blocks.2.hook_resid_post,ln_final.hook_normalized";
+    let o = siphon(&[
+        "forward", "--model", model.to_str().unwrap(), "--ids", ids_file.to_str().unwrap(), "--hooks", hooks,
+        "--out", out.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("ln_final.hook_normalized: f32[1, 8, 64]"), "{stdout}");
+    let (header, data) = read_safetensors(&out);
+    for hook in hooks.split(',') {
+        let (shape, got) = tensor_f32(&header, &data, hook);
+        assert_eq!(shape, vec![1, seq, 64], "{hook}");
+        let (_, want) = tensor_f32(&golden_header, &golden_data, hook);
+        let diff = got.iter().zip(&want[..seq * 64]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff <= 1e-4, "{hook}: {diff:e}");
+    }
+    assert!(header["__metadata__"]["token_ids"].as_str().unwrap().starts_with("[["));
+}
+
+#[test]
+fn forward_rejects_bad_input_without_writing() {
+    let model = repo().join("fixtures/models/tiny-llama");
+    let tmp = Scratch::new("bad");
+    let ids_file = tmp.path().join("ids.json");
+    let out = tmp.path().join("acts.safetensors");
+    let cases: [(&str, &str, &str); 4] = [
+        ("[[1,2,3],[4,5]]", "blocks.0.hook_resid_post", "row 1 has 2 ids"),
+        ("[[1,2,3]]", "blocks.7.hook_resid_post", "out of range"),
+        ("{\"a\": 1}", "blocks.0.hook_resid_post", "list of lists"),
+        ("[[1,2,3]]", "blocks.0.hook_resid_post", "no tokenizer"),
+    ];
+    for (i, (ids, hooks, want)) in cases.iter().enumerate() {
+        std::fs::write(&ids_file, ids).unwrap();
+        let input = if i == 3 { ["--text", "hello"] } else { ["--ids", ids_file.to_str().unwrap()] };
+        let o = siphon(&["forward", "--model", model.to_str().unwrap(), input[0], input[1], "--hooks", hooks, "--out", out.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "case {i} succeeded");
+        assert!(stderr.contains(want), "case {i}: {stderr}");
+        assert!(!out.exists(), "case {i} left an output file");
+    }
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "only ids.json remains");
+}
