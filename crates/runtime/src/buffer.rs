@@ -305,32 +305,86 @@ impl Client {
         bytes: &[u8],
         device_id: usize,
     ) -> Result<Buffer> {
-        let expected = shape.iter().product::<usize>() * element_type.size_in_bytes();
-        if bytes.len() != expected {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes do not hold a {element_type}{shape:?} array ({expected} bytes)",
-                bytes.len()
-            )));
+        let mut buffers = self.upload_many(&[Upload {
+            element_type,
+            shape,
+            bytes,
+            device_id,
+        }])?;
+        Ok(buffers.remove(0))
+    }
+
+    /// Starts every transfer, then waits for all of them: on accelerators the copies overlap.
+    /// Returns the buffers in the order of `uploads`.
+    pub fn upload_many(&self, uploads: &[Upload<'_>]) -> Result<Vec<Buffer>> {
+        // Validate everything before the first transfer starts.
+        for upload in uploads {
+            let expected =
+                upload.shape.iter().product::<usize>() * upload.element_type.size_in_bytes();
+            if upload.bytes.len() != expected {
+                return Err(Error::InvalidArgument(format!(
+                    "{} bytes do not hold a {}{:?} array ({expected} bytes)",
+                    upload.bytes.len(),
+                    upload.element_type,
+                    upload.shape
+                )));
+            }
+            self.inner.addressable_device(upload.device_id)?;
         }
+        let mut buffers = Vec::with_capacity(uploads.len());
+        let mut pending = Vec::with_capacity(uploads.len());
+        let mut first_error = None;
+        for upload in uploads {
+            match self.start_upload(upload) {
+                Ok((buffer, done)) => {
+                    buffers.push(buffer);
+                    pending.push(done);
+                }
+                Err(err) => {
+                    first_error = Some(err);
+                    break;
+                }
+            }
+        }
+        // Every started transfer is awaited, even after an error: the host bytes are borrowed
+        // only until this function returns.
+        for done in pending {
+            if let Err(err) = self
+                .inner
+                .plugin
+                .await_event(done, "PJRT_Client_BufferFromHostBuffer")
+            {
+                first_error.get_or_insert(err);
+            }
+        }
+        match first_error {
+            Some(err) => Err(err),
+            None => Ok(buffers),
+        }
+    }
+
+    /// Starts one transfer; the returned event fires when `upload.bytes` may be released.
+    fn start_upload(&self, upload: &Upload<'_>) -> Result<(Buffer, *mut ffi::PJRT_Event)> {
         let inner = &self.inner;
-        let device = inner.addressable_device(device_id)?;
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let device = inner.addressable_device(upload.device_id)?;
+        let dims: Vec<i64> = upload.shape.iter().map(|&d| d as i64).collect();
         let mut args: ffi::PJRT_Client_BufferFromHostBuffer_Args = ffi::zeroed();
         args.client = inner.raw;
         // A zero-length array still needs a valid pointer.
         static EMPTY: [u8; 8] = [0; 8];
-        args.data = if bytes.is_empty() {
+        let data = if upload.bytes.is_empty() {
             EMPTY.as_ptr()
         } else {
-            bytes.as_ptr()
-        } as *const c_void;
-        args.type_ = element_type.to_raw();
+            upload.bytes.as_ptr()
+        };
+        args.data = data as *const c_void;
+        args.type_ = upload.element_type.to_raw();
         args.dims = dims.as_ptr();
         args.num_dims = dims.len();
         args.host_buffer_semantics = ffi::HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
         args.device = device.raw;
-        // SAFETY: `bytes` and `dims` outlive the call, and we wait on `done_with_host_buffer`
-        // below before `bytes` can be freed or changed.
+        // SAFETY: `dims` outlives the call; `bytes` stays borrowed until the caller has waited
+        // on `done_with_host_buffer` (see `upload_many`).
         unsafe {
             inner
                 .plugin
@@ -345,15 +399,74 @@ impl Client {
                 "BufferFromHostBuffer returned no buffer".into(),
             ));
         }
-        let buffer = Buffer {
-            client: inner.clone(),
-            raw: args.buffer,
-        };
-        inner.plugin.await_event(
+        Ok((
+            Buffer {
+                client: inner.clone(),
+                raw: args.buffer,
+            },
             args.done_with_host_buffer,
-            "PJRT_Client_BufferFromHostBuffer",
-        )?;
-        Ok(buffer)
+        ))
+    }
+}
+
+/// One host-to-device copy for [`Client::upload_many`]: row-major `bytes` of `shape`.
+#[derive(Debug, Clone, Copy)]
+pub struct Upload<'a> {
+    /// Element type of `bytes`.
+    pub element_type: ElementType,
+    /// The array's shape.
+    pub shape: &'a [usize],
+    /// Dense row-major little-endian bytes.
+    pub bytes: &'a [u8],
+    /// The destination device id.
+    pub device_id: usize,
+}
+
+/// Copies several buffers to the host, starting every copy before waiting on any.
+pub fn download_many(buffers: &[&Buffer]) -> Result<Vec<HostArray>> {
+    struct Pending {
+        element_type: ElementType,
+        dims: Vec<usize>,
+        bytes: Vec<u8>,
+        event: *mut ffi::PJRT_Event,
+    }
+    let mut pending: Vec<Pending> = Vec::with_capacity(buffers.len());
+    let mut first_error = None;
+    for buffer in buffers {
+        match buffer.start_to_host() {
+            Ok((element_type, dims, bytes, event)) => pending.push(Pending {
+                element_type,
+                dims,
+                bytes,
+                event,
+            }),
+            Err(err) => {
+                first_error = Some(err);
+                break;
+            }
+        }
+    }
+    // Await every started copy before the destination vectors can be dropped.
+    let mut arrays = Vec::with_capacity(pending.len());
+    for (item, buffer) in pending.into_iter().zip(buffers) {
+        match buffer
+            .client
+            .plugin
+            .await_event(item.event, "PJRT_Buffer_ToHostBuffer")
+        {
+            Ok(()) => arrays.push(HostArray {
+                element_type: item.element_type,
+                shape: item.dims,
+                bytes: item.bytes,
+            }),
+            Err(err) => {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    match first_error {
+        Some(err) => Err(err),
+        None => Ok(arrays),
     }
 }
 
@@ -425,36 +538,39 @@ impl Buffer {
 
     /// Copies the buffer to host memory (dense, row-major).
     pub fn to_host(&self) -> Result<HostArray> {
+        Ok(download_many(&[self])?.remove(0))
+    }
+
+    /// Starts a device-to-host copy into a new dense row-major vector. The caller must await
+    /// the event before the vector is read or dropped.
+    fn start_to_host(&self) -> Result<(ElementType, Vec<usize>, Vec<u8>, *mut ffi::PJRT_Event)> {
         let element_type = self.element_type()?;
         let dims = self.dims()?;
         let plugin = &self.client.plugin;
-        let mut query: ffi::PJRT_Buffer_ToHostBuffer_Args = ffi::zeroed();
-        query.src = self.raw;
-        // SAFETY: with a null `dst` the call only reports the needed size.
-        unsafe { plugin.call(slot::Buffer_ToHostBuffer, &mut query) }?;
-        plugin.destroy_event(query.event);
         let expected = dims.iter().product::<usize>() * element_type.size_in_bytes();
-        if query.dst_size != expected {
-            return Err(Error::Unexpected(format!(
-                "device buffer {element_type}{dims:?} needs {} host bytes, expected {expected}",
-                query.dst_size
-            )));
-        }
         let mut bytes = vec![0u8; expected];
+        if bytes.is_empty() {
+            return Ok((element_type, dims, bytes, std::ptr::null_mut()));
+        }
+        // Ask for a dense row-major host layout: a device's own layout may be tiled or
+        // permuted (TPU), and a null layout would copy that.
+        let minor_to_major: Vec<i64> = (0..dims.len() as i64).rev().collect();
+        let mut layout: ffi::PJRT_Buffer_MemoryLayout = ffi::zeroed_plain();
+        layout.struct_size = std::mem::size_of::<ffi::PJRT_Buffer_MemoryLayout>();
+        layout.type_ = ffi::MEMORY_LAYOUT_TILED;
+        // Writing a field of the zeroed union selects its `tiled` member.
+        layout.layout.tiled.struct_size =
+            std::mem::size_of::<ffi::PJRT_Buffer_MemoryLayout_Tiled>();
+        layout.layout.tiled.minor_to_major = minor_to_major.as_ptr();
+        layout.layout.tiled.minor_to_major_size = minor_to_major.len();
         let mut args: ffi::PJRT_Buffer_ToHostBuffer_Args = ffi::zeroed();
         args.src = self.raw;
-        args.dst = if bytes.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            bytes.as_mut_ptr() as *mut c_void
-        };
+        args.host_layout = &mut layout;
+        args.dst = bytes.as_mut_ptr() as *mut c_void;
         args.dst_size = bytes.len();
-        if bytes.is_empty() {
-            return HostArray::from_bytes(element_type, &dims, bytes);
-        }
-        // SAFETY: `bytes` has `dst_size` bytes and is not touched until the event completes.
+        // SAFETY: the layout lives through the call; `bytes` (whose heap block does not move
+        // when the Vec is moved) is not touched until the caller awaits the event.
         unsafe { plugin.call(slot::Buffer_ToHostBuffer, &mut args) }?;
-        plugin.await_event(args.event, "PJRT_Buffer_ToHostBuffer")?;
-        HostArray::from_bytes(element_type, &dims, bytes)
+        Ok((element_type, dims, bytes, args.event))
     }
 }

@@ -581,12 +581,50 @@ pub struct PJRT_Buffer_ReadyEvent_Args {
     pub event: *mut PJRT_Event,
 }
 
+pub const MEMORY_LAYOUT_TILED: c_int = 0;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PJRT_Buffer_MemoryLayout_Tiled {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub minor_to_major: *const i64,
+    pub minor_to_major_size: usize,
+    pub tile_dims: *const i64,
+    pub tile_dim_sizes: *const usize,
+    pub num_tiles: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PJRT_Buffer_MemoryLayout_Strides {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub byte_strides: *const i64,
+    pub num_byte_strides: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union PJRT_Buffer_MemoryLayout_Union {
+    pub tiled: PJRT_Buffer_MemoryLayout_Tiled,
+    pub strides: PJRT_Buffer_MemoryLayout_Strides,
+}
+
+#[repr(C)]
+pub struct PJRT_Buffer_MemoryLayout {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub layout: PJRT_Buffer_MemoryLayout_Union,
+    pub type_: c_int,
+}
+
 #[repr(C)]
 pub struct PJRT_Buffer_ToHostBuffer_Args {
     pub struct_size: usize,
     pub extension_start: *mut c_void,
     pub src: *mut PJRT_Buffer,
-    pub host_layout: *mut c_void,
+    pub host_layout: *mut PJRT_Buffer_MemoryLayout,
     pub dst: *mut c_void,
     pub dst_size: usize,
     pub event: *mut PJRT_Event,
@@ -665,6 +703,8 @@ unsafe impl PlainStruct for PJRT_NamedValue {}
 unsafe impl PlainStruct for PJRT_ExecuteOptions {}
 // SAFETY: as above.
 unsafe impl PlainStruct for PJRT_Program {}
+// SAFETY: as above.
+unsafe impl PlainStruct for PJRT_Buffer_MemoryLayout {}
 
 // Sizes and offsets from the header on x86_64/aarch64 (LP64). A wrong transcription would
 // make the plugin read the wrong field; these catch it at compile time.
@@ -691,5 +731,8 @@ const _: () = {
     assert!(size_of::<PJRT_LoadedExecutable_Execute_Args>() == 80);
     assert!(size_of::<PJRT_Executable_GetCompiledMemoryStats_Args>() == 144);
     assert!(size_of::<PJRT_Buffer_ToHostBuffer_Args>() == 56);
+    assert!(size_of::<PJRT_Buffer_MemoryLayout_Tiled>() == 56);
+    assert!(size_of::<PJRT_Buffer_MemoryLayout>() == 80);
+    assert!(offset_of!(PJRT_Buffer_MemoryLayout, type_) == 72);
     assert!(size_of::<PJRT_Device_IsAddressable_Args>() == 32);
 };

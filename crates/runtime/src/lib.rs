@@ -68,7 +68,7 @@ mod plugin;
 mod proto;
 mod sharded;
 
-pub use buffer::{Buffer, ElementType, HostArray, NativeType};
+pub use buffer::{Buffer, ElementType, HostArray, NativeType, Upload, download_many};
 pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore, OptionValue};
 pub use compile::{CompileOptions, CompiledMemoryStats, Executable};
 pub use error::{Error, ErrorCode, Result};

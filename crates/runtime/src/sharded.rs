@@ -6,7 +6,7 @@
 
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::buffer::{Buffer, ElementType, HostArray};
+use crate::buffer::{Buffer, ElementType, HostArray, Upload, download_many};
 use crate::client::Client;
 use crate::compile::Executable;
 use crate::error::{Error, Result};
@@ -98,14 +98,28 @@ impl ShardedArray {
         &self.mesh
     }
 
-    /// Downloads every shard and assembles the global row-major array.
+    /// Downloads the shards and assembles the global row-major array. Replicated pieces are
+    /// downloaded once (from the first partition holding them); all copies run concurrently.
     pub fn to_host(&self) -> Result<HostArray> {
-        let shards = self
-            .buffers
+        // For each partition, which download holds its piece: replicas share one.
+        let mut download_of = Vec::with_capacity(self.buffers.len());
+        let mut unique: Vec<(Vec<std::ops::Range<usize>>, usize)> = Vec::new();
+        for partition in 0..self.buffers.len() {
+            let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
+            match unique.iter().position(|(r, _)| *r == ranges) {
+                Some(index) => download_of.push(index),
+                None => {
+                    download_of.push(unique.len());
+                    unique.push((ranges, partition));
+                }
+            }
+        }
+        let sources: Vec<&Buffer> = unique.iter().map(|&(_, p)| &self.buffers[p]).collect();
+        let downloaded = download_many(&sources)?;
+        let slices: Vec<&[u8]> = download_of
             .iter()
-            .map(Buffer::to_host)
-            .collect::<Result<Vec<_>>>()?;
-        let slices: Vec<&[u8]> = shards.iter().map(HostArray::bytes).collect();
+            .map(|&index| downloaded[index].bytes())
+            .collect();
         let bytes = self.spec.assemble(
             &slices,
             self.element_type.size_in_bytes(),
@@ -141,11 +155,17 @@ impl Client {
             array.shape(),
             mesh,
         )?;
-        let buffers = shards
+        let uploads: Vec<Upload<'_>> = shards
             .iter()
             .zip(mesh.device_ids())
-            .map(|(bytes, &device)| self.upload_bytes(element_type, &shard_shape, bytes, device))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|(bytes, &device_id)| Upload {
+                element_type,
+                shape: &shard_shape,
+                bytes,
+                device_id,
+            })
+            .collect();
+        let buffers = self.upload_many(&uploads)?;
         Ok(ShardedArray {
             buffers,
             element_type,
