@@ -294,3 +294,10 @@ impl Coordination {
         ))
     }
 }
+
+/// A fresh random job token (256 bits, hex), for launchers and single-process runs.
+pub fn generate_job_token() -> String {
+    use rand::Rng;
+    let bytes: [u8; 32] = rand::rng().random();
+    hex::encode(bytes)
+}

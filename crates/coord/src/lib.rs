@@ -45,6 +45,7 @@
 #![deny(missing_docs)]
 
 pub mod broadcast;
+pub mod check;
 pub mod client;
 pub mod error;
 pub mod identity;
@@ -61,6 +62,6 @@ pub mod proto {
 pub use client::{Client, ClientOptions};
 pub use error::{CoordError, ErrorCode, Result};
 pub use identity::{Identity, IdentityFlags, Source};
-pub use join::{Coordination, JoinOptions};
+pub use join::{Coordination, JoinOptions, generate_job_token};
 pub use service::{CoordinatorHandle, ServiceConfig};
 pub use state::{REGISTER_BARRIER, SHUTDOWN_BARRIER};

@@ -112,6 +112,11 @@ impl CoordinatorHandle {
         }
     }
 
+    /// Whether every task passed the shutdown barrier.
+    pub fn all_shut_down(&self) -> bool {
+        self.shared.lock().all_shut_down()
+    }
+
     /// Stops the service: heartbeat streams end and the server future returns.
     pub fn stop(&self) {
         self.shared.stop_tx.send_replace(true);
@@ -471,4 +476,57 @@ impl Coordination for Service {
         };
         outcome.map(|()| Response::new(proto::Empty {})).map_err(|e| e.to_status())
     }
+}
+
+/// Runs the service on its own (`siphon coordinator`) until the job ends: returns Ok once every
+/// task passed the shutdown barrier and closed its stream, or the job's error once it failed
+/// (after giving the tasks up to a second to learn of it), or an error on SIGINT/SIGTERM.
+/// `on_listening` is called with the bound address.
+pub fn run_standalone(config: ServiceConfig, addr: SocketAddr, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("siphon-coordinator")
+        .enable_all()
+        .build()
+        .map_err(|e| CoordError::Internal(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(async {
+        let (handle, server) = bind(config, addr).await?;
+        on_listening(handle.local_addr());
+        let server = tokio::spawn(server);
+        let mut errors = handle.shared.error_rx.clone();
+        let signal = async {
+            use tokio::signal::unix::{SignalKind, signal};
+            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                (Ok(mut term), Ok(mut int)) => tokio::select! {
+                    _ = term.recv() => "SIGTERM",
+                    _ = int.recv() => "SIGINT",
+                },
+                _ => std::future::pending().await,
+            }
+        };
+        let finished = async {
+            loop {
+                if handle.all_shut_down() && handle.wait_idle(None, Duration::ZERO).await {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let outcome = tokio::select! {
+            _ = finished => Ok(()),
+            _ = async { let _ = errors.wait_for(|e| e.is_some()).await; } => {
+                handle.wait_idle(None, Duration::from_secs(1)).await;
+                Err(handle.job_error().unwrap_or_else(|| CoordError::Internal("job failed".into())))
+            }
+            name = signal => {
+                let error = CoordError::Aborted(format!("the coordinator received {name}"));
+                handle.fail(error.clone());
+                handle.wait_idle(None, Duration::from_secs(1)).await;
+                Err(error)
+            }
+        };
+        handle.stop();
+        let _ = server.await;
+        outcome
+    })
 }

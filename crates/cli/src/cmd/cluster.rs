@@ -1,8 +1,363 @@
-//! Placeholder until its issue lands.
+//! `siphon cluster`: identity and pre-flight checks of a multi-host job, plus the control-plane
+//! benchmark. [`ClusterArgs`] holds the identity/coordinator flags every multi-host command
+//! flattens in (`#[command(flatten)]`).
+
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::{Child, Command as Process, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use siphon_coord::check::{CheckOptions, CheckReport, Latency};
+use siphon_coord::{Coordination, Identity, IdentityFlags, JoinOptions, identity};
+
+/// Identity and coordinator flags shared by every command that joins a job.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ClusterArgs {
+    /// This process's id in the job (else SIPHON_PROCESS_ID, then TPU/GKE/SLURM/MPI/torchrun).
+    #[arg(long)]
+    pub process_id: Option<u32>,
+    /// How many processes the job has (else SIPHON_NUM_PROCESSES, then the platform).
+    #[arg(long)]
+    pub num_processes: Option<u32>,
+    /// The coordinator, hosted by process 0 (else SIPHON_COORDINATOR, then the platform).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub coordinator: Option<String>,
+    /// Address the coordination service listens on (default: the coordinator address itself;
+    /// give 0.0.0.0 explicitly to listen everywhere). An IP alone takes the coordinator's port.
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
+    /// File holding the job token (else SIPHON_JOB_TOKEN). The token is never printed.
+    #[arg(long, value_name = "PATH")]
+    pub job_token_file: Option<PathBuf>,
+    /// Which machine (pod, with its own coordinator) of a several-machine run this is.
+    #[arg(long)]
+    pub machine_id: Option<u32>,
+    /// How many machines the run has.
+    #[arg(long)]
+    pub total_machines: Option<u32>,
+    /// The service runs elsewhere (`siphon coordinator`): process 0 does not host it.
+    #[arg(long)]
+    pub external_coordinator: bool,
+}
+
+/// Where the job token came from (never the token itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `--job-token-file`.
+    File(PathBuf),
+    /// `SIPHON_JOB_TOKEN`.
+    Env,
+    /// Generated for a single-process run.
+    Generated,
+}
+
+impl std::fmt::Display for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenSource::File(path) => write!(f, "file {}", path.display()),
+            TokenSource::Env => f.write_str("SIPHON_JOB_TOKEN"),
+            TokenSource::Generated => f.write_str("generated (single process)"),
+        }
+    }
+}
+
+impl ClusterArgs {
+    fn flags(&self) -> IdentityFlags {
+        IdentityFlags {
+            process_id: self.process_id,
+            num_processes: self.num_processes,
+            coordinator: self.coordinator.clone(),
+            machine_id: self.machine_id,
+            total_machines: self.total_machines,
+        }
+    }
+
+    /// Resolves this process's identity (flags, then environment, then platform).
+    pub fn identity(&self) -> anyhow::Result<Identity> {
+        identity::resolve_from_process(&self.flags()).context("cannot resolve this process's identity")
+    }
+
+    /// The job token and where it came from. A job of several processes must be given one.
+    pub fn job_token(&self, identity: &Identity) -> anyhow::Result<(String, TokenSource)> {
+        if let Some(path) = &self.job_token_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the job token file {}", path.display()))?;
+            let token = text.trim().to_string();
+            if token.is_empty() {
+                bail!("the job token file {} is empty", path.display());
+            }
+            return Ok((token, TokenSource::File(path.clone())));
+        }
+        if let Ok(token) = std::env::var("SIPHON_JOB_TOKEN") {
+            if token.trim().is_empty() {
+                bail!("SIPHON_JOB_TOKEN is set but empty");
+            }
+            return Ok((token.trim().to_string(), TokenSource::Env));
+        }
+        if identity.num_processes == 1 && !self.external_coordinator {
+            return Ok((siphon_coord::generate_job_token(), TokenSource::Generated));
+        }
+        bail!(
+            "no job token for a job of {} processes: set SIPHON_JOB_TOKEN or pass --job-token-file \
+             (the launcher generates one per job and gives it to every process)",
+            identity.num_processes
+        )
+    }
+
+    /// The address the hosted service binds.
+    pub fn bind_addr(&self, identity: &Identity) -> anyhow::Result<Option<SocketAddr>> {
+        let Some(bind) = &self.bind else { return Ok(None) };
+        if let Ok(addr) = bind.parse::<SocketAddr>() {
+            return Ok(Some(addr));
+        }
+        if let Ok(ip) = bind.trim_matches(['[', ']']).parse::<IpAddr>() {
+            let port = identity
+                .coordinator
+                .rsplit_once(':')
+                .and_then(|(_, port)| port.parse::<u16>().ok())
+                .with_context(|| format!("the coordinator address {} has no port", identity.coordinator))?;
+            return Ok(Some(SocketAddr::new(ip, port)));
+        }
+        let addr = bind
+            .to_socket_addrs()
+            .with_context(|| format!("--bind {bind}: not an address"))?
+            .next()
+            .with_context(|| format!("--bind {bind} resolves to nothing"))?;
+        Ok(Some(addr))
+    }
+
+    /// Joins the job (hosting the service on process 0 unless `--external-coordinator`), with
+    /// failure reporting installed: a panic, SIGTERM or SIGINT stops every process.
+    pub fn join(&self) -> anyhow::Result<Coordination> {
+        let identity = self.identity()?;
+        let (token, _) = self.job_token(&identity)?;
+        let mut options = JoinOptions::new(token);
+        options.bind = self.bind_addr(&identity)?;
+        if self.external_coordinator {
+            options.host_service = Some(false);
+        }
+        let job = Coordination::join(&identity, options).with_context(|| {
+            format!(
+                "process {} of {} could not join the job at {}",
+                identity.process_id, identity.num_processes, identity.coordinator
+            )
+        })?;
+        job.install_failure_reporting();
+        Ok(job)
+    }
+}
 
 #[derive(clap::Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Print the resolved identity and where each part came from.
+    Info(InfoArgs),
+    /// Join the job and run barriers and key-value round trips with every process (pre-flight).
+    Check(CheckArgs),
+    /// Benchmark: run `siphon cluster check` as N local processes on 127.0.0.1.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Rounds of each measurement.
+    #[arg(long, default_value_t = 200)]
+    pub rounds: u32,
+    /// Timeout of each barrier and get, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_s: u64,
+    /// Print the report as one JSON line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Process counts to run, e.g. 2,8,32.
+    #[arg(long, value_delimiter = ',', default_value = "2,8,32")]
+    pub processes: Vec<u32>,
+    /// Rounds of each measurement in every run.
+    #[arg(long, default_value_t = 1000)]
+    pub rounds: u32,
+    /// Print one JSON line per run as well.
+    #[arg(long)]
+    pub json: bool,
+}
 
 pub fn run(command: Command) -> anyhow::Result<()> {
-    match command {}
+    match command {
+        Command::Info(args) => info(args),
+        Command::Check(args) => check(args),
+        Command::Bench(args) => bench(args),
+    }
+}
+
+fn info(args: InfoArgs) -> anyhow::Result<()> {
+    let identity = args.cluster.identity()?;
+    let token = match args.cluster.job_token(&identity) {
+        Ok((_, source)) => source.to_string(),
+        Err(error) => format!("missing ({error:#})"),
+    };
+    let [id_source, count_source, coordinator_source] = identity.field_sources;
+    if args.json {
+        let value = serde_json::json!({
+            "process_id": identity.process_id,
+            "num_processes": identity.num_processes,
+            "coordinator": identity.coordinator,
+            "machine_id": identity.machine_id,
+            "total_machines": identity.total_machines,
+            "source": identity.source.to_string(),
+            "sources": {
+                "process_id": id_source.to_string(),
+                "num_processes": count_source.to_string(),
+                "coordinator": coordinator_source.to_string(),
+            },
+            "job_token": token,
+        });
+        println!("{value}");
+        return Ok(());
+    }
+    println!("process id:    {}  (from {id_source})", identity.process_id);
+    println!("processes:     {}  (from {count_source})", identity.num_processes);
+    println!("coordinator:   {}  (from {coordinator_source})", identity.coordinator);
+    println!("machine:       {} of {}", identity.machine_id, identity.total_machines);
+    println!("hosts service: {}", identity.process_id == 0 && !args.cluster.external_coordinator);
+    println!("job token:     {token}");
+    println!("source:        {}", identity.source);
+    Ok(())
+}
+
+fn check(args: CheckArgs) -> anyhow::Result<()> {
+    let job = args.cluster.join()?;
+    let options = CheckOptions { rounds: args.rounds, timeout: Duration::from_secs(args.timeout_s.max(1)) };
+    let report = siphon_coord::check::run_check(&job, &options).context("the cluster check failed")?;
+    job.shutdown(options.timeout).context("shutting down after the check")?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report, job.identity());
+    }
+    Ok(())
+}
+
+fn ms(latency: &Latency) -> String {
+    format!(
+        "p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms  ({} samples)",
+        latency.p50_us / 1e3,
+        latency.p99_us / 1e3,
+        latency.max_us / 1e3,
+        latency.samples
+    )
+}
+
+fn print_report(report: &CheckReport, identity: &Identity) {
+    println!(
+        "cluster check: process {} of {}, coordinator {}",
+        report.process_id, report.num_processes, identity.coordinator
+    );
+    if let Some(alive) = &report.alive {
+        println!("alive processes:          {} of {}", alive.len(), report.num_processes);
+    }
+    if let Some(all) = &report.barrier_all_processes {
+        println!("barrier (all processes):  {}", ms(all));
+    }
+    println!("barrier (this process):   {}", ms(&report.barrier));
+    println!("kv set+get round trip:    {}", ms(&report.kv_round_trip));
+    if let Some(broadcast) = &report.kv_broadcast {
+        println!("kv broadcast to {} (set → all read → acked): {}", report.num_processes - 1, ms(broadcast));
+    }
+}
+
+/// Every child of one benchmark run; killed on drop.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("cannot find the siphon executable")?;
+    println!("processes | barrier p50 | barrier p99 | kv round trip p50 | kv broadcast p50 | kv broadcast p99");
+    for &n in &args.processes {
+        if n == 0 {
+            bail!("--processes: a run needs at least one process");
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("cannot find a free port on 127.0.0.1")?
+            .port();
+        let token = siphon_coord::generate_job_token();
+        let mut children = Children(Vec::new());
+        for task in 0..n {
+            let child = Process::new(&exe)
+                .args(["cluster", "check", "--json", "--rounds", &args.rounds.to_string()])
+                .env("SIPHON_PROCESS_ID", task.to_string())
+                .env("SIPHON_NUM_PROCESSES", n.to_string())
+                .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
+                .env("SIPHON_JOB_TOKEN", &token)
+                .env("RUST_LOG", "warn")
+                .stdout(if task == 0 { Stdio::piped() } else { Stdio::null() })
+                .stderr(Stdio::inherit())
+                .spawn()
+                .with_context(|| format!("cannot start process {task} of {n}"))?;
+            children.0.push(child);
+        }
+        let mut stdout = String::new();
+        children.0[0]
+            .stdout
+            .take()
+            .context("no stdout")?
+            .read_to_string(&mut stdout)
+            .context("reading process 0's report")?;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        for (task, child) in children.0.iter_mut().enumerate() {
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    if !status.success() {
+                        bail!("process {task} of {n} failed ({status})");
+                    }
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("process {task} of {n} did not finish within 600 s");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let report: CheckReport = serde_json::from_str(stdout.trim())
+            .with_context(|| format!("cannot read the report of the {n}-process run"))?;
+        let barrier = report.barrier_all_processes.clone().unwrap_or(report.barrier.clone());
+        let (bp50, bp99) = report
+            .kv_broadcast
+            .as_ref()
+            .map(|b| (format!("{:.3} ms", b.p50_us / 1e3), format!("{:.3} ms", b.p99_us / 1e3)))
+            .unwrap_or(("-".into(), "-".into()));
+        println!(
+            "{n:>9} | {:>8.3} ms | {:>8.3} ms | {:>14.3} ms | {bp50:>16} | {bp99:>16}",
+            barrier.p50_us / 1e3,
+            barrier.p99_us / 1e3,
+            report.kv_round_trip.p50_us / 1e3
+        );
+        if args.json {
+            println!("{}", stdout.trim());
+        }
+    }
+    Ok(())
 }

@@ -327,6 +327,11 @@ impl State {
         self.tasks.iter().enumerate().all(|(task, slot)| !slot.stream_open || Some(task as u32) == except)
     }
 
+    /// Whether every task passed the shutdown barrier.
+    pub(crate) fn all_shut_down(&self) -> bool {
+        self.tasks.iter().all(|slot| slot.status == TaskStatus::ShutDown)
+    }
+
     #[cfg(test)]
     pub(crate) fn status(&self, task: u32) -> TaskStatus {
         self.tasks[task as usize].status
