@@ -26,4 +26,4 @@ if [[ ! -f "$stamp" ]]; then
 fi
 
 gguf="$("$root/scripts/setup-model.sh" | tail -n1)"
-"$venv/bin/python" "$here/fixtures/gen_fixtures.py" --out "$root/fixtures/models" --smollm2-gguf "$gguf"
+"$venv/bin/python" "$here/fixtures/gen_fixtures.py" --out "$root/fixtures/models" --smollm2-gguf "$gguf" "$@"

@@ -142,3 +142,31 @@ fn smollm2_gguf_config_and_tokenizer_match_hf() {
         assert_eq!(tok.encode(text).unwrap(), want, "text {text:?}");
     }
 }
+
+#[test]
+fn dequantization_matches_the_gguf_reference_on_random_blocks() {
+    use siphon_models::gguf::{dequant, GgmlType};
+    let bytes = std::fs::read(fixture("quant/blocks.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (name, ty) in [
+        ("Q8_0", GgmlType::Q8_0),
+        ("Q4_0", GgmlType::Q4_0),
+        ("Q4_1", GgmlType::Q4_1),
+        ("Q4_K", GgmlType::Q4K),
+        ("Q6_K", GgmlType::Q6K),
+    ] {
+        let raw = st.tensor(&format!("{name}.raw")).unwrap();
+        let want: Vec<f32> = st
+            .tensor(&format!("{name}.f32"))
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let mut got = vec![f32::NAN; want.len()];
+        dequant::dequantize(ty, raw.data(), &mut got);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{name} element {i}: {g} vs reference {w}");
+        }
+    }
+}
