@@ -565,3 +565,130 @@ unsafe extern "C" fn kv_put(args: *mut ffi::PJRT_KeyValuePutCallback_Args) -> *m
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// Stands in for the plugin's `PJRT_CallbackError`: records what it was given and returns
+    /// a marker pointer (never dereferenced).
+    static LAST_ERROR: Mutex<Option<(i32, String)>> = Mutex::new(None);
+    unsafe extern "C" fn record_error(
+        code: i32,
+        message: *const c_char,
+        size: usize,
+    ) -> *mut ffi::PJRT_Error {
+        // SAFETY: `message` points at `size` bytes for the duration of the call.
+        let message = unsafe { string_from(message, size) };
+        *LAST_ERROR.lock().unwrap() = Some((code, message));
+        std::ptr::NonNull::dangling().as_ptr()
+    }
+    const RECORD_ERROR: ffi::PJRT_CallbackError = record_error;
+
+    struct Store(Mutex<HashMap<String, Vec<u8>>>);
+    impl KeyValueStore for Store {
+        fn get(&self, key: &str, _timeout: Duration) -> Result<Option<Vec<u8>>, String> {
+            if key == "boom" {
+                panic!("store bug");
+            }
+            Ok(self.0.lock().unwrap().get(key).cloned())
+        }
+        fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
+            Ok(self.0.lock().unwrap().get(key).cloned())
+        }
+        fn put(&self, key: &str, value: &[u8]) -> Result<(), String> {
+            if key.is_empty() {
+                return Err("empty key".into());
+            }
+            self.0.lock().unwrap().insert(key.into(), value.into());
+            Ok(())
+        }
+    }
+
+    // The callbacks run in the plugin's threads in a multi-host job; here they are called
+    // the way the plugin calls them, since the CPU plugin never does.
+    #[test]
+    fn key_value_callbacks_put_get_and_report_errors() {
+        let store: Box<Arc<dyn KeyValueStore>> =
+            Box::new(Arc::new(Store(Mutex::new(HashMap::new()))));
+        let user_arg = &*store as *const Arc<dyn KeyValueStore> as *mut c_void;
+        let (key, value) = ("topology/0", b"\x00\x01payload");
+
+        let mut put: ffi::PJRT_KeyValuePutCallback_Args = ffi::zeroed();
+        put.key = key.as_ptr() as *const c_char;
+        put.key_size = key.len();
+        put.value = value.as_ptr() as *const c_char;
+        put.value_size = value.len();
+        put.callback_error = &RECORD_ERROR;
+        put.user_arg = user_arg;
+        // SAFETY: a well-formed args struct, as the plugin would pass.
+        assert!(unsafe { kv_put(&mut put) }.is_null());
+
+        let mut get: ffi::PJRT_KeyValueGetCallback_Args = ffi::zeroed();
+        get.key = key.as_ptr() as *const c_char;
+        get.key_size = key.len();
+        get.timeout_in_ms = 10;
+        get.callback_error = &RECORD_ERROR;
+        get.user_arg = user_arg;
+        // SAFETY: as above.
+        assert!(unsafe { kv_get(&mut get) }.is_null());
+        // SAFETY: the callback returned `value_size` bytes at `value`.
+        let got =
+            unsafe { std::slice::from_raw_parts(get.value as *const u8, get.value_size) }.to_vec();
+        assert_eq!(got, value);
+        // SAFETY: the plugin frees the value with the deleter we set.
+        unsafe { (get.value_deleter_callback.unwrap())(get.value) };
+
+        let missing = "absent";
+        let mut try_get: ffi::PJRT_KeyValueTryGetCallback_Args = ffi::zeroed();
+        try_get.key = missing.as_ptr() as *const c_char;
+        try_get.key_size = missing.len();
+        try_get.callback_error = &RECORD_ERROR;
+        try_get.user_arg = user_arg;
+        // SAFETY: as above.
+        assert!(!unsafe { kv_try_get(&mut try_get) }.is_null());
+        let (code, message) = LAST_ERROR.lock().unwrap().take().unwrap();
+        assert_eq!(code, ErrorCode::NotFound.to_raw());
+        assert!(message.contains("absent"));
+
+        get.key = missing.as_ptr() as *const c_char;
+        get.key_size = missing.len();
+        // SAFETY: as above.
+        assert!(!unsafe { kv_get(&mut get) }.is_null());
+        assert_eq!(
+            LAST_ERROR.lock().unwrap().take().unwrap().0,
+            ErrorCode::DeadlineExceeded.to_raw()
+        );
+
+        // A panicking store is an error for the plugin, not an unwind into C.
+        let boom = "boom";
+        get.key = boom.as_ptr() as *const c_char;
+        get.key_size = boom.len();
+        // SAFETY: as above.
+        assert!(!unsafe { kv_get(&mut get) }.is_null());
+        assert!(
+            LAST_ERROR
+                .lock()
+                .unwrap()
+                .take()
+                .unwrap()
+                .1
+                .contains("panicked")
+        );
+
+        put.key_size = 0;
+        // SAFETY: as above.
+        assert!(!unsafe { kv_put(&mut put) }.is_null());
+        assert!(
+            LAST_ERROR
+                .lock()
+                .unwrap()
+                .take()
+                .unwrap()
+                .1
+                .contains("empty key")
+        );
+    }
+}
