@@ -4,10 +4,14 @@
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod job;
 
 #[derive(Parser)]
 #[command(name = "siphon", version, about = "Extract LLM activations over large corpora into sharded datasets")]
 struct Cli {
+    /// Log lines: `auto` (plain; a progress bar on a terminal), `plain` or `json`.
+    #[arg(long, global = true, env = "SIPHON_LOG_FORMAT", default_value = "auto", value_parser = ["auto", "plain", "json"])]
+    log_format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -30,11 +34,17 @@ enum Command {
     Cluster(cmd::cluster::Command),
     /// Show how a corpus is partitioned over machines and hosts.
     Data(cmd::data::Args),
+    /// Extract activations over a corpus into a sharded dataset (run on every host).
+    Extract(cmd::extract::Args),
+    /// Run N hosts of a job on this machine (coordinator on 127.0.0.1).
+    Launch(cmd::launch::Args),
+    /// Verify a finished run and print a summary.
+    Inspect(cmd::inspect::Args),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    cmd::init_logging();
+    cmd::init_logging(&cli.log_format);
     let result = match cli.command {
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Forward(args) => cmd::forward::run(args),
@@ -43,6 +53,9 @@ fn main() -> std::process::ExitCode {
         Command::Coordinator(args) => cmd::coordinator::run(args),
         Command::Cluster(command) => cmd::cluster::run(command),
         Command::Data(args) => cmd::data::run(args),
+        Command::Extract(args) => cmd::extract::run(args),
+        Command::Launch(args) => cmd::launch::run(args),
+        Command::Inspect(args) => cmd::inspect::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

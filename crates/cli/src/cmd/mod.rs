@@ -5,12 +5,22 @@ pub mod cluster;
 pub mod coordinator;
 pub mod data;
 pub mod doctor;
+pub mod extract;
 pub mod forward;
+pub mod inspect;
+pub mod launch;
 pub mod plan;
 
-/// Log lines go to stderr; `RUST_LOG` filters them (default `info`).
-pub fn init_logging() {
+/// Log lines go to stderr; `RUST_LOG` filters them (default `info`). `json` gives one JSON
+/// object per line (with the span fields, e.g. a host's machine and host ids) for log
+/// collectors; otherwise plain text.
+pub fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().with_current_span(true).with_span_list(false).init();
+    } else {
+        builder.init();
+    }
 }

@@ -1,0 +1,198 @@
+//! `siphon launch --local-hosts N -- <subcommand ...>`: a multi-host job on one machine.
+//!
+//! Starts N copies of this binary, each told its identity through the same environment
+//! variables a real cluster would set (`SIPHON_PROCESS_ID`, `SIPHON_NUM_PROCESSES`,
+//! `SIPHON_COORDINATOR`), a coordinator address on 127.0.0.1 and a fresh job token. Every
+//! output line is prefixed with its host. When one host fails the others are stopped
+//! (SIGTERM, then SIGKILL after a grace period), so a local job never hangs either.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Number of host processes to start.
+    #[arg(long, default_value_t = 2)]
+    local_hosts: usize,
+    /// Virtual CPU devices per host (sets `SIPHON_CPU_DEVICES` for each host).
+    #[arg(long)]
+    cpu_devices_per_host: Option<usize>,
+    /// Port for the coordinator on 127.0.0.1 (default: a free one).
+    #[arg(long)]
+    port: Option<u16>,
+    /// Seconds between SIGTERM and SIGKILL when stopping the remaining hosts.
+    #[arg(long, default_value_t = 5.0)]
+    grace_seconds: f64,
+    /// The siphon subcommand and its arguments that every host runs, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.local_hosts == 0 {
+        bail!("--local-hosts must be at least 1");
+    }
+    let exe = std::env::current_exe().context("cannot find the siphon executable to launch")?;
+    let port = match args.port {
+        Some(port) => port,
+        None => free_port()?,
+    };
+    let coordinator = format!("127.0.0.1:{port}");
+    let token = job_token()?;
+    eprintln!(
+        "launching {} local hosts, coordinator {coordinator}: siphon {}",
+        args.local_hosts,
+        args.command.join(" ")
+    );
+
+    let mut hosts = Vec::with_capacity(args.local_hosts);
+    for process_id in 0..args.local_hosts {
+        let mut command = Command::new(&exe);
+        command
+            .args(&args.command)
+            .env("SIPHON_PROCESS_ID", process_id.to_string())
+            .env("SIPHON_NUM_PROCESSES", args.local_hosts.to_string())
+            .env("SIPHON_COORDINATOR", &coordinator)
+            .env("SIPHON_JOB_TOKEN", &token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(devices) = args.cpu_devices_per_host {
+            command.env("SIPHON_CPU_DEVICES", devices.to_string());
+        }
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(err) => {
+                stop_all(&mut hosts, Duration::ZERO);
+                return Err(err).context(format!("cannot start host {process_id}"));
+            }
+        };
+        let prefix = format!("[host {process_id}] ");
+        forward_lines(child.stdout.take(), prefix.clone(), false);
+        forward_lines(child.stderr.take(), prefix, true);
+        hosts.push(Host { process_id, child, status: None });
+    }
+
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let interrupted = interrupted.clone();
+        // Ctrl-C reaches the children too (same process group); we only stop waiting politely.
+        let _ = ctrlc_flag(interrupted);
+    }
+    let grace = Duration::from_secs_f64(args.grace_seconds.max(0.0));
+    loop {
+        let mut failed = None;
+        for host in hosts.iter_mut().filter(|h| h.status.is_none()) {
+            if let Some(status) = host.child.try_wait().context("waiting for a host")? {
+                host.status = Some(status);
+                if !status.success() && failed.is_none() {
+                    failed = Some((host.process_id, status));
+                }
+            }
+        }
+        if let Some((process_id, status)) = failed {
+            eprintln!("host {process_id} failed ({}); stopping the other hosts", describe(status));
+            stop_all(&mut hosts, grace);
+            bail!("host {process_id} failed ({})", describe(status));
+        }
+        if interrupted.load(Ordering::SeqCst) {
+            stop_all(&mut hosts, grace);
+            bail!("interrupted");
+        }
+        if hosts.iter().all(|h| h.status.is_some()) {
+            eprintln!("all {} hosts finished", hosts.len());
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+struct Host {
+    process_id: usize,
+    child: Child,
+    status: Option<ExitStatus>,
+}
+
+/// SIGTERM to every running host, SIGKILL to those still running after `grace`.
+fn stop_all(hosts: &mut [Host], grace: Duration) {
+    for host in hosts.iter_mut().filter(|h| h.status.is_none()) {
+        // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
+        unsafe { libc::kill(host.child.id() as libc::pid_t, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        let mut running = false;
+        for host in hosts.iter_mut().filter(|h| h.status.is_none()) {
+            match host.child.try_wait() {
+                Ok(Some(status)) => host.status = Some(status),
+                _ => running = true,
+            }
+        }
+        if !running {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for host in hosts.iter_mut().filter(|h| h.status.is_none()) {
+        let _ = host.child.kill();
+        host.status = host.child.wait().ok();
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        _ => "unknown status".to_string(),
+    }
+}
+
+fn forward_lines(pipe: Option<impl std::io::Read + Send + 'static>, prefix: String, to_stderr: bool) {
+    let Some(pipe) = pipe else { return };
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if to_stderr {
+                let _ = writeln!(std::io::stderr().lock(), "{prefix}{line}");
+            } else {
+                let _ = writeln!(std::io::stdout().lock(), "{prefix}{line}");
+            }
+        }
+    });
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free port on 127.0.0.1")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// 32 random bytes from the OS, hex encoded. Never printed.
+fn job_token() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .context("cannot read /dev/urandom for the job token")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Sets `flag` on SIGINT/SIGTERM.
+fn ctrlc_flag(flag: Arc<AtomicBool>) -> anyhow::Result<()> {
+    static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+    extern "C" fn on_signal(_: libc::c_int) {
+        if let Some(flag) = FLAG.get() {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+    let _ = FLAG.set(flag);
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(signal, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+    Ok(())
+}

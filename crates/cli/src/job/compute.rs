@@ -1,0 +1,161 @@
+//! The device side of the job: the model checked and planned before anything expensive
+//! ([`Plan`]), then put on this host's mesh and run batch by batch ([`Compute`]).
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use siphon_models::{HookPoint, LoadedModel, ModelConfig};
+use siphon_plan::{PlanRequest, Topology};
+use siphon_store::{ActivationDtype, HookActivations};
+
+use super::RunSpec;
+
+/// What was checked before the coordinator and the plugin: hooks, weights and mesh.
+pub struct Plan {
+    hooks: Vec<HookPoint>,
+    request: PlanRequest,
+}
+
+impl Plan {
+    /// Checks hooks against the model, every needed weight's presence and shape, and plans the
+    /// mesh for the devices this host is expected to have (the CPU plugin's virtual devices;
+    /// otherwise planned again once the plugin reports its devices).
+    pub fn new(model: &LoadedModel, spec: &RunSpec) -> anyhow::Result<Plan> {
+        let n_layers = model.config.n_layers;
+        let hooks = spec
+            .hooks
+            .iter()
+            .map(|name| HookPoint::parse(name, n_layers))
+            .collect::<Result<Vec<_>, _>>()
+            .context("bad --hooks/--layers")?;
+        let blocks = hooks.iter().map(|h| h.blocks_needed(n_layers)).max().unwrap_or(0);
+        model.check_weights(blocks).context("the model's weights do not match its config")?;
+        let mut request = PlanRequest::default();
+        request.mesh = spec.mesh.clone();
+        request.batch = Some(spec.batch_size);
+        request.seq = Some(spec.seq_len);
+        request.hooks = Some(hooks.len());
+        request.dtype = match spec.compute_dtype.as_str() {
+            "bf16" => siphon_plan::DType::BF16,
+            _ => siphon_plan::DType::F32,
+        };
+        let plan = Plan { hooks, request };
+        plan.mesh_plan(&model.config, spec.cpu_devices.unwrap_or(1))?;
+        Ok(plan)
+    }
+
+    /// The planner's answer for `local_devices` devices on this host.
+    fn mesh_plan(&self, config: &ModelConfig, local_devices: usize) -> anyhow::Result<siphon_plan::Plan> {
+        let topology = Topology::uniform(1, local_devices)?;
+        siphon_plan::plan(config, &topology, &self.request).context("no valid mesh for this host's devices")
+    }
+}
+
+/// The tokenizer: `--tokenizer` if given, else the model's own; its vocabulary must fit the
+/// model's embedding table (an id past it would silently read a clamped row).
+pub fn tokenizer(model: &LoadedModel, path: Option<&str>) -> anyhow::Result<Arc<siphon_data::Tokenizer>> {
+    let tokenizer = match path {
+        Some(path) => siphon_data::load_tokenizer(path.as_ref())?,
+        None => match &model.tokenizer {
+            Some(t) => t.inner().clone(),
+            None => bail!(
+                "the model at {} has no tokenizer; give --tokenizer tokenizer.json",
+                model.path.display()
+            ),
+        },
+    };
+    let vocab = tokenizer.get_vocab_size(true);
+    if vocab > model.config.vocab_size {
+        bail!(
+            "the tokenizer has {vocab} tokens but the model's embedding table only {} rows",
+            model.config.vocab_size
+        );
+    }
+    Ok(Arc::new(tokenizer))
+}
+
+fn activation_dtype(name: &str) -> anyhow::Result<ActivationDtype> {
+    Ok(ActivationDtype::parse(name)?)
+}
+
+/// The model on this host's mesh.
+pub struct Compute {
+    engine: siphon_engine::Engine,
+    mesh: siphon_mesh::Mesh,
+    output_dtype: ActivationDtype,
+    // Keeps the plugin's client alive as long as the engine's buffers.
+    _client: siphon_runtime::Client,
+}
+
+impl Compute {
+    /// Loads the plugin, creates the client, plans the mesh on the devices it reports and
+    /// uploads the weights (each device gets its shard).
+    pub fn start(
+        plugin: &siphon_runtime::LocatedPlugin,
+        spec: &RunSpec,
+        plan: Plan,
+        model: &LoadedModel,
+    ) -> anyhow::Result<Compute> {
+        let loaded = siphon_runtime::Plugin::load(&plugin.path)
+            .with_context(|| format!("cannot load the PJRT plugin {}", plugin.path.display()))?;
+        let mut options = siphon_runtime::ClientOptions::new();
+        if let Some(devices) = spec.cpu_devices {
+            options = options.cpu_device_count(devices);
+        }
+        let client = siphon_runtime::Client::new(&loaded, options).context("cannot create the PJRT client")?;
+        let device_ids = client.addressable_device_ids();
+        let planned = plan.mesh_plan(&model.config, device_ids.len())?;
+        // The planner numbers this host's devices 0..n; the client's ids may differ.
+        let axes: Vec<(&str, usize)> = planned.mesh.axes().iter().map(|a| (a.name.as_str(), a.size)).collect();
+        let ids = planned.mesh.device_ids().iter().map(|&i| device_ids[i]).collect();
+        let mesh = siphon_mesh::Mesh::new(&axes, ids)?;
+        tracing::info!(
+            platform = client.platform_name(), devices = device_ids.len(), mesh = %mesh,
+            weights_per_device = planned.memory.weights.sharded_bytes, "devices ready"
+        );
+        let params = planned.param_specs().iter().cloned().collect();
+        let dtype = |name: &str| match name {
+            "bf16" => siphon_models::DType::Bf16,
+            "f16" => siphon_models::DType::F16,
+            _ => siphon_models::DType::F32,
+        };
+        let options = siphon_engine::EngineOptions {
+            compute_dtype: dtype(&spec.compute_dtype),
+            output_dtype: dtype(&spec.dtype),
+            mesh: mesh.clone(),
+            plan: siphon_engine::ShardingPlan::Explicit { params, input: Some(planned.input_spec.clone()) },
+        };
+        let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)
+            .context("cannot put the model on the devices")?;
+        engine.prepare(spec.batch_size, spec.seq_len).context("cannot compile the forward pass")?;
+        let stats = engine.load_stats();
+        tracing::info!(seconds = stats.upload_s, bytes = stats.uploaded_bytes, "weights uploaded, forward compiled");
+        Ok(Compute { engine, mesh, output_dtype: activation_dtype(&spec.dtype)?, _client: client })
+    }
+
+    /// The model's configuration (for run.json).
+    pub fn model_config(&self) -> &ModelConfig {
+        self.engine.config()
+    }
+
+    /// The mesh as JSON (for run.json).
+    pub fn mesh_json(&self) -> serde_json::Value {
+        serde_json::to_value(&self.mesh).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Runs one batch: its hook activations, `[batch*seq, d_model]` each, in hook order.
+    pub fn run(&mut self, batch: &siphon_data::Batch) -> anyhow::Result<Vec<HookActivations>> {
+        let ids: Vec<Vec<u32>> = (0..batch.len()).map(|i| batch.sequence(i).to_vec()).collect();
+        let mask: Vec<Vec<u8>> = batch.attention_mask.chunks(batch.seq_len).map(<[u8]>::to_vec).collect();
+        let input = siphon_engine::Batch::new(ids, Some(mask))?;
+        let activations = self.engine.run(&input)?;
+        activations
+            .hooks
+            .into_iter()
+            .map(|(hook, array)| {
+                let d_model = *array.shape().last().context("hook output without dimensions")?;
+                Ok(HookActivations { hook: hook.to_string(), dtype: self.output_dtype, d_model, data: array.into_bytes() })
+            })
+            .collect()
+    }
+}

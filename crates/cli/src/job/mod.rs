@@ -1,0 +1,300 @@
+//! The extraction job that `siphon extract` runs on every host.
+//!
+//! Start-up order (each step only after the previous one succeeded, and every check that can
+//! fail cheaply before anything expensive):
+//! identity → validation and plan (model config, hooks, corpus listing, mesh) → coordinator
+//! → config broadcast and hash check → plugin and client → model on the mesh → resume point
+//! published by every host → loop → completion barrier → stats merge → shutdown barrier.
+//!
+//! Hosts are data-parallel: each reads its own part of the corpus and writes its own shards,
+//! so the loop never waits for another host. Hosts meet only at start-up, at the end, and
+//! through the coordinator's error watch, which the loop polls every batch so that one
+//! failed host stops the others at once.
+
+mod compute;
+mod options;
+mod progress;
+mod timing;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+
+use siphon_coord::{Coordination, IdentityFlags, JoinOptions};
+use siphon_data::{Corpus, CorpusConfig, PackConfig, PackMode, PadSide, Partition, StreamConfig, TextRecords, Worker};
+use siphon_store::{ActivationDtype, BatchActivations, HostId, RunDescriptor, ShardFormat, ShardWriter, ShuffleConfig, StoreConfig};
+
+pub use options::{ExtractOptions, RunSpec};
+pub use timing::read_timing;
+
+use compute::Compute;
+use progress::Progress;
+
+/// How long hosts wait for each other at the barriers around the loop.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Runs the job on this host.
+pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
+    // 1. Identity.
+    let flags = IdentityFlags {
+        process_id: options.process_id,
+        num_processes: options.num_processes,
+        coordinator: options.coordinator.clone(),
+        machine_id: options.machine_id,
+        total_machines: options.total_machines,
+    };
+    let identity = siphon_coord::identity::resolve_from_process(&flags).context("cannot tell which host this is")?;
+    let host = HostId { machine: identity.machine_id, host: identity.process_id };
+    let _span = tracing::info_span!("host", m = host.machine, h = host.host).entered();
+
+    // 2. Validation and plan, before anything expensive.
+    let model_path = options.model.clone().context("missing --model (or `model` in the --config file)")?;
+    let model = siphon_models::LoadedModel::open(&model_path)
+        .with_context(|| format!("cannot open the model {}", model_path.display()))?;
+    let spec = options.resolve(Some(model.config.n_layers), identity.total_machines)?;
+    let compute_plan = compute::Plan::new(&model, &spec)?;
+    let corpus_config = corpus_config(&spec)?;
+    let corpus = Corpus::open(&spec.corpus, &corpus_config)
+        .with_context(|| format!("cannot open the corpus {}", spec.corpus))?;
+    let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
+    let pack = pack_config(&spec, &tokenizer)?;
+    let partition = Partition { machines: identity.total_machines, hosts: identity.num_processes };
+    let plugin = siphon_runtime::locate_plugin(options.plugin.as_deref()).context("no PJRT plugin")?;
+    tracing::info!(
+        model = %model_path.display(), hooks = spec.hooks.len(), units = corpus.units().len(),
+        plugin = %plugin.path.display(), "configuration valid"
+    );
+
+    // 3. Coordinator.
+    let token = job_token(&options, identity.num_processes)?;
+    let mut join = JoinOptions::new(token);
+    join.client.register_timeout = Duration::from_secs_f64(options.register_timeout);
+    if let Some(bind) = &options.bind {
+        join.bind = Some(bind.parse().with_context(|| format!("--bind {bind:?} is not an IP:PORT address"))?);
+    }
+    let coordinator = identity.coordinator.clone();
+    let coord = Coordination::join(&identity, join).with_context(|| {
+        format!(
+            "cannot join the job through the coordinator at {coordinator}: check that process 0 runs the \
+             same command, that the address is right (--coordinator or the detected one), and that \
+             firewalls let this host reach that port"
+        )
+    })?;
+    coord.install_failure_reporting();
+
+    let result = run_joined(&coord, host, &spec, model, compute_plan, corpus, tokenizer, pack, partition, &plugin, &options);
+    if let Err(err) = &result {
+        if coord.job_error().is_none() {
+            let _ = coord.report_error(&format!("host {} (machine {}): {err:#}", host.host, host.machine));
+        }
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_joined(
+    coord: &Coordination,
+    host: HostId,
+    spec: &RunSpec,
+    model: siphon_models::LoadedModel,
+    compute_plan: compute::Plan,
+    corpus: Corpus,
+    tokenizer: Arc<siphon_data::Tokenizer>,
+    pack: PackConfig,
+    partition: Partition,
+    plugin: &siphon_runtime::LocatedPlugin,
+    options: &ExtractOptions,
+) -> anyhow::Result<()> {
+    // 4. Config broadcast: every host must run the same code on the same configuration.
+    let plugin_sha256 = sha256_file(&plugin.path)?;
+    let compared = json!({
+        "spec": spec,
+        "model_config": model.config,
+        "corpus_fingerprint": format!("{:016x}", corpus.fingerprint()),
+        "siphon_version": env!("CARGO_PKG_VERSION"),
+        "plugin_sha256": plugin_sha256,
+    });
+    let run_info = coord
+        .broadcast_config(&compared, BARRIER_TIMEOUT)
+        .context("the hosts' configurations differ (the same command must run on every host)")?;
+    let run_name = match &spec.run {
+        Some(name) => name.clone(),
+        // Derived from the configuration, so re-running the same command resumes the same run.
+        None => format!("run-{}", &siphon_coord::broadcast::config_hash(&compared)[..12]),
+    };
+    tracing::info!(run = %run_name, started = %run_info["start_time"], "configuration agreed by every host");
+
+    // 5–6. Plugin, client, model on the mesh.
+    let mut compute = Compute::start(plugin, spec, compute_plan, &model)?;
+    drop(model);
+
+    // 7. Output and resume point.
+    let store_config = store_config(spec, &run_name, host)?;
+    let descriptor = RunDescriptor {
+        model: json!({ "path": spec.model, "config": compute.model_config() }),
+        hooks: spec.hooks.clone(),
+        mesh: compute.mesh_json(),
+        partition: json!({ "machines": partition.machines, "hosts": partition.hosts }),
+        config: serde_json::to_value(spec)?,
+    };
+    let mut writer = ShardWriter::open(store_config, descriptor).context("cannot open the output")?;
+    let resume_at = writer.resume_point().clone();
+    let resume: Option<siphon_data::Position> = match &resume_at.data_position {
+        None => None,
+        Some(value) => Some(serde_json::from_value(value.clone()).context("the manifest's data position is unreadable")?),
+    };
+    coord.kv_set(
+        &format!("resume/{}/{}", host.machine, host.host),
+        serde_json::to_string(&json!({ "next_shard": resume_at.next_shard, "next_sample": resume_at.next_sample }))?.as_bytes(),
+        true,
+    )?;
+    coord.barrier("resume-points", BARRIER_TIMEOUT)?;
+    if resume.is_some() {
+        tracing::info!(next_shard = resume_at.next_shard, next_sample = resume_at.next_sample, "resuming");
+    }
+
+    // 8. The loop.
+    let mut stream_config = StreamConfig::new(pack, spec.batch_size);
+    stream_config.partition = partition;
+    stream_config.worker = Worker { machine: host.machine, host: host.host };
+    stream_config.resume = resume;
+    if let Some(threads) = options.tokenizer_threads {
+        stream_config.threads = threads.max(1);
+    }
+    let budget_batches = spec.max_tokens.map(|tokens| {
+        let per_host = tokens.div_ceil(partition.workers());
+        per_host.div_ceil((spec.batch_size * spec.seq_len) as u64)
+    });
+    let stream = corpus.stream(tokenizer, stream_config)?;
+    let mut progress = Progress::new(host, budget_batches.map(|b| b * (spec.batch_size * spec.seq_len) as u64));
+    progress.resumed(resume_at.committed_tokens);
+    let started = Instant::now();
+    let mut compute_time = Duration::ZERO;
+    for batch in stream {
+        if let Some(err) = coord.job_error() {
+            return Err(anyhow::Error::new(err).context("another host failed"));
+        }
+        let batch = batch?;
+        if budget_batches.is_some_and(|limit| batch.index >= limit) {
+            break;
+        }
+        let t = Instant::now();
+        let hooks = compute.run(&batch)?;
+        compute_time += t.elapsed();
+        let tokens = (batch.len() * batch.seq_len) as u64;
+        writer.push(to_store_batch(&batch, hooks)?)?;
+        progress.batch(tokens);
+    }
+    let summary = writer.finish()?;
+    progress.finish(&summary);
+    tracing::info!(
+        shards = summary.shards, tokens = summary.tokens, kept = summary.included_tokens,
+        seconds = started.elapsed().as_secs_f64(), compute_seconds = compute_time.as_secs_f64(),
+        "host finished"
+    );
+
+    let timing = timing::HostTiming {
+        host: host.dir_name(),
+        tokens: summary.tokens.saturating_sub(resume_at.committed_tokens),
+        seconds: started.elapsed().as_secs_f64(),
+        compute_seconds: compute_time.as_secs_f64(),
+    };
+    timing::write_timing(&spec.output, &run_name, host, &timing).context("cannot write the host's timing")?;
+
+    // 9. Completion, statistics, shutdown.
+    coord.barrier("complete", BARRIER_TIMEOUT)?;
+    if host.host == 0 {
+        siphon_store::finalize_run(&spec.output, &[], &run_name).context("cannot merge the hosts' statistics")?;
+        tracing::info!(output = %spec.output, run = %run_name, "dataset complete");
+    }
+    coord.shutdown(BARRIER_TIMEOUT)?;
+    Ok(())
+}
+
+/// The store's view of a batch: token metadata from the data path plus the hook outputs.
+fn to_store_batch(batch: &siphon_data::Batch, hooks: Vec<siphon_store::HookActivations>) -> anyhow::Result<BatchActivations> {
+    let first_sample = batch.position.sequences - batch.len() as u64;
+    Ok(BatchActivations {
+        first_sample,
+        batch: batch.len(),
+        seq: batch.seq_len,
+        hooks,
+        token_ids: batch.tokens.iter().map(|&t| t as i32).collect(),
+        doc_index: batch.doc.clone(),
+        position: batch.doc_pos.clone(),
+        keep: batch.exclude.iter().map(|&e| e == 0).collect(),
+        data_position_after: serde_json::to_value(&batch.position)?,
+    })
+}
+
+fn corpus_config(spec: &RunSpec) -> anyhow::Result<CorpusConfig> {
+    let mut config = CorpusConfig::default();
+    config.text_column = spec.text_column.clone();
+    config.json_field = spec.json_field.clone();
+    config.text_records = match spec.text_records.as_str() {
+        "file" => TextRecords::File,
+        "line" => TextRecords::Line,
+        other => bail!("unknown --text-records {other:?}"),
+    };
+    Ok(config)
+}
+
+fn pack_config(spec: &RunSpec, tokenizer: &siphon_data::Tokenizer) -> anyhow::Result<PackConfig> {
+    let mut special = siphon_data::SpecialTokens::detect(tokenizer);
+    for token in &spec.exclude_tokens {
+        special.exclude.push(siphon_data::parse_token(tokenizer, token).with_context(|| format!("--exclude-tokens {token:?}"))?);
+    }
+    let mode = match spec.packing.as_str() {
+        "pack" => PackMode::Pack,
+        "pad-left" => PackMode::Pad(PadSide::Left),
+        "pad-right" => PackMode::Pad(PadSide::Right),
+        other => bail!("unknown packing {other:?}"),
+    };
+    Ok(PackConfig::new(spec.seq_len, mode, special))
+}
+
+fn store_config(spec: &RunSpec, run: &str, host: HostId) -> anyhow::Result<StoreConfig> {
+    let mut config = StoreConfig::new(spec.output.clone(), run, host);
+    config.format = ShardFormat {
+        dtype: ActivationDtype::parse(&spec.dtype)?,
+        target_shard_bytes: spec.shard_bytes,
+        keep_excluded: spec.keep_excluded,
+        shuffle: spec.shuffle_window.map(|window_batches| ShuffleConfig { seed: spec.shuffle_seed, window_batches }),
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// The job token from the environment or `--job-token-file`; a single-process job makes one up.
+fn job_token(options: &ExtractOptions, num_processes: u32) -> anyhow::Result<String> {
+    if let Some(path) = &options.job_token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the job token file {}", path.display()))?;
+        return Ok(token.trim().to_string());
+    }
+    if let Ok(token) = std::env::var("SIPHON_JOB_TOKEN") {
+        return Ok(token);
+    }
+    if num_processes > 1 {
+        bail!("a job of {num_processes} processes needs a shared job token: set SIPHON_JOB_TOKEN or --job-token-file on every host");
+    }
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .context("cannot read /dev/urandom")?;
+    Ok(hex_string(&bytes))
+}
+
+fn sha256_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use sha2::Digest;
+    let mut file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(hex_string(&hasher.finalize()))
+}
+
+fn hex_string(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

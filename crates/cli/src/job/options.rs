@@ -1,0 +1,341 @@
+//! The flags of `siphon extract` and their resolution, without I/O, into a [`RunSpec`]: the
+//! part of the configuration that decides the dataset and must be identical on every host.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+/// Every `siphon extract` option (also the keys of its TOML config file).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExtractOptions {
+    // --- model ---
+    /// Model: a Hugging Face directory (config.json + safetensors) or a .gguf file.
+    #[arg(long, help_heading = "Model")]
+    pub model: Option<PathBuf>,
+    /// tokenizer.json to use instead of the model's own tokenizer.
+    #[arg(long, help_heading = "Model")]
+    pub tokenizer: Option<PathBuf>,
+    /// Hook points, comma-separated TransformerLens names (`blocks.3.hook_resid_post,...`).
+    #[arg(long, help_heading = "Model")]
+    pub hooks: Option<String>,
+    /// Shorthand for those layers' `hook_resid_post`: `20-27`, `3,5,7` or `0-3,10`.
+    #[arg(long, help_heading = "Model")]
+    pub layers: Option<String>,
+    /// Stored activation dtype: f32, bf16 or f16.
+    #[arg(long, default_value = "bf16", help_heading = "Model")]
+    pub dtype: String,
+    /// Weights and compute dtype: f32 or bf16.
+    #[arg(long, default_value = "f32", help_heading = "Model")]
+    pub compute_dtype: String,
+
+    // --- data ---
+    /// Corpus: parquet/jsonl/text files, directories, globs or gs:// s3:// file:// URLs.
+    #[arg(long, help_heading = "Data")]
+    pub corpus: Option<String>,
+    /// Parquet column holding the text.
+    #[arg(long, default_value = "text", help_heading = "Data")]
+    pub text_column: String,
+    /// JSON field holding the text (jsonl corpora).
+    #[arg(long, default_value = "text", help_heading = "Data")]
+    pub json_field: String,
+    /// Plain-text records: `file` (a file is a document) or `line` (a non-blank line is one).
+    #[arg(long, default_value = "file", help_heading = "Data")]
+    pub text_records: String,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 1024, help_heading = "Data")]
+    pub seq_len: usize,
+    /// Pack documents into full rows (the default).
+    #[arg(long, conflicts_with = "pad", help_heading = "Data")]
+    pub pack: bool,
+    /// One document per row, padded on this side: left or right.
+    #[arg(long, value_name = "SIDE", help_heading = "Data")]
+    pub pad: Option<String>,
+    /// Sequences per batch on each host.
+    #[arg(long, default_value_t = 8, help_heading = "Data")]
+    pub batch_size: usize,
+    /// More tokens to exclude from the dataset besides BOS/EOS/pad (names or ids, comma-separated).
+    #[arg(long, help_heading = "Data")]
+    pub exclude_tokens: Option<String>,
+    /// Stop after about this many tokens in total over all hosts (whole batches).
+    #[arg(long, help_heading = "Data")]
+    pub max_tokens: Option<u64>,
+    /// Tokenizer threads per host (default: the number of cores).
+    #[arg(long, help_heading = "Data")]
+    pub tokenizer_threads: Option<usize>,
+
+    // --- output ---
+    /// Where the dataset goes: a local path or gs:// s3:// az:// file:// URL.
+    #[arg(long, help_heading = "Output")]
+    pub output: Option<String>,
+    /// Run name (a directory under --output). Default: derived from the configuration, so the
+    /// same command resumes the same run.
+    #[arg(long, help_heading = "Output")]
+    pub run: Option<String>,
+    /// Target shard size in MB.
+    #[arg(long, default_value_t = 256.0, help_heading = "Output")]
+    pub shard_size_mb: f64,
+    /// Shuffle tokens across a window of this many batches before writing (deterministic).
+    #[arg(long, help_heading = "Output")]
+    pub shuffle_window: Option<usize>,
+    /// Seed of the token shuffle.
+    #[arg(long, default_value_t = 0, help_heading = "Output")]
+    pub shuffle_seed: u64,
+    /// Keep excluded tokens (BOS/pad/...) in the shards, with a `mask` tensor.
+    #[arg(long, help_heading = "Output")]
+    pub keep_excluded: bool,
+
+    // --- devices and mesh ---
+    /// PJRT plugin (.so). Default: SIPHON_PJRT_PLUGIN, siphon's cache, installed Python packages.
+    #[arg(long, help_heading = "Devices")]
+    pub plugin: Option<PathBuf>,
+    /// Virtual devices of the CPU plugin.
+    #[arg(long, env = "SIPHON_CPU_DEVICES", help_heading = "Devices")]
+    pub cpu_devices: Option<usize>,
+    /// Mesh over this host's devices: 1d, 2d, 3d or auto, as in `siphon plan` (default: every
+    /// device on `data`, weights replicated — hosts are data-parallel in any case).
+    #[arg(long, value_name = "KIND", help_heading = "Devices")]
+    pub mesh: Option<siphon_plan::MeshKind>,
+    /// Size of the data (batch-splitting) axis.
+    #[arg(long, value_name = "N", help_heading = "Devices")]
+    pub data: Option<usize>,
+    /// Size of the fsdp (weight-sharding) axis.
+    #[arg(long, value_name = "N", help_heading = "Devices")]
+    pub fsdp: Option<usize>,
+    /// Size of the model (tensor-parallel) axis.
+    #[arg(long, value_name = "N", help_heading = "Devices")]
+    pub model_parallel: Option<usize>,
+
+    // --- cluster ---
+    /// This process's id (default: detected).
+    #[arg(long, help_heading = "Cluster")]
+    pub process_id: Option<u32>,
+    /// Number of processes in the job (default: detected).
+    #[arg(long, help_heading = "Cluster")]
+    pub num_processes: Option<u32>,
+    /// Coordinator HOST:PORT (default: detected; process 0 hosts it).
+    #[arg(long, help_heading = "Cluster")]
+    pub coordinator: Option<String>,
+    /// Address process 0's coordination service binds (default: the coordinator address).
+    #[arg(long, help_heading = "Cluster")]
+    pub bind: Option<String>,
+    /// Which machine (pod) of a several-pod run this is.
+    #[arg(long, help_heading = "Cluster")]
+    pub machine_id: Option<u32>,
+    /// How many machines (pods) the run has.
+    #[arg(long, help_heading = "Cluster")]
+    pub total_machines: Option<u32>,
+    /// File holding the job token (default: SIPHON_JOB_TOKEN).
+    #[arg(long, help_heading = "Cluster")]
+    pub job_token_file: Option<PathBuf>,
+    /// Seconds to wait for every host to register.
+    #[arg(long, default_value_t = 300.0, help_heading = "Cluster")]
+    pub register_timeout: f64,
+}
+
+/// What decides the dataset: identical on every host (checked through the coordinator).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSpec {
+    /// The model path as given (its config, not the path, is compared via `model_config`).
+    pub model: String,
+    /// Tokenizer override.
+    pub tokenizer: Option<String>,
+    /// Hook names, in output order.
+    pub hooks: Vec<String>,
+    /// Stored dtype.
+    pub dtype: String,
+    /// Compute dtype.
+    pub compute_dtype: String,
+    /// Corpus source.
+    pub corpus: String,
+    /// Parquet text column.
+    pub text_column: String,
+    /// JSON text field.
+    pub json_field: String,
+    /// Plain-text record kind.
+    pub text_records: String,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// `pack`, `pad-left` or `pad-right`.
+    pub packing: String,
+    /// Sequences per batch per host.
+    pub batch_size: usize,
+    /// Extra excluded tokens as given.
+    pub exclude_tokens: Vec<String>,
+    /// Token budget over all hosts.
+    pub max_tokens: Option<u64>,
+    /// Output URL.
+    pub output: String,
+    /// Explicit run name.
+    pub run: Option<String>,
+    /// Target shard bytes.
+    pub shard_bytes: u64,
+    /// Shuffle window in batches.
+    pub shuffle_window: Option<usize>,
+    /// Shuffle seed.
+    pub shuffle_seed: u64,
+    /// Keep excluded tokens with a mask.
+    pub keep_excluded: bool,
+    /// Virtual CPU devices.
+    pub cpu_devices: Option<usize>,
+    /// Mesh request over the host's devices.
+    pub mesh: siphon_plan::MeshRequest,
+    /// Machines (pods) of the run.
+    pub total_machines: u32,
+}
+
+impl ExtractOptions {
+    /// Validates the options (no I/O) and returns the run spec.
+    pub fn resolve(&self, n_layers_hint: Option<usize>, total_machines: u32) -> anyhow::Result<RunSpec> {
+        let need = |v: &Option<String>, name: &str| -> anyhow::Result<String> {
+            v.clone().with_context(|| format!("missing --{name} (or `{name}` in the --config file)"))
+        };
+        let model = self
+            .model
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .context("missing --model (or `model` in the --config file)")?;
+        let corpus = need(&self.corpus, "corpus")?;
+        let output = need(&self.output, "output")?;
+        let hooks = hook_names(self.hooks.as_deref(), self.layers.as_deref())?;
+        if let Some(n_layers) = n_layers_hint {
+            for hook in &hooks {
+                siphon_models::HookPoint::parse(hook, n_layers)
+                    .with_context(|| format!("bad hook {hook:?}"))?;
+            }
+        }
+        for (name, value, allowed) in [
+            ("dtype", &self.dtype, &["f32", "bf16", "f16"][..]),
+            ("compute-dtype", &self.compute_dtype, &["f32", "bf16"][..]),
+            ("text-records", &self.text_records, &["file", "line"][..]),
+        ] {
+            if !allowed.contains(&value.as_str()) {
+                bail!("--{name} {value:?} is not one of {}", allowed.join(", "));
+            }
+        }
+        let packing = match self.pad.as_deref() {
+            None => "pack".to_string(),
+            Some("left") => "pad-left".to_string(),
+            Some("right") => "pad-right".to_string(),
+            Some(other) => bail!("--pad {other:?} must be left or right"),
+        };
+        if self.seq_len < 2 {
+            bail!("--seq-len {} is too small (at least 2)", self.seq_len);
+        }
+        if self.batch_size == 0 {
+            bail!("--batch-size must be at least 1");
+        }
+        if !(self.shard_size_mb > 0.0 && self.shard_size_mb.is_finite()) {
+            bail!("--shard-size-mb must be positive");
+        }
+        if self.shuffle_window == Some(0) {
+            bail!("--shuffle-window must be at least 1 batch");
+        }
+        if let Some(run) = &self.run {
+            if run.is_empty() || run.contains('/') || run.starts_with('.') {
+                bail!("--run {run:?} must be a plain name (no '/', not starting with '.')");
+            }
+        }
+        Ok(RunSpec {
+            model,
+            tokenizer: self.tokenizer.as_ref().map(|p| p.display().to_string()),
+            hooks,
+            dtype: self.dtype.clone(),
+            compute_dtype: self.compute_dtype.clone(),
+            corpus,
+            text_column: self.text_column.clone(),
+            json_field: self.json_field.clone(),
+            text_records: self.text_records.clone(),
+            seq_len: self.seq_len,
+            packing,
+            batch_size: self.batch_size,
+            exclude_tokens: split_list(self.exclude_tokens.as_deref()),
+            max_tokens: self.max_tokens,
+            output,
+            run: self.run.clone(),
+            shard_bytes: (self.shard_size_mb * 1e6) as u64,
+            shuffle_window: self.shuffle_window,
+            shuffle_seed: self.shuffle_seed,
+            keep_excluded: self.keep_excluded,
+            cpu_devices: self.cpu_devices,
+            mesh: self.mesh_request(self.cpu_devices.unwrap_or(1)),
+            total_machines,
+        })
+    }
+}
+
+impl ExtractOptions {
+    /// The planner's mesh request; with no mesh flag at all, every local device on `data`
+    /// (`local_devices` of them).
+    pub fn mesh_request(&self, local_devices: usize) -> siphon_plan::MeshRequest {
+        let any = self.mesh.is_some() || self.data.is_some() || self.fsdp.is_some() || self.model_parallel.is_some();
+        siphon_plan::MeshRequest {
+            kind: self.mesh.unwrap_or(siphon_plan::MeshKind::TwoD),
+            data: if any { self.data } else { Some(local_devices) },
+            fsdp: self.fsdp,
+            model: if any { self.model_parallel } else { Some(1) },
+        }
+    }
+}
+
+/// The hook list from `--hooks` and/or `--layers` (resid_post of each listed layer).
+pub fn hook_names(hooks: Option<&str>, layers: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let mut names = split_list(hooks);
+    if let Some(layers) = layers {
+        for layer in parse_layers(layers)? {
+            names.push(format!("blocks.{layer}.hook_resid_post"));
+        }
+    }
+    if names.is_empty() {
+        bail!("no hook points: give --hooks (e.g. blocks.3.hook_resid_post) or --layers (e.g. 20-27)");
+    }
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    Ok(names)
+}
+
+/// `20-27`, `3,5,7`, `0-3,10` → layer indices in order.
+pub fn parse_layers(text: &str) -> anyhow::Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || format!("--layers: {part:?} is not a layer or a range like 20-27");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) =
+                    (a.trim().parse().with_context(bad)?, b.trim().parse().with_context(bad)?);
+                if a > b {
+                    bail!("--layers: range {part:?} is empty");
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().with_context(bad)?),
+        }
+    }
+    if out.is_empty() {
+        bail!("--layers {text:?} names no layer");
+    }
+    Ok(out)
+}
+
+fn split_list(text: Option<&str>) -> Vec<String> {
+    text.map(|t| t.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_shorthand() {
+        assert_eq!(parse_layers("20-23").unwrap(), vec![20, 21, 22, 23]);
+        assert_eq!(parse_layers("0-1, 5").unwrap(), vec![0, 1, 5]);
+        assert!(parse_layers("3-1").is_err());
+        assert!(parse_layers("x").is_err());
+        assert_eq!(
+            hook_names(Some("ln_final.hook_normalized"), Some("1")).unwrap(),
+            vec!["ln_final.hook_normalized", "blocks.1.hook_resid_post"]
+        );
+        assert!(hook_names(None, None).is_err());
+    }
+}
