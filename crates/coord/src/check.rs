@@ -167,3 +167,73 @@ mod tests {
         assert_eq!(Latency::of(&[]).samples, 0);
     }
 }
+
+/// Every child of one local run; killed on drop.
+struct Children(Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs a job of `n` local processes on 127.0.0.1 (`program args…`, identity and a fresh job
+/// token in the `SIPHON_*` environment) in which every process runs [`run_check`] and process 0
+/// prints its [`CheckReport`] as JSON on the last line of stdout; returns that report. Every
+/// child is killed if anything goes wrong. Used by `siphon cluster bench`.
+pub fn run_local(program: &std::path::Path, args: &[String], n: u32, limit: Duration) -> Result<CheckReport> {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    if n == 0 {
+        return Err(CoordError::InvalidArgument("a local run needs at least one process".into()));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| CoordError::Unavailable(format!("no free port on 127.0.0.1: {e}")))?
+        .port();
+    let token = crate::generate_job_token();
+    let mut children = Children(Vec::new());
+    for task in 0..n {
+        let child = Command::new(program)
+            .args(args)
+            .env("SIPHON_PROCESS_ID", task.to_string())
+            .env("SIPHON_NUM_PROCESSES", n.to_string())
+            .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
+            .env("SIPHON_JOB_TOKEN", &token)
+            .env("RUST_LOG", "warn")
+            .stdout(if task == 0 { Stdio::piped() } else { Stdio::null() })
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| CoordError::Internal(format!("cannot start {}: {e}", program.display())))?;
+        children.0.push(child);
+    }
+    let mut pipe = children.0[0].stdout.take().ok_or_else(|| CoordError::Internal("no stdout".into()))?;
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + limit;
+    for (task, child) in children.0.iter_mut().enumerate() {
+        loop {
+            let status = child.try_wait().map_err(|e| CoordError::Internal(e.to_string()))?;
+            if let Some(status) = status {
+                if !status.success() {
+                    return Err(CoordError::Internal(format!("process {task} of {n} failed ({status})")));
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(CoordError::DeadlineExceeded(format!("process {task} of {n} did not finish within {limit:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let stdout = reader.join().map_err(|_| CoordError::Internal("stdout reader panicked".into()))?;
+    let last = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+    serde_json::from_str(last)
+        .map_err(|e| CoordError::Internal(format!("process 0 printed no report ({e}): {stdout:?}")))
+}

@@ -2,11 +2,9 @@
 //! benchmark. [`ClusterArgs`] holds the identity/coordinator flags every multi-host command
 //! flattens in (`#[command(flatten)]`).
 
-use std::io::Read;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
-use std::process::{Child, Command as Process, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use siphon_coord::check::{CheckOptions, CheckReport, Latency};
@@ -280,84 +278,43 @@ fn print_report(report: &CheckReport, identity: &Identity) {
     }
 }
 
-/// Every child of one benchmark run; killed on drop.
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the siphon executable")?;
-    println!("processes | barrier p50 | barrier p99 | kv round trip p50 | kv broadcast p50 | kv broadcast p99");
+    let check_args: Vec<String> =
+        ["cluster", "check", "--json", "--rounds", &args.rounds.to_string()].iter().map(|s| s.to_string()).collect();
+    println!("{}", bench_header());
     for &n in &args.processes {
-        if n == 0 {
-            bail!("--processes: a run needs at least one process");
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .context("cannot find a free port on 127.0.0.1")?
-            .port();
-        let token = siphon_coord::generate_job_token();
-        let mut children = Children(Vec::new());
-        for task in 0..n {
-            let child = Process::new(&exe)
-                .args(["cluster", "check", "--json", "--rounds", &args.rounds.to_string()])
-                .env("SIPHON_PROCESS_ID", task.to_string())
-                .env("SIPHON_NUM_PROCESSES", n.to_string())
-                .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
-                .env("SIPHON_JOB_TOKEN", &token)
-                .env("RUST_LOG", "warn")
-                .stdout(if task == 0 { Stdio::piped() } else { Stdio::null() })
-                .stderr(Stdio::inherit())
-                .spawn()
-                .with_context(|| format!("cannot start process {task} of {n}"))?;
-            children.0.push(child);
-        }
-        let mut stdout = String::new();
-        children.0[0]
-            .stdout
-            .take()
-            .context("no stdout")?
-            .read_to_string(&mut stdout)
-            .context("reading process 0's report")?;
-        let deadline = Instant::now() + Duration::from_secs(600);
-        for (task, child) in children.0.iter_mut().enumerate() {
-            loop {
-                if let Some(status) = child.try_wait()? {
-                    if !status.success() {
-                        bail!("process {task} of {n} failed ({status})");
-                    }
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!("process {task} of {n} did not finish within 600 s");
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        let report: CheckReport = serde_json::from_str(stdout.trim())
-            .with_context(|| format!("cannot read the report of the {n}-process run"))?;
-        let barrier = report.barrier_all_processes.clone().unwrap_or(report.barrier.clone());
-        let (bp50, bp99) = report
-            .kv_broadcast
-            .as_ref()
-            .map(|b| (format!("{:.3} ms", b.p50_us / 1e3), format!("{:.3} ms", b.p99_us / 1e3)))
-            .unwrap_or(("-".into(), "-".into()));
-        println!(
-            "{n:>9} | {:>8.3} ms | {:>8.3} ms | {:>14.3} ms | {bp50:>16} | {bp99:>16}",
-            barrier.p50_us / 1e3,
-            barrier.p99_us / 1e3,
-            report.kv_round_trip.p50_us / 1e3
-        );
+        let report = siphon_coord::check::run_local(&exe, &check_args, n, Duration::from_secs(600))
+            .with_context(|| format!("the {n}-process run failed"))?;
+        println!("{}", bench_row(&report));
         if args.json {
-            println!("{}", stdout.trim());
+            println!("{}", serde_json::to_string(&report)?);
         }
     }
     Ok(())
+}
+
+/// Header of the benchmark table (Markdown).
+pub fn bench_header() -> String {
+    "| processes | barrier p50 | barrier p99 | kv set+get p50 | kv broadcast p50 | kv broadcast p99 |\n\
+     |---|---|---|---|---|---|"
+        .to_string()
+}
+
+/// One row of the benchmark table (Markdown).
+pub fn bench_row(report: &CheckReport) -> String {
+    let barrier = report.barrier_all_processes.clone().unwrap_or_else(|| report.barrier.clone());
+    let ms = |us: f64| format!("{:.3} ms", us / 1e3);
+    let (bp50, bp99) = report
+        .kv_broadcast
+        .as_ref()
+        .map(|b| (ms(b.p50_us), ms(b.p99_us)))
+        .unwrap_or_else(|| ("-".into(), "-".into()));
+    format!(
+        "| {} | {} | {} | {} | {bp50} | {bp99} |",
+        report.num_processes,
+        ms(barrier.p50_us),
+        ms(barrier.p99_us),
+        ms(report.kv_round_trip.p50_us)
+    )
 }

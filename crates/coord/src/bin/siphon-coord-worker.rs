@@ -9,6 +9,11 @@
 //! - `fail`: join, print "waiting", report an error "worker failed on purpose" and exit 1.
 //! - `panic`: join, print "waiting", panic (the panic hook reports it).
 //!
+//! - `report`: the pre-flight check ([`siphon_coord::check::run_check`]); process 0 prints the
+//!   report as JSON.
+//! - `bench [--rounds N] [--processes 2,8,32]`: runs `report` jobs of each size locally and
+//!   prints a Markdown table (what `siphon cluster bench` does, without building the CLI).
+//!
 //! Exits 0 on success; on any error prints `error: ...` to stderr and exits 1.
 
 use std::time::{Duration, Instant};
@@ -30,11 +35,16 @@ fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().cloned().ok_or("missing scenario")?;
     let mut rounds = 10u32;
+    let mut processes = vec![2u32, 8, 32];
     let mut config = Map::new();
     let mut rest = args[1..].iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--rounds" => rounds = rest.next().and_then(|v| v.parse().ok()).ok_or("bad --rounds")?,
+            "--processes" => {
+                let list = rest.next().ok_or("missing --processes value")?;
+                processes = list.split(',').map(|n| n.trim().parse()).collect::<Result<_, _>>().map_err(|_| "bad --processes")?;
+            }
             "--config" => {
                 let pair = rest.next().ok_or("missing --config value")?;
                 let (key, value) = pair.split_once('=').ok_or("--config wants KEY=VALUE")?;
@@ -42,6 +52,20 @@ fn run() -> Result<(), String> {
             }
             other => return Err(format!("unknown argument {other}")),
         }
+    }
+    if scenario == "bench" {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let args = vec!["report".to_string(), "--rounds".to_string(), rounds.to_string()];
+        println!("| processes | barrier p50 | barrier p99 | kv set+get p50 | kv broadcast p50 | kv broadcast p99 |");
+        println!("|---|---|---|---|---|---|");
+        for n in processes {
+            let report = siphon_coord::check::run_local(&exe, &args, n, Duration::from_secs(600)).map_err(|e| e.to_string())?;
+            let barrier = report.barrier_all_processes.clone().unwrap_or(report.barrier.clone());
+            let ms = |us: f64| format!("{:.3} ms", us / 1e3);
+            let (bp50, bp99) = report.kv_broadcast.as_ref().map(|b| (ms(b.p50_us), ms(b.p99_us))).unwrap_or(("-".into(), "-".into()));
+            println!("| {n} | {} | {} | {} | {bp50} | {bp99} |", ms(barrier.p50_us), ms(barrier.p99_us), ms(report.kv_round_trip.p50_us));
+        }
+        return Ok(());
     }
     let token = std::env::var("SIPHON_JOB_TOKEN").map_err(|_| "SIPHON_JOB_TOKEN is not set")?;
     let me = identity::resolve_from_process(&identity::IdentityFlags::default()).map_err(|e| e.to_string())?;
@@ -80,6 +104,14 @@ fn run() -> Result<(), String> {
             latencies.sort();
             println!("ok task {task} barrier p50 {:?}", latencies[latencies.len() / 2]);
             job.shutdown(timeout).map_err(|e| e.to_string())?;
+        }
+        "report" => {
+            let options = siphon_coord::check::CheckOptions { rounds, timeout };
+            let report = siphon_coord::check::run_check(&job, &options).map_err(|e| e.to_string())?;
+            job.shutdown(timeout).map_err(|e| e.to_string())?;
+            if task == 0 {
+                println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+            }
         }
         "wait" => {
             eprintln!("waiting");
