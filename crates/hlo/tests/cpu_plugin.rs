@@ -11,18 +11,18 @@ use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType};
 use siphon_mesh::PartitionSpec;
 use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin};
 
+/// A fresh 8-device client per test, dropped when the test ends: a client left alive in a
+/// static until process exit races XLA's own static destructors (abort at exit).
 fn client() -> Client {
-    static CLIENT: OnceLock<Client> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| {
-            let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
-            assert!(path.is_file(), "no PJRT CPU plugin at {}: run scripts/install-plugin.sh", path.display());
-            let plugin: Arc<Plugin> = Plugin::load(&path).expect("load the CPU plugin");
-            Client::new(&plugin, ClientOptions::new().cpu_device_count(8)).unwrap()
-        })
-        .clone()
+    static PLUGIN: OnceLock<Arc<Plugin>> = OnceLock::new();
+    let plugin = PLUGIN.get_or_init(|| {
+        let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
+        assert!(path.is_file(), "no PJRT CPU plugin at {}: run scripts/install-plugin.sh", path.display());
+        Plugin::load(&path).expect("load the CPU plugin")
+    });
+    Client::new(plugin, ClientOptions::new().cpu_device_count(8)).unwrap()
 }
 
 /// Compiles `text` for one device, runs it on `args`, returns each output as f32.
