@@ -81,13 +81,22 @@ pub enum PlanError {
     /// `auto` needs to know the device memory to choose a shape.
     #[error("--mesh auto chooses the smallest sharding that fits, so it needs the device memory (--device-memory GiB)")]
     AutoNeedsMemory,
+    /// The plan needs more memory per device than the budget allows.
+    #[error("{0}")]
+    DoesNotFit(String),
     /// Building the mesh or applying a spec failed (a bug in the planner's own arithmetic).
     #[error(transparent)]
     Mesh(#[from] siphon_mesh::MeshError),
 }
 
 fn invalid_mesh_text(requested: &str, reason: &str, valid: &[MeshShape]) -> String {
-    let list: Vec<String> = valid.iter().map(|s| s.to_string()).collect();
+    // Thousands of devices have hundreds of shapes; the first ones (smallest weight-sharding
+    // groups) are the useful ones.
+    const SHOWN: usize = 40;
+    let mut list: Vec<String> = valid.iter().take(SHOWN).map(|s| s.to_string()).collect();
+    if valid.len() > SHOWN {
+        list.push(format!("… and {} more", valid.len() - SHOWN));
+    }
     if list.is_empty() {
         format!("mesh {requested} is impossible: {reason}; no mesh shape is valid on these devices")
     } else {

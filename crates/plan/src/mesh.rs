@@ -266,7 +266,7 @@ impl MeshShape {
                 self.num_devices()
             ));
         }
-        if config.n_heads % self.model != 0 || config.n_kv_heads % self.model != 0 {
+        if !config.n_heads.is_multiple_of(self.model) || !config.n_kv_heads.is_multiple_of(self.model) {
             return Some(format!(
                 "model={} does not divide num_attention_heads {} and num_key_value_heads {} \
                  (the model axis splits whole heads)",
@@ -287,11 +287,11 @@ impl MeshShape {
 }
 
 fn aligned(size: usize, per_host: usize) -> bool {
-    per_host % size == 0 || size % per_host == 0
+    per_host.is_multiple_of(size) || size.is_multiple_of(per_host)
 }
 
 fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).filter(|d| n % d == 0).collect()
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
 /// Every usable shape for `config` on `topology`, by weight-sharding group then `model`.
@@ -317,9 +317,9 @@ pub fn best_model(config: &ModelConfig, topology: &Topology, group: usize) -> us
         .into_iter()
         .rev()
         .find(|&m| {
-            config.n_heads % m == 0
-                && config.n_kv_heads % m == 0
-                && topology.devices_per_host() % m == 0
+            config.n_heads.is_multiple_of(m)
+                && config.n_kv_heads.is_multiple_of(m)
+                && topology.devices_per_host().is_multiple_of(m)
         })
         .unwrap_or(1)
 }
@@ -342,7 +342,7 @@ pub fn resolve(
     {
         match value {
             Some(0) => return Err(invalid(format!("{name} must be at least 1"))),
-            Some(v) if n % v != 0 => {
+            Some(v) if !n.is_multiple_of(v) => {
                 return Err(invalid(format!("{name} {v} does not divide the {n} devices")));
             }
             _ => {}
@@ -364,7 +364,7 @@ pub fn resolve(
         MeshKind::TwoD | MeshKind::ThreeD | MeshKind::Auto => {
             let data = match (request.data, request.fsdp, request.model) {
                 (Some(d), _, _) => d,
-                (None, Some(f), Some(m)) if n % (f * m) == 0 => n / (f * m),
+                (None, Some(f), Some(m)) if n.is_multiple_of(f * m) => n / (f * m),
                 _ => topology.hosts(),
             };
             let group = n / data;

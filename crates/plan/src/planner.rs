@@ -154,6 +154,32 @@ impl Plan {
     pub fn fits(&self) -> Option<bool> {
         self.memory.fits
     }
+
+    /// An error when a device memory was given and the plan does not fit in it, naming the
+    /// bytes and the suggested mesh; `Ok` when it fits or no device memory was given. For
+    /// commands that must refuse to start a run that would run out of memory.
+    pub fn ensure_fits(&self) -> Result<(), PlanError> {
+        let (Some(false), Some(budget)) = (self.memory.fits, self.memory.budget_bytes) else {
+            return Ok(());
+        };
+        let hint = match &self.suggestion {
+            Some(s) => format!(
+                "; {} fits ({} per device{}): {}",
+                s.mesh,
+                gib(s.required_bytes),
+                if s.spans_hosts { ", spanning hosts" } else { "" },
+                s.flags
+            ),
+            None => "; no mesh over these devices fits".to_string(),
+        };
+        Err(PlanError::DoesNotFit(format!(
+            "mesh {} needs {} per device but the budget is {} ({:.0}% headroom){hint}",
+            self.mesh,
+            gib(self.memory.required_bytes),
+            gib(budget),
+            self.memory.headroom * 100.0
+        )))
+    }
 }
 
 /// Plans `config` on `topology`: every check (mesh shape, whole heads on `model`, batch over
@@ -232,7 +258,7 @@ fn candidates(
 ) -> Vec<MeshShape> {
     let n = topology.num_devices();
     let mut out = Vec::new();
-    for group in (1..=n).filter(|g| n % g == 0) {
+    for group in (1..=n).filter(|g| n.is_multiple_of(*g)) {
         let model = match constraints.and_then(|c| c.model) {
             Some(m) if group % m == 0 => m,
             Some(_) => continue,

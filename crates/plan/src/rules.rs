@@ -101,7 +101,7 @@ fn largest_dividing_subset<'a>(axes: &[&'a str], extent: usize, mesh: &Mesh) -> 
         let subset: Vec<&str> =
             axes.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, a)| *a).collect();
         let ways: usize = subset.iter().map(|a| size(mesh, a)).product();
-        if extent % ways == 0 && ways > best_ways {
+        if extent.is_multiple_of(ways) && ways > best_ways {
             best = subset;
             best_ways = ways;
         }

@@ -78,9 +78,12 @@ fn llama_70b_on_4x4_fits_only_spanning_hosts() {
     assert!(suggestion.spans_hosts);
     assert_eq!(suggestion.shape.weight_group(), 16);
     assert!(within.notes.iter().any(|n| n.contains("only a plan spanning hosts fits")), "{:?}", within.notes);
+    let err = within.ensure_fits().unwrap_err().to_string();
+    assert!(err.contains("spanning hosts") && err.contains("--fsdp 4 --model-parallel 4"), "{err}");
     // auto picks that plan itself and says why.
     let auto = plan(&config, &topology, &request(MeshKind::Auto, Some(16))).unwrap();
     assert_eq!(auto.fits(), Some(true));
+    assert_eq!(auto.ensure_fits(), Ok(()));
     assert!(auto.spans_hosts);
     assert_eq!(auto.shape, MeshShape { data: 1, fsdp: 4, model: 4 });
     assert!(auto.notes.iter().any(|n| n.contains("only a plan spanning hosts fits")), "{:?}", auto.notes);
