@@ -77,7 +77,7 @@ pub use locate::{
     cpu_plugin_path_in, default_cpu_plugin_path, locate_plugin, siphon_cache_dir,
 };
 pub use plugin::{AttributeValue, Plugin};
-pub use sharded::ShardedArray;
+pub use sharded::{HostShard, ShardedArray};
 
 /// The PJRT C API version this crate's structs follow: `(major, minor)`.
 pub const PJRT_API_VERSION: (i32, i32) = (ffi::PJRT_API_MAJOR, ffi::PJRT_API_MINOR);

@@ -3,6 +3,12 @@
 //! The index math (which slice each partition holds) is siphon-mesh's, the same the StableHLO
 //! builder uses for its `sdy.sharding` annotations, so host-side splitting and XLA's view of
 //! the program agree by construction.
+//!
+//! In a multi-process job a mesh spans devices of several processes; each process holds only
+//! the partitions on its addressable devices (its *local* partitions). In a single process
+//! every partition is local.
+
+use std::ops::Range;
 
 use siphon_mesh::{Mesh, PartitionSpec};
 
@@ -11,31 +17,72 @@ use crate::client::Client;
 use crate::compile::Executable;
 use crate::error::{Error, Result};
 
-/// A global array held as one buffer per mesh partition: buffer `p` is partition `p`'s
-/// shard, on device `mesh.device_ids()[p]`.
+/// A global array split over a mesh, as this process's shards: `buffers()[i]` is mesh
+/// partition `partitions()[i]`, on device `mesh.device_ids()[partitions()[i]]`.
 #[derive(Debug)]
 pub struct ShardedArray {
     buffers: Vec<Buffer>,
+    partitions: Vec<usize>,
     element_type: ElementType,
     shape: Vec<usize>,
     spec: PartitionSpec,
     mesh: Mesh,
 }
 
+/// One shard copied to the host by [`ShardedArray::local_shards_to_host`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostShard {
+    /// The mesh partition.
+    pub partition: usize,
+    /// The slice of the global array it holds, one range per dimension.
+    pub ranges: Vec<Range<usize>>,
+    /// Its contents.
+    pub array: HostArray,
+}
+
 impl ShardedArray {
-    /// Wraps per-partition buffers, checking count, element type, shard shapes and devices.
+    /// Wraps one buffer per mesh partition (`buffers[p]` is partition `p`), checking count,
+    /// element type, shard shapes and devices.
     pub fn from_buffers(
         buffers: Vec<Buffer>,
         shape: &[usize],
         spec: &PartitionSpec,
         mesh: &Mesh,
     ) -> Result<ShardedArray> {
-        let shard_shape = spec.shard_shape(shape, mesh)?;
         if buffers.len() != mesh.num_devices() {
             return Err(Error::InvalidArgument(format!(
                 "mesh {mesh} has {} partitions but {} buffers were given",
                 mesh.num_devices(),
                 buffers.len()
+            )));
+        }
+        let partitions = (0..buffers.len()).collect();
+        ShardedArray::from_local_buffers(buffers, partitions, shape, spec, mesh)
+    }
+
+    /// Wraps the buffers of some partitions (this process's, in a multi-process job):
+    /// `buffers[i]` is partition `partitions[i]`. Partitions must be distinct and ascending.
+    pub fn from_local_buffers(
+        buffers: Vec<Buffer>,
+        partitions: Vec<usize>,
+        shape: &[usize],
+        spec: &PartitionSpec,
+        mesh: &Mesh,
+    ) -> Result<ShardedArray> {
+        let shard_shape = spec.shard_shape(shape, mesh)?;
+        if buffers.len() != partitions.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} buffers for {} partitions",
+                buffers.len(),
+                partitions.len()
+            )));
+        }
+        if partitions.windows(2).any(|w| w[0] >= w[1])
+            || partitions.last().is_some_and(|&p| p >= mesh.num_devices())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "partitions {partitions:?} must be distinct, ascending and below {}",
+                mesh.num_devices()
             )));
         }
         let Some(first) = buffers.first() else {
@@ -44,7 +91,7 @@ impl ShardedArray {
             ));
         };
         let element_type = first.element_type()?;
-        for (partition, buffer) in buffers.iter().enumerate() {
+        for (buffer, &partition) in buffers.iter().zip(&partitions) {
             let (dims, dtype, device) =
                 (buffer.dims()?, buffer.element_type()?, buffer.device_id()?);
             if dims != shard_shape || dtype != element_type {
@@ -61,6 +108,7 @@ impl ShardedArray {
         }
         Ok(ShardedArray {
             buffers,
+            partitions,
             element_type,
             shape: shape.to_vec(),
             spec: spec.clone(),
@@ -68,12 +116,31 @@ impl ShardedArray {
         })
     }
 
-    /// The per-partition buffers.
+    /// This process's shard buffers, in ascending partition order (all partitions in a
+    /// single-process job, so `buffers()[p]` is partition `p` there).
     pub fn buffers(&self) -> &[Buffer] {
         &self.buffers
     }
 
-    /// Takes the per-partition buffers.
+    /// The mesh partition of each buffer.
+    pub fn partitions(&self) -> &[usize] {
+        &self.partitions
+    }
+
+    /// Whether this process holds every partition.
+    pub fn is_complete(&self) -> bool {
+        self.partitions.len() == self.mesh.num_devices()
+    }
+
+    /// The buffer of `partition`, if this process holds it.
+    pub fn buffer(&self, partition: usize) -> Option<&Buffer> {
+        self.partitions
+            .binary_search(&partition)
+            .ok()
+            .map(|i| &self.buffers[i])
+    }
+
+    /// Takes the shard buffers.
     pub fn into_buffers(self) -> Vec<Buffer> {
         self.buffers
     }
@@ -100,26 +167,42 @@ impl ShardedArray {
 
     /// Downloads the shards and assembles the global row-major array. Replicated pieces are
     /// downloaded once (from the first partition holding them); all copies run concurrently.
+    /// Fails when a piece of the array lies only on other processes' devices.
     pub fn to_host(&self) -> Result<HostArray> {
-        // For each partition, which download holds its piece: replicas share one.
-        let mut download_of = Vec::with_capacity(self.buffers.len());
-        let mut unique: Vec<(Vec<std::ops::Range<usize>>, usize)> = Vec::new();
-        for partition in 0..self.buffers.len() {
+        let num_partitions = self.mesh.num_devices();
+        // Each distinct piece, and the local partition it is downloaded from.
+        let mut pieces: Vec<(Vec<Range<usize>>, Option<usize>)> = Vec::new();
+        let mut piece_of = Vec::with_capacity(num_partitions);
+        for partition in 0..num_partitions {
             let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
-            match unique.iter().position(|(r, _)| *r == ranges) {
-                Some(index) => download_of.push(index),
+            let index = match pieces.iter().position(|(r, _)| *r == ranges) {
+                Some(index) => index,
                 None => {
-                    download_of.push(unique.len());
-                    unique.push((ranges, partition));
+                    pieces.push((ranges, None));
+                    pieces.len() - 1
                 }
+            };
+            if pieces[index].1.is_none() && self.buffer(partition).is_some() {
+                pieces[index].1 = Some(partition);
             }
+            piece_of.push(index);
         }
-        let sources: Vec<&Buffer> = unique.iter().map(|&(_, p)| &self.buffers[p]).collect();
+        let mut sources = Vec::with_capacity(pieces.len());
+        for (ranges, local) in &pieces {
+            let partition = local.ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "the slice {ranges:?} of this {}{:?} array lies on another process's devices; \
+                     use local_shards_to_host",
+                    self.element_type, self.shape
+                ))
+            })?;
+            let buffer = self.buffer(partition).ok_or_else(|| {
+                Error::Unexpected(format!("local partition {partition} has no buffer"))
+            })?;
+            sources.push(buffer);
+        }
         let downloaded = download_many(&sources)?;
-        let slices: Vec<&[u8]> = download_of
-            .iter()
-            .map(|&index| downloaded[index].bytes())
-            .collect();
+        let slices: Vec<&[u8]> = piece_of.iter().map(|&i| downloaded[i].bytes()).collect();
         let bytes = self.spec.assemble(
             &slices,
             self.element_type.size_in_bytes(),
@@ -127,6 +210,25 @@ impl ShardedArray {
             &self.mesh,
         )?;
         HostArray::from_bytes(self.element_type, &self.shape, bytes)
+    }
+
+    /// Downloads this process's shards (all concurrently), each with the slice of the global
+    /// array it holds.
+    pub fn local_shards_to_host(&self) -> Result<Vec<HostShard>> {
+        let buffers: Vec<&Buffer> = self.buffers.iter().collect();
+        let arrays = download_many(&buffers)?;
+        self.partitions
+            .iter()
+            .zip(arrays)
+            .map(|(&partition, array)| {
+                let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
+                Ok(HostShard {
+                    partition,
+                    ranges,
+                    array,
+                })
+            })
+            .collect()
     }
 
     /// Sum of the shards' on-device sizes.
@@ -140,7 +242,8 @@ impl ShardedArray {
 
 impl Client {
     /// Splits `array` by `spec` over `mesh` and uploads partition `p`'s shard to
-    /// `mesh.device_ids()[p]`.
+    /// `mesh.device_ids()[p]`, for every partition on a device this process can address
+    /// (all of them in a single-process job). Every mesh device must exist in the client.
     pub fn upload_sharded(
         &self,
         array: &HostArray,
@@ -149,25 +252,31 @@ impl Client {
     ) -> Result<ShardedArray> {
         let element_type = array.element_type();
         let shard_shape = spec.shard_shape(array.shape(), mesh)?;
+        let mut partitions = Vec::new();
+        for (partition, &device_id) in mesh.device_ids().iter().enumerate() {
+            if self.inner.device(device_id)?.info.addressable {
+                partitions.push(partition);
+            }
+        }
         let shards = spec.split(
             array.bytes(),
             element_type.size_in_bytes(),
             array.shape(),
             mesh,
         )?;
-        let uploads: Vec<Upload<'_>> = shards
+        let uploads: Vec<Upload<'_>> = partitions
             .iter()
-            .zip(mesh.device_ids())
-            .map(|(bytes, &device_id)| Upload {
+            .map(|&p| Upload {
                 element_type,
                 shape: &shard_shape,
-                bytes,
-                device_id,
+                bytes: &shards[p],
+                device_id: mesh.device_ids()[p],
             })
             .collect();
         let buffers = self.upload_many(&uploads)?;
         Ok(ShardedArray {
             buffers,
+            partitions,
             element_type,
             shape: array.shape().to_vec(),
             spec: spec.clone(),
@@ -181,7 +290,8 @@ impl Executable {
     /// sharded arguments, and wraps output `o` as a sharded array split by `output_specs[o]`
     /// (its global shape is the per-device shape times the split of each dimension).
     ///
-    /// All of `mesh`'s devices must be addressable from this process.
+    /// The program runs on this process's devices of the mesh; every argument must hold the
+    /// partitions on them.
     pub fn execute_sharded(
         &self,
         mesh: &Mesh,
@@ -208,42 +318,48 @@ impl Executable {
         // Execution position i runs device_ids()[i]; find the mesh partition on that device.
         let mut partition_of_position = Vec::with_capacity(self.device_ids().len());
         for &device in self.device_ids() {
-            let partition = mesh.device_ids().iter().position(|&d| d == device).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "the program runs on device {device}, which mesh {mesh} (devices {:?}) does not hold",
-                    mesh.device_ids()
-                ))
-            })?;
+            let partition = mesh
+                .device_ids()
+                .iter()
+                .position(|&d| d == device)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "the program runs on device {device}, which mesh {mesh} (devices {:?}) does not hold",
+                        mesh.device_ids()
+                    ))
+                })?;
             partition_of_position.push(partition);
         }
-        if partition_of_position.len() != mesh.num_devices() {
-            return Err(Error::InvalidArgument(format!(
-                "the program runs on {} devices, mesh {mesh} has {}",
-                partition_of_position.len(),
-                mesh.num_devices()
-            )));
+        let mut argument_lists: Vec<Vec<&Buffer>> = Vec::with_capacity(partition_of_position.len());
+        for &partition in &partition_of_position {
+            let mut list = Vec::with_capacity(arguments.len());
+            for (index, argument) in arguments.iter().enumerate() {
+                list.push(argument.buffer(partition).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "argument {index} has no shard for partition {partition} (device {})",
+                        mesh.device_ids()[partition]
+                    ))
+                })?);
+            }
+            argument_lists.push(list);
         }
-        let argument_lists: Vec<Vec<&Buffer>> = partition_of_position
-            .iter()
-            .map(|&partition| arguments.iter().map(|a| &a.buffers()[partition]).collect())
-            .collect();
         let outputs = self.execute(&argument_lists)?;
 
-        // Regroup [position][output] into [output][partition].
-        let mut by_output: Vec<Vec<Option<Buffer>>> = (0..self.num_outputs())
-            .map(|_| (0..mesh.num_devices()).map(|_| None).collect())
-            .collect();
+        // Regroup [position][output] into [output] lists sorted by partition.
+        let mut by_output: Vec<Vec<(usize, Buffer)>> =
+            (0..self.num_outputs()).map(|_| Vec::new()).collect();
         for (position, list) in outputs.into_iter().enumerate() {
             for (output, buffer) in list.into_iter().enumerate() {
-                by_output[output][partition_of_position[position]] = Some(buffer);
+                by_output[output].push((partition_of_position[position], buffer));
             }
         }
         by_output
             .into_iter()
             .zip(output_specs)
             .enumerate()
-            .map(|(output, (buffers, spec))| {
-                let buffers: Vec<Buffer> = buffers.into_iter().flatten().collect();
+            .map(|(output, (mut shards, spec))| {
+                shards.sort_by_key(|(partition, _)| *partition);
+                let (partitions, buffers): (Vec<usize>, Vec<Buffer>) = shards.into_iter().unzip();
                 let shard_dims = buffers
                     .first()
                     .ok_or_else(|| Error::Unexpected(format!("output {output} has no buffers")))?
@@ -260,7 +376,7 @@ impl Executable {
                     .enumerate()
                     .map(|(dim, &size)| size * spec.ways(dim, mesh))
                     .collect();
-                ShardedArray::from_buffers(buffers, &shape, spec, mesh)
+                ShardedArray::from_local_buffers(buffers, partitions, &shape, spec, mesh)
             })
             .collect()
     }

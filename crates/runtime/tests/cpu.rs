@@ -584,3 +584,57 @@ fn handles_are_send_and_sync() {
     let handle = std::thread::spawn(move || buffer.to_host().unwrap().to_vec::<f32>().unwrap());
     assert_eq!(handle.join().unwrap(), vec![1.0, 2.0]);
 }
+
+#[test]
+fn partial_sharded_arrays_assemble_what_they_hold() {
+    let client = client();
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    let values = iota(4 * 8, 1.0);
+    let full = HostArray::from_slice(&[4, 8], &values).unwrap();
+    // Columns split over "model", replicated over "data": partitions 0..4 (data=0) hold it all.
+    let spec = PartitionSpec::new(&[&[], &["model"]]);
+    let shards = spec.split(full.bytes(), 4, &[4, 8], &mesh).unwrap();
+    let upload = |partitions: &[usize]| -> Vec<Buffer> {
+        partitions
+            .iter()
+            .map(|&p| {
+                client
+                    .upload_bytes(ElementType::F32, &[4, 2], &shards[p], p)
+                    .unwrap()
+            })
+            .collect()
+    };
+    let first_half = ShardedArray::from_local_buffers(
+        upload(&[0, 1, 2, 3]),
+        vec![0, 1, 2, 3],
+        &[4, 8],
+        &spec,
+        &mesh,
+    )
+    .unwrap();
+    assert!(!first_half.is_complete());
+    assert_eq!(first_half.to_host().unwrap(), full);
+    // Partitions 0, 1, 5: column blocks 0, 1 (twice); blocks 2 and 3 live elsewhere.
+    let partial =
+        ShardedArray::from_local_buffers(upload(&[0, 1, 5]), vec![0, 1, 5], &[4, 8], &spec, &mesh)
+            .unwrap();
+    assert!(matches!(partial.to_host(), Err(Error::InvalidArgument(_))));
+    let local = partial.local_shards_to_host().unwrap();
+    assert_eq!(
+        local.iter().map(|s| s.partition).collect::<Vec<_>>(),
+        vec![0, 1, 5]
+    );
+    assert_eq!(local[2].ranges, vec![0..4, 2..4]);
+    let block: Vec<f32> = (0..4)
+        .flat_map(|r| values[r * 8 + 2..r * 8 + 4].to_vec())
+        .collect();
+    assert_eq!(local[2].array.to_vec::<f32>().unwrap(), block);
+    // Partitions must be ascending and match the buffers.
+    assert!(
+        ShardedArray::from_local_buffers(upload(&[1, 0]), vec![1, 0], &[4, 8], &spec, &mesh)
+            .is_err()
+    );
+    assert!(
+        ShardedArray::from_local_buffers(upload(&[0]), vec![1], &[4, 8], &spec, &mesh).is_err()
+    );
+}
