@@ -6,8 +6,10 @@
 //! merges (tokens not spelled in the GPT-2 byte alphabet are re-spelled), the byte-level
 //! pre-tokenizer — or, for the `pre` types transformers knows (llama3, qwen2), their split
 //! regex first — the tokens marked CONTROL added as special tokens, USER_DEFINED ones as
-//! plain added tokens, and BOS/EOS added when `add_bos_token`/`add_eos_token` say so.
-//! SentencePiece-style (`llama`) vocabularies are not built yet and give a clear error.
+//! plain added tokens, and BOS/EOS added when `add_bos_token`/`add_eos_token` say so. For
+//! `tokenizer.ggml.model = "llama"` (SentencePiece-style) it is a byte-fallback BPE with a
+//! Metaspace pre-tokenizer, merges from the file or derived from the piece scores the way
+//! transformers' `generate_merges` does, and BOS added unless the file says otherwise.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -95,15 +97,21 @@ impl TextTokenizer {
     pub fn from_gguf(file: &GgufFile) -> Result<TextTokenizer, ModelError> {
         let fail = |m: String| ModelError::Tokenizer(format!("{}: {m}", file.path().display()));
         let model = file.get("tokenizer.ggml.model").and_then(GgufValue::as_str).ok_or_else(|| fail("no tokenizer.ggml.model".into()))?;
-        if model != "gpt2" {
-            return Err(fail(format!("tokenizer.ggml.model {model:?} is not supported yet (supported: gpt2 byte-level BPE)")));
+        if model != "gpt2" && model != "llama" {
+            return Err(fail(format!(
+                "tokenizer.ggml.model {model:?} is not supported yet (supported: gpt2 byte-level BPE, llama SentencePiece BPE)"
+            )));
         }
         let strings = |key: &str| -> Result<Vec<&str>, ModelError> {
             let arr = file.get(key).and_then(GgufValue::as_array).ok_or_else(|| fail(format!("no {key} array")))?;
             arr.iter().map(|v| v.as_str().ok_or_else(|| fail(format!("{key} holds a non-string")))).collect()
         };
         let tokens = strings("tokenizer.ggml.tokens")?;
-        let merges = strings("tokenizer.ggml.merges")?;
+        let merges: Option<Vec<&str>> = match file.get("tokenizer.ggml.merges") {
+            Some(_) => Some(strings("tokenizer.ggml.merges")?),
+            None if model == "llama" => None,
+            None => return Err(fail("no tokenizer.ggml.merges array".into())),
+        };
         let token_types: Vec<u64> = match file.get("tokenizer.ggml.token_type").and_then(GgufValue::as_array) {
             Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
             None => Vec::new(),
@@ -118,43 +126,24 @@ impl TextTokenizer {
         let flag = |key: &str| file.get(&format!("tokenizer.ggml.{key}")).and_then(GgufValue::as_bool).unwrap_or(false);
         let (bos_id, eos_id, pad_id) = (id("bos_token_id")?, id("eos_token_id")?, id("padding_token_id")?);
 
-        let alphabet: HashSet<char> = byte_alphabet().into_iter().collect();
-        let spelling = byte_alphabet();
-        let mut vocab = serde_json::Map::new();
-        for (i, t) in tokens.iter().enumerate() {
-            let s = if t.chars().all(|c| alphabet.contains(&c)) {
-                t.to_string()
-            } else {
-                t.bytes().map(|b| spelling[b as usize]).collect()
+        let (model_json, pre_tokenizer, decoder, added) = if model == "gpt2" {
+            let merges = merges.unwrap_or_default();
+            byte_level_parts(file, &tokens, &merges, &token_types)
+        } else {
+            let scores: Vec<f64> = match file.get("tokenizer.ggml.scores").and_then(GgufValue::as_array) {
+                Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect(),
+                None if merges.is_some() => vec![0.0; tokens.len()],
+                None => return Err(fail("a llama vocabulary without merges needs tokenizer.ggml.scores".into())),
             };
-            vocab.insert(s, json!(i));
-        }
-        let mut added = Vec::new();
-        for (i, (t, ty)) in tokens.iter().zip(&token_types).enumerate() {
-            // 3 = CONTROL (special), 4 = USER_DEFINED (plain added token). transformers skips a
-            // CONTROL token not spelled in the byte alphabet as a llama.cpp mislabel.
-            let special = match ty {
-                3 if t.chars().all(|c| alphabet.contains(&c)) => true,
-                4 => false,
-                _ => continue,
-            };
-            added.push(json!({"id": i, "content": t, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": !special, "special": special}));
-        }
-        let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
-        let pre = file.get("tokenizer.ggml.pre").and_then(GgufValue::as_str);
-        let split = match pre {
-            Some("llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "smaug-bpe" | "dbrx") => Some(GPT4_STYLE_LLAMA3),
-            Some("qwen2" | "deepseek-r1-qwen") => Some(QWEN2_SPLIT),
-            _ => None,
+            sentencepiece_parts(&tokens, merges.as_deref(), &scores, &token_types)
         };
-        let pre_tokenizer = match split {
-            None => byte_level(true),
-            Some(regex) => json!({"type": "Sequence", "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
-                byte_level(false)]}),
+        // llama.cpp (and transformers) add BOS to a SentencePiece vocabulary unless the file
+        // says otherwise.
+        let add_bos = match file.get("tokenizer.ggml.add_bos_token").and_then(GgufValue::as_bool) {
+            Some(b) => b,
+            None => model == "llama",
         };
-        let (add_bos, add_eos) = (flag("add_bos_token"), flag("add_eos_token"));
+        let add_eos = flag("add_eos_token");
         let mut single = Vec::new();
         let mut special_tokens = BTreeMap::new();
         if let (true, Some(b)) = (add_bos, bos_id) {
@@ -176,10 +165,8 @@ impl TextTokenizer {
             "normalizer": null,
             "pre_tokenizer": pre_tokenizer,
             "post_processor": {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special_tokens},
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
-                "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                "vocab": vocab, "merges": merges},
+            "decoder": decoder,
+            "model": model_json,
         });
         let inner: tokenizers::Tokenizer = spec
             .to_string()
@@ -187,6 +174,113 @@ impl TextTokenizer {
             .map_err(|e| fail(format!("building the BPE tokenizer: {e}")))?;
         Ok(TextTokenizer { inner, bos_id, eos_id, pad_id })
     }
+}
+
+type Parts = (Value, Value, Value, Vec<Value>);
+
+/// The added-token entries transformers makes: CONTROL (3) tokens special, USER_DEFINED (4)
+/// plain; `keep` filters CONTROL tokens (byte-level vocabularies skip mislabelled ones).
+fn added_tokens(tokens: &[&str], token_types: &[u64], keep: impl Fn(&str) -> bool) -> Vec<Value> {
+    let mut added = Vec::new();
+    for (i, (t, ty)) in tokens.iter().zip(token_types).enumerate() {
+        let special = match ty {
+            3 if keep(t) => true,
+            4 => false,
+            _ => continue,
+        };
+        added.push(json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": !special, "special": special}));
+    }
+    added
+}
+
+/// transformers' `byte_level_tokenizer` (GPT2Tokenizer) plus its `set_split_regex`.
+fn byte_level_parts(file: &GgufFile, tokens: &[&str], merges: &[&str], token_types: &[u64]) -> Parts {
+    let spelling = byte_alphabet();
+    let alphabet: HashSet<char> = spelling.iter().copied().collect();
+    let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
+    let mut vocab = serde_json::Map::new();
+    for (i, t) in tokens.iter().enumerate() {
+        let s = if in_alphabet(t) { t.to_string() } else { t.bytes().map(|b| spelling[b as usize]).collect() };
+        vocab.insert(s, json!(i));
+    }
+    let added = added_tokens(tokens, token_types, in_alphabet);
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = match file.get("tokenizer.ggml.pre").and_then(GgufValue::as_str) {
+        Some("llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "smaug-bpe" | "dbrx") => Some(GPT4_STYLE_LLAMA3),
+        Some("qwen2" | "deepseek-r1-qwen") => Some(QWEN2_SPLIT),
+        _ => None,
+    };
+    let pre_tokenizer = match split {
+        None => byte_level(true),
+        Some(regex) => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+            byte_level(false)]}),
+    };
+    let model = json!({"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
+        "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+        "vocab": vocab, "merges": merges});
+    let decoder = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
+    (model, pre_tokenizer, decoder, added)
+}
+
+/// transformers' `sentencepiece_tokenizer` (LlamaTokenizer): BPE with byte fallback over the
+/// file's pieces, merges from the file or derived from the scores (`generate_merges`), and a
+/// Metaspace pre-tokenizer that prepends `▁` to the first section only.
+fn sentencepiece_parts(tokens: &[&str], merges: Option<&[&str]>, scores: &[f64], token_types: &[u64]) -> Parts {
+    let mut vocab_ids: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, t) in tokens.iter().enumerate() {
+        vocab_ids.insert(t, i); // a repeated piece keeps its last id, as a Python dict does
+    }
+    let merges: Vec<Value> = match merges {
+        Some(m) => m.iter().map(|s| json!(s)).collect(),
+        None => derive_merges(tokens, scores, &vocab_ids).into_iter().map(|(l, r)| json!([l, r])).collect(),
+    };
+    let vocab: serde_json::Map<String, Value> = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
+    let added = added_tokens(tokens, token_types, |_| true);
+    let model = json!({"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+        "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+        "vocab": vocab, "merges": merges});
+    let pre = json!({"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "first", "split": false});
+    let decoder = json!({"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]});
+    (model, pre, decoder, added)
+}
+
+/// transformers' `generate_merges(vocab, scores)`: every split of a piece into two pieces of
+/// the vocabulary is a merge ranked by the whole piece's score (higher first), ties by the
+/// lengths of the left and right part (longer first), then by file order.
+fn derive_merges<'a>(tokens: &[&'a str], scores: &[f64], vocab: &std::collections::HashMap<&str, usize>) -> Vec<(&'a str, &'a str)> {
+    // dict(zip(tokens, scores)): first position of a piece, last score.
+    let mut order: Vec<&str> = Vec::new();
+    let mut score_of: std::collections::HashMap<&str, f64> = std::collections::HashMap::new();
+    for (t, s) in tokens.iter().zip(scores) {
+        if score_of.insert(t, *s).is_none() {
+            order.push(t);
+        }
+    }
+    let mut merges: Vec<(&'a str, &'a str, f64)> = Vec::new();
+    for piece in order {
+        let piece: &'a str = tokens[vocab[piece]];
+        let mut local: Vec<(&'a str, &'a str, f64)> = piece
+            .char_indices()
+            .skip(1)
+            .map(|(i, _)| (&piece[..i], &piece[i..]))
+            .filter(|(l, r)| vocab.contains_key(l) && vocab.contains_key(r))
+            .map(|(l, r)| (l, r, score_of[piece]))
+            .collect();
+        local.sort_by_key(|(l, r, _)| (vocab[l], vocab[r]));
+        merges.extend(local);
+    }
+    // Python's sorted(..., reverse=True) is stable: equal keys keep their order.
+    merges.sort_by(|a, b| {
+        let ka = (a.2, a.0.chars().count(), a.1.chars().count());
+        let kb = (b.2, b.0.chars().count(), b.1.chars().count());
+        kb.partial_cmp(&ka).unwrap_or(std::cmp::Ordering::Equal)
+    });
+    merges.into_iter().map(|(l, r, _)| (l, r)).collect()
 }
 
 /// GPT-2's byte → printable character map (`bytes_to_unicode`): printable Latin-1 bytes map

@@ -170,3 +170,19 @@ fn dequantization_matches_the_gguf_reference_on_random_blocks() {
         }
     }
 }
+
+#[test]
+fn sentencepiece_gguf_tokenizer_matches_hf() {
+    // A tiny llama-vocabulary GGUF without merges (they are derived from the scores), byte
+    // fallback pieces and control tokens, with transformers' ids (scripts/gen-fixtures.sh).
+    let file = siphon_models::gguf::GgufFile::open(&fixture("spm/tiny-spm.gguf")).unwrap();
+    let tok = siphon_models::TextTokenizer::from_gguf(&file).unwrap();
+    assert_eq!((tok.bos_id, tok.eos_id), (Some(1), Some(2)));
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("spm/token_ids.json")).unwrap()).unwrap();
+    for (text, want) in golden["texts"].as_array().unwrap().iter().zip(golden["ids"].as_array().unwrap()) {
+        let want: Vec<u32> = want.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let text = text.as_str().unwrap();
+        assert_eq!(tok.encode(text).unwrap(), want, "text {text:?}");
+    }
+}
