@@ -83,6 +83,7 @@ pub struct Compute {
     engine: siphon_engine::Engine,
     mesh: siphon_mesh::Mesh,
     output_dtype: ActivationDtype,
+    batch_size: usize,
     // Keeps the plugin's client alive as long as the engine's buffers.
     _client: siphon_runtime::Client,
 }
@@ -130,7 +131,7 @@ impl Compute {
         engine.prepare(spec.batch_size, spec.seq_len).context("cannot compile the forward pass")?;
         let stats = engine.load_stats();
         tracing::info!(seconds = stats.upload_s, bytes = stats.uploaded_bytes, "weights uploaded, forward compiled");
-        Ok(Compute { engine, mesh, output_dtype: activation_dtype(&spec.dtype)?, _client: client })
+        Ok(Compute { engine, mesh, output_dtype: activation_dtype(&spec.dtype)?, batch_size: spec.batch_size, _client: client })
     }
 
     /// The model's configuration (for run.json).
@@ -144,9 +145,19 @@ impl Compute {
     }
 
     /// Runs one batch: its hook activations, `[batch*seq, d_model]` each, in hook order.
+    ///
+    /// A stream's last batch may be short: it is filled up with fully masked rows to the
+    /// compiled batch size (one compiled shape, a batch the data axis always splits), and
+    /// their outputs are dropped.
     pub fn run(&mut self, batch: &siphon_data::Batch) -> anyhow::Result<Vec<HookActivations>> {
-        let ids: Vec<Vec<u32>> = (0..batch.len()).map(|i| batch.sequence(i).to_vec()).collect();
-        let mask: Vec<Vec<u8>> = batch.attention_mask.chunks(batch.seq_len).map(<[u8]>::to_vec).collect();
+        let rows = batch.len();
+        let seq = batch.seq_len;
+        let mut ids: Vec<Vec<u32>> = (0..rows).map(|i| batch.sequence(i).to_vec()).collect();
+        let mut mask: Vec<Vec<u8>> = batch.attention_mask.chunks(seq).map(<[u8]>::to_vec).collect();
+        if rows < self.batch_size {
+            ids.resize(self.batch_size, vec![0; seq]);
+            mask.resize(self.batch_size, vec![0; seq]);
+        }
         let input = siphon_engine::Batch::new(ids, Some(mask))?;
         let activations = self.engine.run(&input)?;
         activations
@@ -154,7 +165,9 @@ impl Compute {
             .into_iter()
             .map(|(hook, array)| {
                 let d_model = *array.shape().last().context("hook output without dimensions")?;
-                Ok(HookActivations { hook: hook.to_string(), dtype: self.output_dtype, d_model, data: array.into_bytes() })
+                let mut data = array.into_bytes();
+                data.truncate(rows * seq * d_model * self.output_dtype.size());
+                Ok(HookActivations { hook: hook.to_string(), dtype: self.output_dtype, d_model, data })
             })
             .collect()
     }

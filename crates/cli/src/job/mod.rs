@@ -172,7 +172,12 @@ fn run_joined(
     progress.resumed(resume_at.committed_tokens);
     let started = Instant::now();
     let mut compute_time = Duration::ZERO;
+    // Test hook: slows the loop down so that tests can kill a host mid-run.
+    let slow_batch = std::env::var("SIPHON_TEST_SLOW_BATCH_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
     for batch in stream {
+        if let Some(delay) = slow_batch {
+            std::thread::sleep(delay);
+        }
         if let Some(err) = coord.job_error() {
             return Err(anyhow::Error::new(err).context("another host failed"));
         }

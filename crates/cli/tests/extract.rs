@@ -1,0 +1,328 @@
+//! End-to-end tests of `siphon extract` / `siphon launch` / `siphon inspect` on a tiny random
+//! Llama model and a generated corpus, with the PJRT CPU plugin (`SIPHON_PJRT_PLUGIN`, set by
+//! scripts/test.sh). Every process is started on 127.0.0.1 and killed by a guard.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SIPHON: &str = env!("CARGO_BIN_EXE_siphon");
+const HIDDEN: usize = 32;
+const LAYERS: usize = 2;
+const HOOKS: &str = "blocks.0.hook_resid_pre,blocks.0.hook_attn_out,blocks.1.hook_mlp_out,ln_final.hook_normalized";
+
+fn plugin() -> String {
+    std::env::var("SIPHON_PJRT_PLUGIN").unwrap_or_else(|_| {
+        let cache = std::env::var("SIPHON_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/siphon"));
+        let path = cache.join("pjrt/xla-cpu-2026.6.23/libpjrt_cpu.so");
+        assert!(path.exists(), "no PJRT CPU plugin: run scripts/install-plugin.sh or set SIPHON_PJRT_PLUGIN");
+        path.display().to_string()
+    })
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// A tiny Llama with random weights and a vocabulary that covers the fixture tokenizer's 260 ids.
+fn make_model(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": 264, "hidden_size": HIDDEN, "intermediate_size": 64,
+        "num_hidden_layers": LAYERS, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
+        "tie_word_embeddings": true, "hidden_act": "silu"
+    });
+    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    let parsed = siphon_models::HfConfig::from_json(&config.to_string()).unwrap().into_config().unwrap();
+    let mut seed = 0x9e3779b97f4a7c15u64;
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = parsed
+        .params(LAYERS, false)
+        .into_iter()
+        .map(|p| {
+            let n: usize = p.shape.iter().product();
+            let values: Vec<f32> = (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let unit = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                    if p.class == siphon_models::ParamClass::Norm { 1.0 + 0.2 * unit } else { 0.4 * unit }
+                })
+                .collect();
+            (p.name, p.shape, values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+/// Four text files of short lines (each line a document).
+fn make_corpus(dir: &Path, lines_per_file: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let words = ["the", "river", "ran", "cold", "under", "a", "grey", "sky", "and", "birds", "sang", "of", "rain"];
+    let mut seed = 7u64;
+    for file in 0..4 {
+        let mut text = String::new();
+        for _ in 0..lines_per_file {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let n = 3 + (seed >> 60) as usize;
+            for w in 0..n {
+                let i = ((seed >> (w * 4 % 56)) as usize) % words.len();
+                text.push_str(words[i]);
+                text.push(' ');
+            }
+            text.push('\n');
+        }
+        std::fs::write(dir.join(format!("part-{file}.txt")), text).unwrap();
+    }
+}
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    model: PathBuf,
+    corpus: PathBuf,
+}
+
+fn setup(lines_per_file: usize) -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let model = root.join("model");
+    let corpus = root.join("corpus");
+    make_model(&model);
+    make_corpus(&corpus, lines_per_file);
+    Setup { _tmp: tmp, root, model, corpus }
+}
+
+fn extract_args(s: &Setup, output: &Path, run: &str) -> Vec<String> {
+    let tokenizer = repo_root().join("fixtures/data/tokenizer.json");
+    [
+        "extract", "--model", s.model.to_str().unwrap(), "--tokenizer", tokenizer.to_str().unwrap(),
+        "--corpus", s.corpus.to_str().unwrap(), "--text-records", "line", "--hooks", HOOKS,
+        "--seq-len", "32", "--batch-size", "4", "--dtype", "f32", "--shard-size-mb", "0.02",
+        "--output", output.to_str().unwrap(), "--run", run, "--tokenizer-threads", "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Kills the child if the test ends before it does.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn siphon(args: &[String]) -> Command {
+    let mut command = Command::new(SIPHON);
+    command
+        .args(args)
+        .env("SIPHON_PJRT_PLUGIN", plugin())
+        .env("TF_CPP_MIN_LOG_LEVEL", "2")
+        .env_remove("SIPHON_PROCESS_ID")
+        .env_remove("SIPHON_NUM_PROCESSES")
+        .env_remove("SIPHON_COORDINATOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Runs to completion within `limit`, or fails the test.
+fn run_ok(mut command: Command, limit: Duration) -> Output {
+    let child = command.spawn().expect("start siphon");
+    let output = wait_with_limit(Guard(child), limit);
+    assert!(
+        output.status.success(),
+        "siphon failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn wait_with_limit(mut guard: Guard, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    // Drain the pipes on threads so a chatty child never blocks on a full pipe.
+    let stdout = guard.0.stdout.take().unwrap();
+    let stderr = guard.0.stderr.take().unwrap();
+    let out = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap_or_default());
+    let err = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "siphon did not finish within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: out.join().unwrap().into_bytes(), stderr: err.join().unwrap().into_bytes() }
+}
+
+/// Every kept token of a run: (document, position) → concatenated hook rows.
+fn read_tokens(run_dir: &Path) -> BTreeMap<(i64, i32), Vec<f32>> {
+    let mut out = BTreeMap::new();
+    let hooks: Vec<&str> = HOOKS.split(',').collect();
+    for host in std::fs::read_dir(run_dir).unwrap() {
+        let host = host.unwrap().path();
+        if !host.file_name().unwrap().to_str().unwrap().starts_with("machine_") {
+            continue;
+        }
+        for shard in std::fs::read_dir(&host).unwrap() {
+            let shard = shard.unwrap().path();
+            if shard.extension().and_then(|e| e.to_str()) != Some("safetensors") {
+                continue;
+            }
+            let bytes = std::fs::read(&shard).unwrap();
+            let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let ints = |name: &str| tensors.tensor(name).unwrap().data().to_vec();
+            let docs: Vec<i64> = ints("doc_index").chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+            let positions: Vec<i32> = ints("position").chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+            let rows: Vec<Vec<f32>> = hooks
+                .iter()
+                .map(|h| ints(h).chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+                .collect();
+            for (i, key) in docs.iter().zip(&positions).enumerate() {
+                let mut values = Vec::with_capacity(hooks.len() * HIDDEN);
+                for hook_rows in &rows {
+                    values.extend_from_slice(&hook_rows[i * HIDDEN..(i + 1) * HIDDEN]);
+                }
+                assert!(out.insert((*key.0, *key.1), values).is_none(), "token {key:?} stored twice");
+            }
+        }
+    }
+    out
+}
+
+fn assert_same_tokens(a: &BTreeMap<(i64, i32), Vec<f32>>, b: &BTreeMap<(i64, i32), Vec<f32>>, tolerance: f32) {
+    assert_eq!(a.len(), b.len(), "different token counts");
+    assert!(!a.is_empty());
+    for (key, left) in a {
+        let right = b.get(key).unwrap_or_else(|| panic!("token {key:?} missing"));
+        let diff = left.iter().zip(right).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(diff <= tolerance, "token {key:?} differs by {diff}");
+    }
+}
+
+fn inspect_ok(run_dir: &Path) {
+    let output = run_ok(siphon(&["inspect".into(), run_dir.display().to_string()]), Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("OK:"), "{text}");
+}
+
+#[test]
+fn two_hosts_of_four_devices_match_one_host_of_one_device() {
+    let s = setup(24);
+    let single = s.root.join("single");
+    let mut args = extract_args(&s, &single, "r");
+    args.extend(["--cpu-devices".into(), "1".into()]);
+    run_ok(siphon(&args), Duration::from_secs(300));
+
+    let multi = s.root.join("multi");
+    let mut args: Vec<String> =
+        ["launch", "--local-hosts", "2", "--cpu-devices-per-host", "4", "--"].iter().map(|s| s.to_string()).collect();
+    args.extend(extract_args(&s, &multi, "r"));
+    run_ok(siphon(&args), Duration::from_secs(300));
+
+    inspect_ok(&single.join("r"));
+    inspect_ok(&multi.join("r"));
+    assert_eq!(std::fs::read_dir(multi.join("r")).unwrap().filter(|e| {
+        e.as_ref().unwrap().file_name().to_str().unwrap().starts_with("machine_")
+    }).count(), 2);
+    assert_same_tokens(&read_tokens(&single.join("r")), &read_tokens(&multi.join("r")), 1e-5);
+}
+
+fn manifest_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map(|t| t.lines().filter(|l| !l.trim().is_empty()).count()).unwrap_or(0)
+}
+
+#[test]
+fn a_killed_host_stops_the_other_and_a_rerun_resumes_to_the_uninterrupted_dataset() {
+    let s = setup(80);
+    let launch = |output: &Path| {
+        let mut args: Vec<String> =
+            ["launch", "--local-hosts", "2", "--cpu-devices-per-host", "2", "--"].iter().map(|s| s.to_string()).collect();
+        args.extend(extract_args(&s, output, "r"));
+        args
+    };
+    // The uninterrupted reference.
+    let reference = s.root.join("reference");
+    run_ok(siphon(&launch(&reference)), Duration::from_secs(300));
+
+    // The same job, host by host, slowed down; host 1 is killed with SIGKILL mid-run.
+    let output = s.root.join("killed");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let host = |id: usize| {
+        let mut command = siphon(&extract_args(&s, &output, "r"));
+        command
+            .env("SIPHON_PROCESS_ID", id.to_string())
+            .env("SIPHON_NUM_PROCESSES", "2")
+            .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
+            .env("SIPHON_JOB_TOKEN", "test-token")
+            .env("SIPHON_CPU_DEVICES", "2")
+            .env("SIPHON_TEST_SLOW_BATCH_MS", "150");
+        Guard(command.spawn().unwrap())
+    };
+    let host0 = host(0);
+    let mut host1 = host(1);
+    let manifest = output.join("r/machine_000_host_01/manifest.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while manifest_lines(&manifest) < 1 {
+        assert!(Instant::now() < deadline, "host 1 committed no shard in time");
+        assert!(host1.0.try_wait().unwrap().is_none(), "host 1 ended before it could be killed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    host1.0.kill().unwrap(); // SIGKILL
+    let killed_at = Instant::now();
+    let out0 = wait_with_limit(host0, Duration::from_secs(30));
+    let stopped_after = killed_at.elapsed();
+    let stderr0 = String::from_utf8_lossy(&out0.stderr);
+    assert!(!out0.status.success(), "host 0 should fail when host 1 dies");
+    assert!(stderr0.contains("task 1"), "host 0's error should name task 1: {stderr0}");
+    assert!(stopped_after < Duration::from_secs(10), "host 0 took {stopped_after:?} to stop");
+
+    // Re-running the same command resumes and completes.
+    run_ok(siphon(&launch(&output)), Duration::from_secs(300));
+    inspect_ok(&output.join("r"));
+    inspect_ok(&reference.join("r"));
+    for host in ["machine_000_host_00", "machine_000_host_01"] {
+        let digests = |root: &Path| -> Vec<String> {
+            std::fs::read_to_string(root.join("r").join(host).join("manifest.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["sha256"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(digests(&output), digests(&reference), "{host}: shards differ from the uninterrupted run");
+    }
+}
+
+#[test]
+fn bad_arguments_fail_before_anything_expensive() {
+    let s = setup(2);
+    let out = s.root.join("out");
+    let mut args = extract_args(&s, &out, "r");
+    args.extend(["--layers".into(), "7".into()]);
+    let output = siphon(&args).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("blocks.7"), "{stderr}");
+    assert!(!out.join("r").exists(), "nothing may be written for bad arguments");
+
+    // A missing required option names itself.
+    let output = siphon(&["extract".into(), "--model".into(), s.model.display().to_string(), "--layers".into(), "0".into()])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--corpus"));
+}
