@@ -190,7 +190,7 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
 
     // A [hidden, in] weight: rows over fsdp, columns over model (the planner's rule).
     let cols = 1024usize;
-    anyhow::ensure!(cols % shape.model == 0, "--model-parallel {} does not divide {cols} columns", shape.model);
+    anyhow::ensure!(cols.is_multiple_of(shape.model), "--model-parallel {} does not divide {cols} columns", shape.model);
     let row_bytes = (cols * 4) as u64;
     let rows = ((args.target_bytes / row_bytes) as usize / shape.fsdp * shape.fsdp).max(shape.fsdp);
     let weight_shape = [rows, cols];
