@@ -487,3 +487,37 @@ impl Engine {
         Ok(Activations { hooks })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_and_batches_cross_threads() {
+        // The extraction loop owns the engine on a compute thread and hands batches over
+        // channels; both must be Send, and the engine Sync for a shared `Arc<Engine>`.
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Engine>();
+        send_sync::<Batch>();
+        send_sync::<Activations>();
+    }
+
+    #[test]
+    fn positions_follow_the_mask_on_either_side() {
+        assert_eq!(positions_from_mask(&[1, 1, 1, 0, 0], 5), vec![0, 1, 2, 2, 2]);
+        assert_eq!(positions_from_mask(&[0, 0, 1, 1, 1], 5), vec![0, 0, 0, 1, 2]);
+        assert_eq!(positions_from_mask(&[1, 1, 0, 1, 1, 1], 3), vec![0, 1, 1, 0, 1, 2]);
+    }
+
+    #[test]
+    fn batch_validation_names_the_problem() {
+        let err = Batch::new(vec![], None).unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+        let err = Batch::new(vec![vec![1, 2]], Some(vec![vec![1, 2]])).unwrap_err();
+        assert!(err.to_string().contains("only 0 and 1"), "{err}");
+        let b = Batch::new(vec![vec![1, 2]], None).unwrap();
+        assert!(b.clone().with_position_ids(vec![0]).is_err());
+        assert!(b.clone().with_position_ids(vec![0, -1]).is_err());
+        assert_eq!(b.with_position_ids(vec![5, 6]).unwrap().position_ids(), &[5, 6]);
+    }
+}
