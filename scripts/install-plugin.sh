@@ -5,6 +5,8 @@
 # The plugin is an unmodified XLA CPU PJRT build shipped in the PyPI wheel
 # fastatomstruct-xla-cpu==2026.6.23; both the wheel and the library are checked against
 # pinned sha256 sums. Does nothing when the installed file already has the right sum.
+# Downloads with `pip download` (or, without pip, from PyPI's simple index with urllib);
+# SIPHON_PJRT_WHEEL=path uses an already-downloaded wheel instead (checked the same way).
 # Prints the installed path on the last line, e.g. for
 #   export SIPHON_PJRT_PLUGIN="$(scripts/install-plugin.sh | tail -n1)"
 set -euo pipefail
@@ -32,13 +34,38 @@ work="$(mktemp -d "$dest_dir/.install.XXXXXX")"
 # The temp dir sits beside the destination so the final rename is atomic (same filesystem).
 trap 'rm -rf "$work"' EXIT
 
-echo "downloading $package==$version with pip" >&2
-"$python" -m pip download --quiet --disable-pip-version-check --no-deps \
-    --dest "$work/wheel" "$package==$version" >&2
+mkdir -p "$work/wheel"
+if [[ -n "${SIPHON_PJRT_WHEEL:-}" ]]; then
+    # An already-downloaded wheel (offline machines); its sha256 is still checked below.
+    cp "$SIPHON_PJRT_WHEEL" "$work/wheel/"
+elif "$python" -m pip --version >/dev/null 2>&1; then
+    echo "downloading $package==$version with pip" >&2
+    "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --dest "$work/wheel" "$package==$version" >&2
+else
+    # No pip (e.g. a bare Debian python3): read PyPI's simple index with urllib.
+    echo "pip not available; downloading $package==$version from PyPI with urllib" >&2
+    "$python" - "$package" "$version" "$work/wheel" <<'PY'
+import os, re, sys, urllib.parse, urllib.request
+package, version, dest = sys.argv[1:]
+index = f"https://pypi.org/simple/{package}/"
+with urllib.request.urlopen(index, timeout=60) as r:
+    page = r.read().decode()
+prefix = package.replace("-", "_") + "-" + version + "-"
+links = [urllib.parse.urljoin(index, href.split("#")[0]) for href in re.findall(r'href="([^"]+)"', page)]
+wheels = [u for u in links if os.path.basename(u).startswith(prefix) and u.endswith(".whl")]
+if len(wheels) != 1:
+    sys.exit(f"error: expected one wheel for {package}=={version} in {index}, found {len(wheels)}")
+with urllib.request.urlopen(wheels[0], timeout=600) as r, \
+        open(os.path.join(dest, os.path.basename(wheels[0])), "wb") as out:
+    while chunk := r.read(1 << 20):
+        out.write(chunk)
+PY
+fi
 shopt -s nullglob
 wheels=("$work"/wheel/*.whl)
 if [[ ${#wheels[@]} -ne 1 ]]; then
-    echo "error: expected one wheel from pip download, found ${#wheels[@]} in $work/wheel" >&2
+    echo "error: expected one wheel, found ${#wheels[@]} in $work/wheel" >&2
     exit 1
 fi
 wheel="${wheels[0]}"
