@@ -1,0 +1,116 @@
+//! Forward-pass benchmark server, driven by `scripts/bench/bench_forward.py` (run through
+//! `scripts/bench-forward.sh`), which interleaves it with Hugging Face transformers on the
+//! same weights and input.
+//!
+//! `bench_forward DIR [--hooks all|last] [--dtype f32|bf16]` reads `DIR/config.json`,
+//! `DIR/model.safetensors` and `DIR/input_ids.bin` (i32, `[batch, seq]` with `batch` and
+//! `seq` in `DIR/input_shape.txt`), builds and compiles the forward on the PJRT CPU
+//! plugin, uploads the weights, prints `ready compile_s=…`, then answers each stdin line
+//! `run` with `ms=…` (execute plus download of every output), and `dump PATH` by writing
+//! the last output (f32, row-major) to PATH.
+
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+use siphon_hlo::DType;
+use siphon_models::{build_forward, ForwardSpec, HfConfig, HookPoint};
+use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginLocator};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let dir = std::path::PathBuf::from(args.get(1).ok_or("usage: bench_forward DIR [--hooks all|last] [--dtype f32|bf16]")?);
+    let opt = |name: &str, default: &str| -> String {
+        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_string())
+    };
+    let hooks_kind = opt("--hooks", "all");
+    let dtype = DType::parse(&opt("--dtype", "f32")).ok_or("--dtype must be f32 or bf16")?;
+
+    let config = HfConfig::from_json(&std::fs::read_to_string(dir.join("config.json"))?)?.into_config()?;
+    let shape_text = std::fs::read_to_string(dir.join("input_shape.txt"))?;
+    let shape: Vec<usize> = shape_text.split_whitespace().map(|t| t.parse()).collect::<Result<_, _>>()?;
+    let (batch, seq) = (shape[0], shape[1]);
+    let ids: Vec<i32> = std::fs::read(dir.join("input_ids.bin"))?
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    if ids.len() != batch * seq {
+        return Err(format!("input_ids.bin holds {} ids, input_shape.txt says {batch}x{seq}", ids.len()).into());
+    }
+
+    // Like HF output_hidden_states: the embeddings and every block's input, plus the final
+    // norm (25 tensors for 24 layers); `last` returns only the final norm.
+    let hooks: Vec<HookPoint> = match hooks_kind.as_str() {
+        "all" => (0..config.n_layers).map(HookPoint::ResidPre).chain([HookPoint::LnFinal]).collect(),
+        "last" => vec![HookPoint::LnFinal],
+        other => return Err(format!("--hooks {other:?}: use all or last").into()),
+    };
+    let mut spec = ForwardSpec::new(batch, seq, hooks);
+    spec.compute_dtype = dtype;
+    let program = build_forward(&config, &spec)?;
+    if let Ok(path) = std::env::var("SIPHON_BENCH_DUMP_HLO") {
+        std::fs::write(path, &program.text)?;
+    }
+
+    let plugin = Plugin::load(&PluginLocator::new().locate()?.path)?;
+    let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(1))?;
+    let t0 = Instant::now();
+    let exe = client.compile(&program.text, &CompileOptions::single_device(None))?;
+    let compile_s = t0.elapsed().as_secs_f64();
+    let device = exe.device_ids()[0];
+
+    let file = std::fs::File::open(dir.join("model.safetensors"))?;
+    // SAFETY: the benchmark's weight file is written once by the driver and not modified
+    // while this process runs.
+    let map = unsafe { memmap2::Mmap::map(&file)? };
+    let tensors = safetensors::SafeTensors::deserialize(&map)?;
+    let mut buffers = Vec::new();
+    for p in &program.params {
+        let view = tensors.tensor(&p.name).map_err(|e| format!("{}: {e}", p.name))?;
+        if view.shape() != p.shape.as_slice() || view.dtype() != safetensors::Dtype::F32 {
+            return Err(format!("{}: expected f32 {:?}, file has {:?} {:?}", p.name, p.shape, view.dtype(), view.shape()).into());
+        }
+        let values: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let array = match dtype {
+            DType::BF16 => {
+                let v: Vec<half::bf16> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                HostArray::from_slice(&p.shape, &v)?
+            }
+            _ => HostArray::from_slice(&p.shape, &values)?,
+        };
+        buffers.push(client.upload(&array, device)?);
+    }
+    let mask = vec![1i32; batch * seq];
+    let pos: Vec<i32> = (0..batch).flat_map(|_| 0..seq as i32).collect();
+    for data in [&ids, &mask, &pos] {
+        buffers.push(client.upload(&HostArray::from_slice(&[batch, seq], data)?, device)?);
+    }
+    println!("ready compile_s={compile_s:.3} outputs={}", program.outputs.len());
+    std::io::stdout().flush()?;
+
+    let mut last: Option<HostArray> = None;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("run") => {
+                let t = Instant::now();
+                let outs = exe.execute(&[buffers.iter().collect()])?;
+                let hosts: Vec<HostArray> = outs[0].iter().map(|b| b.to_host()).collect::<Result<_, _>>()?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                last = hosts.into_iter().last();
+                println!("ms={ms:.2}");
+            }
+            Some("dump") => {
+                let path = words.next().ok_or("dump needs a path")?;
+                let array = last.as_ref().ok_or("dump before run")?;
+                let bytes: Vec<u8> = array.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+                std::fs::write(path, bytes)?;
+                println!("dumped");
+            }
+            Some("quit") | None => break,
+            Some(other) => println!("error unknown command {other}"),
+        }
+        std::io::stdout().flush()?;
+    }
+    Ok(())
+}

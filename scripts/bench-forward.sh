@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Forward benchmark (issue 3 item 7): Qwen2.5-0.5B shape with random weights, batch 4 x seq
+# 256, f32, 2 threads; siphon (Rust + PJRT CPU plugin) interleaved with HF transformers on
+# the same weights and input; medians. Not a test: results go to docs/BENCHMARKS.md.
+#   scripts/bench-forward.sh [--rounds N] [--batch B] [--seq S] [--hooks all|last]
+# Needs the torch venv ($SIPHON_CACHE/venvs/torch, created here if missing) and ~6 GB RAM.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+cache="${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}"
+venv="$cache/venvs/torch"
+python="${PYTHON:-python3}"
+
+if ! "$venv/bin/python" -c "import torch, transformers, safetensors, numpy" 2>/dev/null; then
+    mkdir -p "$cache/venvs"
+    [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv" >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torch transformers safetensors numpy >&2
+fi
+
+export SIPHON_PJRT_PLUGIN="${SIPHON_PJRT_PLUGIN:-$("$root/scripts/install-plugin.sh" | tail -n1)}"
+(cd "$root" && cargo build --release -p siphon-models --example bench_forward >&2)
+"$venv/bin/python" "$here/bench/bench_forward.py" \
+    --bench-bin "$root/target/release/examples/bench_forward" \
+    --dir "$cache/bench/qwen2.5-0.5b-random" "$@"

@@ -1,0 +1,147 @@
+"""Forward tokens/s: siphon (Rust + PJRT CPU plugin) vs Hugging Face transformers, interleaved.
+
+Builds (once, cached) a Qwen2.5-0.5B-shaped model with random weights, saves it as an HF
+directory, then alternates timed forwards of HF transformers (torch, in this process) and of
+the Rust bench server (`bench_forward` example, a child process) on the same weights and
+input, with the same thread count. Reports medians, and the max-abs difference of the final
+hidden state as a sanity check.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import Qwen2Config, Qwen2Model
+
+SHAPE = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+)
+
+
+def make_model(model_dir, batch, seq):
+    torch.manual_seed(0)
+    config = Qwen2Config(**SHAPE)
+    model = Qwen2Model(config).eval().float()
+    weights_path = os.path.join(model_dir, "model.safetensors")
+    if not os.path.exists(weights_path):
+        os.makedirs(model_dir, exist_ok=True)
+        with torch.no_grad():
+            # Biases start at zero in HF's init; give them values so they count.
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0.0, 0.02)
+        state = {"model." + k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, weights_path + ".tmp")
+        os.replace(weights_path + ".tmp", weights_path)
+        cfg = dict(SHAPE, model_type="qwen2", architectures=["Qwen2ForCausalLM"], torch_dtype="float32")
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+    else:
+        from safetensors.torch import load_file
+
+        state = load_file(weights_path)
+        model.load_state_dict({k[len("model."):]: v for k, v in state.items()})
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, SHAPE["vocab_size"], size=(batch, seq), dtype=np.int32)
+    ids.tofile(os.path.join(model_dir, "input_ids.bin"))
+    with open(os.path.join(model_dir, "input_shape.txt"), "w") as f:
+        f.write(f"{batch} {seq}\n")
+    return model, torch.from_numpy(ids.astype(np.int64))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench-bin", required=True)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--hooks", default="all")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    model, ids = make_model(args.dir, args.batch, args.seq)
+    mask = torch.ones_like(ids)
+    tokens = args.batch * args.seq
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen(
+        [args.bench_bin, args.dir, "--hooks", args.hooks],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+    def ask(cmd):
+        proc.stdin.write(cmd + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline().strip()
+        if not line or line.startswith("error"):
+            raise SystemExit(f"bench server: {line!r}")
+        return line
+
+    ready = proc.stdout.readline().strip()
+    if not ready.startswith("ready"):
+        raise SystemExit(f"bench server failed to start: {ready!r}")
+    print(f"siphon: {ready}", flush=True)
+
+    def hf_once():
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+        return (time.perf_counter() - t) * 1e3, out
+
+    def siphon_once():
+        return float(ask("run").split("=")[1])
+
+    # Warm-up (first calls allocate and page in weights).
+    hf_once()
+    siphon_once()
+    hf_ms, siphon_ms = [], []
+    for r in range(args.rounds):
+        h, out = hf_once()
+        s = siphon_once()
+        hf_ms.append(h)
+        siphon_ms.append(s)
+        print(f"round {r}: hf {h:.0f} ms ({tokens / h * 1e3:.0f} tok/s), siphon {s:.0f} ms ({tokens / s * 1e3:.0f} tok/s)", flush=True)
+
+    dump = os.path.join(args.dir, "siphon_last.bin")
+    ask(f"dump {dump}")
+    ours = np.fromfile(dump, dtype=np.float32).reshape(args.batch, args.seq, -1)
+    theirs = out.hidden_states[-1].numpy()
+    diff = float(np.abs(ours - theirs).max())
+    ask("quit") if False else None
+    proc.stdin.close()
+    proc.wait()
+
+    hf_med, s_med = statistics.median(hf_ms), statistics.median(siphon_ms)
+    print(json.dumps({
+        "batch": args.batch, "seq": args.seq, "threads": args.threads, "rounds": args.rounds,
+        "hf_median_ms": round(hf_med, 1), "hf_tok_s": round(tokens / hf_med * 1e3, 1),
+        "siphon_median_ms": round(s_med, 1), "siphon_tok_s": round(tokens / s_med * 1e3, 1),
+        "speedup": round(hf_med / s_med, 3), "max_abs_diff_last_hidden": diff,
+        "torch": torch.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
