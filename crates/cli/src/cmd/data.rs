@@ -1,8 +1,422 @@
-//! Placeholder until its issue lands.
+//! `siphon data`: show how a corpus is split over machines and hosts before a run (per
+//! worker: units, sequences, tokens, first and last sequence), or with `--bench` the
+//! tokenization + packing throughput. (The text → parquet converter for the demo corpus is
+//! the siphon-data example `make_parquet`, run by scripts/setup-corpus.sh.)
+//!
+//! [`CorpusArgs`] holds every corpus and packing flag so that `siphon extract` can flatten it.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use siphon_data::{
+    Corpus, CorpusConfig, DataStats, FileFormat, InvalidRecords, PackConfig, PackMode, PadSide, Partition, Position, SeqId,
+    Shuffle, SpecialTokens, StreamConfig, TextRecords, Tokenizer, UnitKind, Worker,
+};
+
+/// Corpus, tokenization and packing flags, shared by `siphon data` and `siphon extract`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CorpusArgs {
+    /// Corpus: a parquet/jsonl/text file, a directory, a glob (quote it), or a file://,
+    /// s3://, gs:// URL (credentials from the usual AWS_*/GOOGLE_* variables).
+    #[arg(long, value_name = "SRC")]
+    pub corpus: String,
+    /// Force the file format instead of going by extension.
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
+    /// Parquet column holding the text.
+    #[arg(long, default_value = "text")]
+    pub text_column: String,
+    /// JSON field holding the text (jsonl).
+    #[arg(long, default_value = "text")]
+    pub json_field: String,
+    /// What one record of a plain-text file is.
+    #[arg(long, value_enum, default_value = "file")]
+    pub text_records: TextRecordsArg,
+    /// Bytes per work unit of jsonl and line-text files.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub unit_bytes: u64,
+    /// Shuffle the unit order (and, with --shuffle-within-unit, the records in each unit)
+    /// with this seed.
+    #[arg(long, value_name = "SEED")]
+    pub shuffle_seed: Option<u64>,
+    /// With --shuffle-seed: also shuffle records within each unit.
+    #[arg(long, requires = "shuffle_seed")]
+    pub shuffle_within_unit: bool,
+    /// Fail on the first unusable record instead of skipping and counting it.
+    #[arg(long)]
+    pub strict: bool,
+    /// Tokens per sequence.
+    #[arg(long)]
+    pub seq_len: usize,
+    /// Pack documents into full rows (the default).
+    #[arg(long, conflicts_with = "pad")]
+    pub pack: bool,
+    /// One document per row, truncated and padded on this side.
+    #[arg(long, value_enum, value_name = "SIDE")]
+    pub pad: Option<PadSideArg>,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// BOS token (name or id), or `none`; default: detected from the tokenizer.
+    #[arg(long, value_name = "TOKEN")]
+    pub bos_token: Option<String>,
+    /// EOS token (name or id), or `none`; default: detected from the tokenizer.
+    #[arg(long, value_name = "TOKEN")]
+    pub eos_token: Option<String>,
+    /// Pad token (name or id); default: detected, else EOS.
+    #[arg(long, value_name = "TOKEN")]
+    pub pad_token: Option<String>,
+    /// Do not put BOS before documents.
+    #[arg(long)]
+    pub no_doc_bos: bool,
+    /// Do not put EOS after documents (pack mode puts it by default).
+    #[arg(long)]
+    pub no_doc_eos: bool,
+    /// Pack mode: do not start every row with BOS.
+    #[arg(long)]
+    pub no_row_bos: bool,
+    /// More tokens (names or ids) to exclude from activations wherever they occur.
+    #[arg(long, value_name = "TOKEN", value_delimiter = ',')]
+    pub exclude_token: Vec<String>,
+    /// Tokenizer threads (default: available cores).
+    #[arg(long)]
+    pub tokenizer_threads: Option<usize>,
+}
+
+/// `--format` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum FormatArg {
+    Parquet,
+    Jsonl,
+    Text,
+}
+
+/// `--text-records` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum TextRecordsArg {
+    /// One document per file.
+    File,
+    /// One document per non-blank line.
+    Line,
+}
+
+/// `--pad` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum PadSideArg {
+    Left,
+    Right,
+}
+
+impl CorpusArgs {
+    /// How to read the corpus (no I/O).
+    pub fn corpus_config(&self) -> CorpusConfig {
+        let mut config = CorpusConfig::default();
+        config.format = self.format.map(|f| match f {
+            FormatArg::Parquet => FileFormat::Parquet,
+            FormatArg::Jsonl => FileFormat::Jsonl,
+            FormatArg::Text => FileFormat::Text,
+        });
+        config.text_column = self.text_column.clone();
+        config.json_field = self.json_field.clone();
+        config.text_records = match self.text_records {
+            TextRecordsArg::File => TextRecords::File,
+            TextRecordsArg::Line => TextRecords::Line,
+        };
+        config.unit_bytes = self.unit_bytes;
+        config.shuffle = self.shuffle_seed.map(|seed| Shuffle { seed, within_unit: self.shuffle_within_unit });
+        config.invalid = if self.strict { InvalidRecords::Error } else { InvalidRecords::Skip };
+        config
+    }
+
+    /// Opens the corpus (lists files, reads parquet footers).
+    pub fn open(&self) -> anyhow::Result<Corpus> {
+        Corpus::open(&self.corpus, &self.corpus_config()).with_context(|| format!("opening corpus {}", self.corpus))
+    }
+
+    /// Packing options: `base` holds the special tokens the model defines (from GGUF
+    /// metadata, or [`SpecialTokens::detect`] for a tokenizer.json); the flags override it.
+    pub fn pack_config(&self, tokenizer: &Tokenizer, base: SpecialTokens) -> anyhow::Result<PackConfig> {
+        let mut special = base;
+        let token = |spec: &str| siphon_data::parse_token(tokenizer, spec).with_context(|| format!("token {spec:?}"));
+        if let Some(spec) = &self.bos_token {
+            special.bos = if spec == "none" { None } else { Some(token(spec)?) };
+        }
+        if let Some(spec) = &self.eos_token {
+            special.eos = if spec == "none" { None } else { Some(token(spec)?) };
+        }
+        if let Some(spec) = &self.pad_token {
+            special.pad = token(spec)?;
+        }
+        for spec in &self.exclude_token {
+            special.exclude.push(token(spec)?);
+        }
+        let mode = match self.pad {
+            None => PackMode::Pack,
+            Some(PadSideArg::Left) => PackMode::Pad(PadSide::Left),
+            Some(PadSideArg::Right) => PackMode::Pad(PadSide::Right),
+        };
+        let mut config = PackConfig::new(self.seq_len, mode, special);
+        config.doc_bos &= !self.no_doc_bos;
+        config.doc_eos &= !self.no_doc_eos;
+        config.row_bos &= !self.no_row_bos;
+        Ok(config)
+    }
+
+    /// Stream options for one worker.
+    pub fn stream_config(&self, pack: PackConfig, partition: Partition, worker: Worker) -> StreamConfig {
+        let mut config = StreamConfig::new(pack, self.batch_size);
+        config.partition = partition;
+        config.worker = worker;
+        if let Some(threads) = self.tokenizer_threads {
+            config.threads = threads;
+        }
+        config
+    }
+}
+
+/// Loads a tokenizer and the special tokens it implies. Today: a tokenizer.json. GGUF files
+/// carry their tokenizer in metadata; that path belongs to siphon-models and plugs in here.
+pub fn load_tokenizer(path: &Path) -> anyhow::Result<(Tokenizer, SpecialTokens)> {
+    if path.extension().is_some_and(|e| e == "gguf") {
+        bail!("{}: tokenizers from GGUF files are not wired into `siphon data` yet; pass a tokenizer.json", path.display());
+    }
+    let path = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
+    let tokenizer = siphon_data::load_tokenizer(&path)?;
+    let special = SpecialTokens::detect(&tokenizer);
+    Ok((tokenizer, special))
+}
+
+/// `siphon data`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(flatten)]
+    corpus: CorpusArgs,
+    /// tokenizer.json (or a directory holding one).
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Number of machines.
+    #[arg(long, default_value_t = 1)]
+    machines: u32,
+    /// Hosts per machine.
+    #[arg(long, default_value_t = 1)]
+    hosts: u32,
+    /// Only list the units per worker; do not read or tokenize the corpus.
+    #[arg(long)]
+    plan_only: bool,
+    /// Instead of the partition, measure tokenization + packing throughput over the whole
+    /// corpus with each of these tokenizer thread counts (e.g. `--bench 1,2`).
+    #[arg(long, value_name = "THREADS", value_delimiter = ',', conflicts_with = "plan_only")]
+    bench: Vec<usize>,
+    /// Benchmark passes per thread count (the fastest is reported).
+    #[arg(long, default_value_t = 2)]
+    bench_repeat: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.bench.is_empty() { show_partition(args) } else { bench(args) }
+}
+
+/// What one worker would get.
+#[derive(Serialize)]
+struct WorkerReport {
+    machine: u32,
+    host: u32,
+    units: usize,
+    /// Parquet rows in the worker's row-group units.
+    rows: u64,
+    /// Bytes of the worker's byte-range and whole-file units.
+    bytes: u64,
+    sequences: u64,
+    tokens: u64,
+    batches: u64,
+    first: Option<SeqReport>,
+    last: Option<SeqReport>,
+    end: Option<Position>,
+    stats: Option<DataStats>,
+}
+
+#[derive(Serialize)]
+struct SeqReport {
+    id: SeqId,
+    location: String,
+}
+
+#[derive(Serialize)]
+struct ShowReport {
+    corpus: String,
+    files: usize,
+    units: usize,
+    fingerprint: String,
+    machines: u32,
+    hosts: u32,
+    seq_len: usize,
+    workers: Vec<WorkerReport>,
+}
+
+fn show_partition(args: Args) -> anyhow::Result<()> {
+    let partition = Partition { machines: args.machines, hosts: args.hosts };
+    if partition.workers() == 0 {
+        bail!("--machines and --hosts must be at least 1");
+    }
+    let corpus = args.corpus.open()?;
+    let (tokenizer, special) = load_tokenizer(&args.tokenizer)?;
+    let pack = args.corpus.pack_config(&tokenizer, special)?;
+    let tokenizer = Arc::new(tokenizer);
+    let mut workers = Vec::new();
+    for worker in partition.all_workers() {
+        let ordinals: Vec<u64> = corpus.worker_ordinals(partition, worker)?.collect();
+        let (mut rows, mut bytes) = (0, 0);
+        for &o in &ordinals {
+            let unit = corpus.unit_at(o).expect("ordinal in plan");
+            match unit.kind {
+                UnitKind::RowGroup { rows: r, .. } => rows += r,
+                UnitKind::Bytes { start, end } => bytes += end - start,
+                UnitKind::WholeFile => bytes += corpus.files()[unit.file as usize].size,
+            }
+        }
+        let mut report = WorkerReport {
+            machine: worker.machine,
+            host: worker.host,
+            units: ordinals.len(),
+            rows,
+            bytes,
+            sequences: 0,
+            tokens: 0,
+            batches: 0,
+            first: None,
+            last: None,
+            end: None,
+            stats: None,
+        };
+        if !args.plan_only {
+            let config = args.corpus.stream_config(pack.clone(), partition, worker);
+            let mut stream = corpus.stream(tokenizer.clone(), config)?;
+            let describe = |id: SeqId| SeqReport { id, location: corpus.describe_unit(&corpus.units()[id.unit as usize]) };
+            for batch in stream.by_ref() {
+                let batch = batch.with_context(|| format!("reading the corpus for machine {} host {}", worker.machine, worker.host))?;
+                if report.first.is_none() {
+                    report.first = batch.ids.first().map(|&id| describe(id));
+                }
+                report.last = batch.ids.last().map(|&id| describe(id));
+            }
+            let stats = stream.stats().clone();
+            report.sequences = stats.sequences;
+            report.tokens = stats.tokens;
+            report.batches = stats.batches;
+            report.end = Some(stream.position().clone());
+            report.stats = Some(stats);
+        }
+        workers.push(report);
+    }
+    let report = ShowReport {
+        corpus: args.corpus.corpus.clone(),
+        files: corpus.files().len(),
+        units: corpus.units().len(),
+        fingerprint: format!("{:016x}", corpus.fingerprint()),
+        machines: args.machines,
+        hosts: args.hosts,
+        seq_len: pack.seq_len,
+        workers,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "corpus {}: {} files, {} units, plan {}; {} machines x {} hosts, seq_len {}",
+        report.corpus, report.files, report.units, report.fingerprint, report.machines, report.hosts, report.seq_len
+    );
+    println!("{:>7} {:>4} {:>6} {:>10} {:>12} {:>14} {:>8}  first .. last", "machine", "host", "units", "rows", "bytes", "sequences", "tokens");
+    for w in &report.workers {
+        let seqs = |s: &Option<SeqReport>| s.as_ref().map_or("-".to_string(), |s| format!("{}#{} {}", s.id.unit, s.id.index, s.location));
+        println!(
+            "{:>7} {:>4} {:>6} {:>10} {:>12} {:>14} {:>8}  {} .. {}",
+            w.machine,
+            w.host,
+            w.units,
+            w.rows,
+            w.bytes,
+            if args.plan_only { "-".to_string() } else { w.sequences.to_string() },
+            if args.plan_only { "-".to_string() } else { w.tokens.to_string() },
+            seqs(&w.first),
+            seqs(&w.last)
+        );
+    }
+    if !args.plan_only {
+        let total = report.workers.iter().filter_map(|w| w.stats.as_ref()).fold(DataStats::default(), |mut a, s| {
+            a.documents += s.documents;
+            a.empty += s.empty;
+            a.invalid += s.invalid;
+            a.truncated += s.truncated;
+            a.sequences += s.sequences;
+            a.tokens += s.tokens;
+            a
+        });
+        println!(
+            "total: {} sequences, {} tokens, {} documents; skipped {} empty and {} invalid records; {} documents truncated",
+            total.sequences, total.tokens, total.documents, total.empty, total.invalid, total.truncated
+        );
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct BenchRow {
+    threads: usize,
+    seconds: f64,
+    tokens: u64,
+    documents: u64,
+    sequences: u64,
+    tokens_per_second: f64,
+}
+
+fn bench(args: Args) -> anyhow::Result<()> {
+    let corpus = args.corpus.open()?;
+    let (tokenizer, special) = load_tokenizer(&args.tokenizer)?;
+    let pack = args.corpus.pack_config(&tokenizer, special)?;
+    let tokenizer = Arc::new(tokenizer);
+    let mut rows = Vec::new();
+    for &threads in &args.bench {
+        let mut best: Option<BenchRow> = None;
+        for _ in 0..args.bench_repeat.max(1) {
+            let mut config = args.corpus.stream_config(pack.clone(), Partition::SINGLE, Worker { machine: 0, host: 0 });
+            config.threads = threads;
+            let start = Instant::now();
+            let mut stream = corpus.stream(tokenizer.clone(), config)?;
+            for batch in stream.by_ref() {
+                std::hint::black_box(batch?);
+            }
+            let seconds = start.elapsed().as_secs_f64();
+            let stats = stream.stats();
+            let row = BenchRow {
+                threads,
+                seconds,
+                tokens: stats.tokens,
+                documents: stats.documents,
+                sequences: stats.sequences,
+                tokens_per_second: stats.tokens as f64 / seconds,
+            };
+            if best.as_ref().is_none_or(|b| row.seconds < b.seconds) {
+                best = Some(row);
+            }
+        }
+        rows.push(best.expect("at least one pass"));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        for r in &rows {
+            println!(
+                "threads {}: {} tokens ({} documents, {} sequences) in {:.3} s = {:.0} tokens/s",
+                r.threads, r.tokens, r.documents, r.sequences, r.seconds, r.tokens_per_second
+            );
+        }
+    }
+    Ok(())
 }
