@@ -89,6 +89,24 @@ impl TextTokenizer {
             tok.bos_id = id_of("bos_token");
             tok.eos_id = id_of("eos_token");
             tok.pad_id = id_of("pad_token");
+            // transformers ≥5 rebuilds the post-processor from add_bos_token/add_eos_token
+            // when the config names either, or when tokenizer.json has none.
+            let flag = |key: &str| config.get(key).and_then(Value::as_bool);
+            let explicit = flag("add_bos_token").is_some() || flag("add_eos_token").is_some();
+            if explicit || tok.inner.get_post_processor().is_none() {
+                let special = |on: Option<bool>, id: Option<u32>| match (on, id) {
+                    (Some(true), Some(id)) => tok.inner.id_to_token(id).map(|t| (t, id)),
+                    _ => None,
+                };
+                let bos = special(flag("add_bos_token"), tok.bos_id);
+                let eos = special(flag("add_eos_token"), tok.eos_id);
+                let post = template(bos.as_ref().map(|(t, i)| (t.as_str(), *i)), eos.as_ref().map(|(t, i)| (t.as_str(), *i)));
+                let fail = |e: String| ModelError::Tokenizer(format!("{}: {e}", path.display()));
+                let mut spec: Value = serde_json::from_str(&tok.inner.to_string(false).map_err(|e| fail(e.to_string()))?)
+                    .map_err(|e| fail(e.to_string()))?;
+                spec["post_processor"] = post;
+                tok.inner = spec.to_string().parse().map_err(|e: tokenizers::Error| fail(e.to_string()))?;
+            }
         }
         Ok(Some(tok))
     }
@@ -144,27 +162,15 @@ impl TextTokenizer {
             None => model == "llama",
         };
         let add_eos = flag("add_eos_token");
-        let mut single = Vec::new();
-        let mut special_tokens = BTreeMap::new();
-        if let (true, Some(b)) = (add_bos, bos_id) {
-            let s = &tokens[b as usize];
-            single.push(json!({"SpecialToken": {"id": s, "type_id": 0}}));
-            special_tokens.insert(s.to_string(), json!({"id": s, "ids": [b], "tokens": [s]}));
-        }
-        single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-        if let (true, Some(e)) = (add_eos, eos_id) {
-            let s = &tokens[e as usize];
-            single.push(json!({"SpecialToken": {"id": s, "type_id": 0}}));
-            special_tokens.insert(s.to_string(), json!({"id": s, "ids": [e], "tokens": [s]}));
-        }
-        let mut pair = single.clone();
-        pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+        let bos = if add_bos { bos_id.map(|b| (tokens[b as usize], b)) } else { None };
+        let eos = if add_eos { eos_id.map(|e| (tokens[e as usize], e)) } else { None };
+        let post_processor = template(bos, eos);
         let spec = json!({
             "version": "1.0", "truncation": null, "padding": null,
             "added_tokens": added,
             "normalizer": null,
             "pre_tokenizer": pre_tokenizer,
-            "post_processor": {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special_tokens},
+            "post_processor": post_processor,
             "decoder": decoder,
             "model": model_json,
         });
@@ -177,6 +183,24 @@ impl TextTokenizer {
 }
 
 type Parts = (Value, Value, Value, Vec<Value>);
+
+/// The TemplateProcessing transformers' `update_post_processor` builds: `[bos] $A [eos]`.
+fn template(bos: Option<(&str, u32)>, eos: Option<(&str, u32)>) -> Value {
+    let mut single = Vec::new();
+    let mut special_tokens = BTreeMap::new();
+    if let Some((t, id)) = bos {
+        single.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
+        special_tokens.insert(t.to_string(), json!({"id": t, "ids": [id], "tokens": [t]}));
+    }
+    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    if let Some((t, id)) = eos {
+        single.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
+        special_tokens.insert(t.to_string(), json!({"id": t, "ids": [id], "tokens": [t]}));
+    }
+    let mut pair = single.clone();
+    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+    json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special_tokens})
+}
 
 /// The added-token entries transformers makes: CONTROL (3) tokens special, USER_DEFINED (4)
 /// plain; `keep` filters CONTROL tokens (byte-level vocabularies skip mislabelled ones).

@@ -186,3 +186,29 @@ fn sentencepiece_gguf_tokenizer_matches_hf() {
         assert_eq!(tok.encode(text).unwrap(), want, "text {text:?}");
     }
 }
+
+#[test]
+fn hf_dir_tokenizer_follows_tokenizer_config_like_transformers() {
+    let file = siphon_models::gguf::GgufFile::open(&fixture("spm/tiny-spm.gguf")).unwrap();
+    let built = siphon_models::TextTokenizer::from_gguf(&file).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("tokenizer.json"), built.inner().to_string(false).unwrap()).unwrap();
+    // No tokenizer_config.json: tokenizer.json's own post-processor (BOS) is kept.
+    let tok = siphon_models::TextTokenizer::from_hf_dir(tmp.path()).unwrap().unwrap();
+    let plain = tok.encode("the dog").unwrap();
+    assert_eq!(plain[0], 1);
+    // Explicit flags rebuild it: no BOS, EOS appended (transformers' update_post_processor).
+    std::fs::write(
+        tmp.path().join("tokenizer_config.json"),
+        r#"{"bos_token": "<s>", "eos_token": {"content": "</s>"}, "add_bos_token": false, "add_eos_token": true}"#,
+    )
+    .unwrap();
+    let tok = siphon_models::TextTokenizer::from_hf_dir(tmp.path()).unwrap().unwrap();
+    assert_eq!((tok.bos_id, tok.eos_id), (Some(1), Some(2)));
+    let ids = tok.encode("the dog").unwrap();
+    assert_eq!(ids, [&plain[1..], &[2]].concat());
+    // A broken tokenizer_config.json is named.
+    std::fs::write(tmp.path().join("tokenizer_config.json"), "{").unwrap();
+    let err = siphon_models::TextTokenizer::from_hf_dir(tmp.path()).unwrap_err();
+    assert!(err.to_string().contains("tokenizer_config.json"), "{err}");
+}
