@@ -1,0 +1,78 @@
+//! The planner's partition specs through the real forward: the tiny llama and qwen2 fixtures
+//! (fixtures/models) run on the CPU plugin's virtual devices with every weight sharded as the
+//! planner says — `fsdp` on the hidden dimension, whole heads on `model`, the embedding split
+//! by vocabulary over both — and must give the activations of one unsharded device.
+//!
+//! Needs the plugin from `SIPHON_PJRT_PLUGIN` (scripts/test.sh sets it); without that
+//! variable the test prints a note and returns.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
+use siphon_models::{HookPoint, LoadedModel};
+use siphon_plan::{MeshKind, MeshRequest, MeshShape, PlanRequest, Topology};
+use siphon_runtime::{Client, ClientOptions, Plugin};
+
+fn activations(client: &Client, model: &LoadedModel, hooks: &[HookPoint], batch: &Batch, options: EngineOptions) -> Vec<Vec<f32>> {
+    let engine = Engine::new(client, model, hooks.to_vec(), options).unwrap();
+    let acts = engine.run(batch).unwrap();
+    hooks.iter().map(|h| acts.get(*h).unwrap().to_f32()).collect()
+}
+
+#[test]
+fn planned_shardings_give_the_single_device_activations() {
+    let Some(plugin) = std::env::var_os("SIPHON_PJRT_PLUGIN") else {
+        eprintln!("note: SIPHON_PJRT_PLUGIN is unset; skipping the planner-through-engine test");
+        return;
+    };
+    let plugin: Arc<Plugin> = Plugin::load(Path::new(&plugin)).unwrap();
+    let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(8)).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+    // 2 hosts × 4 devices (2d: data=2, fsdp=2, model=2 — 2 KV heads cap model at 2), the same
+    // 8 devices as 1 host (2d: fsdp=4, model=2), and 3d with model=1 (fsdp only).
+    let cases = [
+        ((2, 4), MeshRequest { kind: MeshKind::TwoD, ..MeshRequest::default() }, MeshShape { data: 2, fsdp: 2, model: 2 }),
+        ((1, 8), MeshRequest { kind: MeshKind::TwoD, ..MeshRequest::default() }, MeshShape { data: 1, fsdp: 4, model: 2 }),
+        (
+            (1, 8),
+            MeshRequest { kind: MeshKind::ThreeD, data: Some(2), fsdp: Some(4), model: Some(1) },
+            MeshShape { data: 2, fsdp: 4, model: 1 },
+        ),
+    ];
+    for name in ["tiny-qwen2", "tiny-llama"] {
+        let model = LoadedModel::open(&root.join(name)).unwrap();
+        let n_layers = model.config.n_layers;
+        let hooks = HookPoint::parse_list(
+            &format!("blocks.0.hook_attn_out,blocks.1.hook_mlp_out,blocks.{}.hook_resid_post,ln_final.hook_normalized", n_layers - 1),
+            n_layers,
+        )
+        .unwrap();
+        let vocab = model.config.vocab_size as u32;
+        let ids: Vec<Vec<u32>> = (0..4u32).map(|r| (0..8u32).map(|t| (r * 37 + t * 11 + 3) % vocab).collect()).collect();
+        let batch = Batch::new(ids, None).unwrap();
+        let single = activations(&client, &model, &hooks, &batch, EngineOptions { plan: ShardingPlan::Replicated, ..EngineOptions::default() });
+        for ((hosts, per_host), mesh_request, want) in &cases {
+            let topology = Topology::uniform(*hosts, *per_host).unwrap();
+            let request = PlanRequest { mesh: *mesh_request, batch: Some(4), seq: Some(8), ..PlanRequest::default() };
+            let plan = siphon_plan::plan(&model.config, &topology, &request).unwrap();
+            assert_eq!(plan.shape, *want, "{name}");
+            assert!(plan.fallbacks.is_empty(), "{name}: {:?}", plan.fallbacks);
+            let options = EngineOptions {
+                mesh: plan.mesh.clone(),
+                plan: ShardingPlan::Explicit {
+                    params: plan.param_specs().iter().cloned().collect(),
+                    input: Some(plan.input_spec.clone()),
+                },
+                ..EngineOptions::default()
+            };
+            let sharded = activations(&client, &model, &hooks, &batch, options);
+            for (hook, (a, b)) in hooks.iter().zip(single.iter().zip(&sharded)) {
+                let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                assert!(scale > 0.01, "{name} {hook}: activations are trivially small");
+                assert!(diff <= 1e-4 * scale.max(1.0), "{name} on {}: {hook} differs by {diff:e}", plan.mesh);
+            }
+        }
+    }
+}
