@@ -1,8 +1,10 @@
 //! Shard assembly (token selection, shuffle, dtype conversion) and the safetensors encoding.
 //!
-//! A shard is built column-wise: one growing buffer per tensor. Sealing writes the safetensors
-//! header and hands out the header plus the column buffers as separate `Bytes` chunks, so the
-//! shard's bytes are never copied into one contiguous file image before upload.
+//! A shard is built column-wise. A hook column is a list of `Bytes` slices: when the stored
+//! dtype is the engine's and there is no shuffle, the slices are runs of included rows of the
+//! batches' own buffers (no copy); otherwise rows are converted/permuted into a new buffer per
+//! unit. Sealing writes the safetensors header and hands out the header plus all slices as
+//! separate chunks, so the shard's bytes are never assembled into one file image before upload.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -14,7 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::batch::{ActivationDtype, BatchActivations};
 use crate::config::{HostId, ShardFormat};
 use crate::error::{Result, StoreError};
-use crate::stats::{HookStats, RunStats};
+use crate::stats::{HookStats, RunStats, StatsAccumulator};
 
 /// Format tag in every shard's metadata and in run.json.
 pub const FORMAT_TAG: &str = "siphon-activations/1";
@@ -58,7 +60,7 @@ pub(crate) struct ShardBuilder {
     identity: ShardIdentity,
     format: ShardFormat,
     index: u64,
-    hooks: Vec<(usize, Vec<u8>)>,
+    hooks: Vec<HookColumn>,
     token_ids: Vec<i32>,
     doc_index: Vec<i64>,
     position: Vec<i32>,
@@ -66,6 +68,22 @@ pub(crate) struct ShardBuilder {
     mask: Vec<bool>,
     samples: Option<(u64, u64)>,
     data_position_after: serde_json::Value,
+}
+
+/// One hook's rows in shard order, as slices of whole rows.
+struct HookColumn {
+    d_model: usize,
+    chunks: Vec<Bytes>,
+    bytes: usize,
+}
+
+impl HookColumn {
+    fn push(&mut self, chunk: Bytes) {
+        if !chunk.is_empty() {
+            self.bytes += chunk.len();
+            self.chunks.push(chunk);
+        }
+    }
 }
 
 impl ShardBuilder {
@@ -92,26 +110,26 @@ impl ShardBuilder {
     /// Bytes of tensor data so far.
     pub fn data_bytes(&self) -> u64 {
         let meta = self.token_ids.len() * (4 + 8 + 4 + 8 + usize::from(self.format.keep_excluded));
-        (self.hooks.iter().map(|(_, b)| b.len()).sum::<usize>() + meta) as u64
+        (self.hooks.iter().map(|c| c.bytes).sum::<usize>() + meta) as u64
     }
 
     /// Appends one unit (a batch, or a shuffle window of batches) whose samples are contiguous.
-    pub fn add_unit(&mut self, unit: &[BatchActivations]) -> Result<()> {
+    pub fn add_unit(&mut self, mut unit: Vec<BatchActivations>) -> Result<()> {
         let Some(first) = unit.first() else { return Ok(()) };
-        let last = unit.last().expect("non-empty");
         if self.hooks.is_empty() {
-            self.hooks = first.hooks.iter().map(|h| (h.d_model, Vec::new())).collect();
+            self.hooks = first.hooks.iter().map(|h| HookColumn { d_model: h.d_model, chunks: Vec::new(), bytes: 0 }).collect();
         }
-        for batch in unit {
-            for (h, (d_model, _)) in batch.hooks.iter().zip(&self.hooks) {
-                if h.d_model != *d_model {
+        for batch in &unit {
+            for (h, column) in batch.hooks.iter().zip(&self.hooks) {
+                if h.d_model != column.d_model {
                     return Err(StoreError::InvalidBatch {
                         first_sample: batch.first_sample,
-                        reason: format!("hook {} changed d_model from {} to {}", h.hook, d_model, h.d_model),
+                        reason: format!("hook {} changed d_model from {} to {}", h.hook, column.d_model, h.d_model),
                     });
                 }
             }
         }
+        let first_sample = first.first_sample;
         // (batch in unit, token in batch) of every token that goes into the shard.
         let mut order: Vec<(u32, u32)> = Vec::new();
         for (b, batch) in unit.iter().enumerate() {
@@ -127,20 +145,48 @@ impl ShardBuilder {
             let seed = shuffle.seed
                 ^ (u64::from(self.identity.host.machine) << 48)
                 ^ (u64::from(self.identity.host.host) << 40)
-                ^ first.first_sample.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                ^ first_sample.wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             order.shuffle(&mut rng);
         }
         let out_dtype = self.format.dtype;
-        for (h, (d_model, column)) in self.hooks.iter_mut().enumerate() {
-            column.reserve(order.len() * *d_model * out_dtype.size());
-            for &(b, t) in &order {
-                let hook = &unit[b as usize].hooks[h];
-                let row_bytes = hook.d_model * hook.dtype.size();
-                let row = &hook.data[t as usize * row_bytes..(t as usize + 1) * row_bytes];
-                convert_row(hook.dtype, row, out_dtype, column);
+        for (h, column) in self.hooks.iter_mut().enumerate() {
+            let zero_copy = self.format.shuffle.is_none() && unit.iter().all(|b| b.hooks[h].dtype == out_dtype);
+            if zero_copy {
+                // Runs of consecutive included rows become slices of the batch buffers.
+                let row_bytes = column.d_model * out_dtype.size();
+                for (b, batch) in unit.iter_mut().enumerate() {
+                    let buffer = Bytes::from(std::mem::take(&mut batch.hooks[h].data));
+                    let mut run: Option<(usize, usize)> = None;
+                    for &(ob, t) in order.iter().filter(|(ob, _)| *ob as usize == b) {
+                        debug_assert_eq!(ob as usize, b);
+                        let t = t as usize;
+                        run = match run {
+                            Some((start, end)) if end == t => Some((start, t + 1)),
+                            Some((start, end)) => {
+                                column.push(buffer.slice(start * row_bytes..end * row_bytes));
+                                Some((t, t + 1))
+                            }
+                            None => Some((t, t + 1)),
+                        };
+                    }
+                    if let Some((start, end)) = run {
+                        column.push(buffer.slice(start * row_bytes..end * row_bytes));
+                    }
+                }
+            } else {
+                let mut out = Vec::with_capacity(order.len() * column.d_model * out_dtype.size());
+                for &(b, t) in &order {
+                    let hook = &unit[b as usize].hooks[h];
+                    let row_bytes = hook.d_model * hook.dtype.size();
+                    let row = &hook.data[t as usize * row_bytes..(t as usize + 1) * row_bytes];
+                    convert_row(hook.dtype, row, out_dtype, &mut out);
+                }
+                column.push(Bytes::from(out));
             }
         }
+        let unit = &unit;
+        let last = unit.last().expect("non-empty");
         for &(b, t) in &order {
             let batch = &unit[b as usize];
             let t = t as usize;
@@ -150,7 +196,7 @@ impl ShardBuilder {
             self.sample_index.push((batch.first_sample + (t / batch.seq) as u64) as i64);
             self.mask.push(batch.keep[t]);
         }
-        let start = self.samples.map_or(first.first_sample, |(s, _)| s);
+        let start = self.samples.map_or(first_sample, |(s, _)| s);
         self.samples = Some((start, last.sample_end()));
         self.data_position_after = last.data_position_after.clone();
         Ok(())
@@ -165,29 +211,37 @@ impl ShardBuilder {
         let dtype = format.dtype;
 
         let mut stats = RunStats::new();
-        for ((d_model, column), name) in hooks.iter().zip(&identity.hooks) {
-            let mask = format.keep_excluded.then_some(mask.as_slice());
-            stats.insert(name.clone(), HookStats::from_rows(dtype, *d_model, column, mask));
+        for (column, name) in hooks.iter().zip(&identity.hooks) {
+            let mut acc = StatsAccumulator::new(dtype, column.d_model);
+            let row_bytes = column.d_model * dtype.size();
+            let mut row = 0;
+            for chunk in &column.chunks {
+                let rows = chunk.len() / row_bytes;
+                let mask = format.keep_excluded.then(|| &mask[row..row + rows]);
+                acc.add_rows(chunk, mask);
+                row += rows;
+            }
+            stats.insert(name.clone(), acc.finish());
         }
 
         // Tensors ordered by element alignment (8, 4, 2, 1 bytes) so every tensor in a
         // mmap-ed file starts aligned for its dtype.
-        let mut tensors: Vec<(String, &'static str, Vec<usize>, Bytes)> = Vec::new();
-        tensors.push(("doc_index".into(), "I64", vec![tokens], le_bytes(&doc_index, |v| v.to_le_bytes())));
-        tensors.push(("sample_index".into(), "I64", vec![tokens], le_bytes(&sample_index, |v| v.to_le_bytes())));
-        let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Bytes)> = hooks
+        let mut tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = Vec::new();
+        tensors.push(("doc_index".into(), "I64", vec![tokens], vec![le_bytes(&doc_index, |v| v.to_le_bytes())]));
+        tensors.push(("sample_index".into(), "I64", vec![tokens], vec![le_bytes(&sample_index, |v| v.to_le_bytes())]));
+        let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = hooks
             .into_iter()
             .zip(&identity.hooks)
-            .map(|((d_model, column), name)| (name.clone(), dtype.safetensors_name(), vec![tokens, d_model], Bytes::from(column)))
+            .map(|(column, name)| (name.clone(), dtype.safetensors_name(), vec![tokens, column.d_model], column.chunks))
             .collect();
         if dtype == ActivationDtype::F32 {
             tensors.append(&mut hook_tensors);
         }
-        tensors.push(("token_ids".into(), "I32", vec![tokens], le_bytes(&token_ids, |v| v.to_le_bytes())));
-        tensors.push(("position".into(), "I32", vec![tokens], le_bytes(&position, |v| v.to_le_bytes())));
+        tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
+        tensors.push(("position".into(), "I32", vec![tokens], vec![le_bytes(&position, |v| v.to_le_bytes())]));
         tensors.append(&mut hook_tensors);
         if format.keep_excluded {
-            tensors.push(("mask".into(), "BOOL", vec![tokens], Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>())));
+            tensors.push(("mask".into(), "BOOL", vec![tokens], vec![Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>())]));
         }
 
         let mut metadata = BTreeMap::new();
@@ -208,13 +262,13 @@ impl ShardBuilder {
         header.insert("__metadata__".into(), serde_json::to_value(&metadata).expect("strings serialize"));
         let mut offset = 0usize;
         for (name, dt, shape, data) in &tensors {
-            let end = offset + data.len();
+            let end = offset + data.iter().map(|c| c.len()).sum::<usize>();
             header.insert(name.clone(), serde_json::json!({ "dtype": dt, "shape": shape, "data_offsets": [offset, end] }));
             offset = end;
         }
         let mut header = serde_json::to_vec(&header).expect("json serializes");
         // Pad with spaces so the data section starts 8-byte aligned, as safetensors does.
-        while (8 + header.len()) % 8 != 0 {
+        while !(8 + header.len()).is_multiple_of(8) {
             header.push(b' ');
         }
         let mut head = Vec::with_capacity(8 + header.len());
@@ -222,7 +276,7 @@ impl ShardBuilder {
         head.extend_from_slice(&header);
 
         let mut chunks = vec![Bytes::from(head)];
-        chunks.extend(tensors.into_iter().map(|(_, _, _, data)| data).filter(|d| !d.is_empty()));
+        chunks.extend(tensors.into_iter().flat_map(|(_, _, _, data)| data).filter(|d| !d.is_empty()));
         let mut hasher = Sha256::new();
         let mut bytes = 0u64;
         for chunk in &chunks {

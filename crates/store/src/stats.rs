@@ -33,37 +33,9 @@ impl HookStats {
 
     /// Statistics of the rows of `data` (`[rows, d_model]` of `dtype`) whose mask entry is true.
     pub fn from_rows(dtype: ActivationDtype, d_model: usize, data: &[u8], mask: Option<&[bool]>) -> Self {
-        let row_bytes = d_model * dtype.size();
-        let rows = data.len().checked_div(row_bytes).unwrap_or(0);
-        let mut row = vec![0f32; d_model];
-        let included = |r: usize| mask.is_none_or(|m| m[r]);
-        let mut stats = HookStats::new(d_model);
-        let mut sum = vec![0f64; d_model];
-        for r in (0..rows).filter(|&r| included(r)) {
-            decode_row(dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut row);
-            let mut sq = 0f64;
-            for (s, &x) in sum.iter_mut().zip(&row) {
-                *s += x as f64;
-                sq += (x as f64) * (x as f64);
-            }
-            stats.norm_sum += sq.sqrt();
-            stats.count += 1;
-        }
-        if stats.count == 0 {
-            return stats;
-        }
-        let n = stats.count as f64;
-        for (m, s) in stats.mean.iter_mut().zip(&sum) {
-            *m = s / n;
-        }
-        for r in (0..rows).filter(|&r| included(r)) {
-            decode_row(dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut row);
-            for ((m2, &mean), &x) in stats.m2.iter_mut().zip(&stats.mean).zip(&row) {
-                let d = x as f64 - mean;
-                *m2 += d * d;
-            }
-        }
-        stats
+        let mut acc = StatsAccumulator::new(dtype, d_model);
+        acc.add_rows(data, mask);
+        acc.finish()
     }
 
     /// Chan et al.'s combination of two disjoint sets.
@@ -103,6 +75,60 @@ impl HookStats {
     /// Mean L2 norm of the token vectors.
     pub fn mean_norm(&self) -> f64 {
         self.norm_sum / self.count.max(1) as f64
+    }
+}
+
+/// One pass over rows with sums shifted by the first included row (the "shifted data"
+/// variance algorithm): as accurate as two passes for activation-like data, half the reads.
+/// Rows may arrive in several slices; the result depends only on the rows, not the slicing.
+pub(crate) struct StatsAccumulator {
+    dtype: ActivationDtype,
+    d_model: usize,
+    row: Vec<f32>,
+    shift: Option<Vec<f64>>,
+    s1: Vec<f64>,
+    s2: Vec<f64>,
+    count: u64,
+    norm_sum: f64,
+}
+
+impl StatsAccumulator {
+    pub fn new(dtype: ActivationDtype, d_model: usize) -> Self {
+        StatsAccumulator { dtype, d_model, row: vec![0.0; d_model], shift: None, s1: vec![0.0; d_model], s2: vec![0.0; d_model], count: 0, norm_sum: 0.0 }
+    }
+
+    /// Adds whole rows; `mask` (one entry per row) selects the rows to count.
+    pub fn add_rows(&mut self, data: &[u8], mask: Option<&[bool]>) {
+        let row_bytes = self.d_model * self.dtype.size();
+        let rows = data.len().checked_div(row_bytes).unwrap_or(0);
+        for r in (0..rows).filter(|&r| mask.is_none_or(|m| m[r])) {
+            decode_row(self.dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut self.row);
+            let row = &self.row;
+            let shift = self.shift.get_or_insert_with(|| row.iter().map(|&x| x as f64).collect());
+            let mut sq = 0f64;
+            for (((a, b), &k), &x) in self.s1.iter_mut().zip(self.s2.iter_mut()).zip(shift.iter()).zip(row) {
+                let x = x as f64;
+                let y = x - k;
+                *a += y;
+                *b += y * y;
+                sq += x * x;
+            }
+            self.norm_sum += sq.sqrt();
+            self.count += 1;
+        }
+    }
+
+    pub fn finish(self) -> HookStats {
+        let mut stats = HookStats::new(self.d_model);
+        let Some(shift) = self.shift else { return stats };
+        stats.count = self.count;
+        stats.norm_sum = self.norm_sum;
+        let n = self.count as f64;
+        for d in 0..self.d_model {
+            stats.mean[d] = shift[d] + self.s1[d] / n;
+            stats.m2[d] = (self.s2[d] - self.s1[d] * self.s1[d] / n).max(0.0);
+        }
+        stats
     }
 }
 

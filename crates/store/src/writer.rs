@@ -276,8 +276,7 @@ fn assemble(
     for batch in batches.iter() {
         window.push(batch);
         if window.len() == window_batches {
-            builder.add_unit(&window)?;
-            window.clear();
+            builder.add_unit(std::mem::replace(&mut window, Vec::with_capacity(window_batches)))?;
             if builder.data_bytes() >= target {
                 next_shard += 1;
                 let full = std::mem::replace(&mut builder, ShardBuilder::new(identity.clone(), format.clone(), next_shard));
@@ -286,7 +285,7 @@ fn assemble(
         }
     }
     // Input closed: a partial window and a partial shard are still part of the dataset.
-    builder.add_unit(&window)?;
+    builder.add_unit(window)?;
     if !builder.is_empty() {
         send(builder.seal()?)?;
     }
