@@ -432,7 +432,7 @@ impl Engine {
         let mesh = &self.options.mesh;
         if let Some(spec) = &self.input_spec {
             let ways = spec.ways(0, mesh);
-            if batch % ways != 0 {
+            if !batch.is_multiple_of(ways) {
                 return Err(EngineError::Batch(format!(
                     "batch {batch} does not split evenly over {ways} data-parallel devices"
                 )));

@@ -220,15 +220,15 @@ impl GgufWeights {
         let n_rows = t.n_elements() / row_len.max(1);
         let row_bytes = row_len / t.ggml_type.block_size() * t.ggml_type.block_bytes();
         let order = convert::row_order(&self.arch, &t.name, self.n_heads, self.n_kv_heads);
-        if let RowOrder::ReversePermute { n_heads } = order {
-            if n_heads == 0 || n_rows % (2 * n_heads) != 0 {
-                return Err(ModelError::ShapeMismatch {
-                    name: name.into(),
-                    expected: vec![n_heads * 2, row_len],
-                    found: shape,
-                    source_desc: format!("{} (rows must split into {n_heads} heads of even size)", self.file.path().display()),
-                });
-            }
+        if let RowOrder::ReversePermute { n_heads } = order
+            && (n_heads == 0 || !n_rows.is_multiple_of(2 * n_heads))
+        {
+            return Err(ModelError::ShapeMismatch {
+                name: name.into(),
+                expected: vec![n_heads * 2, row_len],
+                found: shape,
+                source_desc: format!("{} (rows must split into {n_heads} heads of even size)", self.file.path().display()),
+            });
         }
         let mut out = vec![0u8; t.n_elements() * dtype.size()];
         let mut row = vec![0f32; row_len];

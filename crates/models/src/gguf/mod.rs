@@ -284,7 +284,7 @@ impl GgufFile {
                 }
             };
             let block = ggml_type.block_size() as u64;
-            if dims[0] as u64 % block != 0 {
+            if !(dims[0] as u64).is_multiple_of(block) {
                 return Err(corrupt(format!(
                     "tensor {name:?}: row length {} is not a multiple of the {ggml_type:?} block size {block}",
                     dims[0]
