@@ -225,12 +225,13 @@ impl fmt::Display for MeshShape {
 impl MeshShape {
     /// Devices that together hold one copy of the weights (`fsdp` × `model`).
     pub fn weight_group(&self) -> usize {
-        self.fsdp * self.model
+        // Saturating: sizes can come straight from flags.
+        self.fsdp.saturating_mul(self.model)
     }
 
     /// Total devices.
     pub fn num_devices(&self) -> usize {
-        self.data * self.fsdp * self.model
+        self.data.saturating_mul(self.fsdp).saturating_mul(self.model)
     }
 
     /// True when a weight-sharding group is larger than one host.

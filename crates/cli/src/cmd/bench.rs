@@ -148,8 +148,8 @@ fn bench_shape(mesh: &MeshArgs, topology: &Topology) -> anyhow::Result<MeshShape
         let model = mesh.model_parallel.unwrap_or(1);
         match (mesh.data, mesh.fsdp) {
             (Some(d), Some(f)) => MeshShape { data: d, fsdp: f, model },
-            (Some(d), None) => MeshShape { data: d, fsdp: n / (d * model).max(1), model },
-            (None, Some(f)) => MeshShape { data: n / (f * model).max(1), fsdp: f, model },
+            (Some(d), None) => MeshShape { data: d, fsdp: n / d.saturating_mul(model).max(1), model },
+            (None, Some(f)) => MeshShape { data: n / f.saturating_mul(model).max(1), fsdp: f, model },
             (None, None) => MeshShape { data: 1, fsdp: n / model.max(1), model },
         }
     } else {
