@@ -163,7 +163,12 @@ fn wait_with_limit(mut guard: Guard, limit: Duration) -> Output {
         if let Some(status) = guard.0.try_wait().unwrap() {
             break status;
         }
-        assert!(Instant::now() < deadline, "siphon did not finish within {limit:?}");
+        if Instant::now() >= deadline {
+            let _ = guard.0.kill();
+            let _ = guard.0.wait();
+            let (out, err) = (out.join().unwrap(), err.join().unwrap());
+            panic!("siphon did not finish within {limit:?}\nstdout:\n{out}\nstderr:\n{err}");
+        }
         std::thread::sleep(Duration::from_millis(20));
     };
     Output { status, stdout: out.join().unwrap().into_bytes(), stderr: err.join().unwrap().into_bytes() }
@@ -305,6 +310,64 @@ fn a_killed_host_stops_the_other_and_a_rerun_resumes_to_the_uninterrupted_datase
         };
         assert_eq!(digests(&output), digests(&reference), "{host}: shards differ from the uninterrupted run");
     }
+}
+
+/// Host `id` of a 2-host job started by hand, with extra arguments.
+fn start_host(s: &Setup, output: &Path, id: usize, port: u16, extra: &[&str]) -> Guard {
+    let mut args = extract_args(s, output, "r");
+    for pair in extra.chunks(2) {
+        // An option given again replaces the default's value (clap refuses repeats).
+        match args.iter().position(|a| a == pair[0]) {
+            Some(i) => args[i + 1] = pair[1].to_string(),
+            None => args.extend(pair.iter().map(|a| a.to_string())),
+        }
+    }
+    let mut command = siphon(&args);
+    command
+        .env("SIPHON_PROCESS_ID", id.to_string())
+        .env("SIPHON_NUM_PROCESSES", "2")
+        .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
+        .env("SIPHON_JOB_TOKEN", "test-token")
+        .env("SIPHON_CPU_DEVICES", "1");
+    Guard(command.spawn().unwrap())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn hosts_with_different_arguments_both_stop_naming_the_field() {
+    let s = setup(4);
+    let output = s.root.join("out");
+    let port = free_port();
+    let host0 = start_host(&s, &output, 0, port, &[]);
+    let host1 = start_host(&s, &output, 1, port, &["--seq-len", "16"]);
+    let out0 = wait_with_limit(host0, Duration::from_secs(60));
+    let out1 = wait_with_limit(host1, Duration::from_secs(60));
+    assert!(!out0.status.success() && !out1.status.success());
+    let err1 = String::from_utf8_lossy(&out1.stderr);
+    assert!(err1.contains("seq_len"), "host 1 should name the differing field: {err1}");
+    let err0 = String::from_utf8_lossy(&out0.stderr);
+    assert!(err0.contains("task 1"), "host 0 should name task 1: {err0}");
+}
+
+#[test]
+fn a_host_that_never_starts_or_an_unreachable_coordinator_is_named() {
+    let s = setup(4);
+    let output = s.root.join("out");
+    let host0 = start_host(&s, &output, 0, free_port(), &["--register-timeout", "2"]);
+    let out0 = wait_with_limit(host0, Duration::from_secs(60));
+    let err0 = String::from_utf8_lossy(&out0.stderr);
+    assert!(!out0.status.success());
+    assert!(err0.contains('1') && err0.contains("regist"), "the timeout should name the missing task: {err0}");
+
+    // Host 1 alone, nobody listening at its coordinator address.
+    let host1 = start_host(&s, &output, 1, free_port(), &["--connect-timeout", "1"]);
+    let out1 = wait_with_limit(host1, Duration::from_secs(60));
+    let err1 = String::from_utf8_lossy(&out1.stderr);
+    assert!(!out1.status.success());
+    assert!(err1.contains("coordinator at 127.0.0.1") && err1.contains("firewall"), "{err1}");
 }
 
 #[test]

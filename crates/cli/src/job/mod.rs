@@ -71,6 +71,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let token = job_token(&options, identity.num_processes)?;
     let mut join = JoinOptions::new(token);
     join.client.register_timeout = Duration::from_secs_f64(options.register_timeout);
+    join.client.connect_timeout = Duration::from_secs_f64(options.connect_timeout);
     if let Some(bind) = &options.bind {
         join.bind = Some(bind.parse().with_context(|| format!("--bind {bind:?} is not an IP:PORT address"))?);
     }

@@ -128,6 +128,9 @@ pub struct ExtractOptions {
     /// File holding the job token (default: SIPHON_JOB_TOKEN).
     #[arg(long, help_heading = "Cluster")]
     pub job_token_file: Option<PathBuf>,
+    /// Seconds to keep trying to reach the coordinator (it may start after this host).
+    #[arg(long, default_value_t = 120.0, help_heading = "Cluster")]
+    pub connect_timeout: f64,
     /// Seconds to wait for every host to register.
     #[arg(long, default_value_t = 300.0, help_heading = "Cluster")]
     pub register_timeout: f64,
