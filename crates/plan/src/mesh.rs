@@ -42,6 +42,10 @@ pub const FSDP: &str = "fsdp";
 /// The mesh axis for Megatron-style tensor parallelism (whole heads, intermediate).
 pub const MODEL: &str = "model";
 
+/// The largest job the planner accepts (larger counts are almost certainly a typo, and the
+/// device list is materialized).
+pub const MAX_DEVICES: usize = 1 << 16;
+
 /// One device as PJRT reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceInfo {
@@ -66,6 +70,11 @@ impl Topology {
         if hosts == 0 || devices_per_host == 0 {
             return Err(PlanError::Topology(format!(
                 "{hosts} hosts × {devices_per_host} devices: both must be at least 1"
+            )));
+        }
+        if hosts.saturating_mul(devices_per_host) > MAX_DEVICES {
+            return Err(PlanError::Topology(format!(
+                "{hosts} hosts × {devices_per_host} devices is more than the {MAX_DEVICES} devices siphon plans for"
             )));
         }
         Ok(Topology { hosts, devices_per_host, device_ids: (0..hosts * devices_per_host).collect() })
@@ -419,6 +428,8 @@ mod tests {
         let err = Topology::from_devices(&uneven).unwrap_err();
         assert!(err.to_string().contains("same number"), "{err}");
         assert!(Topology::uniform(0, 4).is_err());
+        let err = Topology::uniform(100_000, 100_000).unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
     }
 
     #[test]
