@@ -163,6 +163,12 @@ fn smollm2_gguf_matches_hf() {
         let got = acts.get(*hook).unwrap().to_f32();
         let (diff, scale) = masked_diff(&got, want, &g.mask, model.config.hidden_size);
         assert!(diff <= 1e-3 * scale, "{hook}: max-abs difference {diff:e} exceeds 1e-3 of max |x| {scale:e}");
+        // SmolLM2 has a few huge residual dimensions; also bound the error relative to the
+        // whole activation's norm, which the ordinary dimensions dominate less.
+        let err: f64 = got.iter().zip(want).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>().sqrt();
+        let norm: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum::<f64>().sqrt();
+        eprintln!("{hook}: max-abs {diff:e} (max |x| {scale:e}), relative L2 {:e}", err / norm);
+        assert!(err <= 1e-4 * norm, "{hook}: relative L2 error {:e} > 1e-4", err / norm);
     }
 }
 
