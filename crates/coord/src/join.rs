@@ -48,9 +48,15 @@ impl JoinOptions {
 /// One process's membership in a job. Blocking methods must not be called from inside an
 /// async runtime; use [`Coordination::client`] there.
 pub struct Coordination {
-    // Declared before the runtime so they drop while it still runs.
+    // Fields drop in order: the clients before the runtimes their tasks run on.
+    /// The handle the blocking methods use: its connection's tasks run on `rpc_runtime`, a
+    /// current-thread runtime driven by the calling thread inside `block_on`, so an RPC needs no
+    /// hand-off between threads.
+    fast: Client,
+    /// Owns the heartbeat and error watch, on `runtime`, which runs whatever the caller does.
     client: Client,
     hosted: Option<CoordinatorHandle>,
+    rpc_runtime: tokio::runtime::Runtime,
     runtime: tokio::runtime::Runtime,
     identity: Identity,
 }
@@ -60,8 +66,12 @@ impl Coordination {
     /// until every process registered (within `options.client.register_timeout`).
     pub fn join(identity: &Identity, options: JoinOptions) -> Result<Coordination> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(1)
             .thread_name("siphon-coord")
+            .enable_all()
+            .build()
+            .map_err(|e| CoordError::Internal(format!("cannot start the coordination runtime: {e}")))?;
+        let rpc_runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| CoordError::Internal(format!("cannot start the coordination runtime: {e}")))?;
@@ -75,12 +85,7 @@ impl Coordination {
             let mut config = ServiceConfig::new(identity.num_processes, options.job_token.clone());
             config.grace = options.grace;
             config.heartbeat_timeout = options.service_heartbeat_timeout;
-            let (handle, server) = runtime.block_on(service::bind(config, bind))?;
-            runtime.spawn(async move {
-                if let Err(error) = server.await {
-                    tracing::error!(%error, "coordination service stopped");
-                }
-            });
+            let handle = host(config, bind)?;
             // Port 0 (tests, single-host runs) becomes the real port.
             if identity.coordinator.ends_with(":0") || options.bind.is_some_and(|b| b.port() == 0) {
                 identity.coordinator = handle.local_addr().to_string();
@@ -115,7 +120,16 @@ impl Coordination {
                 client.num_tasks()
             )));
         }
-        Ok(Coordination { client, hosted, runtime, identity })
+        let fast = match rpc_runtime.block_on(client.with_own_connection()) {
+            Ok(fast) => fast,
+            Err(error) => {
+                if let Some(handle) = &hosted {
+                    handle.stop();
+                }
+                return Err(error);
+            }
+        };
+        Ok(Coordination { fast, client, hosted, rpc_runtime, runtime, identity })
     }
 
     /// The identity this process joined with (the coordinator address is the real one).
@@ -150,64 +164,64 @@ impl Coordination {
 
     /// See [`Client::barrier`].
     pub fn barrier(&self, id: &str, timeout: Duration) -> Result<()> {
-        self.runtime.block_on(self.client.barrier(id, timeout))
+        self.rpc_runtime.block_on(self.fast.barrier(id, timeout))
     }
 
     /// See [`Client::barrier_among`].
     pub fn barrier_among(&self, id: &str, timeout: Duration, participants: &[u32]) -> Result<()> {
-        self.runtime.block_on(self.client.barrier_among(id, timeout, participants))
+        self.rpc_runtime.block_on(self.fast.barrier_among(id, timeout, participants))
     }
 
     /// See [`Client::kv_set`].
     pub fn kv_set(&self, key: &str, value: &[u8], allow_overwrite: bool) -> Result<()> {
-        self.runtime.block_on(self.client.kv_set(key, value, allow_overwrite))
+        self.rpc_runtime.block_on(self.fast.kv_set(key, value, allow_overwrite))
     }
 
     /// See [`Client::kv_get`].
     pub fn kv_get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.runtime.block_on(self.client.kv_get(key, timeout))
+        self.rpc_runtime.block_on(self.fast.kv_get(key, timeout))
     }
 
     /// See [`Client::kv_try_get`].
     pub fn kv_try_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.runtime.block_on(self.client.kv_try_get(key))
+        self.rpc_runtime.block_on(self.fast.kv_try_get(key))
     }
 
     /// See [`Client::kv_increment`].
     pub fn kv_increment(&self, key: &str, delta: i64) -> Result<i64> {
-        self.runtime.block_on(self.client.kv_increment(key, delta))
+        self.rpc_runtime.block_on(self.fast.kv_increment(key, delta))
     }
 
     /// See [`Client::kv_list`].
     pub fn kv_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        self.runtime.block_on(self.client.kv_list(prefix))
+        self.rpc_runtime.block_on(self.fast.kv_list(prefix))
     }
 
     /// See [`Client::kv_delete`].
     pub fn kv_delete(&self, key: &str) -> Result<()> {
-        self.runtime.block_on(self.client.kv_delete(key))
+        self.rpc_runtime.block_on(self.fast.kv_delete(key))
     }
 
     /// See [`Client::kv_delete_prefix`].
     pub fn kv_delete_prefix(&self, prefix: &str) -> Result<()> {
-        self.runtime.block_on(self.client.kv_delete_prefix(prefix))
+        self.rpc_runtime.block_on(self.fast.kv_delete_prefix(prefix))
     }
 
     /// See [`Client::report_error`].
     pub fn report_error(&self, message: &str) -> Result<()> {
-        self.runtime.block_on(self.client.report_error(message))
+        self.rpc_runtime.block_on(self.fast.report_error(message))
     }
 
     /// See [`Client::alive_tasks`].
     pub fn alive_tasks(&self, subset: &[u32]) -> Result<Vec<u32>> {
-        self.runtime.block_on(self.client.alive_tasks(subset))
+        self.rpc_runtime.block_on(self.fast.alive_tasks(subset))
     }
 
     /// The shutdown barrier. On the hosting process, also waits (up to `timeout`) until the
     /// other processes have disconnected, so that none loses the service mid-shutdown.
     pub fn shutdown(&self, timeout: Duration) -> Result<()> {
-        self.runtime.block_on(async {
-            self.client.shutdown(timeout).await?;
+        self.rpc_runtime.block_on(async {
+            self.fast.shutdown(timeout).await?;
             if let Some(handle) = &self.hosted {
                 handle.wait_idle(Some(self.client.task()), timeout).await;
             }
@@ -274,6 +288,39 @@ impl Drop for Coordination {
     }
 }
 
+/// Runs the service on a thread of its own with a current-thread runtime: every connection's
+/// tasks and every barrier wake-up stay on one thread, which keeps barrier latency low and
+/// leaves the process's other threads alone.
+fn host(config: ServiceConfig, bind: SocketAddr) -> Result<CoordinatorHandle> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("siphon-coord-service".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = sender.send(Err(CoordError::Internal(format!("cannot start the service runtime: {e}"))));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                match service::bind(config, bind).await {
+                    Ok((handle, server)) => {
+                        let _ = sender.send(Ok(handle));
+                        if let Err(error) = server.await {
+                            tracing::error!(%error, "coordination service stopped");
+                        }
+                    }
+                    Err(error) => {
+                        let _ = sender.send(Err(error));
+                    }
+                }
+            });
+        })
+        .map_err(|e| CoordError::Internal(format!("cannot start the service thread: {e}")))?;
+    receiver.recv().map_err(|_| CoordError::Internal("the service thread ended before binding".into()))?
+}
+
 fn resolve(address: &str) -> Result<SocketAddr> {
     address
         .to_socket_addrs()
@@ -286,8 +333,8 @@ impl Coordination {
     /// See [`crate::broadcast::broadcast_config`]; rank 0 resolves a new run name and start
     /// time ([`crate::broadcast::new_run_identity`]) and every rank returns them.
     pub fn broadcast_config(&self, compared: &serde_json::Value, timeout: Duration) -> Result<serde_json::Value> {
-        self.runtime.block_on(crate::broadcast::broadcast_config(
-            &self.client,
+        self.rpc_runtime.block_on(crate::broadcast::broadcast_config(
+            &self.fast,
             compared,
             crate::broadcast::new_run_identity,
             timeout,

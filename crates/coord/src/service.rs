@@ -483,9 +483,8 @@ impl Coordination for Service {
 /// (after giving the tasks up to a second to learn of it), or an error on SIGINT/SIGTERM.
 /// `on_listening` is called with the bound address.
 pub fn run_standalone(config: ServiceConfig, addr: SocketAddr, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("siphon-coordinator")
+    // One thread: connections, barrier wake-ups and responses never change threads.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| CoordError::Internal(format!("cannot start the runtime: {e}")))?;

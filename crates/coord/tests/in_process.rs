@@ -94,10 +94,14 @@ async fn barrier_timeout_names_missing_tasks_and_cancel_reaches_everyone() {
     let handle = start(3).await;
     let clients = join_all(&handle, 3).await;
     let started = Instant::now();
-    let (a, b) = tokio::join!(
-        clients[0].barrier("slow", Duration::from_millis(300)),
-        clients[2].barrier("slow", Duration::from_secs(60)),
-    );
+    let first = {
+        let c = clients[0].clone();
+        tokio::spawn(async move { c.barrier("slow", Duration::from_millis(300)).await })
+    };
+    // Task 2 arrives second, with a longer timeout that must not extend the deadline.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let b = clients[2].barrier("slow", Duration::from_secs(60)).await;
+    let a = first.await.unwrap();
     // The deadline started at the first arrival (300 ms), not the longer one.
     assert!(started.elapsed() < Duration::from_secs(3));
     for error in [a.unwrap_err(), b.unwrap_err()] {
