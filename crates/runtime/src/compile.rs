@@ -11,6 +11,7 @@ use crate::client::{Client, ClientInner};
 use crate::error::{Error, Result};
 use crate::ffi::{self, slot};
 use crate::proto;
+use crate::signature::{ParamType, parameter_types};
 
 /// How XLA compiles a program: replicas × partitions, SPMD/Shardy and the device assignment.
 ///
@@ -171,6 +172,8 @@ pub struct Executable {
     device_ids: Vec<usize>,
     device_raws: Vec<*mut ffi::PJRT_Device>,
     options: CompileOptions,
+    /// Per-device parameter types read from the program text, checked by `execute`.
+    parameters: Option<Vec<Option<ParamType>>>,
 }
 
 // SAFETY: a PJRT loaded executable is thread-safe (XLA's PjRtLoadedExecutable may be executed
@@ -267,6 +270,7 @@ impl Client {
             device_ids: Vec::new(),
             device_raws: Vec::new(),
             options: options.clone(),
+            parameters: parameter_types(program, options.num_partitions),
         };
         // From here on, `executable`'s Drop frees it on error.
         executable.num_outputs = executable.count(slot::Executable_NumOutputs)?;
@@ -381,6 +385,14 @@ impl Executable {
             )));
         }
         let num_args = arguments.first().map_or(0, Vec::len);
+        if let Some(parameters) = &self.parameters
+            && parameters.len() != num_args
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the program takes {} parameters but {num_args} arguments were given",
+                parameters.len()
+            )));
+        }
         for (position, list) in arguments.iter().enumerate() {
             if list.len() != num_args {
                 return Err(Error::InvalidArgument(format!(
@@ -394,6 +406,15 @@ impl Executable {
                         "argument {index} for device {} belongs to another client",
                         self.device_ids[position]
                     )));
+                }
+                if let Some(Some(expected)) = self.parameters.as_ref().map(|p| &p[index]) {
+                    let (element_type, dims) = (buffer.element_type()?, buffer.dims()?);
+                    if element_type != expected.element_type || dims != expected.dims {
+                        return Err(Error::InvalidArgument(format!(
+                            "argument {index} for device {} is {element_type}{dims:?}; the program takes {}{:?} per device",
+                            self.device_ids[position], expected.element_type, expected.dims
+                        )));
+                    }
                 }
                 if buffer.raw_device()? != self.device_raws[position] {
                     return Err(Error::InvalidArgument(format!(

@@ -67,6 +67,7 @@ mod locate;
 mod plugin;
 mod proto;
 mod sharded;
+mod signature;
 
 pub use buffer::{Buffer, ElementType, HostArray, NativeType, Upload, download_many};
 pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore, OptionValue};

@@ -420,13 +420,34 @@ fn execute_checks_argument_lists_and_devices() {
         executable.execute(&[]),
         Err(Error::InvalidArgument(_))
     ));
-    // Wrong argument count reaches XLA, which must answer with an error.
-    assert!(executable.execute(&[vec![&on2]]).is_err());
-    // A buffer of the wrong size reaches XLA too, which checks byte sizes (only).
+    assert!(matches!(
+        executable.execute(&[vec![&on2]]),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Same byte size, other shape or element type: XLA alone would reinterpret the bytes.
+    for wrong in [
+        HostArray::from_slice(&[4], &[1.0f32; 4]).unwrap(),
+        HostArray::from_slice(&[2, 2], &[1i32; 4]).unwrap(),
+        HostArray::from_slice(&[3], &[1.0f32; 3]).unwrap(),
+    ] {
+        let wrong = client.upload(&wrong, 2).unwrap();
+        let err = executable.execute(&[vec![&on2, &wrong]]).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    }
+    // A parameter the signature reader leaves unchecked (a GSPMD string) still gets XLA's own
+    // count and byte-size checks, as errors.
+    let gspmd = program.replace(
+        "%w: tensor<2x2xf32>",
+        "%w: tensor<2x2xf32> {mhlo.sharding = \"{replicated}\"}",
+    );
+    assert_ne!(gspmd, program);
+    let unchecked = client
+        .compile(&gspmd, &CompileOptions::single_device(Some(2)))
+        .unwrap();
     let wrong = client
         .upload(&HostArray::from_slice(&[3], &[1.0f32; 3]).unwrap(), 2)
         .unwrap();
-    let err = executable.execute(&[vec![&on2, &wrong]]).unwrap_err();
+    let err = unchecked.execute(&[vec![&on2, &wrong]]).unwrap_err();
     assert!(matches!(err, Error::Pjrt { .. }), "{err:?}");
     let out = executable.execute(&[vec![&on2, &on2]]).unwrap();
     assert_eq!(out[0][0].device_id().unwrap(), 2);
