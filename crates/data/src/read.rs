@@ -28,6 +28,9 @@ pub(crate) enum Record {
 /// Receives `(index in emitted order, stable record index, record)`; returns `false` to stop.
 pub(crate) type Emit<'a> = dyn FnMut(u64, u64, Record) -> Result<bool> + 'a;
 
+/// Like [`Emit`], plus a closure that says where the record is (for messages).
+type EmitAt<'a> = dyn FnMut(u64, u64, Record, &dyn Fn() -> String) -> Result<bool> + 'a;
+
 /// Bytes fetched per request when scanning byte-range units.
 const BLOCK: u64 = 1 << 20;
 /// Invalid records logged per reader before going quiet.
@@ -88,7 +91,7 @@ impl UnitReader {
         unit: &Unit,
         file: &CorpusFile,
         skip: u64,
-        emit: &mut dyn FnMut(u64, u64, Record, &dyn Fn() -> String) -> Result<bool>,
+        emit: &mut EmitAt<'_>,
     ) -> Result<()> {
         let store = self.corpus.store.clone();
         match (unit.kind, file.format) {
@@ -153,7 +156,7 @@ async fn read_row_group(
     row_group: usize,
     rows: u64,
     skip: u64,
-    emit: &mut dyn FnMut(u64, u64, Record, &dyn Fn() -> String) -> Result<bool>,
+    emit: &mut EmitAt<'_>,
 ) -> Result<()> {
     if skip >= rows {
         return Ok(());

@@ -149,12 +149,13 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Some(v) = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -201,7 +202,7 @@ pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFor
         files.push(CorpusFile { display: display(&p), path: p, size: meta.size, format });
     } else {
         let prefix = store_path(spec, &base)?;
-        let matcher = pattern.as_ref().map(|p| Glob::new(&format!("{base}/{p}").trim_start_matches('/').to_string()));
+        let matcher = pattern.as_ref().map(|p| Glob::new(format!("{base}/{p}").trim_start_matches('/')));
         let listed: Vec<object_store::ObjectMeta> = store
             .list(Some(&prefix))
             .try_collect()
@@ -213,10 +214,10 @@ pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFor
             if rel.iter().any(|part| part.as_ref().starts_with(['.', '_'])) {
                 continue;
             }
-            if let Some(m) = &matcher {
-                if !m.matches(meta.location.as_ref()) {
-                    continue;
-                }
+            if let Some(m) = &matcher
+                && !m.matches(meta.location.as_ref())
+            {
+                continue;
             }
             let Some(format) = format_of(&meta.location) else { continue };
             files.push(CorpusFile { display: display(&meta.location), path: meta.location, size: meta.size, format });
@@ -326,6 +327,7 @@ mod tests {
         assert_eq!(FileFormat::from_name("a.JSONL"), Some(FileFormat::Jsonl));
         assert_eq!(FileFormat::from_name("README"), None);
         assert_eq!(percent_decode("a%2Ab"), "a*b");
+        assert_eq!(percent_decode("%é%"), "%é%");
     }
 
     #[test]
