@@ -498,7 +498,8 @@ pub fn rope_inv_freq(config: &ModelConfig) -> Vec<f32> {
                     let f = f as f64;
                     let wavelen = 2.0 * std::f64::consts::PI / f;
                     let scaled = if wavelen > low_wavelen { f / factor } else { f };
-                    let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                    // HF's `~(wavelen < high) * ~(wavelen > low)`; wavelengths are finite, so >= is the same.
+                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                     if medium {
                         let smooth = (old / wavelen - low) / (high - low);
                         ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32

@@ -33,13 +33,11 @@ impl HookPoint {
     /// Parses a TransformerLens name and checks its layer against `n_layers`.
     pub fn parse(name: &str, n_layers: usize) -> Result<HookPoint, ModelError> {
         let hook: HookPoint = name.parse()?;
-        if let Some(layer) = hook.layer() {
-            if layer >= n_layers {
-                return Err(ModelError::Hook(format!(
-                    "{name:?}: layer {layer} is out of range (the model has {n_layers} layers, 0..={})",
-                    n_layers.saturating_sub(1)
-                )));
-            }
+        if let Some(layer) = hook.layer().filter(|&l| l >= n_layers) {
+            return Err(ModelError::Hook(format!(
+                "{name:?}: layer {layer} is out of range (the model has {n_layers} layers, 0..={})",
+                n_layers.saturating_sub(1)
+            )));
         }
         Ok(hook)
     }
