@@ -79,6 +79,10 @@ impl ClusterArgs {
 
     /// The job token and where it came from. A job of several processes must be given one.
     pub fn job_token(&self, identity: &Identity) -> anyhow::Result<(String, TokenSource)> {
+        self.job_token_from(identity, std::env::var("SIPHON_JOB_TOKEN").ok())
+    }
+
+    fn job_token_from(&self, identity: &Identity, env_token: Option<String>) -> anyhow::Result<(String, TokenSource)> {
         if let Some(path) = &self.job_token_file {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the job token file {}", path.display()))?;
@@ -88,7 +92,7 @@ impl ClusterArgs {
             }
             return Ok((token, TokenSource::File(path.clone())));
         }
-        if let Ok(token) = std::env::var("SIPHON_JOB_TOKEN") {
+        if let Some(token) = env_token {
             if token.trim().is_empty() {
                 bail!("SIPHON_JOB_TOKEN is set but empty");
             }
@@ -317,4 +321,55 @@ pub fn bench_row(report: &CheckReport) -> String {
         ms(barrier.p99_us),
         ms(report.kv_round_trip.p50_us)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(num_processes: u32) -> Identity {
+        let flags = IdentityFlags {
+            process_id: Some(0),
+            num_processes: Some(num_processes),
+            coordinator: Some("10.0.0.5:9000".into()),
+            ..Default::default()
+        };
+        identity::resolve(&flags, &Default::default(), None).unwrap()
+    }
+
+    #[test]
+    fn job_token_sources_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "  s3cret\n").unwrap();
+        let args = ClusterArgs { job_token_file: Some(file.clone()), ..Default::default() };
+        let (token, source) = args.job_token_from(&identity(4), Some("from-env".into())).unwrap();
+        assert_eq!((token.as_str(), source), ("s3cret", TokenSource::File(file.clone())), "the file wins");
+        std::fs::write(&file, "\n").unwrap();
+        let error = args.job_token_from(&identity(4), None).unwrap_err().to_string();
+        assert!(error.contains("is empty"), "{error}");
+
+        let none = ClusterArgs::default();
+        let (token, source) = none.job_token_from(&identity(4), Some("from-env".into())).unwrap();
+        assert_eq!((token.as_str(), source), ("from-env", TokenSource::Env));
+        let error = none.job_token_from(&identity(4), None).unwrap_err().to_string();
+        assert!(error.contains("SIPHON_JOB_TOKEN") && error.contains("4 processes"), "{error}");
+        let (token, source) = none.job_token_from(&identity(1), None).unwrap();
+        assert_eq!(source, TokenSource::Generated);
+        assert_eq!(token.len(), 64);
+        // The source is printable, the token never is.
+        assert!(!TokenSource::Env.to_string().contains("from-env"));
+    }
+
+    #[test]
+    fn bind_defaults_to_the_coordinator_and_an_ip_takes_its_port() {
+        let me = identity(2);
+        assert_eq!(ClusterArgs::default().bind_addr(&me).unwrap(), None);
+        let args = ClusterArgs { bind: Some("0.0.0.0".into()), ..Default::default() };
+        assert_eq!(args.bind_addr(&me).unwrap(), Some("0.0.0.0:9000".parse().unwrap()));
+        let args = ClusterArgs { bind: Some("127.0.0.1:7000".into()), ..Default::default() };
+        assert_eq!(args.bind_addr(&me).unwrap(), Some("127.0.0.1:7000".parse().unwrap()));
+        let args = ClusterArgs { bind: Some("not an address".into()), ..Default::default() };
+        assert!(args.bind_addr(&me).is_err());
+    }
 }
