@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use siphon_mesh::Mesh;
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, ElementType};
 use crate::client::{Client, ClientInner};
 use crate::error::{Error, Result};
 use crate::ffi::{self, slot};
@@ -347,6 +347,62 @@ impl Executable {
     /// The options the program was compiled with.
     pub fn options(&self) -> &CompileOptions {
         &self.options
+    }
+
+    /// Element type and per-device dimensions of each output.
+    pub fn output_types(&self) -> Result<Vec<(ElementType, Vec<usize>)>> {
+        let view = self.view()?;
+        let plugin = &self.client.plugin;
+        let mut types: ffi::PJRT_Executable_OutputElementTypes_Args = ffi::zeroed();
+        types.executable = view.raw;
+        // SAFETY: the view is live.
+        unsafe { plugin.call(slot::Executable_OutputElementTypes, &mut types) }?;
+        let mut dims: ffi::PJRT_Executable_OutputDimensions_Args = ffi::zeroed();
+        dims.executable = view.raw;
+        // SAFETY: the view is live.
+        unsafe { plugin.call(slot::Executable_OutputDimensions, &mut dims) }?;
+        if types.num_output_types != dims.num_outputs {
+            return Err(Error::Unexpected(format!(
+                "{} output types but {} output shapes",
+                types.num_output_types, dims.num_outputs
+            )));
+        }
+        let count = dims.num_outputs;
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        if types.output_types.is_null() || dims.dim_sizes.is_null() {
+            return Err(Error::Unexpected("null output type lists".into()));
+        }
+        // SAFETY: both lists have `count` entries and live as long as the view.
+        let (raw_types, ranks) = unsafe {
+            (
+                std::slice::from_raw_parts(types.output_types, count),
+                std::slice::from_raw_parts(dims.dim_sizes, count),
+            )
+        };
+        let total: usize = ranks.iter().sum();
+        let all_dims: &[i64] = if total == 0 || dims.dims.is_null() {
+            &[]
+        } else {
+            // SAFETY: `dims` holds the concatenation of every output's dimensions.
+            unsafe { std::slice::from_raw_parts(dims.dims, total) }
+        };
+        let mut offset = 0;
+        let mut outputs = Vec::with_capacity(count);
+        for (&raw, &rank) in raw_types.iter().zip(ranks) {
+            let element_type = ElementType::from_raw(raw)
+                .ok_or_else(|| Error::Unexpected(format!("unsupported PJRT element type {raw}")))?;
+            let shape = all_dims
+                .get(offset..offset + rank)
+                .ok_or_else(|| Error::Unexpected("output dimensions list too short".into()))?;
+            outputs.push((
+                element_type,
+                shape.iter().map(|&d| d.max(0) as usize).collect(),
+            ));
+            offset += rank;
+        }
+        Ok(outputs)
     }
 
     /// XLA's memory estimate for one device running this program.

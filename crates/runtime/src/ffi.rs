@@ -465,6 +465,25 @@ pub struct PJRT_Executable_Count_Args {
 }
 
 #[repr(C)]
+pub struct PJRT_Executable_OutputElementTypes_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub executable: *mut PJRT_Executable,
+    pub output_types: *const c_int,
+    pub num_output_types: usize,
+}
+
+#[repr(C)]
+pub struct PJRT_Executable_OutputDimensions_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub executable: *mut PJRT_Executable,
+    pub num_outputs: usize,
+    pub dims: *const i64,
+    pub dim_sizes: *const usize,
+}
+
+#[repr(C)]
 pub struct PJRT_LoadedExecutable_AddressableDevices_Args {
     pub struct_size: usize,
     pub extension_start: *mut c_void,
@@ -674,6 +693,8 @@ args_structs!(
     PJRT_LoadedExecutable_GetExecutable_Args,
     PJRT_Executable_Count_Args,
     PJRT_LoadedExecutable_AddressableDevices_Args,
+    PJRT_Executable_OutputElementTypes_Args,
+    PJRT_Executable_OutputDimensions_Args,
     PJRT_LoadedExecutable_Execute_Args,
     PJRT_Executable_GetCompiledMemoryStats_Args,
     PJRT_Buffer_Destroy_Args,

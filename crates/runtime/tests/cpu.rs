@@ -480,6 +480,11 @@ fn compiled_memory_stats_and_device_sizes() {
     let executable: Executable = client
         .compile(&program, &CompileOptions::spmd(&mesh))
         .unwrap();
+    // Output types are per device: the [8, 8] result split 8 ways by rows.
+    assert_eq!(
+        executable.output_types().unwrap(),
+        vec![(ElementType::F32, vec![1, 8])]
+    );
     let stats = executable.compiled_memory_stats().unwrap();
     // Per device: x shard 1x16 f32 + w 16x8 f32; output 1x8 f32.
     assert_eq!(stats.argument_size_in_bytes, (16 + 16 * 8) * 4);
