@@ -73,3 +73,18 @@ fn table_and_errors() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(!out.status.success() && err.contains("<nope>"), "{err}");
 }
+
+#[test]
+fn a_gguf_model_file_serves_as_the_tokenizer() {
+    let Ok(gguf) = std::env::var("SIPHON_SMOLLM2_GGUF") else {
+        eprintln!("note: SIPHON_SMOLLM2_GGUF is not set (scripts/test.sh sets it); skipping");
+        return;
+    };
+    let out = siphon(&["data", "--corpus", "fixtures/data/corpus", "--tokenizer", &gguf, "--seq-len", "64", "--pad", "right", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(total(&report, "sequences"), 24, "one padded row per document");
+    // A BPE vocabulary needs fewer tokens than the byte-level fixture tokenizer.
+    let bytes = json(&["--seq-len", "64", "--pad", "right"]);
+    assert!(total(&report, "tokens") < total(&bytes, "tokens"));
+}

@@ -177,14 +177,25 @@ impl CorpusArgs {
     }
 }
 
-/// Loads a tokenizer and the special tokens it implies. Today: a tokenizer.json. GGUF files
-/// carry their tokenizer in metadata; that path belongs to siphon-models and plugs in here.
+/// Loads a tokenizer and the special tokens it implies: a tokenizer.json, an HF model
+/// directory (tokenizer.json + tokenizer_config.json) or a .gguf file (its `tokenizer.ggml.*`
+/// metadata, built by siphon-models). Special tokens are detected on the resulting tokenizer
+/// exactly as `siphon extract` does, so the partition shown here is the one a run gets.
 pub fn load_tokenizer(path: &Path) -> anyhow::Result<(Tokenizer, SpecialTokens)> {
-    if path.extension().is_some_and(|e| e == "gguf") {
-        bail!("{}: tokenizers from GGUF files are not wired into `siphon data` yet; pass a tokenizer.json", path.display());
-    }
-    let path = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
-    let tokenizer = siphon_data::load_tokenizer(&path)?;
+    let tokenizer = if path.extension().is_some_and(|e| e == "gguf") {
+        let file = siphon_models::gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+        siphon_models::TextTokenizer::from_gguf(&file)
+            .with_context(|| format!("building the tokenizer of {}", path.display()))?
+            .inner()
+            .clone()
+    } else if path.is_dir() {
+        match siphon_models::TextTokenizer::from_hf_dir(path).with_context(|| format!("reading {}", path.display()))? {
+            Some(t) => t.inner().clone(),
+            None => bail!("{} has no tokenizer.json", path.display()),
+        }
+    } else {
+        siphon_data::load_tokenizer(path)?
+    };
     let special = SpecialTokens::detect(&tokenizer);
     Ok((tokenizer, special))
 }
@@ -194,7 +205,7 @@ pub fn load_tokenizer(path: &Path) -> anyhow::Result<(Tokenizer, SpecialTokens)>
 pub struct Args {
     #[command(flatten)]
     corpus: CorpusArgs,
-    /// tokenizer.json (or a directory holding one).
+    /// tokenizer.json, an HF model directory, or a .gguf model file.
     #[arg(long)]
     tokenizer: PathBuf,
     /// Number of machines.
