@@ -225,3 +225,19 @@ fn a_worker_that_never_starts_times_out_registration_naming_it() {
         assert!(text.contains("not every task registered") && text.contains("[2] did not arrive"), "task {i}: {text}");
     }
 }
+
+#[test]
+fn sigterm_of_a_worker_is_reported_to_the_others() {
+    let mut job = Job::start(3, |task| strings(&[if task == 1 { "hold" } else { "wait" }]));
+    job.wait_for_line(&[0, 1, 2], "waiting", Duration::from_secs(30));
+    let pid = job.procs[1].child.id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+    assert!(status.success());
+    job.wait_exit(&[0, 1, 2], Duration::from_secs(10));
+    assert_eq!(job.exit(1).0, 143, "SIGTERM exit code: {}", job.stderr(1));
+    for i in [0, 2] {
+        assert_ne!(job.exit(i).0, 0);
+        let text = job.stderr(i);
+        assert!(text.contains("task 1 received SIGTERM"), "task {i}: {text}");
+    }
+}
