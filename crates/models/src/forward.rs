@@ -136,17 +136,33 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
 /// features over `model`, o/down split by input features over `model` (XLA inserts the
 /// all-reduce), embeddings and norms replicated, inputs split by batch over `data`. Axes
 /// the mesh lacks are left out, so the plan works on any mesh.
+///
+/// Attention is split by whole heads only: when `model` does not divide the query heads,
+/// q/o stay replicated, and when it does not divide the key/value heads, k/v stay
+/// replicated (every device computes all kv heads, which are few under GQA), so that no
+/// head is cut in pieces and XLA needs no activation all-gathers inside attention.
 pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, PartitionSpec>, PartitionSpec) {
-    let model: &[&str] = if mesh.axis_size("model").is_some() { &["model"] } else { &[] };
+    let model_size = mesh.axis_size("model");
     let data: &[&str] = if mesh.axis_size("data").is_some() { &["data"] } else { &[] };
+    let split_if = |n: usize| -> &'static [&'static str] {
+        match model_size {
+            Some(m) if n % m == 0 => &["model"],
+            _ => &[],
+        }
+    };
+    let q_axes = split_if(config.n_heads);
+    let kv_axes = split_if(config.n_kv_heads);
+    let mlp_axes = split_if(config.intermediate_size);
     let mut specs = HashMap::new();
     for p in config.params(config.n_layers, true) {
         let spec = match p.class {
-            ParamClass::AttnQ | ParamClass::AttnK | ParamClass::AttnV | ParamClass::MlpGate | ParamClass::MlpUp => {
-                PartitionSpec::new(&[model, &[]])
-            }
-            ParamClass::QBias | ParamClass::KBias | ParamClass::VBias => PartitionSpec::new(&[model]),
-            ParamClass::AttnO | ParamClass::MlpDown => PartitionSpec::new(&[&[], model]),
+            ParamClass::AttnQ => PartitionSpec::new(&[q_axes, &[]]),
+            ParamClass::QBias => PartitionSpec::new(&[q_axes]),
+            ParamClass::AttnK | ParamClass::AttnV => PartitionSpec::new(&[kv_axes, &[]]),
+            ParamClass::KBias | ParamClass::VBias => PartitionSpec::new(&[kv_axes]),
+            ParamClass::AttnO => PartitionSpec::new(&[&[], q_axes]),
+            ParamClass::MlpGate | ParamClass::MlpUp => PartitionSpec::new(&[mlp_axes, &[]]),
+            ParamClass::MlpDown => PartitionSpec::new(&[&[], mlp_axes]),
             ParamClass::Embedding | ParamClass::LmHead | ParamClass::Norm => continue,
         };
         specs.insert(p.name, spec);
@@ -582,8 +598,12 @@ mod tests {
         let spec = ForwardSpec::new(2, 4, vec![HookPoint::ResidPost(1)]).with_megatron_plan(&c, mesh);
         let p = build_forward(&c, &spec).unwrap();
         assert!(p.text.contains("sdy.mesh @mesh = <[\"data\"=2, \"model\"=4]>"));
-        let q0 = p.params.iter().position(|p| p.name == "model.layers.0.self_attn.q_proj.weight").unwrap();
-        assert_eq!(p.param_specs[q0], PartitionSpec::new(&[&["model"], &[]]));
+        let spec_of = |name: &str| &p.param_specs[p.params.iter().position(|p| p.name == name).unwrap()];
+        assert_eq!(spec_of("model.layers.0.self_attn.q_proj.weight"), &PartitionSpec::new(&[&["model"], &[]]));
+        assert_eq!(spec_of("model.layers.0.self_attn.o_proj.weight"), &PartitionSpec::new(&[&[], &["model"]]));
+        // 2 kv heads do not split over model=4: k/v stay whole.
+        assert_eq!(spec_of("model.layers.1.self_attn.k_proj.bias"), &PartitionSpec::new(&[&[]]));
+        assert_eq!(spec_of("model.layers.1.mlp.down_proj.weight"), &PartitionSpec::new(&[&[], &["model"]]));
         assert_eq!(p.outputs[0].spec, PartitionSpec::new(&[&["data"], &[], &[]]));
         assert!(p.text.contains("sdy.sharding_constraint"));
     }
