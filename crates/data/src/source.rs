@@ -34,7 +34,7 @@ impl FileFormat {
         match ext {
             "parquet" | "pq" => Some(FileFormat::Parquet),
             "jsonl" | "ndjson" | "json" => Some(FileFormat::Jsonl),
-            "txt" | "text" | "md" => Some(FileFormat::Text),
+            "txt" | "text" => Some(FileFormat::Text),
             _ => None,
         }
     }
@@ -169,7 +169,7 @@ pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFor
     let Located { store, display_root, path, local } = located;
     let looked_for = match forced {
         Some(f) => format!("{} files", f.name()),
-        None => "*.parquet, *.jsonl, *.ndjson, *.json, *.txt, *.text, *.md".to_string(),
+        None => "*.parquet, *.jsonl, *.ndjson, *.json, *.txt, *.text".to_string(),
     };
     let display = |p: &StorePath| format!("{display_root}{p}");
     let format_of = |p: &StorePath| forced.or_else(|| FileFormat::from_name(p.filename().unwrap_or_default()));
@@ -210,8 +210,9 @@ pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFor
             .map_err(|source| Error::Store { location: display(&prefix), source })?;
         for meta in listed {
             let rel: Vec<_> = meta.location.prefix_match(&prefix).map(|it| it.collect()).unwrap_or_default();
-            // Hidden files and `_SUCCESS`-style markers are never corpus data.
-            if rel.iter().any(|part| part.as_ref().starts_with(['.', '_'])) {
+            // Hidden files, `_SUCCESS`-style markers and a dataset repository's README or
+            // LICENSE are never corpus data.
+            if rel.iter().any(|part| part.as_ref().starts_with(['.', '_'])) || is_repo_doc(meta.location.filename().unwrap_or_default()) {
                 continue;
             }
             if let Some(m) = &matcher
@@ -228,6 +229,11 @@ pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFor
     }
     files.sort_by(|a, b| a.path.as_ref().cmp(b.path.as_ref()));
     Ok(Resolved { store, files })
+}
+
+fn is_repo_doc(name: &str) -> bool {
+    let stem = name.split('.').next().unwrap_or_default().to_ascii_uppercase();
+    matches!(stem.as_str(), "README" | "LICENSE" | "LICENCE" | "CHANGELOG" | "NOTICE")
 }
 
 fn store_path(spec: &str, path: &str) -> Result<StorePath> {
@@ -326,6 +332,8 @@ mod tests {
         assert_eq!(FileFormat::from_name("x/train-00001.parquet"), Some(FileFormat::Parquet));
         assert_eq!(FileFormat::from_name("a.JSONL"), Some(FileFormat::Jsonl));
         assert_eq!(FileFormat::from_name("README"), None);
+        assert_eq!(FileFormat::from_name("README.md"), None);
+        assert!(is_repo_doc("README.txt") && is_repo_doc("LICENSE") && !is_repo_doc("readings.txt"));
         assert_eq!(percent_decode("a%2Ab"), "a*b");
         assert_eq!(percent_decode("%é%"), "%é%");
     }

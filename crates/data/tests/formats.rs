@@ -108,14 +108,15 @@ fn text_directories_one_document_per_file_or_per_line() {
     std::fs::create_dir_all(root.join("sub")).unwrap();
     std::fs::write(root.join("b.txt"), "second file\nline two\n").unwrap();
     std::fs::write(root.join("a.txt"), "first file").unwrap();
-    std::fs::write(root.join("sub/c.md"), "\nthird\n\n").unwrap();
+    std::fs::write(root.join("sub/c.text"), "\nthird\n\n").unwrap();
+    std::fs::write(root.join("README.txt"), "dataset card, not data").unwrap();
     std::fs::write(root.join("empty.txt"), "  \n").unwrap();
     std::fs::write(root.join(".hidden.txt"), "hidden").unwrap();
     std::fs::write(root.join("notes.csv"), "not a corpus file").unwrap();
 
     let corpus = Corpus::open(root.to_str().unwrap(), &CorpusConfig::default()).unwrap();
     let names: Vec<String> = corpus.files().iter().map(|f| f.display.rsplit('/').next().unwrap().to_string()).collect();
-    assert_eq!(names, ["a.txt", "b.txt", "empty.txt", "c.md"]);
+    assert_eq!(names, ["a.txt", "b.txt", "empty.txt", "c.text"]);
     let mut stream = corpus.stream(tokenizer(), pad_right()).unwrap();
     let got: Vec<String> = stream.by_ref().flat_map(|b| doc_texts(&rows_of(&b.unwrap()))).collect();
     assert_eq!(got, ["first file", "second file\nline two\n", "\nthird\n\n"]);
@@ -128,7 +129,7 @@ fn text_directories_one_document_per_file_or_per_line() {
     let mut stream = corpus.stream(tokenizer(), pad_right()).unwrap();
     let got: Vec<String> = stream.by_ref().flat_map(|b| doc_texts(&rows_of(&b.unwrap()))).collect();
     assert_eq!(got, ["first file", "second file", "line two", "third"]);
-    assert_eq!(stream.stats().empty, 3, "blank lines of c.md and empty.txt");
+    assert_eq!(stream.stats().empty, 3, "blank lines of c.text and empty.txt");
 }
 
 #[test]
