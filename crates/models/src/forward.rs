@@ -218,21 +218,17 @@ impl<'a> Graph<'a> {
         let mut param_specs = Vec::new();
         for p in &params {
             let pspec = spec.param_specs.get(&p.name).cloned().unwrap_or_else(|| PartitionSpec::replicated(p.shape.len()));
-            if sharded {
-                pspec.validate(&p.shape, &spec.mesh).map_err(|e| ModelError::Sharding(format!("{}: {e}", p.name)))?;
-            }
+            // Validated on every mesh: on one without axes this rejects any split and a
+            // wrong rank, so the specs handed back are always usable.
+            pspec.validate(&p.shape, &spec.mesh).map_err(|e| ModelError::Sharding(format!("{}: {e}", p.name)))?;
             let v = b.arg(TensorType::new(dt, &p.shape), sharded.then(|| pspec.clone()))?;
             weights.insert(p.name.clone(), v);
             param_specs.push(pspec);
         }
         let input_spec = spec.input_spec.clone().unwrap_or_else(|| PartitionSpec::replicated(2));
-        if sharded {
-            input_spec
-                .validate(&[spec.batch, spec.seq], &spec.mesh)
-                .map_err(|e| ModelError::Sharding(format!("inputs [batch, seq]: {e}")))?;
-        } else if !input_spec.is_replicated() {
-            return Err(ModelError::Sharding(format!("input spec {input_spec} given for a mesh without axes")));
-        }
+        input_spec
+            .validate(&[spec.batch, spec.seq], &spec.mesh)
+            .map_err(|e| ModelError::Sharding(format!("inputs [batch, seq]: {e}")))?;
         let ids_ty = TensorType::new(DType::I32, &[spec.batch, spec.seq]);
         let in_spec = sharded.then(|| input_spec.clone());
         let input_ids = b.arg(ids_ty.clone(), in_spec.clone())?;
@@ -589,6 +585,13 @@ mod tests {
         spec.param_specs.insert("model.layers.0.mlp.gate.weight".into(), PartitionSpec::replicated(2));
         let err = build_forward(&c, &spec).unwrap_err();
         assert!(err.to_string().contains("gate.weight"), "{err}");
+        // On one device: a split, or a spec of the wrong rank, is an error, not a panic.
+        let mut spec = ForwardSpec::new(2, 5, vec![HookPoint::LnFinal]);
+        spec.input_spec = Some(PartitionSpec::replicated(1));
+        assert!(build_forward(&c, &spec).unwrap_err().to_string().contains("inputs"));
+        let mut spec = ForwardSpec::new(2, 5, vec![HookPoint::LnFinal]);
+        spec.param_specs.insert("model.norm.weight".into(), PartitionSpec::new(&[&["model"]]));
+        assert!(build_forward(&c, &spec).unwrap_err().to_string().contains("model.norm.weight"));
     }
 
     #[test]
