@@ -153,21 +153,6 @@ pub fn run_check(job: &Coordination, options: &CheckOptions) -> Result<CheckRepo
     Ok(report)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let samples: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
-        let latency = Latency::of(&samples);
-        assert_eq!((latency.p50_us, latency.p99_us, latency.max_us), (50.0, 99.0, 100.0));
-        let one = Latency::of(&[Duration::from_micros(7)]);
-        assert_eq!((one.p50_us, one.p99_us), (7.0, 7.0));
-        assert_eq!(Latency::of(&[]).samples, 0);
-    }
-}
-
 /// Every child of one local run; killed on drop.
 struct Children(Vec<std::process::Child>);
 
@@ -236,4 +221,19 @@ pub fn run_local(program: &std::path::Path, args: &[String], n: u32, limit: Dura
     let last = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
     serde_json::from_str(last)
         .map_err(|e| CoordError::Internal(format!("process 0 printed no report ({e}): {stdout:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        let latency = Latency::of(&samples);
+        assert_eq!((latency.p50_us, latency.p99_us, latency.max_us), (50.0, 99.0, 100.0));
+        let one = Latency::of(&[Duration::from_micros(7)]);
+        assert_eq!((one.p50_us, one.p99_us), (7.0, 7.0));
+        assert_eq!(Latency::of(&[]).samples, 0);
+    }
 }

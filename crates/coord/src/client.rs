@@ -464,11 +464,10 @@ async fn heartbeat_loop(
             }
         };
         if let Some(why) = failure {
-            if let Some(inner) = inner.upgrade() {
-                if !inner.shutting_down.load(Ordering::SeqCst) {
+            if let Some(inner) = inner.upgrade()
+                && !inner.shutting_down.load(Ordering::SeqCst) {
                     set_error(&inner, lost_coordinator(&inner.address, &why));
                 }
-            }
             return;
         }
     }

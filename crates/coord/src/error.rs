@@ -147,11 +147,10 @@ impl CoordError {
     }
 
     pub(crate) fn from_status(status: &tonic::Status) -> CoordError {
-        if status.code() == tonic::Code::Aborted && !status.details().is_empty() {
-            if let Ok(job) = proto::JobError::decode(status.details()) {
+        if status.code() == tonic::Code::Aborted && !status.details().is_empty()
+            && let Ok(job) = proto::JobError::decode(status.details()) {
                 return job_error_from_proto(&job);
             }
-        }
         // The server's message already starts with the kind ("not found: ..."); strip it so
         // that Display does not repeat it.
         let message = status.message();

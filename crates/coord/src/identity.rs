@@ -192,7 +192,8 @@ pub fn resolve(
     let mut process_id: Option<(u32, Source)> = None;
     let mut num_processes: Option<(u32, Source)> = None;
     let mut coordinator: Option<(String, Source)> = None;
-    let sources: [(Source, &dyn Fn() -> Result<Option<Partial>>); 7] = [
+    type Reader<'a> = &'a dyn Fn() -> Result<Option<Partial>>;
+    let sources: [(Source, Reader); 7] = [
         (Source::Flags, &|| {
             Ok(Some(Partial {
                 process_id: flags.process_id,
@@ -341,15 +342,14 @@ fn cloud_tpu(env: &HashMap<String, String>, metadata: Option<&dyn MetadataFetche
     let mut process_id = first_number(env, &["TPU_WORKER_ID", "CLOUD_TPU_TASK_ID"])?;
     let mut hosts = env.get("TPU_WORKER_HOSTNAMES").map(|h| host_list(h)).unwrap_or_default();
     if let Some(metadata) = metadata {
-        if process_id.is_none() {
-            if let Some(text) = metadata.get_attribute("agent-worker-number")? {
+        if process_id.is_none()
+            && let Some(text) = metadata.get_attribute("agent-worker-number")? {
                 process_id = Some(text.trim().parse().map_err(|_| {
                     CoordError::InvalidArgument(format!("GCE metadata agent-worker-number='{text}' is not a number"))
                 })?);
             }
-        }
-        if hosts.is_empty() {
-            if let Some(text) = metadata.get_attribute("worker-network-endpoints")? {
+        if hosts.is_empty()
+            && let Some(text) = metadata.get_attribute("worker-network-endpoints")? {
                 // Entries look like "<id>:<name>:<ip>"; the address is the last part.
                 hosts = text
                     .split(',')
@@ -357,7 +357,6 @@ fn cloud_tpu(env: &HashMap<String, String>, metadata: Option<&dyn MetadataFetche
                     .filter(|ip| !ip.is_empty())
                     .collect();
             }
-        }
     }
     Ok(Some(Partial {
         process_id,

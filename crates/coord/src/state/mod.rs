@@ -256,13 +256,12 @@ impl State {
         let shutdown = key.0 == SHUTDOWN_BARRIER;
         let key_copy = if shutdown { Some(key.clone()) } else { None };
         let arrival = self.barriers.arrive(key, task, participants.clone(), timeout, now);
-        if let Some(key) = key_copy {
-            if self.barriers.passed(&key) {
+        if let Some(key) = key_copy
+            && self.barriers.passed(&key) {
                 for &t in &participants {
                     self.tasks[t as usize].status = TaskStatus::ShutDown;
                 }
             }
-        }
         arrival
     }
 
