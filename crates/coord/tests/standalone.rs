@@ -74,3 +74,29 @@ fn standalone_service_reports_the_job_failure() {
     let error = service.join().unwrap().unwrap_err();
     assert!(error.to_string().contains("task 1 reported an error: bad shard"), "{error}");
 }
+
+#[test]
+fn coordination_is_shared_across_threads_like_pjrt_kv_callbacks() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Coordination>();
+    assert_send_sync::<siphon_coord::Client>();
+    let me = identity::resolve(&IdentityFlags::default(), &Default::default(), None).unwrap();
+    let job = std::sync::Arc::new(Coordination::join(&me, JoinOptions::new("tok")).unwrap());
+    // Several threads block in gets at once while another thread sets the keys: blocking
+    // calls from many threads on one handle must neither deadlock nor serialize behind a get.
+    let getters: Vec<_> = (0..4)
+        .map(|i| {
+            let job = job.clone();
+            std::thread::spawn(move || job.kv_get(&format!("k{i}"), Duration::from_secs(10)))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    for i in 0..4 {
+        job.kv_set(&format!("k{i}"), format!("v{i}").as_bytes(), false).unwrap();
+        assert_eq!(job.kv_try_get(&format!("k{i}")).unwrap(), Some(format!("v{i}").into_bytes()));
+    }
+    for (i, getter) in getters.into_iter().enumerate() {
+        assert_eq!(getter.join().unwrap().unwrap(), format!("v{i}").into_bytes());
+    }
+    job.shutdown(Duration::from_secs(5)).unwrap();
+}
