@@ -609,6 +609,35 @@ fn handles_are_send_and_sync() {
         .unwrap();
     let handle = std::thread::spawn(move || buffer.to_host().unwrap().to_vec::<f32>().unwrap());
     assert_eq!(handle.join().unwrap(), vec![1.0, 2.0]);
+    // One executable run from several threads at once (PJRT executables are thread-safe).
+    let executable = Arc::new(
+        client
+            .compile(
+                &matmul_program(2, 2, 2, None),
+                &CompileOptions::single_device(Some(0)),
+            )
+            .unwrap(),
+    );
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (client, executable) = (client.clone(), executable.clone());
+            std::thread::spawn(move || {
+                let v = t as f32;
+                let a = client
+                    .upload(
+                        &HostArray::from_slice(&[2, 2], &[v, 0.0, 0.0, v]).unwrap(),
+                        0,
+                    )
+                    .unwrap();
+                let out = executable.execute(&[vec![&a, &a]]).unwrap();
+                out[0][0].to_host().unwrap().to_vec::<f32>().unwrap()
+            })
+        })
+        .collect();
+    for (t, thread) in threads.into_iter().enumerate() {
+        let v = t as f32;
+        assert_eq!(thread.join().unwrap(), vec![v * v, 0.0, 0.0, v * v]);
+    }
 }
 
 #[test]
