@@ -10,12 +10,18 @@
 //!   directory, Python packages) and says why.
 //! - [`Client`]: devices ([`DeviceInfo`]), uploads ([`Client::upload`]), compilation
 //!   ([`Client::compile`] with [`CompileOptions`], encoded as `xla.CompileOptionsProto` here).
-//! - [`Executable`]: [`Executable::execute`] over N devices (`[device][arg]` lists),
+//! - [`Executable`]: [`Executable::execute`] over N devices (`[device][arg]` lists; argument
+//!   element types and per-device shapes are checked against the program's `@main` signature,
+//!   since XLA itself only checks byte sizes), [`Executable::output_types`],
 //!   [`Executable::compiled_memory_stats`].
 //! - [`Buffer`]: one array on one device; [`Buffer::to_host`] gives a [`HostArray`].
 //! - [`ShardedArray`]: one buffer per mesh partition, split and assembled by a
 //!   [`siphon_mesh::PartitionSpec`] ([`Client::upload_sharded`], [`Executable::execute_sharded`],
-//!   [`ShardedArray::to_host`]).
+//!   [`ShardedArray::to_host`]). In a multi-process job it holds this process's partitions only
+//!   ([`ShardedArray::partitions`], [`ShardedArray::local_shards_to_host`]).
+//! - [`Client::upload_many`] / [`download_many`] start every copy before waiting on any.
+//! - [`KeyValueStore`]: the callbacks a multi-host client (libtpu, CUDA) exchanges topology
+//!   through; set with [`ClientOptions::key_value_store`].
 //!
 //! Invariants: every PJRT call goes through one path that sets `struct_size`, refuses
 //! functions the plugin's table lacks, and turns a `PJRT_Error` into [`Error::Pjrt`]; every
