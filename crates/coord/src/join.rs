@@ -82,6 +82,16 @@ impl Coordination {
                 Some(addr) => addr,
                 None => resolve(&identity.coordinator)?,
             };
+            // A host name can resolve to loopback (Debian maps the own host name to 127.0.1.1),
+            // which other hosts cannot reach.
+            let named_loopback = identity.coordinator.starts_with("127.") || identity.coordinator.starts_with("localhost");
+            if bind.ip().is_loopback() && !named_loopback {
+                tracing::warn!(
+                    coordinator = %identity.coordinator, %bind,
+                    "the coordinator address resolves to a loopback address; processes on other hosts \
+                     cannot reach it (pass --bind with this host's network address)"
+                );
+            }
             let mut config = ServiceConfig::new(identity.num_processes, options.job_token.clone());
             config.grace = options.grace;
             config.heartbeat_timeout = options.service_heartbeat_timeout;
