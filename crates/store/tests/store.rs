@@ -317,6 +317,45 @@ fn bad_batches_are_rejected_with_the_reason() {
     assert!(ShardWriter::open(config(&backend, "bad3"), reserved).err().unwrap().to_string().contains("reserved"));
 }
 
+/// Two hosts of one run write side by side; finalize merges their statistics (Chan) into the
+/// same numbers a single pass over both hosts' tokens gives.
+#[test]
+fn two_hosts_merge_statistics() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::local(dir.path());
+    let spec = SyntheticSpec::new(1, 2, 8, 16);
+    let hosts = [HostId { machine: 0, host: 0 }, HostId { machine: 0, host: 1 }];
+    for (i, host) in hosts.iter().enumerate() {
+        let mut c = config(&backend, "multi");
+        c.host = *host;
+        c.format.target_shard_bytes = 1_500;
+        let mut writer = ShardWriter::open(c, descriptor(&spec)).unwrap();
+        // Host 1 gets a different slice of the synthetic corpus (batches 10..), numbered from 0.
+        for k in 0..(3 + i as u64) {
+            let mut batch = spec.batch(k + 10 * i as u64);
+            batch.first_sample = k * spec.batch as u64;
+            writer.push(batch).unwrap();
+        }
+        writer.finish().unwrap();
+    }
+    let merged = siphon_store::finalize_run(&backend.url("multi"), &[], RUN).unwrap();
+    let report = siphon_store::verify_run_blocking(&backend.url("multi"), &[], RUN).unwrap();
+    assert!(report.is_ok(), "{:?}", report.all_problems());
+    assert_eq!(report.hosts.iter().map(|h| h.host).collect::<Vec<_>>(), hosts);
+    let batches: Vec<u64> = vec![0, 1, 2, 10, 11, 12, 13];
+    let values: Vec<f64> = batches
+        .iter()
+        .flat_map(|&k| (k * 2..k * 2 + 2).collect::<Vec<_>>())
+        .flat_map(|s| (0..spec.seq).filter(|&t| spec.keep(s, t)).map(|t| SyntheticSpec::value(s, t, 0, 5) as f64).collect::<Vec<_>>())
+        .collect();
+    let stats = &merged.hooks[&spec.hooks[0]];
+    assert_eq!(stats.count, values.len() as u64);
+    assert_eq!(report.included_tokens, values.len() as u64);
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / values.len() as f64;
+    assert!((stats.mean[5] - mean).abs() < 1e-9 && (stats.variance[5] - var).abs() < 1e-9, "{} {}", stats.mean[5], stats.variance[5]);
+}
+
 #[test]
 fn python_one_liner_loads_a_shard() {
     let Some(python) = support::test_python("python_one_liner_loads_a_shard") else { return };
