@@ -305,9 +305,10 @@ impl LineReader {
         if self.pos >= end || self.pos >= self.file.size {
             return Ok(None);
         }
-        // Drop consumed bytes so memory stays at about one block plus one line.
+        // Drop consumed bytes so memory stays at about two blocks plus one line; only once a
+        // block's worth is consumed, so the copy is amortized rather than per line.
         let consumed = (self.pos - self.buf_start) as usize;
-        if consumed > 0 && consumed <= self.buf.len() {
+        if consumed as u64 >= BLOCK && consumed <= self.buf.len() {
             self.buf.drain(..consumed);
             self.buf_start = self.pos;
         }

@@ -126,3 +126,34 @@ fn resuming_in_a_late_byte_unit_reads_nothing_before_it() {
         }
     }
 }
+
+#[test]
+fn the_reader_stays_a_bounded_distance_ahead_of_the_consumer() {
+    let store = Arc::new(LoggingStore::default());
+    // ~6 MiB of short documents in one unit.
+    let jsonl: String = (0..200_000).map(|i| format!("{{\"text\": \"doc {i} {}\"}}\n", "x".repeat(i % 7))).collect();
+    let size = jsonl.len() as u64;
+    upload(&store, "long.jsonl", jsonl.into_bytes());
+    let mut config = CorpusConfig::default();
+    config.unit_bytes = 64 << 20;
+    let corpus = Corpus::open_store(store.clone(), "c", "mem:///", &config).unwrap();
+    store.reads.lock().unwrap().clear();
+    let mut stream = corpus.stream(tokenizer(), stream_config(32, PackMode::Pack, 2)).unwrap();
+    let first = stream.next().expect("a batch").expect("reads");
+    assert_eq!(first.len(), 2);
+    // Give the pipeline time to run ahead as far as its credits allow.
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let fetched: u64 = store
+        .reads
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, r)| match r {
+            Some(GetRange::Bounded(r)) => r.end - r.start,
+            other => panic!("unexpected read {other:?}"),
+        })
+        .sum();
+    // The chunks in flight (a few hundred records) lie in the first 1 MiB block.
+    assert!(fetched <= 1 << 20, "read {fetched} of {size} bytes for one batch");
+    drop(stream); // stops and joins the pipeline threads mid-unit
+}
