@@ -44,7 +44,9 @@ impl ActivationDtype {
             "f32" | "float32" => Ok(ActivationDtype::F32),
             "bf16" | "bfloat16" => Ok(ActivationDtype::Bf16),
             "f16" | "float16" => Ok(ActivationDtype::F16),
-            other => Err(StoreError::InvalidConfig(format!("unknown activation dtype {other:?} (expected f32, bf16 or f16)"))),
+            other => Err(StoreError::InvalidConfig(format!(
+                "unknown activation dtype {other:?} (expected f32, bf16 or f16)"
+            ))),
         }
     }
 }
@@ -97,10 +99,19 @@ impl BatchActivations {
 
     /// Checks shapes against the run's hooks; returns a clear error naming the first problem.
     pub fn validate(&self, hooks: &[String]) -> Result<()> {
-        let bad = |reason: String| StoreError::InvalidBatch { first_sample: self.first_sample, reason };
-        let tokens = self.batch.checked_mul(self.seq).ok_or_else(|| bad("batch * seq overflows".into()))?;
+        let bad = |reason: String| StoreError::InvalidBatch {
+            first_sample: self.first_sample,
+            reason,
+        };
+        let tokens = self
+            .batch
+            .checked_mul(self.seq)
+            .ok_or_else(|| bad("batch * seq overflows".into()))?;
         if tokens == 0 {
-            return Err(bad(format!("empty batch (batch {} x seq {})", self.batch, self.seq)));
+            return Err(bad(format!(
+                "empty batch (batch {} x seq {})",
+                self.batch, self.seq
+            )));
         }
         for (name, len) in [
             ("token_ids", self.token_ids.len()),
@@ -109,12 +120,18 @@ impl BatchActivations {
             ("keep", self.keep.len()),
         ] {
             if len != tokens {
-                return Err(bad(format!("{name} has {len} entries, expected batch*seq = {tokens}")));
+                return Err(bad(format!(
+                    "{name} has {len} entries, expected batch*seq = {tokens}"
+                )));
             }
         }
-        if self.hooks.len() != hooks.len() || self.hooks.iter().zip(hooks).any(|(h, n)| &h.hook != n) {
+        if self.hooks.len() != hooks.len()
+            || self.hooks.iter().zip(hooks).any(|(h, n)| &h.hook != n)
+        {
             let got: Vec<&str> = self.hooks.iter().map(|h| h.hook.as_str()).collect();
-            return Err(bad(format!("hooks {got:?} differ from the run's hooks {hooks:?}")));
+            return Err(bad(format!(
+                "hooks {got:?} differ from the run's hooks {hooks:?}"
+            )));
         }
         for hook in &self.hooks {
             if hook.d_model == 0 {

@@ -55,7 +55,12 @@ pub struct ShardFormat {
 
 impl Default for ShardFormat {
     fn default() -> Self {
-        ShardFormat { dtype: ActivationDtype::Bf16, target_shard_bytes: DEFAULT_TARGET_SHARD_BYTES, keep_excluded: false, shuffle: None }
+        ShardFormat {
+            dtype: ActivationDtype::Bf16,
+            target_shard_bytes: DEFAULT_TARGET_SHARD_BYTES,
+            keep_excluded: false,
+            shuffle: None,
+        }
     }
 }
 
@@ -74,7 +79,12 @@ pub struct UploadConfig {
 
 impl Default for UploadConfig {
     fn default() -> Self {
-        UploadConfig { part_bytes: 16 << 20, concurrency: 8, max_attempts: 5, initial_backoff: Duration::from_millis(200) }
+        UploadConfig {
+            part_bytes: 16 << 20,
+            concurrency: 8,
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(200),
+        }
     }
 }
 
@@ -119,7 +129,10 @@ impl StoreConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |s: String| Err(StoreError::InvalidConfig(s));
         if self.run.is_empty() || self.run.contains('/') || self.run.starts_with('.') {
-            return bad(format!("run name {:?} must be a non-empty single path segment", self.run));
+            return bad(format!(
+                "run name {:?} must be a non-empty single path segment",
+                self.run
+            ));
         }
         if self.format.target_shard_bytes == 0 {
             return bad("target_shard_bytes must be > 0".into());
@@ -130,7 +143,10 @@ impl StoreConfig {
             return bad("shuffle window_batches must be > 0".into());
         }
         if self.upload.part_bytes < MIN_PART_BYTES {
-            return bad(format!("upload part_bytes {} is below the 5 MiB multipart minimum", self.upload.part_bytes));
+            return bad(format!(
+                "upload part_bytes {} is below the 5 MiB multipart minimum",
+                self.upload.part_bytes
+            ));
         }
         if self.upload.concurrency == 0 || self.upload.max_attempts == 0 {
             return bad("upload concurrency and max_attempts must be > 0".into());
@@ -139,7 +155,10 @@ impl StoreConfig {
             return bad("queue_batches must be > 0".into());
         }
         if self.host.machine > 999 || self.host.host > 99 {
-            return bad(format!("host id {:?} does not fit machine_{{:03}}_host_{{:02}}", self.host));
+            return bad(format!(
+                "host id {:?} does not fit machine_{{:03}}_host_{{:02}}",
+                self.host
+            ));
         }
         Ok(())
     }

@@ -80,8 +80,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    pub(crate) fn store(op: &'static str, path: impl std::fmt::Display, source: object_store::Error) -> Self {
-        StoreError::ObjectStore { op, path: path.to_string(), source }
+    pub(crate) fn store(
+        op: &'static str,
+        path: impl std::fmt::Display,
+        source: object_store::Error,
+    ) -> Self {
+        StoreError::ObjectStore {
+            op,
+            path: path.to_string(),
+            source,
+        }
     }
 }
 

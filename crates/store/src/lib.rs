@@ -45,9 +45,14 @@ mod verify;
 mod writer;
 
 pub use batch::{ActivationDtype, BatchActivations, HookActivations};
-pub use config::{DEFAULT_TARGET_SHARD_BYTES, HostId, MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig};
+pub use config::{
+    DEFAULT_TARGET_SHARD_BYTES, HostId, MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig,
+    StoreConfig, UploadConfig,
+};
 pub use error::{Result, StoreError};
-pub use location::{MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, parse_host_dir, shard_name};
+pub use location::{
+    MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, parse_host_dir, shard_name,
+};
 pub use manifest::{ManifestLine, parse_manifest, render_manifest};
 pub use run::{ResumePoint, RunJson, list_hosts, merge_host_stats};
 pub use shard::{FORMAT_TAG, RESERVED_TENSOR_NAMES, SealedShard, ShardSummary, summarize_shard};

@@ -42,9 +42,16 @@ impl StoreLocation {
     /// `aws_endpoint`, `aws_allow_http`, `google_service_account_key`) override them.
     /// Requests are retried with exponential backoff by the client.
     pub fn open(url: &str, options: &[(String, String)]) -> Result<Self> {
-        let invalid = |reason: String| StoreError::InvalidLocation { url: url.to_string(), reason };
+        let invalid = |reason: String| StoreError::InvalidLocation {
+            url: url.to_string(),
+            reason,
+        };
         let retry = RetryConfig {
-            backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(15), base: 2.0 },
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(15),
+                base: 2.0,
+            },
             max_retries: 8,
             retry_timeout: Duration::from_secs(180),
         };
@@ -55,48 +62,108 @@ impl StoreLocation {
                 if dir.is_empty() {
                     return Err(invalid("empty path".into()));
                 }
-                std::fs::create_dir_all(dir).map_err(|source| StoreError::Io { op: "create directory", path: dir.into(), source })?;
-                let dir = std::fs::canonicalize(dir).map_err(|source| StoreError::Io { op: "resolve", path: dir.into(), source })?;
-                let store = LocalFileSystem::new_with_prefix(&dir).map_err(|e| invalid(e.to_string()))?;
-                return Ok(StoreLocation { store: Arc::new(store), root: Path::default(), url: url.to_string(), local_dir: Some(dir) });
+                std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+                    op: "create directory",
+                    path: dir.into(),
+                    source,
+                })?;
+                let dir = std::fs::canonicalize(dir).map_err(|source| StoreError::Io {
+                    op: "resolve",
+                    path: dir.into(),
+                    source,
+                })?;
+                let store =
+                    LocalFileSystem::new_with_prefix(&dir).map_err(|e| invalid(e.to_string()))?;
+                return Ok(StoreLocation {
+                    store: Arc::new(store),
+                    root: Path::default(),
+                    url: url.to_string(),
+                    local_dir: Some(dir),
+                });
             }
             Some("s3" | "s3a") => {
                 let mut builder = AmazonS3Builder::from_env().with_url(url).with_retry(retry);
                 for (key, value) in options {
-                    builder = builder.with_config(key.parse().map_err(|e: object_store::Error| invalid(e.to_string()))?, value);
+                    builder = builder.with_config(
+                        key.parse()
+                            .map_err(|e: object_store::Error| invalid(e.to_string()))?,
+                        value,
+                    );
                 }
-                (Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?), bucket_relative(url))
+                (
+                    Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?),
+                    bucket_relative(url),
+                )
             }
             Some("gs") => {
-                let mut builder = GoogleCloudStorageBuilder::from_env().with_url(url).with_retry(retry);
+                let mut builder = GoogleCloudStorageBuilder::from_env()
+                    .with_url(url)
+                    .with_retry(retry);
                 for (key, value) in options {
-                    builder = builder.with_config(key.parse().map_err(|e: object_store::Error| invalid(e.to_string()))?, value);
+                    builder = builder.with_config(
+                        key.parse()
+                            .map_err(|e: object_store::Error| invalid(e.to_string()))?,
+                        value,
+                    );
                 }
-                (Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?), bucket_relative(url))
+                (
+                    Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?),
+                    bucket_relative(url),
+                )
             }
             Some("az" | "adl" | "azure" | "abfs" | "abfss") => {
-                let mut builder = MicrosoftAzureBuilder::from_env().with_url(url).with_retry(retry);
+                let mut builder = MicrosoftAzureBuilder::from_env()
+                    .with_url(url)
+                    .with_retry(retry);
                 for (key, value) in options {
-                    builder = builder.with_config(key.parse().map_err(|e: object_store::Error| invalid(e.to_string()))?, value);
+                    builder = builder.with_config(
+                        key.parse()
+                            .map_err(|e: object_store::Error| invalid(e.to_string()))?,
+                        value,
+                    );
                 }
-                (Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?), bucket_relative(url))
+                (
+                    Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?),
+                    bucket_relative(url),
+                )
             }
             Some("http" | "https") => {
                 let mut builder = HttpBuilder::new().with_url(url).with_retry(retry);
                 for (key, value) in options {
-                    builder = builder.with_config(key.parse().map_err(|e: object_store::Error| invalid(e.to_string()))?, value);
+                    builder = builder.with_config(
+                        key.parse()
+                            .map_err(|e: object_store::Error| invalid(e.to_string()))?,
+                        value,
+                    );
                 }
-                (Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?), String::new())
+                (
+                    Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?),
+                    String::new(),
+                )
             }
-            Some(other) => return Err(invalid(format!("unsupported scheme {other:?} (use a path, file://, s3://, gs://, az://, http(s)://)"))),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "unsupported scheme {other:?} (use a path, file://, s3://, gs://, az://, http(s)://)"
+                )));
+            }
         };
         let root = Path::parse(rest.trim_matches('/')).map_err(|e| invalid(e.to_string()))?;
-        Ok(StoreLocation { store, root, url: url.to_string(), local_dir: None })
+        Ok(StoreLocation {
+            store,
+            root,
+            url: url.to_string(),
+            local_dir: None,
+        })
     }
 
     /// Wraps an existing store; `root` is the prefix under which runs live.
     pub fn from_store(store: Arc<dyn ObjectStore>, root: Path, url: impl Into<String>) -> Self {
-        StoreLocation { store, root, url: url.into(), local_dir: None }
+        StoreLocation {
+            store,
+            root,
+            url: url.into(),
+            local_dir: None,
+        }
     }
 
     /// The object store.
@@ -163,13 +230,19 @@ pub fn parse_host_dir(name: &str) -> Option<HostId> {
     if machine.len() != 3 || host.len() != 2 {
         return None;
     }
-    Some(HostId { machine: machine.parse().ok()?, host: host.parse().ok()? })
+    Some(HostId {
+        machine: machine.parse().ok()?,
+        host: host.parse().ok()?,
+    })
 }
 
 /// The path after `scheme://bucket/` of a cloud URL.
 fn bucket_relative(url: &str) -> String {
     let after_scheme = url.split_once("://").map(|(_, rest)| rest).unwrap_or(url);
-    after_scheme.split_once('/').map(|(_, rest)| rest.to_string()).unwrap_or_default()
+    after_scheme
+        .split_once('/')
+        .map(|(_, rest)| rest.to_string())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -178,7 +251,10 @@ mod tests {
 
     #[test]
     fn host_dir_names_round_trip() {
-        let host = HostId { machine: 7, host: 3 };
+        let host = HostId {
+            machine: 7,
+            host: 3,
+        };
         assert_eq!(host.dir_name(), "machine_007_host_03");
         assert_eq!(parse_host_dir(&host.dir_name()), Some(host));
         assert_eq!(parse_host_dir("machine_7_host_3"), None);
@@ -193,7 +269,9 @@ mod tests {
 
     #[test]
     fn unknown_scheme_is_a_clear_error() {
-        let err = StoreLocation::open("ftp://x/y", &[]).unwrap_err().to_string();
+        let err = StoreLocation::open("ftp://x/y", &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unsupported scheme \"ftp\""), "{err}");
     }
 }

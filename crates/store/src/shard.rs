@@ -21,7 +21,8 @@ use crate::stats::{HookStats, RunStats, StatsAccumulator};
 /// Format tag in every shard's metadata and in run.json.
 pub const FORMAT_TAG: &str = "siphon-activations/1";
 /// Tensor names that hooks may not use.
-pub const RESERVED_TENSOR_NAMES: [&str; 5] = ["token_ids", "doc_index", "position", "sample_index", "mask"];
+pub const RESERVED_TENSOR_NAMES: [&str; 5] =
+    ["token_ids", "doc_index", "position", "sample_index", "mask"];
 
 /// Identity written into each shard's metadata.
 #[derive(Debug, Clone)]
@@ -115,16 +116,29 @@ impl ShardBuilder {
 
     /// Appends one unit (a batch, or a shuffle window of batches) whose samples are contiguous.
     pub fn add_unit(&mut self, mut unit: Vec<BatchActivations>) -> Result<()> {
-        let Some(first) = unit.first() else { return Ok(()) };
+        let Some(first) = unit.first() else {
+            return Ok(());
+        };
         if self.hooks.is_empty() {
-            self.hooks = first.hooks.iter().map(|h| HookColumn { d_model: h.d_model, chunks: Vec::new(), bytes: 0 }).collect();
+            self.hooks = first
+                .hooks
+                .iter()
+                .map(|h| HookColumn {
+                    d_model: h.d_model,
+                    chunks: Vec::new(),
+                    bytes: 0,
+                })
+                .collect();
         }
         for batch in &unit {
             for (h, column) in batch.hooks.iter().zip(&self.hooks) {
                 if h.d_model != column.d_model {
                     return Err(StoreError::InvalidBatch {
                         first_sample: batch.first_sample,
-                        reason: format!("hook {} changed d_model from {} to {}", h.hook, column.d_model, h.d_model),
+                        reason: format!(
+                            "hook {} changed d_model from {} to {}",
+                            h.hook, column.d_model, h.d_model
+                        ),
                     });
                 }
             }
@@ -151,7 +165,8 @@ impl ShardBuilder {
         }
         let out_dtype = self.format.dtype;
         for (h, column) in self.hooks.iter_mut().enumerate() {
-            let zero_copy = self.format.shuffle.is_none() && unit.iter().all(|b| b.hooks[h].dtype == out_dtype);
+            let zero_copy =
+                self.format.shuffle.is_none() && unit.iter().all(|b| b.hooks[h].dtype == out_dtype);
             if zero_copy {
                 // Runs of consecutive included rows become slices of the batch buffers.
                 let row_bytes = column.d_model * out_dtype.size();
@@ -193,7 +208,8 @@ impl ShardBuilder {
             self.token_ids.push(batch.token_ids[t]);
             self.doc_index.push(batch.doc_index[t]);
             self.position.push(batch.position[t]);
-            self.sample_index.push((batch.first_sample + (t / batch.seq) as u64) as i64);
+            self.sample_index
+                .push((batch.first_sample + (t / batch.seq) as u64) as i64);
             self.mask.push(batch.keep[t]);
         }
         let start = self.samples.map_or(first_sample, |(s, _)| s);
@@ -204,7 +220,19 @@ impl ShardBuilder {
 
     /// Encodes the shard as safetensors and computes its hash and statistics.
     pub fn seal(self) -> Result<SealedShard> {
-        let ShardBuilder { identity, format, index, hooks, token_ids, doc_index, position, sample_index, mask, samples, data_position_after } = self;
+        let ShardBuilder {
+            identity,
+            format,
+            index,
+            hooks,
+            token_ids,
+            doc_index,
+            position,
+            sample_index,
+            mask,
+            samples,
+            data_position_after,
+        } = self;
         let (sample_start, sample_end) = samples.unwrap_or((0, 0));
         let tokens = token_ids.len();
         let included_tokens = mask.iter().filter(|m| **m).count() as u64;
@@ -227,28 +255,65 @@ impl ShardBuilder {
         // Tensors ordered by element alignment (8, 4, 2, 1 bytes) so every tensor in a
         // mmap-ed file starts aligned for its dtype.
         let mut tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = Vec::new();
-        tensors.push(("doc_index".into(), "I64", vec![tokens], vec![le_bytes(&doc_index, |v| v.to_le_bytes())]));
-        tensors.push(("sample_index".into(), "I64", vec![tokens], vec![le_bytes(&sample_index, |v| v.to_le_bytes())]));
+        tensors.push((
+            "doc_index".into(),
+            "I64",
+            vec![tokens],
+            vec![le_bytes(&doc_index, |v| v.to_le_bytes())],
+        ));
+        tensors.push((
+            "sample_index".into(),
+            "I64",
+            vec![tokens],
+            vec![le_bytes(&sample_index, |v| v.to_le_bytes())],
+        ));
         let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = hooks
             .into_iter()
             .zip(&identity.hooks)
-            .map(|(column, name)| (name.clone(), dtype.safetensors_name(), vec![tokens, column.d_model], column.chunks))
+            .map(|(column, name)| {
+                (
+                    name.clone(),
+                    dtype.safetensors_name(),
+                    vec![tokens, column.d_model],
+                    column.chunks,
+                )
+            })
             .collect();
         if dtype == ActivationDtype::F32 {
             tensors.append(&mut hook_tensors);
         }
-        tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
-        tensors.push(("position".into(), "I32", vec![tokens], vec![le_bytes(&position, |v| v.to_le_bytes())]));
+        tensors.push((
+            "token_ids".into(),
+            "I32",
+            vec![tokens],
+            vec![le_bytes(&token_ids, |v| v.to_le_bytes())],
+        ));
+        tensors.push((
+            "position".into(),
+            "I32",
+            vec![tokens],
+            vec![le_bytes(&position, |v| v.to_le_bytes())],
+        ));
         tensors.append(&mut hook_tensors);
         if format.keep_excluded {
-            tensors.push(("mask".into(), "BOOL", vec![tokens], vec![Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>())]));
+            tensors.push((
+                "mask".into(),
+                "BOOL",
+                vec![tokens],
+                vec![Bytes::from(
+                    mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>(),
+                )],
+            ));
         }
 
         let mut metadata = BTreeMap::new();
         metadata.insert("format", FORMAT_TAG.to_string());
         metadata.insert("run", identity.run.clone());
         metadata.insert("model", identity.model.clone());
-        metadata.insert("hooks", serde_json::to_string(&identity.hooks).expect("strings serialize"));
+        metadata.insert(
+            "hooks",
+            serde_json::to_string(&identity.hooks).expect("strings serialize"),
+        );
         metadata.insert("dtype", dtype.safetensors_name().to_lowercase());
         metadata.insert("shard_index", index.to_string());
         metadata.insert("machine", identity.host.machine.to_string());
@@ -256,14 +321,23 @@ impl ShardBuilder {
         metadata.insert("sample_start", sample_start.to_string());
         metadata.insert("sample_end", sample_end.to_string());
         metadata.insert("tokens", tokens.to_string());
-        metadata.insert("excluded_tokens_kept_with_mask", format.keep_excluded.to_string());
+        metadata.insert(
+            "excluded_tokens_kept_with_mask",
+            format.keep_excluded.to_string(),
+        );
 
         let mut header = serde_json::Map::new();
-        header.insert("__metadata__".into(), serde_json::to_value(&metadata).expect("strings serialize"));
+        header.insert(
+            "__metadata__".into(),
+            serde_json::to_value(&metadata).expect("strings serialize"),
+        );
         let mut offset = 0usize;
         for (name, dt, shape, data) in &tensors {
             let end = offset + data.iter().map(|c| c.len()).sum::<usize>();
-            header.insert(name.clone(), serde_json::json!({ "dtype": dt, "shape": shape, "data_offsets": [offset, end] }));
+            header.insert(
+                name.clone(),
+                serde_json::json!({ "dtype": dt, "shape": shape, "data_offsets": [offset, end] }),
+            );
             offset = end;
         }
         let mut header = serde_json::to_vec(&header).expect("json serializes");
@@ -276,7 +350,12 @@ impl ShardBuilder {
         head.extend_from_slice(&header);
 
         let mut chunks = vec![Bytes::from(head)];
-        chunks.extend(tensors.into_iter().flat_map(|(_, _, _, data)| data).filter(|d| !d.is_empty()));
+        chunks.extend(
+            tensors
+                .into_iter()
+                .flat_map(|(_, _, _, data)| data)
+                .filter(|d| !d.is_empty()),
+        );
         let mut hasher = Sha256::new();
         let mut bytes = 0u64;
         for chunk in &chunks {
@@ -312,25 +391,42 @@ pub struct ShardSummary {
 
 /// Parses a shard file and checks that every hook and bookkeeping tensor has the same row count.
 pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String]) -> Result<ShardSummary> {
-    let bad = |reason: String| StoreError::BadShard { path: path.to_string(), reason };
-    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
+    let bad = |reason: String| StoreError::BadShard {
+        path: path.to_string(),
+        reason,
+    };
+    let (_, meta) =
+        safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
-    let tokens = st.tensor("token_ids").map_err(|e| bad(format!("token_ids: {e}")))?.shape().first().copied().unwrap_or(0);
+    let tokens = st
+        .tensor("token_ids")
+        .map_err(|e| bad(format!("token_ids: {e}")))?
+        .shape()
+        .first()
+        .copied()
+        .unwrap_or(0);
     for name in ["doc_index", "position", "sample_index"] {
         let t = st.tensor(name).map_err(|e| bad(format!("{name}: {e}")))?;
         if t.shape() != [tokens] {
-            return Err(bad(format!("{name} has shape {:?}, expected [{tokens}]", t.shape())));
+            return Err(bad(format!(
+                "{name} has shape {:?}, expected [{tokens}]",
+                t.shape()
+            )));
         }
     }
     let mask: Option<Vec<bool>> = match st.tensor("mask") {
         Ok(t) => Some(t.data().iter().map(|&b| b != 0).collect()),
         Err(_) => None,
     };
-    let included_tokens = mask.as_ref().map_or(tokens, |m| m.iter().filter(|x| **x).count()) as u64;
+    let included_tokens = mask
+        .as_ref()
+        .map_or(tokens, |m| m.iter().filter(|x| **x).count()) as u64;
     let mut stats = RunStats::new();
     for hook in hooks {
-        let t = st.tensor(hook).map_err(|e| bad(format!("hook {hook}: {e}")))?;
+        let t = st
+            .tensor(hook)
+            .map_err(|e| bad(format!("hook {hook}: {e}")))?;
         let dtype = match t.dtype() {
             safetensors::Dtype::F32 => ActivationDtype::F32,
             safetensors::Dtype::BF16 => ActivationDtype::Bf16,
@@ -338,11 +434,22 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String]) -> Result<Sha
             other => return Err(bad(format!("hook {hook} has dtype {other:?}"))),
         };
         if t.shape().len() != 2 || t.shape()[0] != tokens {
-            return Err(bad(format!("hook {hook} has shape {:?}, expected [{tokens}, d_model]", t.shape())));
+            return Err(bad(format!(
+                "hook {hook} has shape {:?}, expected [{tokens}, d_model]",
+                t.shape()
+            )));
         }
-        stats.insert(hook.clone(), HookStats::from_rows(dtype, t.shape()[1], t.data(), mask.as_deref()));
+        stats.insert(
+            hook.clone(),
+            HookStats::from_rows(dtype, t.shape()[1], t.data(), mask.as_deref()),
+        );
     }
-    Ok(ShardSummary { metadata, tokens: tokens as u64, included_tokens, stats })
+    Ok(ShardSummary {
+        metadata,
+        tokens: tokens as u64,
+        included_tokens,
+        stats,
+    })
 }
 
 fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Bytes {
@@ -354,7 +461,12 @@ fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> 
 }
 
 /// Appends one row converted from `src_dtype` to `dst_dtype` (little-endian both sides).
-fn convert_row(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDtype, dst: &mut Vec<u8>) {
+fn convert_row(
+    src_dtype: ActivationDtype,
+    src: &[u8],
+    dst_dtype: ActivationDtype,
+    dst: &mut Vec<u8>,
+) {
     if src_dtype == dst_dtype {
         dst.extend_from_slice(src);
         return;
@@ -362,8 +474,14 @@ fn convert_row(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDtyp
     let mut values = vec![0f32; src.len() / src_dtype.size()];
     crate::stats::decode_row(src_dtype, src, &mut values);
     match dst_dtype {
-        ActivationDtype::F32 => values.iter().for_each(|v| dst.extend_from_slice(&v.to_le_bytes())),
-        ActivationDtype::Bf16 => values.iter().for_each(|v| dst.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),
-        ActivationDtype::F16 => values.iter().for_each(|v| dst.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
+        ActivationDtype::F32 => values
+            .iter()
+            .for_each(|v| dst.extend_from_slice(&v.to_le_bytes())),
+        ActivationDtype::Bf16 => values
+            .iter()
+            .for_each(|v| dst.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),
+        ActivationDtype::F16 => values
+            .iter()
+            .for_each(|v| dst.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
     }
 }

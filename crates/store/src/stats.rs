@@ -28,11 +28,21 @@ pub struct HookStats {
 impl HookStats {
     /// Empty statistics for vectors of width `d_model`.
     pub fn new(d_model: usize) -> Self {
-        HookStats { count: 0, mean: vec![0.0; d_model], m2: vec![0.0; d_model], norm_sum: 0.0 }
+        HookStats {
+            count: 0,
+            mean: vec![0.0; d_model],
+            m2: vec![0.0; d_model],
+            norm_sum: 0.0,
+        }
     }
 
     /// Statistics of the rows of `data` (`[rows, d_model]` of `dtype`) whose mask entry is true.
-    pub fn from_rows(dtype: ActivationDtype, d_model: usize, data: &[u8], mask: Option<&[bool]>) -> Self {
+    pub fn from_rows(
+        dtype: ActivationDtype,
+        d_model: usize,
+        data: &[u8],
+        mask: Option<&[bool]>,
+    ) -> Self {
         let mut acc = StatsAccumulator::new(dtype, d_model);
         acc.add_rows(data, mask);
         acc.finish()
@@ -94,7 +104,16 @@ pub(crate) struct StatsAccumulator {
 
 impl StatsAccumulator {
     pub fn new(dtype: ActivationDtype, d_model: usize) -> Self {
-        StatsAccumulator { dtype, d_model, row: vec![0.0; d_model], shift: None, s1: vec![0.0; d_model], s2: vec![0.0; d_model], count: 0, norm_sum: 0.0 }
+        StatsAccumulator {
+            dtype,
+            d_model,
+            row: vec![0.0; d_model],
+            shift: None,
+            s1: vec![0.0; d_model],
+            s2: vec![0.0; d_model],
+            count: 0,
+            norm_sum: 0.0,
+        }
     }
 
     /// Adds whole rows; `mask` (one entry per row) selects the rows to count.
@@ -102,11 +121,23 @@ impl StatsAccumulator {
         let row_bytes = self.d_model * self.dtype.size();
         let rows = data.len().checked_div(row_bytes).unwrap_or(0);
         for r in (0..rows).filter(|&r| mask.is_none_or(|m| m[r])) {
-            decode_row(self.dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut self.row);
+            decode_row(
+                self.dtype,
+                &data[r * row_bytes..(r + 1) * row_bytes],
+                &mut self.row,
+            );
             let row = &self.row;
-            let shift = self.shift.get_or_insert_with(|| row.iter().map(|&x| x as f64).collect());
+            let shift = self
+                .shift
+                .get_or_insert_with(|| row.iter().map(|&x| x as f64).collect());
             let mut sq = 0f64;
-            for (((a, b), &k), &x) in self.s1.iter_mut().zip(self.s2.iter_mut()).zip(shift.iter()).zip(row) {
+            for (((a, b), &k), &x) in self
+                .s1
+                .iter_mut()
+                .zip(self.s2.iter_mut())
+                .zip(shift.iter())
+                .zip(row)
+            {
                 let x = x as f64;
                 let y = x - k;
                 *a += y;
@@ -120,13 +151,17 @@ impl StatsAccumulator {
 
     pub fn finish(self) -> HookStats {
         let mut stats = HookStats::new(self.d_model);
-        let Some(shift) = self.shift else { return stats };
+        let Some(shift) = self.shift else {
+            return stats;
+        };
         stats.count = self.count;
         stats.norm_sum = self.norm_sum;
         let n = self.count as f64;
-        for d in 0..self.d_model {
-            stats.mean[d] = shift[d] + self.s1[d] / n;
-            stats.m2[d] = (self.s2[d] - self.s1[d] * self.s1[d] / n).max(0.0);
+        let sums = shift.iter().zip(&self.s1).zip(&self.s2);
+        for ((mean, m2), ((k, s1), s2)) in stats.mean.iter_mut().zip(stats.m2.iter_mut()).zip(sums)
+        {
+            *mean = k + s1 / n;
+            *m2 = (s2 - s1 * s1 / n).max(0.0);
         }
         stats
     }
@@ -158,14 +193,24 @@ pub struct HookStatsJson {
 
 impl From<&HookStats> for HookStatsJson {
     fn from(s: &HookStats) -> Self {
-        HookStatsJson { count: s.count, mean: s.mean.clone(), variance: s.variance(), mean_norm: s.mean_norm() }
+        HookStatsJson {
+            count: s.count,
+            mean: s.mean.clone(),
+            variance: s.variance(),
+            mean_norm: s.mean_norm(),
+        }
     }
 }
 
 impl From<&HookStatsJson> for HookStats {
     fn from(s: &HookStatsJson) -> Self {
         let n = s.count as f64;
-        HookStats { count: s.count, mean: s.mean.clone(), m2: s.variance.iter().map(|v| v * n).collect(), norm_sum: s.mean_norm * n }
+        HookStats {
+            count: s.count,
+            mean: s.mean.clone(),
+            m2: s.variance.iter().map(|v| v * n).collect(),
+            norm_sum: s.mean_norm * n,
+        }
     }
 }
 
@@ -187,12 +232,18 @@ pub fn merge_run_stats(into: &mut RunStats, other: &RunStats) -> Result<()> {
 
 /// Converts running statistics into the file form.
 pub fn to_file(stats: &RunStats, through_shard: Option<u64>) -> StatsFile {
-    StatsFile { through_shard, hooks: stats.iter().map(|(k, v)| (k.clone(), v.into())).collect() }
+    StatsFile {
+        through_shard,
+        hooks: stats.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
+    }
 }
 
 /// Converts the file form back into running statistics.
 pub fn from_file(file: &StatsFile) -> RunStats {
-    file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect()
+    file.hooks
+        .iter()
+        .map(|(k, v)| (k.clone(), v.into()))
+        .collect()
 }
 
 /// Decodes one row of little-endian `dtype` values into f32.
@@ -227,25 +278,54 @@ mod tests {
     #[test]
     fn chunked_merge_matches_one_pass() {
         // 7 rows of width 2, split 3 + 4, with one masked row in the second chunk.
-        let rows: Vec<[f32; 2]> = vec![[1.0, -2.0], [3.0, 0.5], [2.0, 4.0], [-1.0, 1.0], [100.0, 100.0], [0.0, 2.0], [5.0, -3.0]];
+        let rows: Vec<[f32; 2]> = vec![
+            [1.0, -2.0],
+            [3.0, 0.5],
+            [2.0, 4.0],
+            [-1.0, 1.0],
+            [100.0, 100.0],
+            [0.0, 2.0],
+            [5.0, -3.0],
+        ];
         let flat: Vec<f32> = rows.iter().flatten().copied().collect();
         let mask = [true, true, true, true, false, true, true];
         let all = HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&flat), Some(&mask));
-        let mut merged = HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&flat[..6]), None);
-        merged.merge(&HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&flat[6..]), Some(&mask[3..]))).unwrap();
+        let mut merged =
+            HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&flat[..6]), None);
+        merged
+            .merge(&HookStats::from_rows(
+                ActivationDtype::F32,
+                2,
+                &f32_bytes(&flat[6..]),
+                Some(&mask[3..]),
+            ))
+            .unwrap();
 
-        let kept: Vec<[f32; 2]> = rows.iter().zip(mask).filter(|(_, m)| *m).map(|(r, _)| *r).collect();
+        let kept: Vec<[f32; 2]> = rows
+            .iter()
+            .zip(mask)
+            .filter(|(_, m)| *m)
+            .map(|(r, _)| *r)
+            .collect();
         let n = kept.len() as f64;
         for d in 0..2 {
             let mean = kept.iter().map(|r| r[d] as f64).sum::<f64>() / n;
-            let var = kept.iter().map(|r| (r[d] as f64 - mean).powi(2)).sum::<f64>() / n;
+            let var = kept
+                .iter()
+                .map(|r| (r[d] as f64 - mean).powi(2))
+                .sum::<f64>()
+                / n;
             for s in [&all, &merged] {
                 assert_eq!(s.count, 6);
                 assert!((s.mean[d] - mean).abs() < 1e-12, "{} vs {mean}", s.mean[d]);
                 assert!((s.variance()[d] - var).abs() < 1e-9);
             }
         }
-        let norm = kept.iter().map(|r| ((r[0] as f64).powi(2) + (r[1] as f64).powi(2)).sqrt()).sum::<f64>() / n;
+        let norm = kept
+            .iter()
+            .map(|r| ((r[0] as f64).powi(2) + (r[1] as f64).powi(2)).sqrt())
+            .sum::<f64>()
+            / n;
         assert!((merged.mean_norm() - norm).abs() < 1e-12);
         // Survives the JSON form.
         let back = HookStats::from(&HookStatsJson::from(&merged));

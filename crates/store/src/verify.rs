@@ -37,7 +37,11 @@ impl VerifyReport {
     pub fn all_problems(&self) -> Vec<String> {
         let mut out = self.problems.clone();
         for host in &self.hosts {
-            out.extend(host.problems.iter().map(|p| format!("{}: {p}", host.host.dir_name())));
+            out.extend(
+                host.problems
+                    .iter()
+                    .map(|p| format!("{}: {p}", host.host.dir_name())),
+            );
         }
         out
     }
@@ -85,7 +89,9 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
                 hooks
             }
             Err(e) => {
-                report.problems.push(format!("{run_json_path} does not parse: {e}"));
+                report
+                    .problems
+                    .push(format!("{run_json_path} does not parse: {e}"));
                 Vec::new()
             }
         },
@@ -102,10 +108,20 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
         report.problems.push("no host directories".into());
     }
     match get_optional(location, &location.run_stats(run)).await? {
-        None => report.problems.push("run stats.json is missing (run not finalized)".into()),
+        None => report
+            .problems
+            .push("run stats.json is missing (run not finalized)".into()),
         Some(bytes) => match serde_json::from_slice::<StatsFile>(&bytes) {
-            Err(e) => report.problems.push(format!("run stats.json does not parse: {e}")),
-            Ok(file) => check_stats("run stats.json", &file, &hooks, report.included_tokens, &mut report.problems),
+            Err(e) => report
+                .problems
+                .push(format!("run stats.json does not parse: {e}")),
+            Ok(file) => check_stats(
+                "run stats.json",
+                &file,
+                &hooks,
+                report.included_tokens,
+                &mut report.problems,
+            ),
         },
     }
     let _ = all_stats;
@@ -113,7 +129,11 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
 }
 
 /// Blocking form of [`verify_run`] for command-line tools.
-pub fn verify_run_blocking(output: &str, options: &[(String, String)], run: &str) -> Result<VerifyReport> {
+pub fn verify_run_blocking(
+    output: &str,
+    options: &[(String, String)],
+    run: &str,
+) -> Result<VerifyReport> {
     block_on(async {
         let location = StoreLocation::open(output, options)?;
         verify_run(&location, run).await
@@ -133,11 +153,20 @@ fn block_on<T>(future: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|source| StoreError::Io { op: "start runtime", path: "siphon-store".into(), source })?
+        .map_err(|source| StoreError::Io {
+            op: "start runtime",
+            path: "siphon-store".into(),
+            source,
+        })?
         .block_on(future)
 }
 
-async fn verify_host(location: &StoreLocation, run: &str, host: HostId, hooks: &[String]) -> Result<(HostReport, RunStats)> {
+async fn verify_host(
+    location: &StoreLocation,
+    run: &str,
+    host: HostId,
+    hooks: &[String],
+) -> Result<(HostReport, RunStats)> {
     let mut report = HostReport {
         host,
         shards: 0,
@@ -161,7 +190,12 @@ async fn verify_host(location: &StoreLocation, run: &str, host: HostId, hooks: &
     let listed: BTreeMap<String, u64> = location
         .store()
         .list(Some(&dir))
-        .map_ok(|m| (m.location.filename().unwrap_or_default().to_string(), m.size))
+        .map_ok(|m| {
+            (
+                m.location.filename().unwrap_or_default().to_string(),
+                m.size,
+            )
+        })
         .try_collect()
         .await
         .map_err(|e| StoreError::store("list", &dir, e))?;
@@ -178,29 +212,55 @@ async fn verify_host(location: &StoreLocation, run: &str, host: HostId, hooks: &
         report.samples_end = line.samples[1];
         let path = dir.clone().join(line.shard.as_str());
         let Some(bytes) = get_optional(location, &path).await? else {
-            report.problems.push(format!("{}: committed shard is missing", line.shard));
+            report
+                .problems
+                .push(format!("{}: committed shard is missing", line.shard));
             continue;
         };
         if bytes.len() as u64 != line.bytes {
-            report.problems.push(format!("{}: {} bytes, manifest says {}", line.shard, bytes.len(), line.bytes));
+            report.problems.push(format!(
+                "{}: {} bytes, manifest says {}",
+                line.shard,
+                bytes.len(),
+                line.bytes
+            ));
         }
         let sha = hex::encode(Sha256::digest(&bytes));
         if sha != line.sha256 {
-            report.problems.push(format!("{}: sha256 {sha}, manifest says {}", line.shard, line.sha256));
+            report.problems.push(format!(
+                "{}: sha256 {sha}, manifest says {}",
+                line.shard, line.sha256
+            ));
             continue;
         }
         match summarize_shard(path.as_ref(), &bytes, hooks) {
             Err(e) => report.problems.push(e.to_string()),
             Ok(summary) => {
-                if summary.tokens != line.tokens || summary.included_tokens != line.included_tokens {
+                if summary.tokens != line.tokens || summary.included_tokens != line.included_tokens
+                {
                     report.problems.push(format!(
                         "{}: holds {} tokens ({} included), manifest says {} ({})",
-                        line.shard, summary.tokens, summary.included_tokens, line.tokens, line.included_tokens
+                        line.shard,
+                        summary.tokens,
+                        summary.included_tokens,
+                        line.tokens,
+                        line.included_tokens
                     ));
                 }
-                let range = (summary.metadata.get("sample_start").cloned(), summary.metadata.get("sample_end").cloned());
-                if range != (Some(line.samples[0].to_string()), Some(line.samples[1].to_string())) {
-                    report.problems.push(format!("{}: metadata sample range {range:?}, manifest says {:?}", line.shard, line.samples));
+                let range = (
+                    summary.metadata.get("sample_start").cloned(),
+                    summary.metadata.get("sample_end").cloned(),
+                );
+                if range
+                    != (
+                        Some(line.samples[0].to_string()),
+                        Some(line.samples[1].to_string()),
+                    )
+                {
+                    report.problems.push(format!(
+                        "{}: metadata sample range {range:?}, manifest says {:?}",
+                        line.shard, line.samples
+                    ));
                 }
                 stats::merge_run_stats(&mut host_stats, &summary.stats)?;
             }
@@ -210,25 +270,45 @@ async fn verify_host(location: &StoreLocation, run: &str, host: HostId, hooks: &
         None if lines.is_empty() => {}
         None => report.problems.push("stats.json is missing".into()),
         Some(bytes) => match serde_json::from_slice::<StatsFile>(&bytes) {
-            Err(e) => report.problems.push(format!("stats.json does not parse: {e}")),
+            Err(e) => report
+                .problems
+                .push(format!("stats.json does not parse: {e}")),
             Ok(file) => {
                 let last = lines.last().map(|l| l.index);
                 if file.through_shard != last {
-                    report.problems.push(format!("stats.json covers shards through {:?}, manifest through {last:?}", file.through_shard));
+                    report.problems.push(format!(
+                        "stats.json covers shards through {:?}, manifest through {last:?}",
+                        file.through_shard
+                    ));
                 }
-                check_stats("stats.json", &file, hooks, report.included_tokens, &mut report.problems);
+                check_stats(
+                    "stats.json",
+                    &file,
+                    hooks,
+                    report.included_tokens,
+                    &mut report.problems,
+                );
             }
         },
     }
     Ok((report, host_stats))
 }
 
-fn check_stats(what: &str, file: &StatsFile, hooks: &[String], included: u64, problems: &mut Vec<String>) {
+fn check_stats(
+    what: &str,
+    file: &StatsFile,
+    hooks: &[String],
+    included: u64,
+    problems: &mut Vec<String>,
+) {
     for hook in hooks {
         match file.hooks.get(hook) {
             None if included == 0 => {}
             None => problems.push(format!("{what}: no statistics for hook {hook}")),
-            Some(s) if s.count != included => problems.push(format!("{what}: hook {hook} counts {} tokens, manifests include {included}", s.count)),
+            Some(s) if s.count != included => problems.push(format!(
+                "{what}: hook {hook} counts {} tokens, manifests include {included}",
+                s.count
+            )),
             Some(_) => {}
         }
     }

@@ -101,7 +101,11 @@ impl ShardWriter {
 
     /// Like [`ShardWriter::open`], with an already opened location (a custom or wrapped
     /// object store); `config.output` and `config.options` are then ignored.
-    pub fn open_at(location: StoreLocation, config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
+    pub fn open_at(
+        location: StoreLocation,
+        config: StoreConfig,
+        descriptor: RunDescriptor,
+    ) -> Result<Self> {
         config.validate()?;
         validate_hooks(&descriptor.hooks)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -109,7 +113,11 @@ impl ShardWriter {
             .thread_name("siphon-store")
             .enable_all()
             .build()
-            .map_err(|source| StoreError::Io { op: "start runtime", path: "siphon-store".into(), source })?;
+            .map_err(|source| StoreError::Io {
+                op: "start runtime",
+                path: "siphon-store".into(),
+                source,
+            })?;
         let run_json = RunJson::new(&config.run, &descriptor, &config.format);
         let state = runtime.block_on(async {
             claim_run(&location, &run_json).await?;
@@ -121,7 +129,12 @@ impl ShardWriter {
         let failure = Arc::new(Mutex::new(None));
         let (batch_tx, batch_rx) = sync_channel(config.queue_batches);
         let (shard_tx, shard_rx) = mpsc::channel(config.pending_shards.max(1));
-        let identity = ShardIdentity { run: config.run.clone(), model: model_id(&descriptor.model), host: config.host, hooks: descriptor.hooks.clone() };
+        let identity = ShardIdentity {
+            run: config.run.clone(),
+            model: model_id(&descriptor.model),
+            host: config.host,
+            hooks: descriptor.hooks.clone(),
+        };
         let committer = Committer {
             location,
             run: config.run.clone(),
@@ -151,7 +164,11 @@ impl ShardWriter {
                 }
                 result
             })
-            .map_err(|source| StoreError::Io { op: "spawn thread", path: "siphon-store-assembler".into(), source })?;
+            .map_err(|source| StoreError::Io {
+                op: "spawn thread",
+                path: "siphon-store-assembler".into(),
+                source,
+            })?;
         Ok(ShardWriter {
             runtime: Some(runtime),
             batches: Some(batch_tx),
@@ -177,11 +194,17 @@ impl ShardWriter {
         if batch.first_sample != self.next_sample {
             return Err(StoreError::InvalidBatch {
                 first_sample: batch.first_sample,
-                reason: format!("expected the batch to start at sample {} (samples must be contiguous per host)", self.next_sample),
+                reason: format!(
+                    "expected the batch to start at sample {} (samples must be contiguous per host)",
+                    self.next_sample
+                ),
             });
         }
         let end = batch.sample_end();
-        let sender = self.batches.as_ref().ok_or_else(|| StoreError::Background("writer already finished".into()))?;
+        let sender = self
+            .batches
+            .as_ref()
+            .ok_or_else(|| StoreError::Background("writer already finished".into()))?;
         if sender.send(batch).is_err() {
             return Err(StoreError::Background(self.failure_message()));
         }
@@ -193,10 +216,15 @@ impl ShardWriter {
     /// the host's summary.
     pub fn finish(mut self) -> Result<HostSummary> {
         drop(self.batches.take());
-        let assembled = self.assembler.take().map(|h| h.join().unwrap_or_else(|_| Err(StoreError::Background("assembler panicked".into()))));
+        let assembled = self.assembler.take().map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(StoreError::Background("assembler panicked".into())))
+        });
         let runtime = self.runtime.take().expect("runtime lives until finish");
         let committer = self.committer.take().expect("committer lives until finish");
-        let committed = runtime.block_on(committer).unwrap_or_else(|e| Err(StoreError::Background(format!("committer task: {e}"))));
+        let committed = runtime
+            .block_on(committer)
+            .unwrap_or_else(|e| Err(StoreError::Background(format!("committer task: {e}"))));
         runtime.shutdown_background();
         // The committer's error is the root cause when both failed.
         let summary = committed?;
@@ -205,7 +233,12 @@ impl ShardWriter {
     }
 
     fn failure_message(&self) -> String {
-        self.failure.lock().map(|f| f.clone()).ok().flatten().unwrap_or_else(|| "background writer stopped".into())
+        self.failure
+            .lock()
+            .map(|f| f.clone())
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| "background writer stopped".into())
     }
 }
 
@@ -237,11 +270,18 @@ fn validate_hooks(hooks: &[String]) -> Result<()> {
     }
     let mut seen = std::collections::HashSet::new();
     for hook in hooks {
-        if hook.is_empty() || RESERVED_TENSOR_NAMES.contains(&hook.as_str()) || hook == "__metadata__" {
-            return Err(StoreError::InvalidConfig(format!("hook name {hook:?} is empty or reserved ({RESERVED_TENSOR_NAMES:?})")));
+        if hook.is_empty()
+            || RESERVED_TENSOR_NAMES.contains(&hook.as_str())
+            || hook == "__metadata__"
+        {
+            return Err(StoreError::InvalidConfig(format!(
+                "hook name {hook:?} is empty or reserved ({RESERVED_TENSOR_NAMES:?})"
+            )));
         }
         if !seen.insert(hook) {
-            return Err(StoreError::InvalidConfig(format!("hook {hook:?} listed twice")));
+            return Err(StoreError::InvalidConfig(format!(
+                "hook {hook:?} listed twice"
+            )));
         }
     }
     Ok(())
@@ -272,14 +312,24 @@ fn assemble(
     let target = format.target_shard_bytes;
     let mut window: Vec<BatchActivations> = Vec::with_capacity(window_batches);
     let mut builder = ShardBuilder::new(identity.clone(), format.clone(), next_shard);
-    let send = |shard: SealedShard| shards.blocking_send(shard).map_err(|_| StoreError::Background("uploader stopped".into()));
+    let send = |shard: SealedShard| {
+        shards
+            .blocking_send(shard)
+            .map_err(|_| StoreError::Background("uploader stopped".into()))
+    };
     for batch in batches.iter() {
         window.push(batch);
         if window.len() == window_batches {
-            builder.add_unit(std::mem::replace(&mut window, Vec::with_capacity(window_batches)))?;
+            builder.add_unit(std::mem::replace(
+                &mut window,
+                Vec::with_capacity(window_batches),
+            ))?;
             if builder.data_bytes() >= target {
                 next_shard += 1;
-                let full = std::mem::replace(&mut builder, ShardBuilder::new(identity.clone(), format.clone(), next_shard));
+                let full = std::mem::replace(
+                    &mut builder,
+                    ShardBuilder::new(identity.clone(), format.clone(), next_shard),
+                );
                 send(full.seal()?)?;
             }
         }
@@ -332,7 +382,10 @@ impl Committer {
         })
     }
 
-    fn upload_shard(&self, shard: SealedShard) -> impl Future<Output = Result<SealedShard>> + use<> {
+    fn upload_shard(
+        &self,
+        shard: SealedShard,
+    ) -> impl Future<Output = Result<SealedShard>> + use<> {
         let store = Arc::clone(self.location.store());
         let path = self.location.shard(&self.run, self.host, shard.index);
         let local = self.location.local_dir().map(|d| d.join(path.as_ref()));
@@ -340,7 +393,15 @@ impl Committer {
         let requests = Arc::clone(&self.requests);
         async move {
             failpoint::hit(Failpoint::BeforeUpload, shard.index);
-            upload_object(&store, &path, &shard.chunks, &upload, &requests, shard.index).await?;
+            upload_object(
+                &store,
+                &path,
+                &shard.chunks,
+                &upload,
+                &requests,
+                shard.index,
+            )
+            .await?;
             if let Some(local) = local {
                 sync_file(local).await?;
             }
@@ -352,19 +413,30 @@ impl Committer {
         failpoint::hit(Failpoint::AfterUploadBeforeManifest, shard.index);
         self.lines.push(ManifestLine::for_shard(&shard));
         let manifest = self.location.manifest(&self.run, self.host);
-        self.put(&manifest, render_manifest(&self.lines).into_bytes()).await?;
+        self.put(&manifest, render_manifest(&self.lines).into_bytes())
+            .await?;
         // Committed. Host stats are a cache of the committed shards' statistics: a crash
         // before this put is repaired on resume by recomputing from the shards.
         stats::merge_run_stats(&mut self.stats, &shard.stats)?;
         let stats_path = self.location.host_stats(&self.run, self.host);
-        let body = serde_json::to_vec(&stats::to_file(&self.stats, Some(shard.index))).expect("stats serialize");
+        let body = serde_json::to_vec(&stats::to_file(&self.stats, Some(shard.index)))
+            .expect("stats serialize");
         self.put(&stats_path, body).await?;
-        tracing::debug!(shard = shard.index, bytes = shard.bytes, tokens = shard.tokens, "shard committed");
+        tracing::debug!(
+            shard = shard.index,
+            bytes = shard.bytes,
+            tokens = shard.tokens,
+            "shard committed"
+        );
         Ok(())
     }
 
     async fn put(&self, path: &Path, body: Vec<u8>) -> Result<()> {
-        self.location.store().put(path, PutPayload::from(body)).await.map_err(|e| StoreError::store("put", path, e))?;
+        self.location
+            .store()
+            .put(path, PutPayload::from(body))
+            .await
+            .map_err(|e| StoreError::store("put", path, e))?;
         if let Some(dir) = self.location.local_dir() {
             sync_file(dir.join(path.as_ref())).await?;
         }
@@ -375,8 +447,16 @@ impl Committer {
 /// object_store's local backend does not fsync; a commit must survive a power loss.
 async fn sync_file(path: std::path::PathBuf) -> Result<()> {
     tokio::task::spawn_blocking(move || {
-        let file = std::fs::File::open(&path).map_err(|source| StoreError::Io { op: "open for sync", path: path.clone(), source })?;
-        file.sync_all().map_err(|source| StoreError::Io { op: "sync", path, source })
+        let file = std::fs::File::open(&path).map_err(|source| StoreError::Io {
+            op: "open for sync",
+            path: path.clone(),
+            source,
+        })?;
+        file.sync_all().map_err(|source| StoreError::Io {
+            op: "sync",
+            path,
+            source,
+        })
     })
     .await
     .map_err(|e| StoreError::Background(format!("sync task: {e}")))?

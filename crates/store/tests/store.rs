@@ -10,12 +10,16 @@ use std::sync::Arc;
 use object_store::ObjectStoreExt;
 use siphon_store::synthetic::SyntheticSpec;
 use siphon_store::{
-    ActivationDtype, HostId, ManifestLine, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig, StoreError, StoreLocation,
+    ActivationDtype, HostId, ManifestLine, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig,
+    StoreError, StoreLocation,
 };
 use support::{Backend, MotoS3};
 
 const RUN: &str = "run-a";
-const HOST: HostId = HostId { machine: 1, host: 2 };
+const HOST: HostId = HostId {
+    machine: 1,
+    host: 2,
+};
 
 /// 20 batches of 4 x 64 tokens, 2 hooks of width 512 in f32: ~1 MB per batch, so 6 MiB shards
 /// hold 7 batches and are uploaded as two 5 MiB multipart parts.
@@ -56,31 +60,59 @@ fn location(backend: &Backend, prefix: &str) -> StoreLocation {
 }
 
 fn block_on<T>(f: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
 }
 
 fn read_manifest(backend: &Backend, prefix: &str) -> Vec<ManifestLine> {
     let loc = location(backend, prefix);
     block_on(async {
-        let bytes = loc.store().get(&loc.manifest(RUN, HOST)).await.unwrap().bytes().await.unwrap();
+        let bytes = loc
+            .store()
+            .get(&loc.manifest(RUN, HOST))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
         siphon_store::parse_manifest("manifest", std::str::from_utf8(&bytes).unwrap()).unwrap()
     })
 }
 
 fn read_object(backend: &Backend, prefix: &str, name: &str) -> Vec<u8> {
     let loc = location(backend, prefix);
-    block_on(async { loc.store().get(&loc.host_dir(RUN, HOST).join(name)).await.unwrap().bytes().await.unwrap().to_vec() })
+    block_on(async {
+        loc.store()
+            .get(&loc.host_dir(RUN, HOST).join(name))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+            .to_vec()
+    })
 }
 
 fn expected_included(spec: &SyntheticSpec, batches: u64) -> u64 {
     let samples = batches * spec.batch as u64;
-    (0..samples).map(|s| (0..spec.seq).filter(|&t| spec.keep(s, t)).count() as u64).sum()
+    (0..samples)
+        .map(|s| (0..spec.seq).filter(|&t| spec.keep(s, t)).count() as u64)
+        .sum()
 }
 
 fn verify_ok(backend: &Backend, prefix: &str) -> siphon_store::VerifyReport {
     siphon_store::finalize_run(&backend.url(prefix), &backend.options, RUN).unwrap();
-    let report = siphon_store::verify_run_blocking(&backend.url(prefix), &backend.options, RUN).unwrap();
-    assert!(report.is_ok(), "{}: {:?}", backend.name, report.all_problems());
+    let report =
+        siphon_store::verify_run_blocking(&backend.url(prefix), &backend.options, RUN).unwrap();
+    assert!(
+        report.is_ok(),
+        "{}: {:?}",
+        backend.name,
+        report.all_problems()
+    );
     report
 }
 
@@ -101,13 +133,19 @@ fn suite_write_read_verify(backend: &Backend) {
     assert!(report.hosts[0].uncommitted_objects.is_empty());
 
     let lines = read_manifest(backend, "plain");
-    assert!(lines.iter().take(2).all(|l| l.bytes > (5 << 20)), "the first shards are multipart-sized");
+    assert!(
+        lines.iter().take(2).all(|l| l.bytes > (5 << 20)),
+        "the first shards are multipart-sized"
+    );
     let bytes = read_object(backend, "plain", &lines[1].shard);
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let meta = safetensors::SafeTensors::read_metadata(&bytes).unwrap().1;
     let meta = meta.metadata().clone().unwrap();
     assert_eq!(meta["shard_index"], "1");
-    assert_eq!((meta["machine"].as_str(), meta["host"].as_str()), ("1", "2"));
+    assert_eq!(
+        (meta["machine"].as_str(), meta["host"].as_str()),
+        ("1", "2")
+    );
     assert_eq!(meta["sample_start"], lines[1].samples[0].to_string());
     assert_eq!(meta["model"], "synthetic");
     // Rebuild the expected rows of shard 1 from the generator.
@@ -117,8 +155,20 @@ fn suite_write_read_verify(backend: &Backend) {
             expected.push((sample, t));
         }
     }
-    let token_ids: Vec<i32> = st.tensor("token_ids").unwrap().data().chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
-    let sample_index: Vec<i64> = st.tensor("sample_index").unwrap().data().chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    let token_ids: Vec<i32> = st
+        .tensor("token_ids")
+        .unwrap()
+        .data()
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let sample_index: Vec<i64> = st
+        .tensor("sample_index")
+        .unwrap()
+        .data()
+        .chunks(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     assert_eq!(token_ids.len(), expected.len());
     let hook1 = st.tensor(&spec.hooks[1]).unwrap();
     assert_eq!(hook1.shape(), [expected.len(), spec.d_model]);
@@ -135,18 +185,36 @@ fn suite_write_read_verify(backend: &Backend) {
 
     // Merged statistics equal a direct computation over every included token.
     let loc = location(backend, "plain");
-    let stats: siphon_store::StatsFile =
-        block_on(async { serde_json::from_slice(&loc.store().get(&loc.run_stats(RUN)).await.unwrap().bytes().await.unwrap()).unwrap() });
+    let stats: siphon_store::StatsFile = block_on(async {
+        serde_json::from_slice(
+            &loc.store()
+                .get(&loc.run_stats(RUN))
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap(),
+        )
+        .unwrap()
+    });
     let hook0 = &stats.hooks[&spec.hooks[0]];
     assert_eq!(hook0.count, included);
     let spec = &spec;
     for d in [0, 100] {
         let values: Vec<f64> = (0..80u64)
-            .flat_map(|s| (0..spec.seq).filter(move |&t| spec.keep(s, t)).map(move |t| SyntheticSpec::value(s, t, 0, d) as f64))
+            .flat_map(|s| {
+                (0..spec.seq)
+                    .filter(move |&t| spec.keep(s, t))
+                    .map(move |t| SyntheticSpec::value(s, t, 0, d) as f64)
+            })
             .collect();
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / values.len() as f64;
-        assert!((hook0.mean[d] - mean).abs() < 1e-9, "mean {} vs {mean}", hook0.mean[d]);
+        assert!(
+            (hook0.mean[d] - mean).abs() < 1e-9,
+            "mean {} vs {mean}",
+            hook0.mean[d]
+        );
         assert!((hook0.variance[d] - var).abs() < 1e-8);
     }
     assert!(hook0.mean_norm > 0.0);
@@ -158,41 +226,90 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
     let writer = env!("CARGO_BIN_EXE_siphon-store-writer");
     let prefix = format!("crash-{failpoint}");
     let args = |prefix: &str| {
-        let mut args = vec!["--output".to_string(), backend.url(prefix), "--run".into(), RUN.into()];
+        let mut args = vec![
+            "--output".to_string(),
+            backend.url(prefix),
+            "--run".into(),
+            RUN.into(),
+        ];
         args.extend(["--machine", "1", "--host", "2", "--finalize"].map(String::from));
         args.extend(backend.option_args());
         args
     };
     if read_manifest_opt(backend, reference_prefix).is_none() {
-        let out = Command::new(writer).args(args(reference_prefix)).output().unwrap();
-        assert!(out.status.success(), "reference run: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(writer)
+            .args(args(reference_prefix))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "reference run: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let crashed = Command::new(writer).args(args(&prefix)).env("SIPHON_FAILPOINT", failpoint).env("SIPHON_FAILPOINT_SHARD", "1").output().unwrap();
+    let crashed = Command::new(writer)
+        .args(args(&prefix))
+        .env("SIPHON_FAILPOINT", failpoint)
+        .env("SIPHON_FAILPOINT_SHARD", "1")
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&crashed.stderr);
-    assert!(!crashed.status.success() && stderr.contains(&format!("failpoint {failpoint}")), "{}: {stderr}", backend.name);
+    assert!(
+        !crashed.status.success() && stderr.contains(&format!("failpoint {failpoint}")),
+        "{}: {stderr}",
+        backend.name
+    );
     let committed_before = read_manifest_opt(backend, &prefix).unwrap_or_default();
     // Shard 0 and 1 upload concurrently, so a crash before shard 1's upload may come before
     // shard 0's commit; after the upload of shard 1, shard 0 is committed (commits are ordered
     // but the crash at shard 1's commit point comes after shard 0's commit).
-    assert!(committed_before.len() <= 1, "{failpoint}: shard 1 must not be committed: {committed_before:?}");
+    assert!(
+        committed_before.len() <= 1,
+        "{failpoint}: shard 1 must not be committed: {committed_before:?}"
+    );
     if failpoint == "after_upload_before_manifest" {
-        assert_eq!(committed_before.len(), 1, "shard 0 commits before shard 1's commit point");
+        assert_eq!(
+            committed_before.len(),
+            1,
+            "shard 0 commits before shard 1's commit point"
+        );
     }
 
     let resumed = Command::new(writer).args(args(&prefix)).output().unwrap();
-    assert!(resumed.status.success(), "{}: resume: {}", backend.name, String::from_utf8_lossy(&resumed.stderr));
+    assert!(
+        resumed.status.success(),
+        "{}: resume: {}",
+        backend.name,
+        String::from_utf8_lossy(&resumed.stderr)
+    );
     let summary: serde_json::Value = serde_json::from_slice(&resumed.stdout).unwrap();
-    assert_eq!(summary["resumed_at_batch"], 7 * committed_before.len() as u64, "resumed after the last committed shard");
+    assert_eq!(
+        summary["resumed_at_batch"],
+        7 * committed_before.len() as u64,
+        "resumed after the last committed shard"
+    );
 
     let reference = read_manifest(backend, reference_prefix);
     let lines = read_manifest(backend, &prefix);
-    assert_eq!(lines, reference, "{}: {failpoint}: resumed dataset differs from the uninterrupted one", backend.name);
+    assert_eq!(
+        lines, reference,
+        "{}: {failpoint}: resumed dataset differs from the uninterrupted one",
+        backend.name
+    );
     let report = verify_ok(backend, &prefix);
-    assert!(report.hosts[0].uncommitted_objects.is_empty(), "{:?}", report.hosts[0].uncommitted_objects);
+    assert!(
+        report.hosts[0].uncommitted_objects.is_empty(),
+        "{:?}",
+        report.hosts[0].uncommitted_objects
+    );
     assert_eq!(report.tokens, expected_included(&spec(), 20));
     if let Some(dir) = location(backend, &prefix).local_dir() {
         let host_dir = dir.join(RUN).join(HOST.dir_name());
-        let staged: Vec<_> = std::fs::read_dir(host_dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().contains('#')).collect();
+        let staged: Vec<_> = std::fs::read_dir(host_dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains('#'))
+            .collect();
         assert!(staged.is_empty(), "staged multipart files left: {staged:?}");
     }
 }
@@ -200,8 +317,17 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
 fn read_manifest_opt(backend: &Backend, prefix: &str) -> Option<Vec<ManifestLine>> {
     let loc = location(backend, prefix);
     block_on(async {
-        let bytes = loc.store().get(&loc.manifest(RUN, HOST)).await.ok()?.bytes().await.ok()?;
-        Some(siphon_store::parse_manifest("manifest", std::str::from_utf8(&bytes).unwrap()).unwrap())
+        let bytes = loc
+            .store()
+            .get(&loc.manifest(RUN, HOST))
+            .await
+            .ok()?
+            .bytes()
+            .await
+            .ok()?;
+        Some(
+            siphon_store::parse_manifest("manifest", std::str::from_utf8(&bytes).unwrap()).unwrap(),
+        )
     })
 }
 
@@ -216,11 +342,18 @@ fn suite_refuses_other_config(backend: &Backend) {
     let err = ShardWriter::open(other, desc).err().expect("must refuse");
     let message = err.to_string();
     assert!(matches!(err, StoreError::RunMismatch { .. }), "{message}");
-    assert!(message.contains("shard_format.dtype (stored \"f32\", this run \"bf16\")") && message.contains("hooks"), "{message}");
+    assert!(
+        message.contains("shard_format.dtype (stored \"f32\", this run \"bf16\")")
+            && message.contains("hooks"),
+        "{message}"
+    );
     // The same config resumes at the end.
     let writer = ShardWriter::open(config(backend, "mismatch"), descriptor(&spec)).unwrap();
     assert_eq!(writer.resume_point().next_sample, 4);
-    assert_eq!(writer.resume_point().data_position, Some(serde_json::json!({"batch": 2})));
+    assert_eq!(
+        writer.resume_point().data_position,
+        Some(serde_json::json!({"batch": 2}))
+    );
 }
 
 /// A shuffled, masked bf16 run holds the same tokens as the plain order, is reproducible, and
@@ -231,7 +364,10 @@ fn suite_shuffle_and_mask(backend: &Backend) {
         let mut c = config(backend, prefix);
         c.format.dtype = ActivationDtype::Bf16;
         c.format.keep_excluded = true;
-        c.format.shuffle = Some(ShuffleConfig { seed: 7, window_batches: 3 });
+        c.format.shuffle = Some(ShuffleConfig {
+            seed: 7,
+            window_batches: 3,
+        });
         c.format.target_shard_bytes = 40_000;
         write_all(c, &spec, 10)
     };
@@ -240,25 +376,63 @@ fn suite_shuffle_and_mask(backend: &Backend) {
     assert_eq!(summary.tokens, 10 * 4 * 16, "excluded tokens are kept");
     assert_eq!(summary.included_tokens, expected_included(&spec, 10));
     verify_ok(backend, "shuffle-a");
-    let (a, b) = (read_manifest(backend, "shuffle-a"), read_manifest(backend, "shuffle-b"));
+    let (a, b) = (
+        read_manifest(backend, "shuffle-a"),
+        read_manifest(backend, "shuffle-b"),
+    );
     assert_eq!(a, b, "same seed, same shards");
     let mut rows = BTreeMap::new();
     let mut in_order = true;
     for line in &a {
-        assert_eq!((line.samples[1] - line.samples[0]) % 12, if line.index + 1 == a.len() as u64 { line.samples[1] % 12 } else { 0 }, "whole windows");
+        assert_eq!(
+            (line.samples[1] - line.samples[0]) % 12,
+            if line.index + 1 == a.len() as u64 {
+                line.samples[1] % 12
+            } else {
+                0
+            },
+            "whole windows"
+        );
         let bytes = read_object(backend, "shuffle-a", &line.shard);
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let samples: Vec<i64> = st.tensor("sample_index").unwrap().data().chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-        let tokens: Vec<i32> = st.tensor("token_ids").unwrap().data().chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        let samples: Vec<i64> = st
+            .tensor("sample_index")
+            .unwrap()
+            .data()
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let tokens: Vec<i32> = st
+            .tensor("token_ids")
+            .unwrap()
+            .data()
+            .chunks(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         let mask = st.tensor("mask").unwrap().data().to_vec();
         let act = st.tensor(&spec.hooks[0]).unwrap();
         assert_eq!(act.dtype(), safetensors::Dtype::BF16);
         in_order &= samples.windows(2).all(|w| w[0] <= w[1]);
         for (row, (&s, &tok)) in samples.iter().zip(&tokens).enumerate() {
-            let t = (0..spec.seq).find(|&t| SyntheticSpec::token_id(s as u64, t) == tok && !rows.contains_key(&(s, t))).unwrap();
-            assert_eq!(mask[row] == 1, spec.keep(s as u64, t), "mask of sample {s} token {t}");
-            let v = half::bf16::from_le_bytes(act.data()[row * 128 + 6..row * 128 + 8].try_into().unwrap()).to_f32();
-            assert_eq!(v, SyntheticSpec::value(s as u64, t, 0, 3), "bf16 holds the value exactly");
+            let t = (0..spec.seq)
+                .find(|&t| {
+                    SyntheticSpec::token_id(s as u64, t) == tok && !rows.contains_key(&(s, t))
+                })
+                .unwrap();
+            assert_eq!(
+                mask[row] == 1,
+                spec.keep(s as u64, t),
+                "mask of sample {s} token {t}"
+            );
+            let v = half::bf16::from_le_bytes(
+                act.data()[row * 128 + 6..row * 128 + 8].try_into().unwrap(),
+            )
+            .to_f32();
+            assert_eq!(
+                v,
+                SyntheticSpec::value(s as u64, t, 0, 3),
+                "bf16 holds the value exactly"
+            );
             rows.insert((s, t), ());
         }
     }
@@ -270,7 +444,11 @@ fn run_suite(backend: &Backend) {
     suite_write_read_verify(backend);
     suite_refuses_other_config(backend);
     suite_shuffle_and_mask(backend);
-    for failpoint in ["before_upload", "mid_upload", "after_upload_before_manifest"] {
+    for failpoint in [
+        "before_upload",
+        "mid_upload",
+        "after_upload_before_manifest",
+    ] {
         suite_crash_and_resume(backend, failpoint, "reference");
     }
 }
@@ -285,7 +463,9 @@ fn contract_local_disk() {
 
 #[test]
 fn contract_s3_moto() {
-    let Some(python) = support::test_python("contract_s3_moto") else { return };
+    let Some(python) = support::test_python("contract_s3_moto") else {
+        return;
+    };
     let server = MotoS3::start(&python, "siphon-test");
     run_suite(&server.backend);
 }
@@ -300,21 +480,48 @@ fn bad_batches_are_rejected_with_the_reason() {
     let mut writer = ShardWriter::open(config(&backend, "bad"), descriptor(&spec)).unwrap();
     let mut short = spec.batch(0);
     short.hooks[0].data.pop();
-    assert!(writer.push(short).unwrap_err().to_string().contains("expected batch*seq*d_model*4"));
+    assert!(
+        writer
+            .push(short)
+            .unwrap_err()
+            .to_string()
+            .contains("expected batch*seq*d_model*4")
+    );
     let err = writer.push(spec.batch(1)).unwrap_err().to_string();
-    assert!(err.contains("expected the batch to start at sample 0"), "{err}");
+    assert!(
+        err.contains("expected the batch to start at sample 0"),
+        "{err}"
+    );
     let mut renamed = spec.batch(0);
     renamed.hooks[0].hook = "other".into();
-    assert!(writer.push(renamed).unwrap_err().to_string().contains("differ from the run's hooks"));
+    assert!(
+        writer
+            .push(renamed)
+            .unwrap_err()
+            .to_string()
+            .contains("differ from the run's hooks")
+    );
     writer.push(spec.batch(0)).unwrap();
     assert_eq!(writer.finish().unwrap().samples_end, 2);
 
     let mut bad = config(&backend, "bad2");
     bad.upload.part_bytes = 1 << 20;
-    assert!(ShardWriter::open(bad, descriptor(&spec)).err().unwrap().to_string().contains("5 MiB"));
+    assert!(
+        ShardWriter::open(bad, descriptor(&spec))
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("5 MiB")
+    );
     let mut reserved = descriptor(&spec);
     reserved.hooks = vec!["token_ids".into()];
-    assert!(ShardWriter::open(config(&backend, "bad3"), reserved).err().unwrap().to_string().contains("reserved"));
+    assert!(
+        ShardWriter::open(config(&backend, "bad3"), reserved)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("reserved")
+    );
 }
 
 /// Two hosts of one run write side by side; finalize merges their statistics (Chan) into the
@@ -324,7 +531,16 @@ fn two_hosts_merge_statistics() {
     let dir = tempfile::tempdir().unwrap();
     let backend = Backend::local(dir.path());
     let spec = SyntheticSpec::new(1, 2, 8, 16);
-    let hosts = [HostId { machine: 0, host: 0 }, HostId { machine: 0, host: 1 }];
+    let hosts = [
+        HostId {
+            machine: 0,
+            host: 0,
+        },
+        HostId {
+            machine: 0,
+            host: 1,
+        },
+    ];
     for (i, host) in hosts.iter().enumerate() {
         let mut c = config(&backend, "multi");
         c.host = *host;
@@ -341,48 +557,81 @@ fn two_hosts_merge_statistics() {
     let merged = siphon_store::finalize_run(&backend.url("multi"), &[], RUN).unwrap();
     let report = siphon_store::verify_run_blocking(&backend.url("multi"), &[], RUN).unwrap();
     assert!(report.is_ok(), "{:?}", report.all_problems());
-    assert_eq!(report.hosts.iter().map(|h| h.host).collect::<Vec<_>>(), hosts);
+    assert_eq!(
+        report.hosts.iter().map(|h| h.host).collect::<Vec<_>>(),
+        hosts
+    );
     let batches: Vec<u64> = vec![0, 1, 2, 10, 11, 12, 13];
     let values: Vec<f64> = batches
         .iter()
         .flat_map(|&k| (k * 2..k * 2 + 2).collect::<Vec<_>>())
-        .flat_map(|s| (0..spec.seq).filter(|&t| spec.keep(s, t)).map(|t| SyntheticSpec::value(s, t, 0, 5) as f64).collect::<Vec<_>>())
+        .flat_map(|s| {
+            (0..spec.seq)
+                .filter(|&t| spec.keep(s, t))
+                .map(|t| SyntheticSpec::value(s, t, 0, 5) as f64)
+                .collect::<Vec<_>>()
+        })
         .collect();
     let stats = &merged.hooks[&spec.hooks[0]];
     assert_eq!(stats.count, values.len() as u64);
     assert_eq!(report.included_tokens, values.len() as u64);
     let mean = values.iter().sum::<f64>() / values.len() as f64;
     let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / values.len() as f64;
-    assert!((stats.mean[5] - mean).abs() < 1e-9 && (stats.variance[5] - var).abs() < 1e-9, "{} {}", stats.mean[5], stats.variance[5]);
+    assert!(
+        (stats.mean[5] - mean).abs() < 1e-9 && (stats.variance[5] - var).abs() < 1e-9,
+        "{} {}",
+        stats.mean[5],
+        stats.variance[5]
+    );
 }
 
 #[test]
 fn python_one_liner_loads_a_shard() {
-    let Some(python) = support::test_python("python_one_liner_loads_a_shard") else { return };
+    let Some(python) = support::test_python("python_one_liner_loads_a_shard") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let backend = Backend::local(dir.path());
     let spec = SyntheticSpec::new(2, 2, 8, 16);
     write_all(config(&backend, "py"), &spec, 3);
-    let shard = dir.path().join("py").join(RUN).join(HOST.dir_name()).join("shard_000000.safetensors");
+    let shard = dir
+        .path()
+        .join("py")
+        .join(RUN)
+        .join(HOST.dir_name())
+        .join("shard_000000.safetensors");
     // The README one-liner, plus a print of what it loaded.
     let script = format!(
         "from safetensors.numpy import load_file; t = load_file({:?}); import json; print(json.dumps({{k: [list(v.shape), str(v.dtype)] for k, v in t.items()}})); print(json.dumps([t['token_ids'][:3].tolist(), float(t['blocks.1.hook_resid_post'][2, 5])]))",
         shard.display().to_string()
     );
-    let out = Command::new(&python).args(["-c", &script]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(&python)
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let mut lines = stdout.lines();
     let shapes: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
     let tokens = expected_included(&spec, 3);
-    assert_eq!(shapes["blocks.1.hook_resid_post"], serde_json::json!([[tokens, 16], "float32"]));
+    assert_eq!(
+        shapes["blocks.1.hook_resid_post"],
+        serde_json::json!([[tokens, 16], "float32"])
+    );
     assert_eq!(shapes["token_ids"], serde_json::json!([[tokens], "int32"]));
     assert_eq!(shapes["doc_index"], serde_json::json!([[tokens], "int64"]));
     let values: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
     // Rows 0..3 are sample 0 tokens 1..4 (token 0 is excluded).
     let expected_ids: Vec<i32> = (1..4).map(|t| SyntheticSpec::token_id(0, t)).collect();
     assert_eq!(values[0], serde_json::json!(expected_ids));
-    assert_eq!(values[1].as_f64().unwrap() as f32, SyntheticSpec::value(0, 3, 1, 5));
+    assert_eq!(
+        values[1].as_f64().unwrap() as f32,
+        SyntheticSpec::value(0, 3, 1, 5)
+    );
 }
 
 /// GCS through object_store's GCS client against fake-gcs-server: listing and reads of a
@@ -391,7 +640,9 @@ fn python_one_liner_loads_a_shard() {
 /// object_store's GCS client uses for uploads; the S3 suite covers writes.
 #[test]
 fn gcs_fake_server_lists_and_reads() {
-    let Some(python) = support::test_python("gcs_fake_server_lists_and_reads") else { return };
+    let Some(python) = support::test_python("gcs_fake_server_lists_and_reads") else {
+        return;
+    };
     let data = tempfile::tempdir().unwrap();
     let bucket_dir = data.path().join("siphon-gcs");
     let backend = Backend::local(&bucket_dir);
@@ -409,9 +660,18 @@ fn gcs_fake_server_lists_and_reads() {
     assert_eq!(hosts, vec![HOST]);
     let listed: Vec<String> = block_on(async {
         use futures::TryStreamExt;
-        loc.store().list(Some(&loc.host_dir(RUN, HOST))).map_ok(|m| m.location.filename().unwrap().to_string()).try_collect().await.unwrap()
+        loc.store()
+            .list(Some(&loc.host_dir(RUN, HOST)))
+            .map_ok(|m| m.location.filename().unwrap().to_string())
+            .try_collect()
+            .await
+            .unwrap()
     });
-    assert_eq!(listed.len() as u64, summary.shards + 2, "shards + manifest + stats: {listed:?}");
+    assert_eq!(
+        listed.len() as u64,
+        summary.shards + 2,
+        "shards + manifest + stats: {listed:?}"
+    );
     let report = siphon_store::verify_run_blocking(url, &server.options(), RUN).unwrap();
     assert!(report.is_ok(), "{:?}", report.all_problems());
     assert_eq!(report.tokens, summary.tokens);
@@ -424,7 +684,11 @@ fn gcs_fake_server_lists_and_reads() {
 fn uploads_retry_transient_failures() {
     let inner = Arc::new(object_store::memory::InMemory::new());
     let flaky = Arc::new(flaky::FlakyStore::new(inner, 3));
-    let loc = StoreLocation::from_store(flaky.clone(), object_store::path::Path::from("root"), "memory://flaky");
+    let loc = StoreLocation::from_store(
+        flaky.clone(),
+        object_store::path::Path::from("root"),
+        "memory://flaky",
+    );
     let spec = SyntheticSpec::new(1, 2, 8, 16);
     let mut c = StoreConfig::new("unused", RUN, HOST);
     c.format.target_shard_bytes = 2_000;
@@ -449,8 +713,8 @@ mod flaky {
     use futures::stream::BoxStream;
     use object_store::path::Path;
     use object_store::{
-        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload,
-        PutResult, Result,
+        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+        PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
     };
 
     /// Fails the first `n` shard puts (single or multipart) with a generic (transient) error.
@@ -462,7 +726,10 @@ mod flaky {
 
     impl FlakyStore {
         pub fn new(inner: Arc<dyn ObjectStore>, n: usize) -> Self {
-            FlakyStore { inner, failures: AtomicUsize::new(n) }
+            FlakyStore {
+                inner,
+                failures: AtomicUsize::new(n),
+            }
         }
 
         pub fn failures_left(&self) -> usize {
@@ -470,9 +737,19 @@ mod flaky {
         }
 
         fn maybe_fail(&self, location: &Path) -> Result<()> {
-            let is_shard = location.filename().is_some_and(|f| f.ends_with(".safetensors"));
-            if is_shard && self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-                return Err(object_store::Error::Generic { store: "flaky", source: "injected transient failure".into() });
+            let is_shard = location
+                .filename()
+                .is_some_and(|f| f.ends_with(".safetensors"));
+            if is_shard
+                && self
+                    .failures
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                return Err(object_store::Error::Generic {
+                    store: "flaky",
+                    source: "injected transient failure".into(),
+                });
             }
             Ok(())
         }
@@ -486,18 +763,30 @@ mod flaky {
 
     #[async_trait::async_trait]
     impl ObjectStore for FlakyStore {
-        async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
+        async fn put_opts(
+            &self,
+            location: &Path,
+            payload: PutPayload,
+            opts: PutOptions,
+        ) -> Result<PutResult> {
             self.maybe_fail(location)?;
             self.inner.put_opts(location, payload, opts).await
         }
-        async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
+        async fn put_multipart_opts(
+            &self,
+            location: &Path,
+            opts: PutMultipartOptions,
+        ) -> Result<Box<dyn MultipartUpload>> {
             self.maybe_fail(location)?;
             self.inner.put_multipart_opts(location, opts).await
         }
         async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
             self.inner.get_opts(location, options).await
         }
-        fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
+        fn delete_stream(
+            &self,
+            locations: BoxStream<'static, Result<Path>>,
+        ) -> BoxStream<'static, Result<Path>> {
             self.inner.delete_stream(locations)
         }
         fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
