@@ -22,12 +22,18 @@
 //! name and resumes after the last committed shard ([`ShardWriter::resume_point`]); shard
 //! contents are a pure function of the input batches, so a restarted run writes the same bytes.
 //!
-//! Reading a shard in Python:
+//! Reading a shard in Python (`pip install numpy safetensors ml_dtypes`; `ml_dtypes` teaches
+//! numpy the bfloat16 of bf16 shards):
 //! ```text
-//! from safetensors.numpy import load_file; t = load_file("shard_000000.safetensors"); t["token_ids"], t["blocks.3.hook_resid_post"]
+//! import ml_dtypes; from safetensors.numpy import load_file; t = load_file("shard_000000.safetensors"); t["token_ids"], t["blocks.3.hook_resid_post"]
 //! ```
-//! (numpy has no bfloat16: bf16 shards load in torch with `safetensors.torch.load_file`, or in
-//! numpy after `pip install ml_dtypes`.)
+//!
+//! Backends: local disk (shards and manifests are fsync-ed before a commit counts), S3, GCS,
+//! Azure and HTTP through object_store, with client retries plus whole-shard retries with
+//! backoff. A shard upload killed midway leaves an incomplete multipart upload on S3 that no
+//! listing shows: give the bucket an `AbortIncompleteMultipartUpload` lifecycle rule. GCS is
+//! tested for listing and reads against fake-gcs-server only, because the emulator lacks the
+//! XML multipart API that object_store's GCS client writes with; writes are tested on S3 (moto).
 #![deny(missing_docs)]
 
 mod batch;

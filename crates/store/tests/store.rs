@@ -585,6 +585,8 @@ fn two_hosts_merge_statistics() {
     );
 }
 
+/// The README one-liner (`safetensors.numpy.load_file`) on shards written by the store: f32,
+/// and bf16 (numpy learns bfloat16 from `ml_dtypes`).
 #[test]
 fn python_one_liner_loads_a_shard() {
     let Some(python) = support::test_python("python_one_liner_loads_a_shard") else {
@@ -593,45 +595,55 @@ fn python_one_liner_loads_a_shard() {
     let dir = tempfile::tempdir().unwrap();
     let backend = Backend::local(dir.path());
     let spec = SyntheticSpec::new(2, 2, 8, 16);
-    write_all(config(&backend, "py"), &spec, 3);
-    let shard = dir
-        .path()
-        .join("py")
-        .join(RUN)
-        .join(HOST.dir_name())
-        .join("shard_000000.safetensors");
-    // The README one-liner, plus a print of what it loaded.
-    let script = format!(
-        "from safetensors.numpy import load_file; t = load_file({:?}); import json; print(json.dumps({{k: [list(v.shape), str(v.dtype)] for k, v in t.items()}})); print(json.dumps([t['token_ids'][:3].tolist(), float(t['blocks.1.hook_resid_post'][2, 5])]))",
-        shard.display().to_string()
-    );
-    let out = Command::new(&python)
-        .args(["-c", &script])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let mut lines = stdout.lines();
-    let shapes: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
-    let tokens = expected_included(&spec, 3);
-    assert_eq!(
-        shapes["blocks.1.hook_resid_post"],
-        serde_json::json!([[tokens, 16], "float32"])
-    );
-    assert_eq!(shapes["token_ids"], serde_json::json!([[tokens], "int32"]));
-    assert_eq!(shapes["doc_index"], serde_json::json!([[tokens], "int64"]));
-    let values: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
-    // Rows 0..3 are sample 0 tokens 1..4 (token 0 is excluded).
-    let expected_ids: Vec<i32> = (1..4).map(|t| SyntheticSpec::token_id(0, t)).collect();
-    assert_eq!(values[0], serde_json::json!(expected_ids));
-    assert_eq!(
-        values[1].as_f64().unwrap() as f32,
-        SyntheticSpec::value(0, 3, 1, 5)
-    );
+    for dtype in [ActivationDtype::F32, ActivationDtype::Bf16] {
+        let prefix = format!("py-{dtype:?}");
+        let mut c = config(&backend, &prefix);
+        c.format.dtype = dtype;
+        write_all(c, &spec, 3);
+        let shard = dir
+            .path()
+            .join(&prefix)
+            .join(RUN)
+            .join(HOST.dir_name())
+            .join("shard_000000.safetensors");
+        // The README one-liner, plus a print of what it loaded.
+        let script = format!(
+            "import ml_dtypes; from safetensors.numpy import load_file; t = load_file({:?}); import json; print(json.dumps({{k: [list(v.shape), str(v.dtype)] for k, v in t.items()}})); print(json.dumps([t['token_ids'][:3].tolist(), float(t['blocks.1.hook_resid_post'][2, 5])]))",
+            shard.display().to_string()
+        );
+        let out = Command::new(&python)
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let mut lines = stdout.lines();
+        let shapes: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        let tokens = expected_included(&spec, 3);
+        let numpy_dtype = if dtype == ActivationDtype::F32 {
+            "float32"
+        } else {
+            "bfloat16"
+        };
+        assert_eq!(
+            shapes["blocks.1.hook_resid_post"],
+            serde_json::json!([[tokens, 16], numpy_dtype])
+        );
+        assert_eq!(shapes["token_ids"], serde_json::json!([[tokens], "int32"]));
+        assert_eq!(shapes["doc_index"], serde_json::json!([[tokens], "int64"]));
+        let values: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        // Rows 0..3 are sample 0 tokens 1..4 (token 0 is excluded).
+        let expected_ids: Vec<i32> = (1..4).map(|t| SyntheticSpec::token_id(0, t)).collect();
+        assert_eq!(values[0], serde_json::json!(expected_ids));
+        assert_eq!(
+            values[1].as_f64().unwrap() as f32,
+            SyntheticSpec::value(0, 3, 1, 5)
+        );
+    }
 }
 
 /// GCS through object_store's GCS client against fake-gcs-server: listing and reads of a
