@@ -8,16 +8,16 @@ mod job;
 
 #[derive(Parser)]
 #[command(name = "siphon", version, about = "Extract LLM activations over large corpora into sharded datasets")]
-struct Cli {
+pub(crate) struct Cli {
     /// Log lines: `auto` (plain; a progress bar on a terminal), `plain` or `json`.
     #[arg(long, global = true, env = "SIPHON_LOG_FORMAT", default_value = "auto", value_parser = ["auto", "plain", "json"])]
     log_format: String,
     #[command(subcommand)]
-    command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Subcommand)]
-enum Command {
+pub(crate) enum Command {
     /// Load the PJRT plugin, list devices and run a sharded self-test.
     Doctor(cmd::doctor::Args),
     /// One-shot forward pass: hook activations for a text or token ids into a safetensors file.
@@ -35,6 +35,7 @@ enum Command {
     /// Show how a corpus is partitioned over machines and hosts.
     Data(cmd::data::Args),
     /// Extract activations over a corpus into a sharded dataset (run on every host).
+    #[command(args_override_self = true)]
     Extract(cmd::extract::Args),
     /// Run N hosts of a job on this machine (coordinator on 127.0.0.1).
     Launch(cmd::launch::Args),
@@ -43,7 +44,14 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let args = match cmd::extract::expand_config_file(std::env::args().collect()) {
+        Ok(args) => args,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(args);
     cmd::init_logging(&cli.log_format);
     let result = match cli.command {
         Command::Doctor(args) => cmd::doctor::run(args),

@@ -17,7 +17,8 @@ use siphon_data::{
 };
 
 /// Corpus, tokenization and packing flags, shared by `siphon data` and `siphon extract`.
-#[derive(clap::Args, Clone, Debug)]
+/// (Serialize: `siphon extract` compares them across hosts.)
+#[derive(clap::Args, Clone, Debug, Serialize)]
 pub struct CorpusArgs {
     /// Corpus: a parquet/jsonl/text file, a directory, a glob (quote it), or a file://,
     /// s3://, gs:// URL (credentials from the usual AWS_*/GOOGLE_* variables).
@@ -87,7 +88,8 @@ pub struct CorpusArgs {
 }
 
 /// `--format` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FormatArg {
     Parquet,
     Jsonl,
@@ -95,7 +97,8 @@ pub enum FormatArg {
 }
 
 /// `--text-records` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TextRecordsArg {
     /// One document per file.
     File,
@@ -104,7 +107,8 @@ pub enum TextRecordsArg {
 }
 
 /// `--pad` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PadSideArg {
     Left,
     Right,

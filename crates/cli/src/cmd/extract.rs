@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use clap::{FromArgMatches, Parser};
 
 use crate::job::{self, ExtractOptions};
 
@@ -22,36 +21,30 @@ pub struct Args {
     pub options: ExtractOptions,
 }
 
-/// Re-parses `siphon extract` arguments with the TOML file's entries in front.
-#[derive(Parser)]
-#[command(name = "siphon extract", no_binary_name = true, args_override_self = true)]
-struct Reparse {
-    #[command(flatten)]
-    args: Args,
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let args = match &args.config {
-        None => args,
-        Some(path) => with_config_file(path)?,
-    };
     job::run(args.options)
 }
 
-/// Parses the process's `extract` arguments again with the TOML file's entries first.
-fn with_config_file(path: &std::path::Path) -> anyhow::Result<Args> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the config file {}", path.display()))?;
-    let from_file = toml_to_args(&text).with_context(|| format!("in the config file {}", path.display()))?;
-    let from_command_line: Vec<String> = std::env::args()
-        .skip_while(|a| a != "extract")
-        .skip(1)
-        .collect();
-    let all: Vec<String> = from_file.into_iter().chain(from_command_line).collect();
-    let matches = <Reparse as clap::CommandFactory>::command()
-        .try_get_matches_from(&all)
-        .map_err(|e| anyhow::anyhow!("{}", e.render()))?;
-    Ok(Reparse::from_arg_matches(&matches)?.args)
+/// Expands `extract --config FILE` in a command line: the file's entries become arguments
+/// right after `extract`, so that the command line's own flags, coming later, override them.
+/// Returns the arguments unchanged when there is no extract config.
+pub fn expand_config_file(args: Vec<String>) -> anyhow::Result<Vec<String>> {
+    let Some(at) = args.iter().position(|a| a == "extract") else { return Ok(args) };
+    let mut path = None;
+    for (i, arg) in args.iter().enumerate().skip(at + 1) {
+        if arg == "--config" {
+            path = Some(args.get(i + 1).context("--config needs a file")?.clone());
+        } else if let Some(value) = arg.strip_prefix("--config=") {
+            path = Some(value.to_string());
+        }
+    }
+    let Some(path) = path else { return Ok(args) };
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read the config file {path}"))?;
+    let from_file = toml_to_args(&text).with_context(|| format!("in the config file {path}"))?;
+    let mut out = args[..=at].to_vec();
+    out.extend(from_file);
+    out.extend_from_slice(&args[at + 1..]);
+    Ok(out)
 }
 
 /// `key = value` entries as `--key value` arguments; `true` booleans as bare flags.
@@ -101,11 +94,19 @@ mod tests {
 
     #[test]
     fn later_flags_override_the_file() {
-        let file = toml_to_args("seq-len = 128\nbatch-size = 2").unwrap();
-        let cli = ["--seq-len", "64", "--model", "m", "--corpus", "c", "--output", "o", "--layers", "1"];
-        let all: Vec<String> = file.into_iter().chain(cli.iter().map(|s| s.to_string())).collect();
-        let parsed = Reparse::try_parse_from(&all).unwrap().args.options;
-        assert_eq!(parsed.seq_len, 64);
-        assert_eq!(parsed.batch_size, 2);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.toml");
+        std::fs::write(&path, "seq-len = 128\nbatch-size = 2\ncorpus = \"c\"").unwrap();
+        let argv: Vec<String> = ["siphon", "extract", "--config", path.to_str().unwrap(), "--seq-len", "64", "--model", "m"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let expanded = expand_config_file(argv).unwrap();
+        let cli = <crate::Cli as clap::Parser>::try_parse_from(&expanded).unwrap();
+        let crate::Command::Extract(args) = cli.command else { panic!("not extract") };
+        assert_eq!(args.options.corpus.seq_len, 64);
+        assert_eq!(args.options.corpus.batch_size, 2);
+        assert_eq!(args.options.corpus.corpus, "c");
+        assert!(expand_config_file(vec!["siphon".into(), "extract".into(), "--config".into()]).is_err());
     }
 }

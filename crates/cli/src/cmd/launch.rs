@@ -5,14 +5,19 @@
 //! `SIPHON_COORDINATOR`), a coordinator address on 127.0.0.1 and a fresh job token. Every
 //! output line is prefixed with its host. When one host fails the others are stopped
 //! (SIGTERM, then SIGKILL after a grace period), so a local job never hangs either.
+//!
+//! On a terminal the launcher draws one progress bar per host from the `SIPHON_PROGRESS`
+//! lines its hosts print (see `job::progress`); elsewhere the hosts log their progress.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+
+use crate::job::progress;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -50,6 +55,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.command.join(" ")
     );
 
+    // One bar per host when someone is watching; the hosts then report instead of logging.
+    let bars = std::io::stderr().is_terminal().then(indicatif::MultiProgress::new);
     let mut hosts = Vec::with_capacity(args.local_hosts);
     for process_id in 0..args.local_hosts {
         let mut command = Command::new(&exe);
@@ -65,6 +72,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(devices) = args.cpu_devices_per_host {
             command.env("SIPHON_CPU_DEVICES", devices.to_string());
         }
+        if bars.is_some() {
+            command.env(progress::PIPE_ENV, "1");
+        }
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(err) => {
@@ -73,8 +83,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         };
         let prefix = format!("[host {process_id}] ");
-        forward_lines(child.stdout.take(), prefix.clone(), false);
-        forward_lines(child.stderr.take(), prefix, true);
+        let output = Output {
+            prefix,
+            bars: bars.clone(),
+            bar: bars.as_ref().map(|multi| {
+                let bar = multi.add(indicatif::ProgressBar::no_length());
+                bar.set_style(progress::bar_style(&format!("[host {process_id}]")));
+                bar
+            }),
+        };
+        forward_lines(child.stdout.take(), output.clone(), false);
+        forward_lines(child.stderr.take(), output, true);
         hosts.push(Host { process_id, child, status: None });
     }
 
@@ -153,15 +172,37 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-fn forward_lines(pipe: Option<impl std::io::Read + Send + 'static>, prefix: String, to_stderr: bool) {
+/// Where one host's output goes: prefixed lines, and its bar when bars are drawn.
+#[derive(Clone)]
+struct Output {
+    prefix: String,
+    bars: Option<indicatif::MultiProgress>,
+    bar: Option<indicatif::ProgressBar>,
+}
+
+fn forward_lines(pipe: Option<impl std::io::Read + Send + 'static>, output: Output, to_stderr: bool) {
     let Some(pipe) = pipe else { return };
     std::thread::spawn(move || {
         for line in BufReader::new(pipe).lines() {
             let Ok(line) = line else { break };
-            if to_stderr {
-                let _ = writeln!(std::io::stderr().lock(), "{prefix}{line}");
-            } else {
-                let _ = writeln!(std::io::stdout().lock(), "{prefix}{line}");
+            if let (Some(bar), Some(json)) = (&output.bar, line.strip_prefix(progress::LINE_PREFIX)) {
+                if let Ok(report) = serde_json::from_str::<progress::Report>(json) {
+                    progress::show(bar, &report);
+                    continue;
+                }
+            }
+            let text = format!("{}{line}", output.prefix);
+            match &output.bars {
+                // Printed above the bars, which are redrawn below.
+                Some(bars) => {
+                    let _ = bars.println(text);
+                }
+                None if to_stderr => {
+                    let _ = writeln!(std::io::stderr().lock(), "{text}");
+                }
+                None => {
+                    let _ = writeln!(std::io::stdout().lock(), "{text}");
+                }
             }
         }
     });

@@ -32,8 +32,8 @@ impl Plan {
         model.check_weights(blocks).context("the model's weights do not match its config")?;
         let mut request = PlanRequest::default();
         request.mesh = spec.mesh.clone();
-        request.batch = Some(spec.batch_size);
-        request.seq = Some(spec.seq_len);
+        request.batch = Some(spec.corpus.batch_size);
+        request.seq = Some(spec.corpus.seq_len);
         request.hooks = Some(hooks.len());
         request.dtype = match spec.compute_dtype.as_str() {
             "bf16" => siphon_plan::DType::BF16,
@@ -128,10 +128,10 @@ impl Compute {
         };
         let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)
             .context("cannot put the model on the devices")?;
-        engine.prepare(spec.batch_size, spec.seq_len).context("cannot compile the forward pass")?;
+        engine.prepare(spec.corpus.batch_size, spec.corpus.seq_len).context("cannot compile the forward pass")?;
         let stats = engine.load_stats();
         tracing::info!(seconds = stats.upload_s, bytes = stats.uploaded_bytes, "weights uploaded, forward compiled");
-        Ok(Compute { engine, mesh, output_dtype: activation_dtype(&spec.dtype)?, batch_size: spec.batch_size, _client: client })
+        Ok(Compute { engine, mesh, output_dtype: activation_dtype(&spec.dtype)?, batch_size: spec.corpus.batch_size, _client: client })
     }
 
     /// The model's configuration (for run.json).

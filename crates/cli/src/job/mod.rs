@@ -13,17 +13,17 @@
 
 mod compute;
 mod options;
-mod progress;
+pub mod progress;
 mod timing;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde_json::json;
 
-use siphon_coord::{Coordination, IdentityFlags, JoinOptions};
-use siphon_data::{Corpus, CorpusConfig, PackConfig, PackMode, PadSide, Partition, StreamConfig, TextRecords, Worker};
+use siphon_coord::{Coordination, JoinOptions};
+use siphon_data::{Corpus, PackConfig, Partition, Worker};
 use siphon_store::{ActivationDtype, BatchActivations, HostId, RunDescriptor, ShardFormat, ShardWriter, ShuffleConfig, StoreConfig};
 
 pub use options::{ExtractOptions, RunSpec};
@@ -38,14 +38,7 @@ const BARRIER_TIMEOUT: Duration = Duration::from_secs(600);
 /// Runs the job on this host.
 pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     // 1. Identity.
-    let flags = IdentityFlags {
-        process_id: options.process_id,
-        num_processes: options.num_processes,
-        coordinator: options.coordinator.clone(),
-        machine_id: options.machine_id,
-        total_machines: options.total_machines,
-    };
-    let identity = siphon_coord::identity::resolve_from_process(&flags).context("cannot tell which host this is")?;
+    let identity = options.cluster.identity()?;
     let host = HostId { machine: identity.machine_id, host: identity.process_id };
     let _span = tracing::info_span!("host", m = host.machine, h = host.host).entered();
 
@@ -55,11 +48,9 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let spec = options.resolve(Some(model.config.n_layers), identity.total_machines)?;
     let compute_plan = compute::Plan::new(&model, &spec)?;
-    let corpus_config = corpus_config(&spec)?;
-    let corpus = Corpus::open(&spec.corpus, &corpus_config)
-        .with_context(|| format!("cannot open the corpus {}", spec.corpus))?;
+    let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
-    let pack = pack_config(&spec, &tokenizer)?;
+    let pack = options.corpus.pack_config(&tokenizer, siphon_data::SpecialTokens::detect(&tokenizer))?;
     let partition = Partition { machines: identity.total_machines, hosts: identity.num_processes };
     let plugin = siphon_runtime::locate_plugin(options.plugin.as_deref()).context("no PJRT plugin")?;
     tracing::info!(
@@ -68,12 +59,13 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     );
 
     // 3. Coordinator.
-    let token = job_token(&options, identity.num_processes)?;
+    let (token, _) = options.cluster.job_token(&identity)?;
     let mut join = JoinOptions::new(token);
     join.client.register_timeout = Duration::from_secs_f64(options.register_timeout);
     join.client.connect_timeout = Duration::from_secs_f64(options.connect_timeout);
-    if let Some(bind) = &options.bind {
-        join.bind = Some(bind.parse().with_context(|| format!("--bind {bind:?} is not an IP:PORT address"))?);
+    join.bind = options.cluster.bind_addr(&identity)?;
+    if options.cluster.external_coordinator {
+        join.host_service = Some(false);
     }
     let coordinator = identity.coordinator.clone();
     let coord = Coordination::join(&identity, join).with_context(|| {
@@ -157,19 +149,15 @@ fn run_joined(
     }
 
     // 8. The loop.
-    let mut stream_config = StreamConfig::new(pack, spec.batch_size);
-    stream_config.partition = partition;
-    stream_config.worker = Worker { machine: host.machine, host: host.host };
+    let mut stream_config =
+        options.corpus.stream_config(pack, partition, Worker { machine: host.machine, host: host.host });
     stream_config.resume = resume;
-    if let Some(threads) = options.tokenizer_threads {
-        stream_config.threads = threads.max(1);
-    }
     let budget_batches = spec.max_tokens.map(|tokens| {
         let per_host = tokens.div_ceil(partition.workers());
-        per_host.div_ceil((spec.batch_size * spec.seq_len) as u64)
+        per_host.div_ceil((spec.corpus.batch_size * spec.corpus.seq_len) as u64)
     });
     let stream = corpus.stream(tokenizer, stream_config)?;
-    let mut progress = Progress::new(host, budget_batches.map(|b| b * (spec.batch_size * spec.seq_len) as u64));
+    let mut progress = Progress::new(host, budget_batches.map(|b| b * (spec.corpus.batch_size * spec.corpus.seq_len) as u64));
     progress.resumed(resume_at.committed_tokens);
     let started = Instant::now();
     let mut compute_time = Duration::ZERO;
@@ -235,31 +223,7 @@ fn to_store_batch(batch: &siphon_data::Batch, hooks: Vec<siphon_store::HookActiv
     })
 }
 
-fn corpus_config(spec: &RunSpec) -> anyhow::Result<CorpusConfig> {
-    let mut config = CorpusConfig::default();
-    config.text_column = spec.text_column.clone();
-    config.json_field = spec.json_field.clone();
-    config.text_records = match spec.text_records.as_str() {
-        "file" => TextRecords::File,
-        "line" => TextRecords::Line,
-        other => bail!("unknown --text-records {other:?}"),
-    };
-    Ok(config)
-}
 
-fn pack_config(spec: &RunSpec, tokenizer: &siphon_data::Tokenizer) -> anyhow::Result<PackConfig> {
-    let mut special = siphon_data::SpecialTokens::detect(tokenizer);
-    for token in &spec.exclude_tokens {
-        special.exclude.push(siphon_data::parse_token(tokenizer, token).with_context(|| format!("--exclude-tokens {token:?}"))?);
-    }
-    let mode = match spec.packing.as_str() {
-        "pack" => PackMode::Pack,
-        "pad-left" => PackMode::Pad(PadSide::Left),
-        "pad-right" => PackMode::Pad(PadSide::Right),
-        other => bail!("unknown packing {other:?}"),
-    };
-    Ok(PackConfig::new(spec.seq_len, mode, special))
-}
 
 fn store_config(spec: &RunSpec, run: &str, host: HostId) -> anyhow::Result<StoreConfig> {
     let mut config = StoreConfig::new(spec.output.clone(), run, host);
@@ -267,31 +231,14 @@ fn store_config(spec: &RunSpec, run: &str, host: HostId) -> anyhow::Result<Store
         dtype: ActivationDtype::parse(&spec.dtype)?,
         target_shard_bytes: spec.shard_bytes,
         keep_excluded: spec.keep_excluded,
-        shuffle: spec.shuffle_window.map(|window_batches| ShuffleConfig { seed: spec.shuffle_seed, window_batches }),
+        shuffle: spec
+            .shuffle_tokens_window
+            .map(|window_batches| ShuffleConfig { seed: spec.shuffle_tokens_seed, window_batches }),
     };
     config.validate()?;
     Ok(config)
 }
 
-/// The job token from the environment or `--job-token-file`; a single-process job makes one up.
-fn job_token(options: &ExtractOptions, num_processes: u32) -> anyhow::Result<String> {
-    if let Some(path) = &options.job_token_file {
-        let token = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the job token file {}", path.display()))?;
-        return Ok(token.trim().to_string());
-    }
-    if let Ok(token) = std::env::var("SIPHON_JOB_TOKEN") {
-        return Ok(token);
-    }
-    if num_processes > 1 {
-        bail!("a job of {num_processes} processes needs a shared job token: set SIPHON_JOB_TOKEN or --job-token-file on every host");
-    }
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .context("cannot read /dev/urandom")?;
-    Ok(hex_string(&bytes))
-}
 
 fn sha256_file(path: &std::path::Path) -> anyhow::Result<String> {
     use sha2::Digest;

@@ -6,6 +6,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use serde::Serialize;
 
+use crate::cmd::cluster::ClusterArgs;
+use crate::cmd::data::CorpusArgs;
+
 /// Every `siphon extract` option (also the keys of its TOML config file).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExtractOptions {
@@ -30,39 +33,11 @@ pub struct ExtractOptions {
     pub compute_dtype: String,
 
     // --- data ---
-    /// Corpus: parquet/jsonl/text files, directories, globs or gs:// s3:// file:// URLs.
-    #[arg(long, help_heading = "Data")]
-    pub corpus: Option<String>,
-    /// Parquet column holding the text.
-    #[arg(long, default_value = "text", help_heading = "Data")]
-    pub text_column: String,
-    /// JSON field holding the text (jsonl corpora).
-    #[arg(long, default_value = "text", help_heading = "Data")]
-    pub json_field: String,
-    /// Plain-text records: `file` (a file is a document) or `line` (a non-blank line is one).
-    #[arg(long, default_value = "file", help_heading = "Data")]
-    pub text_records: String,
-    /// Tokens per sequence.
-    #[arg(long, default_value_t = 1024, help_heading = "Data")]
-    pub seq_len: usize,
-    /// Pack documents into full rows (the default).
-    #[arg(long, conflicts_with = "pad", help_heading = "Data")]
-    pub pack: bool,
-    /// One document per row, padded on this side: left or right.
-    #[arg(long, value_name = "SIDE", help_heading = "Data")]
-    pub pad: Option<String>,
-    /// Sequences per batch on each host.
-    #[arg(long, default_value_t = 8, help_heading = "Data")]
-    pub batch_size: usize,
-    /// More tokens to exclude from the dataset besides BOS/EOS/pad (names or ids, comma-separated).
-    #[arg(long, help_heading = "Data")]
-    pub exclude_tokens: Option<String>,
+    #[command(flatten)]
+    pub corpus: CorpusArgs,
     /// Stop after about this many tokens in total over all hosts (whole batches).
     #[arg(long, help_heading = "Data")]
     pub max_tokens: Option<u64>,
-    /// Tokenizer threads per host (default: the number of cores).
-    #[arg(long, help_heading = "Data")]
-    pub tokenizer_threads: Option<usize>,
 
     // --- output ---
     /// Where the dataset goes: a local path or gs:// s3:// az:// file:// URL.
@@ -75,12 +50,13 @@ pub struct ExtractOptions {
     /// Target shard size in MB.
     #[arg(long, default_value_t = 256.0, help_heading = "Output")]
     pub shard_size_mb: f64,
-    /// Shuffle tokens across a window of this many batches before writing (deterministic).
-    #[arg(long, help_heading = "Output")]
-    pub shuffle_window: Option<usize>,
+    /// Shuffle tokens across a window of this many batches before writing (deterministic, so
+    /// a resumed run writes the same shards).
+    #[arg(long, value_name = "BATCHES", help_heading = "Output")]
+    pub shuffle_tokens_window: Option<usize>,
     /// Seed of the token shuffle.
     #[arg(long, default_value_t = 0, help_heading = "Output")]
-    pub shuffle_seed: u64,
+    pub shuffle_tokens_seed: u64,
     /// Keep excluded tokens (BOS/pad/...) in the shards, with a `mask` tensor.
     #[arg(long, help_heading = "Output")]
     pub keep_excluded: bool,
@@ -107,27 +83,8 @@ pub struct ExtractOptions {
     pub model_parallel: Option<usize>,
 
     // --- cluster ---
-    /// This process's id (default: detected).
-    #[arg(long, help_heading = "Cluster")]
-    pub process_id: Option<u32>,
-    /// Number of processes in the job (default: detected).
-    #[arg(long, help_heading = "Cluster")]
-    pub num_processes: Option<u32>,
-    /// Coordinator HOST:PORT (default: detected; process 0 hosts it).
-    #[arg(long, help_heading = "Cluster")]
-    pub coordinator: Option<String>,
-    /// Address process 0's coordination service binds (default: the coordinator address).
-    #[arg(long, help_heading = "Cluster")]
-    pub bind: Option<String>,
-    /// Which machine (pod) of a several-pod run this is.
-    #[arg(long, help_heading = "Cluster")]
-    pub machine_id: Option<u32>,
-    /// How many machines (pods) the run has.
-    #[arg(long, help_heading = "Cluster")]
-    pub total_machines: Option<u32>,
-    /// File holding the job token (default: SIPHON_JOB_TOKEN).
-    #[arg(long, help_heading = "Cluster")]
-    pub job_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// Seconds to keep trying to reach the coordinator (it may start after this host).
     #[arg(long, default_value_t = 120.0, help_heading = "Cluster")]
     pub connect_timeout: f64,
@@ -149,22 +106,8 @@ pub struct RunSpec {
     pub dtype: String,
     /// Compute dtype.
     pub compute_dtype: String,
-    /// Corpus source.
-    pub corpus: String,
-    /// Parquet text column.
-    pub text_column: String,
-    /// JSON text field.
-    pub json_field: String,
-    /// Plain-text record kind.
-    pub text_records: String,
-    /// Tokens per sequence.
-    pub seq_len: usize,
-    /// `pack`, `pad-left` or `pad-right`.
-    pub packing: String,
-    /// Sequences per batch per host.
-    pub batch_size: usize,
-    /// Extra excluded tokens as given.
-    pub exclude_tokens: Vec<String>,
+    /// Corpus, tokenization and packing.
+    pub corpus: CorpusArgs,
     /// Token budget over all hosts.
     pub max_tokens: Option<u64>,
     /// Output URL.
@@ -173,10 +116,10 @@ pub struct RunSpec {
     pub run: Option<String>,
     /// Target shard bytes.
     pub shard_bytes: u64,
-    /// Shuffle window in batches.
-    pub shuffle_window: Option<usize>,
-    /// Shuffle seed.
-    pub shuffle_seed: u64,
+    /// Token shuffle window in batches.
+    pub shuffle_tokens_window: Option<usize>,
+    /// Token shuffle seed.
+    pub shuffle_tokens_seed: u64,
     /// Keep excluded tokens with a mask.
     pub keep_excluded: bool,
     /// Virtual CPU devices.
@@ -198,7 +141,6 @@ impl ExtractOptions {
             .as_ref()
             .map(|p| p.display().to_string())
             .context("missing --model (or `model` in the --config file)")?;
-        let corpus = need(&self.corpus, "corpus")?;
         let output = need(&self.output, "output")?;
         let hooks = hook_names(self.hooks.as_deref(), self.layers.as_deref())?;
         if let Some(n_layers) = n_layers_hint {
@@ -210,29 +152,22 @@ impl ExtractOptions {
         for (name, value, allowed) in [
             ("dtype", &self.dtype, &["f32", "bf16", "f16"][..]),
             ("compute-dtype", &self.compute_dtype, &["f32", "bf16"][..]),
-            ("text-records", &self.text_records, &["file", "line"][..]),
         ] {
             if !allowed.contains(&value.as_str()) {
                 bail!("--{name} {value:?} is not one of {}", allowed.join(", "));
             }
         }
-        let packing = match self.pad.as_deref() {
-            None => "pack".to_string(),
-            Some("left") => "pad-left".to_string(),
-            Some("right") => "pad-right".to_string(),
-            Some(other) => bail!("--pad {other:?} must be left or right"),
-        };
-        if self.seq_len < 2 {
-            bail!("--seq-len {} is too small (at least 2)", self.seq_len);
+        if self.corpus.seq_len < 2 {
+            bail!("--seq-len {} is too small (at least 2)", self.corpus.seq_len);
         }
-        if self.batch_size == 0 {
+        if self.corpus.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
         if !(self.shard_size_mb > 0.0 && self.shard_size_mb.is_finite()) {
             bail!("--shard-size-mb must be positive");
         }
-        if self.shuffle_window == Some(0) {
-            bail!("--shuffle-window must be at least 1 batch");
+        if self.shuffle_tokens_window == Some(0) {
+            bail!("--shuffle-tokens-window must be at least 1 batch");
         }
         if let Some(run) = &self.run {
             if run.is_empty() || run.contains('/') || run.starts_with('.') {
@@ -245,20 +180,13 @@ impl ExtractOptions {
             hooks,
             dtype: self.dtype.clone(),
             compute_dtype: self.compute_dtype.clone(),
-            corpus,
-            text_column: self.text_column.clone(),
-            json_field: self.json_field.clone(),
-            text_records: self.text_records.clone(),
-            seq_len: self.seq_len,
-            packing,
-            batch_size: self.batch_size,
-            exclude_tokens: split_list(self.exclude_tokens.as_deref()),
+            corpus: self.corpus.clone(),
             max_tokens: self.max_tokens,
             output,
             run: self.run.clone(),
             shard_bytes: (self.shard_size_mb * 1e6) as u64,
-            shuffle_window: self.shuffle_window,
-            shuffle_seed: self.shuffle_seed,
+            shuffle_tokens_window: self.shuffle_tokens_window,
+            shuffle_tokens_seed: self.shuffle_tokens_seed,
             keep_excluded: self.keep_excluded,
             cpu_devices: self.cpu_devices,
             mesh: self.mesh_request(self.cpu_devices.unwrap_or(1)),

@@ -1,45 +1,91 @@
-//! Progress of one host: an indicatif bar on a terminal, a log line every few seconds
-//! otherwise (so that logs of many hosts stay readable and machine-parseable).
+//! Progress of one host, shown one of three ways:
+//! - on a terminal, an indicatif bar;
+//! - under `siphon launch` on a terminal, `SIPHON_PROGRESS {json}` lines on stderr that the
+//!   launcher turns into one bar per host (children's stderr is a pipe, not a terminal);
+//! - otherwise a log line every few seconds, so that logs of many hosts stay readable and
+//!   machine-parseable.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
 use siphon_store::{HostId, HostSummary};
 
+/// Set by `siphon launch` when it draws bars for its hosts.
+pub const PIPE_ENV: &str = "SIPHON_PROGRESS_PIPE";
+/// Prefix of a progress line for the launcher.
+pub const LINE_PREFIX: &str = "SIPHON_PROGRESS ";
+
 const LOG_EVERY: Duration = Duration::from_secs(10);
+const PIPE_EVERY: Duration = Duration::from_millis(250);
+
+/// What a host reports to the launcher.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Report {
+    /// Tokens processed (including those committed before a restart).
+    pub tokens: u64,
+    /// The host's token budget, when there is one.
+    pub total: Option<u64>,
+    /// Batches this session.
+    pub batches: u64,
+    /// Set once the host's writer finished.
+    pub shards: Option<u64>,
+}
+
+/// The bar style shared by a host's own bar and the launcher's bars.
+pub fn bar_style(label: &str) -> ProgressStyle {
+    let template = format!("{label} {{bar:30}} {{human_pos}} tokens {{per_sec}} {{msg}} eta {{eta}}");
+    ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// Applies a report to a bar.
+pub fn show(bar: &ProgressBar, report: &Report) {
+    if let Some(total) = report.total {
+        bar.set_length(total);
+    }
+    bar.set_position(report.tokens);
+    match report.shards {
+        Some(shards) => bar.finish_with_message(format!("{shards} shards committed")),
+        None => bar.set_message(format!("{} batches", report.batches)),
+    }
+}
+
+enum Display {
+    Bar(ProgressBar),
+    Pipe { last: Instant },
+    Log { last: Instant },
+}
 
 pub struct Progress {
-    bar: Option<ProgressBar>,
-    tokens: u64,
-    batches: u64,
+    display: Display,
+    report: Report,
+    session_tokens: u64,
     started: Instant,
-    last_log: Instant,
 }
 
 impl Progress {
     /// `total_tokens`: this host's token budget, when there is one.
     pub fn new(host: HostId, total_tokens: Option<u64>) -> Progress {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = match total_tokens {
-                Some(total) => ProgressBar::new(total),
-                None => ProgressBar::no_length(),
-            };
-            let template = format!(
-                "[m{:03} h{:02}] {{bar:30}} {{human_pos}} tokens {{per_sec}} {{msg}} eta {{eta}}",
-                host.machine, host.host
-            );
-            bar.set_style(ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar()));
-            bar.enable_steady_tick(Duration::from_millis(200));
-            bar
-        });
         let now = Instant::now();
-        Progress { bar, tokens: 0, batches: 0, started: now, last_log: now }
+        let display = if std::env::var_os(PIPE_ENV).is_some() {
+            Display::Pipe { last: now }
+        } else if std::io::stderr().is_terminal() {
+            let bar = total_tokens.map_or_else(ProgressBar::no_length, ProgressBar::new);
+            bar.set_style(bar_style(&format!("[m{:03} h{:02}]", host.machine, host.host)));
+            bar.enable_steady_tick(Duration::from_millis(200));
+            Display::Bar(bar)
+        } else {
+            Display::Log { last: now }
+        };
+        let report = Report { total: total_tokens, ..Report::default() };
+        Progress { display, report, session_tokens: 0, started: now }
     }
 
     /// Tokens already committed before a restart.
     pub fn resumed(&mut self, tokens: u64) {
-        if let Some(bar) = &self.bar {
+        self.report.tokens = tokens;
+        if let Display::Bar(bar) = &self.display {
             bar.set_position(tokens);
             bar.reset_eta();
         }
@@ -47,27 +93,45 @@ impl Progress {
 
     /// One batch of `tokens` handed to the writer.
     pub fn batch(&mut self, tokens: u64) {
-        self.tokens += tokens;
-        self.batches += 1;
-        if let Some(bar) = &self.bar {
-            bar.inc(tokens);
-            bar.set_message(format!("{} batches", self.batches));
-        } else if self.last_log.elapsed() >= LOG_EVERY {
-            self.last_log = Instant::now();
-            let seconds = self.started.elapsed().as_secs_f64();
-            tracing::info!(
-                tokens = self.tokens,
-                batches = self.batches,
-                tokens_per_second = (self.tokens as f64 / seconds).round(),
-                "progress"
-            );
+        self.report.tokens += tokens;
+        self.report.batches += 1;
+        self.session_tokens += tokens;
+        match &mut self.display {
+            Display::Bar(bar) => show(bar, &self.report),
+            Display::Pipe { last } => {
+                if last.elapsed() >= PIPE_EVERY {
+                    *last = Instant::now();
+                    emit(&self.report);
+                }
+            }
+            Display::Log { last } => {
+                if last.elapsed() >= LOG_EVERY {
+                    *last = Instant::now();
+                    let seconds = self.started.elapsed().as_secs_f64();
+                    tracing::info!(
+                        tokens = self.report.tokens,
+                        batches = self.report.batches,
+                        tokens_per_second = (self.session_tokens as f64 / seconds).round(),
+                        "progress"
+                    );
+                }
+            }
         }
     }
 
-    /// The writer finished: shards written and uploaded.
+    /// The writer finished: every shard committed.
     pub fn finish(&mut self, summary: &HostSummary) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_with_message(format!("{} shards committed", summary.shards));
+        self.report.shards = Some(summary.shards);
+        match &self.display {
+            Display::Bar(bar) => show(bar, &self.report),
+            Display::Pipe { .. } => emit(&self.report),
+            Display::Log { .. } => {}
         }
+    }
+}
+
+fn emit(report: &Report) {
+    if let Ok(json) = serde_json::to_string(report) {
+        let _ = writeln!(std::io::stderr().lock(), "{LINE_PREFIX}{json}");
     }
 }
