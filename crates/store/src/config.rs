@@ -75,6 +75,10 @@ pub struct UploadConfig {
     pub max_attempts: u32,
     /// Backoff before the second attempt; doubled each further attempt.
     pub initial_backoff: Duration,
+    /// Local disk only: fsync each shard before its manifest line and the manifest after it.
+    /// Without it a process crash is still exactly-once (the page cache survives), a power
+    /// loss may not be; on by default.
+    pub fsync_local: bool,
 }
 
 impl Default for UploadConfig {
@@ -84,6 +88,7 @@ impl Default for UploadConfig {
             concurrency: 8,
             max_attempts: 5,
             initial_backoff: Duration::from_millis(200),
+            fsync_local: true,
         }
     }
 }

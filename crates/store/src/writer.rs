@@ -388,7 +388,11 @@ impl Committer {
     ) -> impl Future<Output = Result<SealedShard>> + use<> {
         let store = Arc::clone(self.location.store());
         let path = self.location.shard(&self.run, self.host, shard.index);
-        let local = self.location.local_dir().map(|d| d.join(path.as_ref()));
+        let local = self
+            .location
+            .local_dir()
+            .filter(|_| self.upload.fsync_local)
+            .map(|d| d.join(path.as_ref()));
         let upload = self.upload.clone();
         let requests = Arc::clone(&self.requests);
         async move {
@@ -437,7 +441,11 @@ impl Committer {
             .put(path, PutPayload::from(body))
             .await
             .map_err(|e| StoreError::store("put", path, e))?;
-        if let Some(dir) = self.location.local_dir() {
+        if let Some(dir) = self
+            .location
+            .local_dir()
+            .filter(|_| self.upload.fsync_local)
+        {
             sync_file(dir.join(path.as_ref())).await?;
         }
         Ok(())

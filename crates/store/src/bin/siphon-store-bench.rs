@@ -1,7 +1,7 @@
 //! Shard write throughput against a plain object_store upload of the same bytes.
 //!
 //! `cargo run --release -p siphon-store --bin siphon-store-bench -- --output DIR [--total-mb 4096]
-//! [--shard-mb 256] [--repeats 3]` for local disk, or `--s3-moto PYTHON` (the venv python from
+//! [--shard-mb 256] [--repeats 3] [--no-fsync]` for local disk, or `--s3-moto PYTHON` (the venv python from
 //! scripts/setup-python.sh) to start moto's S3 server on 127.0.0.1 and write there.
 //!
 //! Writer: pushes f32 batches (cloned from one template, clone timed; 2 hooks × 4096 wide, 8 × 128 tokens, ~32 MB each) and
@@ -38,6 +38,7 @@ fn main() -> anyhow::Result<()> {
     let mut total_mb = 4096u64;
     let mut shard_mb = 256u64;
     let mut repeats = 3usize;
+    let mut fsync_local = true;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
@@ -47,6 +48,7 @@ fn main() -> anyhow::Result<()> {
             "--total-mb" => total_mb = value()?.parse().context("--total-mb")?,
             "--shard-mb" => shard_mb = value()?.parse().context("--shard-mb")?,
             "--repeats" => repeats = value()?.parse().context("--repeats")?,
+            "--no-fsync" => fsync_local = false,
             other => bail!("unexpected argument {other:?}"),
         }
     }
@@ -65,7 +67,10 @@ fn main() -> anyhow::Result<()> {
     let template = spec.batch(0);
     let batch_bytes = template.hooks.iter().map(|h| h.data.len()).sum::<usize>() as u64;
     let n_batches = (total_mb << 20).div_ceil(batch_bytes);
-    let upload = UploadConfig::default();
+    let upload = UploadConfig {
+        fsync_local,
+        ..UploadConfig::default()
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -163,7 +168,7 @@ fn main() -> anyhow::Result<()> {
     }
     let (w, p) = (median(&mut writer_rates), median(&mut plain_rates));
     println!(
-        "target={} total_mb={total_mb} shard_mb={shard_mb} repeats={repeats}: writer {w:.0} MB/s, plain object_store upload {p:.0} MB/s, ratio {:.0}%",
+        "target={} total_mb={total_mb} shard_mb={shard_mb} repeats={repeats} fsync={fsync_local}: writer {w:.0} MB/s, plain object_store upload {p:.0} MB/s, ratio {:.0}%",
         if base.starts_with("s3://") {
             "s3-moto"
         } else {
