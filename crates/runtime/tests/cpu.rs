@@ -30,12 +30,10 @@ fn plugin() -> Arc<Plugin> {
         .clone()
 }
 
-/// One 8-device client shared by the tests (creating one per test costs threads and time).
+/// An 8-device client per test: a client kept in a static until the process exits races
+/// XLA's own static destructors (seen once as an abort at exit), and one costs a few ms.
 fn client() -> Client {
-    static CLIENT: OnceLock<Client> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| Client::new(&plugin(), ClientOptions::new().cpu_device_count(8)).unwrap())
-        .clone()
+    Client::new(&plugin(), ClientOptions::new().cpu_device_count(8)).unwrap()
 }
 
 fn iota(n: usize, scale: f32) -> Vec<f32> {
