@@ -77,7 +77,8 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     })?;
     coord.install_failure_reporting();
 
-    let result = run_joined(&coord, host, &spec, model, compute_plan, corpus, tokenizer, pack, partition, &plugin, &options);
+    let prepared = Prepared { spec, model, compute_plan, corpus, tokenizer, pack, partition, plugin };
+    let result = run_joined(&coord, host, prepared, &options);
     if let Err(err) = &result {
         if coord.job_error().is_none() {
             let _ = coord.report_error(&format!("host {} (machine {}): {err:#}", host.host, host.machine));
@@ -86,20 +87,21 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_joined(
-    coord: &Coordination,
-    host: HostId,
-    spec: &RunSpec,
+/// Everything step 2 checked and opened, handed to the steps that need the other hosts.
+struct Prepared {
+    spec: RunSpec,
     model: siphon_models::LoadedModel,
     compute_plan: compute::Plan,
     corpus: Corpus,
     tokenizer: Arc<siphon_data::Tokenizer>,
     pack: PackConfig,
     partition: Partition,
-    plugin: &siphon_runtime::LocatedPlugin,
-    options: &ExtractOptions,
-) -> anyhow::Result<()> {
+    plugin: siphon_runtime::LocatedPlugin,
+}
+
+fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &ExtractOptions) -> anyhow::Result<()> {
+    let Prepared { spec, model, compute_plan, corpus, tokenizer, pack, partition, plugin } = prepared;
+    let spec = &spec;
     // 4. Config broadcast: every host must run the same code on the same configuration.
     let plugin_sha256 = sha256_file(&plugin.path)?;
     let compared = json!({
@@ -120,7 +122,7 @@ fn run_joined(
     tracing::info!(run = %run_name, started = %run_info["start_time"], "configuration agreed by every host");
 
     // 5–6. Plugin, client, model on the mesh.
-    let mut compute = Compute::start(plugin, spec, compute_plan, &model)?;
+    let mut compute = Compute::start(&plugin, spec, compute_plan, &model)?;
     drop(model);
 
     // 7. Output and resume point.
