@@ -97,12 +97,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         hosts.push(Host { process_id, child, status: None });
     }
 
+    // Ctrl-C reaches the children too (same process group); the launcher then stops the rest.
     let interrupted = Arc::new(AtomicBool::new(false));
-    {
-        let interrupted = interrupted.clone();
-        // Ctrl-C reaches the children too (same process group); we only stop waiting politely.
-        let _ = ctrlc_flag(interrupted);
-    }
+    on_signal_set(interrupted.clone());
     let grace = Duration::from_secs_f64(args.grace_seconds.max(0.0));
     loop {
         let mut failed = None;
@@ -223,7 +220,7 @@ fn job_token() -> anyhow::Result<String> {
 }
 
 /// Sets `flag` on SIGINT/SIGTERM.
-fn ctrlc_flag(flag: Arc<AtomicBool>) -> anyhow::Result<()> {
+fn on_signal_set(flag: Arc<AtomicBool>) {
     static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
     extern "C" fn on_signal(_: libc::c_int) {
         if let Some(flag) = FLAG.get() {
@@ -235,5 +232,4 @@ fn ctrlc_flag(flag: Arc<AtomicBool>) -> anyhow::Result<()> {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { libc::signal(signal, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     }
-    Ok(())
 }
