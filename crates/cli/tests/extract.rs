@@ -389,3 +389,52 @@ fn bad_arguments_fail_before_anything_expensive() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--corpus"));
 }
+
+#[test]
+fn a_model_from_the_hub_endpoint_is_downloaded_once_and_used() {
+    let s = setup(4);
+    // A hub-shaped static server on 127.0.0.1: {root}/{repo}/resolve/{revision}/{file}.
+    let served = s.root.join("hub");
+    let repo_dir = served.join("org/tiny/resolve/main");
+    std::fs::create_dir_all(&repo_dir).unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(s.model.join(file), repo_dir.join(file)).unwrap();
+    }
+    let port = free_port();
+    let server = Guard(
+        Command::new("python3")
+            .args(["-m", "http.server", "--bind", "127.0.0.1", &port.to_string(), "--directory"])
+            .arg(&served)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the test HTTP server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cache = s.root.join("cache");
+    let output = s.root.join("out");
+    let run_with = |model: &str| {
+        let mut args = extract_args(&s, &output, "hub");
+        let at = args.iter().position(|a| a == "--model").unwrap();
+        args[at + 1] = model.to_string();
+        args.extend(["--cpu-devices".into(), "1".into()]);
+        let mut command = siphon(&args);
+        command.env("HF_ENDPOINT", format!("http://127.0.0.1:{port}")).env("SIPHON_CACHE_DIR", &cache);
+        command.output().unwrap()
+    };
+    let out = run_with("hf://org/tiny");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cached = cache.join("models/hf___org_tiny");
+    assert!(cached.join("config.json").is_file() && cached.join("model.safetensors").is_file());
+    inspect_ok(&output.join("hub"));
+
+    let out = run_with("hf://org/missing");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("config.json") && stderr.contains("org/missing"), "{stderr}");
+    drop(server);
+}

@@ -12,6 +12,7 @@
 //! failed host stops the others at once.
 
 mod compute;
+mod fetch;
 mod options;
 pub mod progress;
 mod timing;
@@ -43,7 +44,9 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let _span = tracing::info_span!("host", m = host.machine, h = host.host).entered();
 
     // 2. Validation and plan, before anything expensive.
-    let model_path = options.model.clone().context("missing --model (or `model` in the --config file)")?;
+    let model_spec = options.model.clone().context("missing --model (or `model` in the --config file)")?;
+    let model_path = fetch::local_model_path(&model_spec)
+        .with_context(|| format!("cannot fetch the model {}", model_spec.display()))?;
     let model = siphon_models::LoadedModel::open(&model_path)
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let spec = options.resolve(Some(model.config.n_layers), identity.total_machines)?;

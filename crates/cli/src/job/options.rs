@@ -13,7 +13,8 @@ use crate::cmd::data::CorpusArgs;
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExtractOptions {
     // --- model ---
-    /// Model: a Hugging Face directory (config.json + safetensors) or a .gguf file.
+    /// Model: a Hugging Face directory (config.json + safetensors) or a .gguf file, local or
+    /// `hf://org/name[@revision]`, gs://, s3://, https:// (downloaded once into siphon's cache).
     #[arg(long, help_heading = "Model")]
     pub model: Option<PathBuf>,
     /// tokenizer.json to use instead of the model's own tokenizer.

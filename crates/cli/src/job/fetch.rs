@@ -1,0 +1,111 @@
+//! Models that are not on local disk: `hf://org/name[@revision]` (the Hugging Face hub, or
+//! `HF_ENDPOINT` as huggingface_hub reads it), `gs://`, `s3://`, `az://` and `http(s)://` URLs
+//! of a model directory or a `.gguf` file. The files a model needs are downloaded once into
+//! `$SIPHON_CACHE/models/`, each written under a temporary name and renamed, so an interrupted
+//! download never leaves a half-written file that a later run would trust.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use object_store::ObjectStoreExt;
+use siphon_store::StoreLocation;
+
+/// Files of an HF model directory besides the weights; the first is required.
+const DIR_FILES: [&str; 3] = ["config.json", "tokenizer.json", "tokenizer_config.json"];
+
+/// A local path for `spec`: unchanged when it is not a URL, else the cached download.
+pub fn local_model_path(spec: &Path) -> anyhow::Result<PathBuf> {
+    let text = spec.to_string_lossy();
+    let Some((scheme, rest)) = text.split_once("://") else { return Ok(spec.to_path_buf()) };
+    let base = match scheme {
+        "hf" => {
+            let (repo, revision) = rest.split_once('@').unwrap_or((rest, "main"));
+            let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
+            format!("{}/{repo}/resolve/{revision}", endpoint.trim_end_matches('/'))
+        }
+        "file" => return Ok(PathBuf::from(rest)),
+        "gs" | "s3" | "az" | "http" | "https" => text.to_string(),
+        other => bail!("unsupported model URL scheme {other:?} (use a path, hf://, gs://, s3://, az:// or https://)"),
+    };
+    let cache = siphon_runtime::siphon_cache_dir().join("models").join(sanitize(&text));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Plain http only when asked for explicitly (a local mirror, HF_ENDPOINT=http://...).
+    let options: Vec<(String, String)> =
+        if base.starts_with("http://") { vec![("allow_http".into(), "true".into())] } else { Vec::new() };
+    if base.ends_with(".gguf") {
+        let (dir, file) = base.rsplit_once('/').context("a .gguf URL needs a directory part")?;
+        let location = StoreLocation::open(dir, &options)?;
+        let dest = cache.join(file);
+        runtime.block_on(download(&location, file, &dest, true))?;
+        return Ok(dest);
+    }
+    let location = StoreLocation::open(&base, &options)?;
+    runtime.block_on(async {
+        for (i, name) in DIR_FILES.iter().enumerate() {
+            download(&location, name, &cache.join(name), i == 0).await?;
+        }
+        let index = "model.safetensors.index.json";
+        if download(&location, index, &cache.join(index), false).await? {
+            for shard in shard_names(&cache.join(index))? {
+                download(&location, &shard, &cache.join(&shard), true).await?;
+            }
+        } else {
+            download(&location, "model.safetensors", &cache.join("model.safetensors"), true).await?;
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(cache)
+}
+
+/// Downloads `name` to `dest` unless it is there already; `Ok(false)` when an optional file
+/// does not exist remotely.
+async fn download(location: &StoreLocation, name: &str, dest: &Path, required: bool) -> anyhow::Result<bool> {
+    if dest.exists() {
+        return Ok(true);
+    }
+    let path = location.run_dir(name);
+    let bytes = match location.store().get(&path).await {
+        Ok(result) => result.bytes().await.with_context(|| format!("downloading {name} from {}", location.url()))?,
+        Err(object_store::Error::NotFound { .. }) if !required => return Ok(false),
+        Err(err) => return Err(err).with_context(|| format!("cannot fetch {name} from {}", location.url())),
+    };
+    let dir = dest.parent().context("download destination without a directory")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let partial = dest.with_extension("partial");
+    std::fs::write(&partial, &bytes).with_context(|| format!("cannot write {}", partial.display()))?;
+    std::fs::rename(&partial, dest).with_context(|| format!("cannot write {}", dest.display()))?;
+    tracing::info!(file = name, bytes = bytes.len(), from = location.url(), "downloaded");
+    Ok(true)
+}
+
+/// The distinct shard files of a sharded safetensors index.
+fn shard_names(index: &Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(index).with_context(|| format!("cannot read {}", index.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", index.display()))?;
+    let map = json["weight_map"].as_object().with_context(|| format!("{} has no weight_map", index.display()))?;
+    let mut names: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+    names.sort();
+    names.dedup();
+    if let Some(bad) = names.iter().find(|n| n.contains('/') || n.starts_with('.')) {
+        bail!("{} names a shard outside the model directory: {bad:?}", index.display());
+    }
+    Ok(names)
+}
+
+/// A directory name for a URL.
+fn sanitize(url: &str) -> String {
+    url.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' { c } else { '_' }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_paths_pass_through_and_odd_schemes_are_refused() {
+        assert_eq!(local_model_path(Path::new("/models/x")).unwrap(), PathBuf::from("/models/x"));
+        assert_eq!(local_model_path(Path::new("file:///models/x")).unwrap(), PathBuf::from("/models/x"));
+        assert!(local_model_path(Path::new("ftp://host/x")).is_err());
+        assert_eq!(sanitize("hf://org/name@main"), "hf___org_name_main");
+    }
+}
