@@ -82,64 +82,25 @@ impl StoreLocation {
                 });
             }
             Some("s3" | "s3a") => {
-                let mut builder = AmazonS3Builder::from_env().with_url(url).with_retry(retry);
-                for (key, value) in options {
-                    builder = builder.with_config(
-                        key.parse()
-                            .map_err(|e: object_store::Error| invalid(e.to_string()))?,
-                        value,
-                    );
-                }
-                (
-                    Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?),
-                    bucket_relative(url),
-                )
+                let builder = AmazonS3Builder::from_env().with_url(url).with_retry(retry);
+                let builder = with_options(builder, options, |b, k, v| b.with_config(k, v)).map_err(invalid)?;
+                (Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?), bucket_relative(url))
             }
             Some("gs") => {
-                let mut builder = GoogleCloudStorageBuilder::from_env()
-                    .with_url(url)
-                    .with_retry(retry);
-                for (key, value) in options {
-                    builder = builder.with_config(
-                        key.parse()
-                            .map_err(|e: object_store::Error| invalid(e.to_string()))?,
-                        value,
-                    );
-                }
-                (
-                    Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?),
-                    bucket_relative(url),
-                )
+                let builder = GoogleCloudStorageBuilder::from_env().with_url(url).with_retry(retry);
+                let builder =
+                    with_options(builder, options, |b, k, v| b.with_config(k, v)).map_err(invalid)?;
+                (Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?), bucket_relative(url))
             }
             Some("az" | "adl" | "azure" | "abfs" | "abfss") => {
-                let mut builder = MicrosoftAzureBuilder::from_env()
-                    .with_url(url)
-                    .with_retry(retry);
-                for (key, value) in options {
-                    builder = builder.with_config(
-                        key.parse()
-                            .map_err(|e: object_store::Error| invalid(e.to_string()))?,
-                        value,
-                    );
-                }
-                (
-                    Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?),
-                    bucket_relative(url),
-                )
+                let builder = MicrosoftAzureBuilder::from_env().with_url(url).with_retry(retry);
+                let builder = with_options(builder, options, |b, k, v| b.with_config(k, v)).map_err(invalid)?;
+                (Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?), bucket_relative(url))
             }
             Some("http" | "https") => {
-                let mut builder = HttpBuilder::new().with_url(url).with_retry(retry);
-                for (key, value) in options {
-                    builder = builder.with_config(
-                        key.parse()
-                            .map_err(|e: object_store::Error| invalid(e.to_string()))?,
-                        value,
-                    );
-                }
-                (
-                    Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?),
-                    String::new(),
-                )
+                let builder = HttpBuilder::new().with_url(url).with_retry(retry);
+                let builder = with_options(builder, options, |b, k, v| b.with_config(k, v)).map_err(invalid)?;
+                (Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?), String::new())
             }
             Some(other) => {
                 return Err(invalid(format!(
@@ -216,6 +177,23 @@ impl StoreLocation {
     pub fn shard(&self, run: &str, host: HostId, index: u64) -> Path {
         self.host_dir(run, host).join(shard_name(index))
     }
+}
+
+/// Applies object_store config `options` (`aws_endpoint`, `google_service_account_key`, ...) to a
+/// builder of any backend; the error names a key the backend does not know.
+fn with_options<B, K>(
+    mut builder: B,
+    options: &[(String, String)],
+    set: impl Fn(B, K, String) -> B,
+) -> std::result::Result<B, String>
+where
+    K: std::str::FromStr<Err = object_store::Error>,
+{
+    for (key, value) in options {
+        let key = key.parse().map_err(|e: object_store::Error| e.to_string())?;
+        builder = set(builder, key, value.clone());
+    }
+    Ok(builder)
 }
 
 /// `shard_{n:06}.safetensors`.
