@@ -10,6 +10,7 @@
 # Prints the installed path on the last line, e.g. for
 #   export SIPHON_PJRT_PLUGIN="$(scripts/install-plugin.sh | tail -n1)"
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 
 version="2026.6.23"
 package="fastatomstruct-xla-cpu"
@@ -17,14 +18,12 @@ wheel_sha="88b1c430b341b4bea40a37420311c9c75db6e22b46d2ff95b6986577bee6afe9"
 member="fastatomstruct_xla_cpu/libpjrt_cpu.so"
 lib_sha="0a0fe56ca17be9efc7b942e89e534e5e0ad4a0f1e369b66d27b62184509015b9"
 
-cache="${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}"
+cache="$SIPHON_CACHE"
 dest_dir="$cache/pjrt/xla-cpu-$version"
 dest="$dest_dir/libpjrt_cpu.so"
 python="${PYTHON:-python3}"
 
-sha_of() { sha256sum "$1" | cut -d' ' -f1; }
-
-if [[ -f "$dest" && "$(sha_of "$dest")" == "$lib_sha" ]]; then
+if [[ -f "$dest" && "$(sha256_of "$dest")" == "$lib_sha" ]]; then
     echo "$dest"
     exit 0
 fi
@@ -69,20 +68,15 @@ if [[ ${#wheels[@]} -ne 1 ]]; then
     exit 1
 fi
 wheel="${wheels[0]}"
-got="$(sha_of "$wheel")"
+got="$(sha256_of "$wheel")"
 if [[ "$got" != "$wheel_sha" ]]; then
     echo "error: $wheel has sha256 $got, expected $wheel_sha" >&2
     exit 1
 fi
 
 echo "extracting $member" >&2
-"$python" - "$wheel" "$member" "$work/libpjrt_cpu.so" <<'PY'
-import shutil, sys, zipfile
-wheel, member, out = sys.argv[1:]
-with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(out, "wb") as dst:
-    shutil.copyfileobj(src, dst, 1 << 20)
-PY
-got="$(sha_of "$work/libpjrt_cpu.so")"
+extract_wheel_member "$wheel" "$member" "$work/libpjrt_cpu.so"
+got="$(sha256_of "$work/libpjrt_cpu.so")"
 if [[ "$got" != "$lib_sha" ]]; then
     echo "error: extracted $member has sha256 $got, expected $lib_sha" >&2
     exit 1

