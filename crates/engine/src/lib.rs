@@ -20,16 +20,16 @@
 //!
 //! ```no_run
 //! use siphon_engine::{Batch, Engine, EngineOptions};
-//! use siphon_models::{HookPoint, LoadedModel};
+//! use siphon_models::{HookKind, HookPoint, LoadedModel};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let plugin = siphon_runtime::Plugin::load(std::path::Path::new("libpjrt_cpu.so"))?;
 //! let client = siphon_runtime::Client::new(&plugin, siphon_runtime::ClientOptions::new())?;
 //! let model = LoadedModel::open(std::path::Path::new("fixtures/models/tiny-llama"))?;
-//! let hooks = HookPoint::parse_list("blocks.1.hook_resid_post", model.config.n_layers)?;
+//! let hooks = siphon_models::resolve_hooks("blocks.1.hook_resid_post", &model.config)?;
 //! let engine = Engine::new(&client, &model, hooks, EngineOptions::default())?;
 //! let batch = Batch::new(vec![vec![1, 2, 3]], None)?;
 //! let acts = engine.run(&batch)?;
-//! println!("{:?}", acts.get(siphon_models::HookPoint::ResidPost(1)).unwrap().shape());
+//! println!("{:?}", acts.get(siphon_models::HookPoint::block(1, HookKind::ResidPost)).unwrap().shape());
 //! # Ok(())
 //! # }
 //! ```

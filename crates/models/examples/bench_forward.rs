@@ -13,7 +13,7 @@ use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use siphon_hlo::DType;
-use siphon_models::{build_forward, ForwardSpec, HfConfig, HookPoint};
+use siphon_models::{build_forward, ForwardSpec, HfConfig, HookKind, HookPoint};
 use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginLocator};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,8 +40,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Like HF output_hidden_states: the embeddings and every block's input, plus the final
     // norm (25 tensors for 24 layers); `last` returns only the final norm.
     let hooks: Vec<HookPoint> = match hooks_kind.as_str() {
-        "all" => (0..config.n_layers).map(HookPoint::ResidPre).chain([HookPoint::LnFinal]).collect(),
-        "last" => vec![HookPoint::LnFinal],
+        "all" => (0..config.n_layers).map(|l| HookPoint::block(l, HookKind::ResidPre)).chain([HookPoint::model(HookKind::LnFinalOut)]).collect(),
+        "last" => vec![HookPoint::model(HookKind::LnFinalOut)],
         other => return Err(format!("--hooks {other:?}: use all or last").into()),
     };
     let mut spec = ForwardSpec::new(batch, seq, hooks);

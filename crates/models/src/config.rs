@@ -18,6 +18,15 @@ pub enum Arch {
     Qwen2,
 }
 
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+        })
+    }
+}
+
 /// RoPE frequency scaling.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RopeScaling {

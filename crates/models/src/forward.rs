@@ -5,7 +5,9 @@
 //! The program's arguments are, in order: every weight of [`ForwardProgram::params`] (in
 //! the compute dtype, Hugging Face layout), then `input_ids`, `attention_mask` (1 = real
 //! token) and `position_ids`, each `[batch, seq]` i32. Its results are the requested hooks
-//! in the requested order, each `[batch, seq, hidden]` in the output dtype. Position ids
+//! in the requested order, each `[batch, seq, *per-token shape]` in the output dtype (the
+//! per-token shape is the hook's [`crate::hooks::HookShape`]: `[hidden]`, `[d_mlp]`, `[1]`,
+//! `[heads, head_dim]` or `[heads, seq]`). Position ids
 //! are an input so that the caller decides them: `cumsum(mask) - 1` for padded rows makes
 //! left- and right-padded rows give the activations of an unpadded run.
 //!
@@ -25,7 +27,7 @@ use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
 use crate::config::{Arch, ModelConfig, ParamClass, ParamInfo, RopeScaling};
-use crate::hooks::HookPoint;
+use crate::hooks::{HookKind, HookPoint, Scope};
 use crate::ModelError;
 
 /// What to build: shapes, hooks, dtypes and sharding.
@@ -93,7 +95,7 @@ pub struct InputInfo {
 pub struct OutputInfo {
     /// Which activation.
     pub hook: HookPoint,
-    /// `[batch, seq, hidden]`.
+    /// `[batch, seq, *per-token shape]`.
     pub shape: Vec<usize>,
     /// The output dtype.
     pub dtype: DType,
@@ -129,6 +131,13 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
     match config.arch {
         Arch::Llama => crate::llama::build(config, spec),
         Arch::Qwen2 => crate::qwen2::build(config, spec),
+    }
+}
+
+/// The hook kinds a family's forward produces; any other kind is refused by name.
+pub fn hook_kinds(arch: Arch) -> &'static [HookKind] {
+    match arch {
+        Arch::Llama | Arch::Qwen2 => crate::llama::HOOKS,
     }
 }
 
@@ -266,12 +275,18 @@ impl<'a> Graph<'a> {
             .ok_or_else(|| ModelError::Config(format!("the forward needs weight {name:?}, which was not declared")))
     }
 
-    /// Records `x` (`[tokens, hidden]`) as `hook` if it was requested.
-    pub fn hook(&mut self, hook: HookPoint, x: Value) -> Result<(), ModelError> {
-        if self.spec.hooks.contains(&hook) {
+    /// Whether `hook` was requested.
+    pub fn wants(&self, hook: HookPoint) -> bool {
+        self.spec.hooks.contains(&hook)
+    }
+
+    /// Records `x` as `hook` if it was requested. `x` holds the hook's values token-major
+    /// (`[tokens, …]` with the per-token elements in the hook's shape order); [`Graph::finish`]
+    /// reshapes it to `[batch, seq, *shape]`.
+    pub fn hook(&mut self, hook: HookPoint, x: Value) {
+        if self.wants(hook) {
             self.hooks.insert(hook, x);
         }
-        Ok(())
     }
 
     /// Pins the residual stream `[tokens, hidden]` to the input's token split, so every
@@ -293,8 +308,9 @@ impl<'a> Graph<'a> {
     }
 
     /// Hugging Face's RMSNorm: `w * (x / sqrt(mean(x²) + eps))`, the normalisation in f32,
-    /// cast back to the compute dtype before the weight multiply.
-    pub fn rms_norm(&mut self, x: Value, weight: &str) -> Result<Value, ModelError> {
+    /// cast back to the compute dtype before the weight multiply. Hands back the parts that
+    /// TransformerLens hooks (see [`Graph::hook_norm`]).
+    pub fn rms_norm(&mut self, x: Value, weight: &str) -> Result<Norm, ModelError> {
         let w = self.w(weight)?;
         let dims = self.b.dims(x)?.to_vec();
         let (rows, hidden) = (dims[0], dims[1]);
@@ -309,9 +325,22 @@ impl<'a> Graph<'a> {
         let inv = b.rsqrt(var)?;
         let inv = b.broadcast_in_dim(inv, &[rows, hidden], &[0])?;
         let normed = b.mul(xf, inv)?;
-        let normed = b.convert(normed, self.dt)?;
+        let normalized = b.convert(normed, self.dt)?;
         let w = b.broadcast_in_dim(w, &[rows, hidden], &[1])?;
-        Ok(b.mul(normed, w)?)
+        let out = b.mul(normalized, w)?;
+        Ok(Norm { var, normalized, out })
+    }
+
+    /// Records a norm's three hooks: its scale `sqrt(mean(x²) + eps)` (built only when
+    /// requested), its normalized input and its output.
+    pub fn hook_norm(&mut self, norm: &Norm, scale: HookPoint, normalized: HookPoint, out: HookPoint) -> Result<(), ModelError> {
+        if self.wants(scale) {
+            let s = self.b.sqrt(norm.var)?;
+            self.hook(scale, s);
+        }
+        self.hook(normalized, norm.normalized);
+        self.hook(out, norm.out);
+        Ok(())
     }
 
     /// `x · Wᵀ (+ bias)` for a Hugging Face `[out, in]` weight.
@@ -382,9 +411,10 @@ impl<'a> Graph<'a> {
 
     /// Grouped-query attention. `q` is `[tokens, n_heads*head_dim]` (RoPE applied), `k`
     /// and `v` `[tokens, n_kv_heads*head_dim]`; query head `h` reads kv head
-    /// `h / (n_heads/n_kv_heads)` (Hugging Face's `repeat_kv`). Returns
-    /// `[tokens, n_heads*head_dim]` ready for `o_proj`.
-    pub fn attention(&mut self, q: Value, k: Value, v: Value, mask: Value) -> Result<Value, ModelError> {
+    /// `h / (n_heads/n_kv_heads)` (Hugging Face's `repeat_kv`). Returns `z`,
+    /// `[tokens, n_heads*head_dim]` ready for `o_proj`, and the scores and probabilities in
+    /// the internal `[batch, kv_head, query, group, key]` layout (see [`Graph::per_query`]).
+    pub fn attention(&mut self, q: Value, k: Value, v: Value, mask: Value) -> Result<Attention, ModelError> {
         let c = self.config;
         let (bsz, s, nkv, hd) = (self.spec.batch, self.spec.seq, c.n_kv_heads, c.head_dim);
         let g = c.n_heads / c.n_kv_heads;
@@ -403,33 +433,39 @@ impl<'a> Graph<'a> {
         let floor = b.splat(f32::MIN as f64, TensorType::new(DType::F32, &sdims))?;
         let scores = b.select(mask, scores, floor)?;
         let probs = softmax_last(b, scores)?;
-        let probs = b.convert(probs, dt)?;
+        let pattern = b.convert(probs, dt)?;
         // out[b, kv, i, g, :] = Σ_j probs[b, kv, i, g, j] · v[b, j, kv, :]
-        let out = b.dot_general(probs, v, &DotDims::batched(&[0, 1], &[0, 2], &[4], &[1]))?;
+        let out = b.dot_general(pattern, v, &DotDims::batched(&[0, 1], &[0, 2], &[4], &[1]))?;
         let out = b.transpose(out, &[0, 2, 1, 3, 4])?;
-        Ok(b.reshape(out, &[bsz * s, c.n_heads * hd])?)
+        let z = b.reshape(out, &[bsz * s, c.n_heads * hd])?;
+        Ok(Attention { scores, pattern, z })
     }
 
-    /// The SiLU-gated MLP: `down(silu(gate(x)) * up(x))`.
-    pub fn gated_mlp(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
+    /// Scores or pattern from [`Graph::attention`]'s `[batch, kv_head, query, group, key]`
+    /// layout to one row per query token, `[tokens, n_heads, key]` (head `kv*group + g`).
+    pub fn per_query(&mut self, x: Value) -> Result<Value, ModelError> {
+        let (t, s, h) = (self.tokens(), self.spec.seq, self.config.n_heads);
+        let x = self.b.transpose(x, &[0, 2, 1, 3, 4])?;
+        Ok(self.b.reshape(x, &[t, h, s])?)
+    }
+
+    /// The SiLU-gated MLP: `down(silu(gate(x)) * up(x))`, with its parts.
+    pub fn gated_mlp(&mut self, x: Value, layer: usize) -> Result<Mlp, ModelError> {
         let p = format!("model.layers.{layer}.mlp");
-        let gate = self.linear(x, &format!("{p}.gate_proj.weight"), None)?;
-        let up = self.linear(x, &format!("{p}.up_proj.weight"), None)?;
+        let pre = self.linear(x, &format!("{p}.gate_proj.weight"), None)?;
+        let pre_linear = self.linear(x, &format!("{p}.up_proj.weight"), None)?;
         let b = &mut self.b;
-        let sig = b.logistic(gate)?;
-        let act = b.mul(gate, sig)?;
-        let h = b.mul(act, up)?;
-        self.linear(h, &format!("{p}.down_proj.weight"), None)
+        let sig = b.logistic(pre)?;
+        let act = b.mul(pre, sig)?;
+        let post = b.mul(act, pre_linear)?;
+        let out = self.linear(post, &format!("{p}.down_proj.weight"), None)?;
+        Ok(Mlp { pre, pre_linear, post, out })
     }
 
-    /// Returns the requested hooks and prints the program.
+    /// Returns the requested hooks, each reshaped to `[batch, seq, *per-token shape]`, and
+    /// prints the program.
     pub fn finish(self, n_blocks: usize) -> Result<ForwardProgram, ModelError> {
-        let (bsz, s, h) = (self.spec.batch, self.spec.seq, self.config.hidden_size);
-        let out_spec = PartitionSpec::from_dims(vec![
-            self.input_spec.dims()[0].clone(),
-            self.input_spec.dims()[1].clone(),
-            Vec::new(),
-        ]);
+        let (bsz, s) = (self.spec.batch, self.spec.seq);
         let mut b = self.b;
         let mut results = Vec::new();
         let mut outputs = Vec::new();
@@ -437,10 +473,14 @@ impl<'a> Graph<'a> {
             let x = *self.hooks.get(&hook).ok_or_else(|| {
                 ModelError::Hook(format!("{hook} was requested but the graph did not produce it"))
             })?;
-            let x = b.reshape(x, &[bsz, s, h])?;
+            let shape: Vec<usize> = [bsz, s].into_iter().chain(hook.dims(self.config, s)).collect();
+            let mut dims = self.input_spec.dims()[..2].to_vec();
+            dims.resize(shape.len(), Vec::new());
+            let out_spec = PartitionSpec::from_dims(dims);
+            let x = b.reshape(x, &shape)?;
             let x = b.convert(x, self.spec.output_dtype)?;
             results.push((x, self.sharded.then(|| out_spec.clone())));
-            outputs.push(OutputInfo { hook, shape: vec![bsz, s, h], dtype: self.spec.output_dtype, spec: out_spec.clone() });
+            outputs.push(OutputInfo { hook, shape, dtype: self.spec.output_dtype, spec: out_spec });
         }
         let text = b.finish_sharded(&results)?;
         let inputs = ["input_ids", "attention_mask", "position_ids"]
@@ -460,12 +500,48 @@ impl<'a> Graph<'a> {
     }
 }
 
+/// A norm's hookable parts (see [`Graph::rms_norm`]).
+pub(crate) struct Norm {
+    /// `mean(x²) + eps`, `[rows]`, f32.
+    pub var: Value,
+    /// `[rows, hidden]`, before the gain.
+    pub normalized: Value,
+    /// `[rows, hidden]`, after the gain.
+    pub out: Value,
+}
+
+/// Attention's hookable parts (see [`Graph::attention`]).
+pub(crate) struct Attention {
+    /// Scaled, masked logits, f32, `[batch, kv_head, query, group, key]`.
+    pub scores: Value,
+    /// Probabilities in the compute dtype, same layout.
+    pub pattern: Value,
+    /// `[tokens, n_heads*head_dim]`, the input of `o_proj`.
+    pub z: Value,
+}
+
+/// A gated MLP's hookable parts (see [`Graph::gated_mlp`]), each `[tokens, width]`.
+pub(crate) struct Mlp {
+    /// Gate projection.
+    pub pre: Value,
+    /// Up projection.
+    pub pre_linear: Value,
+    /// `act(pre) * pre_linear`.
+    pub post: Value,
+    /// Down projection.
+    pub out: Value,
+}
+
 /// Blocks to build for `hooks`, and whether the final norm is needed.
 pub(crate) fn blocks_for(config: &ModelConfig, hooks: &[HookPoint]) -> Result<(usize, bool), ModelError> {
     if hooks.is_empty() {
         return Err(ModelError::Hook("no hooks requested: the forward would return nothing".into()));
     }
+    let family = hook_kinds(config.arch);
     for (i, h) in hooks.iter().enumerate() {
+        if !family.contains(&h.kind()) {
+            return Err(ModelError::Hook(format!("{h}: the {} architecture has no such hook", config.arch)));
+        }
         if h.layer().is_some_and(|l| l >= config.n_layers) {
             return Err(ModelError::Hook(format!("{h}: layer out of range (the model has {} layers)", config.n_layers)));
         }
@@ -474,7 +550,7 @@ pub(crate) fn blocks_for(config: &ModelConfig, hooks: &[HookPoint]) -> Result<(u
         }
     }
     let n = hooks.iter().map(|h| h.blocks_needed(config.n_layers)).max().unwrap_or(0);
-    Ok((n, hooks.contains(&HookPoint::LnFinal)))
+    Ok((n, hooks.iter().any(|h| h.kind().info().scope == Scope::Output)))
 }
 
 /// Softmax over the last dimension of an f32 tensor, max-subtracted.
@@ -527,6 +603,15 @@ pub fn rope_inv_freq(config: &ModelConfig) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hooks::HookKind::*;
+
+    fn block(layer: usize, kind: HookKind) -> HookPoint {
+        HookPoint::block(layer, kind)
+    }
+
+    fn ln_final() -> HookPoint {
+        HookPoint::model(LnFinalOut)
+    }
 
     fn tiny() -> ModelConfig {
         ModelConfig {
@@ -550,46 +635,73 @@ mod tests {
     #[test]
     fn only_needed_blocks_and_weights_are_arguments() {
         let c = tiny();
-        let p = build_forward(&c, &ForwardSpec::new(2, 5, vec![HookPoint::AttnOut(0)])).unwrap();
+        let p = build_forward(&c, &ForwardSpec::new(2, 5, vec![block(0, AttnOut)])).unwrap();
         assert_eq!(p.n_blocks, 1);
         assert!(p.params.iter().all(|p| p.layer.is_none_or(|l| l == 0)));
         assert!(!p.params.iter().any(|p| p.name == "model.norm.weight"));
         // 1 result of [2, 5, 16].
         assert_eq!(p.outputs.len(), 1);
         assert!(p.text.contains("-> (tensor<2x5x16xf32>)"), "{}", p.text.lines().nth(1).unwrap());
-        let p = build_forward(&c, &ForwardSpec::new(2, 5, vec![HookPoint::LnFinal, HookPoint::ResidPre(1)])).unwrap();
+        let p = build_forward(&c, &ForwardSpec::new(2, 5, vec![ln_final(), block(1, ResidPre)])).unwrap();
         assert_eq!(p.n_blocks, 3);
         assert_eq!(p.params.last().unwrap().name, "model.norm.weight");
-        assert_eq!(p.outputs[0].hook, HookPoint::LnFinal);
-        let p = build_forward(&c, &ForwardSpec::new(1, 4, vec![HookPoint::ResidPre(0)])).unwrap();
+        assert_eq!(p.outputs[0].hook, ln_final());
+        let p = build_forward(&c, &ForwardSpec::new(1, 4, vec![block(0, ResidPre)])).unwrap();
         assert_eq!(p.n_blocks, 0);
         assert_eq!(p.params.len(), 1);
     }
 
     #[test]
+    fn every_hook_has_its_own_shape() {
+        let c = tiny();
+        let hooks: Vec<HookPoint> = crate::llama::HOOKS
+            .iter()
+            .map(|&k| match k.info().scope {
+                Scope::Block => block(1, k),
+                _ => HookPoint::model(k),
+            })
+            .collect();
+        let p = build_forward(&c, &ForwardSpec::new(2, 5, hooks.clone())).unwrap();
+        let shape = |kind| p.outputs.iter().find(|o| o.hook.kind() == kind).unwrap().shape.clone();
+        assert_eq!(shape(Embed), [2, 5, 16]);
+        assert_eq!(shape(Ln1Scale), [2, 5, 1]);
+        assert_eq!(shape(AttnQ), [2, 5, 4, 4]);
+        assert_eq!(shape(AttnK), [2, 5, 2, 4]);
+        assert_eq!(shape(AttnPattern), [2, 5, 4, 5]);
+        assert_eq!(shape(MlpPost), [2, 5, 24]);
+        assert_eq!(p.outputs.iter().map(|o| o.hook).collect::<Vec<_>>(), hooks);
+        // Blocks after the last needed one are not built, whatever the hook.
+        let p = build_forward(&c, &ForwardSpec::new(2, 5, vec![block(1, AttnPattern)])).unwrap();
+        assert_eq!(p.n_blocks, 2);
+        // A norm's scale is only computed when asked for.
+        let p = build_forward(&c, &ForwardSpec::new(2, 5, vec![block(1, ResidPost)])).unwrap();
+        assert!(!p.text.contains("stablehlo.sqrt"));
+    }
+
+    #[test]
     fn bad_specs_are_errors() {
         let c = tiny();
-        let err = build_forward(&c, &ForwardSpec::new(2, 5, vec![HookPoint::MlpOut(3)])).unwrap_err();
+        let err = build_forward(&c, &ForwardSpec::new(2, 5, vec![block(3, MlpOut)])).unwrap_err();
         assert!(err.to_string().contains("blocks.3.hook_mlp_out"), "{err}");
         let err = build_forward(&c, &ForwardSpec::new(2, 5, vec![])).unwrap_err();
         assert!(err.to_string().contains("no hooks"), "{err}");
-        let mut spec = ForwardSpec::new(2, 5, vec![HookPoint::LnFinal]);
+        let mut spec = ForwardSpec::new(2, 5, vec![ln_final()]);
         spec.compute_dtype = DType::F16;
         assert!(build_forward(&c, &spec).unwrap_err().to_string().contains("compute dtype f16"));
         let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
         // 2 kv heads * 4 = 8 rows split 4 ways is fine; batch 3 over data=2 is not.
-        let spec = ForwardSpec::new(3, 5, vec![HookPoint::LnFinal]).with_megatron_plan(&c, mesh.clone());
+        let spec = ForwardSpec::new(3, 5, vec![ln_final()]).with_megatron_plan(&c, mesh.clone());
         let err = build_forward(&c, &spec).unwrap_err();
         assert!(err.to_string().contains("inputs"), "{err}");
-        let mut spec = ForwardSpec::new(2, 5, vec![HookPoint::LnFinal]).with_megatron_plan(&c, mesh);
+        let mut spec = ForwardSpec::new(2, 5, vec![ln_final()]).with_megatron_plan(&c, mesh);
         spec.param_specs.insert("model.layers.0.mlp.gate.weight".into(), PartitionSpec::replicated(2));
         let err = build_forward(&c, &spec).unwrap_err();
         assert!(err.to_string().contains("gate.weight"), "{err}");
         // On one device: a split, or a spec of the wrong rank, is an error, not a panic.
-        let mut spec = ForwardSpec::new(2, 5, vec![HookPoint::LnFinal]);
+        let mut spec = ForwardSpec::new(2, 5, vec![ln_final()]);
         spec.input_spec = Some(PartitionSpec::replicated(1));
         assert!(build_forward(&c, &spec).unwrap_err().to_string().contains("inputs"));
-        let mut spec = ForwardSpec::new(2, 5, vec![HookPoint::LnFinal]);
+        let mut spec = ForwardSpec::new(2, 5, vec![ln_final()]);
         spec.param_specs.insert("model.norm.weight".into(), PartitionSpec::new(&[&["model"]]));
         assert!(build_forward(&c, &spec).unwrap_err().to_string().contains("model.norm.weight"));
     }
@@ -598,7 +710,7 @@ mod tests {
     fn sharded_program_annotates_everything() {
         let c = tiny();
         let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
-        let spec = ForwardSpec::new(2, 4, vec![HookPoint::ResidPost(1)]).with_megatron_plan(&c, mesh);
+        let spec = ForwardSpec::new(2, 4, vec![block(1, ResidPost)]).with_megatron_plan(&c, mesh);
         let p = build_forward(&c, &spec).unwrap();
         assert!(p.text.contains("sdy.mesh @mesh = <[\"data\"=2, \"model\"=4]>"));
         let spec_of = |name: &str| &p.param_specs[p.params.iter().position(|p| p.name == name).unwrap()];

@@ -1,167 +1,764 @@
-//! Hook points: where in the forward pass an activation is taken, named as TransformerLens
-//! names them, so users keep the names they know.
+//! Hook points: where in the forward pass an activation is taken, named and meant as
+//! TransformerLens 4.x names and means them (values of `TransformerBridge` on raw Hugging
+//! Face weights), so users keep the names they know.
 //!
-//! | name                          | value (Hugging Face terms)                          |
-//! |-------------------------------|-----------------------------------------------------|
-//! | `blocks.{i}.hook_resid_pre`   | input of decoder layer `i` (`hidden_states[i]`)     |
-//! | `blocks.{i}.hook_attn_out`    | output of layer `i`'s `o_proj`                      |
-//! | `blocks.{i}.hook_mlp_out`     | output of layer `i`'s `down_proj`                   |
-//! | `blocks.{i}.hook_resid_post`  | output of decoder layer `i`                         |
-//! | `ln_final.hook_normalized`    | final RMSNorm output (`hidden_states[n_layers]`)    |
+//! Every kind of hook is one row of [`KINDS`]: its TransformerLens name, the bridge names
+//! accepted as aliases for the same tensor, whether it belongs to a block or to the model,
+//! and its per-token shape. A family lists the kinds it has ([`crate::forward::hook_kinds`]),
+//! so a name the architecture lacks is refused before anything is built.
+//!
+//! Names in requests may be patterns: `blocks.*.hook_resid_post` (every layer),
+//! `blocks.{0..27}.ln2.hook_normalized` (an inclusive range), `blocks.{3,5}.attn.hook_z`
+//! (a list) and `blocks.3.*` (every hook of block 3), see [`resolve_hooks`].
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::ModelError;
+use crate::config::ModelConfig;
 
-/// One activation the forward can return, shaped `[batch, seq, hidden]`.
+/// A kind of activation, one row of [`KINDS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum HookPoint {
-    /// Residual stream entering block `i`.
-    ResidPre(usize),
-    /// Attention output (after `o_proj`) of block `i`.
-    AttnOut(usize),
-    /// MLP output (after `down_proj`) of block `i`.
-    MlpOut(usize),
-    /// Residual stream leaving block `i`.
-    ResidPost(usize),
-    /// Output of the final norm.
-    LnFinal,
+#[allow(missing_docs)]
+pub enum HookKind {
+    // Model scope, in forward order.
+    Embed,
+    PosEmbed,
+    // Block scope, in forward order (so a block's hooks sort the way they are computed).
+    ResidPre,
+    Ln1Scale,
+    Ln1Normalized,
+    Ln1Out,
+    AttnQ,
+    AttnK,
+    AttnV,
+    AttnRotQ,
+    AttnRotK,
+    AttnScores,
+    AttnPattern,
+    AttnZ,
+    AttnOut,
+    ResidMid,
+    Ln2Scale,
+    Ln2Normalized,
+    MlpIn,
+    MlpPre,
+    MlpPreLinear,
+    MlpPost,
+    MlpOut,
+    ResidPost,
+    // Model scope, after the last block.
+    LnFinalScale,
+    LnFinalNormalized,
+    LnFinalOut,
+}
+
+/// Whether a hook belongs to a block (`blocks.{i}.…`) or to the whole model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Before the first block (`hook_embed`).
+    Input,
+    /// Inside block `i`.
+    Block,
+    /// After the last block (`ln_final.…`).
+    Output,
+}
+
+/// The per-token shape of a hook, in terms of the model's sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookShape {
+    /// `[d_model]`.
+    Model,
+    /// `[d_mlp]` (`intermediate_size`).
+    Mlp,
+    /// `[1]`: a norm's scale.
+    Scale,
+    /// `[n_heads, d_head]`.
+    QHeads,
+    /// `[n_kv_heads, d_head]` (keys and values under grouped-query attention).
+    KvHeads,
+    /// `[n_heads, seq]`: one row of attention scores or pattern per query token, over the
+    /// batch's padded sequence length.
+    Pattern,
+}
+
+impl HookShape {
+    /// The per-token dimensions for `config` at sequence length `seq`.
+    pub fn dims(self, config: &ModelConfig, seq: usize) -> Vec<usize> {
+        match self {
+            HookShape::Model => vec![config.hidden_size],
+            HookShape::Mlp => vec![config.intermediate_size],
+            HookShape::Scale => vec![1],
+            HookShape::QHeads => vec![config.n_heads, config.head_dim],
+            HookShape::KvHeads => vec![config.n_kv_heads, config.head_dim],
+            HookShape::Pattern => vec![config.n_heads, seq],
+        }
+    }
+}
+
+/// One row of the hook table.
+#[derive(Debug)]
+pub struct KindInfo {
+    /// The kind.
+    pub kind: HookKind,
+    /// TransformerLens name: the whole name for model-scope hooks, the part after
+    /// `blocks.{i}.` for block hooks.
+    pub name: &'static str,
+    /// TransformerBridge names of the same tensor, in the same form as `name`.
+    pub aliases: &'static [&'static str],
+    /// Block or model.
+    pub scope: Scope,
+    /// Per-token shape.
+    pub shape: HookShape,
+    /// What the value is, for help texts and the README.
+    pub meaning: &'static str,
+}
+
+macro_rules! kinds {
+    ($($kind:ident $scope:ident $shape:ident $name:literal [$($alias:literal),*] $meaning:literal;)*) => {
+        /// Every hook kind siphon knows, in forward order.
+        pub const KINDS: &[KindInfo] = &[$(KindInfo {
+            kind: HookKind::$kind,
+            name: $name,
+            aliases: &[$($alias),*],
+            scope: Scope::$scope,
+            shape: HookShape::$shape,
+            meaning: $meaning,
+        }),*];
+    };
+}
+
+kinds! {
+    Embed Input Model "hook_embed" ["embed.hook_out"]
+        "token embedding (times the family's embedding scale, if any)";
+    PosEmbed Input Model "hook_pos_embed" ["pos_embed.hook_out"]
+        "learned position embedding";
+    ResidPre Block Model "hook_resid_pre" ["hook_in", "ln1.hook_in"]
+        "residual stream entering the block";
+    Ln1Scale Block Scale "ln1.hook_scale" []
+        "sqrt(mean(x²) + eps) of the attention norm's input";
+    Ln1Normalized Block Model "ln1.hook_normalized" []
+        "attention norm's input divided by its scale, before the gain";
+    Ln1Out Block Model "ln1.hook_out" ["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in"]
+        "attention norm's output, after the gain (the attention's input)";
+    AttnQ Block QHeads "attn.hook_q" ["attn.q.hook_out"]
+        "queries per head, before RoPE";
+    AttnK Block KvHeads "attn.hook_k" ["attn.k.hook_out"]
+        "keys per key/value head, before RoPE";
+    AttnV Block KvHeads "attn.hook_v" ["attn.v.hook_out"]
+        "values per key/value head";
+    AttnRotQ Block QHeads "attn.hook_rot_q" []
+        "queries per head, after RoPE";
+    AttnRotK Block KvHeads "attn.hook_rot_k" []
+        "keys per key/value head, after RoPE";
+    AttnScores Block Pattern "attn.hook_attn_scores" []
+        "scaled attention logits per head over the keys, masked keys at the most negative f32";
+    AttnPattern Block Pattern "attn.hook_pattern" []
+        "attention probabilities per head over the keys";
+    AttnZ Block QHeads "attn.hook_z" ["attn.o.hook_in"]
+        "attention output per head, the input of o_proj";
+    AttnOut Block Model "hook_attn_out" ["attn.hook_out", "attn.o.hook_out"]
+        "attention output after o_proj";
+    ResidMid Block Model "hook_resid_mid" ["ln2.hook_in"]
+        "residual stream after attention, before the MLP";
+    Ln2Scale Block Scale "ln2.hook_scale" []
+        "sqrt(mean(x²) + eps) of the MLP norm's input";
+    Ln2Normalized Block Model "ln2.hook_normalized" []
+        "MLP norm's input divided by its scale, before the gain";
+    MlpIn Block Model "mlp.hook_in" ["ln2.hook_out", "mlp.gate.hook_in", "mlp.in.hook_in"]
+        "MLP norm's output, after the gain (the MLP's input)";
+    MlpPre Block Mlp "mlp.hook_pre" ["mlp.gate.hook_out"]
+        "gate projection, before the activation";
+    MlpPreLinear Block Mlp "mlp.hook_pre_linear" ["mlp.in.hook_out"]
+        "up projection";
+    MlpPost Block Mlp "mlp.hook_post" ["mlp.out.hook_in"]
+        "act(gate) * up, the input of down_proj";
+    MlpOut Block Model "hook_mlp_out" ["mlp.hook_out", "mlp.out.hook_out"]
+        "MLP output after down_proj";
+    ResidPost Block Model "hook_resid_post" ["hook_out"]
+        "residual stream leaving the block";
+    LnFinalScale Output Scale "ln_final.hook_scale" []
+        "sqrt(mean(x²) + eps) of the final norm's input";
+    LnFinalNormalized Output Model "ln_final.hook_normalized" []
+        "final norm's input divided by its scale, before the gain";
+    LnFinalOut Output Model "ln_final.hook_out" []
+        "final norm's output after the gain (Hugging Face's last hidden state)";
+}
+
+impl HookKind {
+    /// This kind's row of [`KINDS`].
+    pub fn info(self) -> &'static KindInfo {
+        KINDS
+            .iter()
+            .find(|k| k.kind == self)
+            .expect("every kind has a row")
+    }
+}
+
+/// One activation the forward can return: a kind, and the block for block-scope kinds.
+/// Serialized as its TransformerLens name.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(into = "String", try_from = "String")]
+pub struct HookPoint {
+    /// The block, `None` for model-scope hooks.
+    layer: Option<usize>,
+    kind: HookKind,
 }
 
 impl HookPoint {
-    /// Parses a TransformerLens name and checks its layer against `n_layers`.
-    pub fn parse(name: &str, n_layers: usize) -> Result<HookPoint, ModelError> {
-        let hook: HookPoint = name.parse()?;
-        if let Some(layer) = hook.layer().filter(|&l| l >= n_layers) {
-            return Err(ModelError::Hook(format!(
-                "{name:?}: layer {layer} is out of range (the model has {n_layers} layers, 0..={})",
-                n_layers.saturating_sub(1)
-            )));
+    /// A hook of block `layer`. Panics if `kind` is not a block hook (a programming error).
+    pub fn block(layer: usize, kind: HookKind) -> HookPoint {
+        assert_eq!(
+            kind.info().scope,
+            Scope::Block,
+            "{kind:?} is not a block hook"
+        );
+        HookPoint {
+            layer: Some(layer),
+            kind,
         }
-        Ok(hook)
     }
 
-    /// Parses a comma-separated list (as `--hooks` takes it), checking layers; repeated
-    /// names are an error.
-    pub fn parse_list(names: &str, n_layers: usize) -> Result<Vec<HookPoint>, ModelError> {
-        let mut hooks = Vec::new();
-        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            let hook = HookPoint::parse(name, n_layers)?;
-            if hooks.contains(&hook) {
-                return Err(ModelError::Hook(format!("{name:?} is requested twice")));
-            }
-            hooks.push(hook);
-        }
-        if hooks.is_empty() {
-            return Err(ModelError::Hook(format!("no hook names in {names:?}")));
-        }
-        Ok(hooks)
+    /// A model-scope hook. Panics if `kind` is a block hook (a programming error).
+    pub fn model(kind: HookKind) -> HookPoint {
+        assert_ne!(kind.info().scope, Scope::Block, "{kind:?} is a block hook");
+        HookPoint { layer: None, kind }
     }
 
-    /// The block this hook belongs to (`None` for `ln_final`).
+    /// The kind.
+    pub fn kind(self) -> HookKind {
+        self.kind
+    }
+
+    /// The block this hook belongs to (`None` for model-scope hooks).
     pub fn layer(self) -> Option<usize> {
-        match self {
-            HookPoint::ResidPre(i)
-            | HookPoint::AttnOut(i)
-            | HookPoint::MlpOut(i)
-            | HookPoint::ResidPost(i) => Some(i),
-            HookPoint::LnFinal => None,
+        self.layer
+    }
+
+    /// How many blocks must run before this activation exists: a block's own hooks need the
+    /// block (its `hook_resid_pre` only the blocks before it).
+    pub fn blocks_needed(self, n_layers: usize) -> usize {
+        match (self.kind.info().scope, self.layer) {
+            (Scope::Input, _) => 0,
+            (Scope::Output, _) => n_layers,
+            (Scope::Block, Some(layer)) if self.kind == HookKind::ResidPre => layer,
+            (Scope::Block, layer) => layer.map_or(0, |l| l + 1),
         }
     }
 
-    /// How many blocks must run before this activation exists.
-    pub fn blocks_needed(self, n_layers: usize) -> usize {
-        match self {
-            HookPoint::ResidPre(i) => i,
-            HookPoint::AttnOut(i) | HookPoint::MlpOut(i) | HookPoint::ResidPost(i) => i + 1,
-            HookPoint::LnFinal => n_layers,
-        }
+    /// The per-token shape of this hook for `config` at sequence length `seq`.
+    pub fn dims(self, config: &ModelConfig, seq: usize) -> Vec<usize> {
+        self.kind.info().shape.dims(config, seq)
+    }
+
+    /// Parses one exact name for `config`: checks the layer range and that the family has
+    /// this kind of hook.
+    pub fn parse(name: &str, config: &ModelConfig) -> Result<HookPoint, ModelError> {
+        let hook: HookPoint = name.parse()?;
+        check(name, hook, config)?;
+        Ok(hook)
     }
 }
 
 impl fmt::Display for HookPoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HookPoint::ResidPre(i) => write!(f, "blocks.{i}.hook_resid_pre"),
-            HookPoint::AttnOut(i) => write!(f, "blocks.{i}.hook_attn_out"),
-            HookPoint::MlpOut(i) => write!(f, "blocks.{i}.hook_mlp_out"),
-            HookPoint::ResidPost(i) => write!(f, "blocks.{i}.hook_resid_post"),
-            HookPoint::LnFinal => f.write_str("ln_final.hook_normalized"),
+        match self.layer {
+            Some(layer) => write!(f, "blocks.{layer}.{}", self.kind.info().name),
+            None => f.write_str(self.kind.info().name),
         }
+    }
+}
+
+impl From<HookPoint> for String {
+    fn from(hook: HookPoint) -> String {
+        hook.to_string()
+    }
+}
+
+impl TryFrom<String> for HookPoint {
+    type Error = ModelError;
+
+    fn try_from(name: String) -> Result<HookPoint, ModelError> {
+        name.parse()
     }
 }
 
 impl FromStr for HookPoint {
     type Err = ModelError;
 
-    /// Parses a name without a layer-range check (see [`HookPoint::parse`]).
+    /// Parses an exact name (TransformerLens's or a bridge alias) without a model: no layer
+    /// range or family check (see [`HookPoint::parse`]).
     fn from_str(name: &str) -> Result<HookPoint, ModelError> {
-        const KNOWN: &str = "blocks.{i}.hook_resid_pre, blocks.{i}.hook_resid_post, \
-             blocks.{i}.hook_attn_out, blocks.{i}.hook_mlp_out, ln_final.hook_normalized";
-        let bad = |why: &str| ModelError::Hook(format!("{name:?}: {why} (known hooks: {KNOWN})"));
-        if name == "ln_final.hook_normalized" {
-            return Ok(HookPoint::LnFinal);
+        let known = |n: &str, scope_block: bool| {
+            KINDS
+                .iter()
+                .filter(|k| (k.scope == Scope::Block) == scope_block)
+                .find(|k| k.name == n || k.aliases.contains(&n))
+                .map(|k| k.kind)
+        };
+        if let Some(kind) = known(name, false) {
+            return Ok(HookPoint { layer: None, kind });
         }
-        let rest = name.strip_prefix("blocks.").ok_or_else(|| bad("unknown hook name"))?;
-        let (layer, hook) = rest.split_once('.').ok_or_else(|| bad("unknown hook name"))?;
+        let unknown = || ModelError::Hook(format!("{name:?} is not a hook name{}", suggest(name)));
+        let rest = name.strip_prefix("blocks.").ok_or_else(unknown)?;
+        let (layer, suffix) = rest.split_once('.').ok_or_else(unknown)?;
         // Only plain decimal digits: `+1` or ` 1` are not layer numbers.
         if layer.is_empty() || !layer.bytes().all(|c| c.is_ascii_digit()) {
-            return Err(bad("the layer must be a number"));
+            return Err(ModelError::Hook(format!(
+                "{name:?}: the layer {layer:?} must be a number"
+            )));
         }
-        let layer: usize = layer.parse().map_err(|_| bad("the layer number is too large"))?;
-        match hook {
-            "hook_resid_pre" => Ok(HookPoint::ResidPre(layer)),
-            "hook_resid_post" => Ok(HookPoint::ResidPost(layer)),
-            "hook_attn_out" => Ok(HookPoint::AttnOut(layer)),
-            "hook_mlp_out" => Ok(HookPoint::MlpOut(layer)),
-            _ => Err(bad("unknown hook name")),
+        let layer: usize = layer
+            .parse()
+            .map_err(|_| ModelError::Hook(format!("{name:?}: the layer number is too large")))?;
+        let kind = known(suffix, true).ok_or_else(unknown)?;
+        Ok(HookPoint {
+            layer: Some(layer),
+            kind,
+        })
+    }
+}
+
+/// Checks `hook` (parsed from `name`) against the model: layer range and family.
+fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result<(), ModelError> {
+    if let Some(layer) = hook.layer.filter(|&l| l >= config.n_layers) {
+        return Err(ModelError::Hook(format!(
+            "{name:?}: layer {layer} is out of range (the model has {} layers, 0..={})",
+            config.n_layers,
+            config.n_layers.saturating_sub(1)
+        )));
+    }
+    if !crate::forward::hook_kinds(config.arch).contains(&hook.kind) {
+        return Err(ModelError::Hook(format!(
+            "{name:?}: the {} architecture has no {} ({})",
+            config.arch,
+            hook.kind.info().name,
+            hook.kind.info().meaning
+        )));
+    }
+    Ok(())
+}
+
+/// Expands a comma-separated list of names and patterns (what `--hooks` takes) into hook
+/// points for `config`, in the order given; a hook named twice (also through an alias or
+/// two overlapping patterns) is an error.
+///
+/// Patterns: `*` in the layer position means every layer, `{a..b}` an inclusive range and
+/// `{a,b,c}` a list; `*` in the hook position (`blocks.3.*`) means every block hook the
+/// family has.
+pub fn resolve_hooks(list: &str, config: &ModelConfig) -> Result<Vec<HookPoint>, ModelError> {
+    let mut hooks: Vec<(HookPoint, String)> = Vec::new();
+    for item in split_top_level(list) {
+        for (hook, name) in expand(&item, config)? {
+            check(&name, hook, config)?;
+            if let Some((_, first)) = hooks.iter().find(|(h, _)| *h == hook) {
+                let how = if *first == name {
+                    String::new()
+                } else {
+                    format!(" (as {first:?} and {name:?})")
+                };
+                return Err(ModelError::Hook(format!("{hook} is requested twice{how}")));
+            }
+            hooks.push((hook, name));
         }
     }
+    if hooks.is_empty() {
+        return Err(ModelError::Hook(format!("no hook names in {list:?}")));
+    }
+    Ok(hooks.into_iter().map(|(h, _)| h).collect())
+}
+
+/// Splits on commas that are not inside `{…}`.
+fn split_top_level(list: &str) -> Vec<String> {
+    let (mut items, mut current, mut depth) = (Vec::new(), String::new(), 0usize);
+    for c in list.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                items.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    items.push(current);
+    items
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// One item of a hook list: an exact name or a pattern, with the name each hook was asked
+/// for by.
+fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, ModelError> {
+    let Some(rest) = item.strip_prefix("blocks.") else {
+        return Ok(vec![(item.parse()?, item.to_string())]);
+    };
+    let (layers, suffix) = match rest.strip_prefix('{') {
+        Some(inner) => {
+            let (set, suffix) = inner
+                .split_once('}')
+                .ok_or_else(|| ModelError::Hook(format!("{item:?}: '{{' without '}}'")))?;
+            (set, suffix.strip_prefix('.').unwrap_or(suffix))
+        }
+        None => rest.split_once('.').unwrap_or((rest, "")),
+    };
+    let is_pattern = rest.starts_with('{') || layers == "*" || suffix == "*";
+    if !is_pattern {
+        return Ok(vec![(item.parse()?, item.to_string())]);
+    }
+    let layer_list = parse_layer_set(item, layers, config.n_layers)?;
+    let suffixes: Vec<&str> = if suffix == "*" {
+        let family = crate::forward::hook_kinds(config.arch);
+        KINDS
+            .iter()
+            .filter(|k| k.scope == Scope::Block && family.contains(&k.kind))
+            .map(|k| k.name)
+            .collect()
+    } else {
+        vec![suffix]
+    };
+    let mut out = Vec::new();
+    for layer in layer_list {
+        for suffix in &suffixes {
+            let name = format!("blocks.{layer}.{suffix}");
+            let hook = name.parse().map_err(|_| {
+                ModelError::Hook(format!(
+                    "{item:?}: {:?} is not a hook name{}",
+                    format!("blocks.{{i}}.{suffix}"),
+                    suggest(&name)
+                ))
+            })?;
+            out.push((hook, name));
+        }
+    }
+    Ok(out)
+}
+
+/// `*`, `{a..b}`'s `a..b`, `{a,b}`'s `a,b`, or a plain number.
+fn parse_layer_set(item: &str, set: &str, n_layers: usize) -> Result<Vec<usize>, ModelError> {
+    let bad = |why: String| ModelError::Hook(format!("{item:?}: {why}"));
+    let number = |s: &str| -> Result<usize, ModelError> {
+        let s = s.trim();
+        if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+            return Err(bad(format!("{s:?} is not a layer number")));
+        }
+        s.parse().map_err(|_| bad(format!("{s:?} is too large")))
+    };
+    if set == "*" {
+        return Ok((0..n_layers).collect());
+    }
+    let layers: Vec<usize> = if let Some((a, b)) = set.split_once("..") {
+        let (a, b) = (number(a)?, number(b)?);
+        if a > b {
+            return Err(bad(format!("the range {a}..{b} is empty")));
+        }
+        (a..=b).collect()
+    } else {
+        set.split(',').map(number).collect::<Result<_, _>>()?
+    };
+    if let Some(layer) = layers.iter().find(|&&l| l >= n_layers) {
+        return Err(bad(format!(
+            "layer {layer} is out of range (the model has {n_layers} layers, 0..={})",
+            n_layers.saturating_sub(1)
+        )));
+    }
+    Ok(layers)
+}
+
+/// `" (did you mean …?)"` with up to three known names closest to `name`, or nothing.
+fn suggest(name: &str) -> String {
+    // Compare with the layer written as in `name`, so only the hook part counts.
+    let layer = name
+        .strip_prefix("blocks.")
+        .and_then(|r| r.split_once('.'))
+        .map(|(l, _)| l);
+    let mut candidates: Vec<String> = Vec::new();
+    for k in KINDS {
+        for n in std::iter::once(&k.name).chain(k.aliases) {
+            candidates.push(match (k.scope, layer) {
+                (Scope::Block, Some(l)) => format!("blocks.{l}.{n}"),
+                (Scope::Block, None) => format!("blocks.0.{n}"),
+                _ => n.to_string(),
+            });
+        }
+    }
+    let mut scored: Vec<(usize, String)> = candidates
+        .into_iter()
+        .map(|c| (edit_distance(name, &c), c))
+        .collect();
+    scored.sort();
+    let limit = (name.len() / 2).max(3);
+    let best: Vec<String> = scored
+        .into_iter()
+        .filter(|(d, _)| *d <= limit)
+        .take(3)
+        .map(|(_, c)| format!("{c:?}"))
+        .collect();
+    if best.is_empty() {
+        String::new()
+    } else {
+        format!(" (did you mean {}?)", best.join(", "))
+    }
+}
+
+/// Levenshtein distance over bytes.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut row = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            row[j + 1] = (prev[j] + usize::from(ca != cb))
+                .min(prev[j + 1] + 1)
+                .min(row[j] + 1);
+        }
+        prev = row;
+    }
+    prev[b.len()]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Arch, ModelConfig};
 
-    #[test]
-    fn names_round_trip() {
-        for hook in [
-            HookPoint::ResidPre(0),
-            HookPoint::AttnOut(3),
-            HookPoint::MlpOut(11),
-            HookPoint::ResidPost(27),
-            HookPoint::LnFinal,
-        ] {
-            assert_eq!(HookPoint::parse(&hook.to_string(), 28).unwrap(), hook);
+    fn config() -> ModelConfig {
+        ModelConfig {
+            arch: Arch::Llama,
+            vocab_size: 32,
+            hidden_size: 16,
+            intermediate_size: 24,
+            n_layers: 4,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 4,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+            max_position_embeddings: 128,
+            tie_word_embeddings: true,
+            qkv_bias: false,
         }
-        assert_eq!(HookPoint::ResidPost(5).to_string(), "blocks.5.hook_resid_post");
     }
 
     #[test]
-    fn bad_names_are_named() {
-        for name in ["blocks.x.hook_resid_pre", "blocks.1.hook_resid", "ln_final", "blocks..hook_mlp_out", "blocks.+1.hook_mlp_out"] {
-            let err = HookPoint::parse(name, 4).unwrap_err().to_string();
+    fn names_and_aliases_round_trip() {
+        let c = config();
+        for k in KINDS.iter().filter(|k| k.kind != HookKind::PosEmbed) {
+            let hook = match k.scope {
+                Scope::Block => HookPoint::block(2, k.kind),
+                _ => HookPoint::model(k.kind),
+            };
+            assert_eq!(HookPoint::parse(&hook.to_string(), &c).unwrap(), hook);
+            for alias in k.aliases {
+                let name = if k.scope == Scope::Block {
+                    format!("blocks.2.{alias}")
+                } else {
+                    alias.to_string()
+                };
+                assert_eq!(HookPoint::parse(&name, &c).unwrap(), hook, "{name}");
+            }
+        }
+        assert_eq!(
+            HookPoint::block(5, HookKind::ResidPost).to_string(),
+            "blocks.5.hook_resid_post"
+        );
+        assert_eq!(
+            HookPoint::model(HookKind::LnFinalNormalized).to_string(),
+            "ln_final.hook_normalized"
+        );
+    }
+
+    #[test]
+    fn every_name_is_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for k in KINDS {
+            for n in std::iter::once(&k.name).chain(k.aliases) {
+                assert!(seen.insert((k.scope == Scope::Block, *n)), "{n} twice");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_names_are_named_with_suggestions() {
+        let c = config();
+        let err = HookPoint::parse("blocks.1.hook_resid_psot", &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("did you mean \"blocks.1.hook_resid_post\""),
+            "{err}"
+        );
+        let err = HookPoint::parse("blocks.1.ln2.hook_normalised", &c)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"blocks.1.ln2.hook_normalized\""), "{err}");
+        let err = HookPoint::parse("ln_final.hook_normalised", &c)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"ln_final.hook_normalized\""), "{err}");
+        for name in [
+            "blocks.x.hook_resid_pre",
+            "blocks..hook_mlp_out",
+            "blocks.+1.hook_mlp_out",
+            "ln_final",
+        ] {
+            let err = HookPoint::parse(name, &c).unwrap_err().to_string();
             assert!(err.contains(name), "{err}");
         }
-        let err = HookPoint::parse("blocks.4.hook_resid_post", 4).unwrap_err().to_string();
-        assert!(err.contains("layer 4 is out of range") && err.contains("4 layers"), "{err}");
+        let err = HookPoint::parse("blocks.4.hook_resid_post", &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("layer 4 is out of range") && err.contains("4 layers"),
+            "{err}"
+        );
     }
 
     #[test]
-    fn lists_parse_and_reject_repeats() {
-        let hooks = HookPoint::parse_list("blocks.0.hook_resid_pre, ln_final.hook_normalized", 2).unwrap();
-        assert_eq!(hooks, vec![HookPoint::ResidPre(0), HookPoint::LnFinal]);
-        assert!(HookPoint::parse_list("blocks.0.hook_mlp_out,blocks.0.hook_mlp_out", 2).is_err());
-        assert!(HookPoint::parse_list(" , ", 2).is_err());
+    fn a_hook_the_family_lacks_names_the_architecture() {
+        let err = HookPoint::parse("hook_pos_embed", &config())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("llama architecture has no hook_pos_embed"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn patterns_expand_in_order() {
+        let c = config();
+        let names = |list: &str| -> Vec<String> {
+            resolve_hooks(list, &c)
+                .unwrap()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            names("blocks.*.hook_resid_post"),
+            (0..4)
+                .map(|i| format!("blocks.{i}.hook_resid_post"))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            names("blocks.{1..2}.ln2.hook_normalized"),
+            [
+                "blocks.1.ln2.hook_normalized",
+                "blocks.2.ln2.hook_normalized"
+            ]
+        );
+        assert_eq!(
+            names("blocks.{0,3}.attn.hook_z, ln_final.hook_out"),
+            [
+                "blocks.0.attn.hook_z",
+                "blocks.3.attn.hook_z",
+                "ln_final.hook_out"
+            ]
+        );
+        let all = resolve_hooks("blocks.3.*", &c).unwrap();
+        assert_eq!(
+            all.len(),
+            KINDS.iter().filter(|k| k.scope == Scope::Block).count()
+        );
+        assert!(all.iter().all(|h| h.layer() == Some(3)));
+        // Aliases resolve to the TransformerLens name.
+        assert_eq!(names("blocks.1.hook_out"), ["blocks.1.hook_resid_post"]);
+    }
+
+    #[test]
+    fn bad_lists_are_errors() {
+        let c = config();
+        let err = resolve_hooks("blocks.1.hook_out, blocks.1.hook_resid_post", &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("requested twice") && err.contains("blocks.1.hook_out"),
+            "{err}"
+        );
+        let err = resolve_hooks("blocks.*.hook_resid_post, blocks.2.hook_resid_post", &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("blocks.2.hook_resid_post is requested twice"),
+            "{err}"
+        );
+        for (list, want) in [
+            ("blocks.{0..9}.hook_mlp_out", "layer 4 is out of range"),
+            ("blocks.{3..1}.hook_mlp_out", "empty"),
+            ("blocks.{0..2.hook_mlp_out", "without"),
+            ("blocks.*.hook_mlp_ot", "did you mean"),
+            ("blocks.{a}.hook_mlp_out", "not a layer number"),
+            (" , ", "no hook names"),
+        ] {
+            let err = resolve_hooks(list, &c).unwrap_err().to_string();
+            assert!(err.contains(want), "{list}: {err}");
+        }
     }
 
     #[test]
     fn blocks_needed_follows_hook_semantics() {
-        assert_eq!(HookPoint::ResidPre(0).blocks_needed(4), 0);
-        assert_eq!(HookPoint::ResidPre(2).blocks_needed(4), 2);
-        assert_eq!(HookPoint::AttnOut(2).blocks_needed(4), 3);
-        assert_eq!(HookPoint::ResidPost(3).blocks_needed(4), 4);
-        assert_eq!(HookPoint::LnFinal.blocks_needed(4), 4);
+        let n = 4;
+        assert_eq!(HookPoint::model(HookKind::Embed).blocks_needed(n), 0);
+        assert_eq!(HookPoint::block(0, HookKind::ResidPre).blocks_needed(n), 0);
+        assert_eq!(HookPoint::block(2, HookKind::ResidPre).blocks_needed(n), 2);
+        assert_eq!(HookPoint::block(2, HookKind::Ln1Scale).blocks_needed(n), 3);
+        assert_eq!(HookPoint::block(3, HookKind::ResidPost).blocks_needed(n), 4);
+        assert_eq!(
+            HookPoint::model(HookKind::LnFinalNormalized).blocks_needed(n),
+            4
+        );
+    }
+
+    #[test]
+    fn readme_table_lists_every_hook() {
+        let readme = include_str!("../../../README.md");
+        for k in KINDS {
+            let name = match k.scope {
+                Scope::Block => format!("`blocks.{{i}}.{}`", k.name),
+                _ => format!("`{}`", k.name),
+            };
+            let row = readme
+                .lines()
+                .find(|l| l.starts_with(&format!("| {name} |")))
+                .unwrap_or_else(|| panic!("README's hook table has no row for {name}"));
+            for alias in k.aliases {
+                assert!(
+                    row.contains(&format!("`{alias}`")),
+                    "README row {name} lacks alias {alias}"
+                );
+            }
+            let shape = match k.shape {
+                HookShape::Model => "[d_model]",
+                HookShape::Mlp => "[d_mlp]",
+                HookShape::Scale => "[1]",
+                HookShape::QHeads => "[n_heads, d_head]",
+                HookShape::KvHeads => "[n_kv_heads, d_head]",
+                HookShape::Pattern => "[n_heads, seq]",
+            };
+            assert!(
+                row.contains(&format!("`{shape}`")),
+                "README row {name} should say {shape}"
+            );
+        }
+    }
+
+    #[test]
+    fn shapes_follow_the_config() {
+        let c = config();
+        let dims = |k: HookKind| HookPoint::block(0, k).dims(&c, 7);
+        assert_eq!(dims(HookKind::ResidMid), [16]);
+        assert_eq!(dims(HookKind::MlpPost), [24]);
+        assert_eq!(dims(HookKind::Ln2Scale), [1]);
+        assert_eq!(dims(HookKind::AttnZ), [4, 4]);
+        assert_eq!(dims(HookKind::AttnK), [2, 4]);
+        assert_eq!(dims(HookKind::AttnPattern), [4, 7]);
     }
 }

@@ -14,9 +14,9 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Arch, HfConfig, ModelConfig, ParamClass, ParamInfo, RopeScaling};
-pub use forward::{build_forward, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
+pub use forward::{build_forward, hook_kinds, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;
-pub use hooks::HookPoint;
+pub use hooks::{resolve_hooks, HookKind, HookPoint, HookShape, KINDS};
 pub use tokenizer::TextTokenizer;
 pub use weights::{DType, HostTensor, TensorMeta, Weights};
 

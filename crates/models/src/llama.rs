@@ -5,23 +5,64 @@
 //! and a SiLU-gated MLP.
 //!
 //! ```text
-//! x = embed_tokens[input_ids]                                  # blocks.0.hook_resid_pre
-//! for each block i:
-//!     a = o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n)))   n = input_layernorm(x)
-//!                                                              # blocks.i.hook_attn_out
-//!     x = x + a
-//!     m = down_proj(silu(gate_proj(n)) * up_proj(n))           n = post_attention_layernorm(x)
-//!                                                              # blocks.i.hook_mlp_out
-//!     x = x + m                                                # blocks.i.hook_resid_post
-//! norm(x)                                                      # ln_final.hook_normalized
+//! x = embed_tokens[input_ids]                        # hook_embed, blocks.0.hook_resid_pre
+//! for each block i:                                  # blocks.i.…
+//!     n = input_layernorm(x)                         # ln1.hook_scale / hook_normalized / hook_out
+//!     q, k, v = q_proj(n), k_proj(n), v_proj(n)      # attn.hook_q / hook_k / hook_v (per head)
+//!     q, k = rope(q), rope(k)                        # attn.hook_rot_q / hook_rot_k
+//!     s = q·kᵀ / sqrt(head_dim), causal + padding mask  # attn.hook_attn_scores
+//!     p = softmax(s)                                 # attn.hook_pattern
+//!     z = p·v                                        # attn.hook_z
+//!     a = o_proj(z)                                  # hook_attn_out
+//!     x = x + a                                      # hook_resid_mid
+//!     n = post_attention_layernorm(x)                # ln2.hook_scale / hook_normalized, mlp.hook_in
+//!     m = down_proj(silu(gate_proj(n)) * up_proj(n)) # mlp.hook_pre / hook_pre_linear / hook_post
+//!                                                    # hook_mlp_out
+//!     x = x + m                                      # hook_resid_post
+//! norm(x)                                            # ln_final.hook_scale / hook_normalized / hook_out
 //! ```
 //!
 //! Weights keep their Hugging Face names and `[out, in]` layout; [`crate::qwen2`] reuses
 //! this block with q/k/v biases.
 
-use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Graph};
-use crate::hooks::HookPoint;
+use siphon_hlo::Value;
+
+use crate::forward::{Attention, ForwardProgram, ForwardSpec, Graph, blocks_for};
+use crate::hooks::{HookKind, HookPoint};
 use crate::{Arch, ModelConfig, ModelError};
+
+/// The hooks a Llama-style decoder has: every kind but learned position embeddings.
+pub(crate) const HOOKS: &[HookKind] = {
+    use HookKind::*;
+    &[
+        Embed,
+        ResidPre,
+        Ln1Scale,
+        Ln1Normalized,
+        Ln1Out,
+        AttnQ,
+        AttnK,
+        AttnV,
+        AttnRotQ,
+        AttnRotK,
+        AttnScores,
+        AttnPattern,
+        AttnZ,
+        AttnOut,
+        ResidMid,
+        Ln2Scale,
+        Ln2Normalized,
+        MlpIn,
+        MlpPre,
+        MlpPreLinear,
+        MlpPost,
+        MlpOut,
+        ResidPost,
+        LnFinalScale,
+        LnFinalNormalized,
+        LnFinalOut,
+    ]
+};
 
 /// Whether the attention's q/k/v projections carry biases (Qwen2) or not (Llama).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,60 +72,95 @@ pub(crate) enum QkvBias {
 }
 
 /// Builds the Llama forward for `spec`.
-pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+pub(crate) fn build(
+    config: &ModelConfig,
+    spec: &ForwardSpec,
+) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::Llama {
-        return Err(ModelError::UnsupportedArch(format!("llama builder given a {:?} config", config.arch)));
+        return Err(ModelError::UnsupportedArch(format!(
+            "llama builder given a {:?} config",
+            config.arch
+        )));
     }
     if config.qkv_bias {
         // HF's Llama attention_bias also puts a bias on o_proj, which the parameter
         // inventory does not list; refuse rather than silently drop it.
-        return Err(ModelError::UnsupportedArch("llama with attention_bias = true".into()));
+        return Err(ModelError::UnsupportedArch(
+            "llama with attention_bias = true".into(),
+        ));
     }
     build_decoder(config, spec, QkvBias::No)
 }
 
 /// The decoder stack shared by Llama and Qwen2.
-pub(crate) fn build_decoder(config: &ModelConfig, spec: &ForwardSpec, bias: QkvBias) -> Result<ForwardProgram, ModelError> {
+pub(crate) fn build_decoder(
+    config: &ModelConfig,
+    spec: &ForwardSpec,
+    bias: QkvBias,
+) -> Result<ForwardProgram, ModelError> {
+    use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
     let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
     let mut x = g.embed()?;
+    g.hook(HookPoint::model(Embed), x);
     // Per-batch tables, built once and shared by every block.
-    let tables = if n_blocks > 0 { Some((g.rope_tables()?, g.attention_mask()?)) } else { None };
+    let tables = if n_blocks > 0 {
+        Some((g.rope_tables()?, g.attention_mask()?))
+    } else {
+        None
+    };
     for layer in 0..n_blocks {
-        g.hook(HookPoint::ResidPre(layer), x)?;
+        let at = |kind| HookPoint::block(layer, kind);
+        g.hook(at(ResidPre), x);
         let ((cos, sin), mask) = tables.expect("tables exist when blocks are built");
-        let n = g.rms_norm(x, &format!("model.layers.{layer}.input_layernorm.weight"))?;
-        let attn = self_attention(&mut g, n, layer, bias, cos, sin, mask)?;
-        g.hook(HookPoint::AttnOut(layer), attn)?;
+        let ln1 = g.rms_norm(x, &format!("model.layers.{layer}.input_layernorm.weight"))?;
+        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
+        let attn = self_attention(&mut g, ln1.out, layer, bias, cos, sin, mask)?;
+        g.hook(at(AttnOut), attn);
         let h = g.b.add(x, attn)?;
-        let n = g.rms_norm(h, &format!("model.layers.{layer}.post_attention_layernorm.weight"))?;
-        let mlp = g.gated_mlp(n, layer)?;
-        g.hook(HookPoint::MlpOut(layer), mlp)?;
-        let out = g.b.add(h, mlp)?;
+        g.hook(at(ResidMid), h);
+        let ln2 = g.rms_norm(
+            h,
+            &format!("model.layers.{layer}.post_attention_layernorm.weight"),
+        )?;
+        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
+        let mlp = g.gated_mlp(ln2.out, layer)?;
+        g.hook(at(MlpPre), mlp.pre);
+        g.hook(at(MlpPreLinear), mlp.pre_linear);
+        g.hook(at(MlpPost), mlp.post);
+        g.hook(at(MlpOut), mlp.out);
+        let out = g.b.add(h, mlp.out)?;
         x = g.constrain_tokens(out)?;
-        g.hook(HookPoint::ResidPost(layer), x)?;
+        g.hook(at(ResidPost), x);
     }
     if n_blocks < config.n_layers {
-        g.hook(HookPoint::ResidPre(n_blocks), x)?;
+        g.hook(HookPoint::block(n_blocks, ResidPre), x);
     }
     if with_final_norm {
-        let normed = g.rms_norm(x, "model.norm.weight")?;
-        g.hook(HookPoint::LnFinal, normed)?;
+        let norm = g.rms_norm(x, "model.norm.weight")?;
+        g.hook_norm(
+            &norm,
+            HookPoint::model(LnFinalScale),
+            HookPoint::model(LnFinalNormalized),
+            HookPoint::model(LnFinalOut),
+        )?;
     }
     g.finish(n_blocks)
 }
 
 /// `o_proj(attention(rope(q), rope(k), v))` of block `layer` on normed input `n`
-/// `[tokens, hidden]`.
+/// `[tokens, hidden]`, recording the attention hooks on the way.
 fn self_attention(
     g: &mut Graph<'_>,
-    n: siphon_hlo::Value,
+    n: Value,
     layer: usize,
     bias: QkvBias,
-    cos: siphon_hlo::Value,
-    sin: siphon_hlo::Value,
-    mask: siphon_hlo::Value,
-) -> Result<siphon_hlo::Value, ModelError> {
+    cos: Value,
+    sin: Value,
+    mask: Value,
+) -> Result<Value, ModelError> {
+    use HookKind::*;
+    let at = |kind| HookPoint::block(layer, kind);
     let c = g.config;
     let t = g.tokens();
     let p = format!("model.layers.{layer}.self_attn");
@@ -95,12 +171,24 @@ fn self_attention(
         let b = (bias == QkvBias::Yes).then_some(b.as_str());
         qkv.push(g.linear(n, &w, b)?);
     }
+    g.hook(at(AttnQ), qkv[0]);
+    g.hook(at(AttnK), qkv[1]);
+    g.hook(at(AttnV), qkv[2]);
     let q = g.b.reshape(qkv[0], &[t, c.n_heads, c.head_dim])?;
     let k = g.b.reshape(qkv[1], &[t, c.n_kv_heads, c.head_dim])?;
     let q = g.apply_rope(q, cos, sin)?;
     let k = g.apply_rope(k, cos, sin)?;
+    g.hook(at(AttnRotQ), q);
+    g.hook(at(AttnRotK), k);
     let q = g.b.reshape(q, &[t, c.n_heads * c.head_dim])?;
     let k = g.b.reshape(k, &[t, c.n_kv_heads * c.head_dim])?;
-    let out = g.attention(q, k, qkv[2], mask)?;
-    g.linear(out, &format!("{p}.o_proj.weight"), None)
+    let Attention { scores, pattern, z } = g.attention(q, k, qkv[2], mask)?;
+    for (kind, value) in [(AttnScores, scores), (AttnPattern, pattern)] {
+        if g.wants(at(kind)) {
+            let rows = g.per_query(value)?;
+            g.hook(at(kind), rows);
+        }
+    }
+    g.hook(at(AttnZ), z);
+    g.linear(z, &format!("{p}.o_proj.weight"), None)
 }

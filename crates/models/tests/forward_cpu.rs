@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use siphon_hlo::DType;
 use siphon_mesh::Mesh;
 use siphon_models::{
-    build_forward, Arch, ForwardProgram, ForwardSpec, HookPoint, ModelConfig, RopeScaling,
+    build_forward, Arch, ForwardProgram, ForwardSpec, HookKind, HookPoint, ModelConfig, RopeScaling,
 };
 use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin};
 
@@ -168,7 +168,7 @@ fn reference(c: &ModelConfig, w: &HashMap<String, Vec<f32>>, bsz: usize, s: usiz
     for l in 0..c.n_layers {
         let p = |n: &str| format!("model.layers.{l}.{n}");
         let bias = |n: &str| c.qkv_bias.then(|| w[&p(n)].as_slice());
-        hooks.insert(HookPoint::ResidPre(l), x.clone());
+        hooks.insert(HookPoint::block(l, HookKind::ResidPre), x.clone());
         let n = rms_norm(&x, &w[&p("input_layernorm.weight")], c.rms_norm_eps, h);
         let mut q = linear(&n, &w[&p("self_attn.q_proj.weight")], bias("self_attn.q_proj.bias"), t, h, nh * d);
         let mut k = linear(&n, &w[&p("self_attn.k_proj.weight")], bias("self_attn.k_proj.bias"), t, h, nkv * d);
@@ -204,18 +204,18 @@ fn reference(c: &ModelConfig, w: &HashMap<String, Vec<f32>>, bsz: usize, s: usiz
             }
         }
         let a = linear(&attn, &w[&p("self_attn.o_proj.weight")], None, t, nh * d, h);
-        hooks.insert(HookPoint::AttnOut(l), a.clone());
+        hooks.insert(HookPoint::block(l, HookKind::AttnOut), a.clone());
         let hs: Vec<f64> = x.iter().zip(&a).map(|(x, a)| x + a).collect();
         let n = rms_norm(&hs, &w[&p("post_attention_layernorm.weight")], c.rms_norm_eps, h);
         let g = linear(&n, &w[&p("mlp.gate_proj.weight")], None, t, h, inter);
         let u = linear(&n, &w[&p("mlp.up_proj.weight")], None, t, h, inter);
         let act: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
         let m = linear(&act, &w[&p("mlp.down_proj.weight")], None, t, inter, h);
-        hooks.insert(HookPoint::MlpOut(l), m.clone());
+        hooks.insert(HookPoint::block(l, HookKind::MlpOut), m.clone());
         x = hs.iter().zip(&m).map(|(a, b)| a + b).collect();
-        hooks.insert(HookPoint::ResidPost(l), x.clone());
+        hooks.insert(HookPoint::block(l, HookKind::ResidPost), x.clone());
     }
-    hooks.insert(HookPoint::LnFinal, rms_norm(&x, &w["model.norm.weight"], c.rms_norm_eps, h));
+    hooks.insert(HookPoint::model(HookKind::LnFinalOut), rms_norm(&x, &w["model.norm.weight"], c.rms_norm_eps, h));
     hooks
 }
 
@@ -249,9 +249,9 @@ fn positions(mask: &[i32], s: usize) -> Vec<i32> {
 }
 
 fn all_hooks(n_layers: usize) -> Vec<HookPoint> {
-    let mut hooks = vec![HookPoint::LnFinal];
+    let mut hooks = vec![HookPoint::model(HookKind::LnFinalOut)];
     for l in 0..n_layers {
-        hooks.extend([HookPoint::ResidPre(l), HookPoint::AttnOut(l), HookPoint::MlpOut(l), HookPoint::ResidPost(l)]);
+        hooks.extend([HookPoint::block(l, HookKind::ResidPre), HookPoint::block(l, HookKind::AttnOut), HookPoint::block(l, HookKind::MlpOut), HookPoint::block(l, HookKind::ResidPost)]);
     }
     hooks
 }
@@ -287,7 +287,7 @@ fn check_against_reference(c: &ModelConfig) {
     let real: Vec<usize> = (0..s).filter(|&i| mask[s + i] != 0).collect();
     let alone_ids: Vec<i32> = real.iter().map(|&i| ids[s + i]).collect();
     let n = alone_ids.len();
-    let alone = build_forward(c, &ForwardSpec::new(1, n, vec![HookPoint::LnFinal])).unwrap();
+    let alone = build_forward(c, &ForwardSpec::new(1, n, vec![HookPoint::model(HookKind::LnFinalOut)])).unwrap();
     let alone_out = run(&alone, &w, &alone_ids, &vec![1; n], &(0..n as i32).collect::<Vec<_>>());
     let h = c.hidden_size;
     let padded = &outs[0];
@@ -322,7 +322,7 @@ fn mesh_2x4_equals_single_device() {
         let ids: Vec<i32> = (0..bsz * s).map(|i| ((i * 17 + 5) % c.vocab_size) as i32).collect();
         let mask: Vec<i32> = (0..bsz * s).map(|i| (i % s >= (i / s) % 3) as i32).collect();
         let pos = positions(&mask, s);
-        let hooks = vec![HookPoint::AttnOut(1), HookPoint::ResidPost(0), HookPoint::LnFinal, HookPoint::MlpOut(2)];
+        let hooks = vec![HookPoint::block(1, HookKind::AttnOut), HookPoint::block(0, HookKind::ResidPost), HookPoint::model(HookKind::LnFinalOut), HookPoint::block(2, HookKind::MlpOut)];
         let single = build_forward(&c, &ForwardSpec::new(bsz, s, hooks.clone())).unwrap();
         let sharded = build_forward(&c, &ForwardSpec::new(bsz, s, hooks).with_megatron_plan(&c, mesh.clone())).unwrap();
         let a = run(&single, &w, &ids, &mask, &pos);
@@ -339,7 +339,7 @@ fn bf16_compute_and_f16_output_track_f32() {
     let c = config(Arch::Qwen2, 4, 2);
     let w = weights(&c, 3);
     let (ids, mask, pos) = padded_batch(5, c.vocab_size);
-    let hooks = vec![HookPoint::ResidPost(2)];
+    let hooks = vec![HookPoint::block(2, HookKind::ResidPost)];
     let f32_run = run(&build_forward(&c, &ForwardSpec::new(2, 5, hooks.clone())).unwrap(), &w, &ids, &mask, &pos);
     let mut spec = ForwardSpec::new(2, 5, hooks);
     spec.compute_dtype = DType::BF16;

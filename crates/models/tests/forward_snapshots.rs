@@ -2,7 +2,7 @@
 //! graph shows up as a reviewable text diff. Run with `UPDATE_EXPECT=1` to accept changes.
 
 use siphon_mesh::Mesh;
-use siphon_models::{build_forward, Arch, ForwardSpec, HookPoint, ModelConfig};
+use siphon_models::{build_forward, Arch, ForwardSpec, HookKind, HookPoint, ModelConfig};
 
 fn expect_snapshot(name: &str, actual: &str) {
     let path = format!("{}/tests/snapshots/{name}.mlir", env!("CARGO_MANIFEST_DIR"));
@@ -37,7 +37,7 @@ fn tiny(arch: Arch) -> ModelConfig {
 #[test]
 fn tiny_llama_one_block_snapshot() {
     let c = tiny(Arch::Llama);
-    let p = build_forward(&c, &ForwardSpec::new(2, 3, vec![HookPoint::MlpOut(0), HookPoint::AttnOut(0)])).unwrap();
+    let p = build_forward(&c, &ForwardSpec::new(2, 3, vec![HookPoint::block(0, HookKind::MlpOut), HookPoint::block(0, HookKind::AttnOut)])).unwrap();
     expect_snapshot("tiny_llama_block0", &p.text);
 }
 
@@ -45,7 +45,7 @@ fn tiny_llama_one_block_snapshot() {
 fn tiny_qwen2_sharded_snapshot() {
     let c = tiny(Arch::Qwen2);
     let mesh = Mesh::new(&[("data", 2), ("model", 2)], (0..4).collect()).unwrap();
-    let spec = ForwardSpec::new(2, 3, vec![HookPoint::ResidPost(0)]).with_megatron_plan(&c, mesh);
+    let spec = ForwardSpec::new(2, 3, vec![HookPoint::block(0, HookKind::ResidPost)]).with_megatron_plan(&c, mesh);
     let p = build_forward(&c, &spec).unwrap();
     expect_snapshot("tiny_qwen2_sharded_block0", &p.text);
 }

@@ -16,7 +16,9 @@
 //! `q = heads · head_dim`, `kv = kv_heads · head_dim`):
 //! - `input`: token ids and positions, `2 · 4 · b · S` (i32).
 //! - `hooks`: every requested hook output stays live until the forward returns,
-//!   `hooks · b · S · h · a` (hook outputs are replicated over `fsdp`/`model`).
+//!   `Σ_hooks b · S · width · a`, where a hook's per-token width is its shape's size
+//!   (`h`, `I`, `heads · head_dim`, `1`, or `heads · S` for attention scores and patterns,
+//!   which makes those quadratic in `S`); hook outputs are replicated over `fsdp`/`model`.
 //! - `working`: one block's transients, freed before the next block:
 //!   `a · b · S · (3h + (q + 2kv)/M + 3I/M)` (residual, normed input, attention output; local
 //!   q/k/v; gate, up and their product) plus attention scores and probabilities in f32,
@@ -31,7 +33,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use siphon_mesh::Mesh;
-use siphon_models::{ModelConfig, ParamInfo};
+use siphon_models::{HookPoint, ModelConfig, ParamInfo};
 
 use crate::mesh::{DATA, FSDP, MODEL};
 use crate::PlanError;
@@ -107,7 +109,7 @@ pub struct ActivationMemory {
     pub seq: usize,
     /// Sequences per device (`batch / data`).
     pub local_batch: usize,
-    /// Number of `[batch, seq, hidden]` hook outputs requested.
+    /// Number of hook outputs requested.
     pub hooks: usize,
     /// Token ids and positions.
     pub input_bytes: u64,
@@ -177,14 +179,15 @@ pub fn weight_memory(
     })
 }
 
-/// Activation bytes per device for a global `batch` × `seq` with `hooks` hook outputs.
+/// Activation bytes per device for a global `batch` × `seq` returning `hooks`, each at its
+/// own per-token size.
 /// `batch` must already be checked to divide over the mesh's `data` axis.
 pub fn activation_memory(
     config: &ModelConfig,
     mesh: &Mesh,
     batch: usize,
     seq: usize,
-    hooks: usize,
+    hooks: &[HookPoint],
     dtype: DType,
 ) -> ActivationMemory {
     let a = dtype.bytes();
@@ -197,14 +200,15 @@ pub fn activation_memory(
     let kv = (config.n_kv_heads * config.head_dim) as u64;
     let i = config.intermediate_size as u64;
     let input_bytes = 2 * 4 * b * s;
-    let hook_bytes = hooks as u64 * b * s * h * a;
+    let width: u64 = hooks.iter().map(|hook| hook.dims(config, seq).iter().product::<usize>() as u64).sum();
+    let hook_bytes = b * s * width * a;
     let working_bytes = a * b * s * (3 * h + (q + 2 * kv) / model + 3 * i / model)
         + 2 * 4 * b * (config.n_heads as u64 / model) * s * s;
     ActivationMemory {
         batch,
         seq,
         local_batch: b as usize,
-        hooks,
+        hooks: hooks.len(),
         input_bytes,
         hook_bytes,
         working_bytes,
@@ -282,10 +286,22 @@ mod tests {
         .into_config()
         .unwrap();
         let mesh = Mesh::new(&[("data", 2), ("model", 2)], (0..4).collect()).unwrap();
-        let act = activation_memory(&config, &mesh, 8, 16, 3, DType::F32);
+        let hooks = siphon_models::resolve_hooks("blocks.{0,1}.hook_resid_post,ln_final.hook_out", &config).unwrap();
+        let act = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32);
         assert_eq!(act.local_batch, 4);
         assert_eq!(act.input_bytes, 2 * 4 * 4 * 16);
         assert_eq!(act.hook_bytes, 3 * 4 * 16 * 64 * 4);
+        // Each hook at its own width: d_mlp, heads x head_dim, a scale, and a pattern row of
+        // heads x seq per token (quadratic in seq).
+        let hooks = siphon_models::resolve_hooks(
+            "blocks.0.mlp.hook_post,blocks.0.attn.hook_z,blocks.0.ln1.hook_scale,blocks.0.attn.hook_pattern",
+            &config,
+        )
+        .unwrap();
+        let wide = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32);
+        assert_eq!(wide.hook_bytes, 4 * 16 * (128 + 4 * 16 + 1 + 4 * 16) * 4);
+        let longer = activation_memory(&config, &mesh, 8, 32, &hooks[3..], DType::F32);
+        assert_eq!(longer.hook_bytes, 4 * 32 * (4 * 32) * 4);
         let expected_working = 4 * 4 * 16 * (3 * 64 + (64 + 2 * 32) / 2 + 3 * 128 / 2) + 8 * 4 * 2 * 16 * 16;
         assert_eq!(act.working_bytes, expected_working);
         let w = WeightMemory { total_bytes: 0, sharded_bytes: 1000, gathered_bytes: 0, fsdp_gather_bytes: 0 };

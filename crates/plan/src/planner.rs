@@ -23,9 +23,9 @@ pub struct PlanRequest {
     pub batch: Option<usize>,
     /// Tokens per sequence; activations are estimated when both `batch` and `seq` are given.
     pub seq: Option<usize>,
-    /// Number of `[batch, seq, hidden]` hook outputs; `None` means every hidden state
-    /// (`n_layers + 1`, like `output_hidden_states`), the most a run can ask for.
-    pub hooks: Option<usize>,
+    /// The hook outputs, each counted at its own size; `None` means every hidden state
+    /// (each block's `hook_resid_pre` and `ln_final.hook_out`, like `output_hidden_states`).
+    pub hooks: Option<Vec<siphon_models::HookPoint>>,
     /// Memory of one device in bytes; without it the plan says nothing about fitting.
     pub device_memory_bytes: Option<u64>,
     /// Share of device memory kept free, in `[0, 1)`.
@@ -33,6 +33,15 @@ pub struct PlanRequest {
     /// Plan `lm_head.weight` too (activation extraction never computes logits, so by default
     /// it is neither loaded nor counted).
     pub with_lm_head: bool,
+}
+
+/// `output_hidden_states`: each block's input and the final norm's output.
+fn every_hidden_state(config: &ModelConfig) -> Vec<siphon_models::HookPoint> {
+    use siphon_models::{HookKind, HookPoint};
+    (0..config.n_layers)
+        .map(|l| HookPoint::block(l, HookKind::ResidPre))
+        .chain([HookPoint::model(HookKind::LnFinalOut)])
+        .collect()
 }
 
 impl Default for PlanRequest {
@@ -404,7 +413,7 @@ fn evaluate(
             &mesh,
             batch,
             seq,
-            request.hooks.unwrap_or(config.n_layers + 1),
+            &request.hooks.clone().unwrap_or_else(|| every_hidden_state(config)),
             request.dtype,
         )),
         _ => None,

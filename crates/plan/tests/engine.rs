@@ -43,10 +43,7 @@ fn planned_shardings_give_the_single_device_activations() {
     for name in ["tiny-qwen2", "tiny-llama"] {
         let model = LoadedModel::open(&root.join(name)).unwrap();
         let n_layers = model.config.n_layers;
-        let hooks = HookPoint::parse_list(
-            &format!("blocks.0.hook_attn_out,blocks.1.hook_mlp_out,blocks.{}.hook_resid_post,ln_final.hook_normalized", n_layers - 1),
-            n_layers,
-        )
+        let hooks = siphon_models::resolve_hooks(&format!("blocks.0.hook_attn_out,blocks.1.hook_mlp_out,blocks.{}.hook_resid_post,ln_final.hook_out", n_layers - 1), &model.config)
         .unwrap();
         let vocab = model.config.vocab_size as u32;
         let ids: Vec<Vec<u32>> = (0..4u32).map(|r| (0..8u32).map(|t| (r * 37 + t * 11 + 3) % vocab).collect()).collect();

@@ -102,7 +102,7 @@ fn auto_picks_the_smallest_group_that_fits() {
     let mut r = request(MeshKind::Auto, Some(14));
     r.batch = Some(8);
     r.seq = Some(512);
-    r.hooks = Some(4);
+    r.hooks = Some(siphon_models::resolve_hooks("blocks.{0..3}.hook_resid_post", &config).unwrap());
     let auto = plan(&config, &topology, &r).unwrap();
     assert_eq!(auto.fits(), Some(true));
     // 13.2 GiB of bf16 weights do not fit one device's budget (14 GiB - 10%); two devices do.

@@ -51,17 +51,43 @@ impl ActivationDtype {
     }
 }
 
-/// One hook's activations for a whole batch: `[batch, seq, d_model]`, row-major, little-endian.
+/// One hook's activations for a whole batch: `[batch, seq, *shape]`, row-major, little-endian.
 #[derive(Debug, Clone)]
 pub struct HookActivations {
     /// Hook name, e.g. `blocks.3.hook_resid_post`.
     pub hook: String,
     /// Element type of `data`.
     pub dtype: ActivationDtype,
-    /// Width of one token's activation vector.
-    pub d_model: usize,
-    /// `batch * seq * d_model * dtype.size()` bytes.
+    /// Shape of one token's activation: `[d_model]`, `[d_mlp]`, `[n_heads, d_head]` for
+    /// per-head hooks, `[1]` for `hook_scale`, `[n_heads, seq]` for attention-pattern rows.
+    /// Non-empty, no zero dimension. Shards store the hook as `[tokens, *shape]`.
+    pub shape: Vec<usize>,
+    /// `batch * seq * row_elements() * dtype.size()` bytes.
     pub data: Vec<u8>,
+}
+
+impl HookActivations {
+    /// Elements in one token's activation: the product of `shape`.
+    pub fn row_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Checks a per-token shape: non-empty, no zero dimension, element count fits in `usize`.
+/// Returns the element count; the error says what is wrong (the caller names the hook).
+pub(crate) fn check_token_shape(shape: &[usize]) -> std::result::Result<usize, String> {
+    if shape.is_empty() {
+        return Err("has an empty per-token shape [] (a vector hook is [width])".into());
+    }
+    if shape.contains(&0) {
+        return Err(format!(
+            "has a zero dimension in its per-token shape {shape:?}"
+        ));
+    }
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| format!("per-token shape {shape:?} overflows"))
 }
 
 /// Everything the writer needs about one batch of `batch` sequences of `seq` tokens.
@@ -97,7 +123,14 @@ impl BatchActivations {
         self.first_sample + self.batch as u64
     }
 
-    /// Checks shapes against the run's hooks; returns a clear error naming the first problem.
+    /// Per hook, the per-token shape, in hook order.
+    pub fn hook_shapes(&self) -> Vec<Vec<usize>> {
+        self.hooks.iter().map(|h| h.shape.clone()).collect()
+    }
+
+    /// Checks sizes against the run's hooks and each hook's own per-token shape; returns a
+    /// clear error naming the first problem. (That shapes stay the same from batch to batch is
+    /// the writer's check.)
     pub fn validate(&self, hooks: &[String]) -> Result<()> {
         let bad = |reason: String| StoreError::InvalidBatch {
             first_sample: self.first_sample,
@@ -134,15 +167,18 @@ impl BatchActivations {
             )));
         }
         for hook in &self.hooks {
-            if hook.d_model == 0 {
-                return Err(bad(format!("hook {} has d_model 0", hook.hook)));
-            }
-            let expected = tokens * hook.d_model * hook.dtype.size();
+            let elements = check_token_shape(&hook.shape)
+                .map_err(|e| bad(format!("hook {} {e}", hook.hook)))?;
+            let expected = tokens
+                .checked_mul(elements)
+                .and_then(|n| n.checked_mul(hook.dtype.size()))
+                .ok_or_else(|| bad(format!("hook {} size overflows", hook.hook)))?;
             if hook.data.len() != expected {
                 return Err(bad(format!(
-                    "hook {} has {} bytes, expected batch*seq*d_model*{} = {expected}",
+                    "hook {} has {} bytes, expected batch*seq*prod(shape {:?})*{} = {expected}",
                     hook.hook,
                     hook.data.len(),
+                    hook.shape,
                     hook.dtype.size()
                 )));
             }

@@ -176,10 +176,24 @@ pub struct RunDescriptor {
     pub model: serde_json::Value,
     /// Hook names, in tensor order.
     pub hooks: Vec<String>,
+    /// Per hook (same order as `hooks`), the shape of one token's activation, e.g. `[64]`,
+    /// `[4, 16]` for a per-head hook, `[1]` for `hook_scale`. Empty when not recorded (run.json
+    /// files written before format 2); when non-empty, every pushed batch must match it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hook_shapes: Vec<Vec<usize>>,
     /// Device mesh.
     pub mesh: serde_json::Value,
     /// How the corpus is partitioned over hosts.
     pub partition: serde_json::Value,
     /// The extraction config (corpus, seq len, batch size...).
     pub config: serde_json::Value,
+}
+
+impl RunDescriptor {
+    /// The recorded per-token shape of `hook`; `None` when shapes are not recorded or the hook
+    /// is not one of the run's.
+    pub fn hook_shape(&self, hook: &str) -> Option<&[usize]> {
+        let i = self.hooks.iter().position(|h| h == hook)?;
+        self.hook_shapes.get(i).map(Vec::as_slice)
+    }
 }

@@ -36,6 +36,32 @@ pub enum StoreError {
         /// Dotted paths of the fields that differ, with both values.
         fields: Vec<String>,
     },
+    /// The output holds a run of another dataset format than the one this crate writes
+    /// (a run begun by an older siphon); shards of two formats are never mixed in one run.
+    #[error(
+        "refusing to resume into {path}: run.json was written by format {stored_version} ({stored:?}), this siphon writes format {} ({:?}); a run cannot mix formats: start a new run (another run name or output), or finish this one with the siphon that began it",
+        crate::shard::FORMAT_VERSION,
+        crate::shard::FORMAT_TAG
+    )]
+    FormatMismatch {
+        /// The run.json object.
+        path: String,
+        /// The format tag it records.
+        stored: String,
+        /// Its version number.
+        stored_version: u32,
+    },
+    /// A run.json or shard records a dataset format this crate cannot read.
+    #[error(
+        "{path}: unsupported dataset format {found:?} (this siphon reads {})",
+        crate::shard::readable_formats()
+    )]
+    UnsupportedFormat {
+        /// The object.
+        path: String,
+        /// The format tag found (empty when there is none).
+        found: String,
+    },
     /// An object store request failed (after the client's own retries).
     #[error("object store {op} {path}: {source}")]
     ObjectStore {

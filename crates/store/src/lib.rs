@@ -8,14 +8,20 @@
 //!
 //! Dataset layout:
 //! ```text
-//! {output}/{run}/run.json                       config, model, hooks, mesh, partition
+//! {output}/{run}/run.json                       format, config, model, hooks and their per-token
+//!                                               shapes, mesh, partition
 //! {output}/{run}/stats.json                     per hook count/mean/variance/mean norm (all hosts)
 //! {output}/{run}/machine_{m:03}_host_{h:02}/
-//!     shard_{n:06}.safetensors                  per hook [tokens, d_model]; token_ids, doc_index,
+//!     shard_{n:06}.safetensors                  per hook [tokens, *shape] (e.g. [tokens, d_model],
+//!                                               [tokens, n_heads, d_head]); token_ids, doc_index,
 //!                                               position, sample_index [tokens]; mask (optional)
 //!     manifest.jsonl                            one line per committed shard
 //!     stats.json                                this host's statistics
 //! ```
+//!
+//! Format: [`FORMAT_TAG`] (`siphon-activations/2`) in run.json and every shard. Format 1 stored
+//! only `[tokens, d_model]` hooks and gave `ln_final.hook_normalized` another meaning (see
+//! [`FORMAT_TAG`]); format-1 runs are still verified and inspected, never resumed.
 //!
 //! Exactly-once: a shard belongs to the dataset only once its manifest line is written, which
 //! happens after its upload completed. Reopening a host deletes everything its manifest does not
@@ -61,7 +67,10 @@ pub use location::{
 };
 pub use manifest::{ManifestLine, parse_manifest, render_manifest};
 pub use run::{ResumePoint, RunJson, list_hosts, merge_host_stats};
-pub use shard::{FORMAT_TAG, RESERVED_TENSOR_NAMES, SealedShard, ShardSummary, summarize_shard};
+pub use shard::{
+    FORMAT_TAG, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RESERVED_TENSOR_NAMES, SealedShard,
+    ShardSummary, check_format, format_version, summarize_shard,
+};
 pub use stats::{HookStats, HookStatsJson, RunStats, StatsFile, merge_run_stats};
 pub use upload::upload_object;
 pub use verify::{HostReport, VerifyReport, finalize_run, verify_run, verify_run_blocking};

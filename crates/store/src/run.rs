@@ -12,13 +12,14 @@ use crate::config::{HostId, RunDescriptor, ShardFormat};
 use crate::error::{Result, StoreError};
 use crate::location::{MANIFEST_NAME, STATS_NAME, StoreLocation, parse_host_dir};
 use crate::manifest::{ManifestLine, parse_manifest};
-use crate::shard::{FORMAT_TAG, summarize_shard};
+use crate::shard::{FORMAT_TAG, FORMAT_VERSION, check_format, summarize_shard};
 use crate::stats::{self, RunStats, StatsFile};
 
 /// The contents of `run.json`: everything that decides the dataset's bytes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunJson {
-    /// Format tag, `siphon-activations/1`.
+    /// Format tag: `siphon-activations/2` when written by this crate, `siphon-activations/1`
+    /// in older runs (see [`FORMAT_TAG`]).
     pub format: String,
     /// Run name.
     pub run: String,
@@ -38,6 +39,12 @@ impl RunJson {
             descriptor: descriptor.clone(),
             shard_format: format.clone(),
         }
+    }
+
+    /// The format version of `format` (1 or 2); [`StoreError::UnsupportedFormat`] naming
+    /// `path` (where this run.json was read) and the tag for any other.
+    pub fn format_version(&self, path: &str) -> Result<u32> {
+        check_format(path, &self.format)
     }
 }
 
@@ -133,6 +140,19 @@ fn compare_run_json(path: &Path, stored: &[u8], expected: &RunJson) -> Result<()
             path: path.to_string(),
             reason: e.to_string(),
         })?;
+    // The format first: a run of another format differs in many fields for one reason.
+    let tag = stored
+        .get("format")
+        .and_then(|f| f.as_str())
+        .unwrap_or_default();
+    let version = check_format(path.as_ref(), tag)?;
+    if version != FORMAT_VERSION {
+        return Err(StoreError::FormatMismatch {
+            path: path.to_string(),
+            stored: tag.to_string(),
+            stored_version: version,
+        });
+    }
     let expected = serde_json::to_value(expected).expect("run.json serializes");
     let mut fields = Vec::new();
     diff_values("", &stored, &expected, &mut fields);
@@ -223,6 +243,7 @@ pub(crate) async fn recover_host(
     run: &str,
     host: HostId,
     hooks: &[String],
+    shapes: &[Vec<usize>],
 ) -> Result<HostState> {
     let lines = read_manifest(location, run, host).await?;
     let dir = location.host_dir(run, host);
@@ -303,7 +324,7 @@ pub(crate) async fn recover_host(
                         path: path.to_string(),
                         reason: "committed shard is missing".into(),
                     })?;
-            let summary = summarize_shard(path.as_ref(), &bytes, hooks)?;
+            let summary = summarize_shard(path.as_ref(), &bytes, hooks, shapes)?;
             stats::merge_run_stats(&mut run_stats, &summary.stats)?;
         }
         let body = serde_json::to_vec(&stats::to_file(&run_stats, last)).expect("stats serialize");

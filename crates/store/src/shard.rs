@@ -19,7 +19,44 @@ use crate::error::{Result, StoreError};
 use crate::stats::{HookStats, RunStats, StatsAccumulator};
 
 /// Format tag in every shard's metadata and in run.json.
-pub const FORMAT_TAG: &str = "siphon-activations/1";
+///
+/// Format 2 stores each hook as `[tokens, *per-token shape]` (run.json records the shapes)
+/// and `ln_final.hook_normalized` is TransformerLens's x/RMS(x) before the final norm's gain.
+/// In format 1 every hook was `[tokens, d_model]` and `ln_final.hook_normalized` was the final
+/// norm's output after its gain (what format 2 calls `ln_final.hook_out`).
+pub const FORMAT_TAG: &str = "siphon-activations/2";
+/// The version number in [`FORMAT_TAG`].
+pub const FORMAT_VERSION: u32 = 2;
+/// Format versions this crate reads (verify, inspect, statistics); it writes only
+/// [`FORMAT_VERSION`] and resumes only runs of that version.
+pub const READABLE_FORMAT_VERSIONS: [u32; 2] = [1, 2];
+const FORMAT_PREFIX: &str = "siphon-activations/";
+
+/// The version of a format tag this crate reads (`siphon-activations/1` → 1); `None` for any
+/// other tag.
+pub fn format_version(tag: &str) -> Option<u32> {
+    let version: u32 = tag.strip_prefix(FORMAT_PREFIX)?.parse().ok()?;
+    READABLE_FORMAT_VERSIONS
+        .contains(&version)
+        .then_some(version)
+}
+
+/// [`format_version`], or [`StoreError::UnsupportedFormat`] naming `path` and the tag.
+pub fn check_format(path: &str, tag: &str) -> Result<u32> {
+    format_version(tag).ok_or_else(|| StoreError::UnsupportedFormat {
+        path: path.to_string(),
+        found: tag.to_string(),
+    })
+}
+
+/// The readable format tags, for messages.
+pub(crate) fn readable_formats() -> String {
+    READABLE_FORMAT_VERSIONS
+        .iter()
+        .map(|v| format!("{FORMAT_PREFIX}{v}"))
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
 /// Tensor names that hooks may not use.
 pub const RESERVED_TENSOR_NAMES: [&str; 5] =
     ["token_ids", "doc_index", "position", "sample_index", "mask"];
@@ -73,7 +110,10 @@ pub(crate) struct ShardBuilder {
 
 /// One hook's rows in shard order, as slices of whole rows.
 struct HookColumn {
-    d_model: usize,
+    /// Per-token shape.
+    shape: Vec<usize>,
+    /// Elements per row: the product of `shape`.
+    width: usize,
     chunks: Vec<Bytes>,
     bytes: usize,
 }
@@ -124,7 +164,8 @@ impl ShardBuilder {
                 .hooks
                 .iter()
                 .map(|h| HookColumn {
-                    d_model: h.d_model,
+                    shape: h.shape.clone(),
+                    width: h.row_elements(),
                     chunks: Vec::new(),
                     bytes: 0,
                 })
@@ -132,12 +173,12 @@ impl ShardBuilder {
         }
         for batch in &unit {
             for (h, column) in batch.hooks.iter().zip(&self.hooks) {
-                if h.d_model != column.d_model {
+                if h.shape != column.shape {
                     return Err(StoreError::InvalidBatch {
                         first_sample: batch.first_sample,
                         reason: format!(
-                            "hook {} changed d_model from {} to {}",
-                            h.hook, column.d_model, h.d_model
+                            "hook {} changed its per-token shape from {:?} to {:?}",
+                            h.hook, column.shape, h.shape
                         ),
                     });
                 }
@@ -169,7 +210,7 @@ impl ShardBuilder {
                 self.format.shuffle.is_none() && unit.iter().all(|b| b.hooks[h].dtype == out_dtype);
             if zero_copy {
                 // Runs of consecutive included rows become slices of the batch buffers.
-                let row_bytes = column.d_model * out_dtype.size();
+                let row_bytes = column.width * out_dtype.size();
                 for (b, batch) in unit.iter_mut().enumerate() {
                     let buffer = Bytes::from(std::mem::take(&mut batch.hooks[h].data));
                     let mut run: Option<(usize, usize)> = None;
@@ -190,10 +231,10 @@ impl ShardBuilder {
                     }
                 }
             } else {
-                let mut out = Vec::with_capacity(order.len() * column.d_model * out_dtype.size());
+                let mut out = Vec::with_capacity(order.len() * column.width * out_dtype.size());
                 for &(b, t) in &order {
                     let hook = &unit[b as usize].hooks[h];
-                    let row_bytes = hook.d_model * hook.dtype.size();
+                    let row_bytes = column.width * hook.dtype.size();
                     let row = &hook.data[t as usize * row_bytes..(t as usize + 1) * row_bytes];
                     convert_row(hook.dtype, row, out_dtype, &mut out);
                 }
@@ -240,8 +281,8 @@ impl ShardBuilder {
 
         let mut stats = RunStats::new();
         for (column, name) in hooks.iter().zip(&identity.hooks) {
-            let mut acc = StatsAccumulator::new(dtype, column.d_model);
-            let row_bytes = column.d_model * dtype.size();
+            let mut acc = StatsAccumulator::new(dtype, &column.shape);
+            let row_bytes = column.width * dtype.size();
             let mut row = 0;
             for chunk in &column.chunks {
                 let rows = chunk.len() / row_bytes;
@@ -271,12 +312,10 @@ impl ShardBuilder {
             .into_iter()
             .zip(&identity.hooks)
             .map(|(column, name)| {
-                (
-                    name.clone(),
-                    dtype.safetensors_name(),
-                    vec![tokens, column.d_model],
-                    column.chunks,
-                )
+                let mut shape = Vec::with_capacity(1 + column.shape.len());
+                shape.push(tokens);
+                shape.extend_from_slice(&column.shape);
+                (name.clone(), dtype.safetensors_name(), shape, column.chunks)
             })
             .collect();
         if dtype == ActivationDtype::F32 {
@@ -381,6 +420,11 @@ impl ShardBuilder {
 pub struct ShardSummary {
     /// `__metadata__` entries.
     pub metadata: HashMap<String, String>,
+    /// The format version in the metadata's `format` tag (1 or 2).
+    pub format_version: u32,
+    /// Per hook, the per-token shape: the hook tensor's shape without its first (token)
+    /// dimension.
+    pub hook_shapes: BTreeMap<String, Vec<usize>>,
     /// Token rows (length of `token_ids`).
     pub tokens: u64,
     /// Rows included by the mask (all rows when there is no mask).
@@ -389,8 +433,17 @@ pub struct ShardSummary {
     pub stats: RunStats,
 }
 
-/// Parses a shard file and checks that every hook and bookkeeping tensor has the same row count.
-pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String]) -> Result<ShardSummary> {
+/// Parses a shard file and checks its format tag, that every hook and bookkeeping tensor has
+/// the same row count, and that each hook tensor is `[tokens, *shape]` of rank 2 or more.
+///
+/// `shapes` are the per-token shapes run.json records, in `hooks` order; when given (non-empty),
+/// a hook whose trailing dimensions differ is an error naming the hook and both shapes.
+pub fn summarize_shard(
+    path: &str,
+    bytes: &[u8],
+    hooks: &[String],
+    shapes: &[Vec<usize>],
+) -> Result<ShardSummary> {
     let bad = |reason: String| StoreError::BadShard {
         path: path.to_string(),
         reason,
@@ -398,6 +451,7 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String]) -> Result<Sha
     let (_, meta) =
         safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
+    let format_version = check_format(path, metadata.get("format").map_or("", String::as_str))?;
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let tokens = st
         .tensor("token_ids")
@@ -423,7 +477,8 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String]) -> Result<Sha
         .as_ref()
         .map_or(tokens, |m| m.iter().filter(|x| **x).count()) as u64;
     let mut stats = RunStats::new();
-    for hook in hooks {
+    let mut hook_shapes = BTreeMap::new();
+    for (i, hook) in hooks.iter().enumerate() {
         let t = st
             .tensor(hook)
             .map_err(|e| bad(format!("hook {hook}: {e}")))?;
@@ -433,19 +488,35 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String]) -> Result<Sha
             safetensors::Dtype::F16 => ActivationDtype::F16,
             other => return Err(bad(format!("hook {hook} has dtype {other:?}"))),
         };
-        if t.shape().len() != 2 || t.shape()[0] != tokens {
+        let Some((&rows, token_shape)) = t.shape().split_first() else {
             return Err(bad(format!(
-                "hook {hook} has shape {:?}, expected [{tokens}, d_model]",
+                "hook {hook} is a scalar, expected [{tokens}, *per-token shape]"
+            )));
+        };
+        if rows != tokens || token_shape.is_empty() || token_shape.contains(&0) {
+            return Err(bad(format!(
+                "hook {hook} has shape {:?}, expected [{tokens}, *per-token shape] with no zero dimension",
+                t.shape()
+            )));
+        }
+        if let Some(expected) = shapes.get(i)
+            && expected.as_slice() != token_shape
+        {
+            return Err(bad(format!(
+                "hook {hook} has per-token shape {token_shape:?} (tensor {:?}), run.json records {expected:?}",
                 t.shape()
             )));
         }
         stats.insert(
             hook.clone(),
-            HookStats::from_rows(dtype, t.shape()[1], t.data(), mask.as_deref()),
+            HookStats::from_rows(dtype, token_shape, t.data(), mask.as_deref()),
         );
+        hook_shapes.insert(hook.clone(), token_shape.to_vec());
     }
     Ok(ShardSummary {
         metadata,
+        format_version,
+        hook_shapes,
         tokens: tokens as u64,
         included_tokens,
         stats,

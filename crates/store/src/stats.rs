@@ -1,5 +1,9 @@
 //! Per-hook normalization statistics: count, per-dimension mean and variance, mean L2 norm.
 //!
+//! A hook's token activation may have several dimensions (`[n_heads, d_head]`); statistics see
+//! it flattened row-major: mean and variance per flattened element, the norm over the whole
+//! flattened row.
+//!
 //! Statistics are computed from the values as stored (after dtype conversion) over included
 //! tokens only, one chunk per shard (two-pass mean/M2 inside the chunk), and chunks are combined
 //! with Chan et al.'s parallel update. The same function runs in the writer and when stats are
@@ -15,49 +19,58 @@ use crate::error::{Result, StoreError};
 /// Running statistics of one hook.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HookStats {
-    /// Number of token vectors.
+    /// Per-token shape; `mean` and `m2` hold one entry per element of it (row-major).
+    #[serde(default)]
+    pub shape: Vec<usize>,
+    /// Number of token rows.
     pub count: u64,
-    /// Per-dimension mean.
+    /// Per-element mean.
     pub mean: Vec<f64>,
-    /// Per-dimension sum of squared deviations from the mean (variance = m2 / count).
+    /// Per-element sum of squared deviations from the mean (variance = m2 / count).
     pub m2: Vec<f64>,
-    /// Sum of per-token L2 norms (mean norm = norm_sum / count).
+    /// Sum of per-token L2 norms over the flattened row (mean norm = norm_sum / count).
     pub norm_sum: f64,
 }
 
 impl HookStats {
-    /// Empty statistics for vectors of width `d_model`.
-    pub fn new(d_model: usize) -> Self {
+    /// Empty statistics for token activations of per-token shape `shape`.
+    pub fn new(shape: &[usize]) -> Self {
+        let width = shape.iter().product();
         HookStats {
+            shape: shape.to_vec(),
             count: 0,
-            mean: vec![0.0; d_model],
-            m2: vec![0.0; d_model],
+            mean: vec![0.0; width],
+            m2: vec![0.0; width],
             norm_sum: 0.0,
         }
     }
 
-    /// Statistics of the rows of `data` (`[rows, d_model]` of `dtype`) whose mask entry is true.
+    /// Elements per token row: the product of `shape`.
+    pub fn width(&self) -> usize {
+        self.mean.len()
+    }
+
+    /// Statistics of the rows of `data` (`[rows, *shape]` of `dtype`) whose mask entry is true.
     pub fn from_rows(
         dtype: ActivationDtype,
-        d_model: usize,
+        shape: &[usize],
         data: &[u8],
         mask: Option<&[bool]>,
     ) -> Self {
-        let mut acc = StatsAccumulator::new(dtype, d_model);
+        let mut acc = StatsAccumulator::new(dtype, shape);
         acc.add_rows(data, mask);
         acc.finish()
     }
 
-    /// Chan et al.'s combination of two disjoint sets.
+    /// Chan et al.'s combination of two disjoint sets; both must have the same shape.
     pub fn merge(&mut self, other: &HookStats) -> Result<()> {
         if other.count == 0 {
             return Ok(());
         }
-        if self.mean.len() != other.mean.len() {
+        if self.shape != other.shape || self.mean.len() != other.mean.len() {
             return Err(StoreError::InvalidConfig(format!(
-                "cannot merge statistics of width {} and {}",
-                self.mean.len(),
-                other.mean.len()
+                "cannot merge statistics of per-token shape {:?} and {:?}",
+                self.shape, other.shape
             )));
         }
         if self.count == 0 {
@@ -76,13 +89,13 @@ impl HookStats {
         Ok(())
     }
 
-    /// Population variance per dimension.
+    /// Population variance per element.
     pub fn variance(&self) -> Vec<f64> {
         let n = self.count.max(1) as f64;
         self.m2.iter().map(|m2| m2 / n).collect()
     }
 
-    /// Mean L2 norm of the token vectors.
+    /// Mean L2 norm of the (flattened) token rows.
     pub fn mean_norm(&self) -> f64 {
         self.norm_sum / self.count.max(1) as f64
     }
@@ -93,7 +106,8 @@ impl HookStats {
 /// Rows may arrive in several slices; the result depends only on the rows, not the slicing.
 pub(crate) struct StatsAccumulator {
     dtype: ActivationDtype,
-    d_model: usize,
+    shape: Vec<usize>,
+    width: usize,
     row: Vec<f32>,
     shift: Option<Vec<f64>>,
     s1: Vec<f64>,
@@ -103,14 +117,16 @@ pub(crate) struct StatsAccumulator {
 }
 
 impl StatsAccumulator {
-    pub fn new(dtype: ActivationDtype, d_model: usize) -> Self {
+    pub fn new(dtype: ActivationDtype, shape: &[usize]) -> Self {
+        let width = shape.iter().product();
         StatsAccumulator {
             dtype,
-            d_model,
-            row: vec![0.0; d_model],
+            shape: shape.to_vec(),
+            width,
+            row: vec![0.0; width],
             shift: None,
-            s1: vec![0.0; d_model],
-            s2: vec![0.0; d_model],
+            s1: vec![0.0; width],
+            s2: vec![0.0; width],
             count: 0,
             norm_sum: 0.0,
         }
@@ -118,7 +134,7 @@ impl StatsAccumulator {
 
     /// Adds whole rows; `mask` (one entry per row) selects the rows to count.
     pub fn add_rows(&mut self, data: &[u8], mask: Option<&[bool]>) {
-        let row_bytes = self.d_model * self.dtype.size();
+        let row_bytes = self.width * self.dtype.size();
         let rows = data.len().checked_div(row_bytes).unwrap_or(0);
         for r in (0..rows).filter(|&r| mask.is_none_or(|m| m[r])) {
             decode_row(
@@ -150,7 +166,7 @@ impl StatsAccumulator {
     }
 
     pub fn finish(self) -> HookStats {
-        let mut stats = HookStats::new(self.d_model);
+        let mut stats = HookStats::new(&self.shape);
         let Some(shift) = self.shift else {
             return stats;
         };
@@ -181,19 +197,24 @@ pub struct StatsFile {
 /// The JSON form of [`HookStats`] with the derived values spelled out for readers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HookStatsJson {
-    /// Token vectors counted.
+    /// Per-token shape; `mean` and `variance` are over its elements flattened row-major.
+    /// Absent in format-1 files, where it is `[mean.len()]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shape: Vec<usize>,
+    /// Token rows counted.
     pub count: u64,
-    /// Per-dimension mean.
+    /// Per-element mean.
     pub mean: Vec<f64>,
-    /// Per-dimension population variance.
+    /// Per-element population variance.
     pub variance: Vec<f64>,
-    /// Mean L2 norm.
+    /// Mean L2 norm of the flattened token rows.
     pub mean_norm: f64,
 }
 
 impl From<&HookStats> for HookStatsJson {
     fn from(s: &HookStats) -> Self {
         HookStatsJson {
+            shape: s.shape.clone(),
             count: s.count,
             mean: s.mean.clone(),
             variance: s.variance(),
@@ -205,7 +226,13 @@ impl From<&HookStats> for HookStatsJson {
 impl From<&HookStatsJson> for HookStats {
     fn from(s: &HookStatsJson) -> Self {
         let n = s.count as f64;
+        let shape = if s.shape.is_empty() {
+            vec![s.mean.len()]
+        } else {
+            s.shape.clone()
+        };
         HookStats {
+            shape,
             count: s.count,
             mean: s.mean.clone(),
             m2: s.variance.iter().map(|v| v * n).collect(),
@@ -289,13 +316,13 @@ mod tests {
         ];
         let flat: Vec<f32> = rows.iter().flatten().copied().collect();
         let mask = [true, true, true, true, false, true, true];
-        let all = HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&flat), Some(&mask));
+        let all = HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&flat), Some(&mask));
         let mut merged =
-            HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&flat[..6]), None);
+            HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&flat[..6]), None);
         merged
             .merge(&HookStats::from_rows(
                 ActivationDtype::F32,
-                2,
+                &[2],
                 &f32_bytes(&flat[6..]),
                 Some(&mask[3..]),
             ))
@@ -334,8 +361,40 @@ mod tests {
 
     #[test]
     fn width_mismatch_is_an_error() {
-        let mut a = HookStats::from_rows(ActivationDtype::F32, 1, &f32_bytes(&[1.0]), None);
-        let b = HookStats::from_rows(ActivationDtype::F32, 2, &f32_bytes(&[1.0, 2.0]), None);
+        let mut a = HookStats::from_rows(ActivationDtype::F32, &[1], &f32_bytes(&[1.0]), None);
+        let b = HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&[1.0, 2.0]), None);
         assert!(a.merge(&b).is_err());
+        // Same width, different shape: a per-head [2, 2] hook is not a [4] vector.
+        let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
+        let mut heads = HookStats::from_rows(ActivationDtype::F32, &[2, 2], &data, None);
+        let flat = HookStats::from_rows(ActivationDtype::F32, &[4], &data, None);
+        let err = heads.merge(&flat).unwrap_err().to_string();
+        assert!(err.contains("[2, 2]") && err.contains("[4]"), "{err}");
+    }
+
+    #[test]
+    fn multi_dimensional_rows_are_flattened() {
+        // Two tokens of per-token shape [2, 2]: statistics per flattened element, the norm over
+        // the whole row.
+        let rows = [[1.0f32, 2.0, 3.0, 4.0], [3.0, 2.0, 1.0, 0.0]];
+        let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+        let s = HookStats::from_rows(ActivationDtype::F32, &[2, 2], &f32_bytes(&flat), None);
+        assert_eq!(
+            (s.count, s.width(), s.shape.as_slice()),
+            (2, 4, &[2, 2][..])
+        );
+        assert_eq!(s.mean, vec![2.0, 2.0, 2.0, 2.0]);
+        assert_eq!(s.variance(), vec![1.0, 0.0, 1.0, 4.0]);
+        let norm = (30f64.sqrt() + 14f64.sqrt()) / 2.0;
+        assert!((s.mean_norm() - norm).abs() < 1e-12);
+        // The file form records the shape; a format-1 entry without one reads as [width].
+        let json = HookStatsJson::from(&s);
+        assert_eq!(json.shape, vec![2, 2]);
+        assert_eq!(HookStats::from(&json).shape, vec![2, 2]);
+        let old: HookStatsJson = serde_json::from_value(serde_json::json!({
+            "count": 2, "mean": [1.0, 2.0, 3.0], "variance": [0.0, 0.0, 0.0], "mean_norm": 1.0
+        }))
+        .unwrap();
+        assert_eq!(HookStats::from(&old).shape, vec![3]);
     }
 }

@@ -12,28 +12,44 @@ use crate::batch::{ActivationDtype, BatchActivations, HookActivations};
 pub struct SyntheticSpec {
     /// Hook names.
     pub hooks: Vec<String>,
+    /// Per hook, the per-token shape (`[d_model]`, `[n_heads, d_head]`, `[1]`, ...).
+    pub shapes: Vec<Vec<usize>>,
     /// Sequences per batch.
     pub batch: usize,
     /// Tokens per sequence.
     pub seq: usize,
-    /// Activation width.
-    pub d_model: usize,
 }
 
 impl SyntheticSpec {
-    /// `n` hooks named `blocks.{i}.hook_resid_post`.
+    /// `n` hooks named `blocks.{i}.hook_resid_post`, each of per-token shape `[d_model]`.
     pub fn new(n_hooks: usize, batch: usize, seq: usize, d_model: usize) -> Self {
         SyntheticSpec {
             hooks: (0..n_hooks)
                 .map(|i| format!("blocks.{i}.hook_resid_post"))
                 .collect(),
+            shapes: vec![vec![d_model]; n_hooks],
             batch,
             seq,
-            d_model,
         }
     }
 
-    /// The activation value of `(sample, token, hook, dim)`; exactly representable in bf16.
+    /// Hooks of any per-token shapes: `(name, shape)` pairs.
+    pub fn with_hooks(hooks: &[(&str, &[usize])], batch: usize, seq: usize) -> Self {
+        SyntheticSpec {
+            hooks: hooks.iter().map(|(name, _)| name.to_string()).collect(),
+            shapes: hooks.iter().map(|(_, shape)| shape.to_vec()).collect(),
+            batch,
+            seq,
+        }
+    }
+
+    /// Elements per token of hook `hook` (the product of its shape).
+    pub fn width(&self, hook: usize) -> usize {
+        self.shapes[hook].iter().product()
+    }
+
+    /// The activation value of `(sample, token, hook, dim)`, `dim` indexing the token's
+    /// activation flattened row-major; exactly representable in bf16.
     pub fn value(sample: u64, token: usize, hook: usize, dim: usize) -> f32 {
         let h = mix(sample.wrapping_mul(0x100_0000)
             ^ ((token as u64) << 24)
@@ -76,10 +92,11 @@ impl SyntheticSpec {
             .iter()
             .enumerate()
             .map(|(h, name)| {
-                let mut data = Vec::with_capacity(tokens * self.d_model * 4);
+                let width = self.width(h);
+                let mut data = Vec::with_capacity(tokens * width * 4);
                 for b in 0..self.batch {
                     for t in 0..self.seq {
-                        for d in 0..self.d_model {
+                        for d in 0..width {
                             data.extend_from_slice(
                                 &Self::value(first_sample + b as u64, t, h, d).to_le_bytes(),
                             );
@@ -89,7 +106,7 @@ impl SyntheticSpec {
                 HookActivations {
                     hook: name.clone(),
                     dtype: ActivationDtype::F32,
-                    d_model: self.d_model,
+                    shape: self.shapes[h].clone(),
                     data,
                 }
             })

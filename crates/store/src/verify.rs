@@ -9,7 +9,7 @@ use crate::config::HostId;
 use crate::error::{Result, StoreError};
 use crate::location::{MANIFEST_NAME, STATS_NAME, StoreLocation};
 use crate::run::{RunJson, get_optional, list_hosts, merge_host_stats, read_manifest};
-use crate::shard::summarize_shard;
+use crate::shard::{check_format, summarize_shard};
 use crate::stats::{self, RunStats, StatsFile};
 
 /// What [`verify_run`] found.
@@ -17,6 +17,13 @@ use crate::stats::{self, RunStats, StatsFile};
 pub struct VerifyReport {
     /// The run's `run.json`, when readable.
     pub run_json: Option<RunJson>,
+    /// The dataset format version (1 or 2): run.json's, or the first shard's when run.json is
+    /// unreadable; `None` when neither could be read.
+    pub format_version: Option<u32>,
+    /// Per hook, its per-token shape: as run.json records it, or (format 1, or run.json without
+    /// shapes) the first shard's tensor shape without its token dimension. Hooks without a
+    /// readable shard are missing.
+    pub hook_shapes: BTreeMap<String, Vec<usize>>,
     /// Per host.
     pub hosts: Vec<HostReport>,
     /// Token rows over all hosts.
@@ -68,37 +75,71 @@ pub struct HostReport {
     pub problems: Vec<String>,
 }
 
+/// What every shard must agree on, from run.json or learnt from the first shard read.
+struct Expected {
+    hooks: Vec<String>,
+    /// Format version; `None` until known.
+    format: Option<u32>,
+    /// Per-token shapes in hook order; empty until known.
+    shapes: Vec<Vec<usize>>,
+    /// `shapes` come from run.json (checked by [`summarize_shard`] itself).
+    shapes_recorded: bool,
+}
+
 /// Verifies a run: every manifest line's object exists with its size and sha256, shard headers
-/// agree with the manifest (tokens, sample range), sample ranges have no gap or duplicate, and
-/// `stats.json` (per host and merged) counts exactly the included tokens.
+/// agree with the manifest (tokens, sample range) and with run.json (format, per-token hook
+/// shapes), sample ranges have no gap or duplicate, and `stats.json` (per host and merged)
+/// counts exactly the included tokens with the hooks' widths.
 ///
-/// Reads every shard in full; problems are collected, not returned as errors, so one report
-/// lists them all. Errors are reserved for the store being unreachable.
+/// Reads datasets of format 1 and 2 ([`crate::READABLE_FORMAT_VERSIONS`]). Reads every shard
+/// in full; problems are collected, not returned as errors, so one report lists them all.
+/// Errors are reserved for the store being unreachable and for a run.json of a format this
+/// crate cannot read ([`StoreError::UnsupportedFormat`]).
 pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyReport> {
     let mut report = VerifyReport::default();
     let run_json_path = location.run_json(run);
-    let hooks = match get_optional(location, &run_json_path).await? {
-        None => {
-            report.problems.push(format!("{run_json_path} is missing"));
-            Vec::new()
-        }
+    let mut expected = Expected {
+        hooks: Vec::new(),
+        format: None,
+        shapes: Vec::new(),
+        shapes_recorded: false,
+    };
+    match get_optional(location, &run_json_path).await? {
+        None => report.problems.push(format!("{run_json_path} is missing")),
         Some(bytes) => match serde_json::from_slice::<RunJson>(&bytes) {
             Ok(parsed) => {
-                let hooks = parsed.descriptor.hooks.clone();
+                expected.format = Some(parsed.format_version(run_json_path.as_ref())?);
+                expected.hooks = parsed.descriptor.hooks.clone();
+                let shapes = &parsed.descriptor.hook_shapes;
+                if !shapes.is_empty() && shapes.len() != expected.hooks.len() {
+                    report.problems.push(format!(
+                        "{run_json_path} records {} hook shapes for {} hooks",
+                        shapes.len(),
+                        expected.hooks.len()
+                    ));
+                } else if !shapes.is_empty() {
+                    expected.shapes = shapes.clone();
+                    expected.shapes_recorded = true;
+                }
                 report.run_json = Some(parsed);
-                hooks
             }
             Err(e) => {
+                // An unreadable format is an error even when the rest does not parse.
+                if let Some(tag) = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(String::from))
+                {
+                    check_format(run_json_path.as_ref(), &tag)?;
+                }
                 report
                     .problems
                     .push(format!("{run_json_path} does not parse: {e}"));
-                Vec::new()
             }
         },
-    };
+    }
     let mut all_stats = RunStats::new();
     for host in list_hosts(location, run).await? {
-        let (host_report, host_stats) = verify_host(location, run, host, &hooks).await?;
+        let (host_report, host_stats) = verify_host(location, run, host, &mut expected).await?;
         report.tokens += host_report.tokens;
         report.included_tokens += host_report.included_tokens;
         stats::merge_run_stats(&mut all_stats, &host_stats)?;
@@ -118,13 +159,20 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
             Ok(file) => check_stats(
                 "run stats.json",
                 &file,
-                &hooks,
+                &expected,
                 report.included_tokens,
                 &mut report.problems,
             ),
         },
     }
     let _ = all_stats;
+    report.format_version = expected.format;
+    report.hook_shapes = expected
+        .hooks
+        .iter()
+        .cloned()
+        .zip(expected.shapes.iter().cloned())
+        .collect();
     Ok(report)
 }
 
@@ -165,7 +213,7 @@ async fn verify_host(
     location: &StoreLocation,
     run: &str,
     host: HostId,
-    hooks: &[String],
+    expected: &mut Expected,
 ) -> Result<(HostReport, RunStats)> {
     let mut report = HostReport {
         host,
@@ -233,9 +281,43 @@ async fn verify_host(
             ));
             continue;
         }
-        match summarize_shard(path.as_ref(), &bytes, hooks) {
+        let recorded: &[Vec<usize>] = if expected.shapes_recorded {
+            &expected.shapes
+        } else {
+            &[]
+        };
+        match summarize_shard(path.as_ref(), &bytes, &expected.hooks, recorded) {
             Err(e) => report.problems.push(e.to_string()),
             Ok(summary) => {
+                match expected.format {
+                    None => expected.format = Some(summary.format_version),
+                    Some(format) if format != summary.format_version => {
+                        report.problems.push(format!(
+                            "{}: shard of format {}, run.json (or the first shard) says format {format}",
+                            line.shard, summary.format_version
+                        ))
+                    }
+                    Some(_) => {}
+                }
+                let shapes: Vec<Vec<usize>> = expected
+                    .hooks
+                    .iter()
+                    .map(|h| summary.hook_shapes[h].clone())
+                    .collect();
+                if expected.shapes.is_empty() {
+                    expected.shapes = shapes;
+                } else if !expected.shapes_recorded {
+                    for ((hook, want), got) in
+                        expected.hooks.iter().zip(&expected.shapes).zip(&shapes)
+                    {
+                        if want != got {
+                            report.problems.push(format!(
+                                "{}: hook {hook} has per-token shape {got:?}, earlier shards have {want:?}",
+                                line.shard
+                            ));
+                        }
+                    }
+                }
                 if summary.tokens != line.tokens || summary.included_tokens != line.included_tokens
                 {
                     report.problems.push(format!(
@@ -284,7 +366,7 @@ async fn verify_host(
                 check_stats(
                     "stats.json",
                     &file,
-                    hooks,
+                    expected,
                     report.included_tokens,
                     &mut report.problems,
                 );
@@ -297,11 +379,11 @@ async fn verify_host(
 fn check_stats(
     what: &str,
     file: &StatsFile,
-    hooks: &[String],
+    expected: &Expected,
     included: u64,
     problems: &mut Vec<String>,
 ) {
-    for hook in hooks {
+    for (i, hook) in expected.hooks.iter().enumerate() {
         match file.hooks.get(hook) {
             None if included == 0 => {}
             None => problems.push(format!("{what}: no statistics for hook {hook}")),
@@ -309,7 +391,22 @@ fn check_stats(
                 "{what}: hook {hook} counts {} tokens, manifests include {included}",
                 s.count
             )),
-            Some(_) => {}
+            Some(s) => {
+                let Some(shape) = expected.shapes.get(i) else {
+                    continue;
+                };
+                let width: usize = shape.iter().product();
+                if s.mean.len() != width
+                    || s.variance.len() != width
+                    || (!s.shape.is_empty() && &s.shape != shape)
+                {
+                    problems.push(format!(
+                        "{what}: hook {hook} has statistics of per-token shape {:?} ({} means), the shards {shape:?}",
+                        s.shape,
+                        s.mean.len()
+                    ));
+                }
+            }
         }
     }
 }

@@ -25,7 +25,7 @@ use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::batch::BatchActivations;
+use crate::batch::{BatchActivations, check_token_shape};
 use crate::config::{HostId, RunDescriptor, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::failpoint::{self, Failpoint};
@@ -84,6 +84,11 @@ pub struct ShardWriter {
     failure: Arc<Mutex<Option<String>>>,
     resume: ResumePoint,
     hooks: Vec<String>,
+    /// Per hook, the per-token shape every batch must have: run.json's, or (when it records
+    /// none) the first pushed batch's.
+    shapes: Vec<Vec<usize>>,
+    /// Whether `shapes` come from run.json (for the error message).
+    shapes_recorded: bool,
     next_sample: u64,
 }
 
@@ -107,7 +112,7 @@ impl ShardWriter {
         descriptor: RunDescriptor,
     ) -> Result<Self> {
         config.validate()?;
-        validate_hooks(&descriptor.hooks)?;
+        validate_hooks(&descriptor.hooks, &descriptor.hook_shapes)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("siphon-store")
@@ -121,7 +126,14 @@ impl ShardWriter {
         let run_json = RunJson::new(&config.run, &descriptor, &config.format);
         let state = runtime.block_on(async {
             claim_run(&location, &run_json).await?;
-            recover_host(&location, &config.run, config.host, &descriptor.hooks).await
+            recover_host(
+                &location,
+                &config.run,
+                config.host,
+                &descriptor.hooks,
+                &descriptor.hook_shapes,
+            )
+            .await
         })?;
         let resume = state.resume_point();
         tracing::info!(host = %config.host.dir_name(), next_shard = resume.next_shard, next_sample = resume.next_sample, "store opened");
@@ -178,6 +190,8 @@ impl ShardWriter {
             next_sample: resume.next_sample,
             resume,
             hooks: descriptor.hooks,
+            shapes_recorded: !descriptor.hook_shapes.is_empty(),
+            shapes: descriptor.hook_shapes,
         })
     }
 
@@ -187,10 +201,31 @@ impl ShardWriter {
         &self.resume
     }
 
-    /// Queues a batch; blocks while the queue is full. Fails on a malformed batch, on a batch
-    /// that does not start where the previous one ended, or when the background writer failed.
+    /// Queues a batch; blocks while the queue is full. Fails on a malformed batch, on a hook
+    /// whose per-token shape differs from run.json's (or, when run.json records none, from the
+    /// first batch's), on a batch that does not start where the previous one ended, or when
+    /// the background writer failed.
     pub fn push(&mut self, batch: BatchActivations) -> Result<()> {
         batch.validate(&self.hooks)?;
+        for (hook, expected) in batch.hooks.iter().zip(&self.shapes) {
+            if &hook.shape != expected {
+                let reason = if self.shapes_recorded {
+                    format!(
+                        "hook {} has per-token shape {:?}, run.json records {expected:?}",
+                        hook.hook, hook.shape
+                    )
+                } else {
+                    format!(
+                        "hook {} changed its per-token shape from {expected:?} (earlier batches) to {:?}",
+                        hook.hook, hook.shape
+                    )
+                };
+                return Err(StoreError::InvalidBatch {
+                    first_sample: batch.first_sample,
+                    reason,
+                });
+            }
+        }
         if batch.first_sample != self.next_sample {
             return Err(StoreError::InvalidBatch {
                 first_sample: batch.first_sample,
@@ -205,10 +240,14 @@ impl ShardWriter {
             .batches
             .as_ref()
             .ok_or_else(|| StoreError::Background("writer already finished".into()))?;
+        let shapes = self.shapes.is_empty().then(|| batch.hook_shapes());
         if sender.send(batch).is_err() {
             return Err(StoreError::Background(self.failure_message()));
         }
         self.next_sample = end;
+        if let Some(shapes) = shapes {
+            self.shapes = shapes;
+        }
         Ok(())
     }
 
@@ -264,9 +303,20 @@ fn record_failure(slot: &Mutex<Option<String>>, error: &StoreError) {
     }
 }
 
-fn validate_hooks(hooks: &[String]) -> Result<()> {
+fn validate_hooks(hooks: &[String], shapes: &[Vec<usize>]) -> Result<()> {
     if hooks.is_empty() {
         return Err(StoreError::InvalidConfig("no hooks to store".into()));
+    }
+    if !shapes.is_empty() && shapes.len() != hooks.len() {
+        return Err(StoreError::InvalidConfig(format!(
+            "{} hook shapes for {} hooks {hooks:?}: give one per hook, or none",
+            shapes.len(),
+            hooks.len()
+        )));
+    }
+    for (hook, shape) in hooks.iter().zip(shapes) {
+        check_token_shape(shape)
+            .map_err(|e| StoreError::InvalidConfig(format!("hook {hook} {e}")))?;
     }
     let mut seen = std::collections::HashSet::new();
     for hook in hooks {

@@ -31,6 +31,7 @@ fn descriptor(spec: &SyntheticSpec) -> RunDescriptor {
     RunDescriptor {
         model: serde_json::json!({"id": "synthetic"}),
         hooks: spec.hooks.clone(),
+        hook_shapes: spec.shapes.clone(),
         mesh: serde_json::json!({"data": 1}),
         partition: serde_json::json!({"hosts": 1}),
         config: serde_json::json!({"seq": spec.seq}),
@@ -148,6 +149,8 @@ fn suite_write_read_verify(backend: &Backend) {
     );
     assert_eq!(meta["sample_start"], lines[1].samples[0].to_string());
     assert_eq!(meta["model"], "synthetic");
+    assert_eq!(meta["format"], siphon_store::FORMAT_TAG);
+    assert_eq!(siphon_store::FORMAT_TAG, "siphon-activations/2");
     // Rebuild the expected rows of shard 1 from the generator.
     let mut expected = Vec::new();
     for sample in lines[1].samples[0]..lines[1].samples[1] {
@@ -171,12 +174,13 @@ fn suite_write_read_verify(backend: &Backend) {
         .collect();
     assert_eq!(token_ids.len(), expected.len());
     let hook1 = st.tensor(&spec.hooks[1]).unwrap();
-    assert_eq!(hook1.shape(), [expected.len(), spec.d_model]);
+    let width = spec.width(1);
+    assert_eq!(hook1.shape(), [expected.len(), width]);
     for (row, &(sample, t)) in expected.iter().enumerate() {
         assert_eq!(token_ids[row], SyntheticSpec::token_id(sample, t));
         assert_eq!(sample_index[row], sample as i64);
-        for d in [0, 7, spec.d_model - 1] {
-            let off = (row * spec.d_model + d) * 4;
+        for d in [0, 7, width - 1] {
+            let off = (row * width + d) * 4;
             let got = f32::from_le_bytes(hook1.data()[off..off + 4].try_into().unwrap());
             assert_eq!(got, SyntheticSpec::value(sample, t, 1, d));
         }
@@ -485,7 +489,7 @@ fn bad_batches_are_rejected_with_the_reason() {
             .push(short)
             .unwrap_err()
             .to_string()
-            .contains("expected batch*seq*d_model*4")
+            .contains("expected batch*seq*prod(shape [16])*4")
     );
     let err = writer.push(spec.batch(1)).unwrap_err().to_string();
     assert!(
@@ -521,6 +525,398 @@ fn bad_batches_are_rejected_with_the_reason() {
             .unwrap()
             .to_string()
             .contains("reserved")
+    );
+}
+
+/// Hooks of different per-token shapes side by side: a `[8]` vector, a per-head `[2, 4]` and
+/// a `[1]` scale. Shards hold `[tokens, *shape]`, run.json records the shapes, verify passes and
+/// statistics are per flattened element (widths 8, 8, 1).
+#[test]
+fn hooks_of_different_shapes_are_stored_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::local(dir.path());
+    let spec = mixed_spec();
+    let mut c = config(&backend, "shapes");
+    c.format.target_shard_bytes = 3_000;
+    let summary = write_all(c, &spec, 4);
+    assert!(summary.shards >= 2, "several shards: {}", summary.shards);
+    let report = verify_ok(&backend, "shapes");
+    assert_eq!(report.format_version, Some(2));
+    let shapes: Vec<Vec<usize>> = spec
+        .hooks
+        .iter()
+        .map(|h| report.hook_shapes[h].clone())
+        .collect();
+    assert_eq!(shapes, vec![vec![8], vec![2, 4], vec![1]]);
+    let run_json = report.run_json.as_ref().unwrap();
+    assert_eq!(run_json.format, "siphon-activations/2");
+    assert_eq!(run_json.descriptor.hook_shapes, shapes);
+    assert_eq!(
+        run_json.descriptor.hook_shape("blocks.0.attn.hook_z"),
+        Some(&[2, 4][..])
+    );
+
+    let mut rows = 0;
+    for line in read_manifest(&backend, "shapes") {
+        let bytes = read_object(&backend, "shapes", &line.shard);
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let tokens = line.tokens as usize;
+        assert_eq!(
+            st.tensor("blocks.0.hook_resid_post").unwrap().shape(),
+            [tokens, 8]
+        );
+        assert_eq!(
+            st.tensor("blocks.0.attn.hook_z").unwrap().shape(),
+            [tokens, 2, 4]
+        );
+        assert_eq!(
+            st.tensor("blocks.0.ln1.hook_scale").unwrap().shape(),
+            [tokens, 1]
+        );
+        // Row-major [tokens, heads, d_head]: head 1, element 3 of row r is flat element 7.
+        let z = st.tensor("blocks.0.attn.hook_z").unwrap();
+        let samples: Vec<i64> = st
+            .tensor("sample_index")
+            .unwrap()
+            .data()
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let first = samples[0] as u64;
+        let t = (0..spec.seq).find(|&t| spec.keep(first, t)).unwrap();
+        let off = 7 * 4;
+        let got = f32::from_le_bytes(z.data()[off..off + 4].try_into().unwrap());
+        assert_eq!(got, SyntheticSpec::value(first, t, 1, 7));
+        rows += tokens;
+    }
+    assert_eq!(rows as u64, summary.tokens);
+
+    let stats = siphon_store::finalize_run(&backend.url("shapes"), &[], RUN).unwrap();
+    let widths: Vec<usize> = spec
+        .hooks
+        .iter()
+        .map(|h| stats.hooks[h].mean.len())
+        .collect();
+    assert_eq!(widths, vec![8, 8, 1]);
+    assert_eq!(stats.hooks["blocks.0.attn.hook_z"].shape, vec![2, 4]);
+    assert_eq!(stats.hooks["blocks.0.ln1.hook_scale"].variance.len(), 1);
+    // Per flattened element, and the norm over the whole flattened row.
+    let spec = &spec;
+    let kept: Vec<(u64, usize)> = (0..4 * spec.batch as u64)
+        .flat_map(|s| {
+            (0..spec.seq)
+                .filter(move |&t| spec.keep(s, t))
+                .map(move |t| (s, t))
+        })
+        .collect();
+    let z = &stats.hooks["blocks.0.attn.hook_z"];
+    assert_eq!(z.count, kept.len() as u64);
+    let mean7 = kept
+        .iter()
+        .map(|&(s, t)| SyntheticSpec::value(s, t, 1, 7) as f64)
+        .sum::<f64>()
+        / kept.len() as f64;
+    assert!((z.mean[7] - mean7).abs() < 1e-9, "{} vs {mean7}", z.mean[7]);
+    let norm = kept
+        .iter()
+        .map(|&(s, t)| {
+            (0..8)
+                .map(|d| (SyntheticSpec::value(s, t, 1, d) as f64).powi(2))
+                .sum::<f64>()
+                .sqrt()
+        })
+        .sum::<f64>()
+        / kept.len() as f64;
+    assert!(
+        (z.mean_norm - norm).abs() < 1e-9,
+        "{} vs {norm}",
+        z.mean_norm
+    );
+
+    // A run.json without shapes (the descriptor leaves them out): shards still hold
+    // [tokens, *shape], and verify reads the shapes from the first shard.
+    let mut c = config(&backend, "unrecorded");
+    c.format.target_shard_bytes = 3_000;
+    let mut desc = descriptor(spec);
+    desc.hook_shapes.clear();
+    let mut writer = ShardWriter::open(c, desc).unwrap();
+    for k in 0..3 {
+        writer.push(spec.batch(k)).unwrap();
+    }
+    writer.finish().unwrap();
+    let report = verify_ok(&backend, "unrecorded");
+    assert!(
+        report
+            .run_json
+            .as_ref()
+            .unwrap()
+            .descriptor
+            .hook_shapes
+            .is_empty()
+    );
+    assert_eq!(report.hook_shapes["blocks.0.attn.hook_z"], vec![2, 4]);
+}
+
+/// `[8]`, per-head `[2, 4]` and `[1]` hooks over 2 x 8 tokens.
+fn mixed_spec() -> SyntheticSpec {
+    SyntheticSpec::with_hooks(
+        &[
+            ("blocks.0.hook_resid_post", &[8]),
+            ("blocks.0.attn.hook_z", &[2, 4]),
+            ("blocks.0.ln1.hook_scale", &[1]),
+        ],
+        2,
+        8,
+    )
+}
+
+/// A hook whose per-token shape changes is refused, naming the hook and both shapes, whether
+/// run.json records the shapes or the first batch set them; empty and zero shapes too.
+#[test]
+fn a_shape_change_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::local(dir.path());
+    let spec = mixed_spec();
+    let reshaped = |k: u64| {
+        let mut batch = spec.batch(k);
+        batch.hooks[1].shape = vec![4, 2];
+        batch
+    };
+
+    let mut writer = ShardWriter::open(config(&backend, "recorded"), descriptor(&spec)).unwrap();
+    let err = writer.push(reshaped(0)).unwrap_err();
+    assert!(matches!(err, StoreError::InvalidBatch { .. }), "{err}");
+    assert!(
+        err.to_string().contains(
+            "hook blocks.0.attn.hook_z has per-token shape [4, 2], run.json records [2, 4]"
+        ),
+        "{err}"
+    );
+    writer.push(spec.batch(0)).unwrap();
+    assert_eq!(writer.finish().unwrap().samples_end, 2);
+
+    let mut desc = descriptor(&spec);
+    desc.hook_shapes.clear();
+    let mut writer = ShardWriter::open(config(&backend, "unrecorded"), desc).unwrap();
+    writer.push(spec.batch(0)).unwrap();
+    let err = writer.push(reshaped(1)).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "hook blocks.0.attn.hook_z changed its per-token shape from [2, 4] (earlier batches) to [4, 2]"
+        ),
+        "{err}"
+    );
+    let mut empty = spec.batch(1);
+    empty.hooks[2].shape = vec![];
+    let err = writer.push(empty).unwrap_err().to_string();
+    assert!(
+        err.contains("hook blocks.0.ln1.hook_scale has an empty per-token shape"),
+        "{err}"
+    );
+    let mut zero = spec.batch(1);
+    zero.hooks[1].shape = vec![2, 0];
+    let err = writer.push(zero).unwrap_err().to_string();
+    assert!(
+        err.contains("hook blocks.0.attn.hook_z has a zero dimension"),
+        "{err}"
+    );
+    writer.push(spec.batch(1)).unwrap();
+    assert_eq!(writer.finish().unwrap().samples_end, 4);
+
+    let mut wrong_count = descriptor(&spec);
+    wrong_count.hook_shapes.pop();
+    let err = ShardWriter::open(config(&backend, "count"), wrong_count)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("2 hook shapes for 3 hooks"),
+        "{err}"
+    );
+}
+
+/// verify compares the shards' hook shapes with run.json's and names hook, shard and shapes.
+#[test]
+fn verify_reports_shards_that_disagree_with_run_json_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::local(dir.path());
+    let spec = mixed_spec();
+    write_all(config(&backend, "disagree"), &spec, 2);
+    siphon_store::finalize_run(&backend.url("disagree"), &[], RUN).unwrap();
+    let path = dir.path().join("disagree").join(RUN).join("run.json");
+    let mut run_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(
+        run_json["hook_shapes"],
+        serde_json::json!([[8], [2, 4], [1]])
+    );
+    run_json["hook_shapes"][1] = serde_json::json!([4, 2]);
+    std::fs::write(&path, serde_json::to_vec(&run_json).unwrap()).unwrap();
+    let report = siphon_store::verify_run_blocking(&backend.url("disagree"), &[], RUN).unwrap();
+    let problems = report.all_problems();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("shard_000000.safetensors")
+                && p.contains("hook blocks.0.attn.hook_z has per-token shape [2, 4]")
+                && p.contains("run.json records [4, 2]")),
+        "{problems:?}"
+    );
+}
+
+/// Rewrites a run written by this crate as format 1 wrote it: `siphon-activations/1` in
+/// run.json and every shard, no `hook_shapes` in run.json, no `shape` in stats.json (the shards
+/// of `[d_model]` hooks are otherwise the same); manifests get the new sizes and hashes.
+fn downgrade_to_format_1(run_dir: &std::path::Path) {
+    use sha2::Digest;
+    let path = run_dir.join("run.json");
+    let mut run_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    run_json["format"] = "siphon-activations/1".into();
+    run_json.as_object_mut().unwrap().remove("hook_shapes");
+    std::fs::write(&path, serde_json::to_vec_pretty(&run_json).unwrap()).unwrap();
+    let strip_shapes = |path: &std::path::Path| {
+        let mut stats: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        for hook in stats["hooks"].as_object_mut().unwrap().values_mut() {
+            assert!(hook.as_object_mut().unwrap().remove("shape").is_some());
+        }
+        std::fs::write(path, serde_json::to_vec(&stats).unwrap()).unwrap();
+    };
+    strip_shapes(&run_dir.join("stats.json"));
+    let host_dir = run_dir.join(HOST.dir_name());
+    strip_shapes(&host_dir.join("stats.json"));
+    let manifest = host_dir.join("manifest.jsonl");
+    let mut lines =
+        siphon_store::parse_manifest("m", &std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    for line in &mut lines {
+        let shard = host_dir.join(&line.shard);
+        let bytes = std::fs::read(&shard).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut metadata = safetensors::SafeTensors::read_metadata(&bytes)
+            .unwrap()
+            .1
+            .metadata()
+            .clone()
+            .unwrap();
+        metadata.insert("format".into(), "siphon-activations/1".into());
+        let rewritten = safetensors::serialize(st.tensors(), Some(metadata)).unwrap();
+        line.bytes = rewritten.len() as u64;
+        line.sha256 = hex::encode(sha2::Sha256::digest(&rewritten));
+        std::fs::write(&shard, rewritten).unwrap();
+    }
+    std::fs::write(&manifest, siphon_store::render_manifest(&lines)).unwrap();
+}
+
+/// A format-1 dataset is verified (shapes read from its shards) and reported as format 1; a
+/// format-2 writer refuses to resume it, saying so; finalize still merges its statistics.
+#[test]
+fn format_1_runs_are_read_but_not_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::local(dir.path());
+    let spec = SyntheticSpec::new(2, 2, 8, 16);
+    let mut desc = descriptor(&spec);
+    desc.hook_shapes.clear();
+    let mut writer = ShardWriter::open(config(&backend, "v1"), desc.clone()).unwrap();
+    for k in 0..3 {
+        writer.push(spec.batch(k)).unwrap();
+    }
+    writer.finish().unwrap();
+    siphon_store::finalize_run(&backend.url("v1"), &[], RUN).unwrap();
+    downgrade_to_format_1(&dir.path().join("v1").join(RUN));
+
+    let report = siphon_store::verify_run_blocking(&backend.url("v1"), &[], RUN).unwrap();
+    assert!(report.is_ok(), "{:?}", report.all_problems());
+    assert_eq!(report.format_version, Some(1));
+    let run_json = report.run_json.as_ref().unwrap();
+    assert_eq!(run_json.format, "siphon-activations/1");
+    assert_eq!(run_json.format_version("run.json").unwrap(), 1);
+    assert!(run_json.descriptor.hook_shapes.is_empty());
+    assert_eq!(report.hook_shapes[&spec.hooks[0]], vec![16]);
+    assert_eq!(report.hook_shapes[&spec.hooks[1]], vec![16]);
+    let merged = siphon_store::finalize_run(&backend.url("v1"), &[], RUN).unwrap();
+    assert_eq!(merged.hooks[&spec.hooks[0]].shape, vec![16]);
+
+    let err = ShardWriter::open(config(&backend, "v1"), desc)
+        .err()
+        .unwrap();
+    let message = err.to_string();
+    assert!(
+        matches!(
+            err,
+            StoreError::FormatMismatch {
+                stored_version: 1,
+                ..
+            }
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("run.json was written by format 1 (\"siphon-activations/1\")")
+            && message.contains("this siphon writes format 2"),
+        "{message}"
+    );
+}
+
+/// A format this crate does not know is an error naming it, for verify and for resume.
+#[test]
+fn an_unknown_format_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::local(dir.path());
+    let spec = SyntheticSpec::new(1, 2, 8, 16);
+    write_all(config(&backend, "v3"), &spec, 1);
+    let path = dir.path().join("v3").join(RUN).join("run.json");
+    let mut run_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    run_json["format"] = "siphon-activations/3".into();
+    std::fs::write(&path, serde_json::to_vec(&run_json).unwrap()).unwrap();
+
+    let err = siphon_store::verify_run_blocking(&backend.url("v3"), &[], RUN).unwrap_err();
+    assert!(matches!(err, StoreError::UnsupportedFormat { .. }), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("unsupported dataset format \"siphon-activations/3\"")
+            && message.contains("siphon-activations/1 and siphon-activations/2"),
+        "{message}"
+    );
+    let err = ShardWriter::open(config(&backend, "v3"), descriptor(&spec))
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("\"siphon-activations/3\""),
+        "{err}"
+    );
+    assert_eq!(siphon_store::format_version("siphon-activations/3"), None);
+    assert_eq!(
+        siphon_store::format_version("siphon-activations/1"),
+        Some(1)
+    );
+    assert_eq!(siphon_store::format_version("other/2"), None);
+
+    // A shard with an unknown tag is a problem of that shard.
+    let mut run_json = run_json;
+    run_json["format"] = siphon_store::FORMAT_TAG.into();
+    std::fs::write(&path, serde_json::to_vec(&run_json).unwrap()).unwrap();
+    let shard = dir
+        .path()
+        .join("v3")
+        .join(RUN)
+        .join(HOST.dir_name())
+        .join("shard_000000.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut metadata = safetensors::SafeTensors::read_metadata(&bytes)
+        .unwrap()
+        .1
+        .metadata()
+        .clone()
+        .unwrap();
+    metadata.insert("format".into(), "siphon-activations/3".into());
+    let rewritten = safetensors::serialize(st.tensors(), Some(metadata)).unwrap();
+    let err = siphon_store::summarize_shard("s", &rewritten, &spec.hooks, &[]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("unsupported dataset format \"siphon-activations/3\""),
+        "{err}"
     );
 }
 

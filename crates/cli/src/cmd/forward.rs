@@ -1,6 +1,7 @@
 //! `siphon forward`: one forward pass for inspection. Tokenizes a text (or reads token ids),
 //! runs the model on a mesh and writes the requested hook activations to a safetensors file,
-//! one `[batch, seq, d_model]` tensor per hook, keyed by the hook name.
+//! one `[batch, seq, *per-token shape]` tensor per hook, keyed by the hook's TransformerLens
+//! name.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
-use siphon_models::{DType, HookPoint, LoadedModel};
+use siphon_models::{DType, LoadedModel};
 use siphon_runtime::{Client, ClientOptions, HostArray, Plugin, PluginLocator};
 
 /// `siphon forward` flags.
@@ -25,8 +26,8 @@ pub struct Args {
     /// A JSON file holding a list of equal-length lists of token ids.
     #[arg(long, value_name = "FILE")]
     pub ids: Option<PathBuf>,
-    /// Comma-separated TransformerLens hook names, e.g.
-    /// blocks.3.hook_resid_post,blocks.3.hook_mlp_out,ln_final.hook_normalized.
+    /// Comma-separated TransformerLens hook names or patterns, e.g.
+    /// blocks.3.hook_resid_post,blocks.*.attn.hook_z,blocks.{0..3}.ln2.hook_normalized.
     #[arg(long, value_name = "NAMES")]
     pub hooks: String,
     /// Output safetensors file.
@@ -53,7 +54,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Cheap checks first: model files, hooks, input.
     let model = LoadedModel::open(&args.model).with_context(|| format!("opening model {}", args.model.display()))?;
-    let hooks = HookPoint::parse_list(&args.hooks, model.config.n_layers).context("--hooks")?;
+    let hooks = siphon_models::resolve_hooks(&args.hooks, &model.config).context("--hooks")?;
     let rows = match (&args.text, &args.ids) {
         (Some(text), _) => {
             let tok = model.tokenizer.as_ref().with_context(|| {

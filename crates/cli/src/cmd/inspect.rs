@@ -4,8 +4,13 @@
 //! manifest line's object must exist with its sha256, sample ranges must have no gap or
 //! duplicate, token counts and statistics must add up, and every host of the partition
 //! recorded in run.json must be present. Exits non-zero on any problem.
+//!
+//! Prints the dataset format (`siphon-activations/1` or `/2`) and each hook with its per-token
+//! shape (from run.json, or from the first shard when run.json records none, as in format 1).
+//! A format-1 dataset's `ln_final.hook_normalized` is the final norm's output after its gain,
+//! not TransformerLens's x/RMS(x): inspect says so.
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -23,6 +28,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut problems = report.all_problems();
     let timing = crate::job::read_timing(&output, &run).unwrap_or_default();
 
+    let format = match (&report.run_json, report.format_version) {
+        (Some(run_json), _) => run_json.format.clone(),
+        (None, Some(version)) => format!("siphon-activations/{version}"),
+        (None, None) => "?".to_string(),
+    };
+    let shapes_from = if report
+        .run_json
+        .as_ref()
+        .is_some_and(|r| !r.descriptor.hook_shapes.is_empty())
+    {
+        "run.json"
+    } else {
+        "shards"
+    };
     let (hooks, dtype, expected_hosts) = match &report.run_json {
         Some(run_json) => {
             let partition = &run_json.descriptor.partition;
@@ -44,6 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ));
         }
     }
+    let notes = format_notes(report.format_version, &hooks);
     let bytes: u64 = report.hosts.iter().map(|h| h.bytes).sum();
     let seconds = timing.iter().map(|t| t.seconds).fold(0.0, f64::max);
 
@@ -59,27 +79,60 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })
             .collect();
         let out = serde_json::json!({
-            "url": args.url, "ok": problems.is_empty(), "problems": problems, "hooks": hooks,
-            "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
+            "url": args.url, "ok": problems.is_empty(), "problems": problems, "format": format,
+            "format_version": report.format_version, "hooks": hooks, "hook_shapes": report.hook_shapes,
+            "hook_shapes_from": shapes_from, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
             "bytes": bytes, "hosts": hosts, "seconds": seconds,
             "tokens_per_second": if seconds > 0.0 { report.tokens as f64 / seconds } else { 0.0 },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!("run {}", args.url);
-        println!("  hooks ({}): {}", hooks.len(), hooks.join(", "));
-        println!("  dtype {dtype}; {} tokens ({} kept) in {}", report.tokens, report.included_tokens, human_bytes(bytes));
+        println!("  format {format}");
+        println!(
+            "  hooks ({}), per-token shape from {shapes_from}:",
+            hooks.len()
+        );
+        for hook in &hooks {
+            println!(
+                "    {hook} {}",
+                report
+                    .hook_shapes
+                    .get(hook)
+                    .map_or("?".to_string(), |s| format!("{s:?}"))
+            );
+        }
+        println!(
+            "  dtype {dtype}; {} tokens ({} kept) in {}",
+            report.tokens,
+            report.included_tokens,
+            human_bytes(bytes)
+        );
         for h in &report.hosts {
             println!(
                 "  {}: {} shards, {} tokens ({} kept), {} samples, {}",
-                h.host.dir_name(), h.shards, h.tokens, h.included_tokens, h.samples_end, human_bytes(h.bytes)
+                h.host.dir_name(),
+                h.shards,
+                h.tokens,
+                h.included_tokens,
+                h.samples_end,
+                human_bytes(h.bytes)
             );
         }
         if seconds > 0.0 {
-            println!("  {:.1} s, {:.0} tokens/s over all hosts", seconds, report.tokens as f64 / seconds);
+            println!(
+                "  {:.1} s, {:.0} tokens/s over all hosts",
+                seconds,
+                report.tokens as f64 / seconds
+            );
+        }
+        for note in &notes {
+            println!("  note: {note}");
         }
         if problems.is_empty() {
-            println!("OK: every shard present with its sha256, no gap or duplicate, counts and statistics add up");
+            println!(
+                "OK: every shard present with its sha256, no gap or duplicate, counts and statistics add up"
+            );
         }
     }
     if !problems.is_empty() {
@@ -91,11 +144,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a reader must know about the hooks of a dataset of this format version.
+fn format_notes(format_version: Option<u32>, hooks: &[String]) -> Vec<String> {
+    let mut notes = Vec::new();
+    if format_version == Some(1) && hooks.iter().any(|h| h == "ln_final.hook_normalized") {
+        notes.push(
+            "format 1: in this dataset ln_final.hook_normalized is the final norm's output after its gain \
+             (what format 2 calls ln_final.hook_out), not TransformerLens's x/RMS(x) before the gain"
+                .to_string(),
+        );
+    }
+    notes
+}
+
 /// `…/out/run-1` → (`…/out`, `run-1`).
 fn split_run_url(url: &str) -> anyhow::Result<(String, String)> {
     let trimmed = url.trim_end_matches('/');
     match trimmed.rsplit_once('/') {
-        Some((output, run)) if !run.is_empty() && !output.is_empty() && !output.ends_with(':') && !output.ends_with(":/") => {
+        Some((output, run))
+            if !run.is_empty()
+                && !output.is_empty()
+                && !output.ends_with(':')
+                && !output.ends_with(":/") =>
+        {
             Ok((output.to_string(), run.to_string()))
         }
         _ => bail!("{url:?} is not a run directory: give {{output}}/{{run}}"),
@@ -119,9 +190,36 @@ mod tests {
 
     #[test]
     fn run_urls_split_into_output_and_run() {
-        assert_eq!(split_run_url("/tmp/out/run-1/").unwrap(), ("/tmp/out".into(), "run-1".into()));
-        assert_eq!(split_run_url("s3://bucket/acts/r").unwrap(), ("s3://bucket/acts".into(), "r".into()));
+        assert_eq!(
+            split_run_url("/tmp/out/run-1/").unwrap(),
+            ("/tmp/out".into(), "run-1".into())
+        );
+        assert_eq!(
+            split_run_url("s3://bucket/acts/r").unwrap(),
+            ("s3://bucket/acts".into(), "r".into())
+        );
         assert!(split_run_url("run-1").is_err());
         assert!(split_run_url("s3://bucket").is_err());
+    }
+
+    #[test]
+    fn format_1_ln_final_gets_a_note() {
+        let hooks = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let notes = format_notes(
+            Some(1),
+            &hooks(&["blocks.0.hook_resid_post", "ln_final.hook_normalized"]),
+        );
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].contains("ln_final.hook_normalized is the final norm's output after its gain"),
+            "{notes:?}"
+        );
+        assert!(
+            notes[0].contains("ln_final.hook_out") && notes[0].contains("x/RMS(x)"),
+            "{notes:?}"
+        );
+        assert!(format_notes(Some(2), &hooks(&["ln_final.hook_normalized"])).is_empty());
+        assert!(format_notes(Some(1), &hooks(&["blocks.0.hook_resid_post"])).is_empty());
+        assert!(format_notes(None, &hooks(&["ln_final.hook_normalized"])).is_empty());
     }
 }

@@ -64,9 +64,10 @@ pub struct Args {
     /// Tokens per sequence (with --batch: the activation estimate).
     #[arg(long)]
     pub seq: Option<usize>,
-    /// Number of [batch, seq, hidden] hook outputs (default: every hidden state, layers + 1).
+    /// Hook names or patterns, as `extract --hooks` takes them, each counted at its own size
+    /// (default: every hidden state, layers + 1).
     #[arg(long)]
-    pub hooks: Option<usize>,
+    pub hooks: Option<String>,
     /// Weight and activation dtype: f32, bf16, f16 (default: the config's torch_dtype, else bf16).
     #[arg(long)]
     pub dtype: Option<DType>,
@@ -96,7 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         dtype: args.dtype.or(config_dtype).unwrap_or(DType::BF16),
         batch: args.batch,
         seq: args.seq,
-        hooks: args.hooks,
+        hooks: args.hooks.as_deref().map(|h| siphon_models::resolve_hooks(h, &config)).transpose().context("--hooks")?,
         device_memory_bytes,
         headroom: args.headroom,
         with_lm_head: args.lm_head,

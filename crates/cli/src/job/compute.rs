@@ -25,7 +25,7 @@ impl Plan {
         let hooks = spec
             .hooks
             .iter()
-            .map(|name| HookPoint::parse(name, n_layers))
+            .map(|name| HookPoint::parse(name, &model.config))
             .collect::<Result<Vec<_>, _>>()
             .context("bad --hooks/--layers")?;
         let blocks = hooks.iter().map(|h| h.blocks_needed(n_layers)).max().unwrap_or(0);
@@ -34,7 +34,7 @@ impl Plan {
         request.mesh = spec.mesh.clone();
         request.batch = Some(spec.corpus.batch_size);
         request.seq = Some(spec.corpus.seq_len);
-        request.hooks = Some(hooks.len());
+        request.hooks = Some(hooks.clone());
         request.dtype = match spec.compute_dtype.as_str() {
             "bf16" => siphon_plan::DType::BF16,
             _ => siphon_plan::DType::F32,
@@ -139,12 +139,18 @@ impl Compute {
         self.engine.config()
     }
 
+    /// Each hook's per-token shape at sequence length `seq` (for run.json).
+    pub fn hook_shapes(&self, seq: usize) -> Vec<Vec<usize>> {
+        self.engine.hooks().iter().map(|h| h.dims(self.engine.config(), seq)).collect()
+    }
+
     /// The mesh as JSON (for run.json).
     pub fn mesh_json(&self) -> serde_json::Value {
         serde_json::to_value(&self.mesh).unwrap_or(serde_json::Value::Null)
     }
 
-    /// Runs one batch: its hook activations, `[batch*seq, d_model]` each, in hook order.
+    /// Runs one batch: its hook activations, `[batch*seq, *per-token shape]` each, in hook
+    /// order.
     ///
     /// A stream's last batch may be short: it is filled up with fully masked rows to the
     /// compiled batch size (one compiled shape, a batch the data axis always splits), and
@@ -164,10 +170,10 @@ impl Compute {
             .hooks
             .into_iter()
             .map(|(hook, array)| {
-                let d_model = *array.shape().last().context("hook output without dimensions")?;
+                let shape = array.shape().get(2..).context("hook output without per-token dimensions")?.to_vec();
                 let mut data = array.into_bytes();
-                data.truncate(rows * seq * d_model * self.output_dtype.size());
-                Ok(HookActivations { hook: hook.to_string(), dtype: self.output_dtype, d_model, data })
+                data.truncate(rows * seq * shape.iter().product::<usize>() * self.output_dtype.size());
+                Ok(HookActivations { hook: hook.to_string(), dtype: self.output_dtype, shape, data })
             })
             .collect()
     }

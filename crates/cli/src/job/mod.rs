@@ -49,7 +49,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         .with_context(|| format!("cannot fetch the model {}", model_spec.display()))?;
     let model = siphon_models::LoadedModel::open(&model_path)
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
-    let spec = options.resolve(Some(model.config.n_layers), identity.total_machines)?;
+    let spec = options.resolve(Some(&model.config), identity.total_machines)?;
     let compute_plan = compute::Plan::new(&model, &spec)?;
     let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
@@ -133,6 +133,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let descriptor = RunDescriptor {
         model: json!({ "path": spec.model, "config": compute.model_config() }),
         hooks: spec.hooks.clone(),
+        hook_shapes: compute.hook_shapes(spec.corpus.seq_len),
         mesh: compute.mesh_json(),
         partition: json!({ "machines": partition.machines, "hosts": partition.hosts }),
         config: serde_json::to_value(spec)?,

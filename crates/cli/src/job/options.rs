@@ -133,7 +133,9 @@ pub struct RunSpec {
 
 impl ExtractOptions {
     /// Validates the options (no I/O) and returns the run spec.
-    pub fn resolve(&self, n_layers_hint: Option<usize>, total_machines: u32) -> anyhow::Result<RunSpec> {
+    /// With the model's config, hook patterns (`blocks.*.hook_resid_post`) are expanded and
+    /// aliases resolved to TransformerLens names, so every host records the same list.
+    pub fn resolve(&self, model_config: Option<&siphon_models::ModelConfig>, total_machines: u32) -> anyhow::Result<RunSpec> {
         let need = |v: &Option<String>, name: &str| -> anyhow::Result<String> {
             v.clone().with_context(|| format!("missing --{name} (or `{name}` in the --config file)"))
         };
@@ -143,12 +145,13 @@ impl ExtractOptions {
             .map(|p| p.display().to_string())
             .context("missing --model (or `model` in the --config file)")?;
         let output = need(&self.output, "output")?;
-        let hooks = hook_names(self.hooks.as_deref(), self.layers.as_deref())?;
-        if let Some(n_layers) = n_layers_hint {
-            for hook in &hooks {
-                siphon_models::HookPoint::parse(hook, n_layers)
-                    .with_context(|| format!("bad hook {hook:?}"))?;
-            }
+        let mut hooks = hook_names(self.hooks.as_deref(), self.layers.as_deref())?;
+        if let Some(config) = model_config {
+            hooks = siphon_models::resolve_hooks(&hooks.join(","), config)
+                .context("bad --hooks/--layers")?
+                .iter()
+                .map(ToString::to_string)
+                .collect();
         }
         for (name, value, allowed) in [
             ("dtype", &self.dtype, &["f32", "bf16", "f16"][..]),
@@ -210,9 +213,11 @@ impl ExtractOptions {
     }
 }
 
-/// The hook list from `--hooks` and/or `--layers` (resid_post of each listed layer).
+/// The hook list from `--hooks` and/or `--layers` (resid_post of each listed layer), names
+/// and patterns as given.
 pub fn hook_names(hooks: Option<&str>, layers: Option<&str>) -> anyhow::Result<Vec<String>> {
-    let mut names = split_list(hooks);
+    let mut names: Vec<String> = hooks.map(|h| vec![h.trim().to_string()]).unwrap_or_default();
+    names.retain(|n| !n.is_empty());
     if let Some(layers) = layers {
         for layer in parse_layers(layers)? {
             names.push(format!("blocks.{layer}.hook_resid_post"));
@@ -249,11 +254,6 @@ pub fn parse_layers(text: &str) -> anyhow::Result<Vec<usize>> {
     Ok(out)
 }
 
-fn split_list(text: Option<&str>) -> Vec<String> {
-    text.map(|t| t.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,6 +267,11 @@ mod tests {
         assert_eq!(
             hook_names(Some("ln_final.hook_normalized"), Some("1")).unwrap(),
             vec!["ln_final.hook_normalized", "blocks.1.hook_resid_post"]
+        );
+        // Patterns stay whole here (commas inside braces included); the model expands them.
+        assert_eq!(
+            hook_names(Some("blocks.{0,2}.attn.hook_z,blocks.*.hook_mlp_out"), None).unwrap(),
+            vec!["blocks.{0,2}.attn.hook_z,blocks.*.hook_mlp_out"]
         );
         assert!(hook_names(None, None).is_err());
     }

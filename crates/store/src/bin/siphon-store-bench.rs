@@ -93,6 +93,7 @@ fn main() -> anyhow::Result<()> {
         config.upload = upload.clone();
         let descriptor = RunDescriptor {
             hooks: spec.hooks.clone(),
+            hook_shapes: spec.shapes.clone(),
             ..Default::default()
         };
         // The input batches exist before the clock starts, as the plain upload's bytes do: in a

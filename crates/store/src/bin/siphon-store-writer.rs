@@ -79,8 +79,9 @@ fn main() -> anyhow::Result<()> {
     }
     config.upload.part_bytes = get("part-bytes", 5 << 20)? as usize;
     let descriptor = RunDescriptor {
-        model: serde_json::json!({ "id": "synthetic", "d_model": spec.d_model }),
+        model: serde_json::json!({ "id": "synthetic" }),
         hooks: spec.hooks.clone(),
+        hook_shapes: spec.shapes.clone(),
         mesh: serde_json::json!({ "data": 1 }),
         partition: serde_json::json!({ "hosts": 1 }),
         config: serde_json::json!({ "batch": spec.batch, "seq": spec.seq, "batches": batches }),

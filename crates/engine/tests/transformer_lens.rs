@@ -1,0 +1,325 @@
+//! Every hook against TransformerLens 4.3's `TransformerBridge` on the raw Hugging Face
+//! weights (`fixtures/models/*/golden-tl.safetensors`, written by `scripts/gen-tl-fixtures.sh`).
+//! TransformerLens ran each row alone, unpadded; siphon runs the rows together, padded on
+//! either side, on one device, on a 2×4 mesh and in bf16. Every name in TransformerLens's
+//! cache is either compared (TransformerLens's names and the bridge's aliases alike) or listed
+//! below as not an activation siphon extracts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use safetensors::SafeTensors;
+use siphon_engine::{Activations, Batch, Engine, EngineOptions, ShardingPlan};
+use siphon_mesh::Mesh;
+use siphon_models::{DType, HookKind, HookPoint, LoadedModel};
+use siphon_runtime::{Client, ClientOptions, Plugin};
+
+/// Names in TransformerLens's cache that are not activations of the model's residual
+/// computation: the token ids, RoPE's cos/sin tables, the logits (siphon never computes
+/// them), and `ln_final.hook_in` (the last block's `hook_resid_post` under another name).
+const NOT_EXTRACTED: &[&str] = &[
+    "embed.hook_in",
+    "rotary_emb.hook_in",
+    "rotary_emb.hook_cos",
+    "rotary_emb.hook_sin",
+    "attn.hook_cos",
+    "attn.hook_sin",
+    "unembed.hook_in",
+    "unembed.hook_out",
+    "hook_unembed",
+    "ln_final.hook_in",
+];
+
+fn client() -> Client {
+    static PLUGIN: OnceLock<Arc<Plugin>> = OnceLock::new();
+    let plugin = PLUGIN.get_or_init(|| {
+        let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
+        assert!(
+            path.is_file(),
+            "no PJRT plugin at {}: run scripts/install-plugin.sh",
+            path.display()
+        );
+        Plugin::load(&path).expect("load the PJRT plugin")
+    });
+    Client::new(plugin, ClientOptions::new().cpu_device_count(8)).expect("CPU client")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/models")
+        .join(name)
+}
+
+/// One TransformerLens tensor of one row: `[n, *per-token]`, or `[heads, n, n]` for scores
+/// and patterns.
+struct TlTensor {
+    row: usize,
+    name: String,
+    shape: Vec<usize>,
+    values: Vec<f32>,
+}
+
+struct TlGolden {
+    rows: Vec<Vec<u32>>,
+    tensors: Vec<TlTensor>,
+}
+
+fn load(model: &str) -> TlGolden {
+    let bytes = std::fs::read(fixture(model).join("golden-tl.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let i32s = |name: &str| -> Vec<i32> {
+        st.tensor(name)
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    let (ids, lengths) = (i32s("input_ids"), i32s("lengths"));
+    let seq = ids.len() / lengths.len();
+    let rows = lengths
+        .iter()
+        .enumerate()
+        .map(|(r, &n)| {
+            ids[r * seq..r * seq + n as usize]
+                .iter()
+                .map(|&t| t as u32)
+                .collect()
+        })
+        .collect();
+    let mut tensors = Vec::new();
+    for (key, view) in st.tensors() {
+        let Some((row, name)) = key.strip_prefix("row").and_then(|k| k.split_once('.')) else {
+            continue;
+        };
+        let values = view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        tensors.push(TlTensor {
+            row: row.parse().unwrap(),
+            name: name.to_string(),
+            shape: view.shape().to_vec(),
+            values,
+        });
+    }
+    tensors.sort_by(|a, b| (a.row, &a.name).cmp(&(b.row, &b.name)));
+    TlGolden { rows, tensors }
+}
+
+/// The rows padded to `seq` on `side` (plus `extra` copies of row 0, for a batch that splits
+/// over a data axis), and each row's offset of its first real token.
+fn padded(rows: &[Vec<u32>], seq: usize, side: &str, extra: usize) -> (Batch, Vec<usize>) {
+    let rows: Vec<&Vec<u32>> = rows
+        .iter()
+        .chain(std::iter::repeat_n(&rows[0], extra))
+        .collect();
+    let mut ids = Vec::new();
+    let mut mask = Vec::new();
+    let mut offsets = Vec::new();
+    for row in rows {
+        let pad = seq - row.len();
+        let offset = if side == "left" { pad } else { 0 };
+        let mut r = vec![0u32; seq];
+        let mut m = vec![0u8; seq];
+        r[offset..offset + row.len()].copy_from_slice(row);
+        m[offset..offset + row.len()].fill(1);
+        ids.push(r);
+        mask.push(m);
+        offsets.push(offset);
+    }
+    (Batch::new(ids, Some(mask)).unwrap(), offsets)
+}
+
+fn every_hook(model: &LoadedModel) -> Vec<HookPoint> {
+    siphon_models::resolve_hooks(
+        "hook_embed,blocks.*.*,ln_final.hook_scale,ln_final.hook_normalized,ln_final.hook_out",
+        &model.config,
+    )
+    .unwrap()
+}
+
+/// Max-abs difference per TransformerLens name between siphon's `acts` and the golden, over
+/// real tokens (and, for scores and patterns, over each real query's keys). Also checks that
+/// padding keys hold what masked keys hold: pattern 0, scores the most negative f32.
+fn differences(
+    golden: &TlGolden,
+    acts: &Activations,
+    offsets: &[usize],
+    seq: usize,
+) -> BTreeMap<String, f32> {
+    let mut out = BTreeMap::new();
+    for t in &golden.tensors {
+        let Ok(hook) = t.name.parse::<HookPoint>() else {
+            let bare = t
+                .name
+                .strip_prefix("blocks.")
+                .and_then(|r| r.split_once('.'))
+                .map_or(t.name.as_str(), |(_, s)| s);
+            assert!(
+                NOT_EXTRACTED.contains(&bare),
+                "TransformerLens gives {:?}, which siphon neither extracts nor lists as skipped",
+                t.name
+            );
+            continue;
+        };
+        let array = acts
+            .get(hook)
+            .unwrap_or_else(|| panic!("{} ({hook}) was not requested", t.name));
+        let got = array.to_f32();
+        let shape = array.shape();
+        let per_token: usize = shape[2..].iter().product();
+        let n = golden.rows[t.row].len();
+        let offset = offsets[t.row];
+        let at = |p: usize, i: usize| got[(t.row * seq + p) * per_token + i];
+        let mut worst = 0f32;
+        if matches!(hook.kind(), HookKind::AttnScores | HookKind::AttnPattern) {
+            // TransformerLens: [heads, query, key] over the unpadded row; siphon: per query
+            // token, [heads, key] over the padded row.
+            let heads = shape[2];
+            assert_eq!(t.shape, [heads, n, n], "{}", t.name);
+            let masked = if hook.kind() == HookKind::AttnPattern {
+                0.0
+            } else {
+                f32::MIN
+            };
+            for q in 0..n {
+                for h in 0..heads {
+                    for key in 0..seq {
+                        let value = at(offset + q, h * seq + key);
+                        match key.checked_sub(offset).filter(|&k| k < n) {
+                            Some(k) => {
+                                worst = worst.max((value - t.values[(h * n + q) * n + k]).abs())
+                            }
+                            None => assert_eq!(
+                                value, masked,
+                                "{} row {} query {q}: padding key {key}",
+                                t.name, t.row
+                            ),
+                        }
+                    }
+                }
+            }
+        } else {
+            assert_eq!(&t.shape[1..], &shape[2..], "{}: per-token shape", t.name);
+            assert_eq!(t.shape[0], n, "{}", t.name);
+            for tok in 0..n {
+                for i in 0..per_token {
+                    worst = worst.max((at(offset + tok, i) - t.values[tok * per_token + i]).abs());
+                }
+            }
+        }
+        let entry = out.entry(t.name.clone()).or_insert(0f32);
+        *entry = entry.max(worst);
+    }
+    out
+}
+
+fn run(model: &LoadedModel, batch: &Batch, mesh: Mesh, compute_dtype: DType) -> Activations {
+    let options = EngineOptions {
+        mesh,
+        plan: ShardingPlan::Megatron,
+        compute_dtype,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::new(&client(), model, every_hook(model), options).unwrap();
+    engine.run(batch).unwrap()
+}
+
+fn assert_within(what: &str, diffs: &BTreeMap<String, f32>, tolerance: f32) {
+    let bad: Vec<String> = diffs
+        .iter()
+        .filter(|(_, d)| !(**d <= tolerance))
+        .map(|(n, d)| format!("{n}: {d:e}"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: max-abs difference above {tolerance:e}:\n{}",
+        bad.join("\n")
+    );
+}
+
+fn check_model(name: &str) {
+    let model = LoadedModel::open(&fixture(name)).unwrap();
+    let golden = load(name);
+    let seq = 8;
+    // 3 layers: every block hook of each, the embedding and the three final-norm hooks, and
+    // every TransformerLens name among them compared (aliases map to the same tensors).
+    assert_eq!(every_hook(&model).len(), 3 * 22 + 4);
+    for side in ["right", "left"] {
+        let (batch, offsets) = padded(&golden.rows, seq, side, 0);
+        let diffs = differences(
+            &golden,
+            &run(&model, &batch, Mesh::single_device(), DType::F32),
+            &offsets,
+            seq,
+        );
+        assert!(
+            diffs.len() >= 3 * 40,
+            "{name}: only {} TransformerLens names compared",
+            diffs.len()
+        );
+        assert_within(&format!("{name} {side}-padded, one device"), &diffs, 1e-4);
+    }
+    // Megatron on data=2 × model=4: query heads split over model, every per-head hook whole.
+    let (batch, offsets) = padded(&golden.rows, seq, "right", 1);
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    let diffs = differences(
+        &golden,
+        &run(&model, &batch, mesh, DType::F32),
+        &offsets,
+        seq,
+    );
+    assert_within(&format!("{name} on a 2x4 mesh"), &diffs, 1e-4);
+}
+
+#[test]
+fn tiny_llama_every_hook_matches_transformer_lens() {
+    check_model("tiny-llama");
+}
+
+#[test]
+fn tiny_qwen2_every_hook_matches_transformer_lens() {
+    check_model("tiny-qwen2");
+}
+
+/// bf16 weights and compute against TransformerLens in f32: each hook within 4% of its
+/// largest golden magnitude (bf16 keeps 8 bits of mantissa; errors grow through three
+/// blocks and are largest in the residual stream).
+#[test]
+fn bf16_every_hook_tracks_transformer_lens() {
+    let name = "tiny-qwen2";
+    let model = LoadedModel::open(&fixture(name)).unwrap();
+    let golden = load(name);
+    let (batch, offsets) = padded(&golden.rows, 8, "right", 0);
+    let diffs = differences(
+        &golden,
+        &run(&model, &batch, Mesh::single_device(), DType::Bf16),
+        &offsets,
+        8,
+    );
+    let mut worst = 0f32;
+    for (hook, diff) in &diffs {
+        let scale = golden
+            .tensors
+            .iter()
+            .filter(|t| &t.name == hook)
+            .flat_map(|t| t.values.iter().copied().filter(|v| *v > f32::MIN))
+            .fold(0f32, |m, v| m.max(v.abs()));
+        let relative = diff / scale.max(1e-3);
+        worst = worst.max(relative);
+        assert!(
+            relative <= 0.04,
+            "{hook}: bf16 differs by {diff:e} = {:.2}% of max |value| {scale:e}",
+            100.0 * relative
+        );
+    }
+    eprintln!(
+        "bf16: worst hook differs by {:.2}% of its max |value|",
+        100.0 * worst
+    );
+}
