@@ -438,3 +438,81 @@ fn a_model_from_the_hub_endpoint_is_downloaded_once_and_used() {
     assert!(stderr.contains("config.json") && stderr.contains("org/missing"), "{stderr}");
     drop(server);
 }
+
+/// Hooks of every width side by side, asked for by patterns and aliases: per-head
+/// `[tokens, heads, d_head]`, d_mlp, a norm's scale `[tokens, 1]`, attention-pattern rows
+/// `[tokens, heads, seq]`. run.json records each shape, every hook holds the same tokens, and
+/// `siphon inspect` passes and shows the shapes.
+#[test]
+fn hooks_of_different_widths_are_stored_side_by_side() {
+    let s = setup(8);
+    let output = s.root.join("out");
+    let mut args = extract_args(&s, &output, "w");
+    let i = args.iter().position(|a| a == "--hooks").unwrap();
+    args[i + 1] = "blocks.{0,1}.hook_resid_pre,blocks.0.ln1.hook_scale,blocks.0.attn.hook_z,blocks.1.mlp.hook_post,\
+                   blocks.1.attn.hook_pattern,blocks.*.hook_out"
+        .into();
+    run_ok(siphon(&args), Duration::from_secs(300));
+    let run_dir = output.join("w");
+    let run_json: serde_json::Value = serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
+    let names = [
+        "blocks.0.hook_resid_pre",
+        "blocks.1.hook_resid_pre",
+        "blocks.0.ln1.hook_scale",
+        "blocks.0.attn.hook_z",
+        "blocks.1.mlp.hook_post",
+        "blocks.1.attn.hook_pattern",
+        "blocks.0.hook_resid_post",
+        "blocks.1.hook_resid_post",
+    ];
+    let shapes: [&[usize]; 8] = [&[HIDDEN], &[HIDDEN], &[1], &[4, 8], &[64], &[4, 32], &[HIDDEN], &[HIDDEN]];
+    assert_eq!(run_json["hooks"], serde_json::json!(names), "{run_json}");
+    assert_eq!(run_json["hook_shapes"], serde_json::json!(shapes), "{run_json}");
+    let mut tokens = 0;
+    for host in std::fs::read_dir(&run_dir).unwrap().map(|e| e.unwrap().path()) {
+        if !host.file_name().unwrap().to_str().unwrap().starts_with("machine_") {
+            continue;
+        }
+        for shard in std::fs::read_dir(&host).unwrap().map(|e| e.unwrap().path()) {
+            if shard.extension().and_then(|e| e.to_str()) != Some("safetensors") {
+                continue;
+            }
+            let bytes = std::fs::read(&shard).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let n = st.tensor("token_ids").unwrap().shape()[0];
+            let values = |name: &str| -> Vec<f32> {
+                st.tensor(name).unwrap().data().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+            };
+            for (name, shape) in names.iter().zip(shapes) {
+                let want: Vec<usize> = std::iter::once(n).chain(shape.iter().copied()).collect();
+                assert_eq!(st.tensor(name).unwrap().shape(), want, "{name} in {}", shard.display());
+            }
+            // Row t of every hook is the same token: the scale is sqrt(mean(x²) + eps) of that
+            // token's block-0 input, block 1's input is block 0's output, and each head's
+            // pattern row is a distribution over the keys.
+            let (pre0, scale, pre1, post0) = (
+                values("blocks.0.hook_resid_pre"),
+                values("blocks.0.ln1.hook_scale"),
+                values("blocks.1.hook_resid_pre"),
+                values("blocks.0.hook_resid_post"),
+            );
+            assert_eq!(pre1, post0);
+            let pattern = values("blocks.1.attn.hook_pattern");
+            for t in 0..n {
+                let row = &pre0[t * HIDDEN..(t + 1) * HIDDEN];
+                let want = (row.iter().map(|x| x * x).sum::<f32>() / HIDDEN as f32 + 1e-5).sqrt();
+                assert!((scale[t] - want).abs() <= 1e-5 * want, "token {t}: scale {} vs {want}", scale[t]);
+                for head in pattern[t * 4 * 32..(t + 1) * 4 * 32].chunks(32) {
+                    let sum: f32 = head.iter().sum();
+                    assert!((sum - 1.0).abs() <= 1e-5 && head.iter().all(|p| *p >= 0.0), "token {t}: pattern row sums to {sum}");
+                }
+            }
+            tokens += n;
+        }
+    }
+    assert!(tokens > 0);
+    let text = String::from_utf8_lossy(&run_ok(siphon(&["inspect".into(), run_dir.display().to_string()]), Duration::from_secs(60)).stdout)
+        .to_string();
+    assert!(text.contains("OK:"), "{text}");
+    assert!(text.contains("blocks.0.attn.hook_z") && text.contains("[4, 8]") && text.contains("[4, 32]"), "{text}");
+}
