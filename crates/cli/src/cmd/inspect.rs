@@ -55,13 +55,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => (Vec::new(), "?".to_string(), None),
     };
-    if let Some(expected) = expected_hosts {
-        if report.hosts.len() as u64 != expected {
-            problems.push(format!(
-                "run.json's partition has {expected} hosts but {} host directories exist",
-                report.hosts.len()
-            ));
-        }
+    if let Some(expected) = expected_hosts
+        && report.hosts.len() as u64 != expected
+    {
+        problems.push(format!(
+            "run.json's partition has {expected} hosts but {} host directories exist",
+            report.hosts.len()
+        ));
     }
     let notes = format_notes(report.format_version, &hooks);
     let bytes: u64 = report.hosts.iter().map(|h| h.bytes).sum();
