@@ -123,6 +123,23 @@ fn tiny_qwen2_matches_hf_at_every_hook() {
     check_tiny("tiny-qwen2");
 }
 
+/// Mistral with a sliding window (3) shorter than the rows: HF's windowed mask, honoured.
+#[test]
+fn tiny_mistral_matches_hf_at_every_hook() {
+    check_tiny("tiny-mistral");
+    // The fixture exercises the window: without it the activations are far from HF's.
+    let mut model = LoadedModel::open(&fixture("tiny-mistral")).unwrap();
+    assert_eq!(model.config.layer_windows, vec![Some(3); 3]);
+    model.config.layer_windows.clear();
+    let g = golden(&fixture("tiny-mistral/golden-right.safetensors"));
+    let hook = HookPoint::model(HookKind::LnFinalOut);
+    let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
+    let acts = run(&model, &[hook], &batch, Mesh::single_device());
+    let want = &g.acts.iter().find(|a| a.0 == hook).unwrap().2;
+    let (diff, _) = masked_diff(&acts.get(hook).unwrap().to_f32(), want, &g.mask, model.config.hidden_size);
+    assert!(diff > 0.1, "without its window the model should differ from HF, by {diff}");
+}
+
 #[test]
 fn mesh_2x4_equals_single_device() {
     let model = LoadedModel::open(&fixture("tiny-qwen2")).unwrap();

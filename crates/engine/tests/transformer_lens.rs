@@ -287,6 +287,12 @@ fn tiny_qwen2_every_hook_matches_transformer_lens() {
     check_model("tiny-qwen2");
 }
 
+/// Sliding window 3 on rows of up to 8 tokens, head_dim 24 (not 64 / 4 heads).
+#[test]
+fn tiny_mistral_every_hook_matches_transformer_lens() {
+    check_model("tiny-mistral");
+}
+
 /// bf16 weights and compute against TransformerLens in f32: each hook within 4% of its
 /// largest golden magnitude (bf16 keeps 8 bits of mantissa; errors grow through three
 /// blocks and are largest in the residual stream).
@@ -322,4 +328,18 @@ fn bf16_every_hook_tracks_transformer_lens() {
         "bf16: worst hook differs by {:.2}% of its max |value|",
         100.0 * worst
     );
+    // Stored as bf16, masked scores are bf16's lowest finite value (what Hugging Face's mask
+    // gives in bf16), never -inf, so statistics over them stay finite.
+    let hooks =
+        siphon_models::resolve_hooks("blocks.*.attn.hook_attn_scores", &model.config).unwrap();
+    let options = EngineOptions { output_dtype: DType::Bf16, ..EngineOptions::default() };
+    let acts = Engine::new(&client(), &model, hooks, options).unwrap().run(&batch).unwrap();
+    for (hook, array) in &acts.hooks {
+        let values = array.to_f32();
+        assert!(values.iter().all(|v| v.is_finite()), "{hook}: non-finite values");
+        assert!(
+            values.contains(&half::bf16::MIN.to_f32()),
+            "{hook}: no masked key at bf16's lowest value"
+        );
+    }
 }

@@ -16,6 +16,8 @@ pub enum Arch {
     Llama,
     /// Qwen2 / Qwen2.5: Llama with q/k/v biases.
     Qwen2,
+    /// Mistral: Llama with sliding-window attention.
+    Mistral,
 }
 
 impl std::fmt::Display for Arch {
@@ -23,6 +25,7 @@ impl std::fmt::Display for Arch {
         f.write_str(match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Mistral => "mistral",
         })
     }
 }
@@ -76,6 +79,12 @@ pub struct HfConfig {
     pub eos_token_id: Option<serde_json::Value>,
     pub pad_token_id: Option<serde_json::Value>,
     pub torch_dtype: Option<String>,
+    /// A window size, or null (no window); absent is distinguished from null.
+    #[serde(default, deserialize_with = "present")]
+    pub sliding_window: Option<serde_json::Value>,
+    pub use_sliding_window: Option<bool>,
+    pub max_window_layers: Option<usize>,
+    pub layer_types: Option<Vec<String>>,
 }
 
 /// The validated configuration of a supported model.
@@ -109,6 +118,10 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Whether q/k/v projections have biases (Qwen2 yes, Llama no).
     pub qkv_bias: bool,
+    /// Per layer, the sliding attention window (a query attends the keys less than this many
+    /// positions back, itself included); empty or `None` for full causal attention.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_windows: Vec<Option<usize>>,
 }
 
 impl HfConfig {
@@ -120,15 +133,17 @@ impl HfConfig {
     /// Validates and fills architecture defaults.
     pub fn into_config(self) -> Result<ModelConfig, ModelError> {
         let arch = match self.model_type.as_deref() {
-            Some("llama") | Some("mistral") => Arch::Llama,
+            Some("llama") => Arch::Llama,
+            Some("mistral") => Arch::Mistral,
             Some("qwen2") => Arch::Qwen2,
             Some(other) => {
                 return Err(ModelError::UnsupportedArch(format!(
-                    "model_type {other:?} (supported: llama, qwen2)"
+                    "model_type {other:?} (supported: llama, mistral, qwen2)"
                 )));
             }
             None => match self.architectures.as_deref().and_then(|a| a.first()).map(String::as_str) {
-                Some("LlamaForCausalLM") | Some("MistralForCausalLM") => Arch::Llama,
+                Some("LlamaForCausalLM") => Arch::Llama,
+                Some("MistralForCausalLM") => Arch::Mistral,
                 Some("Qwen2ForCausalLM") => Arch::Qwen2,
                 other => {
                     return Err(ModelError::UnsupportedArch(format!(
@@ -152,6 +167,8 @@ impl HfConfig {
                 )));
             }
         };
+        let n_layers = need(self.num_hidden_layers, "num_hidden_layers")?;
+        let layer_windows = layer_windows(arch, &self, n_layers)?;
         if let Some(act) = self.hidden_act.as_deref() {
             if act != "silu" {
                 return Err(ModelError::UnsupportedArch(format!("hidden_act {act:?} (only silu)")));
@@ -177,7 +194,7 @@ impl HfConfig {
             vocab_size: need(self.vocab_size, "vocab_size")?,
             hidden_size,
             intermediate_size: need(self.intermediate_size, "intermediate_size")?,
-            n_layers: need(self.num_hidden_layers, "num_hidden_layers")?,
+            n_layers,
             n_heads,
             n_kv_heads,
             head_dim,
@@ -187,10 +204,71 @@ impl HfConfig {
             max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
             qkv_bias: self.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            layer_windows,
         };
         config.validate()?;
         Ok(config)
     }
+}
+
+/// Which layers attend through a sliding window, as Hugging Face's modeling files decide:
+/// Mistral windows every layer (`sliding_window`, 4096 when absent, none when null); Qwen2 only
+/// with `use_sliding_window`, on the layers `layer_types` marks (by default those from
+/// `max_window_layers` on); Llama's modeling file has no window, so a config that sets one is
+/// refused rather than silently computed without it.
+fn layer_windows(arch: Arch, c: &HfConfig, n_layers: usize) -> Result<Vec<Option<usize>>, ModelError> {
+    let by_types = |window: usize| -> Result<Vec<Option<usize>>, ModelError> {
+        match &c.layer_types {
+            Some(types) if types.len() != n_layers => Err(ModelError::Config(format!(
+                "layer_types lists {} layers, num_hidden_layers is {n_layers}",
+                types.len()
+            ))),
+            Some(types) => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "full_attention" => Ok(None),
+                    "sliding_attention" => Ok(Some(window)),
+                    other => Err(ModelError::UnsupportedArch(format!("layer type {other:?}"))),
+                })
+                .collect(),
+            None => {
+                let first = c.max_window_layers.unwrap_or(28);
+                Ok((0..n_layers).map(|l| (l >= first).then_some(window)).collect())
+            }
+        }
+    };
+    // `Some(None)`: the key is there and null.
+    let sliding_window: Option<Option<usize>> = match &c.sliding_window {
+        None => None,
+        Some(serde_json::Value::Null) => Some(None),
+        Some(v) => Some(Some(v.as_u64().filter(|&w| w > 0).ok_or_else(|| {
+            ModelError::Config(format!("sliding_window {v} is not a positive integer"))
+        })? as usize)),
+    };
+    let windows = match arch {
+        // A missing key is MistralConfig's default of 4096; null turns the window off.
+        Arch::Mistral => vec![sliding_window.unwrap_or(Some(4096)); n_layers],
+        Arch::Qwen2 => match (c.use_sliding_window.unwrap_or(false), sliding_window.flatten()) {
+            (false, _) | (true, None) => Vec::new(),
+            (true, Some(window)) => by_types(window)?,
+        },
+        Arch::Llama => {
+            if let Some(window) = sliding_window.flatten() {
+                return Err(ModelError::UnsupportedArch(format!(
+                    "llama config with sliding_window {window}: Hugging Face's Llama ignores it and \
+                     attends to the whole context, so siphon refuses rather than guess (use \
+                     model_type mistral for windowed attention, or drop the key)"
+                )));
+            }
+            Vec::new()
+        }
+    };
+    Ok(if windows.iter().all(Option::is_none) { Vec::new() } else { windows })
+}
+
+/// Deserializes a field that is present (even as null) into `Some`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
 }
 
 fn parse_rope_scaling(v: &serde_json::Value) -> Result<RopeScaling, ModelError> {
@@ -383,6 +461,39 @@ mod tests {
         let text = text.replace("llama3", "default");
         let c = HfConfig::from_json(&text).unwrap().into_config().unwrap();
         assert_eq!((c.rope_theta, c.rope_scaling), (500.0, None));
+    }
+
+    #[test]
+    fn sliding_windows_follow_hugging_face() {
+        let base = r#"{"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 4, "num_attention_heads": 4"#;
+        let parse = |extra: &str| HfConfig::from_json(&format!("{base}, {extra}}}")).unwrap().into_config();
+        // Mistral: every layer; MistralConfig's default 4096 when absent; null turns it off.
+        let c = parse(r#""model_type": "mistral", "sliding_window": 28"#).unwrap();
+        assert_eq!((c.arch, c.layer_windows.clone()), (Arch::Mistral, vec![Some(28); 4]));
+        assert_eq!(parse(r#""model_type": "mistral""#).unwrap().layer_windows, vec![Some(4096); 4]);
+        assert!(parse(r#""model_type": "mistral", "sliding_window": null"#).unwrap().layer_windows.is_empty());
+        // Qwen2: only with use_sliding_window, from max_window_layers on, or as layer_types says.
+        assert!(parse(r#""model_type": "qwen2", "sliding_window": 8"#).unwrap().layer_windows.is_empty());
+        let c = parse(r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 2"#).unwrap();
+        assert_eq!(c.layer_windows, vec![None, None, Some(8), Some(8)]);
+        let c = parse(
+            r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]"#,
+        )
+        .unwrap();
+        assert_eq!(c.layer_windows, vec![Some(8), None, Some(8), None]);
+        // Llama: Hugging Face ignores a window, so siphon refuses one instead of guessing.
+        let err = parse(r#""model_type": "llama", "sliding_window": 28"#).unwrap_err().to_string();
+        assert!(err.contains("sliding_window 28") && err.contains("ignores"), "{err}");
+        assert!(parse(r#""model_type": "llama", "sliding_window": null"#).is_ok());
+        for bad in [r#""model_type": "mistral", "sliding_window": 0"#, r#""model_type": "mistral", "sliding_window": "x""#] {
+            assert!(parse(bad).unwrap_err().to_string().contains("sliding_window"), "{bad}");
+        }
+        let err = parse(r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true, "layer_types": ["full_attention"]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("layer_types"), "{err}");
     }
 
     #[test]

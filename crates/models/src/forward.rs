@@ -131,13 +131,14 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
     match config.arch {
         Arch::Llama => crate::llama::build(config, spec),
         Arch::Qwen2 => crate::qwen2::build(config, spec),
+        Arch::Mistral => crate::mistral::build(config, spec),
     }
 }
 
 /// The hook kinds a family's forward produces; any other kind is refused by name.
 pub fn hook_kinds(arch: Arch) -> &'static [HookKind] {
     match arch {
-        Arch::Llama | Arch::Qwen2 => crate::llama::HOOKS,
+        Arch::Llama | Arch::Qwen2 | Arch::Mistral => crate::llama::HOOKS,
     }
 }
 
@@ -394,14 +395,23 @@ impl<'a> Graph<'a> {
         Ok(b.add(a, r)?)
     }
 
-    /// The attention mask for all blocks: `[batch, seq_q, seq_k]` predicate, true where
-    /// query `i` may attend key `j` (`j <= i` and key `j` is a real token).
-    pub fn attention_mask(&mut self) -> Result<Value, ModelError> {
+    /// The attention mask of the blocks with `window`: `[batch, seq_q, seq_k]` predicate,
+    /// true where query `i` may attend key `j` (`j <= i`, `i - j < window` when windowed, and
+    /// key `j` is a real token). Padding is contiguous at either end of a row, so index
+    /// distances are position distances, as in Hugging Face's mask.
+    pub fn attention_mask(&mut self, window: Option<usize>) -> Result<Value, ModelError> {
         let (bsz, s) = (self.spec.batch, self.spec.seq);
         let b = &mut self.b;
         let qi = b.iota(TensorType::new(DType::I32, &[s, s]), 0)?;
         let ki = b.iota(TensorType::new(DType::I32, &[s, s]), 1)?;
-        let causal = b.compare(CompareDir::Ge, qi, ki)?;
+        let mut causal = b.compare(CompareDir::Ge, qi, ki)?;
+        if let Some(w) = window.filter(|&w| w < s) {
+            // j > i - w, i.e. j + w > i.
+            let w = b.splat(w as f64, TensorType::new(DType::I32, &[s, s]))?;
+            let reach = b.add(ki, w)?;
+            let recent = b.compare(CompareDir::Gt, reach, qi)?;
+            causal = b.and(causal, recent)?;
+        }
         let causal = b.broadcast_in_dim(causal, &[bsz, s, s], &[1, 2])?;
         let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz, s]))?;
         let real = b.compare(CompareDir::Ne, self.attention_mask, zero)?;
@@ -439,6 +449,20 @@ impl<'a> Graph<'a> {
         let out = b.transpose(out, &[0, 2, 1, 3, 4])?;
         let z = b.reshape(out, &[bsz * s, c.n_heads * hd])?;
         Ok(Attention { scores, pattern, z })
+    }
+
+    /// Masked scores (the most negative f32) as the lowest finite value of the output dtype,
+    /// what Hugging Face's mask (`finfo(dtype).min`) gives in that dtype; converted as they
+    /// are they would round to -inf in bf16 and f16.
+    pub fn finite_in_output(&mut self, x: Value) -> Result<Value, ModelError> {
+        let lowest = match self.spec.output_dtype {
+            DType::BF16 => -3.389_531_389_251_535_5e38,
+            DType::F16 => -65504.0,
+            _ => return Ok(x),
+        };
+        let dims = self.b.dims(x)?.to_vec();
+        let floor = self.b.splat(lowest, TensorType::new(DType::F32, &dims))?;
+        Ok(self.b.max(x, floor)?)
     }
 
     /// Scores or pattern from [`Graph::attention`]'s `[batch, kv_head, query, group, key]`
@@ -629,6 +653,7 @@ mod tests {
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             qkv_bias: true,
+            layer_windows: Vec::new(),
         }
     }
 

@@ -152,7 +152,7 @@ kinds! {
     AttnRotK Block KvHeads "attn.hook_rot_k" []
         "keys per key/value head, after RoPE";
     AttnScores Block Pattern "attn.hook_attn_scores" []
-        "scaled attention logits per head over the keys, masked keys at the most negative f32";
+        "scaled attention logits per head over the keys, masked keys at the dtype's lowest finite value";
     AttnPattern Block Pattern "attn.hook_pattern" []
         "attention probabilities per head over the keys";
     AttnZ Block QHeads "attn.hook_z" ["attn.o.hook_in"]
@@ -544,6 +544,7 @@ mod tests {
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             qkv_bias: false,
+            layer_windows: Vec::new(),
         }
     }
 

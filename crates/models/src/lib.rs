@@ -8,6 +8,7 @@ pub mod gguf;
 pub mod hf;
 pub mod hooks;
 mod llama;
+mod mistral;
 mod qwen2;
 mod safetensors;
 pub mod tokenizer;

@@ -103,16 +103,22 @@ pub(crate) fn build_decoder(
     let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
     let mut x = g.embed()?;
     g.hook(HookPoint::model(Embed), x);
-    // Per-batch tables, built once and shared by every block.
-    let tables = if n_blocks > 0 {
-        Some((g.rope_tables()?, g.attention_mask()?))
-    } else {
-        None
-    };
+    // Per-batch tables, built once and shared by every block: RoPE, and a mask per window.
+    let rope = if n_blocks > 0 { Some(g.rope_tables()?) } else { None };
+    let mut masks: Vec<(Option<usize>, Value)> = Vec::new();
     for layer in 0..n_blocks {
         let at = |kind| HookPoint::block(layer, kind);
         g.hook(at(ResidPre), x);
-        let ((cos, sin), mask) = tables.expect("tables exist when blocks are built");
+        let (cos, sin) = rope.expect("tables exist when blocks are built");
+        let window = config.layer_windows.get(layer).copied().flatten();
+        let mask = match masks.iter().find(|(w, _)| *w == window) {
+            Some(&(_, mask)) => mask,
+            None => {
+                let mask = g.attention_mask(window)?;
+                masks.push((window, mask));
+                mask
+            }
+        };
         let ln1 = g.rms_norm(x, &format!("model.layers.{layer}.input_layernorm.weight"))?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
         let attn = self_attention(&mut g, ln1.out, layer, bias, cos, sin, mask)?;
@@ -183,11 +189,14 @@ fn self_attention(
     let q = g.b.reshape(q, &[t, c.n_heads * c.head_dim])?;
     let k = g.b.reshape(k, &[t, c.n_kv_heads * c.head_dim])?;
     let Attention { scores, pattern, z } = g.attention(q, k, qkv[2], mask)?;
-    for (kind, value) in [(AttnScores, scores), (AttnPattern, pattern)] {
-        if g.wants(at(kind)) {
-            let rows = g.per_query(value)?;
-            g.hook(at(kind), rows);
-        }
+    if g.wants(at(AttnScores)) {
+        let rows = g.per_query(scores)?;
+        let rows = g.finite_in_output(rows)?;
+        g.hook(at(AttnScores), rows);
+    }
+    if g.wants(at(AttnPattern)) {
+        let rows = g.per_query(pattern)?;
+        g.hook(at(AttnPattern), rows);
     }
     g.hook(at(AttnZ), z);
     g.linear(z, &format!("{p}.o_proj.weight"), None)

@@ -4,8 +4,8 @@
 //! embedding (`tie_word_embeddings`); siphon never computes logits, so tied and untied
 //! checkpoints build the same graph and `lm_head.weight` is never an argument.
 //!
-//! Sliding-window attention (`use_sliding_window`) is off in every released Qwen2.5
-//! config, so full causal attention is what Hugging Face computes too.
+//! Sliding-window attention (`use_sliding_window`, off in every released Qwen2.5 config) is
+//! honoured on the layers Hugging Face windows ([`crate::ModelConfig::layer_windows`]).
 
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::llama::{build_decoder, QkvBias};

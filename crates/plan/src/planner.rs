@@ -460,6 +460,7 @@ impl fmt::Display for Plan {
         let arch = match self.arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Mistral => "mistral",
         };
         writeln!(
             f,

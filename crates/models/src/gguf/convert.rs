@@ -173,6 +173,12 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         eos_token_id: token_id("eos_token_id"),
         pad_token_id: token_id("padding_token_id"),
         torch_dtype: None,
+        // llama.cpp writes a window only for the families that have one; a llama file that
+        // carries one is refused like a llama config.json with a window.
+        sliding_window: int("attention.sliding_window")?.map(serde_json::Value::from),
+        use_sliding_window: None,
+        max_window_layers: None,
+        layer_types: None,
     })
 }
 

@@ -1,0 +1,21 @@
+//! Mistral: the Llama decoder (RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated
+//! MLP, no projection biases, `head_dim` from the config) with sliding-window attention: a
+//! query attends only the `sliding_window` most recent keys, itself included (Hugging Face's
+//! `kv_idx > q_idx - sliding_window`), on every layer. The window is
+//! [`crate::ModelConfig::layer_windows`], applied by the shared attention mask; a config
+//! whose window is null attends the whole context, like Hugging Face.
+
+use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::llama::{build_decoder, QkvBias};
+use crate::{Arch, ModelConfig, ModelError};
+
+/// Builds the Mistral forward for `spec`.
+pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.arch != Arch::Mistral {
+        return Err(ModelError::UnsupportedArch(format!("mistral builder given a {:?} config", config.arch)));
+    }
+    if config.qkv_bias {
+        return Err(ModelError::UnsupportedArch("mistral with attention_bias = true".into()));
+    }
+    build_decoder(config, spec, QkvBias::No)
+}
