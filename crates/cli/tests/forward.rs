@@ -70,15 +70,22 @@ fn forward_writes_hooks_matching_hf() {
     let ids_file = tmp.path().join("ids.json");
     std::fs::write(&ids_file, serde_json::to_string(&vec![ids[..seq].to_vec()]).unwrap()).unwrap();
     let out = tmp.path().join("acts.safetensors");
-    let hooks = "blocks.0.hook_attn_out,blocks.2.hook_resid_post,ln_final.hook_normalized";
+    // HF's hidden states, and a per-head hook (patterns and aliases as --hooks takes them).
+    let hooks = "blocks.0.hook_attn_out,blocks.2.hook_resid_post,ln_final.hook_out";
+    let all = format!("{hooks},blocks.{{1,2}}.attn.o.hook_in");
     let o = siphon(&[
-        "forward", "--model", model.to_str().unwrap(), "--ids", ids_file.to_str().unwrap(), "--hooks", hooks,
+        "forward", "--model", model.to_str().unwrap(), "--ids", ids_file.to_str().unwrap(), "--hooks", &all,
         "--out", out.to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
-    assert!(stdout.contains("ln_final.hook_normalized: f32[1, 8, 64]"), "{stdout}");
+    assert!(stdout.contains("ln_final.hook_out: f32[1, 8, 64]"), "{stdout}");
     let (header, data) = read_safetensors(&out);
+    for layer in [1, 2] {
+        // Stored under the TransformerLens name, [batch, seq, heads, d_head].
+        let (shape, _) = tensor_f32(&header, &data, &format!("blocks.{layer}.attn.hook_z"));
+        assert_eq!(shape, vec![1, seq, 4, 16]);
+    }
     for hook in hooks.split(',') {
         let (shape, got) = tensor_f32(&header, &data, hook);
         assert_eq!(shape, vec![1, seq, 64], "{hook}");

@@ -123,6 +123,12 @@ fn tiny_qwen2_matches_hf_at_every_hook() {
     check_tiny("tiny-qwen2");
 }
 
+/// Qwen3: q/k norms per head, head_dim 24, windows on the later layers.
+#[test]
+fn tiny_qwen3_matches_hf_at_every_hook() {
+    check_tiny("tiny-qwen3");
+}
+
 /// Mistral with a sliding window (3) shorter than the rows: HF's windowed mask, honoured.
 #[test]
 fn tiny_mistral_matches_hf_at_every_hook() {

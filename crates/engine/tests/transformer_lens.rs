@@ -29,6 +29,9 @@ const NOT_EXTRACTED: &[&str] = &[
     "unembed.hook_out",
     "hook_unembed",
     "ln_final.hook_in",
+    // Qwen3: the same tensors as attn.hook_q / hook_k, laid out head-major.
+    "attn.q_norm.hook_in",
+    "attn.k_norm.hook_in",
 ];
 
 fn client() -> Client {
@@ -204,6 +207,20 @@ fn differences(
                     }
                 }
             }
+        } else if head_major(hook.kind()) {
+            // TransformerLens: [heads, token, *rest]; siphon: per token [heads, *rest].
+            let heads = shape[2];
+            let rest = per_token / heads;
+            assert_eq!(t.shape[..2], [heads, n], "{}", t.name);
+            assert_eq!(&t.shape[2..], &shape[3..], "{}", t.name);
+            for h in 0..heads {
+                for tok in 0..n {
+                    for i in 0..rest {
+                        let want = t.values[(h * n + tok) * rest + i];
+                        worst = worst.max((at(offset + tok, h * rest + i) - want).abs());
+                    }
+                }
+            }
         } else {
             assert_eq!(&t.shape[1..], &shape[2..], "{}: per-token shape", t.name);
             assert_eq!(t.shape[0], n, "{}", t.name);
@@ -217,6 +234,12 @@ fn differences(
         *entry = entry.max(worst);
     }
     out
+}
+
+/// The per-head norm hooks, which TransformerLens caches head-major.
+fn head_major(kind: HookKind) -> bool {
+    use HookKind::*;
+    matches!(kind, AttnQNormScale | AttnQNormNormalized | AttnQNormed | AttnKNormScale | AttnKNormNormalized | AttnKNormed)
 }
 
 fn run(model: &LoadedModel, batch: &Batch, mesh: Mesh, compute_dtype: DType) -> Activations {
@@ -249,7 +272,9 @@ fn check_model(name: &str) {
     let seq = 8;
     // 3 layers: every block hook of each, the embedding and the three final-norm hooks, and
     // every TransformerLens name among them compared (aliases map to the same tensors).
-    assert_eq!(every_hook(&model).len(), 3 * 22 + 4);
+    let family = siphon_models::hook_kinds(model.config.arch);
+    let block_kinds = family.iter().filter(|k| k.info().scope == siphon_models::hooks::Scope::Block).count();
+    assert_eq!(every_hook(&model).len(), 3 * block_kinds + 4, "{name}");
     for side in ["right", "left"] {
         let (batch, offsets) = padded(&golden.rows, seq, side, 0);
         let diffs = differences(
@@ -285,6 +310,12 @@ fn tiny_llama_every_hook_matches_transformer_lens() {
 #[test]
 fn tiny_qwen2_every_hook_matches_transformer_lens() {
     check_model("tiny-qwen2");
+}
+
+/// q/k RMSNorm per head, head_dim 24, and a window of 4 on layers 1 and 2 only.
+#[test]
+fn tiny_qwen3_every_hook_matches_transformer_lens() {
+    check_model("tiny-qwen3");
 }
 
 /// Sliding window 3 on rows of up to 8 tokens, head_dim 24 (not 64 / 4 heads).

@@ -18,6 +18,8 @@ pub enum Arch {
     Qwen2,
     /// Mistral: Llama with sliding-window attention.
     Mistral,
+    /// Qwen3: Llama with RMSNorm on each query and key head.
+    Qwen3,
 }
 
 impl std::fmt::Display for Arch {
@@ -26,6 +28,7 @@ impl std::fmt::Display for Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Mistral => "mistral",
+            Arch::Qwen3 => "qwen3",
         })
     }
 }
@@ -118,6 +121,9 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Whether q/k/v projections have biases (Qwen2 yes, Llama no).
     pub qkv_bias: bool,
+    /// RMSNorm over `head_dim` on every query and key head before RoPE (Qwen3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
     /// Per layer, the sliding attention window (a query attends the keys less than this many
     /// positions back, itself included); empty or `None` for full causal attention.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -136,15 +142,17 @@ impl HfConfig {
             Some("llama") => Arch::Llama,
             Some("mistral") => Arch::Mistral,
             Some("qwen2") => Arch::Qwen2,
+            Some("qwen3") => Arch::Qwen3,
             Some(other) => {
                 return Err(ModelError::UnsupportedArch(format!(
-                    "model_type {other:?} (supported: llama, mistral, qwen2)"
+                    "model_type {other:?} (supported: llama, mistral, qwen2, qwen3)"
                 )));
             }
             None => match self.architectures.as_deref().and_then(|a| a.first()).map(String::as_str) {
                 Some("LlamaForCausalLM") => Arch::Llama,
                 Some("MistralForCausalLM") => Arch::Mistral,
                 Some("Qwen2ForCausalLM") => Arch::Qwen2,
+                Some("Qwen3ForCausalLM") => Arch::Qwen3,
                 other => {
                     return Err(ModelError::UnsupportedArch(format!(
                         "config.json has no model_type and architectures {other:?}"
@@ -160,6 +168,8 @@ impl HfConfig {
         let n_kv_heads = self.num_key_value_heads.unwrap_or(n_heads);
         let head_dim = match self.head_dim {
             Some(d) => d,
+            // Qwen3Config's default, not hidden / heads.
+            None if arch == Arch::Qwen3 => 128,
             None if n_heads > 0 && hidden_size % n_heads == 0 => hidden_size / n_heads,
             None => {
                 return Err(ModelError::Config(format!(
@@ -204,6 +214,7 @@ impl HfConfig {
             max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
             qkv_bias: self.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            qk_norm: arch == Arch::Qwen3,
             layer_windows,
         };
         config.validate()?;
@@ -248,7 +259,7 @@ fn layer_windows(arch: Arch, c: &HfConfig, n_layers: usize) -> Result<Vec<Option
     let windows = match arch {
         // A missing key is MistralConfig's default of 4096; null turns the window off.
         Arch::Mistral => vec![sliding_window.unwrap_or(Some(4096)); n_layers],
-        Arch::Qwen2 => match (c.use_sliding_window.unwrap_or(false), sliding_window.flatten()) {
+        Arch::Qwen2 | Arch::Qwen3 => match (c.use_sliding_window.unwrap_or(false), sliding_window.flatten()) {
             (false, _) | (true, None) => Vec::new(),
             (true, Some(window)) => by_types(window)?,
         },
@@ -387,6 +398,10 @@ impl ModelConfig {
                 out.push(p("self_attn.q_proj.bias", vec![q], ParamClass::QBias));
                 out.push(p("self_attn.k_proj.bias", vec![kv], ParamClass::KBias));
                 out.push(p("self_attn.v_proj.bias", vec![kv], ParamClass::VBias));
+            }
+            if self.qk_norm {
+                out.push(p("self_attn.q_norm.weight", vec![self.head_dim], ParamClass::Norm));
+                out.push(p("self_attn.k_norm.weight", vec![self.head_dim], ParamClass::Norm));
             }
             out.push(p("self_attn.o_proj.weight", vec![h, q], ParamClass::AttnO));
             out.push(p("post_attention_layernorm.weight", vec![h], ParamClass::Norm));

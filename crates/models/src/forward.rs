@@ -132,6 +132,7 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
         Arch::Llama => crate::llama::build(config, spec),
         Arch::Qwen2 => crate::qwen2::build(config, spec),
         Arch::Mistral => crate::mistral::build(config, spec),
+        Arch::Qwen3 => crate::qwen3::build(config, spec),
     }
 }
 
@@ -139,6 +140,7 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
 pub fn hook_kinds(arch: Arch) -> &'static [HookKind] {
     match arch {
         Arch::Llama | Arch::Qwen2 | Arch::Mistral => crate::llama::HOOKS,
+        Arch::Qwen3 => crate::qwen3::HOOKS,
     }
 }
 
@@ -653,6 +655,7 @@ mod tests {
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             qkv_bias: true,
+            qk_norm: false,
             layer_windows: Vec::new(),
         }
     }

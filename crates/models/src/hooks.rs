@@ -32,6 +32,12 @@ pub enum HookKind {
     AttnQ,
     AttnK,
     AttnV,
+    AttnQNormScale,
+    AttnQNormNormalized,
+    AttnQNormed,
+    AttnKNormScale,
+    AttnKNormNormalized,
+    AttnKNormed,
     AttnRotQ,
     AttnRotK,
     AttnScores,
@@ -77,6 +83,10 @@ pub enum HookShape {
     QHeads,
     /// `[n_kv_heads, d_head]` (keys and values under grouped-query attention).
     KvHeads,
+    /// `[n_heads, 1]`: a per-head norm's scale on the queries.
+    QHeadScale,
+    /// `[n_kv_heads, 1]`: a per-head norm's scale on the keys.
+    KvHeadScale,
     /// `[n_heads, seq]`: one row of attention scores or pattern per query token, over the
     /// batch's padded sequence length.
     Pattern,
@@ -91,6 +101,8 @@ impl HookShape {
             HookShape::Scale => vec![1],
             HookShape::QHeads => vec![config.n_heads, config.head_dim],
             HookShape::KvHeads => vec![config.n_kv_heads, config.head_dim],
+            HookShape::QHeadScale => vec![config.n_heads, 1],
+            HookShape::KvHeadScale => vec![config.n_kv_heads, 1],
             HookShape::Pattern => vec![config.n_heads, seq],
         }
     }
@@ -147,6 +159,18 @@ kinds! {
         "keys per key/value head, before RoPE";
     AttnV Block KvHeads "attn.hook_v" ["attn.v.hook_out"]
         "values per key/value head";
+    AttnQNormScale Block QHeadScale "attn.q_norm.hook_scale" []
+        "sqrt(mean(q²) + eps) of each query head (families with q/k norms)";
+    AttnQNormNormalized Block QHeads "attn.q_norm.hook_normalized" []
+        "each query head divided by its scale, before the q-norm's gain";
+    AttnQNormed Block QHeads "attn.hook_q_normed" ["attn.q_norm.hook_out"]
+        "queries per head after the q-norm, before RoPE";
+    AttnKNormScale Block KvHeadScale "attn.k_norm.hook_scale" []
+        "sqrt(mean(k²) + eps) of each key head";
+    AttnKNormNormalized Block KvHeads "attn.k_norm.hook_normalized" []
+        "each key head divided by its scale, before the k-norm's gain";
+    AttnKNormed Block KvHeads "attn.hook_k_normed" ["attn.k_norm.hook_out"]
+        "keys per key/value head after the k-norm, before RoPE";
     AttnRotQ Block QHeads "attn.hook_rot_q" []
         "queries per head, after RoPE";
     AttnRotK Block KvHeads "attn.hook_rot_k" []
@@ -544,6 +568,7 @@ mod tests {
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             qkv_bias: false,
+            qk_norm: false,
             layer_windows: Vec::new(),
         }
     }
@@ -551,7 +576,8 @@ mod tests {
     #[test]
     fn names_and_aliases_round_trip() {
         let c = config();
-        for k in KINDS.iter().filter(|k| k.kind != HookKind::PosEmbed) {
+        let family = crate::forward::hook_kinds(c.arch);
+        for k in KINDS.iter().filter(|k| family.contains(&k.kind)) {
             let hook = match k.scope {
                 Scope::Block => HookPoint::block(2, k.kind),
                 _ => HookPoint::model(k.kind),
@@ -665,10 +691,9 @@ mod tests {
             ]
         );
         let all = resolve_hooks("blocks.3.*", &c).unwrap();
-        assert_eq!(
-            all.len(),
-            KINDS.iter().filter(|k| k.scope == Scope::Block).count()
-        );
+        // Every block hook Llama has: not the q/k norms of Qwen3.
+        assert_eq!(all.len(), 22);
+        assert!(!all.iter().any(|h| h.kind() == HookKind::AttnQNormed));
         assert!(all.iter().all(|h| h.layer() == Some(3)));
         // Aliases resolve to the TransformerLens name.
         assert_eq!(names("blocks.1.hook_out"), ["blocks.1.hook_resid_post"]);
@@ -742,6 +767,8 @@ mod tests {
                 HookShape::Scale => "[1]",
                 HookShape::QHeads => "[n_heads, d_head]",
                 HookShape::KvHeads => "[n_kv_heads, d_head]",
+                HookShape::QHeadScale => "[n_heads, 1]",
+                HookShape::KvHeadScale => "[n_kv_heads, 1]",
                 HookShape::Pattern => "[n_heads, seq]",
             };
             assert!(

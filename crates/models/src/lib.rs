@@ -10,6 +10,7 @@ pub mod hooks;
 mod llama;
 mod mistral;
 mod qwen2;
+mod qwen3;
 mod safetensors;
 pub mod tokenizer;
 pub mod weights;

@@ -154,6 +154,17 @@ pub(crate) fn build_decoder(
     g.finish(n_blocks)
 }
 
+/// RMSNorm over `head_dim` of every head of `x` `[tokens, heads, head_dim]` (Qwen3's q/k
+/// norms), recording its scale, normalized and output hooks.
+fn head_norm(g: &mut Graph<'_>, x: Value, weight: &str, hooks: [HookPoint; 3]) -> Result<Value, ModelError> {
+    let dims = g.b.dims(x)?.to_vec();
+    let rows = g.b.reshape(x, &[dims[0] * dims[1], dims[2]])?;
+    let norm = g.rms_norm(rows, weight)?;
+    let [scale, normalized, out] = hooks;
+    g.hook_norm(&norm, scale, normalized, out)?;
+    Ok(g.b.reshape(norm.out, &dims)?)
+}
+
 /// `o_proj(attention(rope(q), rope(k), v))` of block `layer` on normed input `n`
 /// `[tokens, hidden]`, recording the attention hooks on the way.
 fn self_attention(
@@ -180,8 +191,12 @@ fn self_attention(
     g.hook(at(AttnQ), qkv[0]);
     g.hook(at(AttnK), qkv[1]);
     g.hook(at(AttnV), qkv[2]);
-    let q = g.b.reshape(qkv[0], &[t, c.n_heads, c.head_dim])?;
-    let k = g.b.reshape(qkv[1], &[t, c.n_kv_heads, c.head_dim])?;
+    let mut q = g.b.reshape(qkv[0], &[t, c.n_heads, c.head_dim])?;
+    let mut k = g.b.reshape(qkv[1], &[t, c.n_kv_heads, c.head_dim])?;
+    if c.qk_norm {
+        q = head_norm(g, q, &format!("{p}.q_norm.weight"), [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at))?;
+        k = head_norm(g, k, &format!("{p}.k_norm.weight"), [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at))?;
+    }
     let q = g.apply_rope(q, cos, sin)?;
     let k = g.apply_rope(k, cos, sin)?;
     g.hook(at(AttnRotQ), q);

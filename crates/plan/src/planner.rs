@@ -461,6 +461,7 @@ impl fmt::Display for Plan {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Mistral => "mistral",
+            Arch::Qwen3 => "qwen3",
         };
         writeln!(
             f,

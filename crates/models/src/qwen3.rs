@@ -1,0 +1,66 @@
+//! Qwen3 (dense): the Llama decoder (RMSNorm, rotate-half RoPE, grouped-query attention,
+//! SiLU-gated MLP) with an RMSNorm over `head_dim` on every query and key head, applied after
+//! the projections and before RoPE (`self_attn.q_norm` / `k_norm`, one `[head_dim]` gain
+//! shared by all heads). No projection biases; `head_dim` comes from the config (128 when
+//! absent, as in `Qwen3Config`), so `n_heads * head_dim` may differ from `hidden_size`.
+//! Sliding windows (`use_sliding_window`) follow Qwen2's rules.
+//!
+//! TransformerLens's `attn.hook_q` / `hook_k` are the projections before the norms;
+//! `attn.hook_q_normed` / `hook_k_normed` (and `attn.q_norm.hook_scale` / `hook_normalized`)
+//! are the norms' parts, and `attn.hook_rot_q` / `hook_rot_k` RoPE of the normed heads.
+
+use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::hooks::HookKind;
+use crate::llama::{build_decoder, QkvBias};
+use crate::{Arch, ModelConfig, ModelError};
+
+/// The Llama hooks plus the q/k norms'.
+pub(crate) const HOOKS: &[HookKind] = {
+    use HookKind::*;
+    &[
+        Embed,
+        ResidPre,
+        Ln1Scale,
+        Ln1Normalized,
+        Ln1Out,
+        AttnQ,
+        AttnK,
+        AttnV,
+        AttnQNormScale,
+        AttnQNormNormalized,
+        AttnQNormed,
+        AttnKNormScale,
+        AttnKNormNormalized,
+        AttnKNormed,
+        AttnRotQ,
+        AttnRotK,
+        AttnScores,
+        AttnPattern,
+        AttnZ,
+        AttnOut,
+        ResidMid,
+        Ln2Scale,
+        Ln2Normalized,
+        MlpIn,
+        MlpPre,
+        MlpPreLinear,
+        MlpPost,
+        MlpOut,
+        ResidPost,
+        LnFinalScale,
+        LnFinalNormalized,
+        LnFinalOut,
+    ]
+};
+
+/// Builds the Qwen3 forward for `spec`.
+pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.arch != Arch::Qwen3 || !config.qk_norm {
+        return Err(ModelError::UnsupportedArch(format!("qwen3 builder given a {:?} config without q/k norms", config.arch)));
+    }
+    if config.qkv_bias {
+        // HF's attention_bias also puts a bias on o_proj, which the inventory does not list.
+        return Err(ModelError::UnsupportedArch("qwen3 with attention_bias = true".into()));
+    }
+    build_decoder(config, spec, QkvBias::No)
+}
