@@ -92,7 +92,8 @@ pub(crate) fn build(
     build_decoder(config, spec, QkvBias::No)
 }
 
-/// The decoder stack shared by Llama and Qwen2.
+/// The decoder stack shared by Llama, Qwen2, Mistral and Qwen3; the config decides the
+/// per-layer attention windows and the q/k norms.
 pub(crate) fn build_decoder(
     config: &ModelConfig,
     spec: &ForwardSpec,
