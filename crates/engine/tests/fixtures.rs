@@ -123,6 +123,12 @@ fn tiny_qwen2_matches_hf_at_every_hook() {
     check_tiny("tiny-qwen2");
 }
 
+/// Gemma 2: hook_attn_out / hook_mlp_out after the post-norms, as TransformerLens takes them.
+#[test]
+fn tiny_gemma2_matches_hf_at_every_hook() {
+    check_tiny("tiny-gemma2");
+}
+
 /// Qwen3: q/k norms per head, head_dim 24, windows on the later layers.
 #[test]
 fn tiny_qwen3_matches_hf_at_every_hook() {

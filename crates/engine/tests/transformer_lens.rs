@@ -150,6 +150,7 @@ fn every_hook(model: &LoadedModel) -> Vec<HookPoint> {
 /// real tokens (and, for scores and patterns, over each real query's keys). Also checks that
 /// padding keys hold what masked keys hold: pattern 0, scores the most negative f32.
 fn differences(
+    config: &siphon_models::ModelConfig,
     golden: &TlGolden,
     acts: &Activations,
     offsets: &[usize],
@@ -157,7 +158,7 @@ fn differences(
 ) -> BTreeMap<String, f32> {
     let mut out = BTreeMap::new();
     for t in &golden.tensors {
-        let Ok(hook) = t.name.parse::<HookPoint>() else {
+        let Ok(hook) = HookPoint::parse(&t.name, config) else {
             let bare = t
                 .name
                 .strip_prefix("blocks.")
@@ -278,6 +279,7 @@ fn check_model(name: &str) {
     for side in ["right", "left"] {
         let (batch, offsets) = padded(&golden.rows, seq, side, 0);
         let diffs = differences(
+            &model.config,
             &golden,
             &run(&model, &batch, Mesh::single_device(), DType::F32),
             &offsets,
@@ -294,7 +296,8 @@ fn check_model(name: &str) {
     let (batch, offsets) = padded(&golden.rows, seq, "right", 1);
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
     let diffs = differences(
-        &golden,
+            &model.config,
+            &golden,
         &run(&model, &batch, mesh, DType::F32),
         &offsets,
         seq,
@@ -310,6 +313,13 @@ fn tiny_llama_every_hook_matches_transformer_lens() {
 #[test]
 fn tiny_qwen2_every_hook_matches_transformer_lens() {
     check_model("tiny-qwen2");
+}
+
+/// Pre- and post-norms with (1 + w) gains, scaled embeddings, soft-capped logits scaled by
+/// query_pre_attn_scalar, GeGLU, a window of 3 on layers 0 and 2, head_dim 24.
+#[test]
+fn tiny_gemma2_every_hook_matches_transformer_lens() {
+    check_model("tiny-gemma2");
 }
 
 /// q/k RMSNorm per head, head_dim 24, and a window of 4 on layers 1 and 2 only.
@@ -334,7 +344,8 @@ fn bf16_every_hook_tracks_transformer_lens() {
     let golden = load(name);
     let (batch, offsets) = padded(&golden.rows, 8, "right", 0);
     let diffs = differences(
-        &golden,
+            &model.config,
+            &golden,
         &run(&model, &batch, Mesh::single_device(), DType::Bf16),
         &offsets,
         8,

@@ -20,6 +20,26 @@ pub enum Arch {
     Mistral,
     /// Qwen3: Llama with RMSNorm on each query and key head.
     Qwen3,
+    /// Gemma 2: (1 + w) RMSNorms before and after attention and MLP, GeGLU, soft-capped
+    /// attention logits, alternating sliding-window layers.
+    Gemma2,
+}
+
+/// The MLP's activation (of the gate, in a gated MLP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `x * sigmoid(x)`.
+    #[default]
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`, `gelu_new`).
+    GeluTanh,
+}
+
+impl Activation {
+    fn is_silu(&self) -> bool {
+        *self == Activation::Silu
+    }
 }
 
 impl std::fmt::Display for Arch {
@@ -29,6 +49,7 @@ impl std::fmt::Display for Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Mistral => "mistral",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma2 => "gemma2",
         })
     }
 }
@@ -88,6 +109,12 @@ pub struct HfConfig {
     pub use_sliding_window: Option<bool>,
     pub max_window_layers: Option<usize>,
     pub layer_types: Option<Vec<String>>,
+    pub hidden_activation: Option<String>,
+    pub query_pre_attn_scalar: Option<f64>,
+    /// A cap, or null (none); absent is distinguished from null.
+    #[serde(default, deserialize_with = "present")]
+    pub attn_logit_softcapping: Option<serde_json::Value>,
+    pub use_bidirectional_attention: Option<bool>,
 }
 
 /// The validated configuration of a supported model.
@@ -121,6 +148,16 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Whether q/k/v projections have biases (Qwen2 yes, Llama no).
     pub qkv_bias: bool,
+    /// The MLP's activation.
+    #[serde(default, skip_serializing_if = "Activation::is_silu")]
+    pub activation: Activation,
+    /// Attention scores are scaled by `attn_scalar^-0.5` (Gemma's `query_pre_attn_scalar`);
+    /// `None` means `head_dim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_scalar: Option<f64>,
+    /// Attention logits soft-capped as `cap * tanh(s / cap)` before the mask (Gemma 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_softcap: Option<f64>,
     /// RMSNorm over `head_dim` on every query and key head before RoPE (Qwen3).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub qk_norm: bool,
@@ -143,9 +180,10 @@ impl HfConfig {
             Some("mistral") => Arch::Mistral,
             Some("qwen2") => Arch::Qwen2,
             Some("qwen3") => Arch::Qwen3,
+            Some("gemma2") => Arch::Gemma2,
             Some(other) => {
                 return Err(ModelError::UnsupportedArch(format!(
-                    "model_type {other:?} (supported: llama, mistral, qwen2, qwen3)"
+                    "model_type {other:?} (supported: gemma2, llama, mistral, qwen2, qwen3)"
                 )));
             }
             None => match self.architectures.as_deref().and_then(|a| a.first()).map(String::as_str) {
@@ -153,6 +191,7 @@ impl HfConfig {
                 Some("MistralForCausalLM") => Arch::Mistral,
                 Some("Qwen2ForCausalLM") => Arch::Qwen2,
                 Some("Qwen3ForCausalLM") => Arch::Qwen3,
+                Some("Gemma2ForCausalLM") => Arch::Gemma2,
                 other => {
                     return Err(ModelError::UnsupportedArch(format!(
                         "config.json has no model_type and architectures {other:?}"
@@ -168,8 +207,9 @@ impl HfConfig {
         let n_kv_heads = self.num_key_value_heads.unwrap_or(n_heads);
         let head_dim = match self.head_dim {
             Some(d) => d,
-            // Qwen3Config's default, not hidden / heads.
+            // Qwen3Config's and Gemma2Config's defaults, not hidden / heads.
             None if arch == Arch::Qwen3 => 128,
+            None if arch == Arch::Gemma2 => 256,
             None if n_heads > 0 && hidden_size % n_heads == 0 => hidden_size / n_heads,
             None => {
                 return Err(ModelError::Config(format!(
@@ -179,11 +219,38 @@ impl HfConfig {
         };
         let n_layers = need(self.num_hidden_layers, "num_hidden_layers")?;
         let layer_windows = layer_windows(arch, &self, n_layers)?;
-        if let Some(act) = self.hidden_act.as_deref() {
-            if act != "silu" {
-                return Err(ModelError::UnsupportedArch(format!("hidden_act {act:?} (only silu)")));
+        // Gemma's MLP reads `hidden_activation` (its `hidden_act` is unused); the others read
+        // `hidden_act`.
+        let activation = match arch {
+            Arch::Gemma2 => match self.hidden_activation.as_deref().unwrap_or("gelu_pytorch_tanh") {
+                "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
+                other => {
+                    return Err(ModelError::UnsupportedArch(format!(
+                        "hidden_activation {other:?} (supported: gelu_pytorch_tanh, gelu_new)"
+                    )));
+                }
+            },
+            _ => match self.hidden_act.as_deref() {
+                None | Some("silu") => Activation::Silu,
+                Some(act) => return Err(ModelError::UnsupportedArch(format!("hidden_act {act:?} (only silu)"))),
+            },
+        };
+        let (attn_scalar, attn_softcap) = match arch {
+            Arch::Gemma2 => {
+                if self.use_bidirectional_attention == Some(true) {
+                    return Err(ModelError::UnsupportedArch("gemma2 with use_bidirectional_attention".into()));
+                }
+                let cap = match &self.attn_logit_softcapping {
+                    None => Some(50.0),
+                    Some(serde_json::Value::Null) => None,
+                    Some(v) => Some(v.as_f64().filter(|c| *c > 0.0).ok_or_else(|| {
+                        ModelError::Config(format!("attn_logit_softcapping {v} is not a positive number"))
+                    })?),
+                };
+                (Some(self.query_pre_attn_scalar.unwrap_or(256.0)), cap)
             }
-        }
+            _ => (None, None),
+        };
         let mut rope_theta = self.rope_theta;
         let mut rope_scaling_json = self.rope_scaling;
         if let Some(params) = self.rope_parameters.filter(|p| !p.is_null()) {
@@ -212,8 +279,11 @@ impl HfConfig {
             rope_theta: rope_theta.unwrap_or(10_000.0),
             rope_scaling,
             max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
-            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(arch == Arch::Gemma2),
             qkv_bias: self.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            activation,
+            attn_scalar,
+            attn_softcap,
             qk_norm: arch == Arch::Qwen3,
             layer_windows,
         };
@@ -259,6 +329,14 @@ fn layer_windows(arch: Arch, c: &HfConfig, n_layers: usize) -> Result<Vec<Option
     let windows = match arch {
         // A missing key is MistralConfig's default of 4096; null turns the window off.
         Arch::Mistral => vec![sliding_window.unwrap_or(Some(4096)); n_layers],
+        // Gemma 2: `layer_types`, by default every other layer from the first.
+        Arch::Gemma2 => match sliding_window.unwrap_or(Some(4096)) {
+            None => Vec::new(),
+            Some(window) => match &c.layer_types {
+                Some(_) => by_types(window)?,
+                None => (0..n_layers).map(|l| (l % 2 == 0).then_some(window)).collect(),
+            },
+        },
         Arch::Qwen2 | Arch::Qwen3 => match (c.use_sliding_window.unwrap_or(false), sliding_window.flatten()) {
             (false, _) | (true, None) => Vec::new(),
             (true, Some(window)) => by_types(window)?,
@@ -405,6 +483,10 @@ impl ModelConfig {
             }
             out.push(p("self_attn.o_proj.weight", vec![h, q], ParamClass::AttnO));
             out.push(p("post_attention_layernorm.weight", vec![h], ParamClass::Norm));
+            if self.arch == Arch::Gemma2 {
+                out.push(p("pre_feedforward_layernorm.weight", vec![h], ParamClass::Norm));
+                out.push(p("post_feedforward_layernorm.weight", vec![h], ParamClass::Norm));
+            }
             out.push(p("mlp.gate_proj.weight", vec![i, h], ParamClass::MlpGate));
             out.push(p("mlp.up_proj.weight", vec![i, h], ParamClass::MlpUp));
             out.push(p("mlp.down_proj.weight", vec![h, i], ParamClass::MlpDown));
@@ -509,6 +591,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("layer_types"), "{err}");
+    }
+
+    #[test]
+    fn gemma2_defaults_follow_gemma2config() {
+        let base = r#"{"model_type": "gemma2", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 4, "num_attention_heads": 4"#;
+        let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
+        let c = parse("").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.activation), (Arch::Gemma2, 256, Activation::GeluTanh));
+        assert_eq!((c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (Some(256.0), Some(50.0), true));
+        assert_eq!(c.layer_windows, vec![Some(4096), None, Some(4096), None]);
+        let c = parse(r#", "attn_logit_softcapping": null, "sliding_window": 8, "query_pre_attn_scalar": 144,
+            "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]"#)
+        .unwrap();
+        assert_eq!((c.attn_scalar, c.attn_softcap), (Some(144.0), None));
+        assert_eq!(c.layer_windows, vec![None, Some(8), None, None]);
+        // Gemma's MLP reads hidden_activation; an activation siphon does not build is named.
+        let err = parse(r#", "hidden_activation": "gelu""#).unwrap_err().to_string();
+        assert!(err.contains("hidden_activation \"gelu\""), "{err}");
+        let err = parse(r#", "use_bidirectional_attention": true"#).unwrap_err().to_string();
+        assert!(err.contains("bidirectional"), "{err}");
+        // The parameter inventory has the pre- and post-feedforward norms.
+        let names: Vec<String> = parse("").unwrap().params(1, false).into_iter().map(|p| p.name).collect();
+        assert!(names.contains(&"model.layers.0.post_feedforward_layernorm.weight".to_string()), "{names:?}");
     }
 
     #[test]

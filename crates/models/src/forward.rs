@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::config::{Arch, ModelConfig, ParamClass, ParamInfo, RopeScaling};
+use crate::config::{Activation, Arch, ModelConfig, ParamClass, ParamInfo, RopeScaling};
 use crate::hooks::{HookKind, HookPoint, Scope};
 use crate::ModelError;
 
@@ -133,6 +133,7 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
         Arch::Qwen2 => crate::qwen2::build(config, spec),
         Arch::Mistral => crate::mistral::build(config, spec),
         Arch::Qwen3 => crate::qwen3::build(config, spec),
+        Arch::Gemma2 => crate::gemma2::build(config, spec),
     }
 }
 
@@ -141,6 +142,7 @@ pub fn hook_kinds(arch: Arch) -> &'static [HookKind] {
     match arch {
         Arch::Llama | Arch::Qwen2 | Arch::Mistral => crate::llama::HOOKS,
         Arch::Qwen3 => crate::qwen3::HOOKS,
+        Arch::Gemma2 => crate::gemma2::HOOKS,
     }
 }
 
@@ -200,6 +202,8 @@ pub(crate) struct Graph<'a> {
     pub attention_mask: Value,
     pub position_ids: Value,
     hooks: BTreeMap<HookPoint, Value>,
+    /// Attention masks built so far, by window.
+    masks: Vec<(Option<usize>, Value)>,
 }
 
 impl<'a> Graph<'a> {
@@ -262,6 +266,7 @@ impl<'a> Graph<'a> {
             attention_mask,
             position_ids,
             hooks: BTreeMap::new(),
+            masks: Vec::new(),
         })
     }
 
@@ -314,6 +319,13 @@ impl<'a> Graph<'a> {
     /// cast back to the compute dtype before the weight multiply. Hands back the parts that
     /// TransformerLens hooks (see [`Graph::hook_norm`]).
     pub fn rms_norm(&mut self, x: Value, weight: &str) -> Result<Norm, ModelError> {
+        self.rms_norm_with(x, weight, Gain::Plain)
+    }
+
+    /// RMSNorm with the gain applied as `gain` says: [`Gain::Plain`] is [`Graph::rms_norm`];
+    /// [`Gain::UnitOffset`] is Gemma's `(x / rms(x)) * (1 + w)`, the multiply in f32 before
+    /// the cast back.
+    pub fn rms_norm_with(&mut self, x: Value, weight: &str, gain: Gain) -> Result<Norm, ModelError> {
         let w = self.w(weight)?;
         let dims = self.b.dims(x)?.to_vec();
         let (rows, hidden) = (dims[0], dims[1]);
@@ -330,7 +342,16 @@ impl<'a> Graph<'a> {
         let normed = b.mul(xf, inv)?;
         let normalized = b.convert(normed, self.dt)?;
         let w = b.broadcast_in_dim(w, &[rows, hidden], &[1])?;
-        let out = b.mul(normalized, w)?;
+        let out = match gain {
+            Gain::Plain => b.mul(normalized, w)?,
+            Gain::UnitOffset => {
+                let wf = b.convert(w, DType::F32)?;
+                let one = b.splat(1.0, TensorType::new(DType::F32, &[rows, hidden]))?;
+                let wf = b.add(wf, one)?;
+                let out = b.mul(normed, wf)?;
+                b.convert(out, self.dt)?
+            }
+        };
         Ok(Norm { var, normalized, out })
     }
 
@@ -397,6 +418,18 @@ impl<'a> Graph<'a> {
         Ok(b.add(a, r)?)
     }
 
+    /// The attention mask of block `layer` (its window from the config), built once per
+    /// distinct window and shared by the blocks that have it.
+    pub fn layer_mask(&mut self, layer: usize) -> Result<Value, ModelError> {
+        let window = self.config.layer_windows.get(layer).copied().flatten();
+        if let Some(&(_, mask)) = self.masks.iter().find(|(w, _)| *w == window) {
+            return Ok(mask);
+        }
+        let mask = self.attention_mask(window)?;
+        self.masks.push((window, mask));
+        Ok(mask)
+    }
+
     /// The attention mask of the blocks with `window`: `[batch, seq_q, seq_k]` predicate,
     /// true where query `i` may attend key `j` (`j <= i`, `i - j < window` when windowed, and
     /// key `j` is a real token). Padding is contiguous at either end of a row, so index
@@ -438,8 +471,15 @@ impl<'a> Graph<'a> {
         // scores[b, kv, i, g, j] = q[b, i, kv, g, :] · k[b, j, kv, :]
         let scores = b.dot_general(q, k, &DotDims::batched(&[0, 2], &[0, 2], &[4], &[3]))?;
         let sdims = vec![bsz, nkv, s, g, s];
-        let scale = b.splat((hd as f64).powf(-0.5), TensorType::new(dt, &sdims))?;
-        let scores = b.mul(scores, scale)?;
+        let scale = b.splat(c.attn_scalar.unwrap_or(hd as f64).powf(-0.5), TensorType::new(dt, &sdims))?;
+        let mut scores = b.mul(scores, scale)?;
+        if let Some(cap) = c.attn_softcap {
+            // cap * tanh(s / cap), in the compute dtype, before the mask (Gemma 2).
+            let cap = b.splat(cap, TensorType::new(dt, &sdims))?;
+            let t = b.div(scores, cap)?;
+            let t = b.tanh(t)?;
+            scores = b.mul(t, cap)?;
+        }
         let scores = b.convert(scores, DType::F32)?;
         let mask = b.broadcast_in_dim(mask, &sdims, &[0, 2, 4])?;
         let floor = b.splat(f32::MIN as f64, TensorType::new(DType::F32, &sdims))?;
@@ -475,14 +515,20 @@ impl<'a> Graph<'a> {
         Ok(self.b.reshape(x, &[t, h, s])?)
     }
 
-    /// The SiLU-gated MLP: `down(silu(gate(x)) * up(x))`, with its parts.
+    /// The gated MLP: `down(act(gate(x)) * up(x))` with the config's activation (SiLU, or
+    /// Gemma's tanh-approximated GELU), with its parts.
     pub fn gated_mlp(&mut self, x: Value, layer: usize) -> Result<Mlp, ModelError> {
         let p = format!("model.layers.{layer}.mlp");
         let pre = self.linear(x, &format!("{p}.gate_proj.weight"), None)?;
         let pre_linear = self.linear(x, &format!("{p}.up_proj.weight"), None)?;
+        let act = match self.config.activation {
+            Activation::Silu => {
+                let sig = self.b.logistic(pre)?;
+                self.b.mul(pre, sig)?
+            }
+            Activation::GeluTanh => gelu_tanh(&mut self.b, pre)?,
+        };
         let b = &mut self.b;
-        let sig = b.logistic(pre)?;
-        let act = b.mul(pre, sig)?;
         let post = b.mul(act, pre_linear)?;
         let out = self.linear(post, &format!("{p}.down_proj.weight"), None)?;
         Ok(Mlp { pre, pre_linear, post, out })
@@ -524,6 +570,35 @@ impl<'a> Graph<'a> {
             n_blocks,
         })
     }
+}
+
+/// How a norm applies its gain `w`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gain {
+    /// `w * x` (Llama and most families).
+    Plain,
+    /// `(1 + w) * x` in f32 (Gemma).
+    UnitOffset,
+}
+
+/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, PyTorch's `gelu(approximate="tanh")`, in
+/// `x`'s dtype.
+fn gelu_tanh(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
+    let ty = b.ty(x)?.clone();
+    let c = |b: &mut Builder, v: f64| b.splat(v, ty.clone());
+    let x3 = b.mul(x, x)?;
+    let x3 = b.mul(x3, x)?;
+    let k = c(b, 0.044715)?;
+    let inner = b.mul(x3, k)?;
+    let inner = b.add(x, inner)?;
+    let s = c(b, (2.0 / std::f64::consts::PI).sqrt())?;
+    let inner = b.mul(inner, s)?;
+    let t = b.tanh(inner)?;
+    let one = c(b, 1.0)?;
+    let t = b.add(t, one)?;
+    let half = c(b, 0.5)?;
+    let hx = b.mul(x, half)?;
+    Ok(b.mul(hx, t)?)
 }
 
 /// A norm's hookable parts (see [`Graph::rms_norm`]).
@@ -655,6 +730,9 @@ mod tests {
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             qkv_bias: true,
+            activation: Default::default(),
+            attn_scalar: None,
+            attn_softcap: None,
             qk_norm: false,
             layer_windows: Vec::new(),
         }

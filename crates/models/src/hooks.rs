@@ -43,6 +43,9 @@ pub enum HookKind {
     AttnScores,
     AttnPattern,
     AttnZ,
+    AttnProjOut,
+    Ln1PostScale,
+    Ln1PostNormalized,
     AttnOut,
     ResidMid,
     Ln2Scale,
@@ -51,6 +54,9 @@ pub enum HookKind {
     MlpPre,
     MlpPreLinear,
     MlpPost,
+    MlpProjOut,
+    Ln2PostScale,
+    Ln2PostNormalized,
     MlpOut,
     ResidPost,
     // Model scope, after the last block.
@@ -181,8 +187,14 @@ kinds! {
         "attention probabilities per head over the keys";
     AttnZ Block QHeads "attn.hook_z" ["attn.o.hook_in"]
         "attention output per head, the input of o_proj";
-    AttnOut Block Model "hook_attn_out" ["attn.hook_out", "attn.o.hook_out"]
-        "attention output after o_proj";
+    AttnProjOut Block Model "attn.hook_out" ["attn.o.hook_out", "ln1_post.hook_in"]
+        "o_proj's output, before the post-attention norm (Gemma)";
+    Ln1PostScale Block Scale "ln1_post.hook_scale" []
+        "sqrt(mean(x²) + eps) of the post-attention norm's input (Gemma)";
+    Ln1PostNormalized Block Model "ln1_post.hook_normalized" []
+        "post-attention norm's input divided by its scale, before the gain (Gemma)";
+    AttnOut Block Model "hook_attn_out" ["attn.hook_out", "attn.o.hook_out", "ln1_post.hook_out"]
+        "attention output after o_proj (after the post-attention norm where there is one)";
     ResidMid Block Model "hook_resid_mid" ["ln2.hook_in"]
         "residual stream after attention, before the MLP";
     Ln2Scale Block Scale "ln2.hook_scale" []
@@ -197,8 +209,14 @@ kinds! {
         "up projection";
     MlpPost Block Mlp "mlp.hook_post" ["mlp.out.hook_in"]
         "act(gate) * up, the input of down_proj";
-    MlpOut Block Model "hook_mlp_out" ["mlp.hook_out", "mlp.out.hook_out"]
-        "MLP output after down_proj";
+    MlpProjOut Block Model "mlp.hook_out" ["mlp.out.hook_out", "ln2_post.hook_in"]
+        "down_proj's output, before the post-MLP norm (Gemma)";
+    Ln2PostScale Block Scale "ln2_post.hook_scale" []
+        "sqrt(mean(x²) + eps) of the post-MLP norm's input (Gemma)";
+    Ln2PostNormalized Block Model "ln2_post.hook_normalized" []
+        "post-MLP norm's input divided by its scale, before the gain (Gemma)";
+    MlpOut Block Model "hook_mlp_out" ["mlp.hook_out", "mlp.out.hook_out", "ln2_post.hook_out"]
+        "MLP output after down_proj (after the post-MLP norm where there is one)";
     ResidPost Block Model "hook_resid_post" ["hook_out"]
         "residual stream leaving the block";
     LnFinalScale Output Scale "ln_final.hook_scale" []
@@ -280,7 +298,7 @@ impl HookPoint {
     /// Parses one exact name for `config`: checks the layer range and that the family has
     /// this kind of hook.
     pub fn parse(name: &str, config: &ModelConfig) -> Result<HookPoint, ModelError> {
-        let hook: HookPoint = name.parse()?;
+        let hook = lookup(name, Some(crate::forward::hook_kinds(config.arch)))?;
         check(name, hook, config)?;
         Ok(hook)
     }
@@ -315,34 +333,39 @@ impl FromStr for HookPoint {
     /// Parses an exact name (TransformerLens's or a bridge alias) without a model: no layer
     /// range or family check (see [`HookPoint::parse`]).
     fn from_str(name: &str) -> Result<HookPoint, ModelError> {
-        let known = |n: &str, scope_block: bool| {
-            KINDS
-                .iter()
-                .filter(|k| (k.scope == Scope::Block) == scope_block)
-                .find(|k| k.name == n || k.aliases.contains(&n))
-                .map(|k| k.kind)
-        };
-        if let Some(kind) = known(name, false) {
-            return Ok(HookPoint { layer: None, kind });
-        }
-        let unknown = || ModelError::Hook(format!("{name:?} is not a hook name{}", suggest(name)));
-        let rest = name.strip_prefix("blocks.").ok_or_else(unknown)?;
-        let (layer, suffix) = rest.split_once('.').ok_or_else(unknown)?;
-        // Only plain decimal digits: `+1` or ` 1` are not layer numbers.
-        if layer.is_empty() || !layer.bytes().all(|c| c.is_ascii_digit()) {
-            return Err(ModelError::Hook(format!(
-                "{name:?}: the layer {layer:?} must be a number"
-            )));
-        }
-        let layer: usize = layer
-            .parse()
-            .map_err(|_| ModelError::Hook(format!("{name:?}: the layer number is too large")))?;
-        let kind = known(suffix, true).ok_or_else(unknown)?;
-        Ok(HookPoint {
-            layer: Some(layer),
-            kind,
-        })
+        lookup(name, None)
     }
+}
+
+/// The hook `name` means. A name can mean different tensors in different families (Gemma's
+/// `attn.hook_out` is o_proj's output, before its post-attention norm; elsewhere it is
+/// `hook_attn_out`), so the kinds of `family` are tried first, a TransformerLens name before
+/// a bridge alias, and among kinds sharing an alias the earlier in [`KINDS`] (forward order).
+fn lookup(name: &str, family: Option<&[HookKind]>) -> Result<HookPoint, ModelError> {
+    let known = |n: &str, block: bool| {
+        let rows = || KINDS.iter().filter(move |k| (k.scope == Scope::Block) == block);
+        let in_family = |k: &&KindInfo| family.is_none_or(|f| f.contains(&k.kind));
+        let pick = |rows: &dyn Fn() -> Box<dyn Iterator<Item = &'static KindInfo>>| {
+            rows().find(|k| k.name == n).or_else(|| rows().find(|k| k.aliases.contains(&n)))
+        };
+        pick(&|| Box::new(rows().filter(in_family)))
+            .or_else(|| pick(&|| Box::new(rows())))
+            .map(|k| k.kind)
+    };
+    if let Some(kind) = known(name, false) {
+        return Ok(HookPoint { layer: None, kind });
+    }
+    let unknown = || ModelError::Hook(format!("{name:?} is not a hook name{}", suggest(name)));
+    let rest = name.strip_prefix("blocks.").ok_or_else(unknown)?;
+    let (layer, suffix) = rest.split_once('.').ok_or_else(unknown)?;
+    // Only plain decimal digits: `+1` or ` 1` are not layer numbers.
+    if layer.is_empty() || !layer.bytes().all(|c| c.is_ascii_digit()) {
+        return Err(ModelError::Hook(format!("{name:?}: the layer {layer:?} must be a number")));
+    }
+    let layer: usize =
+        layer.parse().map_err(|_| ModelError::Hook(format!("{name:?}: the layer number is too large")))?;
+    let kind = known(suffix, true).ok_or_else(unknown)?;
+    Ok(HookPoint { layer: Some(layer), kind })
 }
 
 /// Checks `hook` (parsed from `name`) against the model: layer range and family.
@@ -420,8 +443,9 @@ fn split_top_level(list: &str) -> Vec<String> {
 /// One item of a hook list: an exact name or a pattern, with the name each hook was asked
 /// for by.
 fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, ModelError> {
+    let family = crate::forward::hook_kinds(config.arch);
     let Some(rest) = item.strip_prefix("blocks.") else {
-        return Ok(vec![(item.parse()?, item.to_string())]);
+        return Ok(vec![(lookup(item, Some(family))?, item.to_string())]);
     };
     let (layers, suffix) = match rest.strip_prefix('{') {
         Some(inner) => {
@@ -434,11 +458,10 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
     };
     let is_pattern = rest.starts_with('{') || layers == "*" || suffix == "*";
     if !is_pattern {
-        return Ok(vec![(item.parse()?, item.to_string())]);
+        return Ok(vec![(lookup(item, Some(family))?, item.to_string())]);
     }
     let layer_list = parse_layer_set(item, layers, config.n_layers)?;
     let suffixes: Vec<&str> = if suffix == "*" {
-        let family = crate::forward::hook_kinds(config.arch);
         KINDS
             .iter()
             .filter(|k| k.scope == Scope::Block && family.contains(&k.kind))
@@ -451,7 +474,7 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
     for layer in layer_list {
         for suffix in &suffixes {
             let name = format!("blocks.{layer}.{suffix}");
-            let hook = name.parse().map_err(|_| {
+            let hook = lookup(&name, Some(family)).map_err(|_| {
                 ModelError::Hook(format!(
                     "{item:?}: {:?} is not a hook name{}",
                     format!("blocks.{{i}}.{suffix}"),
@@ -568,6 +591,9 @@ mod tests {
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             qkv_bias: false,
+            activation: Default::default(),
+            attn_scalar: None,
+            attn_softcap: None,
             qk_norm: false,
             layer_windows: Vec::new(),
         }
@@ -603,13 +629,36 @@ mod tests {
     }
 
     #[test]
-    fn every_name_is_unique() {
+    fn names_are_unambiguous_in_every_family() {
         let mut seen = std::collections::HashSet::new();
         for k in KINDS {
-            for n in std::iter::once(&k.name).chain(k.aliases) {
-                assert!(seen.insert((k.scope == Scope::Block, *n)), "{n} twice");
+            assert!(seen.insert((k.scope == Scope::Block, k.name)), "{} is the name of two kinds", k.name);
+        }
+        use crate::config::Arch::*;
+        for arch in [Llama, Qwen2, Mistral, Qwen3, Gemma2] {
+            let family = crate::forward::hook_kinds(arch);
+            for k in KINDS.iter().filter(|k| family.contains(&k.kind)) {
+                for n in std::iter::once(&k.name).chain(k.aliases) {
+                    let name = if k.scope == Scope::Block { format!("blocks.0.{n}") } else { n.to_string() };
+                    let got = lookup(&name, Some(family)).unwrap().kind;
+                    assert!(family.contains(&got), "{arch}: {name} resolves to {got:?}, not one of its hooks");
+                    if *n == k.name {
+                        assert_eq!(got, k.kind, "{arch}: {name}");
+                    }
+                }
             }
         }
+        // A bridge name two kinds share goes to the earlier in forward order: Gemma's
+        // projections before their post-norms.
+        let kind = |name: &str, arch| lookup(name, Some(crate::forward::hook_kinds(arch))).unwrap().kind();
+        assert_eq!(kind("blocks.0.attn.o.hook_out", Gemma2), HookKind::AttnProjOut);
+        assert_eq!(kind("blocks.0.mlp.out.hook_out", Gemma2), HookKind::MlpProjOut);
+        assert_eq!(kind("blocks.0.ln2_post.hook_out", Gemma2), HookKind::MlpOut);
+        assert_eq!(kind("blocks.0.attn.o.hook_out", Llama), HookKind::AttnOut);
+        // Gemma's attn.hook_out is o_proj's output; elsewhere the attention output.
+        let gemma = lookup("blocks.0.attn.hook_out", Some(crate::forward::hook_kinds(Gemma2))).unwrap();
+        let llama = lookup("blocks.0.attn.hook_out", Some(crate::forward::hook_kinds(Llama))).unwrap();
+        assert_eq!((gemma.kind(), llama.kind()), (HookKind::AttnProjOut, HookKind::AttnOut));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod forward;
 pub mod gguf;
+mod gemma2;
 pub mod hf;
 pub mod hooks;
 mod llama;
@@ -15,7 +16,7 @@ mod safetensors;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Arch, HfConfig, ModelConfig, ParamClass, ParamInfo, RopeScaling};
+pub use config::{Activation, Arch, HfConfig, ModelConfig, ParamClass, ParamInfo, RopeScaling};
 pub use forward::{build_forward, hook_kinds, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;
 pub use hooks::{resolve_hooks, HookKind, HookPoint, HookShape, KINDS};

@@ -104,22 +104,13 @@ pub(crate) fn build_decoder(
     let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
     let mut x = g.embed()?;
     g.hook(HookPoint::model(Embed), x);
-    // Per-batch tables, built once and shared by every block: RoPE, and a mask per window.
+    // Per-batch RoPE tables, built once and shared by every block (as are the masks).
     let rope = if n_blocks > 0 { Some(g.rope_tables()?) } else { None };
-    let mut masks: Vec<(Option<usize>, Value)> = Vec::new();
     for layer in 0..n_blocks {
         let at = |kind| HookPoint::block(layer, kind);
         g.hook(at(ResidPre), x);
         let (cos, sin) = rope.expect("tables exist when blocks are built");
-        let window = config.layer_windows.get(layer).copied().flatten();
-        let mask = match masks.iter().find(|(w, _)| *w == window) {
-            Some(&(_, mask)) => mask,
-            None => {
-                let mask = g.attention_mask(window)?;
-                masks.push((window, mask));
-                mask
-            }
-        };
+        let mask = g.layer_mask(layer)?;
         let ln1 = g.rms_norm(x, &format!("model.layers.{layer}.input_layernorm.weight"))?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
         let attn = self_attention(&mut g, ln1.out, layer, bias, cos, sin, mask)?;
@@ -168,7 +159,7 @@ fn head_norm(g: &mut Graph<'_>, x: Value, weight: &str, hooks: [HookPoint; 3]) -
 
 /// `o_proj(attention(rope(q), rope(k), v))` of block `layer` on normed input `n`
 /// `[tokens, hidden]`, recording the attention hooks on the way.
-fn self_attention(
+pub(crate) fn self_attention(
     g: &mut Graph<'_>,
     n: Value,
     layer: usize,

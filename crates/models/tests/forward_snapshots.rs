@@ -31,6 +31,9 @@ fn tiny(arch: Arch) -> ModelConfig {
         max_position_embeddings: 32,
         tie_word_embeddings: true,
         qkv_bias: arch == Arch::Qwen2,
+        activation: Default::default(),
+        attn_scalar: None,
+        attn_softcap: None,
         qk_norm: false,
         layer_windows: Vec::new(),
     }

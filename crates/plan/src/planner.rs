@@ -462,6 +462,7 @@ impl fmt::Display for Plan {
             Arch::Qwen2 => "qwen2",
             Arch::Mistral => "mistral",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma2 => "gemma2",
         };
         writeln!(
             f,

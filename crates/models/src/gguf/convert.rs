@@ -179,6 +179,10 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         use_sliding_window: None,
         max_window_layers: None,
         layer_types: None,
+        hidden_activation: None,
+        query_pre_attn_scalar: None,
+        attn_logit_softcapping: None,
+        use_bidirectional_attention: None,
     })
 }
 

@@ -1,0 +1,128 @@
+//! Gemma 2: a decoder whose blocks normalise both before and after attention and the MLP,
+//! each norm an RMSNorm with gain `(1 + w)` applied in f32; token embeddings scaled by
+//! `sqrt(hidden_size)` in the compute dtype; grouped-query attention scaled by
+//! `query_pre_attn_scalar^-0.5` with logits soft-capped as `cap * tanh(s / cap)` before the
+//! mask; sliding-window attention on the layers `layer_types` marks (every other layer from
+//! the first by default); a GeGLU MLP (tanh-approximated GELU); `head_dim` from the config.
+//!
+//! ```text
+//! x = embed_tokens[input_ids] * sqrt(hidden)        # hook_embed, blocks.0.hook_resid_pre
+//! for each block i:                                 # blocks.i.…
+//!     n = input_layernorm(x)                        # ln1.*
+//!     a = o_proj(attn(n))                           # attn.hook_out (and the attention hooks)
+//!     a = post_attention_layernorm(a)               # ln1_post.hook_scale / hook_normalized, hook_attn_out
+//!     x = x + a                                     # hook_resid_mid
+//!     n = pre_feedforward_layernorm(x)              # ln2.*, mlp.hook_in
+//!     m = down_proj(gelu(gate_proj(n)) * up_proj(n))  # mlp.hook_pre / hook_pre_linear / hook_post, mlp.hook_out
+//!     m = post_feedforward_layernorm(m)             # ln2_post.hook_scale / hook_normalized, hook_mlp_out
+//!     x = x + m                                     # hook_resid_post
+//! norm(x)                                           # ln_final.*
+//! ```
+//!
+//! As in TransformerLens, `hook_attn_out` and `hook_mlp_out` are taken after the post-norms;
+//! the projections' own outputs are `attn.hook_out` and `mlp.hook_out`.
+
+use siphon_hlo::TensorType;
+
+use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
+use crate::hooks::{HookKind, HookPoint};
+use crate::{Activation, Arch, ModelConfig, ModelError};
+
+/// The hooks a Gemma 2 decoder has.
+pub(crate) const HOOKS: &[HookKind] = {
+    use HookKind::*;
+    &[
+        Embed,
+        ResidPre,
+        Ln1Scale,
+        Ln1Normalized,
+        Ln1Out,
+        AttnQ,
+        AttnK,
+        AttnV,
+        AttnRotQ,
+        AttnRotK,
+        AttnScores,
+        AttnPattern,
+        AttnZ,
+        AttnProjOut,
+        Ln1PostScale,
+        Ln1PostNormalized,
+        AttnOut,
+        ResidMid,
+        Ln2Scale,
+        Ln2Normalized,
+        MlpIn,
+        MlpPre,
+        MlpPreLinear,
+        MlpPost,
+        MlpProjOut,
+        Ln2PostScale,
+        Ln2PostNormalized,
+        MlpOut,
+        ResidPost,
+        LnFinalScale,
+        LnFinalNormalized,
+        LnFinalOut,
+    ]
+};
+
+/// Builds the Gemma 2 forward for `spec`.
+pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.arch != Arch::Gemma2 || config.qkv_bias || config.qk_norm || config.activation != Activation::GeluTanh {
+        return Err(ModelError::UnsupportedArch(format!(
+            "gemma2 builder given a {:?} config (attention_bias {}, q/k norms {}, activation {:?})",
+            config.arch, config.qkv_bias, config.qk_norm, config.activation
+        )));
+    }
+    use HookKind::*;
+    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
+    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let x = g.embed()?;
+    // HF's scaled embedding multiplies by sqrt(hidden) rounded to the weights' dtype.
+    let dims = g.b.dims(x)?.to_vec();
+    let scale = g.b.splat((config.hidden_size as f64).sqrt(), TensorType::new(g.dt, &dims))?;
+    let mut x = g.b.mul(x, scale)?;
+    g.hook(HookPoint::model(Embed), x);
+    let rope = if n_blocks > 0 { Some(g.rope_tables()?) } else { None };
+    for layer in 0..n_blocks {
+        let at = |kind| HookPoint::block(layer, kind);
+        let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
+        g.hook(at(ResidPre), x);
+        let (cos, sin) = rope.expect("tables exist when blocks are built");
+        let mask = g.layer_mask(layer)?;
+        let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::UnitOffset)?;
+        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
+        let proj = crate::llama::self_attention(&mut g, ln1.out, layer, crate::llama::QkvBias::No, cos, sin, mask)?;
+        g.hook(at(AttnProjOut), proj);
+        let post = g.rms_norm_with(proj, &norm("post_attention_layernorm"), Gain::UnitOffset)?;
+        g.hook_norm(&post, at(Ln1PostScale), at(Ln1PostNormalized), at(AttnOut))?;
+        let h = g.b.add(x, post.out)?;
+        g.hook(at(ResidMid), h);
+        let ln2 = g.rms_norm_with(h, &norm("pre_feedforward_layernorm"), Gain::UnitOffset)?;
+        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
+        let mlp = g.gated_mlp(ln2.out, layer)?;
+        g.hook(at(MlpPre), mlp.pre);
+        g.hook(at(MlpPreLinear), mlp.pre_linear);
+        g.hook(at(MlpPost), mlp.post);
+        g.hook(at(MlpProjOut), mlp.out);
+        let post = g.rms_norm_with(mlp.out, &norm("post_feedforward_layernorm"), Gain::UnitOffset)?;
+        g.hook_norm(&post, at(Ln2PostScale), at(Ln2PostNormalized), at(MlpOut))?;
+        let out = g.b.add(h, post.out)?;
+        x = g.constrain_tokens(out)?;
+        g.hook(at(ResidPost), x);
+    }
+    if n_blocks < config.n_layers {
+        g.hook(HookPoint::block(n_blocks, ResidPre), x);
+    }
+    if with_final_norm {
+        let norm = g.rms_norm_with(x, "model.norm.weight", Gain::UnitOffset)?;
+        g.hook_norm(
+            &norm,
+            HookPoint::model(LnFinalScale),
+            HookPoint::model(LnFinalNormalized),
+            HookPoint::model(LnFinalOut),
+        )?;
+    }
+    g.finish(n_blocks)
+}
