@@ -137,13 +137,20 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
     }
 }
 
-/// The hook kinds a family's forward produces; any other kind is refused by name.
-pub fn hook_kinds(arch: Arch) -> &'static [HookKind] {
-    match arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Mistral => crate::llama::HOOKS,
-        Arch::Qwen3 => crate::qwen3::HOOKS,
-        Arch::Gemma2 => crate::gemma2::HOOKS,
-    }
+/// The hook kinds a family's forward produces, in forward order: every kind of the table
+/// whose [`Feature`](crate::hooks::Feature) the family has (see each family's `FEATURES`); any other kind is
+/// refused by name.
+pub fn hook_kinds(arch: Arch) -> Vec<HookKind> {
+    let features = match arch {
+        Arch::Llama | Arch::Qwen2 | Arch::Mistral => crate::llama::FEATURES,
+        Arch::Qwen3 => crate::qwen3::FEATURES,
+        Arch::Gemma2 => crate::gemma2::FEATURES,
+    };
+    crate::hooks::KINDS
+        .iter()
+        .filter(|k| k.kind.needs().is_none_or(|f| features.contains(&f)))
+        .map(|k| k.kind)
+        .collect()
 }
 
 /// The fixed Megatron-style plan: q/k/v/gate/up (and the q/k/v biases) split by output
@@ -760,7 +767,7 @@ mod tests {
     #[test]
     fn every_hook_has_its_own_shape() {
         let c = tiny();
-        let hooks: Vec<HookPoint> = crate::llama::HOOKS
+        let hooks: Vec<HookPoint> = hook_kinds(Arch::Llama)
             .iter()
             .map(|&k| match k.info().scope {
                 Scope::Block => block(1, k),

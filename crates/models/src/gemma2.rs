@@ -25,47 +25,11 @@
 use siphon_hlo::TensorType;
 
 use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
-use crate::hooks::{HookKind, HookPoint};
+use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Activation, Arch, ModelConfig, ModelError};
 
-/// The hooks a Gemma 2 decoder has.
-pub(crate) const HOOKS: &[HookKind] = {
-    use HookKind::*;
-    &[
-        Embed,
-        ResidPre,
-        Ln1Scale,
-        Ln1Normalized,
-        Ln1Out,
-        AttnQ,
-        AttnK,
-        AttnV,
-        AttnRotQ,
-        AttnRotK,
-        AttnScores,
-        AttnPattern,
-        AttnZ,
-        AttnProjOut,
-        Ln1PostScale,
-        Ln1PostNormalized,
-        AttnOut,
-        ResidMid,
-        Ln2Scale,
-        Ln2Normalized,
-        MlpIn,
-        MlpPre,
-        MlpPreLinear,
-        MlpPost,
-        MlpProjOut,
-        Ln2PostScale,
-        Ln2PostNormalized,
-        MlpOut,
-        ResidPost,
-        LnFinalScale,
-        LnFinalNormalized,
-        LnFinalOut,
-    ]
-};
+/// The Llama hooks plus the post-norms' and the projections' own outputs.
+pub(crate) const FEATURES: &[Feature] = &[Feature::PostNorms];
 
 /// Builds the Gemma 2 forward for `spec`.
 pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {

@@ -65,6 +65,18 @@ pub enum HookKind {
     LnFinalOut,
 }
 
+/// What a family's block must have for a kind of hook to exist; kinds that need none exist
+/// in every family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// Learned position embeddings (`hook_pos_embed`).
+    LearnedPositions,
+    /// RMSNorm on every query and key head (Qwen3's `q_norm` / `k_norm`).
+    QkNorm,
+    /// Norms after attention and after the MLP (Gemma's `ln1_post` / `ln2_post`).
+    PostNorms,
+}
+
 /// Whether a hook belongs to a block (`blocks.{i}.…`) or to the whole model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -235,6 +247,21 @@ impl HookKind {
             .find(|k| k.kind == self)
             .expect("every kind has a row")
     }
+
+    /// The feature a block needs for this kind to exist, if any.
+    pub fn needs(self) -> Option<Feature> {
+        use HookKind::*;
+        match self {
+            PosEmbed => Some(Feature::LearnedPositions),
+            AttnQNormScale | AttnQNormNormalized | AttnQNormed | AttnKNormScale | AttnKNormNormalized | AttnKNormed => {
+                Some(Feature::QkNorm)
+            }
+            AttnProjOut | Ln1PostScale | Ln1PostNormalized | MlpProjOut | Ln2PostScale | Ln2PostNormalized => {
+                Some(Feature::PostNorms)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// One activation the forward can return: a kind, and the block for block-scope kinds.
@@ -298,7 +325,7 @@ impl HookPoint {
     /// Parses one exact name for `config`: checks the layer range and that the family has
     /// this kind of hook.
     pub fn parse(name: &str, config: &ModelConfig) -> Result<HookPoint, ModelError> {
-        let hook = lookup(name, Some(crate::forward::hook_kinds(config.arch)))?;
+        let hook = lookup(name, Some(&crate::forward::hook_kinds(config.arch)))?;
         check(name, hook, config)?;
         Ok(hook)
     }
@@ -343,14 +370,14 @@ impl FromStr for HookPoint {
 /// a bridge alias, and among kinds sharing an alias the earlier in [`KINDS`] (forward order).
 fn lookup(name: &str, family: Option<&[HookKind]>) -> Result<HookPoint, ModelError> {
     let known = |n: &str, block: bool| {
-        let rows = || KINDS.iter().filter(move |k| (k.scope == Scope::Block) == block);
-        let in_family = |k: &&KindInfo| family.is_none_or(|f| f.contains(&k.kind));
-        let pick = |rows: &dyn Fn() -> Box<dyn Iterator<Item = &'static KindInfo>>| {
-            rows().find(|k| k.name == n).or_else(|| rows().find(|k| k.aliases.contains(&n)))
-        };
-        pick(&|| Box::new(rows().filter(in_family)))
-            .or_else(|| pick(&|| Box::new(rows())))
-            .map(|k| k.kind)
+        let matching: Vec<&KindInfo> = KINDS
+            .iter()
+            .filter(|k| (k.scope == Scope::Block) == block && (k.name == n || k.aliases.contains(&n)))
+            .collect();
+        let best = |pool: &[&KindInfo]| pool.iter().find(|k| k.name == n).or(pool.first()).map(|k| k.kind);
+        let own: Vec<&KindInfo> =
+            matching.iter().copied().filter(|k| family.is_none_or(|f| f.contains(&k.kind))).collect();
+        best(&own).or_else(|| best(&matching))
     };
     if let Some(kind) = known(name, false) {
         return Ok(HookPoint { layer: None, kind });
@@ -445,7 +472,7 @@ fn split_top_level(list: &str) -> Vec<String> {
 fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, ModelError> {
     let family = crate::forward::hook_kinds(config.arch);
     let Some(rest) = item.strip_prefix("blocks.") else {
-        return Ok(vec![(lookup(item, Some(family))?, item.to_string())]);
+        return Ok(vec![(lookup(item, Some(&family))?, item.to_string())]);
     };
     let (layers, suffix) = match rest.strip_prefix('{') {
         Some(inner) => {
@@ -458,7 +485,7 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
     };
     let is_pattern = rest.starts_with('{') || layers == "*" || suffix == "*";
     if !is_pattern {
-        return Ok(vec![(lookup(item, Some(family))?, item.to_string())]);
+        return Ok(vec![(lookup(item, Some(&family))?, item.to_string())]);
     }
     let layer_list = parse_layer_set(item, layers, config.n_layers)?;
     let suffixes: Vec<&str> = if suffix == "*" {
@@ -474,7 +501,7 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
     for layer in layer_list {
         for suffix in &suffixes {
             let name = format!("blocks.{layer}.{suffix}");
-            let hook = lookup(&name, Some(family)).map_err(|_| {
+            let hook = lookup(&name, Some(&family)).map_err(|_| {
                 ModelError::Hook(format!(
                     "{item:?}: {:?} is not a hook name{}",
                     format!("blocks.{{i}}.{suffix}"),
@@ -640,7 +667,7 @@ mod tests {
             for k in KINDS.iter().filter(|k| family.contains(&k.kind)) {
                 for n in std::iter::once(&k.name).chain(k.aliases) {
                     let name = if k.scope == Scope::Block { format!("blocks.0.{n}") } else { n.to_string() };
-                    let got = lookup(&name, Some(family)).unwrap().kind;
+                    let got = lookup(&name, Some(&family)).unwrap().kind;
                     assert!(family.contains(&got), "{arch}: {name} resolves to {got:?}, not one of its hooks");
                     if *n == k.name {
                         assert_eq!(got, k.kind, "{arch}: {name}");
@@ -650,14 +677,14 @@ mod tests {
         }
         // A bridge name two kinds share goes to the earlier in forward order: Gemma's
         // projections before their post-norms.
-        let kind = |name: &str, arch| lookup(name, Some(crate::forward::hook_kinds(arch))).unwrap().kind();
+        let kind = |name: &str, arch| lookup(name, Some(&crate::forward::hook_kinds(arch))).unwrap().kind();
         assert_eq!(kind("blocks.0.attn.o.hook_out", Gemma2), HookKind::AttnProjOut);
         assert_eq!(kind("blocks.0.mlp.out.hook_out", Gemma2), HookKind::MlpProjOut);
         assert_eq!(kind("blocks.0.ln2_post.hook_out", Gemma2), HookKind::MlpOut);
         assert_eq!(kind("blocks.0.attn.o.hook_out", Llama), HookKind::AttnOut);
         // Gemma's attn.hook_out is o_proj's output; elsewhere the attention output.
-        let gemma = lookup("blocks.0.attn.hook_out", Some(crate::forward::hook_kinds(Gemma2))).unwrap();
-        let llama = lookup("blocks.0.attn.hook_out", Some(crate::forward::hook_kinds(Llama))).unwrap();
+        let gemma = lookup("blocks.0.attn.hook_out", Some(&crate::forward::hook_kinds(Gemma2))).unwrap();
+        let llama = lookup("blocks.0.attn.hook_out", Some(&crate::forward::hook_kinds(Llama))).unwrap();
         assert_eq!((gemma.kind(), llama.kind()), (HookKind::AttnProjOut, HookKind::AttnOut));
     }
 

@@ -28,41 +28,11 @@
 use siphon_hlo::Value;
 
 use crate::forward::{Attention, ForwardProgram, ForwardSpec, Graph, blocks_for};
-use crate::hooks::{HookKind, HookPoint};
+use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Arch, ModelConfig, ModelError};
 
-/// The hooks a Llama-style decoder has: every kind but learned position embeddings.
-pub(crate) const HOOKS: &[HookKind] = {
-    use HookKind::*;
-    &[
-        Embed,
-        ResidPre,
-        Ln1Scale,
-        Ln1Normalized,
-        Ln1Out,
-        AttnQ,
-        AttnK,
-        AttnV,
-        AttnRotQ,
-        AttnRotK,
-        AttnScores,
-        AttnPattern,
-        AttnZ,
-        AttnOut,
-        ResidMid,
-        Ln2Scale,
-        Ln2Normalized,
-        MlpIn,
-        MlpPre,
-        MlpPreLinear,
-        MlpPost,
-        MlpOut,
-        ResidPost,
-        LnFinalScale,
-        LnFinalNormalized,
-        LnFinalOut,
-    ]
-};
+/// A Llama-style block has every hook of the table that needs nothing beyond it.
+pub(crate) const FEATURES: &[Feature] = &[];
 
 /// Whether the attention's q/k/v projections carry biases (Qwen2) or not (Llama).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

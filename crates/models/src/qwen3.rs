@@ -10,48 +10,12 @@
 //! are the norms' parts, and `attn.hook_rot_q` / `hook_rot_k` RoPE of the normed heads.
 
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::hooks::HookKind;
+use crate::hooks::Feature;
 use crate::llama::{build_decoder, QkvBias};
 use crate::{Arch, ModelConfig, ModelError};
 
 /// The Llama hooks plus the q/k norms'.
-pub(crate) const HOOKS: &[HookKind] = {
-    use HookKind::*;
-    &[
-        Embed,
-        ResidPre,
-        Ln1Scale,
-        Ln1Normalized,
-        Ln1Out,
-        AttnQ,
-        AttnK,
-        AttnV,
-        AttnQNormScale,
-        AttnQNormNormalized,
-        AttnQNormed,
-        AttnKNormScale,
-        AttnKNormNormalized,
-        AttnKNormed,
-        AttnRotQ,
-        AttnRotK,
-        AttnScores,
-        AttnPattern,
-        AttnZ,
-        AttnOut,
-        ResidMid,
-        Ln2Scale,
-        Ln2Normalized,
-        MlpIn,
-        MlpPre,
-        MlpPreLinear,
-        MlpPost,
-        MlpOut,
-        ResidPost,
-        LnFinalScale,
-        LnFinalNormalized,
-        LnFinalOut,
-    ]
-};
+pub(crate) const FEATURES: &[Feature] = &[Feature::QkNorm];
 
 /// Builds the Qwen3 forward for `spec`.
 pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
