@@ -4,32 +4,15 @@
 //! The plugin path comes from `SIPHON_PJRT_PLUGIN` (scripts/test.sh sets it; locally run
 //! scripts/install-plugin.sh), the SmolLM2 GGUF from `SIPHON_SMOLLM2_GGUF`.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+mod common;
+
+use std::path::Path;
 
 use safetensors::SafeTensors;
 use siphon_engine::{Activations, Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
 use siphon_models::{HookKind, HookPoint, LoadedModel};
-use siphon_runtime::{Client, ClientOptions, Plugin};
-
-/// A client per test (the plugin is loaded once): a client kept in a static until the process
-/// exits races XLA's own static destructors.
-fn client() -> Client {
-    static PLUGIN: OnceLock<Arc<Plugin>> = OnceLock::new();
-    let plugin = PLUGIN.get_or_init(|| {
-        let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
-        assert!(path.is_file(), "no PJRT plugin at {}: run scripts/install-plugin.sh", path.display());
-        Plugin::load(&path).expect("load the PJRT plugin")
-    });
-    Client::new(plugin, ClientOptions::new().cpu_device_count(8)).expect("CPU client")
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models").join(name)
-}
+use common::{client, fixture};
 
 struct Golden {
     ids: Vec<Vec<u32>>,

@@ -5,15 +5,15 @@
 //! cache is either compared (TransformerLens's names and the bridge's aliases alike) or listed
 //! below as not an activation siphon extracts.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
 
 use safetensors::SafeTensors;
 use siphon_engine::{Activations, Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
 use siphon_models::{DType, HookKind, HookPoint, LoadedModel};
-use siphon_runtime::{Client, ClientOptions, Plugin};
+use common::{client, fixture};
 
 /// Names in TransformerLens's cache that are not activations of the model's residual
 /// computation: the token ids, RoPE's cos/sin tables, the logits (siphon never computes
@@ -33,28 +33,6 @@ const NOT_EXTRACTED: &[&str] = &[
     "attn.q_norm.hook_in",
     "attn.k_norm.hook_in",
 ];
-
-fn client() -> Client {
-    static PLUGIN: OnceLock<Arc<Plugin>> = OnceLock::new();
-    let plugin = PLUGIN.get_or_init(|| {
-        let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
-        assert!(
-            path.is_file(),
-            "no PJRT plugin at {}: run scripts/install-plugin.sh",
-            path.display()
-        );
-        Plugin::load(&path).expect("load the PJRT plugin")
-    });
-    Client::new(plugin, ClientOptions::new().cpu_device_count(8)).expect("CPU client")
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/models")
-        .join(name)
-}
 
 /// One TransformerLens tensor of one row: `[n, *per-token]`, or `[heads, n, n]` for scores
 /// and patterns.
