@@ -112,6 +112,12 @@ fn tiny_gemma2_matches_hf_at_every_hook() {
     check_tiny("tiny-gemma2");
 }
 
+/// Gemma 3: local and global layers with their own RoPE bases.
+#[test]
+fn tiny_gemma3_matches_hf_at_every_hook() {
+    check_tiny("tiny-gemma3");
+}
+
 /// Qwen3: q/k norms per head, head_dim 24, windows on the later layers.
 #[test]
 fn tiny_qwen3_matches_hf_at_every_hook() {

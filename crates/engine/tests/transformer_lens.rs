@@ -300,6 +300,13 @@ fn tiny_gemma2_every_hook_matches_transformer_lens() {
     check_model("tiny-gemma2");
 }
 
+/// Gemma 2's block with (1 + w) q/k norms, local layers (window 3, RoPE base 1000) around a
+/// global one (base 1e5, linear scaling 4), no soft-cap.
+#[test]
+fn tiny_gemma3_every_hook_matches_transformer_lens() {
+    check_model("tiny-gemma3");
+}
+
 /// q/k RMSNorm per head, head_dim 24, and a window of 4 on layers 1 and 2 only.
 #[test]
 fn tiny_qwen3_every_hook_matches_transformer_lens() {

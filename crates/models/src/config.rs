@@ -23,6 +23,9 @@ pub enum Arch {
     /// Gemma 2: (1 + w) RMSNorms before and after attention and MLP, GeGLU, soft-capped
     /// attention logits, alternating sliding-window layers.
     Gemma2,
+    /// Gemma 3 (text): Gemma 2 with (1 + w) q/k norms per head, no soft-cap by default, and a
+    /// RoPE base of its own on the sliding-window layers.
+    Gemma3,
 }
 
 /// The MLP's activation (of the gate, in a gated MLP).
@@ -50,6 +53,7 @@ impl std::fmt::Display for Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma2 => "gemma2",
+            Arch::Gemma3 => "gemma3_text",
         })
     }
 }
@@ -115,6 +119,8 @@ pub struct HfConfig {
     #[serde(default, deserialize_with = "present")]
     pub attn_logit_softcapping: Option<serde_json::Value>,
     pub use_bidirectional_attention: Option<bool>,
+    pub rope_local_base_freq: Option<f64>,
+    pub sliding_window_pattern: Option<usize>,
 }
 
 /// The validated configuration of a supported model.
@@ -158,7 +164,11 @@ pub struct ModelConfig {
     /// Attention logits soft-capped as `cap * tanh(s / cap)` before the mask (Gemma 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attn_softcap: Option<f64>,
-    /// RMSNorm over `head_dim` on every query and key head before RoPE (Qwen3).
+    /// RoPE base of the sliding-window layers, which take no frequency scaling (Gemma 3);
+    /// `None`: every layer uses `rope_theta` and `rope_scaling`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_rope_theta: Option<f64>,
+    /// RMSNorm over `head_dim` on every query and key head before RoPE (Qwen3, Gemma 3).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub qk_norm: bool,
     /// Per layer, the sliding attention window (a query attends the keys less than this many
@@ -181,9 +191,17 @@ impl HfConfig {
             Some("qwen2") => Arch::Qwen2,
             Some("qwen3") => Arch::Qwen3,
             Some("gemma2") => Arch::Gemma2,
+            Some("gemma3_text") => Arch::Gemma3,
+            Some("gemma3") => {
+                return Err(ModelError::UnsupportedArch(
+                    "model_type \"gemma3\" (a multimodal checkpoint): siphon reads Gemma 3's text models \
+                     (model_type gemma3_text); the text tower of a multimodal checkpoint is not supported yet"
+                        .into(),
+                ));
+            }
             Some(other) => {
                 return Err(ModelError::UnsupportedArch(format!(
-                    "model_type {other:?} (supported: gemma2, llama, mistral, qwen2, qwen3)"
+                    "model_type {other:?} (supported: gemma2, gemma3_text, llama, mistral, qwen2, qwen3)"
                 )));
             }
             None => match self.architectures.as_deref().and_then(|a| a.first()).map(String::as_str) {
@@ -192,6 +210,7 @@ impl HfConfig {
                 Some("Qwen2ForCausalLM") => Arch::Qwen2,
                 Some("Qwen3ForCausalLM") => Arch::Qwen3,
                 Some("Gemma2ForCausalLM") => Arch::Gemma2,
+                Some("Gemma3ForCausalLM") => Arch::Gemma3,
                 other => {
                     return Err(ModelError::UnsupportedArch(format!(
                         "config.json has no model_type and architectures {other:?}"
@@ -209,7 +228,7 @@ impl HfConfig {
             Some(d) => d,
             // Qwen3Config's and Gemma2Config's defaults, not hidden / heads.
             None if arch == Arch::Qwen3 => 128,
-            None if arch == Arch::Gemma2 => 256,
+            None if matches!(arch, Arch::Gemma2 | Arch::Gemma3) => 256,
             None if n_heads > 0 && hidden_size % n_heads == 0 => hidden_size / n_heads,
             None => {
                 return Err(ModelError::Config(format!(
@@ -222,7 +241,7 @@ impl HfConfig {
         // Gemma's MLP reads `hidden_activation` (its `hidden_act` is unused); the others read
         // `hidden_act`.
         let activation = match arch {
-            Arch::Gemma2 => match self.hidden_activation.as_deref().unwrap_or("gelu_pytorch_tanh") {
+            Arch::Gemma2 | Arch::Gemma3 => match self.hidden_activation.as_deref().unwrap_or("gelu_pytorch_tanh") {
                 "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
                 other => {
                     return Err(ModelError::UnsupportedArch(format!(
@@ -236,12 +255,13 @@ impl HfConfig {
             },
         };
         let (attn_scalar, attn_softcap) = match arch {
-            Arch::Gemma2 => {
+            Arch::Gemma2 | Arch::Gemma3 => {
                 if self.use_bidirectional_attention == Some(true) {
-                    return Err(ModelError::UnsupportedArch("gemma2 with use_bidirectional_attention".into()));
+                    return Err(ModelError::UnsupportedArch(format!("{arch} with use_bidirectional_attention")));
                 }
                 let cap = match &self.attn_logit_softcapping {
-                    None => Some(50.0),
+                    // Gemma2Config caps at 50 by default, Gemma3TextConfig not at all.
+                    None => (arch == Arch::Gemma2).then_some(50.0),
                     Some(serde_json::Value::Null) => None,
                     Some(v) => Some(v.as_f64().filter(|c| *c > 0.0).ok_or_else(|| {
                         ModelError::Config(format!("attn_logit_softcapping {v} is not a positive number"))
@@ -253,7 +273,34 @@ impl HfConfig {
         };
         let mut rope_theta = self.rope_theta;
         let mut rope_scaling_json = self.rope_scaling;
-        if let Some(params) = self.rope_parameters.filter(|p| !p.is_null()) {
+        let mut local_rope_theta = None;
+        let mut rope_parameters = self.rope_parameters.filter(|p| !p.is_null());
+        if arch == Arch::Gemma3 {
+            // Gemma3TextConfig: global layers default to base 1e6, local ones to
+            // `rope_local_base_freq` (1e4); transformers ≥5 writes both as `rope_parameters`
+            // keyed by layer type.
+            rope_theta = Some(rope_theta.unwrap_or(1_000_000.0));
+            local_rope_theta = Some(self.rope_local_base_freq.unwrap_or(10_000.0));
+            if let Some(by_type) = rope_parameters.take() {
+                if let Some(local) = by_type.get("sliding_attention") {
+                    let kind = local.get("rope_type").and_then(|t| t.as_str());
+                    if !matches!(kind, None | Some("default")) {
+                        return Err(ModelError::UnsupportedArch(format!(
+                            "rope_type {kind:?} on gemma3's sliding-window layers (only default)"
+                        )));
+                    }
+                    if let Some(theta) = local.get("rope_theta").and_then(|t| t.as_f64()) {
+                        local_rope_theta = Some(theta);
+                    }
+                }
+                rope_parameters = by_type.get("full_attention").cloned();
+            }
+        } else if rope_parameters.as_ref().is_some_and(|p| p.get("full_attention").is_some()) {
+            return Err(ModelError::UnsupportedArch(format!(
+                "rope_parameters per layer type in a {arch} config (only gemma3_text has them)"
+            )));
+        }
+        if let Some(params) = rope_parameters {
             if let Some(theta) = params.get("rope_theta").and_then(|t| t.as_f64()) {
                 rope_theta = Some(theta);
             }
@@ -284,7 +331,8 @@ impl HfConfig {
             activation,
             attn_scalar,
             attn_softcap,
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            local_rope_theta,
             layer_windows,
         };
         config.validate()?;
@@ -329,12 +377,16 @@ fn layer_windows(arch: Arch, c: &HfConfig, n_layers: usize) -> Result<Vec<Option
     let windows = match arch {
         // A missing key is MistralConfig's default of 4096; null turns the window off.
         Arch::Mistral => vec![sliding_window.unwrap_or(Some(4096)); n_layers],
-        // Gemma 2: `layer_types`, by default every other layer from the first.
-        Arch::Gemma2 => match sliding_window.unwrap_or(Some(4096)) {
+        // Gemma: `layer_types`, by default every other layer from the first (Gemma 2) or five
+        // of every `sliding_window_pattern` (6) layers (Gemma 3).
+        Arch::Gemma2 | Arch::Gemma3 => match sliding_window.unwrap_or(Some(4096)) {
             None => Vec::new(),
             Some(window) => match &c.layer_types {
                 Some(_) => by_types(window)?,
-                None => (0..n_layers).map(|l| (l % 2 == 0).then_some(window)).collect(),
+                None => {
+                    let pattern = if arch == Arch::Gemma2 { 2 } else { c.sliding_window_pattern.unwrap_or(6) };
+                    (0..n_layers).map(|l| ((l + 1) % pattern != 0).then_some(window)).collect()
+                }
             },
         },
         Arch::Qwen2 | Arch::Qwen3 => match (c.use_sliding_window.unwrap_or(false), sliding_window.flatten()) {
@@ -483,7 +535,7 @@ impl ModelConfig {
             }
             out.push(p("self_attn.o_proj.weight", vec![h, q], ParamClass::AttnO));
             out.push(p("post_attention_layernorm.weight", vec![h], ParamClass::Norm));
-            if self.arch == Arch::Gemma2 {
+            if matches!(self.arch, Arch::Gemma2 | Arch::Gemma3) {
                 out.push(p("pre_feedforward_layernorm.weight", vec![h], ParamClass::Norm));
                 out.push(p("post_feedforward_layernorm.weight", vec![h], ParamClass::Norm));
             }
@@ -615,6 +667,40 @@ mod tests {
         // The parameter inventory has the pre- and post-feedforward norms.
         let names: Vec<String> = parse("").unwrap().params(1, false).into_iter().map(|p| p.name).collect();
         assert!(names.contains(&"model.layers.0.post_feedforward_layernorm.weight".to_string()), "{names:?}");
+    }
+
+    #[test]
+    fn gemma3_defaults_and_rope_per_layer_type_follow_gemma3textconfig() {
+        let base = r#"{"model_type": "gemma3_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 7, "num_attention_heads": 4"#;
+        let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
+        let c = parse("").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.qk_norm, c.attn_softcap), (Arch::Gemma3, 256, true, None));
+        assert_eq!((c.rope_theta, c.local_rope_theta), (1_000_000.0, Some(10_000.0)));
+        // Five local layers for each global one.
+        let local = Some(4096);
+        assert_eq!(c.layer_windows, vec![local, local, local, local, local, None, local]);
+        // transformers 4 spelling, then transformers 5's rope_parameters by layer type.
+        let c = parse(r#", "rope_theta": 5e5, "rope_local_base_freq": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}"#).unwrap();
+        assert_eq!((c.rope_theta, c.local_rope_theta), (5e5, Some(500.0)));
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+        let c = parse(
+            r#", "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}"#,
+        )
+        .unwrap();
+        assert_eq!((c.rope_theta, c.local_rope_theta), (1e5, Some(1000.0)));
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
+        let err = parse(r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}"#).unwrap_err();
+        assert!(err.to_string().contains("sliding-window layers"), "{err}");
+        // Per-layer-type RoPE elsewhere, and multimodal checkpoints, are refused by name.
+        let err = HfConfig::from_json(&format!("{}, \"rope_parameters\": {{\"full_attention\": {{}}}}}}", base.replace("gemma3_text", "llama")))
+            .unwrap()
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("per layer type"), "{err}");
+        let err = HfConfig::from_json(r#"{"model_type": "gemma3"}"#).unwrap().into_config().unwrap_err();
+        assert!(err.to_string().contains("multimodal"), "{err}");
     }
 
     #[test]

@@ -134,6 +134,7 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
         Arch::Mistral => crate::mistral::build(config, spec),
         Arch::Qwen3 => crate::qwen3::build(config, spec),
         Arch::Gemma2 => crate::gemma2::build(config, spec),
+        Arch::Gemma3 => crate::gemma3::build(config, spec),
     }
 }
 
@@ -145,6 +146,7 @@ pub fn hook_kinds(arch: Arch) -> Vec<HookKind> {
         Arch::Llama | Arch::Qwen2 | Arch::Mistral => crate::llama::FEATURES,
         Arch::Qwen3 => crate::qwen3::FEATURES,
         Arch::Gemma2 => crate::gemma2::FEATURES,
+        Arch::Gemma3 => crate::gemma3::FEATURES,
     };
     crate::hooks::KINDS
         .iter()
@@ -211,6 +213,8 @@ pub(crate) struct Graph<'a> {
     hooks: BTreeMap<HookPoint, Value>,
     /// Attention masks built so far, by window.
     masks: Vec<(Option<usize>, Value)>,
+    /// RoPE tables built so far, by local base (`None`: the model's).
+    ropes: Vec<(Option<f64>, (Value, Value))>,
 }
 
 impl<'a> Graph<'a> {
@@ -274,6 +278,7 @@ impl<'a> Graph<'a> {
             position_ids,
             hooks: BTreeMap::new(),
             masks: Vec::new(),
+            ropes: Vec::new(),
         })
     }
 
@@ -389,14 +394,32 @@ impl<'a> Graph<'a> {
         }
     }
 
+    /// The RoPE tables of block `layer`: the model's, or the local ones (`local_rope_theta`,
+    /// no scaling) on a sliding-window layer of a family that has them (Gemma 3). Built once
+    /// per kind and shared by the blocks that use it.
+    pub fn layer_rope(&mut self, layer: usize) -> Result<(Value, Value), ModelError> {
+        let c = self.config;
+        let windowed = c.layer_windows.get(layer).copied().flatten().is_some();
+        let local = c.local_rope_theta.filter(|_| windowed);
+        if let Some(&(_, tables)) = self.ropes.iter().find(|(l, _)| *l == local) {
+            return Ok(tables);
+        }
+        let inv_freq = match local {
+            Some(theta) => inv_freq(c.head_dim, theta, None),
+            None => rope_inv_freq(c),
+        };
+        let tables = self.rope_tables(&inv_freq)?;
+        self.ropes.push((local, tables));
+        Ok(tables)
+    }
+
     /// RoPE tables `(cos, sin)`, each `[tokens, head_dim]` in the compute dtype, from the
     /// position ids: `emb = concat(freqs, freqs)`, `freqs = pos * inv_freq`, computed in f32.
-    pub fn rope_tables(&mut self) -> Result<(Value, Value), ModelError> {
-        let inv_freq = rope_inv_freq(self.config);
+    fn rope_tables(&mut self, inv_freq: &[f32]) -> Result<(Value, Value), ModelError> {
         let half = inv_freq.len();
         let t = self.tokens();
         let b = &mut self.b;
-        let inv = b.constant_f32(&inv_freq, &[half])?;
+        let inv = b.constant_f32(inv_freq, &[half])?;
         let pos = b.reshape(self.position_ids, &[t])?;
         let pos = b.convert(pos, DType::F32)?;
         let pos = b.broadcast_in_dim(pos, &[t, half], &[0])?;
@@ -678,10 +701,14 @@ fn softmax_last(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
 /// RoPE inverse frequencies as Hugging Face computes them (f32), with Llama-3 or linear
 /// scaling applied.
 pub fn rope_inv_freq(config: &ModelConfig) -> Vec<f32> {
-    let d = config.head_dim;
-    let base = config.rope_theta as f32;
+    inv_freq(config.head_dim, config.rope_theta, config.rope_scaling.as_ref())
+}
+
+/// Inverse frequencies of a `d`-wide head for base `theta` with `scaling`.
+fn inv_freq(d: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f32> {
+    let base = theta as f32;
     let inv: Vec<f32> = (0..d).step_by(2).map(|i| 1.0 / base.powf(i as f32 / d as f32)).collect();
-    match &config.rope_scaling {
+    match scaling {
         None => inv,
         Some(RopeScaling::Linear { factor }) => inv.iter().map(|f| f / *factor as f32).collect(),
         Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
@@ -737,6 +764,7 @@ mod tests {
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             qkv_bias: true,
+            local_rope_theta: None,
             activation: Default::default(),
             attn_scalar: None,
             attn_softcap: None,

@@ -33,7 +33,16 @@ pub(crate) const FEATURES: &[Feature] = &[Feature::PostNorms];
 
 /// Builds the Gemma 2 forward for `spec`.
 pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Gemma2 || config.qkv_bias || config.qk_norm || config.activation != Activation::GeluTanh {
+    if config.arch != Arch::Gemma2 || config.qk_norm {
+        return Err(ModelError::UnsupportedArch(format!("gemma2 builder given a {:?} config", config.arch)));
+    }
+    build_gemma(config, spec)
+}
+
+/// The Gemma decoder, shared with Gemma 3 (whose q/k norms, like every Gemma norm, take a
+/// `(1 + w)` gain).
+pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.qkv_bias || config.activation != Activation::GeluTanh {
         return Err(ModelError::UnsupportedArch(format!(
             "gemma2 builder given a {:?} config (attention_bias {}, q/k norms {}, activation {:?})",
             config.arch, config.qkv_bias, config.qk_norm, config.activation
@@ -48,16 +57,15 @@ pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardP
     let scale = g.b.splat((config.hidden_size as f64).sqrt(), TensorType::new(g.dt, &dims))?;
     let mut x = g.b.mul(x, scale)?;
     g.hook(HookPoint::model(Embed), x);
-    let rope = if n_blocks > 0 { Some(g.rope_tables()?) } else { None };
     for layer in 0..n_blocks {
         let at = |kind| HookPoint::block(layer, kind);
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
         g.hook(at(ResidPre), x);
-        let (cos, sin) = rope.expect("tables exist when blocks are built");
+        let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
         let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let proj = crate::llama::self_attention(&mut g, ln1.out, layer, crate::llama::QkvBias::No, cos, sin, mask)?;
+        let proj = crate::llama::self_attention(&mut g, ln1.out, layer, crate::llama::QkvBias::No, Gain::UnitOffset, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
         let post = g.rms_norm_with(proj, &norm("post_attention_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&post, at(Ln1PostScale), at(Ln1PostNormalized), at(AttnOut))?;

@@ -618,6 +618,7 @@ mod tests {
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             qkv_bias: false,
+            local_rope_theta: None,
             activation: Default::default(),
             attn_scalar: None,
             attn_softcap: None,

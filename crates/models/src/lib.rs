@@ -6,6 +6,7 @@ pub mod config;
 pub mod forward;
 pub mod gguf;
 mod gemma2;
+mod gemma3;
 pub mod hf;
 pub mod hooks;
 mod llama;

@@ -27,7 +27,7 @@
 
 use siphon_hlo::Value;
 
-use crate::forward::{Attention, ForwardProgram, ForwardSpec, Graph, blocks_for};
+use crate::forward::{Attention, ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Arch, ModelConfig, ModelError};
 
@@ -74,16 +74,14 @@ pub(crate) fn build_decoder(
     let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
     let mut x = g.embed()?;
     g.hook(HookPoint::model(Embed), x);
-    // Per-batch RoPE tables, built once and shared by every block (as are the masks).
-    let rope = if n_blocks > 0 { Some(g.rope_tables()?) } else { None };
     for layer in 0..n_blocks {
         let at = |kind| HookPoint::block(layer, kind);
         g.hook(at(ResidPre), x);
-        let (cos, sin) = rope.expect("tables exist when blocks are built");
+        let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
         let ln1 = g.rms_norm(x, &format!("model.layers.{layer}.input_layernorm.weight"))?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let attn = self_attention(&mut g, ln1.out, layer, bias, cos, sin, mask)?;
+        let attn = self_attention(&mut g, ln1.out, layer, bias, Gain::Plain, cos, sin, mask)?;
         g.hook(at(AttnOut), attn);
         let h = g.b.add(x, attn)?;
         g.hook(at(ResidMid), h);
@@ -116,12 +114,13 @@ pub(crate) fn build_decoder(
     g.finish(n_blocks)
 }
 
-/// RMSNorm over `head_dim` of every head of `x` `[tokens, heads, head_dim]` (Qwen3's q/k
-/// norms), recording its scale, normalized and output hooks.
-fn head_norm(g: &mut Graph<'_>, x: Value, weight: &str, hooks: [HookPoint; 3]) -> Result<Value, ModelError> {
+/// RMSNorm over `head_dim` of every head of `x` `[tokens, heads, head_dim]` (the q/k norms of
+/// Qwen3, and of Gemma 3 with its `(1 + w)` gain), recording its scale, normalized and output
+/// hooks.
+fn head_norm(g: &mut Graph<'_>, x: Value, weight: &str, gain: Gain, hooks: [HookPoint; 3]) -> Result<Value, ModelError> {
     let dims = g.b.dims(x)?.to_vec();
     let rows = g.b.reshape(x, &[dims[0] * dims[1], dims[2]])?;
-    let norm = g.rms_norm(rows, weight)?;
+    let norm = g.rms_norm_with(rows, weight, gain)?;
     let [scale, normalized, out] = hooks;
     g.hook_norm(&norm, scale, normalized, out)?;
     Ok(g.b.reshape(norm.out, &dims)?)
@@ -134,6 +133,7 @@ pub(crate) fn self_attention(
     n: Value,
     layer: usize,
     bias: QkvBias,
+    qk_gain: Gain,
     cos: Value,
     sin: Value,
     mask: Value,
@@ -156,8 +156,8 @@ pub(crate) fn self_attention(
     let mut q = g.b.reshape(qkv[0], &[t, c.n_heads, c.head_dim])?;
     let mut k = g.b.reshape(qkv[1], &[t, c.n_kv_heads, c.head_dim])?;
     if c.qk_norm {
-        q = head_norm(g, q, &format!("{p}.q_norm.weight"), [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at))?;
-        k = head_norm(g, k, &format!("{p}.k_norm.weight"), [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at))?;
+        q = head_norm(g, q, &format!("{p}.q_norm.weight"), qk_gain, [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at))?;
+        k = head_norm(g, k, &format!("{p}.k_norm.weight"), qk_gain, [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at))?;
     }
     let q = g.apply_rope(q, cos, sin)?;
     let k = g.apply_rope(k, cos, sin)?;

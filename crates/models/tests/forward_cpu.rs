@@ -44,6 +44,7 @@ fn config(arch: Arch, n_heads: usize, n_kv_heads: usize) -> ModelConfig {
         max_position_embeddings: 64,
         tie_word_embeddings: arch == Arch::Qwen2,
         qkv_bias: arch == Arch::Qwen2,
+        local_rope_theta: None,
         activation: Default::default(),
         attn_scalar: None,
         attn_softcap: None,

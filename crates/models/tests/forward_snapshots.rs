@@ -31,6 +31,7 @@ fn tiny(arch: Arch) -> ModelConfig {
         max_position_embeddings: 32,
         tie_word_embeddings: true,
         qkv_bias: arch == Arch::Qwen2,
+        local_rope_theta: None,
         activation: Default::default(),
         attn_scalar: None,
         attn_softcap: None,

@@ -463,6 +463,7 @@ impl fmt::Display for Plan {
             Arch::Mistral => "mistral",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma2 => "gemma2",
+            Arch::Gemma3 => "gemma3_text",
         };
         writeln!(
             f,

@@ -40,7 +40,7 @@ fn planned_shardings_give_the_single_device_activations() {
             MeshShape { data: 2, fsdp: 4, model: 1 },
         ),
     ];
-    for name in ["tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma2"] {
+    for name in ["tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3"] {
         let model = LoadedModel::open(&root.join(name)).unwrap();
         let n_layers = model.config.n_layers;
         let hooks = siphon_models::resolve_hooks(&format!("blocks.0.hook_attn_out,blocks.1.hook_mlp_out,blocks.{}.hook_resid_post,ln_final.hook_out,\

@@ -183,6 +183,8 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         query_pre_attn_scalar: None,
         attn_logit_softcapping: None,
         use_bidirectional_attention: None,
+        rope_local_base_freq: None,
+        sliding_window_pattern: None,
     })
 }
 
