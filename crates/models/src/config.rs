@@ -226,7 +226,7 @@ impl HfConfig {
         let n_kv_heads = self.num_key_value_heads.unwrap_or(n_heads);
         let head_dim = match self.head_dim {
             Some(d) => d,
-            // Qwen3Config's and Gemma2Config's defaults, not hidden / heads.
+            // Qwen3Config's and Gemma2/3Config's defaults, not hidden / heads.
             None if arch == Arch::Qwen3 => 128,
             None if matches!(arch, Arch::Gemma2 | Arch::Gemma3) => 256,
             None if n_heads > 0 && hidden_size % n_heads == 0 => hidden_size / n_heads,
