@@ -1,7 +1,8 @@
 """Forward tokens/s: siphon (Rust + PJRT CPU plugin) vs Hugging Face transformers, interleaved.
 
-Builds (once, cached) a Qwen2.5-0.5B-shaped model with random weights, saves it as an HF
-directory, then alternates timed forwards of HF transformers (torch, in this process) and of
+Builds (once, cached) a model with random weights of one family's shape (`--family`:
+Qwen2.5-0.5B, or Gemma 2 2B's widths with 6 of its 26 layers so that two f32 copies fit in
+this machine's memory), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
 the Rust bench server (`bench_forward` example, a child process) on the same weights and
 input, with the same thread count. Reports medians, and the max-abs difference of the final
 hidden state as a sanity check.
@@ -18,9 +19,9 @@ import time
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen2Config, Qwen2Model
+from transformers import Gemma2Config, Gemma2Model, Qwen2Config, Qwen2Model
 
-SHAPE = dict(
+QWEN2 = dict(
     vocab_size=151936,
     hidden_size=896,
     intermediate_size=4864,
@@ -34,11 +35,37 @@ SHAPE = dict(
     hidden_act="silu",
 )
 
+# Gemma 2 2B's widths (vocab, hidden, MLP, heads, head_dim), 6 layers instead of 26.
+GEMMA2 = dict(
+    vocab_size=256000,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    attn_logit_softcapping=50.0,
+    final_logit_softcapping=30.0,
+    tie_word_embeddings=True,
+    hidden_activation="gelu_pytorch_tanh",
+)
 
-def make_model(model_dir, batch, seq):
+FAMILIES = {
+    "qwen2": (QWEN2, Qwen2Config, Qwen2Model, "Qwen2ForCausalLM"),
+    "gemma2": (GEMMA2, Gemma2Config, Gemma2Model, "Gemma2ForCausalLM"),
+}
+
+
+def make_model(model_dir, family, batch, seq):
+    shape, config_class, model_class, architecture = FAMILIES[family]
     torch.manual_seed(0)
-    config = Qwen2Config(**SHAPE)
-    model = Qwen2Model(config).eval().float()
+    config = config_class(**shape)
+    model = model_class(config).eval().float()
     weights_path = os.path.join(model_dir, "model.safetensors")
     if not os.path.exists(weights_path):
         os.makedirs(model_dir, exist_ok=True)
@@ -50,7 +77,7 @@ def make_model(model_dir, batch, seq):
         state = {"model." + k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, weights_path + ".tmp")
         os.replace(weights_path + ".tmp", weights_path)
-        cfg = dict(SHAPE, model_type="qwen2", architectures=["Qwen2ForCausalLM"], torch_dtype="float32")
+        cfg = dict(shape, model_type=family, architectures=[architecture], torch_dtype="float32")
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
     else:
@@ -59,7 +86,7 @@ def make_model(model_dir, batch, seq):
         state = load_file(weights_path)
         model.load_state_dict({k[len("model."):]: v for k, v in state.items()})
     rng = np.random.default_rng(1)
-    ids = rng.integers(0, SHAPE["vocab_size"], size=(batch, seq), dtype=np.int32)
+    ids = rng.integers(0, shape["vocab_size"], size=(batch, seq), dtype=np.int32)
     ids.tofile(os.path.join(model_dir, "input_ids.bin"))
     with open(os.path.join(model_dir, "input_shape.txt"), "w") as f:
         f.write(f"{batch} {seq}\n")
@@ -75,10 +102,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--hooks", default="all")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen2")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    model, ids = make_model(args.dir, args.batch, args.seq)
+    model, ids = make_model(args.dir, args.family, args.batch, args.seq)
     mask = torch.ones_like(ids)
     tokens = args.batch * args.seq
 
