@@ -457,14 +457,7 @@ fn evaluate(
 impl fmt::Display for Plan {
     /// The human-readable report `siphon plan` prints.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let arch = match self.arch {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Mistral => "mistral",
-            Arch::Qwen3 => "qwen3",
-            Arch::Gemma2 => "gemma2",
-            Arch::Gemma3 => "gemma3_text",
-        };
+        let arch = self.arch;
         writeln!(
             f,
             "model     {arch}, {} layers, {:.2}B weights planned{}, {}",
