@@ -763,6 +763,19 @@ fn verify_reports_shards_that_disagree_with_run_json_shapes() {
     );
 }
 
+/// The shard `bytes` with its metadata's format tag replaced by `tag`, tensors unchanged.
+fn with_format_tag(bytes: &[u8], tag: &str) -> Vec<u8> {
+    let st = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let mut metadata = safetensors::SafeTensors::read_metadata(bytes)
+        .unwrap()
+        .1
+        .metadata()
+        .clone()
+        .unwrap();
+    metadata.insert("format".into(), tag.into());
+    safetensors::serialize(st.tensors(), Some(metadata)).unwrap()
+}
+
 /// Rewrites a run written by this crate as format 1 wrote it: `siphon-activations/1` in
 /// run.json and every shard, no `hook_shapes` in run.json, no `shape` in stats.json (the shards
 /// of `[d_model]` hooks are otherwise the same); manifests get the new sizes and hashes.
@@ -790,16 +803,7 @@ fn downgrade_to_format_1(run_dir: &std::path::Path) {
         siphon_store::parse_manifest("m", &std::fs::read_to_string(&manifest).unwrap()).unwrap();
     for line in &mut lines {
         let shard = host_dir.join(&line.shard);
-        let bytes = std::fs::read(&shard).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let mut metadata = safetensors::SafeTensors::read_metadata(&bytes)
-            .unwrap()
-            .1
-            .metadata()
-            .clone()
-            .unwrap();
-        metadata.insert("format".into(), "siphon-activations/1".into());
-        let rewritten = safetensors::serialize(st.tensors(), Some(metadata)).unwrap();
+        let rewritten = with_format_tag(&std::fs::read(&shard).unwrap(), "siphon-activations/1");
         line.bytes = rewritten.len() as u64;
         line.sha256 = hex::encode(sha2::Sha256::digest(&rewritten));
         std::fs::write(&shard, rewritten).unwrap();
@@ -899,16 +903,7 @@ fn an_unknown_format_is_an_error() {
         .join(RUN)
         .join(HOST.dir_name())
         .join("shard_000000.safetensors");
-    let bytes = std::fs::read(&shard).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut metadata = safetensors::SafeTensors::read_metadata(&bytes)
-        .unwrap()
-        .1
-        .metadata()
-        .clone()
-        .unwrap();
-    metadata.insert("format".into(), "siphon-activations/3".into());
-    let rewritten = safetensors::serialize(st.tensors(), Some(metadata)).unwrap();
+    let rewritten = with_format_tag(&std::fs::read(&shard).unwrap(), "siphon-activations/3");
     let err = siphon_store::summarize_shard("s", &rewritten, &spec.hooks, &[]).unwrap_err();
     assert!(
         err.to_string()
