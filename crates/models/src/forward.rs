@@ -564,6 +564,26 @@ impl<'a> Graph<'a> {
         Ok(Mlp { pre, pre_linear, post, out })
     }
 
+    /// Ends a decoder after its `n_blocks` blocks left the residual stream `x`: `x` is the
+    /// next block's `hook_resid_pre` when that block is not built, then the final norm
+    /// (`model.norm.weight`, its gain applied as `gain` says) and its hooks when asked for,
+    /// then the program ([`Graph::finish`]).
+    pub fn finish_decoder(mut self, x: Value, n_blocks: usize, with_final_norm: bool, gain: Gain) -> Result<ForwardProgram, ModelError> {
+        if n_blocks < self.config.n_layers {
+            self.hook(HookPoint::block(n_blocks, HookKind::ResidPre), x);
+        }
+        if with_final_norm {
+            let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;
+            self.hook_norm(
+                &norm,
+                HookPoint::model(HookKind::LnFinalScale),
+                HookPoint::model(HookKind::LnFinalNormalized),
+                HookPoint::model(HookKind::LnFinalOut),
+            )?;
+        }
+        self.finish(n_blocks)
+    }
+
     /// Returns the requested hooks, each reshaped to `[batch, seq, *per-token shape]`, and
     /// prints the program.
     pub fn finish(self, n_blocks: usize) -> Result<ForwardProgram, ModelError> {

@@ -65,7 +65,7 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
         let mask = g.layer_mask(layer)?;
         let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let proj = crate::llama::self_attention(&mut g, ln1.out, layer, crate::llama::QkvBias::No, Gain::UnitOffset, cos, sin, mask)?;
+        let proj = crate::llama::self_attention(&mut g, ln1.out, layer, Gain::UnitOffset, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
         let post = g.rms_norm_with(proj, &norm("post_attention_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&post, at(Ln1PostScale), at(Ln1PostNormalized), at(AttnOut))?;
@@ -84,17 +84,5 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
         x = g.constrain_tokens(out)?;
         g.hook(at(ResidPost), x);
     }
-    if n_blocks < config.n_layers {
-        g.hook(HookPoint::block(n_blocks, ResidPre), x);
-    }
-    if with_final_norm {
-        let norm = g.rms_norm_with(x, "model.norm.weight", Gain::UnitOffset)?;
-        g.hook_norm(
-            &norm,
-            HookPoint::model(LnFinalScale),
-            HookPoint::model(LnFinalNormalized),
-            HookPoint::model(LnFinalOut),
-        )?;
-    }
-    g.finish(n_blocks)
+    g.finish_decoder(x, n_blocks, with_final_norm, Gain::UnitOffset)
 }

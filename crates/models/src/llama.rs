@@ -34,13 +34,6 @@ use crate::{Arch, ModelConfig, ModelError};
 /// A Llama-style block has every hook of the table that needs nothing beyond it.
 pub(crate) const FEATURES: &[Feature] = &[];
 
-/// Whether the attention's q/k/v projections carry biases (Qwen2) or not (Llama).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QkvBias {
-    No,
-    Yes,
-}
-
 /// Builds the Llama forward for `spec`.
 pub(crate) fn build(
     config: &ModelConfig,
@@ -59,7 +52,7 @@ pub(crate) fn build(
             "llama with attention_bias = true".into(),
         ));
     }
-    build_decoder(config, spec, QkvBias::No)
+    build_decoder(config, spec)
 }
 
 /// The decoder stack shared by Llama, Qwen2, Mistral and Qwen3; the config decides the
@@ -67,7 +60,6 @@ pub(crate) fn build(
 pub(crate) fn build_decoder(
     config: &ModelConfig,
     spec: &ForwardSpec,
-    bias: QkvBias,
 ) -> Result<ForwardProgram, ModelError> {
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
@@ -81,7 +73,7 @@ pub(crate) fn build_decoder(
         let mask = g.layer_mask(layer)?;
         let ln1 = g.rms_norm(x, &format!("model.layers.{layer}.input_layernorm.weight"))?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let attn = self_attention(&mut g, ln1.out, layer, bias, Gain::Plain, cos, sin, mask)?;
+        let attn = self_attention(&mut g, ln1.out, layer, Gain::Plain, cos, sin, mask)?;
         g.hook(at(AttnOut), attn);
         let h = g.b.add(x, attn)?;
         g.hook(at(ResidMid), h);
@@ -99,19 +91,7 @@ pub(crate) fn build_decoder(
         x = g.constrain_tokens(out)?;
         g.hook(at(ResidPost), x);
     }
-    if n_blocks < config.n_layers {
-        g.hook(HookPoint::block(n_blocks, ResidPre), x);
-    }
-    if with_final_norm {
-        let norm = g.rms_norm(x, "model.norm.weight")?;
-        g.hook_norm(
-            &norm,
-            HookPoint::model(LnFinalScale),
-            HookPoint::model(LnFinalNormalized),
-            HookPoint::model(LnFinalOut),
-        )?;
-    }
-    g.finish(n_blocks)
+    g.finish_decoder(x, n_blocks, with_final_norm, Gain::Plain)
 }
 
 /// RMSNorm over `head_dim` of every head of `x` `[tokens, heads, head_dim]` (the q/k norms of
@@ -132,7 +112,6 @@ pub(crate) fn self_attention(
     g: &mut Graph<'_>,
     n: Value,
     layer: usize,
-    bias: QkvBias,
     qk_gain: Gain,
     cos: Value,
     sin: Value,
@@ -147,7 +126,7 @@ pub(crate) fn self_attention(
     let mut qkv = Vec::with_capacity(3);
     for name in ["q_proj", "k_proj", "v_proj"] {
         let (w, b) = proj(name);
-        let b = (bias == QkvBias::Yes).then_some(b.as_str());
+        let b = c.qkv_bias.then_some(b.as_str());
         qkv.push(g.linear(n, &w, b)?);
     }
     g.hook(at(AttnQ), qkv[0]);

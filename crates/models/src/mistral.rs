@@ -6,7 +6,7 @@
 //! whose window is null attends the whole context, like Hugging Face.
 
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::llama::{build_decoder, QkvBias};
+use crate::llama::build_decoder;
 use crate::{Arch, ModelConfig, ModelError};
 
 /// Builds the Mistral forward for `spec`.
@@ -17,5 +17,5 @@ pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardP
     if config.qkv_bias {
         return Err(ModelError::UnsupportedArch("mistral with attention_bias = true".into()));
     }
-    build_decoder(config, spec, QkvBias::No)
+    build_decoder(config, spec)
 }

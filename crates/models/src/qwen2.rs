@@ -8,7 +8,7 @@
 //! honoured on the layers Hugging Face windows ([`crate::ModelConfig::layer_windows`]).
 
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::llama::{build_decoder, QkvBias};
+use crate::llama::build_decoder;
 use crate::{Arch, ModelConfig, ModelError};
 
 /// Builds the Qwen2 forward for `spec`.
@@ -16,6 +16,5 @@ pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardP
     if config.arch != Arch::Qwen2 {
         return Err(ModelError::UnsupportedArch(format!("qwen2 builder given a {:?} config", config.arch)));
     }
-    let bias = if config.qkv_bias { QkvBias::Yes } else { QkvBias::No };
-    build_decoder(config, spec, bias)
+    build_decoder(config, spec)
 }

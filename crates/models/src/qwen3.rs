@@ -11,7 +11,7 @@
 
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hooks::Feature;
-use crate::llama::{build_decoder, QkvBias};
+use crate::llama::build_decoder;
 use crate::{Arch, ModelConfig, ModelError};
 
 /// The Llama hooks plus the q/k norms'.
@@ -26,5 +26,5 @@ pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardP
         // HF's attention_bias also puts a bias on o_proj, which the inventory does not list.
         return Err(ModelError::UnsupportedArch("qwen3 with attention_bias = true".into()));
     }
-    build_decoder(config, spec, QkvBias::No)
+    build_decoder(config, spec)
 }
