@@ -312,6 +312,15 @@ impl Builder {
         self.unary("tanh", a, Kind::Float)
     }
 
+    /// The error function, as CHLO's `erf` (StableHLO has none; XLA lowers it, as it does for
+    /// JAX's `lax.erf`).
+    pub fn erf(&mut self, a: Value) -> Result<Value> {
+        let ta = self.ty_of("erf", a)?.clone();
+        Kind::Float.check("erf", &ta)?;
+        let line = format!("chlo.erf {} : {ta} -> {ta}", self.name(a));
+        Ok(self.emit(line, ta))
+    }
+
     /// Sine.
     pub fn sin(&mut self, a: Value) -> Result<Value> {
         self.unary("sine", a, Kind::Float)

@@ -26,6 +26,16 @@ pub enum Arch {
     /// Gemma 3 (text): Gemma 2 with (1 + w) q/k norms per head, no soft-cap by default, and a
     /// RoPE base of its own on the sliding-window layers.
     Gemma3,
+    /// Phi-3: Llama with fused qkv and gate/up projections and a sliding window.
+    Phi3,
+    /// OLMo 2: norms after attention and the MLP (none before), q/k norms over the whole
+    /// projection.
+    Olmo2,
+    /// GPT-2: learned positions, LayerNorm with bias, fused Conv1D projections, GELU MLP.
+    Gpt2,
+    /// GPT-NeoX / Pythia: parallel attention and MLP, partial rotary, LayerNorm with bias.
+    #[serde(rename = "gpt_neox")]
+    GptNeox,
 }
 
 /// The MLP's activation (of the gate, in a gated MLP).
@@ -37,6 +47,8 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (`gelu_pytorch_tanh`, `gelu_new`).
     GeluTanh,
+    /// Exact GELU, `x * Φ(x)` through `erf` (`gelu`).
+    Gelu,
 }
 
 impl Activation {
@@ -54,6 +66,10 @@ impl std::fmt::Display for Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3_text",
+            Arch::Phi3 => "phi3",
+            Arch::Olmo2 => "olmo2",
+            Arch::Gpt2 => "gpt2",
+            Arch::GptNeox => "gpt_neox",
         })
     }
 }
@@ -76,6 +92,17 @@ pub enum RopeScaling {
     Linear {
         /// Scale factor.
         factor: f64,
+    },
+    /// Phi-3's LongRoPE with the short factors (the ones Hugging Face uses while the batch
+    /// is no longer than `original_max_position_embeddings`, which siphon requires): each
+    /// frequency divided by its factor, cos and sin multiplied by `attention_factor`.
+    LongRope {
+        /// One factor per frequency (`rotary_dim / 2`).
+        short_factor: Vec<f64>,
+        /// Context length the factors were fitted for; longer sequences are refused.
+        original_max_position_embeddings: usize,
+        /// Multiplies cos and sin.
+        attention_factor: f64,
     },
 }
 
@@ -121,6 +148,28 @@ pub struct HfConfig {
     pub use_bidirectional_attention: Option<bool>,
     pub rope_local_base_freq: Option<f64>,
     pub sliding_window_pattern: Option<usize>,
+    /// GPT-2's names.
+    pub n_embd: Option<usize>,
+    pub n_layer: Option<usize>,
+    pub n_head: Option<usize>,
+    #[serde(default, deserialize_with = "present")]
+    pub n_inner: Option<serde_json::Value>,
+    pub n_positions: Option<usize>,
+    pub layer_norm_epsilon: Option<f64>,
+    pub activation_function: Option<String>,
+    pub scale_attn_weights: Option<bool>,
+    pub scale_attn_by_inverse_layer_idx: Option<bool>,
+    pub reorder_and_upcast_attn: Option<bool>,
+    pub add_cross_attention: Option<bool>,
+    /// GPT-NeoX's names.
+    pub layer_norm_eps: Option<f64>,
+    pub rotary_pct: Option<f64>,
+    pub rotary_emb_base: Option<f64>,
+    pub use_parallel_residual: Option<bool>,
+    pub partial_rotary_factor: Option<f64>,
+    pub original_max_position_embeddings: Option<usize>,
+    /// The text model's config inside a multimodal one (Gemma 3).
+    pub text_config: Option<Box<HfConfig>>,
 }
 
 /// The validated configuration of a supported model.
@@ -175,6 +224,14 @@ pub struct ModelConfig {
     /// positions back, itself included); empty or `None` for full causal attention.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layer_windows: Vec<Option<usize>>,
+    /// The q/k norms normalise the whole projection (`n_heads * head_dim`, OLMo 2) rather
+    /// than each head.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm_whole: bool,
+    /// Leading dimensions of each head that RoPE rotates (GPT-NeoX's `rotary_pct`, Phi-3's
+    /// `partial_rotary_factor`); `None`: all of `head_dim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotary_dim: Option<usize>,
 }
 
 impl HfConfig {
@@ -184,7 +241,22 @@ impl HfConfig {
     }
 
     /// Validates and fills architecture defaults.
-    pub fn into_config(self) -> Result<ModelConfig, ModelError> {
+    pub fn into_config(mut self) -> Result<ModelConfig, ModelError> {
+        if self.model_type.as_deref() == Some("gemma3") {
+            // A multimodal checkpoint: its text tower is a gemma3_text model whose weights
+            // sit under `language_model.` (the family's renames find them).
+            let mut text = *self.text_config.take().ok_or_else(|| {
+                ModelError::Config("a gemma3 (multimodal) config.json without text_config".into())
+            })?;
+            text.model_type = Some("gemma3_text".into());
+            text.tie_word_embeddings = text.tie_word_embeddings.or(self.tie_word_embeddings);
+            return text.into_config();
+        }
+        // GPT-2 spells the sizes its own way.
+        self.hidden_size = self.hidden_size.or(self.n_embd);
+        self.num_hidden_layers = self.num_hidden_layers.or(self.n_layer);
+        self.num_attention_heads = self.num_attention_heads.or(self.n_head);
+        self.max_position_embeddings = self.max_position_embeddings.or(self.n_positions);
         let arch = match self.model_type.as_deref() {
             Some("llama") => Arch::Llama,
             Some("mistral") => Arch::Mistral,
@@ -192,16 +264,14 @@ impl HfConfig {
             Some("qwen3") => Arch::Qwen3,
             Some("gemma2") => Arch::Gemma2,
             Some("gemma3_text") => Arch::Gemma3,
-            Some("gemma3") => {
-                return Err(ModelError::UnsupportedArch(
-                    "model_type \"gemma3\" (a multimodal checkpoint): siphon reads Gemma 3's text models \
-                     (model_type gemma3_text); the text tower of a multimodal checkpoint is not supported yet"
-                        .into(),
-                ));
-            }
+            Some("phi3") => Arch::Phi3,
+            Some("olmo2") => Arch::Olmo2,
+            Some("gpt2") => Arch::Gpt2,
+            Some("gpt_neox") => Arch::GptNeox,
             Some(other) => {
                 return Err(ModelError::UnsupportedArch(format!(
-                    "model_type {other:?} (supported: gemma2, gemma3_text, llama, mistral, qwen2, qwen3)"
+                    "model_type {other:?} (supported: gemma2, gemma3, gemma3_text, gpt2, gpt_neox, llama, \
+                     mistral, olmo2, phi3, qwen2, qwen3)"
                 )));
             }
             None => match self.architectures.as_deref().and_then(|a| a.first()).map(String::as_str) {
@@ -211,6 +281,10 @@ impl HfConfig {
                 Some("Qwen3ForCausalLM") => Arch::Qwen3,
                 Some("Gemma2ForCausalLM") => Arch::Gemma2,
                 Some("Gemma3ForCausalLM") => Arch::Gemma3,
+                Some("Phi3ForCausalLM") => Arch::Phi3,
+                Some("Olmo2ForCausalLM") => Arch::Olmo2,
+                Some("GPT2LMHeadModel") => Arch::Gpt2,
+                Some("GPTNeoXForCausalLM") => Arch::GptNeox,
                 other => {
                     return Err(ModelError::UnsupportedArch(format!(
                         "config.json has no model_type and architectures {other:?}"
@@ -249,10 +323,54 @@ impl HfConfig {
                     )));
                 }
             },
+            // GPT-2 names it `activation_function`; GPT-NeoX's default is the exact GELU.
+            Arch::Gpt2 | Arch::GptNeox => {
+                let (key, act) = match arch {
+                    Arch::Gpt2 => ("activation_function", self.activation_function.as_deref().unwrap_or("gelu_new")),
+                    _ => ("hidden_act", self.hidden_act.as_deref().unwrap_or("gelu")),
+                };
+                match act {
+                    "gelu" => Activation::Gelu,
+                    "gelu_new" | "gelu_pytorch_tanh" => Activation::GeluTanh,
+                    other => {
+                        return Err(ModelError::UnsupportedArch(format!(
+                            "{key} {other:?} (supported: gelu, gelu_new, gelu_pytorch_tanh)"
+                        )));
+                    }
+                }
+            }
             _ => match self.hidden_act.as_deref() {
                 None | Some("silu") => Activation::Silu,
                 Some(act) => return Err(ModelError::UnsupportedArch(format!("hidden_act {act:?} (only silu)"))),
             },
+        };
+        let refuse = |what: &str| Err(ModelError::UnsupportedArch(format!("{arch} with {what}")));
+        match arch {
+            Arch::Gpt2 if self.scale_attn_weights == Some(false) => return refuse("scale_attn_weights = false"),
+            Arch::Gpt2 if self.scale_attn_by_inverse_layer_idx == Some(true) => {
+                return refuse("scale_attn_by_inverse_layer_idx = true");
+            }
+            Arch::Gpt2 if self.reorder_and_upcast_attn == Some(true) => return refuse("reorder_and_upcast_attn = true"),
+            Arch::Gpt2 if self.add_cross_attention == Some(true) => return refuse("add_cross_attention = true"),
+            Arch::GptNeox if self.use_parallel_residual == Some(false) => {
+                return refuse("use_parallel_residual = false (only the parallel block of Pythia and GPT-NeoX-20B)");
+            }
+            Arch::Phi3 | Arch::Olmo2 if self.attention_bias == Some(true) => return refuse("attention_bias = true"),
+            _ => {}
+        }
+        let intermediate_size = match (arch, &self.n_inner) {
+            // GPT2Config: `n_inner` null or absent means 4 × n_embd.
+            (Arch::Gpt2, None | Some(serde_json::Value::Null)) => 4 * hidden_size,
+            (Arch::Gpt2, Some(v)) => {
+                v.as_u64().ok_or_else(|| ModelError::Config(format!("n_inner {v} is not a number")))? as usize
+            }
+            _ => need(self.intermediate_size, "intermediate_size")?,
+        };
+        let norm_eps = match arch {
+            Arch::Gpt2 => self.layer_norm_epsilon.unwrap_or(1e-5),
+            Arch::GptNeox => self.layer_norm_eps.unwrap_or(1e-5),
+            Arch::Phi3 | Arch::Olmo2 => self.rms_norm_eps.unwrap_or(1e-5),
+            _ => self.rms_norm_eps.unwrap_or(1e-6),
         };
         let (attn_scalar, attn_softcap) = match arch {
             Arch::Gemma2 | Arch::Gemma3 => {
@@ -271,7 +389,9 @@ impl HfConfig {
             }
             _ => (None, None),
         };
-        let mut rope_theta = self.rope_theta;
+        // GPT-NeoX's older names; transformers 5 moves both into `rope_parameters`.
+        let mut rope_theta = self.rope_theta.or(self.rotary_emb_base);
+        let mut rotary_fraction = self.partial_rotary_factor.or(self.rotary_pct);
         let mut rope_scaling_json = self.rope_scaling;
         let mut local_rope_theta = None;
         let mut rope_parameters = self.rope_parameters.filter(|p| !p.is_null());
@@ -304,36 +424,52 @@ impl HfConfig {
             if let Some(theta) = params.get("rope_theta").and_then(|t| t.as_f64()) {
                 rope_theta = Some(theta);
             }
+            if let Some(fraction) = params.get("partial_rotary_factor").and_then(|t| t.as_f64()) {
+                rotary_fraction = Some(fraction);
+            }
             let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(|t| t.as_str());
             if !matches!(kind, None | Some("default")) {
                 rope_scaling_json = Some(params);
             }
         }
+        let max_position_embeddings = self.max_position_embeddings.unwrap_or(4096);
+        let rotary_dim = match rotary_fraction {
+            // Hugging Face: int(head_dim * fraction).
+            Some(f) if f != 1.0 => Some((head_dim as f64 * f) as usize),
+            _ => None,
+        };
         let rope_scaling = match rope_scaling_json {
             None | Some(serde_json::Value::Null) => None,
-            Some(v) => Some(parse_rope_scaling(&v)?),
+            Some(v) => Some(parse_rope_scaling(
+                &v,
+                max_position_embeddings,
+                self.original_max_position_embeddings,
+                rotary_dim.unwrap_or(head_dim),
+            )?),
         };
         let config = ModelConfig {
             arch,
             vocab_size: need(self.vocab_size, "vocab_size")?,
             hidden_size,
-            intermediate_size: need(self.intermediate_size, "intermediate_size")?,
+            intermediate_size,
             n_layers,
             n_heads,
             n_kv_heads,
             head_dim,
-            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            rms_norm_eps: norm_eps,
             rope_theta: rope_theta.unwrap_or(10_000.0),
             rope_scaling,
-            max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
-            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(arch == Arch::Gemma2),
-            qkv_bias: self.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            max_position_embeddings,
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(matches!(arch, Arch::Gemma2 | Arch::Gpt2)),
+            qkv_bias: arch == Arch::Gpt2 || self.attention_bias.unwrap_or(matches!(arch, Arch::Qwen2 | Arch::GptNeox)),
             activation,
             attn_scalar,
             attn_softcap,
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3 | Arch::Olmo2),
             local_rope_theta,
             layer_windows,
+            qk_norm_whole: arch == Arch::Olmo2,
+            rotary_dim,
         };
         config.validate()?;
         Ok(config)
@@ -393,10 +529,12 @@ fn layer_windows(arch: Arch, c: &HfConfig, n_layers: usize) -> Result<Vec<Option
             (false, _) | (true, None) => Vec::new(),
             (true, Some(window)) => by_types(window)?,
         },
-        Arch::Llama => {
+        // Phi-3 windows every layer when the key is set (Phi-3-mini: 2047), like Mistral.
+        Arch::Phi3 => vec![sliding_window.flatten(); n_layers],
+        Arch::Llama | Arch::Olmo2 | Arch::Gpt2 | Arch::GptNeox => {
             if let Some(window) = sliding_window.flatten() {
                 return Err(ModelError::UnsupportedArch(format!(
-                    "llama config with sliding_window {window}: Hugging Face's Llama ignores it and \
+                    "{arch} config with sliding_window {window}: Hugging Face's {arch} ignores it and \
                      attends to the whole context, so siphon refuses rather than guess (use \
                      model_type mistral for windowed attention, or drop the key)"
                 )));
@@ -412,7 +550,14 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::
     serde_json::Value::deserialize(d).map(Some)
 }
 
-fn parse_rope_scaling(v: &serde_json::Value) -> Result<RopeScaling, ModelError> {
+/// RoPE scaling from its JSON (`rope_scaling`, or `rope_parameters` in transformers 5), with
+/// the config's context lengths and the rotated width (LongRoPE has a factor per frequency).
+fn parse_rope_scaling(
+    v: &serde_json::Value,
+    max_position_embeddings: usize,
+    original_max: Option<usize>,
+    rotary_dim: usize,
+) -> Result<RopeScaling, ModelError> {
     let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str());
     let num = |name: &str| -> Result<f64, ModelError> {
         v.get(name)
@@ -428,19 +573,52 @@ fn parse_rope_scaling(v: &serde_json::Value) -> Result<RopeScaling, ModelError> 
         }),
         Some("linear") => Ok(RopeScaling::Linear { factor: num("factor")? }),
         Some("default") => Ok(RopeScaling::Linear { factor: 1.0 }),
+        Some("longrope" | "su") => {
+            let factors = |name: &str| -> Result<Vec<f64>, ModelError> {
+                let list = v.get(name).and_then(|f| f.as_array()).ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))?;
+                let out: Vec<f64> = list.iter().filter_map(|x| x.as_f64()).collect();
+                if out.len() != list.len() || out.len() != rotary_dim / 2 {
+                    return Err(ModelError::Config(format!(
+                        "rope_scaling {name} has {} numbers, the rotary width {rotary_dim} needs {}",
+                        list.len(),
+                        rotary_dim / 2
+                    )));
+                }
+                Ok(out)
+            };
+            factors("long_factor")?;
+            let original = original_max
+                .or_else(|| v.get("original_max_position_embeddings").and_then(|x| x.as_u64()).map(|x| x as usize))
+                .ok_or_else(|| ModelError::Config("longrope scaling without original_max_position_embeddings".into()))?;
+            // Hugging Face's _compute_longrope_parameters.
+            let factor = max_position_embeddings as f64 / original as f64;
+            let attention_factor = match v.get("attention_factor").and_then(|x| x.as_f64()) {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            Ok(RopeScaling::LongRope {
+                short_factor: factors("short_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            })
+        }
         other => Err(ModelError::UnsupportedArch(format!(
-            "rope_scaling type {other:?} (supported: llama3, linear)"
+            "rope_scaling type {other:?} (supported: llama3, linear, longrope)"
         ))),
     }
 }
 
-/// What role a weight tensor plays; the planner shards by class.
+/// What role a weight tensor plays; the planner shards by class. Shapes are the ones the
+/// forward program takes: linear weights `[out, in]` whatever their stored layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ParamClass {
-    /// `model.embed_tokens.weight` [vocab, hidden].
+    /// Token embeddings [vocab, hidden].
     Embedding,
-    /// `lm_head.weight` [vocab, hidden] (absent when tied; siphon never computes logits).
+    /// Learned position embeddings [n_positions, hidden] (GPT-2).
+    PosEmbedding,
+    /// The unembedding [vocab, hidden] (absent when tied; siphon never computes logits).
     LmHead,
     /// Query projection [n_heads*head_dim, hidden].
     AttnQ,
@@ -456,27 +634,86 @@ pub enum ParamClass {
     KBias,
     /// Value bias [n_kv_heads*head_dim].
     VBias,
+    /// Output projection bias [hidden], added once after the row-parallel sum.
+    OBias,
     /// MLP gate projection [intermediate, hidden].
     MlpGate,
-    /// MLP up projection [intermediate, hidden].
+    /// MLP up projection (the input projection of a plain MLP) [intermediate, hidden].
     MlpUp,
     /// MLP down projection [hidden, intermediate].
     MlpDown,
-    /// An RMSNorm weight [hidden].
+    /// Up projection bias [intermediate].
+    MlpUpBias,
+    /// Down projection bias [hidden].
+    MlpDownBias,
+    /// A norm's gain, [hidden] or [head_dim] (or [heads*head_dim] for OLMo 2's q/k norms).
     Norm,
+    /// A LayerNorm's bias [hidden].
+    NormBias,
 }
 
-/// One weight tensor of the model.
+/// One weight tensor of the model, as the forward program takes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParamInfo {
-    /// Hugging Face tensor name, e.g. `model.layers.3.self_attn.q_proj.weight`.
+    /// Hugging Face tensor name, e.g. `model.layers.3.self_attn.q_proj.weight`; a part of a
+    /// fused tensor is named as unfused checkpoints name it (Phi-3's `qkv_proj` gives
+    /// `q_proj`, `k_proj` and `v_proj`), or after the tensor and the part (`c_attn.weight[q]`).
     pub name: String,
-    /// Shape as stored by Hugging Face (out, in for linear layers).
+    /// Shape the program takes (`[out, in]` for linear layers).
     pub shape: Vec<usize>,
     /// Role of the tensor.
     pub class: ParamClass,
     /// Block index, `None` for embeddings, final norm and lm_head.
     pub layer: Option<usize>,
+    /// Where it comes from when it is not a stored tensor as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Slice>,
+}
+
+/// A weight cut from a stored tensor: the tensor transposed when it is stored `[in, out]`
+/// (GPT-2's Conv1D), then, with its rows seen as `groups` equal blocks, rows
+/// `start..start + len` of every block. Fused projections become one weight per part this
+/// way (Phi-3's `qkv_proj`: one block; GPT-NeoX's per-head interleaved `query_key_value`: a
+/// block per head), so that every part shards on whole heads like an unfused weight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slice {
+    /// The stored tensor's Hugging Face name.
+    pub tensor: String,
+    /// Its shape as stored.
+    pub stored: Vec<usize>,
+    /// Whether it is stored `[in, out]` and transposed first.
+    pub transposed: bool,
+    /// Blocks the (transposed) rows form.
+    pub groups: usize,
+    /// First row taken within each block.
+    pub start: usize,
+    /// Rows taken from each block.
+    pub len: usize,
+}
+
+impl ParamInfo {
+    /// A stored tensor taken as it is.
+    pub fn new(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>) -> ParamInfo {
+        ParamInfo { name: name.into(), shape: shape.to_vec(), class, layer, source: None }
+    }
+
+    /// The whole of a stored `[in, out]` tensor (or its `[out]` bias), as `[out, in]`.
+    pub(crate) fn conv1d(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>) -> ParamInfo {
+        let name = name.into();
+        let stored: Vec<usize> = shape.iter().rev().copied().collect();
+        let slice = Slice { tensor: name.clone(), stored, transposed: shape.len() == 2, groups: 1, start: 0, len: shape[0] };
+        ParamInfo { source: Some(slice), ..ParamInfo::new(name, shape, class, layer) }
+    }
+
+    /// A part of a stored tensor (see [`Slice`]) named `name`; `shape` is the part's.
+    pub(crate) fn part(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>, slice: Slice) -> ParamInfo {
+        ParamInfo { source: Some(slice), ..ParamInfo::new(name, shape, class, layer) }
+    }
+
+    /// The name of the stored tensor this weight is read from.
+    pub fn stored_name(&self) -> &str {
+        self.source.as_ref().map_or(&self.name, |s| &s.tensor)
+    }
 }
 
 impl ModelConfig {
@@ -493,71 +730,19 @@ impl ModelConfig {
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
-            return fail(format!("head_dim {} must be even for RoPE", self.head_dim));
+        let rotated = self.rotary_dim.unwrap_or(self.head_dim);
+        if self.arch != Arch::Gpt2 && (rotated % 2 != 0 || rotated > self.head_dim) {
+            return fail(format!("the rotary width {rotated} must be even and at most head_dim {}", self.head_dim));
         }
         Ok(())
     }
 
     /// Every weight tensor the forward pass reads, for the first `n_layers` blocks
-    /// (pass `self.n_layers` for all). The lm_head is listed only when untied and
-    /// `with_lm_head` is set: activation extraction never computes logits.
+    /// (pass `self.n_layers` for all), as the architecture's file lists them. The lm_head is
+    /// listed only when untied and `with_lm_head` is set: activation extraction never
+    /// computes logits.
     pub fn params(&self, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
-        let h = self.hidden_size;
-        let q = self.n_heads * self.head_dim;
-        let kv = self.n_kv_heads * self.head_dim;
-        let i = self.intermediate_size;
-        let mut out = vec![ParamInfo {
-            name: "model.embed_tokens.weight".into(),
-            shape: vec![self.vocab_size, h],
-            class: ParamClass::Embedding,
-            layer: None,
-        }];
-        for l in 0..n_layers.min(self.n_layers) {
-            let p = |suffix: &str, shape: Vec<usize>, class| ParamInfo {
-                name: format!("model.layers.{l}.{suffix}"),
-                shape,
-                class,
-                layer: Some(l),
-            };
-            out.push(p("input_layernorm.weight", vec![h], ParamClass::Norm));
-            out.push(p("self_attn.q_proj.weight", vec![q, h], ParamClass::AttnQ));
-            out.push(p("self_attn.k_proj.weight", vec![kv, h], ParamClass::AttnK));
-            out.push(p("self_attn.v_proj.weight", vec![kv, h], ParamClass::AttnV));
-            if self.qkv_bias {
-                out.push(p("self_attn.q_proj.bias", vec![q], ParamClass::QBias));
-                out.push(p("self_attn.k_proj.bias", vec![kv], ParamClass::KBias));
-                out.push(p("self_attn.v_proj.bias", vec![kv], ParamClass::VBias));
-            }
-            if self.qk_norm {
-                out.push(p("self_attn.q_norm.weight", vec![self.head_dim], ParamClass::Norm));
-                out.push(p("self_attn.k_norm.weight", vec![self.head_dim], ParamClass::Norm));
-            }
-            out.push(p("self_attn.o_proj.weight", vec![h, q], ParamClass::AttnO));
-            out.push(p("post_attention_layernorm.weight", vec![h], ParamClass::Norm));
-            if matches!(self.arch, Arch::Gemma2 | Arch::Gemma3) {
-                out.push(p("pre_feedforward_layernorm.weight", vec![h], ParamClass::Norm));
-                out.push(p("post_feedforward_layernorm.weight", vec![h], ParamClass::Norm));
-            }
-            out.push(p("mlp.gate_proj.weight", vec![i, h], ParamClass::MlpGate));
-            out.push(p("mlp.up_proj.weight", vec![i, h], ParamClass::MlpUp));
-            out.push(p("mlp.down_proj.weight", vec![h, i], ParamClass::MlpDown));
-        }
-        out.push(ParamInfo {
-            name: "model.norm.weight".into(),
-            shape: vec![h],
-            class: ParamClass::Norm,
-            layer: None,
-        });
-        if with_lm_head && !self.tie_word_embeddings {
-            out.push(ParamInfo {
-                name: "lm_head.weight".into(),
-                shape: vec![self.vocab_size, h],
-                class: ParamClass::LmHead,
-                layer: None,
-            });
-        }
-        out
+        (crate::family::family(self.arch).params)(self, n_layers.min(self.n_layers), with_lm_head)
     }
 
     /// Number of weights (elements) of the whole model, lm_head included when untied.
@@ -705,8 +890,8 @@ mod tests {
 
     #[test]
     fn bad_configs_name_the_problem() {
-        let err = HfConfig::from_json(r#"{"model_type": "gpt2"}"#).unwrap().into_config().unwrap_err();
-        assert!(err.to_string().contains("gpt2"), "{err}");
+        let err = HfConfig::from_json(r#"{"model_type": "bert"}"#).unwrap().into_config().unwrap_err();
+        assert!(err.to_string().contains("bert"), "{err}");
         let err = HfConfig::from_json(r#"{"model_type": "llama", "hidden_size": 8}"#)
             .unwrap()
             .into_config()

@@ -128,26 +128,14 @@ pub struct ForwardProgram {
 /// Builds the forward pass of `config` as described by `spec`.
 pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     config.validate()?;
-    match config.arch {
-        Arch::Llama => crate::llama::build(config, spec),
-        Arch::Qwen2 => crate::qwen2::build(config, spec),
-        Arch::Mistral => crate::mistral::build(config, spec),
-        Arch::Qwen3 => crate::qwen3::build(config, spec),
-        Arch::Gemma2 => crate::gemma2::build(config, spec),
-        Arch::Gemma3 => crate::gemma3::build(config, spec),
-    }
+    (crate::family::family(config.arch).build)(config, spec)
 }
 
 /// The hook kinds a family's forward produces, in forward order: every kind of the table
 /// whose [`Feature`](crate::hooks::Feature) the family has (see each family's `FEATURES`); any other kind is
 /// refused by name.
 pub fn hook_kinds(arch: Arch) -> Vec<HookKind> {
-    let features = match arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Mistral => crate::llama::FEATURES,
-        Arch::Qwen3 => crate::qwen3::FEATURES,
-        Arch::Gemma2 => crate::gemma2::FEATURES,
-        Arch::Gemma3 => crate::gemma3::FEATURES,
-    };
+    let features = crate::family::family(arch).features;
     crate::hooks::KINDS
         .iter()
         .filter(|k| k.kind.needs().is_none_or(|f| features.contains(&f)))
@@ -185,8 +173,15 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
             ParamClass::KBias | ParamClass::VBias => PartitionSpec::new(&[kv_axes]),
             ParamClass::AttnO => PartitionSpec::new(&[&[], q_axes]),
             ParamClass::MlpGate | ParamClass::MlpUp => PartitionSpec::new(&[mlp_axes, &[]]),
+            ParamClass::MlpUpBias => PartitionSpec::new(&[mlp_axes]),
             ParamClass::MlpDown => PartitionSpec::new(&[&[], mlp_axes]),
-            ParamClass::Embedding | ParamClass::LmHead | ParamClass::Norm => continue,
+            ParamClass::Embedding
+            | ParamClass::PosEmbedding
+            | ParamClass::LmHead
+            | ParamClass::Norm
+            | ParamClass::NormBias
+            | ParamClass::OBias
+            | ParamClass::MlpDownBias => continue,
         };
         specs.insert(p.name, spec);
     }
@@ -239,7 +234,8 @@ impl<'a> Graph<'a> {
         let dt = spec.compute_dtype;
         let mut params = config.params(n_blocks, false);
         if !with_final_norm {
-            params.retain(|p| p.name != "model.norm.weight");
+            // The final norm's gain (and bias) are the only norm weights outside the blocks.
+            params.retain(|p| p.layer.is_some() || !matches!(p.class, ParamClass::Norm | ParamClass::NormBias));
         }
         let mut weights = HashMap::new();
         let mut param_specs = Vec::new();
@@ -319,10 +315,21 @@ impl<'a> Graph<'a> {
         Ok(self.b.sharding_constraint(x, &PartitionSpec::new(&[&axes, &[]]))?)
     }
 
-    /// Token embeddings `[tokens, hidden]`.
-    pub fn embed(&mut self) -> Result<Value, ModelError> {
-        let table = self.w("model.embed_tokens.weight")?;
-        let ids = self.b.reshape(self.input_ids, &[self.tokens()])?;
+    /// Token embeddings `[tokens, hidden]` from the table `table`.
+    pub fn embed(&mut self, table: &str) -> Result<Value, ModelError> {
+        let ids = self.input_ids;
+        self.rows_of(table, ids)
+    }
+
+    /// Learned position embeddings `[tokens, hidden]` (GPT-2's `wpe`), by position id.
+    pub fn embed_positions(&mut self, table: &str) -> Result<Value, ModelError> {
+        let positions = self.position_ids;
+        self.rows_of(table, positions)
+    }
+
+    fn rows_of(&mut self, table: &str, ids: Value) -> Result<Value, ModelError> {
+        let table = self.w(table)?;
+        let ids = self.b.reshape(ids, &[self.tokens()])?;
         let x = self.b.take_rows(table, ids)?;
         self.constrain_tokens(x)
     }
@@ -356,6 +363,11 @@ impl<'a> Graph<'a> {
         let w = b.broadcast_in_dim(w, &[rows, hidden], &[1])?;
         let out = match gain {
             Gain::Plain => b.mul(normalized, w)?,
+            Gain::F32 => {
+                let wf = b.convert(w, DType::F32)?;
+                let out = b.mul(normed, wf)?;
+                b.convert(out, self.dt)?
+            }
             Gain::UnitOffset => {
                 let wf = b.convert(w, DType::F32)?;
                 let one = b.splat(1.0, TensorType::new(DType::F32, &[rows, hidden]))?;
@@ -364,6 +376,41 @@ impl<'a> Graph<'a> {
                 b.convert(out, self.dt)?
             }
         };
+        Ok(Norm { var, normalized, out })
+    }
+
+    /// PyTorch's LayerNorm: `(x - mean(x)) / sqrt(var(x) + eps) * w + bias`, all in f32, cast
+    /// back to the compute dtype (the scale hook is `sqrt(var(x) + eps)`, the normalized one
+    /// the centred input divided by it, as TransformerLens has them for LayerNorm).
+    pub fn layer_norm(&mut self, x: Value, weight: &str, bias: &str) -> Result<Norm, ModelError> {
+        let w = self.w(weight)?;
+        let bias = self.w(bias)?;
+        let dims = self.b.dims(x)?.to_vec();
+        let (rows, hidden) = (dims[0], dims[1]);
+        let b = &mut self.b;
+        let row = TensorType::new(DType::F32, &[rows]);
+        let xf = b.convert(x, DType::F32)?;
+        let n = b.splat(hidden as f64, row.clone())?;
+        let sum = b.reduce_sum(xf, &[1])?;
+        let mean = b.div(sum, n)?;
+        let mean = b.broadcast_in_dim(mean, &[rows, hidden], &[0])?;
+        let centred = b.sub(xf, mean)?;
+        let sq = b.mul(centred, centred)?;
+        let sum = b.reduce_sum(sq, &[1])?;
+        let var = b.div(sum, n)?;
+        let eps = b.splat(self.config.rms_norm_eps, row)?;
+        let var = b.add(var, eps)?;
+        let inv = b.rsqrt(var)?;
+        let inv = b.broadcast_in_dim(inv, &[rows, hidden], &[0])?;
+        let normed = b.mul(centred, inv)?;
+        let normalized = b.convert(normed, self.dt)?;
+        let wf = b.convert(w, DType::F32)?;
+        let wf = b.broadcast_in_dim(wf, &[rows, hidden], &[1])?;
+        let bf = b.convert(bias, DType::F32)?;
+        let bf = b.broadcast_in_dim(bf, &[rows, hidden], &[1])?;
+        let out = b.mul(normed, wf)?;
+        let out = b.add(out, bf)?;
+        let out = b.convert(out, self.dt)?;
         Ok(Norm { var, normalized, out })
     }
 
@@ -404,18 +451,31 @@ impl<'a> Graph<'a> {
         if let Some(&(_, tables)) = self.ropes.iter().find(|(l, _)| *l == local) {
             return Ok(tables);
         }
-        let inv_freq = match local {
-            Some(theta) => inv_freq(c.head_dim, theta, None),
-            None => rope_inv_freq(c),
+        let (inv_freq, scale) = match (local, &c.rope_scaling) {
+            (Some(theta), _) => (inv_freq(c.head_dim, theta, None), 1.0),
+            (None, Some(RopeScaling::LongRope { original_max_position_embeddings: original, attention_factor, .. })) => {
+                // Hugging Face switches to the long factors once a batch reaches past the
+                // original context, whatever its rows' lengths: refuse rather than guess.
+                if self.spec.seq > *original {
+                    return Err(ModelError::UnsupportedArch(format!(
+                        "longrope scaling with sequences of {} tokens, longer than original_max_position_embeddings {original} \
+                         (Hugging Face then switches to long_factor depending on the batch; siphon reads up to {original})",
+                        self.spec.seq
+                    )));
+                }
+                (rope_inv_freq(c), *attention_factor)
+            }
+            (None, _) => (rope_inv_freq(c), 1.0),
         };
-        let tables = self.rope_tables(&inv_freq)?;
+        let tables = self.rope_tables(&inv_freq, scale)?;
         self.ropes.push((local, tables));
         Ok(tables)
     }
 
-    /// RoPE tables `(cos, sin)`, each `[tokens, head_dim]` in the compute dtype, from the
-    /// position ids: `emb = concat(freqs, freqs)`, `freqs = pos * inv_freq`, computed in f32.
-    fn rope_tables(&mut self, inv_freq: &[f32]) -> Result<(Value, Value), ModelError> {
+    /// RoPE tables `(cos, sin)`, each `[tokens, rotary width]` in the compute dtype, from the
+    /// position ids: `emb = concat(freqs, freqs)`, `freqs = pos * inv_freq`, computed in f32,
+    /// cos and sin multiplied by `scale` (LongRoPE's attention factor) when it is not 1.
+    fn rope_tables(&mut self, inv_freq: &[f32], scale: f64) -> Result<(Value, Value), ModelError> {
         let half = inv_freq.len();
         let t = self.tokens();
         let b = &mut self.b;
@@ -426,15 +486,27 @@ impl<'a> Graph<'a> {
         let inv = b.broadcast_in_dim(inv, &[t, half], &[1])?;
         let freqs = b.mul(pos, inv)?;
         let emb = b.concatenate(&[freqs, freqs], 1)?;
-        let cos = b.cos(emb)?;
-        let sin = b.sin(emb)?;
+        let mut cos = b.cos(emb)?;
+        let mut sin = b.sin(emb)?;
+        if scale != 1.0 {
+            let s = b.splat(scale, TensorType::new(DType::F32, &[t, 2 * half]))?;
+            cos = b.mul(cos, s)?;
+            sin = b.mul(sin, s)?;
+        }
         Ok((b.convert(cos, self.dt)?, b.convert(sin, self.dt)?))
     }
 
     /// Rotates `x` `[tokens, heads, head_dim]` with Hugging Face's rotate-half RoPE:
-    /// `x·cos + rotate_half(x)·sin`, `rotate_half(x) = concat(-x₂, x₁)`.
+    /// `x·cos + rotate_half(x)·sin`, `rotate_half(x) = concat(-x₂, x₁)`, over the first
+    /// `rotary_dim` dimensions of each head (all of them by default); the rest pass through.
     pub fn apply_rope(&mut self, x: Value, cos: Value, sin: Value) -> Result<Value, ModelError> {
         let dims = self.b.dims(x)?.to_vec();
+        if let Some(r) = self.config.rotary_dim.filter(|&r| r < dims[2]) {
+            let rot = self.b.slice_dim(x, 2, 0, r)?;
+            let pass = self.b.slice_dim(x, 2, r, dims[2])?;
+            let rot = self.apply_rope(rot, cos, sin)?;
+            return Ok(self.b.concatenate(&[rot, pass], 2)?);
+        }
         let d = dims[2];
         let b = &mut self.b;
         let x1 = b.slice_dim(x, 2, 0, d / 2)?;
@@ -523,6 +595,24 @@ impl<'a> Graph<'a> {
         Ok(Attention { scores, pattern, z })
     }
 
+    /// [`Graph::attention`] of block `layer`, recording its scores, pattern and z hooks;
+    /// returns z, `[tokens, n_heads*head_dim]`.
+    pub fn attend(&mut self, layer: usize, q: Value, k: Value, v: Value, mask: Value) -> Result<Value, ModelError> {
+        let at = |kind| HookPoint::block(layer, kind);
+        let Attention { scores, pattern, z } = self.attention(q, k, v, mask)?;
+        if self.wants(at(HookKind::AttnScores)) {
+            let rows = self.per_query(scores)?;
+            let rows = self.finite_in_output(rows)?;
+            self.hook(at(HookKind::AttnScores), rows);
+        }
+        if self.wants(at(HookKind::AttnPattern)) {
+            let rows = self.per_query(pattern)?;
+            self.hook(at(HookKind::AttnPattern), rows);
+        }
+        self.hook(at(HookKind::AttnZ), z);
+        Ok(z)
+    }
+
     /// Masked scores (the most negative f32) as the lowest finite value of the output dtype,
     /// what Hugging Face's mask (`finfo(dtype).min`) gives in that dtype; converted as they
     /// are they would round to -inf in bf16 and f16.
@@ -546,22 +636,48 @@ impl<'a> Graph<'a> {
     }
 
     /// The gated MLP: `down(act(gate(x)) * up(x))` with the config's activation (SiLU, or
-    /// Gemma's tanh-approximated GELU), with its parts.
-    pub fn gated_mlp(&mut self, x: Value, layer: usize) -> Result<Mlp, ModelError> {
-        let p = format!("model.layers.{layer}.mlp");
-        let pre = self.linear(x, &format!("{p}.gate_proj.weight"), None)?;
-        let pre_linear = self.linear(x, &format!("{p}.up_proj.weight"), None)?;
-        let act = match self.config.activation {
+    /// Gemma's tanh-approximated GELU), with its parts; the weights are
+    /// `{prefix}.gate_proj.weight` and so on (`prefix` e.g. `model.layers.3.mlp`).
+    pub fn gated_mlp(&mut self, x: Value, prefix: &str) -> Result<Mlp, ModelError> {
+        let pre = self.linear(x, &format!("{prefix}.gate_proj.weight"), None)?;
+        let up = self.linear(x, &format!("{prefix}.up_proj.weight"), None)?;
+        let act = self.activation(pre)?;
+        let post = self.b.mul(act, up)?;
+        let out = self.linear(post, &format!("{prefix}.down_proj.weight"), None)?;
+        Ok(Mlp { pre, pre_linear: Some(up), post, out })
+    }
+
+    /// The plain MLP `down(act(up(x) + b) + b)` of GPT-2 and GPT-NeoX, with its parts: `up`
+    /// and `down` name each projection's weight and bias.
+    pub fn plain_mlp(&mut self, x: Value, up: [&str; 2], down: [&str; 2]) -> Result<Mlp, ModelError> {
+        let pre = self.linear(x, up[0], Some(up[1]))?;
+        let post = self.activation(pre)?;
+        let out = self.linear(post, down[0], Some(down[1]))?;
+        Ok(Mlp { pre, pre_linear: None, post, out })
+    }
+
+    /// The config's activation applied to `x`.
+    fn activation(&mut self, x: Value) -> Result<Value, ModelError> {
+        match self.config.activation {
             Activation::Silu => {
-                let sig = self.b.logistic(pre)?;
-                self.b.mul(pre, sig)?
+                let sig = self.b.logistic(x)?;
+                Ok(self.b.mul(x, sig)?)
             }
-            Activation::GeluTanh => gelu_tanh(&mut self.b, pre)?,
-        };
-        let b = &mut self.b;
-        let post = b.mul(act, pre_linear)?;
-        let out = self.linear(post, &format!("{p}.down_proj.weight"), None)?;
-        Ok(Mlp { pre, pre_linear, post, out })
+            Activation::GeluTanh => gelu_tanh(&mut self.b, x),
+            Activation::Gelu => gelu_erf(&mut self.b, x, self.dt),
+        }
+    }
+
+    /// Records an MLP's hooks in block `layer`, its output as `out` (`hook_mlp_out`, or
+    /// `mlp.hook_out` where a post-norm follows).
+    pub fn hook_mlp(&mut self, mlp: &Mlp, layer: usize, out: HookKind) {
+        let at = |kind| HookPoint::block(layer, kind);
+        self.hook(at(HookKind::MlpPre), mlp.pre);
+        if let Some(up) = mlp.pre_linear {
+            self.hook(at(HookKind::MlpPreLinear), up);
+        }
+        self.hook(at(HookKind::MlpPost), mlp.post);
+        self.hook(at(out), mlp.out);
     }
 
     /// Ends a decoder after its `n_blocks` blocks left the residual stream `x`: `x` is the
@@ -569,19 +685,26 @@ impl<'a> Graph<'a> {
     /// (`model.norm.weight`, its gain applied as `gain` says) and its hooks when asked for,
     /// then the program ([`Graph::finish`]).
     pub fn finish_decoder(mut self, x: Value, n_blocks: usize, with_final_norm: bool, gain: Gain) -> Result<ForwardProgram, ModelError> {
+        self.end_blocks(x, n_blocks);
+        if with_final_norm {
+            let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;
+            self.hook_final_norm(&norm)?;
+        }
+        self.finish(n_blocks)
+    }
+
+    /// Records `x`, what the `n_blocks` built blocks left, as the next block's
+    /// `hook_resid_pre` when that block is not built.
+    pub fn end_blocks(&mut self, x: Value, n_blocks: usize) {
         if n_blocks < self.config.n_layers {
             self.hook(HookPoint::block(n_blocks, HookKind::ResidPre), x);
         }
-        if with_final_norm {
-            let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;
-            self.hook_norm(
-                &norm,
-                HookPoint::model(HookKind::LnFinalScale),
-                HookPoint::model(HookKind::LnFinalNormalized),
-                HookPoint::model(HookKind::LnFinalOut),
-            )?;
-        }
-        self.finish(n_blocks)
+    }
+
+    /// Records the final norm's hooks.
+    pub fn hook_final_norm(&mut self, norm: &Norm) -> Result<(), ModelError> {
+        use HookKind::*;
+        self.hook_norm(norm, HookPoint::model(LnFinalScale), HookPoint::model(LnFinalNormalized), HookPoint::model(LnFinalOut))
     }
 
     /// Returns the requested hooks, each reshaped to `[batch, seq, *per-token shape]`, and
@@ -629,6 +752,23 @@ pub(crate) enum Gain {
     Plain,
     /// `(1 + w) * x` in f32 (Gemma).
     UnitOffset,
+    /// `w * x` in f32 before the cast back (OLMo 2).
+    F32,
+}
+
+/// PyTorch's exact `gelu`, `x/2 * (1 + erf(x/√2))`, computed in f32 and cast back to `dt`.
+fn gelu_erf(b: &mut Builder, x: Value, dt: DType) -> Result<Value, ModelError> {
+    let xf = b.convert(x, DType::F32)?;
+    let ty = b.ty(xf)?.clone();
+    let r = b.splat(std::f64::consts::FRAC_1_SQRT_2, ty.clone())?;
+    let e = b.mul(xf, r)?;
+    let e = b.erf(e)?;
+    let one = b.splat(1.0, ty.clone())?;
+    let e = b.add(e, one)?;
+    let half = b.splat(0.5, ty)?;
+    let hx = b.mul(xf, half)?;
+    let y = b.mul(hx, e)?;
+    Ok(b.convert(y, dt)?)
 }
 
 /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, PyTorch's `gelu(approximate="tanh")`, in
@@ -671,13 +811,14 @@ pub(crate) struct Attention {
     pub z: Value,
 }
 
-/// A gated MLP's hookable parts (see [`Graph::gated_mlp`]), each `[tokens, width]`.
+/// An MLP's hookable parts (see [`Graph::gated_mlp`], [`Graph::plain_mlp`]), each
+/// `[tokens, width]`.
 pub(crate) struct Mlp {
-    /// Gate projection.
+    /// Gate projection (a plain MLP's input projection).
     pub pre: Value,
-    /// Up projection.
-    pub pre_linear: Value,
-    /// `act(pre) * pre_linear`.
+    /// Up projection beside the gate (gated MLPs only).
+    pub pre_linear: Option<Value>,
+    /// `act(pre) * pre_linear` (`act(pre)` in a plain MLP).
     pub post: Value,
     /// Down projection.
     pub out: Value,
@@ -718,10 +859,10 @@ fn softmax_last(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
     Ok(b.div(e, sum)?)
 }
 
-/// RoPE inverse frequencies as Hugging Face computes them (f32), with Llama-3 or linear
-/// scaling applied.
+/// RoPE inverse frequencies as Hugging Face computes them (f32), for the rotated width
+/// (`rotary_dim`, else `head_dim`), with the config's scaling applied.
 pub fn rope_inv_freq(config: &ModelConfig) -> Vec<f32> {
-    inv_freq(config.head_dim, config.rope_theta, config.rope_scaling.as_ref())
+    inv_freq(config.rotary_dim.unwrap_or(config.head_dim), config.rope_theta, config.rope_scaling.as_ref())
 }
 
 /// Inverse frequencies of a `d`-wide head for base `theta` with `scaling`.
@@ -731,6 +872,12 @@ fn inv_freq(d: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f32> {
     match scaling {
         None => inv,
         Some(RopeScaling::Linear { factor }) => inv.iter().map(|f| f / *factor as f32).collect(),
+        // 1 / (factor * base^(i/d)), in f32 as Hugging Face computes it.
+        Some(RopeScaling::LongRope { short_factor, .. }) => (0..d)
+            .step_by(2)
+            .zip(short_factor)
+            .map(|(i, &f)| 1.0 / (f as f32 * base.powf(i as f32 / d as f32)))
+            .collect(),
         Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
             let (factor, low, high) = (*factor, *low_freq_factor, *high_freq_factor);
             let old = *original_max_position_embeddings as f64;
@@ -790,6 +937,8 @@ mod tests {
             attn_softcap: None,
             qk_norm: false,
             layer_windows: Vec::new(),
+            qk_norm_whole: false,
+            rotary_dim: None,
         }
     }
 

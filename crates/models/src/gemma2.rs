@@ -24,15 +24,29 @@
 
 use siphon_hlo::TensorType;
 
+use crate::config::ParamInfo;
+use crate::family::Family;
 use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
 use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::llama::decoder_params;
 use crate::{Activation, Arch, ModelConfig, ModelError};
 
 /// The Llama hooks plus the post-norms' and the projections' own outputs.
-pub(crate) const FEATURES: &[Feature] = &[Feature::PostNorms];
+pub(crate) const FAMILY: Family = Family {
+    build,
+    params: gemma_params,
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms],
+    renames: &[],
+};
+
+/// The Llama decoder's weights with the feed-forward norms (and the q/k norms where the
+/// config has them: Gemma 3).
+pub(crate) fn gemma_params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+    decoder_params(c, n_layers, with_lm_head, &["pre_feedforward_layernorm", "post_feedforward_layernorm"])
+}
 
 /// Builds the Gemma 2 forward for `spec`.
-pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::Gemma2 || config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("gemma2 builder given a {:?} config", config.arch)));
     }
@@ -51,7 +65,7 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
     let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
-    let x = g.embed()?;
+    let x = g.embed("model.embed_tokens.weight")?;
     // HF's scaled embedding multiplies by sqrt(hidden) rounded to the weights' dtype.
     let dims = g.b.dims(x)?.to_vec();
     let scale = g.b.splat((config.hidden_size as f64).sqrt(), TensorType::new(g.dt, &dims))?;
@@ -73,11 +87,8 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
         g.hook(at(ResidMid), h);
         let ln2 = g.rms_norm_with(h, &norm("pre_feedforward_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let mlp = g.gated_mlp(ln2.out, layer)?;
-        g.hook(at(MlpPre), mlp.pre);
-        g.hook(at(MlpPreLinear), mlp.pre_linear);
-        g.hook(at(MlpPost), mlp.post);
-        g.hook(at(MlpProjOut), mlp.out);
+        let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
+        g.hook_mlp(&mlp, layer, MlpProjOut);
         let post = g.rms_norm_with(mlp.out, &norm("post_feedforward_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&post, at(Ln2PostScale), at(Ln2PostNormalized), at(MlpOut))?;
         let out = g.b.add(h, post.out)?;

@@ -8,17 +8,27 @@
 //! soft-cap unless the config sets one.
 //!
 //! TransformerLens's hooks are Gemma 2's plus Qwen3's q/k-norm hooks. Multimodal checkpoints
-//! (`model_type` `gemma3`, the text tower under `language_model.`) are refused for now.
+//! (`model_type` `gemma3`) give their text tower: its config is `text_config` and its weights
+//! sit under `model.language_model.` (or `language_model.model.`); the vision tower is not read.
 
+use crate::family::Family;
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::gemma2::gemma_params;
 use crate::hooks::Feature;
 use crate::{Arch, ModelConfig, ModelError};
 
-/// Gemma 2's hooks plus the q/k norms'.
-pub(crate) const FEATURES: &[Feature] = &[Feature::PostNorms, Feature::QkNorm];
+/// Gemma 2's weights and hooks plus the q/k norms'.
+pub(crate) const FAMILY: Family = Family {
+    build,
+    params: gemma_params,
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms, Feature::QkNorm],
+    // The text tower of multimodal checkpoints: transformers 5 and late 4.x save it under
+    // `model.language_model.`, earlier ones under `language_model.model.`.
+    renames: &[("model.", "model.language_model."), ("model.", "language_model.model.")],
+};
 
 /// Builds the Gemma 3 forward for `spec`.
-pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::Gemma3 || !config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("gemma3 builder given a {:?} config without q/k norms", config.arch)));
     }

@@ -54,6 +54,7 @@ impl LoadedModel {
                 ),
             ));
         };
+        let weights = weights.with_renames(crate::family::family(config.arch).renames);
         let tokenizer = TextTokenizer::from_hf_dir(dir)?;
         Ok(LoadedModel { path: dir.to_path_buf(), config, weights, tokenizer })
     }
@@ -73,17 +74,6 @@ impl LoadedModel {
     /// Checks that every tensor the forward of the first `n_layers` blocks needs is present
     /// with the shape the config implies, so a bad checkpoint fails before any upload.
     pub fn check_weights(&self, n_layers: usize) -> Result<(), ModelError> {
-        for p in self.config.params(n_layers, false) {
-            let meta = self.weights.meta(&p.name)?;
-            if meta.shape != p.shape {
-                return Err(ModelError::ShapeMismatch {
-                    name: p.name,
-                    expected: p.shape,
-                    found: meta.shape,
-                    source_desc: self.weights.describe(),
-                });
-            }
-        }
-        Ok(())
+        self.config.params(n_layers, false).iter().try_for_each(|p| self.weights.check(p))
     }
 }

@@ -75,6 +75,16 @@ pub enum Feature {
     QkNorm,
     /// Norms after attention and after the MLP (Gemma's `ln1_post` / `ln2_post`).
     PostNorms,
+    /// A gated MLP (`mlp.hook_pre_linear`, the up projection beside the gate).
+    GatedMlp,
+    /// Rotary position embeddings (`attn.hook_rot_q` / `hook_rot_k`).
+    Rotary,
+    /// Norms before attention and the MLP (`ln1.*`, `ln2.hook_scale` / `hook_normalized`);
+    /// OLMo 2 has only norms after them.
+    PreNorms,
+    /// A residual stream between attention and the MLP (`hook_resid_mid`); GPT-NeoX's
+    /// parallel block adds both to the block's input.
+    ResidMid,
 }
 
 /// Whether a hook belongs to a block (`blocks.{i}.…`) or to the whole model.
@@ -105,6 +115,11 @@ pub enum HookShape {
     QHeadScale,
     /// `[n_kv_heads, 1]`: a per-head norm's scale on the keys.
     KvHeadScale,
+    /// The q-norm's parts: `[n_heads, d_head]`, or `[n_heads * d_head]` where the norm is
+    /// over the whole projection (OLMo 2).
+    QNorm,
+    /// The k-norm's parts, likewise over the key/value heads.
+    KvNorm,
     /// `[n_heads, seq]`: one row of attention scores or pattern per query token, over the
     /// batch's padded sequence length.
     Pattern,
@@ -119,8 +134,13 @@ impl HookShape {
             HookShape::Scale => vec![1],
             HookShape::QHeads => vec![config.n_heads, config.head_dim],
             HookShape::KvHeads => vec![config.n_kv_heads, config.head_dim],
+            HookShape::QHeadScale | HookShape::KvHeadScale if config.qk_norm_whole => vec![1],
             HookShape::QHeadScale => vec![config.n_heads, 1],
             HookShape::KvHeadScale => vec![config.n_kv_heads, 1],
+            HookShape::QNorm if config.qk_norm_whole => vec![config.n_heads * config.head_dim],
+            HookShape::KvNorm if config.qk_norm_whole => vec![config.n_kv_heads * config.head_dim],
+            HookShape::QNorm => vec![config.n_heads, config.head_dim],
+            HookShape::KvNorm => vec![config.n_kv_heads, config.head_dim],
             HookShape::Pattern => vec![config.n_heads, seq],
         }
     }
@@ -166,9 +186,9 @@ kinds! {
     ResidPre Block Model "hook_resid_pre" ["hook_in", "ln1.hook_in"]
         "residual stream entering the block";
     Ln1Scale Block Scale "ln1.hook_scale" []
-        "sqrt(mean(x²) + eps) of the attention norm's input";
+        "sqrt(mean(x²) + eps) of the attention norm's input (LayerNorm: sqrt(var(x) + eps))";
     Ln1Normalized Block Model "ln1.hook_normalized" []
-        "attention norm's input divided by its scale, before the gain";
+        "attention norm's input (centred, for LayerNorm) divided by its scale, before the gain and bias";
     Ln1Out Block Model "ln1.hook_out" ["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in"]
         "attention norm's output, after the gain (the attention's input)";
     AttnQ Block QHeads "attn.hook_q" ["attn.q.hook_out"]
@@ -178,16 +198,16 @@ kinds! {
     AttnV Block KvHeads "attn.hook_v" ["attn.v.hook_out"]
         "values per key/value head";
     AttnQNormScale Block QHeadScale "attn.q_norm.hook_scale" []
-        "sqrt(mean(q²) + eps) of each query head (families with q/k norms)";
-    AttnQNormNormalized Block QHeads "attn.q_norm.hook_normalized" []
+        "sqrt(mean(q²) + eps) of each query head (of the whole projection in OLMo 2)";
+    AttnQNormNormalized Block QNorm "attn.q_norm.hook_normalized" []
         "each query head divided by its scale, before the q-norm's gain";
-    AttnQNormed Block QHeads "attn.hook_q_normed" ["attn.q_norm.hook_out"]
+    AttnQNormed Block QNorm "attn.hook_q_normed" ["attn.q_norm.hook_out"]
         "queries per head after the q-norm, before RoPE";
     AttnKNormScale Block KvHeadScale "attn.k_norm.hook_scale" []
-        "sqrt(mean(k²) + eps) of each key head";
-    AttnKNormNormalized Block KvHeads "attn.k_norm.hook_normalized" []
+        "sqrt(mean(k²) + eps) of each key head (of the whole projection in OLMo 2)";
+    AttnKNormNormalized Block KvNorm "attn.k_norm.hook_normalized" []
         "each key head divided by its scale, before the k-norm's gain";
-    AttnKNormed Block KvHeads "attn.hook_k_normed" ["attn.k_norm.hook_out"]
+    AttnKNormed Block KvNorm "attn.hook_k_normed" ["attn.k_norm.hook_out"]
         "keys per key/value head after the k-norm, before RoPE";
     AttnRotQ Block QHeads "attn.hook_rot_q" []
         "queries per head, after RoPE";
@@ -200,41 +220,41 @@ kinds! {
     AttnZ Block QHeads "attn.hook_z" ["attn.o.hook_in"]
         "attention output per head, the input of o_proj";
     AttnProjOut Block Model "attn.hook_out" ["attn.o.hook_out", "ln1_post.hook_in"]
-        "o_proj's output, before the post-attention norm (Gemma)";
+        "o_proj's output, before the post-attention norm (Gemma, OLMo 2)";
     Ln1PostScale Block Scale "ln1_post.hook_scale" []
-        "sqrt(mean(x²) + eps) of the post-attention norm's input (Gemma)";
+        "sqrt(mean(x²) + eps) of the post-attention norm's input (Gemma, OLMo 2)";
     Ln1PostNormalized Block Model "ln1_post.hook_normalized" []
-        "post-attention norm's input divided by its scale, before the gain (Gemma)";
+        "post-attention norm's input divided by its scale, before the gain (Gemma, OLMo 2)";
     AttnOut Block Model "hook_attn_out" ["attn.hook_out", "attn.o.hook_out", "ln1_post.hook_out"]
         "attention output after o_proj (after the post-attention norm where there is one)";
     ResidMid Block Model "hook_resid_mid" ["ln2.hook_in"]
         "residual stream after attention, before the MLP";
     Ln2Scale Block Scale "ln2.hook_scale" []
-        "sqrt(mean(x²) + eps) of the MLP norm's input";
+        "sqrt(mean(x²) + eps) of the MLP norm's input (LayerNorm: sqrt(var(x) + eps))";
     Ln2Normalized Block Model "ln2.hook_normalized" []
-        "MLP norm's input divided by its scale, before the gain";
+        "MLP norm's input (centred, for LayerNorm) divided by its scale, before the gain and bias";
     MlpIn Block Model "mlp.hook_in" ["ln2.hook_out", "mlp.gate.hook_in", "mlp.in.hook_in"]
         "MLP norm's output, after the gain (the MLP's input)";
-    MlpPre Block Mlp "mlp.hook_pre" ["mlp.gate.hook_out"]
-        "gate projection, before the activation";
     MlpPreLinear Block Mlp "mlp.hook_pre_linear" ["mlp.in.hook_out"]
-        "up projection";
+        "up projection (gated MLPs)";
+    MlpPre Block Mlp "mlp.hook_pre" ["mlp.gate.hook_out", "mlp.in.hook_out"]
+        "gate projection (a plain MLP's input projection, bias added), before the activation";
     MlpPost Block Mlp "mlp.hook_post" ["mlp.out.hook_in"]
-        "act(gate) * up, the input of down_proj";
+        "act(gate) * up (act(pre) in a plain MLP), the input of down_proj";
     MlpProjOut Block Model "mlp.hook_out" ["mlp.out.hook_out", "ln2_post.hook_in"]
-        "down_proj's output, before the post-MLP norm (Gemma)";
+        "down_proj's output, before the post-MLP norm (Gemma, OLMo 2)";
     Ln2PostScale Block Scale "ln2_post.hook_scale" []
-        "sqrt(mean(x²) + eps) of the post-MLP norm's input (Gemma)";
+        "sqrt(mean(x²) + eps) of the post-MLP norm's input (Gemma, OLMo 2)";
     Ln2PostNormalized Block Model "ln2_post.hook_normalized" []
-        "post-MLP norm's input divided by its scale, before the gain (Gemma)";
+        "post-MLP norm's input divided by its scale, before the gain (Gemma, OLMo 2)";
     MlpOut Block Model "hook_mlp_out" ["mlp.hook_out", "mlp.out.hook_out", "ln2_post.hook_out"]
         "MLP output after down_proj (after the post-MLP norm where there is one)";
     ResidPost Block Model "hook_resid_post" ["hook_out"]
         "residual stream leaving the block";
     LnFinalScale Output Scale "ln_final.hook_scale" []
-        "sqrt(mean(x²) + eps) of the final norm's input";
+        "sqrt(mean(x²) + eps) of the final norm's input (LayerNorm: sqrt(var(x) + eps))";
     LnFinalNormalized Output Model "ln_final.hook_normalized" []
-        "final norm's input divided by its scale, before the gain";
+        "final norm's input (centred, for LayerNorm) divided by its scale, before the gain and bias";
     LnFinalOut Output Model "ln_final.hook_out" []
         "final norm's output after the gain (Hugging Face's last hidden state)";
 }
@@ -259,6 +279,10 @@ impl HookKind {
             AttnProjOut | Ln1PostScale | Ln1PostNormalized | MlpProjOut | Ln2PostScale | Ln2PostNormalized => {
                 Some(Feature::PostNorms)
             }
+            MlpPreLinear => Some(Feature::GatedMlp),
+            AttnRotQ | AttnRotK => Some(Feature::Rotary),
+            Ln1Scale | Ln1Normalized | Ln1Out | Ln2Scale | Ln2Normalized => Some(Feature::PreNorms),
+            ResidMid => Some(Feature::ResidMid),
             _ => None,
         }
     }
@@ -624,6 +648,8 @@ mod tests {
             attn_softcap: None,
             qk_norm: false,
             layer_windows: Vec::new(),
+            qk_norm_whole: false,
+            rotary_dim: None,
         }
     }
 
@@ -638,6 +664,12 @@ mod tests {
             };
             assert_eq!(HookPoint::parse(&hook.to_string(), &c).unwrap(), hook);
             for alias in k.aliases {
+                // A bridge name two kinds of the family share goes to the earlier row
+                // (`mlp.in.hook_out`: the up projection of a gated MLP, a plain MLP's input).
+                let earlier = KINDS.iter().take_while(|e| e.kind != k.kind).any(|e| family.contains(&e.kind) && e.aliases.contains(alias));
+                if earlier {
+                    continue;
+                }
                 let name = if k.scope == Scope::Block {
                     format!("blocks.2.{alias}")
                 } else {
@@ -846,6 +878,8 @@ mod tests {
                 HookShape::KvHeads => "[n_kv_heads, d_head]",
                 HookShape::QHeadScale => "[n_heads, 1]",
                 HookShape::KvHeadScale => "[n_kv_heads, 1]",
+                HookShape::QNorm => "[n_heads, d_head]",
+                HookShape::KvNorm => "[n_kv_heads, d_head]",
                 HookShape::Pattern => "[n_heads, seq]",
             };
             assert!(

@@ -3,21 +3,26 @@
 #![deny(missing_docs)]
 
 pub mod config;
+mod family;
 pub mod forward;
 pub mod gguf;
 mod gemma2;
 mod gemma3;
+mod gpt2;
+mod gpt_neox;
 pub mod hf;
 pub mod hooks;
 mod llama;
 mod mistral;
+mod olmo2;
+mod phi3;
 mod qwen2;
 mod qwen3;
 mod safetensors;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Activation, Arch, HfConfig, ModelConfig, ParamClass, ParamInfo, RopeScaling};
+pub use config::{Activation, Arch, HfConfig, ModelConfig, ParamClass, ParamInfo, RopeScaling, Slice};
 pub use forward::{build_forward, hook_kinds, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;
 pub use hooks::{resolve_hooks, HookKind, HookPoint, HookShape, KINDS};

@@ -27,15 +27,67 @@
 
 use siphon_hlo::Value;
 
-use crate::forward::{Attention, ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
+use crate::config::{ParamClass, ParamInfo};
+use crate::family::Family;
+use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Arch, ModelConfig, ModelError};
 
 /// A Llama-style block has every hook of the table that needs nothing beyond it.
-pub(crate) const FEATURES: &[Feature] = &[];
+pub(crate) const FAMILY: Family = Family { build, params, features: FEATURES, renames: &[] };
+
+/// The hook features of the decoder without q/k norms or post-norms (Llama, Qwen2, Mistral).
+pub(crate) const FEATURES: &[Feature] = &[Feature::PreNorms, Feature::ResidMid, Feature::GatedMlp, Feature::Rotary];
+
+fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+    decoder_params(c, n_layers, with_lm_head, &[])
+}
+
+/// The weights of the decoder Llama, Qwen2, Mistral, Qwen3 and Gemma share, in Hugging Face's
+/// names: the q/k/v biases when `qkv_bias`, the per-head q/k norms when `qk_norm`, and
+/// `extra_norms` after `post_attention_layernorm` in each block (Gemma's feed-forward norms).
+pub(crate) fn decoder_params(c: &ModelConfig, n_layers: usize, with_lm_head: bool, extra_norms: &[&str]) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let h = c.hidden_size;
+    let q = c.n_heads * c.head_dim;
+    let kv = c.n_kv_heads * c.head_dim;
+    let i = c.intermediate_size;
+    let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
+    for l in 0..n_layers {
+        let mut p = |suffix: &str, shape: &[usize], class| {
+            out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
+        };
+        p("input_layernorm.weight", &[h], Norm);
+        p("self_attn.q_proj.weight", &[q, h], AttnQ);
+        p("self_attn.k_proj.weight", &[kv, h], AttnK);
+        p("self_attn.v_proj.weight", &[kv, h], AttnV);
+        if c.qkv_bias {
+            p("self_attn.q_proj.bias", &[q], QBias);
+            p("self_attn.k_proj.bias", &[kv], KBias);
+            p("self_attn.v_proj.bias", &[kv], VBias);
+        }
+        if c.qk_norm {
+            p("self_attn.q_norm.weight", &[c.head_dim], Norm);
+            p("self_attn.k_norm.weight", &[c.head_dim], Norm);
+        }
+        p("self_attn.o_proj.weight", &[h, q], AttnO);
+        p("post_attention_layernorm.weight", &[h], Norm);
+        for norm in extra_norms {
+            p(&format!("{norm}.weight"), &[h], Norm);
+        }
+        p("mlp.gate_proj.weight", &[i, h], MlpGate);
+        p("mlp.up_proj.weight", &[i, h], MlpUp);
+        p("mlp.down_proj.weight", &[h, i], MlpDown);
+    }
+    out.push(ParamInfo::new("model.norm.weight", &[h], Norm, None));
+    if with_lm_head && !c.tie_word_embeddings {
+        out.push(ParamInfo::new("lm_head.weight", &[c.vocab_size, h], LmHead, None));
+    }
+    out
+}
 
 /// Builds the Llama forward for `spec`.
-pub(crate) fn build(
+fn build(
     config: &ModelConfig,
     spec: &ForwardSpec,
 ) -> Result<ForwardProgram, ModelError> {
@@ -64,7 +116,7 @@ pub(crate) fn build_decoder(
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
     let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
-    let mut x = g.embed()?;
+    let mut x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
     for layer in 0..n_blocks {
         let at = |kind| HookPoint::block(layer, kind);
@@ -82,11 +134,8 @@ pub(crate) fn build_decoder(
             &format!("model.layers.{layer}.post_attention_layernorm.weight"),
         )?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let mlp = g.gated_mlp(ln2.out, layer)?;
-        g.hook(at(MlpPre), mlp.pre);
-        g.hook(at(MlpPreLinear), mlp.pre_linear);
-        g.hook(at(MlpPost), mlp.post);
-        g.hook(at(MlpOut), mlp.out);
+        let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
+        g.hook_mlp(&mlp, layer, MlpOut);
         let out = g.b.add(h, mlp.out)?;
         x = g.constrain_tokens(out)?;
         g.hook(at(ResidPost), x);
@@ -132,11 +181,22 @@ pub(crate) fn self_attention(
     g.hook(at(AttnQ), qkv[0]);
     g.hook(at(AttnK), qkv[1]);
     g.hook(at(AttnV), qkv[2]);
-    let mut q = g.b.reshape(qkv[0], &[t, c.n_heads, c.head_dim])?;
-    let mut k = g.b.reshape(qkv[1], &[t, c.n_kv_heads, c.head_dim])?;
-    if c.qk_norm {
-        q = head_norm(g, q, &format!("{p}.q_norm.weight"), qk_gain, [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at))?;
-        k = head_norm(g, k, &format!("{p}.k_norm.weight"), qk_gain, [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at))?;
+    let (mut q, mut k) = (qkv[0], qkv[1]);
+    let q_hooks = [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at);
+    let k_hooks = [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at);
+    if c.qk_norm && c.qk_norm_whole {
+        // OLMo 2: one norm over the whole projection.
+        for (x, name, hooks) in [(&mut q, "q_norm", q_hooks), (&mut k, "k_norm", k_hooks)] {
+            let norm = g.rms_norm_with(*x, &format!("{p}.{name}.weight"), qk_gain)?;
+            g.hook_norm(&norm, hooks[0], hooks[1], hooks[2])?;
+            *x = norm.out;
+        }
+    }
+    let mut q = g.b.reshape(q, &[t, c.n_heads, c.head_dim])?;
+    let mut k = g.b.reshape(k, &[t, c.n_kv_heads, c.head_dim])?;
+    if c.qk_norm && !c.qk_norm_whole {
+        q = head_norm(g, q, &format!("{p}.q_norm.weight"), qk_gain, q_hooks)?;
+        k = head_norm(g, k, &format!("{p}.k_norm.weight"), qk_gain, k_hooks)?;
     }
     let q = g.apply_rope(q, cos, sin)?;
     let k = g.apply_rope(k, cos, sin)?;
@@ -144,16 +204,6 @@ pub(crate) fn self_attention(
     g.hook(at(AttnRotK), k);
     let q = g.b.reshape(q, &[t, c.n_heads * c.head_dim])?;
     let k = g.b.reshape(k, &[t, c.n_kv_heads * c.head_dim])?;
-    let Attention { scores, pattern, z } = g.attention(q, k, qkv[2], mask)?;
-    if g.wants(at(AttnScores)) {
-        let rows = g.per_query(scores)?;
-        let rows = g.finite_in_output(rows)?;
-        g.hook(at(AttnScores), rows);
-    }
-    if g.wants(at(AttnPattern)) {
-        let rows = g.per_query(pattern)?;
-        g.hook(at(AttnPattern), rows);
-    }
-    g.hook(at(AttnZ), z);
+    let z = g.attend(layer, q, k, qkv[2], mask)?;
     g.linear(z, &format!("{p}.o_proj.weight"), None)
 }

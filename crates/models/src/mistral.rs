@@ -5,12 +5,21 @@
 //! [`crate::ModelConfig::layer_windows`], applied by the shared attention mask; a config
 //! whose window is null attends the whole context, like Hugging Face.
 
+use crate::family::Family;
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::llama::build_decoder;
+use crate::llama::{build_decoder, decoder_params, FEATURES};
 use crate::{Arch, ModelConfig, ModelError};
 
+/// The Llama decoder's weights and hooks.
+pub(crate) const FAMILY: Family = Family {
+    build,
+    params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
+    features: FEATURES,
+    renames: &[],
+};
+
 /// Builds the Mistral forward for `spec`.
-pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::Mistral {
         return Err(ModelError::UnsupportedArch(format!("mistral builder given a {:?} config", config.arch)));
     }

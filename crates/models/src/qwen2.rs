@@ -7,12 +7,21 @@
 //! Sliding-window attention (`use_sliding_window`, off in every released Qwen2.5 config) is
 //! honoured on the layers Hugging Face windows ([`crate::ModelConfig::layer_windows`]).
 
+use crate::family::Family;
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::llama::build_decoder;
+use crate::llama::{build_decoder, decoder_params, FEATURES};
 use crate::{Arch, ModelConfig, ModelError};
 
+/// The Llama decoder's weights and hooks.
+pub(crate) const FAMILY: Family = Family {
+    build,
+    params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
+    features: FEATURES,
+    renames: &[],
+};
+
 /// Builds the Qwen2 forward for `spec`.
-pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::Qwen2 {
         return Err(ModelError::UnsupportedArch(format!("qwen2 builder given a {:?} config", config.arch)));
     }

@@ -9,16 +9,23 @@
 //! `attn.hook_q_normed` / `hook_k_normed` (and `attn.q_norm.hook_scale` / `hook_normalized`)
 //! are the norms' parts, and `attn.hook_rot_q` / `hook_rot_k` RoPE of the normed heads.
 
+use crate::family::Family;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hooks::Feature;
-use crate::llama::build_decoder;
+use crate::llama::{build_decoder, decoder_params};
 use crate::{Arch, ModelConfig, ModelError};
 
-/// The Llama hooks plus the q/k norms'.
-pub(crate) const FEATURES: &[Feature] = &[Feature::QkNorm];
+/// The Llama decoder's weights (its q/k norms included, as `qk_norm` says) and hooks, plus the
+/// q/k norms' hooks.
+pub(crate) const FAMILY: Family = Family {
+    build,
+    params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::GatedMlp, Feature::Rotary, Feature::QkNorm],
+    renames: &[],
+};
 
 /// Builds the Qwen3 forward for `spec`.
-pub(crate) fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::Qwen3 || !config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("qwen3 builder given a {:?} config without q/k norms", config.arch)));
     }

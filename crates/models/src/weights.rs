@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use crate::gguf::convert::{self, RowOrder};
 use crate::gguf::{dequant, GgufFile};
 use crate::safetensors::SafeTensorsSet;
-use crate::{ModelError, ParamInfo};
+use crate::{ModelError, ParamInfo, Slice};
 
 /// Element types of weights and activations handed to the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -106,6 +106,8 @@ pub struct TensorMeta {
 #[derive(Debug)]
 pub struct Weights {
     inner: Inner,
+    /// `(prefix, instead)`: where a missing name starting with `prefix` is looked for next.
+    renames: &'static [(&'static str, &'static str)],
 }
 
 #[derive(Debug)]
@@ -127,12 +129,12 @@ struct GgufWeights {
 impl Weights {
     /// Weights from one `model.safetensors` file.
     pub fn from_safetensors_file(path: &Path) -> Result<Weights, ModelError> {
-        Ok(Weights { inner: Inner::SafeTensors(SafeTensorsSet::open_file(path)?) })
+        Ok(Weights { inner: Inner::SafeTensors(SafeTensorsSet::open_file(path)?), renames: &[] })
     }
 
     /// Weights from a `model.safetensors.index.json` and the files it names.
     pub fn from_safetensors_index(path: &Path) -> Result<Weights, ModelError> {
-        Ok(Weights { inner: Inner::SafeTensors(SafeTensorsSet::open_index(path)?) })
+        Ok(Weights { inner: Inner::SafeTensors(SafeTensorsSet::open_index(path)?), renames: &[] })
     }
 
     /// Weights from an open GGUF file, named and laid out as transformers would load them.
@@ -146,7 +148,26 @@ impl Weights {
                 names.insert(hf, i);
             }
         }
-        Ok(Weights { inner: Inner::Gguf(GgufWeights { file, arch, n_heads, n_kv_heads, names }) })
+        Ok(Weights { inner: Inner::Gguf(GgufWeights { file, arch, n_heads, n_kv_heads, names }), renames: &[] })
+    }
+
+    /// Looks a missing name up again under each of `renames` (`(prefix, instead)`, tried in
+    /// order), for checkpoints that keep a family's tensors under another prefix.
+    pub fn with_renames(mut self, renames: &'static [(&'static str, &'static str)]) -> Weights {
+        self.renames = renames;
+        self
+    }
+
+    /// The name `name` is stored under: itself, or its first rename the file has.
+    fn resolve<'n>(&self, name: &'n str) -> Cow<'n, str> {
+        if self.stored_meta(name).is_ok() {
+            return Cow::Borrowed(name);
+        }
+        self.renames
+            .iter()
+            .filter_map(|(prefix, instead)| name.strip_prefix(prefix).map(|rest| format!("{instead}{rest}")))
+            .find(|n| self.stored_meta(n).is_ok())
+            .map_or(Cow::Borrowed(name), Cow::Owned)
     }
 
     /// Where the weights come from, for messages.
@@ -167,6 +188,12 @@ impl Weights {
 
     /// Stored shape and encoding of a tensor.
     pub fn meta(&self, name: &str) -> Result<TensorMeta, ModelError> {
+        let mut meta = self.stored_meta(&self.resolve(name))?;
+        meta.name = name.into();
+        Ok(meta)
+    }
+
+    fn stored_meta(&self, name: &str) -> Result<TensorMeta, ModelError> {
         match &self.inner {
             Inner::SafeTensors(s) => s.meta(name),
             Inner::Gguf(g) => {
@@ -178,6 +205,7 @@ impl Weights {
 
     /// A tensor converted to `dtype` (borrowed from the map when stored as `dtype`).
     pub fn get(&self, name: &str, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
+        let name = &*self.resolve(name);
         match &self.inner {
             Inner::SafeTensors(s) => {
                 let (stored, shape, bytes) = s.raw(name)?;
@@ -188,19 +216,63 @@ impl Weights {
         }
     }
 
-    /// The tensor a forward parameter needs, checked against the shape the config expects.
-    pub fn load(&self, param: &ParamInfo, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
-        let meta = self.meta(&param.name)?;
-        if meta.shape != param.shape {
+    /// Checks that the tensor a forward parameter is read from exists with the shape the
+    /// config implies.
+    pub fn check(&self, param: &ParamInfo) -> Result<(), ModelError> {
+        let expected = param.source.as_ref().map_or(&param.shape, |s| &s.stored);
+        let meta = self.meta(param.stored_name())?;
+        if meta.shape != *expected {
             return Err(ModelError::ShapeMismatch {
-                name: param.name.clone(),
-                expected: param.shape.clone(),
+                name: param.stored_name().into(),
+                expected: expected.clone(),
                 found: meta.shape,
                 source_desc: self.describe(),
             });
         }
-        self.get(&param.name, dtype)
+        Ok(())
     }
+
+    /// The tensor a forward parameter needs, checked against the shape the config expects,
+    /// and cut from its stored tensor when it is part of one ([`crate::Slice`]).
+    pub fn load(&self, param: &ParamInfo, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
+        self.check(param)?;
+        let whole = self.get(param.stored_name(), dtype)?;
+        let Some(slice) = &param.source else { return Ok(whole) };
+        let data = slice_rows(slice, dtype.size(), &whole.data);
+        debug_assert_eq!(data.len(), param.shape.iter().product::<usize>() * dtype.size());
+        Ok(HostTensor { dtype, shape: param.shape.clone(), data: Cow::Owned(data) })
+    }
+}
+
+/// The bytes of `slice` (elements of `size` bytes) taken from its stored tensor's `bytes`.
+fn slice_rows(slice: &Slice, size: usize, bytes: &[u8]) -> Vec<u8> {
+    let (rows, cols) = match slice.stored[..] {
+        [r, c] if slice.transposed => (c, r),
+        [r, c] => (r, c),
+        [r] => (r, 1),
+        _ => unreachable!("slices are of 1-D and 2-D tensors"),
+    };
+    let row_bytes = cols * size;
+    let row = |i: usize| -> std::borrow::Cow<'_, [u8]> {
+        if !slice.transposed {
+            return Cow::Borrowed(&bytes[i * row_bytes..(i + 1) * row_bytes]);
+        }
+        // Row i of the transpose: column i of the stored [cols, rows] tensor.
+        let mut out = Vec::with_capacity(row_bytes);
+        for j in 0..cols {
+            let at = (j * rows + i) * size;
+            out.extend_from_slice(&bytes[at..at + size]);
+        }
+        Cow::Owned(out)
+    };
+    let block = rows / slice.groups;
+    let mut out = Vec::with_capacity(slice.groups * slice.len * row_bytes);
+    for g in 0..slice.groups {
+        for i in g * block + slice.start..g * block + slice.start + slice.len {
+            out.extend_from_slice(&row(i));
+        }
+    }
+    out
 }
 
 impl GgufWeights {

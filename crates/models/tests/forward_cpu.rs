@@ -50,6 +50,8 @@ fn config(arch: Arch, n_heads: usize, n_kv_heads: usize) -> ModelConfig {
         attn_softcap: None,
         qk_norm: false,
         layer_windows: Vec::new(),
+        qk_norm_whole: false,
+        rotary_dim: None,
     }
 }
 

@@ -37,6 +37,8 @@ fn tiny(arch: Arch) -> ModelConfig {
         attn_softcap: None,
         qk_norm: false,
         layer_windows: Vec::new(),
+        qk_norm_whole: false,
+        rotary_dim: None,
     }
 }
 

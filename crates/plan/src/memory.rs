@@ -258,7 +258,7 @@ mod tests {
     use siphon_models::ParamClass;
 
     fn param(shape: &[usize], layer: Option<usize>) -> ParamInfo {
-        ParamInfo { name: "w".into(), shape: shape.to_vec(), class: ParamClass::MlpUp, layer }
+        ParamInfo::new("w", shape, ParamClass::MlpUp, layer)
     }
 
     #[test]

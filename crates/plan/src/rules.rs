@@ -1,16 +1,18 @@
 //! Partition specs per parameter class.
 //!
-//! Shapes are as Hugging Face stores them (`[out, in]` for linear layers). The rules, for both
-//! llama and qwen2 (their parameter classes are the same; qwen2 adds q/k/v biases):
+//! Shapes are the program's (`[out, in]` for linear layers, fused projections already cut
+//! into their parts by [`siphon_models::Slice`]). The rules, one per class (the match has no
+//! wildcard, so a class added in siphon-models needs a rule here before it compiles):
 //!
 //! | class                          | shape              | spec                      |
 //! |--------------------------------|--------------------|---------------------------|
 //! | q/k/v, gate/up (column-parallel) | `[out, hidden]`  | `P(model, fsdp)`          |
 //! | o, down (row-parallel)         | `[hidden, in]`     | `P(fsdp, model)`          |
-//! | q/k/v biases                   | `[out]`            | `P(model)`                |
+//! | q/k/v biases, up bias          | `[out]`            | `P(model)`                |
 //! | embeddings                     | `[vocab, hidden]`  | `P((fsdp, model), None)`  |
 //! | lm_head                        | `[vocab, hidden]`  | `P(model, fsdp)`          |
-//! | norms                          | `[hidden]`         | replicated                |
+//! | position embeddings            | `[n_pos, hidden]`  | replicated                |
+//! | norms, their biases, o/down biases | `[hidden]`     | replicated                |
 //! | input token ids                | `[batch, seq]`     | `P(data, None)`           |
 //!
 //! The embedding table is split by vocabulary over the whole weight-sharding group (the seed's
@@ -46,14 +48,12 @@ fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
         | ParamClass::MlpGate
         | ParamClass::MlpUp => vec![vec![MODEL], vec![FSDP]],
         ParamClass::AttnO | ParamClass::MlpDown => vec![vec![FSDP], vec![MODEL]],
-        ParamClass::QBias | ParamClass::KBias | ParamClass::VBias => vec![vec![MODEL]],
+        ParamClass::QBias | ParamClass::KBias | ParamClass::VBias | ParamClass::MlpUpBias => vec![vec![MODEL]],
         ParamClass::Embedding => vec![vec![FSDP, MODEL], vec![]],
         ParamClass::LmHead => vec![vec![MODEL], vec![FSDP]],
-        ParamClass::Norm => vec![vec![]],
-        // ParamClass is defined in siphon-models; a class added there is replicated until a
-        // rule is written for it.
-        #[allow(unreachable_patterns)]
-        _ => Vec::new(),
+        // Small, and added where the activations are whole: replicated.
+        ParamClass::PosEmbedding => vec![vec![], vec![]],
+        ParamClass::Norm | ParamClass::NormBias | ParamClass::OBias | ParamClass::MlpDownBias => vec![vec![]],
     }
 }
 

@@ -691,3 +691,24 @@ fn partial_sharded_arrays_assemble_what_they_hold() {
         ShardedArray::from_local_buffers(upload(&[0]), vec![1], &[4, 8], &spec, &mesh).is_err()
     );
 }
+
+/// Exact GELU (GPT-NeoX/Pythia's `gelu`) needs `erf`, which StableHLO lacks; `chlo.erf` is
+/// what JAX emits for it, and the plugin lowers it.
+#[test]
+fn chlo_erf_compiles_and_matches_libm() {
+    let client = client();
+    let program = "func.func @main(%x: tensor<5xf32>) -> tensor<5xf32> {
+  %y = chlo.erf %x : tensor<5xf32> -> tensor<5xf32>
+  return %y : tensor<5xf32>
+}";
+    let executable = client.compile(program, &CompileOptions::default()).unwrap();
+    let x = [-3.0f32, -0.5, 0.0, 0.25, 1.5];
+    let buffer = client.upload(&HostArray::from_slice(&[5], &x).unwrap(), 0).unwrap();
+    let out = executable.execute(&[vec![&buffer]]).unwrap();
+    let got = out[0][0].to_host().unwrap().to_vec::<f32>().unwrap();
+    // erf to 10 digits (DLMF 7.2 tables).
+    let want = [-0.999_977_9f32, -0.520_499_9, 0.0, 0.276_326_4, 0.966_105_1];
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 2e-7, "erf: got {got:?}, want {want:?}");
+    }
+}

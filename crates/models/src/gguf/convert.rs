@@ -176,15 +176,7 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         // llama.cpp writes a window only for the families that have one; a llama file that
         // carries one is refused like a llama config.json with a window.
         sliding_window: int("attention.sliding_window")?.map(serde_json::Value::from),
-        use_sliding_window: None,
-        max_window_layers: None,
-        layer_types: None,
-        hidden_activation: None,
-        query_pre_attn_scalar: None,
-        attn_logit_softcapping: None,
-        use_bidirectional_attention: None,
-        rope_local_base_freq: None,
-        sliding_window_pattern: None,
+        ..HfConfig::default()
     })
 }
 

@@ -1,0 +1,136 @@
+//! GPT-2 (`model_type` `gpt2`): learned position embeddings added to the token embeddings;
+//! pre-norm blocks with LayerNorm (gain and bias); multi-head attention from one fused
+//! `c_attn` projection (`[q; k; v]` columns) with biases, scores scaled by `head_dim^-½`, no
+//! rotary embedding; a plain MLP `c_proj(gelu_new(c_fc(x)))` with biases. Every projection is
+//! a Conv1D, stored `[in, out]`.
+//!
+//! ```text
+//! x = wte[input_ids] + wpe[position_ids]            # hook_embed + hook_pos_embed = blocks.0.hook_resid_pre
+//! for each block i:
+//!     n = ln_1(x)                                    # ln1.hook_scale / hook_normalized / hook_out
+//!     q, k, v = split(c_attn(n))                     # attn.hook_q / hook_k / hook_v
+//!     z = softmax(q·kᵀ / sqrt(d), causal) · v        # attn.hook_attn_scores / hook_pattern / hook_z
+//!     x = x + attn.c_proj(z)                         # hook_attn_out, hook_resid_mid
+//!     m = mlp.c_proj(gelu_new(c_fc(ln_2(x))))        # ln2.*, mlp.hook_in, mlp.hook_pre / hook_post, hook_mlp_out
+//!     x = x + m                                      # hook_resid_post
+//! ln_f(x)                                            # ln_final.*
+//! ```
+//!
+//! The Conv1D weights are transposed to `[out, in]` and `c_attn` cut into its q, k and v parts
+//! when read ([`crate::Slice`]), so they shard like any projection. Checkpoints with or
+//! without the `transformer.` prefix load alike.
+
+use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::family::Family;
+use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Graph};
+use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::{Activation, Arch, ModelConfig, ModelError};
+
+/// GPT-2's weights and hooks (no rotary, gated-MLP or q/k-norm hooks).
+pub(crate) const FAMILY: Family = Family {
+    build,
+    params,
+    features: &[Feature::LearnedPositions, Feature::PreNorms, Feature::ResidMid],
+    renames: &[("transformer.", "")],
+};
+
+fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let mut out = vec![
+        ParamInfo::new("transformer.wte.weight", &[c.vocab_size, h], Embedding, None),
+        ParamInfo::new("transformer.wpe.weight", &[c.max_position_embeddings, h], PosEmbedding, None),
+    ];
+    for l in 0..n_layers {
+        let p = format!("transformer.h.{l}");
+        let layer = Some(l);
+        let norm = |name: &str| {
+            [
+                ParamInfo::new(format!("{p}.{name}.weight"), &[h], Norm, layer),
+                ParamInfo::new(format!("{p}.{name}.bias"), &[h], NormBias, layer),
+            ]
+        };
+        out.extend(norm("ln_1"));
+        // c_attn: weight [h, 3h] (Conv1D), bias [3h]; part j is columns j*h..(j+1)*h.
+        for (j, part, class, bias_class) in [(0, "q", AttnQ, QBias), (1, "k", AttnK, KBias), (2, "v", AttnV, VBias)] {
+            let tensor = format!("{p}.attn.c_attn.weight");
+            let slice = Slice { tensor: tensor.clone(), stored: vec![h, 3 * h], transposed: true, groups: 1, start: j * h, len: h };
+            out.push(ParamInfo::part(format!("{tensor}[{part}]"), &[h, h], class, layer, slice));
+            let tensor = format!("{p}.attn.c_attn.bias");
+            let slice = Slice { tensor: tensor.clone(), stored: vec![3 * h], transposed: false, groups: 1, start: j * h, len: h };
+            out.push(ParamInfo::part(format!("{tensor}[{part}]"), &[h], bias_class, layer, slice));
+        }
+        out.push(ParamInfo::conv1d(format!("{p}.attn.c_proj.weight"), &[h, h], AttnO, layer));
+        out.push(ParamInfo::new(format!("{p}.attn.c_proj.bias"), &[h], OBias, layer));
+        out.extend(norm("ln_2"));
+        out.push(ParamInfo::conv1d(format!("{p}.mlp.c_fc.weight"), &[i, h], MlpUp, layer));
+        out.push(ParamInfo::new(format!("{p}.mlp.c_fc.bias"), &[i], MlpUpBias, layer));
+        out.push(ParamInfo::conv1d(format!("{p}.mlp.c_proj.weight"), &[h, i], MlpDown, layer));
+        out.push(ParamInfo::new(format!("{p}.mlp.c_proj.bias"), &[h], MlpDownBias, layer));
+    }
+    out.push(ParamInfo::new("transformer.ln_f.weight", &[h], Norm, None));
+    out.push(ParamInfo::new("transformer.ln_f.bias", &[h], NormBias, None));
+    if with_lm_head && !c.tie_word_embeddings {
+        out.push(ParamInfo::new("lm_head.weight", &[c.vocab_size, h], LmHead, None));
+    }
+    out
+}
+
+/// Builds the GPT-2 forward for `spec`.
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.arch != Arch::Gpt2 || config.n_kv_heads != config.n_heads || config.rotary_dim.is_some() {
+        return Err(ModelError::UnsupportedArch(format!("gpt2 builder given a {:?} config", config.arch)));
+    }
+    if !matches!(config.activation, Activation::GeluTanh | Activation::Gelu) || !config.layer_windows.is_empty() {
+        return Err(ModelError::UnsupportedArch(format!("gpt2 with activation {:?} or a window", config.activation)));
+    }
+    if spec.seq > config.max_position_embeddings {
+        return Err(ModelError::Config(format!(
+            "sequences of {} tokens: gpt2 has {} learned positions (n_positions)",
+            spec.seq, config.max_position_embeddings
+        )));
+    }
+    use HookKind::*;
+    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
+    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let tokens = g.embed("transformer.wte.weight")?;
+    g.hook(HookPoint::model(Embed), tokens);
+    let positions = g.embed_positions("transformer.wpe.weight")?;
+    g.hook(HookPoint::model(PosEmbed), positions);
+    let mut x = g.b.add(tokens, positions)?;
+    for layer in 0..n_blocks {
+        let at = |kind| HookPoint::block(layer, kind);
+        let p = format!("transformer.h.{layer}");
+        g.hook(at(ResidPre), x);
+        let mask = g.layer_mask(layer)?;
+        let ln1 = g.layer_norm(x, &format!("{p}.ln_1.weight"), &format!("{p}.ln_1.bias"))?;
+        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
+        let mut qkv = Vec::with_capacity(3);
+        for (part, kind) in [("q", AttnQ), ("k", AttnK), ("v", AttnV)] {
+            let w = format!("{p}.attn.c_attn.weight[{part}]");
+            let b = format!("{p}.attn.c_attn.bias[{part}]");
+            let y = g.linear(ln1.out, &w, Some(&b))?;
+            g.hook(at(kind), y);
+            qkv.push(y);
+        }
+        let z = g.attend(layer, qkv[0], qkv[1], qkv[2], mask)?;
+        let attn = g.linear(z, &format!("{p}.attn.c_proj.weight"), Some(&format!("{p}.attn.c_proj.bias")))?;
+        g.hook(at(AttnOut), attn);
+        let h = g.b.add(x, attn)?;
+        g.hook(at(ResidMid), h);
+        let ln2 = g.layer_norm(h, &format!("{p}.ln_2.weight"), &format!("{p}.ln_2.bias"))?;
+        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
+        let [fc, fc_b, proj, proj_b] = ["c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"].map(|n| format!("{p}.mlp.{n}"));
+        let mlp = g.plain_mlp(ln2.out, [&fc, &fc_b], [&proj, &proj_b])?;
+        g.hook_mlp(&mlp, layer, MlpOut);
+        let out = g.b.add(h, mlp.out)?;
+        x = g.constrain_tokens(out)?;
+        g.hook(at(ResidPost), x);
+    }
+    g.end_blocks(x, n_blocks);
+    if with_final_norm {
+        let norm = g.layer_norm(x, "transformer.ln_f.weight", "transformer.ln_f.bias")?;
+        g.hook_final_norm(&norm)?;
+    }
+    g.finish(n_blocks)
+}

@@ -1,0 +1,127 @@
+//! GPT-NeoX and Pythia (`model_type` `gpt_neox`): LayerNorm (gain and bias) blocks whose
+//! attention and MLP both read the block's input and are added to it together (the parallel
+//! residual, `use_parallel_residual`); one fused `query_key_value` projection laid out per head
+//! (`[q_h; k_h; v_h]` for each head h), with biases; rotate-half RoPE over the first
+//! `rotary_pct` of each head (`rotary_emb_base`); scores scaled by `head_dim^-½`; a plain MLP
+//! `dense_4h_to_h(gelu(dense_h_to_4h(x)))` with biases, GELU exact by default.
+//!
+//! ```text
+//! x = embed_in[input_ids]                            # hook_embed, blocks.0.hook_resid_pre
+//! for each block i:
+//!     n = input_layernorm(x)                         # ln1.*
+//!     q, k, v = per-head split(query_key_value(n))   # attn.hook_q / hook_k / hook_v
+//!     q, k = rope(q), rope(k) (first rotary dims)    # attn.hook_rot_q / hook_rot_k
+//!     a = dense(softmax(q·kᵀ / sqrt(d)) · v)         # attn.hook_attn_scores / hook_pattern / hook_z, hook_attn_out
+//!     m = mlp(post_attention_layernorm(x))           # ln2.*, mlp.hook_in, mlp.hook_pre / hook_post, hook_mlp_out
+//!     x = m + a + x                                  # hook_resid_post
+//! final_layer_norm(x)                                # ln_final.*
+//! ```
+//!
+//! The parallel block has no `hook_resid_mid`. `query_key_value` is cut into per-part weights
+//! of whole heads when read ([`crate::Slice`]), so the parts shard over heads.
+
+use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::family::Family;
+use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Graph};
+use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::{Activation, Arch, ModelConfig, ModelError};
+
+/// GPT-NeoX's weights and hooks (no resid_mid, gated-MLP or q/k-norm hooks).
+pub(crate) const FAMILY: Family = Family { build, params, features: &[Feature::PreNorms, Feature::Rotary], renames: &[] };
+
+fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let (h, i, d) = (c.hidden_size, c.intermediate_size, c.head_dim);
+    let q = c.n_heads * d;
+    let mut out = vec![ParamInfo::new("gpt_neox.embed_in.weight", &[c.vocab_size, h], Embedding, None)];
+    for l in 0..n_layers {
+        let p = format!("gpt_neox.layers.{l}");
+        let layer = Some(l);
+        let mut add = |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(format!("{p}.{suffix}"), shape, class, layer));
+        add("input_layernorm.weight", &[h], Norm);
+        add("input_layernorm.bias", &[h], NormBias);
+        add("post_attention_layernorm.weight", &[h], Norm);
+        add("post_attention_layernorm.bias", &[h], NormBias);
+        // query_key_value: rows [heads, 3, d]; part j of every head.
+        for (j, part, class, bias_class) in [(0, "q", AttnQ, QBias), (1, "k", AttnK, KBias), (2, "v", AttnV, VBias)] {
+            for (suffix, stored, shape, class) in [("weight", vec![3 * q, h], vec![q, h], class), ("bias", vec![3 * q], vec![q], bias_class)] {
+                let tensor = format!("{p}.attention.query_key_value.{suffix}");
+                let slice = Slice { tensor: tensor.clone(), stored, transposed: false, groups: c.n_heads, start: j * d, len: d };
+                out.push(ParamInfo::part(format!("{tensor}[{part}]"), &shape, class, layer, slice));
+            }
+        }
+        let mut add = |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(format!("{p}.{suffix}"), shape, class, layer));
+        add("attention.dense.weight", &[h, q], AttnO);
+        add("attention.dense.bias", &[h], OBias);
+        add("mlp.dense_h_to_4h.weight", &[i, h], MlpUp);
+        add("mlp.dense_h_to_4h.bias", &[i], MlpUpBias);
+        add("mlp.dense_4h_to_h.weight", &[h, i], MlpDown);
+        add("mlp.dense_4h_to_h.bias", &[h], MlpDownBias);
+    }
+    out.push(ParamInfo::new("gpt_neox.final_layer_norm.weight", &[h], Norm, None));
+    out.push(ParamInfo::new("gpt_neox.final_layer_norm.bias", &[h], NormBias, None));
+    if with_lm_head && !c.tie_word_embeddings {
+        out.push(ParamInfo::new("embed_out.weight", &[c.vocab_size, h], LmHead, None));
+    }
+    out
+}
+
+/// Builds the GPT-NeoX forward for `spec`.
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.arch != Arch::GptNeox || config.n_kv_heads != config.n_heads || !config.qkv_bias {
+        return Err(ModelError::UnsupportedArch(format!("gpt_neox builder given a {:?} config without attention biases", config.arch)));
+    }
+    if !matches!(config.activation, Activation::Gelu | Activation::GeluTanh) || !config.layer_windows.is_empty() {
+        return Err(ModelError::UnsupportedArch(format!("gpt_neox with activation {:?} or a window", config.activation)));
+    }
+    use HookKind::*;
+    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
+    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let (t, d) = (g.tokens(), config.head_dim);
+    let mut x = g.embed("gpt_neox.embed_in.weight")?;
+    g.hook(HookPoint::model(Embed), x);
+    for layer in 0..n_blocks {
+        let at = |kind| HookPoint::block(layer, kind);
+        let p = format!("gpt_neox.layers.{layer}");
+        g.hook(at(ResidPre), x);
+        let (cos, sin) = g.layer_rope(layer)?;
+        let mask = g.layer_mask(layer)?;
+        let ln1 = g.layer_norm(x, &format!("{p}.input_layernorm.weight"), &format!("{p}.input_layernorm.bias"))?;
+        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
+        let mut qkv = Vec::with_capacity(3);
+        for (part, kind) in [("q", AttnQ), ("k", AttnK), ("v", AttnV)] {
+            let w = format!("{p}.attention.query_key_value.weight[{part}]");
+            let b = format!("{p}.attention.query_key_value.bias[{part}]");
+            let y = g.linear(ln1.out, &w, Some(&b))?;
+            g.hook(at(kind), y);
+            qkv.push(y);
+        }
+        let mut rotated = Vec::with_capacity(2);
+        for (y, kind) in [(qkv[0], AttnRotQ), (qkv[1], AttnRotK)] {
+            let heads = g.b.reshape(y, &[t, config.n_heads, d])?;
+            let r = g.apply_rope(heads, cos, sin)?;
+            g.hook(at(kind), r);
+            rotated.push(g.b.reshape(r, &[t, config.n_heads * d])?);
+        }
+        let z = g.attend(layer, rotated[0], rotated[1], qkv[2], mask)?;
+        let attn = g.linear(z, &format!("{p}.attention.dense.weight"), Some(&format!("{p}.attention.dense.bias")))?;
+        g.hook(at(AttnOut), attn);
+        let ln2 = g.layer_norm(x, &format!("{p}.post_attention_layernorm.weight"), &format!("{p}.post_attention_layernorm.bias"))?;
+        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
+        let [up, up_b, down, down_b] =
+            ["dense_h_to_4h.weight", "dense_h_to_4h.bias", "dense_4h_to_h.weight", "dense_4h_to_h.bias"].map(|n| format!("{p}.mlp.{n}"));
+        let mlp = g.plain_mlp(ln2.out, [&up, &up_b], [&down, &down_b])?;
+        g.hook_mlp(&mlp, layer, MlpOut);
+        // Hugging Face: mlp_output + attn_output + hidden_states, in that order.
+        let sum = g.b.add(mlp.out, attn)?;
+        let out = g.b.add(sum, x)?;
+        x = g.constrain_tokens(out)?;
+        g.hook(at(ResidPost), x);
+    }
+    g.end_blocks(x, n_blocks);
+    if with_final_norm {
+        let norm = g.layer_norm(x, "gpt_neox.final_layer_norm.weight", "gpt_neox.final_layer_norm.bias")?;
+        g.hook_final_norm(&norm)?;
+    }
+    g.finish(n_blocks)
+}

@@ -1,0 +1,96 @@
+//! OLMo 2 (`model_type` `olmo2`): a decoder without norms before attention and the MLP; each
+//! sublayer's output is normalised instead (`post_attention_layernorm`,
+//! `post_feedforward_layernorm`) before it joins the residual stream. The queries and keys
+//! are RMS-normalised over the whole projection (`q_norm` `[n_heads * head_dim]`, `k_norm`
+//! `[n_kv_heads * head_dim]`) before RoPE. Every norm applies its gain in f32 before the cast
+//! back (`Olmo2RMSNorm`). Rotate-half RoPE, grouped-query attention, SiLU-gated MLP, no biases.
+//!
+//! ```text
+//! x = embed_tokens[input_ids]                        # hook_embed, blocks.0.hook_resid_pre
+//! for each block i:
+//!     q, k = q_norm(q_proj(x)), k_norm(k_proj(x))    # attn.hook_q / hook_k, attn.q_norm.*, attn.hook_q_normed, …
+//!     a = o_proj(attn(rope(q), rope(k), v_proj(x)))  # attn.hook_out
+//!     x = x + post_attention_layernorm(a)            # ln1_post.*, hook_attn_out, hook_resid_mid (= mlp.hook_in)
+//!     m = mlp(x)                                     # mlp.hook_pre / hook_pre_linear / hook_post, mlp.hook_out
+//!     x = x + post_feedforward_layernorm(m)          # ln2_post.*, hook_mlp_out, hook_resid_post
+//! norm(x)                                            # ln_final.*
+//! ```
+//!
+//! As TransformerLens has them, the q/k-norm hooks are per token over the whole projection
+//! (`[n_heads * head_dim]`, one scale per token), and there are no `ln1` / `ln2` hooks.
+
+use crate::config::{ParamClass, ParamInfo};
+use crate::family::Family;
+use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
+use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::{Arch, ModelConfig, ModelError};
+
+/// The post-norm decoder's weights and hooks.
+pub(crate) const FAMILY: Family = Family {
+    build,
+    params,
+    features: &[Feature::ResidMid, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms, Feature::QkNorm],
+    renames: &[],
+};
+
+fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let h = c.hidden_size;
+    let (q, kv, i) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.intermediate_size);
+    let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
+    for l in 0..n_layers {
+        let mut p = |suffix: &str, shape: &[usize], class| {
+            out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
+        };
+        p("self_attn.q_proj.weight", &[q, h], AttnQ);
+        p("self_attn.k_proj.weight", &[kv, h], AttnK);
+        p("self_attn.v_proj.weight", &[kv, h], AttnV);
+        p("self_attn.q_norm.weight", &[q], Norm);
+        p("self_attn.k_norm.weight", &[kv], Norm);
+        p("self_attn.o_proj.weight", &[h, q], AttnO);
+        p("post_attention_layernorm.weight", &[h], Norm);
+        p("mlp.gate_proj.weight", &[i, h], MlpGate);
+        p("mlp.up_proj.weight", &[i, h], MlpUp);
+        p("mlp.down_proj.weight", &[h, i], MlpDown);
+        p("post_feedforward_layernorm.weight", &[h], Norm);
+    }
+    out.push(ParamInfo::new("model.norm.weight", &[h], Norm, None));
+    if with_lm_head && !c.tie_word_embeddings {
+        out.push(ParamInfo::new("lm_head.weight", &[c.vocab_size, h], LmHead, None));
+    }
+    out
+}
+
+/// Builds the OLMo 2 forward for `spec`.
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.arch != Arch::Olmo2 || config.qkv_bias || !config.qk_norm_whole {
+        return Err(ModelError::UnsupportedArch(format!("olmo2 builder given a {:?} config", config.arch)));
+    }
+    use HookKind::*;
+    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
+    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut x = g.embed("model.embed_tokens.weight")?;
+    g.hook(HookPoint::model(Embed), x);
+    for layer in 0..n_blocks {
+        let at = |kind| HookPoint::block(layer, kind);
+        let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
+        g.hook(at(ResidPre), x);
+        let (cos, sin) = g.layer_rope(layer)?;
+        let mask = g.layer_mask(layer)?;
+        let proj = crate::llama::self_attention(&mut g, x, layer, Gain::F32, cos, sin, mask)?;
+        g.hook(at(AttnProjOut), proj);
+        let post = g.rms_norm_with(proj, &norm("post_attention_layernorm"), Gain::F32)?;
+        g.hook_norm(&post, at(Ln1PostScale), at(Ln1PostNormalized), at(AttnOut))?;
+        let h = g.b.add(x, post.out)?;
+        g.hook(at(ResidMid), h);
+        g.hook(at(MlpIn), h);
+        let mlp = g.gated_mlp(h, &format!("model.layers.{layer}.mlp"))?;
+        g.hook_mlp(&mlp, layer, MlpProjOut);
+        let post = g.rms_norm_with(mlp.out, &norm("post_feedforward_layernorm"), Gain::F32)?;
+        g.hook_norm(&post, at(Ln2PostScale), at(Ln2PostNormalized), at(MlpOut))?;
+        let out = g.b.add(h, post.out)?;
+        x = g.constrain_tokens(out)?;
+        g.hook(at(ResidPost), x);
+    }
+    g.finish_decoder(x, n_blocks, with_final_norm, Gain::F32)
+}
