@@ -124,6 +124,36 @@ fn tiny_qwen3_matches_hf_at_every_hook() {
     check_tiny("tiny-qwen3");
 }
 
+/// Phi-3: fused qkv / gate_up cut on read, window 3, partial rotary, LongRoPE short factors.
+#[test]
+fn tiny_phi3_matches_hf_at_every_hook() {
+    check_tiny("tiny-phi3");
+}
+
+/// OLMo 2: post-norms only, q/k norms over the whole projection, gains in f32.
+#[test]
+fn tiny_olmo2_matches_hf_at_every_hook() {
+    check_tiny("tiny-olmo2");
+}
+
+/// GPT-2: learned positions, LayerNorm with bias, Conv1D weights transposed on read.
+#[test]
+fn tiny_gpt2_matches_hf_at_every_hook() {
+    check_tiny("tiny-gpt2");
+}
+
+/// Pythia (GPT-NeoX): parallel residual, partial rotary, per-head fused qkv, exact GELU.
+#[test]
+fn tiny_pythia_matches_hf_at_every_hook() {
+    check_tiny("tiny-pythia");
+}
+
+/// The text tower of a multimodal Gemma 3 checkpoint (weights under `language_model.model.`).
+#[test]
+fn tiny_gemma3_multimodal_matches_hf_at_every_hook() {
+    check_tiny("tiny-gemma3-mm");
+}
+
 /// Mistral with a sliding window (3) shorter than the rows: HF's windowed mask, honoured.
 #[test]
 fn tiny_mistral_matches_hf_at_every_hook() {

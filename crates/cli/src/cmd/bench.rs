@@ -194,7 +194,7 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
     let row_bytes = (cols * 4) as u64;
     let rows = ((args.target_bytes / row_bytes) as usize / shape.fsdp * shape.fsdp).max(shape.fsdp);
     let weight_shape = [rows, cols];
-    let param = ParamInfo::new("bench.weight", weight_shape, ParamClass::MlpDown, None);
+    let param = ParamInfo::new("bench.weight", &weight_shape, ParamClass::MlpDown, None);
     let spec = siphon_plan::param_spec(param.class, &param.shape, &mesh).spec;
     let predicted = siphon_plan::memory::weight_memory(
         std::slice::from_ref(&param),
