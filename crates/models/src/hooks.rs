@@ -225,7 +225,7 @@ kinds! {
         "sqrt(mean(x²) + eps) of the post-attention norm's input (Gemma, OLMo 2)";
     Ln1PostNormalized Block Model "ln1_post.hook_normalized" []
         "post-attention norm's input divided by its scale, before the gain (Gemma, OLMo 2)";
-    AttnOut Block Model "hook_attn_out" ["attn.hook_out", "attn.o.hook_out", "ln1_post.hook_out"]
+    AttnOut Block Model "hook_attn_out" ["attn.hook_out", "attn.o.hook_out", "ln1_post.hook_out", "attn.hook_hidden_states"]
         "attention output after o_proj (after the post-attention norm where there is one)";
     ResidMid Block Model "hook_resid_mid" ["ln2.hook_in"]
         "residual stream after attention, before the MLP";
