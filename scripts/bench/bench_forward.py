@@ -1,8 +1,8 @@
 """Forward tokens/s: siphon (Rust + PJRT CPU plugin) vs Hugging Face transformers, interleaved.
 
 Builds (once, cached) a model with random weights of one family's shape (`--family`:
-Qwen2.5-0.5B, or Gemma 2 2B's widths with 6 of its 26 layers so that two f32 copies fit in
-this machine's memory), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
+Qwen2.5-0.5B, Gemma 2 2B's widths with 6 of its 26 layers so that two f32 copies fit in
+this machine's memory, or GPT-2 small), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
 the Rust bench server (`bench_forward` example, a child process) on the same weights and
 input, with the same thread count. Reports medians, and the max-abs difference of the final
 hidden state as a sanity check.
@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import Gemma2Config, Gemma2Model, Qwen2Config, Qwen2Model
+from transformers import Gemma2Config, Gemma2Model, GPT2Config, GPT2Model, Qwen2Config, Qwen2Model
 
 QWEN2 = dict(
     vocab_size=151936,
@@ -55,14 +55,20 @@ GEMMA2 = dict(
     hidden_activation="gelu_pytorch_tanh",
 )
 
+# GPT-2 small (124M).
+GPT2 = dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024, activation_function="gelu_new")
+
+# shape, config class, model class, architecture, the prefix of the saved names (GPT-2's
+# checkpoints on the hub have none).
 FAMILIES = {
-    "qwen2": (QWEN2, Qwen2Config, Qwen2Model, "Qwen2ForCausalLM"),
-    "gemma2": (GEMMA2, Gemma2Config, Gemma2Model, "Gemma2ForCausalLM"),
+    "qwen2": (QWEN2, Qwen2Config, Qwen2Model, "Qwen2ForCausalLM", "model."),
+    "gemma2": (GEMMA2, Gemma2Config, Gemma2Model, "Gemma2ForCausalLM", "model."),
+    "gpt2": (GPT2, GPT2Config, GPT2Model, "GPT2LMHeadModel", ""),
 }
 
 
 def make_model(model_dir, family, batch, seq):
-    shape, config_class, model_class, architecture = FAMILIES[family]
+    shape, config_class, model_class, architecture, prefix = FAMILIES[family]
     torch.manual_seed(0)
     config = config_class(**shape)
     model = model_class(config).eval().float()
@@ -74,7 +80,7 @@ def make_model(model_dir, family, batch, seq):
             for name, p in model.named_parameters():
                 if name.endswith(".bias"):
                     p.normal_(0.0, 0.02)
-        state = {"model." + k: v.contiguous() for k, v in model.state_dict().items()}
+        state = {prefix + k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith(".attn.bias")}
         save_file(state, weights_path + ".tmp")
         os.replace(weights_path + ".tmp", weights_path)
         cfg = dict(shape, model_type=family, architectures=[architecture], torch_dtype="float32")
@@ -84,7 +90,7 @@ def make_model(model_dir, family, batch, seq):
         from safetensors.torch import load_file
 
         state = load_file(weights_path)
-        model.load_state_dict({k[len("model."):]: v for k, v in state.items()})
+        model.load_state_dict({k[len(prefix):]: v for k, v in state.items()}, strict=False)
     rng = np.random.default_rng(1)
     ids = rng.integers(0, shape["vocab_size"], size=(batch, seq), dtype=np.int32)
     ids.tofile(os.path.join(model_dir, "input_ids.bin"))

@@ -148,6 +148,18 @@ fn tiny_pythia_matches_hf_at_every_hook() {
     check_tiny("tiny-pythia");
 }
 
+/// Qwen3-MoE: four experts, two per token, routing weights not renormalised.
+#[test]
+fn tiny_qwen3_moe_matches_hf_at_every_hook() {
+    check_tiny("tiny-qwen3-moe");
+}
+
+/// Mixtral: four experts, two per token, renormalised; a window of 3.
+#[test]
+fn tiny_mixtral_matches_hf_at_every_hook() {
+    check_tiny("tiny-mixtral");
+}
+
 /// The text tower of a multimodal Gemma 3 checkpoint (weights under `language_model.model.`).
 #[test]
 fn tiny_gemma3_multimodal_matches_hf_at_every_hook() {

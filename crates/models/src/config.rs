@@ -36,6 +36,25 @@ pub enum Arch {
     /// GPT-NeoX / Pythia: parallel attention and MLP, partial rotary, LayerNorm with bias.
     #[serde(rename = "gpt_neox")]
     GptNeox,
+    /// Qwen3-MoE: Qwen3's attention with a routed mixture of SiLU-gated experts.
+    #[serde(rename = "qwen3_moe")]
+    Qwen3Moe,
+    /// Mixtral: Mistral's attention with a routed mixture of SiLU-gated experts.
+    Mixtral,
+}
+
+/// A routed mixture of experts in place of every block's MLP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moe {
+    /// Experts per block.
+    pub n_experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Whether the top-k routing weights are divided by their sum (Mixtral always;
+    /// Qwen3-MoE as `norm_topk_prob` says).
+    pub norm_topk: bool,
+    /// Width of one expert's gate/up projections.
+    pub expert_size: usize,
 }
 
 /// The MLP's activation (of the gate, in a gated MLP).
@@ -70,6 +89,8 @@ impl std::fmt::Display for Arch {
             Arch::Olmo2 => "olmo2",
             Arch::Gpt2 => "gpt2",
             Arch::GptNeox => "gpt_neox",
+            Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Mixtral => "mixtral",
         })
     }
 }
@@ -170,6 +191,15 @@ pub struct HfConfig {
     pub original_max_position_embeddings: Option<usize>,
     /// The text model's config inside a multimodal one (Gemma 3).
     pub text_config: Option<Box<HfConfig>>,
+    /// Mixture-of-experts keys (Qwen3-MoE, Mixtral; transformers 5 writes `num_local_experts`
+    /// for both).
+    pub num_experts: Option<usize>,
+    pub num_local_experts: Option<usize>,
+    pub num_experts_per_tok: Option<usize>,
+    pub norm_topk_prob: Option<bool>,
+    pub moe_intermediate_size: Option<usize>,
+    pub decoder_sparse_step: Option<usize>,
+    pub mlp_only_layers: Option<Vec<usize>>,
 }
 
 /// The validated configuration of a supported model.
@@ -232,6 +262,9 @@ pub struct ModelConfig {
     /// `partial_rotary_factor`); `None`: all of `head_dim`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotary_dim: Option<usize>,
+    /// The routed experts that replace every block's MLP (Qwen3-MoE, Mixtral).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<Moe>,
 }
 
 impl HfConfig {
@@ -268,10 +301,12 @@ impl HfConfig {
             Some("olmo2") => Arch::Olmo2,
             Some("gpt2") => Arch::Gpt2,
             Some("gpt_neox") => Arch::GptNeox,
+            Some("qwen3_moe") => Arch::Qwen3Moe,
+            Some("mixtral") => Arch::Mixtral,
             Some(other) => {
                 return Err(ModelError::UnsupportedArch(format!(
                     "model_type {other:?} (supported: gemma2, gemma3, gemma3_text, gpt2, gpt_neox, llama, \
-                     mistral, olmo2, phi3, qwen2, qwen3)"
+                     mistral, mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe)"
                 )));
             }
             None => match self.architectures.as_deref().and_then(|a| a.first()).map(String::as_str) {
@@ -285,6 +320,8 @@ impl HfConfig {
                 Some("Olmo2ForCausalLM") => Arch::Olmo2,
                 Some("GPT2LMHeadModel") => Arch::Gpt2,
                 Some("GPTNeoXForCausalLM") => Arch::GptNeox,
+                Some("Qwen3MoeForCausalLM") => Arch::Qwen3Moe,
+                Some("MixtralForCausalLM") => Arch::Mixtral,
                 other => {
                     return Err(ModelError::UnsupportedArch(format!(
                         "config.json has no model_type and architectures {other:?}"
@@ -301,7 +338,7 @@ impl HfConfig {
         let head_dim = match self.head_dim {
             Some(d) => d,
             // Qwen3Config's and Gemma2/3Config's defaults, not hidden / heads.
-            None if arch == Arch::Qwen3 => 128,
+            None if matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe) => 128,
             None if matches!(arch, Arch::Gemma2 | Arch::Gemma3) => 256,
             None if n_heads > 0 && hidden_size % n_heads == 0 => hidden_size / n_heads,
             None => {
@@ -355,15 +392,40 @@ impl HfConfig {
             Arch::GptNeox if self.use_parallel_residual == Some(false) => {
                 return refuse("use_parallel_residual = false (only the parallel block of Pythia and GPT-NeoX-20B)");
             }
-            Arch::Phi3 | Arch::Olmo2 if self.attention_bias == Some(true) => return refuse("attention_bias = true"),
+            Arch::Phi3 | Arch::Olmo2 | Arch::Qwen3Moe | Arch::Mixtral if self.attention_bias == Some(true) => {
+                return refuse("attention_bias = true");
+            }
             _ => {}
         }
+        let moe = match arch {
+            Arch::Qwen3Moe | Arch::Mixtral => {
+                let n_experts = need(self.num_local_experts.or(self.num_experts), "num_experts")?;
+                let top_k = need(self.num_experts_per_tok, "num_experts_per_tok")?;
+                if top_k == 0 || top_k > n_experts {
+                    return Err(ModelError::Config(format!("num_experts_per_tok {top_k} with {n_experts} experts")));
+                }
+                // Qwen3-MoE may keep dense MLPs on some layers; every released checkpoint
+                // routes every layer, and siphon builds only that.
+                if arch == Arch::Qwen3Moe
+                    && (self.decoder_sparse_step.unwrap_or(1) != 1 || self.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()))
+                {
+                    return refuse("dense MLP layers (decoder_sparse_step != 1 or mlp_only_layers)");
+                }
+                let expert_size = match arch {
+                    Arch::Qwen3Moe => need(self.moe_intermediate_size, "moe_intermediate_size")?,
+                    _ => need(self.intermediate_size, "intermediate_size")?,
+                };
+                Some(Moe { n_experts, top_k, norm_topk: arch == Arch::Mixtral || self.norm_topk_prob.unwrap_or(false), expert_size })
+            }
+            _ => None,
+        };
         let intermediate_size = match (arch, &self.n_inner) {
             // GPT2Config: `n_inner` null or absent means 4 × n_embd.
             (Arch::Gpt2, None | Some(serde_json::Value::Null)) => 4 * hidden_size,
             (Arch::Gpt2, Some(v)) => {
                 v.as_u64().ok_or_else(|| ModelError::Config(format!("n_inner {v} is not a number")))? as usize
             }
+            (_, _) if moe.is_some() => self.intermediate_size.unwrap_or(0),
             _ => need(self.intermediate_size, "intermediate_size")?,
         };
         let norm_eps = match arch {
@@ -465,11 +527,12 @@ impl HfConfig {
             activation,
             attn_scalar,
             attn_softcap,
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3 | Arch::Olmo2),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Olmo2),
             local_rope_theta,
             layer_windows,
             qk_norm_whole: arch == Arch::Olmo2,
             rotary_dim,
+            moe,
         };
         config.validate()?;
         Ok(config)
@@ -513,6 +576,8 @@ fn layer_windows(arch: Arch, c: &HfConfig, n_layers: usize) -> Result<Vec<Option
     let windows = match arch {
         // A missing key is MistralConfig's default of 4096; null turns the window off.
         Arch::Mistral => vec![sliding_window.unwrap_or(Some(4096)); n_layers],
+        // MixtralConfig: no window unless set.
+        Arch::Mixtral => vec![sliding_window.flatten(); n_layers],
         // Gemma: `layer_types`, by default every other layer from the first (Gemma 2) or five
         // of every `sliding_window_pattern` (6) layers (Gemma 3).
         Arch::Gemma2 | Arch::Gemma3 => match sliding_window.unwrap_or(Some(4096)) {
@@ -525,7 +590,7 @@ fn layer_windows(arch: Arch, c: &HfConfig, n_layers: usize) -> Result<Vec<Option
                 }
             },
         },
-        Arch::Qwen2 | Arch::Qwen3 => match (c.use_sliding_window.unwrap_or(false), sliding_window.flatten()) {
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => match (c.use_sliding_window.unwrap_or(false), sliding_window.flatten()) {
             (false, _) | (true, None) => Vec::new(),
             (true, Some(window)) => by_types(window)?,
         },
@@ -646,6 +711,14 @@ pub enum ParamClass {
     MlpUpBias,
     /// Down projection bias [hidden].
     MlpDownBias,
+    /// A mixture's router [n_experts, hidden].
+    Router,
+    /// Every expert's gate projection, stacked [n_experts, expert_size, hidden].
+    ExpertGate,
+    /// Every expert's up projection, stacked [n_experts, expert_size, hidden].
+    ExpertUp,
+    /// Every expert's down projection, stacked [n_experts, hidden, expert_size].
+    ExpertDown,
     /// A norm's gain, [hidden] or [head_dim] (or [heads*head_dim] for OLMo 2's q/k norms).
     Norm,
     /// A LayerNorm's bias [hidden].
@@ -668,6 +741,10 @@ pub struct ParamInfo {
     /// Where it comes from when it is not a stored tensor as is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<Slice>,
+    /// Stored tensors stacked along a new first dimension to make this one (the experts of a
+    /// mixture, one `[out, in]` tensor each); empty for a single stored tensor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<String>,
 }
 
 /// A weight cut from a stored tensor: the tensor transposed when it is stored `[in, out]`
@@ -694,7 +771,7 @@ pub struct Slice {
 impl ParamInfo {
     /// A stored tensor taken as it is.
     pub fn new(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>) -> ParamInfo {
-        ParamInfo { name: name.into(), shape: shape.to_vec(), class, layer, source: None }
+        ParamInfo { name: name.into(), shape: shape.to_vec(), class, layer, source: None, stack: Vec::new() }
     }
 
     /// The whole of a stored `[in, out]` tensor (or its `[out]` bias), as `[out, in]`.
@@ -708,6 +785,12 @@ impl ParamInfo {
     /// A part of a stored tensor (see [`Slice`]) named `name`; `shape` is the part's.
     pub(crate) fn part(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>, slice: Slice) -> ParamInfo {
         ParamInfo { source: Some(slice), ..ParamInfo::new(name, shape, class, layer) }
+    }
+
+    /// The stored tensors `stack`, each of `shape[1..]`, stacked into one weight named `name`.
+    pub(crate) fn stacked(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>, stack: Vec<String>) -> ParamInfo {
+        debug_assert_eq!(stack.len(), shape[0]);
+        ParamInfo { stack, ..ParamInfo::new(name, shape, class, layer) }
     }
 
     /// The name of the stored tensor this weight is read from.

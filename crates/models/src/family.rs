@@ -35,5 +35,7 @@ pub(crate) fn family(arch: Arch) -> &'static Family {
         Arch::Olmo2 => &crate::olmo2::FAMILY,
         Arch::Gpt2 => &crate::gpt2::FAMILY,
         Arch::GptNeox => &crate::gpt_neox::FAMILY,
+        Arch::Qwen3Moe => &crate::qwen3_moe::FAMILY,
+        Arch::Mixtral => &crate::mixtral::FAMILY,
     }
 }

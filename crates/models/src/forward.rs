@@ -175,13 +175,17 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
             ParamClass::MlpGate | ParamClass::MlpUp => PartitionSpec::new(&[mlp_axes, &[]]),
             ParamClass::MlpUpBias => PartitionSpec::new(&[mlp_axes]),
             ParamClass::MlpDown => PartitionSpec::new(&[&[], mlp_axes]),
+            ParamClass::ExpertGate | ParamClass::ExpertUp | ParamClass::ExpertDown => {
+                PartitionSpec::new(&[split_if(config.moe.as_ref().map_or(0, |m| m.n_experts)), &[], &[]])
+            }
             ParamClass::Embedding
             | ParamClass::PosEmbedding
             | ParamClass::LmHead
             | ParamClass::Norm
             | ParamClass::NormBias
             | ParamClass::OBias
-            | ParamClass::MlpDownBias => continue,
+            | ParamClass::MlpDownBias
+            | ParamClass::Router => continue,
         };
         specs.insert(p.name, spec);
     }
@@ -656,6 +660,71 @@ impl<'a> Graph<'a> {
         Ok(Mlp { pre, pre_linear: None, post, out })
     }
 
+    /// The routed mixture of SiLU-gated experts in block `layer` (Hugging Face's
+    /// `Qwen3MoeSparseMoeBlock` / `MixtralSparseMoeBlock`): router logits `x·Wᵀ`, softmax in
+    /// f32, the `top_k` largest kept (ties to the lower expert, as `torch.topk`), divided by
+    /// their sum when `norm_topk`, cast to the compute dtype; then every expert's
+    /// `down(silu(gate(x)) * up(x))` on every token, summed with those weights (zero for the
+    /// experts a token was not routed to). Computing every expert is exact whatever the
+    /// routing, at `n_experts / top_k` times the routed FLOPs. Weights:
+    /// `model.layers.{layer}.mlp.gate.weight` `[E, H]` and the stacked
+    /// `model.layers.{layer}.mlp.experts.{gate,up,down}_proj`.
+    pub fn moe_mlp(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
+        let moe = self.config.moe.clone().ok_or_else(|| ModelError::Config("moe_mlp on a model without experts".into()))?;
+        let p = format!("model.layers.{layer}.mlp");
+        let t = self.tokens();
+        let e = moe.n_experts;
+        let h = self.config.hidden_size;
+        let logits = self.linear(x, &format!("{p}.gate.weight"), None)?;
+        let [gate, up, down] = ["gate_proj", "up_proj", "down_proj"].map(|n| self.w(&format!("{p}.experts.{n}")));
+        let (gate, up, down) = (gate?, up?, down?);
+        let dt = self.dt;
+        let b = &mut self.b;
+        let logits = b.convert(logits, DType::F32)?;
+        let probs = softmax_last(b, logits)?;
+        // Top-k by repeated argmax; probabilities are >= 0, so -1 marks the ones taken.
+        let te = TensorType::new(DType::F32, &[t, e]);
+        let rev = {
+            let iota = b.iota(TensorType::new(DType::F32, &[t, e]), 1)?;
+            let n = b.splat(e as f64, te.clone())?;
+            b.sub(n, iota)? // E - index: larger for lower experts
+        };
+        let zero = b.splat(0.0, te.clone())?;
+        let taken = b.splat(-1.0, te.clone())?;
+        let mut remaining = probs;
+        let mut chosen = b.compare(CompareDir::Lt, probs, zero)?; // all false
+        for _ in 0..moe.top_k {
+            let m = b.reduce_max(remaining, &[1])?;
+            let m = b.broadcast_in_dim(m, &[t, e], &[0])?;
+            let is_max = b.compare(CompareDir::Eq, remaining, m)?;
+            let candidates = b.select(is_max, rev, zero)?;
+            let first = b.reduce_max(candidates, &[1])?;
+            let first = b.broadcast_in_dim(first, &[t, e], &[0])?;
+            let pick = b.compare(CompareDir::Eq, rev, first)?;
+            chosen = b.or(chosen, pick)?;
+            remaining = b.select(pick, taken, remaining)?;
+        }
+        let mut weights = b.select(chosen, probs, zero)?;
+        if moe.norm_topk {
+            let sum = b.reduce_sum(weights, &[1])?;
+            let sum = b.broadcast_in_dim(sum, &[t, e], &[0])?;
+            weights = b.div(weights, sum)?;
+        }
+        let weights = b.convert(weights, dt)?;
+        // [t, H] x [E, I, H] -> [t, E, I]
+        let g = b.dot_general(x, gate, &DotDims::contract(&[1], &[2]))?;
+        let u = b.dot_general(x, up, &DotDims::contract(&[1], &[2]))?;
+        let sig = b.logistic(g)?;
+        let act = b.mul(g, sig)?;
+        let act = b.mul(act, u)?;
+        // [t, E, I] x [E, H, I] over E -> [E, t, H]
+        let out = b.dot_general(act, down, &DotDims::batched(&[1], &[0], &[2], &[2]))?;
+        let w = b.transpose(weights, &[1, 0])?;
+        let w = b.broadcast_in_dim(w, &[e, t, h], &[0, 1])?;
+        let out = b.mul(out, w)?;
+        Ok(b.reduce_sum(out, &[0])?)
+    }
+
     /// The config's activation applied to `x`.
     fn activation(&mut self, x: Value) -> Result<Value, ModelError> {
         match self.config.activation {
@@ -939,6 +1008,7 @@ mod tests {
             layer_windows: Vec::new(),
             qk_norm_whole: false,
             rotary_dim: None,
+            moe: None,
         }
     }
 

@@ -35,7 +35,7 @@ use crate::{Activation, Arch, ModelConfig, ModelError};
 pub(crate) const FAMILY: Family = Family {
     build,
     params: gemma_params,
-    features: &[Feature::PreNorms, Feature::ResidMid, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms],
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms],
     renames: &[],
 };
 

@@ -21,7 +21,7 @@ use crate::{Arch, ModelConfig, ModelError};
 pub(crate) const FAMILY: Family = Family {
     build,
     params: gemma_params,
-    features: &[Feature::PreNorms, Feature::ResidMid, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms, Feature::QkNorm],
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms, Feature::QkNorm],
     // The text tower of multimodal checkpoints: transformers 5 and late 4.x save it under
     // `model.language_model.`, earlier ones under `language_model.model.`.
     renames: &[("model.", "model.language_model."), ("model.", "language_model.model.")],

@@ -30,7 +30,7 @@ use crate::{Activation, Arch, ModelConfig, ModelError};
 pub(crate) const FAMILY: Family = Family {
     build,
     params,
-    features: &[Feature::LearnedPositions, Feature::PreNorms, Feature::ResidMid],
+    features: &[Feature::LearnedPositions, Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp],
     renames: &[("transformer.", "")],
 };
 

@@ -27,7 +27,7 @@ use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Activation, Arch, ModelConfig, ModelError};
 
 /// GPT-NeoX's weights and hooks (no resid_mid, gated-MLP or q/k-norm hooks).
-pub(crate) const FAMILY: Family = Family { build, params, features: &[Feature::PreNorms, Feature::Rotary], renames: &[] };
+pub(crate) const FAMILY: Family = Family { build, params, features: &[Feature::PreNorms, Feature::DenseMlp, Feature::Rotary], renames: &[] };
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;

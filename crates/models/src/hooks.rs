@@ -77,6 +77,8 @@ pub enum Feature {
     PostNorms,
     /// A gated MLP (`mlp.hook_pre_linear`, the up projection beside the gate).
     GatedMlp,
+    /// One MLP per block, not a mixture of experts (`mlp.hook_pre`, `mlp.hook_post`).
+    DenseMlp,
     /// Rotary position embeddings (`attn.hook_rot_q` / `hook_rot_k`).
     Rotary,
     /// Norms before attention and the MLP (`ln1.*`, `ln2.hook_scale` / `hook_normalized`);
@@ -280,6 +282,7 @@ impl HookKind {
                 Some(Feature::PostNorms)
             }
             MlpPreLinear => Some(Feature::GatedMlp),
+            MlpPre | MlpPost => Some(Feature::DenseMlp),
             AttnRotQ | AttnRotK => Some(Feature::Rotary),
             Ln1Scale | Ln1Normalized | Ln1Out | Ln2Scale | Ln2Normalized => Some(Feature::PreNorms),
             ResidMid => Some(Feature::ResidMid),
@@ -650,6 +653,7 @@ mod tests {
             layer_windows: Vec::new(),
             qk_norm_whole: false,
             rotary_dim: None,
+            moe: None,
         }
     }
 

@@ -14,15 +14,17 @@ pub mod hf;
 pub mod hooks;
 mod llama;
 mod mistral;
+mod mixtral;
 mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 mod safetensors;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Activation, Arch, HfConfig, ModelConfig, ParamClass, ParamInfo, RopeScaling, Slice};
+pub use config::{Activation, Arch, HfConfig, ModelConfig, Moe, ParamClass, ParamInfo, RopeScaling, Slice};
 pub use forward::{build_forward, hook_kinds, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;
 pub use hooks::{resolve_hooks, HookKind, HookPoint, HookShape, KINDS};

@@ -27,7 +27,7 @@
 
 use siphon_hlo::Value;
 
-use crate::config::{ParamClass, ParamInfo};
+use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::family::Family;
 use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
 use crate::hooks::{Feature, HookKind, HookPoint};
@@ -37,10 +37,28 @@ use crate::{Arch, ModelConfig, ModelError};
 pub(crate) const FAMILY: Family = Family { build, params, features: FEATURES, renames: &[] };
 
 /// The hook features of the decoder without q/k norms or post-norms (Llama, Qwen2, Mistral).
-pub(crate) const FEATURES: &[Feature] = &[Feature::PreNorms, Feature::ResidMid, Feature::GatedMlp, Feature::Rotary];
+pub(crate) const FEATURES: &[Feature] = &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary];
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     decoder_params(c, n_layers, with_lm_head, &[])
+}
+
+/// The routed experts of block `l` as the forward takes them (see
+/// [`crate::forward::Graph::moe_mlp`]): the router, and each projection of every expert
+/// stacked; `router` and `expert(e, projection)` name the stored tensors (`projection` is
+/// `gate_proj`, `up_proj` or `down_proj`).
+pub(crate) fn moe_params(c: &ModelConfig, l: usize, router: String, expert: impl Fn(usize, &str) -> String) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let Some(moe) = &c.moe else { return Vec::new() };
+    let (h, e, i) = (c.hidden_size, moe.n_experts, moe.expert_size);
+    let p = format!("model.layers.{l}.mlp");
+    let whole = Slice { tensor: router, stored: vec![e, h], transposed: false, groups: 1, start: 0, len: e };
+    let mut out = vec![ParamInfo::part(format!("{p}.gate.weight"), &[e, h], Router, Some(l), whole)];
+    for (proj, shape, class) in [("gate_proj", [e, i, h], ExpertGate), ("up_proj", [e, i, h], ExpertUp), ("down_proj", [e, h, i], ExpertDown)] {
+        let stack = (0..e).map(|x| expert(x, proj)).collect();
+        out.push(ParamInfo::stacked(format!("{p}.experts.{proj}"), &shape, class, Some(l), stack));
+    }
+    out
 }
 
 /// The weights of the decoder Llama, Qwen2, Mistral, Qwen3 and Gemma share, in Hugging Face's
@@ -54,9 +72,10 @@ pub(crate) fn decoder_params(c: &ModelConfig, n_layers: usize, with_lm_head: boo
     let i = c.intermediate_size;
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
     for l in 0..n_layers {
-        let mut p = |suffix: &str, shape: &[usize], class| {
+        let p = |out: &mut Vec<ParamInfo>, suffix: &str, shape: &[usize], class| {
             out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
         };
+        let mut p = |suffix: &str, shape: &[usize], class| p(&mut out, suffix, shape, class);
         p("input_layernorm.weight", &[h], Norm);
         p("self_attn.q_proj.weight", &[q, h], AttnQ);
         p("self_attn.k_proj.weight", &[kv, h], AttnK);
@@ -75,9 +94,15 @@ pub(crate) fn decoder_params(c: &ModelConfig, n_layers: usize, with_lm_head: boo
         for norm in extra_norms {
             p(&format!("{norm}.weight"), &[h], Norm);
         }
-        p("mlp.gate_proj.weight", &[i, h], MlpGate);
-        p("mlp.up_proj.weight", &[i, h], MlpUp);
-        p("mlp.down_proj.weight", &[h, i], MlpDown);
+        if c.moe.is_none() {
+            p("mlp.gate_proj.weight", &[i, h], MlpGate);
+            p("mlp.up_proj.weight", &[i, h], MlpUp);
+            p("mlp.down_proj.weight", &[h, i], MlpDown);
+        } else {
+            out.extend(moe_params(c, l, format!("model.layers.{l}.mlp.gate.weight"), |e, proj| {
+                format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")
+            }));
+        }
     }
     out.push(ParamInfo::new("model.norm.weight", &[h], Norm, None));
     if with_lm_head && !c.tie_word_embeddings {
@@ -134,9 +159,15 @@ pub(crate) fn build_decoder(
             &format!("model.layers.{layer}.post_attention_layernorm.weight"),
         )?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
-        g.hook_mlp(&mlp, layer, MlpOut);
-        let out = g.b.add(h, mlp.out)?;
+        let mlp_out = if config.moe.is_some() {
+            g.moe_mlp(ln2.out, layer)?
+        } else {
+            let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
+            g.hook_mlp(&mlp, layer, MlpOut);
+            mlp.out
+        };
+        g.hook(at(MlpOut), mlp_out);
+        let out = g.b.add(h, mlp_out)?;
         x = g.constrain_tokens(out)?;
         g.hook(at(ResidPost), x);
     }

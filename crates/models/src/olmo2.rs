@@ -29,7 +29,7 @@ use crate::{Arch, ModelConfig, ModelError};
 pub(crate) const FAMILY: Family = Family {
     build,
     params,
-    features: &[Feature::ResidMid, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms, Feature::QkNorm],
+    features: &[Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms, Feature::QkNorm],
     renames: &[],
 };
 

@@ -20,7 +20,7 @@ use crate::{Arch, ModelConfig, ModelError};
 pub(crate) const FAMILY: Family = Family {
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
-    features: &[Feature::PreNorms, Feature::ResidMid, Feature::GatedMlp, Feature::Rotary, Feature::QkNorm],
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::QkNorm],
     renames: &[],
 };
 

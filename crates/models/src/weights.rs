@@ -219,6 +219,11 @@ impl Weights {
     /// Checks that the tensor a forward parameter is read from exists with the shape the
     /// config implies.
     pub fn check(&self, param: &ParamInfo) -> Result<(), ModelError> {
+        if !param.stack.is_empty() {
+            return param.stack.iter().try_for_each(|name| {
+                self.check(&ParamInfo::new(name.clone(), &param.shape[1..], param.class, param.layer))
+            });
+        }
         let expected = param.source.as_ref().map_or(&param.shape, |s| &s.stored);
         let meta = self.meta(param.stored_name())?;
         if meta.shape != *expected {
@@ -236,6 +241,13 @@ impl Weights {
     /// and cut from its stored tensor when it is part of one ([`crate::Slice`]).
     pub fn load(&self, param: &ParamInfo, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
         self.check(param)?;
+        if !param.stack.is_empty() {
+            let mut data = Vec::with_capacity(param.shape.iter().product::<usize>() * dtype.size());
+            for name in &param.stack {
+                data.extend_from_slice(&self.get(name, dtype)?.data);
+            }
+            return Ok(HostTensor { dtype, shape: param.shape.clone(), data: Cow::Owned(data) });
+        }
         let whole = self.get(param.stored_name(), dtype)?;
         let Some(slice) = &param.source else { return Ok(whole) };
         let data = slice_rows(slice, dtype.size(), &whole.data);

@@ -52,6 +52,7 @@ fn config(arch: Arch, n_heads: usize, n_kv_heads: usize) -> ModelConfig {
         layer_windows: Vec::new(),
         qk_norm_whole: false,
         rotary_dim: None,
+        moe: None,
     }
 }
 

@@ -39,6 +39,7 @@ fn tiny(arch: Arch) -> ModelConfig {
         layer_windows: Vec::new(),
         qk_norm_whole: false,
         rotary_dim: None,
+        moe: None,
     }
 }
 

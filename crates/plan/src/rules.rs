@@ -12,6 +12,9 @@
 //! | embeddings                     | `[vocab, hidden]`  | `P((fsdp, model), None)`  |
 //! | lm_head                        | `[vocab, hidden]`  | `P(model, fsdp)`          |
 //! | position embeddings            | `[n_pos, hidden]`  | replicated                |
+//! | experts' gate/up (stacked)     | `[experts, out, hidden]` | `P(model, None, fsdp)` |
+//! | experts' down (stacked)        | `[experts, hidden, in]`  | `P(model, fsdp, None)` |
+//! | router                         | `[experts, hidden]` | replicated               |
 //! | norms, their biases, o/down biases | `[hidden]`     | replicated                |
 //! | input token ids                | `[batch, seq]`     | `P(data, None)`           |
 //!
@@ -54,6 +57,11 @@ fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
         // Small, and added where the activations are whole: replicated.
         ParamClass::PosEmbedding => vec![vec![], vec![]],
         ParamClass::Norm | ParamClass::NormBias | ParamClass::OBias | ParamClass::MlpDownBias => vec![vec![]],
+        // Experts: whole experts over `model` (expert parallelism), each expert's hidden
+        // dimension over `fsdp`; the router is small and replicated.
+        ParamClass::ExpertGate | ParamClass::ExpertUp => vec![vec![MODEL], vec![], vec![FSDP]],
+        ParamClass::ExpertDown => vec![vec![MODEL], vec![FSDP], vec![]],
+        ParamClass::Router => vec![vec![], vec![]],
     }
 }
 

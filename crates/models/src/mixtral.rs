@@ -1,0 +1,51 @@
+//! Mixtral (`model_type` `mixtral`): Mistral's decoder (RMSNorm, rotate-half RoPE,
+//! grouped-query attention, no biases, a sliding window when `sliding_window` is set) whose
+//! MLP is a routed mixture of SiLU-gated experts: a linear router
+//! (`block_sparse_moe.gate`), softmax, the `num_experts_per_tok` most probable experts
+//! renormalised to sum to 1, each expert `block_sparse_moe.experts.{e}.w1` (gate), `w3` (up)
+//! and `w2` (down) (see [`crate::forward::Graph::moe_mlp`]).
+//!
+//! Hooks: Llama's, except the MLP's insides; `hook_mlp_out` is the mixture's output.
+
+use crate::config::ParamInfo;
+use crate::family::Family;
+use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::hooks::Feature;
+use crate::llama::{build_decoder, decoder_params};
+use crate::{Arch, ModelConfig, ModelError};
+
+/// Llama's weights with Mixtral's experts; Llama's hooks but the MLP's insides.
+pub(crate) const FAMILY: Family = Family {
+    build,
+    params,
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary],
+    renames: &[],
+};
+
+/// The decoder's weights, the experts read from Mixtral's names.
+fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+    let mixtral = |stored: &mut String| {
+        *stored = stored
+            .replace(".mlp.gate.weight", ".block_sparse_moe.gate.weight")
+            .replace(".mlp.experts.", ".block_sparse_moe.experts.")
+            .replace(".gate_proj.weight", ".w1.weight")
+            .replace(".up_proj.weight", ".w3.weight")
+            .replace(".down_proj.weight", ".w2.weight");
+    };
+    let mut params = decoder_params(c, n_layers, with_lm_head, &[]);
+    for p in &mut params {
+        p.stack.iter_mut().for_each(mixtral);
+        if let Some(slice) = &mut p.source {
+            mixtral(&mut slice.tensor);
+        }
+    }
+    params
+}
+
+/// Builds the Mixtral forward for `spec`.
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.arch != Arch::Mixtral || config.moe.is_none() || config.qkv_bias || config.qk_norm {
+        return Err(ModelError::UnsupportedArch(format!("mixtral builder given a {:?} config", config.arch)));
+    }
+    build_decoder(config, spec)
+}
