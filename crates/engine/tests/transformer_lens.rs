@@ -43,6 +43,10 @@ const NOT_EXTRACTED_IN: &[(&str, &[&str])] = &[
     ("tiny-pythia", &["ln2.hook_in"]),
     // No norm before attention: the projections read hook_resid_pre.
     ("tiny-olmo2", &["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in"]),
+    // The bridge names a mixture's input `mlp.hook_pre` and its output `mlp.hook_post`; siphon
+    // gives them as `mlp.hook_in` and `hook_mlp_out` (a mixture has no single pre/post).
+    ("tiny-qwen3-moe", &["mlp.hook_pre", "mlp.hook_post"]),
+    ("tiny-mixtral", &["mlp.hook_pre", "mlp.hook_post"]),
 ];
 
 /// One TransformerLens tensor of one row: `[n, *per-token]`, or `[heads, n, n]` for scores
@@ -319,6 +323,16 @@ fn tiny_gpt2_every_hook_matches_transformer_lens() {
 #[test]
 fn tiny_pythia_every_hook_matches_transformer_lens() {
     check_model("tiny-pythia");
+}
+
+#[test]
+fn tiny_qwen3_moe_every_hook_matches_transformer_lens() {
+    check_model("tiny-qwen3-moe");
+}
+
+#[test]
+fn tiny_mixtral_every_hook_matches_transformer_lens() {
+    check_model("tiny-mixtral");
 }
 
 #[test]

@@ -676,6 +676,8 @@ impl<'a> Graph<'a> {
         let e = moe.n_experts;
         let h = self.config.hidden_size;
         let logits = self.linear(x, &format!("{p}.gate.weight"), None)?;
+        let at = |kind| HookPoint::block(layer, kind);
+        self.hook(at(HookKind::MlpRouterLogits), logits);
         let [gate, up, down] = ["gate_proj", "up_proj", "down_proj"].map(|n| self.w(&format!("{p}.experts.{n}")));
         let (gate, up, down) = (gate?, up?, down?);
         let dt = self.dt;
@@ -693,12 +695,16 @@ impl<'a> Graph<'a> {
         let taken = b.splat(-1.0, te.clone())?;
         let mut remaining = probs;
         let mut chosen = b.compare(CompareDir::Lt, probs, zero)?; // all false
+        let mut indices = Vec::with_capacity(moe.top_k);
         for _ in 0..moe.top_k {
             let m = b.reduce_max(remaining, &[1])?;
             let m = b.broadcast_in_dim(m, &[t, e], &[0])?;
             let is_max = b.compare(CompareDir::Eq, remaining, m)?;
             let candidates = b.select(is_max, rev, zero)?;
             let first = b.reduce_max(candidates, &[1])?;
+            let n = b.splat(e as f64, TensorType::new(DType::F32, &[t]))?;
+            let index = b.sub(n, first)?;
+            indices.push(b.reshape(index, &[t, 1])?);
             let first = b.broadcast_in_dim(first, &[t, e], &[0])?;
             let pick = b.compare(CompareDir::Eq, rev, first)?;
             chosen = b.or(chosen, pick)?;
@@ -711,6 +717,10 @@ impl<'a> Graph<'a> {
             weights = b.div(weights, sum)?;
         }
         let weights = b.convert(weights, dt)?;
+        let indices = b.concatenate(&indices, 1)?;
+        self.hook(at(HookKind::MlpExpertWeights), weights);
+        self.hook(at(HookKind::MlpExpertIndices), indices);
+        let b = &mut self.b;
         // [t, H] x [E, I, H] -> [t, E, I]
         let g = b.dot_general(x, gate, &DotDims::contract(&[1], &[2]))?;
         let u = b.dot_general(x, up, &DotDims::contract(&[1], &[2]))?;

@@ -53,6 +53,9 @@ pub enum HookKind {
     MlpIn,
     MlpPre,
     MlpPreLinear,
+    MlpRouterLogits,
+    MlpExpertWeights,
+    MlpExpertIndices,
     MlpPost,
     MlpProjOut,
     Ln2PostScale,
@@ -79,6 +82,8 @@ pub enum Feature {
     GatedMlp,
     /// One MLP per block, not a mixture of experts (`mlp.hook_pre`, `mlp.hook_post`).
     DenseMlp,
+    /// A routed mixture of experts (the router's logits, weights and choices).
+    Moe,
     /// Rotary position embeddings (`attn.hook_rot_q` / `hook_rot_k`).
     Rotary,
     /// Norms before attention and the MLP (`ln1.*`, `ln2.hook_scale` / `hook_normalized`);
@@ -122,6 +127,10 @@ pub enum HookShape {
     QNorm,
     /// The k-norm's parts, likewise over the key/value heads.
     KvNorm,
+    /// `[n_experts]`: one value per expert of a mixture.
+    Experts,
+    /// `[top_k]`: one value per expert a token is routed to.
+    TopK,
     /// `[n_heads, seq]`: one row of attention scores or pattern per query token, over the
     /// batch's padded sequence length.
     Pattern,
@@ -141,6 +150,8 @@ impl HookShape {
             HookShape::KvHeadScale => vec![config.n_kv_heads, 1],
             HookShape::QNorm if config.qk_norm_whole => vec![config.n_heads * config.head_dim],
             HookShape::KvNorm if config.qk_norm_whole => vec![config.n_kv_heads * config.head_dim],
+            HookShape::Experts => vec![config.moe.as_ref().map_or(0, |m| m.n_experts)],
+            HookShape::TopK => vec![config.moe.as_ref().map_or(0, |m| m.top_k)],
             HookShape::QNorm => vec![config.n_heads, config.head_dim],
             HookShape::KvNorm => vec![config.n_kv_heads, config.head_dim],
             HookShape::Pattern => vec![config.n_heads, seq],
@@ -241,6 +252,12 @@ kinds! {
         "up projection (gated MLPs)";
     MlpPre Block Mlp "mlp.hook_pre" ["mlp.gate.hook_out", "mlp.in.hook_out"]
         "gate projection (a plain MLP's input projection, bias added), before the activation";
+    MlpRouterLogits Block Experts "mlp.gate.hook_out" []
+        "a mixture's router logits, one per expert (Qwen3-MoE, Mixtral)";
+    MlpExpertWeights Block Experts "mlp.hook_expert_weights" ["mlp.gate.hook_expert_weights"]
+        "routing weight of each expert (softmax, top-k kept and renormalised as the model says; 0 for the others)";
+    MlpExpertIndices Block TopK "mlp.hook_expert_indices" ["mlp.gate.hook_expert_indices"]
+        "the experts a token is routed to, most weighted first (as floats)";
     MlpPost Block Mlp "mlp.hook_post" ["mlp.out.hook_in"]
         "act(gate) * up (act(pre) in a plain MLP), the input of down_proj";
     MlpProjOut Block Model "mlp.hook_out" ["mlp.out.hook_out", "ln2_post.hook_in"]
@@ -283,6 +300,7 @@ impl HookKind {
             }
             MlpPreLinear => Some(Feature::GatedMlp),
             MlpPre | MlpPost => Some(Feature::DenseMlp),
+            MlpRouterLogits | MlpExpertWeights | MlpExpertIndices => Some(Feature::Moe),
             AttnRotQ | AttnRotK => Some(Feature::Rotary),
             Ln1Scale | Ln1Normalized | Ln1Out | Ln2Scale | Ln2Normalized => Some(Feature::PreNorms),
             ResidMid => Some(Feature::ResidMid),
@@ -882,6 +900,8 @@ mod tests {
                 HookShape::KvHeads => "[n_kv_heads, d_head]",
                 HookShape::QHeadScale => "[n_heads, 1]",
                 HookShape::KvHeadScale => "[n_kv_heads, 1]",
+                HookShape::Experts => "[n_experts]",
+                HookShape::TopK => "[top_k]",
                 HookShape::QNorm => "[n_heads, d_head]",
                 HookShape::KvNorm => "[n_kv_heads, d_head]",
                 HookShape::Pattern => "[n_heads, seq]",

@@ -18,7 +18,7 @@ use crate::{Arch, ModelConfig, ModelError};
 pub(crate) const FAMILY: Family = Family {
     build,
     params,
-    features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary],
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::Moe],
     renames: &[],
 };
 

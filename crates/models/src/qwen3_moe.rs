@@ -19,7 +19,7 @@ use crate::{Arch, ModelConfig, ModelError};
 pub(crate) const FAMILY: Family = Family {
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
-    features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::QkNorm],
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::QkNorm, Feature::Moe],
     renames: &[],
 };
 
