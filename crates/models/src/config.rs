@@ -972,6 +972,47 @@ mod tests {
     }
 
     #[test]
+    fn newer_families_follow_their_config_classes() {
+        let parse = |text: &str| HfConfig::from_json(text).unwrap().into_config();
+        // GPT-2's own key names; n_inner null is 4 × n_embd; GELU-new; tied.
+        let c = parse(r#"{"model_type": "gpt2", "vocab_size": 50, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32, "n_inner": null}"#).unwrap();
+        assert_eq!((c.arch, c.hidden_size, c.intermediate_size, c.head_dim, c.max_position_embeddings), (Arch::Gpt2, 64, 256, 16, 32));
+        assert_eq!((c.activation, c.rms_norm_eps, c.tie_word_embeddings, c.qkv_bias), (Activation::GeluTanh, 1e-5, true, true));
+        let err = parse(r#"{"model_type": "gpt2", "vocab_size": 50, "n_embd": 64, "n_layer": 2, "n_head": 4, "scale_attn_by_inverse_layer_idx": true}"#).unwrap_err();
+        assert!(err.to_string().contains("scale_attn_by_inverse_layer_idx"), "{err}");
+        // Pythia as the hub writes it (rotary_pct, rotary_emb_base): exact GELU, untied.
+        let pythia = r#"{"model_type": "gpt_neox", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 256,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "rotary_pct": 0.25, "rotary_emb_base": 10000, "hidden_act": "gelu""#;
+        let c = parse(&format!("{pythia}}}")).unwrap();
+        assert_eq!((c.rotary_dim, c.activation, c.tie_word_embeddings, c.qkv_bias), (Some(4), Activation::Gelu, false, true));
+        let err = parse(&format!("{pythia}, \"use_parallel_residual\": false}}")).unwrap_err();
+        assert!(err.to_string().contains("use_parallel_residual"), "{err}");
+        // Phi-3's LongRoPE as older configs write it: attention factor from the two lengths.
+        let c = parse(r#"{"model_type": "phi3", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope",
+            "short_factor": [1, 1, 1, 1, 1, 1, 1, 1], "long_factor": [2, 2, 2, 2, 2, 2, 2, 2]}}"#)
+        .unwrap();
+        let Some(RopeScaling::LongRope { attention_factor, original_max_position_embeddings: 4096, .. }) = c.rope_scaling else {
+            panic!("{:?}", c.rope_scaling)
+        };
+        assert!((attention_factor - (1.0 + 32f64.ln() / 4096f64.ln()).sqrt()).abs() < 1e-12);
+        // Mixtures: Qwen3-MoE's dense layers are refused by name; Mixtral always renormalises.
+        let moe = r#"{"model_type": "qwen3_moe", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
+            "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2"#;
+        let c = parse(&format!("{moe}}}")).unwrap();
+        assert_eq!(c.moe, Some(Moe { n_experts: 8, top_k: 2, norm_topk: false, expert_size: 32 }));
+        let err = parse(&format!("{moe}, \"mlp_only_layers\": [1]}}")).unwrap_err();
+        assert!(err.to_string().contains("mlp_only_layers"), "{err}");
+        let c = parse(&format!("{}}}", moe.replace("qwen3_moe", "mixtral").replace("\"num_experts\"", "\"num_local_experts\""))).unwrap();
+        assert_eq!(c.moe.map(|m| (m.norm_topk, m.expert_size)), Some((true, 96)));
+        // A multimodal Gemma 3 config gives its text model.
+        let c = parse(r#"{"model_type": "gemma3", "text_config": {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4}, "vision_config": {}}"#).unwrap();
+        assert_eq!((c.arch, c.qk_norm), (Arch::Gemma3, true));
+    }
+
+    #[test]
     fn bad_configs_name_the_problem() {
         let err = HfConfig::from_json(r#"{"model_type": "bert"}"#).unwrap().into_config().unwrap_err();
         assert!(err.to_string().contains("bert"), "{err}");

@@ -22,7 +22,8 @@
 //! - `working`: one block's transients, freed before the next block:
 //!   `a · b · S · (3h + (q + 2kv)/M + 3I/M)` (residual, normed input, attention output; local
 //!   q/k/v; gate, up and their product) plus attention scores and probabilities in f32,
-//!   `2 · 4 · b · (heads/M) · S²`.
+//!   `2 · 4 · b · (heads/M) · S²`. A mixture of experts computes every expert on every token:
+//!   there `I` is `n_experts · expert_size`, and the experts' outputs add `(E/M) · h`.
 //!
 //! Fits when `sharded + fsdp_gather + activations ≤ device_memory · (1 − headroom)`. The
 //! default headroom of 10% covers what the formula leaves out: the runtime's own buffers,
@@ -198,11 +199,17 @@ pub fn activation_memory(
     let h = config.hidden_size as u64;
     let q = (config.n_heads * config.head_dim) as u64;
     let kv = (config.n_kv_heads * config.head_dim) as u64;
-    let i = config.intermediate_size as u64;
+    // A mixture computes every expert on every token: its gate, up and product are
+    // `n_experts · expert_size` wide (split over `model` with the experts), plus the experts'
+    // `[n_experts, tokens, h]` outputs before the weighted sum.
+    let (i, expert_out) = match &config.moe {
+        Some(m) => ((m.n_experts * m.expert_size) as u64, (m.n_experts as u64 / model.min(m.n_experts as u64)) * h),
+        None => (config.intermediate_size as u64, 0),
+    };
     let input_bytes = 2 * 4 * b * s;
     let width: u64 = hooks.iter().map(|hook| hook.dims(config, seq).iter().product::<usize>() as u64).sum();
     let hook_bytes = b * s * width * a;
-    let working_bytes = a * b * s * (3 * h + (q + 2 * kv) / model + 3 * i / model)
+    let working_bytes = a * b * s * (3 * h + (q + 2 * kv) / model + 3 * i / model + expert_out)
         + 2 * 4 * b * (config.n_heads as u64 / model) * s * s;
     ActivationMemory {
         batch,

@@ -484,11 +484,11 @@ impl fmt::Display for Plan {
         )?;
         writeln!(f, "input     {}", self.input_spec)?;
         writeln!(f, "sharding")?;
-        writeln!(f, "  {:<10} {:>7}  {:<16} {:<28} {:>12}", "class", "tensors", "shape", "spec", "per device")?;
+        writeln!(f, "  {:<12} {:>7}  {:<16} {:<28} {:>12}", "class", "tensors", "shape", "spec", "per device")?;
         for c in &self.classes {
             writeln!(
                 f,
-                "  {:<10} {:>7}  {:<16} {:<28} {:>12}",
+                "  {:<12} {:>7}  {:<16} {:<28} {:>12}",
                 class_name(c.class),
                 c.tensors,
                 format!("{:?}", c.shape),
