@@ -67,7 +67,8 @@ impl LoadedModel {
             None => None,
             Some(_) => Some(TextTokenizer::from_gguf(&file)?),
         };
-        let weights = Weights::from_gguf(file, config.n_heads, config.n_kv_heads)?;
+        let n_experts = config.moe.as_ref().map_or(0, |m| m.n_experts);
+        let weights = Weights::from_gguf(file, config.n_heads, config.n_kv_heads, n_experts)?;
         Ok(LoadedModel { path: path.to_path_buf(), config, weights, tokenizer })
     }
 

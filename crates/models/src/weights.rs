@@ -119,11 +119,8 @@ enum Inner {
 #[derive(Debug)]
 struct GgufWeights {
     file: GgufFile,
-    arch: String,
-    n_heads: usize,
-    n_kv_heads: usize,
-    /// HF name → index into the file's tensor directory.
-    names: std::collections::BTreeMap<String, usize>,
+    /// HF name → index into the file's tensor directory, and how to read it.
+    names: std::collections::BTreeMap<String, (usize, convert::Mapping)>,
 }
 
 impl Weights {
@@ -140,15 +137,16 @@ impl Weights {
     /// Weights from an open GGUF file, named and laid out as transformers would load them.
     /// `n_heads`/`n_kv_heads` come from the file's config and undo llama.cpp's q/k
     /// permutation.
-    pub fn from_gguf(file: GgufFile, n_heads: usize, n_kv_heads: usize) -> Result<Weights, ModelError> {
+    /// `n_experts` splits a mixture's stacked expert tensors into one HF tensor per expert.
+    pub fn from_gguf(file: GgufFile, n_heads: usize, n_kv_heads: usize, n_experts: usize) -> Result<Weights, ModelError> {
         let arch = convert::architecture(&file)?;
         let mut names = std::collections::BTreeMap::new();
         for (i, t) in file.tensors().iter().enumerate() {
-            if let Some(hf) = convert::hf_name(&t.name) {
-                names.insert(hf, i);
+            for mapping in convert::hf_names(&arch, &t.name, n_heads, n_kv_heads, n_experts) {
+                names.insert(mapping.hf.clone(), (i, mapping));
             }
         }
-        Ok(Weights { inner: Inner::Gguf(GgufWeights { file, arch, n_heads, n_kv_heads, names }), renames: &[] })
+        Ok(Weights { inner: Inner::Gguf(GgufWeights { file, names }), renames: &[] })
     }
 
     /// Looks a missing name up again under each of `renames` (`(prefix, instead)`, tried in
@@ -197,8 +195,8 @@ impl Weights {
         match &self.inner {
             Inner::SafeTensors(s) => s.meta(name),
             Inner::Gguf(g) => {
-                let t = g.info(name)?;
-                Ok(TensorMeta { name: name.into(), shape: t.shape(), stored: format!("{:?}", t.ggml_type) })
+                let (t, mapping) = g.info(name)?;
+                Ok(TensorMeta { name: name.into(), shape: GgufWeights::hf_shape(t, mapping), stored: format!("{:?}", t.ggml_type) })
             }
         }
     }
@@ -288,40 +286,87 @@ fn slice_rows(slice: &Slice, size: usize, bytes: &[u8]) -> Vec<u8> {
 }
 
 impl GgufWeights {
-    fn info(&self, name: &str) -> Result<&crate::gguf::GgufTensorInfo, ModelError> {
-        let i = self.names.get(name).ok_or_else(|| ModelError::MissingTensor {
+    fn info(&self, name: &str) -> Result<(&crate::gguf::GgufTensorInfo, &convert::Mapping), ModelError> {
+        let (i, mapping) = self.names.get(name).ok_or_else(|| ModelError::MissingTensor {
             name: name.into(),
             source_desc: self.file.path().display().to_string(),
         })?;
-        Ok(&self.file.tensors()[*i])
+        Ok((&self.file.tensors()[*i], mapping))
+    }
+
+    /// The HF shape of a tensor: one expert's rows of a stacked tensor, transposed where HF
+    /// stores `[in, out]`.
+    fn hf_shape(t: &crate::gguf::GgufTensorInfo, mapping: &convert::Mapping) -> Vec<usize> {
+        let mut shape = t.shape();
+        if mapping.expert.is_some() {
+            shape.remove(0);
+        }
+        if mapping.transpose {
+            shape.reverse();
+        }
+        shape
     }
 
     fn get(&self, name: &str, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
-        let t = self.info(name)?;
-        let shape = t.shape();
+        let (t, mapping) = self.info(name)?;
+        let shape = Self::hf_shape(t, mapping);
         let raw = self.file.data(t);
-        let row_len = t.dims[0];
-        let n_rows = t.n_elements() / row_len.max(1);
+        let order = mapping.order;
+        let block_row = t.dims[0];
+        let total_rows = t.n_elements() / block_row.max(1);
+        // A 1-D tensor reordered element by element (GPT-NeoX's qkv bias) is read as rows of
+        // one element; biases are never block-quantized.
+        let elementwise = t.dims.len() == 1 && order != RowOrder::Identity;
+        let (row_len, n_rows) = if elementwise { (1, t.n_elements()) } else { (block_row, total_rows) };
+        let (first, n_rows) = match mapping.expert {
+            Some((e, n)) => (e * (n_rows / n), n_rows / n),
+            None => (0, n_rows),
+        };
+        if elementwise && t.ggml_type.block_size() != 1 {
+            return Err(ModelError::UnsupportedQuant(format!("{name}: a block-quantized ({:?}) 1-D tensor whose elements are reordered", t.ggml_type)));
+        }
         let row_bytes = row_len / t.ggml_type.block_size() * t.ggml_type.block_bytes();
-        let order = convert::row_order(&self.arch, &t.name, self.n_heads, self.n_kv_heads);
-        if let RowOrder::ReversePermute { n_heads } = order
-            && (n_heads == 0 || !n_rows.is_multiple_of(2 * n_heads))
+        let heads = match order {
+            RowOrder::ReversePermute { n_heads } => Some((n_heads, 2)),
+            RowOrder::PerHeadQkv { n_heads } => Some((n_heads, 3)),
+            RowOrder::Identity => None,
+        };
+        if let Some((n_heads, per)) = heads
+            && (n_heads == 0 || !n_rows.is_multiple_of(per * n_heads))
         {
             return Err(ModelError::ShapeMismatch {
                 name: name.into(),
-                expected: vec![n_heads * 2, row_len],
+                expected: vec![n_heads * per, row_len],
                 found: shape,
-                source_desc: format!("{} (rows must split into {n_heads} heads of even size)", self.file.path().display()),
+                source_desc: format!("{} (rows must split into {n_heads} heads of {per} equal parts)", self.file.path().display()),
             });
         }
-        let mut out = vec![0u8; t.n_elements() * dtype.size()];
         let mut row = vec![0f32; row_len];
-        let out_row_bytes = row_len * dtype.size();
-        for (hf_row, dst) in out.chunks_exact_mut(out_row_bytes.max(1)).enumerate().take(n_rows) {
-            let src_row = convert::hf_row_of(order, n_rows, hf_row);
+        let read_row = |hf_row: usize, row: &mut [f32]| {
+            let src_row = first + convert::hf_row_of(order, n_rows, hf_row);
             let src = &raw[src_row * row_bytes..(src_row + 1) * row_bytes];
-            dequant::dequantize(t.ggml_type, src, &mut row);
-            encode_into(dtype, &row, dst);
+            dequant::dequantize(t.ggml_type, src, row);
+            if mapping.minus_one {
+                row.iter_mut().for_each(|v| *v -= 1.0);
+            }
+        };
+        let mut out = vec![0u8; n_rows * row_len * dtype.size()];
+        if mapping.transpose {
+            // [n_rows, row_len] as stored -> [row_len, n_rows].
+            let mut values = vec![0f32; n_rows * row_len];
+            for r in 0..n_rows {
+                read_row(r, &mut row);
+                for (c, v) in row.iter().enumerate() {
+                    values[c * n_rows + r] = *v;
+                }
+            }
+            encode_into(dtype, &values, &mut out);
+        } else {
+            let out_row_bytes = row_len * dtype.size();
+            for (hf_row, dst) in out.chunks_exact_mut(out_row_bytes.max(1)).enumerate().take(n_rows) {
+                read_row(hf_row, &mut row);
+                encode_into(dtype, &row, dst);
+            }
         }
         Ok(HostTensor { dtype, shape, data: Cow::Owned(out) })
     }

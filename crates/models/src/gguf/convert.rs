@@ -11,40 +11,105 @@ use super::{GgufFile, GgufValue};
 use crate::{HfConfig, ModelError};
 
 /// The GGUF architectures siphon converts.
-const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2"];
+const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "phi3", "olmo2", "gpt2", "gptneox"];
 
-/// Hugging Face's name for a llama.cpp tensor name, or `None` for tensors the HF model
-/// does not have (e.g. `rope_freqs.weight`, which transformers also drops).
-pub fn hf_name(gguf_name: &str) -> Option<String> {
-    let fixed = match gguf_name {
-        "token_embd.weight" => Some("model.embed_tokens.weight"),
-        "output_norm.weight" => Some("model.norm.weight"),
-        "output.weight" => Some("lm_head.weight"),
+/// How one GGUF tensor becomes one Hugging Face tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// Hugging Face's name.
+    pub hf: String,
+    /// How rows are reordered.
+    pub order: RowOrder,
+    /// Expert `e` of `n` when the GGUF tensor stacks a mixture's experts (`ffn_*_exps`):
+    /// the HF tensor is the `e`-th of `n` equal row blocks.
+    pub expert: Option<(usize, usize)>,
+    /// The HF tensor is stored `[in, out]` (GPT-2's Conv1D), llama.cpp's `[out, in]`
+    /// transposed.
+    pub transpose: bool,
+    /// llama.cpp stores Gemma's norm gains as `1 + w`; HF's are `w`.
+    pub minus_one: bool,
+}
+
+/// Hugging Face's names for a tensor of a GGUF file of `arch` (several for a stacked
+/// mixture's experts, one per expert), or none for tensors the HF model does not have (e.g.
+/// `rope_freqs.weight`, which transformers also drops).
+pub fn hf_names(arch: &str, gguf_name: &str, n_heads: usize, n_kv_heads: usize, n_experts: usize) -> Vec<Mapping> {
+    let map = |hf: String| Mapping {
+        order: row_order(arch, gguf_name, n_heads, n_kv_heads),
+        expert: None,
+        transpose: arch == "gpt2" && gguf_name.ends_with(".weight") && [".attn_qkv.", ".attn_output.", ".ffn_up.", ".ffn_down."].iter().any(|m| gguf_name.contains(m)),
+        minus_one: arch == "gemma2" && gguf_name.ends_with("norm.weight"),
+        hf,
+    };
+    let (model, layers) = match arch {
+        "gpt2" => ("transformer", "transformer.h"),
+        "gptneox" => ("gpt_neox", "gpt_neox.layers"),
+        _ => ("model", "model.layers"),
+    };
+    let fixed = match (arch, gguf_name) {
+        ("gpt2", "token_embd.weight") => Some("transformer.wte.weight".to_string()),
+        ("gpt2", "position_embd.weight") => Some("transformer.wpe.weight".to_string()),
+        ("gpt2", "output_norm.weight" | "output_norm.bias") => Some(gguf_name.replace("output_norm", "transformer.ln_f")),
+        ("gptneox", "token_embd.weight") => Some("gpt_neox.embed_in.weight".to_string()),
+        ("gptneox", "output_norm.weight" | "output_norm.bias") => Some(gguf_name.replace("output_norm", "gpt_neox.final_layer_norm")),
+        ("gptneox", "output.weight") => Some("embed_out.weight".to_string()),
+        (_, "token_embd.weight") => Some(format!("{model}.embed_tokens.weight")),
+        (_, "output_norm.weight") => Some(format!("{model}.norm.weight")),
+        (_, "output.weight") => Some("lm_head.weight".to_string()),
         _ => None,
     };
     if let Some(name) = fixed {
-        return Some(name.to_string());
+        return vec![map(name)];
     }
-    let rest = gguf_name.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let (module, kind) = rest.rsplit_once('.')?;
+    let Some(rest) = gguf_name.strip_prefix("blk.") else { return Vec::new() };
+    let Some((layer, rest)) = rest.split_once('.') else { return Vec::new() };
+    let Ok(layer) = layer.parse::<usize>() else { return Vec::new() };
+    let Some((module, kind)) = rest.rsplit_once('.') else { return Vec::new() };
     if kind != "weight" && kind != "bias" {
-        return None;
+        return Vec::new();
     }
-    let hf_module = match module {
-        "attn_norm" => "input_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "ffn_norm" => "post_attention_layernorm",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        _ => return None,
+    if let Some(proj) = module.strip_prefix("ffn_").and_then(|m| m.strip_suffix("_exps")) {
+        let proj = match proj {
+            "gate" => "gate_proj",
+            "up" => "up_proj",
+            "down" => "down_proj",
+            _ => return Vec::new(),
+        };
+        return (0..n_experts)
+            .map(|e| Mapping { expert: Some((e, n_experts)), ..map(format!("{layers}.{layer}.mlp.experts.{e}.{proj}.{kind}")) })
+            .collect();
+    }
+    let hf_module = match (arch, module) {
+        ("gpt2", "attn_norm") => "ln_1",
+        ("gpt2", "attn_qkv") => "attn.c_attn",
+        ("gpt2", "attn_output") => "attn.c_proj",
+        ("gpt2", "ffn_norm") => "ln_2",
+        ("gpt2", "ffn_up") => "mlp.c_fc",
+        ("gpt2", "ffn_down") => "mlp.c_proj",
+        ("gptneox", "attn_qkv") => "attention.query_key_value",
+        ("gptneox", "attn_output") => "attention.dense",
+        ("gptneox", "ffn_up") => "mlp.dense_h_to_4h",
+        ("gptneox", "ffn_down") => "mlp.dense_4h_to_h",
+        ("phi3", "attn_qkv") => "self_attn.qkv_proj",
+        ("phi3", "ffn_up") => "mlp.gate_up_proj",
+        ("gemma2", "ffn_norm") => "pre_feedforward_layernorm",
+        ("gemma2" | "olmo2", "post_attention_norm") => "post_attention_layernorm",
+        ("gemma2" | "olmo2", "post_ffw_norm") => "post_feedforward_layernorm",
+        (_, "attn_norm") => "input_layernorm",
+        (_, "attn_q") => "self_attn.q_proj",
+        (_, "attn_k") => "self_attn.k_proj",
+        (_, "attn_v") => "self_attn.v_proj",
+        (_, "attn_q_norm") => "self_attn.q_norm",
+        (_, "attn_k_norm") => "self_attn.k_norm",
+        (_, "attn_output") => "self_attn.o_proj",
+        (_, "ffn_norm") => "post_attention_layernorm",
+        (_, "ffn_gate_inp") => "mlp.gate",
+        (_, "ffn_gate") => "mlp.gate_proj",
+        (_, "ffn_up") => "mlp.up_proj",
+        (_, "ffn_down") => "mlp.down_proj",
+        _ => return Vec::new(),
     };
-    Some(format!("model.layers.{layer}.{hf_module}.{kind}"))
+    vec![map(format!("{layers}.{layer}.{hf_module}.{kind}"))]
 }
 
 /// How a tensor's rows are reordered on the way to HF layout.
@@ -58,10 +123,19 @@ pub enum RowOrder {
         /// Heads the rows are grouped into.
         n_heads: usize,
     },
+    /// GPT-NeoX's fused qkv: llama.cpp stores the rows `[3, heads, d]` (q of every head, then
+    /// k, then v), Hugging Face `[heads, 3, d]`.
+    PerHeadQkv {
+        /// Heads.
+        n_heads: usize,
+    },
 }
 
 /// The row order of `gguf_name` in a file of `arch` with the given head counts.
 pub fn row_order(arch: &str, gguf_name: &str, n_heads: usize, n_kv_heads: usize) -> RowOrder {
+    if arch == "gptneox" && gguf_name.contains(".attn_qkv.") {
+        return RowOrder::PerHeadQkv { n_heads };
+    }
     if arch != "llama" {
         return RowOrder::Identity;
     }
@@ -89,6 +163,12 @@ pub fn hf_row_of(order: RowOrder, n_rows: usize, hf_row: usize) -> usize {
             let (head, r) = (hf_row / per_head, hf_row % per_head);
             let (p, j) = (r / half, r % half);
             head * per_head + j * 2 + p
+        }
+        RowOrder::PerHeadQkv { n_heads } => {
+            let d = n_rows / n_heads / 3;
+            let (head, r) = (hf_row / (3 * d), hf_row % (3 * d));
+            let (part, i) = (r / d, r % d);
+            part * n_heads * d + head * d + i
         }
     }
 }
@@ -146,20 +226,41 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
             "factor": float("rope.scaling.factor").unwrap_or(1.0),
         })),
     };
-    Ok(HfConfig {
+    if arch == "phi3" && file.tensor("rope_factors_long.weight").is_some() {
+        return Err(ModelError::UnsupportedArch(format!(
+            "{}: a phi3 GGUF with LongRoPE factors (rope_factors_long/short): use the Hugging Face checkpoint",
+            file.path().display()
+        )));
+    }
+    let hidden = int("embedding_length")?;
+    let heads = int("attention.head_count")?;
+    let layers = int("block_count")?;
+    let head_dim = match arch.as_str() {
+        // transformers maps rope.dimension_count to head_dim for llama only; the families
+        // whose head_dim is not hidden / heads record attention.key_length.
+        "llama" => int("rope.dimension_count")?,
+        "qwen3" | "qwen3moe" | "gemma2" | "olmo2" => int("attention.key_length")?,
+        _ => None,
+    };
+    // Partial rotary (GPT-NeoX, Phi-3): rope.dimension_count of each head.
+    let rotary_fraction = match (arch.as_str(), int("rope.dimension_count")?, hidden.zip(heads)) {
+        ("gptneox" | "phi3", Some(rotary), Some((h, n))) if n > 0 => Some(rotary as f64 / (h / n) as f64),
+        _ => None,
+    };
+    let mut config = HfConfig {
         architectures: None,
-        model_type: Some(arch.clone()),
+        model_type: Some(match arch.as_str() {
+            "qwen3moe" => "qwen3_moe".into(),
+            "gptneox" => "gpt_neox".into(),
+            _ => arch.clone(),
+        }),
         vocab_size,
-        hidden_size: int("embedding_length")?,
+        hidden_size: hidden,
         intermediate_size: int("feed_forward_length")?,
-        num_hidden_layers: int("block_count")?,
-        num_attention_heads: int("attention.head_count")?,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
         num_key_value_heads: int("attention.head_count_kv")?,
-        head_dim: match arch.as_str() {
-            // transformers maps rope.dimension_count to head_dim for llama only.
-            "llama" => int("rope.dimension_count")?,
-            _ => None,
-        },
+        head_dim,
         rms_norm_eps: float("attention.layer_norm_rms_epsilon"),
         rope_theta: float("rope.freq_base"),
         rope_scaling,
@@ -167,8 +268,8 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         max_position_embeddings: int("context_length")?,
         // transformers ties the embeddings exactly when the file has no output.weight.
         tie_word_embeddings: Some(file.tensor("output.weight").is_none()),
-        attention_bias: Some(file.tensor("blk.0.attn_q.bias").is_some()),
-        hidden_act: Some("silu".into()),
+        attention_bias: Some(file.tensor("blk.0.attn_q.bias").or(file.tensor("blk.0.attn_qkv.bias")).is_some()),
+        hidden_act: Some(if arch == "gptneox" { "gelu" } else { "silu" }.into()),
         bos_token_id: token_id("bos_token_id"),
         eos_token_id: token_id("eos_token_id"),
         pad_token_id: token_id("padding_token_id"),
@@ -176,8 +277,38 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         // llama.cpp writes a window only for the families that have one; a llama file that
         // carries one is refused like a llama config.json with a window.
         sliding_window: int("attention.sliding_window")?.map(serde_json::Value::from),
+        partial_rotary_factor: rotary_fraction,
         ..HfConfig::default()
-    })
+    };
+    match arch.as_str() {
+        "gpt2" | "gptneox" => {
+            config.layer_norm_epsilon = float("attention.layer_norm_epsilon");
+            config.layer_norm_eps = config.layer_norm_epsilon;
+            config.n_inner = config.intermediate_size.map(serde_json::Value::from);
+            config.use_parallel_residual = key("use_parallel_residual").and_then(GgufValue::as_bool);
+        }
+        "qwen3moe" => {
+            config.num_experts = int("expert_count")?;
+            config.num_experts_per_tok = int("expert_used_count")?;
+            config.moe_intermediate_size = int("expert_feed_forward_length")?;
+            // llama.cpp always renormalises Qwen3-MoE's top-k weights, as the released
+            // checkpoints' configs say (norm_topk_prob true); transformers' GGUF loader leaves
+            // Qwen3MoeConfig's default (false), which would change every MoE output.
+            config.norm_topk_prob = Some(true);
+        }
+        "gemma2" => {
+            config.attn_logit_softcapping = float("attn_logit_softcapping").map(serde_json::Value::from);
+            // The file does not record query_pre_attn_scalar; llama.cpp scales by head_dim,
+            // except for the 27B model (46 layers), which uses hidden / heads — as its config.
+            config.query_pre_attn_scalar = match (layers, hidden, heads, head_dim) {
+                (Some(46), Some(h), Some(n), _) if n > 0 => Some((h / n) as f64),
+                (_, _, _, Some(d)) => Some(d as f64),
+                _ => None,
+            };
+        }
+        _ => {}
+    }
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -186,14 +317,38 @@ mod tests {
 
     #[test]
     fn names_map_like_transformers() {
-        assert_eq!(hf_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
-        assert_eq!(hf_name("blk.11.attn_q.weight").unwrap(), "model.layers.11.self_attn.q_proj.weight");
-        assert_eq!(hf_name("blk.0.attn_k.bias").unwrap(), "model.layers.0.self_attn.k_proj.bias");
-        assert_eq!(hf_name("blk.3.ffn_down.weight").unwrap(), "model.layers.3.mlp.down_proj.weight");
-        assert_eq!(hf_name("blk.3.ffn_norm.weight").unwrap(), "model.layers.3.post_attention_layernorm.weight");
-        assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
-        assert_eq!(hf_name("rope_freqs.weight"), None);
-        assert_eq!(hf_name("blk.x.attn_q.weight"), None);
+        let hf_name = |arch: &str, name: &str| hf_names(arch, name, 4, 2, 3).into_iter().map(|m| m.hf).collect::<Vec<_>>().join(" ");
+        assert_eq!(hf_name("llama", "token_embd.weight"), "model.embed_tokens.weight");
+        assert_eq!(hf_name("llama", "blk.11.attn_q.weight"), "model.layers.11.self_attn.q_proj.weight");
+        assert_eq!(hf_name("qwen2", "blk.0.attn_k.bias"), "model.layers.0.self_attn.k_proj.bias");
+        assert_eq!(hf_name("llama", "blk.3.ffn_down.weight"), "model.layers.3.mlp.down_proj.weight");
+        assert_eq!(hf_name("llama", "blk.3.ffn_norm.weight"), "model.layers.3.post_attention_layernorm.weight");
+        assert_eq!(hf_name("llama", "output.weight"), "lm_head.weight");
+        assert_eq!(hf_name("llama", "rope_freqs.weight"), "");
+        assert_eq!(hf_name("llama", "blk.x.attn_q.weight"), "");
+        // Per family: Gemma's feed-forward norms, GPT-2's and GPT-NeoX's own names, a
+        // mixture's stacked experts (one HF tensor per expert).
+        assert_eq!(hf_name("gemma2", "blk.1.ffn_norm.weight"), "model.layers.1.pre_feedforward_layernorm.weight");
+        assert_eq!(hf_name("gpt2", "blk.0.attn_qkv.bias"), "transformer.h.0.attn.c_attn.bias");
+        assert_eq!(hf_name("gptneox", "output.weight"), "embed_out.weight");
+        assert_eq!(
+            hf_name("qwen3moe", "blk.2.ffn_up_exps.weight"),
+            "model.layers.2.mlp.experts.0.up_proj.weight model.layers.2.mlp.experts.1.up_proj.weight model.layers.2.mlp.experts.2.up_proj.weight"
+        );
+        let gpt2 = hf_names("gpt2", "blk.0.ffn_up.weight", 4, 4, 0);
+        assert!(gpt2[0].transpose && !hf_names("gpt2", "blk.0.ffn_up.bias", 4, 4, 0)[0].transpose);
+        assert!(hf_names("gemma2", "blk.0.post_ffw_norm.weight", 4, 4, 0)[0].minus_one);
+    }
+
+    #[test]
+    fn per_head_qkv_undoes_llama_cpp_regrouping() {
+        // llama.cpp: rows [heads, 3, d] -> [3, heads, d].
+        let (heads, d) = (2, 3);
+        let n = 3 * heads * d;
+        for hf_row in 0..n {
+            let (h, part, i) = (hf_row / (3 * d), hf_row % (3 * d) / d, hf_row % d);
+            assert_eq!(hf_row_of(RowOrder::PerHeadQkv { n_heads: heads }, n, hf_row), part * heads * d + h * d + i);
+        }
     }
 
     #[test]
