@@ -78,14 +78,19 @@ fn run(model: &LoadedModel, hooks: &[HookPoint], batch: &Batch, mesh: Mesh) -> A
 
 fn check_tiny(name: &str) {
     let model = LoadedModel::open(&fixture(name)).unwrap();
+    let goldens = ["right", "left"].map(|side| (side, fixture(name).join(format!("golden-{side}.safetensors"))));
+    check_goldens(name, &model, &goldens);
+}
+
+fn check_goldens(name: &str, model: &LoadedModel, goldens: &[(&str, std::path::PathBuf)]) {
     let d = model.config.hidden_size;
-    for side in ["right", "left"] {
-        let g = golden(&fixture(name).join(format!("golden-{side}.safetensors")));
+    for (side, path) in goldens {
+        let g = golden(path);
         let hooks: Vec<HookPoint> = g.acts.iter().map(|a| a.0).collect();
         assert_eq!(hooks.len(), 4 * model.config.n_layers + 1, "every hook point is in the fixture");
         let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
         assert_eq!(batch.position_ids(), &g.positions[..], "cumsum(mask)-1 positions as HF got");
-        let acts = run(&model, &hooks, &batch, Mesh::single_device());
+        let acts = run(model, &hooks, &batch, Mesh::single_device());
         for (hook, shape, want) in &g.acts {
             let got = acts.get(*hook).unwrap();
             assert_eq!(got.shape(), &shape[..], "{name} {side} {hook}");
@@ -181,6 +186,19 @@ fn tiny_mistral_matches_hf_at_every_hook() {
     let want = &g.acts.iter().find(|a| a.0 == hook).unwrap().2;
     let (diff, _) = masked_diff(&acts.get(hook).unwrap().to_f32(), want, &g.mask, model.config.hidden_size);
     assert!(diff > 0.1, "without its window the model should differ from HF, by {diff}");
+}
+
+/// GGUF files written as llama.cpp's converter writes each architecture (by
+/// scripts/fixtures/gen_fixtures.py, which checks with transformers' own GGUF reader where it
+/// has one), read back and run: every golden hook as HF computes it from the same weights.
+#[test]
+fn gguf_of_every_family_matches_hf() {
+    for arch in ["qwen3", "qwen3moe", "gemma2", "phi3", "olmo2", "gpt2", "gptneox"] {
+        let dir = fixture("gguf");
+        let model = LoadedModel::open(&dir.join(format!("tiny-{arch}.gguf"))).unwrap();
+        let golden = dir.join(format!("tiny-{arch}.golden.safetensors"));
+        check_goldens(&format!("tiny-{arch}.gguf"), &model, &[("right", golden)]);
+    }
 }
 
 #[test]
