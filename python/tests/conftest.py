@@ -42,6 +42,29 @@ def make_corpus(path: Path, docs: int, seed: int = 7) -> None:
         (path / f"part-{part}.txt").write_text("\n".join(lines) + "\n")
 
 
+def tiny_model(dest: Path) -> Path:
+    """fixtures/models/tiny-llama with its embedding grown to cover the fixture tokenizer's
+    special tokens (ids 256..259), which siphon requires."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    src = REPO / "fixtures/models/tiny-llama"
+    dest.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    tensors = load_file(str(src / "model.safetensors"))
+    embed = tensors["model.embed_tokens.weight"]
+    extra = np.random.default_rng(0).normal(0, 0.02, (264 - embed.shape[0], embed.shape[1])).astype(embed.dtype)
+    tensors["model.embed_tokens.weight"] = np.concatenate([embed, extra])
+    config["vocab_size"] = 264
+    (dest / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(dest / "model.safetensors"))
+    return dest
+
+
 def extract(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=HOOKS, extra=()) -> Path:
     corpus = out.parent / f"{run}-corpus"
     make_corpus(corpus, docs)
@@ -52,7 +75,7 @@ def extract(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=
             env["SIPHON_PJRT_PLUGIN"] = str(default)
     cmd = [
         siphon_binary(), "launch", "--local-hosts", "2", "--cpu-devices-per-host", "1", "--",
-        "extract", "--model", str(REPO / "fixtures/models/tiny-llama"),
+        "extract", "--model", str(tiny_model(out.parent / "tiny-llama-264")),
         "--tokenizer", str(REPO / "fixtures/data/tokenizer.json"),
         "--corpus", str(corpus), "--text-records", "line", "--hooks", ",".join(hooks),
         "--seq-len", "32", "--batch-size", "4", "--dtype", dtype, "--shard-size-mb", "0.03",
