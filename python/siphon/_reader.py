@@ -8,8 +8,9 @@ A *unit* is a contiguous block of at most ``unit_tokens`` rows of one shard. One
 3. consumer ``c`` of ``C = world_size * num_workers`` (``c = rank * num_workers + worker``)
    takes the ``c``-th contiguous slice of that list, so consumers never share a unit and
    together cover every unit: each token is read exactly once per epoch;
-4. a consumer reads its units (only the tensors asked for, as byte ranges) a few units ahead
-   in a thread, drops filtered rows, and
+4. a consumer reads its units (only the tensors asked for, as byte ranges): on local disk
+   straight into the buffer's free rows (``os.preadv``, one copy out of the page cache), from
+   an object store a few units ahead in threads; then it drops filtered rows, and
 5. with ``shuffle``, passes them through a shuffle buffer of ``buffer_rows`` rows: once it
    holds at least that many, it is permuted (seeded by ``(seed, epoch, c, C)``) and all but
    half of it are handed out as batches; the rest wait for the next units. Without shuffle,
@@ -23,6 +24,7 @@ flight and the batch being built: about ``(1.5 * buffer_rows + (prefetch + 2) * 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -108,6 +110,7 @@ class UnitReader:
         return header
 
     def load(self, unit: Unit) -> Arrays:
+        """The unit's filtered rows as new arrays (remote runs: concurrent range reads)."""
         header = self.header(unit.shard)
         names = list(self.tensors)
         if self.read_mask and "mask" in header.tensors:
@@ -117,8 +120,44 @@ class UnitReader:
         raws = self.location.read_ranges(unit.shard.rel, ranges)
         rows = unit.end - unit.start
         arrays = {name: decode(info, raw, rows) for name, info, raw in zip(names, infos, raws)}
+        keep = self._keep(arrays, arrays.pop("mask", None))
+        if keep is not None:
+            arrays = {name: a[keep] for name, a in arrays.items()}
+        return arrays
+
+    def load_into(self, unit: Unit, dest: Arrays) -> int:
+        """Local runs: reads the unit's rows straight into `dest` (views of at least the unit's
+        row count, one per tensor), with one copy from the page cache; drops filtered rows in
+        place and returns how many rows remain."""
+        header = self.header(unit.shard)
+        rows = unit.end - unit.start
+        fd = os.open(self.location.path(unit.shard.rel), os.O_RDONLY)
+        try:
+            for name in self.tensors:
+                info = header.tensors[name]
+                out = dest[name][:rows]
+                want = rows * info.row_bytes
+                got = os.preadv(fd, [memoryview(out).cast("B")], info.start + unit.start * info.row_bytes)
+                if got != want:
+                    raise DatasetError(f"{self.location.url}/{unit.shard.rel}: short read of {name} ({got} of {want} bytes)")
+            mask = None
+            if self.read_mask and "mask" in header.tensors:
+                info = header.tensors["mask"]
+                raw = os.pread(fd, rows * info.row_bytes, info.start + unit.start * info.row_bytes)
+                mask = decode(info, raw, rows)
+        finally:
+            os.close(fd)
+        keep = self._keep({name: dest[name][:rows] for name in ("token_ids", "position") if name in dest}, mask)
+        if keep is None:
+            return rows
+        kept = int(keep.sum())
+        for name in self.tensors:
+            dest[name][:kept] = dest[name][:rows][keep]
+        return kept
+
+    def _keep(self, arrays: Arrays, mask: Optional[np.ndarray]) -> Optional[np.ndarray]:
+        """Rows to keep, or ``None`` for all of them."""
         keep = None
-        mask = arrays.pop("mask", None)
         if mask is not None and not mask.all():
             keep = mask.copy()
         f = self.filter
@@ -132,9 +171,9 @@ class UnitReader:
                 if f.max_position is not None:
                     k &= pos < f.max_position
                 keep = k if keep is None else keep & k
-        if keep is not None and not keep.all():
-            arrays = {name: a[keep] for name, a in arrays.items()}
-        return arrays
+        if keep is not None and keep.all():
+            return None
+        return keep
 
 
 def read_ahead(units: Iterable[Unit], load: Callable[[Unit], Arrays], depth: int) -> Iterator[Arrays]:
@@ -192,6 +231,14 @@ class RowBuffer:
             pos += take
             if self.n >= self.capacity:
                 yield from self._emit(final=False)
+
+    def fill(self, rows: int, fill: Callable[[Arrays], int]) -> Iterator[Arrays]:
+        """Lets `fill` write up to `rows` rows straight into the buffer's free space (it returns
+        how many it kept), then hands out batches as `add` does. `rows` <= ``max_unit``."""
+        views = {name: s[self.n : self.n + rows] for name, s in self.store.items()}
+        self.n += fill(views)
+        if self.n >= self.capacity:
+            yield from self._emit(final=False)
 
     def finish(self, drop_last: bool) -> Iterator[Arrays]:
         yield from self._emit(final=True, drop_last=drop_last)

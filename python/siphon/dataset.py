@@ -289,10 +289,17 @@ class Dataset:
             rng = np.random.default_rng([seed, e, consumer, consumers]) if shuffle else None
             capacity = shuffle_buffer_tokens if shuffle else batch_size
             buffer = RowBuffer(templates, capacity, unit_tokens, batch_size, rng)
-            for arrays in read_ahead(mine, reader.load, prefetch):
-                if len(arrays["token_ids"]):
-                    for batch in buffer.add(arrays):
+            if reader.location.local:
+                # Local disk: read each unit straight into the buffer (one copy); the page
+                # cache and readahead make a reading thread unnecessary.
+                for unit in mine:
+                    for batch in buffer.fill(unit.end - unit.start, lambda dest, u=unit: reader.load_into(u, dest)):
                         yield convert(batch)
+            else:
+                for arrays in read_ahead(mine, reader.load, prefetch):
+                    if len(arrays["token_ids"]):
+                        for batch in buffer.add(arrays):
+                            yield convert(batch)
             for batch in buffer.finish(drop_last):
                 yield convert(batch)
 
