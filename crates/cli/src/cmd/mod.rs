@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod coordinator;
 pub mod data;
 pub mod doctor;
+pub mod export;
 pub mod extract;
 pub mod forward;
 pub mod inspect;

@@ -1,0 +1,21 @@
+"""Read siphon activation datasets from Python and train on them.
+
+    import siphon
+    ds = siphon.open("gs://bucket/activations/qwen7b-l20-27")   # a local path, s3://, gs://
+    ds.hooks                      # {name: HookInfo(shape=(d,), dtype="bfloat16")}
+    ds.tokens, ds.verify()
+    for batch in ds.batches(hooks=["blocks.20.hook_resid_post"], batch_size=4096,
+                            shuffle=True, seed=0, format="torch"):
+        x = batch["blocks.20.hook_resid_post"]   # [4096, d] torch.bfloat16
+        ids = batch["token_ids"]
+
+`siphon.torch` holds the PyTorch IterableDataset and SAELens/dictionary_learning data
+providers; `siphon.saelens` exports a run as SAELens's cached-activation dataset.
+"""
+
+from .dataset import Dataset, HookInfo, VerifyReport, open
+from .errors import DatasetError
+
+__version__ = "0.1.0"
+
+__all__ = ["Dataset", "DatasetError", "HookInfo", "VerifyReport", "open", "__version__"]

@@ -1,0 +1,174 @@
+"""The dataset format as siphon's store writes it (crates/store): run.json, per-host
+``manifest.jsonl`` and the safetensors shards.
+
+Layout of a run directory::
+
+    run.json                                   format tag, hooks, hook_shapes, shard_format...
+    stats.json                                 per hook statistics
+    machine_{m:03}_host_{h:02}/manifest.jsonl  one JSON line per committed shard
+    machine_{m:03}_host_{h:02}/shard_{n:06}.safetensors
+
+A shard holds one ``[tokens, *per-token shape]`` tensor per hook, ``token_ids`` (I32),
+``position`` (I32), ``doc_index`` (I64), ``sample_index`` (I64) and, for runs with
+``keep_excluded``, a ``mask`` (BOOL). A shard belongs to the dataset only once its manifest
+line is written, so reading through the manifests sees exactly the committed shards, also while
+a run is still being written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from ._location import Location
+from .errors import DatasetError
+
+READABLE_FORMATS = ("siphon-activations/1", "siphon-activations/2")
+RUN_JSON = "run.json"
+MANIFEST = "manifest.jsonl"
+HOST_DIR = re.compile(r"^machine_(\d{3})_host_(\d{2})$")
+RESERVED = ("token_ids", "doc_index", "position", "sample_index", "mask")
+
+# safetensors dtype -> (numpy dtype holding the raw elements, logical dtype name).
+# numpy has no bfloat16: bf16 elements are held as uint16 bit patterns until converted.
+STORED_DTYPES: Dict[str, Tuple[np.dtype, str]] = {
+    "F32": (np.dtype("<f4"), "float32"),
+    "F16": (np.dtype("<f2"), "float16"),
+    "BF16": (np.dtype("<u2"), "bfloat16"),
+    "I32": (np.dtype("<i4"), "int32"),
+    "I64": (np.dtype("<i8"), "int64"),
+    "BOOL": (np.dtype("bool"), "bool"),
+}
+# run.json's shard_format.dtype -> logical dtype name.
+RUN_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+@dataclass(frozen=True)
+class ManifestLine:
+    """One committed shard of one host."""
+
+    host: str
+    shard: str
+    index: int
+    bytes: int
+    sha256: str
+    tokens: int
+    included_tokens: int
+
+    @property
+    def rel(self) -> str:
+        return f"{self.host}/{self.shard}"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a shard: its stored dtype, shape and absolute byte range in the file."""
+
+    dtype: str
+    shape: Tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def row_bytes(self) -> int:
+        rows = self.shape[0] if self.shape else 1
+        return (self.end - self.start) // rows if rows else 0
+
+
+@dataclass
+class ShardHeader:
+    tensors: Dict[str, TensorInfo]
+    metadata: Dict[str, str] = field(default_factory=dict)
+
+
+def read_run_json(location: Location) -> dict:
+    raw = location.read(RUN_JSON)
+    if raw is None:
+        raise DatasetError(
+            f"{location.url}: no run.json: not a siphon run directory "
+            "(open the run itself, {output}/{run}, as given to siphon extract --output/--run)"
+        )
+    try:
+        run = json.loads(raw)
+    except ValueError as e:
+        raise DatasetError(f"{location.url}/run.json: not valid JSON: {e}") from e
+    tag = run.get("format", "")
+    if tag not in READABLE_FORMATS:
+        raise DatasetError(
+            f"{location.url}/run.json: unsupported dataset format {tag!r} (this siphon reads "
+            + " and ".join(READABLE_FORMATS)
+            + ")"
+        )
+    return run
+
+
+def host_dirs(location: Location) -> List[str]:
+    """Host directory names of the run, in (machine, host) order."""
+    return sorted(d for d in location.list_dirs() if HOST_DIR.match(d))
+
+
+def read_manifest(location: Location, host: str) -> List[ManifestLine]:
+    """The host's committed shards; empty when it has no manifest yet. Checks that indices run
+    0, 1, 2... as the writer commits them."""
+    raw = location.read(f"{host}/{MANIFEST}")
+    if raw is None:
+        return []
+    lines = []
+    for number, text in enumerate(raw.decode("utf-8").splitlines(), start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+            line = ManifestLine(
+                host=host,
+                shard=obj["shard"],
+                index=int(obj["index"]),
+                bytes=int(obj["bytes"]),
+                sha256=obj["sha256"],
+                tokens=int(obj["tokens"]),
+                included_tokens=int(obj.get("included_tokens", obj["tokens"])),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise DatasetError(f"{location.url}/{host}/{MANIFEST}: line {number}: {e!r}") from e
+        if line.index != len(lines):
+            raise DatasetError(
+                f"{location.url}/{host}/{MANIFEST}: line {number} is shard {line.index}, expected {len(lines)}"
+            )
+        lines.append(line)
+    return lines
+
+
+def parse_header(location: Location, rel: str, size: int) -> ShardHeader:
+    """Reads a shard's safetensors header: one range read of its first 64 KiB, a second one only
+    for a larger header. `size` is the object's size (the manifest's ``bytes``)."""
+    if size < 8:
+        raise DatasetError(f"{location.url}/{rel}: not a safetensors file ({size} bytes)")
+    head = location.read_range(rel, 0, min(size, 65536))
+    n = int.from_bytes(head[:8], "little")
+    if 8 + n > size:
+        raise DatasetError(f"{location.url}/{rel}: safetensors header length {n} exceeds the file ({size} bytes)")
+    if len(head) < 8 + n:
+        head = head + location.read_range(rel, len(head), 8 + n)
+    try:
+        header = json.loads(head[8 : 8 + n])
+    except ValueError as e:
+        raise DatasetError(f"{location.url}/{rel}: bad safetensors header: {e}") from e
+    base = 8 + n
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        tensors[name] = TensorInfo(info["dtype"], tuple(info["shape"]), base + start, base + end)
+    return ShardHeader(tensors, header.get("__metadata__") or {})
+
+
+def decode(info: TensorInfo, raw: bytes, rows: int) -> np.ndarray:
+    """Raw little-endian bytes of `rows` rows of a tensor as a numpy array ``[rows, *shape[1:]]``
+    (bf16 as uint16 bit patterns)."""
+    np_dtype, _ = STORED_DTYPES[info.dtype]
+    return np.frombuffer(raw, dtype=np_dtype).reshape((rows,) + tuple(info.shape[1:]))

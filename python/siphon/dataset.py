@@ -1,0 +1,354 @@
+"""A siphon run opened for reading: ``siphon.open(url)``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _convert
+from ._format import (
+    RESERVED,
+    RUN_DTYPES,
+    STORED_DTYPES,
+    ManifestLine,
+    host_dirs,
+    parse_header,
+    read_manifest,
+    read_run_json,
+)
+from ._location import Location
+from ._reader import Filter, RowBuffer, UnitReader, make_units, read_ahead, split_units, templates_for
+from .errors import DatasetError
+
+DEFAULT_SHUFFLE_BUFFER_BYTES = 512 << 20
+DEFAULT_UNIT_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class HookInfo:
+    """One hook of the run: its name, the shape of one token's activation, its stored dtype."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+
+    @property
+    def width(self) -> int:
+        """Elements per token (the product of `shape`)."""
+        return int(np.prod(self.shape))
+
+
+@dataclass
+class VerifyReport:
+    """What `Dataset.verify` checked."""
+
+    shards: int
+    tokens: int
+    bytes: int
+    problems: List[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Dataset:
+    """A siphon run: ``run.json`` plus the shards every host's manifest has committed.
+
+    Only shards named in a ``manifest.jsonl`` are visible, and the manifests are read once, when
+    the dataset is opened (`refresh` reads them again): a run that is still being written can be
+    read, and shows the shards committed so far.
+    """
+
+    def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]] = None) -> None:
+        self.url = url.rstrip("/")
+        self._location = Location(url, storage_options)
+        self.run = read_run_json(self._location)
+        names = list(self.run.get("hooks", []))
+        shapes = self.run.get("hook_shapes") or []
+        dtype = RUN_DTYPES.get(str(self.run.get("shard_format", {}).get("dtype", "")).lower())
+        self.shards: List[ManifestLine] = []
+        self.refresh()
+        if not shapes and self.shards:
+            # Format 1 run.json files do not record shapes: take them from the first shard.
+            header = parse_header(self._location, self.shards[0].rel, self.shards[0].bytes)
+            shapes = [list(header.tensors[h].shape[1:]) if h in header.tensors else [] for h in names]
+        if dtype is None and self.shards:
+            header = parse_header(self._location, self.shards[0].rel, self.shards[0].bytes)
+            dtype = STORED_DTYPES[header.tensors[names[0]].dtype][1]
+        self.dtype: str = dtype or "unknown"
+        self.hooks: Dict[str, HookInfo] = {
+            name: HookInfo(name, tuple(int(d) for d in shape), self.dtype)
+            for name, shape in zip(names, shapes or [[] for _ in names])
+        }
+        self._has_mask = bool(self.run.get("shard_format", {}).get("keep_excluded", False))
+
+    # ----------------------------------------------------------------------------- metadata
+
+    @property
+    def name(self) -> str:
+        """The run name."""
+        return self.run.get("run", "")
+
+    @property
+    def format(self) -> str:
+        """The format tag, e.g. ``siphon-activations/2``."""
+        return self.run["format"]
+
+    @property
+    def tokens(self) -> int:
+        """Token rows in the committed shards (without rows the mask excludes)."""
+        return sum(s.included_tokens for s in self.shards)
+
+    @property
+    def seq_len(self) -> Optional[int]:
+        """The extraction's sequence length, when run.json records it."""
+        value = self.run.get("config", {}).get("seq_len")
+        return int(value) if value is not None else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the committed shards."""
+        return sum(s.bytes for s in self.shards)
+
+    def refresh(self) -> "Dataset":
+        """Reads every host's manifest again (shards committed since `open` become visible)."""
+        shards: List[ManifestLine] = []
+        for host in host_dirs(self._location):
+            shards.extend(read_manifest(self._location, host))
+        self.shards = shards
+        return self
+
+    def __repr__(self) -> str:
+        hooks = ", ".join(f"{h.name} {list(h.shape)}" for h in self.hooks.values())
+        return (
+            f"siphon.Dataset({self.url!r}, {self.format}, {len(self.shards)} shards, {self.tokens} tokens, "
+            f"{self.dtype}, hooks: {hooks})"
+        )
+
+    # ----------------------------------------------------------------------------- checks
+
+    def verify(self, hashes: bool = True) -> VerifyReport:
+        """Checks every committed shard: present with its manifest size, its sha256 (with
+        `hashes`; reads every byte), a readable header of this format with every hook at its
+        run.json shape and the manifest's token count. Raises `DatasetError` listing every
+        problem; returns the report when there is none."""
+        problems: List[str] = []
+        for shard in self.shards:
+            where = f"{shard.rel}"
+            size = self._location.size(shard.rel)
+            if size is None:
+                problems.append(f"{where}: committed shard is missing")
+                continue
+            if size != shard.bytes:
+                problems.append(f"{where}: {size} bytes, the manifest says {shard.bytes}")
+                continue
+            try:
+                header = parse_header(self._location, shard.rel, shard.bytes)
+            except DatasetError as e:
+                problems.append(str(e))
+                continue
+            tag = header.metadata.get("format")
+            if tag != self.format:
+                problems.append(f"{where}: format {tag!r}, run.json says {self.format!r}")
+            ids = header.tensors.get("token_ids")
+            if ids is None or ids.shape != (shard.tokens,):
+                problems.append(f"{where}: token_ids {None if ids is None else list(ids.shape)}, manifest says {shard.tokens} tokens")
+            for hook in self.hooks.values():
+                t = header.tensors.get(hook.name)
+                if t is None:
+                    problems.append(f"{where}: no tensor for hook {hook.name}")
+                elif t.shape != (shard.tokens,) + hook.shape:
+                    problems.append(f"{where}: hook {hook.name} has shape {list(t.shape)}, expected {[shard.tokens, *hook.shape]}")
+            if hashes:
+                digest = _sha256(self._location, shard.rel, shard.bytes)
+                if digest != shard.sha256:
+                    problems.append(f"{where}: sha256 {digest}, the manifest says {shard.sha256}")
+        report = VerifyReport(len(self.shards), self.tokens, self.nbytes, problems)
+        if problems:
+            raise DatasetError(f"{self.url}: {len(problems)} problem(s): " + "; ".join(problems))
+        return report
+
+    def _check_hooks(self, hooks: Optional[Sequence[str]]) -> List[str]:
+        if hooks is None:
+            return list(self.hooks)
+        if isinstance(hooks, str):
+            hooks = [hooks]
+        hooks = list(hooks)
+        if not hooks:
+            raise DatasetError("hooks is empty: name at least one of " + ", ".join(self.hooks))
+        for hook in hooks:
+            if hook not in self.hooks:
+                import difflib
+
+                near = difflib.get_close_matches(hook, list(self.hooks), n=3)
+                hint = f" (did you mean {', '.join(near)}?)" if near else ""
+                raise DatasetError(
+                    f"unknown hook {hook!r}{hint}: this run has " + ", ".join(self.hooks)
+                )
+        if len(set(hooks)) != len(hooks):
+            raise DatasetError(f"hooks {hooks} name a hook twice")
+        return hooks
+
+    # ----------------------------------------------------------------------------- reading
+
+    def batches(
+        self,
+        hooks: Optional[Sequence[str]] = None,
+        batch_size: int = 4096,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        format: str = "numpy",
+        dtype: Any = None,
+        *,
+        epoch: int = 0,
+        epochs: Optional[int] = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        exclude_token_ids: Optional[Sequence[int]] = None,
+        min_position: int = 0,
+        max_position: Optional[int] = None,
+        drop_last: bool = False,
+        shuffle_buffer_tokens: Optional[int] = None,
+        unit_tokens: int = DEFAULT_UNIT_TOKENS,
+        prefetch: int = 2,
+        device: Any = None,
+    ) -> Iterator[Dict[str, Any]]:
+        """Batches of ``{hook: [n, *shape], "token_ids": [n], "position": [n]}``, every hook for
+        the same tokens.
+
+        - `shuffle`: units of at most `unit_tokens` rows of a shard are visited in a seeded
+          random order, and rows pass through a shuffle buffer of `shuffle_buffer_tokens` rows
+          (default: 512 MiB of the requested hooks' rows, at least 4 batches). Deterministic for
+          (`seed`, `epoch`, `rank`, `world_size`, `worker`, `num_workers`). Peak memory per
+          reader ≈ (1.5 × buffer + (prefetch + 2) × unit) × bytes per token.
+        - `rank`/`world_size` and `worker`/`num_workers`: the units are split between the
+          ``world_size * num_workers`` readers without overlap or gap, so each token is read
+          exactly once per epoch over all of them. Readers may get a few batches more or fewer
+          than each other.
+        - `format`: ``"numpy"`` or ``"torch"``. `dtype`: ``None`` keeps the stored dtype (bf16
+          stays ``torch.bfloat16``; in numpy it needs ``ml_dtypes``), or e.g. ``"float32"``.
+        - `exclude_token_ids` (e.g. BOS) and ``min_position <= position < max_position`` drop
+          rows before batching; rows a ``--keep-excluded`` mask marks are always dropped.
+        - `epochs`: epochs to run (``None``: forever), epoch ``e`` reshuffled with
+          ``(seed, epoch + e)``. The last batch of an epoch may be short unless `drop_last`.
+        """
+        hooks = self._check_hooks(hooks)
+        if batch_size <= 0:
+            raise DatasetError(f"batch_size must be positive, got {batch_size}")
+        if world_size <= 0:
+            raise DatasetError(f"world_size must be positive, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise DatasetError(f"rank {rank} is out of range for world_size {world_size} (0 <= rank < world_size)")
+        if num_workers <= 0 or not 0 <= worker < num_workers:
+            raise DatasetError(f"worker {worker} is out of range for num_workers {num_workers}")
+        if unit_tokens <= 0:
+            raise DatasetError(f"unit_tokens must be positive, got {unit_tokens}")
+        if format not in ("numpy", "torch"):
+            raise DatasetError(f"format must be 'numpy' or 'torch', got {format!r}")
+        if epochs is not None and epochs < 0:
+            raise DatasetError(f"epochs must be >= 0 or None, got {epochs}")
+        out_dtype = _convert.resolve_dtype(dtype, format)
+        if format == "numpy" and out_dtype is None and self.dtype == "bfloat16":
+            _convert.require_ml_dtypes()
+        row_bytes = sum(self.hooks[h].width for h in hooks) * np.dtype(STORED_DTYPES_BY_NAME[self.dtype]).itemsize + 8
+        if shuffle_buffer_tokens is None:
+            shuffle_buffer_tokens = max(DEFAULT_SHUFFLE_BUFFER_BYTES // row_bytes, 4 * batch_size)
+        if shuffle and shuffle_buffer_tokens < 2 * batch_size:
+            raise DatasetError(
+                f"shuffle_buffer_tokens ({shuffle_buffer_tokens}) must be at least 2 * batch_size ({2 * batch_size})"
+            )
+        filt = Filter(
+            exclude_token_ids=None if not exclude_token_ids else np.asarray(list(exclude_token_ids), dtype=np.int32),
+            min_position=int(min_position),
+            max_position=None if max_position is None else int(max_position),
+        )
+        tensors = hooks + ["token_ids", "position"]
+        reader = UnitReader(self._location, tensors, filt, self._has_mask)
+        units = make_units(list(self.shards), unit_tokens)
+        consumer, consumers = rank * num_workers + worker, world_size * num_workers
+        convert = _convert.Converter(format, out_dtype, self.dtype, hooks, device)
+
+        return self._iterate(units, reader, convert, shuffle, seed, epoch, epochs, consumer, consumers,
+                             batch_size, shuffle_buffer_tokens, unit_tokens, prefetch, drop_last)
+
+    @staticmethod
+    def _iterate(units, reader, convert, shuffle, seed, epoch, epochs, consumer, consumers,
+                 batch_size, shuffle_buffer_tokens, unit_tokens, prefetch, drop_last) -> Iterator[Dict[str, Any]]:
+        def one_epoch(e: int) -> Iterator[Dict[str, Any]]:
+            mine = split_units(units, shuffle, seed, e, consumer, consumers)
+            if not mine:
+                return
+            templates = templates_for(reader, mine[0].shard)
+            rng = np.random.default_rng([seed, e, consumer, consumers]) if shuffle else None
+            capacity = shuffle_buffer_tokens if shuffle else batch_size
+            buffer = RowBuffer(templates, capacity, unit_tokens, batch_size, rng)
+            if reader.location.local:
+                # Local disk: read each unit straight into the buffer (one copy); the page
+                # cache and readahead make a reading thread unnecessary.
+                for unit in mine:
+                    for batch in buffer.fill(unit.end - unit.start, lambda dest, u=unit: reader.load_into(u, dest)):
+                        yield convert(batch)
+            else:
+                for arrays in read_ahead(mine, reader.load, prefetch):
+                    if len(arrays["token_ids"]):
+                        for batch in buffer.add(arrays):
+                            yield convert(batch)
+            for batch in buffer.finish(drop_last):
+                yield convert(batch)
+
+        if epochs is None and not split_units(units, False, seed, epoch, consumer, consumers):
+            raise DatasetError(
+                f"reader {consumer} of {consumers} (rank x worker) gets no data: the run has only "
+                f"{len(units)} unit(s); use fewer ranks/workers or a smaller unit_tokens"
+            )
+        e = epoch
+        while epochs is None or e < epoch + epochs:
+            yield from one_epoch(e)
+            e += 1
+
+    def activations(self, hook: str, batch_size: int = 4096, **kwargs: Any) -> Iterator[Any]:
+        """Batches of one hook as bare ``[n, width]`` arrays or tensors (per-head hooks
+        flattened): the iterator SAELens's ``SAETrainer(data_provider=...)`` and
+        dictionary_learning's ``trainSAE(data=...)`` take. Keyword arguments as `batches`."""
+        hook = self._check_hooks([hook])[0]
+        width = self.hooks[hook].width
+        for batch in self.batches([hook], batch_size, **kwargs):
+            x = batch[hook]
+            yield x.reshape(x.shape[0], width)
+
+    def read(self, hooks: Optional[Sequence[str]] = None, format: str = "numpy", dtype: Any = None) -> Dict[str, Any]:
+        """Every committed token of `hooks` in stored order, in memory: for small runs and tests."""
+        hooks = self._check_hooks(hooks)
+        parts = list(self.batches(hooks, batch_size=1 << 20, shuffle=False, format="numpy", dtype="raw", prefetch=0))
+        out_dtype = _convert.resolve_dtype(dtype, format)
+        convert = _convert.Converter(format, out_dtype, self.dtype, hooks, None)
+        if not parts:
+            templates = {h: np.zeros((0,) + self.hooks[h].shape, STORED_DTYPES_BY_NAME[self.dtype]) for h in hooks}
+            templates.update(token_ids=np.zeros(0, np.int32), position=np.zeros(0, np.int32))
+            return convert(templates)
+        return convert({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+
+STORED_DTYPES_BY_NAME = {logical: np_dtype for np_dtype, logical in STORED_DTYPES.values()}
+
+
+def _sha256(location: Location, rel: str, size: int) -> str:
+    digest = hashlib.sha256()
+    step = 64 << 20
+    for start in range(0, size, step):
+        digest.update(location.read_range(rel, start, min(size, start + step)))
+    return digest.hexdigest()
+
+
+def open(url: Union[str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]] = None) -> Dataset:  # noqa: A001
+    """Opens a siphon run (the ``{output}/{run}`` directory): a local path, ``file://``,
+    ``s3://`` (s3fs) or ``gs://`` (gcsfs). `storage_options` go to fsspec (e.g.
+    ``{"endpoint_url": ...}``); ``AWS_ENDPOINT``, as siphon's extraction reads it, also works."""
+    return Dataset(str(url), storage_options)

@@ -1,0 +1,139 @@
+"""PyTorch adapters: an ``IterableDataset`` for ``DataLoader`` (ranks × workers split without
+overlap or gap), and the tensor iterators SAELens's ``SAETrainer(data_provider=...)`` and
+dictionary_learning's ``trainSAE(data=...)`` take.
+
+Example::
+
+    import siphon, siphon.torch
+    from torch.utils.data import DataLoader
+    ds = siphon.torch.ActivationDataset("out/demo/smollm2-shakespeare",
+                                        hooks=["blocks.10.hook_resid_post"], batch_size=4096)
+    for batch in DataLoader(ds, batch_size=None, num_workers=2):
+        x = batch["blocks.10.hook_resid_post"]      # [4096, 576] torch.bfloat16
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .dataset import Dataset, open as _open
+from .errors import DatasetError
+
+
+def _distributed() -> tuple:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class ActivationDataset(IterableDataset):
+    """A siphon run as a ``torch.utils.data.IterableDataset`` of whole batches.
+
+    Use it with ``DataLoader(ds, batch_size=None, num_workers=W)``: each DataLoader worker of
+    each rank reads its own units (`Dataset.batches` with ``worker``/``num_workers`` from
+    ``get_worker_info()``), so over ``world_size`` ranks × ``W`` workers every token comes once
+    per epoch. `rank`/`world_size` default to ``torch.distributed``'s when it is initialized.
+    Call `set_epoch` between epochs to reshuffle. With `tensors`, one hook is yielded as bare
+    ``[n, width]`` tensors instead of dicts.
+    """
+
+    def __init__(
+        self,
+        dataset: Union[Dataset, str, "os.PathLike[str]"],
+        hooks: Optional[Sequence[str]] = None,
+        batch_size: int = 4096,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        dtype: Any = None,
+        *,
+        epochs: Optional[int] = 1,
+        tensors: bool = False,
+        storage_options: Optional[Mapping[str, Any]] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset, storage_options)
+        self.hooks = self.dataset._check_hooks(hooks)
+        if tensors and len(self.hooks) != 1:
+            raise DatasetError(f"tensors=True yields one hook's tensors; got hooks {self.hooks}")
+        if (rank is None) != (world_size is None):
+            raise DatasetError("give both rank and world_size, or neither (then torch.distributed's)")
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.dtype = dtype
+        self.epochs = epochs
+        self.tensors = tensors
+        self.epoch = 0
+        self.kwargs = kwargs
+        # Fail now, not in a worker, on bad arguments.
+        r, w = (rank, world_size) if rank is not None else _distributed()
+        self.dataset.batches(self.hooks, batch_size, shuffle, seed, r, w, "torch", dtype, **kwargs)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads (its shuffle)."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        rank, world_size = (self.rank, self.world_size) if self.rank is not None else _distributed()
+        batches = self.dataset.batches(
+            self.hooks,
+            self.batch_size,
+            self.shuffle,
+            self.seed,
+            rank,
+            world_size,
+            "torch",
+            self.dtype,
+            epoch=self.epoch,
+            epochs=self.epochs,
+            worker=worker,
+            num_workers=num_workers,
+            **self.kwargs,
+        )
+        if not self.tensors:
+            return batches
+        hook = self.hooks[0]
+        width = self.dataset.hooks[hook].width
+        return (b[hook].reshape(b[hook].shape[0], width) for b in batches)
+
+
+def data_provider(
+    dataset: Union[Dataset, str, "os.PathLike[str]"],
+    hook: str,
+    batch_size: int = 4096,
+    *,
+    device: Any = None,
+    dtype: Any = "float32",
+    num_workers: int = 0,
+    epochs: Optional[int] = None,
+    **kwargs: Any,
+) -> Iterator[torch.Tensor]:
+    """An endless (by default) iterator of shuffled ``[batch_size, d]`` tensors of one hook: the
+    ``data_provider`` of SAELens's ``SAETrainer`` and the ``data`` of dictionary_learning's
+    ``trainSAE``. Epochs are reshuffled; with `num_workers`, a DataLoader reads in worker
+    processes. Keyword arguments as `Dataset.batches` (seed, rank, world_size,
+    exclude_token_ids, ...)."""
+    ds = ActivationDataset(dataset, [hook], batch_size, dtype=dtype, epochs=epochs, tensors=True, **kwargs)
+    loader = DataLoader(ds, batch_size=None, num_workers=num_workers, persistent_workers=False)
+    for x in loader:
+        yield x if device is None else x.to(device)
+
+
+def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any) -> DataLoader:
+    """``DataLoader(dataset, batch_size=None, num_workers=num_workers, ...)``: batches are
+    already built by the dataset."""
+    return DataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+
+
+__all__ = ["ActivationDataset", "data_provider", "batch_loader"]

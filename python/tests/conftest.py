@@ -1,0 +1,147 @@
+"""Test datasets are made by the real `siphon` binary (SIPHON_BIN, else `siphon` on PATH, else
+the cargo target directory) on the fixture model fixtures/models/tiny-llama with the PJRT CPU
+plugin (SIPHON_PJRT_PLUGIN, as scripts/test.sh sets it), two local hosts."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# Transcoder pair (ln2.hook_normalized -> hook_mlp_out), a residual hook and a per-head hook.
+HOOKS = [
+    "blocks.0.hook_resid_post",
+    "blocks.1.ln2.hook_normalized",
+    "blocks.1.hook_mlp_out",
+    "blocks.0.attn.hook_z",
+]
+D_MODEL = 64
+
+
+def siphon_binary() -> str:
+    candidates = [os.environ.get("SIPHON_BIN"), shutil.which("siphon")]
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    candidates += [str(target / "debug" / "siphon"), str(target / "release" / "siphon")]
+    for c in candidates:
+        if c and os.access(c, os.X_OK):
+            return c
+    raise RuntimeError("no siphon binary: build it (cargo build -p siphon) or set SIPHON_BIN")
+
+
+def make_corpus(path: Path, docs: int, seed: int = 7) -> None:
+    words = "the river ran cold under a grey sky and birds sang of rain while wind moved".split()
+    rng = random.Random(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    for part in range(2):
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(docs // 2)]
+        (path / f"part-{part}.txt").write_text("\n".join(lines) + "\n")
+
+
+def tiny_model(dest: Path) -> Path:
+    """fixtures/models/tiny-llama with its embedding grown to cover the fixture tokenizer's
+    special tokens (ids 256..259), which siphon requires."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    src = REPO / "fixtures/models/tiny-llama"
+    dest.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    tensors = load_file(str(src / "model.safetensors"))
+    embed = tensors["model.embed_tokens.weight"]
+    extra = np.random.default_rng(0).normal(0, 0.02, (264 - embed.shape[0], embed.shape[1])).astype(embed.dtype)
+    tensors["model.embed_tokens.weight"] = np.concatenate([embed, extra])
+    config["vocab_size"] = 264
+    (dest / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(dest / "model.safetensors"))
+    return dest
+
+
+def extract(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=HOOKS, extra=()) -> Path:
+    corpus = out.parent / f"{run}-corpus"
+    make_corpus(corpus, docs)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if "SIPHON_PJRT_PLUGIN" not in env:
+        default = Path.home() / ".cache/siphon/pjrt/xla-cpu-2026.6.23/libpjrt_cpu.so"
+        if default.exists():
+            env["SIPHON_PJRT_PLUGIN"] = str(default)
+    cmd = [
+        siphon_binary(), "launch", "--local-hosts", "2", "--cpu-devices-per-host", "1", "--",
+        "extract", "--model", str(tiny_model(out.parent / "tiny-llama-264")),
+        "--tokenizer", str(REPO / "fixtures/data/tokenizer.json"),
+        "--corpus", str(corpus), "--text-records", "line", "--hooks", ",".join(hooks),
+        "--seq-len", "32", "--batch-size", "4", "--dtype", dtype, "--shard-size-mb", "0.03",
+        "--output", str(out), "--run", run, "--tokenizer-threads", "1", *extra,
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    return out / run
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def bf16_run(runs) -> Path:
+    """bf16, two hosts, many small shards."""
+    return extract(runs, "tiny-bf16")
+
+
+@pytest.fixture(scope="session")
+def f32_run(runs) -> Path:
+    return extract(runs, "tiny-f32", dtype="f32", hooks=HOOKS[:3])
+
+
+@pytest.fixture()
+def run_copy(bf16_run, tmp_path) -> Path:
+    """A copy of the bf16 run that a test may damage."""
+    dest = tmp_path / "copy" / bf16_run.name
+    shutil.copytree(bf16_run, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    """moto's S3 server on 127.0.0.1 (stopped at the end); yields its endpoint URL."""
+    import socket
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(endpoint, timeout=1)
+                break
+            except Exception:
+                time.sleep(0.1)
+        saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT", "AWS_DEFAULT_REGION")}
+        os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_ENDPOINT=endpoint, AWS_DEFAULT_REGION="us-east-1")
+        yield endpoint
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -1,0 +1,208 @@
+"""siphon.open and Dataset.batches on runs written by the siphon binary, checked against the
+shards as safetensors itself loads them."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import siphon
+from conftest import D_MODEL, HOOKS
+
+from siphon import DatasetError
+
+
+def shards_in_order(run: Path):
+    """Every committed shard's tensors, hosts in order, as safetensors loads them."""
+    out = []
+    for host in sorted(p for p in run.iterdir() if p.name.startswith("machine_")):
+        for line in (host / "manifest.jsonl").read_text().splitlines():
+            out.append(load_file(str(host / json.loads(line)["shard"])))
+    return out
+
+
+def rows(batch, hooks):
+    """Each token of a batch as one hashable tuple of every field: pairing kept iff equal."""
+    cols = [batch["token_ids"].tolist(), batch["position"].tolist()]
+    for h in hooks:
+        x = batch[h]
+        x = x.view(torch.int16) if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 else x
+        x = x.numpy() if isinstance(x, torch.Tensor) else x
+        cols.append([r.tobytes() for r in np.ascontiguousarray(x).reshape(len(x), -1)])
+    return list(zip(*cols))
+
+
+def test_open_reports_hooks_shapes_dtype_and_tokens(bf16_run):
+    ds = siphon.open(bf16_run)
+    run_json = json.loads((bf16_run / "run.json").read_text())
+    assert ds.format == "siphon-activations/2"
+    assert list(ds.hooks) == HOOKS == run_json["hooks"]
+    assert ds.hooks["blocks.0.hook_resid_post"].shape == (D_MODEL,)
+    assert ds.hooks["blocks.0.attn.hook_z"].shape == (4, 16)
+    assert ds.dtype == "bfloat16"
+    shards = shards_in_order(bf16_run)
+    assert len(ds.shards) == len(shards) > 4, "the fixture should have several shards per host"
+    assert ds.tokens == sum(len(s["token_ids"]) for s in shards)
+    assert len({s.host for s in ds.shards}) == 2
+    assert ds.verify().ok
+
+
+def test_read_equals_the_shards_and_bf16_stays_bf16(bf16_run):
+    ds = siphon.open(bf16_run)
+    got = ds.read(format="torch")
+    shards = shards_in_order(bf16_run)
+    for name in HOOKS + ["token_ids", "position"]:
+        want = torch.cat([s[name] for s in shards])
+        assert got[name].dtype == want.dtype, name
+        assert torch.equal(got[name], want), name
+    assert got[HOOKS[0]].dtype == torch.bfloat16
+    as_f32 = ds.read(hooks=HOOKS[:1], format="numpy", dtype="float32")[HOOKS[0]]
+    assert as_f32.dtype == np.float32
+    np.testing.assert_array_equal(as_f32, got[HOOKS[0]].float().numpy())
+
+
+def test_shuffled_batches_pair_hooks_and_cover_every_token_once(bf16_run):
+    ds = siphon.open(bf16_run)
+    hooks = ["blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"]
+    full = Counter(rows(ds.read(hooks), hooks))
+    batches = list(ds.batches(hooks, batch_size=100, shuffle=True, seed=3, unit_tokens=128, shuffle_buffer_tokens=400))
+    assert all(len(b["token_ids"]) == 100 for b in batches[:-1])
+    seen = Counter(r for b in batches for r in rows(b, hooks))
+    assert seen == full
+    in_order = [r for b in ds.batches(hooks, batch_size=100, shuffle=False) for r in rows(b, hooks)]
+    shuffled = [r for b in batches for r in rows(b, hooks)]
+    assert in_order != shuffled
+
+
+def test_shuffle_is_deterministic_for_a_seed(bf16_run):
+    ds = siphon.open(bf16_run)
+
+    def ids(seed, epoch=0):
+        return np.concatenate([b["token_ids"] for b in ds.batches(HOOKS[:1], 64, seed=seed, epoch=epoch, unit_tokens=64, shuffle_buffer_tokens=256)])
+
+    assert np.array_equal(ids(1), ids(1))
+    assert not np.array_equal(ids(1), ids(2))
+    assert not np.array_equal(ids(1, epoch=0), ids(1, epoch=1))
+
+
+def test_ranks_and_workers_split_without_overlap_or_gap(bf16_run):
+    ds = siphon.open(bf16_run)
+    hooks = HOOKS[:2]
+    full = Counter(rows(ds.read(hooks), hooks))
+    seen = Counter()
+    for rank in range(2):
+        for worker in range(3):
+            for b in ds.batches(hooks, 50, seed=5, rank=rank, world_size=2, worker=worker, num_workers=3, unit_tokens=100):
+                seen.update(rows(b, hooks))
+    assert seen == full
+
+
+def test_filters_by_token_id_and_position(bf16_run):
+    ds = siphon.open(bf16_run)
+    ids = ds.read(HOOKS[:1])
+    common = int(np.bincount(ids["token_ids"]).argmax())
+    out = ds.read(HOOKS[:1])  # unfiltered reference
+    kept = list(ds.batches(HOOKS[:1], 128, exclude_token_ids=[common], min_position=2, max_position=20))
+    got_ids = np.concatenate([b["token_ids"] for b in kept])
+    got_pos = np.concatenate([b["position"] for b in kept])
+    assert common not in got_ids
+    assert got_pos.min() >= 2 and got_pos.max() < 20
+    want = ((out["token_ids"] != common) & (out["position"] >= 2) & (out["position"] < 20)).sum()
+    assert len(got_ids) == want > 0
+
+
+def test_epochs_repeat_and_drop_last(bf16_run):
+    ds = siphon.open(bf16_run)
+    one = sum(len(b["token_ids"]) for b in ds.batches(HOOKS[:1], 64))
+    assert one == ds.tokens
+    two = list(ds.batches(HOOKS[:1], 64, epochs=2, drop_last=True))
+    assert all(len(b["token_ids"]) == 64 for b in two)
+    assert len(two) == 2 * (ds.tokens // 64) or len(two) >= 2 * (ds.tokens // 64) - 2
+
+
+def test_only_manifest_committed_shards_are_visible(run_copy):
+    host = sorted(p for p in run_copy.iterdir() if p.name.startswith("machine_"))[0]
+    manifest = host / "manifest.jsonl"
+    lines = manifest.read_text().splitlines()
+    full = siphon.open(run_copy)
+    # A writer that has uploaded its last shard but not yet committed it.
+    manifest.write_text("\n".join(lines[:-1]) + "\n")
+    partial = siphon.open(run_copy)
+    last = json.loads(lines[-1])
+    assert len(partial.shards) == len(full.shards) - 1
+    assert partial.tokens == full.tokens - last["tokens"]
+    assert sum(len(b["token_ids"]) for b in partial.batches(HOOKS[:1], 256)) == partial.tokens
+    manifest.write_text("\n".join(lines) + "\n")
+    assert partial.refresh().tokens == full.tokens
+
+
+def test_verify_names_a_damaged_shard(run_copy):
+    host = sorted(p for p in run_copy.iterdir() if p.name.startswith("machine_"))[1]
+    shard = host / "shard_000001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=rf"{host.name}/shard_000001.safetensors: sha256"):
+        siphon.open(run_copy).verify()
+    shard.unlink()
+    with pytest.raises(DatasetError, match="committed shard is missing"):
+        siphon.open(run_copy).verify()
+
+
+def test_bad_input_is_a_clear_error(bf16_run, tmp_path):
+    ds = siphon.open(bf16_run)
+    with pytest.raises(DatasetError, match=r"unknown hook 'blocks.0.hook_resid_pre'.*did you mean"):
+        ds.batches(["blocks.0.hook_resid_pre"])
+    with pytest.raises(DatasetError, match="rank 2 is out of range for world_size 2"):
+        ds.batches(HOOKS[:1], rank=2, world_size=2)
+    with pytest.raises(DatasetError, match="format must be"):
+        ds.batches(HOOKS[:1], format="jax")
+    with pytest.raises(DatasetError, match="unsupported dtype"):
+        ds.batches(HOOKS[:1], dtype="int8")
+    with pytest.raises(DatasetError, match="no run.json"):
+        siphon.open(tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "run.json").write_text(json.dumps({"format": "siphon-activations/9"}))
+    with pytest.raises(DatasetError, match="unsupported dataset format 'siphon-activations/9'"):
+        siphon.open(bad)
+    host = bad / "machine_000_host_00"
+    host.mkdir()
+    (bad / "run.json").write_text((bf16_run / "run.json").read_text())
+    (host / "manifest.jsonl").write_text('{"shard": "x"}\n')
+    with pytest.raises(DatasetError, match="manifest.jsonl: line 1"):
+        siphon.open(bad)
+
+
+def test_s3_through_fsspec(bf16_run, moto_s3):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": moto_s3})
+    fs.mkdir("bucket")
+    fs.put(str(bf16_run), "bucket/acts/", recursive=True)
+    url = f"s3://bucket/acts/{bf16_run.name}"
+    ds = siphon.open(url)
+    local = siphon.open(bf16_run)
+    assert ds.tokens == local.tokens and list(ds.hooks) == list(local.hooks)
+    ds.verify()
+    a = list(ds.batches(HOOKS[1:3], 128, seed=9, format="torch"))
+    b = list(local.batches(HOOKS[1:3], 128, seed=9, format="torch"))
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for k in x:
+            assert torch.equal(x[k], y[k])
+
+
+def test_gs_without_gcsfs_names_the_package(monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed")
+    with pytest.raises(DatasetError, match="gcsfs"):
+        siphon.open("gs://bucket/run")

@@ -1,0 +1,165 @@
+"""Training with SAELens 6.x itself (PyPI sae-lens) on siphon runs: its SAETrainer through
+`data_provider`, its multi-hook trainer on dict batches, its own runner on the exported cache
+(use_cached_activations=True), and a torch DataLoader of 2 workers × world_size 2."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import siphon
+import siphon.torch
+from conftest import D_MODEL
+from siphon.saelens import export
+
+sae_lens = pytest.importorskip("sae_lens")
+from sae_lens import StandardTrainingSAE, StandardTrainingSAEConfig  # noqa: E402
+from sae_lens.config import SAETrainerConfig  # noqa: E402
+from sae_lens.training.sae_trainer import SAETrainer  # noqa: E402
+
+HOOK = "blocks.0.hook_resid_post"
+
+
+def trainer_config(batch: int, steps: int) -> SAETrainerConfig:
+    return SAETrainerConfig(
+        total_training_samples=batch * steps,
+        train_batch_size_samples=batch,
+        lr=1e-3,
+        lr_end=1e-3,
+        device="cpu",
+        n_batches_for_norm_estimate=2,
+    )
+
+
+def new_sae(d_in: int = D_MODEL) -> StandardTrainingSAE:
+    torch.manual_seed(0)
+    return StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=2 * d_in, l1_coefficient=1e-3))
+
+
+def test_saelens_trainer_trains_from_data_provider(bf16_run):
+    batch, steps = 256, 16
+    sae = new_sae()
+    w_before = sae.W_enc.detach().clone()
+    provider = siphon.torch.data_provider(bf16_run, HOOK, batch_size=batch, seed=1)
+    trainer = SAETrainer(trainer_config(batch, steps), sae, data_provider=provider)
+    trained = trainer.fit()
+    assert trainer.n_training_steps == steps
+    assert trainer.n_training_samples == batch * steps
+    assert not torch.equal(trained.W_enc.detach(), w_before)
+    x = next(siphon.torch.data_provider(bf16_run, HOOK, batch_size=batch, seed=2))
+    assert x.shape == (batch, D_MODEL) and x.dtype == torch.float32
+    with torch.no_grad():
+        before = torch.mean((new_sae()(x) - x) ** 2)
+        after = torch.mean((trained(x) - x) ** 2)
+    assert torch.isfinite(after) and after < before
+
+
+def test_saelens_multi_hook_trainer_takes_paired_dict_batches(bf16_run):
+    """A transcoder-style pair (ln2.hook_normalized, hook_mlp_out) for the same tokens, through
+    SAELens's MultiSAETrainer and its dict data provider."""
+    from sae_lens.training.multi_sae_trainer import MultiSAETrainer
+
+    hooks = {"in": "blocks.1.ln2.hook_normalized", "out": "blocks.1.hook_mlp_out"}
+    batch, steps = 128, 4
+    ds = siphon.torch.ActivationDataset(bf16_run, list(hooks.values()), batch_size=batch, dtype="float32", epochs=None, drop_last=True)
+    provider = iter(DataLoader(ds, batch_size=None))
+    trainer = MultiSAETrainer(
+        trainer_config(batch, steps), {k: new_sae() for k in hooks}, hook_names=hooks, data_provider=provider
+    )
+    trainer.fit()
+    assert trainer.n_training_steps == steps
+
+
+def test_dataloader_two_workers_world_size_two_reads_every_token_once(bf16_run):
+    full = siphon.open(bf16_run).read([HOOK])
+    want = Counter(zip(full["token_ids"].tolist(), full["position"].tolist(), [r.tobytes() for r in full[HOOK]]))
+    seen = Counter()
+    for rank in range(2):
+        ds = siphon.torch.ActivationDataset(bf16_run, [HOOK], batch_size=100, seed=4, rank=rank, world_size=2, unit_tokens=128)
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            got = Counter()
+            for b in DataLoader(ds, batch_size=None, num_workers=2):
+                x = b[HOOK].view(torch.int16).numpy()
+                got.update(zip(b["token_ids"].tolist(), b["position"].tolist(), [r.tobytes() for r in x]))
+            if epoch == 0:
+                seen.update(got)
+            else:
+                epoch_two = got
+        assert epoch_two  # every epoch is read again
+    assert seen == want
+    assert sum(seen.values()) == siphon.open(bf16_run).tokens
+
+
+def test_export_matches_and_saelens_runner_trains_from_it(f32_run, tmp_path):
+    from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner
+    from sae_lens.config import LoggingConfig
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    ctx = 16
+    summary = export(f32_run, tmp_path / "cache", hooks=[HOOK, "blocks.1.hook_mlp_out"], context_size=ctx, shuffle=False)
+    assert summary.rows == siphon.open(f32_run).tokens // ctx
+    cache = datasets.load_from_disk(str(tmp_path / "cache"))
+    assert cache.features[HOOK] == datasets.Array2D(shape=(ctx, D_MODEL), dtype="float32")
+    assert len(cache) == summary.rows
+    stored = siphon.open(f32_run).read([HOOK])
+    cache.set_format("numpy")
+    np.testing.assert_array_equal(cache[0][HOOK], stored[HOOK][:ctx])
+    np.testing.assert_array_equal(cache[1]["token_ids"], stored["token_ids"][ctx : 2 * ctx])
+
+    # SAELens's own runner, reading the cache (the model is only a stand-in: with
+    # use_cached_activations it never runs, and evals are off).
+    model = HookedTransformer(HookedTransformerConfig(n_layers=2, d_model=D_MODEL, d_head=16, n_ctx=ctx, d_vocab=256, act_fn="silu", normalization_type="RMS"))
+    batch, steps = 128, 6
+    cfg = LanguageModelSAERunnerConfig(
+        sae=StandardTrainingSAEConfig(d_in=D_MODEL, d_sae=2 * D_MODEL, l1_coefficient=1e-3),
+        hook_name=HOOK,
+        context_size=ctx,
+        use_cached_activations=True,
+        cached_activations_path=str(tmp_path / "cache"),
+        training_tokens=batch * steps,
+        train_batch_size_tokens=batch,
+        store_batch_size_prompts=4,
+        n_batches_in_buffer=16,  # SAELens mixes in n_batches_in_buffer * context_size tokens
+        device="cpu",
+        logger=LoggingConfig(log_to_wandb=False),
+        n_batches_for_norm_estimate=2,
+        output_path=str(tmp_path / "sae"),
+        checkpoint_path=str(tmp_path / "ckpt"),
+        streaming=False,
+    )
+    tokens = datasets.Dataset.from_dict({"tokens": [[1] * ctx] * 4})
+    runner = LanguageModelSAETrainingRunner(cfg, override_dataset=tokens, override_model=model)
+    w_before = runner.sae.W_enc.detach().clone()
+    sae = runner.run()
+    assert not torch.equal(sae.W_enc.detach(), w_before)
+    assert runner.activations_store.cached_activation_dataset is not None
+    assert (tmp_path / "sae").exists()
+
+
+def test_siphon_export_saelens_command(f32_run, tmp_path):
+    """`siphon export saelens` (the Rust binary) runs the same export through this Python."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import siphon_binary
+
+    env = dict(os.environ, SIPHON_PYTHON=sys.executable, PYTHONPATH=os.pathsep.join(sys.path))
+    out = tmp_path / "cli-cache"
+    done = subprocess.run(
+        [siphon_binary(), "export", "saelens", str(f32_run), str(out), "--hooks", HOOK, "--context-size", "32", "--dtype", "float16"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    cache = datasets.load_from_disk(str(out))
+    assert cache.features[HOOK] == datasets.Array2D(shape=(32, D_MODEL), dtype="float16")
+    assert len(cache) == siphon.open(f32_run).tokens // 32
+    bad = subprocess.run([siphon_binary(), "export", "saelens", str(f32_run), str(tmp_path / "x"), "--hooks", "nope"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "unknown hook 'nope'" in bad.stderr
