@@ -193,7 +193,7 @@ fn tiny_mistral_matches_hf_at_every_hook() {
 /// has one), read back and run: every golden hook as HF computes it from the same weights.
 #[test]
 fn gguf_of_every_family_matches_hf() {
-    for arch in ["qwen3", "qwen3moe", "gemma2", "phi3", "olmo2", "gpt2", "gptneox"] {
+    for arch in ["qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2", "gpt2", "gptneox", "mixtral"] {
         let dir = fixture("gguf");
         let model = LoadedModel::open(&dir.join(format!("tiny-{arch}.gguf"))).unwrap();
         let golden = dir.join(format!("tiny-{arch}.golden.safetensors"));

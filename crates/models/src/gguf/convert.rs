@@ -11,7 +11,7 @@ use super::{GgufFile, GgufValue};
 use crate::{HfConfig, ModelError};
 
 /// The GGUF architectures siphon converts.
-const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "phi3", "olmo2", "gpt2", "gptneox"];
+const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2", "gpt2", "gptneox"];
 
 /// How one GGUF tensor becomes one Hugging Face tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub fn hf_names(arch: &str, gguf_name: &str, n_heads: usize, n_kv_heads: usize, 
         order: row_order(arch, gguf_name, n_heads, n_kv_heads),
         expert: None,
         transpose: arch == "gpt2" && gguf_name.ends_with(".weight") && [".attn_qkv.", ".attn_output.", ".ffn_up.", ".ffn_down."].iter().any(|m| gguf_name.contains(m)),
-        minus_one: arch == "gemma2" && gguf_name.ends_with("norm.weight"),
+        minus_one: matches!(arch, "gemma2" | "gemma3") && gguf_name.ends_with("norm.weight"),
         hf,
     };
     let (model, layers) = match arch {
@@ -68,16 +68,24 @@ pub fn hf_names(arch: &str, gguf_name: &str, n_heads: usize, n_kv_heads: usize, 
     if kind != "weight" && kind != "bias" {
         return Vec::new();
     }
+    // A llama file with experts is a Mixtral (llama.cpp converts Mixtral as llama).
+    let mixtral = arch == "llama" && n_experts > 0;
     if let Some(proj) = module.strip_prefix("ffn_").and_then(|m| m.strip_suffix("_exps")) {
-        let proj = match proj {
-            "gate" => "gate_proj",
-            "up" => "up_proj",
-            "down" => "down_proj",
+        let proj = match (mixtral, proj) {
+            (false, "gate") => "mlp.experts.{e}.gate_proj",
+            (false, "up") => "mlp.experts.{e}.up_proj",
+            (false, "down") => "mlp.experts.{e}.down_proj",
+            (true, "gate") => "block_sparse_moe.experts.{e}.w1",
+            (true, "up") => "block_sparse_moe.experts.{e}.w3",
+            (true, "down") => "block_sparse_moe.experts.{e}.w2",
             _ => return Vec::new(),
         };
         return (0..n_experts)
-            .map(|e| Mapping { expert: Some((e, n_experts)), ..map(format!("{layers}.{layer}.mlp.experts.{e}.{proj}.{kind}")) })
+            .map(|e| Mapping { expert: Some((e, n_experts)), ..map(format!("{layers}.{layer}.{}.{kind}", proj.replace("{e}", &e.to_string()))) })
             .collect();
+    }
+    if mixtral && module == "ffn_gate_inp" {
+        return vec![map(format!("{layers}.{layer}.block_sparse_moe.gate.{kind}"))];
     }
     let hf_module = match (arch, module) {
         ("gpt2", "attn_norm") => "ln_1",
@@ -92,9 +100,9 @@ pub fn hf_names(arch: &str, gguf_name: &str, n_heads: usize, n_kv_heads: usize, 
         ("gptneox", "ffn_down") => "mlp.dense_4h_to_h",
         ("phi3", "attn_qkv") => "self_attn.qkv_proj",
         ("phi3", "ffn_up") => "mlp.gate_up_proj",
-        ("gemma2", "ffn_norm") => "pre_feedforward_layernorm",
-        ("gemma2" | "olmo2", "post_attention_norm") => "post_attention_layernorm",
-        ("gemma2" | "olmo2", "post_ffw_norm") => "post_feedforward_layernorm",
+        ("gemma2" | "gemma3", "ffn_norm") => "pre_feedforward_layernorm",
+        ("gemma2" | "gemma3" | "olmo2", "post_attention_norm") => "post_attention_layernorm",
+        ("gemma2" | "gemma3" | "olmo2", "post_ffw_norm") => "post_feedforward_layernorm",
         (_, "attn_norm") => "input_layernorm",
         (_, "attn_q") => "self_attn.q_proj",
         (_, "attn_k") => "self_attn.k_proj",
@@ -239,7 +247,7 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         // transformers maps rope.dimension_count to head_dim for llama only; the families
         // whose head_dim is not hidden / heads record attention.key_length.
         "llama" => int("rope.dimension_count")?,
-        "qwen3" | "qwen3moe" | "gemma2" | "olmo2" => int("attention.key_length")?,
+        "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "olmo2" => int("attention.key_length")?,
         _ => None,
     };
     // Partial rotary (GPT-NeoX, Phi-3): rope.dimension_count of each head.
@@ -252,6 +260,8 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         model_type: Some(match arch.as_str() {
             "qwen3moe" => "qwen3_moe".into(),
             "gptneox" => "gpt_neox".into(),
+            "gemma3" => "gemma3_text".into(),
+            "llama" if key("expert_count").is_some() => "mixtral".into(),
             _ => arch.clone(),
         }),
         vocab_size,
@@ -291,20 +301,27 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
             config.num_experts = int("expert_count")?;
             config.num_experts_per_tok = int("expert_used_count")?;
             config.moe_intermediate_size = int("expert_feed_forward_length")?;
-            // llama.cpp always renormalises Qwen3-MoE's top-k weights, as the released
-            // checkpoints' configs say (norm_topk_prob true); transformers' GGUF loader leaves
-            // Qwen3MoeConfig's default (false), which would change every MoE output.
-            config.norm_topk_prob = Some(true);
+            // llama.cpp renormalises Qwen3-MoE's top-k weights unless the file says otherwise,
+            // as the released checkpoints' configs do (norm_topk_prob true); transformers' GGUF
+            // loader leaves Qwen3MoeConfig's default (false), which changes every MoE output.
+            config.norm_topk_prob = Some(key("expert_weights_norm").and_then(GgufValue::as_bool).unwrap_or(true));
         }
-        "gemma2" => {
+        "gemma2" | "gemma3" => {
+            // Absent: each config's default (Gemma 2 caps at 50, Gemma 3 not at all), as llama.cpp.
             config.attn_logit_softcapping = float("attn_logit_softcapping").map(serde_json::Value::from);
             // The file does not record query_pre_attn_scalar; llama.cpp scales by head_dim,
-            // except for the 27B model (46 layers), which uses hidden / heads — as its config.
+            // except for the 27B models (Gemma 2: 46 layers, Gemma 3: 62), which use
+            // hidden / heads — as their configs do.
+            let big = if arch == "gemma2" { 46 } else { 62 };
             config.query_pre_attn_scalar = match (layers, hidden, heads, head_dim) {
-                (Some(46), Some(h), Some(n), _) if n > 0 => Some((h / n) as f64),
+                (Some(l), Some(h), Some(n), _) if l == big && n > 0 => Some((h / n) as f64),
                 (_, _, _, Some(d)) => Some(d as f64),
                 _ => None,
             };
+        }
+        "llama" if key("expert_count").is_some() => {
+            config.num_local_experts = int("expert_count")?;
+            config.num_experts_per_tok = int("expert_used_count")?;
         }
         _ => {}
     }
