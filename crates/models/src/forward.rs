@@ -383,6 +383,15 @@ impl<'a> Graph<'a> {
         Ok(Norm { var, normalized, out })
     }
 
+    /// `x + norm(y)` for a sublayer's output `y` normalised before it joins the residual
+    /// stream `x` (Gemma's and OLMo 2's post-norms), recording the norm's scale, normalized
+    /// and output hooks.
+    pub fn add_post_normed(&mut self, x: Value, y: Value, weight: &str, gain: Gain, hooks: [HookPoint; 3]) -> Result<Value, ModelError> {
+        let post = self.rms_norm_with(y, weight, gain)?;
+        self.hook_norm(&post, hooks[0], hooks[1], hooks[2])?;
+        Ok(self.b.add(x, post.out)?)
+    }
+
     /// PyTorch's LayerNorm: `(x - mean(x)) / sqrt(var(x) + eps) * w + bias`, all in f32, cast
     /// back to the compute dtype (the scale hook is `sqrt(var(x) + eps)`, the normalized one
     /// the centred input divided by it, as TransformerLens has them for LayerNorm).
@@ -443,6 +452,18 @@ impl<'a> Graph<'a> {
                 Ok(self.b.add(y, bv)?)
             }
         }
+    }
+
+    /// Block `layer`'s q, k and v from the parts of a fused projection with biases, cut on read
+    /// (`{fused}.weight[q]`, `{fused}.bias[q]`, …: GPT-2's `c_attn`, GPT-NeoX's
+    /// `query_key_value`), recording `attn.hook_q` / `hook_k` / `hook_v`.
+    pub fn fused_qkv(&mut self, x: Value, layer: usize, fused: &str) -> Result<[Value; 3], ModelError> {
+        let mut out = [x; 3];
+        for (slot, (part, kind)) in out.iter_mut().zip([("q", HookKind::AttnQ), ("k", HookKind::AttnK), ("v", HookKind::AttnV)]) {
+            *slot = self.linear(x, &format!("{fused}.weight[{part}]"), Some(&format!("{fused}.bias[{part}]")))?;
+            self.hook(HookPoint::block(layer, kind), *slot);
+        }
+        Ok(out)
     }
 
     /// The RoPE tables of block `layer`: the model's, or the local ones (`local_rope_theta`,

@@ -81,17 +81,13 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
         let proj = crate::llama::self_attention(&mut g, ln1.out, layer, Gain::UnitOffset, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
-        let post = g.rms_norm_with(proj, &norm("post_attention_layernorm"), Gain::UnitOffset)?;
-        g.hook_norm(&post, at(Ln1PostScale), at(Ln1PostNormalized), at(AttnOut))?;
-        let h = g.b.add(x, post.out)?;
+        let h = g.add_post_normed(x, proj, &norm("post_attention_layernorm"), Gain::UnitOffset, [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at))?;
         g.hook(at(ResidMid), h);
         let ln2 = g.rms_norm_with(h, &norm("pre_feedforward_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
         let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
         g.hook_mlp(&mlp, layer, MlpProjOut);
-        let post = g.rms_norm_with(mlp.out, &norm("post_feedforward_layernorm"), Gain::UnitOffset)?;
-        g.hook_norm(&post, at(Ln2PostScale), at(Ln2PostNormalized), at(MlpOut))?;
-        let out = g.b.add(h, post.out)?;
+        let out = g.add_post_normed(h, mlp.out, &norm("post_feedforward_layernorm"), Gain::UnitOffset, [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at))?;
         x = g.constrain_tokens(out)?;
         g.hook(at(ResidPost), x);
     }

@@ -105,15 +105,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let mask = g.layer_mask(layer)?;
         let ln1 = g.layer_norm(x, &format!("{p}.ln_1.weight"), &format!("{p}.ln_1.bias"))?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let mut qkv = Vec::with_capacity(3);
-        for (part, kind) in [("q", AttnQ), ("k", AttnK), ("v", AttnV)] {
-            let w = format!("{p}.attn.c_attn.weight[{part}]");
-            let b = format!("{p}.attn.c_attn.bias[{part}]");
-            let y = g.linear(ln1.out, &w, Some(&b))?;
-            g.hook(at(kind), y);
-            qkv.push(y);
-        }
-        let z = g.attend(layer, qkv[0], qkv[1], qkv[2], mask)?;
+        let [q, k, v] = g.fused_qkv(ln1.out, layer, &format!("{p}.attn.c_attn"))?;
+        let z = g.attend(layer, q, k, v, mask)?;
         let attn = g.linear(z, &format!("{p}.attn.c_proj.weight"), Some(&format!("{p}.attn.c_proj.bias")))?;
         g.hook(at(AttnOut), attn);
         let h = g.b.add(x, attn)?;

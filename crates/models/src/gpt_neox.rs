@@ -88,22 +88,15 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let mask = g.layer_mask(layer)?;
         let ln1 = g.layer_norm(x, &format!("{p}.input_layernorm.weight"), &format!("{p}.input_layernorm.bias"))?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let mut qkv = Vec::with_capacity(3);
-        for (part, kind) in [("q", AttnQ), ("k", AttnK), ("v", AttnV)] {
-            let w = format!("{p}.attention.query_key_value.weight[{part}]");
-            let b = format!("{p}.attention.query_key_value.bias[{part}]");
-            let y = g.linear(ln1.out, &w, Some(&b))?;
-            g.hook(at(kind), y);
-            qkv.push(y);
-        }
+        let [q, k, v] = g.fused_qkv(ln1.out, layer, &format!("{p}.attention.query_key_value"))?;
         let mut rotated = Vec::with_capacity(2);
-        for (y, kind) in [(qkv[0], AttnRotQ), (qkv[1], AttnRotK)] {
+        for (y, kind) in [(q, AttnRotQ), (k, AttnRotK)] {
             let heads = g.b.reshape(y, &[t, config.n_heads, d])?;
             let r = g.apply_rope(heads, cos, sin)?;
             g.hook(at(kind), r);
             rotated.push(g.b.reshape(r, &[t, config.n_heads * d])?);
         }
-        let z = g.attend(layer, rotated[0], rotated[1], qkv[2], mask)?;
+        let z = g.attend(layer, rotated[0], rotated[1], v, mask)?;
         let attn = g.linear(z, &format!("{p}.attention.dense.weight"), Some(&format!("{p}.attention.dense.bias")))?;
         g.hook(at(AttnOut), attn);
         let ln2 = g.layer_norm(x, &format!("{p}.post_attention_layernorm.weight"), &format!("{p}.post_attention_layernorm.bias"))?;

@@ -79,16 +79,12 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let mask = g.layer_mask(layer)?;
         let proj = crate::llama::self_attention(&mut g, x, layer, Gain::F32, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
-        let post = g.rms_norm_with(proj, &norm("post_attention_layernorm"), Gain::F32)?;
-        g.hook_norm(&post, at(Ln1PostScale), at(Ln1PostNormalized), at(AttnOut))?;
-        let h = g.b.add(x, post.out)?;
+        let h = g.add_post_normed(x, proj, &norm("post_attention_layernorm"), Gain::F32, [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at))?;
         g.hook(at(ResidMid), h);
         g.hook(at(MlpIn), h);
         let mlp = g.gated_mlp(h, &format!("model.layers.{layer}.mlp"))?;
         g.hook_mlp(&mlp, layer, MlpProjOut);
-        let post = g.rms_norm_with(mlp.out, &norm("post_feedforward_layernorm"), Gain::F32)?;
-        g.hook_norm(&post, at(Ln2PostScale), at(Ln2PostNormalized), at(MlpOut))?;
-        let out = g.b.add(h, post.out)?;
+        let out = g.add_post_normed(h, mlp.out, &norm("post_feedforward_layernorm"), Gain::F32, [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at))?;
         x = g.constrain_tokens(out)?;
         g.hook(at(ResidPost), x);
     }
