@@ -209,6 +209,14 @@ pub struct HookStatsJson {
     pub variance: Vec<f64>,
     /// Mean L2 norm of the flattened token rows.
     pub mean_norm: f64,
+    /// The running state behind `variance` (`variance · count`) and `mean_norm`
+    /// (`mean_norm · count`), exactly: statistics read back (on resume, when hosts are merged)
+    /// continue bit-identically, which `variance · count` does not. Absent in files before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub m2: Option<Vec<f64>>,
+    /// See `m2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_sum: Option<f64>,
 }
 
 impl From<&HookStats> for HookStatsJson {
@@ -219,6 +227,8 @@ impl From<&HookStats> for HookStatsJson {
             mean: s.mean.clone(),
             variance: s.variance(),
             mean_norm: s.mean_norm(),
+            m2: Some(s.m2.clone()),
+            norm_sum: Some(s.norm_sum),
         }
     }
 }
@@ -235,8 +245,8 @@ impl From<&HookStatsJson> for HookStats {
             shape,
             count: s.count,
             mean: s.mean.clone(),
-            m2: s.variance.iter().map(|v| v * n).collect(),
-            norm_sum: s.mean_norm * n,
+            m2: s.m2.clone().unwrap_or_else(|| s.variance.iter().map(|v| v * n).collect()),
+            norm_sum: s.norm_sum.unwrap_or(s.mean_norm * n),
         }
     }
 }
@@ -300,6 +310,22 @@ mod tests {
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// What a resumed run does: statistics written to JSON, read back, merged with more.
+    /// It must give the bits an uninterrupted run gives; `variance · count` would not
+    /// (7.887233511355132 / 3 · 3 is not 7.887233511355132).
+    #[test]
+    fn statistics_read_back_continue_bit_identically() {
+        let first = HookStats { shape: vec![2], count: 3, mean: vec![0.25, -1.5], m2: vec![7.887233511355132, 0.7], norm_sum: 7.887233511355132 };
+        let text = serde_json::to_vec(&to_file(&[("h".to_string(), first.clone())].into(), Some(0))).unwrap();
+        let back = from_file(&serde_json::from_slice(&text).unwrap());
+        assert_eq!(back["h"], first, "bit-identical after a JSON round trip");
+        let more = HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&[0.3, 1.7, -2.2, 0.9]), None);
+        let (mut straight, mut resumed) = (first, back["h"].clone());
+        straight.merge(&more).unwrap();
+        resumed.merge(&more).unwrap();
+        assert_eq!(resumed, straight);
     }
 
     #[test]

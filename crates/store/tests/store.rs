@@ -300,6 +300,20 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
         "{}: {failpoint}: resumed dataset differs from the uninterrupted one",
         backend.name
     );
+    // Statistics too, to the bit: the host's and the run's stats.json.
+    let host_stats: fn(&StoreLocation) -> _ = |l| l.host_stats(RUN, HOST);
+    let run_stats: fn(&StoreLocation) -> _ = |l| l.run_stats(RUN);
+    for (what, path) in [("host", host_stats), ("run", run_stats)] {
+        let bytes = |prefix: &str| {
+            let loc = location(backend, prefix);
+            block_on(async { loc.store().get(&path(&loc)).await.unwrap().bytes().await.unwrap() })
+        };
+        assert!(
+            bytes(&prefix) == bytes(reference_prefix),
+            "{}: {failpoint}: the resumed run's {what} stats.json differs from the uninterrupted run's",
+            backend.name
+        );
+    }
     let report = verify_ok(backend, &prefix);
     assert!(
         report.hosts[0].uncommitted_objects.is_empty(),
