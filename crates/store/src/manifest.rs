@@ -49,6 +49,29 @@ impl ManifestLine {
 
 /// Parses `manifest.jsonl` text; blank lines are ignored.
 pub fn parse_manifest(path: &str, text: &str) -> Result<Vec<ManifestLine>> {
+    match parse_manifest_torn(path, text)? {
+        (lines, None) => Ok(lines),
+        (_, Some(torn)) => Err(StoreError::Corrupt { path: path.to_string(), reason: torn }),
+    }
+}
+
+/// Parses `manifest.jsonl` text that may end in a torn write: a last line that is cut short
+/// (no newline, not valid JSON), what a filesystem without atomic renames leaves after a power
+/// loss. Returns the complete lines and, for a torn last line, what is wrong with it; any
+/// other bad line is an error.
+pub fn parse_manifest_torn(path: &str, text: &str) -> Result<(Vec<ManifestLine>, Option<String>)> {
+    if !text.is_empty() && !text.ends_with('\n') {
+        let (complete, last) = text.rsplit_once('\n').unwrap_or(("", text));
+        if serde_json::from_str::<ManifestLine>(last).is_err() {
+            let n = complete.lines().count() + 1;
+            let torn = format!("line {n} is cut short ({} bytes, no newline): a torn write", last.len());
+            return Ok((parse_lines(path, complete)?, Some(torn)));
+        }
+    }
+    Ok((parse_lines(path, text)?, None))
+}
+
+fn parse_lines(path: &str, text: &str) -> Result<Vec<ManifestLine>> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -96,5 +119,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 3"), "{err}");
+        // A last line cut short is a torn write: the complete lines survive; a bad line that
+        // ends in a newline, or one in the middle, is corruption.
+        for cut in [1, 40, text.len() / 2 - 1] {
+            let torn = format!("{text}{}", &text[..cut]);
+            let (lines, why) = parse_manifest_torn("m", &torn).unwrap();
+            assert_eq!(lines.len(), 2, "{cut}");
+            assert!(why.unwrap().contains("line 3 is cut short"));
+            assert!(parse_manifest("m", &torn).unwrap_err().to_string().contains("torn"));
+        }
+        assert!(parse_manifest_torn("m", &format!("{{oops\n{text}")).is_err());
+        assert_eq!(parse_manifest_torn("m", text.trim_end()).unwrap().1, None, "a whole last line without its newline");
     }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{HostId, RunDescriptor, ShardFormat};
 use crate::error::{Result, StoreError};
 use crate::location::{MANIFEST_NAME, STATS_NAME, StoreLocation, parse_host_dir};
-use crate::manifest::{ManifestLine, parse_manifest};
+use crate::manifest::{ManifestLine, parse_manifest_torn, render_manifest};
 use crate::shard::{FORMAT_TAG, FORMAT_VERSION, check_format, summarize_shard};
 use crate::stats::{self, RunStats, StatsFile};
 
@@ -196,21 +196,37 @@ pub(crate) fn diff_values(
     }
 }
 
-/// Reads a host's manifest (empty when absent) and checks it is gap-free.
+/// Reads a host's manifest (empty when absent) and checks it is gap-free. A torn last line
+/// (see [`parse_manifest_torn`]) is an error here; [`recover_host`] repairs it.
 pub(crate) async fn read_manifest(
     location: &StoreLocation,
     run: &str,
     host: HostId,
 ) -> Result<Vec<ManifestLine>> {
+    match read_manifest_torn(location, run, host).await? {
+        (lines, None) => Ok(lines),
+        (_, Some(torn)) => Err(StoreError::Corrupt {
+            path: location.manifest(run, host).to_string(),
+            reason: format!("{torn}; resuming the run repairs it, dropping that shard"),
+        }),
+    }
+}
+
+/// [`read_manifest`] that hands back a torn last line's description instead of failing.
+async fn read_manifest_torn(
+    location: &StoreLocation,
+    run: &str,
+    host: HostId,
+) -> Result<(Vec<ManifestLine>, Option<String>)> {
     let path = location.manifest(run, host);
     let Some(bytes) = get_optional(location, &path).await? else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     };
     let text = std::str::from_utf8(&bytes).map_err(|e| StoreError::Corrupt {
         path: path.to_string(),
         reason: e.to_string(),
     })?;
-    let lines = parse_manifest(path.as_ref(), text)?;
+    let (lines, torn) = parse_manifest_torn(path.as_ref(), text)?;
     let mut next_sample = 0;
     for (i, line) in lines.iter().enumerate() {
         if line.index != i as u64
@@ -229,7 +245,7 @@ pub(crate) async fn read_manifest(
         }
         next_sample = line.samples[1];
     }
-    Ok(lines)
+    Ok((lines, torn))
 }
 
 /// Brings a host directory back to exactly its committed state and returns that state.
@@ -245,7 +261,18 @@ pub(crate) async fn recover_host(
     hooks: &[String],
     shapes: &[Vec<usize>],
 ) -> Result<HostState> {
-    let lines = read_manifest(location, run, host).await?;
+    let (lines, torn) = read_manifest_torn(location, run, host).await?;
+    if let Some(torn) = torn {
+        // The shard whose line was being written is not committed: drop the line (the
+        // object is deleted below as uncommitted) and write the manifest whole again.
+        let path = location.manifest(run, host);
+        tracing::warn!(path = %path, "{torn}; repairing the manifest (its last shard will be written again)");
+        location
+            .store()
+            .put(&path, PutPayload::from(render_manifest(&lines)))
+            .await
+            .map_err(|e| StoreError::store("put", &path, e))?;
+    }
     let dir = location.host_dir(run, host);
     let listed: Vec<object_store::ObjectMeta> = location
         .store()
