@@ -70,8 +70,8 @@ impl TextTokenizer {
         if !path.exists() {
             return Ok(None);
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let inner = parse_tokenizer(&text).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
         let mut tok = TextTokenizer { inner, bos_id: None, eos_id: None, pad_id: None };
         let config_path = dir.join("tokenizer_config.json");
         if config_path.exists() {
@@ -105,7 +105,7 @@ impl TextTokenizer {
                 let mut spec: Value = serde_json::from_str(&tok.inner.to_string(false).map_err(|e| fail(e.to_string()))?)
                     .map_err(|e| fail(e.to_string()))?;
                 spec["post_processor"] = post;
-                tok.inner = spec.to_string().parse().map_err(|e: tokenizers::Error| fail(e.to_string()))?;
+                tok.inner = parse_tokenizer(&spec.to_string()).map_err(fail)?;
             }
         }
         Ok(Some(tok))
@@ -174,15 +174,26 @@ impl TextTokenizer {
             "decoder": decoder,
             "model": model_json,
         });
-        let inner: tokenizers::Tokenizer = spec
-            .to_string()
-            .parse()
-            .map_err(|e| fail(format!("building the BPE tokenizer: {e}")))?;
+        let inner = parse_tokenizer(&spec.to_string()).map_err(|e| fail(format!("building the BPE tokenizer: {e}")))?;
         Ok(TextTokenizer { inner, bos_id, eos_id, pad_id })
     }
 }
 
 type Parts = (Value, Value, Value, Vec<Value>);
+
+/// A `tokenizers` tokenizer from its JSON. The JSON is checked first, so a syntax error is
+/// named by line and column; the tokenizers library panics on some malformed files, which is
+/// caught and reported as an error rather than taking the process down.
+fn parse_tokenizer(text: &str) -> Result<tokenizers::Tokenizer, String> {
+    serde_json::from_str::<Value>(text).map_err(|e| format!("not JSON: {e}"))?;
+    match std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>()) {
+        Ok(parsed) => parsed.map_err(|e| e.to_string()),
+        Err(panic) => {
+            let why = panic.downcast_ref::<String>().map(String::as_str).or(panic.downcast_ref::<&str>().copied()).unwrap_or("");
+            Err(format!("the tokenizers library cannot read it ({why})"))
+        }
+    }
+}
 
 /// The TemplateProcessing transformers' `update_post_processor` builds: `[bos] $A [eos]`.
 fn template(bos: Option<(&str, u32)>, eos: Option<(&str, u32)>) -> Value {
