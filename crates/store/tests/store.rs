@@ -13,7 +13,7 @@ use siphon_store::{
     ActivationDtype, HostId, ManifestLine, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig,
     StoreError, StoreLocation,
 };
-use support::{Backend, MotoS3};
+use support::{Backend, Fault, FaultProxy, MotoS3};
 
 const RUN: &str = "run-a";
 const HOST: HostId = HostId {
@@ -486,6 +486,39 @@ fn contract_s3_moto() {
     };
     let server = MotoS3::start(&python, "siphon-test");
     run_suite(&server.backend);
+}
+
+/// The S3 suite again, through a proxy that fails a third of the requests before they reach
+/// the server: 503, 500 and 429 answers, dropped connections, stalls. Uploads retry with
+/// backoff; the datasets, manifests and statistics come out as without faults, and nothing
+/// uncommitted is left.
+#[test]
+fn contract_s3_through_faults() {
+    let Some(python) = support::test_python("contract_s3_through_faults") else {
+        return;
+    };
+    let server = MotoS3::start(&python, "siphon-faults");
+    let endpoint = server.backend.options.iter().find(|(k, _)| k == "aws_endpoint").unwrap().1.clone();
+    let upstream: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+    let proxy = FaultProxy::start(upstream, |n| match n % 9 {
+        1 => Fault::Status(503),
+        4 => Fault::Status(500),
+        5 => Fault::Status(429),
+        7 => Fault::Reset,
+        8 if n % 27 == 8 => Fault::Stall(std::time::Duration::from_millis(1500)),
+        _ => Fault::Pass,
+    });
+    let mut backend = server.backend.clone();
+    for (key, value) in &mut backend.options {
+        if key == "aws_endpoint" {
+            *value = format!("http://127.0.0.1:{}", proxy.port);
+        }
+    }
+    // One connection per request, so that the faults fall on requests.
+    backend.options.push(("pool_max_idle_per_host".into(), "0".into()));
+    run_suite(&backend);
+    let faults = proxy.faults.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(faults >= 20, "only {faults} faults injected");
 }
 
 // ---------------------------------------------------------------- local-only behaviour

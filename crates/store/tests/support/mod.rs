@@ -206,3 +206,94 @@ impl FakeGcs {
         vec![("google_service_account_key".to_string(), key.to_string())]
     }
 }
+
+/// What the fault proxy does with one client connection.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// Forward to the server untouched.
+    Pass,
+    /// Answer the request with this HTTP status and close.
+    Status(u16),
+    /// Read the request head, then drop the connection without a response (a reset).
+    Reset,
+    /// Wait this long, then forward.
+    Stall(Duration),
+}
+
+/// A TCP proxy in front of an HTTP server on 127.0.0.1 that answers connection `n` (counted
+/// from 0) as `plan(n)` says: 5xx and 429 responses, dropped connections, stalls. Clients must
+/// open one connection per request (object_store: `pool_max_idle_per_host=0`) for the faults
+/// to fall on requests. Its threads end with the test process.
+pub struct FaultProxy {
+    pub port: u16,
+    pub faults: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl FaultProxy {
+    pub fn start(upstream: u16, plan: fn(usize) -> Fault) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let faults = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = faults.clone();
+        std::thread::spawn(move || {
+            for (n, client) in listener.incoming().enumerate() {
+                let Ok(client) = client else { continue };
+                let fault = plan(n);
+                if !matches!(fault, Fault::Pass) {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::spawn(move || serve(client, upstream, fault));
+            }
+        });
+        FaultProxy { port, faults }
+    }
+}
+
+fn serve(mut client: TcpStream, upstream: u16, fault: Fault) {
+    let read_head = |client: &mut TcpStream| {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match client.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    match fault {
+        Fault::Status(code) => {
+            read_head(&mut client);
+            let reason = match code {
+                429 => "Too Many Requests",
+                503 => "Service Unavailable",
+                _ => "Internal Server Error",
+            };
+            let _ = write!(client, "HTTP/1.1 {code} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let _ = client.shutdown(std::net::Shutdown::Both);
+        }
+        Fault::Reset => {
+            read_head(&mut client);
+            let _ = client.shutdown(std::net::Shutdown::Both);
+        }
+        Fault::Stall(d) => {
+            std::thread::sleep(d);
+            pipe(client, upstream);
+        }
+        Fault::Pass => pipe(client, upstream),
+    }
+}
+
+/// Copies bytes both ways between `client` and the server until either side closes.
+fn pipe(client: TcpStream, upstream: u16) {
+    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { return };
+    let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let up = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut c_read, &mut s_write);
+        let _ = s_write.shutdown(std::net::Shutdown::Write);
+    });
+    let (mut s_read, mut c_write) = (server, client);
+    let _ = std::io::copy(&mut s_read, &mut c_write);
+    let _ = c_write.shutdown(std::net::Shutdown::Both);
+    let _ = up.join();
+}
