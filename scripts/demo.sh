@@ -19,6 +19,7 @@ siphon="$REPO_ROOT/target/release/siphon"
 out="${SIPHON_DEMO_OUT:-$REPO_ROOT/out/demo}"
 run="${SIPHON_DEMO_RUN:-smollm2-shakespeare}"
 log "extracting into $out/$run"
+# Preempted (SIGTERM), launch exits 75 and `set -e` passes it on: run the script again to resume.
 "$siphon" launch --local-hosts 2 --cpu-devices-per-host 4 -- extract \
     --model "$model" \
     --corpus "$corpus" \

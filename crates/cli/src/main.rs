@@ -71,6 +71,10 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) if cmd::is_preemption(&err) => {
+            eprintln!("siphon: {err:#}");
+            std::process::ExitCode::from(siphon_coord::EXIT_PREEMPTED as u8)
+        }
         Err(err) => {
             eprintln!("error: {err:#}");
             std::process::ExitCode::FAILURE

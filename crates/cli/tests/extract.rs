@@ -516,3 +516,101 @@ fn hooks_of_different_widths_are_stored_side_by_side() {
     assert!(text.contains("OK:"), "{text}");
     assert!(text.contains("blocks.0.attn.hook_z") && text.contains("[4, 8]") && text.contains("[4, 32]"), "{text}");
 }
+
+/// `siphon inspect` on a run that was stopped before its end: every committed shard verifies
+/// (sha256, no gap or duplicate, per-host counts and statistics); the only problem is the
+/// run-level statistics that the end of the run writes.
+fn inspect_unfinished(run_dir: &Path) {
+    let output = siphon(&["inspect".into(), run_dir.display().to_string()]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let problems: Vec<&str> = stderr.lines().filter(|l| l.starts_with("problem:")).collect();
+    assert_eq!(problems, ["problem: run stats.json is missing (run not finalized)"], "{stderr}");
+}
+
+fn sigterm(pid: u32) {
+    let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("run kill");
+    assert!(status.success());
+}
+
+fn wait_for_lines(manifest: &Path, at_least: usize, running: &mut Guard) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while manifest_lines(manifest) < at_least {
+        assert!(Instant::now() < deadline, "{} has fewer than {at_least} lines in time", manifest.display());
+        assert!(running.0.try_wait().unwrap().is_none(), "the job ended before it could be preempted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Preemption: SIGTERM to every host (through `siphon launch`, as a spot VM's shutdown does),
+/// then to one host only (an evicted pod): every host stops within the stop timeout, commits
+/// its complete shards and exits 75; the partial dataset verifies; the same command resumes
+/// to the dataset of an uninterrupted run.
+#[test]
+fn sigterm_stops_every_host_as_preempted_and_the_same_command_resumes() {
+    let s = setup(80);
+    let launch = |output: &Path| {
+        let mut args: Vec<String> =
+            ["launch", "--local-hosts", "2", "--cpu-devices-per-host", "2", "--"].iter().map(|s| s.to_string()).collect();
+        args.extend(extract_args(&s, output, "r"));
+        args
+    };
+    let reference = s.root.join("reference");
+    run_ok(siphon(&launch(&reference)), Duration::from_secs(300));
+
+    let output = s.root.join("preempted");
+    let manifests = ["machine_000_host_00", "machine_000_host_01"].map(|h| output.join("r").join(h).join("manifest.jsonl"));
+    // 1. SIGTERM to the launcher, which passes it to every host.
+    let mut command = siphon(&launch(&output));
+    command.env("SIPHON_TEST_SLOW_BATCH_MS", "150");
+    let mut launcher = Guard(command.spawn().unwrap());
+    wait_for_lines(&manifests[1], 1, &mut launcher);
+    sigterm(launcher.0.id());
+    let sent = Instant::now();
+    let out = wait_with_limit(launcher, Duration::from_secs(60));
+    let stopped_after = sent.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "launch passes the hosts' preemption on: {stderr}");
+    assert!(stopped_after < Duration::from_secs(10), "the hosts took {stopped_after:?} to stop");
+    assert_eq!(stderr.matches("received SIGTERM: preempted").count(), 2, "{stderr}");
+    assert!(!stderr.contains("error:"), "a preemption is no failure: {stderr}");
+    inspect_unfinished(&output.join("r"));
+    let committed = manifest_lines(&manifests[1]);
+
+    // 2. SIGTERM to host 1 only: host 0 learns it from the coordinator and stops the same way.
+    let port = free_port();
+    let host = |id: usize| {
+        let mut command = siphon(&extract_args(&s, &output, "r"));
+        command
+            .env("SIPHON_PROCESS_ID", id.to_string())
+            .env("SIPHON_NUM_PROCESSES", "2")
+            .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
+            .env("SIPHON_JOB_TOKEN", "test-token")
+            .env("SIPHON_CPU_DEVICES", "2")
+            .env("SIPHON_TEST_SLOW_BATCH_MS", "150");
+        Guard(command.spawn().unwrap())
+    };
+    let host0 = host(0);
+    let mut host1 = host(1);
+    wait_for_lines(&manifests[1], committed + 1, &mut host1);
+    sigterm(host1.0.id());
+    let (out0, out1) = (wait_with_limit(host0, Duration::from_secs(30)), wait_with_limit(host1, Duration::from_secs(30)));
+    let (err0, err1) = (String::from_utf8_lossy(&out0.stderr), String::from_utf8_lossy(&out1.stderr));
+    assert_eq!(out1.status.code(), Some(75), "{err1}");
+    assert_eq!(out0.status.code(), Some(75), "host 0 stops as preempted too: {err0}");
+    assert!(err0.contains("preempted: task 1: received SIGTERM") && err0.contains("run the same command again"), "{err0}");
+    inspect_unfinished(&output.join("r"));
+
+    // 3. The same command resumes to the uninterrupted run's dataset.
+    run_ok(siphon(&launch(&output)), Duration::from_secs(300));
+    inspect_ok(&output.join("r"));
+    for host in ["machine_000_host_00", "machine_000_host_01"] {
+        let digests = |root: &Path| -> Vec<String> {
+            std::fs::read_to_string(root.join("r").join(host).join("manifest.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["sha256"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(digests(&output), digests(&reference), "{host}: shards differ from the uninterrupted run");
+    }
+}

@@ -39,6 +39,8 @@ pub struct ClientOptions {
     pub heartbeat_interval: Duration,
     /// The coordinator is considered lost after this long without an answer.
     pub heartbeat_timeout: Duration,
+    /// Connect over TLS, verifying the service against this CA.
+    pub tls: Option<crate::tls::TlsOptions>,
 }
 
 impl Default for ClientOptions {
@@ -50,6 +52,7 @@ impl Default for ClientOptions {
             register_timeout: Duration::from_secs(300),
             heartbeat_interval: Duration::from_secs(1),
             heartbeat_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -136,8 +139,15 @@ impl Client {
             task: ascii(task.to_string(), "task id")?,
             incarnation: ascii(format!("{incarnation:x}"), "incarnation")?,
         };
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| CoordError::InvalidArgument(format!("coordinator address '{address}': {e}")))?
+        let scheme = if options.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| CoordError::InvalidArgument(format!("coordinator address '{address}': {e}")))?;
+        if let Some(tls) = &options.tls {
+            endpoint = endpoint
+                .tls_config(tls.client_config())
+                .map_err(|e| CoordError::InvalidArgument(format!("coordinator TLS: {e}: {}", source_chain(&e))))?;
+        }
+        let endpoint = endpoint
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(20));
@@ -152,7 +162,7 @@ impl Client {
                     .connect_timeout(remaining.min(options.backoff_max).max(Duration::from_millis(10)))
                     .connect()
                     .await
-                    .map_err(|e| CoordError::Unavailable(format!("{e}: {}", source_chain(&e))))?;
+                    .map_err(|e| connect_error(&e, address, options.tls.is_some()))?;
                 let mut rpc = CoordinationClient::with_interceptor(channel, auth.clone());
                 let reply = rpc
                     .register(proto::RegisterRequest {})
@@ -219,7 +229,7 @@ impl Client {
             .connect_timeout(Duration::from_secs(10))
             .connect()
             .await
-            .map_err(|e| CoordError::Unavailable(format!("{e}: {}", source_chain(&e))))?;
+            .map_err(|e| connect_error(&e, &self.inner.address, self.inner.endpoint.uri().scheme_str() == Some("https")))?;
         let rpc = CoordinationClient::with_interceptor(channel, self.inner.auth.clone());
         Ok(Client { inner: self.inner.clone(), rpc })
     }
@@ -375,7 +385,7 @@ impl Client {
     /// reaches every task. Succeeds also when the job already failed.
     pub async fn report_error(&self, message: &str) -> Result<()> {
         let mut rpc = self.rpc();
-        let reply = rpc.report_error(proto::ReportErrorRequest { message: message.to_string() }).await;
+        let reply = rpc.report_error(proto::ReportErrorRequest { message: message.to_string(), preempted: false }).await;
         let local = CoordError::Internal(format!("task {} reported an error: {message}", self.task()))
             .into_job_failure(Some(self.task()));
         self.set_error(local);
@@ -384,6 +394,34 @@ impl Client {
             Err(status) => match CoordError::from_status(&status) {
                 CoordError::JobFailed { .. } => Ok(()),
                 other => Err(other),
+            },
+        }
+    }
+
+    /// Reports that this task was preempted (it received SIGTERM): unless the job already
+    /// failed, every task learns that the job stops as preempted ([`CoordError::is_preemption`])
+    /// rather than failed. This task's own view of the job becomes that at once, even when the
+    /// coordinator cannot be reached.
+    pub async fn report_preemption(&self, message: &str) -> Result<()> {
+        let mut rpc = self.rpc();
+        let request = proto::ReportErrorRequest { message: message.to_string(), preempted: true };
+        let reply = rpc.report_error(request).await;
+        let local = CoordError::Preempted(format!("task {}: {message}", self.task())).into_job_failure(Some(self.task()));
+        match reply {
+            Ok(_) => {
+                self.set_error(local);
+                Ok(())
+            }
+            Err(status) => match CoordError::from_status(&status) {
+                // The job had already failed or stopped: that stays its error.
+                failed @ CoordError::JobFailed { .. } => {
+                    self.set_error(failed);
+                    Ok(())
+                }
+                other => {
+                    self.set_error(local);
+                    Err(other)
+                }
             },
         }
     }
@@ -470,6 +508,19 @@ async fn heartbeat_loop(
                 }
             return;
         }
+    }
+}
+
+/// A failed connection attempt: a TLS failure is final (it does not go away by retrying);
+/// anything else is [`CoordError::Unavailable`], retried until the connect timeout.
+fn connect_error(error: &tonic::transport::Error, address: &str, tls: bool) -> CoordError {
+    match crate::tls::tls_failure(error) {
+        Some(why) if tls => CoordError::Unauthenticated(format!(
+            "TLS with the coordinator at {address} failed: {why} (the coordinator's certificate must be signed by \
+             --coordinator-ca and name the host in the coordinator address, or --coordinator-tls-name; every \
+             host needs the same --coordinator-* flags)"
+        )),
+        _ => CoordError::Unavailable(format!("{error}: {}", source_chain(error))),
     }
 }
 

@@ -33,11 +33,17 @@ pub enum CoordError {
     /// A malformed request (unknown task id, bad barrier participants, bad identity input).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// The job token was missing or wrong.
+    /// The job token was missing or wrong, or the coordinator's TLS certificate was refused.
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
-    /// The job has failed; this is its first error, sticky for every later call of every task.
-    #[error("the job failed: {message}")]
+    /// A task was preempted (SIGTERM from a spot VM or a pod eviction): the job stops to be
+    /// resumed by running the same command again. Every task exits with
+    /// [`crate::EXIT_PREEMPTED`].
+    #[error("preempted: {0}")]
+    Preempted(String),
+    /// The job has failed (or was preempted: code [`ErrorCode::Preempted`]); this is its first
+    /// error, sticky for every later call of every task.
+    #[error("{}", job_failed_message(*code, message))]
     JobFailed {
         /// The task that reported the error or was lost, when known.
         task: Option<u32>,
@@ -54,6 +60,14 @@ pub enum CoordError {
         /// The differing fields as dotted paths, with both values.
         fields: Vec<crate::broadcast::FieldDiff>,
     },
+}
+
+fn job_failed_message(code: ErrorCode, message: &str) -> String {
+    if code == ErrorCode::Preempted {
+        format!("the job stopped: {message}")
+    } else {
+        format!("the job failed: {message}")
+    }
 }
 
 fn config_mismatch_message(task: u32, fields: &[crate::broadcast::FieldDiff]) -> String {
@@ -85,6 +99,8 @@ pub enum ErrorCode {
     Internal,
     /// See [`CoordError::InvalidArgument`].
     InvalidArgument,
+    /// See [`CoordError::Preempted`].
+    Preempted,
 }
 
 /// Result alias of this crate.
@@ -106,7 +122,14 @@ impl CoordError {
             }
             CoordError::JobFailed { code, .. } => *code,
             CoordError::ConfigMismatch { .. } => ErrorCode::InvalidArgument,
+            CoordError::Preempted(_) => ErrorCode::Preempted,
         }
+    }
+
+    /// Whether this is (or the job failed with) a preemption: stop, commit, exit with
+    /// [`crate::EXIT_PREEMPTED`] and be resumed.
+    pub fn is_preemption(&self) -> bool {
+        self.code() == ErrorCode::Preempted
     }
 
     /// Turns this error into the job's failure, as every task will see it.
@@ -124,7 +147,7 @@ impl CoordError {
             CoordError::AlreadyExists(_) => tonic::Status::already_exists(message),
             CoordError::DeadlineExceeded(_) => tonic::Status::deadline_exceeded(message),
             CoordError::Cancelled(_) => tonic::Status::cancelled(message),
-            CoordError::Aborted(_) => tonic::Status::aborted(message),
+            CoordError::Aborted(_) | CoordError::Preempted(_) => tonic::Status::aborted(message),
             CoordError::Unavailable(_) => tonic::Status::unavailable(message),
             CoordError::Internal(_) => tonic::Status::internal(message),
             CoordError::InvalidArgument(_) | CoordError::ConfigMismatch { .. } => {
@@ -190,6 +213,7 @@ pub(crate) fn code_to_proto(code: ErrorCode) -> proto::ErrorCode {
         ErrorCode::Unavailable => proto::ErrorCode::Unavailable,
         ErrorCode::Internal => proto::ErrorCode::Internal,
         ErrorCode::InvalidArgument => proto::ErrorCode::InvalidArgument,
+        ErrorCode::Preempted => proto::ErrorCode::Preempted,
     }
 }
 
@@ -202,6 +226,7 @@ fn code_from_proto(code: i32) -> ErrorCode {
         proto::ErrorCode::Aborted => ErrorCode::Aborted,
         proto::ErrorCode::Unavailable => ErrorCode::Unavailable,
         proto::ErrorCode::InvalidArgument => ErrorCode::InvalidArgument,
+        proto::ErrorCode::Preempted => ErrorCode::Preempted,
         proto::ErrorCode::Internal | proto::ErrorCode::Unspecified => ErrorCode::Internal,
     }
 }

@@ -11,6 +11,8 @@ use crate::client::{Client, ClientOptions};
 use crate::error::{CoordError, Result};
 use crate::identity::Identity;
 use crate::service::{self, CoordinatorHandle, ServiceConfig};
+use crate::stop::{EXIT_PREEMPTED, StopSignal};
+use crate::tls::TlsOptions;
 
 /// How a process joins its job.
 #[derive(Debug, Clone)]
@@ -28,6 +30,10 @@ pub struct JoinOptions {
     pub grace: Duration,
     /// Heartbeat timeout on the hosted service.
     pub service_heartbeat_timeout: Duration,
+    /// TLS of the service (served by the hosting process, verified by every client).
+    pub tls: Option<TlsOptions>,
+    /// How long a preempted process (SIGTERM) may take to commit before it exits anyway.
+    pub stop_timeout: Duration,
 }
 
 impl JoinOptions {
@@ -41,6 +47,8 @@ impl JoinOptions {
             client: ClientOptions::default(),
             grace: defaults.grace,
             service_heartbeat_timeout: defaults.heartbeat_timeout,
+            tls: None,
+            stop_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -59,6 +67,7 @@ pub struct Coordination {
     rpc_runtime: tokio::runtime::Runtime,
     runtime: tokio::runtime::Runtime,
     identity: Identity,
+    stop: StopSignal,
 }
 
 impl Coordination {
@@ -95,6 +104,7 @@ impl Coordination {
             let mut config = ServiceConfig::new(identity.num_processes, options.job_token.clone());
             config.grace = options.grace;
             config.heartbeat_timeout = options.service_heartbeat_timeout;
+            config.tls = options.tls.clone();
             let handle = host(config, bind)?;
             // Port 0 (tests, single-host runs) becomes the real port.
             if identity.coordinator.ends_with(":0") || options.bind.is_some_and(|b| b.port() == 0) {
@@ -104,11 +114,15 @@ impl Coordination {
         } else {
             None
         };
+        let mut client_options = options.client.clone();
+        if options.tls.is_some() {
+            client_options.tls = options.tls.clone();
+        }
         let client = runtime.block_on(Client::connect(
             &identity.coordinator,
             identity.process_id,
             &options.job_token,
-            &options.client,
+            &client_options,
         ));
         let client = match client {
             Ok(client) => client,
@@ -139,7 +153,8 @@ impl Coordination {
                 return Err(error);
             }
         };
-        Ok(Coordination { fast, client, hosted, rpc_runtime, runtime, identity })
+        let stop = StopSignal::new(options.stop_timeout);
+        Ok(Coordination { fast, client, hosted, rpc_runtime, runtime, identity, stop })
     }
 
     /// The identity this process joined with (the coordinator address is the real one).
@@ -222,6 +237,22 @@ impl Coordination {
         self.rpc_runtime.block_on(self.fast.report_error(message))
     }
 
+    /// See [`Client::report_preemption`].
+    pub fn report_preemption(&self, message: &str) -> Result<()> {
+        self.rpc_runtime.block_on(self.fast.report_preemption(message))
+    }
+
+    /// Whether the job stopped because a process was preempted (this one or another).
+    pub fn preempted(&self) -> bool {
+        self.job_error().is_some_and(|e| e.is_preemption())
+    }
+
+    /// This process's stop request (SIGTERM), which a work loop arms and polls; see
+    /// [`crate::stop`].
+    pub fn stop_signal(&self) -> &StopSignal {
+        &self.stop
+    }
+
     /// See [`Client::alive_tasks`].
     pub fn alive_tasks(&self, subset: &[u32]) -> Result<Vec<u32>> {
         self.rpc_runtime.block_on(self.fast.alive_tasks(subset))
@@ -239,9 +270,12 @@ impl Coordination {
         })
     }
 
-    /// Installs a panic hook and SIGTERM/SIGINT handlers that report the failure to the job
-    /// before the process exits, so that the other processes stop at once instead of waiting
-    /// for a heartbeat timeout. Call once per process.
+    /// Installs a panic hook and SIGTERM/SIGINT handlers that report to the job before the
+    /// process exits, so that the other processes stop at once instead of waiting for a
+    /// heartbeat timeout. A panic or SIGINT is a failure (SIGINT exits 130). SIGTERM is a
+    /// preemption (see [`crate::stop`]): reported as such, it stops the armed work loop
+    /// cooperatively within the stop timeout, or exits at once with [`EXIT_PREEMPTED`]. Call
+    /// once per process.
     pub fn install_failure_reporting(&self) {
         let client = self.client.clone();
         let handle = self.runtime.handle().clone();
@@ -262,23 +296,55 @@ impl Coordination {
         }));
         let client = self.client.clone();
         let hosted = self.hosted.clone();
+        let stop = self.stop.clone();
         self.runtime.spawn(async move {
             use tokio::signal::unix::{SignalKind, signal};
             let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
                 tracing::warn!("cannot install signal handlers; a signal will not be reported to the job");
                 return;
             };
-            let (name, code) = tokio::select! {
-                _ = term.recv() => ("SIGTERM", 143),
-                _ = int.recv() => ("SIGINT", 130),
+            let task = client.task();
+            let sigterm = tokio::select! {
+                _ = term.recv() => true,
+                _ = int.recv() => false,
             };
-            let message = format!("task {} received {name}", client.task());
-            let _ = tokio::time::timeout(Duration::from_secs(2), client.report_error(&message)).await;
-            if let Some(handle) = hosted {
-                handle.wait_idle(Some(client.task()), Duration::from_secs(1)).await;
+            if !sigterm {
+                let message = format!("task {task} received SIGINT");
+                let _ = tokio::time::timeout(Duration::from_secs(2), client.report_error(&message)).await;
+                if let Some(handle) = hosted {
+                    handle.wait_idle(Some(task), Duration::from_secs(1)).await;
+                }
+                eprintln!("error: {message}; reported to the job");
+                std::process::exit(130);
             }
-            eprintln!("error: {message}; reported to the job");
-            std::process::exit(code);
+            stop.request();
+            let _ = tokio::time::timeout(Duration::from_secs(2), client.report_preemption("received SIGTERM")).await;
+            let preempted = client.job_error().is_none_or(|e| e.is_preemption());
+            if preempted && stop.is_armed() {
+                // The loop stops and commits; the deadline ends the process if it takes too long.
+                stop.start_deadline();
+                eprintln!(
+                    "siphon: task {task} received SIGTERM: preempted; committing what is complete (at most {:?}), \
+                     then exiting with {EXIT_PREEMPTED}",
+                    stop.bound()
+                );
+                let again = tokio::select! {
+                    _ = term.recv() => "SIGTERM",
+                    _ = int.recv() => "SIGINT",
+                };
+                eprintln!("siphon: task {task} received {again} while stopping; exiting now");
+                std::process::exit(EXIT_PREEMPTED);
+            }
+            if let Some(handle) = hosted {
+                handle.wait_idle(Some(task), Duration::from_secs(1)).await;
+            }
+            if preempted {
+                eprintln!("siphon: task {task} received SIGTERM: preempted; reported to the job; exiting with {EXIT_PREEMPTED}");
+                std::process::exit(EXIT_PREEMPTED);
+            }
+            // The job had already failed: this is part of that failure.
+            eprintln!("error: task {task} received SIGTERM after the job failed");
+            std::process::exit(143);
         });
     }
 }

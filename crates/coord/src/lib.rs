@@ -11,17 +11,23 @@
 //! # Failure semantics
 //!
 //! Errors are sticky and job-wide. The first error of the job — reported by a task (including
-//! from a panic hook or a SIGTERM/SIGINT handler), or a task lost because its heartbeat stream
+//! from a panic hook or a SIGINT handler), or a task lost because its heartbeat stream
 //! broke and did not come back within a short grace period (500 ms by default) — fails every
 //! pending barrier and get at once and is pushed down every heartbeat stream; from then on
 //! every call of every task returns it. A task that loses the coordinator does the same
 //! locally. So one dead host stops the job in about a second instead of hanging it.
 //!
+//! A preemption travels the same way with its own code ([`ErrorCode::Preempted`]): SIGTERM
+//! makes a task report it ([`stop`]), every task stops, commits what is complete and exits
+//! with [`EXIT_PREEMPTED`], and the same command resumes the job.
+//!
 //! # Security
 //!
 //! Every RPC carries the job token (`SIPHON_JOB_TOKEN` or a token file); a wrong token or an
 //! unknown task id is rejected (UNAUTHENTICATED / INVALID_ARGUMENT) and logged, never echoed.
-//! The service binds the coordinator address itself unless told otherwise.
+//! The service binds the coordinator address itself unless told otherwise. With [`TlsOptions`]
+//! the service serves TLS and clients verify it against a CA, so the token never crosses the
+//! network in clear ([`tls`]).
 //!
 //! # Example
 //!
@@ -52,6 +58,8 @@ pub mod identity;
 mod join;
 pub mod service;
 mod state;
+pub mod stop;
+pub mod tls;
 
 /// Generated protobuf messages and gRPC stubs of `proto/coord.proto`.
 #[allow(missing_docs, clippy::all)]
@@ -64,4 +72,6 @@ pub use error::{CoordError, ErrorCode, Result};
 pub use identity::{Identity, IdentityFlags, Source};
 pub use join::{Coordination, JoinOptions, generate_job_token};
 pub use service::{CoordinatorHandle, ServiceConfig};
+pub use stop::{EXIT_PREEMPTED, StopSignal};
+pub use tls::TlsOptions;
 pub use state::{REGISTER_BARRIER, SHUTDOWN_BARRIER};

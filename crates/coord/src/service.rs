@@ -40,6 +40,8 @@ pub struct ServiceConfig {
     pub grace: Duration,
     /// How long a connected task may stay silent before it is failed (hung host).
     pub heartbeat_timeout: Duration,
+    /// Serve TLS with this certificate and key (clients then verify it against the CA).
+    pub tls: Option<crate::tls::TlsOptions>,
 }
 
 impl ServiceConfig {
@@ -50,6 +52,7 @@ impl ServiceConfig {
             job_token: job_token.into(),
             grace: Duration::from_millis(500),
             heartbeat_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -132,6 +135,7 @@ pub async fn bind(config: ServiceConfig, addr: SocketAddr) -> Result<(Coordinato
     if config.job_token.is_empty() {
         return Err(CoordError::InvalidArgument("the job token must not be empty".into()));
     }
+    let tls = config.tls.as_ref().map(|tls| tls.server_config()).transpose()?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| CoordError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
@@ -155,7 +159,13 @@ pub async fn bind(config: ServiceConfig, addr: SocketAddr) -> Result<(Coordinato
     let stop_signal = async move {
         let _ = stopped.wait_for(|s| *s).await;
     };
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| CoordError::InvalidArgument(format!("the coordinator's certificate or key: {e}")))?;
+    }
+    let server = builder
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, stop_signal);
     let sweeper = sweep_loop(shared.clone(), stop_rx.clone());
@@ -168,7 +178,7 @@ pub async fn bind(config: ServiceConfig, addr: SocketAddr) -> Result<(Coordinato
             _ = async { let _ = stopped.wait_for(|s| *s).await; tokio::time::sleep(Duration::from_secs(2)).await } => Ok(()),
         }
     };
-    tracing::info!(addr = %local_addr, num_tasks = shared.config.num_tasks, "coordination service listening");
+    tracing::info!(addr = %local_addr, num_tasks = shared.config.num_tasks, tls = shared.config.tls.is_some(), "coordination service listening");
     Ok((handle, Box::pin(future)))
 }
 
@@ -446,7 +456,12 @@ impl Coordination for Service {
         request: Request<proto::ReportErrorRequest>,
     ) -> std::result::Result<Response<proto::Empty>, Status> {
         let caller = self.caller(&request)?;
-        self.shared.lock().report_error(caller.task, &request.get_ref().message);
+        let request = request.get_ref();
+        if request.preempted {
+            self.shared.lock().report_preemption(caller.task, &request.message);
+        } else {
+            self.shared.lock().report_error(caller.task, &request.message);
+        }
         Ok(Response::new(proto::Empty {}))
     }
 
@@ -480,7 +495,8 @@ impl Coordination for Service {
 
 /// Runs the service on its own (`siphon coordinator`) until the job ends: returns Ok once every
 /// task passed the shutdown barrier and closed its stream, or the job's error once it failed
-/// (after giving the tasks up to a second to learn of it), or an error on SIGINT/SIGTERM.
+/// (after giving the tasks up to a second to learn of it), or an error on SIGINT/SIGTERM
+/// (SIGTERM stops the job as preempted: [`CoordError::is_preemption`]).
 /// `on_listening` is called with the bound address.
 pub fn run_standalone(config: ServiceConfig, addr: SocketAddr, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
     // One thread: connections, barrier wake-ups and responses never change threads.
@@ -518,10 +534,14 @@ pub fn run_standalone(config: ServiceConfig, addr: SocketAddr, on_listening: imp
                 Err(handle.job_error().unwrap_or_else(|| CoordError::Internal("job failed".into())))
             }
             name = signal => {
-                let error = CoordError::Aborted(format!("the coordinator received {name}"));
+                // SIGTERM is a preemption (spot VM, pod eviction): the tasks stop to be resumed.
+                let error = match name {
+                    "SIGTERM" => CoordError::Preempted("the coordinator received SIGTERM".into()),
+                    _ => CoordError::Aborted(format!("the coordinator received {name}")),
+                };
                 handle.fail(error.clone());
                 handle.wait_idle(None, Duration::from_secs(1)).await;
-                Err(error)
+                Err(handle.job_error().unwrap_or(error))
             }
         };
         handle.stop();

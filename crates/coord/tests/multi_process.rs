@@ -227,17 +227,33 @@ fn a_worker_that_never_starts_times_out_registration_naming_it() {
 }
 
 #[test]
-fn sigterm_of_a_worker_is_reported_to_the_others() {
+fn sigterm_of_a_worker_stops_every_process_as_preempted() {
     let mut job = Job::start(3, |task| strings(&[if task == 1 { "hold" } else { "wait" }]));
     job.wait_for_line(&[0, 1, 2], "waiting", Duration::from_secs(30));
     let pid = job.procs[1].child.id().to_string();
     let status = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
     assert!(status.success());
+    let sent = Instant::now();
     job.wait_exit(&[0, 1, 2], Duration::from_secs(10));
-    assert_eq!(job.exit(1).0, 143, "SIGTERM exit code: {}", job.stderr(1));
-    for i in [0, 2] {
-        assert_ne!(job.exit(i).0, 0);
-        let text = job.stderr(i);
-        assert!(text.contains("task 1 received SIGTERM"), "task {i}: {text}");
+    for i in 0..3 {
+        assert_eq!(job.exit(i).0, siphon_coord::EXIT_PREEMPTED, "task {i}: {}", job.stderr(i));
+        assert!(job.exit(i).1 - sent < Duration::from_secs(3), "task {i} took {:?}", job.exit(i).1 - sent);
     }
+    assert!(job.stderr(1).contains("received SIGTERM: preempted"), "{}", job.stderr(1));
+    for i in [0, 2] {
+        let text = job.stderr(i);
+        assert!(text.contains("the job stopped: preempted: task 1: received SIGTERM"), "task {i}: {text}");
+    }
+}
+
+#[test]
+fn sigint_of_a_worker_is_a_failure_reported_to_the_others() {
+    let mut job = Job::start(2, |task| strings(&[if task == 1 { "hold" } else { "wait" }]));
+    job.wait_for_line(&[0, 1], "waiting", Duration::from_secs(30));
+    let pid = job.procs[1].child.id().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().expect("run kill").success());
+    job.wait_exit(&[0, 1], Duration::from_secs(10));
+    assert_eq!(job.exit(1).0, 130, "{}", job.stderr(1));
+    assert_eq!(job.exit(0).0, 1, "{}", job.stderr(0));
+    assert!(job.stderr(0).contains("task 1 received SIGINT"), "{}", job.stderr(0));
 }

@@ -15,6 +15,7 @@
 //! Memory is bounded by the two channels: about `queue_batches` batches plus
 //! `pending_shards + 3` shards (one being built, two uploading).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -90,6 +91,8 @@ pub struct ShardWriter {
     /// Whether `shapes` come from run.json (for the error message).
     shapes_recorded: bool,
     next_sample: u64,
+    /// Set by [`ShardWriter::stop`]: the assembler drops the partial window and shard.
+    drop_partial: Arc<AtomicBool>,
 }
 
 impl ShardWriter {
@@ -167,10 +170,12 @@ impl ShardWriter {
         let assembler_failure = Arc::clone(&failure);
         let format = config.format.clone();
         let next_shard = resume.next_shard;
+        let drop_partial = Arc::new(AtomicBool::new(false));
+        let assembler_drop_partial = Arc::clone(&drop_partial);
         let assembler = std::thread::Builder::new()
             .name("siphon-store-assembler".into())
             .spawn(move || {
-                let result = assemble(batch_rx, shard_tx, identity, format, next_shard);
+                let result = assemble(batch_rx, shard_tx, identity, format, next_shard, &assembler_drop_partial);
                 if let Err(e) = &result {
                     record_failure(&assembler_failure, e);
                 }
@@ -192,6 +197,7 @@ impl ShardWriter {
             hooks: descriptor.hooks,
             shapes_recorded: !descriptor.hook_shapes.is_empty(),
             shapes: descriptor.hook_shapes,
+            drop_partial,
         })
     }
 
@@ -253,7 +259,20 @@ impl ShardWriter {
 
     /// Flushes the last (possibly small) shard, waits for every upload and commit, and returns
     /// the host's summary.
-    pub fn finish(mut self) -> Result<HostSummary> {
+    pub fn finish(self) -> Result<HostSummary> {
+        self.close()
+    }
+
+    /// Stops early (a preempted host): the shards that the pushed batches fill completely are
+    /// sealed, uploaded and committed; the partial window and shard at the end are dropped.
+    /// Shard boundaries stay those of an uninterrupted run, so a resumed run (which restarts
+    /// after the last committed shard) writes exactly what that run would.
+    pub fn stop(self) -> Result<HostSummary> {
+        self.drop_partial.store(true, Ordering::SeqCst);
+        self.close()
+    }
+
+    fn close(mut self) -> Result<HostSummary> {
         drop(self.batches.take());
         let assembled = self.assembler.take().map(|h| {
             h.join()
@@ -357,6 +376,7 @@ fn assemble(
     identity: ShardIdentity,
     format: crate::config::ShardFormat,
     mut next_shard: u64,
+    drop_partial: &AtomicBool,
 ) -> Result<()> {
     let window_batches = format.shuffle.map_or(1, |s| s.window_batches);
     let target = format.target_shard_bytes;
@@ -383,6 +403,10 @@ fn assemble(
                 send(full.seal()?)?;
             }
         }
+    }
+    if drop_partial.load(Ordering::SeqCst) {
+        // Stopped early: what is not a whole shard is redone by the resumed run.
+        return Ok(());
     }
     // Input closed: a partial window and a partial shard are still part of the dataset.
     builder.add_unit(window)?;

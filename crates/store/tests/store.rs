@@ -458,8 +458,32 @@ fn suite_shuffle_and_mask(backend: &Backend) {
     assert!(!in_order, "tokens are shuffled");
 }
 
+/// A stopped writer (a preempted host) commits the shards its batches filled and drops the
+/// partial one; resuming after it gives the uninterrupted run's manifest.
+fn suite_stop_and_resume(backend: &Backend) {
+    let spec = spec();
+    write_all(config(backend, "stop-reference"), &spec, 20);
+    let mut writer = ShardWriter::open(config(backend, "stop"), descriptor(&spec)).unwrap();
+    // 10 batches: shard 0 (batches 0..7) is whole, batches 7..10 are not a shard yet.
+    for k in 0..10 {
+        writer.push(spec.batch(k)).unwrap();
+    }
+    let summary = writer.stop().unwrap();
+    assert_eq!((summary.shards, summary.samples_end), (1, 7 * spec.batch as u64));
+    assert_eq!(read_manifest(backend, "stop").len(), 1);
+
+    let mut writer = ShardWriter::open(config(backend, "stop"), descriptor(&spec)).unwrap();
+    assert_eq!(writer.resume_point().next_sample, 7 * spec.batch as u64);
+    for k in 7..20 {
+        writer.push(spec.batch(k)).unwrap();
+    }
+    writer.finish().unwrap();
+    assert_eq!(read_manifest(backend, "stop"), read_manifest(backend, "stop-reference"));
+}
+
 fn run_suite(backend: &Backend) {
     suite_write_read_verify(backend);
+    suite_stop_and_resume(backend);
     suite_refuses_other_config(backend);
     suite_shuffle_and_mask(backend);
     for failpoint in [

@@ -38,6 +38,19 @@ pub struct ClusterArgs {
     /// The service runs elsewhere (`siphon coordinator`): process 0 does not host it.
     #[arg(long)]
     pub external_coordinator: bool,
+    /// CA certificate (PEM) the coordinator's certificate must be signed by; turns on TLS for
+    /// the coordinator (every host needs the same TLS flags).
+    #[arg(long, env = "SIPHON_COORDINATOR_CA", value_name = "PEM")]
+    pub coordinator_ca: Option<PathBuf>,
+    /// Certificate (PEM, chain) the coordinator serves TLS with; needed where it is hosted.
+    #[arg(long, env = "SIPHON_COORDINATOR_CERT", value_name = "PEM", requires = "coordinator_ca")]
+    pub coordinator_cert: Option<PathBuf>,
+    /// Private key (PEM) of --coordinator-cert.
+    #[arg(long, env = "SIPHON_COORDINATOR_KEY", value_name = "PEM", requires = "coordinator_cert")]
+    pub coordinator_key: Option<PathBuf>,
+    /// Name the coordinator's certificate must hold (default: the host of the coordinator address).
+    #[arg(long, env = "SIPHON_COORDINATOR_TLS_NAME", value_name = "NAME", requires = "coordinator_ca")]
+    pub coordinator_tls_name: Option<String>,
 }
 
 /// Where the job token came from (never the token itself).
@@ -108,6 +121,18 @@ impl ClusterArgs {
         )
     }
 
+    /// The coordinator's TLS material, when `--coordinator-ca` (or its variable) is set.
+    pub fn tls(&self) -> anyhow::Result<Option<siphon_coord::TlsOptions>> {
+        let Some(ca) = &self.coordinator_ca else {
+            if self.coordinator_cert.is_some() || self.coordinator_key.is_some() {
+                bail!("--coordinator-cert and --coordinator-key need --coordinator-ca (the CA clients check the certificate against)");
+            }
+            return Ok(None);
+        };
+        let tls = siphon_coord::TlsOptions::from_files(ca, self.coordinator_cert.as_deref(), self.coordinator_key.as_deref())?;
+        Ok(Some(tls.with_server_name(self.coordinator_tls_name.clone())))
+    }
+
     /// The address the hosted service binds.
     pub fn bind_addr(&self, identity: &Identity) -> anyhow::Result<Option<SocketAddr>> {
         let Some(bind) = &self.bind else { return Ok(None) };
@@ -131,12 +156,14 @@ impl ClusterArgs {
     }
 
     /// Joins the job (hosting the service on process 0 unless `--external-coordinator`), with
-    /// failure reporting installed: a panic, SIGTERM or SIGINT stops every process.
+    /// failure reporting installed: a panic or SIGINT fails every process, SIGTERM stops every
+    /// process as preempted.
     pub fn join(&self) -> anyhow::Result<Coordination> {
         let identity = self.identity()?;
         let (token, _) = self.job_token(&identity)?;
         let mut options = JoinOptions::new(token);
         options.bind = self.bind_addr(&identity)?;
+        options.tls = self.tls()?;
         if self.external_coordinator {
             options.host_service = Some(false);
         }

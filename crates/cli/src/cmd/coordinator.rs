@@ -1,6 +1,6 @@
 //! `siphon coordinator`: run the coordination service on its own, for jobs whose processes
 //! join it with `--external-coordinator`. It exits 0 once every process passed the shutdown
-//! barrier, non-zero when the job failed.
+//! barrier, 75 when the job was preempted (SIGTERM to it or to a process), 1 when it failed.
 
 use anyhow::Context;
 use siphon_coord::ServiceConfig;
@@ -31,7 +31,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("the coordinator address {} resolves to nothing", identity.coordinator))?
         }
     };
-    let config = ServiceConfig::new(identity.num_processes, token);
+    let mut config = ServiceConfig::new(identity.num_processes, token);
+    config.tls = cluster.tls()?;
+    if config.tls.as_ref().is_some_and(|tls| !tls.can_serve()) {
+        anyhow::bail!("the coordinator serves TLS with --coordinator-cert and --coordinator-key (only --coordinator-ca was given)");
+    }
     tracing::info!(num_processes = identity.num_processes, %bind, token = %token_source, "starting the coordinator");
     siphon_coord::service::run_standalone(config, bind, |addr| {
         println!("coordinator listening on {addr} for {} processes", identity.num_processes);

@@ -6,16 +6,21 @@
 //! output line is prefixed with its host. When one host fails the others are stopped
 //! (SIGTERM, then SIGKILL after a grace period), so a local job never hangs either.
 //!
+//! Preemption passes through: SIGTERM to the launcher goes on to every host, and when hosts
+//! exit preempted (75) the launcher waits for the rest (up to the grace period) and exits 75
+//! itself, so whatever restarts it resumes the job.
+//!
 //! On a terminal the launcher draws one progress bar per host from the `SIPHON_PROGRESS`
 //! lines its hosts print (see `job::progress`); elsewhere the hosts log their progress.
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use siphon_coord::EXIT_PREEMPTED;
 
 use crate::job::progress;
 
@@ -30,8 +35,9 @@ pub struct Args {
     /// Port for the coordinator on 127.0.0.1 (default: a free one).
     #[arg(long)]
     port: Option<u16>,
-    /// Seconds between SIGTERM and SIGKILL when stopping the remaining hosts.
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds between SIGTERM and SIGKILL when stopping the remaining hosts, and the time
+    /// preempted hosts get to commit and exit (keep it above the hosts' --stop-timeout).
+    #[arg(long, default_value_t = 15.0)]
     grace_seconds: f64,
     /// The siphon subcommand and its arguments that every host runs, after `--`.
     #[arg(last = true, required = true)]
@@ -98,15 +104,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 
     // Ctrl-C reaches the children too (same process group); the launcher then stops the rest.
-    let interrupted = Arc::new(AtomicBool::new(false));
-    on_signal_set(interrupted.clone());
+    // SIGTERM to the launcher (its pod or VM preempted) is passed on to every host, which
+    // stop as preempted.
+    let signal = Arc::new(AtomicI32::new(0));
+    on_signal_set(signal.clone());
     let grace = Duration::from_secs_f64(args.grace_seconds.max(0.0));
+    let mut preempted = None;
+    let mut sigterm_forwarded = false;
+    // Once hosts stop as preempted, the rest get `grace` to commit and exit.
+    let mut stop_deadline: Option<Instant> = None;
     loop {
         let mut failed = None;
         for host in hosts.iter_mut().filter(|h| h.status.is_none()) {
             if let Some(status) = host.child.try_wait().context("waiting for a host")? {
                 host.status = Some(status);
-                if !status.success() && failed.is_none() {
+                if status.code() == Some(EXIT_PREEMPTED) {
+                    preempted.get_or_insert(host.process_id);
+                } else if !status.success() && failed.is_none() {
                     failed = Some((host.process_id, status));
                 }
             }
@@ -116,11 +130,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             stop_all(&mut hosts, grace);
             bail!("host {process_id} failed ({})", describe(status));
         }
-        if interrupted.load(Ordering::SeqCst) {
-            stop_all(&mut hosts, grace);
-            bail!("interrupted");
+        match signal.load(Ordering::SeqCst) {
+            libc::SIGTERM if !sigterm_forwarded => {
+                eprintln!("received SIGTERM: stopping every host as preempted (at most {grace:?})");
+                signal_all(&hosts, libc::SIGTERM);
+                sigterm_forwarded = true;
+                stop_deadline.get_or_insert(Instant::now() + grace);
+            }
+            libc::SIGINT => {
+                stop_all(&mut hosts, grace);
+                bail!("interrupted");
+            }
+            _ => {}
+        }
+        if let Some(process_id) = preempted
+            && stop_deadline.is_none()
+        {
+            eprintln!("host {process_id} was preempted; waiting for the other hosts to commit and stop");
+            stop_deadline = Some(Instant::now() + grace);
+        }
+        if stop_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            stop_all(&mut hosts, Duration::ZERO);
         }
         if hosts.iter().all(|h| h.status.is_some()) {
+            if preempted.is_some() || sigterm_forwarded {
+                let stopped: Vec<String> = hosts
+                    .iter()
+                    .filter_map(|h| h.status.filter(|s| !s.success()).map(|s| format!("host {}: {}", h.process_id, describe(s))))
+                    .collect();
+                return Err(anyhow::Error::new(crate::job::Preempted::new(format!(
+                    "the hosts were preempted ({})",
+                    if stopped.is_empty() { "all had finished".to_string() } else { stopped.join(", ") }
+                ))));
+            }
             eprintln!("all {} hosts finished", hosts.len());
             return Ok(());
         }
@@ -134,11 +176,18 @@ struct Host {
     status: Option<ExitStatus>,
 }
 
+/// `signal` to every running host.
+fn signal_all(hosts: &[Host], signal: libc::c_int) {
+    for host in hosts.iter().filter(|h| h.status.is_none()) {
+        // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
+        unsafe { libc::kill(host.child.id() as libc::pid_t, signal) };
+    }
+}
+
 /// SIGTERM to every running host, SIGKILL to those still running after `grace`.
 fn stop_all(hosts: &mut [Host], grace: Duration) {
-    for host in hosts.iter_mut().filter(|h| h.status.is_none()) {
-        // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
-        unsafe { libc::kill(host.child.id() as libc::pid_t, libc::SIGTERM) };
+    if !grace.is_zero() {
+        signal_all(hosts, libc::SIGTERM);
     }
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
@@ -219,15 +268,17 @@ fn job_token() -> anyhow::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Sets `flag` on SIGINT/SIGTERM.
-fn on_signal_set(flag: Arc<AtomicBool>) {
-    static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
-    extern "C" fn on_signal(_: libc::c_int) {
-        if let Some(flag) = FLAG.get() {
-            flag.store(true, Ordering::SeqCst);
+/// Stores the signal's number in `slot` on SIGINT/SIGTERM (SIGINT wins over SIGTERM).
+fn on_signal_set(slot: Arc<AtomicI32>) {
+    static SLOT: std::sync::OnceLock<Arc<AtomicI32>> = std::sync::OnceLock::new();
+    extern "C" fn on_signal(signal: libc::c_int) {
+        if let Some(slot) = SLOT.get()
+            && slot.load(Ordering::SeqCst) != libc::SIGINT
+        {
+            slot.store(signal, Ordering::SeqCst);
         }
     }
-    let _ = FLAG.set(flag);
+    let _ = SLOT.set(slot);
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { libc::signal(signal, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };

@@ -12,6 +12,16 @@ pub mod inspect;
 pub mod launch;
 pub mod plan;
 
+/// Whether a command ended because its job was preempted (exit [`siphon_coord::EXIT_PREEMPTED`]
+/// rather than 1): a host that stopped for it, a coordinator call failed by it, or a launch
+/// whose hosts were.
+pub fn is_preemption(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause.downcast_ref::<crate::job::Preempted>().is_some()
+            || cause.downcast_ref::<siphon_coord::CoordError>().is_some_and(|e| e.is_preemption())
+    })
+}
+
 /// Log lines go to stderr; `RUST_LOG` filters them (default `info`). `json` gives one JSON
 /// object per line (with the span fields, e.g. a host's machine and host ids) for log
 /// collectors; otherwise plain text.

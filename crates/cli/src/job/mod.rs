@@ -10,6 +10,12 @@
 //! so the loop never waits for another host. Hosts meet only at start-up, at the end, and
 //! through the coordinator's error watch, which the loop polls every batch so that one
 //! failed host stops the others at once.
+//!
+//! Preemption: SIGTERM (or another host's preemption, learned through the coordinator) stops
+//! the loop before its next batch; the writer commits the shards the pushed batches complete
+//! and drops the partial one (`ShardWriter::stop`), and the host exits with
+//! `siphon_coord::EXIT_PREEMPTED` ([`Preempted`]). The stop timeout bounds it all; the same
+//! command resumes after the last committed shard.
 
 mod compute;
 mod fetch;
@@ -66,7 +72,9 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let mut join = JoinOptions::new(token);
     join.client.register_timeout = Duration::from_secs_f64(options.register_timeout);
     join.client.connect_timeout = Duration::from_secs_f64(options.connect_timeout);
+    join.stop_timeout = Duration::from_secs_f64(options.stop_timeout.max(0.0));
     join.bind = options.cluster.bind_addr(&identity)?;
+    join.tls = options.cluster.tls()?;
     if options.cluster.external_coordinator {
         join.host_service = Some(false);
     }
@@ -87,8 +95,44 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
             let _ = coord.report_error(&format!("host {} (machine {}): {err:#}", host.host, host.machine));
         }
     }
-    result
+    match result {
+        // Whatever this host was doing, the job stopped to be resumed (a barrier or get that
+        // another host's preemption failed is no error of this host's).
+        Err(err) if coord.preempted() && err.downcast_ref::<Preempted>().is_none() => {
+            Err(anyhow::Error::new(Preempted { message: format!("{err:#}"), shards: None }))
+        }
+        other => other,
+    }
 }
+
+/// This host stopped because the job was preempted (SIGTERM here or on another host): what was
+/// complete is committed, and the same command resumes the run. `siphon` exits with
+/// [`siphon_coord::EXIT_PREEMPTED`].
+#[derive(Debug)]
+pub struct Preempted {
+    message: String,
+    /// Shards committed by this host when it stopped in its loop.
+    shards: Option<u64>,
+}
+
+impl Preempted {
+    /// A preemption seen from outside a host (the launcher's hosts exited preempted).
+    pub fn new(message: impl Into<String>) -> Preempted {
+        Preempted { message: message.into(), shards: None }
+    }
+}
+
+impl std::fmt::Display for Preempted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "preempted: {}", self.message)?;
+        if let Some(shards) = self.shards {
+            write!(f, "; {shards} shards of this host are committed")?;
+        }
+        write!(f, "; run the same command again to resume")
+    }
+}
+
+impl std::error::Error for Preempted {}
 
 /// Everything step 2 checked and opened, handed to the steps that need the other hosts.
 struct Prepared {
@@ -169,12 +213,22 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let mut compute_time = Duration::ZERO;
     // Test hook: slows the loop down so that tests can kill a host mid-run.
     let slow_batch = std::env::var("SIPHON_TEST_SLOW_BATCH_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
+    // From here SIGTERM stops the loop instead of the process (see siphon_coord::stop).
+    let stop = coord.stop_signal();
+    stop.arm();
+    let mut preempted = false;
     for batch in stream {
         if let Some(delay) = slow_batch {
             std::thread::sleep(delay);
         }
-        if let Some(err) = coord.job_error() {
+        if let Some(err) = coord.job_error()
+            && !err.is_preemption()
+        {
             return Err(anyhow::Error::new(err).context("another host failed"));
+        }
+        if stop.requested() || coord.preempted() {
+            preempted = true;
+            break;
         }
         let batch = batch?;
         if budget_batches.is_some_and(|limit| batch.index >= limit) {
@@ -186,6 +240,18 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         let tokens = (batch.len() * batch.seq_len) as u64;
         writer.push(to_store_batch(&batch, hooks)?)?;
         progress.batch(tokens);
+    }
+    if preempted {
+        // Commit the shards the pushed batches complete; the partial one is redone on resume.
+        stop.start_deadline();
+        let why = coord.job_error().map_or_else(|| "received SIGTERM".to_string(), |e| e.to_string());
+        tracing::warn!(reason = %why, "preempted: committing the complete shards, then exiting");
+        let summary = writer.stop().context("preempted, and committing the complete shards failed")?;
+        tracing::info!(
+            shards = summary.shards, tokens = summary.tokens, seconds = started.elapsed().as_secs_f64(),
+            "host stopped (preempted)"
+        );
+        return Err(anyhow::Error::new(Preempted { message: why, shards: Some(summary.shards) }));
     }
     let summary = writer.finish()?;
     progress.finish(&summary);

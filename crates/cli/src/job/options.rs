@@ -92,6 +92,10 @@ pub struct ExtractOptions {
     /// Seconds to wait for every host to register.
     #[arg(long, default_value_t = 300.0, help_heading = "Cluster")]
     pub register_timeout: f64,
+    /// After SIGTERM (preemption) or another host's preemption, seconds this host may take to
+    /// commit its complete shards before it exits anyway (exit code 75 either way).
+    #[arg(long, default_value_t = 10.0, help_heading = "Cluster")]
+    pub stop_timeout: f64,
 }
 
 /// What decides the dataset: identical on every host (checked through the coordinator).

@@ -14,7 +14,8 @@
 //! - `bench [--rounds N] [--processes 2,8,32]`: runs `report` jobs of each size locally and
 //!   prints a Markdown table (what `siphon cluster bench` does, without building the CLI).
 //!
-//! Exits 0 on success; on any error prints `error: ...` to stderr and exits 1.
+//! Exits 0 on success; on any error prints `error: ...` to stderr and exits 1, or
+//! [`siphon_coord::EXIT_PREEMPTED`] when the job was preempted.
 
 use std::time::{Duration, Instant};
 
@@ -24,14 +25,37 @@ use siphon_coord::{Coordination, JoinOptions, identity};
 fn main() {
     match run() {
         Ok(()) => {}
-        Err(message) => {
+        Err(Failure { message, preempted }) => {
             eprintln!("error: {message}");
-            std::process::exit(1);
+            std::process::exit(if preempted { siphon_coord::EXIT_PREEMPTED } else { 1 });
         }
     }
 }
 
-fn run() -> Result<(), String> {
+struct Failure {
+    message: String,
+    preempted: bool,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure { message, preempted: false }
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        Failure::from(message.to_string())
+    }
+}
+
+impl From<siphon_coord::CoordError> for Failure {
+    fn from(error: siphon_coord::CoordError) -> Failure {
+        Failure { preempted: error.is_preemption(), message: error.to_string() }
+    }
+}
+
+fn run() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().cloned().ok_or("missing scenario")?;
     let mut rounds = 10u32;
@@ -50,7 +74,7 @@ fn run() -> Result<(), String> {
                 let (key, value) = pair.split_once('=').ok_or("--config wants KEY=VALUE")?;
                 config.insert(key.to_string(), Value::String(value.to_string()));
             }
-            other => return Err(format!("unknown argument {other}")),
+            other => return Err(format!("unknown argument {other}").into()),
         }
     }
     if scenario == "bench" {
@@ -91,7 +115,7 @@ fn run() -> Result<(), String> {
             }
             let value = job.kv_get("broadcast", timeout).map_err(|e| e.to_string())?;
             if value != b"from task 0" {
-                return Err(format!("broadcast value {value:?}"));
+                return Err(format!("broadcast value {value:?}").into());
             }
             let run = job.broadcast_config(&Value::Object(config), timeout).map_err(|e| e.to_string())?;
             job.kv_set(&format!("run/{task}"), run["run_name"].to_string().as_bytes(), false)
@@ -99,7 +123,7 @@ fn run() -> Result<(), String> {
             job.barrier("names", timeout).map_err(|e| e.to_string())?;
             let names = job.kv_list("run/").map_err(|e| e.to_string())?;
             if names.len() != me.num_processes as usize || names.iter().any(|(_, n)| n != &names[0].1) {
-                return Err(format!("tasks disagree on the run name: {names:?}"));
+                return Err(format!("tasks disagree on the run name: {names:?}").into());
             }
             latencies.sort();
             println!("ok task {task} barrier p50 {:?}", latencies[latencies.len() / 2]);
@@ -115,7 +139,7 @@ fn run() -> Result<(), String> {
         }
         "wait" => {
             eprintln!("waiting");
-            job.barrier("forever", Duration::from_secs(60)).map_err(|e| e.to_string())?;
+            job.barrier("forever", Duration::from_secs(60))?;
         }
         "hold" => {
             eprintln!("waiting");
@@ -132,7 +156,7 @@ fn run() -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(300));
             panic!("worker panicked on purpose");
         }
-        other => return Err(format!("unknown scenario {other}")),
+        other => return Err(format!("unknown scenario {other}").into()),
     }
     Ok(())
 }

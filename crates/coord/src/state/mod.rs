@@ -205,6 +205,12 @@ impl State {
         self.fail(Some(task), error);
     }
 
+    /// A task reports that it was preempted: the job stops as preempted (every task exits to
+    /// be resumed) if it has no error yet; an earlier failure stays the job's error.
+    pub(crate) fn report_preemption(&mut self, task: u32, message: &str) {
+        self.fail(Some(task), CoordError::Preempted(format!("task {task}: {message}")));
+    }
+
     /// Sets the job's first error (later ones are only logged), fails the task if any, and
     /// wakes every waiter with it.
     pub(crate) fn fail(&mut self, task: Option<u32>, error: CoordError) {

@@ -95,6 +95,26 @@ fn job_error_fails_pending_barriers_and_gets_and_is_sticky() {
 }
 
 #[test]
+fn a_preemption_stops_the_job_with_its_own_code_but_never_replaces_a_failure() {
+    let mut state = registered(2);
+    let now = Instant::now();
+    let (mut rx, _) = wait(state.barrier(0, key("b"), Duration::from_secs(5), &[], now));
+    state.report_preemption(1, "received SIGTERM");
+    let error = rx.try_recv().unwrap().unwrap_err();
+    assert!(error.is_preemption(), "{error:?}");
+    assert_eq!(error.to_string(), "the job stopped: preempted: task 1: received SIGTERM");
+    // A later failure (a host lost while the others stop) does not turn it into a failure.
+    state.report_error(0, "lost");
+    assert!(state.kv_try_get("x").unwrap_err().is_preemption());
+
+    let mut state = registered(2);
+    state.report_error(0, "disk full");
+    state.report_preemption(1, "received SIGTERM");
+    let error = state.kv_try_get("x").unwrap_err();
+    assert!(!error.is_preemption() && error.to_string().contains("disk full"), "{error}");
+}
+
+#[test]
 fn disconnect_fails_task_after_grace_unless_reconnected() {
     let mut state = registered(2);
     let now = Instant::now();
