@@ -6,6 +6,9 @@
 //! SLURM, OpenMPI, torchrun. Every source is a pure function of an environment map and an
 //! optional [`MetadataFetcher`], so all of them are tested with fixtures; lower sources are only
 //! consulted (and the metadata server only queried) while a field is still missing.
+//!
+//! A coordinator address without a port gets [`DEFAULT_PORT`], or the port in
+//! `SIPHON_COORDINATOR_PORT` ([`PORT_ENV`]).
 
 use std::collections::HashMap;
 use std::fmt;
