@@ -11,10 +11,12 @@
 #   deploy/tpu-vm/siphon-tpu-vm.sh --tpu my-v5e-16 --zone us-west4-a stop
 #
 # install  pip-installs siphon and libtpu (from PyPI) into ~/.local on every worker
-#          (`gcloud compute tpus tpu-vm ssh --worker=all`).
+#          (`gcloud compute tpus tpu-vm ssh --worker=all`). Where the image's Python refuses
+#          user installs (PEP 668), set SIPHON_INSTALL_COMMAND, e.g. to a venv install that
+#          links ~/.local/bin/siphon.
 # start    makes a fresh job token here, copies it to ~/.siphon/job-token (mode 600) on every
 #          worker with `gcloud ... scp --worker=all`, then starts the same
-#          `siphon <args> --job-token-file ~/.siphon/job-token` on every worker, detached (nohup),
+#          `siphon <args> --job-token-file ~/.siphon/job-token` on every worker, detached (setsid nohup),
 #          logging to ~/.siphon/logs/<job>.log; --foreground waits for every worker instead.
 #
 # Identity: nothing is passed per worker. Each worker finds its process id (metadata attribute
@@ -109,7 +111,8 @@ start)
         on_all "$env_prefix cd \$HOME && ~/.local/bin/siphon $command 2>&1 | tee $log; exit \${PIPESTATUS[0]}"
     else
         say "starting on every worker (detached): siphon $*"
-        on_all "$env_prefix cd \$HOME && nohup ~/.local/bin/siphon $command > $log 2>&1 < /dev/null & echo \$! > \$HOME/.siphon/$JOB.pid"
+        # setsid + nohup: the job outlives the ssh session that started it.
+        on_all "$env_prefix cd \$HOME && setsid nohup ~/.local/bin/siphon $command > $log 2>&1 < /dev/null & echo \$! > \$HOME/.siphon/$JOB.pid"
         say "started; follow it with: $0 --tpu $TPU --zone $ZONE logs"
     fi
     ;;

@@ -264,6 +264,59 @@ fn tpu_vm_script_installs_hands_out_the_token_and_starts_every_worker() {
 }
 
 #[test]
+fn tpu_vm_script_starts_detached_reports_status_and_stops() {
+    let job = job();
+    let workers = job.tmp.path().join("workers");
+    let port = free_port();
+    let script = |args: &[&str]| {
+        let mut command = clean("bash");
+        command
+            .arg(repo_root().join("deploy/tpu-vm/siphon-tpu-vm.sh"))
+            .args(["--tpu", "test-slice", "--zone", "nowhere1-a", "--job", "detached"])
+            .args(args)
+            .env("GCLOUD", repo_root().join("deploy/testing/fake-gcloud"))
+            .env("FAKE_TPU_WORKERS", "2")
+            .env("FAKE_TPU_ROOT", &workers)
+            .env("SIPHON_COORDINATOR_PORT", port.to_string())
+            .env("SIPHON_INSTALL_COMMAND", format!("mkdir -p ~/.local/bin && ln -sf {SIPHON} ~/.local/bin/siphon"));
+        command
+    };
+    run_ok(&mut script(&["install"]));
+    let mut start: Vec<String> = ["start", "--"].iter().map(|s| s.to_string()).collect();
+    start.extend(job.extract_args("detached"));
+    let output = run_ok(&mut script(&start.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(text(&output).contains("started; follow it with"), "{}", text(&output));
+    let pids: Vec<i32> = (0..2)
+        .map(|i| std::fs::read_to_string(workers.join(format!("worker-{i}/.siphon/detached.pid"))).unwrap().trim().parse().unwrap())
+        .collect();
+    // The detached workers outlive the script; make sure they do not outlive the test.
+    struct Kill(Vec<i32>);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                // SAFETY: signalling a process this test started.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+        }
+    }
+    let _kill = Kill(pids);
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let output = run_ok(&mut script(&["status"]));
+        let status = text(&output);
+        if status.matches("not running").count() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the detached job did not finish:\n{status}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    job.inspect_ok("detached");
+    assert!(std::fs::read_to_string(workers.join("worker-0/.siphon/logs/detached.log")).unwrap().contains("dataset complete"));
+    // stop on a finished job is harmless.
+    run_ok(&mut script(&["stop"]));
+}
+
+#[test]
 fn tpu_vm_script_refuses_to_start_without_a_command() {
     let mut command = clean("bash");
     command
