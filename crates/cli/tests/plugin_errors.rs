@@ -108,4 +108,17 @@ fn doctor_and_extract_explain_libtpu_without_a_tpu() {
     assert_clear_error(&output, &expected);
     let output = extract_with(&libtpu);
     assert_clear_error(&output, &expected);
+
+    // Past the device check, libtpu itself loads and initializes; told not to query the GCE
+    // metadata server (TPU_SKIP_MDS_QUERY), its client creation fails at once ("No jellyfish
+    // device found" from libtpu 0.0.51), and siphon adds the plugin and the likely cause.
+    let output = Command::new("timeout")
+        .args(["120", SIPHON, "doctor", "--plugin", libtpu.to_str().unwrap()])
+        .env("SIPHON_SKIP_DEVICE_CHECK", "1")
+        .env("TPU_SKIP_MDS_QUERY", "1")
+        .env("TF_CPP_MIN_LOG_LEVEL", "2")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run siphon doctor");
+    assert_clear_error(&output, &["TPU plugin (libtpu)", "could not start", "PJRT_Client_Create failed", "likely cause: this machine has no TPU"]);
 }
