@@ -392,6 +392,12 @@ fn dockerfile_stages_copies_and_plugin_flavours_fit_together() {
         assert!(dockerfile.contains(&format!("install-plugins.sh {flavour} /")), "stage {flavour} does not install its plugin");
         assert!(dockerfile.contains(&format!("--target {flavour} ")), "the header does not show how to build {flavour}");
     }
+    // install-plugins.sh finds install-plugin.sh, lib.sh and the entrypoint beside itself.
+    let scripts = dockerfile.lines().find(|l| l.starts_with("COPY ") && l.ends_with(" /opt/siphon/scripts/")).unwrap();
+    for file in ["entrypoint.sh", "install-plugins.sh", "install-plugin.sh", "lib.sh"] {
+        assert!(scripts.contains(&format!("/{file} ")), "{file} is not copied to /opt/siphon/scripts/: {scripts}");
+    }
+    assert!(dockerfile.contains(r#"ENTRYPOINT ["/opt/siphon/scripts/entrypoint.sh"]"#));
     let ignore = std::fs::read_to_string(repo_root().join(".dockerignore")).unwrap();
     assert!(ignore.lines().any(|l| l.trim() == "target/"), "the build context must not carry target/");
 }
