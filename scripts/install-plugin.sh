@@ -38,7 +38,7 @@ if [[ -n "${SIPHON_PJRT_WHEEL:-}" ]]; then
     # An already-downloaded wheel (offline machines); its sha256 is still checked below.
     cp "$SIPHON_PJRT_WHEEL" "$work/wheel/"
 elif "$python" -m pip --version >/dev/null 2>&1; then
-    echo "downloading $package==$version with pip" >&2
+    echo "downloading the PJRT CPU plugin: $package==$version with pip (63 MB)" >&2
     "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
         --dest "$work/wheel" "$package==$version" >&2
 else

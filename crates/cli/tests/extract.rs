@@ -7,82 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{HIDDEN, make_corpus, make_model, plugin, repo_root};
+
 const SIPHON: &str = env!("CARGO_BIN_EXE_siphon");
-const HIDDEN: usize = 32;
-const LAYERS: usize = 2;
 const HOOKS: &str = "blocks.0.hook_resid_pre,blocks.0.hook_attn_out,blocks.1.hook_mlp_out,ln_final.hook_normalized";
-
-fn plugin() -> String {
-    std::env::var("SIPHON_PJRT_PLUGIN").unwrap_or_else(|_| {
-        let cache = std::env::var("SIPHON_CACHE_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/siphon"));
-        let path = cache.join("pjrt/xla-cpu-2026.6.23/libpjrt_cpu.so");
-        assert!(path.exists(), "no PJRT CPU plugin: run scripts/install-plugin.sh or set SIPHON_PJRT_PLUGIN");
-        path.display().to_string()
-    })
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-/// A tiny Llama with random weights and a vocabulary that covers the fixture tokenizer's 260 ids.
-fn make_model(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let config = serde_json::json!({
-        "model_type": "llama", "vocab_size": 264, "hidden_size": HIDDEN, "intermediate_size": 64,
-        "num_hidden_layers": LAYERS, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
-        "tie_word_embeddings": true, "hidden_act": "silu"
-    });
-    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    let parsed = siphon_models::HfConfig::from_json(&config.to_string()).unwrap().into_config().unwrap();
-    let mut seed = 0x9e3779b97f4a7c15u64;
-    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = parsed
-        .params(LAYERS, false)
-        .into_iter()
-        .map(|p| {
-            let n: usize = p.shape.iter().product();
-            let values: Vec<f32> = (0..n)
-                .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    let unit = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                    if p.class == siphon_models::ParamClass::Norm { 1.0 + 0.2 * unit } else { 0.4 * unit }
-                })
-                .collect();
-            (p.name, p.shape, values.iter().flat_map(|v| v.to_le_bytes()).collect())
-        })
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(name, shape, bytes)| {
-            (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap())
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
-}
-
-/// Four text files of short lines (each line a document).
-fn make_corpus(dir: &Path, lines_per_file: usize) {
-    std::fs::create_dir_all(dir).unwrap();
-    let words = ["the", "river", "ran", "cold", "under", "a", "grey", "sky", "and", "birds", "sang", "of", "rain"];
-    let mut seed = 7u64;
-    for file in 0..4 {
-        let mut text = String::new();
-        for _ in 0..lines_per_file {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let n = 3 + (seed >> 60) as usize;
-            for w in 0..n {
-                let i = ((seed >> (w * 4 % 56)) as usize) % words.len();
-                text.push_str(words[i]);
-                text.push(' ');
-            }
-            text.push('\n');
-        }
-        std::fs::write(dir.join(format!("part-{file}.txt")), text).unwrap();
-    }
-}
 
 struct Setup {
     _tmp: tempfile::TempDir,

@@ -6,6 +6,9 @@
 //! SLURM, OpenMPI, torchrun. Every source is a pure function of an environment map and an
 //! optional [`MetadataFetcher`], so all of them are tested with fixtures; lower sources are only
 //! consulted (and the metadata server only queried) while a field is still missing.
+//!
+//! A coordinator address without a port gets [`DEFAULT_PORT`], or the port in
+//! `SIPHON_COORDINATOR_PORT` ([`PORT_ENV`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -15,8 +18,14 @@ use std::time::Duration;
 
 use crate::error::{CoordError, Result};
 
-/// The coordinator port used when a source gives only a host (same as JAX's).
+/// The coordinator port used when a source gives only a host (same as JAX's), unless
+/// [`PORT_ENV`] says otherwise.
 pub const DEFAULT_PORT: u16 = 8476;
+
+/// The environment variable that replaces [`DEFAULT_PORT`] for a coordinator address that
+/// comes without a port (a TPU worker host name, the first SLURM node, `MASTER_ADDR`), e.g.
+/// when JAX already uses 8476 on the same hosts.
+pub const PORT_ENV: &str = "SIPHON_COORDINATOR_PORT";
 
 /// Where an identity field came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,8 +251,14 @@ pub fn resolve(
             "process id {process_id} (from {id_source}) is not below the process count {num_processes} (from {count_source})"
         )));
     }
+    let default_port = match env.get(PORT_ENV) {
+        None => DEFAULT_PORT,
+        Some(text) => text.trim().parse::<u16>().ok().filter(|&port| port != 0).ok_or_else(|| {
+            CoordError::InvalidArgument(format!("{PORT_ENV}='{text}' is not a port number (1-65535)"))
+        })?,
+    };
     let (coordinator, coordinator_source) = match coordinator {
-        Some((address, source)) => (with_port(&address, source)?, source),
+        Some((address, source)) => (with_port(&address, source, default_port)?, source),
         None if num_processes == 1 => ("127.0.0.1:0".to_string(), Source::Default),
         None => {
             return Err(CoordError::InvalidArgument(format!(
@@ -278,7 +293,7 @@ pub fn resolve(
     })
 }
 
-fn with_port(address: &str, source: Source) -> Result<String> {
+fn with_port(address: &str, source: Source, default_port: u16) -> Result<String> {
     let address = address.trim();
     if address.is_empty() {
         return Err(CoordError::InvalidArgument(format!("the coordinator address from {source} is empty")));
@@ -286,13 +301,13 @@ fn with_port(address: &str, source: Source) -> Result<String> {
     // "[v6]:port", "host:port" or a bare host / bare IPv6 address.
     if let Some(rest) = address.strip_prefix('[') {
         return match rest.split_once(']') {
-            Some((_, "")) => Ok(format!("{address}:{DEFAULT_PORT}")),
+            Some((_, "")) => Ok(format!("{address}:{default_port}")),
             Some((_, port)) if port.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok()) => Ok(address.to_string()),
             _ => Err(CoordError::InvalidArgument(format!("bad coordinator address '{address}' from {source}"))),
         };
     }
     match address.matches(':').count() {
-        0 => Ok(format!("{address}:{DEFAULT_PORT}")),
+        0 => Ok(format!("{address}:{default_port}")),
         1 => {
             let (_, port) = address.split_once(':').unwrap_or_default();
             port.parse::<u16>().map_err(|_| {
@@ -300,7 +315,7 @@ fn with_port(address: &str, source: Source) -> Result<String> {
             })?;
             Ok(address.to_string())
         }
-        _ => Ok(format!("[{address}]:{DEFAULT_PORT}")),
+        _ => Ok(format!("[{address}]:{default_port}")),
     }
 }
 

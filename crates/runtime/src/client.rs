@@ -271,7 +271,7 @@ impl Client {
             args.kv_put_user_arg = user_arg;
         }
         // SAFETY: the options and strings outlive the call; the store outlives the client.
-        unsafe { plugin.call(slot::Client_Create, &mut args) }?;
+        unsafe { plugin.call(slot::Client_Create, &mut args) }.map_err(|err| plugin.start_error(err))?;
         if args.client.is_null() {
             return Err(Error::Unexpected(
                 "PJRT_Client_Create returned no client".into(),

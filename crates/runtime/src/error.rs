@@ -117,12 +117,43 @@ pub enum Error {
         reason: String,
     },
     /// The dynamic loader refused the library.
-    #[error("could not load PJRT plugin {path}: {reason}")]
+    #[error("could not load PJRT plugin {path}: {reason}{}", cause_suffix(likely_cause))]
     LoadFailed {
         /// The path.
         path: PathBuf,
         /// The loader's message.
         reason: String,
+        /// What this machine seems to lack for the plugin (see [`crate::diagnose`]).
+        likely_cause: Option<String>,
+    },
+    /// A TPU or CUDA plugin refused before loading it, on a machine that has none of its
+    /// devices (see [`crate::diagnose::preflight`]).
+    #[error("{kind} at {plugin} cannot start on this machine: {likely_cause} (to load it anyway, set SIPHON_SKIP_DEVICE_CHECK=1)")]
+    DevicesMissing {
+        /// The plugin path.
+        plugin: PathBuf,
+        /// Which platform the plugin is for.
+        kind: crate::diagnose::PluginKind,
+        /// What is missing.
+        likely_cause: String,
+    },
+    /// The plugin loaded but could not start: `PJRT_Plugin_Initialize` or
+    /// `PJRT_Client_Create` failed, typically on a machine without the plugin's devices or
+    /// drivers (libtpu without a TPU, the CUDA plugin without a GPU).
+    #[error("{kind} at {plugin} could not start: {function} failed ({code:?}): {message}{}", cause_suffix(likely_cause))]
+    PluginStart {
+        /// The plugin path.
+        plugin: PathBuf,
+        /// Which platform the plugin is for.
+        kind: crate::diagnose::PluginKind,
+        /// The C function that failed.
+        function: &'static str,
+        /// PJRT's status code.
+        code: ErrorCode,
+        /// PJRT's message.
+        message: String,
+        /// What this machine seems to lack for the plugin (see [`crate::diagnose`]).
+        likely_cause: Option<String>,
     },
     /// The library has no `GetPjrtApi` symbol: it is not a PJRT plugin.
     #[error("{path} is not a PJRT plugin: it exports no GetPjrtApi symbol")]
@@ -204,9 +235,16 @@ impl Error {
     /// PJRT's status code when the error came from the plugin.
     pub fn pjrt_code(&self) -> Option<ErrorCode> {
         match self {
-            Error::Pjrt { code, .. } => Some(*code),
+            Error::Pjrt { code, .. } | Error::PluginStart { code, .. } => Some(*code),
             _ => None,
         }
+    }
+}
+
+fn cause_suffix(likely_cause: &Option<String>) -> String {
+    match likely_cause {
+        Some(cause) => format!(" (likely cause: {cause})"),
+        None => String::new(),
     }
 }
 

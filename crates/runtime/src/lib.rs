@@ -20,6 +20,8 @@
 //!   [`ShardedArray::to_host`]). In a multi-process job it holds this process's partitions only
 //!   ([`ShardedArray::partitions`], [`ShardedArray::local_shards_to_host`]).
 //! - [`Client::upload_many`] / [`download_many`] start every copy before waiting on any.
+//! - [`diagnose`]: when a plugin cannot start ([`Error::PluginStart`]), which platform it is
+//!   for ([`PluginKind`]) and what this machine lacks for it (no TPU, no GPU, no driver).
 //! - [`KeyValueStore`]: the callbacks a multi-host client (libtpu, CUDA) exchanges topology
 //!   through; set with [`ClientOptions::key_value_store`].
 //!
@@ -67,6 +69,7 @@
 mod buffer;
 mod client;
 mod compile;
+pub mod diagnose;
 mod error;
 mod ffi;
 mod locate;
@@ -78,6 +81,7 @@ mod signature;
 pub use buffer::{Buffer, ElementType, HostArray, NativeType, Upload, download_many};
 pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore, OptionValue};
 pub use compile::{CompileOptions, CompiledMemoryStats, Executable};
+pub use diagnose::PluginKind;
 pub use error::{Error, ErrorCode, Result};
 pub use locate::{
     CPU_PLUGIN_VERSION, LocatedPlugin, PLUGIN_ENV, PluginChoice, PluginLocator, PluginSource,

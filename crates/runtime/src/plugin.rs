@@ -74,8 +74,10 @@ static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<Plugin>>>> = OnceLock::new();
 impl Plugin {
     /// Loads (once per process) and initializes the PJRT plugin at `path`.
     ///
-    /// Checks, in order, that the file exists, is an ELF shared library, loads, exports
-    /// `GetPjrtApi`, and has a supported API major version; each failure names the path.
+    /// Checks, in order, that the file exists, that this machine has the plugin's devices (a
+    /// TPU or CUDA plugin, see [`crate::diagnose::preflight`]), that it is an ELF shared library,
+    /// loads, exports `GetPjrtApi`, has a supported API major version and initializes; each
+    /// failure names the path.
     pub fn load(path: impl AsRef<Path>) -> Result<Arc<Plugin>> {
         let path = path.as_ref();
         let canonical = std::fs::canonicalize(path).map_err(|_| Error::PluginNotFound {
@@ -90,6 +92,11 @@ impl Plugin {
         if let Some(plugin) = registry.get(&canonical) {
             return Ok(plugin.clone());
         }
+        crate::diagnose::preflight(&canonical).map_err(|(kind, likely_cause)| Error::DevicesMissing {
+            plugin: canonical.clone(),
+            kind,
+            likely_cause,
+        })?;
         let plugin = Arc::new(Plugin::open(&canonical)?);
         registry.insert(canonical, plugin.clone());
         Ok(plugin)
@@ -100,9 +107,13 @@ impl Plugin {
         // SAFETY: loading a library runs its initializers. We only load files the user or
         // discovery pointed at as PJRT plugins, and checked they are ELF shared objects.
         let library =
-            unsafe { libloading::Library::new(path) }.map_err(|err| Error::LoadFailed {
-                path: path.to_path_buf(),
-                reason: err.to_string(),
+            unsafe { libloading::Library::new(path) }.map_err(|err| {
+                let reason = err.to_string();
+                Error::LoadFailed {
+                    path: path.to_path_buf(),
+                    likely_cause: crate::diagnose::load_failure_hint(path, &reason),
+                    reason,
+                }
             })?;
         // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin (`const PJRT_Api*
         // GetPjrtApi()`); a library without the symbol is reported, not called.
@@ -116,6 +127,7 @@ impl Plugin {
             return Err(Error::LoadFailed {
                 path: path.to_path_buf(),
                 reason: "GetPjrtApi returned null".into(),
+                likely_cause: None,
             });
         }
         // SAFETY: `api` points at a `PJRT_Api`, which starts with `PJRT_Api_Head`.
@@ -136,6 +148,7 @@ impl Plugin {
             return Err(Error::LoadFailed {
                 path: path.to_path_buf(),
                 reason: format!("PJRT_Api struct_size {} is too small", head.struct_size),
+                likely_cause: None,
             });
         }
         if version.1 > ffi::PJRT_API_MINOR {
@@ -162,12 +175,28 @@ impl Plugin {
         };
         let mut init: ffi::PJRT_Plugin_Initialize_Args = ffi::zeroed();
         // SAFETY: the args struct matches `PJRT_Plugin_Initialize`.
-        unsafe { plugin.call(slot::Plugin_Initialize, &mut init) }?;
+        unsafe { plugin.call(slot::Plugin_Initialize, &mut init) }.map_err(|err| plugin.start_error(err))?;
         plugin.attributes = plugin.read_attributes().unwrap_or_else(|err| {
             tracing::debug!("PJRT plugin attributes unavailable: {err}");
             Vec::new()
         });
         Ok(plugin)
+    }
+
+    /// Turns a failed initialize or client create into [`Error::PluginStart`], naming the
+    /// plugin and what this machine seems to lack for it; other errors pass through.
+    pub(crate) fn start_error(&self, error: Error) -> Error {
+        match error {
+            Error::Pjrt { function, code, message } => Error::PluginStart {
+                plugin: self.path.clone(),
+                kind: crate::diagnose::PluginKind::of(&self.path),
+                function,
+                code,
+                message,
+                likely_cause: crate::diagnose::likely_cause_for(&self.path),
+            },
+            other => other,
+        }
     }
 
     /// The library path (canonical).

@@ -212,11 +212,29 @@ fn bad_input_is_a_clear_error() {
 
 #[test]
 fn coordinator_addresses_get_the_default_port() {
-    assert_eq!(with_port("host", Source::Flags).unwrap(), format!("host:{DEFAULT_PORT}"));
-    assert_eq!(with_port("host:9", Source::Flags).unwrap(), "host:9");
-    assert_eq!(with_port("[::1]:9", Source::Flags).unwrap(), "[::1]:9");
-    assert_eq!(with_port("::1", Source::Flags).unwrap(), format!("[::1]:{DEFAULT_PORT}"));
-    assert_eq!(with_port("[::1]", Source::Flags).unwrap(), format!("[::1]:{DEFAULT_PORT}"));
+    let port = |address| with_port(address, Source::Flags, DEFAULT_PORT).unwrap();
+    assert_eq!(port("host"), format!("host:{DEFAULT_PORT}"));
+    assert_eq!(port("host:9"), "host:9");
+    assert_eq!(port("[::1]:9"), "[::1]:9");
+    assert_eq!(port("::1"), format!("[::1]:{DEFAULT_PORT}"));
+    assert_eq!(port("[::1]"), format!("[::1]:{DEFAULT_PORT}"));
+}
+
+#[test]
+fn coordinator_port_env_replaces_the_default_port_only() {
+    let slurm = [("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_STEP_NODELIST", "gpu[007-008]")];
+    let mut vars = env(&slurm);
+    vars.insert(PORT_ENV.into(), "9100".into());
+    assert_eq!(resolve(&no_flags(), &vars, None).unwrap().coordinator, "gpu007:9100");
+    // An address that has a port keeps it.
+    vars.insert("SIPHON_COORDINATOR".into(), "head:7000".into());
+    assert_eq!(resolve(&no_flags(), &vars, None).unwrap().coordinator, "head:7000");
+    for bad in ["0", "70000", "x"] {
+        let mut vars = env(&slurm);
+        vars.insert(PORT_ENV.into(), bad.into());
+        let error = resolve(&no_flags(), &vars, None).unwrap_err().to_string();
+        assert!(error.contains(PORT_ENV), "{bad}: {error}");
+    }
 }
 
 #[test]
