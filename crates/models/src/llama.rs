@@ -44,18 +44,19 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 }
 
 /// The routed experts of block `l` as the forward takes them (see
-/// [`crate::forward::Graph::moe_mlp`]): the router, and each projection of every expert
-/// stacked; `router` and `expert(e, projection)` name the stored tensors (`projection` is
-/// `gate_proj`, `up_proj` or `down_proj`).
-pub(crate) fn moe_params(c: &ModelConfig, l: usize, router: String, expert: impl Fn(usize, &str) -> String) -> Vec<ParamInfo> {
+/// [`crate::forward::Graph::moe_mlp`]), none without a mixture: the router, and each
+/// projection of every expert stacked, read from Qwen3-MoE's names (`mlp.gate`,
+/// `mlp.experts.{e}.{gate,up,down}_proj`; Mixtral renames the stored tensors).
+fn moe_params(c: &ModelConfig, l: usize) -> Vec<ParamInfo> {
     use ParamClass::*;
     let Some(moe) = &c.moe else { return Vec::new() };
     let (h, e, i) = (c.hidden_size, moe.n_experts, moe.expert_size);
     let p = format!("model.layers.{l}.mlp");
-    let whole = Slice { tensor: router, stored: vec![e, h], transposed: false, groups: 1, start: 0, len: e };
+    // The router as stored, named for the program by the same name.
+    let whole = Slice { tensor: format!("{p}.gate.weight"), stored: vec![e, h], transposed: false, groups: 1, start: 0, len: e };
     let mut out = vec![ParamInfo::part(format!("{p}.gate.weight"), &[e, h], Router, Some(l), whole)];
     for (proj, shape, class) in [("gate_proj", [e, i, h], ExpertGate), ("up_proj", [e, i, h], ExpertUp), ("down_proj", [e, h, i], ExpertDown)] {
-        let stack = (0..e).map(|x| expert(x, proj)).collect();
+        let stack = (0..e).map(|x| format!("{p}.experts.{x}.{proj}.weight")).collect();
         out.push(ParamInfo::stacked(format!("{p}.experts.{proj}"), &shape, class, Some(l), stack));
     }
     out
@@ -72,10 +73,10 @@ pub(crate) fn decoder_params(c: &ModelConfig, n_layers: usize, with_lm_head: boo
     let i = c.intermediate_size;
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
     for l in 0..n_layers {
-        let p = |out: &mut Vec<ParamInfo>, suffix: &str, shape: &[usize], class| {
-            out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
+        let mut block = Vec::new();
+        let mut p = |suffix: &str, shape: &[usize], class| {
+            block.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
         };
-        let mut p = |suffix: &str, shape: &[usize], class| p(&mut out, suffix, shape, class);
         p("input_layernorm.weight", &[h], Norm);
         p("self_attn.q_proj.weight", &[q, h], AttnQ);
         p("self_attn.k_proj.weight", &[kv, h], AttnK);
@@ -98,11 +99,9 @@ pub(crate) fn decoder_params(c: &ModelConfig, n_layers: usize, with_lm_head: boo
             p("mlp.gate_proj.weight", &[i, h], MlpGate);
             p("mlp.up_proj.weight", &[i, h], MlpUp);
             p("mlp.down_proj.weight", &[h, i], MlpDown);
-        } else {
-            out.extend(moe_params(c, l, format!("model.layers.{l}.mlp.gate.weight"), |e, proj| {
-                format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")
-            }));
         }
+        out.append(&mut block);
+        out.extend(moe_params(c, l));
     }
     out.push(ParamInfo::new("model.norm.weight", &[h], Norm, None));
     if with_lm_head && !c.tie_word_embeddings {
