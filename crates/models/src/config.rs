@@ -807,14 +807,14 @@ impl ModelConfig {
         {
             return fail("vocab_size, hidden_size, num_hidden_layers and head_dim must be positive".into());
         }
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return fail(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.n_heads, self.n_kv_heads
             ));
         }
         let rotated = self.rotary_dim.unwrap_or(self.head_dim);
-        if self.arch != Arch::Gpt2 && (rotated % 2 != 0 || rotated > self.head_dim) {
+        if self.arch != Arch::Gpt2 && (!rotated.is_multiple_of(2) || rotated > self.head_dim) {
             return fail(format!("the rotary width {rotated} must be even and at most head_dim {}", self.head_dim));
         }
         Ok(())

@@ -157,7 +157,7 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
     let data: &[&str] = if mesh.axis_size("data").is_some() { &["data"] } else { &[] };
     let split_if = |n: usize| -> &'static [&'static str] {
         match model_size {
-            Some(m) if n % m == 0 => &["model"],
+            Some(m) if n.is_multiple_of(m) => &["model"],
             _ => &[],
         }
     };
