@@ -774,11 +774,10 @@ impl ParamInfo {
         ParamInfo { name: name.into(), shape: shape.to_vec(), class, layer, source: None, stack: Vec::new() }
     }
 
-    /// The whole of a stored `[in, out]` tensor (or its `[out]` bias), as `[out, in]`.
+    /// A whole stored `[in, out]` weight (GPT-2's Conv1D), taken as `[out, in]` = `shape`.
     pub(crate) fn conv1d(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>) -> ParamInfo {
         let name = name.into();
-        let stored: Vec<usize> = shape.iter().rev().copied().collect();
-        let slice = Slice { tensor: name.clone(), stored, transposed: shape.len() == 2, groups: 1, start: 0, len: shape[0] };
+        let slice = Slice { tensor: name.clone(), stored: vec![shape[1], shape[0]], transposed: true, groups: 1, start: 0, len: shape[0] };
         ParamInfo { source: Some(slice), ..ParamInfo::new(name, shape, class, layer) }
     }
 
