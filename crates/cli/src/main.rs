@@ -50,7 +50,7 @@ fn main() -> std::process::ExitCode {
     let args = match cmd::extract::expand_config_file(std::env::args().collect()) {
         Ok(args) => args,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", cmd::describe(&err));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -72,11 +72,11 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) if cmd::is_preemption(&err) => {
-            eprintln!("siphon: {err:#}");
+            eprintln!("siphon: {}", cmd::describe(&err));
             std::process::ExitCode::from(siphon_coord::EXIT_PREEMPTED as u8)
         }
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", cmd::describe(&err));
             std::process::ExitCode::FAILURE
         }
     }

@@ -544,3 +544,117 @@ fn sigterm_stops_every_host_as_preempted_and_the_same_command_resumes() {
         assert_eq!(digests(&output), digests(&reference), "{host}: shards differ from the uninterrupted run");
     }
 }
+
+/// Runs the job (the script's arguments) on a full disk at `$OUT`, copies the result out, frees
+/// the space and runs the same job again. The disk is a 16 MiB tmpfs in a user and mount
+/// namespace, filled up to `$FREE` bytes by a filler file, where the system lets an
+/// unprivileged user make one (`$TMPFS` set); elsewhere the file-size limit stands in for it
+/// (`ulimit -f $LIMIT_KB`, below a shard's size: every shard's write fails as it would on a
+/// full disk).
+const DISK_FULL_SCRIPT: &str = r#"
+set -eu
+if [ -n "${TMPFS:-}" ]; then
+    mount -t tmpfs -o size=16m siphon-test "$OUT"
+    head -c "$(( $(df -k --output=avail "$OUT" | tail -1) - FREE / 1024 ))k" /dev/zero > "$OUT/filler"
+    limit=unlimited
+else
+    trap '' XFSZ  # a write past the limit fails with EFBIG instead of killing the process
+    limit=$LIMIT_KB
+fi
+set +e
+# Through a pipe: the limit must not apply to the file that keeps the log.
+(ulimit -f "$limit" && exec "$@") 2>&1 | cat > "$ROOT/full.err"; echo "${PIPESTATUS[0]}" > "$ROOT/full.rc"
+set -e
+mkdir "$ROOT/after-full" && cp -a "$OUT/." "$ROOT/after-full/"
+rm -f "$OUT/filler"
+"$@" > "$ROOT/freed.out" 2> "$ROOT/freed.err" || { echo "the job after freeing space failed:"; cat "$ROOT/freed.err"; exit 1; }
+mkdir "$ROOT/freed" && cp -a "$OUT/." "$ROOT/freed/"
+"#;
+
+/// A full local disk mid-run: the job fails at once with an error that says so, what it
+/// committed verifies (nothing half-written is left), and once space is freed the same command
+/// resumes to the dataset of an uninterrupted run.
+#[test]
+fn a_full_disk_fails_clearly_keeps_the_manifest_and_resumes_once_space_is_freed() {
+    let s = setup(80);
+    let reference = s.root.join("reference");
+    run_ok(siphon(&extract_args(&s, &reference, "r")), Duration::from_secs(300));
+    inspect_ok(&reference.join("r"));
+    let host = "r/machine_000_host_00";
+    let sizes: Vec<u64> =
+        std::fs::read_dir(reference.join(host)).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).collect();
+    let largest_kb = sizes.iter().max().unwrap() / 1024;
+    assert!(std::fs::metadata(reference.join("r/run.json")).unwrap().len() / 1024 < largest_kb - 1);
+
+    let disk = s.root.join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let job = siphon(&extract_args(&s, &disk, "r"));
+    let tmpfs = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut command = if tmpfs {
+        let mut command = Command::new("unshare");
+        command.args(["--user", "--map-root-user", "--mount", "bash"]).env("TMPFS", "1");
+        command
+    } else {
+        eprintln!("no user namespaces here: the file-size limit stands in for a full disk");
+        Command::new("bash")
+    };
+    command
+        .args(["-c", DISK_FULL_SCRIPT, "disk-full"])
+        .arg(job.get_program())
+        .args(job.get_args())
+        .envs(job.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .env("OUT", &disk)
+        .env("ROOT", &s.root)
+        .env("FREE", (sizes.iter().sum::<u64>() / 2).to_string())
+        .env("LIMIT_KB", (largest_kb - 1).to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = wait_with_limit(Guard(command.spawn().unwrap()), Duration::from_secs(600));
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+
+    // The failed run: one clear error, no retries, and only complete shards left behind.
+    let read = |name: &str| std::fs::read_to_string(s.root.join(name)).unwrap();
+    let (rc, err) = (read("full.rc"), read("full.err"));
+    assert_eq!(rc.trim(), "1", "{}", &err[err.len().saturating_sub(4000)..]);
+    let error = err.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(error.contains("out of space: upload r/machine_000_host_00/shard_0"), "{error}");
+    assert!(error.contains(if tmpfs { "No space left on device" } else { "File too large" }), "{error}");
+    assert!(error.contains("run the same command again"), "{error}");
+    assert!(!err.contains("retrying"), "a full disk is not retried: {err}");
+    let after = s.root.join("after-full");
+    let committed = manifest_lines(&after.join(host).join("manifest.jsonl"));
+    assert!(committed < manifest_lines(&reference.join(host).join("manifest.jsonl")));
+    if tmpfs {
+        assert!(committed >= 1, "the disk should fill after some shards: {err}");
+        inspect_unfinished(&after.join("r"));
+    }
+    for entry in std::fs::read_dir(after.join(host)).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let shard = name.strip_prefix("shard_").and_then(|n| n.strip_suffix(".safetensors"));
+        let kept = match shard {
+            Some(n) => n.parse::<usize>().unwrap() < committed,
+            None => name == "manifest.jsonl" || name == "stats.json",
+        };
+        assert!(kept, "{name} left behind by the failed run ({committed} shards committed)");
+    }
+
+    // After freeing space: the uninterrupted run's dataset.
+    let freed = s.root.join("freed");
+    inspect_ok(&freed.join("r"));
+    let digests = |root: &Path| -> Vec<String> {
+        std::fs::read_to_string(root.join(host).join("manifest.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["sha256"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(digests(&freed), digests(&reference), "shards differ from the uninterrupted run");
+    for stats in ["r/stats.json", "r/machine_000_host_00/stats.json"] {
+        assert_eq!(std::fs::read(freed.join(stats)).unwrap(), std::fs::read(reference.join(stats)).unwrap(), "{stats}");
+    }
+}

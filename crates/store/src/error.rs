@@ -73,6 +73,20 @@ pub enum StoreError {
         #[source]
         source: object_store::Error,
     },
+    /// A write failed because the disk (or the user's quota, or the process's file-size
+    /// limit) is full: retrying cannot help until space is freed.
+    #[error(
+        "out of space: {op} {path}: {source}; free space where the output lives (or raise the quota) and run the same command again: the committed shards are kept"
+    )]
+    OutOfSpace {
+        /// The operation (put, upload).
+        op: &'static str,
+        /// The object path.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: object_store::Error,
+    },
     /// A local file operation failed.
     #[error("{op} {path}: {source}")]
     Io {
@@ -111,12 +125,28 @@ impl StoreError {
         path: impl std::fmt::Display,
         source: object_store::Error,
     ) -> Self {
-        StoreError::ObjectStore {
-            op,
-            path: path.to_string(),
-            source,
+        let path = path.to_string();
+        if is_out_of_space(&source) {
+            StoreError::OutOfSpace { op, path, source }
+        } else {
+            StoreError::ObjectStore { op, path, source }
         }
     }
+}
+
+/// Whether an error was caused by a full disk, an exceeded quota or the file-size limit.
+pub(crate) fn is_out_of_space(error: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind;
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && matches!(io.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge)
+        {
+            return true;
+        }
+        next = error.source();
+    }
+    false
 }
 
 /// Shorthand for results with [`StoreError`].

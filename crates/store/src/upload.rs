@@ -40,7 +40,8 @@ pub async fn upload_object(
 
 /// Errors that a retry cannot fix.
 fn is_transient(error: &object_store::Error) -> bool {
-    !matches!(
+    !crate::error::is_out_of_space(error)
+        && !matches!(
         error,
         object_store::Error::NotFound { .. }
             | object_store::Error::InvalidPath { .. }
@@ -49,7 +50,7 @@ fn is_transient(error: &object_store::Error) -> bool {
             | object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. }
             | object_store::Error::UnknownConfigurationKey { .. }
-    )
+        )
 }
 
 async fn upload_once(

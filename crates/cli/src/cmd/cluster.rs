@@ -237,7 +237,7 @@ fn info(args: InfoArgs) -> anyhow::Result<()> {
     let identity = args.cluster.identity()?;
     let token = match args.cluster.job_token(&identity) {
         Ok((_, source)) => source.to_string(),
-        Err(error) => format!("missing ({error:#})"),
+        Err(error) => format!("missing ({})", super::describe(&error)),
     };
     let [id_source, count_source, coordinator_source] = identity.field_sources;
     if args.json {

@@ -92,14 +92,14 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let result = run_joined(&coord, host, prepared, &options);
     if let Err(err) = &result {
         if coord.job_error().is_none() {
-            let _ = coord.report_error(&format!("host {} (machine {}): {err:#}", host.host, host.machine));
+            let _ = coord.report_error(&format!("host {} (machine {}): {}", host.host, host.machine, crate::cmd::describe(err)));
         }
     }
     match result {
         // Whatever this host was doing, the job stopped to be resumed (a barrier or get that
         // another host's preemption failed is no error of this host's).
         Err(err) if coord.preempted() && err.downcast_ref::<Preempted>().is_none() => {
-            Err(anyhow::Error::new(Preempted { message: format!("{err:#}"), shards: None }))
+            Err(anyhow::Error::new(Preempted { message: crate::cmd::describe(&err), shards: None }))
         }
         other => other,
     }
