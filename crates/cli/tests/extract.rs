@@ -312,6 +312,12 @@ fn bad_arguments_fail_before_anything_expensive() {
     assert!(stderr.contains("blocks.7"), "{stderr}");
     assert!(!out.join("r").exists(), "nothing may be written for bad arguments");
 
+    let mut args = extract_args(&s, &out, "r");
+    args.extend(["--store-timeout".into(), "0".into()]);
+    let output = siphon(&args).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--store-timeout must be a positive number"));
+
     // A missing required option names itself.
     let output = siphon(&["extract".into(), "--model".into(), s.model.display().to_string(), "--layers".into(), "0".into()])
         .output()

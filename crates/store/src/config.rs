@@ -64,6 +64,10 @@ impl Default for ShardFormat {
     }
 }
 
+/// Default of [`UploadConfig::give_up_after`]: five minutes.
+pub const DEFAULT_GIVE_UP_AFTER: Duration = Duration::from_secs(300);
+/// The longest wait between two attempts of a request or of a shard's upload.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(15);
 /// How shards are uploaded. Does not change the dataset's bytes, so a resumed run may differ here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UploadConfig {
@@ -71,9 +75,13 @@ pub struct UploadConfig {
     pub part_bytes: usize,
     /// Upper bound on part/put requests in flight across all shards of this host.
     pub concurrency: usize,
-    /// Attempts per shard upload before giving up (each attempt restarts the upload).
-    pub max_attempts: u32,
-    /// Backoff before the second attempt; doubled each further attempt.
+    /// How long a write may keep failing with errors that may pass (5xx, 429, dropped
+    /// connections, stalled requests) before the host fails: requests are retried with backoff
+    /// until then, a shard's whole upload too. Bounds how long a job waits on a store that is
+    /// down.
+    pub give_up_after: Duration,
+    /// Backoff before a shard upload's second attempt; doubled each further attempt (at most
+    /// [`MAX_BACKOFF`]).
     pub initial_backoff: Duration,
     /// Local disk only: fsync each shard before its manifest line and the manifest after it.
     /// Without it a process crash is still exactly-once (the page cache survives), a power
@@ -86,7 +94,7 @@ impl Default for UploadConfig {
         UploadConfig {
             part_bytes: 16 << 20,
             concurrency: 8,
-            max_attempts: 5,
+            give_up_after: DEFAULT_GIVE_UP_AFTER,
             initial_backoff: Duration::from_millis(200),
             fsync_local: true,
         }
@@ -153,8 +161,11 @@ impl StoreConfig {
                 self.upload.part_bytes
             ));
         }
-        if self.upload.concurrency == 0 || self.upload.max_attempts == 0 {
-            return bad("upload concurrency and max_attempts must be > 0".into());
+        if self.upload.concurrency == 0 {
+            return bad("upload concurrency must be > 0".into());
+        }
+        if self.upload.give_up_after.is_zero() {
+            return bad("the store timeout (give_up_after) must be > 0".into());
         }
         if self.queue_batches == 0 {
             return bad("queue_batches must be > 0".into());

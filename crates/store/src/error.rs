@@ -87,6 +87,22 @@ pub enum StoreError {
         #[source]
         source: object_store::Error,
     },
+    /// A write kept failing with errors that may pass (the store down, throttling, stalled
+    /// requests) for the whole store timeout.
+    #[error(
+        "the object store did not take {op} {path} for {}s (the store timeout), last error: {last_error}; run the same command again once the store answers: the committed shards are kept",
+        after.as_secs_f64()
+    )]
+    GaveUp {
+        /// The operation.
+        op: &'static str,
+        /// The object path.
+        path: String,
+        /// The store timeout.
+        after: std::time::Duration,
+        /// The last attempt's error.
+        last_error: String,
+    },
     /// A local file operation failed.
     #[error("{op} {path}: {source}")]
     Io {

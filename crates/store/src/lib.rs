@@ -58,7 +58,7 @@ mod writer;
 
 pub use batch::{ActivationDtype, BatchActivations, HookActivations};
 pub use config::{
-    DEFAULT_TARGET_SHARD_BYTES, HostId, MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig,
+    DEFAULT_GIVE_UP_AFTER, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig,
     StoreConfig, UploadConfig,
 };
 pub use error::{Result, StoreError};

@@ -15,7 +15,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{BackoffConfig, ObjectStore, RetryConfig};
 
-use crate::config::HostId;
+use crate::config::{DEFAULT_GIVE_UP_AFTER, HostId, MAX_BACKOFF};
 use crate::error::{Result, StoreError};
 
 /// Name of the per-host manifest.
@@ -40,8 +40,22 @@ impl StoreLocation {
     /// Cloud credentials and endpoints come from the usual environment variables
     /// (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then `options` (object_store config keys such as
     /// `aws_endpoint`, `aws_allow_http`, `google_service_account_key`) override them.
-    /// Requests are retried with exponential backoff by the client.
+    /// Requests are retried with exponential backoff by the client for up to
+    /// [`DEFAULT_GIVE_UP_AFTER`].
     pub fn open(url: &str, options: &[(String, String)]) -> Result<Self> {
+        Self::open_with_timeout(url, options, DEFAULT_GIVE_UP_AFTER)
+    }
+
+    /// Like [`StoreLocation::open`], for writes that may keep failing for `give_up_after`: a
+    /// request is retried for up to half of it (at most three minutes: a signed request must
+    /// not outlive its credentials), so that a shard's upload sees the error and tries again
+    /// within it; each try may take 30 s or half of `give_up_after`, whichever is less
+    /// (object_store's `timeout` option overrides that).
+    pub fn open_with_timeout(
+        url: &str,
+        options: &[(String, String)],
+        give_up_after: Duration,
+    ) -> Result<Self> {
         let invalid = |reason: String| StoreError::InvalidLocation {
             url: url.to_string(),
             reason,
@@ -49,12 +63,19 @@ impl StoreLocation {
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(15),
+                max_backoff: MAX_BACKOFF,
                 base: 2.0,
             },
-            max_retries: 8,
-            retry_timeout: Duration::from_secs(180),
+            // Time bounds the retries: with the backoff's cap, 100 take over 20 minutes.
+            max_retries: 100,
+            retry_timeout: (give_up_after / 2).min(Duration::from_secs(180)),
         };
+        let request_timeout = (give_up_after / 2).min(Duration::from_secs(30));
+        let options: Vec<(String, String)> =
+            std::iter::once(("timeout".to_string(), format!("{}ms", request_timeout.as_millis().max(1))))
+                .chain(options.iter().cloned())
+                .collect();
+        let options = options.as_slice();
         let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
         let (store, rest): (Arc<dyn ObjectStore>, String) = match scheme.as_deref() {
             None | Some("file") => {

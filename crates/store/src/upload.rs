@@ -1,6 +1,7 @@
 //! Uploading one shard: a single put for small shards, a multipart upload for large ones,
 //! parts sent concurrently under a host-wide request limit, the whole upload retried with
-//! exponential backoff when it fails with an error that may be transient.
+//! exponential backoff when it fails with an error that may be transient, until the store
+//! timeout.
 
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::sync::Semaphore;
 
-use crate::config::UploadConfig;
+use crate::config::{MAX_BACKOFF, UploadConfig};
 use crate::error::{Result, StoreError};
 use crate::failpoint::{self, Failpoint};
 
@@ -22,19 +23,32 @@ pub async fn upload_object(
     requests: &Arc<Semaphore>,
     shard_index: u64,
 ) -> Result<()> {
-    let mut backoff = config.initial_backoff;
-    let mut attempt = 1;
-    loop {
-        match upload_once(store, path, chunks, config, requests, shard_index).await {
-            Ok(()) => return Ok(()),
-            Err(error) if attempt < config.max_attempts && is_transient(&error) => {
-                tracing::warn!(%path, attempt, %error, "shard upload failed; retrying after {backoff:?}");
-                tokio::time::sleep(backoff).await;
-                backoff = backoff.saturating_mul(2);
-                attempt += 1;
+    let mut last_error = None;
+    let attempts = async {
+        let mut backoff = config.initial_backoff;
+        let mut attempt = 0u64;
+        loop {
+            attempt += 1;
+            match upload_once(store, path, chunks, config, requests, shard_index).await {
+                Ok(()) => return Ok(()),
+                Err(error) if is_transient(&error) => {
+                    tracing::warn!(%path, attempt, %error, "shard upload failed; retrying after {backoff:?}");
+                    last_error = Some(error.to_string());
+                    tokio::time::sleep(backoff).await;
+                    backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
+                }
+                Err(error) => return Err(StoreError::store("upload", path, error)),
             }
-            Err(error) => return Err(StoreError::store("upload", path, error)),
         }
+    };
+    match tokio::time::timeout(config.give_up_after, attempts).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::GaveUp {
+            op: "upload",
+            path: path.to_string(),
+            after: config.give_up_after,
+            last_error: last_error.unwrap_or_else(|| "no answer (the request stalled)".into()),
+        }),
     }
 }
 

@@ -103,7 +103,11 @@ impl ShardWriter {
     /// the last committed shard (see [`ShardWriter::resume_point`]).
     pub fn open(config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
         config.validate()?;
-        let location = StoreLocation::open(&config.output, &config.options)?;
+        let location = StoreLocation::open_with_timeout(
+            &config.output,
+            &config.options,
+            config.upload.give_up_after,
+        )?;
         Self::open_at(location, config, descriptor)
     }
 

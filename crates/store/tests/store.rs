@@ -545,6 +545,94 @@ fn contract_s3_through_faults() {
     assert!(faults >= 20, "only {faults} faults injected");
 }
 
+/// What [`a_store_that_stays_down_fails_within_the_store_timeout`]'s proxy does now.
+static STORE_STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(UP);
+const UP: u8 = 0;
+const DOWN: u8 = 1;
+const STALLED: u8 = 2;
+
+/// A store that answers 503 to everything, then one that accepts connections and never
+/// answers: each time the writer fails within the store timeout (plus a little) with an error
+/// that says so, its manifest names only complete shards, and once the store is back the same
+/// writer resumes to the dataset a run without faults writes.
+#[test]
+fn a_store_that_stays_down_fails_within_the_store_timeout() {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+    let Some(python) = support::test_python("a_store_that_stays_down_fails_within_the_store_timeout") else {
+        return;
+    };
+    let server = MotoS3::start(&python, "siphon-down");
+    let direct = server.backend.clone();
+    let endpoint = direct.options.iter().find(|(k, _)| k == "aws_endpoint").unwrap().1.clone();
+    let proxy = FaultProxy::start(endpoint.rsplit(':').next().unwrap().parse().unwrap(), |_| {
+        match STORE_STATE.load(Ordering::SeqCst) {
+            DOWN => Fault::Status(503),
+            STALLED => Fault::Stall(Duration::from_secs(3600)),
+            _ => Fault::Pass,
+        }
+    });
+    let mut proxied = direct.clone();
+    for (key, value) in &mut proxied.options {
+        if key == "aws_endpoint" {
+            *value = format!("http://127.0.0.1:{}", proxy.port);
+        }
+    }
+    proxied.options.push(("pool_max_idle_per_host".into(), "0".into()));
+    let spec = spec();
+    write_all(config(&direct, "reference"), &spec, 20);
+    let give_up_after = Duration::from_secs(3);
+    let job = || {
+        let mut config = config(&proxied, "job");
+        config.upload.give_up_after = give_up_after;
+        ShardWriter::open(config, descriptor(&spec)).unwrap()
+    };
+
+    let mut committed = 0;
+    for (state, why) in [(DOWN, "503 Service Unavailable"), (STALLED, "")] {
+        STORE_STATE.store(UP, Ordering::SeqCst);
+        let mut writer = job();
+        let first = writer.resume_point().next_sample / spec.batch as u64;
+        // The next shard (7 batches) commits while the store is up...
+        let mut k = first;
+        while read_manifest_opt(&direct, "job").map_or(0, |m| m.len()) == committed {
+            writer.push(spec.batch(k)).unwrap();
+            k += 1;
+            assert!(k < 20, "no shard committed");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        committed += 1;
+        // ...then the store stops answering and the next one cannot be written.
+        STORE_STATE.store(state, Ordering::SeqCst);
+        let went_down = Instant::now();
+        let error = (k..k + 8)
+            .map(|k| writer.push(spec.batch(k)))
+            .find_map(Result::err)
+            .or_else(|| writer.finish().err())
+            .expect("the writer succeeded with its store down")
+            .to_string();
+        let took = went_down.elapsed();
+        assert!(
+            took < give_up_after + Duration::from_secs(4),
+            "failing took {took:?} with a store timeout of {give_up_after:?}: {error}"
+        );
+        assert!(error.contains("did not take") && error.contains("3s (the store timeout)"), "{error}");
+        assert!(error.contains(why), "{error}");
+        assert_eq!(read_manifest(&direct, "job").len(), committed, "{error}");
+    }
+
+    // The store is back: the same writer resumes after the committed shards.
+    STORE_STATE.store(UP, Ordering::SeqCst);
+    let mut writer = job();
+    assert_eq!(writer.resume_point().next_sample, committed as u64 * 7 * spec.batch as u64);
+    for k in committed as u64 * 7..20 {
+        writer.push(spec.batch(k)).unwrap();
+    }
+    writer.finish().unwrap();
+    assert_eq!(read_manifest(&direct, "job"), read_manifest(&direct, "reference"));
+    verify_ok(&direct, "job");
+}
+
 // ---------------------------------------------------------------- local-only behaviour
 
 #[test]

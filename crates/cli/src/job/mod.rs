@@ -173,7 +173,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     drop(model);
 
     // 7. Output and resume point.
-    let store_config = store_config(spec, &run_name, host)?;
+    let store_config = store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout))?;
     let descriptor = RunDescriptor {
         model: json!({ "path": spec.model, "config": compute.model_config() }),
         hooks: spec.hooks.clone(),
@@ -297,8 +297,9 @@ fn to_store_batch(batch: &siphon_data::Batch, hooks: Vec<siphon_store::HookActiv
 
 
 
-fn store_config(spec: &RunSpec, run: &str, host: HostId) -> anyhow::Result<StoreConfig> {
+fn store_config(spec: &RunSpec, run: &str, host: HostId, give_up_after: Duration) -> anyhow::Result<StoreConfig> {
     let mut config = StoreConfig::new(spec.output.clone(), run, host);
+    config.upload.give_up_after = give_up_after;
     config.format = ShardFormat {
         dtype: ActivationDtype::parse(&spec.dtype)?,
         target_shard_bytes: spec.shard_bytes,

@@ -61,6 +61,10 @@ pub struct ExtractOptions {
     /// Keep excluded tokens (BOS/pad/...) in the shards, with a `mask` tensor.
     #[arg(long, help_heading = "Output")]
     pub keep_excluded: bool,
+    /// Seconds a write to the output may keep failing (the store down or throttling, requests
+    /// stalled; retried with backoff) before the job fails; committed shards are kept.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0, help_heading = "Output")]
+    pub store_timeout: f64,
 
     // --- devices and mesh ---
     /// PJRT plugin (.so). Default: SIPHON_PJRT_PLUGIN, siphon's cache, installed Python packages.
@@ -173,6 +177,9 @@ impl ExtractOptions {
         }
         if !(self.shard_size_mb > 0.0 && self.shard_size_mb.is_finite()) {
             bail!("--shard-size-mb must be positive");
+        }
+        if !(self.store_timeout > 0.0 && self.store_timeout.is_finite()) {
+            bail!("--store-timeout must be a positive number of seconds");
         }
         if self.shuffle_tokens_window == Some(0) {
             bail!("--shuffle-tokens-window must be at least 1 batch");
