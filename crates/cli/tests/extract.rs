@@ -664,3 +664,73 @@ fn a_full_disk_fails_clearly_keeps_the_manifest_and_resumes_once_space_is_freed(
         assert_eq!(std::fs::read(freed.join(stats)).unwrap(), std::fs::read(reference.join(stats)).unwrap(), "{stats}");
     }
 }
+
+/// SIGTERM to a standalone `siphon coordinator` (its pod evicted, its VM preempted): it exits
+/// 75, every host stops as preempted (75) within the stop timeout with its complete shards
+/// committed, and the same commands resume to the uninterrupted run's dataset.
+#[test]
+fn sigterm_to_a_standalone_coordinator_preempts_the_job_and_the_same_commands_resume() {
+    let s = setup(80);
+    let reference = s.root.join("reference");
+    let mut args: Vec<String> =
+        ["launch", "--local-hosts", "2", "--cpu-devices-per-host", "2", "--"].iter().map(|s| s.to_string()).collect();
+    args.extend(extract_args(&s, &reference, "r"));
+    run_ok(siphon(&args), Duration::from_secs(300));
+
+    let output = s.root.join("job");
+    let manifest = output.join("r/machine_000_host_01/manifest.jsonl");
+    let job = |slow: bool| {
+        let port = free_port();
+        let mut command = siphon(&["coordinator".into(), "--num-processes".into(), "2".into()]);
+        command.env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}")).env("SIPHON_JOB_TOKEN", "test-token");
+        let coordinator = Guard(command.spawn().unwrap());
+        let hosts: Vec<Guard> = (0..2)
+            .map(|id| {
+                let mut command = siphon(&extract_args(&s, &output, "r"));
+                command
+                    .arg("--external-coordinator")
+                    .env("SIPHON_PROCESS_ID", id.to_string())
+                    .env("SIPHON_NUM_PROCESSES", "2")
+                    .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
+                    .env("SIPHON_JOB_TOKEN", "test-token")
+                    .env("SIPHON_CPU_DEVICES", "2");
+                if slow {
+                    command.env("SIPHON_TEST_SLOW_BATCH_MS", "150");
+                }
+                Guard(command.spawn().unwrap())
+            })
+            .collect();
+        (coordinator, hosts)
+    };
+
+    let (coordinator, mut hosts) = job(true);
+    wait_for_lines(&manifest, 1, &mut hosts[1]);
+    sigterm(coordinator.0.id());
+    let sent = Instant::now();
+    let stopped: Vec<Output> = hosts.into_iter().map(|h| wait_with_limit(h, Duration::from_secs(30))).collect();
+    let stopped_after = sent.elapsed();
+    let out = wait_with_limit(coordinator, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "the coordinator exits as preempted: {err}");
+    for (id, out) in stopped.iter().enumerate() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(75), "host {id} stops as preempted: {err}");
+        assert!(err.contains("the coordinator received SIGTERM") && err.contains("run the same command again"), "{err}");
+    }
+    assert!(stopped_after < Duration::from_secs(10), "the hosts took {stopped_after:?} to stop");
+    inspect_unfinished(&output.join("r"));
+
+    // The same commands, with a new coordinator, finish the run.
+    let (coordinator, hosts) = job(false);
+    for host in hosts {
+        let out = wait_with_limit(host, Duration::from_secs(300));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(wait_with_limit(coordinator, Duration::from_secs(30)).status.success());
+    inspect_ok(&output.join("r"));
+    for host in ["r/machine_000_host_00", "r/machine_000_host_01"] {
+        let read = |root: &Path| std::fs::read(root.join(host).join("manifest.jsonl")).unwrap();
+        assert_eq!(read(&output), read(&reference), "{host}: shards differ from the uninterrupted run");
+    }
+    assert_eq!(std::fs::read(output.join("r/stats.json")).unwrap(), std::fs::read(reference.join("r/stats.json")).unwrap());
+}
