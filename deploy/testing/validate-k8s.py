@@ -7,7 +7,8 @@ Kubernetes KUBERNETES_VERSION shipped in PyPI kubernetes-validate (pinned in
 scripts/setup-python.sh); a JobSet against schemas/jobset-v1alpha2.schema.json, whose
 replicated-job templates refer to the same Kubernetes schemas. Then siphon's own rules: an
 Indexed Job's pod count agrees with SIPHON_NUM_PROCESSES, its coordinator is pod 0 under the
-headless Service its pods name as subdomain, and every pod gets the job token from a Secret.
+headless Service its pods name as subdomain, every pod gets the job token from a Secret, and a
+preempted host's exit code 75 restarts the pods without using up the restart budget.
 Prints one line per document; exits 1 if any fails.
 """
 
@@ -22,6 +23,7 @@ from kubernetes_validate import utils
 from referencing import Registry, Resource
 
 KUBERNETES_VERSION = "1.33.0"
+PREEMPTED = 75  # siphon's exit code for "preempted, run the same command again"
 HERE = pathlib.Path(__file__).resolve().parent
 
 
@@ -49,6 +51,21 @@ def check_pod(pod_spec, where, errors):
             errors.append(f"{where}: container {container['name']} does not take SIPHON_JOB_TOKEN from a Secret")
 
 
+def check_preemption(spec, pod, action, where, errors):
+    """The Job's podFailurePolicy answers a siphon container's exit code 75 with `action`."""
+    names = {c["name"] for c in pod["containers"]}
+    for rule in spec.get("podFailurePolicy", {}).get("rules", []):
+        codes = rule.get("onExitCodes", {})
+        if (
+            rule.get("action") == action
+            and codes.get("operator") == "In"
+            and PREEMPTED in codes.get("values", [])
+            and codes.get("containerName", next(iter(names))) in names
+        ):
+            return
+    errors.append(f"{where}: no podFailurePolicy rule {action} for exit code {PREEMPTED} (preempted) of its container")
+
+
 def check_siphon_rules(docs):
     """siphon's own consistency rules over all the documents of one file."""
     errors = []
@@ -59,6 +76,7 @@ def check_siphon_rules(docs):
             spec = doc["spec"]
             pod = spec["template"]["spec"]
             check_pod(pod, f"Job {name}", errors)
+            check_preemption(spec, pod, "Ignore", f"Job {name}", errors)
             if spec.get("completionMode") != "Indexed":
                 errors.append(f"Job {name}: completionMode must be Indexed (JOB_COMPLETION_INDEX is the process id)")
             if spec.get("completions") != spec.get("parallelism"):
@@ -78,12 +96,19 @@ def check_siphon_rules(docs):
                 if not coordinator.startswith(f"{name}-0.{subdomain}:"):
                     errors.append(f"Job {name}: SIPHON_COORDINATOR={coordinator!r} is not pod 0 ({name}-0.{subdomain}:PORT)")
         if doc["kind"] == "JobSet":
+            if not any(
+                rule.get("action") == "RestartJobSetAndIgnoreMaxRestarts"
+                and "PodFailurePolicy" in rule.get("onJobFailureReasons", [])
+                for rule in doc["spec"].get("failurePolicy", {}).get("rules", [])
+            ):
+                errors.append(f"JobSet {name}: a preemption (a Job failed by PodFailurePolicy) would use up maxRestarts")
             if not doc["spec"].get("network", {}).get("enableDNSHostnames"):
                 errors.append(f"JobSet {name}: network.enableDNSHostnames must be true (TPU_WORKER_HOSTNAMES are pod DNS names)")
             for rjob in doc["spec"]["replicatedJobs"]:
                 spec = rjob["template"]["spec"]
                 pod = spec["template"]["spec"]
                 check_pod(pod, f"JobSet {name}/{rjob['name']}", errors)
+                check_preemption(spec, pod, "FailJob", f"JobSet {name}/{rjob['name']}", errors)
                 if spec.get("completions") != spec.get("parallelism") or spec.get("completionMode") != "Indexed":
                     errors.append(f"JobSet {name}/{rjob['name']}: needs an Indexed Job with completions = parallelism")
                 for container in pod["containers"]:

@@ -198,6 +198,42 @@ fn slurm_sbatch_runs_one_siphon_per_task_and_a_requeued_job_resumes() {
 }
 
 #[test]
+fn slurm_sbatch_requeues_a_preempted_job() {
+    let job = job();
+    let bin = stand_in(job.tmp.path(), "srun", &repo_root().join("deploy/testing/fake-srun"));
+    let requeued = job.tmp.path().join("requeued");
+    let script = |name: &str, body: &str| {
+        let path = bin.join(name);
+        std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        path
+    };
+    script("scontrol", &format!("echo \"$@\" >> {}", requeued.display()));
+    let sbatch = |code: i32| {
+        let siphon = script("stand-in-siphon", &format!("exit {code}"));
+        let mut command = clean("bash");
+        command
+            .arg(repo_root().join("deploy/slurm/siphon.sbatch"))
+            .arg("extract")
+            .env("PATH", path_with(&bin))
+            .env("SIPHON", &siphon)
+            .env("SLURM_JOB_ID", "4242")
+            .env("SLURM_NTASKS", "2")
+            .env("SLURM_JOB_NODELIST", "127.0.0.1");
+        let output = run(&mut command, LIMIT);
+        assert_eq!(output.status.code(), Some(code), "{}", text(&output));
+        (text(&output), std::fs::read_to_string(&requeued).unwrap_or_default())
+    };
+    // Tasks that report a preemption: the job is requeued once.
+    let (log, calls) = sbatch(75);
+    assert_eq!(calls, "requeue 4242\n", "{log}");
+    assert!(log.contains("was preempted; requeueing it"), "{log}");
+    // Tasks that fail: no requeue.
+    let (log, calls) = sbatch(1);
+    assert_eq!(calls, "requeue 4242\n", "a failed job is not requeued: {log}");
+}
+
+#[test]
 fn slurm_sbatch_fails_when_a_task_fails() {
     let job = job();
     let bin = stand_in(job.tmp.path(), "srun", &repo_root().join("deploy/testing/fake-srun"));
@@ -348,13 +384,18 @@ fn gke_manifests_pass_the_pinned_schemas_and_broken_ones_do_not() {
         assert!(all.lines().any(|l| l.starts_with("ok ") && l.contains(kind)), "{kind} not validated\n{all}");
     }
 
-    // A misspelt field, a wrong type and a process count that disagrees with the pod count.
+    // A misspelt field, a wrong type, a process count that disagrees with the pod count, and
+    // preemptions (exit 75) that would use up the restart budget.
     let tmp = tempfile::tempdir().unwrap();
-    let jobset = std::fs::read_to_string(&manifests[0]).unwrap().replace("completionMode: Indexed", "completionsMode: Indexed");
+    let jobset = std::fs::read_to_string(&manifests[0])
+        .unwrap()
+        .replace("completionMode: Indexed", "completionsMode: Indexed")
+        .replace("onJobFailureReasons: [PodFailurePolicy]", "onJobFailureReasons: [BackoffLimitExceeded]");
     let gpu = std::fs::read_to_string(&manifests[1])
         .unwrap()
         .replace("containerPort: 8476", "containerPort: \"8476\"")
-        .replacen("value: \"2\"", "value: \"3\"", 1);
+        .replacen("value: \"2\"", "value: \"3\"", 1)
+        .replace("values: [75]", "values: [1]");
     std::fs::write(tmp.path().join("jobset.yaml"), jobset).unwrap();
     std::fs::write(tmp.path().join("gpu.yaml"), gpu).unwrap();
     let output = run(
@@ -366,6 +407,8 @@ fn gke_manifests_pass_the_pinned_schemas_and_broken_ones_do_not() {
     assert!(all.contains("'completionsMode' was unexpected"), "{all}");
     assert!(all.contains("is not of type 'integer'"), "{all}");
     assert!(all.contains("SIPHON_NUM_PROCESSES=3 but completions=2"), "{all}");
+    assert!(all.contains("a preemption (a Job failed by PodFailurePolicy) would use up maxRestarts"), "{all}");
+    assert!(all.contains("Job siphon-gpu: no podFailurePolicy rule Ignore for exit code 75"), "{all}");
 }
 
 #[test]
