@@ -149,10 +149,19 @@ fn assert_same_tokens(a: &BTreeMap<(i64, i32), Vec<f32>>, b: &BTreeMap<(i64, i32
     }
 }
 
-fn inspect_ok(run_dir: &Path) {
+/// `siphon inspect` finds no problem; returns its checksum lines (per host and for the run).
+fn inspect_ok(run_dir: &Path) -> Vec<String> {
     let output = run_ok(siphon(&["inspect".into(), run_dir.display().to_string()]), Duration::from_secs(60));
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(text.contains("OK:"), "{text}");
+    let checksums: Vec<String> = text.lines().filter(|l| l.contains("sha256 ")).map(str::to_string).collect();
+    assert!(checksums.iter().any(|l| l.contains("checksums: shards sha256 ")), "{text}");
+    checksums
+}
+
+/// A resumed run and an uninterrupted one: `siphon inspect` prints the same checksums.
+fn assert_same_checksums(resumed: &Path, reference: &Path) {
+    assert_eq!(inspect_ok(resumed), inspect_ok(reference), "inspect's checksums differ");
 }
 
 #[test]
@@ -228,18 +237,7 @@ fn a_killed_host_stops_the_other_and_a_rerun_resumes_to_the_uninterrupted_datase
 
     // Re-running the same command resumes and completes.
     run_ok(siphon(&launch(&output)), Duration::from_secs(300));
-    inspect_ok(&output.join("r"));
-    inspect_ok(&reference.join("r"));
-    for host in ["machine_000_host_00", "machine_000_host_01"] {
-        let digests = |root: &Path| -> Vec<String> {
-            std::fs::read_to_string(root.join("r").join(host).join("manifest.jsonl"))
-                .unwrap()
-                .lines()
-                .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["sha256"].as_str().unwrap().to_string())
-                .collect()
-        };
-        assert_eq!(digests(&output), digests(&reference), "{host}: shards differ from the uninterrupted run");
-    }
+    assert_same_checksums(&output.join("r"), &reference.join("r"));
 }
 
 /// Host `id` of a 2-host job started by hand, with extra arguments.
@@ -538,17 +536,7 @@ fn sigterm_stops_every_host_as_preempted_and_the_same_command_resumes() {
 
     // 3. The same command resumes to the uninterrupted run's dataset.
     run_ok(siphon(&launch(&output)), Duration::from_secs(300));
-    inspect_ok(&output.join("r"));
-    for host in ["machine_000_host_00", "machine_000_host_01"] {
-        let digests = |root: &Path| -> Vec<String> {
-            std::fs::read_to_string(root.join("r").join(host).join("manifest.jsonl"))
-                .unwrap()
-                .lines()
-                .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["sha256"].as_str().unwrap().to_string())
-                .collect()
-        };
-        assert_eq!(digests(&output), digests(&reference), "{host}: shards differ from the uninterrupted run");
-    }
+    assert_same_checksums(&output.join("r"), &reference.join("r"));
 }
 
 /// Runs the job (the script's arguments) on a full disk at `$OUT`, copies the result out, frees
@@ -650,19 +638,7 @@ fn a_full_disk_fails_clearly_keeps_the_manifest_and_resumes_once_space_is_freed(
     }
 
     // After freeing space: the uninterrupted run's dataset.
-    let freed = s.root.join("freed");
-    inspect_ok(&freed.join("r"));
-    let digests = |root: &Path| -> Vec<String> {
-        std::fs::read_to_string(root.join(host).join("manifest.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["sha256"].as_str().unwrap().to_string())
-            .collect()
-    };
-    assert_eq!(digests(&freed), digests(&reference), "shards differ from the uninterrupted run");
-    for stats in ["r/stats.json", "r/machine_000_host_00/stats.json"] {
-        assert_eq!(std::fs::read(freed.join(stats)).unwrap(), std::fs::read(reference.join(stats)).unwrap(), "{stats}");
-    }
+    assert_same_checksums(&s.root.join("freed/r"), &reference.join("r"));
 }
 
 /// SIGTERM to a standalone `siphon coordinator` (its pod evicted, its VM preempted): it exits
@@ -727,10 +703,5 @@ fn sigterm_to_a_standalone_coordinator_preempts_the_job_and_the_same_commands_re
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
     assert!(wait_with_limit(coordinator, Duration::from_secs(30)).status.success());
-    inspect_ok(&output.join("r"));
-    for host in ["r/machine_000_host_00", "r/machine_000_host_01"] {
-        let read = |root: &Path| std::fs::read(root.join(host).join("manifest.jsonl")).unwrap();
-        assert_eq!(read(&output), read(&reference), "{host}: shards differ from the uninterrupted run");
-    }
-    assert_eq!(std::fs::read(output.join("r/stats.json")).unwrap(), std::fs::read(reference.join("r/stats.json")).unwrap());
+    assert_same_checksums(&output.join("r"), &reference.join("r"));
 }

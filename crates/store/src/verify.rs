@@ -32,6 +32,11 @@ pub struct VerifyReport {
     pub included_tokens: u64,
     /// Run-level problems (missing run.json, stats that do not add up, ...).
     pub problems: Vec<String>,
+    /// Hex sha256 over every host's `{dir name} {shards_sha256}\n` in host order: one
+    /// checksum of every committed shard, equal for datasets with the same shards.
+    pub shards_sha256: String,
+    /// Hex sha256 of the run's `stats.json`, when it exists.
+    pub stats_sha256: Option<String>,
 }
 
 impl VerifyReport {
@@ -69,6 +74,8 @@ pub struct HostReport {
     pub samples_end: u64,
     /// Bytes committed.
     pub bytes: u64,
+    /// Hex sha256 over the manifest's shard checksums, one `{sha256}\n` per shard in order.
+    pub shards_sha256: String,
     /// Objects in the host directory that the manifest does not name.
     pub uncommitted_objects: Vec<String>,
     /// What is wrong.
@@ -138,13 +145,16 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
         },
     }
     let mut all_stats = RunStats::new();
+    let mut shards = Sha256::new();
     for host in list_hosts(location, run).await? {
         let (host_report, host_stats) = verify_host(location, run, host, &mut expected).await?;
         report.tokens += host_report.tokens;
         report.included_tokens += host_report.included_tokens;
         stats::merge_run_stats(&mut all_stats, &host_stats)?;
+        shards.update(format!("{} {}\n", host.dir_name(), host_report.shards_sha256));
         report.hosts.push(host_report);
     }
+    report.shards_sha256 = hex::encode(shards.finalize());
     if report.hosts.is_empty() {
         report.problems.push("no host directories".into());
     }
@@ -152,18 +162,21 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
         None => report
             .problems
             .push("run stats.json is missing (run not finalized)".into()),
-        Some(bytes) => match serde_json::from_slice::<StatsFile>(&bytes) {
-            Err(e) => report
-                .problems
-                .push(format!("run stats.json does not parse: {e}")),
-            Ok(file) => check_stats(
-                "run stats.json",
-                &file,
-                &expected,
-                report.included_tokens,
-                &mut report.problems,
-            ),
-        },
+        Some(bytes) => {
+            report.stats_sha256 = Some(hex::encode(Sha256::digest(&bytes)));
+            match serde_json::from_slice::<StatsFile>(&bytes) {
+                Err(e) => report
+                    .problems
+                    .push(format!("run stats.json does not parse: {e}")),
+                Ok(file) => check_stats(
+                    "run stats.json",
+                    &file,
+                    &expected,
+                    report.included_tokens,
+                    &mut report.problems,
+                ),
+            }
+        }
     }
     let _ = all_stats;
     report.format_version = expected.format;
@@ -222,6 +235,7 @@ async fn verify_host(
         included_tokens: 0,
         samples_end: 0,
         bytes: 0,
+        shards_sha256: String::new(),
         uncommitted_objects: Vec::new(),
         problems: Vec::new(),
     };
@@ -234,6 +248,11 @@ async fn verify_host(
         }
         Err(e) => return Err(e),
     };
+    let mut shards = Sha256::new();
+    for line in &lines {
+        shards.update(format!("{}\n", line.sha256));
+    }
+    report.shards_sha256 = hex::encode(shards.finalize());
     let dir = location.host_dir(run, host);
     let listed: BTreeMap<String, u64> = location
         .store()

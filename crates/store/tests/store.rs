@@ -138,6 +138,26 @@ fn suite_write_read_verify(backend: &Backend) {
         lines.iter().take(2).all(|l| l.bytes > (5 << 20)),
         "the first shards are multipart-sized"
     );
+    // The checksums `siphon inspect` prints, recomputed from the objects themselves: sha256
+    // over the shards' sha256s per host, then over `{host dir} {that}` lines.
+    use sha2::{Digest, Sha256};
+    let sha = |bytes: &[u8]| hex::encode(Sha256::digest(bytes));
+    let shard_shas: String = lines
+        .iter()
+        .map(|l| format!("{}\n", sha(&read_object(backend, "plain", &l.shard))))
+        .collect();
+    let host_sha = sha(shard_shas.as_bytes());
+    assert_eq!(report.hosts[0].shards_sha256, host_sha);
+    assert_eq!(
+        report.shards_sha256,
+        sha(format!("{} {host_sha}\n", HOST.dir_name()).as_bytes())
+    );
+    let loc = location(backend, "plain");
+    let stats = block_on(async {
+        loc.store().get(&loc.run_stats(RUN)).await.unwrap().bytes().await.unwrap()
+    });
+    assert_eq!(report.stats_sha256, Some(sha(&stats)));
+
     let bytes = read_object(backend, "plain", &lines[1].shard);
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let meta = safetensors::SafeTensors::read_metadata(&bytes).unwrap().1;

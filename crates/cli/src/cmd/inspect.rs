@@ -75,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 serde_json::json!({
                     "host": h.host.dir_name(), "shards": h.shards, "tokens": h.tokens,
                     "included_tokens": h.included_tokens, "samples": h.samples_end, "bytes": h.bytes,
+                    "shards_sha256": h.shards_sha256,
                 })
             })
             .collect();
@@ -82,7 +83,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "url": args.url, "ok": problems.is_empty(), "problems": problems, "format": format,
             "format_version": report.format_version, "hooks": hooks, "hook_shapes": report.hook_shapes,
             "hook_shapes_from": shapes_from, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
-            "bytes": bytes, "hosts": hosts, "seconds": seconds,
+            "bytes": bytes, "hosts": hosts, "shards_sha256": report.shards_sha256,
+            "stats_sha256": report.stats_sha256, "seconds": seconds,
             "tokens_per_second": if seconds > 0.0 { report.tokens as f64 / seconds } else { 0.0 },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -110,15 +112,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         for h in &report.hosts {
             println!(
-                "  {}: {} shards, {} tokens ({} kept), {} samples, {}",
+                "  {}: {} shards, {} tokens ({} kept), {} samples, {}, shards sha256 {}",
                 h.host.dir_name(),
                 h.shards,
                 h.tokens,
                 h.included_tokens,
                 h.samples_end,
-                human_bytes(h.bytes)
+                human_bytes(h.bytes),
+                h.shards_sha256
             );
         }
+        println!(
+            "  checksums: shards sha256 {}, stats.json sha256 {}",
+            report.shards_sha256,
+            report.stats_sha256.as_deref().unwrap_or("(missing)")
+        );
         if seconds > 0.0 {
             println!(
                 "  {:.1} s, {:.0} tokens/s over all hosts",
