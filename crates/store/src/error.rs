@@ -156,7 +156,10 @@ pub(crate) fn is_out_of_space(error: &(dyn std::error::Error + 'static)) -> bool
     let mut next = Some(error);
     while let Some(error) = next {
         if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && matches!(io.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge)
+            && matches!(
+                io.kind(),
+                ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge
+            )
         {
             return true;
         }

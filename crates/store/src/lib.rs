@@ -58,8 +58,8 @@ mod writer;
 
 pub use batch::{ActivationDtype, BatchActivations, HookActivations};
 pub use config::{
-    DEFAULT_GIVE_UP_AFTER, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig,
-    StoreConfig, UploadConfig,
+    DEFAULT_GIVE_UP_AFTER, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES,
+    RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,
 };
 pub use error::{Result, StoreError};
 pub use location::{

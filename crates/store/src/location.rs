@@ -71,11 +71,13 @@ impl StoreLocation {
             retry_timeout: (give_up_after / 2).min(Duration::from_secs(180)),
         };
         let request_timeout = (give_up_after / 2).min(Duration::from_secs(30));
-        let options: Vec<(String, String)> =
-            std::iter::once(("timeout".to_string(), format!("{}ms", request_timeout.as_millis().max(1))))
-                .chain(options.iter().cloned())
-                .collect();
-        let options = options.as_slice();
+        // First, so that an explicit `timeout` option overrides it.
+        let mut timed = vec![(
+            "timeout".to_string(),
+            format!("{}ms", request_timeout.as_millis().max(1)),
+        )];
+        timed.extend_from_slice(options);
+        let options = timed.as_slice();
         let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
         let (store, rest): (Arc<dyn ObjectStore>, String) = match scheme.as_deref() {
             None | Some("file") => {

@@ -56,14 +56,14 @@ pub async fn upload_object(
 fn is_transient(error: &object_store::Error) -> bool {
     !crate::error::is_out_of_space(error)
         && !matches!(
-        error,
-        object_store::Error::NotFound { .. }
-            | object_store::Error::InvalidPath { .. }
-            | object_store::Error::NotSupported { .. }
-            | object_store::Error::NotImplemented { .. }
-            | object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. }
-            | object_store::Error::UnknownConfigurationKey { .. }
+            error,
+            object_store::Error::NotFound { .. }
+                | object_store::Error::InvalidPath { .. }
+                | object_store::Error::NotSupported { .. }
+                | object_store::Error::NotImplemented { .. }
+                | object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. }
+                | object_store::Error::UnknownConfigurationKey { .. }
         )
 }
 

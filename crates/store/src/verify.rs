@@ -151,7 +151,11 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
         report.tokens += host_report.tokens;
         report.included_tokens += host_report.included_tokens;
         stats::merge_run_stats(&mut all_stats, &host_stats)?;
-        shards.update(format!("{} {}\n", host.dir_name(), host_report.shards_sha256));
+        shards.update(format!(
+            "{} {}\n",
+            host.dir_name(),
+            host_report.shards_sha256
+        ));
         report.hosts.push(host_report);
     }
     report.shards_sha256 = hex::encode(shards.finalize());
