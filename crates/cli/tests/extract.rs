@@ -583,8 +583,10 @@ fn a_full_disk_fails_clearly_keeps_the_manifest_and_resumes_once_space_is_freed(
     let disk = s.root.join("disk");
     std::fs::create_dir(&disk).unwrap();
     let job = siphon(&extract_args(&s, &disk, "r"));
+    // Whether this system lets an unprivileged user mount a tmpfs in its own namespace.
     let tmpfs = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--mount", "true"])
+        .args(["--user", "--map-root-user", "--mount", "mount", "-t", "tmpfs", "-o", "size=1m", "siphon-probe"])
+        .arg(&disk)
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -593,7 +595,7 @@ fn a_full_disk_fails_clearly_keeps_the_manifest_and_resumes_once_space_is_freed(
         command.args(["--user", "--map-root-user", "--mount", "bash"]).env("TMPFS", "1");
         command
     } else {
-        eprintln!("no user namespaces here: the file-size limit stands in for a full disk");
+        eprintln!("no tmpfs in a user namespace here: the file-size limit stands in for a full disk");
         Command::new("bash")
     };
     command
