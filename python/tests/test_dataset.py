@@ -180,15 +180,7 @@ def test_bad_input_is_a_clear_error(bf16_run, tmp_path):
         siphon.open(bad)
 
 
-def test_s3_through_fsspec(bf16_run, moto_s3):
-    import s3fs
-
-    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": moto_s3})
-    fs.mkdir("bucket")
-    fs.put(str(bf16_run), "bucket/acts/", recursive=True)
-    url = f"s3://bucket/acts/{bf16_run.name}"
-    ds = siphon.open(url)
-    local = siphon.open(bf16_run)
+def _assert_reads_like_local(ds: siphon.Dataset, local: siphon.Dataset) -> None:
     assert ds.tokens == local.tokens and list(ds.hooks) == list(local.hooks)
     ds.verify()
     a = list(ds.batches(HOOKS[1:3], 128, seed=9, format="torch"))
@@ -199,10 +191,35 @@ def test_s3_through_fsspec(bf16_run, moto_s3):
             assert torch.equal(x[k], y[k])
 
 
-def test_gs_without_gcsfs_names_the_package(monkeypatch):
-    import importlib.util
+def test_s3_through_fsspec(bf16_run, moto_s3):
+    import s3fs
 
-    if importlib.util.find_spec("gcsfs") is not None:
-        pytest.skip("gcsfs is installed")
-    with pytest.raises(DatasetError, match="gcsfs"):
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": moto_s3})
+    fs.mkdir("bucket")
+    fs.put(str(bf16_run), "bucket/acts/", recursive=True)
+    _assert_reads_like_local(siphon.open(f"s3://bucket/acts/{bf16_run.name}"), siphon.open(bf16_run))
+
+
+def test_gs_through_gcsfs(bf16_run, fake_gcs):
+    import gcsfs
+
+    options = {"endpoint_url": fake_gcs, "token": "anon"}
+    fs = gcsfs.GCSFileSystem(**options)
+    fs.mkdir("bucket")
+    fs.put(str(bf16_run), "bucket/acts/", recursive=True)
+    ds = siphon.open(f"gs://bucket/acts/{bf16_run.name}", storage_options=options)
+    _assert_reads_like_local(ds, siphon.open(bf16_run))
+
+
+def test_gs_without_gcsfs_names_the_package(monkeypatch):
+    import importlib
+    import sys
+
+    # As where gcsfs is not installed: importing it fails, and fsspec has not registered it.
+    # (`fsspec.registry` is also the name of a read-only view in fsspec's namespace.)
+    registry = importlib.import_module("fsspec.registry")
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    for protocol in ("gs", "gcs"):
+        monkeypatch.delitem(registry._registry, protocol, raising=False)
+    with pytest.raises(DatasetError, match=r"no filesystem for gs:// \(pip install gcsfs\)"):
         siphon.open("gs://bucket/run")
