@@ -378,7 +378,7 @@ fn gke_manifests_pass_the_pinned_schemas_and_broken_ones_do_not() {
     let Some(python) = test_python() else { return };
     let validator = repo_root().join("deploy/testing/validate-k8s.py");
     let manifests = ["deploy/gke/jobset-tpu.yaml", "deploy/gke/indexed-job-gpu.yaml"].map(|m| repo_root().join(m));
-    let output = run_ok(&mut Command::new(&python).arg(&validator).args(&manifests));
+    let output = run_ok(Command::new(&python).arg(&validator).args(&manifests));
     let all = text(&output);
     for kind in ["JobSet/siphon", "Job/siphon-gpu", "Service/siphon-gpu"] {
         assert!(all.lines().any(|l| l.starts_with("ok ") && l.contains(kind)), "{kind} not validated\n{all}");
@@ -399,7 +399,7 @@ fn gke_manifests_pass_the_pinned_schemas_and_broken_ones_do_not() {
     std::fs::write(tmp.path().join("jobset.yaml"), jobset).unwrap();
     std::fs::write(tmp.path().join("gpu.yaml"), gpu).unwrap();
     let output = run(
-        &mut Command::new(&python).arg(&validator).arg(tmp.path().join("jobset.yaml")).arg(tmp.path().join("gpu.yaml")),
+        Command::new(&python).arg(&validator).arg(tmp.path().join("jobset.yaml")).arg(tmp.path().join("gpu.yaml")),
         LIMIT,
     );
     let all = text(&output);

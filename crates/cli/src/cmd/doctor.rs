@@ -85,7 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Splits `n` devices into a 2-D mesh `(rows, cols)`: rows = smallest prime factor.
 fn factor(n: usize) -> (usize, usize) {
-    let rows = (2..=n).find(|d| n % d == 0).unwrap_or(1);
+    let rows = (2..=n).find(|d| n.is_multiple_of(*d)).unwrap_or(1);
     (rows, n / rows)
 }
 

@@ -231,11 +231,11 @@ fn forward_lines(pipe: Option<impl std::io::Read + Send + 'static>, output: Outp
     std::thread::spawn(move || {
         for line in BufReader::new(pipe).lines() {
             let Ok(line) = line else { break };
-            if let (Some(bar), Some(json)) = (&output.bar, line.strip_prefix(progress::LINE_PREFIX)) {
-                if let Ok(report) = serde_json::from_str::<progress::Report>(json) {
-                    progress::show(bar, &report);
-                    continue;
-                }
+            if let (Some(bar), Some(json)) = (&output.bar, line.strip_prefix(progress::LINE_PREFIX))
+                && let Ok(report) = serde_json::from_str::<progress::Report>(json)
+            {
+                progress::show(bar, &report);
+                continue;
             }
             let text = format!("{}{line}", output.prefix);
             match &output.bars {

@@ -30,14 +30,16 @@ impl Plan {
             .context("bad --hooks/--layers")?;
         let blocks = hooks.iter().map(|h| h.blocks_needed(n_layers)).max().unwrap_or(0);
         model.check_weights(blocks).context("the model's weights do not match its config")?;
-        let mut request = PlanRequest::default();
-        request.mesh = spec.mesh.clone();
-        request.batch = Some(spec.corpus.batch_size);
-        request.seq = Some(spec.corpus.seq_len);
-        request.hooks = Some(hooks.clone());
-        request.dtype = match spec.compute_dtype.as_str() {
-            "bf16" => siphon_plan::DType::BF16,
-            _ => siphon_plan::DType::F32,
+        let request = PlanRequest {
+            mesh: spec.mesh,
+            batch: Some(spec.corpus.batch_size),
+            seq: Some(spec.corpus.seq_len),
+            hooks: Some(hooks.clone()),
+            dtype: match spec.compute_dtype.as_str() {
+                "bf16" => siphon_plan::DType::BF16,
+                _ => siphon_plan::DType::F32,
+            },
+            ..PlanRequest::default()
         };
         let plan = Plan { hooks, request };
         plan.mesh_plan(&model.config, spec.cpu_devices.unwrap_or(1))?;

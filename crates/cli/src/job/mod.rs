@@ -90,10 +90,10 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
 
     let prepared = Prepared { spec, model, compute_plan, corpus, tokenizer, pack, partition, plugin };
     let result = run_joined(&coord, host, prepared, &options);
-    if let Err(err) = &result {
-        if coord.job_error().is_none() {
-            let _ = coord.report_error(&format!("host {} (machine {}): {}", host.host, host.machine, crate::cmd::describe(err)));
-        }
+    if let Err(err) = &result
+        && coord.job_error().is_none()
+    {
+        let _ = coord.report_error(&format!("host {} (machine {}): {}", host.host, host.machine, crate::cmd::describe(err)));
     }
     match result {
         // Whatever this host was doing, the job stopped to be resumed (a barrier or get that

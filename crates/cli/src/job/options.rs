@@ -184,10 +184,10 @@ impl ExtractOptions {
         if self.shuffle_tokens_window == Some(0) {
             bail!("--shuffle-tokens-window must be at least 1 batch");
         }
-        if let Some(run) = &self.run {
-            if run.is_empty() || run.contains('/') || run.starts_with('.') {
-                bail!("--run {run:?} must be a plain name (no '/', not starting with '.')");
-            }
+        if let Some(run) = &self.run
+            && (run.is_empty() || run.contains('/') || run.starts_with('.'))
+        {
+            bail!("--run {run:?} must be a plain name (no '/', not starting with '.')");
         }
         Ok(RunSpec {
             model,
