@@ -48,6 +48,7 @@ mod error;
 mod failpoint;
 mod location;
 mod manifest;
+mod probe;
 mod run;
 mod shard;
 mod stats;
@@ -66,6 +67,7 @@ pub use location::{
     MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, parse_host_dir, shard_name,
 };
 pub use manifest::{ManifestLine, parse_manifest, parse_manifest_torn, render_manifest};
+pub use probe::{PROBE_BYTES, ProbeReport, probe, probe_blocking};
 pub use run::{ResumePoint, RunJson, list_hosts, merge_host_stats};
 pub use shard::{
     FORMAT_TAG, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RESERVED_TENSOR_NAMES, SealedShard,

@@ -214,7 +214,7 @@ pub fn finalize_run(output: &str, options: &[(String, String)], run: &str) -> Re
     })
 }
 
-fn block_on<T>(future: impl Future<Output = Result<T>>) -> Result<T> {
+pub(crate) fn block_on<T>(future: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

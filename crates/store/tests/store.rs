@@ -653,6 +653,36 @@ fn a_store_that_stays_down_fails_within_the_store_timeout() {
     verify_ok(&direct, "job");
 }
 
+/// `siphon doctor --output`'s probe: a usable store passes and is left as it was; a bucket that
+/// does not exist fails naming the write and the store's answer.
+#[test]
+fn the_probe_passes_a_usable_store_and_names_what_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("out");
+    let timeout = std::time::Duration::from_secs(5);
+    let report = siphon_store::probe_blocking(local.to_str().unwrap(), &[], timeout).unwrap();
+    assert!(report.object.starts_with(".siphon-probe/"), "{report:?}");
+    assert_eq!(std::fs::read_dir(&local).unwrap().count(), 0, "the probe left something behind");
+
+    let Some(python) = support::test_python("the_probe_passes_a_usable_store_and_names_what_fails") else {
+        return;
+    };
+    let server = MotoS3::start(&python, "siphon-probe");
+    let backend = &server.backend;
+    siphon_store::probe_blocking(&backend.url("datasets"), &backend.options, timeout).unwrap();
+    let loc = location(backend, "datasets");
+    let left: Vec<_> = block_on(async {
+        use futures::TryStreamExt;
+        loc.store().list(None).try_collect::<Vec<_>>().await.unwrap()
+    });
+    assert!(left.is_empty(), "the probe left {left:?}");
+    let err = siphon_store::probe_blocking("s3://no-such-bucket/datasets", &backend.options, timeout)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("object store put datasets/.siphon-probe/"), "{err}");
+    assert!(err.contains("no-such-bucket") && err.contains("NoSuchBucket"), "{err}");
+}
+
 // ---------------------------------------------------------------- local-only behaviour
 
 #[test]

@@ -1,5 +1,6 @@
-//! `siphon doctor`: find and load the PJRT plugin, list its devices, and run a sharded
-//! matmul over all of them on a 2-D mesh, checked against plain Rust.
+//! `siphon doctor`: with `--output`, check that the output location takes a write, a read, a
+//! listing and a delete; then find and load the PJRT plugin, list its devices, and run a
+//! sharded matmul over all of them on a 2-D mesh, checked against plain Rust.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,9 +19,19 @@ pub struct Args {
     /// Number of virtual devices for the CPU plugin (its `cpu_device_count` option).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     cpu_devices: Option<u32>,
+    /// Also check an output location (what `extract --output` gets): write, read back, list
+    /// and delete a 64 KiB object under `{output}/.siphon-probe/`.
+    #[arg(long, value_name = "URL")]
+    output: Option<String>,
+    /// Seconds the output check may keep retrying a failing store.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    store_timeout: f64,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(output) = &args.output {
+        check_output(output, args.store_timeout)?;
+    }
     let choice = PluginLocator::new()
         .explicit(args.plugin.clone())
         .locate()
@@ -81,6 +92,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "the plugin has no addressable devices"
     );
     self_test(&client, &device_ids)
+}
+
+/// Writes, reads back, lists and deletes one object at `output`, printing how long each took.
+fn check_output(output: &str, store_timeout: f64) -> anyhow::Result<()> {
+    ensure!(
+        store_timeout > 0.0 && store_timeout.is_finite(),
+        "--store-timeout must be a positive number of seconds"
+    );
+    println!("output:    {output}");
+    let timeout = std::time::Duration::from_secs_f64(store_timeout);
+    let report = siphon_store::probe_blocking(output, &[], timeout)
+        .with_context(|| format!("the output {output} cannot hold a dataset"))?;
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "  wrote {} KiB in {:.1} ms, read it back in {:.1} ms, listed in {:.1} ms, deleted in {:.1} ms",
+        siphon_store::PROBE_BYTES >> 10,
+        ms(report.put),
+        ms(report.get),
+        ms(report.list),
+        ms(report.delete)
+    );
+    Ok(())
 }
 
 /// Splits `n` devices into a 2-D mesh `(rows, cols)`: rows = smallest prime factor.
