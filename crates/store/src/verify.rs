@@ -96,7 +96,8 @@ struct Expected {
 /// Verifies a run: every manifest line's object exists with its size and sha256, shard headers
 /// agree with the manifest (tokens, sample range) and with run.json (format, per-token hook
 /// shapes), sample ranges have no gap or duplicate, and `stats.json` (per host and merged)
-/// counts exactly the included tokens with the hooks' widths.
+/// counts exactly the included tokens with the hooks' widths and holds exactly the statistics
+/// recomputed from the committed shards (files that keep the exact running state).
 ///
 /// Reads datasets of format 1 and 2 ([`crate::READABLE_FORMAT_VERSIONS`]). Reads every shard
 /// in full; problems are collected, not returned as errors, so one report lists them all.
@@ -172,17 +173,24 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
                 Err(e) => report
                     .problems
                     .push(format!("run stats.json does not parse: {e}")),
-                Ok(file) => check_stats(
-                    "run stats.json",
-                    &file,
-                    &expected,
-                    report.included_tokens,
-                    &mut report.problems,
-                ),
+                Ok(file) => {
+                    check_stats(
+                        "run stats.json",
+                        &file,
+                        &expected,
+                        report.included_tokens,
+                        &mut report.problems,
+                    );
+                    let hosts_ok = report.hosts.iter().all(|h| h.problems.is_empty());
+                    if hosts_ok && !stats_match(&file, &all_stats) {
+                        report.problems.push(
+                            "run stats.json is not the statistics of the committed shards (recomputed from them)".into(),
+                        );
+                    }
+                }
             }
         }
     }
-    let _ = all_stats;
     report.format_version = expected.format;
     report.hook_shapes = expected
         .hooks
@@ -393,10 +401,31 @@ async fn verify_host(
                     report.included_tokens,
                     &mut report.problems,
                 );
+                if report.problems.is_empty() && !stats_match(&file, &host_stats) {
+                    report.problems.push(
+                        "stats.json is not the statistics of the committed shards (recomputed from them)".into(),
+                    );
+                }
             }
         },
     }
     Ok((report, host_stats))
+}
+
+/// Whether `file` holds exactly `recomputed`, the statistics of the committed shards read back.
+/// Files written before statistics kept their exact running state (no `m2`) cannot say, and pass.
+fn stats_match(file: &StatsFile, recomputed: &RunStats) -> bool {
+    if file.hooks.values().any(|h| h.m2.is_none()) {
+        return true;
+    }
+    let mut expected = stats::to_file(recomputed, None).hooks;
+    for (hook, stats) in &mut expected {
+        // Format-1 files record no per-token shape.
+        if file.hooks.get(hook).is_some_and(|h| h.shape.is_empty()) {
+            stats.shape.clear();
+        }
+    }
+    file.hooks == expected
 }
 
 fn check_stats(

@@ -1070,6 +1070,44 @@ fn format_1_runs_are_read_but_not_resumed() {
     );
 }
 
+/// A `stats.json` whose numbers are not those of the committed shards (edited, or left over
+/// from other shards) is a problem verify names, for the host's file and for the run's.
+#[test]
+fn statistics_that_are_not_those_of_the_shards_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::local(dir.path());
+    let spec = SyntheticSpec::new(1, 2, 8, 16);
+    let mut c = config(&backend, "stats");
+    c.format.target_shard_bytes = 2_000;
+    write_all(c, &spec, 6);
+    verify_ok(&backend, "stats");
+    let run_dir = dir.path().join("stats").join(RUN);
+    for (file, problem) in [
+        (run_dir.join("stats.json"), "run stats.json is not the statistics"),
+        (
+            run_dir.join(HOST.dir_name()).join("stats.json"),
+            "machine_001_host_02: stats.json is not the statistics",
+        ),
+    ] {
+        let original = std::fs::read(&file).unwrap();
+        let mut stats: serde_json::Value = serde_json::from_slice(&original).unwrap();
+        let hook = stats["hooks"].as_object_mut().unwrap().values_mut().next().unwrap();
+        let mean = hook["mean"][0].as_f64().unwrap();
+        hook["mean"][0] = (mean + mean.abs() * 1e-12 + 1e-300).into();
+        std::fs::write(&file, serde_json::to_vec(&stats).unwrap()).unwrap();
+        let report =
+            siphon_store::verify_run_blocking(&backend.url("stats"), &[], RUN).unwrap();
+        let problems = report.all_problems();
+        assert!(
+            problems.iter().any(|p| p.starts_with(problem)),
+            "{problem}: {problems:?}"
+        );
+        std::fs::write(&file, original).unwrap();
+    }
+    let report = siphon_store::verify_run_blocking(&backend.url("stats"), &[], RUN).unwrap();
+    assert!(report.is_ok(), "{:?}", report.all_problems());
+}
+
 /// A manifest whose last line was cut by a torn write (power loss on a filesystem without
 /// atomic renames): verify names it, the same command repairs it, losing only that shard,
 /// which it writes again; the result equals an uninterrupted run, statistics included.

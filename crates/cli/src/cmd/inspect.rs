@@ -2,8 +2,9 @@
 //!
 //! URL is the run directory (`{output}/{run}`, local path or object-store URL). Every
 //! manifest line's object must exist with its sha256, sample ranges must have no gap or
-//! duplicate, token counts and statistics must add up, and every host of the partition
-//! recorded in run.json must be present. Exits non-zero on any problem.
+//! duplicate, token counts must add up, `stats.json` must hold exactly the statistics of the
+//! committed shards, and every host of the partition recorded in run.json must be present.
+//! Prints checksums of the shards and of `stats.json`. Exits non-zero on any problem.
 //!
 //! Prints the dataset format (`siphon-activations/1` or `/2`) and each hook with its per-token
 //! shape (from run.json, or from the first shard when run.json records none, as in format 1).
@@ -139,7 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if problems.is_empty() {
             println!(
-                "OK: every shard present with its sha256, no gap or duplicate, counts and statistics add up"
+                "OK: every shard present with its sha256, no gap or duplicate, counts add up, stats.json holds exactly the shards' statistics"
             );
         }
     }
