@@ -251,22 +251,30 @@ fn slurm_sbatch_fails_when_a_task_fails() {
     assert!(text(&output).contains("/nonexistent/libpjrt.so"), "{}", text(&output));
 }
 
+/// deploy/tpu-vm/siphon-tpu-vm.sh on a stand-in slice of two local workers under `workers`,
+/// installing the test's siphon; `options` go before the command the caller adds.
+fn tpu_vm_script(workers: &Path, port: u16, options: &[&str]) -> Command {
+    let mut command = clean("bash");
+    command
+        .arg(repo_root().join("deploy/tpu-vm/siphon-tpu-vm.sh"))
+        .args(["--tpu", "test-slice", "--zone", "nowhere1-a"])
+        .args(options)
+        .env("GCLOUD", repo_root().join("deploy/testing/fake-gcloud"))
+        .env("FAKE_TPU_WORKERS", "2")
+        .env("FAKE_TPU_ROOT", workers)
+        .env("SIPHON_COORDINATOR_PORT", port.to_string())
+        .env("SIPHON_INSTALL_COMMAND", format!("mkdir -p ~/.local/bin && ln -sf {SIPHON} ~/.local/bin/siphon"));
+    command
+}
+
 #[test]
 fn tpu_vm_script_installs_hands_out_the_token_and_starts_every_worker() {
     let job = job();
     let workers = job.tmp.path().join("workers");
     let port = free_port();
     let script = |args: &[String]| {
-        let mut command = clean("bash");
-        command
-            .arg(repo_root().join("deploy/tpu-vm/siphon-tpu-vm.sh"))
-            .args(["--tpu", "test-slice", "--zone", "nowhere1-a"])
-            .args(args)
-            .env("GCLOUD", repo_root().join("deploy/testing/fake-gcloud"))
-            .env("FAKE_TPU_WORKERS", "2")
-            .env("FAKE_TPU_ROOT", &workers)
-            .env("SIPHON_COORDINATOR_PORT", port.to_string())
-            .env("SIPHON_INSTALL_COMMAND", format!("mkdir -p ~/.local/bin && ln -sf {SIPHON} ~/.local/bin/siphon"));
+        let mut command = tpu_vm_script(&workers, port, &[]);
+        command.args(args);
         command
     };
     let output = run_ok(&mut script(&["install".into()]));
@@ -305,16 +313,8 @@ fn tpu_vm_script_starts_detached_reports_status_and_stops() {
     let workers = job.tmp.path().join("workers");
     let port = free_port();
     let script = |args: &[&str]| {
-        let mut command = clean("bash");
-        command
-            .arg(repo_root().join("deploy/tpu-vm/siphon-tpu-vm.sh"))
-            .args(["--tpu", "test-slice", "--zone", "nowhere1-a", "--job", "detached"])
-            .args(args)
-            .env("GCLOUD", repo_root().join("deploy/testing/fake-gcloud"))
-            .env("FAKE_TPU_WORKERS", "2")
-            .env("FAKE_TPU_ROOT", &workers)
-            .env("SIPHON_COORDINATOR_PORT", port.to_string())
-            .env("SIPHON_INSTALL_COMMAND", format!("mkdir -p ~/.local/bin && ln -sf {SIPHON} ~/.local/bin/siphon"));
+        let mut command = tpu_vm_script(&workers, port, &["--job", "detached"]);
+        command.args(args);
         command
     };
     run_ok(&mut script(&["install"]));

@@ -44,6 +44,16 @@ fn extract_args(s: &Setup, output: &Path, run: &str) -> Vec<String> {
     .collect()
 }
 
+/// `siphon launch` of the job on two local hosts of `devices` CPU devices each.
+fn launch_args(s: &Setup, output: &Path, devices: usize) -> Vec<String> {
+    let mut args: Vec<String> = ["launch", "--local-hosts", "2", "--cpu-devices-per-host", &devices.to_string(), "--"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extract_args(s, output, "r"));
+    args
+}
+
 /// Kills the child if the test ends before it does.
 struct Guard(Child);
 
@@ -173,10 +183,7 @@ fn two_hosts_of_four_devices_match_one_host_of_one_device() {
     run_ok(siphon(&args), Duration::from_secs(300));
 
     let multi = s.root.join("multi");
-    let mut args: Vec<String> =
-        ["launch", "--local-hosts", "2", "--cpu-devices-per-host", "4", "--"].iter().map(|s| s.to_string()).collect();
-    args.extend(extract_args(&s, &multi, "r"));
-    run_ok(siphon(&args), Duration::from_secs(300));
+    run_ok(siphon(&launch_args(&s, &multi, 4)), Duration::from_secs(300));
 
     inspect_ok(&single.join("r"));
     inspect_ok(&multi.join("r"));
@@ -193,29 +200,17 @@ fn manifest_lines(path: &Path) -> usize {
 #[test]
 fn a_killed_host_stops_the_other_and_a_rerun_resumes_to_the_uninterrupted_dataset() {
     let s = setup(80);
-    let launch = |output: &Path| {
-        let mut args: Vec<String> =
-            ["launch", "--local-hosts", "2", "--cpu-devices-per-host", "2", "--"].iter().map(|s| s.to_string()).collect();
-        args.extend(extract_args(&s, output, "r"));
-        args
-    };
+    let launch = |output: &Path| launch_args(&s, output, 2);
     // The uninterrupted reference.
     let reference = s.root.join("reference");
     run_ok(siphon(&launch(&reference)), Duration::from_secs(300));
 
     // The same job, host by host, slowed down; host 1 is killed with SIGKILL mid-run.
     let output = s.root.join("killed");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let host = |id: usize| {
-        let mut command = siphon(&extract_args(&s, &output, "r"));
-        command
-            .env("SIPHON_PROCESS_ID", id.to_string())
-            .env("SIPHON_NUM_PROCESSES", "2")
-            .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
-            .env("SIPHON_JOB_TOKEN", "test-token")
-            .env("SIPHON_CPU_DEVICES", "2")
-            .env("SIPHON_TEST_SLOW_BATCH_MS", "150");
-        Guard(command.spawn().unwrap())
+        let mut command = host_command(&extract_args(&s, &output, "r"), id, port, 2);
+        Guard(command.env("SIPHON_TEST_SLOW_BATCH_MS", "150").spawn().unwrap())
     };
     let host0 = host(0);
     let mut host1 = host(1);
@@ -250,14 +245,20 @@ fn start_host(s: &Setup, output: &Path, id: usize, port: u16, extra: &[&str]) ->
             None => args.extend(pair.iter().map(|a| a.to_string())),
         }
     }
-    let mut command = siphon(&args);
+    Guard(host_command(&args, id, port, 1).spawn().unwrap())
+}
+
+/// Host `id` of a 2-host job started by hand with `args`, coordinator on 127.0.0.1:`port`,
+/// `devices` CPU devices; not yet started, so a test can add to it.
+fn host_command(args: &[String], id: usize, port: u16, devices: usize) -> Command {
+    let mut command = siphon(args);
     command
         .env("SIPHON_PROCESS_ID", id.to_string())
         .env("SIPHON_NUM_PROCESSES", "2")
         .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
         .env("SIPHON_JOB_TOKEN", "test-token")
-        .env("SIPHON_CPU_DEVICES", "1");
-    Guard(command.spawn().unwrap())
+        .env("SIPHON_CPU_DEVICES", devices.to_string());
+    command
 }
 
 fn free_port() -> u16 {
@@ -482,12 +483,7 @@ fn wait_for_lines(manifest: &Path, at_least: usize, running: &mut Guard) {
 #[test]
 fn sigterm_stops_every_host_as_preempted_and_the_same_command_resumes() {
     let s = setup(80);
-    let launch = |output: &Path| {
-        let mut args: Vec<String> =
-            ["launch", "--local-hosts", "2", "--cpu-devices-per-host", "2", "--"].iter().map(|s| s.to_string()).collect();
-        args.extend(extract_args(&s, output, "r"));
-        args
-    };
+    let launch = |output: &Path| launch_args(&s, output, 2);
     let reference = s.root.join("reference");
     run_ok(siphon(&launch(&reference)), Duration::from_secs(300));
 
@@ -513,15 +509,8 @@ fn sigterm_stops_every_host_as_preempted_and_the_same_command_resumes() {
     // 2. SIGTERM to host 1 only: host 0 learns it from the coordinator and stops the same way.
     let port = free_port();
     let host = |id: usize| {
-        let mut command = siphon(&extract_args(&s, &output, "r"));
-        command
-            .env("SIPHON_PROCESS_ID", id.to_string())
-            .env("SIPHON_NUM_PROCESSES", "2")
-            .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
-            .env("SIPHON_JOB_TOKEN", "test-token")
-            .env("SIPHON_CPU_DEVICES", "2")
-            .env("SIPHON_TEST_SLOW_BATCH_MS", "150");
-        Guard(command.spawn().unwrap())
+        let mut command = host_command(&extract_args(&s, &output, "r"), id, port, 2);
+        Guard(command.env("SIPHON_TEST_SLOW_BATCH_MS", "150").spawn().unwrap())
     };
     let host0 = host(0);
     let mut host1 = host(1);
@@ -650,10 +639,7 @@ fn a_full_disk_fails_clearly_keeps_the_manifest_and_resumes_once_space_is_freed(
 fn sigterm_to_a_standalone_coordinator_preempts_the_job_and_the_same_commands_resume() {
     let s = setup(80);
     let reference = s.root.join("reference");
-    let mut args: Vec<String> =
-        ["launch", "--local-hosts", "2", "--cpu-devices-per-host", "2", "--"].iter().map(|s| s.to_string()).collect();
-    args.extend(extract_args(&s, &reference, "r"));
-    run_ok(siphon(&args), Duration::from_secs(300));
+    run_ok(siphon(&launch_args(&s, &reference, 2)), Duration::from_secs(300));
 
     let output = s.root.join("job");
     let manifest = output.join("r/machine_000_host_01/manifest.jsonl");
@@ -664,14 +650,8 @@ fn sigterm_to_a_standalone_coordinator_preempts_the_job_and_the_same_commands_re
         let coordinator = Guard(command.spawn().unwrap());
         let hosts: Vec<Guard> = (0..2)
             .map(|id| {
-                let mut command = siphon(&extract_args(&s, &output, "r"));
-                command
-                    .arg("--external-coordinator")
-                    .env("SIPHON_PROCESS_ID", id.to_string())
-                    .env("SIPHON_NUM_PROCESSES", "2")
-                    .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
-                    .env("SIPHON_JOB_TOKEN", "test-token")
-                    .env("SIPHON_CPU_DEVICES", "2");
+                let mut command = host_command(&extract_args(&s, &output, "r"), id, port, 2);
+                command.arg("--external-coordinator");
                 if slow {
                     command.env("SIPHON_TEST_SLOW_BATCH_MS", "150");
                 }

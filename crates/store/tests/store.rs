@@ -13,7 +13,7 @@ use siphon_store::{
     ActivationDtype, HostId, ManifestLine, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig,
     StoreError, StoreLocation,
 };
-use support::{Backend, Fault, FaultProxy, MotoS3};
+use support::{Backend, Fault, MotoS3};
 
 const RUN: &str = "run-a";
 const HOST: HostId = HostId {
@@ -542,9 +542,7 @@ fn contract_s3_through_faults() {
         return;
     };
     let server = MotoS3::start(&python, "siphon-faults");
-    let endpoint = server.backend.options.iter().find(|(k, _)| k == "aws_endpoint").unwrap().1.clone();
-    let upstream: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
-    let proxy = FaultProxy::start(upstream, |n| match n % 9 {
+    let (proxy, backend) = server.behind_proxy(|n| match n % 9 {
         1 => Fault::Status(503),
         4 => Fault::Status(500),
         5 => Fault::Status(429),
@@ -552,14 +550,6 @@ fn contract_s3_through_faults() {
         8 if n % 27 == 8 => Fault::Stall(std::time::Duration::from_millis(1500)),
         _ => Fault::Pass,
     });
-    let mut backend = server.backend.clone();
-    for (key, value) in &mut backend.options {
-        if key == "aws_endpoint" {
-            *value = format!("http://127.0.0.1:{}", proxy.port);
-        }
-    }
-    // One connection per request, so that the faults fall on requests.
-    backend.options.push(("pool_max_idle_per_host".into(), "0".into()));
     run_suite(&backend);
     let faults = proxy.faults.load(std::sync::atomic::Ordering::Relaxed);
     assert!(faults >= 20, "only {faults} faults injected");
@@ -583,24 +573,14 @@ fn a_store_that_stays_down_fails_within_the_store_timeout() {
         return;
     };
     let server = MotoS3::start(&python, "siphon-down");
-    let direct = server.backend.clone();
-    let endpoint = direct.options.iter().find(|(k, _)| k == "aws_endpoint").unwrap().1.clone();
-    let proxy = FaultProxy::start(endpoint.rsplit(':').next().unwrap().parse().unwrap(), |_| {
-        match STORE_STATE.load(Ordering::SeqCst) {
-            DOWN => Fault::Status(503),
-            STALLED => Fault::Stall(Duration::from_secs(3600)),
-            _ => Fault::Pass,
-        }
+    let direct = &server.backend;
+    let (_proxy, proxied) = server.behind_proxy(|_| match STORE_STATE.load(Ordering::SeqCst) {
+        DOWN => Fault::Status(503),
+        STALLED => Fault::Stall(Duration::from_secs(3600)),
+        _ => Fault::Pass,
     });
-    let mut proxied = direct.clone();
-    for (key, value) in &mut proxied.options {
-        if key == "aws_endpoint" {
-            *value = format!("http://127.0.0.1:{}", proxy.port);
-        }
-    }
-    proxied.options.push(("pool_max_idle_per_host".into(), "0".into()));
     let spec = spec();
-    write_all(config(&direct, "reference"), &spec, 20);
+    write_all(config(direct, "reference"), &spec, 20);
     let give_up_after = Duration::from_secs(3);
     let job = || {
         let mut config = config(&proxied, "job");
@@ -615,7 +595,7 @@ fn a_store_that_stays_down_fails_within_the_store_timeout() {
         let first = writer.resume_point().next_sample / spec.batch as u64;
         // The next shard (7 batches) commits while the store is up...
         let mut k = first;
-        while read_manifest_opt(&direct, "job").map_or(0, |m| m.len()) == committed {
+        while read_manifest_opt(direct, "job").map_or(0, |m| m.len()) == committed {
             writer.push(spec.batch(k)).unwrap();
             k += 1;
             assert!(k < 20, "no shard committed");
@@ -638,7 +618,7 @@ fn a_store_that_stays_down_fails_within_the_store_timeout() {
         );
         assert!(error.contains("did not take") && error.contains("3s (the store timeout)"), "{error}");
         assert!(error.contains(why), "{error}");
-        assert_eq!(read_manifest(&direct, "job").len(), committed, "{error}");
+        assert_eq!(read_manifest(direct, "job").len(), committed, "{error}");
     }
 
     // The store is back: the same writer resumes after the committed shards.
@@ -649,8 +629,8 @@ fn a_store_that_stays_down_fails_within_the_store_timeout() {
         writer.push(spec.batch(k)).unwrap();
     }
     writer.finish().unwrap();
-    assert_eq!(read_manifest(&direct, "job"), read_manifest(&direct, "reference"));
-    verify_ok(&direct, "job");
+    assert_eq!(read_manifest(direct, "job"), read_manifest(direct, "reference"));
+    verify_ok(direct, "job");
 }
 
 /// `siphon doctor --output`'s probe: a usable store passes and is left as it was; a bucket that

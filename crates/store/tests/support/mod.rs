@@ -141,6 +141,23 @@ impl MotoS3 {
     }
 }
 
+impl MotoS3 {
+    /// A [`FaultProxy`] in front of this server doing what `plan` says, and the backend that
+    /// writes through it, one connection per request so that the faults fall on requests.
+    pub fn behind_proxy(&self, plan: fn(usize) -> Fault) -> (FaultProxy, Backend) {
+        fn endpoint(backend: &mut Backend) -> &mut String {
+            let (_, value) = backend.options.iter_mut().find(|(k, _)| k == "aws_endpoint").unwrap();
+            value
+        }
+        let mut proxied = self.backend.clone();
+        let upstream: u16 = endpoint(&mut proxied).rsplit(':').next().unwrap().parse().unwrap();
+        let proxy = FaultProxy::start(upstream, plan);
+        *endpoint(&mut proxied) = format!("http://127.0.0.1:{}", proxy.port);
+        proxied.options.push(("pool_max_idle_per_host".into(), "0".into()));
+        (proxy, proxied)
+    }
+}
+
 /// fake-gcs-server (bundled in the venv's wrapper package) serving `data_dir`
 /// (`data_dir/{bucket}/{object path}`), over plain HTTP.
 pub struct FakeGcs {
