@@ -99,7 +99,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         // Whatever this host was doing, the job stopped to be resumed (a barrier or get that
         // another host's preemption failed is no error of this host's).
         Err(err) if coord.preempted() && err.downcast_ref::<Preempted>().is_none() => {
-            Err(anyhow::Error::new(Preempted { message: crate::cmd::describe(&err), shards: None }))
+            Err(anyhow::Error::new(Preempted::new(crate::cmd::describe(&err))))
         }
         other => other,
     }
