@@ -1,14 +1,61 @@
-//! The registry of model families: for each [`Arch`], the functions and facts of its file.
-//! Adding a family is one new file that defines a [`Family`] and one arm here (plus its
-//! `model_type` in [`crate::config`]).
+//! The registry of model families: every [`Arch`] with its [`Family`], which holds what siphon
+//! knows of it, all of it defined in the family's own file — the `model_type` and
+//! `architectures` names its checkpoints carry, how its configuration class reads
+//! `config.json`, its weights, its forward and the hooks it has.
+//!
+//! Adding a family: a variant of [`Arch`], a `<family>.rs` defining its `FAMILY`, its line in
+//! [`FAMILIES`], and its variant in this file's test (whose `match` does not compile without
+//! it).
 
-use crate::config::{Arch, ModelConfig, ParamInfo};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ModelConfig, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hooks::Feature;
-use crate::ModelError;
+use crate::{HfConfig, ModelError};
+
+/// The architectures siphon can build a forward pass for; each file's `//!` says what its
+/// block is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[allow(missing_docs)]
+pub enum Arch {
+    #[default]
+    Llama,
+    Qwen2,
+    Mistral,
+    Qwen3,
+    Gemma2,
+    Gemma3,
+    Phi3,
+    Olmo2,
+    Gpt2,
+    #[serde(rename = "gpt_neox")]
+    GptNeox,
+    #[serde(rename = "qwen3_moe")]
+    Qwen3Moe,
+    Mixtral,
+}
+
+impl std::fmt::Display for Arch {
+    /// The family's first `model_type`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(family(*self).model_types[0])
+    }
+}
 
 /// What siphon knows of one architecture, all of it defined in the architecture's file.
 pub(crate) struct Family {
+    /// Its registry key.
+    pub arch: Arch,
+    /// The `model_type` values of its `config.json` (the first is its display name).
+    pub model_types: &'static [&'static str],
+    /// The `architectures` class names that identify it in a `config.json` without
+    /// `model_type`.
+    pub architectures: &'static [&'static str],
+    /// Reads `config.json` as the family's Hugging Face configuration class does: its
+    /// defaults, its own keys, and a refusal naming any setting siphon does not build.
+    pub from_hf: fn(HfConfig) -> Result<ModelConfig, ModelError>,
     /// Builds the forward program.
     pub build: fn(&ModelConfig, &ForwardSpec) -> Result<ForwardProgram, ModelError>,
     /// Every weight the forward of the first `n` blocks reads, in argument order: embeddings,
@@ -22,20 +69,76 @@ pub(crate) struct Family {
     pub renames: &'static [(&'static str, &'static str)],
 }
 
+/// Every family, in the order `model_type`s are listed in errors.
+pub(crate) const FAMILIES: &[&Family] = &[
+    &crate::gemma2::FAMILY,
+    &crate::gemma3::FAMILY,
+    &crate::gpt2::FAMILY,
+    &crate::gpt_neox::FAMILY,
+    &crate::llama::FAMILY,
+    &crate::mistral::FAMILY,
+    &crate::mixtral::FAMILY,
+    &crate::olmo2::FAMILY,
+    &crate::phi3::FAMILY,
+    &crate::qwen2::FAMILY,
+    &crate::qwen3::FAMILY,
+    &crate::qwen3_moe::FAMILY,
+];
+
 /// The family of `arch`.
 pub(crate) fn family(arch: Arch) -> &'static Family {
-    match arch {
-        Arch::Llama => &crate::llama::FAMILY,
-        Arch::Qwen2 => &crate::qwen2::FAMILY,
-        Arch::Mistral => &crate::mistral::FAMILY,
-        Arch::Qwen3 => &crate::qwen3::FAMILY,
-        Arch::Gemma2 => &crate::gemma2::FAMILY,
-        Arch::Gemma3 => &crate::gemma3::FAMILY,
-        Arch::Phi3 => &crate::phi3::FAMILY,
-        Arch::Olmo2 => &crate::olmo2::FAMILY,
-        Arch::Gpt2 => &crate::gpt2::FAMILY,
-        Arch::GptNeox => &crate::gpt_neox::FAMILY,
-        Arch::Qwen3Moe => &crate::qwen3_moe::FAMILY,
-        Arch::Mixtral => &crate::mixtral::FAMILY,
+    FAMILIES.iter().copied().find(|f| f.arch == arch).expect("every Arch has a family in FAMILIES (tested)")
+}
+
+/// The family a `config.json` is for: by `model_type`, else by its first `architectures`
+/// class name.
+pub(crate) fn for_hf(c: &HfConfig) -> Result<&'static Family, ModelError> {
+    match (c.model_type.as_deref(), c.architectures.as_deref().and_then(|a| a.first())) {
+        (Some(model_type), _) => FAMILIES.iter().copied().find(|f| f.model_types.contains(&model_type)).ok_or_else(|| {
+            let mut known: Vec<&str> = FAMILIES.iter().flat_map(|f| f.model_types.iter().copied()).collect();
+            known.sort_unstable();
+            ModelError::UnsupportedArch(format!("model_type {model_type:?} (supported: {})", known.join(", ")))
+        }),
+        (None, class) => FAMILIES
+            .iter()
+            .copied()
+            .find(|f| class.is_some_and(|class| f.architectures.contains(&class.as_str())))
+            .ok_or_else(|| ModelError::UnsupportedArch(format!("config.json has no model_type and architectures {class:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant; the `match` does not compile when one is missing.
+    fn every_arch() -> Vec<Arch> {
+        use Arch::*;
+        let all = vec![Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral];
+        for arch in &all {
+            match arch {
+                Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe | Mixtral => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_family_is_registered_once_under_its_arch() {
+        let archs = every_arch();
+        assert_eq!(archs.len(), FAMILIES.len());
+        for arch in archs {
+            assert_eq!(family(arch).arch, arch);
+        }
+        for f in FAMILIES {
+            let json = format!("{{\"model_type\": {:?}}}", f.model_types[0]);
+            let found = for_hf(&HfConfig::from_json(&json).unwrap()).unwrap();
+            assert_eq!(found.arch, f.arch);
+        }
+        let mut names: Vec<&str> = FAMILIES.iter().flat_map(|f| f.model_types.iter().copied()).collect();
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "a model_type belongs to one family");
     }
 }

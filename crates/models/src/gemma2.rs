@@ -24,20 +24,74 @@
 
 use siphon_hlo::TensorType;
 
+use serde_json::Value;
+
 use crate::config::ParamInfo;
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
+use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::llama::decoder_params;
-use crate::{Activation, Arch, ModelConfig, ModelError};
+use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
 /// The Llama hooks plus the post-norms' and the projections' own outputs.
 pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Gemma2,
+    model_types: &["gemma2"],
+    architectures: &["Gemma2ForCausalLM"],
+    // Gemma2Config caps attention logits at 50 by default.
+    from_hf: |hf: HfConfig| gemma_config(&hf, Arch::Gemma2, &DEFAULTS, Some(50.0)),
     build,
     params: gemma_params,
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms],
     renames: &[],
 };
+
+/// Gemma2Config's: `head_dim` 256, tied, GeGLU, every other layer windowed from the first.
+const DEFAULTS: Defaults = Defaults {
+    head_dim: Some(256),
+    tie_word_embeddings: true,
+    activation: GEMMA_ACTIVATION,
+    windows: |c, n_layers, _| gemma_windows(c, n_layers, 2),
+    ..Defaults::LLAMA
+};
+
+/// Gemma's MLP reads `hidden_activation` (its `hidden_act` is unused).
+pub(crate) const GEMMA_ACTIVATION: ActivationKey = ActivationKey {
+    key: "hidden_activation",
+    default: "gelu_pytorch_tanh",
+    accepted: &[("gelu_pytorch_tanh", Activation::GeluTanh), ("gelu_new", Activation::GeluTanh)],
+};
+
+/// What Gemma 2 and 3 read alike: the decoder with `defaults`, scores scaled by
+/// `query_pre_attn_scalar^-0.5` (256 when absent), logits soft-capped by
+/// `attn_logit_softcapping` (`softcap` when absent, none when null); bidirectional attention
+/// is refused.
+pub(crate) fn gemma_config(hf: &HfConfig, arch: Arch, defaults: &Defaults, softcap: Option<f64>) -> Result<ModelConfig, ModelError> {
+    if hf.key::<bool>("use_bidirectional_attention")? == Some(true) {
+        return Err(ModelError::UnsupportedArch(format!("{arch} with use_bidirectional_attention")));
+    }
+    let c = hf.decoder(arch, defaults)?;
+    let attn_softcap = match hf.extra.get("attn_logit_softcapping") {
+        None => softcap,
+        Some(Value::Null) => None,
+        Some(v) => Some(v.as_f64().filter(|c| *c > 0.0).ok_or_else(|| {
+            ModelError::Config(format!("attn_logit_softcapping {v} is not a positive number"))
+        })?),
+    };
+    let attn_scalar = Some(hf.key::<f64>("query_pre_attn_scalar")?.unwrap_or(256.0));
+    Ok(ModelConfig { attn_scalar, attn_softcap, ..c })
+}
+
+/// Gemma's windows: on the layers `layer_types` marks, by default all but every
+/// `pattern`-th layer; `sliding_window` 4096 when absent, none at all when null.
+pub(crate) fn gemma_windows(c: &HfConfig, n_layers: usize, pattern: usize) -> Result<Vec<Option<usize>>, ModelError> {
+    let Some(window) = c.sliding_window()?.unwrap_or(Some(4096)) else { return Ok(Vec::new()) };
+    Ok(match c.windows_by_layer_types(n_layers, window)? {
+        Some(windows) => windows,
+        None => (0..n_layers).map(|l| ((l + 1) % pattern != 0).then_some(window)).collect(),
+    })
+}
 
 /// The Llama decoder's weights with the feed-forward norms (and the q/k norms where the
 /// config has them: Gemma 3).

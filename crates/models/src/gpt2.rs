@@ -20,19 +20,56 @@
 //! when read ([`crate::Slice`]), so they shard like any projection. Checkpoints with or
 //! without the `transformer.` prefix load alike.
 
+use serde_json::Value;
+
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Graph};
+use crate::hf_config::{need, ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{Activation, Arch, ModelConfig, ModelError};
+use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
 /// GPT-2's weights and hooks (no rotary, gated-MLP or q/k-norm hooks).
 pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Gpt2,
+    model_types: &["gpt2"],
+    architectures: &["GPT2LMHeadModel"],
+    from_hf,
     build,
     params,
     features: &[Feature::LearnedPositions, Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp],
     renames: &[("transformer.", "")],
 };
+
+/// GPT2Config: its own key names (`n_embd`, `n_layer`, `n_head`, `n_positions`, `n_inner`,
+/// `layer_norm_epsilon`, `activation_function` `gelu_new`), biases everywhere, tied; the
+/// attention variants siphon does not build are refused by name.
+fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
+    for (key, refused) in [
+        ("scale_attn_weights", false),
+        ("scale_attn_by_inverse_layer_idx", true),
+        ("reorder_and_upcast_attn", true),
+        ("add_cross_attention", true),
+    ] {
+        if hf.key::<bool>(key)? == Some(refused) {
+            return Err(ModelError::UnsupportedArch(format!("gpt2 with {key} = {refused}")));
+        }
+    }
+    hf.hidden_size = hf.hidden_size.or(hf.key("n_embd")?);
+    hf.num_hidden_layers = hf.num_hidden_layers.or(hf.key("n_layer")?);
+    hf.num_attention_heads = hf.num_attention_heads.or(hf.key("n_head")?);
+    hf.max_position_embeddings = hf.max_position_embeddings.or(hf.key("n_positions")?);
+    // `n_inner` null or absent means 4 × n_embd.
+    hf.intermediate_size = Some(match hf.extra.get("n_inner") {
+        None | Some(Value::Null) => 4 * need(hf.hidden_size, "hidden_size")?,
+        Some(v) => v.as_u64().ok_or_else(|| ModelError::Config(format!("n_inner {v} is not a number")))? as usize,
+    });
+    // The shared epsilon field carries LayerNorm's.
+    hf.rms_norm_eps = hf.key("layer_norm_epsilon")?;
+    hf.attention_bias = Some(true);
+    let activation = ActivationKey { key: "activation_function", default: "gelu_new", accepted: ActivationKey::GELUS };
+    hf.decoder(Arch::Gpt2, &Defaults { norm_eps: 1e-5, tie_word_embeddings: true, activation, ..Defaults::LLAMA })
+}
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;

@@ -21,13 +21,39 @@
 //! of whole heads when read ([`crate::Slice`]), so the parts shard over heads.
 
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Graph};
+use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{Activation, Arch, ModelConfig, ModelError};
+use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
 /// GPT-NeoX's weights and hooks (no resid_mid, gated-MLP or q/k-norm hooks).
-pub(crate) const FAMILY: Family = Family { build, params, features: &[Feature::PreNorms, Feature::DenseMlp, Feature::Rotary], renames: &[] };
+pub(crate) const FAMILY: Family = Family {
+    arch: Arch::GptNeox,
+    model_types: &["gpt_neox"],
+    architectures: &["GPTNeoXForCausalLM"],
+    from_hf,
+    build,
+    params,
+    features: &[Feature::PreNorms, Feature::DenseMlp, Feature::Rotary],
+    renames: &[],
+};
+
+/// GPTNeoXConfig: `layer_norm_eps` 1e-5, biases, exact GELU, untied; the hub's older
+/// `rotary_pct` / `rotary_emb_base` (transformers 5 moves both into `rope_parameters`). Only
+/// the parallel block is built.
+fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
+    if hf.key::<bool>("use_parallel_residual")? == Some(false) {
+        return Err(ModelError::UnsupportedArch(
+            "gpt_neox with use_parallel_residual = false (only the parallel block of Pythia and GPT-NeoX-20B)".into(),
+        ));
+    }
+    hf.rope_theta = hf.rope_theta.or(hf.key("rotary_emb_base")?);
+    hf.partial_rotary_factor = hf.partial_rotary_factor.or(hf.key("rotary_pct")?);
+    hf.rms_norm_eps = hf.key("layer_norm_eps")?;
+    let activation = ActivationKey { key: "hidden_act", default: "gelu", accepted: ActivationKey::GELUS };
+    hf.decoder(Arch::GptNeox, &Defaults { norm_eps: 1e-5, attention_bias: true, activation, ..Defaults::LLAMA })
+}
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;

@@ -659,19 +659,10 @@ mod tests {
             head_dim: 4,
             rms_norm_eps: 1e-6,
             rope_theta: 10000.0,
-            rope_scaling: None,
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             qkv_bias: false,
-            local_rope_theta: None,
-            activation: Default::default(),
-            attn_scalar: None,
-            attn_softcap: None,
-            qk_norm: false,
-            layer_windows: Vec::new(),
-            qk_norm_whole: false,
-            rotary_dim: None,
-            moe: None,
+            ..ModelConfig::default()
         }
     }
 

@@ -11,6 +11,7 @@ mod gemma3;
 mod gpt2;
 mod gpt_neox;
 pub mod hf;
+mod hf_config;
 pub mod hooks;
 mod llama;
 mod mistral;
@@ -24,7 +25,8 @@ mod safetensors;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Activation, Arch, HfConfig, ModelConfig, Moe, ParamClass, ParamInfo, RopeScaling, Slice};
+pub use config::{Activation, Arch, ModelConfig, Moe, ParamClass, ParamInfo, RopeScaling, Slice};
+pub use hf_config::HfConfig;
 pub use forward::{build_forward, hook_kinds, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;
 pub use hooks::{resolve_hooks, HookKind, HookPoint, HookShape, KINDS};

@@ -28,13 +28,23 @@
 use siphon_hlo::Value;
 
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
+use crate::hf_config::Defaults;
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{Arch, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig, ModelError};
 
 /// A Llama-style block has every hook of the table that needs nothing beyond it.
-pub(crate) const FAMILY: Family = Family { build, params, features: FEATURES, renames: &[] };
+pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Llama,
+    model_types: &["llama"],
+    architectures: &["LlamaForCausalLM"],
+    from_hf: |hf: HfConfig| hf.decoder(Arch::Llama, &Defaults::LLAMA),
+    build,
+    params,
+    features: FEATURES,
+    renames: &[],
+};
 
 /// The hook features of the decoder without q/k norms or post-norms (Llama, Qwen2, Mistral).
 pub(crate) const FEATURES: &[Feature] = &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary];

@@ -5,17 +5,28 @@
 //! [`crate::ModelConfig::layer_windows`], applied by the shared attention mask; a config
 //! whose window is null attends the whole context, like Hugging Face.
 
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::hf_config::Defaults;
 use crate::llama::{build_decoder, decoder_params, FEATURES};
-use crate::{Arch, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The Llama decoder's weights and hooks.
 pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Mistral,
+    model_types: &["mistral"],
+    architectures: &["MistralForCausalLM"],
+    from_hf: |hf: HfConfig| hf.decoder(Arch::Mistral, &DEFAULTS),
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: FEATURES,
     renames: &[],
+};
+
+/// MistralConfig's: a window on every layer, 4096 when the key is absent, none when null.
+const DEFAULTS: Defaults = Defaults {
+    windows: |c, n_layers, _| Ok(vec![c.sliding_window()?.unwrap_or(Some(4096)); n_layers]),
+    ..Defaults::LLAMA
 };
 
 /// Builds the Mistral forward for `spec`.

@@ -8,19 +8,36 @@
 //! Hooks: Llama's, except the MLP's insides; `hook_mlp_out` is the mixture's output.
 
 use crate::config::ParamInfo;
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::hf_config::{need, windows_on_every_layer, Defaults};
 use crate::hooks::Feature;
 use crate::llama::{build_decoder, decoder_params};
-use crate::{Arch, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// Llama's weights with Mixtral's experts; Llama's hooks but the MLP's insides.
 pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Mixtral,
+    model_types: &["mixtral"],
+    architectures: &["MixtralForCausalLM"],
+    from_hf,
     build,
     params,
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::Moe],
     renames: &[],
 };
+
+/// MixtralConfig: no window unless set; every expert as wide as `intermediate_size`; the
+/// top-k weights always renormalised.
+fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
+    if hf.attention_bias == Some(true) {
+        return Err(ModelError::UnsupportedArch("mixtral with attention_bias = true".into()));
+    }
+    let (n_experts, top_k) = hf.experts()?;
+    let expert_size = need(hf.intermediate_size, "intermediate_size")?;
+    let c = hf.decoder(Arch::Mixtral, &Defaults { windows: windows_on_every_layer, ..Defaults::LLAMA })?;
+    Ok(ModelConfig { moe: Some(Moe { n_experts, top_k, norm_topk: true, expert_size }), ..c })
+}
 
 /// The decoder's weights, the experts read from Mixtral's names.
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {

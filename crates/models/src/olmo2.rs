@@ -20,18 +20,32 @@
 //! (`[n_heads * head_dim]`, one scale per token), and there are no `ln1` / `ln2` hooks.
 
 use crate::config::{ParamClass, ParamInfo};
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
+use crate::hf_config::Defaults;
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{Arch, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The post-norm decoder's weights and hooks.
 pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Olmo2,
+    model_types: &["olmo2"],
+    architectures: &["Olmo2ForCausalLM"],
+    from_hf,
     build,
     params,
     features: &[Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms, Feature::QkNorm],
     renames: &[],
 };
+
+/// Olmo2Config: eps 1e-5, q/k norms over the whole projection, no biases, no windows.
+fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
+    if hf.attention_bias == Some(true) {
+        return Err(ModelError::UnsupportedArch("olmo2 with attention_bias = true".into()));
+    }
+    let c = hf.decoder(Arch::Olmo2, &Defaults { norm_eps: 1e-5, ..Defaults::LLAMA })?;
+    Ok(ModelConfig { qk_norm: true, qk_norm_whole: true, ..c })
+}
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;

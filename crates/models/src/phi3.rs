@@ -11,13 +11,32 @@
 //! shards on whole heads; the hooks are Llama's.
 
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::hf_config::{windows_on_every_layer, Defaults};
 use crate::llama::{build_decoder, FEATURES};
-use crate::{Arch, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig, ModelError};
 
 /// Llama's forward and hooks over the fused checkpoint.
-pub(crate) const FAMILY: Family = Family { build, params, features: FEATURES, renames: &[] };
+pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Phi3,
+    model_types: &["phi3"],
+    architectures: &["Phi3ForCausalLM"],
+    from_hf,
+    build,
+    params,
+    features: FEATURES,
+    renames: &[],
+};
+
+/// Phi3Config: eps 1e-5; a window on every layer when `sliding_window` is set (Phi-3-mini:
+/// 2047).
+fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
+    if hf.attention_bias == Some(true) {
+        return Err(ModelError::UnsupportedArch("phi3 with attention_bias = true".into()));
+    }
+    hf.decoder(Arch::Phi3, &Defaults { norm_eps: 1e-5, windows: windows_on_every_layer, ..Defaults::LLAMA })
+}
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;

@@ -7,13 +7,19 @@
 //! Sliding-window attention (`use_sliding_window`, off in every released Qwen2.5 config) is
 //! honoured on the layers Hugging Face windows ([`crate::ModelConfig::layer_windows`]).
 
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::hf_config::{qwen_windows, Defaults};
 use crate::llama::{build_decoder, decoder_params, FEATURES};
-use crate::{Arch, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The Llama decoder's weights and hooks.
 pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Qwen2,
+    model_types: &["qwen2"],
+    architectures: &["Qwen2ForCausalLM"],
+    // Qwen2Config: biases on q/k/v by default.
+    from_hf: |hf: HfConfig| hf.decoder(Arch::Qwen2, &Defaults { attention_bias: true, windows: qwen_windows, ..Defaults::LLAMA }),
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: FEATURES,

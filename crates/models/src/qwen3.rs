@@ -9,20 +9,32 @@
 //! `attn.hook_q_normed` / `hook_k_normed` (and `attn.q_norm.hook_scale` / `hook_normalized`)
 //! are the norms' parts, and `attn.hook_rot_q` / `hook_rot_k` RoPE of the normed heads.
 
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::hf_config::{qwen_windows, Defaults};
 use crate::hooks::Feature;
 use crate::llama::{build_decoder, decoder_params};
-use crate::{Arch, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The Llama decoder's weights (its q/k norms included, as `qk_norm` says) and hooks, plus the
 /// q/k norms' hooks.
 pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Qwen3,
+    model_types: &["qwen3"],
+    architectures: &["Qwen3ForCausalLM"],
+    from_hf,
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::QkNorm],
     renames: &[],
 };
+
+/// Qwen3Config's (Qwen3-MoE's too): `head_dim` 128, Qwen2's windows.
+pub(crate) const DEFAULTS: Defaults = Defaults { head_dim: Some(128), windows: qwen_windows, ..Defaults::LLAMA };
+
+fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
+    Ok(ModelConfig { qk_norm: true, ..hf.decoder(Arch::Qwen3, &DEFAULTS)? })
+}
 
 /// Builds the Qwen3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {

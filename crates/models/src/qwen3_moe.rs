@@ -9,19 +9,44 @@
 //! which a mixture does not have per token; `mlp.hook_in` is the mixture's input and
 //! `hook_mlp_out` its output (the routed experts' weighted sum).
 
-use crate::family::Family;
+use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::hf_config::need;
 use crate::hooks::Feature;
 use crate::llama::{build_decoder, decoder_params};
-use crate::{Arch, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// Qwen3's weights with the experts in place of the MLP; Qwen3's hooks but the MLP's insides.
 pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Qwen3Moe,
+    model_types: &["qwen3_moe"],
+    architectures: &["Qwen3MoeForCausalLM"],
+    from_hf,
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::QkNorm, Feature::Moe],
     renames: &[],
 };
+
+fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
+    let refuse = |what: &str| Err(ModelError::UnsupportedArch(format!("qwen3_moe with {what}")));
+    if hf.attention_bias == Some(true) {
+        return refuse("attention_bias = true");
+    }
+    let (n_experts, top_k) = hf.experts()?;
+    // Qwen3-MoE may keep dense MLPs on some layers; every released checkpoint routes every
+    // layer, and siphon builds only that.
+    let dense_layers = hf.key::<Vec<usize>>("mlp_only_layers")?.is_some_and(|l| !l.is_empty());
+    if hf.key::<usize>("decoder_sparse_step")?.unwrap_or(1) != 1 || dense_layers {
+        return refuse("dense MLP layers (decoder_sparse_step != 1 or mlp_only_layers)");
+    }
+    let expert_size = need(hf.key("moe_intermediate_size")?, "moe_intermediate_size")?;
+    // The dense MLP's width is unused.
+    hf.intermediate_size.get_or_insert(0);
+    let norm_topk = hf.norm_topk_prob.unwrap_or(false);
+    let c = hf.decoder(Arch::Qwen3Moe, &crate::qwen3::DEFAULTS)?;
+    Ok(ModelConfig { qk_norm: true, moe: Some(Moe { n_experts, top_k, norm_topk, expert_size }), ..c })
+}
 
 /// Builds the Qwen3-MoE forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {

@@ -40,19 +40,10 @@ fn config(arch: Arch, n_heads: usize, n_kv_heads: usize) -> ModelConfig {
         head_dim: 8,
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
-        rope_scaling: None,
         max_position_embeddings: 64,
         tie_word_embeddings: arch == Arch::Qwen2,
         qkv_bias: arch == Arch::Qwen2,
-        local_rope_theta: None,
-        activation: Default::default(),
-        attn_scalar: None,
-        attn_softcap: None,
-        qk_norm: false,
-        layer_windows: Vec::new(),
-        qk_norm_whole: false,
-        rotary_dim: None,
-        moe: None,
+        ..ModelConfig::default()
     }
 }
 

@@ -27,19 +27,10 @@ fn tiny(arch: Arch) -> ModelConfig {
         head_dim: 2,
         rms_norm_eps: 1e-6,
         rope_theta: 10000.0,
-        rope_scaling: None,
         max_position_embeddings: 32,
         tie_word_embeddings: true,
         qkv_bias: arch == Arch::Qwen2,
-        local_rope_theta: None,
-        activation: Default::default(),
-        attn_scalar: None,
-        attn_softcap: None,
-        qk_norm: false,
-        layer_windows: Vec::new(),
-        qk_norm_whole: false,
-        rotary_dim: None,
-        moe: None,
+        ..ModelConfig::default()
     }
 }
 

@@ -290,17 +290,24 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         partial_rotary_factor: rotary_fraction,
         ..HfConfig::default()
     };
+    // Keys only one family reads go where config.json's unknown keys go.
+    let mut set = |k: &str, v: Option<serde_json::Value>| {
+        if let Some(v) = v {
+            config.extra.insert(k.to_string(), v);
+        }
+    };
     match arch.as_str() {
         "gpt2" | "gptneox" => {
-            config.layer_norm_epsilon = float("attention.layer_norm_epsilon");
-            config.layer_norm_eps = config.layer_norm_epsilon;
-            config.n_inner = config.intermediate_size.map(serde_json::Value::from);
-            config.use_parallel_residual = key("use_parallel_residual").and_then(GgufValue::as_bool);
+            let eps = float("attention.layer_norm_epsilon").map(serde_json::Value::from);
+            set("layer_norm_epsilon", eps.clone());
+            set("layer_norm_eps", eps);
+            set("n_inner", int("feed_forward_length")?.map(serde_json::Value::from));
+            set("use_parallel_residual", key("use_parallel_residual").and_then(GgufValue::as_bool).map(serde_json::Value::from));
         }
         "qwen3moe" => {
+            set("moe_intermediate_size", int("expert_feed_forward_length")?.map(serde_json::Value::from));
             config.num_experts = int("expert_count")?;
             config.num_experts_per_tok = int("expert_used_count")?;
-            config.moe_intermediate_size = int("expert_feed_forward_length")?;
             // llama.cpp renormalises Qwen3-MoE's top-k weights unless the file says otherwise,
             // as the released checkpoints' configs do (norm_topk_prob true); transformers' GGUF
             // loader leaves Qwen3MoeConfig's default (false), which changes every MoE output.
@@ -308,16 +315,17 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         }
         "gemma2" | "gemma3" => {
             // Absent: each config's default (Gemma 2 caps at 50, Gemma 3 not at all), as llama.cpp.
-            config.attn_logit_softcapping = float("attn_logit_softcapping").map(serde_json::Value::from);
+            set("attn_logit_softcapping", float("attn_logit_softcapping").map(serde_json::Value::from));
             // The file does not record query_pre_attn_scalar; llama.cpp scales by head_dim,
             // except for the 27B models (Gemma 2: 46 layers, Gemma 3: 62), which use
             // hidden / heads — as their configs do.
             let big = if arch == "gemma2" { 46 } else { 62 };
-            config.query_pre_attn_scalar = match (layers, hidden, heads, head_dim) {
+            let scalar = match (layers, hidden, heads, head_dim) {
                 (Some(l), Some(h), Some(n), _) if l == big && n > 0 => Some((h / n) as f64),
                 (_, _, _, Some(d)) => Some(d as f64),
                 _ => None,
             };
+            set("query_pre_attn_scalar", scalar.map(serde_json::Value::from));
         }
         "llama" if key("expert_count").is_some() => {
             config.num_local_experts = int("expert_count")?;

@@ -1,0 +1,594 @@
+//! `config.json` as Hugging Face writes it ([`HfConfig`]) and the reading several families
+//! share: a decoder's sizes, heads, activation and RoPE ([`HfConfig::decoder`]) with the
+//! defaults a family's configuration class fills in ([`Defaults`]), sliding windows, and a
+//! mixture's experts. What only one family reads — its own keys, defaults and refusals — is
+//! in that family's file (its `from_hf`); [`HfConfig::into_config`] finds the family in the
+//! registry ([`crate::family`]) by `model_type` or `architectures`.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::{Activation, ModelConfig, RopeScaling};
+use crate::family::{self, Arch};
+use crate::ModelError;
+
+/// `config.json` as Hugging Face writes it; every field optional so that a missing one gets
+/// a clear error or the architecture's default in [`HfConfig::into_config`]. Keys several
+/// families read are fields; a key only one family reads stays in `extra`, read by name in
+/// that family's file ([`HfConfig::key`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[allow(missing_docs)]
+pub struct HfConfig {
+    pub architectures: Option<Vec<String>>,
+    pub model_type: Option<String>,
+    pub vocab_size: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    pub num_hidden_layers: Option<usize>,
+    pub num_attention_heads: Option<usize>,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub rms_norm_eps: Option<f64>,
+    pub rope_theta: Option<f64>,
+    pub rope_scaling: Option<Value>,
+    /// transformers ≥5 writes `rope_parameters` (with `rope_theta` and `rope_type` inside)
+    /// instead of `rope_scaling` + `rope_theta`.
+    pub rope_parameters: Option<Value>,
+    pub partial_rotary_factor: Option<f64>,
+    pub original_max_position_embeddings: Option<usize>,
+    pub max_position_embeddings: Option<usize>,
+    pub tie_word_embeddings: Option<bool>,
+    pub attention_bias: Option<bool>,
+    pub hidden_act: Option<String>,
+    pub bos_token_id: Option<Value>,
+    pub eos_token_id: Option<Value>,
+    pub pad_token_id: Option<Value>,
+    pub torch_dtype: Option<String>,
+    /// A window size, or null (no window); absent is distinguished from null.
+    #[serde(default, deserialize_with = "present")]
+    pub sliding_window: Option<Value>,
+    pub use_sliding_window: Option<bool>,
+    pub max_window_layers: Option<usize>,
+    pub layer_types: Option<Vec<String>>,
+    /// The text model's config inside a multimodal one (Gemma 3).
+    pub text_config: Option<Box<HfConfig>>,
+    /// Mixture-of-experts keys (Qwen3-MoE, Mixtral; transformers 5 writes `num_local_experts`
+    /// for both).
+    pub num_experts: Option<usize>,
+    pub num_local_experts: Option<usize>,
+    pub num_experts_per_tok: Option<usize>,
+    pub norm_topk_prob: Option<bool>,
+    /// Every other key, for the one family that reads it.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+/// What a family's Hugging Face configuration class fills in for the keys `config.json`
+/// leaves out, and how the family reads its activation and windows.
+pub(crate) struct Defaults {
+    /// `head_dim` when absent (Qwen3's 128, Gemma's 256); `None`: `hidden_size / heads`.
+    pub head_dim: Option<usize>,
+    /// `rms_norm_eps` when absent.
+    pub norm_eps: f64,
+    /// The RoPE base when absent.
+    pub rope_theta: f64,
+    /// `tie_word_embeddings` when absent.
+    pub tie_word_embeddings: bool,
+    /// `attention_bias` when absent.
+    pub attention_bias: bool,
+    /// The key naming the MLP's activation, its default and the values siphon builds.
+    pub activation: ActivationKey,
+    /// Which layers attend through a window, for `n_layers` layers of `arch`.
+    pub windows: fn(&HfConfig, usize, Arch) -> Result<Vec<Option<usize>>, ModelError>,
+}
+
+impl Defaults {
+    /// `LlamaConfig`'s: eps 1e-6, base 1e4, untied, no biases, SiLU, no windows (a config
+    /// that sets one is refused).
+    pub const LLAMA: Defaults = Defaults {
+        head_dim: None,
+        norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        tie_word_embeddings: false,
+        attention_bias: false,
+        activation: ActivationKey::SILU,
+        windows: no_windows,
+    };
+}
+
+/// Where a family's configuration names its activation.
+pub(crate) struct ActivationKey {
+    /// The key (`hidden_act`, Gemma's `hidden_activation`, GPT-2's `activation_function`).
+    pub key: &'static str,
+    /// Its value when absent.
+    pub default: &'static str,
+    /// The values siphon builds.
+    pub accepted: &'static [(&'static str, Activation)],
+}
+
+impl ActivationKey {
+    /// `hidden_act`, SiLU only.
+    pub const SILU: ActivationKey = ActivationKey { key: "hidden_act", default: "silu", accepted: &[("silu", Activation::Silu)] };
+    /// The GELU names of GPT-2 and GPT-NeoX: exact (`gelu`) or tanh-approximated.
+    pub const GELUS: &[(&str, Activation)] =
+        &[("gelu", Activation::Gelu), ("gelu_new", Activation::GeluTanh), ("gelu_pytorch_tanh", Activation::GeluTanh)];
+}
+
+impl HfConfig {
+    /// Parses `config.json` text.
+    pub fn from_json(text: &str) -> Result<HfConfig, ModelError> {
+        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))
+    }
+
+    /// The family's validated configuration, with its architecture's defaults filled in.
+    pub fn into_config(self) -> Result<ModelConfig, ModelError> {
+        let family = family::for_hf(&self)?;
+        let config = (family.from_hf)(self)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// A key only one family reads, as `T`; `None` when absent or null.
+    pub(crate) fn key<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ModelError> {
+        match self.extra.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => T::deserialize(v).map(Some).map_err(|e| ModelError::Config(format!("{name} {v}: {e}"))),
+        }
+    }
+
+    /// The decoder every family starts from: sizes, heads, norm epsilon, activation, windows
+    /// and RoPE (`rope_theta`, `partial_rotary_factor`, `rope_scaling` or transformers 5's
+    /// `rope_parameters`) as `config.json` gives them, else as `defaults` says. No q/k norms,
+    /// soft-cap, scalar or experts: a family that has them sets them.
+    pub(crate) fn decoder(&self, arch: Arch, defaults: &Defaults) -> Result<ModelConfig, ModelError> {
+        let hidden_size = need(self.hidden_size, "hidden_size")?;
+        let n_heads = need(self.num_attention_heads, "num_attention_heads")?;
+        let n_kv_heads = self.num_key_value_heads.unwrap_or(n_heads);
+        let head_dim = match self.head_dim.or(defaults.head_dim) {
+            Some(d) => d,
+            None if n_heads > 0 && hidden_size % n_heads == 0 => hidden_size / n_heads,
+            None => {
+                return Err(ModelError::Config(format!(
+                    "hidden_size {hidden_size} is not divisible by num_attention_heads {n_heads}"
+                )));
+            }
+        };
+        let n_layers = need(self.num_hidden_layers, "num_hidden_layers")?;
+        let layer_windows = (defaults.windows)(self, n_layers, arch)?;
+        let activation = self.activation(&defaults.activation)?;
+        let mut rope_theta = self.rope_theta;
+        let mut rotary_fraction = self.partial_rotary_factor;
+        let mut rope_scaling_json = self.rope_scaling.clone();
+        if let Some(params) = self.rope_parameters.as_ref().filter(|p| !p.is_null()) {
+            if params.get("full_attention").is_some() {
+                return Err(ModelError::UnsupportedArch(format!(
+                    "rope_parameters per layer type in a {arch} config (siphon reads them only where the \
+                     family's modeling file does)"
+                )));
+            }
+            if let Some(theta) = params.get("rope_theta").and_then(Value::as_f64) {
+                rope_theta = Some(theta);
+            }
+            if let Some(fraction) = params.get("partial_rotary_factor").and_then(Value::as_f64) {
+                rotary_fraction = Some(fraction);
+            }
+            let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str);
+            if !matches!(kind, None | Some("default")) {
+                rope_scaling_json = Some(params.clone());
+            }
+        }
+        let max_position_embeddings = self.max_position_embeddings.unwrap_or(4096);
+        let rotary_dim = match rotary_fraction {
+            // Hugging Face: int(head_dim * fraction).
+            Some(f) if f != 1.0 => Some((head_dim as f64 * f) as usize),
+            _ => None,
+        };
+        let rope_scaling = match rope_scaling_json {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_rope_scaling(
+                &v,
+                max_position_embeddings,
+                self.original_max_position_embeddings,
+                rotary_dim.unwrap_or(head_dim),
+            )?),
+        };
+        Ok(ModelConfig {
+            arch,
+            vocab_size: need(self.vocab_size, "vocab_size")?,
+            hidden_size,
+            intermediate_size: need(self.intermediate_size, "intermediate_size")?,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rms_norm_eps: self.rms_norm_eps.unwrap_or(defaults.norm_eps),
+            rope_theta: rope_theta.unwrap_or(defaults.rope_theta),
+            rope_scaling,
+            max_position_embeddings,
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(defaults.tie_word_embeddings),
+            qkv_bias: self.attention_bias.unwrap_or(defaults.attention_bias),
+            activation,
+            layer_windows: if layer_windows.iter().all(Option::is_none) { Vec::new() } else { layer_windows },
+            rotary_dim,
+            ..ModelConfig::default()
+        })
+    }
+
+    /// The MLP's activation as `key` names it.
+    fn activation(&self, key: &ActivationKey) -> Result<Activation, ModelError> {
+        let value = match key.key {
+            "hidden_act" => self.hidden_act.clone(),
+            other => self.key::<String>(other)?,
+        };
+        let value = value.as_deref().unwrap_or(key.default);
+        match key.accepted.iter().find(|(name, _)| *name == value) {
+            Some((_, act)) => Ok(*act),
+            None => {
+                let names: Vec<&str> = key.accepted.iter().map(|(name, _)| *name).collect();
+                Err(ModelError::UnsupportedArch(format!("{} {value:?} (supported: {})", key.key, names.join(", "))))
+            }
+        }
+    }
+
+    /// `sliding_window`: absent (`None`), null (`Some(None)`, no window) or a positive size.
+    pub(crate) fn sliding_window(&self) -> Result<Option<Option<usize>>, ModelError> {
+        Ok(match &self.sliding_window {
+            None => None,
+            Some(Value::Null) => Some(None),
+            Some(v) => Some(Some(v.as_u64().filter(|&w| w > 0).ok_or_else(|| {
+                ModelError::Config(format!("sliding_window {v} is not a positive integer"))
+            })? as usize)),
+        })
+    }
+
+    /// `window` on the layers `layer_types` marks `sliding_attention`, `None` when the config
+    /// has no `layer_types`.
+    pub(crate) fn windows_by_layer_types(&self, n_layers: usize, window: usize) -> Result<Option<Vec<Option<usize>>>, ModelError> {
+        let Some(types) = &self.layer_types else { return Ok(None) };
+        if types.len() != n_layers {
+            return Err(ModelError::Config(format!(
+                "layer_types lists {} layers, num_hidden_layers is {n_layers}",
+                types.len()
+            )));
+        }
+        types
+            .iter()
+            .map(|t| match t.as_str() {
+                "full_attention" => Ok(None),
+                "sliding_attention" => Ok(Some(window)),
+                other => Err(ModelError::UnsupportedArch(format!("layer type {other:?}"))),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
+
+    /// The RoPE base of the sliding-window layers, which take no frequency scaling (Gemma 3,
+    /// OLMo 3): from transformers ≥5's `rope_parameters` keyed by layer type, whose
+    /// `full_attention` entry then stands as the model's RoPE; `local` when not given there.
+    pub(crate) fn rope_by_layer_type(&mut self, arch: Arch, local: f64) -> Result<f64, ModelError> {
+        let by_type = self.rope_parameters.as_ref().is_some_and(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
+        if !by_type {
+            return Ok(local);
+        }
+        let by_type = self.rope_parameters.take().unwrap_or_default();
+        let mut theta = local;
+        if let Some(params) = by_type.get("sliding_attention") {
+            let kind = params.get("rope_type").and_then(Value::as_str);
+            if !matches!(kind, None | Some("default")) {
+                return Err(ModelError::UnsupportedArch(format!("rope_type {kind:?} on {arch}'s sliding-window layers (only default)")));
+            }
+            if let Some(t) = params.get("rope_theta").and_then(Value::as_f64) {
+                theta = t;
+            }
+        }
+        self.rope_parameters = by_type.get("full_attention").cloned();
+        Ok(theta)
+    }
+
+    /// Experts per block and experts per token (Qwen3-MoE, Mixtral).
+    pub(crate) fn experts(&self) -> Result<(usize, usize), ModelError> {
+        let n_experts = need(self.num_local_experts.or(self.num_experts), "num_experts")?;
+        let top_k = need(self.num_experts_per_tok, "num_experts_per_tok")?;
+        if top_k == 0 || top_k > n_experts {
+            return Err(ModelError::Config(format!("num_experts_per_tok {top_k} with {n_experts} experts")));
+        }
+        Ok((n_experts, top_k))
+    }
+}
+
+/// `v`, or an error naming the key config.json lacks.
+pub(crate) fn need<T>(v: Option<T>, name: &str) -> Result<T, ModelError> {
+    v.ok_or_else(|| ModelError::Config(format!("config.json lacks {name}")))
+}
+
+/// The modeling file has no window (Llama, OLMo 2, GPT-2, GPT-NeoX): Hugging Face ignores a
+/// `sliding_window` and attends to the whole context, so a config that sets one is refused
+/// rather than silently computed without it.
+pub(crate) fn no_windows(c: &HfConfig, _n_layers: usize, arch: Arch) -> Result<Vec<Option<usize>>, ModelError> {
+    if let Some(window) = c.sliding_window()?.flatten() {
+        return Err(ModelError::UnsupportedArch(format!(
+            "{arch} config with sliding_window {window}: Hugging Face's {arch} ignores it and \
+             attends to the whole context, so siphon refuses rather than guess (use \
+             model_type mistral for windowed attention, or drop the key)"
+        )));
+    }
+    Ok(Vec::new())
+}
+
+/// The window on every layer when `sliding_window` is set (Mixtral, Phi-3; Mistral's default
+/// of 4096 is its family's).
+pub(crate) fn windows_on_every_layer(c: &HfConfig, n_layers: usize, _arch: Arch) -> Result<Vec<Option<usize>>, ModelError> {
+    Ok(vec![c.sliding_window()?.flatten(); n_layers])
+}
+
+/// Qwen2's rule (Qwen3 and Qwen3-MoE too): windows only with `use_sliding_window`, on the
+/// layers `layer_types` marks, by default those from `max_window_layers` (28) on.
+pub(crate) fn qwen_windows(c: &HfConfig, n_layers: usize, _arch: Arch) -> Result<Vec<Option<usize>>, ModelError> {
+    match (c.use_sliding_window.unwrap_or(false), c.sliding_window()?.flatten()) {
+        (false, _) | (true, None) => Ok(Vec::new()),
+        (true, Some(window)) => Ok(match c.windows_by_layer_types(n_layers, window)? {
+            Some(windows) => windows,
+            None => {
+                let first = c.max_window_layers.unwrap_or(28);
+                (0..n_layers).map(|l| (l >= first).then_some(window)).collect()
+            }
+        }),
+    }
+}
+
+/// Deserializes a field that is present (even as null) into `Some`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+/// RoPE scaling from its JSON (`rope_scaling`, or `rope_parameters` in transformers 5), with
+/// the config's context lengths and the rotated width (LongRoPE has a factor per frequency).
+fn parse_rope_scaling(
+    v: &Value,
+    max_position_embeddings: usize,
+    original_max: Option<usize>,
+    rotary_dim: usize,
+) -> Result<RopeScaling, ModelError> {
+    let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str());
+    let num = |name: &str| -> Result<f64, ModelError> {
+        v.get(name)
+            .and_then(|x| x.as_f64())
+            .ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))
+    };
+    match kind {
+        Some("llama3") => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+        }),
+        Some("linear") => Ok(RopeScaling::Linear { factor: num("factor")? }),
+        Some("default") => Ok(RopeScaling::Linear { factor: 1.0 }),
+        Some("longrope" | "su") => {
+            let factors = |name: &str| -> Result<Vec<f64>, ModelError> {
+                let list = v.get(name).and_then(|f| f.as_array()).ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))?;
+                let out: Vec<f64> = list.iter().filter_map(|x| x.as_f64()).collect();
+                if out.len() != list.len() || out.len() != rotary_dim / 2 {
+                    return Err(ModelError::Config(format!(
+                        "rope_scaling {name} has {} numbers, the rotary width {rotary_dim} needs {}",
+                        list.len(),
+                        rotary_dim / 2
+                    )));
+                }
+                Ok(out)
+            };
+            factors("long_factor")?;
+            let original = original_max
+                .or_else(|| v.get("original_max_position_embeddings").and_then(|x| x.as_u64()).map(|x| x as usize))
+                .ok_or_else(|| ModelError::Config("longrope scaling without original_max_position_embeddings".into()))?;
+            // Hugging Face's _compute_longrope_parameters.
+            let factor = max_position_embeddings as f64 / original as f64;
+            let attention_factor = match v.get("attention_factor").and_then(|x| x.as_f64()) {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            Ok(RopeScaling::LongRope {
+                short_factor: factors("short_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            })
+        }
+        other => Err(ModelError::UnsupportedArch(format!(
+            "rope_scaling type {other:?} (supported: llama3, linear, longrope)"
+        ))),
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Moe;
+
+    const QWEN25_05B: &str = r#"{
+      "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+      "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+      "num_attention_heads": 14, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+      "rope_theta": 1000000.0, "tie_word_embeddings": true, "vocab_size": 151936,
+      "max_position_embeddings": 32768, "rope_scaling": null }"#;
+
+    #[test]
+    fn qwen_defaults_and_param_count() {
+        let c = HfConfig::from_json(QWEN25_05B).unwrap().into_config().unwrap();
+        assert_eq!(c.arch, Arch::Qwen2);
+        assert_eq!(c.head_dim, 64);
+        assert!(c.qkv_bias && c.tie_word_embeddings);
+        // Qwen2.5-0.5B has 494,032,768 parameters.
+        assert_eq!(c.n_params(), 494_032_768);
+    }
+
+    #[test]
+    fn llama3_rope_scaling_parses() {
+        let text = r#"{"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+          "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+          "num_key_value_heads": 8, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+          "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#;
+        let c = HfConfig::from_json(text).unwrap().into_config().unwrap();
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 32.0));
+        assert!(!c.qkv_bias);
+    }
+
+    #[test]
+    fn transformers5_rope_parameters_parse() {
+        let text = r#"{"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+          "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 500.0}}"#;
+        let c = HfConfig::from_json(text).unwrap().into_config().unwrap();
+        assert_eq!(c.rope_theta, 500.0);
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { original_max_position_embeddings: 16, .. })));
+        let text = text.replace("llama3", "default");
+        let c = HfConfig::from_json(&text).unwrap().into_config().unwrap();
+        assert_eq!((c.rope_theta, c.rope_scaling), (500.0, None));
+    }
+
+    #[test]
+    fn sliding_windows_follow_hugging_face() {
+        let base = r#"{"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 4, "num_attention_heads": 4"#;
+        let parse = |extra: &str| HfConfig::from_json(&format!("{base}, {extra}}}")).unwrap().into_config();
+        // Mistral: every layer; MistralConfig's default 4096 when absent; null turns it off.
+        let c = parse(r#""model_type": "mistral", "sliding_window": 28"#).unwrap();
+        assert_eq!((c.arch, c.layer_windows.clone()), (Arch::Mistral, vec![Some(28); 4]));
+        assert_eq!(parse(r#""model_type": "mistral""#).unwrap().layer_windows, vec![Some(4096); 4]);
+        assert!(parse(r#""model_type": "mistral", "sliding_window": null"#).unwrap().layer_windows.is_empty());
+        // Qwen2: only with use_sliding_window, from max_window_layers on, or as layer_types says.
+        assert!(parse(r#""model_type": "qwen2", "sliding_window": 8"#).unwrap().layer_windows.is_empty());
+        let c = parse(r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 2"#).unwrap();
+        assert_eq!(c.layer_windows, vec![None, None, Some(8), Some(8)]);
+        let c = parse(
+            r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]"#,
+        )
+        .unwrap();
+        assert_eq!(c.layer_windows, vec![Some(8), None, Some(8), None]);
+        // Llama: Hugging Face ignores a window, so siphon refuses one instead of guessing.
+        let err = parse(r#""model_type": "llama", "sliding_window": 28"#).unwrap_err().to_string();
+        assert!(err.contains("sliding_window 28") && err.contains("ignores"), "{err}");
+        assert!(parse(r#""model_type": "llama", "sliding_window": null"#).is_ok());
+        for bad in [r#""model_type": "mistral", "sliding_window": 0"#, r#""model_type": "mistral", "sliding_window": "x""#] {
+            assert!(parse(bad).unwrap_err().to_string().contains("sliding_window"), "{bad}");
+        }
+        let err = parse(r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true, "layer_types": ["full_attention"]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("layer_types"), "{err}");
+    }
+
+    #[test]
+    fn gemma2_defaults_follow_gemma2config() {
+        let base = r#"{"model_type": "gemma2", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 4, "num_attention_heads": 4"#;
+        let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
+        let c = parse("").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.activation), (Arch::Gemma2, 256, Activation::GeluTanh));
+        assert_eq!((c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (Some(256.0), Some(50.0), true));
+        assert_eq!(c.layer_windows, vec![Some(4096), None, Some(4096), None]);
+        let c = parse(r#", "attn_logit_softcapping": null, "sliding_window": 8, "query_pre_attn_scalar": 144,
+            "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]"#)
+        .unwrap();
+        assert_eq!((c.attn_scalar, c.attn_softcap), (Some(144.0), None));
+        assert_eq!(c.layer_windows, vec![None, Some(8), None, None]);
+        // Gemma's MLP reads hidden_activation; an activation siphon does not build is named.
+        let err = parse(r#", "hidden_activation": "gelu""#).unwrap_err().to_string();
+        assert!(err.contains("hidden_activation \"gelu\""), "{err}");
+        let err = parse(r#", "use_bidirectional_attention": true"#).unwrap_err().to_string();
+        assert!(err.contains("bidirectional"), "{err}");
+        // The parameter inventory has the pre- and post-feedforward norms.
+        let names: Vec<String> = parse("").unwrap().params(1, false).into_iter().map(|p| p.name).collect();
+        assert!(names.contains(&"model.layers.0.post_feedforward_layernorm.weight".to_string()), "{names:?}");
+    }
+
+    #[test]
+    fn gemma3_defaults_and_rope_per_layer_type_follow_gemma3textconfig() {
+        let base = r#"{"model_type": "gemma3_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 7, "num_attention_heads": 4"#;
+        let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
+        let c = parse("").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.qk_norm, c.attn_softcap), (Arch::Gemma3, 256, true, None));
+        assert_eq!((c.rope_theta, c.local_rope_theta), (1_000_000.0, Some(10_000.0)));
+        // Five local layers for each global one.
+        let local = Some(4096);
+        assert_eq!(c.layer_windows, vec![local, local, local, local, local, None, local]);
+        // transformers 4 spelling, then transformers 5's rope_parameters by layer type.
+        let c = parse(r#", "rope_theta": 5e5, "rope_local_base_freq": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}"#).unwrap();
+        assert_eq!((c.rope_theta, c.local_rope_theta), (5e5, Some(500.0)));
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+        let c = parse(
+            r#", "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}"#,
+        )
+        .unwrap();
+        assert_eq!((c.rope_theta, c.local_rope_theta), (1e5, Some(1000.0)));
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
+        let err = parse(r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}"#).unwrap_err();
+        assert!(err.to_string().contains("sliding-window layers"), "{err}");
+        // Per-layer-type RoPE elsewhere, and multimodal checkpoints, are refused by name.
+        let err = HfConfig::from_json(&format!("{}, \"rope_parameters\": {{\"full_attention\": {{}}}}}}", base.replace("gemma3_text", "llama")))
+            .unwrap()
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("per layer type"), "{err}");
+        let err = HfConfig::from_json(r#"{"model_type": "gemma3"}"#).unwrap().into_config().unwrap_err();
+        assert!(err.to_string().contains("multimodal"), "{err}");
+    }
+
+    #[test]
+    fn newer_families_follow_their_config_classes() {
+        let parse = |text: &str| HfConfig::from_json(text).unwrap().into_config();
+        // GPT-2's own key names; n_inner null is 4 × n_embd; GELU-new; tied.
+        let c = parse(r#"{"model_type": "gpt2", "vocab_size": 50, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32, "n_inner": null}"#).unwrap();
+        assert_eq!((c.arch, c.hidden_size, c.intermediate_size, c.head_dim, c.max_position_embeddings), (Arch::Gpt2, 64, 256, 16, 32));
+        assert_eq!((c.activation, c.rms_norm_eps, c.tie_word_embeddings, c.qkv_bias), (Activation::GeluTanh, 1e-5, true, true));
+        let err = parse(r#"{"model_type": "gpt2", "vocab_size": 50, "n_embd": 64, "n_layer": 2, "n_head": 4, "scale_attn_by_inverse_layer_idx": true}"#).unwrap_err();
+        assert!(err.to_string().contains("scale_attn_by_inverse_layer_idx"), "{err}");
+        // Pythia as the hub writes it (rotary_pct, rotary_emb_base): exact GELU, untied.
+        let pythia = r#"{"model_type": "gpt_neox", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 256,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "rotary_pct": 0.25, "rotary_emb_base": 10000, "hidden_act": "gelu""#;
+        let c = parse(&format!("{pythia}}}")).unwrap();
+        assert_eq!((c.rotary_dim, c.activation, c.tie_word_embeddings, c.qkv_bias), (Some(4), Activation::Gelu, false, true));
+        let err = parse(&format!("{pythia}, \"use_parallel_residual\": false}}")).unwrap_err();
+        assert!(err.to_string().contains("use_parallel_residual"), "{err}");
+        // Phi-3's LongRoPE as older configs write it: attention factor from the two lengths.
+        let c = parse(r#"{"model_type": "phi3", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope",
+            "short_factor": [1, 1, 1, 1, 1, 1, 1, 1], "long_factor": [2, 2, 2, 2, 2, 2, 2, 2]}}"#)
+        .unwrap();
+        let Some(RopeScaling::LongRope { attention_factor, original_max_position_embeddings: 4096, .. }) = c.rope_scaling else {
+            panic!("{:?}", c.rope_scaling)
+        };
+        assert!((attention_factor - (1.0 + 32f64.ln() / 4096f64.ln()).sqrt()).abs() < 1e-12);
+        // Mixtures: Qwen3-MoE's dense layers are refused by name; Mixtral always renormalises.
+        let moe = r#"{"model_type": "qwen3_moe", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
+            "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2"#;
+        let c = parse(&format!("{moe}}}")).unwrap();
+        assert_eq!(c.moe, Some(Moe { n_experts: 8, top_k: 2, norm_topk: false, expert_size: 32 }));
+        let err = parse(&format!("{moe}, \"mlp_only_layers\": [1]}}")).unwrap_err();
+        assert!(err.to_string().contains("mlp_only_layers"), "{err}");
+        let c = parse(&format!("{}}}", moe.replace("qwen3_moe", "mixtral").replace("\"num_experts\"", "\"num_local_experts\""))).unwrap();
+        assert_eq!(c.moe.map(|m| (m.norm_topk, m.expert_size)), Some((true, 96)));
+        // A multimodal Gemma 3 config gives its text model.
+        let c = parse(r#"{"model_type": "gemma3", "text_config": {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4}, "vision_config": {}}"#).unwrap();
+        assert_eq!((c.arch, c.qk_norm), (Arch::Gemma3, true));
+    }
+
+    #[test]
+    fn bad_configs_name_the_problem() {
+        let err = HfConfig::from_json(r#"{"model_type": "bert"}"#).unwrap().into_config().unwrap_err();
+        assert!(err.to_string().contains("bert"), "{err}");
+        let err = HfConfig::from_json(r#"{"model_type": "llama", "hidden_size": 8}"#)
+            .unwrap()
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("num_attention_heads"), "{err}");
+    }
+}
