@@ -141,6 +141,18 @@ fn tiny_olmo2_matches_hf_at_every_hook() {
     check_tiny("tiny-olmo2");
 }
 
+/// OLMo 3: OLMo 2's block with a window of 3 on layers 0-1 and RoPE per layer type.
+#[test]
+fn tiny_olmo3_matches_hf_at_every_hook() {
+    check_tiny("tiny-olmo3");
+}
+
+/// SmolLM3: Llama's block without RoPE on layers 1 and 3, which are windowed (3).
+#[test]
+fn tiny_smollm3_matches_hf_at_every_hook() {
+    check_tiny("tiny-smollm3");
+}
+
 /// GPT-2: learned positions, LayerNorm with bias, Conv1D weights transposed on read.
 #[test]
 fn tiny_gpt2_matches_hf_at_every_hook() {

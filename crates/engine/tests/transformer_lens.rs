@@ -43,6 +43,7 @@ const NOT_EXTRACTED_IN: &[(&str, &[&str])] = &[
     ("tiny-pythia", &["ln2.hook_in"]),
     // No norm before attention: the projections read hook_resid_pre.
     ("tiny-olmo2", &["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in"]),
+    ("tiny-olmo3", &["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in"]),
     // The bridge names a mixture's input `mlp.hook_pre` and its output `mlp.hook_post`; siphon
     // gives them as `mlp.hook_in` and `hook_mlp_out` (a mixture has no single pre/post).
     ("tiny-qwen3-moe", &["mlp.hook_pre", "mlp.hook_post"]),
@@ -269,11 +270,12 @@ fn check_model(name: &str) {
     let model = LoadedModel::open(&fixture(name)).unwrap();
     let golden = load(name);
     let seq = 8;
-    // 3 layers: every block hook of each, the embedding and the three final-norm hooks, and
-    // every TransformerLens name among them compared (aliases map to the same tensors).
+    // Every block hook of each layer, the embedding and the three final-norm hooks, and every
+    // TransformerLens name among them compared (aliases map to the same tensors).
     let family = siphon_models::hook_kinds(model.config.arch);
     let block_kinds = family.iter().filter(|k| k.info().scope == siphon_models::hooks::Scope::Block).count();
-    assert_eq!(every_hook(&model).len(), 3 * block_kinds + family.len() - block_kinds, "{name}");
+    let n_layers = model.config.n_layers;
+    assert_eq!(every_hook(&model).len(), n_layers * block_kinds + family.len() - block_kinds, "{name}");
     for side in ["right", "left"] {
         let (batch, offsets) = padded(&golden.rows, seq, side, 0);
         let diffs = differences(
@@ -285,7 +287,7 @@ fn check_model(name: &str) {
             seq,
         );
         assert!(
-            diffs.len() >= 3 * 35,
+            diffs.len() >= n_layers * 35,
             "{name}: only {} TransformerLens names compared",
             diffs.len()
         );
@@ -313,6 +315,20 @@ fn tiny_phi3_every_hook_matches_transformer_lens() {
 #[test]
 fn tiny_olmo2_every_hook_matches_transformer_lens() {
     check_model("tiny-olmo2");
+}
+
+/// OLMo 2's block with windows (3) on layers 0-1 and RoPE per layer type (sliding: base
+/// 1000; full: base 1e5, linear scaling 4).
+#[test]
+fn tiny_olmo3_every_hook_matches_transformer_lens() {
+    check_model("tiny-olmo3");
+}
+
+/// Llama's block without RoPE on layers 1 and 3 (hook_rot_q/k are the unrotated q/k there),
+/// which are windowed (3).
+#[test]
+fn tiny_smollm3_every_hook_matches_transformer_lens() {
+    check_model("tiny-smollm3");
 }
 
 #[test]

@@ -128,6 +128,10 @@ pub struct ModelConfig {
     /// positions back, itself included); empty or `None` for full causal attention.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layer_windows: Vec<Option<usize>>,
+    /// Per layer, whether its attention skips RoPE (SmolLM3's NoPE layers); empty when every
+    /// layer rotates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rope_skipped: Vec<bool>,
     /// The q/k norms normalise the whole projection (`n_heads * head_dim`, OLMo 2) rather
     /// than each head.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -284,6 +288,11 @@ impl ModelConfig {
         if rotary && (!rotated.is_multiple_of(2) || rotated > self.head_dim) {
             return fail(format!("the rotary width {rotated} must be even and at most head_dim {}", self.head_dim));
         }
+        for (name, len) in [("layer_windows", self.layer_windows.len()), ("rope_skipped", self.rope_skipped.len())] {
+            if len != 0 && len != self.n_layers {
+                return fail(format!("{name} lists {len} layers, the model has {}", self.n_layers));
+            }
+        }
         Ok(())
     }
 
@@ -293,6 +302,11 @@ impl ModelConfig {
     /// computes logits.
     pub fn params(&self, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
         (crate::family::family(self.arch).params)(self, n_layers.min(self.n_layers), with_lm_head)
+    }
+
+    /// Whether block `layer`'s attention applies RoPE.
+    pub fn rotates(&self, layer: usize) -> bool {
+        !self.rope_skipped.get(layer).copied().unwrap_or(false)
     }
 
     /// Number of weights (elements) of the whole model, lm_head included when untied.

@@ -35,6 +35,9 @@ pub enum Arch {
     #[serde(rename = "qwen3_moe")]
     Qwen3Moe,
     Mixtral,
+    Olmo3,
+    #[serde(rename = "smollm3")]
+    SmolLM3,
 }
 
 impl std::fmt::Display for Arch {
@@ -79,10 +82,12 @@ pub(crate) const FAMILIES: &[&Family] = &[
     &crate::mistral::FAMILY,
     &crate::mixtral::FAMILY,
     &crate::olmo2::FAMILY,
+    &crate::olmo3::FAMILY,
     &crate::phi3::FAMILY,
     &crate::qwen2::FAMILY,
     &crate::qwen3::FAMILY,
     &crate::qwen3_moe::FAMILY,
+    &crate::smollm3::FAMILY,
 ];
 
 /// The family of `arch`.
@@ -114,10 +119,10 @@ mod tests {
     /// Every variant; the `match` does not compile when one is missing.
     fn every_arch() -> Vec<Arch> {
         use Arch::*;
-        let all = vec![Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral];
+        let all = vec![Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral, Olmo3, SmolLM3];
         for arch in &all {
             match arch {
-                Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe | Mixtral => {}
+                Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe | Mixtral | Olmo3 | SmolLM3 => {}
             }
         }
         all

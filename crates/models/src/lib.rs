@@ -17,11 +17,13 @@ mod llama;
 mod mistral;
 mod mixtral;
 mod olmo2;
+mod olmo3;
 mod phi3;
 mod qwen2;
 mod qwen3;
 mod qwen3_moe;
 mod safetensors;
+mod smollm3;
 pub mod tokenizer;
 pub mod weights;
 

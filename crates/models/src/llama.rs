@@ -238,8 +238,7 @@ pub(crate) fn self_attention(
         q = head_norm(g, q, &format!("{p}.q_norm.weight"), qk_gain, q_hooks)?;
         k = head_norm(g, k, &format!("{p}.k_norm.weight"), qk_gain, k_hooks)?;
     }
-    let q = g.apply_rope(q, cos, sin)?;
-    let k = g.apply_rope(k, cos, sin)?;
+    let (q, k) = if c.rotates(layer) { (g.apply_rope(q, cos, sin)?, g.apply_rope(k, cos, sin)?) } else { (q, k) };
     g.hook(at(AttnRotQ), q);
     g.hook(at(AttnRotK), k);
     let q = g.b.reshape(q, &[t, c.n_heads * c.head_dim])?;

@@ -47,7 +47,8 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     Ok(ModelConfig { qk_norm: true, qk_norm_whole: true, ..c })
 }
 
-fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+/// The post-norm decoder's weights (OLMo 3's too).
+pub(crate) fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;
     let h = c.hidden_size;
     let (q, kv, i) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.intermediate_size);
@@ -77,8 +78,16 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the OLMo 2 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Olmo2 || config.qkv_bias || !config.qk_norm_whole {
+    if config.arch != Arch::Olmo2 {
         return Err(ModelError::UnsupportedArch(format!("olmo2 builder given a {:?} config", config.arch)));
+    }
+    build_post_norm(config, spec)
+}
+
+/// The post-norm decoder, shared with OLMo 3 (whose windows the config carries).
+pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    if config.qkv_bias || !config.qk_norm_whole {
+        return Err(ModelError::UnsupportedArch(format!("{} without whole-projection q/k norms or with biases", config.arch)));
     }
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;

@@ -43,14 +43,14 @@ fn planned_shardings_give_the_single_device_activations() {
     // Fused weights (Phi-3's qkv/gate_up, GPT-2's c_attn, GPT-NeoX's per-head qkv) are cut
     // into parts on read, so each part is sharded on whole heads like an unfused weight; the
     // mixtures' stacked experts are split whole over `model`.
-    let names = ["tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-olmo2", "tiny-gpt2", "tiny-pythia", "tiny-qwen3-moe", "tiny-mixtral"];
+    let names = ["tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-olmo2", "tiny-gpt2", "tiny-pythia", "tiny-qwen3-moe", "tiny-mixtral", "tiny-olmo3", "tiny-smollm3"];
     for name in names {
         let model = LoadedModel::open(&root.join(name)).unwrap();
         let n_layers = model.config.n_layers;
         let hooks = siphon_models::resolve_hooks(&format!("blocks.0.hook_attn_out,blocks.1.hook_mlp_out,blocks.{}.hook_resid_post,ln_final.hook_out,\
                       blocks.0.attn.hook_z,blocks.0.attn.hook_k,blocks.1.attn.hook_pattern,blocks.1.attn.hook_attn_scores,\
                       blocks.0.{},blocks.1.{}", n_layers - 1,
-                      if name == "tiny-olmo2" { "ln2_post.hook_scale" } else { "ln2.hook_scale" },
+                      if name.starts_with("tiny-olmo") { "ln2_post.hook_scale" } else { "ln2.hook_scale" },
                       if model.config.moe.is_some() { "mlp.hook_expert_weights" } else { "mlp.hook_post" }), &model.config)
         .unwrap();
         let vocab = model.config.vocab_size as u32;

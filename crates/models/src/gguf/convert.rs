@@ -240,6 +240,14 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
             file.path().display()
         )));
     }
+    if arch == "olmo2" && key("attention.sliding_window").is_some() {
+        // llama.cpp writes OLMo 3 as olmo2 with a window; which layers slide and each kind's
+        // RoPE are llama.cpp's conventions, not the file's, so siphon does not guess them.
+        return Err(ModelError::UnsupportedArch(format!(
+            "{}: an olmo2 GGUF with a sliding window (llama.cpp's form of OLMo 3): use the Hugging Face checkpoint",
+            file.path().display()
+        )));
+    }
     let hidden = int("embedding_length")?;
     let heads = int("attention.head_count")?;
     let layers = int("block_count")?;
