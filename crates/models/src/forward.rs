@@ -131,18 +131,6 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
     (crate::family::family(config.arch).build)(config, spec)
 }
 
-/// The hook kinds a family's forward produces, in forward order: every kind of the table
-/// whose [`Feature`](crate::hooks::Feature) the family has (see each family's `FEATURES`); any other kind is
-/// refused by name.
-pub fn hook_kinds(arch: Arch) -> Vec<HookKind> {
-    let features = crate::family::family(arch).features;
-    crate::hooks::KINDS
-        .iter()
-        .filter(|k| k.kind.needs().is_none_or(|f| features.contains(&f)))
-        .map(|k| k.kind)
-        .collect()
-}
-
 /// The fixed Megatron-style plan: q/k/v/gate/up (and the q/k/v biases) split by output
 /// features over `model`, o/down split by input features over `model` (XLA inserts the
 /// all-reduce), embeddings and norms replicated, inputs split by batch over `data`. Axes
@@ -929,7 +917,7 @@ pub(crate) fn blocks_for(config: &ModelConfig, hooks: &[HookPoint]) -> Result<(u
     if hooks.is_empty() {
         return Err(ModelError::Hook("no hooks requested: the forward would return nothing".into()));
     }
-    let family = hook_kinds(config.arch);
+    let family = crate::hooks::hook_kinds(config.arch);
     for (i, h) in hooks.iter().enumerate() {
         if !family.contains(&h.kind()) {
             return Err(ModelError::Hook(format!("{h}: the {} architecture has no such hook", config.arch)));
@@ -1056,7 +1044,7 @@ mod tests {
     #[test]
     fn every_hook_has_its_own_shape() {
         let c = tiny();
-        let hooks: Vec<HookPoint> = hook_kinds(Arch::Llama)
+        let hooks: Vec<HookPoint> = crate::hooks::hook_kinds(Arch::Llama)
             .iter()
             .map(|&k| match k.info().scope {
                 Scope::Block => block(1, k),

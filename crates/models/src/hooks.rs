@@ -4,7 +4,7 @@
 //!
 //! Every kind of hook is one row of [`KINDS`]: its TransformerLens name, the bridge names
 //! accepted as aliases for the same tensor, whether it belongs to a block or to the model,
-//! and its per-token shape. A family lists the kinds it has ([`crate::forward::hook_kinds`]),
+//! and its per-token shape. A family lists the kinds it has ([`hook_kinds`]),
 //! so a name the architecture lacks is refused before anything is built.
 //!
 //! Names in requests may be patterns: `blocks.*.hook_resid_post` (every layer),
@@ -14,8 +14,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::ModelError;
 use crate::config::ModelConfig;
+use crate::family::Arch;
+use crate::ModelError;
 
 /// A kind of activation, one row of [`KINDS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -278,6 +279,44 @@ kinds! {
         "final norm's output after the gain (Hugging Face's last hidden state)";
 }
 
+/// When a bridge name means another kind than the row of [`KINDS`] that lists it: what the
+/// block has or lacks decides which tensor the name is.
+#[derive(Debug, Clone, Copy)]
+enum When {
+    Has(Feature),
+    Lacks(Feature),
+}
+
+/// Bridge names whose tensor depends on the block's shape, tried before [`KINDS`]:
+/// `(name, when, kind)`.
+const STRUCTURAL_ALIASES: &[(&str, When, HookKind)] = &[
+    // A block without norms before its sublayers (OLMo 2, OLMo 3): attention reads the
+    // block's input.
+    ("attn.hook_in", When::Lacks(Feature::PreNorms), HookKind::ResidPre),
+    ("attn.q.hook_in", When::Lacks(Feature::PreNorms), HookKind::ResidPre),
+    ("attn.k.hook_in", When::Lacks(Feature::PreNorms), HookKind::ResidPre),
+    ("attn.v.hook_in", When::Lacks(Feature::PreNorms), HookKind::ResidPre),
+    // The parallel block (GPT-NeoX): the MLP norm reads the block's input too.
+    ("ln2.hook_in", When::Lacks(Feature::ResidMid), HookKind::ResidPre),
+    // The q/k norms read the projections (per head, or over the whole projection in OLMo).
+    ("attn.q_norm.hook_in", When::Has(Feature::QkNorm), HookKind::AttnQ),
+    ("attn.k_norm.hook_in", When::Has(Feature::QkNorm), HookKind::AttnK),
+    // A mixture: the bridge names its input `mlp.hook_pre` and its output `mlp.hook_post`.
+    ("mlp.hook_pre", When::Has(Feature::Moe), HookKind::MlpIn),
+    ("mlp.hook_post", When::Has(Feature::Moe), HookKind::MlpOut),
+];
+
+/// The bridge's name for the final norm's input: the last block's `hook_resid_post`.
+const LN_FINAL_IN: &str = "ln_final.hook_in";
+
+/// The hook kinds a family's forward produces, in forward order: every kind of the table
+/// whose [`Feature`] the family has (see each family's `features`); any other kind is refused
+/// by name.
+pub fn hook_kinds(arch: Arch) -> Vec<HookKind> {
+    let features = crate::family::family(arch).features;
+    KINDS.iter().filter(|k| k.kind.needs().is_none_or(|f| features.contains(&f))).map(|k| k.kind).collect()
+}
+
 impl HookKind {
     /// This kind's row of [`KINDS`].
     pub fn info(self) -> &'static KindInfo {
@@ -370,7 +409,7 @@ impl HookPoint {
     /// Parses one exact name for `config`: checks the layer range and that the family has
     /// this kind of hook.
     pub fn parse(name: &str, config: &ModelConfig) -> Result<HookPoint, ModelError> {
-        let hook = lookup(name, Some(&crate::forward::hook_kinds(config.arch)))?;
+        let hook = lookup_in(name, config)?;
         check(name, hook, config)?;
         Ok(hook)
     }
@@ -409,12 +448,38 @@ impl FromStr for HookPoint {
     }
 }
 
+/// The hook `name` means in `config`'s model: as [`lookup`] for its architecture, and the
+/// bridge's `ln_final.hook_in` as the last block's `hook_resid_post`.
+fn lookup_in(name: &str, config: &ModelConfig) -> Result<HookPoint, ModelError> {
+    if name == LN_FINAL_IN && config.n_layers > 0 {
+        return Ok(HookPoint::block(config.n_layers - 1, HookKind::ResidPost));
+    }
+    lookup(name, Some(config.arch))
+}
+
 /// The hook `name` means. A name can mean different tensors in different families (Gemma's
 /// `attn.hook_out` is o_proj's output, before its post-attention norm; elsewhere it is
-/// `hook_attn_out`), so the kinds of `family` are tried first, a TransformerLens name before
-/// a bridge alias, and among kinds sharing an alias the earlier in [`KINDS`] (forward order).
-fn lookup(name: &str, family: Option<&[HookKind]>) -> Result<HookPoint, ModelError> {
+/// `hook_attn_out`; OLMo 2's `attn.hook_in` is the block's input), so for a known `arch` the
+/// [`STRUCTURAL_ALIASES`] its block's features select come first, then its own kinds, a
+/// TransformerLens name before a bridge alias, and among kinds sharing an alias the earlier in
+/// [`KINDS`] (forward order).
+fn lookup(name: &str, arch: Option<Arch>) -> Result<HookPoint, ModelError> {
+    let features = arch.map(|a| crate::family::family(a).features);
+    let family = arch.map(hook_kinds);
+    let family = family.as_deref();
     let known = |n: &str, block: bool| {
+        if let Some(features) = features {
+            let holds = |when: &When| match *when {
+                When::Has(f) => features.contains(&f),
+                When::Lacks(f) => !features.contains(&f),
+            };
+            let structural = STRUCTURAL_ALIASES.iter().find(|(alias, when, kind)| {
+                *alias == n && holds(when) && (kind.info().scope == Scope::Block) == block
+            });
+            if let Some((_, _, kind)) = structural {
+                return Some(*kind);
+            }
+        }
         let matching: Vec<&KindInfo> = KINDS
             .iter()
             .filter(|k| (k.scope == Scope::Block) == block && (k.name == n || k.aliases.contains(&n)))
@@ -449,7 +514,7 @@ fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result<(), ModelE
             config.n_layers.saturating_sub(1)
         )));
     }
-    if !crate::forward::hook_kinds(config.arch).contains(&hook.kind) {
+    if !hook_kinds(config.arch).contains(&hook.kind) {
         return Err(ModelError::Hook(format!(
             "{name:?}: the {} architecture has no {} ({})",
             config.arch,
@@ -515,9 +580,9 @@ fn split_top_level(list: &str) -> Vec<String> {
 /// One item of a hook list: an exact name or a pattern, with the name each hook was asked
 /// for by.
 fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, ModelError> {
-    let family = crate::forward::hook_kinds(config.arch);
+    let family = hook_kinds(config.arch);
     let Some(rest) = item.strip_prefix("blocks.") else {
-        return Ok(vec![(lookup(item, Some(&family))?, item.to_string())]);
+        return Ok(vec![(lookup_in(item, config)?, item.to_string())]);
     };
     let (layers, suffix) = match rest.strip_prefix('{') {
         Some(inner) => {
@@ -530,7 +595,7 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
     };
     let is_pattern = rest.starts_with('{') || layers == "*" || suffix == "*";
     if !is_pattern {
-        return Ok(vec![(lookup(item, Some(&family))?, item.to_string())]);
+        return Ok(vec![(lookup_in(item, config)?, item.to_string())]);
     }
     let layer_list = parse_layer_set(item, layers, config.n_layers)?;
     let suffixes: Vec<&str> = if suffix == "*" {
@@ -546,7 +611,7 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
     for layer in layer_list {
         for suffix in &suffixes {
             let name = format!("blocks.{layer}.{suffix}");
-            let hook = lookup(&name, Some(&family)).map_err(|_| {
+            let hook = lookup(&name, Some(config.arch)).map_err(|_| {
                 ModelError::Hook(format!(
                     "{item:?}: {:?} is not a hook name{}",
                     format!("blocks.{{i}}.{suffix}"),
@@ -669,7 +734,7 @@ mod tests {
     #[test]
     fn names_and_aliases_round_trip() {
         let c = config();
-        let family = crate::forward::hook_kinds(c.arch);
+        let family = hook_kinds(c.arch);
         for k in KINDS.iter().filter(|k| family.contains(&k.kind)) {
             let hook = match k.scope {
                 Scope::Block => HookPoint::block(2, k.kind),
@@ -708,12 +773,12 @@ mod tests {
             assert!(seen.insert((k.scope == Scope::Block, k.name)), "{} is the name of two kinds", k.name);
         }
         use crate::config::Arch::*;
-        for arch in [Llama, Qwen2, Mistral, Qwen3, Gemma2] {
-            let family = crate::forward::hook_kinds(arch);
+        for arch in crate::family::FAMILIES.iter().map(|f| f.arch) {
+            let family = hook_kinds(arch);
             for k in KINDS.iter().filter(|k| family.contains(&k.kind)) {
                 for n in std::iter::once(&k.name).chain(k.aliases) {
                     let name = if k.scope == Scope::Block { format!("blocks.0.{n}") } else { n.to_string() };
-                    let got = lookup(&name, Some(&family)).unwrap().kind;
+                    let got = lookup(&name, Some(arch)).unwrap().kind;
                     assert!(family.contains(&got), "{arch}: {name} resolves to {got:?}, not one of its hooks");
                     if *n == k.name {
                         assert_eq!(got, k.kind, "{arch}: {name}");
@@ -723,15 +788,26 @@ mod tests {
         }
         // A bridge name two kinds share goes to the earlier in forward order: Gemma's
         // projections before their post-norms.
-        let kind = |name: &str, arch| lookup(name, Some(&crate::forward::hook_kinds(arch))).unwrap().kind();
+        let kind = |name: &str, arch| lookup(name, Some(arch)).unwrap().kind();
         assert_eq!(kind("blocks.0.attn.o.hook_out", Gemma2), HookKind::AttnProjOut);
         assert_eq!(kind("blocks.0.mlp.out.hook_out", Gemma2), HookKind::MlpProjOut);
         assert_eq!(kind("blocks.0.ln2_post.hook_out", Gemma2), HookKind::MlpOut);
         assert_eq!(kind("blocks.0.attn.o.hook_out", Llama), HookKind::AttnOut);
         // Gemma's attn.hook_out is o_proj's output; elsewhere the attention output.
-        let gemma = lookup("blocks.0.attn.hook_out", Some(&crate::forward::hook_kinds(Gemma2))).unwrap();
-        let llama = lookup("blocks.0.attn.hook_out", Some(&crate::forward::hook_kinds(Llama))).unwrap();
-        assert_eq!((gemma.kind(), llama.kind()), (HookKind::AttnProjOut, HookKind::AttnOut));
+        assert_eq!((kind("blocks.0.attn.hook_out", Gemma2), kind("blocks.0.attn.hook_out", Llama)), (HookKind::AttnProjOut, HookKind::AttnOut));
+        // Names whose tensor the block's shape decides.
+        assert_eq!((kind("blocks.0.attn.hook_in", Olmo2), kind("blocks.0.attn.hook_in", Llama)), (HookKind::ResidPre, HookKind::Ln1Out));
+        assert_eq!((kind("blocks.0.ln2.hook_in", GptNeox), kind("blocks.0.ln2.hook_in", Llama)), (HookKind::ResidPre, HookKind::ResidMid));
+        assert_eq!(kind("blocks.0.attn.q_norm.hook_in", Qwen3), HookKind::AttnQ);
+        assert_eq!((kind("blocks.0.mlp.hook_pre", Mixtral), kind("blocks.0.mlp.hook_post", Qwen3Moe)), (HookKind::MlpIn, HookKind::MlpOut));
+        assert_eq!(kind("blocks.0.mlp.hook_pre", Llama), HookKind::MlpPre);
+        // Where the block has no q/k norm the name is no hook of the family.
+        let c = config();
+        assert!(HookPoint::parse("blocks.0.attn.q_norm.hook_in", &c).is_err());
+        // ln_final.hook_in: the last block's output.
+        assert_eq!(HookPoint::parse("ln_final.hook_in", &c).unwrap(), HookPoint::block(c.n_layers - 1, HookKind::ResidPost));
+        let err = resolve_hooks("ln_final.hook_in,blocks.*.hook_resid_post", &c).unwrap_err().to_string();
+        assert!(err.contains("requested twice"), "{err}");
     }
 
     #[test]

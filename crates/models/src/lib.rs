@@ -29,9 +29,9 @@ pub mod weights;
 
 pub use config::{Activation, Arch, ModelConfig, Moe, ParamClass, ParamInfo, RopeScaling, Slice};
 pub use hf_config::HfConfig;
-pub use forward::{build_forward, hook_kinds, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
+pub use forward::{build_forward, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;
-pub use hooks::{resolve_hooks, HookKind, HookPoint, HookShape, KINDS};
+pub use hooks::{hook_kinds, resolve_hooks, HookKind, HookPoint, HookShape, KINDS};
 pub use tokenizer::TextTokenizer;
 pub use weights::{DType, HostTensor, TensorMeta, Weights};
 
