@@ -141,6 +141,13 @@ fn tiny_olmo2_matches_hf_at_every_hook() {
     check_tiny("tiny-olmo2");
 }
 
+/// Gemma 4: per-layer inputs, K == V global layers with wider and fewer heads and
+/// proportional RoPE, windowed local layers, layer scalars.
+#[test]
+fn tiny_gemma4_matches_hf_at_every_hook() {
+    check_tiny("tiny-gemma4");
+}
+
 /// OLMo 3: OLMo 2's block with a window of 3 on layers 0-1 and RoPE per layer type.
 #[test]
 fn tiny_olmo3_matches_hf_at_every_hook() {

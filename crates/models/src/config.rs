@@ -24,6 +24,25 @@ pub struct Moe {
     pub expert_size: usize,
 }
 
+/// Per-layer input embeddings: a second embedding table of `width` per layer, and a
+/// projection of the token embeddings, mixed into each block after its MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerLayerInput {
+    /// Width of one layer's input (`hidden_size_per_layer_input`).
+    pub width: usize,
+    /// Rows of the per-layer table (`vocab_size_per_layer_input`).
+    pub vocab_size: usize,
+}
+
+/// One layer's attention heads, where layers differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heads {
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+}
+
 /// The MLP's activation (of the gate, in a gated MLP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -60,6 +79,15 @@ pub enum RopeScaling {
     /// Plain linear position interpolation: positions divided by `factor`.
     Linear {
         /// Scale factor.
+        factor: f64,
+    },
+    /// Gemma 4's proportional RoPE: rotate-half over the whole head, the first
+    /// `int(fraction * head_dim / 2)` frequencies `theta^(-2i / head_dim)` and the others 0
+    /// (those pairs pass unrotated), every frequency divided by `factor`.
+    Proportional {
+        /// `partial_rotary_factor`.
+        fraction: f64,
+        /// `factor` (1 when absent).
         factor: f64,
     },
     /// Phi-3's LongRoPE with the short factors (the ones Hugging Face uses while the batch
@@ -128,6 +156,16 @@ pub struct ModelConfig {
     /// positions back, itself included); empty or `None` for full causal attention.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layer_windows: Vec<Option<usize>>,
+    /// Per layer, its attention's head width and key/value heads where some layer's differ
+    /// from `head_dim` and `n_kv_heads` (Gemma 4's global layers); empty when none does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_heads: Vec<Heads>,
+    /// Per-layer input embeddings (Gemma 4's E2B/E4B), mixed into every block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_layer_input: Option<PerLayerInput>,
+    /// What only Gemma 4's block reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemma4: Option<crate::gemma4::Gemma4>,
     /// Per layer, whether its attention skips RoPE (SmolLM3's NoPE layers); empty when every
     /// layer rotates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -194,6 +232,12 @@ pub enum ParamClass {
     Norm,
     /// A LayerNorm's bias [hidden].
     NormBias,
+    /// A scalar of a block, `[1]` (Gemma 4's `layer_scalar`).
+    Scalar,
+    /// The projections of Gemma 4's per-layer inputs (`per_layer_model_projection`
+    /// `[layers * width, hidden]`, a block's `per_layer_input_gate` `[width, hidden]` and
+    /// `per_layer_projection` `[hidden, width]`); small, replicated.
+    PerLayerInput,
 }
 
 /// One weight tensor of the model, as the forward program takes it.
@@ -277,18 +321,20 @@ impl ModelConfig {
         {
             return fail("vocab_size, hidden_size, num_hidden_layers and head_dim must be positive".into());
         }
-        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return fail(format!(
-                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
-                self.n_heads, self.n_kv_heads
-            ));
-        }
-        let rotated = self.rotary_dim.unwrap_or(self.head_dim);
         let rotary = crate::family::family(self.arch).features.contains(&crate::hooks::Feature::Rotary);
-        if rotary && (!rotated.is_multiple_of(2) || rotated > self.head_dim) {
-            return fail(format!("the rotary width {rotated} must be even and at most head_dim {}", self.head_dim));
+        for layer in 0..self.n_layers {
+            let (kv, d) = (self.kv_heads_at(layer), self.head_dim_at(layer));
+            let at = if self.layer_heads.is_empty() { String::new() } else { format!(" (layer {layer})") };
+            if kv == 0 || !self.n_heads.is_multiple_of(kv) {
+                return fail(format!("num_attention_heads {} is not a multiple of num_key_value_heads {kv}{at}", self.n_heads));
+            }
+            let rotated = self.rotary_dim.unwrap_or(d);
+            if d == 0 || rotary && (!rotated.is_multiple_of(2) || rotated > d) {
+                return fail(format!("the rotary width {rotated} must be even and at most head_dim {d}{at}"));
+            }
         }
-        for (name, len) in [("layer_windows", self.layer_windows.len()), ("rope_skipped", self.rope_skipped.len())] {
+        let per_layer = [("layer_windows", self.layer_windows.len()), ("layer_heads", self.layer_heads.len()), ("rope_skipped", self.rope_skipped.len())];
+        for (name, len) in per_layer {
             if len != 0 && len != self.n_layers {
                 return fail(format!("{name} lists {len} layers, the model has {}", self.n_layers));
             }
@@ -302,6 +348,25 @@ impl ModelConfig {
     /// computes logits.
     pub fn params(&self, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
         (crate::family::family(self.arch).params)(self, n_layers.min(self.n_layers), with_lm_head)
+    }
+
+    /// Block `layer`'s head width.
+    pub fn head_dim_at(&self, layer: usize) -> usize {
+        self.layer_heads.get(layer).map_or(self.head_dim, |h| h.head_dim)
+    }
+
+    /// Block `layer`'s key/value heads.
+    pub fn kv_heads_at(&self, layer: usize) -> usize {
+        self.layer_heads.get(layer).map_or(self.n_kv_heads, |h| h.n_kv_heads)
+    }
+
+    /// Every distinct number of key/value heads among the layers, in ascending order.
+    pub fn kv_head_counts(&self) -> Vec<usize> {
+        let mut counts: Vec<usize> = (0..self.n_layers).map(|l| self.kv_heads_at(l)).collect();
+        counts.push(self.n_kv_heads);
+        counts.sort_unstable();
+        counts.dedup();
+        counts
     }
 
     /// Whether block `layer`'s attention applies RoPE.

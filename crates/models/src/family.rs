@@ -36,6 +36,7 @@ pub enum Arch {
     Qwen3Moe,
     Mixtral,
     Olmo3,
+    Gemma4,
     #[serde(rename = "smollm3")]
     SmolLM3,
 }
@@ -76,6 +77,7 @@ pub(crate) struct Family {
 pub(crate) const FAMILIES: &[&Family] = &[
     &crate::gemma2::FAMILY,
     &crate::gemma3::FAMILY,
+    &crate::gemma4::FAMILY,
     &crate::gpt2::FAMILY,
     &crate::gpt_neox::FAMILY,
     &crate::llama::FAMILY,
@@ -119,10 +121,10 @@ mod tests {
     /// Every variant; the `match` does not compile when one is missing.
     fn every_arch() -> Vec<Arch> {
         use Arch::*;
-        let all = vec![Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral, Olmo3, SmolLM3];
+        let all = vec![Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral, Olmo3, SmolLM3, Gemma4];
         for arch in &all {
             match arch {
-                Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe | Mixtral | Olmo3 | SmolLM3 => {}
+                Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe | Mixtral | Olmo3 | SmolLM3 | Gemma4 => {}
             }
         }
         all

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::config::{Activation, Arch, ModelConfig, ParamClass, ParamInfo, RopeScaling};
+use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, RopeScaling};
 use crate::hooks::{HookKind, HookPoint, Scope};
 use crate::ModelError;
 
@@ -150,10 +150,10 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
         }
     };
     let q_axes = split_if(config.n_heads);
-    let kv_axes = split_if(config.n_kv_heads);
     let mlp_axes = split_if(config.intermediate_size);
     let mut specs = HashMap::new();
     for p in config.params(config.n_layers, true) {
+        let kv_axes = split_if(p.layer.map_or(config.n_kv_heads, |l| config.kv_heads_at(l)));
         let spec = match p.class {
             ParamClass::AttnQ => PartitionSpec::new(&[q_axes, &[]]),
             ParamClass::QBias => PartitionSpec::new(&[q_axes]),
@@ -173,7 +173,9 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
             | ParamClass::NormBias
             | ParamClass::OBias
             | ParamClass::MlpDownBias
-            | ParamClass::Router => continue,
+            | ParamClass::Router
+            | ParamClass::Scalar
+            | ParamClass::PerLayerInput => continue,
         };
         specs.insert(p.name, spec);
     }
@@ -200,8 +202,8 @@ pub(crate) struct Graph<'a> {
     hooks: BTreeMap<HookPoint, Value>,
     /// Attention masks built so far, by window.
     masks: Vec<(Option<usize>, Value)>,
-    /// RoPE tables built so far, by local base (`None`: the model's).
-    ropes: Vec<(Option<f64>, (Value, Value))>,
+    /// RoPE tables built so far, by local base (`None`: the model's) and head width.
+    ropes: Vec<(Option<f64>, usize, (Value, Value))>,
 }
 
 impl<'a> Graph<'a> {
@@ -338,20 +340,10 @@ impl<'a> Graph<'a> {
     /// the cast back.
     pub fn rms_norm_with(&mut self, x: Value, weight: &str, gain: Gain) -> Result<Norm, ModelError> {
         let w = self.w(weight)?;
+        let (var, normed, normalized) = self.rms_normalize(x)?;
         let dims = self.b.dims(x)?.to_vec();
         let (rows, hidden) = (dims[0], dims[1]);
         let b = &mut self.b;
-        let xf = b.convert(x, DType::F32)?;
-        let sq = b.mul(xf, xf)?;
-        let sum = b.reduce_sum(sq, &[1])?;
-        let n = b.splat(hidden as f64, TensorType::new(DType::F32, &[rows]))?;
-        let mean = b.div(sum, n)?;
-        let eps = b.splat(self.config.rms_norm_eps, TensorType::new(DType::F32, &[rows]))?;
-        let var = b.add(mean, eps)?;
-        let inv = b.rsqrt(var)?;
-        let inv = b.broadcast_in_dim(inv, &[rows, hidden], &[0])?;
-        let normed = b.mul(xf, inv)?;
-        let normalized = b.convert(normed, self.dt)?;
         let w = b.broadcast_in_dim(w, &[rows, hidden], &[1])?;
         let out = match gain {
             Gain::Plain => b.mul(normalized, w)?,
@@ -369,6 +361,33 @@ impl<'a> Graph<'a> {
             }
         };
         Ok(Norm { var, normalized, out })
+    }
+
+    /// RMSNorm without a gain (Gemma 4's `v_norm` and router norm): its output is the
+    /// normalized input.
+    pub fn rms_norm_unscaled(&mut self, x: Value) -> Result<Norm, ModelError> {
+        let (var, _, normalized) = self.rms_normalize(x)?;
+        Ok(Norm { var, normalized, out: normalized })
+    }
+
+    /// `x / sqrt(mean(x²) + eps)` of every row of `x` `[rows, hidden]`, in f32: the variance
+    /// plus eps, the f32 result, and the result in the compute dtype.
+    fn rms_normalize(&mut self, x: Value) -> Result<(Value, Value, Value), ModelError> {
+        let dims = self.b.dims(x)?.to_vec();
+        let (rows, hidden) = (dims[0], dims[1]);
+        let b = &mut self.b;
+        let xf = b.convert(x, DType::F32)?;
+        let sq = b.mul(xf, xf)?;
+        let sum = b.reduce_sum(sq, &[1])?;
+        let n = b.splat(hidden as f64, TensorType::new(DType::F32, &[rows]))?;
+        let mean = b.div(sum, n)?;
+        let eps = b.splat(self.config.rms_norm_eps, TensorType::new(DType::F32, &[rows]))?;
+        let var = b.add(mean, eps)?;
+        let inv = b.rsqrt(var)?;
+        let inv = b.broadcast_in_dim(inv, &[rows, hidden], &[0])?;
+        let normed = b.mul(xf, inv)?;
+        let normalized = b.convert(normed, self.dt)?;
+        Ok((var, normed, normalized))
     }
 
     /// `x + norm(y)` for a sublayer's output `y` normalised before it joins the residual
@@ -461,11 +480,13 @@ impl<'a> Graph<'a> {
         let c = self.config;
         let windowed = c.layer_windows.get(layer).copied().flatten().is_some();
         let local = c.local_rope_theta.filter(|_| windowed);
-        if let Some(&(_, tables)) = self.ropes.iter().find(|(l, _)| *l == local) {
+        let head_dim = c.head_dim_at(layer);
+        if let Some(&(_, _, tables)) = self.ropes.iter().find(|(l, d, _)| *l == local && *d == head_dim) {
             return Ok(tables);
         }
+        let rotated = c.rotary_dim.unwrap_or(head_dim);
         let (inv_freq, scale) = match (local, &c.rope_scaling) {
-            (Some(theta), _) => (inv_freq(c.head_dim, theta, None), 1.0),
+            (Some(theta), _) => (inv_freq(head_dim, theta, None), 1.0),
             (None, Some(RopeScaling::LongRope { original_max_position_embeddings: original, attention_factor, .. })) => {
                 // Hugging Face switches to the long factors once a batch reaches past the
                 // original context, whatever its rows' lengths: refuse rather than guess.
@@ -476,12 +497,12 @@ impl<'a> Graph<'a> {
                         self.spec.seq
                     )));
                 }
-                (rope_inv_freq(c), *attention_factor)
+                (inv_freq(rotated, c.rope_theta, c.rope_scaling.as_ref()), *attention_factor)
             }
-            (None, _) => (rope_inv_freq(c), 1.0),
+            (None, _) => (inv_freq(rotated, c.rope_theta, c.rope_scaling.as_ref()), 1.0),
         };
         let tables = self.rope_tables(&inv_freq, scale)?;
-        self.ropes.push((local, tables));
+        self.ropes.push((local, head_dim, tables));
         Ok(tables)
     }
 
@@ -569,15 +590,15 @@ impl<'a> Graph<'a> {
         Ok(b.and(causal, real)?)
     }
 
-    /// Grouped-query attention. `q` is `[tokens, n_heads*head_dim]` (RoPE applied), `k`
-    /// and `v` `[tokens, n_kv_heads*head_dim]`; query head `h` reads kv head
+    /// Grouped-query attention of block `layer` (its heads). `q` is `[tokens, n_heads*head_dim]`
+    /// (RoPE applied), `k` and `v` `[tokens, n_kv_heads*head_dim]`; query head `h` reads kv head
     /// `h / (n_heads/n_kv_heads)` (Hugging Face's `repeat_kv`). Returns `z`,
     /// `[tokens, n_heads*head_dim]` ready for `o_proj`, and the scores and probabilities in
     /// the internal `[batch, kv_head, query, group, key]` layout (see [`Graph::per_query`]).
-    pub fn attention(&mut self, q: Value, k: Value, v: Value, mask: Value) -> Result<Attention, ModelError> {
+    pub fn attention(&mut self, layer: usize, q: Value, k: Value, v: Value, mask: Value) -> Result<Attention, ModelError> {
         let c = self.config;
-        let (bsz, s, nkv, hd) = (self.spec.batch, self.spec.seq, c.n_kv_heads, c.head_dim);
-        let g = c.n_heads / c.n_kv_heads;
+        let (bsz, s, nkv, hd) = (self.spec.batch, self.spec.seq, c.kv_heads_at(layer), c.head_dim_at(layer));
+        let g = c.n_heads / nkv;
         let dt = self.dt;
         let b = &mut self.b;
         let q = b.reshape(q, &[bsz, s, nkv, g, hd])?;
@@ -612,7 +633,7 @@ impl<'a> Graph<'a> {
     /// returns z, `[tokens, n_heads*head_dim]`.
     pub fn attend(&mut self, layer: usize, q: Value, k: Value, v: Value, mask: Value) -> Result<Value, ModelError> {
         let at = |kind| HookPoint::block(layer, kind);
-        let Attention { scores, pattern, z } = self.attention(q, k, v, mask)?;
+        let Attention { scores, pattern, z } = self.attention(layer, q, k, v, mask)?;
         if self.wants(at(HookKind::AttnScores)) {
             let rows = self.per_query(scores)?;
             let rows = self.finite_in_output(rows)?;
@@ -745,7 +766,7 @@ impl<'a> Graph<'a> {
     }
 
     /// The config's activation applied to `x`.
-    fn activation(&mut self, x: Value) -> Result<Value, ModelError> {
+    pub fn activation(&mut self, x: Value) -> Result<Value, ModelError> {
         match self.config.activation {
             Activation::Silu => {
                 let sig = self.b.logistic(x)?;
@@ -917,7 +938,7 @@ pub(crate) fn blocks_for(config: &ModelConfig, hooks: &[HookPoint]) -> Result<(u
     if hooks.is_empty() {
         return Err(ModelError::Hook("no hooks requested: the forward would return nothing".into()));
     }
-    let family = crate::hooks::hook_kinds(config.arch);
+    let family = crate::hooks::hook_kinds(config);
     for (i, h) in hooks.iter().enumerate() {
         if !family.contains(&h.kind()) {
             return Err(ModelError::Hook(format!("{h}: the {} architecture has no such hook", config.arch)));
@@ -960,6 +981,12 @@ fn inv_freq(d: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f32> {
     match scaling {
         None => inv,
         Some(RopeScaling::Linear { factor }) => inv.iter().map(|f| f / *factor as f32).collect(),
+        // Hugging Face's _compute_proportional_rope_parameters: int(fraction * d // 2) rotated
+        // frequencies, zeros for the rest, all divided by the factor.
+        Some(RopeScaling::Proportional { fraction, factor }) => {
+            let rotated = (fraction * d as f64 / 2.0).floor() as usize;
+            inv.iter().enumerate().map(|(i, f)| if i < rotated { f / *factor as f32 } else { 0.0 }).collect()
+        }
         // 1 / (factor * base^(i/d)), in f32 as Hugging Face computes it.
         Some(RopeScaling::LongRope { short_factor, .. }) => (0..d)
             .step_by(2)
@@ -993,6 +1020,7 @@ fn inv_freq(d: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Arch;
     use crate::hooks::HookKind::*;
 
     fn block(layer: usize, kind: HookKind) -> HookPoint {
@@ -1044,7 +1072,7 @@ mod tests {
     #[test]
     fn every_hook_has_its_own_shape() {
         let c = tiny();
-        let hooks: Vec<HookPoint> = crate::hooks::hook_kinds(Arch::Llama)
+        let hooks: Vec<HookPoint> = crate::hooks::hook_kinds(&ModelConfig { arch: Arch::Llama, ..tiny() })
             .iter()
             .map(|&k| match k.info().scope {
                 Scope::Block => block(1, k),

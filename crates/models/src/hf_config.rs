@@ -170,10 +170,11 @@ impl HfConfig {
             if let Some(theta) = params.get("rope_theta").and_then(Value::as_f64) {
                 rope_theta = Some(theta);
             }
-            if let Some(fraction) = params.get("partial_rotary_factor").and_then(Value::as_f64) {
+            let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str);
+            // Proportional RoPE reads the fraction itself: it rotates the whole head.
+            if let Some(fraction) = params.get("partial_rotary_factor").and_then(Value::as_f64).filter(|_| kind != Some("proportional")) {
                 rotary_fraction = Some(fraction);
             }
-            let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str);
             if !matches!(kind, None | Some("default")) {
                 rope_scaling_json = Some(params.clone());
             }
@@ -364,6 +365,10 @@ fn parse_rope_scaling(
             original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
         }),
         Some("linear") => Ok(RopeScaling::Linear { factor: num("factor")? }),
+        Some("proportional") => Ok(RopeScaling::Proportional {
+            fraction: v.get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(1.0),
+            factor: v.get("factor").and_then(Value::as_f64).unwrap_or(1.0),
+        }),
         Some("default") => Ok(RopeScaling::Linear { factor: 1.0 }),
         Some("longrope" | "su") => {
             let factors = |name: &str| -> Result<Vec<f64>, ModelError> {
@@ -396,7 +401,7 @@ fn parse_rope_scaling(
             })
         }
         other => Err(ModelError::UnsupportedArch(format!(
-            "rope_scaling type {other:?} (supported: llama3, linear, longrope)"
+            "rope_scaling type {other:?} (supported: llama3, linear, longrope, proportional)"
         ))),
     }
 }

@@ -15,7 +15,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::config::ModelConfig;
-use crate::family::Arch;
 use crate::ModelError;
 
 /// A kind of activation, one row of [`KINDS`].
@@ -39,6 +38,7 @@ pub enum HookKind {
     AttnKNormScale,
     AttnKNormNormalized,
     AttnKNormed,
+    AttnVNormed,
     AttnRotQ,
     AttnRotK,
     AttnScores,
@@ -62,6 +62,11 @@ pub enum HookKind {
     Ln2PostScale,
     Ln2PostNormalized,
     MlpOut,
+    PleIn,
+    PleGate,
+    PleProjIn,
+    PleProjOut,
+    PleOut,
     ResidPost,
     // Model scope, after the last block.
     LnFinalScale,
@@ -93,6 +98,11 @@ pub enum Feature {
     /// A residual stream between attention and the MLP (`hook_resid_mid`); GPT-NeoX's
     /// parallel block adds both to the block's input.
     ResidMid,
+    /// A scale-free RMSNorm on every value head (Gemma 4's `v_norm`).
+    VNorm,
+    /// Per-layer inputs mixed in after the MLP (Gemma 4's E2B/E4B: `per_layer_input_gate`,
+    /// `per_layer_projection`, `post_per_layer_input_norm`), where the config has them.
+    PerLayerInput,
 }
 
 /// Whether a hook belongs to a block (`blocks.{i}.…`) or to the whole model.
@@ -135,27 +145,32 @@ pub enum HookShape {
     /// `[n_heads, seq]`: one row of attention scores or pattern per query token, over the
     /// batch's padded sequence length.
     Pattern,
+    /// `[width]`: one layer's per-layer input (`hidden_size_per_layer_input`).
+    PerLayer,
 }
 
 impl HookShape {
-    /// The per-token dimensions for `config` at sequence length `seq`.
-    pub fn dims(self, config: &ModelConfig, seq: usize) -> Vec<usize> {
+    /// The per-token dimensions for `config` at sequence length `seq`, in block `layer` for a
+    /// block hook (whose heads may differ by layer).
+    pub fn dims(self, config: &ModelConfig, layer: Option<usize>, seq: usize) -> Vec<usize> {
+        let (head_dim, kv_heads) = layer.map_or((config.head_dim, config.n_kv_heads), |l| (config.head_dim_at(l), config.kv_heads_at(l)));
         match self {
             HookShape::Model => vec![config.hidden_size],
             HookShape::Mlp => vec![config.intermediate_size],
             HookShape::Scale => vec![1],
-            HookShape::QHeads => vec![config.n_heads, config.head_dim],
-            HookShape::KvHeads => vec![config.n_kv_heads, config.head_dim],
+            HookShape::QHeads => vec![config.n_heads, head_dim],
+            HookShape::KvHeads => vec![kv_heads, head_dim],
             HookShape::QHeadScale | HookShape::KvHeadScale if config.qk_norm_whole => vec![1],
             HookShape::QHeadScale => vec![config.n_heads, 1],
-            HookShape::KvHeadScale => vec![config.n_kv_heads, 1],
-            HookShape::QNorm if config.qk_norm_whole => vec![config.n_heads * config.head_dim],
-            HookShape::KvNorm if config.qk_norm_whole => vec![config.n_kv_heads * config.head_dim],
+            HookShape::KvHeadScale => vec![kv_heads, 1],
+            HookShape::QNorm if config.qk_norm_whole => vec![config.n_heads * head_dim],
+            HookShape::KvNorm if config.qk_norm_whole => vec![kv_heads * head_dim],
             HookShape::Experts => vec![config.moe.as_ref().map_or(0, |m| m.n_experts)],
             HookShape::TopK => vec![config.moe.as_ref().map_or(0, |m| m.top_k)],
-            HookShape::QNorm => vec![config.n_heads, config.head_dim],
-            HookShape::KvNorm => vec![config.n_kv_heads, config.head_dim],
+            HookShape::QNorm => vec![config.n_heads, head_dim],
+            HookShape::KvNorm => vec![kv_heads, head_dim],
             HookShape::Pattern => vec![config.n_heads, seq],
+            HookShape::PerLayer => vec![config.per_layer_input.map_or(0, |p| p.width)],
         }
     }
 }
@@ -223,6 +238,8 @@ kinds! {
         "each key head divided by its scale, before the k-norm's gain";
     AttnKNormed Block KvNorm "attn.hook_k_normed" ["attn.k_norm.hook_out"]
         "keys per key/value head after the k-norm, before RoPE";
+    AttnVNormed Block KvHeads "attn.v_norm.hook_out" []
+        "values per key/value head after the scale-free v-norm (Gemma 4)";
     AttnRotQ Block QHeads "attn.hook_rot_q" []
         "queries per head, after RoPE";
     AttnRotK Block KvHeads "attn.hook_rot_k" []
@@ -269,6 +286,16 @@ kinds! {
         "post-MLP norm's input divided by its scale, before the gain (Gemma, OLMo 2)";
     MlpOut Block Model "hook_mlp_out" ["mlp.hook_out", "mlp.out.hook_out", "ln2_post.hook_out"]
         "MLP output after down_proj (after the post-MLP norm where there is one)";
+    PleIn Block Model "per_layer_input_gate.hook_in" []
+        "residual stream after the MLP, before the per-layer input is mixed in (Gemma 4)";
+    PleGate Block PerLayer "per_layer_input_gate.hook_out" []
+        "per-layer input gate's projection, before its activation (Gemma 4)";
+    PleProjIn Block PerLayer "per_layer_projection.hook_in" []
+        "act(gate) times the layer's per-layer input (Gemma 4)";
+    PleProjOut Block Model "per_layer_projection.hook_out" ["post_per_layer_input_norm.hook_in"]
+        "the per-layer input projected back to d_model, before its norm (Gemma 4)";
+    PleOut Block Model "post_per_layer_input_norm.hook_out" []
+        "the normed per-layer contribution added to the residual stream (Gemma 4)";
     ResidPost Block Model "hook_resid_post" ["hook_out"]
         "residual stream leaving the block";
     LnFinalScale Output Scale "ln_final.hook_scale" []
@@ -301,6 +328,7 @@ const STRUCTURAL_ALIASES: &[(&str, When, HookKind)] = &[
     // The q/k norms read the projections (per head, or over the whole projection in OLMo).
     ("attn.q_norm.hook_in", When::Has(Feature::QkNorm), HookKind::AttnQ),
     ("attn.k_norm.hook_in", When::Has(Feature::QkNorm), HookKind::AttnK),
+    ("attn.v_norm.hook_in", When::Has(Feature::VNorm), HookKind::AttnV),
     // A mixture: the bridge names its input `mlp.hook_pre` and its output `mlp.hook_post`.
     ("mlp.hook_pre", When::Has(Feature::Moe), HookKind::MlpIn),
     ("mlp.hook_post", When::Has(Feature::Moe), HookKind::MlpOut),
@@ -309,12 +337,18 @@ const STRUCTURAL_ALIASES: &[(&str, When, HookKind)] = &[
 /// The bridge's name for the final norm's input: the last block's `hook_resid_post`.
 const LN_FINAL_IN: &str = "ln_final.hook_in";
 
-/// The hook kinds a family's forward produces, in forward order: every kind of the table
-/// whose [`Feature`] the family has (see each family's `features`); any other kind is refused
-/// by name.
-pub fn hook_kinds(arch: Arch) -> Vec<HookKind> {
-    let features = crate::family::family(arch).features;
+/// The hook kinds `config`'s forward produces, in forward order: every kind of the table
+/// whose [`Feature`] its block has ([`features`]); any other kind is refused by name.
+pub fn hook_kinds(config: &ModelConfig) -> Vec<HookKind> {
+    let features = features(config);
     KINDS.iter().filter(|k| k.kind.needs().is_none_or(|f| features.contains(&f))).map(|k| k.kind).collect()
+}
+
+/// The features of `config`'s block: its family's, less the optional parts the config leaves
+/// out (Gemma 4 without per-layer inputs).
+pub fn features(config: &ModelConfig) -> Vec<Feature> {
+    let family = crate::family::family(config.arch).features;
+    family.iter().copied().filter(|f| *f != Feature::PerLayerInput || config.per_layer_input.is_some()).collect()
 }
 
 impl HookKind {
@@ -340,6 +374,8 @@ impl HookKind {
             MlpPreLinear => Some(Feature::GatedMlp),
             MlpPre | MlpPost => Some(Feature::DenseMlp),
             MlpRouterLogits | MlpExpertWeights | MlpExpertIndices => Some(Feature::Moe),
+            AttnVNormed => Some(Feature::VNorm),
+            PleIn | PleGate | PleProjIn | PleProjOut | PleOut => Some(Feature::PerLayerInput),
             AttnRotQ | AttnRotK => Some(Feature::Rotary),
             Ln1Scale | Ln1Normalized | Ln1Out | Ln2Scale | Ln2Normalized => Some(Feature::PreNorms),
             ResidMid => Some(Feature::ResidMid),
@@ -403,7 +439,7 @@ impl HookPoint {
 
     /// The per-token shape of this hook for `config` at sequence length `seq`.
     pub fn dims(self, config: &ModelConfig, seq: usize) -> Vec<usize> {
-        self.kind.info().shape.dims(config, seq)
+        self.kind.info().shape.dims(config, self.layer, seq)
     }
 
     /// Parses one exact name for `config`: checks the layer range and that the family has
@@ -454,7 +490,7 @@ fn lookup_in(name: &str, config: &ModelConfig) -> Result<HookPoint, ModelError> 
     if name == LN_FINAL_IN && config.n_layers > 0 {
         return Ok(HookPoint::block(config.n_layers - 1, HookKind::ResidPost));
     }
-    lookup(name, Some(config.arch))
+    lookup(name, Some(config))
 }
 
 /// The hook `name` means. A name can mean different tensors in different families (Gemma's
@@ -463,9 +499,10 @@ fn lookup_in(name: &str, config: &ModelConfig) -> Result<HookPoint, ModelError> 
 /// [`STRUCTURAL_ALIASES`] its block's features select come first, then its own kinds, a
 /// TransformerLens name before a bridge alias, and among kinds sharing an alias the earlier in
 /// [`KINDS`] (forward order).
-fn lookup(name: &str, arch: Option<Arch>) -> Result<HookPoint, ModelError> {
-    let features = arch.map(|a| crate::family::family(a).features);
-    let family = arch.map(hook_kinds);
+fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelError> {
+    let features = config.map(features);
+    let features = features.as_deref();
+    let family = config.map(hook_kinds);
     let family = family.as_deref();
     let known = |n: &str, block: bool| {
         if let Some(features) = features {
@@ -514,7 +551,7 @@ fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result<(), ModelE
             config.n_layers.saturating_sub(1)
         )));
     }
-    if !hook_kinds(config.arch).contains(&hook.kind) {
+    if !hook_kinds(config).contains(&hook.kind) {
         return Err(ModelError::Hook(format!(
             "{name:?}: the {} architecture has no {} ({})",
             config.arch,
@@ -580,7 +617,7 @@ fn split_top_level(list: &str) -> Vec<String> {
 /// One item of a hook list: an exact name or a pattern, with the name each hook was asked
 /// for by.
 fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, ModelError> {
-    let family = hook_kinds(config.arch);
+    let family = hook_kinds(config);
     let Some(rest) = item.strip_prefix("blocks.") else {
         return Ok(vec![(lookup_in(item, config)?, item.to_string())]);
     };
@@ -611,7 +648,7 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
     for layer in layer_list {
         for suffix in &suffixes {
             let name = format!("blocks.{layer}.{suffix}");
-            let hook = lookup(&name, Some(config.arch)).map_err(|_| {
+            let hook = lookup(&name, Some(config)).map_err(|_| {
                 ModelError::Hook(format!(
                     "{item:?}: {:?} is not a hook name{}",
                     format!("blocks.{{i}}.{suffix}"),
@@ -731,10 +768,17 @@ mod tests {
         }
     }
 
+    /// The test config as a model of `arch`, with per-layer inputs for the families that may
+    /// have them.
+    fn of(arch: crate::config::Arch) -> ModelConfig {
+        let per_layer_input = Some(crate::config::PerLayerInput { width: 4, vocab_size: 32 });
+        ModelConfig { arch, per_layer_input, ..config() }
+    }
+
     #[test]
     fn names_and_aliases_round_trip() {
         let c = config();
-        let family = hook_kinds(c.arch);
+        let family = hook_kinds(&c);
         for k in KINDS.iter().filter(|k| family.contains(&k.kind)) {
             let hook = match k.scope {
                 Scope::Block => HookPoint::block(2, k.kind),
@@ -774,11 +818,12 @@ mod tests {
         }
         use crate::config::Arch::*;
         for arch in crate::family::FAMILIES.iter().map(|f| f.arch) {
-            let family = hook_kinds(arch);
+            let c = of(arch);
+            let family = hook_kinds(&c);
             for k in KINDS.iter().filter(|k| family.contains(&k.kind)) {
                 for n in std::iter::once(&k.name).chain(k.aliases) {
                     let name = if k.scope == Scope::Block { format!("blocks.0.{n}") } else { n.to_string() };
-                    let got = lookup(&name, Some(arch)).unwrap().kind;
+                    let got = lookup(&name, Some(&c)).unwrap().kind;
                     assert!(family.contains(&got), "{arch}: {name} resolves to {got:?}, not one of its hooks");
                     if *n == k.name {
                         assert_eq!(got, k.kind, "{arch}: {name}");
@@ -788,7 +833,7 @@ mod tests {
         }
         // A bridge name two kinds share goes to the earlier in forward order: Gemma's
         // projections before their post-norms.
-        let kind = |name: &str, arch| lookup(name, Some(arch)).unwrap().kind();
+        let kind = |name: &str, arch| lookup(name, Some(&of(arch))).unwrap().kind();
         assert_eq!(kind("blocks.0.attn.o.hook_out", Gemma2), HookKind::AttnProjOut);
         assert_eq!(kind("blocks.0.mlp.out.hook_out", Gemma2), HookKind::MlpProjOut);
         assert_eq!(kind("blocks.0.ln2_post.hook_out", Gemma2), HookKind::MlpOut);
@@ -972,6 +1017,7 @@ mod tests {
                 HookShape::QNorm => "[n_heads, d_head]",
                 HookShape::KvNorm => "[n_kv_heads, d_head]",
                 HookShape::Pattern => "[n_heads, seq]",
+                HookShape::PerLayer => "[d_per_layer]",
             };
             assert!(
                 row.contains(&format!("`{shape}`")),
@@ -990,5 +1036,12 @@ mod tests {
         assert_eq!(dims(HookKind::AttnZ), [4, 4]);
         assert_eq!(dims(HookKind::AttnK), [2, 4]);
         assert_eq!(dims(HookKind::AttnPattern), [4, 7]);
+        // Heads that differ by layer (Gemma 4's global layers), and the per-layer width.
+        let heads = crate::config::Heads { head_dim: 8, n_kv_heads: 1 };
+        let mut c = of(crate::config::Arch::Gemma4);
+        c.layer_heads = vec![c.layer_heads.first().copied().unwrap_or(crate::config::Heads { head_dim: 4, n_kv_heads: 2 }), heads, heads, heads];
+        let at = |layer, k: HookKind| HookPoint::block(layer, k).dims(&c, 7);
+        assert_eq!((at(0, HookKind::AttnK), at(1, HookKind::AttnK), at(1, HookKind::AttnQ)), (vec![2, 4], vec![1, 8], vec![4, 8]));
+        assert_eq!(at(2, HookKind::PleGate), [4]);
     }
 }

@@ -8,6 +8,7 @@ pub mod forward;
 pub mod gguf;
 mod gemma2;
 mod gemma3;
+mod gemma4;
 mod gpt2;
 mod gpt_neox;
 pub mod hf;
@@ -27,7 +28,8 @@ mod smollm3;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Activation, Arch, ModelConfig, Moe, ParamClass, ParamInfo, RopeScaling, Slice};
+pub use config::{Activation, Arch, Heads, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice};
+pub use gemma4::Gemma4;
 pub use hf_config::HfConfig;
 pub use forward::{build_forward, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;

@@ -186,7 +186,7 @@ pub(crate) fn build_decoder(
 /// RMSNorm over `head_dim` of every head of `x` `[tokens, heads, head_dim]` (the q/k norms of
 /// Qwen3, and of Gemma 3 with its `(1 + w)` gain), recording its scale, normalized and output
 /// hooks.
-fn head_norm(g: &mut Graph<'_>, x: Value, weight: &str, gain: Gain, hooks: [HookPoint; 3]) -> Result<Value, ModelError> {
+pub(crate) fn head_norm(g: &mut Graph<'_>, x: Value, weight: &str, gain: Gain, hooks: [HookPoint; 3]) -> Result<Value, ModelError> {
     let dims = g.b.dims(x)?.to_vec();
     let rows = g.b.reshape(x, &[dims[0] * dims[1], dims[2]])?;
     let norm = g.rms_norm_with(rows, weight, gain)?;
@@ -232,8 +232,9 @@ pub(crate) fn self_attention(
             *x = norm.out;
         }
     }
-    let mut q = g.b.reshape(q, &[t, c.n_heads, c.head_dim])?;
-    let mut k = g.b.reshape(k, &[t, c.n_kv_heads, c.head_dim])?;
+    let (head_dim, kv_heads) = (c.head_dim_at(layer), c.kv_heads_at(layer));
+    let mut q = g.b.reshape(q, &[t, c.n_heads, head_dim])?;
+    let mut k = g.b.reshape(k, &[t, kv_heads, head_dim])?;
     if c.qk_norm && !c.qk_norm_whole {
         q = head_norm(g, q, &format!("{p}.q_norm.weight"), qk_gain, q_hooks)?;
         k = head_norm(g, k, &format!("{p}.k_norm.weight"), qk_gain, k_hooks)?;
@@ -241,8 +242,8 @@ pub(crate) fn self_attention(
     let (q, k) = if c.rotates(layer) { (g.apply_rope(q, cos, sin)?, g.apply_rope(k, cos, sin)?) } else { (q, k) };
     g.hook(at(AttnRotQ), q);
     g.hook(at(AttnRotK), k);
-    let q = g.b.reshape(q, &[t, c.n_heads * c.head_dim])?;
-    let k = g.b.reshape(k, &[t, c.n_kv_heads * c.head_dim])?;
+    let q = g.b.reshape(q, &[t, c.n_heads * head_dim])?;
+    let k = g.b.reshape(k, &[t, kv_heads * head_dim])?;
     let z = g.attend(layer, q, k, qkv[2], mask)?;
     g.linear(z, &format!("{p}.o_proj.weight"), None)
 }

@@ -113,7 +113,7 @@ fn config_json_never_panics() {
             let Ok(text) = std::str::from_utf8(input) else { return };
             if let Ok(config) = HfConfig::from_json(text).and_then(HfConfig::into_config) {
                 let _ = config.params(config.n_layers.min(4), true);
-                let _ = siphon_models::hook_kinds(config.arch);
+                let _ = siphon_models::hook_kinds(&config);
             }
         });
     }

@@ -197,8 +197,10 @@ pub fn activation_memory(
     let b = batch as u64 / data;
     let s = seq as u64;
     let h = config.hidden_size as u64;
-    let q = (config.n_heads * config.head_dim) as u64;
-    let kv = (config.n_kv_heads * config.head_dim) as u64;
+    // The widest layer's projections (Gemma 4's global layers are wider).
+    let widest = |f: &dyn Fn(usize) -> usize| (0..config.n_layers).map(f).max().unwrap_or(0) as u64;
+    let q = widest(&|l| config.n_heads * config.head_dim_at(l));
+    let kv = widest(&|l| config.kv_heads_at(l) * config.head_dim_at(l));
     // A mixture computes every expert on every token: its gate, up and product are
     // `n_experts · expert_size` wide (split over `model` with the experts), plus the experts'
     // `[n_experts, tokens, h]` outputs before the weighted sum.

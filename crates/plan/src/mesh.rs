@@ -276,11 +276,15 @@ impl MeshShape {
                 self.num_devices()
             ));
         }
-        if !config.n_heads.is_multiple_of(self.model) || !config.n_kv_heads.is_multiple_of(self.model) {
+        let kv_heads = config.kv_head_counts();
+        if !config.n_heads.is_multiple_of(self.model) || kv_heads.iter().any(|kv| !kv.is_multiple_of(self.model)) {
+            let kv: Vec<String> = kv_heads.iter().map(usize::to_string).collect();
             return Some(format!(
                 "model={} does not divide num_attention_heads {} and num_key_value_heads {} \
                  (the model axis splits whole heads)",
-                self.model, config.n_heads, config.n_kv_heads
+                self.model,
+                config.n_heads,
+                kv.join(" and ")
             ));
         }
         // Groups must line up with host boundaries: inside one host, or whole hosts.
@@ -328,7 +332,7 @@ pub fn best_model(config: &ModelConfig, topology: &Topology, group: usize) -> us
         .rev()
         .find(|&m| {
             config.n_heads.is_multiple_of(m)
-                && config.n_kv_heads.is_multiple_of(m)
+                && config.kv_head_counts().iter().all(|kv| kv.is_multiple_of(m))
                 && topology.devices_per_host().is_multiple_of(m)
         })
         .unwrap_or(1)

@@ -16,6 +16,8 @@
 //! | experts' down (stacked)        | `[experts, hidden, in]`  | `P(model, fsdp, None)` |
 //! | router                         | `[experts, hidden]` | replicated               |
 //! | norms, their biases, o/down biases | `[hidden]`     | replicated                |
+//! | a block's scalar (Gemma 4)     | `[1]`              | replicated                |
+//! | per-layer-input projections (Gemma 4) | `[out, in]` | replicated                |
 //! | input token ids                | `[batch, seq]`     | `P(data, None)`           |
 //!
 //! The embedding table is split by vocabulary over the whole weight-sharding group (the seed's
@@ -56,7 +58,9 @@ fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
         ParamClass::LmHead => vec![vec![MODEL], vec![FSDP]],
         // Small, and added where the activations are whole: replicated.
         ParamClass::PosEmbedding => vec![vec![], vec![]],
-        ParamClass::Norm | ParamClass::NormBias | ParamClass::OBias | ParamClass::MlpDownBias => vec![vec![]],
+        ParamClass::Norm | ParamClass::NormBias | ParamClass::OBias | ParamClass::MlpDownBias | ParamClass::Scalar => vec![vec![]],
+        // Gemma 4's per-layer-input projections: narrow (its per-layer width), replicated.
+        ParamClass::PerLayerInput => vec![vec![], vec![]],
         // Experts: whole experts over `model` (expert parallelism), each expert's hidden
         // dimension over `fsdp`; the router is small and replicated.
         ParamClass::ExpertGate | ParamClass::ExpertUp => vec![vec![MODEL], vec![], vec![FSDP]],

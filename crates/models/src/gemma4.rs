@@ -1,0 +1,453 @@
+//! Gemma 4 (text models, `model_type` `gemma4_text`, and the text tower of a multimodal
+//! `gemma4` checkpoint): Gemma's sandwich block (norms before and after attention and the
+//! MLP, embeddings × `sqrt(hidden)`, GeGLU) with norms that multiply by `w` itself in f32
+//! (no `1 + w`), per-head q/k norms and a scale-free v-norm, attention scores not scaled
+//! (`scaling = 1`) nor soft-capped, local sliding-window layers and global ones (the last
+//! layer always global) whose heads may be wider and fewer (`per_layer_config`, or
+//! `global_head_dim` / `num_global_key_value_heads`), global layers whose values are their
+//! keys' projection (`attention_k_eq_v`), RoPE per layer type (local: `default`; global:
+//! `proportional`, rotating the first part of each head's pairs), every block's output
+//! multiplied by its `layer_scalar`, and per-layer inputs (E2B/E4B) mixed in after the MLP.
+//!
+//! ```text
+//! x = embed_tokens[ids] * sqrt(hidden)                    # hook_embed
+//! ple = (norm(per_layer_model_projection(x) / sqrt(hidden)) + embed_tokens_per_layer[ids] * sqrt(P)) / sqrt(2)
+//! for each block i:
+//!     n = input_layernorm(x)                               # ln1.*
+//!     q = q_norm(q_proj(n)); k = k_norm(k_proj(n))         # attn.hook_q / hook_k, q_norm.* / k_norm.*
+//!     v = v_norm(v_proj(n) or, k == v layers, k_proj(n))   # attn.hook_v, attn.v_norm.hook_out
+//!     a = o_proj(softmax(rope(q)·rope(k)ᵀ) · v)            # attn.hook_rot_q/k, pattern, z, attn.hook_out
+//!     x = x + post_attention_layernorm(a)                  # ln1_post.*, hook_attn_out, hook_resid_mid
+//!     m = mlp(pre_feedforward_layernorm(x))                # ln2.*, mlp.*
+//!     x = x + post_feedforward_layernorm(m)                # ln2_post.*, hook_mlp_out, per_layer_input_gate.hook_in
+//!     g = gelu(per_layer_input_gate(x)) * ple[i]           # per_layer_input_gate.hook_out, per_layer_projection.hook_in
+//!     x = x + post_per_layer_input_norm(per_layer_projection(g))  # per_layer_projection.hook_out, post_per_layer_input_norm.hook_out
+//!     x = x * layer_scalar                                 # hook_resid_post
+//! norm(x)                                                  # ln_final.*
+//! ```
+//!
+//! Refused by name: KV shared across the last layers (`num_kv_shared_layers`), the mixture
+//! block (`enable_moe_block`), bidirectional attention (`use_bidirectional_attention`
+//! `all`), biases.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+use siphon_hlo::{TensorType, Value};
+
+use crate::config::{Heads, ParamClass, ParamInfo, PerLayerInput};
+use crate::family::{Arch, Family};
+use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
+use crate::gemma2::GEMMA_ACTIVATION;
+use crate::hf_config::{need, Defaults};
+use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::{HfConfig, ModelConfig, ModelError};
+
+/// Gemma 2's hooks with q/k norms, the v-norm and the per-layer inputs' (where the config has
+/// them).
+pub(crate) const FAMILY: Family = Family {
+    arch: Arch::Gemma4,
+    model_types: &["gemma4_text", "gemma4"],
+    architectures: &["Gemma4ForCausalLM"],
+    from_hf,
+    build,
+    params,
+    features: &[
+        Feature::PreNorms,
+        Feature::ResidMid,
+        Feature::DenseMlp,
+        Feature::GatedMlp,
+        Feature::Rotary,
+        Feature::PostNorms,
+        Feature::QkNorm,
+        Feature::VNorm,
+        Feature::PerLayerInput,
+    ],
+    // The text tower of a multimodal checkpoint.
+    renames: &[("model.", "model.language_model.")],
+};
+
+/// What only Gemma 4's block reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gemma4 {
+    /// The global layers' values are their keys' projection (`attention_k_eq_v`): they have
+    /// no `v_proj`.
+    pub k_eq_v: bool,
+}
+
+/// Gemma4TextConfig's: `head_dim` 256, eps 1e-6, tied, GeGLU, a window of 512 on five of every
+/// six layers.
+const DEFAULTS: Defaults = Defaults {
+    head_dim: Some(256),
+    tie_word_embeddings: true,
+    activation: GEMMA_ACTIVATION,
+    windows,
+    ..Defaults::LLAMA
+};
+
+fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
+    if hf.model_type.as_deref() == Some("gemma4") {
+        // A multimodal checkpoint: its text tower is a gemma4_text model under
+        // `model.language_model.` (the renames find it); the vision and audio towers are not read.
+        let mut text = *hf.text_config.take().ok_or_else(|| {
+            ModelError::Config("a gemma4 (multimodal) config.json without text_config".into())
+        })?;
+        text.model_type = Some("gemma4_text".into());
+        text.tie_word_embeddings = text.tie_word_embeddings.or(hf.tie_word_embeddings);
+        return from_hf(text);
+    }
+    let refuse = |what: String| Err(ModelError::UnsupportedArch(format!("gemma4_text with {what}")));
+    if hf.attention_bias == Some(true) {
+        return refuse("attention_bias = true".into());
+    }
+    // "vision" makes image tokens attend both ways; text alone stays causal.
+    if let Some(mode) = hf.key::<String>("use_bidirectional_attention")?.filter(|m| m != "vision") {
+        return refuse(format!("use_bidirectional_attention {mode:?}"));
+    }
+    if let Some(n) = hf.key::<usize>("num_kv_shared_layers")?.filter(|&n| n > 0) {
+        return refuse(format!("num_kv_shared_layers {n} (keys and values shared across layers are not built yet)"));
+    }
+    if hf.key::<bool>("enable_moe_block")? == Some(true) {
+        return refuse("enable_moe_block (the mixture block is not built yet)".into());
+    }
+    // Both RoPEs by layer type; Gemma4TextConfig's defaults when absent.
+    if hf.rope_parameters.is_none() {
+        hf.rope_parameters = Some(serde_json::json!({
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+        }));
+    }
+    let local_rope_theta = hf.rope_by_layer_type(Arch::Gemma4, 10_000.0)?;
+    let k_eq_v = hf.key::<bool>("attention_k_eq_v")?.unwrap_or(false);
+    let c = hf.decoder(Arch::Gemma4, &DEFAULTS)?;
+    let layer_heads = global_heads(&hf, &c, k_eq_v)?;
+    let per_layer_input = match hf.key::<usize>("hidden_size_per_layer_input")?.unwrap_or(256) {
+        0 => None,
+        width => {
+            let vocab_size = hf.key::<usize>("vocab_size_per_layer_input")?.unwrap_or(262_144);
+            if vocab_size < c.vocab_size {
+                return Err(ModelError::Config(format!(
+                    "vocab_size_per_layer_input {vocab_size} is smaller than vocab_size {}: some tokens have no per-layer input",
+                    c.vocab_size
+                )));
+            }
+            Some(PerLayerInput { width, vocab_size })
+        }
+    };
+    Ok(ModelConfig {
+        qk_norm: true,
+        attn_scalar: Some(1.0),
+        local_rope_theta: Some(local_rope_theta),
+        layer_heads,
+        per_layer_input,
+        gemma4: Some(Gemma4 { k_eq_v }),
+        ..c
+    })
+}
+
+/// Every layer's heads where the global ones differ: `per_layer_config`'s entries (by layer
+/// index: `head_dim`, `num_key_value_heads`), else Gemma4TextConfig's rule, `global_head_dim`
+/// (512) on the global layers with `num_global_key_value_heads` when `attention_k_eq_v`.
+fn global_heads(hf: &HfConfig, c: &ModelConfig, k_eq_v: bool) -> Result<Vec<Heads>, ModelError> {
+    let plain = Heads { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads };
+    let mut heads = vec![plain; c.n_layers];
+    match hf.extra.get("per_layer_config") {
+        Some(Json::Object(entries)) => {
+            for (index, entry) in entries {
+                let layer = index.parse::<usize>().ok().filter(|&l| l < c.n_layers).ok_or_else(|| {
+                    ModelError::Config(format!("per_layer_config key {index:?} is not a layer index below {}", c.n_layers))
+                })?;
+                let Json::Object(fields) = entry else {
+                    return Err(ModelError::Config(format!("per_layer_config[{index}] is not an object")));
+                };
+                for (key, value) in fields {
+                    let n = value.as_u64().filter(|&n| n > 0).map(|n| n as usize).ok_or_else(|| {
+                        ModelError::Config(format!("per_layer_config[{index}].{key} {value} is not a positive integer"))
+                    })?;
+                    match key.as_str() {
+                        "head_dim" => heads[layer].head_dim = n,
+                        "num_key_value_heads" => heads[layer].n_kv_heads = n,
+                        other => return Err(ModelError::UnsupportedArch(format!("gemma4_text per_layer_config[{index}].{other}"))),
+                    }
+                }
+            }
+        }
+        Some(other) if !other.is_null() => return Err(ModelError::Config(format!("per_layer_config {other} is not an object"))),
+        _ => {
+            let global = Heads {
+                head_dim: hf.key("global_head_dim")?.unwrap_or(512),
+                n_kv_heads: hf.key("num_global_key_value_heads")?.filter(|_| k_eq_v).unwrap_or(c.n_kv_heads),
+            };
+            for layer in (0..c.n_layers).filter(|&l| !is_local(c, l)) {
+                heads[layer] = global;
+            }
+        }
+    }
+    Ok(if heads.iter().all(|h| *h == plain) { Vec::new() } else { heads })
+}
+
+/// Gemma 4's windows: on the layers `layer_types` marks (by default five of every six), the
+/// last layer always global (Gemma4TextConfig forces it); `sliding_window` 512 when absent.
+fn windows(c: &HfConfig, n_layers: usize, _: Arch) -> Result<Vec<Option<usize>>, ModelError> {
+    let window = need(c.sliding_window()?.unwrap_or(Some(512)), "a sliding_window (null)")?;
+    let mut windows = match c.windows_by_layer_types(n_layers, window)? {
+        Some(windows) => windows,
+        None => (0..n_layers).map(|l| ((l + 1) % 6 != 0).then_some(window)).collect(),
+    };
+    if let Some(last) = windows.last_mut() {
+        *last = None;
+    }
+    Ok(windows)
+}
+
+/// Whether block `layer` is a local (sliding-window) layer.
+fn is_local(c: &ModelConfig, layer: usize) -> bool {
+    c.layer_windows.get(layer).copied().flatten().is_some()
+}
+
+fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let k_eq_v = c.gemma4.is_some_and(|g| g.k_eq_v);
+    let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
+    if let Some(ple) = c.per_layer_input {
+        let all = c.n_layers * ple.width;
+        out.push(ParamInfo::new("model.embed_tokens_per_layer.weight", &[ple.vocab_size, all], Embedding, None));
+        out.push(ParamInfo::new("model.per_layer_model_projection.weight", &[all, h], PerLayerInput, None));
+        out.push(ParamInfo::new("model.per_layer_projection_norm.weight", &[ple.width], Norm, None));
+    }
+    for l in 0..n_layers {
+        let (d, kv) = (c.head_dim_at(l), c.kv_heads_at(l));
+        let (q, kvw) = (c.n_heads * d, kv * d);
+        let mut p = |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
+        p("input_layernorm.weight", &[h], Norm);
+        p("self_attn.q_proj.weight", &[q, h], AttnQ);
+        p("self_attn.q_norm.weight", &[d], Norm);
+        p("self_attn.k_proj.weight", &[kvw, h], AttnK);
+        if !(k_eq_v && !is_local(c, l)) {
+            p("self_attn.v_proj.weight", &[kvw, h], AttnV);
+        }
+        p("self_attn.k_norm.weight", &[d], Norm);
+        p("self_attn.o_proj.weight", &[h, q], AttnO);
+        p("post_attention_layernorm.weight", &[h], Norm);
+        p("pre_feedforward_layernorm.weight", &[h], Norm);
+        p("mlp.gate_proj.weight", &[i, h], MlpGate);
+        p("mlp.up_proj.weight", &[i, h], MlpUp);
+        p("mlp.down_proj.weight", &[h, i], MlpDown);
+        p("post_feedforward_layernorm.weight", &[h], Norm);
+        if let Some(ple) = c.per_layer_input {
+            p("per_layer_input_gate.weight", &[ple.width, h], PerLayerInput);
+            p("per_layer_projection.weight", &[h, ple.width], PerLayerInput);
+            p("post_per_layer_input_norm.weight", &[h], Norm);
+        }
+        p("layer_scalar", &[1], Scalar);
+    }
+    out.push(ParamInfo::new("model.norm.weight", &[h], Norm, None));
+    if with_lm_head && !c.tie_word_embeddings {
+        out.push(ParamInfo::new("lm_head.weight", &[c.vocab_size, h], LmHead, None));
+    }
+    out
+}
+
+/// Builds the Gemma 4 forward for `spec`.
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    let Some(gemma4) = config.gemma4.filter(|_| config.arch == Arch::Gemma4 && !config.qkv_bias) else {
+        return Err(ModelError::UnsupportedArch(format!("gemma4 builder given a {:?} config", config.arch)));
+    };
+    use HookKind::*;
+    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
+    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let x = g.embed("model.embed_tokens.weight")?;
+    let mut x = scaled(&mut g, x, (config.hidden_size as f64).sqrt())?;
+    g.hook(HookPoint::model(Embed), x);
+    let per_layer = match config.per_layer_input {
+        Some(ple) => Some(per_layer_inputs(&mut g, x, ple)?),
+        None => None,
+    };
+    for layer in 0..n_blocks {
+        let at = |kind| HookPoint::block(layer, kind);
+        let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
+        g.hook(at(ResidPre), x);
+        let (cos, sin) = g.layer_rope(layer)?;
+        let mask = g.layer_mask(layer)?;
+        let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::F32)?;
+        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
+        let values_from_keys = gemma4.k_eq_v && !is_local(config, layer);
+        let proj = attention(&mut g, ln1.out, layer, values_from_keys, cos, sin, mask)?;
+        g.hook(at(AttnProjOut), proj);
+        let h = g.add_post_normed(x, proj, &norm("post_attention_layernorm"), Gain::F32, [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at))?;
+        g.hook(at(ResidMid), h);
+        let ln2 = g.rms_norm_with(h, &norm("pre_feedforward_layernorm"), Gain::F32)?;
+        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
+        let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
+        g.hook_mlp(&mlp, layer, MlpProjOut);
+        let mut out = g.add_post_normed(h, mlp.out, &norm("post_feedforward_layernorm"), Gain::F32, [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at))?;
+        if let (Some(inputs), Some(ple)) = (per_layer, config.per_layer_input) {
+            g.hook(at(PleIn), out);
+            let gate = g.linear(out, &norm("per_layer_input_gate"), None)?;
+            g.hook(at(PleGate), gate);
+            let gate = g.activation(gate)?;
+            let input = g.b.slice_dim(inputs, 1, layer * ple.width, (layer + 1) * ple.width)?;
+            let gated = g.b.mul(gate, input)?;
+            g.hook(at(PleProjIn), gated);
+            let projected = g.linear(gated, &norm("per_layer_projection"), None)?;
+            g.hook(at(PleProjOut), projected);
+            let normed = g.rms_norm_with(projected, &norm("post_per_layer_input_norm"), Gain::F32)?;
+            g.hook(at(PleOut), normed.out);
+            out = g.b.add(out, normed.out)?;
+        }
+        let scalar = g.w(&format!("model.layers.{layer}.layer_scalar"))?;
+        let dims = g.b.dims(out)?.to_vec();
+        let scalar = g.b.broadcast_in_dim(scalar, &dims, &[1])?;
+        let out = g.b.mul(out, scalar)?;
+        x = g.constrain_tokens(out)?;
+        g.hook(at(ResidPost), x);
+    }
+    g.finish_decoder(x, n_blocks, with_final_norm, Gain::F32)
+}
+
+/// `x * factor`, the factor rounded to the compute dtype as Hugging Face's scaled embedding
+/// and its scalar multiplies round it.
+fn scaled(g: &mut Graph<'_>, x: Value, factor: f64) -> Result<Value, ModelError> {
+    let dims = g.b.dims(x)?.to_vec();
+    let factor = g.b.splat(factor, TensorType::new(g.dt, &dims))?;
+    Ok(g.b.mul(x, factor)?)
+}
+
+
+/// Every layer's per-layer input `[tokens, layers * width]`: the per-layer table's rows
+/// (× `sqrt(width)`) and the token embeddings projected (× `hidden^-½`) and normed per layer,
+/// summed and × `2^-½`.
+fn per_layer_inputs(g: &mut Graph<'_>, x: Value, ple: PerLayerInput) -> Result<Value, ModelError> {
+    let config = g.config;
+    let t = g.tokens();
+    let all = config.n_layers * ple.width;
+    let rows = g.embed("model.embed_tokens_per_layer.weight")?;
+    let rows = scaled(g, rows, (ple.width as f64).sqrt())?;
+    let projected = g.linear(x, "model.per_layer_model_projection.weight", None)?;
+    let projected = scaled(g, projected, (config.hidden_size as f64).powf(-0.5))?;
+    let per_layer = g.b.reshape(projected, &[t * config.n_layers, ple.width])?;
+    let normed = g.rms_norm_with(per_layer, "model.per_layer_projection_norm.weight", Gain::F32)?;
+    let normed = g.b.reshape(normed.out, &[t, all])?;
+    let sum = g.b.add(normed, rows)?;
+    scaled(g, sum, 0.5f64.sqrt())
+}
+
+/// `o_proj(attention)` of block `layer` on normed input `n`, recording the attention hooks:
+/// q and k normed per head, v from `v_proj` (or the key projection when `values_from_keys`)
+/// normed without a gain, q and k rotated.
+fn attention(
+    g: &mut Graph<'_>,
+    n: Value,
+    layer: usize,
+    values_from_keys: bool,
+    cos: Value,
+    sin: Value,
+    mask: Value,
+) -> Result<Value, ModelError> {
+    use HookKind::*;
+    let at = |kind| HookPoint::block(layer, kind);
+    let c = g.config;
+    let t = g.tokens();
+    let (d, kv) = (c.head_dim_at(layer), c.kv_heads_at(layer));
+    let p = format!("model.layers.{layer}.self_attn");
+    let q = g.linear(n, &format!("{p}.q_proj.weight"), None)?;
+    g.hook(at(AttnQ), q);
+    let k = g.linear(n, &format!("{p}.k_proj.weight"), None)?;
+    g.hook(at(AttnK), k);
+    let v = if values_from_keys { k } else { g.linear(n, &format!("{p}.v_proj.weight"), None)? };
+    g.hook(at(AttnV), v);
+    let q = g.b.reshape(q, &[t, c.n_heads, d])?;
+    let q = crate::llama::head_norm(g, q, &format!("{p}.q_norm.weight"), Gain::F32, [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at))?;
+    let k = g.b.reshape(k, &[t, kv, d])?;
+    let k = crate::llama::head_norm(g, k, &format!("{p}.k_norm.weight"), Gain::F32, [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at))?;
+    let v = g.b.reshape(v, &[t * kv, d])?;
+    let v = g.rms_norm_unscaled(v)?.out;
+    let v = g.b.reshape(v, &[t, kv * d])?;
+    g.hook(at(AttnVNormed), v);
+    let q = g.apply_rope(q, cos, sin)?;
+    let k = g.apply_rope(k, cos, sin)?;
+    g.hook(at(AttnRotQ), q);
+    g.hook(at(AttnRotK), k);
+    let q = g.b.reshape(q, &[t, c.n_heads * d])?;
+    let k = g.b.reshape(k, &[t, kv * d])?;
+    let z = g.attend(layer, q, k, v, mask)?;
+    g.linear(z, &format!("{p}.o_proj.weight"), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Heads, HfConfig, ModelConfig, PerLayerInput, RopeScaling};
+
+    const BASE: &str = r#"{"model_type": "gemma4_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+        "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 2"#;
+
+    fn parse(extra: &str) -> Result<ModelConfig, crate::ModelError> {
+        HfConfig::from_json(&format!("{BASE}{extra}}}")).unwrap().into_config()
+    }
+
+    #[test]
+    fn defaults_follow_gemma4textconfig() {
+        let c = parse(r#", "vocab_size_per_layer_input": 32"#).unwrap();
+        let (local, global) = (Some(512), None);
+        // Five local layers for each global one, and the last layer global.
+        assert_eq!(c.layer_windows, [local, local, local, local, local, global, global]);
+        assert_eq!((c.head_dim, c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (256, Some(1.0), None, true));
+        assert_eq!((c.rope_theta, c.local_rope_theta), (1e6, Some(1e4)));
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Proportional { fraction: 0.25, factor: 1.0 }));
+        assert_eq!(c.rotary_dim, None, "proportional RoPE rotates over the whole head");
+        // Global layers: global_head_dim 512, the same key/value heads without K == V.
+        assert_eq!((c.head_dim_at(0), c.head_dim_at(5), c.kv_heads_at(5)), (256, 512, 2));
+        assert_eq!(c.per_layer_input, Some(PerLayerInput { width: 256, vocab_size: 32 }));
+        let c = parse(r#", "hidden_size_per_layer_input": 0, "attention_k_eq_v": true, "num_global_key_value_heads": 1"#).unwrap();
+        assert_eq!((c.per_layer_input, c.kv_heads_at(6), c.gemma4.map(|g| g.k_eq_v)), (None, 1, Some(true)));
+        // The names of the weights follow: no v_proj on K == V layers.
+        let names: Vec<String> = c.params(7, false).into_iter().map(|p| p.name).collect();
+        assert!(names.contains(&"model.layers.0.self_attn.v_proj.weight".into()) && !names.iter().any(|n| n == "model.layers.5.self_attn.v_proj.weight"));
+    }
+
+    #[test]
+    fn per_layer_config_gives_each_layers_heads() {
+        let c = parse(r#", "hidden_size_per_layer_input": 0, "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+            "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention"], "sliding_window": 3,
+            "per_layer_config": {"1": {"head_dim": 32, "num_key_value_heads": 1}}"#)
+        .unwrap();
+        let plain = Heads { head_dim: 256, n_kv_heads: 2 };
+        assert_eq!(c.layer_heads[..3], [plain, Heads { head_dim: 32, n_kv_heads: 1 }, plain]);
+        // Hugging Face forces the last layer global.
+        assert_eq!(c.layer_windows[5..], [Some(3), None]);
+        // The planner counts the per-layer table.
+        let with_ple = parse(r#", "vocab_size_per_layer_input": 32, "hidden_size_per_layer_input": 4"#).unwrap();
+        let without = parse(r#", "hidden_size_per_layer_input": 0"#).unwrap();
+        let ple = 32 * 7 * 4 + 7 * 4 * 16 + 4 + 7 * (4 * 16 + 16 * 4 + 16);
+        assert_eq!(with_ple.n_params() - without.n_params(), ple);
+    }
+
+    #[test]
+    fn what_siphon_does_not_build_is_refused_by_name() {
+        for (extra, named) in [
+            (r#", "num_kv_shared_layers": 2"#, "num_kv_shared_layers 2"),
+            (r#", "enable_moe_block": true"#, "enable_moe_block"),
+            (r#", "use_bidirectional_attention": "all""#, "use_bidirectional_attention \"all\""),
+            (r#", "attention_bias": true"#, "attention_bias"),
+            (r#", "per_layer_config": {"x": {}}"#, "per_layer_config key \"x\""),
+            (r#", "per_layer_config": {"1": {"intermediate_size": 8}}"#, "per_layer_config[1].intermediate_size"),
+            (r#", "vocab_size_per_layer_input": 16"#, "vocab_size_per_layer_input 16"),
+            (r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}, "full_attention": {}}"#, "sliding-window layers"),
+        ] {
+            let err = parse(extra).unwrap_err().to_string();
+            assert!(err.contains(named), "{extra}: {err}");
+        }
+        // Text alone under "vision" bidirectionality is causal.
+        assert!(parse(r#", "vocab_size_per_layer_input": 32, "use_bidirectional_attention": "vision""#).is_ok());
+    }
+
+    #[test]
+    fn a_multimodal_config_gives_its_text_tower() {
+        let text = BASE.replace(r#""model_type": "gemma4_text", "#, "");
+        let c = HfConfig::from_json(&format!(r#"{{"model_type": "gemma4", "text_config": {text}, "hidden_size_per_layer_input": 0}}, "vision_config": {{}}}}"#))
+            .unwrap()
+            .into_config()
+            .unwrap();
+        assert_eq!((c.arch, c.n_layers), (crate::Arch::Gemma4, 7));
+    }
+}
