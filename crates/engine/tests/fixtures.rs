@@ -142,7 +142,8 @@ fn tiny_olmo2_matches_hf_at_every_hook() {
 }
 
 /// Gemma 4: per-layer inputs, K == V global layers with wider and fewer heads and
-/// proportional RoPE, windowed local layers, layer scalars.
+/// proportional RoPE, windowed local layers, layer scalars, the last two layers attending over
+/// layers 2 and 3's keys and values (double-wide MLPs there).
 #[test]
 fn tiny_gemma4_matches_hf_at_every_hook() {
     check_tiny("tiny-gemma4");

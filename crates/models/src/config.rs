@@ -34,13 +34,15 @@ pub struct PerLayerInput {
     pub vocab_size: usize,
 }
 
-/// One layer's attention heads, where layers differ.
+/// One layer's sizes, where layers differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Heads {
+pub struct LayerShape {
     /// Width of one head.
     pub head_dim: usize,
     /// Key/value heads.
     pub n_kv_heads: usize,
+    /// Width of the MLP's gate/up projections.
+    pub intermediate_size: usize,
 }
 
 /// The MLP's activation (of the gate, in a gated MLP).
@@ -156,10 +158,15 @@ pub struct ModelConfig {
     /// positions back, itself included); empty or `None` for full causal attention.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layer_windows: Vec<Option<usize>>,
-    /// Per layer, its attention's head width and key/value heads where some layer's differ
-    /// from `head_dim` and `n_kv_heads` (Gemma 4's global layers); empty when none does.
+    /// Per layer, its head width, key/value heads and MLP width where some layer's differ from
+    /// `head_dim`, `n_kv_heads` and `intermediate_size` (Gemma 4's global layers and its
+    /// double-wide MLPs); empty when none does.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub layer_heads: Vec<Heads>,
+    pub layer_shapes: Vec<LayerShape>,
+    /// Per layer, the earlier layer whose keys and values it attends over instead of its own
+    /// (Gemma 4's last `num_kv_shared_layers`); empty when every layer computes its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kv_shared_from: Vec<Option<usize>>,
     /// Per-layer input embeddings (Gemma 4's E2B/E4B), mixed into every block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_layer_input: Option<PerLayerInput>,
@@ -324,7 +331,7 @@ impl ModelConfig {
         let rotary = crate::family::family(self.arch).features.contains(&crate::hooks::Feature::Rotary);
         for layer in 0..self.n_layers {
             let (kv, d) = (self.kv_heads_at(layer), self.head_dim_at(layer));
-            let at = if self.layer_heads.is_empty() { String::new() } else { format!(" (layer {layer})") };
+            let at = if self.layer_shapes.is_empty() { String::new() } else { format!(" (layer {layer})") };
             if kv == 0 || !self.n_heads.is_multiple_of(kv) {
                 return fail(format!("num_attention_heads {} is not a multiple of num_key_value_heads {kv}{at}", self.n_heads));
             }
@@ -333,7 +340,15 @@ impl ModelConfig {
                 return fail(format!("the rotary width {rotated} must be even and at most head_dim {d}{at}"));
             }
         }
-        let per_layer = [("layer_windows", self.layer_windows.len()), ("layer_heads", self.layer_heads.len()), ("rope_skipped", self.rope_skipped.len())];
+        for layer in 0..self.n_layers {
+            if let Some(source) = self.kv_source(layer) {
+                let same = (self.head_dim_at(source), self.kv_heads_at(source)) == (self.head_dim_at(layer), self.kv_heads_at(layer));
+                if source >= layer || !same {
+                    return fail(format!("layer {layer} cannot attend over layer {source}'s keys and values"));
+                }
+            }
+        }
+        let per_layer = [("layer_windows", self.layer_windows.len()), ("layer_shapes", self.layer_shapes.len()), ("rope_skipped", self.rope_skipped.len()), ("kv_shared_from", self.kv_shared_from.len())];
         for (name, len) in per_layer {
             if len != 0 && len != self.n_layers {
                 return fail(format!("{name} lists {len} layers, the model has {}", self.n_layers));
@@ -352,12 +367,23 @@ impl ModelConfig {
 
     /// Block `layer`'s head width.
     pub fn head_dim_at(&self, layer: usize) -> usize {
-        self.layer_heads.get(layer).map_or(self.head_dim, |h| h.head_dim)
+        self.layer_shapes.get(layer).map_or(self.head_dim, |h| h.head_dim)
     }
 
     /// Block `layer`'s key/value heads.
     pub fn kv_heads_at(&self, layer: usize) -> usize {
-        self.layer_heads.get(layer).map_or(self.n_kv_heads, |h| h.n_kv_heads)
+        self.layer_shapes.get(layer).map_or(self.n_kv_heads, |h| h.n_kv_heads)
+    }
+
+    /// Block `layer`'s MLP width.
+    pub fn intermediate_at(&self, layer: usize) -> usize {
+        self.layer_shapes.get(layer).map_or(self.intermediate_size, |s| s.intermediate_size)
+    }
+
+    /// The layer block `layer` takes its keys and values from, when it reuses an earlier
+    /// layer's instead of computing its own (Gemma 4's KV sharing).
+    pub fn kv_source(&self, layer: usize) -> Option<usize> {
+        self.kv_shared_from.get(layer).copied().flatten()
     }
 
     /// Every distinct number of key/value heads among the layers, in ascending order.

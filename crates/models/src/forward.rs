@@ -150,10 +150,10 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
         }
     };
     let q_axes = split_if(config.n_heads);
-    let mlp_axes = split_if(config.intermediate_size);
     let mut specs = HashMap::new();
     for p in config.params(config.n_layers, true) {
         let kv_axes = split_if(p.layer.map_or(config.n_kv_heads, |l| config.kv_heads_at(l)));
+        let mlp_axes = split_if(p.layer.map_or(config.intermediate_size, |l| config.intermediate_at(l)));
         let spec = match p.class {
             ParamClass::AttnQ => PartitionSpec::new(&[q_axes, &[]]),
             ParamClass::QBias => PartitionSpec::new(&[q_axes]),

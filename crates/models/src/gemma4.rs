@@ -26,15 +26,18 @@
 //! norm(x)                                                  # ln_final.*
 //! ```
 //!
-//! Refused by name: KV shared across the last layers (`num_kv_shared_layers`), the mixture
-//! block (`enable_moe_block`), bidirectional attention (`use_bidirectional_attention`
-//! `all`), biases.
+//! The last `num_kv_shared_layers` layers (E2B/E4B) compute no keys and values: each attends
+//! over those of the last earlier layer of its type, and their MLPs may be twice as wide
+//! (`use_double_wide_mlp`).
+//!
+//! Refused by name: the mixture block (`enable_moe_block`), bidirectional attention
+//! (`use_bidirectional_attention` `all`), biases.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use siphon_hlo::{TensorType, Value};
 
-use crate::config::{Heads, ParamClass, ParamInfo, PerLayerInput};
+use crate::config::{LayerShape, ParamClass, ParamInfo, PerLayerInput};
 use crate::family::{Arch, Family};
 use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
@@ -103,9 +106,6 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if let Some(mode) = hf.key::<String>("use_bidirectional_attention")?.filter(|m| m != "vision") {
         return refuse(format!("use_bidirectional_attention {mode:?}"));
     }
-    if let Some(n) = hf.key::<usize>("num_kv_shared_layers")?.filter(|&n| n > 0) {
-        return refuse(format!("num_kv_shared_layers {n} (keys and values shared across layers are not built yet)"));
-    }
     if hf.key::<bool>("enable_moe_block")? == Some(true) {
         return refuse("enable_moe_block (the mixture block is not built yet)".into());
     }
@@ -119,7 +119,11 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let local_rope_theta = hf.rope_by_layer_type(Arch::Gemma4, 10_000.0)?;
     let k_eq_v = hf.key::<bool>("attention_k_eq_v")?.unwrap_or(false);
     let c = hf.decoder(Arch::Gemma4, &DEFAULTS)?;
-    let layer_heads = global_heads(&hf, &c, k_eq_v)?;
+    let kv_shared_from = kv_sharing(&hf, &c)?;
+    // Double-wide MLPs only on the layers that share keys and values.
+    let double_wide = hf.key::<bool>("use_double_wide_mlp")?.unwrap_or(false);
+    let wide = |layer: usize| double_wide && kv_shared_from.get(layer).copied().flatten().is_some();
+    let layer_shapes = layer_shapes(&hf, &c, k_eq_v, wide)?;
     let per_layer_input = match hf.key::<usize>("hidden_size_per_layer_input")?.unwrap_or(256) {
         0 => None,
         width => {
@@ -137,19 +141,44 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
         qk_norm: true,
         attn_scalar: Some(1.0),
         local_rope_theta: Some(local_rope_theta),
-        layer_heads,
+        layer_shapes,
+        kv_shared_from,
         per_layer_input,
         gemma4: Some(Gemma4 { k_eq_v }),
         ..c
     })
 }
 
-/// Every layer's heads where the global ones differ: `per_layer_config`'s entries (by layer
-/// index: `head_dim`, `num_key_value_heads`), else Gemma4TextConfig's rule, `global_head_dim`
-/// (512) on the global layers with `num_global_key_value_heads` when `attention_k_eq_v`.
-fn global_heads(hf: &HfConfig, c: &ModelConfig, k_eq_v: bool) -> Result<Vec<Heads>, ModelError> {
-    let plain = Heads { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads };
-    let mut heads = vec![plain; c.n_layers];
+/// The layers that attend over an earlier layer's keys and values: the last
+/// `num_kv_shared_layers`, each over the last layer of its type (local or global) before them
+/// (Gemma4TextConfig.kv_sharing_modes).
+fn kv_sharing(hf: &HfConfig, c: &ModelConfig) -> Result<Vec<Option<usize>>, ModelError> {
+    let shared = hf.key::<usize>("num_kv_shared_layers")?.unwrap_or(0);
+    if shared == 0 {
+        return Ok(Vec::new());
+    }
+    let first = c.n_layers.checked_sub(shared).filter(|&f| f > 0).ok_or_else(|| {
+        ModelError::Config(format!("num_kv_shared_layers {shared} leaves none of the {} layers computing keys and values", c.n_layers))
+    })?;
+    (0..c.n_layers)
+        .map(|layer| match layer < first {
+            true => Ok(None),
+            false => (0..first).rev().find(|&s| is_local(c, s) == is_local(c, layer)).map(Some).ok_or_else(|| {
+                ModelError::Config(format!("layer {layer} shares keys and values with no earlier layer of its type (num_kv_shared_layers {shared})"))
+            }),
+        })
+        .collect()
+}
+
+/// Every layer's sizes where some differ: `per_layer_config`'s heads (by layer index:
+/// `head_dim`, `num_key_value_heads`), else Gemma4TextConfig's rule, `global_head_dim` (512)
+/// on the global layers with `num_global_key_value_heads` when `attention_k_eq_v`; the MLP
+/// twice as wide on the layers `wide` says.
+fn layer_shapes(hf: &HfConfig, c: &ModelConfig, k_eq_v: bool, wide: impl Fn(usize) -> bool) -> Result<Vec<LayerShape>, ModelError> {
+    let plain = LayerShape { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads, intermediate_size: c.intermediate_size };
+    let mut heads: Vec<LayerShape> = (0..c.n_layers)
+        .map(|l| LayerShape { intermediate_size: c.intermediate_size * if wide(l) { 2 } else { 1 }, ..plain })
+        .collect();
     match hf.extra.get("per_layer_config") {
         Some(Json::Object(entries)) => {
             for (index, entry) in entries {
@@ -173,12 +202,10 @@ fn global_heads(hf: &HfConfig, c: &ModelConfig, k_eq_v: bool) -> Result<Vec<Head
         }
         Some(other) if !other.is_null() => return Err(ModelError::Config(format!("per_layer_config {other} is not an object"))),
         _ => {
-            let global = Heads {
-                head_dim: hf.key("global_head_dim")?.unwrap_or(512),
-                n_kv_heads: hf.key("num_global_key_value_heads")?.filter(|_| k_eq_v).unwrap_or(c.n_kv_heads),
-            };
+            let head_dim = hf.key("global_head_dim")?.unwrap_or(512);
+            let n_kv_heads = hf.key("num_global_key_value_heads")?.filter(|_| k_eq_v).unwrap_or(c.n_kv_heads);
             for layer in (0..c.n_layers).filter(|&l| !is_local(c, l)) {
-                heads[layer] = global;
+                heads[layer] = LayerShape { head_dim, n_kv_heads, ..heads[layer] };
             }
         }
     }
@@ -206,7 +233,7 @@ fn is_local(c: &ModelConfig, layer: usize) -> bool {
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;
-    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let h = c.hidden_size;
     let k_eq_v = c.gemma4.is_some_and(|g| g.k_eq_v);
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
     if let Some(ple) = c.per_layer_input {
@@ -216,17 +243,20 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
         out.push(ParamInfo::new("model.per_layer_projection_norm.weight", &[ple.width], Norm, None));
     }
     for l in 0..n_layers {
-        let (d, kv) = (c.head_dim_at(l), c.kv_heads_at(l));
+        let (d, kv, i) = (c.head_dim_at(l), c.kv_heads_at(l), c.intermediate_at(l));
         let (q, kvw) = (c.n_heads * d, kv * d);
+        let own_kv = c.kv_source(l).is_none();
         let mut p = |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
         p("input_layernorm.weight", &[h], Norm);
         p("self_attn.q_proj.weight", &[q, h], AttnQ);
         p("self_attn.q_norm.weight", &[d], Norm);
-        p("self_attn.k_proj.weight", &[kvw, h], AttnK);
-        if !(k_eq_v && !is_local(c, l)) {
-            p("self_attn.v_proj.weight", &[kvw, h], AttnV);
+        if own_kv {
+            p("self_attn.k_proj.weight", &[kvw, h], AttnK);
+            if !(k_eq_v && !is_local(c, l)) {
+                p("self_attn.v_proj.weight", &[kvw, h], AttnV);
+            }
+            p("self_attn.k_norm.weight", &[d], Norm);
         }
-        p("self_attn.k_norm.weight", &[d], Norm);
         p("self_attn.o_proj.weight", &[h, q], AttnO);
         p("post_attention_layernorm.weight", &[h], Norm);
         p("pre_feedforward_layernorm.weight", &[h], Norm);
@@ -263,6 +293,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         Some(ple) => Some(per_layer_inputs(&mut g, x, ple)?),
         None => None,
     };
+    // Each built layer's rotated keys and normed values, for the layers that share them.
+    let mut keys_values: Vec<(Value, Value)> = Vec::with_capacity(n_blocks);
     for layer in 0..n_blocks {
         let at = |kind| HookPoint::block(layer, kind);
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
@@ -271,8 +303,13 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let mask = g.layer_mask(layer)?;
         let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::F32)?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let values_from_keys = gemma4.k_eq_v && !is_local(config, layer);
-        let proj = attention(&mut g, ln1.out, layer, values_from_keys, cos, sin, mask)?;
+        let kv = match config.kv_source(layer) {
+            Some(source) => Kv::Shared(keys_values[source]),
+            None if gemma4.k_eq_v && !is_local(config, layer) => Kv::FromKeys,
+            None => Kv::Own,
+        };
+        let (proj, kv) = attention(&mut g, ln1.out, layer, kv, cos, sin, mask)?;
+        keys_values.push(kv);
         g.hook(at(AttnProjOut), proj);
         let h = g.add_post_normed(x, proj, &norm("post_attention_layernorm"), Gain::F32, [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at))?;
         g.hook(at(ResidMid), h);
@@ -332,51 +369,62 @@ fn per_layer_inputs(g: &mut Graph<'_>, x: Value, ple: PerLayerInput) -> Result<V
     scaled(g, sum, 0.5f64.sqrt())
 }
 
-/// `o_proj(attention)` of block `layer` on normed input `n`, recording the attention hooks:
-/// q and k normed per head, v from `v_proj` (or the key projection when `values_from_keys`)
-/// normed without a gain, q and k rotated.
-fn attention(
-    g: &mut Graph<'_>,
-    n: Value,
-    layer: usize,
-    values_from_keys: bool,
-    cos: Value,
-    sin: Value,
-    mask: Value,
-) -> Result<Value, ModelError> {
+/// Where a block's keys and values come from.
+#[derive(Clone, Copy)]
+enum Kv {
+    /// Its own `k_proj` and `v_proj`.
+    Own,
+    /// Its own `k_proj`, the values its projection too (`attention_k_eq_v`, global layers).
+    FromKeys,
+    /// An earlier layer's rotated keys and normed values (KV sharing).
+    Shared((Value, Value)),
+}
+
+/// `o_proj(attention)` of block `layer` on normed input `n`, and the rotated keys and normed
+/// values it attended over, recording the attention hooks: q and k normed per head, v normed
+/// without a gain, q and k rotated.
+fn attention(g: &mut Graph<'_>, n: Value, layer: usize, kv: Kv, cos: Value, sin: Value, mask: Value) -> Result<(Value, (Value, Value)), ModelError> {
     use HookKind::*;
     let at = |kind| HookPoint::block(layer, kind);
     let c = g.config;
     let t = g.tokens();
-    let (d, kv) = (c.head_dim_at(layer), c.kv_heads_at(layer));
+    let (d, n_kv) = (c.head_dim_at(layer), c.kv_heads_at(layer));
     let p = format!("model.layers.{layer}.self_attn");
     let q = g.linear(n, &format!("{p}.q_proj.weight"), None)?;
     g.hook(at(AttnQ), q);
-    let k = g.linear(n, &format!("{p}.k_proj.weight"), None)?;
-    g.hook(at(AttnK), k);
-    let v = if values_from_keys { k } else { g.linear(n, &format!("{p}.v_proj.weight"), None)? };
-    g.hook(at(AttnV), v);
     let q = g.b.reshape(q, &[t, c.n_heads, d])?;
     let q = crate::llama::head_norm(g, q, &format!("{p}.q_norm.weight"), Gain::F32, [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at))?;
-    let k = g.b.reshape(k, &[t, kv, d])?;
-    let k = crate::llama::head_norm(g, k, &format!("{p}.k_norm.weight"), Gain::F32, [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at))?;
-    let v = g.b.reshape(v, &[t * kv, d])?;
-    let v = g.rms_norm_unscaled(v)?.out;
-    let v = g.b.reshape(v, &[t, kv * d])?;
-    g.hook(at(AttnVNormed), v);
+    let (k, v) = match kv {
+        Kv::Shared(shared) => shared,
+        Kv::Own | Kv::FromKeys => {
+            let k = g.linear(n, &format!("{p}.k_proj.weight"), None)?;
+            g.hook(at(AttnK), k);
+            let v = match kv {
+                Kv::FromKeys => k,
+                _ => g.linear(n, &format!("{p}.v_proj.weight"), None)?,
+            };
+            g.hook(at(AttnV), v);
+            let k = g.b.reshape(k, &[t, n_kv, d])?;
+            let k = crate::llama::head_norm(g, k, &format!("{p}.k_norm.weight"), Gain::F32, [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at))?;
+            let v = g.b.reshape(v, &[t * n_kv, d])?;
+            let v = g.rms_norm_unscaled(v)?.out;
+            let v = g.b.reshape(v, &[t, n_kv * d])?;
+            g.hook(at(AttnVNormed), v);
+            let k = g.apply_rope(k, cos, sin)?;
+            g.hook(at(AttnRotK), k);
+            (g.b.reshape(k, &[t, n_kv * d])?, v)
+        }
+    };
     let q = g.apply_rope(q, cos, sin)?;
-    let k = g.apply_rope(k, cos, sin)?;
     g.hook(at(AttnRotQ), q);
-    g.hook(at(AttnRotK), k);
     let q = g.b.reshape(q, &[t, c.n_heads * d])?;
-    let k = g.b.reshape(k, &[t, kv * d])?;
     let z = g.attend(layer, q, k, v, mask)?;
-    g.linear(z, &format!("{p}.o_proj.weight"), None)
+    Ok((g.linear(z, &format!("{p}.o_proj.weight"), None)?, (k, v)))
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::{Heads, HfConfig, ModelConfig, PerLayerInput, RopeScaling};
+    use crate::{LayerShape, HfConfig, ModelConfig, PerLayerInput, RopeScaling};
 
     const BASE: &str = r#"{"model_type": "gemma4_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
         "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 2"#;
@@ -411,8 +459,8 @@ mod tests {
             "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention"], "sliding_window": 3,
             "per_layer_config": {"1": {"head_dim": 32, "num_key_value_heads": 1}}"#)
         .unwrap();
-        let plain = Heads { head_dim: 256, n_kv_heads: 2 };
-        assert_eq!(c.layer_heads[..3], [plain, Heads { head_dim: 32, n_kv_heads: 1 }, plain]);
+        let plain = LayerShape { head_dim: 256, n_kv_heads: 2, intermediate_size: 32 };
+        assert_eq!(c.layer_shapes[..3], [plain, LayerShape { head_dim: 32, n_kv_heads: 1, ..plain }, plain]);
         // Hugging Face forces the last layer global.
         assert_eq!(c.layer_windows[5..], [Some(3), None]);
         // The planner counts the per-layer table.
@@ -425,7 +473,7 @@ mod tests {
     #[test]
     fn what_siphon_does_not_build_is_refused_by_name() {
         for (extra, named) in [
-            (r#", "num_kv_shared_layers": 2"#, "num_kv_shared_layers 2"),
+            (r#", "num_kv_shared_layers": 7"#, "num_kv_shared_layers 7"),
             (r#", "enable_moe_block": true"#, "enable_moe_block"),
             (r#", "use_bidirectional_attention": "all""#, "use_bidirectional_attention \"all\""),
             (r#", "attention_bias": true"#, "attention_bias"),

@@ -156,7 +156,7 @@ impl HookShape {
         let (head_dim, kv_heads) = layer.map_or((config.head_dim, config.n_kv_heads), |l| (config.head_dim_at(l), config.kv_heads_at(l)));
         match self {
             HookShape::Model => vec![config.hidden_size],
-            HookShape::Mlp => vec![config.intermediate_size],
+            HookShape::Mlp => vec![layer.map_or(config.intermediate_size, |l| config.intermediate_at(l))],
             HookShape::Scale => vec![1],
             HookShape::QHeads => vec![config.n_heads, head_dim],
             HookShape::KvHeads => vec![kv_heads, head_dim],
@@ -342,6 +342,20 @@ const LN_FINAL_IN: &str = "ln_final.hook_in";
 pub fn hook_kinds(config: &ModelConfig) -> Vec<HookKind> {
     let features = features(config);
     KINDS.iter().filter(|k| k.kind.needs().is_none_or(|f| features.contains(&f))).map(|k| k.kind).collect()
+}
+
+/// The block kinds block `layer` of `config` has: its family's, less the keys' and values'
+/// own hooks where the layer attends over an earlier layer's keys and values (Gemma 4's KV
+/// sharing: those are the earlier layer's hooks).
+pub fn layer_hook_kinds(config: &ModelConfig, layer: usize) -> Vec<HookKind> {
+    hook_kinds(config).into_iter().filter(|k| k.info().scope == Scope::Block && layer_has(config, layer, *k)).collect()
+}
+
+/// Whether block `layer` computes `kind` (see [`layer_hook_kinds`]).
+fn layer_has(config: &ModelConfig, layer: usize, kind: HookKind) -> bool {
+    use HookKind::*;
+    let own_kv = [AttnK, AttnV, AttnKNormScale, AttnKNormNormalized, AttnKNormed, AttnVNormed, AttnRotK];
+    config.kv_source(layer).is_none() || !own_kv.contains(&kind)
 }
 
 /// The features of `config`'s block: its family's, less the optional parts the config leaves
@@ -559,6 +573,14 @@ fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result<(), ModelE
             hook.kind.info().meaning
         )));
     }
+    if let Some(layer) = hook.layer.filter(|&l| !layer_has(config, l, hook.kind)) {
+        let source = config.kv_source(layer).unwrap_or(layer);
+        return Err(ModelError::Hook(format!(
+            "{name:?}: block {layer} attends over block {source}'s keys and values (it computes none of its own): \
+             blocks.{source}.{} holds them",
+            hook.kind.info().name
+        )));
+    }
     Ok(())
 }
 
@@ -635,17 +657,18 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
         return Ok(vec![(lookup_in(item, config)?, item.to_string())]);
     }
     let layer_list = parse_layer_set(item, layers, config.n_layers)?;
-    let suffixes: Vec<&str> = if suffix == "*" {
-        KINDS
-            .iter()
-            .filter(|k| k.scope == Scope::Block && family.contains(&k.kind))
-            .map(|k| k.name)
-            .collect()
-    } else {
-        vec![suffix]
-    };
     let mut out = Vec::new();
     for layer in layer_list {
+        // `*`: every hook this block has.
+        let suffixes: Vec<&str> = if suffix == "*" {
+            KINDS
+                .iter()
+                .filter(|k| k.scope == Scope::Block && family.contains(&k.kind) && layer_has(config, layer, k.kind))
+                .map(|k| k.name)
+                .collect()
+        } else {
+            vec![suffix]
+        };
         for suffix in &suffixes {
             let name = format!("blocks.{layer}.{suffix}");
             let hook = lookup(&name, Some(config)).map_err(|_| {
@@ -1036,12 +1059,20 @@ mod tests {
         assert_eq!(dims(HookKind::AttnZ), [4, 4]);
         assert_eq!(dims(HookKind::AttnK), [2, 4]);
         assert_eq!(dims(HookKind::AttnPattern), [4, 7]);
-        // Heads that differ by layer (Gemma 4's global layers), and the per-layer width.
-        let heads = crate::config::Heads { head_dim: 8, n_kv_heads: 1 };
+        // LayerShape that differ by layer (Gemma 4's global layers), and the per-layer width.
+        let plain = crate::config::LayerShape { head_dim: 4, n_kv_heads: 2, intermediate_size: 24 };
+        let wide = crate::config::LayerShape { head_dim: 8, n_kv_heads: 1, intermediate_size: 48 };
         let mut c = of(crate::config::Arch::Gemma4);
-        c.layer_heads = vec![c.layer_heads.first().copied().unwrap_or(crate::config::Heads { head_dim: 4, n_kv_heads: 2 }), heads, heads, heads];
+        c.layer_shapes = vec![plain, wide, wide, wide];
         let at = |layer, k: HookKind| HookPoint::block(layer, k).dims(&c, 7);
         assert_eq!((at(0, HookKind::AttnK), at(1, HookKind::AttnK), at(1, HookKind::AttnQ)), (vec![2, 4], vec![1, 8], vec![4, 8]));
-        assert_eq!(at(2, HookKind::PleGate), [4]);
+        assert_eq!((at(0, HookKind::MlpPost), at(3, HookKind::MlpPost), at(2, HookKind::PleGate)), (vec![24], vec![48], vec![4]));
+        // A block that attends over another's keys and values has none of its own hooks.
+        c.kv_shared_from = vec![None, None, Some(0), Some(1)];
+        assert!(!layer_hook_kinds(&c, 2).contains(&HookKind::AttnK) && layer_hook_kinds(&c, 2).contains(&HookKind::AttnQ));
+        let err = HookPoint::parse("blocks.3.attn.hook_v", &c).unwrap_err().to_string();
+        assert!(err.contains("block 1's keys and values") && err.contains("blocks.1.attn.hook_v"), "{err}");
+        let hooks = resolve_hooks("blocks.*.*", &c).unwrap();
+        assert!(hooks.contains(&HookPoint::block(0, HookKind::AttnK)) && !hooks.contains(&HookPoint::block(2, HookKind::AttnK)));
     }
 }

@@ -28,12 +28,12 @@ mod smollm3;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Activation, Arch, Heads, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice};
+pub use config::{Activation, Arch, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice};
 pub use gemma4::Gemma4;
 pub use hf_config::HfConfig;
 pub use forward::{build_forward, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;
-pub use hooks::{hook_kinds, resolve_hooks, HookKind, HookPoint, HookShape, KINDS};
+pub use hooks::{hook_kinds, layer_hook_kinds, resolve_hooks, HookKind, HookPoint, HookShape, KINDS};
 pub use tokenizer::TextTokenizer;
 pub use weights::{DType, HostTensor, TensorMeta, Weights};
 

@@ -206,7 +206,7 @@ pub fn activation_memory(
     // `[n_experts, tokens, h]` outputs before the weighted sum.
     let (i, expert_out) = match &config.moe {
         Some(m) => ((m.n_experts * m.expert_size) as u64, (m.n_experts as u64 / model.min(m.n_experts as u64)) * h),
-        None => (config.intermediate_size as u64, 0),
+        None => (widest(&|l| config.intermediate_at(l)), 0),
     };
     let input_bytes = 2 * 4 * b * s;
     let width: u64 = hooks.iter().map(|hook| hook.dims(config, seq).iter().product::<usize>() as u64).sum();
