@@ -239,7 +239,8 @@ pub enum ParamClass {
     Norm,
     /// A LayerNorm's bias [hidden].
     NormBias,
-    /// A scalar of a block, `[1]` (Gemma 4's `layer_scalar`).
+    /// Scalars and small vectors a block multiplies by, replicated (Gemma 4's `layer_scalar`
+    /// `[1]`, its router's `scale` `[hidden]` and `per_expert_scale` `[experts]`).
     Scalar,
     /// The projections of Gemma 4's per-layer inputs (`per_layer_model_projection`
     /// `[layers * width, hidden]`, a block's `per_layer_input_gate` `[width, hidden]` and

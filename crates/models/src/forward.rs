@@ -702,18 +702,27 @@ impl<'a> Graph<'a> {
     pub fn moe_mlp(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
         let moe = self.config.moe.clone().ok_or_else(|| ModelError::Config("moe_mlp on a model without experts".into()))?;
         let p = format!("model.layers.{layer}.mlp");
-        let t = self.tokens();
-        let e = moe.n_experts;
-        let h = self.config.hidden_size;
         let logits = self.linear(x, &format!("{p}.gate.weight"), None)?;
         let at = |kind| HookPoint::block(layer, kind);
         self.hook(at(HookKind::MlpRouterLogits), logits);
-        let [gate, up, down] = ["gate_proj", "up_proj", "down_proj"].map(|n| self.w(&format!("{p}.experts.{n}")));
-        let (gate, up, down) = (gate?, up?, down?);
-        let dt = self.dt;
+        let logits = self.b.convert(logits, DType::F32)?;
+        let probs = softmax_last(&mut self.b, logits)?;
+        let (weights, indices) = self.top_k(probs, moe.top_k, moe.norm_topk)?;
+        let weights = self.b.convert(weights, self.dt)?;
+        self.hook(at(HookKind::MlpExpertWeights), weights);
+        self.hook(at(HookKind::MlpExpertIndices), indices);
+        let [gate, up, down] = ["gate_proj", "up_proj", "down_proj"].map(|n| format!("{p}.experts.{n}"));
+        self.experts(x, [&gate, &up, &down], weights)
+    }
+
+    /// Top-k routing of `probs` `[tokens, experts]` (f32, each row ≥ 0): each token's `k`
+    /// most probable experts, the lower index first among equals (`torch.topk`), their
+    /// probabilities kept — divided by their sum when `renormalize` — and the others 0, and
+    /// the chosen experts' indices, most probable first, `[tokens, k]` as f32.
+    pub fn top_k(&mut self, probs: Value, k: usize, renormalize: bool) -> Result<(Value, Value), ModelError> {
+        let dims = self.b.dims(probs)?.to_vec();
+        let (t, e) = (dims[0], dims[1]);
         let b = &mut self.b;
-        let logits = b.convert(logits, DType::F32)?;
-        let probs = softmax_last(b, logits)?;
         // Top-k by repeated argmax; probabilities are >= 0, so -1 marks the ones taken.
         let te = TensorType::new(DType::F32, &[t, e]);
         let rev = {
@@ -725,8 +734,8 @@ impl<'a> Graph<'a> {
         let taken = b.splat(-1.0, te.clone())?;
         let mut remaining = probs;
         let mut chosen = b.compare(CompareDir::Lt, probs, zero)?; // all false
-        let mut indices = Vec::with_capacity(moe.top_k);
-        for _ in 0..moe.top_k {
+        let mut indices = Vec::with_capacity(k);
+        for _ in 0..k {
             let m = b.reduce_max(remaining, &[1])?;
             let m = b.broadcast_in_dim(m, &[t, e], &[0])?;
             let is_max = b.compare(CompareDir::Eq, remaining, m)?;
@@ -741,21 +750,30 @@ impl<'a> Graph<'a> {
             remaining = b.select(pick, taken, remaining)?;
         }
         let mut weights = b.select(chosen, probs, zero)?;
-        if moe.norm_topk {
+        if renormalize {
             let sum = b.reduce_sum(weights, &[1])?;
             let sum = b.broadcast_in_dim(sum, &[t, e], &[0])?;
             weights = b.div(weights, sum)?;
         }
-        let weights = b.convert(weights, dt)?;
         let indices = b.concatenate(&indices, 1)?;
-        self.hook(at(HookKind::MlpExpertWeights), weights);
-        self.hook(at(HookKind::MlpExpertIndices), indices);
-        let b = &mut self.b;
+        Ok((weights, indices))
+    }
+
+    /// Every expert on every token, weighted (exact for any routing):
+    /// `Σ_e weights[:, e] · down_e(act(gate_e(x)) * up_e(x))` for `x` `[tokens, hidden]`, the
+    /// weights `[tokens, experts]` in the compute dtype (0 for the experts a token is not
+    /// routed to) and the stacked expert weights `gate`, `up` `[E, I, H]` and `down`
+    /// `[E, H, I]`.
+    pub fn experts(&mut self, x: Value, [gate, up, down]: [&str; 3], weights: Value) -> Result<Value, ModelError> {
+        let [gate, up, down] = [gate, up, down].map(|n| self.w(n));
+        let (gate, up, down) = (gate?, up?, down?);
+        let dims = self.b.dims(weights)?.to_vec();
+        let (t, e, h) = (dims[0], dims[1], self.config.hidden_size);
         // [t, H] x [E, I, H] -> [t, E, I]
-        let g = b.dot_general(x, gate, &DotDims::contract(&[1], &[2]))?;
-        let u = b.dot_general(x, up, &DotDims::contract(&[1], &[2]))?;
-        let sig = b.logistic(g)?;
-        let act = b.mul(g, sig)?;
+        let g = self.b.dot_general(x, gate, &DotDims::contract(&[1], &[2]))?;
+        let u = self.b.dot_general(x, up, &DotDims::contract(&[1], &[2]))?;
+        let act = self.activation(g)?;
+        let b = &mut self.b;
         let act = b.mul(act, u)?;
         // [t, E, I] x [E, H, I] over E -> [E, t, H]
         let out = b.dot_general(act, down, &DotDims::batched(&[1], &[0], &[2], &[2]))?;

@@ -260,7 +260,9 @@ fn slice_rows(slice: &Slice, size: usize, bytes: &[u8]) -> Vec<u8> {
         [r, c] if slice.transposed => (c, r),
         [r, c] => (r, c),
         [r] => (r, 1),
-        _ => unreachable!("slices are of 1-D and 2-D tensors"),
+        // Stacked experts `[E, rows, cols]` (Gemma 4's fused gate_up), cut per expert.
+        [e, r, c] if !slice.transposed => (e * r, c),
+        _ => unreachable!("slices are of 1-D, 2-D and stacked 3-D tensors"),
     };
     let row_bytes = cols * size;
     let row = |i: usize| -> std::borrow::Cow<'_, [u8]> {
