@@ -149,6 +149,12 @@ fn tiny_gemma4_matches_hf_at_every_hook() {
     check_tiny("tiny-gemma4");
 }
 
+/// Gemma 4 with the mixture of experts beside every MLP.
+#[test]
+fn tiny_gemma4_moe_matches_hf_at_every_hook() {
+    check_tiny("tiny-gemma4-moe");
+}
+
 /// OLMo 3: OLMo 2's block with a window of 3 on layers 0-1 and RoPE per layer type.
 #[test]
 fn tiny_olmo3_matches_hf_at_every_hook() {

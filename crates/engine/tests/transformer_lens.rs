@@ -36,7 +36,7 @@ const NOT_EXTRACTED: &[&str] = &[
 /// delegates attention to Hugging Face and fires the post-softmax weights at
 /// `attn.hook_attn_scores` too ("no pre-softmax tensor exists"). siphon gives the scores
 /// there, as for every other family; the test checks that the bridge's value is its pattern.
-const BRIDGE_GIVES_PATTERN_AS_SCORES: &[&str] = &["tiny-gemma4"];
+const BRIDGE_GIVES_PATTERN_AS_SCORES: &[&str] = &["tiny-gemma4", "tiny-gemma4-moe"];
 
 /// One TransformerLens tensor of one row: `[n, *per-token]`, or `[heads, n, n]` for scores
 /// and patterns.
@@ -330,6 +330,13 @@ fn tiny_olmo2_every_hook_matches_transformer_lens() {
 #[test]
 fn tiny_gemma4_every_hook_matches_transformer_lens() {
     check_model("tiny-gemma4");
+}
+
+/// The mixture beside every MLP: router (norm, scale, softmax, top 2 renormalised, per-expert
+/// scale), fused gate_up experts, the two outputs normed and summed.
+#[test]
+fn tiny_gemma4_moe_every_hook_matches_transformer_lens() {
+    check_model("tiny-gemma4-moe");
 }
 
 /// OLMo 2's block with windows (3) on layers 0-1 and RoPE per layer type (sliding: base

@@ -973,7 +973,7 @@ pub(crate) fn blocks_for(config: &ModelConfig, hooks: &[HookPoint]) -> Result<(u
 }
 
 /// Softmax over the last dimension of an f32 tensor, max-subtracted.
-fn softmax_last(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
+pub(crate) fn softmax_last(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
     let dims = b.dims(x)?.to_vec();
     let last = dims.len() - 1;
     let keep: Vec<usize> = (0..last).collect();

@@ -30,14 +30,15 @@
 //! over those of the last earlier layer of its type, and their MLPs may be twice as wide
 //! (`use_double_wide_mlp`).
 //!
-//! Refused by name: the mixture block (`enable_moe_block`), bidirectional attention
-//! (`use_bidirectional_attention` `all`), biases.
+//! With `enable_moe_block` (26B-A4B) a mixture of experts runs beside every MLP, on the
+//! residual stream: the two outputs are normed and summed before the post-MLP norm. Refused
+//! by name: bidirectional attention (`use_bidirectional_attention` `all`), biases.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use siphon_hlo::{TensorType, Value};
 
-use crate::config::{LayerShape, ParamClass, ParamInfo, PerLayerInput};
+use crate::config::{LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
 use crate::family::{Arch, Family};
 use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
@@ -63,6 +64,7 @@ pub(crate) const FAMILY: Family = Family {
         Feature::PostNorms,
         Feature::QkNorm,
         Feature::VNorm,
+        Feature::MixtureBeside,
         Feature::PerLayerInput,
     ],
     // The text tower of a multimodal checkpoint.
@@ -106,9 +108,6 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if let Some(mode) = hf.key::<String>("use_bidirectional_attention")?.filter(|m| m != "vision") {
         return refuse(format!("use_bidirectional_attention {mode:?}"));
     }
-    if hf.key::<bool>("enable_moe_block")? == Some(true) {
-        return refuse("enable_moe_block (the mixture block is not built yet)".into());
-    }
     // Both RoPEs by layer type; Gemma4TextConfig's defaults when absent.
     if hf.rope_parameters.is_none() {
         hf.rope_parameters = Some(serde_json::json!({
@@ -124,6 +123,17 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let double_wide = hf.key::<bool>("use_double_wide_mlp")?.unwrap_or(false);
     let wide = |layer: usize| double_wide && kv_shared_from.get(layer).copied().flatten().is_some();
     let layer_shapes = layer_shapes(&hf, &c, k_eq_v, wide)?;
+    let moe = match hf.key::<bool>("enable_moe_block")?.unwrap_or(false) {
+        false => None,
+        true => {
+            let (n_experts, top_k) = (need(hf.num_experts, "num_experts")?, need(hf.key("top_k_experts")?, "top_k_experts")?);
+            if top_k == 0 || top_k > n_experts {
+                return Err(ModelError::Config(format!("top_k_experts {top_k} with {n_experts} experts")));
+            }
+            let expert_size = need(hf.key("moe_intermediate_size")?, "moe_intermediate_size")?;
+            Some(Moe { n_experts, top_k, norm_topk: true, expert_size })
+        }
+    };
     let per_layer_input = match hf.key::<usize>("hidden_size_per_layer_input")?.unwrap_or(256) {
         0 => None,
         width => {
@@ -144,6 +154,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
         layer_shapes,
         kv_shared_from,
         per_layer_input,
+        moe,
         gemma4: Some(Gemma4 { k_eq_v }),
         ..c
     })
@@ -264,6 +275,23 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
         p("mlp.up_proj.weight", &[i, h], MlpUp);
         p("mlp.down_proj.weight", &[h, i], MlpDown);
         p("post_feedforward_layernorm.weight", &[h], Norm);
+        if let Some(moe) = &c.moe {
+            let (e, x) = (moe.n_experts, moe.expert_size);
+            p("router.proj.weight", &[e, h], Router);
+            p("router.scale", &[h], Scalar);
+            p("router.per_expert_scale", &[e], Scalar);
+            p("pre_feedforward_layernorm_2.weight", &[h], Norm);
+            p("post_feedforward_layernorm_1.weight", &[h], Norm);
+            p("post_feedforward_layernorm_2.weight", &[h], Norm);
+            // gate_up_proj `[E, 2I, H]`: each expert's gate rows, then its up rows.
+            let fused = format!("model.layers.{l}.experts.gate_up_proj");
+            for (part, start, class) in [("gate", 0, ExpertGate), ("up", x, ExpertUp)] {
+                let slice = Slice { tensor: fused.clone(), stored: vec![e, 2 * x, h], transposed: false, groups: e, start, len: x };
+                out.push(ParamInfo::part(format!("{fused}[{part}]"), &[e, x, h], class, Some(l), slice));
+            }
+            out.push(ParamInfo::new(format!("model.layers.{l}.experts.down_proj"), &[e, h, x], ExpertDown, Some(l)));
+        }
+        let mut p = |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
         if let Some(ple) = c.per_layer_input {
             p("per_layer_input_gate.weight", &[ple.width, h], PerLayerInput);
             p("per_layer_projection.weight", &[h, ple.width], PerLayerInput);
@@ -317,7 +345,11 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
         let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
         g.hook_mlp(&mlp, layer, MlpProjOut);
-        let mut out = g.add_post_normed(h, mlp.out, &norm("post_feedforward_layernorm"), Gain::F32, [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at))?;
+        let ffn = match config.moe.as_ref() {
+            Some(moe) => mixture_beside(&mut g, layer, h, mlp.out, moe)?,
+            None => mlp.out,
+        };
+        let mut out = g.add_post_normed(h, ffn, &norm("post_feedforward_layernorm"), Gain::F32, [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at))?;
         if let (Some(inputs), Some(ple)) = (per_layer, config.per_layer_input) {
             g.hook(at(PleIn), out);
             let gate = g.linear(out, &norm("per_layer_input_gate"), None)?;
@@ -367,6 +399,45 @@ fn per_layer_inputs(g: &mut Graph<'_>, x: Value, ple: PerLayerInput) -> Result<V
     let normed = g.b.reshape(normed.out, &[t, all])?;
     let sum = g.b.add(normed, rows)?;
     scaled(g, sum, 0.5f64.sqrt())
+}
+
+/// The MLP's output `mlp` and the mixture's on the residual stream `h`, each normed, summed
+/// (Gemma4TextDecoderLayer with `enable_moe_block`): the router reads `h` normed without a
+/// gain, × `scale`, × `hidden^-½`; softmax, the top k renormalised, × `per_expert_scale`; the
+/// experts read `h` normed by `pre_feedforward_layernorm_2`.
+fn mixture_beside(g: &mut Graph<'_>, layer: usize, h: Value, mlp: Value, moe: &Moe) -> Result<Value, ModelError> {
+    use HookKind::*;
+    let at = |kind| HookPoint::block(layer, kind);
+    let p = |name: &str| format!("model.layers.{layer}.{name}");
+    let mlp = g.rms_norm_with(mlp, &p("post_feedforward_layernorm_1.weight"), Gain::F32)?.out;
+    g.hook(at(FfnMlpNormed), mlp);
+    let dims = g.b.dims(h)?.to_vec();
+    let routed = g.rms_norm_unscaled(h)?.out;
+    let scale = g.w(&p("router.scale"))?;
+    let scale = g.b.broadcast_in_dim(scale, &dims, &[1])?;
+    let routed = g.b.mul(routed, scale)?;
+    let routed = scaled(g, routed, (g.config.hidden_size as f64).powf(-0.5))?;
+    let logits = g.linear(routed, &p("router.proj.weight"), None)?;
+    let logits = g.b.convert(logits, siphon_hlo::DType::F32)?;
+    let probs = crate::forward::softmax_last(&mut g.b, logits)?;
+    let shown = g.b.convert(probs, g.dt)?;
+    g.hook(at(FfnRouterProbs), shown);
+    let (weights, _) = g.top_k(probs, moe.top_k, moe.norm_topk)?;
+    let per_expert = g.w(&p("router.per_expert_scale"))?;
+    let per_expert = g.b.convert(per_expert, siphon_hlo::DType::F32)?;
+    let per_expert = g.b.broadcast_in_dim(per_expert, &[dims[0], moe.n_experts], &[1])?;
+    let weights = g.b.mul(weights, per_expert)?;
+    let weights = g.b.convert(weights, g.dt)?;
+    let x = g.rms_norm_with(h, &p("pre_feedforward_layernorm_2.weight"), Gain::F32)?.out;
+    g.hook(at(FfnExpertsIn), x);
+    let [gate, up] = ["gate", "up"].map(|part| p(&format!("experts.gate_up_proj[{part}]")));
+    let experts = g.experts(x, [&gate, &up, &p("experts.down_proj")], weights)?;
+    g.hook(at(FfnExpertsOut), experts);
+    let experts = g.rms_norm_with(experts, &p("post_feedforward_layernorm_2.weight"), Gain::F32)?.out;
+    g.hook(at(FfnExpertsNormed), experts);
+    let sum = g.b.add(mlp, experts)?;
+    g.hook(at(FfnSum), sum);
+    Ok(sum)
 }
 
 /// Where a block's keys and values come from.
@@ -474,7 +545,8 @@ mod tests {
     fn what_siphon_does_not_build_is_refused_by_name() {
         for (extra, named) in [
             (r#", "num_kv_shared_layers": 7"#, "num_kv_shared_layers 7"),
-            (r#", "enable_moe_block": true"#, "enable_moe_block"),
+            (r#", "enable_moe_block": true, "num_experts": 4"#, "top_k_experts"),
+            (r#", "enable_moe_block": true, "num_experts": 4, "top_k_experts": 5, "moe_intermediate_size": 8"#, "top_k_experts 5"),
             (r#", "use_bidirectional_attention": "all""#, "use_bidirectional_attention \"all\""),
             (r#", "attention_bias": true"#, "attention_bias"),
             (r#", "per_layer_config": {"x": {}}"#, "per_layer_config key \"x\""),
@@ -487,6 +559,21 @@ mod tests {
         }
         // Text alone under "vision" bidirectionality is causal.
         assert!(parse(r#", "vocab_size_per_layer_input": 32, "use_bidirectional_attention": "vision""#).is_ok());
+    }
+
+    #[test]
+    fn the_mixture_beside_the_mlp_is_read_with_its_weights() {
+        let c = parse(r#", "hidden_size_per_layer_input": 0, "enable_moe_block": true, "num_experts": 4, "top_k_experts": 2,
+            "moe_intermediate_size": 8"#)
+        .unwrap();
+        assert_eq!(c.moe, Some(crate::Moe { n_experts: 4, top_k: 2, norm_topk: true, expert_size: 8 }));
+        let params = c.params(1, false);
+        let gate = params.iter().find(|p| p.name == "model.layers.0.experts.gate_up_proj[gate]").unwrap();
+        assert_eq!((gate.shape.clone(), gate.source.as_ref().map(|s| s.stored.clone())), (vec![4, 8, 16], Some(vec![4, 16, 16])));
+        // The dense MLP stays, and with it its hooks; the mixture's hooks join them.
+        let kinds = crate::hook_kinds(&c);
+        assert!(kinds.contains(&crate::HookKind::MlpPost) && kinds.contains(&crate::HookKind::FfnRouterProbs));
+        assert!(!kinds.contains(&crate::HookKind::MlpExpertWeights));
     }
 
     #[test]

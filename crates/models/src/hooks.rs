@@ -59,6 +59,12 @@ pub enum HookKind {
     MlpExpertIndices,
     MlpPost,
     MlpProjOut,
+    FfnMlpNormed,
+    FfnRouterProbs,
+    FfnExpertsIn,
+    FfnExpertsOut,
+    FfnExpertsNormed,
+    FfnSum,
     Ln2PostScale,
     Ln2PostNormalized,
     MlpOut,
@@ -100,6 +106,10 @@ pub enum Feature {
     ResidMid,
     /// A scale-free RMSNorm on every value head (Gemma 4's `v_norm`).
     VNorm,
+    /// A mixture of experts beside the MLP, each normed before their sum (Gemma 4's 26B-A4B:
+    /// `router`, `experts`, `post_feedforward_layernorm_1`/`_2`, `pre_feedforward_layernorm_2`),
+    /// where the config has it.
+    MixtureBeside,
     /// Per-layer inputs mixed in after the MLP (Gemma 4's E2B/E4B: `per_layer_input_gate`,
     /// `per_layer_projection`, `post_per_layer_input_norm`), where the config has them.
     PerLayerInput,
@@ -280,6 +290,18 @@ kinds! {
         "act(gate) * up (act(pre) in a plain MLP), the input of down_proj";
     MlpProjOut Block Model "mlp.hook_out" ["mlp.out.hook_out", "ln2_post.hook_in"]
         "down_proj's output, before the post-MLP norm (Gemma, OLMo 2)";
+    FfnMlpNormed Block Model "post_feedforward_layernorm_1.hook_out" []
+        "the MLP's output normed before it joins the mixture's (Gemma 4 with experts)";
+    FfnRouterProbs Block Experts "router.hook_out" []
+        "the router's softmax over every expert (Gemma 4 with experts; its input is hook_resid_mid)";
+    FfnExpertsIn Block Model "pre_feedforward_layernorm_2.hook_out" ["experts.hook_in"]
+        "the mixture's input: hook_resid_mid normed (Gemma 4 with experts)";
+    FfnExpertsOut Block Model "experts.hook_out" ["post_feedforward_layernorm_2.hook_in"]
+        "the routed experts' weighted sum (Gemma 4 with experts)";
+    FfnExpertsNormed Block Model "post_feedforward_layernorm_2.hook_out" []
+        "the mixture's output normed (Gemma 4 with experts)";
+    FfnSum Block Model "ln2_post.hook_in" []
+        "the normed MLP and mixture outputs summed, before the post-MLP norm (Gemma 4 with experts)";
     Ln2PostScale Block Scale "ln2_post.hook_scale" []
         "sqrt(mean(x²) + eps) of the post-MLP norm's input (Gemma, OLMo 2)";
     Ln2PostNormalized Block Model "ln2_post.hook_normalized" []
@@ -329,6 +351,11 @@ const STRUCTURAL_ALIASES: &[(&str, When, HookKind)] = &[
     ("attn.q_norm.hook_in", When::Has(Feature::QkNorm), HookKind::AttnQ),
     ("attn.k_norm.hook_in", When::Has(Feature::QkNorm), HookKind::AttnK),
     ("attn.v_norm.hook_in", When::Has(Feature::VNorm), HookKind::AttnV),
+    // A mixture beside the MLP (Gemma 4): its router and first norm read the residual stream,
+    // the MLP's norm its output.
+    ("router.hook_in", When::Has(Feature::MixtureBeside), HookKind::ResidMid),
+    ("pre_feedforward_layernorm_2.hook_in", When::Has(Feature::MixtureBeside), HookKind::ResidMid),
+    ("post_feedforward_layernorm_1.hook_in", When::Has(Feature::MixtureBeside), HookKind::MlpProjOut),
     // A mixture: the bridge names its input `mlp.hook_pre` and its output `mlp.hook_post`.
     ("mlp.hook_pre", When::Has(Feature::Moe), HookKind::MlpIn),
     ("mlp.hook_post", When::Has(Feature::Moe), HookKind::MlpOut),
@@ -359,10 +386,15 @@ fn layer_has(config: &ModelConfig, layer: usize, kind: HookKind) -> bool {
 }
 
 /// The features of `config`'s block: its family's, less the optional parts the config leaves
-/// out (Gemma 4 without per-layer inputs).
+/// out (Gemma 4 without per-layer inputs or experts).
 pub fn features(config: &ModelConfig) -> Vec<Feature> {
     let family = crate::family::family(config.arch).features;
-    family.iter().copied().filter(|f| *f != Feature::PerLayerInput || config.per_layer_input.is_some()).collect()
+    let optional = |f: &Feature| match f {
+        Feature::PerLayerInput => config.per_layer_input.is_some(),
+        Feature::MixtureBeside => config.moe.is_some(),
+        _ => true,
+    };
+    family.iter().copied().filter(optional).collect()
 }
 
 impl HookKind {
@@ -389,6 +421,7 @@ impl HookKind {
             MlpPre | MlpPost => Some(Feature::DenseMlp),
             MlpRouterLogits | MlpExpertWeights | MlpExpertIndices => Some(Feature::Moe),
             AttnVNormed => Some(Feature::VNorm),
+            FfnMlpNormed | FfnRouterProbs | FfnExpertsIn | FfnExpertsOut | FfnExpertsNormed | FfnSum => Some(Feature::MixtureBeside),
             PleIn | PleGate | PleProjIn | PleProjOut | PleOut => Some(Feature::PerLayerInput),
             AttnRotQ | AttnRotK => Some(Feature::Rotary),
             Ln1Scale | Ln1Normalized | Ln1Out | Ln2Scale | Ln2Normalized => Some(Feature::PreNorms),

@@ -203,10 +203,13 @@ pub fn activation_memory(
     let kv = widest(&|l| config.kv_heads_at(l) * config.head_dim_at(l));
     // A mixture computes every expert on every token: its gate, up and product are
     // `n_experts · expert_size` wide (split over `model` with the experts), plus the experts'
-    // `[n_experts, tokens, h]` outputs before the weighted sum.
+    // `[n_experts, tokens, h]` outputs before the weighted sum; beside a dense MLP (Gemma 4)
+    // the MLP's width adds to it.
+    let dense = siphon_models::hook_kinds(config).contains(&siphon_models::HookKind::MlpPost);
+    let mlp = if dense { widest(&|l| config.intermediate_at(l)) } else { 0 };
     let (i, expert_out) = match &config.moe {
-        Some(m) => ((m.n_experts * m.expert_size) as u64, (m.n_experts as u64 / model.min(m.n_experts as u64)) * h),
-        None => (widest(&|l| config.intermediate_at(l)), 0),
+        Some(m) => (mlp + (m.n_experts * m.expert_size) as u64, (m.n_experts as u64 / model.min(m.n_experts as u64)) * h),
+        None => (mlp, 0),
     };
     let input_bytes = 2 * 4 * b * s;
     let width: u64 = hooks.iter().map(|hook| hook.dims(config, seq).iter().product::<usize>() as u64).sum();

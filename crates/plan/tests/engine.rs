@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
-use siphon_models::{HookPoint, LoadedModel};
+use siphon_models::{HookKind, HookPoint, LoadedModel};
 use siphon_plan::{MeshKind, MeshRequest, MeshShape, PlanRequest, Topology};
 use siphon_runtime::{Client, ClientOptions, Plugin};
 
@@ -43,7 +43,7 @@ fn planned_shardings_give_the_single_device_activations() {
     // Fused weights (Phi-3's qkv/gate_up, GPT-2's c_attn, GPT-NeoX's per-head qkv) are cut
     // into parts on read, so each part is sharded on whole heads like an unfused weight; the
     // mixtures' stacked experts are split whole over `model`.
-    let names = ["tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-olmo2", "tiny-gpt2", "tiny-pythia", "tiny-qwen3-moe", "tiny-mixtral", "tiny-olmo3", "tiny-smollm3", "tiny-gemma4"];
+    let names = ["tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-olmo2", "tiny-gpt2", "tiny-pythia", "tiny-qwen3-moe", "tiny-mixtral", "tiny-olmo3", "tiny-smollm3", "tiny-gemma4", "tiny-gemma4-moe"];
     for name in names {
         let model = LoadedModel::open(&root.join(name)).unwrap();
         let n_layers = model.config.n_layers;
@@ -51,7 +51,7 @@ fn planned_shardings_give_the_single_device_activations() {
                       blocks.0.attn.hook_z,blocks.0.attn.hook_k,blocks.1.attn.hook_pattern,blocks.1.attn.hook_attn_scores,\
                       blocks.0.{},blocks.1.{}", n_layers - 1,
                       if name.starts_with("tiny-olmo") { "ln2_post.hook_scale" } else { "ln2.hook_scale" },
-                      if model.config.moe.is_some() { "mlp.hook_expert_weights" } else { "mlp.hook_post" }), &model.config)
+                      if siphon_models::hook_kinds(&model.config).contains(&HookKind::MlpExpertWeights) { "mlp.hook_expert_weights" } else { "mlp.hook_post" }), &model.config)
         .unwrap();
         let vocab = model.config.vocab_size as u32;
         let ids: Vec<Vec<u32>> = (0..4u32).map(|r| (0..8u32).map(|t| (r * 37 + t * 11 + 3) % vocab).collect()).collect();
