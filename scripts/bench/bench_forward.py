@@ -2,7 +2,7 @@
 
 Builds (once, cached) a model with random weights of one family's shape (`--family`:
 Qwen2.5-0.5B, Gemma 2 2B's widths with 6 of its 26 layers so that two f32 copies fit in
-this machine's memory, or GPT-2 small), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
+this machine's memory, Gemma 4's default widths with 6 layers, or GPT-2 small), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
 the Rust bench server (`bench_forward` example, a child process) on the same weights and
 input, with the same thread count. Reports medians, and the max-abs difference of the final
 hidden state as a sanity check.
@@ -19,7 +19,8 @@ import time
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import Gemma2Config, Gemma2Model, GPT2Config, GPT2Model, Qwen2Config, Qwen2Model
+from transformers import (Gemma2Config, Gemma2Model, Gemma4TextConfig, Gemma4TextModel, GPT2Config, GPT2Model, Qwen2Config,
+                          Qwen2Model)
 
 QWEN2 = dict(
     vocab_size=151936,
@@ -55,20 +56,46 @@ GEMMA2 = dict(
     hidden_activation="gelu_pytorch_tanh",
 )
 
+# Gemma4TextConfig's default widths (its docstring's checkpoint is gemma-4-e2b-it: hidden 2304,
+# MLP 9216, 8 heads of 256 with 4 KV heads, global layers 512 wide, per-layer inputs of 256,
+# vocab 262144), 6 layers: local, local, local, global, then one of each attending over
+# layers 2 and 3's keys and values with double-wide MLPs.
+GEMMA4 = dict(
+    vocab_size=262144,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    global_head_dim=512,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    sliding_window=512,
+    layer_types=["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"],
+    num_kv_shared_layers=2,
+    use_double_wide_mlp=True,
+    hidden_size_per_layer_input=256,
+    vocab_size_per_layer_input=262144,
+    tie_word_embeddings=True,
+    hidden_activation="gelu_pytorch_tanh",
+)
+
 # GPT-2 small (124M).
 GPT2 = dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024, activation_function="gelu_new")
 
 # shape, config class, model class, architecture, the prefix of the saved names (GPT-2's
-# checkpoints on the hub have none).
+# checkpoints on the hub have none), model_type.
 FAMILIES = {
-    "qwen2": (QWEN2, Qwen2Config, Qwen2Model, "Qwen2ForCausalLM", "model."),
-    "gemma2": (GEMMA2, Gemma2Config, Gemma2Model, "Gemma2ForCausalLM", "model."),
-    "gpt2": (GPT2, GPT2Config, GPT2Model, "GPT2LMHeadModel", ""),
+    "qwen2": (QWEN2, Qwen2Config, Qwen2Model, "Qwen2ForCausalLM", "model.", "qwen2"),
+    "gemma2": (GEMMA2, Gemma2Config, Gemma2Model, "Gemma2ForCausalLM", "model.", "gemma2"),
+    "gemma4": (GEMMA4, Gemma4TextConfig, Gemma4TextModel, "Gemma4ForCausalLM", "model.", "gemma4_text"),
+    "gpt2": (GPT2, GPT2Config, GPT2Model, "GPT2LMHeadModel", "", "gpt2"),
 }
 
 
 def make_model(model_dir, family, batch, seq):
-    shape, config_class, model_class, architecture, prefix = FAMILIES[family]
+    shape, config_class, model_class, architecture, prefix, model_type = FAMILIES[family]
     torch.manual_seed(0)
     config = config_class(**shape)
     model = model_class(config).eval().float()
@@ -83,7 +110,7 @@ def make_model(model_dir, family, batch, seq):
         state = {prefix + k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith(".attn.bias")}
         save_file(state, weights_path + ".tmp")
         os.replace(weights_path + ".tmp", weights_path)
-        cfg = dict(shape, model_type=family, architectures=[architecture], torch_dtype="float32")
+        cfg = dict(shape, model_type=model_type, architectures=[architecture], torch_dtype="float32")
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
     else:

@@ -191,6 +191,12 @@ fn tiny_mixtral_matches_hf_at_every_hook() {
     check_tiny("tiny-mixtral");
 }
 
+/// The text tower of a multimodal Gemma 4 checkpoint (weights under `model.language_model.`).
+#[test]
+fn tiny_gemma4_multimodal_matches_hf_at_every_hook() {
+    check_tiny("tiny-gemma4-mm");
+}
+
 /// The text tower of a multimodal Gemma 3 checkpoint (weights under `language_model.model.`).
 #[test]
 fn tiny_gemma3_multimodal_matches_hf_at_every_hook() {

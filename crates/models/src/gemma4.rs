@@ -539,6 +539,11 @@ mod tests {
         let without = parse(r#", "hidden_size_per_layer_input": 0"#).unwrap();
         let ple = 32 * 7 * 4 + 7 * 4 * 16 + 4 + 7 * (4 * 16 + 16 * 4 + 16);
         assert_eq!(with_ple.n_params() - without.n_params(), ple);
+        // Layers that share keys and values have no k_proj, v_proj or k_norm of their own.
+        let shared = parse(r#", "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 1"#).unwrap();
+        assert_eq!(shared.kv_shared_from[6], Some(5), "the last layer reads the last global one before it");
+        let (d, kv) = (512, 2);
+        assert_eq!(without.n_params() - shared.n_params(), 2 * kv * d * 16 + d);
     }
 
     #[test]

@@ -239,10 +239,12 @@ fn unsupported_quant_and_arch_are_named() {
     let err = LoadedModel::open(&write(&dir, "arch.gguf", &bytes)).unwrap_err();
     assert!(matches!(err, ModelError::UnsupportedArch(_)), "{err}");
     assert!(err.to_string().contains("\"bert\""), "{err}");
-    // llama.cpp's SmolLM3 and OLMo 3 (an olmo2 file with a window) are refused by name.
-    let bytes = tiny_llama().str("general.architecture", "smollm3").bytes();
-    let err = LoadedModel::open(&write(&dir, "smollm3.gguf", &bytes)).unwrap_err();
-    assert!(err.to_string().contains("\"smollm3\""), "{err}");
+    // llama.cpp's SmolLM3, Gemma 4 and OLMo 3 (an olmo2 file with a window) are refused by name.
+    for arch in ["smollm3", "gemma4"] {
+        let bytes = tiny_llama().str("general.architecture", arch).bytes();
+        let err = LoadedModel::open(&write(&dir, &format!("{arch}.gguf"), &bytes)).unwrap_err();
+        assert!(err.to_string().contains(&format!("{arch:?}")), "{err}");
+    }
     let bytes = tiny_llama().str("general.architecture", "olmo2").u32("olmo2.attention.sliding_window", 4096).bytes();
     let err = LoadedModel::open(&write(&dir, "olmo3.gguf", &bytes)).unwrap_err();
     assert!(err.to_string().contains("OLMo 3"), "{err}");
