@@ -16,6 +16,8 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+// Parsed once and kept for the whole run: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub(crate) enum Command {
     /// Load the PJRT plugin, list devices and run a sharded self-test.

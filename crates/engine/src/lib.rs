@@ -56,8 +56,9 @@ pub enum EngineError {
     Runtime {
         /// What the engine was doing.
         context: String,
-        /// The runtime's error.
-        source: siphon_runtime::Error,
+        /// The runtime's error (boxed: it is large, and every `Result` of the engine carries
+        /// its size).
+        source: Box<siphon_runtime::Error>,
     },
     /// A partition spec does not fit a tensor on the mesh.
     #[error("{context}: {source}")]
@@ -76,7 +77,7 @@ pub enum EngineError {
 }
 
 fn rt<T>(context: impl FnOnce() -> String, r: siphon_runtime::Result<T>) -> Result<T, EngineError> {
-    r.map_err(|source| EngineError::Runtime { context: context(), source })
+    r.map_err(|source| EngineError::Runtime { context: context(), source: Box::new(source) })
 }
 
 /// How weights are split over the mesh.

@@ -199,7 +199,7 @@ fn differences(
                     }
                 }
             }
-        } else if head_major(&t.name, &t.shape, &shape, n) {
+        } else if head_major(&t.name, &t.shape, shape, n) {
             // TransformerLens: [heads, token, *rest]; siphon: per token [heads, *rest].
             let heads = shape[2];
             let rest = per_token / heads;
@@ -261,7 +261,7 @@ fn run(model: &LoadedModel, batch: &Batch, mesh: Mesh, compute_dtype: DType) -> 
 fn assert_within(what: &str, diffs: &BTreeMap<String, f32>, tolerance: f32) {
     let bad: Vec<String> = diffs
         .iter()
-        .filter(|(_, d)| !(**d <= tolerance))
+        .filter(|(_, d)| d.is_nan() || **d > tolerance)
         .map(|(n, d)| format!("{n}: {d:e}"))
         .collect();
     assert!(

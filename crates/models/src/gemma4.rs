@@ -263,7 +263,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
         p("self_attn.q_norm.weight", &[d], Norm);
         if own_kv {
             p("self_attn.k_proj.weight", &[kvw, h], AttnK);
-            if !(k_eq_v && !is_local(c, l)) {
+            if !k_eq_v || is_local(c, l) {
                 p("self_attn.v_proj.weight", &[kvw, h], AttnV);
             }
             p("self_attn.k_norm.weight", &[d], Norm);

@@ -80,8 +80,11 @@ pub(crate) struct Defaults {
     /// The key naming the MLP's activation, its default and the values siphon builds.
     pub activation: ActivationKey,
     /// Which layers attend through a window, for `n_layers` layers of `arch`.
-    pub windows: fn(&HfConfig, usize, Arch) -> Result<Vec<Option<usize>>, ModelError>,
+    pub windows: WindowRule,
 }
+
+/// A family's rule for which of `n_layers` layers of `arch` attend through which window.
+pub(crate) type WindowRule = fn(&HfConfig, usize, Arch) -> Result<Vec<Option<usize>>, ModelError>;
 
 impl Defaults {
     /// `LlamaConfig`'s: eps 1e-6, base 1e4, untied, no biases, SiLU, no windows (a config
