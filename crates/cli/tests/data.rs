@@ -9,7 +9,8 @@ fn siphon(args: &[&str]) -> Output {
 }
 
 fn json(args: &[&str]) -> serde_json::Value {
-    let mut all = vec!["data", "--corpus", "fixtures/data/corpus", "--tokenizer", "fixtures/data/tokenizer.json", "--json"];
+    let mut all =
+        vec!["data", "--corpus", "fixtures/data/corpus", "--tokenizer", "fixtures/data/tokenizer.json", "--json"];
     all.extend_from_slice(args);
     let out = siphon(&all);
     assert!(out.status.success(), "siphon data failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -53,22 +54,58 @@ fn padding_mode_gives_one_sequence_per_document() {
 
 #[test]
 fn table_and_errors() {
-    let out = siphon(&["data", "--corpus", "fixtures/data/corpus", "--tokenizer", "fixtures/data/tokenizer.json", "--seq-len", "16", "--hosts", "2"]);
+    let out = siphon(&[
+        "data",
+        "--corpus",
+        "fixtures/data/corpus",
+        "--tokenizer",
+        "fixtures/data/tokenizer.json",
+        "--seq-len",
+        "16",
+        "--hosts",
+        "2",
+    ]);
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success() && text.contains("1 machines x 2 hosts") && text.contains("skipped 2 empty and 1 invalid"), "{text}");
+    assert!(
+        out.status.success() && text.contains("1 machines x 2 hosts") && text.contains("skipped 2 empty and 1 invalid"),
+        "{text}"
+    );
 
     let out = siphon(&[
-        "data", "--corpus", "fixtures/data/corpus", "--tokenizer", "fixtures/data/tokenizer.json", "--seq-len", "16", "--strict",
+        "data",
+        "--corpus",
+        "fixtures/data/corpus",
+        "--tokenizer",
+        "fixtures/data/tokenizer.json",
+        "--seq-len",
+        "16",
+        "--strict",
     ]);
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(!out.status.success() && err.contains("web.jsonl") && err.contains("no field \"text\""), "{err}");
 
-    let out = siphon(&["data", "--corpus", "fixtures/data/nowhere", "--tokenizer", "fixtures/data/tokenizer.json", "--seq-len", "16"]);
+    let out = siphon(&[
+        "data",
+        "--corpus",
+        "fixtures/data/nowhere",
+        "--tokenizer",
+        "fixtures/data/tokenizer.json",
+        "--seq-len",
+        "16",
+    ]);
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(!out.status.success() && err.contains("fixtures/data/nowhere"), "{err}");
 
     let out = siphon(&[
-        "data", "--corpus", "fixtures/data/corpus", "--tokenizer", "fixtures/data/tokenizer.json", "--seq-len", "16", "--bos-token", "<nope>",
+        "data",
+        "--corpus",
+        "fixtures/data/corpus",
+        "--tokenizer",
+        "fixtures/data/tokenizer.json",
+        "--seq-len",
+        "16",
+        "--bos-token",
+        "<nope>",
     ]);
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(!out.status.success() && err.contains("<nope>"), "{err}");
@@ -80,7 +117,18 @@ fn a_gguf_model_file_serves_as_the_tokenizer() {
         eprintln!("note: SIPHON_SMOLLM2_GGUF is not set (scripts/test.sh sets it); skipping");
         return;
     };
-    let out = siphon(&["data", "--corpus", "fixtures/data/corpus", "--tokenizer", &gguf, "--seq-len", "64", "--pad", "right", "--json"]);
+    let out = siphon(&[
+        "data",
+        "--corpus",
+        "fixtures/data/corpus",
+        "--tokenizer",
+        &gguf,
+        "--seq-len",
+        "64",
+        "--pad",
+        "right",
+        "--json",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(total(&report, "sequences"), 24, "one padded row per document");

@@ -49,7 +49,11 @@ fn run(command: &mut Command, limit: Duration) -> Output {
         }
         if Instant::now() >= deadline {
             drop(guard);
-            panic!("did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}", out.join().unwrap(), err.join().unwrap());
+            panic!(
+                "did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                out.join().unwrap(),
+                err.join().unwrap()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -59,7 +63,11 @@ fn run(command: &mut Command, limit: Duration) -> Output {
 }
 
 fn text(output: &Output) -> String {
-    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }
 
 fn run_ok(command: &mut Command) -> Output {
@@ -107,10 +115,26 @@ impl Job {
             .collect();
         args.extend(
             [
-                "--corpus", &path(&self.corpus), "--text-records", "line",
-                "--hooks", "blocks.0.hook_resid_pre,ln_final.hook_normalized",
-                "--seq-len", "32", "--batch-size", "4", "--dtype", "f32", "--shard-size-mb", "0.02",
-                "--output", &path(&self.output), "--run", run, "--tokenizer-threads", "1",
+                "--corpus",
+                &path(&self.corpus),
+                "--text-records",
+                "line",
+                "--hooks",
+                "blocks.0.hook_resid_pre,ln_final.hook_normalized",
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "4",
+                "--dtype",
+                "f32",
+                "--shard-size-mb",
+                "0.02",
+                "--output",
+                &path(&self.output),
+                "--run",
+                run,
+                "--tokenizer-threads",
+                "1",
             ]
             .iter()
             .map(|s| s.to_string()),
@@ -134,7 +158,9 @@ impl Job {
     fn shard_count(&self, run: &str) -> usize {
         self.hosts(run)
             .iter()
-            .map(|h| std::fs::read_to_string(self.output.join(run).join(h).join("manifest.jsonl")).unwrap().lines().count())
+            .map(|h| {
+                std::fs::read_to_string(self.output.join(run).join(h).join("manifest.jsonl")).unwrap().lines().count()
+            })
             .sum()
     }
 
@@ -288,8 +314,9 @@ fn tpu_vm_script_installs_hands_out_the_token_and_starts_every_worker() {
     let output = run_ok(&mut start("tpu"));
     let all = text(&output);
     assert!(all.contains("Cloud TPU VM"), "identity should come from the TPU worker variables\n{all}");
-    let tokens: Vec<String> =
-        (0..2).map(|i| std::fs::read_to_string(workers.join(format!("worker-{i}/.siphon/job-token"))).unwrap()).collect();
+    let tokens: Vec<String> = (0..2)
+        .map(|i| std::fs::read_to_string(workers.join(format!("worker-{i}/.siphon/job-token"))).unwrap())
+        .collect();
     assert_eq!(tokens[0], tokens[1], "every worker must get the same token");
     assert_eq!(tokens[0].len(), 64);
     assert!(!all.contains(&tokens[0]), "the token must never be printed");
@@ -323,7 +350,13 @@ fn tpu_vm_script_starts_detached_reports_status_and_stops() {
     let output = run_ok(&mut script(&start.iter().map(String::as_str).collect::<Vec<_>>()));
     assert!(text(&output).contains("started; follow it with"), "{}", text(&output));
     let pids: Vec<i32> = (0..2)
-        .map(|i| std::fs::read_to_string(workers.join(format!("worker-{i}/.siphon/detached.pid"))).unwrap().trim().parse().unwrap())
+        .map(|i| {
+            std::fs::read_to_string(workers.join(format!("worker-{i}/.siphon/detached.pid")))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        })
         .collect();
     // The detached workers outlive the script; make sure they do not outlive the test.
     struct Kill(Vec<i32>);
@@ -347,7 +380,11 @@ fn tpu_vm_script_starts_detached_reports_status_and_stops() {
         std::thread::sleep(Duration::from_millis(500));
     }
     job.inspect_ok("detached");
-    assert!(std::fs::read_to_string(workers.join("worker-0/.siphon/logs/detached.log")).unwrap().contains("dataset complete"));
+    assert!(
+        std::fs::read_to_string(workers.join("worker-0/.siphon/logs/detached.log"))
+            .unwrap()
+            .contains("dataset complete")
+    );
     // stop on a finished job is harmless.
     run_ok(&mut script(&["stop"]));
 }
@@ -424,7 +461,10 @@ fn dockerfile_stages_copies_and_plugin_flavours_fit_together() {
     for line in dockerfile.lines().filter(|l| l.starts_with("COPY ") && !l.contains("--from=")) {
         let words: Vec<&str> = line.split_whitespace().skip(1).collect();
         for source in &words[..words.len() - 1] {
-            assert!(*source == "." || repo_root().join(source).exists(), "COPY source {source} is not in the repository");
+            assert!(
+                *source == "." || repo_root().join(source).exists(),
+                "COPY source {source} is not in the repository"
+            );
         }
     }
     for line in dockerfile.lines().filter(|l| l.contains("--from=")) {
@@ -432,8 +472,14 @@ fn dockerfile_stages_copies_and_plugin_flavours_fit_together() {
         assert!(stages.contains(&from), "COPY --from={from}: no such stage");
     }
     for flavour in ["cpu", "tpu", "cuda"] {
-        assert!(dockerfile.contains(&format!("install-plugins.sh {flavour} /")), "stage {flavour} does not install its plugin");
-        assert!(dockerfile.contains(&format!("--target {flavour} ")), "the header does not show how to build {flavour}");
+        assert!(
+            dockerfile.contains(&format!("install-plugins.sh {flavour} /")),
+            "stage {flavour} does not install its plugin"
+        );
+        assert!(
+            dockerfile.contains(&format!("--target {flavour} ")),
+            "the header does not show how to build {flavour}"
+        );
     }
     // install-plugins.sh finds install-plugin.sh, lib.sh and the entrypoint beside itself.
     let scripts = dockerfile.lines().find(|l| l.starts_with("COPY ") && l.ends_with(" /opt/siphon/scripts/")).unwrap();

@@ -34,10 +34,31 @@ fn setup(lines_per_file: usize) -> Setup {
 fn extract_args(s: &Setup, output: &Path, run: &str) -> Vec<String> {
     let tokenizer = repo_root().join("fixtures/data/tokenizer.json");
     [
-        "extract", "--model", s.model.to_str().unwrap(), "--tokenizer", tokenizer.to_str().unwrap(),
-        "--corpus", s.corpus.to_str().unwrap(), "--text-records", "line", "--hooks", HOOKS,
-        "--seq-len", "32", "--batch-size", "4", "--dtype", "f32", "--shard-size-mb", "0.02",
-        "--output", output.to_str().unwrap(), "--run", run, "--tokenizer-threads", "1",
+        "extract",
+        "--model",
+        s.model.to_str().unwrap(),
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--corpus",
+        s.corpus.to_str().unwrap(),
+        "--text-records",
+        "line",
+        "--hooks",
+        HOOKS,
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--dtype",
+        "f32",
+        "--shard-size-mb",
+        "0.02",
+        "--output",
+        output.to_str().unwrap(),
+        "--run",
+        run,
+        "--tokenizer-threads",
+        "1",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -131,8 +152,10 @@ fn read_tokens(run_dir: &Path) -> BTreeMap<(i64, i32), Vec<f32>> {
             let bytes = std::fs::read(&shard).unwrap();
             let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
             let ints = |name: &str| tensors.tensor(name).unwrap().data().to_vec();
-            let docs: Vec<i64> = ints("doc_index").chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-            let positions: Vec<i32> = ints("position").chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+            let docs: Vec<i64> =
+                ints("doc_index").chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+            let positions: Vec<i32> =
+                ints("position").chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
             let rows: Vec<Vec<f32>> = hooks
                 .iter()
                 .map(|h| ints(h).chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
@@ -187,9 +210,13 @@ fn two_hosts_of_four_devices_match_one_host_of_one_device() {
 
     inspect_ok(&single.join("r"));
     inspect_ok(&multi.join("r"));
-    assert_eq!(std::fs::read_dir(multi.join("r")).unwrap().filter(|e| {
-        e.as_ref().unwrap().file_name().to_str().unwrap().starts_with("machine_")
-    }).count(), 2);
+    assert_eq!(
+        std::fs::read_dir(multi.join("r"))
+            .unwrap()
+            .filter(|e| { e.as_ref().unwrap().file_name().to_str().unwrap().starts_with("machine_") })
+            .count(),
+        2
+    );
     assert_same_tokens(&read_tokens(&single.join("r")), &read_tokens(&multi.join("r")), 1e-5);
 }
 
@@ -318,9 +345,10 @@ fn bad_arguments_fail_before_anything_expensive() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--store-timeout must be a positive number"));
 
     // A missing required option names itself.
-    let output = siphon(&["extract".into(), "--model".into(), s.model.display().to_string(), "--layers".into(), "0".into()])
-        .output()
-        .unwrap();
+    let output =
+        siphon(&["extract".into(), "--model".into(), s.model.display().to_string(), "--layers".into(), "0".into()])
+            .output()
+            .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--corpus"));
 }
@@ -389,7 +417,8 @@ fn hooks_of_different_widths_are_stored_side_by_side() {
         .into();
     run_ok(siphon(&args), Duration::from_secs(300));
     let run_dir = output.join("w");
-    let run_json: serde_json::Value = serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
+    let run_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
     let names = [
         "blocks.0.hook_resid_pre",
         "blocks.1.hook_resid_pre",
@@ -439,15 +468,20 @@ fn hooks_of_different_widths_are_stored_side_by_side() {
                 assert!((scale[t] - want).abs() <= 1e-5 * want, "token {t}: scale {} vs {want}", scale[t]);
                 for head in pattern[t * 4 * 32..(t + 1) * 4 * 32].chunks(32) {
                     let sum: f32 = head.iter().sum();
-                    assert!((sum - 1.0).abs() <= 1e-5 && head.iter().all(|p| *p >= 0.0), "token {t}: pattern row sums to {sum}");
+                    assert!(
+                        (sum - 1.0).abs() <= 1e-5 && head.iter().all(|p| *p >= 0.0),
+                        "token {t}: pattern row sums to {sum}"
+                    );
                 }
             }
             tokens += n;
         }
     }
     assert!(tokens > 0);
-    let text = String::from_utf8_lossy(&run_ok(siphon(&["inspect".into(), run_dir.display().to_string()]), Duration::from_secs(60)).stdout)
-        .to_string();
+    let text = String::from_utf8_lossy(
+        &run_ok(siphon(&["inspect".into(), run_dir.display().to_string()]), Duration::from_secs(60)).stdout,
+    )
+    .to_string();
     assert!(text.contains("OK:"), "{text}");
     assert!(text.contains("blocks.0.attn.hook_z") && text.contains("[4, 8]") && text.contains("[4, 32]"), "{text}");
 }
@@ -488,7 +522,8 @@ fn sigterm_stops_every_host_as_preempted_and_the_same_command_resumes() {
     run_ok(siphon(&launch(&reference)), Duration::from_secs(300));
 
     let output = s.root.join("preempted");
-    let manifests = ["machine_000_host_00", "machine_000_host_01"].map(|h| output.join("r").join(h).join("manifest.jsonl"));
+    let manifests =
+        ["machine_000_host_00", "machine_000_host_01"].map(|h| output.join("r").join(h).join("manifest.jsonl"));
     // 1. SIGTERM to the launcher, which passes it to every host.
     let mut command = siphon(&launch(&output));
     command.env("SIPHON_TEST_SLOW_BATCH_MS", "150");
@@ -516,11 +551,15 @@ fn sigterm_stops_every_host_as_preempted_and_the_same_command_resumes() {
     let mut host1 = host(1);
     wait_for_lines(&manifests[1], committed + 1, &mut host1);
     sigterm(host1.0.id());
-    let (out0, out1) = (wait_with_limit(host0, Duration::from_secs(30)), wait_with_limit(host1, Duration::from_secs(30)));
+    let (out0, out1) =
+        (wait_with_limit(host0, Duration::from_secs(30)), wait_with_limit(host1, Duration::from_secs(30)));
     let (err0, err1) = (String::from_utf8_lossy(&out0.stderr), String::from_utf8_lossy(&out1.stderr));
     assert_eq!(out1.status.code(), Some(75), "{err1}");
     assert_eq!(out0.status.code(), Some(75), "host 0 stops as preempted too: {err0}");
-    assert!(err0.contains("preempted: task 1: received SIGTERM") && err0.contains("run the same command again"), "{err0}");
+    assert!(
+        err0.contains("preempted: task 1: received SIGTERM") && err0.contains("run the same command again"),
+        "{err0}"
+    );
     inspect_unfinished(&output.join("r"));
 
     // 3. The same command resumes to the uninterrupted run's dataset.
@@ -673,7 +712,10 @@ fn sigterm_to_a_standalone_coordinator_preempts_the_job_and_the_same_commands_re
     for (id, out) in stopped.iter().enumerate() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(75), "host {id} stops as preempted: {err}");
-        assert!(err.contains("the coordinator received SIGTERM") && err.contains("run the same command again"), "{err}");
+        assert!(
+            err.contains("the coordinator received SIGTERM") && err.contains("run the same command again"),
+            "{err}"
+        );
     }
     assert!(stopped_after < Duration::from_secs(10), "the hosts took {stopped_after:?} to stop");
     inspect_unfinished(&output.join("r"));

@@ -47,11 +47,7 @@ impl Drop for Scratch {
 }
 
 fn siphon(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_siphon"))
-        .args(args)
-        .env("TF_CPP_MIN_LOG_LEVEL", "2")
-        .output()
-        .unwrap()
+    Command::new(env!("CARGO_BIN_EXE_siphon")).args(args).env("TF_CPP_MIN_LOG_LEVEL", "2").output().unwrap()
 }
 
 #[test]
@@ -62,7 +58,8 @@ fn forward_writes_hooks_matching_hf() {
     let (_, ids) = {
         let t = &golden_header["input_ids"];
         let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
-        let ids: Vec<i32> = golden_data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        let ids: Vec<i32> =
+            golden_data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
         ((), ids)
     };
     let seq = golden_header["input_ids"]["shape"][1].as_u64().unwrap() as usize;
@@ -74,8 +71,15 @@ fn forward_writes_hooks_matching_hf() {
     let hooks = "blocks.0.hook_attn_out,blocks.2.hook_resid_post,ln_final.hook_out";
     let all = format!("{hooks},blocks.{{1,2}}.attn.o.hook_in");
     let o = siphon(&[
-        "forward", "--model", model.to_str().unwrap(), "--ids", ids_file.to_str().unwrap(), "--hooks", &all,
-        "--out", out.to_str().unwrap(),
+        "forward",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        ids_file.to_str().unwrap(),
+        "--hooks",
+        &all,
+        "--out",
+        out.to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
@@ -111,7 +115,17 @@ fn forward_rejects_bad_input_without_writing() {
     for (i, (ids, hooks, want)) in cases.iter().enumerate() {
         std::fs::write(&ids_file, ids).unwrap();
         let input = if i == 3 { ["--text", "hello"] } else { ["--ids", ids_file.to_str().unwrap()] };
-        let o = siphon(&["forward", "--model", model.to_str().unwrap(), input[0], input[1], "--hooks", hooks, "--out", out.to_str().unwrap()]);
+        let o = siphon(&[
+            "forward",
+            "--model",
+            model.to_str().unwrap(),
+            input[0],
+            input[1],
+            "--hooks",
+            hooks,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "case {i} succeeded");
         assert!(stderr.contains(want), "case {i}: {stderr}");

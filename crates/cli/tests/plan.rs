@@ -21,15 +21,30 @@ fn stdout(out: &Output) -> String {
 #[test]
 fn qwen_7b_on_4_hosts_of_16_is_2d_with_weights_over_16_and_fits() {
     let out = siphon(&[
-        "plan", "--config", "fixtures/configs/qwen2.5-7b.json", "--hosts", "4", "--devices-per-host", "16",
-        "--device-memory", "16",
+        "plan",
+        "--config",
+        "fixtures/configs/qwen2.5-7b.json",
+        "--hosts",
+        "4",
+        "--devices-per-host",
+        "16",
+        "--device-memory",
+        "16",
     ]);
     let text = stdout(&out);
     assert!(text.contains("mesh      2d [data=4, fsdp=4, model=4]"), "{text}");
     assert!(text.contains("fits      yes"), "{text}");
     let out = siphon(&[
-        "plan", "--config", "fixtures/configs/qwen2.5-7b.json", "--hosts", "4", "--devices-per-host", "16",
-        "--device-memory", "16", "--json",
+        "plan",
+        "--config",
+        "fixtures/configs/qwen2.5-7b.json",
+        "--hosts",
+        "4",
+        "--devices-per-host",
+        "16",
+        "--device-memory",
+        "16",
+        "--json",
     ]);
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     let axes: Vec<(String, u64)> = json["mesh"]["axes"]
@@ -52,7 +67,17 @@ fn qwen_7b_on_4_hosts_of_16_is_2d_with_weights_over_16_and_fits() {
 
 #[test]
 fn llama_70b_on_4_hosts_of_4_fits_only_spanning_hosts() {
-    let base = ["plan", "--config", "fixtures/configs/llama-3.1-70b.json", "--hosts", "4", "--devices-per-host", "4", "--device-memory", "16"];
+    let base = [
+        "plan",
+        "--config",
+        "fixtures/configs/llama-3.1-70b.json",
+        "--hosts",
+        "4",
+        "--devices-per-host",
+        "4",
+        "--device-memory",
+        "16",
+    ];
     let text = stdout(&siphon(&base));
     assert!(text.contains("fits      no"), "{text}");
     assert!(text.contains("only a plan spanning hosts fits"), "{text}");
@@ -67,15 +92,31 @@ fn llama_70b_on_4_hosts_of_4_fits_only_spanning_hosts() {
 #[test]
 fn bad_batch_or_heads_fail_before_any_plugin() {
     let out = siphon(&[
-        "plan", "--config", "fixtures/configs/qwen2.5-7b.json", "--hosts", "4", "--devices-per-host", "16",
-        "--batch", "6", "--seq", "128",
+        "plan",
+        "--config",
+        "fixtures/configs/qwen2.5-7b.json",
+        "--hosts",
+        "4",
+        "--devices-per-host",
+        "16",
+        "--batch",
+        "6",
+        "--seq",
+        "128",
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("batch 6 is not divisible by the data axis (4 ways"), "{err}");
     let out = siphon(&[
-        "plan", "--config", "fixtures/configs/qwen2.5-7b.json", "--hosts", "1", "--devices-per-host", "16",
-        "--model-parallel", "16",
+        "plan",
+        "--config",
+        "fixtures/configs/qwen2.5-7b.json",
+        "--hosts",
+        "1",
+        "--devices-per-host",
+        "16",
+        "--model-parallel",
+        "16",
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

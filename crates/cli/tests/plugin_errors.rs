@@ -37,7 +37,12 @@ fn siphon(args: &[&str]) -> Output {
 /// Exited with status 1 (an error, not a signal or an abort) and said `expected`.
 fn assert_clear_error(output: &Output, expected: &[&str]) {
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "expected exit code 1 (an error, not a crash): {:?}\n{stderr}", output.status);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "expected exit code 1 (an error, not a crash): {:?}\n{stderr}",
+        output.status
+    );
     for text in expected {
         assert!(stderr.contains(text), "missing {text:?} in:\n{stderr}");
     }
@@ -52,10 +57,27 @@ fn extract_with(plugin: &Path) -> Output {
     let out = tmp.path().join("out");
     let path = |p: &Path| p.to_str().unwrap().to_string();
     let args = [
-        "extract".to_string(), "--plugin".into(), path(plugin), "--model".into(), path(&model), "--tokenizer".into(),
-        path(&tokenizer), "--corpus".into(), path(&corpus), "--text-records".into(), "line".into(), "--hooks".into(),
-        "blocks.0.hook_resid_pre".into(), "--seq-len".into(), "32".into(), "--batch-size".into(), "4".into(),
-        "--output".into(), path(&out), "--run".into(), "r".into(),
+        "extract".to_string(),
+        "--plugin".into(),
+        path(plugin),
+        "--model".into(),
+        path(&model),
+        "--tokenizer".into(),
+        path(&tokenizer),
+        "--corpus".into(),
+        path(&corpus),
+        "--text-records".into(),
+        "line".into(),
+        "--hooks".into(),
+        "blocks.0.hook_resid_pre".into(),
+        "--seq-len".into(),
+        "32".into(),
+        "--batch-size".into(),
+        "4".into(),
+        "--output".into(),
+        path(&out),
+        "--run".into(),
+        "r".into(),
     ];
     siphon(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
@@ -84,7 +106,9 @@ fn libtpu() -> Option<PathBuf> {
     match std::env::var_os("SIPHON_TEST_LIBTPU_PLUGIN") {
         Some(path) => Some(PathBuf::from(path)),
         None => {
-            eprintln!("skipped: SIPHON_TEST_LIBTPU_PLUGIN is not set (SIPHON_TEST_LIBTPU=1 scripts/test.sh downloads libtpu)");
+            eprintln!(
+                "skipped: SIPHON_TEST_LIBTPU_PLUGIN is not set (SIPHON_TEST_LIBTPU=1 scripts/test.sh downloads libtpu)"
+            );
             None
         }
     }
@@ -103,7 +127,8 @@ fn doctor_and_extract_explain_libtpu_without_a_tpu() {
         return;
     }
     // libtpu itself would retry the GCE metadata server for minutes; siphon refuses at once.
-    let expected = ["TPU plugin (libtpu)", "cannot start on this machine", "this machine has no TPU", "SIPHON_SKIP_DEVICE_CHECK"];
+    let expected =
+        ["TPU plugin (libtpu)", "cannot start on this machine", "this machine has no TPU", "SIPHON_SKIP_DEVICE_CHECK"];
     let output = siphon(&["doctor", "--plugin", libtpu.to_str().unwrap()]);
     assert_clear_error(&output, &expected);
     let output = extract_with(&libtpu);
@@ -120,5 +145,13 @@ fn doctor_and_extract_explain_libtpu_without_a_tpu() {
         .stdin(Stdio::null())
         .output()
         .expect("run siphon doctor");
-    assert_clear_error(&output, &["TPU plugin (libtpu)", "could not start", "PJRT_Client_Create failed", "likely cause: this machine has no TPU"]);
+    assert_clear_error(
+        &output,
+        &[
+            "TPU plugin (libtpu)",
+            "could not start",
+            "PJRT_Client_Create failed",
+            "likely cause: this machine has no TPU",
+        ],
+    );
 }

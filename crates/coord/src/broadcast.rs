@@ -88,11 +88,9 @@ fn diff_into(path: &str, rank0: &Value, ours: &Value, out: &mut Vec<FieldDiff>) 
                 let child = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
                 match (a.get(key), b.get(key)) {
                     (Some(x), Some(y)) => diff_into(&child, x, y, out),
-                    (x, y) => out.push(FieldDiff {
-                        path: child,
-                        rank0: x.map(canonical_json),
-                        ours: y.map(canonical_json),
-                    }),
+                    (x, y) => {
+                        out.push(FieldDiff { path: child, rank0: x.map(canonical_json), ours: y.map(canonical_json) })
+                    }
                 }
             }
         }

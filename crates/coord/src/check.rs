@@ -137,8 +137,8 @@ pub fn run_check(job: &Coordination, options: &CheckOptions) -> Result<CheckRepo
     if me == 0 {
         let mut pooled = Vec::new();
         for (key, value) in job.kv_list(&format!("{PREFIX}samples/"))? {
-            let samples: Vec<u64> = serde_json::from_slice(&value)
-                .map_err(|e| CoordError::Internal(format!("{key}: {e}")))?;
+            let samples: Vec<u64> =
+                serde_json::from_slice(&value).map_err(|e| CoordError::Internal(format!("{key}: {e}")))?;
             pooled.extend(samples.into_iter().map(Duration::from_nanos));
         }
         report.barrier_all_processes = Some(Latency::of(&pooled));
@@ -212,7 +212,9 @@ pub fn run_local(program: &std::path::Path, args: &[String], n: u32, limit: Dura
                 break;
             }
             if Instant::now() > deadline {
-                return Err(CoordError::DeadlineExceeded(format!("process {task} of {n} did not finish within {limit:?}")));
+                return Err(CoordError::DeadlineExceeded(format!(
+                    "process {task} of {n} did not finish within {limit:?}"
+                )));
             }
             std::thread::sleep(Duration::from_millis(10));
         }

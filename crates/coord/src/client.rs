@@ -110,25 +110,17 @@ impl Client {
     /// heartbeat and waits for every task to register.
     pub async fn connect(address: &str, task: u32, job_token: &str, options: &ClientOptions) -> Result<Client> {
         let client = Client::connect_only(address, task, job_token, options).await?;
-        client
-            .barrier_with(REGISTER_BARRIER, 0, options.register_timeout, &[])
-            .await
-            .map_err(|error| match error {
-                CoordError::DeadlineExceeded(message) => CoordError::DeadlineExceeded(format!(
-                    "not every task registered in time: {message}"
-                )),
-                other => other,
-            })?;
+        client.barrier_with(REGISTER_BARRIER, 0, options.register_timeout, &[]).await.map_err(|error| match error {
+            CoordError::DeadlineExceeded(message) => {
+                CoordError::DeadlineExceeded(format!("not every task registered in time: {message}"))
+            }
+            other => other,
+        })?;
         Ok(client)
     }
 
     /// Connects and registers, with the heartbeat running, without the registration barrier.
-    pub async fn connect_only(
-        address: &str,
-        task: u32,
-        job_token: &str,
-        options: &ClientOptions,
-    ) -> Result<Client> {
+    pub async fn connect_only(address: &str, task: u32, job_token: &str, options: &ClientOptions) -> Result<Client> {
         let incarnation: u64 = rand::rng().random();
         let ascii = |text: String, what: &str| {
             MetadataValue::try_from(text)
@@ -164,10 +156,8 @@ impl Client {
                     .await
                     .map_err(|e| connect_error(&e, address, options.tls.is_some()))?;
                 let mut rpc = CoordinationClient::with_interceptor(channel, auth.clone());
-                let reply = rpc
-                    .register(proto::RegisterRequest {})
-                    .await
-                    .map_err(|status| CoordError::from_status(&status))?;
+                let reply =
+                    rpc.register(proto::RegisterRequest {}).await.map_err(|status| CoordError::from_status(&status))?;
                 Ok::<_, CoordError>((rpc, reply.into_inner().num_tasks))
             };
             match attempt.await {
@@ -222,14 +212,10 @@ impl Client {
     /// current-thread runtime from the caller's thread uses it, so that an RPC involves no
     /// hand-off between threads (the biggest part of barrier latency on a busy host).
     pub async fn with_own_connection(&self) -> Result<Client> {
-        let channel = self
-            .inner
-            .endpoint
-            .clone()
-            .connect_timeout(Duration::from_secs(10))
-            .connect()
-            .await
-            .map_err(|e| connect_error(&e, &self.inner.address, self.inner.endpoint.uri().scheme_str() == Some("https")))?;
+        let channel =
+            self.inner.endpoint.clone().connect_timeout(Duration::from_secs(10)).connect().await.map_err(|e| {
+                connect_error(&e, &self.inner.address, self.inner.endpoint.uri().scheme_str() == Some("https"))
+            })?;
         let rpc = CoordinationClient::with_interceptor(channel, self.inner.auth.clone());
         Ok(Client { inner: self.inner.clone(), rpc })
     }
@@ -385,7 +371,8 @@ impl Client {
     /// reaches every task. Succeeds also when the job already failed.
     pub async fn report_error(&self, message: &str) -> Result<()> {
         let mut rpc = self.rpc();
-        let reply = rpc.report_error(proto::ReportErrorRequest { message: message.to_string(), preempted: false }).await;
+        let reply =
+            rpc.report_error(proto::ReportErrorRequest { message: message.to_string(), preempted: false }).await;
         let local = CoordError::Internal(format!("task {} reported an error: {message}", self.task()))
             .into_job_failure(Some(self.task()));
         self.set_error(local);
@@ -406,7 +393,8 @@ impl Client {
         let mut rpc = self.rpc();
         let request = proto::ReportErrorRequest { message: message.to_string(), preempted: true };
         let reply = rpc.report_error(request).await;
-        let local = CoordError::Preempted(format!("task {}: {message}", self.task())).into_job_failure(Some(self.task()));
+        let local =
+            CoordError::Preempted(format!("task {}: {message}", self.task())).into_job_failure(Some(self.task()));
         match reply {
             Ok(_) => {
                 self.set_error(local);
@@ -503,9 +491,10 @@ async fn heartbeat_loop(
         };
         if let Some(why) = failure {
             if let Some(inner) = inner.upgrade()
-                && !inner.shutting_down.load(Ordering::SeqCst) {
-                    set_error(&inner, lost_coordinator(&inner.address, &why));
-                }
+                && !inner.shutting_down.load(Ordering::SeqCst)
+            {
+                set_error(&inner, lost_coordinator(&inner.address, &why));
+            }
             return;
         }
     }

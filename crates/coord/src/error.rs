@@ -117,9 +117,7 @@ impl CoordError {
             CoordError::Aborted(_) => ErrorCode::Aborted,
             CoordError::Unavailable(_) => ErrorCode::Unavailable,
             CoordError::Internal(_) => ErrorCode::Internal,
-            CoordError::InvalidArgument(_) | CoordError::Unauthenticated(_) => {
-                ErrorCode::InvalidArgument
-            }
+            CoordError::InvalidArgument(_) | CoordError::Unauthenticated(_) => ErrorCode::InvalidArgument,
             CoordError::JobFailed { code, .. } => *code,
             CoordError::ConfigMismatch { .. } => ErrorCode::InvalidArgument,
             CoordError::Preempted(_) => ErrorCode::Preempted,
@@ -155,11 +153,8 @@ impl CoordError {
             }
             CoordError::Unauthenticated(_) => tonic::Status::unauthenticated(message),
             CoordError::JobFailed { task, code, message } => {
-                let details = proto::JobError {
-                    code: code_to_proto(*code) as i32,
-                    message: message.clone(),
-                    task: *task,
-                };
+                let details =
+                    proto::JobError { code: code_to_proto(*code) as i32, message: message.clone(), task: *task };
                 tonic::Status::with_details(
                     tonic::Code::Aborted,
                     format!("the job failed: {message}"),
@@ -170,10 +165,12 @@ impl CoordError {
     }
 
     pub(crate) fn from_status(status: &tonic::Status) -> CoordError {
-        if status.code() == tonic::Code::Aborted && !status.details().is_empty()
-            && let Ok(job) = proto::JobError::decode(status.details()) {
-                return job_error_from_proto(&job);
-            }
+        if status.code() == tonic::Code::Aborted
+            && !status.details().is_empty()
+            && let Ok(job) = proto::JobError::decode(status.details())
+        {
+            return job_error_from_proto(&job);
+        }
         // The server's message already starts with the kind ("not found: ..."); strip it so
         // that Display does not repeat it.
         let message = status.message();
@@ -181,20 +178,14 @@ impl CoordError {
         match status.code() {
             tonic::Code::NotFound => CoordError::NotFound(strip("not found: ")),
             tonic::Code::AlreadyExists => CoordError::AlreadyExists(strip("already exists: ")),
-            tonic::Code::DeadlineExceeded => {
-                CoordError::DeadlineExceeded(strip("deadline exceeded: "))
-            }
+            tonic::Code::DeadlineExceeded => CoordError::DeadlineExceeded(strip("deadline exceeded: ")),
             tonic::Code::Cancelled => CoordError::Cancelled(strip("cancelled: ")),
             tonic::Code::Aborted => CoordError::Aborted(strip("aborted: ")),
-            tonic::Code::Unavailable => CoordError::Unavailable(format!(
-                "the coordinator is unreachable or went away: {message}"
-            )),
-            tonic::Code::InvalidArgument => {
-                CoordError::InvalidArgument(strip("invalid argument: "))
+            tonic::Code::Unavailable => {
+                CoordError::Unavailable(format!("the coordinator is unreachable or went away: {message}"))
             }
-            tonic::Code::Unauthenticated => {
-                CoordError::Unauthenticated(strip("unauthenticated: "))
-            }
+            tonic::Code::InvalidArgument => CoordError::InvalidArgument(strip("invalid argument: ")),
+            tonic::Code::Unauthenticated => CoordError::Unauthenticated(strip("unauthenticated: ")),
             tonic::Code::Unknown if message.contains("transport") || message.contains("connect") => {
                 CoordError::Unavailable(format!("lost the coordinator: {message}"))
             }
@@ -240,10 +231,6 @@ pub(crate) fn job_error_to_proto(error: &CoordError) -> proto::JobError {
         CoordError::JobFailed { task, code, message } => {
             proto::JobError { code: code_to_proto(*code) as i32, message: message.clone(), task: *task }
         }
-        other => proto::JobError {
-            code: code_to_proto(other.code()) as i32,
-            message: other.to_string(),
-            task: None,
-        },
+        other => proto::JobError { code: code_to_proto(other.code()) as i32, message: other.to_string(), task: None },
     }
 }

@@ -302,7 +302,9 @@ fn with_port(address: &str, source: Source, default_port: u16) -> Result<String>
     if let Some(rest) = address.strip_prefix('[') {
         return match rest.split_once(']') {
             Some((_, "")) => Ok(format!("{address}:{default_port}")),
-            Some((_, port)) if port.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok()) => Ok(address.to_string()),
+            Some((_, port)) if port.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok()) => {
+                Ok(address.to_string())
+            }
             _ => Err(CoordError::InvalidArgument(format!("bad coordinator address '{address}' from {source}"))),
         };
     }
@@ -322,9 +324,11 @@ fn with_port(address: &str, source: Source, default_port: u16) -> Result<String>
 fn number(env: &HashMap<String, String>, name: &str) -> Result<Option<u32>> {
     match env.get(name) {
         None => Ok(None),
-        Some(text) => text.trim().parse::<u32>().map(Some).map_err(|_| {
-            CoordError::InvalidArgument(format!("{name}='{text}' is not a non-negative integer"))
-        }),
+        Some(text) => text
+            .trim()
+            .parse::<u32>()
+            .map(Some)
+            .map_err(|_| CoordError::InvalidArgument(format!("{name}='{text}' is not a non-negative integer"))),
     }
 }
 
@@ -358,20 +362,22 @@ fn cloud_tpu(env: &HashMap<String, String>, metadata: Option<&dyn MetadataFetche
     let mut hosts = env.get("TPU_WORKER_HOSTNAMES").map(|h| host_list(h)).unwrap_or_default();
     if let Some(metadata) = metadata {
         if process_id.is_none()
-            && let Some(text) = metadata.get_attribute("agent-worker-number")? {
-                process_id = Some(text.trim().parse().map_err(|_| {
-                    CoordError::InvalidArgument(format!("GCE metadata agent-worker-number='{text}' is not a number"))
-                })?);
-            }
+            && let Some(text) = metadata.get_attribute("agent-worker-number")?
+        {
+            process_id = Some(text.trim().parse().map_err(|_| {
+                CoordError::InvalidArgument(format!("GCE metadata agent-worker-number='{text}' is not a number"))
+            })?);
+        }
         if hosts.is_empty()
-            && let Some(text) = metadata.get_attribute("worker-network-endpoints")? {
-                // Entries look like "<id>:<name>:<ip>"; the address is the last part.
-                hosts = text
-                    .split(',')
-                    .filter_map(|entry| entry.trim().rsplit(':').next().map(str::to_string))
-                    .filter(|ip| !ip.is_empty())
-                    .collect();
-            }
+            && let Some(text) = metadata.get_attribute("worker-network-endpoints")?
+        {
+            // Entries look like "<id>:<name>:<ip>"; the address is the last part.
+            hosts = text
+                .split(',')
+                .filter_map(|entry| entry.trim().rsplit(':').next().map(str::to_string))
+                .filter(|ip| !ip.is_empty())
+                .collect();
+        }
     }
     Ok(Some(Partial {
         process_id,
@@ -458,11 +464,7 @@ fn torchrun(env: &HashMap<String, String>) -> Result<Option<Partial>> {
         Ok(Some(port)) => format!("{host}:{port}"),
         _ => host.clone(),
     });
-    Ok(Some(Partial {
-        process_id: number(env, "RANK")?,
-        num_processes: number(env, "WORLD_SIZE")?,
-        coordinator,
-    }))
+    Ok(Some(Partial { process_id: number(env, "RANK")?, num_processes: number(env, "WORLD_SIZE")?, coordinator }))
 }
 
 #[cfg(test)]

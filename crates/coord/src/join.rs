@@ -93,7 +93,8 @@ impl Coordination {
             };
             // A host name can resolve to loopback (Debian maps the own host name to 127.0.1.1),
             // which other hosts cannot reach.
-            let named_loopback = identity.coordinator.starts_with("127.") || identity.coordinator.starts_with("localhost");
+            let named_loopback =
+                identity.coordinator.starts_with("127.") || identity.coordinator.starts_with("localhost");
             if bind.ip().is_loopback() && !named_loopback {
                 tracing::warn!(
                     coordinator = %identity.coordinator, %bind,

@@ -72,6 +72,6 @@ pub use error::{CoordError, ErrorCode, Result};
 pub use identity::{Identity, IdentityFlags, Source};
 pub use join::{Coordination, JoinOptions, generate_job_token};
 pub use service::{CoordinatorHandle, ServiceConfig};
+pub use state::{REGISTER_BARRIER, SHUTDOWN_BARRIER};
 pub use stop::{EXIT_PREEMPTED, StopSignal};
 pub use tls::TlsOptions;
-pub use state::{REGISTER_BARRIER, SHUTDOWN_BARRIER};

@@ -139,9 +139,8 @@ pub async fn bind(config: ServiceConfig, addr: SocketAddr) -> Result<(Coordinato
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| CoordError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(|e| CoordError::Internal(format!("listener address of {addr}: {e}")))?;
+    let local_addr =
+        listener.local_addr().map_err(|e| CoordError::Internal(format!("listener address of {addr}: {e}")))?;
     let (state, error_rx) = State::new(config.num_tasks);
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Arc::new(Shared { state: Mutex::new(state), config, error_rx, stop_tx });
@@ -165,9 +164,7 @@ pub async fn bind(config: ServiceConfig, addr: SocketAddr) -> Result<(Coordinato
             .tls_config(tls)
             .map_err(|e| CoordError::InvalidArgument(format!("the coordinator's certificate or key: {e}")))?;
     }
-    let server = builder
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, stop_signal);
+    let server = builder.add_service(service).serve_with_incoming_shutdown(incoming, stop_signal);
     let sweeper = sweep_loop(shared.clone(), stop_rx.clone());
     let mut stopped = stop_rx;
     let future = async move {
@@ -211,11 +208,8 @@ fn auth_interceptor(
             tracing::warn!(peer = ?peer, "rejected an RPC with a missing or wrong job token");
             return Err(Status::unauthenticated("missing or wrong job token"));
         }
-        let task = request
-            .metadata()
-            .get(TASK_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u32>().ok());
+        let task =
+            request.metadata().get(TASK_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u32>().ok());
         let incarnation = request
             .metadata()
             .get(INCARNATION_HEADER)
@@ -227,9 +221,7 @@ fn auth_interceptor(
         };
         if task >= num_tasks {
             tracing::warn!(peer = ?peer, task, num_tasks, "rejected an RPC from an unknown task id");
-            return Err(Status::invalid_argument(format!(
-                "unknown task {task}: this job has tasks 0..{num_tasks}"
-            )));
+            return Err(Status::invalid_argument(format!("unknown task {task}: this job has tasks 0..{num_tasks}")));
         }
         request.extensions_mut().insert(Caller { task, incarnation });
         Ok(request)
@@ -257,10 +249,8 @@ fn timeout_from_ms(ms: u64, what: &str) -> std::result::Result<Duration, Status>
 impl Service {
     /// The registered caller of an RPC.
     fn caller<T>(&self, request: &Request<T>) -> std::result::Result<Caller, Status> {
-        let caller = *request
-            .extensions()
-            .get::<Caller>()
-            .ok_or_else(|| Status::internal("interceptor did not run"))?;
+        let caller =
+            *request.extensions().get::<Caller>().ok_or_else(|| Status::internal("interceptor did not run"))?;
         if let Err(error) = self.shared.lock().check_caller(caller.task, caller.incarnation) {
             tracing::warn!(task = caller.task, %error, "rejected an RPC");
             return Err(error.to_status());
@@ -278,11 +268,8 @@ impl Coordination for Service {
         request: Request<proto::RegisterRequest>,
     ) -> std::result::Result<Response<proto::RegisterResponse>, Status> {
         let caller = *request.extensions().get::<Caller>().ok_or_else(|| Status::internal("no caller"))?;
-        let num_tasks = self
-            .shared
-            .lock()
-            .register(caller.task, caller.incarnation, Instant::now())
-            .map_err(|e| e.to_status())?;
+        let num_tasks =
+            self.shared.lock().register(caller.task, caller.incarnation, Instant::now()).map_err(|e| e.to_status())?;
         tracing::debug!(task = caller.task, "task registered");
         Ok(Response::new(proto::RegisterResponse { num_tasks }))
     }
@@ -350,7 +337,8 @@ impl Coordination for Service {
         let request = request.into_inner();
         let timeout = timeout_from_ms(request.timeout_ms, &format!("barrier '{}'", request.id))?;
         let key = (request.id, request.counter);
-        let arrival = self.shared.lock().barrier(caller.task, key.clone(), timeout, &request.participants, Instant::now());
+        let arrival =
+            self.shared.lock().barrier(caller.task, key.clone(), timeout, &request.participants, Instant::now());
         let outcome = match arrival {
             Arrival::Done(outcome) => outcome,
             Arrival::Wait(receiver, deadline) => {
@@ -380,10 +368,7 @@ impl Coordination for Service {
     ) -> std::result::Result<Response<proto::Empty>, Status> {
         self.caller(&request)?;
         let request = request.into_inner();
-        self.shared
-            .lock()
-            .kv_set(&request.key, request.value, request.allow_overwrite)
-            .map_err(|e| e.to_status())?;
+        self.shared.lock().kv_set(&request.key, request.value, request.allow_overwrite).map_err(|e| e.to_status())?;
         Ok(Response::new(proto::Empty {}))
     }
 
@@ -431,10 +416,7 @@ impl Coordination for Service {
         Ok(Response::new(proto::KvCounter { value }))
     }
 
-    async fn kv_list(
-        &self,
-        request: Request<proto::KvKey>,
-    ) -> std::result::Result<Response<proto::KvEntries>, Status> {
+    async fn kv_list(&self, request: Request<proto::KvKey>) -> std::result::Result<Response<proto::KvEntries>, Status> {
         self.caller(&request)?;
         let entries = self.shared.lock().kv_list(&request.get_ref().key).map_err(|e| e.to_status())?;
         let entries = entries.into_iter().map(|(key, value)| proto::KvEntry { key, value }).collect();

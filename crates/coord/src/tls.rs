@@ -53,8 +53,9 @@ impl TlsOptions {
     /// certificate and key go together.
     pub fn from_files(ca: &Path, cert: Option<&Path>, key: Option<&Path>) -> Result<TlsOptions> {
         let read = |path: &Path, what: &str| {
-            std::fs::read(path)
-                .map_err(|e| CoordError::InvalidArgument(format!("cannot read the coordinator {what} {}: {e}", path.display())))
+            std::fs::read(path).map_err(|e| {
+                CoordError::InvalidArgument(format!("cannot read the coordinator {what} {}: {e}", path.display()))
+            })
         };
         let ca_pem = read(ca, "CA")?;
         let identity = match (cert, key) {
@@ -100,8 +101,8 @@ impl TlsOptions {
     }
 
     pub(crate) fn client_config(&self) -> tonic::transport::ClientTlsConfig {
-        let config =
-            tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(&self.ca_pem));
+        let config = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca_pem));
         match &self.server_name {
             Some(name) => config.domain_name(name.clone()),
             None => config,

@@ -105,7 +105,10 @@ async fn barrier_timeout_names_missing_tasks_and_cancel_reaches_everyone() {
     // The deadline started at the first arrival (300 ms), not the longer one.
     assert!(started.elapsed() < Duration::from_secs(3));
     for error in [a.unwrap_err(), b.unwrap_err()] {
-        assert!(matches!(&error, CoordError::DeadlineExceeded(m) if m.contains("task(s) [1] did not arrive")), "{error:?}");
+        assert!(
+            matches!(&error, CoordError::DeadlineExceeded(m) if m.contains("task(s) [1] did not arrive")),
+            "{error:?}"
+        );
     }
     let waiter = {
         let c = clients[1].clone();
@@ -206,10 +209,8 @@ async fn registration_times_out_naming_the_absent_task() {
     let address = handle.local_addr().to_string();
     let mut short = options();
     short.register_timeout = Duration::from_millis(400);
-    let (a, b) = tokio::join!(
-        Client::connect(&address, 0, TOKEN, &short),
-        Client::connect(&address, 2, TOKEN, &short),
-    );
+    let (a, b) =
+        tokio::join!(Client::connect(&address, 0, TOKEN, &short), Client::connect(&address, 2, TOKEN, &short),);
     for result in [a, b] {
         let error = result.err().unwrap();
         assert!(matches!(&error, CoordError::DeadlineExceeded(m) if m.contains("[1] did not arrive")), "{error:?}");

@@ -82,8 +82,11 @@ impl Job {
     fn wait_for_line(&self, indices: &[usize], line: &str, limit: Duration) {
         let deadline = Instant::now() + limit;
         while !indices.iter().all(|&i| self.stderr(i).contains(line)) {
-            assert!(Instant::now() < deadline, "not all of {indices:?} printed {line:?}: {:?}",
-                indices.iter().map(|&i| self.stderr(i)).collect::<Vec<_>>());
+            assert!(
+                Instant::now() < deadline,
+                "not all of {indices:?} printed {line:?}: {:?}",
+                indices.iter().map(|&i| self.stderr(i)).collect::<Vec<_>>()
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -107,8 +110,11 @@ impl Job {
                 std::thread::sleep(Duration::from_millis(20));
                 return;
             }
-            assert!(Instant::now() < deadline, "processes {indices:?} did not exit within {limit:?}: {:?}",
-                indices.iter().map(|&i| self.stderr(i)).collect::<Vec<_>>());
+            assert!(
+                Instant::now() < deadline,
+                "processes {indices:?} did not exit within {limit:?}: {:?}",
+                indices.iter().map(|&i| self.stderr(i)).collect::<Vec<_>>()
+            );
             std::thread::sleep(Duration::from_millis(2));
         }
     }

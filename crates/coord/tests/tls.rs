@@ -96,10 +96,11 @@ async fn a_client_trusting_another_ca_is_refused_at_once() {
 async fn a_wrong_token_is_refused_over_tls() {
     let (ca, cert, key) = make_pki();
     let handle = start(1, Some(tls(&ca, Some((&cert, &key))))).await;
-    let error = Client::connect_only(&handle.local_addr().to_string(), 0, "wrong-token", &options(Some(tls(&ca, None))))
-        .await
-        .err()
-        .expect("a wrong token must be refused");
+    let error =
+        Client::connect_only(&handle.local_addr().to_string(), 0, "wrong-token", &options(Some(tls(&ca, None))))
+            .await
+            .err()
+            .expect("a wrong token must be refused");
     assert!(matches!(error, CoordError::Unauthenticated(ref m) if m.contains("job token")), "{error:?}");
     handle.stop();
 }

@@ -32,7 +32,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--seq-len" => seq_len = args.next().ok_or("--seq-len needs a value")?.parse()?,
             "--repeat" => repeat = args.next().ok_or("--repeat needs a value")?.parse()?,
             "--threads" => {
-                threads = args.next().ok_or("--threads needs a value")?.split(',').map(str::parse).collect::<Result<_, _>>()?
+                threads = args
+                    .next()
+                    .ok_or("--threads needs a value")?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
             }
             "--pad" => {
                 mode = match args.next().as_deref() {
@@ -45,13 +50,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let [corpus, tokenizer] = positional.as_slice() else {
-        return Err("usage: data_bench CORPUS TOKENIZER_JSON [--seq-len N] [--threads 1,2] [--repeat N] [--pad left|right]".into());
+        return Err(
+            "usage: data_bench CORPUS TOKENIZER_JSON [--seq-len N] [--threads 1,2] [--repeat N] [--pad left|right]"
+                .into(),
+        );
     };
     let corpus = Corpus::open(corpus, &CorpusConfig::default())?;
     let tokenizer = Arc::new(siphon_data::load_tokenizer(tokenizer.as_ref())?);
     let special = SpecialTokens::detect(&tokenizer);
     let bytes: u64 = corpus.files().iter().map(|f| f.size).sum();
-    println!("corpus: {} files, {} units, {} bytes on disk; seq_len {seq_len}, {mode:?}", corpus.files().len(), corpus.units().len(), bytes);
+    println!(
+        "corpus: {} files, {} units, {} bytes on disk; seq_len {seq_len}, {mode:?}",
+        corpus.files().len(),
+        corpus.units().len(),
+        bytes
+    );
     for &t in &threads {
         let mut best = f64::INFINITY;
         let mut stats = None;

@@ -38,6 +38,12 @@ fn run() -> Result<(), String> {
     }
     let (from, out) = (from.ok_or("--from is required")?, out.ok_or("--out is required")?);
     let report = siphon_data::text_dir_to_parquet(&from, &out, &options).map_err(|e| e.to_string())?;
-    eprintln!("{} works -> {} rows in {} files under {}", report.works, report.rows, report.outputs.len(), out.display());
+    eprintln!(
+        "{} works -> {} rows in {} files under {}",
+        report.works,
+        report.rows,
+        report.outputs.len(),
+        out.display()
+    );
     Ok(())
 }

@@ -71,7 +71,8 @@ pub fn text_dir_to_parquet(from: &Path, out: &Path, options: &ConvertOptions) ->
         }
     }
     std::fs::create_dir_all(out).map_err(|source| Error::Io { path: out.display().to_string(), source })?;
-    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false), Field::new("text", DataType::Utf8, false)]));
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false), Field::new("text", DataType::Utf8, false)]));
     let per_file = ids.len().div_ceil(options.files);
     let mut outputs = Vec::new();
     for f in 0..options.files {

@@ -285,7 +285,10 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].tokens, vec![BOS, 10, 11, 12, EOS, BOS]);
         assert_eq!(out[0].exclude, vec![1, 0, 0, 0, 1, 1]);
-        assert_eq!(out[0].doc, vec![doc_id(3, 0), doc_id(3, 0), doc_id(3, 0), doc_id(3, 0), doc_id(3, 0), doc_id(3, 1)]);
+        assert_eq!(
+            out[0].doc,
+            vec![doc_id(3, 0), doc_id(3, 0), doc_id(3, 0), doc_id(3, 0), doc_id(3, 0), doc_id(3, 1)]
+        );
         assert_eq!(out[0].doc_pos, vec![0, 1, 2, 3, 4, 0]);
         assert_eq!(out[0].next, Some((1, 1)));
         assert_eq!(out[1].tokens, vec![20, 99, 21, EOS, PAD, PAD]);
@@ -328,9 +331,13 @@ mod tests {
                 PadSide::Right => vec![BOS, 10, 11, PAD, PAD],
             };
             assert_eq!(out[0].tokens, expect_short);
-            let mask: Vec<u8> = expect_short.iter().enumerate().map(|(i, _)| u8::from(out[0].doc_pos[i] >= 0)).collect();
+            let mask: Vec<u8> =
+                expect_short.iter().enumerate().map(|(i, _)| u8::from(out[0].doc_pos[i] >= 0)).collect();
             assert_eq!(out[0].attention, mask);
-            assert_eq!(out[0].exclude, expect_short.iter().map(|&t| u8::from(t == PAD || t == BOS)).collect::<Vec<_>>());
+            assert_eq!(
+                out[0].exclude,
+                expect_short.iter().map(|&t| u8::from(t == PAD || t == BOS)).collect::<Vec<_>>()
+            );
             assert_eq!(out[1].tokens, vec![BOS, 20, 21, 22, 23]);
             assert_eq!(out[1].attention, vec![1; 5]);
             assert_eq!(out[1].next, Some((2, 0)));

@@ -198,7 +198,12 @@ impl Corpus {
 
     /// Like [`Corpus::open`] for files already on a given store (e.g. an in-memory store in
     /// tests, or a store built with custom options). `prefix` is listed recursively.
-    pub fn open_store(store: Arc<dyn ObjectStore>, prefix: &str, display_root: &str, config: &CorpusConfig) -> Result<Corpus> {
+    pub fn open_store(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        display_root: &str,
+        config: &CorpusConfig,
+    ) -> Result<Corpus> {
         let located = source::Located {
             store,
             display_root: display_root.to_string(),
@@ -278,7 +283,14 @@ impl Corpus {
             permute(&mut order, shuffle.seed);
         }
         let fingerprint = fingerprint_plan(&files, &units, &config);
-        Ok(Corpus { store, files: Arc::new(files), units: Arc::new(units), order: Arc::new(order), config, fingerprint })
+        Ok(Corpus {
+            store,
+            files: Arc::new(files),
+            units: Arc::new(units),
+            order: Arc::new(order),
+            config,
+            fingerprint,
+        })
     }
 
     /// The corpus files, sorted.
@@ -333,9 +345,11 @@ impl Corpus {
 
 pub(crate) async fn load_parquet_meta(store: &Arc<dyn ObjectStore>, file: &CorpusFile) -> Result<ArrowReaderMetadata> {
     let mut reader = crate::read::StoreReader::new(store.clone(), file);
-    ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-        .await
-        .map_err(|source| Error::Parquet { file: file.display.clone(), row_group: None, source })
+    ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new()).await.map_err(|source| Error::Parquet {
+        file: file.display.clone(),
+        row_group: None,
+        source,
+    })
 }
 
 /// Index of the text column among the top-level columns, checked to be a string column.
@@ -348,7 +362,11 @@ pub(crate) fn text_column_index(meta: &ArrowReaderMetadata, file: &CorpusFile, c
     use arrow_schema::DataType;
     match schema.field(index).data_type() {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Ok(index),
-        other => Err(Error::ColumnType { file: file.display.clone(), column: column.to_string(), data_type: other.to_string() }),
+        other => Err(Error::ColumnType {
+            file: file.display.clone(),
+            column: column.to_string(),
+            data_type: other.to_string(),
+        }),
     }
 }
 

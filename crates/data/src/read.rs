@@ -10,9 +10,9 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelecto
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 
 use crate::error::{Error, Result};
+use crate::plan::Unit;
 use crate::plan::{Corpus, InvalidRecords, UnitKind, load_parquet_meta, permute, text_column_index};
 use crate::source::{CorpusFile, FileFormat};
-use crate::plan::Unit;
 
 /// One record as read, before tokenization.
 #[derive(Debug)]
@@ -51,14 +51,19 @@ impl UnitReader {
     /// Streams the records of `unit`, starting at emitted index `skip`.
     pub async fn read(&mut self, unit: &Unit, skip: u64, emit: &mut Emit<'_>) -> Result<()> {
         let file = self.corpus.files[unit.file as usize].clone();
-        let shuffle_seed = self.corpus.config.shuffle.filter(|s| s.within_unit).map(|s| s.seed ^ (u64::from(unit.id) << 20) ^ 0x5eed);
+        let shuffle_seed =
+            self.corpus.config.shuffle.filter(|s| s.within_unit).map(|s| s.seed ^ (u64::from(unit.id) << 20) ^ 0x5eed);
         let strict = self.corpus.config.invalid == InvalidRecords::Error;
         let logged = self.logged_invalid.clone();
         // Wraps `emit` with the invalid-record policy; `loc` says where the record is.
         let mut checked = |order: u64, stable: u64, record: Record, loc: &dyn Fn() -> String| -> Result<bool> {
             if let Record::Invalid(reason) = &record {
                 if strict {
-                    return Err(Error::InvalidRecord { file: file.display.clone(), location: loc(), reason: reason.clone() });
+                    return Err(Error::InvalidRecord {
+                        file: file.display.clone(),
+                        location: loc(),
+                        reason: reason.clone(),
+                    });
                 }
                 if logged.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < LOGGED_INVALID {
                     tracing::warn!(file = %file.display, location = %loc(), %reason, "skipping invalid record");
@@ -82,17 +87,12 @@ impl UnitReader {
             }
             return Ok(());
         }
-        let mut pass = |order: u64, stable: u64, record: Record, loc: &dyn Fn() -> String| checked(order, stable, record, loc);
+        let mut pass =
+            |order: u64, stable: u64, record: Record, loc: &dyn Fn() -> String| checked(order, stable, record, loc);
         self.read_raw(unit, &file, skip, &mut pass).await
     }
 
-    async fn read_raw(
-        &mut self,
-        unit: &Unit,
-        file: &CorpusFile,
-        skip: u64,
-        emit: &mut EmitAt<'_>,
-    ) -> Result<()> {
+    async fn read_raw(&mut self, unit: &Unit, file: &CorpusFile, skip: u64, emit: &mut EmitAt<'_>) -> Result<()> {
         let store = self.corpus.store.clone();
         match (unit.kind, file.format) {
             (UnitKind::RowGroup { index, rows }, _) => {
@@ -104,7 +104,8 @@ impl UnitReader {
                         meta
                     }
                 };
-                read_row_group(store, file, meta, &self.corpus.config.text_column, index as usize, rows, skip, emit).await
+                read_row_group(store, file, meta, &self.corpus.config.text_column, index as usize, rows, skip, emit)
+                    .await
             }
             (UnitKind::WholeFile, _) => {
                 if skip > 0 {
@@ -203,7 +204,11 @@ async fn read_row_group(
             arrow_schema::DataType::LargeUtf8 => walk!(LargeStringArray),
             arrow_schema::DataType::Utf8View => walk!(StringViewArray),
             other => {
-                return Err(Error::ColumnType { file: file.display.clone(), column: column.to_string(), data_type: other.to_string() });
+                return Err(Error::ColumnType {
+                    file: file.display.clone(),
+                    column: column.to_string(),
+                    data_type: other.to_string(),
+                });
             }
         }
     }
@@ -250,7 +255,8 @@ struct LineReader {
 
 impl LineReader {
     async fn new(store: Arc<dyn ObjectStore>, file: &CorpusFile, start: u64) -> Result<LineReader> {
-        let mut reader = LineReader { store, file: file.clone(), buf: Vec::new(), buf_start: start.saturating_sub(1), pos: start };
+        let mut reader =
+            LineReader { store, file: file.clone(), buf: Vec::new(), buf_start: start.saturating_sub(1), pos: start };
         if start > 0 {
             // Does a line start exactly at `start`? Only if the byte before is a newline.
             reader.fill_to(start + 1).await?;
@@ -273,11 +279,10 @@ impl LineReader {
             return Ok(());
         }
         let want_end = (have + BLOCK).max(upto).min(self.file.size);
-        let bytes = self
-            .store
-            .get_range(&self.file.path, have..want_end)
-            .await
-            .map_err(|source| Error::Store { location: format!("{} (bytes {have}..{want_end})", self.file.display), source })?;
+        let bytes = self.store.get_range(&self.file.path, have..want_end).await.map_err(|source| Error::Store {
+            location: format!("{} (bytes {have}..{want_end})", self.file.display),
+            source,
+        })?;
         self.buf.extend_from_slice(&bytes);
         Ok(())
     }
@@ -345,7 +350,10 @@ fn external(e: object_store::Error) -> parquet::errors::ParquetError {
 }
 
 impl AsyncFileReader for StoreReader {
-    fn get_bytes(&mut self, range: std::ops::Range<u64>) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
         Box::pin(async move { self.store.get_range(&self.path, range).await.map_err(external) })
     }
 

@@ -90,7 +90,9 @@ pub(crate) fn locate(spec: &str) -> Result<Located> {
             return locate_local(spec, &local.to_string_lossy());
         }
         if !matches!(scheme, "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "http" | "https") {
-            return Err(bad(format!("unsupported scheme {scheme:?} (use a local path, file://, s3://, gs://, az:// or https://)")));
+            return Err(bad(format!(
+                "unsupported scheme {scheme:?} (use a local path, file://, s3://, gs://, az:// or https://)"
+            )));
         }
         // Glob characters are not valid in URLs as typed by users; percent-decode the path
         // ourselves so that `s3://b/x/*.parquet` keeps its `*`.
@@ -100,8 +102,7 @@ pub(crate) fn locate(spec: &str) -> Result<Located> {
         // as with every other object_store based tool.
         let mut root_url = url.clone();
         root_url.set_path("/");
-        let (store, _) = object_store::parse_url_opts(&root_url, std::env::vars())
-            .map_err(|e| bad(e.to_string()))?;
+        let (store, _) = object_store::parse_url_opts(&root_url, std::env::vars()).map_err(|e| bad(e.to_string()))?;
         let display_root = format!("{}://{}/", scheme, url.host_str().unwrap_or_default());
         return Ok(Located { store: Arc::from(store), display_root, path, local: false });
     }
@@ -212,7 +213,9 @@ pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFor
             let rel: Vec<_> = meta.location.prefix_match(&prefix).map(|it| it.collect()).unwrap_or_default();
             // Hidden files, `_SUCCESS`-style markers and a dataset repository's README or
             // LICENSE are never corpus data.
-            if rel.iter().any(|part| part.as_ref().starts_with(['.', '_'])) || is_repo_doc(meta.location.filename().unwrap_or_default()) {
+            if rel.iter().any(|part| part.as_ref().starts_with(['.', '_']))
+                || is_repo_doc(meta.location.filename().unwrap_or_default())
+            {
                 continue;
             }
             if let Some(m) = &matcher
@@ -237,7 +240,8 @@ fn is_repo_doc(name: &str) -> bool {
 }
 
 fn store_path(spec: &str, path: &str) -> Result<StorePath> {
-    StorePath::parse(path.trim_end_matches('/')).map_err(|e| Error::BadSource { spec: spec.to_string(), reason: e.to_string() })
+    StorePath::parse(path.trim_end_matches('/'))
+        .map_err(|e| Error::BadSource { spec: spec.to_string(), reason: e.to_string() })
 }
 
 /// A small glob matcher over `/`-separated paths: `*` and `?` stay within one component,

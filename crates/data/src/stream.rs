@@ -46,7 +46,14 @@ impl StreamConfig {
     /// A single-worker stream with one tokenizer thread per available core.
     pub fn new(pack: PackConfig, batch_size: usize) -> StreamConfig {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        StreamConfig { partition: Partition::SINGLE, worker: Worker { machine: 0, host: 0 }, pack, batch_size, threads, resume: None }
+        StreamConfig {
+            partition: Partition::SINGLE,
+            worker: Worker { machine: 0, host: 0 },
+            pack,
+            batch_size,
+            threads,
+            resume: None,
+        }
     }
 }
 
@@ -319,7 +326,16 @@ impl Corpus {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn position_at(&self, plan: &str, first: u64, ordinal: u64, record: u64, token: u64, batches: u64, sequences: u64) -> Position {
+    fn position_at(
+        &self,
+        plan: &str,
+        first: u64,
+        ordinal: u64,
+        record: u64,
+        token: u64,
+        batches: u64,
+        sequences: u64,
+    ) -> Position {
         let ordinal = ordinal.max(first);
         let unit = self.unit_at(ordinal);
         Position {
@@ -360,7 +376,9 @@ impl BatchStream {
                     Ok((seq, done)) => {
                         self.reorder.insert(seq, done);
                     }
-                    Err(_) => return Err(Error::Runtime(std::io::Error::other("a data-path thread stopped unexpectedly"))),
+                    Err(_) => {
+                        return Err(Error::Runtime(std::io::Error::other("a data-path thread stopped unexpectedly")));
+                    }
                 }
             };
             self.next_seq += 1;

@@ -191,7 +191,8 @@ fn unreadable_input_is_a_clear_error_naming_the_file() {
     let err = Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default()).unwrap_err().to_string();
     assert!(err.contains("broken.parquet"), "{err}");
 
-    let err = Corpus::open(dir.path().join("missing").to_str().unwrap(), &CorpusConfig::default()).unwrap_err().to_string();
+    let err =
+        Corpus::open(dir.path().join("missing").to_str().unwrap(), &CorpusConfig::default()).unwrap_err().to_string();
     assert!(err.contains("missing"), "{err}");
 
     let empty = tempfile::tempdir().unwrap();
@@ -202,7 +203,8 @@ fn unreadable_input_is_a_clear_error_naming_the_file() {
 #[test]
 fn padding_sides_and_masks() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("d.jsonl"), "{\"text\": \"ab<|sep|>c\"}\n{\"text\": \"0123456789abcdef\"}\n").unwrap();
+    std::fs::write(dir.path().join("d.jsonl"), "{\"text\": \"ab<|sep|>c\"}\n{\"text\": \"0123456789abcdef\"}\n")
+        .unwrap();
     let corpus = Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default()).unwrap();
     let left = rows(&corpus, stream_config(8, PackMode::Pad(PadSide::Left), 4));
     let right = rows(&corpus, stream_config(8, PackMode::Pad(PadSide::Right), 4));

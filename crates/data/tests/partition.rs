@@ -61,8 +61,10 @@ fn every_partition_up_to_8x8_covers_the_corpus_exactly_once() {
                     config.worker = worker;
                     let got = rows(&corpus, config);
                     // Each worker's rows appear in the single stream's order.
-                    let positions: Vec<usize> =
-                        got.iter().map(|r| reference.iter().position(|x| x.id == r.id).expect("row exists in the single stream")).collect();
+                    let positions: Vec<usize> = got
+                        .iter()
+                        .map(|r| reference.iter().position(|x| x.id == r.id).expect("row exists in the single stream"))
+                        .collect();
                     assert!(positions.windows(2).all(|w| w[0] < w[1]), "{machines}x{hosts} {worker:?} out of order");
                     for row in got {
                         let id = row.id;

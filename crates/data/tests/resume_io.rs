@@ -31,11 +31,20 @@ impl fmt::Display for LoggingStore {
 
 #[async_trait::async_trait]
 impl ObjectStore for LoggingStore {
-    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> object_store::Result<PutResult> {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
         self.inner.put_opts(location, payload, opts).await
     }
 
-    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> object_store::Result<Box<dyn MultipartUpload>> {
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
         self.inner.put_multipart_opts(location, opts).await
     }
 
@@ -46,7 +55,10 @@ impl ObjectStore for LoggingStore {
         self.inner.get_opts(location, options).await
     }
 
-    fn delete_stream(&self, locations: BoxStream<'static, object_store::Result<Path>>) -> BoxStream<'static, object_store::Result<Path>> {
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
         self.inner.delete_stream(locations)
     }
 
@@ -84,7 +96,10 @@ fn resuming_in_a_late_parquet_file_reads_only_that_file() {
     // A batch boundary inside c.parquet's second row group.
     let cut = full
         .iter()
-        .position(|b| b.position.location.as_deref().is_some_and(|l| l.ends_with("c.parquet (row group 1)")) && b.position.record > 0)
+        .position(|b| {
+            b.position.location.as_deref().is_some_and(|l| l.ends_with("c.parquet (row group 1)"))
+                && b.position.record > 0
+        })
         .expect("a position inside c.parquet");
 
     store.reads.lock().unwrap().clear();

@@ -14,15 +14,10 @@ use siphon_runtime::{Client, ClientOptions, Plugin, PluginLocator};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let model_path = args
-        .get(1)
-        .ok_or("usage: bench_hooks MODEL [--layer L] [--batch B] [--seq S] [--rounds N]")?;
+    let model_path = args.get(1).ok_or("usage: bench_hooks MODEL [--layer L] [--batch B] [--seq S] [--rounds N]")?;
     let opt = |name: &str, default: usize| -> Result<usize, String> {
         match args.iter().position(|a| a == name) {
-            Some(i) => args
-                .get(i + 1)
-                .and_then(|v| v.parse().ok())
-                .ok_or(format!("{name} needs a number")),
+            Some(i) => args.get(i + 1).and_then(|v| v.parse().ok()).ok_or(format!("{name} needs a number")),
             None => Ok(default),
         }
     };
@@ -32,44 +27,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let plugin = Plugin::load(&PluginLocator::new().locate()?.path)?;
     let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(1))?;
-    let resid =
-        siphon_models::resolve_hooks(&format!("blocks.{layer}.hook_resid_post"), &model.config)?;
+    let resid = siphon_models::resolve_hooks(&format!("blocks.{layer}.hook_resid_post"), &model.config)?;
     let all = siphon_models::resolve_hooks(&format!("blocks.{layer}.*"), &model.config)?;
     let engines = [
-        (
-            "resid_post",
-            Engine::new(&client, &model, resid, EngineOptions::default())?,
-        ),
-        (
-            "all",
-            Engine::new(&client, &model, all.clone(), EngineOptions::default())?,
-        ),
+        ("resid_post", Engine::new(&client, &model, resid, EngineOptions::default())?),
+        ("all", Engine::new(&client, &model, all.clone(), EngineOptions::default())?),
     ];
     let vocab = model.config.vocab_size as u32;
-    let ids: Vec<Vec<u32>> = (0..batch as u32)
-        .map(|r| {
-            (0..seq as u32)
-                .map(|t| (r * 7919 + t * 104_729 + 17) % vocab)
-                .collect()
-        })
-        .collect();
+    let ids: Vec<Vec<u32>> =
+        (0..batch as u32).map(|r| (0..seq as u32).map(|t| (r * 7919 + t * 104_729 + 17) % vocab).collect()).collect();
     let input = Batch::new(ids, None)?;
     let mut widths = 0usize;
     for (name, engine) in &engines {
         engine.prepare(batch, seq)?;
         let acts = engine.run(&input)?; // warm-up
-        let per_token: usize = acts
-            .hooks
-            .iter()
-            .map(|(_, a)| a.bytes().len() / (batch * seq))
-            .sum();
+        let per_token: usize = acts.hooks.iter().map(|(_, a)| a.bytes().len() / (batch * seq)).sum();
         if *name == "all" {
             widths = per_token;
         }
-        println!(
-            "{name}: {} hooks, {per_token} bytes per token",
-            acts.hooks.len()
-        );
+        println!("{name}: {} hooks, {per_token} bytes per token", acts.hooks.len());
     }
     let tokens = (batch * seq) as f64;
     let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];

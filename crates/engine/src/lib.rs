@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_models::forward::megatron_specs;
-use siphon_models::{build_forward, DType, ForwardProgram, ForwardSpec, HookPoint, LoadedModel, ParamInfo};
+use siphon_models::{DType, ForwardProgram, ForwardSpec, HookPoint, LoadedModel, ParamInfo, build_forward};
 use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
 
 /// What went wrong loading or running a model.
@@ -451,7 +451,10 @@ impl Engine {
         } else {
             CompileOptions::single_device(Some(mesh.device_ids()[0]))
         };
-        let executable = rt(|| format!("compiling the forward for batch {batch} x seq {seq}"), self.client.compile(&program.text, &options))?;
+        let executable = rt(
+            || format!("compiling the forward for batch {batch} x seq {seq}"),
+            self.client.compile(&program.text, &options),
+        )?;
         tracing::info!(batch, seq, seconds = start.elapsed().as_secs_f64(), "forward compiled");
         let compiled = Arc::new(Compiled { executable, program });
         self.compiled.lock().expect("compile cache poisoned").insert((batch, seq), compiled.clone());
@@ -461,7 +464,10 @@ impl Engine {
     /// Runs one batch and returns the requested activations on the host.
     pub fn run(&self, batch: &Batch) -> Result<Activations, EngineError> {
         if let Some(&t) = batch.input_ids.iter().find(|&&t| t < 0 || t as usize >= self.config.vocab_size) {
-            return Err(EngineError::Batch(format!("token id {t} is outside the vocabulary (0..{})", self.config.vocab_size)));
+            return Err(EngineError::Batch(format!(
+                "token id {t} is outside the vocabulary (0..{})",
+                self.config.vocab_size
+            )));
         }
         let compiled = self.compiled_for(batch.batch, batch.seq)?;
         let mesh = &self.options.mesh;
@@ -474,12 +480,15 @@ impl Engine {
                 "position_ids" => &batch.position_ids,
                 other => return Err(EngineError::Options(format!("the forward takes an unknown input {other:?}"))),
             };
-            let array = rt(|| format!("preparing {}", info.name), HostArray::from_slice(&[batch.batch, batch.seq], values))?;
-            inputs.push(rt(|| format!("uploading {}", info.name), self.client.upload_sharded(&array, &info.spec, mesh))?);
+            let array =
+                rt(|| format!("preparing {}", info.name), HostArray::from_slice(&[batch.batch, batch.seq], values))?;
+            inputs
+                .push(rt(|| format!("uploading {}", info.name), self.client.upload_sharded(&array, &info.spec, mesh))?);
         }
         let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).collect();
         let out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
-        let outputs = rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
+        let outputs =
+            rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
         let mut hooks = Vec::with_capacity(outputs.len());
         for (info, out) in program.outputs.iter().zip(&outputs) {
             let host = rt(|| format!("copying {} to the host", info.hook), out.to_host())?;

@@ -8,11 +8,11 @@ mod common;
 
 use std::path::Path;
 
+use common::{client, fixture};
 use safetensors::SafeTensors;
 use siphon_engine::{Activations, Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
 use siphon_models::{HookKind, HookPoint, LoadedModel};
-use common::{client, fixture};
 
 struct Golden {
     ids: Vec<Vec<u32>>,
@@ -243,7 +243,10 @@ fn mesh_2x4_equals_single_device() {
     ids.push(g.ids[0].iter().rev().copied().collect());
     mask.push(vec![1; ids[0].len()]);
     let batch = Batch::new(ids, Some(mask.clone())).unwrap();
-    let hooks = siphon_models::resolve_hooks("blocks.0.hook_attn_out,blocks.1.hook_mlp_out,blocks.2.hook_resid_post,ln_final.hook_out", &model.config)
+    let hooks = siphon_models::resolve_hooks(
+        "blocks.0.hook_attn_out,blocks.1.hook_mlp_out,blocks.2.hook_resid_post,ln_final.hook_out",
+        &model.config,
+    )
     .unwrap();
     let single = run(&model, &hooks, &batch, Mesh::single_device());
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
@@ -286,7 +289,9 @@ fn bad_batches_are_clear_errors() {
     let err = Batch::new(vec![vec![1, 2]], Some(vec![vec![1]])).unwrap_err();
     assert!(err.to_string().contains("mask"), "{err}");
     let model = LoadedModel::open(&fixture("tiny-llama")).unwrap();
-    let engine = Engine::new(&client(), &model, vec![HookPoint::block(0, HookKind::ResidPost)], EngineOptions::default()).unwrap();
+    let engine =
+        Engine::new(&client(), &model, vec![HookPoint::block(0, HookKind::ResidPost)], EngineOptions::default())
+            .unwrap();
     let err = engine.run(&Batch::new(vec![vec![1, 999]], None).unwrap()).unwrap_err();
     assert!(err.to_string().contains("999"), "{err}");
 }
@@ -314,7 +319,10 @@ fn bf16_compute_and_outputs_stay_close_and_shapes_compile_once() {
     }
     // A second batch of the same shape reuses the compiled program and gives the same bits.
     let again = engine.run(&batch).unwrap();
-    assert_eq!(again.get(HookPoint::model(HookKind::LnFinalOut)).unwrap(), acts.get(HookPoint::model(HookKind::LnFinalOut)).unwrap());
+    assert_eq!(
+        again.get(HookPoint::model(HookKind::LnFinalOut)).unwrap(),
+        acts.get(HookPoint::model(HookKind::LnFinalOut)).unwrap()
+    );
     // A new shape compiles on demand.
     let short = Batch::new(vec![g.ids[0][..4].to_vec()], None).unwrap();
     assert_eq!(engine.run(&short).unwrap().get(HookPoint::model(HookKind::LnFinalOut)).unwrap().shape(), &[1, 4, 64]);

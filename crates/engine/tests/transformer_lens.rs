@@ -9,11 +9,11 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use common::{client, fixture};
 use safetensors::SafeTensors;
 use siphon_engine::{Activations, Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
 use siphon_models::{DType, HookKind, HookPoint, LoadedModel};
-use common::{client, fixture};
 
 /// Names in TransformerLens's cache that are not activations of the model's residual
 /// computation: the token ids, RoPE's cos/sin tables and the logits (siphon never computes
@@ -56,35 +56,21 @@ fn load(model: &str) -> TlGolden {
     let bytes = std::fs::read(fixture(model).join("golden-tl.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let i32s = |name: &str| -> Vec<i32> {
-        st.tensor(name)
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
-            .collect()
+        st.tensor(name).unwrap().data().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
     };
     let (ids, lengths) = (i32s("input_ids"), i32s("lengths"));
     let seq = ids.len() / lengths.len();
     let rows = lengths
         .iter()
         .enumerate()
-        .map(|(r, &n)| {
-            ids[r * seq..r * seq + n as usize]
-                .iter()
-                .map(|&t| t as u32)
-                .collect()
-        })
+        .map(|(r, &n)| ids[r * seq..r * seq + n as usize].iter().map(|&t| t as u32).collect())
         .collect();
     let mut tensors = Vec::new();
     for (key, view) in st.tensors() {
         let Some((row, name)) = key.strip_prefix("row").and_then(|k| k.split_once('.')) else {
             continue;
         };
-        let values = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let values = view.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         tensors.push(TlTensor {
             row: row.parse().unwrap(),
             name: name.to_string(),
@@ -99,10 +85,7 @@ fn load(model: &str) -> TlGolden {
 /// The rows padded to `seq` on `side` (plus `extra` copies of row 0, for a batch that splits
 /// over a data axis), and each row's offset of its first real token.
 fn padded(rows: &[Vec<u32>], seq: usize, side: &str, extra: usize) -> (Batch, Vec<usize>) {
-    let rows: Vec<&Vec<u32>> = rows
-        .iter()
-        .chain(std::iter::repeat_n(&rows[0], extra))
-        .collect();
+    let rows: Vec<&Vec<u32>> = rows.iter().chain(std::iter::repeat_n(&rows[0], extra)).collect();
     let mut ids = Vec::new();
     let mut mask = Vec::new();
     let mut offsets = Vec::new();
@@ -144,11 +127,8 @@ fn differences(
     let mut out = BTreeMap::new();
     for t in &golden.tensors {
         let Ok(hook) = HookPoint::parse(&t.name, config) else {
-            let bare = t
-                .name
-                .strip_prefix("blocks.")
-                .and_then(|r| r.split_once('.'))
-                .map_or(t.name.as_str(), |(_, s)| s);
+            let bare =
+                t.name.strip_prefix("blocks.").and_then(|r| r.split_once('.')).map_or(t.name.as_str(), |(_, s)| s);
             assert!(
                 NOT_EXTRACTED.contains(&bare),
                 "{name}: TransformerLens gives {:?}, which siphon neither extracts nor lists as skipped",
@@ -162,9 +142,7 @@ fn differences(
             assert_eq!(theirs.values, t.values, "{name}: the bridge's {} is not its pattern", t.name);
             continue;
         }
-        let array = acts
-            .get(hook)
-            .unwrap_or_else(|| panic!("{} ({hook}) was not requested", t.name));
+        let array = acts.get(hook).unwrap_or_else(|| panic!("{} ({hook}) was not requested", t.name));
         let got = array.to_f32();
         let shape = array.shape();
         let per_token: usize = shape[2..].iter().product();
@@ -177,24 +155,14 @@ fn differences(
             // token, [heads, key] over the padded row.
             let heads = shape[2];
             assert_eq!(t.shape, [heads, n, n], "{}", t.name);
-            let masked = if hook.kind() == HookKind::AttnPattern {
-                0.0
-            } else {
-                f32::MIN
-            };
+            let masked = if hook.kind() == HookKind::AttnPattern { 0.0 } else { f32::MIN };
             for q in 0..n {
                 for h in 0..heads {
                     for key in 0..seq {
                         let value = at(offset + q, h * seq + key);
                         match key.checked_sub(offset).filter(|&k| k < n) {
-                            Some(k) => {
-                                worst = worst.max((value - t.values[(h * n + q) * n + k]).abs())
-                            }
-                            None => assert_eq!(
-                                value, masked,
-                                "{} row {} query {q}: padding key {key}",
-                                t.name, t.row
-                            ),
+                            Some(k) => worst = worst.max((value - t.values[(h * n + q) * n + k]).abs()),
+                            None => assert_eq!(value, masked, "{} row {} query {q}: padding key {key}", t.name, t.row),
                         }
                     }
                 }
@@ -238,7 +206,8 @@ fn differences(
 /// projection and Gemma 4's are token-major): told by the shape, given siphon's per-token
 /// `[heads, *rest]` (`ours` is `[batch, seq, heads, *rest]`) and `n` tokens.
 fn head_major(name: &str, theirs: &[usize], ours: &[usize], n: usize) -> bool {
-    let per_head_norm = [".q_norm.", ".k_norm.", ".hook_q_normed", ".hook_k_normed"].iter().any(|part| name.contains(part));
+    let per_head_norm =
+        [".q_norm.", ".k_norm.", ".hook_q_normed", ".hook_k_normed"].iter().any(|part| name.contains(part));
     if !per_head_norm || ours.len() < 3 || theirs.len() < 2 {
         return false;
     }
@@ -248,27 +217,15 @@ fn head_major(name: &str, theirs: &[usize], ours: &[usize], n: usize) -> bool {
 }
 
 fn run(model: &LoadedModel, batch: &Batch, mesh: Mesh, compute_dtype: DType) -> Activations {
-    let options = EngineOptions {
-        mesh,
-        plan: ShardingPlan::Megatron,
-        compute_dtype,
-        ..EngineOptions::default()
-    };
+    let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, compute_dtype, ..EngineOptions::default() };
     let engine = Engine::new(&client(), model, every_hook(model), options).unwrap();
     engine.run(batch).unwrap()
 }
 
 fn assert_within(what: &str, diffs: &BTreeMap<String, f32>, tolerance: f32) {
-    let bad: Vec<String> = diffs
-        .iter()
-        .filter(|(_, d)| d.is_nan() || **d > tolerance)
-        .map(|(n, d)| format!("{n}: {d:e}"))
-        .collect();
-    assert!(
-        bad.is_empty(),
-        "{what}: max-abs difference above {tolerance:e}:\n{}",
-        bad.join("\n")
-    );
+    let bad: Vec<String> =
+        diffs.iter().filter(|(_, d)| d.is_nan() || **d > tolerance).map(|(n, d)| format!("{n}: {d:e}")).collect();
+    assert!(bad.is_empty(), "{what}: max-abs difference above {tolerance:e}:\n{}", bad.join("\n"));
 }
 
 fn check_model(name: &str) {
@@ -292,24 +249,13 @@ fn check_model(name: &str) {
             &offsets,
             seq,
         );
-        assert!(
-            diffs.len() >= n_layers * 35,
-            "{name}: only {} TransformerLens names compared",
-            diffs.len()
-        );
+        assert!(diffs.len() >= n_layers * 35, "{name}: only {} TransformerLens names compared", diffs.len());
         assert_within(&format!("{name} {side}-padded, one device"), &diffs, 1e-4);
     }
     // Megatron on data=2 × model=4: query heads split over model, every per-head hook whole.
     let (batch, offsets) = padded(&golden.rows, seq, "right", 1);
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
-    let diffs = differences(
-        name,
-        &model.config,
-            &golden,
-        &run(&model, &batch, mesh, DType::F32),
-        &offsets,
-        seq,
-    );
+    let diffs = differences(name, &model.config, &golden, &run(&model, &batch, mesh, DType::F32), &offsets, seq);
     assert_within(&format!("{name} on a 2x4 mesh"), &diffs, 1e-4);
 }
 
@@ -421,7 +367,7 @@ fn bf16_every_hook_tracks_transformer_lens() {
     let diffs = differences(
         name,
         &model.config,
-            &golden,
+        &golden,
         &run(&model, &batch, Mesh::single_device(), DType::Bf16),
         &offsets,
         8,
@@ -442,22 +388,15 @@ fn bf16_every_hook_tracks_transformer_lens() {
             100.0 * relative
         );
     }
-    eprintln!(
-        "bf16: worst hook differs by {:.2}% of its max |value|",
-        100.0 * worst
-    );
+    eprintln!("bf16: worst hook differs by {:.2}% of its max |value|", 100.0 * worst);
     // Stored as bf16, masked scores are bf16's lowest finite value (what Hugging Face's mask
     // gives in bf16), never -inf, so statistics over them stay finite.
-    let hooks =
-        siphon_models::resolve_hooks("blocks.*.attn.hook_attn_scores", &model.config).unwrap();
+    let hooks = siphon_models::resolve_hooks("blocks.*.attn.hook_attn_scores", &model.config).unwrap();
     let options = EngineOptions { output_dtype: DType::Bf16, ..EngineOptions::default() };
     let acts = Engine::new(&client(), &model, hooks, options).unwrap().run(&batch).unwrap();
     for (hook, array) in &acts.hooks {
         let values = array.to_f32();
         assert!(values.iter().all(|v| v.is_finite()), "{hook}: non-finite values");
-        assert!(
-            values.contains(&half::bf16::MIN.to_f32()),
-            "{hook}: no masked key at bf16's lowest value"
-        );
+        assert!(values.contains(&half::bf16::MIN.to_f32()), "{hook}: no masked key at bf16's lowest value");
     }
 }

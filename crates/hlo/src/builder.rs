@@ -37,11 +37,7 @@ pub struct DotDims {
 impl DotDims {
     /// Contract `lhs_contract` with `rhs_contract`, no batching dimensions.
     pub fn contract(lhs_contract: &[usize], rhs_contract: &[usize]) -> DotDims {
-        DotDims {
-            lhs_contract: lhs_contract.to_vec(),
-            rhs_contract: rhs_contract.to_vec(),
-            ..DotDims::default()
-        }
+        DotDims { lhs_contract: lhs_contract.to_vec(), rhs_contract: rhs_contract.to_vec(), ..DotDims::default() }
     }
 
     /// Batched contraction.
@@ -199,11 +195,7 @@ impl Builder {
             return Err(HloError::Constant("pred constants must be splats".into()));
         }
         if bytes.len() != ty.byte_size() {
-            return Err(HloError::Constant(format!(
-                "{} bytes given for {ty} ({} bytes)",
-                bytes.len(),
-                ty.byte_size()
-            )));
+            return Err(HloError::Constant(format!("{} bytes given for {ty} ({} bytes)", bytes.len(), ty.byte_size())));
         }
         let mut hex = String::with_capacity(bytes.len() * 2);
         for byte in bytes {
@@ -403,9 +395,7 @@ impl Builder {
             ));
         }
         for (i, &m) in mapping.iter().enumerate() {
-            let ok = m < dims.len()
-                && !mapping[..i].contains(&m)
-                && (ta.dims()[i] == dims[m] || ta.dims()[i] == 1);
+            let ok = m < dims.len() && !mapping[..i].contains(&m) && (ta.dims()[i] == dims[m] || ta.dims()[i] == 1);
             if !ok {
                 return Err(shape_err(
                     "broadcast_in_dim",
@@ -414,11 +404,7 @@ impl Builder {
             }
         }
         let out = TensorType::new(ta.dtype(), dims);
-        let line = format!(
-            "stablehlo.broadcast_in_dim {}, dims = {} : ({ta}) -> {out}",
-            self.name(a),
-            list(mapping)
-        );
+        let line = format!("stablehlo.broadcast_in_dim {}, dims = {} : ({ta}) -> {out}", self.name(a), list(mapping));
         Ok(self.emit(line, out))
     }
 
@@ -427,10 +413,7 @@ impl Builder {
     pub fn broadcast_to(&mut self, a: Value, dims: &[usize]) -> Result<Value> {
         let rank = self.ty_of("broadcast_to", a)?.rank();
         if rank > dims.len() {
-            return Err(shape_err(
-                "broadcast_to",
-                format!("cannot broadcast rank {rank} to {dims:?}"),
-            ));
+            return Err(shape_err("broadcast_to", format!("cannot broadcast rank {rank} to {dims:?}")));
         }
         let mapping: Vec<usize> = (dims.len() - rank..dims.len()).collect();
         self.broadcast_in_dim(a, dims, &mapping)
@@ -522,8 +505,8 @@ impl Builder {
         let mut out_dims = first.dims().to_vec();
         out_dims[dim] = 0;
         for t in &types {
-            let same_rest = t.rank() == first.rank()
-                && (0..t.rank()).all(|d| d == dim || t.dims()[d] == first.dims()[d]);
+            let same_rest =
+                t.rank() == first.rank() && (0..t.rank()).all(|d| d == dim || t.dims()[d] == first.dims()[d]);
             if t.dtype() != first.dtype() || !same_rest {
                 return Err(shape_err("concatenate", format!("{t} does not fit {first} along dimension {dim}")));
             }
@@ -532,11 +515,7 @@ impl Builder {
         let out = TensorType::new(first.dtype(), &out_dims);
         let names: Vec<&str> = parts.iter().map(|&p| self.name(p)).collect();
         let tys: Vec<String> = types.iter().map(|t| t.to_string()).collect();
-        let line = format!(
-            "stablehlo.concatenate {}, dim = {dim} : ({}) -> {out}",
-            names.join(", "),
-            tys.join(", ")
-        );
+        let line = format!("stablehlo.concatenate {}, dim = {dim} : ({}) -> {out}", names.join(", "), tys.join(", "));
         Ok(self.emit(line, out))
     }
 
@@ -569,7 +548,9 @@ impl Builder {
         if !distinct_below(&lhs_used, tl.rank()) || !distinct_below(&rhs_used, tr.rank()) {
             return bad("repeated or out-of-range dimension".into());
         }
-        for (&l, &r) in dims.lhs_batch.iter().zip(&dims.rhs_batch).chain(dims.lhs_contract.iter().zip(&dims.rhs_contract)) {
+        for (&l, &r) in
+            dims.lhs_batch.iter().zip(&dims.rhs_batch).chain(dims.lhs_contract.iter().zip(&dims.rhs_contract))
+        {
             if tl.dims()[l] != tr.dims()[r] {
                 return bad(format!("lhs dimension {l} ({}) != rhs dimension {r} ({})", tl.dims()[l], tr.dims()[r]));
             }
@@ -585,11 +566,8 @@ impl Builder {
         }
         write!(attrs, ", contracting_dims = {} x {}", list(&dims.lhs_contract), list(&dims.rhs_contract))
             .expect("writing to a String cannot fail");
-        let line = format!(
-            "stablehlo.dot_general {}, {}{attrs} : ({tl}, {tr}) -> {out}",
-            self.name(lhs),
-            self.name(rhs)
-        );
+        let line =
+            format!("stablehlo.dot_general {}, {}{attrs} : ({tl}, {tr}) -> {out}", self.name(lhs), self.name(rhs));
         Ok(self.emit(line, out))
     }
 
@@ -699,20 +677,11 @@ impl Builder {
         let args: Vec<String> = self
             .args
             .iter()
-            .map(|(id, spec)| {
-                format!("{}: {}{}", self.names[*id], self.types[*id], sharding_attr(spec.as_ref()))
-            })
+            .map(|(id, spec)| format!("{}: {}{}", self.names[*id], self.types[*id], sharding_attr(spec.as_ref())))
             .collect();
-        let res_types: Vec<String> = results
-            .iter()
-            .map(|(v, spec)| format!("{}{}", self.types[v.id], sharding_attr(spec.as_ref())))
-            .collect();
-        let _ = writeln!(
-            w,
-            "  func.func public @main({}) -> ({}) {{",
-            args.join(", "),
-            res_types.join(", ")
-        );
+        let res_types: Vec<String> =
+            results.iter().map(|(v, spec)| format!("{}{}", self.types[v.id], sharding_attr(spec.as_ref()))).collect();
+        let _ = writeln!(w, "  func.func public @main({}) -> ({}) {{", args.join(", "), res_types.join(", "));
         w.push_str(&self.body);
         let names: Vec<&str> = results.iter().map(|(v, _)| self.name(*v)).collect();
         let tys: Vec<String> = results.iter().map(|(v, _)| self.types[v.id].to_string()).collect();
@@ -790,8 +759,7 @@ impl Builder {
         }
         let mut sorted = dims.to_vec();
         sorted.sort_unstable();
-        let out_dims: Vec<usize> =
-            (0..ta.rank()).filter(|d| !sorted.contains(d)).map(|d| ta.dims()[d]).collect();
+        let out_dims: Vec<usize> = (0..ta.rank()).filter(|d| !sorted.contains(d)).map(|d| ta.dims()[d]).collect();
         let out = TensorType::new(ta.dtype(), &out_dims);
         let scalar = TensorType::scalar(ta.dtype());
         let init_v = self.splat(init, scalar.clone())?;

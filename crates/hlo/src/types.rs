@@ -169,7 +169,9 @@ mod tests {
 
     #[test]
     fn dtype_names_round_trip() {
-        for d in [DType::Pred, DType::I8, DType::U8, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64] {
+        for d in
+            [DType::Pred, DType::I8, DType::U8, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64]
+        {
             assert_eq!(DType::parse(&d.to_string()), Some(d));
             assert_eq!(DType::parse(d.mlir()), Some(d));
         }

@@ -38,7 +38,9 @@ fn run_single(text: &str, args: &[HostArray]) -> Vec<Vec<f32>> {
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
     // Small deterministic values in [-1, 1).
-    (0..n as u32).map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(97)) >> 8) % 2000) as f32 / 1000.0 - 1.0).collect()
+    (0..n as u32)
+        .map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(97)) >> 8) % 2000) as f32 / 1000.0 - 1.0)
+        .collect()
 }
 
 fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
@@ -74,7 +76,8 @@ fn every_op_compiles_and_runs() {
     assert_eq!(out.len(), 4);
     assert_eq!(out[0].len(), 16);
     // Gathered rows times 0.5.
-    let want: Vec<f32> = ids.iter().flat_map(|&r| x[r as usize * 8..r as usize * 8 + 8].iter().map(|v| v * 0.5)).collect();
+    let want: Vec<f32> =
+        ids.iter().flat_map(|&r| x[r as usize * 8..r as usize * 8 + 8].iter().map(|v| v * 0.5)).collect();
     close(&out[1], &want, 0.0, "take_rows");
     close(&out[2], &[1.0, -2.5, 0.0, 3.0], 0.0, "constant");
     // Batched matmul of x viewed as [2,2,8] and [2,8,2].

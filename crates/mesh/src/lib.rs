@@ -115,21 +115,15 @@ pub struct Mesh {
 impl Mesh {
     /// A mesh with the given `(name, size)` axes over `device_ids` in row-major order.
     pub fn new(axes: &[(&str, usize)], device_ids: Vec<usize>) -> Result<Mesh, MeshError> {
-        let axes: Vec<Axis> =
-            axes.iter().map(|&(name, size)| Axis { name: name.to_string(), size }).collect();
+        let axes: Vec<Axis> = axes.iter().map(|&(name, size)| Axis { name: name.to_string(), size }).collect();
         for (i, axis) in axes.iter().enumerate() {
-            if axis.size == 0 || axis.name.is_empty() || axes[..i].iter().any(|a| a.name == axis.name)
-            {
+            if axis.size == 0 || axis.name.is_empty() || axes[..i].iter().any(|a| a.name == axis.name) {
                 return Err(MeshError::BadAxis(format!("{}={}", axis.name, axis.size)));
             }
         }
         let expected: usize = axes.iter().map(|a| a.size).product();
         if expected != device_ids.len() {
-            return Err(MeshError::DeviceCount {
-                axes: axes_text(&axes),
-                expected,
-                got: device_ids.len(),
-            });
+            return Err(MeshError::DeviceCount { axes: axes_text(&axes), expected, got: device_ids.len() });
         }
         let mut seen = device_ids.clone();
         seen.sort_unstable();
@@ -181,10 +175,10 @@ impl Mesh {
     }
 
     fn axis_index(&self, name: &str) -> Result<usize, MeshError> {
-        self.axes.iter().position(|a| a.name == name).ok_or_else(|| MeshError::UnknownAxis {
-            axis: name.to_string(),
-            mesh: self.to_string(),
-        })
+        self.axes
+            .iter()
+            .position(|a| a.name == name)
+            .ok_or_else(|| MeshError::UnknownAxis { axis: name.to_string(), mesh: self.to_string() })
     }
 }
 
@@ -208,9 +202,7 @@ pub struct PartitionSpec {
 impl PartitionSpec {
     /// A spec from per-dimension axis lists: `&[&["data"], &[]]` is `P("data", None)`.
     pub fn new(dims: &[&[&str]]) -> PartitionSpec {
-        PartitionSpec {
-            dims: dims.iter().map(|axes| axes.iter().map(|a| a.to_string()).collect()).collect(),
-        }
+        PartitionSpec { dims: dims.iter().map(|axes| axes.iter().map(|a| a.to_string()).collect()).collect() }
     }
 
     /// A spec from owned per-dimension axis lists.
@@ -289,12 +281,7 @@ impl PartitionSpec {
     }
 
     /// The slice of the global tensor (one range per dimension) held by `partition`.
-    pub fn shard_ranges(
-        &self,
-        shape: &[usize],
-        mesh: &Mesh,
-        partition: usize,
-    ) -> Result<Vec<Range<usize>>, MeshError> {
+    pub fn shard_ranges(&self, shape: &[usize], mesh: &Mesh, partition: usize) -> Result<Vec<Range<usize>>, MeshError> {
         let shard = self.shard_shape(shape, mesh)?;
         let coords = mesh.coords(partition);
         let mut ranges = Vec::with_capacity(shape.len());
@@ -323,9 +310,7 @@ impl PartitionSpec {
             .map(|partition| {
                 let ranges = self.shard_ranges(shape, mesh, partition)?;
                 let mut out = Vec::with_capacity(block_len(&ranges) * elem_bytes);
-                for_each_row(shape, &ranges, elem_bytes, |src, len| {
-                    out.extend_from_slice(&bytes[src..src + len])
-                });
+                for_each_row(shape, &ranges, elem_bytes, |src, len| out.extend_from_slice(&bytes[src..src + len]));
                 Ok(out)
             })
             .collect()
@@ -389,12 +374,7 @@ fn block_len(ranges: &[Range<usize>]) -> usize {
 
 /// Calls `f(byte offset in the global buffer, byte length)` for each contiguous innermost row
 /// of the block `ranges`, in row-major order.
-fn for_each_row(
-    shape: &[usize],
-    ranges: &[Range<usize>],
-    elem_bytes: usize,
-    mut f: impl FnMut(usize, usize),
-) {
+fn for_each_row(shape: &[usize], ranges: &[Range<usize>], elem_bytes: usize, mut f: impl FnMut(usize, usize)) {
     let rank = shape.len();
     if rank == 0 {
         f(0, elem_bytes);
@@ -410,8 +390,8 @@ fn for_each_row(
     }
     let mut index: Vec<usize> = ranges[..rank - 1].iter().map(|r| r.start).collect();
     loop {
-        let base: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>()
-            + ranges[rank - 1].start * elem_bytes;
+        let base: usize =
+            index.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>() + ranges[rank - 1].start * elem_bytes;
         f(base, row_len);
         // Odometer increment over the outer dimensions.
         let mut d = rank - 1;
@@ -473,9 +453,7 @@ mod tests {
     fn split_then_assemble_is_identity_for_every_spec() {
         let mesh = mesh_2x4();
         let shape = [4, 8, 3];
-        let data: Vec<u8> = (0..shape.iter().product::<usize>() as u32)
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
+        let data: Vec<u8> = (0..shape.iter().product::<usize>() as u32).flat_map(|x| x.to_le_bytes()).collect();
         let specs = [
             PartitionSpec::new(&[&[], &[], &[]]),
             PartitionSpec::new(&[&["data"], &["model"], &[]]),

@@ -13,14 +13,19 @@ use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use siphon_hlo::DType;
-use siphon_models::{build_forward, ForwardSpec, HfConfig, HookKind, HookPoint};
+use siphon_models::{ForwardSpec, HfConfig, HookKind, HookPoint, build_forward};
 use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginLocator};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = std::path::PathBuf::from(args.get(1).ok_or("usage: bench_forward DIR [--hooks all|last] [--dtype f32|bf16]")?);
+    let dir =
+        std::path::PathBuf::from(args.get(1).ok_or("usage: bench_forward DIR [--hooks all|last] [--dtype f32|bf16]")?);
     let opt = |name: &str, default: &str| -> String {
-        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_string())
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+            .unwrap_or_else(|| default.to_string())
     };
     let hooks_kind = opt("--hooks", "all");
     let dtype = DType::parse(&opt("--dtype", "f32")).ok_or("--dtype must be f32 or bf16")?;
@@ -40,7 +45,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Like HF output_hidden_states: the embeddings and every block's input, plus the final
     // norm (25 tensors for 24 layers); `last` returns only the final norm.
     let hooks: Vec<HookPoint> = match hooks_kind.as_str() {
-        "all" => (0..config.n_layers).map(|l| HookPoint::block(l, HookKind::ResidPre)).chain([HookPoint::model(HookKind::LnFinalOut)]).collect(),
+        "all" => (0..config.n_layers)
+            .map(|l| HookPoint::block(l, HookKind::ResidPre))
+            .chain([HookPoint::model(HookKind::LnFinalOut)])
+            .collect(),
         "last" => vec![HookPoint::model(HookKind::LnFinalOut)],
         other => return Err(format!("--hooks {other:?}: use all or last").into()),
     };

@@ -7,8 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::family::Arch;
 use crate::ModelError;
+pub use crate::family::Arch;
 
 /// A routed mixture of experts in place of every block's MLP.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -298,19 +298,43 @@ impl ParamInfo {
     }
 
     /// A whole stored `[in, out]` weight (GPT-2's Conv1D), taken as `[out, in]` = `shape`.
-    pub(crate) fn conv1d(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>) -> ParamInfo {
+    pub(crate) fn conv1d(
+        name: impl Into<String>,
+        shape: &[usize],
+        class: ParamClass,
+        layer: Option<usize>,
+    ) -> ParamInfo {
         let name = name.into();
-        let slice = Slice { tensor: name.clone(), stored: vec![shape[1], shape[0]], transposed: true, groups: 1, start: 0, len: shape[0] };
+        let slice = Slice {
+            tensor: name.clone(),
+            stored: vec![shape[1], shape[0]],
+            transposed: true,
+            groups: 1,
+            start: 0,
+            len: shape[0],
+        };
         ParamInfo { source: Some(slice), ..ParamInfo::new(name, shape, class, layer) }
     }
 
     /// A part of a stored tensor (see [`Slice`]) named `name`; `shape` is the part's.
-    pub(crate) fn part(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>, slice: Slice) -> ParamInfo {
+    pub(crate) fn part(
+        name: impl Into<String>,
+        shape: &[usize],
+        class: ParamClass,
+        layer: Option<usize>,
+        slice: Slice,
+    ) -> ParamInfo {
         ParamInfo { source: Some(slice), ..ParamInfo::new(name, shape, class, layer) }
     }
 
     /// The stored tensors `stack`, each of `shape[1..]`, stacked into one weight named `name`.
-    pub(crate) fn stacked(name: impl Into<String>, shape: &[usize], class: ParamClass, layer: Option<usize>, stack: Vec<String>) -> ParamInfo {
+    pub(crate) fn stacked(
+        name: impl Into<String>,
+        shape: &[usize],
+        class: ParamClass,
+        layer: Option<usize>,
+        stack: Vec<String>,
+    ) -> ParamInfo {
         debug_assert_eq!(stack.len(), shape[0]);
         ParamInfo { stack, ..ParamInfo::new(name, shape, class, layer) }
     }
@@ -325,8 +349,7 @@ impl ModelConfig {
     /// Checks the relations the forward relies on.
     pub fn validate(&self) -> Result<(), ModelError> {
         let fail = |m: String| Err(ModelError::Config(m));
-        if self.vocab_size == 0 || self.hidden_size == 0 || self.n_layers == 0 || self.head_dim == 0
-        {
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.n_layers == 0 || self.head_dim == 0 {
             return fail("vocab_size, hidden_size, num_hidden_layers and head_dim must be positive".into());
         }
         let rotary = crate::family::family(self.arch).features.contains(&crate::hooks::Feature::Rotary);
@@ -334,7 +357,10 @@ impl ModelConfig {
             let (kv, d) = (self.kv_heads_at(layer), self.head_dim_at(layer));
             let at = if self.layer_shapes.is_empty() { String::new() } else { format!(" (layer {layer})") };
             if kv == 0 || !self.n_heads.is_multiple_of(kv) {
-                return fail(format!("num_attention_heads {} is not a multiple of num_key_value_heads {kv}{at}", self.n_heads));
+                return fail(format!(
+                    "num_attention_heads {} is not a multiple of num_key_value_heads {kv}{at}",
+                    self.n_heads
+                ));
             }
             let rotated = self.rotary_dim.unwrap_or(d);
             if d == 0 || rotary && (!rotated.is_multiple_of(2) || rotated > d) {
@@ -343,13 +369,19 @@ impl ModelConfig {
         }
         for layer in 0..self.n_layers {
             if let Some(source) = self.kv_source(layer) {
-                let same = (self.head_dim_at(source), self.kv_heads_at(source)) == (self.head_dim_at(layer), self.kv_heads_at(layer));
+                let same = (self.head_dim_at(source), self.kv_heads_at(source))
+                    == (self.head_dim_at(layer), self.kv_heads_at(layer));
                 if source >= layer || !same {
                     return fail(format!("layer {layer} cannot attend over layer {source}'s keys and values"));
                 }
             }
         }
-        let per_layer = [("layer_windows", self.layer_windows.len()), ("layer_shapes", self.layer_shapes.len()), ("rope_skipped", self.rope_skipped.len()), ("kv_shared_from", self.kv_shared_from.len())];
+        let per_layer = [
+            ("layer_windows", self.layer_windows.len()),
+            ("layer_shapes", self.layer_shapes.len()),
+            ("rope_skipped", self.rope_skipped.len()),
+            ("kv_shared_from", self.kv_shared_from.len()),
+        ];
         for (name, len) in per_layer {
             if len != 0 && len != self.n_layers {
                 return fail(format!("{name} lists {len} layers, the model has {}", self.n_layers));
@@ -406,4 +438,3 @@ impl ModelConfig {
         self.params(self.n_layers, true).iter().map(|p| p.shape.iter().product::<usize>()).sum()
     }
 }
-

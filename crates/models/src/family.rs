@@ -101,16 +101,20 @@ pub(crate) fn family(arch: Arch) -> &'static Family {
 /// class name.
 pub(crate) fn for_hf(c: &HfConfig) -> Result<&'static Family, ModelError> {
     match (c.model_type.as_deref(), c.architectures.as_deref().and_then(|a| a.first())) {
-        (Some(model_type), _) => FAMILIES.iter().copied().find(|f| f.model_types.contains(&model_type)).ok_or_else(|| {
-            let mut known: Vec<&str> = FAMILIES.iter().flat_map(|f| f.model_types.iter().copied()).collect();
-            known.sort_unstable();
-            ModelError::UnsupportedArch(format!("model_type {model_type:?} (supported: {})", known.join(", ")))
-        }),
+        (Some(model_type), _) => {
+            FAMILIES.iter().copied().find(|f| f.model_types.contains(&model_type)).ok_or_else(|| {
+                let mut known: Vec<&str> = FAMILIES.iter().flat_map(|f| f.model_types.iter().copied()).collect();
+                known.sort_unstable();
+                ModelError::UnsupportedArch(format!("model_type {model_type:?} (supported: {})", known.join(", ")))
+            })
+        }
         (None, class) => FAMILIES
             .iter()
             .copied()
             .find(|f| class.is_some_and(|class| f.architectures.contains(&class.as_str())))
-            .ok_or_else(|| ModelError::UnsupportedArch(format!("config.json has no model_type and architectures {class:?}"))),
+            .ok_or_else(|| {
+                ModelError::UnsupportedArch(format!("config.json has no model_type and architectures {class:?}"))
+            }),
     }
 }
 
@@ -121,10 +125,14 @@ mod tests {
     /// Every variant; the `match` does not compile when one is missing.
     fn every_arch() -> Vec<Arch> {
         use Arch::*;
-        let all = vec![Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral, Olmo3, SmolLM3, Gemma4];
+        let all = vec![
+            Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral, Olmo3,
+            SmolLM3, Gemma4,
+        ];
         for arch in &all {
             match arch {
-                Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe | Mixtral | Olmo3 | SmolLM3 | Gemma4 => {}
+                Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe
+                | Mixtral | Olmo3 | SmolLM3 | Gemma4 => {}
             }
         }
         all

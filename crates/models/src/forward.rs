@@ -26,9 +26,9 @@ use std::collections::{BTreeMap, HashMap};
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
+use crate::ModelError;
 use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, RopeScaling};
 use crate::hooks::{HookKind, HookPoint, Scope};
-use crate::ModelError;
 
 /// What to build: shapes, hooks, dtypes and sharding.
 #[derive(Debug, Clone)]
@@ -209,7 +209,12 @@ pub(crate) struct Graph<'a> {
 impl<'a> Graph<'a> {
     /// Validates `spec`, declares the weight arguments for `n_blocks` blocks (and the
     /// final norm when `with_final_norm`), then the three inputs.
-    pub fn new(config: &'a ModelConfig, spec: &'a ForwardSpec, n_blocks: usize, with_final_norm: bool) -> Result<Graph<'a>, ModelError> {
+    pub fn new(
+        config: &'a ModelConfig,
+        spec: &'a ForwardSpec,
+        n_blocks: usize,
+        with_final_norm: bool,
+    ) -> Result<Graph<'a>, ModelError> {
         if spec.batch == 0 || spec.seq == 0 {
             return Err(ModelError::Config(format!("batch {} x seq {} has no tokens", spec.batch, spec.seq)));
         }
@@ -221,10 +226,16 @@ impl<'a> Graph<'a> {
         }
         let all: Vec<String> = config.params(config.n_layers, true).into_iter().map(|p| p.name).collect();
         if let Some(unknown) = spec.param_specs.keys().find(|k| !all.contains(k)) {
-            return Err(ModelError::Sharding(format!("partition spec given for {unknown:?}, which is not a weight of this model")));
+            return Err(ModelError::Sharding(format!(
+                "partition spec given for {unknown:?}, which is not a weight of this model"
+            )));
         }
         let sharded = !spec.mesh.axes().is_empty();
-        let mut b = if sharded { Builder::with_mesh("siphon_forward", spec.mesh.clone()) } else { Builder::new("siphon_forward") };
+        let mut b = if sharded {
+            Builder::with_mesh("siphon_forward", spec.mesh.clone())
+        } else {
+            Builder::new("siphon_forward")
+        };
         let dt = spec.compute_dtype;
         let mut params = config.params(n_blocks, false);
         if !with_final_norm {
@@ -234,7 +245,8 @@ impl<'a> Graph<'a> {
         let mut weights = HashMap::new();
         let mut param_specs = Vec::new();
         for p in &params {
-            let pspec = spec.param_specs.get(&p.name).cloned().unwrap_or_else(|| PartitionSpec::replicated(p.shape.len()));
+            let pspec =
+                spec.param_specs.get(&p.name).cloned().unwrap_or_else(|| PartitionSpec::replicated(p.shape.len()));
             // Validated on every mesh: on one without axes this rejects any split and a
             // wrong rank, so the specs handed back are always usable.
             pspec.validate(&p.shape, &spec.mesh).map_err(|e| ModelError::Sharding(format!("{}: {e}", p.name)))?;
@@ -393,7 +405,14 @@ impl<'a> Graph<'a> {
     /// `x + norm(y)` for a sublayer's output `y` normalised before it joins the residual
     /// stream `x` (Gemma's and OLMo 2's post-norms), recording the norm's scale, normalized
     /// and output hooks.
-    pub fn add_post_normed(&mut self, x: Value, y: Value, weight: &str, gain: Gain, hooks: [HookPoint; 3]) -> Result<Value, ModelError> {
+    pub fn add_post_normed(
+        &mut self,
+        x: Value,
+        y: Value,
+        weight: &str,
+        gain: Gain,
+        hooks: [HookPoint; 3],
+    ) -> Result<Value, ModelError> {
         let post = self.rms_norm_with(y, weight, gain)?;
         self.hook_norm(&post, hooks[0], hooks[1], hooks[2])?;
         Ok(self.b.add(x, post.out)?)
@@ -436,7 +455,13 @@ impl<'a> Graph<'a> {
 
     /// Records a norm's three hooks: its scale `sqrt(mean(x²) + eps)` (built only when
     /// requested), its normalized input and its output.
-    pub fn hook_norm(&mut self, norm: &Norm, scale: HookPoint, normalized: HookPoint, out: HookPoint) -> Result<(), ModelError> {
+    pub fn hook_norm(
+        &mut self,
+        norm: &Norm,
+        scale: HookPoint,
+        normalized: HookPoint,
+        out: HookPoint,
+    ) -> Result<(), ModelError> {
         if self.wants(scale) {
             let s = self.b.sqrt(norm.var)?;
             self.hook(scale, s);
@@ -466,7 +491,9 @@ impl<'a> Graph<'a> {
     /// `query_key_value`), recording `attn.hook_q` / `hook_k` / `hook_v`.
     pub fn fused_qkv(&mut self, x: Value, layer: usize, fused: &str) -> Result<[Value; 3], ModelError> {
         let mut out = [x; 3];
-        for (slot, (part, kind)) in out.iter_mut().zip([("q", HookKind::AttnQ), ("k", HookKind::AttnK), ("v", HookKind::AttnV)]) {
+        for (slot, (part, kind)) in
+            out.iter_mut().zip([("q", HookKind::AttnQ), ("k", HookKind::AttnK), ("v", HookKind::AttnV)])
+        {
             *slot = self.linear(x, &format!("{fused}.weight[{part}]"), Some(&format!("{fused}.bias[{part}]")))?;
             self.hook(HookPoint::block(layer, kind), *slot);
         }
@@ -487,7 +514,10 @@ impl<'a> Graph<'a> {
         let rotated = c.rotary_dim.unwrap_or(head_dim);
         let (inv_freq, scale) = match (local, &c.rope_scaling) {
             (Some(theta), _) => (inv_freq(head_dim, theta, None), 1.0),
-            (None, Some(RopeScaling::LongRope { original_max_position_embeddings: original, attention_factor, .. })) => {
+            (
+                None,
+                Some(RopeScaling::LongRope { original_max_position_embeddings: original, attention_factor, .. }),
+            ) => {
                 // Hugging Face switches to the long factors once a batch reaches past the
                 // original context, whatever its rows' lengths: refuse rather than guess.
                 if self.spec.seq > *original {
@@ -595,7 +625,14 @@ impl<'a> Graph<'a> {
     /// `h / (n_heads/n_kv_heads)` (Hugging Face's `repeat_kv`). Returns `z`,
     /// `[tokens, n_heads*head_dim]` ready for `o_proj`, and the scores and probabilities in
     /// the internal `[batch, kv_head, query, group, key]` layout (see [`Graph::per_query`]).
-    pub fn attention(&mut self, layer: usize, q: Value, k: Value, v: Value, mask: Value) -> Result<Attention, ModelError> {
+    pub fn attention(
+        &mut self,
+        layer: usize,
+        q: Value,
+        k: Value,
+        v: Value,
+        mask: Value,
+    ) -> Result<Attention, ModelError> {
         let c = self.config;
         let (bsz, s, nkv, hd) = (self.spec.batch, self.spec.seq, c.kv_heads_at(layer), c.head_dim_at(layer));
         let g = c.n_heads / nkv;
@@ -700,7 +737,8 @@ impl<'a> Graph<'a> {
     /// `model.layers.{layer}.mlp.gate.weight` `[E, H]` and the stacked
     /// `model.layers.{layer}.mlp.experts.{gate,up,down}_proj`.
     pub fn moe_mlp(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
-        let moe = self.config.moe.clone().ok_or_else(|| ModelError::Config("moe_mlp on a model without experts".into()))?;
+        let moe =
+            self.config.moe.clone().ok_or_else(|| ModelError::Config("moe_mlp on a model without experts".into()))?;
         let p = format!("model.layers.{layer}.mlp");
         let logits = self.linear(x, &format!("{p}.gate.weight"), None)?;
         let at = |kind| HookPoint::block(layer, kind);
@@ -811,7 +849,13 @@ impl<'a> Graph<'a> {
     /// next block's `hook_resid_pre` when that block is not built, then the final norm
     /// (`model.norm.weight`, its gain applied as `gain` says) and its hooks when asked for,
     /// then the program ([`Graph::finish`]).
-    pub fn finish_decoder(mut self, x: Value, n_blocks: usize, with_final_norm: bool, gain: Gain) -> Result<ForwardProgram, ModelError> {
+    pub fn finish_decoder(
+        mut self,
+        x: Value,
+        n_blocks: usize,
+        with_final_norm: bool,
+        gain: Gain,
+    ) -> Result<ForwardProgram, ModelError> {
         self.end_blocks(x, n_blocks);
         if with_final_norm {
             let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;
@@ -831,7 +875,12 @@ impl<'a> Graph<'a> {
     /// Records the final norm's hooks.
     pub fn hook_final_norm(&mut self, norm: &Norm) -> Result<(), ModelError> {
         use HookKind::*;
-        self.hook_norm(norm, HookPoint::model(LnFinalScale), HookPoint::model(LnFinalNormalized), HookPoint::model(LnFinalOut))
+        self.hook_norm(
+            norm,
+            HookPoint::model(LnFinalScale),
+            HookPoint::model(LnFinalNormalized),
+            HookPoint::model(LnFinalOut),
+        )
     }
 
     /// Returns the requested hooks, each reshaped to `[batch, seq, *per-token shape]`, and
@@ -842,9 +891,10 @@ impl<'a> Graph<'a> {
         let mut results = Vec::new();
         let mut outputs = Vec::new();
         for &hook in &self.spec.hooks {
-            let x = *self.hooks.get(&hook).ok_or_else(|| {
-                ModelError::Hook(format!("{hook} was requested but the graph did not produce it"))
-            })?;
+            let x = *self
+                .hooks
+                .get(&hook)
+                .ok_or_else(|| ModelError::Hook(format!("{hook} was requested but the graph did not produce it")))?;
             let shape: Vec<usize> = [bsz, s].into_iter().chain(hook.dims(self.config, s)).collect();
             let mut dims = self.input_spec.dims()[..2].to_vec();
             dims.resize(shape.len(), Vec::new());
@@ -962,7 +1012,10 @@ pub(crate) fn blocks_for(config: &ModelConfig, hooks: &[HookPoint]) -> Result<(u
             return Err(ModelError::Hook(format!("{h}: the {} architecture has no such hook", config.arch)));
         }
         if h.layer().is_some_and(|l| l >= config.n_layers) {
-            return Err(ModelError::Hook(format!("{h}: layer out of range (the model has {} layers)", config.n_layers)));
+            return Err(ModelError::Hook(format!(
+                "{h}: layer out of range (the model has {} layers)",
+                config.n_layers
+            )));
         }
         if hooks[..i].contains(h) {
             return Err(ModelError::Hook(format!("{h} is requested twice")));

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use crate::config::ParamInfo;
 use crate::family::{Arch, Family};
-use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
+use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::llama::decoder_params;
@@ -43,7 +43,14 @@ pub(crate) const FAMILY: Family = Family {
     from_hf: |hf: HfConfig| gemma_config(&hf, Arch::Gemma2, &DEFAULTS, Some(50.0)),
     build,
     params: gemma_params,
-    features: &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms],
+    features: &[
+        Feature::PreNorms,
+        Feature::ResidMid,
+        Feature::DenseMlp,
+        Feature::GatedMlp,
+        Feature::Rotary,
+        Feature::PostNorms,
+    ],
     renames: &[],
 };
 
@@ -67,7 +74,12 @@ pub(crate) const GEMMA_ACTIVATION: ActivationKey = ActivationKey {
 /// `query_pre_attn_scalar^-0.5` (256 when absent), logits soft-capped by
 /// `attn_logit_softcapping` (`softcap` when absent, none when null); bidirectional attention
 /// is refused.
-pub(crate) fn gemma_config(hf: &HfConfig, arch: Arch, defaults: &Defaults, softcap: Option<f64>) -> Result<ModelConfig, ModelError> {
+pub(crate) fn gemma_config(
+    hf: &HfConfig,
+    arch: Arch,
+    defaults: &Defaults,
+    softcap: Option<f64>,
+) -> Result<ModelConfig, ModelError> {
     if hf.key::<bool>("use_bidirectional_attention")? == Some(true) {
         return Err(ModelError::UnsupportedArch(format!("{arch} with use_bidirectional_attention")));
     }
@@ -75,9 +87,11 @@ pub(crate) fn gemma_config(hf: &HfConfig, arch: Arch, defaults: &Defaults, softc
     let attn_softcap = match hf.extra.get("attn_logit_softcapping") {
         None => softcap,
         Some(Value::Null) => None,
-        Some(v) => Some(v.as_f64().filter(|c| *c > 0.0).ok_or_else(|| {
-            ModelError::Config(format!("attn_logit_softcapping {v} is not a positive number"))
-        })?),
+        Some(v) => Some(
+            v.as_f64()
+                .filter(|c| *c > 0.0)
+                .ok_or_else(|| ModelError::Config(format!("attn_logit_softcapping {v} is not a positive number")))?,
+        ),
     };
     let attn_scalar = Some(hf.key::<f64>("query_pre_attn_scalar")?.unwrap_or(256.0));
     Ok(ModelConfig { attn_scalar, attn_softcap, ..c })
@@ -135,13 +149,25 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
         let proj = crate::llama::self_attention(&mut g, ln1.out, layer, Gain::UnitOffset, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
-        let h = g.add_post_normed(x, proj, &norm("post_attention_layernorm"), Gain::UnitOffset, [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at))?;
+        let h = g.add_post_normed(
+            x,
+            proj,
+            &norm("post_attention_layernorm"),
+            Gain::UnitOffset,
+            [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at),
+        )?;
         g.hook(at(ResidMid), h);
         let ln2 = g.rms_norm_with(h, &norm("pre_feedforward_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
         let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
         g.hook_mlp(&mlp, layer, MlpProjOut);
-        let out = g.add_post_normed(h, mlp.out, &norm("post_feedforward_layernorm"), Gain::UnitOffset, [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at))?;
+        let out = g.add_post_normed(
+            h,
+            mlp.out,
+            &norm("post_feedforward_layernorm"),
+            Gain::UnitOffset,
+            [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at),
+        )?;
         x = g.constrain_tokens(out)?;
         g.hook(at(ResidPost), x);
     }

@@ -13,7 +13,7 @@
 
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::gemma2::{gemma_config, gemma_params, gemma_windows, GEMMA_ACTIVATION};
+use crate::gemma2::{GEMMA_ACTIVATION, gemma_config, gemma_params, gemma_windows};
 use crate::hf_config::Defaults;
 use crate::hooks::Feature;
 use crate::{HfConfig, ModelConfig, ModelError};
@@ -26,7 +26,15 @@ pub(crate) const FAMILY: Family = Family {
     from_hf,
     build,
     params: gemma_params,
-    features: &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms, Feature::QkNorm],
+    features: &[
+        Feature::PreNorms,
+        Feature::ResidMid,
+        Feature::DenseMlp,
+        Feature::GatedMlp,
+        Feature::Rotary,
+        Feature::PostNorms,
+        Feature::QkNorm,
+    ],
     // The text tower of multimodal checkpoints: transformers 5 and late 4.x save it under
     // `model.language_model.`, earlier ones under `language_model.model.`.
     renames: &[("model.", "model.language_model."), ("model.", "language_model.model.")],
@@ -46,9 +54,10 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if hf.model_type.as_deref() == Some("gemma3") {
         // A multimodal checkpoint: its text tower is a gemma3_text model whose weights sit
         // under `language_model.` (the family's renames find them).
-        let mut text = *hf.text_config.take().ok_or_else(|| {
-            ModelError::Config("a gemma3 (multimodal) config.json without text_config".into())
-        })?;
+        let mut text = *hf
+            .text_config
+            .take()
+            .ok_or_else(|| ModelError::Config("a gemma3 (multimodal) config.json without text_config".into()))?;
         text.model_type = Some("gemma3_text".into());
         text.tie_word_embeddings = text.tie_word_embeddings.or(hf.tie_word_embeddings);
         return from_hf(text);
@@ -63,7 +72,10 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
 /// Builds the Gemma 3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::Gemma3 || !config.qk_norm {
-        return Err(ModelError::UnsupportedArch(format!("gemma3 builder given a {:?} config without q/k norms", config.arch)));
+        return Err(ModelError::UnsupportedArch(format!(
+            "gemma3 builder given a {:?} config without q/k norms",
+            config.arch
+        )));
     }
     crate::gemma2::build_gemma(config, spec)
 }

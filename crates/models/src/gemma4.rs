@@ -40,9 +40,9 @@ use siphon_hlo::{TensorType, Value};
 
 use crate::config::{LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
 use crate::family::{Arch, Family};
-use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
+use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
 use crate::gemma2::GEMMA_ACTIVATION;
-use crate::hf_config::{need, Defaults};
+use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -93,9 +93,10 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if hf.model_type.as_deref() == Some("gemma4") {
         // A multimodal checkpoint: its text tower is a gemma4_text model under
         // `model.language_model.` (the renames find it); the vision and audio towers are not read.
-        let mut text = *hf.text_config.take().ok_or_else(|| {
-            ModelError::Config("a gemma4 (multimodal) config.json without text_config".into())
-        })?;
+        let mut text = *hf
+            .text_config
+            .take()
+            .ok_or_else(|| ModelError::Config("a gemma4 (multimodal) config.json without text_config".into()))?;
         text.model_type = Some("gemma4_text".into());
         text.tie_word_embeddings = text.tie_word_embeddings.or(hf.tie_word_embeddings);
         return from_hf(text);
@@ -126,7 +127,8 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let moe = match hf.key::<bool>("enable_moe_block")?.unwrap_or(false) {
         false => None,
         true => {
-            let (n_experts, top_k) = (need(hf.num_experts, "num_experts")?, need(hf.key("top_k_experts")?, "top_k_experts")?);
+            let (n_experts, top_k) =
+                (need(hf.num_experts, "num_experts")?, need(hf.key("top_k_experts")?, "top_k_experts")?);
             if top_k == 0 || top_k > n_experts {
                 return Err(ModelError::Config(format!("top_k_experts {top_k} with {n_experts} experts")));
             }
@@ -169,7 +171,10 @@ fn kv_sharing(hf: &HfConfig, c: &ModelConfig) -> Result<Vec<Option<usize>>, Mode
         return Ok(Vec::new());
     }
     let first = c.n_layers.checked_sub(shared).filter(|&f| f > 0).ok_or_else(|| {
-        ModelError::Config(format!("num_kv_shared_layers {shared} leaves none of the {} layers computing keys and values", c.n_layers))
+        ModelError::Config(format!(
+            "num_kv_shared_layers {shared} leaves none of the {} layers computing keys and values",
+            c.n_layers
+        ))
     })?;
     (0..c.n_layers)
         .map(|layer| match layer < first {
@@ -185,7 +190,12 @@ fn kv_sharing(hf: &HfConfig, c: &ModelConfig) -> Result<Vec<Option<usize>>, Mode
 /// `head_dim`, `num_key_value_heads`), else Gemma4TextConfig's rule, `global_head_dim` (512)
 /// on the global layers with `num_global_key_value_heads` when `attention_k_eq_v`; the MLP
 /// twice as wide on the layers `wide` says.
-fn layer_shapes(hf: &HfConfig, c: &ModelConfig, k_eq_v: bool, wide: impl Fn(usize) -> bool) -> Result<Vec<LayerShape>, ModelError> {
+fn layer_shapes(
+    hf: &HfConfig,
+    c: &ModelConfig,
+    k_eq_v: bool,
+    wide: impl Fn(usize) -> bool,
+) -> Result<Vec<LayerShape>, ModelError> {
     let plain = LayerShape { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads, intermediate_size: c.intermediate_size };
     let mut heads: Vec<LayerShape> = (0..c.n_layers)
         .map(|l| LayerShape { intermediate_size: c.intermediate_size * if wide(l) { 2 } else { 1 }, ..plain })
@@ -194,7 +204,10 @@ fn layer_shapes(hf: &HfConfig, c: &ModelConfig, k_eq_v: bool, wide: impl Fn(usiz
         Some(Json::Object(entries)) => {
             for (index, entry) in entries {
                 let layer = index.parse::<usize>().ok().filter(|&l| l < c.n_layers).ok_or_else(|| {
-                    ModelError::Config(format!("per_layer_config key {index:?} is not a layer index below {}", c.n_layers))
+                    ModelError::Config(format!(
+                        "per_layer_config key {index:?} is not a layer index below {}",
+                        c.n_layers
+                    ))
                 })?;
                 let Json::Object(fields) = entry else {
                     return Err(ModelError::Config(format!("per_layer_config[{index}] is not an object")));
@@ -206,12 +219,18 @@ fn layer_shapes(hf: &HfConfig, c: &ModelConfig, k_eq_v: bool, wide: impl Fn(usiz
                     match key.as_str() {
                         "head_dim" => heads[layer].head_dim = n,
                         "num_key_value_heads" => heads[layer].n_kv_heads = n,
-                        other => return Err(ModelError::UnsupportedArch(format!("gemma4_text per_layer_config[{index}].{other}"))),
+                        other => {
+                            return Err(ModelError::UnsupportedArch(format!(
+                                "gemma4_text per_layer_config[{index}].{other}"
+                            )));
+                        }
                     }
                 }
             }
         }
-        Some(other) if !other.is_null() => return Err(ModelError::Config(format!("per_layer_config {other} is not an object"))),
+        Some(other) if !other.is_null() => {
+            return Err(ModelError::Config(format!("per_layer_config {other} is not an object")));
+        }
         _ => {
             let head_dim = hf.key("global_head_dim")?.unwrap_or(512);
             let n_kv_heads = hf.key("num_global_key_value_heads")?.filter(|_| k_eq_v).unwrap_or(c.n_kv_heads);
@@ -257,7 +276,9 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
         let (d, kv, i) = (c.head_dim_at(l), c.kv_heads_at(l), c.intermediate_at(l));
         let (q, kvw) = (c.n_heads * d, kv * d);
         let own_kv = c.kv_source(l).is_none();
-        let mut p = |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
+        let mut p = |suffix: &str, shape: &[usize], class| {
+            out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)))
+        };
         p("input_layernorm.weight", &[h], Norm);
         p("self_attn.q_proj.weight", &[q, h], AttnQ);
         p("self_attn.q_norm.weight", &[d], Norm);
@@ -286,12 +307,21 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
             // gate_up_proj `[E, 2I, H]`: each expert's gate rows, then its up rows.
             let fused = format!("model.layers.{l}.experts.gate_up_proj");
             for (part, start, class) in [("gate", 0, ExpertGate), ("up", x, ExpertUp)] {
-                let slice = Slice { tensor: fused.clone(), stored: vec![e, 2 * x, h], transposed: false, groups: e, start, len: x };
+                let slice = Slice {
+                    tensor: fused.clone(),
+                    stored: vec![e, 2 * x, h],
+                    transposed: false,
+                    groups: e,
+                    start,
+                    len: x,
+                };
                 out.push(ParamInfo::part(format!("{fused}[{part}]"), &[e, x, h], class, Some(l), slice));
             }
             out.push(ParamInfo::new(format!("model.layers.{l}.experts.down_proj"), &[e, h, x], ExpertDown, Some(l)));
         }
-        let mut p = |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
+        let mut p = |suffix: &str, shape: &[usize], class| {
+            out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)))
+        };
         if let Some(ple) = c.per_layer_input {
             p("per_layer_input_gate.weight", &[ple.width, h], PerLayerInput);
             p("per_layer_projection.weight", &[h, ple.width], PerLayerInput);
@@ -339,7 +369,13 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let (proj, kv) = attention(&mut g, ln1.out, layer, kv, cos, sin, mask)?;
         keys_values.push(kv);
         g.hook(at(AttnProjOut), proj);
-        let h = g.add_post_normed(x, proj, &norm("post_attention_layernorm"), Gain::F32, [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at))?;
+        let h = g.add_post_normed(
+            x,
+            proj,
+            &norm("post_attention_layernorm"),
+            Gain::F32,
+            [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at),
+        )?;
         g.hook(at(ResidMid), h);
         let ln2 = g.rms_norm_with(h, &norm("pre_feedforward_layernorm"), Gain::F32)?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
@@ -349,7 +385,13 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
             Some(moe) => mixture_beside(&mut g, layer, h, mlp.out, moe)?,
             None => mlp.out,
         };
-        let mut out = g.add_post_normed(h, ffn, &norm("post_feedforward_layernorm"), Gain::F32, [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at))?;
+        let mut out = g.add_post_normed(
+            h,
+            ffn,
+            &norm("post_feedforward_layernorm"),
+            Gain::F32,
+            [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at),
+        )?;
         if let (Some(inputs), Some(ple)) = (per_layer, config.per_layer_input) {
             g.hook(at(PleIn), out);
             let gate = g.linear(out, &norm("per_layer_input_gate"), None)?;
@@ -381,7 +423,6 @@ fn scaled(g: &mut Graph<'_>, x: Value, factor: f64) -> Result<Value, ModelError>
     let factor = g.b.splat(factor, TensorType::new(g.dt, &dims))?;
     Ok(g.b.mul(x, factor)?)
 }
-
 
 /// Every layer's per-layer input `[tokens, layers * width]`: the per-layer table's rows
 /// (× `sqrt(width)`) and the token embeddings projected (× `hidden^-½`) and normed per layer,
@@ -454,7 +495,15 @@ enum Kv {
 /// `o_proj(attention)` of block `layer` on normed input `n`, and the rotated keys and normed
 /// values it attended over, recording the attention hooks: q and k normed per head, v normed
 /// without a gain, q and k rotated.
-fn attention(g: &mut Graph<'_>, n: Value, layer: usize, kv: Kv, cos: Value, sin: Value, mask: Value) -> Result<(Value, (Value, Value)), ModelError> {
+fn attention(
+    g: &mut Graph<'_>,
+    n: Value,
+    layer: usize,
+    kv: Kv,
+    cos: Value,
+    sin: Value,
+    mask: Value,
+) -> Result<(Value, (Value, Value)), ModelError> {
     use HookKind::*;
     let at = |kind| HookPoint::block(layer, kind);
     let c = g.config;
@@ -464,7 +513,13 @@ fn attention(g: &mut Graph<'_>, n: Value, layer: usize, kv: Kv, cos: Value, sin:
     let q = g.linear(n, &format!("{p}.q_proj.weight"), None)?;
     g.hook(at(AttnQ), q);
     let q = g.b.reshape(q, &[t, c.n_heads, d])?;
-    let q = crate::llama::head_norm(g, q, &format!("{p}.q_norm.weight"), Gain::F32, [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at))?;
+    let q = crate::llama::head_norm(
+        g,
+        q,
+        &format!("{p}.q_norm.weight"),
+        Gain::F32,
+        [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at),
+    )?;
     let (k, v) = match kv {
         Kv::Shared(shared) => shared,
         Kv::Own | Kv::FromKeys => {
@@ -476,7 +531,13 @@ fn attention(g: &mut Graph<'_>, n: Value, layer: usize, kv: Kv, cos: Value, sin:
             };
             g.hook(at(AttnV), v);
             let k = g.b.reshape(k, &[t, n_kv, d])?;
-            let k = crate::llama::head_norm(g, k, &format!("{p}.k_norm.weight"), Gain::F32, [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at))?;
+            let k = crate::llama::head_norm(
+                g,
+                k,
+                &format!("{p}.k_norm.weight"),
+                Gain::F32,
+                [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at),
+            )?;
             let v = g.b.reshape(v, &[t * n_kv, d])?;
             let v = g.rms_norm_unscaled(v)?.out;
             let v = g.b.reshape(v, &[t, n_kv * d])?;
@@ -495,7 +556,7 @@ fn attention(g: &mut Graph<'_>, n: Value, layer: usize, kv: Kv, cos: Value, sin:
 
 #[cfg(test)]
 mod tests {
-    use crate::{LayerShape, HfConfig, ModelConfig, PerLayerInput, RopeScaling};
+    use crate::{HfConfig, LayerShape, ModelConfig, PerLayerInput, RopeScaling};
 
     const BASE: &str = r#"{"model_type": "gemma4_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
         "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 2"#;
@@ -517,11 +578,16 @@ mod tests {
         // Global layers: global_head_dim 512, the same key/value heads without K == V.
         assert_eq!((c.head_dim_at(0), c.head_dim_at(5), c.kv_heads_at(5)), (256, 512, 2));
         assert_eq!(c.per_layer_input, Some(PerLayerInput { width: 256, vocab_size: 32 }));
-        let c = parse(r#", "hidden_size_per_layer_input": 0, "attention_k_eq_v": true, "num_global_key_value_heads": 1"#).unwrap();
+        let c =
+            parse(r#", "hidden_size_per_layer_input": 0, "attention_k_eq_v": true, "num_global_key_value_heads": 1"#)
+                .unwrap();
         assert_eq!((c.per_layer_input, c.kv_heads_at(6), c.gemma4.map(|g| g.k_eq_v)), (None, 1, Some(true)));
         // The names of the weights follow: no v_proj on K == V layers.
         let names: Vec<String> = c.params(7, false).into_iter().map(|p| p.name).collect();
-        assert!(names.contains(&"model.layers.0.self_attn.v_proj.weight".into()) && !names.iter().any(|n| n == "model.layers.5.self_attn.v_proj.weight"));
+        assert!(
+            names.contains(&"model.layers.0.self_attn.v_proj.weight".into())
+                && !names.iter().any(|n| n == "model.layers.5.self_attn.v_proj.weight")
+        );
     }
 
     #[test]
@@ -551,13 +617,19 @@ mod tests {
         for (extra, named) in [
             (r#", "num_kv_shared_layers": 7"#, "num_kv_shared_layers 7"),
             (r#", "enable_moe_block": true, "num_experts": 4"#, "top_k_experts"),
-            (r#", "enable_moe_block": true, "num_experts": 4, "top_k_experts": 5, "moe_intermediate_size": 8"#, "top_k_experts 5"),
+            (
+                r#", "enable_moe_block": true, "num_experts": 4, "top_k_experts": 5, "moe_intermediate_size": 8"#,
+                "top_k_experts 5",
+            ),
             (r#", "use_bidirectional_attention": "all""#, "use_bidirectional_attention \"all\""),
             (r#", "attention_bias": true"#, "attention_bias"),
             (r#", "per_layer_config": {"x": {}}"#, "per_layer_config key \"x\""),
             (r#", "per_layer_config": {"1": {"intermediate_size": 8}}"#, "per_layer_config[1].intermediate_size"),
             (r#", "vocab_size_per_layer_input": 16"#, "vocab_size_per_layer_input 16"),
-            (r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}, "full_attention": {}}"#, "sliding-window layers"),
+            (
+                r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}, "full_attention": {}}"#,
+                "sliding-window layers",
+            ),
         ] {
             let err = parse(extra).unwrap_err().to_string();
             assert!(err.contains(named), "{extra}: {err}");
@@ -568,13 +640,18 @@ mod tests {
 
     #[test]
     fn the_mixture_beside_the_mlp_is_read_with_its_weights() {
-        let c = parse(r#", "hidden_size_per_layer_input": 0, "enable_moe_block": true, "num_experts": 4, "top_k_experts": 2,
-            "moe_intermediate_size": 8"#)
+        let c = parse(
+            r#", "hidden_size_per_layer_input": 0, "enable_moe_block": true, "num_experts": 4, "top_k_experts": 2,
+            "moe_intermediate_size": 8"#,
+        )
         .unwrap();
         assert_eq!(c.moe, Some(crate::Moe { n_experts: 4, top_k: 2, norm_topk: true, expert_size: 8 }));
         let params = c.params(1, false);
         let gate = params.iter().find(|p| p.name == "model.layers.0.experts.gate_up_proj[gate]").unwrap();
-        assert_eq!((gate.shape.clone(), gate.source.as_ref().map(|s| s.stored.clone())), (vec![4, 8, 16], Some(vec![4, 16, 16])));
+        assert_eq!(
+            (gate.shape.clone(), gate.source.as_ref().map(|s| s.stored.clone())),
+            (vec![4, 8, 16], Some(vec![4, 16, 16]))
+        );
         // The dense MLP stays, and with it its hooks; the mixture's hooks join them.
         let kinds = crate::hook_kinds(&c);
         assert!(kinds.contains(&crate::HookKind::MlpPost) && kinds.contains(&crate::HookKind::FfnRouterProbs));

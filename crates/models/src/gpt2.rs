@@ -24,8 +24,8 @@ use serde_json::Value;
 
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::family::{Arch, Family};
-use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Graph};
-use crate::hf_config::{need, ActivationKey, Defaults};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
+use crate::hf_config::{ActivationKey, Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
@@ -91,10 +91,24 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
         // c_attn: weight [h, 3h] (Conv1D), bias [3h]; part j is columns j*h..(j+1)*h.
         for (j, part, class, bias_class) in [(0, "q", AttnQ, QBias), (1, "k", AttnK, KBias), (2, "v", AttnV, VBias)] {
             let tensor = format!("{p}.attn.c_attn.weight");
-            let slice = Slice { tensor: tensor.clone(), stored: vec![h, 3 * h], transposed: true, groups: 1, start: j * h, len: h };
+            let slice = Slice {
+                tensor: tensor.clone(),
+                stored: vec![h, 3 * h],
+                transposed: true,
+                groups: 1,
+                start: j * h,
+                len: h,
+            };
             out.push(ParamInfo::part(format!("{tensor}[{part}]"), &[h, h], class, layer, slice));
             let tensor = format!("{p}.attn.c_attn.bias");
-            let slice = Slice { tensor: tensor.clone(), stored: vec![3 * h], transposed: false, groups: 1, start: j * h, len: h };
+            let slice = Slice {
+                tensor: tensor.clone(),
+                stored: vec![3 * h],
+                transposed: false,
+                groups: 1,
+                start: j * h,
+                len: h,
+            };
             out.push(ParamInfo::part(format!("{tensor}[{part}]"), &[h], bias_class, layer, slice));
         }
         out.push(ParamInfo::conv1d(format!("{p}.attn.c_proj.weight"), &[h, h], AttnO, layer));
@@ -150,7 +164,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         g.hook(at(ResidMid), h);
         let ln2 = g.layer_norm(h, &format!("{p}.ln_2.weight"), &format!("{p}.ln_2.bias"))?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let [fc, fc_b, proj, proj_b] = ["c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"].map(|n| format!("{p}.mlp.{n}"));
+        let [fc, fc_b, proj, proj_b] =
+            ["c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"].map(|n| format!("{p}.mlp.{n}"));
         let mlp = g.plain_mlp(ln2.out, [&fc, &fc_b], [&proj, &proj_b])?;
         g.hook_mlp(&mlp, layer, MlpOut);
         let out = g.b.add(h, mlp.out)?;

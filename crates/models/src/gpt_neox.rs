@@ -22,7 +22,7 @@
 
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::family::{Arch, Family};
-use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Graph};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
@@ -63,20 +63,33 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
     for l in 0..n_layers {
         let p = format!("gpt_neox.layers.{l}");
         let layer = Some(l);
-        let mut add = |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(format!("{p}.{suffix}"), shape, class, layer));
+        let mut add = |suffix: &str, shape: &[usize], class| {
+            out.push(ParamInfo::new(format!("{p}.{suffix}"), shape, class, layer))
+        };
         add("input_layernorm.weight", &[h], Norm);
         add("input_layernorm.bias", &[h], NormBias);
         add("post_attention_layernorm.weight", &[h], Norm);
         add("post_attention_layernorm.bias", &[h], NormBias);
         // query_key_value: rows [heads, 3, d]; part j of every head.
         for (j, part, class, bias_class) in [(0, "q", AttnQ, QBias), (1, "k", AttnK, KBias), (2, "v", AttnV, VBias)] {
-            for (suffix, stored, shape, class) in [("weight", vec![3 * q, h], vec![q, h], class), ("bias", vec![3 * q], vec![q], bias_class)] {
+            for (suffix, stored, shape, class) in
+                [("weight", vec![3 * q, h], vec![q, h], class), ("bias", vec![3 * q], vec![q], bias_class)]
+            {
                 let tensor = format!("{p}.attention.query_key_value.{suffix}");
-                let slice = Slice { tensor: tensor.clone(), stored, transposed: false, groups: c.n_heads, start: j * d, len: d };
+                let slice = Slice {
+                    tensor: tensor.clone(),
+                    stored,
+                    transposed: false,
+                    groups: c.n_heads,
+                    start: j * d,
+                    len: d,
+                };
                 out.push(ParamInfo::part(format!("{tensor}[{part}]"), &shape, class, layer, slice));
             }
         }
-        let mut add = |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(format!("{p}.{suffix}"), shape, class, layer));
+        let mut add = |suffix: &str, shape: &[usize], class| {
+            out.push(ParamInfo::new(format!("{p}.{suffix}"), shape, class, layer))
+        };
         add("attention.dense.weight", &[h, q], AttnO);
         add("attention.dense.bias", &[h], OBias);
         add("mlp.dense_h_to_4h.weight", &[i, h], MlpUp);
@@ -95,10 +108,16 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 /// Builds the GPT-NeoX forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::GptNeox || config.n_kv_heads != config.n_heads || !config.qkv_bias {
-        return Err(ModelError::UnsupportedArch(format!("gpt_neox builder given a {:?} config without attention biases", config.arch)));
+        return Err(ModelError::UnsupportedArch(format!(
+            "gpt_neox builder given a {:?} config without attention biases",
+            config.arch
+        )));
     }
     if !matches!(config.activation, Activation::Gelu | Activation::GeluTanh) || !config.layer_windows.is_empty() {
-        return Err(ModelError::UnsupportedArch(format!("gpt_neox with activation {:?} or a window", config.activation)));
+        return Err(ModelError::UnsupportedArch(format!(
+            "gpt_neox with activation {:?} or a window",
+            config.activation
+        )));
     }
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
@@ -125,10 +144,15 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let z = g.attend(layer, rotated[0], rotated[1], v, mask)?;
         let attn = g.linear(z, &format!("{p}.attention.dense.weight"), Some(&format!("{p}.attention.dense.bias")))?;
         g.hook(at(AttnOut), attn);
-        let ln2 = g.layer_norm(x, &format!("{p}.post_attention_layernorm.weight"), &format!("{p}.post_attention_layernorm.bias"))?;
+        let ln2 = g.layer_norm(
+            x,
+            &format!("{p}.post_attention_layernorm.weight"),
+            &format!("{p}.post_attention_layernorm.bias"),
+        )?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
         let [up, up_b, down, down_b] =
-            ["dense_h_to_4h.weight", "dense_h_to_4h.bias", "dense_4h_to_h.weight", "dense_4h_to_h.bias"].map(|n| format!("{p}.mlp.{n}"));
+            ["dense_h_to_4h.weight", "dense_h_to_4h.bias", "dense_4h_to_h.weight", "dense_4h_to_h.bias"]
+                .map(|n| format!("{p}.mlp.{n}"));
         let mlp = g.plain_mlp(ln2.out, [&up, &up_b], [&down, &down_b])?;
         g.hook_mlp(&mlp, layer, MlpOut);
         // Hugging Face: mlp_output + attn_output + hidden_states, in that order.

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::gguf::{convert, GgufFile};
+use crate::gguf::{GgufFile, convert};
 use crate::tokenizer::TextTokenizer;
 use crate::weights::Weights;
 use crate::{HfConfig, ModelConfig, ModelError};
@@ -27,11 +27,7 @@ impl LoadedModel {
     /// Opens an HF model directory or a `.gguf` file.
     pub fn open(path: &Path) -> Result<LoadedModel, ModelError> {
         let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
-        if meta.is_dir() {
-            Self::open_hf_dir(path)
-        } else {
-            Self::open_gguf(path)
-        }
+        if meta.is_dir() { Self::open_hf_dir(path) } else { Self::open_gguf(path) }
     }
 
     /// Opens an HF model directory.

@@ -5,13 +5,13 @@
 //! in that family's file (its `from_hf`); [`HfConfig::into_config`] finds the family in the
 //! registry ([`crate::family`]) by `model_type` or `architectures`.
 
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::ModelError;
 use crate::config::{Activation, ModelConfig, RopeScaling};
 use crate::family::{self, Arch};
-use crate::ModelError;
 
 /// `config.json` as Hugging Face writes it; every field optional so that a missing one gets
 /// a clear error or the architecture's default in [`HfConfig::into_config`]. Keys several
@@ -112,7 +112,8 @@ pub(crate) struct ActivationKey {
 
 impl ActivationKey {
     /// `hidden_act`, SiLU only.
-    pub const SILU: ActivationKey = ActivationKey { key: "hidden_act", default: "silu", accepted: &[("silu", Activation::Silu)] };
+    pub const SILU: ActivationKey =
+        ActivationKey { key: "hidden_act", default: "silu", accepted: &[("silu", Activation::Silu)] };
     /// The GELU names of GPT-2 and GPT-NeoX: exact (`gelu`) or tanh-approximated.
     pub const GELUS: &[(&str, Activation)] =
         &[("gelu", Activation::Gelu), ("gelu_new", Activation::GeluTanh), ("gelu_pytorch_tanh", Activation::GeluTanh)];
@@ -175,7 +176,9 @@ impl HfConfig {
             }
             let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str);
             // Proportional RoPE reads the fraction itself: it rotates the whole head.
-            if let Some(fraction) = params.get("partial_rotary_factor").and_then(Value::as_f64).filter(|_| kind != Some("proportional")) {
+            if let Some(fraction) =
+                params.get("partial_rotary_factor").and_then(Value::as_f64).filter(|_| kind != Some("proportional"))
+            {
                 rotary_fraction = Some(fraction);
             }
             if !matches!(kind, None | Some("default")) {
@@ -240,15 +243,22 @@ impl HfConfig {
         Ok(match &self.sliding_window {
             None => None,
             Some(Value::Null) => Some(None),
-            Some(v) => Some(Some(v.as_u64().filter(|&w| w > 0).ok_or_else(|| {
-                ModelError::Config(format!("sliding_window {v} is not a positive integer"))
-            })? as usize)),
+            Some(v) => Some(Some(
+                v.as_u64()
+                    .filter(|&w| w > 0)
+                    .ok_or_else(|| ModelError::Config(format!("sliding_window {v} is not a positive integer")))?
+                    as usize,
+            )),
         })
     }
 
     /// `window` on the layers `layer_types` marks `sliding_attention`, `None` when the config
     /// has no `layer_types`.
-    pub(crate) fn windows_by_layer_types(&self, n_layers: usize, window: usize) -> Result<Option<Vec<Option<usize>>>, ModelError> {
+    pub(crate) fn windows_by_layer_types(
+        &self,
+        n_layers: usize,
+        window: usize,
+    ) -> Result<Option<Vec<Option<usize>>>, ModelError> {
         let Some(types) = &self.layer_types else { return Ok(None) };
         if types.len() != n_layers {
             return Err(ModelError::Config(format!(
@@ -271,7 +281,10 @@ impl HfConfig {
     /// OLMo 3): from transformers ≥5's `rope_parameters` keyed by layer type, whose
     /// `full_attention` entry then stands as the model's RoPE; `local` when not given there.
     pub(crate) fn rope_by_layer_type(&mut self, arch: Arch, local: f64) -> Result<f64, ModelError> {
-        let by_type = self.rope_parameters.as_ref().is_some_and(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
+        let by_type = self
+            .rope_parameters
+            .as_ref()
+            .is_some_and(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
         if !by_type {
             return Ok(local);
         }
@@ -280,7 +293,9 @@ impl HfConfig {
         if let Some(params) = by_type.get("sliding_attention") {
             let kind = params.get("rope_type").and_then(Value::as_str);
             if !matches!(kind, None | Some("default")) {
-                return Err(ModelError::UnsupportedArch(format!("rope_type {kind:?} on {arch}'s sliding-window layers (only default)")));
+                return Err(ModelError::UnsupportedArch(format!(
+                    "rope_type {kind:?} on {arch}'s sliding-window layers (only default)"
+                )));
             }
             if let Some(t) = params.get("rope_theta").and_then(Value::as_f64) {
                 theta = t;
@@ -322,7 +337,11 @@ pub(crate) fn no_windows(c: &HfConfig, _n_layers: usize, arch: Arch) -> Result<V
 
 /// The window on every layer when `sliding_window` is set (Mixtral, Phi-3; Mistral's default
 /// of 4096 is its family's).
-pub(crate) fn windows_on_every_layer(c: &HfConfig, n_layers: usize, _arch: Arch) -> Result<Vec<Option<usize>>, ModelError> {
+pub(crate) fn windows_on_every_layer(
+    c: &HfConfig,
+    n_layers: usize,
+    _arch: Arch,
+) -> Result<Vec<Option<usize>>, ModelError> {
     Ok(vec![c.sliding_window()?.flatten(); n_layers])
 }
 
@@ -356,9 +375,7 @@ fn parse_rope_scaling(
 ) -> Result<RopeScaling, ModelError> {
     let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str());
     let num = |name: &str| -> Result<f64, ModelError> {
-        v.get(name)
-            .and_then(|x| x.as_f64())
-            .ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))
+        v.get(name).and_then(|x| x.as_f64()).ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))
     };
     match kind {
         Some("llama3") => Ok(RopeScaling::Llama3 {
@@ -375,7 +392,10 @@ fn parse_rope_scaling(
         Some("default") => Ok(RopeScaling::Linear { factor: 1.0 }),
         Some("longrope" | "su") => {
             let factors = |name: &str| -> Result<Vec<f64>, ModelError> {
-                let list = v.get(name).and_then(|f| f.as_array()).ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))?;
+                let list = v
+                    .get(name)
+                    .and_then(|f| f.as_array())
+                    .ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))?;
                 let out: Vec<f64> = list.iter().filter_map(|x| x.as_f64()).collect();
                 if out.len() != list.len() || out.len() != rotary_dim / 2 {
                     return Err(ModelError::Config(format!(
@@ -389,7 +409,9 @@ fn parse_rope_scaling(
             factors("long_factor")?;
             let original = original_max
                 .or_else(|| v.get("original_max_position_embeddings").and_then(|x| x.as_u64()).map(|x| x as usize))
-                .ok_or_else(|| ModelError::Config("longrope scaling without original_max_position_embeddings".into()))?;
+                .ok_or_else(|| {
+                    ModelError::Config("longrope scaling without original_max_position_embeddings".into())
+                })?;
             // Hugging Face's _compute_longrope_parameters.
             let factor = max_position_embeddings as f64 / original as f64;
             let attention_factor = match v.get("attention_factor").and_then(|x| x.as_f64()) {
@@ -408,7 +430,6 @@ fn parse_rope_scaling(
         ))),
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -469,7 +490,9 @@ mod tests {
         assert!(parse(r#""model_type": "mistral", "sliding_window": null"#).unwrap().layer_windows.is_empty());
         // Qwen2: only with use_sliding_window, from max_window_layers on, or as layer_types says.
         assert!(parse(r#""model_type": "qwen2", "sliding_window": 8"#).unwrap().layer_windows.is_empty());
-        let c = parse(r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 2"#).unwrap();
+        let c =
+            parse(r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 2"#)
+                .unwrap();
         assert_eq!(c.layer_windows, vec![None, None, Some(8), Some(8)]);
         let c = parse(
             r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true,
@@ -481,7 +504,9 @@ mod tests {
         let err = parse(r#""model_type": "llama", "sliding_window": 28"#).unwrap_err().to_string();
         assert!(err.contains("sliding_window 28") && err.contains("ignores"), "{err}");
         assert!(parse(r#""model_type": "llama", "sliding_window": null"#).is_ok());
-        for bad in [r#""model_type": "mistral", "sliding_window": 0"#, r#""model_type": "mistral", "sliding_window": "x""#] {
+        for bad in
+            [r#""model_type": "mistral", "sliding_window": 0"#, r#""model_type": "mistral", "sliding_window": "x""#]
+        {
             assert!(parse(bad).unwrap_err().to_string().contains("sliding_window"), "{bad}");
         }
         let err = parse(r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true, "layer_types": ["full_attention"]"#)
@@ -499,8 +524,10 @@ mod tests {
         assert_eq!((c.arch, c.head_dim, c.activation), (Arch::Gemma2, 256, Activation::GeluTanh));
         assert_eq!((c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (Some(256.0), Some(50.0), true));
         assert_eq!(c.layer_windows, vec![Some(4096), None, Some(4096), None]);
-        let c = parse(r#", "attn_logit_softcapping": null, "sliding_window": 8, "query_pre_attn_scalar": 144,
-            "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]"#)
+        let c = parse(
+            r#", "attn_logit_softcapping": null, "sliding_window": 8, "query_pre_attn_scalar": 144,
+            "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]"#,
+        )
         .unwrap();
         assert_eq!((c.attn_scalar, c.attn_softcap), (Some(144.0), None));
         assert_eq!(c.layer_windows, vec![None, Some(8), None, None]);
@@ -536,13 +563,17 @@ mod tests {
         .unwrap();
         assert_eq!((c.rope_theta, c.local_rope_theta), (1e5, Some(1000.0)));
         assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
-        let err = parse(r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}"#).unwrap_err();
+        let err =
+            parse(r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}"#).unwrap_err();
         assert!(err.to_string().contains("sliding-window layers"), "{err}");
         // Per-layer-type RoPE elsewhere, and multimodal checkpoints, are refused by name.
-        let err = HfConfig::from_json(&format!("{}, \"rope_parameters\": {{\"full_attention\": {{}}}}}}", base.replace("gemma3_text", "llama")))
-            .unwrap()
-            .into_config()
-            .unwrap_err();
+        let err = HfConfig::from_json(&format!(
+            "{}, \"rope_parameters\": {{\"full_attention\": {{}}}}}}",
+            base.replace("gemma3_text", "llama")
+        ))
+        .unwrap()
+        .into_config()
+        .unwrap_err();
         assert!(err.to_string().contains("per layer type"), "{err}");
         let err = HfConfig::from_json(r#"{"model_type": "gemma3"}"#).unwrap().into_config().unwrap_err();
         assert!(err.to_string().contains("multimodal"), "{err}");
@@ -553,24 +584,37 @@ mod tests {
         let parse = |text: &str| HfConfig::from_json(text).unwrap().into_config();
         // GPT-2's own key names; n_inner null is 4 × n_embd; GELU-new; tied.
         let c = parse(r#"{"model_type": "gpt2", "vocab_size": 50, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32, "n_inner": null}"#).unwrap();
-        assert_eq!((c.arch, c.hidden_size, c.intermediate_size, c.head_dim, c.max_position_embeddings), (Arch::Gpt2, 64, 256, 16, 32));
-        assert_eq!((c.activation, c.rms_norm_eps, c.tie_word_embeddings, c.qkv_bias), (Activation::GeluTanh, 1e-5, true, true));
+        assert_eq!(
+            (c.arch, c.hidden_size, c.intermediate_size, c.head_dim, c.max_position_embeddings),
+            (Arch::Gpt2, 64, 256, 16, 32)
+        );
+        assert_eq!(
+            (c.activation, c.rms_norm_eps, c.tie_word_embeddings, c.qkv_bias),
+            (Activation::GeluTanh, 1e-5, true, true)
+        );
         let err = parse(r#"{"model_type": "gpt2", "vocab_size": 50, "n_embd": 64, "n_layer": 2, "n_head": 4, "scale_attn_by_inverse_layer_idx": true}"#).unwrap_err();
         assert!(err.to_string().contains("scale_attn_by_inverse_layer_idx"), "{err}");
         // Pythia as the hub writes it (rotary_pct, rotary_emb_base): exact GELU, untied.
         let pythia = r#"{"model_type": "gpt_neox", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 256,
             "num_hidden_layers": 2, "num_attention_heads": 4, "rotary_pct": 0.25, "rotary_emb_base": 10000, "hidden_act": "gelu""#;
         let c = parse(&format!("{pythia}}}")).unwrap();
-        assert_eq!((c.rotary_dim, c.activation, c.tie_word_embeddings, c.qkv_bias), (Some(4), Activation::Gelu, false, true));
+        assert_eq!(
+            (c.rotary_dim, c.activation, c.tie_word_embeddings, c.qkv_bias),
+            (Some(4), Activation::Gelu, false, true)
+        );
         let err = parse(&format!("{pythia}, \"use_parallel_residual\": false}}")).unwrap_err();
         assert!(err.to_string().contains("use_parallel_residual"), "{err}");
         // Phi-3's LongRoPE as older configs write it: attention factor from the two lengths.
-        let c = parse(r#"{"model_type": "phi3", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
+        let c = parse(
+            r#"{"model_type": "phi3", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
             "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 131072,
             "original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope",
-            "short_factor": [1, 1, 1, 1, 1, 1, 1, 1], "long_factor": [2, 2, 2, 2, 2, 2, 2, 2]}}"#)
+            "short_factor": [1, 1, 1, 1, 1, 1, 1, 1], "long_factor": [2, 2, 2, 2, 2, 2, 2, 2]}}"#,
+        )
         .unwrap();
-        let Some(RopeScaling::LongRope { attention_factor, original_max_position_embeddings: 4096, .. }) = c.rope_scaling else {
+        let Some(RopeScaling::LongRope { attention_factor, original_max_position_embeddings: 4096, .. }) =
+            c.rope_scaling
+        else {
             panic!("{:?}", c.rope_scaling)
         };
         assert!((attention_factor - (1.0 + 32f64.ln() / 4096f64.ln()).sqrt()).abs() < 1e-12);
@@ -581,11 +625,18 @@ mod tests {
         assert_eq!(c.moe, Some(Moe { n_experts: 8, top_k: 2, norm_topk: false, expert_size: 32 }));
         let err = parse(&format!("{moe}, \"mlp_only_layers\": [1]}}")).unwrap_err();
         assert!(err.to_string().contains("mlp_only_layers"), "{err}");
-        let c = parse(&format!("{}}}", moe.replace("qwen3_moe", "mixtral").replace("\"num_experts\"", "\"num_local_experts\""))).unwrap();
+        let c = parse(&format!(
+            "{}}}",
+            moe.replace("qwen3_moe", "mixtral").replace("\"num_experts\"", "\"num_local_experts\"")
+        ))
+        .unwrap();
         assert_eq!(c.moe.map(|m| (m.norm_topk, m.expert_size)), Some((true, 96)));
         // A multimodal Gemma 3 config gives its text model.
-        let c = parse(r#"{"model_type": "gemma3", "text_config": {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
-            "num_hidden_layers": 2, "num_attention_heads": 4}, "vision_config": {}}"#).unwrap();
+        let c = parse(
+            r#"{"model_type": "gemma3", "text_config": {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4}, "vision_config": {}}"#,
+        )
+        .unwrap();
         assert_eq!((c.arch, c.qk_norm), (Arch::Gemma3, true));
     }
 
@@ -593,10 +644,8 @@ mod tests {
     fn bad_configs_name_the_problem() {
         let err = HfConfig::from_json(r#"{"model_type": "bert"}"#).unwrap().into_config().unwrap_err();
         assert!(err.to_string().contains("bert"), "{err}");
-        let err = HfConfig::from_json(r#"{"model_type": "llama", "hidden_size": 8}"#)
-            .unwrap()
-            .into_config()
-            .unwrap_err();
+        let err =
+            HfConfig::from_json(r#"{"model_type": "llama", "hidden_size": 8}"#).unwrap().into_config().unwrap_err();
         assert!(err.to_string().contains("num_attention_heads"), "{err}");
     }
 }

@@ -14,8 +14,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::config::ModelConfig;
 use crate::ModelError;
+use crate::config::ModelConfig;
 
 /// A kind of activation, one row of [`KINDS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -163,7 +163,8 @@ impl HookShape {
     /// The per-token dimensions for `config` at sequence length `seq`, in block `layer` for a
     /// block hook (whose heads may differ by layer).
     pub fn dims(self, config: &ModelConfig, layer: Option<usize>, seq: usize) -> Vec<usize> {
-        let (head_dim, kv_heads) = layer.map_or((config.head_dim, config.n_kv_heads), |l| (config.head_dim_at(l), config.kv_heads_at(l)));
+        let (head_dim, kv_heads) =
+            layer.map_or((config.head_dim, config.n_kv_heads), |l| (config.head_dim_at(l), config.kv_heads_at(l)));
         match self {
             HookShape::Model => vec![config.hidden_size],
             HookShape::Mlp => vec![layer.map_or(config.intermediate_size, |l| config.intermediate_at(l))],
@@ -400,10 +401,7 @@ pub fn features(config: &ModelConfig) -> Vec<Feature> {
 impl HookKind {
     /// This kind's row of [`KINDS`].
     pub fn info(self) -> &'static KindInfo {
-        KINDS
-            .iter()
-            .find(|k| k.kind == self)
-            .expect("every kind has a row")
+        KINDS.iter().find(|k| k.kind == self).expect("every kind has a row")
     }
 
     /// The feature a block needs for this kind to exist, if any.
@@ -421,7 +419,9 @@ impl HookKind {
             MlpPre | MlpPost => Some(Feature::DenseMlp),
             MlpRouterLogits | MlpExpertWeights | MlpExpertIndices => Some(Feature::Moe),
             AttnVNormed => Some(Feature::VNorm),
-            FfnMlpNormed | FfnRouterProbs | FfnExpertsIn | FfnExpertsOut | FfnExpertsNormed | FfnSum => Some(Feature::MixtureBeside),
+            FfnMlpNormed | FfnRouterProbs | FfnExpertsIn | FfnExpertsOut | FfnExpertsNormed | FfnSum => {
+                Some(Feature::MixtureBeside)
+            }
             PleIn | PleGate | PleProjIn | PleProjOut | PleOut => Some(Feature::PerLayerInput),
             AttnRotQ | AttnRotK => Some(Feature::Rotary),
             Ln1Scale | Ln1Normalized | Ln1Out | Ln2Scale | Ln2Normalized => Some(Feature::PreNorms),
@@ -433,9 +433,7 @@ impl HookKind {
 
 /// One activation the forward can return: a kind, and the block for block-scope kinds.
 /// Serialized as its TransformerLens name.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub struct HookPoint {
     /// The block, `None` for model-scope hooks.
@@ -446,15 +444,8 @@ pub struct HookPoint {
 impl HookPoint {
     /// A hook of block `layer`. Panics if `kind` is not a block hook (a programming error).
     pub fn block(layer: usize, kind: HookKind) -> HookPoint {
-        assert_eq!(
-            kind.info().scope,
-            Scope::Block,
-            "{kind:?} is not a block hook"
-        );
-        HookPoint {
-            layer: Some(layer),
-            kind,
-        }
+        assert_eq!(kind.info().scope, Scope::Block, "{kind:?} is not a block hook");
+        HookPoint { layer: Some(layer), kind }
     }
 
     /// A model-scope hook. Panics if `kind` is a block hook (a programming error).
@@ -557,9 +548,9 @@ fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelEr
                 When::Has(f) => features.contains(&f),
                 When::Lacks(f) => !features.contains(&f),
             };
-            let structural = STRUCTURAL_ALIASES.iter().find(|(alias, when, kind)| {
-                *alias == n && holds(when) && (kind.info().scope == Scope::Block) == block
-            });
+            let structural = STRUCTURAL_ALIASES
+                .iter()
+                .find(|(alias, when, kind)| *alias == n && holds(when) && (kind.info().scope == Scope::Block) == block);
             if let Some((_, _, kind)) = structural {
                 return Some(*kind);
             }
@@ -630,11 +621,7 @@ pub fn resolve_hooks(list: &str, config: &ModelConfig) -> Result<Vec<HookPoint>,
         for (hook, name) in expand(&item, config)? {
             check(&name, hook, config)?;
             if let Some((_, first)) = hooks.iter().find(|(h, _)| *h == hook) {
-                let how = if *first == name {
-                    String::new()
-                } else {
-                    format!(" (as {first:?} and {name:?})")
-                };
+                let how = if *first == name { String::new() } else { format!(" (as {first:?} and {name:?})") };
                 return Err(ModelError::Hook(format!("{hook} is requested twice{how}")));
             }
             hooks.push((hook, name));
@@ -662,11 +649,7 @@ fn split_top_level(list: &str) -> Vec<String> {
         current.push(c);
     }
     items.push(current);
-    items
-        .into_iter()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
+    items.into_iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
 }
 
 /// One item of a hook list: an exact name or a pattern, with the name each hook was asked
@@ -678,9 +661,8 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
     };
     let (layers, suffix) = match rest.strip_prefix('{') {
         Some(inner) => {
-            let (set, suffix) = inner
-                .split_once('}')
-                .ok_or_else(|| ModelError::Hook(format!("{item:?}: '{{' without '}}'")))?;
+            let (set, suffix) =
+                inner.split_once('}').ok_or_else(|| ModelError::Hook(format!("{item:?}: '{{' without '}}'")))?;
             (set, suffix.strip_prefix('.').unwrap_or(suffix))
         }
         None => rest.split_once('.').unwrap_or((rest, "")),
@@ -751,10 +733,7 @@ fn parse_layer_set(item: &str, set: &str, n_layers: usize) -> Result<Vec<usize>,
 /// `" (did you mean …?)"` with up to three known names closest to `name`, or nothing.
 fn suggest(name: &str) -> String {
     // Compare with the layer written as in `name`, so only the hook part counts.
-    let layer = name
-        .strip_prefix("blocks.")
-        .and_then(|r| r.split_once('.'))
-        .map(|(l, _)| l);
+    let layer = name.strip_prefix("blocks.").and_then(|r| r.split_once('.')).map(|(l, _)| l);
     let mut candidates: Vec<String> = Vec::new();
     for k in KINDS {
         for n in std::iter::once(&k.name).chain(k.aliases) {
@@ -765,23 +744,12 @@ fn suggest(name: &str) -> String {
             });
         }
     }
-    let mut scored: Vec<(usize, String)> = candidates
-        .into_iter()
-        .map(|c| (edit_distance(name, &c), c))
-        .collect();
+    let mut scored: Vec<(usize, String)> = candidates.into_iter().map(|c| (edit_distance(name, &c), c)).collect();
     scored.sort();
     let limit = (name.len() / 2).max(3);
-    let best: Vec<String> = scored
-        .into_iter()
-        .filter(|(d, _)| *d <= limit)
-        .take(3)
-        .map(|(_, c)| format!("{c:?}"))
-        .collect();
-    if best.is_empty() {
-        String::new()
-    } else {
-        format!(" (did you mean {}?)", best.join(", "))
-    }
+    let best: Vec<String> =
+        scored.into_iter().filter(|(d, _)| *d <= limit).take(3).map(|(_, c)| format!("{c:?}")).collect();
+    if best.is_empty() { String::new() } else { format!(" (did you mean {}?)", best.join(", ")) }
 }
 
 /// Levenshtein distance over bytes.
@@ -791,9 +759,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, &ca) in a.iter().enumerate() {
         let mut row = vec![i + 1; b.len() + 1];
         for (j, &cb) in b.iter().enumerate() {
-            row[j + 1] = (prev[j] + usize::from(ca != cb))
-                .min(prev[j + 1] + 1)
-                .min(row[j] + 1);
+            row[j + 1] = (prev[j] + usize::from(ca != cb)).min(prev[j + 1] + 1).min(row[j] + 1);
         }
         prev = row;
     }
@@ -844,26 +810,19 @@ mod tests {
             for alias in k.aliases {
                 // A bridge name two kinds of the family share goes to the earlier row
                 // (`mlp.in.hook_out`: the up projection of a gated MLP, a plain MLP's input).
-                let earlier = KINDS.iter().take_while(|e| e.kind != k.kind).any(|e| family.contains(&e.kind) && e.aliases.contains(alias));
+                let earlier = KINDS
+                    .iter()
+                    .take_while(|e| e.kind != k.kind)
+                    .any(|e| family.contains(&e.kind) && e.aliases.contains(alias));
                 if earlier {
                     continue;
                 }
-                let name = if k.scope == Scope::Block {
-                    format!("blocks.2.{alias}")
-                } else {
-                    alias.to_string()
-                };
+                let name = if k.scope == Scope::Block { format!("blocks.2.{alias}") } else { alias.to_string() };
                 assert_eq!(HookPoint::parse(&name, &c).unwrap(), hook, "{name}");
             }
         }
-        assert_eq!(
-            HookPoint::block(5, HookKind::ResidPost).to_string(),
-            "blocks.5.hook_resid_post"
-        );
-        assert_eq!(
-            HookPoint::model(HookKind::LnFinalNormalized).to_string(),
-            "ln_final.hook_normalized"
-        );
+        assert_eq!(HookPoint::block(5, HookKind::ResidPost).to_string(), "blocks.5.hook_resid_post");
+        assert_eq!(HookPoint::model(HookKind::LnFinalNormalized).to_string(), "ln_final.hook_normalized");
     }
 
     #[test]
@@ -895,18 +854,33 @@ mod tests {
         assert_eq!(kind("blocks.0.ln2_post.hook_out", Gemma2), HookKind::MlpOut);
         assert_eq!(kind("blocks.0.attn.o.hook_out", Llama), HookKind::AttnOut);
         // Gemma's attn.hook_out is o_proj's output; elsewhere the attention output.
-        assert_eq!((kind("blocks.0.attn.hook_out", Gemma2), kind("blocks.0.attn.hook_out", Llama)), (HookKind::AttnProjOut, HookKind::AttnOut));
+        assert_eq!(
+            (kind("blocks.0.attn.hook_out", Gemma2), kind("blocks.0.attn.hook_out", Llama)),
+            (HookKind::AttnProjOut, HookKind::AttnOut)
+        );
         // Names whose tensor the block's shape decides.
-        assert_eq!((kind("blocks.0.attn.hook_in", Olmo2), kind("blocks.0.attn.hook_in", Llama)), (HookKind::ResidPre, HookKind::Ln1Out));
-        assert_eq!((kind("blocks.0.ln2.hook_in", GptNeox), kind("blocks.0.ln2.hook_in", Llama)), (HookKind::ResidPre, HookKind::ResidMid));
+        assert_eq!(
+            (kind("blocks.0.attn.hook_in", Olmo2), kind("blocks.0.attn.hook_in", Llama)),
+            (HookKind::ResidPre, HookKind::Ln1Out)
+        );
+        assert_eq!(
+            (kind("blocks.0.ln2.hook_in", GptNeox), kind("blocks.0.ln2.hook_in", Llama)),
+            (HookKind::ResidPre, HookKind::ResidMid)
+        );
         assert_eq!(kind("blocks.0.attn.q_norm.hook_in", Qwen3), HookKind::AttnQ);
-        assert_eq!((kind("blocks.0.mlp.hook_pre", Mixtral), kind("blocks.0.mlp.hook_post", Qwen3Moe)), (HookKind::MlpIn, HookKind::MlpOut));
+        assert_eq!(
+            (kind("blocks.0.mlp.hook_pre", Mixtral), kind("blocks.0.mlp.hook_post", Qwen3Moe)),
+            (HookKind::MlpIn, HookKind::MlpOut)
+        );
         assert_eq!(kind("blocks.0.mlp.hook_pre", Llama), HookKind::MlpPre);
         // Where the block has no q/k norm the name is no hook of the family.
         let c = config();
         assert!(HookPoint::parse("blocks.0.attn.q_norm.hook_in", &c).is_err());
         // ln_final.hook_in: the last block's output.
-        assert_eq!(HookPoint::parse("ln_final.hook_in", &c).unwrap(), HookPoint::block(c.n_layers - 1, HookKind::ResidPost));
+        assert_eq!(
+            HookPoint::parse("ln_final.hook_in", &c).unwrap(),
+            HookPoint::block(c.n_layers - 1, HookKind::ResidPost)
+        );
         let err = resolve_hooks("ln_final.hook_in,blocks.*.hook_resid_post", &c).unwrap_err().to_string();
         assert!(err.contains("requested twice"), "{err}");
     }
@@ -914,80 +888,42 @@ mod tests {
     #[test]
     fn bad_names_are_named_with_suggestions() {
         let c = config();
-        let err = HookPoint::parse("blocks.1.hook_resid_psot", &c)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("did you mean \"blocks.1.hook_resid_post\""),
-            "{err}"
-        );
-        let err = HookPoint::parse("blocks.1.ln2.hook_normalised", &c)
-            .unwrap_err()
-            .to_string();
+        let err = HookPoint::parse("blocks.1.hook_resid_psot", &c).unwrap_err().to_string();
+        assert!(err.contains("did you mean \"blocks.1.hook_resid_post\""), "{err}");
+        let err = HookPoint::parse("blocks.1.ln2.hook_normalised", &c).unwrap_err().to_string();
         assert!(err.contains("\"blocks.1.ln2.hook_normalized\""), "{err}");
-        let err = HookPoint::parse("ln_final.hook_normalised", &c)
-            .unwrap_err()
-            .to_string();
+        let err = HookPoint::parse("ln_final.hook_normalised", &c).unwrap_err().to_string();
         assert!(err.contains("\"ln_final.hook_normalized\""), "{err}");
-        for name in [
-            "blocks.x.hook_resid_pre",
-            "blocks..hook_mlp_out",
-            "blocks.+1.hook_mlp_out",
-            "ln_final",
-        ] {
+        for name in ["blocks.x.hook_resid_pre", "blocks..hook_mlp_out", "blocks.+1.hook_mlp_out", "ln_final"] {
             let err = HookPoint::parse(name, &c).unwrap_err().to_string();
             assert!(err.contains(name), "{err}");
         }
-        let err = HookPoint::parse("blocks.4.hook_resid_post", &c)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("layer 4 is out of range") && err.contains("4 layers"),
-            "{err}"
-        );
+        let err = HookPoint::parse("blocks.4.hook_resid_post", &c).unwrap_err().to_string();
+        assert!(err.contains("layer 4 is out of range") && err.contains("4 layers"), "{err}");
     }
 
     #[test]
     fn a_hook_the_family_lacks_names_the_architecture() {
-        let err = HookPoint::parse("hook_pos_embed", &config())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("llama architecture has no hook_pos_embed"),
-            "{err}"
-        );
+        let err = HookPoint::parse("hook_pos_embed", &config()).unwrap_err().to_string();
+        assert!(err.contains("llama architecture has no hook_pos_embed"), "{err}");
     }
 
     #[test]
     fn patterns_expand_in_order() {
         let c = config();
-        let names = |list: &str| -> Vec<String> {
-            resolve_hooks(list, &c)
-                .unwrap()
-                .iter()
-                .map(ToString::to_string)
-                .collect()
-        };
+        let names =
+            |list: &str| -> Vec<String> { resolve_hooks(list, &c).unwrap().iter().map(ToString::to_string).collect() };
         assert_eq!(
             names("blocks.*.hook_resid_post"),
-            (0..4)
-                .map(|i| format!("blocks.{i}.hook_resid_post"))
-                .collect::<Vec<_>>()
+            (0..4).map(|i| format!("blocks.{i}.hook_resid_post")).collect::<Vec<_>>()
         );
         assert_eq!(
             names("blocks.{1..2}.ln2.hook_normalized"),
-            [
-                "blocks.1.ln2.hook_normalized",
-                "blocks.2.ln2.hook_normalized"
-            ]
+            ["blocks.1.ln2.hook_normalized", "blocks.2.ln2.hook_normalized"]
         );
         assert_eq!(
             names("blocks.{0,3}.attn.hook_z, ln_final.hook_out"),
-            [
-                "blocks.0.attn.hook_z",
-                "blocks.3.attn.hook_z",
-                "ln_final.hook_out"
-            ]
+            ["blocks.0.attn.hook_z", "blocks.3.attn.hook_z", "ln_final.hook_out"]
         );
         let all = resolve_hooks("blocks.3.*", &c).unwrap();
         // Every block hook Llama has: not the q/k norms of Qwen3.
@@ -1001,20 +937,10 @@ mod tests {
     #[test]
     fn bad_lists_are_errors() {
         let c = config();
-        let err = resolve_hooks("blocks.1.hook_out, blocks.1.hook_resid_post", &c)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("requested twice") && err.contains("blocks.1.hook_out"),
-            "{err}"
-        );
-        let err = resolve_hooks("blocks.*.hook_resid_post, blocks.2.hook_resid_post", &c)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("blocks.2.hook_resid_post is requested twice"),
-            "{err}"
-        );
+        let err = resolve_hooks("blocks.1.hook_out, blocks.1.hook_resid_post", &c).unwrap_err().to_string();
+        assert!(err.contains("requested twice") && err.contains("blocks.1.hook_out"), "{err}");
+        let err = resolve_hooks("blocks.*.hook_resid_post, blocks.2.hook_resid_post", &c).unwrap_err().to_string();
+        assert!(err.contains("blocks.2.hook_resid_post is requested twice"), "{err}");
         for (list, want) in [
             ("blocks.{0..9}.hook_mlp_out", "layer 4 is out of range"),
             ("blocks.{3..1}.hook_mlp_out", "empty"),
@@ -1036,10 +962,7 @@ mod tests {
         assert_eq!(HookPoint::block(2, HookKind::ResidPre).blocks_needed(n), 2);
         assert_eq!(HookPoint::block(2, HookKind::Ln1Scale).blocks_needed(n), 3);
         assert_eq!(HookPoint::block(3, HookKind::ResidPost).blocks_needed(n), 4);
-        assert_eq!(
-            HookPoint::model(HookKind::LnFinalNormalized).blocks_needed(n),
-            4
-        );
+        assert_eq!(HookPoint::model(HookKind::LnFinalNormalized).blocks_needed(n), 4);
     }
 
     #[test]
@@ -1055,10 +978,7 @@ mod tests {
                 .find(|l| l.starts_with(&format!("| {name} |")))
                 .unwrap_or_else(|| panic!("README's hook table has no row for {name}"));
             for alias in k.aliases {
-                assert!(
-                    row.contains(&format!("`{alias}`")),
-                    "README row {name} lacks alias {alias}"
-                );
+                assert!(row.contains(&format!("`{alias}`")), "README row {name} lacks alias {alias}");
             }
             let shape = match k.shape {
                 HookShape::Model => "[d_model]",
@@ -1075,10 +995,7 @@ mod tests {
                 HookShape::Pattern => "[n_heads, seq]",
                 HookShape::PerLayer => "[d_per_layer]",
             };
-            assert!(
-                row.contains(&format!("`{shape}`")),
-                "README row {name} should say {shape}"
-            );
+            assert!(row.contains(&format!("`{shape}`")), "README row {name} should say {shape}");
         }
     }
 
@@ -1098,14 +1015,25 @@ mod tests {
         let mut c = of(crate::config::Arch::Gemma4);
         c.layer_shapes = vec![plain, wide, wide, wide];
         let at = |layer, k: HookKind| HookPoint::block(layer, k).dims(&c, 7);
-        assert_eq!((at(0, HookKind::AttnK), at(1, HookKind::AttnK), at(1, HookKind::AttnQ)), (vec![2, 4], vec![1, 8], vec![4, 8]));
-        assert_eq!((at(0, HookKind::MlpPost), at(3, HookKind::MlpPost), at(2, HookKind::PleGate)), (vec![24], vec![48], vec![4]));
+        assert_eq!(
+            (at(0, HookKind::AttnK), at(1, HookKind::AttnK), at(1, HookKind::AttnQ)),
+            (vec![2, 4], vec![1, 8], vec![4, 8])
+        );
+        assert_eq!(
+            (at(0, HookKind::MlpPost), at(3, HookKind::MlpPost), at(2, HookKind::PleGate)),
+            (vec![24], vec![48], vec![4])
+        );
         // A block that attends over another's keys and values has none of its own hooks.
         c.kv_shared_from = vec![None, None, Some(0), Some(1)];
-        assert!(!layer_hook_kinds(&c, 2).contains(&HookKind::AttnK) && layer_hook_kinds(&c, 2).contains(&HookKind::AttnQ));
+        assert!(
+            !layer_hook_kinds(&c, 2).contains(&HookKind::AttnK) && layer_hook_kinds(&c, 2).contains(&HookKind::AttnQ)
+        );
         let err = HookPoint::parse("blocks.3.attn.hook_v", &c).unwrap_err().to_string();
         assert!(err.contains("block 1's keys and values") && err.contains("blocks.1.attn.hook_v"), "{err}");
         let hooks = resolve_hooks("blocks.*.*", &c).unwrap();
-        assert!(hooks.contains(&HookPoint::block(0, HookKind::AttnK)) && !hooks.contains(&HookPoint::block(2, HookKind::AttnK)));
+        assert!(
+            hooks.contains(&HookPoint::block(0, HookKind::AttnK))
+                && !hooks.contains(&HookPoint::block(2, HookKind::AttnK))
+        );
     }
 }

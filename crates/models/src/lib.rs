@@ -5,10 +5,10 @@
 pub mod config;
 mod family;
 pub mod forward;
-pub mod gguf;
 mod gemma2;
 mod gemma3;
 mod gemma4;
+pub mod gguf;
 mod gpt2;
 mod gpt_neox;
 pub mod hf;
@@ -28,12 +28,14 @@ mod smollm3;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Activation, Arch, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice};
+pub use config::{
+    Activation, Arch, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice,
+};
+pub use forward::{ForwardProgram, ForwardSpec, InputInfo, OutputInfo, build_forward};
 pub use gemma4::Gemma4;
-pub use hf_config::HfConfig;
-pub use forward::{build_forward, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 pub use hf::LoadedModel;
-pub use hooks::{hook_kinds, layer_hook_kinds, resolve_hooks, HookKind, HookPoint, HookShape, KINDS};
+pub use hf_config::HfConfig;
+pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_kinds, resolve_hooks};
 pub use tokenizer::TextTokenizer;
 pub use weights::{DType, HostTensor, TensorMeta, Weights};
 

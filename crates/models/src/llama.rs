@@ -47,7 +47,8 @@ pub(crate) const FAMILY: Family = Family {
 };
 
 /// The hook features of the decoder without q/k norms or post-norms (Llama, Qwen2, Mistral).
-pub(crate) const FEATURES: &[Feature] = &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary];
+pub(crate) const FEATURES: &[Feature] =
+    &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary];
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     decoder_params(c, n_layers, with_lm_head, &[])
@@ -63,9 +64,18 @@ fn moe_params(c: &ModelConfig, l: usize) -> Vec<ParamInfo> {
     let (h, e, i) = (c.hidden_size, moe.n_experts, moe.expert_size);
     let p = format!("model.layers.{l}.mlp");
     // The router as stored, named for the program by the same name.
-    let whole = Slice { tensor: format!("{p}.gate.weight"), stored: vec![e, h], transposed: false, groups: 1, start: 0, len: e };
+    let whole = Slice {
+        tensor: format!("{p}.gate.weight"),
+        stored: vec![e, h],
+        transposed: false,
+        groups: 1,
+        start: 0,
+        len: e,
+    };
     let mut out = vec![ParamInfo::part(format!("{p}.gate.weight"), &[e, h], Router, Some(l), whole)];
-    for (proj, shape, class) in [("gate_proj", [e, i, h], ExpertGate), ("up_proj", [e, i, h], ExpertUp), ("down_proj", [e, h, i], ExpertDown)] {
+    for (proj, shape, class) in
+        [("gate_proj", [e, i, h], ExpertGate), ("up_proj", [e, i, h], ExpertUp), ("down_proj", [e, h, i], ExpertDown)]
+    {
         let stack = (0..e).map(|x| format!("{p}.experts.{x}.{proj}.weight")).collect();
         out.push(ParamInfo::stacked(format!("{p}.experts.{proj}"), &shape, class, Some(l), stack));
     }
@@ -75,7 +85,12 @@ fn moe_params(c: &ModelConfig, l: usize) -> Vec<ParamInfo> {
 /// The weights of the decoder Llama, Qwen2, Mistral, Qwen3 and Gemma share, in Hugging Face's
 /// names: the q/k/v biases when `qkv_bias`, the per-head q/k norms when `qk_norm`, and
 /// `extra_norms` after `post_attention_layernorm` in each block (Gemma's feed-forward norms).
-pub(crate) fn decoder_params(c: &ModelConfig, n_layers: usize, with_lm_head: bool, extra_norms: &[&str]) -> Vec<ParamInfo> {
+pub(crate) fn decoder_params(
+    c: &ModelConfig,
+    n_layers: usize,
+    with_lm_head: bool,
+    extra_norms: &[&str],
+) -> Vec<ParamInfo> {
     use ParamClass::*;
     let h = c.hidden_size;
     let q = c.n_heads * c.head_dim;
@@ -121,32 +136,21 @@ pub(crate) fn decoder_params(c: &ModelConfig, n_layers: usize, with_lm_head: boo
 }
 
 /// Builds the Llama forward for `spec`.
-fn build(
-    config: &ModelConfig,
-    spec: &ForwardSpec,
-) -> Result<ForwardProgram, ModelError> {
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::Llama {
-        return Err(ModelError::UnsupportedArch(format!(
-            "llama builder given a {:?} config",
-            config.arch
-        )));
+        return Err(ModelError::UnsupportedArch(format!("llama builder given a {:?} config", config.arch)));
     }
     if config.qkv_bias {
         // HF's Llama attention_bias also puts a bias on o_proj, which the parameter
         // inventory does not list; refuse rather than silently drop it.
-        return Err(ModelError::UnsupportedArch(
-            "llama with attention_bias = true".into(),
-        ));
+        return Err(ModelError::UnsupportedArch("llama with attention_bias = true".into()));
     }
     build_decoder(config, spec)
 }
 
 /// The decoder stack shared by Llama, Qwen2, Mistral and Qwen3; the config decides the
 /// per-layer attention windows and the q/k norms.
-pub(crate) fn build_decoder(
-    config: &ModelConfig,
-    spec: &ForwardSpec,
-) -> Result<ForwardProgram, ModelError> {
+pub(crate) fn build_decoder(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
     let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
@@ -163,10 +167,7 @@ pub(crate) fn build_decoder(
         g.hook(at(AttnOut), attn);
         let h = g.b.add(x, attn)?;
         g.hook(at(ResidMid), h);
-        let ln2 = g.rms_norm(
-            h,
-            &format!("model.layers.{layer}.post_attention_layernorm.weight"),
-        )?;
+        let ln2 = g.rms_norm(h, &format!("model.layers.{layer}.post_attention_layernorm.weight"))?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
         let mlp_out = if config.moe.is_some() {
             g.moe_mlp(ln2.out, layer)?
@@ -186,7 +187,13 @@ pub(crate) fn build_decoder(
 /// RMSNorm over `head_dim` of every head of `x` `[tokens, heads, head_dim]` (the q/k norms of
 /// Qwen3, and of Gemma 3 with its `(1 + w)` gain), recording its scale, normalized and output
 /// hooks.
-pub(crate) fn head_norm(g: &mut Graph<'_>, x: Value, weight: &str, gain: Gain, hooks: [HookPoint; 3]) -> Result<Value, ModelError> {
+pub(crate) fn head_norm(
+    g: &mut Graph<'_>,
+    x: Value,
+    weight: &str,
+    gain: Gain,
+    hooks: [HookPoint; 3],
+) -> Result<Value, ModelError> {
     let dims = g.b.dims(x)?.to_vec();
     let rows = g.b.reshape(x, &[dims[0] * dims[1], dims[2]])?;
     let norm = g.rms_norm_with(rows, weight, gain)?;

@@ -8,7 +8,7 @@
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::Defaults;
-use crate::llama::{build_decoder, decoder_params, FEATURES};
+use crate::llama::{FEATURES, build_decoder, decoder_params};
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The Llama decoder's weights and hooks.

@@ -10,7 +10,7 @@
 use crate::config::ParamInfo;
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::hf_config::{need, windows_on_every_layer, Defaults};
+use crate::hf_config::{Defaults, need, windows_on_every_layer};
 use crate::hooks::Feature;
 use crate::llama::{build_decoder, decoder_params};
 use crate::{HfConfig, ModelConfig, ModelError, Moe};

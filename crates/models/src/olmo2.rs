@@ -21,7 +21,7 @@
 
 use crate::config::{ParamClass, ParamInfo};
 use crate::family::{Arch, Family};
-use crate::forward::{blocks_for, ForwardProgram, ForwardSpec, Gain, Graph};
+use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
 use crate::hf_config::Defaults;
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{HfConfig, ModelConfig, ModelError};
@@ -34,7 +34,14 @@ pub(crate) const FAMILY: Family = Family {
     from_hf,
     build,
     params,
-    features: &[Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::PostNorms, Feature::QkNorm],
+    features: &[
+        Feature::ResidMid,
+        Feature::DenseMlp,
+        Feature::GatedMlp,
+        Feature::Rotary,
+        Feature::PostNorms,
+        Feature::QkNorm,
+    ],
     renames: &[],
 };
 
@@ -87,7 +94,10 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 /// The post-norm decoder, shared with OLMo 3 (whose windows the config carries).
 pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.qkv_bias || !config.qk_norm_whole {
-        return Err(ModelError::UnsupportedArch(format!("{} without whole-projection q/k norms or with biases", config.arch)));
+        return Err(ModelError::UnsupportedArch(format!(
+            "{} without whole-projection q/k norms or with biases",
+            config.arch
+        )));
     }
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
@@ -102,12 +112,24 @@ pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Resul
         let mask = g.layer_mask(layer)?;
         let proj = crate::llama::self_attention(&mut g, x, layer, Gain::F32, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
-        let h = g.add_post_normed(x, proj, &norm("post_attention_layernorm"), Gain::F32, [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at))?;
+        let h = g.add_post_normed(
+            x,
+            proj,
+            &norm("post_attention_layernorm"),
+            Gain::F32,
+            [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at),
+        )?;
         g.hook(at(ResidMid), h);
         g.hook(at(MlpIn), h);
         let mlp = g.gated_mlp(h, &format!("model.layers.{layer}.mlp"))?;
         g.hook_mlp(&mlp, layer, MlpProjOut);
-        let out = g.add_post_normed(h, mlp.out, &norm("post_feedforward_layernorm"), Gain::F32, [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at))?;
+        let out = g.add_post_normed(
+            h,
+            mlp.out,
+            &norm("post_feedforward_layernorm"),
+            Gain::F32,
+            [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at),
+        )?;
         x = g.constrain_tokens(out)?;
         g.hook(at(ResidPost), x);
     }

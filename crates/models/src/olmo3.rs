@@ -80,7 +80,10 @@ mod tests {
         assert_eq!((c.rope_theta, c.local_rope_theta, c.rms_norm_eps), (500_000.0, Some(500_000.0), 1e-5));
         assert!(c.qk_norm && c.qk_norm_whole && !c.tie_word_embeddings);
         // Old-style keys: rope_theta on both kinds of layer, rope_scaling on the full ones only.
-        let c = parse(r#", "rope_theta": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 8"#).unwrap();
+        let c = parse(
+            r#", "rope_theta": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 8"#,
+        )
+        .unwrap();
         assert_eq!((c.rope_theta, c.local_rope_theta), (1e4, Some(1e4)));
         assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
         assert_eq!(c.layer_windows[0], Some(8));

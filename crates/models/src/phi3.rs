@@ -13,8 +13,8 @@
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::hf_config::{windows_on_every_layer, Defaults};
-use crate::llama::{build_decoder, FEATURES};
+use crate::hf_config::{Defaults, windows_on_every_layer};
+use crate::llama::{FEATURES, build_decoder};
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// Llama's forward and hooks over the fused checkpoint.
@@ -46,7 +46,14 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
     for l in 0..n_layers {
         let p = format!("model.layers.{l}");
         let part = |tensor: &str, stored: usize, name: &str, start: usize, len: usize, class| {
-            let slice = Slice { tensor: format!("{p}.{tensor}"), stored: vec![stored, h], transposed: false, groups: 1, start, len };
+            let slice = Slice {
+                tensor: format!("{p}.{tensor}"),
+                stored: vec![stored, h],
+                transposed: false,
+                groups: 1,
+                start,
+                len,
+            };
             ParamInfo::part(format!("{p}.{name}"), &[len, h], class, Some(l), slice)
         };
         out.push(ParamInfo::new(format!("{p}.input_layernorm.weight"), &[h], Norm, Some(l)));

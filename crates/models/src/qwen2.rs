@@ -9,8 +9,8 @@
 
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::hf_config::{qwen_windows, Defaults};
-use crate::llama::{build_decoder, decoder_params, FEATURES};
+use crate::hf_config::{Defaults, qwen_windows};
+use crate::llama::{FEATURES, build_decoder, decoder_params};
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The Llama decoder's weights and hooks.
@@ -19,7 +19,9 @@ pub(crate) const FAMILY: Family = Family {
     model_types: &["qwen2"],
     architectures: &["Qwen2ForCausalLM"],
     // Qwen2Config: biases on q/k/v by default.
-    from_hf: |hf: HfConfig| hf.decoder(Arch::Qwen2, &Defaults { attention_bias: true, windows: qwen_windows, ..Defaults::LLAMA }),
+    from_hf: |hf: HfConfig| {
+        hf.decoder(Arch::Qwen2, &Defaults { attention_bias: true, windows: qwen_windows, ..Defaults::LLAMA })
+    },
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: FEATURES,

@@ -11,7 +11,7 @@
 
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::hf_config::{qwen_windows, Defaults};
+use crate::hf_config::{Defaults, qwen_windows};
 use crate::hooks::Feature;
 use crate::llama::{build_decoder, decoder_params};
 use crate::{HfConfig, ModelConfig, ModelError};
@@ -25,7 +25,14 @@ pub(crate) const FAMILY: Family = Family {
     from_hf,
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
-    features: &[Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp, Feature::GatedMlp, Feature::Rotary, Feature::QkNorm],
+    features: &[
+        Feature::PreNorms,
+        Feature::ResidMid,
+        Feature::DenseMlp,
+        Feature::GatedMlp,
+        Feature::Rotary,
+        Feature::QkNorm,
+    ],
     renames: &[],
 };
 
@@ -39,7 +46,10 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
 /// Builds the Qwen3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     if config.arch != Arch::Qwen3 || !config.qk_norm {
-        return Err(ModelError::UnsupportedArch(format!("qwen3 builder given a {:?} config without q/k norms", config.arch)));
+        return Err(ModelError::UnsupportedArch(format!(
+            "qwen3 builder given a {:?} config without q/k norms",
+            config.arch
+        )));
     }
     if config.qkv_bias {
         // HF's attention_bias also puts a bias on o_proj, which the inventory does not list.

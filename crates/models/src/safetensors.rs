@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
 
-use crate::weights::{Stored, TensorMeta};
 use crate::ModelError;
+use crate::weights::{Stored, TensorMeta};
 
 /// One or more mapped safetensors files with a name → file index.
 pub(crate) struct SafeTensorsSet {
@@ -37,7 +37,8 @@ struct MappedFile {
 
 impl SafeTensorsSet {
     pub(crate) fn open_file(path: &Path) -> Result<SafeTensorsSet, ModelError> {
-        let mut set = SafeTensorsSet { files: Vec::new(), by_name: HashMap::new(), describe: path.display().to_string() };
+        let mut set =
+            SafeTensorsSet { files: Vec::new(), by_name: HashMap::new(), describe: path.display().to_string() };
         set.add_file(path, None)?;
         Ok(set)
     }
@@ -59,7 +60,8 @@ impl SafeTensorsSet {
             files.entry(file).or_default().insert(name);
         }
         let dir = index.parent().unwrap_or(Path::new("."));
-        let mut set = SafeTensorsSet { files: Vec::new(), by_name: HashMap::new(), describe: index.display().to_string() };
+        let mut set =
+            SafeTensorsSet { files: Vec::new(), by_name: HashMap::new(), describe: index.display().to_string() };
         for (file, names) in files {
             set.add_file(&dir.join(file), Some(&names))?;
         }

@@ -11,7 +11,7 @@
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::Defaults;
-use crate::llama::{build_decoder, decoder_params, FEATURES};
+use crate::llama::{FEATURES, build_decoder, decoder_params};
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// Llama's weights and hooks.
@@ -106,7 +106,9 @@ mod tests {
         assert!(c.layer_windows.is_empty() && c.tie_word_embeddings);
         // A window goes on the NoPE layers, and only with use_sliding_window.
         assert!(parse(r#", "sliding_window": 5"#).unwrap().layer_windows.is_empty());
-        let c = parse(r#", "use_sliding_window": true, "sliding_window": 5, "no_rope_layers": [1, 0, 1, 1, 1, 1, 0, 1]"#).unwrap();
+        let c =
+            parse(r#", "use_sliding_window": true, "sliding_window": 5, "no_rope_layers": [1, 0, 1, 1, 1, 1, 0, 1]"#)
+                .unwrap();
         assert_eq!(c.layer_windows, [None, Some(5), None, None, None, None, Some(5), None]);
         assert!(!c.rotates(1) && c.rotates(3));
     }
@@ -117,7 +119,10 @@ mod tests {
             (r#", "mlp_bias": true"#, "mlp_bias"),
             (r#", "attention_bias": true"#, "attention_bias"),
             (r#", "no_rope_layers": [1, 0]"#, "no_rope_layers lists 2"),
-            (r#", "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention"]"#, "use_sliding_window"),
+            (
+                r#", "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention"]"#,
+                "use_sliding_window",
+            ),
         ] {
             let err = parse(extra).unwrap_err().to_string();
             assert!(err.contains(named), "{extra}: {err}");

@@ -14,10 +14,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use crate::gguf::{GgufFile, GgufValue};
 use crate::ModelError;
+use crate::gguf::{GgufFile, GgufValue};
 
 /// A ready tokenizer plus the special-token facts the data pipeline needs.
 #[derive(Clone)]
@@ -43,11 +43,17 @@ impl std::fmt::Debug for TextTokenizer {
 }
 
 const GPT4_STYLE_LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 impl TextTokenizer {
     /// Wraps a `tokenizers::Tokenizer`.
-    pub fn new(inner: tokenizers::Tokenizer, bos_id: Option<u32>, eos_id: Option<u32>, pad_id: Option<u32>) -> TextTokenizer {
+    pub fn new(
+        inner: tokenizers::Tokenizer,
+        bos_id: Option<u32>,
+        eos_id: Option<u32>,
+        pad_id: Option<u32>,
+    ) -> TextTokenizer {
         TextTokenizer { inner, bos_id, eos_id, pad_id }
     }
 
@@ -76,10 +82,8 @@ impl TextTokenizer {
         let config_path = dir.join("tokenizer_config.json");
         if config_path.exists() {
             let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
-            let config: Value = serde_json::from_str(&text).map_err(|e| ModelError::Corrupt {
-                path: config_path.clone(),
-                detail: format!("not JSON: {e}"),
-            })?;
+            let config: Value = serde_json::from_str(&text)
+                .map_err(|e| ModelError::Corrupt { path: config_path.clone(), detail: format!("not JSON: {e}") })?;
             // Special tokens are given as a string or as {"content": ...}.
             let id_of = |key: &str| {
                 let v = config.get(key)?;
@@ -100,10 +104,12 @@ impl TextTokenizer {
                 };
                 let bos = special(flag("add_bos_token"), tok.bos_id);
                 let eos = special(flag("add_eos_token"), tok.eos_id);
-                let post = template(bos.as_ref().map(|(t, i)| (t.as_str(), *i)), eos.as_ref().map(|(t, i)| (t.as_str(), *i)));
+                let post =
+                    template(bos.as_ref().map(|(t, i)| (t.as_str(), *i)), eos.as_ref().map(|(t, i)| (t.as_str(), *i)));
                 let fail = |e: String| ModelError::Tokenizer(format!("{}: {e}", path.display()));
-                let mut spec: Value = serde_json::from_str(&tok.inner.to_string(false).map_err(|e| fail(e.to_string()))?)
-                    .map_err(|e| fail(e.to_string()))?;
+                let mut spec: Value =
+                    serde_json::from_str(&tok.inner.to_string(false).map_err(|e| fail(e.to_string()))?)
+                        .map_err(|e| fail(e.to_string()))?;
                 spec["post_processor"] = post;
                 tok.inner = parse_tokenizer(&spec.to_string()).map_err(fail)?;
             }
@@ -114,7 +120,10 @@ impl TextTokenizer {
     /// Builds the tokenizer a GGUF file describes, as transformers does.
     pub fn from_gguf(file: &GgufFile) -> Result<TextTokenizer, ModelError> {
         let fail = |m: String| ModelError::Tokenizer(format!("{}: {m}", file.path().display()));
-        let model = file.get("tokenizer.ggml.model").and_then(GgufValue::as_str).ok_or_else(|| fail("no tokenizer.ggml.model".into()))?;
+        let model = file
+            .get("tokenizer.ggml.model")
+            .and_then(GgufValue::as_str)
+            .ok_or_else(|| fail("no tokenizer.ggml.model".into()))?;
         if model != "gpt2" && model != "llama" {
             return Err(fail(format!(
                 "tokenizer.ggml.model {model:?} is not supported yet (supported: gpt2 byte-level BPE, llama SentencePiece BPE)"
@@ -138,7 +147,9 @@ impl TextTokenizer {
             match file.get(&format!("tokenizer.ggml.{key}")).and_then(GgufValue::as_u64) {
                 None => Ok(None),
                 Some(i) if (i as usize) < tokens.len() => Ok(Some(i as u32)),
-                Some(i) => Err(fail(format!("tokenizer.ggml.{key} {i} is outside the {}-token vocabulary", tokens.len()))),
+                Some(i) => {
+                    Err(fail(format!("tokenizer.ggml.{key} {i} is outside the {}-token vocabulary", tokens.len())))
+                }
             }
         };
         let flag = |key: &str| file.get(&format!("tokenizer.ggml.{key}")).and_then(GgufValue::as_bool).unwrap_or(false);
@@ -189,7 +200,11 @@ fn parse_tokenizer(text: &str) -> Result<tokenizers::Tokenizer, String> {
     match std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>()) {
         Ok(parsed) => parsed.map_err(|e| e.to_string()),
         Err(panic) => {
-            let why = panic.downcast_ref::<String>().map(String::as_str).or(panic.downcast_ref::<&str>().copied()).unwrap_or("");
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or(panic.downcast_ref::<&str>().copied())
+                .unwrap_or("");
             Err(format!("the tokenizers library cannot read it ({why})"))
         }
     }
@@ -271,7 +286,8 @@ fn sentencepiece_parts(tokens: &[&str], merges: Option<&[&str]>, scores: &[f64],
         Some(m) => m.iter().map(|s| json!(s)).collect(),
         None => derive_merges(tokens, scores, &vocab_ids).into_iter().map(|(l, r)| json!([l, r])).collect(),
     };
-    let vocab: serde_json::Map<String, Value> = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
+    let vocab: serde_json::Map<String, Value> =
+        tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
     let added = added_tokens(tokens, token_types, |_| true);
     let model = json!({"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
         "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
@@ -287,7 +303,11 @@ fn sentencepiece_parts(tokens: &[&str], merges: Option<&[&str]>, scores: &[f64],
 /// transformers' `generate_merges(vocab, scores)`: every split of a piece into two pieces of
 /// the vocabulary is a merge ranked by the whole piece's score (higher first), ties by the
 /// lengths of the left and right part (longer first), then by file order.
-fn derive_merges<'a>(tokens: &[&'a str], scores: &[f64], vocab: &std::collections::HashMap<&str, usize>) -> Vec<(&'a str, &'a str)> {
+fn derive_merges<'a>(
+    tokens: &[&'a str],
+    scores: &[f64],
+    vocab: &std::collections::HashMap<&str, usize>,
+) -> Vec<(&'a str, &'a str)> {
     // dict(zip(tokens, scores)): first position of a piece, last score.
     let mut order: Vec<&str> = Vec::new();
     let mut score_of: std::collections::HashMap<&str, f64> = std::collections::HashMap::new();

@@ -12,7 +12,7 @@ use std::path::Path;
 use half::{bf16, f16};
 
 use crate::gguf::convert::{self, RowOrder};
-use crate::gguf::{dequant, GgufFile};
+use crate::gguf::{GgufFile, dequant};
 use crate::safetensors::SafeTensorsSet;
 use crate::{ModelError, ParamInfo, Slice};
 
@@ -138,7 +138,12 @@ impl Weights {
     /// `n_heads`/`n_kv_heads` come from the file's config and undo llama.cpp's q/k
     /// permutation.
     /// `n_experts` splits a mixture's stacked expert tensors into one HF tensor per expert.
-    pub fn from_gguf(file: GgufFile, n_heads: usize, n_kv_heads: usize, n_experts: usize) -> Result<Weights, ModelError> {
+    pub fn from_gguf(
+        file: GgufFile,
+        n_heads: usize,
+        n_kv_heads: usize,
+        n_experts: usize,
+    ) -> Result<Weights, ModelError> {
         let arch = convert::architecture(&file)?;
         let mut names = std::collections::BTreeMap::new();
         for (i, t) in file.tensors().iter().enumerate() {
@@ -196,7 +201,11 @@ impl Weights {
             Inner::SafeTensors(s) => s.meta(name),
             Inner::Gguf(g) => {
                 let (t, mapping) = g.info(name)?;
-                Ok(TensorMeta { name: name.into(), shape: GgufWeights::hf_shape(t, mapping), stored: format!("{:?}", t.ggml_type) })
+                Ok(TensorMeta {
+                    name: name.into(),
+                    shape: GgufWeights::hf_shape(t, mapping),
+                    stored: format!("{:?}", t.ggml_type),
+                })
             }
         }
     }
@@ -325,7 +334,10 @@ impl GgufWeights {
             None => (0, n_rows),
         };
         if elementwise && t.ggml_type.block_size() != 1 {
-            return Err(ModelError::UnsupportedQuant(format!("{name}: a block-quantized ({:?}) 1-D tensor whose elements are reordered", t.ggml_type)));
+            return Err(ModelError::UnsupportedQuant(format!(
+                "{name}: a block-quantized ({:?}) 1-D tensor whose elements are reordered",
+                t.ggml_type
+            )));
         }
         let row_bytes = row_len / t.ggml_type.block_size() * t.ggml_type.block_bytes();
         let heads = match order {
@@ -340,7 +352,10 @@ impl GgufWeights {
                 name: name.into(),
                 expected: vec![n_heads * per, row_len],
                 found: shape,
-                source_desc: format!("{} (rows must split into {n_heads} heads of {per} equal parts)", self.file.path().display()),
+                source_desc: format!(
+                    "{} (rows must split into {n_heads} heads of {per} equal parts)",
+                    self.file.path().display()
+                ),
             });
         }
         let mut row = vec![0f32; row_len];

@@ -9,9 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use siphon_hlo::DType;
 use siphon_mesh::Mesh;
-use siphon_models::{
-    build_forward, Arch, ForwardProgram, ForwardSpec, HookKind, HookPoint, ModelConfig, RopeScaling,
-};
+use siphon_models::{Arch, ForwardProgram, ForwardSpec, HookKind, HookPoint, ModelConfig, RopeScaling, build_forward};
 use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin};
 
 /// A fresh 8-device client per test, dropped when the test ends: a client left alive in a
@@ -62,7 +60,8 @@ fn weights(c: &ModelConfig, seed: u64) -> HashMap<String, Vec<f32>> {
             let values: Vec<f32> = if p.name.contains("norm") {
                 (0..n).map(|_| 1.0 + 0.2 * next()).collect()
             } else {
-                let scale = if p.shape.len() == 2 && !p.name.contains("embed") { (p.shape[1] as f32).powf(-0.5) } else { 0.5 };
+                let scale =
+                    if p.shape.len() == 2 && !p.name.contains("embed") { (p.shape[1] as f32).powf(-0.5) } else { 0.5 };
                 (0..n).map(|_| next() * scale).collect()
             };
             (p.name, values)
@@ -71,7 +70,13 @@ fn weights(c: &ModelConfig, seed: u64) -> HashMap<String, Vec<f32>> {
 }
 
 /// Runs `program` on the weights and inputs; returns each output as f32, row-major.
-fn run(program: &ForwardProgram, w: &HashMap<String, Vec<f32>>, ids: &[i32], mask: &[i32], pos: &[i32]) -> Vec<Vec<f32>> {
+fn run(
+    program: &ForwardProgram,
+    w: &HashMap<String, Vec<f32>>,
+    ids: &[i32],
+    mask: &[i32],
+    pos: &[i32],
+) -> Vec<Vec<f32>> {
     let client = client();
     let mut arrays: Vec<HostArray> = program
         .params
@@ -158,12 +163,21 @@ fn rope(x: &mut [f64], pos: &[i32], freqs: &[f64], heads: usize, d: usize) {
 }
 
 /// Hugging Face semantics; returns every hook of every block, each `[b*s, hidden]`.
-fn reference(c: &ModelConfig, w: &HashMap<String, Vec<f32>>, bsz: usize, s: usize, ids: &[i32], mask: &[i32], pos: &[i32]) -> HashMap<HookPoint, Vec<f64>> {
+fn reference(
+    c: &ModelConfig,
+    w: &HashMap<String, Vec<f32>>,
+    bsz: usize,
+    s: usize,
+    ids: &[i32],
+    mask: &[i32],
+    pos: &[i32],
+) -> HashMap<HookPoint, Vec<f64>> {
     let (h, d, nh, nkv, inter) = (c.hidden_size, c.head_dim, c.n_heads, c.n_kv_heads, c.intermediate_size);
     let t = bsz * s;
     let freqs = inv_freq(c);
     let emb = &w["model.embed_tokens.weight"];
-    let mut x: Vec<f64> = ids.iter().flat_map(|&i| emb[i as usize * h..(i as usize + 1) * h].iter().map(|&v| v as f64)).collect();
+    let mut x: Vec<f64> =
+        ids.iter().flat_map(|&i| emb[i as usize * h..(i as usize + 1) * h].iter().map(|&v| v as f64)).collect();
     let mut hooks = HashMap::new();
     for l in 0..c.n_layers {
         let p = |n: &str| format!("model.layers.{l}.{n}");
@@ -251,7 +265,12 @@ fn positions(mask: &[i32], s: usize) -> Vec<i32> {
 fn all_hooks(n_layers: usize) -> Vec<HookPoint> {
     let mut hooks = vec![HookPoint::model(HookKind::LnFinalOut)];
     for l in 0..n_layers {
-        hooks.extend([HookPoint::block(l, HookKind::ResidPre), HookPoint::block(l, HookKind::AttnOut), HookPoint::block(l, HookKind::MlpOut), HookPoint::block(l, HookKind::ResidPost)]);
+        hooks.extend([
+            HookPoint::block(l, HookKind::ResidPre),
+            HookPoint::block(l, HookKind::AttnOut),
+            HookPoint::block(l, HookKind::MlpOut),
+            HookPoint::block(l, HookKind::ResidPost),
+        ]);
     }
     hooks
 }
@@ -322,7 +341,12 @@ fn mesh_2x4_equals_single_device() {
         let ids: Vec<i32> = (0..bsz * s).map(|i| ((i * 17 + 5) % c.vocab_size) as i32).collect();
         let mask: Vec<i32> = (0..bsz * s).map(|i| (i % s >= (i / s) % 3) as i32).collect();
         let pos = positions(&mask, s);
-        let hooks = vec![HookPoint::block(1, HookKind::AttnOut), HookPoint::block(0, HookKind::ResidPost), HookPoint::model(HookKind::LnFinalOut), HookPoint::block(2, HookKind::MlpOut)];
+        let hooks = vec![
+            HookPoint::block(1, HookKind::AttnOut),
+            HookPoint::block(0, HookKind::ResidPost),
+            HookPoint::model(HookKind::LnFinalOut),
+            HookPoint::block(2, HookKind::MlpOut),
+        ];
         let single = build_forward(&c, &ForwardSpec::new(bsz, s, hooks.clone())).unwrap();
         let sharded = build_forward(&c, &ForwardSpec::new(bsz, s, hooks).with_megatron_plan(&c, mesh.clone())).unwrap();
         let a = run(&single, &w, &ids, &mask, &pos);

@@ -2,7 +2,7 @@
 //! graph shows up as a reviewable text diff. Run with `UPDATE_EXPECT=1` to accept changes.
 
 use siphon_mesh::Mesh;
-use siphon_models::{build_forward, Arch, ForwardSpec, HookKind, HookPoint, ModelConfig};
+use siphon_models::{Arch, ForwardSpec, HookKind, HookPoint, ModelConfig, build_forward};
 
 fn expect_snapshot(name: &str, actual: &str) {
     let path = format!("{}/tests/snapshots/{name}.mlir", env!("CARGO_MANIFEST_DIR"));
@@ -37,7 +37,11 @@ fn tiny(arch: Arch) -> ModelConfig {
 #[test]
 fn tiny_llama_one_block_snapshot() {
     let c = tiny(Arch::Llama);
-    let p = build_forward(&c, &ForwardSpec::new(2, 3, vec![HookPoint::block(0, HookKind::MlpOut), HookPoint::block(0, HookKind::AttnOut)])).unwrap();
+    let p = build_forward(
+        &c,
+        &ForwardSpec::new(2, 3, vec![HookPoint::block(0, HookKind::MlpOut), HookPoint::block(0, HookKind::AttnOut)]),
+    )
+    .unwrap();
     expect_snapshot("tiny_llama_block0", &p.text);
 }
 

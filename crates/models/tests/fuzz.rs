@@ -4,7 +4,7 @@
 //! a panic. `SIPHON_FUZZ_SECONDS` (default 2 per target) and `SIPHON_FUZZ_SEED` widen a run;
 //! a failure names the seed and iteration that reproduce it.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

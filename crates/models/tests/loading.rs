@@ -113,7 +113,8 @@ fn config_shape_mismatch_is_named() {
     let dir = tmp.path().join("m");
     copy_dir(&fixture("tiny-llama"), &dir);
     let cfg = dir.join("config.json");
-    let text = std::fs::read_to_string(&cfg).unwrap().replace("\"intermediate_size\": 128", "\"intermediate_size\": 96");
+    let text =
+        std::fs::read_to_string(&cfg).unwrap().replace("\"intermediate_size\": 128", "\"intermediate_size\": 96");
     std::fs::write(&cfg, text).unwrap();
     let m = LoadedModel::open(&dir).unwrap();
     let err = m.check_weights(3).unwrap_err();
@@ -145,7 +146,7 @@ fn smollm2_gguf_config_and_tokenizer_match_hf() {
 
 #[test]
 fn dequantization_matches_the_gguf_reference_on_random_blocks() {
-    use siphon_models::gguf::{dequant, GgmlType};
+    use siphon_models::gguf::{GgmlType, dequant};
     let bytes = std::fs::read(fixture("quant/blocks.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     for (name, ty) in [

@@ -100,9 +100,6 @@ fn invalid_mesh_text(requested: &str, reason: &str, valid: &[MeshShape]) -> Stri
     if list.is_empty() {
         format!("mesh {requested} is impossible: {reason}; no mesh shape is valid on these devices")
     } else {
-        format!(
-            "mesh {requested} is impossible: {reason}; valid shapes (data×fsdp×model): {}",
-            list.join(", ")
-        )
+        format!("mesh {requested} is impossible: {reason}; valid shapes (data×fsdp×model): {}", list.join(", "))
     }
 }

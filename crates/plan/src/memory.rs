@@ -36,8 +36,8 @@ use serde::{Deserialize, Serialize};
 use siphon_mesh::Mesh;
 use siphon_models::{HookPoint, ModelConfig, ParamInfo};
 
-use crate::mesh::{DATA, FSDP, MODEL};
 use crate::PlanError;
+use crate::mesh::{DATA, FSDP, MODEL};
 
 /// Default share of device memory kept free.
 pub const DEFAULT_HEADROOM: f64 = 0.10;
@@ -162,8 +162,7 @@ pub fn weight_memory(
     let mut per_layer: std::collections::BTreeMap<usize, u64> = Default::default();
     for (param, spec) in params.iter().zip(specs) {
         let full: u64 = param.shape.iter().map(|&d| d as u64).product::<u64>() * w;
-        let shard: u64 =
-            spec.shard_shape(&param.shape, mesh)?.iter().map(|&d| d as u64).product::<u64>() * w;
+        let shard: u64 = spec.shard_shape(&param.shape, mesh)?.iter().map(|&d| d as u64).product::<u64>() * w;
         total += full;
         sharded += shard;
         if let (Some(layer), true) = (param.layer, fsdp_split(spec)) {
@@ -208,7 +207,9 @@ pub fn activation_memory(
     let dense = siphon_models::hook_kinds(config).contains(&siphon_models::HookKind::MlpPost);
     let mlp = if dense { widest(&|l| config.intermediate_at(l)) } else { 0 };
     let (i, expert_out) = match &config.moe {
-        Some(m) => (mlp + (m.n_experts * m.expert_size) as u64, (m.n_experts as u64 / model.min(m.n_experts as u64)) * h),
+        Some(m) => {
+            (mlp + (m.n_experts * m.expert_size) as u64, (m.n_experts as u64 / model.min(m.n_experts as u64)) * h)
+        }
         None => (mlp, 0),
     };
     let input_bytes = 2 * 4 * b * s;
@@ -235,9 +236,7 @@ pub fn estimate(
     device_memory_bytes: Option<u64>,
     headroom: f64,
 ) -> MemoryEstimate {
-    let required_bytes = weights.sharded_bytes
-        + weights.fsdp_gather_bytes
-        + activations.map_or(0, |a| a.total_bytes);
+    let required_bytes = weights.sharded_bytes + weights.fsdp_gather_bytes + activations.map_or(0, |a| a.total_bytes);
     let budget_bytes = device_memory_bytes.map(|m| (m as f64 * (1.0 - headroom)) as u64);
     MemoryEstimate {
         weights,

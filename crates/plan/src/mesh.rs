@@ -271,10 +271,7 @@ impl MeshShape {
             return Some(format!("axis sizes {self} must all be at least 1"));
         }
         if self.num_devices() != n {
-            return Some(format!(
-                "data×fsdp×model = {self} holds {} devices but there are {n}",
-                self.num_devices()
-            ));
+            return Some(format!("data×fsdp×model = {self} holds {} devices but there are {n}", self.num_devices()));
         }
         let kv_heads = config.kv_head_counts();
         if !config.n_heads.is_multiple_of(self.model) || kv_heads.iter().any(|kv| !kv.is_multiple_of(self.model)) {
@@ -341,19 +338,14 @@ pub fn best_model(config: &ModelConfig, topology: &Topology, group: usize) -> us
 /// The shape a fixed kind (`1d`, `2d`, `3d`) asks for, checked; `auto` is resolved by the
 /// planner, which needs memory estimates. With `auto` this resolves like `2d` with the
 /// weight-sharding group of the request's fixed sizes.
-pub fn resolve(
-    request: &MeshRequest,
-    config: &ModelConfig,
-    topology: &Topology,
-) -> Result<MeshShape, PlanError> {
+pub fn resolve(request: &MeshRequest, config: &ModelConfig, topology: &Topology) -> Result<MeshShape, PlanError> {
     let n = topology.num_devices();
     let invalid = |reason: String| PlanError::InvalidMesh {
         requested: request.to_string(),
         reason,
         valid: valid_shapes(config, topology),
     };
-    for (name, value) in [("--data", request.data), ("--fsdp", request.fsdp), ("--model-parallel", request.model)]
-    {
+    for (name, value) in [("--data", request.data), ("--fsdp", request.fsdp), ("--model-parallel", request.model)] {
         match value {
             Some(0) => return Err(invalid(format!("{name} must be at least 1"))),
             Some(v) if !n.is_multiple_of(v) => {
@@ -369,9 +361,7 @@ pub fn resolve(
                 || request.fsdp.is_some_and(|f| f != 1)
                 || request.model.is_some_and(|m| m != n);
             if conflicting {
-                return Err(invalid(format!(
-                    "1d puts all {n} devices on model; use 2d or 3d to set other axis sizes"
-                )));
+                return Err(invalid(format!("1d puts all {n} devices on model; use 2d or 3d to set other axis sizes")));
             }
             shape
         }

@@ -7,10 +7,10 @@ use serde::{Deserialize, Serialize};
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_models::{Arch, ModelConfig, ParamClass, ParamInfo};
 
+use crate::PlanError;
 use crate::memory::{self, DType, MemoryEstimate, gib};
 use crate::mesh::{self, MeshKind, MeshRequest, MeshShape, Topology};
 use crate::rules;
-use crate::PlanError;
 
 /// Everything the planner needs besides the model and the devices.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -215,11 +215,15 @@ pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) ->
         match &fitting {
             Some(s) if s.spans_hosts => plan.notes.push(format!(
                 "does not fit; no plan within a host fits, only a plan spanning hosts fits: {} ({} per device, {})",
-                s.mesh, gib(s.required_bytes), s.flags
+                s.mesh,
+                gib(s.required_bytes),
+                s.flags
             )),
             Some(s) => plan.notes.push(format!(
                 "does not fit; {} fits ({} per device, {})",
-                s.mesh, gib(s.required_bytes), s.flags
+                s.mesh,
+                gib(s.required_bytes),
+                s.flags
             )),
             None => plan.notes.push(format!(
                 "does not fit, and no mesh over these {} devices fits{}",
@@ -248,11 +252,9 @@ fn check_request(request: &PlanRequest) -> Result<(), PlanError> {
 
 fn check_batch(shape: MeshShape, topology: &Topology, request: &PlanRequest) -> Result<(), PlanError> {
     match request.batch {
-        Some(batch) if batch % shape.data != 0 => Err(PlanError::BatchNotDivisible {
-            batch,
-            data: shape.data,
-            mesh: shape.build(topology)?.to_string(),
-        }),
+        Some(batch) if batch % shape.data != 0 => {
+            Err(PlanError::BatchNotDivisible { batch, data: shape.data, mesh: shape.build(topology)?.to_string() })
+        }
         _ => Ok(()),
     }
 }
@@ -283,10 +285,7 @@ fn candidates(
                 && c.fsdp.is_none_or(|f| f == shape.fsdp)
                 && c.model.is_none_or(|m| m == shape.model)
         });
-        if matches
-            && shape.check(config, topology).is_none()
-            && batch.is_none_or(|b| b % shape.data == 0)
-        {
+        if matches && shape.check(config, topology).is_none() && batch.is_none_or(|b| b % shape.data == 0) {
             out.push(shape);
         }
     }
@@ -386,11 +385,7 @@ fn evaluate(
             }
             None => {
                 if let Some(reason) = &sharding.fallback {
-                    fallbacks.push(Fallback {
-                        class: param.class,
-                        shape: param.shape.clone(),
-                        reason: reason.clone(),
-                    });
+                    fallbacks.push(Fallback { class: param.class, shape: param.shape.clone(), reason: reason.clone() });
                 }
                 classes.push(ClassPlan {
                     class: param.class,
@@ -509,8 +504,17 @@ impl fmt::Display for Plan {
             gib(m.weights.total_bytes),
             self.shape.weight_group()
         )?;
-        writeln!(f, "  weights gathered  {:>12}  ({} bytes; every weight replicated)", gib(m.weights.gathered_bytes), m.weights.gathered_bytes)?;
-        writeln!(f, "  fsdp gather       {:>12}  (two blocks all-gathered over fsdp)", gib(m.weights.fsdp_gather_bytes))?;
+        writeln!(
+            f,
+            "  weights gathered  {:>12}  ({} bytes; every weight replicated)",
+            gib(m.weights.gathered_bytes),
+            m.weights.gathered_bytes
+        )?;
+        writeln!(
+            f,
+            "  fsdp gather       {:>12}  (two blocks all-gathered over fsdp)",
+            gib(m.weights.fsdp_gather_bytes)
+        )?;
         match &m.activations {
             Some(a) => writeln!(
                 f,

@@ -47,18 +47,18 @@ pub struct TensorSharding {
 /// The class rule: per dimension, the axes it should be split over.
 fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
     match class {
-        ParamClass::AttnQ
-        | ParamClass::AttnK
-        | ParamClass::AttnV
-        | ParamClass::MlpGate
-        | ParamClass::MlpUp => vec![vec![MODEL], vec![FSDP]],
+        ParamClass::AttnQ | ParamClass::AttnK | ParamClass::AttnV | ParamClass::MlpGate | ParamClass::MlpUp => {
+            vec![vec![MODEL], vec![FSDP]]
+        }
         ParamClass::AttnO | ParamClass::MlpDown => vec![vec![FSDP], vec![MODEL]],
         ParamClass::QBias | ParamClass::KBias | ParamClass::VBias | ParamClass::MlpUpBias => vec![vec![MODEL]],
         ParamClass::Embedding => vec![vec![FSDP, MODEL], vec![]],
         ParamClass::LmHead => vec![vec![MODEL], vec![FSDP]],
         // Small, and added where the activations are whole: replicated.
         ParamClass::PosEmbedding => vec![vec![], vec![]],
-        ParamClass::Norm | ParamClass::NormBias | ParamClass::OBias | ParamClass::MlpDownBias | ParamClass::Scalar => vec![vec![]],
+        ParamClass::Norm | ParamClass::NormBias | ParamClass::OBias | ParamClass::MlpDownBias | ParamClass::Scalar => {
+            vec![vec![]]
+        }
         // Gemma 4's per-layer-input projections: narrow (its per-layer width), replicated.
         ParamClass::PerLayerInput => vec![vec![], vec![]],
         // Experts: whole experts over `model` (expert parallelism), each expert's hidden
@@ -123,11 +123,7 @@ fn largest_dividing_subset<'a>(axes: &[&'a str], extent: usize, mesh: &Mesh) -> 
 
 /// The spec of the token-id input `[batch, seq]`: batch over `data`.
 pub fn input_spec(mesh: &Mesh) -> PartitionSpec {
-    if size(mesh, DATA) > 1 {
-        PartitionSpec::new(&[&[DATA], &[]])
-    } else {
-        PartitionSpec::replicated(2)
-    }
+    if size(mesh, DATA) > 1 { PartitionSpec::new(&[&[DATA], &[]]) } else { PartitionSpec::replicated(2) }
 }
 
 #[cfg(test)]

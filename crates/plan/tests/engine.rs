@@ -14,7 +14,13 @@ use siphon_models::{HookKind, HookPoint, LoadedModel};
 use siphon_plan::{MeshKind, MeshRequest, MeshShape, PlanRequest, Topology};
 use siphon_runtime::{Client, ClientOptions, Plugin};
 
-fn activations(client: &Client, model: &LoadedModel, hooks: &[HookPoint], batch: &Batch, options: EngineOptions) -> Vec<Vec<f32>> {
+fn activations(
+    client: &Client,
+    model: &LoadedModel,
+    hooks: &[HookPoint],
+    batch: &Batch,
+    options: EngineOptions,
+) -> Vec<Vec<f32>> {
     let engine = Engine::new(client, model, hooks.to_vec(), options).unwrap();
     let acts = engine.run(batch).unwrap();
     hooks.iter().map(|h| acts.get(*h).unwrap().to_f32()).collect()
@@ -32,8 +38,16 @@ fn planned_shardings_give_the_single_device_activations() {
     // 2 hosts × 4 devices (2d: data=2, fsdp=2, model=2 — 2 KV heads cap model at 2), the same
     // 8 devices as 1 host (2d: fsdp=4, model=2), and 3d with model=1 (fsdp only).
     let cases = [
-        ((2, 4), MeshRequest { kind: MeshKind::TwoD, ..MeshRequest::default() }, MeshShape { data: 2, fsdp: 2, model: 2 }),
-        ((1, 8), MeshRequest { kind: MeshKind::TwoD, ..MeshRequest::default() }, MeshShape { data: 1, fsdp: 4, model: 2 }),
+        (
+            (2, 4),
+            MeshRequest { kind: MeshKind::TwoD, ..MeshRequest::default() },
+            MeshShape { data: 2, fsdp: 2, model: 2 },
+        ),
+        (
+            (1, 8),
+            MeshRequest { kind: MeshKind::TwoD, ..MeshRequest::default() },
+            MeshShape { data: 1, fsdp: 4, model: 2 },
+        ),
         (
             (1, 8),
             MeshRequest { kind: MeshKind::ThreeD, data: Some(2), fsdp: Some(4), model: Some(1) },
@@ -43,7 +57,24 @@ fn planned_shardings_give_the_single_device_activations() {
     // Fused weights (Phi-3's qkv/gate_up, GPT-2's c_attn, GPT-NeoX's per-head qkv) are cut
     // into parts on read, so each part is sharded on whole heads like an unfused weight; the
     // mixtures' stacked experts are split whole over `model`.
-    let names = ["tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-olmo2", "tiny-gpt2", "tiny-pythia", "tiny-qwen3-moe", "tiny-mixtral", "tiny-olmo3", "tiny-smollm3", "tiny-gemma4", "tiny-gemma4-moe"];
+    let names = [
+        "tiny-qwen2",
+        "tiny-llama",
+        "tiny-mistral",
+        "tiny-qwen3",
+        "tiny-gemma2",
+        "tiny-gemma3",
+        "tiny-phi3",
+        "tiny-olmo2",
+        "tiny-gpt2",
+        "tiny-pythia",
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-olmo3",
+        "tiny-smollm3",
+        "tiny-gemma4",
+        "tiny-gemma4-moe",
+    ];
     for name in names {
         let model = LoadedModel::open(&root.join(name)).unwrap();
         let n_layers = model.config.n_layers;
@@ -54,9 +85,16 @@ fn planned_shardings_give_the_single_device_activations() {
                       if siphon_models::hook_kinds(&model.config).contains(&HookKind::MlpExpertWeights) { "mlp.hook_expert_weights" } else { "mlp.hook_post" }), &model.config)
         .unwrap();
         let vocab = model.config.vocab_size as u32;
-        let ids: Vec<Vec<u32>> = (0..4u32).map(|r| (0..8u32).map(|t| (r * 37 + t * 11 + 3) % vocab).collect()).collect();
+        let ids: Vec<Vec<u32>> =
+            (0..4u32).map(|r| (0..8u32).map(|t| (r * 37 + t * 11 + 3) % vocab).collect()).collect();
         let batch = Batch::new(ids, None).unwrap();
-        let single = activations(&client, &model, &hooks, &batch, EngineOptions { plan: ShardingPlan::Replicated, ..EngineOptions::default() });
+        let single = activations(
+            &client,
+            &model,
+            &hooks,
+            &batch,
+            EngineOptions { plan: ShardingPlan::Replicated, ..EngineOptions::default() },
+        );
         for ((hosts, per_host), mesh_request, want) in &cases {
             let topology = Topology::uniform(*hosts, *per_host).unwrap();
             let request = PlanRequest { mesh: *mesh_request, batch: Some(4), seq: Some(8), ..PlanRequest::default() };

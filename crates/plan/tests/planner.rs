@@ -48,7 +48,9 @@ fn qwen_7b_on_4x16_is_a_2d_plan_with_weights_over_16_that_fits() {
 
 #[test]
 fn every_param_spec_is_valid_on_the_mesh_and_covers_every_tensor() {
-    for (name, hosts, per_host) in [("qwen2.5-7b.json", 4, 16), ("llama-3.1-70b.json", 2, 8), ("qwen2.5-0.5b.json", 1, 2)] {
+    for (name, hosts, per_host) in
+        [("qwen2.5-7b.json", 4, 16), ("llama-3.1-70b.json", 2, 8), ("qwen2.5-0.5b.json", 1, 2)]
+    {
         let config = fixture(name);
         let topology = Topology::uniform(hosts, per_host).unwrap();
         for kind in [MeshKind::TwoD, MeshKind::ThreeD] {
@@ -90,7 +92,12 @@ fn llama_70b_on_4x4_fits_only_spanning_hosts() {
     // Every smaller group (all inside a host or 2 hosts) was too small.
     for group_shape in [MeshShape { data: 2, fsdp: 2, model: 4 }, MeshShape { data: 4, fsdp: 1, model: 4 }] {
         let mut r = request(MeshKind::ThreeD, Some(16));
-        r.mesh = MeshRequest { kind: MeshKind::ThreeD, data: Some(group_shape.data), fsdp: Some(group_shape.fsdp), model: Some(group_shape.model) };
+        r.mesh = MeshRequest {
+            kind: MeshKind::ThreeD,
+            data: Some(group_shape.data),
+            fsdp: Some(group_shape.fsdp),
+            model: Some(group_shape.model),
+        };
         assert_eq!(plan(&config, &topology, &r).unwrap().fits(), Some(false), "{group_shape}");
     }
 }

@@ -41,38 +41,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let choice = PluginLocator::new().locate()?;
     let start = Instant::now();
     let plugin = Plugin::load(&choice.path)?;
-    println!(
-        "plugin load+init: {:.1} ms ({})",
-        start.elapsed().as_secs_f64() * 1e3,
-        choice.path.display()
-    );
-    let create = time(reps, || {
-        Client::new(&plugin, ClientOptions::new().cpu_device_count(devices)).unwrap()
-    });
+    println!("plugin load+init: {:.1} ms ({})", start.elapsed().as_secs_f64() * 1e3, choice.path.display());
+    let create = time(reps, || Client::new(&plugin, ClientOptions::new().cpu_device_count(devices)).unwrap());
     println!("client create ({devices} devices): {:.1} ms", create * 1e3);
     let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(devices))?;
-    println!(
-        "platform {} {}",
-        client.platform_name(),
-        client.platform_version()
-    );
+    println!("platform {} {}", client.platform_name(), client.platform_version());
 
     // Dispatch latency: a 4-element add, upload excluded.
     let add = "func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
   %y = stablehlo.add %x, %x : tensor<4xf32>
   return %y : tensor<4xf32>
 }";
-    let compile_small = time(reps, || {
-        client.compile(add, &CompileOptions::default()).unwrap()
-    });
+    let compile_small = time(reps, || client.compile(add, &CompileOptions::default()).unwrap());
     println!("compile 4-element add: {:.1} ms", compile_small * 1e3);
     let executable = client.compile(add, &CompileOptions::default())?;
     let x = client.upload(&HostArray::from_slice(&[4], &[1f32, 2.0, 3.0, 4.0])?, 0)?;
     let dispatch = time(reps * 50, || executable.execute(&[vec![&x]]).unwrap());
-    println!(
-        "execute 4-element add (dispatch + wait): {:.1} us",
-        dispatch * 1e6
-    );
+    println!("execute 4-element add (dispatch + wait): {:.1} us", dispatch * 1e6);
 
     // Transfers: 64 MiB of f32.
     let n = 16 << 20;
@@ -80,18 +65,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let host = HostArray::from_slice(&[n / 1024, 1024], &values)?;
     let mib = (n * 4) as f64 / (1 << 20) as f64;
     let up = time(reps, || client.upload(&host, 0).unwrap());
-    println!(
-        "upload 64 MiB to one device: {:.1} ms ({:.0} MiB/s)",
-        up * 1e3,
-        mib / up
-    );
+    println!("upload 64 MiB to one device: {:.1} ms ({:.0} MiB/s)", up * 1e3, mib / up);
     let buffer = client.upload(&host, 0)?;
     let down = time(reps, || buffer.to_host().unwrap());
-    println!(
-        "download 64 MiB from one device: {:.1} ms ({:.0} MiB/s)",
-        down * 1e3,
-        mib / down
-    );
+    println!("download 64 MiB from one device: {:.1} ms ({:.0} MiB/s)", down * 1e3, mib / down);
     let mesh = Mesh::new(&[("data", devices)], (0..devices).collect())?;
     let spec = PartitionSpec::new(&[&["data"], &[]]);
     let up_sharded = time(reps, || client.upload_sharded(&host, &spec, &mesh).unwrap());
@@ -118,17 +95,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let start = Instant::now();
     let executable = client.compile(&matmul, &CompileOptions::default())?;
-    println!(
-        "compile {size}^3 matmul: {:.1} ms",
-        start.elapsed().as_secs_f64() * 1e3
-    );
+    println!("compile {size}^3 matmul: {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
     let square = HostArray::from_slice(&[size, size], &values[..size * size])?;
     let a = client.upload(&square, 0)?;
     let seconds = time(reps, || executable.execute(&[vec![&a, &a]]).unwrap());
     let gflops = 2.0 * (size as f64).powi(3) / seconds / 1e9;
-    println!(
-        "execute {size}^3 f32 matmul: {:.1} ms ({gflops:.0} GFLOP/s)",
-        seconds * 1e3
-    );
+    println!("execute {size}^3 f32 matmul: {:.1} ms ({gflops:.0} GFLOP/s)", seconds * 1e3);
     Ok(())
 }

@@ -137,11 +137,7 @@ pub struct HostArray {
 
 impl HostArray {
     /// An array from raw little-endian bytes; checks the length against the shape.
-    pub fn from_bytes(
-        element_type: ElementType,
-        shape: &[usize],
-        bytes: Vec<u8>,
-    ) -> Result<HostArray> {
+    pub fn from_bytes(element_type: ElementType, shape: &[usize], bytes: Vec<u8>) -> Result<HostArray> {
         let expected = shape.iter().product::<usize>() * element_type.size_in_bytes();
         if bytes.len() != expected {
             return Err(Error::InvalidArgument(format!(
@@ -149,11 +145,7 @@ impl HostArray {
                 bytes.len()
             )));
         }
-        Ok(HostArray {
-            element_type,
-            shape: shape.to_vec(),
-            bytes,
-        })
+        Ok(HostArray { element_type, shape: shape.to_vec(), bytes })
     }
 
     /// An array of `T` values; checks the count against the shape.
@@ -164,11 +156,7 @@ impl HostArray {
     /// A scalar-free array of zeros.
     pub fn zeros(element_type: ElementType, shape: &[usize]) -> HostArray {
         let len = shape.iter().product::<usize>() * element_type.size_in_bytes();
-        HostArray {
-            element_type,
-            shape: shape.to_vec(),
-            bytes: vec![0; len],
-        }
+        HostArray { element_type, shape: shape.to_vec(), bytes: vec![0; len] }
     }
 
     /// The element type.
@@ -204,11 +192,7 @@ impl HostArray {
     /// The values as `T`, which must be the array's element type.
     pub fn to_vec<T: NativeType>(&self) -> Result<Vec<T>> {
         if T::TYPE != self.element_type {
-            return Err(Error::InvalidArgument(format!(
-                "array holds {}, not {}",
-                self.element_type,
-                T::TYPE
-            )));
+            return Err(Error::InvalidArgument(format!("array holds {}, not {}", self.element_type, T::TYPE)));
         }
         // Copy element by element: `bytes` has no alignment guarantee for `T`.
         let mut values = vec![T::zeroed(); self.len()];
@@ -221,38 +205,18 @@ impl HostArray {
         let b = &self.bytes;
         let chunks = |n: usize| b.chunks_exact(n);
         match self.element_type {
-            ElementType::F32 => chunks(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-            ElementType::F64 => chunks(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect(),
-            ElementType::BF16 => chunks(2)
-                .map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
-                .collect(),
-            ElementType::F16 => chunks(2)
-                .map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f32())
-                .collect(),
+            ElementType::F32 => chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+            ElementType::F64 => chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            ElementType::BF16 => chunks(2).map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+            ElementType::F16 => chunks(2).map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
             ElementType::Pred | ElementType::U8 => b.iter().map(|&v| v as f32).collect(),
             ElementType::S8 => b.iter().map(|&v| v as i8 as f32).collect(),
-            ElementType::S16 => chunks(2)
-                .map(|c| i16::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect(),
-            ElementType::U16 => chunks(2)
-                .map(|c| u16::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect(),
-            ElementType::S32 => chunks(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect(),
-            ElementType::U32 => chunks(4)
-                .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect(),
-            ElementType::S64 => chunks(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect(),
-            ElementType::U64 => chunks(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect(),
+            ElementType::S16 => chunks(2).map(|c| i16::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            ElementType::U16 => chunks(2).map(|c| u16::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            ElementType::S32 => chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            ElementType::U32 => chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            ElementType::S64 => chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            ElementType::U64 => chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
         }
     }
 }
@@ -305,12 +269,7 @@ impl Client {
         bytes: &[u8],
         device_id: usize,
     ) -> Result<Buffer> {
-        let mut buffers = self.upload_many(&[Upload {
-            element_type,
-            shape,
-            bytes,
-            device_id,
-        }])?;
+        let mut buffers = self.upload_many(&[Upload { element_type, shape, bytes, device_id }])?;
         Ok(buffers.remove(0))
     }
 
@@ -319,8 +278,7 @@ impl Client {
     pub fn upload_many(&self, uploads: &[Upload<'_>]) -> Result<Vec<Buffer>> {
         // Validate everything before the first transfer starts.
         for upload in uploads {
-            let expected =
-                upload.shape.iter().product::<usize>() * upload.element_type.size_in_bytes();
+            let expected = upload.shape.iter().product::<usize>() * upload.element_type.size_in_bytes();
             if upload.bytes.len() != expected {
                 return Err(Error::InvalidArgument(format!(
                     "{} bytes do not hold a {}{:?} array ({expected} bytes)",
@@ -349,11 +307,7 @@ impl Client {
         // Every started transfer is awaited, even after an error: the host bytes are borrowed
         // only until this function returns.
         for done in pending {
-            if let Err(err) = self
-                .inner
-                .plugin
-                .await_event(done, "PJRT_Client_BufferFromHostBuffer")
-            {
+            if let Err(err) = self.inner.plugin.await_event(done, "PJRT_Client_BufferFromHostBuffer") {
                 first_error.get_or_insert(err);
             }
         }
@@ -372,11 +326,7 @@ impl Client {
         args.client = inner.raw;
         // A zero-length array still needs a valid pointer.
         static EMPTY: [u8; 8] = [0; 8];
-        let data = if upload.bytes.is_empty() {
-            EMPTY.as_ptr()
-        } else {
-            upload.bytes.as_ptr()
-        };
+        let data = if upload.bytes.is_empty() { EMPTY.as_ptr() } else { upload.bytes.as_ptr() };
         args.data = data as *const c_void;
         args.type_ = upload.element_type.to_raw();
         args.dims = dims.as_ptr();
@@ -385,27 +335,12 @@ impl Client {
         args.device = device.raw;
         // SAFETY: `dims` outlives the call; `bytes` stays borrowed until the caller has waited
         // on `done_with_host_buffer` (see `upload_many`).
-        unsafe {
-            inner
-                .plugin
-                .call(slot::Client_BufferFromHostBuffer, &mut args)
-        }?;
+        unsafe { inner.plugin.call(slot::Client_BufferFromHostBuffer, &mut args) }?;
         if args.buffer.is_null() {
-            inner.plugin.await_event(
-                args.done_with_host_buffer,
-                "PJRT_Client_BufferFromHostBuffer",
-            )?;
-            return Err(Error::Unexpected(
-                "BufferFromHostBuffer returned no buffer".into(),
-            ));
+            inner.plugin.await_event(args.done_with_host_buffer, "PJRT_Client_BufferFromHostBuffer")?;
+            return Err(Error::Unexpected("BufferFromHostBuffer returned no buffer".into()));
         }
-        Ok((
-            Buffer {
-                client: inner.clone(),
-                raw: args.buffer,
-            },
-            args.done_with_host_buffer,
-        ))
+        Ok((Buffer { client: inner.clone(), raw: args.buffer }, args.done_with_host_buffer))
     }
 }
 
@@ -434,12 +369,7 @@ pub fn download_many(buffers: &[&Buffer]) -> Result<Vec<HostArray>> {
     let mut first_error = None;
     for buffer in buffers {
         match buffer.start_to_host() {
-            Ok((element_type, dims, bytes, event)) => pending.push(Pending {
-                element_type,
-                dims,
-                bytes,
-                event,
-            }),
+            Ok((element_type, dims, bytes, event)) => pending.push(Pending { element_type, dims, bytes, event }),
             Err(err) => {
                 first_error = Some(err);
                 break;
@@ -449,16 +379,8 @@ pub fn download_many(buffers: &[&Buffer]) -> Result<Vec<HostArray>> {
     // Await every started copy before the destination vectors can be dropped.
     let mut arrays = Vec::with_capacity(pending.len());
     for (item, buffer) in pending.into_iter().zip(buffers) {
-        match buffer
-            .client
-            .plugin
-            .await_event(item.event, "PJRT_Buffer_ToHostBuffer")
-        {
-            Ok(()) => arrays.push(HostArray {
-                element_type: item.element_type,
-                shape: item.dims,
-                bytes: item.bytes,
-            }),
+        match buffer.client.plugin.await_event(item.event, "PJRT_Buffer_ToHostBuffer") {
+            Ok(()) => arrays.push(HostArray { element_type: item.element_type, shape: item.dims, bytes: item.bytes }),
             Err(err) => {
                 first_error.get_or_insert(err);
             }
@@ -477,9 +399,8 @@ impl Buffer {
         args.buffer = self.raw;
         // SAFETY: the buffer is live.
         unsafe { self.client.plugin.call(slot::Buffer_ElementType, &mut args) }?;
-        ElementType::from_raw(args.type_).ok_or_else(|| {
-            Error::Unexpected(format!("unsupported PJRT element type {}", args.type_))
-        })
+        ElementType::from_raw(args.type_)
+            .ok_or_else(|| Error::Unexpected(format!("unsupported PJRT element type {}", args.type_)))
     }
 
     /// The dimensions.
@@ -517,11 +438,7 @@ impl Buffer {
         let mut args: ffi::PJRT_Buffer_OnDeviceSizeInBytes_Args = ffi::zeroed();
         args.buffer = self.raw;
         // SAFETY: the buffer is live.
-        unsafe {
-            self.client
-                .plugin
-                .call(slot::Buffer_OnDeviceSizeInBytes, &mut args)
-        }?;
+        unsafe { self.client.plugin.call(slot::Buffer_OnDeviceSizeInBytes, &mut args) }?;
         Ok(args.on_device_size_in_bytes)
     }
 
@@ -531,9 +448,7 @@ impl Buffer {
         args.buffer = self.raw;
         // SAFETY: the buffer is live.
         unsafe { self.client.plugin.call(slot::Buffer_ReadyEvent, &mut args) }?;
-        self.client
-            .plugin
-            .await_event(args.event, "PJRT_Buffer_ReadyEvent")
+        self.client.plugin.await_event(args.event, "PJRT_Buffer_ReadyEvent")
     }
 
     /// Copies the buffer to host memory (dense, row-major).
@@ -559,8 +474,7 @@ impl Buffer {
         layout.struct_size = std::mem::size_of::<ffi::PJRT_Buffer_MemoryLayout>();
         layout.type_ = ffi::MEMORY_LAYOUT_TILED;
         // Writing a field of the zeroed union selects its `tiled` member.
-        layout.layout.tiled.struct_size =
-            std::mem::size_of::<ffi::PJRT_Buffer_MemoryLayout_Tiled>();
+        layout.layout.tiled.struct_size = std::mem::size_of::<ffi::PJRT_Buffer_MemoryLayout_Tiled>();
         layout.layout.tiled.minor_to_major = minor_to_major.as_ptr();
         layout.layout.tiled.minor_to_major_size = minor_to_major.len();
         let mut args: ffi::PJRT_Buffer_ToHostBuffer_Args = ffi::zeroed();

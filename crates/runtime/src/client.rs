@@ -143,10 +143,7 @@ impl ClientInner {
         self.devices
             .iter()
             .find(|device| device.info.id == id)
-            .ok_or_else(|| Error::BadDevice {
-                id,
-                reason: "no such device".into(),
-            })
+            .ok_or_else(|| Error::BadDevice { id, reason: "no such device".into() })
     }
 
     pub(crate) fn addressable_device(&self, id: usize) -> Result<&DeviceEntry> {
@@ -164,10 +161,7 @@ impl ClientInner {
     }
 
     pub(crate) fn device_id_of(&self, raw: *mut ffi::PJRT_Device) -> Option<usize> {
-        self.devices
-            .iter()
-            .find(|device| device.raw == raw)
-            .map(|device| device.info.id)
+        self.devices.iter().find(|device| device.raw == raw).map(|device| device.info.id)
     }
 }
 
@@ -195,16 +189,10 @@ impl Client {
         let mut seen = HashSet::new();
         for (name, value) in &options.options {
             if name.is_empty() {
-                return Err(Error::InvalidOption {
-                    name: name.clone(),
-                    reason: "empty name".into(),
-                });
+                return Err(Error::InvalidOption { name: name.clone(), reason: "empty name".into() });
             }
             if !seen.insert(name.as_str()) {
-                return Err(Error::InvalidOption {
-                    name: name.clone(),
-                    reason: "set twice".into(),
-                });
+                return Err(Error::InvalidOption { name: name.clone(), reason: "set twice".into() });
             }
             if let OptionValue::Int64(count) = value
                 && name == "cpu_device_count"
@@ -273,9 +261,7 @@ impl Client {
         // SAFETY: the options and strings outlive the call; the store outlives the client.
         unsafe { plugin.call(slot::Client_Create, &mut args) }.map_err(|err| plugin.start_error(err))?;
         if args.client.is_null() {
-            return Err(Error::Unexpected(
-                "PJRT_Client_Create returned no client".into(),
-            ));
+            return Err(Error::Unexpected("PJRT_Client_Create returned no client".into()));
         }
         let mut inner = ClientInner {
             plugin: plugin.clone(),
@@ -301,9 +287,7 @@ impl Client {
             inner.platform_version,
             inner.devices.len()
         );
-        Ok(Client {
-            inner: Arc::new(inner),
-        })
+        Ok(Client { inner: Arc::new(inner) })
     }
 
     /// The plugin this client runs on.
@@ -328,21 +312,12 @@ impl Client {
 
     /// All devices, addressable or not, in PJRT's order.
     pub fn devices(&self) -> Vec<DeviceInfo> {
-        self.inner
-            .devices
-            .iter()
-            .map(|device| device.info.clone())
-            .collect()
+        self.inner.devices.iter().map(|device| device.info.clone()).collect()
     }
 
     /// The ids of the devices this process can use, in PJRT's order.
     pub fn addressable_device_ids(&self) -> Vec<usize> {
-        self.inner
-            .devices
-            .iter()
-            .filter(|device| device.info.addressable)
-            .map(|device| device.info.id)
-            .collect()
+        self.inner.devices.iter().filter(|device| device.info.addressable).map(|device| device.info.id).collect()
     }
 
     /// The device with `id`.
@@ -403,16 +378,12 @@ fn list_devices(inner: &ClientInner) -> Result<Vec<DeviceEntry>> {
         hardware.device = raw;
         hardware.local_hardware_id = -1;
         // SAFETY: as above. Optional in older plugins: -1 ("undefined") when absent.
-        let local_hardware_id =
-            match unsafe { plugin.call(slot::Device_LocalHardwareId, &mut hardware) } {
-                Ok(()) => hardware.local_hardware_id,
-                Err(_) => -1,
-            };
+        let local_hardware_id = match unsafe { plugin.call(slot::Device_LocalHardwareId, &mut hardware) } {
+            Ok(()) => hardware.local_hardware_id,
+            Err(_) => -1,
+        };
         if id.value < 0 {
-            return Err(Error::Unexpected(format!(
-                "device with negative id {}",
-                id.value
-            )));
+            return Err(Error::Unexpected(format!("device with negative id {}", id.value)));
         }
         devices.push(DeviceEntry {
             info: DeviceInfo {
@@ -469,12 +440,7 @@ unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_Args) -> *m
     // SAFETY: the plugin passes a valid args struct for the duration of the call.
     let args = unsafe { &mut *args };
     // SAFETY: key/size come from the plugin; `user_arg` is ours.
-    let (key, store) = unsafe {
-        (
-            string_from(args.key, args.key_size),
-            store_from(args.user_arg),
-        )
-    };
+    let (key, store) = unsafe { (string_from(args.key, args.key_size), store_from(args.user_arg)) };
     let timeout = Duration::from_millis(args.timeout_in_ms.max(0) as u64);
     let (code, message) = match guarded(|| store.get(&key, timeout)) {
         Ok(Some(value)) => {
@@ -484,36 +450,20 @@ unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_Args) -> *m
             if !args.value.is_null() {
                 return std::ptr::null_mut();
             }
-            (
-                ErrorCode::ResourceExhausted,
-                format!("out of memory copying value of {key}"),
-            )
+            (ErrorCode::ResourceExhausted, format!("out of memory copying value of {key}"))
         }
-        Ok(None) => (
-            ErrorCode::DeadlineExceeded,
-            format!("key {key} not set within {timeout:?}"),
-        ),
-        Err(err) => (
-            ErrorCode::Unavailable,
-            format!("key-value get {key}: {err}"),
-        ),
+        Ok(None) => (ErrorCode::DeadlineExceeded, format!("key {key} not set within {timeout:?}")),
+        Err(err) => (ErrorCode::Unavailable, format!("key-value get {key}: {err}")),
     };
     // SAFETY: `callback_error` is the plugin's.
     unsafe { Plugin::callback_error(args.callback_error, code, &message) }
 }
 
-unsafe extern "C" fn kv_try_get(
-    args: *mut ffi::PJRT_KeyValueTryGetCallback_Args,
-) -> *mut ffi::PJRT_Error {
+unsafe extern "C" fn kv_try_get(args: *mut ffi::PJRT_KeyValueTryGetCallback_Args) -> *mut ffi::PJRT_Error {
     // SAFETY: the plugin passes a valid args struct for the duration of the call.
     let args = unsafe { &mut *args };
     // SAFETY: key/size come from the plugin; `user_arg` is ours.
-    let (key, store) = unsafe {
-        (
-            string_from(args.key, args.key_size),
-            store_from(args.user_arg),
-        )
-    };
+    let (key, store) = unsafe { (string_from(args.key, args.key_size), store_from(args.user_arg)) };
     let (code, message) = match guarded(|| store.try_get(&key)) {
         Ok(Some(value)) => {
             args.value = malloc_copy(&value);
@@ -522,16 +472,10 @@ unsafe extern "C" fn kv_try_get(
             if !args.value.is_null() {
                 return std::ptr::null_mut();
             }
-            (
-                ErrorCode::ResourceExhausted,
-                format!("out of memory copying value of {key}"),
-            )
+            (ErrorCode::ResourceExhausted, format!("out of memory copying value of {key}"))
         }
         Ok(None) => (ErrorCode::NotFound, format!("key {key} not found")),
-        Err(err) => (
-            ErrorCode::Unavailable,
-            format!("key-value try_get {key}: {err}"),
-        ),
+        Err(err) => (ErrorCode::Unavailable, format!("key-value try_get {key}: {err}")),
     };
     // SAFETY: `callback_error` is the plugin's.
     unsafe { Plugin::callback_error(args.callback_error, code, &message) }
@@ -547,21 +491,13 @@ unsafe extern "C" fn kv_put(args: *mut ffi::PJRT_KeyValuePutCallback_Args) -> *m
         } else {
             std::slice::from_raw_parts(args.value as *const u8, args.value_size)
         };
-        (
-            string_from(args.key, args.key_size),
-            value,
-            store_from(args.user_arg),
-        )
+        (string_from(args.key, args.key_size), value, store_from(args.user_arg))
     };
     match guarded(|| store.put(&key, value)) {
         Ok(()) => std::ptr::null_mut(),
         // SAFETY: `callback_error` is the plugin's.
         Err(err) => unsafe {
-            Plugin::callback_error(
-                args.callback_error,
-                ErrorCode::Unavailable,
-                &format!("key-value put {key}: {err}"),
-            )
+            Plugin::callback_error(args.callback_error, ErrorCode::Unavailable, &format!("key-value put {key}: {err}"))
         },
     }
 }
@@ -575,11 +511,7 @@ mod tests {
     /// Stands in for the plugin's `PJRT_CallbackError`: records what it was given and returns
     /// a marker pointer (never dereferenced).
     static LAST_ERROR: Mutex<Option<(i32, String)>> = Mutex::new(None);
-    unsafe extern "C" fn record_error(
-        code: i32,
-        message: *const c_char,
-        size: usize,
-    ) -> *mut ffi::PJRT_Error {
+    unsafe extern "C" fn record_error(code: i32, message: *const c_char, size: usize) -> *mut ffi::PJRT_Error {
         // SAFETY: `message` points at `size` bytes for the duration of the call.
         let message = unsafe { string_from(message, size) };
         *LAST_ERROR.lock().unwrap() = Some((code, message));
@@ -611,8 +543,7 @@ mod tests {
     // the way the plugin calls them, since the CPU plugin never does.
     #[test]
     fn key_value_callbacks_put_get_and_report_errors() {
-        let store: Box<Arc<dyn KeyValueStore>> =
-            Box::new(Arc::new(Store(Mutex::new(HashMap::new()))));
+        let store: Box<Arc<dyn KeyValueStore>> = Box::new(Arc::new(Store(Mutex::new(HashMap::new()))));
         let user_arg = &*store as *const Arc<dyn KeyValueStore> as *mut c_void;
         let (key, value) = ("topology/0", b"\x00\x01payload");
 
@@ -635,8 +566,7 @@ mod tests {
         // SAFETY: as above.
         assert!(unsafe { kv_get(&mut get) }.is_null());
         // SAFETY: the callback returned `value_size` bytes at `value`.
-        let got =
-            unsafe { std::slice::from_raw_parts(get.value as *const u8, get.value_size) }.to_vec();
+        let got = unsafe { std::slice::from_raw_parts(get.value as *const u8, get.value_size) }.to_vec();
         assert_eq!(got, value);
         // SAFETY: the plugin frees the value with the deleter we set.
         unsafe { (get.value_deleter_callback.unwrap())(get.value) };
@@ -657,10 +587,7 @@ mod tests {
         get.key_size = missing.len();
         // SAFETY: as above.
         assert!(!unsafe { kv_get(&mut get) }.is_null());
-        assert_eq!(
-            LAST_ERROR.lock().unwrap().take().unwrap().0,
-            ErrorCode::DeadlineExceeded.to_raw()
-        );
+        assert_eq!(LAST_ERROR.lock().unwrap().take().unwrap().0, ErrorCode::DeadlineExceeded.to_raw());
 
         // A panicking store is an error for the plugin, not an unwind into C.
         let boom = "boom";
@@ -668,27 +595,11 @@ mod tests {
         get.key_size = boom.len();
         // SAFETY: as above.
         assert!(!unsafe { kv_get(&mut get) }.is_null());
-        assert!(
-            LAST_ERROR
-                .lock()
-                .unwrap()
-                .take()
-                .unwrap()
-                .1
-                .contains("panicked")
-        );
+        assert!(LAST_ERROR.lock().unwrap().take().unwrap().1.contains("panicked"));
 
         put.key_size = 0;
         // SAFETY: as above.
         assert!(!unsafe { kv_put(&mut put) }.is_null());
-        assert!(
-            LAST_ERROR
-                .lock()
-                .unwrap()
-                .take()
-                .unwrap()
-                .1
-                .contains("empty key")
-        );
+        assert!(LAST_ERROR.lock().unwrap().take().unwrap().1.contains("empty key"));
     }
 }

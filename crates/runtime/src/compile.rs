@@ -99,17 +99,10 @@ impl CompileOptions {
                         addressable.len()
                     ));
                 }
-                addressable[..total]
-                    .chunks(self.num_partitions)
-                    .map(|c| c.to_vec())
-                    .collect()
+                addressable[..total].chunks(self.num_partitions).map(|c| c.to_vec()).collect()
             }
         };
-        if assignment.len() != self.num_replicas
-            || assignment
-                .iter()
-                .any(|row| row.len() != self.num_partitions)
-        {
+        if assignment.len() != self.num_replicas || assignment.iter().any(|row| row.len() != self.num_partitions) {
             let rows: Vec<usize> = assignment.iter().map(Vec::len).collect();
             return invalid(format!(
                 "device assignment has rows of lengths {rows:?}; expected {} rows of {} devices",
@@ -187,11 +180,7 @@ impl Drop for Executable {
         let mut args: ffi::PJRT_Executable_Destroy_Args = ffi::zeroed();
         args.executable = self.raw as *mut _;
         // SAFETY: the executable is live and destroyed once.
-        if let Err(err) = unsafe {
-            self.client
-                .plugin
-                .call(slot::LoadedExecutable_Destroy, &mut args)
-        } {
+        if let Err(err) = unsafe { self.client.plugin.call(slot::LoadedExecutable_Destroy, &mut args) } {
             tracing::warn!("failed to destroy PJRT executable: {err}");
         }
     }
@@ -236,9 +225,7 @@ impl Client {
     pub fn compile_bytes(&self, program: &[u8], options: &CompileOptions) -> Result<Executable> {
         let inner = &self.inner;
         if program.iter().all(|b| b.is_ascii_whitespace()) {
-            return Err(Error::InvalidArgument(
-                "the StableHLO program is empty".into(),
-            ));
+            return Err(Error::InvalidArgument("the StableHLO program is empty".into()));
         }
         let assignment = options.resolve(inner)?;
         let encoded = proto::compile_options(options, &assignment);
@@ -259,9 +246,7 @@ impl Client {
         // that XLA's CHECKs on replica/partition counts hold.
         unsafe { inner.plugin.call(slot::Client_Compile, &mut args) }?;
         if args.executable.is_null() {
-            return Err(Error::Unexpected(
-                "PJRT_Client_Compile returned no executable".into(),
-            ));
+            return Err(Error::Unexpected("PJRT_Client_Compile returned no executable".into()));
         }
         let mut executable = Executable {
             client: inner.clone(),
@@ -277,28 +262,20 @@ impl Client {
         let mut devices: ffi::PJRT_LoadedExecutable_AddressableDevices_Args = ffi::zeroed();
         devices.executable = executable.raw;
         // SAFETY: the executable is live.
-        unsafe {
-            inner
-                .plugin
-                .call(slot::LoadedExecutable_AddressableDevices, &mut devices)
-        }?;
+        unsafe { inner.plugin.call(slot::LoadedExecutable_AddressableDevices, &mut devices) }?;
         if !devices.addressable_devices.is_null() {
             // SAFETY: the executable owns `num_addressable_devices` device pointers.
-            executable.device_raws = unsafe {
-                std::slice::from_raw_parts(
-                    devices.addressable_devices,
-                    devices.num_addressable_devices,
-                )
-            }
-            .to_vec();
+            executable.device_raws =
+                unsafe { std::slice::from_raw_parts(devices.addressable_devices, devices.num_addressable_devices) }
+                    .to_vec();
         }
         executable.device_ids = executable
             .device_raws
             .iter()
             .map(|&raw| {
-                inner.device_id_of(raw).ok_or_else(|| {
-                    Error::Unexpected("executable runs on a device the client does not list".into())
-                })
+                inner
+                    .device_id_of(raw)
+                    .ok_or_else(|| Error::Unexpected("executable runs on a device the client does not list".into()))
             })
             .collect::<Result<_>>()?;
         Ok(executable)
@@ -310,18 +287,11 @@ impl Executable {
         let mut args: ffi::PJRT_LoadedExecutable_GetExecutable_Args = ffi::zeroed();
         args.loaded_executable = self.raw;
         // SAFETY: the executable is live.
-        unsafe {
-            self.client
-                .plugin
-                .call(slot::LoadedExecutable_GetExecutable, &mut args)
-        }?;
+        unsafe { self.client.plugin.call(slot::LoadedExecutable_GetExecutable, &mut args) }?;
         if args.executable.is_null() {
             return Err(Error::Unexpected("GetExecutable returned null".into()));
         }
-        Ok(UnloadedView {
-            client: &self.client,
-            raw: args.executable,
-        })
+        Ok(UnloadedView { client: &self.client, raw: args.executable })
     }
 
     fn count(&self, slot: ffi::Slot) -> Result<usize> {
@@ -376,10 +346,7 @@ impl Executable {
         }
         // SAFETY: both lists have `count` entries and live as long as the view.
         let (raw_types, ranks) = unsafe {
-            (
-                std::slice::from_raw_parts(types.output_types, count),
-                std::slice::from_raw_parts(dims.dim_sizes, count),
-            )
+            (std::slice::from_raw_parts(types.output_types, count), std::slice::from_raw_parts(dims.dim_sizes, count))
         };
         let total: usize = ranks.iter().sum();
         let all_dims: &[i64] = if total == 0 || dims.dims.is_null() {
@@ -396,10 +363,7 @@ impl Executable {
             let shape = all_dims
                 .get(offset..offset + rank)
                 .ok_or_else(|| Error::Unexpected("output dimensions list too short".into()))?;
-            outputs.push((
-                element_type,
-                shape.iter().map(|&d| d.max(0) as usize).collect(),
-            ));
+            outputs.push((element_type, shape.iter().map(|&d| d.max(0) as usize).collect()));
             offset += rank;
         }
         Ok(outputs)
@@ -411,11 +375,7 @@ impl Executable {
         let mut args: ffi::PJRT_Executable_GetCompiledMemoryStats_Args = ffi::zeroed();
         args.executable = view.raw;
         // SAFETY: the view is live.
-        unsafe {
-            self.client
-                .plugin
-                .call(slot::Executable_GetCompiledMemoryStats, &mut args)
-        }?;
+        unsafe { self.client.plugin.call(slot::Executable_GetCompiledMemoryStats, &mut args) }?;
         Ok(CompiledMemoryStats {
             generated_code_size_in_bytes: args.generated_code_size_in_bytes,
             argument_size_in_bytes: args.argument_size_in_bytes,
@@ -481,19 +441,14 @@ impl Executable {
                 }
             }
         }
-        let argument_raws: Vec<Vec<*mut ffi::PJRT_Buffer>> = arguments
-            .iter()
-            .map(|list| list.iter().map(|b| b.raw).collect())
-            .collect();
+        let argument_raws: Vec<Vec<*mut ffi::PJRT_Buffer>> =
+            arguments.iter().map(|list| list.iter().map(|b| b.raw).collect()).collect();
         let argument_pointers: Vec<*const *mut ffi::PJRT_Buffer> =
             argument_raws.iter().map(|list| list.as_ptr()).collect();
-        let mut output_raws: Vec<Vec<*mut ffi::PJRT_Buffer>> = (0..num_devices)
-            .map(|_| vec![std::ptr::null_mut(); self.num_outputs])
-            .collect();
-        let output_pointers: Vec<*mut *mut ffi::PJRT_Buffer> = output_raws
-            .iter_mut()
-            .map(|list| list.as_mut_ptr())
-            .collect();
+        let mut output_raws: Vec<Vec<*mut ffi::PJRT_Buffer>> =
+            (0..num_devices).map(|_| vec![std::ptr::null_mut(); self.num_outputs]).collect();
+        let output_pointers: Vec<*mut *mut ffi::PJRT_Buffer> =
+            output_raws.iter_mut().map(|list| list.as_mut_ptr()).collect();
         let mut events: Vec<*mut ffi::PJRT_Event> = vec![std::ptr::null_mut(); num_devices];
 
         let mut options: ffi::PJRT_ExecuteOptions = ffi::zeroed_plain();
@@ -508,31 +463,20 @@ impl Executable {
         args.device_complete_events = events.as_mut_ptr();
         // SAFETY: argument and output lists are [num_devices][..] arrays that outlive the
         // call; every argument buffer is live, on the right device, and of this client.
-        unsafe {
-            self.client
-                .plugin
-                .call(slot::LoadedExecutable_Execute, &mut args)
-        }?;
+        unsafe { self.client.plugin.call(slot::LoadedExecutable_Execute, &mut args) }?;
         // Take ownership of every output first so they are freed whatever happens next.
         let outputs: Vec<Vec<Buffer>> = output_raws
             .into_iter()
             .map(|list| {
                 list.into_iter()
                     .filter(|raw| !raw.is_null())
-                    .map(|raw| Buffer {
-                        client: self.client.clone(),
-                        raw,
-                    })
+                    .map(|raw| Buffer { client: self.client.clone(), raw })
                     .collect()
             })
             .collect();
         let mut first_error = None;
         for event in events {
-            if let Err(err) = self
-                .client
-                .plugin
-                .await_event(event, "PJRT_LoadedExecutable_Execute")
-            {
+            if let Err(err) = self.client.plugin.await_event(event, "PJRT_LoadedExecutable_Execute") {
                 first_error.get_or_insert(err);
             }
         }
@@ -540,9 +484,7 @@ impl Executable {
             return Err(err);
         }
         if outputs.iter().any(|list| list.len() != self.num_outputs) {
-            return Err(Error::Unexpected(
-                "execution returned fewer outputs than declared".into(),
-            ));
+            return Err(Error::Unexpected("execution returned fewer outputs than declared".into()));
         }
         Ok(outputs)
     }

@@ -85,9 +85,8 @@ impl Machine {
     /// The device files under `dev` (a directory laid out like `/dev`); no library check.
     pub fn probe_dev(dev: &Path) -> Machine {
         let names = |dir: &Path| -> Vec<PathBuf> {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-                .map(|entries| entries.flatten().map(|e| e.path()).collect())
-                .unwrap_or_default();
+            let mut found: Vec<PathBuf> =
+                std::fs::read_dir(dir).map(|entries| entries.flatten().map(|e| e.path()).collect()).unwrap_or_default();
             found.sort();
             found
         };
@@ -140,7 +139,9 @@ pub fn likely_cause(kind: PluginKind, machine: &Machine) -> Option<String> {
                 );
             }
             if machine.nvidia_devices.is_empty() {
-                return Some("no /dev/nvidia<n> device is visible: is this process allowed to see the GPUs?".to_string());
+                return Some(
+                    "no /dev/nvidia<n> device is visible: is this process allowed to see the GPUs?".to_string(),
+                );
             }
             None
         }
@@ -219,7 +220,9 @@ mod tests {
             std::fs::write(dev.path().join("vfio").join(name), b"").unwrap();
         }
         let machine = Machine::probe_dev(dev.path());
-        let names = |paths: &[PathBuf]| paths.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect::<Vec<_>>();
+        let names = |paths: &[PathBuf]| {
+            paths.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect::<Vec<_>>()
+        };
         assert_eq!(names(&machine.tpu_devices), ["accel0", "accel1", "3"]);
         assert_eq!(names(&machine.nvidia_devices), ["nvidia0"]);
         assert_eq!(Machine::probe_dev(&dev.path().join("missing")), Machine::default());

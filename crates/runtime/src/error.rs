@@ -128,7 +128,9 @@ pub enum Error {
     },
     /// A TPU or CUDA plugin refused before loading it, on a machine that has none of its
     /// devices (see [`crate::diagnose::preflight`]).
-    #[error("{kind} at {plugin} cannot start on this machine: {likely_cause} (to load it anyway, set SIPHON_SKIP_DEVICE_CHECK=1)")]
+    #[error(
+        "{kind} at {plugin} cannot start on this machine: {likely_cause} (to load it anyway, set SIPHON_SKIP_DEVICE_CHECK=1)"
+    )]
     DevicesMissing {
         /// The plugin path.
         plugin: PathBuf,
@@ -140,7 +142,10 @@ pub enum Error {
     /// The plugin loaded but could not start: `PJRT_Plugin_Initialize` or
     /// `PJRT_Client_Create` failed, typically on a machine without the plugin's devices or
     /// drivers (libtpu without a TPU, the CUDA plugin without a GPU).
-    #[error("{kind} at {plugin} could not start: {function} failed ({code:?}): {message}{}", cause_suffix(likely_cause))]
+    #[error(
+        "{kind} at {plugin} could not start: {function} failed ({code:?}): {message}{}",
+        cause_suffix(likely_cause)
+    )]
     PluginStart {
         /// The plugin path.
         plugin: PathBuf,
@@ -162,9 +167,7 @@ pub enum Error {
         path: PathBuf,
     },
     /// The plugin's API major version differs from the one siphon's structs follow.
-    #[error(
-        "PJRT plugin {path} has API version {major}.{minor}; siphon supports major version {supported_major}"
-    )]
+    #[error("PJRT plugin {path} has API version {major}.{minor}; siphon supports major version {supported_major}")]
     ApiVersion {
         /// The path.
         path: PathBuf,

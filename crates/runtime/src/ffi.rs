@@ -181,11 +181,8 @@ pub struct PJRT_Error_GetCode_Args {
 }
 
 /// `PJRT_CallbackError`: how a callback we hand to the plugin builds an error for it.
-pub type PJRT_CallbackError = unsafe extern "C" fn(
-    code: c_int,
-    message: *const c_char,
-    message_size: usize,
-) -> *mut PJRT_Error;
+pub type PJRT_CallbackError =
+    unsafe extern "C" fn(code: c_int, message: *const c_char, message_size: usize) -> *mut PJRT_Error;
 
 // ---------------------------------------------------------------- named values
 
@@ -291,12 +288,10 @@ pub struct PJRT_KeyValuePutCallback_Args {
     pub user_arg: *mut c_void,
 }
 
-pub type PJRT_KeyValueGetCallback =
-    unsafe extern "C" fn(args: *mut PJRT_KeyValueGetCallback_Args) -> *mut PJRT_Error;
+pub type PJRT_KeyValueGetCallback = unsafe extern "C" fn(args: *mut PJRT_KeyValueGetCallback_Args) -> *mut PJRT_Error;
 pub type PJRT_KeyValueTryGetCallback =
     unsafe extern "C" fn(args: *mut PJRT_KeyValueTryGetCallback_Args) -> *mut PJRT_Error;
-pub type PJRT_KeyValuePutCallback =
-    unsafe extern "C" fn(args: *mut PJRT_KeyValuePutCallback_Args) -> *mut PJRT_Error;
+pub type PJRT_KeyValuePutCallback = unsafe extern "C" fn(args: *mut PJRT_KeyValuePutCallback_Args) -> *mut PJRT_Error;
 
 // ---------------------------------------------------------------- client
 

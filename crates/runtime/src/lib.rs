@@ -84,8 +84,8 @@ pub use compile::{CompileOptions, CompiledMemoryStats, Executable};
 pub use diagnose::PluginKind;
 pub use error::{Error, ErrorCode, Result};
 pub use locate::{
-    CPU_PLUGIN_VERSION, LocatedPlugin, PLUGIN_ENV, PluginChoice, PluginLocator, PluginSource,
-    cpu_plugin_path_in, default_cpu_plugin_path, locate_plugin, siphon_cache_dir,
+    CPU_PLUGIN_VERSION, LocatedPlugin, PLUGIN_ENV, PluginChoice, PluginLocator, PluginSource, cpu_plugin_path_in,
+    default_cpu_plugin_path, locate_plugin, siphon_cache_dir,
 };
 pub use plugin::{AttributeValue, Plugin};
 pub use sharded::{HostShard, ShardedArray};

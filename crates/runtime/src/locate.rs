@@ -54,14 +54,8 @@ pub fn locate_plugin(explicit: Option<&Path>) -> Result<PluginChoice> {
 /// Plugins shipped inside Python packages: (package, path inside site-packages).
 const PYTHON_PLUGINS: &[(&str, &str)] = &[
     ("libtpu", "libtpu/libtpu.so"),
-    (
-        "jax-cuda12-pjrt",
-        "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
-    ),
-    (
-        "jax-cuda13-pjrt",
-        "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
-    ),
+    ("jax-cuda12-pjrt", "jax_plugins/xla_cuda12/xla_cuda_plugin.so"),
+    ("jax-cuda13-pjrt", "jax_plugins/xla_cuda13/xla_cuda_plugin.so"),
 ];
 
 /// Finds a PJRT plugin in siphon's discovery order. Each step's input can be overridden,
@@ -131,10 +125,7 @@ impl PluginLocator {
             let reason = format!("{PLUGIN_ENV}={}", path.display());
             return existing(&path, PluginSource::EnvVar, PLUGIN_ENV, reason);
         }
-        let mut tried = vec![
-            format!("--plugin (not given)"),
-            format!("{PLUGIN_ENV} (not set)"),
-        ];
+        let mut tried = vec![format!("--plugin (not given)"), format!("{PLUGIN_ENV} (not set)")];
         if let Some(cache) = &self.cache_dir {
             let path = cpu_plugin_path_in(cache);
             if path.is_file() {
@@ -158,53 +149,29 @@ impl PluginLocator {
                 let path = dir.join(relative);
                 if path.is_file() {
                     return Ok(PluginChoice {
-                        reason: format!(
-                            "found the {package} Python package's plugin in {}",
-                            dir.display()
-                        ),
+                        reason: format!("found the {package} Python package's plugin in {}", dir.display()),
                         path,
                         source: PluginSource::PythonPackage { package },
                     });
                 }
             }
-            tried.push(format!(
-                "{relative} in {} site-packages dirs",
-                site_dirs.len()
-            ));
+            tried.push(format!("{relative} in {} site-packages dirs", site_dirs.len()));
         }
-        Err(Error::NoPluginFound {
-            tried: tried.join("; "),
-        })
+        Err(Error::NoPluginFound { tried: tried.join("; ") })
     }
 }
 
-fn existing(
-    path: &Path,
-    source: PluginSource,
-    from: &'static str,
-    reason: String,
-) -> Result<PluginChoice> {
+fn existing(path: &Path, source: PluginSource, from: &'static str, reason: String) -> Result<PluginChoice> {
     if !path.exists() {
-        return Err(Error::ConfiguredPluginMissing {
-            path: path.to_path_buf(),
-            from,
-        });
+        return Err(Error::ConfiguredPluginMissing { path: path.to_path_buf(), from });
     }
-    Ok(PluginChoice {
-        path: path.to_path_buf(),
-        source,
-        reason,
-    })
+    Ok(PluginChoice { path: path.to_path_buf(), source, reason })
 }
 
 /// siphon's machine cache directory:
 /// `${SIPHON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/siphon}`.
 pub fn siphon_cache_dir() -> PathBuf {
-    let set = |name: &str| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
+    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
     if let Some(dir) = set("SIPHON_CACHE_DIR") {
         return dir;
     }
@@ -216,10 +183,7 @@ pub fn siphon_cache_dir() -> PathBuf {
 
 /// Where `scripts/install-plugin.sh` installs the pinned CPU plugin under `cache`.
 pub fn cpu_plugin_path_in(cache: &Path) -> PathBuf {
-    cache
-        .join("pjrt")
-        .join(format!("xla-cpu-{CPU_PLUGIN_VERSION}"))
-        .join("libpjrt_cpu.so")
+    cache.join("pjrt").join(format!("xla-cpu-{CPU_PLUGIN_VERSION}")).join("libpjrt_cpu.so")
 }
 
 /// The default path of the pinned CPU plugin.
@@ -255,10 +219,7 @@ fn python_site_dirs(python: Option<&std::ffi::OsStr>) -> Vec<PathBuf> {
         let mut found: Vec<PathBuf> = entries
             .flatten()
             .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("python3"))
-            })
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3")))
             .flat_map(|p| [p.join("site-packages"), p.join("dist-packages")])
             .filter(|p| p.is_dir())
             .collect();

@@ -80,15 +80,11 @@ impl Plugin {
     /// failure names the path.
     pub fn load(path: impl AsRef<Path>) -> Result<Arc<Plugin>> {
         let path = path.as_ref();
-        let canonical = std::fs::canonicalize(path).map_err(|_| Error::PluginNotFound {
-            path: path.to_path_buf(),
-        })?;
+        let canonical = std::fs::canonicalize(path).map_err(|_| Error::PluginNotFound { path: path.to_path_buf() })?;
         let registry = LOADED.get_or_init(|| Mutex::new(HashMap::new()));
         // Holding the lock across the load serializes plugin initialization, which PJRT
         // requires to happen once.
-        let mut registry = registry
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut registry = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(plugin) = registry.get(&canonical) {
             return Ok(plugin.clone());
         }
@@ -106,21 +102,18 @@ impl Plugin {
         check_elf(path)?;
         // SAFETY: loading a library runs its initializers. We only load files the user or
         // discovery pointed at as PJRT plugins, and checked they are ELF shared objects.
-        let library =
-            unsafe { libloading::Library::new(path) }.map_err(|err| {
-                let reason = err.to_string();
-                Error::LoadFailed {
-                    path: path.to_path_buf(),
-                    likely_cause: crate::diagnose::load_failure_hint(path, &reason),
-                    reason,
-                }
-            })?;
+        let library = unsafe { libloading::Library::new(path) }.map_err(|err| {
+            let reason = err.to_string();
+            Error::LoadFailed {
+                path: path.to_path_buf(),
+                likely_cause: crate::diagnose::load_failure_hint(path, &reason),
+                reason,
+            }
+        })?;
         // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin (`const PJRT_Api*
         // GetPjrtApi()`); a library without the symbol is reported, not called.
         let get_api: libloading::Symbol<'_, unsafe extern "C" fn() -> *const c_void> =
-            unsafe { library.get(b"GetPjrtApi\0") }.map_err(|_| Error::NotPjrtPlugin {
-                path: path.to_path_buf(),
-            })?;
+            unsafe { library.get(b"GetPjrtApi\0") }.map_err(|_| Error::NotPjrtPlugin { path: path.to_path_buf() })?;
         // SAFETY: see above; the function takes no arguments and returns a static table.
         let api = unsafe { get_api() };
         if api.is_null() {
@@ -132,10 +125,7 @@ impl Plugin {
         }
         // SAFETY: `api` points at a `PJRT_Api`, which starts with `PJRT_Api_Head`.
         let head = unsafe { std::ptr::read(api as *const ffi::PJRT_Api_Head) };
-        let version = (
-            head.pjrt_api_version.major_version,
-            head.pjrt_api_version.minor_version,
-        );
+        let version = (head.pjrt_api_version.major_version, head.pjrt_api_version.minor_version);
         if version.0 != ffi::PJRT_API_MAJOR {
             return Err(Error::ApiVersion {
                 path: path.to_path_buf(),
@@ -159,12 +149,7 @@ impl Plugin {
                 ffi::PJRT_API_MINOR
             );
         }
-        tracing::debug!(
-            "loaded PJRT plugin {} (API {}.{})",
-            path.display(),
-            version.0,
-            version.1
-        );
+        tracing::debug!("loaded PJRT plugin {} (API {}.{})", path.display(), version.0, version.1);
         let mut plugin = Plugin {
             path: path.to_path_buf(),
             api,
@@ -230,29 +215,19 @@ impl Plugin {
         // process.
         let values = unsafe { std::slice::from_raw_parts(args.attributes, args.num_attributes) };
         // SAFETY: each value came from the plugin with consistent type tags and sizes.
-        Ok(values
-            .iter()
-            .map(|value| unsafe { read_named_value(value) })
-            .collect())
+        Ok(values.iter().map(|value| unsafe { read_named_value(value) }).collect())
     }
 
     /// The function pointer in `slot`, if the plugin's table covers it and it is not null.
     fn function(&self, slot: Slot) -> Result<*const c_void> {
         let offset = ffi::API_FIRST_SLOT_OFFSET + slot.index * std::mem::size_of::<*const c_void>();
         if offset + std::mem::size_of::<*const c_void>() > self.api_size {
-            return Err(Error::MissingFunction {
-                plugin: self.path.clone(),
-                function: slot.name,
-            });
+            return Err(Error::MissingFunction { plugin: self.path.clone(), function: slot.name });
         }
         // SAFETY: the table is `api_size` bytes long and the slot lies within it.
-        let pointer =
-            unsafe { std::ptr::read((self.api as *const u8).add(offset) as *const *const c_void) };
+        let pointer = unsafe { std::ptr::read((self.api as *const u8).add(offset) as *const *const c_void) };
         if pointer.is_null() {
-            return Err(Error::MissingFunction {
-                plugin: self.path.clone(),
-                function: slot.name,
-            });
+            return Err(Error::MissingFunction { plugin: self.path.clone(), function: slot.name });
         }
         Ok(pointer)
     }
@@ -269,26 +244,17 @@ impl Plugin {
         unsafe { *(args as *mut A as *mut usize) = std::mem::size_of::<A>() };
         // SAFETY: every PJRT function in the table takes a pointer to its args struct and
         // returns `PJRT_Error*`; the caller guarantees `A` is that struct.
-        let function: unsafe extern "C" fn(*mut A) -> *mut ffi::PJRT_Error =
-            unsafe { std::mem::transmute(function) };
+        let function: unsafe extern "C" fn(*mut A) -> *mut ffi::PJRT_Error = unsafe { std::mem::transmute(function) };
         // SAFETY: the caller upholds the function's contract.
         let error = unsafe { function(args) };
-        if error.is_null() {
-            Ok(())
-        } else {
-            Err(self.take_error(slot.name, error))
-        }
+        if error.is_null() { Ok(()) } else { Err(self.take_error(slot.name, error)) }
     }
 
     /// Converts a plugin error into [`Error::Pjrt`] and destroys it.
     pub(crate) fn take_error(&self, function: &'static str, error: *mut ffi::PJRT_Error) -> Error {
         let (code, message) = self.error_code_and_message(error);
         self.destroy_error(error);
-        Error::Pjrt {
-            function,
-            code,
-            message,
-        }
+        Error::Pjrt { function, code, message }
     }
 
     fn error_code_and_message(&self, error: *mut ffi::PJRT_Error) -> (ErrorCode, String) {
@@ -311,9 +277,8 @@ impl Plugin {
             args.struct_size = std::mem::size_of::<ffi::PJRT_Error_GetCode_Args>();
             args.error = error;
             // SAFETY: `PJRT_Error_GetCode` takes its args struct and returns `PJRT_Error*`.
-            let function: unsafe extern "C" fn(
-                *mut ffi::PJRT_Error_GetCode_Args,
-            ) -> *mut ffi::PJRT_Error = unsafe { std::mem::transmute(function) };
+            let function: unsafe extern "C" fn(*mut ffi::PJRT_Error_GetCode_Args) -> *mut ffi::PJRT_Error =
+                unsafe { std::mem::transmute(function) };
             // SAFETY: `error` is a live error from this plugin.
             let nested = unsafe { function(&mut args) };
             if nested.is_null() {
@@ -342,11 +307,7 @@ impl Plugin {
     }
 
     /// Waits for `event`, destroys it, and returns its status.
-    pub(crate) fn await_event(
-        &self,
-        event: *mut ffi::PJRT_Event,
-        what: &'static str,
-    ) -> Result<()> {
+    pub(crate) fn await_event(&self, event: *mut ffi::PJRT_Event, what: &'static str) -> Result<()> {
         if event.is_null() {
             return Ok(());
         }
@@ -356,11 +317,7 @@ impl Plugin {
         let status = unsafe { self.call(slot::Event_Await, &mut args) };
         self.destroy_event(event);
         status.map_err(|err| match err {
-            Error::Pjrt { code, message, .. } => Error::Pjrt {
-                function: what,
-                code,
-                message,
-            },
+            Error::Pjrt { code, message, .. } => Error::Pjrt { function: what, code, message },
             other => other,
         })
     }
@@ -393,21 +350,12 @@ impl Plugin {
         // SAFETY: the plugin passes a valid pointer to its error-building function.
         let function = unsafe { *callback_error };
         // SAFETY: the function copies `message` (the header says it must).
-        unsafe {
-            function(
-                code.to_raw(),
-                message.as_ptr() as *const c_char,
-                message.len(),
-            )
-        }
+        unsafe { function(code.to_raw(), message.as_ptr() as *const c_char, message.len()) }
     }
 }
 
 fn check_elf(path: &Path) -> Result<()> {
-    let not_shared = |reason: String| Error::NotSharedLibrary {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let not_shared = |reason: String| Error::NotSharedLibrary { path: path.to_path_buf(), reason };
     let metadata = std::fs::metadata(path).map_err(|err| not_shared(err.to_string()))?;
     if !metadata.is_file() {
         return Err(not_shared("it is not a regular file".into()));
@@ -416,13 +364,8 @@ fn check_elf(path: &Path) -> Result<()> {
     let mut file = std::fs::File::open(path).map_err(|err| not_shared(err.to_string()))?;
     match file.read_exact(&mut magic) {
         Ok(()) if magic == *b"\x7fELF" => Ok(()),
-        Ok(()) => Err(not_shared(
-            "it does not start with the ELF magic bytes".into(),
-        )),
-        Err(_) => Err(not_shared(format!(
-            "it is only {} bytes long",
-            metadata.len()
-        ))),
+        Ok(()) => Err(not_shared("it does not start with the ELF magic bytes".into())),
+        Err(_) => Err(not_shared(format!("it is only {} bytes long", metadata.len()))),
     }
 }
 
@@ -446,9 +389,7 @@ unsafe fn read_named_value(value: &ffi::PJRT_NamedValue) -> (String, AttributeVa
     unsafe {
         let name = string_from(value.name, value.name_size);
         let parsed = match value.type_ {
-            ffi::NAMED_VALUE_STRING => {
-                AttributeValue::String(string_from(value.value.string_value, value.value_size))
-            }
+            ffi::NAMED_VALUE_STRING => AttributeValue::String(string_from(value.value.string_value, value.value_size)),
             ffi::NAMED_VALUE_INT64 => AttributeValue::Int64(value.value.int64_value),
             ffi::NAMED_VALUE_INT64_LIST => {
                 let pointer = value.value.int64_array_value;

@@ -28,16 +28,8 @@ const WIRE_LEN: u32 = 2;
 pub(crate) fn compile_options(options: &CompileOptions, assignment: &[Vec<usize>]) -> Vec<u8> {
     // DeviceAssignmentProto: computation_devices[partition].replica_device_ids[replica].
     let mut device_assignment = Vec::new();
-    put_varint_field(
-        &mut device_assignment,
-        ASSIGNMENT_REPLICA_COUNT,
-        options.num_replicas as u64,
-    );
-    put_varint_field(
-        &mut device_assignment,
-        ASSIGNMENT_COMPUTATION_COUNT,
-        options.num_partitions as u64,
-    );
+    put_varint_field(&mut device_assignment, ASSIGNMENT_REPLICA_COUNT, options.num_replicas as u64);
+    put_varint_field(&mut device_assignment, ASSIGNMENT_COMPUTATION_COUNT, options.num_partitions as u64);
     for partition in 0..options.num_partitions {
         let mut packed = Vec::new();
         for replica in assignment {
@@ -45,31 +37,15 @@ pub(crate) fn compile_options(options: &CompileOptions, assignment: &[Vec<usize>
         }
         let mut computation = Vec::new();
         put_len_field(&mut computation, COMPUTATION_REPLICA_DEVICE_IDS, &packed);
-        put_len_field(
-            &mut device_assignment,
-            ASSIGNMENT_COMPUTATION_DEVICES,
-            &computation,
-        );
+        put_len_field(&mut device_assignment, ASSIGNMENT_COMPUTATION_DEVICES, &computation);
     }
 
     let mut build = Vec::new();
     put_varint_field(&mut build, BUILD_NUM_REPLICAS, options.num_replicas as u64);
-    put_varint_field(
-        &mut build,
-        BUILD_NUM_PARTITIONS,
-        options.num_partitions as u64,
-    );
-    put_varint_field(
-        &mut build,
-        BUILD_USE_SPMD_PARTITIONING,
-        options.use_spmd_partitioning as u64,
-    );
+    put_varint_field(&mut build, BUILD_NUM_PARTITIONS, options.num_partitions as u64);
+    put_varint_field(&mut build, BUILD_USE_SPMD_PARTITIONING, options.use_spmd_partitioning as u64);
     put_len_field(&mut build, BUILD_DEVICE_ASSIGNMENT, &device_assignment);
-    put_varint_field(
-        &mut build,
-        BUILD_USE_SHARDY_PARTITIONER,
-        options.use_shardy_partitioner as u64,
-    );
+    put_varint_field(&mut build, BUILD_USE_SHARDY_PARTITIONER, options.use_shardy_partitioner as u64);
 
     let mut out = Vec::new();
     put_len_field(&mut out, COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS, &build);
@@ -136,16 +112,7 @@ mod tests {
         for id in [3u8, 5] {
             expected_assignment.extend_from_slice(&[0x1a, 3, 0x0a, 1, id]);
         }
-        let mut build = vec![
-            0x20,
-            1,
-            0x28,
-            2,
-            0x30,
-            1,
-            0x4a,
-            expected_assignment.len() as u8,
-        ];
+        let mut build = vec![0x20, 1, 0x28, 2, 0x30, 1, 0x4a, expected_assignment.len() as u8];
         build.extend_from_slice(&expected_assignment);
         build.extend_from_slice(&[0x98, 0x01, 0x01]);
         let mut expected = vec![0x1a, build.len() as u8];

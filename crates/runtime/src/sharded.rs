@@ -77,23 +77,18 @@ impl ShardedArray {
                 partitions.len()
             )));
         }
-        if partitions.windows(2).any(|w| w[0] >= w[1])
-            || partitions.last().is_some_and(|&p| p >= mesh.num_devices())
-        {
+        if partitions.windows(2).any(|w| w[0] >= w[1]) || partitions.last().is_some_and(|&p| p >= mesh.num_devices()) {
             return Err(Error::InvalidArgument(format!(
                 "partitions {partitions:?} must be distinct, ascending and below {}",
                 mesh.num_devices()
             )));
         }
         let Some(first) = buffers.first() else {
-            return Err(Error::InvalidArgument(
-                "a sharded array needs at least one buffer".into(),
-            ));
+            return Err(Error::InvalidArgument("a sharded array needs at least one buffer".into()));
         };
         let element_type = first.element_type()?;
         for (buffer, &partition) in buffers.iter().zip(&partitions) {
-            let (dims, dtype, device) =
-                (buffer.dims()?, buffer.element_type()?, buffer.device_id()?);
+            let (dims, dtype, device) = (buffer.dims()?, buffer.element_type()?, buffer.device_id()?);
             if dims != shard_shape || dtype != element_type {
                 return Err(Error::InvalidArgument(format!(
                     "partition {partition} holds {dtype}{dims:?}; spec {spec} of {element_type}{shape:?} on {mesh} needs {element_type}{shard_shape:?}"
@@ -134,10 +129,7 @@ impl ShardedArray {
 
     /// The buffer of `partition`, if this process holds it.
     pub fn buffer(&self, partition: usize) -> Option<&Buffer> {
-        self.partitions
-            .binary_search(&partition)
-            .ok()
-            .map(|i| &self.buffers[i])
+        self.partitions.binary_search(&partition).ok().map(|i| &self.buffers[i])
     }
 
     /// Takes the shard buffers.
@@ -196,19 +188,14 @@ impl ShardedArray {
                     self.element_type, self.shape
                 ))
             })?;
-            let buffer = self.buffer(partition).ok_or_else(|| {
-                Error::Unexpected(format!("local partition {partition} has no buffer"))
-            })?;
+            let buffer = self
+                .buffer(partition)
+                .ok_or_else(|| Error::Unexpected(format!("local partition {partition} has no buffer")))?;
             sources.push(buffer);
         }
         let downloaded = download_many(&sources)?;
         let slices: Vec<&[u8]> = piece_of.iter().map(|&i| downloaded[i].bytes()).collect();
-        let bytes = self.spec.assemble(
-            &slices,
-            self.element_type.size_in_bytes(),
-            &self.shape,
-            &self.mesh,
-        )?;
+        let bytes = self.spec.assemble(&slices, self.element_type.size_in_bytes(), &self.shape, &self.mesh)?;
         HostArray::from_bytes(self.element_type, &self.shape, bytes)
     }
 
@@ -222,21 +209,14 @@ impl ShardedArray {
             .zip(arrays)
             .map(|(&partition, array)| {
                 let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
-                Ok(HostShard {
-                    partition,
-                    ranges,
-                    array,
-                })
+                Ok(HostShard { partition, ranges, array })
             })
             .collect()
     }
 
     /// Sum of the shards' on-device sizes.
     pub fn on_device_size_in_bytes(&self) -> Result<usize> {
-        self.buffers
-            .iter()
-            .map(Buffer::on_device_size_in_bytes)
-            .sum()
+        self.buffers.iter().map(Buffer::on_device_size_in_bytes).sum()
     }
 }
 
@@ -244,12 +224,7 @@ impl Client {
     /// Splits `array` by `spec` over `mesh` and uploads partition `p`'s shard to
     /// `mesh.device_ids()[p]`, for every partition on a device this process can address
     /// (all of them in a single-process job). Every mesh device must exist in the client.
-    pub fn upload_sharded(
-        &self,
-        array: &HostArray,
-        spec: &PartitionSpec,
-        mesh: &Mesh,
-    ) -> Result<ShardedArray> {
+    pub fn upload_sharded(&self, array: &HostArray, spec: &PartitionSpec, mesh: &Mesh) -> Result<ShardedArray> {
         let element_type = array.element_type();
         let shard_shape = spec.shard_shape(array.shape(), mesh)?;
         let mut partitions = Vec::new();
@@ -258,20 +233,10 @@ impl Client {
                 partitions.push(partition);
             }
         }
-        let shards = spec.split(
-            array.bytes(),
-            element_type.size_in_bytes(),
-            array.shape(),
-            mesh,
-        )?;
+        let shards = spec.split(array.bytes(), element_type.size_in_bytes(), array.shape(), mesh)?;
         let uploads: Vec<Upload<'_>> = partitions
             .iter()
-            .map(|&p| Upload {
-                element_type,
-                shape: &shard_shape,
-                bytes: &shards[p],
-                device_id: mesh.device_ids()[p],
-            })
+            .map(|&p| Upload { element_type, shape: &shard_shape, bytes: &shards[p], device_id: mesh.device_ids()[p] })
             .collect();
         let buffers = self.upload_many(&uploads)?;
         Ok(ShardedArray {
@@ -318,16 +283,12 @@ impl Executable {
         // Execution position i runs device_ids()[i]; find the mesh partition on that device.
         let mut partition_of_position = Vec::with_capacity(self.device_ids().len());
         for &device in self.device_ids() {
-            let partition = mesh
-                .device_ids()
-                .iter()
-                .position(|&d| d == device)
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "the program runs on device {device}, which mesh {mesh} (devices {:?}) does not hold",
-                        mesh.device_ids()
-                    ))
-                })?;
+            let partition = mesh.device_ids().iter().position(|&d| d == device).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "the program runs on device {device}, which mesh {mesh} (devices {:?}) does not hold",
+                    mesh.device_ids()
+                ))
+            })?;
             partition_of_position.push(partition);
         }
         let mut argument_lists: Vec<Vec<&Buffer>> = Vec::with_capacity(partition_of_position.len());
@@ -346,8 +307,7 @@ impl Executable {
         let outputs = self.execute(&argument_lists)?;
 
         // Regroup [position][output] into [output] lists sorted by partition.
-        let mut by_output: Vec<Vec<(usize, Buffer)>> =
-            (0..self.num_outputs()).map(|_| Vec::new()).collect();
+        let mut by_output: Vec<Vec<(usize, Buffer)>> = (0..self.num_outputs()).map(|_| Vec::new()).collect();
         for (position, list) in outputs.into_iter().enumerate() {
             for (output, buffer) in list.into_iter().enumerate() {
                 by_output[output].push((partition_of_position[position], buffer));
@@ -371,11 +331,8 @@ impl Executable {
                         spec.rank()
                     )));
                 }
-                let shape: Vec<usize> = shard_dims
-                    .iter()
-                    .enumerate()
-                    .map(|(dim, &size)| size * spec.ways(dim, mesh))
-                    .collect();
+                let shape: Vec<usize> =
+                    shard_dims.iter().enumerate().map(|(dim, &size)| size * spec.ways(dim, mesh)).collect();
                 ShardedArray::from_local_buffers(buffers, partitions, &shape, spec, mesh)
             })
             .collect()

@@ -19,10 +19,7 @@ pub(crate) struct ParamType {
 
 /// The parameter types of `@main`, one entry per parameter (`None`: unchecked), or `None`
 /// when the signature cannot be read at all.
-pub(crate) fn parameter_types(
-    program: &[u8],
-    num_partitions: usize,
-) -> Option<Vec<Option<ParamType>>> {
+pub(crate) fn parameter_types(program: &[u8], num_partitions: usize) -> Option<Vec<Option<ParamType>>> {
     let text = std::str::from_utf8(program).ok()?;
     let start = ["func.func public @main(", "func.func @main("]
         .iter()
@@ -30,11 +27,7 @@ pub(crate) fn parameter_types(
     let body = &text[start..];
     let args = split_top_level(body)?;
     let meshes = parse_meshes(text);
-    Some(
-        args.iter()
-            .map(|arg| parse_arg(arg, &meshes, num_partitions))
-            .collect(),
-    )
+    Some(args.iter().map(|arg| parse_arg(arg, &meshes, num_partitions)).collect())
 }
 
 /// Splits the argument list (text after `@main(`) at top-level commas, up to the closing `)`.
@@ -93,11 +86,7 @@ fn parse_meshes(text: &str) -> Vec<(String, Vec<(String, usize)>)> {
         let Some(end) = rest.find(']') else { continue };
         let mut axes = Vec::new();
         let mut ok = true;
-        for entry in rest[..end]
-            .split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-        {
+        for entry in rest[..end].split(',').map(str::trim).filter(|e| !e.is_empty()) {
             match entry.split_once('=') {
                 Some((axis, size)) => match (unquote(axis.trim()), size.trim().parse()) {
                     (Some(axis), Ok(size)) => axes.push((axis.to_string(), size)),
@@ -117,11 +106,7 @@ fn unquote(text: &str) -> Option<&str> {
     text.strip_prefix('"')?.strip_suffix('"')
 }
 
-fn parse_arg(
-    arg: &str,
-    meshes: &[(String, Vec<(String, usize)>)],
-    num_partitions: usize,
-) -> Option<ParamType> {
+fn parse_arg(arg: &str, meshes: &[(String, Vec<(String, usize)>)], num_partitions: usize) -> Option<ParamType> {
     let (_, rest) = arg.split_once(':')?;
     let rest = rest.trim_start().strip_prefix("tensor<")?;
     let end = rest.find('>')?;
@@ -132,10 +117,7 @@ fn parse_arg(
     }
     let Some(at) = attrs.find("#sdy.sharding<@") else {
         // Unannotated: replicated, unless XLA may pick a sharding for it (SPMD).
-        return (num_partitions == 1).then_some(ParamType {
-            element_type,
-            dims: global,
-        });
+        return (num_partitions == 1).then_some(ParamType { element_type, dims: global });
     };
     let sharding = &attrs[at + "#sdy.sharding<@".len()..];
     let (mesh_name, sharding) = sharding.split_once(',')?;
@@ -186,10 +168,7 @@ fn parse_tensor(text: &str) -> Option<(ElementType, Vec<usize>)> {
         "bf16" => ElementType::BF16,
         _ => return None,
     };
-    let dims = parts
-        .iter()
-        .map(|d| d.trim().parse().ok())
-        .collect::<Option<Vec<usize>>>()?;
+    let dims = parts.iter().map(|d| d.trim().parse().ok()).collect::<Option<Vec<usize>>>()?;
     Some((element_type, dims))
 }
 
@@ -198,10 +177,7 @@ mod tests {
     use super::*;
 
     fn param(element_type: ElementType, dims: &[usize]) -> Option<ParamType> {
-        Some(ParamType {
-            element_type,
-            dims: dims.to_vec(),
-        })
+        Some(ParamType { element_type, dims: dims.to_vec() })
     }
 
     #[test]
@@ -211,15 +187,7 @@ sdy.mesh @mesh = <["data"=2, "model"=4]>
 func.func @main(%x: tensor<8x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}]>}, %w: tensor<16x8xbf16> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"data", "model"}]>}, %ids: tensor<4xi32>, %s: tensor<f32>) -> (tensor<8x8xf32>) {
 "#;
         let types = parameter_types(text.as_bytes(), 8).unwrap();
-        assert_eq!(
-            types,
-            vec![
-                param(ElementType::F32, &[4, 16]),
-                param(ElementType::BF16, &[16, 1]),
-                None,
-                None
-            ]
-        );
+        assert_eq!(types, vec![param(ElementType::F32, &[4, 16]), param(ElementType::BF16, &[16, 1]), None, None]);
         // Single-partition programs check unannotated parameters too.
         let types = parameter_types(text.replace("sdy.sharding", "x.y").as_bytes(), 1).unwrap();
         assert_eq!(types[2], param(ElementType::S32, &[4]));
@@ -230,18 +198,9 @@ func.func @main(%x: tensor<8x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"dat
     fn leaves_what_it_does_not_understand_unchecked() {
         let text = r#"func.func public @main(%a: tensor<?x4xf32>, %b: tensor<4xcomplex<f32>>, %c: tensor<8xf32> {mhlo.sharding = "{devices=[2]<=[2]}"}, %d: tensor<8xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data", ?}]>}, %e: tensor<2xui8> loc("e")) -> tensor<4xf32> {"#;
         let types = parameter_types(text.as_bytes(), 1).unwrap();
-        assert_eq!(
-            types,
-            vec![None, None, None, None, param(ElementType::U8, &[2])]
-        );
+        assert_eq!(types, vec![None, None, None, None, param(ElementType::U8, &[2])]);
         assert_eq!(parameter_types(b"not a program", 1), None);
-        assert_eq!(
-            parameter_types(b"func.func @main(%a: tensor<4xf32>", 1),
-            None
-        );
-        assert_eq!(
-            parameter_types(b"func.func @main() -> () {", 1),
-            Some(vec![])
-        );
+        assert_eq!(parameter_types(b"func.func @main(%a: tensor<4xf32>", 1), None);
+        assert_eq!(parameter_types(b"func.func @main() -> () {", 1), Some(vec![]));
     }
 }

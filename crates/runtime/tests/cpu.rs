@@ -9,8 +9,8 @@ use std::time::Duration;
 use half::{bf16, f16};
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_runtime::{
-    Buffer, Client, ClientOptions, CompileOptions, ElementType, Error, Executable, HostArray,
-    KeyValueStore, Plugin, PluginLocator, ShardedArray,
+    Buffer, Client, ClientOptions, CompileOptions, ElementType, Error, Executable, HostArray, KeyValueStore, Plugin,
+    PluginLocator, ShardedArray,
 };
 
 fn plugin() -> Arc<Plugin> {
@@ -37,9 +37,7 @@ fn client() -> Client {
 }
 
 fn iota(n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i * 7 % 13) as f32 - 6.0) * scale)
-        .collect()
+    (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) * scale).collect()
 }
 
 fn rust_matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
@@ -73,11 +71,7 @@ fn matmul_program(
 ) -> String {
     let (header, xs, ws, os) = match sharding {
         Some((mesh, x, w, out)) => {
-            let axes: Vec<String> = mesh
-                .axes()
-                .iter()
-                .map(|a| format!("\"{}\"={}", a.name, a.size))
-                .collect();
+            let axes: Vec<String> = mesh.axes().iter().map(|a| format!("\"{}\"={}", a.name, a.size)).collect();
             (
                 format!("sdy.mesh @mesh = <[{}]>\n", axes.join(", ")),
                 format!(" {{sdy.sharding = {}}}", spec_text(x)),
@@ -98,21 +92,13 @@ fn matmul_program(
 fn assert_close(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-            "{what}: element {i}: {g} vs {w}"
-        );
+        assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{what}: element {i}: {g} vs {w}");
     }
 }
 
 /// Runs `x @ w` sharded over `mesh` with the given specs, and checks it against the same
 /// program on one device and against plain Rust.
-fn check_sharded_matmul(
-    mesh: &Mesh,
-    x_spec: PartitionSpec,
-    w_spec: PartitionSpec,
-    out_spec: PartitionSpec,
-) {
+fn check_sharded_matmul(mesh: &Mesh, x_spec: PartitionSpec, w_spec: PartitionSpec, out_spec: PartitionSpec) {
     let (m, k, n) = (8, 16, 8);
     let client = client();
     let x = iota(m * k, 0.25);
@@ -123,25 +109,16 @@ fn check_sharded_matmul(
     let w_host = HostArray::from_slice(&[k, n], &w).unwrap();
 
     let program = matmul_program(m, k, n, Some((mesh, &x_spec, &w_spec, &out_spec)));
-    let executable = client
-        .compile(&program, &CompileOptions::spmd(mesh))
-        .unwrap();
+    let executable = client.compile(&program, &CompileOptions::spmd(mesh)).unwrap();
     assert_eq!(executable.device_ids().len(), mesh.num_devices());
     let xs = client.upload_sharded(&x_host, &x_spec, mesh).unwrap();
     let ws = client.upload_sharded(&w_host, &w_spec, mesh).unwrap();
-    let outputs = executable
-        .execute_sharded(mesh, &[&xs, &ws], std::slice::from_ref(&out_spec))
-        .unwrap();
+    let outputs = executable.execute_sharded(mesh, &[&xs, &ws], std::slice::from_ref(&out_spec)).unwrap();
     assert_eq!(outputs.len(), 1);
     assert_eq!(outputs[0].shape(), &[m, n]);
     let sharded = outputs[0].to_host().unwrap().to_vec::<f32>().unwrap();
 
-    let single = client
-        .compile(
-            &matmul_program(m, k, n, None),
-            &CompileOptions::single_device(Some(0)),
-        )
-        .unwrap();
+    let single = client.compile(&matmul_program(m, k, n, None), &CompileOptions::single_device(Some(0))).unwrap();
     let x0 = client.upload(&x_host, 0).unwrap();
     let w0 = client.upload(&w_host, 0).unwrap();
     let replicated = single.execute(&[vec![&x0, &w0]]).unwrap();
@@ -209,23 +186,13 @@ fn devices_are_listed_with_ids_kinds_and_addressability() {
     assert_eq!(devices.len(), 8);
     let ids: Vec<usize> = devices.iter().map(|d| d.id).collect();
     assert_eq!(ids, (0..8).collect::<Vec<_>>());
-    assert!(
-        devices
-            .iter()
-            .all(|d| d.addressable && d.process_index == 0 && !d.kind.is_empty())
-    );
+    assert!(devices.iter().all(|d| d.addressable && d.process_index == 0 && !d.kind.is_empty()));
     assert_eq!(client.addressable_device_ids(), ids);
     assert!(client.device(99).is_err());
     let (major, minor) = client.plugin().api_version();
     assert_eq!(major, 0);
     assert!(minor >= 106, "pinned plugin has API 0.106, got 0.{minor}");
-    assert!(
-        client
-            .plugin()
-            .attributes()
-            .iter()
-            .any(|(name, _)| name == "xla_version")
-    );
+    assert!(client.plugin().attributes().iter().any(|(name, _)| name == "xla_version"));
 }
 
 fn round_trip(array: HostArray, device: usize) {
@@ -246,19 +213,10 @@ fn buffers_of_every_supported_type_round_trip() {
     let hf: Vec<f16> = iota(24, 0.37).into_iter().map(f16::from_f32).collect();
     round_trip(HostArray::from_slice(&[4, 6], &hf).unwrap(), 5);
     round_trip(HostArray::from_slice(&[5], &iota(5, 1.5)).unwrap(), 0);
-    round_trip(
-        HostArray::from_slice(&[3, 2], &[1i32, -2, 3, i32::MAX, i32::MIN, 0]).unwrap(),
-        1,
-    );
-    round_trip(
-        HostArray::from_slice(&[2], &[i64::MIN, 1 << 40]).unwrap(),
-        2,
-    );
+    round_trip(HostArray::from_slice(&[3, 2], &[1i32, -2, 3, i32::MAX, i32::MIN, 0]).unwrap(), 1);
+    round_trip(HostArray::from_slice(&[2], &[i64::MIN, 1 << 40]).unwrap(), 2);
     round_trip(HostArray::from_slice(&[4], &[0u8, 1, 254, 255]).unwrap(), 7);
-    round_trip(
-        HostArray::from_bytes(ElementType::Pred, &[3], vec![1, 0, 1]).unwrap(),
-        6,
-    );
+    round_trip(HostArray::from_bytes(ElementType::Pred, &[3], vec![1, 0, 1]).unwrap(), 6);
     round_trip(HostArray::from_slice::<f32>(&[0, 4], &[]).unwrap(), 4);
 }
 
@@ -271,35 +229,20 @@ fn bf16_compute_matches_rust() {
   return %z : tensor<4xf32>
 }";
     let executable = client.compile(program, &CompileOptions::default()).unwrap();
-    let x: Vec<bf16> = [1.5f32, -2.0, 3.25, 0.5]
-        .into_iter()
-        .map(bf16::from_f32)
-        .collect();
-    let buffer = client
-        .upload(&HostArray::from_slice(&[4], &x).unwrap(), 0)
-        .unwrap();
+    let x: Vec<bf16> = [1.5f32, -2.0, 3.25, 0.5].into_iter().map(bf16::from_f32).collect();
+    let buffer = client.upload(&HostArray::from_slice(&[4], &x).unwrap(), 0).unwrap();
     let out = executable.execute(&[vec![&buffer]]).unwrap();
     let got = out[0][0].to_host().unwrap().to_vec::<f32>().unwrap();
-    let want: Vec<f32> = x
-        .iter()
-        .map(|v| bf16::from_f32(v.to_f32() * v.to_f32()).to_f32())
-        .collect();
+    let want: Vec<f32> = x.iter().map(|v| bf16::from_f32(v.to_f32() * v.to_f32()).to_f32()).collect();
     assert_eq!(got, want);
 }
 
 #[test]
 fn malformed_stablehlo_is_an_error_not_a_crash() {
     let client = client();
-    let err = client
-        .compile(
-            "func.func @main( this is not mlir",
-            &CompileOptions::default(),
-        )
-        .unwrap_err();
+    let err = client.compile("func.func @main( this is not mlir", &CompileOptions::default()).unwrap_err();
     match &err {
-        Error::Pjrt {
-            function, message, ..
-        } => {
+        Error::Pjrt { function, message, .. } => {
             assert_eq!(*function, "PJRT_Client_Compile");
             assert!(!message.is_empty());
         }
@@ -316,25 +259,14 @@ fn malformed_stablehlo_is_an_error_not_a_crash() {
         )
         .unwrap_err();
     assert!(matches!(err, Error::Pjrt { .. }), "{err:?}");
-    assert!(matches!(
-        client.compile("  \n", &CompileOptions::default()),
-        Err(Error::InvalidArgument(_))
-    ));
+    assert!(matches!(client.compile("  \n", &CompileOptions::default()), Err(Error::InvalidArgument(_))));
     // Shardy annotations without the Shardy flag: a clean compile error.
     let mesh = mesh_1d("data");
     let spec = PartitionSpec::new(&[&["data"], &[]]);
-    let program = matmul_program(
-        8,
-        16,
-        8,
-        Some((&mesh, &spec, &PartitionSpec::replicated(2), &spec)),
-    );
+    let program = matmul_program(8, 16, 8, Some((&mesh, &spec, &PartitionSpec::replicated(2), &spec)));
     let mut options = CompileOptions::spmd(&mesh);
     options.use_shardy_partitioner = false;
-    assert!(matches!(
-        client.compile(&program, &options),
-        Err(Error::Pjrt { .. })
-    ));
+    assert!(matches!(client.compile(&program, &options), Err(Error::Pjrt { .. })));
 }
 
 #[test]
@@ -343,27 +275,12 @@ fn bad_compile_options_are_rejected_before_xla() {
     let program = matmul_program(8, 16, 8, None);
     let bad = |options: CompileOptions| {
         let err = client.compile(&program, &options).unwrap_err();
-        assert!(
-            matches!(err, Error::InvalidCompileOptions(_)),
-            "{options:?}: {err:?}"
-        );
+        assert!(matches!(err, Error::InvalidCompileOptions(_)), "{options:?}: {err:?}");
         err.to_string()
     };
     let base = CompileOptions::default();
-    assert!(
-        bad(CompileOptions {
-            num_partitions: 0,
-            ..base.clone()
-        })
-        .contains("num_partitions")
-    );
-    assert!(
-        bad(CompileOptions {
-            num_replicas: 0,
-            ..base.clone()
-        })
-        .contains("num_replicas")
-    );
+    assert!(bad(CompileOptions { num_partitions: 0, ..base.clone() }).contains("num_partitions"));
+    assert!(bad(CompileOptions { num_replicas: 0, ..base.clone() }).contains("num_replicas"));
     let spmd = CompileOptions {
         num_partitions: 2,
         use_spmd_partitioning: true,
@@ -371,57 +288,26 @@ fn bad_compile_options_are_rejected_before_xla() {
         ..base.clone()
     };
     assert!(bad(spmd.clone()).contains("99"));
-    bad(CompileOptions {
-        device_assignment: Some(vec![vec![3, 3]]),
-        ..spmd.clone()
-    });
-    bad(CompileOptions {
-        device_assignment: Some(vec![vec![0, 1, 2]]),
-        ..spmd.clone()
-    });
-    bad(CompileOptions {
-        device_assignment: Some(vec![]),
-        ..spmd.clone()
-    });
-    bad(CompileOptions {
-        use_spmd_partitioning: false,
-        device_assignment: None,
-        ..spmd.clone()
-    });
-    bad(CompileOptions {
-        num_partitions: 9,
-        device_assignment: None,
-        ..spmd.clone()
-    });
-    bad(CompileOptions {
-        use_shardy_partitioner: true,
-        ..base.clone()
-    });
+    bad(CompileOptions { device_assignment: Some(vec![vec![3, 3]]), ..spmd.clone() });
+    bad(CompileOptions { device_assignment: Some(vec![vec![0, 1, 2]]), ..spmd.clone() });
+    bad(CompileOptions { device_assignment: Some(vec![]), ..spmd.clone() });
+    bad(CompileOptions { use_spmd_partitioning: false, device_assignment: None, ..spmd.clone() });
+    bad(CompileOptions { num_partitions: 9, device_assignment: None, ..spmd.clone() });
+    bad(CompileOptions { use_shardy_partitioner: true, ..base.clone() });
 }
 
 #[test]
 fn execute_checks_argument_lists_and_devices() {
     let client = client();
     let program = matmul_program(2, 2, 2, None);
-    let executable = client
-        .compile(&program, &CompileOptions::single_device(Some(2)))
-        .unwrap();
+    let executable = client.compile(&program, &CompileOptions::single_device(Some(2))).unwrap();
     assert_eq!(executable.device_ids(), &[2]);
     let a = HostArray::from_slice(&[2, 2], &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
     let on2 = client.upload(&a, 2).unwrap();
     let on3 = client.upload(&a, 3).unwrap();
-    assert!(matches!(
-        executable.execute(&[vec![&on2, &on3]]),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        executable.execute(&[]),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        executable.execute(&[vec![&on2]]),
-        Err(Error::InvalidArgument(_))
-    ));
+    assert!(matches!(executable.execute(&[vec![&on2, &on3]]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(executable.execute(&[]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(executable.execute(&[vec![&on2]]), Err(Error::InvalidArgument(_))));
     // Same byte size, other shape or element type: XLA alone would reinterpret the bytes.
     for wrong in [
         HostArray::from_slice(&[4], &[1.0f32; 4]).unwrap(),
@@ -434,34 +320,18 @@ fn execute_checks_argument_lists_and_devices() {
     }
     // A parameter the signature reader leaves unchecked (a GSPMD string) still gets XLA's own
     // count and byte-size checks, as errors.
-    let gspmd = program.replace(
-        "%w: tensor<2x2xf32>",
-        "%w: tensor<2x2xf32> {mhlo.sharding = \"{replicated}\"}",
-    );
+    let gspmd = program.replace("%w: tensor<2x2xf32>", "%w: tensor<2x2xf32> {mhlo.sharding = \"{replicated}\"}");
     assert_ne!(gspmd, program);
-    let unchecked = client
-        .compile(&gspmd, &CompileOptions::single_device(Some(2)))
-        .unwrap();
-    let wrong = client
-        .upload(&HostArray::from_slice(&[3], &[1.0f32; 3]).unwrap(), 2)
-        .unwrap();
+    let unchecked = client.compile(&gspmd, &CompileOptions::single_device(Some(2))).unwrap();
+    let wrong = client.upload(&HostArray::from_slice(&[3], &[1.0f32; 3]).unwrap(), 2).unwrap();
     let err = unchecked.execute(&[vec![&on2, &wrong]]).unwrap_err();
     assert!(matches!(err, Error::Pjrt { .. }), "{err:?}");
     let out = executable.execute(&[vec![&on2, &on2]]).unwrap();
     assert_eq!(out[0][0].device_id().unwrap(), 2);
-    assert_eq!(
-        out[0][0].to_host().unwrap().to_vec::<f32>().unwrap(),
-        vec![7.0, 10.0, 15.0, 22.0]
-    );
+    assert_eq!(out[0][0].to_host().unwrap().to_vec::<f32>().unwrap(), vec![7.0, 10.0, 15.0, 22.0]);
     // Uploads validate sizes and devices.
-    assert!(matches!(
-        client.upload_bytes(ElementType::F32, &[3], &[0u8; 8], 0),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        client.upload(&a, 8),
-        Err(Error::BadDevice { id: 8, .. })
-    ));
+    assert!(matches!(client.upload_bytes(ElementType::F32, &[3], &[0u8; 8], 0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(client.upload(&a, 8), Err(Error::BadDevice { id: 8, .. })));
 }
 
 #[test]
@@ -469,20 +339,10 @@ fn compiled_memory_stats_and_device_sizes() {
     let client = client();
     let mesh = mesh_1d("data");
     let spec = PartitionSpec::new(&[&["data"], &[]]);
-    let program = matmul_program(
-        8,
-        16,
-        8,
-        Some((&mesh, &spec, &PartitionSpec::replicated(2), &spec)),
-    );
-    let executable: Executable = client
-        .compile(&program, &CompileOptions::spmd(&mesh))
-        .unwrap();
+    let program = matmul_program(8, 16, 8, Some((&mesh, &spec, &PartitionSpec::replicated(2), &spec)));
+    let executable: Executable = client.compile(&program, &CompileOptions::spmd(&mesh)).unwrap();
     // Output types are per device: the [8, 8] result split 8 ways by rows.
-    assert_eq!(
-        executable.output_types().unwrap(),
-        vec![(ElementType::F32, vec![1, 8])]
-    );
+    assert_eq!(executable.output_types().unwrap(), vec![(ElementType::F32, vec![1, 8])]);
     let stats = executable.compiled_memory_stats().unwrap();
     // Per device: x shard 1x16 f32 + w 16x8 f32; output 1x8 f32.
     assert_eq!(stats.argument_size_in_bytes, (16 + 16 * 8) * 4);
@@ -499,14 +359,9 @@ fn sharded_helpers_reject_mismatches() {
     let mesh = mesh_1d("data");
     let x = HostArray::from_slice(&[6, 2], &[0.0f32; 12]).unwrap();
     // 6 rows do not split 8 ways.
-    assert!(matches!(
-        client.upload_sharded(&x, &PartitionSpec::new(&[&["data"], &[]]), &mesh),
-        Err(Error::Mesh(_))
-    ));
+    assert!(matches!(client.upload_sharded(&x, &PartitionSpec::new(&[&["data"], &[]]), &mesh), Err(Error::Mesh(_))));
     let buffers: Vec<Buffer> = (0..7).map(|d| client.upload(&x, d).unwrap()).collect();
-    assert!(
-        ShardedArray::from_buffers(buffers, &[6, 2], &PartitionSpec::replicated(2), &mesh).is_err()
-    );
+    assert!(ShardedArray::from_buffers(buffers, &[6, 2], &PartitionSpec::replicated(2), &mesh).is_err());
 }
 
 struct MemoryStore(Mutex<std::collections::HashMap<String, Vec<u8>>>);
@@ -519,10 +374,7 @@ impl KeyValueStore for MemoryStore {
         Ok(self.0.lock().unwrap().get(key).cloned())
     }
     fn put(&self, key: &str, value: &[u8]) -> Result<(), String> {
-        self.0
-            .lock()
-            .unwrap()
-            .insert(key.to_string(), value.to_vec());
+        self.0.lock().unwrap().insert(key.to_string(), value.to_vec());
         Ok(())
     }
 }
@@ -530,9 +382,7 @@ impl KeyValueStore for MemoryStore {
 #[test]
 fn client_with_key_value_store_and_options() {
     let store = Arc::new(MemoryStore(Mutex::new(Default::default())));
-    let options = ClientOptions::new()
-        .cpu_device_count(2)
-        .key_value_store(store);
+    let options = ClientOptions::new().cpu_device_count(2).key_value_store(store);
     let client = Client::new(&plugin(), options).unwrap();
     assert_eq!(client.devices().len(), 2);
     let err = Client::new(&plugin(), ClientOptions::new().cpu_device_count(0)).unwrap_err();
@@ -552,10 +402,7 @@ fn missing_or_non_pjrt_plugin_paths_give_clear_errors() {
     let err = Plugin::load(&text).unwrap_err();
     assert!(matches!(err, Error::NotSharedLibrary { .. }), "{err:?}");
     assert!(err.to_string().contains("text.so"));
-    assert!(matches!(
-        Plugin::load(dir.path()),
-        Err(Error::NotSharedLibrary { .. })
-    ));
+    assert!(matches!(Plugin::load(dir.path()), Err(Error::NotSharedLibrary { .. })));
 
     // A real shared library that is not a PJRT plugin: one this process already loaded.
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -568,20 +415,8 @@ fn missing_or_non_pjrt_plugin_paths_give_clear_errors() {
     assert!(matches!(err, Error::NotPjrtPlugin { .. }), "{err:?}");
     assert!(err.to_string().contains("GetPjrtApi"));
 
-    let err = PluginLocator::new()
-        .explicit(Some(&missing))
-        .locate()
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::ConfiguredPluginMissing {
-                from: "--plugin",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    let err = PluginLocator::new().explicit(Some(&missing)).locate().unwrap_err();
+    assert!(matches!(err, Error::ConfiguredPluginMissing { from: "--plugin", .. }), "{err:?}");
 }
 
 #[test]
@@ -602,31 +437,18 @@ fn handles_are_send_and_sync() {
     is_send_sync::<Error>();
     // And they really work from other threads.
     let client = client();
-    let buffer = client
-        .upload(&HostArray::from_slice(&[2], &[1.0f32, 2.0]).unwrap(), 1)
-        .unwrap();
+    let buffer = client.upload(&HostArray::from_slice(&[2], &[1.0f32, 2.0]).unwrap(), 1).unwrap();
     let handle = std::thread::spawn(move || buffer.to_host().unwrap().to_vec::<f32>().unwrap());
     assert_eq!(handle.join().unwrap(), vec![1.0, 2.0]);
     // One executable run from several threads at once (PJRT executables are thread-safe).
-    let executable = Arc::new(
-        client
-            .compile(
-                &matmul_program(2, 2, 2, None),
-                &CompileOptions::single_device(Some(0)),
-            )
-            .unwrap(),
-    );
+    let executable =
+        Arc::new(client.compile(&matmul_program(2, 2, 2, None), &CompileOptions::single_device(Some(0))).unwrap());
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let (client, executable) = (client.clone(), executable.clone());
             std::thread::spawn(move || {
                 let v = t as f32;
-                let a = client
-                    .upload(
-                        &HostArray::from_slice(&[2, 2], &[v, 0.0, 0.0, v]).unwrap(),
-                        0,
-                    )
-                    .unwrap();
+                let a = client.upload(&HostArray::from_slice(&[2, 2], &[v, 0.0, 0.0, v]).unwrap(), 0).unwrap();
                 let out = executable.execute(&[vec![&a, &a]]).unwrap();
                 out[0][0].to_host().unwrap().to_vec::<f32>().unwrap()
             })
@@ -648,48 +470,23 @@ fn partial_sharded_arrays_assemble_what_they_hold() {
     let spec = PartitionSpec::new(&[&[], &["model"]]);
     let shards = spec.split(full.bytes(), 4, &[4, 8], &mesh).unwrap();
     let upload = |partitions: &[usize]| -> Vec<Buffer> {
-        partitions
-            .iter()
-            .map(|&p| {
-                client
-                    .upload_bytes(ElementType::F32, &[4, 2], &shards[p], p)
-                    .unwrap()
-            })
-            .collect()
+        partitions.iter().map(|&p| client.upload_bytes(ElementType::F32, &[4, 2], &shards[p], p).unwrap()).collect()
     };
-    let first_half = ShardedArray::from_local_buffers(
-        upload(&[0, 1, 2, 3]),
-        vec![0, 1, 2, 3],
-        &[4, 8],
-        &spec,
-        &mesh,
-    )
-    .unwrap();
+    let first_half =
+        ShardedArray::from_local_buffers(upload(&[0, 1, 2, 3]), vec![0, 1, 2, 3], &[4, 8], &spec, &mesh).unwrap();
     assert!(!first_half.is_complete());
     assert_eq!(first_half.to_host().unwrap(), full);
     // Partitions 0, 1, 5: column blocks 0, 1 (twice); blocks 2 and 3 live elsewhere.
-    let partial =
-        ShardedArray::from_local_buffers(upload(&[0, 1, 5]), vec![0, 1, 5], &[4, 8], &spec, &mesh)
-            .unwrap();
+    let partial = ShardedArray::from_local_buffers(upload(&[0, 1, 5]), vec![0, 1, 5], &[4, 8], &spec, &mesh).unwrap();
     assert!(matches!(partial.to_host(), Err(Error::InvalidArgument(_))));
     let local = partial.local_shards_to_host().unwrap();
-    assert_eq!(
-        local.iter().map(|s| s.partition).collect::<Vec<_>>(),
-        vec![0, 1, 5]
-    );
+    assert_eq!(local.iter().map(|s| s.partition).collect::<Vec<_>>(), vec![0, 1, 5]);
     assert_eq!(local[2].ranges, vec![0..4, 2..4]);
-    let block: Vec<f32> = (0..4)
-        .flat_map(|r| values[r * 8 + 2..r * 8 + 4].to_vec())
-        .collect();
+    let block: Vec<f32> = (0..4).flat_map(|r| values[r * 8 + 2..r * 8 + 4].to_vec()).collect();
     assert_eq!(local[2].array.to_vec::<f32>().unwrap(), block);
     // Partitions must be ascending and match the buffers.
-    assert!(
-        ShardedArray::from_local_buffers(upload(&[1, 0]), vec![1, 0], &[4, 8], &spec, &mesh)
-            .is_err()
-    );
-    assert!(
-        ShardedArray::from_local_buffers(upload(&[0]), vec![1], &[4, 8], &spec, &mesh).is_err()
-    );
+    assert!(ShardedArray::from_local_buffers(upload(&[1, 0]), vec![1, 0], &[4, 8], &spec, &mesh).is_err());
+    assert!(ShardedArray::from_local_buffers(upload(&[0]), vec![1], &[4, 8], &spec, &mesh).is_err());
 }
 
 /// Exact GELU (GPT-NeoX/Pythia's `gelu`) needs `erf`, which StableHLO lacks; `chlo.erf` is

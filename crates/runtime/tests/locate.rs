@@ -12,10 +12,7 @@ fn touch(path: &Path) -> PathBuf {
 
 /// A locator that sees nothing of this machine.
 fn bare() -> PluginLocator {
-    PluginLocator::new()
-        .env_value(None::<&str>)
-        .cache_dir(None::<&str>)
-        .site_packages(Vec::new())
+    PluginLocator::new().env_value(None::<&str>).cache_dir(None::<&str>).site_packages(Vec::new())
 }
 
 #[test]
@@ -33,38 +30,19 @@ fn explicit_path_wins_over_env_cache_and_python() {
         .cache_dir(Some(&cache))
         .site_packages(vec![site.clone()]);
     let choice = locator.clone().locate().unwrap();
-    assert_eq!(
-        (choice.path, choice.source),
-        (explicit, PluginSource::Explicit)
-    );
+    assert_eq!((choice.path, choice.source), (explicit, PluginSource::Explicit));
 
     let choice = locator.clone().explicit(None::<&str>).locate().unwrap();
     assert_eq!((choice.path, choice.source), (env, PluginSource::EnvVar));
     assert!(choice.reason.contains("SIPHON_PJRT_PLUGIN"));
 
-    let choice = locator
-        .clone()
-        .explicit(None::<&str>)
-        .env_value(None::<&str>)
-        .locate()
-        .unwrap();
-    assert_eq!(
-        (choice.path, choice.source),
-        (cpu_plugin_path_in(&cache), PluginSource::CacheDir)
-    );
+    let choice = locator.clone().explicit(None::<&str>).env_value(None::<&str>).locate().unwrap();
+    assert_eq!((choice.path, choice.source), (cpu_plugin_path_in(&cache), PluginSource::CacheDir));
     assert!(choice.reason.contains("cache"));
 
-    let choice = locator
-        .explicit(None::<&str>)
-        .env_value(None::<&str>)
-        .cache_dir(None::<&str>)
-        .locate()
-        .unwrap();
+    let choice = locator.explicit(None::<&str>).env_value(None::<&str>).cache_dir(None::<&str>).locate().unwrap();
     assert_eq!(choice.path, site.join("libtpu/libtpu.so"));
-    assert_eq!(
-        choice.source,
-        PluginSource::PythonPackage { package: "libtpu" }
-    );
+    assert_eq!(choice.source, PluginSource::PythonPackage { package: "libtpu" });
 }
 
 #[test]
@@ -74,17 +52,9 @@ fn cuda_plugin_is_found_in_site_packages() {
     std::fs::create_dir_all(&empty_site).unwrap();
     let site = dir.path().join("b");
     let cuda = touch(&site.join("jax_plugins/xla_cuda12/xla_cuda_plugin.so"));
-    let choice = bare()
-        .site_packages(vec![empty_site, site.clone()])
-        .locate()
-        .unwrap();
+    let choice = bare().site_packages(vec![empty_site, site.clone()]).locate().unwrap();
     assert_eq!(choice.path, cuda);
-    assert_eq!(
-        choice.source,
-        PluginSource::PythonPackage {
-            package: "jax-cuda12-pjrt"
-        }
-    );
+    assert_eq!(choice.source, PluginSource::PythonPackage { package: "jax-cuda12-pjrt" });
     assert!(choice.reason.contains(&site.display().to_string()));
 }
 
@@ -94,21 +64,8 @@ fn configured_paths_that_do_not_exist_are_errors() {
     let cache = dir.path().join("cache");
     touch(&cpu_plugin_path_in(&cache));
     // A wrong SIPHON_PJRT_PLUGIN is reported even though the cache has a plugin.
-    let err = bare()
-        .env_value(Some(dir.path().join("gone.so")))
-        .cache_dir(Some(&cache))
-        .locate()
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::ConfiguredPluginMissing {
-                from: "SIPHON_PJRT_PLUGIN",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    let err = bare().env_value(Some(dir.path().join("gone.so"))).cache_dir(Some(&cache)).locate().unwrap_err();
+    assert!(matches!(err, Error::ConfiguredPluginMissing { from: "SIPHON_PJRT_PLUGIN", .. }), "{err:?}");
     assert!(err.to_string().contains("gone.so"));
 }
 
@@ -118,10 +75,7 @@ fn nothing_found_lists_what_was_tried() {
     let err = bare().cache_dir(Some(dir.path())).locate().unwrap_err();
     assert!(matches!(err, Error::NoPluginFound { .. }));
     let text = err.to_string();
-    assert!(
-        text.contains(&cpu_plugin_path_in(dir.path()).display().to_string()),
-        "{text}"
-    );
+    assert!(text.contains(&cpu_plugin_path_in(dir.path()).display().to_string()), "{text}");
     assert!(text.contains("libtpu"), "{text}");
     assert!(text.contains("install-plugin.sh"), "{text}");
 }

@@ -80,9 +80,7 @@ pub(crate) fn check_token_shape(shape: &[usize]) -> std::result::Result<usize, S
         return Err("has an empty per-token shape [] (a vector hook is [width])".into());
     }
     if shape.contains(&0) {
-        return Err(format!(
-            "has a zero dimension in its per-token shape {shape:?}"
-        ));
+        return Err(format!("has a zero dimension in its per-token shape {shape:?}"));
     }
     shape
         .iter()
@@ -132,19 +130,10 @@ impl BatchActivations {
     /// clear error naming the first problem. (That shapes stay the same from batch to batch is
     /// the writer's check.)
     pub fn validate(&self, hooks: &[String]) -> Result<()> {
-        let bad = |reason: String| StoreError::InvalidBatch {
-            first_sample: self.first_sample,
-            reason,
-        };
-        let tokens = self
-            .batch
-            .checked_mul(self.seq)
-            .ok_or_else(|| bad("batch * seq overflows".into()))?;
+        let bad = |reason: String| StoreError::InvalidBatch { first_sample: self.first_sample, reason };
+        let tokens = self.batch.checked_mul(self.seq).ok_or_else(|| bad("batch * seq overflows".into()))?;
         if tokens == 0 {
-            return Err(bad(format!(
-                "empty batch (batch {} x seq {})",
-                self.batch, self.seq
-            )));
+            return Err(bad(format!("empty batch (batch {} x seq {})", self.batch, self.seq)));
         }
         for (name, len) in [
             ("token_ids", self.token_ids.len()),
@@ -153,22 +142,15 @@ impl BatchActivations {
             ("keep", self.keep.len()),
         ] {
             if len != tokens {
-                return Err(bad(format!(
-                    "{name} has {len} entries, expected batch*seq = {tokens}"
-                )));
+                return Err(bad(format!("{name} has {len} entries, expected batch*seq = {tokens}")));
             }
         }
-        if self.hooks.len() != hooks.len()
-            || self.hooks.iter().zip(hooks).any(|(h, n)| &h.hook != n)
-        {
+        if self.hooks.len() != hooks.len() || self.hooks.iter().zip(hooks).any(|(h, n)| &h.hook != n) {
             let got: Vec<&str> = self.hooks.iter().map(|h| h.hook.as_str()).collect();
-            return Err(bad(format!(
-                "hooks {got:?} differ from the run's hooks {hooks:?}"
-            )));
+            return Err(bad(format!("hooks {got:?} differ from the run's hooks {hooks:?}")));
         }
         for hook in &self.hooks {
-            let elements = check_token_shape(&hook.shape)
-                .map_err(|e| bad(format!("hook {} {e}", hook.hook)))?;
+            let elements = check_token_shape(&hook.shape).map_err(|e| bad(format!("hook {} {e}", hook.hook)))?;
             let expected = tokens
                 .checked_mul(elements)
                 .and_then(|n| n.checked_mul(hook.dtype.size()))

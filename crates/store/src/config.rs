@@ -142,10 +142,7 @@ impl StoreConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |s: String| Err(StoreError::InvalidConfig(s));
         if self.run.is_empty() || self.run.contains('/') || self.run.starts_with('.') {
-            return bad(format!(
-                "run name {:?} must be a non-empty single path segment",
-                self.run
-            ));
+            return bad(format!("run name {:?} must be a non-empty single path segment", self.run));
         }
         if self.format.target_shard_bytes == 0 {
             return bad("target_shard_bytes must be > 0".into());
@@ -156,10 +153,7 @@ impl StoreConfig {
             return bad("shuffle window_batches must be > 0".into());
         }
         if self.upload.part_bytes < MIN_PART_BYTES {
-            return bad(format!(
-                "upload part_bytes {} is below the 5 MiB multipart minimum",
-                self.upload.part_bytes
-            ));
+            return bad(format!("upload part_bytes {} is below the 5 MiB multipart minimum", self.upload.part_bytes));
         }
         if self.upload.concurrency == 0 {
             return bad("upload concurrency must be > 0".into());
@@ -171,10 +165,7 @@ impl StoreConfig {
             return bad("queue_batches must be > 0".into());
         }
         if self.host.machine > 999 || self.host.host > 99 {
-            return bad(format!(
-                "host id {:?} does not fit machine_{{:03}}_host_{{:02}}",
-                self.host
-            ));
+            return bad(format!("host id {:?} does not fit machine_{{:03}}_host_{{:02}}", self.host));
         }
         Ok(())
     }

@@ -52,10 +52,7 @@ pub enum StoreError {
         stored_version: u32,
     },
     /// A run.json or shard records a dataset format this crate cannot read.
-    #[error(
-        "{path}: unsupported dataset format {found:?} (this siphon reads {})",
-        crate::shard::readable_formats()
-    )]
+    #[error("{path}: unsupported dataset format {found:?} (this siphon reads {})", crate::shard::readable_formats())]
     UnsupportedFormat {
         /// The object.
         path: String,
@@ -136,11 +133,7 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    pub(crate) fn store(
-        op: &'static str,
-        path: impl std::fmt::Display,
-        source: object_store::Error,
-    ) -> Self {
+    pub(crate) fn store(op: &'static str, path: impl std::fmt::Display, source: object_store::Error) -> Self {
         let path = path.to_string();
         if is_out_of_space(&source) {
             StoreError::OutOfSpace { op, path, source }
@@ -156,10 +149,7 @@ pub(crate) fn is_out_of_space(error: &(dyn std::error::Error + 'static)) -> bool
     let mut next = Some(error);
     while let Some(error) = next {
         if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge
-            )
+            && matches!(io.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge)
         {
             return true;
         }

@@ -29,12 +29,8 @@ impl Failpoint {
 fn armed() -> &'static Option<(String, Option<u64>)> {
     static ARMED: OnceLock<Option<(String, Option<u64>)>> = OnceLock::new();
     ARMED.get_or_init(|| {
-        let name = std::env::var("SIPHON_FAILPOINT")
-            .ok()
-            .filter(|s| !s.is_empty())?;
-        let shard = std::env::var("SIPHON_FAILPOINT_SHARD")
-            .ok()
-            .and_then(|s| s.parse().ok());
+        let name = std::env::var("SIPHON_FAILPOINT").ok().filter(|s| !s.is_empty())?;
+        let shard = std::env::var("SIPHON_FAILPOINT_SHARD").ok().and_then(|s| s.parse().ok());
         Some((name, shard))
     })
 }

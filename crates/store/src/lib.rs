@@ -59,19 +59,17 @@ mod writer;
 
 pub use batch::{ActivationDtype, BatchActivations, HookActivations};
 pub use config::{
-    DEFAULT_GIVE_UP_AFTER, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES,
-    RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,
+    DEFAULT_GIVE_UP_AFTER, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES, RunDescriptor, ShardFormat,
+    ShuffleConfig, StoreConfig, UploadConfig,
 };
 pub use error::{Result, StoreError};
-pub use location::{
-    MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, parse_host_dir, shard_name,
-};
+pub use location::{MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, parse_host_dir, shard_name};
 pub use manifest::{ManifestLine, parse_manifest, parse_manifest_torn, render_manifest};
 pub use probe::{PROBE_BYTES, ProbeReport, probe, probe_blocking};
 pub use run::{ResumePoint, RunJson, list_hosts, merge_host_stats};
 pub use shard::{
-    FORMAT_TAG, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RESERVED_TENSOR_NAMES, SealedShard,
-    ShardSummary, check_format, format_version, summarize_shard,
+    FORMAT_TAG, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RESERVED_TENSOR_NAMES, SealedShard, ShardSummary,
+    check_format, format_version, summarize_shard,
 };
 pub use stats::{HookStats, HookStatsJson, RunStats, StatsFile, merge_run_stats};
 pub use upload::upload_object;

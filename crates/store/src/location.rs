@@ -51,31 +51,17 @@ impl StoreLocation {
     /// not outlive its credentials), so that a shard's upload sees the error and tries again
     /// within it; each try may take 30 s or half of `give_up_after`, whichever is less
     /// (object_store's `timeout` option overrides that).
-    pub fn open_with_timeout(
-        url: &str,
-        options: &[(String, String)],
-        give_up_after: Duration,
-    ) -> Result<Self> {
-        let invalid = |reason: String| StoreError::InvalidLocation {
-            url: url.to_string(),
-            reason,
-        };
+    pub fn open_with_timeout(url: &str, options: &[(String, String)], give_up_after: Duration) -> Result<Self> {
+        let invalid = |reason: String| StoreError::InvalidLocation { url: url.to_string(), reason };
         let retry = RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: MAX_BACKOFF,
-                base: 2.0,
-            },
+            backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: MAX_BACKOFF, base: 2.0 },
             // Time bounds the retries: with the backoff's cap, 100 take over 20 minutes.
             max_retries: 100,
             retry_timeout: (give_up_after / 2).min(Duration::from_secs(180)),
         };
         let request_timeout = (give_up_after / 2).min(Duration::from_secs(30));
         // First, so that an explicit `timeout` option overrides it.
-        let mut timed = vec![(
-            "timeout".to_string(),
-            format!("{}ms", request_timeout.as_millis().max(1)),
-        )];
+        let mut timed = vec![("timeout".to_string(), format!("{}ms", request_timeout.as_millis().max(1)))];
         timed.extend_from_slice(options);
         let options = timed.as_slice();
         let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
@@ -95,8 +81,7 @@ impl StoreLocation {
                     path: dir.into(),
                     source,
                 })?;
-                let store =
-                    LocalFileSystem::new_with_prefix(&dir).map_err(|e| invalid(e.to_string()))?;
+                let store = LocalFileSystem::new_with_prefix(&dir).map_err(|e| invalid(e.to_string()))?;
                 return Ok(StoreLocation {
                     store: Arc::new(store),
                     root: Path::default(),
@@ -111,8 +96,7 @@ impl StoreLocation {
             }
             Some("gs") => {
                 let builder = GoogleCloudStorageBuilder::from_env().with_url(url).with_retry(retry);
-                let builder =
-                    with_options(builder, options, |b, k, v| b.with_config(k, v)).map_err(invalid)?;
+                let builder = with_options(builder, options, |b, k, v| b.with_config(k, v)).map_err(invalid)?;
                 (Arc::new(builder.build().map_err(|e| invalid(e.to_string()))?), bucket_relative(url))
             }
             Some("az" | "adl" | "azure" | "abfs" | "abfss") => {
@@ -132,22 +116,12 @@ impl StoreLocation {
             }
         };
         let root = Path::parse(rest.trim_matches('/')).map_err(|e| invalid(e.to_string()))?;
-        Ok(StoreLocation {
-            store,
-            root,
-            url: url.to_string(),
-            local_dir: None,
-        })
+        Ok(StoreLocation { store, root, url: url.to_string(), local_dir: None })
     }
 
     /// Wraps an existing store; `root` is the prefix under which runs live.
     pub fn from_store(store: Arc<dyn ObjectStore>, root: Path, url: impl Into<String>) -> Self {
-        StoreLocation {
-            store,
-            root,
-            url: url.into(),
-            local_dir: None,
-        }
+        StoreLocation { store, root, url: url.into(), local_dir: None }
     }
 
     /// The object store.
@@ -231,19 +205,13 @@ pub fn parse_host_dir(name: &str) -> Option<HostId> {
     if machine.len() != 3 || host.len() != 2 {
         return None;
     }
-    Some(HostId {
-        machine: machine.parse().ok()?,
-        host: host.parse().ok()?,
-    })
+    Some(HostId { machine: machine.parse().ok()?, host: host.parse().ok()? })
 }
 
 /// The path after `scheme://bucket/` of a cloud URL.
 fn bucket_relative(url: &str) -> String {
     let after_scheme = url.split_once("://").map(|(_, rest)| rest).unwrap_or(url);
-    after_scheme
-        .split_once('/')
-        .map(|(_, rest)| rest.to_string())
-        .unwrap_or_default()
+    after_scheme.split_once('/').map(|(_, rest)| rest.to_string()).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -252,10 +220,7 @@ mod tests {
 
     #[test]
     fn host_dir_names_round_trip() {
-        let host = HostId {
-            machine: 7,
-            host: 3,
-        };
+        let host = HostId { machine: 7, host: 3 };
         assert_eq!(host.dir_name(), "machine_007_host_03");
         assert_eq!(parse_host_dir(&host.dir_name()), Some(host));
         assert_eq!(parse_host_dir("machine_7_host_3"), None);
@@ -270,9 +235,7 @@ mod tests {
 
     #[test]
     fn unknown_scheme_is_a_clear_error() {
-        let err = StoreLocation::open("ftp://x/y", &[])
-            .unwrap_err()
-            .to_string();
+        let err = StoreLocation::open("ftp://x/y", &[]).unwrap_err().to_string();
         assert!(err.contains("unsupported scheme \"ftp\""), "{err}");
     }
 }

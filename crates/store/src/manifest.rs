@@ -76,10 +76,8 @@ fn parse_lines(path: &str, text: &str) -> Result<Vec<ManifestLine>> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| StoreError::Corrupt {
-                path: path.to_string(),
-                reason: format!("line {}: {e}", i + 1),
-            })
+            serde_json::from_str(l)
+                .map_err(|e| StoreError::Corrupt { path: path.to_string(), reason: format!("line {}: {e}", i + 1) })
         })
         .collect()
 }
@@ -111,13 +109,8 @@ mod tests {
             data_position_after: serde_json::json!({"batch": 1}),
         };
         let text = render_manifest(&[line.clone(), line.clone()]);
-        assert_eq!(
-            parse_manifest("m", &text).unwrap(),
-            vec![line.clone(), line]
-        );
-        let err = parse_manifest("m", &format!("{text}{{oops\n"))
-            .unwrap_err()
-            .to_string();
+        assert_eq!(parse_manifest("m", &text).unwrap(), vec![line.clone(), line]);
+        let err = parse_manifest("m", &format!("{text}{{oops\n")).unwrap_err().to_string();
         assert!(err.contains("line 3"), "{err}");
         // A last line cut short is a torn write: the complete lines survive; a bad line that
         // ends in a newline, or one in the middle, is corruption.

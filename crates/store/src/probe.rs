@@ -32,18 +32,12 @@ pub struct ProbeReport {
 pub async fn probe(location: &StoreLocation) -> Result<ProbeReport> {
     let store = location.store();
     let dir = location.run_dir(".siphon-probe");
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
     let object = dir.clone().join(format!("{}-{nanos}", std::process::id()));
     let bytes: Vec<u8> = (0..PROBE_BYTES).map(|i| (i * 31 % 251) as u8).collect();
 
     let started = Instant::now();
-    store
-        .put(&object, PutPayload::from(bytes.clone()))
-        .await
-        .map_err(|e| StoreError::store("put", &object, e))?;
+    store.put(&object, PutPayload::from(bytes.clone())).await.map_err(|e| StoreError::store("put", &object, e))?;
     let put = started.elapsed();
 
     let started = Instant::now();
@@ -57,11 +51,7 @@ pub async fn probe(location: &StoreLocation) -> Result<ProbeReport> {
     if read.as_ref() != bytes.as_slice() {
         return Err(StoreError::Corrupt {
             path: object.to_string(),
-            reason: format!(
-                "read back {} bytes that differ from the {} written",
-                read.len(),
-                bytes.len()
-            ),
+            reason: format!("read back {} bytes that differ from the {} written", read.len(), bytes.len()),
         });
     }
     let get = started.elapsed();
@@ -82,30 +72,17 @@ pub async fn probe(location: &StoreLocation) -> Result<ProbeReport> {
     let list = started.elapsed();
 
     let started = Instant::now();
-    store
-        .delete(&object)
-        .await
-        .map_err(|e| StoreError::store("delete", &object, e))?;
+    store.delete(&object).await.map_err(|e| StoreError::store("delete", &object, e))?;
     let delete = started.elapsed();
     if let Some(local) = location.local_dir() {
         // object_store leaves the emptied directory behind on disk.
         let _ = std::fs::remove_dir(local.join(dir.as_ref()));
     }
-    Ok(ProbeReport {
-        object: object.to_string(),
-        put,
-        get,
-        list,
-        delete,
-    })
+    Ok(ProbeReport { object: object.to_string(), put, get, list, delete })
 }
 
 /// Blocking form of [`probe`]: opens `output` with the store timeout `give_up_after` first.
-pub fn probe_blocking(
-    output: &str,
-    options: &[(String, String)],
-    give_up_after: Duration,
-) -> Result<ProbeReport> {
+pub fn probe_blocking(output: &str, options: &[(String, String)], give_up_after: Duration) -> Result<ProbeReport> {
     crate::verify::block_on(async {
         let location = StoreLocation::open_with_timeout(output, options, give_up_after)?;
         probe(&location).await

@@ -83,12 +83,7 @@ impl HostState {
 /// Reads an object; `Ok(None)` when it does not exist.
 pub(crate) async fn get_optional(location: &StoreLocation, path: &Path) -> Result<Option<Bytes>> {
     match location.store().get(path).await {
-        Ok(result) => Ok(Some(
-            result
-                .bytes()
-                .await
-                .map_err(|e| StoreError::store("get", path, e))?,
-        )),
+        Ok(result) => Ok(Some(result.bytes().await.map_err(|e| StoreError::store("get", path, e))?)),
         Err(object_store::Error::NotFound { .. }) => Ok(None),
         Err(e) => Err(StoreError::store("get", path, e)),
     }
@@ -103,20 +98,10 @@ pub(crate) async fn claim_run(location: &StoreLocation, expected: &RunJson) -> R
             return compare_run_json(&path, &stored, expected);
         }
         // Create-if-absent so that two hosts racing to start a run cannot both write.
-        let options = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        match location
-            .store()
-            .put_opts(&path, PutPayload::from(body.clone()), options)
-            .await
-        {
+        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match location.store().put_opts(&path, PutPayload::from(body.clone()), options).await {
             Ok(_) => return Ok(()),
-            Err(
-                object_store::Error::AlreadyExists { .. }
-                | object_store::Error::Precondition { .. },
-            ) => continue,
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => continue,
             Err(object_store::Error::NotImplemented { .. }) => {
                 location
                     .store()
@@ -128,23 +113,14 @@ pub(crate) async fn claim_run(location: &StoreLocation, expected: &RunJson) -> R
             Err(e) => return Err(StoreError::store("put", &path, e)),
         }
     }
-    Err(StoreError::Corrupt {
-        path: path.to_string(),
-        reason: "run.json kept changing while being claimed".into(),
-    })
+    Err(StoreError::Corrupt { path: path.to_string(), reason: "run.json kept changing while being claimed".into() })
 }
 
 fn compare_run_json(path: &Path, stored: &[u8], expected: &RunJson) -> Result<()> {
-    let stored: serde_json::Value =
-        serde_json::from_slice(stored).map_err(|e| StoreError::Corrupt {
-            path: path.to_string(),
-            reason: e.to_string(),
-        })?;
+    let stored: serde_json::Value = serde_json::from_slice(stored)
+        .map_err(|e| StoreError::Corrupt { path: path.to_string(), reason: e.to_string() })?;
     // The format first: a run of another format differs in many fields for one reason.
-    let tag = stored
-        .get("format")
-        .and_then(|f| f.as_str())
-        .unwrap_or_default();
+    let tag = stored.get("format").and_then(|f| f.as_str()).unwrap_or_default();
     let version = check_format(path.as_ref(), tag)?;
     if version != FORMAT_VERSION {
         return Err(StoreError::FormatMismatch {
@@ -156,39 +132,18 @@ fn compare_run_json(path: &Path, stored: &[u8], expected: &RunJson) -> Result<()
     let expected = serde_json::to_value(expected).expect("run.json serializes");
     let mut fields = Vec::new();
     diff_values("", &stored, &expected, &mut fields);
-    if fields.is_empty() {
-        Ok(())
-    } else {
-        Err(StoreError::RunMismatch {
-            path: path.to_string(),
-            fields,
-        })
-    }
+    if fields.is_empty() { Ok(()) } else { Err(StoreError::RunMismatch { path: path.to_string(), fields }) }
 }
 
 /// Collects `path: stored A, this run B` for every leaf that differs.
-pub(crate) fn diff_values(
-    prefix: &str,
-    stored: &serde_json::Value,
-    ours: &serde_json::Value,
-    out: &mut Vec<String>,
-) {
+pub(crate) fn diff_values(prefix: &str, stored: &serde_json::Value, ours: &serde_json::Value, out: &mut Vec<String>) {
     use serde_json::Value;
     match (stored, ours) {
         (Value::Object(a), Value::Object(b)) => {
             let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
             for key in keys {
-                let path = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}.{key}")
-                };
-                diff_values(
-                    &path,
-                    a.get(key).unwrap_or(&Value::Null),
-                    b.get(key).unwrap_or(&Value::Null),
-                    out,
-                );
+                let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                diff_values(&path, a.get(key).unwrap_or(&Value::Null), b.get(key).unwrap_or(&Value::Null), out);
             }
         }
         (a, b) if a != b => out.push(format!("{prefix} (stored {a}, this run {b})")),
@@ -198,11 +153,7 @@ pub(crate) fn diff_values(
 
 /// Reads a host's manifest (empty when absent) and checks it is gap-free. A torn last line
 /// (see [`parse_manifest_torn`]) is an error here; [`recover_host`] repairs it.
-pub(crate) async fn read_manifest(
-    location: &StoreLocation,
-    run: &str,
-    host: HostId,
-) -> Result<Vec<ManifestLine>> {
+pub(crate) async fn read_manifest(location: &StoreLocation, run: &str, host: HostId) -> Result<Vec<ManifestLine>> {
     match read_manifest_torn(location, run, host).await? {
         (lines, None) => Ok(lines),
         (_, Some(torn)) => Err(StoreError::Corrupt {
@@ -222,17 +173,12 @@ async fn read_manifest_torn(
     let Some(bytes) = get_optional(location, &path).await? else {
         return Ok((Vec::new(), None));
     };
-    let text = std::str::from_utf8(&bytes).map_err(|e| StoreError::Corrupt {
-        path: path.to_string(),
-        reason: e.to_string(),
-    })?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| StoreError::Corrupt { path: path.to_string(), reason: e.to_string() })?;
     let (lines, torn) = parse_manifest_torn(path.as_ref(), text)?;
     let mut next_sample = 0;
     for (i, line) in lines.iter().enumerate() {
-        if line.index != i as u64
-            || line.samples[0] != next_sample
-            || line.samples[1] < line.samples[0]
-        {
+        if line.index != i as u64 || line.samples[0] != next_sample || line.samples[1] < line.samples[0] {
             return Err(StoreError::Corrupt {
                 path: path.to_string(),
                 reason: format!(
@@ -274,22 +220,14 @@ pub(crate) async fn recover_host(
             .map_err(|e| StoreError::store("put", &path, e))?;
     }
     let dir = location.host_dir(run, host);
-    let listed: Vec<object_store::ObjectMeta> = location
-        .store()
-        .list(Some(&dir))
-        .try_collect()
-        .await
-        .map_err(|e| StoreError::store("list", &dir, e))?;
+    let listed: Vec<object_store::ObjectMeta> =
+        location.store().list(Some(&dir)).try_collect().await.map_err(|e| StoreError::store("list", &dir, e))?;
     let committed: std::collections::HashMap<&str, &ManifestLine> =
         lines.iter().map(|l| (l.shard.as_str(), l)).collect();
     let mut seen = BTreeSet::new();
     for meta in &listed {
         let name = meta.location.filename().unwrap_or_default();
-        let top_level = meta
-            .location
-            .prefix_match(&dir)
-            .map(|rest| rest.count() == 1)
-            .unwrap_or(false);
+        let top_level = meta.location.prefix_match(&dir).map(|rest| rest.count() == 1).unwrap_or(false);
         if top_level && (name == MANIFEST_NAME || name == STATS_NAME) {
             continue;
         }
@@ -297,10 +235,7 @@ pub(crate) async fn recover_host(
             if meta.size != line.bytes {
                 return Err(StoreError::Corrupt {
                     path: meta.location.to_string(),
-                    reason: format!(
-                        "committed shard has {} bytes, manifest says {}",
-                        meta.size, line.bytes
-                    ),
+                    reason: format!("committed shard has {} bytes, manifest says {}", meta.size, line.bytes),
                 });
             }
             seen.insert(name.to_string());
@@ -323,16 +258,13 @@ pub(crate) async fn recover_host(
     }
 
     let stats_path = location.host_stats(run, host);
-    let stored =
-        match get_optional(location, &stats_path).await? {
-            Some(bytes) => Some(serde_json::from_slice::<StatsFile>(&bytes).map_err(|e| {
-                StoreError::Corrupt {
-                    path: stats_path.to_string(),
-                    reason: e.to_string(),
-                }
-            })?),
-            None => None,
-        };
+    let stored = match get_optional(location, &stats_path).await? {
+        Some(bytes) => Some(
+            serde_json::from_slice::<StatsFile>(&bytes)
+                .map_err(|e| StoreError::Corrupt { path: stats_path.to_string(), reason: e.to_string() })?,
+        ),
+        None => None,
+    };
     let last = lines.last().map(|l| l.index);
     let (mut run_stats, covered) = match stored {
         Some(file) if file.through_shard.is_some() && file.through_shard <= last => {
@@ -344,13 +276,10 @@ pub(crate) async fn recover_host(
         let from = covered.map_or(0, |c| c + 1) as usize;
         for line in &lines[from..] {
             let path = dir.clone().join(line.shard.as_str());
-            let bytes =
-                get_optional(location, &path)
-                    .await?
-                    .ok_or_else(|| StoreError::Corrupt {
-                        path: path.to_string(),
-                        reason: "committed shard is missing".into(),
-                    })?;
+            let bytes = get_optional(location, &path).await?.ok_or_else(|| StoreError::Corrupt {
+                path: path.to_string(),
+                reason: "committed shard is missing".into(),
+            })?;
             let summary = summarize_shard(path.as_ref(), &bytes, hooks, shapes)?;
             stats::merge_run_stats(&mut run_stats, &summary.stats)?;
         }
@@ -361,10 +290,7 @@ pub(crate) async fn recover_host(
             .await
             .map_err(|e| StoreError::store("put", &stats_path, e))?;
     }
-    Ok(HostState {
-        lines,
-        stats: run_stats,
-    })
+    Ok(HostState { lines, stats: run_stats })
 }
 
 /// object_store's local backend stages multipart uploads as `name#N` files that its listing
@@ -374,22 +300,14 @@ fn remove_staged_files(dir: &std::path::Path) -> Result<()> {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(source) => {
-            return Err(StoreError::Io {
-                op: "read directory",
-                path: dir.into(),
-                source,
-            });
+            return Err(StoreError::Io { op: "read directory", path: dir.into(), source });
         }
     };
     for entry in entries.flatten() {
         if entry.file_name().to_string_lossy().contains('#') {
             let path = entry.path();
             tracing::info!(path = %path.display(), "removing staged multipart file");
-            std::fs::remove_file(&path).map_err(|source| StoreError::Io {
-                op: "remove",
-                path,
-                source,
-            })?;
+            std::fs::remove_file(&path).map_err(|source| StoreError::Io { op: "remove", path, source })?;
         }
     }
     Ok(())
@@ -398,16 +316,10 @@ fn remove_staged_files(dir: &std::path::Path) -> Result<()> {
 /// Host directories present in a run.
 pub async fn list_hosts(location: &StoreLocation, run: &str) -> Result<Vec<HostId>> {
     let dir = location.run_dir(run);
-    let listing = location
-        .store()
-        .list_with_delimiter(Some(&dir))
-        .await
-        .map_err(|e| StoreError::store("list", &dir, e))?;
-    let mut hosts: Vec<HostId> = listing
-        .common_prefixes
-        .iter()
-        .filter_map(|p| p.filename().and_then(parse_host_dir))
-        .collect();
+    let listing =
+        location.store().list_with_delimiter(Some(&dir)).await.map_err(|e| StoreError::store("list", &dir, e))?;
+    let mut hosts: Vec<HostId> =
+        listing.common_prefixes.iter().filter_map(|p| p.filename().and_then(parse_host_dir)).collect();
     hosts.sort_by_key(|h| (h.machine, h.host));
     Ok(hosts)
 }
@@ -422,20 +334,14 @@ pub async fn merge_host_stats(location: &StoreLocation, run: &str) -> Result<Sta
         let Some(bytes) = get_optional(location, &path).await? else {
             continue;
         };
-        let file: StatsFile = serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
-            path: path.to_string(),
-            reason: e.to_string(),
-        })?;
+        let file: StatsFile = serde_json::from_slice(&bytes)
+            .map_err(|e| StoreError::Corrupt { path: path.to_string(), reason: e.to_string() })?;
         stats::merge_run_stats(&mut merged, &stats::from_file(&file))?;
     }
     let file = stats::to_file(&merged, None);
     let path = location.run_stats(run);
     let body = serde_json::to_vec(&file).expect("stats serialize");
-    location
-        .store()
-        .put(&path, PutPayload::from(body))
-        .await
-        .map_err(|e| StoreError::store("put", &path, e))?;
+    location.store().put(&path, PutPayload::from(body)).await.map_err(|e| StoreError::store("put", &path, e))?;
     Ok(file)
 }
 
@@ -450,11 +356,7 @@ mod tests {
         let mut out = Vec::new();
         diff_values("", &a, &b, &mut out);
         assert_eq!(out.len(), 3, "{out:?}");
-        assert!(
-            out.iter()
-                .any(|f| f.starts_with("model.id (stored \"a\", this run \"b\")")),
-            "{out:?}"
-        );
+        assert!(out.iter().any(|f| f.starts_with("model.id (stored \"a\", this run \"b\")")), "{out:?}");
         assert!(out.iter().any(|f| f.starts_with("hooks ")));
         assert!(out.iter().any(|f| f.starts_with("new ")));
     }

@@ -36,30 +36,20 @@ const FORMAT_PREFIX: &str = "siphon-activations/";
 /// other tag.
 pub fn format_version(tag: &str) -> Option<u32> {
     let version: u32 = tag.strip_prefix(FORMAT_PREFIX)?.parse().ok()?;
-    READABLE_FORMAT_VERSIONS
-        .contains(&version)
-        .then_some(version)
+    READABLE_FORMAT_VERSIONS.contains(&version).then_some(version)
 }
 
 /// [`format_version`], or [`StoreError::UnsupportedFormat`] naming `path` and the tag.
 pub fn check_format(path: &str, tag: &str) -> Result<u32> {
-    format_version(tag).ok_or_else(|| StoreError::UnsupportedFormat {
-        path: path.to_string(),
-        found: tag.to_string(),
-    })
+    format_version(tag).ok_or_else(|| StoreError::UnsupportedFormat { path: path.to_string(), found: tag.to_string() })
 }
 
 /// The readable format tags, for messages.
 pub(crate) fn readable_formats() -> String {
-    READABLE_FORMAT_VERSIONS
-        .iter()
-        .map(|v| format!("{FORMAT_PREFIX}{v}"))
-        .collect::<Vec<_>>()
-        .join(" and ")
+    READABLE_FORMAT_VERSIONS.iter().map(|v| format!("{FORMAT_PREFIX}{v}")).collect::<Vec<_>>().join(" and ")
 }
 /// Tensor names that hooks may not use.
-pub const RESERVED_TENSOR_NAMES: [&str; 5] =
-    ["token_ids", "doc_index", "position", "sample_index", "mask"];
+pub const RESERVED_TENSOR_NAMES: [&str; 5] = ["token_ids", "doc_index", "position", "sample_index", "mask"];
 
 /// Identity written into each shard's metadata.
 #[derive(Debug, Clone)]
@@ -163,12 +153,7 @@ impl ShardBuilder {
             self.hooks = first
                 .hooks
                 .iter()
-                .map(|h| HookColumn {
-                    shape: h.shape.clone(),
-                    width: h.row_elements(),
-                    chunks: Vec::new(),
-                    bytes: 0,
-                })
+                .map(|h| HookColumn { shape: h.shape.clone(), width: h.row_elements(), chunks: Vec::new(), bytes: 0 })
                 .collect();
         }
         for batch in &unit {
@@ -206,8 +191,7 @@ impl ShardBuilder {
         }
         let out_dtype = self.format.dtype;
         for (h, column) in self.hooks.iter_mut().enumerate() {
-            let zero_copy =
-                self.format.shuffle.is_none() && unit.iter().all(|b| b.hooks[h].dtype == out_dtype);
+            let zero_copy = self.format.shuffle.is_none() && unit.iter().all(|b| b.hooks[h].dtype == out_dtype);
             if zero_copy {
                 // Runs of consecutive included rows become slices of the batch buffers.
                 let row_bytes = column.width * out_dtype.size();
@@ -249,8 +233,7 @@ impl ShardBuilder {
             self.token_ids.push(batch.token_ids[t]);
             self.doc_index.push(batch.doc_index[t]);
             self.position.push(batch.position[t]);
-            self.sample_index
-                .push((batch.first_sample + (t / batch.seq) as u64) as i64);
+            self.sample_index.push((batch.first_sample + (t / batch.seq) as u64) as i64);
             self.mask.push(batch.keep[t]);
         }
         let start = self.samples.map_or(first_sample, |(s, _)| s);
@@ -296,18 +279,8 @@ impl ShardBuilder {
         // Tensors ordered by element alignment (8, 4, 2, 1 bytes) so every tensor in a
         // mmap-ed file starts aligned for its dtype.
         let mut tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = Vec::new();
-        tensors.push((
-            "doc_index".into(),
-            "I64",
-            vec![tokens],
-            vec![le_bytes(&doc_index, |v| v.to_le_bytes())],
-        ));
-        tensors.push((
-            "sample_index".into(),
-            "I64",
-            vec![tokens],
-            vec![le_bytes(&sample_index, |v| v.to_le_bytes())],
-        ));
+        tensors.push(("doc_index".into(), "I64", vec![tokens], vec![le_bytes(&doc_index, |v| v.to_le_bytes())]));
+        tensors.push(("sample_index".into(), "I64", vec![tokens], vec![le_bytes(&sample_index, |v| v.to_le_bytes())]));
         let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = hooks
             .into_iter()
             .zip(&identity.hooks)
@@ -321,27 +294,15 @@ impl ShardBuilder {
         if dtype == ActivationDtype::F32 {
             tensors.append(&mut hook_tensors);
         }
-        tensors.push((
-            "token_ids".into(),
-            "I32",
-            vec![tokens],
-            vec![le_bytes(&token_ids, |v| v.to_le_bytes())],
-        ));
-        tensors.push((
-            "position".into(),
-            "I32",
-            vec![tokens],
-            vec![le_bytes(&position, |v| v.to_le_bytes())],
-        ));
+        tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
+        tensors.push(("position".into(), "I32", vec![tokens], vec![le_bytes(&position, |v| v.to_le_bytes())]));
         tensors.append(&mut hook_tensors);
         if format.keep_excluded {
             tensors.push((
                 "mask".into(),
                 "BOOL",
                 vec![tokens],
-                vec![Bytes::from(
-                    mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>(),
-                )],
+                vec![Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>())],
             ));
         }
 
@@ -349,10 +310,7 @@ impl ShardBuilder {
         metadata.insert("format", FORMAT_TAG.to_string());
         metadata.insert("run", identity.run.clone());
         metadata.insert("model", identity.model.clone());
-        metadata.insert(
-            "hooks",
-            serde_json::to_string(&identity.hooks).expect("strings serialize"),
-        );
+        metadata.insert("hooks", serde_json::to_string(&identity.hooks).expect("strings serialize"));
         metadata.insert("dtype", dtype.safetensors_name().to_lowercase());
         metadata.insert("shard_index", index.to_string());
         metadata.insert("machine", identity.host.machine.to_string());
@@ -360,16 +318,10 @@ impl ShardBuilder {
         metadata.insert("sample_start", sample_start.to_string());
         metadata.insert("sample_end", sample_end.to_string());
         metadata.insert("tokens", tokens.to_string());
-        metadata.insert(
-            "excluded_tokens_kept_with_mask",
-            format.keep_excluded.to_string(),
-        );
+        metadata.insert("excluded_tokens_kept_with_mask", format.keep_excluded.to_string());
 
         let mut header = serde_json::Map::new();
-        header.insert(
-            "__metadata__".into(),
-            serde_json::to_value(&metadata).expect("strings serialize"),
-        );
+        header.insert("__metadata__".into(), serde_json::to_value(&metadata).expect("strings serialize"));
         let mut offset = 0usize;
         for (name, dt, shape, data) in &tensors {
             let end = offset + data.iter().map(|c| c.len()).sum::<usize>();
@@ -389,12 +341,7 @@ impl ShardBuilder {
         head.extend_from_slice(&header);
 
         let mut chunks = vec![Bytes::from(head)];
-        chunks.extend(
-            tensors
-                .into_iter()
-                .flat_map(|(_, _, _, data)| data)
-                .filter(|d| !d.is_empty()),
-        );
+        chunks.extend(tensors.into_iter().flat_map(|(_, _, _, data)| data).filter(|d| !d.is_empty()));
         let mut hasher = Sha256::new();
         let mut bytes = 0u64;
         for chunk in &chunks {
@@ -438,50 +385,29 @@ pub struct ShardSummary {
 ///
 /// `shapes` are the per-token shapes run.json records, in `hooks` order; when given (non-empty),
 /// a hook whose trailing dimensions differ is an error naming the hook and both shapes.
-pub fn summarize_shard(
-    path: &str,
-    bytes: &[u8],
-    hooks: &[String],
-    shapes: &[Vec<usize>],
-) -> Result<ShardSummary> {
-    let bad = |reason: String| StoreError::BadShard {
-        path: path.to_string(),
-        reason,
-    };
-    let (_, meta) =
-        safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
+pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String], shapes: &[Vec<usize>]) -> Result<ShardSummary> {
+    let bad = |reason: String| StoreError::BadShard { path: path.to_string(), reason };
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
     let format_version = check_format(path, metadata.get("format").map_or("", String::as_str))?;
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
-    let tokens = st
-        .tensor("token_ids")
-        .map_err(|e| bad(format!("token_ids: {e}")))?
-        .shape()
-        .first()
-        .copied()
-        .unwrap_or(0);
+    let tokens =
+        st.tensor("token_ids").map_err(|e| bad(format!("token_ids: {e}")))?.shape().first().copied().unwrap_or(0);
     for name in ["doc_index", "position", "sample_index"] {
         let t = st.tensor(name).map_err(|e| bad(format!("{name}: {e}")))?;
         if t.shape() != [tokens] {
-            return Err(bad(format!(
-                "{name} has shape {:?}, expected [{tokens}]",
-                t.shape()
-            )));
+            return Err(bad(format!("{name} has shape {:?}, expected [{tokens}]", t.shape())));
         }
     }
     let mask: Option<Vec<bool>> = match st.tensor("mask") {
         Ok(t) => Some(t.data().iter().map(|&b| b != 0).collect()),
         Err(_) => None,
     };
-    let included_tokens = mask
-        .as_ref()
-        .map_or(tokens, |m| m.iter().filter(|x| **x).count()) as u64;
+    let included_tokens = mask.as_ref().map_or(tokens, |m| m.iter().filter(|x| **x).count()) as u64;
     let mut stats = RunStats::new();
     let mut hook_shapes = BTreeMap::new();
     for (i, hook) in hooks.iter().enumerate() {
-        let t = st
-            .tensor(hook)
-            .map_err(|e| bad(format!("hook {hook}: {e}")))?;
+        let t = st.tensor(hook).map_err(|e| bad(format!("hook {hook}: {e}")))?;
         let dtype = match t.dtype() {
             safetensors::Dtype::F32 => ActivationDtype::F32,
             safetensors::Dtype::BF16 => ActivationDtype::Bf16,
@@ -489,9 +415,7 @@ pub fn summarize_shard(
             other => return Err(bad(format!("hook {hook} has dtype {other:?}"))),
         };
         let Some((&rows, token_shape)) = t.shape().split_first() else {
-            return Err(bad(format!(
-                "hook {hook} is a scalar, expected [{tokens}, *per-token shape]"
-            )));
+            return Err(bad(format!("hook {hook} is a scalar, expected [{tokens}, *per-token shape]")));
         };
         if rows != tokens || token_shape.is_empty() || token_shape.contains(&0) {
             return Err(bad(format!(
@@ -507,20 +431,10 @@ pub fn summarize_shard(
                 t.shape()
             )));
         }
-        stats.insert(
-            hook.clone(),
-            HookStats::from_rows(dtype, token_shape, t.data(), mask.as_deref()),
-        );
+        stats.insert(hook.clone(), HookStats::from_rows(dtype, token_shape, t.data(), mask.as_deref()));
         hook_shapes.insert(hook.clone(), token_shape.to_vec());
     }
-    Ok(ShardSummary {
-        metadata,
-        format_version,
-        hook_shapes,
-        tokens: tokens as u64,
-        included_tokens,
-        stats,
-    })
+    Ok(ShardSummary { metadata, format_version, hook_shapes, tokens: tokens as u64, included_tokens, stats })
 }
 
 fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Bytes {
@@ -532,12 +446,7 @@ fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> 
 }
 
 /// Appends one row converted from `src_dtype` to `dst_dtype` (little-endian both sides).
-fn convert_row(
-    src_dtype: ActivationDtype,
-    src: &[u8],
-    dst_dtype: ActivationDtype,
-    dst: &mut Vec<u8>,
-) {
+fn convert_row(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDtype, dst: &mut Vec<u8>) {
     if src_dtype == dst_dtype {
         dst.extend_from_slice(src);
         return;
@@ -545,14 +454,12 @@ fn convert_row(
     let mut values = vec![0f32; src.len() / src_dtype.size()];
     crate::stats::decode_row(src_dtype, src, &mut values);
     match dst_dtype {
-        ActivationDtype::F32 => values
-            .iter()
-            .for_each(|v| dst.extend_from_slice(&v.to_le_bytes())),
-        ActivationDtype::Bf16 => values
-            .iter()
-            .for_each(|v| dst.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),
-        ActivationDtype::F16 => values
-            .iter()
-            .for_each(|v| dst.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
+        ActivationDtype::F32 => values.iter().for_each(|v| dst.extend_from_slice(&v.to_le_bytes())),
+        ActivationDtype::Bf16 => {
+            values.iter().for_each(|v| dst.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes()))
+        }
+        ActivationDtype::F16 => {
+            values.iter().for_each(|v| dst.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes()))
+        }
     }
 }

@@ -36,13 +36,7 @@ impl HookStats {
     /// Empty statistics for token activations of per-token shape `shape`.
     pub fn new(shape: &[usize]) -> Self {
         let width = shape.iter().product();
-        HookStats {
-            shape: shape.to_vec(),
-            count: 0,
-            mean: vec![0.0; width],
-            m2: vec![0.0; width],
-            norm_sum: 0.0,
-        }
+        HookStats { shape: shape.to_vec(), count: 0, mean: vec![0.0; width], m2: vec![0.0; width], norm_sum: 0.0 }
     }
 
     /// Elements per token row: the product of `shape`.
@@ -51,12 +45,7 @@ impl HookStats {
     }
 
     /// Statistics of the rows of `data` (`[rows, *shape]` of `dtype`) whose mask entry is true.
-    pub fn from_rows(
-        dtype: ActivationDtype,
-        shape: &[usize],
-        data: &[u8],
-        mask: Option<&[bool]>,
-    ) -> Self {
+    pub fn from_rows(dtype: ActivationDtype, shape: &[usize], data: &[u8], mask: Option<&[bool]>) -> Self {
         let mut acc = StatsAccumulator::new(dtype, shape);
         acc.add_rows(data, mask);
         acc.finish()
@@ -137,23 +126,11 @@ impl StatsAccumulator {
         let row_bytes = self.width * self.dtype.size();
         let rows = data.len().checked_div(row_bytes).unwrap_or(0);
         for r in (0..rows).filter(|&r| mask.is_none_or(|m| m[r])) {
-            decode_row(
-                self.dtype,
-                &data[r * row_bytes..(r + 1) * row_bytes],
-                &mut self.row,
-            );
+            decode_row(self.dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut self.row);
             let row = &self.row;
-            let shift = self
-                .shift
-                .get_or_insert_with(|| row.iter().map(|&x| x as f64).collect());
+            let shift = self.shift.get_or_insert_with(|| row.iter().map(|&x| x as f64).collect());
             let mut sq = 0f64;
-            for (((a, b), &k), &x) in self
-                .s1
-                .iter_mut()
-                .zip(self.s2.iter_mut())
-                .zip(shift.iter())
-                .zip(row)
-            {
+            for (((a, b), &k), &x) in self.s1.iter_mut().zip(self.s2.iter_mut()).zip(shift.iter()).zip(row) {
                 let x = x as f64;
                 let y = x - k;
                 *a += y;
@@ -174,8 +151,7 @@ impl StatsAccumulator {
         stats.norm_sum = self.norm_sum;
         let n = self.count as f64;
         let sums = shift.iter().zip(&self.s1).zip(&self.s2);
-        for ((mean, m2), ((k, s1), s2)) in stats.mean.iter_mut().zip(stats.m2.iter_mut()).zip(sums)
-        {
+        for ((mean, m2), ((k, s1), s2)) in stats.mean.iter_mut().zip(stats.m2.iter_mut()).zip(sums) {
             *mean = k + s1 / n;
             *m2 = (s2 - s1 * s1 / n).max(0.0);
         }
@@ -236,11 +212,7 @@ impl From<&HookStats> for HookStatsJson {
 impl From<&HookStatsJson> for HookStats {
     fn from(s: &HookStatsJson) -> Self {
         let n = s.count as f64;
-        let shape = if s.shape.is_empty() {
-            vec![s.mean.len()]
-        } else {
-            s.shape.clone()
-        };
+        let shape = if s.shape.is_empty() { vec![s.mean.len()] } else { s.shape.clone() };
         HookStats {
             shape,
             count: s.count,
@@ -269,18 +241,12 @@ pub fn merge_run_stats(into: &mut RunStats, other: &RunStats) -> Result<()> {
 
 /// Converts running statistics into the file form.
 pub fn to_file(stats: &RunStats, through_shard: Option<u64>) -> StatsFile {
-    StatsFile {
-        through_shard,
-        hooks: stats.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
-    }
+    StatsFile { through_shard, hooks: stats.iter().map(|(k, v)| (k.clone(), v.into())).collect() }
 }
 
 /// Converts the file form back into running statistics.
 pub fn from_file(file: &StatsFile) -> RunStats {
-    file.hooks
-        .iter()
-        .map(|(k, v)| (k.clone(), v.into()))
-        .collect()
+    file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect()
 }
 
 /// Decodes one row of little-endian `dtype` values into f32.
@@ -317,7 +283,13 @@ mod tests {
     /// (7.887233511355132 / 3 · 3 is not 7.887233511355132).
     #[test]
     fn statistics_read_back_continue_bit_identically() {
-        let first = HookStats { shape: vec![2], count: 3, mean: vec![0.25, -1.5], m2: vec![7.887233511355132, 0.7], norm_sum: 7.887233511355132 };
+        let first = HookStats {
+            shape: vec![2],
+            count: 3,
+            mean: vec![0.25, -1.5],
+            m2: vec![7.887233511355132, 0.7],
+            norm_sum: 7.887233511355132,
+        };
         let text = serde_json::to_vec(&to_file(&[("h".to_string(), first.clone())].into(), Some(0))).unwrap();
         let back = from_file(&serde_json::from_slice(&text).unwrap());
         assert_eq!(back["h"], first, "bit-identical after a JSON round trip");
@@ -331,54 +303,28 @@ mod tests {
     #[test]
     fn chunked_merge_matches_one_pass() {
         // 7 rows of width 2, split 3 + 4, with one masked row in the second chunk.
-        let rows: Vec<[f32; 2]> = vec![
-            [1.0, -2.0],
-            [3.0, 0.5],
-            [2.0, 4.0],
-            [-1.0, 1.0],
-            [100.0, 100.0],
-            [0.0, 2.0],
-            [5.0, -3.0],
-        ];
+        let rows: Vec<[f32; 2]> =
+            vec![[1.0, -2.0], [3.0, 0.5], [2.0, 4.0], [-1.0, 1.0], [100.0, 100.0], [0.0, 2.0], [5.0, -3.0]];
         let flat: Vec<f32> = rows.iter().flatten().copied().collect();
         let mask = [true, true, true, true, false, true, true];
         let all = HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&flat), Some(&mask));
-        let mut merged =
-            HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&flat[..6]), None);
+        let mut merged = HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&flat[..6]), None);
         merged
-            .merge(&HookStats::from_rows(
-                ActivationDtype::F32,
-                &[2],
-                &f32_bytes(&flat[6..]),
-                Some(&mask[3..]),
-            ))
+            .merge(&HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&flat[6..]), Some(&mask[3..])))
             .unwrap();
 
-        let kept: Vec<[f32; 2]> = rows
-            .iter()
-            .zip(mask)
-            .filter(|(_, m)| *m)
-            .map(|(r, _)| *r)
-            .collect();
+        let kept: Vec<[f32; 2]> = rows.iter().zip(mask).filter(|(_, m)| *m).map(|(r, _)| *r).collect();
         let n = kept.len() as f64;
         for d in 0..2 {
             let mean = kept.iter().map(|r| r[d] as f64).sum::<f64>() / n;
-            let var = kept
-                .iter()
-                .map(|r| (r[d] as f64 - mean).powi(2))
-                .sum::<f64>()
-                / n;
+            let var = kept.iter().map(|r| (r[d] as f64 - mean).powi(2)).sum::<f64>() / n;
             for s in [&all, &merged] {
                 assert_eq!(s.count, 6);
                 assert!((s.mean[d] - mean).abs() < 1e-12, "{} vs {mean}", s.mean[d]);
                 assert!((s.variance()[d] - var).abs() < 1e-9);
             }
         }
-        let norm = kept
-            .iter()
-            .map(|r| ((r[0] as f64).powi(2) + (r[1] as f64).powi(2)).sqrt())
-            .sum::<f64>()
-            / n;
+        let norm = kept.iter().map(|r| ((r[0] as f64).powi(2) + (r[1] as f64).powi(2)).sqrt()).sum::<f64>() / n;
         assert!((merged.mean_norm() - norm).abs() < 1e-12);
         // Survives the JSON form.
         let back = HookStats::from(&HookStatsJson::from(&merged));
@@ -405,10 +351,7 @@ mod tests {
         let rows = [[1.0f32, 2.0, 3.0, 4.0], [3.0, 2.0, 1.0, 0.0]];
         let flat: Vec<f32> = rows.iter().flatten().copied().collect();
         let s = HookStats::from_rows(ActivationDtype::F32, &[2, 2], &f32_bytes(&flat), None);
-        assert_eq!(
-            (s.count, s.width(), s.shape.as_slice()),
-            (2, 4, &[2, 2][..])
-        );
+        assert_eq!((s.count, s.width(), s.shape.as_slice()), (2, 4, &[2, 2][..]));
         assert_eq!(s.mean, vec![2.0, 2.0, 2.0, 2.0]);
         assert_eq!(s.variance(), vec![1.0, 0.0, 1.0, 4.0]);
         let norm = (30f64.sqrt() + 14f64.sqrt()) / 2.0;

@@ -24,9 +24,7 @@ impl SyntheticSpec {
     /// `n` hooks named `blocks.{i}.hook_resid_post`, each of per-token shape `[d_model]`.
     pub fn new(n_hooks: usize, batch: usize, seq: usize, d_model: usize) -> Self {
         SyntheticSpec {
-            hooks: (0..n_hooks)
-                .map(|i| format!("blocks.{i}.hook_resid_post"))
-                .collect(),
+            hooks: (0..n_hooks).map(|i| format!("blocks.{i}.hook_resid_post")).collect(),
             shapes: vec![vec![d_model]; n_hooks],
             batch,
             seq,
@@ -51,10 +49,7 @@ impl SyntheticSpec {
     /// The activation value of `(sample, token, hook, dim)`, `dim` indexing the token's
     /// activation flattened row-major; exactly representable in bf16.
     pub fn value(sample: u64, token: usize, hook: usize, dim: usize) -> f32 {
-        let h = mix(sample.wrapping_mul(0x100_0000)
-            ^ ((token as u64) << 24)
-            ^ ((hook as u64) << 20)
-            ^ dim as u64);
+        let h = mix(sample.wrapping_mul(0x100_0000) ^ ((token as u64) << 24) ^ ((hook as u64) << 20) ^ dim as u64);
         // 8 significant bits: survives the f32 -> bf16 conversion unchanged.
         ((h % 255) as f32 - 127.0) / 16.0
     }
@@ -97,18 +92,11 @@ impl SyntheticSpec {
                 for b in 0..self.batch {
                     for t in 0..self.seq {
                         for d in 0..width {
-                            data.extend_from_slice(
-                                &Self::value(first_sample + b as u64, t, h, d).to_le_bytes(),
-                            );
+                            data.extend_from_slice(&Self::value(first_sample + b as u64, t, h, d).to_le_bytes());
                         }
                     }
                 }
-                HookActivations {
-                    hook: name.clone(),
-                    dtype: ActivationDtype::F32,
-                    shape: self.shapes[h].clone(),
-                    data,
-                }
+                HookActivations { hook: name.clone(), dtype: ActivationDtype::F32, shape: self.shapes[h].clone(), data }
             })
             .collect();
         BatchActivations {

@@ -78,38 +78,26 @@ async fn upload_once(
     let total: usize = chunks.iter().map(|c| c.len()).sum();
     if total <= config.part_bytes {
         let _permit = requests.acquire().await.expect("semaphore never closed");
-        store
-            .put(path, PutPayload::from_iter(chunks.iter().cloned()))
-            .await?;
+        store.put(path, PutPayload::from_iter(chunks.iter().cloned())).await?;
         return Ok(());
     }
     let mut upload = store.put_multipart(path).await?;
     // put_part numbers parts when called, so parts may complete in any order.
-    let parts: Vec<_> = split_parts(chunks, config.part_bytes)
-        .into_iter()
-        .map(|part| upload.put_part(part))
-        .collect();
+    let parts: Vec<_> = split_parts(chunks, config.part_bytes).into_iter().map(|part| upload.put_part(part)).collect();
     // Each part is its own task holding one request permit while it runs; dropping the set
     // (on failure) cancels the rest.
     let mut tasks = tokio::task::JoinSet::new();
     for part in parts {
         let requests = Arc::clone(requests);
         tasks.spawn(async move {
-            let _permit = requests
-                .acquire_owned()
-                .await
-                .expect("semaphore never closed");
+            let _permit = requests.acquire_owned().await.expect("semaphore never closed");
             part.await
         });
     }
     let mut first = true;
     while let Some(joined) = tasks.join_next().await {
-        let result = joined.unwrap_or_else(|e| {
-            Err(object_store::Error::Generic {
-                store: "siphon-store",
-                source: Box::new(e),
-            })
-        });
+        let result =
+            joined.unwrap_or_else(|e| Err(object_store::Error::Generic { store: "siphon-store", source: Box::new(e) }));
         if let Err(error) = result {
             tasks.abort_all();
             if let Err(abort_error) = upload.abort().await {
@@ -155,18 +143,12 @@ mod tests {
 
     #[test]
     fn parts_have_the_requested_size_and_keep_the_bytes() {
-        let chunks: Vec<Bytes> = vec![
-            Bytes::from(vec![1u8; 7]),
-            Bytes::from(vec![2u8; 3]),
-            Bytes::from(vec![3u8; 12]),
-        ];
+        let chunks: Vec<Bytes> = vec![Bytes::from(vec![1u8; 7]), Bytes::from(vec![2u8; 3]), Bytes::from(vec![3u8; 12])];
         let parts = split_parts(&chunks, 5);
         let sizes: Vec<usize> = parts.iter().map(|p| p.content_length()).collect();
         assert_eq!(sizes, vec![5, 5, 5, 5, 2]);
-        let joined: Vec<u8> = parts
-            .iter()
-            .flat_map(|p| p.iter().flat_map(|b| b.to_vec()).collect::<Vec<_>>())
-            .collect();
+        let joined: Vec<u8> =
+            parts.iter().flat_map(|p| p.iter().flat_map(|b| b.to_vec()).collect::<Vec<_>>()).collect();
         let expected: Vec<u8> = chunks.iter().flat_map(|c| c.to_vec()).collect();
         assert_eq!(joined, expected);
     }

@@ -49,11 +49,7 @@ impl VerifyReport {
     pub fn all_problems(&self) -> Vec<String> {
         let mut out = self.problems.clone();
         for host in &self.hosts {
-            out.extend(
-                host.problems
-                    .iter()
-                    .map(|p| format!("{}: {p}", host.host.dir_name())),
-            );
+            out.extend(host.problems.iter().map(|p| format!("{}: {p}", host.host.dir_name())));
         }
         out
     }
@@ -106,12 +102,7 @@ struct Expected {
 pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyReport> {
     let mut report = VerifyReport::default();
     let run_json_path = location.run_json(run);
-    let mut expected = Expected {
-        hooks: Vec::new(),
-        format: None,
-        shapes: Vec::new(),
-        shapes_recorded: false,
-    };
+    let mut expected = Expected { hooks: Vec::new(), format: None, shapes: Vec::new(), shapes_recorded: false };
     match get_optional(location, &run_json_path).await? {
         None => report.problems.push(format!("{run_json_path} is missing")),
         Some(bytes) => match serde_json::from_slice::<RunJson>(&bytes) {
@@ -139,9 +130,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
                 {
                     check_format(run_json_path.as_ref(), &tag)?;
                 }
-                report
-                    .problems
-                    .push(format!("{run_json_path} does not parse: {e}"));
+                report.problems.push(format!("{run_json_path} does not parse: {e}"));
             }
         },
     }
@@ -152,11 +141,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
         report.tokens += host_report.tokens;
         report.included_tokens += host_report.included_tokens;
         stats::merge_run_stats(&mut all_stats, &host_stats)?;
-        shards.update(format!(
-            "{} {}\n",
-            host.dir_name(),
-            host_report.shards_sha256
-        ));
+        shards.update(format!("{} {}\n", host.dir_name(), host_report.shards_sha256));
         report.hosts.push(host_report);
     }
     report.shards_sha256 = hex::encode(shards.finalize());
@@ -164,27 +149,18 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
         report.problems.push("no host directories".into());
     }
     match get_optional(location, &location.run_stats(run)).await? {
-        None => report
-            .problems
-            .push("run stats.json is missing (run not finalized)".into()),
+        None => report.problems.push("run stats.json is missing (run not finalized)".into()),
         Some(bytes) => {
             report.stats_sha256 = Some(hex::encode(Sha256::digest(&bytes)));
             match serde_json::from_slice::<StatsFile>(&bytes) {
-                Err(e) => report
-                    .problems
-                    .push(format!("run stats.json does not parse: {e}")),
+                Err(e) => report.problems.push(format!("run stats.json does not parse: {e}")),
                 Ok(file) => {
-                    check_stats(
-                        "run stats.json",
-                        &file,
-                        &expected,
-                        report.included_tokens,
-                        &mut report.problems,
-                    );
+                    check_stats("run stats.json", &file, &expected, report.included_tokens, &mut report.problems);
                     let hosts_ok = report.hosts.iter().all(|h| h.problems.is_empty());
                     if hosts_ok && !stats_match(&file, &all_stats) {
                         report.problems.push(
-                            "run stats.json is not the statistics of the committed shards (recomputed from them)".into(),
+                            "run stats.json is not the statistics of the committed shards (recomputed from them)"
+                                .into(),
                         );
                     }
                 }
@@ -192,21 +168,12 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
         }
     }
     report.format_version = expected.format;
-    report.hook_shapes = expected
-        .hooks
-        .iter()
-        .cloned()
-        .zip(expected.shapes.iter().cloned())
-        .collect();
+    report.hook_shapes = expected.hooks.iter().cloned().zip(expected.shapes.iter().cloned()).collect();
     Ok(report)
 }
 
 /// Blocking form of [`verify_run`] for command-line tools.
-pub fn verify_run_blocking(
-    output: &str,
-    options: &[(String, String)],
-    run: &str,
-) -> Result<VerifyReport> {
+pub fn verify_run_blocking(output: &str, options: &[(String, String)], run: &str) -> Result<VerifyReport> {
     block_on(async {
         let location = StoreLocation::open(output, options)?;
         verify_run(&location, run).await
@@ -226,11 +193,7 @@ pub(crate) fn block_on<T>(future: impl Future<Output = Result<T>>) -> Result<T> 
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|source| StoreError::Io {
-            op: "start runtime",
-            path: "siphon-store".into(),
-            source,
-        })?
+        .map_err(|source| StoreError::Io { op: "start runtime", path: "siphon-store".into(), source })?
         .block_on(future)
 }
 
@@ -269,12 +232,7 @@ async fn verify_host(
     let listed: BTreeMap<String, u64> = location
         .store()
         .list(Some(&dir))
-        .map_ok(|m| {
-            (
-                m.location.filename().unwrap_or_default().to_string(),
-                m.size,
-            )
-        })
+        .map_ok(|m| (m.location.filename().unwrap_or_default().to_string(), m.size))
         .try_collect()
         .await
         .map_err(|e| StoreError::store("list", &dir, e))?;
@@ -291,56 +249,34 @@ async fn verify_host(
         report.samples_end = line.samples[1];
         let path = dir.clone().join(line.shard.as_str());
         let Some(bytes) = get_optional(location, &path).await? else {
-            report
-                .problems
-                .push(format!("{}: committed shard is missing", line.shard));
+            report.problems.push(format!("{}: committed shard is missing", line.shard));
             continue;
         };
         if bytes.len() as u64 != line.bytes {
-            report.problems.push(format!(
-                "{}: {} bytes, manifest says {}",
-                line.shard,
-                bytes.len(),
-                line.bytes
-            ));
+            report.problems.push(format!("{}: {} bytes, manifest says {}", line.shard, bytes.len(), line.bytes));
         }
         let sha = hex::encode(Sha256::digest(&bytes));
         if sha != line.sha256 {
-            report.problems.push(format!(
-                "{}: sha256 {sha}, manifest says {}",
-                line.shard, line.sha256
-            ));
+            report.problems.push(format!("{}: sha256 {sha}, manifest says {}", line.shard, line.sha256));
             continue;
         }
-        let recorded: &[Vec<usize>] = if expected.shapes_recorded {
-            &expected.shapes
-        } else {
-            &[]
-        };
+        let recorded: &[Vec<usize>] = if expected.shapes_recorded { &expected.shapes } else { &[] };
         match summarize_shard(path.as_ref(), &bytes, &expected.hooks, recorded) {
             Err(e) => report.problems.push(e.to_string()),
             Ok(summary) => {
                 match expected.format {
                     None => expected.format = Some(summary.format_version),
-                    Some(format) if format != summary.format_version => {
-                        report.problems.push(format!(
-                            "{}: shard of format {}, run.json (or the first shard) says format {format}",
-                            line.shard, summary.format_version
-                        ))
-                    }
+                    Some(format) if format != summary.format_version => report.problems.push(format!(
+                        "{}: shard of format {}, run.json (or the first shard) says format {format}",
+                        line.shard, summary.format_version
+                    )),
                     Some(_) => {}
                 }
-                let shapes: Vec<Vec<usize>> = expected
-                    .hooks
-                    .iter()
-                    .map(|h| summary.hook_shapes[h].clone())
-                    .collect();
+                let shapes: Vec<Vec<usize>> = expected.hooks.iter().map(|h| summary.hook_shapes[h].clone()).collect();
                 if expected.shapes.is_empty() {
                     expected.shapes = shapes;
                 } else if !expected.shapes_recorded {
-                    for ((hook, want), got) in
-                        expected.hooks.iter().zip(&expected.shapes).zip(&shapes)
-                    {
+                    for ((hook, want), got) in expected.hooks.iter().zip(&expected.shapes).zip(&shapes) {
                         if want != got {
                             report.problems.push(format!(
                                 "{}: hook {hook} has per-token shape {got:?}, earlier shards have {want:?}",
@@ -349,27 +285,15 @@ async fn verify_host(
                         }
                     }
                 }
-                if summary.tokens != line.tokens || summary.included_tokens != line.included_tokens
-                {
+                if summary.tokens != line.tokens || summary.included_tokens != line.included_tokens {
                     report.problems.push(format!(
                         "{}: holds {} tokens ({} included), manifest says {} ({})",
-                        line.shard,
-                        summary.tokens,
-                        summary.included_tokens,
-                        line.tokens,
-                        line.included_tokens
+                        line.shard, summary.tokens, summary.included_tokens, line.tokens, line.included_tokens
                     ));
                 }
-                let range = (
-                    summary.metadata.get("sample_start").cloned(),
-                    summary.metadata.get("sample_end").cloned(),
-                );
-                if range
-                    != (
-                        Some(line.samples[0].to_string()),
-                        Some(line.samples[1].to_string()),
-                    )
-                {
+                let range =
+                    (summary.metadata.get("sample_start").cloned(), summary.metadata.get("sample_end").cloned());
+                if range != (Some(line.samples[0].to_string()), Some(line.samples[1].to_string())) {
                     report.problems.push(format!(
                         "{}: metadata sample range {range:?}, manifest says {:?}",
                         line.shard, line.samples
@@ -383,9 +307,7 @@ async fn verify_host(
         None if lines.is_empty() => {}
         None => report.problems.push("stats.json is missing".into()),
         Some(bytes) => match serde_json::from_slice::<StatsFile>(&bytes) {
-            Err(e) => report
-                .problems
-                .push(format!("stats.json does not parse: {e}")),
+            Err(e) => report.problems.push(format!("stats.json does not parse: {e}")),
             Ok(file) => {
                 let last = lines.last().map(|l| l.index);
                 if file.through_shard != last {
@@ -394,17 +316,11 @@ async fn verify_host(
                         file.through_shard
                     ));
                 }
-                check_stats(
-                    "stats.json",
-                    &file,
-                    expected,
-                    report.included_tokens,
-                    &mut report.problems,
-                );
+                check_stats("stats.json", &file, expected, report.included_tokens, &mut report.problems);
                 if report.problems.is_empty() && !stats_match(&file, &host_stats) {
-                    report.problems.push(
-                        "stats.json is not the statistics of the committed shards (recomputed from them)".into(),
-                    );
+                    report
+                        .problems
+                        .push("stats.json is not the statistics of the committed shards (recomputed from them)".into());
                 }
             }
         },
@@ -428,30 +344,20 @@ fn stats_match(file: &StatsFile, recomputed: &RunStats) -> bool {
     file.hooks == expected
 }
 
-fn check_stats(
-    what: &str,
-    file: &StatsFile,
-    expected: &Expected,
-    included: u64,
-    problems: &mut Vec<String>,
-) {
+fn check_stats(what: &str, file: &StatsFile, expected: &Expected, included: u64, problems: &mut Vec<String>) {
     for (i, hook) in expected.hooks.iter().enumerate() {
         match file.hooks.get(hook) {
             None if included == 0 => {}
             None => problems.push(format!("{what}: no statistics for hook {hook}")),
-            Some(s) if s.count != included => problems.push(format!(
-                "{what}: hook {hook} counts {} tokens, manifests include {included}",
-                s.count
-            )),
+            Some(s) if s.count != included => {
+                problems.push(format!("{what}: hook {hook} counts {} tokens, manifests include {included}", s.count))
+            }
             Some(s) => {
                 let Some(shape) = expected.shapes.get(i) else {
                     continue;
                 };
                 let width: usize = shape.iter().product();
-                if s.mean.len() != width
-                    || s.variance.len() != width
-                    || (!s.shape.is_empty() && &s.shape != shape)
-                {
+                if s.mean.len() != width || s.variance.len() != width || (!s.shape.is_empty() && &s.shape != shape) {
                     problems.push(format!(
                         "{what}: hook {hook} has statistics of per-token shape {:?} ({} means), the shards {shape:?}",
                         s.shape,

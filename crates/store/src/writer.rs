@@ -103,21 +103,13 @@ impl ShardWriter {
     /// the last committed shard (see [`ShardWriter::resume_point`]).
     pub fn open(config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
         config.validate()?;
-        let location = StoreLocation::open_with_timeout(
-            &config.output,
-            &config.options,
-            config.upload.give_up_after,
-        )?;
+        let location = StoreLocation::open_with_timeout(&config.output, &config.options, config.upload.give_up_after)?;
         Self::open_at(location, config, descriptor)
     }
 
     /// Like [`ShardWriter::open`], with an already opened location (a custom or wrapped
     /// object store); `config.output` and `config.options` are then ignored.
-    pub fn open_at(
-        location: StoreLocation,
-        config: StoreConfig,
-        descriptor: RunDescriptor,
-    ) -> Result<Self> {
+    pub fn open_at(location: StoreLocation, config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
         config.validate()?;
         validate_hooks(&descriptor.hooks, &descriptor.hook_shapes)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -125,22 +117,11 @@ impl ShardWriter {
             .thread_name("siphon-store")
             .enable_all()
             .build()
-            .map_err(|source| StoreError::Io {
-                op: "start runtime",
-                path: "siphon-store".into(),
-                source,
-            })?;
+            .map_err(|source| StoreError::Io { op: "start runtime", path: "siphon-store".into(), source })?;
         let run_json = RunJson::new(&config.run, &descriptor, &config.format);
         let state = runtime.block_on(async {
             claim_run(&location, &run_json).await?;
-            recover_host(
-                &location,
-                &config.run,
-                config.host,
-                &descriptor.hooks,
-                &descriptor.hook_shapes,
-            )
-            .await
+            recover_host(&location, &config.run, config.host, &descriptor.hooks, &descriptor.hook_shapes).await
         })?;
         let resume = state.resume_point();
         tracing::info!(host = %config.host.dir_name(), next_shard = resume.next_shard, next_sample = resume.next_sample, "store opened");
@@ -185,11 +166,7 @@ impl ShardWriter {
                 }
                 result
             })
-            .map_err(|source| StoreError::Io {
-                op: "spawn thread",
-                path: "siphon-store-assembler".into(),
-                source,
-            })?;
+            .map_err(|source| StoreError::Io { op: "spawn thread", path: "siphon-store-assembler".into(), source })?;
         Ok(ShardWriter {
             runtime: Some(runtime),
             batches: Some(batch_tx),
@@ -220,20 +197,14 @@ impl ShardWriter {
         for (hook, expected) in batch.hooks.iter().zip(&self.shapes) {
             if &hook.shape != expected {
                 let reason = if self.shapes_recorded {
-                    format!(
-                        "hook {} has per-token shape {:?}, run.json records {expected:?}",
-                        hook.hook, hook.shape
-                    )
+                    format!("hook {} has per-token shape {:?}, run.json records {expected:?}", hook.hook, hook.shape)
                 } else {
                     format!(
                         "hook {} changed its per-token shape from {expected:?} (earlier batches) to {:?}",
                         hook.hook, hook.shape
                     )
                 };
-                return Err(StoreError::InvalidBatch {
-                    first_sample: batch.first_sample,
-                    reason,
-                });
+                return Err(StoreError::InvalidBatch { first_sample: batch.first_sample, reason });
             }
         }
         if batch.first_sample != self.next_sample {
@@ -246,10 +217,7 @@ impl ShardWriter {
             });
         }
         let end = batch.sample_end();
-        let sender = self
-            .batches
-            .as_ref()
-            .ok_or_else(|| StoreError::Background("writer already finished".into()))?;
+        let sender = self.batches.as_ref().ok_or_else(|| StoreError::Background("writer already finished".into()))?;
         let shapes = self.shapes.is_empty().then(|| batch.hook_shapes());
         if sender.send(batch).is_err() {
             return Err(StoreError::Background(self.failure_message()));
@@ -278,15 +246,14 @@ impl ShardWriter {
 
     fn close(mut self) -> Result<HostSummary> {
         drop(self.batches.take());
-        let assembled = self.assembler.take().map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(StoreError::Background("assembler panicked".into())))
-        });
+        let assembled = self
+            .assembler
+            .take()
+            .map(|h| h.join().unwrap_or_else(|_| Err(StoreError::Background("assembler panicked".into()))));
         let runtime = self.runtime.take().expect("runtime lives until finish");
         let committer = self.committer.take().expect("committer lives until finish");
-        let committed = runtime
-            .block_on(committer)
-            .unwrap_or_else(|e| Err(StoreError::Background(format!("committer task: {e}"))));
+        let committed =
+            runtime.block_on(committer).unwrap_or_else(|e| Err(StoreError::Background(format!("committer task: {e}"))));
         runtime.shutdown_background();
         // The committer's error is the root cause when both failed.
         let summary = committed?;
@@ -295,12 +262,7 @@ impl ShardWriter {
     }
 
     fn failure_message(&self) -> String {
-        self.failure
-            .lock()
-            .map(|f| f.clone())
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| "background writer stopped".into())
+        self.failure.lock().map(|f| f.clone()).ok().flatten().unwrap_or_else(|| "background writer stopped".into())
     }
 }
 
@@ -338,23 +300,17 @@ fn validate_hooks(hooks: &[String], shapes: &[Vec<usize>]) -> Result<()> {
         )));
     }
     for (hook, shape) in hooks.iter().zip(shapes) {
-        check_token_shape(shape)
-            .map_err(|e| StoreError::InvalidConfig(format!("hook {hook} {e}")))?;
+        check_token_shape(shape).map_err(|e| StoreError::InvalidConfig(format!("hook {hook} {e}")))?;
     }
     let mut seen = std::collections::HashSet::new();
     for hook in hooks {
-        if hook.is_empty()
-            || RESERVED_TENSOR_NAMES.contains(&hook.as_str())
-            || hook == "__metadata__"
-        {
+        if hook.is_empty() || RESERVED_TENSOR_NAMES.contains(&hook.as_str()) || hook == "__metadata__" {
             return Err(StoreError::InvalidConfig(format!(
                 "hook name {hook:?} is empty or reserved ({RESERVED_TENSOR_NAMES:?})"
             )));
         }
         if !seen.insert(hook) {
-            return Err(StoreError::InvalidConfig(format!(
-                "hook {hook:?} listed twice"
-            )));
+            return Err(StoreError::InvalidConfig(format!("hook {hook:?} listed twice")));
         }
     }
     Ok(())
@@ -386,24 +342,16 @@ fn assemble(
     let target = format.target_shard_bytes;
     let mut window: Vec<BatchActivations> = Vec::with_capacity(window_batches);
     let mut builder = ShardBuilder::new(identity.clone(), format.clone(), next_shard);
-    let send = |shard: SealedShard| {
-        shards
-            .blocking_send(shard)
-            .map_err(|_| StoreError::Background("uploader stopped".into()))
-    };
+    let send =
+        |shard: SealedShard| shards.blocking_send(shard).map_err(|_| StoreError::Background("uploader stopped".into()));
     for batch in batches.iter() {
         window.push(batch);
         if window.len() == window_batches {
-            builder.add_unit(std::mem::replace(
-                &mut window,
-                Vec::with_capacity(window_batches),
-            ))?;
+            builder.add_unit(std::mem::replace(&mut window, Vec::with_capacity(window_batches)))?;
             if builder.data_bytes() >= target {
                 next_shard += 1;
-                let full = std::mem::replace(
-                    &mut builder,
-                    ShardBuilder::new(identity.clone(), format.clone(), next_shard),
-                );
+                let full =
+                    std::mem::replace(&mut builder, ShardBuilder::new(identity.clone(), format.clone(), next_shard));
                 send(full.seal()?)?;
             }
         }
@@ -460,30 +408,15 @@ impl Committer {
         })
     }
 
-    fn upload_shard(
-        &self,
-        shard: SealedShard,
-    ) -> impl Future<Output = Result<SealedShard>> + use<> {
+    fn upload_shard(&self, shard: SealedShard) -> impl Future<Output = Result<SealedShard>> + use<> {
         let store = Arc::clone(self.location.store());
         let path = self.location.shard(&self.run, self.host, shard.index);
-        let local = self
-            .location
-            .local_dir()
-            .filter(|_| self.upload.fsync_local)
-            .map(|d| d.join(path.as_ref()));
+        let local = self.location.local_dir().filter(|_| self.upload.fsync_local).map(|d| d.join(path.as_ref()));
         let upload = self.upload.clone();
         let requests = Arc::clone(&self.requests);
         async move {
             failpoint::hit(Failpoint::BeforeUpload, shard.index);
-            upload_object(
-                &store,
-                &path,
-                &shard.chunks,
-                &upload,
-                &requests,
-                shard.index,
-            )
-            .await?;
+            upload_object(&store, &path, &shard.chunks, &upload, &requests, shard.index).await?;
             if let Some(local) = local {
                 sync_file(local).await?;
             }
@@ -495,35 +428,20 @@ impl Committer {
         failpoint::hit(Failpoint::AfterUploadBeforeManifest, shard.index);
         self.lines.push(ManifestLine::for_shard(&shard));
         let manifest = self.location.manifest(&self.run, self.host);
-        self.put(&manifest, render_manifest(&self.lines).into_bytes())
-            .await?;
+        self.put(&manifest, render_manifest(&self.lines).into_bytes()).await?;
         // Committed. Host stats are a cache of the committed shards' statistics: a crash
         // before this put is repaired on resume by recomputing from the shards.
         stats::merge_run_stats(&mut self.stats, &shard.stats)?;
         let stats_path = self.location.host_stats(&self.run, self.host);
-        let body = serde_json::to_vec(&stats::to_file(&self.stats, Some(shard.index)))
-            .expect("stats serialize");
+        let body = serde_json::to_vec(&stats::to_file(&self.stats, Some(shard.index))).expect("stats serialize");
         self.put(&stats_path, body).await?;
-        tracing::debug!(
-            shard = shard.index,
-            bytes = shard.bytes,
-            tokens = shard.tokens,
-            "shard committed"
-        );
+        tracing::debug!(shard = shard.index, bytes = shard.bytes, tokens = shard.tokens, "shard committed");
         Ok(())
     }
 
     async fn put(&self, path: &Path, body: Vec<u8>) -> Result<()> {
-        self.location
-            .store()
-            .put(path, PutPayload::from(body))
-            .await
-            .map_err(|e| StoreError::store("put", path, e))?;
-        if let Some(dir) = self
-            .location
-            .local_dir()
-            .filter(|_| self.upload.fsync_local)
-        {
+        self.location.store().put(path, PutPayload::from(body)).await.map_err(|e| StoreError::store("put", path, e))?;
+        if let Some(dir) = self.location.local_dir().filter(|_| self.upload.fsync_local) {
             sync_file(dir.join(path.as_ref())).await?;
         }
         Ok(())
@@ -538,11 +456,7 @@ async fn sync_file(path: std::path::PathBuf) -> Result<()> {
             path: path.clone(),
             source,
         })?;
-        file.sync_all().map_err(|source| StoreError::Io {
-            op: "sync",
-            path,
-            source,
-        })
+        file.sync_all().map_err(|source| StoreError::Io { op: "sync", path, source })
     })
     .await
     .map_err(|e| StoreError::Background(format!("sync task: {e}")))?

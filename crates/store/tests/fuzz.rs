@@ -4,7 +4,7 @@
 //! binary). Each must answer with a result or an error, never a panic.
 //! `SIPHON_FUZZ_SECONDS` (default 2 per file) and `SIPHON_FUZZ_SEED` widen a run.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

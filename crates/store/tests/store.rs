@@ -10,16 +10,13 @@ use std::sync::Arc;
 use object_store::ObjectStoreExt;
 use siphon_store::synthetic::SyntheticSpec;
 use siphon_store::{
-    ActivationDtype, HostId, ManifestLine, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig,
-    StoreError, StoreLocation,
+    ActivationDtype, HostId, ManifestLine, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig, StoreError,
+    StoreLocation,
 };
 use support::{Backend, Fault, MotoS3};
 
 const RUN: &str = "run-a";
-const HOST: HostId = HostId {
-    machine: 1,
-    host: 2,
-};
+const HOST: HostId = HostId { machine: 1, host: 2 };
 
 /// 20 batches of 4 x 64 tokens, 2 hooks of width 512 in f32: ~1 MB per batch, so 6 MiB shards
 /// hold 7 batches and are uploaded as two 5 MiB multipart parts.
@@ -61,24 +58,13 @@ fn location(backend: &Backend, prefix: &str) -> StoreLocation {
 }
 
 fn block_on<T>(f: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
 
 fn read_manifest(backend: &Backend, prefix: &str) -> Vec<ManifestLine> {
     let loc = location(backend, prefix);
     block_on(async {
-        let bytes = loc
-            .store()
-            .get(&loc.manifest(RUN, HOST))
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let bytes = loc.store().get(&loc.manifest(RUN, HOST)).await.unwrap().bytes().await.unwrap();
         siphon_store::parse_manifest("manifest", std::str::from_utf8(&bytes).unwrap()).unwrap()
     })
 }
@@ -86,34 +72,19 @@ fn read_manifest(backend: &Backend, prefix: &str) -> Vec<ManifestLine> {
 fn read_object(backend: &Backend, prefix: &str, name: &str) -> Vec<u8> {
     let loc = location(backend, prefix);
     block_on(async {
-        loc.store()
-            .get(&loc.host_dir(RUN, HOST).join(name))
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap()
-            .to_vec()
+        loc.store().get(&loc.host_dir(RUN, HOST).join(name)).await.unwrap().bytes().await.unwrap().to_vec()
     })
 }
 
 fn expected_included(spec: &SyntheticSpec, batches: u64) -> u64 {
     let samples = batches * spec.batch as u64;
-    (0..samples)
-        .map(|s| (0..spec.seq).filter(|&t| spec.keep(s, t)).count() as u64)
-        .sum()
+    (0..samples).map(|s| (0..spec.seq).filter(|&t| spec.keep(s, t)).count() as u64).sum()
 }
 
 fn verify_ok(backend: &Backend, prefix: &str) -> siphon_store::VerifyReport {
     siphon_store::finalize_run(&backend.url(prefix), &backend.options, RUN).unwrap();
-    let report =
-        siphon_store::verify_run_blocking(&backend.url(prefix), &backend.options, RUN).unwrap();
-    assert!(
-        report.is_ok(),
-        "{}: {:?}",
-        backend.name,
-        report.all_problems()
-    );
+    let report = siphon_store::verify_run_blocking(&backend.url(prefix), &backend.options, RUN).unwrap();
+    assert!(report.is_ok(), "{}: {:?}", backend.name, report.all_problems());
     report
 }
 
@@ -134,28 +105,18 @@ fn suite_write_read_verify(backend: &Backend) {
     assert!(report.hosts[0].uncommitted_objects.is_empty());
 
     let lines = read_manifest(backend, "plain");
-    assert!(
-        lines.iter().take(2).all(|l| l.bytes > (5 << 20)),
-        "the first shards are multipart-sized"
-    );
+    assert!(lines.iter().take(2).all(|l| l.bytes > (5 << 20)), "the first shards are multipart-sized");
     // The checksums `siphon inspect` prints, recomputed from the objects themselves: sha256
     // over the shards' sha256s per host, then over `{host dir} {that}` lines.
     use sha2::{Digest, Sha256};
     let sha = |bytes: &[u8]| hex::encode(Sha256::digest(bytes));
-    let shard_shas: String = lines
-        .iter()
-        .map(|l| format!("{}\n", sha(&read_object(backend, "plain", &l.shard))))
-        .collect();
+    let shard_shas: String =
+        lines.iter().map(|l| format!("{}\n", sha(&read_object(backend, "plain", &l.shard)))).collect();
     let host_sha = sha(shard_shas.as_bytes());
     assert_eq!(report.hosts[0].shards_sha256, host_sha);
-    assert_eq!(
-        report.shards_sha256,
-        sha(format!("{} {host_sha}\n", HOST.dir_name()).as_bytes())
-    );
+    assert_eq!(report.shards_sha256, sha(format!("{} {host_sha}\n", HOST.dir_name()).as_bytes()));
     let loc = location(backend, "plain");
-    let stats = block_on(async {
-        loc.store().get(&loc.run_stats(RUN)).await.unwrap().bytes().await.unwrap()
-    });
+    let stats = block_on(async { loc.store().get(&loc.run_stats(RUN)).await.unwrap().bytes().await.unwrap() });
     assert_eq!(report.stats_sha256, Some(sha(&stats)));
 
     let bytes = read_object(backend, "plain", &lines[1].shard);
@@ -163,10 +124,7 @@ fn suite_write_read_verify(backend: &Backend) {
     let meta = safetensors::SafeTensors::read_metadata(&bytes).unwrap().1;
     let meta = meta.metadata().clone().unwrap();
     assert_eq!(meta["shard_index"], "1");
-    assert_eq!(
-        (meta["machine"].as_str(), meta["host"].as_str()),
-        ("1", "2")
-    );
+    assert_eq!((meta["machine"].as_str(), meta["host"].as_str()), ("1", "2"));
     assert_eq!(meta["sample_start"], lines[1].samples[0].to_string());
     assert_eq!(meta["model"], "synthetic");
     assert_eq!(meta["format"], siphon_store::FORMAT_TAG);
@@ -178,13 +136,8 @@ fn suite_write_read_verify(backend: &Backend) {
             expected.push((sample, t));
         }
     }
-    let token_ids: Vec<i32> = st
-        .tensor("token_ids")
-        .unwrap()
-        .data()
-        .chunks(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let token_ids: Vec<i32> =
+        st.tensor("token_ids").unwrap().data().chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
     let sample_index: Vec<i64> = st
         .tensor("sample_index")
         .unwrap()
@@ -210,16 +163,7 @@ fn suite_write_read_verify(backend: &Backend) {
     // Merged statistics equal a direct computation over every included token.
     let loc = location(backend, "plain");
     let stats: siphon_store::StatsFile = block_on(async {
-        serde_json::from_slice(
-            &loc.store()
-                .get(&loc.run_stats(RUN))
-                .await
-                .unwrap()
-                .bytes()
-                .await
-                .unwrap(),
-        )
-        .unwrap()
+        serde_json::from_slice(&loc.store().get(&loc.run_stats(RUN)).await.unwrap().bytes().await.unwrap()).unwrap()
     });
     let hook0 = &stats.hooks[&spec.hooks[0]];
     assert_eq!(hook0.count, included);
@@ -227,18 +171,12 @@ fn suite_write_read_verify(backend: &Backend) {
     for d in [0, 100] {
         let values: Vec<f64> = (0..80u64)
             .flat_map(|s| {
-                (0..spec.seq)
-                    .filter(move |&t| spec.keep(s, t))
-                    .map(move |t| SyntheticSpec::value(s, t, 0, d) as f64)
+                (0..spec.seq).filter(move |&t| spec.keep(s, t)).map(move |t| SyntheticSpec::value(s, t, 0, d) as f64)
             })
             .collect();
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / values.len() as f64;
-        assert!(
-            (hook0.mean[d] - mean).abs() < 1e-9,
-            "mean {} vs {mean}",
-            hook0.mean[d]
-        );
+        assert!((hook0.mean[d] - mean).abs() < 1e-9, "mean {} vs {mean}", hook0.mean[d]);
         assert!((hook0.variance[d] - var).abs() < 1e-8);
     }
     assert!(hook0.mean_norm > 0.0);
@@ -250,26 +188,14 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
     let writer = env!("CARGO_BIN_EXE_siphon-store-writer");
     let prefix = format!("crash-{failpoint}");
     let args = |prefix: &str| {
-        let mut args = vec![
-            "--output".to_string(),
-            backend.url(prefix),
-            "--run".into(),
-            RUN.into(),
-        ];
+        let mut args = vec!["--output".to_string(), backend.url(prefix), "--run".into(), RUN.into()];
         args.extend(["--machine", "1", "--host", "2", "--finalize"].map(String::from));
         args.extend(backend.option_args());
         args
     };
     if read_manifest_opt(backend, reference_prefix).is_none() {
-        let out = Command::new(writer)
-            .args(args(reference_prefix))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "reference run: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = Command::new(writer).args(args(reference_prefix)).output().unwrap();
+        assert!(out.status.success(), "reference run: {}", String::from_utf8_lossy(&out.stderr));
     }
     let crashed = Command::new(writer)
         .args(args(&prefix))
@@ -287,25 +213,13 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
     // Shard 0 and 1 upload concurrently, so a crash before shard 1's upload may come before
     // shard 0's commit; after the upload of shard 1, shard 0 is committed (commits are ordered
     // but the crash at shard 1's commit point comes after shard 0's commit).
-    assert!(
-        committed_before.len() <= 1,
-        "{failpoint}: shard 1 must not be committed: {committed_before:?}"
-    );
+    assert!(committed_before.len() <= 1, "{failpoint}: shard 1 must not be committed: {committed_before:?}");
     if failpoint == "after_upload_before_manifest" {
-        assert_eq!(
-            committed_before.len(),
-            1,
-            "shard 0 commits before shard 1's commit point"
-        );
+        assert_eq!(committed_before.len(), 1, "shard 0 commits before shard 1's commit point");
     }
 
     let resumed = Command::new(writer).args(args(&prefix)).output().unwrap();
-    assert!(
-        resumed.status.success(),
-        "{}: resume: {}",
-        backend.name,
-        String::from_utf8_lossy(&resumed.stderr)
-    );
+    assert!(resumed.status.success(), "{}: resume: {}", backend.name, String::from_utf8_lossy(&resumed.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&resumed.stdout).unwrap();
     assert_eq!(
         summary["resumed_at_batch"],
@@ -315,11 +229,7 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
 
     let reference = read_manifest(backend, reference_prefix);
     let lines = read_manifest(backend, &prefix);
-    assert_eq!(
-        lines, reference,
-        "{}: {failpoint}: resumed dataset differs from the uninterrupted one",
-        backend.name
-    );
+    assert_eq!(lines, reference, "{}: {failpoint}: resumed dataset differs from the uninterrupted one", backend.name);
     // Statistics too, to the bit: the host's and the run's stats.json.
     let host_stats: fn(&StoreLocation) -> _ = |l| l.host_stats(RUN, HOST);
     let run_stats: fn(&StoreLocation) -> _ = |l| l.run_stats(RUN);
@@ -335,11 +245,7 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
         );
     }
     let report = verify_ok(backend, &prefix);
-    assert!(
-        report.hosts[0].uncommitted_objects.is_empty(),
-        "{:?}",
-        report.hosts[0].uncommitted_objects
-    );
+    assert!(report.hosts[0].uncommitted_objects.is_empty(), "{:?}", report.hosts[0].uncommitted_objects);
     assert_eq!(report.tokens, expected_included(&spec(), 20));
     if let Some(dir) = location(backend, &prefix).local_dir() {
         let host_dir = dir.join(RUN).join(HOST.dir_name());
@@ -355,17 +261,8 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
 fn read_manifest_opt(backend: &Backend, prefix: &str) -> Option<Vec<ManifestLine>> {
     let loc = location(backend, prefix);
     block_on(async {
-        let bytes = loc
-            .store()
-            .get(&loc.manifest(RUN, HOST))
-            .await
-            .ok()?
-            .bytes()
-            .await
-            .ok()?;
-        Some(
-            siphon_store::parse_manifest("manifest", std::str::from_utf8(&bytes).unwrap()).unwrap(),
-        )
+        let bytes = loc.store().get(&loc.manifest(RUN, HOST)).await.ok()?.bytes().await.ok()?;
+        Some(siphon_store::parse_manifest("manifest", std::str::from_utf8(&bytes).unwrap()).unwrap())
     })
 }
 
@@ -381,17 +278,13 @@ fn suite_refuses_other_config(backend: &Backend) {
     let message = err.to_string();
     assert!(matches!(err, StoreError::RunMismatch { .. }), "{message}");
     assert!(
-        message.contains("shard_format.dtype (stored \"f32\", this run \"bf16\")")
-            && message.contains("hooks"),
+        message.contains("shard_format.dtype (stored \"f32\", this run \"bf16\")") && message.contains("hooks"),
         "{message}"
     );
     // The same config resumes at the end.
     let writer = ShardWriter::open(config(backend, "mismatch"), descriptor(&spec)).unwrap();
     assert_eq!(writer.resume_point().next_sample, 4);
-    assert_eq!(
-        writer.resume_point().data_position,
-        Some(serde_json::json!({"batch": 2}))
-    );
+    assert_eq!(writer.resume_point().data_position, Some(serde_json::json!({"batch": 2})));
 }
 
 /// A shuffled, masked bf16 run holds the same tokens as the plain order, is reproducible, and
@@ -402,10 +295,7 @@ fn suite_shuffle_and_mask(backend: &Backend) {
         let mut c = config(backend, prefix);
         c.format.dtype = ActivationDtype::Bf16;
         c.format.keep_excluded = true;
-        c.format.shuffle = Some(ShuffleConfig {
-            seed: 7,
-            window_batches: 3,
-        });
+        c.format.shuffle = Some(ShuffleConfig { seed: 7, window_batches: 3 });
         c.format.target_shard_bytes = 40_000;
         write_all(c, &spec, 10)
     };
@@ -414,21 +304,14 @@ fn suite_shuffle_and_mask(backend: &Backend) {
     assert_eq!(summary.tokens, 10 * 4 * 16, "excluded tokens are kept");
     assert_eq!(summary.included_tokens, expected_included(&spec, 10));
     verify_ok(backend, "shuffle-a");
-    let (a, b) = (
-        read_manifest(backend, "shuffle-a"),
-        read_manifest(backend, "shuffle-b"),
-    );
+    let (a, b) = (read_manifest(backend, "shuffle-a"), read_manifest(backend, "shuffle-b"));
     assert_eq!(a, b, "same seed, same shards");
     let mut rows = BTreeMap::new();
     let mut in_order = true;
     for line in &a {
         assert_eq!(
             (line.samples[1] - line.samples[0]) % 12,
-            if line.index + 1 == a.len() as u64 {
-                line.samples[1] % 12
-            } else {
-                0
-            },
+            if line.index + 1 == a.len() as u64 { line.samples[1] % 12 } else { 0 },
             "whole windows"
         );
         let bytes = read_object(backend, "shuffle-a", &line.shard);
@@ -453,24 +336,11 @@ fn suite_shuffle_and_mask(backend: &Backend) {
         in_order &= samples.windows(2).all(|w| w[0] <= w[1]);
         for (row, (&s, &tok)) in samples.iter().zip(&tokens).enumerate() {
             let t = (0..spec.seq)
-                .find(|&t| {
-                    SyntheticSpec::token_id(s as u64, t) == tok && !rows.contains_key(&(s, t))
-                })
+                .find(|&t| SyntheticSpec::token_id(s as u64, t) == tok && !rows.contains_key(&(s, t)))
                 .unwrap();
-            assert_eq!(
-                mask[row] == 1,
-                spec.keep(s as u64, t),
-                "mask of sample {s} token {t}"
-            );
-            let v = half::bf16::from_le_bytes(
-                act.data()[row * 128 + 6..row * 128 + 8].try_into().unwrap(),
-            )
-            .to_f32();
-            assert_eq!(
-                v,
-                SyntheticSpec::value(s as u64, t, 0, 3),
-                "bf16 holds the value exactly"
-            );
+            assert_eq!(mask[row] == 1, spec.keep(s as u64, t), "mask of sample {s} token {t}");
+            let v = half::bf16::from_le_bytes(act.data()[row * 128 + 6..row * 128 + 8].try_into().unwrap()).to_f32();
+            assert_eq!(v, SyntheticSpec::value(s as u64, t, 0, 3), "bf16 holds the value exactly");
             rows.insert((s, t), ());
         }
     }
@@ -506,11 +376,7 @@ fn run_suite(backend: &Backend) {
     suite_stop_and_resume(backend);
     suite_refuses_other_config(backend);
     suite_shuffle_and_mask(backend);
-    for failpoint in [
-        "before_upload",
-        "mid_upload",
-        "after_upload_before_manifest",
-    ] {
+    for failpoint in ["before_upload", "mid_upload", "after_upload_before_manifest"] {
         suite_crash_and_resume(backend, failpoint, "reference");
     }
 }
@@ -673,48 +539,21 @@ fn bad_batches_are_rejected_with_the_reason() {
     let mut writer = ShardWriter::open(config(&backend, "bad"), descriptor(&spec)).unwrap();
     let mut short = spec.batch(0);
     short.hooks[0].data.pop();
-    assert!(
-        writer
-            .push(short)
-            .unwrap_err()
-            .to_string()
-            .contains("expected batch*seq*prod(shape [16])*4")
-    );
+    assert!(writer.push(short).unwrap_err().to_string().contains("expected batch*seq*prod(shape [16])*4"));
     let err = writer.push(spec.batch(1)).unwrap_err().to_string();
-    assert!(
-        err.contains("expected the batch to start at sample 0"),
-        "{err}"
-    );
+    assert!(err.contains("expected the batch to start at sample 0"), "{err}");
     let mut renamed = spec.batch(0);
     renamed.hooks[0].hook = "other".into();
-    assert!(
-        writer
-            .push(renamed)
-            .unwrap_err()
-            .to_string()
-            .contains("differ from the run's hooks")
-    );
+    assert!(writer.push(renamed).unwrap_err().to_string().contains("differ from the run's hooks"));
     writer.push(spec.batch(0)).unwrap();
     assert_eq!(writer.finish().unwrap().samples_end, 2);
 
     let mut bad = config(&backend, "bad2");
     bad.upload.part_bytes = 1 << 20;
-    assert!(
-        ShardWriter::open(bad, descriptor(&spec))
-            .err()
-            .unwrap()
-            .to_string()
-            .contains("5 MiB")
-    );
+    assert!(ShardWriter::open(bad, descriptor(&spec)).err().unwrap().to_string().contains("5 MiB"));
     let mut reserved = descriptor(&spec);
     reserved.hooks = vec!["token_ids".into()];
-    assert!(
-        ShardWriter::open(config(&backend, "bad3"), reserved)
-            .err()
-            .unwrap()
-            .to_string()
-            .contains("reserved")
-    );
+    assert!(ShardWriter::open(config(&backend, "bad3"), reserved).err().unwrap().to_string().contains("reserved"));
 }
 
 /// Hooks of different per-token shapes side by side: a `[8]` vector, a per-head `[2, 4]` and
@@ -731,37 +570,21 @@ fn hooks_of_different_shapes_are_stored_side_by_side() {
     assert!(summary.shards >= 2, "several shards: {}", summary.shards);
     let report = verify_ok(&backend, "shapes");
     assert_eq!(report.format_version, Some(2));
-    let shapes: Vec<Vec<usize>> = spec
-        .hooks
-        .iter()
-        .map(|h| report.hook_shapes[h].clone())
-        .collect();
+    let shapes: Vec<Vec<usize>> = spec.hooks.iter().map(|h| report.hook_shapes[h].clone()).collect();
     assert_eq!(shapes, vec![vec![8], vec![2, 4], vec![1]]);
     let run_json = report.run_json.as_ref().unwrap();
     assert_eq!(run_json.format, "siphon-activations/2");
     assert_eq!(run_json.descriptor.hook_shapes, shapes);
-    assert_eq!(
-        run_json.descriptor.hook_shape("blocks.0.attn.hook_z"),
-        Some(&[2, 4][..])
-    );
+    assert_eq!(run_json.descriptor.hook_shape("blocks.0.attn.hook_z"), Some(&[2, 4][..]));
 
     let mut rows = 0;
     for line in read_manifest(&backend, "shapes") {
         let bytes = read_object(&backend, "shapes", &line.shard);
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let tokens = line.tokens as usize;
-        assert_eq!(
-            st.tensor("blocks.0.hook_resid_post").unwrap().shape(),
-            [tokens, 8]
-        );
-        assert_eq!(
-            st.tensor("blocks.0.attn.hook_z").unwrap().shape(),
-            [tokens, 2, 4]
-        );
-        assert_eq!(
-            st.tensor("blocks.0.ln1.hook_scale").unwrap().shape(),
-            [tokens, 1]
-        );
+        assert_eq!(st.tensor("blocks.0.hook_resid_post").unwrap().shape(), [tokens, 8]);
+        assert_eq!(st.tensor("blocks.0.attn.hook_z").unwrap().shape(), [tokens, 2, 4]);
+        assert_eq!(st.tensor("blocks.0.ln1.hook_scale").unwrap().shape(), [tokens, 1]);
         // Row-major [tokens, heads, d_head]: head 1, element 3 of row r is flat element 7.
         let z = st.tensor("blocks.0.attn.hook_z").unwrap();
         let samples: Vec<i64> = st
@@ -781,46 +604,25 @@ fn hooks_of_different_shapes_are_stored_side_by_side() {
     assert_eq!(rows as u64, summary.tokens);
 
     let stats = siphon_store::finalize_run(&backend.url("shapes"), &[], RUN).unwrap();
-    let widths: Vec<usize> = spec
-        .hooks
-        .iter()
-        .map(|h| stats.hooks[h].mean.len())
-        .collect();
+    let widths: Vec<usize> = spec.hooks.iter().map(|h| stats.hooks[h].mean.len()).collect();
     assert_eq!(widths, vec![8, 8, 1]);
     assert_eq!(stats.hooks["blocks.0.attn.hook_z"].shape, vec![2, 4]);
     assert_eq!(stats.hooks["blocks.0.ln1.hook_scale"].variance.len(), 1);
     // Per flattened element, and the norm over the whole flattened row.
     let spec = &spec;
     let kept: Vec<(u64, usize)> = (0..4 * spec.batch as u64)
-        .flat_map(|s| {
-            (0..spec.seq)
-                .filter(move |&t| spec.keep(s, t))
-                .map(move |t| (s, t))
-        })
+        .flat_map(|s| (0..spec.seq).filter(move |&t| spec.keep(s, t)).map(move |t| (s, t)))
         .collect();
     let z = &stats.hooks["blocks.0.attn.hook_z"];
     assert_eq!(z.count, kept.len() as u64);
-    let mean7 = kept
-        .iter()
-        .map(|&(s, t)| SyntheticSpec::value(s, t, 1, 7) as f64)
-        .sum::<f64>()
-        / kept.len() as f64;
+    let mean7 = kept.iter().map(|&(s, t)| SyntheticSpec::value(s, t, 1, 7) as f64).sum::<f64>() / kept.len() as f64;
     assert!((z.mean[7] - mean7).abs() < 1e-9, "{} vs {mean7}", z.mean[7]);
     let norm = kept
         .iter()
-        .map(|&(s, t)| {
-            (0..8)
-                .map(|d| (SyntheticSpec::value(s, t, 1, d) as f64).powi(2))
-                .sum::<f64>()
-                .sqrt()
-        })
+        .map(|&(s, t)| (0..8).map(|d| (SyntheticSpec::value(s, t, 1, d) as f64).powi(2)).sum::<f64>().sqrt())
         .sum::<f64>()
         / kept.len() as f64;
-    assert!(
-        (z.mean_norm - norm).abs() < 1e-9,
-        "{} vs {norm}",
-        z.mean_norm
-    );
+    assert!((z.mean_norm - norm).abs() < 1e-9, "{} vs {norm}", z.mean_norm);
 
     // A run.json without shapes (the descriptor leaves them out): shards still hold
     // [tokens, *shape], and verify reads the shapes from the first shard.
@@ -834,26 +636,14 @@ fn hooks_of_different_shapes_are_stored_side_by_side() {
     }
     writer.finish().unwrap();
     let report = verify_ok(&backend, "unrecorded");
-    assert!(
-        report
-            .run_json
-            .as_ref()
-            .unwrap()
-            .descriptor
-            .hook_shapes
-            .is_empty()
-    );
+    assert!(report.run_json.as_ref().unwrap().descriptor.hook_shapes.is_empty());
     assert_eq!(report.hook_shapes["blocks.0.attn.hook_z"], vec![2, 4]);
 }
 
 /// `[8]`, per-head `[2, 4]` and `[1]` hooks over 2 x 8 tokens.
 fn mixed_spec() -> SyntheticSpec {
     SyntheticSpec::with_hooks(
-        &[
-            ("blocks.0.hook_resid_post", &[8]),
-            ("blocks.0.attn.hook_z", &[2, 4]),
-            ("blocks.0.ln1.hook_scale", &[1]),
-        ],
+        &[("blocks.0.hook_resid_post", &[8]), ("blocks.0.attn.hook_z", &[2, 4]), ("blocks.0.ln1.hook_scale", &[1])],
         2,
         8,
     )
@@ -876,9 +666,7 @@ fn a_shape_change_is_an_error() {
     let err = writer.push(reshaped(0)).unwrap_err();
     assert!(matches!(err, StoreError::InvalidBatch { .. }), "{err}");
     assert!(
-        err.to_string().contains(
-            "hook blocks.0.attn.hook_z has per-token shape [4, 2], run.json records [2, 4]"
-        ),
+        err.to_string().contains("hook blocks.0.attn.hook_z has per-token shape [4, 2], run.json records [2, 4]"),
         "{err}"
     );
     writer.push(spec.batch(0)).unwrap();
@@ -890,37 +678,24 @@ fn a_shape_change_is_an_error() {
     writer.push(spec.batch(0)).unwrap();
     let err = writer.push(reshaped(1)).unwrap_err().to_string();
     assert!(
-        err.contains(
-            "hook blocks.0.attn.hook_z changed its per-token shape from [2, 4] (earlier batches) to [4, 2]"
-        ),
+        err.contains("hook blocks.0.attn.hook_z changed its per-token shape from [2, 4] (earlier batches) to [4, 2]"),
         "{err}"
     );
     let mut empty = spec.batch(1);
     empty.hooks[2].shape = vec![];
     let err = writer.push(empty).unwrap_err().to_string();
-    assert!(
-        err.contains("hook blocks.0.ln1.hook_scale has an empty per-token shape"),
-        "{err}"
-    );
+    assert!(err.contains("hook blocks.0.ln1.hook_scale has an empty per-token shape"), "{err}");
     let mut zero = spec.batch(1);
     zero.hooks[1].shape = vec![2, 0];
     let err = writer.push(zero).unwrap_err().to_string();
-    assert!(
-        err.contains("hook blocks.0.attn.hook_z has a zero dimension"),
-        "{err}"
-    );
+    assert!(err.contains("hook blocks.0.attn.hook_z has a zero dimension"), "{err}");
     writer.push(spec.batch(1)).unwrap();
     assert_eq!(writer.finish().unwrap().samples_end, 4);
 
     let mut wrong_count = descriptor(&spec);
     wrong_count.hook_shapes.pop();
-    let err = ShardWriter::open(config(&backend, "count"), wrong_count)
-        .err()
-        .unwrap();
-    assert!(
-        err.to_string().contains("2 hook shapes for 3 hooks"),
-        "{err}"
-    );
+    let err = ShardWriter::open(config(&backend, "count"), wrong_count).err().unwrap();
+    assert!(err.to_string().contains("2 hook shapes for 3 hooks"), "{err}");
 }
 
 /// verify compares the shards' hook shapes with run.json's and names hook, shard and shapes.
@@ -932,22 +707,16 @@ fn verify_reports_shards_that_disagree_with_run_json_shapes() {
     write_all(config(&backend, "disagree"), &spec, 2);
     siphon_store::finalize_run(&backend.url("disagree"), &[], RUN).unwrap();
     let path = dir.path().join("disagree").join(RUN).join("run.json");
-    let mut run_json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    assert_eq!(
-        run_json["hook_shapes"],
-        serde_json::json!([[8], [2, 4], [1]])
-    );
+    let mut run_json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(run_json["hook_shapes"], serde_json::json!([[8], [2, 4], [1]]));
     run_json["hook_shapes"][1] = serde_json::json!([4, 2]);
     std::fs::write(&path, serde_json::to_vec(&run_json).unwrap()).unwrap();
     let report = siphon_store::verify_run_blocking(&backend.url("disagree"), &[], RUN).unwrap();
     let problems = report.all_problems();
     assert!(
-        problems
-            .iter()
-            .any(|p| p.contains("shard_000000.safetensors")
-                && p.contains("hook blocks.0.attn.hook_z has per-token shape [2, 4]")
-                && p.contains("run.json records [4, 2]")),
+        problems.iter().any(|p| p.contains("shard_000000.safetensors")
+            && p.contains("hook blocks.0.attn.hook_z has per-token shape [2, 4]")
+            && p.contains("run.json records [4, 2]")),
         "{problems:?}"
     );
 }
@@ -955,12 +724,7 @@ fn verify_reports_shards_that_disagree_with_run_json_shapes() {
 /// The shard `bytes` with its metadata's format tag replaced by `tag`, tensors unchanged.
 fn with_format_tag(bytes: &[u8], tag: &str) -> Vec<u8> {
     let st = safetensors::SafeTensors::deserialize(bytes).unwrap();
-    let mut metadata = safetensors::SafeTensors::read_metadata(bytes)
-        .unwrap()
-        .1
-        .metadata()
-        .clone()
-        .unwrap();
+    let mut metadata = safetensors::SafeTensors::read_metadata(bytes).unwrap().1.metadata().clone().unwrap();
     metadata.insert("format".into(), tag.into());
     safetensors::serialize(st.tensors(), Some(metadata)).unwrap()
 }
@@ -971,14 +735,12 @@ fn with_format_tag(bytes: &[u8], tag: &str) -> Vec<u8> {
 fn downgrade_to_format_1(run_dir: &std::path::Path) {
     use sha2::Digest;
     let path = run_dir.join("run.json");
-    let mut run_json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut run_json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     run_json["format"] = "siphon-activations/1".into();
     run_json.as_object_mut().unwrap().remove("hook_shapes");
     std::fs::write(&path, serde_json::to_vec_pretty(&run_json).unwrap()).unwrap();
     let strip_shapes = |path: &std::path::Path| {
-        let mut stats: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let mut stats: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         for hook in stats["hooks"].as_object_mut().unwrap().values_mut() {
             assert!(hook.as_object_mut().unwrap().remove("shape").is_some());
         }
@@ -988,8 +750,7 @@ fn downgrade_to_format_1(run_dir: &std::path::Path) {
     let host_dir = run_dir.join(HOST.dir_name());
     strip_shapes(&host_dir.join("stats.json"));
     let manifest = host_dir.join("manifest.jsonl");
-    let mut lines =
-        siphon_store::parse_manifest("m", &std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    let mut lines = siphon_store::parse_manifest("m", &std::fs::read_to_string(&manifest).unwrap()).unwrap();
     for line in &mut lines {
         let shard = host_dir.join(&line.shard);
         let rewritten = with_format_tag(&std::fs::read(&shard).unwrap(), "siphon-activations/1");
@@ -1029,20 +790,9 @@ fn format_1_runs_are_read_but_not_resumed() {
     let merged = siphon_store::finalize_run(&backend.url("v1"), &[], RUN).unwrap();
     assert_eq!(merged.hooks[&spec.hooks[0]].shape, vec![16]);
 
-    let err = ShardWriter::open(config(&backend, "v1"), desc)
-        .err()
-        .unwrap();
+    let err = ShardWriter::open(config(&backend, "v1"), desc).err().unwrap();
     let message = err.to_string();
-    assert!(
-        matches!(
-            err,
-            StoreError::FormatMismatch {
-                stored_version: 1,
-                ..
-            }
-        ),
-        "{message}"
-    );
+    assert!(matches!(err, StoreError::FormatMismatch { stored_version: 1, .. }), "{message}");
     assert!(
         message.contains("run.json was written by format 1 (\"siphon-activations/1\")")
             && message.contains("this siphon writes format 2"),
@@ -1064,10 +814,7 @@ fn statistics_that_are_not_those_of_the_shards_are_named() {
     let run_dir = dir.path().join("stats").join(RUN);
     for (file, problem) in [
         (run_dir.join("stats.json"), "run stats.json is not the statistics"),
-        (
-            run_dir.join(HOST.dir_name()).join("stats.json"),
-            "machine_001_host_02: stats.json is not the statistics",
-        ),
+        (run_dir.join(HOST.dir_name()).join("stats.json"), "machine_001_host_02: stats.json is not the statistics"),
     ] {
         let original = std::fs::read(&file).unwrap();
         let mut stats: serde_json::Value = serde_json::from_slice(&original).unwrap();
@@ -1075,13 +822,9 @@ fn statistics_that_are_not_those_of_the_shards_are_named() {
         let mean = hook["mean"][0].as_f64().unwrap();
         hook["mean"][0] = (mean + mean.abs() * 1e-12 + 1e-300).into();
         std::fs::write(&file, serde_json::to_vec(&stats).unwrap()).unwrap();
-        let report =
-            siphon_store::verify_run_blocking(&backend.url("stats"), &[], RUN).unwrap();
+        let report = siphon_store::verify_run_blocking(&backend.url("stats"), &[], RUN).unwrap();
         let problems = report.all_problems();
-        assert!(
-            problems.iter().any(|p| p.starts_with(problem)),
-            "{problem}: {problems:?}"
-        );
+        assert!(problems.iter().any(|p| p.starts_with(problem)), "{problem}: {problems:?}");
         std::fs::write(&file, original).unwrap();
     }
     let report = siphon_store::verify_run_blocking(&backend.url("stats"), &[], RUN).unwrap();
@@ -1114,12 +857,19 @@ fn a_torn_manifest_is_repaired_on_resume() {
 
     let report = siphon_store::verify_run_blocking(&backend.url("torn"), &[], RUN).unwrap();
     let problems = report.all_problems().join("\n");
-    assert!(problems.contains(&format!("line {lines} is cut short")) && problems.contains("resuming the run repairs it"), "{problems}");
+    assert!(
+        problems.contains(&format!("line {lines} is cut short")) && problems.contains("resuming the run repairs it"),
+        "{problems}"
+    );
 
     run("torn");
     assert_eq!(read_manifest(&backend, "torn"), read_manifest(&backend, "whole"));
     for file in ["manifest.jsonl", "stats.json"] {
-        assert_eq!(std::fs::read(host_dir("torn").join(file)).unwrap(), std::fs::read(host_dir("whole").join(file)).unwrap(), "{file}");
+        assert_eq!(
+            std::fs::read(host_dir("torn").join(file)).unwrap(),
+            std::fs::read(host_dir("whole").join(file)).unwrap(),
+            "{file}"
+        );
     }
     assert!(siphon_store::verify_run_blocking(&backend.url("torn"), &[], RUN).unwrap().is_ok());
 }
@@ -1132,8 +882,7 @@ fn an_unknown_format_is_an_error() {
     let spec = SyntheticSpec::new(1, 2, 8, 16);
     write_all(config(&backend, "v3"), &spec, 1);
     let path = dir.path().join("v3").join(RUN).join("run.json");
-    let mut run_json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut run_json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     run_json["format"] = "siphon-activations/3".into();
     std::fs::write(&path, serde_json::to_vec(&run_json).unwrap()).unwrap();
 
@@ -1145,34 +894,17 @@ fn an_unknown_format_is_an_error() {
             && message.contains("siphon-activations/1 and siphon-activations/2"),
         "{message}"
     );
-    let err = ShardWriter::open(config(&backend, "v3"), descriptor(&spec))
-        .err()
-        .unwrap();
-    assert!(
-        err.to_string().contains("\"siphon-activations/3\""),
-        "{err}"
-    );
+    let err = ShardWriter::open(config(&backend, "v3"), descriptor(&spec)).err().unwrap();
+    assert!(err.to_string().contains("\"siphon-activations/3\""), "{err}");
     assert_eq!(siphon_store::format_version("siphon-activations/3"), None);
-    assert_eq!(
-        siphon_store::format_version("siphon-activations/1"),
-        Some(1)
-    );
+    assert_eq!(siphon_store::format_version("siphon-activations/1"), Some(1));
     assert_eq!(siphon_store::format_version("other/2"), None);
 
     // A shard with an unknown tag is refused too (verify lists it as that shard's problem).
-    let shard = dir
-        .path()
-        .join("v3")
-        .join(RUN)
-        .join(HOST.dir_name())
-        .join("shard_000000.safetensors");
+    let shard = dir.path().join("v3").join(RUN).join(HOST.dir_name()).join("shard_000000.safetensors");
     let rewritten = with_format_tag(&std::fs::read(&shard).unwrap(), "siphon-activations/3");
     let err = siphon_store::summarize_shard("s", &rewritten, &spec.hooks, &[]).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("unsupported dataset format \"siphon-activations/3\""),
-        "{err}"
-    );
+    assert!(err.to_string().contains("unsupported dataset format \"siphon-activations/3\""), "{err}");
 }
 
 /// Two hosts of one run write side by side; finalize merges their statistics (Chan) into the
@@ -1182,16 +914,7 @@ fn two_hosts_merge_statistics() {
     let dir = tempfile::tempdir().unwrap();
     let backend = Backend::local(dir.path());
     let spec = SyntheticSpec::new(1, 2, 8, 16);
-    let hosts = [
-        HostId {
-            machine: 0,
-            host: 0,
-        },
-        HostId {
-            machine: 0,
-            host: 1,
-        },
-    ];
+    let hosts = [HostId { machine: 0, host: 0 }, HostId { machine: 0, host: 1 }];
     for (i, host) in hosts.iter().enumerate() {
         let mut c = config(&backend, "multi");
         c.host = *host;
@@ -1208,10 +931,7 @@ fn two_hosts_merge_statistics() {
     let merged = siphon_store::finalize_run(&backend.url("multi"), &[], RUN).unwrap();
     let report = siphon_store::verify_run_blocking(&backend.url("multi"), &[], RUN).unwrap();
     assert!(report.is_ok(), "{:?}", report.all_problems());
-    assert_eq!(
-        report.hosts.iter().map(|h| h.host).collect::<Vec<_>>(),
-        hosts
-    );
+    assert_eq!(report.hosts.iter().map(|h| h.host).collect::<Vec<_>>(), hosts);
     let batches: Vec<u64> = vec![0, 1, 2, 10, 11, 12, 13];
     let values: Vec<f64> = batches
         .iter()
@@ -1251,49 +971,27 @@ fn python_one_liner_loads_a_shard() {
         let mut c = config(&backend, &prefix);
         c.format.dtype = dtype;
         write_all(c, &spec, 3);
-        let shard = dir
-            .path()
-            .join(&prefix)
-            .join(RUN)
-            .join(HOST.dir_name())
-            .join("shard_000000.safetensors");
+        let shard = dir.path().join(&prefix).join(RUN).join(HOST.dir_name()).join("shard_000000.safetensors");
         // The README one-liner, plus a print of what it loaded.
         let script = format!(
             "import ml_dtypes; from safetensors.numpy import load_file; t = load_file({:?}); import json; print(json.dumps({{k: [list(v.shape), str(v.dtype)] for k, v in t.items()}})); print(json.dumps([t['token_ids'][:3].tolist(), float(t['blocks.1.hook_resid_post'][2, 5])]))",
             shard.display().to_string()
         );
-        let out = Command::new(&python)
-            .args(["-c", &script])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = Command::new(&python).args(["-c", &script]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let stdout = String::from_utf8(out.stdout).unwrap();
         let mut lines = stdout.lines();
         let shapes: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
         let tokens = expected_included(&spec, 3);
-        let numpy_dtype = if dtype == ActivationDtype::F32 {
-            "float32"
-        } else {
-            "bfloat16"
-        };
-        assert_eq!(
-            shapes["blocks.1.hook_resid_post"],
-            serde_json::json!([[tokens, 16], numpy_dtype])
-        );
+        let numpy_dtype = if dtype == ActivationDtype::F32 { "float32" } else { "bfloat16" };
+        assert_eq!(shapes["blocks.1.hook_resid_post"], serde_json::json!([[tokens, 16], numpy_dtype]));
         assert_eq!(shapes["token_ids"], serde_json::json!([[tokens], "int32"]));
         assert_eq!(shapes["doc_index"], serde_json::json!([[tokens], "int64"]));
         let values: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
         // Rows 0..3 are sample 0 tokens 1..4 (token 0 is excluded).
         let expected_ids: Vec<i32> = (1..4).map(|t| SyntheticSpec::token_id(0, t)).collect();
         assert_eq!(values[0], serde_json::json!(expected_ids));
-        assert_eq!(
-            values[1].as_f64().unwrap() as f32,
-            SyntheticSpec::value(0, 3, 1, 5)
-        );
+        assert_eq!(values[1].as_f64().unwrap() as f32, SyntheticSpec::value(0, 3, 1, 5));
     }
 }
 
@@ -1330,31 +1028,18 @@ fn gcs_fake_server_lists_and_reads() {
             .await
             .unwrap()
     });
-    assert_eq!(
-        listed.len() as u64,
-        summary.shards + 2,
-        "shards + manifest + stats: {listed:?}"
-    );
+    assert_eq!(listed.len() as u64, summary.shards + 2, "shards + manifest + stats: {listed:?}");
     let report = siphon_store::verify_run_blocking(url, &server.options(), RUN).unwrap();
     assert!(report.is_ok(), "{:?}", report.all_problems());
     assert_eq!(report.tokens, summary.tokens);
     assert_eq!(report.hosts[0].shards, summary.shards);
     // The documented reason writes are tested on S3: the emulator rejects object_store's XML
     // API put and multipart requests. If this starts succeeding, run the write suite here too.
-    let put = block_on(
-        loc.store()
-            .put(&object_store::path::Path::from("probe/x"), "x".into()),
-    );
-    let multipart = block_on(async {
-        loc.store()
-            .put_multipart(&object_store::path::Path::from("probe/y"))
-            .await
-            .map(|_| ())
-    });
+    let put = block_on(loc.store().put(&object_store::path::Path::from("probe/x"), "x".into()));
+    let multipart =
+        block_on(async { loc.store().put_multipart(&object_store::path::Path::from("probe/y")).await.map(|_| ()) });
     for result in [put.map(|_| ()), multipart] {
-        let err = result
-            .expect_err("fake-gcs-server accepted an XML API write")
-            .to_string();
+        let err = result.expect_err("fake-gcs-server accepted an XML API write").to_string();
         assert!(err.contains("invalid uploadType"), "{err}");
     }
 }
@@ -1365,11 +1050,7 @@ fn gcs_fake_server_lists_and_reads() {
 fn uploads_retry_transient_failures() {
     let inner = Arc::new(object_store::memory::InMemory::new());
     let flaky = Arc::new(flaky::FlakyStore::new(inner, 3));
-    let loc = StoreLocation::from_store(
-        flaky.clone(),
-        object_store::path::Path::from("root"),
-        "memory://flaky",
-    );
+    let loc = StoreLocation::from_store(flaky.clone(), object_store::path::Path::from("root"), "memory://flaky");
     let spec = SyntheticSpec::new(1, 2, 8, 16);
     let mut c = StoreConfig::new("unused", RUN, HOST);
     c.format.target_shard_bytes = 2_000;
@@ -1394,8 +1075,8 @@ mod flaky {
     use futures::stream::BoxStream;
     use object_store::path::Path;
     use object_store::{
-        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-        PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions,
+        PutOptions, PutPayload, PutResult, Result,
     };
 
     /// Fails the first `n` shard puts (single or multipart) with a generic (transient) error.
@@ -1407,10 +1088,7 @@ mod flaky {
 
     impl FlakyStore {
         pub fn new(inner: Arc<dyn ObjectStore>, n: usize) -> Self {
-            FlakyStore {
-                inner,
-                failures: AtomicUsize::new(n),
-            }
+            FlakyStore { inner, failures: AtomicUsize::new(n) }
         }
 
         pub fn failures_left(&self) -> usize {
@@ -1418,14 +1096,8 @@ mod flaky {
         }
 
         fn maybe_fail(&self, location: &Path) -> Result<()> {
-            let is_shard = location
-                .filename()
-                .is_some_and(|f| f.ends_with(".safetensors"));
-            if is_shard
-                && self
-                    .failures
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                    .is_ok()
+            let is_shard = location.filename().is_some_and(|f| f.ends_with(".safetensors"));
+            if is_shard && self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
             {
                 return Err(object_store::Error::Generic {
                     store: "flaky",
@@ -1444,12 +1116,7 @@ mod flaky {
 
     #[async_trait::async_trait]
     impl ObjectStore for FlakyStore {
-        async fn put_opts(
-            &self,
-            location: &Path,
-            payload: PutPayload,
-            opts: PutOptions,
-        ) -> Result<PutResult> {
+        async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
             self.maybe_fail(location)?;
             self.inner.put_opts(location, payload, opts).await
         }
@@ -1464,10 +1131,7 @@ mod flaky {
         async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
             self.inner.get_opts(location, options).await
         }
-        fn delete_stream(
-            &self,
-            locations: BoxStream<'static, Result<Path>>,
-        ) -> BoxStream<'static, Result<Path>> {
+        fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
             self.inner.delete_stream(locations)
         }
         fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {

@@ -190,7 +190,11 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
 
     // A [hidden, in] weight: rows over fsdp, columns over model (the planner's rule).
     let cols = 1024usize;
-    anyhow::ensure!(cols.is_multiple_of(shape.model), "--model-parallel {} does not divide {cols} columns", shape.model);
+    anyhow::ensure!(
+        cols.is_multiple_of(shape.model),
+        "--model-parallel {} does not divide {cols} columns",
+        shape.model
+    );
     let row_bytes = (cols * 4) as u64;
     let rows = ((args.target_bytes / row_bytes) as usize / shape.fsdp * shape.fsdp).max(shape.fsdp);
     let weight_shape = [rows, cols];
@@ -278,11 +282,40 @@ fn print_memory(b: &MemoryBench) {
     println!("platform   {} · {} devices · mesh {} (data×fsdp×model = {})", b.platform, b.devices, b.mesh, b.shape);
     println!("weight     f32 {:?} = {} · sharded as {}", b.weight_shape, mib(b.total_bytes), b.spec);
     println!("{:<34} {:>14} {:>14}", "per device", "measured", "planner");
-    println!("{:<34} {:>14} {:>14}", "sharded (buffer on device)", spread(b.sharded_on_device), mib(b.predicted_sharded_bytes));
-    println!("{:<34} {:>14} {:>14}", "sharded (program argument)", mib(b.sharded_program.argument as u64), mib(b.predicted_sharded_bytes));
-    println!("{:<34} {:>14} {:>14}", "replicated (buffer on device)", spread(b.replicated_on_device), mib(b.predicted_gathered_bytes));
-    println!("{:<34} {:>14} {:>14}", "all-gathered (buffer on device)", spread(b.gathered_on_device), mib(b.predicted_gathered_bytes));
-    println!("{:<34} {:>14} {:>14}", "all-gathered (program output)", mib(b.gather_program.output as u64), mib(b.predicted_gathered_bytes));
-    println!("all-gather program temp {} · peak {}", mib(b.gather_program.temp as u64), mib(b.gather_program.peak as u64));
+    println!(
+        "{:<34} {:>14} {:>14}",
+        "sharded (buffer on device)",
+        spread(b.sharded_on_device),
+        mib(b.predicted_sharded_bytes)
+    );
+    println!(
+        "{:<34} {:>14} {:>14}",
+        "sharded (program argument)",
+        mib(b.sharded_program.argument as u64),
+        mib(b.predicted_sharded_bytes)
+    );
+    println!(
+        "{:<34} {:>14} {:>14}",
+        "replicated (buffer on device)",
+        spread(b.replicated_on_device),
+        mib(b.predicted_gathered_bytes)
+    );
+    println!(
+        "{:<34} {:>14} {:>14}",
+        "all-gathered (buffer on device)",
+        spread(b.gathered_on_device),
+        mib(b.predicted_gathered_bytes)
+    );
+    println!(
+        "{:<34} {:>14} {:>14}",
+        "all-gathered (program output)",
+        mib(b.gather_program.output as u64),
+        mib(b.predicted_gathered_bytes)
+    );
+    println!(
+        "all-gather program temp {} · peak {}",
+        mib(b.gather_program.temp as u64),
+        mib(b.gather_program.peak as u64)
+    );
     println!("matches    {}", if b.matches { "yes" } else { "no" });
 }

@@ -125,11 +125,17 @@ impl ClusterArgs {
     pub fn tls(&self) -> anyhow::Result<Option<siphon_coord::TlsOptions>> {
         let Some(ca) = &self.coordinator_ca else {
             if self.coordinator_cert.is_some() || self.coordinator_key.is_some() {
-                bail!("--coordinator-cert and --coordinator-key need --coordinator-ca (the CA clients check the certificate against)");
+                bail!(
+                    "--coordinator-cert and --coordinator-key need --coordinator-ca (the CA clients check the certificate against)"
+                );
             }
             return Ok(None);
         };
-        let tls = siphon_coord::TlsOptions::from_files(ca, self.coordinator_cert.as_deref(), self.coordinator_key.as_deref())?;
+        let tls = siphon_coord::TlsOptions::from_files(
+            ca,
+            self.coordinator_cert.as_deref(),
+            self.coordinator_key.as_deref(),
+        )?;
         Ok(Some(tls.with_server_name(self.coordinator_tls_name.clone())))
     }
 
@@ -336,11 +342,8 @@ pub fn bench_header() -> String {
 pub fn bench_row(report: &CheckReport) -> String {
     let barrier = report.barrier_all_processes.clone().unwrap_or_else(|| report.barrier.clone());
     let ms = |us: f64| format!("{:.3} ms", us / 1e3);
-    let (bp50, bp99) = report
-        .kv_broadcast
-        .as_ref()
-        .map(|b| (ms(b.p50_us), ms(b.p99_us)))
-        .unwrap_or_else(|| ("-".into(), "-".into()));
+    let (bp50, bp99) =
+        report.kv_broadcast.as_ref().map(|b| (ms(b.p50_us), ms(b.p99_us))).unwrap_or_else(|| ("-".into(), "-".into()));
     format!(
         "| {} | {} | {} | {} | {bp50} | {bp99} |",
         report.num_processes,

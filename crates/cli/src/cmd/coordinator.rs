@@ -34,7 +34,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut config = ServiceConfig::new(identity.num_processes, token);
     config.tls = cluster.tls()?;
     if config.tls.as_ref().is_some_and(|tls| !tls.can_serve()) {
-        anyhow::bail!("the coordinator serves TLS with --coordinator-cert and --coordinator-key (only --coordinator-ca was given)");
+        anyhow::bail!(
+            "the coordinator serves TLS with --coordinator-cert and --coordinator-key (only --coordinator-ca was given)"
+        );
     }
     tracing::info!(num_processes = identity.num_processes, %bind, token = %token_source, "starting the coordinator");
     siphon_coord::service::run_standalone(config, bind, |addr| {

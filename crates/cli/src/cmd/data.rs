@@ -12,8 +12,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::Serialize;
 use siphon_data::{
-    Corpus, CorpusConfig, DataStats, FileFormat, InvalidRecords, PackConfig, PackMode, PadSide, Partition, Position, SeqId,
-    Shuffle, SpecialTokens, StreamConfig, TextRecords, Tokenizer, UnitKind, Worker,
+    Corpus, CorpusConfig, DataStats, FileFormat, InvalidRecords, PackConfig, PackMode, PadSide, Partition, Position,
+    SeqId, Shuffle, SpecialTokens, StreamConfig, TextRecords, Tokenizer, UnitKind, Worker,
 };
 
 /// Corpus, tokenization and packing flags, shared by `siphon data` and `siphon extract`.
@@ -312,9 +312,12 @@ fn show_partition(args: Args) -> anyhow::Result<()> {
         if !args.plan_only {
             let config = args.corpus.stream_config(pack.clone(), partition, worker);
             let mut stream = corpus.stream(tokenizer.clone(), config)?;
-            let describe = |id: SeqId| SeqReport { id, location: corpus.describe_unit(&corpus.units()[id.unit as usize]) };
+            let describe =
+                |id: SeqId| SeqReport { id, location: corpus.describe_unit(&corpus.units()[id.unit as usize]) };
             for batch in stream.by_ref() {
-                let batch = batch.with_context(|| format!("reading the corpus for machine {} host {}", worker.machine, worker.host))?;
+                let batch = batch.with_context(|| {
+                    format!("reading the corpus for machine {} host {}", worker.machine, worker.host)
+                })?;
                 if report.first.is_none() {
                     report.first = batch.ids.first().map(|&id| describe(id));
                 }
@@ -347,9 +350,14 @@ fn show_partition(args: Args) -> anyhow::Result<()> {
         "corpus {}: {} files, {} units, plan {}; {} machines x {} hosts, seq_len {}",
         report.corpus, report.files, report.units, report.fingerprint, report.machines, report.hosts, report.seq_len
     );
-    println!("{:>7} {:>4} {:>6} {:>10} {:>12} {:>14} {:>8}  first .. last", "machine", "host", "units", "rows", "bytes", "sequences", "tokens");
+    println!(
+        "{:>7} {:>4} {:>6} {:>10} {:>12} {:>14} {:>8}  first .. last",
+        "machine", "host", "units", "rows", "bytes", "sequences", "tokens"
+    );
     for w in &report.workers {
-        let seqs = |s: &Option<SeqReport>| s.as_ref().map_or("-".to_string(), |s| format!("{}#{} {}", s.id.unit, s.id.index, s.location));
+        let seqs = |s: &Option<SeqReport>| {
+            s.as_ref().map_or("-".to_string(), |s| format!("{}#{} {}", s.id.unit, s.id.index, s.location))
+        };
         println!(
             "{:>7} {:>4} {:>6} {:>10} {:>12} {:>14} {:>8}  {} .. {}",
             w.machine,

@@ -32,10 +32,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(output) = &args.output {
         check_output(output, args.store_timeout)?;
     }
-    let choice = PluginLocator::new()
-        .explicit(args.plugin.clone())
-        .locate()
-        .context("finding a PJRT plugin")?;
+    let choice = PluginLocator::new().explicit(args.plugin.clone()).locate().context("finding a PJRT plugin")?;
     println!("plugin:    {}", choice.path.display());
     println!("  picked:  {}", choice.reason);
     let plugin = Plugin::load(&choice.path).context("loading the PJRT plugin")?;
@@ -54,11 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         options = options.cpu_device_count(count as usize);
     }
     let client = Client::new(&plugin, options).context("creating a PJRT client")?;
-    println!(
-        "platform:  {} ({})",
-        client.platform_name(),
-        client.platform_version()
-    );
+    println!("platform:  {} ({})", client.platform_name(), client.platform_version());
     println!("process:   {}", client.process_index());
     let devices = client.devices();
     println!("devices:   {}", devices.len());
@@ -69,37 +62,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             device.kind,
             device.process_index,
             device.local_hardware_id,
-            if device.addressable {
-                "addressable"
-            } else {
-                "not addressable"
-            }
+            if device.addressable { "addressable" } else { "not addressable" }
         );
     }
     if let Some(count) = args.cpu_devices
         && client.platform_name() == "cpu"
         && devices.len() != count as usize
     {
-        bail!(
-            "asked for {count} CPU devices but the plugin created {}",
-            devices.len()
-        );
+        bail!("asked for {count} CPU devices but the plugin created {}", devices.len());
     }
 
     let device_ids = client.addressable_device_ids();
-    ensure!(
-        !device_ids.is_empty(),
-        "the plugin has no addressable devices"
-    );
+    ensure!(!device_ids.is_empty(), "the plugin has no addressable devices");
     self_test(&client, &device_ids)
 }
 
 /// Writes, reads back, lists and deletes one object at `output`, printing how long each took.
 fn check_output(output: &str, store_timeout: f64) -> anyhow::Result<()> {
-    ensure!(
-        store_timeout > 0.0 && store_timeout.is_finite(),
-        "--store-timeout must be a positive number of seconds"
-    );
+    ensure!(store_timeout > 0.0 && store_timeout.is_finite(), "--store-timeout must be a positive number of seconds");
     println!("output:    {output}");
     let timeout = std::time::Duration::from_secs_f64(store_timeout);
     let report = siphon_store::probe_blocking(output, &[], timeout)
@@ -137,32 +117,20 @@ fn self_test(client: &Client, device_ids: &[usize]) -> anyhow::Result<()> {
     let w = builder.arg(TensorType::new(DType::F32, &[k, n]), Some(w_spec.clone()))?;
     let y = builder.matmul(x, w)?;
     let row_sums = builder.reduce_sum(y, &[1])?;
-    let program = builder.finish_sharded(&[
-        (y, Some(y_spec.clone())),
-        (row_sums, Some(sum_spec.clone())),
-    ])?;
+    let program = builder.finish_sharded(&[(y, Some(y_spec.clone())), (row_sums, Some(sum_spec.clone()))])?;
 
-    println!(
-        "self-test: x[{m},{k}] @ w[{k},{n}] and its row sums on mesh {mesh} (devices {device_ids:?})"
-    );
+    println!("self-test: x[{m},{k}] @ w[{k},{n}] and its row sums on mesh {mesh} (devices {device_ids:?})");
     let start = Instant::now();
-    let executable = client
-        .compile(&program, &CompileOptions::spmd(&mesh))
-        .context("compiling the sharded matmul")?;
+    let executable = client.compile(&program, &CompileOptions::spmd(&mesh)).context("compiling the sharded matmul")?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
 
-    let x_values: Vec<f32> = (0..m * k)
-        .map(|i| ((i * 7 % 23) as f32 - 11.0) / 8.0)
-        .collect();
-    let w_values: Vec<f32> = (0..k * n)
-        .map(|i| ((i * 5 % 17) as f32 - 8.0) / 16.0)
-        .collect();
+    let x_values: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 23) as f32 - 11.0) / 8.0).collect();
+    let w_values: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 17) as f32 - 8.0) / 16.0).collect();
     let start = Instant::now();
     let xs = client.upload_sharded(&HostArray::from_slice(&[m, k], &x_values)?, &x_spec, &mesh)?;
     let ws = client.upload_sharded(&HostArray::from_slice(&[k, n], &w_values)?, &w_spec, &mesh)?;
-    let outputs = executable
-        .execute_sharded(&mesh, &[&xs, &ws], &[y_spec, sum_spec])
-        .context("running the sharded matmul")?;
+    let outputs =
+        executable.execute_sharded(&mesh, &[&xs, &ws], &[y_spec, sum_spec]).context("running the sharded matmul")?;
     let y_values: Vec<f32> = outputs[0].to_host()?.to_vec()?;
     let sums: Vec<f32> = outputs[1].to_host()?.to_vec()?;
     let run_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -170,34 +138,17 @@ fn self_test(client: &Client, device_ids: &[usize]) -> anyhow::Result<()> {
     let mut expected = vec![0f32; m * n];
     for i in 0..m {
         for j in 0..n {
-            expected[i * n + j] = (0..k)
-                .map(|l| x_values[i * k + l] * w_values[l * n + j])
-                .sum();
+            expected[i * n + j] = (0..k).map(|l| x_values[i * k + l] * w_values[l * n + j]).sum();
         }
     }
     let expected_sums: Vec<f32> = expected.chunks(n).map(|row| row.iter().sum()).collect();
     let max_error = |got: &[f32], want: &[f32]| {
-        got.iter()
-            .zip(want)
-            .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
-            .fold(0f32, f32::max)
+        got.iter().zip(want).map(|(g, w)| (g - w).abs() / w.abs().max(1.0)).fold(0f32, f32::max)
     };
-    let (y_error, sum_error) = (
-        max_error(&y_values, &expected),
-        max_error(&sums, &expected_sums),
-    );
-    ensure!(
-        y_values.len() == expected.len() && sums.len() == expected_sums.len(),
-        "wrong output sizes"
-    );
-    ensure!(
-        y_error <= 1e-4,
-        "sharded matmul differs from plain Rust: max relative error {y_error:e}"
-    );
-    ensure!(
-        sum_error <= 1e-4,
-        "all-reduced row sums differ from plain Rust: max relative error {sum_error:e}"
-    );
+    let (y_error, sum_error) = (max_error(&y_values, &expected), max_error(&sums, &expected_sums));
+    ensure!(y_values.len() == expected.len() && sums.len() == expected_sums.len(), "wrong output sizes");
+    ensure!(y_error <= 1e-4, "sharded matmul differs from plain Rust: max relative error {y_error:e}");
+    ensure!(sum_error <= 1e-4, "all-reduced row sums differ from plain Rust: max relative error {sum_error:e}");
 
     let stats = executable.compiled_memory_stats().ok();
     println!("  compile {compile_ms:.1} ms, upload+run+download {run_ms:.1} ms");
@@ -208,9 +159,6 @@ fn self_test(client: &Client, device_ids: &[usize]) -> anyhow::Result<()> {
         );
     }
     println!("  max relative error vs plain Rust: matmul {y_error:.1e}, row sums {sum_error:.1e}");
-    println!(
-        "ok: the sharded matmul on {} devices matches plain Rust",
-        device_ids.len()
-    );
+    println!("ok: the sharded matmul on {} devices matches plain Rust", device_ids.len());
     Ok(())
 }

@@ -87,9 +87,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
     if let Some(n) = args.max_tokens {
         cmd.args(["--max-tokens", &n.to_string()]);
     }
-    let status = cmd
-        .status()
-        .with_context(|| format!("running {} -m siphon export-saelens", python.display()))?;
+    let status = cmd.status().with_context(|| format!("running {} -m siphon export-saelens", python.display()))?;
     if !status.success() {
         bail!("export to {} failed ({status})", args.out.display());
     }
@@ -100,9 +98,7 @@ fn python(given: Option<PathBuf>) -> PathBuf {
     if let Some(python) = given {
         return python;
     }
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join("python")))
-        .filter(|p| p.exists());
+    let beside =
+        std::env::current_exe().ok().and_then(|exe| exe.parent().map(|dir| dir.join("python"))).filter(|p| p.exists());
     beside.unwrap_or_else(|| PathBuf::from("python3"))
 }

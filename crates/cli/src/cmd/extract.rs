@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 
 use crate::job::{self, ExtractOptions};
 
@@ -85,8 +85,8 @@ mod tests {
 
     #[test]
     fn toml_entries_become_flags() {
-        let args = toml_to_args("seq-len = 128\npack = true\nshuffle = false\nhooks = [\"a\", \"b\"]\nmodel = \"m\"")
-            .unwrap();
+        let args =
+            toml_to_args("seq-len = 128\npack = true\nshuffle = false\nhooks = [\"a\", \"b\"]\nmodel = \"m\"").unwrap();
         assert_eq!(args, ["--hooks", "a,b", "--model", "m", "--pack", "--seq-len", "128"]);
         assert!(toml_to_args("config = \"x\"").is_err());
         assert!(toml_to_args("seq-len = ").is_err());
@@ -97,10 +97,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.toml");
         std::fs::write(&path, "seq-len = 128\nbatch-size = 2\ncorpus = \"c\"").unwrap();
-        let argv: Vec<String> = ["siphon", "extract", "--config", path.to_str().unwrap(), "--seq-len", "64", "--model", "m"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let argv: Vec<String> =
+            ["siphon", "extract", "--config", path.to_str().unwrap(), "--seq-len", "64", "--model", "m"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         let expanded = expand_config_file(argv).unwrap();
         let cli = <crate::Cli as clap::Parser>::try_parse_from(&expanded).unwrap();
         let crate::Command::Extract(args) = cli.command else { panic!("not extract") };

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
 use siphon_models::{DType, LoadedModel};
@@ -58,7 +58,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let rows = match (&args.text, &args.ids) {
         (Some(text), _) => {
             let tok = model.tokenizer.as_ref().with_context(|| {
-                format!("{} has no tokenizer (tokenizer.json or GGUF vocabulary); pass --ids instead", args.model.display())
+                format!(
+                    "{} has no tokenizer (tokenizer.json or GGUF vocabulary); pass --ids instead",
+                    args.model.display()
+                )
             })?;
             let ids = tok.encode(text).context("tokenizing --text")?;
             if ids.is_empty() {
@@ -83,7 +86,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let client = Client::new(&plugin, options).context("creating a PJRT client")?;
     let devices = client.addressable_device_ids();
     let (mesh, plan) = resolve_mesh(args.mesh.as_deref(), &devices, &model, batch.batch())?;
-    println!("model:  {} ({:?}, {} layers, d_model {})", args.model.display(), model.config.arch, model.config.n_layers, model.config.hidden_size);
+    println!(
+        "model:  {} ({:?}, {} layers, d_model {})",
+        args.model.display(),
+        model.config.arch,
+        model.config.n_layers,
+        model.config.hidden_size
+    );
     if mesh.axes().is_empty() {
         println!("mesh:   one device ({})", mesh.device_ids()[0]);
     } else {
@@ -116,7 +125,12 @@ fn read_ids(path: &Path) -> anyhow::Result<Vec<Vec<u32>>> {
         bail!("--ids {}: no token ids", path.display());
     }
     if let Some(i) = rows.iter().position(|r| r.len() != rows[0].len()) {
-        bail!("--ids {}: row {i} has {} ids, row 0 has {}; rows must have equal length", path.display(), rows[i].len(), rows[0].len());
+        bail!(
+            "--ids {}: row {i} has {} ids, row 0 has {}; rows must have equal length",
+            path.display(),
+            rows[i].len(),
+            rows[0].len()
+        );
     }
     Ok(rows)
 }
@@ -169,7 +183,11 @@ fn resolve_mesh(
 
 /// Writes a safetensors file: 8-byte header length, JSON header, data. Written to a
 /// temporary name and renamed, so a failed run leaves no half-written file.
-fn write_safetensors(path: &Path, tensors: &[(String, &HostArray)], metadata: &HashMap<String, String>) -> anyhow::Result<()> {
+fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, &HostArray)],
+    metadata: &HashMap<String, String>,
+) -> anyhow::Result<()> {
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), serde_json::to_value(metadata)?);
     let mut offset = 0usize;
@@ -193,7 +211,8 @@ fn write_safetensors(path: &Path, tensors: &[(String, &HostArray)], metadata: &H
         json.push(b' ');
     }
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("out"), std::process::id()));
+    let tmp =
+        dir.join(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("out"), std::process::id()));
     let result = (|| -> std::io::Result<()> {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         f.write_all(&(json.len() as u64).to_le_bytes())?;

@@ -34,11 +34,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(version)) => format!("siphon-activations/{version}"),
         (None, None) => "?".to_string(),
     };
-    let shapes_from = if report
-        .run_json
-        .as_ref()
-        .is_some_and(|r| !r.descriptor.hook_shapes.is_empty())
-    {
+    let shapes_from = if report.run_json.as_ref().is_some_and(|r| !r.descriptor.hook_shapes.is_empty()) {
         "run.json"
     } else {
         "shards"
@@ -92,18 +88,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         println!("run {}", args.url);
         println!("  format {format}");
-        println!(
-            "  hooks ({}), per-token shape from {shapes_from}:",
-            hooks.len()
-        );
+        println!("  hooks ({}), per-token shape from {shapes_from}:", hooks.len());
         for hook in &hooks {
-            println!(
-                "    {hook} {}",
-                report
-                    .hook_shapes
-                    .get(hook)
-                    .map_or("?".to_string(), |s| format!("{s:?}"))
-            );
+            println!("    {hook} {}", report.hook_shapes.get(hook).map_or("?".to_string(), |s| format!("{s:?}")));
         }
         println!(
             "  dtype {dtype}; {} tokens ({} kept) in {}",
@@ -129,11 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             report.stats_sha256.as_deref().unwrap_or("(missing)")
         );
         if seconds > 0.0 {
-            println!(
-                "  {:.1} s, {:.0} tokens/s over all hosts",
-                seconds,
-                report.tokens as f64 / seconds
-            );
+            println!("  {:.1} s, {:.0} tokens/s over all hosts", seconds, report.tokens as f64 / seconds);
         }
         for note in &notes {
             println!("  note: {note}");
@@ -171,10 +154,7 @@ fn split_run_url(url: &str) -> anyhow::Result<(String, String)> {
     let trimmed = url.trim_end_matches('/');
     match trimmed.rsplit_once('/') {
         Some((output, run))
-            if !run.is_empty()
-                && !output.is_empty()
-                && !output.ends_with(':')
-                && !output.ends_with(":/") =>
+            if !run.is_empty() && !output.is_empty() && !output.ends_with(':') && !output.ends_with(":/") =>
         {
             Ok((output.to_string(), run.to_string()))
         }
@@ -199,14 +179,8 @@ mod tests {
 
     #[test]
     fn run_urls_split_into_output_and_run() {
-        assert_eq!(
-            split_run_url("/tmp/out/run-1/").unwrap(),
-            ("/tmp/out".into(), "run-1".into())
-        );
-        assert_eq!(
-            split_run_url("s3://bucket/acts/r").unwrap(),
-            ("s3://bucket/acts".into(), "r".into())
-        );
+        assert_eq!(split_run_url("/tmp/out/run-1/").unwrap(), ("/tmp/out".into(), "run-1".into()));
+        assert_eq!(split_run_url("s3://bucket/acts/r").unwrap(), ("s3://bucket/acts".into(), "r".into()));
         assert!(split_run_url("run-1").is_err());
         assert!(split_run_url("s3://bucket").is_err());
     }
@@ -214,19 +188,10 @@ mod tests {
     #[test]
     fn format_1_ln_final_gets_a_note() {
         let hooks = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let notes = format_notes(
-            Some(1),
-            &hooks(&["blocks.0.hook_resid_post", "ln_final.hook_normalized"]),
-        );
+        let notes = format_notes(Some(1), &hooks(&["blocks.0.hook_resid_post", "ln_final.hook_normalized"]));
         assert_eq!(notes.len(), 1);
-        assert!(
-            notes[0].contains("ln_final.hook_normalized is the final norm's output after its gain"),
-            "{notes:?}"
-        );
-        assert!(
-            notes[0].contains("ln_final.hook_out") && notes[0].contains("x/RMS(x)"),
-            "{notes:?}"
-        );
+        assert!(notes[0].contains("ln_final.hook_normalized is the final norm's output after its gain"), "{notes:?}");
+        assert!(notes[0].contains("ln_final.hook_out") && notes[0].contains("x/RMS(x)"), "{notes:?}");
         assert!(format_notes(Some(2), &hooks(&["ln_final.hook_normalized"])).is_empty());
         assert!(format_notes(Some(1), &hooks(&["blocks.0.hook_resid_post"])).is_empty());
         assert!(format_notes(None, &hooks(&["ln_final.hook_normalized"])).is_empty());

@@ -15,11 +15,11 @@
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use siphon_coord::EXIT_PREEMPTED;
 
 use crate::job::progress;
@@ -156,7 +156,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if preempted.is_some() || sigterm_forwarded {
                 let stopped: Vec<String> = hosts
                     .iter()
-                    .filter_map(|h| h.status.filter(|s| !s.success()).map(|s| format!("host {}: {}", h.process_id, describe(s))))
+                    .filter_map(|h| {
+                        h.status.filter(|s| !s.success()).map(|s| format!("host {}: {}", h.process_id, describe(s)))
+                    })
                     .collect();
                 return Err(anyhow::Error::new(crate::job::Preempted::new(format!(
                     "the hosts were preempted ({})",

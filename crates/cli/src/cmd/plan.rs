@@ -97,7 +97,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         dtype: args.dtype.or(config_dtype).unwrap_or(DType::BF16),
         batch: args.batch,
         seq: args.seq,
-        hooks: args.hooks.as_deref().map(|h| siphon_models::resolve_hooks(h, &config)).transpose().context("--hooks")?,
+        hooks: args
+            .hooks
+            .as_deref()
+            .map(|h| siphon_models::resolve_hooks(h, &config))
+            .transpose()
+            .context("--hooks")?,
         device_memory_bytes,
         headroom: args.headroom,
         with_lm_head: args.lm_head,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use siphon_models::{HookPoint, LoadedModel, ModelConfig};
 use siphon_plan::{PlanRequest, Topology};
 use siphon_store::{ActivationDtype, HookActivations};
@@ -60,18 +60,12 @@ pub fn tokenizer(model: &LoadedModel, path: Option<&str>) -> anyhow::Result<Arc<
         Some(path) => siphon_data::load_tokenizer(path.as_ref())?,
         None => match &model.tokenizer {
             Some(t) => t.inner().clone(),
-            None => bail!(
-                "the model at {} has no tokenizer; give --tokenizer tokenizer.json",
-                model.path.display()
-            ),
+            None => bail!("the model at {} has no tokenizer; give --tokenizer tokenizer.json", model.path.display()),
         },
     };
     let vocab = tokenizer.get_vocab_size(true);
     if vocab > model.config.vocab_size {
-        bail!(
-            "the tokenizer has {vocab} tokens but the model's embedding table only {} rows",
-            model.config.vocab_size
-        );
+        bail!("the tokenizer has {vocab} tokens but the model's embedding table only {} rows", model.config.vocab_size);
     }
     Ok(Arc::new(tokenizer))
 }
@@ -133,7 +127,13 @@ impl Compute {
         engine.prepare(spec.corpus.batch_size, spec.corpus.seq_len).context("cannot compile the forward pass")?;
         let stats = engine.load_stats();
         tracing::info!(seconds = stats.upload_s, bytes = stats.uploaded_bytes, "weights uploaded, forward compiled");
-        Ok(Compute { engine, mesh, output_dtype: activation_dtype(&spec.dtype)?, batch_size: spec.corpus.batch_size, _client: client })
+        Ok(Compute {
+            engine,
+            mesh,
+            output_dtype: activation_dtype(&spec.dtype)?,
+            batch_size: spec.corpus.batch_size,
+            _client: client,
+        })
     }
 
     /// The model's configuration (for run.json).

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use object_store::ObjectStoreExt;
 use siphon_store::StoreLocation;
 
@@ -81,7 +81,8 @@ async fn download(location: &StoreLocation, name: &str, dest: &Path, required: b
 /// The distinct shard files of a sharded safetensors index.
 fn shard_names(index: &Path) -> anyhow::Result<Vec<String>> {
     let text = std::fs::read_to_string(index).with_context(|| format!("cannot read {}", index.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", index.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", index.display()))?;
     let map = json["weight_map"].as_object().with_context(|| format!("{} has no weight_map", index.display()))?;
     let mut names: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
     names.sort();

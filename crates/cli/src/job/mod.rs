@@ -31,7 +31,9 @@ use serde_json::json;
 
 use siphon_coord::{Coordination, JoinOptions};
 use siphon_data::{Corpus, PackConfig, Partition, Worker};
-use siphon_store::{ActivationDtype, BatchActivations, HostId, RunDescriptor, ShardFormat, ShardWriter, ShuffleConfig, StoreConfig};
+use siphon_store::{
+    ActivationDtype, BatchActivations, HostId, RunDescriptor, ShardFormat, ShardWriter, ShuffleConfig, StoreConfig,
+};
 
 pub use options::{ExtractOptions, RunSpec};
 pub use timing::read_timing;
@@ -93,7 +95,12 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     if let Err(err) = &result
         && coord.job_error().is_none()
     {
-        let _ = coord.report_error(&format!("host {} (machine {}): {}", host.host, host.machine, crate::cmd::describe(err)));
+        let _ = coord.report_error(&format!(
+            "host {} (machine {}): {}",
+            host.host,
+            host.machine,
+            crate::cmd::describe(err)
+        ));
     }
     match result {
         // Whatever this host was doing, the job stopped to be resumed (a barrier or get that
@@ -186,11 +193,14 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let resume_at = writer.resume_point().clone();
     let resume: Option<siphon_data::Position> = match &resume_at.data_position {
         None => None,
-        Some(value) => Some(serde_json::from_value(value.clone()).context("the manifest's data position is unreadable")?),
+        Some(value) => {
+            Some(serde_json::from_value(value.clone()).context("the manifest's data position is unreadable")?)
+        }
     };
     coord.kv_set(
         &format!("resume/{}/{}", host.machine, host.host),
-        serde_json::to_string(&json!({ "next_shard": resume_at.next_shard, "next_sample": resume_at.next_sample }))?.as_bytes(),
+        serde_json::to_string(&json!({ "next_shard": resume_at.next_shard, "next_sample": resume_at.next_sample }))?
+            .as_bytes(),
         true,
     )?;
     coord.barrier("resume-points", BARRIER_TIMEOUT)?;
@@ -207,12 +217,14 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         per_host.div_ceil((spec.corpus.batch_size * spec.corpus.seq_len) as u64)
     });
     let stream = corpus.stream(tokenizer, stream_config)?;
-    let mut progress = Progress::new(host, budget_batches.map(|b| b * (spec.corpus.batch_size * spec.corpus.seq_len) as u64));
+    let mut progress =
+        Progress::new(host, budget_batches.map(|b| b * (spec.corpus.batch_size * spec.corpus.seq_len) as u64));
     progress.resumed(resume_at.committed_tokens);
     let started = Instant::now();
     let mut compute_time = Duration::ZERO;
     // Test hook: slows the loop down so that tests can kill a host mid-run.
-    let slow_batch = std::env::var("SIPHON_TEST_SLOW_BATCH_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
+    let slow_batch =
+        std::env::var("SIPHON_TEST_SLOW_BATCH_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
     // From here SIGTERM stops the loop instead of the process (see siphon_coord::stop).
     let stop = coord.stop_signal();
     stop.arm();
@@ -248,7 +260,9 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         tracing::warn!(reason = %why, "preempted: committing the complete shards, then exiting");
         let summary = writer.stop().context("preempted, and committing the complete shards failed")?;
         tracing::info!(
-            shards = summary.shards, tokens = summary.tokens, seconds = started.elapsed().as_secs_f64(),
+            shards = summary.shards,
+            tokens = summary.tokens,
+            seconds = started.elapsed().as_secs_f64(),
             "host stopped (preempted)"
         );
         return Err(anyhow::Error::new(Preempted { message: why, shards: Some(summary.shards) }));
@@ -256,8 +270,11 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let summary = writer.finish()?;
     progress.finish(&summary);
     tracing::info!(
-        shards = summary.shards, tokens = summary.tokens, kept = summary.included_tokens,
-        seconds = started.elapsed().as_secs_f64(), compute_seconds = compute_time.as_secs_f64(),
+        shards = summary.shards,
+        tokens = summary.tokens,
+        kept = summary.included_tokens,
+        seconds = started.elapsed().as_secs_f64(),
+        compute_seconds = compute_time.as_secs_f64(),
         "host finished"
     );
 
@@ -280,7 +297,10 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
 }
 
 /// The store's view of a batch: token metadata from the data path plus the hook outputs.
-fn to_store_batch(batch: &siphon_data::Batch, hooks: Vec<siphon_store::HookActivations>) -> anyhow::Result<BatchActivations> {
+fn to_store_batch(
+    batch: &siphon_data::Batch,
+    hooks: Vec<siphon_store::HookActivations>,
+) -> anyhow::Result<BatchActivations> {
     let first_sample = batch.position.sequences - batch.len() as u64;
     Ok(BatchActivations {
         first_sample,
@@ -294,8 +314,6 @@ fn to_store_batch(batch: &siphon_data::Batch, hooks: Vec<siphon_store::HookActiv
         data_position_after: serde_json::to_value(&batch.position)?,
     })
 }
-
-
 
 fn store_config(spec: &RunSpec, run: &str, host: HostId, give_up_after: Duration) -> anyhow::Result<StoreConfig> {
     let mut config = StoreConfig::new(spec.output.clone(), run, host);
@@ -311,7 +329,6 @@ fn store_config(spec: &RunSpec, run: &str, host: HostId, give_up_after: Duration
     config.validate()?;
     Ok(config)
 }
-
 
 fn sha256_file(path: &std::path::Path) -> anyhow::Result<String> {
     use sha2::Digest;

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use serde::Serialize;
 
 use crate::cmd::cluster::ClusterArgs;
@@ -143,7 +143,11 @@ impl ExtractOptions {
     /// Validates the options (no I/O) and returns the run spec.
     /// With the model's config, hook patterns (`blocks.*.hook_resid_post`) are expanded and
     /// aliases resolved to TransformerLens names, so every host records the same list.
-    pub fn resolve(&self, model_config: Option<&siphon_models::ModelConfig>, total_machines: u32) -> anyhow::Result<RunSpec> {
+    pub fn resolve(
+        &self,
+        model_config: Option<&siphon_models::ModelConfig>,
+        total_machines: u32,
+    ) -> anyhow::Result<RunSpec> {
         let need = |v: &Option<String>, name: &str| -> anyhow::Result<String> {
             v.clone().with_context(|| format!("missing --{name} (or `{name}` in the --config file)"))
         };
@@ -249,8 +253,7 @@ pub fn parse_layers(text: &str) -> anyhow::Result<Vec<usize>> {
         let bad = || format!("--layers: {part:?} is not a layer or a range like 20-27");
         match part.split_once('-') {
             Some((a, b)) => {
-                let (a, b): (usize, usize) =
-                    (a.trim().parse().with_context(bad)?, b.trim().parse().with_context(bad)?);
+                let (a, b): (usize, usize) = (a.trim().parse().with_context(bad)?, b.trim().parse().with_context(bad)?);
                 if a > b {
                     bail!("--layers: range {part:?} is empty");
                 }

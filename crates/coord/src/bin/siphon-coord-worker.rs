@@ -67,7 +67,11 @@ fn run() -> Result<(), Failure> {
             "--rounds" => rounds = rest.next().and_then(|v| v.parse().ok()).ok_or("bad --rounds")?,
             "--processes" => {
                 let list = rest.next().ok_or("missing --processes value")?;
-                processes = list.split(',').map(|n| n.trim().parse()).collect::<Result<_, _>>().map_err(|_| "bad --processes")?;
+                processes = list
+                    .split(',')
+                    .map(|n| n.trim().parse())
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| "bad --processes")?;
             }
             "--config" => {
                 let pair = rest.next().ok_or("missing --config value")?;
@@ -83,11 +87,18 @@ fn run() -> Result<(), Failure> {
         println!("| processes | barrier p50 | barrier p99 | kv set+get p50 | kv broadcast p50 | kv broadcast p99 |");
         println!("|---|---|---|---|---|---|");
         for n in processes {
-            let report = siphon_coord::check::run_local(&exe, &args, n, Duration::from_secs(600)).map_err(|e| e.to_string())?;
+            let report =
+                siphon_coord::check::run_local(&exe, &args, n, Duration::from_secs(600)).map_err(|e| e.to_string())?;
             let barrier = report.barrier_all_processes.clone().unwrap_or(report.barrier.clone());
             let ms = |us: f64| format!("{:.3} ms", us / 1e3);
-            let (bp50, bp99) = report.kv_broadcast.as_ref().map(|b| (ms(b.p50_us), ms(b.p99_us))).unwrap_or(("-".into(), "-".into()));
-            println!("| {n} | {} | {} | {} | {bp50} | {bp99} |", ms(barrier.p50_us), ms(barrier.p99_us), ms(report.kv_round_trip.p50_us));
+            let (bp50, bp99) =
+                report.kv_broadcast.as_ref().map(|b| (ms(b.p50_us), ms(b.p99_us))).unwrap_or(("-".into(), "-".into()));
+            println!(
+                "| {n} | {} | {} | {} | {bp50} | {bp99} |",
+                ms(barrier.p50_us),
+                ms(barrier.p99_us),
+                ms(report.kv_round_trip.p50_us)
+            );
         }
         return Ok(());
     }
@@ -95,9 +106,8 @@ fn run() -> Result<(), Failure> {
     let me = identity::resolve_from_process(&identity::IdentityFlags::default()).map_err(|e| e.to_string())?;
     let mut options = JoinOptions::new(token);
     options.client.connect_timeout = Duration::from_secs(20);
-    options.client.register_timeout = Duration::from_secs(
-        std::env::var("WORKER_REGISTER_TIMEOUT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(20),
-    );
+    options.client.register_timeout =
+        Duration::from_secs(std::env::var("WORKER_REGISTER_TIMEOUT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(20));
     let job = Coordination::join(&me, options).map_err(|e| e.to_string())?;
     job.install_failure_reporting();
     let task = job.process_id();

@@ -50,7 +50,11 @@ impl MetadataStub {
                     (true, Some(value)) => ("200 OK", value.clone()),
                     (true, None) => ("404 Not Found", String::new()),
                 };
-                let _ = write!(stream, "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
             }
         });
         MetadataStub { host, requests }
@@ -79,7 +83,8 @@ fn flags_win_over_every_environment() {
         machine_id: Some(1),
         total_machines: Some(3),
     };
-    let identity = resolve(&flags, &env(&[("SIPHON_PROCESS_ID", "1"), ("RANK", "3"), ("SIPHON_MACHINE_ID", "0")]), None).unwrap();
+    let identity =
+        resolve(&flags, &env(&[("SIPHON_PROCESS_ID", "1"), ("RANK", "3"), ("SIPHON_MACHINE_ID", "0")]), None).unwrap();
     assert_eq!((identity.process_id, identity.num_processes), (2, 4));
     assert_eq!(identity.coordinator, "10.0.0.9:1234");
     assert_eq!(identity.source, Source::Flags);
@@ -135,7 +140,12 @@ fn cloud_tpu_from_the_metadata_server_stub() {
 fn metadata_is_not_queried_when_flags_are_complete_or_not_on_tpu() {
     let stub = MetadataStub::start(&[("agent-worker-number", "3")]);
     let fetcher = stub.fetcher();
-    let flags = IdentityFlags { process_id: Some(0), num_processes: Some(2), coordinator: Some("h:1".into()), ..Default::default() };
+    let flags = IdentityFlags {
+        process_id: Some(0),
+        num_processes: Some(2),
+        coordinator: Some("h:1".into()),
+        ..Default::default()
+    };
     resolve(&flags, &env(&[("TPU_ACCELERATOR_TYPE", "v4-16")]), Some(&fetcher)).unwrap();
     resolve(&no_flags(), &env(&[]), Some(&fetcher)).unwrap();
     assert!(stub.requests.lock().unwrap().is_empty());
@@ -239,6 +249,7 @@ fn coordinator_port_env_replaces_the_default_port_only() {
 
 #[test]
 fn multislice_env_gives_the_machine() {
-    let identity = resolve(&no_flags(), &env(&[("MEGASCALE_SLICE_ID", "1"), ("MEGASCALE_NUM_SLICES", "4")]), None).unwrap();
+    let identity =
+        resolve(&no_flags(), &env(&[("MEGASCALE_SLICE_ID", "1"), ("MEGASCALE_NUM_SLICES", "4")]), None).unwrap();
     assert_eq!((identity.machine_id, identity.total_machines), (1, 4));
 }

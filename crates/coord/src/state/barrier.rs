@@ -51,9 +51,8 @@ impl Barriers {
         // Keep memory bounded over long runs: a finished instance of the same barrier with a
         // lower counter is no longer needed once a newer one starts.
         if !self.by_key.contains_key(&key) {
-            self.by_key.retain(|(id, counter), barrier| {
-                !(id == &key.0 && *counter < key.1 && barrier.outcome.is_some())
-            });
+            self.by_key
+                .retain(|(id, counter), barrier| !(id == &key.0 && *counter < key.1 && barrier.outcome.is_some()));
         }
         let barrier = self.by_key.entry(key.clone()).or_insert_with(|| Barrier {
             participants: participants.clone(),
@@ -116,10 +115,8 @@ impl Barriers {
             outcome: None,
         });
         if barrier.outcome.is_none() {
-            let error = CoordError::Cancelled(format!(
-                "barrier '{}' (counter {}) was cancelled by task {by}",
-                key.0, key.1
-            ));
+            let error =
+                CoordError::Cancelled(format!("barrier '{}' (counter {}) was cancelled by task {by}", key.0, key.1));
             finish(barrier, Err(error));
         }
     }

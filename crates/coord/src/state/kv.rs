@@ -64,9 +64,7 @@ impl Kv {
             Some(bytes) => std::str::from_utf8(bytes)
                 .ok()
                 .and_then(|text| text.parse::<i64>().ok())
-                .ok_or_else(|| {
-                    CoordError::InvalidArgument(format!("key '{key}' does not hold a counter"))
-                })?,
+                .ok_or_else(|| CoordError::InvalidArgument(format!("key '{key}' does not hold a counter")))?,
         };
         let next = current.checked_add(delta).ok_or_else(|| {
             CoordError::InvalidArgument(format!("counter '{key}' would overflow ({current} + {delta})"))

@@ -61,7 +61,8 @@ impl State {
     pub(crate) fn new(num_tasks: u32) -> (State, watch::Receiver<Option<CoordError>>) {
         let (error_tx, error_rx) = watch::channel(None);
         let now = Instant::now();
-        let slot = TaskSlot { incarnation: 0, status: TaskStatus::Absent, generation: 0, stream_open: false, last_seen: now };
+        let slot =
+            TaskSlot { incarnation: 0, status: TaskStatus::Absent, generation: 0, stream_open: false, last_seen: now };
         let state = State {
             tasks: vec![slot; num_tasks as usize],
             job_error: None,
@@ -263,11 +264,12 @@ impl State {
         let key_copy = if shutdown { Some(key.clone()) } else { None };
         let arrival = self.barriers.arrive(key, task, participants.clone(), timeout, now);
         if let Some(key) = key_copy
-            && self.barriers.passed(&key) {
-                for &t in &participants {
-                    self.tasks[t as usize].status = TaskStatus::ShutDown;
-                }
+            && self.barriers.passed(&key)
+        {
+            for &t in &participants {
+                self.tasks[t as usize].status = TaskStatus::ShutDown;
             }
+        }
         arrival
     }
 
@@ -352,8 +354,7 @@ pub(crate) async fn await_barrier(
     match tokio::time::timeout_at(deadline.into(), receiver).await {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(_)) => Err(CoordError::Internal("barrier state dropped".into())),
-        Err(_) => expire(Instant::now())
-            .unwrap_or_else(|| Err(CoordError::Internal("barrier expired early".into()))),
+        Err(_) => expire(Instant::now()).unwrap_or_else(|| Err(CoordError::Internal("barrier expired early".into()))),
     }
 }
 

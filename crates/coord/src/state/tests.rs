@@ -47,8 +47,7 @@ fn barrier_deadline_starts_at_first_arrival_and_names_missing_tasks() {
     let (_rx, deadline) = wait(state.barrier(2, key("b"), Duration::from_secs(3), &[], t0));
     assert_eq!(deadline, t0 + Duration::from_secs(3));
     // A later arrival with a longer timeout does not move the deadline.
-    let (_rx1, deadline1) =
-        wait(state.barrier(0, key("b"), Duration::from_secs(60), &[], t0 + Duration::from_secs(1)));
+    let (_rx1, deadline1) = wait(state.barrier(0, key("b"), Duration::from_secs(60), &[], t0 + Duration::from_secs(1)));
     assert_eq!(deadline1, deadline);
     assert!(state.expire_barrier(&key("b"), t0 + Duration::from_secs(2)).is_none(), "not yet due");
     let outcome = state.expire_barrier(&key("b"), t0 + Duration::from_secs(3)).unwrap();
@@ -90,7 +89,9 @@ fn job_error_fails_pending_barriers_and_gets_and_is_sticky() {
     // Sticky: every later call gets the first error, and a second error does not replace it.
     state.report_error(1, "other");
     assert_eq!(state.kv_try_get("x").unwrap_err(), error);
-    assert!(matches!(state.barrier(1, key("c"), Duration::from_secs(5), &[], now), Arrival::Done(Err(e)) if e == error));
+    assert!(
+        matches!(state.barrier(1, key("c"), Duration::from_secs(5), &[], now), Arrival::Done(Err(e)) if e == error)
+    );
     assert_eq!(state.status(2), TaskStatus::Failed);
 }
 
@@ -136,7 +137,10 @@ fn shutdown_barrier_makes_disconnects_harmless() {
     let now = Instant::now();
     let generation = state.connect(0, now);
     let _rx = wait(state.barrier(0, (SHUTDOWN_BARRIER.into(), 0), Duration::from_secs(5), &[], now));
-    assert!(matches!(state.barrier(1, (SHUTDOWN_BARRIER.into(), 0), Duration::from_secs(5), &[], now), Arrival::Done(Ok(()))));
+    assert!(matches!(
+        state.barrier(1, (SHUTDOWN_BARRIER.into(), 0), Duration::from_secs(5), &[], now),
+        Arrival::Done(Ok(()))
+    ));
     assert!(!state.disconnect(0, generation), "a shut-down task's disconnect is not a failure");
     assert!(state.job_error().is_none());
     assert!(!state.all_gone(None), "task 1's stream is still open");
@@ -205,7 +209,10 @@ fn cancel_fails_waiters_and_later_arrivals() {
     let (mut rx, _) = wait(state.barrier(0, key("c"), Duration::from_secs(5), &[], now));
     state.cancel_barrier(0, key("c"), now).unwrap();
     assert!(matches!(rx.try_recv().unwrap(), Err(CoordError::Cancelled(_))));
-    assert!(matches!(state.barrier(1, key("c"), Duration::from_secs(5), &[], now), Arrival::Done(Err(CoordError::Cancelled(_)))));
+    assert!(matches!(
+        state.barrier(1, key("c"), Duration::from_secs(5), &[], now),
+        Arrival::Done(Err(CoordError::Cancelled(_)))
+    ));
     // The job itself is fine.
     assert!(state.job_error().is_none());
 }

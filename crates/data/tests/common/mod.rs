@@ -40,13 +40,15 @@ pub fn doc_text(i: usize) -> String {
 
 /// Writes a parquet file with `id` and `text` columns (`None` = null text).
 pub fn write_parquet(path: &Path, texts: &[Option<String>], rows_per_group: usize) {
-    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false), Field::new("text", DataType::Utf8, true)]));
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false), Field::new("text", DataType::Utf8, true)]));
     let file = std::fs::File::create(path).unwrap();
     let props = WriterProperties::builder().set_max_row_group_row_count(Some(rows_per_group)).build();
     let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props)).unwrap();
     for (g, chunk) in texts.chunks(rows_per_group).enumerate() {
         let ids: Vec<String> = (0..chunk.len()).map(|i| format!("{}-{g}-{i}", path.display())).collect();
-        let columns: Vec<ArrayRef> = vec![Arc::new(StringArray::from_iter_values(ids)), Arc::new(StringArray::from(chunk.to_vec()))];
+        let columns: Vec<ArrayRef> =
+            vec![Arc::new(StringArray::from_iter_values(ids)), Arc::new(StringArray::from(chunk.to_vec()))];
         writer.write(&RecordBatch::try_new(schema.clone(), columns).unwrap()).unwrap();
         writer.flush().unwrap();
     }

@@ -78,4 +78,3 @@ pub fn sharded_mlp_module(mesh: Option<Mesh>) -> String {
     let y = b.matmul_t(h, down).unwrap(); // [8, 16]
     b.finish_sharded(&[(y, p(&[&["data"], &[]])), (h, p(&[&["data"], &["model"]]))]).unwrap()
 }
-

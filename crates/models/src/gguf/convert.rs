@@ -11,7 +11,8 @@ use super::{GgufFile, GgufValue};
 use crate::{HfConfig, ModelError};
 
 /// The GGUF architectures siphon converts.
-const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2", "gpt2", "gptneox"];
+const SUPPORTED_ARCHS: &[&str] =
+    &["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2", "gpt2", "gptneox"];
 
 /// How one GGUF tensor becomes one Hugging Face tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +38,9 @@ pub fn hf_names(arch: &str, gguf_name: &str, n_heads: usize, n_kv_heads: usize, 
     let map = |hf: String| Mapping {
         order: row_order(arch, gguf_name, n_heads, n_kv_heads),
         expert: None,
-        transpose: arch == "gpt2" && gguf_name.ends_with(".weight") && [".attn_qkv.", ".attn_output.", ".ffn_up.", ".ffn_down."].iter().any(|m| gguf_name.contains(m)),
+        transpose: arch == "gpt2"
+            && gguf_name.ends_with(".weight")
+            && [".attn_qkv.", ".attn_output.", ".ffn_up.", ".ffn_down."].iter().any(|m| gguf_name.contains(m)),
         minus_one: matches!(arch, "gemma2" | "gemma3") && gguf_name.ends_with("norm.weight"),
         hf,
     };
@@ -49,9 +52,13 @@ pub fn hf_names(arch: &str, gguf_name: &str, n_heads: usize, n_kv_heads: usize, 
     let fixed = match (arch, gguf_name) {
         ("gpt2", "token_embd.weight") => Some("transformer.wte.weight".to_string()),
         ("gpt2", "position_embd.weight") => Some("transformer.wpe.weight".to_string()),
-        ("gpt2", "output_norm.weight" | "output_norm.bias") => Some(gguf_name.replace("output_norm", "transformer.ln_f")),
+        ("gpt2", "output_norm.weight" | "output_norm.bias") => {
+            Some(gguf_name.replace("output_norm", "transformer.ln_f"))
+        }
         ("gptneox", "token_embd.weight") => Some("gpt_neox.embed_in.weight".to_string()),
-        ("gptneox", "output_norm.weight" | "output_norm.bias") => Some(gguf_name.replace("output_norm", "gpt_neox.final_layer_norm")),
+        ("gptneox", "output_norm.weight" | "output_norm.bias") => {
+            Some(gguf_name.replace("output_norm", "gpt_neox.final_layer_norm"))
+        }
         ("gptneox", "output.weight") => Some("embed_out.weight".to_string()),
         (_, "token_embd.weight") => Some(format!("{model}.embed_tokens.weight")),
         (_, "output_norm.weight") => Some(format!("{model}.norm.weight")),
@@ -81,7 +88,10 @@ pub fn hf_names(arch: &str, gguf_name: &str, n_heads: usize, n_kv_heads: usize, 
             _ => return Vec::new(),
         };
         return (0..n_experts)
-            .map(|e| Mapping { expert: Some((e, n_experts)), ..map(format!("{layers}.{layer}.{}.{kind}", proj.replace("{e}", &e.to_string()))) })
+            .map(|e| Mapping {
+                expert: Some((e, n_experts)),
+                ..map(format!("{layers}.{layer}.{}.{kind}", proj.replace("{e}", &e.to_string())))
+            })
             .collect();
     }
     if mixtral && module == "ffn_gate_inp" {
@@ -183,11 +193,9 @@ pub fn hf_row_of(order: RowOrder, n_rows: usize, hf_row: usize) -> usize {
 
 /// The architecture named by `general.architecture`, if siphon converts it.
 pub fn architecture(file: &GgufFile) -> Result<String, ModelError> {
-    let arch = file.get("general.architecture").and_then(GgufValue::as_str).ok_or_else(|| {
-        ModelError::Corrupt {
-            path: file.path().to_path_buf(),
-            detail: "GGUF metadata lacks general.architecture".into(),
-        }
+    let arch = file.get("general.architecture").and_then(GgufValue::as_str).ok_or_else(|| ModelError::Corrupt {
+        path: file.path().to_path_buf(),
+        detail: "GGUF metadata lacks general.architecture".into(),
     })?;
     if !SUPPORTED_ARCHS.contains(&arch) {
         return Err(ModelError::UnsupportedArch(format!(
@@ -213,11 +221,8 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         }
     };
     let float = |k: &str| key(k).and_then(GgufValue::as_f64);
-    let token_id = |k: &str| {
-        file.get(&format!("tokenizer.ggml.{k}"))
-            .and_then(GgufValue::as_u64)
-            .map(serde_json::Value::from)
-    };
+    let token_id =
+        |k: &str| file.get(&format!("tokenizer.ggml.{k}")).and_then(GgufValue::as_u64).map(serde_json::Value::from);
     // transformers takes vocab_size from the metadata when present, else from the
     // tokenizer's token list; the embedding table's row count is the final authority.
     let vocab_size = match int("vocab_size")? {
@@ -310,7 +315,10 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
             set("layer_norm_epsilon", eps.clone());
             set("layer_norm_eps", eps);
             set("n_inner", int("feed_forward_length")?.map(serde_json::Value::from));
-            set("use_parallel_residual", key("use_parallel_residual").and_then(GgufValue::as_bool).map(serde_json::Value::from));
+            set(
+                "use_parallel_residual",
+                key("use_parallel_residual").and_then(GgufValue::as_bool).map(serde_json::Value::from),
+            );
         }
         "qwen3moe" => {
             set("moe_intermediate_size", int("expert_feed_forward_length")?.map(serde_json::Value::from));
@@ -350,7 +358,9 @@ mod tests {
 
     #[test]
     fn names_map_like_transformers() {
-        let hf_name = |arch: &str, name: &str| hf_names(arch, name, 4, 2, 3).into_iter().map(|m| m.hf).collect::<Vec<_>>().join(" ");
+        let hf_name = |arch: &str, name: &str| {
+            hf_names(arch, name, 4, 2, 3).into_iter().map(|m| m.hf).collect::<Vec<_>>().join(" ")
+        };
         assert_eq!(hf_name("llama", "token_embd.weight"), "model.embed_tokens.weight");
         assert_eq!(hf_name("llama", "blk.11.attn_q.weight"), "model.layers.11.self_attn.q_proj.weight");
         assert_eq!(hf_name("qwen2", "blk.0.attn_k.bias"), "model.layers.0.self_attn.k_proj.bias");

@@ -227,10 +227,7 @@ impl GgufFile {
         let mut r = Reader { buf: &mmap, pos: 0 };
         let magic = r.u32().map_err(&corrupt)?;
         if magic != GGUF_MAGIC {
-            return Err(corrupt(format!(
-                "not a GGUF file (magic {:02x?}, expected \"GGUF\")",
-                magic.to_le_bytes()
-            )));
+            return Err(corrupt(format!("not a GGUF file (magic {:02x?}, expected \"GGUF\")", magic.to_le_bytes())));
         }
         let version = r.u32().map_err(&corrupt)?;
         if !(2..=3).contains(&version) {
@@ -300,12 +297,7 @@ impl GgufFile {
                     if by_name.insert(name.clone(), tensors.len()).is_some() {
                         return Err(corrupt(format!("tensor {name:?} appears twice")));
                     }
-                    tensors.push(GgufTensorInfo {
-                        name,
-                        dims,
-                        ggml_type,
-                        range: start as usize..end as usize,
-                    });
+                    tensors.push(GgufTensorInfo { name, dims, ggml_type, range: start as usize..end as usize });
                 }
                 _ => {
                     return Err(corrupt(format!(
@@ -366,11 +358,7 @@ const MAX_ARRAY_DEPTH: usize = 4;
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            format!(
-                "needs {n} bytes at offset {} but the file has {} (truncated?)",
-                self.pos,
-                self.buf.len()
-            )
+            format!("needs {n} bytes at offset {} but the file has {} (truncated?)", self.pos, self.buf.len())
         })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;

@@ -173,9 +173,7 @@ fn wide_head_q_rows_are_unpermuted() {
     // One layer with head_dim 4 (half 2): q rows of head h come from GGUF rows
     // h*4 + [0, 2, 1, 3].
     let vals = |base: f32, n: usize| (0..n).map(|i| base + i as f32).collect::<Vec<_>>();
-    let w = tiny_llama()
-        .u32("llama.embedding_length", 8)
-        .f32_tensor("blk.0.attn_q.weight", &[1, 8], &vals(0.0, 8));
+    let w = tiny_llama().u32("llama.embedding_length", 8).f32_tensor("blk.0.attn_q.weight", &[1, 8], &vals(0.0, 8));
     // Re-declaring keys is fine for the parser (last wins); only the q tensor matters here,
     // so read it directly through Weights with 2 heads.
     let mut w2 = Writer::new().str("general.architecture", "llama");

@@ -19,9 +19,7 @@ use anyhow::{Context, bail};
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, WriteMultipart};
 use siphon_store::synthetic::SyntheticSpec;
-use siphon_store::{
-    ActivationDtype, HostId, RunDescriptor, ShardWriter, StoreConfig, StoreLocation, UploadConfig,
-};
+use siphon_store::{ActivationDtype, HostId, RunDescriptor, ShardWriter, StoreConfig, StoreLocation, UploadConfig};
 
 struct KillOnDrop(Child);
 
@@ -67,35 +65,19 @@ fn main() -> anyhow::Result<()> {
     let template = spec.batch(0);
     let batch_bytes = template.hooks.iter().map(|h| h.data.len()).sum::<usize>() as u64;
     let n_batches = (total_mb << 20).div_ceil(batch_bytes);
-    let upload = UploadConfig {
-        fsync_local,
-        ..UploadConfig::default()
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let upload = UploadConfig { fsync_local, ..UploadConfig::default() };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (mut writer_rates, mut plain_rates) = (Vec::new(), Vec::new());
     for repeat in 0..repeats {
         // Writer.
         let prefix = format!("{base}/bench-{repeat}");
-        let mut config = StoreConfig::new(
-            format!("{prefix}/writer"),
-            "bench",
-            HostId {
-                machine: 0,
-                host: 0,
-            },
-        );
+        let mut config = StoreConfig::new(format!("{prefix}/writer"), "bench", HostId { machine: 0, host: 0 });
         config.options = options.clone();
         config.format.dtype = ActivationDtype::F32;
         config.format.target_shard_bytes = shard_mb << 20;
         config.upload = upload.clone();
-        let descriptor = RunDescriptor {
-            hooks: spec.hooks.clone(),
-            hook_shapes: spec.shapes.clone(),
-            ..Default::default()
-        };
+        let descriptor =
+            RunDescriptor { hooks: spec.hooks.clone(), hook_shapes: spec.shapes.clone(), ..Default::default() };
         // The input batches exist before the clock starts, as the plain upload's bytes do: in a
         // run they are the device-to-host copies, which are the engine's work, not the writer's.
         // (Timing their allocation too charged the writer with page faults it does not cause.)
@@ -121,19 +103,10 @@ fn main() -> anyhow::Result<()> {
         let plain_secs = runtime.block_on(async {
             let source = StoreLocation::open(&format!("{prefix}/writer"), &options)?;
             let target = StoreLocation::open(&format!("{prefix}/plain"), &options)?;
-            let dir = source.host_dir(
-                "bench",
-                HostId {
-                    machine: 0,
-                    host: 0,
-                },
-            );
+            let dir = source.host_dir("bench", HostId { machine: 0, host: 0 });
             let mut shards = Vec::new();
             let listed: Vec<_> = source.store().list(Some(&dir)).try_collect().await?;
-            for meta in listed
-                .iter()
-                .filter(|m| m.location.as_ref().ends_with(".safetensors"))
-            {
+            for meta in listed.iter().filter(|m| m.location.as_ref().ends_with(".safetensors")) {
                 shards.push((
                     meta.location.filename().unwrap().to_string(),
                     source.store().get(&meta.location).await?.bytes().await?,
@@ -141,12 +114,8 @@ fn main() -> anyhow::Result<()> {
             }
             let start = Instant::now();
             for (name, bytes) in shards {
-                let upload_handle = target
-                    .store()
-                    .put_multipart(&target.run_dir("plain").join(name.as_str()))
-                    .await?;
-                let mut write =
-                    WriteMultipart::new_with_chunk_size(upload_handle, upload.part_bytes);
+                let upload_handle = target.store().put_multipart(&target.run_dir("plain").join(name.as_str())).await?;
+                let mut write = WriteMultipart::new_with_chunk_size(upload_handle, upload.part_bytes);
                 let mut offset = 0;
                 while offset < bytes.len() {
                     let end = (offset + upload.part_bytes).min(bytes.len());
@@ -177,11 +146,7 @@ fn main() -> anyhow::Result<()> {
     let (w, p) = (median(&mut writer_rates), median(&mut plain_rates));
     println!(
         "target={} total_mb={total_mb} shard_mb={shard_mb} repeats={repeats} fsync={fsync_local}: writer {w:.0} MB/s, plain object_store upload {p:.0} MB/s, ratio {:.0}%",
-        if base.starts_with("s3://") {
-            "s3-moto"
-        } else {
-            "local"
-        },
+        if base.starts_with("s3://") { "s3-moto" } else { "local" },
         100.0 * w / p
     );
     Ok(())
@@ -194,10 +159,7 @@ fn median(values: &mut [f64]) -> f64 {
 
 fn start_moto(python: &str) -> anyhow::Result<(KillOnDrop, Vec<(String, String)>)> {
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let moto = std::path::Path::new(python)
-        .parent()
-        .context("python path has no directory")?
-        .join("moto_server");
+    let moto = std::path::Path::new(python).parent().context("python path has no directory")?.join("moto_server");
     let child = Command::new(&moto)
         .args(["-H", "127.0.0.1", "-p", &port.to_string()])
         .stdout(Stdio::null())
@@ -213,17 +175,11 @@ fn start_moto(python: &str) -> anyhow::Result<(KillOnDrop, Vec<(String, String)>
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    write!(
-        stream,
-        "PUT /bench HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
+    write!(stream, "PUT /bench HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     if !response.starts_with("HTTP/1.1 200") {
-        bail!(
-            "creating the bucket: {}",
-            response.lines().next().unwrap_or_default()
-        );
+        bail!("creating the bucket: {}", response.lines().next().unwrap_or_default());
     }
     let options = [
         ("aws_endpoint", format!("http://127.0.0.1:{port}")),
@@ -233,11 +189,5 @@ fn start_moto(python: &str) -> anyhow::Result<(KillOnDrop, Vec<(String, String)>
         ("aws_region", "us-east-1".to_string()),
         ("aws_virtual_hosted_style_request", "false".to_string()),
     ];
-    Ok((
-        guard,
-        options
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-    ))
+    Ok((guard, options.into_iter().map(|(k, v)| (k.to_string(), v)).collect()))
 }

@@ -11,9 +11,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, bail};
 use siphon_store::synthetic::SyntheticSpec;
-use siphon_store::{
-    ActivationDtype, HostId, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig,
-};
+use siphon_store::{ActivationDtype, HostId, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig};
 
 fn main() -> anyhow::Result<()> {
     let mut values: HashMap<String, String> = HashMap::new();
@@ -21,37 +19,24 @@ fn main() -> anyhow::Result<()> {
     let mut flags = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let key = arg
-            .strip_prefix("--")
-            .with_context(|| format!("unexpected argument {arg:?}"))?
-            .to_string();
+        let key = arg.strip_prefix("--").with_context(|| format!("unexpected argument {arg:?}"))?.to_string();
         match key.as_str() {
             "keep-excluded" | "finalize" => flags.push(key),
             "option" => {
                 let kv = args.next().context("--option needs key=value")?;
-                let (k, v) = kv
-                    .split_once('=')
-                    .with_context(|| format!("--option {kv:?} is not key=value"))?;
+                let (k, v) = kv.split_once('=').with_context(|| format!("--option {kv:?} is not key=value"))?;
                 options.push((k.to_string(), v.to_string()));
             }
             _ => {
-                let value = args
-                    .next()
-                    .with_context(|| format!("--{key} needs a value"))?;
+                let value = args.next().with_context(|| format!("--{key} needs a value"))?;
                 values.insert(key, value);
             }
         }
     }
     let get = |key: &str, default: u64| -> anyhow::Result<u64> {
-        values.get(key).map_or(Ok(default), |v| {
-            v.parse()
-                .with_context(|| format!("--{key} {v:?} is not a number"))
-        })
+        values.get(key).map_or(Ok(default), |v| v.parse().with_context(|| format!("--{key} {v:?} is not a number")))
     };
-    let output = values
-        .get("output")
-        .context("--output is required")?
-        .clone();
+    let output = values.get("output").context("--output is required")?.clone();
     let run = values.get("run").context("--run is required")?.clone();
     let spec = SyntheticSpec::new(
         get("hooks", 2)? as usize,
@@ -60,22 +45,16 @@ fn main() -> anyhow::Result<()> {
         get("d-model", 512)? as usize,
     );
     let batches = get("batches", 20)?;
-    let host = HostId {
-        machine: get("machine", 0)? as u32,
-        host: get("host", 0)? as u32,
-    };
+    let host = HostId { machine: get("machine", 0)? as u32, host: get("host", 0)? as u32 };
 
     let mut config = StoreConfig::new(&output, &run, host);
     config.options = options.clone();
-    config.format.dtype =
-        ActivationDtype::parse(values.get("dtype").map_or("f32", String::as_str))?;
+    config.format.dtype = ActivationDtype::parse(values.get("dtype").map_or("f32", String::as_str))?;
     config.format.target_shard_bytes = get("target-bytes", 6 << 20)?;
     config.format.keep_excluded = flags.iter().any(|f| f == "keep-excluded");
     if let Some(window) = values.get("shuffle-window") {
-        config.format.shuffle = Some(ShuffleConfig {
-            seed: get("seed", 0)?,
-            window_batches: window.parse().context("--shuffle-window")?,
-        });
+        config.format.shuffle =
+            Some(ShuffleConfig { seed: get("seed", 0)?, window_batches: window.parse().context("--shuffle-window")? });
     }
     config.upload.part_bytes = get("part-bytes", 5 << 20)? as usize;
     let descriptor = RunDescriptor {
@@ -100,9 +79,7 @@ fn main() -> anyhow::Result<()> {
     }
     eprintln!("siphon-store-writer: resuming at batch {start} of {batches}");
     for k in start..batches {
-        writer
-            .push(spec.batch(k))
-            .with_context(|| format!("pushing batch {k}"))?;
+        writer.push(spec.batch(k)).with_context(|| format!("pushing batch {k}"))?;
     }
     let summary = writer.finish().context("finishing")?;
     if flags.iter().any(|f| f == "finalize") {

