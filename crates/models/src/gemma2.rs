@@ -173,3 +173,34 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
     }
     g.finish_decoder(x, n_blocks, with_final_norm, Gain::UnitOffset)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Activation, Arch, HfConfig};
+
+    #[test]
+    fn gemma2_defaults_follow_gemma2config() {
+        let base = r#"{"model_type": "gemma2", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 4, "num_attention_heads": 4"#;
+        let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
+        let c = parse("").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.activation), (Arch::Gemma2, 256, Activation::GeluTanh));
+        assert_eq!((c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (Some(256.0), Some(50.0), true));
+        assert_eq!(c.layer_windows, vec![Some(4096), None, Some(4096), None]);
+        let c = parse(
+            r#", "attn_logit_softcapping": null, "sliding_window": 8, "query_pre_attn_scalar": 144,
+            "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]"#,
+        )
+        .unwrap();
+        assert_eq!((c.attn_scalar, c.attn_softcap), (Some(144.0), None));
+        assert_eq!(c.layer_windows, vec![None, Some(8), None, None]);
+        // Gemma's MLP reads hidden_activation; an activation siphon does not build is named.
+        let err = parse(r#", "hidden_activation": "gelu""#).unwrap_err().to_string();
+        assert!(err.contains("hidden_activation \"gelu\""), "{err}");
+        let err = parse(r#", "use_bidirectional_attention": true"#).unwrap_err().to_string();
+        assert!(err.contains("bidirectional"), "{err}");
+        // The parameter inventory has the pre- and post-feedforward norms.
+        let names: Vec<String> = parse("").unwrap().params(1, false).into_iter().map(|p| p.name).collect();
+        assert!(names.contains(&"model.layers.0.post_feedforward_layernorm.weight".to_string()), "{names:?}");
+    }
+}

@@ -54,13 +54,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if hf.model_type.as_deref() == Some("gemma3") {
         // A multimodal checkpoint: its text tower is a gemma3_text model whose weights sit
         // under `language_model.` (the family's renames find them).
-        let mut text = *hf
-            .text_config
-            .take()
-            .ok_or_else(|| ModelError::Config("a gemma3 (multimodal) config.json without text_config".into()))?;
-        text.model_type = Some("gemma3_text".into());
-        text.tie_word_embeddings = text.tie_word_embeddings.or(hf.tie_word_embeddings);
-        return from_hf(text);
+        return from_hf(hf.text_tower("gemma3_text")?);
     }
     // Local layers take `rope_local_base_freq` (1e4) and no scaling.
     let local = hf.key::<f64>("rope_local_base_freq")?.unwrap_or(10_000.0);
@@ -78,4 +72,47 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         )));
     }
     crate::gemma2::build_gemma(config, spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Arch, HfConfig, RopeScaling};
+
+    #[test]
+    fn gemma3_defaults_and_rope_per_layer_type_follow_gemma3textconfig() {
+        let base = r#"{"model_type": "gemma3_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 7, "num_attention_heads": 4"#;
+        let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
+        let c = parse("").unwrap();
+        assert_eq!((c.arch, c.head_dim, c.qk_norm, c.attn_softcap), (Arch::Gemma3, 256, true, None));
+        assert_eq!((c.rope_theta, c.local_rope_theta), (1_000_000.0, Some(10_000.0)));
+        // Five local layers for each global one.
+        let local = Some(4096);
+        assert_eq!(c.layer_windows, vec![local, local, local, local, local, None, local]);
+        // transformers 4 spelling, then transformers 5's rope_parameters by layer type.
+        let c = parse(r#", "rope_theta": 5e5, "rope_local_base_freq": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}"#).unwrap();
+        assert_eq!((c.rope_theta, c.local_rope_theta), (5e5, Some(500.0)));
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+        let c = parse(
+            r#", "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}"#,
+        )
+        .unwrap();
+        assert_eq!((c.rope_theta, c.local_rope_theta), (1e5, Some(1000.0)));
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
+        let err =
+            parse(r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}"#).unwrap_err();
+        assert!(err.to_string().contains("sliding-window layers"), "{err}");
+        // Per-layer-type RoPE elsewhere, and multimodal checkpoints, are refused by name.
+        let err = HfConfig::from_json(&format!(
+            "{}, \"rope_parameters\": {{\"full_attention\": {{}}}}}}",
+            base.replace("gemma3_text", "llama")
+        ))
+        .unwrap()
+        .into_config()
+        .unwrap_err();
+        assert!(err.to_string().contains("per layer type"), "{err}");
+        let err = HfConfig::from_json(r#"{"model_type": "gemma3"}"#).unwrap().into_config().unwrap_err();
+        assert!(err.to_string().contains("multimodal"), "{err}");
+    }
 }

@@ -93,13 +93,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if hf.model_type.as_deref() == Some("gemma4") {
         // A multimodal checkpoint: its text tower is a gemma4_text model under
         // `model.language_model.` (the renames find it); the vision and audio towers are not read.
-        let mut text = *hf
-            .text_config
-            .take()
-            .ok_or_else(|| ModelError::Config("a gemma4 (multimodal) config.json without text_config".into()))?;
-        text.model_type = Some("gemma4_text".into());
-        text.tie_word_embeddings = text.tie_word_embeddings.or(hf.tie_word_embeddings);
-        return from_hf(text);
+        return from_hf(hf.text_tower("gemma4_text")?);
     }
     let refuse = |what: String| Err(ModelError::UnsupportedArch(format!("gemma4_text with {what}")));
     if hf.attention_bias == Some(true) {

@@ -133,6 +133,19 @@ impl HfConfig {
         Ok(config)
     }
 
+    /// A multimodal checkpoint's text model (Gemma 3, Gemma 4): its `text_config` as
+    /// `model_type`, tied as the outer config says where the text config does not say.
+    pub(crate) fn text_tower(mut self, model_type: &str) -> Result<HfConfig, ModelError> {
+        let outer = self.model_type.clone().unwrap_or_default();
+        let mut text = *self
+            .text_config
+            .take()
+            .ok_or_else(|| ModelError::Config(format!("a {outer} (multimodal) config.json without text_config")))?;
+        text.model_type = Some(model_type.into());
+        text.tie_word_embeddings = text.tie_word_embeddings.or(self.tie_word_embeddings);
+        Ok(text)
+    }
+
     /// A key only one family reads, as `T`; `None` when absent or null.
     pub(crate) fn key<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ModelError> {
         match self.extra.get(name) {
@@ -513,70 +526,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("layer_types"), "{err}");
-    }
-
-    #[test]
-    fn gemma2_defaults_follow_gemma2config() {
-        let base = r#"{"model_type": "gemma2", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
-            "num_hidden_layers": 4, "num_attention_heads": 4"#;
-        let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
-        let c = parse("").unwrap();
-        assert_eq!((c.arch, c.head_dim, c.activation), (Arch::Gemma2, 256, Activation::GeluTanh));
-        assert_eq!((c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (Some(256.0), Some(50.0), true));
-        assert_eq!(c.layer_windows, vec![Some(4096), None, Some(4096), None]);
-        let c = parse(
-            r#", "attn_logit_softcapping": null, "sliding_window": 8, "query_pre_attn_scalar": 144,
-            "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]"#,
-        )
-        .unwrap();
-        assert_eq!((c.attn_scalar, c.attn_softcap), (Some(144.0), None));
-        assert_eq!(c.layer_windows, vec![None, Some(8), None, None]);
-        // Gemma's MLP reads hidden_activation; an activation siphon does not build is named.
-        let err = parse(r#", "hidden_activation": "gelu""#).unwrap_err().to_string();
-        assert!(err.contains("hidden_activation \"gelu\""), "{err}");
-        let err = parse(r#", "use_bidirectional_attention": true"#).unwrap_err().to_string();
-        assert!(err.contains("bidirectional"), "{err}");
-        // The parameter inventory has the pre- and post-feedforward norms.
-        let names: Vec<String> = parse("").unwrap().params(1, false).into_iter().map(|p| p.name).collect();
-        assert!(names.contains(&"model.layers.0.post_feedforward_layernorm.weight".to_string()), "{names:?}");
-    }
-
-    #[test]
-    fn gemma3_defaults_and_rope_per_layer_type_follow_gemma3textconfig() {
-        let base = r#"{"model_type": "gemma3_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
-            "num_hidden_layers": 7, "num_attention_heads": 4"#;
-        let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
-        let c = parse("").unwrap();
-        assert_eq!((c.arch, c.head_dim, c.qk_norm, c.attn_softcap), (Arch::Gemma3, 256, true, None));
-        assert_eq!((c.rope_theta, c.local_rope_theta), (1_000_000.0, Some(10_000.0)));
-        // Five local layers for each global one.
-        let local = Some(4096);
-        assert_eq!(c.layer_windows, vec![local, local, local, local, local, None, local]);
-        // transformers 4 spelling, then transformers 5's rope_parameters by layer type.
-        let c = parse(r#", "rope_theta": 5e5, "rope_local_base_freq": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}"#).unwrap();
-        assert_eq!((c.rope_theta, c.local_rope_theta), (5e5, Some(500.0)));
-        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
-        let c = parse(
-            r#", "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}"#,
-        )
-        .unwrap();
-        assert_eq!((c.rope_theta, c.local_rope_theta), (1e5, Some(1000.0)));
-        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
-        let err =
-            parse(r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}"#).unwrap_err();
-        assert!(err.to_string().contains("sliding-window layers"), "{err}");
-        // Per-layer-type RoPE elsewhere, and multimodal checkpoints, are refused by name.
-        let err = HfConfig::from_json(&format!(
-            "{}, \"rope_parameters\": {{\"full_attention\": {{}}}}}}",
-            base.replace("gemma3_text", "llama")
-        ))
-        .unwrap()
-        .into_config()
-        .unwrap_err();
-        assert!(err.to_string().contains("per layer type"), "{err}");
-        let err = HfConfig::from_json(r#"{"model_type": "gemma3"}"#).unwrap().into_config().unwrap_err();
-        assert!(err.to_string().contains("multimodal"), "{err}");
     }
 
     #[test]
