@@ -398,6 +398,11 @@ impl ModelConfig {
         (crate::family::family(self.arch).params)(self, n_layers.min(self.n_layers), with_lm_head)
     }
 
+    /// Block `layer`'s attention window, `None` for full causal attention.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.layer_windows.get(layer).copied().flatten()
+    }
+
     /// Block `layer`'s head width.
     pub fn head_dim_at(&self, layer: usize) -> usize {
         self.layer_shapes.get(layer).map_or(self.head_dim, |h| h.head_dim)

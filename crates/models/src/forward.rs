@@ -327,6 +327,14 @@ impl<'a> Graph<'a> {
         self.rows_of(table, ids)
     }
 
+    /// `x * factor`, the factor rounded to the compute dtype first, as Hugging Face's scaled
+    /// embeddings and scalar multiplies round it.
+    pub fn scale(&mut self, x: Value, factor: f64) -> Result<Value, ModelError> {
+        let dims = self.b.dims(x)?.to_vec();
+        let factor = self.b.splat(factor, TensorType::new(self.dt, &dims))?;
+        Ok(self.b.mul(x, factor)?)
+    }
+
     /// Learned position embeddings `[tokens, hidden]` (GPT-2's `wpe`), by position id.
     pub fn embed_positions(&mut self, table: &str) -> Result<Value, ModelError> {
         let positions = self.position_ids;
@@ -505,7 +513,7 @@ impl<'a> Graph<'a> {
     /// per kind and shared by the blocks that use it.
     pub fn layer_rope(&mut self, layer: usize) -> Result<(Value, Value), ModelError> {
         let c = self.config;
-        let windowed = c.layer_windows.get(layer).copied().flatten().is_some();
+        let windowed = c.window(layer).is_some();
         let local = c.local_rope_theta.filter(|_| windowed);
         let head_dim = c.head_dim_at(layer);
         if let Some(&(_, _, tables)) = self.ropes.iter().find(|(l, d, _)| *l == local && *d == head_dim) {
@@ -587,7 +595,7 @@ impl<'a> Graph<'a> {
     /// The attention mask of block `layer` (its window from the config), built once per
     /// distinct window and shared by the blocks that have it.
     pub fn layer_mask(&mut self, layer: usize) -> Result<Value, ModelError> {
-        let window = self.config.layer_windows.get(layer).copied().flatten();
+        let window = self.config.window(layer);
         if let Some(&(_, mask)) = self.masks.iter().find(|(w, _)| *w == window) {
             return Ok(mask);
         }

@@ -22,8 +22,6 @@
 //! As in TransformerLens, `hook_attn_out` and `hook_mlp_out` are taken after the post-norms;
 //! the projections' own outputs are `attn.hook_out` and `mlp.hook_out`.
 
-use siphon_hlo::TensorType;
-
 use serde_json::Value;
 
 use crate::config::ParamInfo;
@@ -101,10 +99,7 @@ pub(crate) fn gemma_config(
 /// `pattern`-th layer; `sliding_window` 4096 when absent, none at all when null.
 pub(crate) fn gemma_windows(c: &HfConfig, n_layers: usize, pattern: usize) -> Result<Vec<Option<usize>>, ModelError> {
     let Some(window) = c.sliding_window()?.unwrap_or(Some(4096)) else { return Ok(Vec::new()) };
-    Ok(match c.windows_by_layer_types(n_layers, window)? {
-        Some(windows) => windows,
-        None => (0..n_layers).map(|l| ((l + 1) % pattern != 0).then_some(window)).collect(),
-    })
+    c.windows_by_types_or_every(n_layers, window, pattern)
 }
 
 /// The Llama decoder's weights with the feed-forward norms (and the q/k norms where the
@@ -135,9 +130,7 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
     let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
     let x = g.embed("model.embed_tokens.weight")?;
     // HF's scaled embedding multiplies by sqrt(hidden) rounded to the weights' dtype.
-    let dims = g.b.dims(x)?.to_vec();
-    let scale = g.b.splat((config.hidden_size as f64).sqrt(), TensorType::new(g.dt, &dims))?;
-    let mut x = g.b.mul(x, scale)?;
+    let mut x = g.scale(x, (config.hidden_size as f64).sqrt())?;
     g.hook(HookPoint::model(Embed), x);
     for layer in 0..n_blocks {
         let at = |kind| HookPoint::block(layer, kind);

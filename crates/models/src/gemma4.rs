@@ -36,7 +36,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
-use siphon_hlo::{TensorType, Value};
+use siphon_hlo::Value;
 
 use crate::config::{LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
 use crate::family::{Arch, Family};
@@ -173,7 +173,7 @@ fn kv_sharing(hf: &HfConfig, c: &ModelConfig) -> Result<Vec<Option<usize>>, Mode
     (0..c.n_layers)
         .map(|layer| match layer < first {
             true => Ok(None),
-            false => (0..first).rev().find(|&s| is_local(c, s) == is_local(c, layer)).map(Some).ok_or_else(|| {
+            false => (0..first).rev().find(|&s| c.window(s).is_some() == c.window(layer).is_some()).map(Some).ok_or_else(|| {
                 ModelError::Config(format!("layer {layer} shares keys and values with no earlier layer of its type (num_kv_shared_layers {shared})"))
             }),
         })
@@ -228,7 +228,7 @@ fn layer_shapes(
         _ => {
             let head_dim = hf.key("global_head_dim")?.unwrap_or(512);
             let n_kv_heads = hf.key("num_global_key_value_heads")?.filter(|_| k_eq_v).unwrap_or(c.n_kv_heads);
-            for layer in (0..c.n_layers).filter(|&l| !is_local(c, l)) {
+            for layer in (0..c.n_layers).filter(|&l| c.window(l).is_none()) {
                 heads[layer] = LayerShape { head_dim, n_kv_heads, ..heads[layer] };
             }
         }
@@ -240,19 +240,11 @@ fn layer_shapes(
 /// last layer always global (Gemma4TextConfig forces it); `sliding_window` 512 when absent.
 fn windows(c: &HfConfig, n_layers: usize, _: Arch) -> Result<Vec<Option<usize>>, ModelError> {
     let window = need(c.sliding_window()?.unwrap_or(Some(512)), "a sliding_window (null)")?;
-    let mut windows = match c.windows_by_layer_types(n_layers, window)? {
-        Some(windows) => windows,
-        None => (0..n_layers).map(|l| ((l + 1) % 6 != 0).then_some(window)).collect(),
-    };
+    let mut windows = c.windows_by_types_or_every(n_layers, window, 6)?;
     if let Some(last) = windows.last_mut() {
         *last = None;
     }
     Ok(windows)
-}
-
-/// Whether block `layer` is a local (sliding-window) layer.
-fn is_local(c: &ModelConfig, layer: usize) -> bool {
-    c.layer_windows.get(layer).copied().flatten().is_some()
 }
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
@@ -278,7 +270,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
         p("self_attn.q_norm.weight", &[d], Norm);
         if own_kv {
             p("self_attn.k_proj.weight", &[kvw, h], AttnK);
-            if !k_eq_v || is_local(c, l) {
+            if !k_eq_v || c.window(l).is_some() {
                 p("self_attn.v_proj.weight", &[kvw, h], AttnV);
             }
             p("self_attn.k_norm.weight", &[d], Norm);
@@ -339,7 +331,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
     let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
     let x = g.embed("model.embed_tokens.weight")?;
-    let mut x = scaled(&mut g, x, (config.hidden_size as f64).sqrt())?;
+    let mut x = g.scale(x, (config.hidden_size as f64).sqrt())?;
     g.hook(HookPoint::model(Embed), x);
     let per_layer = match config.per_layer_input {
         Some(ple) => Some(per_layer_inputs(&mut g, x, ple)?),
@@ -357,7 +349,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
         let kv = match config.kv_source(layer) {
             Some(source) => Kv::Shared(keys_values[source]),
-            None if gemma4.k_eq_v && !is_local(config, layer) => Kv::FromKeys,
+            None if gemma4.k_eq_v && config.window(layer).is_none() => Kv::FromKeys,
             None => Kv::Own,
         };
         let (proj, kv) = attention(&mut g, ln1.out, layer, kv, cos, sin, mask)?;
@@ -410,14 +402,6 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     g.finish_decoder(x, n_blocks, with_final_norm, Gain::F32)
 }
 
-/// `x * factor`, the factor rounded to the compute dtype as Hugging Face's scaled embedding
-/// and its scalar multiplies round it.
-fn scaled(g: &mut Graph<'_>, x: Value, factor: f64) -> Result<Value, ModelError> {
-    let dims = g.b.dims(x)?.to_vec();
-    let factor = g.b.splat(factor, TensorType::new(g.dt, &dims))?;
-    Ok(g.b.mul(x, factor)?)
-}
-
 /// Every layer's per-layer input `[tokens, layers * width]`: the per-layer table's rows
 /// (× `sqrt(width)`) and the token embeddings projected (× `hidden^-½`) and normed per layer,
 /// summed and × `2^-½`.
@@ -426,14 +410,14 @@ fn per_layer_inputs(g: &mut Graph<'_>, x: Value, ple: PerLayerInput) -> Result<V
     let t = g.tokens();
     let all = config.n_layers * ple.width;
     let rows = g.embed("model.embed_tokens_per_layer.weight")?;
-    let rows = scaled(g, rows, (ple.width as f64).sqrt())?;
+    let rows = g.scale(rows, (ple.width as f64).sqrt())?;
     let projected = g.linear(x, "model.per_layer_model_projection.weight", None)?;
-    let projected = scaled(g, projected, (config.hidden_size as f64).powf(-0.5))?;
+    let projected = g.scale(projected, (config.hidden_size as f64).powf(-0.5))?;
     let per_layer = g.b.reshape(projected, &[t * config.n_layers, ple.width])?;
     let normed = g.rms_norm_with(per_layer, "model.per_layer_projection_norm.weight", Gain::F32)?;
     let normed = g.b.reshape(normed.out, &[t, all])?;
     let sum = g.b.add(normed, rows)?;
-    scaled(g, sum, 0.5f64.sqrt())
+    g.scale(sum, 0.5f64.sqrt())
 }
 
 /// The MLP's output `mlp` and the mixture's on the residual stream `h`, each normed, summed
@@ -451,7 +435,7 @@ fn mixture_beside(g: &mut Graph<'_>, layer: usize, h: Value, mlp: Value, moe: &M
     let scale = g.w(&p("router.scale"))?;
     let scale = g.b.broadcast_in_dim(scale, &dims, &[1])?;
     let routed = g.b.mul(routed, scale)?;
-    let routed = scaled(g, routed, (g.config.hidden_size as f64).powf(-0.5))?;
+    let routed = g.scale(routed, (g.config.hidden_size as f64).powf(-0.5))?;
     let logits = g.linear(routed, &p("router.proj.weight"), None)?;
     let logits = g.b.convert(logits, siphon_hlo::DType::F32)?;
     let probs = crate::forward::softmax_last(&mut g.b, logits)?;

@@ -318,6 +318,20 @@ impl HfConfig {
         Ok(theta)
     }
 
+    /// `window` on the layers `layer_types` marks, by default on all but every `full`-th
+    /// layer (Gemma's, OLMo 3's `sliding_window_pattern`-like defaults).
+    pub(crate) fn windows_by_types_or_every(
+        &self,
+        n_layers: usize,
+        window: usize,
+        full: usize,
+    ) -> Result<Vec<Option<usize>>, ModelError> {
+        Ok(match self.windows_by_layer_types(n_layers, window)? {
+            Some(windows) => windows,
+            None => (0..n_layers).map(|l| ((l + 1) % full != 0).then_some(window)).collect(),
+        })
+    }
+
     /// Experts per block and experts per token (Qwen3-MoE, Mixtral).
     pub(crate) fn experts(&self) -> Result<(usize, usize), ModelError> {
         let n_experts = need(self.num_local_experts.or(self.num_experts), "num_experts")?;

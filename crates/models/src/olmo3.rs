@@ -49,10 +49,7 @@ fn windows(c: &HfConfig, n_layers: usize, _: Arch) -> Result<Vec<Option<usize>>,
         }
         return Ok(Vec::new());
     };
-    Ok(match c.windows_by_layer_types(n_layers, window)? {
-        Some(windows) => windows,
-        None => (0..n_layers).map(|l| ((l + 1) % 4 != 0).then_some(window)).collect(),
-    })
+    c.windows_by_types_or_every(n_layers, window, 4)
 }
 
 /// Builds the OLMo 3 forward for `spec`.
