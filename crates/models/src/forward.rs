@@ -1014,17 +1014,9 @@ pub(crate) fn blocks_for(config: &ModelConfig, hooks: &[HookPoint]) -> Result<(u
     if hooks.is_empty() {
         return Err(ModelError::Hook("no hooks requested: the forward would return nothing".into()));
     }
-    let family = crate::hooks::hook_kinds(config);
     for (i, h) in hooks.iter().enumerate() {
-        if !family.contains(&h.kind()) {
-            return Err(ModelError::Hook(format!("{h}: the {} architecture has no such hook", config.arch)));
-        }
-        if h.layer().is_some_and(|l| l >= config.n_layers) {
-            return Err(ModelError::Hook(format!(
-                "{h}: layer out of range (the model has {} layers)",
-                config.n_layers
-            )));
-        }
+        // Layer range, the family's kinds, and the block's own (a KV-sharing block has no keys).
+        crate::hooks::check(&h.to_string(), *h, config)?;
         if hooks[..i].contains(h) {
             return Err(ModelError::Hook(format!("{h} is requested twice")));
         }

@@ -586,6 +586,10 @@ mod tests {
         // Layers that share keys and values have no k_proj, v_proj or k_norm of their own.
         let shared = parse(r#", "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 1"#).unwrap();
         assert_eq!(shared.kv_shared_from[6], Some(5), "the last layer reads the last global one before it");
+        // Its keys are layer 5's: a forward asked for them is refused before it is built.
+        let spec = crate::ForwardSpec::new(1, 4, vec![crate::HookPoint::block(6, crate::HookKind::AttnK)]);
+        let err = crate::build_forward(&shared, &spec).unwrap_err().to_string();
+        assert!(err.contains("block 5's keys and values"), "{err}");
         let (d, kv) = (512, 2);
         assert_eq!(without.n_params() - shared.n_params(), 2 * kv * d * 16 + d);
     }

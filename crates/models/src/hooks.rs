@@ -581,7 +581,7 @@ fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelEr
 }
 
 /// Checks `hook` (parsed from `name`) against the model: layer range and family.
-fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result<(), ModelError> {
+pub(crate) fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result<(), ModelError> {
     if let Some(layer) = hook.layer.filter(|&l| l >= config.n_layers) {
         return Err(ModelError::Hook(format!(
             "{name:?}: layer {layer} is out of range (the model has {} layers, 0..={})",
