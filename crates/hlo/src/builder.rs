@@ -101,6 +101,11 @@ pub struct Builder {
     names: Vec<String>,
     body: String,
     regions: usize,
+    /// While a region (a loop's condition or body) is being built: the first value id it
+    /// may use; values below it live outside and must be passed in as block arguments.
+    floors: Vec<usize>,
+    /// Ids of the values of finished regions, which nothing outside them may use.
+    closed: Vec<std::ops::Range<usize>>,
 }
 
 impl Builder {
@@ -115,6 +120,8 @@ impl Builder {
             names: Vec::new(),
             body: String::new(),
             regions: 0,
+            floors: Vec::new(),
+            closed: Vec::new(),
         }
     }
 
@@ -647,6 +654,122 @@ impl Builder {
         Ok(self.emit(line, out))
     }
 
+    /// Gathers along `index_dims` of `table`, batched over its `batch_dim`:
+    /// `indices [G, m…, n]` (integers, `n = index_dims.len()`, `G` = the table's `batch_dim`)
+    /// gives `[G, m…, r…]` where `r…` are the table's other dimensions in order and
+    /// `out[g, m…, r…] = table[g at batch_dim, indices[g, m…, :] at index_dims, r…]`.
+    /// Out-of-range indices are clamped, as gather does.
+    pub fn take_along(
+        &mut self,
+        table: Value,
+        batch_dim: usize,
+        index_dims: &[usize],
+        indices: Value,
+    ) -> Result<Value> {
+        let tt = self.ty_of("take_along", table)?.clone();
+        let ti = self.ty_of("take_along", indices)?.clone();
+        if !ti.dtype().is_int() {
+            return Err(dtype_err("take_along", format!("indices must be integers, got {ti}")));
+        }
+        let mut fixed = vec![batch_dim];
+        fixed.extend_from_slice(index_dims);
+        let n = index_dims.len();
+        if n == 0 || !distinct_below(&fixed, tt.rank()) {
+            return Err(shape_err("take_along", format!("batch {batch_dim}, index dims {index_dims:?} for {tt}")));
+        }
+        if ti.rank() < 2 || ti.dims()[ti.rank() - 1] != n || ti.dims()[0] != tt.dims()[batch_dim] {
+            return Err(shape_err(
+                "take_along",
+                format!("indices {ti} must be [{}, …, {n}] for {tt}", tt.dims()[batch_dim]),
+            ));
+        }
+        let rest: Vec<usize> = (0..tt.rank()).filter(|d| !fixed.contains(d)).collect();
+        let mut out_dims = ti.dims()[..ti.rank() - 1].to_vec();
+        out_dims.extend(rest.iter().map(|&d| tt.dims()[d]));
+        let out = TensorType::new(tt.dtype(), &out_dims);
+        let offset_dims: Vec<usize> = (ti.rank() - 1..ti.rank() - 1 + rest.len()).collect();
+        let mut collapsed = index_dims.to_vec();
+        collapsed.sort_unstable();
+        let sizes: Vec<String> =
+            (0..tt.rank()).map(|d| if fixed.contains(&d) { 1 } else { tt.dims()[d] }.to_string()).collect();
+        let line = format!(
+            "\"stablehlo.gather\"({}, {}) <{{dimension_numbers = #stablehlo.gather<offset_dims = {}, collapsed_slice_dims = {}, operand_batching_dims = [{batch_dim}], start_indices_batching_dims = [0], start_index_map = {}, index_vector_dim = {}>, indices_are_sorted = false, slice_sizes = array<i64: {}>}}> : ({tt}, {ti}) -> {out}",
+            self.name(table),
+            self.name(indices),
+            list(&offset_dims),
+            list(&collapsed),
+            list(index_dims),
+            ti.rank() - 1,
+            sizes.join(", "),
+        );
+        Ok(self.emit(line, out))
+    }
+
+    // ---------------------------------------------------------------- sort, loops
+
+    /// Sorts `operands` (one shape) together along `dim`, ascending by the first, stably:
+    /// equal keys keep their order. Returns the sorted operands.
+    pub fn sort_by_first(&mut self, operands: &[Value], dim: usize) -> Result<Vec<Value>> {
+        let types: Vec<TensorType> = operands.iter().map(|&v| self.ty_of("sort", v).cloned()).collect::<Result<_>>()?;
+        let Some(key) = types.first() else {
+            return Err(shape_err("sort", "nothing to sort".into()));
+        };
+        if dim >= key.rank() || types.iter().any(|t| t.dims() != key.dims()) {
+            return Err(shape_err("sort", format!("dimension {dim} of operands {types:?}")));
+        }
+        let kind = match key.dtype() {
+            d if d.is_float() => "FLOAT",
+            d if d.is_int() => "SIGNED",
+            _ => return Err(dtype_err("sort", format!("key {key} is not numeric"))),
+        };
+        let r = self.regions;
+        self.regions += 1;
+        let scalars: Vec<TensorType> = types.iter().map(|t| TensorType::scalar(t.dtype())).collect();
+        let block_args: Vec<String> = scalars
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| [format!("%s{r}_{i}a: {t}"), format!("%s{r}_{i}b: {t}")])
+            .collect();
+        let names: Vec<&str> = operands.iter().map(|&v| self.name(v)).collect();
+        let tys: Vec<String> = types.iter().map(ToString::to_string).collect();
+        let s = &scalars[0];
+        let line = format!(
+            "\"stablehlo.sort\"({}) <{{dimension = {dim} : i64, is_stable = true}}> ({{\n    ^bb0({}):\n      %s{r}_lt = stablehlo.compare  LT, %s{r}_0a, %s{r}_0b,  {kind} : ({s}, {s}) -> tensor<i1>\n      stablehlo.return %s{r}_lt : tensor<i1>\n    }}) : ({}) -> ({})",
+            names.join(", "),
+            block_args.join(", "),
+            tys.join(", "),
+            tys.join(", "),
+        );
+        Ok(self.emit_many(line, types))
+    }
+
+    /// A `stablehlo.while` loop over the state `init`: `cond` gets the state and returns a
+    /// scalar predicate, `body` gets it and returns the next state (the same types); the
+    /// final state is returned. Both build regions that see only the state: a value from
+    /// outside must be carried in it (using one is an error), and nothing built inside is
+    /// usable after. On an error the body is left unchanged, as for the other ops.
+    pub fn while_loop(
+        &mut self,
+        init: &[Value],
+        cond: impl FnOnce(&mut Builder, &[Value]) -> Result<Value>,
+        body: impl FnOnce(&mut Builder, &[Value]) -> Result<Vec<Value>>,
+    ) -> Result<Vec<Value>> {
+        let types: Vec<TensorType> = init.iter().map(|&v| self.ty_of("while", v).cloned()).collect::<Result<_>>()?;
+        let names: Vec<String> = init.iter().map(|&v| self.name(v).to_string()).collect();
+        let r = self.regions;
+        self.regions += 1;
+        let pred = [TensorType::scalar(DType::Pred)];
+        let cond_text = self.region(&format!("c{r}"), &types, &pred, |b, state| Ok(vec![cond(b, state)?]))?;
+        let body_text = self.region(&format!("w{r}"), &types, &types, body)?;
+        let tys: Vec<String> = types.iter().map(ToString::to_string).collect();
+        let tys = tys.join(", ");
+        let line = format!(
+            "\"stablehlo.while\"({}) ({{\n{cond_text}    }}, {{\n{body_text}    }}) : ({tys}) -> ({tys})",
+            names.join(", ")
+        );
+        Ok(self.emit_many(line, types))
+    }
+
     // ---------------------------------------------------------------- finish
 
     /// Returns `results` (no result shardings) and prints the module.
@@ -697,6 +820,9 @@ impl Builder {
         if v.builder != self.id || v.id >= self.types.len() {
             return Err(foreign(op, v));
         }
+        if self.floors.last().is_some_and(|&floor| v.id < floor) || self.closed.iter().any(|r| r.contains(&v.id)) {
+            return Err(HloError::OutOfScope { op, id: v.id });
+        }
         Ok(())
     }
 
@@ -720,6 +846,49 @@ impl Builder {
         let name = format!("%{}", self.types.len());
         let _ = writeln!(self.body, "    {name} = {line}");
         self.push_value(name, ty)
+    }
+
+    /// Appends `%N:k = line` (an op with one result per type) and returns `%N#0…`.
+    fn emit_many(&mut self, line: String, types: Vec<TensorType>) -> Vec<Value> {
+        let name = format!("%{}", self.types.len());
+        let _ = writeln!(self.body, "    {name}:{} = {line}", types.len());
+        types.into_iter().enumerate().map(|(i, ty)| self.push_value(format!("{name}#{i}"), ty)).collect()
+    }
+
+    /// Builds a region's block (`^bb0(args): … return`) with `f` on block arguments of
+    /// `args`, checking that it returns values of `results`; returns its text.
+    fn region(
+        &mut self,
+        prefix: &str,
+        args: &[TensorType],
+        results: &[TensorType],
+        f: impl FnOnce(&mut Builder, &[Value]) -> Result<Vec<Value>>,
+    ) -> Result<String> {
+        let outer = std::mem::take(&mut self.body);
+        let floor = self.types.len();
+        let vals: Vec<Value> =
+            args.iter().enumerate().map(|(i, t)| self.push_value(format!("%{prefix}_{i}"), t.clone())).collect();
+        self.floors.push(floor);
+        let built = f(self, &vals).and_then(|out| {
+            let got: Vec<TensorType> = out.iter().map(|&v| self.ty_of("region", v).cloned()).collect::<Result<_>>()?;
+            if got != results {
+                return Err(shape_err("region", format!("returns {got:?}, must return {results:?}")));
+            }
+            Ok(out)
+        });
+        self.floors.pop();
+        self.closed.push(floor..self.types.len());
+        let inner = std::mem::replace(&mut self.body, outer);
+        let out = built?;
+        let params: Vec<String> = vals.iter().zip(args).map(|(v, t)| format!("{}: {t}", self.name(*v))).collect();
+        let names: Vec<&str> = out.iter().map(|&v| self.name(v)).collect();
+        let tys: Vec<String> = results.iter().map(ToString::to_string).collect();
+        Ok(format!(
+            "    ^bb0({}):\n{inner}      \"stablehlo.return\"({}) : ({}) -> ()\n",
+            params.join(", "),
+            names.join(", "),
+            tys.join(", ")
+        ))
     }
 
     fn check_spec(&self, what: &str, spec: &PartitionSpec, dims: &[usize], divisible: bool) -> Result<()> {

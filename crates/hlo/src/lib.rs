@@ -74,6 +74,15 @@ pub enum HloError {
         /// The value's id.
         id: usize,
     },
+    /// A value defined outside a loop's region was used in it, or one defined in a
+    /// finished region was used after it.
+    #[error("{op}: value %{id} is out of scope here (carry it in the loop state)")]
+    OutOfScope {
+        /// The op being built.
+        op: &'static str,
+        /// The value's id.
+        id: usize,
+    },
     /// A partition spec does not fit the mesh or the tensor.
     #[error("sharding of {what}: {source}")]
     Sharding {

@@ -186,3 +186,89 @@ fn malformed_text_is_an_error_not_a_crash() {
     let err = client().compile("module { func.func @main() -> () { bogus } }", &CompileOptions::single_device(None));
     assert!(err.is_err());
 }
+
+/// Sort (stable, by the first operand), batched gathers and a while loop, against Rust.
+#[test]
+fn sort_gather_and_while_match_rust() {
+    let i32t = |dims: &[usize]| TensorType::new(DType::I32, dims);
+    let mut b = Builder::new("control");
+    // Sort: keys with ties, carried payload = position; each row on its own.
+    let keys = b.arg(f32t(&[2, 6]), None).unwrap();
+    let pos = b.iota(i32t(&[2, 6]), 1).unwrap();
+    let sorted = b.sort_by_first(&[keys, pos], 1).unwrap();
+    // take_along over one dimension: [2, 3, 4] rows by [2, 5, 1] indices (one out of range).
+    let table = b.arg(f32t(&[2, 3, 4]), None).unwrap();
+    let idx = b.constant_i32(&[2, 0, 1, 1, 7, 0, 0, 2, 1, 2], &[2, 5, 1]).unwrap();
+    let rows = b.take_along(table, 0, &[1], idx).unwrap();
+    // take_along over two dimensions with the batch in the middle: [3, 2, 4, 5] by (d0, d2).
+    let cube = b.arg(f32t(&[3, 2, 4, 5]), None).unwrap();
+    let idx2 = b.constant_i32(&[0, 3, 2, 1, 1, 0, 2, 2, 0, 0, 1, 3], &[2, 3, 2]).unwrap();
+    let picked = b.take_along(cube, 1, &[0, 2], idx2).unwrap();
+    // while i < 3: acc += x * i; i += 1.
+    let x = b.arg(f32t(&[4]), None).unwrap();
+    let i0 = b.scalar(0.0, DType::I32).unwrap();
+    let acc0 = b.splat(0.0, f32t(&[4])).unwrap();
+    let outside = b.scalar(1.0, DType::I32).unwrap();
+    let err = b.while_loop(&[i0], |b, s| b.compare(CompareDir::Lt, s[0], outside), |_, s| Ok(s.to_vec()));
+    assert!(matches!(err, Err(siphon_hlo::HloError::OutOfScope { .. })), "{err:?}");
+    let out = b
+        .while_loop(
+            &[i0, acc0, x],
+            |b, s| {
+                let three = b.scalar(3.0, DType::I32)?;
+                b.compare(CompareDir::Lt, s[0], three)
+            },
+            |b, s| {
+                let f = b.convert(s[0], DType::F32)?;
+                let f = b.broadcast_in_dim(f, &[4], &[])?;
+                let step = b.mul(s[2], f)?;
+                let one = b.scalar(1.0, DType::I32)?;
+                Ok(vec![b.add(s[0], one)?, b.add(s[1], step)?, s[2]])
+            },
+        )
+        .unwrap();
+    assert!(b.add(out[1], out[2]).is_ok(), "the loop's results are usable after it");
+    let text = b.finish(&[sorted[0], sorted[1], rows, picked, out[0], out[1]]).unwrap();
+
+    let keys_v = [3.0, 1.0, 3.0, 0.0, 1.0, 3.0, 2.0, 2.0, 2.0, -1.0, 5.0, 2.0];
+    let table_v = data(24, 5);
+    let cube_v = data(120, 6);
+    let x_v = [1.0, -2.0, 0.5, 4.0];
+    let got = run_single(
+        &text,
+        &[
+            HostArray::from_slice(&[2, 6], &keys_v).unwrap(),
+            HostArray::from_slice(&[2, 3, 4], &table_v).unwrap(),
+            HostArray::from_slice(&[3, 2, 4, 5], &cube_v).unwrap(),
+            HostArray::from_slice(&[4], &x_v).unwrap(),
+        ],
+    );
+    let (mut want_keys, mut want_pos) = (vec![], vec![]);
+    for row in keys_v.chunks(6) {
+        let mut order: Vec<usize> = (0..6).collect();
+        order.sort_by(|&i, &j| row[i].partial_cmp(&row[j]).unwrap()); // stable
+        want_keys.extend(order.iter().map(|&i| row[i]));
+        want_pos.extend(order.iter().map(|&i| i as f32));
+    }
+    assert_eq!(got[0], want_keys, "sorted keys");
+    assert_eq!(got[1], want_pos, "ties keep their order");
+    let idx_v = [2, 0, 1, 1, 7, 0, 0, 2, 1, 2];
+    let want_rows: Vec<f32> = (0..10)
+        .flat_map(|m| {
+            let (g, r) = (m / 5, idx_v[m].min(2));
+            table_v[(g * 3 + r) * 4..(g * 3 + r + 1) * 4].to_vec()
+        })
+        .collect();
+    assert_eq!(got[2], want_rows, "take_along one dimension (out of range clamped)");
+    let idx2_v = [0, 3, 2, 1, 1, 0, 2, 2, 0, 0, 1, 3];
+    let want_picked: Vec<f32> = (0..6)
+        .flat_map(|m| {
+            let (g, d0, d2) = (m / 3, idx2_v[2 * m] as usize, idx2_v[2 * m + 1] as usize);
+            (0..5).map(move |r| ((d0 * 2 + g) * 4 + d2) * 5 + r).collect::<Vec<_>>()
+        })
+        .map(|i| cube_v[i])
+        .collect();
+    assert_eq!(got[3], want_picked, "take_along two dimensions around the batch");
+    assert_eq!(got[4], vec![3.0], "three iterations");
+    assert_eq!(got[5], x_v.iter().map(|v| v * 3.0).collect::<Vec<_>>(), "x * (0 + 1 + 2)");
+}
