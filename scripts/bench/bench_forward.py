@@ -2,7 +2,8 @@
 
 Builds (once, cached) a model with random weights of one family's shape (`--family`:
 Qwen2.5-0.5B, Gemma 2 2B's widths with 6 of its 26 layers so that two f32 copies fit in
-this machine's memory, Gemma 4's default widths with 6 layers, or GPT-2 small), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
+this machine's memory, Gemma 4's default widths with 6 layers, GPT-2 small, or
+Qwen3-30B-A3B's widths with 2 of its 48 layers), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
 the Rust bench server (`bench_forward` example, a child process) on the same weights and
 input, with the same thread count. Reports medians, and the max-abs difference of the final
 hidden state as a sanity check.
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2Model, Gemma4TextConfig, Gemma4TextModel, GPT2Config, GPT2Model, Qwen2Config,
-                          Qwen2Model)
+                          Qwen2Model, Qwen3MoeConfig, Qwen3MoeModel)
 
 QWEN2 = dict(
     vocab_size=151936,
@@ -81,6 +82,27 @@ GEMMA4 = dict(
     hidden_activation="gelu_pytorch_tanh",
 )
 
+# Qwen3-30B-A3B's widths (hidden 2048, 32 heads of 128 with 4 KV heads, 128 experts 768 wide,
+# 8 per token, renormalised), 2 of its 48 layers.
+QWEN3_MOE = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_hidden_layers=2,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+)
+
 # GPT-2 small (124M).
 GPT2 = dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024, activation_function="gelu_new")
 
@@ -91,7 +113,48 @@ FAMILIES = {
     "gemma2": (GEMMA2, Gemma2Config, Gemma2Model, "Gemma2ForCausalLM", "model.", "gemma2"),
     "gemma4": (GEMMA4, Gemma4TextConfig, Gemma4TextModel, "Gemma4ForCausalLM", "model.", "gemma4_text"),
     "gpt2": (GPT2, GPT2Config, GPT2Model, "GPT2LMHeadModel", "", "gpt2"),
+    "qwen3_moe": (QWEN3_MOE, Qwen3MoeConfig, Qwen3MoeModel, "Qwen3MoeForCausalLM", "model.", "qwen3_moe"),
 }
+
+
+def to_hub(state):
+    """transformers' fused expert tensors (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
+    [E, H, I]) as the hub's checkpoints store them: one `experts.{e}.{gate,up,down}_proj.weight`
+    per expert."""
+    out = {}
+    for k, v in state.items():
+        if k.endswith("experts.gate_up_proj"):
+            base, half = k[: -len("gate_up_proj")], v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = v[e, :half].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = v[e, half:].contiguous()
+        elif k.endswith("experts.down_proj"):
+            base = k[: -len("down_proj")]
+            for e in range(v.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = v[e].contiguous()
+        else:
+            out[k] = v.contiguous()
+    return out
+
+
+def from_hub(state):
+    """The inverse of `to_hub`."""
+    out, experts = {}, {}
+    for k, v in state.items():
+        parts = k.split(".")
+        if "experts" in parts and parts[-1] == "weight":
+            i = parts.index("experts")
+            experts.setdefault((".".join(parts[: i + 1]), parts[i + 2]), {})[int(parts[i + 1])] = v
+        else:
+            out[k] = v
+    for (base, proj), by_e in experts.items():
+        stack = torch.stack([by_e[e] for e in sorted(by_e)])
+        if proj == "down_proj":
+            out[f"{base}.down_proj"] = stack
+        elif proj == "gate_proj":
+            up = torch.stack([v for _, v in sorted(experts[(base, "up_proj")].items())])
+            out[f"{base}.gate_up_proj"] = torch.cat([stack, up], dim=1)
+    return out
 
 
 def make_model(model_dir, family, batch, seq):
@@ -107,7 +170,7 @@ def make_model(model_dir, family, batch, seq):
             for name, p in model.named_parameters():
                 if name.endswith(".bias"):
                     p.normal_(0.0, 0.02)
-        state = {prefix + k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith(".attn.bias")}
+        state = {prefix + k: v for k, v in to_hub(model.state_dict()).items() if not k.endswith(".attn.bias")}
         save_file(state, weights_path + ".tmp")
         os.replace(weights_path + ".tmp", weights_path)
         cfg = dict(shape, model_type=model_type, architectures=[architecture], torch_dtype="float32")
@@ -117,7 +180,7 @@ def make_model(model_dir, family, batch, seq):
         from safetensors.torch import load_file
 
         state = load_file(weights_path)
-        model.load_state_dict({k[len(prefix):]: v for k, v in state.items()}, strict=False)
+        model.load_state_dict(from_hub({k[len(prefix):]: v for k, v in state.items()}), strict=False)
     rng = np.random.default_rng(1)
     ids = rng.integers(0, shape["vocab_size"], size=(batch, seq), dtype=np.int32)
     ids.tofile(os.path.join(model_dir, "input_ids.bin"))

@@ -108,6 +108,9 @@ pub struct EngineOptions {
     pub mesh: Mesh,
     /// How weights and inputs are split over `mesh`.
     pub plan: ShardingPlan,
+    /// A mixture's rows per expert in each dispatch round; `None` chooses from the mean
+    /// load (`siphon_models::forward::ForwardSpec::expert_capacity`).
+    pub expert_capacity: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -117,6 +120,7 @@ impl Default for EngineOptions {
             output_dtype: DType::F32,
             mesh: Mesh::single_device(),
             plan: ShardingPlan::Megatron,
+            expert_capacity: None,
         }
     }
 }
@@ -397,6 +401,7 @@ impl Engine {
         spec.mesh = self.options.mesh.clone();
         spec.param_specs = self.param_specs.clone();
         spec.input_spec = self.input_spec.clone();
+        spec.expert_capacity = self.options.expert_capacity;
         spec
     }
 

@@ -71,18 +71,35 @@ fn masked_diff(a: &[f32], b: &[f32], mask: &[Vec<u8>], d: usize) -> (f32, f32) {
 }
 
 fn run(model: &LoadedModel, hooks: &[HookPoint], batch: &Batch, mesh: Mesh) -> Activations {
-    let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, ..EngineOptions::default() };
+    run_with(model, hooks, batch, EngineOptions { mesh, plan: ShardingPlan::Megatron, ..EngineOptions::default() })
+}
+
+fn run_with(model: &LoadedModel, hooks: &[HookPoint], batch: &Batch, options: EngineOptions) -> Activations {
     let engine = Engine::new(&client(), model, hooks.to_vec(), options).unwrap();
     engine.run(batch).unwrap()
 }
 
 fn check_tiny(name: &str) {
     let model = LoadedModel::open(&fixture(name)).unwrap();
-    let goldens = ["right", "left"].map(|side| (side, fixture(name).join(format!("golden-{side}.safetensors"))));
-    check_goldens(name, &model, &goldens);
+    check_goldens(name, &model, &tiny_goldens(name));
+}
+
+fn tiny_goldens(name: &str) -> [(&'static str, std::path::PathBuf); 2] {
+    ["right", "left"].map(|side| (side, fixture(name).join(format!("golden-{side}.safetensors"))))
 }
 
 fn check_goldens(name: &str, model: &LoadedModel, goldens: &[(&str, std::path::PathBuf)]) {
+    check_goldens_with(name, model, goldens, &EngineOptions::default());
+}
+
+/// Every golden hook as HF computes it, run with `options`; on a mesh whose `data` axis
+/// does not divide the golden batch, copies of the first row fill it up (not compared).
+fn check_goldens_with(
+    name: &str,
+    model: &LoadedModel,
+    goldens: &[(&str, std::path::PathBuf)],
+    options: &EngineOptions,
+) {
     let d = model.config.hidden_size;
     for (side, path) in goldens {
         let g = golden(path);
@@ -90,10 +107,16 @@ fn check_goldens(name: &str, model: &LoadedModel, goldens: &[(&str, std::path::P
         assert_eq!(hooks.len(), 4 * model.config.n_layers + 1, "every hook point is in the fixture");
         let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
         assert_eq!(batch.position_ids(), &g.positions[..], "cumsum(mask)-1 positions as HF got");
-        let acts = run(model, &hooks, &batch, Mesh::single_device());
+        let (mut ids, mut mask) = (g.ids.clone(), g.mask.clone());
+        while ids.len() % options.mesh.axis_size_or_one("data") != 0 {
+            ids.push(g.ids[0].clone());
+            mask.push(g.mask[0].clone());
+        }
+        let batch = Batch::new(ids, Some(mask)).unwrap();
+        let acts = run_with(model, &hooks, &batch, options.clone());
         for (hook, shape, want) in &g.acts {
             let got = acts.get(*hook).unwrap();
-            assert_eq!(got.shape(), &shape[..], "{name} {side} {hook}");
+            assert_eq!(got.shape()[1..], shape[1..], "{name} {side} {hook}");
             let (diff, scale) = masked_diff(&got.to_f32(), want, &g.mask, d);
             assert!(scale > 0.1, "{name} {side} {hook}: golden values are not trivially small");
             assert!(diff <= 1e-4, "{name} {side} {hook}: max-abs difference {diff:e} > 1e-4");
@@ -189,6 +212,25 @@ fn tiny_qwen3_moe_matches_hf_at_every_hook() {
 #[test]
 fn tiny_mixtral_matches_hf_at_every_hook() {
     check_tiny("tiny-mixtral");
+}
+
+/// The routed dispatch whatever its chunk — one row per product (as many products as the
+/// longest queue), five — and on a 2×4 mesh (whole experts over `model`, tokens over `data`),
+/// in one round or in rounds of two rows per expert: HF's values each time.
+#[test]
+fn mixtures_match_hf_at_any_capacity_and_on_a_mesh() {
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    for name in ["tiny-qwen3-moe", "tiny-mixtral", "tiny-gemma4-moe"] {
+        let model = LoadedModel::open(&fixture(name)).unwrap();
+        for capacity in [1, 5] {
+            let options = EngineOptions { expert_capacity: Some(capacity), ..EngineOptions::default() };
+            check_goldens_with(&format!("{name} at capacity {capacity}"), &model, &tiny_goldens(name), &options);
+        }
+        for capacity in [None, Some(2)] {
+            let options = EngineOptions { mesh: mesh.clone(), expert_capacity: capacity, ..EngineOptions::default() };
+            check_goldens_with(&format!("{name} on 2x4 at {capacity:?}"), &model, &tiny_goldens(name), &options);
+        }
+    }
 }
 
 /// The text tower of a multimodal Gemma 4 checkpoint (weights under `model.language_model.`).

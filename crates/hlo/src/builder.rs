@@ -705,6 +705,61 @@ impl Builder {
         Ok(self.emit(line, out))
     }
 
+    /// The `sizes`-shaped window of `a` starting at the scalar integer `starts` (one per
+    /// dimension), each start clamped so the window fits (`stablehlo.dynamic_slice`).
+    pub fn dynamic_slice(&mut self, a: Value, starts: &[Value], sizes: &[usize]) -> Result<Value> {
+        let ta = self.ty_of("dynamic_slice", a)?.clone();
+        self.check_starts("dynamic_slice", &ta, starts)?;
+        if sizes.len() != ta.rank() || sizes.iter().zip(ta.dims()).any(|(s, d)| s > d) {
+            return Err(shape_err("dynamic_slice", format!("window {sizes:?} does not fit {ta}")));
+        }
+        let out = TensorType::new(ta.dtype(), sizes);
+        let names: Vec<&str> = starts.iter().map(|&v| self.name(v)).collect();
+        let sty: Vec<String> = starts.iter().map(|&v| self.types[v.id].to_string()).collect();
+        let line = format!(
+            "\"stablehlo.dynamic_slice\"({}, {}) <{{slice_sizes = array<i64: {}>}}> : ({ta}, {}) -> {out}",
+            self.name(a),
+            names.join(", "),
+            sizes.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+            sty.join(", "),
+        );
+        Ok(self.emit(line, out))
+    }
+
+    /// `a` with `update` written at the scalar integer `starts` (clamped so it fits)
+    /// (`stablehlo.dynamic_update_slice`).
+    pub fn dynamic_update_slice(&mut self, a: Value, update: Value, starts: &[Value]) -> Result<Value> {
+        let ta = self.ty_of("dynamic_update_slice", a)?.clone();
+        let tu = self.ty_of("dynamic_update_slice", update)?.clone();
+        self.check_starts("dynamic_update_slice", &ta, starts)?;
+        if tu.dtype() != ta.dtype() || tu.rank() != ta.rank() || tu.dims().iter().zip(ta.dims()).any(|(u, d)| u > d) {
+            return Err(shape_err("dynamic_update_slice", format!("update {tu} does not fit {ta}")));
+        }
+        let names: Vec<&str> = starts.iter().map(|&v| self.name(v)).collect();
+        let sty: Vec<String> = starts.iter().map(|&v| self.types[v.id].to_string()).collect();
+        let line = format!(
+            "stablehlo.dynamic_update_slice {}, {}, {} : ({ta}, {tu}, {}) -> {ta}",
+            self.name(a),
+            self.name(update),
+            names.join(", "),
+            sty.join(", "),
+        );
+        Ok(self.emit(line, ta))
+    }
+
+    fn check_starts(&self, op: &'static str, t: &TensorType, starts: &[Value]) -> Result<()> {
+        if starts.len() != t.rank() {
+            return Err(shape_err(op, format!("{} starts for {t}", starts.len())));
+        }
+        for &v in starts {
+            let ts = self.ty_of(op, v)?;
+            if ts.rank() != 0 || !ts.dtype().is_int() {
+                return Err(dtype_err(op, format!("starts must be integer scalars, got {ts}")));
+            }
+        }
+        Ok(())
+    }
+
     // ---------------------------------------------------------------- sort, loops
 
     /// Sorts `operands` (one shape) together along `dim`, ascending by the first, stably:

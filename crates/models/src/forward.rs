@@ -23,7 +23,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType, Value};
+use siphon_hlo::{Builder, CompareDir, DType, DotDims, HloError, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
 use crate::ModelError;
@@ -50,6 +50,9 @@ pub struct ForwardSpec {
     pub param_specs: HashMap<String, PartitionSpec>,
     /// Partition spec of the three `[batch, seq]` inputs; `None` is replicated.
     pub input_spec: Option<PartitionSpec>,
+    /// Rows per expert in each dispatch round of a mixture (see [`crate::moe`]); `None`
+    /// chooses from the mean load.
+    pub expert_capacity: Option<usize>,
 }
 
 impl ForwardSpec {
@@ -64,6 +67,7 @@ impl ForwardSpec {
             mesh: Mesh::single_device(),
             param_specs: HashMap::new(),
             input_spec: None,
+            expert_capacity: None,
         }
     }
 
@@ -287,6 +291,17 @@ impl<'a> Graph<'a> {
     /// Number of tokens in the batch.
     pub fn tokens(&self) -> usize {
         self.spec.batch * self.spec.seq
+    }
+
+    /// How many parts the token dimension is split into over the mesh (1 on one device):
+    /// token-local work such as a mixture's dispatch runs per part.
+    pub fn token_groups(&self) -> usize {
+        self.token_axes.iter().map(|a| self.spec.mesh.axis_size(a).unwrap_or(1)).product()
+    }
+
+    /// Whether the program is partitioned over a mesh.
+    pub fn sharded(&self) -> bool {
+        self.sharded
     }
 
     /// The weight argument named `name`.
@@ -735,110 +750,9 @@ impl<'a> Graph<'a> {
         Ok(Mlp { pre, pre_linear: None, post, out })
     }
 
-    /// The routed mixture of SiLU-gated experts in block `layer` (Hugging Face's
-    /// `Qwen3MoeSparseMoeBlock` / `MixtralSparseMoeBlock`): router logits `x·Wᵀ`, softmax in
-    /// f32, the `top_k` largest kept (ties to the lower expert, as `torch.topk`), divided by
-    /// their sum when `norm_topk`, cast to the compute dtype; then every expert's
-    /// `down(silu(gate(x)) * up(x))` on every token, summed with those weights (zero for the
-    /// experts a token was not routed to). Computing every expert is exact whatever the
-    /// routing, at `n_experts / top_k` times the routed FLOPs. Weights:
-    /// `model.layers.{layer}.mlp.gate.weight` `[E, H]` and the stacked
-    /// `model.layers.{layer}.mlp.experts.{gate,up,down}_proj`.
-    pub fn moe_mlp(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
-        let moe =
-            self.config.moe.clone().ok_or_else(|| ModelError::Config("moe_mlp on a model without experts".into()))?;
-        let p = format!("model.layers.{layer}.mlp");
-        let logits = self.linear(x, &format!("{p}.gate.weight"), None)?;
-        let at = |kind| HookPoint::block(layer, kind);
-        self.hook(at(HookKind::MlpRouterLogits), logits);
-        let logits = self.b.convert(logits, DType::F32)?;
-        let probs = softmax_last(&mut self.b, logits)?;
-        let (weights, indices) = self.top_k(probs, moe.top_k, moe.norm_topk)?;
-        let weights = self.b.convert(weights, self.dt)?;
-        self.hook(at(HookKind::MlpExpertWeights), weights);
-        self.hook(at(HookKind::MlpExpertIndices), indices);
-        let [gate, up, down] = ["gate_proj", "up_proj", "down_proj"].map(|n| format!("{p}.experts.{n}"));
-        self.experts(x, [&gate, &up, &down], weights)
-    }
-
-    /// Top-k routing of `probs` `[tokens, experts]` (f32, each row ≥ 0): each token's `k`
-    /// most probable experts, the lower index first among equals (`torch.topk`), their
-    /// probabilities kept — divided by their sum when `renormalize` — and the others 0, and
-    /// the chosen experts' indices, most probable first, `[tokens, k]` as f32.
-    pub fn top_k(&mut self, probs: Value, k: usize, renormalize: bool) -> Result<(Value, Value), ModelError> {
-        let dims = self.b.dims(probs)?.to_vec();
-        let (t, e) = (dims[0], dims[1]);
-        let b = &mut self.b;
-        // Top-k by repeated argmax; probabilities are >= 0, so -1 marks the ones taken.
-        let te = TensorType::new(DType::F32, &[t, e]);
-        let rev = {
-            let iota = b.iota(TensorType::new(DType::F32, &[t, e]), 1)?;
-            let n = b.splat(e as f64, te.clone())?;
-            b.sub(n, iota)? // E - index: larger for lower experts
-        };
-        let zero = b.splat(0.0, te.clone())?;
-        let taken = b.splat(-1.0, te.clone())?;
-        let mut remaining = probs;
-        let mut chosen = b.compare(CompareDir::Lt, probs, zero)?; // all false
-        let mut indices = Vec::with_capacity(k);
-        for _ in 0..k {
-            let m = b.reduce_max(remaining, &[1])?;
-            let m = b.broadcast_in_dim(m, &[t, e], &[0])?;
-            let is_max = b.compare(CompareDir::Eq, remaining, m)?;
-            let candidates = b.select(is_max, rev, zero)?;
-            let first = b.reduce_max(candidates, &[1])?;
-            let n = b.splat(e as f64, TensorType::new(DType::F32, &[t]))?;
-            let index = b.sub(n, first)?;
-            indices.push(b.reshape(index, &[t, 1])?);
-            let first = b.broadcast_in_dim(first, &[t, e], &[0])?;
-            let pick = b.compare(CompareDir::Eq, rev, first)?;
-            chosen = b.or(chosen, pick)?;
-            remaining = b.select(pick, taken, remaining)?;
-        }
-        let mut weights = b.select(chosen, probs, zero)?;
-        if renormalize {
-            let sum = b.reduce_sum(weights, &[1])?;
-            let sum = b.broadcast_in_dim(sum, &[t, e], &[0])?;
-            weights = b.div(weights, sum)?;
-        }
-        let indices = b.concatenate(&indices, 1)?;
-        Ok((weights, indices))
-    }
-
-    /// Every expert on every token, weighted (exact for any routing):
-    /// `Σ_e weights[:, e] · down_e(act(gate_e(x)) * up_e(x))` for `x` `[tokens, hidden]`, the
-    /// weights `[tokens, experts]` in the compute dtype (0 for the experts a token is not
-    /// routed to) and the stacked expert weights `gate`, `up` `[E, I, H]` and `down`
-    /// `[E, H, I]`.
-    pub fn experts(&mut self, x: Value, [gate, up, down]: [&str; 3], weights: Value) -> Result<Value, ModelError> {
-        let [gate, up, down] = [gate, up, down].map(|n| self.w(n));
-        let (gate, up, down) = (gate?, up?, down?);
-        let dims = self.b.dims(weights)?.to_vec();
-        let (t, e, h) = (dims[0], dims[1], self.config.hidden_size);
-        // [t, H] x [E, I, H] -> [t, E, I]
-        let g = self.b.dot_general(x, gate, &DotDims::contract(&[1], &[2]))?;
-        let u = self.b.dot_general(x, up, &DotDims::contract(&[1], &[2]))?;
-        let act = self.activation(g)?;
-        let b = &mut self.b;
-        let act = b.mul(act, u)?;
-        // [t, E, I] x [E, H, I] over E -> [E, t, H]
-        let out = b.dot_general(act, down, &DotDims::batched(&[1], &[0], &[2], &[2]))?;
-        let w = b.transpose(weights, &[1, 0])?;
-        let w = b.broadcast_in_dim(w, &[e, t, h], &[0, 1])?;
-        let out = b.mul(out, w)?;
-        Ok(b.reduce_sum(out, &[0])?)
-    }
-
     /// The config's activation applied to `x`.
     pub fn activation(&mut self, x: Value) -> Result<Value, ModelError> {
-        match self.config.activation {
-            Activation::Silu => {
-                let sig = self.b.logistic(x)?;
-                Ok(self.b.mul(x, sig)?)
-            }
-            Activation::GeluTanh => gelu_tanh(&mut self.b, x),
-            Activation::Gelu => gelu_erf(&mut self.b, x, self.dt),
-        }
+        Ok(activate(&mut self.b, self.config.activation, x, self.dt)?)
     }
 
     /// Records an MLP's hooks in block `layer`, its output as `out` (`hook_mlp_out`, or
@@ -942,7 +856,19 @@ pub(crate) enum Gain {
 }
 
 /// PyTorch's exact `gelu`, `x/2 * (1 + erf(x/√2))`, computed in f32 and cast back to `dt`.
-fn gelu_erf(b: &mut Builder, x: Value, dt: DType) -> Result<Value, ModelError> {
+/// `activation(x)` in the compute dtype `dt`.
+pub(crate) fn activate(b: &mut Builder, activation: Activation, x: Value, dt: DType) -> Result<Value, HloError> {
+    match activation {
+        Activation::Silu => {
+            let sig = b.logistic(x)?;
+            b.mul(x, sig)
+        }
+        Activation::GeluTanh => gelu_tanh(b, x),
+        Activation::Gelu => gelu_erf(b, x, dt),
+    }
+}
+
+fn gelu_erf(b: &mut Builder, x: Value, dt: DType) -> Result<Value, HloError> {
     let xf = b.convert(x, DType::F32)?;
     let ty = b.ty(xf)?.clone();
     let r = b.splat(std::f64::consts::FRAC_1_SQRT_2, ty.clone())?;
@@ -953,12 +879,12 @@ fn gelu_erf(b: &mut Builder, x: Value, dt: DType) -> Result<Value, ModelError> {
     let half = b.splat(0.5, ty)?;
     let hx = b.mul(xf, half)?;
     let y = b.mul(hx, e)?;
-    Ok(b.convert(y, dt)?)
+    b.convert(y, dt)
 }
 
 /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, PyTorch's `gelu(approximate="tanh")`, in
 /// `x`'s dtype.
-fn gelu_tanh(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
+fn gelu_tanh(b: &mut Builder, x: Value) -> Result<Value, HloError> {
     let ty = b.ty(x)?.clone();
     let c = |b: &mut Builder, v: f64| b.splat(v, ty.clone());
     let x3 = b.mul(x, x)?;
@@ -973,7 +899,7 @@ fn gelu_tanh(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
     let t = b.add(t, one)?;
     let half = c(b, 0.5)?;
     let hx = b.mul(x, half)?;
-    Ok(b.mul(hx, t)?)
+    b.mul(hx, t)
 }
 
 /// A norm's hookable parts (see [`Graph::rms_norm`]).

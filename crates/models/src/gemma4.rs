@@ -441,7 +441,7 @@ fn mixture_beside(g: &mut Graph<'_>, layer: usize, h: Value, mlp: Value, moe: &M
     let probs = crate::forward::softmax_last(&mut g.b, logits)?;
     let shown = g.b.convert(probs, g.dt)?;
     g.hook(at(FfnRouterProbs), shown);
-    let (weights, _) = g.top_k(probs, moe.top_k, moe.norm_topk)?;
+    let (weights, indices) = g.top_k(probs, moe.top_k, moe.norm_topk)?;
     let per_expert = g.w(&p("router.per_expert_scale"))?;
     let per_expert = g.b.convert(per_expert, siphon_hlo::DType::F32)?;
     let per_expert = g.b.broadcast_in_dim(per_expert, &[dims[0], moe.n_experts], &[1])?;
@@ -450,7 +450,7 @@ fn mixture_beside(g: &mut Graph<'_>, layer: usize, h: Value, mlp: Value, moe: &M
     let x = g.rms_norm_with(h, &p("pre_feedforward_layernorm_2.weight"), Gain::F32)?.out;
     g.hook(at(FfnExpertsIn), x);
     let [gate, up] = ["gate", "up"].map(|part| p(&format!("experts.gate_up_proj[{part}]")));
-    let experts = g.experts(x, [&gate, &up, &p("experts.down_proj")], weights)?;
+    let experts = g.experts(x, [&gate, &up, &p("experts.down_proj")], weights, indices)?;
     g.hook(at(FfnExpertsOut), experts);
     let experts = g.rms_norm_with(experts, &p("post_feedforward_layernorm_2.weight"), Gain::F32)?.out;
     g.hook(at(FfnExpertsNormed), experts);

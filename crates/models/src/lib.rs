@@ -17,6 +17,7 @@ pub mod hooks;
 mod llama;
 mod mistral;
 mod mixtral;
+mod moe;
 mod olmo2;
 mod olmo3;
 mod phi3;
@@ -36,6 +37,7 @@ pub use gemma4::Gemma4;
 pub use hf::LoadedModel;
 pub use hf_config::HfConfig;
 pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_kinds, resolve_hooks};
+pub use moe::capacity as expert_capacity;
 pub use tokenizer::TextTokenizer;
 pub use weights::{DType, HostTensor, TensorMeta, Weights};
 

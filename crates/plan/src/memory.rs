@@ -22,8 +22,12 @@
 //! - `working`: one block's transients, freed before the next block:
 //!   `a · b · S · (3h + (q + 2kv)/M + 3I/M)` (residual, normed input, attention output; local
 //!   q/k/v; gate, up and their product) plus attention scores and probabilities in f32,
-//!   `2 · 4 · b · (heads/M) · S²`. A mixture of experts computes every expert on every token:
-//!   there `I` is `n_experts · expert_size`, and the experts' outputs add `(E/M) · h`.
+//!   `2 · 4 · b · (heads/M) · S²`. A mixture of experts (its `n = b · S` local tokens each
+//!   choosing `k` of `E` experts `I_e` wide, dispatched `C` rows per expert and round, `C` from
+//!   `siphon_models::expert_capacity`) holds one round's dispatch: its rows, gate, up, product
+//!   and outputs, `a · (E/M) · C · (2h + 3·I_e)`; the chosen rows' outputs, `2 · a · n · k · h`;
+//!   and the routing's i32 comparisons, `2 · 4 · n · k · E`. A dense MLP beside it (Gemma 4)
+//!   counts as `I`.
 //!
 //! Fits when `sharded + fsdp_gather + activations ≤ device_memory · (1 − headroom)`. The
 //! default headroom of 10% covers what the formula leaves out: the runtime's own buffers,
@@ -200,23 +204,20 @@ pub fn activation_memory(
     let widest = |f: &dyn Fn(usize) -> usize| (0..config.n_layers).map(f).max().unwrap_or(0) as u64;
     let q = widest(&|l| config.n_heads * config.head_dim_at(l));
     let kv = widest(&|l| config.kv_heads_at(l) * config.head_dim_at(l));
-    // A mixture computes every expert on every token: its gate, up and product are
-    // `n_experts · expert_size` wide (split over `model` with the experts), plus the experts'
-    // `[n_experts, tokens, h]` outputs before the weighted sum; beside a dense MLP (Gemma 4)
-    // the MLP's width adds to it.
     let dense = siphon_models::hook_kinds(config).contains(&siphon_models::HookKind::MlpPost);
-    let mlp = if dense { widest(&|l| config.intermediate_at(l)) } else { 0 };
-    let (i, expert_out) = match &config.moe {
-        Some(m) => {
-            (mlp + (m.n_experts * m.expert_size) as u64, (m.n_experts as u64 / model.min(m.n_experts as u64)) * h)
-        }
-        None => (mlp, 0),
-    };
+    let i = if dense { widest(&|l| config.intermediate_at(l)) } else { 0 };
+    let mixture = config.moe.as_ref().map_or(0, |m| {
+        let (n, k, e) = (b * s, m.top_k as u64, m.n_experts as u64);
+        let c = siphon_models::expert_capacity(n as usize, m.top_k, m.n_experts) as u64;
+        let local_experts = e.div_ceil(model.min(e));
+        a * local_experts * c * (2 * h + 3 * m.expert_size as u64) + 2 * a * n * k * h + 2 * 4 * n * k * e
+    });
     let input_bytes = 2 * 4 * b * s;
     let width: u64 = hooks.iter().map(|hook| hook.dims(config, seq).iter().product::<usize>() as u64).sum();
     let hook_bytes = b * s * width * a;
-    let working_bytes = a * b * s * (3 * h + (q + 2 * kv) / model + 3 * i / model + expert_out)
-        + 2 * 4 * b * (config.n_heads as u64 / model) * s * s;
+    let working_bytes = a * b * s * (3 * h + (q + 2 * kv) / model + 3 * i / model)
+        + 2 * 4 * b * (config.n_heads as u64 / model) * s * s
+        + mixture;
     ActivationMemory {
         batch,
         seq,

@@ -98,7 +98,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         println!("mesh:   {mesh} on devices {:?}", mesh.device_ids());
     }
-    let options = EngineOptions { compute_dtype: args.compute_dtype, output_dtype: args.dtype, mesh, plan };
+    let options = EngineOptions {
+        compute_dtype: args.compute_dtype,
+        output_dtype: args.dtype,
+        mesh,
+        plan,
+        expert_capacity: None,
+    };
     let engine = Engine::new(&client, &model, hooks, options).context("loading the weights onto the devices")?;
     let acts = engine.run(&batch).context("running the forward")?;
 

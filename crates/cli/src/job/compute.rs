@@ -121,6 +121,7 @@ impl Compute {
             output_dtype: dtype(&spec.dtype),
             mesh: mesh.clone(),
             plan: siphon_engine::ShardingPlan::Explicit { params, input: Some(planned.input_spec.clone()) },
+            expert_capacity: None,
         };
         let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)
             .context("cannot put the model on the devices")?;
