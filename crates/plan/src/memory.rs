@@ -23,11 +23,13 @@
 //!   `a · b · S · (3h + (q + 2kv)/M + 3I/M)` (residual, normed input, attention output; local
 //!   q/k/v; gate, up and their product) plus attention scores and probabilities in f32,
 //!   `2 · 4 · b · (heads/M) · S²`. A mixture of experts (its `n = b · S` local tokens each
-//!   choosing `k` of `E` experts `I_e` wide, dispatched `C` rows per expert and round, `C` from
-//!   `siphon_models::expert_capacity`) holds one round's dispatch: its rows, gate, up, product
-//!   and outputs, `a · (E/M) · C · (2h + 3·I_e)`; the chosen rows' outputs, `2 · a · n · k · h`;
-//!   and the routing's i32 comparisons, `2 · 4 · n · k · E`. A dense MLP beside it (Gemma 4)
-//!   counts as `I`.
+//!   choosing `k` of `E` experts `I_e` wide) adds its routing's i32 comparisons,
+//!   `2 · 4 · n · k · E`, the chosen rows' outputs, `2 · a · n · k · h`, and its dispatch:
+//!   on one device the sorted rows and their
+//!   outputs, `2 · a · (n·k + c) · h`, and one expert's three weights sliced out, `3 · a · I_e · h`
+//!   (`c` = `siphon_models::expert_chunk`); on a mesh one round's rows, gate, up, product and
+//!   outputs, `a · (E/M) · C · (2h + 3·I_e)` (`C` = `siphon_models::expert_capacity`). A dense
+//!   MLP beside it (Gemma 4) counts as `I`.
 //!
 //! Fits when `sharded + fsdp_gather + activations ≤ device_memory · (1 − headroom)`. The
 //! default headroom of 10% covers what the formula leaves out: the runtime's own buffers,
@@ -207,10 +209,16 @@ pub fn activation_memory(
     let dense = siphon_models::hook_kinds(config).contains(&siphon_models::HookKind::MlpPost);
     let i = if dense { widest(&|l| config.intermediate_at(l)) } else { 0 };
     let mixture = config.moe.as_ref().map_or(0, |m| {
-        let (n, k, e) = (b * s, m.top_k as u64, m.n_experts as u64);
-        let c = siphon_models::expert_capacity(n as usize, m.top_k, m.n_experts) as u64;
-        let local_experts = e.div_ceil(model.min(e));
-        a * local_experts * c * (2 * h + 3 * m.expert_size as u64) + 2 * a * n * k * h + 2 * 4 * n * k * e
+        let (n, k, e, ie) = (b * s, m.top_k as u64, m.n_experts as u64, m.expert_size as u64);
+        let routing = 2 * 4 * n * k * e + 2 * a * n * k * h;
+        let dispatch = if mesh.axes().is_empty() {
+            let c = siphon_models::expert_chunk(n as usize, m.top_k, m.n_experts) as u64;
+            2 * a * (n * k + c) * h + 3 * a * ie * h
+        } else {
+            let c = siphon_models::expert_capacity(n as usize, m.top_k, m.n_experts) as u64;
+            a * e.div_ceil(model.min(e)) * c * (2 * h + 3 * ie)
+        };
+        routing + dispatch
     });
     let input_bytes = 2 * 4 * b * s;
     let width: u64 = hooks.iter().map(|hook| hook.dims(config, seq).iter().product::<usize>() as u64).sum();
