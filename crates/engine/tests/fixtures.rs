@@ -214,13 +214,21 @@ fn tiny_mixtral_matches_hf_at_every_hook() {
     check_tiny("tiny-mixtral");
 }
 
+/// OLMoE: Llama's block with whole-projection q/k norms and four experts, two per token.
+#[test]
+fn tiny_olmoe_matches_hf_at_every_hook() {
+    check_tiny("tiny-olmoe");
+}
+
 /// The routed dispatch whatever its chunk — one row per product (as many products as the
 /// longest queue), five — and on a 2×4 mesh (whole experts over `model`, tokens over `data`),
-/// in one round or in rounds of two rows per expert: HF's values each time.
+/// in one round or in rounds of two rows per expert: HF's values each time. With them the
+/// routing's edge cases: every logit tied, so that every token chooses the same two experts
+/// and no token the other two (`tiny-moe-tied`), and top-k = every expert (`tiny-moe-all`).
 #[test]
 fn mixtures_match_hf_at_any_capacity_and_on_a_mesh() {
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
-    for name in ["tiny-qwen3-moe", "tiny-mixtral", "tiny-gemma4-moe"] {
+    for name in ["tiny-qwen3-moe", "tiny-mixtral", "tiny-gemma4-moe", "tiny-olmoe", "tiny-moe-tied", "tiny-moe-all"] {
         let model = LoadedModel::open(&fixture(name)).unwrap();
         for capacity in [1, 5] {
             let options = EngineOptions { expert_capacity: Some(capacity), ..EngineOptions::default() };

@@ -314,6 +314,12 @@ fn tiny_qwen3_moe_every_hook_matches_transformer_lens() {
     check_model("tiny-qwen3-moe");
 }
 
+/// OLMoE: whole-projection q/k norms, four experts, two per token, not renormalised.
+#[test]
+fn tiny_olmoe_every_hook_matches_transformer_lens() {
+    check_model("tiny-olmoe");
+}
+
 #[test]
 fn tiny_mixtral_every_hook_matches_transformer_lens() {
     check_model("tiny-mixtral");

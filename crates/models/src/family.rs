@@ -39,6 +39,7 @@ pub enum Arch {
     Gemma4,
     #[serde(rename = "smollm3")]
     SmolLM3,
+    Olmoe,
 }
 
 impl std::fmt::Display for Arch {
@@ -85,6 +86,7 @@ pub(crate) const FAMILIES: &[&Family] = &[
     &crate::mixtral::FAMILY,
     &crate::olmo2::FAMILY,
     &crate::olmo3::FAMILY,
+    &crate::olmoe::FAMILY,
     &crate::phi3::FAMILY,
     &crate::qwen2::FAMILY,
     &crate::qwen3::FAMILY,
@@ -127,12 +129,12 @@ mod tests {
         use Arch::*;
         let all = vec![
             Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral, Olmo3,
-            SmolLM3, Gemma4,
+            SmolLM3, Gemma4, Olmoe,
         ];
         for arch in &all {
             match arch {
                 Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe
-                | Mixtral | Olmo3 | SmolLM3 | Gemma4 => {}
+                | Mixtral | Olmo3 | SmolLM3 | Gemma4 | Olmoe => {}
             }
         }
         all

@@ -20,6 +20,7 @@ mod mixtral;
 mod moe;
 mod olmo2;
 mod olmo3;
+mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen3;

@@ -83,7 +83,7 @@ fn moe_params(c: &ModelConfig, l: usize) -> Vec<ParamInfo> {
 }
 
 /// The weights of the decoder Llama, Qwen2, Mistral, Qwen3 and Gemma share, in Hugging Face's
-/// names: the q/k/v biases when `qkv_bias`, the per-head q/k norms when `qk_norm`, and
+/// names: the q/k/v biases when `qkv_bias`, the q/k norms when `qk_norm`, and
 /// `extra_norms` after `post_attention_layernorm` in each block (Gemma's feed-forward norms).
 pub(crate) fn decoder_params(
     c: &ModelConfig,
@@ -112,8 +112,10 @@ pub(crate) fn decoder_params(
             p("self_attn.v_proj.bias", &[kv], VBias);
         }
         if c.qk_norm {
-            p("self_attn.q_norm.weight", &[c.head_dim], Norm);
-            p("self_attn.k_norm.weight", &[c.head_dim], Norm);
+            // Per head, or over the whole projection (OLMoE).
+            let (qn, kn) = if c.qk_norm_whole { (q, kv) } else { (c.head_dim, c.head_dim) };
+            p("self_attn.q_norm.weight", &[qn], Norm);
+            p("self_attn.k_norm.weight", &[kn], Norm);
         }
         p("self_attn.o_proj.weight", &[h, q], AttnO);
         p("post_attention_layernorm.weight", &[h], Norm);
