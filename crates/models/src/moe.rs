@@ -146,7 +146,6 @@ struct Experts {
 impl Experts {
     /// `down(act(gate(x)) * up(x))` with the dot dimensions `over` of `x` against `gate`
     /// and `up`, and `down_over` of the product against `down`.
-    #[allow(clippy::too_many_arguments)]
     fn mlp(
         &self,
         b: &mut Builder,
