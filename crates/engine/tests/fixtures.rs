@@ -214,6 +214,13 @@ fn tiny_mixtral_matches_hf_at_every_hook() {
     check_tiny("tiny-mixtral");
 }
 
+/// GPT-OSS: sinks, q/k/v/o biases, windows on every other layer, YaRN, and experts with
+/// biases and a clamped SwiGLU (read from transformers' fused, transposed tensors).
+#[test]
+fn tiny_gpt_oss_matches_hf_at_every_hook() {
+    check_tiny("tiny-gpt-oss");
+}
+
 /// OLMoE: Llama's block with whole-projection q/k norms and four experts, two per token.
 #[test]
 fn tiny_olmoe_matches_hf_at_every_hook() {
@@ -228,7 +235,15 @@ fn tiny_olmoe_matches_hf_at_every_hook() {
 #[test]
 fn mixtures_match_hf_at_any_capacity_and_on_a_mesh() {
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
-    for name in ["tiny-qwen3-moe", "tiny-mixtral", "tiny-gemma4-moe", "tiny-olmoe", "tiny-moe-tied", "tiny-moe-all"] {
+    for name in [
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-gemma4-moe",
+        "tiny-olmoe",
+        "tiny-moe-tied",
+        "tiny-moe-all",
+        "tiny-gpt-oss",
+    ] {
         let model = LoadedModel::open(&fixture(name)).unwrap();
         for capacity in [1, 5] {
             let options = EngineOptions { expert_capacity: Some(capacity), ..EngineOptions::default() };

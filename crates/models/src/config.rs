@@ -92,6 +92,25 @@ pub enum RopeScaling {
         /// `factor` (1 when absent).
         factor: f64,
     },
+    /// YaRN (GPT-OSS; DeepSeek-V3's and Qwen's long contexts): each frequency blended
+    /// between itself and itself / `factor` by a linear ramp over the frequencies that turn
+    /// `beta_fast` … `beta_slow` times in `original_max_position_embeddings` positions (the
+    /// ramp's ends rounded outward when `truncate`); cos and sin multiplied by
+    /// `attention_factor`.
+    Yarn {
+        /// Context extension factor.
+        factor: f64,
+        /// Rotations marking the ramp's fast end (32 by default).
+        beta_fast: f64,
+        /// Rotations marking the ramp's slow end (1 by default).
+        beta_slow: f64,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: usize,
+        /// Whether the ramp's ends are rounded to whole frequencies.
+        truncate: bool,
+        /// Multiplies cos and sin.
+        attention_factor: f64,
+    },
     /// Phi-3's LongRoPE with the short factors (the ones Hugging Face uses while the batch
     /// is no longer than `original_max_position_embeddings`, which siphon requires): each
     /// frequency divided by its factor, cos and sin multiplied by `attention_factor`.
@@ -173,6 +192,9 @@ pub struct ModelConfig {
     /// What only Gemma 4's block reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemma4: Option<crate::gemma4::Gemma4>,
+    /// GPT-OSS's experts' SwiGLU settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpt_oss: Option<crate::gpt_oss::GptOss>,
     /// Per layer, whether its attention skips RoPE (SmolLM3's NoPE layers); empty when every
     /// layer rotates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -217,6 +239,8 @@ pub enum ParamClass {
     VBias,
     /// Output projection bias [hidden], added once after the row-parallel sum.
     OBias,
+    /// Attention sinks, one logit per query head [n_heads] (GPT-OSS).
+    AttnSinks,
     /// MLP gate projection [intermediate, hidden].
     MlpGate,
     /// MLP up projection (the input projection of a plain MLP) [intermediate, hidden].
@@ -227,8 +251,10 @@ pub enum ParamClass {
     MlpUpBias,
     /// Down projection bias [hidden].
     MlpDownBias,
-    /// A mixture's router [n_experts, hidden].
+    /// A mixture's router [n_experts, hidden], or its bias [n_experts].
     Router,
+    /// A mixture's stacked expert biases [n_experts, width] (GPT-OSS).
+    ExpertBias,
     /// Every expert's gate projection, stacked [n_experts, expert_size, hidden].
     ExpertGate,
     /// Every expert's up projection, stacked [n_experts, expert_size, hidden].

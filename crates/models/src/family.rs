@@ -40,6 +40,8 @@ pub enum Arch {
     #[serde(rename = "smollm3")]
     SmolLM3,
     Olmoe,
+    #[serde(rename = "gpt_oss")]
+    GptOss,
 }
 
 impl std::fmt::Display for Arch {
@@ -80,6 +82,7 @@ pub(crate) const FAMILIES: &[&Family] = &[
     &crate::gemma3::FAMILY,
     &crate::gemma4::FAMILY,
     &crate::gpt2::FAMILY,
+    &crate::gpt_oss::FAMILY,
     &crate::gpt_neox::FAMILY,
     &crate::llama::FAMILY,
     &crate::mistral::FAMILY,
@@ -129,12 +132,12 @@ mod tests {
         use Arch::*;
         let all = vec![
             Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral, Olmo3,
-            SmolLM3, Gemma4, Olmoe,
+            SmolLM3, Gemma4, Olmoe, GptOss,
         ];
         for arch in &all {
             match arch {
                 Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe
-                | Mixtral | Olmo3 | SmolLM3 | Gemma4 | Olmoe => {}
+                | Mixtral | Olmo3 | SmolLM3 | Gemma4 | Olmoe | GptOss => {}
             }
         }
         all

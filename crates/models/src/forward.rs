@@ -161,6 +161,7 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
         let spec = match p.class {
             ParamClass::AttnQ => PartitionSpec::new(&[q_axes, &[]]),
             ParamClass::QBias => PartitionSpec::new(&[q_axes]),
+            ParamClass::AttnSinks => PartitionSpec::new(&[split_if(config.n_heads)]),
             ParamClass::AttnK | ParamClass::AttnV => PartitionSpec::new(&[kv_axes, &[]]),
             ParamClass::KBias | ParamClass::VBias => PartitionSpec::new(&[kv_axes]),
             ParamClass::AttnO => PartitionSpec::new(&[&[], q_axes]),
@@ -169,6 +170,9 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
             ParamClass::MlpDown => PartitionSpec::new(&[&[], mlp_axes]),
             ParamClass::ExpertGate | ParamClass::ExpertUp | ParamClass::ExpertDown => {
                 PartitionSpec::new(&[split_if(config.moe.as_ref().map_or(0, |m| m.n_experts)), &[], &[]])
+            }
+            ParamClass::ExpertBias => {
+                PartitionSpec::new(&[split_if(config.moe.as_ref().map_or(0, |m| m.n_experts)), &[]])
             }
             ParamClass::Embedding
             | ParamClass::PosEmbedding
@@ -552,6 +556,9 @@ impl<'a> Graph<'a> {
                 }
                 (inv_freq(rotated, c.rope_theta, c.rope_scaling.as_ref()), *attention_factor)
             }
+            (None, Some(RopeScaling::Yarn { attention_factor, .. })) => {
+                (inv_freq(rotated, c.rope_theta, c.rope_scaling.as_ref()), *attention_factor)
+            }
             (None, _) => (inv_freq(rotated, c.rope_theta, c.rope_scaling.as_ref()), 1.0),
         };
         let tables = self.rope_tables(&inv_freq, scale)?;
@@ -648,6 +655,8 @@ impl<'a> Graph<'a> {
     /// `h / (n_heads/n_kv_heads)` (Hugging Face's `repeat_kv`). Returns `z`,
     /// `[tokens, n_heads*head_dim]` ready for `o_proj`, and the scores and probabilities in
     /// the internal `[batch, kv_head, query, group, key]` layout (see [`Graph::per_query`]).
+    /// With `sinks` (`[n_heads]`, GPT-OSS), each head's softmax has one more logit, its sink,
+    /// which takes probability and is then dropped: the pattern's rows sum to less than 1.
     pub fn attention(
         &mut self,
         layer: usize,
@@ -655,6 +664,7 @@ impl<'a> Graph<'a> {
         k: Value,
         v: Value,
         mask: Value,
+        sinks: Option<Value>,
     ) -> Result<Attention, ModelError> {
         let c = self.config;
         let (bsz, s, nkv, hd) = (self.spec.batch, self.spec.seq, c.kv_heads_at(layer), c.head_dim_at(layer));
@@ -680,7 +690,19 @@ impl<'a> Graph<'a> {
         let mask = b.broadcast_in_dim(mask, &sdims, &[0, 2, 4])?;
         let floor = b.splat(f32::MIN as f64, TensorType::new(DType::F32, &sdims))?;
         let scores = b.select(mask, scores, floor)?;
-        let probs = softmax_last(b, scores)?;
+        let probs = match sinks {
+            None => softmax_last(b, scores)?,
+            Some(sinks) => {
+                // softmax over [scores, sink] with the sink's column dropped.
+                let sinks = b.convert(sinks, DType::F32)?;
+                let sinks = b.reshape(sinks, &[nkv, g])?;
+                let col = [bsz, nkv, s, g, 1];
+                let sinks = b.broadcast_in_dim(sinks, &col, &[1, 3])?;
+                let all = b.concatenate(&[scores, sinks], 4)?;
+                let probs = softmax_last(b, all)?;
+                b.slice_dim(probs, 4, 0, s)?
+            }
+        };
         let pattern = b.convert(probs, dt)?;
         // out[b, kv, i, g, :] = Σ_j probs[b, kv, i, g, j] · v[b, j, kv, :]
         let out = b.dot_general(pattern, v, &DotDims::batched(&[0, 1], &[0, 2], &[4], &[1]))?;
@@ -692,8 +714,21 @@ impl<'a> Graph<'a> {
     /// [`Graph::attention`] of block `layer`, recording its scores, pattern and z hooks;
     /// returns z, `[tokens, n_heads*head_dim]`.
     pub fn attend(&mut self, layer: usize, q: Value, k: Value, v: Value, mask: Value) -> Result<Value, ModelError> {
+        self.attend_with_sinks(layer, q, k, v, mask, None)
+    }
+
+    /// [`Graph::attend`] with attention sinks ([`Graph::attention`]).
+    pub fn attend_with_sinks(
+        &mut self,
+        layer: usize,
+        q: Value,
+        k: Value,
+        v: Value,
+        mask: Value,
+        sinks: Option<Value>,
+    ) -> Result<Value, ModelError> {
         let at = |kind| HookPoint::block(layer, kind);
-        let Attention { scores, pattern, z } = self.attention(layer, q, k, v, mask)?;
+        let Attention { scores, pattern, z } = self.attention(layer, q, k, v, mask, sinks)?;
         if self.wants(at(HookKind::AttnScores)) {
             let rows = self.per_query(scores)?;
             let rows = self.finite_in_output(rows)?;
@@ -990,6 +1025,35 @@ fn inv_freq(d: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f32> {
             .zip(short_factor)
             .map(|(i, &f)| 1.0 / (f as f32 * base.powf(i as f32 / d as f32)))
             .collect(),
+        // Hugging Face's _compute_yarn_parameters, its tensor arithmetic in f32.
+        Some(RopeScaling::Yarn {
+            factor, beta_fast, beta_slow, original_max_position_embeddings, truncate, ..
+        }) => {
+            let dim = d as f64;
+            let correction = |rotations: f64| {
+                let max = *original_max_position_embeddings as f64;
+                dim * (max / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+            };
+            let (mut low, mut high) = (correction(*beta_fast), correction(*beta_slow));
+            if *truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+            if low == high {
+                high += 0.001;
+            }
+            (0..d)
+                .step_by(2)
+                .enumerate()
+                .map(|(j, i)| {
+                    let pos = base.powf(i as f32 / d as f32);
+                    let (extrapolated, interpolated) = (1.0 / pos, 1.0 / (*factor as f32 * pos));
+                    let ramp = ((j as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+                    let keep = 1.0 - ramp;
+                    interpolated * (1.0 - keep) + extrapolated * keep
+                })
+                .collect()
+        }
         Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
             let (factor, low, high) = (*factor, *low_freq_factor, *high_freq_factor);
             let old = *original_max_position_embeddings as f64;

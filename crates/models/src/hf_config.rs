@@ -417,6 +417,29 @@ fn parse_rope_scaling(
             factor: v.get("factor").and_then(Value::as_f64).unwrap_or(1.0),
         }),
         Some("default") => Ok(RopeScaling::Linear { factor: 1.0 }),
+        Some("yarn") => {
+            // Hugging Face's _compute_yarn_parameters.
+            let opt = |name: &str| v.get(name).and_then(Value::as_f64);
+            let original = original_max
+                .or_else(|| v.get("original_max_position_embeddings").and_then(Value::as_u64).map(|x| x as usize))
+                .ok_or_else(|| ModelError::Config("yarn scaling without original_max_position_embeddings".into()))?;
+            let factor = opt("factor").unwrap_or(max_position_embeddings as f64 / original as f64);
+            let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+            let attention_factor = match (opt("attention_factor"), opt("mscale"), opt("mscale_all_dim")) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(factor, m) / mscale(factor, all),
+                _ => mscale(factor, 1.0),
+            };
+            let nonzero = |x: Option<f64>| x.filter(|&x| x != 0.0);
+            Ok(RopeScaling::Yarn {
+                factor,
+                beta_fast: nonzero(opt("beta_fast")).unwrap_or(32.0),
+                beta_slow: nonzero(opt("beta_slow")).unwrap_or(1.0),
+                original_max_position_embeddings: original,
+                truncate: v.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+                attention_factor,
+            })
+        }
         Some("longrope" | "su") => {
             let factors = |name: &str| -> Result<Vec<f64>, ModelError> {
                 let list = v
@@ -453,7 +476,7 @@ fn parse_rope_scaling(
             })
         }
         other => Err(ModelError::UnsupportedArch(format!(
-            "rope_scaling type {other:?} (supported: llama3, linear, longrope, proportional)"
+            "rope_scaling type {other:?} (supported: llama3, linear, longrope, proportional, yarn)"
         ))),
     }
 }

@@ -11,6 +11,7 @@ mod gemma4;
 pub mod gguf;
 mod gpt2;
 mod gpt_neox;
+mod gpt_oss;
 pub mod hf;
 mod hf_config;
 pub mod hooks;
@@ -35,6 +36,7 @@ pub use config::{
 };
 pub use forward::{ForwardProgram, ForwardSpec, InputInfo, OutputInfo, build_forward};
 pub use gemma4::Gemma4;
+pub use gpt_oss::GptOss;
 pub use hf::LoadedModel;
 pub use hf_config::HfConfig;
 pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_kinds, resolve_hooks};

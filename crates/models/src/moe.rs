@@ -59,15 +59,27 @@ impl Graph<'_> {
         self.experts(x, [&gate, &up, &down], weights, indices)
     }
 
-    /// Top-k routing of `probs` `[tokens, experts]` (f32, each row ≥ 0): each token's `k`
-    /// most probable experts, the lower index first among equals (`torch.topk`), their
-    /// probabilities kept — divided by their sum when `renormalize` — and the others 0, and
-    /// the chosen experts' indices, most probable first, `[tokens, k]` as f32.
+    /// Top-k routing of `probs` `[tokens, experts]` (f32): each token's `k` largest, the
+    /// lower index first among exact ties (`torch.topk` breaks those by its partial sort),
+    /// kept — divided by their sum when `renormalize` — and the others 0, and the chosen
+    /// experts' indices, largest first, `[tokens, k]` as f32.
     pub fn top_k(&mut self, probs: Value, k: usize, renormalize: bool) -> Result<(Value, Value), ModelError> {
+        let (weights, indices, _) = self.top_k_values(probs, k, renormalize)?;
+        Ok((weights, indices))
+    }
+
+    /// [`Graph::top_k`], with the chosen values themselves, `[tokens, k]` (f32, largest
+    /// first, not renormalised).
+    pub fn top_k_values(
+        &mut self,
+        probs: Value,
+        k: usize,
+        renormalize: bool,
+    ) -> Result<(Value, Value, Value), ModelError> {
         let dims = self.b.dims(probs)?.to_vec();
         let (t, e) = (dims[0], dims[1]);
         let b = &mut self.b;
-        // Top-k by repeated argmax; probabilities are >= 0, so -1 marks the ones taken.
+        // Top-k by repeated argmax; -inf marks the ones taken.
         let te = TensorType::new(DType::F32, &[t, e]);
         let rev = {
             let iota = b.iota(TensorType::new(DType::F32, &[t, e]), 1)?;
@@ -75,12 +87,14 @@ impl Graph<'_> {
             b.sub(n, iota)? // E - index: larger for lower experts
         };
         let zero = b.splat(0.0, te.clone())?;
-        let taken = b.splat(-1.0, te.clone())?;
+        let taken = b.splat(f64::NEG_INFINITY, te.clone())?;
         let mut remaining = probs;
-        let mut chosen = b.compare(CompareDir::Lt, probs, zero)?; // all false
+        let mut chosen = b.splat(0.0, te.with_dtype(DType::Pred))?;
         let mut indices = Vec::with_capacity(k);
+        let mut values = Vec::with_capacity(k);
         for _ in 0..k {
             let m = b.reduce_max(remaining, &[1])?;
+            values.push(b.reshape(m, &[t, 1])?);
             let m = b.broadcast_in_dim(m, &[t, e], &[0])?;
             let is_max = b.compare(CompareDir::Eq, remaining, m)?;
             let candidates = b.select(is_max, rev, zero)?;
@@ -100,7 +114,8 @@ impl Graph<'_> {
             weights = b.div(weights, sum)?;
         }
         let indices = b.concatenate(&indices, 1)?;
-        Ok((weights, indices))
+        let values = b.concatenate(&values, 1)?;
+        Ok((weights, indices, values))
     }
 
     /// Each token of `x` `[tokens, hidden]` through the experts `indices` `[tokens, k]` (f32,
@@ -115,61 +130,146 @@ impl Graph<'_> {
         weights: Value,
         indices: Value,
     ) -> Result<Value, ModelError> {
-        let [gate, up, down] = [gate, up, down].map(|n| self.w(n));
-        let experts = Experts { gate: gate?, up: up?, down: down?, activation: self.config.activation, dt: self.dt };
+        let idx = self.b.convert(indices, DType::I32)?;
+        let [t, k] = self.b.dims(idx)?.try_into().map_err(|_| ModelError::Config("indices not [tokens, k]".into()))?;
+        let idx3 = self.b.reshape(idx, &[t, k, 1])?;
+        let chosen = self.b.take_along(weights, 0, &[1], idx3)?;
+        let weights = [gate, up, down].map(|n| self.w(n)).into_iter().collect::<Result<Vec<_>, _>>()?;
+        let experts = Experts { weights, biases: None, glu: Glu::Act(self.config.activation) };
+        self.routed(x, &experts, chosen, indices)
+    }
+
+    /// Each token of `x` through the `k` experts `indices` `[tokens, k]` (f32) chose for it,
+    /// weighted by `chosen` `[tokens, k]` (compute dtype).
+    pub(crate) fn routed(
+        &mut self,
+        x: Value,
+        experts: &Experts,
+        chosen: Value,
+        indices: Value,
+    ) -> Result<Value, ModelError> {
         let [t, k] =
             self.b.dims(indices)?.try_into().map_err(|_| ModelError::Config("indices not [tokens, k]".into()))?;
-        let e = self.b.dims(weights)?[1];
+        let e = self.b.dims(experts.weights[0])?[0];
         let groups = Some(self.token_groups()).filter(|g| t % g == 0).unwrap_or(1);
         let n = t / groups;
-        let routing = Routing::new(&mut self.b, weights, indices, groups)?;
+        let routing = Routing::new(&mut self.b, e, chosen, indices, groups)?;
+        let dt = self.dt;
         let out = if self.sharded() {
             let cap = self.spec.expert_capacity.unwrap_or_else(|| capacity(n, k, e)).clamp(1, n);
-            routing.in_rounds(&mut self.b, x, &experts, cap)?
+            routing.in_rounds(&mut self.b, x, experts, dt, cap)?
         } else {
             let chunk = self.spec.expert_capacity.unwrap_or_else(|| chunk_rows(n, k, e)).clamp(1, n);
-            routing.per_expert(&mut self.b, x, &experts, chunk)?
+            routing.per_expert(&mut self.b, x, experts, dt, chunk)?
         };
         Ok(out)
     }
 }
 
-/// One block's stacked expert weights and how they compute.
-struct Experts {
-    gate: Value,
-    up: Value,
-    down: Value,
-    activation: Activation,
-    dt: DType,
+/// How an expert gates: `act(gate) · up` with a model's activation, or GPT-OSS's clamped
+/// SwiGLU, `(clamp(up, ±limit) + 1) · g · σ(alpha · g)` with `g = min(gate, limit)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Glu {
+    Act(Activation),
+    Clamped { alpha: f64, limit: f64 },
+}
+
+impl Glu {
+    fn apply(self, b: &mut Builder, gate: Value, up: Value, dt: DType) -> Result<Value, HloError> {
+        match self {
+            Glu::Act(activation) => {
+                let act = activate(b, activation, gate, dt)?;
+                b.mul(act, up)
+            }
+            Glu::Clamped { alpha, limit } => {
+                let ty = b.ty(gate)?.clone();
+                let hi = b.splat(limit, ty.clone())?;
+                let lo = b.splat(-limit, ty.clone())?;
+                let g = b.min(gate, hi)?;
+                let u = b.min(up, hi)?;
+                let u = b.max(u, lo)?;
+                let a = b.splat(alpha, ty.clone())?;
+                let s = b.mul(g, a)?;
+                let s = b.logistic(s)?;
+                let glu = b.mul(g, s)?;
+                let one = b.splat(1.0, ty)?;
+                let u = b.add(u, one)?;
+                b.mul(u, glu)
+            }
+        }
+    }
+}
+
+/// One block's experts: their stacked weights `[gate, up, down]` (`[E, I, H]`, `[E, I, H]`,
+/// `[E, H, I]`), optional biases (`[E, I]`, `[E, I]`, `[E, H]`), and their gating.
+pub(crate) struct Experts {
+    pub weights: Vec<Value>,
+    pub biases: Option<[Value; 3]>,
+    pub glu: Glu,
 }
 
 impl Experts {
-    /// `down(act(gate(x)) * up(x))` with the dot dimensions `over` of `x` against `gate`
-    /// and `up`, and `down_over` of the product against `down`.
+    /// Every weight and bias, in the order the dispatch loops carry them.
+    fn all(&self) -> Vec<Value> {
+        let mut all = self.weights.clone();
+        all.extend(self.biases.iter().flatten());
+        all
+    }
+
+    /// Rebuilds the list [`Experts::all`] gave from `values` (inside a loop).
+    fn with(&self, values: &[Value]) -> Experts {
+        let biases = self.biases.map(|_| [values[3], values[4], values[5]]);
+        Experts { weights: values[..3].to_vec(), biases, glu: self.glu }
+    }
+
+    /// `down(glu(gate(x), up(x)))` with the dot dimensions `over` of `x` against `gate` and
+    /// `up`, and `down_over` of the product against `down`; the results are
+    /// `[E, …, I]` / `[E, …, H]` with the experts first (the biases broadcast over the rest).
     fn mlp(
         &self,
         b: &mut Builder,
         x: Value,
-        [gate, up, down]: [Value; 3],
         over: &DotDims,
         down_over: &DotDims,
+        dt: DType,
     ) -> Result<Value, HloError> {
+        let [gate, up, down] = [self.weights[0], self.weights[1], self.weights[2]];
+        let bias = |b: &mut Builder, v: Value, bias: Option<Value>| -> Result<Value, HloError> {
+            let Some(bias) = bias else { return Ok(v) };
+            let dims = b.dims(v)?.to_vec();
+            let bias = b.broadcast_in_dim(bias, &dims, &[0, dims.len() - 1])?;
+            b.add(v, bias)
+        };
+        let [gb, ub, db] = self.biases.map_or([None; 3], |bs| bs.map(Some));
         let g = b.dot_general(x, gate, over)?;
+        let g = bias(b, g, gb)?;
         let u = b.dot_general(x, up, over)?;
-        let act = activate(b, self.activation, g, self.dt)?;
-        let act = b.mul(act, u)?;
-        b.dot_general(act, down, down_over)
+        let u = bias(b, u, ub)?;
+        let act = self.glu.apply(b, g, u, dt)?;
+        let y = b.dot_general(act, down, down_over)?;
+        bias(b, y, db)
     }
 
-    /// [`Experts::mlp`] for one expert's `[I, H]`, `[I, H]`, `[H, I]` weights, weights on the
-    /// left: `x` `[rows, H]` gives the output transposed, `[H, rows]`.
-    fn mlp_t(&self, b: &mut Builder, x: Value, [gate, up, down]: [Value; 3]) -> Result<Value, HloError> {
+    /// [`Experts::mlp`] for one expert (weights `[I, H]`, `[I, H]`, `[H, I]`, biases `[I]`,
+    /// `[I]`, `[H]`), weights on the left: `x` `[rows, H]` gives the output transposed,
+    /// `[H, rows]`.
+    fn mlp_t(&self, b: &mut Builder, x: Value, dt: DType) -> Result<Value, HloError> {
+        let [gate, up, down] = [self.weights[0], self.weights[1], self.weights[2]];
+        let bias = |b: &mut Builder, v: Value, bias: Option<Value>| -> Result<Value, HloError> {
+            let Some(bias) = bias else { return Ok(v) };
+            let dims = b.dims(v)?.to_vec();
+            let bias = b.broadcast_in_dim(bias, &dims, &[0])?;
+            b.add(v, bias)
+        };
+        let [gb, ub, db] = self.biases.map_or([None; 3], |bs| bs.map(Some));
         let over = DotDims::contract(&[1], &[1]);
         let g = b.dot_general(gate, x, &over)?;
+        let g = bias(b, g, gb)?;
         let u = b.dot_general(up, x, &over)?;
-        let act = activate(b, self.activation, g, self.dt)?;
-        let act = b.mul(act, u)?;
-        b.dot_general(down, act, &DotDims::contract(&[1], &[0]))
+        let u = bias(b, u, ub)?;
+        let act = self.glu.apply(b, g, u, dt)?;
+        let y = b.dot_general(down, act, &DotDims::contract(&[1], &[0]))?;
+        bias(b, y, db)
     }
 }
 
@@ -195,12 +295,16 @@ struct Routing {
 }
 
 impl Routing {
-    fn new(b: &mut Builder, weights: Value, indices: Value, groups: usize) -> Result<Routing, HloError> {
-        let (t, k, e) = (b.dims(indices)?[0], b.dims(indices)?[1], b.dims(weights)?[1]);
+    fn new(
+        b: &mut Builder,
+        e: usize,
+        chosen_weights: Value,
+        indices: Value,
+        groups: usize,
+    ) -> Result<Routing, HloError> {
+        let (t, k) = (b.dims(indices)?[0], b.dims(indices)?[1]);
         let (n, a) = (t / groups, t / groups * k);
         let idx = b.convert(indices, DType::I32)?;
-        let idx3 = b.reshape(idx, &[t, k, 1])?;
-        let chosen_weights = b.take_along(weights, 0, &[1], idx3)?;
         let expert = b.reshape(idx, &[groups, a])?;
         let slot = b.iota(i32t(&[groups, a]), 1)?;
         let token = b.iota(i32t(&[groups, n, k]), 1)?;
@@ -226,9 +330,8 @@ impl Routing {
     /// (`⌈count / chunk⌉` products with its own weights; an expert no token chose costs
     /// nothing), writing its weighted outputs to the sorted rows; then each token sums its
     /// `k` rows. Needs one group.
-    fn per_expert(&self, b: &mut Builder, x: Value, w: &Experts, chunk: usize) -> Result<Value, HloError> {
+    fn per_expert(&self, b: &mut Builder, x: Value, w: &Experts, dt: DType, chunk: usize) -> Result<Value, HloError> {
         let (a, h, e) = (self.n * self.k, b.dims(x)?[1], self.e);
-        let dt = w.dt;
         let pad_i = b.splat(0.0, i32t(&[1, chunk]))?;
         let tokens = b.concatenate(&[self.sorted_token, pad_i], 1)?;
         let tokens = b.reshape(tokens, &[1, a + chunk, 1])?;
@@ -246,37 +349,40 @@ impl Routing {
         // Outputs transposed, one column per sorted choice (see below).
         let out = b.splat(0.0, TensorType::new(dt, &[h, a + chunk]))?;
         let zero = b.scalar(0.0, DType::I32)?;
-        let state = [zero, out, rows, slot_w, counts, starts, w.gate, w.up, w.down];
         let n_experts = b.scalar(e as f64, DType::I32)?;
+        let state = [zero, out, rows, slot_w, counts, starts, n_experts];
         let done = b.while_loop(
-            &[&state[..], &[n_experts]].concat(),
-            |b, s| b.compare(CompareDir::Lt, s[0], s[9]),
+            &[&state[..], &w.all()].concat(),
+            |b, s| b.compare(CompareDir::Lt, s[0], s[6]),
             |b, s| {
-                let [ex, out, rows, slot_w, counts, starts, gate, up, down, n_experts] =
-                    s.try_into().expect("the loop state");
+                let [ex, out, rows, slot_w, counts, starts, n_experts] = s[..7].try_into().expect("the loop state");
                 let zero = b.scalar(0.0, DType::I32)?;
                 let at = |b: &mut Builder, v: Value| -> Result<Value, HloError> {
                     let one = b.dynamic_slice(v, &[ex], &[1])?;
                     b.reshape(one, &[])
                 };
                 let (count, start) = (at(b, counts)?, at(b, starts)?);
+                // This expert's weights and biases.
                 let own = |b: &mut Builder, v: Value| -> Result<Value, HloError> {
                     let dims = b.dims(v)?.to_vec();
-                    let one = b.dynamic_slice(v, &[ex, zero, zero], &[1, dims[1], dims[2]])?;
+                    let mut starts = vec![ex];
+                    starts.resize(dims.len(), zero);
+                    let mut sizes = dims.clone();
+                    sizes[0] = 1;
+                    let one = b.dynamic_slice(v, &starts, &sizes)?;
                     b.reshape(one, &dims[1..])
                 };
-                let own = [own(b, gate)?, own(b, up)?, own(b, down)?];
-                let inner = [zero, out, rows, slot_w, count, start, own[0], own[1], own[2]];
+                let own: Vec<Value> = s[7..].iter().map(|&v| own(b, v)).collect::<Result<_, _>>()?;
+                let inner = [zero, out, rows, slot_w, count, start];
                 let out = b.while_loop(
-                    &inner,
+                    &[&inner[..], &own].concat(),
                     |b, s| {
                         let c = b.scalar(chunk as f64, DType::I32)?;
                         let done = b.mul(s[0], c)?;
                         b.compare(CompareDir::Lt, done, s[4])
                     },
                     |b, s| {
-                        let [j, out, rows, slot_w, count, start, gate, up, down] =
-                            s.try_into().expect("the chunk loop state");
+                        let [j, out, rows, slot_w, count, start] = s[..6].try_into().expect("the chunk loop state");
                         let zero = b.scalar(0.0, DType::I32)?;
                         let c = b.scalar(chunk as f64, DType::I32)?;
                         let done = b.mul(j, c)?;
@@ -285,7 +391,7 @@ impl Routing {
                         // Weights first, `[I, H]·xᵀ`: the CPU's kernels stream them as
                         // stored instead of repacking every expert's on each call, and the
                         // output stays transposed, `[H, chunk]`.
-                        let y = w.mlp_t(b, x, [gate, up, down])?;
+                        let y = w.with(&s[6..]).mlp_t(b, x, dt)?;
                         // Rows past the queue's end belong to later experts (which overwrite
                         // them) or to the padding: zero here.
                         let wts = b.dynamic_slice(slot_w, &[first], &[chunk])?;
@@ -299,11 +405,11 @@ impl Routing {
                         let y = b.mul(y, wts)?;
                         let out = b.dynamic_update_slice(out, y, &[zero, first])?;
                         let one = b.scalar(1.0, DType::I32)?;
-                        Ok(vec![b.add(j, one)?, out, rows, slot_w, count, start, gate, up, down])
+                        Ok([&[b.add(j, one)?, out, rows, slot_w, count, start], &s[6..]].concat())
                     },
                 )?[1];
                 let one = b.scalar(1.0, DType::I32)?;
-                Ok(vec![b.add(ex, one)?, out, rows, slot_w, counts, starts, gate, up, down, n_experts])
+                Ok([&[b.add(ex, one)?, out, rows, slot_w, counts, starts, n_experts], &s[7..]].concat())
             },
         )?[1];
         // Each token's k rows, summed.
@@ -319,9 +425,9 @@ impl Routing {
     /// On a mesh: rounds of `[groups, E, cap]` buffers, every expert's rows at positions
     /// `round·cap …` of its queue, through one batched product per projection (so experts
     /// split whole over `model` stay there), until the longest queue is done.
-    fn in_rounds(&self, b: &mut Builder, x: Value, w: &Experts, cap: usize) -> Result<Value, HloError> {
+    fn in_rounds(&self, b: &mut Builder, x: Value, w: &Experts, dt: DType, cap: usize) -> Result<Value, HloError> {
         let (groups, n, k, e, a) = (self.groups, self.n, self.k, self.e, self.n * self.k);
-        let (t, h, dt) = (groups * n, b.dims(x)?[1], w.dt);
+        let (t, h) = (groups * n, b.dims(x)?[1]);
         // Each slot's position in its expert's queue.
         let expert3 = b.reshape(self.expert, &[groups, a, 1])?;
         let start = b.take_along(self.starts, 0, &[1], expert3)?;
@@ -336,14 +442,14 @@ impl Routing {
             b.mul(round, c)
         };
         let out = b.while_loop(
-            &[&state[..], &[w.gate, w.up, w.down]].concat(),
+            &[&state[..], &w.all()].concat(),
             |b, s| {
                 let done = cap_rows(b, s[0])?;
                 b.compare(CompareDir::Lt, done, s[2])
             },
             |b, s| {
-                let [round, sum, longest, x, sorted_token, starts, expert, position, chosen_weights, gate, up, down] =
-                    s.try_into().expect("the loop state");
+                let [round, sum, longest, x, sorted_token, starts, expert, position, chosen_weights] =
+                    s[..9].try_into().expect("the loop state");
                 let first = cap_rows(b, round)?;
                 // Dispatch: queue rows first..first+cap of every expert, [groups, E, cap, H].
                 let gec = [groups, e, cap];
@@ -359,7 +465,7 @@ impl Routing {
                 let xd = b.take_along(xg, 0, &[1], rows)?;
                 // [groups, E, cap, H] x [E, I, H] over E -> [E, groups, cap, I], then down.
                 let over_e = DotDims::batched(&[1], &[0], &[3], &[2]);
-                let y = w.mlp(b, xd, [gate, up, down], &over_e, &DotDims::batched(&[0], &[0], &[3], &[2]))?;
+                let y = w.with(&s[9..]).mlp(b, xd, &over_e, &DotDims::batched(&[0], &[0], &[3], &[2]), dt)?;
                 // Combine: each slot whose position falls in this round takes its row.
                 let first_a = b.broadcast_in_dim(first, &[groups, a], &[])?;
                 let local = b.sub(position, first_a)?;
@@ -381,7 +487,7 @@ impl Routing {
                 let mine = b.reduce_sum(mine, &[1])?;
                 let one = b.scalar(1.0, DType::I32)?;
                 let next = [b.add(round, one)?, b.add(sum, mine)?, longest, x, sorted_token, starts, expert];
-                Ok([&next[..], &[position, chosen_weights, gate, up, down]].concat())
+                Ok([&next[..], &[position, chosen_weights], &s[9..]].concat())
             },
         )?;
         Ok(out[1])

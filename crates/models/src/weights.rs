@@ -265,23 +265,25 @@ impl Weights {
 
 /// The bytes of `slice` (elements of `size` bytes) taken from its stored tensor's `bytes`.
 fn slice_rows(slice: &Slice, size: usize, bytes: &[u8]) -> Vec<u8> {
-    let (rows, cols) = match slice.stored[..] {
-        [r, c] if slice.transposed => (c, r),
-        [r, c] => (r, c),
-        [r] => (r, 1),
-        // Stacked experts `[E, rows, cols]` (Gemma 4's fused gate_up), cut per expert.
-        [e, r, c] if !slice.transposed => (e * r, c),
+    // Stacked experts `[E, r, c]` (Gemma 4's fused gate_up; GPT-OSS's, stored `[in, out]`
+    // per expert) are cut per expert; a 2-D tensor is one expert.
+    let (experts, r, c) = match slice.stored[..] {
+        [e, r, c] => (e, r, c),
+        [r, c] => (1, r, c),
+        [r] => (1, r, 1),
         _ => unreachable!("slices are of 1-D, 2-D and stacked 3-D tensors"),
     };
+    let (rows, cols) = if slice.transposed { (experts * c, r) } else { (experts * r, c) };
     let row_bytes = cols * size;
     let row = |i: usize| -> std::borrow::Cow<'_, [u8]> {
         if !slice.transposed {
             return Cow::Borrowed(&bytes[i * row_bytes..(i + 1) * row_bytes]);
         }
-        // Row i of the transpose: column i of the stored [cols, rows] tensor.
+        // Row i of the transpose: column i % c of expert i / c's stored [r, c] matrix.
+        let (x, j) = (i / c, i % c);
         let mut out = Vec::with_capacity(row_bytes);
-        for j in 0..cols {
-            let at = (j * rows + i) * size;
+        for k in 0..r {
+            let at = ((x * r + k) * c + j) * size;
             out.extend_from_slice(&bytes[at..at + size]);
         }
         Cow::Owned(out)

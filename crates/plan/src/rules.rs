@@ -52,6 +52,8 @@ fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
         }
         ParamClass::AttnO | ParamClass::MlpDown => vec![vec![FSDP], vec![MODEL]],
         ParamClass::QBias | ParamClass::KBias | ParamClass::VBias | ParamClass::MlpUpBias => vec![vec![MODEL]],
+        // One per query head, split with the heads.
+        ParamClass::AttnSinks => vec![vec![MODEL]],
         ParamClass::Embedding => vec![vec![FSDP, MODEL], vec![]],
         ParamClass::LmHead => vec![vec![MODEL], vec![FSDP]],
         // Small, and added where the activations are whole: replicated.
@@ -66,6 +68,7 @@ fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
         ParamClass::ExpertGate | ParamClass::ExpertUp => vec![vec![MODEL], vec![], vec![FSDP]],
         ParamClass::ExpertDown => vec![vec![MODEL], vec![FSDP], vec![]],
         ParamClass::Router => vec![vec![], vec![]],
+        ParamClass::ExpertBias => vec![vec![MODEL], vec![]],
     }
 }
 

@@ -1,0 +1,236 @@
+//! GPT-OSS (`model_type` `gpt_oss`, gpt-oss-20b and -120b): a pre-norm decoder (RMSNorm with
+//! its gain applied in f32) whose attention has q/k/v/o biases and a learned sink per head
+//! (a logit each head's softmax includes and then drops), layers alternating between a
+//! sliding window (128) and full attention (`layer_types`), YaRN RoPE; every MLP is a routed
+//! mixture: a router with a bias, the `num_experts_per_tok` largest logits and a softmax over
+//! just those, experts with biases and a clamped SwiGLU, `(clamp(up, ±limit) + 1) · g ·
+//! σ(alpha · g)` with `g = min(gate, limit)`.
+//!
+//! ```text
+//! x = embed_tokens[input_ids]
+//! for each block i:
+//!     n = input_layernorm(x)
+//!     q, k, v = q_proj(n) + b, k_proj(n) + b, v_proj(n) + b
+//!     x = x + o_proj(attn(rope(q), rope(k), v; sinks)) + b   # hook_attn_out, hook_resid_mid
+//!     n = post_attention_layernorm(x)
+//!     logits = router(n) + b; top k logits -> softmax        # mlp.router.*
+//!     x = x + Σ_j w_j · expert_j(n)                          # hook_mlp_out, hook_resid_post
+//! norm(x)
+//! ```
+//!
+//! Weights: the experts as transformers stores them (`mlp.experts.gate_up_proj`
+//! `[E, hidden, 2·I]` with gate and up columns interleaved, `mlp.experts.down_proj`
+//! `[E, I, hidden]`, and their biases), cut and transposed per expert on read.
+
+use serde::{Deserialize, Serialize};
+use siphon_hlo::DType;
+
+use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::family::{Arch, Family};
+use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for, softmax_last};
+use crate::hf_config::{Defaults, need};
+use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::moe::{Experts, Glu};
+use crate::{HfConfig, ModelConfig, ModelError, Moe};
+
+/// The decoder with sinks and biased attention, and the biased mixture.
+pub(crate) const FAMILY: Family = Family {
+    arch: Arch::GptOss,
+    model_types: &["gpt_oss"],
+    architectures: &["GptOssForCausalLM"],
+    from_hf,
+    build,
+    params,
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::Moe],
+    renames: &[],
+};
+
+/// What only GPT-OSS's experts read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct GptOss {
+    /// The SwiGLU's `alpha` (1.702).
+    pub swiglu_alpha: f64,
+    /// Where gate and up are clamped (7).
+    pub swiglu_limit: f64,
+}
+
+/// GptOssConfig's: head_dim 64, eps 1e-5, untied, biases, a window of 128 on every other
+/// layer (the first sliding), RoPE base 150000.
+const DEFAULTS: Defaults = Defaults {
+    head_dim: Some(64),
+    norm_eps: 1e-5,
+    rope_theta: 150_000.0,
+    attention_bias: true,
+    windows,
+    ..Defaults::LLAMA
+};
+
+fn windows(c: &HfConfig, n_layers: usize, _: Arch) -> Result<Vec<Option<usize>>, ModelError> {
+    let Some(window) = c.sliding_window()?.unwrap_or(Some(128)) else {
+        return Err(ModelError::Config("gpt_oss config with sliding_window null".into()));
+    };
+    c.windows_by_types_or_every(n_layers, window, 2)
+}
+
+fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
+    let refuse = |what: &str| Err(ModelError::UnsupportedArch(format!("gpt_oss with {what}")));
+    if hf.attention_bias == Some(false) {
+        return refuse("attention_bias = false");
+    }
+    let (n_experts, top_k) = hf.experts()?;
+    let expert_size = need(hf.intermediate_size, "intermediate_size")?;
+    let gpt_oss = GptOss {
+        swiglu_alpha: hf.key("swiglu_alpha")?.unwrap_or(1.702),
+        swiglu_limit: hf.key("swiglu_limit")?.unwrap_or(7.0),
+    };
+    let c = hf.decoder(Arch::GptOss, &DEFAULTS)?;
+    if c.rope_scaling.is_none() {
+        // GptOssConfig's default rope_parameters.
+        return refuse("no rope_parameters (its default YaRN is not read from an absent key)");
+    }
+    let moe = Some(Moe { n_experts, top_k, norm_topk: false, expert_size });
+    Ok(ModelConfig { moe, qkv_bias: true, gpt_oss: Some(gpt_oss), ..c })
+}
+
+/// Every weight, in Hugging Face's names; the experts cut from transformers' fused tensors.
+fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let (h, q, kv) = (c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let moe = c.moe.as_ref().expect("gpt_oss configs have experts");
+    let (e, i) = (moe.n_experts, moe.expert_size);
+    let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
+    for l in 0..n_layers {
+        let name = |suffix: &str| format!("model.layers.{l}.{suffix}");
+        let mut p =
+            |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(name(suffix), shape, class, Some(l)));
+        p("input_layernorm.weight", &[h], Norm);
+        p("self_attn.q_proj.weight", &[q, h], AttnQ);
+        p("self_attn.q_proj.bias", &[q], QBias);
+        p("self_attn.k_proj.weight", &[kv, h], AttnK);
+        p("self_attn.k_proj.bias", &[kv], KBias);
+        p("self_attn.v_proj.weight", &[kv, h], AttnV);
+        p("self_attn.v_proj.bias", &[kv], VBias);
+        p("self_attn.o_proj.weight", &[h, q], AttnO);
+        p("self_attn.o_proj.bias", &[h], OBias);
+        p("self_attn.sinks", &[c.n_heads], AttnSinks);
+        p("post_attention_layernorm.weight", &[h], Norm);
+        p("mlp.router.weight", &[e, h], Router);
+        p("mlp.router.bias", &[e], Router);
+        p("mlp.experts.gate_up_proj_bias", &[e, 2 * i], ExpertBias);
+        p("mlp.experts.down_proj_bias", &[e, h], ExpertBias);
+        // gate_up_proj `[E, H, 2I]`: each expert's transpose, its even rows the gate, odd the up.
+        let fused = name("mlp.experts.gate_up_proj");
+        for (part, start, class) in [("gate", 0, ExpertGate), ("up", 1, ExpertUp)] {
+            let slice = Slice {
+                tensor: fused.clone(),
+                stored: vec![e, h, 2 * i],
+                transposed: true,
+                groups: e * i,
+                start,
+                len: 1,
+            };
+            out.push(ParamInfo::part(format!("{fused}[{part}]"), &[e, i, h], class, Some(l), slice));
+        }
+        let down = name("mlp.experts.down_proj");
+        let slice =
+            Slice { tensor: down.clone(), stored: vec![e, i, h], transposed: true, groups: 1, start: 0, len: e * h };
+        out.push(ParamInfo::part(down, &[e, h, i], ExpertDown, Some(l), slice));
+    }
+    out.push(ParamInfo::new("model.norm.weight", &[h], Norm, None));
+    if with_lm_head && !c.tie_word_embeddings {
+        out.push(ParamInfo::new("lm_head.weight", &[c.vocab_size, h], LmHead, None));
+    }
+    out
+}
+
+/// Builds the GPT-OSS forward for `spec`.
+fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    let (Arch::GptOss, Some(moe), Some(gpt_oss)) = (config.arch, &config.moe, config.gpt_oss) else {
+        return Err(ModelError::UnsupportedArch(format!("gpt_oss builder given a {:?} config", config.arch)));
+    };
+    use HookKind::*;
+    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
+    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut x = g.embed("model.embed_tokens.weight")?;
+    g.hook(HookPoint::model(Embed), x);
+    for layer in 0..n_blocks {
+        let at = |kind| HookPoint::block(layer, kind);
+        let p = |name: &str| format!("model.layers.{layer}.{name}");
+        g.hook(at(ResidPre), x);
+        let ln1 = g.rms_norm_with(x, &p("input_layernorm.weight"), Gain::F32)?;
+        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
+        let attn = attention(&mut g, ln1.out, layer)?;
+        g.hook(at(AttnOut), attn);
+        let h = g.b.add(x, attn)?;
+        g.hook(at(ResidMid), h);
+        let ln2 = g.rms_norm_with(h, &p("post_attention_layernorm.weight"), Gain::F32)?;
+        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
+        let mlp = mixture(&mut g, ln2.out, layer, moe, gpt_oss)?;
+        g.hook(at(MlpOut), mlp);
+        let out = g.b.add(h, mlp)?;
+        x = g.constrain_tokens(out)?;
+        g.hook(at(ResidPost), x);
+    }
+    g.finish_decoder(x, n_blocks, with_final_norm, Gain::F32)
+}
+
+/// `o_proj(attention(rope(q), rope(k), v; sinks)) + b` of block `layer` on its normed input.
+fn attention(g: &mut Graph<'_>, n: siphon_hlo::Value, layer: usize) -> Result<siphon_hlo::Value, ModelError> {
+    use HookKind::*;
+    let at = |kind| HookPoint::block(layer, kind);
+    let c = g.config;
+    let t = g.tokens();
+    let p = |name: &str| format!("model.layers.{layer}.self_attn.{name}");
+    let mut qkv = Vec::with_capacity(3);
+    for (name, kind) in [("q_proj", AttnQ), ("k_proj", AttnK), ("v_proj", AttnV)] {
+        let y = g.linear(n, &p(&format!("{name}.weight")), Some(&p(&format!("{name}.bias"))))?;
+        g.hook(at(kind), y);
+        qkv.push(y);
+    }
+    let (cos, sin) = g.layer_rope(layer)?;
+    let mask = g.layer_mask(layer)?;
+    let q = g.b.reshape(qkv[0], &[t, c.n_heads, c.head_dim])?;
+    let k = g.b.reshape(qkv[1], &[t, c.n_kv_heads, c.head_dim])?;
+    let (q, k) = (g.apply_rope(q, cos, sin)?, g.apply_rope(k, cos, sin)?);
+    g.hook(at(AttnRotQ), q);
+    g.hook(at(AttnRotK), k);
+    let q = g.b.reshape(q, &[t, c.n_heads * c.head_dim])?;
+    let k = g.b.reshape(k, &[t, c.n_kv_heads * c.head_dim])?;
+    let sinks = g.w(&p("sinks"))?;
+    let z = g.attend_with_sinks(layer, q, k, qkv[2], mask, Some(sinks))?;
+    g.linear(z, &p("o_proj.weight"), Some(&p("o_proj.bias")))
+}
+
+/// The routed mixture of block `layer` (GptOssMLP): router logits `x·Wᵀ + b`, the top k
+/// logits, softmax over them, the chosen experts with their biases and clamped SwiGLU.
+fn mixture(
+    g: &mut Graph<'_>,
+    x: siphon_hlo::Value,
+    layer: usize,
+    moe: &Moe,
+    gpt_oss: GptOss,
+) -> Result<siphon_hlo::Value, ModelError> {
+    use HookKind::*;
+    let at = |kind| HookPoint::block(layer, kind);
+    let p = |name: &str| format!("model.layers.{layer}.mlp.{name}");
+    let logits = g.linear(x, &p("router.weight"), Some(&p("router.bias")))?;
+    g.hook(at(MlpRouterLogits), logits);
+    let logits32 = g.b.convert(logits, DType::F32)?;
+    let (_, indices, values) = g.top_k_values(logits32, moe.top_k, false)?;
+    let chosen = softmax_last(&mut g.b, values)?;
+    let chosen = g.b.convert(chosen, g.dt)?;
+    g.hook(at(MlpExpertIndices), indices);
+    // The fused bias `[E, 2I]`: gate and up interleaved.
+    let (e, i) = (moe.n_experts, moe.expert_size);
+    let fused = g.w(&p("experts.gate_up_proj_bias"))?;
+    let fused = g.b.reshape(fused, &[e, i, 2])?;
+    let [gate_b, up_b] =
+        [0, 1].map(|part| g.b.slice_dim(fused, 2, part, part + 1).and_then(|b| g.b.reshape(b, &[e, i])));
+    let biases = Some([gate_b?, up_b?, g.w(&p("experts.down_proj_bias"))?]);
+    let weights = ["experts.gate_up_proj[gate]", "experts.gate_up_proj[up]", "experts.down_proj"]
+        .map(|n| g.w(&p(n)))
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let glu = Glu::Clamped { alpha: gpt_oss.swiglu_alpha, limit: gpt_oss.swiglu_limit };
+    g.routed(x, &Experts { weights, biases, glu }, chosen, indices)
+}
