@@ -406,3 +406,9 @@ fn bf16_every_hook_tracks_transformer_lens() {
         assert!(values.contains(&half::bf16::MIN.to_f32()), "{hook}: no masked key at bf16's lowest value");
     }
 }
+
+/// GPT-OSS: sinks, biases, windows, YaRN, the biased router and clamped SwiGLU experts.
+#[test]
+fn tiny_gpt_oss_every_hook_matches_transformer_lens() {
+    check_model("tiny-gpt-oss");
+}

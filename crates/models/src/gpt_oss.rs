@@ -23,7 +23,7 @@
 //! `[E, I, hidden]`, and their biases), cut and transposed per expert on read.
 
 use serde::{Deserialize, Serialize};
-use siphon_hlo::DType;
+use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::family::{Arch, Family};
@@ -41,7 +41,7 @@ pub(crate) const FAMILY: Family = Family {
     from_hf,
     build,
     params,
-    features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::Moe],
+    features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::Moe, Feature::TopKRouter],
     renames: &[],
 };
 
@@ -76,6 +76,10 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let refuse = |what: &str| Err(ModelError::UnsupportedArch(format!("gpt_oss with {what}")));
     if hf.attention_bias == Some(false) {
         return refuse("attention_bias = false");
+    }
+    if let Some(q) = hf.key::<serde_json::Value>("quantization_config")? {
+        let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("unknown");
+        return refuse(&format!("quantization_config {method} (read a bf16 or f32 checkpoint)"));
     }
     let (n_experts, top_k) = hf.experts()?;
     let expert_size = need(hf.intermediate_size, "intermediate_size")?;
@@ -175,7 +179,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 }
 
 /// `o_proj(attention(rope(q), rope(k), v; sinks)) + b` of block `layer` on its normed input.
-fn attention(g: &mut Graph<'_>, n: siphon_hlo::Value, layer: usize) -> Result<siphon_hlo::Value, ModelError> {
+fn attention(g: &mut Graph<'_>, n: Value, layer: usize) -> Result<Value, ModelError> {
     use HookKind::*;
     let at = |kind| HookPoint::block(layer, kind);
     let c = g.config;
@@ -203,13 +207,7 @@ fn attention(g: &mut Graph<'_>, n: siphon_hlo::Value, layer: usize) -> Result<si
 
 /// The routed mixture of block `layer` (GptOssMLP): router logits `x·Wᵀ + b`, the top k
 /// logits, softmax over them, the chosen experts with their biases and clamped SwiGLU.
-fn mixture(
-    g: &mut Graph<'_>,
-    x: siphon_hlo::Value,
-    layer: usize,
-    moe: &Moe,
-    gpt_oss: GptOss,
-) -> Result<siphon_hlo::Value, ModelError> {
+fn mixture(g: &mut Graph<'_>, x: Value, layer: usize, moe: &Moe, gpt_oss: GptOss) -> Result<Value, ModelError> {
     use HookKind::*;
     let at = |kind| HookPoint::block(layer, kind);
     let p = |name: &str| format!("model.layers.{layer}.mlp.{name}");
@@ -219,7 +217,21 @@ fn mixture(
     let (_, indices, values) = g.top_k_values(logits32, moe.top_k, false)?;
     let chosen = softmax_last(&mut g.b, values)?;
     let chosen = g.b.convert(chosen, g.dt)?;
+    g.hook(at(MlpRouterScores), chosen);
     g.hook(at(MlpExpertIndices), indices);
+    if g.wants(at(MlpExpertWeights)) {
+        // The scores at their experts' places, 0 elsewhere.
+        let (t, k, e) = (g.tokens(), moe.top_k, moe.n_experts);
+        let b = &mut g.b;
+        let each = b.broadcast_in_dim(indices, &[t, k, e], &[0, 1])?;
+        let ids = b.iota(TensorType::new(DType::F32, &[t, k, e]), 2)?;
+        let here = b.compare(CompareDir::Eq, each, ids)?;
+        let scores = b.broadcast_in_dim(chosen, &[t, k, e], &[0, 1])?;
+        let zero = b.splat(0.0, TensorType::new(g.dt, &[t, k, e]))?;
+        let placed = b.select(here, scores, zero)?;
+        let weights = b.reduce_sum(placed, &[1])?;
+        g.hook(at(MlpExpertWeights), weights);
+    }
     // The fused bias `[E, 2I]`: gate and up interleaved.
     let (e, i) = (moe.n_experts, moe.expert_size);
     let fused = g.w(&p("experts.gate_up_proj_bias"))?;
@@ -233,4 +245,36 @@ fn mixture(
         .collect::<Result<Vec<_>, _>>()?;
     let glu = Glu::Clamped { alpha: gpt_oss.swiglu_alpha, limit: gpt_oss.swiglu_limit };
     g.routed(x, &Experts { weights, biases, glu }, chosen, indices)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{HfConfig, ModelConfig, ModelError, RopeScaling};
+
+    fn parse(extra: &str) -> Result<ModelConfig, ModelError> {
+        let base = r#"{"model_type": "gpt_oss", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 8,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+            "num_experts_per_tok": 2, "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096}"#;
+        HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config()
+    }
+
+    #[test]
+    fn reads_gpt_oss_as_gptossconfig_does() {
+        let c = parse("").unwrap();
+        assert_eq!(c.layer_windows, vec![Some(128), None, Some(128), None]);
+        assert_eq!((c.head_dim, c.rms_norm_eps, c.rope_theta), (64, 1e-5, 150_000.0));
+        assert!(c.qkv_bias && !c.tie_word_embeddings);
+        let gpt_oss = c.gpt_oss.unwrap();
+        assert_eq!((gpt_oss.swiglu_alpha, gpt_oss.swiglu_limit), (1.702, 7.0));
+        let Some(RopeScaling::Yarn { factor, truncate, attention_factor, .. }) = c.rope_scaling else {
+            panic!("{:?}", c.rope_scaling)
+        };
+        assert_eq!((factor, truncate), (32.0, false));
+        assert!((attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
+        let err = parse(r#", "quantization_config": {"quant_method": "mxfp4"}"#).unwrap_err().to_string();
+        assert!(err.contains("gpt_oss with quantization_config mxfp4"), "{err}");
+        let err = parse(r#", "attention_bias": false"#).unwrap_err().to_string();
+        assert!(err.contains("attention_bias = false"), "{err}");
+    }
 }

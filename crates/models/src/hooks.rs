@@ -57,6 +57,7 @@ pub enum HookKind {
     MlpRouterLogits,
     MlpExpertWeights,
     MlpExpertIndices,
+    MlpRouterScores,
     MlpPost,
     MlpProjOut,
     FfnMlpNormed,
@@ -110,6 +111,9 @@ pub enum Feature {
     /// `router`, `experts`, `post_feedforward_layernorm_1`/`_2`, `pre_feedforward_layernorm_2`),
     /// where the config has it.
     MixtureBeside,
+    /// A router taking the top k logits and a softmax over just those, its hooks named
+    /// after it (GPT-OSS's `mlp.router.*`, `mlp.hook_router_scores`).
+    TopKRouter,
     /// Per-layer inputs mixed in after the MLP (Gemma 4's E2B/E4B: `per_layer_input_gate`,
     /// `per_layer_projection`, `post_per_layer_input_norm`), where the config has them.
     PerLayerInput,
@@ -287,6 +291,8 @@ kinds! {
         "routing weight of each expert (softmax, top-k kept and renormalised as the model says; 0 for the others)";
     MlpExpertIndices Block TopK "mlp.hook_expert_indices" ["mlp.gate.hook_expert_indices"]
         "the experts a token is routed to, most weighted first (as floats)";
+    MlpRouterScores Block TopK "mlp.hook_router_scores" []
+        "the router's softmax over the top k logits, one per chosen expert, in hook_expert_indices' order (GPT-OSS)";
     MlpPost Block Mlp "mlp.hook_post" ["mlp.out.hook_in"]
         "act(gate) * up (act(pre) in a plain MLP), the input of down_proj";
     MlpProjOut Block Model "mlp.hook_out" ["mlp.out.hook_out", "ln2_post.hook_in"]
@@ -357,6 +363,11 @@ const STRUCTURAL_ALIASES: &[(&str, When, HookKind)] = &[
     ("router.hook_in", When::Has(Feature::MixtureBeside), HookKind::ResidMid),
     ("pre_feedforward_layernorm_2.hook_in", When::Has(Feature::MixtureBeside), HookKind::ResidMid),
     ("post_feedforward_layernorm_1.hook_in", When::Has(Feature::MixtureBeside), HookKind::MlpProjOut),
+    // GPT-OSS's router, named `router`.
+    ("mlp.router.hook_in", When::Has(Feature::TopKRouter), HookKind::MlpIn),
+    ("mlp.router.hook_out", When::Has(Feature::TopKRouter), HookKind::MlpRouterLogits),
+    ("mlp.router.hook_expert_weights", When::Has(Feature::TopKRouter), HookKind::MlpExpertWeights),
+    ("mlp.router.hook_expert_indices", When::Has(Feature::TopKRouter), HookKind::MlpExpertIndices),
     // A mixture: the bridge names its input `mlp.hook_pre` and its output `mlp.hook_post`.
     ("mlp.hook_pre", When::Has(Feature::Moe), HookKind::MlpIn),
     ("mlp.hook_post", When::Has(Feature::Moe), HookKind::MlpOut),
@@ -418,6 +429,7 @@ impl HookKind {
             MlpPreLinear => Some(Feature::GatedMlp),
             MlpPre | MlpPost => Some(Feature::DenseMlp),
             MlpRouterLogits | MlpExpertWeights | MlpExpertIndices => Some(Feature::Moe),
+            MlpRouterScores => Some(Feature::TopKRouter),
             AttnVNormed => Some(Feature::VNorm),
             FfnMlpNormed | FfnRouterProbs | FfnExpertsIn | FfnExpertsOut | FfnExpertsNormed | FfnSum => {
                 Some(Feature::MixtureBeside)
