@@ -221,6 +221,13 @@ fn tiny_gpt_oss_matches_hf_at_every_hook() {
     check_tiny("tiny-gpt-oss");
 }
 
+/// GPT-OSS with MXFP4 experts as the hub stores them, HF's goldens from transformers loading
+/// that directory.
+#[test]
+fn tiny_gpt_oss_mxfp4_matches_hf_at_every_hook() {
+    check_tiny("tiny-gpt-oss-mxfp4");
+}
+
 /// OLMoE: Llama's block with whole-projection q/k norms and four experts, two per token.
 #[test]
 fn tiny_olmoe_matches_hf_at_every_hook() {

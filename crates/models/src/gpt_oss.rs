@@ -20,7 +20,9 @@
 //!
 //! Weights: the experts as transformers stores them (`mlp.experts.gate_up_proj`
 //! `[E, hidden, 2·I]` with gate and up columns interleaved, `mlp.experts.down_proj`
-//! `[E, I, hidden]`, and their biases), cut and transposed per expert on read.
+//! `[E, I, hidden]`, and their biases), cut and transposed per expert on read; or as the
+//! hub's checkpoints store them, MXFP4 (`quantization_config` `mxfp4`), dequantized on read
+//! to exactly transformers' values ([`crate::mxfp4`]).
 
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
@@ -52,6 +54,9 @@ pub struct GptOss {
     pub swiglu_alpha: f64,
     /// Where gate and up are clamped (7).
     pub swiglu_limit: f64,
+    /// The experts are stored as the hub's checkpoints store them, MXFP4
+    /// (`quantization_config` `mxfp4`: `…_blocks` and `…_scales`, [`crate::mxfp4`]).
+    pub mxfp4: bool,
 }
 
 /// GptOssConfig's: head_dim 64, eps 1e-5, untied, biases, a window of 128 on every other
@@ -77,15 +82,18 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if hf.attention_bias == Some(false) {
         return refuse("attention_bias = false");
     }
-    if let Some(q) = hf.key::<serde_json::Value>("quantization_config")? {
-        let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("unknown");
-        return refuse(&format!("quantization_config {method} (read a bf16 or f32 checkpoint)"));
-    }
+    let quantization = hf.key::<serde_json::Value>("quantization_config")?;
+    let mxfp4 = match quantization.as_ref().map(|q| q.get("quant_method").and_then(|m| m.as_str())) {
+        None => false,
+        Some(Some("mxfp4")) => true,
+        Some(method) => return refuse(&format!("quantization_config {}", method.unwrap_or("without quant_method"))),
+    };
     let (n_experts, top_k) = hf.experts()?;
     let expert_size = need(hf.intermediate_size, "intermediate_size")?;
     let gpt_oss = GptOss {
         swiglu_alpha: hf.key("swiglu_alpha")?.unwrap_or(1.702),
         swiglu_limit: hf.key("swiglu_limit")?.unwrap_or(7.0),
+        mxfp4,
     };
     let c = hf.decoder(Arch::GptOss, &DEFAULTS)?;
     if c.rope_scaling.is_none() {
@@ -122,22 +130,22 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
         p("mlp.router.bias", &[e], Router);
         p("mlp.experts.gate_up_proj_bias", &[e, 2 * i], ExpertBias);
         p("mlp.experts.down_proj_bias", &[e, h], ExpertBias);
-        // gate_up_proj `[E, H, 2I]`: each expert's transpose, its even rows the gate, odd the up.
+        // gate_up_proj: transformers' `[E, H, 2I]` (transposed per expert) or MXFP4's `[E, 2I, H]`,
+        // the gate in the even rows, the up in the odd; down_proj `[E, I, H]` or `[E, H, I]`.
+        let mxfp4 = c.gpt_oss.is_some_and(|g| g.mxfp4);
+        let stored = |base: &str, rows: usize, cols: usize| match mxfp4 {
+            true => (format!("{base}_blocks"), vec![e, rows, cols], false),
+            false => (base.to_string(), vec![e, cols, rows], true),
+        };
         let fused = name("mlp.experts.gate_up_proj");
         for (part, start, class) in [("gate", 0, ExpertGate), ("up", 1, ExpertUp)] {
-            let slice = Slice {
-                tensor: fused.clone(),
-                stored: vec![e, h, 2 * i],
-                transposed: true,
-                groups: e * i,
-                start,
-                len: 1,
-            };
+            let (tensor, stored, transposed) = stored(&fused, 2 * i, h);
+            let slice = Slice { tensor, stored, transposed, groups: e * i, start, len: 1 };
             out.push(ParamInfo::part(format!("{fused}[{part}]"), &[e, i, h], class, Some(l), slice));
         }
         let down = name("mlp.experts.down_proj");
-        let slice =
-            Slice { tensor: down.clone(), stored: vec![e, i, h], transposed: true, groups: 1, start: 0, len: e * h };
+        let (tensor, stored, transposed) = stored(&down, h, i);
+        let slice = Slice { tensor, stored, transposed, groups: 1, start: 0, len: e * h };
         out.push(ParamInfo::part(down, &[e, h, i], ExpertDown, Some(l), slice));
     }
     out.push(ParamInfo::new("model.norm.weight", &[h], Norm, None));
@@ -272,8 +280,9 @@ mod tests {
         };
         assert_eq!((factor, truncate), (32.0, false));
         assert!((attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
-        let err = parse(r#", "quantization_config": {"quant_method": "mxfp4"}"#).unwrap_err().to_string();
-        assert!(err.contains("gpt_oss with quantization_config mxfp4"), "{err}");
+        assert!(parse(r#", "quantization_config": {"quant_method": "mxfp4"}"#).unwrap().gpt_oss.unwrap().mxfp4);
+        let err = parse(r#", "quantization_config": {"quant_method": "fp8"}"#).unwrap_err().to_string();
+        assert!(err.contains("gpt_oss with quantization_config fp8"), "{err}");
         let err = parse(r#", "attention_bias": false"#).unwrap_err().to_string();
         assert!(err.contains("attention_bias = false"), "{err}");
     }

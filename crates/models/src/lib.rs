@@ -19,6 +19,7 @@ mod llama;
 mod mistral;
 mod mixtral;
 mod moe;
+mod mxfp4;
 mod olmo2;
 mod olmo3;
 mod olmoe;

@@ -117,8 +117,48 @@ impl SafeTensorsSet {
     }
 
     pub(crate) fn meta(&self, name: &str) -> Result<TensorMeta, ModelError> {
+        if let Some((shape, _, _)) = self.mxfp4_parts(name)? {
+            return Ok(TensorMeta { name: name.into(), shape, stored: "MXFP4".into() });
+        }
         let (_, info) = self.entry(name)?;
         Ok(TensorMeta { name: name.into(), shape: info.shape.clone(), stored: format!("{:?}", info.dtype) })
+    }
+
+    /// The values of `name` when it is an MXFP4 tensor (`name` = `…_blocks`, U8, beside its
+    /// `…_scales`), with its dequantized shape ([`crate::mxfp4`]); `None` for any other tensor.
+    pub(crate) fn mxfp4(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>, ModelError> {
+        Ok(self.mxfp4_parts(name)?.map(|(shape, blocks, scales)| (shape, crate::mxfp4::dequantize(blocks, scales))))
+    }
+
+    fn mxfp4_parts(&self, name: &str) -> Result<Option<(Vec<usize>, &[u8], &[u8])>, ModelError> {
+        let Some(base) = name.strip_suffix("_blocks") else { return Ok(None) };
+        let (_, blocks) = self.entry(name)?;
+        let Some((_, scales)) = self.by_name.get(&format!("{base}_scales")) else { return Ok(None) };
+        if blocks.dtype != Dtype::U8 || scales.dtype != Dtype::U8 {
+            return Ok(None);
+        }
+        let [groups @ .., 16] = &blocks.shape[..] else {
+            return Err(ModelError::Corrupt {
+                path: self.describe.clone().into(),
+                detail: format!("MXFP4 tensor {name:?} has shape {:?}, not […, 16]", blocks.shape),
+            });
+        };
+        if *groups != scales.shape[..] {
+            return Err(ModelError::Corrupt {
+                path: self.describe.clone().into(),
+                detail: format!("MXFP4 tensor {name:?} {:?} and its scales {:?} differ", blocks.shape, scales.shape),
+            });
+        }
+        let mut shape = groups.to_vec();
+        *shape.last_mut().expect("blocks have a group dimension") *= 32;
+        Ok(Some((shape, self.bytes(name)?, self.bytes(&format!("{base}_scales"))?)))
+    }
+
+    fn bytes(&self, name: &str) -> Result<&[u8], ModelError> {
+        let (idx, info) = self.entry(name)?;
+        let file = &self.files[*idx];
+        let (a, b) = info.data_offsets;
+        Ok(&file.mmap[file.data_start + a..file.data_start + b])
     }
 
     pub(crate) fn raw(&self, name: &str) -> Result<(Stored, Vec<usize>, &[u8]), ModelError> {
@@ -135,9 +175,6 @@ impl SafeTensorsSet {
                 )));
             }
         };
-        // read_metadata checked that offsets are in order and end at the file's end.
-        let (a, b) = info.data_offsets;
-        let bytes = &file.mmap[file.data_start + a..file.data_start + b];
-        Ok((stored, info.shape.clone(), bytes))
+        Ok((stored, info.shape.clone(), self.bytes(name)?))
     }
 }

@@ -213,3 +213,50 @@ fn hf_dir_tokenizer_follows_tokenizer_config_like_transformers() {
     let err = siphon_models::TextTokenizer::from_hf_dir(tmp.path()).unwrap_err();
     assert!(err.to_string().contains("tokenizer_config.json"), "{err}");
 }
+
+/// The same bits, or both NaN.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+}
+
+/// GPT-OSS's experts stored as the hub stores them (MXFP4 blocks and scales): read to exactly
+/// the values transformers' `convert_moe_packed_tensors` gives (its parameter layout, `x @ W`,
+/// against siphon's `[out, in]` halves), in f32 and bf16, and every byte under the extreme
+/// scales (subnormal, overflowing) as transformers dequantizes them.
+#[test]
+fn mxfp4_experts_read_to_transformers_values_bit_for_bit() {
+    let dir = fixture("tiny-gpt-oss-mxfp4");
+    let m = LoadedModel::open(&dir).unwrap();
+    assert!(m.config.gpt_oss.unwrap().mxfp4);
+    m.check_weights(m.config.n_layers).unwrap();
+    let want = siphon_models::Weights::from_safetensors_file(&dir.join("dequantized.safetensors")).unwrap();
+    let params = m.config.params(m.config.n_layers, false);
+    let param = |name: &str| params.iter().find(|p| p.name == name).unwrap();
+    let (e, i, h) = (4, 32, 64);
+    for l in 0..m.config.n_layers {
+        let p = |s: &str| format!("model.layers.{l}.mlp.experts.{s}");
+        // transformers: gate_up_proj [E, H, 2I] with gate and up interleaved; down_proj [E, I, H].
+        let gate_up = want.get(&p("gate_up_proj"), DType::F32).unwrap().to_f32_vec();
+        let down = want.get(&p("down_proj"), DType::F32).unwrap().to_f32_vec();
+        for dtype in [DType::F32, DType::Bf16] {
+            for (part, start) in [("gate", 0), ("up", 1)] {
+                let got = m.weights.load(param(&p(&format!("gate_up_proj[{part}]"))), dtype).unwrap().to_f32_vec();
+                let theirs: Vec<f32> = (0..e * i * h)
+                    .map(|n| {
+                        let (x, r, c) = (n / (i * h), n / h % i, n % h);
+                        gate_up[(x * h + c) * 2 * i + 2 * r + start]
+                    })
+                    .collect();
+                assert!(same_bits(&got, &theirs), "layer {l} {part} ({dtype:?})");
+            }
+            let got = m.weights.load(param(&p("down_proj")), dtype).unwrap().to_f32_vec();
+            let theirs: Vec<f32> = (0..e * h * i).map(|n| down[(n / (h * i) * i + n % i) * h + n / i % h]).collect();
+            assert!(same_bits(&got, &theirs), "layer {l} down ({dtype:?})");
+        }
+    }
+    let edge = want.get("edge_blocks", DType::F32).unwrap();
+    assert_eq!(edge.shape, vec![7, 512]);
+    let theirs = want.get("edge_dequantized", DType::F32).unwrap().to_f32_vec();
+    assert!(same_bits(&edge.to_f32_vec(), &theirs), "every byte under scales 0, 1, 126, 127, 128, 254, 255");
+    assert!(theirs.iter().any(|v| v.is_infinite()) && theirs.iter().any(|v| v.is_subnormal()));
+}
