@@ -16,6 +16,19 @@ use crate::ModelError;
 use crate::weights::{Stored, TensorMeta};
 
 /// One or more mapped safetensors files with a name → file index.
+/// An MXFP4 tensor's dequantized shape and values.
+pub(crate) struct Dequantized {
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+/// An MXFP4 tensor's dequantized shape, and its stored blocks and scales.
+struct Mxfp4Parts<'a> {
+    shape: Vec<usize>,
+    blocks: &'a [u8],
+    scales: &'a [u8],
+}
+
 pub(crate) struct SafeTensorsSet {
     files: Vec<MappedFile>,
     by_name: HashMap<String, (usize, TensorInfo)>,
@@ -117,8 +130,8 @@ impl SafeTensorsSet {
     }
 
     pub(crate) fn meta(&self, name: &str) -> Result<TensorMeta, ModelError> {
-        if let Some((shape, _, _)) = self.mxfp4_parts(name)? {
-            return Ok(TensorMeta { name: name.into(), shape, stored: "MXFP4".into() });
+        if let Some(parts) = self.mxfp4_parts(name)? {
+            return Ok(TensorMeta { name: name.into(), shape: parts.shape, stored: "MXFP4".into() });
         }
         let (_, info) = self.entry(name)?;
         Ok(TensorMeta { name: name.into(), shape: info.shape.clone(), stored: format!("{:?}", info.dtype) })
@@ -126,11 +139,13 @@ impl SafeTensorsSet {
 
     /// The values of `name` when it is an MXFP4 tensor (`name` = `…_blocks`, U8, beside its
     /// `…_scales`), with its dequantized shape ([`crate::mxfp4`]); `None` for any other tensor.
-    pub(crate) fn mxfp4(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>, ModelError> {
-        Ok(self.mxfp4_parts(name)?.map(|(shape, blocks, scales)| (shape, crate::mxfp4::dequantize(blocks, scales))))
+    pub(crate) fn mxfp4(&self, name: &str) -> Result<Option<Dequantized>, ModelError> {
+        Ok(self
+            .mxfp4_parts(name)?
+            .map(|p| Dequantized { shape: p.shape, values: crate::mxfp4::dequantize(p.blocks, p.scales) }))
     }
 
-    fn mxfp4_parts(&self, name: &str) -> Result<Option<(Vec<usize>, &[u8], &[u8])>, ModelError> {
+    fn mxfp4_parts(&self, name: &str) -> Result<Option<Mxfp4Parts<'_>>, ModelError> {
         let Some(base) = name.strip_suffix("_blocks") else { return Ok(None) };
         let (_, blocks) = self.entry(name)?;
         let Some((_, scales)) = self.by_name.get(&format!("{base}_scales")) else { return Ok(None) };
@@ -151,7 +166,7 @@ impl SafeTensorsSet {
         }
         let mut shape = groups.to_vec();
         *shape.last_mut().expect("blocks have a group dimension") *= 32;
-        Ok(Some((shape, self.bytes(name)?, self.bytes(&format!("{base}_scales"))?)))
+        Ok(Some(Mxfp4Parts { shape, blocks: self.bytes(name)?, scales: self.bytes(&format!("{base}_scales"))? }))
     }
 
     fn bytes(&self, name: &str) -> Result<&[u8], ModelError> {

@@ -215,10 +215,10 @@ impl Weights {
         let name = &*self.resolve(name);
         match &self.inner {
             Inner::SafeTensors(s) => {
-                if let Some((shape, values)) = s.mxfp4(name)? {
-                    let mut data = vec![0u8; values.len() * dtype.size()];
-                    encode_into(dtype, &values, &mut data);
-                    return Ok(HostTensor { dtype, shape, data: Cow::Owned(data) });
+                if let Some(t) = s.mxfp4(name)? {
+                    let mut data = vec![0u8; t.values.len() * dtype.size()];
+                    encode_into(dtype, &t.values, &mut data);
+                    return Ok(HostTensor { dtype, shape: t.shape, data: Cow::Owned(data) });
                 }
                 let (stored, shape, bytes) = s.raw(name)?;
                 let data = convert_bytes(stored, bytes, dtype);
