@@ -2,8 +2,8 @@
 
 Builds (once, cached) a model with random weights of one family's shape (`--family`:
 Qwen2.5-0.5B, Gemma 2 2B's widths with 6 of its 26 layers so that two f32 copies fit in
-this machine's memory, Gemma 4's default widths with 6 layers, GPT-2 small, or
-Qwen3-30B-A3B's widths with 2 of its 48 layers), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
+this machine's memory, Gemma 4's default widths with 6 layers, GPT-2 small,
+Qwen3-30B-A3B's widths with 2 of its 48 layers, or gpt-oss-20b's with 2 of its 24), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
 the Rust bench server (`bench_forward` example, a child process) on the same weights and
 input, with the same thread count. Reports medians, and the max-abs difference of the final
 hidden state as a sanity check.
@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import (Gemma2Config, Gemma2Model, Gemma4TextConfig, Gemma4TextModel, GPT2Config, GPT2Model, Qwen2Config,
+from transformers import (Gemma2Config, Gemma2Model, Gemma4TextConfig, Gemma4TextModel, GPT2Config, GPT2Model, GptOssConfig, GptOssModel, Qwen2Config,
                           Qwen2Model, Qwen3MoeConfig, Qwen3MoeModel)
 
 QWEN2 = dict(
@@ -103,6 +103,26 @@ QWEN3_MOE = dict(
     hidden_act="silu",
 )
 
+# gpt-oss-20b's widths (vocab 201088, hidden 2880, 64 heads of 64 with 8 KV heads, 32 experts
+# 2880 wide, 4 per token, sinks, YaRN, a window of 128 on every other layer), 2 of its 24 layers.
+GPT_OSS = dict(
+    vocab_size=201088,
+    hidden_size=2880,
+    intermediate_size=2880,
+    num_hidden_layers=2,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    num_local_experts=32,
+    num_experts_per_tok=4,
+    sliding_window=128,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                     "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+    tie_word_embeddings=False,
+)
+
 # GPT-2 small (124M).
 GPT2 = dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024, activation_function="gelu_new")
 
@@ -114,7 +134,12 @@ FAMILIES = {
     "gemma4": (GEMMA4, Gemma4TextConfig, Gemma4TextModel, "Gemma4ForCausalLM", "model.", "gemma4_text"),
     "gpt2": (GPT2, GPT2Config, GPT2Model, "GPT2LMHeadModel", "", "gpt2"),
     "qwen3_moe": (QWEN3_MOE, Qwen3MoeConfig, Qwen3MoeModel, "Qwen3MoeForCausalLM", "model.", "qwen3_moe"),
+    "gpt_oss": (GPT_OSS, GptOssConfig, GptOssModel, "GptOssForCausalLM", "model.", "gpt_oss"),
 }
+
+# Families whose checkpoints on the hub store one tensor per expert (transformers fuses them in
+# memory); GPT-OSS's are stored fused, as transformers holds them.
+PER_EXPERT = {"qwen3_moe"}
 
 
 def to_hub(state):
@@ -170,7 +195,9 @@ def make_model(model_dir, family, batch, seq):
             for name, p in model.named_parameters():
                 if name.endswith(".bias"):
                     p.normal_(0.0, 0.02)
-        state = {prefix + k: v for k, v in to_hub(model.state_dict()).items() if not k.endswith(".attn.bias")}
+        state = model.state_dict()
+        state = to_hub(state) if family in PER_EXPERT else {k: v.contiguous() for k, v in state.items()}
+        state = {prefix + k: v for k, v in state.items() if not k.endswith(".attn.bias")}
         save_file(state, weights_path + ".tmp")
         os.replace(weights_path + ".tmp", weights_path)
         cfg = dict(shape, model_type=model_type, architectures=[architecture], torch_dtype="float32")
@@ -180,7 +207,8 @@ def make_model(model_dir, family, batch, seq):
         from safetensors.torch import load_file
 
         state = load_file(weights_path)
-        model.load_state_dict(from_hub({k[len(prefix):]: v for k, v in state.items()}), strict=False)
+        state = {k[len(prefix):]: v for k, v in state.items()}
+        model.load_state_dict(from_hub(state) if family in PER_EXPERT else state, strict=False)
     rng = np.random.default_rng(1)
     ids = rng.integers(0, shape["vocab_size"], size=(batch, seq), dtype=np.int32)
     ids.tofile(os.path.join(model_dir, "input_ids.bin"))
