@@ -19,7 +19,8 @@
 //!
 //! Dispatch on a mesh ([`Routing::in_rounds`]): rounds of `[experts, capacity]` buffers,
 //! each holding the rows at positions `round·capacity …` of every queue, through one
-//! batched product per projection, so that experts split whole over `model` (expert
+//! batched product per projection (weights on the left too), so that experts split whole
+//! over `model` (expert
 //! parallelism) stay where they are; each choice adds its output, times its router weight,
 //! to its token. Rounds repeat on the device until the longest queue is done. Compute:
 //! `experts · capacity · rounds` rows; the automatic capacity (the mean load plus three of a
@@ -222,53 +223,29 @@ impl Experts {
         Experts { weights: values[..3].to_vec(), biases, glu: self.glu }
     }
 
-    /// `down(glu(gate(x), up(x)))` with the dot dimensions `over` of `x` against `gate` and
-    /// `up`, and `down_over` of the product against `down`; the results are
-    /// `[E, …, I]` / `[E, …, H]` with the experts first (the biases broadcast over the rest).
-    fn mlp(
-        &self,
-        b: &mut Builder,
-        x: Value,
-        over: &DotDims,
-        down_over: &DotDims,
-        dt: DType,
-    ) -> Result<Value, HloError> {
-        let [gate, up, down] = [self.weights[0], self.weights[1], self.weights[2]];
-        let bias = |b: &mut Builder, v: Value, bias: Option<Value>| -> Result<Value, HloError> {
-            let Some(bias) = bias else { return Ok(v) };
-            let dims = b.dims(v)?.to_vec();
-            let bias = b.broadcast_in_dim(bias, &dims, &[0, dims.len() - 1])?;
-            b.add(v, bias)
-        };
-        let [gb, ub, db] = self.biases.map_or([None; 3], |bs| bs.map(Some));
-        let g = b.dot_general(x, gate, over)?;
-        let g = bias(b, g, gb)?;
-        let u = b.dot_general(x, up, over)?;
-        let u = bias(b, u, ub)?;
-        let act = self.glu.apply(b, g, u, dt)?;
-        let y = b.dot_general(act, down, down_over)?;
-        bias(b, y, db)
-    }
-
-    /// [`Experts::mlp`] for one expert (weights `[I, H]`, `[I, H]`, `[H, I]`, biases `[I]`,
-    /// `[I]`, `[H]`), weights on the left: `x` `[rows, H]` gives the output transposed,
-    /// `[H, rows]`.
+    /// `down(glu(gate(x), up(x)))`, weights on the left (`W·xᵀ`: the CPU's kernels then stream
+    /// the weights as stored, packing only the few token rows), for one expert (weights
+    /// `[I, H]`, `[I, H]`, `[H, I]`, biases `[I]`, `[I]`, `[H]`, `x` `[rows, H]`) or for every
+    /// expert at once (each with an `[E]` dimension first, `x` `[E, rows, H]`): the output
+    /// transposed, `[H, rows]` or `[E, H, rows]`.
     fn mlp_t(&self, b: &mut Builder, x: Value, dt: DType) -> Result<Value, HloError> {
         let [gate, up, down] = [self.weights[0], self.weights[1], self.weights[2]];
+        let batch: Vec<usize> = (0..b.dims(gate)?.len() - 2).collect();
+        let n = batch.len();
         let bias = |b: &mut Builder, v: Value, bias: Option<Value>| -> Result<Value, HloError> {
             let Some(bias) = bias else { return Ok(v) };
             let dims = b.dims(v)?.to_vec();
-            let bias = b.broadcast_in_dim(bias, &dims, &[0])?;
+            let bias = b.broadcast_in_dim(bias, &dims, &(0..=n).collect::<Vec<_>>())?;
             b.add(v, bias)
         };
         let [gb, ub, db] = self.biases.map_or([None; 3], |bs| bs.map(Some));
-        let over = DotDims::contract(&[1], &[1]);
+        let over = DotDims::batched(&batch, &batch, &[n + 1], &[n + 1]);
         let g = b.dot_general(gate, x, &over)?;
         let g = bias(b, g, gb)?;
         let u = b.dot_general(up, x, &over)?;
         let u = bias(b, u, ub)?;
         let act = self.glu.apply(b, g, u, dt)?;
-        let y = b.dot_general(down, act, &DotDims::contract(&[1], &[0]))?;
+        let y = b.dot_general(down, act, &DotDims::batched(&batch, &batch, &[n + 1], &[n]))?;
         bias(b, y, db)
     }
 }
@@ -463,9 +440,11 @@ impl Routing {
                 let rows = b.reshape(rows, &[groups, e, cap, 1])?;
                 let xg = b.reshape(x, &[groups, n, h])?;
                 let xd = b.take_along(xg, 0, &[1], rows)?;
-                // [groups, E, cap, H] x [E, I, H] over E -> [E, groups, cap, I], then down.
-                let over_e = DotDims::batched(&[1], &[0], &[3], &[2]);
-                let y = w.with(&s[9..]).mlp(b, xd, &over_e, &DotDims::batched(&[0], &[0], &[3], &[2]), dt)?;
+                let xd = b.transpose(xd, &[1, 0, 2, 3])?;
+                let xd = b.reshape(xd, &[e, groups * cap, h])?;
+                // Every expert at once, [E, H, groups·cap], then as [E, H, groups, cap].
+                let y = w.with(&s[9..]).mlp_t(b, xd, dt)?;
+                let y = b.reshape(y, &[e, h, groups, cap])?;
                 // Combine: each slot whose position falls in this round takes its row.
                 let first_a = b.broadcast_in_dim(first, &[groups, a], &[])?;
                 let local = b.sub(position, first_a)?;
@@ -476,7 +455,7 @@ impl Routing {
                 let here = b.and(lo, hi)?;
                 let pick = [b.reshape(expert, &[groups, a, 1])?, b.reshape(local, &[groups, a, 1])?];
                 let pick = b.concatenate(&pick, 2)?;
-                let mine = b.take_along(y, 1, &[0, 2], pick)?;
+                let mine = b.take_along(y, 2, &[0, 3], pick)?;
                 let mine = b.reshape(mine, &[t, k, h])?;
                 let here = b.reshape(here, &[t, k])?;
                 let here = b.broadcast_in_dim(here, &[t, k, h], &[0, 1])?;
