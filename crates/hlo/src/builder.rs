@@ -301,6 +301,11 @@ impl Builder {
         self.unary("log", a, Kind::Float)
     }
 
+    /// `log(1 + a)`, accurate near 0.
+    pub fn log_plus_one(&mut self, a: Value) -> Result<Value> {
+        self.unary("log_plus_one", a, Kind::Float)
+    }
+
     /// `1 / (1 + e^-a)`.
     pub fn logistic(&mut self, a: Value) -> Result<Value> {
         self.unary("logistic", a, Kind::Float)
@@ -758,6 +763,27 @@ impl Builder {
             }
         }
         Ok(())
+    }
+
+    /// `x` solving `a · x = b` for `a` lower triangular with an implied unit diagonal (its
+    /// diagonal and upper triangle are not read), batched over the leading dimensions:
+    /// `a [.., n, n]`, `b [.., n, m]` (`stablehlo.triangular_solve`, left side).
+    pub fn solve_unit_lower(&mut self, a: Value, b: Value) -> Result<Value> {
+        let ta = self.ty_of("triangular_solve", a)?.clone();
+        let tb = self.ty_of("triangular_solve", b)?.clone();
+        Kind::Float.check("triangular_solve", &ta)?;
+        let (ra, rb) = (ta.rank(), tb.rank());
+        let square = ra >= 2 && ta.dims()[ra - 1] == ta.dims()[ra - 2];
+        if !square || rb != ra || tb.dtype() != ta.dtype() || tb.dims()[..rb - 1] != ta.dims()[..ra - 1] {
+            return Err(shape_err("triangular_solve", format!("a {ta} and b {tb}")));
+        }
+        let line = format!(
+            "\"stablehlo.triangular_solve\"({}, {}) {{left_side = true, lower = true, unit_diagonal = true, \
+             transpose_a = #stablehlo<transpose NO_TRANSPOSE>}} : ({ta}, {tb}) -> {tb}",
+            self.name(a),
+            self.name(b),
+        );
+        Ok(self.emit(line, tb))
     }
 
     // ---------------------------------------------------------------- sort, loops

@@ -272,3 +272,41 @@ fn sort_gather_and_while_match_rust() {
     assert_eq!(got[4], vec![3.0], "three iterations");
     assert_eq!(got[5], x_v.iter().map(|v| v * 3.0).collect::<Vec<_>>(), "x * (0 + 1 + 2)");
 }
+
+/// `solve_unit_lower` (batched, the diagonal and upper triangle ignored) and `log_plus_one`
+/// against forward substitution and `ln_1p` in Rust.
+#[test]
+fn triangular_solve_and_log_plus_one_match_rust() {
+    let (batch, n, m) = (2, 5, 3);
+    let mut b = Builder::new("solve");
+    let a = b.arg(f32t(&[batch, n, n]), None).unwrap();
+    let rhs = b.arg(f32t(&[batch, n, m]), None).unwrap();
+    let x = b.solve_unit_lower(a, rhs).unwrap();
+    let small = b.arg(f32t(&[4]), None).unwrap();
+    let l1p = b.log_plus_one(small).unwrap();
+    assert!(b.solve_unit_lower(rhs, a).is_err(), "a non-square system is refused");
+    let text = b.finish(&[x, l1p]).unwrap();
+    let (av, bv) = (data(batch * n * n, 3), data(batch * n * m, 4));
+    let tiny = [1e-7f32, -0.5, 2.0, 0.0];
+    let out = run_single(
+        &text,
+        &[
+            HostArray::from_slice(&[batch, n, n], &av).unwrap(),
+            HostArray::from_slice(&[batch, n, m], &bv).unwrap(),
+            HostArray::from_slice(&[4], &tiny).unwrap(),
+        ],
+    );
+    let mut want = vec![0f32; batch * n * m];
+    for g in 0..batch {
+        for i in 0..n {
+            for c in 0..m {
+                let below: f64 = (0..i)
+                    .map(|j| av[(g * n + i) * n + j] as f64 * want[(g * n + j) * m + c] as f64)
+                    .sum();
+                want[(g * n + i) * m + c] = (bv[(g * n + i) * m + c] as f64 - below) as f32;
+            }
+        }
+    }
+    close(&out[0], &want, 1e-5, "solve_unit_lower");
+    close(&out[1], &tiny.map(f32::ln_1p), 1e-7, "log_plus_one");
+}
