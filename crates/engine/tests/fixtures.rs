@@ -119,7 +119,13 @@ fn check_goldens_with(
             assert_eq!(got.shape()[1..], shape[1..], "{name} {side} {hook}");
             let (diff, scale) = masked_diff(&got.to_f32(), want, &g.mask, d);
             assert!(scale > 0.1, "{name} {side} {hook}: golden values are not trivially small");
-            assert!(diff <= 1e-4, "{name} {side} {hook}: max-abs difference {diff:e} > 1e-4");
+            // 1e-4 of the hook's scale (absolute below 1): the hybrids' residual streams reach
+            // tens after 70 tokens, where f32 summation order alone differs by that much.
+            let tolerance = 1e-4 * scale.max(1.0);
+            assert!(
+                diff <= tolerance,
+                "{name} {side} {hook}: max-abs difference {diff:e} > {tolerance:e} (scale {scale})"
+            );
         }
     }
 }
@@ -260,6 +266,20 @@ fn mixtures_match_hf_at_any_capacity_and_on_a_mesh() {
             let options = EngineOptions { mesh: mesh.clone(), expert_capacity: capacity, ..EngineOptions::default() };
             check_goldens_with(&format!("{name} on 2x4 at {capacity:?}"), &model, &tiny_goldens(name), &options);
         }
+    }
+}
+
+/// The hybrids (Gated DeltaNet and gated full attention, rows past one chunk of the
+/// recurrence and not a multiple of it, padded on either side), on one device and on a 2×4
+/// mesh (heads over `model`, rows over `data`): HF's values.
+#[test]
+fn hybrids_match_hf_on_one_device_and_a_mesh() {
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    for name in ["tiny-qwen3-5", "tiny-qwen3-5-moe", "tiny-qwen3-next"] {
+        let model = LoadedModel::open(&fixture(name)).unwrap();
+        check_goldens(name, &model, &tiny_goldens(name));
+        let options = EngineOptions { mesh: mesh.clone(), ..EngineOptions::default() };
+        check_goldens_with(&format!("{name} on 2x4"), &model, &tiny_goldens(name), &options);
     }
 }
 

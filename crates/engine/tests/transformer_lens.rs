@@ -49,6 +49,8 @@ struct TlTensor {
 
 struct TlGolden {
     rows: Vec<Vec<u32>>,
+    /// The padded length of the golden's rows (its `input_ids`' second dimension).
+    seq: usize,
     tensors: Vec<TlTensor>,
 }
 
@@ -79,7 +81,7 @@ fn load(model: &str) -> TlGolden {
         });
     }
     tensors.sort_by(|a, b| (a.row, &a.name).cmp(&(b.row, &b.name)));
-    TlGolden { rows, tensors }
+    TlGolden { rows, seq, tensors }
 }
 
 /// The rows padded to `seq` on `side` (plus `extra` copies of row 0, for a batch that splits
@@ -222,16 +224,32 @@ fn run(model: &LoadedModel, batch: &Batch, mesh: Mesh, compute_dtype: DType) -> 
     engine.run(batch).unwrap()
 }
 
-fn assert_within(what: &str, diffs: &BTreeMap<String, f32>, tolerance: f32) {
-    let bad: Vec<String> =
-        diffs.iter().filter(|(_, d)| d.is_nan() || **d > tolerance).map(|(n, d)| format!("{n}: {d:e}")).collect();
-    assert!(bad.is_empty(), "{what}: max-abs difference above {tolerance:e}:\n{}", bad.join("\n"));
+/// The largest |value| of each hook in the golden (masked scores left out).
+fn scales(golden: &TlGolden) -> BTreeMap<String, f32> {
+    let mut out = BTreeMap::new();
+    for t in &golden.tensors {
+        let m = t.values.iter().filter(|v| **v > f32::MIN).fold(0f32, |m, v| m.max(v.abs()));
+        let entry = out.entry(t.name.clone()).or_insert(0f32);
+        *entry = entry.max(m);
+    }
+    out
+}
+
+/// Every difference within `tolerance` of its hook's scale (absolute below a scale of 1).
+fn assert_within(what: &str, diffs: &BTreeMap<String, f32>, golden: &TlGolden, tolerance: f32) {
+    let scales = scales(golden);
+    let bad: Vec<String> = diffs
+        .iter()
+        .filter(|(n, d)| d.is_nan() || **d > tolerance * scales[*n].max(1.0))
+        .map(|(n, d)| format!("{n}: {d:e} (scale {})", scales[n]))
+        .collect();
+    assert!(bad.is_empty(), "{what}: max-abs difference above {tolerance:e} of the scale:\n{}", bad.join("\n"));
 }
 
 fn check_model(name: &str) {
     let model = LoadedModel::open(&fixture(name)).unwrap();
     let golden = load(name);
-    let seq = 8;
+    let seq = golden.seq;
     // Every block hook of each layer, the embedding and the three final-norm hooks, and every
     // TransformerLens name among them compared (aliases map to the same tensors).
     let family = siphon_models::hook_kinds(&model.config);
@@ -250,13 +268,13 @@ fn check_model(name: &str) {
             seq,
         );
         assert!(diffs.len() >= n_layers * 35, "{name}: only {} TransformerLens names compared", diffs.len());
-        assert_within(&format!("{name} {side}-padded, one device"), &diffs, 1e-4);
+        assert_within(&format!("{name} {side}-padded, one device"), &diffs, &golden, 1e-4);
     }
     // Megatron on data=2 × model=4: query heads split over model, every per-head hook whole.
     let (batch, offsets) = padded(&golden.rows, seq, "right", 1);
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
     let diffs = differences(name, &model.config, &golden, &run(&model, &batch, mesh, DType::F32), &offsets, seq);
-    assert_within(&format!("{name} on a 2x4 mesh"), &diffs, 1e-4);
+    assert_within(&format!("{name} on a 2x4 mesh"), &diffs, &golden, 1e-4);
 }
 
 #[test]
@@ -361,40 +379,39 @@ fn tiny_mistral_every_hook_matches_transformer_lens() {
     check_model("tiny-mistral");
 }
 
+/// bf16 weights and compute of `name` against TransformerLens in f32: each hook within
+/// `tolerance` of its largest golden magnitude.
+fn check_bf16(name: &str, tolerance: f32) -> LoadedModel {
+    let model = LoadedModel::open(&fixture(name)).unwrap();
+    let golden = load(name);
+    let (batch, offsets) = padded(&golden.rows, golden.seq, "right", 0);
+    let acts = run(&model, &batch, Mesh::single_device(), DType::Bf16);
+    let diffs = differences(name, &model.config, &golden, &acts, &offsets, golden.seq);
+    let scales = scales(&golden);
+    let mut worst = 0f32;
+    for (hook, diff) in &diffs {
+        let relative = diff / scales[hook].max(1e-3);
+        worst = worst.max(relative);
+        assert!(
+            relative <= tolerance,
+            "{name} {hook}: bf16 differs by {diff:e} = {:.2}% of max |value| {:e}",
+            100.0 * relative,
+            scales[hook]
+        );
+    }
+    eprintln!("{name} bf16: worst hook differs by {:.2}% of its max |value|", 100.0 * worst);
+    model
+}
+
 /// bf16 weights and compute against TransformerLens in f32: each hook within 4% of its
 /// largest golden magnitude (bf16 keeps 8 bits of mantissa; errors grow through three
 /// blocks and are largest in the residual stream).
 #[test]
 fn bf16_every_hook_tracks_transformer_lens() {
     let name = "tiny-qwen2";
-    let model = LoadedModel::open(&fixture(name)).unwrap();
+    let model = check_bf16(name, 0.04);
     let golden = load(name);
-    let (batch, offsets) = padded(&golden.rows, 8, "right", 0);
-    let diffs = differences(
-        name,
-        &model.config,
-        &golden,
-        &run(&model, &batch, Mesh::single_device(), DType::Bf16),
-        &offsets,
-        8,
-    );
-    let mut worst = 0f32;
-    for (hook, diff) in &diffs {
-        let scale = golden
-            .tensors
-            .iter()
-            .filter(|t| &t.name == hook)
-            .flat_map(|t| t.values.iter().copied().filter(|v| *v > f32::MIN))
-            .fold(0f32, |m, v| m.max(v.abs()));
-        let relative = diff / scale.max(1e-3);
-        worst = worst.max(relative);
-        assert!(
-            relative <= 0.04,
-            "{hook}: bf16 differs by {diff:e} = {:.2}% of max |value| {scale:e}",
-            100.0 * relative
-        );
-    }
-    eprintln!("bf16: worst hook differs by {:.2}% of its max |value|", 100.0 * worst);
+    let (batch, _) = padded(&golden.rows, 8, "right", 0);
     // Stored as bf16, masked scores are bf16's lowest finite value (what Hugging Face's mask
     // gives in bf16), never -inf, so statistics over them stay finite.
     let hooks = siphon_models::resolve_hooks("blocks.*.attn.hook_attn_scores", &model.config).unwrap();
@@ -405,6 +422,35 @@ fn bf16_every_hook_tracks_transformer_lens() {
         assert!(values.iter().all(|v| v.is_finite()), "{hook}: non-finite values");
         assert!(values.contains(&half::bf16::MIN.to_f32()), "{hook}: no masked key at bf16's lowest value");
     }
+}
+
+/// The dense hybrid in bf16 (weights and compute; the gated delta rule runs in f32, as in
+/// transformers): each hook within 15% of its largest magnitude. Rows of 70 tokens through
+/// order-1 random weights amplify bf16's rounding: transformers' own bf16 run of this model
+/// differs from its f32 run by 8.7% of the scale at the final norm (siphon's: 9.9%). The
+/// mixtures are not compared in bf16: there a rounding flips tokens' expert choices
+/// (transformers' own bf16 Qwen3-Next differs from its f32 by 24% at the final norm).
+#[test]
+fn bf16_hybrid_tracks_transformer_lens() {
+    check_bf16("tiny-qwen3-5", 0.15);
+}
+
+/// The hybrids: Gated DeltaNet layers (rows of 70 and 65 tokens, past one chunk of 64, and of
+/// 9) around a gated full-attention layer; dense (Qwen3.5), with routed and shared experts
+/// (Qwen3.5-MoE), and with the fused projections of Qwen3-Next.
+#[test]
+fn tiny_qwen3_5_every_hook_matches_transformer_lens() {
+    check_model("tiny-qwen3-5");
+}
+
+#[test]
+fn tiny_qwen3_5_moe_every_hook_matches_transformer_lens() {
+    check_model("tiny-qwen3-5-moe");
+}
+
+#[test]
+fn tiny_qwen3_next_every_hook_matches_transformer_lens() {
+    check_model("tiny-qwen3-next");
 }
 
 /// GPT-OSS: sinks, biases, windows, YaRN, the biased router and clamped SwiGLU experts.

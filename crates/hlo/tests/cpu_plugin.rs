@@ -300,9 +300,8 @@ fn triangular_solve_and_log_plus_one_match_rust() {
     for g in 0..batch {
         for i in 0..n {
             for c in 0..m {
-                let below: f64 = (0..i)
-                    .map(|j| av[(g * n + i) * n + j] as f64 * want[(g * n + j) * m + c] as f64)
-                    .sum();
+                let below: f64 =
+                    (0..i).map(|j| av[(g * n + i) * n + j] as f64 * want[(g * n + j) * m + c] as f64).sum();
                 want[(g * n + i) * m + c] = (bv[(g * n + i) * m + c] as f64 - below) as f32;
             }
         }

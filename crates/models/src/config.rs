@@ -22,6 +22,10 @@ pub struct Moe {
     pub norm_topk: bool,
     /// Width of one expert's gate/up projections.
     pub expert_size: usize,
+    /// Width of a shared expert every token goes through beside the routed ones, its output
+    /// scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next, Qwen3.5-MoE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_expert: Option<usize>,
 }
 
 /// Per-layer input embeddings: a second embedding table of `width` per layer, and a
@@ -210,6 +214,13 @@ pub struct ModelConfig {
     /// The routed experts that replace every block's MLP (Qwen3-MoE, Mixtral).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<Moe>,
+    /// The linear-attention (Gated DeltaNet) layers of a hybrid decoder (Qwen3.5, Qwen3-Next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_attention: Option<crate::gated_deltanet::LinearAttention>,
+    /// The attention output is gated: `q_proj` gives each head's query and a gate beside it,
+    /// and `o_proj` reads `z · sigmoid(gate)` (Qwen3.5, Qwen3-Next).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attn_output_gate: bool,
 }
 
 /// What role a weight tensor plays; the planner shards by class. Shapes are the ones the
@@ -265,6 +276,17 @@ pub enum ParamClass {
     Norm,
     /// A LayerNorm's bias [hidden].
     NormBias,
+    /// A linear-attention layer's query or key projection `[nk*dk, hidden]`, split by key heads.
+    LinearKeys,
+    /// A linear-attention layer's value, output-gate, beta or decay projection
+    /// (`[nv*dv, hidden]` or `[nv, hidden]`), split by value heads.
+    LinearValues,
+    /// A linear-attention layer's per-head decay parameters (`A_log`, `dt_bias`) `[nv]`.
+    LinearHeads,
+    /// A linear-attention layer's causal convolution `[channels, 1, K]`; replicated.
+    LinearConv,
+    /// A linear-attention layer's output projection `[hidden, nv*dv]`, split by value heads.
+    LinearOut,
     /// Scalars and small vectors a block multiplies by, replicated (Gemma 4's `layer_scalar`
     /// `[1]`, its router's `scale` `[hidden]` and `per_expert_scale` `[experts]`).
     Scalar,

@@ -42,6 +42,12 @@ pub enum Arch {
     Olmoe,
     #[serde(rename = "gpt_oss")]
     GptOss,
+    #[serde(rename = "qwen3_next")]
+    Qwen3Next,
+    #[serde(rename = "qwen3_5")]
+    Qwen3_5,
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen3_5Moe,
 }
 
 impl std::fmt::Display for Arch {
@@ -93,7 +99,10 @@ pub(crate) const FAMILIES: &[&Family] = &[
     &crate::phi3::FAMILY,
     &crate::qwen2::FAMILY,
     &crate::qwen3::FAMILY,
+    &crate::qwen3_5::FAMILY,
+    &crate::qwen3_5::MOE_FAMILY,
     &crate::qwen3_moe::FAMILY,
+    &crate::qwen3_next::FAMILY,
     &crate::smollm3::FAMILY,
 ];
 
@@ -132,12 +141,12 @@ mod tests {
         use Arch::*;
         let all = vec![
             Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral, Olmo3,
-            SmolLM3, Gemma4, Olmoe, GptOss,
+            SmolLM3, Gemma4, Olmoe, GptOss, Qwen3Next, Qwen3_5, Qwen3_5Moe,
         ];
         for arch in &all {
             match arch {
                 Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe
-                | Mixtral | Olmo3 | SmolLM3 | Gemma4 | Olmoe | GptOss => {}
+                | Mixtral | Olmo3 | SmolLM3 | Gemma4 | Olmoe | GptOss | Qwen3Next | Qwen3_5 | Qwen3_5Moe => {}
             }
         }
         all

@@ -154,10 +154,13 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
         }
     };
     let q_axes = split_if(config.n_heads);
+    // Linear attention's key and value heads.
+    let linear = config.linear_attention.as_ref().map_or((0, 0), |l| (l.n_key_heads, l.n_value_heads));
     let mut specs = HashMap::new();
     for p in config.params(config.n_layers, true) {
         let kv_axes = split_if(p.layer.map_or(config.n_kv_heads, |l| config.kv_heads_at(l)));
-        let mlp_axes = split_if(p.layer.map_or(config.intermediate_size, |l| config.intermediate_at(l)));
+        // The MLP's width as the weight has it (a shared expert's differs from the MLP's).
+        let mlp_axes = split_if(if p.class == ParamClass::MlpDown { p.shape[1] } else { p.shape[0] });
         let spec = match p.class {
             ParamClass::AttnQ => PartitionSpec::new(&[q_axes, &[]]),
             ParamClass::QBias => PartitionSpec::new(&[q_axes]),
@@ -168,6 +171,10 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
             ParamClass::MlpGate | ParamClass::MlpUp => PartitionSpec::new(&[mlp_axes, &[]]),
             ParamClass::MlpUpBias => PartitionSpec::new(&[mlp_axes]),
             ParamClass::MlpDown => PartitionSpec::new(&[&[], mlp_axes]),
+            ParamClass::LinearKeys => PartitionSpec::new(&[split_if(linear.0), &[]]),
+            ParamClass::LinearValues => PartitionSpec::new(&[split_if(linear.1), &[]]),
+            ParamClass::LinearHeads => PartitionSpec::new(&[split_if(linear.1)]),
+            ParamClass::LinearOut => PartitionSpec::new(&[&[], split_if(linear.1)]),
             ParamClass::ExpertGate | ParamClass::ExpertUp | ParamClass::ExpertDown => {
                 PartitionSpec::new(&[split_if(config.moe.as_ref().map_or(0, |m| m.n_experts)), &[], &[]])
             }
@@ -183,6 +190,7 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
             | ParamClass::MlpDownBias
             | ParamClass::Router
             | ParamClass::Scalar
+            | ParamClass::LinearConv
             | ParamClass::PerLayerInput => continue,
         };
         specs.insert(p.name, spec);

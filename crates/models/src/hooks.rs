@@ -29,9 +29,23 @@ pub enum HookKind {
     Ln1Scale,
     Ln1Normalized,
     Ln1Out,
+    LinQPreConv,
+    LinKPreConv,
+    LinVPreConv,
+    LinQ,
+    LinK,
+    LinV,
+    LinGateInput,
+    LinBetaLogit,
+    LinBeta,
+    LinLogDecay,
+    LinRecurrenceOut,
+    LinOut,
     AttnQ,
     AttnK,
     AttnV,
+    AttnQuery,
+    AttnQGate,
     AttnQNormScale,
     AttnQNormNormalized,
     AttnQNormed,
@@ -58,6 +72,12 @@ pub enum HookKind {
     MlpExpertWeights,
     MlpExpertIndices,
     MlpRouterScores,
+    MlpExpertsOut,
+    SharedPre,
+    SharedPreLinear,
+    SharedPost,
+    SharedOut,
+    SharedGate,
     MlpPost,
     MlpProjOut,
     FfnMlpNormed,
@@ -114,6 +134,14 @@ pub enum Feature {
     /// A router taking the top k logits and a softmax over just those, its hooks named
     /// after it (GPT-OSS's `mlp.router.*`, `mlp.hook_router_scores`).
     TopKRouter,
+    /// Gated DeltaNet linear attention on the layers the config marks (`linear_attn.*`).
+    LinearAttention,
+    /// A sigmoid gate on the attention output, computed beside the queries
+    /// (`attn.hook_q_gate`; `attn.hook_q` is then the whole projection).
+    AttnGate,
+    /// A gated shared expert beside the routed ones (`mlp.shared_expert.*`,
+    /// `mlp.shared_expert_gate.*`, `mlp.experts.hook_out`).
+    SharedExpert,
     /// Per-layer inputs mixed in after the MLP (Gemma 4's E2B/E4B: `per_layer_input_gate`,
     /// `per_layer_projection`, `post_per_layer_input_norm`), where the config has them.
     PerLayerInput,
@@ -161,6 +189,19 @@ pub enum HookShape {
     Pattern,
     /// `[width]`: one layer's per-layer input (`hidden_size_per_layer_input`).
     PerLayer,
+    /// `q_proj`'s output per head: `[n_heads, d_head]`, or `[2 * n_heads, d_head]` where it
+    /// holds each head's query and output gate side by side.
+    QProj,
+    /// `[n_heads * d_head]`: the attention output gate.
+    QWidth,
+    /// `[nk, dk]`: a linear-attention layer's queries or keys.
+    LinKeyHeads,
+    /// `[nv, dv]`: a linear-attention layer's values (or its output per head).
+    LinValueHeads,
+    /// `[nv]`: one value per linear-attention value head.
+    LinHeads,
+    /// `[shared expert width]`.
+    SharedMlp,
 }
 
 impl HookShape {
@@ -186,6 +227,19 @@ impl HookShape {
             HookShape::KvNorm => vec![kv_heads, head_dim],
             HookShape::Pattern => vec![config.n_heads, seq],
             HookShape::PerLayer => vec![config.per_layer_input.map_or(0, |p| p.width)],
+            HookShape::QProj => vec![config.n_heads * if config.attn_output_gate { 2 } else { 1 }, head_dim],
+            HookShape::QWidth => vec![config.n_heads * head_dim],
+            HookShape::LinKeyHeads | HookShape::LinValueHeads | HookShape::LinHeads => {
+                let la = config.linear_attention.as_ref();
+                let (nk, nv, dk, dv) =
+                    la.map_or((0, 0, 0, 0), |l| (l.n_key_heads, l.n_value_heads, l.key_head_dim, l.value_head_dim));
+                match self {
+                    HookShape::LinKeyHeads => vec![nk, dk],
+                    HookShape::LinValueHeads => vec![nv, dv],
+                    _ => vec![nv],
+                }
+            }
+            HookShape::SharedMlp => vec![config.moe.as_ref().and_then(|m| m.shared_expert).unwrap_or(0)],
         }
     }
 }
@@ -235,8 +289,32 @@ kinds! {
         "attention norm's input (centred, for LayerNorm) divided by its scale, before the gain and bias";
     Ln1Out Block Model "ln1.hook_out" ["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in"]
         "attention norm's output, after the gain (the attention's input)";
-    AttnQ Block QHeads "attn.hook_q" ["attn.q.hook_out"]
-        "queries per head, before RoPE";
+    LinQPreConv Block LinKeyHeads "linear_attn.hook_q_pre_conv" []
+        "linear attention's queries per key head, projected, before the causal convolution (Qwen3.5, Qwen3-Next)";
+    LinKPreConv Block LinKeyHeads "linear_attn.hook_k_pre_conv" []
+        "linear attention's keys per key head, projected, before the causal convolution";
+    LinVPreConv Block LinValueHeads "linear_attn.hook_v_pre_conv" []
+        "linear attention's values per value head, projected, before the causal convolution";
+    LinQ Block LinKeyHeads "linear_attn.hook_q" ["linear_attn.hook_ssm_C"]
+        "linear attention's queries after the convolution and SiLU, before the L2 norm";
+    LinK Block LinKeyHeads "linear_attn.hook_k" ["linear_attn.hook_ssm_B"]
+        "linear attention's keys after the convolution and SiLU, before the L2 norm";
+    LinV Block LinValueHeads "linear_attn.hook_v" []
+        "linear attention's values after the convolution and SiLU";
+    LinGateInput Block LinValueHeads "linear_attn.hook_gate_input" []
+        "in_proj_z's output per value head, the output norm's gate before its SiLU";
+    LinBetaLogit Block LinHeads "linear_attn.hook_beta_logit" []
+        "in_proj_b's output per value head, before the sigmoid";
+    LinBeta Block LinHeads "linear_attn.hook_beta" ["linear_attn.hook_ssm_write"]
+        "the delta rule's write strength sigmoid(b) per value head";
+    LinLogDecay Block LinHeads "linear_attn.hook_log_decay" ["linear_attn.hook_ssm_decay"]
+        "the state's log decay g = -exp(A_log)·softplus(a + dt_bias) per value head (f32, ≤ 0)";
+    LinRecurrenceOut Block LinValueHeads "linear_attn.hook_recurrence_out" []
+        "the gated delta rule's output per value head, before the gated norm";
+    LinOut Block Model "linear_attn.hook_out" ["linear_attn.hook_linear_attn_out", "linear_attn.hook_ssm_out"]
+        "linear attention's output, out_proj(rmsnorm(o)·w·silu(z)), added to the residual stream";
+    AttnQ Block QProj "attn.hook_q" ["attn.q.hook_out"]
+        "queries per head, before RoPE (with a gated output, q_proj's whole output: each head's query then its gate)";
     AttnK Block KvHeads "attn.hook_k" ["attn.k.hook_out"]
         "keys per key/value head, before RoPE";
     AttnV Block KvHeads "attn.hook_v" ["attn.v.hook_out"]
@@ -253,6 +331,10 @@ kinds! {
         "each key head divided by its scale, before the k-norm's gain";
     AttnKNormed Block KvNorm "attn.hook_k_normed" ["attn.k_norm.hook_out"]
         "keys per key/value head after the k-norm, before RoPE";
+    AttnQuery Block QHeads "attn.q_norm.hook_in" []
+        "the queries per head without their gates, the q-norm's input (gated attention)";
+    AttnQGate Block QWidth "attn.hook_q_gate" []
+        "the attention output gate, before its sigmoid (gated attention)";
     AttnVNormed Block KvHeads "attn.v_norm.hook_out" []
         "values per key/value head after the scale-free v-norm (Gemma 4)";
     AttnRotQ Block QHeads "attn.hook_rot_q" []
@@ -264,7 +346,7 @@ kinds! {
     AttnPattern Block Pattern "attn.hook_pattern" []
         "attention probabilities per head over the keys";
     AttnZ Block QHeads "attn.hook_z" ["attn.o.hook_in"]
-        "attention output per head, the input of o_proj";
+        "attention output per head, the input of o_proj (times sigmoid(gate) where the output is gated)";
     AttnProjOut Block Model "attn.hook_out" ["attn.o.hook_out", "ln1_post.hook_in"]
         "o_proj's output, before the post-attention norm (Gemma, OLMo 2)";
     Ln1PostScale Block Scale "ln1_post.hook_scale" []
@@ -293,6 +375,18 @@ kinds! {
         "the experts a token is routed to, most weighted first (as floats)";
     MlpRouterScores Block TopK "mlp.hook_router_scores" []
         "the router's softmax over the top k logits, one per chosen expert, in hook_expert_indices' order (GPT-OSS)";
+    MlpExpertsOut Block Model "mlp.experts.hook_out" ["mlp.experts.hook_post"]
+        "the routed experts' weighted sum, before the shared expert's output joins it";
+    SharedPre Block SharedMlp "mlp.shared_expert.hook_pre" ["mlp.shared_expert.gate.hook_out"]
+        "the shared expert's gate projection, before the activation";
+    SharedPreLinear Block SharedMlp "mlp.shared_expert.hook_pre_linear" ["mlp.shared_expert.in.hook_out"]
+        "the shared expert's up projection";
+    SharedPost Block SharedMlp "mlp.shared_expert.hook_post" ["mlp.shared_expert.out.hook_in"]
+        "act(gate) * up in the shared expert, the input of its down_proj";
+    SharedOut Block Model "mlp.shared_expert.hook_out" ["mlp.shared_expert.out.hook_out"]
+        "the shared expert's output, before its gate";
+    SharedGate Block Scale "mlp.shared_expert_gate.hook_out" []
+        "the shared expert's gate logit; its sigmoid scales the shared expert's output";
     MlpPost Block Mlp "mlp.hook_post" ["mlp.out.hook_in"]
         "act(gate) * up (act(pre) in a plain MLP), the input of down_proj";
     MlpProjOut Block Model "mlp.hook_out" ["mlp.out.hook_out", "ln2_post.hook_in"]
@@ -354,6 +448,8 @@ const STRUCTURAL_ALIASES: &[(&str, When, HookKind)] = &[
     ("attn.v.hook_in", When::Lacks(Feature::PreNorms), HookKind::ResidPre),
     // The parallel block (GPT-NeoX): the MLP norm reads the block's input too.
     ("ln2.hook_in", When::Lacks(Feature::ResidMid), HookKind::ResidPre),
+    // Gated attention: the q-norm reads the queries without their gates.
+    ("attn.q_norm.hook_in", When::Has(Feature::AttnGate), HookKind::AttnQuery),
     // The q/k norms read the projections (per head, or over the whole projection in OLMo).
     ("attn.q_norm.hook_in", When::Has(Feature::QkNorm), HookKind::AttnQ),
     ("attn.k_norm.hook_in", When::Has(Feature::QkNorm), HookKind::AttnK),
@@ -368,10 +464,29 @@ const STRUCTURAL_ALIASES: &[(&str, When, HookKind)] = &[
     ("mlp.router.hook_out", When::Has(Feature::TopKRouter), HookKind::MlpRouterLogits),
     ("mlp.router.hook_expert_weights", When::Has(Feature::TopKRouter), HookKind::MlpExpertWeights),
     ("mlp.router.hook_expert_indices", When::Has(Feature::TopKRouter), HookKind::MlpExpertIndices),
+    // Linear attention reads the attention norm's output (padding zeroed; real tokens as is).
+    ("linear_attn.hook_in", When::Has(Feature::LinearAttention), HookKind::Ln1Out),
+    ("linear_attn.hook_linear_attn_in", When::Has(Feature::LinearAttention), HookKind::Ln1Out),
+    // A shared expert: it, its gate, the router and the routed experts read the mixture's input.
+    ("mlp.shared_expert.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
+    ("mlp.shared_expert.gate.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
+    ("mlp.shared_expert.in.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
+    ("mlp.shared_expert_gate.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
+    ("mlp.experts.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
+    ("mlp.experts.hook_pre", When::Has(Feature::SharedExpert), HookKind::MlpIn),
     // A mixture: the bridge names its input `mlp.hook_pre` and its output `mlp.hook_post`.
     ("mlp.hook_pre", When::Has(Feature::Moe), HookKind::MlpIn),
     ("mlp.hook_post", When::Has(Feature::Moe), HookKind::MlpOut),
 ];
+
+/// Bridge hooks that are not a per-token activation, with the reason siphon refuses them.
+const NOT_PER_TOKEN: &[(&str, &str)] = &[(
+    "linear_attn.hook_ssm_state",
+    "it is the linear attention's recurrent state, [nv, dk, dv] per token (dk times a value head's \
+     activations; TransformerLens fires it only on its eager scan); the per-token hooks it is computed from \
+     (linear_attn.hook_q, hook_k, hook_v, hook_beta, hook_log_decay) and its output \
+     (linear_attn.hook_recurrence_out) are extracted",
+)];
 
 /// The bridge's name for the final norm's input: the last block's `hook_resid_post`.
 const LN_FINAL_IN: &str = "ln_final.hook_in";
@@ -390,11 +505,18 @@ pub fn layer_hook_kinds(config: &ModelConfig, layer: usize) -> Vec<HookKind> {
     hook_kinds(config).into_iter().filter(|k| k.info().scope == Scope::Block && layer_has(config, layer, *k)).collect()
 }
 
-/// Whether block `layer` computes `kind` (see [`layer_hook_kinds`]).
+/// Whether block `layer` computes `kind` (see [`layer_hook_kinds`]): a hybrid's
+/// linear-attention layers have the `linear_attn.*` hooks and no attention's, its other
+/// layers the reverse.
 fn layer_has(config: &ModelConfig, layer: usize, kind: HookKind) -> bool {
     use HookKind::*;
     let own_kv = [AttnK, AttnV, AttnKNormScale, AttnKNormNormalized, AttnKNormed, AttnVNormed, AttnRotK];
-    config.kv_source(layer).is_none() || !own_kv.contains(&kind)
+    let kv = config.kv_source(layer).is_none() || !own_kv.contains(&kind);
+    let mixer = match config.linear_attention.as_ref() {
+        None => true,
+        Some(la) => la.is_linear(layer) == (kind.needs() == Some(Feature::LinearAttention)) || !kind.is_token_mixer(),
+    };
+    kv && mixer
 }
 
 /// The features of `config`'s block: its family's, less the optional parts the config leaves
@@ -413,6 +535,35 @@ impl HookKind {
     /// This kind's row of [`KINDS`].
     pub fn info(self) -> &'static KindInfo {
         KINDS.iter().find(|k| k.kind == self).expect("every kind has a row")
+    }
+
+    /// Whether this kind belongs to a block's token mixer: softmax attention (its hooks and
+    /// its output) or linear attention. A hybrid's layers have one or the other's.
+    fn is_token_mixer(self) -> bool {
+        use HookKind::*;
+        let attention = matches!(
+            self,
+            AttnQ
+                | AttnK
+                | AttnV
+                | AttnQuery
+                | AttnQGate
+                | AttnQNormScale
+                | AttnQNormNormalized
+                | AttnQNormed
+                | AttnKNormScale
+                | AttnKNormNormalized
+                | AttnKNormed
+                | AttnVNormed
+                | AttnRotQ
+                | AttnRotK
+                | AttnScores
+                | AttnPattern
+                | AttnZ
+                | AttnProjOut
+                | AttnOut
+        );
+        attention || self.needs() == Some(Feature::LinearAttention)
     }
 
     /// The feature a block needs for this kind to exist, if any.
@@ -435,6 +586,12 @@ impl HookKind {
                 Some(Feature::MixtureBeside)
             }
             PleIn | PleGate | PleProjIn | PleProjOut | PleOut => Some(Feature::PerLayerInput),
+            LinQPreConv | LinKPreConv | LinVPreConv | LinQ | LinK | LinV | LinGateInput | LinBetaLogit | LinBeta
+            | LinLogDecay | LinRecurrenceOut | LinOut => Some(Feature::LinearAttention),
+            AttnQuery | AttnQGate => Some(Feature::AttnGate),
+            MlpExpertsOut | SharedPre | SharedPreLinear | SharedPost | SharedOut | SharedGate => {
+                Some(Feature::SharedExpert)
+            }
             AttnRotQ | AttnRotK => Some(Feature::Rotary),
             Ln1Scale | Ln1Normalized | Ln1Out | Ln2Scale | Ln2Normalized => Some(Feature::PreNorms),
             ResidMid => Some(Feature::ResidMid),
@@ -588,6 +745,9 @@ fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelEr
     }
     let layer: usize =
         layer.parse().map_err(|_| ModelError::Hook(format!("{name:?}: the layer number is too large")))?;
+    if let Some((_, why)) = NOT_PER_TOKEN.iter().find(|(n, _)| *n == suffix) {
+        return Err(ModelError::Hook(format!("{name:?} is not extracted: {why}")));
+    }
     let kind = known(suffix, true).ok_or_else(unknown)?;
     Ok(HookPoint { layer: Some(layer), kind })
 }
@@ -610,6 +770,16 @@ pub(crate) fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result
         )));
     }
     if let Some(layer) = hook.layer.filter(|&l| !layer_has(config, l, hook.kind)) {
+        if let Some(la) = config.linear_attention.as_ref() {
+            let (what, instead) = match la.is_linear(layer) {
+                true => ("a linear-attention (Gated DeltaNet) layer", "linear_attn.hook_out"),
+                false => ("a full-attention layer", "hook_attn_out"),
+            };
+            return Err(ModelError::Hook(format!(
+                "{name:?}: block {layer} is {what} and has no {}; its token mixer's output is blocks.{layer}.{instead}",
+                hook.kind.info().name
+            )));
+        }
         let source = config.kv_source(layer).unwrap_or(layer);
         return Err(ModelError::Hook(format!(
             "{name:?}: block {layer} attends over block {source}'s keys and values (it computes none of its own): \
@@ -1006,6 +1176,12 @@ mod tests {
                 HookShape::KvNorm => "[n_kv_heads, d_head]",
                 HookShape::Pattern => "[n_heads, seq]",
                 HookShape::PerLayer => "[d_per_layer]",
+                HookShape::QProj => "[n_heads, d_head]",
+                HookShape::QWidth => "[n_heads·d_head]",
+                HookShape::LinKeyHeads => "[nk, dk]",
+                HookShape::LinValueHeads => "[nv, dv]",
+                HookShape::LinHeads => "[nv]",
+                HookShape::SharedMlp => "[d_shared]",
             };
             assert!(row.contains(&format!("`{shape}`")), "README row {name} should say {shape}");
         }

@@ -5,6 +5,7 @@
 pub mod config;
 mod family;
 pub mod forward;
+pub mod gated_deltanet;
 mod gemma2;
 mod gemma3;
 mod gemma4;
@@ -26,7 +27,9 @@ mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_5;
 mod qwen3_moe;
+mod qwen3_next;
 mod safetensors;
 mod smollm3;
 pub mod tokenizer;

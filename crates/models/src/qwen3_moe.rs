@@ -45,7 +45,11 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     hf.intermediate_size.get_or_insert(0);
     let norm_topk = hf.norm_topk_prob.unwrap_or(false);
     let c = hf.decoder(Arch::Qwen3Moe, &crate::qwen3::DEFAULTS)?;
-    Ok(ModelConfig { qk_norm: true, moe: Some(Moe { n_experts, top_k, norm_topk, expert_size }), ..c })
+    Ok(ModelConfig {
+        qk_norm: true,
+        moe: Some(Moe { n_experts, top_k, norm_topk, expert_size, shared_expert: None }),
+        ..c
+    })
 }
 
 /// Builds the Qwen3-MoE forward for `spec`.

@@ -18,6 +18,10 @@
 //! | norms, their biases, o/down biases | `[hidden]`     | replicated                |
 //! | a block's scalar (Gemma 4)     | `[1]`              | replicated                |
 //! | per-layer-input projections (Gemma 4) | `[out, in]` | replicated                |
+//! | linear attention's q/k, v/z/b/a (by heads) | `[out, hidden]` | `P(model, fsdp)`    |
+//! | linear attention's out_proj    | `[hidden, in]`     | `P(fsdp, model)`          |
+//! | linear attention's A_log, dt_bias | `[nv]`          | `P(model)`                |
+//! | linear attention's conv1d      | `[channels, 1, K]` | replicated                |
 //! | input token ids                | `[batch, seq]`     | `P(data, None)`           |
 //!
 //! The embedding table is split by vocabulary over the whole weight-sharding group (the seed's
@@ -69,6 +73,12 @@ fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
         ParamClass::ExpertDown => vec![vec![MODEL], vec![FSDP], vec![]],
         ParamClass::Router => vec![vec![], vec![]],
         ParamClass::ExpertBias => vec![vec![MODEL], vec![]],
+        // Linear attention: whole heads over `model` (q/k by key heads, the rest by value
+        // heads), out_proj row-parallel; the depthwise convolution is small, replicated.
+        ParamClass::LinearKeys | ParamClass::LinearValues => vec![vec![MODEL], vec![FSDP]],
+        ParamClass::LinearOut => vec![vec![FSDP], vec![MODEL]],
+        ParamClass::LinearHeads => vec![vec![MODEL]],
+        ParamClass::LinearConv => vec![vec![], vec![], vec![]],
     }
 }
 

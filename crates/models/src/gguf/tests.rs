@@ -237,8 +237,9 @@ fn unsupported_quant_and_arch_are_named() {
     let err = LoadedModel::open(&write(&dir, "arch.gguf", &bytes)).unwrap_err();
     assert!(matches!(err, ModelError::UnsupportedArch(_)), "{err}");
     assert!(err.to_string().contains("\"bert\""), "{err}");
-    // llama.cpp's SmolLM3, Gemma 4 and OLMo 3 (an olmo2 file with a window) are refused by name.
-    for arch in ["smollm3", "gemma4"] {
+    // llama.cpp's SmolLM3, Gemma 4, the hybrids (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) and OLMo 3
+    // (an olmo2 file with a window) are refused by name.
+    for arch in ["smollm3", "gemma4", "qwen35", "qwen35moe", "qwen3next"] {
         let bytes = tiny_llama().str("general.architecture", arch).bytes();
         let err = LoadedModel::open(&write(&dir, &format!("{arch}.gguf"), &bytes)).unwrap_err();
         assert!(err.to_string().contains(&format!("{arch:?}")), "{err}");

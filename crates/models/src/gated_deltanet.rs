@@ -1,0 +1,472 @@
+//! Gated DeltaNet, the linear attention of the hybrid decoders (Qwen3.5, Qwen3-Next): on the
+//! layers `layer_types` marks `linear_attention`, in place of softmax attention.
+//!
+//! ```text
+//! x = x * attention_mask                          # padding zeroed: it never reaches the state
+//! q, k, v = proj(x)                               # linear_attn.hook_{q,k,v}_pre_conv
+//! q, k, v = silu(causal_conv1d(q, k, v))          # linear_attn.hook_{q,k,v} (depthwise, width K)
+//! z = in_proj_z(x); b = in_proj_b(x); a = in_proj_a(x)   # hook_gate_input, hook_beta_logit
+//! beta = sigmoid(b)                               # hook_beta
+//! g = -exp(A_log) * softplus(a + dt_bias)         # hook_log_decay (f32)
+//! q, k = l2norm(q), l2norm(k); q *= dk^-0.5       # each value head reads key head h / (nv/nk)
+//! S_t = exp(g_t) S_{t-1};  S_t += k_t ⊗ beta_t (v_t - S_tᵀ k_t);  o_t = S_tᵀ q_t
+//!                                                 # hook_recurrence_out
+//! y = out_proj(rmsnorm(o) * w * silu(z))          # linear_attn.hook_out
+//! ```
+//!
+//! The recurrence is computed as transformers' `torch_chunk_gated_delta_rule` computes it, in
+//! f32: the sequence padded to whole chunks of 64, within each chunk the pairwise decays and
+//! the UT transform (a unit lower-triangular solve), then one step per chunk carrying the
+//! `[dk, dv]` state of every head (a `while` loop on the device). Any sequence length works;
+//! padding before a row's first token is zeroed at the layer's input, so the state is still 0
+//! when the first real token arrives and the real tokens get the values of an unpadded row
+//! (padding after the last real token cannot reach them).
+//!
+//! Weights: the projections as the program takes them, one per part (`…[q]`, `…[k]`, `…[v]`,
+//! `…[z]`, `…[b]`, `…[a]`), cut on read from Qwen3.5's `in_proj_qkv` / `in_proj_z` /
+//! `in_proj_b` / `in_proj_a` or from Qwen3-Next's `in_proj_qkvz` / `in_proj_ba`, whose rows
+//! are grouped by key head (`[q, k, v, z]` and `[b, a]` of each); `conv1d.weight`
+//! `[channels, 1, K]` (channels `q | k | v`), `A_log` and `dt_bias` `[nv]`, `norm.weight`
+//! `[dv]`, `out_proj.weight` `[hidden, nv·dv]`. Heads split over `model` where it divides
+//! them.
+//!
+//! Memory per layer: the chunk tensors, `B·nv·S′·(3·dk + 2·dv + 64)` f32 (S′ the padded
+//! length), and the state, `B·nv·dk·dv` f32.
+
+use serde::{Deserialize, Serialize};
+use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
+
+use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::forward::{Gain, Graph};
+use crate::hf_config::need;
+use crate::hooks::{HookKind, HookPoint};
+use crate::{HfConfig, ModelConfig, ModelError};
+
+/// Tokens per chunk of the chunked recurrence (transformers' `chunk_size`).
+pub const CHUNK: usize = 64;
+
+/// The linear-attention layers of a hybrid decoder and their sizes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinearAttention {
+    /// Query/key heads (`linear_num_key_heads`).
+    pub n_key_heads: usize,
+    /// Value heads (`linear_num_value_heads`), a multiple of the key heads.
+    pub n_value_heads: usize,
+    /// Width of a query/key head (`linear_key_head_dim`).
+    pub key_head_dim: usize,
+    /// Width of a value head (`linear_value_head_dim`).
+    pub value_head_dim: usize,
+    /// Width of the causal convolution (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+    /// Per layer, whether it is a linear-attention layer.
+    pub layers: Vec<bool>,
+    /// Projections stored fused and grouped by key head (Qwen3-Next's `in_proj_qkvz` and
+    /// `in_proj_ba`) rather than one per part (Qwen3.5).
+    pub fused: bool,
+}
+
+impl LinearAttention {
+    /// Reads the `linear_*` keys and `layer_types` of a Qwen3-Next-style config (three linear
+    /// layers for each full one when `layer_types` is absent, `full_attention_interval`).
+    pub(crate) fn from_hf(hf: &HfConfig, n_layers: usize, fused: bool) -> Result<LinearAttention, ModelError> {
+        let layers = match &hf.layer_types {
+            Some(types) if types.len() != n_layers => {
+                return Err(ModelError::Config(format!(
+                    "layer_types lists {} layers, num_hidden_layers is {n_layers}",
+                    types.len()
+                )));
+            }
+            Some(types) => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "linear_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(ModelError::UnsupportedArch(format!(
+                        "layer type {other:?} in a hybrid decoder (supported: linear_attention, full_attention)"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?,
+            None => {
+                let every = hf.key::<usize>("full_attention_interval")?.unwrap_or(4).max(1);
+                (0..n_layers).map(|l| (l + 1) % every != 0).collect()
+            }
+        };
+        let la = LinearAttention {
+            n_key_heads: hf.key("linear_num_key_heads")?.unwrap_or(16),
+            n_value_heads: hf.key("linear_num_value_heads")?.unwrap_or(32),
+            key_head_dim: hf.key("linear_key_head_dim")?.unwrap_or(128),
+            value_head_dim: hf.key("linear_value_head_dim")?.unwrap_or(128),
+            conv_kernel: need(Some(hf.key("linear_conv_kernel_dim")?.unwrap_or(4)), "linear_conv_kernel_dim")?,
+            layers,
+            fused,
+        };
+        let sizes = [la.n_key_heads, la.n_value_heads, la.key_head_dim, la.value_head_dim, la.conv_kernel];
+        if sizes.contains(&0) || !la.n_value_heads.is_multiple_of(la.n_key_heads) {
+            return Err(ModelError::Config(format!(
+                "linear attention with {} key heads of {}, {} value heads of {} and a convolution of {}: \
+                 every size must be positive and the value heads a multiple of the key heads",
+                la.n_key_heads, la.key_head_dim, la.n_value_heads, la.value_head_dim, la.conv_kernel
+            )));
+        }
+        Ok(la)
+    }
+
+    /// Whether block `layer` is a linear-attention layer.
+    pub fn is_linear(&self, layer: usize) -> bool {
+        self.layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// `nk · dk`, the width of the queries and of the keys.
+    pub fn key_dim(&self) -> usize {
+        self.n_key_heads * self.key_head_dim
+    }
+
+    /// `nv · dv`, the width of the values.
+    pub fn value_dim(&self) -> usize {
+        self.n_value_heads * self.value_head_dim
+    }
+
+    /// The program's name of projection part `part` (`q`, `k`, `v`, `z`, `b` or `a`) of block
+    /// `layer`.
+    fn proj(&self, layer: usize, part: &str) -> String {
+        let stored = match (self.fused, part) {
+            (false, "q" | "k" | "v") => "in_proj_qkv",
+            (false, "z") => "in_proj_z",
+            (false, "b") => "in_proj_b",
+            (false, _) => "in_proj_a",
+            (true, "q" | "k" | "v" | "z") => "in_proj_qkvz",
+            (true, _) => "in_proj_ba",
+        };
+        format!("model.layers.{layer}.linear_attn.{stored}.weight[{part}]")
+    }
+}
+
+/// Block `layer`'s linear-attention weights (see the module docs), for a hidden size `h`.
+pub(crate) fn params(la: &LinearAttention, h: usize, layer: usize) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let (nk, nv, dk, dv) = (la.n_key_heads, la.n_value_heads, la.key_head_dim, la.value_head_dim);
+    let (kd, vd, r) = (la.key_dim(), la.value_dim(), nv / nk);
+    let p = |name: &str| format!("model.layers.{layer}.linear_attn.{name}");
+    // (part, rows, class, stored tensor, its rows, row groups, start within a group)
+    let parts: [(&str, usize, ParamClass, &str, usize, usize, usize); 6] = if la.fused {
+        let group = 2 * dk + 2 * r * dv;
+        [
+            ("q", kd, LinearKeys, "in_proj_qkvz", nk * group, nk, 0),
+            ("k", kd, LinearKeys, "in_proj_qkvz", nk * group, nk, dk),
+            ("v", vd, LinearValues, "in_proj_qkvz", nk * group, nk, 2 * dk),
+            ("z", vd, LinearValues, "in_proj_qkvz", nk * group, nk, 2 * dk + r * dv),
+            ("b", nv, LinearValues, "in_proj_ba", 2 * nv, nk, 0),
+            ("a", nv, LinearValues, "in_proj_ba", 2 * nv, nk, r),
+        ]
+    } else {
+        [
+            ("q", kd, LinearKeys, "in_proj_qkv", 2 * kd + vd, 1, 0),
+            ("k", kd, LinearKeys, "in_proj_qkv", 2 * kd + vd, 1, kd),
+            ("v", vd, LinearValues, "in_proj_qkv", 2 * kd + vd, 1, 2 * kd),
+            ("z", vd, LinearValues, "in_proj_z", vd, 1, 0),
+            ("b", nv, LinearValues, "in_proj_b", nv, 1, 0),
+            ("a", nv, LinearValues, "in_proj_a", nv, 1, 0),
+        ]
+    };
+    let mut out: Vec<ParamInfo> = parts
+        .into_iter()
+        .map(|(part, rows, class, stored, stored_rows, groups, start)| {
+            let slice = Slice {
+                tensor: p(&format!("{stored}.weight")),
+                stored: vec![stored_rows, h],
+                transposed: false,
+                groups,
+                start,
+                len: rows / groups,
+            };
+            ParamInfo::part(la.proj(layer, part), &[rows, h], class, Some(layer), slice)
+        })
+        .collect();
+    out.push(ParamInfo::new(p("conv1d.weight"), &[2 * kd + vd, 1, la.conv_kernel], LinearConv, Some(layer)));
+    out.push(ParamInfo::new(p("A_log"), &[nv], LinearHeads, Some(layer)));
+    out.push(ParamInfo::new(p("dt_bias"), &[nv], LinearHeads, Some(layer)));
+    out.push(ParamInfo::new(p("norm.weight"), &[dv], Norm, Some(layer)));
+    out.push(ParamInfo::new(p("out_proj.weight"), &[h, vd], LinearOut, Some(layer)));
+    out
+}
+
+impl Graph<'_> {
+    /// Block `layer`'s Gated DeltaNet on its normed input `x` `[tokens, hidden]`, recording
+    /// the `linear_attn.*` hooks; returns `out_proj`'s output (see the module docs).
+    pub fn gated_deltanet(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
+        use HookKind::*;
+        let la = self
+            .config
+            .linear_attention
+            .clone()
+            .ok_or_else(|| ModelError::Config("gated_deltanet on a model without linear attention".into()))?;
+        let at = |kind| HookPoint::block(layer, kind);
+        let (t, h, dt) = (self.tokens(), self.config.hidden_size, self.dt);
+        let p = |name: &str| format!("model.layers.{layer}.linear_attn.{name}");
+        // Padding zeroed, as transformers' apply_mask_to_padding_states.
+        let mask = self.b.reshape(self.attention_mask, &[t])?;
+        let mask = self.b.convert(mask, dt)?;
+        let mask = self.b.broadcast_in_dim(mask, &[t, h], &[0])?;
+        let x = self.b.mul(x, mask)?;
+        let [q, k, v, z, beta_logit, a] =
+            ["q", "k", "v", "z", "b", "a"].map(|part| self.linear(x, &la.proj(layer, part), None));
+        let (q, k, v, z, beta_logit, a) = (q?, k?, v?, z?, beta_logit?, a?);
+        self.hook(at(LinQPreConv), q);
+        self.hook(at(LinKPreConv), k);
+        self.hook(at(LinVPreConv), v);
+        // The convolution's channels are q | k | v.
+        let conv = self.w(&p("conv1d.weight"))?;
+        let (kd, vd) = (la.key_dim(), la.value_dim());
+        let conv = self.b.reshape(conv, &[2 * kd + vd, la.conv_kernel])?;
+        let mut convolved = Vec::with_capacity(3);
+        for (y, start, width) in [(q, 0, kd), (k, kd, kd), (v, 2 * kd, vd)] {
+            let w = self.b.slice_dim(conv, 0, start, start + width)?;
+            convolved.push(self.causal_conv_silu(y, w)?);
+        }
+        let [q, k, v] = [convolved[0], convolved[1], convolved[2]];
+        self.hook(at(LinQ), q);
+        self.hook(at(LinK), k);
+        self.hook(at(LinV), v);
+        self.hook(at(LinGateInput), z);
+        self.hook(at(LinBetaLogit), beta_logit);
+        let beta = self.b.logistic(beta_logit)?;
+        self.hook(at(LinBeta), beta);
+        let decay = self.log_decay(a, &p("A_log"), &p("dt_bias"))?;
+        self.hook(at(LinLogDecay), decay);
+        let core = self.chunked_delta_rule(&la, q, k, v, beta, decay)?;
+        self.hook(at(LinRecurrenceOut), core);
+        // rmsnorm(o) · w over each value head, times silu(z) in f32.
+        let (nv, dv) = (la.n_value_heads, la.value_head_dim);
+        let rows = self.b.reshape(core, &[t * nv, dv])?;
+        let normed = self.rms_norm_with(rows, &p("norm.weight"), Gain::Plain)?.out;
+        let b = &mut self.b;
+        let normed = b.convert(normed, DType::F32)?;
+        let zf = b.reshape(z, &[t * nv, dv])?;
+        let zf = b.convert(zf, DType::F32)?;
+        let sig = b.logistic(zf)?;
+        let silu = b.mul(zf, sig)?;
+        let gated = b.mul(normed, silu)?;
+        let gated = b.convert(gated, dt)?;
+        let gated = b.reshape(gated, &[t, vd])?;
+        let out = self.linear(gated, &p("out_proj.weight"), None)?;
+        self.hook(at(LinOut), out);
+        Ok(out)
+    }
+
+    /// `silu(causal_conv1d(y))` of `y` `[tokens, channels]` with the depthwise weights `w`
+    /// `[channels, K]`: each channel's output at position `t` is `Σ_j w[j] · y[t - K + 1 + j]`
+    /// within its row (zeros before the row's start), in f32, cast back, then SiLU.
+    fn causal_conv_silu(&mut self, y: Value, w: Value) -> Result<Value, ModelError> {
+        let (bsz, s, dt) = (self.spec.batch, self.spec.seq, self.dt);
+        let b = &mut self.b;
+        let channels = b.dims(y)?[1];
+        let kernel = b.dims(w)?[1];
+        let y = b.reshape(y, &[bsz, s, channels])?;
+        let y = b.convert(y, DType::F32)?;
+        let w = b.convert(w, DType::F32)?;
+        let zeros = b.splat(0.0, TensorType::new(DType::F32, &[bsz, kernel - 1, channels]))?;
+        let padded = b.concatenate(&[zeros, y], 1)?;
+        let mut acc: Option<Value> = None;
+        for j in 0..kernel {
+            let window = b.slice_dim(padded, 1, j, j + s)?;
+            let wj = b.slice_dim(w, 1, j, j + 1)?;
+            let wj = b.reshape(wj, &[channels])?;
+            let wj = b.broadcast_in_dim(wj, &[bsz, s, channels], &[2])?;
+            let term = b.mul(window, wj)?;
+            acc = Some(match acc {
+                None => term,
+                Some(sum) => b.add(sum, term)?,
+            });
+        }
+        let out = b.convert(acc.expect("a kernel of at least one"), dt)?;
+        let out = b.reshape(out, &[bsz * s, channels])?;
+        let sig = b.logistic(out)?;
+        Ok(b.mul(out, sig)?)
+    }
+
+    /// `-exp(A_log) · softplus(a + dt_bias)` in f32, `[tokens, nv]` (PyTorch's softplus: `x`
+    /// itself above 20).
+    fn log_decay(&mut self, a: Value, a_log: &str, dt_bias: &str) -> Result<Value, ModelError> {
+        let (a_log, dt_bias) = (self.w(a_log)?, self.w(dt_bias)?);
+        let b = &mut self.b;
+        let dims = b.dims(a)?.to_vec();
+        let f32t = TensorType::new(DType::F32, &dims);
+        let a = b.convert(a, DType::F32)?;
+        let dt_bias = b.convert(dt_bias, DType::F32)?;
+        let dt_bias = b.broadcast_in_dim(dt_bias, &dims, &[1])?;
+        let x = b.add(a, dt_bias)?;
+        let e = b.exp(x)?;
+        let soft = b.log_plus_one(e)?;
+        let threshold = b.splat(20.0, f32t.clone())?;
+        let above = b.compare(CompareDir::Gt, x, threshold)?;
+        let soft = b.select(above, x, soft)?;
+        let rate = b.convert(a_log, DType::F32)?;
+        let rate = b.exp(rate)?;
+        let rate = b.neg(rate)?;
+        let rate = b.broadcast_in_dim(rate, &dims, &[1])?;
+        Ok(b.mul(rate, soft)?)
+    }
+
+    /// The gated delta rule over each row (see the module docs): `q`, `k` `[tokens, nk·dk]`,
+    /// `v` `[tokens, nv·dv]`, `beta` `[tokens, nv]` in the compute dtype, `decay` `[tokens, nv]`
+    /// f32; returns `[tokens, nv·dv]` in the compute dtype.
+    fn chunked_delta_rule(
+        &mut self,
+        la: &LinearAttention,
+        q: Value,
+        k: Value,
+        v: Value,
+        beta: Value,
+        decay: Value,
+    ) -> Result<Value, ModelError> {
+        let (bsz, s, dt) = (self.spec.batch, self.spec.seq, self.dt);
+        let (nk, nv, dk, dv) = (la.n_key_heads, la.n_value_heads, la.key_head_dim, la.value_head_dim);
+        let (c, n) = (CHUNK, s.div_ceil(CHUNK));
+        let (bh, groups) = (bsz * nv, n * bsz * nv);
+        let b = &mut self.b;
+        let f32t = |dims: &[usize]| TensorType::new(DType::F32, dims);
+        // q, k: l2-normalised in f32 (q also scaled by dk^-0.5), each key head repeated for its
+        // nv / nk value heads.
+        let mut heads = Vec::with_capacity(2);
+        for (x, scale) in [(q, Some((dk as f64).powf(-0.5))), (k, None)] {
+            let x = b.reshape(x, &[bsz, s, nk, dk])?;
+            let x = b.convert(x, DType::F32)?;
+            let sq = b.mul(x, x)?;
+            let sum = b.reduce_sum(sq, &[3])?;
+            let eps = b.splat(1e-6, f32t(&[bsz, s, nk]))?;
+            let inv = b.add(sum, eps)?;
+            let inv = b.rsqrt(inv)?;
+            let inv = b.broadcast_in_dim(inv, &[bsz, s, nk, dk], &[0, 1, 2])?;
+            let mut x = b.mul(x, inv)?;
+            if let Some(scale) = scale {
+                let scale = b.splat(scale, f32t(&[bsz, s, nk, dk]))?;
+                x = b.mul(x, scale)?;
+            }
+            let x = b.broadcast_in_dim(x, &[bsz, s, nk, nv / nk, dk], &[0, 1, 2, 4])?;
+            heads.push(b.reshape(x, &[bsz, s, nv, dk])?);
+        }
+        let v = b.reshape(v, &[bsz, s, nv, dv])?;
+        let v = b.convert(v, DType::F32)?;
+        let beta = b.reshape(beta, &[bsz, s, nv, 1])?;
+        let beta = b.convert(beta, DType::F32)?;
+        let decay = b.reshape(decay, &[bsz, s, nv, 1])?;
+        // [B, S, nv, d] -> [N·B·nv, C, d]: padded to whole chunks, chunk-major.
+        let mut chunked = |x: Value, d: usize| -> Result<Value, ModelError> {
+            let x = b.transpose(x, &[1, 0, 2, 3])?;
+            let x = if n * c > s {
+                let zeros = b.splat(0.0, f32t(&[n * c - s, bsz, nv, d]))?;
+                b.concatenate(&[x, zeros], 0)?
+            } else {
+                x
+            };
+            let x = b.reshape(x, &[n, c, bh, d])?;
+            let x = b.transpose(x, &[0, 2, 1, 3])?;
+            Ok(b.reshape(x, &[groups, c, d])?)
+        };
+        let (q, k, v) = (chunked(heads[0], dk)?, chunked(heads[1], dk)?, chunked(v, dv)?);
+        let beta = chunked(beta, 1)?;
+        let decay = chunked(decay, 1)?;
+        let beta = b.reshape(beta, &[groups, c])?;
+        let decay = b.reshape(decay, &[groups, c])?;
+        // cum[i] = Σ_{j ≤ i} decay[j] within each chunk.
+        let lower: Vec<f32> = (0..c * c).map(|i| if i % c <= i / c { 1.0 } else { 0.0 }).collect();
+        let lower = b.constant_f32(&lower, &[c, c])?;
+        let cum = b.dot_general(decay, lower, &DotDims::contract(&[1], &[1]))?;
+        // pairwise[i, j] = exp(cum[i] - cum[j]) for j ≤ i, else 0.
+        let sq = [groups, c, c];
+        let ci = b.broadcast_in_dim(cum, &sq, &[0, 1])?;
+        let cj = b.broadcast_in_dim(cum, &sq, &[0, 2])?;
+        let diff = b.sub(ci, cj)?;
+        let ii = b.iota(TensorType::new(DType::I32, &sq), 1)?;
+        let jj = b.iota(TensorType::new(DType::I32, &sq), 2)?;
+        let upper = b.compare(CompareDir::Gt, jj, ii)?;
+        let ninf = b.splat(f64::NEG_INFINITY, f32t(&sq))?;
+        let diff = b.select(upper, ninf, diff)?;
+        let pairwise = b.exp(diff)?;
+        let beta_k = b.broadcast_in_dim(beta, &[groups, c, dk], &[0, 1])?;
+        let beta_v = b.broadcast_in_dim(beta, &[groups, c, dv], &[0, 1])?;
+        let k_beta = b.mul(k, beta_k)?;
+        let v_beta = b.mul(v, beta_v)?;
+        let pair = DotDims::batched(&[0], &[0], &[2], &[2]);
+        let ut = b.dot_general(k_beta, k, &pair)?;
+        let ut = b.mul(ut, pairwise)?;
+        let intra = b.dot_general(q, k, &pair)?;
+        let intra = b.mul(intra, pairwise)?;
+        let ecum = b.exp(cum)?;
+        let ecum_k = b.broadcast_in_dim(ecum, &[groups, c, dk], &[0, 1])?;
+        let decayed_k_beta = b.mul(k_beta, ecum_k)?;
+        // The UT transform: (I + strictly_lower(ut))⁻¹ applied to v·beta and k·beta·exp(cum).
+        let rhs = b.concatenate(&[v_beta, decayed_k_beta], 2)?;
+        let solved = b.solve_unit_lower(ut, rhs)?;
+        let new_values = b.slice_dim(solved, 2, 0, dv)?;
+        let k_cumdecay = b.slice_dim(solved, 2, dv, dv + dk)?;
+        let q_decayed = b.mul(q, ecum_k)?;
+        let last = b.slice_dim(cum, 1, c - 1, c)?;
+        let last_c = b.broadcast_in_dim(last, &[groups, c], &[0, 1])?;
+        let to_end = b.sub(last_c, cum)?;
+        let to_end = b.exp(to_end)?;
+        let to_end = b.broadcast_in_dim(to_end, &[groups, c, dk], &[0, 1])?;
+        let k_decayed = b.mul(k, to_end)?;
+        let chunk_decay = b.exp(last)?;
+        let by_chunk = |b: &mut siphon_hlo::Builder, x: Value, d: usize| b.reshape(x, &[n, bh, c, d]);
+        let new_values = by_chunk(b, new_values, dv)?;
+        let k_cumdecay = by_chunk(b, k_cumdecay, dk)?;
+        let q_decayed = by_chunk(b, q_decayed, dk)?;
+        let k_decayed = by_chunk(b, k_decayed, dk)?;
+        let intra = by_chunk(b, intra, c)?;
+        let chunk_decay = b.reshape(chunk_decay, &[n, bh, 1, 1])?;
+        // One step per chunk: the state [bh, dk, dv] read by the chunk, then updated.
+        let i0 = b.scalar(0.0, DType::I32)?;
+        let state0 = b.splat(0.0, f32t(&[bh, dk, dv]))?;
+        let out0 = b.splat(0.0, f32t(&[n, bh, c, dv]))?;
+        let n_chunks = n as f64;
+        let looped = b.while_loop(
+            &[i0, state0, out0, new_values, k_cumdecay, q_decayed, k_decayed, intra, chunk_decay],
+            |b, st| {
+                let end = b.scalar(n_chunks, DType::I32)?;
+                b.compare(CompareDir::Lt, st[0], end)
+            },
+            |b, st| {
+                let (i, state, out) = (st[0], st[1], st[2]);
+                let zero = b.scalar(0.0, DType::I32)?;
+                // Chunk i of x [N, bh, rows, d], as [bh, rows, d].
+                let mut take = |x: Value, rows: usize, d: usize| -> Result<Value, siphon_hlo::HloError> {
+                    let x = b.dynamic_slice(x, &[i, zero, zero, zero], &[1, bh, rows, d])?;
+                    b.reshape(x, &[bh, rows, d])
+                };
+                let (nv_i, kcd_i, qd_i) = (take(st[3], c, dv)?, take(st[4], c, dk)?, take(st[5], c, dk)?);
+                let (kd_i, intra_i, cd_i) = (take(st[6], c, dk)?, take(st[7], c, c)?, take(st[8], 1, 1)?);
+                let read = DotDims::batched(&[0], &[0], &[2], &[1]);
+                let predicted = b.dot_general(kcd_i, state, &read)?;
+                let v_new = b.sub(nv_i, predicted)?;
+                let inter = b.dot_general(qd_i, state, &read)?;
+                let within = b.dot_general(intra_i, v_new, &read)?;
+                let o = b.add(inter, within)?;
+                let cd_i = b.reshape(cd_i, &[bh])?;
+                let cd_i = b.broadcast_in_dim(cd_i, &[bh, dk, dv], &[0])?;
+                let kept = b.mul(state, cd_i)?;
+                let written = b.dot_general(kd_i, v_new, &DotDims::batched(&[0], &[0], &[1], &[1]))?;
+                let state = b.add(kept, written)?;
+                let o = b.reshape(o, &[1, bh, c, dv])?;
+                let out = b.dynamic_update_slice(out, o, &[i, zero, zero, zero])?;
+                let one = b.scalar(1.0, DType::I32)?;
+                let next = b.add(i, one)?;
+                let mut st = st.to_vec();
+                st[..3].copy_from_slice(&[next, state, out]);
+                Ok(st)
+            },
+        )?;
+        // [N, B·nv, C, dv] -> [tokens, nv·dv], the padding dropped.
+        let out = b.transpose(looped[2], &[0, 2, 1, 3])?;
+        let out = b.reshape(out, &[n * c, bsz, nv, dv])?;
+        let out = b.slice_dim(out, 0, 0, s)?;
+        let out = b.transpose(out, &[1, 0, 2, 3])?;
+        let out = b.reshape(out, &[bsz * s, nv * dv])?;
+        Ok(b.convert(out, dt)?)
+    }
+}
+
+/// Whether `config`'s block `layer` is a linear-attention layer.
+pub(crate) fn is_linear(config: &ModelConfig, layer: usize) -> bool {
+    config.linear_attention.as_ref().is_some_and(|la| la.is_linear(layer))
+}
