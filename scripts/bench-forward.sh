@@ -2,7 +2,7 @@
 # Forward benchmark (issue 3 item 7): Qwen2.5-0.5B shape with random weights, batch 4 x seq
 # 256, f32, 2 threads; siphon (Rust + PJRT CPU plugin) interleaved with HF transformers on
 # the same weights and input; medians. Not a test: results go to docs/BENCHMARKS.md.
-#   scripts/bench-forward.sh [--family qwen2|gemma2|gemma4|gpt2|qwen3_moe|gpt_oss] [--rounds N] [--batch B] [--seq S] [--hooks all|last]
+#   scripts/bench-forward.sh [--family qwen2|gemma2|gemma4|gpt2|qwen3_moe|gpt_oss|qwen3_5] [--rounds N] [--batch B] [--seq S] [--hooks all|last]
 # Needs the torch venv ($SIPHON_CACHE/venvs/torch, created here if missing) and ~6 GB RAM.
 set -euo pipefail
 

@@ -3,7 +3,8 @@
 Builds (once, cached) a model with random weights of one family's shape (`--family`:
 Qwen2.5-0.5B, Gemma 2 2B's widths with 6 of its 26 layers so that two f32 copies fit in
 this machine's memory, Gemma 4's default widths with 6 layers, GPT-2 small,
-Qwen3-30B-A3B's widths with 2 of its 48 layers, or gpt-oss-20b's with 2 of its 24), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
+Qwen3-30B-A3B's widths with 2 of its 48 layers, gpt-oss-20b's with 2 of its 24, or
+Qwen3.5's defaults with 4 of its 32 layers), saves it as an HF directory, then alternates timed forwards of HF transformers (torch, in this process) and of
 the Rust bench server (`bench_forward` example, a child process) on the same weights and
 input, with the same thread count. Reports medians, and the max-abs difference of the final
 hidden state as a sanity check.
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2Model, Gemma4TextConfig, Gemma4TextModel, GPT2Config, GPT2Model, GptOssConfig, GptOssModel, Qwen2Config,
-                          Qwen2Model, Qwen3MoeConfig, Qwen3MoeModel)
+                          Qwen2Model, Qwen3_5TextConfig, Qwen3_5TextModel, Qwen3MoeConfig, Qwen3MoeModel)
 
 QWEN2 = dict(
     vocab_size=151936,
@@ -123,6 +124,17 @@ GPT_OSS = dict(
     tie_word_embeddings=False,
 )
 
+# Qwen3_5TextConfig's defaults (its docstring's Qwen3.5-9B style: hidden 4096, 16 heads of 256
+# with 4 KV heads and an output gate, MLP 12288, Gated DeltaNet with 16 key heads of 128 and 32
+# value heads of 128), 4 of its 32 layers (three linear-attention, one full), the vocabulary cut
+# to 32000 so that two f32 copies fit in this machine's memory (it costs only the lookup).
+QWEN3_5 = dict(
+    vocab_size=32000,
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    tie_word_embeddings=False,
+)
+
 # GPT-2 small (124M).
 GPT2 = dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024, activation_function="gelu_new")
 
@@ -135,6 +147,7 @@ FAMILIES = {
     "gpt2": (GPT2, GPT2Config, GPT2Model, "GPT2LMHeadModel", "", "gpt2"),
     "qwen3_moe": (QWEN3_MOE, Qwen3MoeConfig, Qwen3MoeModel, "Qwen3MoeForCausalLM", "model.", "qwen3_moe"),
     "gpt_oss": (GPT_OSS, GptOssConfig, GptOssModel, "GptOssForCausalLM", "model.", "gpt_oss"),
+    "qwen3_5": (QWEN3_5, Qwen3_5TextConfig, Qwen3_5TextModel, "Qwen3_5ForCausalLM", "model.", "qwen3_5_text"),
 }
 
 # Families whose checkpoints on the hub store one tensor per expert (transformers fuses them in
@@ -182,8 +195,11 @@ def from_hub(state):
     return out
 
 
-def make_model(model_dir, family, batch, seq):
+def make_model(model_dir, family, batch, seq, layer_type=None):
     shape, config_class, model_class, architecture, prefix, model_type = FAMILIES[family]
+    if layer_type:
+        # One layer of one type (a hybrid's cost per layer type).
+        shape = dict(shape, num_hidden_layers=1, layer_types=[layer_type])
     torch.manual_seed(0)
     config = config_class(**shape)
     model = model_class(config).eval().float()
@@ -227,10 +243,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--hooks", default="all")
     ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen2")
+    ap.add_argument("--layer-type", choices=["linear_attention", "full_attention"],
+                    help="a hybrid (qwen3_5) with one layer of this type only")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    model, ids = make_model(args.dir, args.family, args.batch, args.seq)
+    if args.layer_type:
+        args.dir = f"{args.dir}-{args.layer_type}"
+    model, ids = make_model(args.dir, args.family, args.batch, args.seq, args.layer_type)
     mask = torch.ones_like(ids)
     tokens = args.batch * args.seq
 

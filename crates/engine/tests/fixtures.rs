@@ -283,6 +283,12 @@ fn hybrids_match_hf_on_one_device_and_a_mesh() {
     }
 }
 
+/// The text tower of a multimodal Qwen3.5 checkpoint (weights under `model.language_model.`).
+#[test]
+fn tiny_qwen3_5_multimodal_matches_hf_at_every_hook() {
+    check_tiny("tiny-qwen3-5-mm");
+}
+
 /// The text tower of a multimodal Gemma 4 checkpoint (weights under `model.language_model.`).
 #[test]
 fn tiny_gemma4_multimodal_matches_hf_at_every_hook() {

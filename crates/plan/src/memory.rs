@@ -22,13 +22,18 @@
 //! - `working`: one block's transients, freed before the next block:
 //!   `a · b · S · (3h + (q + 2kv)/M + 3I/M)` (residual, normed input, attention output; local
 //!   q/k/v; gate, up and their product) plus attention scores and probabilities in f32,
-//!   `2 · 4 · b · (heads/M) · S²`. A mixture of experts (its `n = b · S` local tokens each
+//!   `2 · 4 · b · (heads/M) · S²`. A hybrid's linear-attention layers (Gated DeltaNet, `nv`
+//!   value heads of `dv` over `nk` key heads of `dk`) hold instead, when that is more, their
+//!   projections and convolved q/k/v, `2 · a · b · S · (2·nk·dk + 2·nv·dv) / M`, and the
+//!   chunked recurrence's f32 buffers and state, `4 · b · (nv/M) · (S′ · (8·dk + 6·dv + 3·64) +
+//!   dk·dv)` (`S′` = `S` rounded up to whole chunks of 64). A mixture of experts (its `n = b · S` local tokens each
 //!   choosing `k` of `E` experts `I_e` wide) adds its routing's i32 comparisons,
 //!   `2 · 4 · n · k · E`, the chosen rows' outputs, `2 · a · n · k · h`, and its dispatch:
 //!   on one device the sorted rows and their
 //!   outputs, `2 · a · (n·k + c) · h`, and one expert's three weights sliced out, `3 · a · I_e · h`
 //!   (`c` = `siphon_models::expert_chunk`); on a mesh one round's rows, gate, up, product and
-//!   outputs, `a · (E/M) · C · (2h + 3·I_e)` (`C` = `siphon_models::expert_capacity`). A dense
+//!   outputs, `a · (E/M) · C · (2h + 3·I_e)` (`C` = `siphon_models::expert_capacity`); a shared
+//!   expert `I_s` wide adds `3 · a · n · I_s / M`. A dense
 //!   MLP beside it (Gemma 4) counts as `I`.
 //!
 //! Fits when `sharded + fsdp_gather + activations ≤ device_memory · (1 − headroom)`. The
@@ -218,14 +223,24 @@ pub fn activation_memory(
             let c = siphon_models::expert_capacity(n as usize, m.top_k, m.n_experts) as u64;
             a * e.div_ceil(model.min(e)) * c * (2 * h + 3 * ie)
         };
-        routing + dispatch
+        // A shared expert's gate, up and product on every token.
+        let shared = 3 * a * n * m.shared_expert.unwrap_or(0) as u64 / model;
+        routing + dispatch + shared
     });
     let input_bytes = 2 * 4 * b * s;
     let width: u64 = hooks.iter().map(|hook| hook.dims(config, seq).iter().product::<usize>() as u64).sum();
     let hook_bytes = b * s * width * a;
-    let working_bytes = a * b * s * (3 * h + (q + 2 * kv) / model + 3 * i / model)
-        + 2 * 4 * b * (config.n_heads as u64 / model) * s * s
-        + mixture;
+    let attention = a * b * s * (q + 2 * kv) / model + 2 * 4 * b * (config.n_heads as u64 / model) * s * s;
+    let linear = config.linear_attention.as_ref().map_or(0, |la| {
+        let (kd, vd) = (la.key_dim() as u64, la.value_dim() as u64);
+        let (dk, dv, nv) = (la.key_head_dim as u64, la.value_head_dim as u64, la.n_value_heads as u64);
+        let padded = s.next_multiple_of(siphon_models::gated_deltanet::CHUNK as u64);
+        let chunk = siphon_models::gated_deltanet::CHUNK as u64;
+        let projections = 2 * a * b * s * (2 * kd + 2 * vd) / model;
+        let chunks = 4 * b * (nv / model.min(nv)) * (padded * (8 * dk + 6 * dv + 3 * chunk) + dk * dv);
+        projections + chunks
+    });
+    let working_bytes = a * b * s * (3 * h + 3 * i / model) + attention.max(linear) + mixture;
     ActivationMemory {
         batch,
         seq,
@@ -294,6 +309,32 @@ mod tests {
         assert_eq!(m.fsdp_gather_bytes, 2 * (64 * 32 / 4 - 64 * 32 / 8) * 2);
         let f32 = weight_memory(&params, &specs, &mesh, DType::F32).unwrap();
         assert_eq!(f32.sharded_bytes, 2 * m.sharded_bytes);
+    }
+
+    /// A hybrid's working set: its linear-attention layers' chunked recurrence where that is
+    /// more than its attention's (long rows), the attention's quadratic scores otherwise.
+    #[test]
+    fn a_hybrids_linear_attention_is_counted() {
+        let config = siphon_models::HfConfig::from_json(
+            r#"{"model_type": "qwen3_5_text", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                "linear_value_head_dim": 32}"#,
+        )
+        .unwrap()
+        .into_config()
+        .unwrap();
+        let mesh = Mesh::single_device();
+        let hooks = siphon_models::resolve_hooks("ln_final.hook_out", &config).unwrap();
+        let (a, b, h, i) = (4u64, 2u64, 64u64, 128u64);
+        for s in [100u64, 1000] {
+            let act = activation_memory(&config, &mesh, 2, s as usize, &hooks, DType::F32);
+            let attention = a * b * s * (64 + 2 * 32) + 8 * b * 4 * s * s;
+            let padded = s.next_multiple_of(64);
+            let linear =
+                2 * a * b * s * (2 * 32 + 2 * 128) + 4 * b * 4 * (padded * (8 * 16 + 6 * 32 + 3 * 64) + 16 * 32);
+            assert_eq!(act.working_bytes, a * b * s * (3 * h + 3 * i) + attention.max(linear), "seq {s}");
+        }
     }
 
     #[test]

@@ -74,15 +74,35 @@ fn planned_shardings_give_the_single_device_activations() {
         "tiny-smollm3",
         "tiny-gemma4",
         "tiny-gemma4-moe",
+        "tiny-qwen3-5",
+        "tiny-qwen3-next",
     ];
     for name in names {
         let model = LoadedModel::open(&root.join(name)).unwrap();
         let n_layers = model.config.n_layers;
-        let hooks = siphon_models::resolve_hooks(&format!("blocks.0.hook_attn_out,blocks.1.hook_mlp_out,blocks.{}.hook_resid_post,ln_final.hook_out,\
-                      blocks.0.attn.hook_z,blocks.0.attn.hook_k,blocks.1.attn.hook_pattern,blocks.1.attn.hook_attn_scores,\
-                      blocks.0.{},blocks.1.{}", n_layers - 1,
-                      if name.starts_with("tiny-olmo") { "ln2_post.hook_scale" } else { "ln2.hook_scale" },
-                      if siphon_models::hook_kinds(&model.config).contains(&HookKind::MlpExpertWeights) { "mlp.hook_expert_weights" } else { "mlp.hook_post" }), &model.config)
+        // The hybrids' block 0 is linear attention, their block 1 full attention.
+        let mixer = match model.config.linear_attention {
+            Some(_) => {
+                "blocks.0.linear_attn.hook_out,blocks.0.linear_attn.hook_recurrence_out,\
+                        blocks.0.linear_attn.hook_k,blocks.1.attn.hook_z,blocks.1.attn.hook_k"
+            }
+            None => "blocks.0.hook_attn_out,blocks.0.attn.hook_z,blocks.0.attn.hook_k",
+        };
+        let hooks = siphon_models::resolve_hooks(
+            &format!(
+                "{mixer},blocks.1.hook_mlp_out,blocks.{}.hook_resid_post,ln_final.hook_out,\
+                      blocks.1.attn.hook_pattern,blocks.1.attn.hook_attn_scores,\
+                      blocks.0.{},blocks.1.{}",
+                n_layers - 1,
+                if name.starts_with("tiny-olmo") { "ln2_post.hook_scale" } else { "ln2.hook_scale" },
+                if siphon_models::hook_kinds(&model.config).contains(&HookKind::MlpExpertWeights) {
+                    "mlp.hook_expert_weights"
+                } else {
+                    "mlp.hook_post"
+                }
+            ),
+            &model.config,
+        )
         .unwrap();
         let vocab = model.config.vocab_size as u32;
         let ids: Vec<Vec<u32>> =
