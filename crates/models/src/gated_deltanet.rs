@@ -30,8 +30,11 @@
 //! `[dv]`, `out_proj.weight` `[hidden, nv·dv]`. Heads split over `model` where it divides
 //! them.
 //!
-//! Memory per layer: the chunk tensors, `B·nv·S′·(3·dk + 2·dv + 64)` f32 (S′ the padded
-//! length), and the state, `B·nv·dk·dv` f32.
+//! Memory per layer, beyond the projections: the chunk tensors (q, k, v and their decayed and
+//! beta-scaled forms, the solve's right-hand side and result, three `[64, 64]` matrices per
+//! chunk), at most `B·nv·S′·(8·dk + 6·dv + 3·64)` f32 with `S′` the padded length, and the
+//! state, `B·nv·dk·dv` f32 (the planner's `memory.rs` counts these). Compute grows linearly
+//! with the length: per chunk, `O(64²·(dk + dv))` per head, and the solve.
 
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};

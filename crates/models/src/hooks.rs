@@ -319,6 +319,10 @@ kinds! {
         "keys per key/value head, before RoPE";
     AttnV Block KvHeads "attn.hook_v" ["attn.v.hook_out"]
         "values per key/value head";
+    AttnQuery Block QHeads "attn.q_norm.hook_in" []
+        "the queries per head without their gates, the q-norm's input (gated attention)";
+    AttnQGate Block QWidth "attn.hook_q_gate" []
+        "the attention output gate, before its sigmoid (gated attention)";
     AttnQNormScale Block QHeadScale "attn.q_norm.hook_scale" []
         "sqrt(mean(q²) + eps) of each query head (of the whole projection in OLMo 2)";
     AttnQNormNormalized Block QNorm "attn.q_norm.hook_normalized" []
@@ -331,10 +335,6 @@ kinds! {
         "each key head divided by its scale, before the k-norm's gain";
     AttnKNormed Block KvNorm "attn.hook_k_normed" ["attn.k_norm.hook_out"]
         "keys per key/value head after the k-norm, before RoPE";
-    AttnQuery Block QHeads "attn.q_norm.hook_in" []
-        "the queries per head without their gates, the q-norm's input (gated attention)";
-    AttnQGate Block QWidth "attn.hook_q_gate" []
-        "the attention output gate, before its sigmoid (gated attention)";
     AttnVNormed Block KvHeads "attn.v_norm.hook_out" []
         "values per key/value head after the scale-free v-norm (Gemma 4)";
     AttnRotQ Block QHeads "attn.hook_rot_q" []
