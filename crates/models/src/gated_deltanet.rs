@@ -41,7 +41,6 @@ use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
 
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::forward::{Gain, Graph};
-use crate::hf_config::need;
 use crate::hooks::{HookKind, HookPoint};
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -99,7 +98,7 @@ impl LinearAttention {
             n_value_heads: hf.key("linear_num_value_heads")?.unwrap_or(32),
             key_head_dim: hf.key("linear_key_head_dim")?.unwrap_or(128),
             value_head_dim: hf.key("linear_value_head_dim")?.unwrap_or(128),
-            conv_kernel: need(Some(hf.key("linear_conv_kernel_dim")?.unwrap_or(4)), "linear_conv_kernel_dim")?,
+            conv_kernel: hf.key("linear_conv_kernel_dim")?.unwrap_or(4),
             layers,
             fused,
         };
