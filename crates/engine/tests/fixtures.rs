@@ -283,6 +283,13 @@ fn hybrids_match_hf_on_one_device_and_a_mesh() {
     }
 }
 
+/// Qwen3's projections stored FP8 block-scaled (`quantization_config` `fp8`), dequantized on
+/// read: transformers' values from the same checkpoint.
+#[test]
+fn tiny_qwen3_fp8_matches_hf_at_every_hook() {
+    check_tiny("tiny-qwen3-fp8");
+}
+
 /// The text tower of a multimodal Qwen3.5 checkpoint (weights under `model.language_model.`).
 #[test]
 fn tiny_qwen3_5_multimodal_matches_hf_at_every_hook() {

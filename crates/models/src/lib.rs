@@ -5,6 +5,7 @@
 pub mod config;
 mod family;
 pub mod forward;
+mod fp8;
 pub mod gated_deltanet;
 mod gemma2;
 mod gemma3;

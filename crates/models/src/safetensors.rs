@@ -29,6 +29,9 @@ struct Mxfp4Parts<'a> {
     scales: &'a [u8],
 }
 
+/// An FP8 weight's scale grid `[scale_rows, scale_cols]` and its scales as f32.
+type ScaleGrid = ([usize; 2], Vec<f32>);
+
 pub(crate) struct SafeTensorsSet {
     files: Vec<MappedFile>,
     by_name: HashMap<String, (usize, TensorInfo)>,
@@ -133,6 +136,14 @@ impl SafeTensorsSet {
         if let Some(parts) = self.mxfp4_parts(name)? {
             return Ok(TensorMeta { name: name.into(), shape: parts.shape, stored: "MXFP4".into() });
         }
+        if self.fp8_scales(name)?.is_some() {
+            let (_, info) = self.entry(name)?;
+            return Ok(TensorMeta {
+                name: name.into(),
+                shape: info.shape.clone(),
+                stored: "F8_E4M3 block-scaled".into(),
+            });
+        }
         let (_, info) = self.entry(name)?;
         Ok(TensorMeta { name: name.into(), shape: info.shape.clone(), stored: format!("{:?}", info.dtype) })
     }
@@ -143,6 +154,58 @@ impl SafeTensorsSet {
         Ok(self
             .mxfp4_parts(name)?
             .map(|p| Dequantized { shape: p.shape, values: crate::mxfp4::dequantize(p.blocks, p.scales) }))
+    }
+
+    /// The values of `name` when it is an FP8 block-scaled weight (F8_E4M3 beside its
+    /// `…_scale_inv`), dequantized as transformers does ([`crate::fp8`]); `None` for any other
+    /// tensor.
+    pub(crate) fn fp8(&self, name: &str) -> Result<Option<Dequantized>, ModelError> {
+        let Some((grid, scales)) = self.fp8_scales(name)? else { return Ok(None) };
+        let (_, info) = self.entry(name)?;
+        let shape = info.shape.clone();
+        let corrupt = |detail: String| ModelError::Corrupt { path: self.describe.clone().into(), detail };
+        let [rows, cols] = shape[..] else {
+            return Err(corrupt(format!("FP8 weight {name:?} has shape {shape:?}, not [rows, cols]")));
+        };
+        let values = crate::fp8::dequantize(self.bytes(name)?, rows, cols, &scales, grid).ok_or_else(|| {
+            ModelError::UnsupportedQuant(format!(
+                "FP8 weight {name:?} {shape:?} with a {grid:?} scale grid that does not divide it (partial blocks, \
+                 which transformers' dequantization refuses too)"
+            ))
+        })?;
+        Ok(Some(Dequantized { shape, values }))
+    }
+
+    /// The scale grid and f32 scales of `name` when it is F8_E4M3 beside a `…_scale_inv`.
+    fn fp8_scales(&self, name: &str) -> Result<Option<ScaleGrid>, ModelError> {
+        let Some((_, info)) = self.by_name.get(name) else { return Ok(None) };
+        let scale_name = format!("{name}_scale_inv");
+        let Some((_, scale)) = self.by_name.get(&scale_name) else { return Ok(None) };
+        if info.dtype != Dtype::F8_E4M3 {
+            return Ok(None);
+        }
+        let bytes = self.bytes(&scale_name)?;
+        let scales: Vec<f32> = match scale.dtype {
+            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect(),
+            Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Dtype::U8 | Dtype::F8_E8M0 => bytes.iter().map(|&b| crate::fp8::e8m0(b)).collect(),
+            other => {
+                return Err(ModelError::UnsupportedQuant(format!(
+                    "FP8 scales {scale_name:?} are {other:?} (supported: F32, BF16, U8 and F8_E8M0 exponents)"
+                )));
+            }
+        };
+        let grid = match scale.shape[..] {
+            [r, c] => [r, c],
+            [] | [1] => [1, 1],
+            _ => {
+                return Err(ModelError::Corrupt {
+                    path: self.describe.clone().into(),
+                    detail: format!("FP8 scales {scale_name:?} have shape {:?}, not a 2-D grid", scale.shape),
+                });
+            }
+        };
+        Ok(Some((grid, scales)))
     }
 
     fn mxfp4_parts(&self, name: &str) -> Result<Option<Mxfp4Parts<'_>>, ModelError> {

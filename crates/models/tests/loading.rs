@@ -260,3 +260,26 @@ fn mxfp4_experts_read_to_transformers_values_bit_for_bit() {
     assert!(same_bits(&edge.to_f32_vec(), &theirs), "every byte under scales 0, 1, 126, 127, 128, 254, 255");
     assert!(theirs.iter().any(|v| v.is_infinite()) && theirs.iter().any(|v| v.is_subnormal()));
 }
+
+/// FP8 block-scaled projections (`quantization_config` `fp8`: F8_E4M3 beside an f32
+/// `weight_scale_inv` per 16 × 16 block) read to exactly the values transformers' own
+/// dequantization gives, in f32, and its bf16 rounding of them in bf16.
+#[test]
+fn fp8_block_scaled_weights_read_to_transformers_values_bit_for_bit() {
+    let dir = fixture("tiny-qwen3-fp8");
+    let m = LoadedModel::open(&dir).unwrap();
+    m.check_weights(m.config.n_layers).unwrap();
+    let want = siphon_models::Weights::from_safetensors_file(&dir.join("dequantized.safetensors")).unwrap();
+    let mut compared = 0;
+    for p in m.config.params(m.config.n_layers, false) {
+        let Ok(theirs) = want.get(&p.name, DType::F32) else { continue };
+        let theirs = theirs.to_f32_vec();
+        let got = m.weights.load(&p, DType::F32).unwrap().to_f32_vec();
+        assert!(same_bits(&got, &theirs), "{}", p.name);
+        let bf16: Vec<f32> = theirs.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
+        assert!(same_bits(&m.weights.load(&p, DType::Bf16).unwrap().to_f32_vec(), &bf16), "{} in bf16", p.name);
+        compared += 1;
+    }
+    assert_eq!(compared, 7 * m.config.n_layers, "every projection is stored FP8");
+    assert!(m.weights.meta("model.layers.0.mlp.up_proj.weight").unwrap().stored.contains("F8_E4M3"));
+}

@@ -1,0 +1,70 @@
+//! FP8 block-scaled weights, as DeepSeek-V3 and the hub's `-FP8` checkpoints (Qwen3, …) store
+//! them (`quantization_config` `fp8`, `weight_block_size` `[128, 128]`): a weight `{name}` of
+//! F8_E4M3 bytes `[rows, cols]` beside `{name}_scale_inv` `[rows / br, cols / bc]`, one scale
+//! per block (f32 or bf16, or E8M0 exponents as U8 or F8_E8M0 bytes, `2^(b - 127)`).
+//! Dequantized as transformers' `Fp8Dequantize` does: every value is `f32(w) · f32(scale)` in
+//! f32, the block size read off the grid (`rows / scale_rows`), so a grid that does not divide
+//! the weight (a partial block) is refused as transformers refuses it.
+
+/// The value of an E4M3 (`float8_e4m3fn`: bias 7, no infinities, `S.1111.111` NaN) byte.
+pub(crate) fn e4m3(byte: u8) -> f32 {
+    let sign = if byte & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((byte >> 3) & 0x0F);
+    let man = f32::from(byte & 0x07);
+    match (exp, byte & 0x7F) {
+        (_, 0x7F) => f32::NAN,
+        (0, _) => sign * man / 8.0 * 2f32.powi(-6),
+        _ => sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7),
+    }
+}
+
+/// The value of an E8M0 scale byte, `2^(b - 127)` (transformers' reading of U8 scales).
+pub(crate) fn e8m0(byte: u8) -> f32 {
+    (2f64.powi(i32::from(byte) - 127)) as f32
+}
+
+/// The f32 values of `weights` (E4M3 bytes, `rows × cols` row-major) times their block's scale
+/// in `scales` (`grid = [scale_rows, scale_cols]`, row-major), each product rounded once to
+/// f32. `None` when the grid does not divide the weight.
+pub(crate) fn dequantize(
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    scales: &[f32],
+    grid: [usize; 2],
+) -> Option<Vec<f32>> {
+    let [sr, sc] = grid;
+    if sr == 0 || sc == 0 || !rows.is_multiple_of(sr) || !cols.is_multiple_of(sc) || scales.len() != sr * sc {
+        return None;
+    }
+    let (br, bc) = (rows / sr, cols / sc);
+    let table: Vec<f32> = (0..=255u8).map(e4m3).collect();
+    let mut out = Vec::with_capacity(rows * cols);
+    for (i, row) in weights.chunks_exact(cols).enumerate() {
+        let block_row = &scales[(i / br) * sc..(i / br + 1) * sc];
+        out.extend(row.iter().enumerate().map(|(j, &b)| table[usize::from(b)] * block_row[j / bc]));
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_bytes_decode_as_float8_e4m3fn() {
+        assert_eq!([e4m3(0x00), e4m3(0x80), e4m3(0x38), e4m3(0xB8)], [0.0, -0.0, 1.0, -1.0]);
+        // The largest normal (448), the smallest normal (2^-6) and subnormal (2^-9).
+        assert_eq!([e4m3(0x7E), e4m3(0x08), e4m3(0x01)], [448.0, 2f32.powi(-6), 2f32.powi(-9)]);
+        assert!(e4m3(0x7F).is_nan() && e4m3(0xFF).is_nan());
+        assert_eq!([e8m0(127), e8m0(130), e8m0(0)], [1.0, 8.0, 2f32.powi(-127)]);
+    }
+
+    #[test]
+    fn each_block_takes_its_own_scale_and_a_partial_grid_is_refused() {
+        // 2 × 4 weights of 1.0 in 1 × 2 blocks of [2, 2].
+        let v = dequantize(&[0x38; 8], 2, 4, &[0.5, 3.0], [1, 2]).unwrap();
+        assert_eq!(v, [0.5, 0.5, 3.0, 3.0, 0.5, 0.5, 3.0, 3.0]);
+        assert!(dequantize(&[0x38; 6], 2, 3, &[1.0, 1.0], [1, 2]).is_none());
+    }
+}
