@@ -58,7 +58,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 /// [`crate::forward::Graph::moe_mlp`]), none without a mixture: the router, and each
 /// projection of every expert stacked, read from Qwen3-MoE's names (`mlp.gate`,
 /// `mlp.experts.{e}.{gate,up,down}_proj`; Mixtral renames the stored tensors).
-fn moe_params(c: &ModelConfig, l: usize) -> Vec<ParamInfo> {
+pub(crate) fn moe_params(c: &ModelConfig, l: usize) -> Vec<ParamInfo> {
     use ParamClass::*;
     let Some(moe) = &c.moe else { return Vec::new() };
     let (h, e, i) = (c.hidden_size, moe.n_experts, moe.expert_size);

@@ -36,7 +36,7 @@ use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
 use crate::gated_deltanet::{self, LinearAttention};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::llama::head_norm;
+use crate::llama::{head_norm, moe_params};
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The hybrid decoder with the mixture and its shared expert.
@@ -115,50 +115,36 @@ pub(crate) fn hybrid_params(c: &ModelConfig, n_layers: usize, with_lm_head: bool
     let (q, kv, i) = (c.n_heads * d, c.n_kv_heads * d, c.intermediate_size);
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
     for l in 0..n_layers {
-        let name = |suffix: &str| format!("model.layers.{l}.{suffix}");
-        let mut p =
-            |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(name(suffix), shape, class, Some(l)));
-        p("input_layernorm.weight", &[h], Norm);
+        let p = |out: &mut Vec<ParamInfo>, suffix: &str, shape: &[usize], class| {
+            out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)))
+        };
+        p(&mut out, "input_layernorm.weight", &[h], Norm);
         match c.linear_attention.as_ref().filter(|la| la.is_linear(l)) {
             Some(la) => out.extend(gated_deltanet::params(la, h, l)),
             None => {
                 // q_proj: each head's query, then its gate.
-                p("self_attn.q_proj.weight", &[2 * q, h], AttnQ);
-                p("self_attn.k_proj.weight", &[kv, h], AttnK);
-                p("self_attn.v_proj.weight", &[kv, h], AttnV);
-                p("self_attn.q_norm.weight", &[d], Norm);
-                p("self_attn.k_norm.weight", &[d], Norm);
-                p("self_attn.o_proj.weight", &[h, q], AttnO);
+                p(&mut out, "self_attn.q_proj.weight", &[2 * q, h], AttnQ);
+                p(&mut out, "self_attn.k_proj.weight", &[kv, h], AttnK);
+                p(&mut out, "self_attn.v_proj.weight", &[kv, h], AttnV);
+                p(&mut out, "self_attn.q_norm.weight", &[d], Norm);
+                p(&mut out, "self_attn.k_norm.weight", &[d], Norm);
+                p(&mut out, "self_attn.o_proj.weight", &[h, q], AttnO);
             }
         }
-        let mut p =
-            |suffix: &str, shape: &[usize], class| out.push(ParamInfo::new(name(suffix), shape, class, Some(l)));
-        p("post_attention_layernorm.weight", &[h], Norm);
-        match &c.moe {
+        p(&mut out, "post_attention_layernorm.weight", &[h], Norm);
+        match c.moe.as_ref().map(|m| m.shared_expert.unwrap_or(0)) {
             None => {
-                p("mlp.gate_proj.weight", &[i, h], MlpGate);
-                p("mlp.up_proj.weight", &[i, h], MlpUp);
-                p("mlp.down_proj.weight", &[h, i], MlpDown);
+                p(&mut out, "mlp.gate_proj.weight", &[i, h], MlpGate);
+                p(&mut out, "mlp.up_proj.weight", &[i, h], MlpUp);
+                p(&mut out, "mlp.down_proj.weight", &[h, i], MlpDown);
             }
-            Some(moe) => {
-                let (e, ei) = (moe.n_experts, moe.expert_size);
-                let s = moe.shared_expert.unwrap_or(0);
-                p("mlp.gate.weight", &[e, h], Router);
-                for (proj, shape, class) in [
-                    ("gate_proj", [e, ei, h], ExpertGate),
-                    ("up_proj", [e, ei, h], ExpertUp),
-                    ("down_proj", [e, h, ei], ExpertDown),
-                ] {
-                    let stack = (0..e).map(|x| name(&format!("mlp.experts.{x}.{proj}.weight"))).collect();
-                    out.push(ParamInfo::stacked(name(&format!("mlp.experts.{proj}")), &shape, class, Some(l), stack));
-                }
-                let mut p = |suffix: &str, shape: &[usize], class| {
-                    out.push(ParamInfo::new(name(suffix), shape, class, Some(l)))
-                };
-                p("mlp.shared_expert.gate_proj.weight", &[s, h], MlpGate);
-                p("mlp.shared_expert.up_proj.weight", &[s, h], MlpUp);
-                p("mlp.shared_expert.down_proj.weight", &[h, s], MlpDown);
-                p("mlp.shared_expert_gate.weight", &[1, h], Router);
+            Some(s) => {
+                // The router and the routed experts as Qwen3-MoE's, then the shared expert.
+                out.extend(moe_params(c, l));
+                p(&mut out, "mlp.shared_expert.gate_proj.weight", &[s, h], MlpGate);
+                p(&mut out, "mlp.shared_expert.up_proj.weight", &[s, h], MlpUp);
+                p(&mut out, "mlp.shared_expert.down_proj.weight", &[h, s], MlpDown);
+                p(&mut out, "mlp.shared_expert_gate.weight", &[1, h], Router);
             }
         }
     }

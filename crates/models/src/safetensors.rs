@@ -15,8 +15,7 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
 use crate::ModelError;
 use crate::weights::{Stored, TensorMeta};
 
-/// One or more mapped safetensors files with a name → file index.
-/// An MXFP4 tensor's dequantized shape and values.
+/// A block-scaled tensor's dequantized shape and values.
 pub(crate) struct Dequantized {
     pub shape: Vec<usize>,
     pub values: Vec<f32>,
@@ -32,6 +31,7 @@ struct Mxfp4Parts<'a> {
 /// An FP8 weight's scale grid `[scale_rows, scale_cols]` and its scales as f32.
 type ScaleGrid = ([usize; 2], Vec<f32>);
 
+/// One or more mapped safetensors files with a name → file index.
 pub(crate) struct SafeTensorsSet {
     files: Vec<MappedFile>,
     by_name: HashMap<String, (usize, TensorInfo)>,
@@ -148,9 +148,19 @@ impl SafeTensorsSet {
         Ok(TensorMeta { name: name.into(), shape: info.shape.clone(), stored: format!("{:?}", info.dtype) })
     }
 
+    /// The values of `name` when it is stored in a block-scaled format read by dequantizing
+    /// (MXFP4 or FP8, see [`SafeTensorsSet::mxfp4`] and [`SafeTensorsSet::fp8`]); `None` for
+    /// a plain F32/F16/BF16 tensor.
+    pub(crate) fn dequantized(&self, name: &str) -> Result<Option<Dequantized>, ModelError> {
+        match self.mxfp4(name)? {
+            Some(t) => Ok(Some(t)),
+            None => self.fp8(name),
+        }
+    }
+
     /// The values of `name` when it is an MXFP4 tensor (`name` = `…_blocks`, U8, beside its
     /// `…_scales`), with its dequantized shape ([`crate::mxfp4`]); `None` for any other tensor.
-    pub(crate) fn mxfp4(&self, name: &str) -> Result<Option<Dequantized>, ModelError> {
+    fn mxfp4(&self, name: &str) -> Result<Option<Dequantized>, ModelError> {
         Ok(self
             .mxfp4_parts(name)?
             .map(|p| Dequantized { shape: p.shape, values: crate::mxfp4::dequantize(p.blocks, p.scales) }))
@@ -159,7 +169,7 @@ impl SafeTensorsSet {
     /// The values of `name` when it is an FP8 block-scaled weight (F8_E4M3 beside its
     /// `…_scale_inv`), dequantized as transformers does ([`crate::fp8`]); `None` for any other
     /// tensor.
-    pub(crate) fn fp8(&self, name: &str) -> Result<Option<Dequantized>, ModelError> {
+    fn fp8(&self, name: &str) -> Result<Option<Dequantized>, ModelError> {
         let Some((grid, scales)) = self.fp8_scales(name)? else { return Ok(None) };
         let (_, info) = self.entry(name)?;
         let shape = info.shape.clone();

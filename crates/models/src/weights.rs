@@ -215,7 +215,7 @@ impl Weights {
         let name = &*self.resolve(name);
         match &self.inner {
             Inner::SafeTensors(s) => {
-                if let Some(t) = s.mxfp4(name)?.map_or_else(|| s.fp8(name), |t| Ok(Some(t)))? {
+                if let Some(t) = s.dequantized(name)? {
                     let mut data = vec![0u8; t.values.len() * dtype.size()];
                     encode_into(dtype, &t.values, &mut data);
                     return Ok(HostTensor { dtype, shape: t.shape, data: Cow::Owned(data) });
