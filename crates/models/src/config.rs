@@ -23,9 +23,18 @@ pub struct Moe {
     /// Width of one expert's gate/up projections.
     pub expert_size: usize,
     /// Width of a shared expert every token goes through beside the routed ones, its output
-    /// scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next, Qwen3.5-MoE).
+    /// scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next, Qwen3.5-MoE) or added as it is
+    /// (DeepSeek-V3's `shared_experts`), as the family's features say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_expert: Option<usize>,
+    /// The first blocks, whose MLP is a dense gated MLP `intermediate_size` wide instead of
+    /// the mixture (DeepSeek-V3's `first_k_dense_replace`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_dense: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Per-layer input embeddings: a second embedding table of `width` per layer, and a
@@ -221,6 +230,12 @@ pub struct ModelConfig {
     /// and `o_proj` reads `z · sigmoid(gate)` (Qwen3.5, Qwen3-Next).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub attn_output_gate: bool,
+    /// Multi-head latent attention in place of q/k/v projections (DeepSeek-V3, Kimi K2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<crate::mla::Mla>,
+    /// DeepSeek-V3's router: sigmoid scores, a correction bias for choosing, groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deepseek: Option<crate::deepseek_v3::Router>,
 }
 
 /// What role a weight tensor plays; the planner shards by class. Shapes are the ones the
@@ -287,6 +302,9 @@ pub enum ParamClass {
     LinearConv,
     /// A linear-attention layer's output projection `[hidden, nv*dv]`, split by value heads.
     LinearOut,
+    /// A low-rank projection every head reads, `[rank, hidden]` (MLA's `q_a_proj` and
+    /// `kv_a_proj_with_mqa`); not split over `model`.
+    Latent,
     /// Scalars and small vectors a block multiplies by, replicated (Gemma 4's `layer_scalar`
     /// `[1]`, its router's `scale` `[hidden]` and `per_expert_scale` `[experts]`).
     Scalar,
@@ -459,6 +477,11 @@ impl ModelConfig {
     /// Block `layer`'s key/value heads.
     pub fn kv_heads_at(&self, layer: usize) -> usize {
         self.layer_shapes.get(layer).map_or(self.n_kv_heads, |h| h.n_kv_heads)
+    }
+
+    /// Whether block `layer`'s MLP is the mixture (not one of the dense first blocks).
+    pub fn is_mixture_layer(&self, layer: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| layer >= m.first_dense)
     }
 
     /// Block `layer`'s MLP width.

@@ -48,6 +48,8 @@ pub enum Arch {
     Qwen3_5,
     #[serde(rename = "qwen3_5_moe")]
     Qwen3_5Moe,
+    #[serde(rename = "deepseek_v3")]
+    DeepseekV3,
 }
 
 impl std::fmt::Display for Arch {
@@ -84,6 +86,7 @@ pub(crate) struct Family {
 
 /// Every family, in the order `model_type`s are listed in errors.
 pub(crate) const FAMILIES: &[&Family] = &[
+    &crate::deepseek_v3::FAMILY,
     &crate::gemma2::FAMILY,
     &crate::gemma3::FAMILY,
     &crate::gemma4::FAMILY,
@@ -106,6 +109,14 @@ pub(crate) const FAMILIES: &[&Family] = &[
     &crate::smollm3::FAMILY,
 ];
 
+/// `model_type`s of families siphon does not build, with what it lacks: refused by name
+/// rather than as unknown.
+const REFUSED: &[(&str, &str)] = &[(
+    "deepseek_v32",
+    "DeepSeek-V3.2's sparse attention (its lightning indexer's top-k choice of keys) is not built; \
+     DeepSeek-V3 and V3.1 checkpoints are deepseek_v3",
+)];
+
 /// The family of `arch`.
 pub(crate) fn family(arch: Arch) -> &'static Family {
     FAMILIES.iter().copied().find(|f| f.arch == arch).expect("every Arch has a family in FAMILIES (tested)")
@@ -116,6 +127,9 @@ pub(crate) fn family(arch: Arch) -> &'static Family {
 pub(crate) fn for_hf(c: &HfConfig) -> Result<&'static Family, ModelError> {
     match (c.model_type.as_deref(), c.architectures.as_deref().and_then(|a| a.first())) {
         (Some(model_type), _) => {
+            if let Some((_, why)) = REFUSED.iter().find(|(t, _)| *t == model_type) {
+                return Err(ModelError::UnsupportedArch(format!("model_type {model_type:?}: {why}")));
+            }
             FAMILIES.iter().copied().find(|f| f.model_types.contains(&model_type)).ok_or_else(|| {
                 let mut known: Vec<&str> = FAMILIES.iter().flat_map(|f| f.model_types.iter().copied()).collect();
                 known.sort_unstable();
@@ -141,12 +155,13 @@ mod tests {
         use Arch::*;
         let all = vec![
             Llama, Qwen2, Mistral, Qwen3, Gemma2, Gemma3, Phi3, Olmo2, Gpt2, GptNeox, Qwen3Moe, Mixtral, Olmo3,
-            SmolLM3, Gemma4, Olmoe, GptOss, Qwen3Next, Qwen3_5, Qwen3_5Moe,
+            SmolLM3, Gemma4, Olmoe, GptOss, Qwen3Next, Qwen3_5, Qwen3_5Moe, DeepseekV3,
         ];
         for arch in &all {
             match arch {
                 Llama | Qwen2 | Mistral | Qwen3 | Gemma2 | Gemma3 | Phi3 | Olmo2 | Gpt2 | GptNeox | Qwen3Moe
-                | Mixtral | Olmo3 | SmolLM3 | Gemma4 | Olmoe | GptOss | Qwen3Next | Qwen3_5 | Qwen3_5Moe => {}
+                | Mixtral | Olmo3 | SmolLM3 | Gemma4 | Olmoe | GptOss | Qwen3Next | Qwen3_5 | Qwen3_5Moe
+                | DeepseekV3 => {}
             }
         }
         all

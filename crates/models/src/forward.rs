@@ -189,6 +189,7 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
             | ParamClass::OBias
             | ParamClass::MlpDownBias
             | ParamClass::Router
+            | ParamClass::Latent
             | ParamClass::Scalar
             | ParamClass::LinearConv
             | ParamClass::PerLayerInput => continue,
@@ -386,8 +387,17 @@ impl<'a> Graph<'a> {
     /// [`Gain::UnitOffset`] is Gemma's `(x / rms(x)) * (1 + w)`, the multiply in f32 before
     /// the cast back.
     pub fn rms_norm_with(&mut self, x: Value, weight: &str, gain: Gain) -> Result<Norm, ModelError> {
+        self.rms_norm_gain_eps(x, weight, gain, self.config.rms_norm_eps)
+    }
+
+    /// [`Graph::rms_norm`] with its own `eps` (MLA's latent norms).
+    pub fn rms_norm_eps(&mut self, x: Value, weight: &str, eps: f64) -> Result<Norm, ModelError> {
+        self.rms_norm_gain_eps(x, weight, Gain::Plain, eps)
+    }
+
+    fn rms_norm_gain_eps(&mut self, x: Value, weight: &str, gain: Gain, eps: f64) -> Result<Norm, ModelError> {
         let w = self.w(weight)?;
-        let (var, normed, normalized) = self.rms_normalize(x)?;
+        let (var, normed, normalized) = self.rms_normalize(x, eps)?;
         let dims = self.b.dims(x)?.to_vec();
         let (rows, hidden) = (dims[0], dims[1]);
         let b = &mut self.b;
@@ -413,13 +423,13 @@ impl<'a> Graph<'a> {
     /// RMSNorm without a gain (Gemma 4's `v_norm` and router norm): its output is the
     /// normalized input.
     pub fn rms_norm_unscaled(&mut self, x: Value) -> Result<Norm, ModelError> {
-        let (var, _, normalized) = self.rms_normalize(x)?;
+        let (var, _, normalized) = self.rms_normalize(x, self.config.rms_norm_eps)?;
         Ok(Norm { var, normalized, out: normalized })
     }
 
     /// `x / sqrt(mean(x²) + eps)` of every row of `x` `[rows, hidden]`, in f32: the variance
     /// plus eps, the f32 result, and the result in the compute dtype.
-    fn rms_normalize(&mut self, x: Value) -> Result<(Value, Value, Value), ModelError> {
+    fn rms_normalize(&mut self, x: Value, eps: f64) -> Result<(Value, Value, Value), ModelError> {
         let dims = self.b.dims(x)?.to_vec();
         let (rows, hidden) = (dims[0], dims[1]);
         let b = &mut self.b;
@@ -428,7 +438,7 @@ impl<'a> Graph<'a> {
         let sum = b.reduce_sum(sq, &[1])?;
         let n = b.splat(hidden as f64, TensorType::new(DType::F32, &[rows]))?;
         let mean = b.div(sum, n)?;
-        let eps = b.splat(self.config.rms_norm_eps, TensorType::new(DType::F32, &[rows]))?;
+        let eps = b.splat(eps, TensorType::new(DType::F32, &[rows]))?;
         let var = b.add(mean, eps)?;
         let inv = b.rsqrt(var)?;
         let inv = b.broadcast_in_dim(inv, &[rows, hidden], &[0])?;
@@ -679,9 +689,11 @@ impl<'a> Graph<'a> {
         let g = c.n_heads / nkv;
         let dt = self.dt;
         let b = &mut self.b;
+        // Values may be narrower than queries and keys (MLA's v_head_dim).
+        let hv = b.dims(v)?[1] / nkv;
         let q = b.reshape(q, &[bsz, s, nkv, g, hd])?;
         let k = b.reshape(k, &[bsz, s, nkv, hd])?;
-        let v = b.reshape(v, &[bsz, s, nkv, hd])?;
+        let v = b.reshape(v, &[bsz, s, nkv, hv])?;
         // scores[b, kv, i, g, j] = q[b, i, kv, g, :] · k[b, j, kv, :]
         let scores = b.dot_general(q, k, &DotDims::batched(&[0, 2], &[0, 2], &[4], &[3]))?;
         let sdims = vec![bsz, nkv, s, g, s];
@@ -715,7 +727,7 @@ impl<'a> Graph<'a> {
         // out[b, kv, i, g, :] = Σ_j probs[b, kv, i, g, j] · v[b, j, kv, :]
         let out = b.dot_general(pattern, v, &DotDims::batched(&[0, 1], &[0, 2], &[4], &[1]))?;
         let out = b.transpose(out, &[0, 2, 1, 3, 4])?;
-        let z = b.reshape(out, &[bsz * s, c.n_heads * hd])?;
+        let z = b.reshape(out, &[bsz * s, c.n_heads * hv])?;
         Ok(Attention { scores, pattern, z })
     }
 

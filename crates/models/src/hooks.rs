@@ -41,6 +41,17 @@ pub enum HookKind {
     LinLogDecay,
     LinRecurrenceOut,
     LinOut,
+    MlaQA,
+    MlaQAScale,
+    MlaQANormalized,
+    MlaQLatent,
+    MlaQProj,
+    MlaKvA,
+    MlaKvIn,
+    MlaKvScale,
+    MlaKvNormalized,
+    MlaKvLatent,
+    MlaKvProj,
     AttnQ,
     AttnK,
     AttnV,
@@ -142,6 +153,14 @@ pub enum Feature {
     /// A gated shared expert beside the routed ones (`mlp.shared_expert.*`,
     /// `mlp.shared_expert_gate.*`, `mlp.experts.hook_out`).
     SharedExpert,
+    /// The sigmoid gate on the shared expert's output (`mlp.shared_expert_gate`: Qwen3-Next,
+    /// Qwen3.5-MoE; DeepSeek-V3 adds its shared experts ungated).
+    SharedExpertGate,
+    /// Multi-head latent attention (`attn.hook_kv_latent`, `attn.kv_a_layernorm.*`, …).
+    Mla,
+    /// Latent attention's compressed queries (`attn.hook_q_latent`, `attn.q_a_layernorm.*`),
+    /// where the config has them (`q_lora_rank`).
+    QLora,
     /// Per-layer inputs mixed in after the MLP (Gemma 4's E2B/E4B: `per_layer_input_gate`,
     /// `per_layer_projection`, `post_per_layer_input_norm`), where the config has them.
     PerLayerInput,
@@ -202,6 +221,16 @@ pub enum HookShape {
     LinHeads,
     /// `[shared expert width]`.
     SharedMlp,
+    /// `[q_lora_rank]`: latent attention's query latent.
+    QLatent,
+    /// `[kv_lora_rank]`: latent attention's key/value latent.
+    KvLatent,
+    /// `[kv_lora_rank + d_rope]`: the key/value latent and the shared RoPE key.
+    KvLatentRope,
+    /// `[n_heads·(d_nope + d_rope)]`: latent attention's queries, flat.
+    MlaQueries,
+    /// `[n_heads·(d_nope + d_v)]`: latent attention's keys' no-RoPE parts and values, flat.
+    MlaKeysValues,
 }
 
 impl HookShape {
@@ -240,6 +269,20 @@ impl HookShape {
                 }
             }
             HookShape::SharedMlp => vec![config.moe.as_ref().and_then(|m| m.shared_expert).unwrap_or(0)],
+            HookShape::QLatent
+            | HookShape::KvLatent
+            | HookShape::KvLatentRope
+            | HookShape::MlaQueries
+            | HookShape::MlaKeysValues => {
+                let Some(m) = config.mla.as_ref() else { return vec![0] };
+                vec![match self {
+                    HookShape::QLatent => m.q_lora_rank.unwrap_or(0),
+                    HookShape::KvLatent => m.kv_lora_rank,
+                    HookShape::KvLatentRope => m.kv_lora_rank + m.rope,
+                    HookShape::MlaQueries => config.n_heads * m.qk_head_dim(),
+                    _ => config.n_heads * (m.nope + m.v_head_dim),
+                }]
+            }
         }
     }
 }
@@ -287,7 +330,7 @@ kinds! {
         "sqrt(mean(x²) + eps) of the attention norm's input (LayerNorm: sqrt(var(x) + eps))";
     Ln1Normalized Block Model "ln1.hook_normalized" []
         "attention norm's input (centred, for LayerNorm) divided by its scale, before the gain and bias";
-    Ln1Out Block Model "ln1.hook_out" ["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in"]
+    Ln1Out Block Model "ln1.hook_out" ["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in", "attn.q_a_proj.hook_in", "attn.q_proj.hook_in", "attn.kv_a_proj_with_mqa.hook_in"]
         "attention norm's output, after the gain (the attention's input)";
     LinQPreConv Block LinKeyHeads "linear_attn.hook_q_pre_conv" []
         "linear attention's queries per key head, projected, before the causal convolution (Qwen3.5, Qwen3-Next)";
@@ -313,10 +356,32 @@ kinds! {
         "the gated delta rule's output per value head, before the gated norm";
     LinOut Block Model "linear_attn.hook_out" ["linear_attn.hook_linear_attn_out", "linear_attn.hook_ssm_out"]
         "linear attention's output, out_proj(rmsnorm(o)·w·silu(z)), added to the residual stream";
+    MlaQA Block QLatent "attn.q_a_proj.hook_out" ["attn.q_a_layernorm.hook_in"]
+        "latent attention's query down projection q_a_proj(x), before its norm (DeepSeek-V3 with q_lora_rank)";
+    MlaQAScale Block Scale "attn.q_a_layernorm.hook_scale" []
+        "sqrt(mean(x²) + eps) of the query latent's norm input";
+    MlaQANormalized Block QLatent "attn.q_a_layernorm.hook_normalized" []
+        "the query latent divided by its scale, before the norm's gain";
+    MlaQLatent Block QLatent "attn.hook_q_latent" ["attn.q_a_layernorm.hook_out", "attn.q_b_proj.hook_in"]
+        "the normed query latent, q_b_proj's input";
+    MlaQProj Block MlaQueries "attn.q_b_proj.hook_out" ["attn.q_proj.hook_out"]
+        "latent attention's queries before RoPE, each head's no-RoPE part then its RoPE part, flat";
+    MlaKvA Block KvLatentRope "attn.kv_a_proj_with_mqa.hook_out" []
+        "kv_a_proj_with_mqa(x): the key/value latent, then the one RoPE key every head shares";
+    MlaKvIn Block KvLatent "attn.kv_a_layernorm.hook_in" []
+        "the key/value latent before its norm";
+    MlaKvScale Block Scale "attn.kv_a_layernorm.hook_scale" []
+        "sqrt(mean(x²) + eps) of the key/value latent";
+    MlaKvNormalized Block KvLatent "attn.kv_a_layernorm.hook_normalized" []
+        "the key/value latent divided by its scale, before the norm's gain";
+    MlaKvLatent Block KvLatent "attn.hook_kv_latent" ["attn.kv_a_layernorm.hook_out", "attn.kv_b_proj.hook_in"]
+        "the normed key/value latent, kv_b_proj's input";
+    MlaKvProj Block MlaKeysValues "attn.kv_b_proj.hook_out" []
+        "kv_b_proj's output: each head's key (no-RoPE part) then its value, flat";
     AttnQ Block QProj "attn.hook_q" ["attn.q.hook_out"]
-        "queries per head, before RoPE (with a gated output, q_proj's whole output: each head's query then its gate)";
+        "queries per head, before RoPE (with a gated output, q_proj's whole output: each head's query then its gate; latent attention: as they enter attention, the RoPE part rotated)";
     AttnK Block KvHeads "attn.hook_k" ["attn.k.hook_out"]
-        "keys per key/value head, before RoPE";
+        "keys per key/value head, before RoPE (latent attention: as they enter attention, the RoPE part rotated)";
     AttnV Block KvHeads "attn.hook_v" ["attn.v.hook_out"]
         "values per key/value head";
     AttnQuery Block QHeads "attn.q_norm.hook_in" []
@@ -361,11 +426,11 @@ kinds! {
         "sqrt(mean(x²) + eps) of the MLP norm's input (LayerNorm: sqrt(var(x) + eps))";
     Ln2Normalized Block Model "ln2.hook_normalized" []
         "MLP norm's input (centred, for LayerNorm) divided by its scale, before the gain and bias";
-    MlpIn Block Model "mlp.hook_in" ["ln2.hook_out", "mlp.gate.hook_in", "mlp.in.hook_in"]
+    MlpIn Block Model "mlp.hook_in" ["ln2.hook_out", "mlp.gate.hook_in", "mlp.in.hook_in", "mlp.dense_gate.hook_in", "mlp.dense_in.hook_in"]
         "MLP norm's output, after the gain (the MLP's input)";
-    MlpPreLinear Block Mlp "mlp.hook_pre_linear" ["mlp.in.hook_out"]
+    MlpPreLinear Block Mlp "mlp.hook_pre_linear" ["mlp.in.hook_out", "mlp.dense_in.hook_out"]
         "up projection (gated MLPs)";
-    MlpPre Block Mlp "mlp.hook_pre" ["mlp.gate.hook_out", "mlp.in.hook_out"]
+    MlpPre Block Mlp "mlp.hook_pre" ["mlp.gate.hook_out", "mlp.in.hook_out", "mlp.dense_gate.hook_out"]
         "gate projection (a plain MLP's input projection, bias added), before the activation";
     MlpRouterLogits Block Experts "mlp.gate.hook_out" []
         "a mixture's router logits, one per expert (Qwen3-MoE, Mixtral)";
@@ -377,17 +442,17 @@ kinds! {
         "the router's softmax over the top k logits, one per chosen expert, in hook_expert_indices' order (GPT-OSS)";
     MlpExpertsOut Block Model "mlp.experts.hook_out" ["mlp.experts.hook_post"]
         "the routed experts' weighted sum, before the shared expert's output joins it";
-    SharedPre Block SharedMlp "mlp.shared_expert.hook_pre" ["mlp.shared_expert.gate.hook_out"]
+    SharedPre Block SharedMlp "mlp.shared_expert.hook_pre" ["mlp.shared_expert.gate.hook_out", "mlp.shared_experts.hook_pre", "mlp.shared_experts.gate.hook_out"]
         "the shared expert's gate projection, before the activation";
-    SharedPreLinear Block SharedMlp "mlp.shared_expert.hook_pre_linear" ["mlp.shared_expert.in.hook_out"]
+    SharedPreLinear Block SharedMlp "mlp.shared_expert.hook_pre_linear" ["mlp.shared_expert.in.hook_out", "mlp.shared_experts.hook_pre_linear", "mlp.shared_experts.in.hook_out"]
         "the shared expert's up projection";
-    SharedPost Block SharedMlp "mlp.shared_expert.hook_post" ["mlp.shared_expert.out.hook_in"]
+    SharedPost Block SharedMlp "mlp.shared_expert.hook_post" ["mlp.shared_expert.out.hook_in", "mlp.shared_experts.hook_post", "mlp.shared_experts.out.hook_in"]
         "act(gate) * up in the shared expert, the input of its down_proj";
-    SharedOut Block Model "mlp.shared_expert.hook_out" ["mlp.shared_expert.out.hook_out"]
-        "the shared expert's output, before its gate";
+    SharedOut Block Model "mlp.shared_expert.hook_out" ["mlp.shared_expert.out.hook_out", "mlp.shared_experts.hook_out", "mlp.shared_experts.out.hook_out"]
+        "the shared expert's output, before its gate (if it has one)";
     SharedGate Block Scale "mlp.shared_expert_gate.hook_out" []
         "the shared expert's gate logit; its sigmoid scales the shared expert's output";
-    MlpPost Block Mlp "mlp.hook_post" ["mlp.out.hook_in"]
+    MlpPost Block Mlp "mlp.hook_post" ["mlp.out.hook_in", "mlp.dense_out.hook_in"]
         "act(gate) * up (act(pre) in a plain MLP), the input of down_proj";
     MlpProjOut Block Model "mlp.hook_out" ["mlp.out.hook_out", "ln2_post.hook_in"]
         "down_proj's output, before the post-MLP norm (Gemma, OLMo 2)";
@@ -407,7 +472,7 @@ kinds! {
         "sqrt(mean(x²) + eps) of the post-MLP norm's input (Gemma, OLMo 2)";
     Ln2PostNormalized Block Model "ln2_post.hook_normalized" []
         "post-MLP norm's input divided by its scale, before the gain (Gemma, OLMo 2)";
-    MlpOut Block Model "hook_mlp_out" ["mlp.hook_out", "mlp.out.hook_out", "ln2_post.hook_out"]
+    MlpOut Block Model "hook_mlp_out" ["mlp.hook_out", "mlp.out.hook_out", "ln2_post.hook_out", "mlp.dense_out.hook_out"]
         "MLP output after down_proj (after the post-MLP norm where there is one)";
     PleIn Block Model "per_layer_input_gate.hook_in" []
         "residual stream after the MLP, before the per-layer input is mixed in (Gemma 4)";
@@ -471,10 +536,14 @@ const STRUCTURAL_ALIASES: &[(&str, When, HookKind)] = &[
     ("mlp.shared_expert.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
     ("mlp.shared_expert.gate.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
     ("mlp.shared_expert.in.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
-    ("mlp.shared_expert_gate.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
+    ("mlp.shared_expert_gate.hook_in", When::Has(Feature::SharedExpertGate), HookKind::MlpIn),
+    ("mlp.shared_experts.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
+    ("mlp.shared_experts.gate.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
+    ("mlp.shared_experts.in.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
     ("mlp.experts.hook_in", When::Has(Feature::SharedExpert), HookKind::MlpIn),
     ("mlp.experts.hook_pre", When::Has(Feature::SharedExpert), HookKind::MlpIn),
-    // A mixture: the bridge names its input `mlp.hook_pre` and its output `mlp.hook_post`.
+    // A mixture: the bridge names its input `mlp.hook_pre` and its output `mlp.hook_post`
+    // (on a mixture's blocks only, where dense blocks precede them: DeepSeek-V3).
     ("mlp.hook_pre", When::Has(Feature::Moe), HookKind::MlpIn),
     ("mlp.hook_post", When::Has(Feature::Moe), HookKind::MlpOut),
 ];
@@ -516,7 +585,8 @@ fn layer_has(config: &ModelConfig, layer: usize, kind: HookKind) -> bool {
         None => true,
         Some(la) => la.is_linear(layer) == (kind.needs() == Some(Feature::LinearAttention)) || !kind.is_token_mixer(),
     };
-    kv && mixer
+    let mlp = kind.needs().is_none_or(|f| layer_features(config, layer).contains(&f));
+    kv && mixer && mlp
 }
 
 /// The features of `config`'s block: its family's, less the optional parts the config leaves
@@ -526,9 +596,27 @@ pub fn features(config: &ModelConfig) -> Vec<Feature> {
     let optional = |f: &Feature| match f {
         Feature::PerLayerInput => config.per_layer_input.is_some(),
         Feature::MixtureBeside => config.moe.is_some(),
+        Feature::QLora => config.mla.is_some_and(|m| m.q_lora_rank.is_some()),
         _ => true,
     };
     family.iter().copied().filter(optional).collect()
+}
+
+/// The features of block `layer`: the block's, where a family with dense blocks before its
+/// mixture blocks (DeepSeek-V3's `first_k_dense_replace`) keeps each block's own MLP's.
+pub fn layer_features(config: &ModelConfig, layer: usize) -> Vec<Feature> {
+    use Feature::*;
+    let all = features(config);
+    if !(all.contains(&Moe) && all.contains(&DenseMlp)) {
+        return all;
+    }
+    let mixture = config.is_mixture_layer(layer);
+    let keep = |f: &Feature| match f {
+        DenseMlp | GatedMlp => !mixture,
+        Moe | SharedExpert | SharedExpertGate | TopKRouter => mixture,
+        _ => true,
+    };
+    all.into_iter().filter(keep).collect()
 }
 
 impl HookKind {
@@ -589,9 +677,10 @@ impl HookKind {
             LinQPreConv | LinKPreConv | LinVPreConv | LinQ | LinK | LinV | LinGateInput | LinBetaLogit | LinBeta
             | LinLogDecay | LinRecurrenceOut | LinOut => Some(Feature::LinearAttention),
             AttnQuery | AttnQGate => Some(Feature::AttnGate),
-            MlpExpertsOut | SharedPre | SharedPreLinear | SharedPost | SharedOut | SharedGate => {
-                Some(Feature::SharedExpert)
-            }
+            MlpExpertsOut | SharedPre | SharedPreLinear | SharedPost | SharedOut => Some(Feature::SharedExpert),
+            SharedGate => Some(Feature::SharedExpertGate),
+            MlaQA | MlaQAScale | MlaQANormalized | MlaQLatent => Some(Feature::QLora),
+            MlaQProj | MlaKvA | MlaKvIn | MlaKvScale | MlaKvNormalized | MlaKvLatent | MlaKvProj => Some(Feature::Mla),
             AttnRotQ | AttnRotK => Some(Feature::Rotary),
             Ln1Scale | Ln1Normalized | Ln1Out | Ln2Scale | Ln2Normalized => Some(Feature::PreNorms),
             ResidMid => Some(Feature::ResidMid),
@@ -646,6 +735,9 @@ impl HookPoint {
 
     /// The per-token shape of this hook for `config` at sequence length `seq`.
     pub fn dims(self, config: &ModelConfig, seq: usize) -> Vec<usize> {
+        if let Some(dims) = config.mla.and_then(|m| m.hook_dims(self.kind, config.n_heads)) {
+            return dims;
+        }
         self.kind.info().shape.dims(config, self.layer, seq)
     }
 
@@ -707,11 +799,12 @@ fn lookup_in(name: &str, config: &ModelConfig) -> Result<HookPoint, ModelError> 
 /// TransformerLens name before a bridge alias, and among kinds sharing an alias the earlier in
 /// [`KINDS`] (forward order).
 fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelError> {
-    let features = config.map(features);
-    let features = features.as_deref();
     let family = config.map(hook_kinds);
     let family = family.as_deref();
-    let known = |n: &str, block: bool| {
+    // `layer`: the block a block name is in (its features decide structural aliases).
+    let known = |n: &str, layer: Option<usize>| {
+        let block = layer.is_some();
+        let features = config.map(|c| layer.map_or_else(|| features(c), |l| layer_features(c, l)));
         if let Some(features) = features {
             let holds = |when: &When| match *when {
                 When::Has(f) => features.contains(&f),
@@ -733,7 +826,7 @@ fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelEr
             matching.iter().copied().filter(|k| family.is_none_or(|f| f.contains(&k.kind))).collect();
         best(&own).or_else(|| best(&matching))
     };
-    if let Some(kind) = known(name, false) {
+    if let Some(kind) = known(name, None) {
         return Ok(HookPoint { layer: None, kind });
     }
     let unknown = || ModelError::Hook(format!("{name:?} is not a hook name{}", suggest(name)));
@@ -748,7 +841,7 @@ fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelEr
     if let Some((_, why)) = NOT_PER_TOKEN.iter().find(|(n, _)| *n == suffix) {
         return Err(ModelError::Hook(format!("{name:?} is not extracted: {why}")));
     }
-    let kind = known(suffix, true).ok_or_else(unknown)?;
+    let kind = known(suffix, Some(layer)).ok_or_else(unknown)?;
     Ok(HookPoint { layer: Some(layer), kind })
 }
 
@@ -770,6 +863,18 @@ pub(crate) fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result
         )));
     }
     if let Some(layer) = hook.layer.filter(|&l| !layer_has(config, l, hook.kind)) {
+        let feature = hook.kind.needs();
+        if let Some(moe) = config.moe.as_ref().filter(|_| feature.is_some_and(|f| !layer_features(config, layer).contains(&f))) {
+            let (what, instead) = match config.is_mixture_layer(layer) {
+                true => ("a mixture-of-experts block", "the routed experts' hooks (mlp.hook_expert_weights, …)"),
+                false => ("a dense block", "the dense MLP's hooks (mlp.hook_pre, mlp.hook_post, …)"),
+            };
+            return Err(ModelError::Hook(format!(
+                "{name:?}: block {layer} is {what} (the first {} blocks are dense) and has no {}; it has {instead}",
+                moe.first_dense,
+                hook.kind.info().name
+            )));
+        }
         if let Some(la) = config.linear_attention.as_ref() {
             let (what, instead) = match la.is_linear(layer) {
                 true => ("a linear-attention (Gated DeltaNet) layer", "linear_attn.hook_out"),
@@ -1182,6 +1287,11 @@ mod tests {
                 HookShape::LinValueHeads => "[nv, dv]",
                 HookShape::LinHeads => "[nv]",
                 HookShape::SharedMlp => "[d_shared]",
+                HookShape::QLatent => "[q_lora_rank]",
+                HookShape::KvLatent => "[kv_lora_rank]",
+                HookShape::KvLatentRope => "[kv_lora_rank + d_rope]",
+                HookShape::MlaQueries => "[n_heads·(d_nope + d_rope)]",
+                HookShape::MlaKeysValues => "[n_heads·(d_nope + d_v)]",
             };
             assert!(row.contains(&format!("`{shape}`")), "README row {name} should say {shape}");
         }

@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+mod deepseek_v3;
 mod family;
 pub mod forward;
 mod fp8;
@@ -18,6 +19,7 @@ pub mod hf;
 mod hf_config;
 pub mod hooks;
 mod llama;
+pub mod mla;
 mod mistral;
 mod mixtral;
 mod moe;

@@ -77,6 +77,24 @@ impl Graph<'_> {
         k: usize,
         renormalize: bool,
     ) -> Result<(Value, Value, Value), ModelError> {
+        let (chosen, indices, values) = self.top_k_choice(probs, k)?;
+        let dims = self.b.dims(probs)?.to_vec();
+        let b = &mut self.b;
+        let zero = b.splat(0.0, TensorType::new(DType::F32, &dims))?;
+        let mut weights = b.select(chosen, probs, zero)?;
+        if renormalize {
+            let sum = b.reduce_sum(weights, &[1])?;
+            let sum = b.broadcast_in_dim(sum, &dims, &[0])?;
+            weights = b.div(weights, sum)?;
+        }
+        Ok((weights, indices, values))
+    }
+
+    /// The choice behind [`Graph::top_k_values`]: which of `scores` `[tokens, n]` (f32) are
+    /// each token's `k` largest (a `[tokens, n]` predicate), their indices and their values
+    /// (`[tokens, k]`, f32, largest first, the lower index first among ties); at least `k`
+    /// scores of each row must be finite.
+    pub fn top_k_choice(&mut self, probs: Value, k: usize) -> Result<(Value, Value, Value), ModelError> {
         let dims = self.b.dims(probs)?.to_vec();
         let (t, e) = (dims[0], dims[1]);
         let b = &mut self.b;
@@ -108,15 +126,9 @@ impl Graph<'_> {
             chosen = b.or(chosen, pick)?;
             remaining = b.select(pick, taken, remaining)?;
         }
-        let mut weights = b.select(chosen, probs, zero)?;
-        if renormalize {
-            let sum = b.reduce_sum(weights, &[1])?;
-            let sum = b.broadcast_in_dim(sum, &[t, e], &[0])?;
-            weights = b.div(weights, sum)?;
-        }
         let indices = b.concatenate(&indices, 1)?;
         let values = b.concatenate(&values, 1)?;
-        Ok((weights, indices, values))
+        Ok((chosen, indices, values))
     }
 
     /// Each token of `x` `[tokens, hidden]` through the experts `indices` `[tokens, k]` (f32,

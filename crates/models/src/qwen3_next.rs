@@ -61,6 +61,7 @@ pub(crate) const MIXTURE_FEATURES: &[Feature] = &[
     Feature::LinearAttention,
     Feature::Moe,
     Feature::SharedExpert,
+    Feature::SharedExpertGate,
 ];
 
 /// Qwen3NextConfig's (Qwen3.5's too): head_dim 256, eps 1e-6, base 1e4, untied.
@@ -85,6 +86,7 @@ pub(crate) fn mixture(hf: &HfConfig, norm_topk: bool) -> Result<Moe, ModelError>
         norm_topk,
         expert_size: need(hf.key("moe_intermediate_size")?, "moe_intermediate_size")?,
         shared_expert: Some(need(hf.key("shared_expert_intermediate_size")?, "shared_expert_intermediate_size")?),
+        first_dense: 0,
     })
 }
 

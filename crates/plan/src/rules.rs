@@ -72,6 +72,7 @@ fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
         ParamClass::ExpertGate | ParamClass::ExpertUp => vec![vec![MODEL], vec![], vec![FSDP]],
         ParamClass::ExpertDown => vec![vec![MODEL], vec![FSDP], vec![]],
         ParamClass::Router => vec![vec![], vec![]],
+        ParamClass::Latent => vec![vec![], vec![FSDP]],
         ParamClass::ExpertBias => vec![vec![MODEL], vec![]],
         // Linear attention: whole heads over `model` (q/k by key heads, the rest by value
         // heads), out_proj row-parallel; the depthwise convolution is small, replicated.

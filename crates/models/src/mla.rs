@@ -1,0 +1,187 @@
+//! Multi-head latent attention (MLA), the token mixer of DeepSeek-V2/V3 and Kimi K2, as
+//! transformers' `DeepseekV3Attention` computes it:
+//!
+//! ```text
+//! q      = q_b_proj(q_a_layernorm(q_a_proj(x)))      # or q_proj(x) without q-LoRA
+//! q      = q per head: [q_pass (nope) | q_rot (rope)]
+//! kv | k_rot = kv_a_proj_with_mqa(x)                  # the latent and one shared RoPE key
+//! kv     = kv_b_proj(kv_a_layernorm(kv)) per head: [k_pass (nope) | v]
+//! q_rot, k_rot = rope(q_rot), rope(k_rot)             # interleaved pairs or rotate-half
+//! q, k   = [q_pass | q_rot], [k_pass | k_rot]         # k_rot shared by every head
+//! z      = softmax(q·kᵀ · scale) · v                  # scale = (nope + rope)^-½ · mscale²
+//! out    = o_proj(z)
+//! ```
+//!
+//! The latent norms are RMSNorms with eps 1e-6 whatever the config says (transformers builds
+//! them with the default). Interleaved RoPE (`rope_interleave`) rotates pairs `(x₀, x₁),
+//! (x₂, x₃), …` and writes the halves out de-interleaved, which is rotate-half RoPE on the
+//! dimensions permuted evens-first; siphon permutes and applies the shared RoPE.
+//!
+//! Hooks (TransformerLens's MLA bridge): the latents and their norms
+//! (`attn.hook_q_latent`, `attn.hook_kv_latent`, `attn.q_a_proj.*`, `attn.kv_a_layernorm.*`),
+//! the projections' outputs, `attn.hook_rot_q` / `hook_rot_k` on the RoPE parts (the key's
+//! one head), and `attn.hook_q` / `hook_k` / `hook_v` as they enter attention (after RoPE).
+//! On a mesh the heads split over `model` (`q_b_proj`, `kv_b_proj`, `o_proj`); the down
+//! projections are replicated.
+
+use serde::{Deserialize, Serialize};
+
+use siphon_hlo::Value;
+
+use crate::config::{ParamClass, ParamInfo};
+use crate::forward::Graph;
+use crate::hf_config::need;
+use crate::hooks::{HookKind, HookPoint};
+use crate::{HfConfig, ModelConfig, ModelError};
+
+/// The latent attention's sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mla {
+    /// Rank of the query's down projection (`q_lora_rank`); `None`: a plain `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    /// Rank of the key/value latent (`kv_lora_rank`).
+    pub kv_lora_rank: usize,
+    /// Width of each query and key head's part without RoPE (`qk_nope_head_dim`).
+    pub nope: usize,
+    /// Width of each query and key head's rotated part (`qk_rope_head_dim`).
+    pub rope: usize,
+    /// Width of each value head (`v_head_dim`).
+    pub v_head_dim: usize,
+    /// RoPE on interleaved pairs (`rope_interleave`) rather than on halves.
+    pub interleave: bool,
+}
+
+/// The latent norms' eps (transformers' `DeepseekV3RMSNorm` default).
+const LATENT_EPS: f64 = 1e-6;
+
+impl Mla {
+    /// The sizes from a DeepSeek-style `config.json`.
+    pub(crate) fn from_hf(hf: &HfConfig) -> Result<Mla, ModelError> {
+        let mla = Mla {
+            q_lora_rank: hf.key("q_lora_rank")?,
+            kv_lora_rank: need(hf.key("kv_lora_rank")?, "kv_lora_rank")?,
+            nope: need(hf.key("qk_nope_head_dim")?, "qk_nope_head_dim")?,
+            rope: need(hf.key("qk_rope_head_dim")?, "qk_rope_head_dim")?,
+            v_head_dim: need(hf.key("v_head_dim")?, "v_head_dim")?,
+            interleave: hf.key("rope_interleave")?.unwrap_or(true),
+        };
+        if mla.rope % 2 != 0 || mla.rope == 0 {
+            return Err(ModelError::Config(format!("qk_rope_head_dim {} is not a positive even number", mla.rope)));
+        }
+        Ok(mla)
+    }
+
+    /// Width of a query or key head, `nope + rope`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.nope + self.rope
+    }
+
+    /// The per-token shape of an attention hook whose width differs under latent attention:
+    /// values narrower than queries and keys, the RoPE parts, the one shared RoPE key.
+    pub(crate) fn hook_dims(&self, kind: HookKind, n_heads: usize) -> Option<Vec<usize>> {
+        use HookKind::*;
+        Some(match kind {
+            AttnV | AttnZ => vec![n_heads, self.v_head_dim],
+            AttnRotQ => vec![n_heads, self.rope],
+            AttnRotK => vec![1, self.rope],
+            _ => return None,
+        })
+    }
+}
+
+/// Block `layer`'s attention weights, in Hugging Face's names.
+pub(crate) fn params(c: &ModelConfig, mla: &Mla, layer: usize) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let (h, heads) = (c.hidden_size, c.n_heads);
+    let p = |suffix: &str, shape: &[usize], class| {
+        ParamInfo::new(format!("model.layers.{layer}.self_attn.{suffix}"), shape, class, Some(layer))
+    };
+    let q = heads * mla.qk_head_dim();
+    let mut out = match mla.q_lora_rank {
+        Some(r) => vec![
+            p("q_a_proj.weight", &[r, h], Latent),
+            p("q_a_layernorm.weight", &[r], Norm),
+            p("q_b_proj.weight", &[q, r], AttnQ),
+        ],
+        None => vec![p("q_proj.weight", &[q, h], AttnQ)],
+    };
+    out.extend([
+        p("kv_a_proj_with_mqa.weight", &[mla.kv_lora_rank + mla.rope, h], Latent),
+        p("kv_a_layernorm.weight", &[mla.kv_lora_rank], Norm),
+        // Split by heads like a key projection: each head's keys' no-RoPE part, then its values.
+        p("kv_b_proj.weight", &[heads * (mla.nope + mla.v_head_dim), mla.kv_lora_rank], AttnK),
+        p("o_proj.weight", &[h, heads * mla.v_head_dim], AttnO),
+    ]);
+    out
+}
+
+impl Graph<'_> {
+    /// Latent attention of block `layer` on its normed input `x` `[tokens, hidden]`, recording
+    /// its hooks; returns `o_proj`'s output.
+    pub(crate) fn mla_attention(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
+        use HookKind::*;
+        let mla = self.config.mla.ok_or_else(|| ModelError::Config("mla_attention without MLA sizes".into()))?;
+        let at = |kind| HookPoint::block(layer, kind);
+        let p = |name: &str| format!("model.layers.{layer}.self_attn.{name}");
+        let (t, heads) = (self.tokens(), self.config.n_heads);
+        let (dn, dr, dv, kr) = (mla.nope, mla.rope, mla.v_head_dim, mla.kv_lora_rank);
+        let q = match mla.q_lora_rank {
+            Some(_) => {
+                let qa = self.linear(x, &p("q_a_proj.weight"), None)?;
+                self.hook(at(MlaQA), qa);
+                let norm = self.rms_norm_eps(qa, &p("q_a_layernorm.weight"), LATENT_EPS)?;
+                self.hook_norm(&norm, at(MlaQAScale), at(MlaQANormalized), at(MlaQLatent))?;
+                self.linear(norm.out, &p("q_b_proj.weight"), None)?
+            }
+            None => self.linear(x, &p("q_proj.weight"), None)?,
+        };
+        self.hook(at(MlaQProj), q);
+        let q = self.b.reshape(q, &[t, heads, dn + dr])?;
+        let q_pass = self.b.slice_dim(q, 2, 0, dn)?;
+        let q_rot = self.b.slice_dim(q, 2, dn, dn + dr)?;
+        let kva = self.linear(x, &p("kv_a_proj_with_mqa.weight"), None)?;
+        self.hook(at(MlaKvA), kva);
+        let latent = self.b.slice_dim(kva, 1, 0, kr)?;
+        let k_rot = self.b.slice_dim(kva, 1, kr, kr + dr)?;
+        self.hook(at(MlaKvIn), latent);
+        let norm = self.rms_norm_eps(latent, &p("kv_a_layernorm.weight"), LATENT_EPS)?;
+        self.hook_norm(&norm, at(MlaKvScale), at(MlaKvNormalized), at(MlaKvLatent))?;
+        let kv = self.linear(norm.out, &p("kv_b_proj.weight"), None)?;
+        self.hook(at(MlaKvProj), kv);
+        let kv = self.b.reshape(kv, &[t, heads, dn + dv])?;
+        let k_pass = self.b.slice_dim(kv, 2, 0, dn)?;
+        let v = self.b.slice_dim(kv, 2, dn, dn + dv)?;
+        let k_rot = self.b.reshape(k_rot, &[t, 1, dr])?;
+        let (q_rot, k_rot) = match mla.interleave {
+            true => (self.evens_first(q_rot)?, self.evens_first(k_rot)?),
+            false => (q_rot, k_rot),
+        };
+        let (cos, sin) = self.layer_rope(layer)?;
+        let q_rot = self.apply_rope(q_rot, cos, sin)?;
+        let k_rot = self.apply_rope(k_rot, cos, sin)?;
+        self.hook(at(AttnRotQ), q_rot);
+        self.hook(at(AttnRotK), k_rot);
+        let k_rot = self.b.broadcast_in_dim(k_rot, &[t, heads, dr], &[0, 1, 2])?;
+        let q = self.b.concatenate(&[q_pass, q_rot], 2)?;
+        let k = self.b.concatenate(&[k_pass, k_rot], 2)?;
+        self.hook(at(AttnQ), q);
+        self.hook(at(AttnK), k);
+        self.hook(at(AttnV), v);
+        let q = self.b.reshape(q, &[t, heads * (dn + dr)])?;
+        let k = self.b.reshape(k, &[t, heads * (dn + dr)])?;
+        let v = self.b.reshape(v, &[t, heads * dv])?;
+        let mask = self.layer_mask(layer)?;
+        let z = self.attend(layer, q, k, v, mask)?;
+        self.linear(z, &p("o_proj.weight"), None)
+    }
+
+    /// `x` `[tokens, heads, d]` with each head's dimensions reordered evens first
+    /// (`x₀, x₂, …, x₁, x₃, …`).
+    fn evens_first(&mut self, x: Value) -> Result<Value, ModelError> {
+        let dims = self.b.dims(x)?.to_vec();
+        let (t, h, d) = (dims[0], dims[1], dims[2]);
+        let pairs = self.b.reshape(x, &[t, h, d / 2, 2])?;
+        let halves = self.b.transpose(pairs, &[0, 1, 3, 2])?;
+        Ok(self.b.reshape(halves, &[t, h, d])?)
+    }
+}
