@@ -283,6 +283,21 @@ fn hybrids_match_hf_on_one_device_and_a_mesh() {
     }
 }
 
+/// DeepSeek-V3's block (latent attention with and without q-LoRA, interleaved and
+/// rotate-half RoPE, YaRN's softmax scale; a dense first block, then experts chosen within
+/// groups by score plus correction bias, and shared experts), on one device and on a 2×4 mesh
+/// (heads and experts over `model`): HF's values.
+#[test]
+fn deepseek_v3_matches_hf_on_one_device_and_a_mesh() {
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    for name in ["tiny-deepseek-v3", "tiny-deepseek-v3-noqlora"] {
+        let model = LoadedModel::open(&fixture(name)).unwrap();
+        check_goldens(name, &model, &tiny_goldens(name));
+        let options = EngineOptions { mesh: mesh.clone(), ..EngineOptions::default() };
+        check_goldens_with(&format!("{name} on 2x4"), &model, &tiny_goldens(name), &options);
+    }
+}
+
 /// Qwen3's projections stored FP8 block-scaled (`quantization_config` `fp8`), dequantized on
 /// read: transformers' values from the same checkpoint.
 #[test]

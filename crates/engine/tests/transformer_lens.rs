@@ -38,6 +38,11 @@ const NOT_EXTRACTED: &[&str] = &[
 /// there, as for every other family; the test checks that the bridge's value is its pattern.
 const BRIDGE_GIVES_PATTERN_AS_SCORES: &[&str] = &["tiny-gemma4", "tiny-gemma4-moe"];
 
+/// Models whose bridge splits `attn.hook_z` (`o.hook_in`) into heads by the config's
+/// `head_dim`, which DeepSeek-V3's configuration sets to the RoPE width rather than the value
+/// heads' (`[tokens, 5, 8]` for 4 value heads of 10): the same values per token, compared flat.
+const BRIDGE_SPLITS_Z_BY_ROPE_WIDTH: &[&str] = &["tiny-deepseek-v3", "tiny-deepseek-v3-noqlora"];
+
 /// One TransformerLens tensor of one row: `[n, *per-token]`, or `[heads, n, n]` for scores
 /// and patterns.
 struct TlTensor {
@@ -185,7 +190,8 @@ fn differences(
             }
         } else {
             // The same per-token values; OLMo's q/k-norm inputs are the flat projections.
-            if t.name.contains("_norm.hook_in") {
+            let z = t.name.ends_with("attn.hook_z") || t.name.ends_with("attn.o.hook_in");
+            if t.name.contains("_norm.hook_in") || (z && BRIDGE_SPLITS_Z_BY_ROPE_WIDTH.contains(&name)) {
                 assert_eq!(t.shape[1..].iter().product::<usize>(), per_token, "{}: per-token size", t.name);
             } else {
                 assert_eq!(&t.shape[1..], &shape[2..], "{}: per-token shape", t.name);
@@ -203,14 +209,15 @@ fn differences(
     out
 }
 
-/// Whether TransformerLens caches this per-head norm hook (inputs included) head-major,
-/// `[heads, tokens, *rest]`, as its Qwen3 and Gemma 3 bridges do (OLMo's norms over the whole
-/// projection and Gemma 4's are token-major): told by the shape, given siphon's per-token
-/// `[heads, *rest]` (`ours` is `[batch, seq, heads, *rest]`) and `n` tokens.
+/// Whether TransformerLens caches this per-head hook head-major, `[heads, tokens, *rest]`, as
+/// its Qwen3 and Gemma 3 bridges do their per-head norms (inputs included) and its MLA bridge
+/// its q/k/v (OLMo's norms over the whole projection and Gemma 4's are token-major): told by
+/// the shape, given siphon's per-token `[heads, *rest]` (`ours` is
+/// `[batch, seq, heads, *rest]`) and `n` tokens.
 fn head_major(name: &str, theirs: &[usize], ours: &[usize], n: usize) -> bool {
-    let per_head_norm =
-        [".q_norm.", ".k_norm.", ".hook_q_normed", ".hook_k_normed"].iter().any(|part| name.contains(part));
-    if !per_head_norm || ours.len() < 3 || theirs.len() < 2 {
+    let per_head = [".q_norm.", ".k_norm.", ".hook_q_normed", ".hook_k_normed"].iter().any(|part| name.contains(part))
+        || [".attn.hook_q", ".attn.hook_k", ".attn.hook_v"].iter().any(|end| name.ends_with(end));
+    if !per_head || ours.len() < 3 || theirs.len() < 2 {
         return false;
     }
     let heads = ours[2];
@@ -470,6 +477,16 @@ fn tiny_qwen3_next_every_hook_matches_transformer_lens() {
 }
 
 /// GPT-OSS: sinks, biases, windows, YaRN, the biased router and clamped SwiGLU experts.
+#[test]
+fn tiny_deepseek_v3_every_hook_matches_transformer_lens() {
+    check_model("tiny-deepseek-v3");
+}
+
+#[test]
+fn tiny_deepseek_v3_without_q_lora_every_hook_matches_transformer_lens() {
+    check_model("tiny-deepseek-v3-noqlora");
+}
+
 #[test]
 fn tiny_gpt_oss_every_hook_matches_transformer_lens() {
     check_model("tiny-gpt-oss");

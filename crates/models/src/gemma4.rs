@@ -629,7 +629,14 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.moe,
-            Some(crate::Moe { n_experts: 4, top_k: 2, norm_topk: true, expert_size: 8, shared_expert: None, first_dense: 0 })
+            Some(crate::Moe {
+                n_experts: 4,
+                top_k: 2,
+                norm_topk: true,
+                expert_size: 8,
+                shared_expert: None,
+                first_dense: 0
+            })
         );
         let params = c.params(1, false);
         let gate = params.iter().find(|p| p.name == "model.layers.0.experts.gate_up_proj[gate]").unwrap();

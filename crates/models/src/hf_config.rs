@@ -608,7 +608,17 @@ mod tests {
         let moe = r#"{"model_type": "qwen3_moe", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 96,
             "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2"#;
         let c = parse(&format!("{moe}}}")).unwrap();
-        assert_eq!(c.moe, Some(Moe { n_experts: 8, top_k: 2, norm_topk: false, expert_size: 32, shared_expert: None, first_dense: 0 }));
+        assert_eq!(
+            c.moe,
+            Some(Moe {
+                n_experts: 8,
+                top_k: 2,
+                norm_topk: false,
+                expert_size: 32,
+                shared_expert: None,
+                first_dense: 0
+            })
+        );
         let err = parse(&format!("{moe}, \"mlp_only_layers\": [1]}}")).unwrap_err();
         assert!(err.to_string().contains("mlp_only_layers"), "{err}");
         let c = parse(&format!(

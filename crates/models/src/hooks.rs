@@ -864,7 +864,9 @@ pub(crate) fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result
     }
     if let Some(layer) = hook.layer.filter(|&l| !layer_has(config, l, hook.kind)) {
         let feature = hook.kind.needs();
-        if let Some(moe) = config.moe.as_ref().filter(|_| feature.is_some_and(|f| !layer_features(config, layer).contains(&f))) {
+        if let Some(moe) =
+            config.moe.as_ref().filter(|_| feature.is_some_and(|f| !layer_features(config, layer).contains(&f)))
+        {
             let (what, instead) = match config.is_mixture_layer(layer) {
                 true => ("a mixture-of-experts block", "the routed experts' hooks (mlp.hook_expert_weights, …)"),
                 false => ("a dense block", "the dense MLP's hooks (mlp.hook_pre, mlp.hook_post, …)"),

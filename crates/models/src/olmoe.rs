@@ -71,7 +71,17 @@ mod tests {
     #[test]
     fn reads_olmoe_and_refuses_what_it_does_not_build() {
         let c = HfConfig::from_json(OLMOE).unwrap().into_config().unwrap();
-        assert_eq!(c.moe, Some(Moe { n_experts: 8, top_k: 2, norm_topk: false, expert_size: 32, shared_expert: None, first_dense: 0 }));
+        assert_eq!(
+            c.moe,
+            Some(Moe {
+                n_experts: 8,
+                top_k: 2,
+                norm_topk: false,
+                expert_size: 32,
+                shared_expert: None,
+                first_dense: 0
+            })
+        );
         assert!(c.qk_norm && c.qk_norm_whole);
         assert_eq!((c.rms_norm_eps, c.head_dim, c.tie_word_embeddings), (1e-5, 16, false));
         let params = crate::family::family(c.arch).params;
