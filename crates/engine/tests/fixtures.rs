@@ -298,6 +298,13 @@ fn deepseek_v3_matches_hf_on_one_device_and_a_mesh() {
     }
 }
 
+/// DeepSeek-V3's projections stored FP8 as its checkpoints store them (partial blocks at the
+/// edges): the HF model over transformers' dequantized values.
+#[test]
+fn tiny_deepseek_v3_fp8_matches_hf_at_every_hook() {
+    check_tiny("tiny-deepseek-v3-fp8");
+}
+
 /// Qwen3's projections stored FP8 block-scaled (`quantization_config` `fp8`), dequantized on
 /// read: transformers' values from the same checkpoint.
 #[test]

@@ -92,11 +92,11 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
             hf.num_key_value_heads.unwrap_or(0)
         ));
     }
-    let n_experts = need(hf.key("n_routed_experts")?, "n_routed_experts")?;
+    let n_experts: usize = need(hf.key("n_routed_experts")?, "n_routed_experts")?;
     let top_k = need(hf.num_experts_per_tok, "num_experts_per_tok")?;
     let n_group: usize = hf.key("n_group")?.unwrap_or(1);
     let topk_group: usize = hf.key("topk_group")?.unwrap_or(1);
-    if n_group == 0 || n_experts % n_group != 0 || n_experts / n_group < 2 {
+    if n_group == 0 || !n_experts.is_multiple_of(n_group) || n_experts / n_group < 2 {
         return refuse(format!("{n_experts} experts in {n_group} groups (whole groups of two or more experts)"));
     }
     if topk_group == 0 || topk_group > n_group || topk_group * (n_experts / n_group) < top_k {

@@ -2,9 +2,12 @@
 //! them (`quantization_config` `fp8`, `weight_block_size` `[128, 128]`): a weight `{name}` of
 //! F8_E4M3 bytes `[rows, cols]` beside `{name}_scale_inv` `[rows / br, cols / bc]`, one scale
 //! per block (f32 or bf16, or E8M0 exponents as U8 or F8_E8M0 bytes, `2^(b - 127)`).
-//! Dequantized as transformers' `Fp8Dequantize` does: every value is `f32(w) · f32(scale)` in
-//! f32, the block size read off the grid (`rows / scale_rows`), so a grid that does not divide
-//! the weight (a partial block) is refused as transformers refuses it.
+//! Dequantized as transformers does: every value is `f32(w) · f32(scale)` in f32. The block is
+//! the config's `weight_block_size` where the grid is that block's, rounded up (DeepSeek-V3's
+//! `kv_a_proj_with_mqa`, 576 rows in 128-row blocks, has a partial last block: its value is
+//! what transformers' FP8 linear and `_dequantize_fp8_weight` compute, and DeepSeek's own
+//! `weight_dequant`); without one, the block is read off a grid that divides the weight
+//! (`rows / scale_rows`, as `Fp8Dequantize` does), and any other grid is refused.
 
 /// The value of an E4M3 (`float8_e4m3fn`: bias 7, no infinities, `S.1111.111` NaN) byte.
 pub(crate) fn e4m3(byte: u8) -> f32 {
@@ -25,19 +28,23 @@ pub(crate) fn e8m0(byte: u8) -> f32 {
 
 /// The f32 values of `weights` (E4M3 bytes, `rows × cols` row-major) times their block's scale
 /// in `scales` (`grid = [scale_rows, scale_cols]`, row-major), each product rounded once to
-/// f32. `None` when the grid does not divide the weight.
+/// f32, in blocks of `block` (the config's) where the grid is `block`'s rounded up, else of
+/// the grid's own exact division. `None` when neither fits.
 pub(crate) fn dequantize(
     weights: &[u8],
     rows: usize,
     cols: usize,
     scales: &[f32],
     grid: [usize; 2],
+    block: Option<[usize; 2]>,
 ) -> Option<Vec<f32>> {
     let [sr, sc] = grid;
-    if sr == 0 || sc == 0 || !rows.is_multiple_of(sr) || !cols.is_multiple_of(sc) || scales.len() != sr * sc {
+    if sr == 0 || sc == 0 || scales.len() != sr * sc {
         return None;
     }
-    let (br, bc) = (rows / sr, cols / sc);
+    let configured = block.filter(|&[br, bc]| br > 0 && bc > 0 && rows.div_ceil(br) == sr && cols.div_ceil(bc) == sc);
+    let exact = (rows.is_multiple_of(sr) && cols.is_multiple_of(sc)).then_some([rows / sr, cols / sc]);
+    let [br, bc] = configured.or(exact)?;
     let table: Vec<f32> = (0..=255u8).map(e4m3).collect();
     let mut out = Vec::with_capacity(rows * cols);
     for (i, row) in weights.chunks_exact(cols).enumerate() {
@@ -63,8 +70,15 @@ mod tests {
     #[test]
     fn each_block_takes_its_own_scale_and_a_partial_grid_is_refused() {
         // 2 × 4 weights of 1.0 in 1 × 2 blocks of [2, 2].
-        let v = dequantize(&[0x38; 8], 2, 4, &[0.5, 3.0], [1, 2]).unwrap();
+        let v = dequantize(&[0x38; 8], 2, 4, &[0.5, 3.0], [1, 2], None).unwrap();
         assert_eq!(v, [0.5, 0.5, 3.0, 3.0, 0.5, 0.5, 3.0, 3.0]);
-        assert!(dequantize(&[0x38; 6], 2, 3, &[1.0, 1.0], [1, 2]).is_none());
+        assert!(dequantize(&[0x38; 6], 2, 3, &[1.0, 1.0], [1, 2], None).is_none());
+        // Blocks of [2, 2] over 3 columns: the last block is one column wide.
+        let v = dequantize(&[0x38; 6], 2, 3, &[0.5, 3.0], [1, 2], Some([2, 2])).unwrap();
+        assert_eq!(v, [0.5, 0.5, 3.0, 0.5, 0.5, 3.0]);
+        // The config's block wins over the grid's own division: 6 rows in blocks of 4 (not 3).
+        let v = dequantize(&[0x38; 6], 6, 1, &[0.5, 3.0], [2, 1], Some([4, 4])).unwrap();
+        assert_eq!(v, [0.5, 0.5, 0.5, 0.5, 3.0, 3.0]);
+        assert!(dequantize(&[0x38; 6], 2, 3, &[1.0, 1.0], [1, 2], Some([2, 1])).is_none());
     }
 }

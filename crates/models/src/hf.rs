@@ -34,7 +34,9 @@ impl LoadedModel {
     pub fn open_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
         let config_path = dir.join("config.json");
         let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
-        let config = HfConfig::from_json(&text)?.into_config()?;
+        let hf = HfConfig::from_json(&text)?;
+        let fp8_block = hf.fp8_block_size()?;
+        let config = hf.into_config()?;
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let weights = if index.exists() {
@@ -50,7 +52,7 @@ impl LoadedModel {
                 ),
             ));
         };
-        let weights = weights.with_renames(crate::family::family(config.arch).renames);
+        let weights = weights.with_renames(crate::family::family(config.arch).renames).with_fp8_block(fp8_block);
         let tokenizer = TextTokenizer::from_hf_dir(dir)?;
         Ok(LoadedModel { path: dir.to_path_buf(), config, weights, tokenizer })
     }

@@ -146,6 +146,20 @@ impl HfConfig {
         Ok(text)
     }
 
+    /// The `weight_block_size` of an `fp8` `quantization_config`, if the config has one.
+    pub(crate) fn fp8_block_size(&self) -> Result<Option<[usize; 2]>, ModelError> {
+        let Some(q) = self.key::<Value>("quantization_config")? else { return Ok(None) };
+        if q.get("quant_method").and_then(Value::as_str) != Some("fp8") {
+            return Ok(None);
+        }
+        match q.get("weight_block_size") {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => <[usize; 2]>::deserialize(v)
+                .map(Some)
+                .map_err(|e| ModelError::Config(format!("quantization_config weight_block_size {v}: {e}"))),
+        }
+    }
+
     /// A key only one family reads, as `T`; `None` when absent or null.
     pub(crate) fn key<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ModelError> {
         match self.extra.get(name) {

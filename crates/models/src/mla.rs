@@ -65,7 +65,7 @@ impl Mla {
             v_head_dim: need(hf.key("v_head_dim")?, "v_head_dim")?,
             interleave: hf.key("rope_interleave")?.unwrap_or(true),
         };
-        if mla.rope % 2 != 0 || mla.rope == 0 {
+        if !mla.rope.is_multiple_of(2) || mla.rope == 0 {
             return Err(ModelError::Config(format!("qk_rope_head_dim {} is not a positive even number", mla.rope)));
         }
         Ok(mla)

@@ -36,6 +36,8 @@ pub(crate) struct SafeTensorsSet {
     files: Vec<MappedFile>,
     by_name: HashMap<String, (usize, TensorInfo)>,
     describe: String,
+    /// FP8 checkpoints' `weight_block_size` (see [`crate::fp8`]).
+    fp8_block: Option<[usize; 2]>,
 }
 
 impl std::fmt::Debug for SafeTensorsSet {
@@ -52,9 +54,18 @@ struct MappedFile {
 }
 
 impl SafeTensorsSet {
+    /// The `weight_block_size` of an FP8 checkpoint's `quantization_config`.
+    pub(crate) fn set_fp8_block(&mut self, block: Option<[usize; 2]>) {
+        self.fp8_block = block;
+    }
+
     pub(crate) fn open_file(path: &Path) -> Result<SafeTensorsSet, ModelError> {
-        let mut set =
-            SafeTensorsSet { files: Vec::new(), by_name: HashMap::new(), describe: path.display().to_string() };
+        let mut set = SafeTensorsSet {
+            files: Vec::new(),
+            by_name: HashMap::new(),
+            describe: path.display().to_string(),
+            fp8_block: None,
+        };
         set.add_file(path, None)?;
         Ok(set)
     }
@@ -76,8 +87,12 @@ impl SafeTensorsSet {
             files.entry(file).or_default().insert(name);
         }
         let dir = index.parent().unwrap_or(Path::new("."));
-        let mut set =
-            SafeTensorsSet { files: Vec::new(), by_name: HashMap::new(), describe: index.display().to_string() };
+        let mut set = SafeTensorsSet {
+            files: Vec::new(),
+            by_name: HashMap::new(),
+            describe: index.display().to_string(),
+            fp8_block: None,
+        };
         for (file, names) in files {
             set.add_file(&dir.join(file), Some(&names))?;
         }
@@ -177,10 +192,11 @@ impl SafeTensorsSet {
         let [rows, cols] = shape[..] else {
             return Err(corrupt(format!("FP8 weight {name:?} has shape {shape:?}, not [rows, cols]")));
         };
-        let values = crate::fp8::dequantize(self.bytes(name)?, rows, cols, &scales, grid).ok_or_else(|| {
+        let block = self.fp8_block;
+        let values = crate::fp8::dequantize(self.bytes(name)?, rows, cols, &scales, grid, block).ok_or_else(|| {
             ModelError::UnsupportedQuant(format!(
-                "FP8 weight {name:?} {shape:?} with a {grid:?} scale grid that does not divide it (partial blocks, \
-                 which transformers' dequantization refuses too)"
+                "FP8 weight {name:?} {shape:?} with a {grid:?} scale grid that neither divides it nor is the config's \
+                 weight_block_size {block:?} rounded up"
             ))
         })?;
         Ok(Some(Dequantized { shape, values }))

@@ -154,6 +154,15 @@ impl Weights {
         Ok(Weights { inner: Inner::Gguf(GgufWeights { file, names }), renames: &[] })
     }
 
+    /// FP8 weights in blocks of `block` (the `weight_block_size` of the checkpoint's
+    /// `quantization_config`), partial blocks at the edges included (see [`crate::fp8`]).
+    pub fn with_fp8_block(mut self, block: Option<[usize; 2]>) -> Weights {
+        if let Inner::SafeTensors(set) = &mut self.inner {
+            set.set_fp8_block(block);
+        }
+        self
+    }
+
     /// Looks a missing name up again under each of `renames` (`(prefix, instead)`, tried in
     /// order), for checkpoints that keep a family's tensors under another prefix.
     pub fn with_renames(mut self, renames: &'static [(&'static str, &'static str)]) -> Weights {

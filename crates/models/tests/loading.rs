@@ -266,20 +266,55 @@ fn mxfp4_experts_read_to_transformers_values_bit_for_bit() {
 /// dequantization gives, in f32, and its bf16 rounding of them in bf16.
 #[test]
 fn fp8_block_scaled_weights_read_to_transformers_values_bit_for_bit() {
-    let dir = fixture("tiny-qwen3-fp8");
+    let m = check_fp8_bits("tiny-qwen3-fp8");
+    assert!(m.weights.meta("model.layers.0.mlp.up_proj.weight").unwrap().stored.contains("F8_E4M3"));
+}
+
+/// DeepSeek-V3's FP8 form: 16 × 16 blocks (the config's `weight_block_size`) with partial
+/// blocks where a projection is not a whole number of them (its grid rounded up), every
+/// expert's projections stored FP8 too: transformers' `_dequantize_fp8_weight` values.
+#[test]
+fn deepseek_fp8_with_partial_blocks_reads_to_transformers_values_bit_for_bit() {
+    let m = check_fp8_bits("tiny-deepseek-v3-fp8");
+    let meta = m.weights.meta("model.layers.0.self_attn.kv_a_proj_with_mqa.weight").unwrap();
+    assert_eq!((meta.shape, meta.stored.contains("F8_E4M3")), (vec![24, 64], true));
+    // Without the config's block size a grid that does not divide its weight is refused,
+    // naming it (o_proj: 40 columns in 3 blocks of 16).
+    let dir = fixture("tiny-deepseek-v3-fp8");
+    let raw = siphon_models::Weights::from_safetensors_file(&dir.join("model.safetensors")).unwrap();
+    let Err(err) = raw.get("model.layers.0.self_attn.o_proj.weight", DType::F32) else {
+        panic!("a partial grid read without its block size")
+    };
+    let err = err.to_string();
+    assert!(err.contains("o_proj") && err.contains("[4, 3] scale grid"), "{err}");
+}
+
+/// Every tensor of `name`'s `dequantized.safetensors` (transformers' values) read from its
+/// FP8 checkpoint bit for bit in f32, and rounded once in bf16; returns the model.
+fn check_fp8_bits(name: &str) -> LoadedModel {
+    let dir = fixture(name);
     let m = LoadedModel::open(&dir).unwrap();
     m.check_weights(m.config.n_layers).unwrap();
     let want = siphon_models::Weights::from_safetensors_file(&dir.join("dequantized.safetensors")).unwrap();
-    let mut compared = 0;
-    for p in m.config.params(m.config.n_layers, false) {
-        let Ok(theirs) = want.get(&p.name, DType::F32) else { continue };
-        let theirs = theirs.to_f32_vec();
-        let got = m.weights.load(&p, DType::F32).unwrap().to_f32_vec();
-        assert!(same_bits(&got, &theirs), "{}", p.name);
+    let names = want.names();
+    for tensor in &names {
+        let theirs = want.get(tensor, DType::F32).unwrap().to_f32_vec();
+        let got = m.weights.get(tensor, DType::F32).unwrap().to_f32_vec();
+        assert!(same_bits(&got, &theirs), "{tensor}");
         let bf16: Vec<f32> = theirs.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
-        assert!(same_bits(&m.weights.load(&p, DType::Bf16).unwrap().to_f32_vec(), &bf16), "{} in bf16", p.name);
-        compared += 1;
+        assert!(same_bits(&m.weights.get(tensor, DType::Bf16).unwrap().to_f32_vec(), &bf16), "{tensor} in bf16");
     }
-    assert_eq!(compared, 7 * m.config.n_layers, "every projection is stored FP8");
-    assert!(m.weights.meta("model.layers.0.mlp.up_proj.weight").unwrap().stored.contains("F8_E4M3"));
+    // Every projection the forward reads (each expert's included) is among them.
+    let projections: Vec<String> = m
+        .config
+        .params(m.config.n_layers, false)
+        .into_iter()
+        .flat_map(|p| if p.stack.is_empty() { vec![p.name] } else { p.stack })
+        .filter(|n| n.ends_with("proj.weight") || n.ends_with("proj_with_mqa.weight"))
+        .collect();
+    assert!(!projections.is_empty());
+    for p in projections {
+        assert!(names.contains(&p), "{p} is not stored FP8");
+    }
+    m
 }
