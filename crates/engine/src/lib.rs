@@ -41,7 +41,9 @@ use std::time::Instant;
 
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_models::forward::megatron_specs;
-use siphon_models::{DType, ForwardProgram, ForwardSpec, HookPoint, LoadedModel, ParamInfo, build_forward};
+use siphon_models::{
+    DType, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, StoredForm, build_forward,
+};
 use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
 
 /// What went wrong loading or running a model.
@@ -111,6 +113,20 @@ pub struct EngineOptions {
     /// A mixture's rows per expert in each dispatch round; `None` chooses from the mean
     /// load (`siphon_models::forward::ForwardSpec::expert_capacity`).
     pub expert_capacity: Option<usize>,
+    /// How quantized weights reach the devices.
+    pub weights: WeightForm,
+}
+
+/// How a checkpoint's quantized weights reach the devices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WeightForm {
+    /// Dequantized on the host to the compute dtype (every weight one array).
+    #[default]
+    Dequantized,
+    /// Kept as stored where siphon has the form ([`siphon_models::StoredForm`]: FP8 blocks,
+    /// GGUF Q8_0/Q4_0/Q4_1) and dequantized inside the program; others as
+    /// [`WeightForm::Dequantized`].
+    Stored,
 }
 
 impl Default for EngineOptions {
@@ -121,6 +137,7 @@ impl Default for EngineOptions {
             mesh: Mesh::single_device(),
             plan: ShardingPlan::Megatron,
             expert_capacity: None,
+            weights: WeightForm::Dequantized,
         }
     }
 }
@@ -271,6 +288,9 @@ pub struct Engine {
     param_specs: HashMap<String, PartitionSpec>,
     input_spec: Option<PartitionSpec>,
     params: Vec<ParamInfo>,
+    /// The weights kept in their stored form ([`WeightForm::Stored`]).
+    stored: HashMap<String, StoredForm>,
+    /// Every weight argument, in the program's order (a stored weight's parts one by one).
     weights: Vec<ShardedArray>,
     compiled: Mutex<HashMap<(usize, usize), Arc<Compiled>>>,
     load_stats: LoadStats,
@@ -292,15 +312,40 @@ fn element_type(dtype: DType) -> ElementType {
         DType::F32 => ElementType::F32,
         DType::Bf16 => ElementType::BF16,
         DType::F16 => ElementType::F16,
+        DType::U8 => ElementType::U8,
     }
 }
 
-fn hlo_dtype(dtype: DType) -> siphon_hlo::DType {
-    match dtype {
-        DType::F32 => siphon_hlo::DType::F32,
-        DType::Bf16 => siphon_hlo::DType::BF16,
-        DType::F16 => siphon_hlo::DType::F16,
-    }
+/// Uploads `tensor` split by `spec` over `mesh`, each device receiving its shard; returns the
+/// array and the bytes moved.
+fn upload(
+    client: &Client,
+    tensor: &HostTensor<'_>,
+    spec: &PartitionSpec,
+    mesh: &Mesh,
+    context: impl Fn() -> String + Copy,
+) -> Result<(ShardedArray, usize), EngineError> {
+    let ty = element_type(tensor.dtype);
+    let shard_shape =
+        spec.shard_shape(&tensor.shape, mesh).map_err(|source| EngineError::Mesh { context: context(), source })?;
+    let buffers = if spec.is_replicated() {
+        // Same bytes to every device, straight from the map when no conversion ran.
+        mesh.device_ids()
+            .iter()
+            .map(|&d| rt(context, client.upload_bytes(ty, &shard_shape, &tensor.data, d)))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        let shards = spec
+            .split(&tensor.data, tensor.dtype.size(), &tensor.shape, mesh)
+            .map_err(|source| EngineError::Mesh { context: context(), source })?;
+        shards
+            .iter()
+            .zip(mesh.device_ids())
+            .map(|(bytes, &d)| rt(context, client.upload_bytes(ty, &shard_shape, bytes, d)))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let bytes = shard_shape.iter().product::<usize>() * tensor.dtype.size() * mesh.num_devices();
+    Ok((rt(context, ShardedArray::from_buffers(buffers, &tensor.shape, spec, mesh))?, bytes))
 }
 
 impl Engine {
@@ -344,6 +389,7 @@ impl Engine {
             param_specs,
             input_spec,
             params: Vec::new(),
+            stored: HashMap::new(),
             weights: Vec::new(),
             compiled: Mutex::new(HashMap::new()),
             load_stats: LoadStats::default(),
@@ -351,36 +397,36 @@ impl Engine {
         // The parameter list does not depend on the batch shape: build a small program once
         // to learn it (the builder is pure Rust, milliseconds).
         let probe_batch = engine.input_spec.as_ref().map_or(1, |s| s.ways(0, &mesh)).max(1);
-        let probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
+        let mut probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
         model.check_weights(probe.n_blocks)?;
+        if engine.options.weights == WeightForm::Stored {
+            for (param, spec) in probe.params.iter().zip(&probe.param_specs) {
+                let Some(form) = model.weights.stored_form(param)? else { continue };
+                // A split that would cut the form's blocks keeps the weight dequantized.
+                match form.part_specs(&param.name, &param.shape, spec, &mesh) {
+                    Ok(_) => _ = engine.stored.insert(param.name.clone(), form),
+                    Err(e) => tracing::warn!("{e}: dequantized on load instead"),
+                }
+            }
+            probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
+        }
         let start = Instant::now();
         let mut uploaded = 0usize;
         let mut weights = Vec::with_capacity(probe.params.len());
-        for (param, spec) in probe.params.iter().zip(&probe.param_specs) {
-            let tensor = model.weights.load(param, engine.options.compute_dtype)?;
-            let ty = element_type(tensor.dtype);
+        for ((param, spec), form) in probe.params.iter().zip(&probe.param_specs).zip(&probe.param_forms) {
             let context = || format!("uploading {}", param.name);
-            let shard_shape = spec
-                .shard_shape(&tensor.shape, &mesh)
-                .map_err(|source| EngineError::Mesh { context: context(), source })?;
-            let buffers = if spec.is_replicated() {
-                // Same bytes to every device, straight from the map when no conversion ran.
-                mesh.device_ids()
-                    .iter()
-                    .map(|&d| rt(context, client.upload_bytes(ty, &shard_shape, &tensor.data, d)))
-                    .collect::<Result<Vec<_>, _>>()?
-            } else {
-                let shards = spec
-                    .split(&tensor.data, tensor.dtype.size(), &tensor.shape, &mesh)
-                    .map_err(|source| EngineError::Mesh { context: context(), source })?;
-                shards
-                    .iter()
-                    .zip(mesh.device_ids())
-                    .map(|(bytes, &d)| rt(context, client.upload_bytes(ty, &shard_shape, bytes, d)))
-                    .collect::<Result<Vec<_>, _>>()?
+            let (tensors, specs) = match form {
+                None => (vec![model.weights.load(param, engine.options.compute_dtype)?], vec![spec.clone()]),
+                Some(form) => (
+                    model.weights.load_stored(param, *form)?,
+                    form.part_specs(&param.name, &param.shape, spec, &mesh).map_err(EngineError::Model)?,
+                ),
             };
-            uploaded += shard_shape.iter().product::<usize>() * tensor.dtype.size() * mesh.num_devices();
-            weights.push(rt(context, ShardedArray::from_buffers(buffers, &tensor.shape, spec, &mesh))?);
+            for (tensor, spec) in tensors.iter().zip(&specs) {
+                let (array, bytes) = upload(client, tensor, spec, &mesh, context)?;
+                uploaded += bytes;
+                weights.push(array);
+            }
         }
         engine.load_stats = LoadStats { upload_s: start.elapsed().as_secs_f64(), uploaded_bytes: uploaded };
         tracing::info!(
@@ -394,14 +440,20 @@ impl Engine {
         Ok(engine)
     }
 
+    /// The weights kept in their stored form on the devices, by name.
+    pub fn stored_weights(&self) -> &HashMap<String, StoredForm> {
+        &self.stored
+    }
+
     fn spec(&self, batch: usize, seq: usize) -> ForwardSpec {
         let mut spec = ForwardSpec::new(batch, seq, self.hooks.clone());
-        spec.compute_dtype = hlo_dtype(self.options.compute_dtype);
-        spec.output_dtype = hlo_dtype(self.options.output_dtype);
+        spec.compute_dtype = self.options.compute_dtype.hlo();
+        spec.output_dtype = self.options.output_dtype.hlo();
         spec.mesh = self.options.mesh.clone();
         spec.param_specs = self.param_specs.clone();
         spec.input_spec = self.input_spec.clone();
         spec.expert_capacity = self.options.expert_capacity;
+        spec.stored = self.stored.clone();
         spec
     }
 
@@ -446,7 +498,7 @@ impl Engine {
         }
         let start = Instant::now();
         let program = build_forward(&self.config, &self.spec(batch, seq))?;
-        if program.params != self.params {
+        if program.params != self.params || program.param_forms.iter().flatten().count() != self.stored.len() {
             return Err(EngineError::Options(format!(
                 "the forward for batch {batch} x seq {seq} takes different weights than the uploaded ones"
             )));

@@ -271,6 +271,11 @@ impl Builder {
         self.binary("or", a, b, Kind::IntOrPred)
     }
 
+    /// `a >> b` on unsigned bits (zeros shifted in), elementwise on integers.
+    pub fn shift_right_logical(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("shift_right_logical", a, b, Kind::IntOrPred)
+    }
+
     /// `-a`.
     pub fn neg(&mut self, a: Value) -> Result<Value> {
         self.unary("negate", a, Kind::Numeric)

@@ -26,9 +26,9 @@ use std::collections::{BTreeMap, HashMap};
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, HloError, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::ModelError;
 use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, RopeScaling};
 use crate::hooks::{HookKind, HookPoint, Scope};
+use crate::{ModelError, StoredForm};
 
 /// What to build: shapes, hooks, dtypes and sharding.
 #[derive(Debug, Clone)]
@@ -53,6 +53,9 @@ pub struct ForwardSpec {
     /// Rows per expert in each dispatch round of a mixture (see [`crate::moe`]); `None`
     /// chooses from the mean load.
     pub expert_capacity: Option<usize>,
+    /// Weights taken in their stored form and dequantized in the program, by Hugging Face
+    /// name (see [`crate::StoredForm`]); the others are taken in the compute dtype.
+    pub stored: HashMap<String, StoredForm>,
 }
 
 impl ForwardSpec {
@@ -68,6 +71,7 @@ impl ForwardSpec {
             param_specs: HashMap::new(),
             input_spec: None,
             expert_capacity: None,
+            stored: HashMap::new(),
         }
     }
 
@@ -115,9 +119,13 @@ pub struct ForwardProgram {
     pub text: String,
     /// Weight arguments, in argument order.
     pub params: Vec<ParamInfo>,
-    /// Partition spec of each weight argument (same order as `params`).
+    /// Partition spec of each weight (same order as `params`).
     pub param_specs: Vec<PartitionSpec>,
-    /// Dtype every weight argument must have.
+    /// Each weight's stored form when the program takes it as its parts (same order as
+    /// `params`): its arguments are then [`StoredForm::parts`], split by
+    /// [`StoredForm::part_specs`], instead of one array in `param_dtype`.
+    pub param_forms: Vec<Option<StoredForm>>,
+    /// Dtype of every weight taken whole.
     pub param_dtype: DType,
     /// The inputs that follow the weights: `input_ids`, `attention_mask`, `position_ids`.
     pub inputs: Vec<InputInfo>,
@@ -209,6 +217,7 @@ pub(crate) struct Graph<'a> {
     weights: HashMap<String, Value>,
     params: Vec<ParamInfo>,
     param_specs: Vec<PartitionSpec>,
+    param_forms: Vec<Option<StoredForm>>,
     /// Mesh axes the flattened token dimension `batch*seq` is split over.
     token_axes: Vec<String>,
     input_spec: PartitionSpec,
@@ -261,15 +270,29 @@ impl<'a> Graph<'a> {
         }
         let mut weights = HashMap::new();
         let mut param_specs = Vec::new();
+        let mut param_forms = Vec::new();
         for p in &params {
             let pspec =
                 spec.param_specs.get(&p.name).cloned().unwrap_or_else(|| PartitionSpec::replicated(p.shape.len()));
             // Validated on every mesh: on one without axes this rejects any split and a
             // wrong rank, so the specs handed back are always usable.
             pspec.validate(&p.shape, &spec.mesh).map_err(|e| ModelError::Sharding(format!("{}: {e}", p.name)))?;
-            let v = b.arg(TensorType::new(dt, &p.shape), sharded.then(|| pspec.clone()))?;
+            let form = spec.stored.get(&p.name).copied();
+            let v = match form {
+                None => b.arg(TensorType::new(dt, &p.shape), sharded.then(|| pspec.clone()))?,
+                Some(form) => {
+                    let specs = form.part_specs(&p.name, &p.shape, &pspec, &spec.mesh)?;
+                    let mut parts = Vec::new();
+                    for (part, pspec) in form.parts(&p.shape).into_iter().zip(specs) {
+                        let ty = TensorType::new(part.dtype.hlo(), &part.shape);
+                        parts.push(b.arg(ty, sharded.then_some(pspec))?);
+                    }
+                    form.dequantize(&mut b, &parts, &p.shape, dt)?
+                }
+            };
             weights.insert(p.name.clone(), v);
             param_specs.push(pspec);
+            param_forms.push(form);
         }
         let input_spec = spec.input_spec.clone().unwrap_or_else(|| PartitionSpec::replicated(2));
         input_spec
@@ -289,6 +312,7 @@ impl<'a> Graph<'a> {
             weights,
             params,
             param_specs,
+            param_forms,
             token_axes,
             input_spec,
             sharded,
@@ -890,6 +914,7 @@ impl<'a> Graph<'a> {
             text,
             params: self.params,
             param_specs: self.param_specs,
+            param_forms: self.param_forms,
             param_dtype: self.dt,
             inputs,
             outputs,

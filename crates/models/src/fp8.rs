@@ -39,12 +39,10 @@ pub(crate) fn dequantize(
     block: Option<[usize; 2]>,
 ) -> Option<Vec<f32>> {
     let [sr, sc] = grid;
-    if sr == 0 || sc == 0 || scales.len() != sr * sc {
+    if scales.len() != sr * sc {
         return None;
     }
-    let configured = block.filter(|&[br, bc]| br > 0 && bc > 0 && rows.div_ceil(br) == sr && cols.div_ceil(bc) == sc);
-    let exact = (rows.is_multiple_of(sr) && cols.is_multiple_of(sc)).then_some([rows / sr, cols / sc]);
-    let [br, bc] = configured.or(exact)?;
+    let [br, bc] = block_of(rows, cols, grid, block)?;
     let table: Vec<f32> = (0..=255u8).map(e4m3).collect();
     let mut out = Vec::with_capacity(rows * cols);
     for (i, row) in weights.chunks_exact(cols).enumerate() {
@@ -52,6 +50,18 @@ pub(crate) fn dequantize(
         out.extend(row.iter().enumerate().map(|(j, &b)| table[usize::from(b)] * block_row[j / bc]));
     }
     Some(out)
+}
+
+/// The block a `rows × cols` weight's `grid` of scales is in: `block` (the config's) where the
+/// grid is that block's rounded up, else the grid's exact division of the weight.
+pub(crate) fn block_of(rows: usize, cols: usize, grid: [usize; 2], block: Option<[usize; 2]>) -> Option<[usize; 2]> {
+    let [sr, sc] = grid;
+    if sr == 0 || sc == 0 {
+        return None;
+    }
+    let configured = block.filter(|&[br, bc]| br > 0 && bc > 0 && rows.div_ceil(br) == sr && cols.div_ceil(bc) == sc);
+    let exact = (rows.is_multiple_of(sr) && cols.is_multiple_of(sc)).then_some([rows / sr, cols / sc]);
+    configured.or(exact)
 }
 
 #[cfg(test)]

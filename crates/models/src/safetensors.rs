@@ -202,6 +202,17 @@ impl SafeTensorsSet {
         Ok(Some(Dequantized { shape, values }))
     }
 
+    /// `name` as it stays on the device when kept stored: its FP8 bytes and f32 scale grid
+    /// with the block they are read in; `None` unless it is an FP8 block-scaled weight.
+    pub(crate) fn fp8_stored(&self, name: &str) -> Result<Option<crate::stored::StoredBytes>, ModelError> {
+        let Some((grid, scales)) = self.fp8_scales(name)? else { return Ok(None) };
+        let (_, info) = self.entry(name)?;
+        let [rows, cols] = info.shape[..] else { return Ok(None) };
+        let Some(block) = crate::fp8::block_of(rows, cols, grid, self.fp8_block) else { return Ok(None) };
+        let scales = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+        Ok(Some((crate::StoredForm::Fp8 { block }, vec![self.bytes(name)?.to_vec(), scales])))
+    }
+
     /// The scale grid and f32 scales of `name` when it is F8_E4M3 beside a `…_scale_inv`.
     fn fp8_scales(&self, name: &str) -> Result<Option<ScaleGrid>, ModelError> {
         let Some((_, info)) = self.by_name.get(name) else { return Ok(None) };

@@ -12,8 +12,9 @@ use std::path::Path;
 use half::{bf16, f16};
 
 use crate::gguf::convert::{self, RowOrder};
-use crate::gguf::{GgufFile, dequant};
+use crate::gguf::{GgmlType, GgufFile, dequant};
 use crate::safetensors::SafeTensorsSet;
+use crate::stored::StoredBytes;
 use crate::{ModelError, ParamInfo, Slice};
 
 /// Element types of weights and activations handed to the device.
@@ -26,6 +27,8 @@ pub enum DType {
     Bf16,
     /// IEEE half.
     F16,
+    /// Bytes of a block format kept as stored ([`crate::StoredForm`]); never a compute dtype.
+    U8,
 }
 
 impl DType {
@@ -34,6 +37,17 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::Bf16 | DType::F16 => 2,
+            DType::U8 => 1,
+        }
+    }
+
+    /// The program's element type for it.
+    pub fn hlo(self) -> siphon_hlo::DType {
+        match self {
+            DType::F32 => siphon_hlo::DType::F32,
+            DType::Bf16 => siphon_hlo::DType::BF16,
+            DType::F16 => siphon_hlo::DType::F16,
+            DType::U8 => siphon_hlo::DType::U8,
         }
     }
 
@@ -43,6 +57,7 @@ impl DType {
             DType::F32 => "f32",
             DType::Bf16 => "bf16",
             DType::F16 => "f16",
+            DType::U8 => "u8",
         }
     }
 }
@@ -277,6 +292,109 @@ impl Weights {
     }
 }
 
+impl Weights {
+    /// The form `param` can stay in on the device ([`crate::StoredForm`]): an FP8 weight, or a
+    /// GGUF Q8_0/Q4_0/Q4_1 one read as it is stored (not transposed, not shifted, rows of
+    /// whole blocks); stacked experts when every expert's is the same. `None` for anything
+    /// else, which is dequantized on load.
+    pub fn stored_form(&self, param: &ParamInfo) -> Result<Option<crate::StoredForm>, ModelError> {
+        if param.source.is_some() {
+            return Ok(None);
+        }
+        let names: Vec<&str> = if param.stack.is_empty() {
+            vec![param.name.as_str()]
+        } else {
+            param.stack.iter().map(String::as_str).collect()
+        };
+        let mut form = None;
+        for name in names {
+            let this = self.stored_one(&self.resolve(name))?.map(|(f, _)| f);
+            if this.is_none() || (form.is_some() && form != this) {
+                return Ok(None);
+            }
+            form = this;
+        }
+        Ok(form.filter(|f| f.fits(&param.shape)))
+    }
+
+    /// `param`'s parts in its stored form ([`Weights::stored_form`]), experts stacked.
+    pub fn load_stored(&self, param: &ParamInfo, form: crate::StoredForm) -> Result<Vec<HostTensor<'_>>, ModelError> {
+        self.check(param)?;
+        let names: Vec<&str> = if param.stack.is_empty() {
+            vec![param.name.as_str()]
+        } else {
+            param.stack.iter().map(String::as_str).collect()
+        };
+        let parts = form.parts(&param.shape);
+        let mut data: Vec<Vec<u8>> = parts.iter().map(|_| Vec::new()).collect();
+        for name in names {
+            let Some((f, bytes)) = self.stored_one(&self.resolve(name))? else {
+                return Err(ModelError::UnsupportedQuant(format!("{name} is not stored as {form:?}")));
+            };
+            if f != form {
+                return Err(ModelError::UnsupportedQuant(format!("{name} is stored as {f:?}, not {form:?}")));
+            }
+            data.iter_mut().zip(bytes).for_each(|(d, b)| d.extend(b));
+        }
+        Ok(parts
+            .into_iter()
+            .zip(data)
+            .map(|(p, data)| HostTensor { dtype: p.dtype, shape: p.shape, data: Cow::Owned(data) })
+            .collect())
+    }
+
+    /// One stored tensor's form and its parts' bytes, if it has a form kept on the device.
+    fn stored_one(&self, name: &str) -> Result<Option<StoredBytes>, ModelError> {
+        match &self.inner {
+            Inner::SafeTensors(s) => s.fp8_stored(name),
+            Inner::Gguf(g) => g.stored(name),
+        }
+    }
+}
+
+impl GgufWeights {
+    /// A Q8_0/Q4_0/Q4_1 tensor's parts in HF row order: per row its blocks' f16 `d` (and `m`)
+    /// and their quants, as [`crate::StoredForm`] lays them out.
+    fn stored(&self, name: &str) -> Result<Option<StoredBytes>, ModelError> {
+        use crate::StoredForm;
+        let (t, mapping) = self.info(name)?;
+        let form = match t.ggml_type {
+            GgmlType::Q8_0 => StoredForm::Q8_0,
+            GgmlType::Q4_0 => StoredForm::Q4_0,
+            GgmlType::Q4_1 => StoredForm::Q4_1,
+            _ => return Ok(None),
+        };
+        if mapping.transpose || mapping.minus_one || t.dims.len() < 2 {
+            return Ok(None);
+        }
+        let raw = self.file.data(t);
+        let row_len = t.dims[0];
+        let n_rows = t.n_elements() / row_len;
+        let (first, n_rows) = match mapping.expert {
+            Some((e, n)) => (e * (n_rows / n), n_rows / n),
+            None => (0, n_rows),
+        };
+        let (bb, nb) = (t.ggml_type.block_bytes(), row_len / t.ggml_type.block_size());
+        let row_bytes = nb * bb;
+        // Offsets in a block of its f16 scale, its f16 min (Q4_1) and its quants.
+        let (scales, quants): (&[usize], usize) = match form {
+            StoredForm::Q4_1 => (&[0, 2], 4),
+            _ => (&[0], 2),
+        };
+        let mut parts: Vec<Vec<u8>> = vec![Vec::new(); scales.len() + 1];
+        for hf_row in 0..n_rows {
+            let src_row = first + convert::hf_row_of(mapping.order, n_rows, hf_row);
+            for block in raw[src_row * row_bytes..(src_row + 1) * row_bytes].chunks_exact(bb) {
+                for (part, &at) in parts.iter_mut().zip(scales) {
+                    part.extend_from_slice(&block[at..at + 2]);
+                }
+                parts[scales.len()].extend_from_slice(&block[quants..]);
+            }
+        }
+        Ok(Some((form, parts)))
+    }
+}
+
 /// The bytes of `slice` (elements of `size` bytes) taken from its stored tensor's `bytes`.
 fn slice_rows(slice: &Slice, size: usize, bytes: &[u8]) -> Vec<u8> {
     // Stacked experts `[E, r, c]` (Gemma 4's fused gate_up; GPT-OSS's, stored `[in, out]`
@@ -459,6 +577,7 @@ pub fn decode_into(dtype: DType, src: &[u8], dst: &mut [f32]) {
                 *d = f16::from_le_bytes([s[0], s[1]]).to_f32();
             }
         }
+        DType::U8 => src.iter().zip(dst).for_each(|(s, d)| *d = f32::from(*s)),
     }
 }
 
@@ -480,6 +599,8 @@ pub fn encode_into(dtype: DType, src: &[f32], dst: &mut [u8]) {
                 d.copy_from_slice(&f16::from_f32(*s).to_le_bytes());
             }
         }
+        // Byte values (stored block formats), saturating.
+        DType::U8 => src.iter().zip(dst).for_each(|(s, d)| *d = *s as u8),
     }
 }
 

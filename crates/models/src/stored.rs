@@ -1,0 +1,187 @@
+//! Weights kept on the devices in the form their checkpoint stores them (`--weights stored`):
+//! FP8 bytes with their block scales, GGUF's Q8_0 / Q4_0 / Q4_1 blocks. The forward takes
+//! each such weight as its parts and dequantizes it inside the program where the layer uses
+//! it, computing exactly what the host-side readers compute ([`crate::fp8`],
+//! [`crate::gguf`]'s dequantization): every value is the same f32 product, so the matmuls see
+//! the same weights and the activations equal dequantize-on-load bit for bit in f32.
+//!
+//! A weight's parts split over the mesh as the weight does, on whole blocks only: a split
+//! that would cut a block of scales is refused, naming the weight ([`StoredForm::part_specs`]).
+
+use serde::{Deserialize, Serialize};
+use siphon_hlo::{Builder, DType as Hlo, TensorType, Value};
+use siphon_mesh::{Mesh, PartitionSpec};
+
+use crate::{DType, ModelError};
+
+/// A stored form a weight can stay in on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StoredForm {
+    /// FP8 E4M3 bytes `[…, rows, cols]` and an f32 scale per `block` (`[…, ⌈rows/br⌉,
+    /// ⌈cols/bc⌉]`, partial at the edges).
+    Fp8 {
+        /// `[br, bc]`.
+        block: [usize; 2],
+    },
+    /// GGUF Q8_0: per 32 values of a row an f16 scale `d` and 32 signed bytes, `d · q`.
+    Q8_0,
+    /// GGUF Q4_0: per 32 values an f16 `d` and 16 bytes of nibbles, `d · (q − 8)`.
+    Q4_0,
+    /// GGUF Q4_1: per 32 values f16 `d` and `m` and 16 bytes of nibbles, `d · q + m`.
+    Q4_1,
+}
+
+/// A tensor's stored form and its parts' bytes, in [`StoredForm::parts`]' order.
+pub(crate) type StoredBytes = (StoredForm, Vec<Vec<u8>>);
+
+/// Values per GGUF block.
+const QK: usize = 32;
+
+/// One array a stored weight is uploaded as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Its element type.
+    pub dtype: DType,
+}
+
+impl StoredForm {
+    /// The arrays a weight of `shape` (`[…, rows, cols]`, experts stacked first) is kept as,
+    /// in the order the program takes them.
+    pub fn parts(self, shape: &[usize]) -> Vec<Part> {
+        let n = shape.len();
+        let with = |last2: [usize; 2], dtype| {
+            let mut s = shape[..n - 2].to_vec();
+            s.extend(last2);
+            Part { shape: s, dtype }
+        };
+        let (r, c) = (shape[n - 2], shape[n - 1]);
+        match self {
+            StoredForm::Fp8 { block: [br, bc] } => {
+                vec![with([r, c], DType::U8), with([r.div_ceil(br), c.div_ceil(bc)], DType::F32)]
+            }
+            StoredForm::Q8_0 => vec![with([r, c / QK], DType::F16), with([r, c], DType::U8)],
+            StoredForm::Q4_0 => vec![with([r, c / QK], DType::F16), with([r, c / 2], DType::U8)],
+            StoredForm::Q4_1 => {
+                vec![with([r, c / QK], DType::F16), with([r, c / QK], DType::F16), with([r, c / 2], DType::U8)]
+            }
+        }
+    }
+
+    /// Bytes of a weight of `shape` in this form.
+    pub fn bytes(self, shape: &[usize]) -> usize {
+        self.parts(shape).iter().map(|p| p.shape.iter().product::<usize>() * p.dtype.size()).sum()
+    }
+
+    /// Whether a weight of `shape` can be kept in this form (GGUF rows of whole blocks).
+    pub fn fits(self, shape: &[usize]) -> bool {
+        shape.len() >= 2
+            && match self {
+                StoredForm::Fp8 { block: [br, bc] } => br > 0 && bc > 0,
+                _ => shape[shape.len() - 1].is_multiple_of(QK),
+            }
+    }
+
+    /// Each part's partition spec for the weight `name` of `shape` split by `spec`: the same
+    /// axes on the same dimensions, where every device's share holds whole blocks; a split
+    /// that would cut one is refused.
+    pub fn part_specs(
+        self,
+        name: &str,
+        shape: &[usize],
+        spec: &PartitionSpec,
+        mesh: &Mesh,
+    ) -> Result<Vec<PartitionSpec>, ModelError> {
+        let n = shape.len();
+        let block = match self {
+            StoredForm::Fp8 { block } => block,
+            _ => [1, QK],
+        };
+        for (d, b) in [(n - 2, block[0]), (n - 1, block[1])] {
+            let ways = spec.ways(d, mesh);
+            if ways > 1 && !shape[d].is_multiple_of(ways * b) {
+                return Err(ModelError::Sharding(format!(
+                    "{name} {shape:?} split {ways} ways on dimension {d} would cut its {self:?} blocks of {b}: \
+                     keep it replicated there, or dequantize the weights on load"
+                )));
+            }
+        }
+        Ok(self.parts(shape).iter().map(|_| spec.clone()).collect())
+    }
+
+    /// The weight, `[…, rows, cols]` in `dt`, from its parts inside the program.
+    pub(crate) fn dequantize(
+        self,
+        b: &mut Builder,
+        parts: &[Value],
+        shape: &[usize],
+        dt: Hlo,
+    ) -> Result<Value, ModelError> {
+        let n = shape.len();
+        let (r, c) = (shape[n - 2], shape[n - 1]);
+        let lead = &shape[..n - 2];
+        let dims = |last: &[usize]| [lead, last].concat();
+        let values = match self {
+            StoredForm::Fp8 { block: [br, bc] } => {
+                let table: Vec<f32> = (0..=255u8).map(crate::fp8::e4m3).collect();
+                let w = byte_table(b, parts[0], &table)?;
+                let (sr, sc) = (r.div_ceil(br), c.div_ceil(bc));
+                let mut map: Vec<usize> = (0..lead.len()).collect();
+                map.extend([n - 2, n]);
+                let s = b.broadcast_in_dim(parts[1], &dims(&[sr, br, sc, bc]), &map)?;
+                let s = b.reshape(s, &dims(&[sr * br, sc * bc]))?;
+                let s = b.slice_dim(s, n - 2, 0, r)?;
+                let s = b.slice_dim(s, n - 1, 0, c)?;
+                b.mul(w, s)?
+            }
+            StoredForm::Q8_0 => {
+                let table: Vec<f32> = (0..=255u8).map(|q| f32::from(q as i8)).collect();
+                let q = byte_table(b, parts[1], &table)?;
+                let q = b.reshape(q, &dims(&[r, c / QK, QK]))?;
+                let d = per_block(b, parts[0], &dims(&[r, c / QK, QK]))?;
+                let v = b.mul(d, q)?;
+                b.reshape(v, &dims(&[r, c]))?
+            }
+            StoredForm::Q4_0 | StoredForm::Q4_1 => {
+                let qs = parts[parts.len() - 1];
+                let nb = c / QK;
+                let qs = b.reshape(qs, &dims(&[r, nb, QK / 2]))?;
+                let ty = b.ty(qs)?.clone();
+                let low = b.splat(15.0, ty.clone())?;
+                let four = b.splat(4.0, ty)?;
+                let lo = b.and(qs, low)?;
+                let hi = b.shift_right_logical(qs, four)?;
+                // Low nibbles are a block's first 16 values, high nibbles its last 16.
+                let q = b.concatenate(&[lo, hi], n)?;
+                let q = b.convert(q, Hlo::F32)?;
+                let full = dims(&[r, nb, QK]);
+                let d = per_block(b, parts[0], &full)?;
+                let v = if self == StoredForm::Q4_0 {
+                    let eight = b.splat(8.0, TensorType::new(Hlo::F32, &full))?;
+                    let q = b.sub(q, eight)?;
+                    b.mul(d, q)?
+                } else {
+                    let m = per_block(b, parts[1], &full)?;
+                    let dq = b.mul(d, q)?;
+                    b.add(dq, m)?
+                };
+                b.reshape(v, &dims(&[r, c]))?
+            }
+        };
+        Ok(b.convert(values, dt)?)
+    }
+}
+
+/// `table[byte]` for every byte of `bytes` (u8), as f32.
+fn byte_table(b: &mut Builder, bytes: Value, table: &[f32]) -> Result<Value, ModelError> {
+    let t = b.constant_f32(table, &[table.len()])?;
+    Ok(b.take_rows(t, bytes)?)
+}
+
+/// One f16 value per block `[…, r, nb]` as f32, repeated over the block's values (`full`).
+fn per_block(b: &mut Builder, v: Value, full: &[usize]) -> Result<Value, ModelError> {
+    let v = b.convert(v, Hlo::F32)?;
+    let map: Vec<usize> = (0..full.len() - 1).collect();
+    Ok(b.broadcast_in_dim(v, full, &map)?)
+}
