@@ -139,3 +139,45 @@ fn model_dir_and_missing_paths() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model"));
 }
+
+/// DeepSeek-V3's own config.json (671B, FP8 in 128 × 128 blocks) on one host of 8 × 141 GiB:
+/// the weights kept in their stored FP8 fit, dequantized to bf16 they do not.
+#[test]
+fn deepseek_v3_fits_one_8_device_host_only_with_its_weights_kept_fp8() {
+    let plan = |weights: &str| {
+        let out = siphon(&[
+            "plan",
+            "--config",
+            "fixtures/configs/deepseek-v3.json",
+            "--devices-per-host",
+            "8",
+            "--device-memory",
+            "141",
+            "--dtype",
+            "bf16",
+            "--batch",
+            "8",
+            "--seq",
+            "1024",
+            "--mesh",
+            "2d",
+            "--model-parallel",
+            "8",
+            "--weights",
+            weights,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str::<serde_json::Value>(&stdout(&out)).unwrap()
+    };
+    let (bf16, fp8) = (plan("dequantized"), plan("stored"));
+    let gib = |p: &serde_json::Value| p["memory"]["weights"]["sharded_bytes"].as_f64().unwrap() / (1u64 << 30) as f64;
+    assert_eq!(bf16["memory"]["fits"], false);
+    assert_eq!(fp8["memory"]["fits"], true);
+    // 1.25 TiB of bf16 over 8 devices against about half of it: one byte per value and an f32
+    // scale per 128 × 128 block for every projection; embeddings, routers and norms in bf16.
+    assert!((157.0..158.5).contains(&gib(&bf16)), "{}", gib(&bf16));
+    assert!((78.5..80.0).contains(&gib(&fp8)), "{}", gib(&fp8));
+    let notes = fp8["notes"].to_string();
+    assert!(notes.contains("weights kept in their stored form"), "{notes}");
+}

@@ -129,6 +129,17 @@ pub enum WeightForm {
     Stored,
 }
 
+impl std::str::FromStr for WeightForm {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<WeightForm, EngineError> {
+        match s {
+            "dequantized" => Ok(WeightForm::Dequantized),
+            "stored" => Ok(WeightForm::Stored),
+            other => Err(EngineError::Options(format!("weights {other:?} (dequantized or stored)"))),
+        }
+    }
+}
+
 impl Default for EngineOptions {
     fn default() -> EngineOptions {
         EngineOptions {

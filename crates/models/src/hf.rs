@@ -3,6 +3,7 @@
 //! Either way the result is the same [`LoadedModel`]: a validated config, weights by HF name
 //! and, when the files have one, a tokenizer.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::gguf::{GgufFile, convert};
@@ -68,6 +69,18 @@ impl LoadedModel {
         let n_experts = config.moe.as_ref().map_or(0, |m| m.n_experts);
         let weights = Weights::from_gguf(file, config.n_heads, config.n_kv_heads, n_experts)?;
         Ok(LoadedModel { path: path.to_path_buf(), config, weights, tokenizer })
+    }
+
+    /// The weights of the first `n_layers` blocks that can stay in their stored form on the
+    /// devices ([`crate::Weights::stored_form`]), by name.
+    pub fn stored_forms(&self, n_layers: usize) -> Result<HashMap<String, crate::StoredForm>, ModelError> {
+        let mut out = HashMap::new();
+        for p in self.config.params(n_layers, false) {
+            if let Some(form) = self.weights.stored_form(&p)? {
+                out.insert(p.name, form);
+            }
+        }
+        Ok(out)
     }
 
     /// Checks that every tensor the forward of the first `n_layers` blocks needs is present

@@ -147,7 +147,7 @@ impl HfConfig {
     }
 
     /// The `weight_block_size` of an `fp8` `quantization_config`, if the config has one.
-    pub(crate) fn fp8_block_size(&self) -> Result<Option<[usize; 2]>, ModelError> {
+    pub fn fp8_block_size(&self) -> Result<Option<[usize; 2]>, ModelError> {
         let Some(q) = self.key::<Value>("quantization_config")? else { return Ok(None) };
         if q.get("quant_method").and_then(Value::as_str) != Some("fp8") {
             return Ok(None);

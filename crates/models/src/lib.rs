@@ -49,7 +49,7 @@ pub use hf::LoadedModel;
 pub use hf_config::HfConfig;
 pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_kinds, resolve_hooks};
 pub use moe::{capacity as expert_capacity, chunk_rows as expert_chunk};
-pub use stored::{Part as StoredPart, StoredForm};
+pub use stored::{Part as StoredPart, StoredForm, fp8_forms};
 pub use tokenizer::TextTokenizer;
 pub use weights::{DType, HostTensor, TensorMeta, Weights};
 

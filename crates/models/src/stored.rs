@@ -12,7 +12,10 @@ use serde::{Deserialize, Serialize};
 use siphon_hlo::{Builder, DType as Hlo, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::{DType, ModelError};
+use std::collections::HashMap;
+
+use crate::config::ParamClass;
+use crate::{DType, ModelConfig, ModelError};
 
 /// A stored form a weight can stay in on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -171,6 +174,25 @@ impl StoredForm {
         };
         Ok(b.convert(values, dt)?)
     }
+}
+
+/// The weights of `config`'s first `n_layers` blocks that an FP8 checkpoint (`quantization_config`
+/// `fp8` with blocks of `block`) stores FP8, as transformers' FP8 quantizer converts them: every
+/// linear projection (attention, latents, MLPs, experts); not the embeddings, routers, norms or
+/// lm_head. For planning from a config alone.
+pub fn fp8_forms(config: &ModelConfig, n_layers: usize, block: [usize; 2]) -> HashMap<String, StoredForm> {
+    use ParamClass::*;
+    config
+        .params(n_layers, false)
+        .into_iter()
+        .filter(|p| {
+            matches!(
+                p.class,
+                AttnQ | AttnK | AttnV | AttnO | MlpGate | MlpUp | MlpDown | ExpertGate | ExpertUp | ExpertDown | Latent
+            )
+        })
+        .map(|p| (p.name, StoredForm::Fp8 { block }))
+        .collect()
 }
 
 /// `table[byte]` for every byte of `bytes` (u8), as f32.

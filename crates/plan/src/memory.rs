@@ -45,7 +45,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use siphon_mesh::Mesh;
-use siphon_models::{HookPoint, ModelConfig, ParamInfo};
+use std::collections::HashMap;
+
+use siphon_models::{HookPoint, ModelConfig, ParamInfo, StoredForm};
 
 use crate::PlanError;
 use crate::mesh::{DATA, FSDP, MODEL};
@@ -160,20 +162,41 @@ fn fsdp_split(spec: &siphon_mesh::PartitionSpec) -> bool {
     spec.dims().iter().flatten().any(|a| a.as_str() == FSDP)
 }
 
-/// Weight bytes for `params` sharded by `specs` (same order) on `mesh`.
+/// Bytes of `param` whole and of the shard each device holds under `spec`: `dtype`'s per
+/// value, or its stored form's (`stored`, by name: blocks and scales) — refused where the
+/// split would cut a block.
+pub fn param_bytes(
+    param: &ParamInfo,
+    spec: &siphon_mesh::PartitionSpec,
+    mesh: &Mesh,
+    dtype: DType,
+    stored: &HashMap<String, StoredForm>,
+) -> Result<(u64, u64), PlanError> {
+    let shard_shape = spec.shard_shape(&param.shape, mesh)?;
+    let bytes = |shape: &[usize]| match stored.get(&param.name) {
+        Some(form) => form.bytes(shape) as u64,
+        None => shape.iter().map(|&d| d as u64).product::<u64>() * dtype.bytes(),
+    };
+    if let Some(form) = stored.get(&param.name) {
+        form.part_specs(&param.name, &param.shape, spec, mesh).map_err(|e| PlanError::Request(e.to_string()))?;
+    }
+    Ok((bytes(&param.shape), bytes(&shard_shape)))
+}
+
+/// Weight bytes for `params` sharded by `specs` (same order) on `mesh`, in `dtype` or their
+/// stored form ([`param_bytes`]).
 pub fn weight_memory(
     params: &[ParamInfo],
     specs: &[siphon_mesh::PartitionSpec],
     mesh: &Mesh,
     dtype: DType,
+    stored: &HashMap<String, StoredForm>,
 ) -> Result<WeightMemory, PlanError> {
-    let w = dtype.bytes();
     let mut total = 0u64;
     let mut sharded = 0u64;
     let mut per_layer: std::collections::BTreeMap<usize, u64> = Default::default();
     for (param, spec) in params.iter().zip(specs) {
-        let full: u64 = param.shape.iter().map(|&d| d as u64).product::<u64>() * w;
-        let shard: u64 = spec.shard_shape(&param.shape, mesh)?.iter().map(|&d| d as u64).product::<u64>() * w;
+        let (full, shard) = param_bytes(param, spec, mesh, dtype, stored)?;
         total += full;
         sharded += shard;
         if let (Some(layer), true) = (param.layer, fsdp_split(spec)) {
@@ -301,13 +324,13 @@ mod tests {
         let mesh = Mesh::new(&[("fsdp", 2), ("model", 4)], (0..8).collect()).unwrap();
         let params = [param(&[64, 32], Some(0)), param(&[32], None)];
         let specs = [PartitionSpec::new(&[&["model"], &["fsdp"]]), PartitionSpec::replicated(1)];
-        let m = weight_memory(&params, &specs, &mesh, DType::BF16).unwrap();
+        let m = weight_memory(&params, &specs, &mesh, DType::BF16, &HashMap::new()).unwrap();
         assert_eq!(m.total_bytes, (64 * 32 + 32) * 2);
         assert_eq!(m.gathered_bytes, m.total_bytes);
         assert_eq!(m.sharded_bytes, (64 * 32 / 8 + 32) * 2);
         // Layer 0 gathered over fsdp, still split over model: 64*32/4 elements; minus the shard.
         assert_eq!(m.fsdp_gather_bytes, 2 * (64 * 32 / 4 - 64 * 32 / 8) * 2);
-        let f32 = weight_memory(&params, &specs, &mesh, DType::F32).unwrap();
+        let f32 = weight_memory(&params, &specs, &mesh, DType::F32, &HashMap::new()).unwrap();
         assert_eq!(f32.sharded_bytes, 2 * m.sharded_bytes);
     }
 

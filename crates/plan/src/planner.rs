@@ -33,6 +33,9 @@ pub struct PlanRequest {
     /// Plan `lm_head.weight` too (activation extraction never computes logits, so by default
     /// it is neither loaded nor counted).
     pub with_lm_head: bool,
+    /// Weights kept in their stored form on the devices, by name (`--weights stored`),
+    /// counted at their stored bytes.
+    pub stored: std::collections::HashMap<String, siphon_models::StoredForm>,
 }
 
 /// `output_hidden_states`: each block's input and the final norm's output.
@@ -55,6 +58,7 @@ impl Default for PlanRequest {
             device_memory_bytes: None,
             headroom: memory::DEFAULT_HEADROOM,
             with_lm_head: false,
+            stored: Default::default(),
         }
     }
 }
@@ -371,12 +375,10 @@ fn evaluate(
     let mut specs = Vec::with_capacity(params.len());
     let mut classes: Vec<ClassPlan> = Vec::new();
     let mut fallbacks: Vec<Fallback> = Vec::new();
-    let w = request.dtype.bytes();
     for param in &params {
         let sharding = rules::param_spec(param.class, &param.shape, &mesh);
         let shard_shape = sharding.spec.shard_shape(&param.shape, &mesh)?;
-        let full: u64 = param.shape.iter().map(|&d| d as u64).product::<u64>() * w;
-        let shard: u64 = shard_shape.iter().map(|&d| d as u64).product::<u64>() * w;
+        let (full, shard) = memory::param_bytes(param, &sharding.spec, &mesh, request.dtype, &request.stored)?;
         match classes.iter_mut().find(|c| c.class == param.class && c.shape == param.shape) {
             Some(c) => {
                 c.tensors += 1;
@@ -401,7 +403,7 @@ fn evaluate(
         }
         specs.push(sharding.spec);
     }
-    let weights = memory::weight_memory(&params, &specs, &mesh, request.dtype)?;
+    let weights = memory::weight_memory(&params, &specs, &mesh, request.dtype, &request.stored)?;
     let activations = match (request.batch, request.seq) {
         (Some(batch), Some(seq)) => Some(memory::activation_memory(
             config,
@@ -418,6 +420,14 @@ fn evaluate(
     let mut notes = Vec::new();
     if !request.with_lm_head && !config.tie_word_embeddings {
         notes.push("lm_head.weight is not loaded (activation extraction never computes logits)".into());
+    }
+    let kept = params.iter().filter(|p| request.stored.contains_key(&p.name)).count();
+    if kept > 0 {
+        notes.push(format!(
+            "{kept} weights kept in their stored form on the devices (--weights stored: blocks and scales, \
+             dequantized inside the forward), counted at their stored bytes; the others in {}",
+            request.dtype
+        ));
     }
     if spans_hosts {
         notes.push(format!(

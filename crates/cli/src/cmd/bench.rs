@@ -205,6 +205,7 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
         std::slice::from_ref(&spec),
         &mesh,
         siphon_plan::DType::F32,
+        &Default::default(),
     )?;
     let values: Vec<f32> = (0..rows * cols).map(|i| (i % 251) as f32).collect();
     let host = HostArray::from_slice(&weight_shape, &values)?;

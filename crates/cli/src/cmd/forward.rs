@@ -39,6 +39,9 @@ pub struct Args {
     /// Dtype of weights and compute: f32 or bf16.
     #[arg(long, default_value = "f32")]
     pub compute_dtype: DType,
+    /// Quantized weights `dequantized` on load or kept `stored` on the devices (see `extract`).
+    #[arg(long, default_value = "dequantized")]
+    pub weights: siphon_engine::WeightForm,
     /// Number of virtual devices of the CPU plugin.
     #[arg(long, value_name = "N")]
     pub cpu_devices: Option<usize>,
@@ -104,6 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mesh,
         plan,
         expert_capacity: None,
+        weights: args.weights,
     };
     let engine = Engine::new(&client, &model, hooks, options).context("loading the weights onto the devices")?;
     let acts = engine.run(&batch).context("running the forward")?;

@@ -77,13 +77,22 @@ pub struct Args {
     /// Also plan lm_head.weight (extraction never computes logits, so it is skipped by default).
     #[arg(long)]
     pub lm_head: bool,
+    /// Count quantized weights `dequantized` to --dtype or kept `stored` (as `extract
+    /// --weights stored` keeps them: a GGUF's or an FP8 checkpoint's blocks; from a config.json
+    /// alone, the projections its `quantization_config` `fp8` stores FP8).
+    #[arg(long, default_value = "dequantized")]
+    pub weights: siphon_engine::WeightForm,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let (config, config_dtype) = load_config(args.model.as_deref(), args.config.as_deref())?;
+    let (config, config_dtype, fp8_block) = load_config(args.model.as_deref(), args.config.as_deref())?;
+    let stored = match args.weights {
+        siphon_engine::WeightForm::Dequantized => Default::default(),
+        siphon_engine::WeightForm::Stored => stored_forms(&config, args.model.as_deref(), fp8_block)?,
+    };
     let topology = Topology::uniform(args.hosts, args.devices_per_host)?;
     let device_memory_bytes = match args.device_memory {
         Some(gib) if !(gib.is_finite() && gib > 0.0) => {
@@ -106,6 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         device_memory_bytes,
         headroom: args.headroom,
         with_lm_head: args.lm_head,
+        stored,
     };
     let plan = siphon_plan::plan(&config, &topology, &request)?;
     if args.json {
@@ -116,9 +126,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The weights kept stored under `--weights stored`: a model's own (its GGUF or FP8 tensors)
+/// when `--model` has weights, else those a `quantization_config` `fp8` stores FP8.
+fn stored_forms(
+    config: &ModelConfig,
+    model: Option<&Path>,
+    fp8_block: Option<[usize; 2]>,
+) -> anyhow::Result<std::collections::HashMap<String, siphon_models::StoredForm>> {
+    let has_weights = model.is_some_and(|p| {
+        p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+            || p.join("model.safetensors").exists()
+            || p.join("model.safetensors.index.json").exists()
+    });
+    if let (true, Some(path)) = (has_weights, model) {
+        let loaded = siphon_models::LoadedModel::open(path).with_context(|| format!("opening {}", path.display()))?;
+        return Ok(loaded.stored_forms(config.n_layers)?);
+    }
+    let block = fp8_block.context(
+        "--weights stored without weights to read: the config has no quantization_config fp8 with a weight_block_size",
+    )?;
+    Ok(siphon_models::fp8_forms(config, config.n_layers, block))
+}
+
 /// Reads a model's config from `--model` (HF directory, config.json or .gguf) or `--config`,
-/// with the dtype its `torch_dtype` names, if any.
-pub fn load_config(model: Option<&Path>, config: Option<&Path>) -> anyhow::Result<(ModelConfig, Option<DType>)> {
+/// with the dtype its `torch_dtype` names, if any, and an FP8 checkpoint's block size.
+pub fn load_config(
+    model: Option<&Path>,
+    config: Option<&Path>,
+) -> anyhow::Result<(ModelConfig, Option<DType>, Option<[usize; 2]>)> {
     let hf = match (model, config) {
         (_, Some(path)) => read_config_json(path)?,
         (Some(path), None) if path.is_dir() => read_config_json(&path.join("config.json"))?,
@@ -137,8 +172,9 @@ pub fn load_config(model: Option<&Path>, config: Option<&Path>) -> anyhow::Resul
         (None, None) => anyhow::bail!("give --model PATH or --config config.json"),
     };
     let dtype = hf.torch_dtype.as_deref().and_then(|d| d.parse::<DType>().ok());
+    let fp8_block = hf.fp8_block_size()?;
     let config = hf.into_config().context("model config")?;
-    Ok((config, dtype))
+    Ok((config, dtype, fp8_block))
 }
 
 fn read_config_json(path: &Path) -> anyhow::Result<HfConfig> {

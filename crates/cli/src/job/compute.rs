@@ -39,6 +39,10 @@ impl Plan {
                 "bf16" => siphon_plan::DType::BF16,
                 _ => siphon_plan::DType::F32,
             },
+            stored: match spec.weights {
+                siphon_engine::WeightForm::Stored => model.stored_forms(blocks)?,
+                siphon_engine::WeightForm::Dequantized => Default::default(),
+            },
             ..PlanRequest::default()
         };
         let plan = Plan { hooks, request };
@@ -122,6 +126,7 @@ impl Compute {
             mesh: mesh.clone(),
             plan: siphon_engine::ShardingPlan::Explicit { params, input: Some(planned.input_spec.clone()) },
             expert_capacity: None,
+            weights: spec.weights,
         };
         let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)
             .context("cannot put the model on the devices")?;

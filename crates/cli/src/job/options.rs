@@ -32,6 +32,11 @@ pub struct ExtractOptions {
     /// Weights and compute dtype: f32 or bf16.
     #[arg(long, default_value = "f32", help_heading = "Model")]
     pub compute_dtype: String,
+    /// How a quantized checkpoint's weights sit on the devices: `dequantized` (to the compute
+    /// dtype, on load) or `stored` (FP8 blocks and GGUF Q8_0/Q4_0/Q4_1 as the checkpoint stores
+    /// them, dequantized inside the forward: the same activations, less device memory).
+    #[arg(long, default_value = "dequantized", help_heading = "Model")]
+    pub weights: String,
 
     // --- data ---
     #[command(flatten)]
@@ -115,6 +120,10 @@ pub struct RunSpec {
     pub dtype: String,
     /// Compute dtype.
     pub compute_dtype: String,
+    /// How quantized weights sit on the devices; not part of the dataset's identity (the
+    /// activations are the same either way), so hosts may differ.
+    #[serde(skip)]
+    pub weights: siphon_engine::WeightForm,
     /// Corpus, tokenization and packing.
     pub corpus: CorpusArgs,
     /// Token budget over all hosts.
@@ -173,6 +182,7 @@ impl ExtractOptions {
                 bail!("--{name} {value:?} is not one of {}", allowed.join(", "));
             }
         }
+        let weights = self.weights.parse().map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
         if self.corpus.seq_len < 2 {
             bail!("--seq-len {} is too small (at least 2)", self.corpus.seq_len);
         }
@@ -199,6 +209,7 @@ impl ExtractOptions {
             hooks,
             dtype: self.dtype.clone(),
             compute_dtype: self.compute_dtype.clone(),
+            weights,
             corpus: self.corpus.clone(),
             max_tokens: self.max_tokens,
             output,
