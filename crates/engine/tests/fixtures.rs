@@ -457,8 +457,9 @@ fn bf16_compute_and_outputs_stay_close_and_shapes_compile_once() {
 
 /// Weights kept quantized on the devices (`WeightForm::Stored`) and dequantized inside the
 /// program give every hook bit for bit what dequantize-on-load gives, in f32 on one device and
-/// on a 2×4 mesh: DeepSeek-V3's FP8 blocks (partial ones included), and a GGUF Mixtral in
-/// Q4_1 (attention), Q4_0 (experts) and Q8_0 (the rest), its q/k rows permuted on read.
+/// on a 2×4 mesh: DeepSeek-V3's FP8 blocks (partial ones included), GPT-OSS's MXFP4 experts,
+/// and a GGUF Mixtral in Q4_1 (attention), Q4_0 (experts) and Q8_0 (the rest), its q/k rows
+/// permuted on read.
 #[test]
 fn weights_kept_stored_give_dequantize_on_load_bit_for_bit() {
     use siphon_engine::WeightForm;
@@ -467,6 +468,8 @@ fn weights_kept_stored_give_dequantize_on_load_bit_for_bit() {
         // Per block 5 attention projections and 3 MLP ones, plus 3 shared experts' after the
         // dense first block.
         ("tiny-deepseek-v3-fp8", fixture("tiny-deepseek-v3-fp8"), 8 * 3 + 3 * 2),
+        // GPT-OSS's MXFP4 experts, gate and up cut from their interleaved rows, in 4 blocks.
+        ("tiny-gpt-oss-mxfp4", fixture("tiny-gpt-oss-mxfp4"), 3 * 4),
         // The embedding, and per block 4 attention projections and 3 experts (the router is
         // read as a part of its stored tensor, which is dequantized on load).
         ("tiny-mixtral-q", fixture("gguf/tiny-mixtral-q.gguf"), 1 + 7 * 2),

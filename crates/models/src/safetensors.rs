@@ -213,6 +213,12 @@ impl SafeTensorsSet {
         Ok(Some((crate::StoredForm::Fp8 { block }, vec![self.bytes(name)?.to_vec(), scales])))
     }
 
+    /// `name` (`…_blocks`) as it stays on the device when kept stored: its blocks, `[…, rows,
+    /// groups · 16]`, and exponents, `[…, rows, groups]`; `None` unless it is MXFP4.
+    pub(crate) fn mxfp4_stored(&self, name: &str) -> Result<Option<crate::stored::StoredBytes>, ModelError> {
+        Ok(self.mxfp4_parts(name)?.map(|p| (crate::StoredForm::Mxfp4, vec![p.blocks.to_vec(), p.scales.to_vec()])))
+    }
+
     /// The scale grid and f32 scales of `name` when it is F8_E4M3 beside a `…_scale_inv`.
     fn fp8_scales(&self, name: &str) -> Result<Option<ScaleGrid>, ModelError> {
         let Some((_, info)) = self.by_name.get(name) else { return Ok(None) };

@@ -32,6 +32,9 @@ pub enum StoredForm {
     Q4_0,
     /// GGUF Q4_1: per 32 values f16 `d` and `m` and 16 bytes of nibbles, `d · q + m`.
     Q4_1,
+    /// MXFP4 (GPT-OSS's experts): per 32 values of a row 16 bytes of E2M1 nibbles (low
+    /// first) and one E8M0 exponent byte, `e2m1 · 2^(e − 127)`.
+    Mxfp4,
 }
 
 /// A tensor's stored form and its parts' bytes, in [`StoredForm::parts`]' order.
@@ -69,6 +72,7 @@ impl StoredForm {
             StoredForm::Q4_1 => {
                 vec![with([r, c / QK], DType::F16), with([r, c / QK], DType::F16), with([r, c / 2], DType::U8)]
             }
+            StoredForm::Mxfp4 => vec![with([r, c / 2], DType::U8), with([r, c / QK], DType::U8)],
         }
     }
 
@@ -82,6 +86,7 @@ impl StoredForm {
         shape.len() >= 2
             && match self {
                 StoredForm::Fp8 { block: [br, bc] } => br > 0 && bc > 0,
+                StoredForm::Mxfp4 => shape[shape.len() - 1].is_multiple_of(QK),
                 _ => shape[shape.len() - 1].is_multiple_of(QK),
             }
     }
@@ -169,6 +174,25 @@ impl StoredForm {
                     let dq = b.mul(d, q)?;
                     b.add(dq, m)?
                 };
+                b.reshape(v, &dims(&[r, c]))?
+            }
+            StoredForm::Mxfp4 => {
+                let blocks = b.reshape(parts[0], &dims(&[r, c / 2, 1]))?;
+                let ty = b.ty(blocks)?.clone();
+                let (low, four) = (b.splat(15.0, ty.clone())?, b.splat(4.0, ty)?);
+                let lo = b.and(blocks, low)?;
+                let hi = b.shift_right_logical(blocks, four)?;
+                // Each byte's low nibble, then its high one.
+                let nibbles = b.concatenate(&[lo, hi], n)?;
+                let nibbles = b.reshape(nibbles, &dims(&[r, c / QK, QK]))?;
+                // 2·e2m1 · 2^(e − 128): exact, and finite at e = 255 where 2^(e − 127) is not.
+                let e2m1: Vec<f32> = crate::mxfp4::E2M1.iter().map(|v| 2.0 * v).collect();
+                let v = byte_table(b, nibbles, &e2m1)?;
+                let powers: Vec<f32> = (0..=255).map(|e| 2f64.powi(e - 128) as f32).collect();
+                let p = byte_table(b, parts[1], &powers)?;
+                let map: Vec<usize> = (0..n).collect();
+                let p = b.broadcast_in_dim(p, &dims(&[r, c / QK, QK]), &map)?;
+                let v = b.mul(v, p)?;
                 b.reshape(v, &dims(&[r, c]))?
             }
         };

@@ -298,16 +298,14 @@ impl Weights {
     /// whole blocks); stacked experts when every expert's is the same. `None` for anything
     /// else, which is dequantized on load.
     pub fn stored_form(&self, param: &ParamInfo) -> Result<Option<crate::StoredForm>, ModelError> {
-        if param.source.is_some() {
-            return Ok(None);
+        if let Some(slice) = &param.source {
+            // Rows of a stored tensor (GPT-OSS's interleaved gate and up): each row keeps its
+            // blocks; a transposed one does not.
+            let form = self.stored_one(&self.resolve(&slice.tensor))?.map(|(f, _)| f);
+            return Ok(form.filter(|f| !slice.transposed && *f == crate::StoredForm::Mxfp4 && f.fits(&param.shape)));
         }
-        let names: Vec<&str> = if param.stack.is_empty() {
-            vec![param.name.as_str()]
-        } else {
-            param.stack.iter().map(String::as_str).collect()
-        };
         let mut form = None;
-        for name in names {
+        for name in members(param) {
             let this = self.stored_one(&self.resolve(name))?.map(|(f, _)| f);
             if this.is_none() || (form.is_some() && form != this) {
                 return Ok(None);
@@ -320,11 +318,25 @@ impl Weights {
     /// `param`'s parts in its stored form ([`Weights::stored_form`]), experts stacked.
     pub fn load_stored(&self, param: &ParamInfo, form: crate::StoredForm) -> Result<Vec<HostTensor<'_>>, ModelError> {
         self.check(param)?;
-        let names: Vec<&str> = if param.stack.is_empty() {
-            vec![param.name.as_str()]
-        } else {
-            param.stack.iter().map(String::as_str).collect()
-        };
+        if let Some(slice) = &param.source {
+            let Some((f, whole)) = self.stored_one(&self.resolve(&slice.tensor))? else {
+                return Err(ModelError::UnsupportedQuant(format!("{} is not stored as {form:?}", slice.tensor)));
+            };
+            // Each part's rows as the slice takes the weight's: the same rows, their own widths.
+            let stored_parts = f.parts(&slice.stored);
+            return Ok(form
+                .parts(&param.shape)
+                .into_iter()
+                .zip(stored_parts)
+                .zip(whole)
+                .map(|((p, stored), bytes)| {
+                    let part_slice = Slice { stored: stored.shape, ..slice.clone() };
+                    let data = slice_rows(&part_slice, p.dtype.size(), &bytes);
+                    HostTensor { dtype: p.dtype, shape: p.shape, data: Cow::Owned(data) }
+                })
+                .collect());
+        }
+        let names = members(param);
         let parts = form.parts(&param.shape);
         let mut data: Vec<Vec<u8>> = parts.iter().map(|_| Vec::new()).collect();
         for name in names {
@@ -346,7 +358,10 @@ impl Weights {
     /// One stored tensor's form and its parts' bytes, if it has a form kept on the device.
     fn stored_one(&self, name: &str) -> Result<Option<StoredBytes>, ModelError> {
         match &self.inner {
-            Inner::SafeTensors(s) => s.fp8_stored(name),
+            Inner::SafeTensors(s) => match s.fp8_stored(name)? {
+                Some(fp8) => Ok(Some(fp8)),
+                None => s.mxfp4_stored(name),
+            },
             Inner::Gguf(g) => g.stored(name),
         }
     }
@@ -392,6 +407,14 @@ impl GgufWeights {
             }
         }
         Ok(Some((form, parts)))
+    }
+}
+
+/// The stored tensors `param` is read from: its stack's, or its own.
+fn members(param: &ParamInfo) -> Vec<&str> {
+    match param.stack.is_empty() {
+        true => vec![param.name.as_str()],
+        false => param.stack.iter().map(String::as_str).collect(),
     }
 }
 
