@@ -124,7 +124,7 @@ pub enum WeightForm {
     #[default]
     Dequantized,
     /// Kept as stored where siphon has the form ([`siphon_models::StoredForm`]: FP8 blocks,
-    /// GGUF Q8_0/Q4_0/Q4_1) and dequantized inside the program; others as
+    /// MXFP4, GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q6_K) and dequantized inside the program; others as
     /// [`WeightForm::Dequantized`].
     Stored,
 }

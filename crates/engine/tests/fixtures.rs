@@ -458,8 +458,8 @@ fn bf16_compute_and_outputs_stay_close_and_shapes_compile_once() {
 /// Weights kept quantized on the devices (`WeightForm::Stored`) and dequantized inside the
 /// program give every hook bit for bit what dequantize-on-load gives, in f32 on one device and
 /// on a 2×4 mesh: DeepSeek-V3's FP8 blocks (partial ones included), GPT-OSS's MXFP4 experts,
-/// and a GGUF Mixtral in Q4_1 (attention), Q4_0 (experts) and Q8_0 (the rest), its q/k rows
-/// permuted on read.
+/// a GGUF Mixtral in Q4_1 (attention), Q4_0 (experts) and Q8_0 (the rest), its q/k rows
+/// permuted on read, and a GGUF Llama in Q4_K and Q6_K.
 #[test]
 fn weights_kept_stored_give_dequantize_on_load_bit_for_bit() {
     use siphon_engine::WeightForm;
@@ -473,6 +473,8 @@ fn weights_kept_stored_give_dequantize_on_load_bit_for_bit() {
         // The embedding, and per block 4 attention projections and 3 experts (the router is
         // read as a part of its stored tensor, which is dequantized on load).
         ("tiny-mixtral-q", fixture("gguf/tiny-mixtral-q.gguf"), 1 + 7 * 2),
+        // Rows of 256: attention in Q4_K, the MLP in Q6_K, the embedding in Q8_0.
+        ("tiny-llama-k", fixture("gguf/tiny-llama-k.gguf"), 1 + 4 + 3),
     ] {
         let model = LoadedModel::open(&path).unwrap();
         let hooks = siphon_models::resolve_hooks("hook_embed,blocks.*.*,ln_final.hook_out", &model.config).unwrap();
@@ -496,6 +498,7 @@ fn weights_kept_stored_give_dequantize_on_load_bit_for_bit() {
             for &hook in &hooks {
                 let (a, b) = (plain.get(hook).unwrap(), kept_stored.get(hook).unwrap());
                 assert!(a.bytes() == b.bytes(), "{name} on {:?}: {hook} differs", mesh.axes());
+                assert!(a.to_f32().iter().all(|v| v.is_finite()), "{name}: {hook} is not finite");
             }
         }
     }

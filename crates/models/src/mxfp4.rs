@@ -7,7 +7,8 @@
 //! exactly, so zeros stay zero and 0.5 · 2^128 is 2^127).
 
 /// The E2M1 values of the 16 nibbles.
-pub(crate) const E2M1: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+pub(crate) const E2M1: [f32; 16] =
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
 
 /// `2^(scale - 127)`, exact in f64.
 fn power_of_two(scale: u8) -> f64 {

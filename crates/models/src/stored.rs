@@ -1,5 +1,6 @@
 //! Weights kept on the devices in the form their checkpoint stores them (`--weights stored`):
-//! FP8 bytes with their block scales, GGUF's Q8_0 / Q4_0 / Q4_1 blocks. The forward takes
+//! FP8 bytes with their block scales, GPT-OSS's MXFP4, GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K
+//! blocks (the k-quants' packed scales and bit planes unpacked to a byte each). The forward takes
 //! each such weight as its parts and dequantizes it inside the program where the layer uses
 //! it, computing exactly what the host-side readers compute ([`crate::fp8`],
 //! [`crate::gguf`]'s dequantization): every value is the same f32 product, so the matmuls see
@@ -32,6 +33,12 @@ pub enum StoredForm {
     Q4_0,
     /// GGUF Q4_1: per 32 values f16 `d` and `m` and 16 bytes of nibbles, `d · q + m`.
     Q4_1,
+    /// GGUF Q4_K: per 256 values f16 `d` and `dmin`, per 32 of them a 6-bit scale and min
+    /// (unpacked to a byte each) and nibbles, `d·sc · q − dmin·m`.
+    Q4K,
+    /// GGUF Q6_K: per 256 values an f16 `d`, per 16 of them a signed 8-bit scale, and 6-bit
+    /// values (gathered from their low and high bit planes into a byte each), `d·sc · (q − 32)`.
+    Q6K,
     /// MXFP4 (GPT-OSS's experts): per 32 values of a row 16 bytes of E2M1 nibbles (low
     /// first) and one E8M0 exponent byte, `e2m1 · 2^(e − 127)`.
     Mxfp4,
@@ -42,6 +49,8 @@ pub(crate) type StoredBytes = (StoredForm, Vec<Vec<u8>>);
 
 /// Values per GGUF block.
 const QK: usize = 32;
+/// Values per GGUF k-quant super-block.
+const QK_K: usize = 256;
 
 /// One array a stored weight is uploaded as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +81,16 @@ impl StoredForm {
             StoredForm::Q4_1 => {
                 vec![with([r, c / QK], DType::F16), with([r, c / QK], DType::F16), with([r, c / 2], DType::U8)]
             }
+            StoredForm::Q4K => vec![
+                with([r, c / QK_K], DType::F16),
+                with([r, c / QK_K], DType::F16),
+                with([r, c / QK], DType::U8),
+                with([r, c / QK], DType::U8),
+                with([r, c / 2], DType::U8),
+            ],
+            StoredForm::Q6K => {
+                vec![with([r, c / QK_K], DType::F16), with([r, c / 16], DType::U8), with([r, c], DType::U8)]
+            }
             StoredForm::Mxfp4 => vec![with([r, c / 2], DType::U8), with([r, c / QK], DType::U8)],
         }
     }
@@ -87,6 +106,7 @@ impl StoredForm {
             && match self {
                 StoredForm::Fp8 { block: [br, bc] } => br > 0 && bc > 0,
                 StoredForm::Mxfp4 => shape[shape.len() - 1].is_multiple_of(QK),
+                StoredForm::Q4K | StoredForm::Q6K => shape[shape.len() - 1].is_multiple_of(QK_K),
                 _ => shape[shape.len() - 1].is_multiple_of(QK),
             }
     }
@@ -104,6 +124,7 @@ impl StoredForm {
         let n = shape.len();
         let block = match self {
             StoredForm::Fp8 { block } => block,
+            StoredForm::Q4K | StoredForm::Q6K => [1, QK_K],
             _ => [1, QK],
         };
         for (d, b) in [(n - 2, block[0]), (n - 1, block[1])] {
@@ -174,6 +195,53 @@ impl StoredForm {
                     let dq = b.mul(d, q)?;
                     b.add(dq, m)?
                 };
+                b.reshape(v, &dims(&[r, c]))?
+            }
+            StoredForm::Q4K => {
+                let nsb = c / QK_K;
+                // Each 32 bytes of a super-block's quants: a sub-block in the low nibbles,
+                // the next in the high ones.
+                let qs = b.reshape(parts[4], &dims(&[r, nsb, 4, 1, QK]))?;
+                let ty = b.ty(qs)?.clone();
+                let (low, four) = (b.splat(15.0, ty.clone())?, b.splat(4.0, ty)?);
+                let lo = b.and(qs, low)?;
+                let hi = b.shift_right_logical(qs, four)?;
+                let q = b.concatenate(&[lo, hi], n + 1)?;
+                let q = b.reshape(q, &dims(&[r, nsb, 8, QK]))?;
+                let q = b.convert(q, Hlo::F32)?;
+                let sub = dims(&[r, nsb, 8]);
+                let scaled = |b: &mut Builder, d: Value, s: Value| -> Result<Value, ModelError> {
+                    let d = per_block(b, d, &sub)?;
+                    let s = b.reshape(s, &sub)?;
+                    let s = b.convert(s, Hlo::F32)?;
+                    Ok(b.mul(d, s)?)
+                };
+                let d1 = scaled(b, parts[0], parts[2])?;
+                let m1 = scaled(b, parts[1], parts[3])?;
+                let full = dims(&[r, nsb, 8, QK]);
+                let map: Vec<usize> = (0..n + 1).collect();
+                let d1 = b.broadcast_in_dim(d1, &full, &map)?;
+                let m1 = b.broadcast_in_dim(m1, &full, &map)?;
+                let v = b.mul(d1, q)?;
+                let v = b.sub(v, m1)?;
+                b.reshape(v, &dims(&[r, c]))?
+            }
+            StoredForm::Q6K => {
+                let nsb = c / QK_K;
+                let sub = dims(&[r, nsb, 16]);
+                let signed: Vec<f32> = (0..=255u8).map(|v| f32::from(v as i8)).collect();
+                let sc = b.reshape(parts[1], &sub)?;
+                let sc = byte_table(b, sc, &signed)?;
+                let d = per_block(b, parts[0], &sub)?;
+                let s = b.mul(d, sc)?;
+                let full = dims(&[r, nsb, 16, 16]);
+                let map: Vec<usize> = (0..n + 1).collect();
+                let s = b.broadcast_in_dim(s, &full, &map)?;
+                let q = b.reshape(parts[2], &full)?;
+                let q = b.convert(q, Hlo::F32)?;
+                let offset = b.splat(32.0, TensorType::new(Hlo::F32, &full))?;
+                let q = b.sub(q, offset)?;
+                let v = b.mul(s, q)?;
                 b.reshape(v, &dims(&[r, c]))?
             }
             StoredForm::Mxfp4 => {

@@ -293,8 +293,9 @@ impl Weights {
 }
 
 impl Weights {
-    /// The form `param` can stay in on the device ([`crate::StoredForm`]): an FP8 weight, or a
-    /// GGUF Q8_0/Q4_0/Q4_1 one read as it is stored (not transposed, not shifted, rows of
+    /// The form `param` can stay in on the device ([`crate::StoredForm`]): an FP8 or MXFP4 weight (rows
+    /// of one cut as GPT-OSS cuts its gate and up), or a
+    /// GGUF block-quantized one read as it is stored (not transposed, not shifted, rows of
     /// whole blocks); stacked experts when every expert's is the same. `None` for anything
     /// else, which is dequantized on load.
     pub fn stored_form(&self, param: &ParamInfo) -> Result<Option<crate::StoredForm>, ModelError> {
@@ -368,7 +369,7 @@ impl Weights {
 }
 
 impl GgufWeights {
-    /// A Q8_0/Q4_0/Q4_1 tensor's parts in HF row order: per row its blocks' f16 `d` (and `m`)
+    /// A block-quantized tensor's parts in HF row order: per row its blocks' f16 scales (and mins)
     /// and their quants, as [`crate::StoredForm`] lays them out.
     fn stored(&self, name: &str) -> Result<Option<StoredBytes>, ModelError> {
         use crate::StoredForm;
@@ -377,6 +378,8 @@ impl GgufWeights {
             GgmlType::Q8_0 => StoredForm::Q8_0,
             GgmlType::Q4_0 => StoredForm::Q4_0,
             GgmlType::Q4_1 => StoredForm::Q4_1,
+            GgmlType::Q4K => StoredForm::Q4K,
+            GgmlType::Q6K => StoredForm::Q6K,
             _ => return Ok(None),
         };
         if mapping.transpose || mapping.minus_one || t.dims.len() < 2 {
@@ -391,22 +394,62 @@ impl GgufWeights {
         };
         let (bb, nb) = (t.ggml_type.block_bytes(), row_len / t.ggml_type.block_size());
         let row_bytes = nb * bb;
-        // Offsets in a block of its f16 scale, its f16 min (Q4_1) and its quants.
-        let (scales, quants): (&[usize], usize) = match form {
-            StoredForm::Q4_1 => (&[0, 2], 4),
-            _ => (&[0], 2),
-        };
-        let mut parts: Vec<Vec<u8>> = vec![Vec::new(); scales.len() + 1];
+        let mut parts: Vec<Vec<u8>> = vec![Vec::new(); form.parts(&[1, QK_K]).len()];
         for hf_row in 0..n_rows {
             let src_row = first + convert::hf_row_of(mapping.order, n_rows, hf_row);
             for block in raw[src_row * row_bytes..(src_row + 1) * row_bytes].chunks_exact(bb) {
-                for (part, &at) in parts.iter_mut().zip(scales) {
-                    part.extend_from_slice(&block[at..at + 2]);
-                }
-                parts[scales.len()].extend_from_slice(&block[quants..]);
+                split_block(form, block, &mut parts);
             }
         }
         Ok(Some((form, parts)))
+    }
+}
+
+/// Values per k-quant super-block.
+const QK_K: usize = 256;
+
+/// Appends one GGUF block's fields to `parts`, in [`crate::StoredForm::parts`]' order: its f16
+/// scale (and min), then its quants as stored — Q4_K's packed 6-bit scales and mins unpacked
+/// to a byte each, Q6_K's values gathered from their bit planes to a byte each, in order.
+fn split_block(form: crate::StoredForm, block: &[u8], parts: &mut [Vec<u8>]) {
+    use crate::StoredForm::*;
+    match form {
+        Q8_0 | Q4_0 => {
+            parts[0].extend_from_slice(&block[..2]);
+            parts[1].extend_from_slice(&block[2..]);
+        }
+        Q4_1 => {
+            parts[0].extend_from_slice(&block[..2]);
+            parts[1].extend_from_slice(&block[2..4]);
+            parts[2].extend_from_slice(&block[4..]);
+        }
+        Q4K => {
+            parts[0].extend_from_slice(&block[..2]);
+            parts[1].extend_from_slice(&block[2..4]);
+            for j in 0..8 {
+                let (sc, m) = dequant::scale_min_k4(j, &block[4..16]);
+                parts[2].push(sc);
+                parts[3].push(m);
+            }
+            parts[4].extend_from_slice(&block[16..144]);
+        }
+        Q6K => {
+            parts[0].extend_from_slice(&block[208..210]);
+            parts[1].extend_from_slice(&block[192..208]);
+            let mut q = [0u8; QK_K];
+            for half in 0..2 {
+                let (ql, qh) = (&block[64 * half..64 * half + 64], &block[128 + 32 * half..128 + 32 * half + 32]);
+                let y = &mut q[128 * half..128 * half + 128];
+                for l in 0..32 {
+                    y[l] = (ql[l] & 0x0F) | ((qh[l] & 3) << 4);
+                    y[l + 32] = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4);
+                    y[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                    y[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                }
+            }
+            parts[2].extend_from_slice(&q);
+        }
+        Fp8 { .. } | Mxfp4 => unreachable!("not a GGUF block form"),
     }
 }
 

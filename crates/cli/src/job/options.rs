@@ -33,7 +33,7 @@ pub struct ExtractOptions {
     #[arg(long, default_value = "f32", help_heading = "Model")]
     pub compute_dtype: String,
     /// How a quantized checkpoint's weights sit on the devices: `dequantized` (to the compute
-    /// dtype, on load) or `stored` (FP8 blocks and GGUF Q8_0/Q4_0/Q4_1 as the checkpoint stores
+    /// dtype, on load) or `stored` (FP8, MXFP4 and GGUF blocks as the checkpoint stores
     /// them, dequantized inside the forward: the same activations, less device memory).
     #[arg(long, default_value = "dequantized", help_heading = "Model")]
     pub weights: String,

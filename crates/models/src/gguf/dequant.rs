@@ -77,7 +77,7 @@ fn q4_1(b: &[u8], y: &mut [f32]) {
 
 /// The 6-bit scale and min of sub-block `j` (0..8) packed in Q4_K's 12 scale bytes
 /// (ggml's `get_scale_min_k4`).
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
