@@ -31,7 +31,7 @@ use siphon_hlo::{DType, TensorType, Value};
 
 use crate::config::{ParamClass, ParamInfo};
 use crate::family::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
+use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::llama::moe_params;
@@ -185,39 +185,19 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 }
 
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    use HookKind::*;
     if config.mla.is_none() || config.deepseek.is_none() || config.moe.is_none() {
         return Err(ModelError::UnsupportedArch(format!("the deepseek_v3 builder given a {} config", config.arch)));
     }
-    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
-    let mut x = g.embed("model.embed_tokens.weight")?;
-    g.hook(HookPoint::model(Embed), x);
-    for layer in 0..n_blocks {
-        let at = |kind| HookPoint::block(layer, kind);
-        let p = |name: &str| format!("model.layers.{layer}.{name}");
-        g.hook(at(ResidPre), x);
-        let ln1 = g.rms_norm(x, &p("input_layernorm.weight"))?;
-        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let attn = g.mla_attention(ln1.out, layer)?;
-        g.hook(at(AttnOut), attn);
-        let h = g.b.add(x, attn)?;
-        g.hook(at(ResidMid), h);
-        let ln2 = g.rms_norm(h, &p("post_attention_layernorm.weight"))?;
-        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let mlp = if config.is_mixture_layer(layer) {
-            mixture(&mut g, ln2.out, layer)?
-        } else {
-            let mlp = g.gated_mlp(ln2.out, &p("mlp"))?;
-            g.hook_mlp(&mlp, layer, MlpOut);
-            mlp.out
-        };
-        g.hook(at(MlpOut), mlp);
-        let out = g.b.add(h, mlp)?;
-        x = g.constrain_tokens(out)?;
-        g.hook(at(ResidPost), x);
-    }
-    g.finish_decoder(x, n_blocks, with_final_norm, Gain::Plain)
+    let mixer = |g: &mut Graph<'_>, n: Value, layer: usize| {
+        let attn = g.mla_attention(n, layer)?;
+        g.hook(HookPoint::block(layer, HookKind::AttnOut), attn);
+        Ok(attn)
+    };
+    let mlp = |g: &mut Graph<'_>, n: Value, layer: usize| match config.is_mixture_layer(layer) {
+        true => mixture(g, n, layer),
+        false => g.dense_mlp(n, layer),
+    };
+    pre_norm_decoder(config, spec, Gain::Plain, mixer, mlp)
 }
 
 /// Block `layer`'s mixture on its normed input `x`: the router (see the module docs), the
@@ -283,14 +263,8 @@ fn mixture(g: &mut Graph<'_>, x: Value, layer: usize) -> Result<Value, ModelErro
     };
     let routed = g.routed(x, &experts, chosen_weights, indices)?;
     g.hook(at(MlpExpertsOut), routed);
-    let shared = g.gated_mlp(x, &p("shared_experts"))?;
-    g.hook(at(SharedPre), shared.pre);
-    if let Some(up) = shared.pre_linear {
-        g.hook(at(SharedPreLinear), up);
-    }
-    g.hook(at(SharedPost), shared.post);
-    g.hook(at(SharedOut), shared.out);
-    Ok(g.b.add(routed, shared.out)?)
+    let shared = g.shared_expert(x, &p("shared_experts"), layer)?;
+    Ok(g.b.add(routed, shared)?)
 }
 
 #[cfg(test)]

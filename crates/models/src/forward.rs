@@ -820,6 +820,28 @@ impl<'a> Graph<'a> {
         Ok(Mlp { pre, pre_linear: Some(up), post, out })
     }
 
+    /// Block `layer`'s dense gated MLP (`model.layers.{layer}.mlp.*`) with its hooks; returns
+    /// its output.
+    pub fn dense_mlp(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
+        let mlp = self.gated_mlp(x, &format!("model.layers.{layer}.mlp"))?;
+        self.hook_mlp(&mlp, layer, HookKind::MlpOut);
+        Ok(mlp.out)
+    }
+
+    /// Block `layer`'s shared expert, the gated MLP `prefix` beside a mixture's routed
+    /// experts, with its `mlp.shared_expert.*` hooks; returns its output.
+    pub fn shared_expert(&mut self, x: Value, prefix: &str, layer: usize) -> Result<Value, ModelError> {
+        let at = |kind| HookPoint::block(layer, kind);
+        let shared = self.gated_mlp(x, prefix)?;
+        self.hook(at(HookKind::SharedPre), shared.pre);
+        if let Some(up) = shared.pre_linear {
+            self.hook(at(HookKind::SharedPreLinear), up);
+        }
+        self.hook(at(HookKind::SharedPost), shared.post);
+        self.hook(at(HookKind::SharedOut), shared.out);
+        Ok(shared.out)
+    }
+
     /// The plain MLP `down(act(up(x) + b) + b)` of GPT-2 and GPT-NeoX, with its parts: `up`
     /// and `down` name each projection's weight and bias.
     pub fn plain_mlp(&mut self, x: Value, up: [&str; 2], down: [&str; 2]) -> Result<Mlp, ModelError> {
@@ -922,6 +944,43 @@ impl<'a> Graph<'a> {
             n_blocks,
         })
     }
+}
+
+/// The pre-norm decoder several families share around their own token mixer and MLP:
+/// embeddings, then per block `x += mixer(norm(x))`, `x += mlp(norm(x))` with every
+/// residual and norm hook, then the final norm. `mixer` records its own hooks and
+/// `hook_attn_out` where it is attention; `mlp` records its insides; the loop records
+/// `hook_mlp_out`. Norms apply their gain as `gain` says.
+pub(crate) fn pre_norm_decoder(
+    config: &ModelConfig,
+    spec: &ForwardSpec,
+    gain: Gain,
+    mixer: impl Fn(&mut Graph<'_>, Value, usize) -> Result<Value, ModelError>,
+    mlp: impl Fn(&mut Graph<'_>, Value, usize) -> Result<Value, ModelError>,
+) -> Result<ForwardProgram, ModelError> {
+    use HookKind::*;
+    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
+    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut x = g.embed("model.embed_tokens.weight")?;
+    g.hook(HookPoint::model(Embed), x);
+    for layer in 0..n_blocks {
+        let at = |kind| HookPoint::block(layer, kind);
+        let p = |name: &str| format!("model.layers.{layer}.{name}");
+        g.hook(at(ResidPre), x);
+        let ln1 = g.rms_norm_with(x, &p("input_layernorm.weight"), gain)?;
+        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
+        let mixed = mixer(&mut g, ln1.out, layer)?;
+        let h = g.b.add(x, mixed)?;
+        g.hook(at(ResidMid), h);
+        let ln2 = g.rms_norm_with(h, &p("post_attention_layernorm.weight"), gain)?;
+        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
+        let m = mlp(&mut g, ln2.out, layer)?;
+        g.hook(at(MlpOut), m);
+        let out = g.b.add(h, m)?;
+        x = g.constrain_tokens(out)?;
+        g.hook(at(ResidPost), x);
+    }
+    g.finish_decoder(x, n_blocks, with_final_norm, gain)
 }
 
 /// How a norm applies its gain `w`.

@@ -32,7 +32,7 @@ use siphon_hlo::Value;
 
 use crate::config::{ParamClass, ParamInfo};
 use crate::family::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
+use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, pre_norm_decoder};
 use crate::gated_deltanet::{self, LinearAttention};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
@@ -159,45 +159,22 @@ pub(crate) fn hybrid_params(c: &ModelConfig, n_layers: usize, with_lm_head: bool
 
 /// Builds the hybrid decoder's forward for `spec` (Qwen3-Next, Qwen3.5, Qwen3.5-MoE).
 pub(crate) fn build_hybrid(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    use HookKind::*;
     if config.linear_attention.is_none() || !config.attn_output_gate || !config.qk_norm || config.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!("the hybrid builder given a {} config", config.arch)));
     }
-    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
-    let mut x = g.embed("model.embed_tokens.weight")?;
-    g.hook(HookPoint::model(Embed), x);
-    for layer in 0..n_blocks {
-        let at = |kind| HookPoint::block(layer, kind);
-        let p = |name: &str| format!("model.layers.{layer}.{name}");
-        g.hook(at(ResidPre), x);
-        let ln1 = g.rms_norm_with(x, &p("input_layernorm.weight"), Gain::UnitOffset)?;
-        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let mixed = if gated_deltanet::is_linear(config, layer) {
-            g.gated_deltanet(ln1.out, layer)?
-        } else {
-            let attn = gated_attention(&mut g, ln1.out, layer)?;
-            g.hook(at(AttnOut), attn);
-            attn
-        };
-        let h = g.b.add(x, mixed)?;
-        g.hook(at(ResidMid), h);
-        let ln2 = g.rms_norm_with(h, &p("post_attention_layernorm.weight"), Gain::UnitOffset)?;
-        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let mlp = match config.moe {
-            Some(_) => shared_mixture(&mut g, ln2.out, layer)?,
-            None => {
-                let mlp = g.gated_mlp(ln2.out, &p("mlp"))?;
-                g.hook_mlp(&mlp, layer, MlpOut);
-                mlp.out
-            }
-        };
-        g.hook(at(MlpOut), mlp);
-        let out = g.b.add(h, mlp)?;
-        x = g.constrain_tokens(out)?;
-        g.hook(at(ResidPost), x);
-    }
-    g.finish_decoder(x, n_blocks, with_final_norm, Gain::UnitOffset)
+    let mixer = |g: &mut Graph<'_>, n: Value, layer: usize| {
+        if gated_deltanet::is_linear(config, layer) {
+            return g.gated_deltanet(n, layer);
+        }
+        let attn = gated_attention(g, n, layer)?;
+        g.hook(HookPoint::block(layer, HookKind::AttnOut), attn);
+        Ok(attn)
+    };
+    let mlp = |g: &mut Graph<'_>, n: Value, layer: usize| match config.moe {
+        Some(_) => shared_mixture(g, n, layer),
+        None => g.dense_mlp(n, layer),
+    };
+    pre_norm_decoder(config, spec, Gain::UnitOffset, mixer, mlp)
 }
 
 /// Gated full attention of block `layer` on its normed input `n` (Qwen3NextAttention):
@@ -249,20 +226,14 @@ fn shared_mixture(g: &mut Graph<'_>, x: Value, layer: usize) -> Result<Value, Mo
     let p = |name: &str| format!("model.layers.{layer}.mlp.{name}");
     let routed = g.moe_mlp(x, layer)?;
     g.hook(at(MlpExpertsOut), routed);
-    let shared = g.gated_mlp(x, &p("shared_expert"))?;
-    g.hook(at(SharedPre), shared.pre);
-    if let Some(up) = shared.pre_linear {
-        g.hook(at(SharedPreLinear), up);
-    }
-    g.hook(at(SharedPost), shared.post);
-    g.hook(at(SharedOut), shared.out);
+    let shared = g.shared_expert(x, &p("shared_expert"), layer)?;
     let gate = g.linear(x, &p("shared_expert_gate.weight"), None)?;
     g.hook(at(SharedGate), gate);
     let gate = g.b.logistic(gate)?;
-    let dims = g.b.dims(shared.out)?.to_vec();
+    let dims = g.b.dims(shared)?.to_vec();
     let gate = g.b.reshape(gate, &[dims[0]])?;
     let gate = g.b.broadcast_in_dim(gate, &dims, &[0])?;
-    let shared = g.b.mul(gate, shared.out)?;
+    let shared = g.b.mul(gate, shared)?;
     Ok(g.b.add(routed, shared)?)
 }
 
