@@ -729,3 +729,36 @@ fn sigterm_to_a_standalone_coordinator_preempts_the_job_and_the_same_commands_re
     assert!(wait_with_limit(coordinator, Duration::from_secs(30)).status.success());
     assert_same_checksums(&output.join("r"), &reference.join("r"));
 }
+
+/// `--weights stored` on the demo model (SmolLM2's Q4_1 GGUF): the weights stay Q4_1/Q8_0 on
+/// the device and the dataset is the one `--weights dequantized` writes, checksum for checksum.
+#[test]
+fn weights_kept_stored_write_the_same_dataset() {
+    let Ok(gguf) = std::env::var("SIPHON_SMOLLM2_GGUF") else {
+        eprintln!("note: SIPHON_SMOLLM2_GGUF is not set (scripts/test.sh sets it); skipping");
+        return;
+    };
+    let s = setup(6);
+    let run = |weights: &str| {
+        let output = s.root.join(weights);
+        let mut args = extract_args(&s, &output, "r");
+        // The model's own tokenizer (in the GGUF).
+        let model = args.iter().position(|a| a == "--model").unwrap();
+        args[model + 1] = gguf.clone();
+        let tokenizer = args.iter().position(|a| a == "--tokenizer").unwrap();
+        args.drain(tokenizer..tokenizer + 2);
+        let hooks = args.iter().position(|a| a == "--hooks").unwrap();
+        args[hooks + 1] = "blocks.2.hook_resid_post".into();
+        // One device: the same weights, the same matmuls, the same bits (on a mesh the
+        // planner keeps stored weights whole where a split would cut their blocks, which
+        // changes the sums' order against a split dequantized weight).
+        args.extend(["--weights", weights, "--max-tokens", "256", "--cpu-devices", "1"].map(String::from));
+        let out = run_ok(siphon(&args), Duration::from_secs(300));
+        (output.join("r"), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (dequantized, _) = run("dequantized");
+    let (stored, log) = run("stored");
+    assert_same_checksums(&stored, &dequantized);
+    // The weights of the three blocks built (7 projections each) and the embedding.
+    assert!(log.contains("stored=22") || log.contains("22 weights"), "{log}");
+}

@@ -441,7 +441,8 @@ impl Engine {
         }
         engine.load_stats = LoadStats { upload_s: start.elapsed().as_secs_f64(), uploaded_bytes: uploaded };
         tracing::info!(
-            params = weights.len(),
+            arrays = weights.len(),
+            stored = engine.stored.len(),
             bytes = uploaded,
             seconds = engine.load_stats.upload_s,
             "weights uploaded"

@@ -111,6 +111,32 @@ impl StoredForm {
             }
     }
 
+    /// The block a weight of this form is cut in along its last two dimensions.
+    fn block(self) -> [usize; 2] {
+        match self {
+            StoredForm::Fp8 { block } => block,
+            StoredForm::Q4K | StoredForm::Q6K => [1, QK_K],
+            _ => [1, QK],
+        }
+    }
+
+    /// `spec` less the splits of a weight of `shape` that would cut this form's blocks (those
+    /// dimensions kept whole), and whether any was dropped.
+    pub fn whole_blocks(self, shape: &[usize], spec: &PartitionSpec, mesh: &Mesh) -> (PartitionSpec, bool) {
+        let n = shape.len();
+        let block = self.block();
+        let mut dims = spec.dims().to_vec();
+        let mut dropped = false;
+        for (d, b) in [(n - 2, block[0]), (n - 1, block[1])] {
+            let ways = spec.ways(d, mesh);
+            if ways > 1 && !shape[d].is_multiple_of(ways * b) {
+                dims[d].clear();
+                dropped = true;
+            }
+        }
+        (PartitionSpec::from_dims(dims), dropped)
+    }
+
     /// Each part's partition spec for the weight `name` of `shape` split by `spec`: the same
     /// axes on the same dimensions, where every device's share holds whole blocks; a split
     /// that would cut one is refused.
@@ -122,11 +148,7 @@ impl StoredForm {
         mesh: &Mesh,
     ) -> Result<Vec<PartitionSpec>, ModelError> {
         let n = shape.len();
-        let block = match self {
-            StoredForm::Fp8 { block } => block,
-            StoredForm::Q4K | StoredForm::Q6K => [1, QK_K],
-            _ => [1, QK],
-        };
+        let block = self.block();
         for (d, b) in [(n - 2, block[0]), (n - 1, block[1])] {
             let ways = spec.ways(d, mesh);
             if ways > 1 && !shape[d].is_multiple_of(ways * b) {
@@ -298,4 +320,31 @@ fn per_block(b: &mut Builder, v: Value, full: &[usize]) -> Result<Value, ModelEr
     let v = b.convert(v, Hlo::F32)?;
     let map: Vec<usize> = (0..full.len() - 1).collect();
     Ok(b.broadcast_in_dim(v, full, &map)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_bytes_and_splits_on_whole_blocks() {
+        // DeepSeek's kv_a_proj_with_mqa: 576 rows in 128-row blocks, the last one partial.
+        let fp8 = StoredForm::Fp8 { block: [128, 128] };
+        let parts = fp8.parts(&[576, 7168]);
+        assert_eq!((parts[0].shape.clone(), parts[1].shape.clone()), (vec![576, 7168], vec![5, 56]));
+        assert_eq!(fp8.bytes(&[576, 7168]), 576 * 7168 + 5 * 56 * 4);
+        // Q4_1: 20 bytes per 32 values; stacked experts keep their leading dimension.
+        assert_eq!(StoredForm::Q4_1.bytes(&[4, 8, 64]), 4 * 8 * 2 * 20);
+        assert_eq!(StoredForm::Q6K.parts(&[2, 512])[2].shape, [2, 512]);
+        let mesh = Mesh::new(&[("fsdp", 2), ("model", 4)], (0..8).collect()).unwrap();
+        let spec = PartitionSpec::new(&[&["model"], &["fsdp"]]);
+        // 576 rows over 4 cut 128-row blocks; 7168 columns over 2 do not.
+        let (whole, dropped) = fp8.whole_blocks(&[576, 7168], &spec, &mesh);
+        assert!(dropped);
+        assert_eq!(whole, PartitionSpec::new(&[&[], &["fsdp"]]));
+        assert!(fp8.part_specs("w", &[576, 7168], &whole, &mesh).is_ok());
+        let err = fp8.part_specs("w", &[576, 7168], &spec, &mesh).unwrap_err().to_string();
+        assert!(err.contains("w [576, 7168] split 4 ways on dimension 0 would cut"), "{err}");
+        assert_eq!(fp8.whole_blocks(&[1024, 7168], &spec, &mesh), (spec, false));
+    }
 }

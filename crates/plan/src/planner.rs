@@ -376,7 +376,15 @@ fn evaluate(
     let mut classes: Vec<ClassPlan> = Vec::new();
     let mut fallbacks: Vec<Fallback> = Vec::new();
     for param in &params {
-        let sharding = rules::param_spec(param.class, &param.shape, &mesh);
+        let mut sharding = rules::param_spec(param.class, &param.shape, &mesh);
+        if let Some(form) = request.stored.get(&param.name) {
+            // A weight kept stored splits on whole blocks only.
+            let (spec, dropped) = form.whole_blocks(&param.shape, &sharding.spec, &mesh);
+            if dropped {
+                sharding.fallback = Some(format!("{spec}: kept whole where a split would cut its {form:?} blocks"));
+                sharding.spec = spec;
+            }
+        }
         let shard_shape = sharding.spec.shard_shape(&param.shape, &mesh)?;
         let (full, shard) = memory::param_bytes(param, &sharding.spec, &mesh, request.dtype, &request.stored)?;
         match classes.iter_mut().find(|c| c.class == param.class && c.shape == param.shape) {
