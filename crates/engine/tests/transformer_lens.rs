@@ -477,6 +477,20 @@ fn tiny_qwen3_next_every_hook_matches_transformer_lens() {
 }
 
 /// GPT-OSS: sinks, biases, windows, YaRN, the biased router and clamped SwiGLU experts.
+/// DeepSeek-V3 in bf16: the dense first block and the mixture block up to its routing within
+/// 5% of each hook's scale (what follows a routing choice bf16 flips is not comparable).
+#[test]
+fn bf16_deepseek_v3_tracks_transformer_lens() {
+    let before_routing = |hook: HookPoint| {
+        use HookKind::*;
+        let routed = matches!(hook.kind(), MlpExpertIndices | MlpExpertWeights | MlpExpertsOut | MlpOut | ResidPost);
+        hook.layer() == Some(0) || (hook.layer() == Some(1) && !routed)
+    };
+    for name in ["tiny-deepseek-v3", "tiny-deepseek-v3-noqlora"] {
+        check_bf16_where(name, 0.05, before_routing);
+    }
+}
+
 #[test]
 fn tiny_deepseek_v3_every_hook_matches_transformer_lens() {
     check_model("tiny-deepseek-v3");
