@@ -76,6 +76,7 @@ fn planned_shardings_give_the_single_device_activations() {
         "tiny-gemma4-moe",
         "tiny-qwen3-5",
         "tiny-qwen3-next",
+        "tiny-deepseek-v3",
     ];
     for name in names {
         let model = LoadedModel::open(&root.join(name)).unwrap();
