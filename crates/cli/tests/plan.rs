@@ -181,3 +181,36 @@ fn deepseek_v3_fits_one_8_device_host_only_with_its_weights_kept_fp8() {
     let notes = fp8["notes"].to_string();
     assert!(notes.contains("weights kept in their stored form"), "{notes}");
 }
+
+/// A hook at layer 40 of Llama-3.1-70B's 80 needs blocks 0..=40 only: the blocks after it are
+/// never built, so their weights are not counted (issue 24), nor the final norm.
+#[test]
+fn plan_counts_only_the_blocks_the_hooks_need() {
+    let plan = |hooks: Option<&str>| {
+        let mut args = vec![
+            "plan",
+            "--config",
+            "fixtures/configs/llama-3.1-70b.json",
+            "--devices-per-host",
+            "8",
+            "--mesh",
+            "2d",
+            "--model-parallel",
+            "8",
+            "--json",
+        ];
+        if let Some(hooks) = hooks {
+            args.extend(["--hooks", hooks]);
+        }
+        serde_json::from_str::<serde_json::Value>(&stdout(&siphon(&args))).unwrap()
+    };
+    let (all, half) = (plan(None), plan(Some("blocks.40.hook_resid_post")));
+    let params = |p: &serde_json::Value| p["n_params"].as_f64().unwrap();
+    let bytes = |p: &serde_json::Value| p["memory"]["weights"]["total_bytes"].as_f64().unwrap();
+    // Embedding (128256 × 8192) plus 41 of 80 blocks of 856M each.
+    let block = (params(&all) - 128_256.0 * 8192.0 - 8192.0) / 80.0;
+    let want = 128_256.0 * 8192.0 + 41.0 * block;
+    assert!((params(&half) - want).abs() < 1.0, "{} vs {want}", params(&half));
+    assert!((bytes(&half) / bytes(&all) - want / params(&all)).abs() < 1e-9);
+    assert!(half["notes"].to_string().contains("blocks 41..80 are not built"), "{}", half["notes"]);
+}

@@ -363,6 +363,22 @@ fn plan_auto(config: &ModelConfig, topology: &Topology, request: &PlanRequest) -
     Ok(plan)
 }
 
+/// The weights the forward for `request`'s hooks reads, as the forward builder declares them:
+/// the blocks up to the last one a hook needs, the final norm only when a hook is after it;
+/// and that number of blocks.
+fn planned_params(config: &ModelConfig, request: &PlanRequest) -> (Vec<ParamInfo>, usize) {
+    let Some(hooks) = request.hooks.as_ref().filter(|h| !h.is_empty()) else {
+        return (config.params(config.n_layers, request.with_lm_head), config.n_layers);
+    };
+    let blocks = hooks.iter().map(|h| h.blocks_needed(config.n_layers)).max().unwrap_or(0);
+    let final_norm = hooks.iter().any(|h| h.kind().info().scope == siphon_models::hooks::Scope::Output);
+    let mut params = config.params(blocks, request.with_lm_head);
+    if !final_norm {
+        params.retain(|p| p.layer.is_some() || !matches!(p.class, ParamClass::Norm | ParamClass::NormBias));
+    }
+    (params, blocks)
+}
+
 /// The plan for one concrete shape (already checked).
 fn evaluate(
     config: &ModelConfig,
@@ -371,7 +387,7 @@ fn evaluate(
     request: &PlanRequest,
 ) -> Result<Plan, PlanError> {
     let mesh = shape.build(topology)?;
-    let params: Vec<ParamInfo> = config.params(config.n_layers, request.with_lm_head);
+    let (params, blocks) = planned_params(config, request);
     let mut specs = Vec::with_capacity(params.len());
     let mut classes: Vec<ClassPlan> = Vec::new();
     let mut fallbacks: Vec<Fallback> = Vec::new();
@@ -428,6 +444,13 @@ fn evaluate(
     let mut notes = Vec::new();
     if !request.with_lm_head && !config.tie_word_embeddings {
         notes.push("lm_head.weight is not loaded (activation extraction never computes logits)".into());
+    }
+    if blocks < config.n_layers {
+        notes.push(format!(
+            "blocks {blocks}..{} are not built (the last hook needs blocks 0..{blocks}): their weights are neither \
+             loaded nor counted",
+            config.n_layers
+        ));
     }
     let kept = params.iter().filter(|p| request.stored.contains_key(&p.name)).count();
     if kept > 0 {
