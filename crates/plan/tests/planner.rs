@@ -109,11 +109,15 @@ fn auto_picks_the_smallest_group_that_fits() {
     let mut r = request(MeshKind::Auto, Some(14));
     r.batch = Some(8);
     r.seq = Some(512);
-    r.hooks = Some(siphon_models::resolve_hooks("blocks.{0..3}.hook_resid_post", &config).unwrap());
+    r.hooks = Some(siphon_models::resolve_hooks("blocks.{24..27}.hook_resid_post", &config).unwrap());
     let auto = plan(&config, &topology, &r).unwrap();
     assert_eq!(auto.fits(), Some(true));
     // 13.2 GiB of bf16 weights do not fit one device's budget (14 GiB - 10%); two devices do.
     assert_eq!(auto.shape.weight_group(), 2);
+    // Hooks in the first 4 of 28 blocks need only those blocks' weights: one device holds them.
+    r.hooks = Some(siphon_models::resolve_hooks("blocks.{0..3}.hook_resid_post", &config).unwrap());
+    assert_eq!(plan(&config, &topology, &r).unwrap().shape.weight_group(), 1);
+    r.hooks = Some(siphon_models::resolve_hooks("blocks.{24..27}.hook_resid_post", &config).unwrap());
     r.mesh = MeshRequest { kind: MeshKind::ThreeD, data: Some(8), fsdp: Some(1), model: Some(1) };
     assert_eq!(plan(&config, &topology, &r).unwrap().fits(), Some(false));
     // Without a device memory auto cannot choose.
