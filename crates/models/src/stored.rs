@@ -6,14 +6,15 @@
 //! [`crate::gguf`]'s dequantization): every value is the same f32 product, so the matmuls see
 //! the same weights and the activations equal dequantize-on-load bit for bit in f32.
 //!
-//! A weight's parts split over the mesh as the weight does, on whole blocks only: a split
-//! that would cut a block of scales is refused, naming the weight ([`StoredForm::part_specs`]).
+//! A weight's parts split over the mesh as the weight does, on whole blocks only
+//! ([`StoredForm::part_specs`] refuses a split that would cut one, naming the weight; the
+//! planner keeps such a dimension whole, [`StoredForm::whole_blocks`]).
+
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{Builder, DType as Hlo, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
-
-use std::collections::HashMap;
 
 use crate::config::ParamClass;
 use crate::{DType, ModelConfig, ModelError};
@@ -102,13 +103,9 @@ impl StoredForm {
 
     /// Whether a weight of `shape` can be kept in this form (GGUF rows of whole blocks).
     pub fn fits(self, shape: &[usize]) -> bool {
-        shape.len() >= 2
-            && match self {
-                StoredForm::Fp8 { block: [br, bc] } => br > 0 && bc > 0,
-                StoredForm::Mxfp4 => shape[shape.len() - 1].is_multiple_of(QK),
-                StoredForm::Q4K | StoredForm::Q6K => shape[shape.len() - 1].is_multiple_of(QK_K),
-                _ => shape[shape.len() - 1].is_multiple_of(QK),
-            }
+        let [br, bc] = self.block();
+        let partial_blocks = matches!(self, StoredForm::Fp8 { .. });
+        shape.len() >= 2 && br > 0 && bc > 0 && (partial_blocks || shape[shape.len() - 1].is_multiple_of(bc))
     }
 
     /// The block a weight of this form is cut in along its last two dimensions.
@@ -123,18 +120,23 @@ impl StoredForm {
     /// `spec` less the splits of a weight of `shape` that would cut this form's blocks (those
     /// dimensions kept whole), and whether any was dropped.
     pub fn whole_blocks(self, shape: &[usize], spec: &PartitionSpec, mesh: &Mesh) -> (PartitionSpec, bool) {
-        let n = shape.len();
-        let block = self.block();
+        let cuts = self.cuts(shape, spec, mesh);
         let mut dims = spec.dims().to_vec();
-        let mut dropped = false;
-        for (d, b) in [(n - 2, block[0]), (n - 1, block[1])] {
-            let ways = spec.ways(d, mesh);
-            if ways > 1 && !shape[d].is_multiple_of(ways * b) {
-                dims[d].clear();
-                dropped = true;
-            }
+        for &(d, _, _) in &cuts {
+            dims[d].clear();
         }
-        (PartitionSpec::from_dims(dims), dropped)
+        (PartitionSpec::from_dims(dims), !cuts.is_empty())
+    }
+
+    /// The dimensions `spec` splits across this form's blocks: `(dimension, ways, block)`.
+    fn cuts(self, shape: &[usize], spec: &PartitionSpec, mesh: &Mesh) -> Vec<(usize, usize, usize)> {
+        let n = shape.len();
+        let [br, bc] = self.block();
+        [(n - 2, br), (n - 1, bc)]
+            .into_iter()
+            .map(|(d, b)| (d, spec.ways(d, mesh), b))
+            .filter(|&(d, ways, b)| ways > 1 && !shape[d].is_multiple_of(ways * b))
+            .collect()
     }
 
     /// Each part's partition spec for the weight `name` of `shape` split by `spec`: the same
@@ -147,16 +149,11 @@ impl StoredForm {
         spec: &PartitionSpec,
         mesh: &Mesh,
     ) -> Result<Vec<PartitionSpec>, ModelError> {
-        let n = shape.len();
-        let block = self.block();
-        for (d, b) in [(n - 2, block[0]), (n - 1, block[1])] {
-            let ways = spec.ways(d, mesh);
-            if ways > 1 && !shape[d].is_multiple_of(ways * b) {
-                return Err(ModelError::Sharding(format!(
-                    "{name} {shape:?} split {ways} ways on dimension {d} would cut its {self:?} blocks of {b}: \
-                     keep it replicated there, or dequantize the weights on load"
-                )));
-            }
+        if let Some(&(d, ways, b)) = self.cuts(shape, spec, mesh).first() {
+            return Err(ModelError::Sharding(format!(
+                "{name} {shape:?} split {ways} ways on dimension {d} would cut its {self:?} blocks of {b}: \
+                 keep it replicated there, or dequantize the weights on load"
+            )));
         }
         Ok(self.parts(shape).iter().map(|_| spec.clone()).collect())
     }
