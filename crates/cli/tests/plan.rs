@@ -214,3 +214,112 @@ fn plan_counts_only_the_blocks_the_hooks_need() {
     assert!((bytes(&half) / bytes(&all) - want / params(&all)).abs() < 1e-9);
     assert!(half["notes"].to_string().contains("blocks 41..80 are not built"), "{}", half["notes"]);
 }
+
+/// `siphon plan` → `siphon extract` for Llama-3.1-70B on 4 hosts × 4 devices × 16 GiB: the
+/// plan's suggestion (a weight group spanning hosts) is accepted by `extract` as it is, which
+/// checks everything — the model's 80 blocks of weights (a sparse checkpoint of the real
+/// shapes), the hooks, the corpus, the mesh over the 4 hosts — and then refuses plainly: the
+/// CPU plugin cannot form a mesh across processes. The plugin is never loaded (the path given
+/// is an empty file).
+#[test]
+fn plans_suggestion_spanning_hosts_is_taken_by_extract_and_refused_plainly_on_the_cpu_plugin() {
+    let base = [
+        "plan",
+        "--config",
+        "fixtures/configs/llama-3.1-70b.json",
+        "--hosts",
+        "4",
+        "--devices-per-host",
+        "4",
+        "--device-memory",
+        "16",
+        "--dtype",
+        "bf16",
+        "--batch",
+        "4",
+        "--seq",
+        "1024",
+        "--hooks",
+        "blocks.79.hook_resid_post",
+        "--json",
+    ];
+    let plan: serde_json::Value = serde_json::from_str(&stdout(&siphon(&base))).unwrap();
+    let suggestion = &plan["suggestion"];
+    assert_eq!(suggestion["spans_hosts"], true, "{plan}");
+    let flags: Vec<String> = suggestion["flags"].as_str().unwrap().split_whitespace().map(String::from).collect();
+    assert!(flags.contains(&"--fsdp".to_string()), "{flags:?}");
+
+    // The real config and every weight of its 80 blocks with their real shapes, in a sparse
+    // safetensors file (nothing is read past the header).
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    let model = tmp.path().join("llama-70b");
+    std::fs::create_dir_all(&model).unwrap();
+    let config_json = std::fs::read_to_string(root.join("fixtures/configs/llama-3.1-70b.json")).unwrap();
+    std::fs::write(model.join("config.json"), &config_json).unwrap();
+    let config = siphon_models::HfConfig::from_json(&config_json).unwrap().into_config().unwrap();
+    let mut header = serde_json::Map::new();
+    let mut offset = 0u64;
+    for p in config.params(config.n_layers, false) {
+        let bytes = p.shape.iter().map(|&d| d as u64).product::<u64>() * 2;
+        header.insert(
+            p.name,
+            serde_json::json!({"dtype": "BF16", "shape": p.shape, "data_offsets": [offset, offset + bytes]}),
+        );
+        offset += bytes;
+    }
+    let mut text = serde_json::to_string(&header).unwrap();
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let file = std::fs::File::create(model.join("model.safetensors")).unwrap();
+    use std::io::Write;
+    (&file).write_all(&(text.len() as u64).to_le_bytes()).unwrap();
+    (&file).write_all(text.as_bytes()).unwrap();
+    file.set_len(8 + text.len() as u64 + offset).unwrap();
+    let plugin = tmp.path().join("libpjrt_cpu.so");
+    std::fs::write(&plugin, b"").unwrap();
+
+    let model_arg = model.display().to_string();
+    let output = tmp.path().join("out").display().to_string();
+    let mut args: Vec<&str> = vec![
+        "extract",
+        "--model",
+        &model_arg,
+        "--tokenizer",
+        "fixtures/data/tokenizer.json",
+        "--corpus",
+        "fixtures/data/corpus",
+        "--hooks",
+        "blocks.79.hook_resid_post",
+        "--seq-len",
+        "1024",
+        "--batch-size",
+        "4",
+        "--compute-dtype",
+        "bf16",
+        "--output",
+        &output,
+        "--cpu-devices",
+        "4",
+        "--num-processes",
+        "4",
+        "--process-id",
+        "0",
+        // Never contacted: the job stops before it joins.
+        "--coordinator",
+        "127.0.0.1:9",
+    ];
+    args.extend(flags.iter().map(String::as_str));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_siphon"))
+        .current_dir(root)
+        .env("SIPHON_PJRT_PLUGIN", &plugin)
+        .args(&args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("spans 4 hosts of 4"), "{err}");
+    assert!(err.contains("the CPU plugin") && err.contains("cannot form a mesh across processes"), "{err}");
+    assert!(!err.contains("coordination service listening"), "stopped before the coordinator: {err}");
+}

@@ -19,8 +19,11 @@ pub struct Plan {
 impl Plan {
     /// Checks hooks against the model, every needed weight's presence and shape, and plans the
     /// mesh for the devices this host is expected to have (the CPU plugin's virtual devices;
-    /// otherwise planned again once the plugin reports its devices).
-    pub fn new(model: &LoadedModel, spec: &RunSpec) -> anyhow::Result<Plan> {
+    /// otherwise planned again once the plugin reports its devices). A mesh whose
+    /// weight-sharding group (`--fsdp` × `--model-parallel`) is larger than a host is planned
+    /// over all `hosts` and then refused: with `plugin` the CPU plugin, which cannot form a
+    /// mesh across processes, plainly; elsewhere as not built yet.
+    pub fn new(model: &LoadedModel, spec: &RunSpec, hosts: usize, plugin: &std::path::Path) -> anyhow::Result<Plan> {
         let n_layers = model.config.n_layers;
         let hooks = spec
             .hooks
@@ -46,7 +49,12 @@ impl Plan {
             ..PlanRequest::default()
         };
         let plan = Plan { hooks, request };
-        plan.mesh_plan(&model.config, spec.cpu_devices.unwrap_or(1))?;
+        let local = spec.cpu_devices.unwrap_or(1);
+        let group = spec.mesh.fsdp.unwrap_or(1) * spec.mesh.model.unwrap_or(1);
+        if group > local && hosts > 1 {
+            return Err(spanning_refusal(&model.config, &plan.request, hosts, local, plugin));
+        }
+        plan.mesh_plan(&model.config, local)?;
         Ok(plan)
     }
 
@@ -54,6 +62,44 @@ impl Plan {
     fn mesh_plan(&self, config: &ModelConfig, local_devices: usize) -> anyhow::Result<siphon_plan::Plan> {
         let topology = Topology::uniform(1, local_devices)?;
         siphon_plan::plan(config, &topology, &self.request).context("no valid mesh for this host's devices")
+    }
+}
+
+/// Why a job whose weight-sharding group spans hosts does not start: after planning it over
+/// every host (so the flags, the model and the memory are checked), the CPU plugin's plain
+/// refusal, or, on other plugins, that siphon does not yet run a mesh across processes.
+fn spanning_refusal(
+    config: &ModelConfig,
+    request: &PlanRequest,
+    hosts: usize,
+    local: usize,
+    plugin: &std::path::Path,
+) -> anyhow::Error {
+    let planned = Topology::uniform(hosts, local)
+        .map_err(anyhow::Error::from)
+        .and_then(|t| siphon_plan::plan(config, &t, request).map_err(anyhow::Error::from));
+    let planned = match planned {
+        Ok(p) => p,
+        Err(e) => return e.context(format!("no valid mesh over {hosts} hosts of {local} devices")),
+    };
+    let group = planned.shape.weight_group();
+    let what = format!(
+        "the mesh {} puts each weight over a group of {group} devices, which spans {} hosts of {local}",
+        planned.mesh,
+        group.div_ceil(local)
+    );
+    match siphon_runtime::PluginKind::of(plugin) {
+        siphon_runtime::PluginKind::Cpu => anyhow::anyhow!(
+            "{what}: the CPU plugin ({}) cannot form a mesh across processes (each process's devices are its \
+             own), so this job cannot run here (nor, yet, on TPU or CUDA hosts: siphon does not run one mesh \
+             over several hosts, issue 24). Everything else was checked. Choose --fsdp × --model-parallel ≤ \
+             {local} (this host's devices)",
+            plugin.display()
+        ),
+        kind => anyhow::anyhow!(
+            "{what}: siphon does not yet run one mesh across hosts (issue 24), on the {kind} plugin either; \
+             choose --fsdp × --model-parallel ≤ this host's devices"
+        ),
     }
 }
 

@@ -58,12 +58,12 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let model = siphon_models::LoadedModel::open(&model_path)
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let spec = options.resolve(Some(&model.config), identity.total_machines)?;
-    let compute_plan = compute::Plan::new(&model, &spec)?;
     let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
     let pack = options.corpus.pack_config(&tokenizer, siphon_data::SpecialTokens::detect(&tokenizer))?;
     let partition = Partition { machines: identity.total_machines, hosts: identity.num_processes };
     let plugin = siphon_runtime::locate_plugin(options.plugin.as_deref()).context("no PJRT plugin")?;
+    let compute_plan = compute::Plan::new(&model, &spec, identity.num_processes as usize, &plugin.path)?;
     tracing::info!(
         model = %model_path.display(), hooks = spec.hooks.len(), units = corpus.units().len(),
         plugin = %plugin.path.display(), "configuration valid"
