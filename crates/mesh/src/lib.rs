@@ -27,6 +27,9 @@
 use std::fmt;
 use std::ops::Range;
 
+mod hosts;
+pub use hosts::HostView;
+
 /// What went wrong building a mesh or applying a spec to a shape.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
@@ -58,6 +61,9 @@ pub enum MeshError {
     /// A spec uses one axis for two dimensions.
     #[error("partition spec {0} uses an axis twice")]
     AxisReused(String),
+    /// A mesh's partitions cannot be divided among processes as asked.
+    #[error("{0}")]
+    Hosts(String),
     /// A spec has a different rank than the tensor.
     #[error("partition spec {spec} has {spec_rank} dimensions but the tensor shape {shape:?} has {rank}")]
     RankMismatch {
