@@ -89,6 +89,11 @@ impl HostView {
 mod tests {
     use super::*;
 
+    /// A list of one range of rows.
+    fn one(rows: Range<usize>) -> Vec<Range<usize>> {
+        vec![rows]
+    }
+
     /// Every process's partitions, rows and writes over `mesh` on `processes` processes.
     fn views(mesh: &Mesh, processes: usize) -> Vec<HostView> {
         (0..processes).map(|p| HostView::contiguous(mesh, processes, p).unwrap()).collect()
@@ -132,12 +137,12 @@ mod tests {
         // rows 4..8 (host 2 writes them).
         let v = views(&two_d, 4);
         assert_eq!((v[1].partitions(), v[1].writes(0)), (vec![2, 3], false));
-        assert_eq!(v[1].rows(8), [0..4]);
-        assert_eq!(v[2].rows(8), [4..8]);
+        assert_eq!(v[1].rows(8), one(0..4));
+        assert_eq!(v[2].rows(8), one(4..8));
         assert!(v[2].writes(1));
         // 1d: every host feeds the whole batch; host 0 writes it.
         let v = views(&one_d, 2);
-        assert_eq!(v[1].rows(8), [0..8]);
+        assert_eq!(v[1].rows(8), one(0..8));
         assert!(v[0].writes(0) && !v[1].writes(0));
         // One host holding both data groups feeds and writes both.
         let v = HostView::new(&two_d, vec![0; 8], 0).unwrap();
