@@ -150,8 +150,7 @@ pub enum Feature {
     /// A sigmoid gate on the attention output, computed beside the queries
     /// (`attn.hook_q_gate`; `attn.hook_q` is then the whole projection).
     AttnGate,
-    /// A gated shared expert beside the routed ones (`mlp.shared_expert.*`,
-    /// `mlp.shared_expert_gate.*`, `mlp.experts.hook_out`).
+    /// A shared expert beside the routed ones (`mlp.shared_expert.*`, `mlp.experts.hook_out`).
     SharedExpert,
     /// The sigmoid gate on the shared expert's output (`mlp.shared_expert_gate`: Qwen3-Next,
     /// Qwen3.5-MoE; DeepSeek-V3 adds its shared experts ungated).
