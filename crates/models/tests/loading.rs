@@ -318,3 +318,20 @@ fn check_fp8_bits(name: &str) -> LoadedModel {
     }
     m
 }
+
+/// UE8M0 scales (powers of two, DeepSeek-V3.1's `scale_fmt` ue8m0): stored as F8_E8M0 (with
+/// partial 16 × 16 blocks) or as U8 exponent bytes, read to transformers' values bit for bit.
+#[test]
+fn fp8_with_ue8m0_scales_reads_to_transformers_values_bit_for_bit() {
+    let dir = fixture("quant");
+    let weights = siphon_models::Weights::from_safetensors_file(&dir.join("fp8-ue8m0.safetensors"))
+        .unwrap()
+        .with_fp8_block(Some([16, 16]));
+    let want = siphon_models::Weights::from_safetensors_file(&dir.join("fp8-ue8m0.expected.safetensors")).unwrap();
+    for name in ["a.weight", "b.weight"] {
+        let got = weights.get(name, DType::F32).unwrap().to_f32_vec();
+        let theirs = want.get(name, DType::F32).unwrap().to_f32_vec();
+        assert!(same_bits(&got, &theirs), "{name}");
+        assert!(weights.meta(name).unwrap().stored.contains("F8_E4M3"), "{name}");
+    }
+}
