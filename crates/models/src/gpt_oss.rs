@@ -29,7 +29,7 @@ use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::family::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for, softmax_last};
+use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, pre_norm_decoder, softmax_last};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::moe::{Experts, Glu};
@@ -160,30 +160,13 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     let (Arch::GptOss, Some(moe), Some(gpt_oss)) = (config.arch, &config.moe, config.gpt_oss) else {
         return Err(ModelError::UnsupportedArch(format!("gpt_oss builder given a {:?} config", config.arch)));
     };
-    use HookKind::*;
-    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
-    let mut x = g.embed("model.embed_tokens.weight")?;
-    g.hook(HookPoint::model(Embed), x);
-    for layer in 0..n_blocks {
-        let at = |kind| HookPoint::block(layer, kind);
-        let p = |name: &str| format!("model.layers.{layer}.{name}");
-        g.hook(at(ResidPre), x);
-        let ln1 = g.rms_norm_with(x, &p("input_layernorm.weight"), Gain::F32)?;
-        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let attn = attention(&mut g, ln1.out, layer)?;
-        g.hook(at(AttnOut), attn);
-        let h = g.b.add(x, attn)?;
-        g.hook(at(ResidMid), h);
-        let ln2 = g.rms_norm_with(h, &p("post_attention_layernorm.weight"), Gain::F32)?;
-        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let mlp = mixture(&mut g, ln2.out, layer, moe, gpt_oss)?;
-        g.hook(at(MlpOut), mlp);
-        let out = g.b.add(h, mlp)?;
-        x = g.constrain_tokens(out)?;
-        g.hook(at(ResidPost), x);
-    }
-    g.finish_decoder(x, n_blocks, with_final_norm, Gain::F32)
+    let mixer = |g: &mut Graph<'_>, n: Value, layer: usize| {
+        let attn = attention(g, n, layer)?;
+        g.hook(HookPoint::block(layer, HookKind::AttnOut), attn);
+        Ok(attn)
+    };
+    let mlp = |g: &mut Graph<'_>, n: Value, layer: usize| mixture(g, n, layer, moe, gpt_oss);
+    pre_norm_decoder(config, spec, Gain::F32, mixer, mlp)
 }
 
 /// `o_proj(attention(rope(q), rope(k), v; sinks)) + b` of block `layer` on its normed input.

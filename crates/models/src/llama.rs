@@ -171,13 +171,7 @@ pub(crate) fn build_decoder(config: &ModelConfig, spec: &ForwardSpec) -> Result<
         g.hook(at(ResidMid), h);
         let ln2 = g.rms_norm(h, &format!("model.layers.{layer}.post_attention_layernorm.weight"))?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let mlp_out = if config.moe.is_some() {
-            g.moe_mlp(ln2.out, layer)?
-        } else {
-            let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
-            g.hook_mlp(&mlp, layer, MlpOut);
-            mlp.out
-        };
+        let mlp_out = if config.moe.is_some() { g.moe_mlp(ln2.out, layer)? } else { g.dense_mlp(ln2.out, layer)? };
         g.hook(at(MlpOut), mlp_out);
         let out = g.b.add(h, mlp_out)?;
         x = g.constrain_tokens(out)?;
