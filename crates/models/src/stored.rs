@@ -195,13 +195,8 @@ impl StoredForm {
                 let qs = parts[parts.len() - 1];
                 let nb = c / QK;
                 let qs = b.reshape(qs, &dims(&[r, nb, QK / 2]))?;
-                let ty = b.ty(qs)?.clone();
-                let low = b.splat(15.0, ty.clone())?;
-                let four = b.splat(4.0, ty)?;
-                let lo = b.and(qs, low)?;
-                let hi = b.shift_right_logical(qs, four)?;
                 // Low nibbles are a block's first 16 values, high nibbles its last 16.
-                let q = b.concatenate(&[lo, hi], n)?;
+                let q = nibbles(b, qs, n)?;
                 let q = b.convert(q, Hlo::F32)?;
                 let full = dims(&[r, nb, QK]);
                 let d = per_block(b, parts[0], &full)?;
@@ -221,11 +216,7 @@ impl StoredForm {
                 // Each 32 bytes of a super-block's quants: a sub-block in the low nibbles,
                 // the next in the high ones.
                 let qs = b.reshape(parts[4], &dims(&[r, nsb, 4, 1, QK]))?;
-                let ty = b.ty(qs)?.clone();
-                let (low, four) = (b.splat(15.0, ty.clone())?, b.splat(4.0, ty)?);
-                let lo = b.and(qs, low)?;
-                let hi = b.shift_right_logical(qs, four)?;
-                let q = b.concatenate(&[lo, hi], n + 1)?;
+                let q = nibbles(b, qs, n + 1)?;
                 let q = b.reshape(q, &dims(&[r, nsb, 8, QK]))?;
                 let q = b.convert(q, Hlo::F32)?;
                 let sub = dims(&[r, nsb, 8]);
@@ -265,12 +256,8 @@ impl StoredForm {
             }
             StoredForm::Mxfp4 => {
                 let blocks = b.reshape(parts[0], &dims(&[r, c / 2, 1]))?;
-                let ty = b.ty(blocks)?.clone();
-                let (low, four) = (b.splat(15.0, ty.clone())?, b.splat(4.0, ty)?);
-                let lo = b.and(blocks, low)?;
-                let hi = b.shift_right_logical(blocks, four)?;
                 // Each byte's low nibble, then its high one.
-                let nibbles = b.concatenate(&[lo, hi], n)?;
+                let nibbles = nibbles(b, blocks, n)?;
                 let nibbles = b.reshape(nibbles, &dims(&[r, c / QK, QK]))?;
                 // 2·e2m1 · 2^(e − 128): exact, and finite at e = 255 where 2^(e − 127) is not.
                 let e2m1: Vec<f32> = crate::mxfp4::E2M1.iter().map(|v| 2.0 * v).collect();
@@ -304,6 +291,15 @@ pub fn fp8_forms(config: &ModelConfig, n_layers: usize, block: [usize; 2]) -> Ha
         })
         .map(|p| (p.name, StoredForm::Fp8 { block }))
         .collect()
+}
+
+/// The low nibbles of `bytes` (u8) and then their high nibbles, concatenated along `axis`.
+fn nibbles(b: &mut Builder, bytes: Value, axis: usize) -> Result<Value, ModelError> {
+    let ty = b.ty(bytes)?.clone();
+    let (low, four) = (b.splat(15.0, ty.clone())?, b.splat(4.0, ty)?);
+    let lo = b.and(bytes, low)?;
+    let hi = b.shift_right_logical(bytes, four)?;
+    Ok(b.concatenate(&[lo, hi], axis)?)
 }
 
 /// `table[byte]` for every byte of `bytes` (u8), as f32.
