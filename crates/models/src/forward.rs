@@ -263,11 +263,7 @@ impl<'a> Graph<'a> {
             Builder::new("siphon_forward")
         };
         let dt = spec.compute_dtype;
-        let mut params = config.params(n_blocks, false);
-        if !with_final_norm {
-            // The final norm's gain (and bias) are the only norm weights outside the blocks.
-            params.retain(|p| p.layer.is_some() || !matches!(p.class, ParamClass::Norm | ParamClass::NormBias));
-        }
+        let params = forward_params(config, n_blocks, with_final_norm, false);
         let mut weights = HashMap::new();
         let mut param_specs = Vec::new();
         let mut param_forms = Vec::new();
@@ -1086,8 +1082,30 @@ pub(crate) fn blocks_for(config: &ModelConfig, hooks: &[HookPoint]) -> Result<(u
             return Err(ModelError::Hook(format!("{h} is requested twice")));
         }
     }
+    Ok(blocks_needed(config, hooks))
+}
+
+/// The blocks the forward returning `hooks` builds (those up to the last one a hook needs),
+/// and whether it builds the final norm (a hook after it).
+pub fn blocks_needed(config: &ModelConfig, hooks: &[HookPoint]) -> (usize, bool) {
     let n = hooks.iter().map(|h| h.blocks_needed(config.n_layers)).max().unwrap_or(0);
-    Ok((n, hooks.iter().any(|h| h.kind().info().scope == Scope::Output)))
+    (n, hooks.iter().any(|h| h.kind().info().scope == Scope::Output))
+}
+
+/// The weights a forward of `n_blocks` blocks declares: the final norm only `with_final_norm`,
+/// the untied lm_head only `with_lm_head`.
+pub fn forward_params(
+    config: &ModelConfig,
+    n_blocks: usize,
+    with_final_norm: bool,
+    with_lm_head: bool,
+) -> Vec<ParamInfo> {
+    let mut params = config.params(n_blocks, with_lm_head);
+    if !with_final_norm {
+        // The final norm's gain (and bias) are the only norm weights outside the blocks.
+        params.retain(|p| p.layer.is_some() || !matches!(p.class, ParamClass::Norm | ParamClass::NormBias));
+    }
+    params
 }
 
 /// Softmax over the last dimension of an f32 tensor, max-subtracted.

@@ -370,13 +370,8 @@ fn planned_params(config: &ModelConfig, request: &PlanRequest) -> (Vec<ParamInfo
     let Some(hooks) = request.hooks.as_ref().filter(|h| !h.is_empty()) else {
         return (config.params(config.n_layers, request.with_lm_head), config.n_layers);
     };
-    let blocks = hooks.iter().map(|h| h.blocks_needed(config.n_layers)).max().unwrap_or(0);
-    let final_norm = hooks.iter().any(|h| h.kind().info().scope == siphon_models::hooks::Scope::Output);
-    let mut params = config.params(blocks, request.with_lm_head);
-    if !final_norm {
-        params.retain(|p| p.layer.is_some() || !matches!(p.class, ParamClass::Norm | ParamClass::NormBias));
-    }
-    (params, blocks)
+    let (blocks, final_norm) = siphon_models::forward::blocks_needed(config, hooks);
+    (siphon_models::forward::forward_params(config, blocks, final_norm, request.with_lm_head), blocks)
 }
 
 /// The plan for one concrete shape (already checked).

@@ -24,14 +24,13 @@ impl Plan {
     /// over all `hosts` and then refused: with `plugin` the CPU plugin, which cannot form a
     /// mesh across processes, plainly; elsewhere as not built yet.
     pub fn new(model: &LoadedModel, spec: &RunSpec, hosts: usize, plugin: &std::path::Path) -> anyhow::Result<Plan> {
-        let n_layers = model.config.n_layers;
         let hooks = spec
             .hooks
             .iter()
             .map(|name| HookPoint::parse(name, &model.config))
             .collect::<Result<Vec<_>, _>>()
             .context("bad --hooks/--layers")?;
-        let blocks = hooks.iter().map(|h| h.blocks_needed(n_layers)).max().unwrap_or(0);
+        let (blocks, _) = siphon_models::forward::blocks_needed(&model.config, &hooks);
         model.check_weights(blocks).context("the model's weights do not match its config")?;
         let request = PlanRequest {
             mesh: spec.mesh,
