@@ -77,6 +77,70 @@ impl HostView {
         self.data_indices().into_iter().map(|d| d * per..(d + 1) * per).collect()
     }
 
+    /// This process's reader and the number of readers: processes holding the same data
+    /// groups read the same slice of the corpus together, so the corpus is partitioned over
+    /// the distinct sets of data groups that processes hold (a process holding whole groups
+    /// reads alone; processes sharing a group read its slice together). Sets that overlap
+    /// without being equal cannot share a reader and are an error.
+    pub fn reader(&self) -> Result<(usize, usize), MeshError> {
+        let processes = self.owners.iter().max().map_or(0, |&p| p + 1);
+        let mut sets: Vec<Vec<usize>> = Vec::new();
+        for process in 0..processes {
+            let mut set: Vec<usize> =
+                (0..self.owners.len()).filter(|&p| self.owners[p] == process).map(|p| self.data_index(p)).collect();
+            set.sort_unstable();
+            set.dedup();
+            if set.is_empty() || sets.contains(&set) {
+                continue;
+            }
+            if let Some(other) = sets.iter().find(|s| s.iter().any(|d| set.contains(d))) {
+                return Err(MeshError::Hosts(format!(
+                    "process {process} holds data groups {set:?}, overlapping another process's {other:?}: \
+                     processes must hold the same data groups or none in common"
+                )));
+            }
+            sets.push(set);
+        }
+        sets.sort_unstable();
+        let mine = self.data_indices();
+        let index = sets.iter().position(|s| *s == mine).expect("this process's set is among the processes' sets");
+        Ok((index, sets.len()))
+    }
+
+    /// Whether this process writes the activations its reader's rows give: the lowest
+    /// process holding its data groups does.
+    pub fn writer(&self) -> bool {
+        self.data_indices().first().is_some_and(|&d| self.writes(d))
+    }
+
+    /// The rows of the global batch when each reader feeds `rows` rows (this process's
+    /// share): every data group gets the same number of rows.
+    pub fn global_batch(&self, rows: usize) -> Result<usize, MeshError> {
+        let held = self.data_indices().len();
+        if !rows.is_multiple_of(held) {
+            return Err(MeshError::Hosts(format!(
+                "a batch of {rows} rows does not split over the {held} data groups process {} holds",
+                self.process
+            )));
+        }
+        Ok(rows / held * self.mesh.axis_size_or_one("data"))
+    }
+
+    /// The mesh.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// The process this view is of.
+    pub fn process(&self) -> usize {
+        self.process
+    }
+
+    /// Whether this process's partitions are the whole mesh.
+    pub fn is_whole(&self) -> bool {
+        self.owners.iter().all(|&o| o == self.process)
+    }
+
     /// Whether this process writes the activations of data group `data_index`: the lowest
     /// process holding it does, so each row is written once.
     pub fn writes(&self, data_index: usize) -> bool {
@@ -144,6 +208,17 @@ mod tests {
         let v = views(&one_d, 2);
         assert_eq!(v[1].rows(8), one(0..8));
         assert!(v[0].writes(0) && !v[1].writes(0));
+        // Readers: each host of the 2d layout on 2 hosts reads alone; on 4 hosts, hosts 0-1 read
+        // one slice and 2-3 the other; the 1d layout has one reader.
+        assert_eq!(views(&two_d, 2).iter().map(|v| v.reader().unwrap()).collect::<Vec<_>>(), [(0, 2), (1, 2)]);
+        let readers: Vec<_> = views(&two_d, 4).iter().map(|v| v.reader().unwrap()).collect();
+        assert_eq!(readers, [(0, 2), (0, 2), (1, 2), (1, 2)]);
+        assert_eq!(views(&two_d, 4).iter().map(HostView::writer).collect::<Vec<_>>(), [true, false, true, false]);
+        assert_eq!(views(&one_d, 4)[3].reader().unwrap(), (0, 1));
+        // Each reader feeds 4 rows: 8 in all on data=2 whether a host holds one group or both.
+        assert_eq!(views(&two_d, 2)[1].global_batch(4).unwrap(), 8);
+        assert_eq!(views(&two_d, 4)[3].global_batch(4).unwrap(), 8);
+        assert_eq!(views(&one_d, 2)[0].global_batch(4).unwrap(), 4);
         // One host holding both data groups feeds and writes both.
         let v = HostView::new(&two_d, vec![0; 8], 0).unwrap();
         assert_eq!(v.rows(8), [0..4, 4..8]);
@@ -156,5 +231,10 @@ mod tests {
         assert!(HostView::contiguous(&mesh, 3, 0).is_err());
         assert!(HostView::new(&mesh, vec![0; 7], 0).is_err());
         assert!(HostView::new(&mesh, vec![0; 8], 1).is_err());
+        // Process 1 holds data groups 0 and 1, process 0 only group 0.
+        let v = HostView::new(&mesh, vec![0, 0, 0, 1, 1, 1, 1, 1], 0).unwrap();
+        assert!(v.reader().unwrap_err().to_string().contains("overlapping"));
+        let whole = HostView::new(&mesh, vec![0; 8], 0).unwrap();
+        assert!(whole.global_batch(3).is_err() && whole.is_whole());
     }
 }

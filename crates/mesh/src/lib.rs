@@ -311,15 +311,24 @@ impl PartitionSpec {
         shape: &[usize],
         mesh: &Mesh,
     ) -> Result<Vec<Vec<u8>>, MeshError> {
+        (0..mesh.num_devices()).map(|partition| self.shard(bytes, elem_bytes, shape, mesh, partition)).collect()
+    }
+
+    /// Partition `partition`'s shard of a row-major host buffer of `shape` (one piece of
+    /// [`PartitionSpec::split`], for a process that uploads only its own partitions).
+    pub fn shard(
+        &self,
+        bytes: &[u8],
+        elem_bytes: usize,
+        shape: &[usize],
+        mesh: &Mesh,
+        partition: usize,
+    ) -> Result<Vec<u8>, MeshError> {
         check_len(bytes.len(), shape, elem_bytes)?;
-        (0..mesh.num_devices())
-            .map(|partition| {
-                let ranges = self.shard_ranges(shape, mesh, partition)?;
-                let mut out = Vec::with_capacity(block_len(&ranges) * elem_bytes);
-                for_each_row(shape, &ranges, elem_bytes, |src, len| out.extend_from_slice(&bytes[src..src + len]));
-                Ok(out)
-            })
-            .collect()
+        let ranges = self.shard_ranges(shape, mesh, partition)?;
+        let mut out = Vec::with_capacity(block_len(&ranges) * elem_bytes);
+        for_each_row(shape, &ranges, elem_bytes, |src, len| out.extend_from_slice(&bytes[src..src + len]));
+        Ok(out)
     }
 
     /// Reassembles a row-major host buffer of the global `shape` from per-partition buffers
@@ -365,6 +374,56 @@ impl fmt::Display for PartitionSpec {
             .collect();
         write!(f, "P({})", dims.join(", "))
     }
+}
+
+/// The block `block` (one range per dimension) of a row-major array, assembled row-major from
+/// non-overlapping `pieces` of it, each a block (its ranges in the array) and its row-major
+/// bytes: what a process reads back of an output whose other pieces lie on other processes.
+/// Every element of `block` must lie in some piece.
+pub fn assemble_block(
+    pieces: &[(Vec<Range<usize>>, &[u8])],
+    elem_bytes: usize,
+    block: &[Range<usize>],
+) -> Result<Vec<u8>, MeshError> {
+    let block_shape: Vec<usize> = block.iter().map(Range::len).collect();
+    let mut out = vec![0u8; block_len(block) * elem_bytes];
+    let mut covered = 0;
+    for (ranges, bytes) in pieces {
+        let piece_shape: Vec<usize> = ranges.iter().map(Range::len).collect();
+        check_len(bytes.len(), &piece_shape, elem_bytes)?;
+        if ranges.len() != block.len() {
+            return Err(MeshError::Hosts(format!(
+                "a piece of rank {} for a block of rank {}",
+                ranges.len(),
+                block.len()
+            )));
+        }
+        // The overlap, in the piece's and in the block's coordinates.
+        let overlap: Vec<Range<usize>> =
+            ranges.iter().zip(block).map(|(r, b)| r.start.max(b.start)..r.end.min(b.end)).collect();
+        if overlap.iter().any(|r| r.start >= r.end) {
+            continue;
+        }
+        let within = |origin: &[Range<usize>]| -> Vec<Range<usize>> {
+            overlap.iter().zip(origin).map(|(o, r)| o.start - r.start..o.end - r.start).collect()
+        };
+        let mut sources = Vec::new();
+        for_each_row(&piece_shape, &within(ranges), elem_bytes, |src, len| sources.push((src, len)));
+        let mut rows = sources.into_iter();
+        for_each_row(&block_shape, &within(block), elem_bytes, |dst, len| {
+            if let Some((src, _)) = rows.next() {
+                out[dst..dst + len].copy_from_slice(&bytes[src..src + len]);
+            }
+        });
+        covered += block_len(&overlap);
+    }
+    if covered != block_len(block) {
+        return Err(MeshError::Hosts(format!(
+            "the pieces cover {covered} of the {} elements of the block {block:?}",
+            block_len(block)
+        )));
+    }
+    Ok(out)
 }
 
 fn check_len(got: usize, shape: &[usize], elem_bytes: usize) -> Result<(), MeshError> {
@@ -491,6 +550,25 @@ mod tests {
         let shards = spec.split(&data, 1, &[2, 8], &mesh).unwrap();
         assert_eq!(shards[1], vec![1, 9]);
         assert_eq!(shards[4], vec![4, 12]);
+    }
+
+    #[test]
+    fn a_block_assembles_from_the_pieces_over_it() {
+        let mesh = mesh_2x4();
+        // A 4x8x2 array split over data (rows) and model (columns); rows 2..4 of it.
+        let shape = [4, 8, 2];
+        let data: Vec<u8> = (0..64).collect();
+        let spec = PartitionSpec::new(&[&["data"], &["model"], &[]]);
+        let shards = spec.split(&data, 1, &shape, &mesh).unwrap();
+        let pieces: Vec<(Vec<Range<usize>>, &[u8])> =
+            (0..8).map(|p| (spec.shard_ranges(&shape, &mesh, p).unwrap(), shards[p].as_slice())).collect();
+        let block = [1..3, 0..8, 0..2];
+        assert_eq!(assemble_block(&pieces, 1, &block).unwrap(), data[16..48].to_vec());
+        // Only data=1's pieces: rows 2..4 are there, row 1 is not.
+        assert_eq!(assemble_block(&pieces[4..], 1, &[2..4, 0..8, 0..2]).unwrap(), data[32..].to_vec());
+        let err = assemble_block(&pieces[4..], 1, &block).unwrap_err();
+        assert!(err.to_string().contains("cover 16 of the 32"), "{err}");
+        assert_eq!(spec.shard(&data, 1, &shape, &mesh, 5).unwrap(), shards[5]);
     }
 
     #[test]

@@ -199,6 +199,72 @@ impl ShardedArray {
         HostArray::from_bytes(self.element_type, &self.shape, bytes)
     }
 
+    /// Rows `rows` (ranges of the first dimension, in order) of the global array, downloaded
+    /// from this process's partitions (one copy of each distinct slice over them, all
+    /// concurrently) and concatenated: what a process of a mesh spanning processes reads back
+    /// of an output split by rows. Fails when some of those rows lie only on other processes'
+    /// devices.
+    pub fn rows_to_host(&self, rows: &[Range<usize>]) -> Result<HostArray> {
+        let Some((&first, rest)) = self.shape.split_first() else {
+            return Err(Error::InvalidArgument("rows of a scalar array".into()));
+        };
+        let blocks: Vec<Vec<Range<usize>>> =
+            rows.iter().map(|r| std::iter::once(r.clone()).chain(rest.iter().map(|&n| 0..n)).collect()).collect();
+        if let Some(r) = rows.iter().find(|r| r.end > first) {
+            return Err(Error::InvalidArgument(format!("rows {r:?} of an array of {first} rows")));
+        }
+        // One local partition per distinct slice that meets a requested row.
+        let mut pieces: Vec<(Vec<Range<usize>>, &Buffer)> = Vec::new();
+        for (&partition, buffer) in self.partitions.iter().zip(&self.buffers) {
+            let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
+            let meets = rows.iter().any(|r| r.start < ranges[0].end && ranges[0].start < r.end);
+            if meets && !pieces.iter().any(|(r, _)| *r == ranges) {
+                pieces.push((ranges, buffer));
+            }
+        }
+        let sources: Vec<&Buffer> = pieces.iter().map(|(_, b)| *b).collect();
+        let downloaded = download_many(&sources)?;
+        let pieces: Vec<(Vec<Range<usize>>, &[u8])> =
+            pieces.iter().zip(&downloaded).map(|((r, _), a)| (r.clone(), a.bytes())).collect();
+        let elem = self.element_type.size_in_bytes();
+        let mut bytes = Vec::new();
+        for block in &blocks {
+            let part = siphon_mesh::assemble_block(&pieces, elem, block).map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "rows {:?} of this {}{:?} array: {e} held by this process",
+                    block[0], self.element_type, self.shape
+                ))
+            })?;
+            bytes.extend_from_slice(&part);
+        }
+        let shape: Vec<usize> =
+            std::iter::once(rows.iter().map(Range::len).sum()).chain(rest.iter().copied()).collect();
+        HostArray::from_bytes(self.element_type, &shape, bytes)
+    }
+
+    /// One array from the shards of several processes' views of it (disjoint partitions of
+    /// the same global array): how one process stands in for several in a simulation of a
+    /// mesh spanning processes.
+    pub fn merge(parts: Vec<ShardedArray>) -> Result<ShardedArray> {
+        let Some(first) = parts.first() else {
+            return Err(Error::InvalidArgument("merging no arrays".into()));
+        };
+        let (shape, spec, mesh) = (first.shape.clone(), first.spec.clone(), first.mesh.clone());
+        let mut shards = Vec::new();
+        for part in parts {
+            if part.shape != shape || part.spec != spec || part.mesh != mesh {
+                return Err(Error::InvalidArgument(format!(
+                    "merging {:?} split by {} with {shape:?} split by {spec}",
+                    part.shape, part.spec
+                )));
+            }
+            shards.extend(part.partitions.into_iter().zip(part.buffers));
+        }
+        shards.sort_by_key(|(p, _)| *p);
+        let (partitions, buffers): (Vec<usize>, Vec<Buffer>) = shards.into_iter().unzip();
+        ShardedArray::from_local_buffers(buffers, partitions, &shape, &spec, &mesh)
+    }
+
     /// Downloads this process's shards (all concurrently), each with the slice of the global
     /// array it holds.
     pub fn local_shards_to_host(&self) -> Result<Vec<HostShard>> {
@@ -225,18 +291,42 @@ impl Client {
     /// `mesh.device_ids()[p]`, for every partition on a device this process can address
     /// (all of them in a single-process job). Every mesh device must exist in the client.
     pub fn upload_sharded(&self, array: &HostArray, spec: &PartitionSpec, mesh: &Mesh) -> Result<ShardedArray> {
-        let element_type = array.element_type();
-        let shard_shape = spec.shard_shape(array.shape(), mesh)?;
         let mut partitions = Vec::new();
         for (partition, &device_id) in mesh.device_ids().iter().enumerate() {
             if self.inner.device(device_id)?.info.addressable {
                 partitions.push(partition);
             }
         }
-        let shards = spec.split(array.bytes(), element_type.size_in_bytes(), array.shape(), mesh)?;
+        self.upload_partitions(array, spec, mesh, partitions)
+    }
+
+    /// Splits `array` by `spec` over `mesh` and uploads the shards of `partitions` only
+    /// (ascending), each to its device: one process's share of an array on a mesh spanning
+    /// processes.
+    pub fn upload_partitions(
+        &self,
+        array: &HostArray,
+        spec: &PartitionSpec,
+        mesh: &Mesh,
+        partitions: Vec<usize>,
+    ) -> Result<ShardedArray> {
+        if partitions.windows(2).any(|w| w[0] >= w[1]) || partitions.last().is_some_and(|&p| p >= mesh.num_devices()) {
+            return Err(Error::InvalidArgument(format!(
+                "partitions {partitions:?} must be distinct, ascending and below {}",
+                mesh.num_devices()
+            )));
+        }
+        let element_type = array.element_type();
+        let shard_shape = spec.shard_shape(array.shape(), mesh)?;
+        let elem = element_type.size_in_bytes();
+        let shards = partitions
+            .iter()
+            .map(|&p| spec.shard(array.bytes(), elem, array.shape(), mesh, p))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let uploads: Vec<Upload<'_>> = partitions
             .iter()
-            .map(|&p| Upload { element_type, shape: &shard_shape, bytes: &shards[p], device_id: mesh.device_ids()[p] })
+            .zip(&shards)
+            .map(|(&p, bytes)| Upload { element_type, shape: &shard_shape, bytes, device_id: mesh.device_ids()[p] })
             .collect();
         let buffers = self.upload_many(&uploads)?;
         Ok(ShardedArray {

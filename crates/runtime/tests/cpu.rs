@@ -353,6 +353,33 @@ fn compiled_memory_stats_and_device_sizes() {
     assert_eq!(sharded.to_host().unwrap(), x);
 }
 
+/// Two processes' shares of a 2×4 mesh (partitions 0..4 and 4..8): each uploads only its
+/// partitions, the merged array is the whole, and each reads back the rows of its data
+/// group from its own partitions only.
+#[test]
+fn per_process_shares_upload_merge_and_read_back_their_rows() {
+    let client = client();
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    let spec = PartitionSpec::new(&[&["data"], &["model"]]);
+    let x = HostArray::from_slice(&[4, 8], &iota(32, 1.0)).unwrap();
+    let halves: Vec<ShardedArray> =
+        [0..4, 4..8].into_iter().map(|p| client.upload_partitions(&x, &spec, &mesh, p.collect()).unwrap()).collect();
+    assert_eq!(halves[1].partitions(), [4, 5, 6, 7]);
+    assert_eq!(halves[1].buffers()[0].device_id().unwrap(), 4);
+    // Process 1 holds rows 2..4 only.
+    let rows = halves[1].rows_to_host(std::slice::from_ref(&(2..4))).unwrap();
+    assert_eq!(rows.shape(), [2, 8]);
+    assert_eq!(rows.to_vec::<f32>().unwrap(), iota(32, 1.0)[16..].to_vec());
+    let err = halves[1].rows_to_host(std::slice::from_ref(&(1..3))).unwrap_err();
+    assert!(err.to_string().contains("held by this process"), "{err}");
+    assert!(halves[0].to_host().is_err());
+    let whole = ShardedArray::merge(halves).unwrap();
+    assert!(whole.is_complete());
+    assert_eq!(whole.to_host().unwrap(), x);
+    assert_eq!(whole.rows_to_host(&[0..1, 3..4]).unwrap().to_vec::<f32>().unwrap()[8..], iota(32, 1.0)[24..]);
+    assert!(client.upload_partitions(&x, &spec, &mesh, vec![3, 2]).is_err());
+}
+
 #[test]
 fn sharded_helpers_reject_mismatches() {
     let client = client();
