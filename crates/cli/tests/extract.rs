@@ -220,6 +220,46 @@ fn two_hosts_of_four_devices_match_one_host_of_one_device() {
     assert_same_tokens(&read_tokens(&single.join("r")), &read_tokens(&multi.join("r")), 1e-5);
 }
 
+/// A mesh spanning hosts, verified in one process: `--simulate-hosts` runs each host's part
+/// (its weight partitions, its readers' corpus slice, its rows, its shards) for 1d, 2d and 3d
+/// layouts whose weight-sharding groups span hosts; the hosts' shards together hold every
+/// token of the single-device run once, with its activations, written by the lowest host of
+/// each data group.
+#[test]
+fn simulated_hosts_of_a_spanning_mesh_write_the_single_device_dataset() {
+    let s = setup(24);
+    let single = s.root.join("single");
+    let mut args = extract_args(&s, &single, "r");
+    args.extend(["--cpu-devices".into(), "1".into()]);
+    run_ok(siphon(&args), Duration::from_secs(300));
+    let reference = read_tokens(&single.join("r"));
+    // (hosts, devices, mesh flags, the hosts that write: the lowest of each data group).
+    let cases: [(usize, usize, &str, &[&str]); 3] = [
+        // 1d: model=2 over 2 hosts of 1 device; one data group, written by host 0.
+        (2, 2, "--mesh 1d", &["machine_000_host_00"]),
+        // 2d: data=2 × fsdp=2 × model=2 over 4 hosts of 2: hosts 0-1 and 2-3 share a group.
+        (4, 8, "--mesh 2d --data 2 --fsdp 2 --model-parallel 2", &["machine_000_host_00", "machine_000_host_02"]),
+        // 3d: fsdp=4 × model=2 over 2 hosts of 4: one data group over both.
+        (2, 8, "--mesh 3d --data 1 --fsdp 4 --model-parallel 2", &["machine_000_host_00"]),
+    ];
+    for (hosts, devices, mesh, writers) in cases {
+        let out = s.root.join(format!("sim-{hosts}-{devices}-{}", mesh.len()));
+        let mut args = extract_args(&s, &out, "r");
+        args.extend(["--simulate-hosts".to_string(), hosts.to_string(), "--cpu-devices".into(), devices.to_string()]);
+        args.extend(mesh.split(' ').map(str::to_string));
+        run_ok(siphon(&args), Duration::from_secs(300));
+        let mut dirs: Vec<String> = std::fs::read_dir(out.join("r"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_str().unwrap().to_string())
+            .filter(|n| n.starts_with("machine_"))
+            .collect();
+        dirs.sort();
+        assert_eq!(dirs, writers, "{mesh} over {hosts} hosts");
+        inspect_ok(&out.join("r"));
+        assert_same_tokens(&reference, &read_tokens(&out.join("r")), 1e-5);
+    }
+}
+
 fn manifest_lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map(|t| t.lines().filter(|l| !l.trim().is_empty()).count()).unwrap_or(0)
 }

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use siphon_mesh::{Mesh, PartitionSpec};
+use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::forward::megatron_specs;
 use siphon_models::{
     DType, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, StoredForm, build_forward,
@@ -115,6 +115,13 @@ pub struct EngineOptions {
     pub expert_capacity: Option<usize>,
     /// How quantized weights reach the devices.
     pub weights: WeightForm,
+    /// The processes whose partitions of `mesh` this engine runs. Empty: the whole mesh, in
+    /// this process. In a job whose mesh spans processes, this process's [`HostView`]: it
+    /// uploads only its partitions' weights, feeds only its data groups' rows and reads back
+    /// only its partitions. Several views: the per-process paths of each, side by side in
+    /// one process that holds every device (how a spanning job is verified without the
+    /// hosts); [`Engine::run_processes`] takes and gives one batch per view.
+    pub processes: Vec<HostView>,
 }
 
 /// How a checkpoint's quantized weights reach the devices.
@@ -149,6 +156,7 @@ impl Default for EngineOptions {
             plan: ShardingPlan::Megatron,
             expert_capacity: None,
             weights: WeightForm::Dequantized,
+            processes: Vec::new(),
         }
     }
 }
@@ -277,12 +285,15 @@ impl Activations {
 }
 
 /// Timings of the last [`Engine::new`] steps, for logs and benchmarks.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LoadStats {
     /// Seconds reading, converting, splitting and uploading weights.
     pub upload_s: f64,
     /// Bytes uploaded over all devices.
     pub uploaded_bytes: usize,
+    /// Bytes uploaded by each process of [`EngineOptions::processes`] (one entry for the
+    /// whole mesh).
+    pub process_bytes: Vec<usize>,
 }
 
 struct Compiled {
@@ -303,6 +314,9 @@ pub struct Engine {
     stored: HashMap<String, StoredForm>,
     /// Every weight argument, in the program's order (a stored weight's parts one by one).
     weights: Vec<ShardedArray>,
+    /// The processes whose partitions this engine runs ([`EngineOptions::processes`], or one
+    /// view of the whole mesh).
+    views: Vec<HostView>,
     compiled: Mutex<HashMap<(usize, usize), Arc<Compiled>>>,
     load_stats: LoadStats,
 }
@@ -327,36 +341,43 @@ fn element_type(dtype: DType) -> ElementType {
     }
 }
 
-/// Uploads `tensor` split by `spec` over `mesh`, each device receiving its shard; returns the
-/// array and the bytes moved.
+/// Uploads `tensor` split by `spec` over `view`'s mesh, each of the view's partitions
+/// receiving its shard on its device; returns the view's share of the array and the bytes
+/// moved.
 fn upload(
     client: &Client,
     tensor: &HostTensor<'_>,
     spec: &PartitionSpec,
-    mesh: &Mesh,
+    view: &HostView,
     context: impl Fn() -> String + Copy,
 ) -> Result<(ShardedArray, usize), EngineError> {
+    let mesh = view.mesh();
+    let mesh_error = |source| EngineError::Mesh { context: context(), source };
     let ty = element_type(tensor.dtype);
-    let shard_shape =
-        spec.shard_shape(&tensor.shape, mesh).map_err(|source| EngineError::Mesh { context: context(), source })?;
-    let buffers = if spec.is_replicated() {
-        // Same bytes to every device, straight from the map when no conversion ran.
-        mesh.device_ids()
-            .iter()
-            .map(|&d| rt(context, client.upload_bytes(ty, &shard_shape, &tensor.data, d)))
-            .collect::<Result<Vec<_>, _>>()?
-    } else {
-        let shards = spec
-            .split(&tensor.data, tensor.dtype.size(), &tensor.shape, mesh)
-            .map_err(|source| EngineError::Mesh { context: context(), source })?;
-        shards
-            .iter()
-            .zip(mesh.device_ids())
-            .map(|(bytes, &d)| rt(context, client.upload_bytes(ty, &shard_shape, bytes, d)))
-            .collect::<Result<Vec<_>, _>>()?
-    };
-    let bytes = shard_shape.iter().product::<usize>() * tensor.dtype.size() * mesh.num_devices();
-    Ok((rt(context, ShardedArray::from_buffers(buffers, &tensor.shape, spec, mesh))?, bytes))
+    let shard_shape = spec.shard_shape(&tensor.shape, mesh).map_err(mesh_error)?;
+    let partitions = view.partitions();
+    let mut buffers = Vec::with_capacity(partitions.len());
+    for &p in &partitions {
+        let device = mesh.device_ids()[p];
+        let buffer = if spec.is_replicated() {
+            // The same bytes to every device, straight from the map when no conversion ran.
+            client.upload_bytes(ty, &shard_shape, &tensor.data, device)
+        } else {
+            let shard = spec.shard(&tensor.data, tensor.dtype.size(), &tensor.shape, mesh, p).map_err(mesh_error)?;
+            client.upload_bytes(ty, &shard_shape, &shard, device)
+        };
+        buffers.push(rt(context, buffer)?);
+    }
+    let bytes = shard_shape.iter().product::<usize>() * tensor.dtype.size() * partitions.len();
+    Ok((rt(context, ShardedArray::from_local_buffers(buffers, partitions, &tensor.shape, spec, mesh))?, bytes))
+}
+
+/// One array from each view's share (the share itself for a single view).
+fn merged(mut shares: Vec<ShardedArray>, context: impl Fn() -> String + Copy) -> Result<ShardedArray, EngineError> {
+    if shares.len() == 1 {
+        return Ok(shares.remove(0));
+    }
+    rt(context, ShardedArray::merge(shares))
 }
 
 impl Engine {
@@ -375,8 +396,23 @@ impl Engine {
             return Err(EngineError::Options("compute dtype f16 is not supported (use f32 or bf16)".into()));
         }
         let mesh = options.mesh.clone();
+        let views = match options.processes.as_slice() {
+            [] => vec![
+                HostView::new(&mesh, vec![0; mesh.num_devices()], 0)
+                    .map_err(|e| EngineError::Options(e.to_string()))?,
+            ],
+            views => views.to_vec(),
+        };
+        if let Some(v) = views.iter().find(|v| *v.mesh() != mesh) {
+            return Err(EngineError::Options(format!("process {}'s view is of another mesh than {mesh}", v.process())));
+        }
         let available = client.addressable_device_ids();
-        if let Some(d) = mesh.device_ids().iter().find(|d| !available.contains(d)) {
+        let mut held: Vec<usize> = views.iter().flat_map(HostView::partitions).collect();
+        held.sort_unstable();
+        if held.windows(2).any(|w| w[0] == w[1]) {
+            return Err(EngineError::Options("two processes' views hold the same partition".into()));
+        }
+        if let Some(d) = held.iter().map(|&p| mesh.device_ids()[p]).find(|d| !available.contains(d)) {
             return Err(EngineError::Options(format!(
                 "mesh device {d} is not one of this client's devices {available:?}"
             )));
@@ -402,6 +438,7 @@ impl Engine {
             params: Vec::new(),
             stored: HashMap::new(),
             weights: Vec::new(),
+            views,
             compiled: Mutex::new(HashMap::new()),
             load_stats: LoadStats::default(),
         };
@@ -422,7 +459,7 @@ impl Engine {
             probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
         }
         let start = Instant::now();
-        let mut uploaded = 0usize;
+        let mut process_bytes = vec![0usize; engine.views.len()];
         let mut weights = Vec::with_capacity(probe.params.len());
         for ((param, spec), form) in probe.params.iter().zip(&probe.param_specs).zip(&probe.param_forms) {
             let context = || format!("uploading {}", param.name);
@@ -434,12 +471,18 @@ impl Engine {
                 ),
             };
             for (tensor, spec) in tensors.iter().zip(&specs) {
-                let (array, bytes) = upload(client, tensor, spec, &mesh, context)?;
-                uploaded += bytes;
-                weights.push(array);
+                let mut shares = Vec::with_capacity(engine.views.len());
+                for (view, total) in engine.views.iter().zip(&mut process_bytes) {
+                    let (share, bytes) = upload(client, tensor, spec, view, context)?;
+                    *total += bytes;
+                    shares.push(share);
+                }
+                weights.push(merged(shares, context)?);
             }
         }
-        engine.load_stats = LoadStats { upload_s: start.elapsed().as_secs_f64(), uploaded_bytes: uploaded };
+        let uploaded = process_bytes.iter().sum();
+        engine.load_stats =
+            LoadStats { upload_s: start.elapsed().as_secs_f64(), uploaded_bytes: uploaded, process_bytes };
         tracing::info!(
             arrays = weights.len(),
             stored = engine.stored.len(),
@@ -486,7 +529,7 @@ impl Engine {
 
     /// How long the weight upload took and how much it moved.
     pub fn load_stats(&self) -> LoadStats {
-        self.load_stats
+        self.load_stats.clone()
     }
 
     /// Compiles the forward for `(batch, seq)` unless already compiled. [`Engine::run`]
@@ -530,40 +573,94 @@ impl Engine {
         Ok(compiled)
     }
 
-    /// Runs one batch and returns the requested activations on the host.
+    /// Runs one batch and returns the requested activations on the host: the whole batch on
+    /// a mesh this process holds, or, on a mesh spanning processes, this process's rows
+    /// (its data groups', in order) in and out.
     pub fn run(&self, batch: &Batch) -> Result<Activations, EngineError> {
-        if let Some(&t) = batch.input_ids.iter().find(|&&t| t < 0 || t as usize >= self.config.vocab_size) {
+        let mut out = self.run_processes(std::slice::from_ref(batch))?;
+        Ok(out.remove(0))
+    }
+
+    /// Runs one step for each process of [`EngineOptions::processes`]: `batches[i]` holds the
+    /// rows process `i` feeds (its data groups' rows, in order), and the result `i` the
+    /// activations of those rows, read back from its partitions only.
+    pub fn run_processes(&self, batches: &[Batch]) -> Result<Vec<Activations>, EngineError> {
+        if batches.len() != self.views.len() {
             return Err(EngineError::Batch(format!(
-                "token id {t} is outside the vocabulary (0..{})",
-                self.config.vocab_size
+                "{} batches for the {} processes this engine runs",
+                batches.len(),
+                self.views.len()
             )));
         }
-        let compiled = self.compiled_for(batch.batch, batch.seq)?;
+        let mut global = None;
+        for (batch, view) in batches.iter().zip(&self.views) {
+            if let Some(&t) = batch.input_ids.iter().find(|&&t| t < 0 || t as usize >= self.config.vocab_size) {
+                return Err(EngineError::Batch(format!(
+                    "token id {t} is outside the vocabulary (0..{})",
+                    self.config.vocab_size
+                )));
+            }
+            let rows = view.global_batch(batch.batch).map_err(|e| EngineError::Batch(e.to_string()))?;
+            match global {
+                None => global = Some((rows, batch.seq)),
+                Some(shape) if shape != (rows, batch.seq) => {
+                    return Err(EngineError::Batch(format!(
+                        "process {} feeds a {}x{} batch, unlike the others (a global {}x{})",
+                        view.process(),
+                        batch.batch,
+                        batch.seq,
+                        shape.0,
+                        shape.1
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let (rows, seq) = global.ok_or_else(|| EngineError::Batch("no batch".into()))?;
+        let compiled = self.compiled_for(rows, seq)?;
         let mesh = &self.options.mesh;
         let program = &compiled.program;
         let mut inputs = Vec::with_capacity(3);
         for info in &program.inputs {
-            let values = match info.name {
-                "input_ids" => &batch.input_ids,
-                "attention_mask" => &batch.attention_mask,
-                "position_ids" => &batch.position_ids,
-                other => return Err(EngineError::Options(format!("the forward takes an unknown input {other:?}"))),
-            };
-            let array =
-                rt(|| format!("preparing {}", info.name), HostArray::from_slice(&[batch.batch, batch.seq], values))?;
-            inputs
-                .push(rt(|| format!("uploading {}", info.name), self.client.upload_sharded(&array, &info.spec, mesh))?);
+            let context = || format!("uploading {}", info.name);
+            let mut shares = Vec::with_capacity(self.views.len());
+            for (batch, view) in batches.iter().zip(&self.views) {
+                let values = match info.name {
+                    "input_ids" => &batch.input_ids,
+                    "attention_mask" => &batch.attention_mask,
+                    "position_ids" => &batch.position_ids,
+                    other => return Err(EngineError::Options(format!("the forward takes an unknown input {other:?}"))),
+                };
+                // The process's rows in their places of the global batch; its partitions read
+                // nothing else.
+                let mut placed = vec![0i32; rows * seq];
+                let mut local = values.chunks(seq);
+                for range in view.rows(rows) {
+                    for row in range {
+                        let values = local.next().ok_or_else(|| EngineError::Batch("too few rows".into()))?;
+                        placed[row * seq..(row + 1) * seq].copy_from_slice(values);
+                    }
+                }
+                let array = rt(context, HostArray::from_slice(&[rows, seq], &placed))?;
+                shares.push(rt(context, self.client.upload_partitions(&array, &info.spec, mesh, view.partitions()))?);
+            }
+            inputs.push(merged(shares, context)?);
         }
         let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).collect();
         let out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
         let outputs =
             rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
-        let mut hooks = Vec::with_capacity(outputs.len());
-        for (info, out) in program.outputs.iter().zip(&outputs) {
-            let host = rt(|| format!("copying {} to the host", info.hook), out.to_host())?;
-            hooks.push((info.hook, host));
+        let mut results = Vec::with_capacity(self.views.len());
+        for view in &self.views {
+            let wanted = view.rows(rows);
+            let mut hooks = Vec::with_capacity(outputs.len());
+            for (info, out) in program.outputs.iter().zip(&outputs) {
+                let host = if view.is_whole() { out.to_host() } else { out.rows_to_host(&wanted, &view.partitions()) };
+                hooks.push((info.hook, rt(|| format!("copying {} to the host", info.hook), host)?));
+            }
+            results.push(Activations { hooks });
         }
-        Ok(Activations { hooks })
+        Ok(results)
     }
 }
 

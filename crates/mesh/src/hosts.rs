@@ -83,28 +83,35 @@ impl HostView {
     /// reads alone; processes sharing a group read its slice together). Sets that overlap
     /// without being equal cannot share a reader and are an error.
     pub fn reader(&self) -> Result<(usize, usize), MeshError> {
+        let readers = self.readers()?;
+        let count = readers.iter().max().map_or(0, |&r| r + 1);
+        Ok((readers[self.process], count))
+    }
+
+    /// Every process's reader (see [`HostView::reader`]), by process.
+    pub fn readers(&self) -> Result<Vec<usize>, MeshError> {
         let processes = self.owners.iter().max().map_or(0, |&p| p + 1);
-        let mut sets: Vec<Vec<usize>> = Vec::new();
-        for process in 0..processes {
-            let mut set: Vec<usize> =
-                (0..self.owners.len()).filter(|&p| self.owners[p] == process).map(|p| self.data_index(p)).collect();
-            set.sort_unstable();
-            set.dedup();
-            if set.is_empty() || sets.contains(&set) {
-                continue;
-            }
-            if let Some(other) = sets.iter().find(|s| s.iter().any(|d| set.contains(d))) {
+        let held: Vec<Vec<usize>> = (0..processes)
+            .map(|process| {
+                let mut set: Vec<usize> =
+                    (0..self.owners.len()).filter(|&p| self.owners[p] == process).map(|p| self.data_index(p)).collect();
+                set.sort_unstable();
+                set.dedup();
+                set
+            })
+            .collect();
+        let mut sets: Vec<&Vec<usize>> = held.iter().filter(|s| !s.is_empty()).collect();
+        sets.sort_unstable();
+        sets.dedup();
+        for (i, set) in sets.iter().enumerate() {
+            if let Some(other) = sets[i + 1..].iter().find(|s| s.iter().any(|d| set.contains(d))) {
                 return Err(MeshError::Hosts(format!(
-                    "process {process} holds data groups {set:?}, overlapping another process's {other:?}: \
+                    "a process holds data groups {set:?}, overlapping another process's {other:?}: \
                      processes must hold the same data groups or none in common"
                 )));
             }
-            sets.push(set);
         }
-        sets.sort_unstable();
-        let mine = self.data_indices();
-        let index = sets.iter().position(|s| *s == mine).expect("this process's set is among the processes' sets");
-        Ok((index, sets.len()))
+        Ok(held.iter().map(|s| sets.iter().position(|x| *x == s).unwrap_or(usize::MAX)).collect())
     }
 
     /// Whether this process writes the activations its reader's rows give: the lowest

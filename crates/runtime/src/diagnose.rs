@@ -82,6 +82,15 @@ impl Machine {
         machine
     }
 
+    /// How many GPUs the CUDA plugin will see here: the entries of `CUDA_VISIBLE_DEVICES`
+    /// when set, else the `/dev/nvidia<n>` device files.
+    pub fn visible_gpus(&self) -> usize {
+        match &self.cuda_visible_devices {
+            Some(list) => list.split(',').filter(|d| !d.trim().is_empty()).count(),
+            None => self.nvidia_devices.len(),
+        }
+    }
+
     /// The device files under `dev` (a directory laid out like `/dev`); no library check.
     pub fn probe_dev(dev: &Path) -> Machine {
         let names = |dir: &Path| -> Vec<PathBuf> {

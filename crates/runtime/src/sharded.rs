@@ -200,11 +200,11 @@ impl ShardedArray {
     }
 
     /// Rows `rows` (ranges of the first dimension, in order) of the global array, downloaded
-    /// from this process's partitions (one copy of each distinct slice over them, all
+    /// from the partitions `from` (one copy of each distinct slice over them, all
     /// concurrently) and concatenated: what a process of a mesh spanning processes reads back
-    /// of an output split by rows. Fails when some of those rows lie only on other processes'
-    /// devices.
-    pub fn rows_to_host(&self, rows: &[Range<usize>]) -> Result<HostArray> {
+    /// of an output split by rows, from its own partitions. Fails when some of those rows lie
+    /// only on other partitions, or `from` names one this array does not hold here.
+    pub fn rows_to_host(&self, rows: &[Range<usize>], from: &[usize]) -> Result<HostArray> {
         let Some((&first, rest)) = self.shape.split_first() else {
             return Err(Error::InvalidArgument("rows of a scalar array".into()));
         };
@@ -215,7 +215,10 @@ impl ShardedArray {
         }
         // One local partition per distinct slice that meets a requested row.
         let mut pieces: Vec<(Vec<Range<usize>>, &Buffer)> = Vec::new();
-        for (&partition, buffer) in self.partitions.iter().zip(&self.buffers) {
+        for &partition in from {
+            let buffer = self
+                .buffer(partition)
+                .ok_or_else(|| Error::InvalidArgument(format!("partition {partition} is not held by this process")))?;
             let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
             let meets = rows.iter().any(|r| r.start < ranges[0].end && ranges[0].start < r.end);
             if meets && !pieces.iter().any(|(r, _)| *r == ranges) {
@@ -231,7 +234,7 @@ impl ShardedArray {
         for block in &blocks {
             let part = siphon_mesh::assemble_block(&pieces, elem, block).map_err(|e| {
                 Error::InvalidArgument(format!(
-                    "rows {:?} of this {}{:?} array: {e} held by this process",
+                    "rows {:?} of this {}{:?} array: {e} of partitions {from:?}",
                     block[0], self.element_type, self.shape
                 ))
             })?;

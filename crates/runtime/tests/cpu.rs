@@ -367,16 +367,20 @@ fn per_process_shares_upload_merge_and_read_back_their_rows() {
     assert_eq!(halves[1].partitions(), [4, 5, 6, 7]);
     assert_eq!(halves[1].buffers()[0].device_id().unwrap(), 4);
     // Process 1 holds rows 2..4 only.
-    let rows = halves[1].rows_to_host(std::slice::from_ref(&(2..4))).unwrap();
+    let rows = halves[1].rows_to_host(std::slice::from_ref(&(2..4)), &[4, 5, 6, 7]).unwrap();
     assert_eq!(rows.shape(), [2, 8]);
     assert_eq!(rows.to_vec::<f32>().unwrap(), iota(32, 1.0)[16..].to_vec());
-    let err = halves[1].rows_to_host(std::slice::from_ref(&(1..3))).unwrap_err();
-    assert!(err.to_string().contains("held by this process"), "{err}");
+    let err = halves[1].rows_to_host(std::slice::from_ref(&(1..3)), &[4, 5, 6, 7]).unwrap_err();
+    assert!(err.to_string().contains("of partitions [4, 5, 6, 7]"), "{err}");
+    assert!(halves[1].rows_to_host(std::slice::from_ref(&(2..4)), &[3]).is_err());
     assert!(halves[0].to_host().is_err());
     let whole = ShardedArray::merge(halves).unwrap();
     assert!(whole.is_complete());
     assert_eq!(whole.to_host().unwrap(), x);
-    assert_eq!(whole.rows_to_host(&[0..1, 3..4]).unwrap().to_vec::<f32>().unwrap()[8..], iota(32, 1.0)[24..]);
+    assert_eq!(
+        whole.rows_to_host(&[0..1, 3..4], &(0..8).collect::<Vec<_>>()).unwrap().to_vec::<f32>().unwrap()[8..],
+        iota(32, 1.0)[24..]
+    );
     assert!(client.upload_partitions(&x, &spec, &mesh, vec![3, 2]).is_err());
 }
 

@@ -106,8 +106,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         output_dtype: args.dtype,
         mesh,
         plan,
-        expert_capacity: None,
         weights: args.weights,
+        ..EngineOptions::default()
     };
     let engine = Engine::new(&client, &model, hooks, options).context("loading the weights onto the devices")?;
     let acts = engine.run(&batch).context("running the forward")?;

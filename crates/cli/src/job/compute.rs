@@ -1,29 +1,62 @@
 //! The device side of the job: the model checked and planned before anything expensive
-//! ([`Plan`]), then put on this host's mesh and run batch by batch ([`Compute`]).
+//! ([`Plan`]), then put on the job's mesh and run step by step ([`Compute`]).
+//!
+//! The mesh lies within this host (hosts data-parallel), or spans every host when its
+//! weight-sharding group (`--fsdp` × `--model-parallel`) is larger than a host ([`Span`]):
+//! one global device assignment that every process compiles, each process holding only its
+//! partitions ([`siphon_mesh::HostView`]). `--simulate-hosts N` runs such a job's per-process
+//! paths for N hosts side by side in one process on the CPU plugin's devices.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
+use siphon_mesh::HostView;
 use siphon_models::{HookPoint, LoadedModel, ModelConfig};
 use siphon_plan::{PlanRequest, Topology};
+use siphon_runtime::PluginKind;
 use siphon_store::{ActivationDtype, HookActivations};
 
 use super::RunSpec;
+
+/// Where the job's mesh lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Span {
+    /// This host's devices; hosts are data-parallel.
+    Host,
+    /// One mesh over `hosts` hosts' devices, `per_host` each (known before the plugin starts
+    /// on the CPU and CUDA plugins; libtpu reports it).
+    Hosts {
+        /// Hosts the mesh spans.
+        hosts: usize,
+        /// Devices per host.
+        per_host: Option<usize>,
+        /// The hosts are stood in for by this one process (`--simulate-hosts`).
+        simulated: bool,
+    },
+}
 
 /// What was checked before the coordinator and the plugin: hooks, weights and mesh.
 pub struct Plan {
     hooks: Vec<HookPoint>,
     request: PlanRequest,
+    span: Span,
 }
 
 impl Plan {
     /// Checks hooks against the model, every needed weight's presence and shape, and plans the
-    /// mesh for the devices this host is expected to have (the CPU plugin's virtual devices;
-    /// otherwise planned again once the plugin reports its devices). A mesh whose
-    /// weight-sharding group (`--fsdp` × `--model-parallel`) is larger than a host is planned
-    /// over all `hosts` and then refused: with `plugin` the CPU plugin, which cannot form a
-    /// mesh across processes, plainly; elsewhere as not built yet.
-    pub fn new(model: &LoadedModel, spec: &RunSpec, hosts: usize, plugin: &std::path::Path) -> anyhow::Result<Plan> {
+    /// mesh for the devices this host is expected to have (the CPU plugin's virtual devices,
+    /// the GPUs CUDA will see; libtpu's are planned once it reports them). A mesh whose
+    /// weight-sharding group is larger than a host spans the `hosts` hosts: planned over all
+    /// of them, and refused plainly on the CPU plugin, which cannot form a mesh across
+    /// processes. `simulate` hosts stand in for them in this process instead.
+    pub fn new(
+        model: &LoadedModel,
+        spec: &RunSpec,
+        hosts: usize,
+        simulate: Option<usize>,
+        plugin: &std::path::Path,
+    ) -> anyhow::Result<Plan> {
         let hooks = spec
             .hooks
             .iter()
@@ -47,59 +80,80 @@ impl Plan {
             },
             ..PlanRequest::default()
         };
-        let plan = Plan { hooks, request };
-        let local = spec.cpu_devices.unwrap_or(1);
+        let kind = PluginKind::of(plugin);
         let group = spec.mesh.fsdp.unwrap_or(1) * spec.mesh.model.unwrap_or(1);
-        if group > local && hosts > 1 {
-            return Err(spanning_refusal(&model.config, &plan.request, hosts, local, plugin));
+        let span = match simulate {
+            Some(n) => simulated_span(kind, spec.cpu_devices, n, hosts)?,
+            None => {
+                let per_host = match kind {
+                    PluginKind::Cpu => Some(spec.cpu_devices.unwrap_or(1)),
+                    PluginKind::Cuda => Some(siphon_runtime::diagnose::Machine::probe().visible_gpus().max(1)),
+                    _ => None,
+                };
+                match per_host {
+                    Some(local) if hosts > 1 && group > local => {
+                        Span::Hosts { hosts, per_host: Some(local), simulated: false }
+                    }
+                    // libtpu sees the whole slice: the span is known once it reports the devices.
+                    None if hosts > 1 && group > 1 => Span::Hosts { hosts, per_host: None, simulated: false },
+                    _ => Span::Host,
+                }
+            }
+        };
+        let plan = Plan { hooks, request, span };
+        match span {
+            Span::Hosts { hosts, per_host: Some(local), simulated } => {
+                let planned = plan.mesh_plan(&model.config, hosts, local)?;
+                if kind == PluginKind::Cpu && !simulated {
+                    return Err(cpu_refusal(&planned, hosts, local, plugin));
+                }
+            }
+            Span::Hosts { per_host: None, .. } => {}
+            Span::Host => _ = plan.mesh_plan(&model.config, 1, spec.cpu_devices.unwrap_or(1))?,
         }
-        plan.mesh_plan(&model.config, local)?;
         Ok(plan)
     }
 
-    /// The planner's answer for `local_devices` devices on this host.
-    fn mesh_plan(&self, config: &ModelConfig, local_devices: usize) -> anyhow::Result<siphon_plan::Plan> {
-        let topology = Topology::uniform(1, local_devices)?;
-        siphon_plan::plan(config, &topology, &self.request).context("no valid mesh for this host's devices")
+    /// The planner's answer for `hosts` hosts of `per_host` devices.
+    fn mesh_plan(&self, config: &ModelConfig, hosts: usize, per_host: usize) -> anyhow::Result<siphon_plan::Plan> {
+        let topology = Topology::uniform(hosts, per_host)?;
+        siphon_plan::plan(config, &topology, &self.request).with_context(|| match hosts {
+            1 => "no valid mesh for this host's devices".to_string(),
+            _ => format!("no valid mesh over {hosts} hosts of {per_host} devices"),
+        })
     }
 }
 
-/// Why a job whose weight-sharding group spans hosts does not start: after planning it over
-/// every host (so the flags, the model and the memory are checked), the CPU plugin's plain
-/// refusal, or, on other plugins, that siphon does not yet run a mesh across processes.
-fn spanning_refusal(
-    config: &ModelConfig,
-    request: &PlanRequest,
-    hosts: usize,
-    local: usize,
-    plugin: &std::path::Path,
-) -> anyhow::Error {
-    let planned = Topology::uniform(hosts, local)
-        .map_err(anyhow::Error::from)
-        .and_then(|t| siphon_plan::plan(config, &t, request).map_err(anyhow::Error::from));
-    let planned = match planned {
-        Ok(p) => p,
-        Err(e) => return e.context(format!("no valid mesh over {hosts} hosts of {local} devices")),
-    };
-    let group = planned.shape.weight_group();
-    let what = format!(
-        "the mesh {} puts each weight over a group of {group} devices, which spans {} hosts of {local}",
-        planned.mesh,
-        group.div_ceil(local)
-    );
-    match siphon_runtime::PluginKind::of(plugin) {
-        siphon_runtime::PluginKind::Cpu => anyhow::anyhow!(
-            "{what}: the CPU plugin ({}) cannot form a mesh across processes (each process's devices are its \
-             own), so this job cannot run here (nor, yet, on TPU or CUDA hosts: siphon does not run one mesh \
-             over several hosts, issue 24). Everything else was checked. Choose --fsdp × --model-parallel ≤ \
-             {local} (this host's devices)",
-            plugin.display()
-        ),
-        kind => anyhow::anyhow!(
-            "{what}: siphon does not yet run one mesh across hosts (issue 24), on the {kind} plugin either; \
-             choose --fsdp × --model-parallel ≤ this host's devices"
-        ),
+/// `--simulate-hosts n`: the CPU plugin's devices of this one process split over `n` hosts.
+fn simulated_span(kind: PluginKind, cpu_devices: Option<usize>, n: usize, hosts: usize) -> anyhow::Result<Span> {
+    if kind != PluginKind::Cpu {
+        bail!("--simulate-hosts stands in for hosts with the CPU plugin's devices; the plugin here is {kind}");
     }
+    if hosts > 1 {
+        bail!("--simulate-hosts runs every simulated host in one process; this job has {hosts} processes");
+    }
+    let devices = cpu_devices.unwrap_or(1);
+    if n < 2 || !devices.is_multiple_of(n) {
+        bail!("--simulate-hosts {n}: the {devices} --cpu-devices must split evenly over at least 2 hosts");
+    }
+    Ok(Span::Hosts { hosts: n, per_host: Some(devices / n), simulated: true })
+}
+
+/// Why a job whose mesh spans hosts does not run on the CPU plugin (after planning it over
+/// every host, so the flags, the model and the memory were checked).
+fn cpu_refusal(planned: &siphon_plan::Plan, hosts: usize, local: usize, plugin: &std::path::Path) -> anyhow::Error {
+    let group = planned.shape.weight_group();
+    anyhow::anyhow!(
+        "the mesh {} puts each weight over a group of {group} devices, which spans {} hosts of {local}: the CPU \
+         plugin ({}) cannot form a mesh across processes (each process's devices are its own), so this job \
+         cannot run here; it runs on TPU slices (libtpu) and CUDA nodes. Everything else was checked. Choose \
+         --fsdp × --model-parallel ≤ {local} (this host's devices), or verify the spanning job in one process \
+         with --simulate-hosts {hosts} --cpu-devices {}",
+        planned.mesh,
+        group.div_ceil(local),
+        plugin.display(),
+        hosts * local
+    )
 }
 
 /// The tokenizer: `--tokenizer` if given, else the model's own; its vocabulary must fit the
@@ -123,24 +177,68 @@ fn activation_dtype(name: &str) -> anyhow::Result<ActivationDtype> {
     Ok(ActivationDtype::parse(name)?)
 }
 
-/// The model on this host's mesh.
+/// One process's part in the job's steps: the processes whose partitions this process runs
+/// (itself; every simulated host under `--simulate-hosts`), each with the corpus slice it
+/// reads and whether it writes what its rows give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    /// The process (host) id.
+    pub process: u32,
+    /// Its reader: the slice of the corpus it reads, shared by the processes holding the
+    /// same data groups.
+    pub reader: u32,
+    /// Whether it writes its rows' activations (the lowest process of its reader does).
+    pub writes: bool,
+}
+
+/// The model on the job's mesh.
 pub struct Compute {
     engine: siphon_engine::Engine,
     mesh: siphon_mesh::Mesh,
+    span: Span,
+    members: Vec<Member>,
+    readers: u32,
+    /// Each process's reader (a spanning job's step vote compares readers' batches).
+    reader_of: Vec<u32>,
     output_dtype: ActivationDtype,
     batch_size: usize,
     // Keeps the plugin's client alive as long as the engine's buffers.
     _client: siphon_runtime::Client,
 }
 
+/// The coordinator's key-value store as the PJRT client's (the CUDA plugin exchanges its
+/// topology and NCCL ids through it).
+struct CoordinatorKv {
+    client: siphon_coord::Client,
+    runtime: tokio::runtime::Handle,
+}
+
+impl siphon_runtime::KeyValueStore for CoordinatorKv {
+    fn get(&self, key: &str, timeout: Duration) -> Result<Option<Vec<u8>>, String> {
+        match self.runtime.block_on(self.client.kv_get(key, timeout)) {
+            Ok(value) => Ok(Some(value)),
+            Err(siphon_coord::CoordError::DeadlineExceeded(_)) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+    fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
+        self.runtime.block_on(self.client.kv_try_get(key)).map_err(|e| e.to_string())
+    }
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.runtime.block_on(self.client.kv_set(key, value, true)).map_err(|e| e.to_string())
+    }
+}
+
 impl Compute {
-    /// Loads the plugin, creates the client, plans the mesh on the devices it reports and
-    /// uploads the weights (each device gets its shard).
+    /// Loads the plugin, creates the client (on CUDA nodes of a spanning job, one client over
+    /// every node: `num_nodes`, `node_id` and the coordinator's key-value store), plans the
+    /// mesh on the devices it reports and uploads this process's partitions of the weights.
     pub fn start(
         plugin: &siphon_runtime::LocatedPlugin,
         spec: &RunSpec,
         plan: Plan,
         model: &LoadedModel,
+        coord: &siphon_coord::Coordination,
     ) -> anyhow::Result<Compute> {
         let loaded = siphon_runtime::Plugin::load(&plugin.path)
             .with_context(|| format!("cannot load the PJRT plugin {}", plugin.path.display()))?;
@@ -148,16 +246,48 @@ impl Compute {
         if let Some(devices) = spec.cpu_devices {
             options = options.cpu_device_count(devices);
         }
+        let identity = coord.identity();
+        let spans_processes = matches!(plan.span, Span::Hosts { simulated: false, .. });
+        if spans_processes && PluginKind::of(&plugin.path) == PluginKind::Cuda {
+            use siphon_runtime::OptionValue::Int64;
+            options = options
+                .option("num_nodes", Int64(i64::from(identity.num_processes)))
+                .option("node_id", Int64(i64::from(identity.process_id)))
+                .key_value_store(Arc::new(CoordinatorKv {
+                    client: coord.client().clone(),
+                    runtime: coord.runtime().clone(),
+                }));
+        }
         let client = siphon_runtime::Client::new(&loaded, options).context("cannot create the PJRT client")?;
-        let device_ids = client.addressable_device_ids();
-        let planned = plan.mesh_plan(&model.config, device_ids.len())?;
-        // The planner numbers this host's devices 0..n; the client's ids may differ.
-        let axes: Vec<(&str, usize)> = planned.mesh.axes().iter().map(|a| (a.name.as_str(), a.size)).collect();
-        let ids = planned.mesh.device_ids().iter().map(|&i| device_ids[i]).collect();
-        let mesh = siphon_mesh::Mesh::new(&axes, ids)?;
+        let local = client.addressable_device_ids();
+        let group = spec.mesh.fsdp.unwrap_or(1) * spec.mesh.model.unwrap_or(1);
+        let span = match plan.span {
+            // libtpu reports the slice: the mesh spans hosts when a group is larger than one.
+            Span::Hosts { hosts, per_host: None, simulated } => match group > local.len() {
+                true => Span::Hosts { hosts, per_host: Some(local.len()), simulated },
+                false => Span::Host,
+            },
+            span => span,
+        };
+        let (planned, mesh, views) = match span {
+            Span::Host => {
+                let planned = plan.mesh_plan(&model.config, 1, local.len())?;
+                // The planner numbers this host's devices 0..n; the client's ids may differ.
+                let mesh = renumbered(&planned.mesh, &local)?;
+                (planned, mesh, Vec::new())
+            }
+            Span::Hosts { hosts, per_host: Some(per_host), simulated } => {
+                let planned = plan.mesh_plan(&model.config, hosts, per_host)?;
+                let (mesh, views) = spanning_views(&client, &planned.mesh, hosts, per_host, simulated)?;
+                (planned, mesh, views)
+            }
+            Span::Hosts { per_host: None, .. } => unreachable!("resolved above"),
+        };
+        let (members, readers, reader_of) = members(&views, identity.process_id, identity.num_processes)?;
         tracing::info!(
-            platform = client.platform_name(), devices = device_ids.len(), mesh = %mesh,
-            weights_per_device = planned.memory.weights.sharded_bytes, "devices ready"
+            platform = client.platform_name(), devices = local.len(), mesh = %mesh,
+            weights_per_device = planned.memory.weights.sharded_bytes, processes = views.len().max(1),
+            "devices ready"
         );
         let params = planned.param_specs().iter().cloned().collect();
         let dtype = |name: &str| match name {
@@ -170,21 +300,51 @@ impl Compute {
             output_dtype: dtype(&spec.dtype),
             mesh: mesh.clone(),
             plan: siphon_engine::ShardingPlan::Explicit { params, input: Some(planned.input_spec.clone()) },
-            expert_capacity: None,
             weights: spec.weights,
+            processes: views.clone(),
+            ..Default::default()
         };
         let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)
             .context("cannot put the model on the devices")?;
-        engine.prepare(spec.corpus.batch_size, spec.corpus.seq_len).context("cannot compile the forward pass")?;
+        let global_batch = match views.first() {
+            Some(view) => view.global_batch(spec.corpus.batch_size)?,
+            None => spec.corpus.batch_size,
+        };
+        engine.prepare(global_batch, spec.corpus.seq_len).context("cannot compile the forward pass")?;
         let stats = engine.load_stats();
         tracing::info!(seconds = stats.upload_s, bytes = stats.uploaded_bytes, "weights uploaded, forward compiled");
         Ok(Compute {
             engine,
             mesh,
+            span,
+            members,
+            readers,
+            reader_of,
             output_dtype: activation_dtype(&spec.dtype)?,
             batch_size: spec.corpus.batch_size,
             _client: client,
         })
+    }
+
+    /// The processes whose steps this process runs.
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// How many readers the corpus is partitioned over (this job's processes when hosts are
+    /// data-parallel).
+    pub fn readers(&self) -> u32 {
+        self.readers
+    }
+
+    /// Each process's reader, by process (empty when hosts are data-parallel).
+    pub fn reader_of(&self) -> &[u32] {
+        &self.reader_of
+    }
+
+    /// Whether the mesh spans processes (every process must then enter every step).
+    pub fn spans_processes(&self) -> bool {
+        matches!(self.span, Span::Hosts { simulated: false, .. })
     }
 
     /// The model's configuration (for run.json).
@@ -202,32 +362,105 @@ impl Compute {
         serde_json::to_value(&self.mesh).unwrap_or(serde_json::Value::Null)
     }
 
-    /// Runs one batch: its hook activations, `[batch*seq, *per-token shape]` each, in hook
-    /// order.
+    /// Runs one step: `batches[i]` is member `i`'s batch (`None` once its reader's slice is
+    /// done: fully masked rows, whose outputs are dropped). Returns each member's hook
+    /// activations, `[rows*seq, *per-token shape]` each in hook order.
     ///
     /// A stream's last batch may be short: it is filled up with fully masked rows to the
     /// compiled batch size (one compiled shape, a batch the data axis always splits), and
     /// their outputs are dropped.
-    pub fn run(&mut self, batch: &siphon_data::Batch) -> anyhow::Result<Vec<HookActivations>> {
-        let rows = batch.len();
-        let seq = batch.seq_len;
-        let mut ids: Vec<Vec<u32>> = (0..rows).map(|i| batch.sequence(i).to_vec()).collect();
-        let mut mask: Vec<Vec<u8>> = batch.attention_mask.chunks(seq).map(<[u8]>::to_vec).collect();
-        if rows < self.batch_size {
-            ids.resize(self.batch_size, vec![0; seq]);
-            mask.resize(self.batch_size, vec![0; seq]);
-        }
-        let input = siphon_engine::Batch::new(ids, Some(mask))?;
-        let activations = self.engine.run(&input)?;
-        activations
-            .hooks
-            .into_iter()
-            .map(|(hook, array)| {
-                let shape = array.shape().get(2..).context("hook output without per-token dimensions")?.to_vec();
-                let mut data = array.into_bytes();
-                data.truncate(rows * seq * shape.iter().product::<usize>() * self.output_dtype.size());
-                Ok(HookActivations { hook: hook.to_string(), dtype: self.output_dtype, shape, data })
+    pub fn run(&self, batches: &[Option<&siphon_data::Batch>]) -> anyhow::Result<Vec<Vec<HookActivations>>> {
+        let seq = batches.iter().flatten().map(|b| b.seq_len).next().context("a step without any batch")?;
+        let inputs = batches
+            .iter()
+            .map(|batch| {
+                let (mut ids, mut mask): (Vec<Vec<u32>>, Vec<Vec<u8>>) = match batch {
+                    Some(b) => (
+                        (0..b.len()).map(|i| b.sequence(i).to_vec()).collect(),
+                        b.attention_mask.chunks(seq).map(<[u8]>::to_vec).collect(),
+                    ),
+                    None => (Vec::new(), Vec::new()),
+                };
+                ids.resize(self.batch_size, vec![0; seq]);
+                mask.resize(self.batch_size, vec![0; seq]);
+                siphon_engine::Batch::new(ids, Some(mask))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let outputs = self.engine.run_processes(&inputs)?;
+        batches
+            .iter()
+            .zip(outputs)
+            .map(|(batch, activations)| {
+                let rows = batch.map_or(0, |b| b.len());
+                activations
+                    .hooks
+                    .into_iter()
+                    .map(|(hook, array)| {
+                        let shape =
+                            array.shape().get(2..).context("hook output without per-token dimensions")?.to_vec();
+                        let mut data = array.into_bytes();
+                        data.truncate(rows * seq * shape.iter().product::<usize>() * self.output_dtype.size());
+                        Ok(HookActivations { hook: hook.to_string(), dtype: self.output_dtype, shape, data })
+                    })
+                    .collect()
             })
             .collect()
     }
+}
+
+/// `planned` (over devices `0..n`) on the client's device ids `ids`.
+fn renumbered(planned: &siphon_mesh::Mesh, ids: &[usize]) -> anyhow::Result<siphon_mesh::Mesh> {
+    let axes: Vec<(&str, usize)> = planned.axes().iter().map(|a| (a.name.as_str(), a.size)).collect();
+    Ok(siphon_mesh::Mesh::new(&axes, planned.device_ids().iter().map(|&i| ids[i]).collect())?)
+}
+
+/// The spanning mesh on the client's devices, host by host (each process's devices in id
+/// order, processes in order, as the planner numbers hosts), and the processes' views of it:
+/// this process's, or every simulated host's.
+fn spanning_views(
+    client: &siphon_runtime::Client,
+    planned: &siphon_mesh::Mesh,
+    hosts: usize,
+    per_host: usize,
+    simulated: bool,
+) -> anyhow::Result<(siphon_mesh::Mesh, Vec<HostView>)> {
+    let mut devices = client.devices();
+    devices.sort_by_key(|d| (d.process_index, d.id));
+    if devices.len() != hosts * per_host {
+        bail!(
+            "the mesh spans {hosts} hosts of {per_host} devices, but the {} client reports {} devices in all",
+            client.platform_name(),
+            devices.len()
+        );
+    }
+    let ids: Vec<usize> = devices.iter().map(|d| d.id).collect();
+    let mesh = renumbered(planned, &ids)?;
+    let views = if simulated {
+        (0..hosts).map(|h| HostView::contiguous(&mesh, hosts, h)).collect::<Result<Vec<_>, _>>()?
+    } else {
+        let process_of = |id: usize| devices.iter().find(|d| d.id == id).map_or(usize::MAX, |d| d.process_index);
+        let owners = mesh.device_ids().iter().map(|&id| process_of(id)).collect();
+        vec![HostView::new(&mesh, owners, client.process_index())?]
+    };
+    Ok((mesh, views))
+}
+
+/// The members this process runs, the number of readers and each process's reader; with no
+/// views (hosts data-parallel), this process alone, reading its own slice of `processes`.
+fn members(views: &[HostView], process: u32, processes: u32) -> anyhow::Result<(Vec<Member>, u32, Vec<u32>)> {
+    let Some(first) = views.first() else {
+        return Ok((vec![Member { process, reader: process, writes: true }], processes, Vec::new()));
+    };
+    if let [view] = views
+        && view.process() != process as usize
+    {
+        bail!("the PJRT client counts this process as {}, the job as {process}", view.process());
+    }
+    let reader_of: Vec<u32> = first.readers()?.into_iter().map(|r| r as u32).collect();
+    let readers = reader_of.iter().max().map_or(0, |&r| r + 1);
+    let members = views
+        .iter()
+        .map(|v| Member { process: v.process() as u32, reader: reader_of[v.process()], writes: v.writer() })
+        .collect();
+    Ok((members, readers, reader_of))
 }

@@ -11,6 +11,14 @@
 //! through the coordinator's error watch, which the loop polls every batch so that one
 //! failed host stops the others at once.
 //!
+//! Unless the mesh spans hosts (a model larger than one): then every step is one program over
+//! every host's devices. The corpus is partitioned over readers (the processes holding the
+//! same data groups read one slice together, and the lowest of them writes its rows), and
+//! before each step the processes vote through the coordinator whether any reader still has
+//! a batch, each vote carrying its batch's fingerprint: every host enters each step with the
+//! same step index, and processes of one reader that read different batches stop the job
+//! (the seeds' "collective desync", caught instead of hanging).
+//!
 //! Preemption: SIGTERM (or another host's preemption, learned through the coordinator) stops
 //! the loop before its next batch; the writer commits the shards the pushed batches complete
 //! and drops the partial one (`ShardWriter::stop`), and the host exits with
@@ -61,9 +69,9 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
     let pack = options.corpus.pack_config(&tokenizer, siphon_data::SpecialTokens::detect(&tokenizer))?;
-    let partition = Partition { machines: identity.total_machines, hosts: identity.num_processes };
     let plugin = siphon_runtime::locate_plugin(options.plugin.as_deref()).context("no PJRT plugin")?;
-    let compute_plan = compute::Plan::new(&model, &spec, identity.num_processes as usize, &plugin.path)?;
+    let compute_plan =
+        compute::Plan::new(&model, &spec, identity.num_processes as usize, options.simulate_hosts, &plugin.path)?;
     tracing::info!(
         model = %model_path.display(), hooks = spec.hooks.len(), units = corpus.units().len(),
         plugin = %plugin.path.display(), "configuration valid"
@@ -90,7 +98,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     })?;
     coord.install_failure_reporting();
 
-    let prepared = Prepared { spec, model, compute_plan, corpus, tokenizer, pack, partition, plugin };
+    let prepared = Prepared { spec, model, compute_plan, corpus, tokenizer, pack, plugin };
     let result = run_joined(&coord, host, prepared, &options);
     if let Err(err) = &result
         && coord.job_error().is_none()
@@ -149,12 +157,22 @@ struct Prepared {
     corpus: Corpus,
     tokenizer: Arc<siphon_data::Tokenizer>,
     pack: PackConfig,
-    partition: Partition,
     plugin: siphon_runtime::LocatedPlugin,
 }
 
+/// One member's share of the loop: the stream of its reader's corpus slice and, for a
+/// writing member, its shard writer.
+struct Lane {
+    member: compute::Member,
+    host: HostId,
+    stream: siphon_data::BatchStream,
+    /// The writer, and the tokens its host had committed before this session.
+    writer: Option<(ShardWriter, u64)>,
+    done: bool,
+}
+
 fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &ExtractOptions) -> anyhow::Result<()> {
-    let Prepared { spec, model, compute_plan, corpus, tokenizer, pack, partition, plugin } = prepared;
+    let Prepared { spec, model, compute_plan, corpus, tokenizer, pack, plugin } = prepared;
     let spec = &spec;
     // 4. Config broadcast: every host must run the same code on the same configuration.
     let plugin_sha256 = sha256_file(&plugin.path)?;
@@ -176,11 +194,12 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     tracing::info!(run = %run_name, started = %run_info["start_time"], "configuration agreed by every host");
 
     // 5–6. Plugin, client, model on the mesh.
-    let mut compute = Compute::start(&plugin, spec, compute_plan, &model)?;
+    let compute = Compute::start(&plugin, spec, compute_plan, &model, coord)?;
     drop(model);
+    let partition = Partition { machines: spec.total_machines, hosts: compute.readers() };
 
-    // 7. Output and resume point.
-    let store_config = store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout))?;
+    // 7. Output and resume point: each writing member's from its manifest, shared with the
+    // other members of its reader through the key-value store.
     let descriptor = RunDescriptor {
         model: json!({ "path": spec.model, "config": compute.model_config() }),
         hooks: spec.hooks.clone(),
@@ -189,37 +208,72 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         partition: json!({ "machines": partition.machines, "hosts": partition.hosts }),
         config: serde_json::to_value(spec)?,
     };
-    let mut writer = ShardWriter::open(store_config, descriptor).context("cannot open the output")?;
-    let resume_at = writer.resume_point().clone();
-    let resume: Option<siphon_data::Position> = match &resume_at.data_position {
-        None => None,
-        Some(value) => {
-            Some(serde_json::from_value(value.clone()).context("the manifest's data position is unreadable")?)
-        }
-    };
-    coord.kv_set(
-        &format!("resume/{}/{}", host.machine, host.host),
-        serde_json::to_string(&json!({ "next_shard": resume_at.next_shard, "next_sample": resume_at.next_sample }))?
+    let mut writers = Vec::new();
+    let mut committed_tokens = 0;
+    for member in compute.members().iter().filter(|m| m.writes) {
+        let host = HostId { machine: host.machine, host: member.process };
+        let store_config = store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout))?;
+        let writer = ShardWriter::open(store_config, descriptor.clone()).context("cannot open the output")?;
+        let resume_at = writer.resume_point().clone();
+        committed_tokens += resume_at.committed_tokens;
+        coord.kv_set(
+            &format!("resume/{}/{}", host.machine, host.host),
+            serde_json::to_string(
+                &json!({ "next_shard": resume_at.next_shard, "next_sample": resume_at.next_sample }),
+            )?
             .as_bytes(),
-        true,
-    )?;
+            true,
+        )?;
+        coord.kv_set(
+            &format!("position/{}/{}/{}", run_name, host.machine, member.reader),
+            serde_json::to_vec(&resume_at.data_position)?.as_slice(),
+            true,
+        )?;
+        if resume_at.data_position.is_some() {
+            tracing::info!(
+                host = host.host,
+                next_shard = resume_at.next_shard,
+                next_sample = resume_at.next_sample,
+                "resuming"
+            );
+        }
+        writers.push((member.process, writer, resume_at.committed_tokens));
+    }
     coord.barrier("resume-points", BARRIER_TIMEOUT)?;
-    if resume.is_some() {
-        tracing::info!(next_shard = resume_at.next_shard, next_sample = resume_at.next_sample, "resuming");
+    let mut lanes = Vec::new();
+    for member in compute.members() {
+        let key = format!("position/{}/{}/{}", run_name, host.machine, member.reader);
+        let position: Option<serde_json::Value> = serde_json::from_slice(&coord.kv_get(&key, BARRIER_TIMEOUT)?)?;
+        let mut stream_config = options.corpus.stream_config(
+            pack.clone(),
+            partition,
+            Worker { machine: host.machine, host: member.reader },
+        );
+        stream_config.resume = match position {
+            None => None,
+            Some(value) => Some(serde_json::from_value(value).context("the manifest's data position is unreadable")?),
+        };
+        let writer = writers.iter().position(|(p, ..)| *p == member.process).map(|i| {
+            let (_, writer, resumed) = writers.remove(i);
+            (writer, resumed)
+        });
+        lanes.push(Lane {
+            member: *member,
+            host: HostId { machine: host.machine, host: member.process },
+            stream: corpus.stream(tokenizer.clone(), stream_config)?,
+            writer,
+            done: false,
+        });
     }
 
     // 8. The loop.
-    let mut stream_config =
-        options.corpus.stream_config(pack, partition, Worker { machine: host.machine, host: host.host });
-    stream_config.resume = resume;
     let budget_batches = spec.max_tokens.map(|tokens| {
-        let per_host = tokens.div_ceil(partition.workers());
-        per_host.div_ceil((spec.corpus.batch_size * spec.corpus.seq_len) as u64)
+        let per_worker = tokens.div_ceil(partition.workers());
+        per_worker.div_ceil((spec.corpus.batch_size * spec.corpus.seq_len) as u64)
     });
-    let stream = corpus.stream(tokenizer, stream_config)?;
     let mut progress =
         Progress::new(host, budget_batches.map(|b| b * (spec.corpus.batch_size * spec.corpus.seq_len) as u64));
-    progress.resumed(resume_at.committed_tokens);
+    progress.resumed(committed_tokens);
     let started = Instant::now();
     let mut compute_time = Duration::ZERO;
     // Test hook: slows the loop down so that tests can kill a host mid-run.
@@ -229,7 +283,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let stop = coord.stop_signal();
     stop.arm();
     let mut preempted = false;
-    for batch in stream {
+    for step in 0u64.. {
         if let Some(delay) = slow_batch {
             std::thread::sleep(delay);
         }
@@ -242,49 +296,75 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
             preempted = true;
             break;
         }
-        let batch = batch?;
-        if budget_batches.is_some_and(|limit| batch.index >= limit) {
-            break;
+        let mut batches = Vec::with_capacity(lanes.len());
+        for lane in &mut lanes {
+            let batch = match lane.done {
+                true => None,
+                false => lane.stream.next().transpose()?,
+            };
+            let batch = batch.filter(|b| budget_batches.is_none_or(|limit| b.index < limit));
+            lane.done = batch.is_none();
+            batches.push(batch);
+        }
+        match step_vote(coord, &compute, &run_name, step, &lanes, &batches) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(_) if coord.preempted() => {
+                preempted = true;
+                break;
+            }
+            Err(err) => return Err(err),
         }
         let t = Instant::now();
-        let hooks = compute.run(&batch)?;
+        let hooks = compute.run(&batches.iter().map(Option::as_ref).collect::<Vec<_>>())?;
         compute_time += t.elapsed();
-        let tokens = (batch.len() * batch.seq_len) as u64;
-        writer.push(to_store_batch(&batch, hooks)?)?;
-        progress.batch(tokens);
+        // Progress counts what this process writes, or, writing nothing, what it feeds.
+        let writes = lanes.iter().any(|lane| lane.writer.is_some());
+        for (i, ((lane, batch), hooks)) in lanes.iter_mut().zip(&batches).zip(hooks).enumerate() {
+            let Some(batch) = batch else { continue };
+            if let Some((writer, _)) = &mut lane.writer {
+                writer.push(to_store_batch(batch, hooks)?)?;
+            }
+            if lane.writer.is_some() || (!writes && i == 0) {
+                progress.batch((batch.len() * batch.seq_len) as u64);
+            }
+        }
     }
+    let writing: Vec<(HostId, ShardWriter, u64)> =
+        lanes.into_iter().filter_map(|lane| lane.writer.map(|(w, resumed)| (lane.host, w, resumed))).collect();
     if preempted {
         // Commit the shards the pushed batches complete; the partial one is redone on resume.
         stop.start_deadline();
         let why = coord.job_error().map_or_else(|| "received SIGTERM".to_string(), |e| e.to_string());
         tracing::warn!(reason = %why, "preempted: committing the complete shards, then exiting");
-        let summary = writer.stop().context("preempted, and committing the complete shards failed")?;
+        let mut shards = 0;
+        for (_, writer, _) in writing {
+            let summary = writer.stop().context("preempted, and committing the complete shards failed")?;
+            shards += summary.shards;
+        }
+        tracing::info!(shards, seconds = started.elapsed().as_secs_f64(), "host stopped (preempted)");
+        return Err(anyhow::Error::new(Preempted { message: why, shards: Some(shards) }));
+    }
+    for (host, writer, resumed) in writing {
+        let summary = writer.finish()?;
+        progress.finish(&summary);
         tracing::info!(
+            host = host.host,
             shards = summary.shards,
             tokens = summary.tokens,
+            kept = summary.included_tokens,
             seconds = started.elapsed().as_secs_f64(),
-            "host stopped (preempted)"
+            compute_seconds = compute_time.as_secs_f64(),
+            "host finished"
         );
-        return Err(anyhow::Error::new(Preempted { message: why, shards: Some(summary.shards) }));
+        let timing = timing::HostTiming {
+            host: host.dir_name(),
+            tokens: summary.tokens.saturating_sub(resumed),
+            seconds: started.elapsed().as_secs_f64(),
+            compute_seconds: compute_time.as_secs_f64(),
+        };
+        timing::write_timing(&spec.output, &run_name, host, &timing).context("cannot write the host's timing")?;
     }
-    let summary = writer.finish()?;
-    progress.finish(&summary);
-    tracing::info!(
-        shards = summary.shards,
-        tokens = summary.tokens,
-        kept = summary.included_tokens,
-        seconds = started.elapsed().as_secs_f64(),
-        compute_seconds = compute_time.as_secs_f64(),
-        "host finished"
-    );
-
-    let timing = timing::HostTiming {
-        host: host.dir_name(),
-        tokens: summary.tokens.saturating_sub(resume_at.committed_tokens),
-        seconds: started.elapsed().as_secs_f64(),
-        compute_seconds: compute_time.as_secs_f64(),
-    };
-    timing::write_timing(&spec.output, &run_name, host, &timing).context("cannot write the host's timing")?;
 
     // 9. Completion, statistics, shutdown.
     coord.barrier("complete", BARRIER_TIMEOUT)?;
@@ -294,6 +374,61 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     }
     coord.shutdown(BARRIER_TIMEOUT)?;
     Ok(())
+}
+
+/// Whether any member of the job still has a batch for step `step`. Within a host (hosts
+/// data-parallel, or every simulated host in this process) that is known here; on a mesh
+/// spanning processes every process must enter the step or none, so each votes through the
+/// coordinator with its batch's fingerprint (or none) and reads every other process's vote:
+/// processes of one reader must hold the same batch. The same check runs on this process's
+/// members (simulated hosts of one reader read their slice separately).
+fn step_vote(
+    coord: &Coordination,
+    compute: &Compute,
+    run: &str,
+    step: u64,
+    lanes: &[Lane],
+    batches: &[Option<siphon_data::Batch>],
+) -> anyhow::Result<bool> {
+    let fingerprint =
+        |b: &Option<siphon_data::Batch>| b.as_ref().map(|b| format!("{}:{:016x}", b.index, fingerprint(&b.tokens)));
+    let mut votes: Vec<(u32, u32, Option<String>)> =
+        lanes.iter().zip(batches).map(|(l, b)| (l.member.process, l.member.reader, fingerprint(b))).collect();
+    if compute.spans_processes() {
+        let me = coord.process_id();
+        let machine = coord.identity().machine_id;
+        let key = |step: u64, process: u32| format!("step/{run}/{machine}/{step}/{process}");
+        coord.kv_set(&key(step, me), serde_json::to_vec(&votes[0].2)?.as_slice(), true)?;
+        for (process, &reader) in compute.reader_of().iter().enumerate() {
+            let process = process as u32;
+            if process != me {
+                let vote: Option<String> =
+                    serde_json::from_slice(&coord.kv_get(&key(step, process), BARRIER_TIMEOUT)?)?;
+                votes.push((process, reader, vote));
+            }
+        }
+        // Every process read step - 1's votes before voting on this one.
+        if step >= 2 {
+            coord.kv_delete(&key(step - 2, me))?;
+        }
+    }
+    for (i, (process, reader, vote)) in votes.iter().enumerate() {
+        if let Some((other, _, theirs)) = votes[..i].iter().find(|(_, r, v)| r == reader && v != vote) {
+            anyhow::bail!(
+                "collective desync at step {step}: hosts {other} and {process} read the same corpus slice but hold \
+                 different batches ({theirs:?} and {vote:?})"
+            );
+        }
+    }
+    Ok(votes.iter().any(|(_, _, v)| v.is_some()))
+}
+
+/// FNV-1a over token ids: a batch's fingerprint in a step vote.
+fn fingerprint(tokens: &[u32]) -> u64 {
+    tokens
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
 /// The store's view of a batch: token metadata from the data path plus the hook outputs.

@@ -78,8 +78,9 @@ pub struct ExtractOptions {
     /// Virtual devices of the CPU plugin.
     #[arg(long, env = "SIPHON_CPU_DEVICES", help_heading = "Devices")]
     pub cpu_devices: Option<usize>,
-    /// Mesh over this host's devices: 1d, 2d, 3d or auto, as in `siphon plan` (default: every
-    /// device on `data`, weights replicated — hosts are data-parallel in any case).
+    /// Mesh: 1d, 2d, 3d or auto, as in `siphon plan` (default: every device on `data`, weights
+    /// replicated, hosts data-parallel). A weight-sharding group (`--fsdp` × `--model-parallel`)
+    /// larger than a host makes one mesh over every host's devices (TPU slices, CUDA nodes).
     #[arg(long, value_name = "KIND", help_heading = "Devices")]
     pub mesh: Option<siphon_plan::MeshKind>,
     /// Size of the data (batch-splitting) axis.
@@ -91,6 +92,11 @@ pub struct ExtractOptions {
     /// Size of the model (tensor-parallel) axis.
     #[arg(long, value_name = "N", help_heading = "Devices")]
     pub model_parallel: Option<usize>,
+    /// Verify a job whose mesh spans N hosts without them: this one process, on the CPU
+    /// plugin's --cpu-devices, runs each host's part (its weight partitions, corpus slice, rows
+    /// and shards, written as that host's) and writes the dataset the N hosts would.
+    #[arg(long, value_name = "N", help_heading = "Devices")]
+    pub simulate_hosts: Option<usize>,
 
     // --- cluster ---
     #[command(flatten)]
