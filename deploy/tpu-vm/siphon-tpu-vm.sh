@@ -25,6 +25,10 @@
 # or in TPU_WORKER_ID / TPU_WORKER_HOSTNAMES where those are set. The script exports
 # TPU_ACCELERATOR_TYPE, which tells siphon it runs on a Cloud TPU VM (plain TPU VM shells set
 # no TPU_* variable). `siphon cluster info` on a worker shows what it found.
+# A model larger than one host: pass `start -- extract ...` the mesh flags `siphon plan`
+# suggests (--mesh 3d --data D --fsdp F --model-parallel M); every worker then holds its part of
+# one mesh over the whole slice (libtpu finds the workers itself), each data group's lowest
+# worker writing its rows.
 # Plugin: libtpu from the pip install is found in the user's site-packages; `siphon doctor` on
 # a worker checks it.
 #
