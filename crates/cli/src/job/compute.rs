@@ -248,7 +248,10 @@ impl Compute {
         }
         let identity = coord.identity();
         let spans_processes = matches!(plan.span, Span::Hosts { simulated: false, .. });
-        if spans_processes && PluginKind::of(&plugin.path) == PluginKind::Cuda {
+        // SIPHON_CUDA_KEY_VALUE=1 takes that path on one process too (`num_nodes` 1), so that
+        // one GPU checks the client's key-value exchange.
+        let key_value = spans_processes || std::env::var_os("SIPHON_CUDA_KEY_VALUE").is_some_and(|v| v == "1");
+        if key_value && PluginKind::of(&plugin.path) == PluginKind::Cuda {
             use siphon_runtime::OptionValue::Int64;
             options = options
                 .option("num_nodes", Int64(i64::from(identity.num_processes)))
