@@ -58,7 +58,8 @@ pub struct CorpusArgs {
     /// One document per row, truncated and padded on this side.
     #[arg(long, value_enum, value_name = "SIDE")]
     pub pad: Option<PadSideArg>,
-    /// Sequences per batch.
+    /// Sequences per batch: per host, or per step of the whole mesh when the mesh spans hosts
+    /// (as `siphon plan --batch`; each data group then reads its share).
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
     /// BOS token (name or id), or `none`; default: detected from the tokenizer.

@@ -46,7 +46,7 @@ pub struct Plan {
 impl Plan {
     /// Checks hooks against the model, every needed weight's presence and shape, and plans the
     /// mesh for the devices this host is expected to have (the CPU plugin's virtual devices,
-    /// the GPUs CUDA will see; libtpu's are planned once it reports them). A mesh whose
+    /// the GPUs CUDA will see; otherwise once the plugin reports them). A mesh whose
     /// weight-sharding group is larger than a host spans the `hosts` hosts: planned over all
     /// of them, and refused plainly on the CPU plugin, which cannot form a mesh across
     /// processes. `simulate` hosts stand in for them in this process instead.
@@ -82,34 +82,32 @@ impl Plan {
         };
         let kind = PluginKind::of(plugin);
         let group = spec.mesh.fsdp.unwrap_or(1) * spec.mesh.model.unwrap_or(1);
-        let span = match simulate {
-            Some(n) => simulated_span(kind, spec.cpu_devices, n, hosts)?,
-            None => {
-                let per_host = match kind {
-                    PluginKind::Cpu => Some(spec.cpu_devices.unwrap_or(1)),
-                    PluginKind::Cuda => Some(siphon_runtime::diagnose::Machine::probe().visible_gpus().max(1)),
-                    _ => None,
-                };
-                match per_host {
-                    Some(local) if hosts > 1 && group > local => {
-                        Span::Hosts { hosts, per_host: Some(local), simulated: false }
-                    }
-                    // libtpu sees the whole slice: the span is known once it reports the devices.
-                    None if hosts > 1 && group > 1 => Span::Hosts { hosts, per_host: None, simulated: false },
-                    _ => Span::Host,
-                }
+        // This host's devices, where known before the plugin starts.
+        let per_host = match kind {
+            PluginKind::Cpu => Some(spec.cpu_devices.unwrap_or(1)),
+            PluginKind::Cuda => Some(siphon_runtime::diagnose::Machine::probe().visible_gpus()).filter(|&n| n > 0),
+            _ => None,
+        };
+        let span = match (simulate, per_host) {
+            (Some(n), _) => simulated_span(kind, spec.cpu_devices, n, hosts)?,
+            (None, Some(local)) if hosts > 1 && group > local => {
+                Span::Hosts { hosts, per_host: Some(local), simulated: false }
             }
+            // libtpu sees the whole slice: whether the mesh spans it is known once it reports.
+            (None, None) if hosts > 1 && group > 1 => Span::Hosts { hosts, per_host: None, simulated: false },
+            _ => Span::Host,
         };
         let plan = Plan { hooks, request, span };
-        match span {
-            Span::Hosts { hosts, per_host: Some(local), simulated } => {
+        match (span, per_host) {
+            (Span::Hosts { hosts, per_host: Some(local), simulated }, _) => {
                 let planned = plan.mesh_plan(&model.config, hosts, local)?;
                 if kind == PluginKind::Cpu && !simulated {
                     return Err(cpu_refusal(&planned, hosts, local, plugin));
                 }
             }
-            Span::Hosts { per_host: None, .. } => {}
-            Span::Host => _ = plan.mesh_plan(&model.config, 1, spec.cpu_devices.unwrap_or(1))?,
+            (Span::Host, Some(local)) => _ = plan.mesh_plan(&model.config, 1, local)?,
+            // Planned once the plugin reports its devices.
+            _ => {}
         }
         Ok(plan)
     }
@@ -201,7 +199,8 @@ pub struct Compute {
     /// Each process's reader (a spanning job's step vote compares readers' batches).
     reader_of: Vec<u32>,
     output_dtype: ActivationDtype,
-    batch_size: usize,
+    /// Rows each member feeds per step: its reader's share of `--batch-size`.
+    reader_rows: usize,
     // Keeps the plugin's client alive as long as the engine's buffers.
     _client: siphon_runtime::Client,
 }
@@ -309,11 +308,22 @@ impl Compute {
         };
         let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)
             .context("cannot put the model on the devices")?;
-        let global_batch = match views.first() {
-            Some(view) => view.global_batch(spec.corpus.batch_size)?,
+        // --batch-size is the mesh's batch (sequences per step, as `siphon plan --batch`); on a
+        // spanning mesh each reader feeds its share.
+        let reader_rows = match views.first() {
+            Some(view) => {
+                let rows = spec.corpus.batch_size / readers as usize;
+                if view.global_batch(rows)? != spec.corpus.batch_size {
+                    bail!(
+                        "--batch-size {} does not split evenly over the {readers} readers of the mesh {mesh}",
+                        spec.corpus.batch_size
+                    );
+                }
+                rows
+            }
             None => spec.corpus.batch_size,
         };
-        engine.prepare(global_batch, spec.corpus.seq_len).context("cannot compile the forward pass")?;
+        engine.prepare(spec.corpus.batch_size, spec.corpus.seq_len).context("cannot compile the forward pass")?;
         let stats = engine.load_stats();
         tracing::info!(seconds = stats.upload_s, bytes = stats.uploaded_bytes, "weights uploaded, forward compiled");
         Ok(Compute {
@@ -324,7 +334,7 @@ impl Compute {
             readers,
             reader_of,
             output_dtype: activation_dtype(&spec.dtype)?,
-            batch_size: spec.corpus.batch_size,
+            reader_rows,
             _client: client,
         })
     }
@@ -343,6 +353,11 @@ impl Compute {
     /// Each process's reader, by process (empty when hosts are data-parallel).
     pub fn reader_of(&self) -> &[u32] {
         &self.reader_of
+    }
+
+    /// Rows each reader's batch holds: `--batch-size` over the readers of a spanning mesh.
+    pub fn reader_rows(&self) -> usize {
+        self.reader_rows
     }
 
     /// Whether the mesh spans processes (every process must then enter every step).
@@ -384,8 +399,8 @@ impl Compute {
                     ),
                     None => (Vec::new(), Vec::new()),
                 };
-                ids.resize(self.batch_size, vec![0; seq]);
-                mask.resize(self.batch_size, vec![0; seq]);
+                ids.resize(self.reader_rows, vec![0; seq]);
+                mask.resize(self.reader_rows, vec![0; seq]);
                 siphon_engine::Batch::new(ids, Some(mask))
             })
             .collect::<Result<Vec<_>, _>>()?;

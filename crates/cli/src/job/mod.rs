@@ -249,6 +249,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
             partition,
             Worker { machine: host.machine, host: member.reader },
         );
+        stream_config.batch_size = compute.reader_rows();
         stream_config.resume = match position {
             None => None,
             Some(value) => Some(serde_json::from_value(value).context("the manifest's data position is unreadable")?),
@@ -269,10 +270,10 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     // 8. The loop.
     let budget_batches = spec.max_tokens.map(|tokens| {
         let per_worker = tokens.div_ceil(partition.workers());
-        per_worker.div_ceil((spec.corpus.batch_size * spec.corpus.seq_len) as u64)
+        per_worker.div_ceil((compute.reader_rows() * spec.corpus.seq_len) as u64)
     });
     let mut progress =
-        Progress::new(host, budget_batches.map(|b| b * (spec.corpus.batch_size * spec.corpus.seq_len) as u64));
+        Progress::new(host, budget_batches.map(|b| b * (compute.reader_rows() * spec.corpus.seq_len) as u64));
     progress.resumed(committed_tokens);
     let started = Instant::now();
     let mut compute_time = Duration::ZERO;
@@ -412,6 +413,12 @@ fn step_vote(
             coord.kv_delete(&key(step - 2, me))?;
         }
     }
+    count_votes(step, &votes)
+}
+
+/// Whether any vote `(process, reader, batch fingerprint)` of step `step` holds a batch; an
+/// error when two processes of one reader hold different batches.
+fn count_votes(step: u64, votes: &[(u32, u32, Option<String>)]) -> anyhow::Result<bool> {
     for (i, (process, reader, vote)) in votes.iter().enumerate() {
         if let Some((other, _, theirs)) = votes[..i].iter().find(|(_, r, v)| r == reader && v != vote) {
             anyhow::bail!(
@@ -475,4 +482,24 @@ fn sha256_file(path: &std::path::Path) -> anyhow::Result<String> {
 
 fn hex_string(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_runs_while_any_reader_has_a_batch_and_a_desync_stops_it() {
+        let vote = |p, r, v: Option<&str>| (p, r, v.map(str::to_string));
+        // Reader 0 (hosts 0, 1) is done, reader 1 (hosts 2, 3) is not: the step runs.
+        let votes = [vote(0, 0, None), vote(1, 0, None), vote(2, 1, Some("7:ab")), vote(3, 1, Some("7:ab"))];
+        assert!(count_votes(7, &votes).unwrap());
+        assert!(!count_votes(8, &[vote(0, 0, None), vote(1, 1, None)]).unwrap());
+        // Host 3 read another batch than host 2.
+        let votes = [vote(2, 1, Some("7:ab")), vote(3, 1, Some("7:cd")), vote(0, 0, Some("7:ab"))];
+        let err = count_votes(7, &votes).unwrap_err().to_string();
+        assert!(err.contains("collective desync at step 7: hosts 2 and 3"), "{err}");
+        // One host of a reader done, the other not: a desync too.
+        assert!(count_votes(9, &[vote(0, 0, Some("9:ab")), vote(1, 0, None)]).is_err());
+    }
 }

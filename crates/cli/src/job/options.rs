@@ -225,22 +225,32 @@ impl ExtractOptions {
             shuffle_tokens_seed: self.shuffle_tokens_seed,
             keep_excluded: self.keep_excluded,
             cpu_devices: self.cpu_devices,
-            mesh: self.mesh_request(self.cpu_devices.unwrap_or(1)),
+            mesh: self.mesh_request(self.cpu_devices),
             total_machines,
         })
     }
 }
 
 impl ExtractOptions {
-    /// The planner's mesh request; with no mesh flag at all, every local device on `data`
-    /// (`local_devices` of them).
-    pub fn mesh_request(&self, local_devices: usize) -> siphon_plan::MeshRequest {
+    /// The planner's mesh request; with no mesh flag at all, every device of the host on
+    /// `data` (`local_devices` of them where known before the plugin starts, as the CPU
+    /// plugin's are; otherwise as many as the plugin reports).
+    pub fn mesh_request(&self, local_devices: Option<usize>) -> siphon_plan::MeshRequest {
         let any = self.mesh.is_some() || self.data.is_some() || self.fsdp.is_some() || self.model_parallel.is_some();
-        siphon_plan::MeshRequest {
-            kind: self.mesh.unwrap_or(siphon_plan::MeshKind::TwoD),
-            data: if any { self.data } else { Some(local_devices) },
-            fsdp: self.fsdp,
-            model: if any { self.model_parallel } else { Some(1) },
+        match any {
+            true => siphon_plan::MeshRequest {
+                kind: self.mesh.unwrap_or(siphon_plan::MeshKind::TwoD),
+                data: self.data,
+                fsdp: self.fsdp,
+                model: self.model_parallel,
+            },
+            // Unknown: fsdp = model = 1 leaves every device to data.
+            false => siphon_plan::MeshRequest {
+                kind: siphon_plan::MeshKind::TwoD,
+                data: local_devices,
+                fsdp: local_devices.is_none().then_some(1),
+                model: Some(1),
+            },
         }
     }
 }
