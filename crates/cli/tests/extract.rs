@@ -607,6 +607,34 @@ fn sigterm_stops_every_host_as_preempted_and_the_same_command_resumes() {
     assert_same_checksums(&output.join("r"), &reference.join("r"));
 }
 
+/// A spanning job preempted mid-run (4 simulated hosts, two data groups of two hosts): the
+/// writing hosts commit their complete shards, the job exits 75, and the same command resumes
+/// every host, writers and the hosts that only feed their rows, from the writers' manifests
+/// to the uninterrupted run's dataset.
+#[test]
+fn a_preempted_spanning_job_resumes_to_the_uninterrupted_dataset() {
+    let s = setup(80);
+    let args = |output: &Path| {
+        let mut args = extract_args(&s, output, "r");
+        let mesh = "--simulate-hosts 4 --cpu-devices 8 --mesh 2d --data 2 --fsdp 2 --model-parallel 2";
+        args.extend(mesh.split(' ').map(str::to_string));
+        args
+    };
+    let reference = s.root.join("reference");
+    run_ok(siphon(&args(&reference)), Duration::from_secs(300));
+    let output = s.root.join("preempted");
+    let mut command = siphon(&args(&output));
+    command.env("SIPHON_TEST_SLOW_BATCH_MS", "150");
+    let mut job = Guard(command.spawn().unwrap());
+    wait_for_lines(&output.join("r/machine_000_host_02/manifest.jsonl"), 1, &mut job);
+    sigterm(job.0.id());
+    let out = wait_with_limit(job, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
+    inspect_unfinished(&output.join("r"));
+    run_ok(siphon(&args(&output)), Duration::from_secs(300));
+    assert_same_checksums(&output.join("r"), &reference.join("r"));
+}
+
 /// Runs the job (the script's arguments) on a full disk at `$OUT`, copies the result out, frees
 /// the space and runs the same job again. The disk is a 16 MiB tmpfs in a user and mount
 /// namespace, filled up to `$FREE` bytes by a filler file, where the system lets an
