@@ -6,13 +6,12 @@
 //! Needs the plugin from `SIPHON_PJRT_PLUGIN` (scripts/test.sh sets it); without that
 //! variable the test prints a note and returns.
 
-use std::path::Path;
-use std::sync::Arc;
+mod common;
 
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_models::{HookKind, HookPoint, LoadedModel};
 use siphon_plan::{MeshKind, MeshRequest, MeshShape, PlanRequest, Topology};
-use siphon_runtime::{Client, ClientOptions, Plugin};
+use siphon_runtime::Client;
 
 fn activations(
     client: &Client,
@@ -28,13 +27,8 @@ fn activations(
 
 #[test]
 fn planned_shardings_give_the_single_device_activations() {
-    let Some(plugin) = std::env::var_os("SIPHON_PJRT_PLUGIN") else {
-        eprintln!("note: SIPHON_PJRT_PLUGIN is unset; skipping the planner-through-engine test");
-        return;
-    };
-    let plugin: Arc<Plugin> = Plugin::load(Path::new(&plugin)).unwrap();
-    let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(8)).unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+    let Some(client) = common::cpu_client("the planner-through-engine test") else { return };
+    let root = common::fixtures();
     // 2 hosts × 4 devices (2d: data=2, fsdp=2, model=2 — 2 KV heads cap model at 2), the same
     // 8 devices as 1 host (2d: fsdp=4, model=2), and 3d with model=1 (fsdp only).
     let cases = [

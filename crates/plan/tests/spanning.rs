@@ -8,14 +8,12 @@
 //! Needs the plugin from `SIPHON_PJRT_PLUGIN` (scripts/test.sh sets it); without that
 //! variable the test prints a note and returns.
 
-use std::path::Path;
-use std::sync::Arc;
+mod common;
 
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::HostView;
 use siphon_models::{HookPoint, LoadedModel};
 use siphon_plan::{MeshKind, MeshRequest, MeshShape, PlanRequest, Topology};
-use siphon_runtime::{Client, ClientOptions, Plugin};
 
 /// The rows `rows` of a batch.
 fn rows_of(ids: &[Vec<u32>], mask: &[Vec<u8>], rows: &[std::ops::Range<usize>]) -> Batch {
@@ -27,13 +25,8 @@ fn rows_of(ids: &[Vec<u32>], mask: &[Vec<u8>], rows: &[std::ops::Range<usize>]) 
 
 #[test]
 fn hosts_of_a_spanning_mesh_together_give_the_single_process_activations() {
-    let Some(plugin) = std::env::var_os("SIPHON_PJRT_PLUGIN") else {
-        eprintln!("note: SIPHON_PJRT_PLUGIN is unset; skipping the spanning-mesh simulation");
-        return;
-    };
-    let plugin: Arc<Plugin> = Plugin::load(Path::new(&plugin)).unwrap();
-    let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(8)).unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+    let Some(client) = common::cpu_client("the spanning-mesh simulation") else { return };
+    let root = common::fixtures();
     let request = |kind, data, fsdp, model| MeshRequest { kind, data, fsdp, model };
     // (hosts, devices per host), the layout, and the shape it must plan: every weight-sharding
     // group spans hosts.
