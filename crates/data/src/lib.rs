@@ -51,6 +51,7 @@
 
 mod convert;
 mod error;
+mod hub;
 mod pack;
 mod plan;
 mod read;

@@ -71,6 +71,11 @@ pub struct CorpusConfig {
     pub shuffle: Option<Shuffle>,
     /// Policy for unusable records.
     pub invalid: InvalidRecords,
+    /// For a Hugging Face Hub dataset named `OWNER/NAME`: its config (default: the card's
+    /// default) and split (default: `train`).
+    pub hub_config: Option<String>,
+    /// See `hub_config`.
+    pub hub_split: Option<String>,
 }
 
 impl Default for CorpusConfig {
@@ -84,6 +89,8 @@ impl Default for CorpusConfig {
             max_file_bytes: 256 << 20,
             shuffle: None,
             invalid: InvalidRecords::Skip,
+            hub_config: None,
+            hub_split: None,
         }
     }
 }
@@ -186,12 +193,25 @@ impl Corpus {
     /// Resolves `spec` (path, directory, glob or URL), reads parquet footers and builds the
     /// unit plan. Runs its own small async runtime on a helper thread, so it may be called
     /// from anywhere, async contexts included.
+    ///
+    /// A Hugging Face Hub dataset is `hf://datasets/OWNER/NAME[@REVISION]/PATH`, or `OWNER/NAME`
+    /// (when no such local path exists, or with `hub_config`/`hub_split`): the split's files
+    /// as `datasets.load_dataset` finds them.
     pub fn open(spec: &str, config: &CorpusConfig) -> Result<Corpus> {
-        let located = source::locate(spec)?;
+        let by_name = config.hub_config.is_some()
+            || config.hub_split.is_some()
+            || (!spec.contains("://") && !std::path::Path::new(spec).exists() && crate::hub::is_repo_name(spec));
+        let located = if by_name { None } else { Some(source::locate(spec)?) };
         let spec = spec.to_string();
         let config = config.clone();
         run_blocking(async move {
-            let resolved = source::resolve(&spec, located, config.format).await?;
+            let resolved = match located {
+                Some(located) => source::resolve(&spec, located, config.format).await?,
+                None => {
+                    let split = config.hub_split.as_deref().unwrap_or("train");
+                    source::resolve_hub_split(&spec, config.hub_config.as_deref(), split, config.format).await?
+                }
+            };
             Corpus::build(resolved.store, resolved.files, config).await
         })
     }
@@ -209,6 +229,7 @@ impl Corpus {
             display_root: display_root.to_string(),
             path: prefix.trim_start_matches('/').to_string(),
             local: false,
+            hub: None,
         };
         let spec = format!("{display_root}{prefix}");
         let config = config.clone();

@@ -12,6 +12,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::hub::HubDataset;
 
 /// How the records of a file are encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -78,6 +79,8 @@ pub(crate) struct Located {
     pub path: String,
     /// True for local paths: directories can be told from files without a request.
     pub local: bool,
+    /// A dataset on the Hugging Face Hub, listed through its tree API.
+    pub hub: Option<HubDataset>,
 }
 
 /// Turns a source string into a store and a path inside it; does not touch the data.
@@ -89,9 +92,21 @@ pub(crate) fn locate(spec: &str) -> Result<Located> {
             let local = url.to_file_path().map_err(|()| bad("not an absolute file path".into()))?;
             return locate_local(spec, &local.to_string_lossy());
         }
+        if scheme == "hf" {
+            let (hub, path) = HubDataset::parse(spec)?;
+            let path = percent_decode(&path);
+            return Ok(Located {
+                store: hub.store()?,
+                display_root: hub.display_root(),
+                path,
+                local: false,
+                hub: Some(hub),
+            });
+        }
         if !matches!(scheme, "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "http" | "https") {
             return Err(bad(format!(
-                "unsupported scheme {scheme:?} (use a local path, file://, s3://, gs://, az:// or https://)"
+                "unsupported scheme {scheme:?} (use a local path, file://, s3://, gs://, az://, https:// or \
+                 hf://datasets/...)"
             )));
         }
         // Glob characters are not valid in URLs as typed by users; percent-decode the path
@@ -104,7 +119,7 @@ pub(crate) fn locate(spec: &str) -> Result<Located> {
         root_url.set_path("/");
         let (store, _) = object_store::parse_url_opts(&root_url, std::env::vars()).map_err(|e| bad(e.to_string()))?;
         let display_root = format!("{}://{}/", scheme, url.host_str().unwrap_or_default());
-        return Ok(Located { store: Arc::from(store), display_root, path, local: false });
+        return Ok(Located { store: Arc::from(store), display_root, path, local: false, hub: None });
     }
     locate_local(spec, spec)
 }
@@ -125,6 +140,7 @@ fn locate_local(spec: &str, path: &str) -> Result<Located> {
         display_root: "/".into(),
         path: full.trim_start_matches('/').to_string(),
         local: true,
+        hub: None,
     })
 }
 
@@ -145,7 +161,7 @@ fn has_glob(s: &str) -> bool {
     s.contains(['*', '?', '['])
 }
 
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -167,71 +183,147 @@ fn percent_decode(s: &str) -> String {
 /// Lists the files of a located source, sorted by path. `forced` overrides extension-based
 /// format detection (and then a directory yields all its visible files).
 pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFormat>) -> Result<Resolved> {
-    let Located { store, display_root, path, local } = located;
-    let looked_for = match forced {
-        Some(f) => format!("{} files", f.name()),
-        None => "*.parquet, *.jsonl, *.ndjson, *.json, *.txt, *.text".to_string(),
-    };
+    let Located { store, display_root, path, local, hub } = located;
     let display = |p: &StorePath| format!("{display_root}{p}");
-    let format_of = |p: &StorePath| forced.or_else(|| FileFormat::from_name(p.filename().unwrap_or_default()));
-
     let (base, pattern) = split_glob(&path);
-    let mut files = Vec::new();
-    let single_file = match (&pattern, local) {
-        (Some(_), _) => None,
-        (None, true) => {
+    let mut listed: Vec<(StorePath, u64)> = Vec::new();
+    // A single file, or everything under `base` to filter.
+    let single = match (&pattern, local, &hub) {
+        (Some(_), _, _) => false,
+        (None, true, _) => {
             let fs_path = format!("/{path}");
             let meta = std::fs::metadata(&fs_path).map_err(|source| Error::Io { path: fs_path.clone(), source })?;
-            if meta.is_file() { Some(()) } else { None }
+            meta.is_file()
         }
-        (None, false) => {
+        (None, false, Some(_)) => false,
+        (None, false, None) => {
             let p = store_path(spec, &path)?;
             match store.head(&p).await {
-                Ok(_) => Some(()),
-                Err(object_store::Error::NotFound { .. }) => None,
+                Ok(meta) => {
+                    listed.push((p, meta.size));
+                    true
+                }
+                Err(object_store::Error::NotFound { .. }) => false,
                 Err(source) => return Err(Error::Store { location: display(&p), source }),
             }
         }
     };
-    if single_file.is_some() {
+    if let Some(hub) = &hub {
+        // The tree API lists directories: list the parent of a path that may name a file.
+        let parent = match pattern {
+            Some(_) => base.as_str(),
+            None => path.rsplit_once('/').map_or("", |(parent, _)| parent),
+        };
+        for entry in hub.list(parent).await? {
+            listed.push((store_path(spec, &entry.path)?, entry.size()));
+        }
+    } else if single && local {
         let p = store_path(spec, &path)?;
         let meta = store.head(&p).await.map_err(|source| Error::Store { location: display(&p), source })?;
-        let format = format_of(&p).ok_or_else(|| Error::BadSource {
-            spec: spec.to_string(),
-            reason: "cannot tell the file format from the extension; pass --format".into(),
-        })?;
-        files.push(CorpusFile { display: display(&p), path: p, size: meta.size, format });
-    } else {
+        listed.push((p, meta.size));
+    } else if !single {
         let prefix = store_path(spec, &base)?;
-        let matcher = pattern.as_ref().map(|p| Glob::new(format!("{base}/{p}").trim_start_matches('/')));
-        let listed: Vec<object_store::ObjectMeta> = store
+        let metas: Vec<object_store::ObjectMeta> = store
             .list(Some(&prefix))
             .try_collect()
             .await
             .map_err(|source| Error::Store { location: display(&prefix), source })?;
-        for meta in listed {
-            let rel: Vec<_> = meta.location.prefix_match(&prefix).map(|it| it.collect()).unwrap_or_default();
-            // Hidden files, `_SUCCESS`-style markers and a dataset repository's README or
-            // LICENSE are never corpus data.
-            if rel.iter().any(|part| part.as_ref().starts_with(['.', '_']))
-                || is_repo_doc(meta.location.filename().unwrap_or_default())
-            {
-                continue;
-            }
-            if let Some(m) = &matcher
-                && !m.matches(meta.location.as_ref())
-            {
-                continue;
-            }
-            let Some(format) = format_of(&meta.location) else { continue };
-            files.push(CorpusFile { display: display(&meta.location), path: meta.location, size: meta.size, format });
+        listed.extend(metas.into_iter().map(|m| (m.location, m.size)));
+    }
+    let single = single || (hub.is_some() && pattern.is_none() && listed.iter().any(|(p, _)| p.as_ref() == path));
+    let files =
+        select(spec, &display_root, &base, pattern.as_deref(), single.then_some(path.as_str()), listed, forced)?;
+    Ok(Resolved { store, files })
+}
+
+/// The corpus files among `listed` (paths and sizes): the file `single` names, or those under
+/// `base` matching `pattern`, with a format (forced, or told by the extension), sorted.
+fn select(
+    spec: &str,
+    display_root: &str,
+    base: &str,
+    pattern: Option<&str>,
+    single: Option<&str>,
+    listed: Vec<(StorePath, u64)>,
+    forced: Option<FileFormat>,
+) -> Result<Vec<CorpusFile>> {
+    let format_of = |p: &StorePath| forced.or_else(|| FileFormat::from_name(p.filename().unwrap_or_default()));
+    let mut files = Vec::new();
+    if let Some(single) = single {
+        let (path, size) = listed
+            .into_iter()
+            .find(|(p, _)| p.as_ref() == single.trim_end_matches('/'))
+            .ok_or_else(|| Error::BadSource { spec: spec.to_string(), reason: "the file is not there".into() })?;
+        let format = format_of(&path).ok_or_else(|| Error::BadSource {
+            spec: spec.to_string(),
+            reason: "cannot tell the file format from the extension; pass --format".into(),
+        })?;
+        files.push(CorpusFile { display: format!("{display_root}{path}"), path, size, format });
+        return Ok(files);
+    }
+    let prefix = store_path(spec, base)?;
+    let matcher = pattern.map(|p| Glob::new(format!("{base}/{p}").trim_start_matches('/')));
+    for (path, size) in listed {
+        let Some(rel) = path.prefix_match(&prefix).map(|it| it.collect::<Vec<_>>()) else { continue };
+        // Hidden files, `_SUCCESS`-style markers and a dataset repository's README or
+        // LICENSE are never corpus data.
+        if rel.is_empty()
+            || rel.iter().any(|part| part.as_ref().starts_with(['.', '_']))
+            || is_repo_doc(path.filename().unwrap_or_default())
+        {
+            continue;
         }
+        if let Some(m) = &matcher
+            && !m.matches(path.as_ref())
+        {
+            continue;
+        }
+        let Some(format) = format_of(&path) else { continue };
+        files.push(CorpusFile { display: format!("{display_root}{path}"), path, size, format });
     }
     if files.is_empty() {
+        let looked_for = match forced {
+            Some(f) => format!("{} files", f.name()),
+            None => "*.parquet, *.jsonl, *.ndjson, *.json, *.txt, *.text".to_string(),
+        };
         return Err(Error::NoFiles { spec: spec.to_string(), looked_for });
     }
     files.sort_by(|a, b| a.path.as_ref().cmp(b.path.as_ref()));
-    Ok(Resolved { store, files })
+    Ok(files)
+}
+
+/// The files of split `split` of config `config` of the Hub dataset `repo` (see
+/// [`HubDataset::split_files`]).
+pub(crate) async fn resolve_hub_split(
+    repo: &str,
+    config: Option<&str>,
+    split: &str,
+    forced: Option<FileFormat>,
+) -> Result<Resolved> {
+    let (dataset, globs) = HubDataset::new(repo, "main")?.split_files(config, split).await?;
+    let spec = format!("{repo} (config {}, split {split})", config.unwrap_or("default"));
+    let listed: Vec<(StorePath, u64)> = dataset
+        .list("")
+        .await?
+        .into_iter()
+        .map(|e| Ok((store_path(&spec, &e.path)?, e.size())))
+        .collect::<Result<_>>()?;
+    let mut files = Vec::new();
+    for glob in &globs {
+        let (base, pattern) = split_glob(glob.trim_start_matches("./"));
+        let matched = select(&spec, &dataset.display_root(), &base, pattern.as_deref(), None, listed.clone(), forced);
+        match matched {
+            Ok(found) => files.extend(found),
+            Err(Error::NoFiles { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    files.sort_by(|a, b| a.path.as_ref().cmp(b.path.as_ref()));
+    files.dedup_by(|a, b| a.path == b.path);
+    if files.is_empty() {
+        return Err(Error::NoFiles { spec, looked_for: format!("files matching {globs:?}") });
+    }
+    Ok(Resolved { store: dataset.store()?, files })
 }
 
 fn is_repo_doc(name: &str) -> bool {
