@@ -635,6 +635,68 @@ fn a_preempted_spanning_job_resumes_to_the_uninterrupted_dataset() {
     assert_same_checksums(&output.join("r"), &reference.join("r"));
 }
 
+/// Starts scripts/testing/stand_in_hub.py serving `root` on a free port, requiring `token`.
+fn stand_in_hub(root: &Path, token: &str) -> (Guard, u16) {
+    let port = free_port();
+    let server = Guard(
+        Command::new("python3")
+            .arg(repo_root().join("scripts/testing/stand_in_hub.py"))
+            .arg(root)
+            .arg(port.to_string())
+            .args(["--token", token])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 scripts/testing/stand_in_hub.py"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the stand-in Hub did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, port)
+}
+
+/// A corpus on the Hugging Face Hub (a stand-in on 127.0.0.1: paginated tree API, parquet
+/// behind redirects, ranged reads, a token): extraction from `hf://datasets/...` writes the
+/// shards extraction from the same parquet files on disk writes, and so does a run killed
+/// mid-way and resumed.
+#[test]
+fn a_corpus_on_the_hub_extracts_like_its_files_on_disk_and_resumes() {
+    let s = setup(80);
+    let data = s.root.join("hub/org/corpus/main/data");
+    let mut options = siphon_data::ConvertOptions::default();
+    (options.files, options.rows_per_group, options.max_row_bytes) = (3, 8, 300);
+    siphon_data::text_dir_to_parquet(&s.corpus, &data, &options).unwrap();
+    let (_server, port) = stand_in_hub(&s.root.join("hub"), "hf_test");
+    let job = |corpus: &str, output: &Path| {
+        let mut args = extract_args(&s, output, "r");
+        let at = args.iter().position(|a| a == "--corpus").unwrap();
+        args[at + 1] = corpus.to_string();
+        args.extend(["--cpu-devices".into(), "1".into()]);
+        let mut command = siphon(&args);
+        command.env("HF_ENDPOINT", format!("http://127.0.0.1:{port}")).env("HF_TOKEN", "hf_test");
+        command
+    };
+    let disk = s.root.join("disk");
+    run_ok(job(data.to_str().unwrap(), &disk), Duration::from_secs(300));
+    let hub = s.root.join("from-hub");
+    run_ok(job("hf://datasets/org/corpus/data/*.parquet", &hub), Duration::from_secs(300));
+    assert_same_checksums(&hub.join("r"), &disk.join("r"));
+
+    let resumed = s.root.join("resumed");
+    let mut command = job("hf://datasets/org/corpus/data/*.parquet", &resumed);
+    command.env("SIPHON_TEST_SLOW_BATCH_MS", "150");
+    let mut running = Guard(command.spawn().unwrap());
+    wait_for_lines(&resumed.join("r/machine_000_host_00/manifest.jsonl"), 1, &mut running);
+    sigterm(running.0.id());
+    let out = wait_with_limit(running, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
+    inspect_unfinished(&resumed.join("r"));
+    run_ok(job("hf://datasets/org/corpus/data/*.parquet", &resumed), Duration::from_secs(300));
+    assert_same_checksums(&resumed.join("r"), &disk.join("r"));
+}
+
 /// Runs the job (the script's arguments) on a full disk at `$OUT`, copies the result out, frees
 /// the space and runs the same job again. The disk is a 16 MiB tmpfs in a user and mount
 /// namespace, filled up to `$FREE` bytes by a filler file, where the system lets an

@@ -20,10 +20,21 @@ use siphon_data::{
 /// (Serialize: `siphon extract` compares them across hosts.)
 #[derive(clap::Args, Clone, Debug, Serialize)]
 pub struct CorpusArgs {
-    /// Corpus: a parquet/jsonl/text file, a directory, a glob (quote it), or a file://,
-    /// s3://, gs:// URL (credentials from the usual AWS_*/GOOGLE_* variables).
+    /// Corpus: a parquet/jsonl/text file, a directory, a glob (quote it), a file://, s3://,
+    /// gs:// URL (credentials from the usual AWS_*/GOOGLE_* variables), a Hugging Face Hub
+    /// dataset's files (`hf://datasets/OWNER/NAME[@REVISION]/PATH-OR-GLOB`) or a Hub dataset
+    /// by name (`OWNER/NAME`, with --hf-config and --hf-split); HF_ENDPOINT and HF_TOKEN as
+    /// huggingface_hub reads them. Read in place, never downloaded whole.
     #[arg(long, value_name = "SRC")]
     pub corpus: String,
+    /// The config of a Hub dataset named OWNER/NAME (default: its card's default).
+    #[arg(long, value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hf_config: Option<String>,
+    /// The split of a Hub dataset named OWNER/NAME (default: train).
+    #[arg(long, value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hf_split: Option<String>,
     /// Force the file format instead of going by extension.
     #[arg(long, value_enum)]
     pub format: Option<FormatArg>,
@@ -133,6 +144,8 @@ impl CorpusArgs {
         config.unit_bytes = self.unit_bytes;
         config.shuffle = self.shuffle_seed.map(|seed| Shuffle { seed, within_unit: self.shuffle_within_unit });
         config.invalid = if self.strict { InvalidRecords::Error } else { InvalidRecords::Skip };
+        config.hub_config = self.hf_config.clone();
+        config.hub_split = self.hf_split.clone();
         config
     }
 
