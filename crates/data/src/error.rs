@@ -88,6 +88,20 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A worker read records and none was usable: the corpus, or the field it is read from,
+    /// is not what the options say (a run of 0 tokens is refused, not called complete).
+    #[error(
+        "none of the {records} records read was usable ({invalid} unusable, the first because {first}); \
+         check --json-field, --text-column and --format"
+    )]
+    NothingUsable {
+        /// Records read.
+        records: u64,
+        /// Of them, unusable ones (the others blank).
+        invalid: u64,
+        /// Why the first unusable record was.
+        first: String,
+    },
     /// The tokenizer failed or lacks a token that was asked for.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

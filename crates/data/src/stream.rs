@@ -188,7 +188,8 @@ enum Work {
 enum Tok {
     Ids(Vec<u32>),
     Empty,
-    Invalid,
+    /// Unusable, and why.
+    Invalid(String),
 }
 
 enum Done {
@@ -215,6 +216,8 @@ pub struct BatchStream {
     finished: bool,
     failed: bool,
     stats: DataStats,
+    /// Why the first unusable record was (a stream of nothing but those is an error).
+    first_invalid: Option<String>,
     position: Position,
     threads: Vec<JoinHandle<()>>,
 }
@@ -309,6 +312,7 @@ impl Corpus {
             finished: false,
             failed: false,
             stats,
+            first_invalid: None,
             position: start,
             threads,
         })
@@ -406,7 +410,10 @@ impl BatchStream {
             self.stats.records += 1;
             match tok {
                 Tok::Empty => self.stats.empty += 1,
-                Tok::Invalid => self.stats.invalid += 1,
+                Tok::Invalid(reason) => {
+                    self.stats.invalid += 1;
+                    self.first_invalid.get_or_insert(reason);
+                }
                 Tok::Ids(ids) => {
                     self.stats.documents += 1;
                     let offset = resume.filter(|p| p.record == order).map_or(0, |p| p.token);
@@ -488,6 +495,12 @@ impl Iterator for BatchStream {
         }
         if self.rows.is_empty() {
             self.shutdown();
+            if self.stats.documents == 0
+                && let Some(first) = self.first_invalid.take()
+            {
+                let DataStats { records, invalid, .. } = self.stats;
+                return Some(Err(Error::NothingUsable { records, invalid, first }));
+            }
             return None;
         }
         Some(Ok(self.make_batch()))
@@ -598,7 +611,7 @@ fn tokenize_main(tokenizer: &Tokenizer, work_rx: &Mutex<Receiver<Work>>, done_tx
                 for (order, stable, record) in records {
                     let tok = match record {
                         Record::Empty => Tok::Empty,
-                        Record::Invalid(_) => Tok::Invalid,
+                        Record::Invalid(reason) => Tok::Invalid(reason),
                         Record::Text(text) => match tokenizer.encode_fast(text.as_str(), false) {
                             Ok(enc) if enc.get_ids().is_empty() => Tok::Empty,
                             Ok(enc) => Tok::Ids(enc.get_ids().to_vec()),

@@ -101,6 +101,25 @@ fn strict_mode_names_the_file_and_offset_of_a_bad_record() {
     assert!(msg.contains("bad.jsonl") && msg.contains("byte 17") && msg.contains("not valid JSON"), "{msg}");
 }
 
+/// A jsonl whose field holds lists (conversations read as text): no record is usable, and
+/// the stream fails with the first reason instead of ending empty; one usable record is enough
+/// to read the rest skipping the others.
+#[test]
+fn a_corpus_of_nothing_usable_fails_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chats.jsonl");
+    let chat = "{\"text\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n";
+    std::fs::write(&path, chat.repeat(3)).unwrap();
+    let corpus = Corpus::open(path.to_str().unwrap(), &CorpusConfig::default()).unwrap();
+    let results: Vec<_> = corpus.stream(tokenizer(), pad_right()).unwrap().collect();
+    let err = results.into_iter().find_map(Result::err).expect("nothing usable fails");
+    assert!(matches!(err, Error::NothingUsable { records: 3, invalid: 3, .. }), "{err}");
+    assert!(err.to_string().contains("--json-field"), "{err}");
+    std::fs::write(&path, format!("{chat}{{\"text\": \"fine\"}}\n")).unwrap();
+    let corpus = Corpus::open(path.to_str().unwrap(), &CorpusConfig::default()).unwrap();
+    assert_eq!(doc_texts(&rows(&corpus, pad_right())), ["fine"]);
+}
+
 #[test]
 fn text_directories_one_document_per_file_or_per_line() {
     let dir = tempfile::tempdir().unwrap();
