@@ -49,6 +49,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod chat;
 mod convert;
 mod error;
 mod hub;
@@ -59,6 +60,7 @@ mod source;
 mod special;
 mod stream;
 
+pub use chat::{ChatTemplate, Rendered, Role};
 pub use convert::{ConvertOptions, ConvertReport, text_dir_to_parquet};
 pub use error::{Error, Result};
 pub use pack::{NO_DOC, PackConfig, PackMode, PadSide, SpecialTokens, doc_id};

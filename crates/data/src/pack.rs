@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::chat::Role;
 use crate::error::{Error, Result};
 
 /// Which side of a padded row the padding goes.
@@ -59,6 +60,9 @@ pub struct PackConfig {
     /// Pack mode: start every row with BOS, so no row begins mid-document without the
     /// token models use as an attention sink. The inserted BOS is excluded like any BOS.
     pub row_bos: bool,
+    /// Keep only the tokens of these roles (of conversations rendered through a chat
+    /// template); the others are excluded. `None` keeps every role.
+    pub keep_roles: Option<Vec<Role>>,
 }
 
 impl PackConfig {
@@ -66,7 +70,7 @@ impl PackConfig {
     /// start; pad mode with BOS only.
     pub fn new(seq_len: usize, mode: PackMode, special: SpecialTokens) -> PackConfig {
         let pack = mode == PackMode::Pack;
-        PackConfig { seq_len, mode, special, doc_bos: true, doc_eos: pack, row_bos: pack }
+        PackConfig { seq_len, mode, special, doc_bos: true, doc_eos: pack, row_bos: pack, keep_roles: None }
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -91,23 +95,53 @@ impl PackConfig {
         self.special.bos.filter(|_| self.row_bos && self.mode == PackMode::Pack)
     }
 
-    /// Tokens of a document with `n` content tokens, separators included.
-    pub(crate) fn doc_len(&self, n: usize) -> usize {
-        n + usize::from(self.bos().is_some()) + usize::from(self.eos().is_some())
-    }
-
-    /// Token `i` of a document, separators included.
-    fn doc_token(&self, content: &[u32], i: usize) -> u32 {
-        let lead = usize::from(self.bos().is_some());
-        match self.bos() {
-            Some(b) if i == 0 => b,
-            _ if i - lead < content.len() => content[i - lead],
-            _ => self.eos().expect("index past content only when EOS is appended"),
+    /// A document to pack: plain text gets the separators this config puts around
+    /// documents; a rendered conversation (`roles` non-empty) is taken as its template
+    /// rendered it, special tokens included.
+    fn doc<'a>(&self, content: &'a [u32], roles: &'a [Role]) -> Doc<'a> {
+        match roles.is_empty() {
+            true => Doc { content, roles, bos: self.bos(), eos: self.eos() },
+            false => Doc { content, roles, bos: None, eos: None },
         }
     }
 
-    fn excluded(&self, id: u32) -> bool {
-        Some(id) == self.special.bos || Some(id) == self.special.eos || self.special.exclude.contains(&id)
+    fn excluded(&self, id: u32, role: Role) -> bool {
+        Some(id) == self.special.bos
+            || Some(id) == self.special.eos
+            || self.special.exclude.contains(&id)
+            || self.keep_roles.as_ref().is_some_and(|keep| !keep.contains(&role))
+    }
+}
+
+/// A document's tokens with its separators.
+struct Doc<'a> {
+    content: &'a [u32],
+    /// Each content token's role; empty for plain text.
+    roles: &'a [Role],
+    bos: Option<u32>,
+    eos: Option<u32>,
+}
+
+impl Doc<'_> {
+    /// Tokens, separators included.
+    fn len(&self) -> usize {
+        self.content.len() + usize::from(self.bos.is_some()) + usize::from(self.eos.is_some())
+    }
+
+    /// Token `i`, separators included.
+    fn token(&self, i: usize) -> u32 {
+        let lead = usize::from(self.bos.is_some());
+        match self.bos {
+            Some(b) if i == 0 => b,
+            _ if i - lead < self.content.len() => self.content[i - lead],
+            _ => self.eos.expect("index past content only when EOS is appended"),
+        }
+    }
+
+    /// The role of token `i` (separators are template text).
+    fn role(&self, i: usize) -> Role {
+        let lead = usize::from(self.bos.is_some());
+        i.checked_sub(lead).and_then(|j| self.roles.get(j)).copied().unwrap_or(Role::Template)
     }
 }
 
@@ -129,6 +163,8 @@ pub(crate) struct Row {
     pub exclude: Vec<u8>,
     pub doc: Vec<i64>,
     pub doc_pos: Vec<i32>,
+    /// Each token's [`Role`] (`Template` for plain documents, separators and padding).
+    pub role: Vec<u8>,
     /// Next (record index, token offset) within the unit, or None if the unit is done.
     pub next: Option<(u64, u64)>,
 }
@@ -161,20 +197,22 @@ impl Packer {
             exclude: Vec::with_capacity(n),
             doc: Vec::with_capacity(n),
             doc_pos: Vec::with_capacity(n),
+            role: Vec::with_capacity(n),
             next: None,
         };
         self.next_index += 1;
         row
     }
 
-    /// Adds document `record` (content tokens, no separators), starting at token `offset`
-    /// of its separated form (non-zero only when resuming mid-document). Finished rows are
-    /// appended to `out`.
-    pub fn push(&mut self, record: u64, stable: u64, content: &[u32], offset: u64, out: &mut Vec<Row>) {
+    /// Adds document `record` (content tokens, no separators, and each one's role, or none
+    /// for plain text), starting at token `offset` of its separated form (non-zero only when
+    /// resuming mid-document). Finished rows are appended to `out`.
+    pub fn push(&mut self, record: u64, stable: u64, content: &[u32], roles: &[Role], offset: u64, out: &mut Vec<Row>) {
         let cfg = self.cfg.clone();
         let cfg = &*cfg;
         let doc = doc_id(self.unit, stable);
-        let len = cfg.doc_len(content.len());
+        let document = cfg.doc(content, roles);
+        let len = document.len();
         match cfg.mode {
             PackMode::Pad(side) => {
                 let mut row = self.empty_row();
@@ -188,8 +226,7 @@ impl Packer {
                     push_pad(cfg, &mut row, pad);
                 }
                 for i in 0..take {
-                    let id = cfg.doc_token(content, i);
-                    push_tok(cfg, &mut row, id, doc, i as i32);
+                    push_tok(cfg, &mut row, document.token(i), doc, i as i32, document.role(i));
                 }
                 if side == PadSide::Right {
                     push_pad(cfg, &mut row, pad);
@@ -206,9 +243,9 @@ impl Packer {
                             let mut row = self.empty_row();
                             if let Some(b) = cfg.row_bos() {
                                 // The document's own BOS serves when the row starts with it.
-                                let starts_with_bos = i == 0 && cfg.bos() == Some(b);
+                                let starts_with_bos = i == 0 && document.token(0) == b;
                                 if !starts_with_bos {
-                                    push_tok(cfg, &mut row, b, NO_DOC, -1);
+                                    push_tok(cfg, &mut row, b, NO_DOC, -1, Role::Template);
                                 }
                             }
                             row
@@ -217,7 +254,7 @@ impl Packer {
                     let room = cfg.seq_len - row.tokens.len();
                     let take = room.min(len - i);
                     for j in i..i + take {
-                        push_tok(cfg, &mut row, cfg.doc_token(content, j), doc, j as i32);
+                        push_tok(cfg, &mut row, document.token(j), doc, j as i32, document.role(j));
                     }
                     i += take;
                     if row.tokens.len() == cfg.seq_len {
@@ -243,12 +280,13 @@ impl Packer {
     }
 }
 
-fn push_tok(cfg: &PackConfig, row: &mut Row, id: u32, doc: i64, pos: i32) {
+fn push_tok(cfg: &PackConfig, row: &mut Row, id: u32, doc: i64, pos: i32, role: Role) {
     row.tokens.push(id);
     row.attention.push(1);
-    row.exclude.push(u8::from(cfg.excluded(id)));
+    row.exclude.push(u8::from(cfg.excluded(id, role)));
     row.doc.push(doc);
     row.doc_pos.push(pos);
+    row.role.push(role as u8);
 }
 
 fn push_pad(cfg: &PackConfig, row: &mut Row, n: usize) {
@@ -258,6 +296,7 @@ fn push_pad(cfg: &PackConfig, row: &mut Row, n: usize) {
         row.exclude.push(1);
         row.doc.push(NO_DOC);
         row.doc_pos.push(-1);
+        row.role.push(Role::Template as u8);
     }
 }
 
@@ -279,8 +318,8 @@ mod tests {
         cfg.row_bos = false;
         let mut p = Packer::new(Arc::new(cfg.clone()), 3, 0);
         let mut out = Vec::new();
-        p.push(0, 0, &[10, 11, 12], 0, &mut out); // B 10 11 12 E  (5)
-        p.push(1, 1, &[20, 99, 21], 0, &mut out); // B 20 99 21 E  (5)
+        p.push(0, 0, &[10, 11, 12], &[], 0, &mut out); // B 10 11 12 E  (5)
+        p.push(1, 1, &[20, 99, 21], &[], 0, &mut out); // B 20 99 21 E  (5)
         p.finish(&mut out);
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].tokens, vec![BOS, 10, 11, 12, EOS, BOS]);
@@ -306,7 +345,7 @@ mod tests {
         let cfg = PackConfig::new(4, PackMode::Pack, special());
         let mut p = Packer::new(Arc::new(cfg.clone()), 0, 0);
         let mut out = Vec::new();
-        p.push(0, 0, &[10, 11, 12, 13, 14], 0, &mut out); // B 10 11 12 13 14 E
+        p.push(0, 0, &[10, 11, 12, 13, 14], &[], 0, &mut out); // B 10 11 12 13 14 E
         p.finish(&mut out);
         // Row 0 starts with the doc's own BOS; later rows get an inserted one.
         assert_eq!(out[0].tokens, vec![BOS, 10, 11, 12]);
@@ -323,8 +362,8 @@ mod tests {
             let cfg = PackConfig::new(5, PackMode::Pad(side), special());
             let mut p = Packer::new(Arc::new(cfg.clone()), 0, 0);
             let mut out = Vec::new();
-            p.push(0, 0, &[10, 11], 0, &mut out);
-            p.push(1, 1, &[20, 21, 22, 23, 24, 25], 0, &mut out);
+            p.push(0, 0, &[10, 11], &[], 0, &mut out);
+            p.push(1, 1, &[20, 21, 22, 23, 24, 25], &[], 0, &mut out);
             assert_eq!(p.truncated_docs, 1);
             let expect_short = match side {
                 PadSide::Left => vec![PAD, PAD, BOS, 10, 11],
@@ -351,7 +390,7 @@ mod tests {
         let mut full = Vec::new();
         let mut p = Packer::new(Arc::new(cfg.clone()), 0, 0);
         for (i, d) in docs.iter().enumerate() {
-            p.push(i as u64, i as u64, d, 0, &mut full);
+            p.push(i as u64, i as u64, d, &[], 0, &mut full);
         }
         p.finish(&mut full);
         for cut in 0..full.len() - 1 {
@@ -359,7 +398,7 @@ mod tests {
             let mut rest = Vec::new();
             let mut p = Packer::new(Arc::new(cfg.clone()), 0, full[cut].index_in_unit + 1);
             for (i, d) in docs.iter().enumerate().skip(rec as usize) {
-                p.push(i as u64, i as u64, d, if i as u64 == rec { off } else { 0 }, &mut rest);
+                p.push(i as u64, i as u64, d, &[], if i as u64 == rec { off } else { 0 }, &mut rest);
             }
             p.finish(&mut rest);
             assert_eq!(rest, full[cut + 1..].to_vec(), "resume after row {cut}");

@@ -23,6 +23,8 @@ pub(crate) enum Record {
     Empty,
     /// Unusable (reason).
     Invalid(String),
+    /// A list of `{role, content}` messages, to be rendered with a chat template.
+    Conversation(serde_json::Value),
 }
 
 /// Receives `(index in emitted order, stable record index, record)`; returns `false` to stop.
@@ -236,7 +238,9 @@ fn json_record(line: &[u8], field: &str) -> Record {
         Some(serde_json::Value::String(s)) if s.trim().is_empty() => Record::Empty,
         Some(serde_json::Value::String(s)) => Record::Text(s.clone()),
         Some(serde_json::Value::Null) => Record::Invalid(format!("field {field:?} is null")),
-        Some(_) => Record::Invalid(format!("field {field:?} is not a string")),
+        Some(serde_json::Value::Array(messages)) if messages.is_empty() => Record::Empty,
+        Some(messages @ serde_json::Value::Array(_)) => Record::Conversation(messages.clone()),
+        Some(_) => Record::Invalid(format!("field {field:?} is not a string or a list of messages")),
     }
 }
 

@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
+use crate::chat::{ChatTemplate, Role};
 use crate::error::{Error, Result};
 use crate::pack::{PackConfig, Packer, Row};
 use crate::plan::{Corpus, Fnv, Partition, Unit, Worker};
@@ -40,6 +41,9 @@ pub struct StreamConfig {
     pub threads: usize,
     /// Continue from a position recorded with an earlier batch.
     pub resume: Option<Position>,
+    /// Renders conversation records (a field holding a list of `{role, content}` messages);
+    /// without it they are unusable records.
+    pub chat: Option<Arc<ChatTemplate>>,
 }
 
 impl StreamConfig {
@@ -53,6 +57,7 @@ impl StreamConfig {
             batch_size,
             threads,
             resume: None,
+            chat: None,
         }
     }
 }
@@ -131,6 +136,8 @@ pub struct Batch {
     pub doc: Vec<i64>,
     /// Position of the token within its document, -1 for pad/inserted BOS.
     pub doc_pos: Vec<i32>,
+    /// Each token's [`Role`] as a byte (`Template` for plain documents and padding).
+    pub role: Vec<u8>,
     /// Where the stream continues after this batch.
     pub position: Position,
 }
@@ -187,6 +194,8 @@ enum Work {
 
 enum Tok {
     Ids(Vec<u32>),
+    /// A rendered conversation: its ids and each one's role.
+    Chat(Vec<u32>, Vec<Role>),
     Empty,
     /// Unusable, and why.
     Invalid(String),
@@ -287,10 +296,11 @@ impl Corpus {
             let work_rx = work_rx.clone();
             let done_tx = done_tx.clone();
             let tokenizer = tokenizer.clone();
+            let chat = config.chat.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("siphon-tok-{w}-{t}"))
-                    .spawn(move || tokenize_main(&tokenizer, &work_rx, &done_tx))
+                    .spawn(move || tokenize_main(&tokenizer, chat.as_deref(), &work_rx, &done_tx))
                     .map_err(Error::Runtime)?,
             );
         }
@@ -417,7 +427,12 @@ impl BatchStream {
                 Tok::Ids(ids) => {
                     self.stats.documents += 1;
                     let offset = resume.filter(|p| p.record == order).map_or(0, |p| p.token);
-                    packer.push(order, stable, &ids, offset, &mut out);
+                    packer.push(order, stable, &ids, &[], offset, &mut out);
+                }
+                Tok::Chat(ids, roles) => {
+                    self.stats.documents += 1;
+                    let offset = resume.filter(|p| p.record == order).map_or(0, |p| p.token);
+                    packer.push(order, stable, &ids, &roles, offset, &mut out);
                 }
             }
         }
@@ -444,6 +459,7 @@ impl BatchStream {
             exclude: Vec::with_capacity(n * seq_len),
             doc: Vec::with_capacity(n * seq_len),
             doc_pos: Vec::with_capacity(n * seq_len),
+            role: Vec::with_capacity(n * seq_len),
             position: self.position.clone(),
         };
         let mut last = None;
@@ -458,6 +474,7 @@ impl BatchStream {
             batch.exclude.extend_from_slice(&row.exclude);
             batch.doc.extend_from_slice(&row.doc);
             batch.doc_pos.extend_from_slice(&row.doc_pos);
+            batch.role.extend_from_slice(&row.role);
             last = Some((ordinal, row.index_in_unit, row.next));
         }
         self.stats.sequences += n as u64;
@@ -593,7 +610,12 @@ fn read_main(corpus: Corpus, ordinals: Vec<u64>, first_skip: u64, work_tx: SyncS
     });
 }
 
-fn tokenize_main(tokenizer: &Tokenizer, work_rx: &Mutex<Receiver<Work>>, done_tx: &SyncSender<(u64, Done)>) {
+fn tokenize_main(
+    tokenizer: &Tokenizer,
+    chat: Option<&ChatTemplate>,
+    work_rx: &Mutex<Receiver<Work>>,
+    done_tx: &SyncSender<(u64, Done)>,
+) {
     loop {
         let work = {
             let Ok(rx) = work_rx.lock() else { return };
@@ -612,6 +634,18 @@ fn tokenize_main(tokenizer: &Tokenizer, work_rx: &Mutex<Receiver<Work>>, done_tx
                     let tok = match record {
                         Record::Empty => Tok::Empty,
                         Record::Invalid(reason) => Tok::Invalid(reason),
+                        Record::Conversation(messages) => match chat {
+                            None => Tok::Invalid(
+                                "the record is a conversation and there is no chat template (the model's, or \
+                                 --chat-template)"
+                                    .into(),
+                            ),
+                            Some(chat) => match chat.encode(tokenizer, &messages) {
+                                Ok((ids, _)) if ids.is_empty() => Tok::Empty,
+                                Ok((ids, roles)) => Tok::Chat(ids, roles),
+                                Err(reason) => Tok::Invalid(reason),
+                            },
+                        },
                         Record::Text(text) => match tokenizer.encode_fast(text.as_str(), false) {
                             Ok(enc) if enc.get_ids().is_empty() => Tok::Empty,
                             Ok(enc) => Tok::Ids(enc.get_ids().to_vec()),
