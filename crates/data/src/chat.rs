@@ -101,8 +101,8 @@ impl ChatTemplate {
     /// Compiles `source` (a transformers chat template), rendering with `special` tokens
     /// (`("bos_token", "<s>")`, ...) in its context.
     pub fn new(source: &str, special: &[(&str, &str)]) -> Result<ChatTemplate> {
-        let marks_generation = source.contains("generation");
         let rewritten = rewrite_generation(source);
+        let marks_generation = rewritten != source;
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -316,7 +316,8 @@ mod tests {
 
     #[test]
     fn content_spans_take_their_messages_roles() {
-        let t = ChatTemplate::new(CHATML, &[]).unwrap();
+        let t = ChatTemplate::new(&format!("{CHATML}{{% if add_generation_prompt %}}x{{% endif %}}"), &[]).unwrap();
+        assert!(!t.marks_generation);
         let r = t.render(&chat()).unwrap();
         assert_eq!(
             r.text,

@@ -29,6 +29,12 @@ pub struct TextTokenizer {
     pub eos_id: Option<u32>,
     /// Padding token id, if the model names one.
     pub pad_id: Option<u32>,
+    /// The chat template (`tokenizer_config.json`'s `chat_template` or a `chat_template.jinja`
+    /// beside it; a GGUF's `tokenizer.chat_template`).
+    pub chat_template: Option<String>,
+    /// Special tokens by name, as a chat template's context holds them (`bos_token`,
+    /// `eos_token`, `unk_token`, `pad_token`).
+    pub special_tokens: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -54,7 +60,7 @@ impl TextTokenizer {
         eos_id: Option<u32>,
         pad_id: Option<u32>,
     ) -> TextTokenizer {
-        TextTokenizer { inner, bos_id, eos_id, pad_id }
+        TextTokenizer { inner, bos_id, eos_id, pad_id, chat_template: None, special_tokens: Vec::new() }
     }
 
     /// The underlying tokenizer.
@@ -78,7 +84,11 @@ impl TextTokenizer {
         }
         let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
         let inner = parse_tokenizer(&text).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
-        let mut tok = TextTokenizer { inner, bos_id: None, eos_id: None, pad_id: None };
+        let mut tok = TextTokenizer::new(inner, None, None, None);
+        let jinja = dir.join("chat_template.jinja");
+        if jinja.exists() {
+            tok.chat_template = Some(std::fs::read_to_string(&jinja).map_err(|e| ModelError::io(&jinja, e))?);
+        }
         let config_path = dir.join("tokenizer_config.json");
         if config_path.exists() {
             let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
@@ -93,6 +103,22 @@ impl TextTokenizer {
             tok.bos_id = id_of("bos_token");
             tok.eos_id = id_of("eos_token");
             tok.pad_id = id_of("pad_token");
+            for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+                let value = config.get(key);
+                if let Some(s) = value.and_then(|v| v.as_str().or_else(|| v.get("content").and_then(Value::as_str))) {
+                    tok.special_tokens.push((key.to_string(), s.to_string()));
+                }
+            }
+            // A string, or named templates (transformers 4.x): the one named "default".
+            let named = |v: &Value| v.get("name").and_then(Value::as_str) == Some("default");
+            let chat_template = match config.get("chat_template") {
+                Some(Value::String(t)) => Some(t.clone()),
+                Some(Value::Array(list)) => {
+                    list.iter().find(|v| named(v)).and_then(|v| v.get("template")?.as_str().map(str::to_string))
+                }
+                _ => None,
+            };
+            tok.chat_template = tok.chat_template.take().or(chat_template);
             // transformers ≥5 rebuilds the post-processor from add_bos_token/add_eos_token
             // when the config names either, or when tokenizer.json has none.
             let flag = |key: &str| config.get(key).and_then(Value::as_bool);
@@ -186,7 +212,15 @@ impl TextTokenizer {
             "model": model_json,
         });
         let inner = parse_tokenizer(&spec.to_string()).map_err(|e| fail(format!("building the BPE tokenizer: {e}")))?;
-        Ok(TextTokenizer { inner, bos_id, eos_id, pad_id })
+        let mut tok = TextTokenizer::new(inner, bos_id, eos_id, pad_id);
+        tok.chat_template = file.get("tokenizer.chat_template").and_then(GgufValue::as_str).map(str::to_string);
+        let unk_id = id("unknown_token_id")?;
+        for (key, id) in [("bos_token", bos_id), ("eos_token", eos_id), ("unk_token", unk_id), ("pad_token", pad_id)] {
+            if let Some(id) = id {
+                tok.special_tokens.push((key.to_string(), tokens[id as usize].to_string()));
+            }
+        }
+        Ok(tok)
     }
 }
 
