@@ -635,6 +635,102 @@ fn a_preempted_spanning_job_resumes_to_the_uninterrupted_dataset() {
     assert_same_checksums(&output.join("r"), &reference.join("r"));
 }
 
+/// A corpus of conversations (a jsonl field holding messages) through a chat template with
+/// `--roles assistant`: the dataset holds exactly the assistant's tokens, in order, each with
+/// its role; run.json records the template; `siphon data` shows the first conversation
+/// rendered with its roles marked.
+#[test]
+fn conversations_through_a_chat_template_keep_only_the_assistants_tokens() {
+    let s = setup(4);
+    let goldens: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_root().join("fixtures/chat/goldens.json")).unwrap())
+            .unwrap();
+    let template_path = repo_root().join("fixtures/chat/templates/chatml-generation.jinja");
+    let conversations: Vec<serde_json::Value> = goldens["templates"]["chatml-generation"]["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["messages"].clone())
+        .collect();
+    let corpus = s.root.join("chats.jsonl");
+    let lines: Vec<String> = conversations.iter().map(|m| serde_json::json!({ "messages": m }).to_string()).collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    // What the assistant said, as the template and the tokenizer give it.
+    let tokenizer = siphon_data::load_tokenizer(&repo_root().join("fixtures/data/tokenizer.json")).unwrap();
+    let template = siphon_data::ChatTemplate::new(&std::fs::read_to_string(&template_path).unwrap(), &[]).unwrap();
+    let mut expected = Vec::new();
+    for messages in &conversations {
+        let (ids, roles) = template.encode(&tokenizer, messages).unwrap();
+        expected.extend(
+            ids.iter().zip(&roles).filter(|(_, r)| **r == siphon_data::Role::Assistant).map(|(&i, _)| i as i32),
+        );
+    }
+    assert!(expected.len() > 20);
+
+    let output = s.root.join("out");
+    let mut args = extract_args(&s, &output, "r");
+    let at = args.iter().position(|a| a == "--corpus").unwrap();
+    args[at + 1] = corpus.display().to_string();
+    args.extend(
+        ["--json-field", "messages", "--roles", "assistant", "--cpu-devices", "1", "--chat-template"]
+            .map(str::to_string),
+    );
+    args.push(template_path.display().to_string());
+    run_ok(siphon(&args), Duration::from_secs(300));
+    inspect_ok(&output.join("r"));
+    let (mut ids, mut roles) = (Vec::new(), Vec::new());
+    let host = output.join("r/machine_000_host_00");
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(&host)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    shards.sort();
+    for shard in shards {
+        let bytes = std::fs::read(&shard).unwrap();
+        let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let data = |name: &str| tensors.tensor(name).unwrap().data().to_vec();
+        ids.extend(data("token_ids").chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())));
+        roles.extend(data("role"));
+    }
+    assert_eq!(ids, expected, "the stored tokens are the assistant's");
+    assert!(roles.iter().all(|&r| r == siphon_data::Role::Assistant as u8));
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(output.join("r/run.json")).unwrap()).unwrap();
+    assert!(run.to_string().contains("generation"), "run.json records the template");
+
+    let data_args: Vec<String> = [
+        "data",
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--json-field",
+        "messages",
+        "--seq-len",
+        "32",
+        "--tokenizer",
+        repo_root().join("fixtures/data/tokenizer.json").to_str().unwrap(),
+        "--chat-template",
+        template_path.to_str().unwrap(),
+    ]
+    .map(str::to_string)
+    .to_vec();
+    let out = run_ok(siphon(&data_args), Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("[system]You are terse.[/system]") && text.contains("[assistant]Paris.<|im_end|>\n[/assistant]"),
+        "{text}"
+    );
+    // Without a template, a corpus of conversations is refused naming the way out.
+    let mut no_template = data_args.clone();
+    no_template.truncate(no_template.len() - 2);
+    let out = siphon(&no_template).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--chat-template FILE"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Starts scripts/testing/stand_in_hub.py serving `root` on a free port, requiring `token`.
 fn stand_in_hub(root: &Path, token: &str) -> (Guard, u16) {
     let port = free_port();

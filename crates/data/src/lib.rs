@@ -65,6 +65,7 @@ pub use convert::{ConvertOptions, ConvertReport, text_dir_to_parquet};
 pub use error::{Error, Result};
 pub use pack::{NO_DOC, PackConfig, PackMode, PadSide, SpecialTokens, doc_id};
 pub use plan::{Corpus, CorpusConfig, InvalidRecords, Partition, Shuffle, TextRecords, Unit, UnitKind, Worker};
+pub use read::Record;
 pub use source::{CorpusFile, FileFormat};
 pub use special::{load_tokenizer, parse_token};
 pub use stream::{Batch, BatchStream, DataStats, Position, SeqId, StreamConfig};

@@ -314,6 +314,35 @@ impl Corpus {
         })
     }
 
+    /// The first `n` records of the corpus in its global order (fewer if it has fewer):
+    /// what a run will read first, as read (a conversation not yet rendered), for checks and
+    /// examples before a run.
+    pub fn first_records(&self, n: usize) -> Result<Vec<crate::Record>> {
+        let corpus = self.clone();
+        let read = move || -> Result<Vec<crate::Record>> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
+            rt.block_on(async {
+                let mut records = Vec::new();
+                let mut reader = crate::read::UnitReader::new(corpus.clone());
+                for &unit in corpus.order.iter() {
+                    let unit = corpus.units[unit as usize];
+                    let mut emit = |_: u64, _: u64, record: crate::Record| -> Result<bool> {
+                        records.push(record);
+                        Ok(records.len() < n)
+                    };
+                    reader.read(&unit, 0, &mut emit).await?;
+                    if records.len() >= n {
+                        break;
+                    }
+                }
+                Ok(records)
+            })
+        };
+        // On a helper thread, so that callers inside a tokio runtime may call it too.
+        std::thread::scope(|scope| scope.spawn(read).join())
+            .map_err(|_| Error::Runtime(std::io::Error::other("the thread reading the first records panicked")))?
+    }
+
     /// The corpus files, sorted.
     pub fn files(&self) -> &[CorpusFile] {
         &self.files

@@ -15,8 +15,8 @@ use crate::plan::{Corpus, InvalidRecords, UnitKind, load_parquet_meta, permute, 
 use crate::source::{CorpusFile, FileFormat};
 
 /// One record as read, before tokenization.
-#[derive(Debug)]
-pub(crate) enum Record {
+#[derive(Clone, Debug, PartialEq)]
+pub enum Record {
     /// A document.
     Text(String),
     /// Present but blank.

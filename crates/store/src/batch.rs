@@ -110,6 +110,9 @@ pub struct BatchActivations {
     pub position: Vec<i32>,
     /// `[batch, seq]`; false marks tokens to exclude (BOS, padding, separators).
     pub keep: Vec<bool>,
+    /// `[batch, seq]` role of each token (the data crate's `Role` as a byte), for runs that
+    /// store roles.
+    pub roles: Option<Vec<u8>>,
     /// Opaque data-stream position after this batch (from the data crate), recorded in the
     /// manifest so that a restart resumes exactly after the last committed shard.
     pub data_position_after: serde_json::Value,
@@ -140,6 +143,7 @@ impl BatchActivations {
             ("doc_index", self.doc_index.len()),
             ("position", self.position.len()),
             ("keep", self.keep.len()),
+            ("roles", self.roles.as_ref().map_or(tokens, Vec::len)),
         ] {
             if len != tokens {
                 return Err(bad(format!("{name} has {len} entries, expected batch*seq = {tokens}")));

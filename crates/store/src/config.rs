@@ -51,6 +51,10 @@ pub struct ShardFormat {
     pub keep_excluded: bool,
     /// Optional shuffle of tokens before writing.
     pub shuffle: Option<ShuffleConfig>,
+    /// Store each token's role (a `role` tensor: which message of a conversation rendered
+    /// through a chat template it comes from, or template text).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub roles: bool,
 }
 
 impl Default for ShardFormat {
@@ -60,6 +64,7 @@ impl Default for ShardFormat {
             target_shard_bytes: DEFAULT_TARGET_SHARD_BYTES,
             keep_excluded: false,
             shuffle: None,
+            roles: false,
         }
     }
 }

@@ -49,7 +49,7 @@ pub(crate) fn readable_formats() -> String {
     READABLE_FORMAT_VERSIONS.iter().map(|v| format!("{FORMAT_PREFIX}{v}")).collect::<Vec<_>>().join(" and ")
 }
 /// Tensor names that hooks may not use.
-pub const RESERVED_TENSOR_NAMES: [&str; 5] = ["token_ids", "doc_index", "position", "sample_index", "mask"];
+pub const RESERVED_TENSOR_NAMES: [&str; 6] = ["token_ids", "doc_index", "position", "sample_index", "mask", "role"];
 
 /// Identity written into each shard's metadata.
 #[derive(Debug, Clone)]
@@ -94,6 +94,7 @@ pub(crate) struct ShardBuilder {
     position: Vec<i32>,
     sample_index: Vec<i64>,
     mask: Vec<bool>,
+    role: Vec<u8>,
     samples: Option<(u64, u64)>,
     data_position_after: serde_json::Value,
 }
@@ -129,6 +130,7 @@ impl ShardBuilder {
             position: Vec::new(),
             sample_index: Vec::new(),
             mask: Vec::new(),
+            role: Vec::new(),
             samples: None,
             data_position_after: serde_json::Value::Null,
         }
@@ -140,7 +142,8 @@ impl ShardBuilder {
 
     /// Bytes of tensor data so far.
     pub fn data_bytes(&self) -> u64 {
-        let meta = self.token_ids.len() * (4 + 8 + 4 + 8 + usize::from(self.format.keep_excluded));
+        let meta = self.token_ids.len()
+            * (4 + 8 + 4 + 8 + usize::from(self.format.keep_excluded) + usize::from(self.format.roles));
         (self.hooks.iter().map(|c| c.bytes).sum::<usize>() + meta) as u64
     }
 
@@ -157,6 +160,12 @@ impl ShardBuilder {
                 .collect();
         }
         for batch in &unit {
+            if self.format.roles && batch.roles.is_none() {
+                return Err(StoreError::InvalidBatch {
+                    first_sample: batch.first_sample,
+                    reason: "the run stores roles and the batch has none".into(),
+                });
+            }
             for (h, column) in batch.hooks.iter().zip(&self.hooks) {
                 if h.shape != column.shape {
                     return Err(StoreError::InvalidBatch {
@@ -235,6 +244,9 @@ impl ShardBuilder {
             self.position.push(batch.position[t]);
             self.sample_index.push((batch.first_sample + (t / batch.seq) as u64) as i64);
             self.mask.push(batch.keep[t]);
+            if self.format.roles {
+                self.role.extend(batch.roles.as_ref().map(|r| r[t]));
+            }
         }
         let start = self.samples.map_or(first_sample, |(s, _)| s);
         self.samples = Some((start, last.sample_end()));
@@ -254,6 +266,7 @@ impl ShardBuilder {
             position,
             sample_index,
             mask,
+            role,
             samples,
             data_position_after,
         } = self;
@@ -297,6 +310,9 @@ impl ShardBuilder {
         tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
         tensors.push(("position".into(), "I32", vec![tokens], vec![le_bytes(&position, |v| v.to_le_bytes())]));
         tensors.append(&mut hook_tensors);
+        if format.roles {
+            tensors.push(("role".into(), "U8", vec![tokens], vec![Bytes::from(role)]));
+        }
         if format.keep_excluded {
             tensors.push((
                 "mask".into(),
@@ -398,6 +414,11 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String], shapes: &[Vec
         if t.shape() != [tokens] {
             return Err(bad(format!("{name} has shape {:?}, expected [{tokens}]", t.shape())));
         }
+    }
+    if let Ok(t) = st.tensor("role")
+        && t.shape() != [tokens]
+    {
+        return Err(bad(format!("role has shape {:?}, expected [{tokens}]", t.shape())));
     }
     let mask: Option<Vec<bool>> = match st.tensor("mask") {
         Ok(t) => Some(t.data().iter().map(|&b| b != 0).collect()),

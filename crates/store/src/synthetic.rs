@@ -100,6 +100,7 @@ impl SyntheticSpec {
             })
             .collect();
         BatchActivations {
+            roles: None,
             first_sample,
             batch: self.batch,
             seq: self.seq,

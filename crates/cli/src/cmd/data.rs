@@ -12,8 +12,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::Serialize;
 use siphon_data::{
-    Corpus, CorpusConfig, DataStats, FileFormat, InvalidRecords, PackConfig, PackMode, PadSide, Partition, Position,
-    SeqId, Shuffle, SpecialTokens, StreamConfig, TextRecords, Tokenizer, UnitKind, Worker,
+    ChatTemplate, Corpus, CorpusConfig, DataStats, FileFormat, InvalidRecords, PackConfig, PackMode, PadSide,
+    Partition, Position, Record, Role, SeqId, Shuffle, SpecialTokens, StreamConfig, TextRecords, Tokenizer, UnitKind,
+    Worker,
 };
 
 /// Corpus, tokenization and packing flags, shared by `siphon data` and `siphon extract`.
@@ -35,6 +36,18 @@ pub struct CorpusArgs {
     #[arg(long, value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hf_split: Option<String>,
+    /// Jinja chat template to render conversations with (a record whose --json-field holds a
+    /// list of {role, content} messages), instead of the model's own (tokenizer_config.json's
+    /// `chat_template`, or a GGUF's `tokenizer.chat_template`).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<PathBuf>,
+    /// Keep only the activations of these roles' tokens in conversations (comma-separated:
+    /// system, user, assistant, tool, template); the others are dropped, or masked with
+    /// --keep-excluded.
+    #[arg(long, value_name = "ROLES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roles: Option<String>,
     /// Force the file format instead of going by extension.
     #[arg(long, value_enum)]
     pub format: Option<FormatArg>,
@@ -180,7 +193,66 @@ impl CorpusArgs {
         config.doc_bos &= !self.no_doc_bos;
         config.doc_eos &= !self.no_doc_eos;
         config.row_bos &= !self.no_row_bos;
+        config.keep_roles = self.keep_roles()?;
         Ok(config)
+    }
+
+    /// `--roles`, parsed.
+    fn keep_roles(&self) -> anyhow::Result<Option<Vec<Role>>> {
+        let Some(list) = &self.roles else { return Ok(None) };
+        let roles = list
+            .split(',')
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(|r| {
+                Role::parse(r)
+                    .with_context(|| format!("--roles: {r:?} is not one of system, user, assistant, tool, template"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if roles.is_empty() {
+            bail!("--roles names no role");
+        }
+        Ok(Some(roles))
+    }
+
+    /// The chat template the corpus's conversations are rendered with, when its first records
+    /// are conversations: `--chat-template`, else the model's (`model_template`, with the
+    /// model's `special` tokens in its context); checked on the first conversation. `None` for
+    /// a corpus of text, where `--roles` is an error.
+    pub fn chat(
+        &self,
+        corpus: &Corpus,
+        model_template: Option<&str>,
+        special: &[(String, String)],
+    ) -> anyhow::Result<Option<Arc<ChatTemplate>>> {
+        let records = corpus.first_records(16).context("reading the corpus's first records")?;
+        let Some(first) = records.iter().find_map(|r| match r {
+            Record::Conversation(messages) => Some(messages),
+            _ => None,
+        }) else {
+            if self.roles.is_some() {
+                bail!(
+                    "--roles keeps the tokens of some roles of conversations, and the corpus's first records are not \
+                     conversations (a --json-field holding a list of {{role, content}} messages)"
+                );
+            }
+            return Ok(None);
+        };
+        let source = match (&self.chat_template, model_template) {
+            (Some(path), _) => {
+                std::fs::read_to_string(path).with_context(|| format!("reading --chat-template {}", path.display()))?
+            }
+            (None, Some(source)) => source.to_string(),
+            (None, None) => bail!(
+                "the corpus holds conversations (its --json-field {:?} is a list of messages) and the model has no \
+                 chat template: give one with --chat-template FILE",
+                self.json_field
+            ),
+        };
+        let special: Vec<(&str, &str)> = special.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let template = ChatTemplate::new(&source, &special)?;
+        template.render(first).map_err(|e| anyhow::anyhow!("the corpus's first conversation: {e}"))?;
+        Ok(Some(Arc::new(template)))
     }
 
     /// Stream options for one worker.
@@ -197,25 +269,55 @@ impl CorpusArgs {
 
 /// Loads a tokenizer and the special tokens it implies: a tokenizer.json, an HF model
 /// directory (tokenizer.json + tokenizer_config.json) or a .gguf file (its `tokenizer.ggml.*`
-/// metadata, built by siphon-models). Special tokens are detected on the resulting tokenizer
-/// exactly as `siphon extract` does, so the partition shown here is the one a run gets.
-pub fn load_tokenizer(path: &Path) -> anyhow::Result<(Tokenizer, SpecialTokens)> {
+/// metadata, built by siphon-models), with the chat template the latter two carry. Special
+/// tokens are detected on the resulting tokenizer exactly as `siphon extract` does, so the
+/// partition shown here is the one a run gets.
+pub fn load_tokenizer(path: &Path) -> anyhow::Result<(siphon_models::TextTokenizer, SpecialTokens)> {
     let tokenizer = if path.extension().is_some_and(|e| e == "gguf") {
         let file = siphon_models::gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
         siphon_models::TextTokenizer::from_gguf(&file)
             .with_context(|| format!("building the tokenizer of {}", path.display()))?
-            .inner()
-            .clone()
     } else if path.is_dir() {
         match siphon_models::TextTokenizer::from_hf_dir(path).with_context(|| format!("reading {}", path.display()))? {
-            Some(t) => t.inner().clone(),
+            Some(t) => t,
             None => bail!("{} has no tokenizer.json", path.display()),
         }
     } else {
-        siphon_data::load_tokenizer(path)?
+        siphon_models::TextTokenizer::new(siphon_data::load_tokenizer(path)?, None, None, None)
     };
-    let special = SpecialTokens::detect(&tokenizer);
+    let special = SpecialTokens::detect(tokenizer.inner());
     Ok((tokenizer, special))
+}
+
+/// The model's chat template and special tokens from a loaded tokenizer, for [`CorpusArgs::chat`].
+fn chat_of(
+    args: &CorpusArgs,
+    corpus: &Corpus,
+    tokenizer: &siphon_models::TextTokenizer,
+) -> anyhow::Result<Option<Arc<ChatTemplate>>> {
+    args.chat(corpus, tokenizer.chat_template.as_deref(), &tokenizer.special_tokens)
+}
+
+/// The first conversation of the corpus rendered with `chat`, each message's text marked
+/// with its role: `[assistant]Hello![/assistant]`.
+fn rendered_example(corpus: &Corpus, chat: &ChatTemplate) -> anyhow::Result<Option<String>> {
+    let records = corpus.first_records(16)?;
+    let Some(messages) = records.iter().find_map(|r| match r {
+        Record::Conversation(m) => Some(m),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let rendered = chat.render(messages).map_err(|e| anyhow::anyhow!(e))?;
+    let mut out = String::new();
+    let mut at = 0;
+    for (span, role) in &rendered.spans {
+        out.push_str(&rendered.text[at..span.start]);
+        out.push_str(&format!("[{0}]{1}[/{0}]", role.name(), &rendered.text[span.clone()]));
+        at = span.end;
+    }
+    out.push_str(&rendered.text[at..]);
+    Ok(Some(out))
 }
 
 /// `siphon data`.
@@ -285,6 +387,9 @@ struct ShowReport {
     machines: u32,
     hosts: u32,
     seq_len: usize,
+    /// The corpus's first conversation through the chat template, roles marked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    example: Option<String>,
     workers: Vec<WorkerReport>,
 }
 
@@ -294,9 +399,14 @@ fn show_partition(args: Args) -> anyhow::Result<()> {
         bail!("--machines and --hosts must be at least 1");
     }
     let corpus = args.corpus.open()?;
-    let (tokenizer, special) = load_tokenizer(&args.tokenizer)?;
-    let pack = args.corpus.pack_config(&tokenizer, special)?;
-    let tokenizer = Arc::new(tokenizer);
+    let (text_tokenizer, special) = load_tokenizer(&args.tokenizer)?;
+    let pack = args.corpus.pack_config(text_tokenizer.inner(), special)?;
+    let chat = chat_of(&args.corpus, &corpus, &text_tokenizer)?;
+    let example = match &chat {
+        Some(chat) if !args.plan_only => rendered_example(&corpus, chat)?,
+        _ => None,
+    };
+    let tokenizer = Arc::new(text_tokenizer.inner().clone());
     let mut workers = Vec::new();
     for worker in partition.all_workers() {
         let ordinals: Vec<u64> = corpus.worker_ordinals(partition, worker)?.collect();
@@ -324,7 +434,8 @@ fn show_partition(args: Args) -> anyhow::Result<()> {
             stats: None,
         };
         if !args.plan_only {
-            let config = args.corpus.stream_config(pack.clone(), partition, worker);
+            let mut config = args.corpus.stream_config(pack.clone(), partition, worker);
+            config.chat = chat.clone();
             let mut stream = corpus.stream(tokenizer.clone(), config)?;
             let describe =
                 |id: SeqId| SeqReport { id, location: corpus.describe_unit(&corpus.units()[id.unit as usize]) };
@@ -354,6 +465,7 @@ fn show_partition(args: Args) -> anyhow::Result<()> {
         machines: args.machines,
         hosts: args.hosts,
         seq_len: pack.seq_len,
+        example,
         workers,
     };
     if args.json {
@@ -364,6 +476,11 @@ fn show_partition(args: Args) -> anyhow::Result<()> {
         "corpus {}: {} files, {} units, plan {}; {} machines x {} hosts, seq_len {}",
         report.corpus, report.files, report.units, report.fingerprint, report.machines, report.hosts, report.seq_len
     );
+    if let Some(example) = &report.example {
+        println!(
+            "first conversation through the chat template (each message's text marked with its role):\n{example}\n"
+        );
+    }
     println!(
         "{:>7} {:>4} {:>6} {:>10} {:>12} {:>14} {:>8}  first .. last",
         "machine", "host", "units", "rows", "bytes", "sequences", "tokens"
@@ -415,15 +532,17 @@ struct BenchRow {
 
 fn bench(args: Args) -> anyhow::Result<()> {
     let corpus = args.corpus.open()?;
-    let (tokenizer, special) = load_tokenizer(&args.tokenizer)?;
-    let pack = args.corpus.pack_config(&tokenizer, special)?;
-    let tokenizer = Arc::new(tokenizer);
+    let (text_tokenizer, special) = load_tokenizer(&args.tokenizer)?;
+    let pack = args.corpus.pack_config(text_tokenizer.inner(), special)?;
+    let chat = chat_of(&args.corpus, &corpus, &text_tokenizer)?;
+    let tokenizer = Arc::new(text_tokenizer.inner().clone());
     let mut rows = Vec::new();
     for &threads in &args.bench {
         let mut best: Option<BenchRow> = None;
         for _ in 0..args.bench_repeat.max(1) {
             let mut config = args.corpus.stream_config(pack.clone(), Partition::SINGLE, Worker { machine: 0, host: 0 });
             config.threads = threads;
+            config.chat = chat.clone();
             let start = Instant::now();
             let mut stream = corpus.stream(tokenizer.clone(), config)?;
             for batch in stream.by_ref() {

@@ -65,9 +65,16 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         .with_context(|| format!("cannot fetch the model {}", model_spec.display()))?;
     let model = siphon_models::LoadedModel::open(&model_path)
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
-    let spec = options.resolve(Some(&model.config), identity.total_machines)?;
+    let mut spec = options.resolve(Some(&model.config), identity.total_machines)?;
     let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
+    let text_tokenizer = model.tokenizer.as_ref();
+    let chat = options.corpus.chat(
+        &corpus,
+        text_tokenizer.and_then(|t| t.chat_template.as_deref()),
+        text_tokenizer.map_or(&[][..], |t| &t.special_tokens),
+    )?;
+    spec.chat_template = chat.as_ref().map(|c| c.source().to_string());
     let pack = options.corpus.pack_config(&tokenizer, siphon_data::SpecialTokens::detect(&tokenizer))?;
     let plugin = siphon_runtime::locate_plugin(options.plugin.as_deref()).context("no PJRT plugin")?;
     let compute_plan =
@@ -98,7 +105,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     })?;
     coord.install_failure_reporting();
 
-    let prepared = Prepared { spec, model, compute_plan, corpus, tokenizer, pack, plugin };
+    let prepared = Prepared { spec, model, compute_plan, corpus, tokenizer, pack, chat, plugin };
     let result = run_joined(&coord, host, prepared, &options);
     if let Err(err) = &result
         && coord.job_error().is_none()
@@ -157,6 +164,7 @@ struct Prepared {
     corpus: Corpus,
     tokenizer: Arc<siphon_data::Tokenizer>,
     pack: PackConfig,
+    chat: Option<Arc<siphon_data::ChatTemplate>>,
     plugin: siphon_runtime::LocatedPlugin,
 }
 
@@ -172,7 +180,7 @@ struct Lane {
 }
 
 fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &ExtractOptions) -> anyhow::Result<()> {
-    let Prepared { spec, model, compute_plan, corpus, tokenizer, pack, plugin } = prepared;
+    let Prepared { spec, model, compute_plan, corpus, tokenizer, pack, chat, plugin } = prepared;
     let spec = &spec;
     // 4. Config broadcast: every host must run the same code on the same configuration.
     let plugin_sha256 = sha256_file(&plugin.path)?;
@@ -250,6 +258,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
             Worker { machine: host.machine, host: member.reader },
         );
         stream_config.batch_size = compute.reader_rows();
+        stream_config.chat = chat.clone();
         stream_config.resume = match position {
             None => None,
             Some(value) => Some(serde_json::from_value(value).context("the manifest's data position is unreadable")?),
@@ -324,7 +333,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         for (i, ((lane, batch), hooks)) in lanes.iter_mut().zip(&batches).zip(hooks).enumerate() {
             let Some(batch) = batch else { continue };
             if let Some((writer, _)) = &mut lane.writer {
-                writer.push(to_store_batch(batch, hooks)?)?;
+                writer.push(to_store_batch(batch, hooks, spec.chat_template.is_some())?)?;
             }
             if lane.writer.is_some() || (!writes && i == 0) {
                 progress.batch((batch.len() * batch.seq_len) as u64);
@@ -438,10 +447,12 @@ fn fingerprint(tokens: &[u32]) -> u64 {
         .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
-/// The store's view of a batch: token metadata from the data path plus the hook outputs.
+/// The store's view of a batch: token metadata from the data path (with each token's role,
+/// in a run of conversations) plus the hook outputs.
 fn to_store_batch(
     batch: &siphon_data::Batch,
     hooks: Vec<siphon_store::HookActivations>,
+    roles: bool,
 ) -> anyhow::Result<BatchActivations> {
     let first_sample = batch.position.sequences - batch.len() as u64;
     Ok(BatchActivations {
@@ -453,6 +464,7 @@ fn to_store_batch(
         doc_index: batch.doc.clone(),
         position: batch.doc_pos.clone(),
         keep: batch.exclude.iter().map(|&e| e == 0).collect(),
+        roles: roles.then(|| batch.role.clone()),
         data_position_after: serde_json::to_value(&batch.position)?,
     })
 }
@@ -467,6 +479,7 @@ fn store_config(spec: &RunSpec, run: &str, host: HostId, give_up_after: Duration
         shuffle: spec
             .shuffle_tokens_window
             .map(|window_batches| ShuffleConfig { seed: spec.shuffle_tokens_seed, window_batches }),
+        roles: spec.chat_template.is_some(),
     };
     config.validate()?;
     Ok(config)

@@ -152,6 +152,10 @@ pub struct RunSpec {
     pub mesh: siphon_plan::MeshRequest,
     /// Machines (pods) of the run.
     pub total_machines: u32,
+    /// The chat template the corpus's conversations are rendered with (the model's or
+    /// --chat-template's text), when the corpus holds conversations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
 }
 
 impl ExtractOptions {
@@ -227,6 +231,7 @@ impl ExtractOptions {
             cpu_devices: self.cpu_devices,
             mesh: self.mesh_request(self.cpu_devices),
             total_machines,
+            chat_template: None,
         })
     }
 }
