@@ -13,9 +13,10 @@
 providers; `siphon.saelens` exports a run as SAELens's cached-activation dataset.
 """
 
+from ._format import ROLES
 from .dataset import Dataset, HookInfo, VerifyReport, open
 from .errors import DatasetError
 
 __version__ = "0.1.0"
 
-__all__ = ["Dataset", "DatasetError", "HookInfo", "VerifyReport", "open", "__version__"]
+__all__ = ["Dataset", "DatasetError", "HookInfo", "ROLES", "VerifyReport", "open", "__version__"]

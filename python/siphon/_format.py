@@ -31,7 +31,9 @@ READABLE_FORMATS = ("siphon-activations/1", "siphon-activations/2")
 RUN_JSON = "run.json"
 MANIFEST = "manifest.jsonl"
 HOST_DIR = re.compile(r"^machine_(\d{3})_host_(\d{2})$")
-RESERVED = ("token_ids", "doc_index", "position", "sample_index", "mask")
+RESERVED = ("token_ids", "doc_index", "position", "sample_index", "mask", "role")
+# The values of a run's ``role`` tensor (conversations rendered through a chat template).
+ROLES = ("template", "system", "user", "assistant", "tool")
 
 # safetensors dtype -> (numpy dtype holding the raw elements, logical dtype name).
 # numpy has no bfloat16: bf16 elements are held as uint16 bit patterns until converted.
@@ -42,6 +44,7 @@ STORED_DTYPES: Dict[str, Tuple[np.dtype, str]] = {
     "I32": (np.dtype("<i4"), "int32"),
     "I64": (np.dtype("<i8"), "int64"),
     "BOOL": (np.dtype("bool"), "bool"),
+    "U8": (np.dtype("u1"), "uint8"),
 }
 # run.json's shard_format.dtype -> logical dtype name.
 RUN_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}

@@ -57,9 +57,16 @@ class Filter:
     min_position: int = 0
     max_position: Optional[int] = None
     keep_masked: bool = False
+    #: Role ids (indices into ``ROLES``) whose rows are kept; ``None`` keeps every role.
+    roles: Optional[np.ndarray] = None
 
     def active(self) -> bool:
-        return self.exclude_token_ids is not None or self.min_position > 0 or self.max_position is not None
+        return (
+            self.exclude_token_ids is not None
+            or self.min_position > 0
+            or self.max_position is not None
+            or self.roles is not None
+        )
 
 
 def make_units(shards: Sequence[ManifestLine], unit_tokens: int) -> List[Unit]:
@@ -147,7 +154,7 @@ class UnitReader:
                 mask = decode(info, raw, rows)
         finally:
             os.close(fd)
-        keep = self._keep({name: dest[name][:rows] for name in ("token_ids", "position") if name in dest}, mask)
+        keep = self._keep({name: dest[name][:rows] for name in ("token_ids", "position", "role") if name in dest}, mask)
         if keep is None:
             return rows
         kept = int(keep.sum())
@@ -164,6 +171,9 @@ class UnitReader:
         if f.active():
             if "token_ids" in arrays and f.exclude_token_ids is not None:
                 k = ~np.isin(arrays["token_ids"], f.exclude_token_ids)
+                keep = k if keep is None else keep & k
+            if "role" in arrays and f.roles is not None:
+                k = np.isin(arrays["role"], f.roles)
                 keep = k if keep is None else keep & k
             if "position" in arrays and (f.min_position > 0 or f.max_position is not None):
                 pos = arrays["position"]

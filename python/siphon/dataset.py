@@ -12,6 +12,7 @@ import numpy as np
 from . import _convert
 from ._format import (
     RESERVED,
+    ROLES,
     RUN_DTYPES,
     STORED_DTYPES,
     ManifestLine,
@@ -86,6 +87,8 @@ class Dataset:
             for name, shape in zip(names, shapes or [[] for _ in names])
         }
         self._has_mask = bool(self.run.get("shard_format", {}).get("keep_excluded", False))
+        #: Whether the shards carry each token's role (a run of conversations).
+        self.has_roles = bool(self.run.get("shard_format", {}).get("roles", False))
 
     # ----------------------------------------------------------------------------- metadata
 
@@ -214,6 +217,7 @@ class Dataset:
         exclude_token_ids: Optional[Sequence[int]] = None,
         min_position: int = 0,
         max_position: Optional[int] = None,
+        roles: Optional[Sequence[str]] = None,
         drop_last: bool = False,
         shuffle_buffer_tokens: Optional[int] = None,
         unit_tokens: int = DEFAULT_UNIT_TOKENS,
@@ -236,6 +240,9 @@ class Dataset:
           stays ``torch.bfloat16``; in numpy it needs ``ml_dtypes``), or e.g. ``"float32"``.
         - `exclude_token_ids` (e.g. BOS) and ``min_position <= position < max_position`` drop
           rows before batching; rows a ``--keep-excluded`` mask marks are always dropped.
+        - `roles` (a run of conversations, ``has_roles``): keep only the tokens of these roles
+          (``"system"``, ``"user"``, ``"assistant"``, ``"tool"``, ``"template"``); batches of
+          such a run also hold each token's ``"role"`` (an index into ``siphon.ROLES``).
         - `epochs`: epochs to run (``None``: forever), epoch ``e`` reshuffled with
           ``(seed, epoch + e)``. The last batch of an epoch may be short unless `drop_last`.
         """
@@ -264,12 +271,21 @@ class Dataset:
             raise DatasetError(
                 f"shuffle_buffer_tokens ({shuffle_buffer_tokens}) must be at least 2 * batch_size ({2 * batch_size})"
             )
+        role_ids = None
+        if roles is not None:
+            if not self.has_roles:
+                raise DatasetError("roles= filters a run of conversations; this run stores no roles")
+            unknown = [r for r in roles if r not in ROLES]
+            if unknown or not roles:
+                raise DatasetError(f"roles must name some of {list(ROLES)}, got {list(roles)}")
+            role_ids = np.asarray([ROLES.index(r) for r in roles], dtype=np.uint8)
         filt = Filter(
             exclude_token_ids=None if not exclude_token_ids else np.asarray(list(exclude_token_ids), dtype=np.int32),
             min_position=int(min_position),
             max_position=None if max_position is None else int(max_position),
+            roles=role_ids,
         )
-        tensors = hooks + ["token_ids", "position"]
+        tensors = hooks + ["token_ids", "position"] + (["role"] if self.has_roles else [])
         reader = UnitReader(self._location, tensors, filt, self._has_mask)
         units = make_units(list(self.shards), unit_tokens)
         consumer, consumers = rank * num_workers + worker, world_size * num_workers
@@ -332,6 +348,8 @@ class Dataset:
         if not parts:
             templates = {h: np.zeros((0,) + self.hooks[h].shape, STORED_DTYPES_BY_NAME[self.dtype]) for h in hooks}
             templates.update(token_ids=np.zeros(0, np.int32), position=np.zeros(0, np.int32))
+            if self.has_roles:
+                templates.update(role=np.zeros(0, np.uint8))
             return convert(templates)
         return convert({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
 

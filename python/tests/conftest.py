@@ -70,9 +70,10 @@ def tiny_model(dest: Path) -> Path:
     return dest
 
 
-def extract(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=HOOKS, extra=()) -> Path:
-    corpus = out.parent / f"{run}-corpus"
-    make_corpus(corpus, docs)
+def extract(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=HOOKS, extra=(), corpus=None) -> Path:
+    if corpus is None:
+        corpus = out.parent / f"{run}-corpus"
+        make_corpus(corpus, docs)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     if "SIPHON_PJRT_PLUGIN" not in env:
         default = Path.home() / ".cache/siphon/pjrt/xla-cpu-2026.6.23/libpjrt_cpu.so"
@@ -106,6 +107,28 @@ def bf16_run(runs) -> Path:
 @pytest.fixture(scope="session")
 def f32_run(runs) -> Path:
     return extract(runs, "tiny-f32", dtype="f32", hooks=HOOKS[:3])
+
+
+@pytest.fixture(scope="session")
+def chat_run(runs) -> Path:
+    """Conversations (a jsonl of messages) through a ChatML template: every token stored with
+    its role."""
+    import json
+
+    words = "the river ran cold under a grey sky and birds sang of rain".split()
+    rng = random.Random(3)
+    lines = []
+    for _ in range(24):
+        turns = [{"role": "system", "content": "Be brief."}] if rng.random() < 0.5 else []
+        for _ in range(rng.randint(1, 3)):
+            for role in ("user", "assistant"):
+                turns.append({"role": role, "content": " ".join(rng.choice(words) for _ in range(rng.randint(2, 9)))})
+        lines.append(json.dumps({"messages": turns}))
+    corpus = runs / "chats.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    template = REPO / "fixtures/chat/templates/chatml-generation.jinja"
+    return extract(runs, "tiny-chat", dtype="f32", hooks=HOOKS[:1], corpus=corpus,
+                   extra=("--json-field", "messages", "--chat-template", str(template)))
 
 
 @pytest.fixture()

@@ -117,6 +117,24 @@ def test_filters_by_token_id_and_position(bf16_run):
     assert len(got_ids) == want > 0
 
 
+def test_filters_by_role_like_by_token_id(chat_run, bf16_run):
+    ds = siphon.open(chat_run)
+    assert ds.has_roles and not siphon.open(bf16_run).has_roles
+    everything = ds.read(HOOKS[:1])
+    assert set(np.unique(everything["role"])) == {siphon.ROLES.index(r) for r in ("template", "system", "user", "assistant")}
+    assistant = siphon.ROLES.index("assistant")
+    kept = list(ds.batches(HOOKS[:1], 64, roles=["assistant"], seed=1))
+    got = np.concatenate([b["role"] for b in kept])
+    assert (got == assistant).all()
+    assert len(got) == (everything["role"] == assistant).sum() > 0
+    both = sum(len(b["role"]) for b in ds.batches(HOOKS[:1], 64, roles=["user", "assistant"], shuffle=False))
+    assert both == np.isin(everything["role"], [assistant, siphon.ROLES.index("user")]).sum()
+    with pytest.raises(siphon.DatasetError, match="roles must name"):
+        next(iter(ds.batches(HOOKS[:1], 64, roles=["narrator"])))
+    with pytest.raises(siphon.DatasetError, match="stores no roles"):
+        next(iter(siphon.open(bf16_run).batches(HOOKS[:1], 64, roles=["assistant"])))
+
+
 def test_epochs_repeat_and_drop_last(bf16_run):
     ds = siphon.open(bf16_run)
     one = sum(len(b["token_ids"]) for b in ds.batches(HOOKS[:1], 64))
