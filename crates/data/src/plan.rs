@@ -410,8 +410,11 @@ pub(crate) fn text_column_index(meta: &ArrowReaderMetadata, file: &CorpusFile, c
         return Err(Error::MissingColumn { file: file.display.clone(), column: column.to_string(), available });
     };
     use arrow_schema::DataType;
+    let messages = |item: &DataType| matches!(item, DataType::Struct(_));
     match schema.field(index).data_type() {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Ok(index),
+        // Conversations: a list of {role, content, ...} messages.
+        DataType::List(item) | DataType::LargeList(item) if messages(item.data_type()) => Ok(index),
         other => Err(Error::ColumnType {
             file: file.display.clone(),
             column: column.to_string(),

@@ -202,6 +202,20 @@ async fn read_row_group(
             }};
         }
         match array.data_type() {
+            arrow_schema::DataType::List(_) | arrow_schema::DataType::LargeList(_) => {
+                for i in 0..array.len() {
+                    let record = match conversation(array.as_ref(), i) {
+                        Ok(messages) if messages.as_array().is_some_and(Vec::is_empty) => Record::Empty,
+                        Ok(messages) => Record::Conversation(messages),
+                        Err(reason) => Record::Invalid(reason),
+                    };
+                    let r = row;
+                    row += 1;
+                    if !emit(r, r, record, &|| format!("row group {row_group}, row {r}"))? {
+                        return Ok(());
+                    }
+                }
+            }
             arrow_schema::DataType::Utf8 => walk!(StringArray),
             arrow_schema::DataType::LargeUtf8 => walk!(LargeStringArray),
             arrow_schema::DataType::Utf8View => walk!(StringViewArray),
@@ -215,6 +229,39 @@ async fn read_row_group(
         }
     }
     Ok(())
+}
+
+/// Row `i` of a list-of-struct column as a JSON list of messages (string and null fields;
+/// a field of another type is named in the error, not dropped).
+fn conversation(array: &dyn Array, i: usize) -> std::result::Result<serde_json::Value, String> {
+    use arrow_array::cast::AsArray;
+    if array.is_null(i) {
+        return Err("null conversation".into());
+    }
+    let items = match array.data_type() {
+        arrow_schema::DataType::List(_) => array.as_list::<i32>().value(i),
+        _ => array.as_list::<i64>().value(i),
+    };
+    let structs = items.as_struct_opt().ok_or("the list's items are not messages (structs)")?;
+    let mut messages = Vec::with_capacity(structs.len());
+    for m in 0..structs.len() {
+        let mut message = serde_json::Map::new();
+        for (field, column) in structs.fields().iter().zip(structs.columns()) {
+            let value = if column.is_null(m) {
+                serde_json::Value::Null
+            } else {
+                match column.data_type() {
+                    arrow_schema::DataType::Utf8 => column.as_string::<i32>().value(m).into(),
+                    arrow_schema::DataType::LargeUtf8 => column.as_string::<i64>().value(m).into(),
+                    arrow_schema::DataType::Utf8View => column.as_string_view().value(m).into(),
+                    other => return Err(format!("message field {:?} is {other}, which is not read", field.name())),
+                }
+            };
+            message.insert(field.name().clone(), value);
+        }
+        messages.push(serde_json::Value::Object(message));
+    }
+    Ok(serde_json::Value::Array(messages))
 }
 
 fn text_record(line: Vec<u8>) -> Record {

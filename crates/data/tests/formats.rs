@@ -120,6 +120,97 @@ fn a_corpus_of_nothing_usable_fails_with_the_reason() {
     assert_eq!(doc_texts(&rows(&corpus, pad_right())), ["fine"]);
 }
 
+/// Conversations as parquet holds them (a list of {role, content} structs, as in
+/// lmsys-chat-1m) read like the same conversations in a jsonl: the same tokens and roles
+/// through a chat template; a message field that is not text is refused, not dropped.
+#[test]
+fn parquet_conversations_read_like_jsonl_ones() {
+    use arrow_array::{ArrayRef, Int32Array, ListArray, RecordBatch, StringArray, StructArray};
+    use arrow_schema::{DataType, Field, Fields, Schema};
+    let dir = tempfile::tempdir().unwrap();
+    let chats: Vec<Vec<(&str, String)>> = (0..9)
+        .map(|i| {
+            let mut turns = vec![("user", doc_text(i + 1)), ("assistant", format!("answer {i}"))];
+            if i % 3 == 0 {
+                turns.insert(0, ("system", "Be brief.".to_string()));
+            }
+            turns
+        })
+        .collect();
+    let jsonl: Vec<String> = chats
+        .iter()
+        .map(|c| {
+            let messages: Vec<_> = c.iter().map(|(r, t)| serde_json::json!({"role": r, "content": t})).collect();
+            serde_json::json!({ "messages": messages }).to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("chats.jsonl"), jsonl.join("\n")).unwrap();
+    let fields =
+        Fields::from(vec![Field::new("role", DataType::Utf8, false), Field::new("content", DataType::Utf8, true)]);
+    let list = |chats: &[Vec<(&str, String)>], extra: Option<ArrayRef>| {
+        let roles: Vec<&str> = chats.iter().flatten().map(|(r, _)| *r).collect();
+        let texts: Vec<&str> = chats.iter().flatten().map(|(_, t)| t.as_str()).collect();
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(StringArray::from(roles)), Arc::new(StringArray::from(texts))];
+        let mut fields = fields.clone();
+        if let Some(extra) = extra {
+            columns.push(extra);
+            fields =
+                Fields::from([fields.to_vec(), vec![Arc::new(Field::new("turn", DataType::Int32, false))]].concat());
+        }
+        let lengths = chats.iter().map(Vec::len);
+        let structs = StructArray::new(fields.clone(), columns, None);
+        let item = Arc::new(Field::new("item", DataType::Struct(fields), true));
+        ListArray::new(item, arrow_buffer::OffsetBuffer::from_lengths(lengths), Arc::new(structs), None)
+    };
+    let write = |name: &str, array: ListArray| {
+        let schema =
+            Arc::new(Schema::new(vec![Field::new("messages", arrow_array::Array::data_type(&array).clone(), true)]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(array)]).unwrap();
+        let file = std::fs::File::create(dir.path().join(name)).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    };
+    write("chats.parquet", list(&chats, None));
+    let template = Arc::new(
+        siphon_data::ChatTemplate::new(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}",
+            &[],
+        )
+        .unwrap(),
+    );
+    let read = |name: &str, field: &str| {
+        let mut config = CorpusConfig::default();
+        (config.json_field, config.text_column) = (field.to_string(), field.to_string());
+        let corpus = Corpus::open(dir.path().join(name).to_str().unwrap(), &config).unwrap();
+        let mut stream = pad_right();
+        stream.chat = Some(template.clone());
+        batches(&corpus, stream)
+            .iter()
+            .flat_map(|b| rows_of(b).into_iter().zip(b.role.chunks(b.seq_len).map(<[u8]>::to_vec)))
+            .map(|(row, roles)| (row.tokens, roles))
+            .collect::<Vec<_>>()
+    };
+    let from_jsonl = read("chats.jsonl", "messages");
+    assert_eq!(from_jsonl.len(), 9);
+    assert!(from_jsonl[0].1.contains(&(siphon_data::Role::System as u8)));
+    assert_eq!(read("chats.parquet", "messages"), from_jsonl);
+
+    let turns: ArrayRef = Arc::new(Int32Array::from_iter_values(0..chats.iter().map(Vec::len).sum::<usize>() as i32));
+    std::fs::remove_file(dir.path().join("chats.parquet")).unwrap();
+    write("chats.parquet", list(&chats, Some(turns)));
+    let corpus = Corpus::open(dir.path().join("chats.parquet").to_str().unwrap(), &{
+        let mut c = CorpusConfig::default();
+        c.text_column = "messages".into();
+        c
+    })
+    .unwrap();
+    let mut stream = pad_right();
+    stream.chat = Some(template);
+    let err = corpus.stream(tokenizer(), stream).unwrap().find_map(Result::err).expect("nothing usable");
+    assert!(err.to_string().contains("message field \"turn\" is Int32"), "{err}");
+}
+
 #[test]
 fn text_directories_one_document_per_file_or_per_line() {
     let dir = tempfile::tempdir().unwrap();
