@@ -403,21 +403,12 @@ fn a_model_from_the_hub_endpoint_is_downloaded_once_and_used() {
     for file in ["config.json", "model.safetensors"] {
         std::fs::copy(s.model.join(file), repo_dir.join(file)).unwrap();
     }
-    let port = free_port();
-    let server = Guard(
-        Command::new("python3")
-            .args(["-m", "http.server", "--bind", "127.0.0.1", &port.to_string(), "--directory"])
-            .arg(&served)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 -m http.server"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "the test HTTP server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (server, port) = python_server(|port| {
+        let mut args: Vec<std::ffi::OsString> =
+            ["-m", "http.server", "--bind", "127.0.0.1", &port.to_string(), "--directory"].map(Into::into).to_vec();
+        args.push(served.clone().into());
+        args
+    });
     let cache = s.root.join("cache");
     let output = s.root.join("out");
     let run_with = |model: &str| {
@@ -731,26 +722,33 @@ fn conversations_through_a_chat_template_keep_only_the_assistants_tokens() {
     );
 }
 
-/// Starts scripts/testing/stand_in_hub.py serving `root` on a free port, requiring `token`.
-fn stand_in_hub(root: &Path, token: &str) -> (Guard, u16) {
+/// Starts `python3` with the arguments `args` gives for a free port, a server on 127.0.0.1
+/// at that port, and waits until it accepts connections.
+fn python_server(args: impl FnOnce(u16) -> Vec<std::ffi::OsString>) -> (Guard, u16) {
     let port = free_port();
+    let args = args(port);
     let server = Guard(
         Command::new("python3")
-            .arg(repo_root().join("scripts/testing/stand_in_hub.py"))
-            .arg(root)
-            .arg(port.to_string())
-            .args(["--token", token])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("python3 scripts/testing/stand_in_hub.py"),
+            .unwrap_or_else(|e| panic!("python3 {args:?}: {e}")),
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "the stand-in Hub did not start");
+        assert!(Instant::now() < deadline, "python3 {args:?} did not start serving");
         std::thread::sleep(Duration::from_millis(50));
     }
     (server, port)
+}
+
+/// Starts scripts/testing/stand_in_hub.py serving `root` on a free port, requiring `token`.
+fn stand_in_hub(root: &Path, token: &str) -> (Guard, u16) {
+    python_server(|port| {
+        let script = repo_root().join("scripts/testing/stand_in_hub.py");
+        vec![script.into(), root.into(), port.to_string().into(), "--token".into(), token.into()]
+    })
 }
 
 /// A corpus on the Hugging Face Hub (a stand-in on 127.0.0.1: paginated tree API, parquet
