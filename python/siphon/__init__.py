@@ -1,11 +1,11 @@
 """Read siphon activation datasets from Python and train on them.
 
     import siphon
-    ds = siphon.open("gs://bucket/activations/qwen7b-l20-27")   # a local path, s3://, gs://
+    ds = siphon.open_dataset("gs://bucket/activations/qwen7b-l20-27")   # a local path, s3://, gs://
     ds.hooks                      # {name: HookInfo(shape=(d,), dtype="bfloat16")}
     ds.tokens, ds.verify()
     for batch in ds.batches(hooks=["blocks.20.hook_resid_post"], batch_size=4096,
-                            shuffle=True, seed=0, format="torch"):
+                            shuffle=True, seed=0, output="torch"):
         x = batch["blocks.20.hook_resid_post"]   # [4096, d] torch.bfloat16
         ids = batch["token_ids"]
 
@@ -13,10 +13,11 @@
 providers; `siphon.saelens` exports a run as SAELens's cached-activation dataset.
 """
 
+from ._convert import Batch
 from ._format import ROLES
-from .dataset import Dataset, HookInfo, VerifyReport, open
+from .dataset import Dataset, HookInfo, VerifyReport, open, open_dataset
 from .errors import DatasetError
 
 __version__ = "0.1.0"
 
-__all__ = ["Dataset", "DatasetError", "HookInfo", "ROLES", "VerifyReport", "open", "__version__"]
+__all__ = ["Batch", "Dataset", "DatasetError", "HookInfo", "ROLES", "VerifyReport", "open", "open_dataset", "__version__"]

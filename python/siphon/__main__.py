@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import open as open_run
+from .dataset import open_dataset as open_run
 from .errors import DatasetError
 
 
@@ -39,7 +39,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.command == "info":
             ds = open_run(args.run)
-            print(f"{ds.url}: {ds.format}, run {ds.name!r}, {len(ds.shards)} committed shards, "
+            print(f"{ds.url}: {ds.format_tag}, run {ds.name!r}, {len(ds.shards)} committed shards, "
                   f"{ds.tokens} tokens, {ds.nbytes} bytes, {ds.dtype}")
             for hook in ds.hooks.values():
                 print(f"  {hook.name} {list(hook.shape)}")

@@ -17,7 +17,28 @@ _NAMES = {
 }
 
 
-def resolve_dtype(dtype: Any, format: str) -> Optional[str]:
+class Batch(Dict[str, Any]):
+    """One batch: each requested hook's ``[n, *shape]`` rows and, for the same ``n`` tokens,
+    ``token_ids`` and ``position`` (and ``role`` in a run of conversations), as numpy arrays
+    or torch tensors. A dict keyed by those names, with the fixed ones as properties."""
+
+    @property
+    def token_ids(self) -> Any:
+        """``[n]`` token ids."""
+        return self["token_ids"]
+
+    @property
+    def position(self) -> Any:
+        """``[n]`` positions in their documents."""
+        return self["position"]
+
+    @property
+    def role(self) -> Any:
+        """``[n]`` roles (indices into ``siphon.ROLES``); only in a run of conversations."""
+        return self["role"]
+
+
+def resolve_dtype(dtype: Any, output: str) -> Optional[str]:
     """``None`` (keep the stored dtype), ``"raw"`` (bf16 as uint16 bits, internal) or one of
     float32/float16/bfloat16, from a name, a numpy dtype or a torch dtype."""
     if dtype is None:
@@ -40,7 +61,7 @@ def require_ml_dtypes() -> Any:
     except ImportError as e:
         raise DatasetError(
             "this run stores bfloat16, which numpy lacks: pip install ml_dtypes, or ask for "
-            "dtype='float32', or format='torch' (bf16 stays torch.bfloat16)"
+            "dtype='float32', or output='torch' (bf16 stays torch.bfloat16)"
         ) from e
     return ml_dtypes
 
@@ -53,24 +74,24 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
 class Converter:
     """Raw batch -> output batch (numpy or torch, the wanted dtype, optionally on a device)."""
 
-    def __init__(self, format: str, out_dtype: Optional[str], stored: str, hooks: Sequence[str], device: Any) -> None:
-        self.format = format
+    def __init__(self, output: str, out_dtype: Optional[str], stored: str, hooks: Sequence[str], device: Any) -> None:
+        self.output = output
         self.out = out_dtype
         self.stored = stored
         self.hooks = set(hooks)
         self.device = device
-        if format == "torch":
+        if output == "torch":
             import torch
 
             self._torch = torch
             self._torch_dtype = None if out_dtype in (None, "raw") else getattr(torch, out_dtype)
         elif device is not None:
-            raise DatasetError("device is only for format='torch'")
+            raise DatasetError("device is only for output='torch'")
 
-    def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, Any]:
-        if self.format == "torch":
-            return {k: self._tensor(k, v) for k, v in batch.items()}
-        return {k: self._array(k, v) for k, v in batch.items()}
+    def __call__(self, batch: Dict[str, np.ndarray]) -> Batch:
+        if self.output == "torch":
+            return Batch({k: self._tensor(k, v) for k, v in batch.items()})
+        return Batch({k: self._array(k, v) for k, v in batch.items()})
 
     def _array(self, name: str, a: np.ndarray) -> np.ndarray:
         if name not in self.hooks or self.out == "raw":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -88,7 +88,7 @@ class ShardHeader:
     metadata: Dict[str, str] = field(default_factory=dict)
 
 
-def read_run_json(location: Location) -> dict:
+def read_run_json(location: Location) -> Dict[str, Any]:
     raw = location.read(RUN_JSON)
     if raw is None:
         raise DatasetError(
@@ -96,7 +96,7 @@ def read_run_json(location: Location) -> dict:
             "(open the run itself, {output}/{run}, as given to siphon extract --output/--run)"
         )
     try:
-        run = json.loads(raw)
+        run: Dict[str, Any] = json.loads(raw)
     except ValueError as e:
         raise DatasetError(f"{location.url}/run.json: not valid JSON: {e}") from e
     tag = run.get("format", "")
@@ -120,7 +120,7 @@ def read_manifest(location: Location, host: str) -> List[ManifestLine]:
     raw = location.read(f"{host}/{MANIFEST}")
     if raw is None:
         return []
-    lines = []
+    lines: List[ManifestLine] = []
     for number, text in enumerate(raw.decode("utf-8").splitlines(), start=1):
         if not text.strip():
             continue

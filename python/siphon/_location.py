@@ -7,7 +7,7 @@ so reading a few hooks of a shard never downloads the whole shard.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .errors import DatasetError
 
@@ -20,7 +20,7 @@ class Location:
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]] = None) -> None:
         self.url = url.rstrip("/")
-        self._fs = None
+        self._fs: Any = None
         self._root: str
         if "://" not in url or url.startswith("file://"):
             path = url[len("file://"):] if url.startswith("file://") else url
@@ -33,7 +33,7 @@ class Location:
         if protocol in ("s3", "s3a"):
             options = _s3_options_from_env(options)
         try:
-            import fsspec
+            import fsspec  # type: ignore[import-untyped]
         except ImportError as e:  # pragma: no cover - fsspec is a dependency
             raise DatasetError(f"reading {url} needs fsspec: pip install fsspec") from e
         try:
@@ -61,7 +61,7 @@ class Location:
             except FileNotFoundError:
                 return None
         try:
-            return self._fs.cat_file(self.path(rel))
+            return bytes(self._fs.cat_file(self.path(rel)))
         except FileNotFoundError:
             return None
 
@@ -76,7 +76,7 @@ class Location:
             finally:
                 os.close(fd)
         else:
-            data = self._fs.cat_file(self.path(rel), start=start, end=end)
+            data = bytes(self._fs.cat_file(self.path(rel), start=start, end=end))
         if len(data) != end - start:
             raise DatasetError(
                 f"{self.url}/{rel}: short read at bytes {start}..{end} ({len(data)} bytes): "
@@ -84,18 +84,18 @@ class Location:
             )
         return data
 
-    def read_ranges(self, rel: str, ranges: List[tuple]) -> List[bytes]:
+    def read_ranges(self, rel: str, ranges: List[Tuple[int, int]]) -> List[bytes]:
         """Several ``(start, end)`` ranges of one object (concurrent requests when remote)."""
         if self.local or len(ranges) <= 1:
             return [self.read_range(rel, s, e) for s, e in ranges]
         path = self.path(rel)
-        parts = self._fs.cat_ranges([path] * len(ranges), [s for s, _ in ranges], [e for _, e in ranges])
+        parts: List[Any] = self._fs.cat_ranges([path] * len(ranges), [s for s, _ in ranges], [e for _, e in ranges])
         for (s, e), part in zip(ranges, parts):
             if isinstance(part, Exception):
                 raise DatasetError(f"{self.url}/{rel}: reading bytes {s}..{e}: {part}") from part
             if len(part) != e - s:
                 raise DatasetError(f"{self.url}/{rel}: short read at bytes {s}..{e} ({len(part)} bytes)")
-        return parts
+        return [bytes(p) for p in parts]
 
     def size(self, rel: str) -> Optional[int]:
         """Object size, or ``None`` when it does not exist."""

@@ -144,7 +144,7 @@ class UnitReader:
                 info = header.tensors[name]
                 out = dest[name][:rows]
                 want = rows * info.row_bytes
-                got = os.preadv(fd, [memoryview(out).cast("B")], info.start + unit.start * info.row_bytes)
+                got = os.preadv(fd, [memoryview(out).cast("B")], info.start + unit.start * info.row_bytes)  # type: ignore[arg-type]
                 if got != want:
                     raise DatasetError(f"{self.location.url}/{unit.shard.rel}: short read of {name} ({got} of {want} bytes)")
             mask = None
@@ -274,11 +274,11 @@ class RowBuffer:
                 break
             idx = perm[i : min(i + b, emit)]
             yield {name: s.take(idx, axis=0) for name, s in self.store.items()}
-        rest = perm[emit:]
-        if len(rest):
+        left = perm[emit:]
+        if len(left):
             for name, s in self.store.items():
-                s[: len(rest)] = s.take(rest, axis=0)
-        self.n = len(rest)
+                s[: len(left)] = s.take(left, axis=0)
+        self.n = len(left)
 
 
 def templates_for(reader: UnitReader, shard: ManifestLine) -> Dict[str, Tuple[np.dtype, Tuple[int, ...]]]:

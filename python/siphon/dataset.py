@@ -1,9 +1,11 @@
-"""A siphon run opened for reading: ``siphon.open(url)``."""
+"""A siphon run opened for reading: ``siphon.open_dataset(url)``."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -22,7 +24,8 @@ from ._format import (
     read_run_json,
 )
 from ._location import Location
-from ._reader import Filter, RowBuffer, UnitReader, make_units, read_ahead, split_units, templates_for
+from ._convert import Batch
+from ._reader import Filter, RowBuffer, Unit, UnitReader, make_units, read_ahead, split_units, templates_for
 from .errors import DatasetError
 
 DEFAULT_SHUFFLE_BUFFER_BYTES = 512 << 20
@@ -95,12 +98,18 @@ class Dataset:
     @property
     def name(self) -> str:
         """The run name."""
-        return self.run.get("run", "")
+        return str(self.run.get("run", ""))
+
+    @property
+    def format_tag(self) -> str:
+        """The format tag, e.g. ``siphon-activations/2``."""
+        return str(self.run["format"])
 
     @property
     def format(self) -> str:
-        """The format tag, e.g. ``siphon-activations/2``."""
-        return self.run["format"]
+        """Deprecated name of `format_tag`."""
+        warnings.warn("Dataset.format is deprecated: use Dataset.format_tag", DeprecationWarning, stacklevel=2)
+        return self.format_tag
 
     @property
     def tokens(self) -> int:
@@ -129,17 +138,18 @@ class Dataset:
     def __repr__(self) -> str:
         hooks = ", ".join(f"{h.name} {list(h.shape)}" for h in self.hooks.values())
         return (
-            f"siphon.Dataset({self.url!r}, {self.format}, {len(self.shards)} shards, {self.tokens} tokens, "
+            f"siphon.Dataset({self.url!r}, {self.format_tag}, {len(self.shards)} shards, {self.tokens} tokens, "
             f"{self.dtype}, hooks: {hooks})"
         )
 
     # ----------------------------------------------------------------------------- checks
 
-    def verify(self, hashes: bool = True) -> VerifyReport:
+    def verify(self, hashes: bool = True, *, raise_on_problem: bool = True) -> VerifyReport:
         """Checks every committed shard: present with its manifest size, its sha256 (with
         `hashes`; reads every byte), a readable header of this format with every hook at its
-        run.json shape and the manifest's token count. Raises `DatasetError` listing every
-        problem; returns the report when there is none."""
+        run.json shape and the manifest's token count. Returns the report, whose `problems`
+        name each problem found; with `raise_on_problem` (the default) a problem raises
+        `DatasetError` listing them all instead."""
         problems: List[str] = []
         for shard in self.shards:
             where = f"{shard.rel}"
@@ -156,8 +166,8 @@ class Dataset:
                 problems.append(str(e))
                 continue
             tag = header.metadata.get("format")
-            if tag != self.format:
-                problems.append(f"{where}: format {tag!r}, run.json says {self.format!r}")
+            if tag != self.format_tag:
+                problems.append(f"{where}: format {tag!r}, run.json says {self.format_tag!r}")
             ids = header.tensors.get("token_ids")
             if ids is None or ids.shape != (shard.tokens,):
                 problems.append(f"{where}: token_ids {None if ids is None else list(ids.shape)}, manifest says {shard.tokens} tokens")
@@ -172,7 +182,7 @@ class Dataset:
                 if digest != shard.sha256:
                     problems.append(f"{where}: sha256 {digest}, the manifest says {shard.sha256}")
         report = VerifyReport(len(self.shards), self.tokens, self.nbytes, problems)
-        if problems:
+        if problems and raise_on_problem:
             raise DatasetError(f"{self.url}: {len(problems)} problem(s): " + "; ".join(problems))
         return report
 
@@ -202,14 +212,14 @@ class Dataset:
     def batches(
         self,
         hooks: Optional[Sequence[str]] = None,
+        *,
         batch_size: int = 4096,
         shuffle: bool = True,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
-        format: str = "numpy",
+        output: str = "numpy",
         dtype: Any = None,
-        *,
         epoch: int = 0,
         epochs: Optional[int] = 1,
         worker: int = 0,
@@ -223,9 +233,10 @@ class Dataset:
         unit_tokens: int = DEFAULT_UNIT_TOKENS,
         prefetch: int = 2,
         device: Any = None,
-    ) -> Iterator[Dict[str, Any]]:
-        """Batches of ``{hook: [n, *shape], "token_ids": [n], "position": [n]}``, every hook for
-        the same tokens.
+        format: Optional[str] = None,  # noqa: A002 - the deprecated name of `output`
+    ) -> Iterator[Batch]:
+        """`Batch`es of ``{hook: [n, *shape], "token_ids": [n], "position": [n]}``, every hook
+        for the same tokens.
 
         - `shuffle`: units of at most `unit_tokens` rows of a shard are visited in a seeded
           random order, and rows pass through a shuffle buffer of `shuffle_buffer_tokens` rows
@@ -236,8 +247,9 @@ class Dataset:
           ``world_size * num_workers`` readers without overlap or gap, so each token is read
           exactly once per epoch over all of them. Readers may get a few batches more or fewer
           than each other.
-        - `format`: ``"numpy"`` or ``"torch"``. `dtype`: ``None`` keeps the stored dtype (bf16
-          stays ``torch.bfloat16``; in numpy it needs ``ml_dtypes``), or e.g. ``"float32"``.
+        - `output`: ``"numpy"`` or ``"torch"`` (`format` is its deprecated name). `dtype`:
+          ``None`` keeps the stored dtype (bf16 stays ``torch.bfloat16``; in numpy it needs
+          ``ml_dtypes``), or e.g. ``"float32"``.
         - `exclude_token_ids` (e.g. BOS) and ``min_position <= position < max_position`` drop
           rows before batching; rows a ``--keep-excluded`` mask marks are always dropped.
         - `roles` (a run of conversations, ``has_roles``): keep only the tokens of these roles
@@ -246,6 +258,7 @@ class Dataset:
         - `epochs`: epochs to run (``None``: forever), epoch ``e`` reshuffled with
           ``(seed, epoch + e)``. The last batch of an epoch may be short unless `drop_last`.
         """
+        output = _deprecated_output(format, output)
         hooks = self._check_hooks(hooks)
         if batch_size <= 0:
             raise DatasetError(f"batch_size must be positive, got {batch_size}")
@@ -257,12 +270,12 @@ class Dataset:
             raise DatasetError(f"worker {worker} is out of range for num_workers {num_workers}")
         if unit_tokens <= 0:
             raise DatasetError(f"unit_tokens must be positive, got {unit_tokens}")
-        if format not in ("numpy", "torch"):
-            raise DatasetError(f"format must be 'numpy' or 'torch', got {format!r}")
+        if output not in ("numpy", "torch"):
+            raise DatasetError(f"output must be 'numpy' or 'torch', got {output!r}")
         if epochs is not None and epochs < 0:
             raise DatasetError(f"epochs must be >= 0 or None, got {epochs}")
-        out_dtype = _convert.resolve_dtype(dtype, format)
-        if format == "numpy" and out_dtype is None and self.dtype == "bfloat16":
+        out_dtype = _convert.resolve_dtype(dtype, output)
+        if output == "numpy" and out_dtype is None and self.dtype == "bfloat16":
             _convert.require_ml_dtypes()
         row_bytes = sum(self.hooks[h].width for h in hooks) * np.dtype(STORED_DTYPES_BY_NAME[self.dtype]).itemsize + 8
         if shuffle_buffer_tokens is None:
@@ -286,65 +299,48 @@ class Dataset:
             roles=role_ids,
         )
         tensors = hooks + ["token_ids", "position"] + (["role"] if self.has_roles else [])
-        reader = UnitReader(self._location, tensors, filt, self._has_mask)
-        units = make_units(list(self.shards), unit_tokens)
-        consumer, consumers = rank * num_workers + worker, world_size * num_workers
-        convert = _convert.Converter(format, out_dtype, self.dtype, hooks, device)
+        plan = _Iteration(
+            units=make_units(list(self.shards), unit_tokens),
+            reader=UnitReader(self._location, tensors, filt, self._has_mask),
+            convert=_convert.Converter(output, out_dtype, self.dtype, hooks, device),
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+            epochs=epochs,
+            consumer=rank * num_workers + worker,
+            consumers=world_size * num_workers,
+            batch_size=batch_size,
+            shuffle_buffer_tokens=shuffle_buffer_tokens,
+            unit_tokens=unit_tokens,
+            prefetch=prefetch,
+            drop_last=drop_last,
+        )
+        return plan.run()
 
-        return self._iterate(units, reader, convert, shuffle, seed, epoch, epochs, consumer, consumers,
-                             batch_size, shuffle_buffer_tokens, unit_tokens, prefetch, drop_last)
-
-    @staticmethod
-    def _iterate(units, reader, convert, shuffle, seed, epoch, epochs, consumer, consumers,
-                 batch_size, shuffle_buffer_tokens, unit_tokens, prefetch, drop_last) -> Iterator[Dict[str, Any]]:
-        def one_epoch(e: int) -> Iterator[Dict[str, Any]]:
-            mine = split_units(units, shuffle, seed, e, consumer, consumers)
-            if not mine:
-                return
-            templates = templates_for(reader, mine[0].shard)
-            rng = np.random.default_rng([seed, e, consumer, consumers]) if shuffle else None
-            capacity = shuffle_buffer_tokens if shuffle else batch_size
-            buffer = RowBuffer(templates, capacity, unit_tokens, batch_size, rng)
-            if reader.location.local:
-                # Local disk: read each unit straight into the buffer (one copy); the page
-                # cache and readahead make a reading thread unnecessary.
-                for unit in mine:
-                    for batch in buffer.fill(unit.end - unit.start, lambda dest, u=unit: reader.load_into(u, dest)):
-                        yield convert(batch)
-            else:
-                for arrays in read_ahead(mine, reader.load, prefetch):
-                    if len(arrays["token_ids"]):
-                        for batch in buffer.add(arrays):
-                            yield convert(batch)
-            for batch in buffer.finish(drop_last):
-                yield convert(batch)
-
-        if epochs is None and not split_units(units, False, seed, epoch, consumer, consumers):
-            raise DatasetError(
-                f"reader {consumer} of {consumers} (rank x worker) gets no data: the run has only "
-                f"{len(units)} unit(s); use fewer ranks/workers or a smaller unit_tokens"
-            )
-        e = epoch
-        while epochs is None or e < epoch + epochs:
-            yield from one_epoch(e)
-            e += 1
-
-    def activations(self, hook: str, batch_size: int = 4096, **kwargs: Any) -> Iterator[Any]:
+    def activations(self, hook: str, *, batch_size: int = 4096, **kwargs: Any) -> Iterator[Any]:
         """Batches of one hook as bare ``[n, width]`` arrays or tensors (per-head hooks
         flattened): the iterator SAELens's ``SAETrainer(data_provider=...)`` and
         dictionary_learning's ``trainSAE(data=...)`` take. Keyword arguments as `batches`."""
         hook = self._check_hooks([hook])[0]
         width = self.hooks[hook].width
-        for batch in self.batches([hook], batch_size, **kwargs):
+        for batch in self.batches([hook], batch_size=batch_size, **kwargs):
             x = batch[hook]
             yield x.reshape(x.shape[0], width)
 
-    def read(self, hooks: Optional[Sequence[str]] = None, format: str = "numpy", dtype: Any = None) -> Dict[str, Any]:
+    def read(
+        self,
+        hooks: Optional[Sequence[str]] = None,
+        *,
+        output: str = "numpy",
+        dtype: Any = None,
+        format: Optional[str] = None,  # noqa: A002 - the deprecated name of `output`
+    ) -> Batch:
         """Every committed token of `hooks` in stored order, in memory: for small runs and tests."""
+        output = _deprecated_output(format, output)
         hooks = self._check_hooks(hooks)
-        parts = list(self.batches(hooks, batch_size=1 << 20, shuffle=False, format="numpy", dtype="raw", prefetch=0))
-        out_dtype = _convert.resolve_dtype(dtype, format)
-        convert = _convert.Converter(format, out_dtype, self.dtype, hooks, None)
+        parts = list(self.batches(hooks, batch_size=1 << 20, shuffle=False, output="numpy", dtype="raw", prefetch=0))
+        out_dtype = _convert.resolve_dtype(dtype, output)
+        convert = _convert.Converter(output, out_dtype, self.dtype, hooks, None)
         if not parts:
             templates = {h: np.zeros((0,) + self.hooks[h].shape, STORED_DTYPES_BY_NAME[self.dtype]) for h in hooks}
             templates.update(token_ids=np.zeros(0, np.int32), position=np.zeros(0, np.int32))
@@ -352,6 +348,72 @@ class Dataset:
                 templates.update(role=np.zeros(0, np.uint8))
             return convert(templates)
         return convert({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+
+@dataclass(frozen=True, eq=False)
+class _Iteration:
+    """Everything one reader's iteration over epochs needs (`Dataset.batches` checks it)."""
+
+    units: List[Unit]
+    reader: UnitReader
+    convert: _convert.Converter
+    shuffle: bool
+    seed: int
+    epoch: int
+    epochs: Optional[int]
+    #: This reader's index among ``consumers`` (rank × worker).
+    consumer: int
+    consumers: int
+    batch_size: int
+    shuffle_buffer_tokens: int
+    unit_tokens: int
+    prefetch: int
+    drop_last: bool
+
+    def run(self) -> Iterator[Batch]:
+        if self.epochs is None and not split_units(self.units, False, self.seed, self.epoch, self.consumer, self.consumers):
+            raise DatasetError(
+                f"reader {self.consumer} of {self.consumers} (rank x worker) gets no data: the run has only "
+                f"{len(self.units)} unit(s); use fewer ranks/workers or a smaller unit_tokens"
+            )
+        return self._epochs()
+
+    def _epochs(self) -> Iterator[Batch]:
+        e = self.epoch
+        while self.epochs is None or e < self.epoch + self.epochs:
+            yield from self._one_epoch(e)
+            e += 1
+
+    def _one_epoch(self, e: int) -> Iterator[Batch]:
+        mine = split_units(self.units, self.shuffle, self.seed, e, self.consumer, self.consumers)
+        if not mine:
+            return
+        reader, convert = self.reader, self.convert
+        templates = templates_for(reader, mine[0].shard)
+        rng = np.random.default_rng([self.seed, e, self.consumer, self.consumers]) if self.shuffle else None
+        capacity = self.shuffle_buffer_tokens if self.shuffle else self.batch_size
+        buffer = RowBuffer(templates, capacity, self.unit_tokens, self.batch_size, rng)
+        if reader.location.local:
+            # Local disk: read each unit straight into the buffer (one copy); the page cache
+            # and readahead make a reading thread unnecessary.
+            for unit in mine:
+                for batch in buffer.fill(unit.end - unit.start, functools.partial(reader.load_into, unit)):
+                    yield convert(batch)
+        else:
+            for arrays in read_ahead(mine, reader.load, self.prefetch):
+                if len(arrays["token_ids"]):
+                    for batch in buffer.add(arrays):
+                        yield convert(batch)
+        for batch in buffer.finish(self.drop_last):
+            yield convert(batch)
+
+
+def _deprecated_output(format: Optional[str], output: str) -> str:  # noqa: A002
+    """`output`, or the deprecated `format` that named it before."""
+    if format is None:
+        return output
+    warnings.warn("format= is deprecated: use output=", DeprecationWarning, stacklevel=3)
+    return format
 
 
 STORED_DTYPES_BY_NAME = {logical: np_dtype for np_dtype, logical in STORED_DTYPES.values()}
@@ -365,8 +427,14 @@ def _sha256(location: Location, rel: str, size: int) -> str:
     return digest.hexdigest()
 
 
-def open(url: Union[str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]] = None) -> Dataset:  # noqa: A001
+def open_dataset(url: Union[str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]] = None) -> Dataset:
     """Opens a siphon run (the ``{output}/{run}`` directory): a local path, ``file://``,
     ``s3://`` (s3fs) or ``gs://`` (gcsfs). `storage_options` go to fsspec (e.g.
     ``{"endpoint_url": ...}``); ``AWS_ENDPOINT``, as siphon's extraction reads it, also works."""
     return Dataset(str(url), storage_options)
+
+
+def open(url: Union[str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]] = None) -> Dataset:  # noqa: A001
+    """Deprecated name of `open_dataset` (it shadows the builtin)."""
+    warnings.warn("siphon.open is deprecated: use siphon.open_dataset", DeprecationWarning, stacklevel=2)
+    return open_dataset(url, storage_options)

@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .dataset import Dataset, open as _open
+from .dataset import Dataset, open_dataset
 from .errors import DatasetError
 
 
@@ -72,10 +72,10 @@ def export(
     SAELens's ``CacheActivationsRunner`` does; returns what was written. `context_size`
     defaults to the run's ``seq_len``. Per-head hooks are flattened to ``heads * d_head``."""
     try:
-        import datasets
+        import datasets  # type: ignore[import-untyped]
     except ImportError as e:
         raise DatasetError("exporting for SAELens needs Hugging Face datasets: pip install datasets") from e
-    ds = dataset if isinstance(dataset, Dataset) else _open(dataset, storage_options)
+    ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options)
     hooks = ds._check_hooks(hooks)
     if dtype not in ("float32", "float16"):
         raise DatasetError(f"SAELens caches hold float32 or float16 (Arrow has no bfloat16), got dtype {dtype!r}")
@@ -101,8 +101,9 @@ def export(
         batch_tokens = rows_per_batch * context_size
         carry: Optional[Dict[str, np.ndarray]] = None
         emitted = 0
-        for batch in ds.batches(hooks, batch_tokens, shuffle=shuffle, seed=seed, dtype=dtype,
-                                exclude_token_ids=exclude_token_ids, prefetch=2):
+        for got in ds.batches(hooks, batch_size=batch_tokens, shuffle=shuffle, seed=seed, dtype=dtype,
+                              exclude_token_ids=exclude_token_ids, prefetch=2):
+            batch: Dict[str, np.ndarray] = dict(got)
             if carry is not None:
                 batch = {k: np.concatenate([carry[k], batch[k]]) for k in batch}
             n = (len(batch["token_ids"]) // context_size) * context_size

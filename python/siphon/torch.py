@@ -15,22 +15,22 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .dataset import Dataset, open as _open
+from .dataset import Dataset, open_dataset
 from .errors import DatasetError
 
 
-def _distributed() -> tuple:
+def _distributed() -> Tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
 
 
-class ActivationDataset(IterableDataset):
+class ActivationDataset(IterableDataset[Any]):
     """A siphon run as a ``torch.utils.data.IterableDataset`` of whole batches.
 
     Use it with ``DataLoader(ds, batch_size=None, num_workers=W)``: each DataLoader worker of
@@ -45,20 +45,20 @@ class ActivationDataset(IterableDataset):
         self,
         dataset: Union[Dataset, str, "os.PathLike[str]"],
         hooks: Optional[Sequence[str]] = None,
+        *,
         batch_size: int = 4096,
         shuffle: bool = True,
         seed: int = 0,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         dtype: Any = None,
-        *,
         epochs: Optional[int] = 1,
         tensors: bool = False,
         storage_options: Optional[Mapping[str, Any]] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset, storage_options)
+        self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options)
         self.hooks = self.dataset._check_hooks(hooks)
         if tensors and len(self.hooks) != 1:
             raise DatasetError(f"tensors=True yields one hook's tensors; got hooks {self.hooks}")
@@ -76,7 +76,20 @@ class ActivationDataset(IterableDataset):
         self.kwargs = kwargs
         # Fail now, not in a worker, on bad arguments.
         r, w = (rank, world_size) if rank is not None else _distributed()
-        self.dataset.batches(self.hooks, batch_size, shuffle, seed, r, w, "torch", dtype, **kwargs)
+        self._batches(rank=r, world_size=w)
+
+    def _batches(self, **where: Any) -> Iterator[Any]:
+        """`Dataset.batches` with this dataset's settings, for the reader `where` names."""
+        return self.dataset.batches(
+            self.hooks,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            output="torch",
+            dtype=self.dtype,
+            **where,
+            **self.kwargs,
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads (its shuffle)."""
@@ -86,20 +99,8 @@ class ActivationDataset(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world_size = (self.rank, self.world_size) if self.rank is not None else _distributed()
-        batches = self.dataset.batches(
-            self.hooks,
-            self.batch_size,
-            self.shuffle,
-            self.seed,
-            rank,
-            world_size,
-            "torch",
-            self.dtype,
-            epoch=self.epoch,
-            epochs=self.epochs,
-            worker=worker,
-            num_workers=num_workers,
-            **self.kwargs,
+        batches = self._batches(
+            rank=rank, world_size=world_size, epoch=self.epoch, epochs=self.epochs, worker=worker, num_workers=num_workers
         )
         if not self.tensors:
             return batches
@@ -124,13 +125,13 @@ def data_provider(
     ``trainSAE``. Epochs are reshuffled; with `num_workers`, a DataLoader reads in worker
     processes. Keyword arguments as `Dataset.batches` (seed, rank, world_size,
     exclude_token_ids, ...)."""
-    ds = ActivationDataset(dataset, [hook], batch_size, dtype=dtype, epochs=epochs, tensors=True, **kwargs)
+    ds = ActivationDataset(dataset, [hook], batch_size=batch_size, dtype=dtype, epochs=epochs, tensors=True, **kwargs)
     loader = DataLoader(ds, batch_size=None, num_workers=num_workers, persistent_workers=False)
     for x in loader:
         yield x if device is None else x.to(device)
 
 
-def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any) -> DataLoader:
+def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any) -> DataLoader[Any]:
     """``DataLoader(dataset, batch_size=None, num_workers=num_workers, ...)``: batches are
     already built by the dataset."""
     return DataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)

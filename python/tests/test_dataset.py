@@ -39,9 +39,9 @@ def rows(batch, hooks):
 
 
 def test_open_reports_hooks_shapes_dtype_and_tokens(bf16_run):
-    ds = siphon.open(bf16_run)
+    ds = siphon.open_dataset(bf16_run)
     run_json = json.loads((bf16_run / "run.json").read_text())
-    assert ds.format == "siphon-activations/2"
+    assert ds.format_tag == "siphon-activations/2"
     assert list(ds.hooks) == HOOKS == run_json["hooks"]
     assert ds.hooks["blocks.0.hook_resid_post"].shape == (D_MODEL,)
     assert ds.hooks["blocks.0.attn.hook_z"].shape == (4, 16)
@@ -50,25 +50,26 @@ def test_open_reports_hooks_shapes_dtype_and_tokens(bf16_run):
     assert len(ds.shards) == len(shards) > 4, "the fixture should have several shards per host"
     assert ds.tokens == sum(len(s["token_ids"]) for s in shards)
     assert len({s.host for s in ds.shards}) == 2
-    assert ds.verify().ok
+    report = ds.verify()
+    assert report.ok and report.problems == [] and report.shards == len(shards)
 
 
 def test_read_equals_the_shards_and_bf16_stays_bf16(bf16_run):
-    ds = siphon.open(bf16_run)
-    got = ds.read(format="torch")
+    ds = siphon.open_dataset(bf16_run)
+    got = ds.read(output="torch")
     shards = shards_in_order(bf16_run)
     for name in HOOKS + ["token_ids", "position"]:
         want = torch.cat([s[name] for s in shards])
         assert got[name].dtype == want.dtype, name
         assert torch.equal(got[name], want), name
     assert got[HOOKS[0]].dtype == torch.bfloat16
-    as_f32 = ds.read(hooks=HOOKS[:1], format="numpy", dtype="float32")[HOOKS[0]]
+    as_f32 = ds.read(hooks=HOOKS[:1], output="numpy", dtype="float32")[HOOKS[0]]
     assert as_f32.dtype == np.float32
     np.testing.assert_array_equal(as_f32, got[HOOKS[0]].float().numpy())
 
 
 def test_shuffled_batches_pair_hooks_and_cover_every_token_once(bf16_run):
-    ds = siphon.open(bf16_run)
+    ds = siphon.open_dataset(bf16_run)
     hooks = ["blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"]
     full = Counter(rows(ds.read(hooks), hooks))
     batches = list(ds.batches(hooks, batch_size=100, shuffle=True, seed=3, unit_tokens=128, shuffle_buffer_tokens=400))
@@ -81,10 +82,10 @@ def test_shuffled_batches_pair_hooks_and_cover_every_token_once(bf16_run):
 
 
 def test_shuffle_is_deterministic_for_a_seed(bf16_run):
-    ds = siphon.open(bf16_run)
+    ds = siphon.open_dataset(bf16_run)
 
     def ids(seed, epoch=0):
-        return np.concatenate([b["token_ids"] for b in ds.batches(HOOKS[:1], 64, seed=seed, epoch=epoch, unit_tokens=64, shuffle_buffer_tokens=256)])
+        return np.concatenate([b["token_ids"] for b in ds.batches(HOOKS[:1], batch_size=64, seed=seed, epoch=epoch, unit_tokens=64, shuffle_buffer_tokens=256)])
 
     assert np.array_equal(ids(1), ids(1))
     assert not np.array_equal(ids(1), ids(2))
@@ -92,23 +93,23 @@ def test_shuffle_is_deterministic_for_a_seed(bf16_run):
 
 
 def test_ranks_and_workers_split_without_overlap_or_gap(bf16_run):
-    ds = siphon.open(bf16_run)
+    ds = siphon.open_dataset(bf16_run)
     hooks = HOOKS[:2]
     full = Counter(rows(ds.read(hooks), hooks))
     seen = Counter()
     for rank in range(2):
         for worker in range(3):
-            for b in ds.batches(hooks, 50, seed=5, rank=rank, world_size=2, worker=worker, num_workers=3, unit_tokens=100):
+            for b in ds.batches(hooks, batch_size=50, seed=5, rank=rank, world_size=2, worker=worker, num_workers=3, unit_tokens=100):
                 seen.update(rows(b, hooks))
     assert seen == full
 
 
 def test_filters_by_token_id_and_position(bf16_run):
-    ds = siphon.open(bf16_run)
+    ds = siphon.open_dataset(bf16_run)
     ids = ds.read(HOOKS[:1])
     common = int(np.bincount(ids["token_ids"]).argmax())
     out = ds.read(HOOKS[:1])  # unfiltered reference
-    kept = list(ds.batches(HOOKS[:1], 128, exclude_token_ids=[common], min_position=2, max_position=20))
+    kept = list(ds.batches(HOOKS[:1], batch_size=128, exclude_token_ids=[common], min_position=2, max_position=20))
     got_ids = np.concatenate([b["token_ids"] for b in kept])
     got_pos = np.concatenate([b["position"] for b in kept])
     assert common not in got_ids
@@ -118,28 +119,28 @@ def test_filters_by_token_id_and_position(bf16_run):
 
 
 def test_filters_by_role_like_by_token_id(chat_run, bf16_run):
-    ds = siphon.open(chat_run)
-    assert ds.has_roles and not siphon.open(bf16_run).has_roles
+    ds = siphon.open_dataset(chat_run)
+    assert ds.has_roles and not siphon.open_dataset(bf16_run).has_roles
     everything = ds.read(HOOKS[:1])
     assert set(np.unique(everything["role"])) == {siphon.ROLES.index(r) for r in ("template", "system", "user", "assistant")}
     assistant = siphon.ROLES.index("assistant")
-    kept = list(ds.batches(HOOKS[:1], 64, roles=["assistant"], seed=1))
+    kept = list(ds.batches(HOOKS[:1], batch_size=64, roles=["assistant"], seed=1))
     got = np.concatenate([b["role"] for b in kept])
     assert (got == assistant).all()
     assert len(got) == (everything["role"] == assistant).sum() > 0
-    both = sum(len(b["role"]) for b in ds.batches(HOOKS[:1], 64, roles=["user", "assistant"], shuffle=False))
+    both = sum(len(b["role"]) for b in ds.batches(HOOKS[:1], batch_size=64, roles=["user", "assistant"], shuffle=False))
     assert both == np.isin(everything["role"], [assistant, siphon.ROLES.index("user")]).sum()
     with pytest.raises(siphon.DatasetError, match="roles must name"):
-        next(iter(ds.batches(HOOKS[:1], 64, roles=["narrator"])))
+        next(iter(ds.batches(HOOKS[:1], batch_size=64, roles=["narrator"])))
     with pytest.raises(siphon.DatasetError, match="stores no roles"):
-        next(iter(siphon.open(bf16_run).batches(HOOKS[:1], 64, roles=["assistant"])))
+        next(iter(siphon.open_dataset(bf16_run).batches(HOOKS[:1], batch_size=64, roles=["assistant"])))
 
 
 def test_epochs_repeat_and_drop_last(bf16_run):
-    ds = siphon.open(bf16_run)
-    one = sum(len(b["token_ids"]) for b in ds.batches(HOOKS[:1], 64))
+    ds = siphon.open_dataset(bf16_run)
+    one = sum(len(b["token_ids"]) for b in ds.batches(HOOKS[:1], batch_size=64))
     assert one == ds.tokens
-    two = list(ds.batches(HOOKS[:1], 64, epochs=2, drop_last=True))
+    two = list(ds.batches(HOOKS[:1], batch_size=64, epochs=2, drop_last=True))
     assert all(len(b["token_ids"]) == 64 for b in two)
     assert len(two) == 2 * (ds.tokens // 64) or len(two) >= 2 * (ds.tokens // 64) - 2
 
@@ -148,14 +149,14 @@ def test_only_manifest_committed_shards_are_visible(run_copy):
     host = sorted(p for p in run_copy.iterdir() if p.name.startswith("machine_"))[0]
     manifest = host / "manifest.jsonl"
     lines = manifest.read_text().splitlines()
-    full = siphon.open(run_copy)
+    full = siphon.open_dataset(run_copy)
     # A writer that has uploaded its last shard but not yet committed it.
     manifest.write_text("\n".join(lines[:-1]) + "\n")
-    partial = siphon.open(run_copy)
+    partial = siphon.open_dataset(run_copy)
     last = json.loads(lines[-1])
     assert len(partial.shards) == len(full.shards) - 1
     assert partial.tokens == full.tokens - last["tokens"]
-    assert sum(len(b["token_ids"]) for b in partial.batches(HOOKS[:1], 256)) == partial.tokens
+    assert sum(len(b["token_ids"]) for b in partial.batches(HOOKS[:1], batch_size=256)) == partial.tokens
     manifest.write_text("\n".join(lines) + "\n")
     assert partial.refresh().tokens == full.tokens
 
@@ -167,42 +168,60 @@ def test_verify_names_a_damaged_shard(run_copy):
     data[-3] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(DatasetError, match=rf"{host.name}/shard_000001.safetensors: sha256"):
-        siphon.open(run_copy).verify()
+        siphon.open_dataset(run_copy).verify()
     shard.unlink()
     with pytest.raises(DatasetError, match="committed shard is missing"):
-        siphon.open(run_copy).verify()
+        siphon.open_dataset(run_copy).verify()
+    # Without raising, the report carries every problem.
+    report = siphon.open_dataset(run_copy).verify(raise_on_problem=False)
+    assert not report.ok and any("committed shard is missing" in p for p in report.problems)
+
+
+def test_the_api_takes_keywords_and_keeps_deprecated_names(bf16_run):
+    ds = siphon.open_dataset(bf16_run)
+    with pytest.raises(TypeError):
+        ds.batches(HOOKS[:1], 64)  # batch_size is keyword-only
+    batch = next(iter(ds.batches(HOOKS[:1], batch_size=64, shuffle=False)))
+    assert isinstance(batch, siphon.Batch) and batch.token_ids is batch["token_ids"]
+    with pytest.warns(DeprecationWarning, match="open_dataset"):
+        old = siphon.open(bf16_run)
+    with pytest.warns(DeprecationWarning, match="output="):
+        same = next(iter(old.batches(HOOKS[:1], batch_size=64, shuffle=False, format="numpy")))
+    np.testing.assert_array_equal(same.token_ids, batch.token_ids)
+    with pytest.warns(DeprecationWarning, match="format_tag"):
+        assert old.format == old.format_tag
 
 
 def test_bad_input_is_a_clear_error(bf16_run, tmp_path):
-    ds = siphon.open(bf16_run)
+    ds = siphon.open_dataset(bf16_run)
     with pytest.raises(DatasetError, match=r"unknown hook 'blocks.0.hook_resid_pre'.*did you mean"):
         ds.batches(["blocks.0.hook_resid_pre"])
     with pytest.raises(DatasetError, match="rank 2 is out of range for world_size 2"):
         ds.batches(HOOKS[:1], rank=2, world_size=2)
-    with pytest.raises(DatasetError, match="format must be"):
-        ds.batches(HOOKS[:1], format="jax")
+    with pytest.raises(DatasetError, match="output must be"):
+        ds.batches(HOOKS[:1], output="jax")
     with pytest.raises(DatasetError, match="unsupported dtype"):
         ds.batches(HOOKS[:1], dtype="int8")
     with pytest.raises(DatasetError, match="no run.json"):
-        siphon.open(tmp_path)
+        siphon.open_dataset(tmp_path)
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "run.json").write_text(json.dumps({"format": "siphon-activations/9"}))
     with pytest.raises(DatasetError, match="unsupported dataset format 'siphon-activations/9'"):
-        siphon.open(bad)
+        siphon.open_dataset(bad)
     host = bad / "machine_000_host_00"
     host.mkdir()
     (bad / "run.json").write_text((bf16_run / "run.json").read_text())
     (host / "manifest.jsonl").write_text('{"shard": "x"}\n')
     with pytest.raises(DatasetError, match="manifest.jsonl: line 1"):
-        siphon.open(bad)
+        siphon.open_dataset(bad)
 
 
 def _assert_reads_like_local(ds: siphon.Dataset, local: siphon.Dataset) -> None:
     assert ds.tokens == local.tokens and list(ds.hooks) == list(local.hooks)
     ds.verify()
-    a = list(ds.batches(HOOKS[1:3], 128, seed=9, format="torch"))
-    b = list(local.batches(HOOKS[1:3], 128, seed=9, format="torch"))
+    a = list(ds.batches(HOOKS[1:3], batch_size=128, seed=9, output="torch"))
+    b = list(local.batches(HOOKS[1:3], batch_size=128, seed=9, output="torch"))
     assert len(a) == len(b)
     for x, y in zip(a, b):
         for k in x:
@@ -215,7 +234,7 @@ def test_s3_through_fsspec(bf16_run, moto_s3):
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": moto_s3})
     fs.mkdir("bucket")
     fs.put(str(bf16_run), "bucket/acts/", recursive=True)
-    _assert_reads_like_local(siphon.open(f"s3://bucket/acts/{bf16_run.name}"), siphon.open(bf16_run))
+    _assert_reads_like_local(siphon.open_dataset(f"s3://bucket/acts/{bf16_run.name}"), siphon.open_dataset(bf16_run))
 
 
 def test_gs_through_gcsfs(bf16_run, fake_gcs):
@@ -225,8 +244,8 @@ def test_gs_through_gcsfs(bf16_run, fake_gcs):
     fs = gcsfs.GCSFileSystem(**options)
     fs.mkdir("bucket")
     fs.put(str(bf16_run), "bucket/acts/", recursive=True)
-    ds = siphon.open(f"gs://bucket/acts/{bf16_run.name}", storage_options=options)
-    _assert_reads_like_local(ds, siphon.open(bf16_run))
+    ds = siphon.open_dataset(f"gs://bucket/acts/{bf16_run.name}", storage_options=options)
+    _assert_reads_like_local(ds, siphon.open_dataset(bf16_run))
 
 
 def test_gs_without_gcsfs_names_the_package(monkeypatch):
@@ -240,4 +259,4 @@ def test_gs_without_gcsfs_names_the_package(monkeypatch):
     for protocol in ("gs", "gcs"):
         monkeypatch.delitem(registry._registry, protocol, raising=False)
     with pytest.raises(DatasetError, match=r"no filesystem for gs:// \(pip install gcsfs\)"):
-        siphon.open("gs://bucket/run")
+        siphon.open_dataset("gs://bucket/run")

@@ -76,7 +76,7 @@ def test_saelens_multi_hook_trainer_takes_paired_dict_batches(bf16_run):
 
 
 def test_dataloader_two_workers_world_size_two_reads_every_token_once(bf16_run):
-    full = siphon.open(bf16_run).read([HOOK])
+    full = siphon.open_dataset(bf16_run).read([HOOK])
     want = Counter(zip(full["token_ids"].tolist(), full["position"].tolist(), [r.tobytes() for r in full[HOOK]]))
     seen = Counter()
     for rank in range(2):
@@ -93,7 +93,7 @@ def test_dataloader_two_workers_world_size_two_reads_every_token_once(bf16_run):
                 epoch_two = got
         assert epoch_two  # every epoch is read again
     assert seen == want
-    assert sum(seen.values()) == siphon.open(bf16_run).tokens
+    assert sum(seen.values()) == siphon.open_dataset(bf16_run).tokens
 
 
 def test_export_matches_and_saelens_runner_trains_from_it(f32_run, tmp_path):
@@ -103,11 +103,11 @@ def test_export_matches_and_saelens_runner_trains_from_it(f32_run, tmp_path):
 
     ctx = 16
     summary = export(f32_run, tmp_path / "cache", hooks=[HOOK, "blocks.1.hook_mlp_out"], context_size=ctx, shuffle=False)
-    assert summary.rows == siphon.open(f32_run).tokens // ctx
+    assert summary.rows == siphon.open_dataset(f32_run).tokens // ctx
     cache = datasets.load_from_disk(str(tmp_path / "cache"))
     assert cache.features[HOOK] == datasets.Array2D(shape=(ctx, D_MODEL), dtype="float32")
     assert len(cache) == summary.rows
-    stored = siphon.open(f32_run).read([HOOK])
+    stored = siphon.open_dataset(f32_run).read([HOOK])
     cache.set_format("numpy")
     np.testing.assert_array_equal(cache[0][HOOK], stored[HOOK][:ctx])
     np.testing.assert_array_equal(cache[1]["token_ids"], stored["token_ids"][ctx : 2 * ctx])
@@ -159,7 +159,7 @@ def test_siphon_export_saelens_command(f32_run, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     cache = datasets.load_from_disk(str(out))
     assert cache.features[HOOK] == datasets.Array2D(shape=(32, D_MODEL), dtype="float16")
-    assert len(cache) == siphon.open(f32_run).tokens // 32
+    assert len(cache) == siphon.open_dataset(f32_run).tokens // 32
     bad = subprocess.run([siphon_binary(), "export", "saelens", str(f32_run), str(tmp_path / "x"), "--hooks", "nope"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "unknown hook 'nope'" in bad.stderr

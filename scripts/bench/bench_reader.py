@@ -6,7 +6,7 @@ cached-activation loader, on the same activations, interleaved rounds in one pro
 RUN is a siphon run (f32), SAELENS_CACHE the same activations exported with
 `python -m siphon export-saelens` (f32 too, so both read the same bytes). Each round reads
 one epoch of the hook with each reader, in alternating order: siphon `Dataset.batches(...,
-shuffle=True, format="torch")` in this process, siphon through a torch DataLoader with 2
+shuffle=True, output="torch")` in this process, siphon through a torch DataLoader with 2
 workers, and SAELens's `ActivationsStore` built on the cache (`use_cached_activations`: HF
 datasets `load_from_disk`, torch format, its mixing buffer) iterated for the same number of
 tokens. Prints the medians: batches/s and GB/s of activation bytes handed to the trainer.
@@ -27,14 +27,14 @@ import siphon.torch
 
 def siphon_epoch(ds, hook, batch, seed):
     tokens = n = 0
-    for b in ds.batches([hook], batch, shuffle=True, seed=seed, format="torch"):
+    for b in ds.batches([hook], batch_size=batch, shuffle=True, seed=seed, output="torch"):
         tokens += b[hook].shape[0]
         n += 1
     return n, tokens
 
 
 def siphon_loader_epoch(ds, hook, batch, seed, workers):
-    loader = DataLoader(siphon.torch.ActivationDataset(ds, [hook], batch, seed=seed), batch_size=None, num_workers=workers)
+    loader = DataLoader(siphon.torch.ActivationDataset(ds, [hook], batch_size=batch, seed=seed), batch_size=None, num_workers=workers)
     tokens = n = 0
     for b in loader:
         tokens += b[hook].shape[0]
@@ -88,7 +88,7 @@ def main():
                    help="SAELens n_batches_in_buffer (default: a buffer of as many tokens as siphon's)")
     args = p.parse_args()
     torch.set_num_threads(2)
-    ds = siphon.open(args.run)
+    ds = siphon.open_dataset(args.run)
     d_in = ds.hooks[args.hook].width
     bytes_per_token = d_in * 4
     # siphon's default buffer: 512 MiB of the hook's rows. SAELens's mixing buffer holds
