@@ -37,8 +37,10 @@ class ActivationDataset(IterableDataset[Any]):
     each rank reads its own units (`Dataset.batches` with ``worker``/``num_workers`` from
     ``get_worker_info()``), so over ``world_size`` ranks × ``W`` workers every token comes once
     per epoch. `rank`/`world_size` default to ``torch.distributed``'s when it is initialized.
-    Call `set_epoch` between epochs to reshuffle. With `tensors`, one hook is yielded as bare
-    ``[n, width]`` tensors instead of dicts.
+    Call `set_epoch` between epochs to reshuffle, or iterate `batch_loader`'s loader, which
+    does it: the epoch lives in shared memory, so it reaches DataLoader workers whether they
+    are started for each epoch or kept (``persistent_workers=True``). With `tensors`, one hook
+    is yielded as bare ``[n, width]`` tensors instead of dicts.
     """
 
     def __init__(
@@ -72,7 +74,9 @@ class ActivationDataset(IterableDataset[Any]):
         self.dtype = dtype
         self.epochs = epochs
         self.tensors = tensors
-        self.epoch = 0
+        # Shared memory: workers forked or spawned by a DataLoader, persistent ones included,
+        # read the value the main process's set_epoch writes.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self.kwargs = kwargs
         # Fail now, not in a worker, on bad arguments.
         r, w = (rank, world_size) if rank is not None else _distributed()
@@ -91,9 +95,14 @@ class ActivationDataset(IterableDataset[Any]):
             **self.kwargs,
         )
 
-    def set_epoch(self, epoch: int) -> None:
+    @property
+    def epoch(self) -> int:
         """The epoch the next iteration reads (its shuffle)."""
-        self.epoch = epoch
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch the next iteration reads (its shuffle), in every DataLoader worker."""
+        self._epoch.fill_(int(epoch))
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -131,10 +140,27 @@ def data_provider(
         yield x if device is None else x.to(device)
 
 
-def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any) -> DataLoader[Any]:
-    """``DataLoader(dataset, batch_size=None, num_workers=num_workers, ...)``: batches are
-    already built by the dataset."""
-    return DataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+class EpochLoader(DataLoader[Any]):
+    """A ``DataLoader`` of an `ActivationDataset` whose every iteration after the first reads
+    the next epoch (``set_epoch(epoch + 1)`` before it starts), persistent workers included."""
+
+    dataset: ActivationDataset
+
+    def __init__(self, dataset: ActivationDataset, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self._iterated = False
+
+    def __iter__(self) -> Any:
+        if self._iterated:
+            self.dataset.set_epoch(self.dataset.epoch + 1)
+        self._iterated = True
+        return super().__iter__()
 
 
-__all__ = ["ActivationDataset", "data_provider", "batch_loader"]
+def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any) -> EpochLoader:
+    """``DataLoader(dataset, batch_size=None, num_workers=num_workers, ...)`` (batches are
+    already built by the dataset) that moves to the next epoch at each new iteration."""
+    return EpochLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+
+
+__all__ = ["ActivationDataset", "EpochLoader", "data_provider", "batch_loader"]
