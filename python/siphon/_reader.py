@@ -1,4 +1,4 @@
-"""Reading units of shards, splitting them over consumers, and the shuffle buffer.
+"""Reading units of shards, splitting them over consumers, and the windows rows are shuffled in.
 
 A *unit* is a contiguous block of at most ``unit_tokens`` rows of one shard. One epoch:
 
@@ -8,18 +8,18 @@ A *unit* is a contiguous block of at most ``unit_tokens`` rows of one shard. One
 3. consumer ``c`` of ``C = world_size * num_workers`` (``c = rank * num_workers + worker``)
    takes the ``c``-th contiguous slice of that list, so consumers never share a unit and
    together cover every unit: each token is read exactly once per epoch;
-4. a consumer reads its units (only the tensors asked for, as byte ranges): on local disk
-   straight into the buffer's free rows (``os.preadv``, one copy out of the page cache), from
-   an object store a few units ahead in threads; then it drops filtered rows, and
-5. with ``shuffle``, passes them through a shuffle buffer of ``buffer_rows`` rows: once it
-   holds at least that many, it is permuted (seeded by ``(seed, epoch, c, C)``) and all but
-   half of it are handed out as batches; the rest wait for the next units. Without shuffle,
-   rows come out in unit order.
+4. a consumer groups its units into windows of at most ``buffer_rows`` rows (`windows_of`; one
+   unit per window without shuffle) and reads a window's units (only the tensors asked for, as
+   byte ranges): on local disk straight into the window's rows (``os.preadv``, one copy out of
+   the page cache), from an object store a few units ahead in threads; then it drops filtered
+   rows, and
+5. with ``shuffle``, permutes the window's rows (seeded by ``(seed, epoch, c, C, window)``);
+   batches are consecutive rows of the windows in turn. The position after a batch, (epoch,
+   window, rows of the window read), continues the stream exactly (`Dataset.batches(resume=)`).
 
-Memory per consumer: the buffer's arrays, ``buffer_rows + unit_tokens`` rows of every tensor
-read, plus a temporary of half the buffer when it is compacted, plus ``prefetch`` units in
-flight and the batch being built: about ``(1.5 * buffer_rows + (prefetch + 2) * unit_tokens)
-* row_bytes``.
+Memory per consumer: the window's arrays, ``max(buffer_rows, unit_tokens)`` rows of every
+tensor read, plus the batch being built and ``prefetch`` units in flight: about ``(2 *
+buffer_rows + (prefetch + 1) * unit_tokens) * row_bytes``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -207,78 +207,44 @@ def read_ahead(units: Iterable[Unit], load: Callable[[Unit], Arrays], depth: int
                 f.cancel()
 
 
-class RowBuffer:
-    """A preallocated buffer of rows of several tensors (one row = one token in each).
+def windows_of(units: List[Unit], capacity: int) -> List[List[Unit]]:
+    """Consecutive groups of `units` of at most `capacity` rows (a larger unit alone): the
+    windows a reader shuffles rows within."""
+    windows: List[List[Unit]] = []
+    rows = 0
+    for unit in units:
+        size = unit.end - unit.start
+        if windows and rows + size <= capacity:
+            windows[-1].append(unit)
+            rows += size
+        else:
+            windows.append([unit])
+            rows = size
+    return windows
 
-    With ``shuffle``, rows leave in a random order once at least ``capacity`` rows are held
-    (all but ``capacity // 2`` of them, in whole batches); without, they leave in arrival order
-    in whole batches. `finish` hands out what is left.
-    """
 
-    def __init__(
-        self,
-        templates: Dict[str, Tuple[np.dtype, Tuple[int, ...]]],
-        capacity: int,
-        max_unit: int,
-        batch_size: int,
-        rng: Optional[np.random.Generator],
-    ) -> None:
-        self.capacity = capacity
-        self.batch_size = batch_size
-        self.rng = rng
+class Window:
+    """A preallocated store of rows of several tensors (one row = one token in each), filled
+    with one window's units at a time."""
+
+    def __init__(self, templates: Dict[str, Tuple[np.dtype, Tuple[int, ...]]], rows: int) -> None:
+        self.store = {name: np.empty((rows,) + shape, dtype=dtype) for name, (dtype, shape) in templates.items()}
         self.n = 0
-        size = capacity + max_unit
-        self.store = {name: np.empty((size,) + shape, dtype=dtype) for name, (dtype, shape) in templates.items()}
 
-    def add(self, arrays: Arrays) -> Iterator[Arrays]:
+    def fill(self, rows: int, fill: Callable[[Arrays], int]) -> None:
+        """Lets `fill` write up to `rows` rows straight into the free space; it returns how
+        many it kept."""
+        self.n += fill({name: s[self.n : self.n + rows] for name, s in self.store.items()})
+
+    def add(self, arrays: Arrays) -> None:
         rows = len(next(iter(arrays.values())))
-        pos = 0
-        while pos < rows:
-            take = min(rows - pos, len(next(iter(self.store.values()))) - self.n)
-            for name, a in arrays.items():
-                self.store[name][self.n : self.n + take] = a[pos : pos + take]
-            self.n += take
-            pos += take
-            if self.n >= self.capacity:
-                yield from self._emit(final=False)
+        for name, a in arrays.items():
+            self.store[name][self.n : self.n + rows] = a
+        self.n += rows
 
-    def fill(self, rows: int, fill: Callable[[Arrays], int]) -> Iterator[Arrays]:
-        """Lets `fill` write up to `rows` rows straight into the buffer's free space (it returns
-        how many it kept), then hands out batches as `add` does. `rows` <= ``max_unit``."""
-        views = {name: s[self.n : self.n + rows] for name, s in self.store.items()}
-        self.n += fill(views)
-        if self.n >= self.capacity:
-            yield from self._emit(final=False)
-
-    def finish(self, drop_last: bool) -> Iterator[Arrays]:
-        yield from self._emit(final=True, drop_last=drop_last)
-
-    def _emit(self, final: bool, drop_last: bool = False) -> Iterator[Arrays]:
-        n, b = self.n, self.batch_size
-        if self.rng is None:
-            emit = n if final else (n // b) * b
-            for i in range(0, emit, b):
-                if drop_last and i + b > emit:
-                    break
-                yield {name: s[i : min(i + b, emit)].copy() for name, s in self.store.items()}
-            rest = n - emit
-            if rest:
-                for s in self.store.values():
-                    s[:rest] = s[emit:n]
-            self.n = rest
-            return
-        perm = self.rng.permutation(n)
-        emit = n if final else max(b, ((n - self.capacity // 2) // b) * b)
-        for i in range(0, emit, b):
-            if drop_last and i + b > emit:
-                break
-            idx = perm[i : min(i + b, emit)]
-            yield {name: s.take(idx, axis=0) for name, s in self.store.items()}
-        left = perm[emit:]
-        if len(left):
-            for name, s in self.store.items():
-                s[: len(left)] = s.take(left, axis=0)
-        self.n = len(left)
+    def rows(self, picked: Any) -> Arrays:
+        """Copies of the rows `picked` (a slice or an index array) of every tensor."""
+        return {name: s[picked].copy() if isinstance(picked, slice) else s.take(picked, axis=0) for name, s in self.store.items()}
 
 
 def templates_for(reader: UnitReader, shard: ManifestLine) -> Dict[str, Tuple[np.dtype, Tuple[int, ...]]]:

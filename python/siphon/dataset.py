@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -25,7 +26,18 @@ from ._format import (
 )
 from ._location import Location
 from ._convert import Batch
-from ._reader import Filter, RowBuffer, Unit, UnitReader, make_units, read_ahead, split_units, templates_for
+from ._reader import (
+    Arrays,
+    Filter,
+    Unit,
+    UnitReader,
+    Window,
+    make_units,
+    read_ahead,
+    split_units,
+    templates_for,
+    windows_of,
+)
 from .errors import DatasetError
 
 DEFAULT_SHUFFLE_BUFFER_BYTES = 512 << 20
@@ -233,16 +245,20 @@ class Dataset:
         unit_tokens: int = DEFAULT_UNIT_TOKENS,
         prefetch: int = 2,
         device: Any = None,
+        resume: Optional[Mapping[str, Any]] = None,
         format: Optional[str] = None,  # noqa: A002 - the deprecated name of `output`
-    ) -> Iterator[Batch]:
+    ) -> Batches:
         """`Batch`es of ``{hook: [n, *shape], "token_ids": [n], "position": [n]}``, every hook
         for the same tokens.
 
         - `shuffle`: units of at most `unit_tokens` rows of a shard are visited in a seeded
-          random order, and rows pass through a shuffle buffer of `shuffle_buffer_tokens` rows
-          (default: 512 MiB of the requested hooks' rows, at least 4 batches). Deterministic for
-          (`seed`, `epoch`, `rank`, `world_size`, `worker`, `num_workers`). Peak memory per
-          reader ≈ (1.5 × buffer + (prefetch + 2) × unit) × bytes per token.
+          random order, and rows are permuted within windows of `shuffle_buffer_tokens` rows
+          of consecutive units (default: 512 MiB of the requested hooks' rows, at least 4
+          batches). Deterministic for (`seed`, `epoch`, `rank`, `world_size`, `worker`,
+          `num_workers`). Peak memory per reader ≈ (2 × window + (prefetch + 1) × unit) × bytes
+          per token.
+        - `resume`: a state the returned iterator's ``state_dict()`` gave after some batch:
+          the batches continue exactly from there (same arguments otherwise, checked).
         - `rank`/`world_size` and `worker`/`num_workers`: the units are split between the
           ``world_size * num_workers`` readers without overlap or gap, so each token is read
           exactly once per epoch over all of them. Readers may get a few batches more or fewer
@@ -310,12 +326,12 @@ class Dataset:
             consumer=rank * num_workers + worker,
             consumers=world_size * num_workers,
             batch_size=batch_size,
-            shuffle_buffer_tokens=shuffle_buffer_tokens,
+            capacity=shuffle_buffer_tokens,
             unit_tokens=unit_tokens,
             prefetch=prefetch,
             drop_last=drop_last,
         )
-        return plan.run()
+        return plan.run(_start_of(resume, plan))
 
     def activations(self, hook: str, *, batch_size: int = 4096, **kwargs: Any) -> Iterator[Any]:
         """Batches of one hook as bare ``[n, width]`` arrays or tensors (per-head hooks
@@ -350,9 +366,20 @@ class Dataset:
         return convert({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
 
 
+#: Where a reader's iteration continues: (epoch, window, rows of the window already read).
+Position = Tuple[int, int, int]
+
+
 @dataclass(frozen=True, eq=False)
 class _Iteration:
-    """Everything one reader's iteration over epochs needs (`Dataset.batches` checks it)."""
+    """Everything one reader's iteration over epochs needs (`Dataset.batches` checks it).
+
+    An epoch's units (`split_units`) are read in windows of at most `capacity` rows
+    (`windows_of`); with `shuffle`, each window's rows are permuted by a generator seeded with
+    (seed, epoch, reader, readers, window). Batches are consecutive `batch_size` rows of that
+    stream, so the position after any batch, (epoch, window, offset), is all it takes to
+    continue exactly: the window is read again and its first `offset` permuted rows skipped.
+    """
 
     units: List[Unit]
     reader: UnitReader
@@ -365,47 +392,121 @@ class _Iteration:
     consumer: int
     consumers: int
     batch_size: int
-    shuffle_buffer_tokens: int
+    capacity: int
     unit_tokens: int
     prefetch: int
     drop_last: bool
 
-    def run(self) -> Iterator[Batch]:
+    def fingerprint(self) -> str:
+        """What decides the order of the rows, for checking that a saved position fits."""
+        f = self.reader.filter
+        key = [
+            [(u.shard.rel, u.start, u.end) for u in self.units],
+            self.shuffle, self.seed, self.consumer, self.consumers, self.batch_size, self.capacity, self.drop_last,
+            None if f.exclude_token_ids is None else f.exclude_token_ids.tolist(), f.min_position, f.max_position,
+            None if f.roles is None else f.roles.tolist(),
+        ]
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+    def run(self, start: Optional[Position] = None) -> "Batches":
         if self.epochs is None and not split_units(self.units, False, self.seed, self.epoch, self.consumer, self.consumers):
             raise DatasetError(
                 f"reader {self.consumer} of {self.consumers} (rank x worker) gets no data: the run has only "
                 f"{len(self.units)} unit(s); use fewer ranks/workers or a smaller unit_tokens"
             )
-        return self._epochs()
+        start = start or (self.epoch, 0, 0)
+        return Batches(self._epochs(start), self, start)
 
-    def _epochs(self) -> Iterator[Batch]:
-        e = self.epoch
+    def _epochs(self, start: Position) -> Iterator[Tuple[Batch, Position]]:
+        e, window, offset = start
         while self.epochs is None or e < self.epoch + self.epochs:
-            yield from self._one_epoch(e)
-            e += 1
+            yield from self._one_epoch(e, window, offset)
+            e, window, offset = e + 1, 0, 0
 
-    def _one_epoch(self, e: int) -> Iterator[Batch]:
+    def _one_epoch(self, e: int, first: int, offset: int) -> Iterator[Tuple[Batch, Position]]:
         mine = split_units(self.units, self.shuffle, self.seed, e, self.consumer, self.consumers)
         if not mine:
             return
-        reader, convert = self.reader, self.convert
-        templates = templates_for(reader, mine[0].shard)
-        rng = np.random.default_rng([self.seed, e, self.consumer, self.consumers]) if self.shuffle else None
-        capacity = self.shuffle_buffer_tokens if self.shuffle else self.batch_size
-        buffer = RowBuffer(templates, capacity, self.unit_tokens, self.batch_size, rng)
-        if reader.location.local:
-            # Local disk: read each unit straight into the buffer (one copy); the page cache
-            # and readahead make a reading thread unnecessary.
-            for unit in mine:
-                for batch in buffer.fill(unit.end - unit.start, functools.partial(reader.load_into, unit)):
-                    yield convert(batch)
-        else:
-            for arrays in read_ahead(mine, reader.load, self.prefetch):
-                if len(arrays["token_ids"]):
-                    for batch in buffer.add(arrays):
-                        yield convert(batch)
-        for batch in buffer.finish(self.drop_last):
-            yield convert(batch)
+        reader, b = self.reader, self.batch_size
+        windows = windows_of(mine, self.capacity if self.shuffle else 1)
+        window = Window(templates_for(reader, mine[0].shard), max(self.capacity, self.unit_tokens) if self.shuffle else self.unit_tokens)
+        later = [u for w in windows[first:] for u in w]
+        loaded = None if reader.location.local else read_ahead(later, reader.load, self.prefetch)
+        pending: List[Arrays] = []
+        have = 0
+        for k in range(first, len(windows)):
+            window.n = 0
+            for unit in windows[k]:
+                if loaded is None:
+                    # Local disk: straight into the window (one copy from the page cache).
+                    window.fill(unit.end - unit.start, functools.partial(reader.load_into, unit))
+                else:
+                    window.add(next(loaded))
+            n = window.n
+            order = np.random.default_rng([self.seed, e, self.consumer, self.consumers, k]).permutation(n) if self.shuffle else None
+            i = offset if k == first else 0
+            while i < n:
+                take = min(b - have, n - i)
+                pending.append(window.rows(slice(i, i + take) if order is None else order[i : i + take]))
+                have += take
+                i += take
+                if have == b:
+                    yield self.convert(_concat(pending)), ((e, k, i) if i < n else (e, k + 1, 0))
+                    pending, have = [], 0
+        if have and not self.drop_last:
+            yield self.convert(_concat(pending)), (e + 1, 0, 0)
+
+
+def _concat(parts: List[Arrays]) -> Dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return dict(parts[0])
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
+class Batches(Iterator[Batch]):
+    """The iterator `Dataset.batches` returns: `Batch`es, and `state_dict` — where it stands
+    after the last batch it gave, to continue exactly from there with
+    ``Dataset.batches(..., resume=state)`` (the same arguments otherwise)."""
+
+    def __init__(self, items: Iterator[Tuple[Batch, Position]], plan: _Iteration, start: Position) -> None:
+        self._items = items
+        self._plan = plan
+        self._position = start
+
+    def __iter__(self) -> "Batches":
+        return self
+
+    def __next__(self) -> Batch:
+        batch, self._position = next(self._items)
+        return batch
+
+    def state_dict(self) -> Dict[str, Any]:
+        """A small JSON-serialisable state: the position after the last batch given."""
+        e, window, offset = self._position
+        plan = self._plan
+        return {
+            "version": 1, "epoch": e, "window": window, "offset": offset,
+            "reader": plan.consumer, "readers": plan.consumers, "settings": plan.fingerprint(),
+        }
+
+
+def _start_of(resume: Optional[Mapping[str, Any]], plan: _Iteration) -> Optional[Position]:
+    """The position a saved state continues from, checked against the iteration's settings."""
+    if resume is None:
+        return None
+    if resume.get("version") != 1:
+        raise DatasetError(f"unknown state {dict(resume)!r}: not one a siphon reader saved")
+    if (resume.get("reader"), resume.get("readers")) != (plan.consumer, plan.consumers):
+        raise DatasetError(
+            f"the state is reader {resume.get('reader')} of {resume.get('readers')}; this is reader "
+            f"{plan.consumer} of {plan.consumers} (rank x worker)"
+        )
+    if resume.get("settings") != plan.fingerprint():
+        raise DatasetError(
+            "the state was saved with other settings (shards, seed, batch size, shuffle buffer, filters "
+            "or drop_last): restore it with the arguments it was saved with"
+        )
+    return int(resume["epoch"]), int(resume["window"]), int(resume["offset"])
 
 
 def _deprecated_output(format: Optional[str], output: str) -> str:  # noqa: A002

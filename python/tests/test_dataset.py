@@ -136,6 +136,34 @@ def test_filters_by_role_like_by_token_id(chat_run, bf16_run):
         next(iter(siphon.open_dataset(bf16_run).batches(HOOKS[:1], batch_size=64, roles=["assistant"])))
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_state_after_n_batches_resumes_the_rest_bit_for_bit(bf16_run, shuffle):
+    ds = siphon.open_dataset(bf16_run)
+    args = dict(batch_size=48, shuffle=shuffle, seed=7, unit_tokens=100, epochs=2, exclude_token_ids=[32])
+    if shuffle:
+        args["shuffle_buffer_tokens"] = 250
+    for reader in [dict(), dict(rank=1, world_size=2, worker=1, num_workers=2)]:
+        whole = list(ds.batches(HOOKS[:2], **args, **reader))
+        assert len(whole) > 8
+        it = ds.batches(HOOKS[:2], **args, **reader)
+        states = []
+        for _ in whole:
+            next(it)
+            states.append(json.loads(json.dumps(it.state_dict())))  # JSON-serialisable
+        assert states[-1]["epoch"] == 2
+        for n in [0, 1, len(whole) // 2, len(whole) - 1]:
+            rest = list(ds.batches(HOOKS[:2], **args, **reader, resume=states[n]))
+            assert len(rest) == len(whole) - n - 1
+            for got, want in zip(rest, whole[n + 1 :]):
+                assert got.keys() == want.keys()
+                for k in want:
+                    np.testing.assert_array_equal(got[k], want[k])
+    with pytest.raises(DatasetError, match="other settings"):
+        ds.batches(HOOKS[:2], **dict(args, seed=8), **reader, resume=states[1])
+    with pytest.raises(DatasetError, match="reader 3 of 4"):
+        ds.batches(HOOKS[:2], **args, resume=states[1])
+
+
 def test_epochs_repeat_and_drop_last(bf16_run):
     ds = siphon.open_dataset(bf16_run)
     one = sum(len(b["token_ids"]) for b in ds.batches(HOOKS[:1], batch_size=64))
