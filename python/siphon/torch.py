@@ -15,12 +15,12 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .dataset import Dataset, open_dataset
+from .dataset import Batches, Dataset, open_dataset
 from .errors import DatasetError
 
 
@@ -77,12 +77,17 @@ class ActivationDataset(IterableDataset[Any]):
         # Shared memory: workers forked or spawned by a DataLoader, persistent ones included,
         # read the value the main process's set_epoch writes.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        # Set by EpochLoader: workers wrap each item with the reader and its position.
+        self._tagged = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        # (workers, each reader's state after its last delivered batch, the last reader).
+        self._delivered: Optional[Tuple[int, Dict[int, Dict[str, Any]], int]] = None
+        self._restored: Optional[Dict[str, Any]] = None
         self.kwargs = kwargs
         # Fail now, not in a worker, on bad arguments.
         r, w = (rank, world_size) if rank is not None else _distributed()
         self._batches(rank=r, world_size=w)
 
-    def _batches(self, **where: Any) -> Iterator[Any]:
+    def _batches(self, **where: Any) -> Batches:
         """`Dataset.batches` with this dataset's settings, for the reader `where` names."""
         return self.dataset.batches(
             self.hooks,
@@ -108,14 +113,52 @@ class ActivationDataset(IterableDataset[Any]):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world_size = (self.rank, self.world_size) if self.rank is not None else _distributed()
+        epoch = self.epoch
+        # A restored epoch: the readers continue where the state left them, and DataLoader
+        # worker 0 hosts the reader whose batch came next, so that the round robin over the
+        # workers hands out the batches in the uninterrupted order.
+        restored = self._restored if self._restored is not None and self._restored["epoch"] == epoch else None
+        slot = (worker + restored["next"]) % num_workers if restored is not None else worker
+        state = restored["readers"].get(str(slot)) if restored is not None else None
         batches = self._batches(
-            rank=rank, world_size=world_size, epoch=self.epoch, epochs=self.epochs, worker=worker, num_workers=num_workers
+            rank=rank, world_size=world_size, epoch=epoch, epochs=self.epochs, worker=slot, num_workers=num_workers,
+            resume=state,
         )
-        if not self.tensors:
-            return batches
+        tagged = bool(self._tagged)
         hook = self.hooks[0]
         width = self.dataset.hooks[hook].width
-        return (b[hook].reshape(b[hook].shape[0], width) for b in batches)
+        for b in batches:
+            item = b[hook].reshape(b[hook].shape[0], width) if self.tensors else b
+            yield _Tagged(item, slot, batches.state_dict()) if tagged else item
+
+    # ----------------------------------------------------------------------------- state
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the iteration through `batch_loader`'s loader stands after the last batch it
+        gave: the epoch, and each reader's (DataLoader worker's) position and which one gives
+        the next batch. Small and JSON-serialisable; `load_state_dict` on a new dataset (the
+        same arguments, the same rank and number of workers) continues with exactly the
+        batches that would have come next."""
+        if self._delivered is None:
+            raise DatasetError(
+                "state_dict() follows the batches handed out by siphon.torch.batch_loader's loader "
+                "(a plain DataLoader does not say which worker gave a batch): iterate that one"
+            )
+        workers, readers, last = self._delivered
+        return {
+            "version": 1, "epoch": self.epoch, "workers": workers, "next": (last + 1) % workers,
+            "readers": {str(k): v for k, v in readers.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from `state` (`state_dict`): the next iteration through `batch_loader`'s
+        loader resumes its epoch exactly. Call it before iterating."""
+        if state.get("version") != 1 or not isinstance(state.get("readers"), Mapping):
+            raise DatasetError(f"not a state siphon.torch.ActivationDataset saved: {dict(state)!r}")
+        self.set_epoch(int(state["epoch"]))
+        self._restored = dict(state)
+        readers = {int(k): dict(v) for k, v in state["readers"].items()}
+        self._delivered = (int(state["workers"]), readers, (int(state["next"]) - 1) % int(state["workers"]))
 
 
 def data_provider(
@@ -140,9 +183,19 @@ def data_provider(
         yield x if device is None else x.to(device)
 
 
+class _Tagged:
+    """An item from a DataLoader worker with the reader that made it and its position after."""
+
+    __slots__ = ("item", "slot", "state")
+
+    def __init__(self, item: Any, slot: int, state: Dict[str, Any]) -> None:
+        self.item, self.slot, self.state = item, slot, state
+
+
 class EpochLoader(DataLoader[Any]):
     """A ``DataLoader`` of an `ActivationDataset` whose every iteration after the first reads
-    the next epoch (``set_epoch(epoch + 1)`` before it starts), persistent workers included."""
+    the next epoch (``set_epoch(epoch + 1)`` before it starts), persistent workers included,
+    and which records where each worker's reader stands, for the dataset's `state_dict`."""
 
     dataset: ActivationDataset
 
@@ -151,10 +204,25 @@ class EpochLoader(DataLoader[Any]):
         self._iterated = False
 
     def __iter__(self) -> Any:
-        if self._iterated:
-            self.dataset.set_epoch(self.dataset.epoch + 1)
+        ds = self.dataset
+        workers = max(1, self.num_workers)
+        restored = ds._restored
+        if self._iterated or restored is None:
+            if self._iterated:
+                ds.set_epoch(ds.epoch + 1)
+            ds._delivered = (workers, {}, workers - 1)
+        elif int(restored["workers"]) != workers:
+            raise DatasetError(f"the state was saved with {restored['workers']} DataLoader workers; this loader has {workers}")
         self._iterated = True
-        return super().__iter__()
+        ds._tagged.fill_(1)
+        return self._track(super().__iter__())
+
+    def _track(self, items: Any) -> Iterator[Any]:
+        for tagged in items:
+            workers, readers, _ = self.dataset._delivered or (1, {}, 0)
+            readers[tagged.slot] = tagged.state
+            self.dataset._delivered = (workers, readers, tagged.slot)
+            yield tagged.item
 
 
 def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any) -> EpochLoader:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import datasets
@@ -120,6 +121,47 @@ def test_epochs_reach_the_workers_persistent_or_not(bf16_run, workers, persisten
     ds = siphon.torch.ActivationDataset(bf16_run, [HOOK], batch_size=64, seed=2, unit_tokens=128)
     loader = siphon.torch.batch_loader(ds, num_workers=workers, persistent_workers=persistent)
     assert epoch_of(loader) == first and epoch_of(loader) == second and ds.epoch == 1
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_torch_state_after_n_batches_resumes_the_rest_bit_for_bit(bf16_run, workers, world_size, persistent):
+    """Two epochs through batch_loader, interrupted after N batches (in either epoch): a new
+    dataset restored from the JSON of state_dict() gives exactly the batches that came next."""
+    rank = world_size - 1
+
+    def dataset():
+        return siphon.torch.ActivationDataset(bf16_run, [HOOK], batch_size=40, seed=3, rank=rank, world_size=world_size,
+                                              unit_tokens=100, shuffle_buffer_tokens=200)
+
+    def key(b):
+        return (b["token_ids"].tolist(), b["position"].tolist(), b[HOOK].view(torch.int16).sum().item())
+
+    ds = dataset()
+    loader = siphon.torch.batch_loader(ds, num_workers=workers, persistent_workers=persistent)
+    epochs = [[key(b) for b in loader] for _ in range(2)]
+    whole = epochs[0] + epochs[1]
+    for stop in [1, len(epochs[0]) // 2 + 1, len(epochs[0]) + 2]:
+        ds = dataset()
+        loader = siphon.torch.batch_loader(ds, num_workers=workers, persistent_workers=persistent)
+        got, state = [], None
+        for _ in range(2):
+            for b in loader:
+                got.append(key(b))
+                if len(got) == stop:
+                    state = json.loads(json.dumps(ds.state_dict()))
+                    break
+            if state is not None:
+                break
+        assert got == whole[:stop]
+        resumed = dataset()
+        resumed.load_state_dict(state)
+        loader = siphon.torch.batch_loader(resumed, num_workers=workers, persistent_workers=persistent)
+        rest = [key(b) for b in loader]
+        if stop <= len(epochs[0]):
+            rest += [key(b) for b in loader]
+        assert rest == whole[stop:], f"stopped after {stop} of {len(whole)}"
 
 
 def test_export_matches_and_saelens_runner_trains_from_it(f32_run, tmp_path):
