@@ -161,6 +161,37 @@ class ActivationDataset(IterableDataset[Any]):
         self._delivered = (int(state["workers"]), readers, (int(state["next"]) - 1) % int(state["workers"]))
 
 
+class Provider(Iterator[torch.Tensor]):
+    """The iterator `data_provider` returns: ``[batch_size, d]`` tensors of one hook, read by a
+    `batch_loader` loader, with the dataset's `state_dict` / `load_state_dict` to stop a
+    training run and continue it with exactly the batches that came next."""
+
+    def __init__(self, dataset: ActivationDataset, num_workers: int, device: Any) -> None:
+        self.dataset = dataset
+        self._loader = batch_loader(dataset, num_workers=num_workers, persistent_workers=False)
+        self._items: Optional[Iterator[Any]] = None
+        self._device = device
+
+    def __iter__(self) -> "Provider":
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self._items is None:
+            self._items = iter(self._loader)
+        x: torch.Tensor = next(self._items)
+        return x if self._device is None else x.to(self._device)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the batches handed out so far leave the reading (`ActivationDataset.state_dict`)."""
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from `state`; call it before the first batch."""
+        if self._items is not None:
+            raise DatasetError("load_state_dict() must come before the first batch")
+        self.dataset.load_state_dict(state)
+
+
 def data_provider(
     dataset: Union[Dataset, str, "os.PathLike[str]"],
     hook: str,
@@ -171,16 +202,15 @@ def data_provider(
     num_workers: int = 0,
     epochs: Optional[int] = None,
     **kwargs: Any,
-) -> Iterator[torch.Tensor]:
+) -> Provider:
     """An endless (by default) iterator of shuffled ``[batch_size, d]`` tensors of one hook: the
     ``data_provider`` of SAELens's ``SAETrainer`` and the ``data`` of dictionary_learning's
     ``trainSAE``. Epochs are reshuffled; with `num_workers`, a DataLoader reads in worker
     processes. Keyword arguments as `Dataset.batches` (seed, rank, world_size,
-    exclude_token_ids, ...)."""
+    exclude_token_ids, ...). Its `state_dict()`, saved beside the trainer's checkpoint, and
+    `load_state_dict()` on a new provider resume a preempted training run exactly."""
     ds = ActivationDataset(dataset, [hook], batch_size=batch_size, dtype=dtype, epochs=epochs, tensors=True, **kwargs)
-    loader = DataLoader(ds, batch_size=None, num_workers=num_workers, persistent_workers=False)
-    for x in loader:
-        yield x if device is None else x.to(device)
+    return Provider(ds, num_workers, device)
 
 
 class _Tagged:
@@ -231,4 +261,4 @@ def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any
     return EpochLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
 
 
-__all__ = ["ActivationDataset", "EpochLoader", "data_provider", "batch_loader"]
+__all__ = ["ActivationDataset", "EpochLoader", "Provider", "data_provider", "batch_loader"]

@@ -60,6 +60,48 @@ def test_saelens_trainer_trains_from_data_provider(bf16_run):
     assert torch.isfinite(after) and after < before
 
 
+def test_a_saelens_run_stopped_and_restored_ends_with_the_uninterrupted_weights(bf16_run, tmp_path):
+    """SAETrainer for 2K steps, against one stopped after K steps (a preemption: the next batch
+    never comes), restored from its checkpoint and siphon's state: the same SAE, bit for bit."""
+    from safetensors.torch import load_file
+
+    batch, k = 48, 7
+
+    def provider():
+        return siphon.torch.data_provider(bf16_run, HOOK, batch_size=batch, seed=5, num_workers=2,
+                                          unit_tokens=100, shuffle_buffer_tokens=200)
+
+    whole = SAETrainer(trainer_config(batch, 2 * k), new_sae(), data_provider=provider()).fit()
+
+    class Preempted(Exception):
+        pass
+
+    first = provider()
+
+    def stopping():
+        for _ in range(k):
+            yield next(first)
+        raise Preempted  # before the next batch is taken from the provider
+
+    trainer = SAETrainer(trainer_config(batch, 2 * k), new_sae(), data_provider=stopping())
+    with pytest.raises(Preempted):
+        trainer.fit()
+    assert trainer.n_training_steps == k
+    trainer.save_checkpoint("preempted", base_path=tmp_path)
+    state = json.dumps(first.state_dict())
+
+    sae = new_sae()
+    sae.load_state_dict(load_file(str(tmp_path / "preempted" / "sae_weights.safetensors")))
+    second = provider()
+    second.load_state_dict(json.loads(state))
+    restored = SAETrainer(trainer_config(batch, 2 * k), sae, data_provider=second)
+    restored.load_trainer_state(tmp_path / "preempted")
+    resumed = restored.fit()
+    assert restored.n_training_steps == 2 * k
+    for name, want in whole.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], want), name
+
+
 def test_saelens_multi_hook_trainer_takes_paired_dict_batches(bf16_run):
     """A transcoder-style pair (ln2.hook_normalized, hook_mlp_out) for the same tokens, through
     SAELens's MultiSAETrainer and its dict data provider."""
