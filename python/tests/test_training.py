@@ -141,28 +141,35 @@ def test_dataloader_two_workers_world_size_two_reads_every_token_once(bf16_run):
 
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_epochs_reach_the_workers_persistent_or_not(bf16_run, workers, persistent):
-    """Each epoch holds every token once, in another order than the one before, with workers
-    started per epoch or kept: through set_epoch on a plain DataLoader, and through
-    batch_loader's own epochs."""
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_epochs_reach_the_workers_persistent_or_not(bf16_run, workers, world_size, persistent):
+    """Each epoch holds every token once over the ranks, in another order than the one before,
+    with workers started per epoch or kept: through set_epoch on a plain DataLoader, and
+    through batch_loader's own epochs."""
     full = siphon.open_dataset(bf16_run).read([HOOK])
     every = Counter(zip(full["token_ids"].tolist(), full["position"].tolist()))
 
     def epoch_of(loader):
-        ids = [(b["token_ids"].tolist(), b["position"].tolist()) for b in loader]
-        order = [t for tok, pos in ids for t in zip(tok, pos)]
-        assert Counter(order) == every  # every token once
-        return order
+        return [t for b in loader for t in zip(b["token_ids"].tolist(), b["position"].tolist())]
 
-    ds = siphon.torch.ActivationDataset(bf16_run, [HOOK], batch_size=64, seed=2, unit_tokens=128)
-    plain = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=persistent)
-    first = epoch_of(plain)
-    ds.set_epoch(1)
-    second = epoch_of(plain)
-    assert first != second and sorted(first) == sorted(second)
-    ds = siphon.torch.ActivationDataset(bf16_run, [HOOK], batch_size=64, seed=2, unit_tokens=128)
-    loader = siphon.torch.batch_loader(ds, num_workers=workers, persistent_workers=persistent)
-    assert epoch_of(loader) == first and epoch_of(loader) == second and ds.epoch == 1
+    def dataset(rank):
+        return siphon.torch.ActivationDataset(bf16_run, [HOOK], batch_size=64, seed=2, unit_tokens=128,
+                                              rank=rank, world_size=world_size)
+
+    first, second = [], []
+    for rank in range(world_size):
+        ds = dataset(rank)
+        plain = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=persistent)
+        one = epoch_of(plain)
+        ds.set_epoch(1)
+        two = epoch_of(plain)
+        assert one != two  # (a rank's share of the tokens differs from epoch to epoch too)
+        ds = dataset(rank)
+        loader = siphon.torch.batch_loader(ds, num_workers=workers, persistent_workers=persistent)
+        assert epoch_of(loader) == one and epoch_of(loader) == two and ds.epoch == 1
+        first += one
+        second += two
+    assert Counter(first) == every and Counter(second) == every  # every token once per epoch
 
 
 @pytest.mark.parametrize("persistent", [False, True])
