@@ -220,7 +220,7 @@ impl ShardWriter {
         let sender = self.batches.as_ref().ok_or_else(|| StoreError::Background("writer already finished".into()))?;
         let shapes = self.shapes.is_empty().then(|| batch.hook_shapes());
         if sender.send(batch).is_err() {
-            return Err(StoreError::Background(self.failure_message()));
+            return Err(self.root_failure());
         }
         self.next_sample = end;
         if let Some(shapes) = shapes {
@@ -251,7 +251,11 @@ impl ShardWriter {
             .take()
             .map(|h| h.join().unwrap_or_else(|_| Err(StoreError::Background("assembler panicked".into()))));
         let runtime = self.runtime.take().expect("runtime lives until finish");
-        let committer = self.committer.take().expect("committer lives until finish");
+        let Some(committer) = self.committer.take() else {
+            // `push` already waited for it and reported its failure.
+            runtime.shutdown_background();
+            return Err(StoreError::Background(self.failure_message()));
+        };
         let committed =
             runtime.block_on(committer).unwrap_or_else(|e| Err(StoreError::Background(format!("committer task: {e}"))));
         runtime.shutdown_background();
@@ -259,6 +263,18 @@ impl ShardWriter {
         let summary = committed?;
         assembled.unwrap_or(Ok(()))?;
         Ok(summary)
+    }
+
+    /// Why the background writer stopped taking batches: the committer's own error when it
+    /// failed (the assembler stops because the uploader did, and may record that first), else
+    /// the first recorded failure.
+    fn root_failure(&mut self) -> StoreError {
+        if let (Some(runtime), Some(committer)) = (self.runtime.as_ref(), self.committer.take())
+            && let Ok(Err(e)) = runtime.block_on(committer)
+        {
+            return e;
+        }
+        StoreError::Background(self.failure_message())
     }
 
     fn failure_message(&self) -> String {
