@@ -248,11 +248,15 @@ class EpochLoader(DataLoader[Any]):
         return self._track(super().__iter__())
 
     def _track(self, items: Any) -> Iterator[Any]:
-        for tagged in items:
-            workers, readers, _ = self.dataset._delivered or (1, {}, 0)
-            readers[tagged.slot] = tagged.state
-            self.dataset._delivered = (workers, readers, tagged.slot)
-            yield tagged.item
+        try:
+            for tagged in items:
+                workers, readers, _ = self.dataset._delivered or (1, {}, 0)
+                readers[tagged.slot] = tagged.state
+                self.dataset._delivered = (workers, readers, tagged.slot)
+                yield tagged.item
+        finally:
+            # A plain DataLoader over the same dataset later gets plain items.
+            self.dataset._tagged.fill_(0)
 
 
 def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any) -> EpochLoader:
