@@ -1,8 +1,10 @@
 //! siphon-data: the corpus side of activation extraction. A corpus (parquet, jsonl or plain
-//! text; local paths, globs, `file://`, `s3://`, `gs://` URLs) becomes a stream of
-//! tokenized, packed or padded batches for one worker of a `machines × hosts` job, such
-//! that all workers together cover the corpus exactly once and any worker can resume from
-//! the position recorded with its last batch.
+//! text; local paths, globs, `file://`, `s3://`, `gs://` URLs, Hugging Face Hub datasets as
+//! `hf://datasets/...` or `OWNER/NAME`) becomes a stream of tokenized, packed or padded
+//! batches for one worker of a `machines × hosts` job, such that all workers together cover
+//! the corpus exactly once and any worker can resume from the position recorded with its last
+//! batch. Records holding conversations are rendered through a [`ChatTemplate`] as
+//! transformers renders them, each token carrying its [`Role`].
 //!
 //! # Design: units
 //!
