@@ -120,14 +120,7 @@ fn planned_shardings_give_the_single_device_activations() {
                 assert_eq!(plan.shape, *want, "{name}");
             }
             assert!(plan.fallbacks.is_empty(), "{name}: {:?}", plan.fallbacks);
-            let options = EngineOptions {
-                mesh: plan.mesh.clone(),
-                plan: ShardingPlan::Explicit {
-                    params: plan.param_specs().iter().cloned().collect(),
-                    input: Some(plan.input_spec.clone()),
-                },
-                ..EngineOptions::default()
-            };
+            let options = common::planned_options(&plan);
             let sharded = activations(&client, &model, &hooks, &batch, options);
             for (hook, (a, b)) in hooks.iter().zip(single.iter().zip(&sharded)) {
                 // Masked attention scores (the most negative f32) do not set the scale.

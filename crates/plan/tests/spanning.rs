@@ -74,14 +74,7 @@ fn hosts_of_a_spanning_mesh_together_give_the_single_process_activations() {
             let request = PlanRequest { mesh: *mesh_request, batch: Some(4), seq: Some(8), ..PlanRequest::default() };
             let plan = siphon_plan::plan(&model.config, &topology, &request).unwrap();
             assert_eq!(plan.shape, *want, "{name}");
-            let options = EngineOptions {
-                mesh: plan.mesh.clone(),
-                plan: ShardingPlan::Explicit {
-                    params: plan.param_specs().iter().cloned().collect(),
-                    input: Some(plan.input_spec.clone()),
-                },
-                ..EngineOptions::default()
-            };
+            let options = common::planned_options(&plan);
             let whole = Engine::new(&client, &model, hooks.clone(), options.clone()).unwrap();
             let whole_acts = whole.run(&batch).unwrap();
             let views: Vec<HostView> =

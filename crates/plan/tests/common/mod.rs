@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use siphon_engine::{EngineOptions, ShardingPlan};
 use siphon_runtime::{Client, ClientOptions, Plugin};
 
 /// A client of the CPU plugin (`SIPHON_PJRT_PLUGIN`, which scripts/test.sh sets) with 8
@@ -18,4 +19,16 @@ pub fn cpu_client(what: &str) -> Option<Client> {
 /// fixtures/models.
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models")
+}
+
+/// Engine options that run `plan`: its mesh, and its weight and input specs.
+pub fn planned_options(plan: &siphon_plan::Plan) -> EngineOptions {
+    EngineOptions {
+        mesh: plan.mesh.clone(),
+        plan: ShardingPlan::Explicit {
+            params: plan.param_specs().iter().cloned().collect(),
+            input: Some(plan.input_spec.clone()),
+        },
+        ..EngineOptions::default()
+    }
 }
