@@ -1,4 +1,4 @@
-"""Forward tokens/s: siphon (Rust + PJRT CPU plugin) vs Hugging Face transformers, interleaved.
+"""Forward tokens/s: siphon (Rust + PJRT plugin) vs Hugging Face transformers, interleaved.
 
 Builds (once, cached) a model with random weights of one family's shape (`--family`:
 Qwen2.5-0.5B, Gemma 2 2B's widths with 6 of its 26 layers so that two f32 copies fit in
@@ -8,6 +8,11 @@ Qwen3.5's defaults with 4 of its 32 layers), saves it as an HF directory, then a
 the Rust bench server (`bench_forward` example, a child process) on the same weights and
 input, with the same thread count. Reports medians, and the max-abs difference of the final
 hidden state as a sanity check.
+
+On a GPU machine (`--device cuda --dtype bf16`, the CUDA PJRT plugin located as siphon does)
+both sides run on the GPU, each timed to its output on the host; `--layers` overrides the
+shape's depth (Gemma 2 2B's full 26), `--family llama3_8b` is Llama-3-8B's shape, and the
+report adds each side's model FLOPs utilisation against `--peak-tflops`.
 """
 
 import argparse
@@ -21,8 +26,9 @@ import time
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import (Gemma2Config, Gemma2Model, Gemma4TextConfig, Gemma4TextModel, GPT2Config, GPT2Model, GptOssConfig, GptOssModel, Qwen2Config,
-                          Qwen2Model, Qwen3_5TextConfig, Qwen3_5TextModel, Qwen3MoeConfig, Qwen3MoeModel)
+from transformers import (Gemma2Config, Gemma2Model, Gemma4TextConfig, Gemma4TextModel, GPT2Config, GPT2Model, GptOssConfig, GptOssModel,
+                          LlamaConfig, LlamaModel, Qwen2Config, Qwen2Model, Qwen3_5TextConfig, Qwen3_5TextModel, Qwen3MoeConfig,
+                          Qwen3MoeModel)
 
 QWEN2 = dict(
     vocab_size=151936,
@@ -147,6 +153,21 @@ QWEN3_5 = dict(
     tie_word_embeddings=False,
 )
 
+# Llama-3-8B.
+LLAMA3_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+)
+
 # GPT-2 small (124M).
 GPT2 = dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024, activation_function="gelu_new")
 
@@ -157,6 +178,7 @@ FAMILIES = {
     "gemma2": (GEMMA2, Gemma2Config, Gemma2Model, "Gemma2ForCausalLM", "model.", "gemma2"),
     "gemma4": (GEMMA4, Gemma4TextConfig, Gemma4TextModel, "Gemma4ForCausalLM", "model.", "gemma4_text"),
     "gpt2": (GPT2, GPT2Config, GPT2Model, "GPT2LMHeadModel", "", "gpt2"),
+    "llama3_8b": (LLAMA3_8B, LlamaConfig, LlamaModel, "LlamaForCausalLM", "model.", "llama"),
     "qwen3_moe": (QWEN3_MOE, Qwen3MoeConfig, Qwen3MoeModel, "Qwen3MoeForCausalLM", "model.", "qwen3_moe"),
     "gpt_oss": (GPT_OSS, GptOssConfig, GptOssModel, "GptOssForCausalLM", "model.", "gpt_oss"),
     "qwen3_5": (QWEN3_5, Qwen3_5TextConfig, Qwen3_5TextModel, "Qwen3_5ForCausalLM", "model.", "qwen3_5_text"),
@@ -207,14 +229,17 @@ def from_hub(state):
     return out
 
 
-def make_model(model_dir, family, batch, seq, layer_type=None):
+def make_model(model_dir, family, batch, seq, layer_type=None, layers=None, device="cpu", dtype=torch.float32):
     shape, config_class, model_class, architecture, prefix, model_type = FAMILIES[family]
     if layer_type:
         # One layer of one type (a hybrid's cost per layer type).
         shape = dict(shape, num_hidden_layers=1, layer_types=[layer_type])
+    if layers:
+        shape = dict(shape, num_hidden_layers=layers)
     torch.manual_seed(0)
     config = config_class(**shape)
-    model = model_class(config).eval().float()
+    with torch.device(device):
+        model = model_class(config).eval().to(dtype)
     weights_path = os.path.join(model_dir, "model.safetensors")
     if not os.path.exists(weights_path):
         os.makedirs(model_dir, exist_ok=True)
@@ -223,12 +248,12 @@ def make_model(model_dir, family, batch, seq, layer_type=None):
             for name, p in model.named_parameters():
                 if name.endswith(".bias"):
                     p.normal_(0.0, 0.02)
-        state = model.state_dict()
+        state = {k: v.cpu() for k, v in model.state_dict().items()}
         state = to_hub(state) if family in PER_EXPERT else {k: v.contiguous() for k, v in state.items()}
         state = {prefix + k: v for k, v in state.items() if not k.endswith(".attn.bias")}
         save_file(state, weights_path + ".tmp")
         os.replace(weights_path + ".tmp", weights_path)
-        cfg = dict(shape, model_type=model_type, architectures=[architecture], torch_dtype="float32")
+        cfg = dict(shape, model_type=model_type, architectures=[architecture], torch_dtype=str(dtype).split(".")[1])
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
     else:
@@ -245,6 +270,18 @@ def make_model(model_dir, family, batch, seq, layer_type=None):
     return model, torch.from_numpy(ids.astype(np.int64))
 
 
+def forward_flops_per_token(model, seq):
+    """Forward FLOPs per token: 2 per weight of every matrix product (the embedding lookup is
+    none; a tied or untied head is not run) plus causal attention's scores and mixing, on
+    average seq/2 keys per query: 2 x 2 x (seq/2) x n_heads x head_dim per layer."""
+    config = model.config
+    n = sum(p.numel() for name, p in model.named_parameters() if p.dim() >= 2 and "embed" not in name and "wte" not in name
+            and "wpe" not in name)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * n + 2 * seq * heads * head_dim * config.num_hidden_layers
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench-bin", required=True)
@@ -257,18 +294,31 @@ def main():
     ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen2")
     ap.add_argument("--layer-type", choices=["linear_attention", "full_attention"],
                     help="a hybrid (qwen3_5) with one layer of this type only")
+    ap.add_argument("--layers", type=int, help="override the shape's number of layers")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    ap.add_argument("--peak-tflops", type=float, default=989.0,
+                    help="the device's dense peak for --dtype, for the MFU figures (H100/H200 bf16: 989)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     if args.layer_type:
         args.dir = f"{args.dir}-{args.layer_type}"
-    model, ids = make_model(args.dir, args.family, args.batch, args.seq, args.layer_type)
+    if args.layers:
+        args.dir = f"{args.dir}-{args.layers}l"
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    if args.dtype != "f32":
+        args.dir = f"{args.dir}-{args.dtype}"
+    model, ids = make_model(args.dir, args.family, args.batch, args.seq, args.layer_type, args.layers,
+                            args.device, dtype)
+    ids = ids.to(args.device)
     mask = torch.ones_like(ids)
     tokens = args.batch * args.seq
+    flops_per_token = forward_flops_per_token(model, args.seq)
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.Popen(
-        [args.bench_bin, args.dir, "--hooks", args.hooks],
+        [args.bench_bin, args.dir, "--hooks", args.hooks, "--dtype", args.dtype],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -289,10 +339,14 @@ def main():
     print(f"siphon: {ready}", flush=True)
 
     def hf_once():
+        # Like siphon's `run`: the forward and the requested activations on the host.
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         t = time.perf_counter()
         with torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-        return (time.perf_counter() - t) * 1e3, out
+            out = model(input_ids=ids, attention_mask=mask, output_hidden_states=args.hooks == "all", use_cache=False)
+            host = [h.cpu() for h in out.hidden_states] if args.hooks == "all" else [out.last_hidden_state.cpu()]
+        return (time.perf_counter() - t) * 1e3, host
 
     def siphon_once():
         return float(ask("run").split("=")[1])
@@ -311,8 +365,9 @@ def main():
     dump = os.path.join(args.dir, "siphon_last.bin")
     ask(f"dump {dump}")
     ours = np.fromfile(dump, dtype=np.float32).reshape(args.batch, args.seq, -1)
-    theirs = out.hidden_states[-1].numpy()
+    theirs = out[-1].float().numpy()
     diff = float(np.abs(ours - theirs).max())
+    scale = float(np.abs(theirs).max())
     ask("quit") if False else None
     proc.stdin.close()
     proc.wait()
@@ -322,7 +377,11 @@ def main():
         "batch": args.batch, "seq": args.seq, "threads": args.threads, "rounds": args.rounds,
         "hf_median_ms": round(hf_med, 1), "hf_tok_s": round(tokens / hf_med * 1e3, 1),
         "siphon_median_ms": round(s_med, 1), "siphon_tok_s": round(tokens / s_med * 1e3, 1),
-        "speedup": round(hf_med / s_med, 3), "max_abs_diff_last_hidden": diff,
+        "speedup": round(hf_med / s_med, 3), "max_abs_diff_last_hidden": diff, "max_abs_last_hidden": scale,
+        "gflops_per_token": round(flops_per_token / 1e9, 3),
+        "hf_mfu": round(flops_per_token * tokens / (hf_med / 1e3) / (args.peak_tflops * 1e12), 4),
+        "siphon_mfu": round(flops_per_token * tokens / (s_med / 1e3) / (args.peak_tflops * 1e12), 4),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "dtype": args.dtype,
         "torch": torch.__version__,
     }))
 

@@ -539,7 +539,7 @@ impl Builder {
     // ---------------------------------------------------------------- compute
 
     /// General matrix product; see [`DotDims`] for the result layout. The result has the
-    /// operands' dtype.
+    /// operands' dtype; f32 and f64 operands are multiplied at `HIGHEST` precision.
     pub fn dot_general(&mut self, lhs: Value, rhs: Value, dims: &DotDims) -> Result<Value> {
         let dtype = self.dtype(lhs).map_err(|_| foreign("dot_general", lhs))?;
         self.dot_general_to(lhs, rhs, dims, dtype)
@@ -583,6 +583,11 @@ impl Builder {
         }
         write!(attrs, ", contracting_dims = {} x {}", list(&dims.lhs_contract), list(&dims.rhs_contract))
             .expect("writing to a String cannot fail");
+        // f32 products in full f32: XLA's default lets a GPU round the operands to TF32
+        // (10-bit mantissa), ~1e-3 relative, which no golden tolerates. No-op on the CPU.
+        if matches!(tl.dtype(), DType::F32 | DType::F64) {
+            attrs.push_str(", precision = [HIGHEST, HIGHEST]");
+        }
         let line =
             format!("stablehlo.dot_general {}, {}{attrs} : ({tl}, {tr}) -> {out}", self.name(lhs), self.name(rhs));
         Ok(self.emit(line, out))

@@ -4,8 +4,8 @@
 //!
 //! `bench_forward DIR [--hooks all|last] [--dtype f32|bf16]` reads `DIR/config.json`,
 //! `DIR/model.safetensors` and `DIR/input_ids.bin` (i32, `[batch, seq]` with `batch` and
-//! `seq` in `DIR/input_shape.txt`), builds and compiles the forward on the PJRT CPU
-//! plugin, uploads the weights, prints `ready compile_s=…`, then answers each stdin line
+//! `seq` in `DIR/input_shape.txt`), builds and compiles the forward on the located PJRT
+//! plugin (the CPU plugin, or CUDA's on a GPU machine), uploads the weights, prints `ready compile_s=…`, then answers each stdin line
 //! `run` with `ms=…` (execute plus download of every output), and `dump PATH` by writing
 //! the last output (f32, row-major) to PATH.
 
@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use siphon_hlo::DType;
 use siphon_models::{ForwardSpec, HfConfig, HookKind, HookPoint, build_forward};
-use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginLocator};
+use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, OptionValue, Plugin, PluginLocator};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -60,7 +60,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let plugin = Plugin::load(&PluginLocator::new().locate()?.path)?;
-    let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(1))?;
+    let mut options = ClientOptions::new().cpu_device_count(1);
+    // On a GPU shared with the peer in the same run, the share of its memory XLA takes.
+    if let Ok(fraction) = std::env::var("SIPHON_BENCH_MEMORY_FRACTION") {
+        options = options.option("memory_fraction", OptionValue::Float(fraction.parse()?));
+    }
+    let client = Client::new(&plugin, options)?;
     let t0 = Instant::now();
     let exe = client.compile(&program.text, &CompileOptions::single_device(None))?;
     let compile_s = t0.elapsed().as_secs_f64();

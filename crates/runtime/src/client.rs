@@ -182,7 +182,14 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     /// Creates a client on `plugin` with `options`.
-    pub fn new(plugin: &Arc<Plugin>, options: ClientOptions) -> Result<Client> {
+    ///
+    /// `cpu_device_count` is the CPU plugin's option: it is left out for the CUDA and TPU
+    /// plugins, which refuse option names they do not know (tests and benches that ask for
+    /// virtual CPU devices then run on the accelerator's own devices).
+    pub fn new(plugin: &Arc<Plugin>, mut options: ClientOptions) -> Result<Client> {
+        if matches!(crate::PluginKind::of(plugin.path()), crate::PluginKind::Cuda | crate::PluginKind::Tpu) {
+            options.options.retain(|(name, _)| name != "cpu_device_count");
+        }
         // Keep the name/value storage alive until the call returns.
         let mut names = Vec::with_capacity(options.options.len());
         let mut strings = Vec::new();

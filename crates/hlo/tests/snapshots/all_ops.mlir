@@ -1,6 +1,6 @@
 module @all_ops {
   func.func public @main(%arg0: tensor<4x8xf32>, %arg1: tensor<8x6xf32>, %arg2: tensor<2x3xi32>) -> (tensor<4x4xbf16>, tensor<2x3x8xf32>, tensor<4xf32>, tensor<2x2x2xf32>) {
-    %3 = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x6xf32>) -> tensor<4x6xf32>
+    %3 = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0], precision = [HIGHEST, HIGHEST] : (tensor<4x8xf32>, tensor<8x6xf32>) -> tensor<4x6xf32>
     %4 = stablehlo.add %3, %3 : tensor<4x6xf32>
     %5 = stablehlo.subtract %4, %3 : tensor<4x6xf32>
     %6 = stablehlo.multiply %5, %3 : tensor<4x6xf32>
@@ -45,7 +45,7 @@ module @all_ops {
     %37 = stablehlo.multiply %34, %36 : tensor<2x3x8xf32>
     %38 = stablehlo.reshape %arg0 : (tensor<4x8xf32>) -> tensor<2x2x8xf32>
     %39 = stablehlo.reshape %arg0 : (tensor<4x8xf32>) -> tensor<2x8x2xf32>
-    %40 = stablehlo.dot_general %38, %39, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<2x2x8xf32>, tensor<2x8x2xf32>) -> tensor<2x2x2xf32>
+    %40 = stablehlo.dot_general %38, %39, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [HIGHEST, HIGHEST] : (tensor<2x2x8xf32>, tensor<2x8x2xf32>) -> tensor<2x2x2xf32>
     return %33, %37, %35, %40 : tensor<4x4xbf16>, tensor<2x3x8xf32>, tensor<4xf32>, tensor<2x2x2xf32>
   }
 }

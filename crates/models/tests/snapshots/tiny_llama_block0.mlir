@@ -35,9 +35,9 @@ module @siphon_forward {
     %41 = stablehlo.multiply %14, %40 : tensor<6x8xf32>
     %42 = stablehlo.broadcast_in_dim %arg1, dims = [1] : (tensor<8xf32>) -> tensor<6x8xf32>
     %43 = stablehlo.multiply %41, %42 : tensor<6x8xf32>
-    %44 = stablehlo.dot_general %43, %arg2, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<8x8xf32>) -> tensor<6x8xf32>
-    %45 = stablehlo.dot_general %43, %arg3, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<4x8xf32>) -> tensor<6x4xf32>
-    %46 = stablehlo.dot_general %43, %arg4, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<4x8xf32>) -> tensor<6x4xf32>
+    %44 = stablehlo.dot_general %43, %arg2, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<8x8xf32>) -> tensor<6x8xf32>
+    %45 = stablehlo.dot_general %43, %arg3, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<4x8xf32>) -> tensor<6x4xf32>
+    %46 = stablehlo.dot_general %43, %arg4, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<4x8xf32>) -> tensor<6x4xf32>
     %47 = stablehlo.reshape %44 : (tensor<6x8xf32>) -> tensor<6x4x2xf32>
     %48 = stablehlo.reshape %45 : (tensor<6x4xf32>) -> tensor<6x2x2xf32>
     %49 = stablehlo.slice %47 [0:6, 0:4, 0:1] : (tensor<6x4x2xf32>) -> tensor<6x4x1xf32>
@@ -63,7 +63,7 @@ module @siphon_forward {
     %69 = stablehlo.reshape %67 : (tensor<6x8xf32>) -> tensor<2x3x2x2x2xf32>
     %70 = stablehlo.reshape %68 : (tensor<6x4xf32>) -> tensor<2x3x2x2xf32>
     %71 = stablehlo.reshape %46 : (tensor<6x4xf32>) -> tensor<2x3x2x2xf32>
-    %72 = stablehlo.dot_general %69, %70, batching_dims = [0, 2] x [0, 2], contracting_dims = [4] x [3] : (tensor<2x3x2x2x2xf32>, tensor<2x3x2x2xf32>) -> tensor<2x2x3x2x3xf32>
+    %72 = stablehlo.dot_general %69, %70, batching_dims = [0, 2] x [0, 2], contracting_dims = [4] x [3], precision = [HIGHEST, HIGHEST] : (tensor<2x3x2x2x2xf32>, tensor<2x3x2x2xf32>) -> tensor<2x2x3x2x3xf32>
     %73 = stablehlo.constant dense<0x3F3504F3> : tensor<2x2x3x2x3xf32>
     %74 = stablehlo.multiply %72, %73 : tensor<2x2x3x2x3xf32>
     %75 = stablehlo.broadcast_in_dim %31, dims = [0, 2, 4] : (tensor<2x3x3xi1>) -> tensor<2x2x3x2x3xi1>
@@ -86,10 +86,10 @@ module @siphon_forward {
     }
     %85 = stablehlo.broadcast_in_dim %84, dims = [0, 1, 2, 3] : (tensor<2x2x3x2xf32>) -> tensor<2x2x3x2x3xf32>
     %86 = stablehlo.divide %82, %85 : tensor<2x2x3x2x3xf32>
-    %87 = stablehlo.dot_general %86, %71, batching_dims = [0, 1] x [0, 2], contracting_dims = [4] x [1] : (tensor<2x2x3x2x3xf32>, tensor<2x3x2x2xf32>) -> tensor<2x2x3x2x2xf32>
+    %87 = stablehlo.dot_general %86, %71, batching_dims = [0, 1] x [0, 2], contracting_dims = [4] x [1], precision = [HIGHEST, HIGHEST] : (tensor<2x2x3x2x3xf32>, tensor<2x3x2x2xf32>) -> tensor<2x2x3x2x2xf32>
     %88 = stablehlo.transpose %87, dims = [0, 2, 1, 3, 4] : (tensor<2x2x3x2x2xf32>) -> tensor<2x3x2x2x2xf32>
     %89 = stablehlo.reshape %88 : (tensor<2x3x2x2x2xf32>) -> tensor<6x8xf32>
-    %90 = stablehlo.dot_general %89, %arg5, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<8x8xf32>) -> tensor<6x8xf32>
+    %90 = stablehlo.dot_general %89, %arg5, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<8x8xf32>) -> tensor<6x8xf32>
     %91 = stablehlo.add %14, %90 : tensor<6x8xf32>
     %92 = stablehlo.multiply %91, %91 : tensor<6x8xf32>
     %93 = stablehlo.constant dense<0x00000000> : tensor<f32>
@@ -107,12 +107,12 @@ module @siphon_forward {
     %101 = stablehlo.multiply %91, %100 : tensor<6x8xf32>
     %102 = stablehlo.broadcast_in_dim %arg6, dims = [1] : (tensor<8xf32>) -> tensor<6x8xf32>
     %103 = stablehlo.multiply %101, %102 : tensor<6x8xf32>
-    %104 = stablehlo.dot_general %103, %arg7, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<12x8xf32>) -> tensor<6x12xf32>
-    %105 = stablehlo.dot_general %103, %arg8, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<12x8xf32>) -> tensor<6x12xf32>
+    %104 = stablehlo.dot_general %103, %arg7, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<12x8xf32>) -> tensor<6x12xf32>
+    %105 = stablehlo.dot_general %103, %arg8, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<12x8xf32>) -> tensor<6x12xf32>
     %106 = stablehlo.logistic %104 : tensor<6x12xf32>
     %107 = stablehlo.multiply %104, %106 : tensor<6x12xf32>
     %108 = stablehlo.multiply %107, %105 : tensor<6x12xf32>
-    %109 = stablehlo.dot_general %108, %arg9, contracting_dims = [1] x [1] : (tensor<6x12xf32>, tensor<8x12xf32>) -> tensor<6x8xf32>
+    %109 = stablehlo.dot_general %108, %arg9, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x12xf32>, tensor<8x12xf32>) -> tensor<6x8xf32>
     %110 = stablehlo.add %91, %109 : tensor<6x8xf32>
     %111 = stablehlo.reshape %109 : (tensor<6x8xf32>) -> tensor<2x3x8xf32>
     %112 = stablehlo.reshape %90 : (tensor<6x8xf32>) -> tensor<2x3x8xf32>

@@ -37,13 +37,13 @@ module @siphon_forward {
     %45 = stablehlo.multiply %18, %44 : tensor<6x8xf32>
     %46 = stablehlo.broadcast_in_dim %arg1, dims = [1] : (tensor<8xf32>) -> tensor<6x8xf32>
     %47 = stablehlo.multiply %45, %46 : tensor<6x8xf32>
-    %48 = stablehlo.dot_general %47, %arg2, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<8x8xf32>) -> tensor<6x8xf32>
+    %48 = stablehlo.dot_general %47, %arg2, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<8x8xf32>) -> tensor<6x8xf32>
     %49 = stablehlo.broadcast_in_dim %arg5, dims = [1] : (tensor<8xf32>) -> tensor<6x8xf32>
     %50 = stablehlo.add %48, %49 : tensor<6x8xf32>
-    %51 = stablehlo.dot_general %47, %arg3, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<4x8xf32>) -> tensor<6x4xf32>
+    %51 = stablehlo.dot_general %47, %arg3, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<4x8xf32>) -> tensor<6x4xf32>
     %52 = stablehlo.broadcast_in_dim %arg6, dims = [1] : (tensor<4xf32>) -> tensor<6x4xf32>
     %53 = stablehlo.add %51, %52 : tensor<6x4xf32>
-    %54 = stablehlo.dot_general %47, %arg4, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<4x8xf32>) -> tensor<6x4xf32>
+    %54 = stablehlo.dot_general %47, %arg4, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<4x8xf32>) -> tensor<6x4xf32>
     %55 = stablehlo.broadcast_in_dim %arg7, dims = [1] : (tensor<4xf32>) -> tensor<6x4xf32>
     %56 = stablehlo.add %54, %55 : tensor<6x4xf32>
     %57 = stablehlo.reshape %50 : (tensor<6x8xf32>) -> tensor<6x4x2xf32>
@@ -71,7 +71,7 @@ module @siphon_forward {
     %79 = stablehlo.reshape %77 : (tensor<6x8xf32>) -> tensor<2x3x2x2x2xf32>
     %80 = stablehlo.reshape %78 : (tensor<6x4xf32>) -> tensor<2x3x2x2xf32>
     %81 = stablehlo.reshape %56 : (tensor<6x4xf32>) -> tensor<2x3x2x2xf32>
-    %82 = stablehlo.dot_general %79, %80, batching_dims = [0, 2] x [0, 2], contracting_dims = [4] x [3] : (tensor<2x3x2x2x2xf32>, tensor<2x3x2x2xf32>) -> tensor<2x2x3x2x3xf32>
+    %82 = stablehlo.dot_general %79, %80, batching_dims = [0, 2] x [0, 2], contracting_dims = [4] x [3], precision = [HIGHEST, HIGHEST] : (tensor<2x3x2x2x2xf32>, tensor<2x3x2x2xf32>) -> tensor<2x2x3x2x3xf32>
     %83 = stablehlo.constant dense<0x3F3504F3> : tensor<2x2x3x2x3xf32>
     %84 = stablehlo.multiply %82, %83 : tensor<2x2x3x2x3xf32>
     %85 = stablehlo.broadcast_in_dim %35, dims = [0, 2, 4] : (tensor<2x3x3xi1>) -> tensor<2x2x3x2x3xi1>
@@ -94,10 +94,10 @@ module @siphon_forward {
     }
     %95 = stablehlo.broadcast_in_dim %94, dims = [0, 1, 2, 3] : (tensor<2x2x3x2xf32>) -> tensor<2x2x3x2x3xf32>
     %96 = stablehlo.divide %92, %95 : tensor<2x2x3x2x3xf32>
-    %97 = stablehlo.dot_general %96, %81, batching_dims = [0, 1] x [0, 2], contracting_dims = [4] x [1] : (tensor<2x2x3x2x3xf32>, tensor<2x3x2x2xf32>) -> tensor<2x2x3x2x2xf32>
+    %97 = stablehlo.dot_general %96, %81, batching_dims = [0, 1] x [0, 2], contracting_dims = [4] x [1], precision = [HIGHEST, HIGHEST] : (tensor<2x2x3x2x3xf32>, tensor<2x3x2x2xf32>) -> tensor<2x2x3x2x2xf32>
     %98 = stablehlo.transpose %97, dims = [0, 2, 1, 3, 4] : (tensor<2x2x3x2x2xf32>) -> tensor<2x3x2x2x2xf32>
     %99 = stablehlo.reshape %98 : (tensor<2x3x2x2x2xf32>) -> tensor<6x8xf32>
-    %100 = stablehlo.dot_general %99, %arg8, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<8x8xf32>) -> tensor<6x8xf32>
+    %100 = stablehlo.dot_general %99, %arg8, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<8x8xf32>) -> tensor<6x8xf32>
     %101 = stablehlo.add %18, %100 : tensor<6x8xf32>
     %102 = stablehlo.multiply %101, %101 : tensor<6x8xf32>
     %103 = stablehlo.constant dense<0x00000000> : tensor<f32>
@@ -115,12 +115,12 @@ module @siphon_forward {
     %111 = stablehlo.multiply %101, %110 : tensor<6x8xf32>
     %112 = stablehlo.broadcast_in_dim %arg9, dims = [1] : (tensor<8xf32>) -> tensor<6x8xf32>
     %113 = stablehlo.multiply %111, %112 : tensor<6x8xf32>
-    %114 = stablehlo.dot_general %113, %arg10, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<12x8xf32>) -> tensor<6x12xf32>
-    %115 = stablehlo.dot_general %113, %arg11, contracting_dims = [1] x [1] : (tensor<6x8xf32>, tensor<12x8xf32>) -> tensor<6x12xf32>
+    %114 = stablehlo.dot_general %113, %arg10, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<12x8xf32>) -> tensor<6x12xf32>
+    %115 = stablehlo.dot_general %113, %arg11, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x8xf32>, tensor<12x8xf32>) -> tensor<6x12xf32>
     %116 = stablehlo.logistic %114 : tensor<6x12xf32>
     %117 = stablehlo.multiply %114, %116 : tensor<6x12xf32>
     %118 = stablehlo.multiply %117, %115 : tensor<6x12xf32>
-    %119 = stablehlo.dot_general %118, %arg12, contracting_dims = [1] x [1] : (tensor<6x12xf32>, tensor<8x12xf32>) -> tensor<6x8xf32>
+    %119 = stablehlo.dot_general %118, %arg12, contracting_dims = [1] x [1], precision = [HIGHEST, HIGHEST] : (tensor<6x12xf32>, tensor<8x12xf32>) -> tensor<6x8xf32>
     %120 = stablehlo.add %101, %119 : tensor<6x8xf32>
     %121 = sdy.sharding_constraint %120 <@mesh, [{"data"}, {}]> : tensor<6x8xf32>
     %122 = stablehlo.reshape %121 : (tensor<6x8xf32>) -> tensor<2x3x8xf32>

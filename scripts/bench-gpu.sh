@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The standing GPU checklist (docs/BENCHMARKS.md, "On a GPU") as one script for a lent GPU
+# machine, which has python3 with torch, transformers and the CUDA PJRT plugin
+# (jax-cuda13-pjrt) but no Rust toolchain: build the binaries here first, then run this there.
+#
+#   scripts/bench-gpu.sh --prepare     # here: release binaries, stripped and xz'd into .gpu/
+#   scripts/bench-gpu.sh [STEP...]     # there: doctor fixtures qwen2 gemma2 extract llama (default: all)
+#
+# Each step has its own time limit and writes its log to $OUT (or /tmp/gpu-out); a step that
+# fails or runs out of time does not stop the next. Not a test: figures go to
+# docs/BENCHMARKS.md with the device and date.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+if [[ "${1:-}" == --prepare ]]; then
+    set -e
+    cargo build --release -p siphon --bin siphon -p siphon-models --example bench_forward
+    test_bin=$(cargo test --release -p siphon-engine --test fixtures --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "fixtures" and m.get("executable"):
+        print(m["executable"])')
+    mkdir -p .gpu
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
+    strip -o .gpu/siphon target/release/siphon
+    strip -o .gpu/bench_forward target/release/examples/bench_forward
+    strip -o .gpu/fixtures "$test_bin"
+    (cd .gpu && xz -T0 -6 -f siphon bench_forward fixtures)
+    ls -la .gpu
+    exit 0
+fi
+
+out="${OUT:-/tmp/gpu-out}"
+mkdir -p "$out"
+note() { echo "== $(date -u +%T) $*" | tee -a "$out/summary.txt"; }
+for f in .gpu/*.xz; do xz -dkf "$f"; done
+chmod +x .gpu/siphon .gpu/bench_forward .gpu/fixtures
+plugin=$(python3 -c 'import os, jax_plugins.xla_cuda13 as p; print(os.path.join(os.path.dirname(p.__file__), "xla_cuda_plugin.so"))')
+export SIPHON_PJRT_PLUGIN="$plugin" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$out/summary.txt"
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' |
+    tee -a "$out/summary.txt"
+# The fixtures test binary finds fixtures/ through the path it was built at.
+built_at=/work/main
+[[ -e "$built_at/fixtures" ]] || { mkdir -p "$(dirname "$built_at")" && ln -sfn "$root" "$built_at"; }
+
+bench() { # LIMIT NAME bench_forward.py flags...
+    local limit=$1 name=$2
+    shift 2
+    note "bench $name: $*"
+    SIPHON_BENCH_MEMORY_FRACTION=0.45 timeout "$limit" python3 scripts/bench/bench_forward.py \
+        --bench-bin .gpu/bench_forward --device cuda --dtype bf16 --batch 32 --seq 1024 --hooks last \
+        --rounds 5 --threads 16 --dir "/tmp/gpu-bench/$name" "$@" > "$out/bench-$name.txt" 2>&1
+    note "bench $name rc=$?: $(tail -n 1 "$out/bench-$name.txt")"
+}
+
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(doctor fixtures qwen2 gemma2 extract llama)
+for step in "${steps[@]}"; do
+    case "$step" in
+    doctor)
+        timeout 45 .gpu/siphon doctor > "$out/doctor.txt" 2>&1
+        note "doctor rc=$?"
+        ;;
+    fixtures)
+        # Every single-device golden (HF transformers f32 on a CPU, committed) on the GPU, and
+        # the bf16 test; the 2x4 mesh tests need 8 devices.
+        timeout 130 .gpu/fixtures --test-threads=1 --skip mesh --skip smollm2 > "$out/fixtures.txt" 2>&1
+        note "fixtures rc=$?: $(grep -E '^test result|FAILED' "$out/fixtures.txt" | tr '\n' ' ')"
+        ;;
+    qwen2) bench 90 qwen2 --family qwen2 ;;
+    gemma2) bench 110 gemma2 --family gemma2 --layers 26 ;;
+    llama) bench 110 llama3_8b --family llama3_8b --layers 8 ;;
+    extract)
+        # End to end on the qwen2 bench model (random weights) with a byte-level tokenizer.
+        model=/tmp/gpu-bench/qwen2-bf16
+        if [[ -f $model/model.safetensors ]]; then
+            cp fixtures/data/tokenizer.json "$model/"
+            python3 - /tmp/gpu-corpus.jsonl <<'PY'
+import json, random, sys
+words = open("README.md").read().split()
+rng = random.Random(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(3000):
+        f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(400))}) + "\n")
+PY
+            rm -rf /tmp/gpu-extract
+            timeout 60 .gpu/siphon extract --model "$model" --corpus /tmp/gpu-corpus.jsonl --seq-len 1024 \
+                --batch-size 32 --max-tokens 1048576 --compute-dtype bf16 --dtype bf16 --layers 6,12,18 \
+                --hooks ln_final.hook_normalized --output /tmp/gpu-extract --run e2e \
+                --log-format plain > "$out/extract.txt" 2>&1
+            note "extract rc=$?"
+            python3 - /tmp/gpu-extract/e2e/timing <<'PY' 2>&1 | tee -a "$out/summary.txt"
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    t = json.loads(f.read_text())
+    e2e, comp = t["tokens"] / t["seconds"], t["tokens"] / t["compute_seconds"]
+    print(f"{t['host']}: {t['tokens']} tokens, end to end {e2e:.0f} tok/s, compute only {comp:.0f} tok/s, ratio {100 * e2e / comp:.1f}%")
+PY
+        else
+            note "extract skipped: no qwen2 bench model"
+        fi
+        ;;
+    *) note "unknown step $step" ;;
+    esac
+done
+note done
