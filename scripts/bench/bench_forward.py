@@ -366,6 +366,7 @@ def main():
     ask(f"dump {dump}")
     ours = np.fromfile(dump, dtype=np.float32).reshape(args.batch, args.seq, -1)
     theirs = out[-1].float().numpy()
+    np.save(os.path.join(args.dir, "hf_last.npy"), theirs)
     diff = float(np.abs(ours - theirs).max())
     scale = float(np.abs(theirs).max())
     ask("quit") if False else None
