@@ -272,11 +272,18 @@ def make_model(model_dir, family, batch, seq, layer_type=None, layers=None, devi
 
 def forward_flops_per_token(model, seq):
     """Forward FLOPs per token: 2 per weight of every matrix product (the embedding lookup is
-    none; a tied or untied head is not run) plus causal attention's scores and mixing, on
-    average seq/2 keys per query: 2 x 2 x (seq/2) x n_heads x head_dim per layer."""
+    none; a tied or untied head is not run; a mixture's experts count at top_k / n_experts,
+    the share a token is routed through) plus causal attention's scores and mixing, on
+    average seq/2 keys per query: 2 x 2 x (seq/2) x n_heads x head_dim per layer. Linear
+    attention layers are counted as full attention."""
     config = model.config
-    n = sum(p.numel() for name, p in model.named_parameters() if p.dim() >= 2 and "embed" not in name and "wte" not in name
-            and "wpe" not in name)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    routed = config.num_experts_per_tok / experts if experts else 1.0
+    n = 0.0
+    for name, p in model.named_parameters():
+        if p.dim() < 2 or any(e in name for e in ("embed", "wte", "wpe")):
+            continue
+        n += p.numel() * (routed if ".experts." in name else 1.0)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return 2 * n + 2 * seq * heads * head_dim * config.num_hidden_layers
