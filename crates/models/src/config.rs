@@ -411,12 +411,20 @@ impl ParamInfo {
     }
 }
 
+/// The most blocks a config may declare ([`ModelConfig::validate`]).
+pub const MAX_LAYERS: usize = 4096;
+
 impl ModelConfig {
     /// Checks the relations the forward relies on.
     pub fn validate(&self) -> Result<(), ModelError> {
         let fail = |m: String| Err(ModelError::Config(m));
         if self.vocab_size == 0 || self.hidden_size == 0 || self.n_layers == 0 || self.head_dim == 0 {
             return fail("vocab_size, hidden_size, num_hidden_layers and head_dim must be positive".into());
+        }
+        // Far above any model's depth (the deepest have ~130 blocks): a corrupt layer count is
+        // refused here, before every block's weight list is built for it.
+        if self.n_layers > MAX_LAYERS {
+            return fail(format!("num_hidden_layers {} is more than {MAX_LAYERS}: a corrupt config?", self.n_layers));
         }
         let rotary = crate::family::family(self.arch).features.contains(&crate::hooks::Feature::Rotary);
         for layer in 0..self.n_layers {

@@ -518,6 +518,13 @@ mod tests {
     }
 
     #[test]
+    fn a_corrupt_layer_count_is_refused_by_name() {
+        let text = QWEN25_05B.replace("\"num_hidden_layers\": 24", "\"num_hidden_layers\": 500000000");
+        let err = HfConfig::from_json(&text).unwrap().into_config().unwrap_err().to_string();
+        assert!(err.contains("num_hidden_layers 500000000"), "{err}");
+    }
+
+    #[test]
     fn llama3_rope_scaling_parses() {
         let text = r#"{"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
           "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,

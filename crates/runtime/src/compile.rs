@@ -30,7 +30,28 @@ pub struct CompileOptions {
     /// Device ids as `[replica][partition]`. `None`: the first `num_replicas *
     /// num_partitions` addressable devices, in the client's order.
     pub device_assignment: Option<Vec<Vec<usize>>>,
+    /// XLA debug options by name (the names `XLA_FLAGS` takes), applied on top of the
+    /// plugin's defaults and `XLA_FLAGS`. On the CPU plugin [`Client::compile`] adds
+    /// [`CPU_DEFAULTS`] where this does not name them.
+    pub xla_options: Vec<(String, XlaOption)>,
 }
+
+/// The value of one XLA debug option (`CompileOptionsProto.env_option_overrides`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XlaOption {
+    /// A boolean option.
+    Bool(bool),
+    /// An integer option.
+    Int(i64),
+    /// Strings, lists and enum values (by their names).
+    Str(String),
+}
+
+/// XLA options siphon sets on the CPU plugin, each kept because it measured faster with every
+/// golden unchanged (docs/BENCHMARKS.md, issue 27): the fusions XLA compiles itself (norms,
+/// softmax, RoPE, activations) with 512-bit vectors where the CPU has them (an AVX2 CPU keeps
+/// 256). Exact: vector width changes no operation, only how many lanes run it.
+pub const CPU_DEFAULTS: &[(&str, i64)] = &[("xla_cpu_prefer_vector_width", 512)];
 
 impl Default for CompileOptions {
     fn default() -> CompileOptions {
@@ -47,6 +68,7 @@ impl CompileOptions {
             use_spmd_partitioning: false,
             use_shardy_partitioner: false,
             device_assignment: device_id.map(|id| vec![vec![id]]),
+            xla_options: Vec::new(),
         }
     }
 
@@ -59,6 +81,7 @@ impl CompileOptions {
             use_spmd_partitioning: true,
             use_shardy_partitioner: true,
             device_assignment: Some(vec![mesh.device_ids().to_vec()]),
+            xla_options: Vec::new(),
         }
     }
 
@@ -228,7 +251,15 @@ impl Client {
             return Err(Error::InvalidArgument("the StableHLO program is empty".into()));
         }
         let assignment = options.resolve(inner)?;
-        let encoded = proto::compile_options(options, &assignment);
+        let mut options = options.clone();
+        if inner.platform_name == "cpu" {
+            for &(name, value) in CPU_DEFAULTS {
+                if !options.xla_options.iter().any(|(set, _)| set == name) {
+                    options.xla_options.push((name.to_string(), XlaOption::Int(value)));
+                }
+            }
+        }
+        let encoded = proto::compile_options(&options, &assignment);
         let format = b"mlir";
         let mut code = program.to_vec();
         let mut program_struct: ffi::PJRT_Program = ffi::zeroed_plain();

@@ -80,7 +80,7 @@ mod signature;
 
 pub use buffer::{Buffer, ElementType, HostArray, NativeType, Upload, download_many};
 pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore, OptionValue};
-pub use compile::{CompileOptions, CompiledMemoryStats, Executable};
+pub use compile::{CPU_DEFAULTS, CompileOptions, CompiledMemoryStats, Executable, XlaOption};
 pub use diagnose::PluginKind;
 pub use error::{Error, ErrorCode, Result};
 pub use locate::{

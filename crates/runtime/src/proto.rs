@@ -4,10 +4,18 @@
 //! XLA's `xla/pjrt/proto/compile_options.proto` and `xla/xla_data.proto`. Writing these few
 //! bytes by hand avoids protoc/prost in a crate that otherwise needs no protobuf.
 
-use crate::compile::CompileOptions;
+use crate::compile::{CompileOptions, XlaOption};
 
 // CompileOptionsProto
 const COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS: u32 = 3;
+const COMPILE_OPTIONS_ENV_OPTION_OVERRIDES: u32 = 7;
+// A map entry
+const MAP_KEY: u32 = 1;
+const MAP_VALUE: u32 = 2;
+// OptionOverrideProto
+const OVERRIDE_STRING: u32 = 1;
+const OVERRIDE_BOOL: u32 = 2;
+const OVERRIDE_INT: u32 = 3;
 // ExecutableBuildOptionsProto
 const BUILD_NUM_REPLICAS: u32 = 4;
 const BUILD_NUM_PARTITIONS: u32 = 5;
@@ -49,6 +57,19 @@ pub(crate) fn compile_options(options: &CompileOptions, assignment: &[Vec<usize>
 
     let mut out = Vec::new();
     put_len_field(&mut out, COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS, &build);
+    for (name, value) in &options.xla_options {
+        let mut value_proto = Vec::new();
+        match value {
+            XlaOption::Str(s) => put_len_field(&mut value_proto, OVERRIDE_STRING, s.as_bytes()),
+            XlaOption::Bool(b) => put_varint_field(&mut value_proto, OVERRIDE_BOOL, *b as u64),
+            // int64 as a varint: two's complement in 64 bits, as protobuf encodes negatives.
+            XlaOption::Int(i) => put_varint_field(&mut value_proto, OVERRIDE_INT, *i as u64),
+        }
+        let mut entry = Vec::new();
+        put_len_field(&mut entry, MAP_KEY, name.as_bytes());
+        put_len_field(&mut entry, MAP_VALUE, &value_proto);
+        put_len_field(&mut out, COMPILE_OPTIONS_ENV_OPTION_OVERRIDES, &entry);
+    }
     out
 }
 
@@ -104,6 +125,7 @@ mod tests {
             use_spmd_partitioning: true,
             use_shardy_partitioner: true,
             device_assignment: None,
+            xla_options: Vec::new(),
         };
         let bytes = compile_options(&options, &[vec![3, 5]]);
         // Device assignment: replica_count=1, computation_count=2, then one computation per
@@ -118,5 +140,25 @@ mod tests {
         let mut expected = vec![0x1a, build.len() as u8];
         expected.extend_from_slice(&build);
         assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn xla_options_are_map_entries_of_env_option_overrides() {
+        let mut options = CompileOptions::single_device(None);
+        options.xla_options = vec![
+            ("ab".into(), XlaOption::Int(512)),
+            ("c".into(), XlaOption::Bool(true)),
+            ("d".into(), XlaOption::Str("x".into())),
+        ];
+        let bytes = compile_options(&options, &[vec![0]]);
+        // After the build options: field 7 (tag 0x3a) per entry, {1: key, 2: {3|2|1: value}}.
+        let tail = [
+            &[0x3a, 9, 0x0a, 2, b'a', b'b', 0x12, 3, 0x18, 0x80, 0x04][..],
+            &[0x3a, 7, 0x0a, 1, b'c', 0x12, 2, 0x10, 1][..],
+            &[0x3a, 8, 0x0a, 1, b'd', 0x12, 3, 0x0a, 1, b'x'][..],
+        ]
+        .concat();
+        assert!(bytes.ends_with(&tail), "{bytes:x?}");
+        assert_eq!(bytes[0], 0x1a, "the build options come first");
     }
 }

@@ -10,7 +10,7 @@ use half::{bf16, f16};
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_runtime::{
     Buffer, Client, ClientOptions, CompileOptions, ElementType, Error, Executable, HostArray, KeyValueStore, Plugin,
-    PluginLocator, ShardedArray,
+    PluginLocator, ShardedArray, XlaOption,
 };
 
 fn plugin() -> Arc<Plugin> {
@@ -294,6 +294,25 @@ fn bad_compile_options_are_rejected_before_xla() {
     bad(CompileOptions { use_spmd_partitioning: false, device_assignment: None, ..spmd.clone() });
     bad(CompileOptions { num_partitions: 9, device_assignment: None, ..spmd.clone() });
     bad(CompileOptions { use_shardy_partitioner: true, ..base.clone() });
+}
+
+/// XLA options travel to the compiler by name: one XLA does not know is refused by name, and
+/// valid ones compile (siphon's CPU defaults among them).
+#[test]
+fn xla_options_reach_the_compiler() {
+    let client = client();
+    let program = matmul_program(8, 16, 8, None);
+    let mut options = CompileOptions {
+        xla_options: vec![("xla_cpu_no_such_option".into(), XlaOption::Bool(true))],
+        ..CompileOptions::default()
+    };
+    let err = client.compile(&program, &options).unwrap_err().to_string();
+    assert!(err.contains("xla_cpu_no_such_option"), "{err}");
+    options.xla_options = vec![
+        ("xla_cpu_prefer_vector_width".into(), XlaOption::Int(256)),
+        ("xla_cpu_enable_fast_math".into(), XlaOption::Bool(false)),
+    ];
+    client.compile(&program, &options).unwrap();
 }
 
 #[test]
