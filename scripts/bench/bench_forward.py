@@ -305,7 +305,7 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--peak-tflops", type=float, default=989.0,
-                    help="the device's dense peak for --dtype, for the MFU figures (H100/H200 bf16: 989)")
+                    help="the GPU's dense peak for --dtype, for the MFU figures (H100/H200 bf16: 989)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -381,17 +381,21 @@ def main():
     proc.wait()
 
     hf_med, s_med = statistics.median(hf_ms), statistics.median(siphon_ms)
-    print(json.dumps({
+    report = {
         "batch": args.batch, "seq": args.seq, "threads": args.threads, "rounds": args.rounds,
         "hf_median_ms": round(hf_med, 1), "hf_tok_s": round(tokens / hf_med * 1e3, 1),
         "siphon_median_ms": round(s_med, 1), "siphon_tok_s": round(tokens / s_med * 1e3, 1),
         "speedup": round(hf_med / s_med, 3), "max_abs_diff_last_hidden": diff, "max_abs_last_hidden": scale,
         "gflops_per_token": round(flops_per_token / 1e9, 3),
-        "hf_mfu": round(flops_per_token * tokens / (hf_med / 1e3) / (args.peak_tflops * 1e12), 4),
-        "siphon_mfu": round(flops_per_token * tokens / (s_med / 1e3) / (args.peak_tflops * 1e12), 4),
+        "hf_gflop_s": round(flops_per_token * tokens / (hf_med / 1e3) / 1e9, 1),
+        "siphon_gflop_s": round(flops_per_token * tokens / (s_med / 1e3) / 1e9, 1),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "dtype": args.dtype,
         "torch": torch.__version__,
-    }))
+    }
+    if args.device == "cuda":
+        for side in ("hf", "siphon"):
+            report[f"{side}_mfu"] = round(report[f"{side}_gflop_s"] / (args.peak_tflops * 1e3), 4)
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
