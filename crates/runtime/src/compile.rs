@@ -30,9 +30,9 @@ pub struct CompileOptions {
     /// Device ids as `[replica][partition]`. `None`: the first `num_replicas *
     /// num_partitions` addressable devices, in the client's order.
     pub device_assignment: Option<Vec<Vec<usize>>>,
-    /// XLA debug options by name (the names `XLA_FLAGS` takes), applied on top of the
-    /// plugin's defaults and `XLA_FLAGS`. On the CPU plugin [`Client::compile`] adds
-    /// [`CPU_DEFAULTS`] where this does not name them.
+    /// XLA debug options by name (the names `XLA_FLAGS` takes), sent with the program
+    /// (`env_option_overrides`); XLA refuses a name it does not know. On the CPU plugin
+    /// [`Client::compile`] adds [`CPU_DEFAULTS`] where this does not name them.
     pub xla_options: Vec<(String, XlaOption)>,
 }
 
