@@ -19,10 +19,4 @@ trap 'rm -rf "$out"' EXIT
     --layers 5,15 --hooks ln_final.hook_normalized --seq-len 256 --batch-size 8 \
     --max-tokens "${BENCH_TOKENS:-65536}" --dtype bf16 --cpu-devices 1 \
     --output "$out" --run bench "$@" >&2
-python3 - "$out/bench/timing" <<'PY'
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    t = json.loads(f.read_text())
-    e2e, comp = t["tokens"] / t["seconds"], t["tokens"] / t["compute_seconds"]
-    print(f"{t['host']}: {t['tokens']} tokens, end to end {e2e:.0f} tok/s, compute only {comp:.0f} tok/s, ratio {100 * e2e / comp:.1f}%")
-PY
+python3 "$REPO_ROOT/scripts/bench/extract_timing.py" "$out/bench/timing"

@@ -92,13 +92,7 @@ PY
                 --hooks ln_final.hook_normalized --output /tmp/gpu-extract --run e2e \
                 --log-format plain > "$out/extract.txt" 2>&1
             note "extract rc=$?"
-            python3 - /tmp/gpu-extract/e2e/timing <<'PY' 2>&1 | tee -a "$out/summary.txt"
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    t = json.loads(f.read_text())
-    e2e, comp = t["tokens"] / t["seconds"], t["tokens"] / t["compute_seconds"]
-    print(f"{t['host']}: {t['tokens']} tokens, end to end {e2e:.0f} tok/s, compute only {comp:.0f} tok/s, ratio {100 * e2e / comp:.1f}%")
-PY
+            python3 scripts/bench/extract_timing.py /tmp/gpu-extract/e2e/timing 2>&1 | tee -a "$out/summary.txt"
         else
             note "extract skipped: no qwen2 bench model"
         fi

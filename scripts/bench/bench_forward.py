@@ -376,7 +376,6 @@ def main():
     np.save(os.path.join(args.dir, "hf_last.npy"), theirs)
     diff = float(np.abs(ours - theirs).max())
     scale = float(np.abs(theirs).max())
-    ask("quit") if False else None
     proc.stdin.close()
     proc.wait()
 

@@ -5,9 +5,10 @@
 //! `bench_forward DIR [--hooks all|last] [--dtype f32|bf16]` reads `DIR/config.json`,
 //! `DIR/model.safetensors` and `DIR/input_ids.bin` (i32, `[batch, seq]` with `batch` and
 //! `seq` in `DIR/input_shape.txt`), builds and compiles the forward on the located PJRT
-//! plugin (the CPU plugin, or CUDA's on a GPU machine), uploads the weights, prints `ready compile_s=…`, then answers each stdin line
-//! `run` with `ms=…` (execute plus download of every output), and `dump PATH` by writing
-//! the last output (f32, row-major) to PATH.
+//! plugin (the CPU plugin, or CUDA's on a GPU machine), uploads the weights, prints
+//! `ready compile_s=…`, then answers each stdin line `run` with `ms=…` (execute plus
+//! download of every output), and `dump PATH` by writing the last output (f32, row-major)
+//! to PATH. `SIPHON_BENCH_MEMORY_FRACTION` sets the share of a GPU's memory XLA takes.
 
 use std::io::{BufRead, Write};
 use std::time::Instant;
