@@ -254,7 +254,7 @@ fn write_json(
             out.push_str(&" ".repeat(n * depth));
         }
     };
-    let (comma, colon) = if indent.is_some() { (",", ": ") } else { (", ", ": ") };
+    let comma = if indent.is_some() { "," } else { ", " };
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
@@ -262,37 +262,29 @@ fn write_json(
         ValueKind::String => {
             out.push_str(&serde_json::to_string(value.as_str().unwrap_or_default()).unwrap_or_default())
         }
-        ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
+        ValueKind::Seq | ValueKind::Iterable | ValueKind::Map => {
+            // A list's items, or a map's keys each followed by its value.
+            let map = value.kind() == ValueKind::Map;
+            let entries: Vec<Value> = value.try_iter()?.collect();
+            out.push(if map { '{' } else { '[' });
+            for (i, entry) in entries.iter().enumerate() {
                 if i > 0 {
                     out.push_str(comma);
                 }
                 newline(out, depth + 1);
-                write_json(item, indent, depth + 1, out)?;
+                let item = if map {
+                    out.push_str(&serde_json::to_string(&entry.to_string()).unwrap_or_default());
+                    out.push_str(": ");
+                    value.get_item(entry)?
+                } else {
+                    entry.clone()
+                };
+                write_json(&item, indent, depth + 1, out)?;
             }
-            if !items.is_empty() {
+            if !entries.is_empty() {
                 newline(out, depth);
             }
-            out.push(']');
-        }
-        ValueKind::Map => {
-            let keys: Vec<Value> = value.try_iter()?.collect();
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(comma);
-                }
-                newline(out, depth + 1);
-                out.push_str(&serde_json::to_string(&key.to_string()).unwrap_or_default());
-                out.push_str(colon);
-                write_json(&value.get_item(key)?, indent, depth + 1, out)?;
-            }
-            if !keys.is_empty() {
-                newline(out, depth);
-            }
-            out.push('}');
+            out.push(if map { '}' } else { ']' });
         }
         _ => return Err(JinjaError::new(ErrorKind::InvalidOperation, format!("tojson cannot write {value}"))),
     }
@@ -353,6 +345,10 @@ mod tests {
         assert!(err.contains("no system message"), "{err}");
         assert!(t.render(&serde_json::json!([{"role": "narrator", "content": "x"}])).unwrap_err().contains("narrator"));
         assert!(t.render(&serde_json::json!("text")).unwrap_err().contains("not a list"));
+        // With an indent, as Python's json.dumps([...], ensure_ascii=False, indent=2) writes it.
+        let t = ChatTemplate::new("{{ (messages + [[]]) | tojson(2) }}", &[]).unwrap();
+        let out = t.render(&serde_json::json!([{"role": "system", "content": " é <b> "}])).unwrap();
+        assert_eq!(out.text, "[\n  {\n    \"content\": \" é <b> \",\n    \"role\": \"system\"\n  },\n  []\n]");
     }
 
     #[test]
