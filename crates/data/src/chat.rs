@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use minijinja::value::{Value, ValueKind};
+use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 
 use crate::error::{Error, Result};
@@ -235,8 +235,14 @@ fn rewrite_generation(source: &str) -> String {
     out
 }
 
-/// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`, as transformers' `tojson`.
-fn tojson(value: &Value, indent: Option<usize>) -> std::result::Result<Value, JinjaError> {
+/// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`, as transformers' `tojson`
+/// (`indent` given by position or as `indent=`, as templates write it).
+fn tojson(value: &Value, indent: Option<usize>, kwargs: Kwargs) -> std::result::Result<Value, JinjaError> {
+    let indent = match indent {
+        Some(n) => Some(n),
+        None => kwargs.get::<Option<usize>>("indent")?,
+    };
+    kwargs.assert_all_used()?;
     let mut out = String::new();
     write_json(value, indent, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
@@ -346,9 +352,15 @@ mod tests {
         assert!(t.render(&serde_json::json!([{"role": "narrator", "content": "x"}])).unwrap_err().contains("narrator"));
         assert!(t.render(&serde_json::json!("text")).unwrap_err().contains("not a list"));
         // With an indent, as Python's json.dumps([...], ensure_ascii=False, indent=2) writes it.
-        let t = ChatTemplate::new("{{ (messages + [[]]) | tojson(2) }}", &[]).unwrap();
+        let t = ChatTemplate::new(
+            "{{ (messages + [[]]) | tojson(2) }}|{{ [] | tojson(indent=2) }}|{{ messages | tojson(indent=2) }}",
+            &[],
+        )
+        .unwrap();
         let out = t.render(&serde_json::json!([{"role": "system", "content": " é <b> "}])).unwrap();
-        assert_eq!(out.text, "[\n  {\n    \"content\": \" é <b> \",\n    \"role\": \"system\"\n  },\n  []\n]");
+        let python = "[\n  {\n    \"content\": \" é <b> \",\n    \"role\": \"system\"\n  },\n  []\n]";
+        let keyword = "[\n  {\n    \"content\": \" é <b> \",\n    \"role\": \"system\"\n  }\n]";
+        assert_eq!(out.text, format!("{python}|[]|{keyword}"));
     }
 
     #[test]
