@@ -284,9 +284,19 @@ def forward_flops_per_token(model, seq):
         if p.dim() < 2 or any(e in name for e in ("embed", "wte", "wpe")):
             continue
         n += p.numel() * (routed if ".experts." in name else 1.0)
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * n + 2 * seq * heads * head_dim * config.num_hidden_layers
+    return 2 * n + 2 * seq * sum(attention_widths(config))
+
+
+def attention_widths(config):
+    """Each layer's heads x head_dim; per layer where the config varies them across layers
+    (Gemma 4's global layers have wider heads)."""
+    per_layer = getattr(config, "per_layer_config", None)
+    layers = [per_layer[i] for i in range(config.num_hidden_layers)] if per_layer is not None else []
+    widths = []
+    for layer in layers or [config] * config.num_hidden_layers:
+        heads = layer.num_attention_heads
+        widths.append(heads * (getattr(layer, "head_dim", None) or config.hidden_size // heads))
+    return widths
 
 
 def main():
