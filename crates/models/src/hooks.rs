@@ -602,17 +602,18 @@ pub fn features(config: &ModelConfig) -> Vec<Feature> {
 }
 
 /// The features of block `layer`: the block's, where a family with dense blocks before its
-/// mixture blocks (DeepSeek-V3's `first_k_dense_replace`) keeps each block's own MLP's.
+/// mixture blocks (DeepSeek-V3's `first_k_dense_replace`) keeps each block's own MLP's, and a
+/// hybrid's full-attention layers have no linear attention.
 pub fn layer_features(config: &ModelConfig, layer: usize) -> Vec<Feature> {
     use Feature::*;
     let all = features(config);
-    if !(all.contains(&Moe) && all.contains(&DenseMlp)) {
-        return all;
-    }
+    let split_mlp = all.contains(&Moe) && all.contains(&DenseMlp);
     let mixture = config.is_mixture_layer(layer);
+    let full_attention = config.linear_attention.as_ref().is_some_and(|la| !la.is_linear(layer));
     let keep = |f: &Feature| match f {
-        DenseMlp | GatedMlp => !mixture,
-        Moe | SharedExpert | SharedExpertGate | TopKRouter => mixture,
+        DenseMlp | GatedMlp if split_mlp => !mixture,
+        Moe | SharedExpert | SharedExpertGate | TopKRouter if split_mlp => mixture,
+        LinearAttention => !full_attention,
         _ => true,
     };
     all.into_iter().filter(keep).collect()
@@ -804,17 +805,8 @@ fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelEr
     let known = |n: &str, layer: Option<usize>| {
         let block = layer.is_some();
         let features = config.map(|c| layer.map_or_else(|| features(c), |l| layer_features(c, l)));
-        if let Some(features) = features {
-            let holds = |when: &When| match *when {
-                When::Has(f) => features.contains(&f),
-                When::Lacks(f) => !features.contains(&f),
-            };
-            let structural = STRUCTURAL_ALIASES
-                .iter()
-                .find(|(alias, when, kind)| *alias == n && holds(when) && (kind.info().scope == Scope::Block) == block);
-            if let Some((_, _, kind)) = structural {
-                return Some(*kind);
-            }
+        if let Some(kind) = features.and_then(|f| structural_alias(n, &f, block)) {
+            return Some(kind);
         }
         let matching: Vec<&KindInfo> = KINDS
             .iter()
@@ -840,8 +832,27 @@ fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelEr
     if let Some((_, why)) = NOT_PER_TOKEN.iter().find(|(n, _)| *n == suffix) {
         return Err(ModelError::Hook(format!("{name:?} is not extracted: {why}")));
     }
-    let kind = known(suffix, Some(layer)).ok_or_else(unknown)?;
+    let kind = known(suffix, Some(layer)).ok_or_else(|| match config {
+        Some(c) if structural_alias(suffix, &features(c), true).is_some() => ModelError::Hook(format!(
+            "{name:?}: block {layer} has no {suffix}, which this model's other blocks have (a hybrid's \
+             full-attention layers have no linear attention)"
+        )),
+        _ => unknown(),
+    })?;
     Ok(HookPoint { layer: Some(layer), kind })
+}
+
+/// The kind the bridge name `name` means in a block (`block`) or outside one, among the
+/// [`STRUCTURAL_ALIASES`] that `features` select.
+fn structural_alias(name: &str, features: &[Feature], block: bool) -> Option<HookKind> {
+    let holds = |when: &When| match *when {
+        When::Has(f) => features.contains(&f),
+        When::Lacks(f) => !features.contains(&f),
+    };
+    STRUCTURAL_ALIASES
+        .iter()
+        .find(|(alias, when, kind)| *alias == name && holds(when) && (kind.info().scope == Scope::Block) == block)
+        .map(|(_, _, kind)| *kind)
 }
 
 /// Checks `hook` (parsed from `name`) against the model: layer range and family.
@@ -862,6 +873,16 @@ pub(crate) fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result
         )));
     }
     if let Some(layer) = hook.layer.filter(|&l| !layer_has(config, l, hook.kind)) {
+        if let Some(la) = config.linear_attention.as_ref().filter(|_| hook.kind.is_token_mixer()) {
+            let (what, instead) = match la.is_linear(layer) {
+                true => ("a linear-attention (Gated DeltaNet) layer", "linear_attn.hook_out"),
+                false => ("a full-attention layer", "hook_attn_out"),
+            };
+            return Err(ModelError::Hook(format!(
+                "{name:?}: block {layer} is {what} and has no {}; its token mixer's output is blocks.{layer}.{instead}",
+                hook.kind.info().name
+            )));
+        }
         let feature = hook.kind.needs();
         if let Some(moe) =
             config.moe.as_ref().filter(|_| feature.is_some_and(|f| !layer_features(config, layer).contains(&f)))
@@ -873,16 +894,6 @@ pub(crate) fn check(name: &str, hook: HookPoint, config: &ModelConfig) -> Result
             return Err(ModelError::Hook(format!(
                 "{name:?}: block {layer} is {what} (the first {} blocks are dense) and has no {}; it has {instead}",
                 moe.first_dense,
-                hook.kind.info().name
-            )));
-        }
-        if let Some(la) = config.linear_attention.as_ref() {
-            let (what, instead) = match la.is_linear(layer) {
-                true => ("a linear-attention (Gated DeltaNet) layer", "linear_attn.hook_out"),
-                false => ("a full-attention layer", "hook_attn_out"),
-            };
-            return Err(ModelError::Hook(format!(
-                "{name:?}: block {layer} is {what} and has no {}; its token mixer's output is blocks.{layer}.{instead}",
                 hook.kind.info().name
             )));
         }
@@ -974,12 +985,15 @@ fn expand(item: &str, config: &ModelConfig) -> Result<Vec<(HookPoint, String)>, 
         };
         for suffix in &suffixes {
             let name = format!("blocks.{layer}.{suffix}");
-            let hook = lookup(&name, Some(config)).map_err(|_| {
-                ModelError::Hook(format!(
+            // A name this model's other blocks have keeps its own error (naming the block).
+            let elsewhere = structural_alias(suffix, &features(config), true).is_some();
+            let hook = lookup(&name, Some(config)).map_err(|e| match elsewhere {
+                true => e,
+                false => ModelError::Hook(format!(
                     "{item:?}: {:?} is not a hook name{}",
                     format!("blocks.{{i}}.{suffix}"),
                     suggest(&name)
-                ))
+                )),
             })?;
             out.push((hook, name));
         }

@@ -291,6 +291,12 @@ mod tests {
         assert!(err.contains("blocks.0.linear_attn.hook_out"), "{err}");
         let err = HookPoint::parse("blocks.3.linear_attn.hook_beta", &c).unwrap_err().to_string();
         assert!(err.contains("block 3 is a full-attention layer"), "{err}");
+        // The linear attention's input is the attention norm's output, on its own layers only.
+        assert_eq!(HookPoint::parse("blocks.0.linear_attn.hook_in", &c).unwrap().kind(), HookKind::Ln1Out);
+        let err = HookPoint::parse("blocks.3.linear_attn.hook_in", &c).unwrap_err().to_string();
+        assert!(err.contains("block 3 has no linear_attn.hook_in"), "{err}");
+        let err = resolve_hooks("blocks.*.linear_attn.hook_linear_attn_in", &c).unwrap_err().to_string();
+        assert!(err.contains("block 3 has no linear_attn.hook_linear_attn_in"), "{err}");
         let err = HookPoint::parse("blocks.0.linear_attn.hook_ssm_state", &c).unwrap_err().to_string();
         assert!(err.contains("recurrent state"), "{err}");
         assert_eq!(resolve_hooks("blocks.{0,4}.linear_attn.hook_ssm_write", &c).unwrap().len(), 2);
