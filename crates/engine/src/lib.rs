@@ -509,6 +509,7 @@ impl Engine {
         spec.input_spec = self.input_spec.clone();
         spec.expert_capacity = self.options.expert_capacity;
         spec.stored = self.stored.clone();
+        spec.cpu_kernels = self.client.cpu_kernels();
         spec
     }
 

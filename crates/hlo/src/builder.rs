@@ -796,6 +796,26 @@ impl Builder {
         Ok(self.emit(line, tb))
     }
 
+    // ---------------------------------------------------------------- custom calls
+
+    /// `stablehlo.custom_call @target(operands)` with one result of type `result`, as a typed
+    /// XLA FFI call (`api_version = 4`): the plugin must have a handler registered as
+    /// `target`, which checks the operands itself.
+    pub fn custom_call(&mut self, target: &str, operands: &[Value], result: TensorType) -> Result<Value> {
+        if target.is_empty() || !target.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') {
+            return Err(shape_err("custom_call", format!("target {target:?} is not a plain identifier")));
+        }
+        let types: Vec<String> =
+            operands.iter().map(|&v| self.ty_of("custom_call", v).map(ToString::to_string)).collect::<Result<_>>()?;
+        let names: Vec<&str> = operands.iter().map(|&v| self.name(v)).collect();
+        let line = format!(
+            "stablehlo.custom_call @{target}({}) {{api_version = 4 : i32}} : ({}) -> {result}",
+            names.join(", "),
+            types.join(", ")
+        );
+        Ok(self.emit(line, result))
+    }
+
     // ---------------------------------------------------------------- sort, loops
 
     /// Sorts `operands` (one shape) together along `dim`, ascending by the first, stably:

@@ -53,13 +53,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "last" => vec![HookPoint::model(HookKind::LnFinalOut)],
         other => return Err(format!("--hooks {other:?}: use all or last").into()),
     };
-    let mut spec = ForwardSpec::new(batch, seq, hooks);
-    spec.compute_dtype = dtype;
-    let program = build_forward(&config, &spec)?;
-    if let Ok(path) = std::env::var("SIPHON_BENCH_DUMP_HLO") {
-        std::fs::write(path, &program.text)?;
-    }
-
     let plugin = Plugin::load(&PluginLocator::new().locate()?.path)?;
     let mut options = ClientOptions::new().cpu_device_count(1);
     // On a GPU shared with the peer in the same run, the share of its memory XLA takes.
@@ -67,6 +60,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         options = options.option("memory_fraction", OptionValue::Float(fraction.parse()?));
     }
     let client = Client::new(&plugin, options)?;
+
+    let mut spec = ForwardSpec::new(batch, seq, hooks);
+    spec.compute_dtype = dtype;
+    spec.cpu_kernels = client.cpu_kernels();
+    let program = build_forward(&config, &spec)?;
+    if let Ok(path) = std::env::var("SIPHON_BENCH_DUMP_HLO") {
+        std::fs::write(path, &program.text)?;
+    }
     let t0 = Instant::now();
     let exe = client.compile(&program.text, &CompileOptions::single_device(None))?;
     let compile_s = t0.elapsed().as_secs_f64();

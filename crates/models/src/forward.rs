@@ -56,6 +56,10 @@ pub struct ForwardSpec {
     /// Weights taken in their stored form and dequantized in the program, by Hugging Face
     /// name (see [`crate::StoredForm`]); the others are taken in the compute dtype.
     pub stored: HashMap<String, StoredForm>,
+    /// Whether the program may call siphon's CPU kernels (`siphon-kernels`, registered with
+    /// the CPU plugin: `siphon_runtime::Client::cpu_kernels`) where they are faster than XLA's
+    /// ops: a mixture's experts on one device in f32.
+    pub cpu_kernels: bool,
 }
 
 impl ForwardSpec {
@@ -72,6 +76,7 @@ impl ForwardSpec {
             input_spec: None,
             expert_capacity: None,
             stored: HashMap::new(),
+            cpu_kernels: false,
         }
     }
 

@@ -171,6 +171,8 @@ impl Graph<'_> {
         let out = if self.sharded() {
             let cap = self.spec.expert_capacity.unwrap_or_else(|| capacity(n, k, e)).clamp(1, n);
             routing.in_rounds(&mut self.b, x, experts, dt, cap)?
+        } else if self.spec.cpu_kernels && experts.has_cpu_kernel(dt) {
+            routing.cpu_kernel(&mut self.b, x, experts)?
         } else {
             let chunk = self.spec.expert_capacity.unwrap_or_else(|| chunk_rows(n, k, e)).clamp(1, n);
             routing.per_expert(&mut self.b, x, experts, dt, chunk)?
@@ -227,6 +229,12 @@ impl Experts {
         let mut all = self.weights.clone();
         all.extend(self.biases.iter().flatten());
         all
+    }
+
+    /// Whether siphon's CPU kernel computes these experts in `dt`: SiLU-gated, no biases,
+    /// f32 (`siphon_kernels::experts`).
+    fn has_cpu_kernel(&self, dt: DType) -> bool {
+        dt == DType::F32 && self.biases.is_none() && matches!(self.glu, Glu::Act(Activation::Silu))
     }
 
     /// Rebuilds the list [`Experts::all`] gave from `values` (inside a loop).
@@ -409,6 +417,23 @@ impl Routing {
         let mine = b.take_along(out, 0, &[1], rank)?;
         let mine = b.reshape(mine, &[t, self.k, h])?;
         b.reduce_sum(mine, &[1])
+    }
+
+    /// One device, on siphon's CPU kernel (`siphon_kernels::experts`): each choice's token
+    /// through its expert, the expert's weights read in place, into the choice's slot; then
+    /// each output times its router weight and each token's `k` summed, as
+    /// [`Routing::per_expert`] does. Needs one group.
+    fn cpu_kernel(&self, b: &mut Builder, x: Value, w: &Experts) -> Result<Value, HloError> {
+        let (t, k, a, h, e) = (self.n, self.k, self.n * self.k, b.dims(x)?[1], self.e);
+        let token = b.reshape(self.sorted_token, &[a])?;
+        let slot = b.reshape(self.sorted_slot, &[a])?;
+        let counts = b.reshape(self.counts, &[e])?;
+        let operands = [&[x, token, slot, counts][..], &w.weights].concat();
+        let y = b.custom_call(siphon_kernels::experts::TARGET, &operands, TensorType::new(DType::F32, &[a, h]))?;
+        let y = b.reshape(y, &[t, k, h])?;
+        let weights = b.broadcast_in_dim(self.chosen_weights, &[t, k, h], &[0, 1])?;
+        let y = b.mul(y, weights)?;
+        b.reduce_sum(y, &[1])
     }
 
     /// On a mesh: rounds of `[groups, E, cap]` buffers, every expert's rows at positions

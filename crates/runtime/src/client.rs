@@ -307,6 +307,15 @@ impl Client {
         &self.inner.platform_name
     }
 
+    /// Whether programs for this client may call siphon's CPU kernels (`siphon-kernels`): a
+    /// CPU client whose plugin registered them, unless `SIPHON_CPU_KERNELS=0` turns them off
+    /// (XLA's own ops then compute the same values).
+    pub fn cpu_kernels(&self) -> bool {
+        self.platform_name() == "cpu"
+            && std::env::var("SIPHON_CPU_KERNELS").map_or(true, |v| v != "0")
+            && self.inner.plugin.cpu_kernels()
+    }
+
     /// Platform version text (CUDA or libtpu version, ...).
     pub fn platform_version(&self) -> &str {
         &self.inner.platform_version

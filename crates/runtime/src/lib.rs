@@ -72,6 +72,7 @@ mod compile;
 pub mod diagnose;
 mod error;
 mod ffi;
+mod kernels;
 mod locate;
 mod plugin;
 mod proto;

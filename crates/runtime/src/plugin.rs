@@ -21,6 +21,8 @@ pub struct Plugin {
     api_size: usize,
     version: (i32, i32),
     attributes: Vec<(String, AttributeValue)>,
+    /// Whether siphon's CPU kernels are registered with the plugin (asked once).
+    kernels: OnceLock<bool>,
     // Kept so the library is never unloaded; the plugin lives in a static registry.
     _library: libloading::Library,
 }
@@ -156,6 +158,7 @@ impl Plugin {
             api_size: head.struct_size,
             version,
             attributes: Vec::new(),
+            kernels: OnceLock::new(),
             _library: library,
         };
         let mut init: ffi::PJRT_Plugin_Initialize_Args = ffi::zeroed();
@@ -182,6 +185,23 @@ impl Plugin {
             },
             other => other,
         }
+    }
+
+    /// Whether siphon's CPU kernels (`siphon-kernels`) are registered with this plugin's FFI
+    /// extension, registering them on the first call; false where the plugin has no such
+    /// extension or registration failed (logged).
+    pub fn cpu_kernels(&self) -> bool {
+        *self.kernels.get_or_init(|| {
+            crate::kernels::register(self).unwrap_or_else(|err| {
+                tracing::warn!("siphon's CPU kernels not registered with {}: {err}", self.path.display());
+                false
+            })
+        })
+    }
+
+    /// The plugin's `PJRT_Api` table.
+    pub(crate) fn api(&self) -> *const c_void {
+        self.api
     }
 
     /// The library path (canonical).

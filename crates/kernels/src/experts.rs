@@ -1,0 +1,434 @@
+//! A mixture's SiLU-gated experts over tokens sorted by expert (Hugging Face's
+//! `down(silu(gate(x)) * up(x))` per expert), each expert's weights read where they lie in
+//! the stacked tensors.
+//!
+//! Operands: the tokens `x` `[T, H]` (f32); the `A` routed choices sorted by expert, each
+//! one's token and slot (`[A]`, s32: the row of `x` it reads and the row of the result it
+//! writes) and each expert's number of them (`[E]`, s32); the stacked weights `gate`, `up`
+//! `[E, I, H]` and `down` `[E, H, I]`. Result: each choice's expert output `[A, H]`, by slot.
+//! The router's weights and each token's sum over its choices are left to the program.
+//!
+//! The experts are shared out over the machine's cores, balanced by their queues. Each takes
+//! its queue in blocks of 16 or 32 choices (their tokens' rows become the lanes of vector
+//! registers, transposed into a scratch buffer), and each projection streams the expert's weight rows
+//! once per block, every weight broadcast against the block's tokens; each output is one dot
+//! product summed in order over the contracting dimension, in f32 (fused multiply-adds where
+//! the CPU has them).
+
+use crate::xla_ffi::{self, CallFrame, DataType, FfiError};
+
+/// The custom-call target.
+pub const TARGET: &str = "siphon_cpu_experts_silu";
+
+/// Vector lanes of one token block: 16 f32s, one AVX-512 register.
+const LANES: usize = 16;
+
+/// The XLA FFI handler for [`TARGET`].
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn handler(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA's frame; `execute` reads its buffers only.
+    unsafe { xla_ffi::handle(frame, execute) }
+}
+
+fn execute(frame: &CallFrame) -> Result<(), String> {
+    let args = xla_ffi::buffers(&frame.args)?;
+    let rets = xla_ffi::buffers(&frame.rets)?;
+    let ([x, token, slot, counts, gate, up, down], [out]) = (&args[..], &rets[..]) else {
+        return Err(format!("{TARGET}: expected 7 operands and 1 result, got {} and {}", args.len(), rets.len()));
+    };
+    let (&[t, h], &[a], &[e, i, _]) = (&x.dims[..], &token.dims[..], &gate.dims[..]) else {
+        return Err(format!(
+            "{TARGET}: x {:?}, token {:?} or gate {:?} of the wrong rank",
+            x.dims, token.dims, gate.dims
+        ));
+    };
+    // SAFETY: each slice is checked against its buffer's dtype and dims; XLA keeps the
+    // operands alive and the result to this call for its duration.
+    unsafe {
+        let (f32s, s32s) = (DataType::F32, DataType::S32);
+        let queues = Queues {
+            token: token.slice("token", s32s, &[a])?,
+            slot: slot.slice("slot", s32s, &[a])?,
+            counts: counts.slice("counts", s32s, &[e])?,
+        };
+        experts(
+            Shape { experts: e, hidden: h, inner: i },
+            x.slice("x", f32s, &[t, h])?,
+            &queues,
+            [
+                gate.slice("gate", f32s, &[e, i, h])?,
+                up.slice("up", f32s, &[e, i, h])?,
+                down.slice("down", f32s, &[e, h, i])?,
+            ],
+            out.slice_mut("out", f32s, &[a, h])?,
+        )
+    }
+}
+
+/// The widths of one mixture.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub experts: usize,
+    pub hidden: usize,
+    pub inner: usize,
+}
+
+/// The routed choices, sorted by expert: each one's token (the row of `x` it reads) and slot
+/// (the row of the output it writes), and each expert's number of them (its queue, in order).
+#[derive(Debug, Clone, Copy)]
+pub struct Queues<'a> {
+    pub token: &'a [i32],
+    pub slot: &'a [i32],
+    pub counts: &'a [i32],
+}
+
+/// `out[slot] = down_e · (silu(gate_e · x[token]) ⊙ (up_e · x[token]))` for every choice of
+/// each expert `e`'s queue. Refuses queues that do not cover the choices, tokens outside `x`
+/// and slots that are not each output row once.
+pub fn experts(
+    shape: Shape,
+    x: &[f32],
+    queues: &Queues<'_>,
+    [gate, up, down]: [&[f32]; 3],
+    out: &mut [f32],
+) -> Result<(), String> {
+    let Shape { experts: e, hidden: h, inner: i } = shape;
+    let (t, a) = (x.len() / h.max(1), queues.token.len());
+    let total: i64 = queues.counts.iter().map(|&c| c as i64).sum();
+    if queues.counts.len() != e || queues.counts.iter().any(|&c| c < 0) || total != a as i64 {
+        return Err(format!("{TARGET}: {e} experts' queues {:?} do not hold the {a} choices", queues.counts));
+    }
+    if queues.slot.len() != a || out.len() != a * h || x.len() != t * h {
+        return Err(format!(
+            "{TARGET}: {} slots and {} outputs for {a} choices",
+            queues.slot.len(),
+            out.len() / h.max(1)
+        ));
+    }
+    if let Some(bad) = queues.token.iter().find(|&&v| v < 0 || v as usize >= t) {
+        return Err(format!("{TARGET}: token {bad} outside the {t} rows of x"));
+    }
+    let mut seen = vec![false; a];
+    for &v in queues.slot {
+        if v < 0 || v as usize >= a || std::mem::replace(&mut seen[v as usize], true) {
+            return Err(format!("{TARGET}: slot {v} outside the {a} outputs or given twice"));
+        }
+    }
+    if [gate.len(), up.len(), down.len()] != [e * i * h; 3] {
+        return Err(format!("{TARGET}: weights of {} values, expected {e} x {i} x {h}", gate.len()));
+    }
+    run(Isa::detect(), shape, x, queues, [gate, up, down], out);
+    Ok(())
+}
+
+/// The output rows, written from several threads: each row by the one choice whose slot it is.
+#[derive(Clone, Copy)]
+struct Rows(*mut f32);
+
+// SAFETY: the slots are checked to be every row once, so no two threads write one row, and
+// nothing reads the rows until the threads are joined.
+unsafe impl Send for Rows {}
+unsafe impl Sync for Rows {}
+
+/// [`experts`] with `isa`'s instructions, on checked queues.
+fn run(isa: Isa, shape: Shape, x: &[f32], queues: &Queues<'_>, [gate, up, down]: [&[f32]; 3], out: &mut [f32]) {
+    let Shape { experts: e, hidden: h, inner: i } = shape;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(queues.token.len().max(1));
+    let starts: Vec<usize> =
+        queues.counts.iter().scan(0, |s, &c| Some(std::mem::replace(s, *s + c as usize))).collect();
+    // Each expert's queue, handed to the least loaded core.
+    let mut jobs: Vec<Vec<(usize, std::ops::Range<usize>)>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut load = vec![0usize; threads];
+    let mut order: Vec<usize> = (0..e).filter(|&x| queues.counts[x] > 0).collect();
+    order.sort_by_key(|&x| std::cmp::Reverse(queues.counts[x]));
+    for ex in order {
+        let core = (0..threads).min_by_key(|&c| load[c]).unwrap_or(0);
+        load[core] += queues.counts[ex] as usize;
+        jobs[core].push((ex, starts[ex]..starts[ex] + queues.counts[ex] as usize));
+    }
+    let weights = |ex: usize| {
+        let n = i * h;
+        [&gate[ex * n..(ex + 1) * n], &up[ex * n..(ex + 1) * n], &down[ex * n..(ex + 1) * n]]
+    };
+    let rows = Rows(out.as_mut_ptr());
+    std::thread::scope(|s| {
+        for list in jobs.into_iter().filter(|j| !j.is_empty()) {
+            s.spawn(move || {
+                let mut scratch = Scratch::new(h, i, isa.max_block());
+                for (ex, range) in list {
+                    let queue = Queues { token: &queues.token[range.clone()], slot: &queues.slot[range], counts: &[] };
+                    expert(isa, weights(ex), x, &queue, rows, (h, i), &mut scratch);
+                }
+            });
+        }
+    });
+}
+
+/// One core's buffers: a block of tokens transposed (`[H, lanes]`), the gate's and up's
+/// outputs (`[I, lanes]`) and the down projection's (`[H, lanes]`).
+struct Scratch {
+    xt: Vec<f32>,
+    gt: Vec<f32>,
+    ut: Vec<f32>,
+    yt: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(h: usize, i: usize, lanes: usize) -> Scratch {
+        Scratch {
+            xt: vec![0.0; h * lanes],
+            gt: vec![0.0; i * lanes],
+            ut: vec![0.0; i * lanes],
+            yt: vec![0.0; h * lanes],
+        }
+    }
+}
+
+/// One expert's queue: the rows of `x` its choices' tokens name through its weights, into
+/// the output rows their slots name.
+fn expert(
+    isa: Isa,
+    [gate, up, down]: [&[f32]; 3],
+    x: &[f32],
+    queue: &Queues<'_>,
+    out: Rows,
+    (h, i): (usize, usize),
+    s: &mut Scratch,
+) {
+    let n = queue.token.len();
+    let mut first = 0;
+    while first < n {
+        let lanes = if n - first > LANES { isa.max_block() } else { LANES };
+        let m = (n - first).min(lanes);
+        // Tokens into lanes; lanes past the block's tokens stay zero.
+        let xt = &mut s.xt[..h * lanes];
+        xt.fill(0.0);
+        for (lane, &token) in queue.token[first..first + m].iter().enumerate() {
+            for (k, &v) in x[token as usize * h..][..h].iter().enumerate() {
+                xt[k * lanes + lane] = v;
+            }
+        }
+        let (gt, ut, yt) = (&mut s.gt[..i * lanes], &mut s.ut[..i * lanes], &mut s.yt[..h * lanes]);
+        isa.project(gate, h, xt, gt, lanes);
+        isa.project(up, h, xt, ut, lanes);
+        for (g, &u) in gt.iter_mut().zip(ut.iter()) {
+            *g = *g * (1.0 / (1.0 + (-*g).exp())) * u;
+        }
+        isa.project(down, i, gt, yt, lanes);
+        for (lane, &slot) in queue.slot[first..first + m].iter().enumerate() {
+            // SAFETY: `slot` is one of the output's rows, this choice's alone (checked).
+            let row = unsafe { std::slice::from_raw_parts_mut(out.0.add(slot as usize * h), h) };
+            for (k, v) in row.iter_mut().enumerate() {
+                *v = yt[k * lanes + lane];
+            }
+        }
+        first += m;
+    }
+}
+
+/// The vector instructions the kernel is compiled for, chosen once per call.
+#[derive(Debug, Clone, Copy)]
+enum Isa {
+    Avx512,
+    Avx2,
+    Generic,
+}
+
+impl Isa {
+    fn detect() -> Isa {
+        Isa::available()[0]
+    }
+
+    /// The instruction sets this CPU runs, widest first.
+    fn available() -> Vec<Isa> {
+        let mut isas = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("fma") {
+                isas.push(Isa::Avx512);
+            }
+            if has!("avx2") && has!("fma") {
+                isas.push(Isa::Avx2);
+            }
+        }
+        isas.push(Isa::Generic);
+        isas
+    }
+
+    /// The widest token block: 32 where 32 registers hold two blocks' accumulators.
+    fn max_block(self) -> usize {
+        match self {
+            Isa::Avx512 => 2 * LANES,
+            _ => LANES,
+        }
+    }
+
+    /// `yt[r] = Σ_k w[r, k] · xt[k]` over `lanes` token lanes, for every row `r` of `w`
+    /// (`[n, k]`).
+    fn project(self, w: &[f32], k: usize, xt: &[f32], yt: &mut [f32], lanes: usize) {
+        match (self, lanes) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: detected.
+            (Isa::Avx512, 32) => unsafe { x86::avx512_32(w, k, xt, yt) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: detected.
+            (Isa::Avx512, _) => unsafe { x86::avx512_16(w, k, xt, yt) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: detected.
+            (Isa::Avx2, _) => unsafe { x86::avx2_16(w, k, xt, yt) },
+            _ => project::<1, 4, false>(w, k, xt, yt),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::project;
+
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) fn avx512_32(w: &[f32], k: usize, xt: &[f32], yt: &mut [f32]) {
+        project::<2, 6, true>(w, k, xt, yt)
+    }
+
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) fn avx512_16(w: &[f32], k: usize, xt: &[f32], yt: &mut [f32]) {
+        project::<1, 12, true>(w, k, xt, yt)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn avx2_16(w: &[f32], k: usize, xt: &[f32], yt: &mut [f32]) {
+        project::<1, 6, true>(w, k, xt, yt)
+    }
+}
+
+/// `a · b + c`, fused where `FMA`.
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// [`Isa::project`] for `B` blocks of [`LANES`] tokens, `R` weight rows at a time (`R · B`
+/// accumulator registers): each weight is broadcast against the `B · LANES` tokens of its
+/// column of `xt`.
+#[inline(always)]
+fn project<const B: usize, const R: usize, const FMA: bool>(w: &[f32], k: usize, xt: &[f32], yt: &mut [f32]) {
+    let lanes = B * LANES;
+    let n = w.len() / k;
+    let mut r0 = 0;
+    while r0 < n {
+        let rows = (n - r0).min(R);
+        let mut acc = [[[0f32; LANES]; B]; R];
+        let w_rows: [&[f32]; R] = std::array::from_fn(|r| &w[(r0 + r.min(rows - 1)) * k..][..k]);
+        for kk in 0..k {
+            let x = &xt[kk * lanes..(kk + 1) * lanes];
+            for r in 0..R {
+                let b = w_rows[r][kk];
+                for blk in 0..B {
+                    for l in 0..LANES {
+                        acc[r][blk][l] = madd::<FMA>(b, x[blk * LANES + l], acc[r][blk][l]);
+                    }
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate().take(rows) {
+            for (blk, acc) in acc.iter().enumerate() {
+                let at = (r0 + r) * lanes + blk * LANES;
+                yt[at..at + LANES].copy_from_slice(acc);
+            }
+        }
+        r0 += rows;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same sums in f64, one choice at a time.
+    fn reference(shape: Shape, x: &[f32], q: &Queues<'_>, [gate, up, down]: [&[f32]; 3]) -> Vec<f64> {
+        let Shape { hidden: h, inner: i, .. } = shape;
+        let mut out = vec![0.0; q.token.len() * h];
+        let experts = q.counts.iter().enumerate().flat_map(|(ex, &c)| std::iter::repeat_n(ex, c as usize));
+        for ((ex, &token), &slot) in experts.zip(q.token).zip(q.slot) {
+            let xr = &x[token as usize * h..][..h];
+            let act: Vec<f64> = (0..i)
+                .map(|j| {
+                    let dot = |w: &[f32]| (0..h).map(|k| w[(ex * i + j) * h + k] as f64 * xr[k] as f64).sum::<f64>();
+                    let (g, u) = (dot(gate), dot(up));
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            for o in 0..h {
+                out[slot as usize * h + o] = (0..i).map(|j| down[(ex * h + o) * i + j] as f64 * act[j]).sum();
+            }
+        }
+        out
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32 - 0.5) * 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matches_the_sums_in_f64_for_every_queue_length() {
+        // Queues of 0 (an expert no token chose), 1, a block of 16 and one over, 32 and 33
+        // choices: every block width and every remainder of weight rows (I = 29, H = 23); the
+        // tokens repeat (several choices of one token) and the slots are shuffled.
+        let shape = Shape { experts: 7, hidden: 23, inner: 29 };
+        let counts = [3, 0, 16, 17, 1, 32, 33];
+        let a: usize = counts.iter().sum::<i32>() as usize;
+        let (t, h, i, e) = (41, shape.hidden, shape.inner, shape.experts);
+        let token: Vec<i32> = (0..a).map(|c| (c * 7 % t) as i32).collect();
+        let slot: Vec<i32> = (0..a).map(|c| (c * 37 % a) as i32).collect();
+        let q = Queues { token: &token, slot: &slot, counts: &counts };
+        let x = values(t * h, 1);
+        let (gate, up, down) = (values(e * i * h, 2), values(e * i * h, 3), values(e * h * i, 4));
+        let want = reference(shape, &x, &q, [&gate, &up, &down]);
+        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let check = |out: &[f32], isa: &str| {
+            for (r, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                assert!(
+                    (got as f64 - want).abs() <= 1e-5 * scale,
+                    "{isa}: row {} col {}: {got} vs {want}",
+                    r / h,
+                    r % h
+                );
+            }
+        };
+        let mut out = vec![f32::NAN; a * h];
+        experts(shape, &x, &q, [&gate, &up, &down], &mut out).unwrap();
+        check(&out, "detected");
+        for isa in Isa::available() {
+            let mut out = vec![f32::NAN; a * h];
+            run(isa, shape, &x, &q, [&gate, &up, &down], &mut out);
+            check(&out, &format!("{isa:?}"));
+        }
+    }
+
+    #[test]
+    fn queues_tokens_and_slots_are_checked() {
+        let shape = Shape { experts: 2, hidden: 2, inner: 2 };
+        let (x, w) = (vec![0.0; 4], vec![0.0; 8]);
+        let mut out = vec![0.0; 6];
+        let mut run = |token: &[i32], slot: &[i32], counts: &[i32]| {
+            experts(shape, &x, &Queues { token, slot, counts }, [&w, &w, &w], &mut out).unwrap_err()
+        };
+        let err = run(&[0, 1, 1], &[0, 1, 2], &[1, 1]);
+        assert!(err.contains("queues [1, 1] do not hold the 3 choices"), "{err}");
+        let err = run(&[0, 2, 1], &[0, 1, 2], &[1, 2]);
+        assert!(err.contains("token 2 outside the 2 rows of x"), "{err}");
+        let err = run(&[0, 1, 1], &[0, 1, 1], &[1, 2]);
+        assert!(err.contains("slot 1 outside the 3 outputs or given twice"), "{err}");
+    }
+}
