@@ -115,6 +115,9 @@ pub struct EngineOptions {
     pub expert_capacity: Option<usize>,
     /// How quantized weights reach the devices.
     pub weights: WeightForm,
+    /// Whether programs may call siphon's CPU kernels where the client has them
+    /// (`siphon_runtime::Client::cpu_kernels`); off, XLA's ops compute the same values.
+    pub cpu_kernels: bool,
     /// The processes whose partitions of `mesh` this engine runs. Empty: the whole mesh, in
     /// this process. In a job whose mesh spans processes, this process's [`HostView`]: it
     /// uploads only its partitions' weights, feeds only its data groups' rows and reads back
@@ -156,6 +159,7 @@ impl Default for EngineOptions {
             plan: ShardingPlan::Megatron,
             expert_capacity: None,
             weights: WeightForm::Dequantized,
+            cpu_kernels: true,
             processes: Vec::new(),
         }
     }
@@ -509,7 +513,7 @@ impl Engine {
         spec.input_spec = self.input_spec.clone();
         spec.expert_capacity = self.options.expert_capacity;
         spec.stored = self.stored.clone();
-        spec.cpu_kernels = self.client.cpu_kernels();
+        spec.cpu_kernels = self.options.cpu_kernels && self.client.cpu_kernels();
         spec
     }
 

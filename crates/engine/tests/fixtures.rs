@@ -240,11 +240,13 @@ fn tiny_olmoe_matches_hf_at_every_hook() {
     check_tiny("tiny-olmoe");
 }
 
-/// The routed dispatch whatever its chunk — one row per product (as many products as the
-/// longest queue), five — and on a 2×4 mesh (whole experts over `model`, tokens over `data`),
-/// in one round or in rounds of two rows per expert: HF's values each time. With them the
-/// routing's edge cases: every logit tied, so that every token chooses the same two experts
-/// and no token the other two (`tiny-moe-tied`), and top-k = every expert (`tiny-moe-all`).
+/// The routed dispatch on one device through XLA's expert loop whatever its chunk — one row
+/// per product (as many products as the longest queue), five — and through siphon's CPU
+/// kernel (the other tests' default on the CPU), and on a 2×4 mesh (whole experts over
+/// `model`, tokens over `data`), in one round or in rounds of two rows per expert: HF's values
+/// each time. With them the routing's edge cases: every logit tied, so that every token
+/// chooses the same two experts and no token the other two (`tiny-moe-tied`), and top-k =
+/// every expert (`tiny-moe-all`).
 #[test]
 fn mixtures_match_hf_at_any_capacity_and_on_a_mesh() {
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
@@ -259,9 +261,16 @@ fn mixtures_match_hf_at_any_capacity_and_on_a_mesh() {
     ] {
         let model = LoadedModel::open(&fixture(name)).unwrap();
         for capacity in [1, 5] {
-            let options = EngineOptions { expert_capacity: Some(capacity), ..EngineOptions::default() };
+            let options =
+                EngineOptions { expert_capacity: Some(capacity), cpu_kernels: false, ..EngineOptions::default() };
             check_goldens_with(&format!("{name} at capacity {capacity}"), &model, &tiny_goldens(name), &options);
         }
+        check_goldens_with(
+            &format!("{name} on the CPU kernel"),
+            &model,
+            &tiny_goldens(name),
+            &EngineOptions::default(),
+        );
         for capacity in [None, Some(2)] {
             let options = EngineOptions { mesh: mesh.clone(), expert_capacity: capacity, ..EngineOptions::default() };
             check_goldens_with(&format!("{name} on 2x4 at {capacity:?}"), &model, &tiny_goldens(name), &options);

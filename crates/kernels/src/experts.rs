@@ -153,16 +153,21 @@ fn run(isa: Isa, shape: Shape, x: &[f32], queues: &Queues<'_>, [gate, up, down]:
         [&gate[ex * n..(ex + 1) * n], &up[ex * n..(ex + 1) * n], &down[ex * n..(ex + 1) * n]]
     };
     let rows = Rows(out.as_mut_ptr());
-    std::thread::scope(|s| {
-        for list in jobs.into_iter().filter(|j| !j.is_empty()) {
-            s.spawn(move || {
-                let mut scratch = Scratch::new(h, i, isa.max_block());
-                for (ex, range) in list {
-                    let queue = Queues { token: &queues.token[range.clone()], slot: &queues.slot[range], counts: &[] };
-                    expert(isa, weights(ex), x, &queue, rows, (h, i), &mut scratch);
-                }
-            });
+    let work = move |list: Vec<(usize, std::ops::Range<usize>)>| {
+        let mut scratch = Scratch::new(h, i, isa.max_block());
+        for (ex, range) in list {
+            let queue = Queues { token: &queues.token[range.clone()], slot: &queues.slot[range], counts: &[] };
+            expert(isa, weights(ex), x, &queue, rows, (h, i), &mut scratch);
         }
+    };
+    // The calling thread takes the first core's share.
+    let mut jobs = jobs.into_iter().filter(|j| !j.is_empty());
+    let first = jobs.next();
+    std::thread::scope(|s| {
+        for list in jobs {
+            s.spawn(move || work(list));
+        }
+        first.map(work);
     });
 }
 
