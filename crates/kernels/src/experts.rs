@@ -10,10 +10,10 @@
 //!
 //! The experts are shared out over the machine's cores, balanced by their queues. Each takes
 //! its queue in blocks of 16 or 32 choices (their tokens' rows become the lanes of vector
-//! registers, transposed into a scratch buffer), and each projection streams the expert's weight rows
-//! once per block, every weight broadcast against the block's tokens; each output is one dot
-//! product summed in order over the contracting dimension, in f32 (fused multiply-adds where
-//! the CPU has them).
+//! registers, transposed into a scratch buffer), and each projection streams the expert's
+//! weight rows once per block, every weight broadcast against the block's tokens; each output
+//! is one dot product summed in order over the contracting dimension, in f32 (fused
+//! multiply-adds where the CPU has them).
 
 use crate::xla_ffi::{self, CallFrame, DataType, FfiError};
 
@@ -156,8 +156,8 @@ fn run(isa: Isa, shape: Shape, x: &[f32], queues: &Queues<'_>, [gate, up, down]:
     let work = move |list: Vec<(usize, std::ops::Range<usize>)>| {
         let mut scratch = Scratch::new(h, i, isa.max_block());
         for (ex, range) in list {
-            let queue = Queues { token: &queues.token[range.clone()], slot: &queues.slot[range], counts: &[] };
-            expert(isa, weights(ex), x, &queue, rows, (h, i), &mut scratch);
+            let choices = (&queues.token[range.clone()], &queues.slot[range]);
+            expert(isa, weights(ex), x, choices, rows, (h, i), &mut scratch);
         }
     };
     // The calling thread takes the first core's share.
@@ -167,7 +167,9 @@ fn run(isa: Isa, shape: Shape, x: &[f32], queues: &Queues<'_>, [gate, up, down]:
         for list in jobs {
             s.spawn(move || work(list));
         }
-        first.map(work);
+        if let Some(list) = first {
+            work(list);
+        }
     });
 }
 
@@ -191,18 +193,18 @@ impl Scratch {
     }
 }
 
-/// One expert's queue: the rows of `x` its choices' tokens name through its weights, into
-/// the output rows their slots name.
+/// One expert's queue, its choices' `(tokens, slots)`: the rows of `x` the tokens name through
+/// its weights, into the output rows the slots name.
 fn expert(
     isa: Isa,
     [gate, up, down]: [&[f32]; 3],
     x: &[f32],
-    queue: &Queues<'_>,
+    (tokens, slots): (&[i32], &[i32]),
     out: Rows,
     (h, i): (usize, usize),
     s: &mut Scratch,
 ) {
-    let n = queue.token.len();
+    let n = tokens.len();
     let mut first = 0;
     while first < n {
         let lanes = if n - first > LANES { isa.max_block() } else { LANES };
@@ -210,7 +212,7 @@ fn expert(
         // Tokens into lanes; lanes past the block's tokens stay zero.
         let xt = &mut s.xt[..h * lanes];
         xt.fill(0.0);
-        for (lane, &token) in queue.token[first..first + m].iter().enumerate() {
+        for (lane, &token) in tokens[first..first + m].iter().enumerate() {
             for (k, &v) in x[token as usize * h..][..h].iter().enumerate() {
                 xt[k * lanes + lane] = v;
             }
@@ -222,7 +224,7 @@ fn expert(
             *g = *g * (1.0 / (1.0 + (-*g).exp())) * u;
         }
         isa.project(down, i, gt, yt, lanes);
-        for (lane, &slot) in queue.slot[first..first + m].iter().enumerate() {
+        for (lane, &slot) in slots[first..first + m].iter().enumerate() {
             // SAFETY: `slot` is one of the output's rows, this choice's alone (checked).
             let row = unsafe { std::slice::from_raw_parts_mut(out.0.add(slot as usize * h), h) };
             for (k, v) in row.iter_mut().enumerate() {
