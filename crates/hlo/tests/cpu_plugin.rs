@@ -309,3 +309,68 @@ fn triangular_solve_and_log_plus_one_match_rust() {
     close(&out[0], &want, 1e-5, "solve_unit_lower");
     close(&out[1], &tiny.map(f32::ln_1p), 1e-7, "log_plus_one");
 }
+
+/// A custom call into siphon's experts kernel (registered by the runtime with the CPU
+/// plugin): each choice's token through its expert into its slot, as the sums in Rust; a
+/// target that is no identifier is refused by the builder, and operands the kernel refuses
+/// (a slot given twice) are an execution error naming them.
+#[test]
+fn custom_call_runs_the_experts_kernel() {
+    let i32t = |dims: &[usize]| TensorType::new(DType::I32, dims);
+    let (t, h, e, i, a) = (3, 4, 2, 3, 4);
+    let mut b = Builder::new("experts");
+    let x = b.arg(f32t(&[t, h]), None).unwrap();
+    let token = b.arg(i32t(&[a]), None).unwrap();
+    let slot = b.arg(i32t(&[a]), None).unwrap();
+    let counts = b.arg(i32t(&[e]), None).unwrap();
+    let gate = b.arg(f32t(&[e, i, h]), None).unwrap();
+    let up = b.arg(f32t(&[e, i, h]), None).unwrap();
+    let down = b.arg(f32t(&[e, h, i]), None).unwrap();
+    let bad = b.custom_call("no spaces", &[x], f32t(&[a, h]));
+    assert!(matches!(bad, Err(siphon_hlo::HloError::Shape { .. })), "{bad:?}");
+    let operands = [x, token, slot, counts, gate, up, down];
+    let y = b.custom_call(siphon_kernels::experts::TARGET, &operands, f32t(&[a, h])).unwrap();
+    let text = b.finish(&[y]).unwrap();
+
+    let (x_v, gate_v, up_v, down_v) = (data(t * h, 7), data(e * i * h, 8), data(e * i * h, 9), data(e * h * i, 10));
+    // Expert 0 takes tokens 0 and 2 into slots 0 and 3, expert 1 tokens 1 and 0 into 1 and 2.
+    let (token_v, counts_v): ([i32; 4], [i32; 2]) = ([0, 2, 1, 0], [2, 2]);
+    let args = |slots: &[i32]| {
+        vec![
+            HostArray::from_slice(&[t, h], &x_v).unwrap(),
+            HostArray::from_slice(&[a], &token_v).unwrap(),
+            HostArray::from_slice(&[a], slots).unwrap(),
+            HostArray::from_slice(&[e], &counts_v).unwrap(),
+            HostArray::from_slice(&[e, i, h], &gate_v).unwrap(),
+            HostArray::from_slice(&[e, i, h], &up_v).unwrap(),
+            HostArray::from_slice(&[e, h, i], &down_v).unwrap(),
+        ]
+    };
+    let slot_v: [i32; 4] = [0, 3, 1, 2];
+    let got = run_single(&text, &args(&slot_v));
+    let mut want = vec![0.0f32; a * h];
+    for (c, (&tok, &s)) in token_v.iter().zip(&slot_v).enumerate() {
+        let ex = c / 2;
+        let (tok, s) = (tok as usize, s as usize);
+        let xr = &x_v[tok * h..(tok + 1) * h];
+        let dot = |w: &[f32], row: usize, v: &[f32]| -> f32 {
+            v.iter().enumerate().map(|(k, x)| w[row * v.len() + k] * x).sum()
+        };
+        let act: Vec<f32> = (0..i)
+            .map(|j| {
+                let (g, u) = (dot(&gate_v, ex * i + j, xr), dot(&up_v, ex * i + j, xr));
+                g / (1.0 + (-g).exp()) * u
+            })
+            .collect();
+        for o in 0..h {
+            want[s * h + o] = dot(&down_v, ex * h + o, &act);
+        }
+    }
+    close(&got[0], &want, 1e-6, "experts kernel");
+
+    let client = client();
+    let exe = client.compile(&text, &CompileOptions::single_device(None)).unwrap();
+    let bufs: Vec<_> = args(&[0, 0, 1, 2]).iter().map(|v| client.upload(v, exe.device_ids()[0]).unwrap()).collect();
+    let err = exe.execute(&[bufs.iter().collect()]).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("slot 0 outside the 4 outputs or given twice"), "{err}");
+}

@@ -288,6 +288,11 @@ impl Client {
         unsafe { plugin.call(slot::Client_ProcessIndex, &mut process) }?;
         inner.process_index = process.process_index.max(0) as usize;
         inner.devices = list_devices(&inner)?;
+        // siphon's CPU kernels are registered before any program is compiled, so that a
+        // program naming one compiles whoever built it.
+        if inner.platform_name == "cpu" {
+            plugin.cpu_kernels();
+        }
         tracing::debug!(
             "PJRT client on {} ({}) with {} devices",
             inner.platform_name,

@@ -188,8 +188,8 @@ impl Plugin {
     }
 
     /// Whether siphon's CPU kernels (`siphon-kernels`) are registered with this plugin's FFI
-    /// extension, registering them on the first call; false where the plugin has no such
-    /// extension or registration failed (logged).
+    /// extension, registering them on the first call (a CPU client's creation makes it);
+    /// false where the plugin has no such extension or registration failed (logged).
     pub fn cpu_kernels(&self) -> bool {
         *self.kernels.get_or_init(|| {
             crate::kernels::register(self).unwrap_or_else(|err| {
