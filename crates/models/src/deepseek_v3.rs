@@ -340,6 +340,11 @@ mod tests {
         assert_eq!(HookPoint::parse("blocks.3.mlp.hook_post", &c).unwrap().kind(), HookKind::MlpOut);
         let err = HookPoint::parse("blocks.0.mlp.hook_expert_weights", &c).unwrap_err().to_string();
         assert!(err.contains("block 0 is a dense block (the first 3 blocks are dense)"), "{err}");
+        let err = HookPoint::parse("blocks.0.mlp.shared_experts.hook_in", &c).unwrap_err().to_string();
+        assert!(
+            err.contains("block 0 has no mlp.shared_experts.hook_in, which this model's other blocks have"),
+            "{err}"
+        );
         for (name, dims) in [
             ("blocks.3.attn.hook_q", vec![128, 192]),
             ("blocks.3.attn.hook_v", vec![128, 128]),

@@ -833,10 +833,9 @@ fn lookup(name: &str, config: Option<&ModelConfig>) -> Result<HookPoint, ModelEr
         return Err(ModelError::Hook(format!("{name:?} is not extracted: {why}")));
     }
     let kind = known(suffix, Some(layer)).ok_or_else(|| match config {
-        Some(c) if structural_alias(suffix, &features(c), true).is_some() => ModelError::Hook(format!(
-            "{name:?}: block {layer} has no {suffix}, which this model's other blocks have (a hybrid's \
-             full-attention layers have no linear attention)"
-        )),
+        Some(c) if structural_alias(suffix, &features(c), true).is_some() => {
+            ModelError::Hook(format!("{name:?}: block {layer} has no {suffix}, which this model's other blocks have"))
+        }
         _ => unknown(),
     })?;
     Ok(HookPoint { layer: Some(layer), kind })

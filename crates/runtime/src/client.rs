@@ -119,6 +119,13 @@ pub(crate) struct ClientInner {
     _key_value_store: Option<Box<Arc<dyn KeyValueStore>>>,
 }
 
+impl ClientInner {
+    /// Whether this is the CPU plugin's client (platform `cpu`).
+    pub(crate) fn is_cpu(&self) -> bool {
+        self.platform_name == "cpu"
+    }
+}
+
 // SAFETY: a PJRT client is thread-safe (XLA's PjRtClient is internally synchronized and the
 // C API may be called from any thread). Device pointers are owned by the client and
 // immutable. The key-value store is `Send + Sync` by its trait bound.
@@ -290,7 +297,7 @@ impl Client {
         inner.devices = list_devices(&inner)?;
         // siphon's CPU kernels are registered before any program is compiled, so that a
         // program naming one compiles whoever built it.
-        if inner.platform_name == "cpu" {
+        if inner.is_cpu() {
             plugin.cpu_kernels();
         }
         tracing::debug!(
@@ -316,7 +323,7 @@ impl Client {
     /// CPU client whose plugin registered them, unless `SIPHON_CPU_KERNELS=0` turns them off
     /// (XLA's own ops then compute the same values).
     pub fn cpu_kernels(&self) -> bool {
-        self.platform_name() == "cpu"
+        self.inner.is_cpu()
             && std::env::var("SIPHON_CPU_KERNELS").map_or(true, |v| v != "0")
             && self.inner.plugin.cpu_kernels()
     }

@@ -252,7 +252,7 @@ impl Client {
         }
         let assignment = options.resolve(inner)?;
         let mut options = options.clone();
-        if inner.platform_name == "cpu" {
+        if inner.is_cpu() {
             for &(name, value) in CPU_DEFAULTS {
                 if !options.xla_options.iter().any(|(set, _)| set == name) {
                     options.xla_options.push((name.to_string(), XlaOption::Int(value)));

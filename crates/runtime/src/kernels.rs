@@ -42,6 +42,14 @@ struct FfiExtension {
     register_handler: Option<RegisterHandler>,
 }
 
+// Sizes from the header on LP64, as `ffi.rs` checks its own.
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<ExtensionBase>() == 24);
+    assert!(size_of::<RegisterHandlerArgs>() == 56);
+    assert!(size_of::<FfiExtension>() == 48);
+};
+
 /// The oldest PJRT API whose FFI extension takes [`RegisterHandlerArgs`] as laid out here
 /// (older ones had an `api_version` field in it).
 const MIN_MINOR: i32 = 106;
