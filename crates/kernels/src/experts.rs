@@ -8,8 +8,8 @@
 //! `[E, I, H]` and `down` `[E, H, I]`. Result: each choice's expert output `[A, H]`, by slot.
 //! The router's weights and each token's sum over its choices are left to the program.
 //!
-//! The experts are shared out over the machine's cores, balanced by their queues. Each takes
-//! its queue in blocks of 16 or 32 choices (their tokens' rows become the lanes of vector
+//! The machine's cores take the experts one at a time, longest queue first. Each expert's
+//! queue goes in blocks of 16 or 32 choices (their tokens' rows become the lanes of vector
 //! registers, transposed into a scratch buffer), and each projection streams the expert's
 //! weight rows once per block, every weight broadcast against the block's tokens; each output
 //! is one dot product summed in order over the contracting dimension, in f32 (fused
@@ -138,38 +138,29 @@ fn run(isa: Isa, shape: Shape, x: &[f32], queues: &Queues<'_>, [gate, up, down]:
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(queues.token.len().max(1));
     let starts: Vec<usize> =
         queues.counts.iter().scan(0, |s, &c| Some(std::mem::replace(s, *s + c as usize))).collect();
-    // Each expert's queue, handed to the least loaded core.
-    let mut jobs: Vec<Vec<(usize, std::ops::Range<usize>)>> = (0..threads).map(|_| Vec::new()).collect();
-    let mut load = vec![0usize; threads];
+    // The experts with choices, longest queue first; each core takes the next one left.
     let mut order: Vec<usize> = (0..e).filter(|&x| queues.counts[x] > 0).collect();
     order.sort_by_key(|&x| std::cmp::Reverse(queues.counts[x]));
-    for ex in order {
-        let core = (0..threads).min_by_key(|&c| load[c]).unwrap_or(0);
-        load[core] += queues.counts[ex] as usize;
-        jobs[core].push((ex, starts[ex]..starts[ex] + queues.counts[ex] as usize));
-    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
     let weights = |ex: usize| {
         let n = i * h;
         [&gate[ex * n..(ex + 1) * n], &up[ex * n..(ex + 1) * n], &down[ex * n..(ex + 1) * n]]
     };
     let rows = Rows(out.as_mut_ptr());
-    let work = move |list: Vec<(usize, std::ops::Range<usize>)>| {
+    let work = || {
         let mut scratch = Scratch::new(h, i, isa.max_block());
-        for (ex, range) in list {
+        while let Some(&ex) = order.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+            let range = starts[ex]..starts[ex] + queues.counts[ex] as usize;
             let choices = (&queues.token[range.clone()], &queues.slot[range]);
             expert(isa, weights(ex), x, choices, rows, (h, i), &mut scratch);
         }
     };
-    // The calling thread takes the first core's share.
-    let mut jobs = jobs.into_iter().filter(|j| !j.is_empty());
-    let first = jobs.next();
+    // The calling thread is one of the cores.
     std::thread::scope(|s| {
-        for list in jobs {
-            s.spawn(move || work(list));
+        for _ in 1..threads {
+            s.spawn(work);
         }
-        if let Some(list) = first {
-            work(list);
-        }
+        work();
     });
 }
 
@@ -297,7 +288,7 @@ mod x86 {
 
     #[target_feature(enable = "avx512f,fma")]
     pub(super) fn avx512_32(w: &[f32], k: usize, xt: &[f32], yt: &mut [f32]) {
-        project::<2, 6, true>(w, k, xt, yt)
+        project::<2, 12, true>(w, k, xt, yt)
     }
 
     #[target_feature(enable = "avx512f,fma")]
@@ -309,6 +300,23 @@ mod x86 {
     pub(super) fn avx2_16(w: &[f32], k: usize, xt: &[f32], yt: &mut [f32]) {
         project::<1, 6, true>(w, k, xt, yt)
     }
+}
+
+/// How far ahead of each weight row's reads [`project`] asks for its lines, in weights: four
+/// lines. The hardware's prefetchers stop at each 4 KiB page and restart on each new row (a
+/// down projection's rows are 3 KiB for Qwen3-30B-A3B); asking ahead keeps the rows streaming.
+const PREFETCH: usize = 4 * LANES;
+
+/// Asks for the cache line holding `v`, into every level.
+#[inline(always)]
+fn prefetch(v: &f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((v as *const f32).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
 }
 
 /// `a · b + c`, fused where `FMA`.
@@ -329,13 +337,24 @@ fn project<const B: usize, const R: usize, const FMA: bool>(w: &[f32], k: usize,
         let rows = (n - r0).min(R);
         let mut acc = [[[0f32; LANES]; B]; R];
         let w_rows: [&[f32]; R] = std::array::from_fn(|r| &w[(r0 + r.min(rows - 1)) * k..][..k]);
-        for kk in 0..k {
-            let x = &xt[kk * lanes..(kk + 1) * lanes];
+        for k0 in (0..k).step_by(LANES) {
+            // Every 16 weights, each row's line `PREFETCH` ahead; past a row's end, the line of
+            // the row the next group reads in its place.
             for r in 0..R {
-                let b = w_rows[r][kk];
-                for blk in 0..B {
-                    for l in 0..LANES {
-                        acc[r][blk][l] = madd::<FMA>(b, x[blk * LANES + l], acc[r][blk][l]);
+                let ahead = k0 + PREFETCH;
+                let at = if ahead < k { (r0 + r) * k + ahead } else { (r0 + r + R) * k + ahead - k };
+                if let Some(v) = w.get(at) {
+                    prefetch(v);
+                }
+            }
+            for kk in k0..(k0 + LANES).min(k) {
+                let x = &xt[kk * lanes..(kk + 1) * lanes];
+                for r in 0..R {
+                    let b = w_rows[r][kk];
+                    for blk in 0..B {
+                        for l in 0..LANES {
+                            acc[r][blk][l] = madd::<FMA>(b, x[blk * LANES + l], acc[r][blk][l]);
+                        }
                     }
                 }
             }
