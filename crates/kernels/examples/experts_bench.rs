@@ -6,7 +6,7 @@
 //! (experts, hidden, expert width), `T` (tokens), `K` (experts per token) and `ROUND=1`
 //! (every expert the same number of tokens) in the environment.
 
-use siphon_kernels::experts::{Queues, Shape, experts};
+use siphon_kernels::experts::{Experts, Gating, Queues, Shape, experts};
 use std::time::Instant;
 
 fn env(name: &str, default: usize) -> usize {
@@ -46,12 +46,13 @@ fn main() -> Result<(), String> {
     let queues = Queues { token: &token, slot: &slot, counts: &counts };
     let x = vec![0.01f32; t * h];
     let weights: Vec<Vec<f32>> = (0..3).map(|_| vec![0.001f32; e * i * h]).collect();
+    let w = Experts { weights: [&weights[0], &weights[1], &weights[2]], biases: None, gating: Gating::Silu };
     let mut out = vec![0f32; choices.len() * h];
     let bytes = (3 * e * i * h * 4) as f64;
     let flops = (choices.len() * 3 * i * h * 2) as f64;
     for _ in 0..7 {
         let start = Instant::now();
-        experts(shape, &x, &queues, [&weights[0], &weights[1], &weights[2]], &mut out)?;
+        experts(shape, &x, &queues, &w, &mut out)?;
         let s = start.elapsed().as_secs_f64();
         println!("{:.1} ms  {:.1} GB/s of weights  {:.1} GFLOP/s", s * 1e3, bytes / s / 1e9, flops / s / 1e9);
     }

@@ -17,8 +17,14 @@
 
 use crate::xla_ffi::{self, CallFrame, DataType, FfiError};
 
-/// The custom-call target.
+/// The custom-call target of SiLU-gated experts without biases (Qwen3-MoE, Mixtral, OLMoE):
+/// operands `x, token, slot, counts, gate, up, down`.
 pub const TARGET: &str = "siphon_cpu_experts_silu";
+
+/// The custom-call target of GPT-OSS's experts: its clamped SwiGLU ([`Gating::ClampedSwiglu`])
+/// and a bias after each projection. Operands: [`TARGET`]'s, then the biases `gate_bias`,
+/// `up_bias` `[E, I]`, `down_bias` `[E, H]` and `[alpha, limit]` (`[2]`, f32).
+pub const TARGET_CLAMPED_SWIGLU: &str = "siphon_cpu_experts_clamped_swiglu";
 
 /// Vector lanes of one token block: 16 f32s, one AVX-512 register.
 const LANES: usize = 16;
@@ -29,18 +35,35 @@ const LANES: usize = 16;
 /// Called by XLA with a valid call frame.
 pub unsafe extern "C" fn handler(frame: *mut CallFrame) -> *mut FfiError {
     // SAFETY: XLA's frame; `execute` reads its buffers only.
-    unsafe { xla_ffi::handle(frame, execute) }
+    unsafe { xla_ffi::handle(frame, |frame| execute(frame, TARGET)) }
 }
 
-fn execute(frame: &CallFrame) -> Result<(), String> {
+/// The XLA FFI handler for [`TARGET_CLAMPED_SWIGLU`].
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn handler_clamped_swiglu(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA's frame; `execute` reads its buffers only.
+    unsafe { xla_ffi::handle(frame, |frame| execute(frame, TARGET_CLAMPED_SWIGLU)) }
+}
+
+fn execute(frame: &CallFrame, target: &str) -> Result<(), String> {
     let args = xla_ffi::buffers(&frame.args)?;
     let rets = xla_ffi::buffers(&frame.rets)?;
-    let ([x, token, slot, counts, gate, up, down], [out]) = (&args[..], &rets[..]) else {
-        return Err(format!("{TARGET}: expected 7 operands and 1 result, got {} and {}", args.len(), rets.len()));
+    let operands = if target == TARGET { 7 } else { 11 };
+    let ([x, token, slot, counts, gate, up, down, extra @ ..], [out]) = (&args[..], &rets[..]) else {
+        return Err(format!(
+            "{target}: expected {operands} operands and 1 result, got {} and {}",
+            args.len(),
+            rets.len()
+        ));
     };
+    if args.len() != operands {
+        return Err(format!("{target}: expected {operands} operands and 1 result, got {} and 1", args.len()));
+    }
     let (&[t, h], &[a], &[e, i, _]) = (&x.dims[..], &token.dims[..], &gate.dims[..]) else {
         return Err(format!(
-            "{TARGET}: x {:?}, token {:?} or gate {:?} of the wrong rank",
+            "{target}: x {:?}, token {:?} or gate {:?} of the wrong rank",
             x.dims, token.dims, gate.dims
         ));
     };
@@ -53,15 +76,30 @@ fn execute(frame: &CallFrame) -> Result<(), String> {
             slot: slot.slice("slot", s32s, &[a])?,
             counts: counts.slice("counts", s32s, &[e])?,
         };
+        let weights = [
+            gate.slice("gate", f32s, &[e, i, h])?,
+            up.slice("up", f32s, &[e, i, h])?,
+            down.slice("down", f32s, &[e, h, i])?,
+        ];
+        let (biases, gating) = match extra {
+            [gate_bias, up_bias, down_bias, params] => {
+                let biases = [
+                    gate_bias.slice("gate_bias", f32s, &[e, i])?,
+                    up_bias.slice("up_bias", f32s, &[e, i])?,
+                    down_bias.slice("down_bias", f32s, &[e, h])?,
+                ];
+                let &[alpha, limit] = params.slice::<f32>("[alpha, limit]", f32s, &[2])? else {
+                    unreachable!("a slice of 2")
+                };
+                (Some(biases), Gating::ClampedSwiglu { alpha, limit })
+            }
+            _ => (None, Gating::Silu),
+        };
         experts(
             Shape { experts: e, hidden: h, inner: i },
             x.slice("x", f32s, &[t, h])?,
             &queues,
-            [
-                gate.slice("gate", f32s, &[e, i, h])?,
-                up.slice("up", f32s, &[e, i, h])?,
-                down.slice("down", f32s, &[e, h, i])?,
-            ],
+            &Experts { weights, biases, gating },
             out.slice_mut("out", f32s, &[a, h])?,
         )
     }
@@ -84,16 +122,62 @@ pub struct Queues<'a> {
     pub counts: &'a [i32],
 }
 
-/// `out[slot] = down_e · (silu(gate_e · x[token]) ⊙ (up_e · x[token]))` for every choice of
-/// each expert `e`'s queue. Refuses queues that do not cover the choices, tokens outside `x`
-/// and slots that are not each output row once.
-pub fn experts(
-    shape: Shape,
-    x: &[f32],
-    queues: &Queues<'_>,
-    [gate, up, down]: [&[f32]; 3],
-    out: &mut [f32],
-) -> Result<(), String> {
+/// How an expert combines its gate and up projections.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Gating {
+    /// `silu(gate) · up`.
+    Silu,
+    /// GPT-OSS's `(clamp(up, ±limit) + 1) · g · σ(alpha · g)` with `g = min(gate, limit)`.
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl Gating {
+    #[inline(always)]
+    fn apply(self, gate: f32, up: f32) -> f32 {
+        let sigmoid = |z: f32| 1.0 / (1.0 + (-z).exp());
+        match self {
+            Gating::Silu => gate * sigmoid(gate) * up,
+            Gating::ClampedSwiglu { alpha, limit } => {
+                let g = gate.min(limit);
+                (up.clamp(-limit, limit) + 1.0) * (g * sigmoid(g * alpha))
+            }
+        }
+    }
+}
+
+/// A mixture's experts: the stacked weights `gate`, `up` `[E, I, H]` and `down` `[E, H, I]`,
+/// the biases added after each projection (`[E, I]`, `[E, I]`, `[E, H]`) if any, the gating.
+#[derive(Debug, Clone, Copy)]
+pub struct Experts<'a> {
+    pub weights: [&'a [f32]; 3],
+    pub biases: Option<[&'a [f32]; 3]>,
+    pub gating: Gating,
+}
+
+impl<'a> Experts<'a> {
+    /// Expert `ex` of checked stacks.
+    fn expert(&self, ex: usize, (h, i): (usize, usize)) -> Expert<'a> {
+        let n = i * h;
+        Expert {
+            weights: self.weights.map(|w| &w[ex * n..(ex + 1) * n]),
+            biases: self.biases.map(|[g, u, d]| [&g[ex * i..][..i], &u[ex * i..][..i], &d[ex * h..][..h]]),
+            gating: self.gating,
+        }
+    }
+}
+
+/// One expert's weights, biases and gating.
+struct Expert<'a> {
+    weights: [&'a [f32]; 3],
+    biases: Option<[&'a [f32]; 3]>,
+    gating: Gating,
+}
+
+/// `out[slot] = down_e · gating(gate_e · x[token], up_e · x[token])` (each projection plus
+/// its bias, if any) for every choice of each expert `e`'s queue. Refuses queues that do not
+/// cover the choices, tokens outside `x`, slots that are not each output row once, and
+/// weights or biases of other sizes.
+pub fn experts(shape: Shape, x: &[f32], queues: &Queues<'_>, w: &Experts<'_>, out: &mut [f32]) -> Result<(), String> {
     let Shape { experts: e, hidden: h, inner: i } = shape;
     let (t, a) = (x.len() / h.max(1), queues.token.len());
     let total: i64 = queues.counts.iter().map(|&c| c as i64).sum();
@@ -116,10 +200,16 @@ pub fn experts(
             return Err(format!("{TARGET}: slot {v} outside the {a} outputs or given twice"));
         }
     }
-    if [gate.len(), up.len(), down.len()] != [e * i * h; 3] {
-        return Err(format!("{TARGET}: weights of {} values, expected {e} x {i} x {h}", gate.len()));
+    if w.weights.map(|w| w.len()) != [e * i * h; 3] {
+        return Err(format!("{TARGET}: weights of {:?} values, expected {e} x {i} x {h}", w.weights.map(|w| w.len())));
     }
-    run(Isa::detect(), shape, x, queues, [gate, up, down], out);
+    if let Some(biases) = w.biases.filter(|b| b.map(|b| b.len()) != [e * i, e * i, e * h]) {
+        return Err(format!(
+            "{TARGET}: biases of {:?} values, expected {e} x {i} and {e} x {h}",
+            biases.map(|b| b.len())
+        ));
+    }
+    run(Isa::detect(), shape, x, queues, w, out);
     Ok(())
 }
 
@@ -133,7 +223,7 @@ unsafe impl Send for Rows {}
 unsafe impl Sync for Rows {}
 
 /// [`experts`] with `isa`'s instructions, on checked queues.
-fn run(isa: Isa, shape: Shape, x: &[f32], queues: &Queues<'_>, [gate, up, down]: [&[f32]; 3], out: &mut [f32]) {
+fn run(isa: Isa, shape: Shape, x: &[f32], queues: &Queues<'_>, w: &Experts<'_>, out: &mut [f32]) {
     let Shape { experts: e, hidden: h, inner: i } = shape;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(queues.token.len().max(1));
     let starts: Vec<usize> =
@@ -142,17 +232,13 @@ fn run(isa: Isa, shape: Shape, x: &[f32], queues: &Queues<'_>, [gate, up, down]:
     let mut order: Vec<usize> = (0..e).filter(|&x| queues.counts[x] > 0).collect();
     order.sort_by_key(|&x| std::cmp::Reverse(queues.counts[x]));
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let weights = |ex: usize| {
-        let n = i * h;
-        [&gate[ex * n..(ex + 1) * n], &up[ex * n..(ex + 1) * n], &down[ex * n..(ex + 1) * n]]
-    };
     let rows = Rows(out.as_mut_ptr());
     let work = || {
         let mut scratch = Scratch::new(h, i, isa.max_block());
         while let Some(&ex) = order.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
             let range = starts[ex]..starts[ex] + queues.counts[ex] as usize;
             let choices = (&queues.token[range.clone()], &queues.slot[range]);
-            expert(isa, weights(ex), x, choices, rows, (h, i), &mut scratch);
+            expert(isa, &w.expert(ex, (h, i)), x, choices, rows, (h, i), &mut scratch);
         }
     };
     // The calling thread is one of the cores.
@@ -185,10 +271,10 @@ impl Scratch {
 }
 
 /// One expert's queue, its choices' `(tokens, slots)`: the rows of `x` the tokens name through
-/// its weights, into the output rows the slots name.
+/// its weights (and biases), into the output rows the slots name.
 fn expert(
     isa: Isa,
-    [gate, up, down]: [&[f32]; 3],
+    w: &Expert<'_>,
     x: &[f32],
     (tokens, slots): (&[i32], &[i32]),
     out: Rows,
@@ -209,12 +295,21 @@ fn expert(
             }
         }
         let (gt, ut, yt) = (&mut s.gt[..i * lanes], &mut s.ut[..i * lanes], &mut s.yt[..h * lanes]);
+        let [gate, up, down] = w.weights;
+        let bias = |part: usize, yt: &mut [f32]| {
+            for (row, &b) in w.biases.map_or(&[][..], |biases| biases[part]).iter().enumerate() {
+                yt[row * lanes..][..lanes].iter_mut().for_each(|v| *v += b);
+            }
+        };
         isa.project(gate, h, xt, gt, lanes);
+        bias(0, gt);
         isa.project(up, h, xt, ut, lanes);
+        bias(1, ut);
         for (g, &u) in gt.iter_mut().zip(ut.iter()) {
-            *g = *g * (1.0 / (1.0 + (-*g).exp())) * u;
+            *g = w.gating.apply(*g, u);
         }
         isa.project(down, i, gt, yt, lanes);
+        bias(2, yt);
         for (lane, &slot) in slots[first..first + m].iter().enumerate() {
             // SAFETY: `slot` is one of the output's rows, this choice's alone (checked).
             let row = unsafe { std::slice::from_raw_parts_mut(out.0.add(slot as usize * h), h) };
@@ -373,9 +468,12 @@ fn project<const B: usize, const R: usize, const FMA: bool>(w: &[f32], k: usize,
 mod tests {
     use super::*;
 
-    /// The same sums in f64, one choice at a time.
-    fn reference(shape: Shape, x: &[f32], q: &Queues<'_>, [gate, up, down]: [&[f32]; 3]) -> Vec<f64> {
+    /// The same sums in f64, one choice at a time (HF's `down(gating(gate(x), up(x)))`).
+    fn reference(shape: Shape, x: &[f32], q: &Queues<'_>, w: &Experts<'_>) -> Vec<f64> {
         let Shape { hidden: h, inner: i, .. } = shape;
+        let [gate, up, down] = w.weights;
+        let bias = |part: usize, at: usize| w.biases.map_or(0.0, |b| b[part][at] as f64);
+        let sigmoid = |z: f64| 1.0 / (1.0 + (-z).exp());
         let mut out = vec![0.0; q.token.len() * h];
         let experts = q.counts.iter().enumerate().flat_map(|(ex, &c)| std::iter::repeat_n(ex, c as usize));
         for ((ex, &token), &slot) in experts.zip(q.token).zip(q.slot) {
@@ -383,12 +481,19 @@ mod tests {
             let act: Vec<f64> = (0..i)
                 .map(|j| {
                     let dot = |w: &[f32]| (0..h).map(|k| w[(ex * i + j) * h + k] as f64 * xr[k] as f64).sum::<f64>();
-                    let (g, u) = (dot(gate), dot(up));
-                    g / (1.0 + (-g).exp()) * u
+                    let (g, u) = (dot(gate) + bias(0, ex * i + j), dot(up) + bias(1, ex * i + j));
+                    match w.gating {
+                        Gating::Silu => g * sigmoid(g) * u,
+                        Gating::ClampedSwiglu { alpha, limit } => {
+                            let (g, limit) = (g.min(limit as f64), limit as f64);
+                            (u.clamp(-limit, limit) + 1.0) * g * sigmoid(alpha as f64 * g)
+                        }
+                    }
                 })
                 .collect();
             for o in 0..h {
-                out[slot as usize * h + o] = (0..i).map(|j| down[(ex * h + o) * i + j] as f64 * act[j]).sum();
+                out[slot as usize * h + o] =
+                    (0..i).map(|j| down[(ex * h + o) * i + j] as f64 * act[j]).sum::<f64>() + bias(2, ex * h + o);
             }
         }
         out
@@ -407,10 +512,11 @@ mod tests {
     }
 
     #[test]
-    fn matches_the_sums_in_f64_for_every_queue_length() {
+    fn matches_the_sums_in_f64_for_every_queue_length_and_gating() {
         // Queues of 0 (an expert no token chose), 1, a block of 16 and one over, 32 and 33
         // choices: every block width and every remainder of weight rows (I = 29, H = 23); the
-        // tokens repeat (several choices of one token) and the slots are shuffled.
+        // tokens repeat (several choices of one token) and the slots are shuffled. SiLU without
+        // biases, and GPT-OSS's clamped SwiGLU with biases at a limit the values cross.
         let shape = Shape { experts: 7, hidden: 23, inner: 29 };
         let counts = [3, 0, 16, 17, 1, 32, 33];
         let a: usize = counts.iter().sum::<i32>() as usize;
@@ -420,25 +526,35 @@ mod tests {
         let q = Queues { token: &token, slot: &slot, counts: &counts };
         let x = values(t * h, 1);
         let (gate, up, down) = (values(e * i * h, 2), values(e * i * h, 3), values(e * h * i, 4));
-        let want = reference(shape, &x, &q, [&gate, &up, &down]);
-        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-        let check = |out: &[f32], isa: &str| {
-            for (r, (&got, &want)) in out.iter().zip(&want).enumerate() {
-                assert!(
-                    (got as f64 - want).abs() <= 1e-5 * scale,
-                    "{isa}: row {} col {}: {got} vs {want}",
-                    r / h,
-                    r % h
-                );
-            }
+        let (gate_b, up_b, down_b) = (values(e * i, 5), values(e * i, 6), values(e * h, 7));
+        let silu = Experts { weights: [&gate, &up, &down], biases: None, gating: Gating::Silu };
+        let clamped = Experts {
+            biases: Some([&gate_b, &up_b, &down_b]),
+            gating: Gating::ClampedSwiglu { alpha: 1.702, limit: 0.05 },
+            ..silu
         };
-        let mut out = vec![f32::NAN; a * h];
-        experts(shape, &x, &q, [&gate, &up, &down], &mut out).unwrap();
-        check(&out, "detected");
-        for isa in Isa::available() {
+        for w in [silu, clamped] {
+            let want = reference(shape, &x, &q, &w);
+            let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+            let check = |out: &[f32], isa: &str| {
+                for (r, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-5 * scale,
+                        "{:?}, {isa}: row {} col {}: {got} vs {want}",
+                        w.gating,
+                        r / h,
+                        r % h
+                    );
+                }
+            };
             let mut out = vec![f32::NAN; a * h];
-            run(isa, shape, &x, &q, [&gate, &up, &down], &mut out);
-            check(&out, &format!("{isa:?}"));
+            experts(shape, &x, &q, &w, &mut out).unwrap();
+            check(&out, "detected");
+            for isa in Isa::available() {
+                let mut out = vec![f32::NAN; a * h];
+                run(isa, shape, &x, &q, &w, &mut out);
+                check(&out, &format!("{isa:?}"));
+            }
         }
     }
 
@@ -447,8 +563,9 @@ mod tests {
         let shape = Shape { experts: 2, hidden: 2, inner: 2 };
         let (x, w) = (vec![0.0; 4], vec![0.0; 8]);
         let mut out = vec![0.0; 6];
+        let silu = Experts { weights: [&w, &w, &w], biases: None, gating: Gating::Silu };
         let mut run = |token: &[i32], slot: &[i32], counts: &[i32]| {
-            experts(shape, &x, &Queues { token, slot, counts }, [&w, &w, &w], &mut out).unwrap_err()
+            experts(shape, &x, &Queues { token, slot, counts }, &silu, &mut out).unwrap_err()
         };
         let err = run(&[0, 1, 1], &[0, 1, 2], &[1, 1]);
         assert!(err.contains("queues [1, 1] do not hold the 3 choices"), "{err}");
@@ -456,5 +573,10 @@ mod tests {
         assert!(err.contains("token 2 outside the 2 rows of x"), "{err}");
         let err = run(&[0, 1, 1], &[0, 1, 1], &[1, 2]);
         assert!(err.contains("slot 1 outside the 3 outputs or given twice"), "{err}");
+        let q = Queues { token: &[0, 1, 1], slot: &[0, 1, 2], counts: &[1, 2] };
+        let short = [0.0; 3];
+        let biased = Experts { biases: Some([&w[..4], &w[..4], &short]), ..silu };
+        let err = experts(shape, &x, &q, &biased, &mut out).unwrap_err();
+        assert!(err.contains("biases of [4, 4, 3] values, expected 2 x 2 and 2 x 2"), "{err}");
     }
 }

@@ -29,4 +29,7 @@ pub struct Kernel {
 }
 
 /// Every kernel, for the runtime to register.
-pub const KERNELS: &[Kernel] = &[Kernel { name: experts::TARGET, handler: experts::handler }];
+pub const KERNELS: &[Kernel] = &[
+    Kernel { name: experts::TARGET, handler: experts::handler },
+    Kernel { name: experts::TARGET_CLAMPED_SWIGLU, handler: experts::handler_clamped_swiglu },
+];

@@ -171,8 +171,8 @@ impl Graph<'_> {
         let out = if self.sharded() {
             let cap = self.spec.expert_capacity.unwrap_or_else(|| capacity(n, k, e)).clamp(1, n);
             routing.in_rounds(&mut self.b, x, experts, dt, cap)?
-        } else if self.spec.cpu_kernels && experts.has_cpu_kernel(dt) {
-            routing.cpu_kernel(&mut self.b, x, experts)?
+        } else if let Some(target) = experts.cpu_kernel(dt).filter(|_| self.spec.cpu_kernels) {
+            routing.cpu_kernel(&mut self.b, x, experts, target)?
         } else {
             let chunk = self.spec.expert_capacity.unwrap_or_else(|| chunk_rows(n, k, e)).clamp(1, n);
             routing.per_expert(&mut self.b, x, experts, dt, chunk)?
@@ -231,10 +231,16 @@ impl Experts {
         all
     }
 
-    /// Whether siphon's CPU kernel computes these experts in `dt`: SiLU-gated, no biases,
-    /// f32 (`siphon_kernels::experts`).
-    fn has_cpu_kernel(&self, dt: DType) -> bool {
-        dt == DType::F32 && self.biases.is_none() && matches!(self.glu, Glu::Act(Activation::Silu))
+    /// The custom-call target of siphon's CPU kernel for these experts in `dt`, if it has one
+    /// (`siphon_kernels::experts`, f32): SiLU-gated without biases, or GPT-OSS's clamped
+    /// SwiGLU with them.
+    fn cpu_kernel(&self, dt: DType) -> Option<&'static str> {
+        match (self.glu, self.biases) {
+            _ if dt != DType::F32 => None,
+            (Glu::Act(Activation::Silu), None) => Some(siphon_kernels::experts::TARGET),
+            (Glu::Clamped { .. }, Some(_)) => Some(siphon_kernels::experts::TARGET_CLAMPED_SWIGLU),
+            _ => None,
+        }
     }
 
     /// Rebuilds the list [`Experts::all`] gave from `values` (inside a loop).
@@ -423,13 +429,16 @@ impl Routing {
     /// through its expert, the expert's weights read in place, into the choice's slot; then
     /// each output times its router weight and each token's `k` summed, as
     /// [`Routing::per_expert`] does. Needs one group.
-    fn cpu_kernel(&self, b: &mut Builder, x: Value, w: &Experts) -> Result<Value, HloError> {
+    fn cpu_kernel(&self, b: &mut Builder, x: Value, w: &Experts, target: &str) -> Result<Value, HloError> {
         let (t, k, a, h, e) = (self.n, self.k, self.n * self.k, b.dims(x)?[1], self.e);
         let token = b.reshape(self.sorted_token, &[a])?;
         let slot = b.reshape(self.sorted_slot, &[a])?;
         let counts = b.reshape(self.counts, &[e])?;
-        let operands = [&[x, token, slot, counts][..], &w.weights].concat();
-        let y = b.custom_call(siphon_kernels::experts::TARGET, &operands, TensorType::new(DType::F32, &[a, h]))?;
+        let mut operands = [&[x, token, slot, counts][..], &w.all()].concat();
+        if let Glu::Clamped { alpha, limit } = w.glu {
+            operands.push(b.constant_f32(&[alpha as f32, limit as f32], &[2])?);
+        }
+        let y = b.custom_call(target, &operands, TensorType::new(DType::F32, &[a, h]))?;
         let y = b.reshape(y, &[t, k, h])?;
         let weights = b.broadcast_in_dim(self.chosen_weights, &[t, k, h], &[0, 1])?;
         let y = b.mul(y, weights)?;
