@@ -1,6 +1,6 @@
-//! A mixture's SiLU-gated experts over tokens sorted by expert (Hugging Face's
-//! `down(silu(gate(x)) * up(x))` per expert), each expert's weights read where they lie in
-//! the stacked tensors.
+//! A mixture's gated experts over tokens sorted by expert (Hugging Face's
+//! `down(silu(gate(x)) * up(x))` per expert, or GPT-OSS's clamped SwiGLU with a bias after
+//! each projection), each expert's weights read where they lie in the stacked tensors.
 //!
 //! Operands: the tokens `x` `[T, H]` (f32); the `A` routed choices sorted by expert, each
 //! one's token and slot (`[A]`, s32: the row of `x` it reads and the row of the result it

@@ -6,9 +6,10 @@
 //! before compiling, and XLA calls the handler with the operands' and result's buffers in
 //! place. Only what XLA cannot emit well lives here:
 //!
-//! - [`experts`]: a mixture's SiLU-gated experts, each token through its own experts only,
-//!   reading each expert's weights where they lie in the stacked `[E, …]` tensors (XLA copies
-//!   a dynamically sliced operand out before every product; docs/BENCHMARKS.md).
+//! - [`experts`]: a mixture's gated experts (SiLU, or GPT-OSS's clamped SwiGLU with biases),
+//!   each token through its own experts only, reading each expert's weights where they lie in
+//!   the stacked `[E, …]` tensors (XLA copies a dynamically sliced operand out before every
+//!   product; docs/BENCHMARKS.md).
 //!
 //! Each kernel checks its operands' dtypes and shapes and returns an XLA error naming what is
 //! wrong rather than reading past a buffer.
