@@ -51,15 +51,13 @@ fn execute(frame: &CallFrame, target: &str) -> Result<(), String> {
     let args = xla_ffi::buffers(&frame.args)?;
     let rets = xla_ffi::buffers(&frame.rets)?;
     let operands = if target == TARGET { 7 } else { 11 };
+    let wrong =
+        || format!("{target}: expected {operands} operands and 1 result, got {} and {}", args.len(), rets.len());
     let ([x, token, slot, counts, gate, up, down, extra @ ..], [out]) = (&args[..], &rets[..]) else {
-        return Err(format!(
-            "{target}: expected {operands} operands and 1 result, got {} and {}",
-            args.len(),
-            rets.len()
-        ));
+        return Err(wrong());
     };
     if args.len() != operands {
-        return Err(format!("{target}: expected {operands} operands and 1 result, got {} and 1", args.len()));
+        return Err(wrong());
     }
     let (&[t, h], &[a], &[e, i, _]) = (&x.dims[..], &token.dims[..], &gate.dims[..]) else {
         return Err(format!(
@@ -155,22 +153,23 @@ pub struct Experts<'a> {
 }
 
 impl<'a> Experts<'a> {
-    /// Expert `ex` of checked stacks.
-    fn expert(&self, ex: usize, (h, i): (usize, usize)) -> Expert<'a> {
+    /// Expert `ex` alone, of checked stacks.
+    fn expert(&self, ex: usize, (h, i): (usize, usize)) -> Experts<'a> {
         let n = i * h;
-        Expert {
+        Experts {
             weights: self.weights.map(|w| &w[ex * n..(ex + 1) * n]),
             biases: self.biases.map(|[g, u, d]| [&g[ex * i..][..i], &u[ex * i..][..i], &d[ex * h..][..h]]),
             gating: self.gating,
         }
     }
-}
 
-/// One expert's weights, biases and gating.
-struct Expert<'a> {
-    weights: [&'a [f32]; 3],
-    biases: Option<[&'a [f32]; 3]>,
-    gating: Gating,
+    /// The custom-call target computing these experts, which names them in errors.
+    fn target(&self) -> &'static str {
+        match self.gating {
+            Gating::Silu => TARGET,
+            Gating::ClampedSwiglu { .. } => TARGET_CLAMPED_SWIGLU,
+        }
+    }
 }
 
 /// `out[slot] = down_e · gating(gate_e · x[token], up_e · x[token])` (each projection plus
@@ -179,33 +178,34 @@ struct Expert<'a> {
 /// weights or biases of other sizes.
 pub fn experts(shape: Shape, x: &[f32], queues: &Queues<'_>, w: &Experts<'_>, out: &mut [f32]) -> Result<(), String> {
     let Shape { experts: e, hidden: h, inner: i } = shape;
+    let target = w.target();
     let (t, a) = (x.len() / h.max(1), queues.token.len());
     let total: i64 = queues.counts.iter().map(|&c| c as i64).sum();
     if queues.counts.len() != e || queues.counts.iter().any(|&c| c < 0) || total != a as i64 {
-        return Err(format!("{TARGET}: {e} experts' queues {:?} do not hold the {a} choices", queues.counts));
+        return Err(format!("{target}: {e} experts' queues {:?} do not hold the {a} choices", queues.counts));
     }
     if queues.slot.len() != a || out.len() != a * h || x.len() != t * h {
         return Err(format!(
-            "{TARGET}: {} slots and {} outputs for {a} choices",
+            "{target}: {} slots and {} outputs for {a} choices",
             queues.slot.len(),
             out.len() / h.max(1)
         ));
     }
     if let Some(bad) = queues.token.iter().find(|&&v| v < 0 || v as usize >= t) {
-        return Err(format!("{TARGET}: token {bad} outside the {t} rows of x"));
+        return Err(format!("{target}: token {bad} outside the {t} rows of x"));
     }
     let mut seen = vec![false; a];
     for &v in queues.slot {
         if v < 0 || v as usize >= a || std::mem::replace(&mut seen[v as usize], true) {
-            return Err(format!("{TARGET}: slot {v} outside the {a} outputs or given twice"));
+            return Err(format!("{target}: slot {v} outside the {a} outputs or given twice"));
         }
     }
     if w.weights.map(|w| w.len()) != [e * i * h; 3] {
-        return Err(format!("{TARGET}: weights of {:?} values, expected {e} x {i} x {h}", w.weights.map(|w| w.len())));
+        return Err(format!("{target}: weights of {:?} values, expected {e} x {i} x {h}", w.weights.map(|w| w.len())));
     }
     if let Some(biases) = w.biases.filter(|b| b.map(|b| b.len()) != [e * i, e * i, e * h]) {
         return Err(format!(
-            "{TARGET}: biases of {:?} values, expected {e} x {i} and {e} x {h}",
+            "{target}: biases of {:?} values, expected {e} x {i} and {e} x {h}",
             biases.map(|b| b.len())
         ));
     }
@@ -274,7 +274,7 @@ impl Scratch {
 /// its weights (and biases), into the output rows the slots name.
 fn expert(
     isa: Isa,
-    w: &Expert<'_>,
+    w: &Experts<'_>,
     x: &[f32],
     (tokens, slots): (&[i32], &[i32]),
     out: Rows,
