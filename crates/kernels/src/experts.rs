@@ -1,6 +1,6 @@
 //! A mixture's gated experts over tokens sorted by expert (Hugging Face's
-//! `down(silu(gate(x)) * up(x))` per expert, or GPT-OSS's clamped SwiGLU with a bias after
-//! each projection), each expert's weights read where they lie in the stacked tensors.
+//! `down(silu(gate(x)) * up(x))` per expert, the same with tanh GELU, or GPT-OSS's clamped
+//! SwiGLU with a bias after each projection), each expert's weights read where they lie in the stacked tensors.
 //!
 //! Operands: the tokens `x` `[T, H]` (f32); the `A` routed choices sorted by expert, each
 //! one's token and slot (`[A]`, s32: the row of `x` it reads and the row of the result it
@@ -21,6 +21,10 @@ use crate::xla_ffi::{self, CallFrame, DataType, FfiError};
 /// operands `x, token, slot, counts, gate, up, down`.
 pub const TARGET: &str = "siphon_cpu_experts_silu";
 
+/// The custom-call target of tanh-GELU-gated experts without biases (Gemma 4's mixture): the
+/// operands of [`TARGET`].
+pub const TARGET_GELU_TANH: &str = "siphon_cpu_experts_gelu_tanh";
+
 /// The custom-call target of GPT-OSS's experts: its clamped SwiGLU ([`Gating::ClampedSwiglu`])
 /// and a bias after each projection. Operands: [`TARGET`]'s, then the biases `gate_bias`,
 /// `up_bias` `[E, I]`, `down_bias` `[E, H]` and `[alpha, limit]` (`[2]`, f32).
@@ -38,6 +42,15 @@ pub unsafe extern "C" fn handler(frame: *mut CallFrame) -> *mut FfiError {
     unsafe { xla_ffi::handle(frame, |frame| execute(frame, TARGET)) }
 }
 
+/// The XLA FFI handler for [`TARGET_GELU_TANH`].
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn handler_gelu_tanh(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA's frame; `execute` reads its buffers only.
+    unsafe { xla_ffi::handle(frame, |frame| execute(frame, TARGET_GELU_TANH)) }
+}
+
 /// The XLA FFI handler for [`TARGET_CLAMPED_SWIGLU`].
 ///
 /// # Safety
@@ -50,7 +63,7 @@ pub unsafe extern "C" fn handler_clamped_swiglu(frame: *mut CallFrame) -> *mut F
 fn execute(frame: &CallFrame, target: &str) -> Result<(), String> {
     let args = xla_ffi::buffers(&frame.args)?;
     let rets = xla_ffi::buffers(&frame.rets)?;
-    let operands = if target == TARGET { 7 } else { 11 };
+    let operands = if target == TARGET_CLAMPED_SWIGLU { 11 } else { 7 };
     let wrong =
         || format!("{target}: expected {operands} operands and 1 result, got {} and {}", args.len(), rets.len());
     let ([x, token, slot, counts, gate, up, down, extra @ ..], [out]) = (&args[..], &rets[..]) else {
@@ -91,6 +104,7 @@ fn execute(frame: &CallFrame, target: &str) -> Result<(), String> {
                 };
                 (Some(biases), Gating::ClampedSwiglu { alpha, limit })
             }
+            _ if target == TARGET_GELU_TANH => (None, Gating::GeluTanh),
             _ => (None, Gating::Silu),
         };
         experts(
@@ -125,6 +139,8 @@ pub struct Queues<'a> {
 pub enum Gating {
     /// `silu(gate) · up`.
     Silu,
+    /// `gelu(gate) · up`, GELU's tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
     /// GPT-OSS's `(clamp(up, ±limit) + 1) · g · σ(alpha · g)` with `g = min(gate, limit)`.
     ClampedSwiglu { alpha: f32, limit: f32 },
 }
@@ -135,6 +151,10 @@ impl Gating {
         let sigmoid = |z: f32| 1.0 / (1.0 + (-z).exp());
         match self {
             Gating::Silu => gate * sigmoid(gate) * up,
+            Gating::GeluTanh => {
+                let inner = (gate + gate * gate * gate * 0.044715) * (2.0 / std::f64::consts::PI).sqrt() as f32;
+                gate * 0.5 * (inner.tanh() + 1.0) * up
+            }
             Gating::ClampedSwiglu { alpha, limit } => {
                 let g = gate.min(limit);
                 (up.clamp(-limit, limit) + 1.0) * (g * sigmoid(g * alpha))
@@ -167,6 +187,7 @@ impl<'a> Experts<'a> {
     fn target(&self) -> &'static str {
         match self.gating {
             Gating::Silu => TARGET,
+            Gating::GeluTanh => TARGET_GELU_TANH,
             Gating::ClampedSwiglu { .. } => TARGET_CLAMPED_SWIGLU,
         }
     }
@@ -484,6 +505,10 @@ mod tests {
                     let (g, u) = (dot(gate) + bias(0, ex * i + j), dot(up) + bias(1, ex * i + j));
                     match w.gating {
                         Gating::Silu => g * sigmoid(g) * u,
+                        Gating::GeluTanh => {
+                            let inner = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+                            0.5 * g * (1.0 + inner.tanh()) * u
+                        }
                         Gating::ClampedSwiglu { alpha, limit } => {
                             let (g, limit) = (g.min(limit as f64), limit as f64);
                             (u.clamp(-limit, limit) + 1.0) * g * sigmoid(alpha as f64 * g)
@@ -515,8 +540,8 @@ mod tests {
     fn matches_the_sums_in_f64_for_every_queue_length_and_gating() {
         // Queues of 0 (an expert no token chose), 1, a block of 16 and one over, 32 and 33
         // choices: every block width and every remainder of weight rows (I = 29, H = 23); the
-        // tokens repeat (several choices of one token) and the slots are shuffled. SiLU without
-        // biases, and GPT-OSS's clamped SwiGLU with biases at a limit the values cross.
+        // tokens repeat (several choices of one token) and the slots are shuffled. SiLU and tanh
+        // GELU without biases, GPT-OSS's clamped SwiGLU with biases at a limit the values cross.
         let shape = Shape { experts: 7, hidden: 23, inner: 29 };
         let counts = [3, 0, 16, 17, 1, 32, 33];
         let a: usize = counts.iter().sum::<i32>() as usize;
@@ -533,7 +558,8 @@ mod tests {
             gating: Gating::ClampedSwiglu { alpha: 1.702, limit: 0.05 },
             ..silu
         };
-        for w in [silu, clamped] {
+        let gelu = Experts { gating: Gating::GeluTanh, ..silu };
+        for w in [silu, gelu, clamped] {
             let want = reference(shape, &x, &q, &w);
             let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
             let check = |out: &[f32], isa: &str| {

@@ -6,10 +6,10 @@
 //! before compiling, and XLA calls the handler with the operands' and result's buffers in
 //! place. Only what XLA cannot emit well lives here:
 //!
-//! - [`experts`]: a mixture's gated experts (SiLU, or GPT-OSS's clamped SwiGLU with biases),
-//!   each token through its own experts only, reading each expert's weights where they lie in
-//!   the stacked `[E, …]` tensors (XLA copies a dynamically sliced operand out before every
-//!   product; docs/BENCHMARKS.md).
+//! - [`experts`]: a mixture's gated experts (SiLU, tanh GELU, or GPT-OSS's clamped SwiGLU with
+//!   biases), each token through its own experts only, reading each expert's weights where
+//!   they lie in the stacked `[E, …]` tensors (XLA copies a dynamically sliced operand out
+//!   before every product; docs/BENCHMARKS.md).
 //!
 //! Each kernel checks its operands' dtypes and shapes and returns an XLA error naming what is
 //! wrong rather than reading past a buffer.
@@ -32,5 +32,6 @@ pub struct Kernel {
 /// Every kernel, for the runtime to register.
 pub const KERNELS: &[Kernel] = &[
     Kernel { name: experts::TARGET, handler: experts::handler },
+    Kernel { name: experts::TARGET_GELU_TANH, handler: experts::handler_gelu_tanh },
     Kernel { name: experts::TARGET_CLAMPED_SWIGLU, handler: experts::handler_clamped_swiglu },
 ];

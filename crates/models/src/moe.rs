@@ -232,12 +232,13 @@ impl Experts {
     }
 
     /// The custom-call target of siphon's CPU kernel for these experts in `dt`, if it has one
-    /// (`siphon_kernels::experts`, f32): SiLU-gated without biases, or GPT-OSS's clamped
-    /// SwiGLU with them.
+    /// (`siphon_kernels::experts`, f32): SiLU- or tanh-GELU-gated without biases, or GPT-OSS's
+    /// clamped SwiGLU with them.
     fn cpu_kernel(&self, dt: DType) -> Option<&'static str> {
         match (self.glu, self.biases) {
             _ if dt != DType::F32 => None,
             (Glu::Act(Activation::Silu), None) => Some(siphon_kernels::experts::TARGET),
+            (Glu::Act(Activation::GeluTanh), None) => Some(siphon_kernels::experts::TARGET_GELU_TANH),
             (Glu::Clamped { .. }, Some(_)) => Some(siphon_kernels::experts::TARGET_CLAMPED_SWIGLU),
             _ => None,
         }
