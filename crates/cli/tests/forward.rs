@@ -133,3 +133,38 @@ fn forward_rejects_bad_input_without_writing() {
     }
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "only ids.json remains");
 }
+
+/// The command of issue 36: one Gemma 4 block's residual alone (its per-layer inputs read a
+/// norm outside the blocks) equals that hook in the run of every block's residual and the
+/// final norm.
+#[test]
+fn forward_writes_one_gemma4_block_alone() {
+    let model = repo().join("fixtures/models/tiny-gemma4");
+    let tmp = Scratch::new("gemma4");
+    let ids_file = tmp.path().join("ids.json");
+    std::fs::write(&ids_file, "[[2, 17, 33, 101, 7, 64]]").unwrap();
+    let hook = "blocks.1.hook_resid_post";
+    let mut outputs = Vec::new();
+    for (name, hooks) in [("alone", hook), ("all", "blocks.*.hook_resid_post,ln_final.hook_out")] {
+        let out = tmp.path().join(format!("{name}.safetensors"));
+        let o = siphon(&[
+            "forward",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            ids_file.to_str().unwrap(),
+            "--hooks",
+            hooks,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        let (header, data) = read_safetensors(&out);
+        outputs.push(tensor_f32(&header, &data, hook));
+    }
+    let ((shape, alone), (_, all)) = (&outputs[0], &outputs[1]);
+    assert_eq!(shape[..2], [1, 6]);
+    let diff = alone.iter().zip(all).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let scale = all.iter().fold(0f32, |m, x| m.max(x.abs()));
+    assert!(scale > 0.1 && diff <= 1e-6 * scale, "{hook} alone differs by {diff:e} (scale {scale})");
+}

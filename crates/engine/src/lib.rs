@@ -514,6 +514,8 @@ impl Engine {
         spec.expert_capacity = self.options.expert_capacity;
         spec.stored = self.stored.clone();
         spec.cpu_kernels = self.options.cpu_kernels && self.client.cpu_kernels();
+        // Every shape reads the weights the first build found (none before it).
+        spec.weights = (!self.params.is_empty()).then(|| self.params.iter().map(|p| p.name.clone()).collect());
         spec
     }
 

@@ -3,7 +3,8 @@
 //! grouped-query attention, the SiLU-gated MLP, hook collection).
 //!
 //! The program's arguments are, in order: every weight of [`ForwardProgram::params`] (in
-//! the compute dtype, Hugging Face layout), then `input_ids`, `attention_mask` (1 = real
+//! the compute dtype, Hugging Face layout; exactly the weights its graph reads, in the
+//! family's inventory order), then `input_ids`, `attention_mask` (1 = real
 //! token) and `position_ids`, each `[batch, seq]` i32. Its results are the requested hooks
 //! in the requested order, each `[batch, seq, *per-token shape]` in the output dtype (the
 //! per-token shape is the hook's [`crate::hooks::HookShape`]: `[hidden]`, `[d_mlp]`, `[1]`,
@@ -21,7 +22,8 @@
 //! over `[batch, kv_head]` with the query heads of a group kept together (GQA without
 //! materialising repeated keys).
 
-use std::collections::{BTreeMap, HashMap};
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, HloError, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
@@ -60,6 +62,12 @@ pub struct ForwardSpec {
     /// the CPU plugin: `siphon_runtime::Client::cpu_kernels`) where they are faster than XLA's
     /// ops: a mixture's experts on one device in f32.
     pub cpu_kernels: bool,
+    /// The weights the program declares, by Hugging Face name. `None` (the default): exactly
+    /// those its graph reads, which [`build_forward`] learns by building once with every
+    /// weight of the blocks it builds. Given (as an engine passes what its first build
+    /// found), it must be exactly that set: a weight read but not given, or given but never
+    /// read, is an error naming it.
+    pub weights: Option<BTreeSet<String>>,
 }
 
 impl ForwardSpec {
@@ -77,6 +85,7 @@ impl ForwardSpec {
             expert_capacity: None,
             stored: HashMap::new(),
             cpu_kernels: false,
+            weights: None,
         }
     }
 
@@ -140,12 +149,26 @@ pub struct ForwardProgram {
     pub mesh: Mesh,
     /// Number of blocks the program runs.
     pub n_blocks: usize,
+    /// Declared weights the graph never read (only where [`ForwardSpec::weights`] is `None`:
+    /// [`build_forward`] then builds again without them).
+    unread: Vec<String>,
 }
 
-/// Builds the forward pass of `config` as described by `spec`.
+/// Builds the forward pass of `config` as described by `spec`. Its weight arguments are
+/// exactly the weights its graph reads, whatever the hooks: unless `spec` names them, a first
+/// build declares every weight of the blocks the hooks need (and the model's own: embeddings,
+/// a final norm, per-layer inputs) and notes which it read, and the program is built again
+/// with those alone when some went unread.
 pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     config.validate()?;
-    (crate::family::family(config.arch).build)(config, spec)
+    let build = crate::family::family(config.arch).build;
+    let program = build(config, spec)?;
+    if program.unread.is_empty() {
+        return Ok(program);
+    }
+    let read = program.params.iter().map(|p| &p.name).filter(|n| !program.unread.contains(n));
+    let exact = ForwardSpec { weights: Some(read.cloned().collect()), ..spec.clone() };
+    build(config, &exact)
 }
 
 /// The fixed Megatron-style plan: q/k/v/gate/up (and the q/k/v biases) split by output
@@ -219,7 +242,8 @@ pub(crate) struct Graph<'a> {
     pub config: &'a ModelConfig,
     pub spec: &'a ForwardSpec,
     pub dt: DType,
-    weights: HashMap<String, Value>,
+    /// Each declared weight's value and whether the graph read it.
+    weights: HashMap<String, (Value, Cell<bool>)>,
     params: Vec<ParamInfo>,
     param_specs: Vec<PartitionSpec>,
     param_forms: Vec<Option<StoredForm>>,
@@ -238,14 +262,9 @@ pub(crate) struct Graph<'a> {
 }
 
 impl<'a> Graph<'a> {
-    /// Validates `spec`, declares the weight arguments for `n_blocks` blocks (and the
-    /// final norm when `with_final_norm`), then the three inputs.
-    pub fn new(
-        config: &'a ModelConfig,
-        spec: &'a ForwardSpec,
-        n_blocks: usize,
-        with_final_norm: bool,
-    ) -> Result<Graph<'a>, ModelError> {
+    /// Validates `spec`, declares the weight arguments (those of `spec.weights`, else every
+    /// weight of `n_blocks` blocks and the model's own), then the three inputs.
+    pub fn new(config: &'a ModelConfig, spec: &'a ForwardSpec, n_blocks: usize) -> Result<Graph<'a>, ModelError> {
         if spec.batch == 0 || spec.seq == 0 {
             return Err(ModelError::Config(format!("batch {} x seq {} has no tokens", spec.batch, spec.seq)));
         }
@@ -268,7 +287,15 @@ impl<'a> Graph<'a> {
             Builder::new("siphon_forward")
         };
         let dt = spec.compute_dtype;
-        let params = forward_params(config, n_blocks, with_final_norm, false);
+        let mut params = config.params(n_blocks, false);
+        if let Some(names) = &spec.weights {
+            if let Some(name) = names.iter().find(|n| !params.iter().any(|p| &p.name == *n)) {
+                return Err(ModelError::Config(format!(
+                    "weight {name:?} is not a weight of this model's first {n_blocks} blocks or of the model itself"
+                )));
+            }
+            params.retain(|p| names.contains(&p.name));
+        }
         let mut weights = HashMap::new();
         let mut param_specs = Vec::new();
         let mut param_forms = Vec::new();
@@ -291,7 +318,7 @@ impl<'a> Graph<'a> {
                     form.dequantize(&mut b, &parts, &p.shape, dt)?
                 }
             };
-            weights.insert(p.name.clone(), v);
+            weights.insert(p.name.clone(), (v, Cell::new(false)));
             param_specs.push(pspec);
             param_forms.push(form);
         }
@@ -342,12 +369,14 @@ impl<'a> Graph<'a> {
         self.sharded
     }
 
-    /// The weight argument named `name`.
+    /// The weight argument named `name`, noted as read.
     pub fn w(&self, name: &str) -> Result<Value, ModelError> {
-        self.weights
+        let (value, read) = self
+            .weights
             .get(name)
-            .copied()
-            .ok_or_else(|| ModelError::Config(format!("the forward needs weight {name:?}, which was not declared")))
+            .ok_or_else(|| ModelError::Config(format!("the forward needs weight {name:?}, which was not declared")))?;
+        read.set(true);
+        Ok(*value)
     }
 
     /// Whether `hook` was requested.
@@ -928,6 +957,11 @@ impl<'a> Graph<'a> {
             results.push((x, self.sharded.then(|| out_spec.clone())));
             outputs.push(OutputInfo { hook, shape, dtype: self.spec.output_dtype, spec: out_spec });
         }
+        let unread: Vec<String> =
+            self.params.iter().map(|p| &p.name).filter(|n| !self.weights[*n].1.get()).cloned().collect();
+        if self.spec.weights.is_some() && !unread.is_empty() {
+            return Err(ModelError::Config(format!("the forward declares weights its graph never reads: {unread:?}")));
+        }
         let text = b.finish_sharded(&results)?;
         let inputs = ["input_ids", "attention_mask", "position_ids"]
             .into_iter()
@@ -943,6 +977,7 @@ impl<'a> Graph<'a> {
             outputs,
             mesh: self.spec.mesh.clone(),
             n_blocks,
+            unread,
         })
     }
 }
@@ -961,7 +996,7 @@ pub(crate) fn pre_norm_decoder(
 ) -> Result<ForwardProgram, ModelError> {
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut g = Graph::new(config, spec, n_blocks)?;
     let mut x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
     for layer in 0..n_blocks {
@@ -1097,20 +1132,11 @@ pub fn blocks_needed(config: &ModelConfig, hooks: &[HookPoint]) -> (usize, bool)
     (n, hooks.iter().any(|h| h.kind().info().scope == Scope::Output))
 }
 
-/// The weights a forward of `n_blocks` blocks declares: the final norm only `with_final_norm`,
-/// the untied lm_head only `with_lm_head`.
-pub fn forward_params(
-    config: &ModelConfig,
-    n_blocks: usize,
-    with_final_norm: bool,
-    with_lm_head: bool,
-) -> Vec<ParamInfo> {
-    let mut params = config.params(n_blocks, with_lm_head);
-    if !with_final_norm {
-        // The final norm's gain (and bias) are the only norm weights outside the blocks.
-        params.retain(|p| p.layer.is_some() || !matches!(p.class, ParamClass::Norm | ParamClass::NormBias));
-    }
-    params
+/// The weights the forward returning `hooks` reads (its program's arguments, found by
+/// building it on one device for one token), in the family's inventory order. The planner
+/// counts these.
+pub fn forward_params(config: &ModelConfig, hooks: &[HookPoint]) -> Result<Vec<ParamInfo>, ModelError> {
+    Ok(build_forward(config, &ForwardSpec::new(1, 1, hooks.to_vec()))?.params)
 }
 
 /// Softmax over the last dimension of an f32 tensor, max-subtracted.
@@ -1255,6 +1281,30 @@ mod tests {
         let p = build_forward(&c, &ForwardSpec::new(1, 4, vec![block(0, ResidPre)])).unwrap();
         assert_eq!(p.n_blocks, 0);
         assert_eq!(p.params.len(), 1);
+    }
+
+    #[test]
+    fn the_weights_declared_are_the_weights_read() {
+        let c = tiny();
+        let hooks = vec![block(1, MlpOut)];
+        let read: BTreeSet<String> = forward_params(&c, &hooks).unwrap().into_iter().map(|p| p.name).collect();
+        assert!(read.contains("model.layers.1.mlp.down_proj.weight") && !read.contains("model.norm.weight"));
+        // Given the same set, one build; given one more or one less, an error naming it.
+        let spec =
+            |weights: BTreeSet<String>| ForwardSpec { weights: Some(weights), ..ForwardSpec::new(1, 3, hooks.clone()) };
+        assert_eq!(build_forward(&c, &spec(read.clone())).unwrap().params.len(), read.len());
+        let mut more = read.clone();
+        more.insert("model.norm.weight".into());
+        let e = build_forward(&c, &spec(more)).unwrap_err().to_string();
+        assert!(e.contains("never reads") && e.contains("model.norm.weight"), "{e}");
+        let mut less = read.clone();
+        less.remove("model.layers.0.input_layernorm.weight");
+        let e = build_forward(&c, &spec(less)).unwrap_err().to_string();
+        assert!(e.contains("not declared") && e.contains("model.layers.0.input_layernorm.weight"), "{e}");
+        let mut beyond = read;
+        beyond.insert("model.layers.2.mlp.up_proj.weight".into());
+        let e = build_forward(&c, &spec(beyond)).unwrap_err().to_string();
+        assert!(e.contains("model.layers.2.mlp.up_proj.weight") && e.contains("first 2 blocks"), "{e}");
     }
 
     #[test]

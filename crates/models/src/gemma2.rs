@@ -127,7 +127,7 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
     }
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut g = Graph::new(config, spec, n_blocks)?;
     let x = g.embed("model.embed_tokens.weight")?;
     // HF's scaled embedding multiplies by sqrt(hidden) rounded to the weights' dtype.
     let mut x = g.scale(x, (config.hidden_size as f64).sqrt())?;

@@ -329,7 +329,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     };
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut g = Graph::new(config, spec, n_blocks)?;
     let x = g.embed("model.embed_tokens.weight")?;
     let mut x = g.scale(x, (config.hidden_size as f64).sqrt())?;
     g.hook(HookPoint::model(Embed), x);

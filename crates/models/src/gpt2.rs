@@ -143,7 +143,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     }
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut g = Graph::new(config, spec, n_blocks)?;
     let tokens = g.embed("transformer.wte.weight")?;
     g.hook(HookPoint::model(Embed), tokens);
     let positions = g.embed_positions("transformer.wpe.weight")?;

@@ -121,7 +121,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     }
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut g = Graph::new(config, spec, n_blocks)?;
     let (t, d) = (g.tokens(), config.head_dim);
     let mut x = g.embed("gpt_neox.embed_in.weight")?;
     g.hook(HookPoint::model(Embed), x);

@@ -155,7 +155,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 pub(crate) fn build_decoder(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut g = Graph::new(config, spec, n_blocks)?;
     let mut x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
     for layer in 0..n_blocks {

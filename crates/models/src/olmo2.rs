@@ -101,7 +101,7 @@ pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Resul
     }
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks, with_final_norm)?;
+    let mut g = Graph::new(config, spec, n_blocks)?;
     let mut x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
     for layer in 0..n_blocks {

@@ -363,15 +363,20 @@ fn plan_auto(config: &ModelConfig, topology: &Topology, request: &PlanRequest) -
     Ok(plan)
 }
 
-/// The weights the forward for `request`'s hooks reads, as the forward builder declares them:
-/// the blocks up to the last one a hook needs, the final norm only when a hook is after it;
-/// and that number of blocks.
-fn planned_params(config: &ModelConfig, request: &PlanRequest) -> (Vec<ParamInfo>, usize) {
-    let Some(hooks) = request.hooks.as_ref().filter(|h| !h.is_empty()) else {
-        return (config.params(config.n_layers, request.with_lm_head), config.n_layers);
+/// The weights the forward for `request`'s hooks reads (every hidden state's when it names
+/// none), as the forward builder declares them, with the untied lm_head when asked for; and
+/// the number of blocks built.
+fn planned_params(config: &ModelConfig, request: &PlanRequest) -> Result<(Vec<ParamInfo>, usize), PlanError> {
+    let hooks = match request.hooks.as_ref().filter(|h| !h.is_empty()) {
+        Some(hooks) => hooks.clone(),
+        None => every_hidden_state(config),
     };
-    let (blocks, final_norm) = siphon_models::forward::blocks_needed(config, hooks);
-    (siphon_models::forward::forward_params(config, blocks, final_norm, request.with_lm_head), blocks)
+    let mut params = siphon_models::forward::forward_params(config, &hooks)
+        .map_err(|e| PlanError::Request(format!("the forward for these hooks: {e}")))?;
+    if request.with_lm_head {
+        params.extend(config.params(0, true).into_iter().filter(|p| p.class == ParamClass::LmHead));
+    }
+    Ok((params, siphon_models::forward::blocks_needed(config, &hooks).0))
 }
 
 /// The plan for one concrete shape (already checked).
@@ -382,7 +387,7 @@ fn evaluate(
     request: &PlanRequest,
 ) -> Result<Plan, PlanError> {
     let mesh = shape.build(topology)?;
-    let (params, blocks) = planned_params(config, request);
+    let (params, blocks) = planned_params(config, request)?;
     let mut specs = Vec::with_capacity(params.len());
     let mut classes: Vec<ClassPlan> = Vec::new();
     let mut fallbacks: Vec<Fallback> = Vec::new();
