@@ -260,6 +260,69 @@ fn simulated_hosts_of_a_spanning_mesh_write_the_single_device_dataset() {
     }
 }
 
+/// Every file of a run but its timing, by path under the run: what must not depend on how the
+/// run was computed.
+fn dataset_files(run_dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut dirs = vec![run_dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.strip_prefix(run_dir).unwrap().to_string_lossy().into_owned();
+            if path.is_dir() && name != "timing" {
+                dirs.push(path);
+            } else if path.is_file() {
+                files.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// Steps in flight change when the work happens, never what is written: shards, manifests,
+/// statistics and run.json are byte-identical at depths 1, 2 and 3, on one device and on a
+/// mesh spanning (simulated) hosts.
+#[test]
+fn the_pipeline_depth_does_not_change_the_dataset() {
+    let s = setup(40);
+    let meshes = [
+        "--cpu-devices 1",
+        "--simulate-hosts 4 --cpu-devices 8 --mesh 2d --data 2 --fsdp 2 --model-parallel 2 --shuffle-tokens-window 3",
+    ];
+    for (m, mesh) in meshes.iter().enumerate() {
+        let mut datasets = Vec::new();
+        for depth in ["1", "2", "3"] {
+            // One output path (run.json records it), emptied for each depth.
+            let out = s.root.join(format!("mesh{m}"));
+            let _ = std::fs::remove_dir_all(&out);
+            let mut args = extract_args(&s, &out, "r");
+            args.extend(mesh.split(' ').map(str::to_string));
+            args.extend(["--pipeline-depth".into(), depth.into()]);
+            run_ok(siphon(&args), Duration::from_secs(300));
+            inspect_ok(&out.join("r"));
+            let timing = std::fs::read_dir(out.join("r/timing")).unwrap().next().unwrap().unwrap().path();
+            let timing: serde_json::Value = serde_json::from_slice(&std::fs::read(timing).unwrap()).unwrap();
+            assert_eq!(timing["depth"], depth.parse::<u64>().unwrap(), "{timing}");
+            assert!(
+                timing["path"]["copy_bytes"].as_u64().unwrap() > 0
+                    && timing["writer"]["seal_s"].as_f64().unwrap() > 0.0,
+                "{timing}"
+            );
+            datasets.push((depth, dataset_files(&out.join("r"))));
+        }
+        let (_, first) = &datasets[0];
+        assert!(
+            first.keys().any(|k| k.ends_with("manifest.jsonl")) && first.keys().any(|k| k.ends_with(".safetensors"))
+        );
+        for (depth, files) in &datasets[1..] {
+            assert_eq!(files.keys().collect::<Vec<_>>(), first.keys().collect::<Vec<_>>(), "{mesh} at depth {depth}");
+            for (name, bytes) in files {
+                assert!(*bytes == first[name], "{name} differs at depth {depth} from depth 1 ({mesh})");
+            }
+        }
+    }
+}
+
 fn manifest_lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map(|t| t.lines().filter(|l| !l.trim().is_empty()).count()).unwrap_or(0)
 }
@@ -275,8 +338,12 @@ fn a_killed_host_stops_the_other_and_a_rerun_resumes_to_the_uninterrupted_datase
     // The same job, host by host, slowed down; host 1 is killed with SIGKILL mid-run.
     let output = s.root.join("killed");
     let port = free_port();
+    // Three steps in flight (the reference ran at the default two): those in flight when the
+    // host dies are lost with it, and redone.
+    let mut args = extract_args(&s, &output, "r");
+    args.extend(["--pipeline-depth".into(), "3".into()]);
     let host = |id: usize| {
-        let mut command = host_command(&extract_args(&s, &output, "r"), id, port, 2);
+        let mut command = host_command(&args, id, port, 2);
         Guard(command.env("SIPHON_TEST_SLOW_BATCH_MS", "150").spawn().unwrap())
     };
     let host0 = host(0);
@@ -555,8 +622,11 @@ fn sigterm_stops_every_host_as_preempted_and_the_same_command_resumes() {
     let output = s.root.join("preempted");
     let manifests =
         ["machine_000_host_00", "machine_000_host_01"].map(|h| output.join("r").join(h).join("manifest.jsonl"));
-    // 1. SIGTERM to the launcher, which passes it to every host.
-    let mut command = siphon(&launch(&output));
+    // 1. SIGTERM to the launcher, which passes it to every host, three steps in flight each
+    // (the steps in flight reach the writers before the complete shards are committed).
+    let mut deeper = launch(&output);
+    deeper.extend(["--pipeline-depth".into(), "3".into()]);
+    let mut command = siphon(&deeper);
     command.env("SIPHON_TEST_SLOW_BATCH_MS", "150");
     let mut launcher = Guard(command.spawn().unwrap());
     wait_for_lines(&manifests[1], 1, &mut launcher);
@@ -614,7 +684,9 @@ fn a_preempted_spanning_job_resumes_to_the_uninterrupted_dataset() {
     let reference = s.root.join("reference");
     run_ok(siphon(&args(&reference)), Duration::from_secs(300));
     let output = s.root.join("preempted");
-    let mut command = siphon(&args(&output));
+    let mut deeper = args(&output);
+    deeper.extend(["--pipeline-depth".into(), "3".into()]);
+    let mut command = siphon(&deeper);
     command.env("SIPHON_TEST_SLOW_BATCH_MS", "150");
     let mut job = Guard(command.spawn().unwrap());
     wait_for_lines(&output.join("r/machine_000_host_02/manifest.jsonl"), 1, &mut job);

@@ -44,7 +44,7 @@ use siphon_models::forward::megatron_specs;
 use siphon_models::{
     DType, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, StoredForm, build_forward,
 };
-use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
+use siphon_runtime::{Client, CompileOptions, Download, ElementType, Executable, HostArray, ShardedArray};
 
 /// What went wrong loading or running a model.
 #[derive(Debug, thiserror::Error)]
@@ -592,6 +592,34 @@ impl Engine {
     /// rows process `i` feeds (its data groups' rows, in order), and the result `i` the
     /// activations of those rows, read back from its partitions only.
     pub fn run_processes(&self, batches: &[Batch]) -> Result<Vec<Activations>, EngineError> {
+        let launched = self.launch(batches)?;
+        (0..batches.len())
+            .map(|process| {
+                let shapes = launched.shapes(process);
+                let mut arrays: Vec<Vec<u8>> = launched.sizes(process).into_iter().map(|n| vec![0; n]).collect();
+                let download = launched.copy_into(process, arrays.iter_mut().map(Vec::as_mut_slice))?;
+                rt(|| "copying the activations to the host".into(), download.wait())?;
+                let hooks = self
+                    .hooks
+                    .iter()
+                    .zip(shapes)
+                    .zip(arrays)
+                    .map(|((&hook, shape), bytes)| {
+                        let array = HostArray::from_bytes(launched.element_type, &shape, bytes);
+                        Ok((hook, rt(|| format!("copying {hook} to the host"), array)?))
+                    })
+                    .collect::<Result<_, EngineError>>()?;
+                Ok(Activations { hooks })
+            })
+            .collect()
+    }
+
+    /// Starts one step, as [`Engine::run_processes`] does, and returns once the program is
+    /// launched: its outputs stay on the devices until [`Launched::copy_into`] copies each
+    /// process's rows into memory the caller reuses. On a plugin that runs programs
+    /// asynchronously (CUDA, TPU) the next step can be launched while this one's rows are
+    /// copied.
+    pub fn launch(&self, batches: &[Batch]) -> Result<Launched, EngineError> {
         if batches.len() != self.views.len() {
             return Err(EngineError::Batch(format!(
                 "{} batches for the {} processes this engine runs",
@@ -657,17 +685,77 @@ impl Engine {
         let out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
         let outputs =
             rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
-        let mut results = Vec::with_capacity(self.views.len());
-        for view in &self.views {
-            let wanted = view.rows(rows);
-            let mut hooks = Vec::with_capacity(outputs.len());
-            for (info, out) in program.outputs.iter().zip(&outputs) {
-                let host = if view.is_whole() { out.to_host() } else { out.rows_to_host(&wanted, &view.partitions()) };
-                hooks.push((info.hook, rt(|| format!("copying {} to the host", info.hook), host)?));
+        Ok(Launched {
+            outputs,
+            hooks: self.hooks.clone(),
+            views: self.views.clone(),
+            rows,
+            element_type: element_type(self.options.output_dtype),
+        })
+    }
+}
+
+/// One step launched on the devices ([`Engine::launch`]): the program's outputs, until each
+/// process's rows are copied to the host.
+pub struct Launched {
+    outputs: Vec<ShardedArray>,
+    hooks: Vec<HookPoint>,
+    views: Vec<HostView>,
+    /// Rows of the global batch.
+    rows: usize,
+    element_type: ElementType,
+}
+
+impl Launched {
+    /// Waits until the program has computed every output (the step's device time, when
+    /// called right after launching).
+    pub fn wait(&self) -> Result<(), EngineError> {
+        for (hook, output) in self.hooks.iter().zip(&self.outputs) {
+            for buffer in output.buffers() {
+                rt(|| format!("computing {hook}"), buffer.wait_ready())?;
             }
-            results.push(Activations { hooks });
         }
-        Ok(results)
+        Ok(())
+    }
+
+    /// The element type of every output.
+    pub fn element_type(&self) -> ElementType {
+        self.element_type
+    }
+
+    /// Each hook's shape for process `process`'s rows: `[rows, seq, *per-token shape]`.
+    pub fn shapes(&self, process: usize) -> Vec<Vec<usize>> {
+        let rows: usize = self.views[process].rows(self.rows).iter().map(|r| r.len()).sum();
+        self.outputs.iter().map(|o| std::iter::once(rows).chain(o.shape()[1..].iter().copied()).collect()).collect()
+    }
+
+    /// Each hook's bytes for process `process`'s rows: the destinations [`Launched::copy_into`]
+    /// takes.
+    pub fn sizes(&self, process: usize) -> Vec<usize> {
+        let size = self.element_type.size_in_bytes();
+        self.shapes(process).iter().map(|s| s.iter().product::<usize>() * size).collect()
+    }
+
+    /// Starts copying process `process`'s rows of every hook, read from its partitions only,
+    /// each into its destination of `dsts` (hook order, [`Launched::sizes`] bytes each).
+    pub fn copy_into<'a>(
+        &self,
+        process: usize,
+        dsts: impl IntoIterator<Item = &'a mut [u8]>,
+    ) -> Result<Download<'a>, EngineError> {
+        let view = self.views.get(process).ok_or_else(|| EngineError::Batch(format!("no process {process}")))?;
+        let (rows, from) = (view.rows(self.rows), view.partitions());
+        let mut dsts = dsts.into_iter();
+        let mut download: Option<Download<'a>> = None;
+        for (hook, output) in self.hooks.iter().zip(&self.outputs) {
+            let dst = dsts.next().ok_or_else(|| EngineError::Batch(format!("no destination for {hook}")))?;
+            let started = rt(|| format!("copying {hook} to the host"), output.rows_into(&rows, &from, dst))?;
+            download = Some(match download {
+                None => started,
+                Some(d) => d.join(started),
+            });
+        }
+        Ok(download.unwrap_or_else(Download::done))
     }
 }
 

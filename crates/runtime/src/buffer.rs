@@ -461,11 +461,40 @@ impl Buffer {
     fn start_to_host(&self) -> Result<(ElementType, Vec<usize>, Vec<u8>, *mut ffi::PJRT_Event)> {
         let element_type = self.element_type()?;
         let dims = self.dims()?;
-        let plugin = &self.client.plugin;
-        let expected = dims.iter().product::<usize>() * element_type.size_in_bytes();
-        let mut bytes = vec![0u8; expected];
-        if bytes.is_empty() {
-            return Ok((element_type, dims, bytes, std::ptr::null_mut()));
+        let mut bytes = vec![0u8; dims.iter().product::<usize>() * element_type.size_in_bytes()];
+        // SAFETY: `bytes` (whose heap block does not move when the Vec is moved) is not
+        // touched until the caller awaits the event.
+        let event = unsafe { self.start_copy(&dims, bytes.as_mut_ptr(), bytes.len()) }?;
+        Ok((element_type, dims, bytes, event))
+    }
+
+    /// Starts copying the buffer (dense, row-major) into `dst`, which must hold exactly its
+    /// bytes; the copy is done when the returned [`Download`] is waited on or dropped, and
+    /// `dst` stays borrowed until then.
+    pub fn to_host_into<'a>(&self, dst: &'a mut [u8]) -> Result<Download<'a>> {
+        let dims = self.dims()?;
+        let expected = dims.iter().product::<usize>() * self.element_type()?.size_in_bytes();
+        if dst.len() != expected {
+            return Err(Error::InvalidArgument(format!(
+                "a {}-byte destination for a {expected}-byte buffer {dims:?}",
+                dst.len()
+            )));
+        }
+        let mut download = Download::done();
+        // SAFETY: `dst` is borrowed by the download, which awaits the copy before it ends.
+        let event = unsafe { self.start_copy(&dims, dst.as_mut_ptr(), dst.len()) }?;
+        download.pending.push((Arc::clone(&self.client.plugin), event));
+        Ok(download)
+    }
+
+    /// Starts a device-to-host copy of the whole buffer (of `dims`) into `len` bytes at `dst`.
+    ///
+    /// # Safety
+    /// `dst` must hold `len` bytes that nothing reads, writes or frees until the returned event
+    /// (null when there is nothing to copy) has been awaited.
+    unsafe fn start_copy(&self, dims: &[usize], dst: *mut u8, len: usize) -> Result<*mut ffi::PJRT_Event> {
+        if len == 0 {
+            return Ok(std::ptr::null_mut());
         }
         // Ask for a dense row-major host layout: a device's own layout may be tiled or
         // permuted (TPU), and a null layout would copy that.
@@ -480,11 +509,58 @@ impl Buffer {
         let mut args: ffi::PJRT_Buffer_ToHostBuffer_Args = ffi::zeroed();
         args.src = self.raw;
         args.host_layout = &mut layout;
-        args.dst = bytes.as_mut_ptr() as *mut c_void;
-        args.dst_size = bytes.len();
-        // SAFETY: the layout lives through the call; `bytes` (whose heap block does not move
-        // when the Vec is moved) is not touched until the caller awaits the event.
-        unsafe { plugin.call(slot::Buffer_ToHostBuffer, &mut args) }?;
-        Ok((element_type, dims, bytes, args.event))
+        args.dst = dst as *mut c_void;
+        args.dst_size = len;
+        // SAFETY: the layout lives through the call; the caller keeps `dst` for the copy.
+        unsafe { self.client.plugin.call(slot::Buffer_ToHostBuffer, &mut args) }?;
+        Ok(args.event)
+    }
+}
+
+/// Device-to-host copies under way into memory they borrow ([`Buffer::to_host_into`],
+/// [`crate::ShardedArray::rows_into`]). [`Download::wait`] returns when every copy is done,
+/// with the first error; dropping it waits too, so the memory is never reused or freed under
+/// a copy.
+#[must_use = "a download must be waited on before its destination is read"]
+pub struct Download<'a> {
+    pending: Vec<(Arc<crate::plugin::Plugin>, *mut ffi::PJRT_Event)>,
+    _dst: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: PJRT events may be awaited and destroyed from any thread; the destination is a
+// `&mut [u8]`, which is Send.
+unsafe impl Send for Download<'_> {}
+
+impl<'a> Download<'a> {
+    /// A download with nothing left to wait for.
+    pub fn done() -> Download<'a> {
+        Download { pending: Vec::new(), _dst: std::marker::PhantomData }
+    }
+
+    /// One download of this one's copies and `other`'s.
+    pub fn join(mut self, mut other: Download<'a>) -> Download<'a> {
+        self.pending.append(&mut other.pending);
+        self
+    }
+
+    /// Waits for every copy; the first error, after all are done.
+    pub fn wait(mut self) -> Result<()> {
+        let mut first_error = None;
+        for (plugin, event) in self.pending.drain(..) {
+            if let Err(err) = plugin.await_event(event, "PJRT_Buffer_ToHostBuffer") {
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Download<'_> {
+    fn drop(&mut self) {
+        for (plugin, event) in self.pending.drain(..) {
+            if let Err(err) = plugin.await_event(event, "PJRT_Buffer_ToHostBuffer") {
+                tracing::warn!("a device-to-host copy dropped unawaited failed: {err}");
+            }
+        }
     }
 }

@@ -151,6 +151,8 @@ pub mod slot {
         Executable_OutputElementTypes = 90;
         Executable_OutputDimensions = 91;
         Executable_GetCompiledMemoryStats = 96;
+        Client_DmaMap = 110;
+        Client_DmaUnmap = 111;
     }
 }
 
@@ -644,6 +646,25 @@ pub struct PJRT_Buffer_ToHostBuffer_Args {
     pub event: *mut PJRT_Event,
 }
 
+// ---------------------------------------------------------------- DMA mapping (API 0.67)
+
+#[repr(C)]
+pub struct PJRT_Client_DmaMap_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub client: *mut PJRT_Client,
+    pub data: *mut c_void,
+    pub size: usize,
+}
+
+#[repr(C)]
+pub struct PJRT_Client_DmaUnmap_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub client: *mut PJRT_Client,
+    pub data: *mut c_void,
+}
+
 /// Marks the `#[repr(C)]` argument structs above: each starts with `size_t struct_size`,
 /// the field [`crate::plugin::Plugin::call`] fills in.
 ///
@@ -699,6 +720,8 @@ args_structs!(
     PJRT_Buffer_Device_Args,
     PJRT_Buffer_ReadyEvent_Args,
     PJRT_Buffer_ToHostBuffer_Args,
+    PJRT_Client_DmaMap_Args,
+    PJRT_Client_DmaUnmap_Args,
 );
 
 /// A zeroed argument struct (every field "not set"), ready for `Plugin::call`.
@@ -754,4 +777,7 @@ const _: () = {
     assert!(size_of::<PJRT_Buffer_MemoryLayout>() == 80);
     assert!(offset_of!(PJRT_Buffer_MemoryLayout, type_) == 72);
     assert!(size_of::<PJRT_Device_IsAddressable_Args>() == 32);
+    // The sizes both pinned plugins (CPU 0.106, CUDA 0.115) check.
+    assert!(size_of::<PJRT_Client_DmaMap_Args>() == 40);
+    assert!(size_of::<PJRT_Client_DmaUnmap_Args>() == 32);
 };

@@ -20,6 +20,9 @@
 //!   [`ShardedArray::to_host`]). In a multi-process job it holds this process's partitions only
 //!   ([`ShardedArray::partitions`], [`ShardedArray::local_shards_to_host`]).
 //! - [`Client::upload_many`] / [`download_many`] start every copy before waiting on any.
+//! - [`HostBuffer`] ([`Client::host_buffer`]): reused, page-aligned host memory, registered
+//!   with the device for DMA where the plugin can, that copies land in
+//!   ([`Buffer::to_host_into`], [`ShardedArray::rows_into`], each a [`Download`] to wait on).
 //! - [`diagnose`]: when a plugin cannot start ([`Error::PluginStart`]), which platform it is
 //!   for ([`PluginKind`]) and what this machine lacks for it (no TPU, no GPU, no driver).
 //! - [`KeyValueStore`]: the callbacks a multi-host client (libtpu, CUDA) exchanges topology
@@ -72,6 +75,7 @@ mod compile;
 pub mod diagnose;
 mod error;
 mod ffi;
+mod host;
 mod kernels;
 mod locate;
 mod plugin;
@@ -79,11 +83,12 @@ mod proto;
 mod sharded;
 mod signature;
 
-pub use buffer::{Buffer, ElementType, HostArray, NativeType, Upload, download_many};
+pub use buffer::{Buffer, Download, ElementType, HostArray, NativeType, Upload, download_many};
 pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore, OptionValue};
 pub use compile::{CPU_DEFAULTS, CompileOptions, CompiledMemoryStats, Executable, XlaOption};
 pub use diagnose::PluginKind;
 pub use error::{Error, ErrorCode, Result};
+pub use host::HostBuffer;
 pub use locate::{
     CPU_PLUGIN_VERSION, LocatedPlugin, PLUGIN_ENV, PluginChoice, PluginLocator, PluginSource, cpu_plugin_path_in,
     default_cpu_plugin_path, locate_plugin, siphon_cache_dir,

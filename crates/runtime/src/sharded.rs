@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::buffer::{Buffer, ElementType, HostArray, Upload, download_many};
+use crate::buffer::{Buffer, Download, ElementType, HostArray, Upload, download_many};
 use crate::client::Client;
 use crate::compile::Executable;
 use crate::error::{Error, Result};
@@ -243,6 +243,77 @@ impl ShardedArray {
         let shape: Vec<usize> =
             std::iter::once(rows.iter().map(Range::len).sum()).chain(rest.iter().copied()).collect();
         HostArray::from_bytes(self.element_type, &shape, bytes)
+    }
+
+    /// [`ShardedArray::rows_to_host`] into `dst` (which must hold exactly those rows) instead
+    /// of new memory: where each slice the partitions `from` hold is whole rows inside the
+    /// requested ones (an output split by rows over `data`, or replicated), every slice is
+    /// copied straight to its place in `dst`, all at once; otherwise the rows are assembled
+    /// first and copied in.
+    pub fn rows_into<'a>(&self, rows: &[Range<usize>], from: &[usize], dst: &'a mut [u8]) -> Result<Download<'a>> {
+        let Some((_, rest)) = self.shape.split_first() else {
+            return Err(Error::InvalidArgument("rows of a scalar array".into()));
+        };
+        let row_bytes = rest.iter().product::<usize>() * self.element_type.size_in_bytes();
+        let wanted: usize = rows.iter().map(Range::len).sum();
+        if dst.len() != wanted * row_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "a {}-byte destination for {wanted} rows of {row_bytes} bytes",
+                dst.len()
+            )));
+        }
+        // Where row `row` goes in `dst`, counted in rows, if it is requested.
+        let place = |row: usize| {
+            let mut before = 0;
+            for r in rows {
+                if r.contains(&row) {
+                    return Some(before + row - r.start);
+                }
+                before += r.len();
+            }
+            None
+        };
+        // Each distinct slice meeting a requested row, with its buffer and its place.
+        struct Piece<'b> {
+            ranges: Vec<Range<usize>>,
+            buffer: &'b Buffer,
+            /// The row of `dst` it starts at, when it can be copied there as it is.
+            at: Option<usize>,
+        }
+        let mut pieces: Vec<Piece<'_>> = Vec::new();
+        for &partition in from {
+            let buffer = self
+                .buffer(partition)
+                .ok_or_else(|| Error::InvalidArgument(format!("partition {partition} is not held by this process")))?;
+            let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
+            let meets = rows.iter().any(|r| r.start < ranges[0].end && ranges[0].start < r.end);
+            if meets && !pieces.iter().any(|p| p.ranges == ranges) {
+                let whole_rows = ranges[1..].iter().zip(rest).all(|(r, &n)| *r == (0..n));
+                let inside = rows.iter().any(|r| r.start <= ranges[0].start && ranges[0].end <= r.end);
+                let at = (whole_rows && inside).then(|| place(ranges[0].start)).flatten();
+                pieces.push(Piece { ranges, buffer, at });
+            }
+        }
+        let covered: usize = pieces.iter().map(|p| p.ranges[0].len()).sum();
+        if covered != wanted || pieces.iter().any(|p| p.at.is_none()) {
+            let array = self.rows_to_host(rows, from)?;
+            dst.copy_from_slice(array.bytes());
+            return Ok(Download::done());
+        }
+        // Disjoint slices of `dst`, one per piece, in order of place.
+        pieces.sort_by_key(|p| p.at);
+        let mut download = Download::done();
+        let mut rest_of_dst = dst;
+        let mut offset = 0;
+        for Piece { ranges, buffer, at } in pieces {
+            let start = at.expect("checked above") * row_bytes;
+            let (_, tail) = std::mem::take(&mut rest_of_dst).split_at_mut(start - offset);
+            let (piece, tail) = tail.split_at_mut(ranges[0].len() * row_bytes);
+            download = download.join(buffer.to_host_into(piece)?);
+            rest_of_dst = tail;
+            offset = start + ranges[0].len() * row_bytes;
+        }
+        Ok(download)
     }
 
     /// One array from the shards of several processes' views of it (disjoint partitions of

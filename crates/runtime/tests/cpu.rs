@@ -403,6 +403,46 @@ fn per_process_shares_upload_merge_and_read_back_their_rows() {
     assert!(client.upload_partitions(&x, &spec, &mesh, vec![3, 2]).is_err());
 }
 
+/// Copies into reused host buffers: rows split over `data` land straight in their places,
+/// replicated and column-split arrays through the assembling path, a wrong size is refused.
+#[test]
+fn rows_copy_into_reused_host_buffers() {
+    let client = client();
+    let mesh = Mesh::new(&[("data", 4), ("model", 2)], (0..8).collect()).unwrap();
+    let x = HostArray::from_slice(&[8, 6], &iota(48, 1.0)).unwrap();
+    let all: Vec<usize> = (0..8).collect();
+    let mut buffer = client.host_buffer(48 * 4).unwrap();
+    // The CPU plugin has no DMA mapping: plain memory.
+    assert!(!buffer.is_pinned());
+    assert_eq!(buffer.len(), 192);
+    for spec in [
+        PartitionSpec::new(&[&["data"], &[]]),
+        PartitionSpec::replicated(2),
+        PartitionSpec::new(&[&["data"], &["model"]]),
+    ] {
+        let sharded = client.upload_sharded(&x, &spec, &mesh).unwrap();
+        buffer.as_mut_slice().fill(0xff);
+        sharded.rows_into(std::slice::from_ref(&(0..8)), &all, buffer.as_mut_slice()).unwrap().wait().unwrap();
+        assert_eq!(buffer.as_slice(), x.bytes(), "{spec}");
+        // Some rows, in the order asked, into a smaller buffer (reused twice).
+        let mut part = client.host_buffer(3 * 6 * 4).unwrap();
+        for _ in 0..2 {
+            part.as_mut_slice().fill(0);
+            sharded.rows_into(&[6..8, 2..3], &all, part.as_mut_slice()).unwrap().wait().unwrap();
+            let want: Vec<u8> = [&x.bytes()[6 * 24..8 * 24], &x.bytes()[2 * 24..3 * 24]].concat();
+            assert_eq!(part.as_slice(), want, "{spec}");
+        }
+        let err = sharded.rows_into(std::slice::from_ref(&(0..8)), &all, part.as_mut_slice()).err().unwrap();
+        assert!(err.to_string().contains("72-byte destination for 8 rows of 24 bytes"), "{err}");
+    }
+    // One buffer, straight.
+    let one = client.upload(&x, 3).unwrap();
+    buffer.as_mut_slice().fill(0);
+    one.to_host_into(buffer.as_mut_slice()).unwrap().wait().unwrap();
+    assert_eq!(buffer.as_slice(), x.bytes());
+    assert!(one.to_host_into(&mut [0u8; 4]).is_err());
+}
+
 #[test]
 fn sharded_helpers_reject_mismatches() {
     let client = client();

@@ -4,6 +4,7 @@
 //! hook activations as raw little-endian host memory plus the per-token bookkeeping the data
 //! crate produced, and an opaque resume position.
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StoreError};
@@ -62,8 +63,11 @@ pub struct HookActivations {
     /// per-head hooks, `[1]` for `hook_scale`, `[n_heads, seq]` for attention-pattern rows.
     /// Non-empty, no zero dimension. Shards store the hook as `[tokens, *shape]`.
     pub shape: Vec<usize>,
-    /// `batch * seq * row_elements() * dtype.size()` bytes.
-    pub data: Vec<u8>,
+    /// `batch * seq * row_elements() * dtype.size()` bytes. Any owner's memory (a `Vec`, or
+    /// a reused host buffer through `Bytes::from_owner`): the writer copies the rows it keeps
+    /// into the shard as soon as it takes the batch (the whole shuffle window's, with a
+    /// shuffle), then drops it.
+    pub data: Bytes,
 }
 
 impl HookActivations {

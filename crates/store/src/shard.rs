@@ -1,10 +1,10 @@
 //! Shard assembly (token selection, shuffle, dtype conversion) and the safetensors encoding.
 //!
-//! A shard is built column-wise. A hook column is a list of `Bytes` slices: when the stored
-//! dtype is the engine's and there is no shuffle, the slices are runs of included rows of the
-//! batches' own buffers (no copy); otherwise rows are converted/permuted into a new buffer per
-//! unit. Sealing writes the safetensors header and hands out the header plus all slices as
-//! separate chunks, so the shard's bytes are never assembled into one file image before upload.
+//! A shard is built column-wise: each hook's kept rows, in shard order and the stored dtype,
+//! are appended to one buffer the shard owns, so a batch's own memory (often a reused host
+//! buffer the compute loop waits for) is free as soon as its unit is added. Sealing writes
+//! the safetensors header and hands out the header plus each tensor as separate chunks, so
+//! the shard's bytes are never assembled into one file image before upload.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -99,23 +99,13 @@ pub(crate) struct ShardBuilder {
     data_position_after: serde_json::Value,
 }
 
-/// One hook's rows in shard order, as slices of whole rows.
+/// One hook's rows in shard order, in the stored dtype.
 struct HookColumn {
     /// Per-token shape.
     shape: Vec<usize>,
     /// Elements per row: the product of `shape`.
     width: usize,
-    chunks: Vec<Bytes>,
-    bytes: usize,
-}
-
-impl HookColumn {
-    fn push(&mut self, chunk: Bytes) {
-        if !chunk.is_empty() {
-            self.bytes += chunk.len();
-            self.chunks.push(chunk);
-        }
-    }
+    data: Vec<u8>,
 }
 
 impl ShardBuilder {
@@ -144,11 +134,11 @@ impl ShardBuilder {
     pub fn data_bytes(&self) -> u64 {
         let meta = self.token_ids.len()
             * (4 + 8 + 4 + 8 + usize::from(self.format.keep_excluded) + usize::from(self.format.roles));
-        (self.hooks.iter().map(|c| c.bytes).sum::<usize>() + meta) as u64
+        (self.hooks.iter().map(|c| c.data.len()).sum::<usize>() + meta) as u64
     }
 
     /// Appends one unit (a batch, or a shuffle window of batches) whose samples are contiguous.
-    pub fn add_unit(&mut self, mut unit: Vec<BatchActivations>) -> Result<()> {
+    pub fn add_unit(&mut self, unit: Vec<BatchActivations>) -> Result<()> {
         let Some(first) = unit.first() else {
             return Ok(());
         };
@@ -156,7 +146,12 @@ impl ShardBuilder {
             self.hooks = first
                 .hooks
                 .iter()
-                .map(|h| HookColumn { shape: h.shape.clone(), width: h.row_elements(), chunks: Vec::new(), bytes: 0 })
+                .map(|h| {
+                    // About a shard's share of this hook, so that the column rarely grows.
+                    let share = self.format.target_shard_bytes / first.hooks.len().max(1) as u64;
+                    let data = Vec::with_capacity(share.min(1 << 30) as usize);
+                    HookColumn { shape: h.shape.clone(), width: h.row_elements(), data }
+                })
                 .collect();
         }
         for batch in &unit {
@@ -200,38 +195,20 @@ impl ShardBuilder {
         }
         let out_dtype = self.format.dtype;
         for (h, column) in self.hooks.iter_mut().enumerate() {
-            let zero_copy = self.format.shuffle.is_none() && unit.iter().all(|b| b.hooks[h].dtype == out_dtype);
-            if zero_copy {
-                // Runs of consecutive included rows become slices of the batch buffers.
-                let row_bytes = column.width * out_dtype.size();
-                for (b, batch) in unit.iter_mut().enumerate() {
-                    let buffer = Bytes::from(std::mem::take(&mut batch.hooks[h].data));
-                    let mut run: Option<(usize, usize)> = None;
-                    for &(ob, t) in order.iter().filter(|(ob, _)| *ob as usize == b) {
-                        debug_assert_eq!(ob as usize, b);
-                        let t = t as usize;
-                        run = match run {
-                            Some((start, end)) if end == t => Some((start, t + 1)),
-                            Some((start, end)) => {
-                                column.push(buffer.slice(start * row_bytes..end * row_bytes));
-                                Some((t, t + 1))
-                            }
-                            None => Some((t, t + 1)),
-                        };
-                    }
-                    if let Some((start, end)) = run {
-                        column.push(buffer.slice(start * row_bytes..end * row_bytes));
-                    }
+            column.data.reserve(order.len() * column.width * out_dtype.size());
+            // Runs of consecutive rows of one batch are copied (and converted) together.
+            let mut i = 0;
+            while i < order.len() {
+                let (b, t) = order[i];
+                let mut end = i + 1;
+                while end < order.len() && order[end] == (b, t + (end - i) as u32) {
+                    end += 1;
                 }
-            } else {
-                let mut out = Vec::with_capacity(order.len() * column.width * out_dtype.size());
-                for &(b, t) in &order {
-                    let hook = &unit[b as usize].hooks[h];
-                    let row_bytes = column.width * hook.dtype.size();
-                    let row = &hook.data[t as usize * row_bytes..(t as usize + 1) * row_bytes];
-                    convert_row(hook.dtype, row, out_dtype, &mut out);
-                }
-                column.push(Bytes::from(out));
+                let hook = &unit[b as usize].hooks[h];
+                let row_bytes = column.width * hook.dtype.size();
+                let rows = &hook.data[t as usize * row_bytes..(t as usize + end - i) * row_bytes];
+                convert_rows(hook.dtype, rows, out_dtype, &mut column.data);
+                i = end;
             }
         }
         let unit = &unit;
@@ -278,14 +255,7 @@ impl ShardBuilder {
         let mut stats = RunStats::new();
         for (column, name) in hooks.iter().zip(&identity.hooks) {
             let mut acc = StatsAccumulator::new(dtype, &column.shape);
-            let row_bytes = column.width * dtype.size();
-            let mut row = 0;
-            for chunk in &column.chunks {
-                let rows = chunk.len() / row_bytes;
-                let mask = format.keep_excluded.then(|| &mask[row..row + rows]);
-                acc.add_rows(chunk, mask);
-                row += rows;
-            }
+            acc.add_rows(&column.data, format.keep_excluded.then_some(&mask[..]));
             stats.insert(name.clone(), acc.finish());
         }
 
@@ -301,7 +271,7 @@ impl ShardBuilder {
                 let mut shape = Vec::with_capacity(1 + column.shape.len());
                 shape.push(tokens);
                 shape.extend_from_slice(&column.shape);
-                (name.clone(), dtype.safetensors_name(), shape, column.chunks)
+                (name.clone(), dtype.safetensors_name(), shape, vec![Bytes::from(column.data)])
             })
             .collect();
         if dtype == ActivationDtype::F32 {
@@ -466,8 +436,8 @@ fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> 
     Bytes::from(out)
 }
 
-/// Appends one row converted from `src_dtype` to `dst_dtype` (little-endian both sides).
-fn convert_row(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDtype, dst: &mut Vec<u8>) {
+/// Appends rows converted from `src_dtype` to `dst_dtype` (little-endian both sides).
+fn convert_rows(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDtype, dst: &mut Vec<u8>) {
     if src_dtype == dst_dtype {
         dst.extend_from_slice(src);
         return;

@@ -96,7 +96,12 @@ impl SyntheticSpec {
                         }
                     }
                 }
-                HookActivations { hook: name.clone(), dtype: ActivationDtype::F32, shape: self.shapes[h].clone(), data }
+                HookActivations {
+                    hook: name.clone(),
+                    dtype: ActivationDtype::F32,
+                    shape: self.shapes[h].clone(),
+                    data: data.into(),
+                }
             })
             .collect();
         BatchActivations {

@@ -40,6 +40,25 @@ use crate::upload::upload_object;
 /// Shards uploading at the same time (their parts share the request limit).
 const CONCURRENT_SHARD_UPLOADS: usize = 2;
 
+/// Busy seconds and bytes of the writer's stages, summed over what it took so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WriterTiming {
+    /// Taking batches in: the kept rows selected (shuffled) and converted into the shard.
+    pub convert_s: f64,
+    /// Bytes of activations taken in.
+    pub convert_bytes: u64,
+    /// Sealing shards: statistics, header and sha256.
+    pub seal_s: f64,
+    /// Bytes of shards sealed.
+    pub seal_bytes: u64,
+    /// Uploading shards and committing them (manifest and statistics), each shard's time from
+    /// its upload's start to its commit (shards upload side by side, so this may exceed the
+    /// wall-clock time).
+    pub upload_s: f64,
+    /// Bytes of shards committed.
+    pub upload_bytes: u64,
+}
+
 /// What one host wrote, returned by [`ShardWriter::finish`].
 #[derive(Debug, Clone)]
 pub struct HostSummary {
@@ -59,6 +78,8 @@ pub struct HostSummary {
     pub stats: RunStats,
     /// Bytes committed.
     pub bytes: u64,
+    /// Where the writer's time went this session.
+    pub timing: WriterTiming,
 }
 
 /// One host's shard writer: blocking API, background assembly and upload.
@@ -93,6 +114,7 @@ pub struct ShardWriter {
     next_sample: u64,
     /// Set by [`ShardWriter::stop`]: the assembler drops the partial window and shard.
     drop_partial: Arc<AtomicBool>,
+    timing: Arc<Mutex<WriterTiming>>,
 }
 
 impl ShardWriter {
@@ -127,6 +149,7 @@ impl ShardWriter {
         tracing::info!(host = %config.host.dir_name(), next_shard = resume.next_shard, next_sample = resume.next_sample, "store opened");
 
         let failure = Arc::new(Mutex::new(None));
+        let timing = Arc::new(Mutex::new(WriterTiming::default()));
         let (batch_tx, batch_rx) = sync_channel(config.queue_batches);
         let (shard_tx, shard_rx) = mpsc::channel(config.pending_shards.max(1));
         let identity = ShardIdentity {
@@ -143,6 +166,7 @@ impl ShardWriter {
             requests: Arc::new(Semaphore::new(config.upload.concurrency)),
             lines: state.lines,
             stats: state.stats,
+            timing: Arc::clone(&timing),
         };
         let committer_failure = Arc::clone(&failure);
         let committer = runtime.spawn(async move {
@@ -157,10 +181,19 @@ impl ShardWriter {
         let next_shard = resume.next_shard;
         let drop_partial = Arc::new(AtomicBool::new(false));
         let assembler_drop_partial = Arc::clone(&drop_partial);
+        let assembler_timing = Arc::clone(&timing);
         let assembler = std::thread::Builder::new()
             .name("siphon-store-assembler".into())
             .spawn(move || {
-                let result = assemble(batch_rx, shard_tx, identity, format, next_shard, &assembler_drop_partial);
+                let result = assemble(
+                    batch_rx,
+                    shard_tx,
+                    identity,
+                    format,
+                    next_shard,
+                    &assembler_drop_partial,
+                    &assembler_timing,
+                );
                 if let Err(e) = &result {
                     record_failure(&assembler_failure, e);
                 }
@@ -179,7 +212,18 @@ impl ShardWriter {
             shapes_recorded: !descriptor.hook_shapes.is_empty(),
             shapes: descriptor.hook_shapes,
             drop_partial,
+            timing,
         })
+    }
+
+    /// The run's hooks, in the order every batch must hold them.
+    pub fn hooks(&self) -> &[String] {
+        &self.hooks
+    }
+
+    /// Where the writer's time went so far (see [`HostSummary::timing`] for the whole run).
+    pub fn timing(&self) -> WriterTiming {
+        self.timing.lock().map(|t| *t).unwrap_or_default()
     }
 
     /// Where the data stream must resume: the first batch pushed must start at
@@ -353,22 +397,49 @@ fn assemble(
     format: crate::config::ShardFormat,
     mut next_shard: u64,
     drop_partial: &AtomicBool,
+    timing: &Mutex<WriterTiming>,
 ) -> Result<()> {
     let window_batches = format.shuffle.map_or(1, |s| s.window_batches);
     let target = format.target_shard_bytes;
     let mut window: Vec<BatchActivations> = Vec::with_capacity(window_batches);
     let mut builder = ShardBuilder::new(identity.clone(), format.clone(), next_shard);
+    let add = |builder: &mut ShardBuilder, unit: Vec<BatchActivations>| {
+        let start = std::time::Instant::now();
+        let bytes: usize = unit.iter().flat_map(|b| &b.hooks).map(|h| h.data.len()).sum();
+        builder.add_unit(unit)?;
+        if let Ok(mut t) = timing.lock() {
+            t.convert_s += start.elapsed().as_secs_f64();
+            t.convert_bytes += bytes as u64;
+        }
+        Ok::<(), StoreError>(())
+    };
+    let seal = |builder: ShardBuilder| {
+        let start = std::time::Instant::now();
+        let shard = builder.seal()?;
+        if let Ok(mut t) = timing.lock() {
+            t.seal_s += start.elapsed().as_secs_f64();
+            t.seal_bytes += shard.bytes;
+        }
+        Ok::<SealedShard, StoreError>(shard)
+    };
     let send =
         |shard: SealedShard| shards.blocking_send(shard).map_err(|_| StoreError::Background("uploader stopped".into()));
-    for batch in batches.iter() {
+    for mut batch in batches.iter() {
+        if window_batches > 1 {
+            // A window holds its batches until it is full: keep their rows in memory of our
+            // own, so that the caller's buffers are free as soon as the batch is taken.
+            for hook in &mut batch.hooks {
+                hook.data = bytes::Bytes::copy_from_slice(&hook.data);
+            }
+        }
         window.push(batch);
         if window.len() == window_batches {
-            builder.add_unit(std::mem::replace(&mut window, Vec::with_capacity(window_batches)))?;
+            add(&mut builder, std::mem::replace(&mut window, Vec::with_capacity(window_batches)))?;
             if builder.data_bytes() >= target {
                 next_shard += 1;
                 let full =
                     std::mem::replace(&mut builder, ShardBuilder::new(identity.clone(), format.clone(), next_shard));
-                send(full.seal()?)?;
+                send(seal(full)?)?;
             }
         }
     }
@@ -377,9 +448,9 @@ fn assemble(
         return Ok(());
     }
     // Input closed: a partial window and a partial shard are still part of the dataset.
-    builder.add_unit(window)?;
+    add(&mut builder, window)?;
     if !builder.is_empty() {
-        send(builder.seal()?)?;
+        send(seal(builder)?)?;
     }
     Ok(())
 }
@@ -393,6 +464,7 @@ struct Committer {
     requests: Arc<Semaphore>,
     lines: Vec<ManifestLine>,
     stats: RunStats,
+    timing: Arc<Mutex<WriterTiming>>,
 }
 
 impl Committer {
@@ -405,7 +477,15 @@ impl Committer {
                     Some(shard) => uploads.push_back(self.upload_shard(shard)),
                     None => input_open = false,
                 },
-                Some(uploaded) = uploads.next(), if !uploads.is_empty() => self.commit(uploaded?).await?,
+                Some(uploaded) = uploads.next(), if !uploads.is_empty() => {
+                    let (shard, start) = uploaded?;
+                    let bytes = shard.bytes;
+                    self.commit(shard).await?;
+                    if let Ok(mut t) = self.timing.lock() {
+                        t.upload_s += start.elapsed().as_secs_f64();
+                        t.upload_bytes += bytes;
+                    }
+                }
                 else => break,
             }
             if !input_open && uploads.is_empty() {
@@ -421,22 +501,27 @@ impl Committer {
             data_position: self.lines.last().map(|l| l.data_position_after.clone()),
             bytes: self.lines.iter().map(|l| l.bytes).sum(),
             stats: self.stats,
+            timing: self.timing.lock().map(|t| *t).unwrap_or_default(),
         })
     }
 
-    fn upload_shard(&self, shard: SealedShard) -> impl Future<Output = Result<SealedShard>> + use<> {
+    fn upload_shard(
+        &self,
+        shard: SealedShard,
+    ) -> impl Future<Output = Result<(SealedShard, std::time::Instant)>> + use<> {
         let store = Arc::clone(self.location.store());
         let path = self.location.shard(&self.run, self.host, shard.index);
         let local = self.location.local_dir().filter(|_| self.upload.fsync_local).map(|d| d.join(path.as_ref()));
         let upload = self.upload.clone();
         let requests = Arc::clone(&self.requests);
         async move {
+            let start = std::time::Instant::now();
             failpoint::hit(Failpoint::BeforeUpload, shard.index);
             upload_object(&store, &path, &shard.chunks, &upload, &requests, shard.index).await?;
             if let Some(local) = local {
                 sync_file(local).await?;
             }
-            Ok(shard)
+            Ok((shard, start))
         }
     }
 

@@ -15,7 +15,7 @@ use siphon_mesh::HostView;
 use siphon_models::{HookPoint, LoadedModel, ModelConfig};
 use siphon_plan::{PlanRequest, Topology};
 use siphon_runtime::PluginKind;
-use siphon_store::{ActivationDtype, HookActivations};
+use siphon_store::ActivationDtype;
 
 use super::RunSpec;
 
@@ -201,8 +201,8 @@ pub struct Compute {
     output_dtype: ActivationDtype,
     /// Rows each member feeds per step: its reader's share of `--batch-size`.
     reader_rows: usize,
-    // Keeps the plugin's client alive as long as the engine's buffers.
-    _client: siphon_runtime::Client,
+    // Keeps the plugin's client alive as long as the engine's buffers; makes host buffers.
+    client: siphon_runtime::Client,
 }
 
 /// The coordinator's key-value store as the PJRT client's (the CUDA plugin exchanges its
@@ -335,7 +335,7 @@ impl Compute {
             reader_of,
             output_dtype: activation_dtype(&spec.dtype)?,
             reader_rows,
-            _client: client,
+            client,
         })
     }
 
@@ -380,14 +380,15 @@ impl Compute {
         serde_json::to_value(&self.mesh).unwrap_or(serde_json::Value::Null)
     }
 
-    /// Runs one step: `batches[i]` is member `i`'s batch (`None` once its reader's slice is
-    /// done: fully masked rows, whose outputs are dropped). Returns each member's hook
-    /// activations, `[rows*seq, *per-token shape]` each in hook order.
+    /// Launches one step: `batches[i]` is member `i`'s batch (`None` once its reader's slice
+    /// is done: fully masked rows, whose outputs are never read). Returns once the program is
+    /// launched ([`siphon_engine::Engine::launch`]); member `i`'s rows are read back as the
+    /// engine's process `i`.
     ///
     /// A stream's last batch may be short: it is filled up with fully masked rows to the
     /// compiled batch size (one compiled shape, a batch the data axis always splits), and
     /// their outputs are dropped.
-    pub fn run(&self, batches: &[Option<&siphon_data::Batch>]) -> anyhow::Result<Vec<Vec<HookActivations>>> {
+    pub fn launch(&self, batches: &[Option<&siphon_data::Batch>]) -> anyhow::Result<siphon_engine::Launched> {
         let seq = batches.iter().flatten().map(|b| b.seq_len).next().context("a step without any batch")?;
         let inputs = batches
             .iter()
@@ -404,25 +405,30 @@ impl Compute {
                 siphon_engine::Batch::new(ids, Some(mask))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let outputs = self.engine.run_processes(&inputs)?;
-        batches
+        Ok(self.engine.launch(&inputs)?)
+    }
+
+    /// One step's host buffers, `[member][hook]` bytes at `seq` tokens a row: a member that
+    /// writes reads back its reader's rows of every hook, one that does not reads nothing.
+    pub fn slot_sizes(&self, seq: usize) -> Vec<Vec<usize>> {
+        let per_row: Vec<usize> = self.hook_shapes(seq).iter().map(|s| s.iter().product::<usize>() * seq).collect();
+        self.members
             .iter()
-            .zip(outputs)
-            .map(|(batch, activations)| {
-                let rows = batch.map_or(0, |b| b.len());
-                activations
-                    .hooks
-                    .into_iter()
-                    .map(|(hook, array)| {
-                        let shape =
-                            array.shape().get(2..).context("hook output without per-token dimensions")?.to_vec();
-                        let mut data = array.into_bytes();
-                        data.truncate(rows * seq * shape.iter().product::<usize>() * self.output_dtype.size());
-                        Ok(HookActivations { hook: hook.to_string(), dtype: self.output_dtype, shape, data })
-                    })
-                    .collect()
+            .map(|m| match m.writes {
+                true => per_row.iter().map(|n| n * self.reader_rows * self.output_dtype.size()).collect(),
+                false => Vec::new(),
             })
             .collect()
+    }
+
+    /// Host memory for copies from the devices, pinned for DMA where the plugin can.
+    pub fn host_buffer(&self, len: usize) -> anyhow::Result<siphon_runtime::HostBuffer> {
+        self.client.host_buffer(len).context("cannot allocate a host buffer for the activations")
+    }
+
+    /// The stored dtype the program returns.
+    pub fn output_dtype(&self) -> ActivationDtype {
+        self.output_dtype
     }
 }
 

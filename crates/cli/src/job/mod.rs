@@ -28,6 +28,7 @@
 mod compute;
 mod fetch;
 mod options;
+mod pipeline;
 pub mod progress;
 mod timing;
 
@@ -168,14 +169,11 @@ struct Prepared {
     plugin: siphon_runtime::LocatedPlugin,
 }
 
-/// One member's share of the loop: the stream of its reader's corpus slice and, for a
-/// writing member, its shard writer.
+/// One member's share of the loop: the stream of its reader's corpus slice (its writer, if
+/// it writes, is the pipeline's [`pipeline::Sink`]).
 struct Lane {
     member: compute::Member,
-    host: HostId,
     stream: siphon_data::BatchStream,
-    /// The writer, and the tokens its host had committed before this session.
-    writer: Option<(ShardWriter, u64)>,
     done: bool,
 }
 
@@ -249,7 +247,8 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     }
     coord.barrier("resume-points", BARRIER_TIMEOUT)?;
     let mut lanes = Vec::new();
-    for member in compute.members() {
+    let mut sinks = Vec::new();
+    for (process, member) in compute.members().iter().enumerate() {
         let key = format!("position/{}/{}/{}", run_name, host.machine, member.reader);
         let position: Option<serde_json::Value> = serde_json::from_slice(&coord.kv_get(&key, BARRIER_TIMEOUT)?)?;
         let mut stream_config = options.corpus.stream_config(
@@ -267,13 +266,8 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
             let (_, writer, resumed) = writers.remove(i);
             (writer, resumed)
         });
-        lanes.push(Lane {
-            member: *member,
-            host: HostId { machine: host.machine, host: member.process },
-            stream: corpus.stream(tokenizer.clone(), stream_config)?,
-            writer,
-            done: false,
-        });
+        lanes.push(Lane { member: *member, stream: corpus.stream(tokenizer.clone(), stream_config)?, done: false });
+        sinks.push(pipeline::Sink { writer, process, host: HostId { machine: host.machine, host: member.process } });
     }
 
     // 8. The loop.
@@ -284,8 +278,20 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let mut progress =
         Progress::new(host, budget_batches.map(|b| b * (compute.reader_rows() * spec.corpus.seq_len) as u64));
     progress.resumed(committed_tokens);
+    // The output path: `--pipeline-depth` steps' worth of reused host buffers (pipeline.rs).
+    let sizes = compute.slot_sizes(spec.corpus.seq_len);
+    let slots = (0..options.pipeline_depth)
+        .map(|_| pipeline::Slot::new(&sizes, |n| compute.host_buffer(n)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    tracing::info!(
+        depth = slots.len(),
+        bytes_per_step = sizes.iter().flatten().sum::<usize>(),
+        pinned = slots.first().is_some_and(pipeline::Slot::pinned),
+        "host buffers ready"
+    );
+    let writes = sinks.iter().any(|sink| sink.writer.is_some());
+    let mut pipeline = pipeline::Pipeline::start(slots, sinks, compute.output_dtype(), spec.chat_template.is_some())?;
     let started = Instant::now();
-    let mut compute_time = Duration::ZERO;
     // Test hook: slows the loop down so that tests can kill a host mid-run.
     let slow_batch =
         std::env::var("SIPHON_TEST_SLOW_BATCH_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
@@ -325,23 +331,28 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
             }
             Err(err) => return Err(err),
         }
-        let t = Instant::now();
-        let hooks = compute.run(&batches.iter().map(Option::as_ref).collect::<Vec<_>>())?;
-        compute_time += t.elapsed();
+        // A slot frees up when the writers have taken an earlier step; if the output path
+        // failed instead, its error is the job's.
+        let Ok(slot) = pipeline.slot() else { return Err(output_path_failed(pipeline)) };
+        let launched_at = Instant::now();
+        let launched = compute.launch(&batches.iter().map(Option::as_ref).collect::<Vec<_>>())?;
         // Progress counts what this process writes, or, writing nothing, what it feeds.
-        let writes = lanes.iter().any(|lane| lane.writer.is_some());
-        for (i, ((lane, batch), hooks)) in lanes.iter_mut().zip(&batches).zip(hooks).enumerate() {
-            let Some(batch) = batch else { continue };
-            if let Some((writer, _)) = &mut lane.writer {
-                writer.push(to_store_batch(batch, hooks, spec.chat_template.is_some())?)?;
-            }
-            if lane.writer.is_some() || (!writes && i == 0) {
-                progress.batch((batch.len() * batch.seq_len) as u64);
+        let bound = pipeline.timing().bound();
+        for ((lane, batch), process) in lanes.iter().zip(&batches).zip(0..) {
+            if let Some(batch) = batch
+                && (lane.member.writes || (!writes && process == 0))
+            {
+                progress.batch((batch.len() * batch.seq_len) as u64, bound);
             }
         }
+        if pipeline.send(pipeline::Step { launched, slot, batches, launched_at }).is_err() {
+            return Err(output_path_failed(pipeline));
+        }
     }
+    // Every step in flight reaches its writers first.
+    let (sinks, path) = pipeline.finish()?;
     let writing: Vec<(HostId, ShardWriter, u64)> =
-        lanes.into_iter().filter_map(|lane| lane.writer.map(|(w, resumed)| (lane.host, w, resumed))).collect();
+        sinks.into_iter().filter_map(|sink| sink.writer.map(|(w, resumed)| (sink.host, w, resumed))).collect();
     if preempted {
         // Commit the shards the pushed batches complete; the partial one is redone on resume.
         stop.start_deadline();
@@ -358,20 +369,25 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     for (host, writer, resumed) in writing {
         let summary = writer.finish()?;
         progress.finish(&summary);
+        let seconds = started.elapsed().as_secs_f64();
         tracing::info!(
             host = host.host,
             shards = summary.shards,
             tokens = summary.tokens,
             kept = summary.included_tokens,
-            seconds = started.elapsed().as_secs_f64(),
-            compute_seconds = compute_time.as_secs_f64(),
+            seconds,
+            program_seconds = path.program_s,
+            bound = %path.bound(),
             "host finished"
         );
         let timing = timing::HostTiming {
             host: host.dir_name(),
             tokens: summary.tokens.saturating_sub(resumed),
-            seconds: started.elapsed().as_secs_f64(),
-            compute_seconds: compute_time.as_secs_f64(),
+            seconds,
+            compute_seconds: path.program_s,
+            depth: options.pipeline_depth,
+            path,
+            writer: summary.timing,
         };
         timing::write_timing(&spec.output, &run_name, host, &timing).context("cannot write the host's timing")?;
     }
@@ -445,6 +461,15 @@ fn fingerprint(tokens: &[u32]) -> u64 {
         .iter()
         .flat_map(|t| t.to_le_bytes())
         .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Why the output path stopped taking steps: the drain thread's error (a copy or a writer
+/// failed).
+fn output_path_failed(pipeline: pipeline::Pipeline) -> anyhow::Error {
+    match pipeline.finish() {
+        Err(err) => err.context("writing the activations failed"),
+        Ok(_) => anyhow::anyhow!("the output path stopped taking steps"),
+    }
 }
 
 /// The store's view of a batch: token metadata from the data path (with each token's role,

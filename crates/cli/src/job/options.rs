@@ -66,6 +66,12 @@ pub struct ExtractOptions {
     /// Keep excluded tokens (BOS/pad/...) in the shards, with a `mask` tensor.
     #[arg(long, help_heading = "Output")]
     pub keep_excluded: bool,
+    /// Steps in flight: while one step's program runs, the activations of up to this many
+    /// earlier ones are copied to the host, converted and written (each step's host buffers
+    /// are reused). 1 runs each step's program, copy and hand-over to the writer in turn. The
+    /// shards are the same at any depth.
+    #[arg(long, value_name = "STEPS", default_value_t = super::pipeline::DEFAULT_DEPTH, help_heading = "Output")]
+    pub pipeline_depth: usize,
     /// Seconds a write to the output may keep failing (the store down or throttling, requests
     /// stalled; retried with backoff) before the job fails; committed shards are kept.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0, help_heading = "Output")]
@@ -204,6 +210,9 @@ impl ExtractOptions {
         }
         if !(self.store_timeout > 0.0 && self.store_timeout.is_finite()) {
             bail!("--store-timeout must be a positive number of seconds");
+        }
+        if self.pipeline_depth == 0 {
+            bail!("--pipeline-depth must be at least 1 step");
         }
         if self.shuffle_tokens_window == Some(0) {
             bail!("--shuffle-tokens-window must be at least 1 batch");

@@ -31,6 +31,29 @@ pub struct Report {
     pub batches: u64,
     /// Set once the host's writer finished.
     pub shards: Option<u64>,
+    /// Which side bounds the run so far: `device` (the output path waits for the programs)
+    /// or `host` (the programs wait for the output path).
+    #[serde(default)]
+    pub bound: Option<Bound>,
+}
+
+/// The side a run waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Bound {
+    /// The output path waits for the programs.
+    Device,
+    /// The programs wait for the output path (copies, conversion, writing).
+    Host,
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Bound::Device => "device",
+            Bound::Host => "host",
+        })
+    }
 }
 
 /// The bar style shared by a host's own bar and the launcher's bars.
@@ -47,7 +70,10 @@ pub fn show(bar: &ProgressBar, report: &Report) {
     bar.set_position(report.tokens);
     match report.shards {
         Some(shards) => bar.finish_with_message(format!("{shards} shards committed")),
-        None => bar.set_message(format!("{} batches", report.batches)),
+        None => bar.set_message(match report.bound {
+            Some(bound) => format!("{} batches, {bound}-bound", report.batches),
+            None => format!("{} batches", report.batches),
+        }),
     }
 }
 
@@ -91,8 +117,9 @@ impl Progress {
         }
     }
 
-    /// One batch of `tokens` handed to the writer.
-    pub fn batch(&mut self, tokens: u64) {
+    /// One batch of `tokens` launched; `bound` says which side bounds the run so far.
+    pub fn batch(&mut self, tokens: u64, bound: Bound) {
+        self.report.bound = Some(bound);
         self.report.tokens += tokens;
         self.report.batches += 1;
         self.session_tokens += tokens;
@@ -112,6 +139,7 @@ impl Progress {
                         tokens = self.report.tokens,
                         batches = self.report.batches,
                         tokens_per_second = (self.session_tokens as f64 / seconds).round(),
+                        bound = %bound,
                         "progress"
                     );
                 }

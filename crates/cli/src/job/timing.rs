@@ -15,8 +15,19 @@ pub struct HostTiming {
     pub tokens: u64,
     /// Wall-clock seconds of the loop.
     pub seconds: f64,
-    /// Seconds spent in the forward pass (device compute and copies).
+    /// Seconds the devices spent on the programs (device-only compute; before the output
+    /// path was timed by stage, the forward with its copies to the host).
     pub compute_seconds: f64,
+    /// Steps in flight (`--pipeline-depth`).
+    #[serde(default)]
+    pub depth: usize,
+    /// The output path's stages up to the writers: programs, copies to the host, hand-over,
+    /// and which side waited for the other.
+    #[serde(default)]
+    pub path: super::pipeline::PathTiming,
+    /// The writer's stages: conversion into shards, sealing, upload and commit.
+    #[serde(default)]
+    pub writer: siphon_store::WriterTiming,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

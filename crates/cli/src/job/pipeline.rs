@@ -1,0 +1,285 @@
+//! The loop's output path, overlapped with the devices: while step N+1's program runs, step
+//! N's activations are copied to the host, handed to the shard writers, converted into
+//! shards, sealed and uploaded.
+//!
+//! ```text
+//!  loop thread   read N+1 ─▶ take a free slot ─▶ launch N+1 ─▶ read N+2 ─▶ take a free slot …
+//!                                 ▲ waits here while every slot is taken: the host is the bound
+//!  drain thread  wait for N's program ─▶ copy N's rows into its slot ─▶ push to the writers
+//!                   ▲ waits here while the device computes: the device is the bound
+//!  writers       copy the kept rows into the shard, dropping the batch: the slot is free again
+//! ```
+//!
+//! A slot is one step's host memory: for each member that writes, one reused
+//! [`siphon_runtime::HostBuffer`] per hook (pinned for DMA where the plugin allows). `depth`
+//! slots exist, so at most `depth` steps are in flight and the host memory of the path is
+//! bounded by them; at depth 1 each step is copied and taken by the writers before the next
+//! launches. Steps reach the writers in order at any depth, so the shards do not depend on it.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use siphon_engine::Launched;
+use siphon_runtime::HostBuffer;
+use siphon_store::{ActivationDtype, HookActivations, ShardWriter};
+
+use super::progress::Bound;
+
+/// The default number of steps in flight.
+pub const DEFAULT_DEPTH: usize = 2;
+
+/// One step's host memory: `buffers[member][hook]`, empty for a member that writes nothing.
+pub struct Slot {
+    buffers: Vec<Vec<HostBuffer>>,
+}
+
+impl Slot {
+    /// A slot of `sizes[member][hook]` bytes, each from `alloc`.
+    pub fn new(sizes: &[Vec<usize>], alloc: impl Fn(usize) -> anyhow::Result<HostBuffer>) -> anyhow::Result<Slot> {
+        let buffers = sizes.iter().map(|hooks| hooks.iter().map(|&n| alloc(n)).collect()).collect();
+        Ok(Slot { buffers: buffers_of(buffers)? })
+    }
+
+    /// Whether the device writes its buffers directly (pinned for DMA).
+    pub fn pinned(&self) -> bool {
+        self.buffers.iter().flatten().all(HostBuffer::is_pinned)
+    }
+}
+
+fn buffers_of(nested: Vec<Vec<anyhow::Result<HostBuffer>>>) -> anyhow::Result<Vec<Vec<HostBuffer>>> {
+    nested.into_iter().map(|hooks| hooks.into_iter().collect()).collect()
+}
+
+/// A slot on loan to the writers; back in the pool when the last of its buffers is dropped.
+struct OnLoan {
+    slot: Option<Slot>,
+    home: SyncSender<Slot>,
+}
+
+impl Drop for OnLoan {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            // The pool is gone when the pipeline has ended; the slot is then freed.
+            let _ = self.home.send(slot);
+        }
+    }
+}
+
+/// One hook's rows in a slot on loan: what the writer's `Bytes` hold.
+struct Rows {
+    loan: Arc<OnLoan>,
+    member: usize,
+    hook: usize,
+}
+
+impl AsRef<[u8]> for Rows {
+    fn as_ref(&self) -> &[u8] {
+        self.loan.slot.as_ref().expect("a slot on loan").buffers[self.member][self.hook].as_slice()
+    }
+}
+
+/// One step in flight, from the loop to the drain thread.
+pub struct Step {
+    /// The program's outputs on the devices.
+    pub launched: Launched,
+    /// Where its rows go.
+    pub slot: Slot,
+    /// Each member's batch (`None` once its reader's slice is done).
+    pub batches: Vec<Option<siphon_data::Batch>>,
+    /// When the loop launched it.
+    pub launched_at: Instant,
+}
+
+/// Where one member's rows go: its shard writer (members that write nothing have none),
+/// and what turns its batch into the store's.
+pub struct Sink {
+    /// The writer and the tokens its host committed before this session.
+    pub writer: Option<(ShardWriter, u64)>,
+    /// The member's process in the engine's views (whose rows it reads back).
+    pub process: usize,
+    /// The host it writes as.
+    pub host: siphon_store::HostId,
+}
+
+/// Seconds and bytes of the path's stages, summed over the steps.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct PathTiming {
+    /// Steps run.
+    pub steps: u64,
+    /// The devices' time on the programs: each step from its launch (or the previous step's
+    /// end, when it queued behind it) to its outputs being ready.
+    pub program_s: f64,
+    /// Copying the rows to the host.
+    pub copy_s: f64,
+    /// Bytes copied to the host.
+    pub copy_bytes: u64,
+    /// Handing batches to the writers (waiting while their queues are full).
+    pub push_s: f64,
+    /// The loop waiting for a free slot: the host side was slower than the devices.
+    pub wait_host_s: f64,
+    /// The drain thread waiting for programs: the devices were slower than the host side.
+    pub wait_device_s: f64,
+}
+
+impl PathTiming {
+    /// Which side bounds the run so far: the one the other waited for longer.
+    pub fn bound(&self) -> Bound {
+        if self.wait_host_s > self.wait_device_s { Bound::Host } else { Bound::Device }
+    }
+}
+
+/// What the drain thread gives back: the sinks and the path's timing, or its error.
+type Drained = anyhow::Result<(Vec<Sink>, PathTiming)>;
+
+/// The drain thread and the pool of slots.
+pub struct Pipeline {
+    free: Receiver<Slot>,
+    steps: Option<SyncSender<Step>>,
+    drain: Option<JoinHandle<Drained>>,
+    wait_host: Duration,
+    timing: Arc<std::sync::Mutex<PathTiming>>,
+}
+
+impl Pipeline {
+    /// Starts the drain thread over `sinks` (one per member, in member order) with `slots` (the
+    /// pipeline's depth); `dtype` and `roles` describe the batches the writers take.
+    pub fn start(slots: Vec<Slot>, sinks: Vec<Sink>, dtype: ActivationDtype, roles: bool) -> anyhow::Result<Pipeline> {
+        let depth = slots.len().max(1);
+        let (home, free) = sync_channel(depth);
+        for slot in slots {
+            home.send(slot).expect("the pool holds every slot");
+        }
+        let (steps, queued) = sync_channel::<Step>(depth);
+        let timing = Arc::new(std::sync::Mutex::new(PathTiming::default()));
+        let shared = Arc::clone(&timing);
+        let drain = std::thread::Builder::new()
+            .name("siphon-drain".into())
+            .spawn(move || drain(queued, home, sinks, dtype, roles, &shared))
+            .context("cannot start the drain thread")?;
+        Ok(Pipeline { free, steps: Some(steps), drain: Some(drain), wait_host: Duration::ZERO, timing })
+    }
+
+    /// A free slot; waits while `depth` steps are in flight. Fails when the drain thread has
+    /// stopped (its error is [`Pipeline::finish`]'s).
+    pub fn slot(&mut self) -> anyhow::Result<Slot> {
+        let start = Instant::now();
+        loop {
+            match self.free.recv_timeout(Duration::from_millis(100)) {
+                Ok(slot) => {
+                    self.wait_host += start.elapsed();
+                    return Ok(slot);
+                }
+                Err(_) if self.drain.as_ref().is_some_and(JoinHandle::is_finished) => {
+                    anyhow::bail!("the output path stopped")
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Hands a launched step to the drain thread.
+    pub fn send(&mut self, step: Step) -> anyhow::Result<()> {
+        let steps = self.steps.as_ref().context("the output path has ended")?;
+        steps.send(step).map_err(|_| anyhow::anyhow!("the output path stopped"))
+    }
+
+    /// The timing so far (the loop's own wait included).
+    pub fn timing(&self) -> PathTiming {
+        let mut timing = self.timing.lock().map(|t| *t).unwrap_or_default();
+        timing.wait_host_s = self.wait_host.as_secs_f64();
+        timing
+    }
+
+    /// Waits for every step in flight to reach its writers and gives the sinks back, with the
+    /// path's timing; the drain thread's error, if it failed.
+    pub fn finish(mut self) -> anyhow::Result<(Vec<Sink>, PathTiming)> {
+        drop(self.steps.take());
+        let drain = self.drain.take().expect("finished once");
+        let (sinks, mut timing) = drain.join().map_err(|_| anyhow::anyhow!("the drain thread panicked"))??;
+        timing.wait_host_s = self.wait_host.as_secs_f64();
+        Ok((sinks, timing))
+    }
+}
+
+/// The drain thread: each step in order, its program awaited, its rows copied into its slot
+/// and pushed to the writers.
+fn drain(
+    steps: Receiver<Step>,
+    home: SyncSender<Slot>,
+    mut sinks: Vec<Sink>,
+    dtype: ActivationDtype,
+    roles: bool,
+    timing: &std::sync::Mutex<PathTiming>,
+) -> Drained {
+    let mut previous_ready: Option<Instant> = None;
+    let mut total = PathTiming::default();
+    for Step { launched, mut slot, batches, launched_at } in steps.iter() {
+        let waiting = Instant::now();
+        launched.wait()?;
+        let ready = Instant::now();
+        let device_start = previous_ready.map_or(launched_at, |p| p.max(launched_at));
+        total.program_s += ready.saturating_duration_since(device_start).as_secs_f64();
+        total.wait_device_s += ready.duration_since(waiting).as_secs_f64();
+        previous_ready = Some(ready);
+
+        // Only the members that write copy their rows.
+        let mut downloads = Vec::new();
+        for (sink, (buffers, batch)) in sinks.iter().zip(slot.buffers.iter_mut().zip(&batches)) {
+            if sink.writer.is_some() && batch.is_some() {
+                total.copy_bytes += buffers.iter().map(|b| b.len() as u64).sum::<u64>();
+                downloads.push(launched.copy_into(sink.process, buffers.iter_mut().map(HostBuffer::as_mut_slice))?);
+            }
+        }
+        for download in downloads {
+            download.wait().context("copying activations to the host")?;
+        }
+        let copied = Instant::now();
+        total.copy_s += copied.duration_since(ready).as_secs_f64();
+
+        let shapes: Vec<Vec<Vec<usize>>> = (0..sinks.len()).map(|m| launched.shapes(sinks[m].process)).collect();
+        drop(launched);
+        let loan = Arc::new(OnLoan { slot: Some(slot), home: home.clone() });
+        for (member, (sink, batch)) in sinks.iter_mut().zip(&batches).enumerate() {
+            let (Some((writer, _)), Some(batch)) = (sink.writer.as_mut(), batch) else { continue };
+            let hooks = writer_hooks(writer, &shapes[member], dtype, batch, &loan, member)?;
+            writer.push(super::to_store_batch(batch, hooks, roles)?)?;
+        }
+        drop(loan);
+        total.push_s += copied.elapsed().as_secs_f64();
+        total.steps += 1;
+        if let Ok(mut shared) = timing.lock() {
+            *shared = total;
+        }
+    }
+    Ok((sinks, total))
+}
+
+/// The member's rows of each hook, as slices of its buffers in the slot on loan (a short last
+/// batch keeps its own rows only).
+fn writer_hooks(
+    writer: &ShardWriter,
+    shapes: &[Vec<usize>],
+    dtype: ActivationDtype,
+    batch: &siphon_data::Batch,
+    loan: &Arc<OnLoan>,
+    member: usize,
+) -> anyhow::Result<Vec<HookActivations>> {
+    writer
+        .hooks()
+        .iter()
+        .zip(shapes)
+        .enumerate()
+        .map(|(hook, (name, shape))| {
+            let per_token = shape.get(2..).context("hook output without per-token dimensions")?.to_vec();
+            let len = batch.len() * batch.seq_len * per_token.iter().product::<usize>() * dtype.size();
+            let rows = Rows { loan: Arc::clone(loan), member, hook };
+            let data = Bytes::from_owner(rows).slice(..len);
+            Ok(HookActivations { hook: name.clone(), dtype, shape: per_token, data })
+        })
+        .collect()
+}
