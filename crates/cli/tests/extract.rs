@@ -156,9 +156,23 @@ fn read_tokens(run_dir: &Path) -> BTreeMap<(i64, i32), Vec<f32>> {
                 ints("doc_index").chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
             let positions: Vec<i32> =
                 ints("position").chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+            let f32s = |name: &str| -> Vec<f32> {
+                ints(name).chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+            };
             let rows: Vec<Vec<f32>> = hooks
                 .iter()
-                .map(|h| ints(h).chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+                .map(|h| match tensors.tensor(h).unwrap().dtype() {
+                    // fp8: each row's E4M3 values times its scale.
+                    safetensors::Dtype::F8_E4M3 => {
+                        let scales = f32s(&format!("{h}.fp8_scale"));
+                        ints(h).iter().enumerate().map(|(i, &b)| e4m3(b) * scales[i / HIDDEN]).collect()
+                    }
+                    safetensors::Dtype::BF16 => ints(h)
+                        .chunks(2)
+                        .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                        .collect(),
+                    _ => f32s(h),
+                })
                 .collect();
             for (i, key) in docs.iter().zip(&positions).enumerate() {
                 let mut values = Vec::with_capacity(hooks.len() * HIDDEN);
@@ -170,6 +184,17 @@ fn read_tokens(run_dir: &Path) -> BTreeMap<(i64, i32), Vec<f32>> {
         }
     }
     out
+}
+
+/// The value of a `float8_e4m3fn` byte.
+fn e4m3(byte: u8) -> f32 {
+    let sign = if byte & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (exponent, mantissa) = (((byte >> 3) & 0x0f) as i32, (byte & 7) as f32);
+    match exponent {
+        0 => sign * mantissa * 2f32.powi(-9),
+        15 if mantissa == 7.0 => f32::NAN,
+        e => sign * (1.0 + mantissa / 8.0) * 2f32.powi(e - 7),
+    }
 }
 
 fn assert_same_tokens(a: &BTreeMap<(i64, i32), Vec<f32>>, b: &BTreeMap<(i64, i32), Vec<f32>>, tolerance: f32) {
@@ -258,6 +283,44 @@ fn simulated_hosts_of_a_spanning_mesh_write_the_single_device_dataset() {
         inspect_ok(&out.join("r"));
         assert_same_tokens(&reference, &read_tokens(&out.join("r")), 1e-5);
     }
+}
+
+/// `--dtype fp8`: every hook row quantized on the device to E4M3 with its own scale, within
+/// E4M3's rounding of the f32 run's values, in about half of bf16's bytes; verified by inspect.
+#[test]
+fn fp8_shards_hold_the_f32_values_to_e4m3_precision() {
+    let s = setup(24);
+    let mut sizes = Vec::new();
+    let mut runs = Vec::new();
+    for dtype in ["f32", "bf16", "fp8"] {
+        let out = s.root.join(dtype);
+        let mut args = extract_args(&s, &out, "r");
+        let at = args.iter().position(|a| a == "--dtype").unwrap();
+        args[at + 1] = dtype.into();
+        args.extend(["--cpu-devices".into(), "1".into()]);
+        run_ok(siphon(&args), Duration::from_secs(300));
+        inspect_ok(&out.join("r"));
+        let host = out.join("r/machine_000_host_00");
+        let bytes: u64 = std::fs::read_dir(&host).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        sizes.push(bytes);
+        runs.push(read_tokens(&out.join("r")));
+    }
+    let (f32s, fp8) = (&runs[0], &runs[2]);
+    assert_eq!(f32s.len(), fp8.len());
+    for (key, want) in f32s {
+        let got = &fp8[key];
+        for (hook, (w, g)) in want.chunks(HIDDEN).zip(got.chunks(HIDDEN)).enumerate() {
+            let scale = w.iter().fold(0f32, |m, x| m.max(x.abs())) / 448.0;
+            for (x, y) in w.iter().zip(g) {
+                // Half an E4M3 step: 2^-4 of the value, or of the subnormal step 2^-9 · scale.
+                let bound = x.abs() / 16.0 + scale * 2f32.powi(-10) + 1e-6 * x.abs();
+                assert!((x - y).abs() <= bound, "token {key:?} hook {hook}: {y} for {x} (scale {scale})");
+            }
+        }
+    }
+    // Per token: 4 hooks of 64 values, bf16 2 bytes each, fp8 1 and a 4-byte scale.
+    let (bf16, fp8_bytes) = (sizes[1] as f64, sizes[2] as f64);
+    assert!(fp8_bytes < 0.62 * bf16, "fp8 {fp8_bytes} bytes against bf16 {bf16}");
 }
 
 /// Every file of a run but its timing, by path under the run: what must not depend on how the

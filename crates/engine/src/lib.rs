@@ -341,7 +341,8 @@ fn element_type(dtype: DType) -> ElementType {
         DType::F32 => ElementType::F32,
         DType::Bf16 => ElementType::BF16,
         DType::F16 => ElementType::F16,
-        DType::U8 => ElementType::U8,
+        // Rows of scale and E4M3 bytes (`siphon_models::forward::FP8_MAX`).
+        DType::U8 | DType::Fp8 => ElementType::U8,
     }
 }
 

@@ -386,6 +386,25 @@ impl Builder {
         Ok(self.emit(line, tt))
     }
 
+    /// Reinterprets the bits of `a` as `dtype`: the same shape when the element sizes are
+    /// equal; to a narrower type, a new minor dimension of the size ratio (an `f32[n]` as
+    /// `ui8[n, 4]`, its bytes in memory order: little-endian on every backend siphon runs).
+    pub fn bitcast_convert(&mut self, a: Value, dtype: DType) -> Result<Value> {
+        let ta = self.ty_of("bitcast_convert", a)?.clone();
+        let (from, to) = (ta.dtype().byte_size(), dtype.byte_size());
+        if from < to || from % to != 0 || ta.dtype() == DType::Pred || dtype == DType::Pred {
+            let detail = format!("from {} to {dtype}: only to an equal or narrower type", ta.dtype());
+            return Err(HloError::DType { op: "bitcast_convert", detail });
+        }
+        let mut dims = ta.dims().to_vec();
+        if from > to {
+            dims.push(from / to);
+        }
+        let out = TensorType::new(dtype, &dims);
+        let line = format!("stablehlo.bitcast_convert {} : ({ta}) -> {out}", self.name(a));
+        Ok(self.emit(line, out))
+    }
+
     /// Converts to another element type (floats round to nearest even; float to int
     /// truncates).
     pub fn convert(&mut self, a: Value, dtype: DType) -> Result<Value> {
@@ -1142,6 +1161,7 @@ fn scalar_literal(value: f64, dtype: DType) -> String {
         DType::F32 => format!("0x{:08X}", (value as f32).to_bits()),
         DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(value).to_bits()),
         DType::F16 => format!("0x{:04X}", half::f16::from_f64(value).to_bits()),
+        DType::F8E4M3FN => format!("0x{:02X}", crate::types::e4m3fn_bits(value)),
         DType::I8 => (value as i8).to_string(),
         DType::U8 => (value as u8).to_string(),
         DType::I32 => (value as i32).to_string(),

@@ -43,7 +43,7 @@ mod types;
 
 pub use builder::{Builder, CompareDir, DotDims, Value};
 pub use siphon_mesh::{Mesh, PartitionSpec};
-pub use types::{DType, TensorType};
+pub use types::{DType, TensorType, e4m3fn_bits};
 
 /// What went wrong building a program. Every variant names the op and the offending
 /// shapes or dtypes.

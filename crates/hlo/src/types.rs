@@ -24,6 +24,9 @@ pub enum DType {
     F32,
     /// IEEE double precision.
     F64,
+    /// 8-bit float, 4 exponent and 3 mantissa bits, finite only (`f8E4M3FN`: largest 448,
+    /// no infinities, one NaN pattern per sign).
+    F8E4M3FN,
 }
 
 impl DType {
@@ -39,12 +42,13 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::F8E4M3FN => "f8E4M3FN",
         }
     }
 
     /// True for floating-point types.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+        matches!(self, DType::F8E4M3FN | DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
     /// True for integer types (not `Pred`).
@@ -60,7 +64,7 @@ impl DType {
     /// Bytes per element as PJRT buffers store it (`Pred` takes a byte).
     pub fn byte_size(self) -> usize {
         match self {
-            DType::Pred | DType::I8 | DType::U8 => 1,
+            DType::Pred | DType::I8 | DType::U8 | DType::F8E4M3FN => 1,
             DType::F16 | DType::BF16 => 2,
             DType::I32 | DType::F32 => 4,
             DType::I64 | DType::F64 => 8,
@@ -80,6 +84,7 @@ impl DType {
             "bf16" | "bfloat16" => DType::BF16,
             "f32" | "float32" => DType::F32,
             "f64" | "float64" => DType::F64,
+            "f8E4M3FN" | "f8e4m3fn" | "float8_e4m3fn" => DType::F8E4M3FN,
             _ => return None,
         })
     }
@@ -155,6 +160,24 @@ impl fmt::Display for TensorType {
     }
 }
 
+/// `value` rounded to nearest even as `f8E4M3FN` bits: 3 mantissa bits, exponent bias 7,
+/// subnormals below 2^-6, largest 448; what rounds past it is NaN (the type has no infinity).
+pub fn e4m3fn_bits(value: f64) -> u8 {
+    let sign = if value.is_sign_negative() { 0x80 } else { 0 };
+    let a = value.abs();
+    if a.is_nan() {
+        return sign | 0x7f;
+    }
+    // The binade's exponent (subnormals share the smallest normal's spacing).
+    let mut e = (-6..=9).rev().find(|&e| a >= 2f64.powi(e)).unwrap_or(-6);
+    let mut q = (a / 2f64.powi(e - 3)).round_ties_even();
+    if q >= 16.0 {
+        (e, q) = (e + 1, q / 2.0);
+    }
+    let bits = if q < 8.0 { q as i32 } else { ((e + 7) << 3) | (q as i32 - 8) };
+    if bits >= 0x7f { sign | 0x7f } else { sign | bits as u8 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,12 +192,46 @@ mod tests {
 
     #[test]
     fn dtype_names_round_trip() {
-        for d in
-            [DType::Pred, DType::I8, DType::U8, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64]
-        {
+        for d in [
+            DType::Pred,
+            DType::I8,
+            DType::U8,
+            DType::I32,
+            DType::I64,
+            DType::F8E4M3FN,
+            DType::F16,
+            DType::BF16,
+            DType::F32,
+            DType::F64,
+        ] {
             assert_eq!(DType::parse(&d.to_string()), Some(d));
             assert_eq!(DType::parse(d.mlir()), Some(d));
         }
         assert_eq!(DType::parse("float8"), None);
+    }
+
+    #[test]
+    fn e4m3fn_rounds_to_nearest_even_and_overflows_to_nan() {
+        // Values and bits as ml_dtypes.float8_e4m3fn gives them.
+        let cases = [
+            (0.0, 0x00),
+            (-0.0, 0x80),
+            (1.0, 0x38),
+            (-2.5, 0xC2),
+            (448.0, 0x7E),
+            (464.0, 0x7E),
+            (465.0, 0x7F),
+            (1e9, 0x7F),
+            (2f64.powi(-9), 0x01),
+            (2f64.powi(-10), 0x00),
+            (1.5 * 2f64.powi(-10), 0x01),
+            (2f64.powi(-6), 0x08),
+            (0.0625 * 1.0625, 0x18),
+            (0.0625 * 1.1875, 0x1A),
+            (f64::NAN, 0x7F),
+        ];
+        for (value, bits) in cases {
+            assert_eq!(e4m3fn_bits(value), bits, "{value}");
+        }
     }
 }

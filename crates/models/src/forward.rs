@@ -44,7 +44,8 @@ pub struct ForwardSpec {
     pub hooks: Vec<HookPoint>,
     /// Dtype of the weights and of the compute (`F32` or `BF16`).
     pub compute_dtype: DType,
-    /// Dtype of the returned activations (`F32`, `BF16` or `F16`).
+    /// Dtype of the returned activations (`F32`, `BF16` or `F16`), or `F8E4M3FN`: each token's
+    /// row of a hook quantized with its own f32 scale, returned as bytes ([`FP8_MAX`]).
     pub output_dtype: DType,
     /// The device mesh. A mesh without axes means one device and no sharding annotations.
     pub mesh: Mesh,
@@ -271,8 +272,11 @@ impl<'a> Graph<'a> {
         if !matches!(spec.compute_dtype, DType::F32 | DType::BF16) {
             return Err(ModelError::Config(format!("compute dtype {} (supported: f32, bf16)", spec.compute_dtype)));
         }
-        if !matches!(spec.output_dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(ModelError::Config(format!("output dtype {} (supported: f32, bf16, f16)", spec.output_dtype)));
+        if !matches!(spec.output_dtype, DType::F32 | DType::BF16 | DType::F16 | DType::F8E4M3FN) {
+            return Err(ModelError::Config(format!(
+                "output dtype {} (supported: f32, bf16, f16, f8E4M3FN)",
+                spec.output_dtype
+            )));
         }
         let all: Vec<String> = config.params(config.n_layers, true).into_iter().map(|p| p.name).collect();
         if let Some(unknown) = spec.param_specs.keys().find(|k| !all.contains(k)) {
@@ -953,9 +957,16 @@ impl<'a> Graph<'a> {
             dims.resize(shape.len(), Vec::new());
             let out_spec = PartitionSpec::from_dims(dims);
             let x = b.reshape(x, &shape)?;
-            let x = b.convert(x, self.spec.output_dtype)?;
+            let (x, shape, dtype) = match self.spec.output_dtype {
+                DType::F8E4M3FN => {
+                    let x = fp8_rows(&mut b, x)?;
+                    let shape = b.dims(x)?.to_vec();
+                    (x, shape, DType::U8)
+                }
+                dtype => (b.convert(x, dtype)?, shape, dtype),
+            };
             results.push((x, self.sharded.then(|| out_spec.clone())));
-            outputs.push(OutputInfo { hook, shape, dtype: self.spec.output_dtype, spec: out_spec });
+            outputs.push(OutputInfo { hook, shape, dtype, spec: out_spec });
         }
         let unread: Vec<String> =
             self.params.iter().map(|p| &p.name).filter(|n| !self.weights[*n].1.get()).cloned().collect();
@@ -1137,6 +1148,37 @@ pub fn blocks_needed(config: &ModelConfig, hooks: &[HookPoint]) -> (usize, bool)
 /// counts these.
 pub fn forward_params(config: &ModelConfig, hooks: &[HookPoint]) -> Result<Vec<ParamInfo>, ModelError> {
     Ok(build_forward(config, &ForwardSpec::new(1, 1, hooks.to_vec()))?.params)
+}
+
+/// The largest finite `f8E4M3FN` value: a row's scale is its largest magnitude over this, so
+/// that the row's largest value becomes ±448.
+pub const FP8_MAX: f64 = 448.0;
+
+/// Each token's row of `x` (`[batch, seq, *per-token shape]`) as `f8E4M3FN` with its own f32
+/// scale, as bytes `[batch, seq, 4 + n]`: the scale (the row's largest magnitude times
+/// `1 / FP8_MAX` rounded to f32 — a product, which no compiler rewrites; 1 for a row of zeros)
+/// little-endian first, then the row's `n` values, each `x / scale` in f32 rounded to nearest
+/// even. A value is `f8 * scale` again.
+pub fn fp8_rows(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
+    let dims = b.dims(x)?.to_vec();
+    let (rows, n): (Vec<usize>, usize) = (dims[..2].to_vec(), dims[2..].iter().product());
+    let flat = [rows[0], rows[1], n];
+    let x = b.convert(x, DType::F32)?;
+    let x = b.reshape(x, &flat)?;
+    let magnitude = b.abs(x)?;
+    let amax = b.reduce_max(magnitude, &[2])?;
+    let row_ty = TensorType::new(DType::F32, &rows);
+    let inverse_max = b.splat(f64::from(1.0 / FP8_MAX as f32), row_ty.clone())?;
+    let scale = b.mul(amax, inverse_max)?;
+    let (zero, one) = (b.splat(0.0, row_ty.clone())?, b.splat(1.0, row_ty)?);
+    let positive = b.compare(CompareDir::Gt, scale, zero)?;
+    let scale = b.select(positive, scale, one)?;
+    let spread = b.broadcast_in_dim(scale, &flat, &[0, 1])?;
+    let q = b.div(x, spread)?;
+    let q = b.convert(q, DType::F8E4M3FN)?;
+    let q = b.bitcast_convert(q, DType::U8)?;
+    let scale_bytes = b.bitcast_convert(scale, DType::U8)?;
+    Ok(b.concatenate(&[scale_bytes, q], 2)?)
 }
 
 /// Softmax over the last dimension of an f32 tensor, max-subtracted.

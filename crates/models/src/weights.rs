@@ -29,6 +29,9 @@ pub enum DType {
     F16,
     /// Bytes of a block format kept as stored ([`crate::StoredForm`]); never a compute dtype.
     U8,
+    /// Activations as `f8E4M3FN` with one f32 scale per token row, quantized in the program
+    /// (see [`crate::forward::FP8_MAX`]); an output dtype only.
+    Fp8,
 }
 
 impl DType {
@@ -37,7 +40,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::Bf16 | DType::F16 => 2,
-            DType::U8 => 1,
+            DType::U8 | DType::Fp8 => 1,
         }
     }
 
@@ -48,6 +51,7 @@ impl DType {
             DType::Bf16 => siphon_hlo::DType::BF16,
             DType::F16 => siphon_hlo::DType::F16,
             DType::U8 => siphon_hlo::DType::U8,
+            DType::Fp8 => siphon_hlo::DType::F8E4M3FN,
         }
     }
 
@@ -58,6 +62,7 @@ impl DType {
             DType::Bf16 => "bf16",
             DType::F16 => "f16",
             DType::U8 => "u8",
+            DType::Fp8 => "fp8",
         }
     }
 }
@@ -69,7 +74,8 @@ impl std::str::FromStr for DType {
             "f32" | "float32" => Ok(DType::F32),
             "bf16" | "bfloat16" => Ok(DType::Bf16),
             "f16" | "float16" => Ok(DType::F16),
-            _ => Err(ModelError::Config(format!("dtype {s:?} (supported: f32, bf16, f16)"))),
+            "fp8" | "f8e4m3" => Ok(DType::Fp8),
+            _ => Err(ModelError::Config(format!("dtype {s:?} (supported: f32, bf16, f16, fp8)"))),
         }
     }
 }
@@ -644,6 +650,7 @@ pub fn decode_into(dtype: DType, src: &[u8], dst: &mut [f32]) {
             }
         }
         DType::U8 => src.iter().zip(dst).for_each(|(s, d)| *d = f32::from(*s)),
+        DType::Fp8 => src.iter().zip(dst).for_each(|(s, d)| *d = crate::fp8::e4m3(*s)),
     }
 }
 
@@ -667,6 +674,7 @@ pub fn encode_into(dtype: DType, src: &[f32], dst: &mut [u8]) {
         }
         // Byte values (stored block formats), saturating.
         DType::U8 => src.iter().zip(dst).for_each(|(s, d)| *d = *s as u8),
+        DType::Fp8 => src.iter().zip(dst).for_each(|(s, d)| *d = siphon_hlo::e4m3fn_bits(f64::from(*s))),
     }
 }
 

@@ -382,3 +382,31 @@ fn bf16_compute_and_f16_output_track_f32() {
         }
     }
 }
+
+/// fp8 activations: each token's row quantized on the device to `f8E4M3FN` with its own f32
+/// scale, against the bytes ml_dtypes gives for the same rows
+/// (fixtures/models/quant/fp8-rows.safetensors, scripts/fixtures/gen_fp8_fixtures.py): rows
+/// of scales from 1e-6 to 1e4, a row of zeros, one non-zero value, ties to even.
+#[test]
+fn fp8_rows_match_ml_dtypes_bit_for_bit() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/quant/fp8-rows.safetensors");
+    let bytes = std::fs::read(path).unwrap();
+    let golden = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (x, want) = (golden.tensor("x").unwrap(), golden.tensor("rows").unwrap());
+    let mut b = siphon_hlo::Builder::new("fp8_rows");
+    let input = b.arg(siphon_hlo::TensorType::new(DType::F32, x.shape()), None).unwrap();
+    let rows = siphon_models::forward::fp8_rows(&mut b, input).unwrap();
+    assert_eq!(b.dims(rows).unwrap(), want.shape());
+    let text = b.finish(&[rows]).unwrap();
+    let client = client();
+    let exe = client.compile(&text, &CompileOptions::single_device(None)).unwrap();
+    let values: Vec<f32> = x.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let arg = client.upload(&HostArray::from_slice(x.shape(), &values).unwrap(), exe.device_ids()[0]).unwrap();
+    let out = exe.execute(&[vec![&arg]]).unwrap();
+    let got = out[0][0].to_host().unwrap();
+    let row = want.shape()[2];
+    for (i, (g, w)) in got.bytes().chunks(row).zip(want.data().chunks(row)).enumerate() {
+        assert_eq!(g, w, "row {i}: the device's bytes differ from ml_dtypes'");
+    }
+}

@@ -40,7 +40,7 @@ pub mod mesh;
 mod planner;
 pub mod rules;
 
-pub use memory::{ActivationMemory, DType, MemoryEstimate, WeightMemory};
+pub use memory::{ActivationMemory, DType, HostMemory, MemoryEstimate, WeightMemory};
 pub use mesh::{DeviceInfo, MeshKind, MeshRequest, MeshShape, Topology};
 pub use planner::{ClassPlan, Fallback, Plan, PlanRequest, Suggestion, plan};
 pub use rules::{TensorSharding, input_spec, param_spec};

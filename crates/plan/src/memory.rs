@@ -36,6 +36,10 @@
 //!   expert `I_s` wide adds `3 · a · n · I_s / M`. A dense
 //!   MLP beside it (Gemma 4) counts as `I`.
 //!
+//! Host memory of the output path (one host, not part of the device's budget): `depth` steps
+//! in flight, each holding the host's rows of every hook in the stored dtype,
+//! `depth · (B / hosts) · S · Σ_hooks row bytes` (an fp8 row is its values and a 4-byte scale).
+//!
 //! Fits when `sharded + fsdp_gather + activations ≤ device_memory · (1 − headroom)`. The
 //! default headroom of 10% covers what the formula leaves out: the runtime's own buffers,
 //! compiled code, allocator padding and fragmentation.
@@ -65,6 +69,8 @@ pub enum DType {
     BF16,
     /// IEEE half.
     F16,
+    /// `float8_e4m3fn` with one f32 scale per token row: a stored dtype of activations only.
+    Fp8,
 }
 
 impl DType {
@@ -73,6 +79,15 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::BF16 | DType::F16 => 2,
+            DType::Fp8 => 1,
+        }
+    }
+
+    /// Bytes of one token's row of `elements` activations stored in this dtype.
+    pub fn row_bytes(self, elements: u64) -> u64 {
+        match self {
+            DType::Fp8 => 4 + elements,
+            other => elements * other.bytes(),
         }
     }
 }
@@ -83,6 +98,7 @@ impl fmt::Display for DType {
             DType::F32 => "f32",
             DType::BF16 => "bf16",
             DType::F16 => "f16",
+            DType::Fp8 => "fp8",
         })
     }
 }
@@ -95,7 +111,8 @@ impl FromStr for DType {
             "f32" | "float32" | "float" => Ok(DType::F32),
             "bf16" | "bfloat16" => Ok(DType::BF16),
             "f16" | "float16" | "half" => Ok(DType::F16),
-            other => Err(format!("unknown dtype {other:?} (expected f32, bf16 or f16)")),
+            "fp8" => Ok(DType::Fp8),
+            other => Err(format!("unknown dtype {other:?} (expected f32, bf16, f16 or fp8)")),
         }
     }
 }
@@ -135,6 +152,36 @@ pub struct ActivationMemory {
     pub total_bytes: u64,
 }
 
+/// One host's memory for the output path: the reused buffers of the steps in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMemory {
+    /// Steps in flight (`--pipeline-depth`).
+    pub depth: usize,
+    /// The stored dtype of the activations.
+    pub dtype: DType,
+    /// One step's rows of every hook on this host.
+    pub step_bytes: u64,
+    /// `depth · step_bytes`.
+    pub total_bytes: u64,
+}
+
+/// [`HostMemory`] for a global `batch` × `seq` over `hosts` hosts returning `hooks` stored in
+/// `dtype`.
+pub fn host_memory(
+    config: &ModelConfig,
+    batch: usize,
+    seq: usize,
+    hosts: usize,
+    hooks: &[HookPoint],
+    dtype: DType,
+    depth: usize,
+) -> HostMemory {
+    let rows = batch.div_ceil(hosts.max(1)) as u64 * seq as u64;
+    let row: u64 = hooks.iter().map(|h| dtype.row_bytes(h.dims(config, seq).iter().product::<usize>() as u64)).sum();
+    let step_bytes = rows * row;
+    HostMemory { depth, dtype, step_bytes, total_bytes: depth as u64 * step_bytes }
+}
+
 /// The whole per-device estimate and the verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MemoryEstimate {
@@ -152,6 +199,9 @@ pub struct MemoryEstimate {
     pub budget_bytes: Option<u64>,
     /// Whether `required ≤ budget`; `None` without a device memory.
     pub fits: Option<bool>,
+    /// One host's output-path memory, when a batch and sequence length were given (host
+    /// memory: not in `required_bytes`).
+    pub host: Option<HostMemory>,
 }
 
 fn model_ways(spec: &siphon_mesh::PartitionSpec, mesh: &Mesh) -> usize {
@@ -293,6 +343,7 @@ pub fn estimate(
         headroom,
         budget_bytes,
         fits: budget_bytes.map(|b| required_bytes <= b),
+        host: None,
     }
 }
 

@@ -36,6 +36,10 @@ pub struct PlanRequest {
     /// Weights kept in their stored form on the devices, by name (`--weights stored`),
     /// counted at their stored bytes.
     pub stored: std::collections::HashMap<String, siphon_models::StoredForm>,
+    /// The dtype the activations are stored in (the output path's host buffers hold it).
+    pub output_dtype: DType,
+    /// Steps in flight on the output path (`extract --pipeline-depth`).
+    pub pipeline_depth: usize,
 }
 
 /// `output_hidden_states`: each block's input and the final norm's output.
@@ -59,6 +63,8 @@ impl Default for PlanRequest {
             headroom: memory::DEFAULT_HEADROOM,
             with_lm_head: false,
             stored: Default::default(),
+            output_dtype: DType::BF16,
+            pipeline_depth: 2,
         }
     }
 }
@@ -251,6 +257,12 @@ fn check_request(request: &PlanRequest) -> Result<(), PlanError> {
     if request.batch == Some(0) || request.seq == Some(0) {
         return Err(PlanError::Request("batch and seq must be at least 1".into()));
     }
+    if request.dtype == DType::Fp8 {
+        return Err(PlanError::Request("fp8 is a stored dtype of activations, not of weights and compute".into()));
+    }
+    if request.pipeline_depth == 0 {
+        return Err(PlanError::Request("the output path needs at least 1 step in flight".into()));
+    }
     Ok(())
 }
 
@@ -439,7 +451,13 @@ fn evaluate(
         )),
         _ => None,
     };
-    let estimate = memory::estimate(weights, activations, request.device_memory_bytes, request.headroom);
+    let mut estimate = memory::estimate(weights, activations, request.device_memory_bytes, request.headroom);
+    if let (Some(batch), Some(seq)) = (request.batch, request.seq) {
+        let hooks = request.hooks.clone().unwrap_or_else(|| every_hidden_state(config));
+        let hosts = topology.hosts();
+        let (dtype, depth) = (request.output_dtype, request.pipeline_depth);
+        estimate.host = Some(memory::host_memory(config, batch, seq, hosts, &hooks, dtype, depth));
+    }
     let spans_hosts = shape.spans_hosts(topology);
     let mut notes = Vec::new();
     if !request.with_lm_head && !config.tie_word_embeddings {
@@ -571,6 +589,17 @@ impl fmt::Display for Plan {
             None => writeln!(f, "  activations       (give --batch and --seq)")?,
         }
         writeln!(f, "  required          {:>12}", gib(m.required_bytes))?;
+        if let Some(h) = &m.host {
+            writeln!(
+                f,
+                "host memory       {:>12}  (output path: {} steps in flight × {} of {} rows per host, pinned \
+                 where the plugin allows)",
+                gib(h.total_bytes),
+                h.depth,
+                gib(h.step_bytes),
+                h.dtype
+            )?;
+        }
         match (m.device_memory_bytes, m.budget_bytes, m.fits) {
             (Some(device), Some(budget), Some(fits)) => {
                 writeln!(

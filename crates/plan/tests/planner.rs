@@ -188,3 +188,32 @@ fn json_has_mesh_axes_bytes_and_verdict() {
     assert_eq!(json["memory"]["fits"], true);
     assert_eq!(json["kind"], "2d");
 }
+
+#[test]
+fn the_output_path_host_memory_counts_steps_in_flight_in_the_stored_dtype() {
+    let config = fixture("qwen2.5-0.5b.json");
+    let hooks =
+        siphon_models::resolve_hooks("blocks.{6,12,18}.hook_resid_post,ln_final.hook_normalized", &config).unwrap();
+    let topology = Topology::uniform(2, 1).unwrap();
+    let at = |output_dtype, pipeline_depth| {
+        let request = PlanRequest {
+            batch: Some(32),
+            seq: Some(1024),
+            hooks: Some(hooks.clone()),
+            output_dtype,
+            pipeline_depth,
+            ..request(MeshKind::TwoD, None)
+        };
+        plan(&config, &topology, &request).unwrap().memory.host.unwrap()
+    };
+    // 16 of the 32 rows per host, 1024 tokens, 4 hooks of 896: bf16 2 bytes a value, fp8 1
+    // and a 4-byte scale a row.
+    let rows = 16 * 1024;
+    assert_eq!(at(DType::BF16, 2).step_bytes, rows * 4 * 896 * 2);
+    assert_eq!(at(DType::Fp8, 3).step_bytes, rows * 4 * (896 + 4));
+    assert_eq!(at(DType::Fp8, 3).total_bytes, 3 * rows * 4 * (896 + 4));
+    let no_depth = PlanRequest { pipeline_depth: 0, ..request(MeshKind::TwoD, None) };
+    assert!(matches!(plan(&config, &topology, &no_depth), Err(PlanError::Request(_))));
+    let fp8_compute = PlanRequest { dtype: DType::Fp8, ..request(MeshKind::TwoD, None) };
+    assert!(plan(&config, &topology, &fp8_compute).unwrap_err().to_string().contains("stored dtype of activations"));
+}

@@ -19,34 +19,65 @@ pub enum ActivationDtype {
     Bf16,
     /// IEEE f16.
     F16,
+    /// `float8_e4m3fn` with one f32 scale per token row (the row's largest magnitude over
+    /// 448), quantized on the device: a row is the scale (4 bytes, little-endian) then its
+    /// values; shards store the values as `F8_E4M3` and the scales beside them
+    /// ([`fp8_scale_name`]). A value is `e4m3 * scale`.
+    Fp8,
+}
+
+/// The name of the f32 `[tokens]` tensor holding the row scales of an fp8 hook.
+pub fn fp8_scale_name(hook: &str) -> String {
+    format!("{hook}.fp8_scale")
 }
 
 impl ActivationDtype {
-    /// Bytes per element.
+    /// Bytes per element (an fp8 row adds its 4-byte scale: [`ActivationDtype::row_bytes`]).
     pub fn size(self) -> usize {
         match self {
             ActivationDtype::F32 => 4,
             ActivationDtype::Bf16 | ActivationDtype::F16 => 2,
+            ActivationDtype::Fp8 => 1,
         }
     }
 
-    /// The safetensors dtype name.
+    /// Bytes of one token's row of `elements` values.
+    pub fn row_bytes(self, elements: usize) -> usize {
+        match self {
+            ActivationDtype::Fp8 => 4 + elements,
+            other => elements * other.size(),
+        }
+    }
+
+    /// The safetensors dtype name of the values.
     pub fn safetensors_name(self) -> &'static str {
         match self {
             ActivationDtype::F32 => "F32",
             ActivationDtype::Bf16 => "BF16",
             ActivationDtype::F16 => "F16",
+            ActivationDtype::Fp8 => "F8_E4M3",
         }
     }
 
-    /// Parses `f32`, `bf16` or `f16` (case-insensitive).
+    /// The name on the command line and in shard metadata: `f32`, `bf16`, `f16`, `fp8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivationDtype::F32 => "f32",
+            ActivationDtype::Bf16 => "bf16",
+            ActivationDtype::F16 => "f16",
+            ActivationDtype::Fp8 => "fp8",
+        }
+    }
+
+    /// Parses `f32`, `bf16`, `f16` or `fp8` (case-insensitive).
     pub fn parse(name: &str) -> Result<Self> {
         match name.to_ascii_lowercase().as_str() {
             "f32" | "float32" => Ok(ActivationDtype::F32),
             "bf16" | "bfloat16" => Ok(ActivationDtype::Bf16),
             "f16" | "float16" => Ok(ActivationDtype::F16),
+            "fp8" | "f8_e4m3" => Ok(ActivationDtype::Fp8),
             other => Err(StoreError::InvalidConfig(format!(
-                "unknown activation dtype {other:?} (expected f32, bf16 or f16)"
+                "unknown activation dtype {other:?} (expected f32, bf16, f16 or fp8)"
             ))),
         }
     }
@@ -63,7 +94,7 @@ pub struct HookActivations {
     /// per-head hooks, `[1]` for `hook_scale`, `[n_heads, seq]` for attention-pattern rows.
     /// Non-empty, no zero dimension. Shards store the hook as `[tokens, *shape]`.
     pub shape: Vec<usize>,
-    /// `batch * seq * row_elements() * dtype.size()` bytes. Any owner's memory (a `Vec`, or
+    /// `batch * seq * dtype.row_bytes(row_elements())` bytes. Any owner's memory (a `Vec`, or
     /// a reused host buffer through `Bytes::from_owner`): the writer copies the rows it keeps
     /// into the shard as soon as it takes the batch (the whole shuffle window's, with a
     /// shuffle), then drops it.
@@ -160,16 +191,17 @@ impl BatchActivations {
         for hook in &self.hooks {
             let elements = check_token_shape(&hook.shape).map_err(|e| bad(format!("hook {} {e}", hook.hook)))?;
             let expected = tokens
-                .checked_mul(elements)
-                .and_then(|n| n.checked_mul(hook.dtype.size()))
+                .checked_mul(hook.dtype.row_bytes(elements))
                 .ok_or_else(|| bad(format!("hook {} size overflows", hook.hook)))?;
             if hook.data.len() != expected {
+                let row = match hook.dtype {
+                    ActivationDtype::Fp8 => format!("(4 + prod(shape {:?}))", hook.shape),
+                    dtype => format!("prod(shape {:?})*{}", hook.shape, dtype.size()),
+                };
                 return Err(bad(format!(
-                    "hook {} has {} bytes, expected batch*seq*prod(shape {:?})*{} = {expected}",
+                    "hook {} has {} bytes, expected batch*seq*{row} = {expected}",
                     hook.hook,
                     hook.data.len(),
-                    hook.shape,
-                    hook.dtype.size()
                 )));
             }
         }

@@ -13,7 +13,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use sha2::{Digest, Sha256};
 
-use crate::batch::{ActivationDtype, BatchActivations};
+use crate::batch::{ActivationDtype, BatchActivations, fp8_scale_name};
 use crate::config::{HostId, ShardFormat};
 use crate::error::{Result, StoreError};
 use crate::stats::{HookStats, RunStats, StatsAccumulator};
@@ -154,7 +154,23 @@ impl ShardBuilder {
                 })
                 .collect();
         }
+        let out_dtype = self.format.dtype;
         for batch in &unit {
+            for h in &batch.hooks {
+                let fp8 = [h.dtype, out_dtype].contains(&ActivationDtype::Fp8);
+                if fp8 && h.dtype != out_dtype {
+                    return Err(StoreError::InvalidBatch {
+                        first_sample: batch.first_sample,
+                        reason: format!(
+                            "hook {} is {}, the run stores {}: fp8 rows are quantized on the device, never \
+                             converted by the writer",
+                            h.hook,
+                            h.dtype.name(),
+                            out_dtype.name()
+                        ),
+                    });
+                }
+            }
             if self.format.roles && batch.roles.is_none() {
                 return Err(StoreError::InvalidBatch {
                     first_sample: batch.first_sample,
@@ -193,9 +209,8 @@ impl ShardBuilder {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             order.shuffle(&mut rng);
         }
-        let out_dtype = self.format.dtype;
         for (h, column) in self.hooks.iter_mut().enumerate() {
-            column.data.reserve(order.len() * column.width * out_dtype.size());
+            column.data.reserve(order.len() * out_dtype.row_bytes(column.width));
             // Runs of consecutive rows of one batch are copied (and converted) together.
             let mut i = 0;
             while i < order.len() {
@@ -205,7 +220,7 @@ impl ShardBuilder {
                     end += 1;
                 }
                 let hook = &unit[b as usize].hooks[h];
-                let row_bytes = column.width * hook.dtype.size();
+                let row_bytes = hook.dtype.row_bytes(column.width);
                 let rows = &hook.data[t as usize * row_bytes..(t as usize + end - i) * row_bytes];
                 convert_rows(hook.dtype, rows, out_dtype, &mut column.data);
                 i = end;
@@ -264,6 +279,7 @@ impl ShardBuilder {
         let mut tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = Vec::new();
         tensors.push(("doc_index".into(), "I64", vec![tokens], vec![le_bytes(&doc_index, |v| v.to_le_bytes())]));
         tensors.push(("sample_index".into(), "I64", vec![tokens], vec![le_bytes(&sample_index, |v| v.to_le_bytes())]));
+        let mut scale_tensors = Vec::new();
         let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = hooks
             .into_iter()
             .zip(&identity.hooks)
@@ -271,7 +287,16 @@ impl ShardBuilder {
                 let mut shape = Vec::with_capacity(1 + column.shape.len());
                 shape.push(tokens);
                 shape.extend_from_slice(&column.shape);
-                (name.clone(), dtype.safetensors_name(), shape, vec![Bytes::from(column.data)])
+                let data = match dtype {
+                    // Rows of (scale, values) become the values and, beside them, the scales.
+                    ActivationDtype::Fp8 => {
+                        let (scales, values) = split_fp8_rows(&column.data, column.width);
+                        scale_tensors.push((fp8_scale_name(name), "F32", vec![tokens], vec![Bytes::from(scales)]));
+                        values
+                    }
+                    _ => column.data,
+                };
+                (name.clone(), dtype.safetensors_name(), shape, vec![Bytes::from(data)])
             })
             .collect();
         if dtype == ActivationDtype::F32 {
@@ -279,6 +304,7 @@ impl ShardBuilder {
         }
         tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
         tensors.push(("position".into(), "I32", vec![tokens], vec![le_bytes(&position, |v| v.to_le_bytes())]));
+        tensors.append(&mut scale_tensors);
         tensors.append(&mut hook_tensors);
         if format.roles {
             tensors.push(("role".into(), "U8", vec![tokens], vec![Bytes::from(role)]));
@@ -297,7 +323,7 @@ impl ShardBuilder {
         metadata.insert("run", identity.run.clone());
         metadata.insert("model", identity.model.clone());
         metadata.insert("hooks", serde_json::to_string(&identity.hooks).expect("strings serialize"));
-        metadata.insert("dtype", dtype.safetensors_name().to_lowercase());
+        metadata.insert("dtype", dtype.name().to_string());
         metadata.insert("shard_index", index.to_string());
         metadata.insert("machine", identity.host.machine.to_string());
         metadata.insert("host", identity.host.host.to_string());
@@ -403,6 +429,7 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String], shapes: &[Vec
             safetensors::Dtype::F32 => ActivationDtype::F32,
             safetensors::Dtype::BF16 => ActivationDtype::Bf16,
             safetensors::Dtype::F16 => ActivationDtype::F16,
+            safetensors::Dtype::F8_E4M3 => ActivationDtype::Fp8,
             other => return Err(bad(format!("hook {hook} has dtype {other:?}"))),
         };
         let Some((&rows, token_shape)) = t.shape().split_first() else {
@@ -422,7 +449,22 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String], shapes: &[Vec
                 t.shape()
             )));
         }
-        stats.insert(hook.clone(), HookStats::from_rows(dtype, token_shape, t.data(), mask.as_deref()));
+        let rows = match dtype {
+            ActivationDtype::Fp8 => {
+                let name = fp8_scale_name(hook);
+                let scales = st.tensor(&name).map_err(|e| bad(format!("{name}: {e}")))?;
+                if scales.dtype() != safetensors::Dtype::F32 || scales.shape() != [tokens] {
+                    return Err(bad(format!(
+                        "{name} is {:?}{:?}, expected F32[{tokens}]",
+                        scales.dtype(),
+                        scales.shape()
+                    )));
+                }
+                std::borrow::Cow::Owned(join_fp8_rows(scales.data(), t.data(), token_shape.iter().product()))
+            }
+            _ => std::borrow::Cow::Borrowed(t.data()),
+        };
+        stats.insert(hook.clone(), HookStats::from_rows(dtype, token_shape, &rows, mask.as_deref()));
         hook_shapes.insert(hook.clone(), token_shape.to_vec());
     }
     Ok(ShardSummary { metadata, format_version, hook_shapes, tokens: tokens as u64, included_tokens, stats })
@@ -436,7 +478,30 @@ fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> 
     Bytes::from(out)
 }
 
-/// Appends rows converted from `src_dtype` to `dst_dtype` (little-endian both sides).
+/// fp8 rows (`[4-byte scale][width values]` each) as the scales and the values, each in row
+/// order.
+fn split_fp8_rows(rows: &[u8], width: usize) -> (Vec<u8>, Vec<u8>) {
+    let n = rows.len() / (4 + width);
+    let (mut scales, mut values) = (Vec::with_capacity(4 * n), Vec::with_capacity(width * n));
+    for row in rows.chunks_exact(4 + width) {
+        scales.extend_from_slice(&row[..4]);
+        values.extend_from_slice(&row[4..]);
+    }
+    (scales, values)
+}
+
+/// [`split_fp8_rows`] undone.
+fn join_fp8_rows(scales: &[u8], values: &[u8], width: usize) -> Vec<u8> {
+    let mut rows = Vec::with_capacity(scales.len() + values.len());
+    for (scale, row) in scales.chunks_exact(4).zip(values.chunks_exact(width.max(1))) {
+        rows.extend_from_slice(scale);
+        rows.extend_from_slice(row);
+    }
+    rows
+}
+
+/// Appends rows converted from `src_dtype` to `dst_dtype` (little-endian both sides; fp8 is
+/// never converted, [`ShardBuilder::add_unit`] refuses it).
 fn convert_rows(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDtype, dst: &mut Vec<u8>) {
     if src_dtype == dst_dtype {
         dst.extend_from_slice(src);
@@ -452,5 +517,6 @@ fn convert_rows(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDty
         ActivationDtype::F16 => {
             values.iter().for_each(|v| dst.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes()))
         }
+        ActivationDtype::Fp8 => unreachable!("fp8 rows are never converted (refused in add_unit)"),
     }
 }

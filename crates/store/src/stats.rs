@@ -123,7 +123,7 @@ impl StatsAccumulator {
 
     /// Adds whole rows; `mask` (one entry per row) selects the rows to count.
     pub fn add_rows(&mut self, data: &[u8], mask: Option<&[bool]>) {
-        let row_bytes = self.width * self.dtype.size();
+        let row_bytes = self.dtype.row_bytes(self.width);
         let rows = data.len().checked_div(row_bytes).unwrap_or(0);
         for r in (0..rows).filter(|&r| mask.is_none_or(|m| m[r])) {
             decode_row(self.dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut self.row);
@@ -267,6 +267,23 @@ pub(crate) fn decode_row(dtype: ActivationDtype, bytes: &[u8], out: &mut [f32]) 
                 *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
+        ActivationDtype::Fp8 => {
+            let scale = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            for (o, &b) in out.iter_mut().zip(&bytes[4..]) {
+                *o = e4m3(b) * scale;
+            }
+        }
+    }
+}
+
+/// The value of a `float8_e4m3fn` byte (bias 7, subnormals, no infinities, `S.1111.111` NaN).
+pub(crate) fn e4m3(byte: u8) -> f32 {
+    let sign = if byte & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (exponent, mantissa) = (i32::from((byte >> 3) & 0x0f), f32::from(byte & 0x07));
+    sign * match (exponent, mantissa) {
+        (0x0f, 7.0) => f32::NAN,
+        (0, m) => m * 2f32.powi(-9),
+        (e, m) => (1.0 + m / 8.0) * 2f32.powi(e - 7),
     }
 }
 

@@ -364,9 +364,13 @@ fn validate_hooks(hooks: &[String], shapes: &[Vec<usize>]) -> Result<()> {
     }
     let mut seen = std::collections::HashSet::new();
     for hook in hooks {
-        if hook.is_empty() || RESERVED_TENSOR_NAMES.contains(&hook.as_str()) || hook == "__metadata__" {
+        if hook.is_empty()
+            || RESERVED_TENSOR_NAMES.contains(&hook.as_str())
+            || hook == "__metadata__"
+            || hook.ends_with(".fp8_scale")
+        {
             return Err(StoreError::InvalidConfig(format!(
-                "hook name {hook:?} is empty or reserved ({RESERVED_TENSOR_NAMES:?})"
+                "hook name {hook:?} is empty or reserved ({RESERVED_TENSOR_NAMES:?}, `*.fp8_scale`)"
             )));
         }
         if !seen.insert(hook) {

@@ -81,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "format_version": report.format_version, "hooks": hooks, "hook_shapes": report.hook_shapes,
             "hook_shapes_from": shapes_from, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
             "bytes": bytes, "hosts": hosts, "shards_sha256": report.shards_sha256,
-            "stats_sha256": report.stats_sha256, "seconds": seconds,
+            "stats_sha256": report.stats_sha256, "seconds": seconds, "timing": timing,
             "tokens_per_second": if seconds > 0.0 { report.tokens as f64 / seconds } else { 0.0 },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -118,6 +118,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if seconds > 0.0 {
             println!("  {:.1} s, {:.0} tokens/s over all hosts", seconds, report.tokens as f64 / seconds);
         }
+        for t in timing.iter().filter(|t| t.path.steps > 0) {
+            println!("  {}: {}", t.host, stage_line(t));
+        }
         for note in &notes {
             println!("  note: {note}");
         }
@@ -134,6 +137,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("{} problem(s) in {}", problems.len(), args.url);
     }
     Ok(())
+}
+
+/// Where one host's time went, stage by stage: busy seconds, their share of the loop, and the
+/// rate of the stages that move bytes.
+fn stage_line(t: &crate::job::HostTiming) -> String {
+    let share = |s: f64| if t.seconds > 0.0 { 100.0 * s / t.seconds } else { 0.0 };
+    let rate =
+        |bytes: u64, s: f64| if s > 0.0 { format!(" {:.2} GB/s", bytes as f64 / s / 1e9) } else { String::new() };
+    let (p, w) = (&t.path, &t.writer);
+    format!(
+        "{}-bound at depth {}: program {:.2} s ({:.0}%), copy {:.2} s{}, hand-over {:.2} s, convert {:.2} s{}, \
+         seal {:.2} s{}, upload {:.2} s{}; the loop waited {:.2} s for the host, the host {:.2} s for the device",
+        p.bound(),
+        t.depth,
+        p.program_s,
+        share(p.program_s),
+        p.copy_s,
+        rate(p.copy_bytes, p.copy_s),
+        p.push_s,
+        w.convert_s,
+        rate(w.convert_bytes, w.convert_s),
+        w.seal_s,
+        rate(w.seal_bytes, w.seal_s),
+        w.upload_s,
+        rate(w.upload_bytes, w.upload_s),
+        p.wait_host_s,
+        p.wait_device_s,
+    )
 }
 
 /// What a reader must know about the hooks of a dataset of this format version.

@@ -74,6 +74,13 @@ pub struct Args {
     /// Share of device memory kept free.
     #[arg(long, default_value_t = siphon_plan::memory::DEFAULT_HEADROOM)]
     pub headroom: f64,
+    /// The stored activation dtype (`extract --dtype`): f32, bf16, f16 or fp8; with --batch
+    /// and --seq, the output path's host memory is counted in it.
+    #[arg(long, default_value = "bf16")]
+    pub output_dtype: DType,
+    /// Steps in flight on the output path (`extract --pipeline-depth`).
+    #[arg(long, default_value_t = 2)]
+    pub pipeline_depth: usize,
     /// Also plan lm_head.weight (extraction never computes logits, so it is skipped by default).
     #[arg(long)]
     pub lm_head: bool,
@@ -116,6 +123,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         headroom: args.headroom,
         with_lm_head: args.lm_head,
         stored,
+        output_dtype: args.output_dtype,
+        pipeline_depth: args.pipeline_depth,
     };
     let plan = siphon_plan::plan(&config, &topology, &request)?;
     if args.json {

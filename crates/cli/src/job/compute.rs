@@ -56,6 +56,7 @@ impl Plan {
         hosts: usize,
         simulate: Option<usize>,
         plugin: &std::path::Path,
+        pipeline_depth: usize,
     ) -> anyhow::Result<Plan> {
         let hooks = spec
             .hooks
@@ -70,10 +71,9 @@ impl Plan {
             batch: Some(spec.corpus.batch_size),
             seq: Some(spec.corpus.seq_len),
             hooks: Some(hooks.clone()),
-            dtype: match spec.compute_dtype.as_str() {
-                "bf16" => siphon_plan::DType::BF16,
-                _ => siphon_plan::DType::F32,
-            },
+            dtype: spec.compute_dtype.parse().map_err(anyhow::Error::msg)?,
+            output_dtype: spec.dtype.parse().map_err(anyhow::Error::msg)?,
+            pipeline_depth,
             stored: match spec.weights {
                 siphon_engine::WeightForm::Stored => model.stored_forms(blocks)?,
                 siphon_engine::WeightForm::Dequantized => Default::default(),
@@ -292,14 +292,10 @@ impl Compute {
             "devices ready"
         );
         let params = planned.param_specs().iter().cloned().collect();
-        let dtype = |name: &str| match name {
-            "bf16" => siphon_models::DType::Bf16,
-            "f16" => siphon_models::DType::F16,
-            _ => siphon_models::DType::F32,
-        };
         let options = siphon_engine::EngineOptions {
-            compute_dtype: dtype(&spec.compute_dtype),
-            output_dtype: dtype(&spec.dtype),
+            compute_dtype: spec.compute_dtype.parse()?,
+            // The stored dtype: the program returns it (fp8 rows quantized on the device).
+            output_dtype: spec.dtype.parse()?,
             mesh: mesh.clone(),
             plan: siphon_engine::ShardingPlan::Explicit { params, input: Some(planned.input_spec.clone()) },
             weights: spec.weights,
@@ -411,11 +407,13 @@ impl Compute {
     /// One step's host buffers, `[member][hook]` bytes at `seq` tokens a row: a member that
     /// writes reads back its reader's rows of every hook, one that does not reads nothing.
     pub fn slot_sizes(&self, seq: usize) -> Vec<Vec<usize>> {
-        let per_row: Vec<usize> = self.hook_shapes(seq).iter().map(|s| s.iter().product::<usize>() * seq).collect();
+        let dtype = self.output_dtype;
+        let per_row: Vec<usize> =
+            self.hook_shapes(seq).iter().map(|s| dtype.row_bytes(s.iter().product()) * seq).collect();
         self.members
             .iter()
             .map(|m| match m.writes {
-                true => per_row.iter().map(|n| n * self.reader_rows * self.output_dtype.size()).collect(),
+                true => per_row.iter().map(|n| n * self.reader_rows).collect(),
                 false => Vec::new(),
             })
             .collect()

@@ -45,7 +45,7 @@ use siphon_store::{
 };
 
 pub use options::{ExtractOptions, RunSpec};
-pub use timing::read_timing;
+pub use timing::{HostTiming, read_timing};
 
 use compute::Compute;
 use progress::Progress;
@@ -78,8 +78,14 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     spec.chat_template = chat.as_ref().map(|c| c.source().to_string());
     let pack = options.corpus.pack_config(&tokenizer, siphon_data::SpecialTokens::detect(&tokenizer))?;
     let plugin = siphon_runtime::locate_plugin(options.plugin.as_deref()).context("no PJRT plugin")?;
-    let compute_plan =
-        compute::Plan::new(&model, &spec, identity.num_processes as usize, options.simulate_hosts, &plugin.path)?;
+    let compute_plan = compute::Plan::new(
+        &model,
+        &spec,
+        identity.num_processes as usize,
+        options.simulate_hosts,
+        &plugin.path,
+        options.pipeline_depth,
+    )?;
     tracing::info!(
         model = %model_path.display(), hooks = spec.hooks.len(), units = corpus.units().len(),
         plugin = %plugin.path.display(), "configuration valid"
@@ -290,7 +296,12 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         "host buffers ready"
     );
     let writes = sinks.iter().any(|sink| sink.writer.is_some());
-    let mut pipeline = pipeline::Pipeline::start(slots, sinks, compute.output_dtype(), spec.chat_template.is_some())?;
+    let batches = pipeline::Batches {
+        dtype: compute.output_dtype(),
+        shapes: compute.hook_shapes(spec.corpus.seq_len),
+        roles: spec.chat_template.is_some(),
+    };
+    let mut pipeline = pipeline::Pipeline::start(slots, sinks, batches)?;
     let started = Instant::now();
     // Test hook: slows the loop down so that tests can kill a host mid-run.
     let slow_batch =

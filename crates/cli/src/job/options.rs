@@ -26,7 +26,9 @@ pub struct ExtractOptions {
     /// Shorthand for those layers' `hook_resid_post`: `20-27`, `3,5,7` or `0-3,10`.
     #[arg(long, help_heading = "Model")]
     pub layers: Option<String>,
-    /// Stored activation dtype: f32, bf16 or f16.
+    /// Stored activation dtype: f32, bf16, f16 or fp8 (`float8_e4m3fn` with one f32 scale per
+    /// token row, quantized on the device: about half of bf16's bytes; the Python reader
+    /// returns it as the dtype asked for).
     #[arg(long, default_value = "bf16", help_heading = "Model")]
     pub dtype: String,
     /// Weights and compute dtype: f32 or bf16.
@@ -191,7 +193,7 @@ impl ExtractOptions {
                 .collect();
         }
         for (name, value, allowed) in [
-            ("dtype", &self.dtype, &["f32", "bf16", "f16"][..]),
+            ("dtype", &self.dtype, &["f32", "bf16", "f16", "fp8"][..]),
             ("compute-dtype", &self.compute_dtype, &["f32", "bf16"][..]),
         ] {
             if !allowed.contains(&value.as_str()) {

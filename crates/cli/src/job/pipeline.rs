@@ -95,6 +95,16 @@ pub struct Step {
     pub launched_at: Instant,
 }
 
+/// What the writers' batches hold.
+pub struct Batches {
+    /// The stored dtype (the program returns it).
+    pub dtype: ActivationDtype,
+    /// Each hook's per-token shape.
+    pub shapes: Vec<Vec<usize>>,
+    /// Whether each token's role is stored.
+    pub roles: bool,
+}
+
 /// Where one member's rows go: its shard writer (members that write nothing have none),
 /// and what turns its batch into the store's.
 pub struct Sink {
@@ -147,8 +157,8 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Starts the drain thread over `sinks` (one per member, in member order) with `slots` (the
-    /// pipeline's depth); `dtype` and `roles` describe the batches the writers take.
-    pub fn start(slots: Vec<Slot>, sinks: Vec<Sink>, dtype: ActivationDtype, roles: bool) -> anyhow::Result<Pipeline> {
+    /// pipeline's depth); `batches` describes what the writers take.
+    pub fn start(slots: Vec<Slot>, sinks: Vec<Sink>, batches: Batches) -> anyhow::Result<Pipeline> {
         let depth = slots.len().max(1);
         let (home, free) = sync_channel(depth);
         for slot in slots {
@@ -159,7 +169,7 @@ impl Pipeline {
         let shared = Arc::clone(&timing);
         let drain = std::thread::Builder::new()
             .name("siphon-drain".into())
-            .spawn(move || drain(queued, home, sinks, dtype, roles, &shared))
+            .spawn(move || drain(queued, home, sinks, &batches, &shared))
             .context("cannot start the drain thread")?;
         Ok(Pipeline { free, steps: Some(steps), drain: Some(drain), wait_host: Duration::ZERO, timing })
     }
@@ -212,8 +222,7 @@ fn drain(
     steps: Receiver<Step>,
     home: SyncSender<Slot>,
     mut sinks: Vec<Sink>,
-    dtype: ActivationDtype,
-    roles: bool,
+    batches_are: &Batches,
     timing: &std::sync::Mutex<PathTiming>,
 ) -> Drained {
     let mut previous_ready: Option<Instant> = None;
@@ -241,13 +250,12 @@ fn drain(
         let copied = Instant::now();
         total.copy_s += copied.duration_since(ready).as_secs_f64();
 
-        let shapes: Vec<Vec<Vec<usize>>> = (0..sinks.len()).map(|m| launched.shapes(sinks[m].process)).collect();
         drop(launched);
         let loan = Arc::new(OnLoan { slot: Some(slot), home: home.clone() });
         for (member, (sink, batch)) in sinks.iter_mut().zip(&batches).enumerate() {
             let (Some((writer, _)), Some(batch)) = (sink.writer.as_mut(), batch) else { continue };
-            let hooks = writer_hooks(writer, &shapes[member], dtype, batch, &loan, member)?;
-            writer.push(super::to_store_batch(batch, hooks, roles)?)?;
+            let hooks = writer_hooks(writer, batches_are, batch, &loan, member);
+            writer.push(super::to_store_batch(batch, hooks, batches_are.roles)?)?;
         }
         drop(loan);
         total.push_s += copied.elapsed().as_secs_f64();
@@ -263,23 +271,22 @@ fn drain(
 /// batch keeps its own rows only).
 fn writer_hooks(
     writer: &ShardWriter,
-    shapes: &[Vec<usize>],
-    dtype: ActivationDtype,
+    batches: &Batches,
     batch: &siphon_data::Batch,
     loan: &Arc<OnLoan>,
     member: usize,
-) -> anyhow::Result<Vec<HookActivations>> {
+) -> Vec<HookActivations> {
+    let dtype = batches.dtype;
     writer
         .hooks()
         .iter()
-        .zip(shapes)
+        .zip(&batches.shapes)
         .enumerate()
         .map(|(hook, (name, shape))| {
-            let per_token = shape.get(2..).context("hook output without per-token dimensions")?.to_vec();
-            let len = batch.len() * batch.seq_len * per_token.iter().product::<usize>() * dtype.size();
+            let len = batch.len() * batch.seq_len * dtype.row_bytes(shape.iter().product());
             let rows = Rows { loan: Arc::clone(loan), member, hook };
             let data = Bytes::from_owner(rows).slice(..len);
-            Ok(HookActivations { hook: name.clone(), dtype, shape: per_token, data })
+            HookActivations { hook: name.clone(), dtype, shape: shape.clone(), data }
         })
         .collect()
 }
