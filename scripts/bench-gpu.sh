@@ -6,6 +6,8 @@
 #   scripts/bench-gpu.sh --prepare     # here: release binaries, stripped and xz'd into .gpu/
 #   scripts/bench-gpu.sh [STEP...]     # there: doctor fixtures qwen2 gemma2 extract llama (default: all)
 #
+# bench_forward reports each run's device time and to-host time (bf16 out of a bf16 program,
+# into reused host buffers, pinned where the plugin allows: `pinned=` on its ready line).
 # Each step has its own time limit and writes its log to $OUT (or /tmp/gpu-out); a step that
 # fails or runs out of time does not stop the next. Not a test: figures go to
 # docs/BENCHMARKS.md with the device and date.
@@ -86,13 +88,17 @@ with open(sys.argv[1], "w") as f:
     for _ in range(3000):
         f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(400))}) + "\n")
 PY
-            rm -rf /tmp/gpu-extract
-            timeout 60 .gpu/siphon extract --model "$model" --corpus /tmp/gpu-corpus.jsonl --seq-len 1024 \
-                --batch-size 32 --max-tokens 1048576 --compute-dtype bf16 --dtype bf16 --layers 6,12,18 \
-                --hooks ln_final.hook_normalized --output /tmp/gpu-extract --run e2e \
-                --log-format plain > "$out/extract.txt" 2>&1
-            note "extract rc=$?"
-            python3 scripts/bench/extract_timing.py /tmp/gpu-extract/e2e/timing 2>&1 | tee -a "$out/summary.txt"
+            # 4 hooks to local disk, bf16 then fp8 (stored dtype quantized on the device); each
+            # prints end to end ÷ device-only compute and the GB/s of every stage.
+            for dtype in bf16 fp8; do
+                rm -rf /tmp/gpu-extract
+                timeout 60 .gpu/siphon extract --model "$model" --corpus /tmp/gpu-corpus.jsonl --seq-len 1024 \
+                    --batch-size 32 --max-tokens 1048576 --compute-dtype bf16 --dtype $dtype --layers 6,12,18 \
+                    --hooks ln_final.hook_normalized --output /tmp/gpu-extract --run e2e \
+                    --log-format plain > "$out/extract-$dtype.txt" 2>&1
+                note "extract $dtype rc=$?: $(grep -o 'host buffers ready.*' "$out/extract-$dtype.txt")"
+                python3 scripts/bench/extract_timing.py /tmp/gpu-extract/e2e/timing 2>&1 | tee -a "$out/summary.txt"
+            done
         else
             note "extract skipped: no qwen2 bench model"
         fi

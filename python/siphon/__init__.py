@@ -9,6 +9,9 @@
         x = batch["blocks.20.hook_resid_post"]   # [4096, d] torch.bfloat16
         ids = batch["token_ids"]
 
+Runs extracted with ``--dtype fp8`` (float8_e4m3fn and a float32 scale per token row) read
+the same way: their hooks come dequantized, float32 unless ``dtype=`` asks for another.
+
 `siphon.torch` holds the PyTorch IterableDataset and SAELens/dictionary_learning data
 providers; `siphon.saelens` exports a run as SAELens's cached-activation dataset.
 """

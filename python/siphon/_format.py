@@ -13,6 +13,10 @@ A shard holds one ``[tokens, *per-token shape]`` tensor per hook, ``token_ids`` 
 ``keep_excluded``, a ``mask`` (BOOL). A shard belongs to the dataset only once its manifest
 line is written, so reading through the manifests sees exactly the committed shards, also while
 a run is still being written.
+
+In an fp8 run (``shard_format.dtype`` ``"fp8"``) each hook tensor holds float8_e4m3fn values
+(F8_E4M3) and, beside it, ``{hook}.fp8_scale`` (F32, ``[tokens]``) one scale per token row: a
+value is ``float32(e4m3) * scale``, computed in float32.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -35,19 +39,37 @@ RESERVED = ("token_ids", "doc_index", "position", "sample_index", "mask", "role"
 # The values of a run's ``role`` tensor (conversations rendered through a chat template).
 ROLES = ("template", "system", "user", "assistant", "tool")
 
+#: The logical dtype of an fp8 run's hooks: float8_e4m3fn values, scaled per token row.
+FP8 = "float8_e4m3fn"
+#: Ends the name of the f32 ``[tokens]`` tensor of an fp8 hook's row scales.
+FP8_SCALE_SUFFIX = ".fp8_scale"
+
 # safetensors dtype -> (numpy dtype holding the raw elements, logical dtype name).
-# numpy has no bfloat16: bf16 elements are held as uint16 bit patterns until converted.
+# numpy has no bfloat16 nor float8: bf16 elements are held as uint16 bit patterns, fp8 ones as
+# uint8 bytes, until converted.
 STORED_DTYPES: Dict[str, Tuple[np.dtype, str]] = {
     "F32": (np.dtype("<f4"), "float32"),
     "F16": (np.dtype("<f2"), "float16"),
     "BF16": (np.dtype("<u2"), "bfloat16"),
+    "F8_E4M3": (np.dtype("u1"), FP8),
     "I32": (np.dtype("<i4"), "int32"),
     "I64": (np.dtype("<i8"), "int64"),
     "BOOL": (np.dtype("bool"), "bool"),
     "U8": (np.dtype("u1"), "uint8"),
 }
 # run.json's shard_format.dtype -> logical dtype name.
-RUN_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+RUN_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "fp8": FP8}
+
+
+def fp8_scale_name(hook: str) -> str:
+    """The tensor holding an fp8 hook's row scales (as the store names it)."""
+    return hook + FP8_SCALE_SUFFIX
+
+
+def hook_tensors(hooks: Sequence[str], dtype: str) -> List[str]:
+    """The shard tensors that hold the rows of `hooks` in a run of logical `dtype`: the hooks
+    and, in an fp8 run, each hook's scales after them."""
+    return list(hooks) + ([fp8_scale_name(h) for h in hooks] if dtype == FP8 else [])
 
 
 @dataclass(frozen=True)
@@ -172,6 +194,6 @@ def parse_header(location: Location, rel: str, size: int) -> ShardHeader:
 
 def decode(info: TensorInfo, raw: bytes, rows: int) -> np.ndarray:
     """Raw little-endian bytes of `rows` rows of a tensor as a numpy array ``[rows, *shape[1:]]``
-    (bf16 as uint16 bit patterns)."""
+    (bf16 as uint16 bit patterns, fp8 as uint8 bytes)."""
     np_dtype, _ = STORED_DTYPES[info.dtype]
     return np.frombuffer(raw, dtype=np_dtype).reshape((rows,) + tuple(info.shape[1:]))

@@ -14,12 +14,15 @@ import numpy as np
 
 from . import _convert
 from ._format import (
+    FP8,
     RESERVED,
     ROLES,
     RUN_DTYPES,
     STORED_DTYPES,
     ManifestLine,
+    fp8_scale_name,
     host_dirs,
+    hook_tensors,
     parse_header,
     read_manifest,
     read_run_json,
@@ -46,7 +49,9 @@ DEFAULT_UNIT_TOKENS = 8192
 
 @dataclass(frozen=True)
 class HookInfo:
-    """One hook of the run: its name, the shape of one token's activation, its stored dtype."""
+    """One hook of the run: its name, the shape of one token's activation, its stored dtype
+    (``"float8_e4m3fn"`` in an fp8 run, whose rows each carry a float32 scale: the reader
+    returns them dequantized, float32 unless another dtype is asked for)."""
 
     name: str
     shape: Tuple[int, ...]
@@ -78,6 +83,11 @@ class Dataset:
     Only shards named in a ``manifest.jsonl`` are visible, and the manifests are read once, when
     the dataset is opened (`refresh` reads them again): a run that is still being written can be
     read, and shows the shards committed so far.
+
+    `dtype` is the hooks' stored dtype: ``float32``, ``bfloat16``, ``float16``, or
+    ``float8_e4m3fn`` for an fp8 run (``siphon extract --dtype fp8``: one byte a value and a
+    float32 scale per token row, in ``{hook}.fp8_scale`` beside each hook; the reader reads the
+    scales with the rows and returns the values dequantized).
     """
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]] = None) -> None:
@@ -187,8 +197,18 @@ class Dataset:
                 t = header.tensors.get(hook.name)
                 if t is None:
                     problems.append(f"{where}: no tensor for hook {hook.name}")
-                elif t.shape != (shard.tokens,) + hook.shape:
+                    continue
+                if t.shape != (shard.tokens,) + hook.shape:
                     problems.append(f"{where}: hook {hook.name} has shape {list(t.shape)}, expected {[shard.tokens, *hook.shape]}")
+                stored = STORED_DTYPES.get(t.dtype, (None, t.dtype))[1]
+                if stored != hook.dtype:
+                    problems.append(f"{where}: hook {hook.name} is stored as {t.dtype}, run.json says {hook.dtype}")
+                if hook.dtype == FP8:
+                    name = fp8_scale_name(hook.name)
+                    scale = header.tensors.get(name)
+                    if scale is None or scale.dtype != "F32" or scale.shape != (shard.tokens,):
+                        found = "missing" if scale is None else f"{scale.dtype} {list(scale.shape)}"
+                        problems.append(f"{where}: fp8 hook {hook.name}'s scales {name}: {found}, expected F32 [{shard.tokens}]")
             if hashes:
                 digest = _sha256(self._location, shard.rel, shard.bytes)
                 if digest != shard.sha256:
@@ -197,6 +217,11 @@ class Dataset:
         if problems and raise_on_problem:
             raise DatasetError(f"{self.url}: {len(problems)} problem(s): " + "; ".join(problems))
         return report
+
+    def _row_bytes(self, hooks: Sequence[str]) -> int:
+        """Stored bytes of one token's rows of `hooks` (an fp8 row's float32 scale included)."""
+        itemsize = np.dtype(STORED_DTYPES_BY_NAME[self.dtype]).itemsize
+        return sum(self.hooks[h].width * itemsize + (4 if self.dtype == FP8 else 0) for h in hooks)
 
     def _check_hooks(self, hooks: Optional[Sequence[str]]) -> List[str]:
         if hooks is None:
@@ -265,7 +290,9 @@ class Dataset:
           than each other.
         - `output`: ``"numpy"`` or ``"torch"`` (`format` is its deprecated name). `dtype`:
           ``None`` keeps the stored dtype (bf16 stays ``torch.bfloat16``; in numpy it needs
-          ``ml_dtypes``), or e.g. ``"float32"``.
+          ``ml_dtypes``), or e.g. ``"float32"``. An fp8 run's rows are read with their scales
+          and dequantized (``float32(e4m3) * scale``): ``None`` gives float32, the exact stored
+          value; ``"bfloat16"``/``"float16"`` round that (numpy needs ``ml_dtypes`` for fp8).
         - `exclude_token_ids` (e.g. BOS) and ``min_position <= position < max_position`` drop
           rows before batching; rows a ``--keep-excluded`` mask marks are always dropped.
         - `roles` (a run of conversations, ``has_roles``): keep only the tokens of these roles
@@ -291,9 +318,8 @@ class Dataset:
         if epochs is not None and epochs < 0:
             raise DatasetError(f"epochs must be >= 0 or None, got {epochs}")
         out_dtype = _convert.resolve_dtype(dtype, output)
-        if output == "numpy" and out_dtype is None and self.dtype == "bfloat16":
-            _convert.require_ml_dtypes()
-        row_bytes = sum(self.hooks[h].width for h in hooks) * np.dtype(STORED_DTYPES_BY_NAME[self.dtype]).itemsize + 8
+        convert = _convert.Converter(output, out_dtype, self.dtype, hooks, device)
+        row_bytes = self._row_bytes(hooks) + 8
         if shuffle_buffer_tokens is None:
             shuffle_buffer_tokens = max(DEFAULT_SHUFFLE_BUFFER_BYTES // row_bytes, 4 * batch_size)
         if shuffle and shuffle_buffer_tokens < 2 * batch_size:
@@ -314,11 +340,12 @@ class Dataset:
             max_position=None if max_position is None else int(max_position),
             roles=role_ids,
         )
-        tensors = hooks + ["token_ids", "position"] + (["role"] if self.has_roles else [])
+        # An fp8 hook's scales are read (and shuffled, filtered) with its rows.
+        tensors = hook_tensors(hooks, self.dtype) + ["token_ids", "position"] + (["role"] if self.has_roles else [])
         plan = _Iteration(
             units=make_units(list(self.shards), unit_tokens),
             reader=UnitReader(self._location, tensors, filt, self._has_mask),
-            convert=_convert.Converter(output, out_dtype, self.dtype, hooks, device),
+            convert=convert,
             shuffle=shuffle,
             seed=seed,
             epoch=epoch,
@@ -354,11 +381,12 @@ class Dataset:
         """Every committed token of `hooks` in stored order, in memory: for small runs and tests."""
         output = _deprecated_output(format, output)
         hooks = self._check_hooks(hooks)
+        convert = _convert.Converter(output, _convert.resolve_dtype(dtype, output), self.dtype, hooks, None)
         parts = list(self.batches(hooks, batch_size=1 << 20, shuffle=False, output="numpy", dtype="raw", prefetch=0))
-        out_dtype = _convert.resolve_dtype(dtype, output)
-        convert = _convert.Converter(output, out_dtype, self.dtype, hooks, None)
         if not parts:
             templates = {h: np.zeros((0,) + self.hooks[h].shape, STORED_DTYPES_BY_NAME[self.dtype]) for h in hooks}
+            if self.dtype == FP8:
+                templates.update({fp8_scale_name(h): np.zeros(0, np.float32) for h in hooks})
             templates.update(token_ids=np.zeros(0, np.int32), position=np.zeros(0, np.int32))
             if self.has_roles:
                 templates.update(role=np.zeros(0, np.uint8))

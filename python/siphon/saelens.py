@@ -13,7 +13,8 @@ siphon run, so SAELens's own runner trains from it::
 siphon drops BOS/padding tokens and stores tokens, not sequences: each exported row is
 `context_size` consecutive (or, with `shuffle`, shuffled) tokens of the run, and the tokens
 past the last whole row are left out. Arrow has no bfloat16: bf16 runs are exported as float32
-(exact) unless ``dtype="float16"``.
+(exact) unless ``dtype="float16"``. fp8 runs are exported dequantized (each value times its
+row's scale): float32 (exact) unless ``dtype="float16"``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ Example::
                                         hooks=["blocks.10.hook_resid_post"], batch_size=4096)
     for batch in DataLoader(ds, batch_size=None, num_workers=2):
         x = batch["blocks.10.hook_resid_post"]      # [4096, 576] torch.bfloat16
+
+Hooks keep their stored dtype unless `dtype` says otherwise, except an fp8 run's, which come
+dequantized (each value times its row's scale) as float32, or as the `dtype` asked for.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ HOOKS = [
     "blocks.0.attn.hook_z",
 ]
 D_MODEL = 64
+# The hooks of the f32 and fp8 runs: every kind but the per-head one (see test_fp8.py).
+FP8_HOOKS = HOOKS[:3]
 
 
 def siphon_binary() -> str:
@@ -106,7 +108,15 @@ def bf16_run(runs) -> Path:
 
 @pytest.fixture(scope="session")
 def f32_run(runs) -> Path:
-    return extract(runs, "tiny-f32", dtype="f32", hooks=HOOKS[:3])
+    """f32, the same model, corpus and hooks as `fp8_run` (the per-head hook left out)."""
+    return extract(runs, "tiny-f32", dtype="f32", hooks=FP8_HOOKS)
+
+
+@pytest.fixture(scope="session")
+def fp8_run(runs) -> Path:
+    """fp8 (float8_e4m3fn values, a float32 scale per token row): the same model, corpus and
+    hooks as `f32_run`, so the two hold the same tokens."""
+    return extract(runs, "tiny-fp8", dtype="fp8", hooks=FP8_HOOKS)
 
 
 @pytest.fixture(scope="session")

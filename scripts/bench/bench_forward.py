@@ -366,18 +366,23 @@ def main():
         return (time.perf_counter() - t) * 1e3, host
 
     def siphon_once():
-        return float(ask("run").split("=")[1])
+        # `ms=… device_ms=… host_ms=…`: the step, the program on the device, the copy to the host.
+        fields = dict(word.split("=") for word in ask("run").split())
+        return float(fields["ms"]), float(fields["device_ms"]), float(fields["host_ms"])
 
     # Warm-up (first calls allocate and page in weights).
     hf_once()
     siphon_once()
-    hf_ms, siphon_ms = [], []
+    hf_ms, siphon_ms, device_ms, host_ms = [], [], [], []
     for r in range(args.rounds):
         h, out = hf_once()
-        s = siphon_once()
+        s, d, c = siphon_once()
         hf_ms.append(h)
         siphon_ms.append(s)
-        print(f"round {r}: hf {h:.0f} ms ({tokens / h * 1e3:.0f} tok/s), siphon {s:.0f} ms ({tokens / s * 1e3:.0f} tok/s)", flush=True)
+        device_ms.append(d)
+        host_ms.append(c)
+        print(f"round {r}: hf {h:.0f} ms ({tokens / h * 1e3:.0f} tok/s), siphon {s:.0f} ms ({tokens / s * 1e3:.0f} tok/s: "
+              f"device {d:.0f} ms, to host {c:.0f} ms)", flush=True)
 
     dump = os.path.join(args.dir, "siphon_last.bin")
     ask(f"dump {dump}")
@@ -390,11 +395,16 @@ def main():
     proc.wait()
 
     hf_med, s_med = statistics.median(hf_ms), statistics.median(siphon_ms)
+    d_med, c_med = statistics.median(device_ms), statistics.median(host_ms)
+    out_bytes = sum(o.numel() * o.element_size() for o in out)
     report = {
         "batch": args.batch, "seq": args.seq, "threads": args.threads, "rounds": args.rounds,
         "hf_median_ms": round(hf_med, 1), "hf_tok_s": round(tokens / hf_med * 1e3, 1),
         "siphon_median_ms": round(s_med, 1), "siphon_tok_s": round(tokens / s_med * 1e3, 1),
         "speedup": round(hf_med / s_med, 3), "max_abs_diff_last_hidden": diff, "max_abs_last_hidden": scale,
+        "siphon_device_ms": round(d_med, 1), "siphon_to_host_ms": round(c_med, 1),
+        "siphon_device_tok_s": round(tokens / d_med * 1e3, 1),
+        "to_host_gb_s": round(out_bytes / (c_med / 1e3) / 1e9, 2) if c_med > 0 else None,
         "gflops_per_token": round(flops_per_token / 1e9, 3),
         "hf_gflop_s": round(flops_per_token * tokens / (hf_med / 1e3) / 1e9, 1),
         "siphon_gflop_s": round(flops_per_token * tokens / (s_med / 1e3) / 1e9, 1),
@@ -404,6 +414,8 @@ def main():
     if args.device == "cuda":
         for side in ("hf", "siphon"):
             report[f"{side}_mfu"] = round(report[f"{side}_gflop_s"] / (args.peak_tflops * 1e3), 4)
+        device_gflop_s = flops_per_token * tokens / (d_med / 1e3) / 1e9
+        report["siphon_device_mfu"] = round(device_gflop_s / (args.peak_tflops * 1e3), 4)
     print(json.dumps(report))
 
 

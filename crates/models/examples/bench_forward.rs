@@ -6,16 +6,27 @@
 //! `DIR/model.safetensors` and `DIR/input_ids.bin` (i32, `[batch, seq]` with `batch` and
 //! `seq` in `DIR/input_shape.txt`), builds and compiles the forward on the located PJRT
 //! plugin (the CPU plugin, or CUDA's on a GPU machine), uploads the weights, prints
-//! `ready compile_s=…`, then answers each stdin line `run` with `ms=…` (execute plus
-//! download of every output), and `dump PATH` by writing the last output (f32, row-major)
-//! to PATH. `SIPHON_BENCH_MEMORY_FRACTION` sets the share of a GPU's memory XLA takes.
+//! `ready compile_s=… pinned=…`, then answers each stdin line `run` with `ms=… device_ms=…
+//! host_ms=…`: the whole step, the program until every output is ready on the device, and
+//! the copy of every output to the host — in the compute dtype (a bf16 program returns bf16,
+//! as HF's side does), into host buffers allocated once and reused (pinned for DMA where the
+//! plugin allows), as `siphon extract` copies them. `dump PATH` writes the last output (f32,
+//! row-major) to PATH. `SIPHON_BENCH_MEMORY_FRACTION` sets the share of a GPU's memory XLA
+//! takes.
 
 use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use siphon_hlo::DType;
 use siphon_models::{ForwardSpec, HfConfig, HookKind, HookPoint, build_forward};
-use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, OptionValue, Plugin, PluginLocator};
+use siphon_runtime::{
+    Client, ClientOptions, CompileOptions, ElementType, HostArray, OptionValue, Plugin, PluginLocator,
+};
+
+/// The runtime's element type of an output dtype (f32 or bf16 here).
+fn element_type(dtype: DType) -> ElementType {
+    if dtype == DType::BF16 { ElementType::BF16 } else { ElementType::F32 }
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -63,6 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut spec = ForwardSpec::new(batch, seq, hooks);
     spec.compute_dtype = dtype;
+    spec.output_dtype = dtype;
     spec.cpu_kernels = client.cpu_kernels();
     let program = build_forward(&config, &spec)?;
     if let Ok(path) = std::env::var("SIPHON_BENCH_DUMP_HLO") {
@@ -92,10 +104,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for data in [&ids, &mask, &pos] {
         buffers.push(client.upload(&HostArray::from_slice(&[batch, seq], data)?, device)?);
     }
-    println!("ready compile_s={compile_s:.3} outputs={}", program.outputs.len());
+    let mut hosts = program
+        .outputs
+        .iter()
+        .map(|o| client.host_buffer(o.shape.iter().product::<usize>() * o.dtype.byte_size()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let pinned = hosts.iter().all(|h| h.is_pinned());
+    println!("ready compile_s={compile_s:.3} outputs={} pinned={pinned}", program.outputs.len());
     std::io::stdout().flush()?;
 
-    let mut last: Option<HostArray> = None;
+    let mut ran = false;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
         let mut words = line.split_whitespace();
@@ -103,14 +121,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some("run") => {
                 let t = Instant::now();
                 let outs = exe.execute(&[buffers.iter().collect()])?;
-                let hosts: Vec<HostArray> = outs[0].iter().map(|b| b.to_host()).collect::<Result<_, _>>()?;
+                for out in &outs[0] {
+                    out.wait_ready()?;
+                }
+                let device_ms = t.elapsed().as_secs_f64() * 1e3;
+                let copies = outs[0]
+                    .iter()
+                    .zip(hosts.iter_mut())
+                    .map(|(out, host)| out.to_host_into(host.as_mut_slice()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                for copy in copies {
+                    copy.wait()?;
+                }
                 let ms = t.elapsed().as_secs_f64() * 1e3;
-                last = hosts.into_iter().last();
-                println!("ms={ms:.2}");
+                ran = true;
+                println!("ms={ms:.2} device_ms={device_ms:.2} host_ms={:.2}", ms - device_ms);
             }
             Some("dump") => {
                 let path = words.next().ok_or("dump needs a path")?;
-                let array = last.as_ref().ok_or("dump before run")?;
+                let (last, info) = hosts.last().zip(program.outputs.last()).filter(|_| ran).ok_or("dump before run")?;
+                let array = HostArray::from_bytes(element_type(info.dtype), &info.shape, last.as_slice().to_vec())?;
                 let bytes: Vec<u8> = array.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
                 std::fs::write(path, bytes)?;
                 println!("dumped");

@@ -953,11 +953,9 @@ impl<'a> Graph<'a> {
                 .get(&hook)
                 .ok_or_else(|| ModelError::Hook(format!("{hook} was requested but the graph did not produce it")))?;
             let shape: Vec<usize> = [bsz, s].into_iter().chain(hook.dims(self.config, s)).collect();
-            let mut dims = self.input_spec.dims()[..2].to_vec();
-            dims.resize(shape.len(), Vec::new());
-            let out_spec = PartitionSpec::from_dims(dims);
             let x = b.reshape(x, &shape)?;
             let (x, shape, dtype) = match self.spec.output_dtype {
+                // Each token's row flattened to its scale and values: `[batch, seq, 4 + n]`.
                 DType::F8E4M3FN => {
                     let x = fp8_rows(&mut b, x)?;
                     let shape = b.dims(x)?.to_vec();
@@ -965,6 +963,9 @@ impl<'a> Graph<'a> {
                 }
                 dtype => (b.convert(x, dtype)?, shape, dtype),
             };
+            let mut dims = self.input_spec.dims()[..2].to_vec();
+            dims.resize(shape.len(), Vec::new());
+            let out_spec = PartitionSpec::from_dims(dims);
             results.push((x, self.sharded.then(|| out_spec.clone())));
             outputs.push(OutputInfo { hook, shape, dtype, spec: out_spec });
         }
@@ -1323,6 +1324,20 @@ mod tests {
         let p = build_forward(&c, &ForwardSpec::new(1, 4, vec![block(0, ResidPre)])).unwrap();
         assert_eq!(p.n_blocks, 0);
         assert_eq!(p.params.len(), 1);
+    }
+
+    #[test]
+    fn fp8_outputs_are_rows_of_a_scale_and_values_on_any_mesh() {
+        let c = tiny();
+        let mesh = Mesh::new(&[("data", 2), ("model", 2)], (0..4).collect()).unwrap();
+        let hooks = vec![block(0, AttnZ), block(1, ResidPost)];
+        let mut spec = ForwardSpec::new(2, 5, hooks).with_megatron_plan(&c, mesh);
+        spec.output_dtype = DType::F8E4M3FN;
+        let p = build_forward(&c, &spec).unwrap();
+        // 4 heads of 4 flattened behind the 4 bytes of the scale; specs of the output's rank.
+        let shapes: Vec<_> = p.outputs.iter().map(|o| (o.shape.clone(), o.dtype, o.spec.rank())).collect();
+        assert_eq!(shapes, [(vec![2, 5, 4 + 16], DType::U8, 3), (vec![2, 5, 4 + 16], DType::U8, 3)]);
+        assert!(p.text.contains("f8E4M3FN") && p.text.contains("stablehlo.bitcast_convert"));
     }
 
     #[test]

@@ -59,8 +59,8 @@ mod writer;
 
 pub use batch::{ActivationDtype, BatchActivations, HookActivations, fp8_scale_name};
 pub use config::{
-    DEFAULT_GIVE_UP_AFTER, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES, RunDescriptor, ShardFormat,
-    ShuffleConfig, StoreConfig, UploadConfig,
+    DEFAULT_GIVE_UP_AFTER, DEFAULT_SEALERS, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES,
+    RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,
 };
 pub use error::{Result, StoreError};
 pub use location::{MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, parse_host_dir, shard_name};

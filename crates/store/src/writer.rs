@@ -3,7 +3,10 @@
 //! ```text
 //!  compute thread ──push──▶ [batches: bounded sync channel] ──▶ assembler thread
 //!     (blocks only when the queue is full)                       (select tokens, shuffle,
-//!                                                                 convert, seal, sha256, stats)
+//!                                                                 convert into the shard)
+//!                                                                      │ full shards
+//!                                            ≤ `sealers` threads, each sealing one shard
+//!                                            (stats, header, sha256), handed on in order
 //!                     [sealed shards: bounded channel] ◀──────────────┘
 //!                                   │
 //!                                   ▼  tokio runtime owned by the writer
@@ -12,9 +15,10 @@
 //!                                   ▼
 //!         commit: rewrite manifest.jsonl (the commit point), then the host's stats.json
 //! ```
-//! Memory is bounded by the two channels: about `queue_batches` batches plus
-//! `pending_shards + 3` shards (one being built, two uploading).
+//! Memory is bounded by the two channels and the sealers: about `queue_batches` batches plus
+//! `pending_shards + sealers + 3` shards (one being built, two uploading).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -179,21 +183,19 @@ impl ShardWriter {
         let assembler_failure = Arc::clone(&failure);
         let format = config.format.clone();
         let next_shard = resume.next_shard;
+        let sealers = config.sealers.min(std::thread::available_parallelism().map_or(1, |n| n.get()));
         let drop_partial = Arc::new(AtomicBool::new(false));
         let assembler_drop_partial = Arc::clone(&drop_partial);
         let assembler_timing = Arc::clone(&timing);
         let assembler = std::thread::Builder::new()
             .name("siphon-store-assembler".into())
             .spawn(move || {
-                let result = assemble(
-                    batch_rx,
-                    shard_tx,
-                    identity,
-                    format,
-                    next_shard,
-                    &assembler_drop_partial,
-                    &assembler_timing,
-                );
+                let result = std::thread::scope(|scope| {
+                    let mut sealer = Sealer { scope, shards: shard_tx, sealing: VecDeque::new(), max: sealers };
+                    let timing = &assembler_timing;
+                    assemble(batch_rx, &mut sealer, identity, format, next_shard, &assembler_drop_partial, timing)?;
+                    sealer.flush()
+                });
                 if let Err(e) = &result {
                     record_failure(&assembler_failure, e);
                 }
@@ -393,15 +395,57 @@ fn model_id(model: &serde_json::Value) -> String {
     }
 }
 
-/// The assembler thread: batches → windows → shards.
-fn assemble(
-    batches: Receiver<BatchActivations>,
+/// Shards being sealed, each on a thread of its own (at most `max` at once), handed to the
+/// uploader in the order they were built.
+struct Sealer<'scope, 'env> {
+    scope: &'scope std::thread::Scope<'scope, 'env>,
     shards: mpsc::Sender<SealedShard>,
+    sealing: VecDeque<std::thread::ScopedJoinHandle<'scope, Result<SealedShard>>>,
+    max: usize,
+}
+
+impl<'scope> Sealer<'scope, '_> {
+    /// Starts sealing `builder`, after handing on the oldest shard when `max` are sealing.
+    fn seal(&mut self, builder: ShardBuilder, timing: &'scope Mutex<WriterTiming>) -> Result<()> {
+        if self.sealing.len() >= self.max {
+            self.hand_on_oldest()?;
+        }
+        self.sealing.push_back(self.scope.spawn(move || {
+            let start = std::time::Instant::now();
+            let shard = builder.seal()?;
+            if let Ok(mut t) = timing.lock() {
+                t.seal_s += start.elapsed().as_secs_f64();
+                t.seal_bytes += shard.bytes;
+            }
+            Ok(shard)
+        }));
+        Ok(())
+    }
+
+    fn hand_on_oldest(&mut self) -> Result<()> {
+        let Some(oldest) = self.sealing.pop_front() else { return Ok(()) };
+        let shard = oldest.join().map_err(|_| StoreError::Background("a sealer panicked".into()))??;
+        self.shards.blocking_send(shard).map_err(|_| StoreError::Background("uploader stopped".into()))
+    }
+
+    /// Hands on every shard still sealing, in order.
+    fn flush(&mut self) -> Result<()> {
+        while !self.sealing.is_empty() {
+            self.hand_on_oldest()?;
+        }
+        Ok(())
+    }
+}
+
+/// The assembler thread: batches → windows → shards, sealed by `sealer`.
+fn assemble<'scope>(
+    batches: Receiver<BatchActivations>,
+    sealer: &mut Sealer<'scope, '_>,
     identity: ShardIdentity,
     format: crate::config::ShardFormat,
     mut next_shard: u64,
     drop_partial: &AtomicBool,
-    timing: &Mutex<WriterTiming>,
+    timing: &'scope Mutex<WriterTiming>,
 ) -> Result<()> {
     let window_batches = format.shuffle.map_or(1, |s| s.window_batches);
     let target = format.target_shard_bytes;
@@ -417,17 +461,6 @@ fn assemble(
         }
         Ok::<(), StoreError>(())
     };
-    let seal = |builder: ShardBuilder| {
-        let start = std::time::Instant::now();
-        let shard = builder.seal()?;
-        if let Ok(mut t) = timing.lock() {
-            t.seal_s += start.elapsed().as_secs_f64();
-            t.seal_bytes += shard.bytes;
-        }
-        Ok::<SealedShard, StoreError>(shard)
-    };
-    let send =
-        |shard: SealedShard| shards.blocking_send(shard).map_err(|_| StoreError::Background("uploader stopped".into()));
     for mut batch in batches.iter() {
         if window_batches > 1 {
             // A window holds its batches until it is full: keep their rows in memory of our
@@ -443,7 +476,7 @@ fn assemble(
                 next_shard += 1;
                 let full =
                     std::mem::replace(&mut builder, ShardBuilder::new(identity.clone(), format.clone(), next_shard));
-                send(seal(full)?)?;
+                sealer.seal(full, timing)?;
             }
         }
     }
@@ -454,7 +487,7 @@ fn assemble(
     // Input closed: a partial window and a partial shard are still part of the dataset.
     add(&mut builder, window)?;
     if !builder.is_empty() {
-        send(seal(builder)?)?;
+        sealer.seal(builder, timing)?;
     }
     Ok(())
 }

@@ -55,7 +55,12 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    // Cheap checks first: model files, hooks, input.
+    // Cheap checks first: dtypes, model files, hooks, input.
+    if args.dtype == DType::Fp8 {
+        bail!(
+            "--dtype fp8 is a stored dtype of `siphon extract` (rows with a scale each); forward writes f32, bf16 or f16"
+        );
+    }
     let model = LoadedModel::open(&args.model).with_context(|| format!("opening model {}", args.model.display()))?;
     let hooks = siphon_models::resolve_hooks(&args.hooks, &model.config).context("--hooks")?;
     let rows = match (&args.text, &args.ids) {

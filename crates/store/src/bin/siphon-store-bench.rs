@@ -1,7 +1,7 @@
 //! Shard write throughput against a plain object_store upload of the same bytes.
 //!
 //! `cargo run --release -p siphon-store --bin siphon-store-bench -- --output DIR [--total-mb 4096]
-//! [--shard-mb 256] [--repeats 3] [--no-fsync]` for local disk, or `--s3-moto PYTHON` (the venv python from
+//! [--shard-mb 256] [--repeats 3] [--no-fsync] [--sealers N]` for local disk, or `--s3-moto PYTHON` (the venv python from
 //! scripts/setup-python.sh) to start moto's S3 server on 127.0.0.1 and write there.
 //!
 //! Writer: pushes f32 batches (cloned from one template, clone timed; 2 hooks × 4096 wide, 8 × 128 tokens, ~32 MB each) and
@@ -37,6 +37,7 @@ fn main() -> anyhow::Result<()> {
     let mut shard_mb = 256u64;
     let mut repeats = 3usize;
     let mut fsync_local = true;
+    let mut sealers = siphon_store::DEFAULT_SEALERS;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
@@ -47,6 +48,7 @@ fn main() -> anyhow::Result<()> {
             "--shard-mb" => shard_mb = value()?.parse().context("--shard-mb")?,
             "--repeats" => repeats = value()?.parse().context("--repeats")?,
             "--no-fsync" => fsync_local = false,
+            "--sealers" => sealers = value()?.parse().context("--sealers")?,
             other => bail!("unexpected argument {other:?}"),
         }
     }
@@ -76,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         config.format.dtype = ActivationDtype::F32;
         config.format.target_shard_bytes = shard_mb << 20;
         config.upload = upload.clone();
+        config.sealers = sealers;
         let descriptor =
             RunDescriptor { hooks: spec.hooks.clone(), hook_shapes: spec.shapes.clone(), ..Default::default() };
         // The input batches exist before the clock starts, as the plain upload's bytes do: in a
