@@ -18,7 +18,6 @@
 //! Memory is bounded by the two channels and the sealers: about `queue_batches` batches plus
 //! `pending_shards + sealers + 3` shards (one being built, two uploading).
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -191,7 +190,7 @@ impl ShardWriter {
             .name("siphon-store-assembler".into())
             .spawn(move || {
                 let result = std::thread::scope(|scope| {
-                    let mut sealer = Sealer { scope, shards: shard_tx, sealing: VecDeque::new(), max: sealers };
+                    let mut sealer = Sealer::new(scope, shard_tx, sealers);
                     let timing = &assembler_timing;
                     assemble(batch_rx, &mut sealer, identity, format, next_shard, &assembler_drop_partial, timing)?;
                     sealer.flush()
@@ -396,44 +395,56 @@ fn model_id(model: &serde_json::Value) -> String {
 }
 
 /// Shards being sealed, each on a thread of its own (at most `max` at once), handed to the
-/// uploader in the order they were built.
+/// uploader in the order they were built, each as soon as it and those before it are sealed.
 struct Sealer<'scope, 'env> {
     scope: &'scope std::thread::Scope<'scope, 'env>,
-    shards: mpsc::Sender<SealedShard>,
-    sealing: VecDeque<std::thread::ScopedJoinHandle<'scope, Result<SealedShard>>>,
-    max: usize,
+    /// Where each shard's seal will land, in build order; bounded so that at most `max` seal.
+    order: Option<SyncSender<Receiver<Result<SealedShard>>>>,
+    /// Takes the seals in order and hands them to the uploader.
+    hand_on: Option<std::thread::ScopedJoinHandle<'scope, Result<()>>>,
 }
 
-impl<'scope> Sealer<'scope, '_> {
-    /// Starts sealing `builder`, after handing on the oldest shard when `max` are sealing.
+impl<'scope, 'env> Sealer<'scope, 'env> {
+    fn new(scope: &'scope std::thread::Scope<'scope, 'env>, shards: mpsc::Sender<SealedShard>, max: usize) -> Self {
+        // The hand-on thread waits on one seal while `max - 1` more are queued behind it.
+        let (order, seals) = sync_channel::<Receiver<Result<SealedShard>>>(max.max(1) - 1);
+        let hand_on = scope.spawn(move || {
+            for seal in seals {
+                let shard = seal.recv().map_err(|_| StoreError::Background("a sealer panicked".into()))??;
+                shards.blocking_send(shard).map_err(|_| StoreError::Background("uploader stopped".into()))?;
+            }
+            Ok(())
+        });
+        Sealer { scope, order: Some(order), hand_on: Some(hand_on) }
+    }
+
+    /// Starts sealing `builder` once fewer than `max` shards are sealing.
     fn seal(&mut self, builder: ShardBuilder, timing: &'scope Mutex<WriterTiming>) -> Result<()> {
-        if self.sealing.len() >= self.max {
-            self.hand_on_oldest()?;
+        let (done, seal) = std::sync::mpsc::channel();
+        let order = self.order.as_ref().ok_or_else(|| StoreError::Background("sealer already flushed".into()))?;
+        if order.send(seal).is_err() {
+            // The hand-on thread stopped: its error is the reason.
+            return self.flush().and(Err(StoreError::Background("uploader stopped".into())));
         }
-        self.sealing.push_back(self.scope.spawn(move || {
+        self.scope.spawn(move || {
             let start = std::time::Instant::now();
-            let shard = builder.seal()?;
-            if let Ok(mut t) = timing.lock() {
+            let shard = builder.seal();
+            if let (Ok(shard), Ok(mut t)) = (&shard, timing.lock()) {
                 t.seal_s += start.elapsed().as_secs_f64();
                 t.seal_bytes += shard.bytes;
             }
-            Ok(shard)
-        }));
+            let _ = done.send(shard);
+        });
         Ok(())
     }
 
-    fn hand_on_oldest(&mut self) -> Result<()> {
-        let Some(oldest) = self.sealing.pop_front() else { return Ok(()) };
-        let shard = oldest.join().map_err(|_| StoreError::Background("a sealer panicked".into()))??;
-        self.shards.blocking_send(shard).map_err(|_| StoreError::Background("uploader stopped".into()))
-    }
-
-    /// Hands on every shard still sealing, in order.
+    /// Waits until every shard started is sealed and handed on.
     fn flush(&mut self) -> Result<()> {
-        while !self.sealing.is_empty() {
-            self.hand_on_oldest()?;
+        drop(self.order.take());
+        match self.hand_on.take() {
+            Some(handle) => handle.join().map_err(|_| StoreError::Background("the hand-on thread panicked".into()))?,
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

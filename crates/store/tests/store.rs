@@ -460,12 +460,14 @@ fn a_store_that_stays_down_fails_within_the_store_timeout() {
         let mut writer = job();
         let first = writer.resume_point().next_sample / spec.batch as u64;
         // The next shard (7 batches) commits while the store is up...
-        let mut k = first;
-        while read_manifest_opt(direct, "job").map_or(0, |m| m.len()) == committed {
+        let k = first + 7;
+        for k in first..k {
             writer.push(spec.batch(k)).unwrap();
-            k += 1;
-            assert!(k < 20, "no shard committed");
-            std::thread::sleep(Duration::from_millis(100));
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while read_manifest_opt(direct, "job").map_or(0, |m| m.len()) == committed {
+            assert!(Instant::now() < deadline, "the shard of batches {first}..{k} was not committed within 60 s");
+            std::thread::sleep(Duration::from_millis(50));
         }
         committed += 1;
         // ...then the store stops answering and the next one cannot be written.
