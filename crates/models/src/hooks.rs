@@ -17,101 +17,6 @@ use std::str::FromStr;
 use crate::ModelError;
 use crate::config::ModelConfig;
 
-/// A kind of activation, one row of [`KINDS`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[allow(missing_docs)]
-pub enum HookKind {
-    // Model scope, in forward order.
-    Embed,
-    PosEmbed,
-    // Block scope, in forward order (so a block's hooks sort the way they are computed).
-    ResidPre,
-    Ln1Scale,
-    Ln1Normalized,
-    Ln1Out,
-    LinQPreConv,
-    LinKPreConv,
-    LinVPreConv,
-    LinQ,
-    LinK,
-    LinV,
-    LinGateInput,
-    LinBetaLogit,
-    LinBeta,
-    LinLogDecay,
-    LinRecurrenceOut,
-    LinOut,
-    MlaQA,
-    MlaQAScale,
-    MlaQANormalized,
-    MlaQLatent,
-    MlaQProj,
-    MlaKvA,
-    MlaKvIn,
-    MlaKvScale,
-    MlaKvNormalized,
-    MlaKvLatent,
-    MlaKvProj,
-    AttnQ,
-    AttnK,
-    AttnV,
-    AttnQuery,
-    AttnQGate,
-    AttnQNormScale,
-    AttnQNormNormalized,
-    AttnQNormed,
-    AttnKNormScale,
-    AttnKNormNormalized,
-    AttnKNormed,
-    AttnVNormed,
-    AttnRotQ,
-    AttnRotK,
-    AttnScores,
-    AttnPattern,
-    AttnZ,
-    AttnProjOut,
-    Ln1PostScale,
-    Ln1PostNormalized,
-    AttnOut,
-    ResidMid,
-    Ln2Scale,
-    Ln2Normalized,
-    MlpIn,
-    MlpPre,
-    MlpPreLinear,
-    MlpRouterLogits,
-    MlpExpertWeights,
-    MlpExpertIndices,
-    MlpRouterScores,
-    MlpExpertsOut,
-    SharedPre,
-    SharedPreLinear,
-    SharedPost,
-    SharedOut,
-    SharedGate,
-    MlpPost,
-    MlpProjOut,
-    FfnMlpNormed,
-    FfnRouterProbs,
-    FfnExpertsIn,
-    FfnExpertsOut,
-    FfnExpertsNormed,
-    FfnSum,
-    Ln2PostScale,
-    Ln2PostNormalized,
-    MlpOut,
-    PleIn,
-    PleGate,
-    PleProjIn,
-    PleProjOut,
-    PleOut,
-    ResidPost,
-    // Model scope, after the last block.
-    LnFinalScale,
-    LnFinalNormalized,
-    LnFinalOut,
-}
-
 /// What a family's block must have for a kind of hook to exist; kinds that need none exist
 /// in every family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,12 +205,25 @@ pub struct KindInfo {
     pub scope: Scope,
     /// Per-token shape.
     pub shape: HookShape,
+    /// The feature a block needs for this kind to exist (`-` in the table: every family has
+    /// it).
+    pub needs: Option<Feature>,
     /// What the value is, for help texts and the README.
     pub meaning: &'static str,
 }
 
 macro_rules! kinds {
-    ($($kind:ident $scope:ident $shape:ident $name:literal [$($alias:literal),*] $meaning:literal;)*) => {
+    (@needs -) => { None };
+    (@needs $feature:ident) => { Some(Feature::$feature) };
+    ($($kind:ident $scope:ident $shape:ident $needs:tt $name:literal [$($alias:literal),*] $meaning:literal;)*) => {
+        /// A kind of activation, one row of [`KINDS`], in forward order (so a block's hooks
+        /// sort the way they are computed).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[allow(missing_docs)]
+        pub enum HookKind {
+            $($kind),*
+        }
+
         /// Every hook kind siphon knows, in forward order.
         pub const KINDS: &[KindInfo] = &[$(KindInfo {
             kind: HookKind::$kind,
@@ -313,183 +231,186 @@ macro_rules! kinds {
             aliases: &[$($alias),*],
             scope: Scope::$scope,
             shape: HookShape::$shape,
+            needs: kinds!(@needs $needs),
             meaning: $meaning,
         }),*];
     };
 }
 
+// kind, scope, per-token shape, the feature it needs (`-`: none), TransformerLens name,
+// bridge aliases, meaning.
 kinds! {
-    Embed Input Model "hook_embed" ["embed.hook_out"]
+    Embed Input Model - "hook_embed" ["embed.hook_out"]
         "token embedding (times the family's embedding scale, if any)";
-    PosEmbed Input Model "hook_pos_embed" ["pos_embed.hook_out"]
+    PosEmbed Input Model LearnedPositions "hook_pos_embed" ["pos_embed.hook_out"]
         "learned position embedding";
-    ResidPre Block Model "hook_resid_pre" ["hook_in", "ln1.hook_in"]
+    ResidPre Block Model - "hook_resid_pre" ["hook_in", "ln1.hook_in"]
         "residual stream entering the block";
-    Ln1Scale Block Scale "ln1.hook_scale" []
+    Ln1Scale Block Scale PreNorms "ln1.hook_scale" []
         "sqrt(mean(x²) + eps) of the attention norm's input (LayerNorm: sqrt(var(x) + eps))";
-    Ln1Normalized Block Model "ln1.hook_normalized" []
+    Ln1Normalized Block Model PreNorms "ln1.hook_normalized" []
         "attention norm's input (centred, for LayerNorm) divided by its scale, before the gain and bias";
-    Ln1Out Block Model "ln1.hook_out" ["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in", "attn.q_a_proj.hook_in", "attn.q_proj.hook_in", "attn.kv_a_proj_with_mqa.hook_in"]
+    Ln1Out Block Model PreNorms "ln1.hook_out" ["attn.hook_in", "attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in", "attn.q_a_proj.hook_in", "attn.q_proj.hook_in", "attn.kv_a_proj_with_mqa.hook_in"]
         "attention norm's output, after the gain (the attention's input)";
-    LinQPreConv Block LinKeyHeads "linear_attn.hook_q_pre_conv" []
+    LinQPreConv Block LinKeyHeads LinearAttention "linear_attn.hook_q_pre_conv" []
         "linear attention's queries per key head, projected, before the causal convolution (Qwen3.5, Qwen3-Next)";
-    LinKPreConv Block LinKeyHeads "linear_attn.hook_k_pre_conv" []
+    LinKPreConv Block LinKeyHeads LinearAttention "linear_attn.hook_k_pre_conv" []
         "linear attention's keys per key head, projected, before the causal convolution";
-    LinVPreConv Block LinValueHeads "linear_attn.hook_v_pre_conv" []
+    LinVPreConv Block LinValueHeads LinearAttention "linear_attn.hook_v_pre_conv" []
         "linear attention's values per value head, projected, before the causal convolution";
-    LinQ Block LinKeyHeads "linear_attn.hook_q" ["linear_attn.hook_ssm_C"]
+    LinQ Block LinKeyHeads LinearAttention "linear_attn.hook_q" ["linear_attn.hook_ssm_C"]
         "linear attention's queries after the convolution and SiLU, before the L2 norm";
-    LinK Block LinKeyHeads "linear_attn.hook_k" ["linear_attn.hook_ssm_B"]
+    LinK Block LinKeyHeads LinearAttention "linear_attn.hook_k" ["linear_attn.hook_ssm_B"]
         "linear attention's keys after the convolution and SiLU, before the L2 norm";
-    LinV Block LinValueHeads "linear_attn.hook_v" []
+    LinV Block LinValueHeads LinearAttention "linear_attn.hook_v" []
         "linear attention's values after the convolution and SiLU";
-    LinGateInput Block LinValueHeads "linear_attn.hook_gate_input" []
+    LinGateInput Block LinValueHeads LinearAttention "linear_attn.hook_gate_input" []
         "in_proj_z's output per value head, the output norm's gate before its SiLU";
-    LinBetaLogit Block LinHeads "linear_attn.hook_beta_logit" []
+    LinBetaLogit Block LinHeads LinearAttention "linear_attn.hook_beta_logit" []
         "in_proj_b's output per value head, before the sigmoid";
-    LinBeta Block LinHeads "linear_attn.hook_beta" ["linear_attn.hook_ssm_write"]
+    LinBeta Block LinHeads LinearAttention "linear_attn.hook_beta" ["linear_attn.hook_ssm_write"]
         "the delta rule's write strength sigmoid(b) per value head";
-    LinLogDecay Block LinHeads "linear_attn.hook_log_decay" ["linear_attn.hook_ssm_decay"]
+    LinLogDecay Block LinHeads LinearAttention "linear_attn.hook_log_decay" ["linear_attn.hook_ssm_decay"]
         "the state's log decay g = -exp(A_log)·softplus(a + dt_bias) per value head (f32, ≤ 0)";
-    LinRecurrenceOut Block LinValueHeads "linear_attn.hook_recurrence_out" []
+    LinRecurrenceOut Block LinValueHeads LinearAttention "linear_attn.hook_recurrence_out" []
         "the gated delta rule's output per value head, before the gated norm";
-    LinOut Block Model "linear_attn.hook_out" ["linear_attn.hook_linear_attn_out", "linear_attn.hook_ssm_out"]
+    LinOut Block Model LinearAttention "linear_attn.hook_out" ["linear_attn.hook_linear_attn_out", "linear_attn.hook_ssm_out"]
         "linear attention's output, out_proj(rmsnorm(o)·w·silu(z)), added to the residual stream";
-    MlaQA Block QLatent "attn.q_a_proj.hook_out" ["attn.q_a_layernorm.hook_in"]
+    MlaQA Block QLatent QLora "attn.q_a_proj.hook_out" ["attn.q_a_layernorm.hook_in"]
         "latent attention's query down projection q_a_proj(x), before its norm (DeepSeek-V3 with q_lora_rank)";
-    MlaQAScale Block Scale "attn.q_a_layernorm.hook_scale" []
+    MlaQAScale Block Scale QLora "attn.q_a_layernorm.hook_scale" []
         "sqrt(mean(x²) + eps) of the query latent's norm input";
-    MlaQANormalized Block QLatent "attn.q_a_layernorm.hook_normalized" []
+    MlaQANormalized Block QLatent QLora "attn.q_a_layernorm.hook_normalized" []
         "the query latent divided by its scale, before the norm's gain";
-    MlaQLatent Block QLatent "attn.hook_q_latent" ["attn.q_a_layernorm.hook_out", "attn.q_b_proj.hook_in"]
+    MlaQLatent Block QLatent QLora "attn.hook_q_latent" ["attn.q_a_layernorm.hook_out", "attn.q_b_proj.hook_in"]
         "the normed query latent, q_b_proj's input";
-    MlaQProj Block MlaQueries "attn.q_b_proj.hook_out" ["attn.q_proj.hook_out"]
+    MlaQProj Block MlaQueries Mla "attn.q_b_proj.hook_out" ["attn.q_proj.hook_out"]
         "latent attention's queries before RoPE, each head's no-RoPE part then its RoPE part, flat";
-    MlaKvA Block KvLatentRope "attn.kv_a_proj_with_mqa.hook_out" []
+    MlaKvA Block KvLatentRope Mla "attn.kv_a_proj_with_mqa.hook_out" []
         "kv_a_proj_with_mqa(x): the key/value latent, then the one RoPE key every head shares";
-    MlaKvIn Block KvLatent "attn.kv_a_layernorm.hook_in" []
+    MlaKvIn Block KvLatent Mla "attn.kv_a_layernorm.hook_in" []
         "the key/value latent before its norm";
-    MlaKvScale Block Scale "attn.kv_a_layernorm.hook_scale" []
+    MlaKvScale Block Scale Mla "attn.kv_a_layernorm.hook_scale" []
         "sqrt(mean(x²) + eps) of the key/value latent";
-    MlaKvNormalized Block KvLatent "attn.kv_a_layernorm.hook_normalized" []
+    MlaKvNormalized Block KvLatent Mla "attn.kv_a_layernorm.hook_normalized" []
         "the key/value latent divided by its scale, before the norm's gain";
-    MlaKvLatent Block KvLatent "attn.hook_kv_latent" ["attn.kv_a_layernorm.hook_out", "attn.kv_b_proj.hook_in"]
+    MlaKvLatent Block KvLatent Mla "attn.hook_kv_latent" ["attn.kv_a_layernorm.hook_out", "attn.kv_b_proj.hook_in"]
         "the normed key/value latent, kv_b_proj's input";
-    MlaKvProj Block MlaKeysValues "attn.kv_b_proj.hook_out" []
+    MlaKvProj Block MlaKeysValues Mla "attn.kv_b_proj.hook_out" []
         "kv_b_proj's output: each head's key (no-RoPE part) then its value, flat";
-    AttnQ Block QProj "attn.hook_q" ["attn.q.hook_out"]
+    AttnQ Block QProj - "attn.hook_q" ["attn.q.hook_out"]
         "queries per head, before RoPE (with a gated output, q_proj's whole output: each head's query then its gate; latent attention: as they enter attention, the RoPE part rotated)";
-    AttnK Block KvHeads "attn.hook_k" ["attn.k.hook_out"]
+    AttnK Block KvHeads - "attn.hook_k" ["attn.k.hook_out"]
         "keys per key/value head, before RoPE (latent attention: as they enter attention, the RoPE part rotated)";
-    AttnV Block KvHeads "attn.hook_v" ["attn.v.hook_out"]
+    AttnV Block KvHeads - "attn.hook_v" ["attn.v.hook_out"]
         "values per key/value head";
-    AttnQuery Block QHeads "attn.q_norm.hook_in" []
+    AttnQuery Block QHeads AttnGate "attn.q_norm.hook_in" []
         "the queries per head without their gates, the q-norm's input (gated attention)";
-    AttnQGate Block QWidth "attn.hook_q_gate" []
+    AttnQGate Block QWidth AttnGate "attn.hook_q_gate" []
         "the attention output gate, before its sigmoid (gated attention)";
-    AttnQNormScale Block QHeadScale "attn.q_norm.hook_scale" []
+    AttnQNormScale Block QHeadScale QkNorm "attn.q_norm.hook_scale" []
         "sqrt(mean(q²) + eps) of each query head (of the whole projection in OLMo 2)";
-    AttnQNormNormalized Block QNorm "attn.q_norm.hook_normalized" []
+    AttnQNormNormalized Block QNorm QkNorm "attn.q_norm.hook_normalized" []
         "each query head divided by its scale, before the q-norm's gain";
-    AttnQNormed Block QNorm "attn.hook_q_normed" ["attn.q_norm.hook_out"]
+    AttnQNormed Block QNorm QkNorm "attn.hook_q_normed" ["attn.q_norm.hook_out"]
         "queries per head after the q-norm, before RoPE";
-    AttnKNormScale Block KvHeadScale "attn.k_norm.hook_scale" []
+    AttnKNormScale Block KvHeadScale QkNorm "attn.k_norm.hook_scale" []
         "sqrt(mean(k²) + eps) of each key head (of the whole projection in OLMo 2)";
-    AttnKNormNormalized Block KvNorm "attn.k_norm.hook_normalized" []
+    AttnKNormNormalized Block KvNorm QkNorm "attn.k_norm.hook_normalized" []
         "each key head divided by its scale, before the k-norm's gain";
-    AttnKNormed Block KvNorm "attn.hook_k_normed" ["attn.k_norm.hook_out"]
+    AttnKNormed Block KvNorm QkNorm "attn.hook_k_normed" ["attn.k_norm.hook_out"]
         "keys per key/value head after the k-norm, before RoPE";
-    AttnVNormed Block KvHeads "attn.v_norm.hook_out" []
+    AttnVNormed Block KvHeads VNorm "attn.v_norm.hook_out" []
         "values per key/value head after the scale-free v-norm (Gemma 4)";
-    AttnRotQ Block QHeads "attn.hook_rot_q" []
+    AttnRotQ Block QHeads Rotary "attn.hook_rot_q" []
         "queries per head, after RoPE";
-    AttnRotK Block KvHeads "attn.hook_rot_k" []
+    AttnRotK Block KvHeads Rotary "attn.hook_rot_k" []
         "keys per key/value head, after RoPE";
-    AttnScores Block Pattern "attn.hook_attn_scores" []
+    AttnScores Block Pattern - "attn.hook_attn_scores" []
         "scaled attention logits per head over the keys, masked keys at the dtype's lowest finite value";
-    AttnPattern Block Pattern "attn.hook_pattern" []
+    AttnPattern Block Pattern - "attn.hook_pattern" []
         "attention probabilities per head over the keys";
-    AttnZ Block QHeads "attn.hook_z" ["attn.o.hook_in"]
+    AttnZ Block QHeads - "attn.hook_z" ["attn.o.hook_in"]
         "attention output per head, the input of o_proj (times sigmoid(gate) where the output is gated)";
-    AttnProjOut Block Model "attn.hook_out" ["attn.o.hook_out", "ln1_post.hook_in"]
+    AttnProjOut Block Model PostNorms "attn.hook_out" ["attn.o.hook_out", "ln1_post.hook_in"]
         "o_proj's output, before the post-attention norm (Gemma, OLMo 2)";
-    Ln1PostScale Block Scale "ln1_post.hook_scale" []
+    Ln1PostScale Block Scale PostNorms "ln1_post.hook_scale" []
         "sqrt(mean(x²) + eps) of the post-attention norm's input (Gemma, OLMo 2)";
-    Ln1PostNormalized Block Model "ln1_post.hook_normalized" []
+    Ln1PostNormalized Block Model PostNorms "ln1_post.hook_normalized" []
         "post-attention norm's input divided by its scale, before the gain (Gemma, OLMo 2)";
-    AttnOut Block Model "hook_attn_out" ["attn.hook_out", "attn.o.hook_out", "ln1_post.hook_out", "attn.hook_hidden_states"]
+    AttnOut Block Model - "hook_attn_out" ["attn.hook_out", "attn.o.hook_out", "ln1_post.hook_out", "attn.hook_hidden_states"]
         "attention output after o_proj (after the post-attention norm where there is one)";
-    ResidMid Block Model "hook_resid_mid" ["ln2.hook_in"]
+    ResidMid Block Model ResidMid "hook_resid_mid" ["ln2.hook_in"]
         "residual stream after attention, before the MLP";
-    Ln2Scale Block Scale "ln2.hook_scale" []
+    Ln2Scale Block Scale PreNorms "ln2.hook_scale" []
         "sqrt(mean(x²) + eps) of the MLP norm's input (LayerNorm: sqrt(var(x) + eps))";
-    Ln2Normalized Block Model "ln2.hook_normalized" []
+    Ln2Normalized Block Model PreNorms "ln2.hook_normalized" []
         "MLP norm's input (centred, for LayerNorm) divided by its scale, before the gain and bias";
-    MlpIn Block Model "mlp.hook_in" ["ln2.hook_out", "mlp.gate.hook_in", "mlp.in.hook_in", "mlp.dense_gate.hook_in", "mlp.dense_in.hook_in"]
+    MlpIn Block Model - "mlp.hook_in" ["ln2.hook_out", "mlp.gate.hook_in", "mlp.in.hook_in", "mlp.dense_gate.hook_in", "mlp.dense_in.hook_in"]
         "MLP norm's output, after the gain (the MLP's input)";
-    MlpPreLinear Block Mlp "mlp.hook_pre_linear" ["mlp.in.hook_out", "mlp.dense_in.hook_out"]
+    MlpPreLinear Block Mlp GatedMlp "mlp.hook_pre_linear" ["mlp.in.hook_out", "mlp.dense_in.hook_out"]
         "up projection (gated MLPs)";
-    MlpPre Block Mlp "mlp.hook_pre" ["mlp.gate.hook_out", "mlp.in.hook_out", "mlp.dense_gate.hook_out"]
+    MlpPre Block Mlp DenseMlp "mlp.hook_pre" ["mlp.gate.hook_out", "mlp.in.hook_out", "mlp.dense_gate.hook_out"]
         "gate projection (a plain MLP's input projection, bias added), before the activation";
-    MlpRouterLogits Block Experts "mlp.gate.hook_out" []
+    MlpRouterLogits Block Experts Moe "mlp.gate.hook_out" []
         "a mixture's router logits, one per expert (Qwen3-MoE, Mixtral)";
-    MlpExpertWeights Block Experts "mlp.hook_expert_weights" ["mlp.gate.hook_expert_weights"]
+    MlpExpertWeights Block Experts Moe "mlp.hook_expert_weights" ["mlp.gate.hook_expert_weights"]
         "routing weight of each expert (softmax, top-k kept and renormalised as the model says; 0 for the others)";
-    MlpExpertIndices Block TopK "mlp.hook_expert_indices" ["mlp.gate.hook_expert_indices"]
+    MlpExpertIndices Block TopK Moe "mlp.hook_expert_indices" ["mlp.gate.hook_expert_indices"]
         "the experts a token is routed to, most weighted first (as floats)";
-    MlpRouterScores Block TopK "mlp.hook_router_scores" []
+    MlpRouterScores Block TopK TopKRouter "mlp.hook_router_scores" []
         "the router's softmax over the top k logits, one per chosen expert, in hook_expert_indices' order (GPT-OSS)";
-    MlpExpertsOut Block Model "mlp.experts.hook_out" ["mlp.experts.hook_post"]
+    MlpExpertsOut Block Model SharedExpert "mlp.experts.hook_out" ["mlp.experts.hook_post"]
         "the routed experts' weighted sum, before the shared expert's output joins it";
-    SharedPre Block SharedMlp "mlp.shared_expert.hook_pre" ["mlp.shared_expert.gate.hook_out", "mlp.shared_experts.hook_pre", "mlp.shared_experts.gate.hook_out"]
+    SharedPre Block SharedMlp SharedExpert "mlp.shared_expert.hook_pre" ["mlp.shared_expert.gate.hook_out", "mlp.shared_experts.hook_pre", "mlp.shared_experts.gate.hook_out"]
         "the shared expert's gate projection, before the activation";
-    SharedPreLinear Block SharedMlp "mlp.shared_expert.hook_pre_linear" ["mlp.shared_expert.in.hook_out", "mlp.shared_experts.hook_pre_linear", "mlp.shared_experts.in.hook_out"]
+    SharedPreLinear Block SharedMlp SharedExpert "mlp.shared_expert.hook_pre_linear" ["mlp.shared_expert.in.hook_out", "mlp.shared_experts.hook_pre_linear", "mlp.shared_experts.in.hook_out"]
         "the shared expert's up projection";
-    SharedPost Block SharedMlp "mlp.shared_expert.hook_post" ["mlp.shared_expert.out.hook_in", "mlp.shared_experts.hook_post", "mlp.shared_experts.out.hook_in"]
+    SharedPost Block SharedMlp SharedExpert "mlp.shared_expert.hook_post" ["mlp.shared_expert.out.hook_in", "mlp.shared_experts.hook_post", "mlp.shared_experts.out.hook_in"]
         "act(gate) * up in the shared expert, the input of its down_proj";
-    SharedOut Block Model "mlp.shared_expert.hook_out" ["mlp.shared_expert.out.hook_out", "mlp.shared_experts.hook_out", "mlp.shared_experts.out.hook_out"]
+    SharedOut Block Model SharedExpert "mlp.shared_expert.hook_out" ["mlp.shared_expert.out.hook_out", "mlp.shared_experts.hook_out", "mlp.shared_experts.out.hook_out"]
         "the shared expert's output, before its gate (if it has one)";
-    SharedGate Block Scale "mlp.shared_expert_gate.hook_out" []
+    SharedGate Block Scale SharedExpertGate "mlp.shared_expert_gate.hook_out" []
         "the shared expert's gate logit; its sigmoid scales the shared expert's output";
-    MlpPost Block Mlp "mlp.hook_post" ["mlp.out.hook_in", "mlp.dense_out.hook_in"]
+    MlpPost Block Mlp DenseMlp "mlp.hook_post" ["mlp.out.hook_in", "mlp.dense_out.hook_in"]
         "act(gate) * up (act(pre) in a plain MLP), the input of down_proj";
-    MlpProjOut Block Model "mlp.hook_out" ["mlp.out.hook_out", "ln2_post.hook_in"]
+    MlpProjOut Block Model PostNorms "mlp.hook_out" ["mlp.out.hook_out", "ln2_post.hook_in"]
         "down_proj's output, before the post-MLP norm (Gemma, OLMo 2)";
-    FfnMlpNormed Block Model "post_feedforward_layernorm_1.hook_out" []
+    FfnMlpNormed Block Model MixtureBeside "post_feedforward_layernorm_1.hook_out" []
         "the MLP's output normed before it joins the mixture's (Gemma 4 with experts)";
-    FfnRouterProbs Block Experts "router.hook_out" []
+    FfnRouterProbs Block Experts MixtureBeside "router.hook_out" []
         "the router's softmax over every expert (Gemma 4 with experts; its input is hook_resid_mid)";
-    FfnExpertsIn Block Model "pre_feedforward_layernorm_2.hook_out" ["experts.hook_in"]
+    FfnExpertsIn Block Model MixtureBeside "pre_feedforward_layernorm_2.hook_out" ["experts.hook_in"]
         "the mixture's input: hook_resid_mid normed (Gemma 4 with experts)";
-    FfnExpertsOut Block Model "experts.hook_out" ["post_feedforward_layernorm_2.hook_in"]
+    FfnExpertsOut Block Model MixtureBeside "experts.hook_out" ["post_feedforward_layernorm_2.hook_in"]
         "the routed experts' weighted sum (Gemma 4 with experts)";
-    FfnExpertsNormed Block Model "post_feedforward_layernorm_2.hook_out" []
+    FfnExpertsNormed Block Model MixtureBeside "post_feedforward_layernorm_2.hook_out" []
         "the mixture's output normed (Gemma 4 with experts)";
-    FfnSum Block Model "ln2_post.hook_in" []
+    FfnSum Block Model MixtureBeside "ln2_post.hook_in" []
         "the normed MLP and mixture outputs summed, before the post-MLP norm (Gemma 4 with experts)";
-    Ln2PostScale Block Scale "ln2_post.hook_scale" []
+    Ln2PostScale Block Scale PostNorms "ln2_post.hook_scale" []
         "sqrt(mean(x²) + eps) of the post-MLP norm's input (Gemma, OLMo 2)";
-    Ln2PostNormalized Block Model "ln2_post.hook_normalized" []
+    Ln2PostNormalized Block Model PostNorms "ln2_post.hook_normalized" []
         "post-MLP norm's input divided by its scale, before the gain (Gemma, OLMo 2)";
-    MlpOut Block Model "hook_mlp_out" ["mlp.hook_out", "mlp.out.hook_out", "ln2_post.hook_out", "mlp.dense_out.hook_out"]
+    MlpOut Block Model - "hook_mlp_out" ["mlp.hook_out", "mlp.out.hook_out", "ln2_post.hook_out", "mlp.dense_out.hook_out"]
         "MLP output after down_proj (after the post-MLP norm where there is one)";
-    PleIn Block Model "per_layer_input_gate.hook_in" []
+    PleIn Block Model PerLayerInput "per_layer_input_gate.hook_in" []
         "residual stream after the MLP, before the per-layer input is mixed in (Gemma 4)";
-    PleGate Block PerLayer "per_layer_input_gate.hook_out" []
+    PleGate Block PerLayer PerLayerInput "per_layer_input_gate.hook_out" []
         "per-layer input gate's projection, before its activation (Gemma 4)";
-    PleProjIn Block PerLayer "per_layer_projection.hook_in" []
+    PleProjIn Block PerLayer PerLayerInput "per_layer_projection.hook_in" []
         "act(gate) times the layer's per-layer input (Gemma 4)";
-    PleProjOut Block Model "per_layer_projection.hook_out" ["post_per_layer_input_norm.hook_in"]
+    PleProjOut Block Model PerLayerInput "per_layer_projection.hook_out" ["post_per_layer_input_norm.hook_in"]
         "the per-layer input projected back to d_model, before its norm (Gemma 4)";
-    PleOut Block Model "post_per_layer_input_norm.hook_out" []
+    PleOut Block Model PerLayerInput "post_per_layer_input_norm.hook_out" []
         "the normed per-layer contribution added to the residual stream (Gemma 4)";
-    ResidPost Block Model "hook_resid_post" ["hook_out"]
+    ResidPost Block Model - "hook_resid_post" ["hook_out"]
         "residual stream leaving the block";
-    LnFinalScale Output Scale "ln_final.hook_scale" []
+    LnFinalScale Output Scale - "ln_final.hook_scale" []
         "sqrt(mean(x²) + eps) of the final norm's input (LayerNorm: sqrt(var(x) + eps))";
-    LnFinalNormalized Output Model "ln_final.hook_normalized" []
+    LnFinalNormalized Output Model - "ln_final.hook_normalized" []
         "final norm's input (centred, for LayerNorm) divided by its scale, before the gain and bias";
-    LnFinalOut Output Model "ln_final.hook_out" []
+    LnFinalOut Output Model - "ln_final.hook_out" []
         "final norm's output after the gain (Hugging Face's last hidden state)";
 }
 
@@ -654,38 +575,9 @@ impl HookKind {
         attention || self.needs() == Some(Feature::LinearAttention)
     }
 
-    /// The feature a block needs for this kind to exist, if any.
+    /// The feature a block needs for this kind to exist, if any (the table's column).
     pub fn needs(self) -> Option<Feature> {
-        use HookKind::*;
-        match self {
-            PosEmbed => Some(Feature::LearnedPositions),
-            AttnQNormScale | AttnQNormNormalized | AttnQNormed | AttnKNormScale | AttnKNormNormalized | AttnKNormed => {
-                Some(Feature::QkNorm)
-            }
-            AttnProjOut | Ln1PostScale | Ln1PostNormalized | MlpProjOut | Ln2PostScale | Ln2PostNormalized => {
-                Some(Feature::PostNorms)
-            }
-            MlpPreLinear => Some(Feature::GatedMlp),
-            MlpPre | MlpPost => Some(Feature::DenseMlp),
-            MlpRouterLogits | MlpExpertWeights | MlpExpertIndices => Some(Feature::Moe),
-            MlpRouterScores => Some(Feature::TopKRouter),
-            AttnVNormed => Some(Feature::VNorm),
-            FfnMlpNormed | FfnRouterProbs | FfnExpertsIn | FfnExpertsOut | FfnExpertsNormed | FfnSum => {
-                Some(Feature::MixtureBeside)
-            }
-            PleIn | PleGate | PleProjIn | PleProjOut | PleOut => Some(Feature::PerLayerInput),
-            LinQPreConv | LinKPreConv | LinVPreConv | LinQ | LinK | LinV | LinGateInput | LinBetaLogit | LinBeta
-            | LinLogDecay | LinRecurrenceOut | LinOut => Some(Feature::LinearAttention),
-            AttnQuery | AttnQGate => Some(Feature::AttnGate),
-            MlpExpertsOut | SharedPre | SharedPreLinear | SharedPost | SharedOut => Some(Feature::SharedExpert),
-            SharedGate => Some(Feature::SharedExpertGate),
-            MlaQA | MlaQAScale | MlaQANormalized | MlaQLatent => Some(Feature::QLora),
-            MlaQProj | MlaKvA | MlaKvIn | MlaKvScale | MlaKvNormalized | MlaKvLatent | MlaKvProj => Some(Feature::Mla),
-            AttnRotQ | AttnRotK => Some(Feature::Rotary),
-            Ln1Scale | Ln1Normalized | Ln1Out | Ln2Scale | Ln2Normalized => Some(Feature::PreNorms),
-            ResidMid => Some(Feature::ResidMid),
-            _ => None,
-        }
+        self.info().needs
     }
 }
 
