@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
-use siphon_models::forward::megatron_specs;
+use siphon_models::sharding::megatron_specs;
 use siphon_models::{
     DType, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, StoredForm, build_forward,
 };
@@ -88,7 +88,7 @@ fn rt<T>(context: impl FnOnce() -> String, r: siphon_runtime::Result<T>) -> Resu
 pub enum ShardingPlan {
     /// Every weight replicated; inputs split by batch over `data` when the mesh has it.
     Replicated,
-    /// The fixed Megatron-style plan of `siphon_models::forward::megatron_specs`.
+    /// The fixed Megatron-style plan of `siphon_models::sharding::megatron_specs`.
     Megatron,
     /// Explicit specs per HF weight name (missing names replicated) and for the inputs.
     Explicit {

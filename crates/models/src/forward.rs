@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, HloError, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, RopeScaling};
+use crate::config::{Activation, ModelConfig, ParamInfo, RopeScaling};
 use crate::hooks::{HookKind, HookPoint, Scope};
 use crate::{ModelError, StoredForm};
 
@@ -90,9 +90,9 @@ impl ForwardSpec {
         }
     }
 
-    /// Uses `mesh` with the fixed Megatron-style plan of [`megatron_specs`].
+    /// Uses `mesh` with the fixed Megatron-style plan of [`crate::sharding::megatron_specs`].
     pub fn with_megatron_plan(mut self, config: &ModelConfig, mesh: Mesh) -> ForwardSpec {
-        let (params, input) = megatron_specs(config, &mesh);
+        let (params, input) = crate::sharding::megatron_specs(config, &mesh);
         self.param_specs = params;
         self.input_spec = Some(input);
         self.mesh = mesh;
@@ -170,70 +170,6 @@ pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<Forward
     let read = program.params.iter().map(|p| &p.name).filter(|n| !program.unread.contains(n));
     let exact = ForwardSpec { weights: Some(read.cloned().collect()), ..spec.clone() };
     build(config, &exact)
-}
-
-/// The fixed Megatron-style plan: q/k/v/gate/up (and the q/k/v biases) split by output
-/// features over `model`, o/down split by input features over `model` (XLA inserts the
-/// all-reduce), embeddings and norms replicated, inputs split by batch over `data`. Axes
-/// the mesh lacks are left out, so the plan works on any mesh.
-///
-/// Attention is split by whole heads only: when `model` does not divide the query heads,
-/// q/o stay replicated, and when it does not divide the key/value heads, k/v stay
-/// replicated (every device computes all kv heads, which are few under GQA), so that no
-/// head is cut in pieces and XLA needs no activation all-gathers inside attention.
-pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, PartitionSpec>, PartitionSpec) {
-    let model_size = mesh.axis_size("model");
-    let data: &[&str] = if mesh.axis_size("data").is_some() { &["data"] } else { &[] };
-    let split_if = |n: usize| -> &'static [&'static str] {
-        match model_size {
-            Some(m) if n.is_multiple_of(m) => &["model"],
-            _ => &[],
-        }
-    };
-    let q_axes = split_if(config.n_heads);
-    // Linear attention's key and value heads.
-    let linear = config.linear_attention.as_ref().map_or((0, 0), |l| (l.n_key_heads, l.n_value_heads));
-    let mut specs = HashMap::new();
-    for p in config.params(config.n_layers, true) {
-        let kv_axes = split_if(p.layer.map_or(config.n_kv_heads, |l| config.kv_heads_at(l)));
-        // The MLP's width as the weight has it (a shared expert's differs from the MLP's).
-        let mlp_axes = split_if(if p.class == ParamClass::MlpDown { p.shape[1] } else { p.shape[0] });
-        let spec = match p.class {
-            ParamClass::AttnQ => PartitionSpec::new(&[q_axes, &[]]),
-            ParamClass::QBias => PartitionSpec::new(&[q_axes]),
-            ParamClass::AttnSinks => PartitionSpec::new(&[split_if(config.n_heads)]),
-            ParamClass::AttnK | ParamClass::AttnV => PartitionSpec::new(&[kv_axes, &[]]),
-            ParamClass::KBias | ParamClass::VBias => PartitionSpec::new(&[kv_axes]),
-            ParamClass::AttnO => PartitionSpec::new(&[&[], q_axes]),
-            ParamClass::MlpGate | ParamClass::MlpUp => PartitionSpec::new(&[mlp_axes, &[]]),
-            ParamClass::MlpUpBias => PartitionSpec::new(&[mlp_axes]),
-            ParamClass::MlpDown => PartitionSpec::new(&[&[], mlp_axes]),
-            ParamClass::LinearKeys => PartitionSpec::new(&[split_if(linear.0), &[]]),
-            ParamClass::LinearValues => PartitionSpec::new(&[split_if(linear.1), &[]]),
-            ParamClass::LinearHeads => PartitionSpec::new(&[split_if(linear.1)]),
-            ParamClass::LinearOut => PartitionSpec::new(&[&[], split_if(linear.1)]),
-            ParamClass::ExpertGate | ParamClass::ExpertUp | ParamClass::ExpertDown => {
-                PartitionSpec::new(&[split_if(config.moe.as_ref().map_or(0, |m| m.n_experts)), &[], &[]])
-            }
-            ParamClass::ExpertBias => {
-                PartitionSpec::new(&[split_if(config.moe.as_ref().map_or(0, |m| m.n_experts)), &[]])
-            }
-            ParamClass::Embedding
-            | ParamClass::PosEmbedding
-            | ParamClass::LmHead
-            | ParamClass::Norm
-            | ParamClass::NormBias
-            | ParamClass::OBias
-            | ParamClass::MlpDownBias
-            | ParamClass::Router
-            | ParamClass::Latent
-            | ParamClass::Scalar
-            | ParamClass::LinearConv
-            | ParamClass::PerLayerInput => continue,
-        };
-        specs.insert(p.name, spec);
-    }
-    (specs, PartitionSpec::new(&[data, &[]]))
 }
 
 /// Graph state shared by the architecture files: the builder, the weights by name, the

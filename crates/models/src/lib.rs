@@ -34,6 +34,7 @@ mod qwen3_5;
 mod qwen3_moe;
 mod qwen3_next;
 mod safetensors;
+pub mod sharding;
 mod smollm3;
 mod stored;
 pub mod tokenizer;

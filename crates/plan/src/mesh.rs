@@ -35,12 +35,7 @@ use siphon_models::ModelConfig;
 
 use crate::PlanError;
 
-/// The mesh axis that splits the batch.
-pub const DATA: &str = "data";
-/// The mesh axis that splits weights along their non-Megatron dimension.
-pub const FSDP: &str = "fsdp";
-/// The mesh axis for Megatron-style tensor parallelism (whole heads, intermediate).
-pub const MODEL: &str = "model";
+pub use siphon_models::sharding::{DATA, FSDP, MODEL};
 
 /// The largest job the planner accepts (larger counts are almost certainly a typo, and the
 /// device list is materialized).

@@ -1,28 +1,8 @@
-//! Partition specs per parameter class.
-//!
-//! Shapes are the program's (`[out, in]` for linear layers, fused projections already cut
-//! into their parts by [`siphon_models::Slice`]). The rules, one per class (the match has no
-//! wildcard, so a class added in siphon-models needs a rule here before it compiles):
-//!
-//! | class                          | shape              | spec                      |
-//! |--------------------------------|--------------------|---------------------------|
-//! | q/k/v, gate/up (column-parallel) | `[out, hidden]`  | `P(model, fsdp)`          |
-//! | o, down (row-parallel)         | `[hidden, in]`     | `P(fsdp, model)`          |
-//! | q/k/v biases, up bias          | `[out]`            | `P(model)`                |
-//! | embeddings                     | `[vocab, hidden]`  | `P((fsdp, model), None)`  |
-//! | lm_head                        | `[vocab, hidden]`  | `P(model, fsdp)`          |
-//! | position embeddings            | `[n_pos, hidden]`  | replicated                |
-//! | experts' gate/up (stacked)     | `[experts, out, hidden]` | `P(model, None, fsdp)` |
-//! | experts' down (stacked)        | `[experts, hidden, in]`  | `P(model, fsdp, None)` |
-//! | router                         | `[experts, hidden]` | replicated               |
-//! | norms, their biases, o/down biases | `[hidden]`     | replicated                |
-//! | a block's scalar (Gemma 4)     | `[1]`              | replicated                |
-//! | per-layer-input projections (Gemma 4) | `[out, in]` | replicated                |
-//! | linear attention's q/k, v/z/b/a (by heads) | `[out, hidden]` | `P(model, fsdp)`    |
-//! | linear attention's out_proj    | `[hidden, in]`     | `P(fsdp, model)`          |
-//! | linear attention's A_log, dt_bias | `[nv]`          | `P(model)`                |
-//! | linear attention's conv1d      | `[channels, 1, K]` | replicated                |
-//! | input token ids                | `[batch, seq]`     | `P(data, None)`           |
+//! Partition specs per parameter class, from the one sharding table,
+//! [`siphon_models::sharding::rule`] (whose doc lists every class's rule). Shapes are the
+//! program's (`[out, in]` for linear layers, fused projections already cut into their parts
+//! by [`siphon_models::Slice`]); the input token ids `[batch, seq]` are split by batch over
+//! `data`.
 //!
 //! The embedding table is split by vocabulary over the whole weight-sharding group (the seed's
 //! `P(fsdp, None)` left it replicated on a `model`-only mesh, where it is the largest tensor).
@@ -37,7 +17,7 @@
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_models::ParamClass;
 
-use crate::mesh::{DATA, FSDP, MODEL};
+use crate::mesh::DATA;
 
 /// The spec chosen for one tensor, and why it differs from the class rule if it does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,37 +30,7 @@ pub struct TensorSharding {
 
 /// The class rule: per dimension, the axes it should be split over.
 fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
-    match class {
-        ParamClass::AttnQ | ParamClass::AttnK | ParamClass::AttnV | ParamClass::MlpGate | ParamClass::MlpUp => {
-            vec![vec![MODEL], vec![FSDP]]
-        }
-        ParamClass::AttnO | ParamClass::MlpDown => vec![vec![FSDP], vec![MODEL]],
-        ParamClass::QBias | ParamClass::KBias | ParamClass::VBias | ParamClass::MlpUpBias => vec![vec![MODEL]],
-        // One per query head, split with the heads.
-        ParamClass::AttnSinks => vec![vec![MODEL]],
-        ParamClass::Embedding => vec![vec![FSDP, MODEL], vec![]],
-        ParamClass::LmHead => vec![vec![MODEL], vec![FSDP]],
-        // Small, and added where the activations are whole: replicated.
-        ParamClass::PosEmbedding => vec![vec![], vec![]],
-        ParamClass::Norm | ParamClass::NormBias | ParamClass::OBias | ParamClass::MlpDownBias | ParamClass::Scalar => {
-            vec![vec![]]
-        }
-        // Gemma 4's per-layer-input projections: narrow (its per-layer width), replicated.
-        ParamClass::PerLayerInput => vec![vec![], vec![]],
-        // Experts: whole experts over `model` (expert parallelism), each expert's hidden
-        // dimension over `fsdp`; the router is small and replicated.
-        ParamClass::ExpertGate | ParamClass::ExpertUp => vec![vec![MODEL], vec![], vec![FSDP]],
-        ParamClass::ExpertDown => vec![vec![MODEL], vec![FSDP], vec![]],
-        ParamClass::Router => vec![vec![], vec![]],
-        ParamClass::Latent => vec![vec![], vec![FSDP]],
-        ParamClass::ExpertBias => vec![vec![MODEL], vec![]],
-        // Linear attention: whole heads over `model` (q/k by key heads, the rest by value
-        // heads), out_proj row-parallel; the depthwise convolution is small, replicated.
-        ParamClass::LinearKeys | ParamClass::LinearValues => vec![vec![MODEL], vec![FSDP]],
-        ParamClass::LinearOut => vec![vec![FSDP], vec![MODEL]],
-        ParamClass::LinearHeads => vec![vec![MODEL]],
-        ParamClass::LinearConv => vec![vec![], vec![], vec![]],
-    }
+    siphon_models::sharding::rule(class).into_iter().map(|dim| dim.planned.to_vec()).collect()
 }
 
 fn size(mesh: &Mesh, axis: &str) -> usize {

@@ -71,10 +71,14 @@ fn planned_shardings_give_the_single_device_activations() {
         "tiny-qwen3-5",
         "tiny-qwen3-next",
         "tiny-deepseek-v3",
+        "tiny-olmoe",
+        "tiny-gpt-oss",
+        "tiny-qwen3-5-moe",
     ];
     for name in names {
         let model = LoadedModel::open(&root.join(name)).unwrap();
         let n_layers = model.config.n_layers;
+        let kinds = siphon_models::hook_kinds(&model.config);
         // The hybrids' block 0 is linear attention, their block 1 full attention.
         let mixer = match model.config.linear_attention {
             Some(_) => {
@@ -89,12 +93,8 @@ fn planned_shardings_give_the_single_device_activations() {
                       blocks.1.attn.hook_pattern,blocks.1.attn.hook_attn_scores,\
                       blocks.0.{},blocks.1.{}",
                 n_layers - 1,
-                if name.starts_with("tiny-olmo") { "ln2_post.hook_scale" } else { "ln2.hook_scale" },
-                if siphon_models::hook_kinds(&model.config).contains(&HookKind::MlpExpertWeights) {
-                    "mlp.hook_expert_weights"
-                } else {
-                    "mlp.hook_post"
-                }
+                if kinds.contains(&HookKind::Ln2Scale) { "ln2.hook_scale" } else { "ln2_post.hook_scale" },
+                if kinds.contains(&HookKind::MlpExpertWeights) { "mlp.hook_expert_weights" } else { "mlp.hook_post" }
             ),
             &model.config,
         )
