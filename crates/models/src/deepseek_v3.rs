@@ -31,12 +31,13 @@ use siphon_hlo::{DType, TensorType, Value};
 
 use crate::config::{ParamClass, ParamInfo};
 use crate::family::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, pre_norm_decoder};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::llama::moe_params;
+use crate::layers::moe::moe_params;
+use crate::layers::moe::{Experts, Glu};
+use crate::layers::norm::Gain;
 use crate::mla::{self, Mla};
-use crate::moe::{Experts, Glu};
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 pub(crate) const FAMILY: Family = Family {
@@ -188,7 +189,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.mla.is_none() || config.deepseek.is_none() || config.moe.is_none() {
         return Err(ModelError::UnsupportedArch(format!("the deepseek_v3 builder given a {} config", config.arch)));
     }
-    let mixer = |g: &mut Graph<'_>, n: Value, layer: usize| {
+    let mixer = |g: &mut Graph<'_>, n: Value, layer: usize, (): ()| {
         let attn = g.mla_attention(n, layer)?;
         g.hook(HookPoint::block(layer, HookKind::AttnOut), attn);
         Ok(attn)
@@ -197,7 +198,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         true => mixture(g, n, layer),
         false => g.dense_mlp(n, layer),
     };
-    pre_norm_decoder(config, spec, Gain::Plain, mixer, mlp)
+    pre_norm_decoder(config, spec, Gain::Plain, |_, _| Ok(()), mixer, mlp)
 }
 
 /// Block `layer`'s mixture on its normed input `x`: the router (see the module docs), the

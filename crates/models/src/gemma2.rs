@@ -26,10 +26,11 @@ use serde_json::Value;
 
 use crate::config::ParamInfo;
 use crate::family::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
+use crate::forward::decoder_params;
+use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::llama::decoder_params;
+use crate::layers::norm::Gain;
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
 /// The Llama hooks plus the post-norms' and the projections' own outputs.
@@ -140,7 +141,7 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
         let mask = g.layer_mask(layer)?;
         let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let proj = crate::llama::self_attention(&mut g, ln1.out, layer, Gain::UnitOffset, cos, sin, mask)?;
+        let proj = crate::layers::attention::self_attention(&mut g, ln1.out, layer, Gain::UnitOffset, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
         let h = g.add_post_normed(
             x,

@@ -40,10 +40,11 @@ use siphon_hlo::Value;
 
 use crate::config::{LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
 use crate::family::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::gemma2::GEMMA_ACTIVATION;
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// Gemma 2's hooks with q/k norms, the v-norm and the per-layer inputs' (where the config has
@@ -438,7 +439,7 @@ fn mixture_beside(g: &mut Graph<'_>, layer: usize, h: Value, mlp: Value, moe: &M
     let routed = g.scale(routed, (g.config.hidden_size as f64).powf(-0.5))?;
     let logits = g.linear(routed, &p("router.proj.weight"), None)?;
     let logits = g.b.convert(logits, siphon_hlo::DType::F32)?;
-    let probs = crate::forward::softmax_last(&mut g.b, logits)?;
+    let probs = crate::layers::attention::softmax_last(&mut g.b, logits)?;
     let shown = g.b.convert(probs, g.dt)?;
     g.hook(at(FfnRouterProbs), shown);
     let (weights, indices) = g.top_k(probs, moe.top_k, moe.norm_topk)?;
@@ -491,7 +492,7 @@ fn attention(
     let q = g.linear(n, &format!("{p}.q_proj.weight"), None)?;
     g.hook(at(AttnQ), q);
     let q = g.b.reshape(q, &[t, c.n_heads, d])?;
-    let q = crate::llama::head_norm(
+    let q = crate::layers::norm::head_norm(
         g,
         q,
         &format!("{p}.q_norm.weight"),
@@ -509,7 +510,7 @@ fn attention(
             };
             g.hook(at(AttnV), v);
             let k = g.b.reshape(k, &[t, n_kv, d])?;
-            let k = crate::llama::head_norm(
+            let k = crate::layers::norm::head_norm(
                 g,
                 k,
                 &format!("{p}.k_norm.weight"),

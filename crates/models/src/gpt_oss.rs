@@ -29,10 +29,12 @@ use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::family::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, pre_norm_decoder, softmax_last};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::moe::{Experts, Glu};
+use crate::layers::attention::softmax_last;
+use crate::layers::moe::{Experts, Glu};
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The decoder with sinks and biased attention, and the biased mixture.
@@ -160,13 +162,13 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     let (Arch::GptOss, Some(moe), Some(gpt_oss)) = (config.arch, &config.moe, config.gpt_oss) else {
         return Err(ModelError::UnsupportedArch(format!("gpt_oss builder given a {:?} config", config.arch)));
     };
-    let mixer = |g: &mut Graph<'_>, n: Value, layer: usize| {
+    let mixer = |g: &mut Graph<'_>, n: Value, layer: usize, (): ()| {
         let attn = attention(g, n, layer)?;
         g.hook(HookPoint::block(layer, HookKind::AttnOut), attn);
         Ok(attn)
     };
     let mlp = |g: &mut Graph<'_>, n: Value, layer: usize| mixture(g, n, layer, moe, gpt_oss);
-    pre_norm_decoder(config, spec, Gain::F32, mixer, mlp)
+    pre_norm_decoder(config, spec, Gain::F32, |_, _| Ok(()), mixer, mlp)
 }
 
 /// `o_proj(attention(rope(q), rope(k), v; sinks)) + b` of block `layer` on its normed input.

@@ -7,8 +7,9 @@
 
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
-use crate::llama::{FEATURES, build_decoder, decoder_params};
+use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The Llama decoder's weights and hooks.
@@ -37,5 +38,5 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.qkv_bias {
         return Err(ModelError::UnsupportedArch("mistral with attention_bias = true".into()));
     }
-    build_decoder(config, spec)
+    self_attention_decoder(config, spec)
 }

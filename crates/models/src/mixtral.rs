@@ -10,9 +10,9 @@
 use crate::config::ParamInfo;
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need, windows_on_every_layer};
 use crate::hooks::Feature;
-use crate::llama::{build_decoder, decoder_params};
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// Llama's weights with Mixtral's experts; Llama's hooks but the MLP's insides.
@@ -67,5 +67,5 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.arch != Arch::Mixtral || config.moe.is_none() || config.qkv_bias || config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("mixtral builder given a {:?} config", config.arch)));
     }
-    build_decoder(config, spec)
+    self_attention_decoder(config, spec)
 }

@@ -21,9 +21,10 @@
 
 use crate::config::{ParamClass, ParamInfo};
 use crate::family::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, blocks_for};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::hf_config::Defaults;
 use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The post-norm decoder's weights and hooks.
@@ -110,7 +111,7 @@ pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Resul
         g.hook(at(ResidPre), x);
         let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
-        let proj = crate::llama::self_attention(&mut g, x, layer, Gain::F32, cos, sin, mask)?;
+        let proj = crate::layers::attention::self_attention(&mut g, x, layer, Gain::F32, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
         let h = g.add_post_normed(
             x,

@@ -13,9 +13,9 @@
 
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::Feature;
-use crate::llama::{build_decoder, decoder_params};
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The decoder's weights with whole-projection q/k norms and the experts; Qwen3-MoE's hooks.
@@ -57,7 +57,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.arch != Arch::Olmoe || config.moe.is_none() || !config.qk_norm_whole || config.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!("olmoe builder given a {:?} config", config.arch)));
     }
-    build_decoder(config, spec)
+    self_attention_decoder(config, spec)
 }
 
 #[cfg(test)]

@@ -12,9 +12,10 @@
 
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::family::{Arch, Family};
+use crate::forward::self_attention_decoder;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::{Defaults, windows_on_every_layer};
-use crate::llama::{FEATURES, build_decoder};
+use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// Llama's forward and hooks over the fused checkpoint.
@@ -79,5 +80,5 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.arch != Arch::Phi3 || config.qkv_bias || config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("phi3 builder given a {:?} config", config.arch)));
     }
-    build_decoder(config, spec)
+    self_attention_decoder(config, spec)
 }

@@ -9,8 +9,9 @@
 
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
-use crate::llama::{FEATURES, build_decoder, decoder_params};
+use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The Llama decoder's weights and hooks.
@@ -33,5 +34,5 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.arch != Arch::Qwen2 {
         return Err(ModelError::UnsupportedArch(format!("qwen2 builder given a {:?} config", config.arch)));
     }
-    build_decoder(config, spec)
+    self_attention_decoder(config, spec)
 }

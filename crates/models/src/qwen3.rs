@@ -11,9 +11,9 @@
 
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
 use crate::hooks::Feature;
-use crate::llama::{build_decoder, decoder_params};
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The Llama decoder's weights (its q/k norms included, as `qk_norm` says) and hooks, plus the
@@ -55,5 +55,5 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         // HF's attention_bias also puts a bias on o_proj, which the inventory does not list.
         return Err(ModelError::UnsupportedArch("qwen3 with attention_bias = true".into()));
     }
-    build_decoder(config, spec)
+    self_attention_decoder(config, spec)
 }

@@ -11,9 +11,9 @@
 
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::need;
 use crate::hooks::Feature;
-use crate::llama::{build_decoder, decoder_params};
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// Qwen3's weights with the experts in place of the MLP; Qwen3's hooks but the MLP's insides.
@@ -57,5 +57,5 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.arch != Arch::Qwen3Moe || config.moe.is_none() || !config.qk_norm || config.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!("qwen3_moe builder given a {:?} config", config.arch)));
     }
-    build_decoder(config, spec)
+    self_attention_decoder(config, spec)
 }

@@ -32,11 +32,13 @@ use siphon_hlo::Value;
 
 use crate::config::{ParamClass, ParamInfo};
 use crate::family::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec, Gain, Graph, pre_norm_decoder};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::gated_deltanet::{self, LinearAttention};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::llama::{head_norm, moe_params};
+use crate::layers::moe::moe_params;
+use crate::layers::norm::Gain;
+use crate::layers::norm::head_norm;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The hybrid decoder with the mixture and its shared expert.
@@ -162,7 +164,7 @@ pub(crate) fn build_hybrid(config: &ModelConfig, spec: &ForwardSpec) -> Result<F
     if config.linear_attention.is_none() || !config.attn_output_gate || !config.qk_norm || config.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!("the hybrid builder given a {} config", config.arch)));
     }
-    let mixer = |g: &mut Graph<'_>, n: Value, layer: usize| {
+    let mixer = |g: &mut Graph<'_>, n: Value, layer: usize, (): ()| {
         if gated_deltanet::is_linear(config, layer) {
             return g.gated_deltanet(n, layer);
         }
@@ -174,7 +176,7 @@ pub(crate) fn build_hybrid(config: &ModelConfig, spec: &ForwardSpec) -> Result<F
         Some(_) => shared_mixture(g, n, layer),
         None => g.dense_mlp(n, layer),
     };
-    pre_norm_decoder(config, spec, Gain::UnitOffset, mixer, mlp)
+    pre_norm_decoder(config, spec, Gain::UnitOffset, |_, _| Ok(()), mixer, mlp)
 }
 
 /// Gated full attention of block `layer` on its normed input `n` (Qwen3NextAttention):

@@ -10,8 +10,9 @@
 
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
-use crate::llama::{FEATURES, build_decoder, decoder_params};
+use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// Llama's weights and hooks.
@@ -85,7 +86,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.arch != Arch::SmolLM3 || config.qkv_bias || config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("smollm3 builder given a {:?} config", config.arch)));
     }
-    build_decoder(config, spec)
+    self_attention_decoder(config, spec)
 }
 
 #[cfg(test)]

@@ -40,8 +40,9 @@ use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
 
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::forward::{Gain, Graph};
+use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// Tokens per chunk of the chunked recurrence (transformers' `chunk_size`).

@@ -31,9 +31,11 @@
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, HloError, TensorType, Value};
 
 use crate::ModelError;
-use crate::config::Activation;
-use crate::forward::{Graph, activate, softmax_last};
+use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, Slice};
+use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
+use crate::layers::attention::softmax_last;
+use crate::layers::mlp::activate;
 
 impl Graph<'_> {
     /// The routed mixture of SiLU-gated experts in block `layer` (Hugging Face's
@@ -541,6 +543,34 @@ pub fn capacity(n: usize, k: usize, e: usize) -> usize {
     let mean = (n * k) as f64 / e as f64;
     let c = (mean + 3.0 * mean.sqrt()).ceil() as usize;
     c.next_multiple_of(8).min(n).max(1)
+}
+
+/// The routed experts of block `l` as the forward takes them (see
+/// [`crate::forward::Graph::moe_mlp`]), none without a mixture: the router, and each
+/// projection of every expert stacked, read from Qwen3-MoE's names (`mlp.gate`,
+/// `mlp.experts.{e}.{gate,up,down}_proj`; Mixtral renames the stored tensors).
+pub(crate) fn moe_params(c: &ModelConfig, l: usize) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let Some(moe) = &c.moe else { return Vec::new() };
+    let (h, e, i) = (c.hidden_size, moe.n_experts, moe.expert_size);
+    let p = format!("model.layers.{l}.mlp");
+    // The router as stored, named for the program by the same name.
+    let whole = Slice {
+        tensor: format!("{p}.gate.weight"),
+        stored: vec![e, h],
+        transposed: false,
+        groups: 1,
+        start: 0,
+        len: e,
+    };
+    let mut out = vec![ParamInfo::part(format!("{p}.gate.weight"), &[e, h], Router, Some(l), whole)];
+    for (proj, shape, class) in
+        [("gate_proj", [e, i, h], ExpertGate), ("up_proj", [e, i, h], ExpertUp), ("down_proj", [e, h, i], ExpertDown)]
+    {
+        let stack = (0..e).map(|x| format!("{p}.experts.{x}.{proj}.weight")).collect();
+        out.push(ParamInfo::stacked(format!("{p}.experts.{proj}"), &shape, class, Some(l), stack));
+    }
+    out
 }
 
 #[cfg(test)]

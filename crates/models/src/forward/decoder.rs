@@ -1,0 +1,157 @@
+//! The decoder loop the pre-norm families share, and the end of every decoder: the next
+//! block's input when the stack stops early, the final norm and its hooks.
+
+use siphon_hlo::Value;
+
+use super::{ForwardProgram, ForwardSpec, Graph, blocks_for};
+use crate::ModelError;
+use crate::config::{ModelConfig, ParamClass, ParamInfo};
+use crate::hooks::{HookKind, HookPoint};
+use crate::layers::attention::self_attention;
+use crate::layers::norm::{Gain, Norm};
+
+/// The pre-norm decoder several families share around their own token mixer and MLP:
+/// embeddings, then per block `x += mixer(norm(x))`, `x += mlp(norm(x))` with every
+/// residual and norm hook, then the final norm. `tables` builds what the block's mixer reads
+/// before its first norm (RoPE tables, a mask); `mixer` records its own hooks and
+/// `hook_attn_out` where it is attention; `mlp` records its insides; the loop records
+/// `hook_mlp_out`. Norms apply their gain as `gain` says.
+pub(crate) fn pre_norm_decoder<T>(
+    config: &ModelConfig,
+    spec: &ForwardSpec,
+    gain: Gain,
+    tables: impl Fn(&mut Graph<'_>, usize) -> Result<T, ModelError>,
+    mixer: impl Fn(&mut Graph<'_>, Value, usize, T) -> Result<Value, ModelError>,
+    mlp: impl Fn(&mut Graph<'_>, Value, usize) -> Result<Value, ModelError>,
+) -> Result<ForwardProgram, ModelError> {
+    use HookKind::*;
+    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
+    let mut g = Graph::new(config, spec, n_blocks)?;
+    let mut x = g.embed("model.embed_tokens.weight")?;
+    g.hook(HookPoint::model(Embed), x);
+    for layer in 0..n_blocks {
+        let at = |kind| HookPoint::block(layer, kind);
+        let p = |name: &str| format!("model.layers.{layer}.{name}");
+        g.hook(at(ResidPre), x);
+        let tables = tables(&mut g, layer)?;
+        let ln1 = g.rms_norm_with(x, &p("input_layernorm.weight"), gain)?;
+        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
+        let mixed = mixer(&mut g, ln1.out, layer, tables)?;
+        let h = g.b.add(x, mixed)?;
+        g.hook(at(ResidMid), h);
+        let ln2 = g.rms_norm_with(h, &p("post_attention_layernorm.weight"), gain)?;
+        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
+        let m = mlp(&mut g, ln2.out, layer)?;
+        g.hook(at(MlpOut), m);
+        let out = g.b.add(h, m)?;
+        x = g.constrain_tokens(out)?;
+        g.hook(at(ResidPost), x);
+    }
+    g.finish_decoder(x, n_blocks, with_final_norm, gain)
+}
+
+/// The decoder of Llama and the families built like it (Qwen2/3, Mistral, Phi-3, SmolLM3,
+/// the Qwen3-MoE, Mixtral and OLMoE mixtures): [`pre_norm_decoder`] around the shared
+/// self-attention (per-layer RoPE and mask; q/k biases and norms as the config says) and a
+/// dense or routed MLP.
+pub(crate) fn self_attention_decoder(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    pre_norm_decoder(
+        config,
+        spec,
+        Gain::Plain,
+        |g, layer| Ok((g.layer_rope(layer)?, g.layer_mask(layer)?)),
+        |g, n, layer, ((cos, sin), mask)| {
+            let attn = self_attention(g, n, layer, Gain::Plain, cos, sin, mask)?;
+            g.hook(HookPoint::block(layer, HookKind::AttnOut), attn);
+            Ok(attn)
+        },
+        |g, n, layer| if config.moe.is_some() { g.moe_mlp(n, layer) } else { g.dense_mlp(n, layer) },
+    )
+}
+
+/// The weights of the decoder Llama, Qwen2, Mistral, Qwen3 and Gemma share, in Hugging Face's
+/// names: the q/k/v biases when `qkv_bias`, the q/k norms when `qk_norm`, and
+/// `extra_norms` after `post_attention_layernorm` in each block (Gemma's feed-forward norms).
+pub(crate) fn decoder_params(
+    c: &ModelConfig,
+    n_layers: usize,
+    with_lm_head: bool,
+    extra_norms: &[&str],
+) -> Vec<ParamInfo> {
+    use ParamClass::*;
+    let h = c.hidden_size;
+    let q = c.n_heads * c.head_dim;
+    let kv = c.n_kv_heads * c.head_dim;
+    let i = c.intermediate_size;
+    let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
+    for l in 0..n_layers {
+        let mut block = Vec::new();
+        let mut p = |suffix: &str, shape: &[usize], class| {
+            block.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)));
+        };
+        p("input_layernorm.weight", &[h], Norm);
+        p("self_attn.q_proj.weight", &[q, h], AttnQ);
+        p("self_attn.k_proj.weight", &[kv, h], AttnK);
+        p("self_attn.v_proj.weight", &[kv, h], AttnV);
+        if c.qkv_bias {
+            p("self_attn.q_proj.bias", &[q], QBias);
+            p("self_attn.k_proj.bias", &[kv], KBias);
+            p("self_attn.v_proj.bias", &[kv], VBias);
+        }
+        if c.qk_norm {
+            // Per head, or over the whole projection (OLMoE).
+            let (qn, kn) = if c.qk_norm_whole { (q, kv) } else { (c.head_dim, c.head_dim) };
+            p("self_attn.q_norm.weight", &[qn], Norm);
+            p("self_attn.k_norm.weight", &[kn], Norm);
+        }
+        p("self_attn.o_proj.weight", &[h, q], AttnO);
+        p("post_attention_layernorm.weight", &[h], Norm);
+        for norm in extra_norms {
+            p(&format!("{norm}.weight"), &[h], Norm);
+        }
+        if c.moe.is_none() {
+            p("mlp.gate_proj.weight", &[i, h], MlpGate);
+            p("mlp.up_proj.weight", &[i, h], MlpUp);
+            p("mlp.down_proj.weight", &[h, i], MlpDown);
+        }
+        out.append(&mut block);
+        out.extend(crate::layers::moe::moe_params(c, l));
+    }
+    out.push(ParamInfo::new("model.norm.weight", &[h], Norm, None));
+    if with_lm_head && !c.tie_word_embeddings {
+        out.push(ParamInfo::new("lm_head.weight", &[c.vocab_size, h], LmHead, None));
+    }
+    out
+}
+
+impl Graph<'_> {
+    /// Ends a decoder after its `n_blocks` blocks left the residual stream `x`: `x` is the
+    /// next block's `hook_resid_pre` when that block is not built, then the final norm
+    /// (`model.norm.weight`, its gain applied as `gain` says) and its hooks when asked for,
+    /// then the program ([`Graph::finish`]).
+    pub fn finish_decoder(
+        mut self,
+        x: Value,
+        n_blocks: usize,
+        with_final_norm: bool,
+        gain: Gain,
+    ) -> Result<ForwardProgram, ModelError> {
+        self.end_blocks(x, n_blocks);
+        if with_final_norm {
+            let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;
+            self.hook_final_norm(&norm)?;
+        }
+        self.finish(n_blocks)
+    }
+
+    /// Records the final norm's hooks.
+    pub fn hook_final_norm(&mut self, norm: &Norm) -> Result<(), ModelError> {
+        use HookKind::*;
+        self.hook_norm(
+            norm,
+            HookPoint::model(LnFinalScale),
+            HookPoint::model(LnFinalNormalized),
+            HookPoint::model(LnFinalOut),
+        )
+    }
+}

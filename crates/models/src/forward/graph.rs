@@ -1,0 +1,289 @@
+//! [`Graph`]: the builder, the weights by name (each noted when read), the inputs, the hooks
+//! recorded so far and the per-batch tables the layers build once; the program it finishes
+//! into ([`Graph::finish`]).
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+
+use siphon_hlo::{Builder, DType, TensorType, Value};
+use siphon_mesh::PartitionSpec;
+
+use super::{ForwardProgram, ForwardSpec, InputInfo, OutputInfo, fp8_rows};
+use crate::config::{ModelConfig, ParamInfo};
+use crate::hooks::{HookKind, HookPoint};
+use crate::{ModelError, StoredForm};
+
+/// Graph state shared by the architecture files: the builder, the weights by name, the
+/// shapes, and the per-batch tables (RoPE, mask) built once for all blocks.
+pub(crate) struct Graph<'a> {
+    pub b: Builder,
+    pub config: &'a ModelConfig,
+    pub spec: &'a ForwardSpec,
+    pub dt: DType,
+    /// Each declared weight's value and whether the graph read it.
+    weights: HashMap<String, (Value, Cell<bool>)>,
+    params: Vec<ParamInfo>,
+    param_specs: Vec<PartitionSpec>,
+    param_forms: Vec<Option<StoredForm>>,
+    /// Mesh axes the flattened token dimension `batch*seq` is split over.
+    token_axes: Vec<String>,
+    input_spec: PartitionSpec,
+    sharded: bool,
+    pub input_ids: Value,
+    pub attention_mask: Value,
+    pub position_ids: Value,
+    hooks: BTreeMap<HookPoint, Value>,
+    /// Attention masks built so far, by window.
+    pub(crate) masks: Vec<(Option<usize>, Value)>,
+    /// RoPE tables built so far, by local base (`None`: the model's) and head width.
+    pub(crate) ropes: Vec<(Option<f64>, usize, (Value, Value))>,
+}
+
+impl<'a> Graph<'a> {
+    /// Validates `spec`, declares the weight arguments (those of `spec.weights`, else every
+    /// weight of `n_blocks` blocks and the model's own), then the three inputs.
+    pub fn new(config: &'a ModelConfig, spec: &'a ForwardSpec, n_blocks: usize) -> Result<Graph<'a>, ModelError> {
+        if spec.batch == 0 || spec.seq == 0 {
+            return Err(ModelError::Config(format!("batch {} x seq {} has no tokens", spec.batch, spec.seq)));
+        }
+        if !matches!(spec.compute_dtype, DType::F32 | DType::BF16) {
+            return Err(ModelError::Config(format!("compute dtype {} (supported: f32, bf16)", spec.compute_dtype)));
+        }
+        if !matches!(spec.output_dtype, DType::F32 | DType::BF16 | DType::F16 | DType::F8E4M3FN) {
+            return Err(ModelError::Config(format!(
+                "output dtype {} (supported: f32, bf16, f16, f8E4M3FN)",
+                spec.output_dtype
+            )));
+        }
+        let all: Vec<String> = config.params(config.n_layers, true).into_iter().map(|p| p.name).collect();
+        if let Some(unknown) = spec.param_specs.keys().find(|k| !all.contains(k)) {
+            return Err(ModelError::Sharding(format!(
+                "partition spec given for {unknown:?}, which is not a weight of this model"
+            )));
+        }
+        let sharded = !spec.mesh.axes().is_empty();
+        let mut b = if sharded {
+            Builder::with_mesh("siphon_forward", spec.mesh.clone())
+        } else {
+            Builder::new("siphon_forward")
+        };
+        let dt = spec.compute_dtype;
+        let mut params = config.params(n_blocks, false);
+        if let Some(names) = &spec.weights {
+            if let Some(name) = names.iter().find(|n| !params.iter().any(|p| &p.name == *n)) {
+                return Err(ModelError::Config(format!(
+                    "weight {name:?} is not a weight of this model's first {n_blocks} blocks or of the model itself"
+                )));
+            }
+            params.retain(|p| names.contains(&p.name));
+        }
+        let mut weights = HashMap::new();
+        let mut param_specs = Vec::new();
+        let mut param_forms = Vec::new();
+        for p in &params {
+            let pspec =
+                spec.param_specs.get(&p.name).cloned().unwrap_or_else(|| PartitionSpec::replicated(p.shape.len()));
+            // Validated on every mesh: on one without axes this rejects any split and a
+            // wrong rank, so the specs handed back are always usable.
+            pspec.validate(&p.shape, &spec.mesh).map_err(|e| ModelError::Sharding(format!("{}: {e}", p.name)))?;
+            let form = spec.stored.get(&p.name).copied();
+            let v = match form {
+                None => b.arg(TensorType::new(dt, &p.shape), sharded.then(|| pspec.clone()))?,
+                Some(form) => {
+                    let specs = form.part_specs(&p.name, &p.shape, &pspec, &spec.mesh)?;
+                    let mut parts = Vec::new();
+                    for (part, pspec) in form.parts(&p.shape).into_iter().zip(specs) {
+                        let ty = TensorType::new(part.dtype.hlo(), &part.shape);
+                        parts.push(b.arg(ty, sharded.then_some(pspec))?);
+                    }
+                    form.dequantize(&mut b, &parts, &p.shape, dt)?
+                }
+            };
+            weights.insert(p.name.clone(), (v, Cell::new(false)));
+            param_specs.push(pspec);
+            param_forms.push(form);
+        }
+        let input_spec = spec.input_spec.clone().unwrap_or_else(|| PartitionSpec::replicated(2));
+        input_spec
+            .validate(&[spec.batch, spec.seq], &spec.mesh)
+            .map_err(|e| ModelError::Sharding(format!("inputs [batch, seq]: {e}")))?;
+        let ids_ty = TensorType::new(DType::I32, &[spec.batch, spec.seq]);
+        let in_spec = sharded.then(|| input_spec.clone());
+        let input_ids = b.arg(ids_ty.clone(), in_spec.clone())?;
+        let attention_mask = b.arg(ids_ty.clone(), in_spec.clone())?;
+        let position_ids = b.arg(ids_ty, in_spec)?;
+        let token_axes = input_spec.dims().concat();
+        Ok(Graph {
+            b,
+            config,
+            spec,
+            dt,
+            weights,
+            params,
+            param_specs,
+            param_forms,
+            token_axes,
+            input_spec,
+            sharded,
+            input_ids,
+            attention_mask,
+            position_ids,
+            hooks: BTreeMap::new(),
+            masks: Vec::new(),
+            ropes: Vec::new(),
+        })
+    }
+
+    /// Number of tokens in the batch.
+    pub fn tokens(&self) -> usize {
+        self.spec.batch * self.spec.seq
+    }
+
+    /// How many parts the token dimension is split into over the mesh (1 on one device):
+    /// token-local work such as a mixture's dispatch runs per part.
+    pub fn token_groups(&self) -> usize {
+        self.token_axes.iter().map(|a| self.spec.mesh.axis_size(a).unwrap_or(1)).product()
+    }
+
+    /// Whether the program is partitioned over a mesh.
+    pub fn sharded(&self) -> bool {
+        self.sharded
+    }
+
+    /// The weight argument named `name`, noted as read.
+    pub fn w(&self, name: &str) -> Result<Value, ModelError> {
+        let (value, read) = self
+            .weights
+            .get(name)
+            .ok_or_else(|| ModelError::Config(format!("the forward needs weight {name:?}, which was not declared")))?;
+        read.set(true);
+        Ok(*value)
+    }
+
+    /// Whether `hook` was requested.
+    pub fn wants(&self, hook: HookPoint) -> bool {
+        self.spec.hooks.contains(&hook)
+    }
+
+    /// Records `x` as `hook` if it was requested. `x` holds the hook's values token-major
+    /// (`[tokens, …]` with the per-token elements in the hook's shape order); [`Graph::finish`]
+    /// reshapes it to `[batch, seq, *shape]`.
+    pub fn hook(&mut self, hook: HookPoint, x: Value) {
+        if self.wants(hook) {
+            self.hooks.insert(hook, x);
+        }
+    }
+
+    /// Pins the residual stream `[tokens, hidden]` to the input's token split, so every
+    /// block starts from the same layout whatever propagation chose inside.
+    pub fn constrain_tokens(&mut self, x: Value) -> Result<Value, ModelError> {
+        if !self.sharded {
+            return Ok(x);
+        }
+        let axes: Vec<&str> = self.token_axes.iter().map(String::as_str).collect();
+        Ok(self.b.sharding_constraint(x, &PartitionSpec::new(&[&axes, &[]]))?)
+    }
+
+    /// Token embeddings `[tokens, hidden]` from the table `table`.
+    pub fn embed(&mut self, table: &str) -> Result<Value, ModelError> {
+        let ids = self.input_ids;
+        self.rows_of(table, ids)
+    }
+
+    /// `x * factor`, the factor rounded to the compute dtype first, as Hugging Face's scaled
+    /// embeddings and scalar multiplies round it.
+    pub fn scale(&mut self, x: Value, factor: f64) -> Result<Value, ModelError> {
+        let dims = self.b.dims(x)?.to_vec();
+        let factor = self.b.splat(factor, TensorType::new(self.dt, &dims))?;
+        Ok(self.b.mul(x, factor)?)
+    }
+
+    /// Learned position embeddings `[tokens, hidden]` (GPT-2's `wpe`), by position id.
+    pub fn embed_positions(&mut self, table: &str) -> Result<Value, ModelError> {
+        let positions = self.position_ids;
+        self.rows_of(table, positions)
+    }
+
+    fn rows_of(&mut self, table: &str, ids: Value) -> Result<Value, ModelError> {
+        let table = self.w(table)?;
+        let ids = self.b.reshape(ids, &[self.tokens()])?;
+        let x = self.b.take_rows(table, ids)?;
+        self.constrain_tokens(x)
+    }
+
+    /// `x · Wᵀ (+ bias)` for a Hugging Face `[out, in]` weight.
+    pub fn linear(&mut self, x: Value, weight: &str, bias: Option<&str>) -> Result<Value, ModelError> {
+        let w = self.w(weight)?;
+        let y = self.b.matmul_t(x, w)?;
+        match bias {
+            None => Ok(y),
+            Some(bias) => {
+                let bv = self.w(bias)?;
+                let dims = self.b.dims(y)?.to_vec();
+                let bv = self.b.broadcast_in_dim(bv, &dims, &[dims.len() - 1])?;
+                Ok(self.b.add(y, bv)?)
+            }
+        }
+    }
+
+    /// Records `x`, what the `n_blocks` built blocks left, as the next block's
+    /// `hook_resid_pre` when that block is not built.
+    pub fn end_blocks(&mut self, x: Value, n_blocks: usize) {
+        if n_blocks < self.config.n_layers {
+            self.hook(HookPoint::block(n_blocks, HookKind::ResidPre), x);
+        }
+    }
+
+    /// Returns the requested hooks, each reshaped to `[batch, seq, *per-token shape]`, and
+    /// prints the program.
+    pub fn finish(self, n_blocks: usize) -> Result<ForwardProgram, ModelError> {
+        let (bsz, s) = (self.spec.batch, self.spec.seq);
+        let mut b = self.b;
+        let mut results = Vec::new();
+        let mut outputs = Vec::new();
+        for &hook in &self.spec.hooks {
+            let x = *self
+                .hooks
+                .get(&hook)
+                .ok_or_else(|| ModelError::Hook(format!("{hook} was requested but the graph did not produce it")))?;
+            let shape: Vec<usize> = [bsz, s].into_iter().chain(hook.dims(self.config, s)).collect();
+            let x = b.reshape(x, &shape)?;
+            let (x, shape, dtype) = match self.spec.output_dtype {
+                // Each token's row flattened to its scale and values: `[batch, seq, 4 + n]`.
+                DType::F8E4M3FN => {
+                    let x = fp8_rows(&mut b, x)?;
+                    let shape = b.dims(x)?.to_vec();
+                    (x, shape, DType::U8)
+                }
+                dtype => (b.convert(x, dtype)?, shape, dtype),
+            };
+            let mut dims = self.input_spec.dims()[..2].to_vec();
+            dims.resize(shape.len(), Vec::new());
+            let out_spec = PartitionSpec::from_dims(dims);
+            results.push((x, self.sharded.then(|| out_spec.clone())));
+            outputs.push(OutputInfo { hook, shape, dtype, spec: out_spec });
+        }
+        let unread: Vec<String> =
+            self.params.iter().map(|p| &p.name).filter(|n| !self.weights[*n].1.get()).cloned().collect();
+        if self.spec.weights.is_some() && !unread.is_empty() {
+            return Err(ModelError::Config(format!("the forward declares weights its graph never reads: {unread:?}")));
+        }
+        let text = b.finish_sharded(&results)?;
+        let inputs = ["input_ids", "attention_mask", "position_ids"]
+            .into_iter()
+            .map(|name| InputInfo { name, shape: vec![bsz, s], dtype: DType::I32, spec: self.input_spec.clone() })
+            .collect();
+        Ok(ForwardProgram {
+            text,
+            params: self.params,
+            param_specs: self.param_specs,
+            param_forms: self.param_forms,
+            param_dtype: self.dt,
+            inputs,
+            outputs,
+            mesh: self.spec.mesh.clone(),
+            n_blocks,
+            unread,
+        })
+    }
+}

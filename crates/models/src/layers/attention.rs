@@ -1,0 +1,255 @@
+//! Softmax attention: causal and windowed masks (built once per window), grouped-query
+//! attention as batched products over `[batch, kv_head]`, sinks, softcaps, and the
+//! self-attention block most families share (q/k/v projections, q/k norms, RoPE, o_proj).
+
+use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType, Value};
+
+use crate::ModelError;
+use crate::forward::Graph;
+use crate::hooks::{HookKind, HookPoint};
+use crate::layers::norm::{Gain, head_norm};
+
+/// Attention's hookable parts (see [`Graph::attention`]).
+pub(crate) struct Attention {
+    /// Scaled, masked logits, f32, `[batch, kv_head, query, group, key]`.
+    pub scores: Value,
+    /// Probabilities in the compute dtype, same layout.
+    pub pattern: Value,
+    /// `[tokens, n_heads*head_dim]`, the input of `o_proj`.
+    pub z: Value,
+}
+
+impl Graph<'_> {
+    /// Block `layer`'s q, k and v from the parts of a fused projection with biases, cut on read
+    /// (`{fused}.weight[q]`, `{fused}.bias[q]`, …: GPT-2's `c_attn`, GPT-NeoX's
+    /// `query_key_value`), recording `attn.hook_q` / `hook_k` / `hook_v`.
+    pub fn fused_qkv(&mut self, x: Value, layer: usize, fused: &str) -> Result<[Value; 3], ModelError> {
+        let mut out = [x; 3];
+        for (slot, (part, kind)) in
+            out.iter_mut().zip([("q", HookKind::AttnQ), ("k", HookKind::AttnK), ("v", HookKind::AttnV)])
+        {
+            *slot = self.linear(x, &format!("{fused}.weight[{part}]"), Some(&format!("{fused}.bias[{part}]")))?;
+            self.hook(HookPoint::block(layer, kind), *slot);
+        }
+        Ok(out)
+    }
+
+    /// The attention mask of block `layer` (its window from the config), built once per
+    /// distinct window and shared by the blocks that have it.
+    pub fn layer_mask(&mut self, layer: usize) -> Result<Value, ModelError> {
+        let window = self.config.window(layer);
+        if let Some(&(_, mask)) = self.masks.iter().find(|(w, _)| *w == window) {
+            return Ok(mask);
+        }
+        let mask = self.attention_mask(window)?;
+        self.masks.push((window, mask));
+        Ok(mask)
+    }
+
+    /// The attention mask of the blocks with `window`: `[batch, seq_q, seq_k]` predicate,
+    /// true where query `i` may attend key `j` (`j <= i`, `i - j < window` when windowed, and
+    /// key `j` is a real token). Padding is contiguous at either end of a row, so index
+    /// distances are position distances, as in Hugging Face's mask.
+    pub fn attention_mask(&mut self, window: Option<usize>) -> Result<Value, ModelError> {
+        let (bsz, s) = (self.spec.batch, self.spec.seq);
+        let b = &mut self.b;
+        let qi = b.iota(TensorType::new(DType::I32, &[s, s]), 0)?;
+        let ki = b.iota(TensorType::new(DType::I32, &[s, s]), 1)?;
+        let mut causal = b.compare(CompareDir::Ge, qi, ki)?;
+        if let Some(w) = window.filter(|&w| w < s) {
+            // j > i - w, i.e. j + w > i.
+            let w = b.splat(w as f64, TensorType::new(DType::I32, &[s, s]))?;
+            let reach = b.add(ki, w)?;
+            let recent = b.compare(CompareDir::Gt, reach, qi)?;
+            causal = b.and(causal, recent)?;
+        }
+        let causal = b.broadcast_in_dim(causal, &[bsz, s, s], &[1, 2])?;
+        let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz, s]))?;
+        let real = b.compare(CompareDir::Ne, self.attention_mask, zero)?;
+        let real = b.broadcast_in_dim(real, &[bsz, s, s], &[0, 2])?;
+        Ok(b.and(causal, real)?)
+    }
+
+    /// Grouped-query attention of block `layer` (its heads). `q` is `[tokens, n_heads*head_dim]`
+    /// (RoPE applied), `k` and `v` `[tokens, n_kv_heads*head_dim]`; query head `h` reads kv head
+    /// `h / (n_heads/n_kv_heads)` (Hugging Face's `repeat_kv`). Returns `z`,
+    /// `[tokens, n_heads*head_dim]` ready for `o_proj`, and the scores and probabilities in
+    /// the internal `[batch, kv_head, query, group, key]` layout (see [`Graph::per_query`]).
+    /// With `sinks` (`[n_heads]`, GPT-OSS), each head's softmax has one more logit, its sink,
+    /// which takes probability and is then dropped: the pattern's rows sum to less than 1.
+    pub fn attention(
+        &mut self,
+        layer: usize,
+        q: Value,
+        k: Value,
+        v: Value,
+        mask: Value,
+        sinks: Option<Value>,
+    ) -> Result<Attention, ModelError> {
+        let c = self.config;
+        let (bsz, s, nkv, hd) = (self.spec.batch, self.spec.seq, c.kv_heads_at(layer), c.head_dim_at(layer));
+        let g = c.n_heads / nkv;
+        let dt = self.dt;
+        let b = &mut self.b;
+        // Values may be narrower than queries and keys (MLA's v_head_dim).
+        let hv = b.dims(v)?[1] / nkv;
+        let q = b.reshape(q, &[bsz, s, nkv, g, hd])?;
+        let k = b.reshape(k, &[bsz, s, nkv, hd])?;
+        let v = b.reshape(v, &[bsz, s, nkv, hv])?;
+        // scores[b, kv, i, g, j] = q[b, i, kv, g, :] · k[b, j, kv, :]
+        let scores = b.dot_general(q, k, &DotDims::batched(&[0, 2], &[0, 2], &[4], &[3]))?;
+        let sdims = vec![bsz, nkv, s, g, s];
+        let scale = b.splat(c.attn_scalar.unwrap_or(hd as f64).powf(-0.5), TensorType::new(dt, &sdims))?;
+        let mut scores = b.mul(scores, scale)?;
+        if let Some(cap) = c.attn_softcap {
+            // cap * tanh(s / cap), in the compute dtype, before the mask (Gemma 2).
+            let cap = b.splat(cap, TensorType::new(dt, &sdims))?;
+            let t = b.div(scores, cap)?;
+            let t = b.tanh(t)?;
+            scores = b.mul(t, cap)?;
+        }
+        let scores = b.convert(scores, DType::F32)?;
+        let mask = b.broadcast_in_dim(mask, &sdims, &[0, 2, 4])?;
+        let floor = b.splat(f32::MIN as f64, TensorType::new(DType::F32, &sdims))?;
+        let scores = b.select(mask, scores, floor)?;
+        let probs = match sinks {
+            None => softmax_last(b, scores)?,
+            Some(sinks) => {
+                // softmax over [scores, sink] with the sink's column dropped.
+                let sinks = b.convert(sinks, DType::F32)?;
+                let sinks = b.reshape(sinks, &[nkv, g])?;
+                let col = [bsz, nkv, s, g, 1];
+                let sinks = b.broadcast_in_dim(sinks, &col, &[1, 3])?;
+                let all = b.concatenate(&[scores, sinks], 4)?;
+                let probs = softmax_last(b, all)?;
+                b.slice_dim(probs, 4, 0, s)?
+            }
+        };
+        let pattern = b.convert(probs, dt)?;
+        // out[b, kv, i, g, :] = Σ_j probs[b, kv, i, g, j] · v[b, j, kv, :]
+        let out = b.dot_general(pattern, v, &DotDims::batched(&[0, 1], &[0, 2], &[4], &[1]))?;
+        let out = b.transpose(out, &[0, 2, 1, 3, 4])?;
+        let z = b.reshape(out, &[bsz * s, c.n_heads * hv])?;
+        Ok(Attention { scores, pattern, z })
+    }
+
+    /// [`Graph::attention`] of block `layer`, recording its scores, pattern and z hooks;
+    /// returns z, `[tokens, n_heads*head_dim]`.
+    pub fn attend(&mut self, layer: usize, q: Value, k: Value, v: Value, mask: Value) -> Result<Value, ModelError> {
+        self.attend_with_sinks(layer, q, k, v, mask, None)
+    }
+
+    /// [`Graph::attend`] with attention sinks ([`Graph::attention`]).
+    pub fn attend_with_sinks(
+        &mut self,
+        layer: usize,
+        q: Value,
+        k: Value,
+        v: Value,
+        mask: Value,
+        sinks: Option<Value>,
+    ) -> Result<Value, ModelError> {
+        let at = |kind| HookPoint::block(layer, kind);
+        let Attention { scores, pattern, z } = self.attention(layer, q, k, v, mask, sinks)?;
+        if self.wants(at(HookKind::AttnScores)) {
+            let rows = self.per_query(scores)?;
+            let rows = self.finite_in_output(rows)?;
+            self.hook(at(HookKind::AttnScores), rows);
+        }
+        if self.wants(at(HookKind::AttnPattern)) {
+            let rows = self.per_query(pattern)?;
+            self.hook(at(HookKind::AttnPattern), rows);
+        }
+        self.hook(at(HookKind::AttnZ), z);
+        Ok(z)
+    }
+
+    /// Masked scores (the most negative f32) as the lowest finite value of the output dtype,
+    /// what Hugging Face's mask (`finfo(dtype).min`) gives in that dtype; converted as they
+    /// are they would round to -inf in bf16 and f16.
+    pub fn finite_in_output(&mut self, x: Value) -> Result<Value, ModelError> {
+        let lowest = match self.spec.output_dtype {
+            DType::BF16 => -3.389_531_389_251_535_5e38,
+            DType::F16 => -65504.0,
+            _ => return Ok(x),
+        };
+        let dims = self.b.dims(x)?.to_vec();
+        let floor = self.b.splat(lowest, TensorType::new(DType::F32, &dims))?;
+        Ok(self.b.max(x, floor)?)
+    }
+
+    /// Scores or pattern from [`Graph::attention`]'s `[batch, kv_head, query, group, key]`
+    /// layout to one row per query token, `[tokens, n_heads, key]` (head `kv*group + g`).
+    pub fn per_query(&mut self, x: Value) -> Result<Value, ModelError> {
+        let (t, s, h) = (self.tokens(), self.spec.seq, self.config.n_heads);
+        let x = self.b.transpose(x, &[0, 2, 1, 3, 4])?;
+        Ok(self.b.reshape(x, &[t, h, s])?)
+    }
+}
+
+/// Softmax over the last dimension of an f32 tensor, max-subtracted.
+pub(crate) fn softmax_last(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
+    let dims = b.dims(x)?.to_vec();
+    let last = dims.len() - 1;
+    let keep: Vec<usize> = (0..last).collect();
+    let m = b.reduce_max(x, &[last])?;
+    let m = b.broadcast_in_dim(m, &dims, &keep)?;
+    let shifted = b.sub(x, m)?;
+    let e = b.exp(shifted)?;
+    let sum = b.reduce_sum(e, &[last])?;
+    let sum = b.broadcast_in_dim(sum, &dims, &keep)?;
+    Ok(b.div(e, sum)?)
+}
+
+/// `o_proj(attention(rope(q), rope(k), v))` of block `layer` on normed input `n`
+/// `[tokens, hidden]`, recording the attention hooks on the way.
+pub(crate) fn self_attention(
+    g: &mut Graph<'_>,
+    n: Value,
+    layer: usize,
+    qk_gain: Gain,
+    cos: Value,
+    sin: Value,
+    mask: Value,
+) -> Result<Value, ModelError> {
+    use HookKind::*;
+    let at = |kind| HookPoint::block(layer, kind);
+    let c = g.config;
+    let t = g.tokens();
+    let p = format!("model.layers.{layer}.self_attn");
+    let proj = |name: &str| (format!("{p}.{name}.weight"), format!("{p}.{name}.bias"));
+    let mut qkv = Vec::with_capacity(3);
+    for name in ["q_proj", "k_proj", "v_proj"] {
+        let (w, b) = proj(name);
+        let b = c.qkv_bias.then_some(b.as_str());
+        qkv.push(g.linear(n, &w, b)?);
+    }
+    g.hook(at(AttnQ), qkv[0]);
+    g.hook(at(AttnK), qkv[1]);
+    g.hook(at(AttnV), qkv[2]);
+    let (mut q, mut k) = (qkv[0], qkv[1]);
+    let q_hooks = [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at);
+    let k_hooks = [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at);
+    if c.qk_norm && c.qk_norm_whole {
+        // OLMo 2: one norm over the whole projection.
+        for (x, name, hooks) in [(&mut q, "q_norm", q_hooks), (&mut k, "k_norm", k_hooks)] {
+            let norm = g.rms_norm_with(*x, &format!("{p}.{name}.weight"), qk_gain)?;
+            g.hook_norm(&norm, hooks[0], hooks[1], hooks[2])?;
+            *x = norm.out;
+        }
+    }
+    let (head_dim, kv_heads) = (c.head_dim_at(layer), c.kv_heads_at(layer));
+    let mut q = g.b.reshape(q, &[t, c.n_heads, head_dim])?;
+    let mut k = g.b.reshape(k, &[t, kv_heads, head_dim])?;
+    if c.qk_norm && !c.qk_norm_whole {
+        q = head_norm(g, q, &format!("{p}.q_norm.weight"), qk_gain, q_hooks)?;
+        k = head_norm(g, k, &format!("{p}.k_norm.weight"), qk_gain, k_hooks)?;
+    }
+    let (q, k) = if c.rotates(layer) { (g.apply_rope(q, cos, sin)?, g.apply_rope(k, cos, sin)?) } else { (q, k) };
+    g.hook(at(AttnRotQ), q);
+    g.hook(at(AttnRotK), k);
+    let q = g.b.reshape(q, &[t, c.n_heads * head_dim])?;
+    let k = g.b.reshape(k, &[t, kv_heads * head_dim])?;
+    let z = g.attend(layer, q, k, qkv[2], mask)?;
+    g.linear(z, &format!("{p}.o_proj.weight"), None)
+}

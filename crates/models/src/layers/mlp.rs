@@ -1,0 +1,131 @@
+//! MLPs: gated (SwiGLU/GeGLU) and plain, a shared expert, the activations as PyTorch
+//! computes them, and the hooks each records.
+
+use siphon_hlo::{Builder, DType, HloError, Value};
+
+use crate::ModelError;
+use crate::config::Activation;
+use crate::forward::Graph;
+use crate::hooks::{HookKind, HookPoint};
+
+/// An MLP's hookable parts (see [`Graph::gated_mlp`], [`Graph::plain_mlp`]), each
+/// `[tokens, width]`.
+pub(crate) struct Mlp {
+    /// Gate projection (a plain MLP's input projection).
+    pub pre: Value,
+    /// Up projection beside the gate (gated MLPs only).
+    pub pre_linear: Option<Value>,
+    /// `act(pre) * pre_linear` (`act(pre)` in a plain MLP).
+    pub post: Value,
+    /// Down projection.
+    pub out: Value,
+}
+
+impl Graph<'_> {
+    /// The gated MLP: `down(act(gate(x)) * up(x))` with the config's activation (SiLU, or
+    /// Gemma's tanh-approximated GELU), with its parts; the weights are
+    /// `{prefix}.gate_proj.weight` and so on (`prefix` e.g. `model.layers.3.mlp`).
+    pub fn gated_mlp(&mut self, x: Value, prefix: &str) -> Result<Mlp, ModelError> {
+        let pre = self.linear(x, &format!("{prefix}.gate_proj.weight"), None)?;
+        let up = self.linear(x, &format!("{prefix}.up_proj.weight"), None)?;
+        let act = self.activation(pre)?;
+        let post = self.b.mul(act, up)?;
+        let out = self.linear(post, &format!("{prefix}.down_proj.weight"), None)?;
+        Ok(Mlp { pre, pre_linear: Some(up), post, out })
+    }
+
+    /// Block `layer`'s dense gated MLP (`model.layers.{layer}.mlp.*`) with its hooks; returns
+    /// its output.
+    pub fn dense_mlp(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
+        let mlp = self.gated_mlp(x, &format!("model.layers.{layer}.mlp"))?;
+        self.hook_mlp(&mlp, layer, HookKind::MlpOut);
+        Ok(mlp.out)
+    }
+
+    /// Block `layer`'s shared expert, the gated MLP `prefix` beside a mixture's routed
+    /// experts, with its `mlp.shared_expert.*` hooks; returns its output.
+    pub fn shared_expert(&mut self, x: Value, prefix: &str, layer: usize) -> Result<Value, ModelError> {
+        let at = |kind| HookPoint::block(layer, kind);
+        let shared = self.gated_mlp(x, prefix)?;
+        self.hook(at(HookKind::SharedPre), shared.pre);
+        if let Some(up) = shared.pre_linear {
+            self.hook(at(HookKind::SharedPreLinear), up);
+        }
+        self.hook(at(HookKind::SharedPost), shared.post);
+        self.hook(at(HookKind::SharedOut), shared.out);
+        Ok(shared.out)
+    }
+
+    /// The plain MLP `down(act(up(x) + b) + b)` of GPT-2 and GPT-NeoX, with its parts: `up`
+    /// and `down` name each projection's weight and bias.
+    pub fn plain_mlp(&mut self, x: Value, up: [&str; 2], down: [&str; 2]) -> Result<Mlp, ModelError> {
+        let pre = self.linear(x, up[0], Some(up[1]))?;
+        let post = self.activation(pre)?;
+        let out = self.linear(post, down[0], Some(down[1]))?;
+        Ok(Mlp { pre, pre_linear: None, post, out })
+    }
+
+    /// The config's activation applied to `x`.
+    pub fn activation(&mut self, x: Value) -> Result<Value, ModelError> {
+        Ok(activate(&mut self.b, self.config.activation, x, self.dt)?)
+    }
+
+    /// Records an MLP's hooks in block `layer`, its output as `out` (`hook_mlp_out`, or
+    /// `mlp.hook_out` where a post-norm follows).
+    pub fn hook_mlp(&mut self, mlp: &Mlp, layer: usize, out: HookKind) {
+        let at = |kind| HookPoint::block(layer, kind);
+        self.hook(at(HookKind::MlpPre), mlp.pre);
+        if let Some(up) = mlp.pre_linear {
+            self.hook(at(HookKind::MlpPreLinear), up);
+        }
+        self.hook(at(HookKind::MlpPost), mlp.post);
+        self.hook(at(out), mlp.out);
+    }
+}
+
+/// `activation(x)` in the compute dtype `dt`.
+pub(crate) fn activate(b: &mut Builder, activation: Activation, x: Value, dt: DType) -> Result<Value, HloError> {
+    match activation {
+        Activation::Silu => {
+            let sig = b.logistic(x)?;
+            b.mul(x, sig)
+        }
+        Activation::GeluTanh => gelu_tanh(b, x),
+        Activation::Gelu => gelu_erf(b, x, dt),
+    }
+}
+
+/// PyTorch's exact `gelu`, `x/2 * (1 + erf(x/√2))`, computed in f32 and cast back to `dt`.
+fn gelu_erf(b: &mut Builder, x: Value, dt: DType) -> Result<Value, HloError> {
+    let xf = b.convert(x, DType::F32)?;
+    let ty = b.ty(xf)?.clone();
+    let r = b.splat(std::f64::consts::FRAC_1_SQRT_2, ty.clone())?;
+    let e = b.mul(xf, r)?;
+    let e = b.erf(e)?;
+    let one = b.splat(1.0, ty.clone())?;
+    let e = b.add(e, one)?;
+    let half = b.splat(0.5, ty)?;
+    let hx = b.mul(xf, half)?;
+    let y = b.mul(hx, e)?;
+    b.convert(y, dt)
+}
+
+/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, PyTorch's `gelu(approximate="tanh")`, in
+/// `x`'s dtype.
+fn gelu_tanh(b: &mut Builder, x: Value) -> Result<Value, HloError> {
+    let ty = b.ty(x)?.clone();
+    let c = |b: &mut Builder, v: f64| b.splat(v, ty.clone());
+    let x3 = b.mul(x, x)?;
+    let x3 = b.mul(x3, x)?;
+    let k = c(b, 0.044715)?;
+    let inner = b.mul(x3, k)?;
+    let inner = b.add(x, inner)?;
+    let s = c(b, (2.0 / std::f64::consts::PI).sqrt())?;
+    let inner = b.mul(inner, s)?;
+    let t = b.tanh(inner)?;
+    let one = c(b, 1.0)?;
+    let t = b.add(t, one)?;
+    let half = c(b, 0.5)?;
+    let hx = b.mul(x, half)?;
+    b.mul(hx, t)
+}
