@@ -15,9 +15,10 @@ use crate::hooks::Feature;
 use crate::{HfConfig, ModelError};
 
 /// The architectures siphon can build a forward pass for; each file's `//!` says what its
-/// block is.
+/// block is. An architecture is written as its family's name (its first `model_type`) in
+/// messages, in `run.json` and wherever it is serialized.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(into = "&'static str", try_from = "String")]
 #[allow(missing_docs)]
 pub enum Arch {
     #[default]
@@ -30,32 +31,47 @@ pub enum Arch {
     Phi3,
     Olmo2,
     Gpt2,
-    #[serde(rename = "gpt_neox")]
     GptNeox,
-    #[serde(rename = "qwen3_moe")]
     Qwen3Moe,
     Mixtral,
     Olmo3,
     Gemma4,
-    #[serde(rename = "smollm3")]
     SmolLM3,
     Olmoe,
-    #[serde(rename = "gpt_oss")]
     GptOss,
-    #[serde(rename = "qwen3_next")]
     Qwen3Next,
-    #[serde(rename = "qwen3_5")]
     Qwen3_5,
-    #[serde(rename = "qwen3_5_moe")]
     Qwen3_5Moe,
-    #[serde(rename = "deepseek_v3")]
     DeepseekV3,
 }
 
+impl Arch {
+    /// The family's name: its first `model_type`.
+    pub fn name(self) -> &'static str {
+        family(self).model_types[0]
+    }
+}
+
 impl std::fmt::Display for Arch {
-    /// The family's first `model_type`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(family(*self).model_types[0])
+        f.write_str(self.name())
+    }
+}
+
+impl From<Arch> for &'static str {
+    fn from(arch: Arch) -> &'static str {
+        arch.name()
+    }
+}
+
+impl TryFrom<String> for Arch {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Arch, String> {
+        FAMILIES.iter().find(|f| f.model_types[0] == name).map(|f| f.arch).ok_or_else(|| {
+            let known: Vec<&str> = FAMILIES.iter().map(|f| f.model_types[0]).collect();
+            format!("unknown architecture {name:?} (known: {})", known.join(", "))
+        })
     }
 }
 
@@ -63,7 +79,8 @@ impl std::fmt::Display for Arch {
 pub(crate) struct Family {
     /// Its registry key.
     pub arch: Arch,
-    /// The `model_type` values of its `config.json` (the first is its display name).
+    /// The `model_type` values of its `config.json`; the first is the family's name
+    /// ([`Arch::name`]).
     pub model_types: &'static [&'static str],
     /// The `architectures` class names that identify it in a `config.json` without
     /// `model_type`.
@@ -165,6 +182,42 @@ mod tests {
             }
         }
         all
+    }
+
+    /// Each architecture's name, as run.json files of earlier versions hold it (serde's
+    /// names then) and messages write it.
+    #[test]
+    fn an_architecture_is_one_name_everywhere() {
+        let names = [
+            "llama",
+            "qwen2",
+            "mistral",
+            "qwen3",
+            "gemma2",
+            "gemma3",
+            "phi3",
+            "olmo2",
+            "gpt2",
+            "gpt_neox",
+            "qwen3_moe",
+            "mixtral",
+            "olmo3",
+            "smollm3",
+            "gemma4",
+            "olmoe",
+            "gpt_oss",
+            "qwen3_next",
+            "qwen3_5",
+            "qwen3_5_moe",
+            "deepseek_v3",
+        ];
+        for (arch, name) in every_arch().into_iter().zip(names) {
+            assert_eq!(arch.to_string(), name);
+            assert_eq!(serde_json::to_string(&arch).unwrap(), format!("{name:?}"));
+            assert_eq!(serde_json::from_str::<Arch>(&format!("{name:?}")).unwrap(), arch);
+        }
+        let unknown = serde_json::from_str::<Arch>("\"gemma4_text\"").unwrap_err().to_string();
+        assert!(unknown.contains("unknown architecture \"gemma4_text\"") && unknown.contains("gemma4,"), "{unknown}");
     }
 
     #[test]

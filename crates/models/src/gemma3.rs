@@ -21,7 +21,7 @@ use crate::{HfConfig, ModelConfig, ModelError};
 /// Gemma 2's weights and hooks plus the q/k norms'.
 pub(crate) const FAMILY: Family = Family {
     arch: Arch::Gemma3,
-    model_types: &["gemma3_text", "gemma3"],
+    model_types: &["gemma3", "gemma3_text"],
     architectures: &["Gemma3ForCausalLM"],
     from_hf,
     build,

@@ -51,7 +51,7 @@ use crate::{HfConfig, ModelConfig, ModelError};
 /// them).
 pub(crate) const FAMILY: Family = Family {
     arch: Arch::Gemma4,
-    model_types: &["gemma4_text", "gemma4"],
+    model_types: &["gemma4", "gemma4_text"],
     architectures: &["Gemma4ForCausalLM"],
     from_hf,
     build,

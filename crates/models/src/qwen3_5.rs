@@ -17,7 +17,7 @@ use crate::{HfConfig, ModelConfig, ModelError};
 /// The hybrid decoder with a dense MLP.
 pub(crate) const FAMILY: Family = Family {
     arch: Arch::Qwen3_5,
-    model_types: &["qwen3_5_text", "qwen3_5"],
+    model_types: &["qwen3_5", "qwen3_5_text"],
     architectures: &["Qwen3_5ForCausalLM"],
     from_hf: |hf| from_hf(hf, "qwen3_5", "qwen3_5_text", false),
     build: build_hybrid,
@@ -38,7 +38,7 @@ pub(crate) const FAMILY: Family = Family {
 /// The hybrid decoder with the mixture.
 pub(crate) const MOE_FAMILY: Family = Family {
     arch: Arch::Qwen3_5Moe,
-    model_types: &["qwen3_5_moe_text", "qwen3_5_moe"],
+    model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
     architectures: &["Qwen3_5MoeForCausalLM"],
     from_hf: |hf| from_hf(hf, "qwen3_5_moe", "qwen3_5_moe_text", true),
     build: build_hybrid,
