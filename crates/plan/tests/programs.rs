@@ -134,3 +134,26 @@ fn every_program_is_the_one_pinned() {
         new.first()
     );
 }
+
+/// Weight names are written twice in a family's file: in its inventory (`params`, what the
+/// loaders read and the planner counts) and where its builder reads them (`Graph::w`). They
+/// agree for every fixture: the forward of every hook reads every weight of the inventory,
+/// and nothing else (an extra read fails the build; an unread one would be dropped silently).
+#[test]
+fn every_fixture_reads_its_whole_inventory() {
+    let mut wrong = Vec::new();
+    for (name, config) in configs() {
+        let (_, all) = hook_sets(&config).swap_remove(0);
+        let read: Vec<String> = siphon_models::forward::forward_params(&config, &all)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        let listed: Vec<String> = config.params(config.n_layers, false).into_iter().map(|p| p.name).collect();
+        if read != listed {
+            let unread: Vec<&String> = listed.iter().filter(|n| !read.contains(n)).collect();
+            wrong.push(format!("{name}: listed but never read: {unread:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
