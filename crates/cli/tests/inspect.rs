@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use sha2::Digest;
 use siphon_store::synthetic::SyntheticSpec;
-use siphon_store::{ActivationDtype, HostId, RunDescriptor, ShardWriter, StoreConfig};
+use siphon_store::{DType, HostId, RunDescriptor, ShardWriter, StoreConfig};
 
 const RUN: &str = "r";
 const HOST: HostId = HostId { machine: 0, host: 0 };
@@ -28,7 +28,7 @@ fn stdout(out: &Output) -> String {
 /// Writes and finalizes a run of `spec` under `output`, recording the shapes in run.json or not.
 fn write_run(output: &Path, spec: &SyntheticSpec, record_shapes: bool) {
     let mut config = StoreConfig::new(output.display().to_string(), RUN, HOST);
-    config.format.dtype = ActivationDtype::F32;
+    config.format.dtype = DType::F32;
     let descriptor = RunDescriptor {
         model: serde_json::json!({"id": "synthetic"}),
         hooks: spec.hooks.clone(),

@@ -507,8 +507,8 @@ impl Engine {
 
     fn spec(&self, batch: usize, seq: usize) -> ForwardSpec {
         let mut spec = ForwardSpec::new(batch, seq, self.hooks.clone());
-        spec.compute_dtype = self.options.compute_dtype.hlo();
-        spec.output_dtype = self.options.output_dtype.hlo();
+        spec.compute_dtype = siphon_hlo::DType::from(self.options.compute_dtype);
+        spec.output_dtype = siphon_hlo::DType::from(self.options.output_dtype);
         spec.mesh = self.options.mesh.clone();
         spec.param_specs = self.param_specs.clone();
         spec.input_spec = self.input_spec.clone();

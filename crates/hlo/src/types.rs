@@ -29,6 +29,19 @@ pub enum DType {
     F8E4M3FN,
 }
 
+impl From<siphon_dtype::DType> for DType {
+    /// The program's element type for siphon's dtype (fp8 activations are `f8E4M3FN` values).
+    fn from(dtype: siphon_dtype::DType) -> DType {
+        match dtype {
+            siphon_dtype::DType::F32 => DType::F32,
+            siphon_dtype::DType::Bf16 => DType::BF16,
+            siphon_dtype::DType::F16 => DType::F16,
+            siphon_dtype::DType::U8 => DType::U8,
+            siphon_dtype::DType::Fp8 => DType::F8E4M3FN,
+        }
+    }
+}
+
 impl DType {
     /// The MLIR element type name (`f32`, `bf16`, `i32`, `ui8`, `i1`, …).
     pub fn mlir(self) -> &'static str {

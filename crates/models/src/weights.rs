@@ -17,74 +17,7 @@ use crate::safetensors::SafeTensorsSet;
 use crate::stored::StoredBytes;
 use crate::{ModelError, ParamInfo, Slice};
 
-/// Element types of weights and activations handed to the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DType {
-    /// 32-bit IEEE float.
-    F32,
-    /// bfloat16.
-    Bf16,
-    /// IEEE half.
-    F16,
-    /// Bytes of a block format kept as stored ([`crate::StoredForm`]); never a compute dtype.
-    U8,
-    /// Activations as `f8E4M3FN` with one f32 scale per token row, quantized in the program
-    /// (see [`crate::forward::FP8_MAX`]); an output dtype only.
-    Fp8,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::Bf16 | DType::F16 => 2,
-            DType::U8 | DType::Fp8 => 1,
-        }
-    }
-
-    /// The program's element type for it.
-    pub fn hlo(self) -> siphon_hlo::DType {
-        match self {
-            DType::F32 => siphon_hlo::DType::F32,
-            DType::Bf16 => siphon_hlo::DType::BF16,
-            DType::F16 => siphon_hlo::DType::F16,
-            DType::U8 => siphon_hlo::DType::U8,
-            DType::Fp8 => siphon_hlo::DType::F8E4M3FN,
-        }
-    }
-
-    /// The lowercase name used on the command line and in StableHLO (`f32`, `bf16`, `f16`).
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::Bf16 => "bf16",
-            DType::F16 => "f16",
-            DType::U8 => "u8",
-            DType::Fp8 => "fp8",
-        }
-    }
-}
-
-impl std::str::FromStr for DType {
-    type Err = ModelError;
-    fn from_str(s: &str) -> Result<DType, ModelError> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" | "float32" => Ok(DType::F32),
-            "bf16" | "bfloat16" => Ok(DType::Bf16),
-            "f16" | "float16" => Ok(DType::F16),
-            "fp8" | "f8e4m3" => Ok(DType::Fp8),
-            _ => Err(ModelError::Config(format!("dtype {s:?} (supported: f32, bf16, f16, fp8)"))),
-        }
-    }
-}
-
-impl std::fmt::Display for DType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use siphon_dtype::DType;
 
 /// A tensor on the host: little-endian elements of `dtype` in row-major order, borrowed from
 /// the file's memory map when no conversion was needed.

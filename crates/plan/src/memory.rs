@@ -44,9 +44,6 @@
 //! default headroom of 10% covers what the formula leaves out: the runtime's own buffers,
 //! compiled code, allocator padding and fragmentation.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 use siphon_mesh::Mesh;
 use std::collections::HashMap;
@@ -59,63 +56,7 @@ use crate::mesh::{DATA, FSDP, MODEL};
 /// Default share of device memory kept free.
 pub const DEFAULT_HEADROOM: f64 = 0.10;
 
-/// Element type of weights and activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DType {
-    /// 32-bit float.
-    F32,
-    /// bfloat16.
-    BF16,
-    /// IEEE half.
-    F16,
-    /// `float8_e4m3fn` with one f32 scale per token row: a stored dtype of activations only.
-    Fp8,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub fn bytes(self) -> u64 {
-        match self {
-            DType::F32 => 4,
-            DType::BF16 | DType::F16 => 2,
-            DType::Fp8 => 1,
-        }
-    }
-
-    /// Bytes of one token's row of `elements` activations stored in this dtype.
-    pub fn row_bytes(self, elements: u64) -> u64 {
-        match self {
-            DType::Fp8 => 4 + elements,
-            other => elements * other.bytes(),
-        }
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DType::F32 => "f32",
-            DType::BF16 => "bf16",
-            DType::F16 => "f16",
-            DType::Fp8 => "fp8",
-        })
-    }
-}
-
-impl FromStr for DType {
-    type Err = String;
-    /// Accepts siphon's names and `config.json`'s `torch_dtype` names.
-    fn from_str(s: &str) -> Result<DType, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" | "float32" | "float" => Ok(DType::F32),
-            "bf16" | "bfloat16" => Ok(DType::BF16),
-            "f16" | "float16" | "half" => Ok(DType::F16),
-            "fp8" => Ok(DType::Fp8),
-            other => Err(format!("unknown dtype {other:?} (expected f32, bf16, f16 or fp8)")),
-        }
-    }
-}
+pub use siphon_dtype::DType;
 
 /// Per-device weight bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,7 +118,7 @@ pub fn host_memory(
     depth: usize,
 ) -> HostMemory {
     let rows = batch.div_ceil(hosts.max(1)) as u64 * seq as u64;
-    let row: u64 = hooks.iter().map(|h| dtype.row_bytes(h.dims(config, seq).iter().product::<usize>() as u64)).sum();
+    let row: u64 = hooks.iter().map(|h| dtype.row_bytes(h.dims(config, seq).iter().product::<usize>()) as u64).sum();
     let step_bytes = rows * row;
     HostMemory { depth, dtype, step_bytes, total_bytes: depth as u64 * step_bytes }
 }
@@ -225,7 +166,7 @@ pub fn param_bytes(
     let shard_shape = spec.shard_shape(&param.shape, mesh)?;
     let bytes = |shape: &[usize]| match stored.get(&param.name) {
         Some(form) => form.bytes(shape) as u64,
-        None => shape.iter().map(|&d| d as u64).product::<u64>() * dtype.bytes(),
+        None => shape.iter().map(|&d| d as u64).product::<u64>() * dtype.size() as u64,
     };
     if let Some(form) = stored.get(&param.name) {
         form.part_specs(&param.name, &param.shape, spec, mesh).map_err(|e| PlanError::Request(e.to_string()))?;
@@ -274,7 +215,7 @@ pub fn activation_memory(
     hooks: &[HookPoint],
     dtype: DType,
 ) -> ActivationMemory {
-    let a = dtype.bytes();
+    let a = dtype.size() as u64;
     let data = mesh.axis_size_or_one(DATA) as u64;
     let model = mesh.axis_size_or_one(MODEL) as u64;
     let b = batch as u64 / data;
@@ -375,7 +316,7 @@ mod tests {
         let mesh = Mesh::new(&[("fsdp", 2), ("model", 4)], (0..8).collect()).unwrap();
         let params = [param(&[64, 32], Some(0)), param(&[32], None)];
         let specs = [PartitionSpec::new(&[&["model"], &["fsdp"]]), PartitionSpec::replicated(1)];
-        let m = weight_memory(&params, &specs, &mesh, DType::BF16, &HashMap::new()).unwrap();
+        let m = weight_memory(&params, &specs, &mesh, DType::Bf16, &HashMap::new()).unwrap();
         assert_eq!(m.total_bytes, (64 * 32 + 32) * 2);
         assert_eq!(m.gathered_bytes, m.total_bytes);
         assert_eq!(m.sharded_bytes, (64 * 32 / 8 + 32) * 2);
@@ -450,8 +391,8 @@ mod tests {
 
     #[test]
     fn dtype_names() {
-        assert_eq!("bfloat16".parse::<DType>().unwrap(), DType::BF16);
-        assert_eq!("F32".parse::<DType>().unwrap().bytes(), 4);
+        assert_eq!("bfloat16".parse::<DType>().unwrap(), DType::Bf16);
+        assert_eq!("F32".parse::<DType>().unwrap().size(), 4);
         assert!("int8".parse::<DType>().is_err());
     }
 }

@@ -55,7 +55,7 @@ impl Default for PlanRequest {
     fn default() -> PlanRequest {
         PlanRequest {
             mesh: MeshRequest::default(),
-            dtype: DType::BF16,
+            dtype: DType::Bf16,
             batch: None,
             seq: None,
             hooks: None,
@@ -63,7 +63,7 @@ impl Default for PlanRequest {
             headroom: memory::DEFAULT_HEADROOM,
             with_lm_head: false,
             stored: Default::default(),
-            output_dtype: DType::BF16,
+            output_dtype: DType::Bf16,
             pipeline_depth: 2,
         }
     }

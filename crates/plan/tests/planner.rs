@@ -14,7 +14,7 @@ fn fixture(name: &str) -> ModelConfig {
 fn request(kind: MeshKind, device_memory_gib: Option<u64>) -> PlanRequest {
     PlanRequest {
         mesh: MeshRequest { kind, ..MeshRequest::default() },
-        dtype: DType::BF16,
+        dtype: DType::Bf16,
         device_memory_bytes: device_memory_gib.map(|g| g * GIB),
         ..PlanRequest::default()
     }
@@ -209,7 +209,7 @@ fn the_output_path_host_memory_counts_steps_in_flight_in_the_stored_dtype() {
     // 16 of the 32 rows per host, 1024 tokens, 4 hooks of 896: bf16 2 bytes a value, fp8 1
     // and a 4-byte scale a row.
     let rows = 16 * 1024;
-    assert_eq!(at(DType::BF16, 2).step_bytes, rows * 4 * 896 * 2);
+    assert_eq!(at(DType::Bf16, 2).step_bytes, rows * 4 * 896 * 2);
     assert_eq!(at(DType::Fp8, 3).step_bytes, rows * 4 * (896 + 4));
     assert_eq!(at(DType::Fp8, 3).total_bytes, 3 * rows * 4 * (896 + 4));
     let no_depth = PlanRequest { pipeline_depth: 0, ..request(MeshKind::TwoD, None) };

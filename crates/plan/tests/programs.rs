@@ -71,8 +71,8 @@ fn program_hashes() -> BTreeMap<String, String> {
         for (set, hooks) in hook_sets(&config) {
             for dtype in [DType::F32, DType::Bf16] {
                 let mut spec = ForwardSpec::new(4, 8, hooks.clone());
-                spec.compute_dtype = dtype.hlo();
-                spec.output_dtype = dtype.hlo();
+                spec.compute_dtype = dtype.into();
+                spec.output_dtype = dtype.into();
                 let one = build_forward(&config, &spec).unwrap_or_else(|e| panic!("{name} {set}: {e}"));
                 out.insert(format!("{name} one {dtype} {set}"), sha256(&one.text));
                 let request = PlanRequest {
@@ -91,8 +91,8 @@ fn program_hashes() -> BTreeMap<String, String> {
                 // The fixed Megatron-style plan of an explicit `--mesh data=2,model=4`.
                 let axes = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
                 let mut fixed = ForwardSpec::new(4, 8, hooks.clone()).with_megatron_plan(&config, axes);
-                fixed.compute_dtype = dtype.hlo();
-                fixed.output_dtype = dtype.hlo();
+                fixed.compute_dtype = dtype.into();
+                fixed.output_dtype = dtype.into();
                 let fixed = build_forward(&config, &fixed).unwrap_or_else(|e| panic!("{name} {set} fixed: {e}"));
                 out.insert(format!("{name} data=2,model=4 {dtype} {set}"), sha256(&fixed.text));
             }

@@ -5,82 +5,14 @@
 //! crate produced, and an opaque resume position.
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StoreError};
 
-/// Element type of activations, as produced by the engine or as stored in shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ActivationDtype {
-    /// IEEE f32.
-    F32,
-    /// bfloat16.
-    Bf16,
-    /// IEEE f16.
-    F16,
-    /// `float8_e4m3fn` with one f32 scale per token row (the row's largest magnitude over
-    /// 448), quantized on the device: a row is the scale (4 bytes, little-endian) then its
-    /// values; shards store the values as `F8_E4M3` and the scales beside them
-    /// ([`fp8_scale_name`]). A value is `e4m3 * scale`.
-    Fp8,
-}
+pub use siphon_dtype::DType;
 
 /// The name of the f32 `[tokens]` tensor holding the row scales of an fp8 hook.
 pub fn fp8_scale_name(hook: &str) -> String {
     format!("{hook}.fp8_scale")
-}
-
-impl ActivationDtype {
-    /// Bytes per element (an fp8 row adds its 4-byte scale: [`ActivationDtype::row_bytes`]).
-    pub fn size(self) -> usize {
-        match self {
-            ActivationDtype::F32 => 4,
-            ActivationDtype::Bf16 | ActivationDtype::F16 => 2,
-            ActivationDtype::Fp8 => 1,
-        }
-    }
-
-    /// Bytes of one token's row of `elements` values.
-    pub fn row_bytes(self, elements: usize) -> usize {
-        match self {
-            ActivationDtype::Fp8 => 4 + elements,
-            other => elements * other.size(),
-        }
-    }
-
-    /// The safetensors dtype name of the values.
-    pub fn safetensors_name(self) -> &'static str {
-        match self {
-            ActivationDtype::F32 => "F32",
-            ActivationDtype::Bf16 => "BF16",
-            ActivationDtype::F16 => "F16",
-            ActivationDtype::Fp8 => "F8_E4M3",
-        }
-    }
-
-    /// The name on the command line and in shard metadata: `f32`, `bf16`, `f16`, `fp8`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ActivationDtype::F32 => "f32",
-            ActivationDtype::Bf16 => "bf16",
-            ActivationDtype::F16 => "f16",
-            ActivationDtype::Fp8 => "fp8",
-        }
-    }
-
-    /// Parses `f32`, `bf16`, `f16` or `fp8` (case-insensitive).
-    pub fn parse(name: &str) -> Result<Self> {
-        match name.to_ascii_lowercase().as_str() {
-            "f32" | "float32" => Ok(ActivationDtype::F32),
-            "bf16" | "bfloat16" => Ok(ActivationDtype::Bf16),
-            "f16" | "float16" => Ok(ActivationDtype::F16),
-            "fp8" | "f8_e4m3" => Ok(ActivationDtype::Fp8),
-            other => Err(StoreError::InvalidConfig(format!(
-                "unknown activation dtype {other:?} (expected f32, bf16, f16 or fp8)"
-            ))),
-        }
-    }
 }
 
 /// One hook's activations for a whole batch: `[batch, seq, *shape]`, row-major, little-endian.
@@ -89,7 +21,7 @@ pub struct HookActivations {
     /// Hook name, e.g. `blocks.3.hook_resid_post`.
     pub hook: String,
     /// Element type of `data`.
-    pub dtype: ActivationDtype,
+    pub dtype: DType,
     /// Shape of one token's activation: `[d_model]`, `[d_mlp]`, `[n_heads, d_head]` for
     /// per-head hooks, `[1]` for `hook_scale`, `[n_heads, seq]` for attention-pattern rows.
     /// Non-empty, no zero dimension. Shards store the hook as `[tokens, *shape]`.
@@ -189,13 +121,16 @@ impl BatchActivations {
             return Err(bad(format!("hooks {got:?} differ from the run's hooks {hooks:?}")));
         }
         for hook in &self.hooks {
+            if !hook.dtype.is_activation() {
+                return Err(bad(format!("hook {} is {}, which holds no activations", hook.hook, hook.dtype)));
+            }
             let elements = check_token_shape(&hook.shape).map_err(|e| bad(format!("hook {} {e}", hook.hook)))?;
             let expected = tokens
                 .checked_mul(hook.dtype.row_bytes(elements))
                 .ok_or_else(|| bad(format!("hook {} size overflows", hook.hook)))?;
             if hook.data.len() != expected {
                 let row = match hook.dtype {
-                    ActivationDtype::Fp8 => format!("(4 + prod(shape {:?}))", hook.shape),
+                    DType::Fp8 => format!("(4 + prod(shape {:?}))", hook.shape),
                     dtype => format!("prod(shape {:?})*{}", hook.shape, dtype.size()),
                 };
                 return Err(bad(format!(

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::batch::ActivationDtype;
+use crate::batch::DType;
 use crate::error::{Result, StoreError};
 
 /// Default target shard size: about 256 MB.
@@ -44,7 +44,7 @@ pub struct ShuffleConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShardFormat {
     /// Element type activations are stored as.
-    pub dtype: ActivationDtype,
+    pub dtype: DType,
     /// A shard is closed at the first batch (or shuffle window) boundary at or past this size.
     pub target_shard_bytes: u64,
     /// Keep excluded tokens and add a `mask` tensor instead of dropping them.
@@ -60,7 +60,7 @@ pub struct ShardFormat {
 impl Default for ShardFormat {
     fn default() -> Self {
         ShardFormat {
-            dtype: ActivationDtype::Bf16,
+            dtype: DType::Bf16,
             target_shard_bytes: DEFAULT_TARGET_SHARD_BYTES,
             keep_excluded: false,
             shuffle: None,
@@ -158,6 +158,9 @@ impl StoreConfig {
         }
         if self.format.target_shard_bytes == 0 {
             return bad("target_shard_bytes must be > 0".into());
+        }
+        if !self.format.dtype.is_activation() {
+            return bad(format!("shards cannot hold activations as {}", self.format.dtype));
         }
         if let Some(shuffle) = self.format.shuffle
             && shuffle.window_batches == 0

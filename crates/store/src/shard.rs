@@ -13,7 +13,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use sha2::{Digest, Sha256};
 
-use crate::batch::{ActivationDtype, BatchActivations, fp8_scale_name};
+use crate::batch::{BatchActivations, DType, fp8_scale_name};
 use crate::config::{HostId, ShardFormat};
 use crate::error::{Result, StoreError};
 use crate::stats::{HookStats, RunStats, StatsAccumulator};
@@ -157,7 +157,7 @@ impl ShardBuilder {
         let out_dtype = self.format.dtype;
         for batch in &unit {
             for h in &batch.hooks {
-                let fp8 = [h.dtype, out_dtype].contains(&ActivationDtype::Fp8);
+                let fp8 = [h.dtype, out_dtype].contains(&DType::Fp8);
                 if fp8 && h.dtype != out_dtype {
                     return Err(StoreError::InvalidBatch {
                         first_sample: batch.first_sample,
@@ -289,7 +289,7 @@ impl ShardBuilder {
                 shape.extend_from_slice(&column.shape);
                 let data = match dtype {
                     // Rows of (scale, values) become the values and, beside them, the scales.
-                    ActivationDtype::Fp8 => {
+                    DType::Fp8 => {
                         let (scales, values) = split_fp8_rows(&column.data, column.width);
                         scale_tensors.push((fp8_scale_name(name), "F32", vec![tokens], vec![Bytes::from(scales)]));
                         values
@@ -299,7 +299,7 @@ impl ShardBuilder {
                 (name.clone(), dtype.safetensors_name(), shape, vec![Bytes::from(data)])
             })
             .collect();
-        if dtype == ActivationDtype::F32 {
+        if dtype == DType::F32 {
             tensors.append(&mut hook_tensors);
         }
         tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
@@ -426,10 +426,10 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String], shapes: &[Vec
     for (i, hook) in hooks.iter().enumerate() {
         let t = st.tensor(hook).map_err(|e| bad(format!("hook {hook}: {e}")))?;
         let dtype = match t.dtype() {
-            safetensors::Dtype::F32 => ActivationDtype::F32,
-            safetensors::Dtype::BF16 => ActivationDtype::Bf16,
-            safetensors::Dtype::F16 => ActivationDtype::F16,
-            safetensors::Dtype::F8_E4M3 => ActivationDtype::Fp8,
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::BF16 => DType::Bf16,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::F8_E4M3 => DType::Fp8,
             other => return Err(bad(format!("hook {hook} has dtype {other:?}"))),
         };
         let Some((&rows, token_shape)) = t.shape().split_first() else {
@@ -450,7 +450,7 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String], shapes: &[Vec
             )));
         }
         let rows = match dtype {
-            ActivationDtype::Fp8 => {
+            DType::Fp8 => {
                 let name = fp8_scale_name(hook);
                 let scales = st.tensor(&name).map_err(|e| bad(format!("{name}: {e}")))?;
                 if scales.dtype() != safetensors::Dtype::F32 || scales.shape() != [tokens] {
@@ -502,7 +502,7 @@ fn join_fp8_rows(scales: &[u8], values: &[u8], width: usize) -> Vec<u8> {
 
 /// Appends rows converted from `src_dtype` to `dst_dtype` (little-endian both sides; fp8 is
 /// never converted, [`ShardBuilder::add_unit`] refuses it).
-fn convert_rows(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDtype, dst: &mut Vec<u8>) {
+fn convert_rows(src_dtype: DType, src: &[u8], dst_dtype: DType, dst: &mut Vec<u8>) {
     if src_dtype == dst_dtype {
         dst.extend_from_slice(src);
         return;
@@ -510,13 +510,10 @@ fn convert_rows(src_dtype: ActivationDtype, src: &[u8], dst_dtype: ActivationDty
     let mut values = vec![0f32; src.len() / src_dtype.size()];
     crate::stats::decode_row(src_dtype, src, &mut values);
     match dst_dtype {
-        ActivationDtype::F32 => values.iter().for_each(|v| dst.extend_from_slice(&v.to_le_bytes())),
-        ActivationDtype::Bf16 => {
-            values.iter().for_each(|v| dst.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes()))
-        }
-        ActivationDtype::F16 => {
-            values.iter().for_each(|v| dst.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes()))
-        }
-        ActivationDtype::Fp8 => unreachable!("fp8 rows are never converted (refused in add_unit)"),
+        DType::F32 => values.iter().for_each(|v| dst.extend_from_slice(&v.to_le_bytes())),
+        DType::Bf16 => values.iter().for_each(|v| dst.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),
+        DType::F16 => values.iter().for_each(|v| dst.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
+        DType::Fp8 => unreachable!("fp8 rows are never converted (refused in add_unit)"),
+        DType::U8 => unreachable!("u8 holds no activations (refused by BatchActivations::validate)"),
     }
 }

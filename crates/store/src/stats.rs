@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::batch::ActivationDtype;
+use crate::batch::DType;
 use crate::error::{Result, StoreError};
 
 /// Running statistics of one hook.
@@ -45,7 +45,7 @@ impl HookStats {
     }
 
     /// Statistics of the rows of `data` (`[rows, *shape]` of `dtype`) whose mask entry is true.
-    pub fn from_rows(dtype: ActivationDtype, shape: &[usize], data: &[u8], mask: Option<&[bool]>) -> Self {
+    pub fn from_rows(dtype: DType, shape: &[usize], data: &[u8], mask: Option<&[bool]>) -> Self {
         let mut acc = StatsAccumulator::new(dtype, shape);
         acc.add_rows(data, mask);
         acc.finish()
@@ -94,7 +94,7 @@ impl HookStats {
 /// variance algorithm): as accurate as two passes for activation-like data, half the reads.
 /// Rows may arrive in several slices; the result depends only on the rows, not the slicing.
 pub(crate) struct StatsAccumulator {
-    dtype: ActivationDtype,
+    dtype: DType,
     shape: Vec<usize>,
     width: usize,
     row: Vec<f32>,
@@ -106,7 +106,7 @@ pub(crate) struct StatsAccumulator {
 }
 
 impl StatsAccumulator {
-    pub fn new(dtype: ActivationDtype, shape: &[usize]) -> Self {
+    pub fn new(dtype: DType, shape: &[usize]) -> Self {
         let width = shape.iter().product();
         StatsAccumulator {
             dtype,
@@ -250,24 +250,25 @@ pub fn from_file(file: &StatsFile) -> RunStats {
 }
 
 /// Decodes one row of little-endian `dtype` values into f32.
-pub(crate) fn decode_row(dtype: ActivationDtype, bytes: &[u8], out: &mut [f32]) {
+pub(crate) fn decode_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     match dtype {
-        ActivationDtype::F32 => {
+        DType::F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        ActivationDtype::Bf16 => {
+        DType::Bf16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
-        ActivationDtype::F16 => {
+        DType::F16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
-        ActivationDtype::Fp8 => {
+        DType::U8 => unreachable!("u8 holds no activations (refused by BatchActivations::validate)"),
+        DType::Fp8 => {
             let scale = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
             for (o, &b) in out.iter_mut().zip(&bytes[4..]) {
                 *o = e4m3(b) * scale;
@@ -310,7 +311,7 @@ mod tests {
         let text = serde_json::to_vec(&to_file(&[("h".to_string(), first.clone())].into(), Some(0))).unwrap();
         let back = from_file(&serde_json::from_slice(&text).unwrap());
         assert_eq!(back["h"], first, "bit-identical after a JSON round trip");
-        let more = HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&[0.3, 1.7, -2.2, 0.9]), None);
+        let more = HookStats::from_rows(DType::F32, &[2], &f32_bytes(&[0.3, 1.7, -2.2, 0.9]), None);
         let (mut straight, mut resumed) = (first, back["h"].clone());
         straight.merge(&more).unwrap();
         resumed.merge(&more).unwrap();
@@ -324,11 +325,9 @@ mod tests {
             vec![[1.0, -2.0], [3.0, 0.5], [2.0, 4.0], [-1.0, 1.0], [100.0, 100.0], [0.0, 2.0], [5.0, -3.0]];
         let flat: Vec<f32> = rows.iter().flatten().copied().collect();
         let mask = [true, true, true, true, false, true, true];
-        let all = HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&flat), Some(&mask));
-        let mut merged = HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&flat[..6]), None);
-        merged
-            .merge(&HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&flat[6..]), Some(&mask[3..])))
-            .unwrap();
+        let all = HookStats::from_rows(DType::F32, &[2], &f32_bytes(&flat), Some(&mask));
+        let mut merged = HookStats::from_rows(DType::F32, &[2], &f32_bytes(&flat[..6]), None);
+        merged.merge(&HookStats::from_rows(DType::F32, &[2], &f32_bytes(&flat[6..]), Some(&mask[3..]))).unwrap();
 
         let kept: Vec<[f32; 2]> = rows.iter().zip(mask).filter(|(_, m)| *m).map(|(r, _)| *r).collect();
         let n = kept.len() as f64;
@@ -350,13 +349,13 @@ mod tests {
 
     #[test]
     fn width_mismatch_is_an_error() {
-        let mut a = HookStats::from_rows(ActivationDtype::F32, &[1], &f32_bytes(&[1.0]), None);
-        let b = HookStats::from_rows(ActivationDtype::F32, &[2], &f32_bytes(&[1.0, 2.0]), None);
+        let mut a = HookStats::from_rows(DType::F32, &[1], &f32_bytes(&[1.0]), None);
+        let b = HookStats::from_rows(DType::F32, &[2], &f32_bytes(&[1.0, 2.0]), None);
         assert!(a.merge(&b).is_err());
         // Same width, different shape: a per-head [2, 2] hook is not a [4] vector.
         let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
-        let mut heads = HookStats::from_rows(ActivationDtype::F32, &[2, 2], &data, None);
-        let flat = HookStats::from_rows(ActivationDtype::F32, &[4], &data, None);
+        let mut heads = HookStats::from_rows(DType::F32, &[2, 2], &data, None);
+        let flat = HookStats::from_rows(DType::F32, &[4], &data, None);
         let err = heads.merge(&flat).unwrap_err().to_string();
         assert!(err.contains("[2, 2]") && err.contains("[4]"), "{err}");
     }
@@ -367,7 +366,7 @@ mod tests {
         // the whole row.
         let rows = [[1.0f32, 2.0, 3.0, 4.0], [3.0, 2.0, 1.0, 0.0]];
         let flat: Vec<f32> = rows.iter().flatten().copied().collect();
-        let s = HookStats::from_rows(ActivationDtype::F32, &[2, 2], &f32_bytes(&flat), None);
+        let s = HookStats::from_rows(DType::F32, &[2, 2], &f32_bytes(&flat), None);
         assert_eq!((s.count, s.width(), s.shape.as_slice()), (2, 4, &[2, 2][..]));
         assert_eq!(s.mean, vec![2.0, 2.0, 2.0, 2.0]);
         assert_eq!(s.variance(), vec![1.0, 0.0, 1.0, 4.0]);

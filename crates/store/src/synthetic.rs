@@ -5,7 +5,7 @@
 //! of each sequence is excluded (like a BOS), and so is the last token of every third sequence
 //! (like padding).
 
-use crate::batch::{ActivationDtype, BatchActivations, HookActivations};
+use crate::batch::{BatchActivations, DType, HookActivations};
 
 /// Shape of the synthetic stream.
 #[derive(Debug, Clone)]
@@ -98,7 +98,7 @@ impl SyntheticSpec {
                 }
                 HookActivations {
                     hook: name.clone(),
-                    dtype: ActivationDtype::F32,
+                    dtype: DType::F32,
                     shape: self.shapes[h].clone(),
                     data: data.into(),
                 }

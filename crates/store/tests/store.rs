@@ -10,8 +10,7 @@ use std::sync::Arc;
 use object_store::ObjectStoreExt;
 use siphon_store::synthetic::SyntheticSpec;
 use siphon_store::{
-    ActivationDtype, HostId, ManifestLine, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig, StoreError,
-    StoreLocation,
+    DType, HostId, ManifestLine, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig, StoreError, StoreLocation,
 };
 use support::{Backend, Fault, MotoS3};
 
@@ -38,7 +37,7 @@ fn descriptor(spec: &SyntheticSpec) -> RunDescriptor {
 fn config(backend: &Backend, prefix: &str) -> StoreConfig {
     let mut config = StoreConfig::new(backend.url(prefix), RUN, HOST);
     config.options = backend.options.clone();
-    config.format.dtype = ActivationDtype::F32;
+    config.format.dtype = DType::F32;
     config.format.target_shard_bytes = 6 << 20;
     config.upload.part_bytes = 5 << 20;
     config
@@ -271,7 +270,7 @@ fn suite_refuses_other_config(backend: &Backend) {
     let spec = SyntheticSpec::new(1, 2, 8, 16);
     write_all(config(backend, "mismatch"), &spec, 2);
     let mut other = config(backend, "mismatch");
-    other.format.dtype = ActivationDtype::Bf16;
+    other.format.dtype = DType::Bf16;
     let mut desc = descriptor(&spec);
     desc.hooks = vec!["blocks.9.hook_resid_post".into()];
     let err = ShardWriter::open(other, desc).err().expect("must refuse");
@@ -293,7 +292,7 @@ fn suite_shuffle_and_mask(backend: &Backend) {
     let spec = SyntheticSpec::new(1, 4, 16, 64);
     let shuffled = |prefix: &str| {
         let mut c = config(backend, prefix);
-        c.format.dtype = ActivationDtype::Bf16;
+        c.format.dtype = DType::Bf16;
         c.format.keep_excluded = true;
         c.format.shuffle = Some(ShuffleConfig { seed: 7, window_batches: 3 });
         c.format.target_shard_bytes = 40_000;
@@ -969,7 +968,7 @@ fn python_one_liner_loads_a_shard() {
     let dir = tempfile::tempdir().unwrap();
     let backend = Backend::local(dir.path());
     let spec = SyntheticSpec::new(2, 2, 8, 16);
-    for dtype in [ActivationDtype::F32, ActivationDtype::Bf16] {
+    for dtype in [DType::F32, DType::Bf16] {
         let prefix = format!("py-{dtype:?}");
         let mut c = config(&backend, &prefix);
         c.format.dtype = dtype;
@@ -986,7 +985,7 @@ fn python_one_liner_loads_a_shard() {
         let mut lines = stdout.lines();
         let shapes: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
         let tokens = expected_included(&spec, 3);
-        let numpy_dtype = if dtype == ActivationDtype::F32 { "float32" } else { "bfloat16" };
+        let numpy_dtype = if dtype == DType::F32 { "float32" } else { "bfloat16" };
         assert_eq!(shapes["blocks.1.hook_resid_post"], serde_json::json!([[tokens, 16], numpy_dtype]));
         assert_eq!(shapes["token_ids"], serde_json::json!([[tokens], "int32"]));
         assert_eq!(shapes["doc_index"], serde_json::json!([[tokens], "int64"]));

@@ -110,7 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let request = PlanRequest {
         mesh: args.mesh.request(),
-        dtype: args.dtype.or(config_dtype).unwrap_or(DType::BF16),
+        dtype: args.dtype.or(config_dtype).unwrap_or(DType::Bf16),
         batch: args.batch,
         seq: args.seq,
         hooks: args

@@ -15,7 +15,7 @@ use siphon_mesh::HostView;
 use siphon_models::{HookPoint, LoadedModel, ModelConfig};
 use siphon_plan::{PlanRequest, Topology};
 use siphon_runtime::PluginKind;
-use siphon_store::ActivationDtype;
+use siphon_store::DType;
 
 use super::RunSpec;
 
@@ -71,8 +71,8 @@ impl Plan {
             batch: Some(spec.corpus.batch_size),
             seq: Some(spec.corpus.seq_len),
             hooks: Some(hooks.clone()),
-            dtype: spec.compute_dtype.parse().map_err(anyhow::Error::msg)?,
-            output_dtype: spec.dtype.parse().map_err(anyhow::Error::msg)?,
+            dtype: spec.compute_dtype.parse()?,
+            output_dtype: spec.dtype.parse()?,
             pipeline_depth,
             stored: match spec.weights {
                 siphon_engine::WeightForm::Stored => model.stored_forms(blocks)?,
@@ -171,10 +171,6 @@ pub fn tokenizer(model: &LoadedModel, path: Option<&str>) -> anyhow::Result<Arc<
     Ok(Arc::new(tokenizer))
 }
 
-fn activation_dtype(name: &str) -> anyhow::Result<ActivationDtype> {
-    Ok(ActivationDtype::parse(name)?)
-}
-
 /// One process's part in the job's steps: the processes whose partitions this process runs
 /// (itself; every simulated host under `--simulate-hosts`), each with the corpus slice it
 /// reads and whether it writes what its rows give.
@@ -198,7 +194,7 @@ pub struct Compute {
     readers: u32,
     /// Each process's reader (a spanning job's step vote compares readers' batches).
     reader_of: Vec<u32>,
-    output_dtype: ActivationDtype,
+    output_dtype: DType,
     /// Rows each member feeds per step: its reader's share of `--batch-size`.
     reader_rows: usize,
     // Keeps the plugin's client alive as long as the engine's buffers; makes host buffers.
@@ -329,7 +325,7 @@ impl Compute {
             members,
             readers,
             reader_of,
-            output_dtype: activation_dtype(&spec.dtype)?,
+            output_dtype: spec.dtype.parse()?,
             reader_rows,
             client,
         })
@@ -425,7 +421,7 @@ impl Compute {
     }
 
     /// The stored dtype the program returns.
-    pub fn output_dtype(&self) -> ActivationDtype {
+    pub fn output_dtype(&self) -> DType {
         self.output_dtype
     }
 }

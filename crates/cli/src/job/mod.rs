@@ -41,7 +41,7 @@ use serde_json::json;
 use siphon_coord::{Coordination, JoinOptions};
 use siphon_data::{Corpus, PackConfig, Partition, Worker};
 use siphon_store::{
-    ActivationDtype, BatchActivations, HostId, RunDescriptor, ShardFormat, ShardWriter, ShuffleConfig, StoreConfig,
+    BatchActivations, DType, HostId, RunDescriptor, ShardFormat, ShardWriter, ShuffleConfig, StoreConfig,
 };
 
 pub use options::{ExtractOptions, RunSpec};
@@ -509,7 +509,7 @@ fn store_config(spec: &RunSpec, run: &str, host: HostId, give_up_after: Duration
     let mut config = StoreConfig::new(spec.output.clone(), run, host);
     config.upload.give_up_after = give_up_after;
     config.format = ShardFormat {
-        dtype: ActivationDtype::parse(&spec.dtype)?,
+        dtype: spec.dtype.parse::<DType>()?,
         target_shard_bytes: spec.shard_bytes,
         keep_excluded: spec.keep_excluded,
         shuffle: spec

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use siphon_engine::Launched;
 use siphon_runtime::HostBuffer;
-use siphon_store::{ActivationDtype, HookActivations, ShardWriter};
+use siphon_store::{DType, HookActivations, ShardWriter};
 
 use super::progress::Bound;
 
@@ -98,7 +98,7 @@ pub struct Step {
 /// What the writers' batches hold.
 pub struct Batches {
     /// The stored dtype (the program returns it).
-    pub dtype: ActivationDtype,
+    pub dtype: DType,
     /// Each hook's per-token shape.
     pub shapes: Vec<Vec<usize>>,
     /// Whether each token's role is stored.

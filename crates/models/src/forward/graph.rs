@@ -93,7 +93,7 @@ impl<'a> Graph<'a> {
                     let specs = form.part_specs(&p.name, &p.shape, &pspec, &spec.mesh)?;
                     let mut parts = Vec::new();
                     for (part, pspec) in form.parts(&p.shape).into_iter().zip(specs) {
-                        let ty = TensorType::new(part.dtype.hlo(), &part.shape);
+                        let ty = TensorType::new(siphon_hlo::DType::from(part.dtype), &part.shape);
                         parts.push(b.arg(ty, sharded.then_some(pspec))?);
                     }
                     form.dequantize(&mut b, &parts, &p.shape, dt)?

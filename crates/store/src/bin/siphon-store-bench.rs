@@ -19,7 +19,7 @@ use anyhow::{Context, bail};
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, WriteMultipart};
 use siphon_store::synthetic::SyntheticSpec;
-use siphon_store::{ActivationDtype, HostId, RunDescriptor, ShardWriter, StoreConfig, StoreLocation, UploadConfig};
+use siphon_store::{DType, HostId, RunDescriptor, ShardWriter, StoreConfig, StoreLocation, UploadConfig};
 
 struct KillOnDrop(Child);
 
@@ -75,7 +75,7 @@ fn main() -> anyhow::Result<()> {
         let prefix = format!("{base}/bench-{repeat}");
         let mut config = StoreConfig::new(format!("{prefix}/writer"), "bench", HostId { machine: 0, host: 0 });
         config.options = options.clone();
-        config.format.dtype = ActivationDtype::F32;
+        config.format.dtype = DType::F32;
         config.format.target_shard_bytes = shard_mb << 20;
         config.upload = upload.clone();
         config.sealers = sealers;

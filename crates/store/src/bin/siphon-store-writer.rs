@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, bail};
 use siphon_store::synthetic::SyntheticSpec;
-use siphon_store::{ActivationDtype, HostId, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig};
+use siphon_store::{DType, HostId, RunDescriptor, ShardWriter, ShuffleConfig, StoreConfig};
 
 fn main() -> anyhow::Result<()> {
     let mut values: HashMap<String, String> = HashMap::new();
@@ -49,7 +49,7 @@ fn main() -> anyhow::Result<()> {
 
     let mut config = StoreConfig::new(&output, &run, host);
     config.options = options.clone();
-    config.format.dtype = ActivationDtype::parse(values.get("dtype").map_or("f32", String::as_str))?;
+    config.format.dtype = (values.get("dtype").map_or("f32", String::as_str)).parse::<DType>()?;
     config.format.target_shard_bytes = get("target-bytes", 6 << 20)?;
     config.format.keep_excluded = flags.iter().any(|f| f == "keep-excluded");
     if let Some(window) = values.get("shuffle-window") {
