@@ -9,7 +9,8 @@
 //! ```
 //!
 //! The hashes are of the StableHLO text, so they cover every op, shape, sharding annotation
-//! and argument order. Building needs no plugin (the builder is pure Rust).
+//! and argument order. Building needs no plugin (the builder is pure Rust). Each fixture's
+//! config as run.json serializes it is pinned beside its programs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -68,6 +69,9 @@ fn program_hashes() -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let topology = Topology::uniform(2, 4).unwrap();
     for (name, config) in configs() {
+        // The config as run.json holds it: a resumed run compares it with the stored one, so a
+        // reshaped ModelConfig must serialize the same.
+        out.insert(format!("{name} run.json config"), sha256(&serde_json::to_string(&config).unwrap()));
         for (set, hooks) in hook_sets(&config) {
             for dtype in [DType::F32, DType::Bf16] {
                 let mut spec = ForwardSpec::new(4, 8, hooks.clone());
