@@ -131,17 +131,16 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
     let mut g = Graph::new(config, spec, n_blocks)?;
     let x = g.embed("model.embed_tokens.weight")?;
     // HF's scaled embedding multiplies by sqrt(hidden) rounded to the weights' dtype.
-    let mut x = g.scale(x, (config.hidden_size as f64).sqrt())?;
+    let x = g.scale(x, (config.hidden_size as f64).sqrt())?;
     g.hook(HookPoint::model(Embed), x);
-    for layer in 0..n_blocks {
+    let x = g.blocks(x, n_blocks, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
-        g.hook(at(ResidPre), x);
         let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
         let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::UnitOffset)?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let proj = crate::layers::attention::self_attention(&mut g, ln1.out, layer, Gain::UnitOffset, cos, sin, mask)?;
+        let proj = crate::layers::attention::self_attention(g, ln1.out, layer, Gain::UnitOffset, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
         let h = g.add_post_normed(
             x,
@@ -162,9 +161,8 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
             Gain::UnitOffset,
             [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at),
         )?;
-        x = g.constrain_tokens(out)?;
-        g.hook(at(ResidPost), x);
-    }
+        Ok(out)
+    })?;
     g.finish_decoder(x, n_blocks, with_final_norm, Gain::UnitOffset)
 }
 

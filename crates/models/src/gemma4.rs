@@ -332,7 +332,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
     let mut g = Graph::new(config, spec, n_blocks)?;
     let x = g.embed("model.embed_tokens.weight")?;
-    let mut x = g.scale(x, (config.hidden_size as f64).sqrt())?;
+    let x = g.scale(x, (config.hidden_size as f64).sqrt())?;
     g.hook(HookPoint::model(Embed), x);
     let per_layer = match config.per_layer_input {
         Some(ple) => Some(per_layer_inputs(&mut g, x, ple)?),
@@ -340,10 +340,9 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     };
     // Each built layer's rotated keys and normed values, for the layers that share them.
     let mut keys_values: Vec<(Value, Value)> = Vec::with_capacity(n_blocks);
-    for layer in 0..n_blocks {
+    let x = g.blocks(x, n_blocks, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
-        g.hook(at(ResidPre), x);
         let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
         let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::F32)?;
@@ -353,7 +352,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
             None if gemma4.k_eq_v && config.window(layer).is_none() => Kv::FromKeys,
             None => Kv::Own,
         };
-        let (proj, kv) = attention(&mut g, ln1.out, layer, kv, cos, sin, mask)?;
+        let (proj, kv) = attention(g, ln1.out, layer, kv, cos, sin, mask)?;
         keys_values.push(kv);
         g.hook(at(AttnProjOut), proj);
         let h = g.add_post_normed(
@@ -369,7 +368,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
         g.hook_mlp(&mlp, layer, MlpProjOut);
         let ffn = match config.moe.as_ref() {
-            Some(moe) => mixture_beside(&mut g, layer, h, mlp.out, moe)?,
+            Some(moe) => mixture_beside(g, layer, h, mlp.out, moe)?,
             None => mlp.out,
         };
         let mut out = g.add_post_normed(
@@ -397,9 +396,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let dims = g.b.dims(out)?.to_vec();
         let scalar = g.b.broadcast_in_dim(scalar, &dims, &[1])?;
         let out = g.b.mul(out, scalar)?;
-        x = g.constrain_tokens(out)?;
-        g.hook(at(ResidPost), x);
-    }
+        Ok(out)
+    })?;
     g.finish_decoder(x, n_blocks, with_final_norm, Gain::F32)
 }
 

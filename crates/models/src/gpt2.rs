@@ -148,11 +148,10 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     g.hook(HookPoint::model(Embed), tokens);
     let positions = g.embed_positions("transformer.wpe.weight")?;
     g.hook(HookPoint::model(PosEmbed), positions);
-    let mut x = g.b.add(tokens, positions)?;
-    for layer in 0..n_blocks {
+    let x = g.b.add(tokens, positions)?;
+    let x = g.blocks(x, n_blocks, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let p = format!("transformer.h.{layer}");
-        g.hook(at(ResidPre), x);
         let mask = g.layer_mask(layer)?;
         let ln1 = g.layer_norm(x, &format!("{p}.ln_1.weight"), &format!("{p}.ln_1.bias"))?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
@@ -169,9 +168,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let mlp = g.plain_mlp(ln2.out, [&fc, &fc_b], [&proj, &proj_b])?;
         g.hook_mlp(&mlp, layer, MlpOut);
         let out = g.b.add(h, mlp.out)?;
-        x = g.constrain_tokens(out)?;
-        g.hook(at(ResidPost), x);
-    }
+        Ok(out)
+    })?;
     g.end_blocks(x, n_blocks);
     if with_final_norm {
         let norm = g.layer_norm(x, "transformer.ln_f.weight", "transformer.ln_f.bias")?;

@@ -123,12 +123,11 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
     let mut g = Graph::new(config, spec, n_blocks)?;
     let (t, d) = (g.tokens(), config.head_dim);
-    let mut x = g.embed("gpt_neox.embed_in.weight")?;
+    let x = g.embed("gpt_neox.embed_in.weight")?;
     g.hook(HookPoint::model(Embed), x);
-    for layer in 0..n_blocks {
+    let x = g.blocks(x, n_blocks, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let p = format!("gpt_neox.layers.{layer}");
-        g.hook(at(ResidPre), x);
         let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
         let ln1 = g.layer_norm(x, &format!("{p}.input_layernorm.weight"), &format!("{p}.input_layernorm.bias"))?;
@@ -158,9 +157,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         // Hugging Face: mlp_output + attn_output + hidden_states, in that order.
         let sum = g.b.add(mlp.out, attn)?;
         let out = g.b.add(sum, x)?;
-        x = g.constrain_tokens(out)?;
-        g.hook(at(ResidPost), x);
-    }
+        Ok(out)
+    })?;
     g.end_blocks(x, n_blocks);
     if with_final_norm {
         let norm = g.layer_norm(x, "gpt_neox.final_layer_norm.weight", "gpt_neox.final_layer_norm.bias")?;

@@ -103,15 +103,14 @@ pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Resul
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
     let mut g = Graph::new(config, spec, n_blocks)?;
-    let mut x = g.embed("model.embed_tokens.weight")?;
+    let x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
-    for layer in 0..n_blocks {
+    let x = g.blocks(x, n_blocks, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
-        g.hook(at(ResidPre), x);
         let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
-        let proj = crate::layers::attention::self_attention(&mut g, x, layer, Gain::F32, cos, sin, mask)?;
+        let proj = crate::layers::attention::self_attention(g, x, layer, Gain::F32, cos, sin, mask)?;
         g.hook(at(AttnProjOut), proj);
         let h = g.add_post_normed(
             x,
@@ -131,8 +130,7 @@ pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Resul
             Gain::F32,
             [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at),
         )?;
-        x = g.constrain_tokens(out)?;
-        g.hook(at(ResidPost), x);
-    }
+        Ok(out)
+    })?;
     g.finish_decoder(x, n_blocks, with_final_norm, Gain::F32)
 }

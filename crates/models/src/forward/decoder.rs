@@ -27,26 +27,24 @@ pub(crate) fn pre_norm_decoder<T>(
     use HookKind::*;
     let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
     let mut g = Graph::new(config, spec, n_blocks)?;
-    let mut x = g.embed("model.embed_tokens.weight")?;
+    let x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
-    for layer in 0..n_blocks {
+    let x = g.blocks(x, n_blocks, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let p = |name: &str| format!("model.layers.{layer}.{name}");
-        g.hook(at(ResidPre), x);
-        let tables = tables(&mut g, layer)?;
+        let tables = tables(g, layer)?;
         let ln1 = g.rms_norm_with(x, &p("input_layernorm.weight"), gain)?;
         g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let mixed = mixer(&mut g, ln1.out, layer, tables)?;
+        let mixed = mixer(g, ln1.out, layer, tables)?;
         let h = g.b.add(x, mixed)?;
         g.hook(at(ResidMid), h);
         let ln2 = g.rms_norm_with(h, &p("post_attention_layernorm.weight"), gain)?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let m = mlp(&mut g, ln2.out, layer)?;
+        let m = mlp(g, ln2.out, layer)?;
         g.hook(at(MlpOut), m);
         let out = g.b.add(h, m)?;
-        x = g.constrain_tokens(out)?;
-        g.hook(at(ResidPost), x);
-    }
+        Ok(out)
+    })?;
     g.finish_decoder(x, n_blocks, with_final_norm, gain)
 }
 
@@ -124,7 +122,26 @@ pub(crate) fn decoder_params(
     out
 }
 
-impl Graph<'_> {
+impl<'a> Graph<'a> {
+    /// The decoder loop every family's block plugs into: for each of the `n_blocks` blocks,
+    /// `x` is recorded as its `hook_resid_pre`, `block` computes what the block leaves in the
+    /// residual stream (recording the block's own hooks), and that, pinned to the tokens'
+    /// layout, is the block's `hook_resid_post` and the next block's input.
+    pub fn blocks(
+        &mut self,
+        mut x: Value,
+        n_blocks: usize,
+        mut block: impl FnMut(&mut Graph<'a>, Value, usize) -> Result<Value, ModelError>,
+    ) -> Result<Value, ModelError> {
+        for layer in 0..n_blocks {
+            self.hook(HookPoint::block(layer, HookKind::ResidPre), x);
+            let out = block(self, x, layer)?;
+            x = self.constrain_tokens(out)?;
+            self.hook(HookPoint::block(layer, HookKind::ResidPost), x);
+        }
+        Ok(x)
+    }
+
     /// Ends a decoder after its `n_blocks` blocks left the residual stream `x`: `x` is the
     /// next block's `hook_resid_pre` when that block is not built, then the final norm
     /// (`model.norm.weight`, its gain applied as `gain` says) and its hooks when asked for,
