@@ -58,8 +58,6 @@ const ALLOWED: &[(&str, &str)] = &[
     ("config", "gemma4"),
     ("config", "gpt_oss"),
     ("config", "deepseek_v3"),
-    ("config", "layers::mla"),
-    ("config", "layers::gated_deltanet"),
     // A config's hook features are its family's.
     ("hooks::kinds", "family"),
     // config.json is read by the family its model_type names.

@@ -36,99 +36,19 @@
 //! state, `B·nv·dk·dv` f32 (the planner's `memory.rs` counts these). Compute grows linearly
 //! with the length: per chunk, `O(64²·(dk + dv))` per head, and the solve.
 
-use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
 
+pub use crate::config::LinearAttention;
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
 use crate::layers::norm::Gain;
-use crate::{HfConfig, ModelConfig, ModelError};
+use crate::{ModelConfig, ModelError};
 
 /// Tokens per chunk of the chunked recurrence (transformers' `chunk_size`).
 pub const CHUNK: usize = 64;
 
-/// The linear-attention layers of a hybrid decoder and their sizes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LinearAttention {
-    /// Query/key heads (`linear_num_key_heads`).
-    pub n_key_heads: usize,
-    /// Value heads (`linear_num_value_heads`), a multiple of the key heads.
-    pub n_value_heads: usize,
-    /// Width of a query/key head (`linear_key_head_dim`).
-    pub key_head_dim: usize,
-    /// Width of a value head (`linear_value_head_dim`).
-    pub value_head_dim: usize,
-    /// Width of the causal convolution (`linear_conv_kernel_dim`).
-    pub conv_kernel: usize,
-    /// Per layer, whether it is a linear-attention layer.
-    pub layers: Vec<bool>,
-    /// Projections stored fused and grouped by key head (Qwen3-Next's `in_proj_qkvz` and
-    /// `in_proj_ba`) rather than one per part (Qwen3.5).
-    pub fused: bool,
-}
-
 impl LinearAttention {
-    /// Reads the `linear_*` keys and `layer_types` of a Qwen3-Next-style config (three linear
-    /// layers for each full one when `layer_types` is absent, `full_attention_interval`).
-    pub(crate) fn from_hf(hf: &HfConfig, n_layers: usize, fused: bool) -> Result<LinearAttention, ModelError> {
-        let layers = match &hf.layer_types {
-            Some(types) if types.len() != n_layers => {
-                return Err(ModelError::Config(format!(
-                    "layer_types lists {} layers, num_hidden_layers is {n_layers}",
-                    types.len()
-                )));
-            }
-            Some(types) => types
-                .iter()
-                .map(|t| match t.as_str() {
-                    "linear_attention" => Ok(true),
-                    "full_attention" => Ok(false),
-                    other => Err(ModelError::UnsupportedArch(format!(
-                        "layer type {other:?} in a hybrid decoder (supported: linear_attention, full_attention)"
-                    ))),
-                })
-                .collect::<Result<_, _>>()?,
-            None => {
-                let every = hf.key::<usize>("full_attention_interval")?.unwrap_or(4).max(1);
-                (0..n_layers).map(|l| (l + 1) % every != 0).collect()
-            }
-        };
-        let la = LinearAttention {
-            n_key_heads: hf.key("linear_num_key_heads")?.unwrap_or(16),
-            n_value_heads: hf.key("linear_num_value_heads")?.unwrap_or(32),
-            key_head_dim: hf.key("linear_key_head_dim")?.unwrap_or(128),
-            value_head_dim: hf.key("linear_value_head_dim")?.unwrap_or(128),
-            conv_kernel: hf.key("linear_conv_kernel_dim")?.unwrap_or(4),
-            layers,
-            fused,
-        };
-        let sizes = [la.n_key_heads, la.n_value_heads, la.key_head_dim, la.value_head_dim, la.conv_kernel];
-        if sizes.contains(&0) || !la.n_value_heads.is_multiple_of(la.n_key_heads) {
-            return Err(ModelError::Config(format!(
-                "linear attention with {} key heads of {}, {} value heads of {} and a convolution of {}: \
-                 every size must be positive and the value heads a multiple of the key heads",
-                la.n_key_heads, la.key_head_dim, la.n_value_heads, la.value_head_dim, la.conv_kernel
-            )));
-        }
-        Ok(la)
-    }
-
-    /// Whether block `layer` is a linear-attention layer.
-    pub fn is_linear(&self, layer: usize) -> bool {
-        self.layers.get(layer).copied().unwrap_or(false)
-    }
-
-    /// `nk · dk`, the width of the queries and of the keys.
-    pub fn key_dim(&self) -> usize {
-        self.n_key_heads * self.key_head_dim
-    }
-
-    /// `nv · dv`, the width of the values.
-    pub fn value_dim(&self) -> usize {
-        self.n_value_heads * self.value_head_dim
-    }
-
     /// The program's name of projection part `part` (`q`, `k`, `v`, `z`, `b` or `a`) of block
     /// `layer`.
     fn proj(&self, layer: usize, part: &str) -> String {

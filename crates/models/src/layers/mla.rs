@@ -24,70 +24,16 @@
 //! On a mesh the heads split over `model` (`q_b_proj`, `kv_b_proj`, `o_proj`); the down
 //! projections are replicated.
 
-use serde::{Deserialize, Serialize};
-
 use siphon_hlo::Value;
 
+pub use crate::config::Mla;
 use crate::config::{ParamClass, ParamInfo};
 use crate::forward::Graph;
-use crate::hf_config::need;
 use crate::hooks::{HookKind, HookPoint};
-use crate::{HfConfig, ModelConfig, ModelError};
-
-/// The latent attention's sizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mla {
-    /// Rank of the query's down projection (`q_lora_rank`); `None`: a plain `q_proj`.
-    pub q_lora_rank: Option<usize>,
-    /// Rank of the key/value latent (`kv_lora_rank`).
-    pub kv_lora_rank: usize,
-    /// Width of each query and key head's part without RoPE (`qk_nope_head_dim`).
-    pub nope: usize,
-    /// Width of each query and key head's rotated part (`qk_rope_head_dim`).
-    pub rope: usize,
-    /// Width of each value head (`v_head_dim`).
-    pub v_head_dim: usize,
-    /// RoPE on interleaved pairs (`rope_interleave`) rather than on halves.
-    pub interleave: bool,
-}
+use crate::{ModelConfig, ModelError};
 
 /// The latent norms' eps (transformers' `DeepseekV3RMSNorm` default).
 const LATENT_EPS: f64 = 1e-6;
-
-impl Mla {
-    /// The sizes from a DeepSeek-style `config.json`.
-    pub(crate) fn from_hf(hf: &HfConfig) -> Result<Mla, ModelError> {
-        let mla = Mla {
-            q_lora_rank: hf.key("q_lora_rank")?,
-            kv_lora_rank: need(hf.key("kv_lora_rank")?, "kv_lora_rank")?,
-            nope: need(hf.key("qk_nope_head_dim")?, "qk_nope_head_dim")?,
-            rope: need(hf.key("qk_rope_head_dim")?, "qk_rope_head_dim")?,
-            v_head_dim: need(hf.key("v_head_dim")?, "v_head_dim")?,
-            interleave: hf.key("rope_interleave")?.unwrap_or(true),
-        };
-        if !mla.rope.is_multiple_of(2) || mla.rope == 0 {
-            return Err(ModelError::Config(format!("qk_rope_head_dim {} is not a positive even number", mla.rope)));
-        }
-        Ok(mla)
-    }
-
-    /// Width of a query or key head, `nope + rope`.
-    pub fn qk_head_dim(&self) -> usize {
-        self.nope + self.rope
-    }
-
-    /// The per-token shape of an attention hook whose width differs under latent attention:
-    /// values narrower than queries and keys, the RoPE parts, the one shared RoPE key.
-    pub(crate) fn hook_dims(&self, kind: HookKind, n_heads: usize) -> Option<Vec<usize>> {
-        use HookKind::*;
-        Some(match kind {
-            AttnV | AttnZ => vec![n_heads, self.v_head_dim],
-            AttnRotQ => vec![n_heads, self.rope],
-            AttnRotK => vec![1, self.rope],
-            _ => return None,
-        })
-    }
-}
 
 /// Block `layer`'s attention weights, in Hugging Face's names.
 pub(crate) fn params(c: &ModelConfig, mla: &Mla, layer: usize) -> Vec<ParamInfo> {

@@ -5,8 +5,11 @@
 //! weight tensor the forward needs, by its Hugging Face name, with its shape and
 //! [`ParamClass`]; the planner shards by class and the loaders fill tensors by name.
 
+mod mixers;
+
 use serde::{Deserialize, Serialize};
 
+pub use self::mixers::{LinearAttention, Mla};
 use crate::ModelError;
 pub use crate::family::Arch;
 
@@ -225,14 +228,14 @@ pub struct ModelConfig {
     pub moe: Option<Moe>,
     /// The linear-attention (Gated DeltaNet) layers of a hybrid decoder (Qwen3.5, Qwen3-Next).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub linear_attention: Option<crate::gated_deltanet::LinearAttention>,
+    pub linear_attention: Option<LinearAttention>,
     /// The attention output is gated: `q_proj` gives each head's query and a gate beside it,
     /// and `o_proj` reads `z · sigmoid(gate)` (Qwen3.5, Qwen3-Next).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub attn_output_gate: bool,
     /// Multi-head latent attention in place of q/k/v projections (DeepSeek-V3, Kimi K2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mla: Option<crate::mla::Mla>,
+    pub mla: Option<Mla>,
     /// DeepSeek-V3's router: sigmoid scores, a correction bias for choosing, groups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deepseek: Option<crate::deepseek_v3::Router>,
