@@ -128,7 +128,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
                 return Err(ModelError::Config(format!("top_k_experts {top_k} with {n_experts} experts")));
             }
             let expert_size = need(hf.key("moe_intermediate_size")?, "moe_intermediate_size")?;
-            Some(Moe { n_experts, top_k, norm_topk: true, expert_size, shared_expert: None, first_dense: 0 })
+            Some(Moe { n_experts, top_k, norm_topk: true, expert_size, ..Default::default() })
         }
     };
     let per_layer_input = match hf.key::<usize>("hidden_size_per_layer_input")?.unwrap_or(256) {
@@ -628,14 +628,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.moe,
-            Some(crate::Moe {
-                n_experts: 4,
-                top_k: 2,
-                norm_topk: true,
-                expert_size: 8,
-                shared_expert: None,
-                first_dense: 0
-            })
+            Some(crate::Moe { n_experts: 4, top_k: 2, norm_topk: true, expert_size: 8, ..Default::default() })
         );
         let params = c.params(1, false);
         let gate = params.iter().find(|p| p.name == "model.layers.0.experts.gate_up_proj[gate]").unwrap();

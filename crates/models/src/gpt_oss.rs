@@ -102,7 +102,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
         // GptOssConfig's default rope_parameters.
         return refuse("no rope_parameters (its default YaRN is not read from an absent key)");
     }
-    let moe = Some(Moe { n_experts, top_k, norm_topk: false, expert_size, shared_expert: None, first_dense: 0 });
+    let moe = Some(Moe { n_experts, top_k, norm_topk: false, expert_size, ..Default::default() });
     Ok(ModelConfig { moe, qkv_bias: true, gpt_oss: Some(gpt_oss), ..c })
 }
 

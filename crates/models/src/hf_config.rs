@@ -631,14 +631,7 @@ mod tests {
         let c = parse(&format!("{moe}}}")).unwrap();
         assert_eq!(
             c.moe,
-            Some(Moe {
-                n_experts: 8,
-                top_k: 2,
-                norm_topk: false,
-                expert_size: 32,
-                shared_expert: None,
-                first_dense: 0
-            })
+            Some(Moe { n_experts: 8, top_k: 2, norm_topk: false, expert_size: 32, ..Default::default() })
         );
         let err = parse(&format!("{moe}, \"mlp_only_layers\": [1]}}")).unwrap_err();
         assert!(err.to_string().contains("mlp_only_layers"), "{err}");

@@ -36,10 +36,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let (n_experts, top_k) = hf.experts()?;
     let expert_size = need(hf.intermediate_size, "intermediate_size")?;
     let c = hf.decoder(Arch::Mixtral, &Defaults { windows: windows_on_every_layer, ..Defaults::LLAMA })?;
-    Ok(ModelConfig {
-        moe: Some(Moe { n_experts, top_k, norm_topk: true, expert_size, shared_expert: None, first_dense: 0 }),
-        ..c
-    })
+    Ok(ModelConfig { moe: Some(Moe { n_experts, top_k, norm_topk: true, expert_size, ..Default::default() }), ..c })
 }
 
 /// The decoder's weights, the experts read from Mixtral's names.

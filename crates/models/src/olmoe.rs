@@ -48,7 +48,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if c.head_dim * c.n_heads != c.hidden_size {
         return refuse(&format!("head_dim {} != hidden_size / num_attention_heads", c.head_dim));
     }
-    let moe = Some(Moe { n_experts, top_k, norm_topk, expert_size, shared_expert: None, first_dense: 0 });
+    let moe = Some(Moe { n_experts, top_k, norm_topk, expert_size, ..Default::default() });
     Ok(ModelConfig { qk_norm: true, qk_norm_whole: true, moe, ..c })
 }
 
@@ -73,14 +73,7 @@ mod tests {
         let c = HfConfig::from_json(OLMOE).unwrap().into_config().unwrap();
         assert_eq!(
             c.moe,
-            Some(Moe {
-                n_experts: 8,
-                top_k: 2,
-                norm_topk: false,
-                expert_size: 32,
-                shared_expert: None,
-                first_dense: 0
-            })
+            Some(Moe { n_experts: 8, top_k: 2, norm_topk: false, expert_size: 32, ..Default::default() })
         );
         assert!(c.qk_norm && c.qk_norm_whole);
         assert_eq!((c.rms_norm_eps, c.head_dim, c.tie_word_embeddings), (1e-5, 16, false));

@@ -47,7 +47,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let c = hf.decoder(Arch::Qwen3Moe, &crate::qwen3::DEFAULTS)?;
     Ok(ModelConfig {
         qk_norm: true,
-        moe: Some(Moe { n_experts, top_k, norm_topk, expert_size, shared_expert: None, first_dense: 0 }),
+        moe: Some(Moe { n_experts, top_k, norm_topk, expert_size, ..Default::default() }),
         ..c
     })
 }

@@ -88,7 +88,7 @@ pub(crate) fn mixture(hf: &HfConfig, norm_topk: bool) -> Result<Moe, ModelError>
         norm_topk,
         expert_size: need(hf.key("moe_intermediate_size")?, "moe_intermediate_size")?,
         shared_expert: Some(need(hf.key("shared_expert_intermediate_size")?, "shared_expert_intermediate_size")?),
-        first_dense: 0,
+        ..Default::default()
     })
 }
 

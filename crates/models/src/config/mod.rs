@@ -13,8 +13,9 @@ pub use self::mixers::{LinearAttention, Mla};
 use crate::ModelError;
 pub use crate::family::Arch;
 
-/// A routed mixture of experts in place of every block's MLP.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A routed mixture of experts in place of every block's MLP. `Default` (no experts) is a
+/// start for literals that set the sizes and leave the optional parts out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Moe {
     /// Experts per block.
     pub n_experts: usize,
