@@ -71,7 +71,9 @@ fn program_hashes() -> BTreeMap<String, String> {
     for (name, config) in configs() {
         // The config as run.json holds it: a resumed run compares it with the stored one, so a
         // reshaped ModelConfig must serialize the same.
-        out.insert(format!("{name} run.json config"), sha256(&serde_json::to_string(&config).unwrap()));
+        // Keys sorted (as run.json is compared: by value, not by text).
+        let json = serde_json::to_value(&config).unwrap().to_string();
+        out.insert(format!("{name} run.json config"), sha256(&json));
         for (set, hooks) in hook_sets(&config) {
             for dtype in [DType::F32, DType::Bf16] {
                 let mut spec = ForwardSpec::new(4, 8, hooks.clone());
