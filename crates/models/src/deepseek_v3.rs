@@ -29,7 +29,7 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{DType, TensorType, Value};
 
-use crate::config::{ParamClass, ParamInfo};
+use crate::config::{FamilyExtra, ParamClass, ParamInfo};
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
@@ -71,6 +71,10 @@ pub struct Router {
     pub topk_group: usize,
     /// Multiplies the routing weights (`routed_scaling_factor`).
     pub scaling: f64,
+}
+
+impl FamilyExtra for Router {
+    const KEY: &'static str = "deepseek";
 }
 
 /// DeepseekV3Config's defaults where a key is missing (eps 1e-6, base 1e4, untied).
@@ -131,9 +135,9 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
         attn_scalar: softmax_mscale(&hf).map(|m| qk as f64 / m.powi(4)),
         moe: Some(moe),
         mla: Some(mla),
-        deepseek: Some(router),
         ..c
-    })
+    }
+    .with_extra(&router))
 }
 
 /// YaRN's `mscale_all_dim` factor, which multiplies the softmax scale squared
@@ -186,7 +190,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 }
 
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.mla.is_none() || config.deepseek.is_none() || config.moe.is_none() {
+    if config.mla.is_none() || config.extras.get::<Router>().is_none() || config.moe.is_none() {
         return Err(ModelError::UnsupportedArch(format!("the deepseek_v3 builder given a {} config", config.arch)));
     }
     let mixer = |g: &mut Graph<'_>, n: Value, layer: usize, (): ()| {
@@ -207,7 +211,7 @@ fn mixture(g: &mut Graph<'_>, x: Value, layer: usize) -> Result<Value, ModelErro
     use HookKind::*;
     let at = |kind| HookPoint::block(layer, kind);
     let p = |name: &str| format!("model.layers.{layer}.mlp.{name}");
-    let (moe, router) = match (&g.config.moe, g.config.deepseek) {
+    let (moe, router) = match (&g.config.moe, g.config.extras.get::<Router>()) {
         (Some(moe), Some(router)) => (moe.clone(), router),
         _ => return Err(ModelError::Config("a deepseek_v3 mixture without its router".into())),
     };
@@ -298,7 +302,7 @@ mod tests {
         assert_eq!((c.head_dim, c.rotary_dim, c.n_kv_heads), (192, Some(64), 128));
         let moe = c.moe.as_ref().unwrap();
         assert_eq!((moe.n_experts, moe.top_k, moe.shared_expert, moe.first_dense), (256, 8, Some(2048), 3));
-        let router = c.deepseek.unwrap();
+        let router = c.extras.get::<super::Router>().unwrap();
         assert_eq!((router.n_group, router.topk_group, router.scaling), (8, 4, 2.5));
         // The softmax scale 192^-½ · (0.1·ln 40 + 1)².
         let m = 0.1 * 40f64.ln() + 1.0;

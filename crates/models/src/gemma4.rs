@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use siphon_hlo::Value;
 
-use crate::config::{LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
+use crate::config::{FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::gemma2::GEMMA_ACTIVATION;
@@ -78,6 +78,10 @@ pub struct Gemma4 {
     /// The global layers' values are their keys' projection (`attention_k_eq_v`): they have
     /// no `v_proj`.
     pub k_eq_v: bool,
+}
+
+impl FamilyExtra for Gemma4 {
+    const KEY: &'static str = "gemma4";
 }
 
 /// Gemma4TextConfig's: `head_dim` 256, eps 1e-6, tied, GeGLU, a window of 512 on five of every
@@ -152,9 +156,9 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
         kv_shared_from,
         per_layer_input,
         moe,
-        gemma4: Some(Gemma4 { k_eq_v }),
         ..c
-    })
+    }
+    .with_extra(&Gemma4 { k_eq_v }))
 }
 
 /// The layers that attend over an earlier layer's keys and values: the last
@@ -251,7 +255,7 @@ fn windows(c: &HfConfig, n_layers: usize, _: Arch) -> Result<Vec<Option<usize>>,
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;
     let h = c.hidden_size;
-    let k_eq_v = c.gemma4.is_some_and(|g| g.k_eq_v);
+    let k_eq_v = c.extras.get::<Gemma4>().is_some_and(|g| g.k_eq_v);
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
     if let Some(ple) = c.per_layer_input {
         let all = c.n_layers * ple.width;
@@ -325,7 +329,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the Gemma 4 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    let Some(gemma4) = config.gemma4.filter(|_| config.arch == Arch::Gemma4 && !config.qkv_bias) else {
+    let Some(gemma4) = config.extras.get::<Gemma4>().filter(|_| config.arch == Arch::Gemma4 && !config.qkv_bias) else {
         return Err(ModelError::UnsupportedArch(format!("gemma4 builder given a {:?} config", config.arch)));
     };
     use HookKind::*;
@@ -558,7 +562,10 @@ mod tests {
         let c =
             parse(r#", "hidden_size_per_layer_input": 0, "attention_k_eq_v": true, "num_global_key_value_heads": 1"#)
                 .unwrap();
-        assert_eq!((c.per_layer_input, c.kv_heads_at(6), c.gemma4.map(|g| g.k_eq_v)), (None, 1, Some(true)));
+        assert_eq!(
+            (c.per_layer_input, c.kv_heads_at(6), c.extras.get::<super::Gemma4>().map(|g| g.k_eq_v)),
+            (None, 1, Some(true))
+        );
         // The names of the weights follow: no v_proj on K == V layers.
         let names: Vec<String> = c.params(7, false).into_iter().map(|p| p.name).collect();
         assert!(

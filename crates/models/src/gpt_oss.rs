@@ -27,7 +27,7 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
-use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::config::{FamilyExtra, ParamClass, ParamInfo, Slice};
 use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
@@ -59,6 +59,10 @@ pub struct GptOss {
     /// The experts are stored as the hub's checkpoints store them, MXFP4
     /// (`quantization_config` `mxfp4`: `…_blocks` and `…_scales`, [`crate::mxfp4`]).
     pub mxfp4: bool,
+}
+
+impl FamilyExtra for GptOss {
+    const KEY: &'static str = "gpt_oss";
 }
 
 /// GptOssConfig's: head_dim 64, eps 1e-5, untied, biases, a window of 128 on every other
@@ -103,7 +107,9 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
         return refuse("no rope_parameters (its default YaRN is not read from an absent key)");
     }
     let moe = Some(Moe { n_experts, top_k, norm_topk: false, expert_size, ..Default::default() });
-    Ok(ModelConfig { moe, qkv_bias: true, gpt_oss: Some(gpt_oss), ..c })
+    let mut config = ModelConfig { moe, qkv_bias: true, ..c };
+    config.extras.set(&gpt_oss);
+    Ok(config)
 }
 
 /// Every weight, in Hugging Face's names; the experts cut from transformers' fused tensors.
@@ -134,7 +140,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
         p("mlp.experts.down_proj_bias", &[e, h], ExpertBias);
         // gate_up_proj: transformers' `[E, H, 2I]` (transposed per expert) or MXFP4's `[E, 2I, H]`,
         // the gate in the even rows, the up in the odd; down_proj `[E, I, H]` or `[E, H, I]`.
-        let mxfp4 = c.gpt_oss.is_some_and(|g| g.mxfp4);
+        let mxfp4 = c.extras.get::<GptOss>().is_some_and(|g| g.mxfp4);
         let stored = |base: &str, rows: usize, cols: usize| match mxfp4 {
             true => (format!("{base}_blocks"), vec![e, rows, cols], false),
             false => (base.to_string(), vec![e, cols, rows], true),
@@ -159,7 +165,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the GPT-OSS forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    let (Arch::GptOss, Some(moe), Some(gpt_oss)) = (config.arch, &config.moe, config.gpt_oss) else {
+    let (Arch::GptOss, Some(moe), Some(gpt_oss)) = (config.arch, &config.moe, config.extras.get::<GptOss>()) else {
         return Err(ModelError::UnsupportedArch(format!("gpt_oss builder given a {:?} config", config.arch)));
     };
     let mixer = |g: &mut Graph<'_>, n: Value, layer: usize, (): ()| {
@@ -258,14 +264,21 @@ mod tests {
         assert_eq!(c.layer_windows, vec![Some(128), None, Some(128), None]);
         assert_eq!((c.head_dim, c.rms_norm_eps, c.rope_theta), (64, 1e-5, 150_000.0));
         assert!(c.qkv_bias && !c.tie_word_embeddings);
-        let gpt_oss = c.gpt_oss.unwrap();
+        let gpt_oss = c.extras.get::<super::GptOss>().unwrap();
         assert_eq!((gpt_oss.swiglu_alpha, gpt_oss.swiglu_limit), (1.702, 7.0));
         let Some(RopeScaling::Yarn { factor, truncate, attention_factor, .. }) = c.rope_scaling else {
             panic!("{:?}", c.rope_scaling)
         };
         assert_eq!((factor, truncate), (32.0, false));
         assert!((attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
-        assert!(parse(r#", "quantization_config": {"quant_method": "mxfp4"}"#).unwrap().gpt_oss.unwrap().mxfp4);
+        assert!(
+            parse(r#", "quantization_config": {"quant_method": "mxfp4"}"#)
+                .unwrap()
+                .extras
+                .get::<super::GptOss>()
+                .unwrap()
+                .mxfp4
+        );
         let err = parse(r#", "quantization_config": {"quant_method": "fp8"}"#).unwrap_err().to_string();
         assert!(err.contains("gpt_oss with quantization_config fp8"), "{err}");
         let err = parse(r#", "attention_bias": false"#).unwrap_err().to_string();

@@ -227,7 +227,7 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 fn mxfp4_experts_read_to_transformers_values_bit_for_bit() {
     let dir = fixture("tiny-gpt-oss-mxfp4");
     let m = LoadedModel::open(&dir).unwrap();
-    assert!(m.config.gpt_oss.unwrap().mxfp4);
+    assert!(m.config.extras.get::<siphon_models::GptOss>().unwrap().mxfp4);
     m.check_weights(m.config.n_layers).unwrap();
     let want = siphon_models::Weights::from_safetensors_file(&dir.join("dequantized.safetensors")).unwrap();
     let params = m.config.params(m.config.n_layers, false);

@@ -7,6 +7,9 @@
 
 mod mixers;
 
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 pub use self::mixers::{LinearAttention, Mla};
@@ -141,6 +144,32 @@ pub enum RopeScaling {
     },
 }
 
+/// Settings a family's builder alone reads, defined in the family's file: the configuration
+/// keeps them by key, so that it names no family.
+pub trait FamilyExtra: Serialize + DeserializeOwned {
+    /// Its key in the configuration, and in run.json.
+    const KEY: &'static str;
+}
+
+/// The [`FamilyExtra`]s of a configuration, each as its family serializes it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Extras(BTreeMap<String, serde_json::Value>);
+
+impl Extras {
+    /// Keeps `extra` under its key.
+    pub fn set<T: FamilyExtra>(&mut self, extra: &T) {
+        let value = serde_json::to_value(extra).expect("a family's extra serializes to JSON");
+        self.0.insert(T::KEY.to_string(), value);
+    }
+
+    /// The extra kept under `T`'s key, if any (one that does not read as `T`, which `set`
+    /// never writes, is absent: the family's builder then refuses the config).
+    pub fn get<T: FamilyExtra>(&self) -> Option<T> {
+        self.0.get(T::KEY).and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
+}
+
 /// The validated configuration of a supported model. `Default` is no model (every size 0):
 /// a start for tests and for a family's `from_hf`, never valid as it is.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -206,12 +235,6 @@ pub struct ModelConfig {
     /// Per-layer input embeddings (Gemma 4's E2B/E4B), mixed into every block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_layer_input: Option<PerLayerInput>,
-    /// What only Gemma 4's block reads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gemma4: Option<crate::gemma4::Gemma4>,
-    /// GPT-OSS's experts' SwiGLU settings.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpt_oss: Option<crate::gpt_oss::GptOss>,
     /// Per layer, whether its attention skips RoPE (SmolLM3's NoPE layers); empty when every
     /// layer rotates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -237,9 +260,11 @@ pub struct ModelConfig {
     /// Multi-head latent attention in place of q/k/v projections (DeepSeek-V3, Kimi K2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla: Option<Mla>,
-    /// DeepSeek-V3's router: sigmoid scores, a correction bias for choosing, groups.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deepseek: Option<crate::deepseek_v3::Router>,
+    /// What only one family's builder reads (Gemma 4's, GPT-OSS's, DeepSeek-V3's router), each
+    /// a [`FamilyExtra`] its family's file defines, serialized beside the fields above under
+    /// its key.
+    #[serde(flatten, default)]
+    pub extras: Extras,
 }
 
 /// What role a weight tensor plays; the planner shards by class. Shapes are the ones the
@@ -419,6 +444,12 @@ impl ParamInfo {
 pub const MAX_LAYERS: usize = 4096;
 
 impl ModelConfig {
+    /// This config with `extra` kept among its [`Extras`].
+    pub fn with_extra<T: FamilyExtra>(mut self, extra: &T) -> ModelConfig {
+        self.extras.set(extra);
+        self
+    }
+
     /// Checks the relations the forward relies on.
     pub fn validate(&self) -> Result<(), ModelError> {
         let fail = |m: String| Err(ModelError::Config(m));
@@ -524,5 +555,31 @@ impl ModelConfig {
     /// Number of weights (elements) of the whole model, lm_head included when untied.
     pub fn n_params(&self) -> usize {
         self.params(self.n_layers, true).iter().map(|p| p.shape.iter().product::<usize>()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Knob {
+        width: usize,
+    }
+
+    impl FamilyExtra for Knob {
+        const KEY: &'static str = "knob";
+    }
+
+    #[test]
+    fn a_family_extra_is_kept_by_its_key_beside_the_fields() {
+        let config = ModelConfig { vocab_size: 3, ..ModelConfig::default() }.with_extra(&Knob { width: 7 });
+        assert_eq!(config.extras.get::<Knob>(), Some(Knob { width: 7 }));
+        let json = serde_json::to_value(&config).unwrap();
+        assert_eq!(json["knob"], serde_json::json!({"width": 7}));
+        assert_eq!(json["vocab_size"], 3);
+        let back: ModelConfig = serde_json::from_value(json).unwrap();
+        assert_eq!(back, config);
+        assert_eq!(ModelConfig::default().extras.get::<Knob>(), None);
     }
 }
