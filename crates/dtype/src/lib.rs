@@ -104,6 +104,19 @@ impl FromStr for DType {
     }
 }
 
+/// The value of a `float8_e4m3fn` byte (bias 7, subnormals, no infinities, `S.1111.111` NaN):
+/// fp8 activations' values and FP8 checkpoints' weights.
+pub fn e4m3fn_to_f32(byte: u8) -> f32 {
+    let sign = if byte & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((byte >> 3) & 0x0F);
+    let man = f32::from(byte & 0x07);
+    match (exp, byte & 0x7F) {
+        (_, 0x7F) => f32::NAN,
+        (0, _) => sign * man / 8.0 * 2f32.powi(-6),
+        _ => sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +135,16 @@ mod tests {
         let err = "int8".parse::<DType>().unwrap_err().to_string();
         assert_eq!(err, "unknown dtype \"int8\" (expected f32, bf16, f16 or fp8)");
         assert!("u8".parse::<DType>().is_err());
+    }
+
+    #[test]
+    fn e4m3fn_bytes_decode_as_float8_e4m3fn() {
+        let v = e4m3fn_to_f32;
+        assert_eq!([v(0x00), v(0x80), v(0x38), v(0xB8)], [0.0, -0.0, 1.0, -1.0]);
+        // The largest normal (448), the smallest normal (2^-6) and subnormal (2^-9).
+        assert_eq!([v(0x7E), v(0x08), v(0x01), v(0x81)], [448.0, 2f32.powi(-6), 2f32.powi(-9), -(2f32.powi(-9))]);
+        assert!(v(0x7F).is_nan() && v(0xFF).is_nan());
+        assert_eq!([v(0x3F), v(0x77)], [1.875, 240.0]);
     }
 
     #[test]

@@ -9,17 +9,7 @@
 //! `weight_dequant`); without one, the block is read off a grid that divides the weight
 //! (`rows / scale_rows`, as `Fp8Dequantize` does), and any other grid is refused.
 
-/// The value of an E4M3 (`float8_e4m3fn`: bias 7, no infinities, `S.1111.111` NaN) byte.
-pub(crate) fn e4m3(byte: u8) -> f32 {
-    let sign = if byte & 0x80 != 0 { -1.0 } else { 1.0 };
-    let exp = i32::from((byte >> 3) & 0x0F);
-    let man = f32::from(byte & 0x07);
-    match (exp, byte & 0x7F) {
-        (_, 0x7F) => f32::NAN,
-        (0, _) => sign * man / 8.0 * 2f32.powi(-6),
-        _ => sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7),
-    }
-}
+pub(crate) use siphon_dtype::e4m3fn_to_f32 as e4m3;
 
 /// The value of an E8M0 scale byte, `2^(b - 127)` (transformers' reading of U8 scales).
 pub(crate) fn e8m0(byte: u8) -> f32 {
@@ -69,11 +59,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn e4m3_bytes_decode_as_float8_e4m3fn() {
-        assert_eq!([e4m3(0x00), e4m3(0x80), e4m3(0x38), e4m3(0xB8)], [0.0, -0.0, 1.0, -1.0]);
-        // The largest normal (448), the smallest normal (2^-6) and subnormal (2^-9).
-        assert_eq!([e4m3(0x7E), e4m3(0x08), e4m3(0x01)], [448.0, 2f32.powi(-6), 2f32.powi(-9)]);
-        assert!(e4m3(0x7F).is_nan() && e4m3(0xFF).is_nan());
+    fn e8m0_bytes_decode_as_powers_of_two() {
         assert_eq!([e8m0(127), e8m0(130), e8m0(0)], [1.0, 8.0, 2f32.powi(-127)]);
     }
 

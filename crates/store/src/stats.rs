@@ -271,20 +271,9 @@ pub(crate) fn decode_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         DType::Fp8 => {
             let scale = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
             for (o, &b) in out.iter_mut().zip(&bytes[4..]) {
-                *o = e4m3(b) * scale;
+                *o = siphon_dtype::e4m3fn_to_f32(b) * scale;
             }
         }
-    }
-}
-
-/// The value of a `float8_e4m3fn` byte (bias 7, subnormals, no infinities, `S.1111.111` NaN).
-pub(crate) fn e4m3(byte: u8) -> f32 {
-    let sign = if byte & 0x80 != 0 { -1.0 } else { 1.0 };
-    let (exponent, mantissa) = (i32::from((byte >> 3) & 0x0f), f32::from(byte & 0x07));
-    sign * match (exponent, mantissa) {
-        (0x0f, 7.0) => f32::NAN,
-        (0, m) => m * 2f32.powi(-9),
-        (e, m) => (1.0 + m / 8.0) * 2f32.powi(e - 7),
     }
 }
 
