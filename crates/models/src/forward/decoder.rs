@@ -1,4 +1,6 @@
-//! The decoder loop the pre-norm families share, and the end of every decoder: the next
+//! The decoder loop every family's block plugs into ([`Graph::blocks`]); the pre-norm decoder
+//! around a family's token mixer and MLP ([`pre_norm_decoder`]), with the Llama-like decoder
+//! nine families build through and its weights; and the end of every decoder: the next
 //! block's input when the stack stops early, the final norm and its hooks.
 
 use siphon_hlo::Value;
