@@ -40,6 +40,9 @@ pub struct HostShard {
     pub array: HostArray,
 }
 
+/// A slice of an array (its ranges per dimension) and the local buffer holding it.
+type LocalSlice<'a> = (Vec<Range<usize>>, &'a Buffer);
+
 impl ShardedArray {
     /// Wraps one buffer per mesh partition (`buffers[p]` is partition `p`), checking count,
     /// element type, shard shapes and devices.
@@ -213,18 +216,7 @@ impl ShardedArray {
         if let Some(r) = rows.iter().find(|r| r.end > first) {
             return Err(Error::InvalidArgument(format!("rows {r:?} of an array of {first} rows")));
         }
-        // One local partition per distinct slice that meets a requested row.
-        let mut pieces: Vec<(Vec<Range<usize>>, &Buffer)> = Vec::new();
-        for &partition in from {
-            let buffer = self
-                .buffer(partition)
-                .ok_or_else(|| Error::InvalidArgument(format!("partition {partition} is not held by this process")))?;
-            let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
-            let meets = rows.iter().any(|r| r.start < ranges[0].end && ranges[0].start < r.end);
-            if meets && !pieces.iter().any(|(r, _)| *r == ranges) {
-                pieces.push((ranges, buffer));
-            }
-        }
+        let pieces = self.pieces_meeting(rows, from)?;
         let sources: Vec<&Buffer> = pieces.iter().map(|(_, b)| *b).collect();
         let downloaded = download_many(&sources)?;
         let pieces: Vec<(Vec<Range<usize>>, &[u8])> =
@@ -280,20 +272,16 @@ impl ShardedArray {
             /// The row of `dst` it starts at, when it can be copied there as it is.
             at: Option<usize>,
         }
-        let mut pieces: Vec<Piece<'_>> = Vec::new();
-        for &partition in from {
-            let buffer = self
-                .buffer(partition)
-                .ok_or_else(|| Error::InvalidArgument(format!("partition {partition} is not held by this process")))?;
-            let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
-            let meets = rows.iter().any(|r| r.start < ranges[0].end && ranges[0].start < r.end);
-            if meets && !pieces.iter().any(|p| p.ranges == ranges) {
+        let mut pieces: Vec<Piece<'_>> = self
+            .pieces_meeting(rows, from)?
+            .into_iter()
+            .map(|(ranges, buffer)| {
                 let whole_rows = ranges[1..].iter().zip(rest).all(|(r, &n)| *r == (0..n));
                 let inside = rows.iter().any(|r| r.start <= ranges[0].start && ranges[0].end <= r.end);
                 let at = (whole_rows && inside).then(|| place(ranges[0].start)).flatten();
-                pieces.push(Piece { ranges, buffer, at });
-            }
-        }
+                Piece { ranges, buffer, at }
+            })
+            .collect();
         let covered: usize = pieces.iter().map(|p| p.ranges[0].len()).sum();
         if covered != wanted || pieces.iter().any(|p| p.at.is_none()) {
             let array = self.rows_to_host(rows, from)?;
@@ -314,6 +302,24 @@ impl ShardedArray {
             offset = start + ranges[0].len() * row_bytes;
         }
         Ok(download)
+    }
+
+    /// One local partition of `from` per distinct slice that meets a requested row: the slice's
+    /// ranges and its buffer, in the order of `from`. Fails when `from` names a partition this
+    /// array does not hold here.
+    fn pieces_meeting(&self, rows: &[Range<usize>], from: &[usize]) -> Result<Vec<LocalSlice<'_>>> {
+        let mut pieces: Vec<LocalSlice<'_>> = Vec::new();
+        for &partition in from {
+            let buffer = self
+                .buffer(partition)
+                .ok_or_else(|| Error::InvalidArgument(format!("partition {partition} is not held by this process")))?;
+            let ranges = self.spec.shard_ranges(&self.shape, &self.mesh, partition)?;
+            let meets = rows.iter().any(|r| r.start < ranges[0].end && ranges[0].start < r.end);
+            if meets && !pieces.iter().any(|(r, _)| *r == ranges) {
+                pieces.push((ranges, buffer));
+            }
+        }
+        Ok(pieces)
     }
 
     /// One array from the shards of several processes' views of it (disjoint partitions of
