@@ -1,7 +1,7 @@
-//! Uploading one shard: a single put for small shards, a multipart upload for large ones,
-//! parts sent concurrently under a host-wide request limit, the whole upload retried with
-//! exponential backoff when it fails with an error that may be transient, until the store
-//! timeout.
+//! Writing objects to the store. A shard goes up as a single put when small, as a multipart
+//! upload when large (parts sent concurrently under a host-wide request limit); every write
+//! (shards, manifests, statistics) is retried with exponential backoff while it fails with an
+//! error that may be transient, until the store timeout.
 
 use std::sync::Arc;
 
@@ -23,28 +23,38 @@ pub async fn upload_object(
     requests: &Arc<Semaphore>,
     shard_index: u64,
 ) -> Result<()> {
+    retried("upload", path, config, || upload_once(store, path, chunks, config, requests, shard_index)).await
+}
+
+/// Runs `attempt` until it succeeds, fails with an error a retry cannot fix, or the store
+/// timeout passes, sleeping with exponential backoff between tries.
+pub async fn retried<F, Fut>(op: &'static str, path: &Path, config: &UploadConfig, mut attempt: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = object_store::Result<()>>,
+{
     let mut last_error = None;
     let attempts = async {
         let mut backoff = config.initial_backoff;
-        let mut attempt = 0u64;
+        let mut tries = 0u64;
         loop {
-            attempt += 1;
-            match upload_once(store, path, chunks, config, requests, shard_index).await {
+            tries += 1;
+            match attempt().await {
                 Ok(()) => return Ok(()),
                 Err(error) if is_transient(&error) => {
-                    tracing::warn!(%path, attempt, %error, "shard upload failed; retrying after {backoff:?}");
+                    tracing::warn!(%path, tries, %error, "{op} failed; retrying after {backoff:?}");
                     last_error = Some(error.to_string());
                     tokio::time::sleep(backoff).await;
                     backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
                 }
-                Err(error) => return Err(StoreError::store("upload", path, error)),
+                Err(error) => return Err(StoreError::store(op, path, error)),
             }
         }
     };
     match tokio::time::timeout(config.give_up_after, attempts).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::GaveUp {
-            op: "upload",
+            op,
             path: path.to_string(),
             after: config.give_up_after,
             last_error: last_error.unwrap_or_else(|| "no answer (the request stalled)".into()),

@@ -38,7 +38,7 @@ use crate::manifest::{ManifestLine, render_manifest};
 use crate::run::{ResumePoint, RunJson, claim_run, recover_host};
 use crate::shard::{RESERVED_TENSOR_NAMES, SealedShard, ShardBuilder, ShardIdentity};
 use crate::stats::{self, RunStats};
-use crate::upload::upload_object;
+use crate::upload::{retried, upload_object};
 
 /// Shards uploading at the same time (their parts share the request limit).
 const CONCURRENT_SHARD_UPLOADS: usize = 2;
@@ -588,8 +588,12 @@ impl Committer {
         Ok(())
     }
 
+    /// Writes a small object, retried like a shard until the store timeout (outside the
+    /// request limit: a shard upload waiting here may hold every permit).
     async fn put(&self, path: &Path, body: Vec<u8>) -> Result<()> {
-        self.location.store().put(path, PutPayload::from(body)).await.map_err(|e| StoreError::store("put", path, e))?;
+        let payload = PutPayload::from(body);
+        let store = self.location.store();
+        retried("put", path, &self.upload, || async { store.put(path, payload.clone()).await.map(drop) }).await?;
         if let Some(dir) = self.location.local_dir().filter(|_| self.upload.fsync_local) {
             sync_file(dir.join(path.as_ref())).await?;
         }
