@@ -29,8 +29,8 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{DType, TensorType, Value};
 
+use crate::arch::{Arch, Family};
 use crate::config::{FamilyExtra, ParamClass, ParamInfo};
-use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
@@ -40,8 +40,10 @@ use crate::layers::norm::Gain;
 use crate::mla::{self, Mla};
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::DeepseekV3,
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
+pub(crate) static FAMILY: Family = Family {
     model_types: &["deepseek_v3", "kimi_k2"],
     architectures: &["DeepseekV3ForCausalLM"],
     from_hf,
@@ -126,7 +128,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let router = Router { n_group, topk_group, scaling: hf.key("routed_scaling_factor")?.unwrap_or(1.0) };
     // RoPE turns the `qk_rope_head_dim` part only (transformers sets head_dim to it).
     hf.head_dim = Some(mla.rope);
-    let c = hf.decoder(Arch::DeepseekV3, &Defaults::LLAMA)?;
+    let c = hf.decoder(ARCH, &Defaults::LLAMA)?;
     let qk = mla.qk_head_dim();
     Ok(ModelConfig {
         n_kv_heads: n_heads,
@@ -314,7 +316,7 @@ mod tests {
         assert!(names.contains(&"model.layers.3.mlp.gate.e_score_correction_bias".to_string()));
         assert!(names.contains(&"model.layers.2.mlp.gate_proj.weight".to_string()));
         let kimi = V3.replace("\"deepseek_v3\"", "\"kimi_k2\"");
-        assert_eq!(parse(&kimi).unwrap().arch, crate::Arch::DeepseekV3);
+        assert_eq!(parse(&kimi).unwrap().arch, super::ARCH);
     }
 
     #[test]

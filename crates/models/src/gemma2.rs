@@ -24,8 +24,8 @@
 
 use serde_json::Value;
 
+use crate::arch::{Arch, Family};
 use crate::config::ParamInfo;
-use crate::family::{Arch, Family};
 use crate::forward::decoder_params;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::hf_config::{ActivationKey, Defaults};
@@ -33,13 +33,15 @@ use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::norm::Gain;
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// The Llama hooks plus the post-norms' and the projections' own outputs.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Gemma2,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["gemma2"],
     architectures: &["Gemma2ForCausalLM"],
     // Gemma2Config caps attention logits at 50 by default.
-    from_hf: |hf: HfConfig| gemma_config(&hf, Arch::Gemma2, &DEFAULTS, Some(50.0)),
+    from_hf: |hf: HfConfig| gemma_config(&hf, ARCH, &DEFAULTS, Some(50.0)),
     build,
     params: gemma_params,
     features: &[
@@ -111,7 +113,7 @@ pub(crate) fn gemma_params(c: &ModelConfig, n_layers: usize, with_lm_head: bool)
 
 /// Builds the Gemma 2 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Gemma2 || config.qk_norm {
+    if config.arch != ARCH || config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("gemma2 builder given a {:?} config", config.arch)));
     }
     build_gemma(config, spec)
@@ -168,7 +170,7 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
 
 #[cfg(test)]
 mod tests {
-    use crate::{Activation, Arch, HfConfig};
+    use crate::{Activation, HfConfig};
 
     #[test]
     fn gemma2_defaults_follow_gemma2config() {
@@ -176,7 +178,7 @@ mod tests {
             "num_hidden_layers": 4, "num_attention_heads": 4"#;
         let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
         let c = parse("").unwrap();
-        assert_eq!((c.arch, c.head_dim, c.activation), (Arch::Gemma2, 256, Activation::GeluTanh));
+        assert_eq!((c.arch, c.head_dim, c.activation), (super::ARCH, 256, Activation::GeluTanh));
         assert_eq!((c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (Some(256.0), Some(50.0), true));
         assert_eq!(c.layer_windows, vec![Some(4096), None, Some(4096), None]);
         let c = parse(

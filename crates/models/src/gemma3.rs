@@ -11,16 +11,18 @@
 //! (`model_type` `gemma3`) give their text tower: its config is `text_config` and its weights
 //! sit under `model.language_model.` (or `language_model.model.`); the vision tower is not read.
 
-use crate::family::{Arch, Family};
+use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::gemma2::{GEMMA_ACTIVATION, gemma_config, gemma_params, gemma_windows};
 use crate::hf_config::Defaults;
 use crate::hooks::Feature;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// Gemma 2's weights and hooks plus the q/k norms'.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Gemma3,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["gemma3", "gemma3_text"],
     architectures: &["Gemma3ForCausalLM"],
     from_hf,
@@ -58,14 +60,14 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     }
     // Local layers take `rope_local_base_freq` (1e4) and no scaling.
     let local = hf.key::<f64>("rope_local_base_freq")?.unwrap_or(10_000.0);
-    let local_rope_theta = hf.rope_by_layer_type(Arch::Gemma3, local)?;
-    let c = gemma_config(&hf, Arch::Gemma3, &DEFAULTS, None)?;
+    let local_rope_theta = hf.rope_by_layer_type(ARCH, local)?;
+    let c = gemma_config(&hf, ARCH, &DEFAULTS, None)?;
     Ok(ModelConfig { qk_norm: true, local_rope_theta: Some(local_rope_theta), ..c })
 }
 
 /// Builds the Gemma 3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Gemma3 || !config.qk_norm {
+    if config.arch != ARCH || !config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!(
             "gemma3 builder given a {:?} config without q/k norms",
             config.arch
@@ -76,7 +78,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 
 #[cfg(test)]
 mod tests {
-    use crate::{Arch, HfConfig, RopeScaling};
+    use crate::{HfConfig, RopeScaling};
 
     #[test]
     fn gemma3_defaults_and_rope_per_layer_type_follow_gemma3textconfig() {
@@ -84,7 +86,7 @@ mod tests {
             "num_hidden_layers": 7, "num_attention_heads": 4"#;
         let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
         let c = parse("").unwrap();
-        assert_eq!((c.arch, c.head_dim, c.qk_norm, c.attn_softcap), (Arch::Gemma3, 256, true, None));
+        assert_eq!((c.arch, c.head_dim, c.qk_norm, c.attn_softcap), (super::ARCH, 256, true, None));
         assert_eq!((c.rope_theta, c.local_rope_theta), (1_000_000.0, Some(10_000.0)));
         // Five local layers for each global one.
         let local = Some(4096);

@@ -38,8 +38,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use siphon_hlo::Value;
 
+use crate::arch::{Arch, Family};
 use crate::config::{FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
-use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::gemma2::GEMMA_ACTIVATION;
 use crate::hf_config::{Defaults, need};
@@ -47,10 +47,12 @@ use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// Gemma 2's hooks with q/k norms, the v-norm and the per-layer inputs' (where the config has
 /// them).
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Gemma4,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["gemma4", "gemma4_text"],
     architectures: &["Gemma4ForCausalLM"],
     from_hf,
@@ -115,9 +117,9 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
         }));
     }
-    let local_rope_theta = hf.rope_by_layer_type(Arch::Gemma4, 10_000.0)?;
+    let local_rope_theta = hf.rope_by_layer_type(ARCH, 10_000.0)?;
     let k_eq_v = hf.key::<bool>("attention_k_eq_v")?.unwrap_or(false);
-    let c = hf.decoder(Arch::Gemma4, &DEFAULTS)?;
+    let c = hf.decoder(ARCH, &DEFAULTS)?;
     let kv_shared_from = kv_sharing(&hf, &c)?;
     // Double-wide MLPs only on the layers that share keys and values.
     let double_wide = hf.key::<bool>("use_double_wide_mlp")?.unwrap_or(false);
@@ -329,7 +331,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the Gemma 4 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    let Some(gemma4) = config.extras.get::<Gemma4>().filter(|_| config.arch == Arch::Gemma4 && !config.qkv_bias) else {
+    let Some(gemma4) = config.extras.get::<Gemma4>().filter(|_| config.arch == ARCH && !config.qkv_bias) else {
         return Err(ModelError::UnsupportedArch(format!("gemma4 builder given a {:?} config", config.arch)));
     };
     use HookKind::*;
@@ -656,6 +658,6 @@ mod tests {
             .unwrap()
             .into_config()
             .unwrap();
-        assert_eq!((c.arch, c.n_layers), (crate::Arch::Gemma4, 7));
+        assert_eq!((c.arch, c.n_layers), (super::ARCH, 7));
     }
 }

@@ -22,16 +22,18 @@
 
 use serde_json::Value;
 
+use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::hf_config::{ActivationKey, Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// GPT-2's weights and hooks (no rotary, gated-MLP or q/k-norm hooks).
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Gpt2,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["gpt2"],
     architectures: &["GPT2LMHeadModel"],
     from_hf,
@@ -68,7 +70,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     hf.rms_norm_eps = hf.key("layer_norm_epsilon")?;
     hf.attention_bias = Some(true);
     let activation = ActivationKey { key: "activation_function", default: "gelu_new", accepted: ActivationKey::GELUS };
-    hf.decoder(Arch::Gpt2, &Defaults { norm_eps: 1e-5, tie_word_embeddings: true, activation, ..Defaults::LLAMA })
+    hf.decoder(ARCH, &Defaults { norm_eps: 1e-5, tie_word_embeddings: true, activation, ..Defaults::LLAMA })
 }
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
@@ -129,7 +131,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the GPT-2 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Gpt2 || config.n_kv_heads != config.n_heads || config.rotary_dim.is_some() {
+    if config.arch != ARCH || config.n_kv_heads != config.n_heads || config.rotary_dim.is_some() {
         return Err(ModelError::UnsupportedArch(format!("gpt2 builder given a {:?} config", config.arch)));
     }
     if !matches!(config.activation, Activation::GeluTanh | Activation::Gelu) || !config.layer_windows.is_empty() {

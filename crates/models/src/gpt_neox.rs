@@ -20,16 +20,18 @@
 //! The parallel block has no `hook_resid_mid`. `query_key_value` is cut into per-part weights
 //! of whole heads when read ([`crate::Slice`]), so the parts shard over heads.
 
+use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// GPT-NeoX's weights and hooks (no resid_mid, gated-MLP or q/k-norm hooks).
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::GptNeox,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["gpt_neox"],
     architectures: &["GPTNeoXForCausalLM"],
     from_hf,
@@ -52,7 +54,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     hf.partial_rotary_factor = hf.partial_rotary_factor.or(hf.key("rotary_pct")?);
     hf.rms_norm_eps = hf.key("layer_norm_eps")?;
     let activation = ActivationKey { key: "hidden_act", default: "gelu", accepted: ActivationKey::GELUS };
-    hf.decoder(Arch::GptNeox, &Defaults { norm_eps: 1e-5, attention_bias: true, activation, ..Defaults::LLAMA })
+    hf.decoder(ARCH, &Defaults { norm_eps: 1e-5, attention_bias: true, activation, ..Defaults::LLAMA })
 }
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
@@ -107,7 +109,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the GPT-NeoX forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::GptNeox || config.n_kv_heads != config.n_heads || !config.qkv_bias {
+    if config.arch != ARCH || config.n_kv_heads != config.n_heads || !config.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!(
             "gpt_neox builder given a {:?} config without attention biases",
             config.arch

@@ -27,8 +27,8 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
+use crate::arch::{Arch, Family};
 use crate::config::{FamilyExtra, ParamClass, ParamInfo, Slice};
-use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
@@ -37,9 +37,11 @@ use crate::layers::moe::{Experts, Glu};
 use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// The decoder with sinks and biased attention, and the biased mixture.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::GptOss,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["gpt_oss"],
     architectures: &["GptOssForCausalLM"],
     from_hf,
@@ -101,7 +103,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
         swiglu_limit: hf.key("swiglu_limit")?.unwrap_or(7.0),
         mxfp4,
     };
-    let c = hf.decoder(Arch::GptOss, &DEFAULTS)?;
+    let c = hf.decoder(ARCH, &DEFAULTS)?;
     if c.rope_scaling.is_none() {
         // GptOssConfig's default rope_parameters.
         return refuse("no rope_parameters (its default YaRN is not read from an absent key)");
@@ -165,7 +167,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the GPT-OSS forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    let (Arch::GptOss, Some(moe), Some(gpt_oss)) = (config.arch, &config.moe, config.extras.get::<GptOss>()) else {
+    let (true, Some(moe), Some(gpt_oss)) = (config.arch == ARCH, &config.moe, config.extras.get::<GptOss>()) else {
         return Err(ModelError::UnsupportedArch(format!("gpt_oss builder given a {:?} config", config.arch)));
     };
     let mixer = |g: &mut Graph<'_>, n: Value, layer: usize, (): ()| {

@@ -53,7 +53,7 @@ impl LoadedModel {
                 ),
             ));
         };
-        let weights = weights.with_renames(crate::family::family(config.arch).renames).with_fp8_block(fp8_block);
+        let weights = weights.with_renames(config.arch.family().renames).with_fp8_block(fp8_block);
         let tokenizer = TextTokenizer::from_hf_dir(dir)?;
         Ok(LoadedModel { path: dir.to_path_buf(), config, weights, tokenizer })
     }

@@ -3,15 +3,15 @@
 //! defaults a family's configuration class fills in ([`Defaults`]), sliding windows, and a
 //! mixture's experts. What only one family reads — its own keys, defaults and refusals — is
 //! in that family's file (its `from_hf`); [`HfConfig::into_config`] finds the family in the
-//! registry ([`crate::family`]) by `model_type` or `architectures`.
+//! registry (`family.rs`) by `model_type` or `architectures`.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::ModelError;
+use crate::arch::Arch;
 use crate::config::{Activation, ModelConfig, RopeScaling};
-use crate::family::{self, Arch};
 
 /// `config.json` as Hugging Face writes it; every field optional so that a missing one gets
 /// a clear error or the architecture's default in [`HfConfig::into_config`]. Keys several
@@ -123,14 +123,6 @@ impl HfConfig {
     /// Parses `config.json` text.
     pub fn from_json(text: &str) -> Result<HfConfig, ModelError> {
         serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))
-    }
-
-    /// The family's validated configuration, with its architecture's defaults filled in.
-    pub fn into_config(self) -> Result<ModelConfig, ModelError> {
-        let family = family::for_hf(&self)?;
-        let config = (family.from_hf)(self)?;
-        config.validate()?;
-        Ok(config)
     }
 
     /// A multimodal checkpoint's text model (Gemma 3, Gemma 4): its `text_config` as
@@ -510,7 +502,7 @@ mod tests {
     #[test]
     fn qwen_defaults_and_param_count() {
         let c = HfConfig::from_json(QWEN25_05B).unwrap().into_config().unwrap();
-        assert_eq!(c.arch, Arch::Qwen2);
+        assert_eq!(c.arch, crate::qwen2::ARCH);
         assert_eq!(c.head_dim, 64);
         assert!(c.qkv_bias && c.tie_word_embeddings);
         // Qwen2.5-0.5B has 494,032,768 parameters.
@@ -556,7 +548,7 @@ mod tests {
         let parse = |extra: &str| HfConfig::from_json(&format!("{base}, {extra}}}")).unwrap().into_config();
         // Mistral: every layer; MistralConfig's default 4096 when absent; null turns it off.
         let c = parse(r#""model_type": "mistral", "sliding_window": 28"#).unwrap();
-        assert_eq!((c.arch, c.layer_windows.clone()), (Arch::Mistral, vec![Some(28); 4]));
+        assert_eq!((c.arch, c.layer_windows.clone()), (crate::mistral::ARCH, vec![Some(28); 4]));
         assert_eq!(parse(r#""model_type": "mistral""#).unwrap().layer_windows, vec![Some(4096); 4]);
         assert!(parse(r#""model_type": "mistral", "sliding_window": null"#).unwrap().layer_windows.is_empty());
         // Qwen2: only with use_sliding_window, from max_window_layers on, or as layer_types says.
@@ -593,7 +585,7 @@ mod tests {
         let c = parse(r#"{"model_type": "gpt2", "vocab_size": 50, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32, "n_inner": null}"#).unwrap();
         assert_eq!(
             (c.arch, c.hidden_size, c.intermediate_size, c.head_dim, c.max_position_embeddings),
-            (Arch::Gpt2, 64, 256, 16, 32)
+            (crate::gpt2::ARCH, 64, 256, 16, 32)
         );
         assert_eq!(
             (c.activation, c.rms_norm_eps, c.tie_word_embeddings, c.qkv_bias),
@@ -647,7 +639,7 @@ mod tests {
             "num_hidden_layers": 2, "num_attention_heads": 4}, "vision_config": {}}"#,
         )
         .unwrap();
-        assert_eq!((c.arch, c.qk_norm), (Arch::Gemma3, true));
+        assert_eq!((c.arch, c.qk_norm), (crate::gemma3::ARCH, true));
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! architecture.
 #![deny(missing_docs)]
 
+mod arch;
 pub mod config;
+mod contract;
 mod deepseek_v3;
 mod family;
 pub mod forward;

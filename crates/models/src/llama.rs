@@ -25,19 +25,21 @@
 //! Weights keep their Hugging Face names and `[out, in]` layout; [`crate::qwen2`] reuses
 //! this block with q/k/v biases.
 
+use crate::arch::{Arch, Family};
 use crate::config::ParamInfo;
-use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
 use crate::hooks::Feature;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// A Llama-style block has every hook of the table that needs nothing beyond it.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Llama,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["llama"],
     architectures: &["LlamaForCausalLM"],
-    from_hf: |hf: HfConfig| hf.decoder(Arch::Llama, &Defaults::LLAMA),
+    from_hf: |hf: HfConfig| hf.decoder(ARCH, &Defaults::LLAMA),
     build,
     params,
     features: FEATURES,
@@ -54,7 +56,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the Llama forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Llama {
+    if config.arch != ARCH {
         return Err(ModelError::UnsupportedArch(format!("llama builder given a {:?} config", config.arch)));
     }
     if config.qkv_bias {

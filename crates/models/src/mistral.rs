@@ -5,19 +5,21 @@
 //! [`crate::ModelConfig::layer_windows`], applied by the shared attention mask; a config
 //! whose window is null attends the whole context, like Hugging Face.
 
-use crate::family::{Arch, Family};
+use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// The Llama decoder's weights and hooks.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Mistral,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["mistral"],
     architectures: &["MistralForCausalLM"],
-    from_hf: |hf: HfConfig| hf.decoder(Arch::Mistral, &DEFAULTS),
+    from_hf: |hf: HfConfig| hf.decoder(ARCH, &DEFAULTS),
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: FEATURES,
@@ -32,7 +34,7 @@ const DEFAULTS: Defaults = Defaults {
 
 /// Builds the Mistral forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Mistral {
+    if config.arch != ARCH {
         return Err(ModelError::UnsupportedArch(format!("mistral builder given a {:?} config", config.arch)));
     }
     if config.qkv_bias {

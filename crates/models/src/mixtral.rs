@@ -7,17 +7,19 @@
 //!
 //! Hooks: Llama's, except the MLP's insides; `hook_mlp_out` is the mixture's output.
 
+use crate::arch::{Arch, Family};
 use crate::config::ParamInfo;
-use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need, windows_on_every_layer};
 use crate::hooks::Feature;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// Llama's weights with Mixtral's experts; Llama's hooks but the MLP's insides.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Mixtral,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["mixtral"],
     architectures: &["MixtralForCausalLM"],
     from_hf,
@@ -35,7 +37,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     }
     let (n_experts, top_k) = hf.experts()?;
     let expert_size = need(hf.intermediate_size, "intermediate_size")?;
-    let c = hf.decoder(Arch::Mixtral, &Defaults { windows: windows_on_every_layer, ..Defaults::LLAMA })?;
+    let c = hf.decoder(ARCH, &Defaults { windows: windows_on_every_layer, ..Defaults::LLAMA })?;
     Ok(ModelConfig { moe: Some(Moe { n_experts, top_k, norm_topk: true, expert_size, ..Default::default() }), ..c })
 }
 
@@ -61,7 +63,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the Mixtral forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Mixtral || config.moe.is_none() || config.qkv_bias || config.qk_norm {
+    if config.arch != ARCH || config.moe.is_none() || config.qkv_bias || config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("mixtral builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)

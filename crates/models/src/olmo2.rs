@@ -19,17 +19,19 @@
 //! As TransformerLens has them, the q/k-norm hooks are per token over the whole projection
 //! (`[n_heads * head_dim]`, one scale per token), and there are no `ln1` / `ln2` hooks.
 
+use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo};
-use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
 use crate::hf_config::Defaults;
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// The post-norm decoder's weights and hooks.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Olmo2,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["olmo2"],
     architectures: &["Olmo2ForCausalLM"],
     from_hf,
@@ -51,7 +53,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if hf.attention_bias == Some(true) {
         return Err(ModelError::UnsupportedArch("olmo2 with attention_bias = true".into()));
     }
-    let c = hf.decoder(Arch::Olmo2, &Defaults { norm_eps: 1e-5, ..Defaults::LLAMA })?;
+    let c = hf.decoder(ARCH, &Defaults { norm_eps: 1e-5, ..Defaults::LLAMA })?;
     Ok(ModelConfig { qk_norm: true, qk_norm_whole: true, ..c })
 }
 
@@ -86,7 +88,7 @@ pub(crate) fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Ve
 
 /// Builds the OLMo 2 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Olmo2 {
+    if config.arch != ARCH {
         return Err(ModelError::UnsupportedArch(format!("olmo2 builder given a {:?} config", config.arch)));
     }
     build_post_norm(config, spec)

@@ -6,14 +6,16 @@
 //!
 //! Hooks: OLMo 2's (TransformerLens's OLMo 3 adapter is OLMo 2's).
 
-use crate::family::{Arch, Family};
+use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::Defaults;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// OLMo 2's weights and hooks.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Olmo3,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["olmo3"],
     architectures: &["Olmo3ForCausalLM"],
     from_hf,
@@ -34,8 +36,8 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     // Without `rope_parameters` by layer type, both kinds take `rope_theta` and only the
     // full layers `rope_scaling` (Olmo3Config.convert_rope_params_to_dict).
     let local = hf.rope_theta.unwrap_or(DEFAULTS.rope_theta);
-    let local_rope_theta = hf.rope_by_layer_type(Arch::Olmo3, local)?;
-    let c = hf.decoder(Arch::Olmo3, &DEFAULTS)?;
+    let local_rope_theta = hf.rope_by_layer_type(ARCH, local)?;
+    let c = hf.decoder(ARCH, &DEFAULTS)?;
     Ok(ModelConfig { qk_norm: true, qk_norm_whole: true, local_rope_theta: Some(local_rope_theta), ..c })
 }
 
@@ -54,7 +56,7 @@ fn windows(c: &HfConfig, n_layers: usize, _: Arch) -> Result<Vec<Option<usize>>,
 
 /// Builds the OLMo 3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Olmo3 {
+    if config.arch != ARCH {
         return Err(ModelError::UnsupportedArch(format!("olmo3 builder given a {:?} config", config.arch)));
     }
     crate::olmo2::build_post_norm(config, spec)

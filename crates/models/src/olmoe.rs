@@ -11,16 +11,18 @@
 //! Hooks: Llama's with OLMo 2's whole-projection q/k-norm hooks, except the MLP's insides;
 //! `hook_mlp_out` is the mixture's output.
 
-use crate::family::{Arch, Family};
+use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::Feature;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// The decoder's weights with whole-projection q/k norms and the experts; Qwen3-MoE's hooks.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Olmoe,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["olmoe"],
     architectures: &["OlmoeForCausalLM"],
     from_hf,
@@ -43,7 +45,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let (n_experts, top_k) = hf.experts()?;
     let expert_size = need(hf.intermediate_size, "intermediate_size")?;
     let norm_topk = hf.norm_topk_prob.unwrap_or(false);
-    let c = hf.decoder(Arch::Olmoe, &Defaults { norm_eps: 1e-5, ..Defaults::LLAMA })?;
+    let c = hf.decoder(ARCH, &Defaults { norm_eps: 1e-5, ..Defaults::LLAMA })?;
     // HF sizes k_norm by `hidden_size / num_attention_heads` per KV head.
     if c.head_dim * c.n_heads != c.hidden_size {
         return refuse(&format!("head_dim {} != hidden_size / num_attention_heads", c.head_dim));
@@ -54,7 +56,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
 
 /// Builds the OLMoE forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Olmoe || config.moe.is_none() || !config.qk_norm_whole || config.qkv_bias {
+    if config.arch != ARCH || config.moe.is_none() || !config.qk_norm_whole || config.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!("olmoe builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)
@@ -77,7 +79,7 @@ mod tests {
         );
         assert!(c.qk_norm && c.qk_norm_whole);
         assert_eq!((c.rms_norm_eps, c.head_dim, c.tie_word_embeddings), (1e-5, 16, false));
-        let params = crate::family::family(c.arch).params;
+        let params = c.arch.family().params;
         let names: Vec<(String, Vec<usize>)> = params(&c, 1, false).into_iter().map(|p| (p.name, p.shape)).collect();
         assert!(names.contains(&("model.layers.0.self_attn.q_norm.weight".into(), vec![64])));
         assert!(names.contains(&("model.layers.0.self_attn.k_norm.weight".into(), vec![32])));

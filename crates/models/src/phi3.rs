@@ -10,17 +10,19 @@
 //! `up_proj` when they are read ([`crate::Slice`]), so the forward is Llama's and every part
 //! shards on whole heads; the hooks are Llama's.
 
+use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::family::{Arch, Family};
 use crate::forward::self_attention_decoder;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::{Defaults, windows_on_every_layer};
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// Llama's forward and hooks over the fused checkpoint.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Phi3,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["phi3"],
     architectures: &["Phi3ForCausalLM"],
     from_hf,
@@ -36,7 +38,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if hf.attention_bias == Some(true) {
         return Err(ModelError::UnsupportedArch("phi3 with attention_bias = true".into()));
     }
-    hf.decoder(Arch::Phi3, &Defaults { norm_eps: 1e-5, windows: windows_on_every_layer, ..Defaults::LLAMA })
+    hf.decoder(ARCH, &Defaults { norm_eps: 1e-5, windows: windows_on_every_layer, ..Defaults::LLAMA })
 }
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
@@ -77,7 +79,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the Phi-3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Phi3 || config.qkv_bias || config.qk_norm {
+    if config.arch != ARCH || config.qkv_bias || config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("phi3 builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)

@@ -7,21 +7,23 @@
 //! Sliding-window attention (`use_sliding_window`, off in every released Qwen2.5 config) is
 //! honoured on the layers Hugging Face windows ([`crate::ModelConfig::layer_windows`]).
 
-use crate::family::{Arch, Family};
+use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// The Llama decoder's weights and hooks.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Qwen2,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["qwen2"],
     architectures: &["Qwen2ForCausalLM"],
     // Qwen2Config: biases on q/k/v by default.
     from_hf: |hf: HfConfig| {
-        hf.decoder(Arch::Qwen2, &Defaults { attention_bias: true, windows: qwen_windows, ..Defaults::LLAMA })
+        hf.decoder(ARCH, &Defaults { attention_bias: true, windows: qwen_windows, ..Defaults::LLAMA })
     },
     build,
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
@@ -31,7 +33,7 @@ pub(crate) const FAMILY: Family = Family {
 
 /// Builds the Qwen2 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Qwen2 {
+    if config.arch != ARCH {
         return Err(ModelError::UnsupportedArch(format!("qwen2 builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)

@@ -9,17 +9,19 @@
 //! `attn.hook_q_normed` / `hook_k_normed` (and `attn.q_norm.hook_scale` / `hook_normalized`)
 //! are the norms' parts, and `attn.hook_rot_q` / `hook_rot_k` RoPE of the normed heads.
 
-use crate::family::{Arch, Family};
+use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
 use crate::hooks::Feature;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// The Llama decoder's weights (its q/k norms included, as `qk_norm` says) and hooks, plus the
 /// q/k norms' hooks.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Qwen3,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["qwen3"],
     architectures: &["Qwen3ForCausalLM"],
     from_hf,
@@ -40,12 +42,12 @@ pub(crate) const FAMILY: Family = Family {
 pub(crate) const DEFAULTS: Defaults = Defaults { head_dim: Some(128), windows: qwen_windows, ..Defaults::LLAMA };
 
 fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
-    Ok(ModelConfig { qk_norm: true, ..hf.decoder(Arch::Qwen3, &DEFAULTS)? })
+    Ok(ModelConfig { qk_norm: true, ..hf.decoder(ARCH, &DEFAULTS)? })
 }
 
 /// Builds the Qwen3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Qwen3 || !config.qk_norm {
+    if config.arch != ARCH || !config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!(
             "qwen3 builder given a {:?} config without q/k norms",
             config.arch

@@ -9,14 +9,16 @@
 //! is not read. Their RoPE is multimodal (`mrope_section`): for text, whose three position
 //! ids are equal, it is the plain rotary of the first `partial_rotary_factor` of each head.
 
-use crate::family::{Arch, Family};
+use crate::arch::{Arch, Family};
 use crate::hooks::Feature;
 use crate::qwen3_next::{MIXTURE_FEATURES, build_hybrid, hybrid, hybrid_params, mixture};
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// The hybrid decoder with a dense MLP.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Qwen3_5,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["qwen3_5", "qwen3_5_text"],
     architectures: &["Qwen3_5ForCausalLM"],
     from_hf: |hf| from_hf(hf, "qwen3_5", "qwen3_5_text", false),
@@ -35,9 +37,11 @@ pub(crate) const FAMILY: Family = Family {
     renames: TEXT_TOWER,
 };
 
+/// The mixture family's handle.
+pub(crate) const MOE_ARCH: Arch = Arch::of(&MOE_FAMILY);
+
 /// The hybrid decoder with the mixture.
-pub(crate) const MOE_FAMILY: Family = Family {
-    arch: Arch::Qwen3_5Moe,
+pub(crate) static MOE_FAMILY: Family = Family {
     model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
     architectures: &["Qwen3_5MoeForCausalLM"],
     from_hf: |hf| from_hf(hf, "qwen3_5_moe", "qwen3_5_moe_text", true),
@@ -55,8 +59,8 @@ fn from_hf(hf: HfConfig, multimodal: &str, text: &str, experts: bool) -> Result<
         return from_hf(hf.text_tower(text)?, multimodal, text, experts);
     }
     let (arch, moe) = match experts {
-        true => (Arch::Qwen3_5Moe, Some(mixture(&hf, true)?)),
-        false => (Arch::Qwen3_5, None),
+        true => (MOE_ARCH, Some(mixture(&hf, true)?)),
+        false => (ARCH, None),
     };
     hybrid(hf, arch, false, moe)
 }

@@ -9,16 +9,18 @@
 //! which a mixture does not have per token; `mlp.hook_in` is the mixture's input and
 //! `hook_mlp_out` its output (the routed experts' weighted sum).
 
-use crate::family::{Arch, Family};
+use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::need;
 use crate::hooks::Feature;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// Qwen3's weights with the experts in place of the MLP; Qwen3's hooks but the MLP's insides.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Qwen3Moe,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["qwen3_moe"],
     architectures: &["Qwen3MoeForCausalLM"],
     from_hf,
@@ -44,7 +46,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     // The dense MLP's width is unused.
     hf.intermediate_size.get_or_insert(0);
     let norm_topk = hf.norm_topk_prob.unwrap_or(false);
-    let c = hf.decoder(Arch::Qwen3Moe, &crate::qwen3::DEFAULTS)?;
+    let c = hf.decoder(ARCH, &crate::qwen3::DEFAULTS)?;
     Ok(ModelConfig {
         qk_norm: true,
         moe: Some(Moe { n_experts, top_k, norm_topk, expert_size, ..Default::default() }),
@@ -54,7 +56,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
 
 /// Builds the Qwen3-MoE forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::Qwen3Moe || config.moe.is_none() || !config.qk_norm || config.qkv_bias {
+    if config.arch != ARCH || config.moe.is_none() || !config.qk_norm || config.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!("qwen3_moe builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)

@@ -30,8 +30,8 @@
 
 use siphon_hlo::Value;
 
+use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo};
-use crate::family::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::gated_deltanet::{self, LinearAttention};
 use crate::hf_config::{Defaults, need};
@@ -41,9 +41,11 @@ use crate::layers::norm::Gain;
 use crate::layers::norm::head_norm;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// The hybrid decoder with the mixture and its shared expert.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::Qwen3Next,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["qwen3_next"],
     architectures: &["Qwen3NextForCausalLM"],
     from_hf,
@@ -76,7 +78,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
         return refuse("dense MLP layers (decoder_sparse_step != 1 or mlp_only_layers)");
     }
     let moe = Some(mixture(&hf, hf.norm_topk_prob.unwrap_or(true))?);
-    hybrid(hf, Arch::Qwen3Next, true, moe)
+    hybrid(hf, ARCH, true, moe)
 }
 
 /// The routed experts and the shared expert of a Qwen3-Next-style config.

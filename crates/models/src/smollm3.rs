@@ -8,16 +8,18 @@
 //! Hooks: Llama's. On a NoPE layer `attn.hook_rot_q` / `hook_rot_k` are the queries and
 //! keys as they enter attention, unrotated.
 
-use crate::family::{Arch, Family};
+use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
+/// The family's handle.
+pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
+
 /// Llama's weights and hooks.
-pub(crate) const FAMILY: Family = Family {
-    arch: Arch::SmolLM3,
+pub(crate) static FAMILY: Family = Family {
     model_types: &["smollm3"],
     architectures: &["SmolLM3ForCausalLM"],
     from_hf,
@@ -37,7 +39,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
             return Err(ModelError::UnsupportedArch(format!("smollm3 with {key} = true")));
         }
     }
-    let c = hf.decoder(Arch::SmolLM3, &DEFAULTS)?;
+    let c = hf.decoder(ARCH, &DEFAULTS)?;
     let rope_skipped = rotating_layers(&hf, c.n_layers)?.into_iter().map(|rotates| !rotates).collect();
     Ok(ModelConfig { rope_skipped, ..c })
 }
@@ -83,7 +85,7 @@ fn windows(hf: &HfConfig, n_layers: usize, _: Arch) -> Result<Vec<Option<usize>>
 
 /// Builds the SmolLM3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != Arch::SmolLM3 || config.qkv_bias || config.qk_norm {
+    if config.arch != ARCH || config.qkv_bias || config.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("smollm3 builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)

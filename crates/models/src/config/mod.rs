@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::mixers::{LinearAttention, Mla};
 use crate::ModelError;
-pub use crate::family::Arch;
+pub use crate::arch::Arch;
 
 /// A routed mixture of experts in place of every block's MLP. `Default` (no experts) is a
 /// start for literals that set the sizes and leave the optional parts out.
@@ -461,7 +461,7 @@ impl ModelConfig {
         if self.n_layers > MAX_LAYERS {
             return fail(format!("num_hidden_layers {} is more than {MAX_LAYERS}: a corrupt config?", self.n_layers));
         }
-        let rotary = crate::family::family(self.arch).features.contains(&crate::hooks::Feature::Rotary);
+        let rotary = self.arch.family().features.contains(&crate::hooks::Feature::Rotary);
         for layer in 0..self.n_layers {
             let (kv, d) = (self.kv_heads_at(layer), self.head_dim_at(layer));
             let at = if self.layer_shapes.is_empty() { String::new() } else { format!(" (layer {layer})") };
@@ -504,7 +504,7 @@ impl ModelConfig {
     /// listed only when untied and `with_lm_head` is set: activation extraction never
     /// computes logits.
     pub fn params(&self, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
-        (crate::family::family(self.arch).params)(self, n_layers.min(self.n_layers), with_lm_head)
+        (self.arch.family().params)(self, n_layers.min(self.n_layers), with_lm_head)
     }
 
     /// Block `layer`'s attention window, `None` for full causal attention.

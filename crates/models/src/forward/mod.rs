@@ -1,163 +1,19 @@
-//! The forward pass as a StableHLO program: what goes in ([`ForwardSpec`]), what comes out
-//! ([`ForwardProgram`]), the [`Graph`] a family's builder fills (`graph.rs`) and the decoder
-//! loop families share (`decoder.rs`); the layers themselves are in [`crate::layers`].
-//!
-//! The program's arguments are, in order: every weight of [`ForwardProgram::params`] (in
-//! the compute dtype, Hugging Face layout; exactly the weights its graph reads, in the
-//! family's inventory order), then `input_ids`, `attention_mask` (1 = real
-//! token) and `position_ids`, each `[batch, seq]` i32. Its results are the requested hooks
-//! in the requested order, each `[batch, seq, *per-token shape]` in the output dtype (the
-//! per-token shape is the hook's [`crate::hooks::HookShape`]: `[hidden]`, `[d_mlp]`, `[1]`,
-//! `[heads, head_dim]` or `[heads, seq]`). Position ids
-//! are an input so that the caller decides them: `cumsum(mask) - 1` for padded rows makes
-//! left- and right-padded rows give the activations of an unpadded run.
-//!
-//! Numerics follow Hugging Face transformers: RMSNorm and softmax in f32, RoPE tables in
-//! f32 rounded to the compute dtype, masked scores replaced by the most negative f32 (not
-//! -inf, so a query row whose keys are all padding gives a uniform average, not NaN).
-//!
-//! Layout choices for speed: the residual stream is `[batch*seq, hidden]` so every
-//! projection is one large 2-D matmul against the `[out, in]` weight (contracting the
-//! weight's second dimension, no transpose op), and attention uses batched dot_generals
-//! over `[batch, kv_head]` with the query heads of a group kept together (GQA without
-//! materialising repeated keys).
+//! The forward pass as a StableHLO program: the [`Graph`] a family's builder fills
+//! (`graph.rs`) and the decoder loop families share (`decoder.rs`), for the contract of
+//! [`crate::contract`] (its arguments, results and numerics); the layers themselves are in
+//! [`crate::layers`].
 
 mod decoder;
 mod graph;
 
-use std::collections::{BTreeSet, HashMap};
-
 use siphon_hlo::{Builder, CompareDir, DType, TensorType, Value};
-use siphon_mesh::{Mesh, PartitionSpec};
 
 pub(crate) use self::decoder::{decoder_params, pre_norm_decoder, self_attention_decoder};
 pub(crate) use self::graph::Graph;
+use crate::ModelError;
 use crate::config::{ModelConfig, ParamInfo};
+pub use crate::contract::{ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
 use crate::hooks::{HookPoint, Scope};
-use crate::{ModelError, StoredForm};
-
-/// What to build: shapes, hooks, dtypes and sharding.
-#[derive(Debug, Clone)]
-pub struct ForwardSpec {
-    /// Rows per batch.
-    pub batch: usize,
-    /// Tokens per row.
-    pub seq: usize,
-    /// The activations to return, in result order. Blocks after the last one needed are
-    /// not built.
-    pub hooks: Vec<HookPoint>,
-    /// Dtype of the weights and of the compute (`F32` or `BF16`).
-    pub compute_dtype: DType,
-    /// Dtype of the returned activations (`F32`, `BF16` or `F16`), or `F8E4M3FN`: each token's
-    /// row of a hook quantized with its own f32 scale, returned as bytes ([`FP8_MAX`]).
-    pub output_dtype: DType,
-    /// The device mesh. A mesh without axes means one device and no sharding annotations.
-    pub mesh: Mesh,
-    /// Partition spec per weight, by Hugging Face name; a missing name is replicated.
-    pub param_specs: HashMap<String, PartitionSpec>,
-    /// Partition spec of the three `[batch, seq]` inputs; `None` is replicated.
-    pub input_spec: Option<PartitionSpec>,
-    /// Rows per expert in each dispatch round of a mixture (see [`crate::moe`]); `None`
-    /// chooses from the mean load.
-    pub expert_capacity: Option<usize>,
-    /// Weights taken in their stored form and dequantized in the program, by Hugging Face
-    /// name (see [`crate::StoredForm`]); the others are taken in the compute dtype.
-    pub stored: HashMap<String, StoredForm>,
-    /// Whether the program may call siphon's CPU kernels (`siphon-kernels`, registered with
-    /// the CPU plugin: `siphon_runtime::Client::cpu_kernels`) where they are faster than XLA's
-    /// ops: a mixture's experts on one device in f32.
-    pub cpu_kernels: bool,
-    /// The weights the program declares, by Hugging Face name. `None` (the default): exactly
-    /// those its graph reads, which [`build_forward`] learns by building once with every
-    /// weight of the blocks it builds. Given (as an engine passes what its first build
-    /// found), it must be exactly that set: a weight read but not given, or given but never
-    /// read, is an error naming it.
-    pub weights: Option<BTreeSet<String>>,
-}
-
-impl ForwardSpec {
-    /// One device, f32 in and out, no sharding.
-    pub fn new(batch: usize, seq: usize, hooks: Vec<HookPoint>) -> ForwardSpec {
-        ForwardSpec {
-            batch,
-            seq,
-            hooks,
-            compute_dtype: DType::F32,
-            output_dtype: DType::F32,
-            mesh: Mesh::single_device(),
-            param_specs: HashMap::new(),
-            input_spec: None,
-            expert_capacity: None,
-            stored: HashMap::new(),
-            cpu_kernels: false,
-            weights: None,
-        }
-    }
-
-    /// Uses `mesh` with the fixed Megatron-style plan of [`crate::sharding::megatron_specs`].
-    pub fn with_megatron_plan(mut self, config: &ModelConfig, mesh: Mesh) -> ForwardSpec {
-        let (params, input) = crate::sharding::megatron_specs(config, &mesh);
-        self.param_specs = params;
-        self.input_spec = Some(input);
-        self.mesh = mesh;
-        self
-    }
-}
-
-/// One `[batch, seq]` i32 input of the program.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InputInfo {
-    /// `input_ids`, `attention_mask` or `position_ids`.
-    pub name: &'static str,
-    /// `[batch, seq]`.
-    pub shape: Vec<usize>,
-    /// Always `I32`.
-    pub dtype: DType,
-    /// How it is split over the mesh.
-    pub spec: PartitionSpec,
-}
-
-/// One result of the program.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutputInfo {
-    /// Which activation.
-    pub hook: HookPoint,
-    /// `[batch, seq, *per-token shape]`.
-    pub shape: Vec<usize>,
-    /// The output dtype.
-    pub dtype: DType,
-    /// How it comes back split over the mesh.
-    pub spec: PartitionSpec,
-}
-
-/// A built forward pass: the program text and the order and meaning of its arguments and
-/// results.
-#[derive(Debug, Clone)]
-pub struct ForwardProgram {
-    /// StableHLO module text (entry function `@main`).
-    pub text: String,
-    /// Weight arguments, in argument order.
-    pub params: Vec<ParamInfo>,
-    /// Partition spec of each weight (same order as `params`).
-    pub param_specs: Vec<PartitionSpec>,
-    /// Each weight's stored form when the program takes it as its parts (same order as
-    /// `params`): its arguments are then [`StoredForm::parts`], split by
-    /// [`StoredForm::part_specs`], instead of one array in `param_dtype`.
-    pub param_forms: Vec<Option<StoredForm>>,
-    /// Dtype of every weight taken whole.
-    pub param_dtype: DType,
-    /// The inputs that follow the weights: `input_ids`, `attention_mask`, `position_ids`.
-    pub inputs: Vec<InputInfo>,
-    /// The results, in order.
-    pub outputs: Vec<OutputInfo>,
-    /// The mesh the program is partitioned over.
-    pub mesh: Mesh,
-    /// Number of blocks the program runs.
-    pub n_blocks: usize,
-    /// Declared weights the graph never read (only where [`ForwardSpec::weights`] is `None`:
-    /// [`build_forward`] then builds again without them).
-    unread: Vec<String>,
-}
 
 /// Builds the forward pass of `config` as described by `spec`. Its weight arguments are
 /// exactly the weights its graph reads, whatever the hooks: unless `spec` names them, a first
@@ -166,7 +22,7 @@ pub struct ForwardProgram {
 /// with those alone when some went unread.
 pub fn build_forward(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
     config.validate()?;
-    let build = crate::family::family(config.arch).build;
+    let build = config.arch.family().build;
     let program = build(config, spec)?;
     if program.unread.is_empty() {
         return Ok(program);
@@ -238,8 +94,12 @@ pub fn fp8_rows(b: &mut Builder, x: Value) -> Result<Value, ModelError> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use siphon_mesh::{Mesh, PartitionSpec};
+
     use super::*;
-    use crate::config::{Arch, RopeScaling};
+    use crate::config::RopeScaling;
     use crate::hooks::HookKind;
     use crate::hooks::HookKind::*;
 
@@ -253,7 +113,7 @@ mod tests {
 
     fn tiny() -> ModelConfig {
         ModelConfig {
-            arch: Arch::Qwen2,
+            arch: crate::qwen2::ARCH,
             vocab_size: 32,
             hidden_size: 16,
             intermediate_size: 24,
@@ -330,7 +190,7 @@ mod tests {
     #[test]
     fn every_hook_has_its_own_shape() {
         let c = tiny();
-        let hooks: Vec<HookPoint> = crate::hooks::hook_kinds(&ModelConfig { arch: Arch::Llama, ..tiny() })
+        let hooks: Vec<HookPoint> = crate::hooks::hook_kinds(&ModelConfig { arch: crate::llama::ARCH, ..tiny() })
             .iter()
             .map(|&k| match k.info().scope {
                 Scope::Block => block(1, k),

@@ -433,7 +433,7 @@ pub(super) fn layer_has(config: &ModelConfig, layer: usize, kind: HookKind) -> b
 /// The features of `config`'s block: its family's, less the optional parts the config leaves
 /// out (Gemma 4 without per-layer inputs or experts).
 pub fn features(config: &ModelConfig) -> Vec<Feature> {
-    let family = crate::family::family(config.arch).features;
+    let family = config.arch.family().features;
     let optional = |f: &Feature| match f {
         Feature::PerLayerInput => config.per_layer_input.is_some(),
         Feature::MixtureBeside => config.moe.is_some(),

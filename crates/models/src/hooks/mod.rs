@@ -467,11 +467,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Arch, ModelConfig};
+    use crate::config::ModelConfig;
 
     fn config() -> ModelConfig {
         ModelConfig {
-            arch: Arch::Llama,
+            arch: crate::llama::ARCH,
             vocab_size: 32,
             hidden_size: 16,
             intermediate_size: 24,
@@ -529,8 +529,7 @@ mod tests {
         for k in KINDS {
             assert!(seen.insert((k.scope == Scope::Block, k.name)), "{} is the name of two kinds", k.name);
         }
-        use crate::config::Arch::*;
-        for arch in crate::family::FAMILIES.iter().map(|f| f.arch) {
+        for arch in crate::family::FAMILIES.iter().map(|f| crate::Arch::of(f)) {
             let c = of(arch);
             let family = hook_kinds(&c);
             for k in KINDS.iter().filter(|k| family.contains(&k.kind)) {
@@ -546,31 +545,31 @@ mod tests {
         }
         // A bridge name two kinds share goes to the earlier in forward order: Gemma's
         // projections before their post-norms.
-        let kind = |name: &str, arch| lookup(name, Some(&of(arch))).unwrap().kind();
-        assert_eq!(kind("blocks.0.attn.o.hook_out", Gemma2), HookKind::AttnProjOut);
-        assert_eq!(kind("blocks.0.mlp.out.hook_out", Gemma2), HookKind::MlpProjOut);
-        assert_eq!(kind("blocks.0.ln2_post.hook_out", Gemma2), HookKind::MlpOut);
-        assert_eq!(kind("blocks.0.attn.o.hook_out", Llama), HookKind::AttnOut);
+        let kind = |name: &str, arch: &str| lookup(name, Some(&of(arch.parse().unwrap()))).unwrap().kind();
+        assert_eq!(kind("blocks.0.attn.o.hook_out", "gemma2"), HookKind::AttnProjOut);
+        assert_eq!(kind("blocks.0.mlp.out.hook_out", "gemma2"), HookKind::MlpProjOut);
+        assert_eq!(kind("blocks.0.ln2_post.hook_out", "gemma2"), HookKind::MlpOut);
+        assert_eq!(kind("blocks.0.attn.o.hook_out", "llama"), HookKind::AttnOut);
         // Gemma's attn.hook_out is o_proj's output; elsewhere the attention output.
         assert_eq!(
-            (kind("blocks.0.attn.hook_out", Gemma2), kind("blocks.0.attn.hook_out", Llama)),
+            (kind("blocks.0.attn.hook_out", "gemma2"), kind("blocks.0.attn.hook_out", "llama")),
             (HookKind::AttnProjOut, HookKind::AttnOut)
         );
         // Names whose tensor the block's shape decides.
         assert_eq!(
-            (kind("blocks.0.attn.hook_in", Olmo2), kind("blocks.0.attn.hook_in", Llama)),
+            (kind("blocks.0.attn.hook_in", "olmo2"), kind("blocks.0.attn.hook_in", "llama")),
             (HookKind::ResidPre, HookKind::Ln1Out)
         );
         assert_eq!(
-            (kind("blocks.0.ln2.hook_in", GptNeox), kind("blocks.0.ln2.hook_in", Llama)),
+            (kind("blocks.0.ln2.hook_in", "gpt_neox"), kind("blocks.0.ln2.hook_in", "llama")),
             (HookKind::ResidPre, HookKind::ResidMid)
         );
-        assert_eq!(kind("blocks.0.attn.q_norm.hook_in", Qwen3), HookKind::AttnQ);
+        assert_eq!(kind("blocks.0.attn.q_norm.hook_in", "qwen3"), HookKind::AttnQ);
         assert_eq!(
-            (kind("blocks.0.mlp.hook_pre", Mixtral), kind("blocks.0.mlp.hook_post", Qwen3Moe)),
+            (kind("blocks.0.mlp.hook_pre", "mixtral"), kind("blocks.0.mlp.hook_post", "qwen3_moe")),
             (HookKind::MlpIn, HookKind::MlpOut)
         );
-        assert_eq!(kind("blocks.0.mlp.hook_pre", Llama), HookKind::MlpPre);
+        assert_eq!(kind("blocks.0.mlp.hook_pre", "llama"), HookKind::MlpPre);
         // Where the block has no q/k norm the name is no hook of the family.
         let c = config();
         assert!(HookPoint::parse("blocks.0.attn.q_norm.hook_in", &c).is_err());
@@ -721,7 +720,7 @@ mod tests {
         // LayerShape that differ by layer (Gemma 4's global layers), and the per-layer width.
         let plain = crate::config::LayerShape { head_dim: 4, n_kv_heads: 2, intermediate_size: 24 };
         let wide = crate::config::LayerShape { head_dim: 8, n_kv_heads: 1, intermediate_size: 48 };
-        let mut c = of(crate::config::Arch::Gemma4);
+        let mut c = of(crate::gemma4::ARCH);
         c.layer_shapes = vec![plain, wide, wide, wide];
         let at = |layer, k: HookKind| HookPoint::block(layer, k).dims(&c, 7);
         assert_eq!(

@@ -1,0 +1,93 @@
+//! What siphon knows of one family ([`Family`]) and the handle a configuration keeps of it
+//! ([`Arch`]). Each family's file defines its `Family`; the registry (`family.rs`) lists them
+//! and finds one by name.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ModelConfig, ParamInfo};
+use crate::contract::{ForwardProgram, ForwardSpec};
+use crate::hooks::Feature;
+use crate::{HfConfig, ModelError};
+
+/// An architecture siphon can build a forward pass for: a handle on its family's [`Family`],
+/// whose file's `//!` says what its block is. An architecture is written as its family's name
+/// (its first `model_type`) in messages, in `run.json` and wherever it is serialized; read
+/// back through the registry (`"llama".parse::<Arch>()`).
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(into = "&'static str", try_from = "String")]
+pub struct Arch(&'static Family);
+
+impl Arch {
+    /// The handle on `family`.
+    pub(crate) const fn of(family: &'static Family) -> Arch {
+        Arch(family)
+    }
+
+    /// The family's name: its first `model_type`.
+    pub fn name(self) -> &'static str {
+        self.0.model_types[0]
+    }
+
+    /// What siphon knows of the family.
+    pub(crate) fn family(self) -> &'static Family {
+        self.0
+    }
+}
+
+/// Two handles are the same architecture when they name the same family (names are unique:
+/// the registry's test).
+impl PartialEq for Arch {
+    fn eq(&self, other: &Arch) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Arch {}
+
+impl std::hash::Hash for Arch {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name().hash(state);
+    }
+}
+
+impl std::fmt::Debug for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl From<Arch> for &'static str {
+    fn from(arch: Arch) -> &'static str {
+        arch.name()
+    }
+}
+
+/// What siphon knows of one architecture, all of it defined in the architecture's file.
+pub(crate) struct Family {
+    /// The `model_type` values of its `config.json`; the first is the family's name
+    /// ([`Arch::name`]).
+    pub model_types: &'static [&'static str],
+    /// The `architectures` class names that identify it in a `config.json` without
+    /// `model_type`.
+    pub architectures: &'static [&'static str],
+    /// Reads `config.json` as the family's Hugging Face configuration class does: its
+    /// defaults, its own keys, and a refusal naming any setting siphon does not build.
+    pub from_hf: fn(HfConfig) -> Result<ModelConfig, ModelError>,
+    /// Builds the forward program.
+    pub build: fn(&ModelConfig, &ForwardSpec) -> Result<ForwardProgram, ModelError>,
+    /// Every weight the forward of the first `n` blocks reads, in argument order: embeddings,
+    /// blocks, final norm (and the untied lm_head when asked for, last).
+    pub params: fn(&ModelConfig, usize, bool) -> Vec<ParamInfo>,
+    /// The block features whose hooks the family has (see [`crate::hooks::HookKind::needs`]).
+    pub features: &'static [Feature],
+    /// Other places checkpoints of the family keep the same tensors: `(prefix, instead)` tried
+    /// in order when a name starting with `prefix` is missing (GPT-2 checkpoints without the
+    /// `transformer.` prefix, the text tower of multimodal Gemma 3 checkpoints).
+    pub renames: &'static [(&'static str, &'static str)],
+}
