@@ -180,14 +180,14 @@ mod tests {
         let c = parse("").unwrap();
         assert_eq!((c.arch, c.head_dim, c.activation), (super::ARCH, 256, Activation::GeluTanh));
         assert_eq!((c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (Some(256.0), Some(50.0), true));
-        assert_eq!(c.layer_windows, vec![Some(4096), None, Some(4096), None]);
+        assert_eq!(c.layers.windows(), vec![Some(4096), None, Some(4096), None]);
         let c = parse(
             r#", "attn_logit_softcapping": null, "sliding_window": 8, "query_pre_attn_scalar": 144,
             "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]"#,
         )
         .unwrap();
         assert_eq!((c.attn_scalar, c.attn_softcap), (Some(144.0), None));
-        assert_eq!(c.layer_windows, vec![None, Some(8), None, None]);
+        assert_eq!(c.layers.windows(), vec![None, Some(8), None, None]);
         // Gemma's MLP reads hidden_activation; an activation siphon does not build is named.
         let err = parse(r#", "hidden_activation": "gelu""#).unwrap_err().to_string();
         assert!(err.contains("hidden_activation \"gelu\""), "{err}");

@@ -90,7 +90,7 @@ mod tests {
         assert_eq!((c.rope_theta, c.local_rope_theta), (1_000_000.0, Some(10_000.0)));
         // Five local layers for each global one.
         let local = Some(4096);
-        assert_eq!(c.layer_windows, vec![local, local, local, local, local, None, local]);
+        assert_eq!(c.layers.windows(), vec![local, local, local, local, local, None, local]);
         // transformers 4 spelling, then transformers 5's rope_parameters by layer type.
         let c = parse(r#", "rope_theta": 5e5, "rope_local_base_freq": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}"#).unwrap();
         assert_eq!((c.rope_theta, c.local_rope_theta), (5e5, Some(500.0)));

@@ -154,8 +154,10 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
         qk_norm: true,
         attn_scalar: Some(1.0),
         local_rope_theta: Some(local_rope_theta),
-        layer_shapes,
-        kv_shared_from,
+        layers: c.layers.clone().with(c.n_layers, |layer, spec| {
+            spec.kv_source = kv_shared_from.get(layer).copied().flatten();
+            spec.shape = layer_shapes.get(layer).copied();
+        }),
         per_layer_input,
         moe,
         ..c
@@ -553,7 +555,7 @@ mod tests {
         let c = parse(r#", "vocab_size_per_layer_input": 32"#).unwrap();
         let (local, global) = (Some(512), None);
         // Five local layers for each global one, and the last layer global.
-        assert_eq!(c.layer_windows, [local, local, local, local, local, global, global]);
+        assert_eq!(c.layers.windows(), [local, local, local, local, local, global, global]);
         assert_eq!((c.head_dim, c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (256, Some(1.0), None, true));
         assert_eq!((c.rope_theta, c.local_rope_theta), (1e6, Some(1e4)));
         assert_eq!(c.rope_scaling, Some(RopeScaling::Proportional { fraction: 0.25, factor: 1.0 }));
@@ -583,9 +585,12 @@ mod tests {
             "per_layer_config": {"1": {"head_dim": 32, "num_key_value_heads": 1}}"#)
         .unwrap();
         let plain = LayerShape { head_dim: 256, n_kv_heads: 2, intermediate_size: 32 };
-        assert_eq!(c.layer_shapes[..3], [plain, LayerShape { head_dim: 32, n_kv_heads: 1, ..plain }, plain]);
+        assert_eq!(
+            c.layers.iter().map(|l| l.shape.unwrap()).collect::<Vec<_>>()[..3],
+            [plain, LayerShape { head_dim: 32, n_kv_heads: 1, ..plain }, plain]
+        );
         // Hugging Face forces the last layer global.
-        assert_eq!(c.layer_windows[5..], [Some(3), None]);
+        assert_eq!(c.layers.windows()[5..], [Some(3), None]);
         // The planner counts the per-layer table.
         let with_ple = parse(r#", "vocab_size_per_layer_input": 32, "hidden_size_per_layer_input": 4"#).unwrap();
         let without = parse(r#", "hidden_size_per_layer_input": 0"#).unwrap();
@@ -593,7 +598,7 @@ mod tests {
         assert_eq!(with_ple.n_params() - without.n_params(), ple);
         // Layers that share keys and values have no k_proj, v_proj or k_norm of their own.
         let shared = parse(r#", "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 1"#).unwrap();
-        assert_eq!(shared.kv_shared_from[6], Some(5), "the last layer reads the last global one before it");
+        assert_eq!(shared.layers.get(6).kv_source, Some(5), "the last layer reads the last global one before it");
         // Its keys are layer 5's: a forward asked for them is refused before it is built.
         let spec = crate::ForwardSpec::new(1, 4, vec![crate::HookPoint::block(6, crate::HookKind::AttnK)]);
         let err = crate::build_forward(&shared, &spec).unwrap_err().to_string();

@@ -134,8 +134,11 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.arch != ARCH || config.n_kv_heads != config.n_heads || config.rotary_dim.is_some() {
         return Err(ModelError::UnsupportedArch(format!("gpt2 builder given a {:?} config", config.arch)));
     }
-    if !matches!(config.activation, Activation::GeluTanh | Activation::Gelu) || !config.layer_windows.is_empty() {
-        return Err(ModelError::UnsupportedArch(format!("gpt2 with activation {:?} or a window", config.activation)));
+    if !matches!(config.activation, Activation::GeluTanh | Activation::Gelu) || !config.layers.is_empty() {
+        return Err(ModelError::UnsupportedArch(format!(
+            "gpt2 with activation {:?} or layers that differ (windows, sizes, shared keys)",
+            config.activation
+        )));
     }
     if spec.seq > config.max_position_embeddings {
         return Err(ModelError::Config(format!(

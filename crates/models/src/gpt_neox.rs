@@ -115,9 +115,9 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
             config.arch
         )));
     }
-    if !matches!(config.activation, Activation::Gelu | Activation::GeluTanh) || !config.layer_windows.is_empty() {
+    if !matches!(config.activation, Activation::Gelu | Activation::GeluTanh) || !config.layers.is_empty() {
         return Err(ModelError::UnsupportedArch(format!(
-            "gpt_neox with activation {:?} or a window",
+            "gpt_neox with activation {:?} or layers that differ (windows, sizes, shared keys)",
             config.activation
         )));
     }

@@ -263,7 +263,7 @@ mod tests {
     #[test]
     fn reads_gpt_oss_as_gptossconfig_does() {
         let c = parse("").unwrap();
-        assert_eq!(c.layer_windows, vec![Some(128), None, Some(128), None]);
+        assert_eq!(c.layers.windows(), vec![Some(128), None, Some(128), None]);
         assert_eq!((c.head_dim, c.rms_norm_eps, c.rope_theta), (64, 1e-5, 150_000.0));
         assert!(c.qkv_bias && !c.tie_word_embeddings);
         let gpt_oss = c.extras.get::<super::GptOss>().unwrap();

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::ModelError;
 use crate::arch::Arch;
-use crate::config::{Activation, ModelConfig, RopeScaling};
+use crate::config::{Activation, Layers, ModelConfig, RopeScaling};
 
 /// `config.json` as Hugging Face writes it; every field optional so that a missing one gets
 /// a clear error or the architecture's default in [`HfConfig::into_config`]. Keys several
@@ -178,7 +178,7 @@ impl HfConfig {
             }
         };
         let n_layers = need(self.num_hidden_layers, "num_hidden_layers")?;
-        let layer_windows = (defaults.windows)(self, n_layers, arch)?;
+        let windows = (defaults.windows)(self, n_layers, arch)?;
         let activation = self.activation(&defaults.activation)?;
         let mut rope_theta = self.rope_theta;
         let mut rotary_fraction = self.partial_rotary_factor;
@@ -235,7 +235,7 @@ impl HfConfig {
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(defaults.tie_word_embeddings),
             qkv_bias: self.attention_bias.unwrap_or(defaults.attention_bias),
             activation,
-            layer_windows: if layer_windows.iter().all(Option::is_none) { Vec::new() } else { layer_windows },
+            layers: Layers::default().with(windows.len(), |layer, spec| spec.window = windows[layer]),
             rotary_dim,
             ..ModelConfig::default()
         })
@@ -548,21 +548,21 @@ mod tests {
         let parse = |extra: &str| HfConfig::from_json(&format!("{base}, {extra}}}")).unwrap().into_config();
         // Mistral: every layer; MistralConfig's default 4096 when absent; null turns it off.
         let c = parse(r#""model_type": "mistral", "sliding_window": 28"#).unwrap();
-        assert_eq!((c.arch, c.layer_windows.clone()), (crate::mistral::ARCH, vec![Some(28); 4]));
-        assert_eq!(parse(r#""model_type": "mistral""#).unwrap().layer_windows, vec![Some(4096); 4]);
-        assert!(parse(r#""model_type": "mistral", "sliding_window": null"#).unwrap().layer_windows.is_empty());
+        assert_eq!((c.arch, c.layers.windows()), (crate::mistral::ARCH, vec![Some(28); 4]));
+        assert_eq!(parse(r#""model_type": "mistral""#).unwrap().layers.windows(), vec![Some(4096); 4]);
+        assert!(parse(r#""model_type": "mistral", "sliding_window": null"#).unwrap().layers.windows().is_empty());
         // Qwen2: only with use_sliding_window, from max_window_layers on, or as layer_types says.
-        assert!(parse(r#""model_type": "qwen2", "sliding_window": 8"#).unwrap().layer_windows.is_empty());
+        assert!(parse(r#""model_type": "qwen2", "sliding_window": 8"#).unwrap().layers.windows().is_empty());
         let c =
             parse(r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 2"#)
                 .unwrap();
-        assert_eq!(c.layer_windows, vec![None, None, Some(8), Some(8)]);
+        assert_eq!(c.layers.windows(), vec![None, None, Some(8), Some(8)]);
         let c = parse(
             r#""model_type": "qwen2", "sliding_window": 8, "use_sliding_window": true,
                "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]"#,
         )
         .unwrap();
-        assert_eq!(c.layer_windows, vec![Some(8), None, Some(8), None]);
+        assert_eq!(c.layers.windows(), vec![Some(8), None, Some(8), None]);
         // Llama: Hugging Face ignores a window, so siphon refuses one instead of guessing.
         let err = parse(r#""model_type": "llama", "sliding_window": 28"#).unwrap_err().to_string();
         assert!(err.contains("sliding_window 28") && err.contains("ignores"), "{err}");

@@ -2,7 +2,7 @@
 //! MLP, no projection biases, `head_dim` from the config) with sliding-window attention: a
 //! query attends only the `sliding_window` most recent keys, itself included (Hugging Face's
 //! `kv_idx > q_idx - sliding_window`), on every layer. The window is
-//! [`crate::ModelConfig::layer_windows`], applied by the shared attention mask; a config
+//! [`crate::config::LayerSpec::window`], applied by the shared attention mask; a config
 //! whose window is null attends the whole context, like Hugging Face.
 
 use crate::arch::{Arch, Family};

@@ -75,7 +75,7 @@ mod tests {
     #[test]
     fn defaults_follow_olmo3config() {
         let c = parse("").unwrap();
-        assert_eq!(c.layer_windows, vec![Some(4096), Some(4096), Some(4096), None]);
+        assert_eq!(c.layers.windows(), vec![Some(4096), Some(4096), Some(4096), None]);
         assert_eq!((c.rope_theta, c.local_rope_theta, c.rms_norm_eps), (500_000.0, Some(500_000.0), 1e-5));
         assert!(c.qk_norm && c.qk_norm_whole && !c.tie_word_embeddings);
         // Old-style keys: rope_theta on both kinds of layer, rope_scaling on the full ones only.
@@ -85,7 +85,7 @@ mod tests {
         .unwrap();
         assert_eq!((c.rope_theta, c.local_rope_theta), (1e4, Some(1e4)));
         assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
-        assert_eq!(c.layer_windows[0], Some(8));
+        assert_eq!(c.layers.windows()[0], Some(8));
     }
 
     #[test]
@@ -100,6 +100,6 @@ mod tests {
         assert!(err.contains("olmo3's sliding-window layers"), "{err}");
         // A config whose every layer is full attends without windows even with a null window.
         let full = r#", "sliding_window": null, "layer_types": ["full_attention", "full_attention", "full_attention", "full_attention"]"#;
-        assert!(parse(full).unwrap().layer_windows.is_empty());
+        assert!(parse(full).unwrap().layers.windows().is_empty());
     }
 }

@@ -5,7 +5,7 @@
 //! checkpoints build the same graph and `lm_head.weight` is never an argument.
 //!
 //! Sliding-window attention (`use_sliding_window`, off in every released Qwen2.5 config) is
-//! honoured on the layers Hugging Face windows ([`crate::ModelConfig::layer_windows`]).
+//! honoured on the layers Hugging Face windows ([`crate::config::LayerSpec::window`]).
 
 use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec};

@@ -40,8 +40,8 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
         }
     }
     let c = hf.decoder(ARCH, &DEFAULTS)?;
-    let rope_skipped = rotating_layers(&hf, c.n_layers)?.into_iter().map(|rotates| !rotates).collect();
-    Ok(ModelConfig { rope_skipped, ..c })
+    let rotates = rotating_layers(&hf, c.n_layers)?;
+    Ok(ModelConfig { layers: c.layers.with(c.n_layers, |layer, spec| spec.skips_rope = !rotates[layer]), ..c })
 }
 
 /// Per layer, whether it applies RoPE: `no_rope_layers` (1 rotates), by default all but every
@@ -106,13 +106,13 @@ mod tests {
         let c = parse("").unwrap();
         let rotating: Vec<bool> = (0..8).map(|l| c.rotates(l)).collect();
         assert_eq!(rotating, [true, true, true, false, true, true, true, false]);
-        assert!(c.layer_windows.is_empty() && c.tie_word_embeddings);
+        assert!(c.layers.windows().is_empty() && c.tie_word_embeddings);
         // A window goes on the NoPE layers, and only with use_sliding_window.
-        assert!(parse(r#", "sliding_window": 5"#).unwrap().layer_windows.is_empty());
+        assert!(parse(r#", "sliding_window": 5"#).unwrap().layers.windows().is_empty());
         let c =
             parse(r#", "use_sliding_window": true, "sliding_window": 5, "no_rope_layers": [1, 0, 1, 1, 1, 1, 0, 1]"#)
                 .unwrap();
-        assert_eq!(c.layer_windows, [None, Some(5), None, None, None, None, Some(5), None]);
+        assert_eq!(c.layers.windows(), [None, Some(5), None, None, None, None, Some(5), None]);
         assert!(!c.rotates(1) && c.rotates(3));
     }
 

@@ -5,6 +5,7 @@
 //! weight tensor the forward needs, by its Hugging Face name, with its shape and
 //! [`ParamClass`]; the planner shards by class and the loaders fill tensors by name.
 
+mod layers;
 mod mixers;
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use std::collections::BTreeMap;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use self::layers::{LayerShape, LayerSpec, Layers};
 pub use self::mixers::{LinearAttention, Mla};
 use crate::ModelError;
 pub use crate::arch::Arch;
@@ -52,17 +54,6 @@ pub struct PerLayerInput {
     pub width: usize,
     /// Rows of the per-layer table (`vocab_size_per_layer_input`).
     pub vocab_size: usize,
-}
-
-/// One layer's sizes, where layers differ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LayerShape {
-    /// Width of one head.
-    pub head_dim: usize,
-    /// Key/value heads.
-    pub n_kv_heads: usize,
-    /// Width of the MLP's gate/up projections.
-    pub intermediate_size: usize,
 }
 
 /// The MLP's activation (of the gate, in a gated MLP).
@@ -219,26 +210,13 @@ pub struct ModelConfig {
     /// RMSNorm over `head_dim` on every query and key head before RoPE (Qwen3, Gemma 3).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub qk_norm: bool,
-    /// Per layer, the sliding attention window (a query attends the keys less than this many
-    /// positions back, itself included); empty or `None` for full causal attention.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub layer_windows: Vec<Option<usize>>,
-    /// Per layer, its head width, key/value heads and MLP width where some layer's differ from
-    /// `head_dim`, `n_kv_heads` and `intermediate_size` (Gemma 4's global layers and its
-    /// double-wide MLPs); empty when none does.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub layer_shapes: Vec<LayerShape>,
-    /// Per layer, the earlier layer whose keys and values it attends over instead of its own
-    /// (Gemma 4's last `num_kv_shared_layers`); empty when every layer computes its own.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kv_shared_from: Vec<Option<usize>>,
+    /// What each block is where blocks differ: its window, sizes, shared keys and values,
+    /// NoPE; empty when every block is the same. Serialized as its per-layer lists.
+    #[serde(flatten)]
+    pub layers: Layers,
     /// Per-layer input embeddings (Gemma 4's E2B/E4B), mixed into every block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_layer_input: Option<PerLayerInput>,
-    /// Per layer, whether its attention skips RoPE (SmolLM3's NoPE layers); empty when every
-    /// layer rotates.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rope_skipped: Vec<bool>,
     /// The q/k norms normalise the whole projection (`n_heads * head_dim`, OLMo 2) rather
     /// than each head.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -461,10 +439,18 @@ impl ModelConfig {
         if self.n_layers > MAX_LAYERS {
             return fail(format!("num_hidden_layers {} is more than {MAX_LAYERS}: a corrupt config?", self.n_layers));
         }
+        let layers = self.layers.len();
+        if layers != 0 && layers != self.n_layers {
+            return fail(format!("the per-layer lists give {layers} layers, the model has {}", self.n_layers));
+        }
+        let shapes = self.layers.iter().filter(|l| l.shape.is_some()).count();
+        if shapes != 0 && shapes != layers {
+            return fail(format!("layer_shapes gives {shapes} of the {layers} layers' sizes"));
+        }
         let rotary = self.arch.family().features.contains(&crate::hooks::Feature::Rotary);
         for layer in 0..self.n_layers {
             let (kv, d) = (self.kv_heads_at(layer), self.head_dim_at(layer));
-            let at = if self.layer_shapes.is_empty() { String::new() } else { format!(" (layer {layer})") };
+            let at = if shapes == 0 { String::new() } else { format!(" (layer {layer})") };
             if kv == 0 || !self.n_heads.is_multiple_of(kv) {
                 return fail(format!(
                     "num_attention_heads {} is not a multiple of num_key_value_heads {kv}{at}",
@@ -485,17 +471,6 @@ impl ModelConfig {
                 }
             }
         }
-        let per_layer = [
-            ("layer_windows", self.layer_windows.len()),
-            ("layer_shapes", self.layer_shapes.len()),
-            ("rope_skipped", self.rope_skipped.len()),
-            ("kv_shared_from", self.kv_shared_from.len()),
-        ];
-        for (name, len) in per_layer {
-            if len != 0 && len != self.n_layers {
-                return fail(format!("{name} lists {len} layers, the model has {}", self.n_layers));
-            }
-        }
         Ok(())
     }
 
@@ -509,17 +484,17 @@ impl ModelConfig {
 
     /// Block `layer`'s attention window, `None` for full causal attention.
     pub fn window(&self, layer: usize) -> Option<usize> {
-        self.layer_windows.get(layer).copied().flatten()
+        self.layers.get(layer).window
     }
 
     /// Block `layer`'s head width.
     pub fn head_dim_at(&self, layer: usize) -> usize {
-        self.layer_shapes.get(layer).map_or(self.head_dim, |h| h.head_dim)
+        self.layers.get(layer).shape.map_or(self.head_dim, |s| s.head_dim)
     }
 
     /// Block `layer`'s key/value heads.
     pub fn kv_heads_at(&self, layer: usize) -> usize {
-        self.layer_shapes.get(layer).map_or(self.n_kv_heads, |h| h.n_kv_heads)
+        self.layers.get(layer).shape.map_or(self.n_kv_heads, |s| s.n_kv_heads)
     }
 
     /// Whether block `layer`'s MLP is the mixture (not one of the dense first blocks).
@@ -529,13 +504,13 @@ impl ModelConfig {
 
     /// Block `layer`'s MLP width.
     pub fn intermediate_at(&self, layer: usize) -> usize {
-        self.layer_shapes.get(layer).map_or(self.intermediate_size, |s| s.intermediate_size)
+        self.layers.get(layer).shape.map_or(self.intermediate_size, |s| s.intermediate_size)
     }
 
     /// The layer block `layer` takes its keys and values from, when it reuses an earlier
     /// layer's instead of computing its own (Gemma 4's KV sharing).
     pub fn kv_source(&self, layer: usize) -> Option<usize> {
-        self.kv_shared_from.get(layer).copied().flatten()
+        self.layers.get(layer).kv_source
     }
 
     /// Every distinct number of key/value heads among the layers, in ascending order.
@@ -549,7 +524,7 @@ impl ModelConfig {
 
     /// Whether block `layer`'s attention applies RoPE.
     pub fn rotates(&self, layer: usize) -> bool {
-        !self.rope_skipped.get(layer).copied().unwrap_or(false)
+        !self.layers.get(layer).skips_rope
     }
 
     /// Number of weights (elements) of the whole model, lm_head included when untied.

@@ -721,7 +721,8 @@ mod tests {
         let plain = crate::config::LayerShape { head_dim: 4, n_kv_heads: 2, intermediate_size: 24 };
         let wide = crate::config::LayerShape { head_dim: 8, n_kv_heads: 1, intermediate_size: 48 };
         let mut c = of(crate::gemma4::ARCH);
-        c.layer_shapes = vec![plain, wide, wide, wide];
+        let shapes = [plain, wide, wide, wide];
+        c.layers = c.layers.with(4, |layer, spec| spec.shape = Some(shapes[layer]));
         let at = |layer, k: HookKind| HookPoint::block(layer, k).dims(&c, 7);
         assert_eq!(
             (at(0, HookKind::AttnK), at(1, HookKind::AttnK), at(1, HookKind::AttnQ)),
@@ -732,7 +733,7 @@ mod tests {
             (vec![24], vec![48], vec![4])
         );
         // A block that attends over another's keys and values has none of its own hooks.
-        c.kv_shared_from = vec![None, None, Some(0), Some(1)];
+        c.layers = c.layers.with(4, |layer, spec| spec.kv_source = [None, None, Some(0), Some(1)][layer]);
         assert!(
             !layer_hook_kinds(&c, 2).contains(&HookKind::AttnK) && layer_hook_kinds(&c, 2).contains(&HookKind::AttnQ)
         );
