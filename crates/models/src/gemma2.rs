@@ -27,7 +27,7 @@ use serde_json::Value;
 use crate::arch::{Arch, Family};
 use crate::config::ParamInfo;
 use crate::forward::decoder_params;
-use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::norm::Gain;
@@ -129,13 +129,12 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
         )));
     }
     use HookKind::*;
-    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks)?;
+    let mut g = Graph::new(config, spec)?;
     let x = g.embed("model.embed_tokens.weight")?;
     // HF's scaled embedding multiplies by sqrt(hidden) rounded to the weights' dtype.
     let x = g.scale(x, (config.hidden_size as f64).sqrt())?;
     g.hook(HookPoint::model(Embed), x);
-    let x = g.blocks(x, n_blocks, |g, x, layer| {
+    let x = g.blocks(x, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
         let (cos, sin) = g.layer_rope(layer)?;
@@ -165,7 +164,7 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
         )?;
         Ok(out)
     })?;
-    g.finish_decoder(x, n_blocks, with_final_norm, Gain::UnitOffset)
+    g.finish_decoder(x, Gain::UnitOffset)
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ use siphon_hlo::Value;
 
 use crate::arch::{Arch, Family};
 use crate::config::{FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
-use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
@@ -337,8 +337,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         return Err(ModelError::UnsupportedArch(format!("gemma4 builder given a {:?} config", config.arch)));
     };
     use HookKind::*;
-    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks)?;
+    let mut g = Graph::new(config, spec)?;
     let x = g.embed("model.embed_tokens.weight")?;
     let x = g.scale(x, (config.hidden_size as f64).sqrt())?;
     g.hook(HookPoint::model(Embed), x);
@@ -347,8 +346,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         None => None,
     };
     // Each built layer's rotated keys and normed values, for the layers that share them.
-    let mut keys_values: Vec<(Value, Value)> = Vec::with_capacity(n_blocks);
-    let x = g.blocks(x, n_blocks, |g, x, layer| {
+    let mut keys_values: Vec<(Value, Value)> = Vec::with_capacity(g.n_blocks);
+    let x = g.blocks(x, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
         let (cos, sin) = g.layer_rope(layer)?;
@@ -406,7 +405,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let out = g.b.mul(out, scalar)?;
         Ok(out)
     })?;
-    g.finish_decoder(x, n_blocks, with_final_norm, Gain::F32)
+    g.finish_decoder(x, Gain::F32)
 }
 
 /// Every layer's per-layer input `[tokens, layers * width]`: the per-layer table's rows

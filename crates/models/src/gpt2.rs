@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::{ActivationKey, Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
@@ -147,14 +147,13 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         )));
     }
     use HookKind::*;
-    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks)?;
+    let mut g = Graph::new(config, spec)?;
     let tokens = g.embed("transformer.wte.weight")?;
     g.hook(HookPoint::model(Embed), tokens);
     let positions = g.embed_positions("transformer.wpe.weight")?;
     g.hook(HookPoint::model(PosEmbed), positions);
     let x = g.b.add(tokens, positions)?;
-    let x = g.blocks(x, n_blocks, |g, x, layer| {
+    let x = g.blocks(x, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let p = format!("transformer.h.{layer}");
         let mask = g.layer_mask(layer)?;
@@ -175,10 +174,10 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let out = g.b.add(h, mlp.out)?;
         Ok(out)
     })?;
-    g.end_blocks(x, n_blocks);
-    if with_final_norm {
+    g.end_blocks(x);
+    if g.with_final_norm {
         let norm = g.layer_norm(x, "transformer.ln_f.weight", "transformer.ln_f.bias")?;
         g.hook_final_norm(&norm)?;
     }
-    g.finish(n_blocks)
+    g.finish()
 }

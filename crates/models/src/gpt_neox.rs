@@ -22,7 +22,7 @@
 
 use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
@@ -122,12 +122,11 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         )));
     }
     use HookKind::*;
-    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks)?;
+    let mut g = Graph::new(config, spec)?;
     let (t, d) = (g.tokens(), config.head_dim);
     let x = g.embed("gpt_neox.embed_in.weight")?;
     g.hook(HookPoint::model(Embed), x);
-    let x = g.blocks(x, n_blocks, |g, x, layer| {
+    let x = g.blocks(x, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let p = format!("gpt_neox.layers.{layer}");
         let (cos, sin) = g.layer_rope(layer)?;
@@ -161,10 +160,10 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let out = g.b.add(sum, x)?;
         Ok(out)
     })?;
-    g.end_blocks(x, n_blocks);
-    if with_final_norm {
+    g.end_blocks(x);
+    if g.with_final_norm {
         let norm = g.layer_norm(x, "gpt_neox.final_layer_norm.weight", "gpt_neox.final_layer_norm.bias")?;
         g.hook_final_norm(&norm)?;
     }
-    g.finish(n_blocks)
+    g.finish()
 }

@@ -21,7 +21,7 @@
 
 use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo};
-use crate::forward::{ForwardProgram, ForwardSpec, Graph, blocks_for};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::Defaults;
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::norm::Gain;
@@ -103,11 +103,10 @@ pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Resul
         )));
     }
     use HookKind::*;
-    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks)?;
+    let mut g = Graph::new(config, spec)?;
     let x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
-    let x = g.blocks(x, n_blocks, |g, x, layer| {
+    let x = g.blocks(x, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
         let (cos, sin) = g.layer_rope(layer)?;
@@ -134,5 +133,5 @@ pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Resul
         )?;
         Ok(out)
     })?;
-    g.finish_decoder(x, n_blocks, with_final_norm, Gain::F32)
+    g.finish_decoder(x, Gain::F32)
 }

@@ -5,7 +5,7 @@
 
 use siphon_hlo::Value;
 
-use super::{ForwardProgram, ForwardSpec, Graph, blocks_for};
+use super::{ForwardProgram, ForwardSpec, Graph};
 use crate::ModelError;
 use crate::config::{ModelConfig, ParamClass, ParamInfo};
 use crate::hooks::{HookKind, HookPoint};
@@ -27,11 +27,10 @@ pub(crate) fn pre_norm_decoder<T>(
     mlp: impl Fn(&mut Graph<'_>, Value, usize) -> Result<Value, ModelError>,
 ) -> Result<ForwardProgram, ModelError> {
     use HookKind::*;
-    let (n_blocks, with_final_norm) = blocks_for(config, &spec.hooks)?;
-    let mut g = Graph::new(config, spec, n_blocks)?;
+    let mut g = Graph::new(config, spec)?;
     let x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
-    let x = g.blocks(x, n_blocks, |g, x, layer| {
+    let x = g.blocks(x, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let p = |name: &str| format!("model.layers.{layer}.{name}");
         let tables = tables(g, layer)?;
@@ -47,7 +46,7 @@ pub(crate) fn pre_norm_decoder<T>(
         let out = g.b.add(h, m)?;
         Ok(out)
     })?;
-    g.finish_decoder(x, n_blocks, with_final_norm, gain)
+    g.finish_decoder(x, gain)
 }
 
 /// The decoder of Llama and the families built like it (Qwen2/3, Mistral, Phi-3, SmolLM3,
@@ -125,17 +124,16 @@ pub(crate) fn decoder_params(
 }
 
 impl<'a> Graph<'a> {
-    /// The decoder loop every family's block plugs into: for each of the `n_blocks` blocks,
+    /// The decoder loop every family's block plugs into: for each block built,
     /// `x` is recorded as its `hook_resid_pre`, `block` computes what the block leaves in the
     /// residual stream (recording the block's own hooks), and that, pinned to the tokens'
     /// layout, is the block's `hook_resid_post` and the next block's input.
     pub fn blocks(
         &mut self,
         mut x: Value,
-        n_blocks: usize,
         mut block: impl FnMut(&mut Graph<'a>, Value, usize) -> Result<Value, ModelError>,
     ) -> Result<Value, ModelError> {
-        for layer in 0..n_blocks {
+        for layer in 0..self.n_blocks {
             self.hook(HookPoint::block(layer, HookKind::ResidPre), x);
             let out = block(self, x, layer)?;
             x = self.constrain_tokens(out)?;
@@ -144,23 +142,17 @@ impl<'a> Graph<'a> {
         Ok(x)
     }
 
-    /// Ends a decoder after its `n_blocks` blocks left the residual stream `x`: `x` is the
+    /// Ends a decoder after its blocks left the residual stream `x`: `x` is the
     /// next block's `hook_resid_pre` when that block is not built, then the final norm
     /// (`model.norm.weight`, its gain applied as `gain` says) and its hooks when asked for,
     /// then the program ([`Graph::finish`]).
-    pub fn finish_decoder(
-        mut self,
-        x: Value,
-        n_blocks: usize,
-        with_final_norm: bool,
-        gain: Gain,
-    ) -> Result<ForwardProgram, ModelError> {
-        self.end_blocks(x, n_blocks);
-        if with_final_norm {
+    pub fn finish_decoder(mut self, x: Value, gain: Gain) -> Result<ForwardProgram, ModelError> {
+        self.end_blocks(x);
+        if self.with_final_norm {
             let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;
             self.hook_final_norm(&norm)?;
         }
-        self.finish(n_blocks)
+        self.finish()
     }
 
     /// Records the final norm's hooks.

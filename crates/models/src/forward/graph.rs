@@ -20,6 +20,10 @@ pub(crate) struct Graph<'a> {
     pub config: &'a ModelConfig,
     pub spec: &'a ForwardSpec,
     pub dt: DType,
+    /// The blocks built: those up to the last one a requested hook needs.
+    pub n_blocks: usize,
+    /// Whether a requested hook is at or after the final norm.
+    pub with_final_norm: bool,
     /// Each declared weight's value and whether the graph read it.
     weights: HashMap<String, (Value, Cell<bool>)>,
     params: Vec<ParamInfo>,
@@ -40,9 +44,11 @@ pub(crate) struct Graph<'a> {
 }
 
 impl<'a> Graph<'a> {
-    /// Validates `spec`, declares the weight arguments (those of `spec.weights`, else every
-    /// weight of `n_blocks` blocks and the model's own), then the three inputs.
-    pub fn new(config: &'a ModelConfig, spec: &'a ForwardSpec, n_blocks: usize) -> Result<Graph<'a>, ModelError> {
+    /// Validates `spec` and its hooks, declares the weight arguments (those of
+    /// `spec.weights`, else every weight of the blocks the hooks need and the model's own),
+    /// then the three inputs.
+    pub fn new(config: &'a ModelConfig, spec: &'a ForwardSpec) -> Result<Graph<'a>, ModelError> {
+        let (n_blocks, with_final_norm) = super::blocks_for(config, &spec.hooks)?;
         if spec.batch == 0 || spec.seq == 0 {
             return Err(ModelError::Config(format!("batch {} x seq {} has no tokens", spec.batch, spec.seq)));
         }
@@ -118,6 +124,8 @@ impl<'a> Graph<'a> {
             config,
             spec,
             dt,
+            n_blocks,
+            with_final_norm,
             weights,
             params,
             param_specs,
@@ -226,17 +234,17 @@ impl<'a> Graph<'a> {
         }
     }
 
-    /// Records `x`, what the `n_blocks` built blocks left, as the next block's
-    /// `hook_resid_pre` when that block is not built.
-    pub fn end_blocks(&mut self, x: Value, n_blocks: usize) {
-        if n_blocks < self.config.n_layers {
-            self.hook(HookPoint::block(n_blocks, HookKind::ResidPre), x);
+    /// Records `x`, what the built blocks left, as the next block's `hook_resid_pre` when
+    /// that block is not built.
+    pub fn end_blocks(&mut self, x: Value) {
+        if self.n_blocks < self.config.n_layers {
+            self.hook(HookPoint::block(self.n_blocks, HookKind::ResidPre), x);
         }
     }
 
     /// Returns the requested hooks, each reshaped to `[batch, seq, *per-token shape]`, and
     /// prints the program.
-    pub fn finish(self, n_blocks: usize) -> Result<ForwardProgram, ModelError> {
+    pub fn finish(self) -> Result<ForwardProgram, ModelError> {
         let (bsz, s) = (self.spec.batch, self.spec.seq);
         let mut b = self.b;
         let mut results = Vec::new();
@@ -282,7 +290,7 @@ impl<'a> Graph<'a> {
             inputs,
             outputs,
             mesh: self.spec.mesh.clone(),
-            n_blocks,
+            n_blocks: self.n_blocks,
             unread,
         })
     }
