@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use siphon_hlo::{DType, TensorType, Value};
 
 use crate::arch::{Arch, Family};
+use crate::config::{Attention, Rope};
 use crate::config::{FamilyExtra, ParamClass, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
@@ -131,10 +132,13 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let c = hf.decoder(ARCH, &Defaults::LLAMA)?;
     let qk = mla.qk_head_dim();
     Ok(ModelConfig {
-        n_kv_heads: n_heads,
-        head_dim: qk,
-        rotary_dim: Some(mla.rope),
-        attn_scalar: softmax_mscale(&hf).map(|m| qk as f64 / m.powi(4)),
+        attention: Attention {
+            n_kv_heads: n_heads,
+            head_dim: qk,
+            scalar: softmax_mscale(&hf).map(|m| qk as f64 / m.powi(4)),
+            ..c.attention
+        },
+        rope: Rope { rotary_dim: Some(mla.rope), ..c.rope },
         moe: Some(moe),
         mla: Some(mla),
         ..c
@@ -301,14 +305,14 @@ mod tests {
         let mla = c.mla.unwrap();
         assert_eq!((mla.q_lora_rank, mla.kv_lora_rank, mla.qk_head_dim(), mla.v_head_dim), (Some(1536), 512, 192, 128));
         assert!(mla.interleave);
-        assert_eq!((c.head_dim, c.rotary_dim, c.n_kv_heads), (192, Some(64), 128));
+        assert_eq!((c.attention.head_dim, c.rope.rotary_dim, c.attention.n_kv_heads), (192, Some(64), 128));
         let moe = c.moe.as_ref().unwrap();
         assert_eq!((moe.n_experts, moe.top_k, moe.shared_expert, moe.first_dense), (256, 8, Some(2048), 3));
         let router = c.extras.get::<super::Router>().unwrap();
         assert_eq!((router.n_group, router.topk_group, router.scaling), (8, 4, 2.5));
         // The softmax scale 192^-½ · (0.1·ln 40 + 1)².
         let m = 0.1 * 40f64.ln() + 1.0;
-        assert!((c.attn_scalar.unwrap().powf(-0.5) - m * m / 192f64.sqrt()).abs() < 1e-12);
+        assert!((c.attention.scalar.unwrap().powf(-0.5) - m * m / 192f64.sqrt()).abs() < 1e-12);
         assert!(!c.is_mixture_layer(2) && c.is_mixture_layer(3));
         // The multi-token-prediction block (layer 61) is not read.
         let names: Vec<String> = c.params(c.n_layers, true).into_iter().map(|p| p.name).collect();

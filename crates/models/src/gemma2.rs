@@ -25,6 +25,7 @@
 use serde_json::Value;
 
 use crate::arch::{Arch, Family};
+use crate::config::Attention;
 use crate::config::ParamInfo;
 use crate::forward::decoder_params;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
@@ -95,7 +96,7 @@ pub(crate) fn gemma_config(
         ),
     };
     let attn_scalar = Some(hf.key::<f64>("query_pre_attn_scalar")?.unwrap_or(256.0));
-    Ok(ModelConfig { attn_scalar, attn_softcap, ..c })
+    Ok(ModelConfig { attention: Attention { scalar: attn_scalar, softcap: attn_softcap, ..c.attention }, ..c })
 }
 
 /// Gemma's windows: on the layers `layer_types` marks, by default all but every
@@ -113,7 +114,7 @@ pub(crate) fn gemma_params(c: &ModelConfig, n_layers: usize, with_lm_head: bool)
 
 /// Builds the Gemma 2 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || config.qk_norm {
+    if config.arch != ARCH || config.attention.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("gemma2 builder given a {:?} config", config.arch)));
     }
     build_gemma(config, spec)
@@ -122,10 +123,10 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 /// The Gemma decoder, shared with Gemma 3 (whose q/k norms, like every Gemma norm, take a
 /// `(1 + w)` gain).
 pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.qkv_bias || config.activation != Activation::GeluTanh {
+    if config.attention.qkv_bias || config.activation != Activation::GeluTanh {
         return Err(ModelError::UnsupportedArch(format!(
             "gemma2 builder given a {:?} config (attention_bias {}, q/k norms {}, activation {:?})",
-            config.arch, config.qkv_bias, config.qk_norm, config.activation
+            config.arch, config.attention.qkv_bias, config.attention.qk_norm, config.activation
         )));
     }
     use HookKind::*;
@@ -177,15 +178,15 @@ mod tests {
             "num_hidden_layers": 4, "num_attention_heads": 4"#;
         let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
         let c = parse("").unwrap();
-        assert_eq!((c.arch, c.head_dim, c.activation), (super::ARCH, 256, Activation::GeluTanh));
-        assert_eq!((c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (Some(256.0), Some(50.0), true));
+        assert_eq!((c.arch, c.attention.head_dim, c.activation), (super::ARCH, 256, Activation::GeluTanh));
+        assert_eq!((c.attention.scalar, c.attention.softcap, c.tie_word_embeddings), (Some(256.0), Some(50.0), true));
         assert_eq!(c.layers.windows(), vec![Some(4096), None, Some(4096), None]);
         let c = parse(
             r#", "attn_logit_softcapping": null, "sliding_window": 8, "query_pre_attn_scalar": 144,
             "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]"#,
         )
         .unwrap();
-        assert_eq!((c.attn_scalar, c.attn_softcap), (Some(144.0), None));
+        assert_eq!((c.attention.scalar, c.attention.softcap), (Some(144.0), None));
         assert_eq!(c.layers.windows(), vec![None, Some(8), None, None]);
         // Gemma's MLP reads hidden_activation; an activation siphon does not build is named.
         let err = parse(r#", "hidden_activation": "gelu""#).unwrap_err().to_string();

@@ -12,6 +12,7 @@
 //! sit under `model.language_model.` (or `language_model.model.`); the vision tower is not read.
 
 use crate::arch::{Arch, Family};
+use crate::config::{Attention, Rope};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::gemma2::{GEMMA_ACTIVATION, gemma_config, gemma_params, gemma_windows};
 use crate::hf_config::Defaults;
@@ -62,12 +63,16 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let local = hf.key::<f64>("rope_local_base_freq")?.unwrap_or(10_000.0);
     let local_rope_theta = hf.rope_by_layer_type(ARCH, local)?;
     let c = gemma_config(&hf, ARCH, &DEFAULTS, None)?;
-    Ok(ModelConfig { qk_norm: true, local_rope_theta: Some(local_rope_theta), ..c })
+    Ok(ModelConfig {
+        attention: Attention { qk_norm: true, ..c.attention },
+        rope: Rope { local_theta: Some(local_rope_theta), ..c.rope },
+        ..c
+    })
 }
 
 /// Builds the Gemma 3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || !config.qk_norm {
+    if config.arch != ARCH || !config.attention.qk_norm {
         return Err(ModelError::UnsupportedArch(format!(
             "gemma3 builder given a {:?} config without q/k norms",
             config.arch
@@ -86,22 +91,25 @@ mod tests {
             "num_hidden_layers": 7, "num_attention_heads": 4"#;
         let parse = |extra: &str| HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config();
         let c = parse("").unwrap();
-        assert_eq!((c.arch, c.head_dim, c.qk_norm, c.attn_softcap), (super::ARCH, 256, true, None));
-        assert_eq!((c.rope_theta, c.local_rope_theta), (1_000_000.0, Some(10_000.0)));
+        assert_eq!(
+            (c.arch, c.attention.head_dim, c.attention.qk_norm, c.attention.softcap),
+            (super::ARCH, 256, true, None)
+        );
+        assert_eq!((c.rope.theta, c.rope.local_theta), (1_000_000.0, Some(10_000.0)));
         // Five local layers for each global one.
         let local = Some(4096);
         assert_eq!(c.layers.windows(), vec![local, local, local, local, local, None, local]);
         // transformers 4 spelling, then transformers 5's rope_parameters by layer type.
         let c = parse(r#", "rope_theta": 5e5, "rope_local_base_freq": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}"#).unwrap();
-        assert_eq!((c.rope_theta, c.local_rope_theta), (5e5, Some(500.0)));
-        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+        assert_eq!((c.rope.theta, c.rope.local_theta), (5e5, Some(500.0)));
+        assert_eq!(c.rope.scaling, Some(RopeScaling::Linear { factor: 8.0 }));
         let c = parse(
             r#", "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}"#,
         )
         .unwrap();
-        assert_eq!((c.rope_theta, c.local_rope_theta), (1e5, Some(1000.0)));
-        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
+        assert_eq!((c.rope.theta, c.rope.local_theta), (1e5, Some(1000.0)));
+        assert_eq!(c.rope.scaling, Some(RopeScaling::Linear { factor: 4.0 }));
         let err =
             parse(r#", "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}"#).unwrap_err();
         assert!(err.to_string().contains("sliding-window layers"), "{err}");

@@ -39,6 +39,7 @@ use serde_json::Value as Json;
 use siphon_hlo::Value;
 
 use crate::arch::{Arch, Family};
+use crate::config::{Attention, Rope};
 use crate::config::{FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
@@ -151,9 +152,8 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
         }
     };
     Ok(ModelConfig {
-        qk_norm: true,
-        attn_scalar: Some(1.0),
-        local_rope_theta: Some(local_rope_theta),
+        attention: Attention { qk_norm: true, scalar: Some(1.0), ..c.attention },
+        rope: Rope { local_theta: Some(local_rope_theta), ..c.rope },
         layers: c.layers.clone().with(c.n_layers, |layer, spec| {
             spec.kv_source = kv_shared_from.get(layer).copied().flatten();
             spec.shape = layer_shapes.get(layer).copied();
@@ -199,7 +199,11 @@ fn layer_shapes(
     k_eq_v: bool,
     wide: impl Fn(usize) -> bool,
 ) -> Result<Vec<LayerShape>, ModelError> {
-    let plain = LayerShape { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads, intermediate_size: c.intermediate_size };
+    let plain = LayerShape {
+        head_dim: c.attention.head_dim,
+        n_kv_heads: c.attention.n_kv_heads,
+        intermediate_size: c.intermediate_size,
+    };
     let mut heads: Vec<LayerShape> = (0..c.n_layers)
         .map(|l| LayerShape { intermediate_size: c.intermediate_size * if wide(l) { 2 } else { 1 }, ..plain })
         .collect();
@@ -236,7 +240,7 @@ fn layer_shapes(
         }
         _ => {
             let head_dim = hf.key("global_head_dim")?.unwrap_or(512);
-            let n_kv_heads = hf.key("num_global_key_value_heads")?.filter(|_| k_eq_v).unwrap_or(c.n_kv_heads);
+            let n_kv_heads = hf.key("num_global_key_value_heads")?.filter(|_| k_eq_v).unwrap_or(c.attention.n_kv_heads);
             for layer in (0..c.n_layers).filter(|&l| c.window(l).is_none()) {
                 heads[layer] = LayerShape { head_dim, n_kv_heads, ..heads[layer] };
             }
@@ -269,7 +273,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
     }
     for l in 0..n_layers {
         let (d, kv, i) = (c.head_dim_at(l), c.kv_heads_at(l), c.intermediate_at(l));
-        let (q, kvw) = (c.n_heads * d, kv * d);
+        let (q, kvw) = (c.attention.n_heads * d, kv * d);
         let own_kv = c.kv_source(l).is_none();
         let mut p = |suffix: &str, shape: &[usize], class| {
             out.push(ParamInfo::new(format!("model.layers.{l}.{suffix}"), shape, class, Some(l)))
@@ -333,7 +337,8 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the Gemma 4 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    let Some(gemma4) = config.extras.get::<Gemma4>().filter(|_| config.arch == ARCH && !config.qkv_bias) else {
+    let Some(gemma4) = config.extras.get::<Gemma4>().filter(|_| config.arch == ARCH && !config.attention.qkv_bias)
+    else {
         return Err(ModelError::UnsupportedArch(format!("gemma4 builder given a {:?} config", config.arch)));
     };
     use HookKind::*;
@@ -496,7 +501,7 @@ fn attention(
     let p = format!("model.layers.{layer}.self_attn");
     let q = g.linear(n, &format!("{p}.q_proj.weight"), None)?;
     g.hook(at(AttnQ), q);
-    let q = g.b.reshape(q, &[t, c.n_heads, d])?;
+    let q = g.b.reshape(q, &[t, c.attention.n_heads, d])?;
     let q = crate::layers::norm::head_norm(
         g,
         q,
@@ -533,7 +538,7 @@ fn attention(
     };
     let q = g.apply_rope(q, cos, sin)?;
     g.hook(at(AttnRotQ), q);
-    let q = g.b.reshape(q, &[t, c.n_heads * d])?;
+    let q = g.b.reshape(q, &[t, c.attention.n_heads * d])?;
     let z = g.attend(layer, q, k, v, mask)?;
     Ok((g.linear(z, &format!("{p}.o_proj.weight"), None)?, (k, v)))
 }
@@ -555,10 +560,13 @@ mod tests {
         let (local, global) = (Some(512), None);
         // Five local layers for each global one, and the last layer global.
         assert_eq!(c.layers.windows(), [local, local, local, local, local, global, global]);
-        assert_eq!((c.head_dim, c.attn_scalar, c.attn_softcap, c.tie_word_embeddings), (256, Some(1.0), None, true));
-        assert_eq!((c.rope_theta, c.local_rope_theta), (1e6, Some(1e4)));
-        assert_eq!(c.rope_scaling, Some(RopeScaling::Proportional { fraction: 0.25, factor: 1.0 }));
-        assert_eq!(c.rotary_dim, None, "proportional RoPE rotates over the whole head");
+        assert_eq!(
+            (c.attention.head_dim, c.attention.scalar, c.attention.softcap, c.tie_word_embeddings),
+            (256, Some(1.0), None, true)
+        );
+        assert_eq!((c.rope.theta, c.rope.local_theta), (1e6, Some(1e4)));
+        assert_eq!(c.rope.scaling, Some(RopeScaling::Proportional { fraction: 0.25, factor: 1.0 }));
+        assert_eq!(c.rope.rotary_dim, None, "proportional RoPE rotates over the whole head");
         // Global layers: global_head_dim 512, the same key/value heads without K == V.
         assert_eq!((c.head_dim_at(0), c.head_dim_at(5), c.kv_heads_at(5)), (256, 512, 2));
         assert_eq!(c.per_layer_input, Some(PerLayerInput { width: 256, vocab_size: 32 }));

@@ -131,7 +131,10 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the GPT-2 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || config.n_kv_heads != config.n_heads || config.rotary_dim.is_some() {
+    if config.arch != ARCH
+        || config.attention.n_kv_heads != config.attention.n_heads
+        || config.rope.rotary_dim.is_some()
+    {
         return Err(ModelError::UnsupportedArch(format!("gpt2 builder given a {:?} config", config.arch)));
     }
     if !matches!(config.activation, Activation::GeluTanh | Activation::Gelu) || !config.layers.is_empty() {

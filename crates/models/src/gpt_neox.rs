@@ -59,8 +59,8 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
 
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;
-    let (h, i, d) = (c.hidden_size, c.intermediate_size, c.head_dim);
-    let q = c.n_heads * d;
+    let (h, i, d) = (c.hidden_size, c.intermediate_size, c.attention.head_dim);
+    let q = c.attention.n_heads * d;
     let mut out = vec![ParamInfo::new("gpt_neox.embed_in.weight", &[c.vocab_size, h], Embedding, None)];
     for l in 0..n_layers {
         let p = format!("gpt_neox.layers.{l}");
@@ -82,7 +82,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
                     tensor: tensor.clone(),
                     stored,
                     transposed: false,
-                    groups: c.n_heads,
+                    groups: c.attention.n_heads,
                     start: j * d,
                     len: d,
                 };
@@ -109,7 +109,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the GPT-NeoX forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || config.n_kv_heads != config.n_heads || !config.qkv_bias {
+    if config.arch != ARCH || config.attention.n_kv_heads != config.attention.n_heads || !config.attention.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!(
             "gpt_neox builder given a {:?} config without attention biases",
             config.arch
@@ -123,7 +123,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     }
     use HookKind::*;
     let mut g = Graph::new(config, spec)?;
-    let (t, d) = (g.tokens(), config.head_dim);
+    let (t, d) = (g.tokens(), config.attention.head_dim);
     let x = g.embed("gpt_neox.embed_in.weight")?;
     g.hook(HookPoint::model(Embed), x);
     let x = g.blocks(x, |g, x, layer| {
@@ -136,10 +136,10 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let [q, k, v] = g.fused_qkv(ln1.out, layer, &format!("{p}.attention.query_key_value"))?;
         let mut rotated = Vec::with_capacity(2);
         for (y, kind) in [(q, AttnRotQ), (k, AttnRotK)] {
-            let heads = g.b.reshape(y, &[t, config.n_heads, d])?;
+            let heads = g.b.reshape(y, &[t, config.attention.n_heads, d])?;
             let r = g.apply_rope(heads, cos, sin)?;
             g.hook(at(kind), r);
-            rotated.push(g.b.reshape(r, &[t, config.n_heads * d])?);
+            rotated.push(g.b.reshape(r, &[t, config.attention.n_heads * d])?);
         }
         let z = g.attend(layer, rotated[0], rotated[1], v, mask)?;
         let attn = g.linear(z, &format!("{p}.attention.dense.weight"), Some(&format!("{p}.attention.dense.bias")))?;

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
 use crate::arch::{Arch, Family};
+use crate::config::Attention;
 use crate::config::{FamilyExtra, ParamClass, ParamInfo, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
@@ -104,12 +105,12 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
         mxfp4,
     };
     let c = hf.decoder(ARCH, &DEFAULTS)?;
-    if c.rope_scaling.is_none() {
+    if c.rope.scaling.is_none() {
         // GptOssConfig's default rope_parameters.
         return refuse("no rope_parameters (its default YaRN is not read from an absent key)");
     }
     let moe = Some(Moe { n_experts, top_k, norm_topk: false, expert_size, ..Default::default() });
-    let mut config = ModelConfig { moe, qkv_bias: true, ..c };
+    let mut config = ModelConfig { moe, attention: Attention { qkv_bias: true, ..c.attention }, ..c };
     config.extras.set(&gpt_oss);
     Ok(config)
 }
@@ -117,7 +118,8 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
 /// Every weight, in Hugging Face's names; the experts cut from transformers' fused tensors.
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;
-    let (h, q, kv) = (c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let (h, q, kv) =
+        (c.hidden_size, c.attention.n_heads * c.attention.head_dim, c.attention.n_kv_heads * c.attention.head_dim);
     let moe = c.moe.as_ref().expect("gpt_oss configs have experts");
     let (e, i) = (moe.n_experts, moe.expert_size);
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
@@ -134,7 +136,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
         p("self_attn.v_proj.bias", &[kv], VBias);
         p("self_attn.o_proj.weight", &[h, q], AttnO);
         p("self_attn.o_proj.bias", &[h], OBias);
-        p("self_attn.sinks", &[c.n_heads], AttnSinks);
+        p("self_attn.sinks", &[c.attention.n_heads], AttnSinks);
         p("post_attention_layernorm.weight", &[h], Norm);
         p("mlp.router.weight", &[e, h], Router);
         p("mlp.router.bias", &[e], Router);
@@ -194,13 +196,13 @@ fn attention(g: &mut Graph<'_>, n: Value, layer: usize) -> Result<Value, ModelEr
     }
     let (cos, sin) = g.layer_rope(layer)?;
     let mask = g.layer_mask(layer)?;
-    let q = g.b.reshape(qkv[0], &[t, c.n_heads, c.head_dim])?;
-    let k = g.b.reshape(qkv[1], &[t, c.n_kv_heads, c.head_dim])?;
+    let q = g.b.reshape(qkv[0], &[t, c.attention.n_heads, c.attention.head_dim])?;
+    let k = g.b.reshape(qkv[1], &[t, c.attention.n_kv_heads, c.attention.head_dim])?;
     let (q, k) = (g.apply_rope(q, cos, sin)?, g.apply_rope(k, cos, sin)?);
     g.hook(at(AttnRotQ), q);
     g.hook(at(AttnRotK), k);
-    let q = g.b.reshape(q, &[t, c.n_heads * c.head_dim])?;
-    let k = g.b.reshape(k, &[t, c.n_kv_heads * c.head_dim])?;
+    let q = g.b.reshape(q, &[t, c.attention.n_heads * c.attention.head_dim])?;
+    let k = g.b.reshape(k, &[t, c.attention.n_kv_heads * c.attention.head_dim])?;
     let sinks = g.w(&p("sinks"))?;
     let z = g.attend_with_sinks(layer, q, k, qkv[2], mask, Some(sinks))?;
     g.linear(z, &p("o_proj.weight"), Some(&p("o_proj.bias")))
@@ -264,12 +266,12 @@ mod tests {
     fn reads_gpt_oss_as_gptossconfig_does() {
         let c = parse("").unwrap();
         assert_eq!(c.layers.windows(), vec![Some(128), None, Some(128), None]);
-        assert_eq!((c.head_dim, c.rms_norm_eps, c.rope_theta), (64, 1e-5, 150_000.0));
-        assert!(c.qkv_bias && !c.tie_word_embeddings);
+        assert_eq!((c.attention.head_dim, c.rms_norm_eps, c.rope.theta), (64, 1e-5, 150_000.0));
+        assert!(c.attention.qkv_bias && !c.tie_word_embeddings);
         let gpt_oss = c.extras.get::<super::GptOss>().unwrap();
         assert_eq!((gpt_oss.swiglu_alpha, gpt_oss.swiglu_limit), (1.702, 7.0));
-        let Some(RopeScaling::Yarn { factor, truncate, attention_factor, .. }) = c.rope_scaling else {
-            panic!("{:?}", c.rope_scaling)
+        let Some(RopeScaling::Yarn { factor, truncate, attention_factor, .. }) = c.rope.scaling else {
+            panic!("{:?}", c.rope.scaling)
         };
         assert_eq!((factor, truncate), (32.0, false));
         assert!((attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);

@@ -67,7 +67,7 @@ impl LoadedModel {
             Some(_) => Some(TextTokenizer::from_gguf(&file)?),
         };
         let n_experts = config.moe.as_ref().map_or(0, |m| m.n_experts);
-        let weights = Weights::from_gguf(file, config.n_heads, config.n_kv_heads, n_experts)?;
+        let weights = Weights::from_gguf(file, config.attention.n_heads, config.attention.n_kv_heads, n_experts)?;
         Ok(LoadedModel { path: path.to_path_buf(), config, weights, tokenizer })
     }
 

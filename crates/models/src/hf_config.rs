@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::ModelError;
 use crate::arch::Arch;
-use crate::config::{Activation, Layers, ModelConfig, RopeScaling};
+use crate::config::{Activation, Attention, Layers, ModelConfig, Rope, RopeScaling};
 
 /// `config.json` as Hugging Face writes it; every field optional so that a missing one gets
 /// a clear error or the architecture's default in [`HfConfig::into_config`]. Keys several
@@ -225,18 +225,24 @@ impl HfConfig {
             hidden_size,
             intermediate_size: need(self.intermediate_size, "intermediate_size")?,
             n_layers,
-            n_heads,
-            n_kv_heads,
-            head_dim,
             rms_norm_eps: self.rms_norm_eps.unwrap_or(defaults.norm_eps),
-            rope_theta: rope_theta.unwrap_or(defaults.rope_theta),
-            rope_scaling,
+            attention: Attention {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                qkv_bias: self.attention_bias.unwrap_or(defaults.attention_bias),
+                ..Attention::default()
+            },
+            rope: Rope {
+                theta: rope_theta.unwrap_or(defaults.rope_theta),
+                scaling: rope_scaling,
+                rotary_dim,
+                ..Rope::default()
+            },
             max_position_embeddings,
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(defaults.tie_word_embeddings),
-            qkv_bias: self.attention_bias.unwrap_or(defaults.attention_bias),
             activation,
             layers: Layers::default().with(windows.len(), |layer, spec| spec.window = windows[layer]),
-            rotary_dim,
             ..ModelConfig::default()
         })
     }
@@ -503,8 +509,8 @@ mod tests {
     fn qwen_defaults_and_param_count() {
         let c = HfConfig::from_json(QWEN25_05B).unwrap().into_config().unwrap();
         assert_eq!(c.arch, crate::qwen2::ARCH);
-        assert_eq!(c.head_dim, 64);
-        assert!(c.qkv_bias && c.tie_word_embeddings);
+        assert_eq!(c.attention.head_dim, 64);
+        assert!(c.attention.qkv_bias && c.tie_word_embeddings);
         // Qwen2.5-0.5B has 494,032,768 parameters.
         assert_eq!(c.n_params(), 494_032_768);
     }
@@ -523,8 +529,8 @@ mod tests {
           "num_key_value_heads": 8, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
           "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#;
         let c = HfConfig::from_json(text).unwrap().into_config().unwrap();
-        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 32.0));
-        assert!(!c.qkv_bias);
+        assert!(matches!(c.rope.scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 32.0));
+        assert!(!c.attention.qkv_bias);
     }
 
     #[test]
@@ -534,11 +540,11 @@ mod tests {
           "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 500.0}}"#;
         let c = HfConfig::from_json(text).unwrap().into_config().unwrap();
-        assert_eq!(c.rope_theta, 500.0);
-        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { original_max_position_embeddings: 16, .. })));
+        assert_eq!(c.rope.theta, 500.0);
+        assert!(matches!(c.rope.scaling, Some(RopeScaling::Llama3 { original_max_position_embeddings: 16, .. })));
         let text = text.replace("llama3", "default");
         let c = HfConfig::from_json(&text).unwrap().into_config().unwrap();
-        assert_eq!((c.rope_theta, c.rope_scaling), (500.0, None));
+        assert_eq!((c.rope.theta, c.rope.scaling), (500.0, None));
     }
 
     #[test]
@@ -584,11 +590,11 @@ mod tests {
         // GPT-2's own key names; n_inner null is 4 × n_embd; GELU-new; tied.
         let c = parse(r#"{"model_type": "gpt2", "vocab_size": 50, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32, "n_inner": null}"#).unwrap();
         assert_eq!(
-            (c.arch, c.hidden_size, c.intermediate_size, c.head_dim, c.max_position_embeddings),
+            (c.arch, c.hidden_size, c.intermediate_size, c.attention.head_dim, c.max_position_embeddings),
             (crate::gpt2::ARCH, 64, 256, 16, 32)
         );
         assert_eq!(
-            (c.activation, c.rms_norm_eps, c.tie_word_embeddings, c.qkv_bias),
+            (c.activation, c.rms_norm_eps, c.tie_word_embeddings, c.attention.qkv_bias),
             (Activation::GeluTanh, 1e-5, true, true)
         );
         let err = parse(r#"{"model_type": "gpt2", "vocab_size": 50, "n_embd": 64, "n_layer": 2, "n_head": 4, "scale_attn_by_inverse_layer_idx": true}"#).unwrap_err();
@@ -598,7 +604,7 @@ mod tests {
             "num_hidden_layers": 2, "num_attention_heads": 4, "rotary_pct": 0.25, "rotary_emb_base": 10000, "hidden_act": "gelu""#;
         let c = parse(&format!("{pythia}}}")).unwrap();
         assert_eq!(
-            (c.rotary_dim, c.activation, c.tie_word_embeddings, c.qkv_bias),
+            (c.rope.rotary_dim, c.activation, c.tie_word_embeddings, c.attention.qkv_bias),
             (Some(4), Activation::Gelu, false, true)
         );
         let err = parse(&format!("{pythia}, \"use_parallel_residual\": false}}")).unwrap_err();
@@ -612,9 +618,9 @@ mod tests {
         )
         .unwrap();
         let Some(RopeScaling::LongRope { attention_factor, original_max_position_embeddings: 4096, .. }) =
-            c.rope_scaling
+            c.rope.scaling
         else {
-            panic!("{:?}", c.rope_scaling)
+            panic!("{:?}", c.rope.scaling)
         };
         assert!((attention_factor - (1.0 + 32f64.ln() / 4096f64.ln()).sqrt()).abs() < 1e-12);
         // Mixtures: Qwen3-MoE's dense layers are refused by name; Mixtral always renormalises.
@@ -639,7 +645,7 @@ mod tests {
             "num_hidden_layers": 2, "num_attention_heads": 4}, "vision_config": {}}"#,
         )
         .unwrap();
-        assert_eq!((c.arch, c.qk_norm), (crate::gemma3::ARCH, true));
+        assert_eq!((c.arch, c.attention.qk_norm), (crate::gemma3::ARCH, true));
     }
 
     #[test]

@@ -59,7 +59,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.arch != ARCH {
         return Err(ModelError::UnsupportedArch(format!("llama builder given a {:?} config", config.arch)));
     }
-    if config.qkv_bias {
+    if config.attention.qkv_bias {
         // HF's Llama attention_bias also puts a bias on o_proj, which the parameter
         // inventory does not list; refuse rather than silently drop it.
         return Err(ModelError::UnsupportedArch("llama with attention_bias = true".into()));

@@ -37,7 +37,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     if config.arch != ARCH {
         return Err(ModelError::UnsupportedArch(format!("mistral builder given a {:?} config", config.arch)));
     }
-    if config.qkv_bias {
+    if config.attention.qkv_bias {
         return Err(ModelError::UnsupportedArch("mistral with attention_bias = true".into()));
     }
     self_attention_decoder(config, spec)

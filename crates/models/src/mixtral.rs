@@ -63,7 +63,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the Mixtral forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || config.moe.is_none() || config.qkv_bias || config.qk_norm {
+    if config.arch != ARCH || config.moe.is_none() || config.attention.qkv_bias || config.attention.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("mixtral builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)

@@ -20,6 +20,7 @@
 //! (`[n_heads * head_dim]`, one scale per token), and there are no `ln1` / `ln2` hooks.
 
 use crate::arch::{Arch, Family};
+use crate::config::Attention;
 use crate::config::{ParamClass, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::Defaults;
@@ -54,14 +55,18 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
         return Err(ModelError::UnsupportedArch("olmo2 with attention_bias = true".into()));
     }
     let c = hf.decoder(ARCH, &Defaults { norm_eps: 1e-5, ..Defaults::LLAMA })?;
-    Ok(ModelConfig { qk_norm: true, qk_norm_whole: true, ..c })
+    Ok(ModelConfig { attention: Attention { qk_norm: true, qk_norm_whole: true, ..c.attention }, ..c })
 }
 
 /// The post-norm decoder's weights (OLMo 3's too).
 pub(crate) fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;
     let h = c.hidden_size;
-    let (q, kv, i) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.intermediate_size);
+    let (q, kv, i) = (
+        c.attention.n_heads * c.attention.head_dim,
+        c.attention.n_kv_heads * c.attention.head_dim,
+        c.intermediate_size,
+    );
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
     for l in 0..n_layers {
         let mut p = |suffix: &str, shape: &[usize], class| {
@@ -96,7 +101,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 
 /// The post-norm decoder, shared with OLMo 3 (whose windows the config carries).
 pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.qkv_bias || !config.qk_norm_whole {
+    if config.attention.qkv_bias || !config.attention.qk_norm_whole {
         return Err(ModelError::UnsupportedArch(format!(
             "{} without whole-projection q/k norms or with biases",
             config.arch

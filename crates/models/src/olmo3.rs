@@ -7,6 +7,7 @@
 //! Hooks: OLMo 2's (TransformerLens's OLMo 3 adapter is OLMo 2's).
 
 use crate::arch::{Arch, Family};
+use crate::config::{Attention, Rope};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::Defaults;
 use crate::{HfConfig, ModelConfig, ModelError};
@@ -38,7 +39,11 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let local = hf.rope_theta.unwrap_or(DEFAULTS.rope_theta);
     let local_rope_theta = hf.rope_by_layer_type(ARCH, local)?;
     let c = hf.decoder(ARCH, &DEFAULTS)?;
-    Ok(ModelConfig { qk_norm: true, qk_norm_whole: true, local_rope_theta: Some(local_rope_theta), ..c })
+    Ok(ModelConfig {
+        attention: Attention { qk_norm: true, qk_norm_whole: true, ..c.attention },
+        rope: Rope { local_theta: Some(local_rope_theta), ..c.rope },
+        ..c
+    })
 }
 
 /// The windows `layer_types` gives, by default `sliding_attention` on all but every fourth
@@ -76,15 +81,15 @@ mod tests {
     fn defaults_follow_olmo3config() {
         let c = parse("").unwrap();
         assert_eq!(c.layers.windows(), vec![Some(4096), Some(4096), Some(4096), None]);
-        assert_eq!((c.rope_theta, c.local_rope_theta, c.rms_norm_eps), (500_000.0, Some(500_000.0), 1e-5));
-        assert!(c.qk_norm && c.qk_norm_whole && !c.tie_word_embeddings);
+        assert_eq!((c.rope.theta, c.rope.local_theta, c.rms_norm_eps), (500_000.0, Some(500_000.0), 1e-5));
+        assert!(c.attention.qk_norm && c.attention.qk_norm_whole && !c.tie_word_embeddings);
         // Old-style keys: rope_theta on both kinds of layer, rope_scaling on the full ones only.
         let c = parse(
             r#", "rope_theta": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 8"#,
         )
         .unwrap();
-        assert_eq!((c.rope_theta, c.local_rope_theta), (1e4, Some(1e4)));
-        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
+        assert_eq!((c.rope.theta, c.rope.local_theta), (1e4, Some(1e4)));
+        assert_eq!(c.rope.scaling, Some(RopeScaling::Linear { factor: 2.0 }));
         assert_eq!(c.layers.windows()[0], Some(8));
     }
 

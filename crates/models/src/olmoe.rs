@@ -12,6 +12,7 @@
 //! `hook_mlp_out` is the mixture's output.
 
 use crate::arch::{Arch, Family};
+use crate::config::Attention;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need};
@@ -47,16 +48,16 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let norm_topk = hf.norm_topk_prob.unwrap_or(false);
     let c = hf.decoder(ARCH, &Defaults { norm_eps: 1e-5, ..Defaults::LLAMA })?;
     // HF sizes k_norm by `hidden_size / num_attention_heads` per KV head.
-    if c.head_dim * c.n_heads != c.hidden_size {
-        return refuse(&format!("head_dim {} != hidden_size / num_attention_heads", c.head_dim));
+    if c.attention.head_dim * c.attention.n_heads != c.hidden_size {
+        return refuse(&format!("head_dim {} != hidden_size / num_attention_heads", c.attention.head_dim));
     }
     let moe = Some(Moe { n_experts, top_k, norm_topk, expert_size, ..Default::default() });
-    Ok(ModelConfig { qk_norm: true, qk_norm_whole: true, moe, ..c })
+    Ok(ModelConfig { attention: Attention { qk_norm: true, qk_norm_whole: true, ..c.attention }, moe, ..c })
 }
 
 /// Builds the OLMoE forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || config.moe.is_none() || !config.qk_norm_whole || config.qkv_bias {
+    if config.arch != ARCH || config.moe.is_none() || !config.attention.qk_norm_whole || config.attention.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!("olmoe builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)
@@ -77,8 +78,8 @@ mod tests {
             c.moe,
             Some(Moe { n_experts: 8, top_k: 2, norm_topk: false, expert_size: 32, ..Default::default() })
         );
-        assert!(c.qk_norm && c.qk_norm_whole);
-        assert_eq!((c.rms_norm_eps, c.head_dim, c.tie_word_embeddings), (1e-5, 16, false));
+        assert!(c.attention.qk_norm && c.attention.qk_norm_whole);
+        assert_eq!((c.rms_norm_eps, c.attention.head_dim, c.tie_word_embeddings), (1e-5, 16, false));
         let params = c.arch.family().params;
         let names: Vec<(String, Vec<usize>)> = params(&c, 1, false).into_iter().map(|p| (p.name, p.shape)).collect();
         assert!(names.contains(&("model.layers.0.self_attn.q_norm.weight".into(), vec![64])));

@@ -44,7 +44,11 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
 fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;
     let h = c.hidden_size;
-    let (q, kv, i) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.intermediate_size);
+    let (q, kv, i) = (
+        c.attention.n_heads * c.attention.head_dim,
+        c.attention.n_kv_heads * c.attention.head_dim,
+        c.intermediate_size,
+    );
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
     for l in 0..n_layers {
         let p = format!("model.layers.{l}");
@@ -79,7 +83,7 @@ fn params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo
 
 /// Builds the Phi-3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || config.qkv_bias || config.qk_norm {
+    if config.arch != ARCH || config.attention.qkv_bias || config.attention.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("phi3 builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)

@@ -10,6 +10,7 @@
 //! are the norms' parts, and `attn.hook_rot_q` / `hook_rot_k` RoPE of the normed heads.
 
 use crate::arch::{Arch, Family};
+use crate::config::Attention;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
@@ -42,18 +43,19 @@ pub(crate) static FAMILY: Family = Family {
 pub(crate) const DEFAULTS: Defaults = Defaults { head_dim: Some(128), windows: qwen_windows, ..Defaults::LLAMA };
 
 fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
-    Ok(ModelConfig { qk_norm: true, ..hf.decoder(ARCH, &DEFAULTS)? })
+    let c = hf.decoder(ARCH, &DEFAULTS)?;
+    Ok(ModelConfig { attention: Attention { qk_norm: true, ..c.attention }, ..c })
 }
 
 /// Builds the Qwen3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || !config.qk_norm {
+    if config.arch != ARCH || !config.attention.qk_norm {
         return Err(ModelError::UnsupportedArch(format!(
             "qwen3 builder given a {:?} config without q/k norms",
             config.arch
         )));
     }
-    if config.qkv_bias {
+    if config.attention.qkv_bias {
         // HF's attention_bias also puts a bias on o_proj, which the inventory does not list.
         return Err(ModelError::UnsupportedArch("qwen3 with attention_bias = true".into()));
     }

@@ -81,7 +81,7 @@ mod tests {
         let mm = format!(r#"{{"model_type": "qwen3_5", "text_config": {text}, "vision_config": {{}}}}"#);
         let mm = HfConfig::from_json(&mm).unwrap().into_config().unwrap();
         assert_eq!(dense, mm);
-        assert_eq!((dense.rotary_dim, dense.rope_theta, dense.moe.is_none()), (Some(2), 1e7, true));
+        assert_eq!((dense.rope.rotary_dim, dense.rope.theta, dense.moe.is_none()), (Some(2), 1e7, true));
         assert!(!dense.linear_attention.as_ref().unwrap().fused);
         let moe = text.replacen(
             '{',

@@ -10,6 +10,7 @@
 //! `hook_mlp_out` its output (the routed experts' weighted sum).
 
 use crate::arch::{Arch, Family};
+use crate::config::Attention;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::forward::{decoder_params, self_attention_decoder};
 use crate::hf_config::need;
@@ -48,7 +49,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let norm_topk = hf.norm_topk_prob.unwrap_or(false);
     let c = hf.decoder(ARCH, &crate::qwen3::DEFAULTS)?;
     Ok(ModelConfig {
-        qk_norm: true,
+        attention: Attention { qk_norm: true, ..c.attention },
         moe: Some(Moe { n_experts, top_k, norm_topk, expert_size, ..Default::default() }),
         ..c
     })
@@ -56,7 +57,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
 
 /// Builds the Qwen3-MoE forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || config.moe.is_none() || !config.qk_norm || config.qkv_bias {
+    if config.arch != ARCH || config.moe.is_none() || !config.attention.qk_norm || config.attention.qkv_bias {
         return Err(ModelError::UnsupportedArch(format!("qwen3_moe builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)

@@ -31,6 +31,7 @@
 use siphon_hlo::Value;
 
 use crate::arch::{Arch, Family};
+use crate::config::Attention;
 use crate::config::{ParamClass, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::gated_deltanet::{self, LinearAttention};
@@ -111,14 +112,19 @@ pub(crate) fn hybrid(mut hf: HfConfig, arch: Arch, fused: bool, moe: Option<Moe>
     }
     let c = hf.decoder(arch, &DEFAULTS)?;
     let linear_attention = Some(LinearAttention::from_hf(&hf, c.n_layers, fused)?);
-    Ok(ModelConfig { qk_norm: true, attn_output_gate: true, linear_attention, moe, ..c })
+    Ok(ModelConfig {
+        attention: Attention { qk_norm: true, output_gate: true, ..c.attention },
+        linear_attention,
+        moe,
+        ..c
+    })
 }
 
 /// Every weight of the hybrid decoder, in Hugging Face's names.
 pub(crate) fn hybrid_params(c: &ModelConfig, n_layers: usize, with_lm_head: bool) -> Vec<ParamInfo> {
     use ParamClass::*;
-    let (h, d) = (c.hidden_size, c.head_dim);
-    let (q, kv, i) = (c.n_heads * d, c.n_kv_heads * d, c.intermediate_size);
+    let (h, d) = (c.hidden_size, c.attention.head_dim);
+    let (q, kv, i) = (c.attention.n_heads * d, c.attention.n_kv_heads * d, c.intermediate_size);
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
     for l in 0..n_layers {
         let p = |out: &mut Vec<ParamInfo>, suffix: &str, shape: &[usize], class| {
@@ -163,7 +169,11 @@ pub(crate) fn hybrid_params(c: &ModelConfig, n_layers: usize, with_lm_head: bool
 
 /// Builds the hybrid decoder's forward for `spec` (Qwen3-Next, Qwen3.5, Qwen3.5-MoE).
 pub(crate) fn build_hybrid(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.linear_attention.is_none() || !config.attn_output_gate || !config.qk_norm || config.qkv_bias {
+    if config.linear_attention.is_none()
+        || !config.attention.output_gate
+        || !config.attention.qk_norm
+        || config.attention.qkv_bias
+    {
         return Err(ModelError::UnsupportedArch(format!("the hybrid builder given a {} config", config.arch)));
     }
     let mixer = |g: &mut Graph<'_>, n: Value, layer: usize, (): ()| {
@@ -188,7 +198,7 @@ fn gated_attention(g: &mut Graph<'_>, n: Value, layer: usize) -> Result<Value, M
     use HookKind::*;
     let at = |kind| HookPoint::block(layer, kind);
     let c = g.config;
-    let (t, heads, d, kv) = (g.tokens(), c.n_heads, c.head_dim, c.n_kv_heads);
+    let (t, heads, d, kv) = (g.tokens(), c.attention.n_heads, c.attention.head_dim, c.attention.n_kv_heads);
     let p = |name: &str| format!("model.layers.{layer}.self_attn.{name}");
     let both = g.linear(n, &p("q_proj.weight"), None)?;
     let k = g.linear(n, &p("k_proj.weight"), None)?;
@@ -258,13 +268,13 @@ mod tests {
         let c = parse("").unwrap();
         let la = c.linear_attention.as_ref().unwrap();
         assert_eq!(la.layers, [true, true, true, false, true, true, true, false]);
-        assert!(la.fused && c.attn_output_gate && c.qk_norm);
-        assert_eq!((c.head_dim, c.rotary_dim, la.conv_kernel), (256, Some(64), 4));
+        assert!(la.fused && c.attention.output_gate && c.attention.qk_norm);
+        assert_eq!((c.attention.head_dim, c.rope.rotary_dim, la.conv_kernel), (256, Some(64), 4));
         let moe = c.moe.as_ref().unwrap();
         assert_eq!((moe.shared_expert, moe.norm_topk), (Some(12), true));
         let c = parse(r#", "full_attention_interval": 2, "partial_rotary_factor": 0.5, "head_dim": 16"#).unwrap();
         assert_eq!(c.linear_attention.unwrap().layers, [true, false, true, false, true, false, true, false]);
-        assert_eq!(c.rotary_dim, Some(8));
+        assert_eq!(c.rope.rotary_dim, Some(8));
         let err = parse(r#", "mlp_only_layers": [0]"#).unwrap_err().to_string();
         assert!(err.contains("qwen3_next with dense MLP layers"), "{err}");
         let err = parse(

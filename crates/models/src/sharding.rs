@@ -135,8 +135,8 @@ pub fn megatron_specs(config: &ModelConfig, mesh: &Mesh) -> (HashMap<String, Par
             continue;
         }
         let count = |unit: Unit, dim: usize| match unit {
-            Unit::QHeads => config.n_heads,
-            Unit::KvHeads => p.layer.map_or(config.n_kv_heads, |l| config.kv_heads_at(l)),
+            Unit::QHeads => config.attention.n_heads,
+            Unit::KvHeads => p.layer.map_or(config.attention.n_kv_heads, |l| config.kv_heads_at(l)),
             Unit::LinearKeyHeads => linear.0,
             Unit::LinearValueHeads => linear.1,
             Unit::Experts => config.moe.as_ref().map_or(0, |m| m.n_experts),

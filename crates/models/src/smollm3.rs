@@ -85,7 +85,7 @@ fn windows(hf: &HfConfig, n_layers: usize, _: Arch) -> Result<Vec<Option<usize>>
 
 /// Builds the SmolLM3 forward for `spec`.
 fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
-    if config.arch != ARCH || config.qkv_bias || config.qk_norm {
+    if config.arch != ARCH || config.attention.qkv_bias || config.attention.qk_norm {
         return Err(ModelError::UnsupportedArch(format!("smollm3 builder given a {:?} config", config.arch)));
     }
     self_attention_decoder(config, spec)

@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use siphon_hlo::DType;
 use siphon_mesh::Mesh;
+use siphon_models::config::{Attention, Rope};
 use siphon_models::{Arch, ForwardProgram, ForwardSpec, HookKind, HookPoint, ModelConfig, RopeScaling, build_forward};
 use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin};
 
@@ -34,14 +35,11 @@ fn config(name: &str, n_heads: usize, n_kv_heads: usize) -> ModelConfig {
         hidden_size: 32,
         intermediate_size: 48,
         n_layers: 3,
-        n_heads,
-        n_kv_heads,
-        head_dim: 8,
         rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
         max_position_embeddings: 64,
         tie_word_embeddings: name == "qwen2",
-        qkv_bias: name == "qwen2",
+        attention: Attention { n_heads, n_kv_heads, head_dim: 8, qkv_bias: name == "qwen2", ..Default::default() },
+        rope: Rope { theta: 10000.0, ..Default::default() },
         ..ModelConfig::default()
     }
 }
@@ -140,12 +138,14 @@ fn rms_norm(x: &[f64], w: &[f32], eps: f64, h: usize) -> Vec<f64> {
 }
 
 fn inv_freq(c: &ModelConfig) -> Vec<f64> {
-    let factor = match c.rope_scaling {
+    let factor = match c.rope.scaling {
         Some(RopeScaling::Linear { factor }) => factor,
         None => 1.0,
         _ => panic!("the reference knows linear scaling only"),
     };
-    (0..c.head_dim / 2).map(|i| c.rope_theta.powf(-((2 * i) as f64) / c.head_dim as f64) / factor).collect()
+    (0..c.attention.head_dim / 2)
+        .map(|i| c.rope.theta.powf(-((2 * i) as f64) / c.attention.head_dim as f64) / factor)
+        .collect()
 }
 
 /// Rotates each head of `x [t, heads*d]` in place (rotate-half).
@@ -173,7 +173,8 @@ fn reference(
     mask: &[i32],
     pos: &[i32],
 ) -> HashMap<HookPoint, Vec<f64>> {
-    let (h, d, nh, nkv, inter) = (c.hidden_size, c.head_dim, c.n_heads, c.n_kv_heads, c.intermediate_size);
+    let (h, d, nh, nkv, inter) =
+        (c.hidden_size, c.attention.head_dim, c.attention.n_heads, c.attention.n_kv_heads, c.intermediate_size);
     let t = bsz * s;
     let freqs = inv_freq(c);
     let emb = &w["model.embed_tokens.weight"];
@@ -182,7 +183,7 @@ fn reference(
     let mut hooks = HashMap::new();
     for l in 0..c.n_layers {
         let p = |n: &str| format!("model.layers.{l}.{n}");
-        let bias = |n: &str| c.qkv_bias.then(|| w[&p(n)].as_slice());
+        let bias = |n: &str| c.attention.qkv_bias.then(|| w[&p(n)].as_slice());
         hooks.insert(HookPoint::block(l, HookKind::ResidPre), x.clone());
         let n = rms_norm(&x, &w[&p("input_layernorm.weight")], c.rms_norm_eps, h);
         let mut q = linear(&n, &w[&p("self_attn.q_proj.weight")], bias("self_attn.q_proj.bias"), t, h, nh * d);
@@ -327,7 +328,7 @@ fn qwen2_matches_reference_at_every_hook_with_padding() {
 #[test]
 fn llama_matches_reference_at_every_hook_with_padding() {
     let mut c = config("llama", 4, 1);
-    c.rope_scaling = Some(RopeScaling::Linear { factor: 2.0 });
+    c.rope.scaling = Some(RopeScaling::Linear { factor: 2.0 });
     check_against_reference(&c);
 }
 

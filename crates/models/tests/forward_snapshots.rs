@@ -2,6 +2,7 @@
 //! graph shows up as a reviewable text diff. Run with `UPDATE_EXPECT=1` to accept changes.
 
 use siphon_mesh::Mesh;
+use siphon_models::config::{Attention, Rope};
 use siphon_models::{Arch, ForwardSpec, HookKind, HookPoint, ModelConfig, build_forward};
 
 fn expect_snapshot(name: &str, actual: &str) {
@@ -23,14 +24,17 @@ fn tiny(name: &str) -> ModelConfig {
         hidden_size: 8,
         intermediate_size: 12,
         n_layers: 2,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 2,
         rms_norm_eps: 1e-6,
-        rope_theta: 10000.0,
         max_position_embeddings: 32,
         tie_word_embeddings: true,
-        qkv_bias: name == "qwen2",
+        attention: Attention {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 2,
+            qkv_bias: name == "qwen2",
+            ..Default::default()
+        },
+        rope: Rope { theta: 10000.0, ..Default::default() },
         ..ModelConfig::default()
     }
 }

@@ -24,7 +24,7 @@ fn tiny_llama_dir_loads() {
     let m = LoadedModel::open(&fixture("tiny-llama")).unwrap();
     assert_eq!(m.config.arch.name(), "llama");
     assert!(m.config.tie_word_embeddings);
-    assert!(m.config.rope_scaling.is_some(), "Llama-3 rope scaling from rope_parameters");
+    assert!(m.config.rope.scaling.is_some(), "Llama-3 rope scaling from rope_parameters");
     m.check_weights(m.config.n_layers).unwrap();
     let t = m.weights.get("model.embed_tokens.weight", DType::F32).unwrap();
     assert!(matches!(t.data, std::borrow::Cow::Borrowed(_)), "f32 → f32 is a view of the map");
@@ -38,7 +38,7 @@ fn tiny_llama_dir_loads() {
 fn tiny_qwen2_sharded_index_loads() {
     let m = LoadedModel::open(&fixture("tiny-qwen2")).unwrap();
     assert_eq!(m.config.arch.name(), "qwen2");
-    assert!(!m.config.tie_word_embeddings && m.config.qkv_bias);
+    assert!(!m.config.tie_word_embeddings && m.config.attention.qkv_bias);
     m.check_weights(m.config.n_layers).unwrap();
     // Tensors come from both shards.
     assert!(m.weights.names().contains("lm_head.weight"));
@@ -127,8 +127,11 @@ fn smollm2_gguf_config_and_tokenizer_match_hf() {
     let Some(path) = smollm2_gguf() else { return };
     let m = LoadedModel::open(&path).unwrap();
     let c = &m.config;
-    assert_eq!((c.n_layers, c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim), (30, 576, 9, 3, 64));
-    assert_eq!((c.vocab_size, c.intermediate_size, c.rope_theta), (49152, 1536, 100000.0));
+    assert_eq!(
+        (c.n_layers, c.hidden_size, c.attention.n_heads, c.attention.n_kv_heads, c.attention.head_dim),
+        (30, 576, 9, 3, 64)
+    );
+    assert_eq!((c.vocab_size, c.intermediate_size, c.rope.theta), (49152, 1536, 100000.0));
     assert!(c.tie_word_embeddings);
     m.check_weights(c.n_layers).unwrap();
     let tok = m.tokenizer.as_ref().expect("GGUF has a tokenizer");

@@ -223,7 +223,7 @@ pub fn activation_memory(
     let h = config.hidden_size as u64;
     // The widest layer's projections (Gemma 4's global layers are wider).
     let widest = |f: &dyn Fn(usize) -> usize| (0..config.n_layers).map(f).max().unwrap_or(0) as u64;
-    let q = widest(&|l| config.n_heads * config.head_dim_at(l));
+    let q = widest(&|l| config.attention.n_heads * config.head_dim_at(l));
     let kv = widest(&|l| config.kv_heads_at(l) * config.head_dim_at(l));
     let dense = siphon_models::hook_kinds(config).contains(&siphon_models::HookKind::MlpPost);
     let i = if dense { widest(&|l| config.intermediate_at(l)) } else { 0 };
@@ -244,7 +244,7 @@ pub fn activation_memory(
     let input_bytes = 2 * 4 * b * s;
     let width: u64 = hooks.iter().map(|hook| hook.dims(config, seq).iter().product::<usize>() as u64).sum();
     let hook_bytes = b * s * width * a;
-    let attention = a * b * s * (q + 2 * kv) / model + 2 * 4 * b * (config.n_heads as u64 / model) * s * s;
+    let attention = a * b * s * (q + 2 * kv) / model + 2 * 4 * b * (config.attention.n_heads as u64 / model) * s * s;
     let linear = config.linear_attention.as_ref().map_or(0, |la| {
         let (kd, vd) = (la.key_dim() as u64, la.value_dim() as u64);
         let (dk, dv, nv) = (la.key_head_dim as u64, la.value_head_dim as u64, la.n_value_heads as u64);

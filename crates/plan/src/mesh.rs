@@ -269,13 +269,15 @@ impl MeshShape {
             return Some(format!("data×fsdp×model = {self} holds {} devices but there are {n}", self.num_devices()));
         }
         let kv_heads = config.kv_head_counts();
-        if !config.n_heads.is_multiple_of(self.model) || kv_heads.iter().any(|kv| !kv.is_multiple_of(self.model)) {
+        if !config.attention.n_heads.is_multiple_of(self.model)
+            || kv_heads.iter().any(|kv| !kv.is_multiple_of(self.model))
+        {
             let kv: Vec<String> = kv_heads.iter().map(usize::to_string).collect();
             return Some(format!(
                 "model={} does not divide num_attention_heads {} and num_key_value_heads {} \
                  (the model axis splits whole heads)",
                 self.model,
-                config.n_heads,
+                config.attention.n_heads,
                 kv.join(" and ")
             ));
         }
@@ -323,7 +325,7 @@ pub fn best_model(config: &ModelConfig, topology: &Topology, group: usize) -> us
         .into_iter()
         .rev()
         .find(|&m| {
-            config.n_heads.is_multiple_of(m)
+            config.attention.n_heads.is_multiple_of(m)
                 && config.kv_head_counts().iter().all(|kv| kv.is_multiple_of(m))
                 && topology.devices_per_host().is_multiple_of(m)
         })

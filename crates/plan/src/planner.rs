@@ -217,7 +217,7 @@ pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) ->
         plan.notes.push(format!(
             "{} heads and {} KV heads allow model={} (whole heads); the rest of each weight-sharding \
              group (×{}) shards on fsdp",
-            config.n_heads, config.n_kv_heads, shape.model, shape.fsdp
+            config.attention.n_heads, config.attention.n_kv_heads, shape.model, shape.fsdp
         ));
     }
     if plan.fits() == Some(false) {

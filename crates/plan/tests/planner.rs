@@ -63,7 +63,7 @@ fn every_param_spec_is_valid_on_the_mesh_and_covers_every_tensor() {
             }
             // q/k/v split whole heads on model: the out dim of k is a multiple of head_dim per device.
             let k = plan.classes.iter().find(|c| c.class == ParamClass::AttnK).unwrap();
-            assert_eq!(k.shard_shape[0] % config.head_dim, 0, "{name} {kind}");
+            assert_eq!(k.shard_shape[0] % config.attention.head_dim, 0, "{name} {kind}");
         }
     }
 }

@@ -72,7 +72,10 @@ fn program_hashes() -> BTreeMap<String, String> {
         // The config as run.json holds it: a resumed run compares it with the stored one, so a
         // reshaped ModelConfig must serialize the same.
         // Keys sorted (as run.json is compared: by value, not by text).
-        let json = serde_json::to_value(&config).unwrap().to_string();
+        let value = serde_json::to_value(&config).unwrap();
+        let read: ModelConfig = serde_json::from_value(value.clone()).unwrap();
+        assert_eq!(read, config, "{name}: the config does not read back as it was written");
+        let json = value.to_string();
         out.insert(format!("{name} run.json config"), sha256(&json));
         for (set, hooks) in hook_sets(&config) {
             for dtype in [DType::F32, DType::Bf16] {

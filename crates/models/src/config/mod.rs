@@ -5,46 +5,24 @@
 //! weight tensor the forward needs, by its Hugging Face name, with its shape and
 //! [`ParamClass`]; the planner shards by class and the loaders fill tensors by name.
 
+mod attention;
 mod layers;
 mod mixers;
+mod mixture;
+mod rope;
 
 use std::collections::BTreeMap;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use self::attention::Attention;
 pub use self::layers::{LayerShape, LayerSpec, Layers};
 pub use self::mixers::{LinearAttention, Mla};
+pub use self::mixture::Moe;
+pub use self::rope::{Rope, RopeScaling};
 use crate::ModelError;
 pub use crate::arch::Arch;
-
-/// A routed mixture of experts in place of every block's MLP. `Default` (no experts) is a
-/// start for literals that set the sizes and leave the optional parts out.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Moe {
-    /// Experts per block.
-    pub n_experts: usize,
-    /// Experts each token is routed to.
-    pub top_k: usize,
-    /// Whether the top-k routing weights are divided by their sum (Mixtral always;
-    /// Qwen3-MoE as `norm_topk_prob` says).
-    pub norm_topk: bool,
-    /// Width of one expert's gate/up projections.
-    pub expert_size: usize,
-    /// Width of a shared expert every token goes through beside the routed ones, its output
-    /// scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next, Qwen3.5-MoE) or added as it is
-    /// (DeepSeek-V3's `shared_experts`), as the family's features say.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shared_expert: Option<usize>,
-    /// The first blocks, whose MLP is a dense gated MLP `intermediate_size` wide instead of
-    /// the mixture (DeepSeek-V3's `first_k_dense_replace`).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub first_dense: usize,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
 
 /// Per-layer input embeddings: a second embedding table of `width` per layer, and a
 /// projection of the token embeddings, mixed into each block after its MLP.
@@ -73,66 +51,6 @@ impl Activation {
     fn is_silu(&self) -> bool {
         *self == Activation::Silu
     }
-}
-
-/// RoPE frequency scaling.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum RopeScaling {
-    /// Llama 3's piecewise scaling of long wavelengths.
-    Llama3 {
-        /// Overall scale factor.
-        factor: f64,
-        /// Wavelengths shorter than `original_max / high_freq_factor` are kept.
-        low_freq_factor: f64,
-        /// Wavelengths longer than `original_max / low_freq_factor` are divided by `factor`.
-        high_freq_factor: f64,
-        /// Context length the model was pre-trained with.
-        original_max_position_embeddings: usize,
-    },
-    /// Plain linear position interpolation: positions divided by `factor`.
-    Linear {
-        /// Scale factor.
-        factor: f64,
-    },
-    /// Gemma 4's proportional RoPE: rotate-half over the whole head, the first
-    /// `int(fraction * head_dim / 2)` frequencies `theta^(-2i / head_dim)` and the others 0
-    /// (those pairs pass unrotated), every frequency divided by `factor`.
-    Proportional {
-        /// `partial_rotary_factor`.
-        fraction: f64,
-        /// `factor` (1 when absent).
-        factor: f64,
-    },
-    /// YaRN (GPT-OSS; DeepSeek-V3's and Qwen's long contexts): each frequency blended
-    /// between itself and itself / `factor` by a linear ramp over the frequencies that turn
-    /// `beta_fast` … `beta_slow` times in `original_max_position_embeddings` positions (the
-    /// ramp's ends rounded outward when `truncate`); cos and sin multiplied by
-    /// `attention_factor`.
-    Yarn {
-        /// Context extension factor.
-        factor: f64,
-        /// Rotations marking the ramp's fast end (32 by default).
-        beta_fast: f64,
-        /// Rotations marking the ramp's slow end (1 by default).
-        beta_slow: f64,
-        /// Context length the model was pre-trained with.
-        original_max_position_embeddings: usize,
-        /// Whether the ramp's ends are rounded to whole frequencies.
-        truncate: bool,
-        /// Multiplies cos and sin.
-        attention_factor: f64,
-    },
-    /// Phi-3's LongRoPE with the short factors (the ones Hugging Face uses while the batch
-    /// is no longer than `original_max_position_embeddings`, which siphon requires): each
-    /// frequency divided by its factor, cos and sin multiplied by `attention_factor`.
-    LongRope {
-        /// One factor per frequency (`rotary_dim / 2`).
-        short_factor: Vec<f64>,
-        /// Context length the factors were fitted for; longer sequences are refused.
-        original_max_position_embeddings: usize,
-        /// Multiplies cos and sin.
-        attention_factor: f64,
-    },
 }
 
 /// Settings a family's builder alone reads, defined in the family's file: the configuration
@@ -175,41 +93,21 @@ pub struct ModelConfig {
     pub intermediate_size: usize,
     /// Number of transformer blocks.
     pub n_layers: usize,
-    /// Query heads.
-    pub n_heads: usize,
-    /// Key/value heads (GQA when fewer than `n_heads`).
-    pub n_kv_heads: usize,
-    /// Width of one head.
-    pub head_dim: usize,
     /// RMSNorm epsilon.
     pub rms_norm_eps: f64,
-    /// RoPE base.
-    pub rope_theta: f64,
-    /// RoPE frequency scaling, if any.
-    pub rope_scaling: Option<RopeScaling>,
+    /// The attention's heads and the settings families choose between.
+    #[serde(flatten)]
+    pub attention: Attention,
+    /// RoPE's base, scaling and rotated width.
+    #[serde(flatten)]
+    pub rope: Rope,
     /// Longest context the model supports.
     pub max_position_embeddings: usize,
     /// Whether lm_head shares the embedding table (no separate `lm_head.weight`).
     pub tie_word_embeddings: bool,
-    /// Whether q/k/v projections have biases (Qwen2 yes, Llama no).
-    pub qkv_bias: bool,
     /// The MLP's activation.
     #[serde(default, skip_serializing_if = "Activation::is_silu")]
     pub activation: Activation,
-    /// Attention scores are scaled by `attn_scalar^-0.5` (Gemma's `query_pre_attn_scalar`);
-    /// `None` means `head_dim`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attn_scalar: Option<f64>,
-    /// Attention logits soft-capped as `cap * tanh(s / cap)` before the mask (Gemma 2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attn_softcap: Option<f64>,
-    /// RoPE base of the sliding-window layers, which take no frequency scaling (Gemma 3);
-    /// `None`: every layer uses `rope_theta` and `rope_scaling`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub local_rope_theta: Option<f64>,
-    /// RMSNorm over `head_dim` on every query and key head before RoPE (Qwen3, Gemma 3).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub qk_norm: bool,
     /// What each block is where blocks differ: its window, sizes, shared keys and values,
     /// NoPE; empty when every block is the same. Serialized as its per-layer lists.
     #[serde(flatten)]
@@ -217,24 +115,12 @@ pub struct ModelConfig {
     /// Per-layer input embeddings (Gemma 4's E2B/E4B), mixed into every block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_layer_input: Option<PerLayerInput>,
-    /// The q/k norms normalise the whole projection (`n_heads * head_dim`, OLMo 2) rather
-    /// than each head.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub qk_norm_whole: bool,
-    /// Leading dimensions of each head that RoPE rotates (GPT-NeoX's `rotary_pct`, Phi-3's
-    /// `partial_rotary_factor`); `None`: all of `head_dim`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rotary_dim: Option<usize>,
     /// The routed experts that replace every block's MLP (Qwen3-MoE, Mixtral).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<Moe>,
     /// The linear-attention (Gated DeltaNet) layers of a hybrid decoder (Qwen3.5, Qwen3-Next).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub linear_attention: Option<LinearAttention>,
-    /// The attention output is gated: `q_proj` gives each head's query and a gate beside it,
-    /// and `o_proj` reads `z · sigmoid(gate)` (Qwen3.5, Qwen3-Next).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub attn_output_gate: bool,
     /// Multi-head latent attention in place of q/k/v projections (DeepSeek-V3, Kimi K2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla: Option<Mla>,
@@ -431,7 +317,7 @@ impl ModelConfig {
     /// Checks the relations the forward relies on.
     pub fn validate(&self) -> Result<(), ModelError> {
         let fail = |m: String| Err(ModelError::Config(m));
-        if self.vocab_size == 0 || self.hidden_size == 0 || self.n_layers == 0 || self.head_dim == 0 {
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.n_layers == 0 || self.attention.head_dim == 0 {
             return fail("vocab_size, hidden_size, num_hidden_layers and head_dim must be positive".into());
         }
         // Far above any model's depth (the deepest have ~130 blocks): a corrupt layer count is
@@ -451,13 +337,13 @@ impl ModelConfig {
         for layer in 0..self.n_layers {
             let (kv, d) = (self.kv_heads_at(layer), self.head_dim_at(layer));
             let at = if shapes == 0 { String::new() } else { format!(" (layer {layer})") };
-            if kv == 0 || !self.n_heads.is_multiple_of(kv) {
+            if kv == 0 || !self.attention.n_heads.is_multiple_of(kv) {
                 return fail(format!(
                     "num_attention_heads {} is not a multiple of num_key_value_heads {kv}{at}",
-                    self.n_heads
+                    self.attention.n_heads
                 ));
             }
-            let rotated = self.rotary_dim.unwrap_or(d);
+            let rotated = self.rope.rotary_dim.unwrap_or(d);
             if d == 0 || rotary && (!rotated.is_multiple_of(2) || rotated > d) {
                 return fail(format!("the rotary width {rotated} must be even and at most head_dim {d}{at}"));
             }
@@ -489,12 +375,12 @@ impl ModelConfig {
 
     /// Block `layer`'s head width.
     pub fn head_dim_at(&self, layer: usize) -> usize {
-        self.layers.get(layer).shape.map_or(self.head_dim, |s| s.head_dim)
+        self.layers.get(layer).shape.map_or(self.attention.head_dim, |s| s.head_dim)
     }
 
     /// Block `layer`'s key/value heads.
     pub fn kv_heads_at(&self, layer: usize) -> usize {
-        self.layers.get(layer).shape.map_or(self.n_kv_heads, |s| s.n_kv_heads)
+        self.layers.get(layer).shape.map_or(self.attention.n_kv_heads, |s| s.n_kv_heads)
     }
 
     /// Whether block `layer`'s MLP is the mixture (not one of the dense first blocks).
@@ -516,7 +402,7 @@ impl ModelConfig {
     /// Every distinct number of key/value heads among the layers, in ascending order.
     pub fn kv_head_counts(&self) -> Vec<usize> {
         let mut counts: Vec<usize> = (0..self.n_layers).map(|l| self.kv_heads_at(l)).collect();
-        counts.push(self.n_kv_heads);
+        counts.push(self.attention.n_kv_heads);
         counts.sort_unstable();
         counts.dedup();
         counts

@@ -79,8 +79,8 @@ pub(crate) fn decoder_params(
 ) -> Vec<ParamInfo> {
     use ParamClass::*;
     let h = c.hidden_size;
-    let q = c.n_heads * c.head_dim;
-    let kv = c.n_kv_heads * c.head_dim;
+    let q = c.attention.n_heads * c.attention.head_dim;
+    let kv = c.attention.n_kv_heads * c.attention.head_dim;
     let i = c.intermediate_size;
     let mut out = vec![ParamInfo::new("model.embed_tokens.weight", &[c.vocab_size, h], Embedding, None)];
     for l in 0..n_layers {
@@ -92,14 +92,15 @@ pub(crate) fn decoder_params(
         p("self_attn.q_proj.weight", &[q, h], AttnQ);
         p("self_attn.k_proj.weight", &[kv, h], AttnK);
         p("self_attn.v_proj.weight", &[kv, h], AttnV);
-        if c.qkv_bias {
+        if c.attention.qkv_bias {
             p("self_attn.q_proj.bias", &[q], QBias);
             p("self_attn.k_proj.bias", &[kv], KBias);
             p("self_attn.v_proj.bias", &[kv], VBias);
         }
-        if c.qk_norm {
+        if c.attention.qk_norm {
             // Per head, or over the whole projection (OLMoE).
-            let (qn, kn) = if c.qk_norm_whole { (q, kv) } else { (c.head_dim, c.head_dim) };
+            let (qn, kn) =
+                if c.attention.qk_norm_whole { (q, kv) } else { (c.attention.head_dim, c.attention.head_dim) };
             p("self_attn.q_norm.weight", &[qn], Norm);
             p("self_attn.k_norm.weight", &[kn], Norm);
         }

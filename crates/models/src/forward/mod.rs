@@ -118,14 +118,17 @@ mod tests {
             hidden_size: 16,
             intermediate_size: 24,
             n_layers: 3,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 4,
             rms_norm_eps: 1e-6,
-            rope_theta: 10000.0,
             max_position_embeddings: 128,
             tie_word_embeddings: true,
-            qkv_bias: true,
+            attention: crate::config::Attention {
+                n_heads: 4,
+                n_kv_heads: 2,
+                head_dim: 4,
+                qkv_bias: true,
+                ..Default::default()
+            },
+            rope: crate::config::Rope { theta: 10000.0, ..Default::default() },
             ..ModelConfig::default()
         }
     }
@@ -263,10 +266,10 @@ mod tests {
     fn llama3_scaling_matches_hf_formula() {
         use crate::layers::rope::rope_inv_freq;
         let mut c = tiny();
-        c.head_dim = 64;
-        c.rope_theta = 500000.0;
+        c.attention.head_dim = 64;
+        c.rope.theta = 500000.0;
         let plain = rope_inv_freq(&c);
-        c.rope_scaling = Some(RopeScaling::Llama3 {
+        c.rope.scaling = Some(RopeScaling::Llama3 {
             factor: 8.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,

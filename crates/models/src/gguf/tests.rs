@@ -142,9 +142,12 @@ fn tiny_llama_loads_with_hf_names_config_and_permutation() {
     let path = write(&dir, "tiny.gguf", &tiny_llama().bytes());
     let model = LoadedModel::open(&path).unwrap();
     let c = &model.config;
-    assert_eq!((c.hidden_size, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim), (4, 1, 2, 1, 2));
+    assert_eq!(
+        (c.hidden_size, c.n_layers, c.attention.n_heads, c.attention.n_kv_heads, c.attention.head_dim),
+        (4, 1, 2, 1, 2)
+    );
     assert_eq!((c.vocab_size, c.intermediate_size, c.max_position_embeddings), (6, 8, 64));
-    assert!(c.tie_word_embeddings && !c.qkv_bias);
+    assert!(c.tie_word_embeddings && !c.attention.qkv_bias);
     assert_eq!(c.rms_norm_eps, 1e-5f32 as f64);
     model.check_weights(1).unwrap();
     let w = &model.weights;

@@ -128,27 +128,30 @@ impl HookShape {
     /// The per-token dimensions for `config` at sequence length `seq`, in block `layer` for a
     /// block hook (whose heads may differ by layer).
     pub fn dims(self, config: &ModelConfig, layer: Option<usize>, seq: usize) -> Vec<usize> {
-        let (head_dim, kv_heads) =
-            layer.map_or((config.head_dim, config.n_kv_heads), |l| (config.head_dim_at(l), config.kv_heads_at(l)));
+        let (head_dim, kv_heads) = layer.map_or((config.attention.head_dim, config.attention.n_kv_heads), |l| {
+            (config.head_dim_at(l), config.kv_heads_at(l))
+        });
         match self {
             HookShape::Model => vec![config.hidden_size],
             HookShape::Mlp => vec![layer.map_or(config.intermediate_size, |l| config.intermediate_at(l))],
             HookShape::Scale => vec![1],
-            HookShape::QHeads => vec![config.n_heads, head_dim],
+            HookShape::QHeads => vec![config.attention.n_heads, head_dim],
             HookShape::KvHeads => vec![kv_heads, head_dim],
-            HookShape::QHeadScale | HookShape::KvHeadScale if config.qk_norm_whole => vec![1],
-            HookShape::QHeadScale => vec![config.n_heads, 1],
+            HookShape::QHeadScale | HookShape::KvHeadScale if config.attention.qk_norm_whole => vec![1],
+            HookShape::QHeadScale => vec![config.attention.n_heads, 1],
             HookShape::KvHeadScale => vec![kv_heads, 1],
-            HookShape::QNorm if config.qk_norm_whole => vec![config.n_heads * head_dim],
-            HookShape::KvNorm if config.qk_norm_whole => vec![kv_heads * head_dim],
+            HookShape::QNorm if config.attention.qk_norm_whole => vec![config.attention.n_heads * head_dim],
+            HookShape::KvNorm if config.attention.qk_norm_whole => vec![kv_heads * head_dim],
             HookShape::Experts => vec![config.moe.as_ref().map_or(0, |m| m.n_experts)],
             HookShape::TopK => vec![config.moe.as_ref().map_or(0, |m| m.top_k)],
-            HookShape::QNorm => vec![config.n_heads, head_dim],
+            HookShape::QNorm => vec![config.attention.n_heads, head_dim],
             HookShape::KvNorm => vec![kv_heads, head_dim],
-            HookShape::Pattern => vec![config.n_heads, seq],
+            HookShape::Pattern => vec![config.attention.n_heads, seq],
             HookShape::PerLayer => vec![config.per_layer_input.map_or(0, |p| p.width)],
-            HookShape::QProj => vec![config.n_heads * if config.attn_output_gate { 2 } else { 1 }, head_dim],
-            HookShape::QWidth => vec![config.n_heads * head_dim],
+            HookShape::QProj => {
+                vec![config.attention.n_heads * if config.attention.output_gate { 2 } else { 1 }, head_dim]
+            }
+            HookShape::QWidth => vec![config.attention.n_heads * head_dim],
             HookShape::LinKeyHeads | HookShape::LinValueHeads | HookShape::LinHeads => {
                 let la = config.linear_attention.as_ref();
                 let (nk, nv, dk, dv) =
@@ -170,8 +173,8 @@ impl HookShape {
                     HookShape::QLatent => m.q_lora_rank.unwrap_or(0),
                     HookShape::KvLatent => m.kv_lora_rank,
                     HookShape::KvLatentRope => m.kv_lora_rank + m.rope,
-                    HookShape::MlaQueries => config.n_heads * m.qk_head_dim(),
-                    _ => config.n_heads * (m.nope + m.v_head_dim),
+                    HookShape::MlaQueries => config.attention.n_heads * m.qk_head_dim(),
+                    _ => config.attention.n_heads * (m.nope + m.v_head_dim),
                 }]
             }
         }

@@ -132,7 +132,7 @@ impl HookPoint {
 
     /// The per-token shape of this hook for `config` at sequence length `seq`.
     pub fn dims(self, config: &ModelConfig, seq: usize) -> Vec<usize> {
-        if let Some(dims) = config.mla.and_then(|m| m.hook_dims(self.kind, config.n_heads)) {
+        if let Some(dims) = config.mla.and_then(|m| m.hook_dims(self.kind, config.attention.n_heads)) {
             return dims;
         }
         self.kind.info().shape.dims(config, self.layer, seq)
@@ -476,14 +476,17 @@ mod tests {
             hidden_size: 16,
             intermediate_size: 24,
             n_layers: 4,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 4,
             rms_norm_eps: 1e-6,
-            rope_theta: 10000.0,
             max_position_embeddings: 128,
             tie_word_embeddings: true,
-            qkv_bias: false,
+            attention: crate::config::Attention {
+                n_heads: 4,
+                n_kv_heads: 2,
+                head_dim: 4,
+                qkv_bias: false,
+                ..Default::default()
+            },
+            rope: crate::config::Rope { theta: 10000.0, ..Default::default() },
             ..ModelConfig::default()
         }
     }

@@ -88,7 +88,7 @@ impl Graph<'_> {
     ) -> Result<Attention, ModelError> {
         let c = self.config;
         let (bsz, s, nkv, hd) = (self.spec.batch, self.spec.seq, c.kv_heads_at(layer), c.head_dim_at(layer));
-        let g = c.n_heads / nkv;
+        let g = c.attention.n_heads / nkv;
         let dt = self.dt;
         let b = &mut self.b;
         // Values may be narrower than queries and keys (MLA's v_head_dim).
@@ -99,9 +99,9 @@ impl Graph<'_> {
         // scores[b, kv, i, g, j] = q[b, i, kv, g, :] · k[b, j, kv, :]
         let scores = b.dot_general(q, k, &DotDims::batched(&[0, 2], &[0, 2], &[4], &[3]))?;
         let sdims = vec![bsz, nkv, s, g, s];
-        let scale = b.splat(c.attn_scalar.unwrap_or(hd as f64).powf(-0.5), TensorType::new(dt, &sdims))?;
+        let scale = b.splat(c.attention.scalar.unwrap_or(hd as f64).powf(-0.5), TensorType::new(dt, &sdims))?;
         let mut scores = b.mul(scores, scale)?;
-        if let Some(cap) = c.attn_softcap {
+        if let Some(cap) = c.attention.softcap {
             // cap * tanh(s / cap), in the compute dtype, before the mask (Gemma 2).
             let cap = b.splat(cap, TensorType::new(dt, &sdims))?;
             let t = b.div(scores, cap)?;
@@ -129,7 +129,7 @@ impl Graph<'_> {
         // out[b, kv, i, g, :] = Σ_j probs[b, kv, i, g, j] · v[b, j, kv, :]
         let out = b.dot_general(pattern, v, &DotDims::batched(&[0, 1], &[0, 2], &[4], &[1]))?;
         let out = b.transpose(out, &[0, 2, 1, 3, 4])?;
-        let z = b.reshape(out, &[bsz * s, c.n_heads * hv])?;
+        let z = b.reshape(out, &[bsz * s, c.attention.n_heads * hv])?;
         Ok(Attention { scores, pattern, z })
     }
 
@@ -181,7 +181,7 @@ impl Graph<'_> {
     /// Scores or pattern from [`Graph::attention`]'s `[batch, kv_head, query, group, key]`
     /// layout to one row per query token, `[tokens, n_heads, key]` (head `kv*group + g`).
     pub fn per_query(&mut self, x: Value) -> Result<Value, ModelError> {
-        let (t, s, h) = (self.tokens(), self.spec.seq, self.config.n_heads);
+        let (t, s, h) = (self.tokens(), self.spec.seq, self.config.attention.n_heads);
         let x = self.b.transpose(x, &[0, 2, 1, 3, 4])?;
         Ok(self.b.reshape(x, &[t, h, s])?)
     }
@@ -221,7 +221,7 @@ pub(crate) fn self_attention(
     let mut qkv = Vec::with_capacity(3);
     for name in ["q_proj", "k_proj", "v_proj"] {
         let (w, b) = proj(name);
-        let b = c.qkv_bias.then_some(b.as_str());
+        let b = c.attention.qkv_bias.then_some(b.as_str());
         qkv.push(g.linear(n, &w, b)?);
     }
     g.hook(at(AttnQ), qkv[0]);
@@ -230,7 +230,7 @@ pub(crate) fn self_attention(
     let (mut q, mut k) = (qkv[0], qkv[1]);
     let q_hooks = [AttnQNormScale, AttnQNormNormalized, AttnQNormed].map(at);
     let k_hooks = [AttnKNormScale, AttnKNormNormalized, AttnKNormed].map(at);
-    if c.qk_norm && c.qk_norm_whole {
+    if c.attention.qk_norm && c.attention.qk_norm_whole {
         // OLMo 2: one norm over the whole projection.
         for (x, name, hooks) in [(&mut q, "q_norm", q_hooks), (&mut k, "k_norm", k_hooks)] {
             let norm = g.rms_norm_with(*x, &format!("{p}.{name}.weight"), qk_gain)?;
@@ -239,16 +239,16 @@ pub(crate) fn self_attention(
         }
     }
     let (head_dim, kv_heads) = (c.head_dim_at(layer), c.kv_heads_at(layer));
-    let mut q = g.b.reshape(q, &[t, c.n_heads, head_dim])?;
+    let mut q = g.b.reshape(q, &[t, c.attention.n_heads, head_dim])?;
     let mut k = g.b.reshape(k, &[t, kv_heads, head_dim])?;
-    if c.qk_norm && !c.qk_norm_whole {
+    if c.attention.qk_norm && !c.attention.qk_norm_whole {
         q = head_norm(g, q, &format!("{p}.q_norm.weight"), qk_gain, q_hooks)?;
         k = head_norm(g, k, &format!("{p}.k_norm.weight"), qk_gain, k_hooks)?;
     }
     let (q, k) = if c.rotates(layer) { (g.apply_rope(q, cos, sin)?, g.apply_rope(k, cos, sin)?) } else { (q, k) };
     g.hook(at(AttnRotQ), q);
     g.hook(at(AttnRotK), k);
-    let q = g.b.reshape(q, &[t, c.n_heads * head_dim])?;
+    let q = g.b.reshape(q, &[t, c.attention.n_heads * head_dim])?;
     let k = g.b.reshape(k, &[t, kv_heads * head_dim])?;
     let z = g.attend(layer, q, k, qkv[2], mask)?;
     g.linear(z, &format!("{p}.o_proj.weight"), None)

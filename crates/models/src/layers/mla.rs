@@ -38,7 +38,7 @@ const LATENT_EPS: f64 = 1e-6;
 /// Block `layer`'s attention weights, in Hugging Face's names.
 pub(crate) fn params(c: &ModelConfig, mla: &Mla, layer: usize) -> Vec<ParamInfo> {
     use ParamClass::*;
-    let (h, heads) = (c.hidden_size, c.n_heads);
+    let (h, heads) = (c.hidden_size, c.attention.n_heads);
     let p = |suffix: &str, shape: &[usize], class| {
         ParamInfo::new(format!("model.layers.{layer}.self_attn.{suffix}"), shape, class, Some(layer))
     };
@@ -69,7 +69,7 @@ impl Graph<'_> {
         let mla = self.config.mla.ok_or_else(|| ModelError::Config("mla_attention without MLA sizes".into()))?;
         let at = |kind| HookPoint::block(layer, kind);
         let p = |name: &str| format!("model.layers.{layer}.self_attn.{name}");
-        let (t, heads) = (self.tokens(), self.config.n_heads);
+        let (t, heads) = (self.tokens(), self.config.attention.n_heads);
         let (dn, dr, dv, kr) = (mla.nope, mla.rope, mla.v_head_dim, mla.kv_lora_rank);
         let q = match mla.q_lora_rank {
             Some(_) => {

@@ -15,13 +15,13 @@ impl Graph<'_> {
     pub fn layer_rope(&mut self, layer: usize) -> Result<(Value, Value), ModelError> {
         let c = self.config;
         let windowed = c.window(layer).is_some();
-        let local = c.local_rope_theta.filter(|_| windowed);
+        let local = c.rope.local_theta.filter(|_| windowed);
         let head_dim = c.head_dim_at(layer);
         if let Some(&(_, _, tables)) = self.ropes.iter().find(|(l, d, _)| *l == local && *d == head_dim) {
             return Ok(tables);
         }
-        let rotated = c.rotary_dim.unwrap_or(head_dim);
-        let (inv_freq, scale) = match (local, &c.rope_scaling) {
+        let rotated = c.rope.rotary_dim.unwrap_or(head_dim);
+        let (inv_freq, scale) = match (local, &c.rope.scaling) {
             (Some(theta), _) => (inv_freq(head_dim, theta, None), 1.0),
             (
                 None,
@@ -36,12 +36,12 @@ impl Graph<'_> {
                         self.spec.seq
                     )));
                 }
-                (inv_freq(rotated, c.rope_theta, c.rope_scaling.as_ref()), *attention_factor)
+                (inv_freq(rotated, c.rope.theta, c.rope.scaling.as_ref()), *attention_factor)
             }
             (None, Some(RopeScaling::Yarn { attention_factor, .. })) => {
-                (inv_freq(rotated, c.rope_theta, c.rope_scaling.as_ref()), *attention_factor)
+                (inv_freq(rotated, c.rope.theta, c.rope.scaling.as_ref()), *attention_factor)
             }
-            (None, _) => (inv_freq(rotated, c.rope_theta, c.rope_scaling.as_ref()), 1.0),
+            (None, _) => (inv_freq(rotated, c.rope.theta, c.rope.scaling.as_ref()), 1.0),
         };
         let tables = self.rope_tables(&inv_freq, scale)?;
         self.ropes.push((local, head_dim, tables));
@@ -77,7 +77,7 @@ impl Graph<'_> {
     /// `rotary_dim` dimensions of each head (all of them by default); the rest pass through.
     pub fn apply_rope(&mut self, x: Value, cos: Value, sin: Value) -> Result<Value, ModelError> {
         let dims = self.b.dims(x)?.to_vec();
-        if let Some(r) = self.config.rotary_dim.filter(|&r| r < dims[2]) {
+        if let Some(r) = self.config.rope.rotary_dim.filter(|&r| r < dims[2]) {
             let rot = self.b.slice_dim(x, 2, 0, r)?;
             let pass = self.b.slice_dim(x, 2, r, dims[2])?;
             let rot = self.apply_rope(rot, cos, sin)?;
@@ -101,7 +101,11 @@ impl Graph<'_> {
 /// (`rotary_dim`, else `head_dim`), with the config's scaling applied.
 #[cfg(test)]
 pub(crate) fn rope_inv_freq(config: &crate::config::ModelConfig) -> Vec<f32> {
-    inv_freq(config.rotary_dim.unwrap_or(config.head_dim), config.rope_theta, config.rope_scaling.as_ref())
+    inv_freq(
+        config.rope.rotary_dim.unwrap_or(config.attention.head_dim),
+        config.rope.theta,
+        config.rope.scaling.as_ref(),
+    )
 }
 
 /// Inverse frequencies of a `d`-wide head for base `theta` with `scaling`.
