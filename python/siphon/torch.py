@@ -13,6 +13,12 @@ Example::
 
 Hooks keep their stored dtype unless `dtype` says otherwise, except an fp8 run's, which come
 dequantized (each value times its row's scale) as float32, or as the `dtype` asked for.
+
+Checkpoints, wherever the loop runs: ``ds.state_dict()`` after iterating the dataset itself or
+a ``DataLoader(ds, batch_size=None)`` without workers, or `batch_loader`'s loader with any;
+``loader.state_dict()`` of torchdata's ``StatefulDataLoader`` with any workers (each worker's
+iterator says where its reader stands). Restored (``load_state_dict``) on a new dataset or
+loader of the same arguments, the batches continue exactly.
 """
 
 from __future__ import annotations
@@ -82,6 +88,9 @@ class ActivationDataset(IterableDataset[Any]):
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         # Set by EpochLoader: workers wrap each item with the reader and its position.
         self._tagged = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        # Set by a DataLoader worker that iterates untagged: the main process then cannot say
+        # where the iteration stands, unless it iterates the dataset itself again.
+        self._in_workers = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         # (workers, each reader's state after its last delivered batch, the last reader).
         self._delivered: Optional[Tuple[int, Dict[int, Dict[str, Any]], int]] = None
         self._restored: Optional[Dict[str, Any]] = None
@@ -112,7 +121,7 @@ class ActivationDataset(IterableDataset[Any]):
         """Sets the epoch the next iteration reads (its shuffle), in every DataLoader worker."""
         self._epoch.fill_(int(epoch))
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> "_Reader":
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world_size = (self.rank, self.world_size) if self.rank is not None else _distributed()
@@ -121,32 +130,48 @@ class ActivationDataset(IterableDataset[Any]):
         # worker 0 hosts the reader whose batch came next, so that the round robin over the
         # workers hands out the batches in the uninterrupted order.
         restored = self._restored if self._restored is not None and self._restored["epoch"] == epoch else None
+        if restored is not None and restored["readers"] and int(restored["workers"]) != num_workers:
+            raise DatasetError(f"the state was saved with {restored['workers']} reader(s) (DataLoader workers); "
+                               f"this iteration has {num_workers}")
         slot = (worker + restored["next"]) % num_workers if restored is not None else worker
         state = restored["readers"].get(str(slot)) if restored is not None else None
-        batches = self._batches(
-            rank=rank, world_size=world_size, epoch=epoch, epochs=self.epochs, worker=slot, num_workers=num_workers,
-            resume=state,
-        )
         tagged = bool(self._tagged)
-        hook = self.hooks[0]
-        width = self.dataset.hooks[hook].width
-        for b in batches:
-            item = b[hook].reshape(b[hook].shape[0], width) if self.tensors else b
-            yield _Tagged(item, slot, batches.state_dict()) if tagged else item
+        here = info is None and not tagged
+        if here:
+            # Iterated in this process (a loop over the dataset, a DataLoader without workers):
+            # state_dict() follows the batches as they are handed out.
+            self._in_workers.fill_(0)
+            self._delivered = (1, {0: state} if state is not None else {}, 0)
+        elif info is not None and not tagged:
+            self._in_workers.fill_(1)
+        where = dict(rank=rank, world_size=world_size, epochs=self.epochs, worker=slot, num_workers=num_workers)
+        return _Reader(self, where, epoch, state, tagged=tagged, here=here)
 
     # ----------------------------------------------------------------------------- state
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where the iteration through `batch_loader`'s loader stands after the last batch it
-        gave: the epoch, and each reader's (DataLoader worker's) position and which one gives
-        the next batch. Small and JSON-serialisable; `load_state_dict` on a new dataset (the
-        same arguments, the same rank and number of workers) continues with exactly the
-        batches that would have come next."""
-        if self._delivered is None:
-            raise DatasetError(
-                "state_dict() follows the batches handed out by siphon.torch.batch_loader's loader "
-                "(a plain DataLoader does not say which worker gave a batch): iterate that one"
-            )
+        """Where the iteration stands after the last batch it gave: the epoch, and each
+        reader's (DataLoader worker's) position and which one gives the next batch. It follows
+        a loop over the dataset itself, a ``DataLoader`` without workers and `batch_loader`'s
+        loader with any (a plain ``DataLoader`` with workers does not say which worker gave a
+        batch: iterate `batch_loader`'s, or torchdata's ``StatefulDataLoader``, whose own
+        ``state_dict`` holds each worker's reader). Before any batch: the start of the epoch.
+        Small and JSON-serialisable; `load_state_dict` on a new dataset (the same arguments,
+        the same rank and number of workers) continues with exactly the batches that would
+        have come next."""
+        info = get_worker_info()
+        if info is not None:
+            # A StatefulDataLoader's worker saving its dataset beside its iterator, which holds
+            # the reader's position.
+            return _start(self.epoch, info.num_workers)
+        if self._delivered is None or bool(self._in_workers):
+            if bool(self._in_workers):
+                raise DatasetError(
+                    "state_dict() cannot follow a plain DataLoader with workers (it does not say which worker "
+                    "gave a batch): iterate siphon.torch.batch_loader's loader, or torchdata's "
+                    "StatefulDataLoader and save its state_dict()"
+                )
+            return _start(self.epoch, 1)
         workers, readers, last = self._delivered
         return {
             "version": 1, "epoch": self.epoch, "workers": workers, "next": (last + 1) % workers,
@@ -154,14 +179,64 @@ class ActivationDataset(IterableDataset[Any]):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continues from `state` (`state_dict`): the next iteration through `batch_loader`'s
-        loader resumes its epoch exactly. Call it before iterating."""
+        """Continues from `state` (`state_dict`): the next iteration resumes its epoch
+        exactly. Call it before iterating."""
         if state.get("version") != 1 or not isinstance(state.get("readers"), Mapping):
             raise DatasetError(f"not a state siphon.torch.ActivationDataset saved: {dict(state)!r}")
         self.set_epoch(int(state["epoch"]))
         self._restored = dict(state)
         readers = {int(k): dict(v) for k, v in state["readers"].items()}
         self._delivered = (int(state["workers"]), readers, (int(state["next"]) - 1) % int(state["workers"]))
+
+
+def _start(epoch: int, workers: int) -> Dict[str, Any]:
+    """The state at the start of `epoch`, before any reader gave a batch."""
+    return {"version": 1, "epoch": epoch, "workers": workers, "next": 0, "readers": {}}
+
+
+class _Reader(Iterator[Any]):
+    """One reader's batches of an `ActivationDataset`: what ``iter(dataset)`` gives, in each
+    DataLoader worker. Its `state_dict` / `load_state_dict` say and set where the reader
+    stands, as torchdata's ``StatefulDataLoader`` asks of a dataset's iterator in each worker;
+    reading starts at the first batch asked for, from the position loaded by then."""
+
+    def __init__(
+        self, dataset: ActivationDataset, where: Dict[str, Any], epoch: int, resume: Optional[Dict[str, Any]], *,
+        tagged: bool, here: bool,
+    ) -> None:
+        self._dataset, self._where, self._epoch, self._resume = dataset, where, epoch, resume
+        self._tagged, self._here = tagged, here
+        self._batches: Optional[Batches] = None
+        hook = dataset.hooks[0]
+        self._hook, self._width = hook, dataset.dataset.hooks[hook].width
+
+    def __iter__(self) -> "_Reader":
+        return self
+
+    def __next__(self) -> Any:
+        if self._batches is None:
+            self._batches = self._dataset._batches(epoch=self._epoch, resume=self._resume, **self._where)
+        b = next(self._batches)
+        state = self._batches.state_dict()
+        if self._here:
+            self._dataset._delivered = (1, {0: state}, 0)
+        item = b[self._hook].reshape(b[self._hook].shape[0], self._width) if self._dataset.tensors else b
+        return _Tagged(item, self._where["worker"], state) if self._tagged else item
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The reader's epoch and its position after the last batch it gave (``None``: the
+        epoch's start)."""
+        reader = self._batches.state_dict() if self._batches is not None else self._resume
+        return {"version": 1, "epoch": self._epoch, "reader": reader}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from `state` (`state_dict`); before the first batch."""
+        if self._batches is not None:
+            raise DatasetError("load_state_dict() must come before the reader's first batch")
+        if state.get("version") != 1 or "reader" not in state:
+            raise DatasetError(f"not a state a siphon reader saved: {dict(state)!r}")
+        self._epoch = int(state["epoch"])
+        self._resume = None if state["reader"] is None else dict(state["reader"])
 
 
 class Provider(Iterator[torch.Tensor]):
@@ -244,7 +319,7 @@ class EpochLoader(DataLoader[Any]):
             if self._iterated:
                 ds.set_epoch(ds.epoch + 1)
             ds._delivered = (workers, {}, workers - 1)
-        elif int(restored["workers"]) != workers:
+        elif restored["readers"] and int(restored["workers"]) != workers:
             raise DatasetError(f"the state was saved with {restored['workers']} DataLoader workers; this loader has {workers}")
         self._iterated = True
         ds._tagged.fill_(1)

@@ -9,8 +9,7 @@
 //! keys as they enter attention, unrotated.
 
 use crate::arch::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::forward::{decoder_params, self_attention_decoder};
+use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
