@@ -5,6 +5,8 @@
 #
 #   scripts/bench-gpu.sh --prepare     # here: release binaries, stripped and xz'd into .gpu/
 #   scripts/bench-gpu.sh [STEP...]     # there: doctor fixtures qwen2 gemma2 extract llama (default: all)
+#                                      #   also: long (Llama-3-8B shape, 4 x 8192), moe (Qwen3-30B-A3B's
+#                                      #   shape, 2 layers; GPT-OSS-20B's): the checklist's items 4 and 5
 #
 # bench_forward reports each run's device time and to-host time (bf16 out of a bf16 program,
 # into reused host buffers, pinned where the plugin allows: `pinned=` on its ready line).
@@ -75,6 +77,11 @@ for step in "${steps[@]}"; do
     qwen2) bench 90 qwen2 --family qwen2 ;;
     gemma2) bench 110 gemma2 --family gemma2 --layers 26 ;;
     llama) bench 110 llama3_8b --family llama3_8b --layers 8 ;;
+    long) bench 150 llama3_8b_8k --family llama3_8b --layers 8 --batch 4 --seq 8192 ;;
+    moe)
+        bench 120 qwen3_moe --family qwen3_moe --layers 2
+        bench 120 gpt_oss --family gpt_oss --layers 2
+        ;;
     extract)
         # End to end on the qwen2 bench model (random weights) with a byte-level tokenizer.
         model=/tmp/gpu-bench/qwen2-bf16
