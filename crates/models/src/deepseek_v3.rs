@@ -30,8 +30,7 @@ use serde::{Deserialize, Serialize};
 use siphon_hlo::{DType, TensorType, Value};
 
 use crate::arch::{Arch, Family};
-use crate::config::{Attention, Rope};
-use crate::config::{FamilyExtra, ParamClass, ParamInfo};
+use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Rope};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};

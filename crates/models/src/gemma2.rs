@@ -25,12 +25,11 @@
 use serde_json::Value;
 
 use crate::arch::{Arch, Family};
-use crate::config::Attention;
-use crate::config::ParamInfo;
-use crate::forward::decoder_params;
-use crate::forward::{ForwardProgram, ForwardSpec, Graph};
+use crate::config::{Attention, ParamInfo};
+use crate::forward::{ForwardProgram, ForwardSpec, Graph, decoder_params};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::layers::attention::self_attention;
 use crate::layers::norm::Gain;
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
@@ -136,34 +135,10 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
     let x = g.scale(x, (config.hidden_size as f64).sqrt())?;
     g.hook(HookPoint::model(Embed), x);
     let x = g.blocks(x, |g, x, layer| {
-        let at = |kind| HookPoint::block(layer, kind);
-        let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
         let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
-        let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::UnitOffset)?;
-        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
-        let proj = crate::layers::attention::self_attention(g, ln1.out, layer, Gain::UnitOffset, cos, sin, mask)?;
-        g.hook(at(AttnProjOut), proj);
-        let h = g.add_post_normed(
-            x,
-            proj,
-            &norm("post_attention_layernorm"),
-            Gain::UnitOffset,
-            [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at),
-        )?;
-        g.hook(at(ResidMid), h);
-        let ln2 = g.rms_norm_with(h, &norm("pre_feedforward_layernorm"), Gain::UnitOffset)?;
-        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
-        g.hook_mlp(&mlp, layer, MlpProjOut);
-        let out = g.add_post_normed(
-            h,
-            mlp.out,
-            &norm("post_feedforward_layernorm"),
-            Gain::UnitOffset,
-            [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at),
-        )?;
-        Ok(out)
+        let attention = |g: &mut Graph<'_>, input| self_attention(g, input, layer, Gain::UnitOffset, cos, sin, mask);
+        g.post_normed_block(x, layer, Gain::UnitOffset, true, attention, |_, _, mlp| Ok(mlp))
     })?;
     g.finish_decoder(x, Gain::UnitOffset)
 }

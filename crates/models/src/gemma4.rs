@@ -39,8 +39,7 @@ use serde_json::Value as Json;
 use siphon_hlo::Value;
 
 use crate::arch::{Arch, Family};
-use crate::config::{Attention, Rope};
-use crate::config::{FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Slice};
+use crate::config::{Attention, FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Rope, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
 use crate::hf_config::{Defaults, need};
@@ -357,39 +356,21 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
         let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
-        let ln1 = g.rms_norm_with(x, &norm("input_layernorm"), Gain::F32)?;
-        g.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
         let kv = match config.kv_source(layer) {
             Some(source) => Kv::Shared(keys_values[source]),
             None if gemma4.k_eq_v && config.window(layer).is_none() => Kv::FromKeys,
             None => Kv::Own,
         };
-        let (proj, kv) = attention(g, ln1.out, layer, kv, cos, sin, mask)?;
-        keys_values.push(kv);
-        g.hook(at(AttnProjOut), proj);
-        let h = g.add_post_normed(
-            x,
-            proj,
-            &norm("post_attention_layernorm"),
-            Gain::F32,
-            [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at),
-        )?;
-        g.hook(at(ResidMid), h);
-        let ln2 = g.rms_norm_with(h, &norm("pre_feedforward_layernorm"), Gain::F32)?;
-        g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
-        let mlp = g.gated_mlp(ln2.out, &format!("model.layers.{layer}.mlp"))?;
-        g.hook_mlp(&mlp, layer, MlpProjOut);
-        let ffn = match config.moe.as_ref() {
-            Some(moe) => mixture_beside(g, layer, h, mlp.out, moe)?,
-            None => mlp.out,
+        let own = |g: &mut Graph<'_>, input| {
+            let (proj, kv) = attention(g, input, layer, kv, cos, sin, mask)?;
+            keys_values.push(kv);
+            Ok(proj)
         };
-        let mut out = g.add_post_normed(
-            h,
-            ffn,
-            &norm("post_feedforward_layernorm"),
-            Gain::F32,
-            [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at),
-        )?;
+        let beside = |g: &mut Graph<'_>, h, mlp| match config.moe.as_ref() {
+            Some(moe) => mixture_beside(g, layer, h, mlp, moe),
+            None => Ok(mlp),
+        };
+        let mut out = g.post_normed_block(x, layer, Gain::F32, true, own, beside)?;
         if let (Some(inputs), Some(ple)) = (per_layer, config.per_layer_input) {
             g.hook(at(PleIn), out);
             let gate = g.linear(out, &norm("per_layer_input_gate"), None)?;

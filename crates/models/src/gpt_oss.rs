@@ -28,8 +28,7 @@ use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
 use crate::arch::{Arch, Family};
-use crate::config::Attention;
-use crate::config::{FamilyExtra, ParamClass, ParamInfo, Slice};
+use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};

@@ -6,8 +6,7 @@
 //! whose window is null attends the whole context, like Hugging Face.
 
 use crate::arch::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::forward::{decoder_params, self_attention_decoder};
+use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};

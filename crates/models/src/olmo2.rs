@@ -20,11 +20,11 @@
 //! (`[n_heads * head_dim]`, one scale per token), and there are no `ln1` / `ln2` hooks.
 
 use crate::arch::{Arch, Family};
-use crate::config::Attention;
-use crate::config::{ParamClass, ParamInfo};
+use crate::config::{Attention, ParamClass, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::Defaults;
 use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::layers::attention::self_attention;
 use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -112,31 +112,10 @@ pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Resul
     let x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
     let x = g.blocks(x, |g, x, layer| {
-        let at = |kind| HookPoint::block(layer, kind);
-        let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
         let (cos, sin) = g.layer_rope(layer)?;
         let mask = g.layer_mask(layer)?;
-        let proj = crate::layers::attention::self_attention(g, x, layer, Gain::F32, cos, sin, mask)?;
-        g.hook(at(AttnProjOut), proj);
-        let h = g.add_post_normed(
-            x,
-            proj,
-            &norm("post_attention_layernorm"),
-            Gain::F32,
-            [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at),
-        )?;
-        g.hook(at(ResidMid), h);
-        g.hook(at(MlpIn), h);
-        let mlp = g.gated_mlp(h, &format!("model.layers.{layer}.mlp"))?;
-        g.hook_mlp(&mlp, layer, MlpProjOut);
-        let out = g.add_post_normed(
-            h,
-            mlp.out,
-            &norm("post_feedforward_layernorm"),
-            Gain::F32,
-            [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at),
-        )?;
-        Ok(out)
+        let attention = |g: &mut Graph<'_>, input| self_attention(g, input, layer, Gain::F32, cos, sin, mask);
+        g.post_normed_block(x, layer, Gain::F32, false, attention, |_, _, mlp| Ok(mlp))
     })?;
     g.finish_decoder(x, Gain::F32)
 }

@@ -13,8 +13,7 @@
 
 use crate::arch::{Arch, Family};
 use crate::config::Attention;
-use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::forward::{decoder_params, self_attention_decoder};
+use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::Feature;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};

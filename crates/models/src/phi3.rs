@@ -12,8 +12,7 @@
 
 use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo, Slice};
-use crate::forward::self_attention_decoder;
-use crate::forward::{ForwardProgram, ForwardSpec};
+use crate::forward::{ForwardProgram, ForwardSpec, self_attention_decoder};
 use crate::hf_config::{Defaults, windows_on_every_layer};
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};

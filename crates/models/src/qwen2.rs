@@ -8,8 +8,7 @@
 //! honoured on the layers Hugging Face windows ([`crate::config::LayerSpec::window`]).
 
 use crate::arch::{Arch, Family};
-use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::forward::{decoder_params, self_attention_decoder};
+use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};

@@ -11,8 +11,7 @@
 
 use crate::arch::{Arch, Family};
 use crate::config::Attention;
-use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::forward::{decoder_params, self_attention_decoder};
+use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
 use crate::hooks::Feature;
 use crate::{HfConfig, ModelConfig, ModelError};

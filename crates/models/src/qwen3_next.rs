@@ -31,8 +31,7 @@
 use siphon_hlo::Value;
 
 use crate::arch::{Arch, Family};
-use crate::config::Attention;
-use crate::config::{ParamClass, ParamInfo};
+use crate::config::{Attention, ParamClass, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::gated_deltanet::{self, LinearAttention};
 use crate::hf_config::{Defaults, need};

@@ -125,6 +125,56 @@ pub(crate) fn decoder_params(
 }
 
 impl<'a> Graph<'a> {
+    /// A block whose sublayers' outputs are normed before they join the residual stream:
+    /// Gemma 2/3/4's sandwich (a norm before each sublayer too, `pre_norms`) and OLMo 2's
+    /// post-norms. `attention` maps the (normed) input to the attention's projected output;
+    /// then `post_attention_layernorm` and the residual add (`hook_resid_mid`); the gated MLP
+    /// on the (normed) result, `beside` on its output (Gemma 4's mixture: given the residual
+    /// stream and the MLP's output, it returns what is normed), `post_feedforward_layernorm`
+    /// and the residual add. Norms apply their gain as `gain` says.
+    pub fn post_normed_block(
+        &mut self,
+        x: Value,
+        layer: usize,
+        gain: Gain,
+        pre_norms: bool,
+        attention: impl FnOnce(&mut Graph<'a>, Value) -> Result<Value, ModelError>,
+        beside: impl FnOnce(&mut Graph<'a>, Value, Value) -> Result<Value, ModelError>,
+    ) -> Result<Value, ModelError> {
+        use HookKind::*;
+        let at = |kind| HookPoint::block(layer, kind);
+        let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");
+        let input = match pre_norms {
+            true => {
+                let ln1 = self.rms_norm_with(x, &norm("input_layernorm"), gain)?;
+                self.hook_norm(&ln1, at(Ln1Scale), at(Ln1Normalized), at(Ln1Out))?;
+                ln1.out
+            }
+            false => x,
+        };
+        let proj = attention(self, input)?;
+        self.hook(at(AttnProjOut), proj);
+        let post = [Ln1PostScale, Ln1PostNormalized, AttnOut].map(at);
+        let h = self.add_post_normed(x, proj, &norm("post_attention_layernorm"), gain, post)?;
+        self.hook(at(ResidMid), h);
+        let input = match pre_norms {
+            true => {
+                let ln2 = self.rms_norm_with(h, &norm("pre_feedforward_layernorm"), gain)?;
+                self.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
+                ln2.out
+            }
+            false => {
+                self.hook(at(MlpIn), h);
+                h
+            }
+        };
+        let mlp = self.gated_mlp(input, &format!("model.layers.{layer}.mlp"))?;
+        self.hook_mlp(&mlp, layer, MlpProjOut);
+        let ffn = beside(self, h, mlp.out)?;
+        let post = [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at);
+        self.add_post_normed(h, ffn, &norm("post_feedforward_layernorm"), gain, post)
+    }
+
     /// The decoder loop every family's block plugs into: for each block built,
     /// `x` is recorded as its `hook_resid_pre`, `block` computes what the block leaves in the
     /// residual stream (recording the block's own hooks), and that, pinned to the tokens'
