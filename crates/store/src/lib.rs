@@ -74,4 +74,4 @@ pub use shard::{
 pub use stats::{HookStats, HookStatsJson, RunStats, StatsFile, merge_run_stats};
 pub use upload::upload_object;
 pub use verify::{HostReport, VerifyReport, finalize_run, verify_run, verify_run_blocking};
-pub use writer::{HostSummary, ShardWriter, WriterTiming};
+pub use writer::{HostSummary, ShardWriter, WriterTiming, batch_shard};

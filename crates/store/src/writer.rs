@@ -382,6 +382,25 @@ fn validate_hooks(hooks: &[String], shapes: &[Vec<usize>]) -> Result<()> {
 }
 
 /// A short model id for shard metadata: the descriptor's `id`/`name` field, or its JSON.
+/// One batch as a shard of its own, in the store's format (its kept rows, or every row and its
+/// mask with `keep_excluded`; no shuffle): what a live stream sends for each batch.
+pub fn batch_shard(
+    run: &str,
+    descriptor: &RunDescriptor,
+    host: HostId,
+    format: &crate::config::ShardFormat,
+    index: u64,
+    batch: BatchActivations,
+) -> Result<bytes::Bytes> {
+    let identity =
+        ShardIdentity { run: run.into(), model: model_id(&descriptor.model), host, hooks: descriptor.hooks.clone() };
+    let mut builder =
+        ShardBuilder::new(identity, crate::config::ShardFormat { shuffle: None, ..format.clone() }, index);
+    builder.add_unit(vec![batch])?;
+    let sealed = builder.seal()?;
+    Ok(sealed.chunks.concat().into())
+}
+
 fn model_id(model: &serde_json::Value) -> String {
     match model {
         serde_json::Value::String(s) => s.clone(),
