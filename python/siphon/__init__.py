@@ -12,7 +12,8 @@
 Runs extracted with ``--dtype fp8`` (float8_e4m3fn and a float32 scale per token row) read
 the same way: their hooks come dequantized, float32 unless ``dtype=`` asks for another.
 
-`siphon.torch` holds the PyTorch IterableDataset and SAELens/dictionary_learning data
+`siphon.stream(url, ...)` reads the batches ``siphon extract --output stream://HOST:PORT``
+serves while it runs, no disk between. `siphon.torch` holds the PyTorch IterableDataset and SAELens/dictionary_learning data
 providers; `siphon.saelens` exports a run as SAELens's cached-activation dataset.
 """
 
@@ -20,7 +21,9 @@ from ._convert import Batch
 from ._format import ROLES
 from .dataset import Dataset, HookInfo, VerifyReport, open, open_dataset
 from .errors import DatasetError
+from .stream import stream
 
 __version__ = "0.1.0"
 
-__all__ = ["Batch", "Dataset", "DatasetError", "HookInfo", "ROLES", "VerifyReport", "open", "open_dataset", "__version__"]
+__all__ = ["Batch", "Dataset", "DatasetError", "HookInfo", "ROLES", "VerifyReport", "open", "open_dataset", "stream",
+           "__version__"]

@@ -170,18 +170,25 @@ def read_manifest(location: Location, host: str) -> List[ManifestLine]:
 def parse_header(location: Location, rel: str, size: int) -> ShardHeader:
     """Reads a shard's safetensors header: one range read of its first 64 KiB, a second one only
     for a larger header. `size` is the object's size (the manifest's ``bytes``)."""
+    where = f"{location.url}/{rel}"
     if size < 8:
-        raise DatasetError(f"{location.url}/{rel}: not a safetensors file ({size} bytes)")
+        raise DatasetError(f"{where}: not a safetensors file ({size} bytes)")
     head = location.read_range(rel, 0, min(size, 65536))
     n = int.from_bytes(head[:8], "little")
     if 8 + n > size:
-        raise DatasetError(f"{location.url}/{rel}: safetensors header length {n} exceeds the file ({size} bytes)")
+        raise DatasetError(f"{where}: safetensors header length {n} exceeds the file ({size} bytes)")
     if len(head) < 8 + n:
         head = head + location.read_range(rel, len(head), 8 + n)
+    return header_of(head, where)
+
+
+def header_of(head: bytes, where: str) -> ShardHeader:
+    """The header of a shard whose first bytes (at least its header) are `head`."""
+    n = int.from_bytes(head[:8], "little")
     try:
         header = json.loads(head[8 : 8 + n])
     except ValueError as e:
-        raise DatasetError(f"{location.url}/{rel}: bad safetensors header: {e}") from e
+        raise DatasetError(f"{where}: bad safetensors header: {e}") from e
     base = 8 + n
     tensors = {}
     for name, info in header.items():
@@ -190,6 +197,19 @@ def parse_header(location: Location, rel: str, size: int) -> ShardHeader:
         start, end = info["data_offsets"]
         tensors[name] = TensorInfo(info["dtype"], tuple(info["shape"]), base + start, base + end)
     return ShardHeader(tensors, header.get("__metadata__") or {})
+
+
+def read_shard(data: bytes, where: str) -> Dict[str, np.ndarray]:
+    """Every tensor of a shard held in memory (a stream's batch), as `decode` gives them."""
+    if len(data) < 8 or 8 + int.from_bytes(data[:8], "little") > len(data):
+        raise DatasetError(f"{where}: not a safetensors file ({len(data)} bytes)")
+    header = header_of(data, where)
+    out = {}
+    for name, info in header.tensors.items():
+        if info.end > len(data):
+            raise DatasetError(f"{where}: tensor {name} ends past the data ({info.end} of {len(data)} bytes)")
+        out[name] = decode(info, data[info.start : info.end], info.shape[0] if info.shape else 1)
+    return out
 
 
 def decode(info: TensorInfo, raw: bytes, rows: int) -> np.ndarray:

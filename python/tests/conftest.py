@@ -72,7 +72,9 @@ def tiny_model(dest: Path) -> Path:
     return dest
 
 
-def extract(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=HOOKS, extra=(), corpus=None) -> Path:
+def extract_command(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=HOOKS, extra=(), corpus=None,
+                    hosts: int = 2, output=None):
+    """The `siphon launch ... extract` command of a test run, and its environment."""
     if corpus is None:
         corpus = out.parent / f"{run}-corpus"
         make_corpus(corpus, docs)
@@ -82,13 +84,18 @@ def extract(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=
         if default.exists():
             env["SIPHON_PJRT_PLUGIN"] = str(default)
     cmd = [
-        siphon_binary(), "launch", "--local-hosts", "2", "--cpu-devices-per-host", "1", "--",
+        siphon_binary(), "launch", "--local-hosts", str(hosts), "--cpu-devices-per-host", "1", "--",
         "extract", "--model", str(tiny_model(out.parent / "tiny-llama-264")),
         "--tokenizer", str(REPO / "fixtures/data/tokenizer.json"),
         "--corpus", str(corpus), "--text-records", "line", "--hooks", ",".join(hooks),
         "--seq-len", "32", "--batch-size", "4", "--dtype", dtype, "--shard-size-mb", "0.03",
-        "--output", str(out), "--run", run, "--tokenizer-threads", "1", *extra,
+        "--output", str(output or out), "--run", run, "--tokenizer-threads", "1", *extra,
     ]
+    return cmd, env
+
+
+def extract(out: Path, run: str, **kwargs) -> Path:
+    cmd, env = extract_command(out, run, **kwargs)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")

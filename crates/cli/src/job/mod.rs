@@ -28,6 +28,7 @@
 mod compute;
 mod fetch;
 mod options;
+mod output;
 mod pipeline;
 pub mod progress;
 mod timing;
@@ -67,6 +68,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let model = siphon_models::LoadedModel::open(&model_path)
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let mut spec = options.resolve(Some(&model.config), identity.total_machines)?;
+    output::one_streaming_host(&spec.output, identity.num_processes as usize)?;
     let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
     let text_tokenizer = model.tokenizer.as_ref();
@@ -222,11 +224,12 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     };
     let mut writers = Vec::new();
     let mut committed_tokens = 0;
+    let streaming = siphon_stream::address(&spec.output).is_some();
+    output::one_streaming_host(&spec.output, compute.members().iter().filter(|m| m.writes).count())?;
     for member in compute.members().iter().filter(|m| m.writes) {
         let host = HostId { machine: host.machine, host: member.process };
-        let store_config = store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout))?;
-        let writer = ShardWriter::open(store_config, descriptor.clone()).context("cannot open the output")?;
-        let resume_at = writer.resume_point().clone();
+        let store = || store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout));
+        let (writer, resume_at) = output::Output::open(&spec.output, &run_name, host, &descriptor, store)?;
         committed_tokens += resume_at.committed_tokens;
         coord.kv_set(
             &format!("resume/{}/{}", host.machine, host.host),
@@ -362,8 +365,18 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     }
     // Every step in flight reaches its writers first.
     let (sinks, path) = pipeline.finish()?;
-    let writing: Vec<(HostId, ShardWriter, u64)> =
-        sinks.into_iter().filter_map(|sink| sink.writer.map(|(w, resumed)| (sink.host, w, resumed))).collect();
+    let mut writing: Vec<(HostId, ShardWriter, u64)> = Vec::new();
+    for sink in sinks {
+        match sink.writer {
+            Some((output::Output::Shards(writer), resumed)) => writing.push((sink.host, writer, resumed)),
+            // Preempted, the stream ends with an error for its consumers (the sink dropped).
+            Some((output::Output::Stream(streamed), _)) if !preempted => {
+                let batches = streamed.finish()?;
+                tracing::info!(batches, seconds = started.elapsed().as_secs_f64(), "stream finished");
+            }
+            _ => {}
+        }
+    }
     if preempted {
         // Commit the shards the pushed batches complete; the partial one is redone on resume.
         stop.start_deadline();
@@ -405,7 +418,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
 
     // 9. Completion, statistics, shutdown.
     coord.barrier("complete", BARRIER_TIMEOUT)?;
-    if host.host == 0 {
+    if host.host == 0 && !streaming {
         siphon_store::finalize_run(&spec.output, &[], &run_name).context("cannot merge the hosts' statistics")?;
         tracing::info!(output = %spec.output, run = %run_name, "dataset complete");
     }

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use siphon_engine::Launched;
 use siphon_runtime::HostBuffer;
-use siphon_store::{DType, HookActivations, ShardWriter};
+use siphon_store::{DType, HookActivations};
 
 use super::progress::Bound;
 
@@ -108,8 +108,8 @@ pub struct Batches {
 /// Where one member's rows go: its shard writer (members that write nothing have none),
 /// and what turns its batch into the store's.
 pub struct Sink {
-    /// The writer and the tokens its host committed before this session.
-    pub writer: Option<(ShardWriter, u64)>,
+    /// The output and the tokens its host committed before this session.
+    pub writer: Option<(super::output::Output, u64)>,
     /// The member's process in the engine's views (whose rows it reads back).
     pub process: usize,
     /// The host it writes as.
@@ -270,7 +270,7 @@ fn drain(
 /// The member's rows of each hook, as slices of its buffers in the slot on loan (a short last
 /// batch keeps its own rows only).
 fn writer_hooks(
-    writer: &ShardWriter,
+    writer: &super::output::Output,
     batches: &Batches,
     batch: &siphon_data::Batch,
     loan: &Arc<OnLoan>,

@@ -1,0 +1,112 @@
+"""A live stream (`siphon extract --output stream://127.0.0.1:PORT`, one host) read by 1 and 2
+consumers holds the tokens, and the activations, that the same command writes to disk."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+import siphon
+from siphon.stream import _messages
+from conftest import HOOKS, REPO, _free_port, extract, extract_command, make_corpus
+
+pytest.importorskip("grpc")
+
+
+def rows(batches: List[Any]) -> Counter:
+    """Each row as (token id, position, its hooks' bf16 bits): a multiset comparable across
+    orders."""
+    out: Counter = Counter()
+    for b in batches:
+        hooks = [np.asarray(b[h]).reshape(len(b["token_ids"]), -1).view(np.uint16) for h in HOOKS]
+        for i, (t, p) in enumerate(zip(b["token_ids"].tolist(), b["position"].tolist())):
+            out[(t, p) + tuple(bytes(h[i]) for h in hooks)] += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(runs: Path) -> Path:
+    path = runs / "stream-corpus"
+    make_corpus(path, 120, seed=11)
+    return path
+
+
+@pytest.fixture(scope="module")
+def on_disk(runs: Path, corpus: Path) -> Counter:
+    run = extract(runs, "stream-disk", hosts=1, corpus=corpus)
+    return rows(list(siphon.open_dataset(run).batches(batch_size=64, shuffle=False, dtype="raw")))
+
+
+@pytest.mark.parametrize("consumers", [1, 2])
+def test_a_live_stream_holds_what_the_same_command_writes_to_disk(runs, corpus, on_disk, consumers):
+    url = f"stream://127.0.0.1:{_free_port()}"
+    cmd, env = extract_command(runs, f"stream-live-{consumers}", hosts=1, corpus=corpus, output=url)
+    producer = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    got: Dict[int, List[Any]] = {}
+    errors: List[BaseException] = []
+
+    def consume(rank: int) -> None:
+        try:
+            got[rank] = list(siphon.stream(url, batch_size=24, rank=rank, world_size=consumers, seed=rank,
+                                           dtype="raw", connect_timeout=120))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume, args=(r,)) for r in range(consumers)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        log, _ = producer.communicate(timeout=120)
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait()
+    assert not errors, errors
+    assert producer.returncode == 0, log[-4000:]
+    assert "stream finished" in log
+    # Every row once over the consumers, each a full batch but for its last.
+    assert sum((rows(got[r]) for r in range(consumers)), Counter()) == on_disk
+    for r in range(consumers):
+        assert all(len(b["token_ids"]) == 24 for b in got[r][:-1]), [len(b["token_ids"]) for b in got[r]]
+    assert not (runs / f"stream-live-{consumers}").exists(), "nothing is written to disk"
+
+
+def test_bad_streams_are_refused_by_name(runs):
+    with pytest.raises(siphon.DatasetError, match="not a stream"):
+        siphon.stream(str(runs))
+    with pytest.raises(siphon.DatasetError, match="no stream served there"):
+        siphon.stream(f"stream://127.0.0.1:{_free_port()}", connect_timeout=1)
+    with pytest.raises(siphon.DatasetError, match="out of range"):
+        siphon.stream("stream://127.0.0.1:1", rank=2, world_size=2)
+
+
+def test_the_messages_are_those_of_the_proto():
+    """The Python side builds its messages from a descriptor: the same fields, numbers and
+    types as crates/stream/proto/stream.proto."""
+    proto = (REPO / "crates/stream/proto/stream.proto").read_text()
+    declared = {
+        name: sorted((int(n), f, t) for t, f, n in re.findall(r"(\w+) (\w+) = (\d+);", body))
+        for name, body in re.findall(r"message (\w+) \{([^}]*)\}", proto)
+    }
+    kinds = {"string": 9, "uint32": 13, "uint64": 4, "bytes": 12}
+    built = {
+        name: sorted((f.number, f.name, next(k for k, v in kinds.items() if v == f.type)) for f in cls.DESCRIPTOR.fields)
+        for name, cls in _messages().items()
+    }
+    assert built == declared
+
+
+def test_a_stream_from_several_hosts_is_refused_by_name(runs, corpus):
+    cmd, env = extract_command(runs, "stream-two-hosts", hosts=2, corpus=corpus, output=f"stream://127.0.0.1:{_free_port()}")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "a stream is served by one host writing alone for now" in done.stdout + done.stderr
