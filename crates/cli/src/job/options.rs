@@ -48,7 +48,9 @@ pub struct ExtractOptions {
     pub max_tokens: Option<u64>,
 
     // --- output ---
-    /// Where the dataset goes: a local path or gs:// s3:// az:// file:// URL.
+    /// Where the dataset goes: a local path or gs:// s3:// az:// file:// URL; or
+    /// stream://HOST:PORT to serve the batches live to training processes (siphon.stream in
+    /// Python), no disk between: one host, each batch sent once.
     #[arg(long, help_heading = "Output")]
     pub output: Option<String>,
     /// Run name (a directory under --output). Default: derived from the configuration, so the
@@ -75,7 +77,8 @@ pub struct ExtractOptions {
     #[arg(long, value_name = "STEPS", default_value_t = super::pipeline::DEFAULT_DEPTH, help_heading = "Output")]
     pub pipeline_depth: usize,
     /// Seconds a write to the output may keep failing (the store down or throttling, requests
-    /// stalled; retried with backoff) before the job fails; committed shards are kept.
+    /// stalled; retried with backoff) before the job fails; committed shards are kept. A stream
+    /// waits as long for its consumers to take a batch.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0, help_heading = "Output")]
     pub store_timeout: f64,
 
