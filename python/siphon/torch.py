@@ -291,6 +291,27 @@ def data_provider(
     return Provider(ds, num_workers, device)
 
 
+def stream_provider(
+    url: str,
+    hook: str,
+    batch_size: int = 4096,
+    *,
+    device: Any = None,
+    dtype: Any = "float32",
+    **kwargs: Any,
+) -> Iterator[torch.Tensor]:
+    """Shuffled ``[batch_size, d]`` tensors of one hook from a live stream
+    (``siphon extract --output stream://HOST:PORT``): the ``data_provider`` of SAELens's
+    ``SAETrainer``, trained while siphon extracts. Keyword arguments as `siphon.stream` (rank,
+    world_size, seed, shuffle_buffer_tokens, ...). The stream is one pass over the corpus:
+    ask the trainer for at most its tokens."""
+    from .stream import stream
+
+    for batch in stream(url, [hook], batch_size=batch_size, output="torch", dtype=dtype, device=device, **kwargs):
+        x: torch.Tensor = batch[hook]
+        yield x.reshape(x.shape[0], -1)
+
+
 class _Tagged:
     """An item from a DataLoader worker with the reader that made it and its position after."""
 
@@ -343,4 +364,4 @@ def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any
     return EpochLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
 
 
-__all__ = ["ActivationDataset", "EpochLoader", "Provider", "data_provider", "batch_loader"]
+__all__ = ["ActivationDataset", "EpochLoader", "Provider", "data_provider", "batch_loader", "stream_provider"]

@@ -39,39 +39,58 @@ def corpus(runs: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def on_disk(runs: Path, corpus: Path) -> Counter:
-    run = extract(runs, "stream-disk", hosts=1, corpus=corpus)
-    return rows(list(siphon.open_dataset(run).batches(batch_size=64, shuffle=False, dtype="raw")))
+def disk_run(runs: Path, corpus: Path) -> Path:
+    """The same command as the streams', one host, writing to disk."""
+    return extract(runs, "stream-disk", hosts=1, corpus=corpus)
+
+
+@pytest.fixture(scope="module")
+def on_disk(disk_run: Path) -> Counter:
+    return rows(list(siphon.open_dataset(disk_run).batches(batch_size=64, shuffle=False, dtype="raw")))
+
+
+class Producer:
+    """`siphon extract --output stream://127.0.0.1:PORT` running; stopped on exit."""
+
+    def __init__(self, runs: Path, corpus: Path, run: str) -> None:
+        self.url = f"stream://127.0.0.1:{_free_port()}"
+        cmd, env = extract_command(runs, run, hosts=1, corpus=corpus, output=self.url)
+        self.process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log(self) -> str:
+        out, _ = self.process.communicate(timeout=120)
+        return out
 
 
 @pytest.mark.parametrize("consumers", [1, 2])
 def test_a_live_stream_holds_what_the_same_command_writes_to_disk(runs, corpus, on_disk, consumers):
-    url = f"stream://127.0.0.1:{_free_port()}"
-    cmd, env = extract_command(runs, f"stream-live-{consumers}", hosts=1, corpus=corpus, output=url)
-    producer = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     got: Dict[int, List[Any]] = {}
     errors: List[BaseException] = []
+    with Producer(runs, corpus, f"stream-live-{consumers}") as producer:
 
-    def consume(rank: int) -> None:
-        try:
-            got[rank] = list(siphon.stream(url, batch_size=24, rank=rank, world_size=consumers, seed=rank,
-                                           dtype="raw", connect_timeout=120))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        def consume(rank: int) -> None:
+            try:
+                got[rank] = list(siphon.stream(producer.url, batch_size=24, rank=rank, world_size=consumers, seed=rank,
+                                               dtype="raw", connect_timeout=120))
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
 
-    threads = [threading.Thread(target=consume, args=(r,)) for r in range(consumers)]
-    try:
+        threads = [threading.Thread(target=consume, args=(r,)) for r in range(consumers)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=300)
-        log, _ = producer.communicate(timeout=120)
-    finally:
-        if producer.poll() is None:
-            producer.kill()
-            producer.wait()
+        log = producer.log()
     assert not errors, errors
-    assert producer.returncode == 0, log[-4000:]
+    assert producer.process.returncode == 0, log[-4000:]
     assert "stream finished" in log
     # Every row once over the consumers, each a full batch but for its last.
     assert sum((rows(got[r]) for r in range(consumers)), Counter()) == on_disk
@@ -110,3 +129,38 @@ def test_a_stream_from_several_hosts_is_refused_by_name(runs, corpus):
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "a stream is served by one host writing alone for now" in done.stdout + done.stderr
+
+
+def test_saelens_trains_from_a_live_stream_as_from_the_same_tokens_on_disk(runs, corpus, disk_run):
+    """A TopK SAE trained by SAELens's SAETrainer from the stream reaches the FVU of the same
+    training from the same tokens on disk, within the spread of two disk runs' shuffles."""
+    pytest.importorskip("sae_lens")
+    import torch
+    from sae_lens import TopKTrainingSAE, TopKTrainingSAEConfig
+    from sae_lens.config import SAETrainerConfig
+    from sae_lens.training.sae_trainer import SAETrainer
+
+    import siphon.torch
+
+    hook, batch, steps = HOOKS[0], 128, 32
+
+    def trained(provider: Any) -> Any:
+        torch.manual_seed(0)
+        sae = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=64, d_sae=128, k=8))
+        cfg = SAETrainerConfig(total_training_samples=batch * steps, train_batch_size_samples=batch, lr=1e-2,
+                               lr_end=1e-2, device="cpu", n_batches_for_norm_estimate=2)
+        return SAETrainer(cfg, sae, data_provider=provider).fit()
+
+    x = next(siphon.torch.data_provider(disk_run, hook, batch_size=2048, seed=99))
+
+    def fvu(sae: Any) -> float:
+        with torch.no_grad():
+            return float(((sae(x) - x) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())
+
+    disk = [fvu(trained(siphon.torch.data_provider(disk_run, hook, batch_size=batch, seed=s))) for s in (1, 2)]
+    with Producer(runs, corpus, "stream-saelens") as producer:
+        live = fvu(trained(siphon.torch.stream_provider(producer.url, hook, batch_size=batch, seed=1,
+                                                        connect_timeout=120)))
+        producer.process.kill()  # the trainer took what it needed; the rest of the stream is not read
+    assert live < 0.5, f"the SAE learned little: FVU {live}"
+    assert abs(live - disk[0]) <= 3 * abs(disk[0] - disk[1]) + 0.02, (live, disk)
