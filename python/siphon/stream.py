@@ -8,12 +8,14 @@ Example::
                                batch_size=4096, output="torch"):
         x = batch["blocks.10.hook_resid_post"]          # [4096, 576]
 
-The host sends batch ``k`` of its extraction to consumer ``k mod world_size``: over
-``world_size`` ranks every token comes once. Each consumer shuffles its rows within windows of
-`shuffle_buffer_tokens` rows. Batches are `Batch` dicts as `Dataset.batches` gives them.
+Every host of the extraction serves its own stream (host ``h`` on ``PORT+h``); a reader given
+any one reads them all, a batch of each in turn. A host sends batch ``k`` of its extraction to
+consumer ``k mod world_size``: over ``world_size`` ranks every token comes once. Each consumer
+shuffles its rows within windows of `shuffle_buffer_tokens` rows. Batches are `Batch` dicts
+as `Dataset.batches` gives them.
 
-Not yet: resuming a consumer or a producer (a batch sent is gone), reading several hosts'
-streams, TLS. A producer that stops before its last batch ends the stream with an error, never
+Not yet: resuming a consumer or a producer (a batch sent is gone), hosts on several machines,
+TLS. A producer that stops before its last batch ends the stream with an error, never
 as if it were complete.
 """
 
@@ -104,39 +106,58 @@ def stream(
     except ImportError as e:
         raise DatasetError("reading a stream needs grpcio and protobuf: pip install grpcio protobuf") from e
     messages = _messages()
-    target = url[len(SCHEME) :]
-    channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])
-    describe = channel.unary_unary(
+
+    def channel(target: str) -> Any:
+        return grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])
+
+    first = channel(url[len(SCHEME) :])
+    describe = first.unary_unary(
         "/siphon.stream.Stream/Describe",
         request_serializer=messages["DescribeRequest"].SerializeToString,
         response_deserializer=messages["Description"].FromString,
     )
-    pull = channel.unary_stream(
-        "/siphon.stream.Stream/Pull",
-        request_serializer=messages["PullRequest"].SerializeToString,
-        response_deserializer=messages["Batch"].FromString,
-    )
     try:
         run = json.loads(describe(messages["DescribeRequest"](), wait_for_ready=True, timeout=connect_timeout).run_json)
     except grpc.RpcError as e:
-        channel.close()
         raise DatasetError(f"{url}: no stream served there within {connect_timeout} s: {e.details()}") from e
+    finally:
+        first.close()
     served: List[str] = run["hooks"]
     hooks = list(served) if hooks is None else list(hooks)
     unknown = [h for h in hooks if h not in served]
     if unknown or not hooks or len(set(hooks)) != len(hooks):
-        channel.close()
         raise DatasetError(f"hooks {hooks}: name some of the stream's hooks, each once: {served}")
     stored = RUN_DTYPES[run["format"]["dtype"]]
     convert = _convert.Converter(output, _convert.resolve_dtype(dtype, output), stored, hooks, device)
     roles = bool(run["format"].get("roles"))
     names = hook_tensors(hooks, stored) + ["token_ids", "position"] + (["role"] if roles else [])
     request = messages["PullRequest"](consumer=rank, consumers=world_size)
-    return _batches(channel, pull(request), url, names, convert, batch_size, shuffle, seed, rank, window, drop_last)
+    channels = [channel(target) for target in run["producers"]]
+    pulls = [
+        c.unary_stream(
+            "/siphon.stream.Stream/Pull",
+            request_serializer=messages["PullRequest"].SerializeToString,
+            response_deserializer=messages["Batch"].FromString,
+        )(request, wait_for_ready=True)
+        for c in channels
+    ]
+    return _batches(channels, _in_turn(pulls), url, names, convert, batch_size, shuffle, seed, rank, window, drop_last)
+
+
+def _in_turn(streams: List[Iterator[Any]]) -> Iterator[Any]:
+    """A message of each stream in turn (those that ended left out): the same order on every
+    run, whatever the hosts' pace."""
+    live = list(streams)
+    while live:
+        for s in list(live):
+            try:
+                yield next(s)
+            except StopIteration:
+                live.remove(s)
 
 
 def _batches(
-    channel: Any,
+    channels: List[Any],
     calls: Iterator[Any],
     url: str,
     names: List[str],
@@ -182,7 +203,8 @@ def _batches(
     except grpc.RpcError as e:
         raise DatasetError(f"{url}: the stream broke off: {e.details()}") from e
     finally:
-        channel.close()
+        for c in channels:
+            c.close()
 
 
 __all__ = ["stream"]

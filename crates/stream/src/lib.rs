@@ -9,8 +9,8 @@
 //! that many do, so the consumers set the pace and memory stays bounded.
 //! [`StreamSink::finish`] waits until every consumer has been sent its last batch.
 //!
-//! Not yet built: a consumer or a producer that restarts (a batch sent is gone), several
-//! producers' streams merged by one reader, TLS.
+//! Each host of a job serves its own stream; a reader merges them (`siphon.stream`). Not yet
+//! built: a consumer or a producer that restarts (a batch sent is gone), TLS.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

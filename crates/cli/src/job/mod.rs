@@ -68,7 +68,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let model = siphon_models::LoadedModel::open(&model_path)
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let mut spec = options.resolve(Some(&model.config), identity.total_machines)?;
-    output::one_streaming_host(&spec.output, identity.num_processes as usize)?;
+    output::check_stream(&spec.output, identity.total_machines, false)?;
     let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
     let text_tokenizer = model.tokenizer.as_ref();
@@ -225,11 +225,12 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let mut writers = Vec::new();
     let mut committed_tokens = 0;
     let streaming = siphon_stream::address(&spec.output).is_some();
-    output::one_streaming_host(&spec.output, compute.members().iter().filter(|m| m.writes).count())?;
+    output::check_stream(&spec.output, spec.total_machines, compute.spans_processes())?;
     for member in compute.members().iter().filter(|m| m.writes) {
         let host = HostId { machine: host.machine, host: member.process };
         let store = || store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout));
-        let (writer, resume_at) = output::Output::open(&spec.output, &run_name, host, &descriptor, store)?;
+        let (writer, resume_at) =
+            output::Output::open(&spec.output, &run_name, (host, compute.readers()), &descriptor, store)?;
         committed_tokens += resume_at.committed_tokens;
         coord.kv_set(
             &format!("resume/{}/{}", host.machine, host.host),

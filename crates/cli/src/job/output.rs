@@ -1,6 +1,8 @@
 //! Where a writing member's rows go: shards in a store ([`ShardWriter`]), or, with
 //! `--output stream://HOST:PORT`, a live stream to the training processes that pull them
 //! ([`siphon_stream::StreamSink`]: each batch sent as a shard of its own, no disk between).
+//! Host `h` of a job serves its stream on `HOST:PORT+h`, and every host's description lists
+//! them all, so that a reader given any one reads every host.
 
 use std::time::Duration;
 
@@ -28,45 +30,75 @@ pub struct Streamed {
     batches: u64,
 }
 
-/// Refuses a stream written by several processes or members (`writers`): one host serves it
-/// for now.
-pub fn one_streaming_host(output: &str, writers: usize) -> anyhow::Result<()> {
-    if siphon_stream::address(output).is_some() && writers > 1 {
+/// Refuses what a stream does not serve yet: hosts on several machines (each machine would
+/// have to advertise its own address) and a mesh spanning processes (hosts that do not each
+/// write their own rows).
+pub fn check_stream(output: &str, machines: u32, spans_processes: bool) -> anyhow::Result<()> {
+    if siphon_stream::address(output).is_none() {
+        return Ok(());
+    }
+    if machines > 1 {
         anyhow::bail!(
-            "--output {output}: a stream is served by one host writing alone for now (this job has {writers} \
-             writing processes); write shards to a store instead, or run one host"
+            "--output {output}: a stream is served from one machine for now (this job has {machines}); \
+             write shards to a store instead"
+        );
+    }
+    if spans_processes {
+        anyhow::bail!(
+            "--output {output}: a stream needs hosts that each write their own rows; this job's mesh spans \
+             processes: write shards to a store instead"
         );
     }
     Ok(())
+}
+
+/// Where each of `hosts` hosts serves the stream `output` names: `HOST:PORT+h`.
+fn stream_addresses(output: &str, hosts: u32) -> anyhow::Result<Vec<String>> {
+    let addr = siphon_stream::address(output).context("not a stream")?;
+    let (host, port) = addr
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+        .with_context(|| format!("--output {output}: give stream://HOST:PORT"))?;
+    (0..hosts)
+        .map(|h| {
+            let port = port.checked_add(u16::try_from(h).ok()?)?;
+            Some(format!("{host}:{port}"))
+        })
+        .collect::<Option<Vec<_>>>()
+        .with_context(|| format!("--output {output}: {hosts} hosts need ports {port}..{port}+{hosts}"))
 }
 
 /// Batches a stream keeps for consumers that have not pulled them yet.
 const STREAM_CAPACITY: usize = 8;
 
 impl Output {
-    /// Opens the output `output` names: a stream when it is `stream://HOST:PORT`, else the
-    /// store (`format` and `patience` are the store's), and where it resumes.
+    /// Opens the output `output` names for host `host` of `hosts`: a stream when it is
+    /// `stream://HOST:PORT`, else the store (`format` and `patience` are the store's), and where
+    /// it resumes.
     pub fn open(
         output: &str,
         run: &str,
-        host: HostId,
+        (host, hosts): (HostId, u32),
         descriptor: &RunDescriptor,
         store: impl FnOnce() -> anyhow::Result<siphon_store::StoreConfig>,
     ) -> anyhow::Result<(Output, ResumePoint)> {
         let config = store()?;
-        let Some(addr) = siphon_stream::address(output) else {
+        if siphon_stream::address(output).is_none() {
             let writer = ShardWriter::open(config, descriptor.clone()).context("cannot open the output")?;
             let resume_at = writer.resume_point().clone();
             return Ok((Output::Shards(writer), resume_at));
-        };
+        }
+        let producers = stream_addresses(output, hosts)?;
         let description = serde_json::to_string(&serde_json::json!({
             "run": run,
+            "producers": producers,
             "model": descriptor.model,
             "hooks": descriptor.hooks,
             "hook_shapes": descriptor.hook_shapes,
             "format": config.format,
             "config": descriptor.config,
         }))?;
+        let addr = producers.get(host.host as usize).with_context(|| format!("host {host:?} of {hosts}"))?;
         let sink = StreamSink::serve(addr, description, STREAM_CAPACITY)?;
         let streamed = Streamed {
             sink,
@@ -107,5 +139,28 @@ impl Streamed {
     /// Ends the stream once every consumer has been sent its last batch; the batches sent.
     pub fn finish(self) -> anyhow::Result<u64> {
         Ok(self.sink.finish(self.patience)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_host_serves_on_its_own_port_and_what_a_stream_lacks_is_refused_by_name() {
+        assert_eq!(
+            stream_addresses("stream://0.0.0.0:7070", 3).unwrap(),
+            ["0.0.0.0:7070", "0.0.0.0:7071", "0.0.0.0:7072"]
+        );
+        let no_port = stream_addresses("stream://somewhere", 1).unwrap_err().to_string();
+        assert!(no_port.contains("give stream://HOST:PORT"), "{no_port}");
+        let past = stream_addresses("stream://h:65535", 2).unwrap_err().to_string();
+        assert!(past.contains("2 hosts need ports 65535"), "{past}");
+        check_stream("gs://bucket/out", 4, true).unwrap();
+        check_stream("stream://h:1", 1, false).unwrap();
+        let machines = check_stream("stream://h:1", 2, false).unwrap_err().to_string();
+        assert!(machines.contains("from one machine for now (this job has 2)"), "{machines}");
+        let spans = check_stream("stream://h:1", 1, true).unwrap_err().to_string();
+        assert!(spans.contains("mesh spans processes"), "{spans}");
     }
 }
