@@ -180,3 +180,35 @@ def test_saelens_trains_from_a_live_stream_as_from_the_same_tokens_on_disk(runs,
         producer.process.kill()  # the trainer took what it needed; the rest of the stream is not read
     assert live < 0.5, f"the SAE learned little: FVU {live}"
     assert abs(live - disk[0]) <= 3 * abs(disk[0] - disk[1]) + 0.02, (live, disk)
+
+
+def test_an_fp8_stream_gives_the_disk_runs_dequantized_values(runs, corpus):
+    """fp8 (values and a scale per token row, quantized on the device): the stream's rows,
+    dequantized, are the disk run's."""
+    from conftest import FP8_HOOKS
+
+    run = runs / "stream-disk-fp8"
+    if not run.exists():
+        extract(runs, run.name, hosts=1, corpus=corpus, dtype="fp8", hooks=FP8_HOOKS)
+
+    def keyed(batches: List[Any]) -> Counter:
+        out: Counter = Counter()
+        for b in batches:
+            values = [np.asarray(b[h], dtype=np.float32).reshape(len(b["token_ids"]), -1) for h in FP8_HOOKS]
+            for i, (t, p) in enumerate(zip(b["token_ids"].tolist(), b["position"].tolist())):
+                out[(t, p) + tuple(v[i].tobytes() for v in values)] += 1
+        return out
+
+    want = keyed(list(siphon.open_dataset(run).batches(batch_size=64, shuffle=False)))
+    url = f"stream://127.0.0.1:{_free_port()}"
+    cmd, env = extract_command(runs, "stream-live-fp8", hosts=1, corpus=corpus, dtype="fp8", hooks=FP8_HOOKS, output=url)
+    producer = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        got = keyed(list(siphon.stream(url, batch_size=32, connect_timeout=120)))
+        log, _ = producer.communicate(timeout=120)
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait()
+    assert producer.returncode == 0, log[-4000:]
+    assert sum(want.values()) > 1000 and got == want
