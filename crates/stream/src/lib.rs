@@ -107,29 +107,26 @@ impl StreamSink {
     /// `capacity` batches wait for their consumers; `patience` bounds the wait.
     pub fn push(&self, shard: Bytes, patience: Duration) -> Result<(), StreamError> {
         let deadline = Instant::now() + patience;
-        let mut state = self.shared.lock();
+        let (mut state, mut in_time) = (self.shared.lock(), true);
         while state.pending.len() >= self.shared.capacity {
-            state = match self.shared.wait(state, deadline) {
-                Some(state) => state,
-                None => {
-                    let state = self.shared.lock();
-                    let who = match state.consumers {
-                        Some(n) => format!("{n} consumers pull"),
-                        None => "no consumer has connected".into(),
-                    };
-                    return Err(StreamError::Stalled(format!(
-                        "no consumer took a batch of the stream on {} for {patience:?} ({} batches wait; {who})",
-                        self.addr,
-                        state.pending.len()
-                    )));
-                }
-            };
+            if !in_time {
+                let who = match state.consumers {
+                    Some(n) => format!("{n} consumers pull"),
+                    None => "no consumer has connected".into(),
+                };
+                return Err(StreamError::Stalled(format!(
+                    "no consumer took a batch of the stream on {} for {patience:?} ({} batches wait; {who})",
+                    self.addr,
+                    state.pending.len()
+                )));
+            }
+            (state, in_time) = self.shared.wait(state, deadline);
         }
         let index = state.made;
         state.pending.insert(index, shard);
         state.made += 1;
         drop(state);
-        self.shared.changed.send_modify(|v| *v += 1);
+        self.shared.bump();
         Ok(())
     }
 
@@ -137,28 +134,25 @@ impl StreamSink {
     /// consumer has been sent its last batch, then stops serving. Returns the batches made.
     pub fn finish(mut self, patience: Duration) -> Result<u64, StreamError> {
         self.shared.lock().finished = true;
-        self.shared.changed.send_modify(|v| *v += 1);
+        self.shared.bump();
         let deadline = Instant::now() + patience;
-        let mut state = self.shared.lock();
+        let (mut state, mut in_time) = (self.shared.lock(), true);
         while !state.delivered() {
-            state = match self.shared.wait(state, deadline) {
-                Some(state) => state,
-                None => {
-                    let state = self.shared.lock();
-                    let waiting: Vec<String> = match state.consumers {
-                        None => vec!["no consumer has connected".into()],
-                        Some(n) => (0..n as usize)
-                            .filter(|&c| !state.ended[c])
-                            .map(|c| format!("consumer {c} of {n} has not taken its last batches"))
-                            .collect(),
-                    };
-                    return Err(StreamError::Stalled(format!(
-                        "the stream on {} did not end within {patience:?}: {}",
-                        self.addr,
-                        waiting.join("; ")
-                    )));
-                }
-            };
+            if !in_time {
+                let waiting: Vec<String> = match state.consumers {
+                    None => vec!["no consumer has connected".into()],
+                    Some(n) => (0..n as usize)
+                        .filter(|&c| !state.ended[c])
+                        .map(|c| format!("consumer {c} of {n} has not taken its last batches"))
+                        .collect(),
+                };
+                return Err(StreamError::Stalled(format!(
+                    "the stream on {} did not end within {patience:?}: {}",
+                    self.addr,
+                    waiting.join("; ")
+                )));
+            }
+            (state, in_time) = self.shared.wait(state, deadline);
         }
         let made = state.made;
         drop(state);
@@ -187,7 +181,7 @@ impl Drop for StreamSink {
     fn drop(&mut self) {
         if self.shutdown.is_some() {
             self.shared.lock().failed = Some(format!("the producer on {} stopped before its last batch", self.addr));
-            self.shared.changed.send_modify(|v| *v += 1);
+            self.shared.bump();
         }
         let _ = self.stop();
     }
@@ -240,11 +234,17 @@ impl Shared {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Waits for a batch to be taken or a stream to end, until `deadline` (`None` past it).
-    fn wait<'g>(&self, state: MutexGuard<'g, State>, deadline: Instant) -> Option<MutexGuard<'g, State>> {
-        let left = deadline.checked_duration_since(Instant::now())?;
+    /// Waits for a batch to be taken or a stream to end, until `deadline`; the state, and
+    /// whether the deadline is still ahead (the caller looks at the state once more either way).
+    fn wait<'g>(&self, state: MutexGuard<'g, State>, deadline: Instant) -> (MutexGuard<'g, State>, bool) {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else { return (state, false) };
         let (state, timeout) = self.taken.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner());
-        (!timeout.timed_out()).then_some(state)
+        (state, !timeout.timed_out())
+    }
+
+    /// Wakes the consumers' streams: a batch was made, or the stream finished or failed.
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
     }
 
     fn join(&self, consumer: u32, consumers: u32) -> Result<(), Status> {
