@@ -29,6 +29,7 @@ import numpy as np
 from . import _convert
 from ._format import RUN_DTYPES, hook_tensors, read_shard
 from ._convert import Batch
+from ._ranks import ranks
 from .errors import DatasetError
 
 SCHEME = "stream://"
@@ -58,16 +59,6 @@ def _messages() -> Dict[str, Any]:
     return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"siphon.stream.{name}")) for name in fields}
 
 
-def _distributed() -> "tuple[int, int]":
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 0, 1
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def stream(
     url: str,
     hooks: Optional[Sequence[str]] = None,
@@ -93,9 +84,7 @@ def stream(
         raise DatasetError(f"{url!r} is not a stream: give stream://HOST:PORT, as siphon extract --output has it")
     if batch_size <= 0:
         raise DatasetError(f"batch_size must be positive, got {batch_size}")
-    if (rank is None) != (world_size is None):
-        raise DatasetError("give both rank and world_size, or neither (then torch.distributed's)")
-    rank, world_size = (rank, world_size) if rank is not None and world_size is not None else _distributed()
+    rank, world_size = ranks(rank, world_size)
     if not 0 <= rank < world_size:
         raise DatasetError(f"rank {rank} is out of range for world_size {world_size} (0 <= rank < world_size)")
     window = shuffle_buffer_tokens or DEFAULT_WINDOW_BATCHES * batch_size

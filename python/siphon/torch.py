@@ -29,14 +29,9 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Unio
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ._ranks import ranks
 from .dataset import Batches, Dataset, open_dataset
 from .errors import DatasetError
-
-
-def _distributed() -> Tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 class ActivationDataset(IterableDataset[Any]):
@@ -73,8 +68,6 @@ class ActivationDataset(IterableDataset[Any]):
         self.hooks = self.dataset._check_hooks(hooks)
         if tensors and len(self.hooks) != 1:
             raise DatasetError(f"tensors=True yields one hook's tensors; got hooks {self.hooks}")
-        if (rank is None) != (world_size is None):
-            raise DatasetError("give both rank and world_size, or neither (then torch.distributed's)")
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
@@ -96,7 +89,7 @@ class ActivationDataset(IterableDataset[Any]):
         self._restored: Optional[Dict[str, Any]] = None
         self.kwargs = kwargs
         # Fail now, not in a worker, on bad arguments.
-        r, w = (rank, world_size) if rank is not None else _distributed()
+        r, w = ranks(rank, world_size)
         self._batches(rank=r, world_size=w)
 
     def _batches(self, **where: Any) -> Batches:
@@ -124,7 +117,7 @@ class ActivationDataset(IterableDataset[Any]):
     def __iter__(self) -> "_Reader":
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        rank, world_size = (self.rank, self.world_size) if self.rank is not None else _distributed()
+        rank, world_size = ranks(self.rank, self.world_size)
         epoch = self.epoch
         # A restored epoch: the readers continue where the state left them, and DataLoader
         # worker 0 hosts the reader whose batch came next, so that the round robin over the
@@ -164,13 +157,13 @@ class ActivationDataset(IterableDataset[Any]):
             # A StatefulDataLoader's worker saving its dataset beside its iterator, which holds
             # the reader's position.
             return _start(self.epoch, info.num_workers)
-        if self._delivered is None or bool(self._in_workers):
-            if bool(self._in_workers):
-                raise DatasetError(
-                    "state_dict() cannot follow a plain DataLoader with workers (it does not say which worker "
-                    "gave a batch): iterate siphon.torch.batch_loader's loader, or torchdata's "
-                    "StatefulDataLoader and save its state_dict()"
-                )
+        if bool(self._in_workers):
+            raise DatasetError(
+                "state_dict() cannot follow a plain DataLoader with workers (it does not say which worker "
+                "gave a batch): iterate siphon.torch.batch_loader's loader, or torchdata's "
+                "StatefulDataLoader and save its state_dict()"
+            )
+        if self._delivered is None:
             return _start(self.epoch, 1)
         workers, readers, last = self._delivered
         return {
