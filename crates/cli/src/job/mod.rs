@@ -225,7 +225,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let mut writers = Vec::new();
     let mut committed_tokens = 0;
     let streaming = siphon_stream::address(&spec.output).is_some();
-    output::check_stream(&spec.output, spec.total_machines, compute.spans_processes())?;
+    output::check_stream(&spec.output, spec.total_machines, compute.spans_hosts())?;
     for member in compute.members().iter().filter(|m| m.writes) {
         let host = HostId { machine: host.machine, host: member.process };
         let store = || store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout));

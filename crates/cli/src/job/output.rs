@@ -31,9 +31,9 @@ pub struct Streamed {
 }
 
 /// Refuses what a stream does not serve yet: hosts on several machines (each machine would
-/// have to advertise its own address) and a mesh spanning processes (hosts that do not each
-/// write their own rows).
-pub fn check_stream(output: &str, machines: u32, spans_processes: bool) -> anyhow::Result<()> {
+/// have to advertise its own address) and a mesh spanning hosts, simulated ones included (hosts
+/// that do not each write their own rows, so host `h` is not the `h`th writer).
+pub fn check_stream(output: &str, machines: u32, spans_hosts: bool) -> anyhow::Result<()> {
     if siphon_stream::address(output).is_none() {
         return Ok(());
     }
@@ -43,10 +43,10 @@ pub fn check_stream(output: &str, machines: u32, spans_processes: bool) -> anyho
              write shards to a store instead"
         );
     }
-    if spans_processes {
+    if spans_hosts {
         anyhow::bail!(
             "--output {output}: a stream needs hosts that each write their own rows; this job's mesh spans \
-             processes: write shards to a store instead"
+             hosts: write shards to a store instead"
         );
     }
     Ok(())
@@ -161,6 +161,6 @@ mod tests {
         let machines = check_stream("stream://h:1", 2, false).unwrap_err().to_string();
         assert!(machines.contains("from one machine for now (this job has 2)"), "{machines}");
         let spans = check_stream("stream://h:1", 1, true).unwrap_err().to_string();
-        assert!(spans.contains("mesh spans processes"), "{spans}");
+        assert!(spans.contains("mesh spans hosts"), "{spans}");
     }
 }
