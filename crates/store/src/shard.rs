@@ -247,7 +247,40 @@ impl ShardBuilder {
     }
 
     /// Encodes the shard as safetensors and computes its hash and statistics.
-    pub fn seal(self) -> Result<SealedShard> {
+    pub fn seal(mut self) -> Result<SealedShard> {
+        let mut stats = RunStats::new();
+        for (column, name) in self.hooks.iter().zip(&self.identity.hooks) {
+            let mut acc = StatsAccumulator::new(self.format.dtype, &column.shape);
+            acc.add_rows(&column.data, self.format.keep_excluded.then_some(&self.mask[..]));
+            stats.insert(name.clone(), acc.finish());
+        }
+        let (index, samples) = (self.index, self.samples.unwrap_or((0, 0)));
+        let tokens = self.token_ids.len() as u64;
+        let included_tokens = self.mask.iter().filter(|m| **m).count() as u64;
+        let data_position_after = std::mem::take(&mut self.data_position_after);
+        let chunks = self.into_file();
+        let mut hasher = Sha256::new();
+        let mut bytes = 0u64;
+        for chunk in &chunks {
+            hasher.update(chunk);
+            bytes += chunk.len() as u64;
+        }
+        Ok(SealedShard {
+            index,
+            chunks,
+            bytes,
+            sha256: hex::encode(hasher.finalize()),
+            tokens,
+            included_tokens,
+            samples,
+            data_position_after,
+            stats,
+        })
+    }
+
+    /// The shard's safetensors file, in order (header first), without the hash and statistics
+    /// [`ShardBuilder::seal`] adds: what a stream sends for a batch.
+    pub fn into_file(self) -> Vec<Bytes> {
         let ShardBuilder {
             identity,
             format,
@@ -260,19 +293,11 @@ impl ShardBuilder {
             mask,
             role,
             samples,
-            data_position_after,
+            data_position_after: _,
         } = self;
         let (sample_start, sample_end) = samples.unwrap_or((0, 0));
         let tokens = token_ids.len();
-        let included_tokens = mask.iter().filter(|m| **m).count() as u64;
         let dtype = format.dtype;
-
-        let mut stats = RunStats::new();
-        for (column, name) in hooks.iter().zip(&identity.hooks) {
-            let mut acc = StatsAccumulator::new(dtype, &column.shape);
-            acc.add_rows(&column.data, format.keep_excluded.then_some(&mask[..]));
-            stats.insert(name.clone(), acc.finish());
-        }
 
         // Tensors ordered by element alignment (8, 4, 2, 1 bytes) so every tensor in a
         // mmap-ed file starts aligned for its dtype.
@@ -354,23 +379,7 @@ impl ShardBuilder {
 
         let mut chunks = vec![Bytes::from(head)];
         chunks.extend(tensors.into_iter().flat_map(|(_, _, _, data)| data).filter(|d| !d.is_empty()));
-        let mut hasher = Sha256::new();
-        let mut bytes = 0u64;
-        for chunk in &chunks {
-            hasher.update(chunk);
-            bytes += chunk.len() as u64;
-        }
-        Ok(SealedShard {
-            index,
-            chunks,
-            bytes,
-            sha256: hex::encode(hasher.finalize()),
-            tokens: tokens as u64,
-            included_tokens,
-            samples: (sample_start, sample_end),
-            data_position_after,
-            stats,
-        })
+        chunks
     }
 }
 

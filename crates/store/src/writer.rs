@@ -397,8 +397,7 @@ pub fn batch_shard(
     let mut builder =
         ShardBuilder::new(identity, crate::config::ShardFormat { shuffle: None, ..format.clone() }, index);
     builder.add_unit(vec![batch])?;
-    let sealed = builder.seal()?;
-    Ok(sealed.chunks.concat().into())
+    Ok(builder.into_file().concat().into())
 }
 
 fn model_id(model: &serde_json::Value) -> String {
