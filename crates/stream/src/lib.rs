@@ -2,15 +2,22 @@
 //! over gRPC to the training processes that read them, with no disk between.
 //!
 //! Each batch travels as a shard of its own in the store's format (`siphon_store::batch_shard`),
-//! so a reader parses it as it parses a shard. Batch `k` (numbered from 0 in the order the
-//! host makes them) goes to consumer `k mod n` of the `n` consumers that pull
-//! (`proto/stream.proto`), each consumer's batches in order, each sent once. The host keeps at
-//! most `capacity` batches that no consumer has been sent: [`StreamSink::push`] waits while
-//! that many do, so the consumers set the pace and memory stays bounded.
-//! [`StreamSink::finish`] waits until every consumer has been sent its last batch.
+//! so a reader parses it as it parses a shard, with the data position after it. Batch `k`
+//! (numbered from 0 in the order the host makes them) goes to consumer `k mod n` of the `n`
+//! consumers that pull (`proto/stream.proto`), each consumer's batches in order.
+//!
+//! Memory is bounded ([`Bounds`]): the host holds at most `buffer` batches that are not yet
+//! sent ([`StreamSink::push`] waits while that many are, so the consumers set the pace) and
+//! the last `keep` batches it sent, for a consumer that restarts from a checkpoint and pulls
+//! again from an earlier batch. A producer that restarts holds nothing: it waits until every
+//! consumer has pulled ([`StreamSink::start`]), each saying its next batch and the data
+//! position of the batch before, and makes the batches again from the earliest one any
+//! consumer needs. Consumers that outlive a producer pull again when it is back, so neither
+//! side's restart loses or repeats a batch. [`StreamSink::finish`] waits until every consumer
+//! has been sent its last batch.
 //!
 //! Each host of a job serves its own stream; a reader merges them (`siphon.stream`). Not yet
-//! built: a consumer or a producer that restarts (a batch sent is gone), TLS.
+//! built: TLS.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -49,12 +56,35 @@ pub enum StreamError {
         /// Why.
         source: std::io::Error,
     },
-    /// The consumers did not take the batches in time.
+    /// The consumers did not pull, or take the batches, in time.
     #[error("{0}")]
     Stalled(String),
     /// The gRPC server failed.
     #[error("the stream's server failed: {0}")]
     Server(String),
+    /// Batches pushed before the start, or out of order.
+    #[error("{0}")]
+    Order(String),
+}
+
+/// The batches a host holds (see the crate's documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// Made and not yet sent: the producer waits while this many are.
+    pub buffer: usize,
+    /// Sent, kept for consumers that pull them again.
+    pub keep: usize,
+}
+
+/// Where a producer starts, from what its consumers said when they pulled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Start {
+    /// The first batch to push: the earliest any consumer needs.
+    pub first: u64,
+    /// The data position a consumer gave with the batch `at` (`at <= first`) it continues:
+    /// the host's data is read from there, batches before `first` are not pushed. `None`: from
+    /// the start of the host's data.
+    pub resume: Option<(u64, String)>,
 }
 
 /// Serves a host's batches to the consumers that pull them; see the crate's documentation.
@@ -68,8 +98,8 @@ pub struct StreamSink {
 
 impl StreamSink {
     /// Serves the run `description` (run.json's fields, as JSON) on `addr` (`HOST:PORT`; port
-    /// 0 takes a free one, [`StreamSink::addr`]), keeping at most `capacity` batches unsent.
-    pub fn serve(addr: &str, description: String, capacity: usize) -> Result<StreamSink, StreamError> {
+    /// 0 takes a free one, [`StreamSink::addr`]), holding at most `bounds` batches.
+    pub fn serve(addr: &str, description: String, bounds: Bounds) -> Result<StreamSink, StreamError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("siphon-stream")
@@ -83,7 +113,7 @@ impl StreamSink {
             state: Mutex::new(State::default()),
             taken: Condvar::new(),
             changed: watch::Sender::new(0),
-            capacity: capacity.max(1),
+            bounds: Bounds { buffer: bounds.buffer.max(1), keep: bounds.keep },
             description,
         });
         let service = pb::stream_server::StreamServer::new(Service { shared: Arc::clone(&shared) });
@@ -94,7 +124,7 @@ impl StreamSink {
                 let _ = stop.await;
             }),
         );
-        tracing::info!(addr = %local, capacity, "serving the stream");
+        tracing::info!(addr = %local, buffer = bounds.buffer, keep = bounds.keep, "serving the stream");
         Ok(StreamSink { shared, addr: local, runtime, shutdown: Some(shutdown), server: Some(server) })
     }
 
@@ -103,27 +133,64 @@ impl StreamSink {
         self.addr
     }
 
-    /// Hands on the next batch (`shard`: the batch as a shard of its own), waiting while
-    /// `capacity` batches wait for their consumers; `patience` bounds the wait.
-    pub fn push(&self, shard: Bytes, patience: Duration) -> Result<(), StreamError> {
+    /// Waits (at most `patience`) until every consumer has pulled, and says where the batches
+    /// start: at the earliest batch a consumer needs (0 on a first run), read from the latest
+    /// data position a consumer gave at or before it.
+    pub fn start(&self, patience: Duration) -> Result<Start, StreamError> {
         let deadline = Instant::now() + patience;
         let (mut state, mut in_time) = (self.shared.lock(), true);
-        while state.pending.len() >= self.shared.capacity {
+        while !state.all_joined() {
             if !in_time {
                 let who = match state.consumers {
-                    Some(n) => format!("{n} consumers pull"),
-                    None => "no consumer has connected".into(),
+                    None => "no consumer has pulled".to_string(),
+                    Some(n) => {
+                        let missing: Vec<String> =
+                            (0..n as usize).filter(|&c| state.joined[c].is_none()).map(|c| c.to_string()).collect();
+                        format!("consumer(s) {} of {n} have not pulled", missing.join(", "))
+                    }
                 };
                 return Err(StreamError::Stalled(format!(
-                    "no consumer took a batch of the stream on {} for {patience:?} ({} batches wait; {who})",
-                    self.addr,
-                    state.pending.len()
+                    "the stream on {} did not start within {patience:?}: {who}",
+                    self.addr
                 )));
             }
             (state, in_time) = self.shared.wait(state, deadline);
         }
-        let index = state.made;
-        state.pending.insert(index, shard);
+        let start = state.begin();
+        drop(state);
+        tracing::info!(first = start.first, from = ?start.resume.as_ref().map(|r| r.0), "every consumer pulls");
+        Ok(start)
+    }
+
+    /// Hands on batch `index` (the one after the last pushed, the first from [`Start`]):
+    /// `shard`, the batch as a shard of its own, and `position`, where the data continues
+    /// after it. Waits while `buffer` batches wait for their consumers; `patience` bounds the
+    /// wait.
+    pub fn push(&self, index: u64, shard: Bytes, position: String, patience: Duration) -> Result<(), StreamError> {
+        let deadline = Instant::now() + patience;
+        let (mut state, mut in_time) = (self.shared.lock(), true);
+        if !state.started || index != state.made {
+            return Err(StreamError::Order(format!(
+                "batch {index} pushed to the stream on {} where {} comes next",
+                self.addr,
+                if state.started { state.made.to_string() } else { "the start".into() }
+            )));
+        }
+        while state.unsent() >= self.shared.bounds.buffer {
+            if !in_time {
+                return Err(StreamError::Stalled(format!(
+                    "no consumer took a batch of the stream on {} for {patience:?} ({} batches wait; {} consumers pull)",
+                    self.addr,
+                    state.unsent(),
+                    state.next.len()
+                )));
+            }
+            (state, in_time) = self.shared.wait(state, deadline);
+        }
+        // A batch its consumer already has (it pulled from a later one) is not held.
+        if index >= state.next_of(index) {
+            state.held.insert(index, Held { shard, position });
+        }
         state.made += 1;
         drop(state);
         self.shared.bump();
@@ -139,9 +206,10 @@ impl StreamSink {
         let (mut state, mut in_time) = (self.shared.lock(), true);
         while !state.delivered() {
             if !in_time {
-                let waiting: Vec<String> = match state.consumers {
-                    None => vec!["no consumer has connected".into()],
-                    Some(n) => (0..n as usize)
+                let n = state.next.len();
+                let waiting: Vec<String> = match n {
+                    0 => vec!["no consumer has pulled".into()],
+                    _ => (0..n)
                         .filter(|&c| !state.ended[c])
                         .map(|c| format!("consumer {c} of {n} has not taken its last batches"))
                         .collect(),
@@ -176,7 +244,8 @@ impl StreamSink {
 }
 
 /// A sink dropped before [`StreamSink::finish`] (the job failed or was preempted) ends every
-/// consumer's stream with an error saying so, never as if the run were complete.
+/// consumer's stream with an error saying so, never as if the run were complete; consumers
+/// pull again if the producer comes back.
 impl Drop for StreamSink {
     fn drop(&mut self) {
         if self.shutdown.is_some() {
@@ -187,16 +256,31 @@ impl Drop for StreamSink {
     }
 }
 
+/// A batch the host holds.
+struct Held {
+    shard: Bytes,
+    position: String,
+}
+
 #[derive(Default)]
 struct State {
     /// How many consumers pull, fixed by the first pull.
     consumers: Option<u32>,
-    /// Batches made and not yet sent, by index.
-    pending: BTreeMap<u64, Bytes>,
-    /// Batches made.
+    /// Per consumer, its latest pull's start and position; before the start, what the start
+    /// is made from.
+    joined: Vec<Option<(u64, String)>>,
+    /// Whether [`StreamSink::start`] has said where the batches start.
+    started: bool,
+    /// The batches held, by index: not yet sent, or among the last `keep` sent.
+    held: BTreeMap<u64, Held>,
+    /// The index of the next batch made.
     made: u64,
     /// Per consumer, the index of the next batch it is sent.
     next: Vec<u64>,
+    /// Per consumer, its earliest batch that can still be sent (those before are gone).
+    kept_from: Vec<u64>,
+    /// Per consumer, its pulls so far: only the latest one is served.
+    pulls: Vec<u64>,
     /// Per consumer, whether its stream has ended.
     ended: Vec<bool>,
     /// No batch comes after those made.
@@ -206,24 +290,67 @@ struct State {
 }
 
 impl State {
+    fn all_joined(&self) -> bool {
+        self.consumers.is_some() && self.joined.iter().all(Option::is_some)
+    }
+
     fn delivered(&self) -> bool {
-        self.consumers.is_some() && self.ended.iter().all(|e| *e)
+        self.started && self.ended.iter().all(|e| *e)
+    }
+
+    /// The next batch sent to the consumer of batch `k`.
+    fn next_of(&self, k: u64) -> u64 {
+        self.next[(k % self.next.len() as u64) as usize]
+    }
+
+    fn unsent(&self) -> usize {
+        self.held.keys().filter(|&&k| k >= self.next_of(k)).count()
+    }
+
+    /// Starts where the consumers' pulls say (all have pulled); see [`StreamSink::start`].
+    fn begin(&mut self) -> Start {
+        let n = self.joined.len() as u64;
+        let pulls: Vec<(u64, String)> = self.joined.iter().map(|j| j.clone().expect("every consumer pulled")).collect();
+        let first = pulls.iter().map(|(start, _)| *start).min().unwrap_or(0);
+        // A consumer's position follows its batch before `start`: it is batch `start - n + 1`'s.
+        let resume = pulls
+            .iter()
+            .filter(|(start, position)| *start >= n && !position.is_empty())
+            .map(|(start, position)| (start - n + 1, position.clone()))
+            .filter(|(at, _)| *at <= first)
+            .max_by_key(|(at, _)| *at);
+        self.next = pulls.iter().map(|(start, _)| *start).collect();
+        self.kept_from = self.next.clone();
+        self.made = first;
+        self.started = true;
+        Start { first, resume }
+    }
+
+    /// Forgets the oldest batches sent while more than `keep` are held.
+    fn trim(&mut self, keep: usize) {
+        let n = self.next.len() as u64;
+        let sent: Vec<u64> = self.held.keys().copied().filter(|&k| k < self.next_of(k)).collect();
+        for &k in sent.iter().take(sent.len().saturating_sub(keep)) {
+            self.held.remove(&k);
+            let c = (k % n) as usize;
+            self.kept_from[c] = self.kept_from[c].max(k + n);
+        }
     }
 }
 
 struct Shared {
     state: Mutex<State>,
-    /// Signalled when a batch is taken or a stream ends.
+    /// Signalled when a consumer pulls, a batch is taken or a stream ends.
     taken: Condvar,
     /// Bumped when a batch is made or the stream finishes.
     changed: watch::Sender<u64>,
-    capacity: usize,
+    bounds: Bounds,
     description: String,
 }
 
 /// What a consumer's stream does next.
 enum Next {
-    Send(u64, Bytes),
+    Send(Batch),
     End,
     Fail(String),
     Wait,
@@ -234,7 +361,7 @@ impl Shared {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Waits for a batch to be taken or a stream to end, until `deadline`; the state, and
+    /// Waits for a pull, a batch taken or a stream ended, until `deadline`; the state, and
     /// whether the deadline is still ahead (the caller looks at the state once more either way).
     fn wait<'g>(&self, state: MutexGuard<'g, State>, deadline: Instant) -> (MutexGuard<'g, State>, bool) {
         let Some(left) = deadline.checked_duration_since(Instant::now()) else { return (state, false) };
@@ -247,17 +374,21 @@ impl Shared {
         self.changed.send_modify(|v| *v += 1);
     }
 
-    fn join(&self, consumer: u32, consumers: u32) -> Result<(), Status> {
-        if consumers == 0 || consumer >= consumers {
+    /// Counts a pull; returns its number among the consumer's pulls.
+    fn join(&self, pull: &PullRequest) -> Result<u64, Status> {
+        let &PullRequest { consumer, consumers, start, ref position } = pull;
+        if consumers == 0 || consumer >= consumers || start % u64::from(consumers) != u64::from(consumer) {
             return Err(Status::invalid_argument(format!(
-                "consumer {consumer} of {consumers}: not 0 <= consumer < consumers"
+                "consumer {consumer} of {consumers} from batch {start}: not 0 <= consumer < consumers with \
+                 start = consumer mod consumers"
             )));
         }
         let mut state = self.lock();
         match state.consumers {
             None => {
                 state.consumers = Some(consumers);
-                state.next = (0..u64::from(consumers)).collect();
+                state.joined = vec![None; consumers as usize];
+                state.pulls = vec![0; consumers as usize];
                 state.ended = vec![false; consumers as usize];
             }
             Some(n) if n != consumers => {
@@ -267,25 +398,62 @@ impl Shared {
             }
             Some(_) => {}
         }
-        Ok(())
+        let c = consumer as usize;
+        if state.started {
+            if start > state.next[c] {
+                return Err(Status::failed_precondition(format!(
+                    "consumer {consumer} of {consumers} pulls from batch {start}, but was sent none from batch {} on: \
+                     is it reading another run?",
+                    state.next[c]
+                )));
+            }
+            if start < state.kept_from[c] {
+                return Err(Status::failed_precondition(format!(
+                    "batch {start} (consumer {consumer} of {consumers}) is no longer held: this producer keeps the last \
+                     {} batches it sent. Restart it with the same command: it makes the batches again from where its \
+                     consumers stand",
+                    self.bounds.keep
+                )));
+            }
+            state.next[c] = start;
+            state.ended[c] = false;
+        }
+        state.joined[c] = Some((start, position.clone()));
+        state.pulls[c] += 1;
+        let pull = state.pulls[c];
+        drop(state);
+        self.taken.notify_all();
+        // An earlier pull of the consumer, waiting for a batch, ends.
+        self.bump();
+        Ok(pull)
     }
 
-    fn next(&self, consumer: u32) -> Next {
+    fn next(&self, consumer: u32, pull: u64) -> Next {
         let mut state = self.lock();
-        let n = u64::from(state.consumers.expect("joined before pulling"));
         let c = consumer as usize;
-        let k = state.next[c];
+        if state.pulls[c] != pull {
+            // A later pull of the same consumer replaced this one.
+            return Next::End;
+        }
         if let Some(why) = state.failed.clone() {
             state.ended[c] = true;
             return Next::Fail(why);
         }
-        if let Some(shard) = state.pending.remove(&k) {
-            state.next[c] += n;
+        if !state.started {
+            return Next::Wait;
+        }
+        let k = state.next[c];
+        if let Some(held) = state.held.get(&k) {
+            let batch = Batch { index: k, shard: held.shard.clone(), position: held.position.clone() };
+            state.next[c] += state.next.len() as u64;
+            state.trim(self.bounds.keep);
+            drop(state);
             self.taken.notify_all();
-            return Next::Send(k, shard);
+            return Next::Send(batch);
         }
         if state.finished && k >= state.made {
             state.ended[c] = true;
+            drop(state);
             self.taken.notify_all();
             return Next::End;
         }
@@ -308,17 +476,17 @@ impl pb::stream_server::Stream for Service {
     type PullStream = PullStream;
 
     async fn pull(&self, request: Request<PullRequest>) -> Result<Response<PullStream>, Status> {
-        let PullRequest { consumer, consumers } = request.into_inner();
-        self.shared.join(consumer, consumers)?;
-        tracing::info!(consumer, consumers, "a consumer pulls");
+        let pull = request.into_inner();
+        let (consumer, number) = (pull.consumer, self.shared.join(&pull)?);
+        tracing::info!(consumer, consumers = pull.consumers, start = pull.start, "a consumer pulls");
         let changed = self.shared.changed.subscribe();
         let batches = futures::stream::unfold(Some((Arc::clone(&self.shared), changed)), move |state| async move {
             let (shared, mut changed) = state?;
             loop {
                 // Seen before looking, so that a change after the look wakes the wait.
                 changed.borrow_and_update();
-                match shared.next(consumer) {
-                    Next::Send(index, shard) => return Some((Ok(Batch { index, shard }), Some((shared, changed)))),
+                match shared.next(consumer, number) {
+                    Next::Send(batch) => return Some((Ok(batch), Some((shared, changed)))),
                     Next::End => return None,
                     // One error, then the end.
                     Next::Fail(why) => return Some((Err(Status::aborted(why)), None)),

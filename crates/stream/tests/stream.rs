@@ -1,31 +1,49 @@
-//! A stream served on 127.0.0.1 and read by gRPC clients: each consumer gets its batches in
-//! order and once, the producer waits while `capacity` batches are unsent, and the stream
-//! ends for every consumer after the last batch.
+//! A stream served on 127.0.0.1 and read by gRPC clients: the producer starts once every
+//! consumer pulls, each consumer gets its batches in order, the producer waits while
+//! `buffer` batches are unsent, a consumer that pulls again gets the batches it pulls from,
+//! a producer that starts again starts where its consumers stand, and the stream ends for
+//! every consumer after the last batch.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use siphon_stream::{DescribeRequest, PullRequest, StreamClient, StreamError, StreamSink};
+use siphon_stream::{Bounds, DescribeRequest, PullRequest, Start, StreamClient, StreamError, StreamSink};
+
+const LONG: Duration = Duration::from_secs(30);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// Consumer `consumer` of `consumers`' stream, opened (the server has counted it).
+fn serve(buffer: usize, keep: usize) -> (StreamSink, String) {
+    let sink = StreamSink::serve("127.0.0.1:0", r#"{"run": "test"}"#.into(), Bounds { buffer, keep }).unwrap();
+    let addr = sink.addr().to_string();
+    (sink, addr)
+}
+
+/// Consumer `consumer` of `consumers`' stream from batch `start` (with the position of the
+/// batch before), opened (the server has counted it).
 async fn open(
     addr: &str,
     consumer: u32,
     consumers: u32,
+    start: u64,
+    position: &str,
 ) -> Result<tonic::Streaming<siphon_stream::Batch>, tonic::Status> {
     let mut client = StreamClient::connect(format!("http://{addr}")).await.unwrap();
-    Ok(client.pull(PullRequest { consumer, consumers }).await?.into_inner())
+    let pull = PullRequest { consumer, consumers, start, position: position.into() };
+    Ok(client.pull(pull).await?.into_inner())
 }
 
-/// Every batch of `stream`, as (index, payload).
-async fn drain(mut stream: tonic::Streaming<siphon_stream::Batch>) -> Result<Vec<(u64, Bytes)>, tonic::Status> {
+/// The next `n` batches of `stream` (all of them with `None`), as (index, payload, position).
+async fn take(
+    stream: &mut tonic::Streaming<siphon_stream::Batch>,
+    n: Option<usize>,
+) -> Result<Vec<(u64, Bytes, String)>, tonic::Status> {
     let mut out = Vec::new();
-    while let Some(batch) = stream.message().await? {
-        out.push((batch.index, batch.shard));
+    while n.is_none_or(|n| out.len() < n) {
+        let Some(batch) = stream.message().await? else { break };
+        out.push((batch.index, batch.shard, batch.position));
     }
     Ok(out)
 }
@@ -34,59 +52,124 @@ fn payload(k: u64) -> Bytes {
     Bytes::from(format!("batch {k}").into_bytes())
 }
 
+fn after(k: u64) -> String {
+    format!("after {k}")
+}
+
+/// Pushes batches `range` and finishes, on a thread of its own.
+fn produce(sink: StreamSink, range: std::ops::Range<u64>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        for k in range {
+            sink.push(k, payload(k), after(k), LONG).unwrap();
+        }
+        sink.finish(LONG).unwrap()
+    })
+}
+
+fn batches(ks: impl IntoIterator<Item = u64>) -> Vec<(u64, Bytes, String)> {
+    ks.into_iter().map(|k| (k, payload(k), after(k))).collect()
+}
+
 #[test]
-fn two_consumers_get_every_batch_once_in_order_and_the_producer_waits_for_them() {
-    let sink = StreamSink::serve("127.0.0.1:0", r#"{"run": "test"}"#.into(), 2).unwrap();
-    let addr = sink.addr().to_string();
-    // Nobody pulls yet: two batches fit, the third waits and gives up.
-    sink.push(payload(0), Duration::from_secs(1)).unwrap();
-    sink.push(payload(1), Duration::from_secs(1)).unwrap();
-    let err = sink.push(payload(2), Duration::from_millis(200)).unwrap_err();
-    assert!(matches!(err, StreamError::Stalled(_)) && err.to_string().contains("no consumer has connected"), "{err}");
+fn the_producer_starts_once_every_consumer_pulls_and_each_gets_its_batches_once_in_order() {
+    let (sink, addr) = serve(2, 0);
+    let early = sink.push(0, payload(0), after(0), LONG).unwrap_err();
+    assert!(matches!(early, StreamError::Order(_)) && early.to_string().contains("where the start comes next"));
     let rt = runtime();
     let description = rt.block_on(async {
         let mut client = StreamClient::connect(format!("http://{addr}")).await.unwrap();
         client.describe(DescribeRequest {}).await.unwrap().into_inner().run_json
     });
     assert_eq!(description, r#"{"run": "test"}"#);
-    let streams: Vec<_> = (0..2).map(|c| rt.block_on(open(&addr, c, 2)).unwrap()).collect();
-    // A consumer that counts differently is refused by name.
-    let refused = rt.block_on(open(&addr, 0, 3)).unwrap_err();
+    let mut first = rt.block_on(open(&addr, 0, 2, 0, "")).unwrap();
+    let alone = sink.start(Duration::from_millis(200)).unwrap_err().to_string();
+    assert!(alone.contains("did not start within") && alone.contains("consumer(s) 1 of 2 have not pulled"), "{alone}");
+    let second = rt.block_on(open(&addr, 1, 2, 1, "")).unwrap();
+    // Consumers that count differently, or a start that is not the consumer's, are refused by name.
+    let refused = rt.block_on(open(&addr, 0, 3, 0, "")).unwrap_err();
     assert!(refused.message().contains("read by 2 consumers; the pull says 3"), "{refused:?}");
-    let consumers: Vec<_> = streams.into_iter().map(|s| rt.spawn(drain(s))).collect();
-    let producer = std::thread::spawn(move || {
-        for k in 2..9 {
-            sink.push(payload(k), Duration::from_secs(30)).unwrap();
-        }
-        sink.finish(Duration::from_secs(30)).unwrap()
+    let wrong = rt.block_on(open(&addr, 1, 2, 2, "")).unwrap_err();
+    assert!(wrong.message().contains("start = consumer mod consumers"), "{wrong:?}");
+    assert_eq!(sink.start(LONG).unwrap(), Start { first: 0, resume: None });
+    let skipped = sink.push(1, payload(1), after(1), LONG).unwrap_err();
+    assert!(skipped.to_string().contains("batch 1 pushed to the stream on") && skipped.to_string().contains("where 0"));
+    let producer = produce(sink, 0..9);
+    let other = rt.spawn(async move {
+        let mut second = second;
+        take(&mut second, None).await
     });
-    let got: Vec<Vec<(u64, Bytes)>> = consumers.into_iter().map(|c| rt.block_on(c).unwrap().unwrap()).collect();
+    assert_eq!(rt.block_on(take(&mut first, None)).unwrap(), batches((0..9).step_by(2)));
+    assert_eq!(rt.block_on(other).unwrap().unwrap(), batches((1..9).step_by(2)));
     assert_eq!(producer.join().unwrap(), 9);
-    for (c, batches) in got.iter().enumerate() {
-        let want: Vec<(u64, Bytes)> = (0..9).filter(|k| k % 2 == c as u64).map(|k| (k, payload(k))).collect();
-        assert_eq!(batches, &want, "consumer {c}");
-    }
 }
 
 #[test]
-fn a_stream_nobody_reads_ends_with_an_error_naming_it() {
-    let sink = StreamSink::serve("127.0.0.1:0", "{}".into(), 4).unwrap();
-    sink.push(payload(0), Duration::from_secs(1)).unwrap();
-    let err = sink.finish(Duration::from_millis(200)).unwrap_err().to_string();
-    assert!(err.contains("did not end within") && err.contains("no consumer has connected"), "{err}");
-    let taken = StreamSink::serve("127.0.0.1:0", "{}".into(), 4).unwrap();
-    let busy = StreamSink::serve(&taken.addr().to_string(), "{}".into(), 4).err().unwrap().to_string();
-    assert!(busy.starts_with(&format!("cannot serve the stream on {}", taken.addr())), "{busy}");
+fn the_producer_waits_for_its_consumers_within_its_patience() {
+    let (sink, addr) = serve(2, 0);
+    let rt = runtime();
+    // A consumer that pulled and went away: two batches fit, the third waits and gives up.
+    drop(rt.block_on(open(&addr, 0, 1, 0, "")).unwrap());
+    sink.start(LONG).unwrap();
+    sink.push(0, payload(0), after(0), LONG).unwrap();
+    sink.push(1, payload(1), after(1), LONG).unwrap();
+    let err = sink.push(2, payload(2), after(2), Duration::from_millis(200)).unwrap_err().to_string();
+    assert!(err.contains("no consumer took a batch") && err.contains("2 batches wait"), "{err}");
+    let end = sink.finish(Duration::from_millis(200)).unwrap_err().to_string();
+    assert!(end.contains("did not end within") && end.contains("consumer 0 of 1 has not taken its last batches"));
+    let (nobody, taken) = serve(4, 0);
+    let err = nobody.start(Duration::from_millis(200)).unwrap_err().to_string();
+    assert!(err.contains("no consumer has pulled"), "{err}");
+    let busy = StreamSink::serve(&taken, "{}".into(), Bounds { buffer: 1, keep: 0 }).err().unwrap().to_string();
+    assert!(busy.starts_with(&format!("cannot serve the stream on {taken}")), "{busy}");
+}
+
+#[test]
+fn a_consumer_that_pulls_again_gets_the_kept_batches_from_where_it_asks() {
+    let (sink, addr) = serve(8, 2);
+    let rt = runtime();
+    let mut first = rt.block_on(open(&addr, 0, 1, 0, "")).unwrap();
+    sink.start(LONG).unwrap();
+    for k in 0..4 {
+        sink.push(k, payload(k), after(k), LONG).unwrap();
+    }
+    assert_eq!(rt.block_on(take(&mut first, Some(4))).unwrap(), batches(0..4));
+    // Restarted from a checkpoint at batch 2: the producer kept batches 2 and 3, not 1.
+    drop(first);
+    let gone = rt.block_on(open(&addr, 0, 1, 1, "")).unwrap_err();
+    assert!(gone.message().contains("batch 1 (consumer 0 of 1) is no longer held"), "{gone:?}");
+    assert!(gone.message().contains("keeps the last 2 batches it sent. Restart it with the same command"));
+    let ahead = rt.block_on(open(&addr, 0, 1, 5, "")).unwrap_err();
+    assert!(ahead.message().contains("pulls from batch 5, but was sent none from batch 4 on"), "{ahead:?}");
+    let mut again = rt.block_on(open(&addr, 0, 1, 2, &after(1))).unwrap();
+    let producer = produce(sink, 4..6);
+    assert_eq!(rt.block_on(take(&mut again, None)).unwrap(), batches(2..6));
+    assert_eq!(producer.join().unwrap(), 6);
+}
+
+#[test]
+fn a_producer_that_starts_again_starts_at_the_earliest_batch_its_consumers_need() {
+    let (sink, addr) = serve(8, 0);
+    let rt = runtime();
+    // Consumer 0 had batches up to 2 (next: 4), consumer 1 up to 5 (next: 7).
+    let mut zero = rt.block_on(open(&addr, 0, 2, 4, &after(2))).unwrap();
+    let mut one = rt.block_on(open(&addr, 1, 2, 7, &after(5))).unwrap();
+    // Batch 4 is made from batch 3's start, consumer 0's position; batch 5, which consumer 1
+    // has, is not sent again.
+    assert_eq!(sink.start(LONG).unwrap(), Start { first: 4, resume: Some((3, after(2))) });
+    let producer = produce(sink, 4..10);
+    assert_eq!(rt.block_on(take(&mut zero, None)).unwrap(), batches([4, 6, 8]));
+    assert_eq!(rt.block_on(take(&mut one, None)).unwrap(), batches([7, 9]));
+    assert_eq!(producer.join().unwrap(), 10);
 }
 
 #[test]
 fn a_producer_that_stops_early_ends_its_consumers_streams_with_an_error() {
-    let sink = StreamSink::serve("127.0.0.1:0", "{}".into(), 4).unwrap();
-    let addr = sink.addr().to_string();
-    sink.push(payload(0), Duration::from_secs(1)).unwrap();
+    let (sink, addr) = serve(4, 0);
     let rt = runtime();
-    let mut stream = rt.block_on(open(&addr, 0, 1)).unwrap();
-    assert_eq!(rt.block_on(stream.message()).unwrap().unwrap().index, 0);
+    let mut stream = rt.block_on(open(&addr, 0, 1, 0, "")).unwrap();
+    sink.start(LONG).unwrap();
+    sink.push(0, payload(0), after(0), LONG).unwrap();
+    assert_eq!(rt.block_on(take(&mut stream, Some(1))).unwrap(), batches([0]));
     // The consumer waits for its next batch; the producer goes away instead.
     let next = rt.spawn(async move { stream.message().await });
     drop(sink);
