@@ -106,9 +106,12 @@ fn the_producer_starts_once_every_consumer_pulls_and_each_gets_its_batches_once_
 #[test]
 fn the_producer_waits_for_its_consumers_within_its_patience() {
     let (sink, addr) = serve(2, 0);
+    // A consumer that pulled and went away (its connection closed, and seen closed by now):
+    // two batches fit, the third waits and gives up.
     let rt = runtime();
-    // A consumer that pulled and went away: two batches fit, the third waits and gives up.
     drop(rt.block_on(open(&addr, 0, 1, 0, "")).unwrap());
+    drop(rt);
+    std::thread::sleep(Duration::from_millis(300));
     sink.start(LONG).unwrap();
     sink.push(0, payload(0), after(0), LONG).unwrap();
     sink.push(1, payload(1), after(1), LONG).unwrap();
