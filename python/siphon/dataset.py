@@ -224,25 +224,7 @@ class Dataset:
         return sum(self.hooks[h].width * itemsize + (4 if self.dtype == FP8 else 0) for h in hooks)
 
     def _check_hooks(self, hooks: Optional[Sequence[str]]) -> List[str]:
-        if hooks is None:
-            return list(self.hooks)
-        if isinstance(hooks, str):
-            hooks = [hooks]
-        hooks = list(hooks)
-        if not hooks:
-            raise DatasetError("hooks is empty: name at least one of " + ", ".join(self.hooks))
-        for hook in hooks:
-            if hook not in self.hooks:
-                import difflib
-
-                near = difflib.get_close_matches(hook, list(self.hooks), n=3)
-                hint = f" (did you mean {', '.join(near)}?)" if near else ""
-                raise DatasetError(
-                    f"unknown hook {hook!r}{hint}: this run has " + ", ".join(self.hooks)
-                )
-        if len(set(hooks)) != len(hooks):
-            raise DatasetError(f"hooks {hooks} name a hook twice")
-        return hooks
+        return checked_hooks(hooks, list(self.hooks))
 
     # ----------------------------------------------------------------------------- reading
 
@@ -392,6 +374,28 @@ class Dataset:
                 templates.update(role=np.zeros(0, np.uint8))
             return convert(templates)
         return convert({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+
+def checked_hooks(hooks: Optional[Sequence[str]], available: Sequence[str]) -> List[str]:
+    """`hooks` (a name, names, or ``None`` for all) as a list of some of `available`, each
+    once; otherwise an error naming what is wrong."""
+    if hooks is None:
+        return list(available)
+    if isinstance(hooks, str):
+        hooks = [hooks]
+    hooks = list(hooks)
+    if not hooks:
+        raise DatasetError("hooks is empty: name at least one of " + ", ".join(available))
+    for hook in hooks:
+        if hook not in available:
+            import difflib
+
+            near = difflib.get_close_matches(hook, list(available), n=3)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise DatasetError(f"unknown hook {hook!r}{hint}: this run has " + ", ".join(available))
+    if len(set(hooks)) != len(hooks):
+        raise DatasetError(f"hooks {hooks} name a hook twice")
+    return hooks
 
 
 #: Where a reader's iteration continues: (epoch, window, rows of the window already read).

@@ -9,32 +9,47 @@ Example::
         x = batch["blocks.10.hook_resid_post"]          # [4096, 576]
 
 Every host of the extraction serves its own stream (host ``h`` on ``PORT+h``); a reader given
-any one reads them all, a batch of each in turn. A host sends batch ``k`` of its extraction to
-consumer ``k mod world_size``: over ``world_size`` ranks every token comes once. Each consumer
-shuffles its rows within windows of `shuffle_buffer_tokens` rows. Batches are `Batch` dicts
-as `Dataset.batches` gives them.
+any one reads them all, a message of each in turn, each host's on a thread of its own. A host
+sends batch ``k`` of its extraction to consumer ``k mod n`` of the ``n`` readers (ranks ×
+DataLoader workers): over them every token comes once. Each reader shuffles its rows within
+windows of `shuffle_buffer_tokens` rows; its batches are consecutive rows of those windows, so
+the position after a batch (window, rows of it read, and where each host's stream stood when
+the window began) is all it takes to continue exactly (`StreamBatches.state_dict`).
 
-Not yet: resuming a consumer or a producer (a batch sent is gone), hosts on several machines,
-TLS. A producer that stops before its last batch ends the stream with an error, never
-as if it were complete.
+Faults: a reader whose host goes away (killed, preempted) pulls again when it is back, from
+the batch it needs next, and fails with an error naming the host when it is not back within
+`reconnect_timeout`. A restarted host waits until every reader pulls and makes its batches
+again from the earliest one they need; a reader restored from a checkpoint pulls from its
+window's start, which the host still holds (its last ``--stream-keep`` batches sent) or makes
+again when restarted. Not yet: hosts on several machines, TLS.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+import queue
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _convert
-from ._format import RUN_DTYPES, hook_tensors, read_shard
 from ._convert import Batch
+from ._format import RUN_DTYPES, hook_tensors, read_shard
 from ._ranks import ranks
+from .dataset import HookInfo, checked_hooks
 from .errors import DatasetError
 
 SCHEME = "stream://"
 #: The rows of a shuffle window when none is given, as a multiple of the batch size.
 DEFAULT_WINDOW_BATCHES = 4
+#: Messages a host's thread receives ahead of the reader.
+AHEAD = 2
+#: Status codes after which a host may come back: the reader pulls again.
+_TRANSIENT = ("UNAVAILABLE", "ABORTED", "CANCELLED", "INTERNAL", "UNKNOWN")
 
 
 def _messages() -> Dict[str, Any]:
@@ -47,16 +62,136 @@ def _messages() -> Dict[str, Any]:
     fields = {
         "DescribeRequest": [],
         "Description": [("run_json", T.TYPE_STRING)],
-        "PullRequest": [("consumer", T.TYPE_UINT32), ("consumers", T.TYPE_UINT32)],
-        "Batch": [("index", T.TYPE_UINT64), ("shard", T.TYPE_BYTES)],
+        "PullRequest": [("consumer", T.TYPE_UINT32), ("consumers", T.TYPE_UINT32), ("start", T.TYPE_UINT64),
+                        ("position", T.TYPE_STRING)],
+        "Batch": [("index", T.TYPE_UINT64), ("shard", T.TYPE_BYTES), ("position", T.TYPE_STRING)],
     }
     for name, message_fields in fields.items():
         m = f.message_type.add(name=name)
-        for number, (field, kind) in enumerate(message_fields, start=1):
-            m.field.add(name=field, number=number, type=kind, label=T.LABEL_OPTIONAL)
+        for number, (field_name, kind) in enumerate(message_fields, start=1):
+            m.field.add(name=field_name, number=number, type=kind, label=T.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(f)
     return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"siphon.stream.{name}")) for name in fields}
+
+
+def _grpc() -> Any:
+    try:
+        import grpc  # type: ignore[import-untyped]
+    except ImportError as e:
+        raise DatasetError("reading a stream needs grpcio and protobuf: pip install grpcio protobuf") from e
+    return grpc
+
+
+def _channel(target: str) -> Any:
+    return _grpc().insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])
+
+
+def _describe(channel: Any, timeout: float) -> Dict[str, Any]:
+    """The run a host serves, waiting up to `timeout` seconds for it to answer."""
+    m = _messages()
+    call = channel.unary_unary(
+        "/siphon.stream.Stream/Describe",
+        request_serializer=m["DescribeRequest"].SerializeToString,
+        response_deserializer=m["Description"].FromString,
+    )
+    run: Dict[str, Any] = json.loads(call(m["DescribeRequest"](), wait_for_ready=True, timeout=timeout).run_json)
+    return run
+
+
+class Stream:
+    """A live stream, opened by the URL of any of its hosts (``stream://HOST:PORT``): the run
+    its hosts serve (`hooks`, `dtype`), and `batches` to read it. Waits up to `connect_timeout`
+    seconds for the host to answer; a reader waits up to `reconnect_timeout` seconds for a host
+    that went away to come back. Holds no connection: it can be handed to DataLoader workers."""
+
+    def __init__(self, url: str, *, connect_timeout: float = 600.0, reconnect_timeout: float = 600.0) -> None:
+        if not url.startswith(SCHEME):
+            raise DatasetError(f"{url!r} is not a stream: give stream://HOST:PORT, as siphon extract --output has it")
+        grpc = _grpc()
+        channel = _channel(url[len(SCHEME) :])
+        try:
+            self.run = _describe(channel, connect_timeout)
+        except grpc.RpcError as e:
+            raise DatasetError(f"{url}: no stream served there within {connect_timeout} s: {e.details()}") from e
+        finally:
+            channel.close()
+        self.url = url
+        self.connect_timeout = connect_timeout
+        self.reconnect_timeout = reconnect_timeout
+        #: Each host's ``HOST:PORT``, host ``h`` at index ``h``.
+        self.producers: List[str] = list(self.run["producers"])
+        self.dtype: str = RUN_DTYPES[self.run["format"]["dtype"]]
+        self.hooks: Dict[str, HookInfo] = {
+            name: HookInfo(name, tuple(int(d) for d in shape), self.dtype)
+            for name, shape in zip(self.run["hooks"], self.run["hook_shapes"])
+        }
+        #: Whether batches hold each token's role (a run of conversations).
+        self.has_roles = bool(self.run["format"].get("roles"))
+
+    @property
+    def name(self) -> str:
+        """The run name."""
+        return str(self.run["run"])
+
+    def __repr__(self) -> str:
+        return f"Stream({self.url!r}, run={self.name!r}, hosts={len(self.producers)}, hooks={list(self.hooks)})"
+
+    def _check_hooks(self, hooks: Optional[Sequence[str]]) -> List[str]:
+        return checked_hooks(hooks, list(self.hooks))
+
+    def batches(
+        self,
+        hooks: Optional[Sequence[str]] = None,
+        *,
+        batch_size: int = 4096,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        output: str = "numpy",
+        dtype: Any = None,
+        device: Any = None,
+        shuffle_buffer_tokens: Optional[int] = None,
+        drop_last: bool = False,
+        epoch: int = 0,
+        epochs: Optional[int] = 1,
+        resume: Optional[Mapping[str, Any]] = None,
+    ) -> "StreamBatches":
+        """Shuffled `Batch`es of `hooks` (default: every hook) for reader ``rank * num_workers +
+        worker`` of ``world_size * num_workers``, as `Dataset.batches` gives them. Rows are
+        shuffled within windows of `shuffle_buffer_tokens` rows (default ``4 * batch_size``),
+        seeded by (`seed`, reader, readers, window). A stream is one pass: `epoch` is 0, and
+        `epochs` 1 or ``None`` read it once. `resume`: a state ``state_dict()`` gave; the
+        batches continue exactly from there. Nothing is pulled before the first batch."""
+        hooks = self._check_hooks(hooks)
+        if batch_size <= 0:
+            raise DatasetError(f"batch_size must be positive, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise DatasetError(f"rank {rank} is out of range for world_size {world_size} (0 <= rank < world_size)")
+        if num_workers <= 0 or not 0 <= worker < num_workers:
+            raise DatasetError(f"worker {worker} is out of range for num_workers {num_workers}")
+        if epoch != 0 or epochs not in (None, 1):
+            raise DatasetError(f"a stream is read once: it has no epoch {epoch} (epochs={epochs})")
+        window = shuffle_buffer_tokens or DEFAULT_WINDOW_BATCHES * batch_size
+        if shuffle and window < batch_size:
+            raise DatasetError(f"shuffle_buffer_tokens ({window}) must be at least batch_size ({batch_size})")
+        names = hook_tensors(hooks, self.dtype) + ["token_ids", "position"] + (["role"] if self.has_roles else [])
+        plan = _Plan(
+            stream=self,
+            names=names,
+            convert=_convert.Converter(output, _convert.resolve_dtype(dtype, output), self.dtype, hooks, device),
+            consumer=rank * num_workers + worker,
+            consumers=world_size * num_workers,
+            batch_size=batch_size,
+            window=window if shuffle else 1,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+        return StreamBatches(plan, plan.start_of(resume))
 
 
 def stream(
@@ -66,134 +201,312 @@ def stream(
     batch_size: int = 4096,
     rank: Optional[int] = None,
     world_size: Optional[int] = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    shuffle_buffer_tokens: Optional[int] = None,
-    drop_last: bool = False,
-    output: str = "numpy",
-    dtype: Any = None,
-    device: Any = None,
     connect_timeout: float = 600.0,
-) -> Iterator[Batch]:
-    """Shuffled `Batch`es of `hooks` (default: every hook) from the host serving `url`
-    (``stream://HOST:PORT``), as consumer `rank` of `world_size` (default: torch.distributed's,
-    else 0 of 1). Rows are shuffled within windows of `shuffle_buffer_tokens` (default
-    ``4 * batch_size``), seeded by (`seed`, `rank`, window). `output`, `dtype` and `device` as
-    `Dataset.batches`. Waits up to `connect_timeout` seconds for the host to serve."""
+    reconnect_timeout: float = 600.0,
+    **kwargs: Any,
+) -> "StreamBatches":
+    """`Stream.batches` of the stream `url` (``stream://HOST:PORT``), as reader `rank` of
+    `world_size` (default: torch.distributed's, else 0 of 1). Keyword arguments as
+    `Stream.batches` (shuffle, seed, shuffle_buffer_tokens, drop_last, output, dtype, device,
+    resume)."""
     if not url.startswith(SCHEME):
         raise DatasetError(f"{url!r} is not a stream: give stream://HOST:PORT, as siphon extract --output has it")
-    if batch_size <= 0:
-        raise DatasetError(f"batch_size must be positive, got {batch_size}")
     rank, world_size = ranks(rank, world_size)
     if not 0 <= rank < world_size:
         raise DatasetError(f"rank {rank} is out of range for world_size {world_size} (0 <= rank < world_size)")
-    window = shuffle_buffer_tokens or DEFAULT_WINDOW_BATCHES * batch_size
-    if shuffle and window < batch_size:
-        raise DatasetError(f"shuffle_buffer_tokens ({window}) must be at least batch_size ({batch_size})")
-    try:
-        import grpc  # type: ignore[import-untyped]
-    except ImportError as e:
-        raise DatasetError("reading a stream needs grpcio and protobuf: pip install grpcio protobuf") from e
-    messages = _messages()
-
-    def channel(target: str) -> Any:
-        return grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])
-
-    first = channel(url[len(SCHEME) :])
-    describe = first.unary_unary(
-        "/siphon.stream.Stream/Describe",
-        request_serializer=messages["DescribeRequest"].SerializeToString,
-        response_deserializer=messages["Description"].FromString,
-    )
-    try:
-        run = json.loads(describe(messages["DescribeRequest"](), wait_for_ready=True, timeout=connect_timeout).run_json)
-    except grpc.RpcError as e:
-        raise DatasetError(f"{url}: no stream served there within {connect_timeout} s: {e.details()}") from e
-    finally:
-        first.close()
-    served: List[str] = run["hooks"]
-    hooks = list(served) if hooks is None else list(hooks)
-    unknown = [h for h in hooks if h not in served]
-    if unknown or not hooks or len(set(hooks)) != len(hooks):
-        raise DatasetError(f"hooks {hooks}: name some of the stream's hooks, each once: {served}")
-    stored = RUN_DTYPES[run["format"]["dtype"]]
-    convert = _convert.Converter(output, _convert.resolve_dtype(dtype, output), stored, hooks, device)
-    roles = bool(run["format"].get("roles"))
-    names = hook_tensors(hooks, stored) + ["token_ids", "position"] + (["role"] if roles else [])
-    request = messages["PullRequest"](consumer=rank, consumers=world_size)
-    channels = [channel(target) for target in run["producers"]]
-    pulls = [
-        c.unary_stream(
-            "/siphon.stream.Stream/Pull",
-            request_serializer=messages["PullRequest"].SerializeToString,
-            response_deserializer=messages["Batch"].FromString,
-        )(request, wait_for_ready=True)
-        for c in channels
-    ]
-    return _batches(channels, _in_turn(pulls), url, names, convert, batch_size, shuffle, seed, rank, window, drop_last)
+    opened = Stream(url, connect_timeout=connect_timeout, reconnect_timeout=reconnect_timeout)
+    return opened.batches(hooks, batch_size=batch_size, rank=rank, world_size=world_size, **kwargs)
 
 
-def _in_turn(streams: List[Iterator[Any]]) -> Iterator[Any]:
-    """A message of each stream in turn (those that ended left out): the same order on every
-    run, whatever the hosts' pace."""
-    live = list(streams)
-    while live:
-        for s in list(live):
+@dataclass(frozen=True)
+class _Cursor:
+    """Where a reader stands in its hosts' streams: per host the next batch it takes, the data
+    position of the batch before (what a restarted host reads from) and whether the host's
+    stream has ended; and the host whose turn is next."""
+
+    next: Tuple[int, ...]
+    positions: Tuple[str, ...]
+    ended: Tuple[bool, ...]
+    turn: int = 0
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"next": list(self.next), "positions": list(self.positions), "ended": list(self.ended), "turn": self.turn}
+
+
+#: Where a reader continues: (window, rows of it already read, the cursor at the window's
+#: start), or ``None`` after the last batch.
+_Position = Optional[Tuple[int, int, _Cursor]]
+_END = object()
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """Everything one reader's pass over a stream needs (`Stream.batches` checks it)."""
+
+    stream: Stream
+    names: List[str]
+    convert: _convert.Converter
+    consumer: int
+    consumers: int
+    batch_size: int
+    #: Rows of a shuffle window (1 without shuffle: each message is a window, in order).
+    window: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    hosts: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hosts", len(self.stream.producers))
+
+    def fingerprint(self) -> str:
+        """What decides the order of the rows, for checking that a saved position fits."""
+        key = [self.stream.name, self.stream.producers, self.shuffle, self.seed, self.batch_size, self.window,
+               self.drop_last]
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+    def begin(self) -> _Cursor:
+        h = self.hosts
+        return _Cursor(next=(self.consumer,) * h, positions=("",) * h, ended=(False,) * h)
+
+    def state(self, position: _Position) -> Dict[str, Any]:
+        state: Dict[str, Any] = {
+            "version": 1, "kind": "stream", "reader": self.consumer, "readers": self.consumers,
+            "settings": self.fingerprint(), "done": position is None,
+        }
+        if position is not None:
+            window, offset, cursor = position
+            state.update(window=window, offset=offset, cursor=cursor.as_json())
+        return state
+
+    def start_of(self, resume: Optional[Mapping[str, Any]]) -> _Position:
+        """The position a saved state continues from, checked against the reader's settings."""
+        if resume is None:
+            return 0, 0, self.begin()
+        if resume.get("version") != 1 or resume.get("kind") != "stream":
+            raise DatasetError(f"unknown state {dict(resume)!r}: not one a siphon stream reader saved")
+        if (resume.get("reader"), resume.get("readers")) != (self.consumer, self.consumers):
+            raise DatasetError(
+                f"the state is reader {resume.get('reader')} of {resume.get('readers')}; this is reader "
+                f"{self.consumer} of {self.consumers} (rank x worker)"
+            )
+        if resume.get("settings") != self.fingerprint():
+            raise DatasetError(
+                "the state was saved with other settings (run, hosts, seed, batch size, shuffle buffer or "
+                "drop_last): restore it with the arguments it was saved with"
+            )
+        if resume["done"]:
+            return None
+        c = resume["cursor"]
+        cursor = _Cursor(tuple(int(k) for k in c["next"]), tuple(str(p) for p in c["positions"]),
+                         tuple(bool(e) for e in c["ended"]), int(c["turn"]))
+        return int(resume["window"]), int(resume["offset"]), cursor
+
+    def batches(self, start: _Position) -> Iterator[Tuple[Batch, _Position]]:
+        """The batches from `start` on, each with the position after it."""
+        if start is None:
+            return
+        w, offset, cursor = start
+        messages = _Merge(self, cursor)
+        b = self.batch_size
+        pending: List[Dict[str, np.ndarray]] = []
+        have = 0
+        try:
+            more = True
+            while more:
+                at_start = cursor
+                parts: List[Dict[str, np.ndarray]] = []
+                rows = 0
+                while rows < self.window:
+                    item = messages.next()
+                    if item is None:
+                        more = False
+                        break
+                    message, cursor = item
+                    parts.append(self.rows_of(message))
+                    rows += len(parts[-1]["token_ids"])
+                if not parts:
+                    break
+                window = {n: np.concatenate([p[n] for p in parts]) for n in self.names}
+                if self.shuffle:
+                    order = np.random.default_rng([self.seed, self.consumer, self.consumers, w]).permutation(rows)
+                    window = {n: a[order] for n, a in window.items()}
+                i, offset = offset, 0
+                while i < rows:
+                    take = min(b - have, rows - i)
+                    pending.append({n: a[i : i + take] for n, a in window.items()})
+                    have += take
+                    i += take
+                    if have == b:
+                        after: _Position = (w, i, at_start) if i < rows else (w + 1, 0, cursor)
+                        yield self.convert(_concat(pending)), after
+                        pending, have = [], 0
+                w += 1
+            if have and not self.drop_last:
+                yield self.convert(_concat(pending)), None
+        finally:
+            messages.close()
+
+    def rows_of(self, message: Any) -> Dict[str, np.ndarray]:
+        tensors = read_shard(message.shard, f"{self.stream.url} batch {message.index}")
+        keep = tensors.get("mask")
+        return {n: tensors[n] if keep is None else tensors[n][keep] for n in self.names}
+
+
+def _concat(parts: List[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {n: np.concatenate([p[n] for p in parts]) for n in parts[0]}
+
+
+class StreamBatches(Iterator[Batch]):
+    """The iterator `Stream.batches` returns: `Batch`es, and `state_dict` — where it stands
+    after the last batch it gave, to continue exactly from there with
+    ``Stream.batches(..., resume=state)`` (the same arguments otherwise)."""
+
+    def __init__(self, plan: _Plan, start: _Position) -> None:
+        self._plan = plan
+        self._position = start
+        self._items: Optional[Iterator[Tuple[Batch, _Position]]] = None
+
+    def __iter__(self) -> "StreamBatches":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._items is None:
+            self._items = self._plan.batches(self._position)
+        batch, self._position = next(self._items)
+        return batch
+
+    def state_dict(self) -> Dict[str, Any]:
+        """A small JSON-serialisable state: the position after the last batch given."""
+        return self._plan.state(self._position)
+
+    def close(self) -> None:
+        """Stops reading: the hosts' threads end and their connections close."""
+        if self._items is not None:
+            self._items.close()  # type: ignore[attr-defined]
+
+
+class _Merge:
+    """A reader's messages, a host's in turn (a host whose stream ended left out): the same
+    order on every run, whatever the hosts' pace. Each host is pulled on a thread of its own,
+    `AHEAD` messages ahead."""
+
+    def __init__(self, plan: _Plan, cursor: _Cursor) -> None:
+        self._plan = plan
+        self._cursor = cursor
+        self._stop = threading.Event()
+        self._queues: List["queue.Queue[Any]"] = [queue.Queue(AHEAD) for _ in range(plan.hosts)]
+        self._pullers = [
+            _Puller(plan, h, cursor.next[h], cursor.positions[h], self._queues[h], self._stop)
+            for h in range(plan.hosts)
+            if not cursor.ended[h]
+        ]
+        for p in self._pullers:
+            p.thread.start()
+
+    def next(self) -> Optional[Tuple[Any, _Cursor]]:
+        """The next message and the cursor after it; ``None`` when every host's stream ended."""
+        c = self._cursor
+        while not all(c.ended):
+            h = c.turn
+            if c.ended[h]:
+                c = replace(c, turn=(h + 1) % len(c.ended))
+                continue
+            item = self._queues[h].get()
+            if item is _END:
+                c = replace(c, ended=c.ended[:h] + (True,) + c.ended[h + 1 :], turn=(h + 1) % len(c.ended))
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            c = replace(
+                c,
+                next=c.next[:h] + (c.next[h] + self._plan.consumers,) + c.next[h + 1 :],
+                positions=c.positions[:h] + (item.position,) + c.positions[h + 1 :],
+                turn=(h + 1) % len(c.ended),
+            )
+            self._cursor = c
+            return item, c
+        self._cursor = c
+        return None
+
+    def close(self) -> None:
+        self._stop.set()
+        for p in self._pullers:
+            p.cancel()
+
+
+class _Puller:
+    """Pulls one host's messages for a reader into `out`, ending with `_END` or an error; when
+    the host goes away, pulls again (from the batch after the last one received) once it is
+    back, within the stream's `reconnect_timeout`."""
+
+    def __init__(self, plan: _Plan, host: int, start: int, position: str, out: "queue.Queue[Any]",
+                 stop: threading.Event) -> None:
+        self.plan, self.host, self.start, self.position = plan, host, start, position
+        self.target = plan.stream.producers[host]
+        self.out, self.stop = out, stop
+        self.call: Any = None
+        self.thread = threading.Thread(target=self.run, name=f"siphon-stream-{host}", daemon=True)
+
+    def cancel(self) -> None:
+        call = self.call
+        if call is not None:
+            call.cancel()
+
+    def put(self, item: Any) -> bool:
+        """Hands `item` on, unless the reader stopped first."""
+        while not self.stop.is_set():
             try:
-                yield next(s)
-            except StopIteration:
-                live.remove(s)
+                self.out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self) -> None:
+        grpc = _grpc()
+        plan, stream = self.plan, self.plan.stream
+        where = f"{stream.url}: the host on {self.target} (host {self.host})"
+        m = _messages()
+        channel = _channel(self.target)
+        pull = channel.unary_stream(
+            "/siphon.stream.Stream/Pull",
+            request_serializer=m["PullRequest"].SerializeToString,
+            response_deserializer=m["Batch"].FromString,
+        )
+        patience, broke = stream.connect_timeout, "it did not answer"
+        try:
+            while not self.stop.is_set():
+                try:
+                    run = _describe(channel, patience)
+                except grpc.RpcError as e:
+                    if not self.stop.is_set():
+                        self.put(DatasetError(f"{where}: {broke}, and was not back within {patience} s ({e.details()})"))
+                    return
+                if run.get("run") != stream.name:
+                    self.put(DatasetError(f"{where} serves run {run.get('run')!r}, not {stream.name!r}"))
+                    return
+                request = m["PullRequest"](consumer=plan.consumer, consumers=plan.consumers, start=self.start,
+                                           position=self.position)
+                self.call = pull(request)
+                try:
+                    for message in self.call:
+                        self.start, self.position = self.start + plan.consumers, message.position
+                        if not self.put(message):
+                            return
+                    self.put(_END)
+                    return
+                except grpc.RpcError as e:
+                    if self.stop.is_set():
+                        return
+                    if e.code().name not in _TRANSIENT:
+                        self.put(DatasetError(f"{where} refused the stream: {e.details()}"))
+                        return
+                    patience, broke = stream.reconnect_timeout, f"it broke off ({e.details()})"
+        finally:
+            channel.close()
 
 
-def _batches(
-    channels: List[Any],
-    calls: Iterator[Any],
-    url: str,
-    names: List[str],
-    convert: _convert.Converter,
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    rank: int,
-    window: int,
-    drop_last: bool,
-) -> Iterator[Batch]:
-    import grpc
-
-    pending: List[Dict[str, np.ndarray]] = []
-    have = 0
-    windows = 0
-
-    def emit(final: bool) -> Iterator[Batch]:
-        nonlocal pending, have, windows
-        rows = {n: np.concatenate([p[n] for p in pending]) for n in names}
-        if shuffle:
-            order = np.random.default_rng([seed, rank, windows]).permutation(have)
-            rows = {n: a[order] for n, a in rows.items()}
-        windows += 1
-        full = have - have % batch_size
-        for start in range(0, full, batch_size):
-            yield convert({n: a[start : start + batch_size] for n, a in rows.items()})
-        rest = {n: a[full:] for n, a in rows.items()}
-        pending, have = [rest], have - full
-        if final and have and not drop_last:
-            yield convert(rest)
-
-    try:
-        for message in calls:
-            tensors = read_shard(message.shard, f"{url} batch {message.index}")
-            keep = tensors.get("mask")
-            pending.append({n: tensors[n] if keep is None else tensors[n][keep] for n in names})
-            have += len(pending[-1]["token_ids"])
-            if have >= (window if shuffle else batch_size):
-                yield from emit(False)
-        if have:
-            yield from emit(True)
-    except grpc.RpcError as e:
-        raise DatasetError(f"{url}: the stream broke off: {e.details()}") from e
-    finally:
-        for c in channels:
-            c.close()
-
-
-__all__ = ["stream"]
+__all__ = ["Stream", "StreamBatches", "stream"]

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ._ranks import ranks
 from .dataset import Batches, Dataset, open_dataset
 from .errors import DatasetError
+from .stream import SCHEME, Stream, StreamBatches
 
 
 class ActivationDataset(IterableDataset[Any]):
@@ -49,7 +50,7 @@ class ActivationDataset(IterableDataset[Any]):
 
     def __init__(
         self,
-        dataset: Union[Dataset, str, "os.PathLike[str]"],
+        dataset: Union[Dataset, Stream, str, "os.PathLike[str]"],
         hooks: Optional[Sequence[str]] = None,
         *,
         batch_size: int = 4096,
@@ -64,7 +65,7 @@ class ActivationDataset(IterableDataset[Any]):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options)
+        self.dataset = _opened(dataset, storage_options)
         self.hooks = self.dataset._check_hooks(hooks)
         if tensors and len(self.hooks) != 1:
             raise DatasetError(f"tensors=True yields one hook's tensors; got hooks {self.hooks}")
@@ -92,7 +93,7 @@ class ActivationDataset(IterableDataset[Any]):
         r, w = ranks(rank, world_size)
         self._batches(rank=r, world_size=w)
 
-    def _batches(self, **where: Any) -> Batches:
+    def _batches(self, **where: Any) -> Union[Batches, StreamBatches]:
         """`Dataset.batches` with this dataset's settings, for the reader `where` names."""
         return self.dataset.batches(
             self.hooks,
@@ -182,6 +183,17 @@ class ActivationDataset(IterableDataset[Any]):
         self._delivered = (int(state["workers"]), readers, (int(state["next"]) - 1) % int(state["workers"]))
 
 
+def _opened(
+    dataset: Union[Dataset, Stream, str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]]
+) -> Union[Dataset, Stream]:
+    """A dataset or stream as given, or opened from its URL (``stream://HOST:PORT``: a stream)."""
+    if isinstance(dataset, (Dataset, Stream)):
+        return dataset
+    if str(dataset).startswith(SCHEME):
+        return Stream(str(dataset))
+    return open_dataset(dataset, storage_options)
+
+
 def _start(epoch: int, workers: int) -> Dict[str, Any]:
     """The state at the start of `epoch`, before any reader gave a batch."""
     return {"version": 1, "epoch": epoch, "workers": workers, "next": 0, "readers": {}}
@@ -199,7 +211,7 @@ class _Reader(Iterator[Any]):
     ) -> None:
         self._dataset, self._where, self._epoch, self._resume = dataset, where, epoch, resume
         self._tagged, self._here = tagged, here
-        self._batches: Optional[Batches] = None
+        self._batches: Optional[Union[Batches, StreamBatches]] = None
         hook = dataset.hooks[0]
         self._hook, self._width = hook, dataset.dataset.hooks[hook].width
 
@@ -264,7 +276,7 @@ class Provider(Iterator[torch.Tensor]):
 
 
 def data_provider(
-    dataset: Union[Dataset, str, "os.PathLike[str]"],
+    dataset: Union[Dataset, Stream, str, "os.PathLike[str]"],
     hook: str,
     batch_size: int = 4096,
     *,
@@ -279,7 +291,9 @@ def data_provider(
     ``trainSAE``. Epochs are reshuffled; with `num_workers`, a DataLoader reads in worker
     processes. Keyword arguments as `Dataset.batches` (seed, rank, world_size,
     exclude_token_ids, ...). Its `state_dict()`, saved beside the trainer's checkpoint, and
-    `load_state_dict()` on a new provider resume a preempted training run exactly."""
+    `load_state_dict()` on a new provider resume a preempted training run exactly. From a
+    live stream (`Stream`, or its ``stream://HOST:PORT``), one pass: ask the trainer for at
+    most its tokens."""
     ds = ActivationDataset(dataset, [hook], batch_size=batch_size, dtype=dtype, epochs=epochs, tensors=True, **kwargs)
     return Provider(ds, num_workers, device)
 
@@ -289,20 +303,16 @@ def stream_provider(
     hook: str,
     batch_size: int = 4096,
     *,
-    device: Any = None,
-    dtype: Any = "float32",
+    connect_timeout: float = 600.0,
+    reconnect_timeout: float = 600.0,
     **kwargs: Any,
-) -> Iterator[torch.Tensor]:
-    """Shuffled ``[batch_size, d]`` tensors of one hook from a live stream
-    (``siphon extract --output stream://HOST:PORT``): the ``data_provider`` of SAELens's
-    ``SAETrainer``, trained while siphon extracts. Keyword arguments as `siphon.stream` (rank,
-    world_size, seed, shuffle_buffer_tokens, ...). The stream is one pass over the corpus:
-    ask the trainer for at most its tokens."""
-    from .stream import stream
-
-    for batch in stream(url, [hook], batch_size=batch_size, output="torch", dtype=dtype, device=device, **kwargs):
-        x: torch.Tensor = batch[hook]
-        yield x.reshape(x.shape[0], -1)
+) -> Provider:
+    """`data_provider` of a live stream (``siphon extract --output stream://HOST:PORT``):
+    trained while siphon extracts, resumable from its `state_dict()` as from disk. Keyword
+    arguments as `data_provider` and `Stream.batches` (rank, world_size, seed,
+    shuffle_buffer_tokens, ...)."""
+    opened = Stream(url, connect_timeout=connect_timeout, reconnect_timeout=reconnect_timeout)
+    return data_provider(opened, hook, batch_size, **kwargs)
 
 
 class _Tagged:

@@ -352,7 +352,7 @@ struct Shared {
 enum Next {
     Send(Batch),
     End,
-    Fail(String),
+    Fail(Status),
     Wait,
 }
 
@@ -432,12 +432,16 @@ impl Shared {
         let mut state = self.lock();
         let c = consumer as usize;
         if state.pulls[c] != pull {
-            // A later pull of the same consumer replaced this one.
-            return Next::End;
+            // Not an end: a reader still on it (two readers said they are the same consumer)
+            // must not take it for the end of its batches.
+            let n = state.next.len().max(state.joined.len());
+            return Next::Fail(Status::failed_precondition(format!(
+                "consumer {consumer} of {n} pulled again: a later pull replaced this one"
+            )));
         }
         if let Some(why) = state.failed.clone() {
             state.ended[c] = true;
-            return Next::Fail(why);
+            return Next::Fail(Status::aborted(why));
         }
         if !state.started {
             return Next::Wait;
@@ -489,7 +493,7 @@ impl pb::stream_server::Stream for Service {
                     Next::Send(batch) => return Some((Ok(batch), Some((shared, changed)))),
                     Next::End => return None,
                     // One error, then the end.
-                    Next::Fail(why) => return Some((Err(Status::aborted(why)), None)),
+                    Next::Fail(status) => return Some((Err(status), None)),
                     Next::Wait => {
                         if changed.changed().await.is_err() {
                             return None;

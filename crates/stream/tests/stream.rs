@@ -137,13 +137,15 @@ fn a_consumer_that_pulls_again_gets_the_kept_batches_from_where_it_asks() {
     }
     assert_eq!(rt.block_on(take(&mut first, Some(4))).unwrap(), batches(0..4));
     // Restarted from a checkpoint at batch 2: the producer kept batches 2 and 3, not 1.
-    drop(first);
     let gone = rt.block_on(open(&addr, 0, 1, 1, "")).unwrap_err();
     assert!(gone.message().contains("batch 1 (consumer 0 of 1) is no longer held"), "{gone:?}");
     assert!(gone.message().contains("keeps the last 2 batches it sent. Restart it with the same command"));
     let ahead = rt.block_on(open(&addr, 0, 1, 5, "")).unwrap_err();
     assert!(ahead.message().contains("pulls from batch 5, but was sent none from batch 4 on"), "{ahead:?}");
     let mut again = rt.block_on(open(&addr, 0, 1, 2, &after(1))).unwrap();
+    // The earlier pull is over, with an error (never as if its batches had ended).
+    let replaced = rt.block_on(first.message()).unwrap_err();
+    assert!(replaced.message().contains("consumer 0 of 1 pulled again: a later pull replaced this one"));
     let producer = produce(sink, 4..6);
     assert_eq!(rt.block_on(take(&mut again, None)).unwrap(), batches(2..6));
     assert_eq!(producer.join().unwrap(), 6);

@@ -182,7 +182,21 @@ struct Prepared {
 struct Lane {
     member: compute::Member,
     stream: siphon_data::BatchStream,
+    /// The first batch it runs: a stream that starts again makes no batch its consumers have.
+    first: u64,
     done: bool,
+}
+
+impl Lane {
+    /// The next batch from `first` on (those before are read, not run).
+    fn next(&mut self) -> anyhow::Result<Option<siphon_data::Batch>> {
+        loop {
+            match self.stream.next().transpose()? {
+                Some(batch) if batch.index < self.first => continue,
+                batch => return Ok(batch),
+            }
+        }
+    }
 }
 
 fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &ExtractOptions) -> anyhow::Result<()> {
@@ -229,8 +243,9 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     for member in compute.members().iter().filter(|m| m.writes) {
         let host = HostId { machine: host.machine, host: member.process };
         let store = || store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout));
+        let bounds = siphon_stream::Bounds { buffer: options.stream_buffer, keep: options.stream_keep };
         let (writer, resume_at) =
-            output::Output::open(&spec.output, &run_name, (host, compute.readers()), &descriptor, store)?;
+            output::Output::open(&spec.output, &run_name, (host, compute.readers()), &descriptor, bounds, store)?;
         committed_tokens += resume_at.committed_tokens;
         coord.kv_set(
             &format!("resume/{}/{}", host.machine, host.host),
@@ -276,7 +291,9 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
             let (_, writer, resumed) = writers.remove(i);
             (writer, resumed)
         });
-        lanes.push(Lane { member: *member, stream: corpus.stream(tokenizer.clone(), stream_config)?, done: false });
+        let first = writer.as_ref().map_or(0, |(w, _)| w.first_batch());
+        let stream = corpus.stream(tokenizer.clone(), stream_config)?;
+        lanes.push(Lane { member: *member, stream, first, done: false });
         sinks.push(pipeline::Sink { writer, process, host: HostId { machine: host.machine, host: member.process } });
     }
 
@@ -331,7 +348,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         for lane in &mut lanes {
             let batch = match lane.done {
                 true => None,
-                false => lane.stream.next().transpose()?,
+                false => lane.next()?,
             };
             let batch = batch.filter(|b| budget_batches.is_none_or(|limit| b.index < limit));
             lane.done = batch.is_none();

@@ -81,6 +81,15 @@ pub struct ExtractOptions {
     /// waits as long for its consumers to take a batch.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0, help_heading = "Output")]
     pub store_timeout: f64,
+    /// A stream's batches made and not yet sent, per host: while this many wait for their
+    /// consumers, the host waits.
+    #[arg(long, value_name = "BATCHES", default_value_t = 8, help_heading = "Output")]
+    pub stream_buffer: usize,
+    /// A stream's batches kept after they are sent, per host, for a consumer that restarts from
+    /// a checkpoint and pulls them again (one from further back needs the producer restarted:
+    /// it makes them again). Memory: (--stream-buffer + --stream-keep) batches.
+    #[arg(long, value_name = "BATCHES", default_value_t = 16, help_heading = "Output")]
+    pub stream_keep: usize,
 
     // --- devices and mesh ---
     /// PJRT plugin (.so). Default: SIPHON_PJRT_PLUGIN, siphon's cache, installed Python packages.
@@ -215,6 +224,9 @@ impl ExtractOptions {
         }
         if !(self.store_timeout > 0.0 && self.store_timeout.is_finite()) {
             bail!("--store-timeout must be a positive number of seconds");
+        }
+        if self.stream_buffer == 0 {
+            bail!("--stream-buffer must be at least 1 batch");
         }
         if self.pipeline_depth == 0 {
             bail!("--pipeline-depth must be at least 1 step");

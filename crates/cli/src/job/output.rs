@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use siphon_store::{BatchActivations, HostId, ResumePoint, RunDescriptor, ShardFormat, ShardWriter};
-use siphon_stream::StreamSink;
+use siphon_stream::{Bounds, StreamSink};
 
 /// A member's output.
 pub enum Output {
@@ -27,7 +27,8 @@ pub struct Streamed {
     format: ShardFormat,
     /// How long a push or the end waits for the consumers (the store timeout).
     patience: Duration,
-    batches: u64,
+    /// The index of the next batch.
+    next: u64,
 }
 
 /// Refuses what a stream does not serve yet: hosts on several machines (each machine would
@@ -68,18 +69,18 @@ fn stream_addresses(output: &str, hosts: u32) -> anyhow::Result<Vec<String>> {
         .with_context(|| format!("--output {output}: {hosts} hosts need ports {port}..{port}+{hosts}"))
 }
 
-/// Batches a stream keeps for consumers that have not pulled them yet.
-const STREAM_CAPACITY: usize = 8;
-
 impl Output {
     /// Opens the output `output` names for host `host` of `hosts`: a stream when it is
-    /// `stream://HOST:PORT`, else the store (`format` and `patience` are the store's), and where
-    /// it resumes.
+    /// `stream://HOST:PORT` (holding at most `bounds` batches), else the store (`format` and
+    /// `patience` are the store's); and where it resumes. A stream starts once every consumer
+    /// pulls, where they stand: at [`Output::first_batch`], its data read from the position a
+    /// consumer gave.
     pub fn open(
         output: &str,
         run: &str,
         (host, hosts): (HostId, u32),
         descriptor: &RunDescriptor,
+        bounds: Bounds,
         store: impl FnOnce() -> anyhow::Result<siphon_store::StoreConfig>,
     ) -> anyhow::Result<(Output, ResumePoint)> {
         let config = store()?;
@@ -99,18 +100,34 @@ impl Output {
             "config": descriptor.config,
         }))?;
         let addr = producers.get(host.host as usize).with_context(|| format!("host {host:?} of {hosts}"))?;
-        let sink = StreamSink::serve(addr, description, STREAM_CAPACITY)?;
+        let sink = StreamSink::serve(addr, description, bounds)?;
+        let patience = config.upload.give_up_after;
+        tracing::info!(addr = %sink.addr(), "waiting for every consumer of the stream to pull");
+        let start = sink.start(patience)?;
+        let data_position = match start.resume {
+            None => None,
+            Some((at, position)) => Some(consumer_position(at, &position)?),
+        };
         let streamed = Streamed {
             sink,
             run: run.to_string(),
             descriptor: descriptor.clone(),
             host,
             format: config.format,
-            patience: config.upload.give_up_after,
-            batches: 0,
+            patience,
+            next: start.first,
         };
-        let start = ResumePoint { next_shard: 0, next_sample: 0, data_position: None, committed_tokens: 0 };
-        Ok((Output::Stream(streamed), start))
+        let resume_at = ResumePoint { next_shard: start.first, next_sample: 0, data_position, committed_tokens: 0 };
+        Ok((Output::Stream(streamed), resume_at))
+    }
+
+    /// The first batch of the host's data it takes: a stream's start; 0 for shards (which
+    /// resume from their data position alone).
+    pub fn first_batch(&self) -> u64 {
+        match self {
+            Output::Shards(_) => 0,
+            Output::Stream(streamed) => streamed.next,
+        }
     }
 
     /// The hooks it takes, in order.
@@ -126,17 +143,31 @@ impl Output {
         match self {
             Output::Shards(writer) => Ok(writer.push(batch)?),
             Output::Stream(s) => {
-                let shard = siphon_store::batch_shard(&s.run, &s.descriptor, s.host, &s.format, s.batches, batch)?;
-                s.sink.push(shard, s.patience)?;
-                s.batches += 1;
+                let position = batch.data_position_after.to_string();
+                let shard = siphon_store::batch_shard(&s.run, &s.descriptor, s.host, &s.format, s.next, batch)?;
+                s.sink.push(s.next, shard, position, s.patience)?;
+                s.next += 1;
                 Ok(())
             }
         }
     }
 }
 
+/// The data position a consumer gave for batch `at` (the one after its batch that carried
+/// it), checked to be that batch's.
+fn consumer_position(at: u64, position: &str) -> anyhow::Result<serde_json::Value> {
+    let value: serde_json::Value = serde_json::from_str(position)
+        .with_context(|| format!("a consumer of the stream gave an unreadable data position for batch {at}: {position}"))?;
+    let batches = value.get("batches").and_then(serde_json::Value::as_u64);
+    anyhow::ensure!(
+        batches == Some(at),
+        "a consumer of the stream gave a data position for batch {batches:?} as batch {at}'s: is it reading another run?"
+    );
+    Ok(value)
+}
+
 impl Streamed {
-    /// Ends the stream once every consumer has been sent its last batch; the batches sent.
+    /// Ends the stream once every consumer has been sent its last batch; the batches made.
     pub fn finish(self) -> anyhow::Result<u64> {
         Ok(self.sink.finish(self.patience)?)
     }
@@ -162,5 +193,15 @@ mod tests {
         assert!(machines.contains("from one machine for now (this job has 2)"), "{machines}");
         let spans = check_stream("stream://h:1", 1, true).unwrap_err().to_string();
         assert!(spans.contains("mesh spans hosts"), "{spans}");
+    }
+
+    #[test]
+    fn a_consumers_data_position_must_be_that_of_the_batch_it_continues() {
+        let position = r#"{"plan": "p", "batches": 7, "sequences": 56}"#;
+        assert_eq!(consumer_position(7, position).unwrap()["sequences"], 56);
+        let other = consumer_position(6, position).unwrap_err().to_string();
+        assert!(other.contains("a data position for batch Some(7) as batch 6's"), "{other}");
+        let garbled = consumer_position(7, "{plan").unwrap_err().to_string();
+        assert!(garbled.contains("unreadable data position for batch 7"), "{garbled}");
     }
 }
