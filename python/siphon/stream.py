@@ -261,7 +261,7 @@ class _Plan:
 
     def fingerprint(self) -> str:
         """What decides the order of the rows, for checking that a saved position fits."""
-        key = [self.stream.name, self.stream.producers, self.shuffle, self.seed, self.batch_size, self.window,
+        key = [self.stream.name, self.hosts, self.shuffle, self.seed, self.batch_size, self.window,
                self.drop_last]
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 

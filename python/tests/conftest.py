@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, List
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -73,8 +73,10 @@ def tiny_model(dest: Path) -> Path:
 
 
 def extract_command(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=HOOKS, extra=(), corpus=None,
-                    hosts: int = 2, output=None):
-    """The `siphon launch ... extract` command of a test run, and its environment."""
+                    hosts: int = 2, output=None, launch: bool = True):
+    """The `siphon launch ... extract` command of a test run, and its environment; without
+    `launch`, one host's `siphon extract` alone (one process: killing it kills the host)."""
+    assert launch or hosts == 1, "hosts of their own need siphon launch"
     if corpus is None:
         corpus = out.parent / f"{run}-corpus"
         make_corpus(corpus, docs)
@@ -83,15 +85,54 @@ def extract_command(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120
         default = Path.home() / ".cache/siphon/pjrt/xla-cpu-2026.6.23/libpjrt_cpu.so"
         if default.exists():
             env["SIPHON_PJRT_PLUGIN"] = str(default)
+    launcher = ["launch", "--local-hosts", str(hosts), "--cpu-devices-per-host", "1", "--"] if launch else []
     cmd = [
-        siphon_binary(), "launch", "--local-hosts", str(hosts), "--cpu-devices-per-host", "1", "--",
-        "extract", "--model", str(tiny_model(out.parent / "tiny-llama-264")),
+        siphon_binary(), *launcher, "extract", *([] if launch else ["--cpu-devices", "1"]), "--model", str(tiny_model(out.parent / "tiny-llama-264")),
         "--tokenizer", str(REPO / "fixtures/data/tokenizer.json"),
         "--corpus", str(corpus), "--text-records", "line", "--hooks", ",".join(hooks),
         "--seq-len", "32", "--batch-size", "4", "--dtype", dtype, "--shard-size-mb", "0.03",
         "--output", str(output or out), "--run", run, "--tokenizer-threads", "1", *extra,
     ]
     return cmd, env
+
+
+class Producer:
+    """`siphon extract --output stream://127.0.0.1:PORT` running (`hosts` hosts, on consecutive
+    free ports unless `url` names them; one host alone without `launch`); killed on exit."""
+
+    def __init__(self, runs: Path, corpus: Path, run: str, hosts: int = 1, *, url: Optional[str] = None,
+                 launch: bool = True, extra: Sequence[str] = (), env: Optional[Dict[str, str]] = None) -> None:
+        self.url = url or f"stream://127.0.0.1:{_free_ports(hosts)}"
+        cmd, environ = extract_command(runs, run, hosts=hosts, corpus=corpus, output=self.url, launch=launch,
+                                       extra=extra)
+        self.process = subprocess.Popen(cmd, env={**environ, **(env or {})}, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log(self) -> str:
+        out, _ = self.process.communicate(timeout=120)
+        return out
+
+
+def _free_ports(n: int) -> int:
+    """The first of `n` consecutive free ports on 127.0.0.1."""
+    for _ in range(50):
+        first = _free_port()
+        try:
+            for port in range(first + 1, first + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def extract(out: Path, run: str, **kwargs) -> Path:

@@ -16,7 +16,7 @@ import pytest
 
 import siphon
 from siphon.stream import _messages
-from conftest import HOOKS, REPO, _free_port, extract, extract_command, make_corpus
+from conftest import HOOKS, REPO, Producer, _free_port, extract, extract_command, make_corpus
 
 pytest.importorskip("grpc")
 
@@ -52,43 +52,6 @@ def disk_run(runs: Path, corpus: Path) -> Path:
 
 def on_disk(runs: Path, corpus: Path, hosts: int) -> Counter:
     return rows(list(siphon.open_dataset(disk(runs, corpus, hosts)).batches(batch_size=64, shuffle=False, dtype="raw")))
-
-
-class Producer:
-    """`siphon extract --output stream://127.0.0.1:PORT` running; stopped on exit."""
-
-    def __init__(self, runs: Path, corpus: Path, run: str, hosts: int = 1) -> None:
-        self.url = f"stream://127.0.0.1:{_free_ports(hosts)}"
-        cmd, env = extract_command(runs, run, hosts=hosts, corpus=corpus, output=self.url)
-        self.process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def __enter__(self) -> "Producer":
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def log(self) -> str:
-        out, _ = self.process.communicate(timeout=120)
-        return out
-
-
-def _free_ports(n: int) -> int:
-    """The first of `n` consecutive free ports on 127.0.0.1."""
-    import socket
-
-    for _ in range(50):
-        first = _free_port()
-        try:
-            for port in range(first + 1, first + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 @pytest.mark.parametrize("consumers", [1, 2])

@@ -87,6 +87,9 @@ pub struct Start {
     pub resume: Option<(u64, String)>,
 }
 
+/// How long consumers' streams get to end when the producer stops serving.
+const GRACE: Duration = Duration::from_secs(2);
+
 /// Serves a host's batches to the consumers that pull them; see the crate's documentation.
 pub struct StreamSink {
     shared: Arc<Shared>,
@@ -224,21 +227,25 @@ impl StreamSink {
         }
         let made = state.made;
         drop(state);
-        self.stop()?;
+        self.stop(GRACE)?;
         Ok(made)
     }
 
-    fn stop(&mut self) -> Result<(), StreamError> {
+    /// Stops serving: the consumers' streams end within `grace`, or are cut off (a consumer
+    /// that stopped reading must not hold the producer).
+    fn stop(&mut self, grace: Duration) -> Result<(), StreamError> {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        match self.server.take() {
-            Some(server) => match self.runtime.block_on(server) {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(StreamError::Server(e.to_string())),
-                Err(e) => Err(StreamError::Server(e.to_string())),
-            },
-            None => Ok(()),
+        let Some(mut server) = self.server.take() else { return Ok(()) };
+        match self.runtime.block_on(async { tokio::time::timeout(grace, &mut server).await }) {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(StreamError::Server(e.to_string())),
+            Ok(Err(e)) => Err(StreamError::Server(e.to_string())),
+            Err(_) => {
+                server.abort();
+                Ok(())
+            }
         }
     }
 }
@@ -252,7 +259,7 @@ impl Drop for StreamSink {
             self.shared.lock().failed = Some(format!("the producer on {} stopped before its last batch", self.addr));
             self.shared.bump();
         }
-        let _ = self.stop();
+        let _ = self.stop(GRACE);
     }
 }
 

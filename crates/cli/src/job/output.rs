@@ -156,8 +156,9 @@ impl Output {
 /// The data position a consumer gave for batch `at` (the one after its batch that carried
 /// it), checked to be that batch's.
 fn consumer_position(at: u64, position: &str) -> anyhow::Result<serde_json::Value> {
-    let value: serde_json::Value = serde_json::from_str(position)
-        .with_context(|| format!("a consumer of the stream gave an unreadable data position for batch {at}: {position}"))?;
+    let value: serde_json::Value = serde_json::from_str(position).with_context(|| {
+        format!("a consumer of the stream gave an unreadable data position for batch {at}: {position}")
+    })?;
     let batches = value.get("batches").and_then(serde_json::Value::as_u64);
     anyhow::ensure!(
         batches == Some(at),
