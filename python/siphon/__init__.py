@@ -21,9 +21,9 @@ from ._convert import Batch
 from ._format import ROLES
 from .dataset import Dataset, HookInfo, VerifyReport, open, open_dataset
 from .errors import DatasetError
-from .stream import stream
+from .stream import Stream, stream
 
 __version__ = "0.1.0"
 
-__all__ = ["Batch", "Dataset", "DatasetError", "HookInfo", "ROLES", "VerifyReport", "open", "open_dataset", "stream",
+__all__ = ["Batch", "Dataset", "DatasetError", "HookInfo", "ROLES", "Stream", "VerifyReport", "open", "open_dataset", "stream",
            "__version__"]

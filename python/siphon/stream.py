@@ -21,13 +21,15 @@ the batch it needs next, and fails with an error naming the host when it is not 
 `reconnect_timeout`. A restarted host waits until every reader pulls and makes its batches
 again from the earliest one they need; a reader restored from a checkpoint pulls from its
 window's start, which the host still holds (its last ``--stream-keep`` batches sent) or makes
-again when restarted. Not yet: hosts on several machines, TLS.
+again when restarted. The job token and TLS as the control plane's (`Stream`). Not yet: several
+machines (each with its own coordinator).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
 import threading
 import time
@@ -83,44 +85,83 @@ def _grpc() -> Any:
     return grpc
 
 
-def _channel(target: str) -> Any:
-    return _grpc().insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])
+#: The metadata key of the job token (the coordinator's, ``crates/stream``'s ``TOKEN_HEADER``).
+TOKEN_HEADER = "x-siphon-job-token"
 
 
-def _describe(channel: Any, timeout: float) -> Dict[str, Any]:
-    """The run a host serves, waiting up to `timeout` seconds for it to answer."""
-    m = _messages()
-    call = channel.unary_unary(
-        "/siphon.stream.Stream/Describe",
-        request_serializer=m["DescribeRequest"].SerializeToString,
-        response_deserializer=m["Description"].FromString,
-    )
-    run: Dict[str, Any] = json.loads(call(m["DescribeRequest"](), wait_for_ready=True, timeout=timeout).run_json)
-    return run
+@dataclass(frozen=True)
+class _Access:
+    """How a reader reaches the hosts: the job token its calls carry, and over TLS the CA
+    certificate (PEM) the hosts' certificate is checked against and the name it must hold."""
+
+    token: Optional[str] = None
+    ca: Optional[bytes] = None
+    tls_name: Optional[str] = None
+
+    def channel(self, target: str) -> Any:
+        grpc = _grpc()
+        options: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", -1)]
+        if self.ca is None:
+            return grpc.insecure_channel(target, options=options)
+        if self.tls_name:
+            options.append(("grpc.ssl_target_name_override", self.tls_name))
+        return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=self.ca), options=options)
+
+    @property
+    def metadata(self) -> Tuple[Tuple[str, str], ...]:
+        return ((TOKEN_HEADER, self.token),) if self.token else ()
+
+    def describe(self, channel: Any, timeout: float) -> Dict[str, Any]:
+        """The run a host serves, waiting up to `timeout` seconds for it to answer."""
+        m = _messages()
+        call = channel.unary_unary(
+            "/siphon.stream.Stream/Describe",
+            request_serializer=m["DescribeRequest"].SerializeToString,
+            response_deserializer=m["Description"].FromString,
+        )
+        reply = call(m["DescribeRequest"](), wait_for_ready=True, timeout=timeout, metadata=self.metadata)
+        run: Dict[str, Any] = json.loads(reply.run_json)
+        return run
 
 
 class Stream:
     """A live stream, opened by the URL of any of its hosts (``stream://HOST:PORT``): the run
     its hosts serve (`hooks`, `dtype`), and `batches` to read it. Waits up to `connect_timeout`
     seconds for the host to answer; a reader waits up to `reconnect_timeout` seconds for a host
-    that went away to come back. Holds no connection: it can be handed to DataLoader workers."""
+    that went away to come back. Holds no connection: it can be handed to DataLoader workers.
 
-    def __init__(self, url: str, *, connect_timeout: float = 600.0, reconnect_timeout: float = 600.0) -> None:
+    As the job's control plane: `token` (default ``SIPHON_JOB_TOKEN``) is the job token, which
+    the hosts ask for when the job was given one; `ca` (default ``SIPHON_COORDINATOR_CA``), a
+    PEM file, reads the stream over TLS, the hosts' certificate (the coordinator's) checked
+    against it and against `tls_name` (default ``SIPHON_COORDINATOR_TLS_NAME``, else the host
+    the URL names)."""
+
+    def __init__(self, url: str, *, connect_timeout: float = 600.0, reconnect_timeout: float = 600.0,
+                 token: Optional[str] = None, ca: Optional[str] = None, tls_name: Optional[str] = None) -> None:
         if not url.startswith(SCHEME):
             raise DatasetError(f"{url!r} is not a stream: give stream://HOST:PORT, as siphon extract --output has it")
         grpc = _grpc()
-        channel = _channel(url[len(SCHEME) :])
+        ca = ca or os.environ.get("SIPHON_COORDINATOR_CA")
         try:
-            self.run = _describe(channel, connect_timeout)
+            pem = None if ca is None else open(ca, "rb").read()
+        except OSError as e:
+            raise DatasetError(f"cannot read the CA certificate {ca}: {e}") from e
+        self._access = _Access(token or os.environ.get("SIPHON_JOB_TOKEN"), pem,
+                               tls_name or os.environ.get("SIPHON_COORDINATOR_TLS_NAME"))
+        channel = self._access.channel(url[len(SCHEME) :])
+        try:
+            self.run = self._access.describe(channel, connect_timeout)
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise DatasetError(f"{url} refused the reader: {e.details()} (give token= or SIPHON_JOB_TOKEN)") from e
             raise DatasetError(f"{url}: no stream served there within {connect_timeout} s: {e.details()}") from e
         finally:
             channel.close()
         self.url = url
         self.connect_timeout = connect_timeout
         self.reconnect_timeout = reconnect_timeout
-        #: Each host's ``HOST:PORT``, host ``h`` at index ``h``.
-        self.producers: List[str] = list(self.run["producers"])
+        #: Where each host is reached, host ``h`` at index ``h``.
+        self.producers: List[str] = [_reachable(p, url[len(SCHEME) :]) for p in self.run["producers"]]
         self.dtype: str = RUN_DTYPES[self.run["format"]["dtype"]]
         self.hooks: Dict[str, HookInfo] = {
             name: HookInfo(name, tuple(int(d) for d in shape), self.dtype)
@@ -194,6 +235,16 @@ class Stream:
         return StreamBatches(plan, plan.start_of(resume))
 
 
+def _reachable(producer: str, via: str) -> str:
+    """`producer` (``HOST:PORT`` as its host advertises it) with a wildcard host (hosts that
+    listen everywhere on the VM the reader reached) replaced by the host of `via`, the
+    ``HOST:PORT`` the reader was given."""
+    host, _, port = producer.rpartition(":")
+    if host.strip("[]") in ("0.0.0.0", "::"):
+        return f"{via.rpartition(':')[0]}:{port}"
+    return producer
+
+
 def stream(
     url: str,
     hooks: Optional[Sequence[str]] = None,
@@ -203,18 +254,22 @@ def stream(
     world_size: Optional[int] = None,
     connect_timeout: float = 600.0,
     reconnect_timeout: float = 600.0,
+    token: Optional[str] = None,
+    ca: Optional[str] = None,
+    tls_name: Optional[str] = None,
     **kwargs: Any,
 ) -> "StreamBatches":
     """`Stream.batches` of the stream `url` (``stream://HOST:PORT``), as reader `rank` of
-    `world_size` (default: torch.distributed's, else 0 of 1). Keyword arguments as
-    `Stream.batches` (shuffle, seed, shuffle_buffer_tokens, drop_last, output, dtype, device,
-    resume)."""
+    `world_size` (default: torch.distributed's, else 0 of 1). `token`, `ca`, `tls_name` and the
+    timeouts as `Stream`; keyword arguments as `Stream.batches` (shuffle, seed,
+    shuffle_buffer_tokens, drop_last, output, dtype, device, resume)."""
     if not url.startswith(SCHEME):
         raise DatasetError(f"{url!r} is not a stream: give stream://HOST:PORT, as siphon extract --output has it")
     rank, world_size = ranks(rank, world_size)
     if not 0 <= rank < world_size:
         raise DatasetError(f"rank {rank} is out of range for world_size {world_size} (0 <= rank < world_size)")
-    opened = Stream(url, connect_timeout=connect_timeout, reconnect_timeout=reconnect_timeout)
+    opened = Stream(url, connect_timeout=connect_timeout, reconnect_timeout=reconnect_timeout, token=token, ca=ca,
+                    tls_name=tls_name)
     return opened.batches(hooks, batch_size=batch_size, rank=rank, world_size=world_size, **kwargs)
 
 
@@ -470,7 +525,8 @@ class _Puller:
         plan, stream = self.plan, self.plan.stream
         where = f"{stream.url}: the host on {self.target} (host {self.host})"
         m = _messages()
-        channel = _channel(self.target)
+        access = stream._access
+        channel = access.channel(self.target)
         pull = channel.unary_stream(
             "/siphon.stream.Stream/Pull",
             request_serializer=m["PullRequest"].SerializeToString,
@@ -480,7 +536,7 @@ class _Puller:
         try:
             while not self.stop.is_set():
                 try:
-                    run = _describe(channel, patience)
+                    run = access.describe(channel, patience)
                 except grpc.RpcError as e:
                     if not self.stop.is_set():
                         self.put(DatasetError(f"{where}: {broke}, and was not back within {patience} s ({e.details()})"))
@@ -490,7 +546,7 @@ class _Puller:
                     return
                 request = m["PullRequest"](consumer=plan.consumer, consumers=plan.consumers, start=self.start,
                                            position=self.position)
-                self.call = pull(request)
+                self.call = pull(request, metadata=access.metadata)
                 try:
                     for message in self.call:
                         self.start, self.position = self.start + plan.consumers, message.position

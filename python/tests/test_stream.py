@@ -16,7 +16,7 @@ import pytest
 
 import siphon
 from siphon.stream import _messages
-from conftest import HOOKS, REPO, Producer, _free_port, extract, extract_command, make_corpus
+from conftest import HOOKS, REPO, Producer, _free_port, _free_ports, extract, extract_command, make_corpus
 
 pytest.importorskip("grpc")
 
@@ -175,3 +175,16 @@ def test_an_fp8_stream_gives_the_disk_runs_dequantized_values(runs, corpus):
             producer.wait()
     assert producer.returncode == 0, log[-4000:]
     assert sum(want.values()) > 1000 and got == want
+
+
+def test_hosts_listening_everywhere_are_reached_at_the_host_the_reader_was_given(runs, corpus):
+    """`stream://0.0.0.0:PORT` on 2 hosts of one VM: the description keeps the wildcard (the
+    coordinator is on this VM's loopback) and readers reach every host at their URL's host."""
+    port = _free_ports(2)
+    with Producer(runs, corpus, "stream-wildcard", hosts=2, url=f"stream://0.0.0.0:{port}") as producer:
+        opened = siphon.Stream(f"stream://127.0.0.1:{port}", connect_timeout=120)
+        assert opened.run["producers"] == [f"0.0.0.0:{port}", f"0.0.0.0:{port + 1}"]
+        assert opened.producers == [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]
+        got = rows(list(opened.batches(batch_size=24, dtype="raw")))
+        assert producer.process.wait(timeout=120) == 0, producer.log()[-3000:]
+    assert got == on_disk(runs, corpus, 2)

@@ -255,3 +255,37 @@ def test_a_stream_state_saved_after_a_third_continues_exactly_in_a_fresh_reader(
         rest = [key(b) for b in it]
         assert producer.process.wait(timeout=60) == 0, producer.log()[-3000:]
     assert whole[:stop] + rest == whole
+
+
+def make_pki(dest: Path) -> Dict[str, Path]:
+    """A CA and a certificate it signed for localhost and 127.0.0.1 (openssl)."""
+    files = {name: dest / name for name in ("ca.pem", "ca.key", "host.pem", "host.key", "host.csr", "san.ext")}
+    files["san.ext"].write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for cmd in (
+        ["req", "-x509", *ec, "-keyout", files["ca.key"], "-out", files["ca.pem"], "-days", "1", "-subj", "/CN=test-ca"],
+        ["req", *ec, "-keyout", files["host.key"], "-out", files["host.csr"], "-subj", "/CN=localhost"],
+        ["x509", "-req", "-in", files["host.csr"], "-CA", files["ca.pem"], "-CAkey", files["ca.key"],
+         "-CAcreateserial", "-out", files["host.pem"], "-days", "1", "-extfile", files["san.ext"]],
+    ):
+        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True)
+    return files
+
+
+def test_over_tls_a_reader_needs_the_ca_and_the_job_token(runs, corpus, tmp_path):
+    """The job's token and TLS material (the coordinator's flags, here their variables) close
+    the stream as they close the control plane."""
+    if subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
+        pytest.skip("openssl makes the test's certificates")
+    pki = make_pki(tmp_path)
+    env = {"SIPHON_JOB_TOKEN": "job-secret", "SIPHON_COORDINATOR_CA": str(pki["ca.pem"]),
+           "SIPHON_COORDINATOR_CERT": str(pki["host.pem"]), "SIPHON_COORDINATOR_KEY": str(pki["host.key"])}
+    with Producer(runs, corpus, "faults-tls", launch=False, env=env) as producer:
+        with pytest.raises(siphon.DatasetError, match="refused the reader: missing or wrong job token"):
+            siphon.stream(producer.url, token="guess", ca=str(pki["ca.pem"]), tls_name="localhost", connect_timeout=120)
+        with pytest.raises(siphon.DatasetError, match="no stream served there within 3 s"):
+            siphon.stream(producer.url, token="job-secret", connect_timeout=3)
+        got = list(siphon.stream(producer.url, [HOOK], token="job-secret", ca=str(pki["ca.pem"]), tls_name="localhost",
+                                 batch_size=24, dtype="raw", connect_timeout=120))
+        assert producer.process.wait(timeout=60) == 0, producer.log()[-3000:]
+    assert sum(len(b["token_ids"]) for b in got) > 500

@@ -89,7 +89,8 @@ impl TlsOptions {
         self.identity.is_some()
     }
 
-    pub(crate) fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig> {
+    /// The service's TLS configuration (this process's certificate and key).
+    pub fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig> {
         let (cert, key) = self.identity.as_ref().ok_or_else(|| {
             CoordError::InvalidArgument(
                 "this process hosts the coordinator with TLS but has no certificate and key \

@@ -16,8 +16,8 @@
 //! side's restart loses or repeats a batch. [`StreamSink::finish`] waits until every consumer
 //! has been sent its last batch.
 //!
-//! Each host of a job serves its own stream; a reader merges them (`siphon.stream`). Not yet
-//! built: TLS.
+//! Each host of a job serves its own stream; a reader merges them (`siphon.stream`). Calls carry
+//! the job token when the job has one, over TLS when it has the coordinator's ([`Serving`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -76,6 +76,20 @@ pub struct Bounds {
     pub keep: usize,
 }
 
+/// How a host serves its stream: what it holds, and who may read it.
+#[derive(Clone, Debug)]
+pub struct Serving {
+    /// The batches it holds.
+    pub bounds: Bounds,
+    /// The job token every call must carry (in [`TOKEN_HEADER`]); `None`: any caller.
+    pub token: Option<String>,
+    /// Serve over TLS with this certificate and key.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+/// The metadata key of the job token, as the coordinator's.
+pub const TOKEN_HEADER: &str = "x-siphon-job-token";
+
 /// Where a producer starts, from what its consumers said when they pulled.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Start {
@@ -101,8 +115,9 @@ pub struct StreamSink {
 
 impl StreamSink {
     /// Serves the run `description` (run.json's fields, as JSON) on `addr` (`HOST:PORT`; port
-    /// 0 takes a free one, [`StreamSink::addr`]), holding at most `bounds` batches.
-    pub fn serve(addr: &str, description: String, bounds: Bounds) -> Result<StreamSink, StreamError> {
+    /// 0 takes a free one, [`StreamSink::addr`]), as `serving` says.
+    pub fn serve(addr: &str, description: String, serving: Serving) -> Result<StreamSink, StreamError> {
+        let Serving { bounds, token, tls } = serving;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("siphon-stream")
@@ -119,15 +134,21 @@ impl StreamSink {
             bounds: Bounds { buffer: bounds.buffer.max(1), keep: bounds.keep },
             description,
         });
-        let service = pb::stream_server::StreamServer::new(Service { shared: Arc::clone(&shared) });
+        let (secured, checked) = (tls.is_some(), token.is_some());
+        let service = pb::stream_server::StreamServer::with_interceptor(
+            Service { shared: Arc::clone(&shared) },
+            move |request: Request<()>| check_token(token.as_deref(), request),
+        );
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).map_err(|e| StreamError::Server(format!("TLS: {e}")))?;
+        }
         let (shutdown, stop) = oneshot::channel::<()>();
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let server = runtime.spawn(
-            tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(incoming, async {
-                let _ = stop.await;
-            }),
-        );
-        tracing::info!(addr = %local, buffer = bounds.buffer, keep = bounds.keep, "serving the stream");
+        let server = runtime.spawn(builder.add_service(service).serve_with_incoming_shutdown(incoming, async {
+            let _ = stop.await;
+        }));
+        tracing::info!(addr = %local, buffer = bounds.buffer, keep = bounds.keep, tls = secured, token = checked, "serving the stream");
         Ok(StreamSink { shared, addr: local, runtime, shutdown: Some(shutdown), server: Some(server) })
     }
 
@@ -261,6 +282,19 @@ impl Drop for StreamSink {
         }
         let _ = self.stop(GRACE);
     }
+}
+
+/// Lets a call through when it carries the job token (constant-time compare), or when there
+/// is none to carry.
+fn check_token(token: Option<&str>, request: Request<()>) -> Result<Request<()>, Status> {
+    let Some(token) = token else { return Ok(request) };
+    let given = request.metadata().get(TOKEN_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+    let same = given.len() == token.len() && given.iter().zip(token.as_bytes()).fold(0, |d, (a, b)| d | (a ^ b)) == 0;
+    if !same {
+        tracing::warn!(peer = ?request.remote_addr(), "refused a stream call with a missing or wrong job token");
+        return Err(Status::unauthenticated("missing or wrong job token"));
+    }
+    Ok(request)
 }
 
 /// A batch the host holds.

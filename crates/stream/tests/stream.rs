@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use siphon_stream::{Bounds, DescribeRequest, PullRequest, Start, StreamClient, StreamError, StreamSink};
+use siphon_stream::{Bounds, DescribeRequest, PullRequest, Serving, Start, StreamClient, StreamError, StreamSink};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -15,8 +15,12 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
+fn open_to_all(buffer: usize, keep: usize) -> Serving {
+    Serving { bounds: Bounds { buffer, keep }, token: None, tls: None }
+}
+
 fn serve(buffer: usize, keep: usize) -> (StreamSink, String) {
-    let sink = StreamSink::serve("127.0.0.1:0", r#"{"run": "test"}"#.into(), Bounds { buffer, keep }).unwrap();
+    let sink = StreamSink::serve("127.0.0.1:0", r#"{"run": "test"}"#.into(), open_to_all(buffer, keep)).unwrap();
     let addr = sink.addr().to_string();
     (sink, addr)
 }
@@ -122,7 +126,7 @@ fn the_producer_waits_for_its_consumers_within_its_patience() {
     let (nobody, taken) = serve(4, 0);
     let err = nobody.start(Duration::from_millis(200)).unwrap_err().to_string();
     assert!(err.contains("no consumer has pulled"), "{err}");
-    let busy = StreamSink::serve(&taken, "{}".into(), Bounds { buffer: 1, keep: 0 }).err().unwrap().to_string();
+    let busy = StreamSink::serve(&taken, "{}".into(), open_to_all(1, 0)).err().unwrap().to_string();
     assert!(busy.starts_with(&format!("cannot serve the stream on {taken}")), "{busy}");
 }
 
@@ -180,4 +184,51 @@ fn a_producer_that_stops_early_ends_its_consumers_streams_with_an_error() {
     drop(sink);
     let err = rt.block_on(next).unwrap().unwrap_err();
     assert!(err.message().contains("stopped before its last batch"), "{err:?}");
+}
+
+/// A CA and a certificate it signed for localhost: (CA PEM, cert PEM, key PEM).
+fn make_pki() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&key, &ca).unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn over_tls_a_reader_needs_the_ca_and_the_job_token() {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, ServerTlsConfig};
+    let (ca, cert, key) = make_pki();
+    let serving = Serving {
+        bounds: Bounds { buffer: 1, keep: 0 },
+        token: Some("job-secret".into()),
+        tls: Some(ServerTlsConfig::new().identity(Identity::from_pem(&cert, &key))),
+    };
+    let sink = StreamSink::serve("127.0.0.1:0", r#"{"run": "tls"}"#.into(), serving).unwrap();
+    let port = sink.addr().port();
+    let rt = runtime();
+    let describe = |tls: bool, token: Option<&'static str>| {
+        let ca = ca.clone();
+        rt.block_on(async move {
+            let scheme = if tls { "https" } else { "http" };
+            let mut endpoint = Channel::from_shared(format!("{scheme}://localhost:{port}")).unwrap();
+            if tls {
+                let config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost");
+                endpoint = endpoint.tls_config(config).unwrap();
+            }
+            let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+            let mut request = tonic::Request::new(DescribeRequest {});
+            if let Some(token) = token {
+                request.metadata_mut().insert(siphon_stream::TOKEN_HEADER, token.parse().unwrap());
+            }
+            let reply = StreamClient::new(channel).describe(request).await.map_err(|e| e.message().to_string())?;
+            Ok::<String, String>(reply.into_inner().run_json)
+        })
+    };
+    assert_eq!(describe(true, Some("job-secret")).unwrap(), r#"{"run": "tls"}"#);
+    assert_eq!(describe(true, None).unwrap_err(), "missing or wrong job token");
+    assert_eq!(describe(true, Some("guess")).unwrap_err(), "missing or wrong job token");
+    assert!(describe(false, Some("job-secret")).is_err(), "a plaintext reader gets nothing");
 }

@@ -2,7 +2,8 @@
 //!
 //! Starts N copies of this binary, each told its identity through the same environment
 //! variables a real cluster would set (`SIPHON_PROCESS_ID`, `SIPHON_NUM_PROCESSES`,
-//! `SIPHON_COORDINATOR`), a coordinator address on 127.0.0.1 and a fresh job token. Every
+//! `SIPHON_COORDINATOR`), a coordinator address on 127.0.0.1 and the job token
+//! (`SIPHON_JOB_TOKEN` when set, which a stream's readers then give, else a fresh one). Every
 //! output line is prefixed with its host. When one host fails the others are stopped
 //! (SIGTERM, then SIGKILL after a grace period), so a local job never hangs either.
 //!
@@ -54,7 +55,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => free_port()?,
     };
     let coordinator = format!("127.0.0.1:{port}");
-    let token = job_token()?;
+    // The user's token when they give one (readers of a stream then know it), else a fresh one.
+    let given = std::env::var("SIPHON_JOB_TOKEN").ok().filter(|t| !t.trim().is_empty());
+    let made = given.is_none();
+    let token = match given {
+        Some(token) => token,
+        None => job_token()?,
+    };
     eprintln!(
         "launching {} local hosts, coordinator {coordinator}: siphon {}",
         args.local_hosts,
@@ -72,9 +79,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .env("SIPHON_NUM_PROCESSES", args.local_hosts.to_string())
             .env("SIPHON_COORDINATOR", &coordinator)
             .env("SIPHON_JOB_TOKEN", &token)
+            .env_remove(super::cluster::LAUNCH_MADE_TOKEN)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if made {
+            command.env(super::cluster::LAUNCH_MADE_TOKEN, "1");
+        }
         if let Some(devices) = args.cpu_devices_per_host {
             command.env("SIPHON_CPU_DEVICES", devices.to_string());
         }

@@ -240,12 +240,20 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let mut committed_tokens = 0;
     let streaming = siphon_stream::address(&spec.output).is_some();
     output::check_stream(&spec.output, spec.total_machines, compute.spans_hosts())?;
+    let producers = match streaming {
+        true => stream_producers(coord, &spec.output, &run_name, host.machine, &compute)?,
+        false => Vec::new(),
+    };
     for member in compute.members().iter().filter(|m| m.writes) {
         let host = HostId { machine: host.machine, host: member.process };
         let store = || store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout));
-        let bounds = siphon_stream::Bounds { buffer: options.stream_buffer, keep: options.stream_keep };
-        let (writer, resume_at) =
-            output::Output::open(&spec.output, &run_name, (host, compute.readers()), &descriptor, bounds, store)?;
+        let stream = || {
+            let bind = output::bind_address(&spec.output, member.process)?;
+            let endpoints = output::Endpoints { bind, producers: producers.clone() };
+            let bounds = siphon_stream::Bounds { buffer: options.stream_buffer, keep: options.stream_keep };
+            Ok((endpoints, output::serving(&options.cluster, coord.identity(), bounds)?))
+        };
+        let (writer, resume_at) = output::Output::open(&spec.output, &run_name, host, &descriptor, stream, store)?;
         committed_tokens += resume_at.committed_tokens;
         coord.kv_set(
             &format!("resume/{}/{}", host.machine, host.host),
@@ -442,6 +450,27 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     }
     coord.shutdown(BARRIER_TIMEOUT)?;
     Ok(())
+}
+
+/// Where readers reach each host's stream (host `h` at index `h`): each writing member of this
+/// process says where readers reach its own (`output::advertised`), through the coordinator.
+fn stream_producers(
+    coord: &Coordination,
+    output: &str,
+    run: &str,
+    machine: u32,
+    compute: &Compute,
+) -> anyhow::Result<Vec<String>> {
+    let key = |h: u32| format!("stream/{run}/{machine}/{h}");
+    for member in compute.members().iter().filter(|m| m.writes) {
+        let bind = output::bind_address(output, member.process)?;
+        coord.kv_set(
+            &key(member.process),
+            output::advertised(&bind, &coord.identity().coordinator).as_bytes(),
+            true,
+        )?;
+    }
+    (0..compute.readers()).map(|h| Ok(String::from_utf8(coord.kv_get(&key(h), BARRIER_TIMEOUT)?)?)).collect()
 }
 
 /// Whether any member of the job still has a batch for step `step`. Within a host (hosts

@@ -2,13 +2,16 @@
 //! `--output stream://HOST:PORT`, a live stream to the training processes that pull them
 //! ([`siphon_stream::StreamSink`]: each batch sent as a shard of its own, no disk between).
 //! Host `h` of a job serves its stream on `HOST:PORT+h`, and every host's description lists
-//! them all, so that a reader given any one reads every host.
+//! where readers reach them all ([`Endpoints`], exchanged through the coordinator), so that a
+//! reader given any one reads every host.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use siphon_store::{BatchActivations, HostId, ResumePoint, RunDescriptor, ShardFormat, ShardWriter};
-use siphon_stream::{Bounds, StreamSink};
+use siphon_stream::{Bounds, Serving, StreamSink};
+
+use crate::cmd::cluster::ClusterArgs;
 
 /// A member's output.
 pub enum Output {
@@ -31,8 +34,8 @@ pub struct Streamed {
     next: u64,
 }
 
-/// Refuses what a stream does not serve yet: hosts on several machines (each machine would
-/// have to advertise its own address) and a mesh spanning hosts, simulated ones included (hosts
+/// Refuses what a stream does not serve yet: several machines (each with its coordinator, so
+/// no host can list the others' streams) and a mesh spanning hosts, simulated ones included (hosts
 /// that do not each write their own rows, so host `h` is not the `h`th writer).
 pub fn check_stream(output: &str, machines: u32, spans_hosts: bool) -> anyhow::Result<()> {
     if siphon_stream::address(output).is_none() {
@@ -53,34 +56,85 @@ pub fn check_stream(output: &str, machines: u32, spans_hosts: bool) -> anyhow::R
     Ok(())
 }
 
-/// Where each of `hosts` hosts serves the stream `output` names: `HOST:PORT+h`.
-fn stream_addresses(output: &str, hosts: u32) -> anyhow::Result<Vec<String>> {
+/// How a host serves its stream: holding `bounds`; to readers with the job token when one was
+/// given (not one siphon made up, which no reader could know); over TLS with the coordinator's certificate
+/// and key when the job has TLS (every host serves, so every host needs them).
+pub fn serving(cluster: &ClusterArgs, identity: &siphon_coord::Identity, bounds: Bounds) -> anyhow::Result<Serving> {
+    let (token, source) = cluster.job_token(identity)?;
+    let token = ClusterArgs::token_is_shared(&source).then_some(token);
+    let tls = match cluster.tls()? {
+        None => None,
+        Some(tls) if tls.can_serve() => Some(tls.server_config()?),
+        Some(_) => anyhow::bail!(
+            "a stream served with TLS needs --coordinator-cert and --coordinator-key on every host (each serves its \
+             own stream)"
+        ),
+    };
+    Ok(Serving { bounds, token, tls })
+}
+
+/// Where a host serves its stream, and where readers reach every host of the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoints {
+    /// The address this host listens on: `HOST:PORT+h`.
+    pub bind: String,
+    /// Where readers reach each host, host `h` at index `h`.
+    pub producers: Vec<String>,
+}
+
+/// Where host `h` listens: the output's `HOST:PORT+h`.
+pub fn bind_address(output: &str, h: u32) -> anyhow::Result<String> {
     let addr = siphon_stream::address(output).context("not a stream")?;
     let (host, port) = addr
         .rsplit_once(':')
-        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+        .and_then(|(host, p)| Some((host, p.parse::<u16>().ok()?)))
         .with_context(|| format!("--output {output}: give stream://HOST:PORT"))?;
-    (0..hosts)
-        .map(|h| {
-            let port = port.checked_add(u16::try_from(h).ok()?)?;
-            Some(format!("{host}:{port}"))
-        })
-        .collect::<Option<Vec<_>>>()
-        .with_context(|| format!("--output {output}: {hosts} hosts need ports {port}..{port}+{hosts}"))
+    let port = u16::try_from(h)
+        .ok()
+        .and_then(|h| port.checked_add(h))
+        .with_context(|| format!("--output {output}: host {h} needs port {port}+{h}, past 65535"))?;
+    Ok(format!("{host}:{port}"))
+}
+
+/// Where readers reach the stream a host listens on at `bind`: the same address, unless it
+/// is a wildcard (`0.0.0.0`, `[::]`), which stands for this machine's address on the network
+/// that reaches the coordinator (hosts on several VMs each advertise their own). Where that
+/// network is this VM's loopback (every host here), the wildcard stays, and readers put the
+/// host of the URL they were given in its place.
+pub fn advertised(bind: &str, coordinator: &str) -> String {
+    let Some((host, port)) = bind.rsplit_once(':') else { return bind.to_string() };
+    let wildcard = host.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified());
+    if !wildcard {
+        return bind.to_string();
+    }
+    let outward = || -> Option<std::net::IpAddr> {
+        let target = std::net::ToSocketAddrs::to_socket_addrs(coordinator).ok()?.next()?;
+        let local = if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+        // A datagram socket "connected" sends nothing: it only picks the route's address.
+        let socket = std::net::UdpSocket::bind(local).ok()?;
+        socket.connect(target).ok()?;
+        Some(socket.local_addr().ok()?.ip())
+    };
+    match outward() {
+        Some(ip) if !ip.is_loopback() && !ip.is_unspecified() => {
+            std::net::SocketAddr::new(ip, port.parse().unwrap_or(0)).to_string()
+        }
+        _ => bind.to_string(),
+    }
 }
 
 impl Output {
-    /// Opens the output `output` names for host `host` of `hosts`: a stream when it is
-    /// `stream://HOST:PORT` (holding at most `bounds` batches), else the store (`format` and
+    /// Opens the output `output` names for host `host`: a stream when it is
+    /// `stream://HOST:PORT` (served where and as `stream` says), else the store (`format` and
     /// `patience` are the store's); and where it resumes. A stream starts once every consumer
     /// pulls, where they stand: at [`Output::first_batch`], its data read from the position a
     /// consumer gave.
     pub fn open(
         output: &str,
         run: &str,
-        (host, hosts): (HostId, u32),
+        host: HostId,
         descriptor: &RunDescriptor,
-        bounds: Bounds,
+        stream: impl FnOnce() -> anyhow::Result<(Endpoints, Serving)>,
         store: impl FnOnce() -> anyhow::Result<siphon_store::StoreConfig>,
     ) -> anyhow::Result<(Output, ResumePoint)> {
         let config = store()?;
@@ -89,7 +143,8 @@ impl Output {
             let resume_at = writer.resume_point().clone();
             return Ok((Output::Shards(writer), resume_at));
         }
-        let producers = stream_addresses(output, hosts)?;
+        let (endpoints, serving) = stream()?;
+        let Endpoints { bind, producers } = endpoints;
         let description = serde_json::to_string(&serde_json::json!({
             "run": run,
             "producers": producers,
@@ -99,8 +154,7 @@ impl Output {
             "format": config.format,
             "config": descriptor.config,
         }))?;
-        let addr = producers.get(host.host as usize).with_context(|| format!("host {host:?} of {hosts}"))?;
-        let sink = StreamSink::serve(addr, description, bounds)?;
+        let sink = StreamSink::serve(&bind, description, serving)?;
         let patience = config.upload.give_up_after;
         tracing::info!(addr = %sink.addr(), "waiting for every consumer of the stream to pull");
         let start = sink.start(patience)?;
@@ -180,20 +234,33 @@ mod tests {
 
     #[test]
     fn each_host_serves_on_its_own_port_and_what_a_stream_lacks_is_refused_by_name() {
-        assert_eq!(
-            stream_addresses("stream://0.0.0.0:7070", 3).unwrap(),
-            ["0.0.0.0:7070", "0.0.0.0:7071", "0.0.0.0:7072"]
-        );
-        let no_port = stream_addresses("stream://somewhere", 1).unwrap_err().to_string();
+        let binds: Vec<String> = (0..3).map(|h| bind_address("stream://0.0.0.0:7070", h).unwrap()).collect();
+        assert_eq!(binds, ["0.0.0.0:7070", "0.0.0.0:7071", "0.0.0.0:7072"]);
+        let no_port = bind_address("stream://somewhere", 0).unwrap_err().to_string();
         assert!(no_port.contains("give stream://HOST:PORT"), "{no_port}");
-        let past = stream_addresses("stream://h:65535", 2).unwrap_err().to_string();
-        assert!(past.contains("2 hosts need ports 65535"), "{past}");
+        let past = bind_address("stream://h:65535", 1).unwrap_err().to_string();
+        assert!(past.contains("host 1 needs port 65535+1, past 65535"), "{past}");
         check_stream("gs://bucket/out", 4, true).unwrap();
         check_stream("stream://h:1", 1, false).unwrap();
         let machines = check_stream("stream://h:1", 2, false).unwrap_err().to_string();
         assert!(machines.contains("from one machine for now (this job has 2)"), "{machines}");
         let spans = check_stream("stream://h:1", 1, true).unwrap_err().to_string();
         assert!(spans.contains("mesh spans hosts"), "{spans}");
+    }
+
+    #[test]
+    fn a_wildcard_is_advertised_as_the_address_that_reaches_the_coordinator() {
+        // A named address is where readers go; a wildcard whose coordinator is on this VM's
+        // loopback stays a wildcard (readers use the host of their URL).
+        assert_eq!(advertised("10.1.2.3:7071", "10.1.2.9:8476"), "10.1.2.3:7071");
+        assert_eq!(advertised("0.0.0.0:7071", "127.0.0.1:8476"), "0.0.0.0:7071");
+        assert_eq!(advertised("[::]:7071", "localhost:8476"), "[::]:7071");
+        // Toward another address, the route's own address (nothing is sent). Where this
+        // machine has no route out (a sandbox), the wildcard stays too.
+        let out = advertised("0.0.0.0:7071", "192.0.2.1:8476");
+        let addr: std::net::SocketAddr = out.parse().unwrap();
+        assert_eq!(addr.port(), 7071);
+        assert!(out == "0.0.0.0:7071" || !(addr.ip().is_loopback() || addr.ip().is_unspecified()), "{out}");
     }
 
     #[test]
