@@ -33,7 +33,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -309,10 +309,10 @@ class _Plan:
     shuffle: bool
     seed: int
     drop_last: bool
-    hosts: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "hosts", len(self.stream.producers))
+    @property
+    def hosts(self) -> int:
+        return len(self.stream.producers)
 
     def fingerprint(self) -> str:
         """What decides the order of the rows, for checking that a saved position fits."""

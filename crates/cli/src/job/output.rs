@@ -57,8 +57,8 @@ pub fn check_stream(output: &str, machines: u32, spans_hosts: bool) -> anyhow::R
 }
 
 /// How a host serves its stream: holding `bounds`; to readers with the job token when one was
-/// given (not one siphon made up, which no reader could know); over TLS with the coordinator's certificate
-/// and key when the job has TLS (every host serves, so every host needs them).
+/// given (not one siphon made up, which no reader could know); over TLS with the coordinator's
+/// certificate and key when the job has TLS (every host serves, so every host needs them).
 pub fn serving(cluster: &ClusterArgs, identity: &siphon_coord::Identity, bounds: Bounds) -> anyhow::Result<Serving> {
     let (token, source) = cluster.job_token(identity)?;
     let token = ClusterArgs::token_is_shared(&source).then_some(token);
