@@ -21,8 +21,9 @@ the batch it needs next, and fails with an error naming the host when it is not 
 `reconnect_timeout`. A restarted host waits until every reader pulls and makes its batches
 again from the earliest one they need; a reader restored from a checkpoint pulls from its
 window's start, which the host still holds (its last ``--stream-keep`` batches sent) or makes
-again when restarted. The job token and TLS as the control plane's (`Stream`). Not yet: several
-machines (each with its own coordinator).
+again when restarted. The job token and TLS as the control plane's (`Stream`). A run of several
+machines (each with its own coordinator, so each lists only its hosts) is read through one
+address of each: ``stream://HOST0:PORT,HOST1:PORT``.
 """
 
 from __future__ import annotations
@@ -125,8 +126,10 @@ class _Access:
 
 
 class Stream:
-    """A live stream, opened by the URL of any of its hosts (``stream://HOST:PORT``): the run
-    its hosts serve (`hooks`, `dtype`), and `batches` to read it. Waits up to `connect_timeout`
+    """A live stream, opened by the URL of any of its hosts (``stream://HOST:PORT``; a run of
+    several machines, each with its own coordinator: one host of each,
+    ``stream://HOST0:PORT,HOST1:PORT``): the run its hosts serve (`hooks`, `dtype`), and
+    `batches` to read it. Waits up to `connect_timeout`
     seconds for the host to answer; a reader waits up to `reconnect_timeout` seconds for a host
     that went away to come back. Holds no connection: it can be handed to DataLoader workers.
 
@@ -148,20 +151,14 @@ class Stream:
             raise DatasetError(f"cannot read the CA certificate {ca}: {e}") from e
         self._access = _Access(token or os.environ.get("SIPHON_JOB_TOKEN"), pem,
                                tls_name or os.environ.get("SIPHON_COORDINATOR_TLS_NAME"))
-        channel = self._access.channel(url[len(SCHEME) :])
-        try:
-            self.run = self._access.describe(channel, connect_timeout)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                raise DatasetError(f"{url} refused the reader: {e.details()} (give token= or SIPHON_JOB_TOKEN)") from e
-            raise DatasetError(f"{url}: no stream served there within {connect_timeout} s: {e.details()}") from e
-        finally:
-            channel.close()
+        runs = [(target, self._describe(url, target, connect_timeout)) for target in url[len(SCHEME) :].split(",")]
+        self.run = runs[0][1]
         self.url = url
         self.connect_timeout = connect_timeout
         self.reconnect_timeout = reconnect_timeout
-        #: Where each host is reached, host ``h`` at index ``h``.
-        self.producers: List[str] = [_reachable(p, url[len(SCHEME) :]) for p in self.run["producers"]]
+        #: Where each host is reached, host ``h`` of machine ``m`` after every host of machines
+        #: before ``m``.
+        self.producers: List[str] = [p for _, _, hosts in sorted(_machines(url, runs)) for p in hosts]
         self.dtype: str = RUN_DTYPES[self.run["format"]["dtype"]]
         self.hooks: Dict[str, HookInfo] = {
             name: HookInfo(name, tuple(int(d) for d in shape), self.dtype)
@@ -169,6 +166,20 @@ class Stream:
         }
         #: Whether batches hold each token's role (a run of conversations).
         self.has_roles = bool(self.run["format"].get("roles"))
+
+    def _describe(self, url: str, target: str, timeout: float) -> Dict[str, Any]:
+        """The run the host at `target` serves."""
+        grpc = _grpc()
+        channel = self._access.channel(target)
+        try:
+            run = self._access.describe(channel, timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise DatasetError(f"{url} refused the reader: {e.details()} (give token= or SIPHON_JOB_TOKEN)") from e
+            raise DatasetError(f"{url}: no stream served at {target} within {timeout} s: {e.details()}") from e
+        finally:
+            channel.close()
+        return run
 
     @property
     def name(self) -> str:
@@ -233,6 +244,23 @@ class Stream:
             drop_last=drop_last,
         )
         return StreamBatches(plan, plan.start_of(resume))
+
+
+def _machines(url: str, runs: List[Tuple[str, Dict[str, Any]]]) -> List[Tuple[int, str, List[str]]]:
+    """Each machine's hosts, as (machine, address reached, where each host is reached), from
+    the runs described at each address of `url`: one per machine of the same run."""
+    machines = int(runs[0][1].get("machines", 1))
+    found = [(int(r.get("machine", 0)), at, [_reachable(p, at) for p in r["producers"]]) for at, r in runs]
+    names = {r["run"] for _, r in runs}
+    if len(names) > 1:
+        raise DatasetError(f"{url}: the addresses serve different runs ({', '.join(sorted(names))})")
+    if sorted(m for m, _, _ in found) != list(range(machines)):
+        given = ", ".join(f"machine {m} at {at}" for m, at, _ in found)
+        raise DatasetError(
+            f"{url}: run {runs[0][1]['run']!r} streams from {machines} machine(s), each serving its own hosts; "
+            f"give each machine's address once (stream://HOST0:PORT,HOST1:PORT,...): got {given}"
+        )
+    return found
 
 
 def _reachable(producer: str, via: str) -> str:

@@ -88,7 +88,7 @@ def test_a_live_stream_holds_what_the_same_command_writes_to_disk(runs, corpus, 
 def test_bad_streams_are_refused_by_name(runs):
     with pytest.raises(siphon.DatasetError, match="not a stream"):
         siphon.stream(str(runs))
-    with pytest.raises(siphon.DatasetError, match="no stream served there"):
+    with pytest.raises(siphon.DatasetError, match="no stream served at"):
         siphon.stream(f"stream://127.0.0.1:{_free_port()}", connect_timeout=1)
     with pytest.raises(siphon.DatasetError, match="out of range"):
         siphon.stream("stream://127.0.0.1:1", rank=2, world_size=2)
@@ -188,3 +188,39 @@ def test_hosts_listening_everywhere_are_reached_at_the_host_the_reader_was_given
         got = rows(list(opened.batches(batch_size=24, dtype="raw")))
         assert producer.process.wait(timeout=120) == 0, producer.log()[-3000:]
     assert got == on_disk(runs, corpus, 2)
+
+
+def test_a_stream_of_two_machines_holds_what_they_write_to_disk(runs, corpus):
+    """Two machines (each with its own coordinator, here one host each), read through one host
+    of each: exactly the rows the two write to disk; one machine's address alone is refused."""
+
+    def machine(m: int) -> List[str]:
+        return ["--machine-id", str(m), "--total-machines", "2"]
+
+    disk_run = runs / "stream-machines-disk"
+    if not disk_run.exists():
+        commands = [extract_command(runs, disk_run.name, hosts=1, corpus=corpus, launch=False, extra=machine(m))
+                    for m in range(2)]
+        writers = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   for cmd, env in commands]
+        assert [w.wait(timeout=300) for w in writers] == [0, 0]
+    want = rows(list(siphon.open_dataset(disk_run).batches(batch_size=64, shuffle=False, dtype="raw")))
+    got: Dict[int, List[Any]] = {}
+    producers = [Producer(runs, corpus, "stream-machines-live", launch=False, extra=machine(m)) for m in range(2)]
+    try:
+        one = producers[1].url
+        with pytest.raises(siphon.DatasetError, match="streams from 2 machine"):
+            siphon.Stream(one, connect_timeout=120)
+        url = producers[0].url + "," + one[len("stream://"):]
+        threads = [threading.Thread(target=lambda r=r: got.__setitem__(
+            r, list(siphon.stream(url, batch_size=24, rank=r, world_size=2, dtype="raw", connect_timeout=120))))
+            for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert [p.process.wait(timeout=120) for p in producers] == [0, 0]
+    finally:
+        for p in producers:
+            p.__exit__()
+    assert sum((rows(got[r]) for r in range(2)), Counter()) == want

@@ -68,7 +68,6 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let model = siphon_models::LoadedModel::open(&model_path)
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let mut spec = options.resolve(Some(&model.config), identity.total_machines)?;
-    output::check_stream(&spec.output, identity.total_machines, false)?;
     let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
     let text_tokenizer = model.tokenizer.as_ref();
@@ -239,7 +238,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let mut writers = Vec::new();
     let mut committed_tokens = 0;
     let streaming = siphon_stream::address(&spec.output).is_some();
-    output::check_stream(&spec.output, spec.total_machines, compute.spans_hosts())?;
+    output::check_stream(&spec.output, compute.spans_hosts())?;
     let producers = match streaming {
         true => stream_producers(coord, &spec.output, &run_name, host.machine, &compute)?,
         false => Vec::new(),

@@ -50,7 +50,7 @@ pub struct ExtractOptions {
     // --- output ---
     /// Where the dataset goes: a local path or gs:// s3:// az:// file:// URL; or
     /// stream://HOST:PORT to serve the batches live to training processes (siphon.stream in
-    /// Python), no disk between: host h on PORT+h, one machine, each batch sent once.
+    /// Python), no disk between: host h on PORT+h (readers are given each machine's address).
     #[arg(long, help_heading = "Output")]
     pub output: Option<String>,
     /// Run name (a directory under --output). Default: derived from the configuration, so the

@@ -34,20 +34,10 @@ pub struct Streamed {
     next: u64,
 }
 
-/// Refuses what a stream does not serve yet: several machines (each with its coordinator, so
-/// no host can list the others' streams) and a mesh spanning hosts, simulated ones included (hosts
-/// that do not each write their own rows, so host `h` is not the `h`th writer).
-pub fn check_stream(output: &str, machines: u32, spans_hosts: bool) -> anyhow::Result<()> {
-    if siphon_stream::address(output).is_none() {
-        return Ok(());
-    }
-    if machines > 1 {
-        anyhow::bail!(
-            "--output {output}: a stream is served from one machine for now (this job has {machines}); \
-             write shards to a store instead"
-        );
-    }
-    if spans_hosts {
+/// Refuses what a stream does not serve yet: a mesh spanning hosts, simulated ones included
+/// (hosts that do not each write their own rows, so host `h` is not the `h`th writer).
+pub fn check_stream(output: &str, spans_hosts: bool) -> anyhow::Result<()> {
+    if siphon_stream::address(output).is_some() && spans_hosts {
         anyhow::bail!(
             "--output {output}: a stream needs hosts that each write their own rows; this job's mesh spans \
              hosts: write shards to a store instead"
@@ -145,8 +135,12 @@ impl Output {
         }
         let (endpoints, serving) = stream()?;
         let Endpoints { bind, producers } = endpoints;
+        // Each machine (with its own coordinator) lists its own hosts; readers are given every
+        // machine's address.
         let description = serde_json::to_string(&serde_json::json!({
             "run": run,
+            "machine": host.machine,
+            "machines": descriptor.partition["machines"],
             "producers": producers,
             "model": descriptor.model,
             "hooks": descriptor.hooks,
@@ -240,11 +234,9 @@ mod tests {
         assert!(no_port.contains("give stream://HOST:PORT"), "{no_port}");
         let past = bind_address("stream://h:65535", 1).unwrap_err().to_string();
         assert!(past.contains("host 1 needs port 65535+1, past 65535"), "{past}");
-        check_stream("gs://bucket/out", 4, true).unwrap();
-        check_stream("stream://h:1", 1, false).unwrap();
-        let machines = check_stream("stream://h:1", 2, false).unwrap_err().to_string();
-        assert!(machines.contains("from one machine for now (this job has 2)"), "{machines}");
-        let spans = check_stream("stream://h:1", 1, true).unwrap_err().to_string();
+        check_stream("gs://bucket/out", true).unwrap();
+        check_stream("stream://h:1", false).unwrap();
+        let spans = check_stream("stream://h:1", true).unwrap_err().to_string();
         assert!(spans.contains("mesh spans hosts"), "{spans}");
     }
 
