@@ -224,3 +224,22 @@ def test_a_stream_of_two_machines_holds_what_they_write_to_disk(runs, corpus):
         for p in producers:
             p.__exit__()
     assert sum((rows(got[r]) for r in range(2)), Counter()) == want
+
+
+def test_a_mesh_spanning_hosts_streams_each_data_groups_rows(runs, corpus):
+    """A 2d mesh (data 2 × fsdp 2 × model 2) over 4 hosts, simulated in one process: the host
+    that writes for each of the 2 data groups serves that group's stream (on PORT and PORT+1),
+    and the two hold exactly the rows the same command writes to disk."""
+    mesh = ["--simulate-hosts", "4", "--cpu-devices", "8", "--mesh", "2d", "--data", "2", "--fsdp", "2",
+            "--model-parallel", "2"]
+    disk_run = runs / "stream-mesh-disk"
+    if not disk_run.exists():
+        extract(runs, disk_run.name, hosts=1, corpus=corpus, launch=False, extra=mesh)
+    want = rows(list(siphon.open_dataset(disk_run).batches(batch_size=64, shuffle=False, dtype="raw")))
+    url = f"stream://127.0.0.1:{_free_ports(2)}"
+    with Producer(runs, corpus, "stream-mesh-live", url=url, launch=False, extra=mesh) as producer:
+        opened = siphon.Stream(url, connect_timeout=120)
+        assert len(opened.producers) == 2
+        got = rows(list(opened.batches(batch_size=24, dtype="raw")))
+        assert producer.process.wait(timeout=120) == 0, producer.log()[-3000:]
+    assert got == want

@@ -352,11 +352,6 @@ impl Compute {
         self.reader_rows
     }
 
-    /// Whether the mesh spans hosts, simulated ones included (some hosts then write no rows).
-    pub fn spans_hosts(&self) -> bool {
-        !matches!(self.span, Span::Host)
-    }
-
     /// Whether the mesh spans processes (every process must then enter every step).
     pub fn spans_processes(&self) -> bool {
         matches!(self.span, Span::Hosts { simulated: false, .. })

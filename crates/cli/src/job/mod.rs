@@ -238,7 +238,6 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let mut writers = Vec::new();
     let mut committed_tokens = 0;
     let streaming = siphon_stream::address(&spec.output).is_some();
-    output::check_stream(&spec.output, compute.spans_hosts())?;
     let producers = match streaming {
         true => stream_producers(coord, &spec.output, &run_name, host.machine, &compute)?,
         false => Vec::new(),
@@ -247,7 +246,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         let host = HostId { machine: host.machine, host: member.process };
         let store = || store_config(spec, &run_name, host, Duration::from_secs_f64(options.store_timeout));
         let stream = || {
-            let bind = output::bind_address(&spec.output, member.process)?;
+            let bind = output::bind_address(&spec.output, member.reader)?;
             let endpoints = output::Endpoints { bind, producers: producers.clone() };
             let bounds = siphon_stream::Bounds { buffer: options.stream_buffer, keep: options.stream_keep };
             Ok((endpoints, output::serving(&options.cluster, coord.identity(), bounds)?))
@@ -262,9 +261,12 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
             .as_bytes(),
             true,
         )?;
+        // Where the reader's processes start: the data position, and the first batch they run
+        // (a stream that starts again skips its consumers' batches).
+        let start = json!({ "position": resume_at.data_position, "first": writer.first_batch() });
         coord.kv_set(
             &format!("position/{}/{}/{}", run_name, host.machine, member.reader),
-            serde_json::to_vec(&resume_at.data_position)?.as_slice(),
+            serde_json::to_vec(&start)?.as_slice(),
             true,
         )?;
         if resume_at.data_position.is_some() {
@@ -282,7 +284,8 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let mut sinks = Vec::new();
     for (process, member) in compute.members().iter().enumerate() {
         let key = format!("position/{}/{}/{}", run_name, host.machine, member.reader);
-        let position: Option<serde_json::Value> = serde_json::from_slice(&coord.kv_get(&key, BARRIER_TIMEOUT)?)?;
+        let start: serde_json::Value = serde_json::from_slice(&coord.kv_get(&key, BARRIER_TIMEOUT)?)?;
+        let position = start["position"].clone();
         let mut stream_config = options.corpus.stream_config(
             pack.clone(),
             partition,
@@ -291,14 +294,14 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         stream_config.batch_size = compute.reader_rows();
         stream_config.chat = chat.clone();
         stream_config.resume = match position {
-            None => None,
-            Some(value) => Some(serde_json::from_value(value).context("the manifest's data position is unreadable")?),
+            serde_json::Value::Null => None,
+            value => Some(serde_json::from_value(value).context("the manifest's data position is unreadable")?),
         };
         let writer = writers.iter().position(|(p, ..)| *p == member.process).map(|i| {
             let (_, writer, resumed) = writers.remove(i);
             (writer, resumed)
         });
-        let first = writer.as_ref().map_or(0, |(w, _)| w.first_batch());
+        let first = start["first"].as_u64().context("the reader's first batch is unreadable")?;
         let stream = corpus.stream(tokenizer.clone(), stream_config)?;
         lanes.push(Lane { member: *member, stream, first, done: false });
         sinks.push(pipeline::Sink { writer, process, host: HostId { machine: host.machine, host: member.process } });
@@ -451,8 +454,9 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     Ok(())
 }
 
-/// Where readers reach each host's stream (host `h` at index `h`): each writing member of this
-/// process says where readers reach its own (`output::advertised`), through the coordinator.
+/// Where readers reach each reader's stream (reader `r`, served by its writing member, at index
+/// `r`; a host's own when hosts are data-parallel): each writing member of this process says
+/// where readers reach its own (`output::advertised`), through the coordinator.
 fn stream_producers(
     coord: &Coordination,
     output: &str,
@@ -462,12 +466,8 @@ fn stream_producers(
 ) -> anyhow::Result<Vec<String>> {
     let key = |h: u32| format!("stream/{run}/{machine}/{h}");
     for member in compute.members().iter().filter(|m| m.writes) {
-        let bind = output::bind_address(output, member.process)?;
-        coord.kv_set(
-            &key(member.process),
-            output::advertised(&bind, &coord.identity().coordinator).as_bytes(),
-            true,
-        )?;
+        let bind = output::bind_address(output, member.reader)?;
+        coord.kv_set(&key(member.reader), output::advertised(&bind, &coord.identity().coordinator).as_bytes(), true)?;
     }
     (0..compute.readers()).map(|h| Ok(String::from_utf8(coord.kv_get(&key(h), BARRIER_TIMEOUT)?)?)).collect()
 }
