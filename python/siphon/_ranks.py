@@ -8,6 +8,19 @@ from typing import Optional, Tuple
 from .errors import DatasetError
 
 
+def check_reader(batch_size: int, rank: int, world_size: int, worker: int, num_workers: int) -> None:
+    """Refuses, by name, a batch size or a reader (`rank` of `world_size` × `worker` of
+    `num_workers`) that cannot be."""
+    if batch_size <= 0:
+        raise DatasetError(f"batch_size must be positive, got {batch_size}")
+    if world_size <= 0:
+        raise DatasetError(f"world_size must be positive, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise DatasetError(f"rank {rank} is out of range for world_size {world_size} (0 <= rank < world_size)")
+    if num_workers <= 0 or not 0 <= worker < num_workers:
+        raise DatasetError(f"worker {worker} is out of range for num_workers {num_workers}")
+
+
 def ranks(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
     """`rank` and `world_size` as given, or torch.distributed's when both are ``None``."""
     if (rank is None) != (world_size is None):

@@ -28,6 +28,7 @@ from ._format import (
     read_run_json,
 )
 from ._location import Location
+from ._ranks import check_reader
 from ._convert import Batch
 from ._reader import (
     Arrays,
@@ -285,14 +286,7 @@ class Dataset:
         """
         output = _deprecated_output(format, output)
         hooks = self._check_hooks(hooks)
-        if batch_size <= 0:
-            raise DatasetError(f"batch_size must be positive, got {batch_size}")
-        if world_size <= 0:
-            raise DatasetError(f"world_size must be positive, got {world_size}")
-        if not 0 <= rank < world_size:
-            raise DatasetError(f"rank {rank} is out of range for world_size {world_size} (0 <= rank < world_size)")
-        if num_workers <= 0 or not 0 <= worker < num_workers:
-            raise DatasetError(f"worker {worker} is out of range for num_workers {num_workers}")
+        check_reader(batch_size, rank, world_size, worker, num_workers)
         if unit_tokens <= 0:
             raise DatasetError(f"unit_tokens must be positive, got {unit_tokens}")
         if output not in ("numpy", "torch"):

@@ -42,7 +42,7 @@ import numpy as np
 from . import _convert
 from ._convert import Batch
 from ._format import RUN_DTYPES, hook_tensors, read_shard
-from ._ranks import ranks
+from ._ranks import check_reader, ranks
 from .dataset import HookInfo, checked_hooks
 from .errors import DatasetError
 
@@ -219,12 +219,7 @@ class Stream:
         `epochs` 1 or ``None`` read it once. `resume`: a state ``state_dict()`` gave; the
         batches continue exactly from there. Nothing is pulled before the first batch."""
         hooks = self._check_hooks(hooks)
-        if batch_size <= 0:
-            raise DatasetError(f"batch_size must be positive, got {batch_size}")
-        if not 0 <= rank < world_size:
-            raise DatasetError(f"rank {rank} is out of range for world_size {world_size} (0 <= rank < world_size)")
-        if num_workers <= 0 or not 0 <= worker < num_workers:
-            raise DatasetError(f"worker {worker} is out of range for num_workers {num_workers}")
+        check_reader(batch_size, rank, world_size, worker, num_workers)
         if epoch != 0 or epochs not in (None, 1):
             raise DatasetError(f"a stream is read once: it has no epoch {epoch} (epochs={epochs})")
         window = shuffle_buffer_tokens or DEFAULT_WINDOW_BATCHES * batch_size
