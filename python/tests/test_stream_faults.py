@@ -31,8 +31,9 @@ pytest.importorskip("grpc")
 
 HOOK = HOOKS[0]
 Key = Tuple[Any, ...]
-# Slows each producer step so that a kill lands mid-stream.
-SLOW = {"SIPHON_TEST_SLOW_BATCH_MS": "60"}
+def slow(ms: int) -> Dict[str, str]:
+    """Slows each producer step so that a kill lands mid-stream, on slow machines too."""
+    return {"SIPHON_TEST_SLOW_BATCH_MS": str(ms)}
 
 
 def key(b: Any) -> Key:
@@ -81,7 +82,7 @@ def test_a_producer_killed_and_restarted_delivers_every_batch_once(runs, corpus)
     want = uninterrupted(runs, corpus, "faults-producer", 2)
     got: List[List[Key]] = [[], []]
     errors: List[BaseException] = []
-    with Producer(runs, corpus, "faults-producer", launch=False, env=SLOW) as first:
+    with Producer(runs, corpus, "faults-producer", launch=False, env=slow(150)) as first:
         threads = [threading.Thread(target=read, args=(first.url, r, 2, got[r], errors),
                                     kwargs={"reconnect_timeout": 120}) for r in range(2)]
         for t in threads:
@@ -141,7 +142,7 @@ def test_a_consumer_killed_and_restarted_from_its_checkpoint_gets_the_same_batch
     want = [(line["ids"], line["bits"]) for line in lines()]
     assert len(want) > 6
     log.unlink()
-    with Producer(runs, corpus, "faults-consumer", launch=False, env=SLOW) as producer:
+    with Producer(runs, corpus, "faults-consumer", launch=False, env=slow(300)) as producer:
         first = consumer()
         deadline = time.monotonic() + 120
         while len(lines()) < 4 and time.monotonic() < deadline and first.poll() is None:
@@ -159,7 +160,7 @@ def test_a_consumer_killed_and_restarted_from_its_checkpoint_gets_the_same_batch
 def test_a_producer_that_does_not_come_back_ends_the_stream_with_an_error_naming_it(runs, corpus):
     got: List[Key] = []
     errors: List[BaseException] = []
-    with Producer(runs, corpus, "faults-gone", launch=False, env=SLOW) as producer:
+    with Producer(runs, corpus, "faults-gone", launch=False, env=slow(150)) as producer:
         reader = threading.Thread(target=read, args=(producer.url, 0, 1, got, errors), kwargs={"reconnect_timeout": 2})
         reader.start()
         while not got and not errors:
