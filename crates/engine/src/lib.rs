@@ -35,6 +35,8 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod aot;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -146,6 +148,69 @@ impl std::str::FromStr for WeightForm {
             "dequantized" => Ok(WeightForm::Dequantized),
             "stored" => Ok(WeightForm::Stored),
             other => Err(EngineError::Options(format!("weights {other:?} (dequantized or stored)"))),
+        }
+    }
+}
+
+impl ShardingPlan {
+    /// Each weight's spec by name and the inputs' spec, for `config` on `mesh`.
+    pub fn specs(
+        &self,
+        config: &siphon_models::ModelConfig,
+        mesh: &Mesh,
+    ) -> (HashMap<String, PartitionSpec>, Option<PartitionSpec>) {
+        match self {
+            ShardingPlan::Replicated => {
+                let data: &[&str] = if mesh.axis_size("data").is_some() { &["data"] } else { &[] };
+                (HashMap::new(), Some(PartitionSpec::new(&[data, &[]])))
+            }
+            ShardingPlan::Megatron => {
+                let (p, i) = megatron_specs(config, mesh);
+                (p, Some(i))
+            }
+            ShardingPlan::Explicit { params, input } => (params.clone(), input.clone()),
+        }
+    }
+}
+
+/// What the engine's program is built from, whether it runs here ([`Engine`]) or is only
+/// compiled for devices elsewhere ([`aot`]): one place, so both build the same program.
+struct ProgramSpec<'a> {
+    hooks: &'a [HookPoint],
+    options: &'a EngineOptions,
+    param_specs: &'a HashMap<String, PartitionSpec>,
+    input_spec: &'a Option<PartitionSpec>,
+    stored: &'a HashMap<String, StoredForm>,
+    /// Whether the compiling side has siphon's CPU kernels.
+    cpu_kernels: bool,
+}
+
+impl ProgramSpec<'_> {
+    /// The forward for `batch` × `seq`, reading `params` (every weight its graph reads when
+    /// empty: the first build, which finds them).
+    fn forward(&self, batch: usize, seq: usize, params: &[ParamInfo]) -> ForwardSpec {
+        let mut spec = ForwardSpec::new(batch, seq, self.hooks.to_vec());
+        spec.compute_dtype = siphon_hlo::DType::from(self.options.compute_dtype);
+        spec.output_dtype = siphon_hlo::DType::from(self.options.output_dtype);
+        spec.mesh = self.options.mesh.clone();
+        spec.param_specs = self.param_specs.clone();
+        spec.input_spec = self.input_spec.clone();
+        spec.expert_capacity = self.options.expert_capacity;
+        spec.stored = self.stored.clone();
+        spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
+        spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
+        spec
+    }
+}
+
+/// Whether a weight stored as `form` stays so on the devices under `spec`: a split that would
+/// cut the form's blocks keeps it dequantized (logged).
+fn stored_on(form: StoredForm, param: &ParamInfo, spec: &PartitionSpec, mesh: &Mesh) -> bool {
+    match form.part_specs(&param.name, &param.shape, spec, mesh) {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!("{e}: dequantized on load instead");
+            false
         }
     }
 }
@@ -422,17 +487,7 @@ impl Engine {
                 "mesh device {d} is not one of this client's devices {available:?}"
             )));
         }
-        let (param_specs, input_spec) = match &options.plan {
-            ShardingPlan::Replicated => {
-                let data: &[&str] = if mesh.axis_size("data").is_some() { &["data"] } else { &[] };
-                (HashMap::new(), Some(PartitionSpec::new(&[data, &[]])))
-            }
-            ShardingPlan::Megatron => {
-                let (p, i) = megatron_specs(&model.config, &mesh);
-                (p, Some(i))
-            }
-            ShardingPlan::Explicit { params, input } => (params.clone(), input.clone()),
-        };
+        let (param_specs, input_spec) = options.plan.specs(&model.config, &mesh);
         let mut engine = Engine {
             client: client.clone(),
             config: model.config.clone(),
@@ -454,11 +509,10 @@ impl Engine {
         model.check_weights(probe.n_blocks)?;
         if engine.options.weights == WeightForm::Stored {
             for (param, spec) in probe.params.iter().zip(&probe.param_specs) {
-                let Some(form) = model.weights.stored_form(param)? else { continue };
-                // A split that would cut the form's blocks keeps the weight dequantized.
-                match form.part_specs(&param.name, &param.shape, spec, &mesh) {
-                    Ok(_) => _ = engine.stored.insert(param.name.clone(), form),
-                    Err(e) => tracing::warn!("{e}: dequantized on load instead"),
+                if let Some(form) = model.weights.stored_form(param)?
+                    && stored_on(form, param, spec, &mesh)
+                {
+                    engine.stored.insert(param.name.clone(), form);
                 }
             }
             probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
@@ -506,18 +560,16 @@ impl Engine {
     }
 
     fn spec(&self, batch: usize, seq: usize) -> ForwardSpec {
-        let mut spec = ForwardSpec::new(batch, seq, self.hooks.clone());
-        spec.compute_dtype = siphon_hlo::DType::from(self.options.compute_dtype);
-        spec.output_dtype = siphon_hlo::DType::from(self.options.output_dtype);
-        spec.mesh = self.options.mesh.clone();
-        spec.param_specs = self.param_specs.clone();
-        spec.input_spec = self.input_spec.clone();
-        spec.expert_capacity = self.options.expert_capacity;
-        spec.stored = self.stored.clone();
-        spec.cpu_kernels = self.options.cpu_kernels && self.client.cpu_kernels();
+        let program = ProgramSpec {
+            hooks: &self.hooks,
+            options: &self.options,
+            param_specs: &self.param_specs,
+            input_spec: &self.input_spec,
+            stored: &self.stored,
+            cpu_kernels: self.client.cpu_kernels(),
+        };
         // Every shape reads the weights the first build found (none before it).
-        spec.weights = (!self.params.is_empty()).then(|| self.params.iter().map(|p| p.name.clone()).collect());
-        spec
+        program.forward(batch, seq, &self.params)
     }
 
     /// The hooks every run returns, in order.

@@ -7,7 +7,7 @@
 //! PJRT, so `siphon plan` and the extraction command's pre-flight check run the exact same
 //! code in milliseconds, before weights are read or devices touched.
 //!
-//! Three pieces, one module each:
+//! Five pieces, one module each:
 //! - [`mesh`]: the mesh kinds (`1d`, `2d`, `3d`, `auto`), the axes `data` × `fsdp` × `model`
 //!   and the device order that keeps `fsdp`/`model` groups inside a host; impossible shapes
 //!   are errors that list the valid ones.
@@ -16,6 +16,10 @@
 //!   replication of a dimension that does not divide.
 //! - [`memory`]: per-device bytes of weights (sharded and gathered), activations of a batch,
 //!   and whether that fits a device's memory with headroom.
+//! - [`flops`]: the forward's analytic operations per token, to hold a compiler's count against.
+//! - [`tpu`]: TPU slices by their Cloud TPU names (`v5litepod-64`, `v5p-128`): libtpu's
+//!   topology for each, hosts × chips, and a chip's memory and peaks, for planning a slice
+//!   and compiling for it on any machine (`siphon plan --target tpu:…`).
 //!
 //! ```
 //! use siphon_models::HfConfig;
@@ -35,15 +39,19 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod flops;
 pub mod memory;
 pub mod mesh;
 mod planner;
 pub mod rules;
+pub mod tpu;
 
+pub use flops::forward_flops_per_token;
 pub use memory::{ActivationMemory, DType, HostMemory, MemoryEstimate, WeightMemory};
 pub use mesh::{DeviceInfo, MeshKind, MeshRequest, MeshShape, Topology};
-pub use planner::{ClassPlan, Fallback, Plan, PlanRequest, Suggestion, plan};
+pub use planner::{ClassPlan, Fallback, Plan, PlanRequest, Suggestion, every_hidden_state, plan};
 pub use rules::{TensorSharding, input_spec, param_spec};
+pub use tpu::{TpuGeneration, TpuSlice};
 
 /// What went wrong planning a mesh and its shardings.
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -42,8 +42,9 @@ pub struct PlanRequest {
     pub pipeline_depth: usize,
 }
 
-/// `output_hidden_states`: each block's input and the final norm's output.
-fn every_hidden_state(config: &ModelConfig) -> Vec<siphon_models::HookPoint> {
+/// The hooks a plan counts when it names none: every hidden state (each block's input and the
+/// final norm's output, as `output_hidden_states`).
+pub fn every_hidden_state(config: &ModelConfig) -> Vec<siphon_models::HookPoint> {
     use siphon_models::{HookKind, HookPoint};
     (0..config.n_layers)
         .map(|l| HookPoint::block(l, HookKind::ResidPre))

@@ -197,17 +197,7 @@ impl Client {
         if matches!(crate::PluginKind::of(plugin.path()), crate::PluginKind::Cuda | crate::PluginKind::Tpu) {
             options.options.retain(|(name, _)| name != "cpu_device_count");
         }
-        // Keep the name/value storage alive until the call returns.
-        let mut names = Vec::with_capacity(options.options.len());
-        let mut strings = Vec::new();
-        let mut seen = HashSet::new();
         for (name, value) in &options.options {
-            if name.is_empty() {
-                return Err(Error::InvalidOption { name: name.clone(), reason: "empty name".into() });
-            }
-            if !seen.insert(name.as_str()) {
-                return Err(Error::InvalidOption { name: name.clone(), reason: "set twice".into() });
-            }
             if let OptionValue::Int64(count) = value
                 && name == "cpu_device_count"
                 && *count < 1
@@ -217,46 +207,8 @@ impl Client {
                     reason: format!("must be at least 1, got {count}"),
                 });
             }
-            names.push(name.as_bytes());
-            if let OptionValue::String(s) = value {
-                strings.push(s.as_bytes());
-            }
         }
-        let mut named_values = Vec::with_capacity(options.options.len());
-        for (name, value) in &options.options {
-            let mut named: ffi::PJRT_NamedValue = ffi::zeroed_plain();
-            named.struct_size = std::mem::size_of::<ffi::PJRT_NamedValue>();
-            named.name = name.as_ptr() as *const c_char;
-            named.name_size = name.len();
-            match value {
-                OptionValue::String(s) => {
-                    named.type_ = ffi::NAMED_VALUE_STRING;
-                    named.value.string_value = s.as_ptr() as *const c_char;
-                    named.value_size = s.len();
-                }
-                OptionValue::Int64(v) => {
-                    named.type_ = ffi::NAMED_VALUE_INT64;
-                    named.value.int64_value = *v;
-                    named.value_size = 1;
-                }
-                OptionValue::Int64List(list) => {
-                    named.type_ = ffi::NAMED_VALUE_INT64_LIST;
-                    named.value.int64_array_value = list.as_ptr();
-                    named.value_size = list.len();
-                }
-                OptionValue::Float(v) => {
-                    named.type_ = ffi::NAMED_VALUE_FLOAT;
-                    named.value.float_value = *v;
-                    named.value_size = 1;
-                }
-                OptionValue::Bool(v) => {
-                    named.type_ = ffi::NAMED_VALUE_BOOL;
-                    named.value.bool_value = *v;
-                    named.value_size = 1;
-                }
-            }
-            named_values.push(named);
-        }
+        let named_values = named_values(&options.options)?;
 
         let key_value_store = options.key_value_store.clone().map(Box::new);
         let mut args: ffi::PJRT_Client_Create_Args = ffi::zeroed();
@@ -361,6 +313,54 @@ fn client_string(inner: &ClientInner, slot: ffi::Slot) -> Result<String> {
     unsafe { inner.plugin.call(slot, &mut args) }?;
     // SAFETY: the string is owned by the client, which is live.
     Ok(unsafe { string_from(args.value, args.value_size) })
+}
+
+/// `options` as `PJRT_NamedValue`s, pointing into `options` (which must outlive them); an
+/// empty or repeated name is refused.
+pub(crate) fn named_values(options: &[(String, OptionValue)]) -> Result<Vec<ffi::PJRT_NamedValue>> {
+    let mut seen = HashSet::new();
+    let mut named_values = Vec::with_capacity(options.len());
+    for (name, value) in options {
+        if name.is_empty() {
+            return Err(Error::InvalidOption { name: name.clone(), reason: "empty name".into() });
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(Error::InvalidOption { name: name.clone(), reason: "set twice".into() });
+        }
+        let mut named: ffi::PJRT_NamedValue = ffi::zeroed_plain();
+        named.struct_size = std::mem::size_of::<ffi::PJRT_NamedValue>();
+        named.name = name.as_ptr() as *const c_char;
+        named.name_size = name.len();
+        match value {
+            OptionValue::String(s) => {
+                named.type_ = ffi::NAMED_VALUE_STRING;
+                named.value.string_value = s.as_ptr() as *const c_char;
+                named.value_size = s.len();
+            }
+            OptionValue::Int64(v) => {
+                named.type_ = ffi::NAMED_VALUE_INT64;
+                named.value.int64_value = *v;
+                named.value_size = 1;
+            }
+            OptionValue::Int64List(list) => {
+                named.type_ = ffi::NAMED_VALUE_INT64_LIST;
+                named.value.int64_array_value = list.as_ptr();
+                named.value_size = list.len();
+            }
+            OptionValue::Float(v) => {
+                named.type_ = ffi::NAMED_VALUE_FLOAT;
+                named.value.float_value = *v;
+                named.value_size = 1;
+            }
+            OptionValue::Bool(v) => {
+                named.type_ = ffi::NAMED_VALUE_BOOL;
+                named.value.bool_value = *v;
+                named.value_size = 1;
+            }
+        }
+        named_values.push(named);
+    }
+    Ok(named_values)
 }
 
 fn list_devices(inner: &ClientInner) -> Result<Vec<DeviceEntry>> {

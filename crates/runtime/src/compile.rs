@@ -10,6 +10,7 @@ use crate::buffer::{Buffer, ElementType};
 use crate::client::{Client, ClientInner};
 use crate::error::{Error, Result};
 use crate::ffi::{self, slot};
+use crate::plugin::Plugin;
 use crate::proto;
 use crate::signature::{ParamType, parameter_types};
 
@@ -88,6 +89,14 @@ impl CompileOptions {
     /// Checks the options against `client` and returns the full `[replica][partition]`
     /// device assignment to send.
     pub(crate) fn resolve(&self, client: &ClientInner) -> Result<Vec<Vec<usize>>> {
+        let devices: Vec<(usize, bool)> = client.devices.iter().map(|d| (d.info.id, d.info.addressable)).collect();
+        self.resolve_against(&devices, &format!("process {}", client.process_index))
+    }
+
+    /// Checks the options against `devices` (each id and whether the compiling side may
+    /// address it; `whose` names that side in errors) and returns the full
+    /// `[replica][partition]` device assignment to send.
+    pub(crate) fn resolve_against(&self, devices: &[(usize, bool)], whose: &str) -> Result<Vec<Vec<usize>>> {
         let invalid = |message: String| Err(Error::InvalidCompileOptions(message));
         if self.num_replicas < 1 {
             return invalid("num_replicas must be at least 1".into());
@@ -108,15 +117,11 @@ impl CompileOptions {
         let assignment = match &self.device_assignment {
             Some(assignment) => assignment.clone(),
             None => {
-                let addressable: Vec<usize> = client
-                    .devices
-                    .iter()
-                    .filter(|device| device.info.addressable)
-                    .map(|device| device.info.id)
-                    .collect();
+                let addressable: Vec<usize> =
+                    devices.iter().filter(|(_, addressable)| *addressable).map(|(id, _)| *id).collect();
                 if addressable.len() < total {
                     return invalid(format!(
-                        "{} replicas x {} partitions need {total} devices but the client has {} addressable",
+                        "{} replicas x {} partitions need {total} devices but {whose} has {} addressable",
                         self.num_replicas,
                         self.num_partitions,
                         addressable.len()
@@ -135,22 +140,19 @@ impl CompileOptions {
         let mut seen = HashSet::new();
         let mut any_addressable = false;
         for &id in assignment.iter().flatten() {
-            let device = client.device(id).map_err(|_| {
-                Error::InvalidCompileOptions(format!(
-                    "device assignment names device {id}, which the client does not have (devices: {:?})",
-                    client.devices.iter().map(|d| d.info.id).collect::<Vec<_>>()
-                ))
-            })?;
+            let Some(&(_, addressable)) = devices.iter().find(|(device, _)| *device == id) else {
+                return invalid(format!(
+                    "device assignment names device {id}, which {whose} does not have (devices: {:?})",
+                    devices.iter().map(|(id, _)| *id).collect::<Vec<_>>()
+                ));
+            };
             if !seen.insert(id) {
                 return invalid(format!("device assignment uses device {id} twice"));
             }
-            any_addressable |= device.info.addressable;
+            any_addressable |= addressable;
         }
         if !any_addressable {
-            return invalid(format!(
-                "no device in the assignment is addressable from process {}",
-                client.process_index
-            ));
+            return invalid(format!("no device in the assignment is addressable from {whose}"));
         }
         Ok(assignment)
     }
@@ -260,14 +262,8 @@ impl Client {
             }
         }
         let encoded = proto::compile_options(&options, &assignment);
-        let format = b"mlir";
         let mut code = program.to_vec();
-        let mut program_struct: ffi::PJRT_Program = ffi::zeroed_plain();
-        program_struct.struct_size = std::mem::size_of::<ffi::PJRT_Program>();
-        program_struct.code = code.as_mut_ptr() as *mut c_char;
-        program_struct.code_size = code.len();
-        program_struct.format = format.as_ptr() as *const c_char;
-        program_struct.format_size = format.len();
+        let program_struct = mlir_program(&mut code);
         let mut args: ffi::PJRT_Client_Compile_Args = ffi::zeroed();
         args.client = inner.raw;
         args.program = &program_struct;
@@ -403,21 +399,7 @@ impl Executable {
     /// XLA's memory estimate for one device running this program.
     pub fn compiled_memory_stats(&self) -> Result<CompiledMemoryStats> {
         let view = self.view()?;
-        let mut args: ffi::PJRT_Executable_GetCompiledMemoryStats_Args = ffi::zeroed();
-        args.executable = view.raw;
-        // SAFETY: the view is live.
-        unsafe { self.client.plugin.call(slot::Executable_GetCompiledMemoryStats, &mut args) }?;
-        Ok(CompiledMemoryStats {
-            generated_code_size_in_bytes: args.generated_code_size_in_bytes,
-            argument_size_in_bytes: args.argument_size_in_bytes,
-            output_size_in_bytes: args.output_size_in_bytes,
-            alias_size_in_bytes: args.alias_size_in_bytes,
-            temp_size_in_bytes: args.temp_size_in_bytes,
-            peak_memory_in_bytes: args.peak_memory_in_bytes,
-            host_argument_size_in_bytes: args.host_argument_size_in_bytes,
-            host_output_size_in_bytes: args.host_output_size_in_bytes,
-            host_temp_size_in_bytes: args.host_temp_size_in_bytes,
-        })
+        memory_stats(&self.client.plugin, view.raw)
     }
 
     /// Runs the program. `arguments[d]` are the arguments for device `device_ids()[d]`, each
@@ -519,4 +501,35 @@ impl Executable {
         }
         Ok(outputs)
     }
+}
+
+/// `PJRT_Executable_GetCompiledMemoryStats` of a live executable.
+pub(crate) fn memory_stats(plugin: &Plugin, executable: *mut ffi::PJRT_Executable) -> Result<CompiledMemoryStats> {
+    let mut args: ffi::PJRT_Executable_GetCompiledMemoryStats_Args = ffi::zeroed();
+    args.executable = executable;
+    // SAFETY: the caller's executable is live.
+    unsafe { plugin.call(slot::Executable_GetCompiledMemoryStats, &mut args) }?;
+    Ok(CompiledMemoryStats {
+        generated_code_size_in_bytes: args.generated_code_size_in_bytes,
+        argument_size_in_bytes: args.argument_size_in_bytes,
+        output_size_in_bytes: args.output_size_in_bytes,
+        alias_size_in_bytes: args.alias_size_in_bytes,
+        temp_size_in_bytes: args.temp_size_in_bytes,
+        peak_memory_in_bytes: args.peak_memory_in_bytes,
+        host_argument_size_in_bytes: args.host_argument_size_in_bytes,
+        host_output_size_in_bytes: args.host_output_size_in_bytes,
+        host_temp_size_in_bytes: args.host_temp_size_in_bytes,
+    })
+}
+
+/// The `PJRT_Program` for `code` in format `mlir` (text or bytecode); `code` outlives it.
+pub(crate) fn mlir_program(code: &mut [u8]) -> ffi::PJRT_Program {
+    const FORMAT: &[u8] = b"mlir";
+    let mut program: ffi::PJRT_Program = ffi::zeroed_plain();
+    program.struct_size = std::mem::size_of::<ffi::PJRT_Program>();
+    program.code = code.as_mut_ptr() as *mut c_char;
+    program.code_size = code.len();
+    program.format = FORMAT.as_ptr() as *const c_char;
+    program.format_size = FORMAT.len();
+    program
 }

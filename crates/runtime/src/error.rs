@@ -204,6 +204,18 @@ pub enum Error {
         /// What was tried, in order.
         tried: String,
     },
+    /// No libtpu to compile for a TPU topology with.
+    #[error(
+        "no libtpu found to compile for a TPU slice; looked at: {tried}. Install the pinned one with \
+         `pip install libtpu=={version}` (or scripts/setup-libtpu.sh in a siphon checkout, into siphon's cache), \
+         or pass --plugin PATH"
+    )]
+    NoLibtpuFound {
+        /// What was tried, in order.
+        tried: String,
+        /// The pinned libtpu version.
+        version: &'static str,
+    },
     /// Compile options siphon refuses before they reach XLA (XLA would abort the process).
     #[error("invalid compile options: {0}")]
     InvalidCompileOptions(String),

@@ -51,6 +51,10 @@ pub struct PJRT_LoadedExecutable {
 pub struct PJRT_Memory {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct PJRT_TopologyDescription {
+    _private: [u8; 0],
+}
 
 /// The major version these mirrors follow; a plugin with another major is refused.
 pub const PJRT_API_MAJOR: i32 = 0;
@@ -135,6 +139,7 @@ pub mod slot {
         Executable_NumPartitions = 43;
         Executable_NumOutputs = 44;
         Executable_SizeOfGeneratedCodeInBytes = 45;
+        Executable_GetCostAnalysis = 46;
         LoadedExecutable_Destroy = 50;
         LoadedExecutable_GetExecutable = 51;
         LoadedExecutable_AddressableDevices = 52;
@@ -148,6 +153,11 @@ pub mod slot {
         Buffer_Device = 65;
         Buffer_ToHostBuffer = 70;
         Buffer_ReadyEvent = 72;
+        TopologyDescription_Create = 82;
+        TopologyDescription_Destroy = 83;
+        TopologyDescription_PlatformName = 84;
+        TopologyDescription_GetDeviceDescriptions = 86;
+        Compile = 89;
         Executable_OutputElementTypes = 90;
         Executable_OutputDimensions = 91;
         Executable_GetCompiledMemoryStats = 96;
@@ -665,6 +675,65 @@ pub struct PJRT_Client_DmaUnmap_Args {
     pub data: *mut c_void,
 }
 
+// ---------------------------------------------------------------- topologies (compiling without devices)
+
+#[repr(C)]
+pub struct PJRT_TopologyDescription_Create_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub topology_name: *const c_char,
+    pub topology_name_size: usize,
+    pub create_options: *const PJRT_NamedValue,
+    pub num_options: usize,
+    pub topology: *mut PJRT_TopologyDescription,
+}
+
+#[repr(C)]
+pub struct PJRT_TopologyDescription_Destroy_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub topology: *mut PJRT_TopologyDescription,
+}
+
+#[repr(C)]
+pub struct PJRT_TopologyDescription_PlatformName_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub topology: *const PJRT_TopologyDescription,
+    pub platform_name: *const c_char,
+    pub platform_name_size: usize,
+}
+
+#[repr(C)]
+pub struct PJRT_TopologyDescription_GetDeviceDescriptions_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub topology: *const PJRT_TopologyDescription,
+    pub descriptions: *const *mut PJRT_DeviceDescription,
+    pub num_descriptions: usize,
+}
+
+#[repr(C)]
+pub struct PJRT_Compile_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub topology: *const PJRT_TopologyDescription,
+    pub program: *const PJRT_Program,
+    pub compile_options: *const c_char,
+    pub compile_options_size: usize,
+    pub client: *mut PJRT_Client,
+    pub executable: *mut PJRT_Executable,
+}
+
+#[repr(C)]
+pub struct PJRT_Executable_GetCostAnalysis_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub executable: *mut PJRT_Executable,
+    pub num_properties: usize,
+    pub properties: *const PJRT_NamedValue,
+}
+
 /// Marks the `#[repr(C)]` argument structs above: each starts with `size_t struct_size`,
 /// the field [`crate::plugin::Plugin::call`] fills in.
 ///
@@ -722,6 +791,12 @@ args_structs!(
     PJRT_Buffer_ToHostBuffer_Args,
     PJRT_Client_DmaMap_Args,
     PJRT_Client_DmaUnmap_Args,
+    PJRT_TopologyDescription_Create_Args,
+    PJRT_TopologyDescription_Destroy_Args,
+    PJRT_TopologyDescription_PlatformName_Args,
+    PJRT_TopologyDescription_GetDeviceDescriptions_Args,
+    PJRT_Compile_Args,
+    PJRT_Executable_GetCostAnalysis_Args,
 );
 
 /// A zeroed argument struct (every field "not set"), ready for `Plugin::call`.
@@ -780,4 +855,8 @@ const _: () = {
     // The sizes both pinned plugins (CPU 0.106, CUDA 0.115) check.
     assert!(size_of::<PJRT_Client_DmaMap_Args>() == 40);
     assert!(size_of::<PJRT_Client_DmaUnmap_Args>() == 32);
+    assert!(size_of::<PJRT_TopologyDescription_Create_Args>() == 56);
+    assert!(size_of::<PJRT_TopologyDescription_GetDeviceDescriptions_Args>() == 40);
+    assert!(size_of::<PJRT_Compile_Args>() == 64);
+    assert!(size_of::<PJRT_Executable_GetCostAnalysis_Args>() == 40);
 };

@@ -25,6 +25,11 @@
 //!   ([`Buffer::to_host_into`], [`ShardedArray::rows_into`], each a [`Download`] to wait on).
 //! - [`diagnose`]: when a plugin cannot start ([`Error::PluginStart`]), which platform it is
 //!   for ([`PluginKind`]) and what this machine lacks for it (no TPU, no GPU, no driver).
+//! - [`Topology`]: devices described by a plugin that this machine may not have (libtpu
+//!   describes any TPU slice on a CPU-only machine); [`Topology::compile`] compiles for them
+//!   with no client, and the [`CompiledProgram`] gives the compiler's per-device memory
+//!   ([`CompiledProgram::memory_stats`]) and cost analysis. [`Plugin::load_for_compiling`]
+//!   loads a plugin for that without asking for its devices.
 //! - [`KeyValueStore`]: the callbacks a multi-host client (libtpu, CUDA) exchanges topology
 //!   through; set with [`ClientOptions::key_value_store`].
 //!
@@ -82,6 +87,7 @@ mod plugin;
 mod proto;
 mod sharded;
 mod signature;
+mod topology;
 
 pub use buffer::{Buffer, Download, ElementType, HostArray, NativeType, Upload, download_many};
 pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore, OptionValue};
@@ -90,11 +96,12 @@ pub use diagnose::PluginKind;
 pub use error::{Error, ErrorCode, Result};
 pub use host::HostBuffer;
 pub use locate::{
-    CPU_PLUGIN_VERSION, LocatedPlugin, PLUGIN_ENV, PluginChoice, PluginLocator, PluginSource, cpu_plugin_path_in,
-    default_cpu_plugin_path, locate_plugin, siphon_cache_dir,
+    CPU_PLUGIN_VERSION, LIBTPU_VERSION, LocatedPlugin, PLUGIN_ENV, PluginChoice, PluginLocator, PluginSource,
+    cpu_plugin_path_in, default_cpu_plugin_path, libtpu_path_in, locate_plugin, siphon_cache_dir,
 };
 pub use plugin::{AttributeValue, Plugin};
 pub use sharded::{HostShard, ShardedArray};
+pub use topology::{CompiledProgram, Topology, TopologyDevice};
 
 /// The PJRT C API version this crate's structs follow: `(major, minor)`.
 pub const PJRT_API_VERSION: (i32, i32) = (ffi::PJRT_API_MAJOR, ffi::PJRT_API_MINOR);

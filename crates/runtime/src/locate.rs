@@ -11,6 +11,10 @@ use crate::error::{Error, Result};
 /// The pinned CPU plugin version `scripts/install-plugin.sh` installs.
 pub const CPU_PLUGIN_VERSION: &str = "2026.6.23";
 
+/// The pinned libtpu version `scripts/setup-libtpu.sh` installs: the TPU compiler siphon plans
+/// TPU slices with (`siphon plan --target tpu:…`), on any machine.
+pub const LIBTPU_VERSION: &str = "0.0.51";
+
 /// The environment variable naming a plugin file.
 pub const PLUGIN_ENV: &str = "SIPHON_PJRT_PLUGIN";
 
@@ -161,6 +165,60 @@ impl PluginLocator {
     }
 }
 
+impl PluginLocator {
+    /// Finds libtpu to compile for a TPU topology with, on a machine that may have no TPU:
+    /// `--plugin`, then `SIPHON_PJRT_PLUGIN` when it names libtpu (a CPU plugin there is
+    /// for runs, not for this), then the pinned libtpu in siphon's cache, then the `libtpu`
+    /// Python package.
+    pub fn locate_libtpu(&self) -> Result<PluginChoice> {
+        if let Some(path) = &self.explicit {
+            let reason = format!("--plugin {}", path.display());
+            return existing(path, PluginSource::Explicit, "--plugin", reason);
+        }
+        let mut tried = vec!["--plugin (not given)".to_string()];
+        match &self.env_value {
+            Some(value) if crate::PluginKind::of(Path::new(value)) == crate::PluginKind::Tpu => {
+                let path = PathBuf::from(value);
+                let reason = format!("{PLUGIN_ENV}={}", path.display());
+                return existing(&path, PluginSource::EnvVar, PLUGIN_ENV, reason);
+            }
+            Some(value) => tried.push(format!("{PLUGIN_ENV}={} (not libtpu)", Path::new(value).display())),
+            None => tried.push(format!("{PLUGIN_ENV} (not set)")),
+        }
+        if let Some(cache) = &self.cache_dir {
+            let path = libtpu_path_in(cache);
+            if path.is_file() {
+                return Ok(PluginChoice {
+                    reason: format!(
+                        "found the pinned libtpu {LIBTPU_VERSION} in siphon's cache directory {}",
+                        cache.display()
+                    ),
+                    path,
+                    source: PluginSource::CacheDir,
+                });
+            }
+            tried.push(path.display().to_string());
+        }
+        let site_dirs = match &self.site_packages {
+            Some(dirs) => dirs.clone(),
+            None => python_site_dirs(self.python.as_deref()),
+        };
+        let (package, relative) = PYTHON_PLUGINS[0];
+        for dir in &site_dirs {
+            let path = dir.join(relative);
+            if path.is_file() {
+                return Ok(PluginChoice {
+                    reason: format!("found the {package} Python package's plugin in {}", dir.display()),
+                    path,
+                    source: PluginSource::PythonPackage { package },
+                });
+            }
+        }
+        tried.push(format!("{relative} in {} site-packages dirs", site_dirs.len()));
+        Err(Error::NoLibtpuFound { tried: tried.join("; "), version: LIBTPU_VERSION })
+    }
+}
+
 fn existing(path: &Path, source: PluginSource, from: &'static str, reason: String) -> Result<PluginChoice> {
     if !path.exists() {
         return Err(Error::ConfiguredPluginMissing { path: path.to_path_buf(), from });
@@ -184,6 +242,11 @@ pub fn siphon_cache_dir() -> PathBuf {
 /// Where `scripts/install-plugin.sh` installs the pinned CPU plugin under `cache`.
 pub fn cpu_plugin_path_in(cache: &Path) -> PathBuf {
     cache.join("pjrt").join(format!("xla-cpu-{CPU_PLUGIN_VERSION}")).join("libpjrt_cpu.so")
+}
+
+/// Where `scripts/setup-libtpu.sh` installs the pinned libtpu under `cache`.
+pub fn libtpu_path_in(cache: &Path) -> PathBuf {
+    cache.join("pjrt").join(format!("libtpu-{LIBTPU_VERSION}")).join("libtpu.so")
 }
 
 /// The default path of the pinned CPU plugin.

@@ -81,7 +81,18 @@ impl Plugin {
     /// loads, exports `GetPjrtApi`, has a supported API major version and initializes; each
     /// failure names the path.
     pub fn load(path: impl AsRef<Path>) -> Result<Arc<Plugin>> {
-        let path = path.as_ref();
+        Plugin::load_checked(path.as_ref(), true)
+    }
+
+    /// Loads a plugin only to compile with it for a [`crate::Topology`], on a machine that
+    /// may lack its devices (libtpu compiles for a TPU slice on a CPU-only machine): as
+    /// [`Plugin::load`] without the check for the plugin's devices. Never create a client on
+    /// a plugin loaded this way where its devices are missing.
+    pub fn load_for_compiling(path: impl AsRef<Path>) -> Result<Arc<Plugin>> {
+        Plugin::load_checked(path.as_ref(), false)
+    }
+
+    fn load_checked(path: &Path, need_devices: bool) -> Result<Arc<Plugin>> {
         let canonical = std::fs::canonicalize(path).map_err(|_| Error::PluginNotFound { path: path.to_path_buf() })?;
         let registry = LOADED.get_or_init(|| Mutex::new(HashMap::new()));
         // Holding the lock across the load serializes plugin initialization, which PJRT
@@ -90,11 +101,13 @@ impl Plugin {
         if let Some(plugin) = registry.get(&canonical) {
             return Ok(plugin.clone());
         }
-        crate::diagnose::preflight(&canonical).map_err(|(kind, likely_cause)| Error::DevicesMissing {
-            plugin: canonical.clone(),
-            kind,
-            likely_cause,
-        })?;
+        if need_devices {
+            crate::diagnose::preflight(&canonical).map_err(|(kind, likely_cause)| Error::DevicesMissing {
+                plugin: canonical.clone(),
+                kind,
+                likely_cause,
+            })?;
+        }
         let plugin = Arc::new(Plugin::open(&canonical)?);
         registry.insert(canonical, plugin.clone());
         Ok(plugin)
@@ -404,7 +417,7 @@ pub(crate) unsafe fn string_from(pointer: *const c_char, len: usize) -> String {
 
 /// # Safety
 /// `value` must be a well-formed named value from the plugin.
-unsafe fn read_named_value(value: &ffi::PJRT_NamedValue) -> (String, AttributeValue) {
+pub(crate) unsafe fn read_named_value(value: &ffi::PJRT_NamedValue) -> (String, AttributeValue) {
     // SAFETY: name and value pointers/sizes come from the plugin (caller's guarantee).
     unsafe {
         let name = string_from(value.name, value.name_size);

@@ -1,5 +1,8 @@
 //! `siphon plan`: the mesh, each parameter class's sharding and the per-device memory a model
 //! would use on a given number of hosts and devices — without loading any plugin or weights.
+//! With `--target tpu:SLICE` the slice gives the hosts and devices, and the program `siphon
+//! extract` would run there is compiled for it by libtpu on this machine ([`target`]): the
+//! compiler's own per-device figures beside the planner's.
 //!
 //! [`MeshArgs`] holds the mesh flags so that `siphon extract` and `siphon forward` can flatten
 //! the same flags; they then call [`siphon_plan::plan`] (pure, no I/O) for the same checks
@@ -10,6 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use siphon_models::{HfConfig, ModelConfig};
 use siphon_plan::{DType, MeshKind, MeshRequest, PlanRequest, Topology};
+
+mod target;
 
 /// Mesh flags shared by every command that builds a mesh.
 #[derive(clap::Args, Debug, Clone)]
@@ -48,14 +53,27 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Number of hosts.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "target")]
     pub hosts: usize,
     /// Accelerator devices on each host.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "target")]
     pub devices_per_host: usize,
-    /// Memory of one device, in GiB.
+    /// Memory of one device, in GiB (with --target: the chip's HBM unless given).
     #[arg(long, value_name = "GiB")]
     pub device_memory: Option<f64>,
+    /// Plan for a TPU slice by its Cloud TPU name (`tpu:v5litepod-64`, `tpu:v5e-64`,
+    /// `tpu:v6e-16`, `tpu:v4-32`, `tpu:v5p-128`) and compile the program `siphon extract`
+    /// would run there with libtpu, on this machine (no TPU needed): the compiler's memory
+    /// and flops per device. Needs --batch and --seq.
+    #[arg(long, value_name = "tpu:SLICE")]
+    pub target: Option<String>,
+    /// With --target: this many slices joined into one job (multi-slice).
+    #[arg(long, default_value_t = 1, requires = "target")]
+    pub slices: usize,
+    /// With --target: the libtpu to compile with (default: `SIPHON_PJRT_PLUGIN` when it is
+    /// libtpu, siphon's cache, the libtpu Python package).
+    #[arg(long, value_name = "PATH", requires = "target")]
+    pub plugin: Option<PathBuf>,
     #[command(flatten)]
     pub mesh: MeshArgs,
     /// Global batch (sequences per step); must divide over the data axis.
@@ -100,13 +118,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         siphon_engine::WeightForm::Dequantized => Default::default(),
         siphon_engine::WeightForm::Stored => stored_forms(&config, args.model.as_deref(), fp8_block)?,
     };
-    let topology = Topology::uniform(args.hosts, args.devices_per_host)?;
+    let slice = args.target.as_deref().map(|t| target::slice(t, args.slices)).transpose()?;
+    let topology = match &slice {
+        Some(slice) => slice.planner_topology()?,
+        None => Topology::uniform(args.hosts, args.devices_per_host)?,
+    };
     let device_memory_bytes = match args.device_memory {
         Some(gib) if !(gib.is_finite() && gib > 0.0) => {
             anyhow::bail!("--device-memory {gib} must be a positive number of GiB")
         }
         Some(gib) => Some((gib * (1u64 << 30) as f64) as u64),
-        None => None,
+        None => slice.as_ref().map(|s| s.generation.hbm_bytes()),
     };
     let request = PlanRequest {
         mesh: args.mesh.request(),
@@ -127,6 +149,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pipeline_depth: args.pipeline_depth,
     };
     let plan = siphon_plan::plan(&config, &topology, &request)?;
+    if let Some(slice) = slice {
+        let compile =
+            target::Compile { slice, config: &config, request, weights: args.weights, plugin: args.plugin.as_deref() };
+        return target::run(compile, &plan, args.json);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan).context("serializing the plan")?);
     } else {
