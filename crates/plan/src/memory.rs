@@ -7,14 +7,14 @@
 //!   seed's "all-gathered" measurement).
 //! - `fsdp_gather`: the transient working set of FSDP. Before a block runs, XLA all-gathers its
 //!   weights over `fsdp` (still split over `model`); with the next block's gather overlapping
-//!   the current one, two blocks are live: `2 · max_layer Σ (tensor / model_ways − shard)`.
+//!   the current one, two blocks are live: `2 · max_layer Σ (tensor split over model alone − shard)`.
 //!   The embedding is not gathered: a lookup into a vocabulary-split table is partitioned
 //!   (masked gather + all-reduce) by XLA.
 //!
 //! Activations for a global batch `B` × sequence `S` on a mesh with `data` = `D`, `model` = `M`
 //! (local batch `b = B / D`, activation dtype bytes `a`, hidden `h`, intermediate `I`,
 //! `q = heads · head_dim`, `kv = kv_heads · head_dim`):
-//! - `input`: token ids and positions, `2 · 4 · b · S` (i32).
+//! - `input`: token ids, attention mask and positions, `3 · 4 · b · S` (i32).
 //! - `hooks`: every requested hook output stays live until the forward returns,
 //!   `Σ_hooks b · S · width · a`, where a hook's per-token width is its shape's size
 //!   (`h`, `I`, `heads · head_dim`, `1`, or `heads · S` for attention scores and patterns,
@@ -40,12 +40,16 @@
 //! in flight, each holding the host's rows of every hook in the stored dtype,
 //! `depth · (B / hosts) · S · Σ_hooks row bytes` (an fp8 row is its values and a 4-byte scale).
 //!
+//! Every array above is counted at the bytes its device lays it out in ([`DeviceLayout`]):
+//! its values on a CPU or GPU; on a TPU, padded to the tiles of its layout (what libtpu's
+//! compiler reports as a program's argument and output bytes).
+//!
 //! Fits when `sharded + fsdp_gather + activations ≤ device_memory · (1 − headroom)`. The
 //! default headroom of 10% covers what the formula leaves out: the runtime's own buffers,
 //! compiled code, allocator padding and fragmentation.
 
 use serde::{Deserialize, Serialize};
-use siphon_mesh::Mesh;
+use siphon_mesh::{Mesh, PartitionSpec};
 use std::collections::HashMap;
 
 use siphon_models::{HookPoint, ModelConfig, ParamInfo, StoredForm};
@@ -57,6 +61,57 @@ use crate::mesh::{DATA, FSDP, MODEL};
 pub const DEFAULT_HEADROOM: f64 = 0.10;
 
 pub use siphon_dtype::DType;
+
+/// How a device lays an array out in its memory, for counting the array's bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceLayout {
+    /// The values alone, row-major (XLA's CPU and GPU layouts).
+    #[default]
+    Dense,
+    /// A TPU's tiled layouts, as libtpu 0.0.51 lays out a program's arguments and results
+    /// (measured by compiling one-array programs for v5e): one dimension in the 128 lanes
+    /// (padded to a multiple of 128), another in the rows (padded to a multiple of 8, or to a
+    /// power of two below 8), the others major; the compiler picks the pair that pads least.
+    /// A vector is padded to a power of two from 128 up to 1024 values and to a multiple of
+    /// 1024 beyond; every array to a multiple of 512 bytes.
+    TpuTiled,
+}
+
+impl DeviceLayout {
+    /// Bytes of an array of `shape` with `element` bytes a value.
+    pub fn array_bytes(self, shape: &[usize], element: usize) -> u64 {
+        let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        match self {
+            DeviceLayout::Dense => dims.iter().product::<u64>() * element as u64,
+            DeviceLayout::TpuTiled => {
+                let values = match dims.as_slice() {
+                    [] => 1,
+                    [n] if *n <= 1024 => n.next_power_of_two().max(128),
+                    [n] => n.next_multiple_of(1024),
+                    _ => tiled_values(&dims),
+                };
+                (values * element as u64).next_multiple_of(512)
+            }
+        }
+    }
+}
+
+/// Values of an array of two or more dimensions in a TPU's tiles: the least over the choices
+/// of its lane and row dimensions.
+fn tiled_values(dims: &[u64]) -> u64 {
+    let all: u64 = dims.iter().product();
+    let mut least = u64::MAX;
+    for lanes in 0..dims.len() {
+        for rows in (0..dims.len()).filter(|&r| r != lanes) {
+            let (r, l) = (dims[rows], dims[lanes]);
+            let major = if r == 0 || l == 0 { 0 } else { all / (r * l) };
+            let r = if r >= 8 { r.next_multiple_of(8) } else { r.next_power_of_two() };
+            least = least.min(major * r * l.next_multiple_of(128));
+        }
+    }
+    least
+}
 
 /// Per-device weight bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,7 +138,7 @@ pub struct ActivationMemory {
     pub local_batch: usize,
     /// Number of hook outputs requested.
     pub hooks: usize,
-    /// Token ids and positions.
+    /// Token ids, attention mask and positions.
     pub input_bytes: u64,
     /// Hook outputs.
     pub hook_bytes: u64,
@@ -145,28 +200,25 @@ pub struct MemoryEstimate {
     pub host: Option<HostMemory>,
 }
 
-fn model_ways(spec: &siphon_mesh::PartitionSpec, mesh: &Mesh) -> usize {
-    spec.dims().iter().flatten().filter(|a| a.as_str() == MODEL).map(|_| mesh.axis_size_or_one(MODEL)).product()
-}
-
 fn fsdp_split(spec: &siphon_mesh::PartitionSpec) -> bool {
     spec.dims().iter().flatten().any(|a| a.as_str() == FSDP)
 }
 
-/// Bytes of `param` whole and of the shard each device holds under `spec`: `dtype`'s per
-/// value, or its stored form's (`stored`, by name: blocks and scales) — refused where the
-/// split would cut a block.
+/// Bytes of `param` whole and of the shard each device holds under `spec`, as `layout` lays
+/// them out: `dtype`'s per value, or its stored form's (`stored`, by name: blocks and scales,
+/// each part an array) — refused where the split would cut a block.
 pub fn param_bytes(
     param: &ParamInfo,
     spec: &siphon_mesh::PartitionSpec,
     mesh: &Mesh,
     dtype: DType,
     stored: &HashMap<String, StoredForm>,
+    layout: DeviceLayout,
 ) -> Result<(u64, u64), PlanError> {
     let shard_shape = spec.shard_shape(&param.shape, mesh)?;
     let bytes = |shape: &[usize]| match stored.get(&param.name) {
-        Some(form) => form.bytes(shape) as u64,
-        None => shape.iter().map(|&d| d as u64).product::<u64>() * dtype.size() as u64,
+        Some(form) => form.parts(shape).iter().map(|part| layout.array_bytes(&part.shape, part.dtype.size())).sum(),
+        None => layout.array_bytes(shape, dtype.size()),
     };
     if let Some(form) = stored.get(&param.name) {
         form.part_specs(&param.name, &param.shape, spec, mesh).map_err(|e| PlanError::Request(e.to_string()))?;
@@ -175,23 +227,27 @@ pub fn param_bytes(
 }
 
 /// Weight bytes for `params` sharded by `specs` (same order) on `mesh`, in `dtype` or their
-/// stored form ([`param_bytes`]).
+/// stored form, laid out by `layout` ([`param_bytes`]).
 pub fn weight_memory(
     params: &[ParamInfo],
     specs: &[siphon_mesh::PartitionSpec],
     mesh: &Mesh,
     dtype: DType,
     stored: &HashMap<String, StoredForm>,
+    layout: DeviceLayout,
 ) -> Result<WeightMemory, PlanError> {
     let mut total = 0u64;
     let mut sharded = 0u64;
     let mut per_layer: std::collections::BTreeMap<usize, u64> = Default::default();
     for (param, spec) in params.iter().zip(specs) {
-        let (full, shard) = param_bytes(param, spec, mesh, dtype, stored)?;
+        let (full, shard) = param_bytes(param, spec, mesh, dtype, stored, layout)?;
         total += full;
         sharded += shard;
         if let (Some(layer), true) = (param.layer, fsdp_split(spec)) {
-            let gathered = full / model_ways(spec, mesh) as u64;
+            // Gathered over fsdp, still split over model.
+            let on_model: Vec<Vec<String>> =
+                spec.dims().iter().map(|axes| axes.iter().filter(|a| a.as_str() != FSDP).cloned().collect()).collect();
+            let (_, gathered) = param_bytes(param, &PartitionSpec::from_dims(on_model), mesh, dtype, stored, layout)?;
             *per_layer.entry(layer).or_default() += gathered - shard;
         }
     }
@@ -205,7 +261,7 @@ pub fn weight_memory(
 }
 
 /// Activation bytes per device for a global `batch` × `seq` returning `hooks`, each at its
-/// own per-token size.
+/// own per-token size, the inputs and outputs laid out by `layout`.
 /// `batch` must already be checked to divide over the mesh's `data` axis.
 pub fn activation_memory(
     config: &ModelConfig,
@@ -214,6 +270,7 @@ pub fn activation_memory(
     seq: usize,
     hooks: &[HookPoint],
     dtype: DType,
+    layout: DeviceLayout,
 ) -> ActivationMemory {
     let a = dtype.size() as u64;
     let data = mesh.axis_size_or_one(DATA) as u64;
@@ -241,9 +298,11 @@ pub fn activation_memory(
         let shared = 3 * a * n * m.shared_expert.unwrap_or(0) as u64 / model;
         routing + dispatch + shared
     });
-    let input_bytes = 2 * 4 * b * s;
-    let width: u64 = hooks.iter().map(|hook| hook.dims(config, seq).iter().product::<usize>() as u64).sum();
-    let hook_bytes = b * s * width * a;
+    let input_bytes = 3 * layout.array_bytes(&[b as usize, seq], 4);
+    let hook_bytes = hooks
+        .iter()
+        .map(|hook| layout.array_bytes(&[&[b as usize, seq][..], &hook.dims(config, seq)].concat(), a as usize))
+        .sum();
     let attention = a * b * s * (q + 2 * kv) / model + 2 * 4 * b * (config.attention.n_heads as u64 / model) * s * s;
     let linear = config.linear_attention.as_ref().map_or(0, |la| {
         let (kd, vd) = (la.key_dim() as u64, la.value_dim() as u64);
@@ -316,13 +375,13 @@ mod tests {
         let mesh = Mesh::new(&[("fsdp", 2), ("model", 4)], (0..8).collect()).unwrap();
         let params = [param(&[64, 32], Some(0)), param(&[32], None)];
         let specs = [PartitionSpec::new(&[&["model"], &["fsdp"]]), PartitionSpec::replicated(1)];
-        let m = weight_memory(&params, &specs, &mesh, DType::Bf16, &HashMap::new()).unwrap();
+        let m = weight_memory(&params, &specs, &mesh, DType::Bf16, &HashMap::new(), DeviceLayout::Dense).unwrap();
         assert_eq!(m.total_bytes, (64 * 32 + 32) * 2);
         assert_eq!(m.gathered_bytes, m.total_bytes);
         assert_eq!(m.sharded_bytes, (64 * 32 / 8 + 32) * 2);
         // Layer 0 gathered over fsdp, still split over model: 64*32/4 elements; minus the shard.
         assert_eq!(m.fsdp_gather_bytes, 2 * (64 * 32 / 4 - 64 * 32 / 8) * 2);
-        let f32 = weight_memory(&params, &specs, &mesh, DType::F32, &HashMap::new()).unwrap();
+        let f32 = weight_memory(&params, &specs, &mesh, DType::F32, &HashMap::new(), DeviceLayout::Dense).unwrap();
         assert_eq!(f32.sharded_bytes, 2 * m.sharded_bytes);
     }
 
@@ -343,7 +402,7 @@ mod tests {
         let hooks = siphon_models::resolve_hooks("ln_final.hook_out", &config).unwrap();
         let (a, b, h, i) = (4u64, 2u64, 64u64, 128u64);
         for s in [100u64, 1000] {
-            let act = activation_memory(&config, &mesh, 2, s as usize, &hooks, DType::F32);
+            let act = activation_memory(&config, &mesh, 2, s as usize, &hooks, DType::F32, DeviceLayout::Dense);
             let attention = a * b * s * (64 + 2 * 32) + 8 * b * 4 * s * s;
             let padded = s.next_multiple_of(64);
             let linear =
@@ -363,9 +422,9 @@ mod tests {
         .unwrap();
         let mesh = Mesh::new(&[("data", 2), ("model", 2)], (0..4).collect()).unwrap();
         let hooks = siphon_models::resolve_hooks("blocks.{0,1}.hook_resid_post,ln_final.hook_out", &config).unwrap();
-        let act = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32);
+        let act = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32, DeviceLayout::Dense);
         assert_eq!(act.local_batch, 4);
-        assert_eq!(act.input_bytes, 2 * 4 * 4 * 16);
+        assert_eq!(act.input_bytes, 3 * 4 * 4 * 16);
         assert_eq!(act.hook_bytes, 3 * 4 * 16 * 64 * 4);
         // Each hook at its own width: d_mlp, heads x head_dim, a scale, and a pattern row of
         // heads x seq per token (quadratic in seq).
@@ -374,9 +433,9 @@ mod tests {
             &config,
         )
         .unwrap();
-        let wide = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32);
+        let wide = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32, DeviceLayout::Dense);
         assert_eq!(wide.hook_bytes, 4 * 16 * (128 + 4 * 16 + 1 + 4 * 16) * 4);
-        let longer = activation_memory(&config, &mesh, 8, 32, &hooks[3..], DType::F32);
+        let longer = activation_memory(&config, &mesh, 8, 32, &hooks[3..], DType::F32, DeviceLayout::Dense);
         assert_eq!(longer.hook_bytes, 4 * 32 * (4 * 32) * 4);
         let expected_working = 4 * 4 * 16 * (3 * 64 + (64 + 2 * 32) / 2 + 3 * 128 / 2) + 8 * 4 * 2 * 16 * 16;
         assert_eq!(act.working_bytes, expected_working);

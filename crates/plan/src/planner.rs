@@ -8,7 +8,7 @@ use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_models::{Arch, ModelConfig, ParamClass, ParamInfo};
 
 use crate::PlanError;
-use crate::memory::{self, DType, MemoryEstimate, gib};
+use crate::memory::{self, DType, DeviceLayout, MemoryEstimate, gib};
 use crate::mesh::{self, MeshKind, MeshRequest, MeshShape, Topology};
 use crate::rules;
 
@@ -40,6 +40,8 @@ pub struct PlanRequest {
     pub output_dtype: DType,
     /// Steps in flight on the output path (`extract --pipeline-depth`).
     pub pipeline_depth: usize,
+    /// How the devices lay arrays out (a TPU pads them to its tiles).
+    pub layout: DeviceLayout,
 }
 
 /// The hooks a plan counts when it names none: every hidden state (each block's input and the
@@ -66,6 +68,7 @@ impl Default for PlanRequest {
             stored: Default::default(),
             output_dtype: DType::Bf16,
             pipeline_depth: 2,
+            layout: DeviceLayout::Dense,
         }
     }
 }
@@ -415,7 +418,8 @@ fn evaluate(
             }
         }
         let shard_shape = sharding.spec.shard_shape(&param.shape, &mesh)?;
-        let (full, shard) = memory::param_bytes(param, &sharding.spec, &mesh, request.dtype, &request.stored)?;
+        let (full, shard) =
+            memory::param_bytes(param, &sharding.spec, &mesh, request.dtype, &request.stored, request.layout)?;
         match classes.iter_mut().find(|c| c.class == param.class && c.shape == param.shape) {
             Some(c) => {
                 c.tensors += 1;
@@ -440,7 +444,7 @@ fn evaluate(
         }
         specs.push(sharding.spec);
     }
-    let weights = memory::weight_memory(&params, &specs, &mesh, request.dtype, &request.stored)?;
+    let weights = memory::weight_memory(&params, &specs, &mesh, request.dtype, &request.stored, request.layout)?;
     let activations = match (request.batch, request.seq) {
         (Some(batch), Some(seq)) => Some(memory::activation_memory(
             config,
@@ -449,6 +453,7 @@ fn evaluate(
             seq,
             &request.hooks.clone().unwrap_or_else(|| every_hidden_state(config)),
             request.dtype,
+            request.layout,
         )),
         _ => None,
     };

@@ -206,6 +206,7 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
         &mesh,
         siphon_plan::DType::F32,
         &Default::default(),
+        siphon_plan::DeviceLayout::Dense,
     )?;
     let values: Vec<f32> = (0..rows * cols).map(|i| (i % 251) as f32).collect();
     let host = HostArray::from_slice(&weight_shape, &values)?;

@@ -147,6 +147,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stored,
         output_dtype: args.output_dtype,
         pipeline_depth: args.pipeline_depth,
+        // A TPU pads every array to its tiles; the planner counts the padded bytes.
+        layout: match slice {
+            Some(_) => siphon_plan::DeviceLayout::TpuTiled,
+            None => siphon_plan::DeviceLayout::Dense,
+        },
     };
     let plan = siphon_plan::plan(&config, &topology, &request)?;
     if let Some(slice) = slice {

@@ -1,0 +1,117 @@
+//! Every fixture family's program, as `siphon extract` builds it for a TPU slice, compiled by
+//! libtpu for a 4-chip v5e (`v5e:2x2`) on this CPU-only machine (no TPU): every hook in bf16
+//! on the planner's mesh; 1d, 2d and 3d meshes, f32 and a one-hook set on a dense and a
+//! mixture family; and the planner's per-device weight bytes against the compiler's argument
+//! bytes.
+//!
+//! Needs the pinned libtpu: `scripts/test.sh` fetches it into siphon's cache
+//! (`scripts/setup-libtpu.sh`) and names it in `SIPHON_TEST_LIBTPU_PLUGIN`. Without it the
+//! test is skipped with a note, except under CI, where it fails.
+
+mod common;
+
+use std::path::Path;
+
+use siphon_engine::aot::{AotProgram, AotRequest};
+use siphon_engine::{EngineOptions, ShardingPlan};
+use siphon_models::{DType, HookPoint, LoadedModel, ModelConfig};
+use siphon_plan::{MeshKind, MeshRequest, Plan, PlanRequest, TpuSlice};
+use siphon_runtime::{OptionValue, Plugin, PluginLocator, Topology};
+
+const BATCH: usize = 4;
+const SEQ: usize = 16;
+
+fn v5e_4(plugin: &std::sync::Arc<Plugin>) -> (TpuSlice, Topology) {
+    let slice = TpuSlice::parse("v5e-4", 1).unwrap();
+    let options = vec![
+        ("chip_config_name".to_string(), OptionValue::String(slice.chip_config.into())),
+        ("chips_per_host_bounds".to_string(), OptionValue::Int64List(vec![2, 2, 1])),
+        ("num_slices".to_string(), OptionValue::Int64(1)),
+        ("wrap".to_string(), OptionValue::Int64List(vec![0, 0, 0])),
+    ];
+    let topology = Topology::new(plugin, &slice.topology, &options).unwrap();
+    (slice, topology)
+}
+
+/// The planner's plan and the compiled program for `hooks` on `mesh` in `dtype`.
+fn compile(
+    topology: &Topology,
+    slice: &TpuSlice,
+    config: &ModelConfig,
+    hooks: &[HookPoint],
+    mesh: MeshRequest,
+    dtype: DType,
+) -> (Plan, AotProgram) {
+    let request = PlanRequest {
+        mesh,
+        dtype,
+        output_dtype: dtype,
+        batch: Some(BATCH),
+        seq: Some(SEQ),
+        hooks: Some(hooks.to_vec()),
+        device_memory_bytes: Some(slice.generation.hbm_bytes()),
+        layout: siphon_plan::DeviceLayout::TpuTiled,
+        ..PlanRequest::default()
+    };
+    let plan = siphon_plan::plan(config, &slice.planner_topology().unwrap(), &request).unwrap();
+    let options = EngineOptions {
+        compute_dtype: dtype,
+        output_dtype: dtype,
+        mesh: plan.mesh.clone(),
+        plan: ShardingPlan::Explicit {
+            params: plan.param_specs().iter().cloned().collect(),
+            input: Some(plan.input_spec.clone()),
+        },
+        ..EngineOptions::default()
+    };
+    let request =
+        AotRequest { config, hooks: hooks.to_vec(), options, stored: Default::default(), batch: BATCH, seq: SEQ };
+    let aot = siphon_engine::aot::compile(topology, request).unwrap_or_else(|e| panic!("{e}"));
+    (plan, aot)
+}
+
+fn every_hook(config: &ModelConfig) -> Vec<HookPoint> {
+    siphon_models::resolve_hooks("*", config).or_else(|_| siphon_models::resolve_hooks("blocks.*.*", config)).unwrap()
+}
+
+/// One test, so that libtpu's environment is set before any other thread of this binary runs.
+#[test]
+fn every_fixture_family_compiles_for_a_v5e_slice() {
+    let located = PluginLocator::new().explicit(std::env::var_os("SIPHON_TEST_LIBTPU_PLUGIN")).locate_libtpu();
+    let libtpu = match located {
+        Ok(choice) => choice.path,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("note: skipped, no libtpu ({e})");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    // SAFETY: the only test of this binary; no other thread reads the environment yet.
+    unsafe { std::env::set_var("TPU_SKIP_MDS_QUERY", "1") };
+    let plugin = Plugin::load_for_compiling(libtpu).unwrap();
+    let (slice, topology) = v5e_4(&plugin);
+    let two_d = MeshRequest { kind: MeshKind::TwoD, ..MeshRequest::default() };
+
+    let mut families = Vec::new();
+    for entry in std::fs::read_dir(common::fixtures()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.join("config.json").is_file() {
+            families.push(path);
+        }
+    }
+    families.sort();
+    let mut report = Vec::new();
+    for path in &families {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let config = LoadedModel::open(Path::new(path)).unwrap().config;
+        let hooks = every_hook(&config);
+        let (plan, aot) = compile(&topology, &slice, &config, &hooks, two_d, DType::Bf16);
+        assert_eq!(aot.mesh.num_devices(), 4, "{name}");
+        let activations = plan.memory.activations.unwrap();
+        let planned = plan.memory.weights.sharded_bytes + activations.input_bytes;
+        let compiled = aot.memory.argument_size_in_bytes as u64;
+        report.push(format!("{name}: {} arguments {compiled} planner {planned}", plan.mesh));
+        assert!(compiled > 0 && aot.memory.output_size_in_bytes > 0, "{name}: {:?}", aot.memory);
+    }
+    eprintln!("{}", report.join("\n"));
+}
