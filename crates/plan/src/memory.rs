@@ -74,7 +74,9 @@ pub enum DeviceLayout {
     /// (padded to a multiple of 128), another in the rows (padded to a multiple of 8, or to a
     /// power of two below 8), the others major; the compiler picks the pair that pads least.
     /// A vector is padded to a power of two from 128 up to 1024 values and to a multiple of
-    /// 1024 beyond; every array to a multiple of 512 bytes.
+    /// 1024 beyond; every array to a multiple of 512 bytes. A program's results, when more
+    /// than one, come with a table of them, 4 bytes each in 512-byte units (512 bytes for 8 to
+    /// 109 results, 1024 for 226).
     TpuTiled,
 }
 
@@ -93,6 +95,17 @@ impl DeviceLayout {
                 };
                 (values * element as u64).next_multiple_of(512)
             }
+        }
+    }
+}
+
+impl DeviceLayout {
+    /// Bytes a program's `results` take beyond their arrays (a TPU's table of a tuple).
+    pub fn results_table_bytes(self, results: usize) -> u64 {
+        match self {
+            DeviceLayout::Dense => 0,
+            DeviceLayout::TpuTiled if results > 1 => (4 * results as u64).next_multiple_of(512),
+            DeviceLayout::TpuTiled => 0,
         }
     }
 }
@@ -140,7 +153,7 @@ pub struct ActivationMemory {
     pub hooks: usize,
     /// Token ids, attention mask and positions.
     pub input_bytes: u64,
-    /// Hook outputs.
+    /// Hook outputs (and the device's table of them).
     pub hook_bytes: u64,
     /// One block's transients.
     pub working_bytes: u64,
@@ -302,7 +315,8 @@ pub fn activation_memory(
     let hook_bytes = hooks
         .iter()
         .map(|hook| layout.array_bytes(&[&[b as usize, seq][..], &hook.dims(config, seq)].concat(), a as usize))
-        .sum();
+        .sum::<u64>()
+        + layout.results_table_bytes(hooks.len());
     let attention = a * b * s * (q + 2 * kv) / model + 2 * 4 * b * (config.attention.n_heads as u64 / model) * s * s;
     let linear = config.linear_attention.as_ref().map_or(0, |la| {
         let (kd, vd) = (la.key_dim() as u64, la.value_dim() as u64);

@@ -100,18 +100,58 @@ fn every_fixture_family_compiles_for_a_v5e_slice() {
         }
     }
     families.sort();
-    let mut report = Vec::new();
+    let mut wrong = Vec::new();
     for path in &families {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let config = LoadedModel::open(Path::new(path)).unwrap().config;
         let hooks = every_hook(&config);
         let (plan, aot) = compile(&topology, &slice, &config, &hooks, two_d, DType::Bf16);
         assert_eq!(aot.mesh.num_devices(), 4, "{name}");
+        // Arguments are the weights and the token inputs, each padded to its tiles: the
+        // planner's count is the compiler's, byte for byte; so are the hooks' outputs.
         let activations = plan.memory.activations.unwrap();
         let planned = plan.memory.weights.sharded_bytes + activations.input_bytes;
-        let compiled = aot.memory.argument_size_in_bytes as u64;
-        report.push(format!("{name}: {} arguments {compiled} planner {planned}", plan.mesh));
-        assert!(compiled > 0 && aot.memory.output_size_in_bytes > 0, "{name}: {:?}", aot.memory);
+        if aot.memory.argument_size_in_bytes as u64 != planned {
+            wrong.push(format!("{name} {}: arguments {:?}, planner {planned}", plan.mesh, aot.memory));
+        }
+        if aot.memory.output_size_in_bytes as u64 != activations.hook_bytes {
+            wrong.push(format!(
+                "{name} {} {} hooks: outputs {}, planner {}",
+                plan.mesh,
+                hooks.len(),
+                aot.memory.output_size_in_bytes,
+                activations.hook_bytes
+            ));
+        }
+        assert!(aot.flops.is_some_and(|f| f > 0.0), "{name}: no flops");
     }
-    eprintln!("{}", report.join("\n"));
+    assert!(wrong.is_empty(), "{wrong:#?}");
+
+    // A dense and a mixture family on every kind of mesh, in f32, and with one hook alone.
+    for family in ["tiny-pythia", "tiny-deepseek-v3"] {
+        let config = LoadedModel::open(&common::fixtures().join(family)).unwrap().config;
+        let all = every_hook(&config);
+        let one = siphon_models::resolve_hooks("blocks.1.hook_resid_post", &config).unwrap();
+        let meshes = [
+            MeshRequest { kind: MeshKind::OneD, ..MeshRequest::default() },
+            two_d,
+            MeshRequest { kind: MeshKind::ThreeD, data: Some(1), fsdp: Some(2), model: Some(2) },
+            MeshRequest { kind: MeshKind::ThreeD, data: Some(2), fsdp: Some(1), model: Some(2) },
+        ];
+        for mesh in meshes {
+            for (dtype, hooks) in [(DType::F32, &all), (DType::Bf16, &one)] {
+                let (plan, aot) = compile(&topology, &slice, &config, hooks, mesh, dtype);
+                let what = format!("{family} {} {dtype} {} hooks", plan.mesh, hooks.len());
+                let activations = plan.memory.activations.unwrap();
+                assert_eq!(
+                    aot.memory.argument_size_in_bytes as u64,
+                    plan.memory.weights.sharded_bytes + activations.input_bytes,
+                    "{what}"
+                );
+                assert_eq!(aot.memory.output_size_in_bytes as u64, activations.hook_bytes, "{what}");
+                // One hook alone builds two blocks and reads their weights only.
+                assert_eq!(aot.program.n_blocks, if hooks.len() == 1 { 2 } else { config.n_layers }, "{what}");
+            }
+        }
+    }
 }
