@@ -141,7 +141,7 @@ pub struct WeightMemory {
 }
 
 /// Per-device activation bytes for one batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActivationMemory {
     /// Global batch (sequences).
     pub batch: usize,

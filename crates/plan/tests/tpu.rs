@@ -87,7 +87,11 @@ fn every_fixture_family_compiles_for_a_v5e_slice() {
         Err(e) => panic!("{e}"),
     };
     // SAFETY: the only test of this binary; no other thread reads the environment yet.
-    unsafe { std::env::set_var("TPU_SKIP_MDS_QUERY", "1") };
+    unsafe {
+        std::env::set_var("TPU_SKIP_MDS_QUERY", "1");
+        // Other test binaries may hold libtpu's machine-wide lock; no TPU is used here.
+        std::env::set_var("ALLOW_MULTIPLE_LIBTPU_LOAD", "1");
+    }
     let plugin = Plugin::load_for_compiling(libtpu).unwrap();
     let (slice, topology) = v5e_4(&plugin);
     let two_d = MeshRequest { kind: MeshKind::TwoD, ..MeshRequest::default() };

@@ -27,7 +27,11 @@ fn v5e_options() -> Vec<(String, OptionValue)> {
 #[test]
 fn libtpu_compiles_for_a_slice_without_a_tpu() {
     // SAFETY: the only test of this binary; no other thread reads the environment yet.
-    unsafe { std::env::set_var("TPU_SKIP_MDS_QUERY", "1") };
+    unsafe {
+        std::env::set_var("TPU_SKIP_MDS_QUERY", "1");
+        // Other test binaries may hold libtpu's machine-wide lock; no TPU is used here.
+        std::env::set_var("ALLOW_MULTIPLE_LIBTPU_LOAD", "1");
+    }
     let plugin = Plugin::load_for_compiling(libtpu()).unwrap();
 
     // v5e-16: 4 hosts of 4 chips.

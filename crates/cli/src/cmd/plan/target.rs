@@ -114,8 +114,12 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         None => siphon_plan::every_hidden_state(config),
     };
     // libtpu asks the GCE metadata server about the TPU it runs on unless told not to (for
-    // minutes where there is none), and logs at length; neither helps compiling for a slice.
-    for (name, value) in [("TPU_SKIP_MDS_QUERY", "1"), ("TF_CPP_MIN_LOG_LEVEL", "2")] {
+    // minutes where there is none), takes a machine-wide lock (/tmp/libtpu_lockfile) that
+    // makes a second process fail while the first runs, and logs at length; none of it helps
+    // compiling for a slice, which touches no TPU.
+    for (name, value) in
+        [("TPU_SKIP_MDS_QUERY", "1"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TF_CPP_MIN_LOG_LEVEL", "2")]
+    {
         if std::env::var_os(name).is_none() {
             // SAFETY: `siphon plan` has started no thread yet (the planner is pure and the
             // plugin is not loaded), so nothing reads the environment concurrently.
@@ -157,10 +161,33 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         weights,
         ..Default::default()
     };
-    let aot = siphon_engine::aot::compile(
+    let aot = match siphon_engine::aot::compile(
         &topology,
         AotRequest { config, hooks: hooks.clone(), options: engine, stored: request.stored.clone(), batch, seq },
-    )?;
+    ) {
+        Ok(aot) => aot,
+        // libtpu refuses a program larger than a chip itself, before any figure exists.
+        Err(siphon_engine::EngineError::Runtime { source, .. })
+            if source.pjrt_code() == Some(siphon_runtime::ErrorCode::ResourceExhausted) =>
+        {
+            let compiler = match source.as_ref() {
+                siphon_runtime::Error::Pjrt { message, .. } => message.lines().next().unwrap_or_default().to_string(),
+                other => other.to_string(),
+            };
+            let terms = planner_terms(plan);
+            bail!(
+                "{}",
+                refusal(
+                    &slice,
+                    plan,
+                    format!("libtpu's compiler ran out of a chip's memory ({compiler})"),
+                    terms,
+                    None
+                )
+            );
+        }
+        Err(e) => return Err(e.into()),
+    };
     let report = report(&slice, config, plan, &aot, &hooks, batch, seq, choice.path.display().to_string())?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report).context("serializing the report")?);
@@ -168,7 +195,26 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         print!("{}", text(&report));
     }
     if !report.fits {
-        bail!("{}", refusal(&report, config, &slice, &request)?);
+        let c = &report.compiled;
+        let needs = format!(
+            "the compiled program needs {} per device but a {} chip has {}",
+            gib(c.total_bytes.max(0) as u64),
+            slice.topology.split(':').next().unwrap_or_default(),
+            gib(report.hbm_bytes)
+        );
+        let terms = [
+            ("arguments (weights and inputs)", c.argument_size_in_bytes.max(0) as u64),
+            ("outputs (the hooks)", c.output_size_in_bytes.max(0) as u64),
+            ("temporaries", c.temp_size_in_bytes.max(0) as u64),
+            ("generated code", c.generated_code_size_in_bytes.max(0) as u64),
+        ];
+        // The planner's estimate scaled to this compile's total finds the mesh that fits.
+        let scale = report.planner.total_bytes as f64 / c.total_bytes.max(1) as f64;
+        let mut calibrated = request.clone();
+        calibrated.device_memory_bytes = Some((report.hbm_bytes as f64 * scale) as u64);
+        calibrated.headroom = 0.0;
+        let fitting = siphon_plan::plan(config, &slice.planner_topology()?, &calibrated)?.suggestion;
+        bail!("{}", refusal(&slice, plan, needs, terms, Some(fitting)));
     }
     Ok(())
 }
@@ -315,38 +361,46 @@ fn text(r: &Report<'_>) -> String {
     out
 }
 
-/// Why the program does not fit a chip: its largest term, and the mesh the planner — its
-/// estimate scaled to this compile's total — finds fitting.
-fn refusal(r: &Report<'_>, config: &ModelConfig, slice: &TpuSlice, request: &PlanRequest) -> anyhow::Result<String> {
-    let c = &r.compiled;
-    let terms = [
-        ("arguments (weights and inputs)", c.argument_size_in_bytes),
-        ("outputs (the hooks)", c.output_size_in_bytes),
-        ("temporaries", c.temp_size_in_bytes),
-        ("generated code", c.generated_code_size_in_bytes),
-    ];
+/// The planner's per-device terms, named as in [`refusal`].
+fn planner_terms(plan: &Plan) -> [(&'static str, u64); 4] {
+    let activations = plan.memory.activations.unwrap_or_default();
+    [
+        ("arguments (weights and inputs)", plan.memory.weights.sharded_bytes + activations.input_bytes),
+        ("outputs (the hooks)", activations.hook_bytes),
+        ("temporaries", activations.working_bytes + plan.memory.weights.fsdp_gather_bytes),
+        ("generated code", 0),
+    ]
+}
+
+/// Why the program does not fit a chip (`needs`), its largest term, and a mesh that fits:
+/// `fitting` as the compile calibrated the planner, else the planner's own suggestion.
+fn refusal(
+    slice: &TpuSlice,
+    plan: &Plan,
+    needs: String,
+    terms: [(&'static str, u64); 4],
+    fitting: Option<Option<siphon_plan::Suggestion>>,
+) -> String {
     let (largest, bytes) = terms.iter().max_by_key(|(_, b)| *b).copied().unwrap_or(("arguments", 0));
-    let scale = r.planner.total_bytes as f64 / c.total_bytes.max(1) as f64;
-    let mut calibrated = request.clone();
-    calibrated.device_memory_bytes = Some((r.hbm_bytes as f64 * scale) as u64);
-    calibrated.headroom = 0.0;
-    let topology = slice.planner_topology()?;
-    let suggestion = siphon_plan::plan(config, &topology, &calibrated)?.suggestion;
-    let hint = match suggestion {
-        Some(s) => format!("; mesh {} should fit (the planner's estimate scaled to this compile): {}", s.mesh, s.flags),
+    let (fitting, whose) = match fitting {
+        Some(fitting) => (fitting, "the planner's estimate scaled to this compile"),
+        None => (plan.suggestion.clone(), "the planner's estimate"),
+    };
+    let hint = match fitting {
+        Some(s) => format!("; mesh {} should fit ({whose}): {}", s.mesh, s.flags),
+        None if plan.fits() == Some(true) => format!(
+            "; the planner's estimate ({} per device) fits where the compiler's does not: try a larger \
+             weight-sharding group (--fsdp, --model-parallel), a smaller --batch or --seq, or fewer hooks",
+            gib(plan.memory.required_bytes)
+        ),
         None => {
             "; no mesh over this slice fits: use a larger slice, a smaller --batch or --seq, or fewer hooks".to_string()
         }
     };
-    Ok(format!(
-        "mesh {} does not fit {}: the compiled program needs {} per device but a {} chip has {}; its largest term \
-         is {} ({}){hint}",
-        r.mesh,
+    format!(
+        "mesh {} does not fit {}: {needs}; its largest term is {largest} ({}){hint}",
+        plan.mesh,
         slice.name,
-        gib(c.total_bytes.max(0) as u64),
-        slice.topology.split(':').next().unwrap_or_default(),
-        gib(r.hbm_bytes),
-        largest,
-        gib(bytes.max(0) as u64)
-    ))
+        gib(bytes)
+    )
 }

@@ -1,0 +1,177 @@
+//! `siphon plan --target tpu:SLICE` end to end on this CPU-only machine: the program compiled
+//! by libtpu for the slice, the compiler's figures under its own names beside the planner's,
+//! and a program larger than a chip refused. The cases that compile need the pinned libtpu
+//! (`SIPHON_TEST_LIBTPU_PLUGIN`, set by `scripts/test.sh`): skipped with a note without it,
+//! except under CI, where they fail.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn siphon(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_siphon"));
+    command.current_dir(root).args(args).stdin(Stdio::null());
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    command.output().expect("running siphon")
+}
+
+fn libtpu() -> Option<PathBuf> {
+    let located =
+        siphon_runtime::PluginLocator::new().explicit(std::env::var_os("SIPHON_TEST_LIBTPU_PLUGIN")).locate_libtpu();
+    match located {
+        Ok(choice) => Some(choice.path),
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("note: skipped, no libtpu ({e})");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_fixture_compiled_for_v5e_4_reports_the_compilers_figures_beside_the_planners() {
+    let Some(libtpu) = libtpu() else { return };
+    let plugin = libtpu.to_str().unwrap();
+    let args = [
+        "plan",
+        "--target",
+        "tpu:v5litepod-4",
+        "--plugin",
+        plugin,
+        "--model",
+        "fixtures/models/tiny-qwen3",
+        "--hooks",
+        "blocks.*.hook_resid_post,blocks.1.mlp.hook_post",
+        "--batch",
+        "8",
+        "--seq",
+        "32",
+        "--dtype",
+        "bf16",
+    ];
+    let out = siphon(&[&args[..], &["--json"]].concat(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["target"]["topology"], "v5e:2x2");
+    assert_eq!((report["hosts"].as_u64(), report["devices"].as_u64()), (Some(1), Some(4)));
+    let compiled = &report["compiled"];
+    for key in ["argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "generated_code_size_in_bytes"]
+    {
+        assert!(compiled[key].as_i64().is_some_and(|b| b > 0), "{key}: {compiled}");
+    }
+    // The planner counts the weights and inputs as the TPU pads them: the compiler's bytes.
+    assert_eq!(compiled["argument_size_in_bytes"].as_u64(), report["planner"]["argument_bytes"].as_u64());
+    assert_eq!(compiled["output_size_in_bytes"].as_u64(), report["planner"]["output_bytes"].as_u64());
+    assert_eq!(report["fits"], true);
+    let (compiler, analytic) =
+        (report["flops_per_token"].as_f64().unwrap(), report["analytic_flops_per_token"].as_f64().unwrap());
+    // A tiny model's norms, RoPE and softmax are a larger share than a real one's.
+    assert!((1.0..1.5).contains(&(compiler / analytic)), "compiler {compiler}, analytic {analytic}");
+    assert!(report["roofline_tokens_per_second"].as_f64().is_some_and(|t| t > 0.0));
+
+    let out = siphon(&args, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for expected in ["libtpu topology v5e:2x2", "1 hosts x 4 chips", "per device:  compiler     planner", "roofline"] {
+        assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
+    }
+}
+
+#[test]
+fn a_program_larger_than_a_chip_is_refused_naming_its_largest_term() {
+    let Some(libtpu) = libtpu() else { return };
+    // Every attention pattern of 64 rows of 4096 tokens: outputs far beyond 16 GiB a chip.
+    let args = [
+        "plan",
+        "--target",
+        "tpu:v5e-4",
+        "--plugin",
+        libtpu.to_str().unwrap(),
+        "--model",
+        "fixtures/models/tiny-llama",
+        "--hooks",
+        "blocks.*.attn.hook_pattern",
+        "--batch",
+        "64",
+        "--seq",
+        "4096",
+    ];
+    let out = siphon(&args, &[]);
+    assert!(!out.status.success());
+    let text = stderr(&out);
+    let suggested = "--mesh 3d --data 4 --fsdp 1 --model-parallel 1";
+    for expected in [
+        "mesh [fsdp=2, model=2] does not fit v5e-4",
+        "libtpu's compiler ran out of a chip's memory (E1000: CompileTimeHbmOom",
+        "its largest term is outputs (the hooks) (24.00 GiB)",
+        &format!("mesh [data=4] should fit (the planner's estimate): {suggested}"),
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
+    }
+    // And it does.
+    let suggested: Vec<&str> = suggested.split(' ').collect();
+    let out = siphon(&[&args[..], &suggested].concat(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Qwen2.5-7B's weights in f32 on one v5e chip: 26 GiB of arguments.
+    let out = siphon(
+        &[
+            "plan",
+            "--target",
+            "tpu:v5e-1",
+            "--plugin",
+            libtpu.to_str().unwrap(),
+            "--config",
+            "fixtures/configs/qwen2.5-7b.json",
+            "--hooks",
+            "blocks.27.hook_resid_post",
+            "--batch",
+            "1",
+            "--seq",
+            "128",
+            "--dtype",
+            "f32",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let text = stderr(&out);
+    assert!(text.contains("its largest term is arguments (weights and inputs) (26.34 GiB)"), "{text}");
+}
+
+#[test]
+fn bad_targets_and_a_missing_libtpu_are_named() {
+    let config = ["--config", "fixtures/configs/qwen2.5-7b.json", "--batch", "64", "--seq", "128"];
+    for (target, expected) in [
+        ("gpu:h100", "name a TPU slice as tpu:SLICE"),
+        ("tpu:v5e-12", "no v5e slice has 12 chips"),
+        ("tpu:v9-8", "unknown generation \"v9\""),
+    ] {
+        let out = siphon(&[&["plan", "--target", target][..], &config].concat(), &[]);
+        assert!(!out.status.success() && stderr(&out).contains(expected), "{target}: {}", stderr(&out));
+    }
+    let out = siphon(&["plan", "--target", "tpu:v5e-64", "--config", "fixtures/configs/qwen2.5-7b.json"], &[]);
+    assert!(stderr(&out).contains("give --batch and --seq"), "{}", stderr(&out));
+
+    // No libtpu anywhere siphon looks: the one command that installs it.
+    let empty = std::env::temp_dir().join(format!("siphon-no-libtpu-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = siphon(
+        &[&["plan", "--target", "tpu:v5e-64"][..], &config].concat(),
+        &[("SIPHON_CACHE_DIR", empty.to_str().unwrap()), ("SIPHON_PJRT_PLUGIN", "/opt/cpu/libpjrt_cpu.so")],
+    );
+    std::fs::remove_dir_all(&empty).unwrap();
+    let text = stderr(&out);
+    // Unless this machine's Python has the libtpu package, which siphon finds last.
+    if !out.status.success() {
+        for expected in ["no libtpu found", "/opt/cpu/libpjrt_cpu.so (not libtpu)", "pip install libtpu==0.0.51"] {
+            assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
+        }
+    }
+}
