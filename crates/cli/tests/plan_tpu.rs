@@ -175,3 +175,19 @@ fn bad_targets_and_a_missing_libtpu_are_named() {
         }
     }
 }
+
+#[test]
+fn the_seeds_memory_bench_compiled_for_v6e_16_matches_the_planner() {
+    let Some(libtpu) = libtpu() else { return };
+    // fsdp=16 over the slice, and data=4 × fsdp=4 (each host its own copy), sharded and gathered.
+    for (mesh, sharded) in [(&["--fsdp", "16"][..], 4 << 20 >> 4), (&["--data", "4", "--fsdp", "4"][..], 4 << 20 >> 2)]
+    {
+        let args = ["bench", "memory", "--target", "tpu:v6e-16", "--plugin", libtpu.to_str().unwrap()];
+        let out = siphon(&[&args[..], &["--target-bytes", "4194304", "--json"], mesh].concat(), &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let bench: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(bench["matches"], true, "{bench}");
+        assert_eq!(bench["sharded_program"]["argument"].as_u64(), Some(sharded), "{bench}");
+        assert_eq!(bench["gather_program"]["output"].as_u64(), Some(4 << 20), "{bench}");
+    }
+}

@@ -16,19 +16,14 @@ use siphon_engine::aot::{AotProgram, AotRequest};
 use siphon_engine::{EngineOptions, ShardingPlan};
 use siphon_models::{DType, HookPoint, LoadedModel, ModelConfig};
 use siphon_plan::{MeshKind, MeshRequest, Plan, PlanRequest, TpuSlice};
-use siphon_runtime::{OptionValue, Plugin, PluginLocator, Topology};
+use siphon_runtime::{Plugin, PluginLocator, Topology, tpu_topology_options};
 
 const BATCH: usize = 4;
 const SEQ: usize = 16;
 
 fn v5e_4(plugin: &std::sync::Arc<Plugin>) -> (TpuSlice, Topology) {
     let slice = TpuSlice::parse("v5e-4", 1).unwrap();
-    let options = vec![
-        ("chip_config_name".to_string(), OptionValue::String(slice.chip_config.into())),
-        ("chips_per_host_bounds".to_string(), OptionValue::Int64List(vec![2, 2, 1])),
-        ("num_slices".to_string(), OptionValue::Int64(1)),
-        ("wrap".to_string(), OptionValue::Int64List(vec![0, 0, 0])),
-    ];
+    let options = tpu_topology_options(slice.chip_config, slice.chips_per_host_bounds, slice.slices, slice.wrap);
     let topology = Topology::new(plugin, &slice.topology, &options).unwrap();
     (slice, topology)
 }

@@ -101,7 +101,7 @@ pub use locate::{
 };
 pub use plugin::{AttributeValue, Plugin};
 pub use sharded::{HostShard, ShardedArray};
-pub use topology::{CompiledProgram, Topology, TopologyDevice};
+pub use topology::{CompiledProgram, Topology, TopologyDevice, tpu_topology_options};
 
 /// The PJRT C API version this crate's structs follow: `(major, minor)`.
 pub const PJRT_API_VERSION: (i32, i32) = (ffi::PJRT_API_MAJOR, ffi::PJRT_API_MINOR);

@@ -16,6 +16,26 @@ use crate::ffi::{self, slot};
 use crate::plugin::{AttributeValue, Plugin, read_named_value, string_from};
 use crate::proto;
 
+/// libtpu's create options for a slice (what JAX's `get_topology_desc` passes): the chip
+/// configuration (`default`, or `megacore` where a chip's two cores are one device), the chips
+/// of a host along each axis, how many slices, and which axes wrap around.
+pub fn tpu_topology_options(
+    chip_config: &str,
+    chips_per_host_bounds: [usize; 3],
+    num_slices: usize,
+    wrap: [bool; 3],
+) -> Vec<(String, OptionValue)> {
+    vec![
+        ("chip_config_name".to_string(), OptionValue::String(chip_config.to_string())),
+        (
+            "chips_per_host_bounds".to_string(),
+            OptionValue::Int64List(chips_per_host_bounds.iter().map(|&b| b as i64).collect()),
+        ),
+        ("num_slices".to_string(), OptionValue::Int64(num_slices as i64)),
+        ("wrap".to_string(), OptionValue::Int64List(wrap.iter().map(|&w| i64::from(w)).collect())),
+    ]
+}
+
 /// One device of a [`Topology`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopologyDevice {

@@ -15,12 +15,7 @@ fn libtpu() -> std::path::PathBuf {
 }
 
 fn v5e_options() -> Vec<(String, OptionValue)> {
-    vec![
-        ("chip_config_name".into(), OptionValue::String("default".into())),
-        ("chips_per_host_bounds".into(), OptionValue::Int64List(vec![2, 2, 1])),
-        ("num_slices".into(), OptionValue::Int64(1)),
-        ("wrap".into(), OptionValue::Int64List(vec![0, 0, 0])),
-    ]
+    siphon_runtime::tpu_topology_options("default", [2, 2, 1], 1, [false; 3])
 }
 
 /// One test, so that the environment is set before any other thread of this binary runs.

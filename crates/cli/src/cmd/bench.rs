@@ -10,7 +10,7 @@
 use anyhow::Context;
 use serde::Serialize;
 use siphon_hlo::{Builder, TensorType};
-use siphon_mesh::PartitionSpec;
+use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_models::{ParamClass, ParamInfo};
 use siphon_plan::{MeshKind, MeshShape, Topology};
 use siphon_runtime::{Client, ClientOptions, CompileOptions, CompiledMemoryStats, HostArray, Plugin, PluginLocator};
@@ -33,9 +33,15 @@ pub struct MemoryArgs {
     /// Virtual devices of the CPU plugin (default 8 when no --plugin is given).
     #[arg(long, value_name = "N")]
     pub cpu_devices: Option<usize>,
-    /// PJRT plugin library (default: SIPHON_PJRT_PLUGIN, then siphon's cache).
+    /// PJRT plugin library (default: SIPHON_PJRT_PLUGIN, then siphon's cache; with --target,
+    /// the libtpu to compile with).
     #[arg(long, value_name = "PATH")]
     pub plugin: Option<std::path::PathBuf>,
+    /// Compile the bench's two programs for a TPU slice (`tpu:v6e-16`) with libtpu on this
+    /// machine instead of running them: the compiler's per-device argument and output bytes
+    /// against the planner's (no buffers, no TPU).
+    #[arg(long, value_name = "tpu:SLICE", conflicts_with = "cpu_devices")]
+    pub target: Option<String>,
     /// Mesh flags; with none, every device is on fsdp (the seed's fsdp=N experiment). 1d puts
     /// every device on model; 2d/3d/auto put data across hosts and the rest on fsdp (3d: model
     /// takes what --model-parallel says).
@@ -128,6 +134,16 @@ pub struct MemoryBench {
 }
 
 fn run_memory(args: MemoryArgs) -> anyhow::Result<()> {
+    if let Some(target) = &args.target {
+        let bench = compiled_memory_bench(&args, target)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&bench).context("serializing the result")?);
+        } else {
+            print_compiled(&bench);
+        }
+        anyhow::ensure!(bench.matches, "the compiler's per-device bytes differ from the planner's prediction");
+        return Ok(());
+    }
     let bench = memory_bench(&args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&bench).context("serializing the result")?);
@@ -187,27 +203,9 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
     let topology = Topology::from_devices(&devices)?;
     let shape = bench_shape(&args.mesh, &topology)?;
     let mesh = shape.build(&topology)?;
-
-    // A [hidden, in] weight: rows over fsdp, columns over model (the planner's rule).
-    let cols = 1024usize;
-    anyhow::ensure!(
-        cols.is_multiple_of(shape.model),
-        "--model-parallel {} does not divide {cols} columns",
-        shape.model
-    );
-    let row_bytes = (cols * 4) as u64;
-    let rows = ((args.target_bytes / row_bytes) as usize / shape.fsdp * shape.fsdp).max(shape.fsdp);
-    let weight_shape = [rows, cols];
-    let param = ParamInfo::new("bench.weight", &weight_shape, ParamClass::MlpDown, None);
-    let spec = siphon_plan::param_spec(param.class, &param.shape, &mesh).spec;
-    let predicted = siphon_plan::memory::weight_memory(
-        std::slice::from_ref(&param),
-        std::slice::from_ref(&spec),
-        &mesh,
-        siphon_plan::DType::F32,
-        &Default::default(),
-        siphon_plan::DeviceLayout::Dense,
-    )?;
+    let (weight_shape, spec) = bench_weight(args.target_bytes, shape, &mesh)?;
+    let [rows, cols] = weight_shape;
+    let predicted = predicted(weight_shape, &spec, &mesh, siphon_plan::DeviceLayout::Dense)?;
     let values: Vec<f32> = (0..rows * cols).map(|i| (i % 251) as f32).collect();
     let host = HostArray::from_slice(&weight_shape, &values)?;
     drop(values);
@@ -221,18 +219,7 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
     drop(replicated);
     drop(host);
 
-    let ty = TensorType::new(siphon_hlo::DType::F32, &weight_shape);
-    let consume = {
-        let mut b = Builder::with_mesh("bench_sharded", mesh.clone());
-        let w = b.arg(ty.clone(), Some(spec.clone()))?;
-        let y = b.add(w, w)?;
-        b.finish_sharded(&[(y, Some(spec.clone()))])?
-    };
-    let gather = {
-        let mut b = Builder::with_mesh("bench_gather", mesh.clone());
-        let w = b.arg(ty.clone(), Some(spec.clone()))?;
-        b.finish_sharded(&[(w, Some(replicated_spec.clone()))])?
-    };
+    let (consume, gather) = bench_programs(weight_shape, &spec, &mesh)?;
     let options = CompileOptions::spmd(&mesh);
     let consume = client.compile(&consume, &options).context("compiling the sharded program")?;
     let gather = client.compile(&gather, &options).context("compiling the all-gather program")?;
@@ -272,6 +259,136 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
         gather_program,
         matches,
     })
+}
+
+/// The bench's `[rows, 1024]` f32 weight of about `target_bytes` (whole rows over fsdp) and its
+/// spec: the planner's rule for a `[hidden, in]` weight, rows over fsdp and columns over model.
+fn bench_weight(target_bytes: u64, shape: MeshShape, mesh: &Mesh) -> anyhow::Result<([usize; 2], PartitionSpec)> {
+    let cols = 1024usize;
+    anyhow::ensure!(
+        cols.is_multiple_of(shape.model),
+        "--model-parallel {} does not divide {cols} columns",
+        shape.model
+    );
+    let row_bytes = (cols * 4) as u64;
+    let rows = ((target_bytes / row_bytes) as usize / shape.fsdp * shape.fsdp).max(shape.fsdp);
+    let spec = siphon_plan::param_spec(ParamClass::MlpDown, &[rows, cols], mesh).spec;
+    Ok(([rows, cols], spec))
+}
+
+/// The planner's bytes of the bench's weight, per device sharded by `spec` and gathered.
+fn predicted(
+    weight_shape: [usize; 2],
+    spec: &PartitionSpec,
+    mesh: &Mesh,
+    layout: siphon_plan::DeviceLayout,
+) -> anyhow::Result<siphon_plan::WeightMemory> {
+    let param = ParamInfo::new("bench.weight", &weight_shape, ParamClass::MlpDown, None);
+    Ok(siphon_plan::memory::weight_memory(
+        std::slice::from_ref(&param),
+        std::slice::from_ref(spec),
+        mesh,
+        siphon_plan::DType::F32,
+        &Default::default(),
+        layout,
+    )?)
+}
+
+/// The bench's programs: `w + w` on the sharded weight, and the weight all-gathered.
+fn bench_programs(weight_shape: [usize; 2], spec: &PartitionSpec, mesh: &Mesh) -> anyhow::Result<(String, String)> {
+    let ty = TensorType::new(siphon_hlo::DType::F32, &weight_shape);
+    let consume = {
+        let mut b = Builder::with_mesh("bench_sharded", mesh.clone());
+        let w = b.arg(ty.clone(), Some(spec.clone()))?;
+        let y = b.add(w, w)?;
+        b.finish_sharded(&[(y, Some(spec.clone()))])?
+    };
+    let gather = {
+        let mut b = Builder::with_mesh("bench_gather", mesh.clone());
+        let w = b.arg(ty.clone(), Some(spec.clone()))?;
+        b.finish_sharded(&[(w, Some(PartitionSpec::replicated(2)))])?
+    };
+    Ok((consume, gather))
+}
+
+/// `siphon bench memory --target`: the bench's programs compiled for a TPU slice.
+#[derive(Debug, Serialize)]
+pub struct CompiledMemoryBench {
+    /// The slice, e.g. `v6e-16`, and libtpu's topology.
+    pub target: String,
+    /// Devices of the slice.
+    pub devices: usize,
+    /// Axis sizes.
+    pub shape: MeshShape,
+    /// The mesh as text.
+    pub mesh: String,
+    /// Weight shape `[rows, cols]`, f32.
+    pub weight_shape: [usize; 2],
+    /// Spec of the sharded weight.
+    pub spec: String,
+    /// Bytes of the whole weight.
+    pub total_bytes: u64,
+    /// Planner: per-device bytes sharded, as the TPU lays them out.
+    pub predicted_sharded_bytes: u64,
+    /// Planner: per-device bytes gathered.
+    pub predicted_gathered_bytes: u64,
+    /// Compiled memory stats of `w + w` on the sharded weight.
+    pub sharded_program: ProgramBytes,
+    /// Compiled memory stats of the program that all-gathers the sharded weight.
+    pub gather_program: ProgramBytes,
+    /// Whether the compiler's argument and output bytes equal the planner's.
+    pub matches: bool,
+}
+
+/// Compiles the bench's programs for `target` with libtpu (no TPU touched).
+pub fn compiled_memory_bench(args: &MemoryArgs, target: &str) -> anyhow::Result<CompiledMemoryBench> {
+    let slice = crate::cmd::plan::target::slice(target, 1)?;
+    let topology = slice.planner_topology()?;
+    let shape = bench_shape(&args.mesh, &topology)?;
+    let mesh = shape.build(&topology)?;
+    let (weight_shape, spec) = bench_weight(args.target_bytes, shape, &mesh)?;
+    let predicted = predicted(weight_shape, &spec, &mesh, siphon_plan::DeviceLayout::TpuTiled)?;
+    let (consume, gather) = bench_programs(weight_shape, &spec, &mesh)?;
+    let (libtpu, _) = crate::cmd::plan::target::open_topology(&slice, args.plugin.as_deref())?;
+    let devices = libtpu.devices_by_host();
+    let ids: Vec<usize> = mesh.device_ids().iter().map(|&i| devices[i].id).collect();
+    let axes: Vec<(&str, usize)> = mesh.axes().iter().map(|a| (a.name.as_str(), a.size)).collect();
+    let options = CompileOptions::spmd(&Mesh::new(&axes, ids)?);
+    let compile = |text: &str, what: &str| -> anyhow::Result<ProgramBytes> {
+        let program = libtpu.compile(text, &options).with_context(|| format!("compiling the {what} program"))?;
+        Ok(ProgramBytes::from(program.memory_stats()?))
+    };
+    let sharded_program = compile(&consume, "sharded")?;
+    let gather_program = compile(&gather, "all-gather")?;
+    Ok(CompiledMemoryBench {
+        target: format!("{} ({})", slice.name, slice.topology),
+        devices: slice.devices(),
+        shape,
+        mesh: mesh.to_string(),
+        weight_shape,
+        spec: spec.to_string(),
+        total_bytes: predicted.total_bytes,
+        predicted_sharded_bytes: predicted.sharded_bytes,
+        predicted_gathered_bytes: predicted.gathered_bytes,
+        matches: sharded_program.argument as u64 == predicted.sharded_bytes
+            && gather_program.output as u64 == predicted.gathered_bytes,
+        sharded_program,
+        gather_program,
+    })
+}
+
+fn print_compiled(b: &CompiledMemoryBench) {
+    let gib = |x: i64| siphon_plan::memory::gib(x.max(0) as u64);
+    println!("target     {} · {} devices · mesh {} (data×fsdp×model = {})", b.target, b.devices, b.mesh, b.shape);
+    println!("weight     f32 {:?} = {} · sharded as {}", b.weight_shape, gib(b.total_bytes as i64), b.spec);
+    println!("{:<34} {:>14} {:>14}", "per device", "compiler", "planner");
+    let row = |what: &str, compiler: i64, planner: u64| {
+        println!("{what:<34} {:>14} {:>14}", gib(compiler), gib(planner as i64));
+    };
+    row("sharded (program argument)", b.sharded_program.argument, b.predicted_sharded_bytes);
+    row("all-gathered (program output)", b.gather_program.output, b.predicted_gathered_bytes);
+    println!("all-gather program temp {}", gib(b.gather_program.temp));
+    println!("matches    {}", if b.matches { "yes" } else { "no" });
 }
 
 fn sizes(buffers: &[siphon_runtime::Buffer]) -> anyhow::Result<Vec<u64>> {

@@ -14,7 +14,7 @@ use anyhow::Context;
 use siphon_models::{HfConfig, ModelConfig};
 use siphon_plan::{DType, MeshKind, MeshRequest, PlanRequest, Topology};
 
-mod target;
+pub(crate) mod target;
 
 /// Mesh flags shared by every command that builds a mesh.
 #[derive(clap::Args, Debug, Clone)]

@@ -8,7 +8,7 @@
 //! slice's topology. A program whose per-device total exceeds a chip's HBM is refused, naming
 //! its largest term and the mesh that would fit.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use serde::Serialize;
@@ -17,7 +17,7 @@ use siphon_engine::{EngineOptions, ShardingPlan, WeightForm};
 use siphon_models::ModelConfig;
 use siphon_plan::memory::gib;
 use siphon_plan::{Plan, PlanRequest, TpuSlice};
-use siphon_runtime::{OptionValue, Plugin, PluginLocator, Topology};
+use siphon_runtime::{Plugin, PluginLocator, Topology, tpu_topology_options};
 
 /// What to compile, and for which slice.
 pub struct Compile<'a> {
@@ -38,6 +38,41 @@ pub fn slice(target: &str, slices: usize) -> anyhow::Result<TpuSlice> {
         )
     };
     TpuSlice::parse(name, slices).context("--target")
+}
+
+/// libtpu's description of `slice` (compiled for on this machine: no TPU), and the libtpu's
+/// path: `plugin`, else where [`PluginLocator::locate_libtpu`] finds it.
+pub fn open_topology(slice: &TpuSlice, plugin: Option<&Path>) -> anyhow::Result<(Topology, PathBuf)> {
+    // libtpu asks the GCE metadata server about the TPU it runs on unless told not to (for
+    // minutes where there is none), takes a machine-wide lock (/tmp/libtpu_lockfile) that
+    // makes a second process fail while the first runs, and logs at length; none of it helps
+    // compiling for a slice, which touches no TPU.
+    for (name, value) in
+        [("TPU_SKIP_MDS_QUERY", "1"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TF_CPP_MIN_LOG_LEVEL", "2")]
+    {
+        if std::env::var_os(name).is_none() {
+            // SAFETY: called before this process starts any thread (the planner is pure and
+            // the plugin is not loaded yet), so nothing reads the environment concurrently.
+            unsafe { std::env::set_var(name, value) };
+        }
+    }
+    let choice = PluginLocator::new().explicit(plugin).locate_libtpu()?;
+    let libtpu = Plugin::load_for_compiling(&choice.path)
+        .with_context(|| format!("loading libtpu {} ({})", choice.path.display(), choice.reason))?;
+    let options = tpu_topology_options(slice.chip_config, slice.chips_per_host_bounds, slice.slices, slice.wrap);
+    let topology = Topology::new(&libtpu, &slice.topology, &options)
+        .with_context(|| format!("libtpu's topology {} for {}", slice.topology, slice.name))?;
+    if topology.devices().len() != slice.devices() {
+        bail!(
+            "libtpu's topology {} has {} devices; {} x {} should have {}",
+            slice.topology,
+            topology.devices().len(),
+            slice.slices,
+            slice.name,
+            slice.devices()
+        );
+    }
+    Ok((topology, choice.path))
 }
 
 /// The compiler's figures for one device, under its own names.
@@ -113,43 +148,7 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         Some(hooks) => hooks,
         None => siphon_plan::every_hidden_state(config),
     };
-    // libtpu asks the GCE metadata server about the TPU it runs on unless told not to (for
-    // minutes where there is none), takes a machine-wide lock (/tmp/libtpu_lockfile) that
-    // makes a second process fail while the first runs, and logs at length; none of it helps
-    // compiling for a slice, which touches no TPU.
-    for (name, value) in
-        [("TPU_SKIP_MDS_QUERY", "1"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TF_CPP_MIN_LOG_LEVEL", "2")]
-    {
-        if std::env::var_os(name).is_none() {
-            // SAFETY: `siphon plan` has started no thread yet (the planner is pure and the
-            // plugin is not loaded), so nothing reads the environment concurrently.
-            unsafe { std::env::set_var(name, value) };
-        }
-    }
-    let choice = PluginLocator::new().explicit(plugin).locate_libtpu()?;
-    let libtpu = Plugin::load_for_compiling(&choice.path)
-        .with_context(|| format!("loading libtpu {} ({})", choice.path.display(), choice.reason))?;
-    let options = vec![
-        ("chip_config_name".to_string(), OptionValue::String(slice.chip_config.to_string())),
-        (
-            "chips_per_host_bounds".to_string(),
-            OptionValue::Int64List(slice.chips_per_host_bounds.iter().map(|&b| b as i64).collect()),
-        ),
-        ("num_slices".to_string(), OptionValue::Int64(slice.slices as i64)),
-        ("wrap".to_string(), OptionValue::Int64List(slice.wrap.iter().map(|&w| i64::from(w)).collect())),
-    ];
-    let topology = Topology::new(&libtpu, &slice.topology, &options)
-        .with_context(|| format!("libtpu's topology {} for {}", slice.topology, slice.name))?;
-    if topology.devices().len() != slice.devices() {
-        bail!(
-            "libtpu's topology {} has {} devices; {} × {} should have {}",
-            slice.topology,
-            topology.devices().len(),
-            slice.slices,
-            slice.name,
-            slice.devices()
-        );
-    }
+    let (topology, libtpu) = open_topology(&slice, plugin)?;
     let engine = EngineOptions {
         compute_dtype: request.dtype,
         output_dtype: request.output_dtype,
@@ -188,7 +187,7 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         }
         Err(e) => return Err(e.into()),
     };
-    let report = report(&slice, config, plan, &aot, &hooks, batch, seq, choice.path.display().to_string())?;
+    let report = report(&slice, config, plan, &aot, &hooks, batch, seq, libtpu.display().to_string())?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report).context("serializing the report")?);
     } else {
