@@ -121,7 +121,7 @@ impl TpuSlice {
         };
         let count: usize = count.parse().map_err(|_| unknown(format!("size {count:?} is not a number")))?;
         let (chips, shape, bounds) = if generation.named_by_cores() {
-            if count % 2 != 0 {
+            if !count.is_multiple_of(2) {
                 return Err(unknown(format!("{count} TensorCores are not whole chips")));
             }
             let chips = count / 2;

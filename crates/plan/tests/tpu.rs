@@ -8,12 +8,14 @@
 //! (`scripts/setup-libtpu.sh`) and names it in `SIPHON_TEST_LIBTPU_PLUGIN`. Without it the
 //! test is skipped with a note, except under CI, where it fails.
 
+// The CPU client of `common` is for the tests that run programs; this one only compiles.
+#[allow(dead_code)]
 mod common;
 
 use std::path::Path;
 
+use siphon_engine::EngineOptions;
 use siphon_engine::aot::{AotProgram, AotRequest};
-use siphon_engine::{EngineOptions, ShardingPlan};
 use siphon_models::{DType, HookPoint, LoadedModel, ModelConfig};
 use siphon_plan::{MeshKind, MeshRequest, Plan, PlanRequest, TpuSlice};
 use siphon_runtime::{Plugin, PluginLocator, Topology, tpu_topology_options};
@@ -49,16 +51,7 @@ fn compile(
         ..PlanRequest::default()
     };
     let plan = siphon_plan::plan(config, &slice.planner_topology().unwrap(), &request).unwrap();
-    let options = EngineOptions {
-        compute_dtype: dtype,
-        output_dtype: dtype,
-        mesh: plan.mesh.clone(),
-        plan: ShardingPlan::Explicit {
-            params: plan.param_specs().iter().cloned().collect(),
-            input: Some(plan.input_spec.clone()),
-        },
-        ..EngineOptions::default()
-    };
+    let options = EngineOptions { compute_dtype: dtype, output_dtype: dtype, ..common::planned_options(&plan) };
     let request =
         AotRequest { config, hooks: hooks.to_vec(), options, stored: Default::default(), batch: BATCH, seq: SEQ };
     let aot = siphon_engine::aot::compile(topology, request).unwrap_or_else(|e| panic!("{e}"));
