@@ -341,8 +341,10 @@ fn text(r: &Report<'_>) -> String {
     ));
     if let Some(per_token) = r.flops_per_token {
         line(format!(
-            "flops:       {:.3e} a device a step; {:.2} GFLOP a token over {} devices, analytic forward {:.2} GFLOP (x{:.3}){}",
+            "flops:       {:.3e} a device a step ({:.3e} bytes accessed); {:.2} GFLOP a token over {} devices, analytic \
+             forward {:.2} GFLOP (x{:.3}){}",
             c.flops.unwrap_or(0.0),
+            c.bytes_accessed.unwrap_or(0.0),
             per_token / 1e9,
             r.devices,
             r.analytic_flops_per_token / 1e9,
