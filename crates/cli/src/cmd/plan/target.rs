@@ -103,6 +103,39 @@ struct Planned {
     total_bytes: u64,
 }
 
+/// The per-device terms a refusal weighs, as the compiler and the planner name them.
+const TERMS: [&str; 4] = ["arguments (weights and inputs)", "outputs (the hooks)", "temporaries", "generated code"];
+
+impl Compiled {
+    fn terms(&self) -> [u64; 4] {
+        [
+            self.argument_size_in_bytes,
+            self.output_size_in_bytes,
+            self.temp_size_in_bytes,
+            self.generated_code_size_in_bytes,
+        ]
+        .map(|b| b.max(0) as u64)
+    }
+}
+
+impl Planned {
+    /// The planner's terms for `plan` (which has a batch and a sequence).
+    fn of(plan: &Plan) -> Planned {
+        let activations = plan.memory.activations.unwrap_or_default();
+        Planned {
+            argument_bytes: plan.memory.weights.sharded_bytes + activations.input_bytes,
+            output_bytes: activations.hook_bytes,
+            temp_bytes: activations.working_bytes + plan.memory.weights.fsdp_gather_bytes,
+            total_bytes: plan.memory.required_bytes,
+        }
+    }
+
+    /// The planner counts no generated code.
+    fn terms(&self) -> [u64; 4] {
+        [self.argument_bytes, self.output_bytes, self.temp_bytes, 0]
+    }
+}
+
 /// `siphon plan --target … --json`.
 #[derive(Debug, Serialize)]
 struct Report<'a> {
@@ -173,17 +206,8 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
                 siphon_runtime::Error::Pjrt { message, .. } => message.lines().next().unwrap_or_default().to_string(),
                 other => other.to_string(),
             };
-            let terms = planner_terms(plan);
-            bail!(
-                "{}",
-                refusal(
-                    &slice,
-                    plan,
-                    format!("libtpu's compiler ran out of a chip's memory ({compiler})"),
-                    terms,
-                    None
-                )
-            );
+            let needs = format!("libtpu's compiler ran out of a chip's memory ({compiler})");
+            bail!("{}", refusal(&slice, plan, needs, Planned::of(plan).terms(), None));
         }
         Err(e) => return Err(e.into()),
     };
@@ -201,19 +225,13 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
             slice.topology.split(':').next().unwrap_or_default(),
             gib(report.hbm_bytes)
         );
-        let terms = [
-            ("arguments (weights and inputs)", c.argument_size_in_bytes.max(0) as u64),
-            ("outputs (the hooks)", c.output_size_in_bytes.max(0) as u64),
-            ("temporaries", c.temp_size_in_bytes.max(0) as u64),
-            ("generated code", c.generated_code_size_in_bytes.max(0) as u64),
-        ];
         // The planner's estimate scaled to this compile's total finds the mesh that fits.
         let scale = report.planner.total_bytes as f64 / c.total_bytes.max(1) as f64;
         let mut calibrated = request.clone();
         calibrated.device_memory_bytes = Some((report.hbm_bytes as f64 * scale) as u64);
         calibrated.headroom = 0.0;
         let fitting = siphon_plan::plan(config, &slice.planner_topology()?, &calibrated)?.suggestion;
-        bail!("{}", refusal(&slice, plan, needs, terms, Some(fitting)));
+        bail!("{}", refusal(&slice, plan, needs, c.terms(), Some(fitting)));
     }
     Ok(())
 }
@@ -233,13 +251,7 @@ fn report<'a>(
     let total =
         m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes + m.generated_code_size_in_bytes
             - m.alias_size_in_bytes;
-    let activations = plan.memory.activations.context("the plan has no batch and sequence")?;
-    let planner = Planned {
-        argument_bytes: plan.memory.weights.sharded_bytes + activations.input_bytes,
-        output_bytes: activations.hook_bytes,
-        temp_bytes: activations.working_bytes + plan.memory.weights.fsdp_gather_bytes,
-        total_bytes: plan.memory.required_bytes,
-    };
+    let planner = Planned::of(plan);
     let devices = slice.devices();
     let tokens = (batch * seq) as f64;
     let generation = slice.generation;
@@ -362,27 +374,17 @@ fn text(r: &Report<'_>) -> String {
     out
 }
 
-/// The planner's per-device terms, named as in [`refusal`].
-fn planner_terms(plan: &Plan) -> [(&'static str, u64); 4] {
-    let activations = plan.memory.activations.unwrap_or_default();
-    [
-        ("arguments (weights and inputs)", plan.memory.weights.sharded_bytes + activations.input_bytes),
-        ("outputs (the hooks)", activations.hook_bytes),
-        ("temporaries", activations.working_bytes + plan.memory.weights.fsdp_gather_bytes),
-        ("generated code", 0),
-    ]
-}
-
-/// Why the program does not fit a chip (`needs`), its largest term, and a mesh that fits:
+/// Why the program does not fit a chip (`needs`), its largest of `terms` (in [`TERMS`]' order),
+/// and a mesh that fits:
 /// `fitting` as the compile calibrated the planner, else the planner's own suggestion.
 fn refusal(
     slice: &TpuSlice,
     plan: &Plan,
     needs: String,
-    terms: [(&'static str, u64); 4],
+    terms: [u64; 4],
     fitting: Option<Option<siphon_plan::Suggestion>>,
 ) -> String {
-    let (largest, bytes) = terms.iter().max_by_key(|(_, b)| *b).copied().unwrap_or(("arguments", 0));
+    let (largest, bytes) = TERMS.into_iter().zip(terms).max_by_key(|(_, b)| *b).unwrap_or((TERMS[0], 0));
     let (fitting, whose) = match fitting {
         Some(fitting) => (fitting, "the planner's estimate scaled to this compile"),
         None => (plan.suggestion.clone(), "the planner's estimate"),
