@@ -191,3 +191,33 @@ fn the_seeds_memory_bench_compiled_for_v6e_16_matches_the_planner() {
         assert_eq!(bench["gather_program"]["output"].as_u64(), Some(4 << 20), "{bench}");
     }
 }
+
+#[test]
+fn two_slices_are_one_mesh_over_both() {
+    let Some(libtpu) = libtpu() else { return };
+    let out = siphon(
+        &[
+            "plan",
+            "--target",
+            "tpu:v5e-16",
+            "--slices",
+            "2",
+            "--plugin",
+            libtpu.to_str().unwrap(),
+            "--model",
+            "fixtures/models/tiny-llama",
+            "--hooks",
+            "blocks.2.hook_resid_post",
+            "--batch",
+            "32",
+            "--seq",
+            "64",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((report["hosts"].as_u64(), report["devices"].as_u64()), (Some(8), Some(32)));
+    assert_eq!(report["mesh"], "[data=8, fsdp=2, model=2]");
+}
