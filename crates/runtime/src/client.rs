@@ -383,20 +383,8 @@ fn list_devices(inner: &ClientInner) -> Result<Vec<DeviceEntry>> {
         unsafe { plugin.call(slot::Device_GetDescription, &mut description) }?;
         let description = description.device_description;
 
-        let mut id: ffi::PJRT_DeviceDescription_Int_Args = ffi::zeroed();
-        id.device_description = description;
-        // SAFETY: the description belongs to a live device.
-        unsafe { plugin.call(slot::DeviceDescription_Id, &mut id) }?;
-        let mut process: ffi::PJRT_DeviceDescription_Int_Args = ffi::zeroed();
-        process.device_description = description;
-        // SAFETY: as above.
-        unsafe { plugin.call(slot::DeviceDescription_ProcessIndex, &mut process) }?;
-        let mut kind: ffi::PJRT_DeviceDescription_Kind_Args = ffi::zeroed();
-        kind.device_description = description;
-        // SAFETY: as above.
-        unsafe { plugin.call(slot::DeviceDescription_Kind, &mut kind) }?;
-        // SAFETY: the kind string lives as long as the device.
-        let kind = unsafe { string_from(kind.device_kind, kind.device_kind_size) };
+        // SAFETY: the description belongs to a live device of the live client.
+        let (id, process_index, kind) = unsafe { describe(plugin, description) }?;
 
         let mut addressable: ffi::PJRT_Device_IsAddressable_Args = ffi::zeroed();
         addressable.device = raw;
@@ -410,21 +398,41 @@ fn list_devices(inner: &ClientInner) -> Result<Vec<DeviceEntry>> {
             Ok(()) => hardware.local_hardware_id,
             Err(_) => -1,
         };
-        if id.value < 0 {
-            return Err(Error::Unexpected(format!("device with negative id {}", id.value)));
-        }
         devices.push(DeviceEntry {
-            info: DeviceInfo {
-                id: id.value as usize,
-                kind,
-                process_index: process.value.max(0) as usize,
-                local_hardware_id,
-                addressable: addressable.is_addressable,
-            },
+            info: DeviceInfo { id, kind, process_index, local_hardware_id, addressable: addressable.is_addressable },
             raw,
         });
     }
     Ok(devices)
+}
+
+/// A device description's global id, process index and kind.
+///
+/// # Safety
+/// `description` must be a live device description of `plugin` (of a client's device or a
+/// topology's).
+pub(crate) unsafe fn describe(
+    plugin: &Plugin,
+    description: *mut ffi::PJRT_DeviceDescription,
+) -> Result<(usize, usize, String)> {
+    let mut id: ffi::PJRT_DeviceDescription_Int_Args = ffi::zeroed();
+    id.device_description = description;
+    // SAFETY: the caller's description is live.
+    unsafe { plugin.call(slot::DeviceDescription_Id, &mut id) }?;
+    let mut process: ffi::PJRT_DeviceDescription_Int_Args = ffi::zeroed();
+    process.device_description = description;
+    // SAFETY: as above.
+    unsafe { plugin.call(slot::DeviceDescription_ProcessIndex, &mut process) }?;
+    let mut kind: ffi::PJRT_DeviceDescription_Kind_Args = ffi::zeroed();
+    kind.device_description = description;
+    // SAFETY: as above.
+    unsafe { plugin.call(slot::DeviceDescription_Kind, &mut kind) }?;
+    if id.value < 0 {
+        return Err(Error::Unexpected(format!("device with negative id {}", id.value)));
+    }
+    // SAFETY: the kind string lives as long as the description.
+    let kind = unsafe { string_from(kind.device_kind, kind.device_kind_size) };
+    Ok((id.value as usize, process.value.max(0) as usize, kind))
 }
 
 // ------------------------------------------------------------ key-value callbacks

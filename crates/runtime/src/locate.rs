@@ -55,9 +55,12 @@ pub fn locate_plugin(explicit: Option<&Path>) -> Result<PluginChoice> {
     PluginLocator::new().explicit(explicit).locate()
 }
 
+/// libtpu's Python package: (package, path inside site-packages).
+const LIBTPU_PACKAGE: (&str, &str) = ("libtpu", "libtpu/libtpu.so");
+
 /// Plugins shipped inside Python packages: (package, path inside site-packages).
 const PYTHON_PLUGINS: &[(&str, &str)] = &[
-    ("libtpu", "libtpu/libtpu.so"),
+    LIBTPU_PACKAGE,
     ("jax-cuda12-pjrt", "jax_plugins/xla_cuda12/xla_cuda_plugin.so"),
     ("jax-cuda13-pjrt", "jax_plugins/xla_cuda13/xla_cuda_plugin.so"),
 ];
@@ -130,42 +133,13 @@ impl PluginLocator {
             return existing(&path, PluginSource::EnvVar, PLUGIN_ENV, reason);
         }
         let mut tried = vec![format!("--plugin (not given)"), format!("{PLUGIN_ENV} (not set)")];
-        if let Some(cache) = &self.cache_dir {
-            let path = cpu_plugin_path_in(cache);
-            if path.is_file() {
-                return Ok(PluginChoice {
-                    reason: format!(
-                        "found the pinned XLA CPU plugin {CPU_PLUGIN_VERSION} in siphon's cache directory {}",
-                        cache.display()
-                    ),
-                    path,
-                    source: PluginSource::CacheDir,
-                });
-            }
-            tried.push(path.display().to_string());
-        }
-        let site_dirs = match &self.site_packages {
-            Some(dirs) => dirs.clone(),
-            None => python_site_dirs(self.python.as_deref()),
-        };
-        for &(package, relative) in PYTHON_PLUGINS {
-            for dir in &site_dirs {
-                let path = dir.join(relative);
-                if path.is_file() {
-                    return Ok(PluginChoice {
-                        reason: format!("found the {package} Python package's plugin in {}", dir.display()),
-                        path,
-                        source: PluginSource::PythonPackage { package },
-                    });
-                }
-            }
-            tried.push(format!("{relative} in {} site-packages dirs", site_dirs.len()));
+        let pinned = format!("XLA CPU plugin {CPU_PLUGIN_VERSION}");
+        if let Some(choice) = self.cached_or_installed(cpu_plugin_path_in, &pinned, PYTHON_PLUGINS, &mut tried) {
+            return Ok(choice);
         }
         Err(Error::NoPluginFound { tried: tried.join("; ") })
     }
-}
 
-impl PluginLocator {
     /// Finds libtpu to compile for a TPU topology with, on a machine that may have no TPU:
     /// `--plugin`, then `SIPHON_PJRT_PLUGIN` when it names libtpu (a CPU plugin there is
     /// for runs, not for this), then the pinned libtpu in siphon's cache, then the `libtpu`
@@ -185,14 +159,28 @@ impl PluginLocator {
             Some(value) => tried.push(format!("{PLUGIN_ENV}={} (not libtpu)", Path::new(value).display())),
             None => tried.push(format!("{PLUGIN_ENV} (not set)")),
         }
+        let pinned = format!("libtpu {LIBTPU_VERSION}");
+        if let Some(choice) = self.cached_or_installed(libtpu_path_in, &pinned, &[LIBTPU_PACKAGE], &mut tried) {
+            return Ok(choice);
+        }
+        Err(Error::NoLibtpuFound { tried: tried.join("; "), version: LIBTPU_VERSION })
+    }
+
+    /// The pinned plugin (`pinned` names it) where `in_cache` puts it in siphon's cache, else
+    /// the first of `packages` (PyPI name, path in site-packages) installed for Python; each
+    /// place looked at is added to `tried`.
+    fn cached_or_installed(
+        &self,
+        in_cache: fn(&Path) -> PathBuf,
+        pinned: &str,
+        packages: &[(&'static str, &'static str)],
+        tried: &mut Vec<String>,
+    ) -> Option<PluginChoice> {
         if let Some(cache) = &self.cache_dir {
-            let path = libtpu_path_in(cache);
+            let path = in_cache(cache);
             if path.is_file() {
-                return Ok(PluginChoice {
-                    reason: format!(
-                        "found the pinned libtpu {LIBTPU_VERSION} in siphon's cache directory {}",
-                        cache.display()
-                    ),
+                return Some(PluginChoice {
+                    reason: format!("found the pinned {pinned} in siphon's cache directory {}", cache.display()),
                     path,
                     source: PluginSource::CacheDir,
                 });
@@ -203,19 +191,20 @@ impl PluginLocator {
             Some(dirs) => dirs.clone(),
             None => python_site_dirs(self.python.as_deref()),
         };
-        let (package, relative) = PYTHON_PLUGINS[0];
-        for dir in &site_dirs {
-            let path = dir.join(relative);
-            if path.is_file() {
-                return Ok(PluginChoice {
-                    reason: format!("found the {package} Python package's plugin in {}", dir.display()),
-                    path,
-                    source: PluginSource::PythonPackage { package },
-                });
+        for &(package, relative) in packages {
+            for dir in &site_dirs {
+                let path = dir.join(relative);
+                if path.is_file() {
+                    return Some(PluginChoice {
+                        reason: format!("found the {package} Python package's plugin in {}", dir.display()),
+                        path,
+                        source: PluginSource::PythonPackage { package },
+                    });
+                }
             }
+            tried.push(format!("{relative} in {} site-packages dirs", site_dirs.len()));
         }
-        tried.push(format!("{relative} in {} site-packages dirs", site_dirs.len()));
-        Err(Error::NoLibtpuFound { tried: tried.join("; "), version: LIBTPU_VERSION })
+        None
     }
 }
 

@@ -9,7 +9,7 @@
 use std::ffi::c_char;
 use std::sync::Arc;
 
-use crate::client::{OptionValue, named_values};
+use crate::client::{OptionValue, describe, named_values};
 use crate::compile::{CompileOptions, CompiledMemoryStats, memory_stats, mlir_program};
 use crate::error::{Error, Result};
 use crate::ffi::{self, slot};
@@ -130,27 +130,9 @@ impl Topology {
         let raws = unsafe { std::slice::from_raw_parts(args.descriptions, args.num_descriptions) };
         let mut devices = Vec::with_capacity(raws.len());
         for &description in raws {
-            let mut id: ffi::PJRT_DeviceDescription_Int_Args = ffi::zeroed();
-            id.device_description = description;
             // SAFETY: the description belongs to the live topology.
-            unsafe { plugin.call(slot::DeviceDescription_Id, &mut id) }?;
-            let mut process: ffi::PJRT_DeviceDescription_Int_Args = ffi::zeroed();
-            process.device_description = description;
-            // SAFETY: as above.
-            unsafe { plugin.call(slot::DeviceDescription_ProcessIndex, &mut process) }?;
-            let mut kind: ffi::PJRT_DeviceDescription_Kind_Args = ffi::zeroed();
-            kind.device_description = description;
-            // SAFETY: as above.
-            unsafe { plugin.call(slot::DeviceDescription_Kind, &mut kind) }?;
-            if id.value < 0 {
-                return Err(Error::Unexpected(format!("topology {} has a device with id {}", self.name, id.value)));
-            }
-            devices.push(TopologyDevice {
-                id: id.value as usize,
-                process_index: process.value.max(0) as usize,
-                // SAFETY: the kind string lives as long as the topology.
-                kind: unsafe { string_from(kind.device_kind, kind.device_kind_size) },
-            });
+            let (id, process_index, kind) = unsafe { describe(plugin, description) }?;
+            devices.push(TopologyDevice { id, process_index, kind });
         }
         Ok(devices)
     }

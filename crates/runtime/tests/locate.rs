@@ -79,3 +79,35 @@ fn nothing_found_lists_what_was_tried() {
     assert!(text.contains("libtpu"), "{text}");
     assert!(text.contains("install-plugin.sh"), "{text}");
 }
+
+/// libtpu to compile TPU programs with: `--plugin`, `SIPHON_PJRT_PLUGIN` only when it is libtpu
+/// (a test run points it at the CPU plugin), the pinned one in the cache, the Python package;
+/// none of them: the one command that installs it.
+#[test]
+fn libtpu_for_tpu_plans_is_found_past_a_cpu_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = touch(&dir.path().join("cpu/libpjrt_cpu.so"));
+    let cache = dir.path().join("cache");
+    let cached = touch(&siphon_runtime::libtpu_path_in(&cache));
+    let site = dir.path().join("site");
+    let package = touch(&site.join("libtpu/libtpu.so"));
+    let locator = bare().env_value(Some(&cpu)).cache_dir(Some(&cache)).site_packages(vec![site.clone()]);
+
+    let choice = locator.clone().locate_libtpu().unwrap();
+    assert_eq!((choice.path, choice.source), (cached.clone(), PluginSource::CacheDir));
+    assert!(choice.reason.contains("the pinned libtpu 0.0.51"), "{}", choice.reason);
+    let env = touch(&dir.path().join("env/libtpu.so"));
+    let choice = locator.clone().env_value(Some(&env)).locate_libtpu().unwrap();
+    assert_eq!((choice.path, choice.source), (env, PluginSource::EnvVar));
+    let choice = locator.clone().cache_dir(None::<&str>).locate_libtpu().unwrap();
+    assert_eq!((choice.path, choice.source), (package, PluginSource::PythonPackage { package: "libtpu" }));
+    // The CPU plugin itself is still what `locate` finds for runs.
+    assert_eq!(locator.clone().locate().unwrap().path, cpu);
+
+    let err = locator.cache_dir(None::<&str>).site_packages(Vec::new()).locate_libtpu().unwrap_err();
+    assert!(matches!(err, Error::NoLibtpuFound { .. }), "{err}");
+    let text = err.to_string();
+    for expected in ["(not libtpu)", "pip install libtpu==0.0.51", "scripts/setup-libtpu.sh"] {
+        assert!(text.contains(expected), "{expected:?} missing from {text}");
+    }
+}
