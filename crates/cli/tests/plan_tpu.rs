@@ -75,6 +75,13 @@ fn a_fixture_compiled_for_v5e_4_reports_the_compilers_figures_beside_the_planner
     assert!((1.0..1.5).contains(&(compiler / analytic)), "compiler {compiler}, analytic {analytic}");
     assert!(report["roofline_tokens_per_second"].as_f64().is_some_and(|t| t > 0.0));
 
+    // fp8 rows (a scale and the E4M3 values) out of the program: the planner counts them so.
+    let out = siphon(&[&args[..], &["--output-dtype", "fp8", "--json"]].concat(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let fp8: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(fp8["compiled"]["output_size_in_bytes"].as_u64(), fp8["planner"]["output_bytes"].as_u64());
+    assert!(fp8["compiled"]["output_size_in_bytes"].as_u64() < compiled["output_size_in_bytes"].as_u64());
+
     let out = siphon(&args, &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -16,7 +16,7 @@
 //! `q = heads · head_dim`, `kv = kv_heads · head_dim`):
 //! - `input`: token ids, attention mask and positions, `3 · 4 · b · S` (i32).
 //! - `hooks`: every requested hook output stays live until the forward returns,
-//!   `Σ_hooks b · S · width · a`, where a hook's per-token width is its shape's size
+//!   `Σ_hooks b · S · width · o` in the stored dtype (`o` its bytes; an fp8 row `width + 4`), where a hook's per-token width is its shape's size
 //!   (`h`, `I`, `heads · head_dim`, `1`, or `heads · S` for attention scores and patterns,
 //!   which makes those quadratic in `S`); hook outputs are replicated over `fsdp`/`model`.
 //! - `working`: one block's transients, freed before the next block:
@@ -273,9 +273,11 @@ pub fn weight_memory(
     })
 }
 
-/// Activation bytes per device for a global `batch` × `seq` returning `hooks`, each at its
-/// own per-token size, the inputs and outputs laid out by `layout`.
+/// Activation bytes per device for a global `batch` × `seq` computed in `dtype` returning
+/// `hooks` in `output` (an fp8 row: its values and scale), each at its own per-token size, the
+/// inputs and outputs laid out by `layout`.
 /// `batch` must already be checked to divide over the mesh's `data` axis.
+#[allow(clippy::too_many_arguments)]
 pub fn activation_memory(
     config: &ModelConfig,
     mesh: &Mesh,
@@ -283,6 +285,7 @@ pub fn activation_memory(
     seq: usize,
     hooks: &[HookPoint],
     dtype: DType,
+    output: DType,
     layout: DeviceLayout,
 ) -> ActivationMemory {
     let a = dtype.size() as u64;
@@ -314,7 +317,14 @@ pub fn activation_memory(
     let input_bytes = 3 * layout.array_bytes(&[b as usize, seq], 4);
     let hook_bytes = hooks
         .iter()
-        .map(|hook| layout.array_bytes(&[&[b as usize, seq][..], &hook.dims(config, seq)].concat(), a as usize))
+        .map(|hook| {
+            let dims = hook.dims(config, seq);
+            match output {
+                // Rows of the scale's 4 bytes and the E4M3 values, as bytes.
+                DType::Fp8 => layout.array_bytes(&[b as usize, seq, output.row_bytes(dims.iter().product())], 1),
+                _ => layout.array_bytes(&[&[b as usize, seq][..], &dims].concat(), output.size()),
+            }
+        })
         .sum::<u64>()
         + layout.results_table_bytes(hooks.len());
     let attention = a * b * s * (q + 2 * kv) / model + 2 * 4 * b * (config.attention.n_heads as u64 / model) * s * s;
@@ -416,7 +426,8 @@ mod tests {
         let hooks = siphon_models::resolve_hooks("ln_final.hook_out", &config).unwrap();
         let (a, b, h, i) = (4u64, 2u64, 64u64, 128u64);
         for s in [100u64, 1000] {
-            let act = activation_memory(&config, &mesh, 2, s as usize, &hooks, DType::F32, DeviceLayout::Dense);
+            let act =
+                activation_memory(&config, &mesh, 2, s as usize, &hooks, DType::F32, DType::F32, DeviceLayout::Dense);
             let attention = a * b * s * (64 + 2 * 32) + 8 * b * 4 * s * s;
             let padded = s.next_multiple_of(64);
             let linear =
@@ -436,7 +447,7 @@ mod tests {
         .unwrap();
         let mesh = Mesh::new(&[("data", 2), ("model", 2)], (0..4).collect()).unwrap();
         let hooks = siphon_models::resolve_hooks("blocks.{0,1}.hook_resid_post,ln_final.hook_out", &config).unwrap();
-        let act = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32, DeviceLayout::Dense);
+        let act = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32, DType::F32, DeviceLayout::Dense);
         assert_eq!(act.local_batch, 4);
         assert_eq!(act.input_bytes, 3 * 4 * 4 * 16);
         assert_eq!(act.hook_bytes, 3 * 4 * 16 * 64 * 4);
@@ -447,9 +458,9 @@ mod tests {
             &config,
         )
         .unwrap();
-        let wide = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32, DeviceLayout::Dense);
+        let wide = activation_memory(&config, &mesh, 8, 16, &hooks, DType::F32, DType::F32, DeviceLayout::Dense);
         assert_eq!(wide.hook_bytes, 4 * 16 * (128 + 4 * 16 + 1 + 4 * 16) * 4);
-        let longer = activation_memory(&config, &mesh, 8, 32, &hooks[3..], DType::F32, DeviceLayout::Dense);
+        let longer = activation_memory(&config, &mesh, 8, 32, &hooks[3..], DType::F32, DType::F32, DeviceLayout::Dense);
         assert_eq!(longer.hook_bytes, 4 * 32 * (4 * 32) * 4);
         let expected_working = 4 * 4 * 16 * (3 * 64 + (64 + 2 * 32) / 2 + 3 * 128 / 2) + 8 * 4 * 2 * 16 * 16;
         assert_eq!(act.working_bytes, expected_working);

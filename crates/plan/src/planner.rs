@@ -453,6 +453,7 @@ fn evaluate(
             seq,
             &request.hooks.clone().unwrap_or_else(|| every_hidden_state(config)),
             request.dtype,
+            request.output_dtype,
             request.layout,
         )),
         _ => None,
