@@ -16,7 +16,7 @@ use siphon_mesh::Mesh;
 use siphon_models::{ForwardProgram, HookPoint, ModelConfig, StoredForm, build_forward};
 use siphon_runtime::{CompileOptions, CompiledMemoryStats, Topology};
 
-use crate::{EngineError, EngineOptions, ProgramSpec, rt, stored_on};
+use crate::{EngineError, EngineOptions, ProgramSpec, check, rt, stored_on};
 
 /// What to compile: the engine's options with the mesh numbered as the planner numbers
 /// devices (`0..n`, hosts major), the weights a checkpoint stores quantized (kept so where
@@ -60,6 +60,7 @@ pub struct AotProgram {
 /// device `i` is the topology's `i`-th device host by host
 /// ([`Topology::devices_by_host`]).
 pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgram, EngineError> {
+    check(&request.hooks, &request.options)?;
     let devices = topology.devices_by_host();
     let planned = &request.options.mesh;
     let ids =

@@ -203,6 +203,17 @@ impl ProgramSpec<'_> {
     }
 }
 
+/// What no engine program takes: no hooks, or f16 compute.
+fn check(hooks: &[HookPoint], options: &EngineOptions) -> Result<(), EngineError> {
+    if hooks.is_empty() {
+        return Err(EngineError::Options("no hooks requested".into()));
+    }
+    if options.compute_dtype == DType::F16 {
+        return Err(EngineError::Options("compute dtype f16 is not supported (use f32 or bf16)".into()));
+    }
+    Ok(())
+}
+
 /// Whether a weight stored as `form` stays so on the devices under `spec`: a split that would
 /// cut the form's blocks keeps it dequantized (logged).
 fn stored_on(form: StoredForm, param: &ParamInfo, spec: &PartitionSpec, mesh: &Mesh) -> bool {
@@ -459,12 +470,7 @@ impl Engine {
         hooks: Vec<HookPoint>,
         options: EngineOptions,
     ) -> Result<Engine, EngineError> {
-        if hooks.is_empty() {
-            return Err(EngineError::Options("no hooks requested".into()));
-        }
-        if options.compute_dtype == DType::F16 {
-            return Err(EngineError::Options("compute dtype f16 is not supported (use f32 or bf16)".into()));
-        }
+        check(&hooks, &options)?;
         let mesh = options.mesh.clone();
         let views = match options.processes.as_slice() {
             [] => vec![

@@ -93,7 +93,8 @@ pub struct Args {
     #[arg(long, default_value_t = siphon_plan::memory::DEFAULT_HEADROOM)]
     pub headroom: f64,
     /// The stored activation dtype (`extract --dtype`): f32, bf16, f16 or fp8; with --batch
-    /// and --seq, the output path's host memory is counted in it.
+    /// and --seq, the hooks' outputs on the devices and the output path's host memory are
+    /// counted in it.
     #[arg(long, default_value = "bf16")]
     pub output_dtype: DType,
     /// Steps in flight on the output path (`extract --pipeline-depth`).
