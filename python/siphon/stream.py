@@ -46,6 +46,12 @@ from ._ranks import check_reader, ranks
 from .dataset import HookInfo, checked_hooks
 from .errors import DatasetError
 
+# DataLoader workers are forked from a process whose earlier readers left gRPC's threads
+# running; without gRPC's fork support a worker can block for ever on a lock one of them held
+# at the fork (seen in the stream tests' two-worker loaders, about one run in two). gRPC reads
+# the variable when it is first imported, so it is set when siphon is; a user's own wins.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
+
 SCHEME = "stream://"
 #: The rows of a shuffle window when none is given, as a multiple of the batch size.
 DEFAULT_WINDOW_BATCHES = 4
