@@ -61,21 +61,12 @@ pub struct AotProgram {
 /// ([`Topology::devices_by_host`]).
 pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgram, EngineError> {
     check(&request.hooks, &request.options)?;
-    let devices = topology.devices_by_host();
+    let ids: Vec<usize> = topology.devices_by_host().iter().map(|d| d.id).collect();
     let planned = &request.options.mesh;
-    let ids =
-        planned.device_ids().iter().map(|&i| devices.get(i).map(|d| d.id)).collect::<Option<Vec<usize>>>().ok_or_else(
-            || {
-                EngineError::Options(format!(
-                    "the mesh {planned} needs {} devices; topology {} has {}",
-                    planned.num_devices(),
-                    topology.name(),
-                    devices.len()
-                ))
-            },
-        )?;
-    let axes: Vec<(&str, usize)> = planned.axes().iter().map(|a| (a.name.as_str(), a.size)).collect();
-    let mesh = Mesh::new(&axes, ids).map_err(|source| EngineError::Mesh { context: "the mesh".into(), source })?;
+    let mesh = planned.renumbered(&ids).map_err(|source| EngineError::Mesh {
+        context: format!("the mesh {planned} on topology {}", topology.name()),
+        source,
+    })?;
     let mut options = request.options.clone();
     options.mesh = mesh.clone();
     let (param_specs, input_spec) = options.plan.specs(request.config, &mesh);

@@ -169,6 +169,19 @@ impl Mesh {
         &self.device_ids
     }
 
+    /// This mesh, planned over devices `0..n`, on the devices `ids` (device `i` becomes
+    /// `ids[i]`): how a plan's mesh is put on a client's or a topology's device ids.
+    pub fn renumbered(&self, ids: &[usize]) -> Result<Mesh, MeshError> {
+        if let Some(&i) = self.device_ids.iter().find(|&&i| i >= ids.len()) {
+            return Err(MeshError::Hosts(format!(
+                "mesh {self} names device {i}; only {} devices are given",
+                ids.len()
+            )));
+        }
+        let axes: Vec<(&str, usize)> = self.axes.iter().map(|a| (a.name.as_str(), a.size)).collect();
+        Mesh::new(&axes, self.device_ids.iter().map(|&i| ids[i]).collect())
+    }
+
     /// The coordinate along each axis of partition `partition`.
     pub fn coords(&self, partition: usize) -> Vec<usize> {
         let mut rest = partition;

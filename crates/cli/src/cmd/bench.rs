@@ -98,11 +98,9 @@ impl From<CompiledMemoryStats> for ProgramBytes {
     }
 }
 
-/// The bench's result.
+/// The bench's weight on its mesh and the planner's bytes for it (both forms of the bench).
 #[derive(Debug, Serialize)]
-pub struct MemoryBench {
-    /// PJRT platform name.
-    pub platform: String,
+pub struct BenchWeight {
     /// Devices used.
     pub devices: usize,
     /// Axis sizes.
@@ -119,6 +117,16 @@ pub struct MemoryBench {
     pub predicted_sharded_bytes: u64,
     /// Planner: per-device bytes gathered (replicated).
     pub predicted_gathered_bytes: u64,
+}
+
+/// The bench's result.
+#[derive(Debug, Serialize)]
+pub struct MemoryBench {
+    /// PJRT platform name.
+    pub platform: String,
+    /// The weight, its mesh and the planner's bytes.
+    #[serde(flatten)]
+    pub weight: BenchWeight,
     /// PJRT: on-device size of each device's shard after a sharded upload.
     pub sharded_on_device: Spread,
     /// PJRT: on-device size of each device's copy after a replicated upload.
@@ -201,11 +209,9 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
         .map(|d| siphon_plan::DeviceInfo { id: d.id, process_index: d.process_index })
         .collect();
     let topology = Topology::from_devices(&devices)?;
-    let shape = bench_shape(&args.mesh, &topology)?;
-    let mesh = shape.build(&topology)?;
-    let (weight_shape, spec) = bench_weight(args.target_bytes, shape, &mesh)?;
+    let (weight, mesh, spec) = bench_weight(args, &topology, siphon_plan::DeviceLayout::Dense)?;
+    let weight_shape = weight.weight_shape;
     let [rows, cols] = weight_shape;
-    let predicted = predicted(weight_shape, &spec, &mesh, siphon_plan::DeviceLayout::Dense)?;
     let values: Vec<f32> = (0..rows * cols).map(|i| (i % 251) as f32).collect();
     let host = HostArray::from_slice(&weight_shape, &values)?;
     drop(values);
@@ -234,24 +240,17 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
         "the all-gathered weight on the last device differs from the uploaded one"
     );
 
-    let total = predicted.total_bytes;
-    let matches = sharded_on_device.min == predicted.sharded_bytes
-        && sharded_on_device.max == predicted.sharded_bytes
-        && replicated_on_device.min == predicted.gathered_bytes
-        && gathered_on_device.min == predicted.gathered_bytes
-        && gathered_on_device.max == predicted.gathered_bytes
-        && sharded_program.argument as u64 == predicted.sharded_bytes
-        && gather_program.output as u64 == predicted.gathered_bytes;
+    let (sharded_bytes, gathered_bytes) = (weight.predicted_sharded_bytes, weight.predicted_gathered_bytes);
+    let matches = sharded_on_device.min == sharded_bytes
+        && sharded_on_device.max == sharded_bytes
+        && replicated_on_device.min == gathered_bytes
+        && gathered_on_device.min == gathered_bytes
+        && gathered_on_device.max == gathered_bytes
+        && sharded_program.argument as u64 == sharded_bytes
+        && gather_program.output as u64 == gathered_bytes;
     Ok(MemoryBench {
         platform: client.platform_name().to_string(),
-        devices: topology.num_devices(),
-        shape,
-        mesh: mesh.to_string(),
-        weight_shape,
-        spec: spec.to_string(),
-        total_bytes: total,
-        predicted_sharded_bytes: predicted.sharded_bytes,
-        predicted_gathered_bytes: predicted.gathered_bytes,
+        weight,
         sharded_on_device,
         replicated_on_device,
         gathered_on_device,
@@ -261,9 +260,16 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
     })
 }
 
-/// The bench's `[rows, 1024]` f32 weight of about `target_bytes` (whole rows over fsdp) and its
-/// spec: the planner's rule for a `[hidden, in]` weight, rows over fsdp and columns over model.
-fn bench_weight(target_bytes: u64, shape: MeshShape, mesh: &Mesh) -> anyhow::Result<([usize; 2], PartitionSpec)> {
+/// The bench's `[rows, 1024]` f32 weight of about `target_bytes` (whole rows over fsdp) on the
+/// mesh `args` asks of `topology`, its spec (the planner's rule for a `[hidden, in]` weight,
+/// rows over fsdp and columns over model), and the planner's bytes for it laid out by `layout`.
+fn bench_weight(
+    args: &MemoryArgs,
+    topology: &Topology,
+    layout: siphon_plan::DeviceLayout,
+) -> anyhow::Result<(BenchWeight, Mesh, PartitionSpec)> {
+    let shape = bench_shape(&args.mesh, topology)?;
+    let mesh = shape.build(topology)?;
     let cols = 1024usize;
     anyhow::ensure!(
         cols.is_multiple_of(shape.model),
@@ -271,27 +277,28 @@ fn bench_weight(target_bytes: u64, shape: MeshShape, mesh: &Mesh) -> anyhow::Res
         shape.model
     );
     let row_bytes = (cols * 4) as u64;
-    let rows = ((target_bytes / row_bytes) as usize / shape.fsdp * shape.fsdp).max(shape.fsdp);
-    let spec = siphon_plan::param_spec(ParamClass::MlpDown, &[rows, cols], mesh).spec;
-    Ok(([rows, cols], spec))
-}
-
-/// The planner's bytes of the bench's weight, per device sharded by `spec` and gathered.
-fn predicted(
-    weight_shape: [usize; 2],
-    spec: &PartitionSpec,
-    mesh: &Mesh,
-    layout: siphon_plan::DeviceLayout,
-) -> anyhow::Result<siphon_plan::WeightMemory> {
-    let param = ParamInfo::new("bench.weight", &weight_shape, ParamClass::MlpDown, None);
-    Ok(siphon_plan::memory::weight_memory(
+    let rows = ((args.target_bytes / row_bytes) as usize / shape.fsdp * shape.fsdp).max(shape.fsdp);
+    let param = ParamInfo::new("bench.weight", &[rows, cols], ParamClass::MlpDown, None);
+    let spec = siphon_plan::param_spec(param.class, &param.shape, &mesh).spec;
+    let predicted = siphon_plan::memory::weight_memory(
         std::slice::from_ref(&param),
-        std::slice::from_ref(spec),
-        mesh,
+        std::slice::from_ref(&spec),
+        &mesh,
         siphon_plan::DType::F32,
         &Default::default(),
         layout,
-    )?)
+    )?;
+    let weight = BenchWeight {
+        devices: topology.num_devices(),
+        shape,
+        mesh: mesh.to_string(),
+        weight_shape: [rows, cols],
+        spec: spec.to_string(),
+        total_bytes: predicted.total_bytes,
+        predicted_sharded_bytes: predicted.sharded_bytes,
+        predicted_gathered_bytes: predicted.gathered_bytes,
+    };
+    Ok((weight, mesh, spec))
 }
 
 /// The bench's programs: `w + w` on the sharded weight, and the weight all-gathered.
@@ -316,22 +323,9 @@ fn bench_programs(weight_shape: [usize; 2], spec: &PartitionSpec, mesh: &Mesh) -
 pub struct CompiledMemoryBench {
     /// The slice, e.g. `v6e-16`, and libtpu's topology.
     pub target: String,
-    /// Devices of the slice.
-    pub devices: usize,
-    /// Axis sizes.
-    pub shape: MeshShape,
-    /// The mesh as text.
-    pub mesh: String,
-    /// Weight shape `[rows, cols]`, f32.
-    pub weight_shape: [usize; 2],
-    /// Spec of the sharded weight.
-    pub spec: String,
-    /// Bytes of the whole weight.
-    pub total_bytes: u64,
-    /// Planner: per-device bytes sharded, as the TPU lays them out.
-    pub predicted_sharded_bytes: u64,
-    /// Planner: per-device bytes gathered.
-    pub predicted_gathered_bytes: u64,
+    /// The weight, its mesh and the planner's bytes as the TPU lays them out.
+    #[serde(flatten)]
+    pub weight: BenchWeight,
     /// Compiled memory stats of `w + w` on the sharded weight.
     pub sharded_program: ProgramBytes,
     /// Compiled memory stats of the program that all-gathers the sharded weight.
@@ -343,17 +337,11 @@ pub struct CompiledMemoryBench {
 /// Compiles the bench's programs for `target` with libtpu (no TPU touched).
 pub fn compiled_memory_bench(args: &MemoryArgs, target: &str) -> anyhow::Result<CompiledMemoryBench> {
     let slice = crate::cmd::plan::target::slice(target, 1)?;
-    let topology = slice.planner_topology()?;
-    let shape = bench_shape(&args.mesh, &topology)?;
-    let mesh = shape.build(&topology)?;
-    let (weight_shape, spec) = bench_weight(args.target_bytes, shape, &mesh)?;
-    let predicted = predicted(weight_shape, &spec, &mesh, siphon_plan::DeviceLayout::TpuTiled)?;
-    let (consume, gather) = bench_programs(weight_shape, &spec, &mesh)?;
+    let (weight, mesh, spec) = bench_weight(args, &slice.planner_topology()?, siphon_plan::DeviceLayout::TpuTiled)?;
+    let (consume, gather) = bench_programs(weight.weight_shape, &spec, &mesh)?;
     let (libtpu, _) = crate::cmd::plan::target::open_topology(&slice, args.plugin.as_deref())?;
-    let devices = libtpu.devices_by_host();
-    let ids: Vec<usize> = mesh.device_ids().iter().map(|&i| devices[i].id).collect();
-    let axes: Vec<(&str, usize)> = mesh.axes().iter().map(|a| (a.name.as_str(), a.size)).collect();
-    let options = CompileOptions::spmd(&Mesh::new(&axes, ids)?);
+    let ids: Vec<usize> = libtpu.devices_by_host().iter().map(|d| d.id).collect();
+    let options = CompileOptions::spmd(&mesh.renumbered(&ids)?);
     let compile = |text: &str, what: &str| -> anyhow::Result<ProgramBytes> {
         let program = libtpu.compile(text, &options).with_context(|| format!("compiling the {what} program"))?;
         Ok(ProgramBytes::from(program.memory_stats()?))
@@ -362,31 +350,25 @@ pub fn compiled_memory_bench(args: &MemoryArgs, target: &str) -> anyhow::Result<
     let gather_program = compile(&gather, "all-gather")?;
     Ok(CompiledMemoryBench {
         target: format!("{} ({})", slice.name, slice.topology),
-        devices: slice.devices(),
-        shape,
-        mesh: mesh.to_string(),
-        weight_shape,
-        spec: spec.to_string(),
-        total_bytes: predicted.total_bytes,
-        predicted_sharded_bytes: predicted.sharded_bytes,
-        predicted_gathered_bytes: predicted.gathered_bytes,
-        matches: sharded_program.argument as u64 == predicted.sharded_bytes
-            && gather_program.output as u64 == predicted.gathered_bytes,
+        matches: sharded_program.argument as u64 == weight.predicted_sharded_bytes
+            && gather_program.output as u64 == weight.predicted_gathered_bytes,
+        weight,
         sharded_program,
         gather_program,
     })
 }
 
 fn print_compiled(b: &CompiledMemoryBench) {
+    let w = &b.weight;
     let gib = |x: i64| siphon_plan::memory::gib(x.max(0) as u64);
-    println!("target     {} · {} devices · mesh {} (data×fsdp×model = {})", b.target, b.devices, b.mesh, b.shape);
-    println!("weight     f32 {:?} = {} · sharded as {}", b.weight_shape, gib(b.total_bytes as i64), b.spec);
+    println!("target     {} · {} devices · mesh {} (data×fsdp×model = {})", b.target, w.devices, w.mesh, w.shape);
+    println!("weight     f32 {:?} = {} · sharded as {}", w.weight_shape, gib(w.total_bytes as i64), w.spec);
     println!("{:<34} {:>14} {:>14}", "per device", "compiler", "planner");
     let row = |what: &str, compiler: i64, planner: u64| {
         println!("{what:<34} {:>14} {:>14}", gib(compiler), gib(planner as i64));
     };
-    row("sharded (program argument)", b.sharded_program.argument, b.predicted_sharded_bytes);
-    row("all-gathered (program output)", b.gather_program.output, b.predicted_gathered_bytes);
+    row("sharded (program argument)", b.sharded_program.argument, w.predicted_sharded_bytes);
+    row("all-gathered (program output)", b.gather_program.output, w.predicted_gathered_bytes);
     println!("all-gather program temp {}", gib(b.gather_program.temp));
     println!("matches    {}", if b.matches { "yes" } else { "no" });
 }
@@ -396,40 +378,41 @@ fn sizes(buffers: &[siphon_runtime::Buffer]) -> anyhow::Result<Vec<u64>> {
 }
 
 fn print_memory(b: &MemoryBench) {
+    let w = &b.weight;
     let mib = |x: u64| format!("{:.2} MiB", x as f64 / (1u64 << 20) as f64);
     let spread = |s: Spread| if s.min == s.max { mib(s.max) } else { format!("{} – {}", mib(s.min), mib(s.max)) };
-    println!("platform   {} · {} devices · mesh {} (data×fsdp×model = {})", b.platform, b.devices, b.mesh, b.shape);
-    println!("weight     f32 {:?} = {} · sharded as {}", b.weight_shape, mib(b.total_bytes), b.spec);
+    println!("platform   {} · {} devices · mesh {} (data×fsdp×model = {})", b.platform, w.devices, w.mesh, w.shape);
+    println!("weight     f32 {:?} = {} · sharded as {}", w.weight_shape, mib(w.total_bytes), w.spec);
     println!("{:<34} {:>14} {:>14}", "per device", "measured", "planner");
     println!(
         "{:<34} {:>14} {:>14}",
         "sharded (buffer on device)",
         spread(b.sharded_on_device),
-        mib(b.predicted_sharded_bytes)
+        mib(w.predicted_sharded_bytes)
     );
     println!(
         "{:<34} {:>14} {:>14}",
         "sharded (program argument)",
         mib(b.sharded_program.argument as u64),
-        mib(b.predicted_sharded_bytes)
+        mib(w.predicted_sharded_bytes)
     );
     println!(
         "{:<34} {:>14} {:>14}",
         "replicated (buffer on device)",
         spread(b.replicated_on_device),
-        mib(b.predicted_gathered_bytes)
+        mib(w.predicted_gathered_bytes)
     );
     println!(
         "{:<34} {:>14} {:>14}",
         "all-gathered (buffer on device)",
         spread(b.gathered_on_device),
-        mib(b.predicted_gathered_bytes)
+        mib(w.predicted_gathered_bytes)
     );
     println!(
         "{:<34} {:>14} {:>14}",
         "all-gathered (program output)",
         mib(b.gather_program.output as u64),
-        mib(b.predicted_gathered_bytes)
+        mib(w.predicted_gathered_bytes)
     );
     println!(
         "all-gather program temp {} · peak {}",

@@ -271,7 +271,7 @@ impl Compute {
             Span::Host => {
                 let planned = plan.mesh_plan(&model.config, 1, local.len())?;
                 // The planner numbers this host's devices 0..n; the client's ids may differ.
-                let mesh = renumbered(&planned.mesh, &local)?;
+                let mesh = planned.mesh.renumbered(&local)?;
                 (planned, mesh, Vec::new())
             }
             Span::Hosts { hosts, per_host: Some(per_host), simulated } => {
@@ -426,12 +426,6 @@ impl Compute {
     }
 }
 
-/// `planned` (over devices `0..n`) on the client's device ids `ids`.
-fn renumbered(planned: &siphon_mesh::Mesh, ids: &[usize]) -> anyhow::Result<siphon_mesh::Mesh> {
-    let axes: Vec<(&str, usize)> = planned.axes().iter().map(|a| (a.name.as_str(), a.size)).collect();
-    Ok(siphon_mesh::Mesh::new(&axes, planned.device_ids().iter().map(|&i| ids[i]).collect())?)
-}
-
 /// The spanning mesh on the client's devices, host by host (each process's devices in id
 /// order, processes in order, as the planner numbers hosts), and the processes' views of it:
 /// this process's, or every simulated host's.
@@ -452,7 +446,7 @@ fn spanning_views(
         );
     }
     let ids: Vec<usize> = devices.iter().map(|d| d.id).collect();
-    let mesh = renumbered(planned, &ids)?;
+    let mesh = planned.renumbered(&ids)?;
     let views = if simulated {
         (0..hosts).map(|h| HostView::contiguous(&mesh, hosts, h)).collect::<Result<Vec<_>, _>>()?
     } else {
