@@ -24,7 +24,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     info.add_argument("run")
     verify = sub.add_parser("verify", help="check every committed shard against its manifest line")
     verify.add_argument("run")
-    verify.add_argument("--no-hashes", action="store_true", help="skip the sha256 of every shard")
+    verify.add_argument("--no-hashes", action="store_true", help="skip the checksum (CRC32C) of every shard")
     export = sub.add_parser("export-saelens", help="write SAELens's cached-activation dataset")
     export.add_argument("run")
     export.add_argument("out")

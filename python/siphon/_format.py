@@ -80,7 +80,9 @@ class ManifestLine:
     shard: str
     index: int
     bytes: int
-    sha256: str
+    #: CRC32C (8 hex digits) of the shard, or, for shards written before it, their sha256.
+    crc32c: Optional[str]
+    sha256: Optional[str]
     tokens: int
     included_tokens: int
 
@@ -153,7 +155,8 @@ def read_manifest(location: Location, host: str) -> List[ManifestLine]:
                 shard=obj["shard"],
                 index=int(obj["index"]),
                 bytes=int(obj["bytes"]),
-                sha256=obj["sha256"],
+                crc32c=obj.get("crc32c"),
+                sha256=obj.get("sha256"),
                 tokens=int(obj["tokens"]),
                 included_tokens=int(obj.get("included_tokens", obj["tokens"])),
             )

@@ -10,6 +10,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import google_crc32c
 import numpy as np
 
 from . import _convert
@@ -168,9 +169,10 @@ class Dataset:
     # ----------------------------------------------------------------------------- checks
 
     def verify(self, hashes: bool = True, *, raise_on_problem: bool = True) -> VerifyReport:
-        """Checks every committed shard: present with its manifest size, its sha256 (with
-        `hashes`; reads every byte), a readable header of this format with every hook at its
-        run.json shape and the manifest's token count. Returns the report, whose `problems`
+        """Checks every committed shard: present with its manifest size, its checksum (with
+        `hashes`; reads every byte: CRC32C, or sha256 for shards written before it), a readable
+        header of this format with every hook at its run.json shape and the manifest's token
+        count. Returns the report, whose `problems`
         name each problem found; with `raise_on_problem` (the default) a problem raises
         `DatasetError` listing them all instead."""
         problems: List[str] = []
@@ -211,9 +213,9 @@ class Dataset:
                         found = "missing" if scale is None else f"{scale.dtype} {list(scale.shape)}"
                         problems.append(f"{where}: fp8 hook {hook.name}'s scales {name}: {found}, expected F32 [{shard.tokens}]")
             if hashes:
-                digest = _sha256(self._location, shard.rel, shard.bytes)
-                if digest != shard.sha256:
-                    problems.append(f"{where}: sha256 {digest}, the manifest says {shard.sha256}")
+                problem = _check_checksum(self._location, shard)
+                if problem:
+                    problems.append(f"{where}: {problem}")
         report = VerifyReport(len(self.shards), self.tokens, self.nbytes, problems)
         if problems and raise_on_problem:
             raise DatasetError(f"{self.url}: {len(problems)} problem(s): " + "; ".join(problems))
@@ -546,12 +548,24 @@ def _deprecated_output(format: Optional[str], output: str) -> str:  # noqa: A002
 STORED_DTYPES_BY_NAME = {logical: np_dtype for np_dtype, logical in STORED_DTYPES.values()}
 
 
-def _sha256(location: Location, rel: str, size: int) -> str:
-    digest = hashlib.sha256()
+def _check_checksum(location: Location, shard: ManifestLine) -> Optional[str]:
+    """What is wrong with the shard's bytes against its manifest checksum (CRC32C, or the
+    sha256 of shards written before it), or None."""
     step = 64 << 20
-    for start in range(0, size, step):
-        digest.update(location.read_range(rel, start, min(size, start + step)))
-    return digest.hexdigest()
+    chunks = (location.read_range(shard.rel, start, min(shard.bytes, start + step)) for start in range(0, shard.bytes, step))
+    if shard.crc32c is not None:
+        crc = google_crc32c.Checksum()
+        for chunk in chunks:
+            crc.update(chunk)
+        found, expected = f"crc32c {crc.digest().hex()}", f"crc32c {shard.crc32c}"
+    elif shard.sha256 is not None:
+        sha = hashlib.sha256()
+        for chunk in chunks:
+            sha.update(chunk)
+        found, expected = f"sha256 {sha.hexdigest()}", f"sha256 {shard.sha256}"
+    else:
+        return "the manifest line records no checksum (crc32c or sha256)"
+    return None if found == expected else f"{found}, the manifest says {expected}"
 
 
 def open_dataset(url: Union[str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]] = None) -> Dataset:

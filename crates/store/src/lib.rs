@@ -48,6 +48,7 @@ mod error;
 mod failpoint;
 mod location;
 mod manifest;
+mod moments;
 mod probe;
 mod run;
 mod shard;

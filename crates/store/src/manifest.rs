@@ -19,8 +19,12 @@ pub struct ManifestLine {
     pub index: u64,
     /// Object size.
     pub bytes: u64,
-    /// Hex sha256 of the object.
-    pub sha256: String,
+    /// CRC32C (Castagnoli) of the object, 8 hex digits: what shards are checked by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32c: Option<String>,
+    /// Hex sha256 of the object: what shards written before the CRC were checked by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     /// Token rows in the shard.
     pub tokens: u64,
     /// Rows included by the mask (equal to `tokens` when excluded tokens are dropped).
@@ -38,12 +42,38 @@ impl ManifestLine {
             shard: crate::location::shard_name(shard.index),
             index: shard.index,
             bytes: shard.bytes,
-            sha256: shard.sha256.clone(),
+            crc32c: Some(format!("{:08x}", shard.crc32c)),
+            sha256: None,
             tokens: shard.tokens,
             included_tokens: shard.included_tokens,
             samples: [shard.samples.0, shard.samples.1],
             data_position_after: shard.data_position_after.clone(),
         }
+    }
+}
+
+impl ManifestLine {
+    /// The checksum the line records, as `crc32c 1a2b3c4d` or `sha256 …`.
+    pub fn checksum(&self) -> String {
+        match (&self.crc32c, &self.sha256) {
+            (Some(crc), _) => format!("crc32c {crc}"),
+            (None, Some(sha)) => format!("sha256 {sha}"),
+            (None, None) => "no checksum".into(),
+        }
+    }
+
+    /// Checks `bytes` (the whole object) against the line's checksum; the error says what
+    /// was found and what the line records.
+    pub fn check(&self, bytes: &[u8]) -> std::result::Result<(), String> {
+        let found = match (&self.crc32c, &self.sha256) {
+            (Some(_), _) => format!("crc32c {:08x}", crc32c::crc32c(bytes)),
+            (None, Some(_)) => {
+                use sha2::Digest;
+                format!("sha256 {}", hex::encode(sha2::Sha256::digest(bytes)))
+            }
+            (None, None) => return Err("the manifest line records no checksum (crc32c or sha256)".into()),
+        };
+        if found == self.checksum() { Ok(()) } else { Err(format!("{found}, the manifest says {}", self.checksum())) }
     }
 }
 
@@ -102,7 +132,8 @@ mod tests {
             shard: "shard_000000.safetensors".into(),
             index: 0,
             bytes: 10,
-            sha256: "ab".into(),
+            crc32c: Some("0000abcd".into()),
+            sha256: None,
             tokens: 3,
             included_tokens: 2,
             samples: [0, 4],

@@ -11,11 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 use bytes::Bytes;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
-use sha2::{Digest, Sha256};
 
 use crate::batch::{BatchActivations, DType, fp8_scale_name};
 use crate::config::{HostId, ShardFormat};
 use crate::error::{Result, StoreError};
+use crate::moments::BLOCK;
 use crate::stats::{HookStats, RunStats, StatsAccumulator};
 
 /// Format tag in every shard's metadata and in run.json.
@@ -69,8 +69,9 @@ pub struct SealedShard {
     pub chunks: Vec<Bytes>,
     /// Total size.
     pub bytes: u64,
-    /// Hex sha256 of the whole file.
-    pub sha256: String,
+    /// CRC32C (Castagnoli) of the whole file: the checksum GCS and S3 verify, computed at
+    /// memory speed.
+    pub crc32c: u32,
     /// Token rows stored.
     pub tokens: u64,
     /// Rows whose mask is true (equals `tokens` unless excluded tokens are kept).
@@ -246,30 +247,52 @@ impl ShardBuilder {
         Ok(())
     }
 
-    /// Encodes the shard as safetensors and computes its hash and statistics.
+    /// Encodes the shard as safetensors and computes its checksum and statistics: one pass over
+    /// each hook's rows, a block at a time, the CRC and the statistics on the same cached bytes.
     pub fn seal(mut self) -> Result<SealedShard> {
+        let dtype = self.format.dtype;
+        let mask = self.format.keep_excluded.then(|| std::mem::take(&mut self.mask));
         let mut stats = RunStats::new();
+        // The CRC of each hook tensor that is its column as stored (fp8 columns are split first).
+        let mut known = HashMap::new();
         for (column, name) in self.hooks.iter().zip(&self.identity.hooks) {
-            let mut acc = StatsAccumulator::new(self.format.dtype, &column.shape);
-            acc.add_rows(&column.data, self.format.keep_excluded.then_some(&self.mask[..]));
+            let mut acc = StatsAccumulator::new(dtype, &column.shape);
+            let mut crc = 0;
+            let block_bytes = BLOCK * dtype.row_bytes(column.width);
+            for (b, block) in column.data.chunks(block_bytes).enumerate() {
+                if dtype != DType::Fp8 {
+                    crc = crc32c::crc32c_append(crc, block);
+                }
+                let rows = b * BLOCK..b * BLOCK + block.len() / dtype.row_bytes(column.width);
+                acc.add_rows(block, mask.as_ref().map(|m| &m[rows]));
+            }
             stats.insert(name.clone(), acc.finish());
+            if dtype != DType::Fp8 {
+                known.insert(name.clone(), crc);
+            }
         }
         let (index, samples) = (self.index, self.samples.unwrap_or((0, 0)));
         let tokens = self.token_ids.len() as u64;
-        let included_tokens = self.mask.iter().filter(|m| **m).count() as u64;
+        let included_tokens = mask.as_ref().map_or(tokens, |m| m.iter().filter(|m| **m).count() as u64);
+        if let Some(mask) = mask {
+            self.mask = mask;
+        }
         let data_position_after = std::mem::take(&mut self.data_position_after);
-        let chunks = self.into_file();
-        let mut hasher = Sha256::new();
-        let mut bytes = 0u64;
-        for chunk in &chunks {
-            hasher.update(chunk);
-            bytes += chunk.len() as u64;
+        let (head, tensors) = self.into_tensors();
+        let mut crc = crc32c::crc32c(&head);
+        let mut bytes = head.len() as u64;
+        let mut chunks = vec![head];
+        for (name, data) in tensors {
+            let tensor_crc = known.get(&name).copied().unwrap_or_else(|| crc32c::crc32c(&data));
+            crc = crc32c::crc32c_combine(crc, tensor_crc, data.len());
+            bytes += data.len() as u64;
+            chunks.extend((!data.is_empty()).then_some(data));
         }
         Ok(SealedShard {
             index,
             chunks,
             bytes,
-            sha256: hex::encode(hasher.finalize()),
+            crc32c: crc,
             tokens,
             included_tokens,
             samples,
@@ -278,9 +301,15 @@ impl ShardBuilder {
         })
     }
 
-    /// The shard's safetensors file, in order (header first), without the hash and statistics
-    /// [`ShardBuilder::seal`] adds: what a stream sends for a batch.
+    /// The shard's safetensors file, in order (header first), without the checksum and
+    /// statistics [`ShardBuilder::seal`] adds: what a stream sends for a batch.
     pub fn into_file(self) -> Vec<Bytes> {
+        let (head, tensors) = self.into_tensors();
+        std::iter::once(head).chain(tensors.into_iter().map(|(_, data)| data).filter(|d| !d.is_empty())).collect()
+    }
+
+    /// The header and each tensor's name and bytes, in file order.
+    fn into_tensors(self) -> (Bytes, Vec<(String, Bytes)>) {
         let ShardBuilder {
             identity,
             format,
@@ -301,11 +330,11 @@ impl ShardBuilder {
 
         // Tensors ordered by element alignment (8, 4, 2, 1 bytes) so every tensor in a
         // mmap-ed file starts aligned for its dtype.
-        let mut tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = Vec::new();
-        tensors.push(("doc_index".into(), "I64", vec![tokens], vec![le_bytes(&doc_index, |v| v.to_le_bytes())]));
-        tensors.push(("sample_index".into(), "I64", vec![tokens], vec![le_bytes(&sample_index, |v| v.to_le_bytes())]));
+        let mut tensors: Vec<(String, &'static str, Vec<usize>, Bytes)> = Vec::new();
+        tensors.push(("doc_index".into(), "I64", vec![tokens], le_bytes(&doc_index, |v| v.to_le_bytes())));
+        tensors.push(("sample_index".into(), "I64", vec![tokens], le_bytes(&sample_index, |v| v.to_le_bytes())));
         let mut scale_tensors = Vec::new();
-        let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = hooks
+        let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Bytes)> = hooks
             .into_iter()
             .zip(&identity.hooks)
             .map(|(column, name)| {
@@ -316,30 +345,30 @@ impl ShardBuilder {
                     // Rows of (scale, values) become the values and, beside them, the scales.
                     DType::Fp8 => {
                         let (scales, values) = split_fp8_rows(&column.data, column.width);
-                        scale_tensors.push((fp8_scale_name(name), "F32", vec![tokens], vec![Bytes::from(scales)]));
+                        scale_tensors.push((fp8_scale_name(name), "F32", vec![tokens], Bytes::from(scales)));
                         values
                     }
                     _ => column.data,
                 };
-                (name.clone(), dtype.safetensors_name(), shape, vec![Bytes::from(data)])
+                (name.clone(), dtype.safetensors_name(), shape, Bytes::from(data))
             })
             .collect();
         if dtype == DType::F32 {
             tensors.append(&mut hook_tensors);
         }
-        tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
-        tensors.push(("position".into(), "I32", vec![tokens], vec![le_bytes(&position, |v| v.to_le_bytes())]));
+        tensors.push(("token_ids".into(), "I32", vec![tokens], le_bytes(&token_ids, |v| v.to_le_bytes())));
+        tensors.push(("position".into(), "I32", vec![tokens], le_bytes(&position, |v| v.to_le_bytes())));
         tensors.append(&mut scale_tensors);
         tensors.append(&mut hook_tensors);
         if format.roles {
-            tensors.push(("role".into(), "U8", vec![tokens], vec![Bytes::from(role)]));
+            tensors.push(("role".into(), "U8", vec![tokens], Bytes::from(role)));
         }
         if format.keep_excluded {
             tensors.push((
                 "mask".into(),
                 "BOOL",
                 vec![tokens],
-                vec![Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>())],
+                Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>()),
             ));
         }
 
@@ -361,7 +390,7 @@ impl ShardBuilder {
         header.insert("__metadata__".into(), serde_json::to_value(&metadata).expect("strings serialize"));
         let mut offset = 0usize;
         for (name, dt, shape, data) in &tensors {
-            let end = offset + data.iter().map(|c| c.len()).sum::<usize>();
+            let end = offset + data.len();
             header.insert(
                 name.clone(),
                 serde_json::json!({ "dtype": dt, "shape": shape, "data_offsets": [offset, end] }),
@@ -377,9 +406,7 @@ impl ShardBuilder {
         head.extend_from_slice(&(header.len() as u64).to_le_bytes());
         head.extend_from_slice(&header);
 
-        let mut chunks = vec![Bytes::from(head)];
-        chunks.extend(tensors.into_iter().flat_map(|(_, _, _, data)| data).filter(|d| !d.is_empty()));
-        chunks
+        (Bytes::from(head), tensors.into_iter().map(|(name, _, _, data)| (name, data)).collect())
     }
 }
 

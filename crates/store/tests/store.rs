@@ -106,11 +106,13 @@ fn suite_write_read_verify(backend: &Backend) {
     let lines = read_manifest(backend, "plain");
     assert!(lines.iter().take(2).all(|l| l.bytes > (5 << 20)), "the first shards are multipart-sized");
     // The checksums `siphon inspect` prints, recomputed from the objects themselves: sha256
-    // over the shards' sha256s per host, then over `{host dir} {that}` lines.
+    // over the shards' CRC32Cs per host, then over `{host dir} {that}` lines.
     use sha2::{Digest, Sha256};
     let sha = |bytes: &[u8]| hex::encode(Sha256::digest(bytes));
-    let shard_shas: String =
-        lines.iter().map(|l| format!("{}\n", sha(&read_object(backend, "plain", &l.shard)))).collect();
+    let shard_shas: String = lines
+        .iter()
+        .map(|l| format!("crc32c {:08x}\n", crc32c::crc32c(&read_object(backend, "plain", &l.shard))))
+        .collect();
     let host_sha = sha(shard_shas.as_bytes());
     assert_eq!(report.hosts[0].shards_sha256, host_sha);
     assert_eq!(report.shards_sha256, sha(format!("{} {host_sha}\n", HOST.dir_name()).as_bytes()));
@@ -757,7 +759,9 @@ fn downgrade_to_format_1(run_dir: &std::path::Path) {
         let shard = host_dir.join(&line.shard);
         let rewritten = with_format_tag(&std::fs::read(&shard).unwrap(), "siphon-activations/1");
         line.bytes = rewritten.len() as u64;
-        line.sha256 = hex::encode(sha2::Sha256::digest(&rewritten));
+        // Format-1 runs were checked by sha256.
+        line.sha256 = Some(hex::encode(sha2::Sha256::digest(&rewritten)));
+        line.crc32c = None;
         std::fs::write(&shard, rewritten).unwrap();
     }
     std::fs::write(&manifest, siphon_store::render_manifest(&lines)).unwrap();

@@ -1,0 +1,154 @@
+//! The statistics' inner loop: one block of up to [`BLOCK`] stored rows reduced into per-element
+//! sums, minima and maxima and per-row squared norms, at close to memory speed.
+//!
+//! Within a block every sum runs in f32 (vector lanes), and the block's sums are then added to
+//! the f64 totals: 64 rows per f32 sum keep its rounding within ~64 ulp of the block, far below
+//! the 1e-5 relative the statistics promise, while the loop stays a handful of vector
+//! instructions per element. Every operation is elementwise IEEE arithmetic in a fixed order
+//! (no fused multiply-add, explicit lanes for the row norms), so the result is the same bits on
+//! any x86 or ARM machine, whichever vector width runs it: a shard's statistics recomputed on
+//! another machine (resume, `siphon inspect`) equal the writer's exactly.
+
+use crate::batch::DType;
+
+/// Stored rows per f32 block. Blocks are counted from a shard's first row, so the sums depend
+/// on the rows only, never on how they were handed in.
+pub(crate) const BLOCK: usize = 64;
+/// Elements per tile: the unit the per-element sums stay in registers for over a block.
+const TILE: usize = 64;
+/// Lanes of a row's sum of squares.
+const LANES: usize = 16;
+
+/// Per-element running state of one hook: what [`reduce_block`] adds to.
+pub(crate) struct Moments {
+    /// The shift (the first included row): sums are of `x - shift`, which keeps the variance
+    /// exact for activations whose mean is far from zero.
+    pub shift: Vec<f32>,
+    pub s1: Vec<f64>,
+    pub s2: Vec<f64>,
+    pub min: Vec<f32>,
+    pub max: Vec<f32>,
+    pub norm_sum: f64,
+    pub count: u64,
+}
+
+impl Moments {
+    pub fn new(shift: Vec<f32>) -> Self {
+        let width = shift.len();
+        Moments {
+            shift,
+            s1: vec![0.0; width],
+            s2: vec![0.0; width],
+            min: vec![f32::INFINITY; width],
+            max: vec![f32::NEG_INFINITY; width],
+            norm_sum: 0.0,
+            count: 0,
+        }
+    }
+}
+
+/// Adds `rows` (each one stored row of `dtype`, all included) to `m`; at most [`BLOCK`] rows.
+pub(crate) fn reduce_block(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
+    assert!(rows.len() <= BLOCK, "a block holds at most {BLOCK} rows");
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { reduce_avx512(dtype, rows, m) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { reduce_avx2(dtype, rows, m) };
+        }
+    }
+    reduce_any(dtype, rows, m)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn reduce_avx512(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
+    reduce_any(dtype, rows, m)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn reduce_avx2(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
+    reduce_any(dtype, rows, m)
+}
+
+#[inline(always)]
+fn reduce_any(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
+    match dtype {
+        DType::Bf16 => reduce(rows, m, |r, d| f32::from_bits(u32::from(u16::from_le_bytes([r[2 * d], r[2 * d + 1]])) << 16)),
+        DType::F32 => reduce(rows, m, |r, d| f32::from_le_bytes([r[4 * d], r[4 * d + 1], r[4 * d + 2], r[4 * d + 3]])),
+        DType::F16 => reduce(rows, m, |r, d| half::f16::from_le_bytes([r[2 * d], r[2 * d + 1]]).to_f32()),
+        // An fp8 row is its f32 scale, then one byte per element.
+        DType::Fp8 => reduce(rows, m, |r, d| {
+            siphon_dtype::e4m3fn_to_f32(r[4 + d]) * f32::from_le_bytes([r[0], r[1], r[2], r[3]])
+        }),
+        DType::U8 => unreachable!("u8 holds no activations (refused by BatchActivations::validate)"),
+    }
+}
+
+/// The block loop: tiles of [`TILE`] elements, each kept in registers across the block's rows.
+#[inline(always)]
+fn reduce(rows: &[&[u8]], m: &mut Moments, x: impl Fn(&[u8], usize) -> f32 + Copy) {
+    let width = m.shift.len();
+    let mut squares = [[0f32; LANES]; BLOCK];
+    let tiles = width / TILE;
+    for tile in 0..tiles {
+        let d0 = tile * TILE;
+        let shift: [f32; TILE] = m.shift[d0..d0 + TILE].try_into().expect("tile");
+        let mut lo: [f32; TILE] = m.min[d0..d0 + TILE].try_into().expect("tile");
+        let mut hi: [f32; TILE] = m.max[d0..d0 + TILE].try_into().expect("tile");
+        let (mut s1, mut s2) = ([0f32; TILE], [0f32; TILE]);
+        for (row, lanes) in rows.iter().zip(squares.iter_mut()) {
+            let mut sq = [0f32; TILE];
+            for j in 0..TILE {
+                let v = x(row, d0 + j);
+                let y = v - shift[j];
+                s1[j] += y;
+                s2[j] += y * y;
+                lo[j] = if v < lo[j] { v } else { lo[j] };
+                hi[j] = if v > hi[j] { v } else { hi[j] };
+                sq[j] = v * v;
+            }
+            for l in 0..LANES {
+                lanes[l] += (sq[l] + sq[l + LANES]) + (sq[l + 2 * LANES] + sq[l + 3 * LANES]);
+            }
+        }
+        fold(m, d0, &s1, &s2, &lo, &hi);
+    }
+    // The last elements of a width that is not a multiple of the tile, one at a time with the
+    // same arithmetic.
+    for d in tiles * TILE..width {
+        let (mut s1, mut s2, mut lo, mut hi) = (0f32, 0f32, m.min[d], m.max[d]);
+        for (row, lanes) in rows.iter().zip(squares.iter_mut()) {
+            let v = x(row, d);
+            let y = v - m.shift[d];
+            s1 += y;
+            s2 += y * y;
+            lo = if v < lo { v } else { lo };
+            hi = if v > hi { v } else { hi };
+            lanes[d % LANES] += v * v;
+        }
+        fold(m, d, &[s1], &[s2], &[lo], &[hi]);
+    }
+    for lanes in &squares[..rows.len()] {
+        m.norm_sum += lanes.iter().map(|&s| f64::from(s)).sum::<f64>().sqrt();
+    }
+    m.count += rows.len() as u64;
+}
+
+#[inline(always)]
+fn fold(m: &mut Moments, d0: usize, s1: &[f32], s2: &[f32], lo: &[f32], hi: &[f32]) {
+    let n = s1.len();
+    for (t, s) in m.s1[d0..d0 + n].iter_mut().zip(s1) {
+        *t += f64::from(*s);
+    }
+    for (t, s) in m.s2[d0..d0 + n].iter_mut().zip(s2) {
+        *t += f64::from(*s);
+    }
+    m.min[d0..d0 + n].copy_from_slice(lo);
+    m.max[d0..d0 + n].copy_from_slice(hi);
+}
