@@ -129,8 +129,8 @@ pub struct StoreConfig {
     /// Sealed shards waiting for an upload slot; bounds memory to about
     /// `(pending_shards + sealers + concurrent shard uploads + 1) * target_shard_bytes`.
     pub pending_shards: usize,
-    /// Shards sealed side by side (statistics and sha256 of each on its own thread), handed
-    /// on in order: one thread seals about 1 GB/s, a GPU's output path makes several.
+    /// Shards sealed side by side (statistics and CRC32C of each on its own thread), handed
+    /// on in order: one thread seals several GB/s, a GPU node's output path makes tens.
     pub sealers: usize,
 }
 

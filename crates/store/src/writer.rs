@@ -36,7 +36,7 @@ use crate::failpoint::{self, Failpoint};
 use crate::location::StoreLocation;
 use crate::manifest::{ManifestLine, render_manifest};
 use crate::run::{ResumePoint, RunJson, claim_run, recover_host};
-use crate::shard::{RESERVED_TENSOR_NAMES, SealedShard, ShardBuilder, ShardIdentity};
+use crate::shard::{ColumnPool, RESERVED_TENSOR_NAMES, SealedShard, ShardBuilder, ShardIdentity};
 use crate::stats::{self, RunStats};
 use crate::upload::{retried, upload_object};
 
@@ -479,7 +479,8 @@ fn assemble<'scope>(
     let window_batches = format.shuffle.map_or(1, |s| s.window_batches);
     let target = format.target_shard_bytes;
     let mut window: Vec<BatchActivations> = Vec::with_capacity(window_batches);
-    let mut builder = ShardBuilder::new(identity.clone(), format.clone(), next_shard);
+    let pool = ColumnPool::default();
+    let mut builder = ShardBuilder::pooled(identity.clone(), format.clone(), next_shard, pool.clone());
     let add = |builder: &mut ShardBuilder, unit: Vec<BatchActivations>| {
         let start = std::time::Instant::now();
         let bytes: usize = unit.iter().flat_map(|b| &b.hooks).map(|h| h.data.len()).sum();
@@ -503,8 +504,8 @@ fn assemble<'scope>(
             add(&mut builder, std::mem::replace(&mut window, Vec::with_capacity(window_batches)))?;
             if builder.data_bytes() >= target {
                 next_shard += 1;
-                let full =
-                    std::mem::replace(&mut builder, ShardBuilder::new(identity.clone(), format.clone(), next_shard));
+                let next = ShardBuilder::pooled(identity.clone(), format.clone(), next_shard, pool.clone());
+                let full = std::mem::replace(&mut builder, next);
                 sealer.seal(full, timing)?;
             }
         }

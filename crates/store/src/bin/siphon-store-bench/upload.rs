@@ -1,7 +1,7 @@
-//! Shard write throughput against a plain object_store upload of the same bytes.
+//! `upload`: shard write throughput against a plain object_store upload of the same bytes.
 //!
-//! `cargo run --release -p siphon-store --bin siphon-store-bench -- --output DIR [--total-mb 4096]
-//! [--shard-mb 256] [--repeats 3] [--no-fsync] [--sealers N]` for local disk, or `--s3-moto PYTHON` (the venv python from
+//! `siphon-store-bench upload --output DIR [--total-mb 4096] [--shard-mb 256] [--repeats 3]
+//! [--no-fsync] [--sealers N]` for local disk, or `--s3-moto PYTHON` (the venv python from
 //! scripts/setup-python.sh) to start moto's S3 server on 127.0.0.1 and write there.
 //!
 //! Writer: pushes f32 batches (cloned from one template, clone timed; 2 hooks × 4096 wide, 8 × 128 tokens, ~32 MB each) and
@@ -21,7 +21,7 @@ use object_store::{ObjectStoreExt, WriteMultipart};
 use siphon_store::synthetic::SyntheticSpec;
 use siphon_store::{DType, HostId, RunDescriptor, ShardWriter, StoreConfig, StoreLocation, UploadConfig};
 
-struct KillOnDrop(Child);
+pub struct KillOnDrop(Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -30,7 +30,18 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+pub const HELP: &str = "\
+siphon-store-bench upload: the shard writer against a plain object_store upload of the same bytes
+
+  --output DIR        write to local disk under DIR
+  --s3-moto PYTHON    start moto's S3 server on 127.0.0.1 (PYTHON: scripts/setup-python.sh's venv) and write there
+  --total-mb N        megabytes of f32 activations (4096)
+  --shard-mb N        shard size (256)
+  --repeats N         rounds, writer and plain alternating; medians reported (3)
+  --no-fsync          do not fsync local shards
+  --sealers N         shards sealed side by side (4)";
+
+pub fn run(args: Vec<String>) -> anyhow::Result<()> {
     let mut output = None;
     let mut moto_python = None;
     let mut total_mb = 4096u64;
@@ -38,7 +49,7 @@ fn main() -> anyhow::Result<()> {
     let mut repeats = 3usize;
     let mut fsync_local = true;
     let mut sealers = siphon_store::DEFAULT_SEALERS;
-    let mut args = std::env::args().skip(1);
+    let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
@@ -49,7 +60,7 @@ fn main() -> anyhow::Result<()> {
             "--repeats" => repeats = value()?.parse().context("--repeats")?,
             "--no-fsync" => fsync_local = false,
             "--sealers" => sealers = value()?.parse().context("--sealers")?,
-            other => bail!("unexpected argument {other:?}"),
+            other => bail!("unexpected argument {other:?} (see --help)"),
         }
     }
     let mut _moto = None;
@@ -155,7 +166,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn median(values: &mut [f64]) -> f64 {
+pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
 }
