@@ -79,20 +79,81 @@ unsafe fn reduce_avx2(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
 #[inline(always)]
 fn reduce_any(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
     match dtype {
-        DType::Bf16 => reduce(rows, m, |r, d| f32::from_bits(u32::from(u16::from_le_bytes([r[2 * d], r[2 * d + 1]])) << 16)),
-        DType::F32 => reduce(rows, m, |r, d| f32::from_le_bytes([r[4 * d], r[4 * d + 1], r[4 * d + 2], r[4 * d + 3]])),
-        DType::F16 => reduce(rows, m, |r, d| half::f16::from_le_bytes([r[2 * d], r[2 * d + 1]]).to_f32()),
-        // An fp8 row is its f32 scale, then one byte per element.
-        DType::Fp8 => reduce(rows, m, |r, d| {
-            siphon_dtype::e4m3fn_to_f32(r[4 + d]) * f32::from_le_bytes([r[0], r[1], r[2], r[3]])
-        }),
+        DType::Bf16 => reduce::<Bf16>(rows, m),
+        DType::F32 => reduce::<F32>(rows, m),
+        DType::F16 => reduce::<F16>(rows, m),
+        DType::Fp8 => reduce::<Fp8>(rows, m),
         DType::U8 => unreachable!("u8 holds no activations (refused by BatchActivations::validate)"),
     }
 }
 
+/// How a stored row's elements read as f32: a tile at a time (fixed-size arrays, so the loop
+/// vectorizes), or one.
+trait Element {
+    fn tile(row: &[u8], d0: usize) -> [f32; TILE];
+    fn one(row: &[u8], d: usize) -> f32;
+}
+
+struct Bf16;
+impl Element for Bf16 {
+    #[inline(always)]
+    fn tile(row: &[u8], d0: usize) -> [f32; TILE] {
+        let bytes: &[u8; 2 * TILE] = row[2 * d0..2 * (d0 + TILE)].try_into().expect("tile");
+        std::array::from_fn(|j| f32::from_bits(u32::from(u16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]])) << 16))
+    }
+    #[inline(always)]
+    fn one(row: &[u8], d: usize) -> f32 {
+        f32::from_bits(u32::from(u16::from_le_bytes([row[2 * d], row[2 * d + 1]])) << 16)
+    }
+}
+
+struct F32;
+impl Element for F32 {
+    #[inline(always)]
+    fn tile(row: &[u8], d0: usize) -> [f32; TILE] {
+        let bytes: &[u8; 4 * TILE] = row[4 * d0..4 * (d0 + TILE)].try_into().expect("tile");
+        std::array::from_fn(|j| f32::from_le_bytes([bytes[4 * j], bytes[4 * j + 1], bytes[4 * j + 2], bytes[4 * j + 3]]))
+    }
+    #[inline(always)]
+    fn one(row: &[u8], d: usize) -> f32 {
+        f32::from_le_bytes([row[4 * d], row[4 * d + 1], row[4 * d + 2], row[4 * d + 3]])
+    }
+}
+
+struct F16;
+impl Element for F16 {
+    #[inline(always)]
+    fn tile(row: &[u8], d0: usize) -> [f32; TILE] {
+        std::array::from_fn(|j| Self::one(row, d0 + j))
+    }
+    #[inline(always)]
+    fn one(row: &[u8], d: usize) -> f32 {
+        half::f16::from_le_bytes([row[2 * d], row[2 * d + 1]]).to_f32()
+    }
+}
+
+/// An fp8 row is its f32 scale, then one e4m3 byte per element.
+struct Fp8;
+impl Element for Fp8 {
+    #[inline(always)]
+    fn tile(row: &[u8], d0: usize) -> [f32; TILE] {
+        let scale = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
+        let bytes: &[u8; TILE] = row[4 + d0..4 + d0 + TILE].try_into().expect("tile");
+        std::array::from_fn(|j| E4M3[usize::from(bytes[j])] * scale)
+    }
+    #[inline(always)]
+    fn one(row: &[u8], d: usize) -> f32 {
+        E4M3[usize::from(row[4 + d])] * f32::from_le_bytes([row[0], row[1], row[2], row[3]])
+    }
+}
+
+/// Every e4m3fn byte's value.
+static E4M3: std::sync::LazyLock<[f32; 256]> =
+    std::sync::LazyLock::new(|| std::array::from_fn(|b| siphon_dtype::e4m3fn_to_f32(b as u8)));
+
 /// The block loop: tiles of [`TILE`] elements, each kept in registers across the block's rows.
 #[inline(always)]
-fn reduce(rows: &[&[u8]], m: &mut Moments, x: impl Fn(&[u8], usize) -> f32 + Copy) {
+fn reduce<E: Element>(rows: &[&[u8]], m: &mut Moments) {
     let width = m.shift.len();
     let mut squares = [[0f32; LANES]; BLOCK];
     let tiles = width / TILE;
@@ -103,15 +164,15 @@ fn reduce(rows: &[&[u8]], m: &mut Moments, x: impl Fn(&[u8], usize) -> f32 + Cop
         let mut hi: [f32; TILE] = m.max[d0..d0 + TILE].try_into().expect("tile");
         let (mut s1, mut s2) = ([0f32; TILE], [0f32; TILE]);
         for (row, lanes) in rows.iter().zip(squares.iter_mut()) {
+            let v = E::tile(row, d0);
             let mut sq = [0f32; TILE];
             for j in 0..TILE {
-                let v = x(row, d0 + j);
-                let y = v - shift[j];
+                let y = v[j] - shift[j];
                 s1[j] += y;
                 s2[j] += y * y;
-                lo[j] = if v < lo[j] { v } else { lo[j] };
-                hi[j] = if v > hi[j] { v } else { hi[j] };
-                sq[j] = v * v;
+                lo[j] = if v[j] < lo[j] { v[j] } else { lo[j] };
+                hi[j] = if v[j] > hi[j] { v[j] } else { hi[j] };
+                sq[j] = v[j] * v[j];
             }
             for l in 0..LANES {
                 lanes[l] += (sq[l] + sq[l + LANES]) + (sq[l + 2 * LANES] + sq[l + 3 * LANES]);
@@ -124,7 +185,7 @@ fn reduce(rows: &[&[u8]], m: &mut Moments, x: impl Fn(&[u8], usize) -> f32 + Cop
     for d in tiles * TILE..width {
         let (mut s1, mut s2, mut lo, mut hi) = (0f32, 0f32, m.min[d], m.max[d]);
         for (row, lanes) in rows.iter().zip(squares.iter_mut()) {
-            let v = x(row, d);
+            let v = E::one(row, d);
             let y = v - m.shift[d];
             s1 += y;
             s2 += y * y;

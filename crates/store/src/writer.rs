@@ -43,14 +43,15 @@ use crate::upload::{retried, upload_object};
 /// Shards uploading at the same time (their parts share the request limit).
 const CONCURRENT_SHARD_UPLOADS: usize = 2;
 
-/// Busy seconds and bytes of the writer's stages, summed over what it took so far.
+/// CPU seconds and bytes of the writer's stages, summed over what it took so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WriterTiming {
-    /// Taking batches in: the kept rows selected (shuffled) and converted into the shard.
+    /// Taking batches in: the kept rows selected (shuffled) and converted into the shard (CPU
+    /// seconds of the thread doing it).
     pub convert_s: f64,
     /// Bytes of activations taken in.
     pub convert_bytes: u64,
-    /// Sealing shards: statistics, header and sha256.
+    /// Sealing shards: statistics, header and CRC32C (CPU seconds, summed over the sealers).
     pub seal_s: f64,
     /// Bytes of shards sealed.
     pub seal_bytes: u64,
@@ -445,10 +446,10 @@ impl<'scope, 'env> Sealer<'scope, 'env> {
             return self.flush().and(Err(StoreError::Background("uploader stopped".into())));
         }
         self.scope.spawn(move || {
-            let start = std::time::Instant::now();
+            let start = thread_cpu_seconds();
             let shard = builder.seal();
             if let (Ok(shard), Ok(mut t)) = (&shard, timing.lock()) {
-                t.seal_s += start.elapsed().as_secs_f64();
+                t.seal_s += thread_cpu_seconds() - start;
                 t.seal_bytes += shard.bytes;
             }
             let _ = done.send(shard);
@@ -464,6 +465,15 @@ impl<'scope, 'env> Sealer<'scope, 'env> {
             None => Ok(()),
         }
     }
+}
+
+/// The calling thread's CPU time (user and system), in seconds: a stage's cost in core-seconds,
+/// however many other threads share the cores.
+fn thread_cpu_seconds() -> f64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid timespec to write; the thread CPU clock exists on Linux and macOS.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9
 }
 
 /// The assembler thread: batches → windows → shards, sealed by `sealer`.
@@ -482,11 +492,11 @@ fn assemble<'scope>(
     let pool = ColumnPool::default();
     let mut builder = ShardBuilder::pooled(identity.clone(), format.clone(), next_shard, pool.clone());
     let add = |builder: &mut ShardBuilder, unit: Vec<BatchActivations>| {
-        let start = std::time::Instant::now();
+        let start = thread_cpu_seconds();
         let bytes: usize = unit.iter().flat_map(|b| &b.hooks).map(|h| h.data.len()).sum();
         builder.add_unit(unit)?;
         if let Ok(mut t) = timing.lock() {
-            t.convert_s += start.elapsed().as_secs_f64();
+            t.convert_s += thread_cpu_seconds() - start;
             t.convert_bytes += bytes as u64;
         }
         Ok::<(), StoreError>(())
