@@ -195,7 +195,7 @@ def test_verify_names_a_damaged_shard(run_copy):
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(DatasetError, match=rf"{host.name}/shard_000001.safetensors: sha256"):
+    with pytest.raises(DatasetError, match=rf"{host.name}/shard_000001.safetensors: crc32c"):
         siphon.open_dataset(run_copy).verify()
     shard.unlink()
     with pytest.raises(DatasetError, match="committed shard is missing"):
@@ -203,6 +203,26 @@ def test_verify_names_a_damaged_shard(run_copy):
     # Without raising, the report carries every problem.
     report = siphon.open_dataset(run_copy).verify(raise_on_problem=False)
     assert not report.ok and any("committed shard is missing" in p for p in report.problems)
+
+
+def test_runs_checked_by_sha256_still_verify(run_copy):
+    """Shards written before the CRC32C carry a sha256 in their manifest line: verified by it."""
+    import hashlib
+
+    host = sorted(p for p in run_copy.iterdir() if p.name.startswith("machine_"))[0]
+    manifest = host / "manifest.jsonl"
+    lines = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+    for line in lines:
+        assert len(line.pop("crc32c")) == 8
+        line["sha256"] = hashlib.sha256((host / line["shard"]).read_bytes()).hexdigest()
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert siphon.open_dataset(run_copy).verify().ok
+    shard = host / lines[0]["shard"]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=rf"{host.name}/{lines[0]['shard']}: sha256 [0-9a-f]{{64}}, the manifest says"):
+        siphon.open_dataset(run_copy).verify()
 
 
 def test_the_api_takes_keywords_and_keeps_deprecated_names(bf16_run):

@@ -1,7 +1,7 @@
 //! `siphon inspect URL`: verifies a finished run and prints a summary.
 //!
 //! URL is the run directory (`{output}/{run}`, local path or object-store URL). Every
-//! manifest line's object must exist with its sha256, sample ranges must have no gap or
+//! manifest line's object must exist with its checksum (CRC32C; sha256 in older runs), sample ranges must have no gap or
 //! duplicate, token counts must add up, `stats.json` must hold exactly the statistics of the
 //! committed shards, and every host of the partition recorded in run.json must be present.
 //! Prints checksums of the shards and of `stats.json`. Exits non-zero on any problem.
@@ -126,7 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if problems.is_empty() {
             println!(
-                "OK: every shard present with its sha256, no gap or duplicate, counts add up, stats.json holds exactly the shards' statistics"
+                "OK: every shard present with its checksum, no gap or duplicate, counts add up, stats.json holds exactly the shards' statistics"
             );
         }
     }
