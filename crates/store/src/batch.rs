@@ -27,9 +27,10 @@ pub struct HookActivations {
     /// Non-empty, no zero dimension. Shards store the hook as `[tokens, *shape]`.
     pub shape: Vec<usize>,
     /// `batch * seq * dtype.row_bytes(row_elements())` bytes. Any owner's memory (a `Vec`, or
-    /// a reused host buffer through `Bytes::from_owner`): the writer copies the rows it keeps
-    /// into the shard as soon as it takes the batch (the whole shuffle window's, with a
-    /// shuffle), then drops it.
+    /// a reused host buffer through `Bytes::from_owner`): the writer keeps slices of it (long
+    /// runs of kept rows already in the stored dtype) until the shard holding them is uploaded,
+    /// and copies the other rows; with a shuffle it copies the whole window's at once. An
+    /// owner waits for its memory until the last slice is dropped.
     pub data: Bytes,
 }
 

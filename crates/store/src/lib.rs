@@ -43,6 +43,7 @@
 #![deny(missing_docs)]
 
 mod batch;
+mod column;
 mod config;
 mod error;
 mod failpoint;

@@ -1,13 +1,13 @@
 //! Shard assembly (token selection, shuffle, dtype conversion) and the safetensors encoding.
 //!
 //! A shard is built column-wise: each hook's kept rows, in shard order and the stored dtype,
-//! are appended to one buffer the shard owns, so a batch's own memory (often a reused host
-//! buffer the compute loop waits for) is free as soon as its unit is added. Sealing writes
-//! the safetensors header and hands out the header plus each tensor as separate chunks, so
-//! the shard's bytes are never assembled into one file image before upload.
+//! as a list of segments ([`crate::column`]): runs of rows that lie contiguous in the stored
+//! dtype stay where the batch has them (a slice of its `Bytes`, held until the shard is
+//! uploaded), other rows are copied (converted, shuffled) into pooled chunks. Sealing writes
+//! the safetensors header and hands out the header plus each tensor's segments as separate
+//! chunks, so the shard's bytes are never assembled into one file image before upload.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use rand::SeedableRng;
@@ -16,8 +16,8 @@ use rand::seq::SliceRandom;
 use crate::batch::{BatchActivations, DType, fp8_scale_name};
 use crate::config::{HostId, ShardFormat};
 use crate::error::{Result, StoreError};
-use crate::moments::BLOCK;
-use crate::stats::{HookStats, RunStats, StatsAccumulator};
+use crate::column::{ColumnPool, HookColumn, MIN_LENT_BYTES};
+use crate::stats::{HookStats, RunStats};
 
 /// Format tag in every shard's metadata and in run.json.
 ///
@@ -85,52 +85,6 @@ pub struct SealedShard {
     pub stats: RunStats,
 }
 
-/// Column buffers handed back once a shard's upload is done, so that the next shards' rows land
-/// in memory that is already mapped: a fresh buffer faults its pages in on first touch, which
-/// made taking rows in ~8× slower than the copy itself.
-#[derive(Clone, Default)]
-pub(crate) struct ColumnPool(Arc<Mutex<Vec<Vec<u8>>>>);
-
-impl ColumnPool {
-    /// An empty buffer of at least `capacity` bytes: the smallest pooled one that fits, else a
-    /// new one.
-    fn take(&self, capacity: usize) -> Vec<u8> {
-        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let fits = pool.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
-        match fits.map(|(i, _)| i) {
-            Some(i) => pool.swap_remove(i),
-            None => Vec::with_capacity(capacity),
-        }
-    }
-
-    fn give_back(&self, mut data: Vec<u8>) {
-        data.clear();
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(data);
-    }
-
-    /// `data` as bytes that go back to the pool when the last reference is dropped.
-    fn bytes(&self, data: Vec<u8>) -> Bytes {
-        Bytes::from_owner(Pooled { data, pool: self.clone() })
-    }
-}
-
-struct Pooled {
-    data: Vec<u8>,
-    pool: ColumnPool,
-}
-
-impl AsRef<[u8]> for Pooled {
-    fn as_ref(&self) -> &[u8] {
-        &self.data
-    }
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        self.pool.give_back(std::mem::take(&mut self.data));
-    }
-}
-
 /// Accumulates whole batches (or shuffle windows) into one shard.
 pub(crate) struct ShardBuilder {
     identity: ShardIdentity,
@@ -146,15 +100,6 @@ pub(crate) struct ShardBuilder {
     role: Vec<u8>,
     samples: Option<(u64, u64)>,
     data_position_after: serde_json::Value,
-}
-
-/// One hook's rows in shard order, in the stored dtype.
-struct HookColumn {
-    /// Per-token shape.
-    shape: Vec<usize>,
-    /// Elements per row: the product of `shape`.
-    width: usize,
-    data: Vec<u8>,
 }
 
 impl ShardBuilder {
@@ -189,7 +134,7 @@ impl ShardBuilder {
     pub fn data_bytes(&self) -> u64 {
         let meta = self.token_ids.len()
             * (4 + 8 + 4 + 8 + usize::from(self.format.keep_excluded) + usize::from(self.format.roles));
-        (self.hooks.iter().map(|c| c.data.len()).sum::<usize>() + meta) as u64
+        (self.hooks.iter().map(HookColumn::len).sum::<usize>() + meta) as u64
     }
 
     /// Appends one unit (a batch, or a shuffle window of batches) whose samples are contiguous.
@@ -199,21 +144,7 @@ impl ShardBuilder {
         };
         let out_dtype = self.format.dtype;
         if self.hooks.is_empty() {
-            // Each hook's share of a shard, plus one unit's rows (the unit that fills the shard
-            // goes past its target), so that a column does not grow.
-            let unit_rows: usize = unit.iter().map(|b| b.batch * b.seq).sum();
-            let row_bytes: Vec<usize> = first.hooks.iter().map(|h| out_dtype.row_bytes(h.row_elements())).collect();
-            let total_row_bytes = row_bytes.iter().sum::<usize>().max(1) as u64;
-            self.hooks = first
-                .hooks
-                .iter()
-                .zip(&row_bytes)
-                .map(|(h, &row)| {
-                    let share = self.format.target_shard_bytes * row as u64 / total_row_bytes;
-                    let capacity = (share.min(1 << 30) as usize).saturating_add(unit_rows * row);
-                    HookColumn { shape: h.shape.clone(), width: h.row_elements(), data: self.pool.take(capacity) }
-                })
-                .collect();
+            self.hooks = first.hooks.iter().map(|h| HookColumn::new(h.shape.clone(), out_dtype)).collect();
         }
         for batch in &unit {
             for h in &batch.hooks {
@@ -270,8 +201,8 @@ impl ShardBuilder {
             order.shuffle(&mut rng);
         }
         for (h, column) in self.hooks.iter_mut().enumerate() {
-            column.data.reserve(order.len() * out_dtype.row_bytes(column.width));
-            // Runs of consecutive rows of one batch are copied (and converted) together.
+            // Runs of consecutive rows of one batch are taken together: kept as they lie when
+            // they are long and already in the stored dtype, else copied (and converted).
             let mut i = 0;
             while i < order.len() {
                 let (b, t) = order[i];
@@ -281,8 +212,16 @@ impl ShardBuilder {
                 }
                 let hook = &unit[b as usize].hooks[h];
                 let row_bytes = hook.dtype.row_bytes(column.width);
-                let rows = &hook.data[t as usize * row_bytes..(t as usize + end - i) * row_bytes];
-                convert_rows(hook.dtype, rows, out_dtype, &mut column.data);
+                let run = t as usize * row_bytes..(t as usize + end - i) * row_bytes;
+                if hook.dtype == out_dtype && run.len() >= MIN_LENT_BYTES {
+                    column.lend(hook.data.slice(run), &self.pool);
+                } else {
+                    let mut at = run.start;
+                    column.copy(end - i, &self.pool, |chunk, n| {
+                        convert_rows(hook.dtype, &hook.data[at..at + n * row_bytes], out_dtype, chunk);
+                        at += n * row_bytes;
+                    });
+                }
                 i = end;
             }
         }
@@ -314,18 +253,9 @@ impl ShardBuilder {
         let mut stats = RunStats::new();
         // The CRC of each hook tensor that is its column as stored (fp8 columns are split first).
         let mut known = HashMap::new();
-        for (column, name) in self.hooks.iter().zip(&self.identity.hooks) {
-            let mut acc = StatsAccumulator::new(dtype, &column.shape);
-            let mut crc = 0;
-            let block_bytes = BLOCK * dtype.row_bytes(column.width);
-            for (b, block) in column.data.chunks(block_bytes).enumerate() {
-                if dtype != DType::Fp8 {
-                    crc = crc32c::crc32c_append(crc, block);
-                }
-                let rows = b * BLOCK..b * BLOCK + block.len() / dtype.row_bytes(column.width);
-                acc.add_rows(block, mask.as_ref().map(|m| &m[rows]));
-            }
-            stats.insert(name.clone(), acc.finish());
+        for (column, name) in self.hooks.iter_mut().zip(&self.identity.hooks) {
+            let (column_stats, crc) = column.stats_and_crc(dtype, mask.as_deref(), &self.pool);
+            stats.insert(name.clone(), column_stats);
             if dtype != DType::Fp8 {
                 known.insert(name.clone(), crc);
             }
@@ -342,10 +272,14 @@ impl ShardBuilder {
         let mut bytes = head.len() as u64;
         let mut chunks = vec![head];
         for (name, data) in tensors {
-            let tensor_crc = known.get(&name).copied().unwrap_or_else(|| crc32c::crc32c(&data));
-            crc = crc32c::crc32c_combine(crc, tensor_crc, data.len());
-            bytes += data.len() as u64;
-            chunks.extend((!data.is_empty()).then_some(data));
+            let len = data.iter().map(Bytes::len).sum::<usize>();
+            let tensor_crc = match known.get(&name) {
+                Some(&crc) => crc,
+                None => data.iter().fold(0, |crc, d| crc32c::crc32c_append(crc, d)),
+            };
+            crc = crc32c::crc32c_combine(crc, tensor_crc, len);
+            bytes += len as u64;
+            chunks.extend(data.into_iter().filter(|d| !d.is_empty()));
         }
         Ok(SealedShard {
             index,
@@ -364,11 +298,11 @@ impl ShardBuilder {
     /// statistics [`ShardBuilder::seal`] adds: what a stream sends for a batch.
     pub fn into_file(self) -> Vec<Bytes> {
         let (head, tensors) = self.into_tensors();
-        std::iter::once(head).chain(tensors.into_iter().map(|(_, data)| data).filter(|d| !d.is_empty())).collect()
+        std::iter::once(head).chain(tensors.into_iter().flat_map(|(_, data)| data).filter(|d| !d.is_empty())).collect()
     }
 
     /// The header and each tensor's name and bytes, in file order.
-    fn into_tensors(self) -> (Bytes, Vec<(String, Bytes)>) {
+    fn into_tensors(self) -> (Bytes, Vec<(String, Vec<Bytes>)>) {
         let ShardBuilder {
             identity,
             format,
@@ -390,46 +324,47 @@ impl ShardBuilder {
 
         // Tensors ordered by element alignment (8, 4, 2, 1 bytes) so every tensor in a
         // mmap-ed file starts aligned for its dtype.
-        let mut tensors: Vec<(String, &'static str, Vec<usize>, Bytes)> = Vec::new();
-        tensors.push(("doc_index".into(), "I64", vec![tokens], le_bytes(&doc_index, |v| v.to_le_bytes())));
-        tensors.push(("sample_index".into(), "I64", vec![tokens], le_bytes(&sample_index, |v| v.to_le_bytes())));
+        let mut tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = Vec::new();
+        tensors.push(("doc_index".into(), "I64", vec![tokens], vec![le_bytes(&doc_index, |v| v.to_le_bytes())]));
+        tensors.push(("sample_index".into(), "I64", vec![tokens], vec![le_bytes(&sample_index, |v| v.to_le_bytes())]));
         let mut scale_tensors = Vec::new();
-        let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Bytes)> = hooks
+        let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = hooks
             .into_iter()
             .zip(&identity.hooks)
             .map(|(column, name)| {
                 let mut shape = Vec::with_capacity(1 + column.shape.len());
                 shape.push(tokens);
                 shape.extend_from_slice(&column.shape);
+                let width = column.width;
+                let segments = column.into_segments(&pool);
                 let data = match dtype {
                     // Rows of (scale, values) become the values and, beside them, the scales.
                     DType::Fp8 => {
-                        let (scales, values) = split_fp8_rows(&column.data, column.width);
-                        scale_tensors.push((fp8_scale_name(name), "F32", vec![tokens], Bytes::from(scales)));
-                        pool.give_back(column.data);
-                        values
+                        let (scales, values) = split_fp8_rows(&segments, width);
+                        scale_tensors.push((fp8_scale_name(name), "F32", vec![tokens], vec![Bytes::from(scales)]));
+                        vec![Bytes::from(values)]
                     }
-                    _ => column.data,
+                    _ => segments,
                 };
-                (name.clone(), dtype.safetensors_name(), shape, pool.bytes(data))
+                (name.clone(), dtype.safetensors_name(), shape, data)
             })
             .collect();
         if dtype == DType::F32 {
             tensors.append(&mut hook_tensors);
         }
-        tensors.push(("token_ids".into(), "I32", vec![tokens], le_bytes(&token_ids, |v| v.to_le_bytes())));
-        tensors.push(("position".into(), "I32", vec![tokens], le_bytes(&position, |v| v.to_le_bytes())));
+        tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
+        tensors.push(("position".into(), "I32", vec![tokens], vec![le_bytes(&position, |v| v.to_le_bytes())]));
         tensors.append(&mut scale_tensors);
         tensors.append(&mut hook_tensors);
         if format.roles {
-            tensors.push(("role".into(), "U8", vec![tokens], Bytes::from(role)));
+            tensors.push(("role".into(), "U8", vec![tokens], vec![Bytes::from(role)]));
         }
         if format.keep_excluded {
             tensors.push((
                 "mask".into(),
                 "BOOL",
                 vec![tokens],
-                Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>()),
+                vec![Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>())],
             ));
         }
 
@@ -451,7 +386,7 @@ impl ShardBuilder {
         header.insert("__metadata__".into(), serde_json::to_value(&metadata).expect("strings serialize"));
         let mut offset = 0usize;
         for (name, dt, shape, data) in &tensors {
-            let end = offset + data.len();
+            let end = offset + data.iter().map(Bytes::len).sum::<usize>();
             header.insert(
                 name.clone(),
                 serde_json::json!({ "dtype": dt, "shape": shape, "data_offsets": [offset, end] }),
@@ -575,12 +510,12 @@ fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> 
     Bytes::from(out)
 }
 
-/// fp8 rows (`[4-byte scale][width values]` each) as the scales and the values, each in row
-/// order.
-fn split_fp8_rows(rows: &[u8], width: usize) -> (Vec<u8>, Vec<u8>) {
-    let n = rows.len() / (4 + width);
+/// fp8 rows (`[4-byte scale][width values]` each, in segments of whole rows) as the scales and
+/// the values, each in row order.
+fn split_fp8_rows(segments: &[Bytes], width: usize) -> (Vec<u8>, Vec<u8>) {
+    let n = segments.iter().map(Bytes::len).sum::<usize>() / (4 + width);
     let (mut scales, mut values) = (Vec::with_capacity(4 * n), Vec::with_capacity(width * n));
-    for row in rows.chunks_exact(4 + width) {
+    for row in segments.iter().flat_map(|s| s.chunks_exact(4 + width)) {
         scales.extend_from_slice(&row[..4]);
         values.extend_from_slice(&row[4..]);
     }

@@ -155,11 +155,11 @@ impl StatsAccumulator {
             if self.pending_mask.len() < BLOCK {
                 return;
             }
-            let (pending, pending_mask) = (std::mem::take(&mut self.pending), std::mem::take(&mut self.pending_mask));
-            self.reduce(&pending, Some(&pending_mask));
+            self.reduce_pending();
         }
         while r + BLOCK <= rows {
-            self.reduce(&data[r * self.row_bytes..(r + BLOCK) * self.row_bytes], mask_of(r..r + BLOCK));
+            let block: Vec<&[u8]> = data[r * self.row_bytes..(r + BLOCK) * self.row_bytes].chunks_exact(self.row_bytes).collect();
+            self.reduce(&block, mask_of(r..r + BLOCK));
             r += BLOCK;
         }
         if r < rows {
@@ -168,15 +168,20 @@ impl StatsAccumulator {
         }
     }
 
-    /// One block (at most [`BLOCK`] stored rows): its included rows reduced.
-    fn reduce(&mut self, data: &[u8], mask: Option<&[bool]>) {
-        let rows: Vec<&[u8]> = data
-            .chunks_exact(self.row_bytes)
-            .enumerate()
-            .filter(|(r, _)| mask.is_none_or(|m| m[*r]))
-            .map(|(_, row)| row)
-            .collect();
-        let Some(first) = rows.first() else {
+    fn reduce_pending(&mut self) {
+        let (pending, mask) = (std::mem::take(&mut self.pending), std::mem::take(&mut self.pending_mask));
+        let block: Vec<&[u8]> = pending.chunks_exact(self.row_bytes).collect();
+        self.reduce(&block, Some(&mask));
+    }
+
+    /// Reduces one block: `rows` are at most [`BLOCK`] stored rows, the block that starts at a
+    /// multiple of [`BLOCK`] rows from the first (or the last, shorter one); `mask` selects the
+    /// included ones. [`StatsAccumulator::add_rows`] cuts blocks so; a caller that holds the
+    /// rows in pieces (a shard's column) cuts them so itself.
+    pub fn reduce(&mut self, rows: &[&[u8]], mask: Option<&[bool]>) {
+        let included: Vec<&[u8]> =
+            rows.iter().enumerate().filter(|(r, _)| mask.is_none_or(|m| m[*r])).map(|(_, row)| *row).collect();
+        let Some(first) = included.first() else {
             return;
         };
         let (dtype, width) = (self.dtype, self.width);
@@ -185,13 +190,12 @@ impl StatsAccumulator {
             decode_row(dtype, first, &mut shift);
             Moments::new(shift)
         });
-        moments::reduce_block(self.dtype, &rows, moments);
+        moments::reduce_block(self.dtype, &included, moments);
     }
 
     pub fn finish(mut self) -> HookStats {
         if !self.pending_mask.is_empty() {
-            let (pending, pending_mask) = (std::mem::take(&mut self.pending), std::mem::take(&mut self.pending_mask));
-            self.reduce(&pending, Some(&pending_mask));
+            self.reduce_pending();
         }
         let mut stats = HookStats::new(&self.shape);
         let Some(m) = self.moments else {

@@ -2,11 +2,12 @@
 //!
 //! ```text
 //!  compute thread ──push──▶ [batches: bounded sync channel] ──▶ assembler thread
-//!     (blocks only when the queue is full)                       (select tokens, shuffle,
-//!                                                                 convert into the shard)
+//!     (blocks only when the queue is full)                       (select tokens; keep long
+//!                                                                 runs as they lie, copy,
+//!                                                                 shuffle, convert the rest)
 //!                                                                      │ full shards
 //!                                            ≤ `sealers` threads, each sealing one shard
-//!                                            (stats, header, sha256), handed on in order
+//!                                            (stats and CRC32C in one pass, header), in order
 //!                     [sealed shards: bounded channel] ◀──────────────┘
 //!                                   │
 //!                                   ▼  tokio runtime owned by the writer
@@ -16,7 +17,9 @@
 //!         commit: rewrite manifest.jsonl (the commit point), then the host's stats.json
 //! ```
 //! Memory is bounded by the two channels and the sealers: about `queue_batches` batches plus
-//! `pending_shards + sealers + 3` shards (one being built, two uploading).
+//! `pending_shards + sealers + 3` shards (one being built, two uploading). Much of a shard's
+//! memory is its batches' own (the rows it keeps where they lie), which their owners get back
+//! once the shard is uploaded.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -36,7 +39,8 @@ use crate::failpoint::{self, Failpoint};
 use crate::location::StoreLocation;
 use crate::manifest::{ManifestLine, render_manifest};
 use crate::run::{ResumePoint, RunJson, claim_run, recover_host};
-use crate::shard::{ColumnPool, RESERVED_TENSOR_NAMES, SealedShard, ShardBuilder, ShardIdentity};
+use crate::column::ColumnPool;
+use crate::shard::{RESERVED_TENSOR_NAMES, SealedShard, ShardBuilder, ShardIdentity};
 use crate::stats::{self, RunStats};
 use crate::upload::{retried, upload_object};
 
