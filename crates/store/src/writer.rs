@@ -123,6 +123,7 @@ pub struct ShardWriter {
     /// Set by [`ShardWriter::stop`]: the assembler drops the partial window and shard.
     drop_partial: Arc<AtomicBool>,
     timing: Arc<Mutex<WriterTiming>>,
+    holds: (usize, u64),
 }
 
 impl ShardWriter {
@@ -219,7 +220,19 @@ impl ShardWriter {
             shapes: descriptor.hook_shapes,
             drop_partial,
             timing,
+            holds: (
+                config.queue_batches + config.format.shuffle.map_or(1, |s| s.window_batches),
+                (config.pending_shards + sealers + CONCURRENT_SHARD_UPLOADS + 1) as u64 * config.format.target_shard_bytes,
+            ),
         })
+    }
+
+    /// The most of the pushed batches' memory the writer holds at once: whole batches (its queue
+    /// and the unit it assembles) and bytes of rows kept where they lie, in shards not yet
+    /// uploaded (each shard past its target by at most one unit). A caller that lends reused
+    /// buffers needs that much beyond its own.
+    pub fn holds_at_most(&self) -> (usize, u64) {
+        self.holds
     }
 
     /// The run's hooks, in the order every batch must hold them.

@@ -332,7 +332,22 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         shapes: compute.hook_shapes(spec.corpus.seq_len),
         roles: spec.chat_template.is_some(),
     };
-    let mut pipeline = pipeline::Pipeline::start(slots, sinks, batches)?;
+    // The writers keep rows where they lie until their shards are uploaded: the pool grows by
+    // what they may hold.
+    let held_steps = sinks
+        .iter()
+        .zip(&sizes)
+        .filter_map(|(sink, member)| match &sink.writer {
+            Some((output::Output::Shards(writer), _)) => {
+                let (batches, bytes) = writer.holds_at_most();
+                let step = member.iter().sum::<usize>().max(1) as u64;
+                Some(batches + bytes.div_ceil(step) as usize + 1)
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let mut pipeline = pipeline::Pipeline::start(slots, options.pipeline_depth + held_steps, sinks, batches)?;
     let started = Instant::now();
     // Test hook: slows the loop down so that tests can kill a host mid-run.
     let slow_batch =
@@ -375,7 +390,12 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         }
         // A slot frees up when the writers have taken an earlier step; if the output path
         // failed instead, its error is the job's.
-        let Ok(slot) = pipeline.slot() else { return Err(output_path_failed(pipeline)) };
+        let more = || pipeline::Slot::new(&sizes, |n| compute.host_buffer(n)).context("host buffers for one more step");
+        let slot = match pipeline.slot(more) {
+            Ok(slot) => slot,
+            Err(err) if pipeline.running() => return Err(err),
+            Err(_) => return Err(output_path_failed(pipeline)),
+        };
         let launched_at = Instant::now();
         let launched = compute.launch(&batches.iter().map(Option::as_ref).collect::<Vec<_>>())?;
         // Progress counts what this process writes, or, writing nothing, what it feeds.
@@ -392,6 +412,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         }
     }
     // Every step in flight reaches its writers first.
+    tracing::info!(slots = pipeline.slots(), "host buffers used (steps' worth)");
     let (sinks, path) = pipeline.finish()?;
     let mut writing: Vec<(HostId, ShardWriter, u64)> = Vec::new();
     for sink in sinks {

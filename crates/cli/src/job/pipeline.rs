@@ -7,14 +7,18 @@
 //!                                 ▲ waits here while every slot is taken: the host is the bound
 //!  drain thread  wait for N's program ─▶ copy N's rows into its slot ─▶ push to the writers
 //!                   ▲ waits here while the device computes: the device is the bound
-//!  writers       copy the kept rows into the shard, dropping the batch: the slot is free again
+//!  writers       keep the kept rows where they lie until their shard is uploaded (copying only
+//!                short runs): the slot is free again when the last shard holding its rows is
 //! ```
 //!
 //! A slot is one step's host memory: for each member that writes, one reused
 //! [`siphon_runtime::HostBuffer`] per hook (pinned for DMA where the plugin allows). `depth`
-//! slots exist, so at most `depth` steps are in flight and the host memory of the path is
-//! bounded by them; at depth 1 each step is copied and taken by the writers before the next
-//! launches. Steps reach the writers in order at any depth, so the shards do not depend on it.
+//! slots exist from the start, so at most `depth` steps are in flight on the devices; at
+//! depth 1 each step is copied and taken by the writers before the next launches. The writers
+//! hold slots beyond that (the rows of shards not yet uploaded), so the pool grows, one slot
+//! at a time when none is free, up to `depth` plus what the writers may hold
+//! ([`siphon_store::ShardWriter::holds_at_most`]): the host memory of the path is bounded by
+//! that. Steps reach the writers in order at any depth, so the shards do not depend on it.
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -149,6 +153,9 @@ type Drained = anyhow::Result<(Vec<Sink>, PathTiming)>;
 /// The drain thread and the pool of slots.
 pub struct Pipeline {
     free: Receiver<Slot>,
+    /// Slots that exist, and the most that may.
+    slots: usize,
+    capacity: usize,
     steps: Option<SyncSender<Step>>,
     drain: Option<JoinHandle<Drained>>,
     wait_host: Duration,
@@ -157,10 +164,12 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Starts the drain thread over `sinks` (one per member, in member order) with `slots` (the
-    /// pipeline's depth); `batches` describes what the writers take.
-    pub fn start(slots: Vec<Slot>, sinks: Vec<Sink>, batches: Batches) -> anyhow::Result<Pipeline> {
+    /// pipeline's depth), a pool that may grow to `capacity` slots; `batches` describes what the
+    /// writers take.
+    pub fn start(slots: Vec<Slot>, capacity: usize, sinks: Vec<Sink>, batches: Batches) -> anyhow::Result<Pipeline> {
         let depth = slots.len().max(1);
-        let (home, free) = sync_channel(depth);
+        let capacity = capacity.max(depth);
+        let (home, free) = sync_channel(capacity);
         for slot in slots {
             home.send(slot).expect("the pool holds every slot");
         }
@@ -171,12 +180,29 @@ impl Pipeline {
             .name("siphon-drain".into())
             .spawn(move || drain(queued, home, sinks, &batches, &shared))
             .context("cannot start the drain thread")?;
-        Ok(Pipeline { free, steps: Some(steps), drain: Some(drain), wait_host: Duration::ZERO, timing })
+        Ok(Pipeline {
+            free,
+            slots: depth,
+            capacity,
+            steps: Some(steps),
+            drain: Some(drain),
+            wait_host: Duration::ZERO,
+            timing,
+        })
     }
 
-    /// A free slot; waits while `depth` steps are in flight. Fails when the drain thread has
-    /// stopped (its error is [`Pipeline::finish`]'s).
-    pub fn slot(&mut self) -> anyhow::Result<Slot> {
+    /// A free slot: one given back, else a new one from `alloc` while the pool may grow, else
+    /// waits for one. Fails when the drain thread has stopped (its error is
+    /// [`Pipeline::finish`]'s).
+    pub fn slot(&mut self, alloc: impl FnOnce() -> anyhow::Result<Slot>) -> anyhow::Result<Slot> {
+        if let Ok(slot) = self.free.try_recv() {
+            return Ok(slot);
+        }
+        if self.slots < self.capacity {
+            self.slots += 1;
+            tracing::debug!(slots = self.slots, capacity = self.capacity, "host buffers: one more step's");
+            return alloc();
+        }
         let start = Instant::now();
         loop {
             match self.free.recv_timeout(Duration::from_millis(100)) {
@@ -196,6 +222,16 @@ impl Pipeline {
     pub fn send(&mut self, step: Step) -> anyhow::Result<()> {
         let steps = self.steps.as_ref().context("the output path has ended")?;
         steps.send(step).map_err(|_| anyhow::anyhow!("the output path stopped"))
+    }
+
+    /// Whether the drain thread is still running (else the output path stopped, with its error).
+    pub fn running(&self) -> bool {
+        self.drain.as_ref().is_some_and(|d| !d.is_finished())
+    }
+
+    /// Slots allocated so far.
+    pub fn slots(&self) -> usize {
+        self.slots
     }
 
     /// The timing so far (the loop's own wait included).
