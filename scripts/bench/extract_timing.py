@@ -1,6 +1,8 @@
 """Prints each host's figures from a `siphon extract` run's timing records: end-to-end
-tokens/s against device-only compute (the programs' time on the devices), and each stage of
-the output path with its busy seconds and GB/s.
+tokens/s against device-only compute (the programs' time on the devices), each stage of the
+output path with its seconds and GB/s, and the writer's CPU time per token (conversion and
+sealing: CPU seconds of their threads since the CRC change; busy seconds before it, which is
+the same for these compute-bound stages).
 
     python3 scripts/bench/extract_timing.py OUTPUT/RUN/timing
 """
@@ -29,3 +31,6 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
               f"convert {writer['convert_s']:.2f} s, {rate(writer['convert_bytes'], writer['convert_s'])} | "
               f"seal {writer['seal_s']:.2f} s, {rate(writer['seal_bytes'], writer['seal_s'])} | "
               f"upload {writer['upload_s']:.2f} s, {rate(writer['upload_bytes'], writer['upload_s'])}")
+        cpu = writer["convert_s"] + writer["seal_s"]
+        print(f"  writer CPU (convert + seal) {cpu:.3f} s: {1e6 * cpu / t['tokens']:.1f} us per token, "
+              f"{cpu / (writer['convert_bytes'] / 1e9):.3f} core-s per GB")

@@ -81,7 +81,14 @@ pub(crate) struct HookColumn {
 impl HookColumn {
     pub fn new(shape: Vec<usize>, dtype: DType) -> Self {
         let width = shape.iter().product();
-        HookColumn { shape, width, row_bytes: dtype.row_bytes(width), segments: Vec::new(), chunk: Vec::new(), bytes: 0 }
+        HookColumn {
+            shape,
+            width,
+            row_bytes: dtype.row_bytes(width),
+            segments: Vec::new(),
+            chunk: Vec::new(),
+            bytes: 0,
+        }
     }
 
     /// Bytes of rows so far.

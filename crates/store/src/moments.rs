@@ -112,7 +112,9 @@ impl Element for F32 {
     #[inline(always)]
     fn tile(row: &[u8], d0: usize) -> [f32; TILE] {
         let bytes: &[u8; 4 * TILE] = row[4 * d0..4 * (d0 + TILE)].try_into().expect("tile");
-        std::array::from_fn(|j| f32::from_le_bytes([bytes[4 * j], bytes[4 * j + 1], bytes[4 * j + 2], bytes[4 * j + 3]]))
+        std::array::from_fn(|j| {
+            f32::from_le_bytes([bytes[4 * j], bytes[4 * j + 1], bytes[4 * j + 2], bytes[4 * j + 3]])
+        })
     }
     #[inline(always)]
     fn one(row: &[u8], d: usize) -> f32 {

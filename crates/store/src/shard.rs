@@ -14,9 +14,9 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
 use crate::batch::{BatchActivations, DType, fp8_scale_name};
+use crate::column::{ColumnPool, HookColumn, MIN_LENT_BYTES};
 use crate::config::{HostId, ShardFormat};
 use crate::error::{Result, StoreError};
-use crate::column::{ColumnPool, HookColumn, MIN_LENT_BYTES};
 use crate::stats::{HookStats, RunStats};
 
 /// Format tag in every shard's metadata and in run.json.

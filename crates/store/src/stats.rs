@@ -158,7 +158,8 @@ impl StatsAccumulator {
             self.reduce_pending();
         }
         while r + BLOCK <= rows {
-            let block: Vec<&[u8]> = data[r * self.row_bytes..(r + BLOCK) * self.row_bytes].chunks_exact(self.row_bytes).collect();
+            let block: Vec<&[u8]> =
+                data[r * self.row_bytes..(r + BLOCK) * self.row_bytes].chunks_exact(self.row_bytes).collect();
             self.reduce(&block, mask_of(r..r + BLOCK));
             r += BLOCK;
         }
@@ -409,13 +410,19 @@ mod tests {
                 let mean = column.iter().sum::<f64>() / n;
                 let var = column.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
                 let close = |a: f64, b: f64, scale: f64| (a - b).abs() <= 1e-5 * scale;
-                assert!(close(s.mean[d], mean, var.sqrt().max(mean.abs())), "{dtype} mean {d}: {} vs {mean}", s.mean[d]);
+                assert!(
+                    close(s.mean[d], mean, var.sqrt().max(mean.abs())),
+                    "{dtype} mean {d}: {} vs {mean}",
+                    s.mean[d]
+                );
                 assert!(close(s.variance()[d], var, var), "{dtype} variance {d}: {} vs {var}", s.variance()[d]);
                 assert_eq!(s.min[d], column.iter().copied().fold(f64::INFINITY, f64::min));
                 assert_eq!(s.max[d], column.iter().copied().fold(f64::NEG_INFINITY, f64::max));
             }
-            let norm: f64 =
-                kept.iter().map(|&r| stored[r * width..(r + 1) * width].iter().map(|v| v * v).sum::<f64>().sqrt()).sum();
+            let norm: f64 = kept
+                .iter()
+                .map(|&r| stored[r * width..(r + 1) * width].iter().map(|v| v * v).sum::<f64>().sqrt())
+                .sum();
             assert!((s.norm_sum - norm).abs() <= 1e-5 * norm, "{dtype} norms {} vs {norm}", s.norm_sum);
 
             // Any slicing, the same bits: cut at 1, 63, 64, 65 rows and at random points.

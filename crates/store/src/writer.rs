@@ -33,13 +33,13 @@ use object_store::{ObjectStoreExt, PutPayload};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::batch::{BatchActivations, check_token_shape};
+use crate::column::ColumnPool;
 use crate::config::{HostId, RunDescriptor, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::failpoint::{self, Failpoint};
 use crate::location::StoreLocation;
 use crate::manifest::{ManifestLine, render_manifest};
 use crate::run::{ResumePoint, RunJson, claim_run, recover_host};
-use crate::column::ColumnPool;
 use crate::shard::{RESERVED_TENSOR_NAMES, SealedShard, ShardBuilder, ShardIdentity};
 use crate::stats::{self, RunStats};
 use crate::upload::{retried, upload_object};
@@ -222,7 +222,8 @@ impl ShardWriter {
             timing,
             holds: (
                 config.queue_batches + config.format.shuffle.map_or(1, |s| s.window_batches),
-                (config.pending_shards + sealers + CONCURRENT_SHARD_UPLOADS + 1) as u64 * config.format.target_shard_bytes,
+                (config.pending_shards + sealers + CONCURRENT_SHARD_UPLOADS + 1) as u64
+                    * config.format.target_shard_bytes,
             ),
         })
     }

@@ -166,7 +166,14 @@ pub fn run(args: Vec<String>) -> anyhow::Result<()> {
 const WARMUP_SHARDS: u64 = 6;
 
 /// One round: a fresh run, every batch pushed, finished; seconds per GB into `rounds`.
-fn round(o: &Options, template: &BatchActivations, store: &str, threads: usize, repeat: usize, rounds: &mut Rounds) -> anyhow::Result<()> {
+fn round(
+    o: &Options,
+    template: &BatchActivations,
+    store: &str,
+    threads: usize,
+    repeat: usize,
+    rounds: &mut Rounds,
+) -> anyhow::Result<()> {
     let batch_bytes: usize = template.hooks.iter().map(|h| h.data.len()).sum();
     let n_batches = ((o.gb * 1e9) / batch_bytes as f64).ceil().max(1.0) as u64;
     let run = format!("bench-{repeat}-{threads}");
@@ -186,7 +193,11 @@ fn round(o: &Options, template: &BatchActivations, store: &str, threads: usize, 
             descriptor,
         )?,
         "memory" => ShardWriter::open_at(
-            StoreLocation::from_store(Arc::new(object_store::memory::InMemory::new()), Path::from("bench"), "memory://"),
+            StoreLocation::from_store(
+                Arc::new(object_store::memory::InMemory::new()),
+                Path::from("bench"),
+                "memory://",
+            ),
             config,
             descriptor,
         )?,
