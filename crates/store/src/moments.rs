@@ -215,3 +215,50 @@ fn fold(m: &mut Moments, d0: usize, s1: &[f32], s2: &[f32], lo: &[f32], hi: &[f3
     m.min[d0..d0 + n].copy_from_slice(lo);
     m.max[d0..d0 + n].copy_from_slice(hi);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(m: &Moments) -> (Vec<u64>, Vec<u64>, Vec<u32>, Vec<u32>, u64, u64) {
+        let bits64 = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect();
+        let bits32 = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect();
+        (bits64(&m.s1), bits64(&m.s2), bits32(&m.min), bits32(&m.max), m.norm_sum.to_bits(), m.count)
+    }
+
+    /// Whichever vector width runs the loop, the same bits: what lets a shard's statistics be
+    /// recomputed on another machine and compared exactly.
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        let width = 200; // three tiles and a rest
+        let mut rng = fastrand::Rng::with_seed(3);
+        for dtype in [DType::Bf16, DType::F32, DType::F16, DType::Fp8] {
+            let row_bytes = dtype.row_bytes(width);
+            let data: Vec<u8> = (0..BLOCK * row_bytes)
+                .map(|i| match dtype {
+                    // A sane scale and no NaN bytes for fp8.
+                    DType::Fp8 if i % row_bytes < 4 => [0, 0, 0x80, 0x3c][i % row_bytes],
+                    DType::Fp8 => rng.u8(0..0x7f) | (rng.u8(..) & 0x80),
+                    // Exponents that stay finite for the 2-byte types.
+                    _ if i % 2 == 1 => rng.u8(0x30..0x48) | (rng.u8(..) & 0x80),
+                    _ => rng.u8(..),
+                })
+                .collect();
+            let rows: Vec<&[u8]> = data.chunks_exact(row_bytes).collect();
+            let shift = vec![0.25f32; width];
+            let mut plain = Moments::new(shift.clone());
+            reduce_any(dtype, &rows, &mut plain);
+            let mut dispatched = Moments::new(shift.clone());
+            reduce_block(dtype, &rows, &mut dispatched);
+            assert_eq!(snapshot(&plain), snapshot(&dispatched), "{dtype}");
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                let mut avx2 = Moments::new(shift);
+                // SAFETY: the CPU has AVX2.
+                unsafe { reduce_avx2(dtype, &rows, &mut avx2) };
+                assert_eq!(snapshot(&plain), snapshot(&avx2), "{dtype}");
+            }
+            assert!(plain.s1.iter().all(|s| s.is_finite()), "{dtype}");
+        }
+    }
+}

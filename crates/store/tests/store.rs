@@ -746,7 +746,11 @@ fn downgrade_to_format_1(run_dir: &std::path::Path) {
     let strip_shapes = |path: &std::path::Path| {
         let mut stats: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         for hook in stats["hooks"].as_object_mut().unwrap().values_mut() {
-            assert!(hook.as_object_mut().unwrap().remove("shape").is_some());
+            let hook = hook.as_object_mut().unwrap();
+            assert!(hook.remove("shape").is_some());
+            // Written before minima and maxima were kept (and by another summation order):
+            // compared within a tolerance.
+            assert!(hook.remove("min").is_some() && hook.remove("max").is_some());
         }
         std::fs::write(path, serde_json::to_vec(&stats).unwrap()).unwrap();
     };
@@ -835,6 +839,26 @@ fn statistics_that_are_not_those_of_the_shards_are_named() {
     }
     let report = siphon_store::verify_run_blocking(&backend.url("stats"), &[], RUN).unwrap();
     assert!(report.is_ok(), "{:?}", report.all_problems());
+
+    // A file written before minima and maxima were kept came from another summation order: it
+    // passes within 1e-6 of each element's scale, and an edit past that is still named.
+    let file = run_dir.join(HOST.dir_name()).join("stats.json");
+    let mut stats: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let hook = stats["hooks"].as_object_mut().unwrap().values_mut().next().unwrap().as_object_mut().unwrap();
+    assert!(hook.remove("min").is_some() && hook.remove("max").is_some());
+    let mean = hook["mean"][0].as_f64().unwrap();
+    let scale = hook["variance"][0].as_f64().unwrap().sqrt().max(mean.abs());
+    for (shift, named) in [(1e-9 * scale, false), (1e-4 * scale, true)] {
+        let mut edited = stats.clone();
+        edited["hooks"].as_object_mut().unwrap().values_mut().next().unwrap()["mean"][0] = (mean + shift).into();
+        std::fs::write(&file, serde_json::to_vec(&edited).unwrap()).unwrap();
+        let problems = siphon_store::verify_run_blocking(&backend.url("stats"), &[], RUN).unwrap().all_problems();
+        assert_eq!(
+            problems.iter().any(|p| p.contains("stats.json is not the statistics")),
+            named,
+            "{shift}: {problems:?}"
+        );
+    }
 }
 
 /// A manifest whose last line was cut by a torn write (power loss on a filesystem without
