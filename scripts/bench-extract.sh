@@ -8,7 +8,8 @@
 # qwen2: Qwen2.5-0.5B's shape with random weights (made by scripts/bench/bench_forward.py in
 #   the torch venv of scripts/bench-forward.sh; SIPHON_BENCH_PYTHON overrides that python) and
 #   a byte-level tokenizer, batch 4 x 256, blocks 6, 12, 18 + ln_final.hook_normalized.
-# Both: bf16 shards to local disk, BENCH_TOKENS (default 65536) tokens.
+# Both: bf16 shards to local disk, BENCH_TOKENS (default 65536) tokens. SIPHON_BIN runs another
+# siphon binary (an earlier commit's build, for a before/after run) instead of this tree's.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -21,7 +22,8 @@ fi
 export SIPHON_PJRT_PLUGIN="$(bash scripts/install-plugin.sh | tail -n 1)"
 export TF_CPP_MIN_LOG_LEVEL=2
 corpus="$(bash scripts/setup-corpus.sh | tail -n 1)"
-cargo build --release --quiet -p siphon
+siphon="${SIPHON_BIN:-$REPO_ROOT/target/release/siphon}"
+[[ -n "${SIPHON_BIN:-}" ]] || cargo build --release --quiet -p siphon
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 case "$which" in
@@ -48,7 +50,7 @@ PY
     ;;
 *) log "--model demo or qwen2, not $which"; exit 2 ;;
 esac
-"$REPO_ROOT/target/release/siphon" extract --model "$model" --corpus "$corpus" "${shape[@]}" \
+"$siphon" extract --model "$model" --corpus "$corpus" "${shape[@]}" \
     --hooks ln_final.hook_normalized --max-tokens "${BENCH_TOKENS:-65536}" --dtype bf16 --cpu-devices 1 \
     --output "$out" --run bench "$@" >&2
 python3 "$REPO_ROOT/scripts/bench/extract_timing.py" "$out/bench/timing"
