@@ -556,7 +556,7 @@ def _check_checksum(location: Location, shard: ManifestLine) -> Optional[str]:
     if shard.crc32c is not None:
         crc = 0
         for chunk in chunks:
-            crc = google_crc32c.extend(crc, chunk)  # type: ignore[no-untyped-call]
+            crc = google_crc32c.extend(crc, chunk)
         found, expected = f"crc32c {crc:08x}", f"crc32c {shard.crc32c}"
     elif shard.sha256 is not None:
         sha = hashlib.sha256()
