@@ -308,3 +308,28 @@ def test_gs_without_gcsfs_names_the_package(monkeypatch):
         monkeypatch.delitem(registry._registry, protocol, raising=False)
     with pytest.raises(DatasetError, match=r"no filesystem for gs:// \(pip install gcsfs\)"):
         siphon.open_dataset("gs://bucket/run")
+
+
+@pytest.mark.parametrize("which", ["bf16_run", "fp8_run"])
+def test_run_statistics_equal_numpy_over_the_stored_values(which, request):
+    """stats.json (every host merged) against numpy in float64 over the stored values of every
+    committed shard: count, mean and variance within 1e-5 of each element's scale, min and max
+    exactly."""
+    run = request.getfixturevalue(which)
+    stats = json.loads((run / "stats.json").read_text())["hooks"]
+    shards = shards_in_order(run)
+    for hook, s in stats.items():
+        if which == "fp8_run":
+            values = [sh[hook].to(torch.float32) * sh[f"{hook}.fp8_scale"].reshape(-1, *[1] * (sh[hook].dim() - 1)) for sh in shards]
+        else:
+            values = [sh[hook].to(torch.float32) for sh in shards]
+        x = torch.cat(values).reshape(sum(v.shape[0] for v in values), -1).double().numpy()
+        assert s["count"] == x.shape[0]
+        mean, var = x.mean(axis=0), x.var(axis=0)
+        scale = np.maximum(np.sqrt(var), np.abs(mean)) + 1e-30
+        assert np.all(np.abs(np.array(s["mean"]) - mean) <= 1e-5 * scale), hook
+        assert np.all(np.abs(np.array(s["variance"]) - var) <= 1e-5 * scale**2), hook
+        assert np.array_equal(np.array(s["min"]), x.min(axis=0)), hook
+        assert np.array_equal(np.array(s["max"]), x.max(axis=0)), hook
+        norms = np.linalg.norm(x, axis=1).mean()
+        assert abs(s["mean_norm"] - norms) <= 1e-5 * norms, hook

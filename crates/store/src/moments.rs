@@ -141,17 +141,25 @@ impl Element for Fp8 {
     fn tile(row: &[u8], d0: usize) -> [f32; TILE] {
         let scale = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
         let bytes: &[u8; TILE] = row[4 + d0..4 + d0 + TILE].try_into().expect("tile");
-        std::array::from_fn(|j| E4M3[usize::from(bytes[j])] * scale)
+        std::array::from_fn(|j| e4m3(bytes[j]) * scale)
     }
     #[inline(always)]
     fn one(row: &[u8], d: usize) -> f32 {
-        E4M3[usize::from(row[4 + d])] * f32::from_le_bytes([row[0], row[1], row[2], row[3]])
+        e4m3(row[4 + d]) * f32::from_le_bytes([row[0], row[1], row[2], row[3]])
     }
 }
 
-/// Every e4m3fn byte's value.
-static E4M3: std::sync::LazyLock<[f32; 256]> =
-    std::sync::LazyLock::new(|| std::array::from_fn(|b| siphon_dtype::e4m3fn_to_f32(b as u8)));
+/// An e4m3fn byte's value, with selects only (so a tile of them vectorizes): normal numbers by
+/// their bits, subnormals as `m · 2⁻⁹`, 0x7f/0xff NaN; equal to `siphon_dtype::e4m3fn_to_f32`.
+#[inline(always)]
+fn e4m3(byte: u8) -> f32 {
+    let b = u32::from(byte);
+    let (sign, exp, man) = ((b & 0x80) << 24, (b >> 3) & 0x0f, b & 0x07);
+    let normal = f32::from_bits(sign | ((exp + 120) << 23) | (man << 20));
+    let subnormal = f32::from_bits(sign | (man as f32 * (1.0 / 512.0)).to_bits());
+    let value = if exp == 0 { subnormal } else { normal };
+    if b & 0x7f == 0x7f { f32::NAN } else { value }
+}
 
 /// The block loop: tiles of [`TILE`] elements, each kept in registers across the block's rows.
 #[inline(always)]
@@ -224,6 +232,14 @@ mod tests {
         let bits64 = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect();
         let bits32 = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect();
         (bits64(&m.s1), bits64(&m.s2), bits32(&m.min), bits32(&m.max), m.norm_sum.to_bits(), m.count)
+    }
+
+    #[test]
+    fn e4m3_decodes_as_the_dtype_crate_does() {
+        for byte in 0..=255u8 {
+            let (ours, theirs) = (e4m3(byte), siphon_dtype::e4m3fn_to_f32(byte));
+            assert!(ours.to_bits() == theirs.to_bits() || (ours.is_nan() && theirs.is_nan()), "{byte:#04x}");
+        }
     }
 
     /// Whichever vector width runs the loop, the same bits: what lets a shard's statistics be

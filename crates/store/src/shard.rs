@@ -340,9 +340,9 @@ impl ShardBuilder {
                 let data = match dtype {
                     // Rows of (scale, values) become the values and, beside them, the scales.
                     DType::Fp8 => {
-                        let (scales, values) = split_fp8_rows(&segments, width);
-                        scale_tensors.push((fp8_scale_name(name), "F32", vec![tokens], vec![Bytes::from(scales)]));
-                        vec![Bytes::from(values)]
+                        let (scales, values) = split_fp8_rows(&segments, width, &pool);
+                        scale_tensors.push((fp8_scale_name(name), "F32", vec![tokens], vec![pool.bytes(scales)]));
+                        vec![pool.bytes(values)]
                     }
                     _ => segments,
                 };
@@ -512,9 +512,9 @@ fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> 
 
 /// fp8 rows (`[4-byte scale][width values]` each, in segments of whole rows) as the scales and
 /// the values, each in row order.
-fn split_fp8_rows(segments: &[Bytes], width: usize) -> (Vec<u8>, Vec<u8>) {
+fn split_fp8_rows(segments: &[Bytes], width: usize, pool: &ColumnPool) -> (Vec<u8>, Vec<u8>) {
     let n = segments.iter().map(Bytes::len).sum::<usize>() / (4 + width);
-    let (mut scales, mut values) = (Vec::with_capacity(4 * n), Vec::with_capacity(width * n));
+    let (mut scales, mut values) = (pool.take(4 * n), pool.take(width * n));
     for row in segments.iter().flat_map(|s| s.chunks_exact(4 + width)) {
         scales.extend_from_slice(&row[..4]);
         values.extend_from_slice(&row[4..]);
