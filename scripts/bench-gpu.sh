@@ -4,9 +4,11 @@
 # (jax-cuda13-pjrt) but no Rust toolchain: build the binaries here first, then run this there.
 #
 #   scripts/bench-gpu.sh --prepare     # here: release binaries, stripped and xz'd into .gpu/
-#   scripts/bench-gpu.sh [STEP...]     # there: doctor fixtures qwen2 gemma2 extract llama (default: all)
+#   scripts/bench-gpu.sh [STEP...]     # there: doctor fixtures qwen2 gemma2 extract host llama (default: all)
 #                                      #   also: long (Llama-3-8B shape, 4 x 8192), moe (Qwen3-30B-A3B's
 #                                      #   shape, 2 layers; GPT-OSS-20B's): the checklist's items 4 and 5
+#                                      #   host: the shard writer alone on the host's cores (1, 2, 8, 16
+#                                      #   sealing threads) into a discarding store and local disk
 #
 # bench_forward reports each run's device time and to-host time (bf16 out of a bf16 program,
 # into reused host buffers, pinned where the plugin allows: `pinned=` on its ready line).
@@ -19,7 +21,8 @@ cd "$root"
 
 if [[ "${1:-}" == --prepare ]]; then
     set -e
-    cargo build --release -p siphon --bin siphon -p siphon-models --example bench_forward
+    cargo build --release -p siphon --bin siphon -p siphon-models --example bench_forward \
+        -p siphon-store --bin siphon-store-bench
     test_bin=$(cargo test --release -p siphon-engine --test fixtures --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json, sys
 for line in sys.stdin:
@@ -31,7 +34,8 @@ for line in sys.stdin:
     strip -o .gpu/siphon target/release/siphon
     strip -o .gpu/bench_forward target/release/examples/bench_forward
     strip -o .gpu/fixtures "$test_bin"
-    (cd .gpu && xz -T0 -6 -f siphon bench_forward fixtures)
+    strip -o .gpu/siphon-store-bench target/release/siphon-store-bench
+    (cd .gpu && xz -T0 -6 -f siphon bench_forward fixtures siphon-store-bench)
     ls -la .gpu
     exit 0
 fi
@@ -40,7 +44,7 @@ out="${OUT:-/tmp/gpu-out}"
 mkdir -p "$out"
 note() { echo "== $(date -u +%T) $*" | tee -a "$out/summary.txt"; }
 for f in .gpu/*.xz; do xz -dkf "$f"; done
-chmod +x .gpu/siphon .gpu/bench_forward .gpu/fixtures
+chmod +x .gpu/siphon .gpu/bench_forward .gpu/fixtures .gpu/siphon-store-bench
 plugin=$(python3 -c 'import os, jax_plugins.xla_cuda13 as p; print(os.path.join(os.path.dirname(p.__file__), "xla_cuda_plugin.so"))')
 export SIPHON_PJRT_PLUGIN="$plugin" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$out/summary.txt"
@@ -61,7 +65,7 @@ bench() { # LIMIT NAME bench_forward.py flags...
 }
 
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(doctor fixtures qwen2 gemma2 extract llama)
+[[ ${#steps[@]} -gt 0 ]] || steps=(doctor fixtures qwen2 gemma2 extract host llama)
 for step in "${steps[@]}"; do
     case "$step" in
     doctor)
@@ -73,6 +77,15 @@ for step in "${steps[@]}"; do
         # the bf16 test; the 2x4 mesh tests need 8 devices.
         timeout 130 .gpu/fixtures --test-threads=1 --skip mesh --skip smollm2 > "$out/fixtures.txt" 2>&1
         note "fixtures rc=$?: $(grep -E '^test result|FAILED' "$out/fixtures.txt" | tr '\n' ' ')"
+        ;;
+    host)
+        # The writer alone (bf16, 4 hooks x 4096, 32 x 1024 a batch): core-seconds per GB by stage.
+        mkdir -p /tmp/gpu-host-bench
+        timeout 150 .gpu/siphon-store-bench host --gb 4 --repeats 2 --threads 1,2,8,16 \
+            --store discard,/tmp/gpu-host-bench > "$out/host.txt" 2>&1
+        note "host rc=$?"
+        tee -a "$out/summary.txt" < "$out/host.txt"
+        rm -rf /tmp/gpu-host-bench
         ;;
     qwen2) bench 90 qwen2 --family qwen2 ;;
     gemma2) bench 110 gemma2 --family gemma2 --layers 26 ;;
