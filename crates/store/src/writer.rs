@@ -221,7 +221,9 @@ impl ShardWriter {
             drop_partial,
             timing,
             holds: (
-                config.queue_batches + config.format.shuffle.map_or(1, |s| s.window_batches),
+                // A shuffle window's batches are copied as they arrive: only the queue and the
+                // batch being taken hold the caller's memory whole.
+                config.queue_batches + 1,
                 (config.pending_shards + sealers + CONCURRENT_SHARD_UPLOADS + 1) as u64
                     * config.format.target_shard_bytes,
             ),
@@ -229,7 +231,7 @@ impl ShardWriter {
     }
 
     /// The most of the pushed batches' memory the writer holds at once: whole batches (its queue
-    /// and the unit it assembles) and bytes of rows kept where they lie, in shards not yet
+    /// and the one it takes in) and bytes of rows kept where they lie, in shards not yet
     /// uploaded (each shard past its target by at most one unit). A caller that lends reused
     /// buffers needs that much beyond its own.
     pub fn holds_at_most(&self) -> (usize, u64) {
