@@ -835,6 +835,59 @@ impl Builder {
         Ok(self.emit(line, result))
     }
 
+    /// `stablehlo.custom_call @target(operands)` of the older, untyped convention XLA's own
+    /// library calls use (`api_version = 2`: cuDNN's `__cudnn$fmhaSoftmax`), with a
+    /// `backend_config` string, row-major operand layouts and the given result layouts
+    /// (`minor_to_major` per result); returns one value per result type.
+    pub fn library_call(
+        &mut self,
+        target: &str,
+        operands: &[Value],
+        results: &[TensorType],
+        backend_config: &str,
+        result_layouts: &[Vec<usize>],
+    ) -> Result<Vec<Value>> {
+        let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c == b'.';
+        if target.is_empty() || !target.bytes().all(plain) {
+            return Err(shape_err("library_call", format!("target {target:?} is not an identifier")));
+        }
+        if results.is_empty() || result_layouts.len() != results.len() {
+            return Err(shape_err(
+                "library_call",
+                format!("{} results, {} layouts", results.len(), result_layouts.len()),
+            ));
+        }
+        for (ty, layout) in results.iter().zip(result_layouts) {
+            let mut sorted = layout.clone();
+            sorted.sort_unstable();
+            if sorted != (0..ty.rank()).collect::<Vec<_>>() {
+                return Err(shape_err("library_call", format!("layout {layout:?} is not a permutation for {ty}")));
+            }
+        }
+        let types: Vec<TensorType> =
+            operands.iter().map(|&v| self.ty_of("library_call", v).cloned()).collect::<Result<_>>()?;
+        let layout = |dims: &[usize]| match dims.len() {
+            1 => format!("dense<{}> : tensor<1xindex>", dims[0]),
+            n => format!(
+                "dense<[{}]> : tensor<{n}xindex>",
+                dims.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        let row_major = |t: &TensorType| layout(&(0..t.rank()).rev().collect::<Vec<_>>());
+        let names: Vec<&str> = operands.iter().map(|&v| self.name(v)).collect();
+        let config = backend_config.replace('\\', "\\\\").replace('"', "\\\"");
+        let line = format!(
+            "stablehlo.custom_call @{target}({}) {{api_version = 2 : i32, backend_config = \"{config}\", \
+             operand_layouts = [{}], result_layouts = [{}]}} : ({}) -> ({})",
+            names.join(", "),
+            types.iter().map(row_major).collect::<Vec<_>>().join(", "),
+            result_layouts.iter().map(|l| layout(l)).collect::<Vec<_>>().join(", "),
+            types.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+            results.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        );
+        Ok(self.emit_many(line, results.to_vec()))
+    }
+
     // ---------------------------------------------------------------- sort, loops
 
     /// Sorts `operands` (one shape) together along `dim`, ascending by the first, stably:

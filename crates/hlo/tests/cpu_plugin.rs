@@ -374,3 +374,30 @@ fn custom_call_runs_the_experts_kernel() {
     let err = exe.execute(&[bufs.iter().collect()]).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("slot 0 outside the 4 outputs or given twice"), "{err}");
 }
+
+/// XLA reads a library call's text (cuDNN's fused attention as siphon emits it for CUDA): the
+/// CPU plugin gets as far as the call itself, which it has no handler for, and says so by
+/// name; malformed text would fail in the parser instead.
+#[test]
+fn a_library_call_parses_and_the_cpu_plugin_names_it() {
+    let bf16 = |dims: &[usize]| TensorType::new(DType::BF16, dims);
+    let mut b = Builder::new("library_call");
+    let q = b.arg(bf16(&[2, 16, 4, 8]), None).unwrap();
+    let k = b.arg(bf16(&[2, 16, 2, 8]), None).unwrap();
+    let lengths = b.arg(TensorType::new(DType::I32, &[2]), None).unwrap();
+    let results = [bf16(&[2, 4, 16, 8]), TensorType::new(DType::U8, &[0])];
+    let out = b
+        .library_call(
+            "__cudnn$fmhaSoftmax",
+            &[q, k, k, lengths, lengths],
+            &results,
+            r#"{"a":"b"}"#,
+            &[vec![3, 1, 2, 0], vec![0]],
+        )
+        .unwrap();
+    let text = b.finish(&[out[0]]).unwrap();
+    let err = client().compile(&text, &CompileOptions::single_device(None)).err().expect("no cuDNN on the CPU");
+    let message = err.to_string();
+    // "No registered implementation for untyped custom call to __cudnn$fmhaSoftmax for Host".
+    assert!(message.contains("custom call") && message.contains("__cudnn$fmhaSoftmax"), "{message}");
+}

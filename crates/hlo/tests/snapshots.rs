@@ -124,3 +124,27 @@ fn empty_results_are_an_error() {
     let b = Builder::new("empty");
     assert!(matches!(b.finish(&[]), Err(HloError::NoResults(_))));
 }
+
+/// A library call of XLA's older convention (cuDNN's fused attention takes this form): two
+/// results, a JSON backend config escaped into the attribute, row-major operand layouts and
+/// the given result layouts; targets, result layouts and result counts are checked.
+#[test]
+fn library_call_snapshot() {
+    let mut b = Builder::new("library_call");
+    let bf16 = |dims: &[usize]| TensorType::new(DType::BF16, dims);
+    let q = b.arg(bf16(&[2, 16, 4, 8]), None).unwrap();
+    let k = b.arg(bf16(&[2, 16, 2, 8]), None).unwrap();
+    let lengths = b.arg(TensorType::new(DType::I32, &[2]), None).unwrap();
+    let results = [bf16(&[2, 4, 16, 8]), TensorType::new(DType::U8, &[0])];
+    let config = r#"{"cudnn_fmha_backend_config":{"mask_type":"PADDING_CAUSAL","path":"a\b"}}"#;
+    let layouts = vec![vec![3, 1, 2, 0], vec![0]];
+    let bad = b.library_call("no spaces", &[q], &results, config, &layouts);
+    assert!(bad.unwrap_err().to_string().contains("not an identifier"));
+    let bad = b.library_call("__cudnn$fmhaSoftmax", &[q], &results, config, &layouts[..1]);
+    assert!(bad.unwrap_err().to_string().contains("2 results, 1 layouts"));
+    let bad = b.library_call("__cudnn$fmhaSoftmax", &[q], &results, config, &[vec![3, 1, 1, 0], vec![0]]);
+    assert!(bad.unwrap_err().to_string().contains("not a permutation"));
+    let out = b.library_call("__cudnn$fmhaSoftmax", &[q, k, k, lengths, lengths], &results, config, &layouts).unwrap();
+    assert_eq!(out.len(), 2);
+    expect_snapshot("library_call", &b.finish(&[out[0]]).unwrap());
+}
