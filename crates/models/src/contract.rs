@@ -62,6 +62,11 @@ pub struct ForwardSpec {
     /// the CPU plugin: `siphon_runtime::Client::cpu_kernels`) where they are faster than XLA's
     /// ops: a mixture's experts on one device in f32.
     pub cpu_kernels: bool,
+    /// Whether the program runs on a CUDA plugin over right-padded rows (real tokens first):
+    /// each block whose attention cuDNN's fused kernel takes calls it
+    /// ([`crate::layers::cudnn`]), the others keep XLA's ops. Off (the default, and for
+    /// left-padded rows), every block keeps XLA's ops.
+    pub cudnn_attention: bool,
     /// The weights the program declares, by Hugging Face name. `None` (the default): exactly
     /// those its graph reads, which `build_forward` learns by building once with every
     /// weight of the blocks it builds. Given (as an engine passes what its first build
@@ -85,6 +90,7 @@ impl ForwardSpec {
             expert_capacity: None,
             stored: HashMap::new(),
             cpu_kernels: false,
+            cudnn_attention: false,
             weights: None,
         }
     }
@@ -149,6 +155,8 @@ pub struct ForwardProgram {
     pub mesh: Mesh,
     /// Number of blocks the program runs.
     pub n_blocks: usize,
+    /// The form each softmax attention takes, by block, in block order.
+    pub attention: Vec<(usize, crate::AttentionForm)>,
     /// Declared weights the graph never read (only where [`ForwardSpec::weights`] is `None`:
     /// `build_forward` then builds again without them).
     pub(crate) unread: Vec<String>,

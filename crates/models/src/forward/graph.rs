@@ -41,6 +41,10 @@ pub(crate) struct Graph<'a> {
     pub(crate) masks: Vec<(Option<usize>, Value)>,
     /// RoPE tables built so far, by local base (`None`: the model's) and head width.
     pub(crate) ropes: Vec<(Option<f64>, usize, (Value, Value))>,
+    /// The form each softmax attention took, by block.
+    pub(crate) attention_forms: Vec<(usize, crate::AttentionForm)>,
+    /// Each row's real tokens (cuDNN's per-row lengths), once built.
+    pub(crate) row_lengths: Option<Value>,
 }
 
 impl<'a> Graph<'a> {
@@ -138,6 +142,8 @@ impl<'a> Graph<'a> {
             position_ids,
             hooks: BTreeMap::new(),
             masks: Vec::new(),
+            attention_forms: Vec::new(),
+            row_lengths: None,
             ropes: Vec::new(),
         })
     }
@@ -291,6 +297,7 @@ impl<'a> Graph<'a> {
             outputs,
             mesh: self.spec.mesh.clone(),
             n_blocks: self.n_blocks,
+            attention: self.attention_forms,
             unread,
         })
     }

@@ -150,6 +150,18 @@ impl Graph<'_> {
         sinks: Option<Value>,
     ) -> Result<Value, ModelError> {
         let at = |kind| HookPoint::block(layer, kind);
+        let hv = self.b.dims(v)?[1] / self.config.kv_heads_at(layer);
+        // The mask cuDNN applies is the block's own causal (and window) mask with padding.
+        let window = self.config.window(layer);
+        let causal = self.masks.iter().any(|&(w, m)| w == window && m == mask);
+        let form = self.attention_form(layer, hv, sinks.is_some(), causal);
+        let cudnn = form == crate::AttentionForm::Cudnn;
+        self.attention_forms.push((layer, form));
+        if cudnn {
+            let z = self.cudnn_attention(layer, q, k, v)?;
+            self.hook(at(HookKind::AttnZ), z);
+            return Ok(z);
+        }
         let Attention { scores, pattern, z } = self.attention(layer, q, k, v, mask, sinks)?;
         if self.wants(at(HookKind::AttnScores)) {
             let rows = self.per_query(scores)?;

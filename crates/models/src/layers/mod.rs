@@ -4,6 +4,7 @@
 //! family's file says which it uses and how they are wired.
 
 pub(crate) mod attention;
+pub mod cudnn;
 pub mod gated_deltanet;
 pub mod mla;
 pub(crate) mod mlp;

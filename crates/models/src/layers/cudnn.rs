@@ -1,0 +1,164 @@
+//! Softmax attention through cuDNN's fused flash attention (`__cudnn$fmhaSoftmax`, a library
+//! call of XLA's CUDA backend) where a block can take it, XLA's ops elsewhere; which form each
+//! block takes is recorded in the program ([`crate::ForwardProgram::attention`]).
+//!
+//! The call, as JAX's `jax/_src/cudnn/fused_attention_stablehlo.py` builds it for inference:
+//! q `[B, T, N, H]`, k and v `[B, S, KV, H]` (BTNH; GQA with fewer KV heads), then the per-row
+//! lengths `q_seqlen` and `kv_seqlen` (i32 `[B]`) of mask type `PADDING_CAUSAL` — rows valid
+//! from their first token, so right-padded rows only —; results the output `[B, N, T, H]` in
+//! the layout of `[B, T, N, H]` (`minor_to_major` 3, 1, 2, 0) and an empty u8 workspace.
+//! A window `w` (query i sees key j when i − j < w) is cuDNN's `sliding_window_length` w.
+//! Measured nowhere yet: the first session with a GPU runs `scripts/bench-gpu.sh kernels`.
+
+use serde_json::json;
+use siphon_hlo::{DType, TensorType, Value};
+
+use crate::ModelError;
+use crate::forward::Graph;
+use crate::hooks::{HookKind, HookPoint};
+
+/// The library call's target.
+pub const TARGET: &str = "__cudnn$fmhaSoftmax";
+
+/// How one block's softmax attention is computed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttentionForm {
+    /// cuDNN's fused flash attention, rows right-padded through per-row lengths.
+    Cudnn,
+    /// XLA's ops (scores materialized), and why not cuDNN's.
+    Xla(String),
+}
+
+impl std::fmt::Display for AttentionForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttentionForm::Cudnn => write!(f, "cuDNN fused"),
+            AttentionForm::Xla(why) => write!(f, "XLA ({why})"),
+        }
+    }
+}
+
+impl Graph<'_> {
+    /// Which form block `layer`'s attention takes, with values `hv` wide per head, when
+    /// `sinks` a sink logit per head, and (`causal`) the block's own causal mask or another.
+    pub(crate) fn attention_form(&self, layer: usize, hv: usize, sinks: bool, causal: bool) -> AttentionForm {
+        let c = self.config;
+        let hd = c.head_dim_at(layer);
+        let at = |kind| HookPoint::block(layer, kind);
+        let why = if !self.spec.cudnn_attention {
+            "not a CUDA program of right-padded rows".to_string()
+        } else if !self.spec.mesh.axes().is_empty() {
+            "a mesh: the call has no sharding rule".into()
+        } else if self.dt != DType::BF16 {
+            format!("{} compute (cuDNN takes bf16)", self.dt)
+        } else if hd > 128 || hd % 8 != 0 {
+            format!("head dim {hd} (cuDNN: at most 128, a multiple of 8)")
+        } else if hv != hd {
+            format!("values {hv} wide, keys {hd}")
+        } else if c.attention.softcap.is_some() {
+            "soft-capped scores".into()
+        } else if sinks {
+            "attention sinks".into()
+        } else if !causal {
+            "a mask other than the block's causal one".into()
+        } else if self.wants(at(HookKind::AttnScores)) || self.wants(at(HookKind::AttnPattern)) {
+            "its scores or pattern are hooked".into()
+        } else {
+            return AttentionForm::Cudnn;
+        };
+        AttentionForm::Xla(why)
+    }
+
+    /// Block `layer`'s attention through cuDNN: `q` `[tokens, n_heads*head_dim]` (RoPE
+    /// applied), `k` and `v` `[tokens, n_kv_heads*head_dim]`; returns z,
+    /// `[tokens, n_heads*head_dim]`, as [`Graph::attention`] does.
+    pub(crate) fn cudnn_attention(&mut self, layer: usize, q: Value, k: Value, v: Value) -> Result<Value, ModelError> {
+        let c = self.config;
+        let (bsz, s, n, nkv, hd) =
+            (self.spec.batch, self.spec.seq, c.attention.n_heads, c.kv_heads_at(layer), c.head_dim_at(layer));
+        let lengths = self.row_lengths()?;
+        let b = &mut self.b;
+        let q = b.reshape(q, &[bsz, s, n, hd])?;
+        let k = b.reshape(k, &[bsz, s, nkv, hd])?;
+        let v = b.reshape(v, &[bsz, s, nkv, hd])?;
+        let scale = c.attention.scalar.unwrap_or(hd as f64).powf(-0.5);
+        let window = c.window(layer).filter(|&w| w < s).unwrap_or(0);
+        let config = backend_config(bsz, n, s, scale, window);
+        let results = [TensorType::new(DType::BF16, &[bsz, n, s, hd]), TensorType::new(DType::U8, &[0])];
+        let out =
+            b.library_call(TARGET, &[q, k, v, lengths, lengths], &results, &config, &[vec![3, 1, 2, 0], vec![0]])?;
+        let out = b.transpose(out[0], &[0, 2, 1, 3])?;
+        Ok(b.reshape(out, &[bsz * s, n * hd])?)
+    }
+
+    /// Each row's real tokens, i32 `[batch]`: the per-row lengths of right-padded rows (built
+    /// once).
+    fn row_lengths(&mut self) -> Result<Value, ModelError> {
+        if let Some(lengths) = self.row_lengths {
+            return Ok(lengths);
+        }
+        let (bsz, s) = (self.spec.batch, self.spec.seq);
+        let b = &mut self.b;
+        let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz, s]))?;
+        let real = b.compare(siphon_hlo::CompareDir::Ne, self.attention_mask, zero)?;
+        let real = b.convert(real, DType::I32)?;
+        let lengths = b.reduce_sum(real, &[1])?;
+        self.row_lengths = Some(lengths);
+        Ok(lengths)
+    }
+}
+
+/// The call's backend config: JAX's fields for a forward pass without dropout or bias.
+fn backend_config(batch: usize, heads: usize, seq: usize, scale: f64, window: usize) -> String {
+    let strings = |v: &[usize]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let dims = |lc: usize, rc: usize, lb: &[usize], rb: &[usize]| {
+        json!({
+            "lhs_contracting_dimensions": strings(&[lc]),
+            "rhs_contracting_dimensions": strings(&[rc]),
+            "lhs_batch_dimensions": strings(lb),
+            "rhs_batch_dimensions": strings(rb),
+        })
+    };
+    json!({
+        "operation_queue_id": "0",
+        "cudnn_fmha_backend_config": {
+            "algorithm": {
+                "algo_id": "0",
+                "math_type": "TENSOR_OP_MATH",
+                "tuning_knobs": {"17": "1", "24": "0"},
+                "is_cudnn_frontend": true,
+                "workspace_size": "0",
+            },
+            "fmha_scale": scale,
+            "intermediate_tensor_shape": {
+                "element_type": "BF16",
+                "dimensions": strings(&[batch, heads, seq, seq]),
+                "tuple_shapes": [],
+                "layout": {
+                    "dim_level_types": [],
+                    "dim_unique": [],
+                    "dim_ordered": [],
+                    "minor_to_major": ["3", "2", "1", "0"],
+                    "tiles": [],
+                    "element_size_in_bits": "0",
+                    "memory_space": "0",
+                    "index_primitive_type": "PRIMITIVE_TYPE_INVALID",
+                    "pointer_primitive_type": "PRIMITIVE_TYPE_INVALID",
+                    "dynamic_shape_metadata_prefix_bytes": "0",
+                },
+                "is_dynamic_dimension": [false, false, false, false],
+            },
+            "is_flash_attention": true,
+            "mask_type": "PADDING_CAUSAL",
+            // BTNH: q·k over H with (B, N) batched; probabilities·v over S.
+            "bmm1_dot_dimension_numbers": dims(3, 3, &[0, 2], &[0, 2]),
+            "bmm2_dot_dimension_numbers": dims(3, 1, &[0, 1], &[0, 2]),
+            "dropout_rate": 0.0,
+            "seed": 42,
+            "sliding_window_length": window,
+            "max_seg_per_batch": 1,
+            "is_paged_attention": false,
+        },
+    })
+    .to_string()
+}

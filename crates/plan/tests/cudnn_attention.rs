@@ -1,0 +1,85 @@
+//! Where programs for a CUDA plugin call cuDNN's fused attention (`__cudnn$fmhaSoftmax`), for
+//! every fixture family: the form each block takes is pinned in `tests/cudnn_forms.txt`
+//! (`UPDATE_EXPECT=1` rewrites it; review the diff), the program calls the kernel exactly in the
+//! blocks that say so, and left-padded rows, f32 compute or a hooked pattern keep XLA's form.
+//! Whether the calls run right is for a GPU (`scripts/bench-gpu.sh kernels`).
+
+use std::path::{Path, PathBuf};
+
+use siphon_models::{AttentionForm, DType, ForwardSpec, HookKind, HookPoint, LoadedModel, ModelConfig, build_forward};
+
+fn configs() -> Vec<(String, ModelConfig)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+    let mut out = Vec::new();
+    for dir in ["", "gguf"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path: PathBuf = entry.unwrap().path();
+            if path.join("config.json").is_file() || path.extension().is_some_and(|e| e == "gguf") {
+                let name = Path::new(dir).join(path.file_name().unwrap()).to_string_lossy().into_owned();
+                out.push((name, LoadedModel::open(&path).unwrap().config));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn spec(hooks: Vec<HookPoint>, cudnn: bool) -> ForwardSpec {
+    let mut spec = ForwardSpec::new(2, 8, hooks);
+    spec.compute_dtype = DType::Bf16.into();
+    spec.output_dtype = DType::Bf16.into();
+    spec.cudnn_attention = cudnn;
+    spec
+}
+
+fn calls(text: &str) -> usize {
+    text.matches(siphon_models::cudnn::TARGET).count()
+}
+
+#[test]
+fn every_family_calls_cudnn_exactly_where_its_blocks_can_take_it() {
+    let mut table = String::new();
+    let mut fused = 0;
+    for (name, config) in configs() {
+        let last = HookPoint::block(config.n_layers - 1, HookKind::ResidPost);
+        let program = build_forward(&config, &spec(vec![last], true)).unwrap();
+        let forms = &program.attention;
+        let cudnn = forms.iter().filter(|(_, f)| *f == AttentionForm::Cudnn).count();
+        assert_eq!(calls(&program.text), cudnn, "{name}: one call per block that takes cuDNN");
+        fused += cudnn;
+        table.push_str(&format!("{name}\n"));
+        for (layer, form) in forms {
+            table.push_str(&format!("  block {layer}: {form}\n"));
+        }
+
+        // Left-padded rows (the flag off): XLA's form everywhere, the program as on the CPU.
+        let left = build_forward(&config, &spec(vec![last], false)).unwrap();
+        assert_eq!(calls(&left.text), 0, "{name}");
+        assert!(left.attention.iter().all(|(_, f)| matches!(f, AttentionForm::Xla(_))), "{name}");
+        // f32 compute: XLA's form.
+        let mut f32_spec = spec(vec![last], true);
+        f32_spec.compute_dtype = DType::F32.into();
+        assert_eq!(calls(&build_forward(&config, &f32_spec).unwrap().text), 0, "{name}");
+
+        // A block whose pattern is hooked keeps XLA's form (its probabilities are an output);
+        // the others keep theirs.
+        if let Some(&(layer, _)) = forms.iter().find(|(_, f)| *f == AttentionForm::Cudnn)
+            && siphon_models::layer_hook_kinds(&config, layer).contains(&HookKind::AttnPattern)
+        {
+            let hooked = vec![last, HookPoint::block(layer, HookKind::AttnPattern)];
+            let program = build_forward(&config, &spec(hooked, true)).unwrap();
+            let form = &program.attention.iter().find(|(l, _)| *l == layer).unwrap().1;
+            assert_eq!(*form, AttentionForm::Xla("its scores or pattern are hooked".into()), "{name}");
+            assert_eq!(calls(&program.text), cudnn - 1, "{name}");
+        }
+    }
+    assert!(fused > 0, "some fixture block takes cuDNN's form");
+    let path = format!("{}/tests/cudnn_forms.txt", env!("CARGO_MANIFEST_DIR"));
+    if std::env::var_os("UPDATE_EXPECT").is_some() {
+        std::fs::write(&path, &table).unwrap();
+        return;
+    }
+    let expected =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e} (UPDATE_EXPECT=1 creates it)"));
+    assert!(expected == table, "the forms differ from {path} (UPDATE_EXPECT=1 to accept):\n{table}");
+}
