@@ -51,7 +51,7 @@ impl Graph<'_> {
             "a mesh: the call has no sharding rule".into()
         } else if self.dt != DType::BF16 {
             format!("{} compute (cuDNN takes bf16)", self.dt)
-        } else if hd > 128 || hd % 8 != 0 {
+        } else if hd > 128 || !hd.is_multiple_of(8) {
             format!("head dim {hd} (cuDNN: at most 128, a multiple of 8)")
         } else if hv != hd {
             format!("values {hv} wide, keys {hd}")
