@@ -120,6 +120,11 @@ pub struct EngineOptions {
     /// Whether programs may call siphon's CPU kernels where the client has them
     /// (`siphon_runtime::Client::cpu_kernels`); off, XLA's ops compute the same values.
     pub cpu_kernels: bool,
+    /// Whether the rows this engine runs are right-padded (real tokens first, as the
+    /// extraction packs them): on a CUDA client, each block whose attention cuDNN's fused
+    /// kernel takes then calls it (`siphon_models::cudnn`). Off (the default; left-padded rows,
+    /// as `siphon forward` gives), XLA's form everywhere.
+    pub right_padded: bool,
     /// The processes whose partitions of `mesh` this engine runs. Empty: the whole mesh, in
     /// this process. In a job whose mesh spans processes, this process's [`HostView`]: it
     /// uploads only its partitions' weights, feeds only its data groups' rows and reads back
@@ -183,6 +188,8 @@ struct ProgramSpec<'a> {
     stored: &'a HashMap<String, StoredForm>,
     /// Whether the compiling side has siphon's CPU kernels.
     cpu_kernels: bool,
+    /// Whether the compiling side is a CUDA plugin.
+    cuda: bool,
 }
 
 impl ProgramSpec<'_> {
@@ -198,6 +205,7 @@ impl ProgramSpec<'_> {
         spec.expert_capacity = self.options.expert_capacity;
         spec.stored = self.stored.clone();
         spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
+        spec.cudnn_attention = self.options.right_padded && self.cuda;
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec
     }
@@ -236,6 +244,7 @@ impl Default for EngineOptions {
             expert_capacity: None,
             weights: WeightForm::Dequantized,
             cpu_kernels: true,
+            right_padded: false,
             processes: Vec::new(),
         }
     }
@@ -573,6 +582,7 @@ impl Engine {
             input_spec: &self.input_spec,
             stored: &self.stored,
             cpu_kernels: self.client.cpu_kernels(),
+            cuda: self.client.platform_name() == "cuda",
         };
         // Every shape reads the weights the first build found (none before it).
         program.forward(batch, seq, &self.params)
@@ -634,6 +644,9 @@ impl Engine {
             self.client.compile(&program.text, &options),
         )?;
         tracing::info!(batch, seq, seconds = start.elapsed().as_secs_f64(), "forward compiled");
+        if self.options.right_padded && self.client.platform_name() == "cuda" {
+            tracing::info!(forms = %siphon_models::cudnn::summary(&program.attention), "attention");
+        }
         let compiled = Arc::new(Compiled { executable, program });
         self.compiled.lock().expect("compile cache poisoned").insert((batch, seq), compiled.clone());
         Ok(compiled)

@@ -47,10 +47,7 @@ fn every_family_calls_cudnn_exactly_where_its_blocks_can_take_it() {
         let cudnn = forms.iter().filter(|(_, f)| *f == AttentionForm::Cudnn).count();
         assert_eq!(calls(&program.text), cudnn, "{name}: one call per block that takes cuDNN");
         fused += cudnn;
-        table.push_str(&format!("{name}\n"));
-        for (layer, form) in forms {
-            table.push_str(&format!("  block {layer}: {form}\n"));
-        }
+        table.push_str(&format!("{name}: {}\n", siphon_models::cudnn::summary(forms)));
 
         // Left-padded rows (the flag off): XLA's form everywhere, the program as on the CPU.
         let left = build_forward(&config, &spec(vec![last], false)).unwrap();

@@ -296,6 +296,9 @@ impl Compute {
             plan: siphon_engine::ShardingPlan::Explicit { params, input: Some(planned.input_spec.clone()) },
             weights: spec.weights,
             processes: views.clone(),
+            // Packed rows and `--pad right` put real tokens first: cuDNN's fused attention
+            // takes them on a CUDA plugin.
+            right_padded: !matches!(spec.corpus.pad, Some(crate::cmd::data::PadSideArg::Left)),
             ..Default::default()
         };
         let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)
