@@ -217,6 +217,9 @@ pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) ->
     let shape = mesh::resolve(&request.mesh, config, topology)?;
     check_batch(shape, topology, request)?;
     let mut plan = evaluate(config, topology, shape, request)?;
+    if let Some(note) = cuda_attention(config, shape, request) {
+        plan.notes.push(note);
+    }
     if shape.fsdp > 1 && request.mesh.fsdp.is_none() && request.mesh.kind == MeshKind::TwoD {
         plan.notes.push(format!(
             "{} heads and {} KV heads allow model={} (whole heads); the rest of each weight-sharding \
@@ -252,6 +255,32 @@ pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) ->
         plan.suggestion = fitting;
     }
     Ok(plan)
+}
+
+/// Which form each block's attention would take on a CUDA plugin over the extraction's
+/// right-padded rows (cuDNN's fused kernel where the block can take it,
+/// `siphon_models::cudnn`): a bf16 plan with a batch and sequence length, on GPUs (not a TPU
+/// slice). Built on one device: on a mesh every block keeps XLA's form.
+fn cuda_attention(config: &ModelConfig, shape: MeshShape, request: &PlanRequest) -> Option<String> {
+    let (Some(batch), Some(seq)) = (request.batch, request.seq) else {
+        return None;
+    };
+    if request.dtype != DType::Bf16 || request.layout != DeviceLayout::Dense {
+        return None;
+    }
+    if shape.data * shape.fsdp * shape.model > 1 {
+        return Some(
+            "on a CUDA plugin, attention keeps XLA's form on a mesh (cuDNN's call has no sharding rule here)".into(),
+        );
+    }
+    let hooks = request.hooks.clone().unwrap_or_else(|| every_hidden_state(config));
+    let mut spec = siphon_models::ForwardSpec::new(batch, seq, hooks);
+    spec.compute_dtype = siphon_models::DType::Bf16.into();
+    spec.output_dtype = spec.compute_dtype;
+    spec.cudnn_attention = true;
+    let program = siphon_models::build_forward(config, &spec).ok()?;
+    (!program.attention.is_empty())
+        .then(|| format!("on a CUDA plugin (right-padded rows): {}", siphon_models::cudnn::summary(&program.attention)))
 }
 
 fn check_request(request: &PlanRequest) -> Result<(), PlanError> {

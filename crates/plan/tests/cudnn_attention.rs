@@ -80,3 +80,33 @@ fn every_family_calls_cudnn_exactly_where_its_blocks_can_take_it() {
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e} (UPDATE_EXPECT=1 creates it)"));
     assert!(expected == table, "the forms differ from {path} (UPDATE_EXPECT=1 to accept):\n{table}");
 }
+
+/// `siphon plan` says which form each block's attention takes on a CUDA plugin: for a bf16
+/// batch on one device the blocks' forms, on a mesh XLA's, on a TPU slice or in f32 nothing.
+#[test]
+fn the_plan_says_where_cudnn_attention_runs() {
+    use siphon_plan::{DeviceLayout, PlanRequest, Topology};
+    let config = |name: &str| configs().into_iter().find(|(n, _)| n == name).unwrap().1;
+    let request = PlanRequest { batch: Some(2), seq: Some(8), ..Default::default() };
+    let note = |config: &ModelConfig, devices: usize, request: &PlanRequest| {
+        let plan = siphon_plan::plan(config, &Topology::uniform(1, devices).unwrap(), request).unwrap();
+        plan.notes.into_iter().find(|n| n.starts_with("on a CUDA plugin"))
+    };
+    let llama = config("tiny-llama");
+    assert_eq!(
+        note(&llama, 1, &request).as_deref(),
+        Some("on a CUDA plugin (right-padded rows): cuDNN fused: blocks 0-2")
+    );
+    let gemma2 = config("tiny-gemma2");
+    assert_eq!(
+        note(&gemma2, 1, &request).as_deref(),
+        Some("on a CUDA plugin (right-padded rows): XLA (soft-capped scores): blocks 0-2")
+    );
+    assert!(note(&llama, 2, &request).unwrap().contains("keeps XLA's form on a mesh"));
+    let f32_request = PlanRequest { dtype: DType::F32, ..request.clone() };
+    assert_eq!(note(&llama, 1, &f32_request), None);
+    let tpu = PlanRequest { layout: DeviceLayout::TpuTiled, ..request.clone() };
+    assert_eq!(note(&llama, 1, &tpu), None);
+    let no_shape = PlanRequest { batch: None, ..request };
+    assert_eq!(note(&llama, 1, &no_shape), None);
+}
