@@ -512,3 +512,56 @@ fn weights_kept_stored_give_dequantize_on_load_bit_for_bit() {
         }
     }
 }
+
+/// Every family with a right-padded golden, in bf16, with `right_padded` on against off: on a
+/// CUDA plugin the blocks that can take cuDNN's fused attention run it when on
+/// (`scripts/bench-gpu.sh fixtures` runs this there), and the final norm's output must stay
+/// within bf16's own envelope, twice what XLA's bf16 form differs from HF's f32 values (or 2%
+/// of the scale); elsewhere both run XLA's form and give the same bits (checked on three
+/// families, to keep the CPU suite short).
+#[test]
+fn bf16_right_padded_goldens_of_every_family() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| root.join(n).join("golden-right.safetensors").is_file())
+        .collect();
+    names.sort();
+    let cuda = client().platform_name() == "cuda";
+    if !cuda {
+        names.retain(|n| ["tiny-llama", "tiny-gemma3", "tiny-qwen3-next"].contains(&n.as_str()));
+    }
+    let mut report = Vec::new();
+    for name in names {
+        let model = LoadedModel::open(&fixture(&name)).unwrap();
+        let g = golden(&fixture(&name).join("golden-right.safetensors"));
+        let hook = HookPoint::model(HookKind::LnFinalOut);
+        let Some(want) = g.acts.iter().find(|a| a.0 == hook).map(|a| &a.2) else { continue };
+        let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
+        let run = |right_padded| {
+            let options = EngineOptions {
+                compute_dtype: siphon_models::DType::Bf16,
+                output_dtype: siphon_models::DType::Bf16,
+                right_padded,
+                ..EngineOptions::default()
+            };
+            let engine = Engine::new(&client(), &model, vec![hook], options).unwrap();
+            engine.run(&batch).unwrap().get(hook).unwrap().to_f32()
+        };
+        let (xla, fused) = (run(false), run(true));
+        let d = model.config.hidden_size;
+        let ((xla_diff, scale), (fused_diff, _)) =
+            (masked_diff(&xla, want, &g.mask, d), masked_diff(&fused, want, &g.mask, d));
+        report.push(format!("{name} {:.4}/{:.4}", xla_diff / scale, fused_diff / scale));
+        if !cuda {
+            assert!(xla == fused, "{name}: right_padded changed a program without cuDNN");
+        }
+        let envelope = (2.0 * xla_diff).max(0.02 * scale);
+        assert!(
+            fused_diff <= envelope,
+            "{name}: {fused_diff:e} from HF, XLA's bf16 form {xla_diff:e} (scale {scale:e})"
+        );
+    }
+    eprintln!("bf16 against HF's f32, max-abs / scale, XLA's form / right-padded: {}", report.join(", "));
+}
