@@ -7,6 +7,10 @@
 #   scripts/bench-gpu.sh [STEP...]     # there: doctor fixtures qwen2 gemma2 extract host llama (default: all)
 #                                      #   also: long (Llama-3-8B shape, 4 x 8192), moe (Qwen3-30B-A3B's
 #                                      #   shape, 2 layers; GPT-OSS-20B's): the checklist's items 4 and 5
+#                                      #   kernels: issue 46's GPU steps in one go: fixtures (f32 goldens in
+#                                      #   XLA's form; bf16 right-padded goldens with cuDNN's attention against
+#                                      #   XLA's bf16), long with cuDNN's attention and (long-xla) XLA's, moe;
+#                                      #   llama-xla is llama in XLA's form
 #                                      #   host: the shard writer alone on the host's cores (1, 2, 8, 16
 #                                      #   sealing threads) into a discarding store and local disk
 #
@@ -66,6 +70,12 @@ bench() { # LIMIT NAME bench_forward.py flags...
 
 steps=("$@")
 [[ ${#steps[@]} -gt 0 ]] || steps=(doctor fixtures qwen2 gemma2 extract host llama)
+# kernels: the steps issue 46 needs on its first device, in order.
+expanded=()
+for step in "${steps[@]}"; do
+    if [[ $step == kernels ]]; then expanded+=(fixtures long long-xla moe); else expanded+=("$step"); fi
+done
+steps=("${expanded[@]}")
 for step in "${steps[@]}"; do
     case "$step" in
     doctor)
@@ -91,6 +101,8 @@ for step in "${steps[@]}"; do
     gemma2) bench 110 gemma2 --family gemma2 --layers 26 ;;
     llama) bench 110 llama3_8b --family llama3_8b --layers 8 ;;
     long) bench 150 llama3_8b_8k --family llama3_8b --layers 8 --batch 4 --seq 8192 ;;
+    llama-xla) SIPHON_BENCH_XLA_ATTENTION=1 bench 110 llama3_8b_xla --family llama3_8b --layers 8 ;;
+    long-xla) SIPHON_BENCH_XLA_ATTENTION=1 bench 150 llama3_8b_8k_xla --family llama3_8b --layers 8 --batch 4 --seq 8192 ;;
     moe)
         bench 120 qwen3_moe --family qwen3_moe --layers 2
         bench 120 gpt_oss --family gpt_oss --layers 2

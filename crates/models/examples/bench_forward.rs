@@ -76,7 +76,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     spec.compute_dtype = dtype;
     spec.output_dtype = dtype;
     spec.cpu_kernels = client.cpu_kernels();
+    // Full rows: cuDNN's fused attention where a block takes it, on a CUDA plugin, unless
+    // SIPHON_BENCH_XLA_ATTENTION is set (XLA's form, to compare the two).
+    spec.cudnn_attention = client.platform_name() == "cuda" && std::env::var_os("SIPHON_BENCH_XLA_ATTENTION").is_none();
     let program = build_forward(&config, &spec)?;
+    if spec.cudnn_attention {
+        eprintln!("attention: {}", siphon_models::cudnn::summary(&program.attention));
+    }
     if let Ok(path) = std::env::var("SIPHON_BENCH_DUMP_HLO") {
         std::fs::write(path, &program.text)?;
     }
