@@ -4,9 +4,11 @@
 //!
 //! The call, as JAX's `jax/_src/cudnn/fused_attention_stablehlo.py` builds it for inference:
 //! q `[B, T, N, H]`, k and v `[B, S, KV, H]` (BTNH; GQA with fewer KV heads), then the per-row
-//! lengths `q_seqlen` and `kv_seqlen` (i32 `[B]`) of mask type `PADDING_CAUSAL` — rows valid
-//! from their first token, so right-padded rows only —; results the output `[B, N, T, H]` in
+//! lengths `q_seqlen` and `kv_seqlen` (i32 `[B]`) of mask type `PADDING_CAUSAL` — keys valid
+//! from a row's first token, so right-padded rows only —; results the output `[B, N, T, H]` in
 //! the layout of `[B, T, N, H]` (`minor_to_major` 3, 1, 2, 0) and an empty u8 workspace.
+//! Every query row is given (`q_seqlen` = T): a padding position attends the real keys before
+//! it, as XLA's form and Hugging Face's mask have it, rather than being left undefined.
 //! A window `w` (query i sees key j when i − j < w) is cuDNN's `sliding_window_length` w.
 //! Measured nowhere yet: the first session with a GPU runs `scripts/bench-gpu.sh kernels`.
 
@@ -104,6 +106,7 @@ impl Graph<'_> {
             (self.spec.batch, self.spec.seq, c.attention.n_heads, c.kv_heads_at(layer), c.head_dim_at(layer));
         let lengths = self.row_lengths()?;
         let b = &mut self.b;
+        let every_query = b.splat(s as f64, TensorType::new(DType::I32, &[bsz]))?;
         let q = b.reshape(q, &[bsz, s, n, hd])?;
         let k = b.reshape(k, &[bsz, s, nkv, hd])?;
         let v = b.reshape(v, &[bsz, s, nkv, hd])?;
