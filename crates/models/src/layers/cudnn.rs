@@ -115,7 +115,7 @@ impl Graph<'_> {
         let config = backend_config(bsz, n, s, scale, window);
         let results = [TensorType::new(DType::BF16, &[bsz, n, s, hd]), TensorType::new(DType::U8, &[0])];
         let out =
-            b.library_call(TARGET, &[q, k, v, lengths, lengths], &results, &config, &[vec![3, 1, 2, 0], vec![0]])?;
+            b.library_call(TARGET, &[q, k, v, every_query, lengths], &results, &config, &[vec![3, 1, 2, 0], vec![0]])?;
         let out = b.transpose(out[0], &[0, 2, 1, 3])?;
         Ok(b.reshape(out, &[bsz * s, n * hd])?)
     }
