@@ -64,7 +64,7 @@ pub struct ForwardSpec {
     pub cpu_kernels: bool,
     /// Whether the program runs on a CUDA plugin over right-padded rows (real tokens first):
     /// each block whose attention cuDNN's fused kernel takes calls it
-    /// ([`crate::layers::cudnn`]), the others keep XLA's ops. Off (the default, and for
+    /// (the layers' `cudnn.rs`), the others keep XLA's ops. Off (the default, and for
     /// left-padded rows), every block keeps XLA's ops.
     pub cudnn_attention: bool,
     /// The weights the program declares, by Hugging Face name. `None` (the default): exactly
@@ -103,6 +103,50 @@ impl ForwardSpec {
         self.mesh = mesh;
         self
     }
+}
+
+/// How one block's softmax attention is computed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttentionForm {
+    /// cuDNN's fused flash attention, rows right-padded through per-row lengths.
+    Cudnn,
+    /// XLA's ops (scores materialized), and why not cuDNN's.
+    Xla(String),
+}
+
+impl std::fmt::Display for AttentionForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttentionForm::Cudnn => write!(f, "cuDNN fused"),
+            AttentionForm::Xla(why) => write!(f, "XLA ({why})"),
+        }
+    }
+}
+
+/// The forms of a program's blocks in one line, blocks grouped by form in order of first
+/// appearance: `cuDNN fused: blocks 0-5, 7; XLA (its scores or pattern are hooked): block 6`.
+pub fn attention_summary(forms: &[(usize, AttentionForm)]) -> String {
+    let mut groups: Vec<(&AttentionForm, Vec<usize>)> = Vec::new();
+    for (layer, form) in forms {
+        match groups.iter_mut().find(|(f, _)| *f == form) {
+            Some((_, layers)) => layers.push(*layer),
+            None => groups.push((form, vec![*layer])),
+        }
+    }
+    let ranges = |layers: &[usize]| {
+        let mut out: Vec<String> = Vec::new();
+        let mut i = 0;
+        while i < layers.len() {
+            let mut j = i;
+            while j + 1 < layers.len() && layers[j + 1] == layers[j] + 1 {
+                j += 1;
+            }
+            out.push(if j > i { format!("{}-{}", layers[i], layers[j]) } else { layers[i].to_string() });
+            i = j + 1;
+        }
+        format!("block{} {}", if layers.len() > 1 { "s" } else { "" }, out.join(", "))
+    };
+    groups.iter().map(|(form, layers)| format!("{form}: {}", ranges(layers))).collect::<Vec<_>>().join("; ")
 }
 
 /// One `[batch, seq]` i32 input of the program.
@@ -156,7 +200,7 @@ pub struct ForwardProgram {
     /// Number of blocks the program runs.
     pub n_blocks: usize,
     /// The form each softmax attention takes, by block, in block order.
-    pub attention: Vec<(usize, crate::AttentionForm)>,
+    pub attention: Vec<(usize, AttentionForm)>,
     /// Declared weights the graph never read (only where [`ForwardSpec::weights`] is `None`:
     /// `build_forward` then builds again without them).
     pub(crate) unread: Vec<String>,

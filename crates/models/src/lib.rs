@@ -43,13 +43,12 @@ pub mod weights;
 pub use config::{
     Activation, Arch, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice,
 };
-pub use forward::{ForwardProgram, ForwardSpec, InputInfo, OutputInfo, build_forward};
+pub use forward::{AttentionForm, ForwardProgram, ForwardSpec, InputInfo, OutputInfo, build_forward};
 pub use gemma4::Gemma4;
 pub use gpt_oss::GptOss;
 pub use hf::LoadedModel;
 pub use hf_config::HfConfig;
 pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_kinds, resolve_hooks};
-pub use layers::cudnn::AttentionForm;
 pub use layers::moe::{capacity as expert_capacity, chunk_rows as expert_chunk};
 pub use layers::{cudnn, gated_deltanet, mla};
 pub use stored::{Part as StoredPart, StoredForm, fp8_forms};

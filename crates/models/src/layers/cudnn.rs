@@ -16,55 +16,14 @@ use serde_json::json;
 use siphon_hlo::{DType, TensorType, Value};
 
 use crate::ModelError;
+use crate::contract::AttentionForm;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
 
 /// The library call's target.
 pub const TARGET: &str = "__cudnn$fmhaSoftmax";
 
-/// How one block's softmax attention is computed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AttentionForm {
-    /// cuDNN's fused flash attention, rows right-padded through per-row lengths.
-    Cudnn,
-    /// XLA's ops (scores materialized), and why not cuDNN's.
-    Xla(String),
-}
-
-impl std::fmt::Display for AttentionForm {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AttentionForm::Cudnn => write!(f, "cuDNN fused"),
-            AttentionForm::Xla(why) => write!(f, "XLA ({why})"),
-        }
-    }
-}
-
-/// The forms of a program's blocks in one line, blocks grouped by form in order of first
-/// appearance: `cuDNN fused: blocks 0-5, 7; XLA (its scores or pattern are hooked): block 6`.
-pub fn summary(forms: &[(usize, AttentionForm)]) -> String {
-    let mut groups: Vec<(&AttentionForm, Vec<usize>)> = Vec::new();
-    for (layer, form) in forms {
-        match groups.iter_mut().find(|(f, _)| *f == form) {
-            Some((_, layers)) => layers.push(*layer),
-            None => groups.push((form, vec![*layer])),
-        }
-    }
-    let ranges = |layers: &[usize]| {
-        let mut out: Vec<String> = Vec::new();
-        let mut i = 0;
-        while i < layers.len() {
-            let mut j = i;
-            while j + 1 < layers.len() && layers[j + 1] == layers[j] + 1 {
-                j += 1;
-            }
-            out.push(if j > i { format!("{}-{}", layers[i], layers[j]) } else { layers[i].to_string() });
-            i = j + 1;
-        }
-        format!("block{} {}", if layers.len() > 1 { "s" } else { "" }, out.join(", "))
-    };
-    groups.iter().map(|(form, layers)| format!("{form}: {}", ranges(layers))).collect::<Vec<_>>().join("; ")
-}
+pub use crate::contract::attention_summary as summary;
 
 impl Graph<'_> {
     /// Which form block `layer`'s attention takes, with values `hv` wide per head, when
