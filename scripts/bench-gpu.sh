@@ -9,8 +9,8 @@
 #                                      #   shape, 2 layers; GPT-OSS-20B's): the checklist's items 4 and 5
 #                                      #   kernels: issue 46's GPU steps in one go: fixtures (f32 goldens in
 #                                      #   XLA's form; bf16 right-padded goldens with cuDNN's attention against
-#                                      #   XLA's bf16), long with cuDNN's attention and (long-xla) XLA's, moe;
-#                                      #   llama-xla is llama in XLA's form
+#                                      #   XLA's bf16), long with cuDNN's attention, moe (≤ ~9 min); long-xla
+#                                      #   and llama-xla run those shapes in XLA's form, to compare
 #                                      #   host: the shard writer alone on the host's cores (1, 2, 8, 16
 #                                      #   sealing threads) into a discarding store and local disk
 #
@@ -73,7 +73,7 @@ steps=("$@")
 # kernels: the steps issue 46 needs on its first device, in order.
 expanded=()
 for step in "${steps[@]}"; do
-    if [[ $step == kernels ]]; then expanded+=(fixtures long long-xla moe); else expanded+=("$step"); fi
+    if [[ $step == kernels ]]; then expanded+=(fixtures long moe); else expanded+=("$step"); fi
 done
 steps=("${expanded[@]}")
 for step in "${steps[@]}"; do
