@@ -628,7 +628,8 @@ impl Engine {
             }
         }
         let start = Instant::now();
-        let program = build_forward(&self.config, &self.spec(batch, seq))?;
+        let spec = self.spec(batch, seq);
+        let program = build_forward(&self.config, &spec)?;
         if program.params != self.params || program.param_forms.iter().flatten().count() != self.stored.len() {
             return Err(EngineError::Options(format!(
                 "the forward for batch {batch} x seq {seq} takes different weights than the uploaded ones"
@@ -644,7 +645,7 @@ impl Engine {
             self.client.compile(&program.text, &options),
         )?;
         tracing::info!(batch, seq, seconds = start.elapsed().as_secs_f64(), "forward compiled");
-        if self.options.right_padded && self.client.platform_name() == "cuda" {
+        if spec.cudnn_attention {
             tracing::info!(forms = %siphon_models::cudnn::summary(&program.attention), "attention");
         }
         let compiled = Arc::new(Compiled { executable, program });

@@ -49,7 +49,7 @@ pub mod tpu;
 pub use flops::forward_flops_per_token;
 pub use memory::{ActivationMemory, DType, DeviceLayout, HostMemory, MemoryEstimate, WeightMemory};
 pub use mesh::{DeviceInfo, MeshKind, MeshRequest, MeshShape, Topology};
-pub use planner::{ClassPlan, Fallback, Plan, PlanRequest, Suggestion, every_hidden_state, plan};
+pub use planner::{ClassPlan, Fallback, Plan, PlanRequest, Suggestion, cuda_attention, every_hidden_state, plan};
 pub use rules::{TensorSharding, input_spec, param_spec};
 pub use tpu::{TpuGeneration, TpuSlice};
 

@@ -217,9 +217,6 @@ pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) ->
     let shape = mesh::resolve(&request.mesh, config, topology)?;
     check_batch(shape, topology, request)?;
     let mut plan = evaluate(config, topology, shape, request)?;
-    if let Some(note) = cuda_attention(config, shape, request) {
-        plan.notes.push(note);
-    }
     if shape.fsdp > 1 && request.mesh.fsdp.is_none() && request.mesh.kind == MeshKind::TwoD {
         plan.notes.push(format!(
             "{} heads and {} KV heads allow model={} (whole heads); the rest of each weight-sharding \
@@ -257,11 +254,13 @@ pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) ->
     Ok(plan)
 }
 
-/// Which form each block's attention would take on a CUDA plugin over the extraction's
-/// right-padded rows (cuDNN's fused kernel where the block can take it,
-/// `siphon_models::cudnn`): a bf16 plan with a batch and sequence length, on GPUs (not a TPU
-/// slice). Built on one device: on a mesh every block keeps XLA's form.
-fn cuda_attention(config: &ModelConfig, shape: MeshShape, request: &PlanRequest) -> Option<String> {
+/// A note for `plan`: which form each block's attention would take on a CUDA plugin over the
+/// extraction's right-padded rows (cuDNN's fused kernel where the block can take it,
+/// `siphon_models::cudnn`), for a bf16 plan with a batch and sequence length, on GPUs (not a
+/// TPU slice). Built on one device: on a mesh every block keeps XLA's form. It builds the
+/// forward, so `siphon plan` asks for it, not every caller of [`plan`].
+pub fn cuda_attention(config: &ModelConfig, plan: &Plan, request: &PlanRequest) -> Option<String> {
+    let shape = plan.shape;
     let (Some(batch), Some(seq)) = (request.batch, request.seq) else {
         return None;
     };

@@ -90,7 +90,8 @@ fn the_plan_says_where_cudnn_attention_runs() {
     let request = PlanRequest { batch: Some(2), seq: Some(8), ..Default::default() };
     let note = |config: &ModelConfig, devices: usize, request: &PlanRequest| {
         let plan = siphon_plan::plan(config, &Topology::uniform(1, devices).unwrap(), request).unwrap();
-        plan.notes.into_iter().find(|n| n.starts_with("on a CUDA plugin"))
+        assert!(!plan.notes.iter().any(|n| n.starts_with("on a CUDA plugin")), "only siphon plan asks for it");
+        siphon_plan::cuda_attention(config, &plan, request)
     };
     let llama = config("tiny-llama");
     assert_eq!(

@@ -138,9 +138,15 @@ impl HookColumn {
     }
 
     /// The column's statistics (rows selected by `mask`) and the CRC32C of its bytes, in one
-    /// pass: each block of rows is checksummed, then reduced while it is in cache. (An fp8
-    /// column is not stored as it is held, so its CRC is left to the split tensors: 0 here.)
-    pub fn stats_and_crc(&mut self, dtype: DType, mask: Option<&[bool]>, pool: &ColumnPool) -> (HookStats, u32) {
+    /// pass: each block of rows is checksummed, then reduced while it is in cache. An fp8
+    /// column is not stored as it is held (its rows are split into scales and values), so it
+    /// has no CRC here: `None`.
+    pub fn stats_and_crc(
+        &mut self,
+        dtype: DType,
+        mask: Option<&[bool]>,
+        pool: &ColumnPool,
+    ) -> (HookStats, Option<u32>) {
         self.close_chunk(pool);
         let mut acc = StatsAccumulator::new(dtype, &self.shape);
         let mut crc = 0;
@@ -164,6 +170,6 @@ impl HookColumn {
             }
         }
         acc.reduce(&block, mask.map(|m| &m[first_row..row]));
-        (acc.finish(), crc)
+        (acc.finish(), (dtype != DType::Fp8).then_some(crc))
     }
 }

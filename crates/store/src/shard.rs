@@ -248,24 +248,18 @@ impl ShardBuilder {
     /// Encodes the shard as safetensors and computes its checksum and statistics: one pass over
     /// each hook's rows, a block at a time, the CRC and the statistics on the same cached bytes.
     pub fn seal(mut self) -> Result<SealedShard> {
-        let dtype = self.format.dtype;
-        let mask = self.format.keep_excluded.then(|| std::mem::take(&mut self.mask));
+        let mask = self.format.keep_excluded.then_some(&self.mask[..]);
         let mut stats = RunStats::new();
         // The CRC of each hook tensor that is its column as stored (fp8 columns are split first).
         let mut known = HashMap::new();
         for (column, name) in self.hooks.iter_mut().zip(&self.identity.hooks) {
-            let (column_stats, crc) = column.stats_and_crc(dtype, mask.as_deref(), &self.pool);
+            let (column_stats, crc) = column.stats_and_crc(self.format.dtype, mask, &self.pool);
             stats.insert(name.clone(), column_stats);
-            if dtype != DType::Fp8 {
-                known.insert(name.clone(), crc);
-            }
+            known.extend(crc.map(|crc| (name.clone(), crc)));
         }
         let (index, samples) = (self.index, self.samples.unwrap_or((0, 0)));
         let tokens = self.token_ids.len() as u64;
-        let included_tokens = mask.as_ref().map_or(tokens, |m| m.iter().filter(|m| **m).count() as u64);
-        if let Some(mask) = mask {
-            self.mask = mask;
-        }
+        let included_tokens = mask.map_or(tokens, |m| m.iter().filter(|m| **m).count() as u64);
         let data_position_after = std::mem::take(&mut self.data_position_after);
         let (head, tensors) = self.into_tensors();
         let mut crc = crc32c::crc32c(&head);

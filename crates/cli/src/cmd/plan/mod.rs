@@ -154,7 +154,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None => siphon_plan::DeviceLayout::Dense,
         },
     };
-    let plan = siphon_plan::plan(&config, &topology, &request)?;
+    let mut plan = siphon_plan::plan(&config, &topology, &request)?;
+    plan.notes.extend(siphon_plan::cuda_attention(&config, &plan, &request));
     if let Some(slice) = slice {
         let compile =
             target::Compile { slice, config: &config, request, weights: args.weights, plugin: args.plugin.as_deref() };
