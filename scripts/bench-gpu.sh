@@ -9,8 +9,10 @@
 #                                      #   shape, 2 layers; GPT-OSS-20B's): the checklist's items 4 and 5
 #                                      #   kernels: issue 46's GPU steps in one go: fixtures (f32 goldens in
 #                                      #   XLA's form; bf16 right-padded goldens with cuDNN's attention against
-#                                      #   XLA's bf16), long with cuDNN's attention, moe (≤ ~9 min); long-xla
-#                                      #   and llama-xla run those shapes in XLA's form, to compare
+#                                      #   XLA's bf16; mixtures on cuBLAS's grouped products), attention (cuDNN's
+#                                      #   call alone against torch SDPA), long with cuDNN's attention, moe
+#                                      #   (≤ ~8 min); long-xla, llama-xla and moe-xla run those shapes in
+#                                      #   XLA's form, to compare
 #                                      #   host: the shard writer alone on the host's cores (1, 2, 8, 16
 #                                      #   sealing threads) into a discarding store and local disk
 #
@@ -25,7 +27,7 @@ cd "$root"
 
 if [[ "${1:-}" == --prepare ]]; then
     set -e
-    cargo build --release -p siphon --bin siphon -p siphon-models --example bench_forward \
+    cargo build --release -p siphon --bin siphon -p siphon-models --example bench_forward --example bench_attention \
         -p siphon-store --bin siphon-store-bench
     test_bin=$(cargo test --release -p siphon-engine --test fixtures --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json, sys
@@ -37,9 +39,10 @@ for line in sys.stdin:
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
     strip -o .gpu/siphon target/release/siphon
     strip -o .gpu/bench_forward target/release/examples/bench_forward
+    strip -o .gpu/bench_attention target/release/examples/bench_attention
     strip -o .gpu/fixtures "$test_bin"
     strip -o .gpu/siphon-store-bench target/release/siphon-store-bench
-    (cd .gpu && xz -T0 -6 -f siphon bench_forward fixtures siphon-store-bench)
+    (cd .gpu && xz -T0 -6 -f siphon bench_forward bench_attention fixtures siphon-store-bench)
     ls -la .gpu
     exit 0
 fi
@@ -48,7 +51,7 @@ out="${OUT:-/tmp/gpu-out}"
 mkdir -p "$out"
 note() { echo "== $(date -u +%T) $*" | tee -a "$out/summary.txt"; }
 for f in .gpu/*.xz; do xz -dkf "$f"; done
-chmod +x .gpu/siphon .gpu/bench_forward .gpu/fixtures .gpu/siphon-store-bench
+chmod +x .gpu/siphon .gpu/bench_forward .gpu/bench_attention .gpu/fixtures .gpu/siphon-store-bench
 plugin=$(python3 -c 'import os, jax_plugins.xla_cuda13 as p; print(os.path.join(os.path.dirname(p.__file__), "xla_cuda_plugin.so"))')
 export SIPHON_PJRT_PLUGIN="$plugin" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$out/summary.txt"
@@ -73,7 +76,7 @@ steps=("$@")
 # kernels: the steps issue 46 needs on its first device, in order.
 expanded=()
 for step in "${steps[@]}"; do
-    if [[ $step == kernels ]]; then expanded+=(fixtures long moe); else expanded+=("$step"); fi
+    if [[ $step == kernels ]]; then expanded+=(fixtures attention long moe); else expanded+=("$step"); fi
 done
 steps=("${expanded[@]}")
 for step in "${steps[@]}"; do
@@ -85,7 +88,7 @@ for step in "${steps[@]}"; do
     fixtures)
         # Every single-device golden (HF transformers f32 on a CPU, committed) on the GPU, and
         # the bf16 test; the 2x4 mesh tests need 8 devices.
-        timeout 130 .gpu/fixtures --test-threads=1 --skip mesh --skip smollm2 > "$out/fixtures.txt" 2>&1
+        timeout 120 .gpu/fixtures --test-threads=1 --skip mesh --skip smollm2 > "$out/fixtures.txt" 2>&1
         note "fixtures rc=$?: $(grep -E '^test result|FAILED' "$out/fixtures.txt" | tr '\n' ' ')"
         ;;
     host)
@@ -100,12 +103,27 @@ for step in "${steps[@]}"; do
     qwen2) bench 90 qwen2 --family qwen2 ;;
     gemma2) bench 110 gemma2 --family gemma2 --layers 26 ;;
     llama) bench 110 llama3_8b --family llama3_8b --layers 8 ;;
-    long) bench 150 llama3_8b_8k --family llama3_8b --layers 8 --batch 4 --seq 8192 ;;
+    long) bench 130 llama3_8b_8k --family llama3_8b --layers 8 --batch 4 --seq 8192 ;;
     llama-xla) SIPHON_BENCH_XLA_ATTENTION=1 bench 110 llama3_8b_xla --family llama3_8b --layers 8 ;;
     long-xla) SIPHON_BENCH_XLA_ATTENTION=1 bench 150 llama3_8b_8k_xla --family llama3_8b --layers 8 --batch 4 --seq 8192 ;;
+    attention)
+        # cuDNN's call alone against torch SDPA, Llama-3-8B's widths, 32 x 1024 then 4 x 8192.
+        for shape in "32 1024" "4 8192"; do
+            read -r batch seq <<< "$shape"
+            timeout 35 python3 scripts/bench/bench_attention.py --bench-bin .gpu/bench_attention \
+                --batch "$batch" --seq "$seq" > "$out/attention-$seq.txt" 2>&1
+            note "attention $batch x $seq rc=$?"
+            tail -n 5 "$out/attention-$seq.txt" | tee -a "$out/summary.txt"
+        done
+        ;;
     moe)
-        bench 120 qwen3_moe --family qwen3_moe --layers 2
-        bench 120 gpt_oss --family gpt_oss --layers 2
+        # The experts on cuBLAS's grouped products (siphon-kernels' CUDA handler).
+        bench 90 qwen3_moe --family qwen3_moe --layers 2
+        bench 90 gpt_oss --family gpt_oss --layers 2
+        ;;
+    moe-xla)
+        SIPHON_CUDA_KERNELS=0 bench 120 qwen3_moe_xla --family qwen3_moe --layers 2
+        SIPHON_CUDA_KERNELS=0 bench 120 gpt_oss_xla --family gpt_oss --layers 2
         ;;
     extract)
         # End to end on the qwen2 bench model (random weights) with a byte-level tokenizer.

@@ -79,6 +79,7 @@ pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgra
             input_spec: &input_spec,
             stored,
             cpu_kernels: false,
+            cuda_kernels: false,
             cuda: false,
         }
         .forward(batch, seq, params)

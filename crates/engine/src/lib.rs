@@ -120,6 +120,11 @@ pub struct EngineOptions {
     /// Whether programs may call siphon's CPU kernels where the client has them
     /// (`siphon_runtime::Client::cpu_kernels`); off, XLA's ops compute the same values.
     pub cpu_kernels: bool,
+    /// Whether a mixture's experts on one device run as grouped products on the CPU plugin
+    /// too (`siphon_kernels::grouped`'s plain loop: the CUDA form's program, checked on the
+    /// CPU). A CUDA client whose plugin took siphon's CUDA kernels
+    /// (`siphon_runtime::Client::cuda_kernels`) always runs them so, on cuBLAS.
+    pub grouped_experts: bool,
     /// Whether the rows this engine runs are right-padded (real tokens first, as the
     /// extraction packs them): on a CUDA client, each block whose attention cuDNN's fused
     /// kernel takes then calls it (`siphon_models::cudnn`). Off (the default; left-padded rows,
@@ -186,8 +191,9 @@ struct ProgramSpec<'a> {
     param_specs: &'a HashMap<String, PartitionSpec>,
     input_spec: &'a Option<PartitionSpec>,
     stored: &'a HashMap<String, StoredForm>,
-    /// Whether the compiling side has siphon's CPU kernels.
+    /// Whether the compiling side has siphon's CPU kernels, and its CUDA kernels.
     cpu_kernels: bool,
+    cuda_kernels: bool,
     /// Whether the compiling side is a CUDA plugin.
     cuda: bool,
 }
@@ -205,6 +211,7 @@ impl ProgramSpec<'_> {
         spec.expert_capacity = self.options.expert_capacity;
         spec.stored = self.stored.clone();
         spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
+        spec.grouped_experts = self.cuda_kernels || (self.options.grouped_experts && self.cpu_kernels);
         spec.cudnn_attention = self.options.right_padded && self.cuda;
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec
@@ -244,6 +251,7 @@ impl Default for EngineOptions {
             expert_capacity: None,
             weights: WeightForm::Dequantized,
             cpu_kernels: true,
+            grouped_experts: false,
             right_padded: false,
             processes: Vec::new(),
         }
@@ -582,6 +590,7 @@ impl Engine {
             input_spec: &self.input_spec,
             stored: &self.stored,
             cpu_kernels: self.client.cpu_kernels(),
+            cuda_kernels: self.client.cuda_kernels(),
             cuda: self.client.platform_name() == "cuda",
         };
         // Every shape reads the weights the first build found (none before it).
@@ -647,6 +656,9 @@ impl Engine {
         tracing::info!(batch, seq, seconds = start.elapsed().as_secs_f64(), "forward compiled");
         if spec.cudnn_attention {
             tracing::info!(forms = %siphon_models::cudnn::summary(&program.attention), "attention");
+        }
+        if spec.grouped_experts && self.config.moe.is_some() && mesh.num_devices() == 1 {
+            tracing::info!("experts: one grouped product per projection (siphon_grouped_matmul)");
         }
         let compiled = Arc::new(Compiled { executable, program });
         self.compiled.lock().expect("compile cache poisoned").insert((batch, seq), compiled.clone());

@@ -278,6 +278,53 @@ fn mixtures_match_hf_at_any_capacity_and_on_a_mesh() {
     }
 }
 
+/// The grouped form a CUDA plugin runs (`siphon_kernels::grouped`, cuBLAS's grouped products
+/// there), on the CPU plugin's plain loop over the same product descriptors: each mixture's
+/// goldens in f32 (biases and GPT-OSS's clamped SwiGLU, tied routing, top-k = every expert,
+/// DeepSeek-V3's shared experts and groups), and in bf16 within twice the distance of XLA's
+/// own bf16 expert loop from HF's f32 (or 2% of the hook's scale).
+#[test]
+fn mixtures_as_grouped_products_match_hf() {
+    let grouped = EngineOptions { grouped_experts: true, ..EngineOptions::default() };
+    for name in [
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-gemma4-moe",
+        "tiny-olmoe",
+        "tiny-moe-tied",
+        "tiny-moe-all",
+        "tiny-gpt-oss",
+        "tiny-qwen3-5-moe",
+        "tiny-qwen3-next",
+        "tiny-deepseek-v3",
+    ] {
+        let model = LoadedModel::open(&fixture(name)).unwrap();
+        check_goldens_with(&format!("{name} as grouped products"), &model, &tiny_goldens(name), &grouped);
+        let g = golden(&fixture(&format!("{name}/golden-right.safetensors")));
+        let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
+        let hook = HookPoint::model(HookKind::LnFinalOut);
+        let Some(want) = g.acts.iter().find(|a| a.0 == hook).map(|a| a.2.clone()) else { continue };
+        let bf16 = |grouped_experts| {
+            let options = EngineOptions {
+                compute_dtype: siphon_models::DType::Bf16,
+                output_dtype: siphon_models::DType::F32,
+                grouped_experts,
+                cpu_kernels: false,
+                ..EngineOptions::default()
+            };
+            let engine = Engine::new(&client(), &model, vec![hook], options).unwrap();
+            engine.run(&batch).unwrap().get(hook).unwrap().to_f32()
+        };
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let dist = |got: &[f32]| got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let (xla, grouped) = (dist(&bf16(false)), dist(&bf16(true)));
+        assert!(
+            grouped <= (2.0 * xla).max(0.02 * scale),
+            "{name} bf16 grouped products {grouped} from HF's f32, XLA's loop {xla} (scale {scale})"
+        );
+    }
+}
+
 /// The hybrids (Gated DeltaNet and gated full attention, rows past one chunk of the
 /// recurrence and not a multiple of it, padded on either side), on one device and on a 2×4
 /// mesh (heads over `model`, rows over `data`): HF's values.

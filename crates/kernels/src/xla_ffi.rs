@@ -57,7 +57,8 @@ struct ErrorCreateArgs {
 
 const INVALID_ARGUMENT: i32 = 3;
 
-/// The head of `XLA_FFI_Api`, up to its first function (`XLA_FFI_Error_Create`).
+/// `XLA_FFI_Api`, up to `XLA_FFI_DeviceMemory_Free` (the functions a handler calls; its
+/// `struct_size` says how many the running XLA has).
 #[repr(C)]
 struct Api {
     struct_size: usize,
@@ -65,6 +66,56 @@ struct Api {
     api_version: ApiVersion,
     internal_api: *mut c_void,
     error_create: unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut FfiError,
+    error_get_message: unsafe extern "C" fn(*mut ErrorArgs),
+    error_destroy: unsafe extern "C" fn(*mut ErrorArgs),
+    handler_register: *const c_void,
+    stream_get: unsafe extern "C" fn(*mut StreamGetArgs) -> *mut FfiError,
+    type_id_register: *const c_void,
+    execution_context_get: *const c_void,
+    state_set: *const c_void,
+    state_get: *const c_void,
+    device_memory_allocate: unsafe extern "C" fn(*mut AllocateArgs) -> *mut FfiError,
+    device_memory_free: unsafe extern "C" fn(*mut FreeArgs) -> *mut FfiError,
+}
+
+/// `XLA_FFI_Error_GetMessage_Args` (its `message` written) and `XLA_FFI_Error_Destroy_Args`
+/// (the same head, `message` unread).
+#[repr(C)]
+struct ErrorArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    error: *mut FfiError,
+    message: *const std::ffi::c_char,
+}
+
+/// `XLA_FFI_Stream_Get_Args`.
+#[repr(C)]
+struct StreamGetArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    ctx: *mut c_void,
+    stream: *mut c_void,
+}
+
+/// `XLA_FFI_DeviceMemory_Allocate_Args`.
+#[repr(C)]
+struct AllocateArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    ctx: *mut c_void,
+    size: usize,
+    alignment: usize,
+    data: *mut c_void,
+}
+
+/// `XLA_FFI_DeviceMemory_Free_Args`.
+#[repr(C)]
+struct FreeArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    ctx: *mut c_void,
+    size: usize,
+    data: *mut c_void,
 }
 
 /// `XLA_FFI_Args` and `XLA_FFI_Rets` (the same layout).
@@ -121,6 +172,7 @@ struct RawBuffer {
 pub(crate) enum DataType {
     S32,
     F32,
+    Bf16,
     Other(i32),
 }
 
@@ -200,6 +252,93 @@ pub(crate) unsafe fn handle(
     }
 }
 
+/// What XLA's error `error` (from `api`'s function `what`) says; destroys it.
+fn take_error(api: &Api, what: &str, error: *mut FfiError) -> String {
+    let mut args = ErrorArgs {
+        struct_size: std::mem::size_of::<ErrorArgs>(),
+        extension_start: std::ptr::null_mut(),
+        error,
+        message: std::ptr::null(),
+    };
+    // SAFETY: XLA's error and functions; the message lives until the error is destroyed.
+    unsafe {
+        (api.error_get_message)(&mut args);
+        let message = if args.message.is_null() {
+            String::new()
+        } else {
+            std::ffi::CStr::from_ptr(args.message).to_string_lossy().into_owned()
+        };
+        args.struct_size = std::mem::size_of::<ErrorArgs>() - std::mem::size_of::<*const std::ffi::c_char>();
+        (api.error_destroy)(&mut args);
+        format!("{what}: {message}")
+    }
+}
+
+impl CallFrame {
+    fn api(&self) -> Result<&Api, String> {
+        // SAFETY: XLA's frame points at its API table for the call's duration.
+        let api = unsafe { &*self.api };
+        if api.struct_size < std::mem::size_of::<Api>() {
+            return Err(format!("XLA's FFI API table is older than this handler ({} bytes)", api.struct_size));
+        }
+        Ok(api)
+    }
+
+    /// The platform stream the call runs on (a `CUstream` on CUDA).
+    pub(crate) fn stream(&self) -> Result<*mut c_void, String> {
+        let api = self.api()?;
+        let mut args = StreamGetArgs {
+            struct_size: std::mem::size_of::<StreamGetArgs>(),
+            extension_start: std::ptr::null_mut(),
+            ctx: self.ctx,
+            stream: std::ptr::null_mut(),
+        };
+        // SAFETY: XLA's function with args of its layout.
+        let err = unsafe { (api.stream_get)(&mut args) };
+        if !err.is_null() {
+            return Err(take_error(api, "XLA_FFI_Stream_Get", err));
+        }
+        Ok(args.stream)
+    }
+
+    /// `size` bytes of device memory from XLA's allocator, given back by [`CallFrame::free`].
+    pub(crate) fn allocate(&self, size: usize) -> Result<*mut c_void, String> {
+        let api = self.api()?;
+        let mut args = AllocateArgs {
+            struct_size: std::mem::size_of::<AllocateArgs>(),
+            extension_start: std::ptr::null_mut(),
+            ctx: self.ctx,
+            size,
+            alignment: 256,
+            data: std::ptr::null_mut(),
+        };
+        // SAFETY: XLA's function with args of its layout.
+        let err = unsafe { (api.device_memory_allocate)(&mut args) };
+        if !err.is_null() {
+            return Err(take_error(api, "XLA_FFI_DeviceMemory_Allocate", err));
+        }
+        Ok(args.data)
+    }
+
+    /// Gives back what [`CallFrame::allocate`] returned.
+    pub(crate) fn free(&self, data: *mut c_void, size: usize) -> Result<(), String> {
+        let api = self.api()?;
+        let mut args = FreeArgs {
+            struct_size: std::mem::size_of::<FreeArgs>(),
+            extension_start: std::ptr::null_mut(),
+            ctx: self.ctx,
+            size,
+            data,
+        };
+        // SAFETY: XLA's function with args of its layout; `data` came from `allocate`.
+        let err = unsafe { (api.device_memory_free)(&mut args) };
+        if !err.is_null() {
+            return Err(take_error(api, "XLA_FFI_DeviceMemory_Free", err));
+        }
+        Ok(())
+    }
+}
+
 /// The buffers of an argument or result list.
 pub(crate) fn buffers(list: &List) -> Result<Vec<Buffer>, String> {
     (0..list.size.max(0) as usize)
@@ -215,9 +354,21 @@ pub(crate) fn buffers(list: &List) -> Result<Vec<Buffer>, String> {
             let dtype = match raw.dtype {
                 4 => DataType::S32,
                 11 => DataType::F32,
+                16 => DataType::Bf16,
                 other => DataType::Other(other),
             };
             Ok(Buffer { dtype, dims: dims.iter().map(|&d| d as usize).collect(), data: raw.data })
         })
         .collect()
 }
+
+// Sizes from the header on LP64: a field out of place would call the wrong function.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<ApiVersion>() == 24);
+    assert!(offset_of!(Api, error_create) == 48);
+    assert!(offset_of!(Api, stream_get) == 80);
+    assert!(offset_of!(Api, device_memory_allocate) == 120);
+    assert!(size_of::<Api>() == 136);
+    assert!(size_of::<CallFrame>() == 176);
+};

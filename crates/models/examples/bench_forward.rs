@@ -76,6 +76,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     spec.compute_dtype = dtype;
     spec.output_dtype = dtype;
     spec.cpu_kernels = client.cpu_kernels();
+    // A mixture's experts as cuBLAS's grouped products on a CUDA plugin, unless
+    // SIPHON_CUDA_KERNELS=0 (XLA's expert loop, to compare the two).
+    spec.grouped_experts = client.cuda_kernels();
     // Full rows: cuDNN's fused attention where a block takes it, on a CUDA plugin, unless
     // SIPHON_BENCH_XLA_ATTENTION is set (XLA's form, to compare the two).
     spec.cudnn_attention = client.platform_name() == "cuda" && std::env::var_os("SIPHON_BENCH_XLA_ATTENTION").is_none();

@@ -62,6 +62,11 @@ pub struct ForwardSpec {
     /// the CPU plugin: `siphon_runtime::Client::cpu_kernels`) where they are faster than XLA's
     /// ops: a mixture's experts on one device in f32.
     pub cpu_kernels: bool,
+    /// Whether a mixture's experts on one device run as grouped products
+    /// (`siphon_kernels::grouped`: every expert's projection in one call, cuBLAS's grouped
+    /// products on a CUDA plugin, a plain loop on the CPU plugin), gating, biases and the
+    /// router's weights in XLA's ops around them. Before the CPU kernels when both are on.
+    pub grouped_experts: bool,
     /// Whether the program runs on a CUDA plugin over right-padded rows (real tokens first):
     /// each block whose attention cuDNN's fused kernel takes calls it
     /// (the layers' `cudnn.rs`), the others keep XLA's ops. Off (the default, and for
@@ -90,6 +95,7 @@ impl ForwardSpec {
             expert_capacity: None,
             stored: HashMap::new(),
             cpu_kernels: false,
+            grouped_experts: false,
             cudnn_attention: false,
             weights: None,
         }

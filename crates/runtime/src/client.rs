@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::ffi::{self, slot};
+use crate::kernels::Platform;
 use crate::plugin::{Plugin, string_from};
 
 /// A value of a named client create option (`PJRT_NamedValue`).
@@ -123,6 +124,15 @@ impl ClientInner {
     /// Whether this is the CPU plugin's client (platform `cpu`).
     pub(crate) fn is_cpu(&self) -> bool {
         self.platform_name == "cpu"
+    }
+
+    /// The platform of siphon's kernels this client's programs may call, if any.
+    fn kernel_platform(&self) -> Option<Platform> {
+        match self.platform_name.as_str() {
+            "cpu" => Some(Platform::Host),
+            "cuda" => Some(Platform::Cuda),
+            _ => None,
+        }
     }
 }
 
@@ -247,10 +257,10 @@ impl Client {
         unsafe { plugin.call(slot::Client_ProcessIndex, &mut process) }?;
         inner.process_index = process.process_index.max(0) as usize;
         inner.devices = list_devices(&inner)?;
-        // siphon's CPU kernels are registered before any program is compiled, so that a
-        // program naming one compiles whoever built it.
-        if inner.is_cpu() {
-            plugin.cpu_kernels();
+        // siphon's kernels are registered before any program is compiled, so that a program
+        // naming one compiles whoever built it.
+        if let Some(platform) = inner.kernel_platform() {
+            plugin.kernels(platform);
         }
         tracing::debug!(
             "PJRT client on {} ({}) with {} devices",
@@ -277,7 +287,16 @@ impl Client {
     pub fn cpu_kernels(&self) -> bool {
         self.inner.is_cpu()
             && std::env::var("SIPHON_CPU_KERNELS").map_or(true, |v| v != "0")
-            && self.inner.plugin.cpu_kernels()
+            && self.inner.plugin.kernels(Platform::Host)
+    }
+
+    /// Whether programs for this client may call siphon's CUDA kernels (`siphon-kernels`'
+    /// grouped products on cuBLAS): a CUDA client whose plugin registered them, unless
+    /// `SIPHON_CUDA_KERNELS=0` turns them off (XLA's own ops then compute the same values).
+    pub fn cuda_kernels(&self) -> bool {
+        self.inner.platform_name == "cuda"
+            && std::env::var("SIPHON_CUDA_KERNELS").map_or(true, |v| v != "0")
+            && self.inner.plugin.kernels(Platform::Cuda)
     }
 
     /// Platform version text (CUDA or libtpu version, ...).

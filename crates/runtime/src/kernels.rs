@@ -1,5 +1,5 @@
-//! Registering siphon's CPU kernels ([`siphon_kernels::KERNELS`]) with the CPU plugin's FFI
-//! extension (`xla/pjrt/c/pjrt_c_api_ffi_extension.h`), so that programs may name them in
+//! Registering siphon's kernels ([`siphon_kernels::KERNELS`]) of a plugin's platform with its
+//! FFI extension (`xla/pjrt/c/pjrt_c_api_ffi_extension.h`), so that programs may name them in
 //! `stablehlo.custom_call`.
 
 use std::ffi::c_void;
@@ -7,6 +7,7 @@ use std::ffi::c_void;
 use crate::error::Result;
 use crate::ffi;
 use crate::plugin::Plugin;
+pub(crate) use siphon_kernels::Platform;
 
 /// `PJRT_Extension_Base`.
 #[repr(C)]
@@ -54,12 +55,9 @@ const _: () = {
 /// (older ones had an `api_version` field in it).
 const MIN_MINOR: i32 = 106;
 
-/// XLA's name for the CPU platform in its FFI registry.
-const PLATFORM: &str = "Host";
-
-/// Registers every kernel with `plugin`'s FFI extension; `Ok(false)` where the plugin has
-/// none or an older layout of it.
-pub(crate) fn register(plugin: &Plugin) -> Result<bool> {
+/// Registers every kernel of `platform` with `plugin`'s FFI extension; `Ok(false)` where the
+/// plugin has none or an older layout of it.
+pub(crate) fn register(plugin: &Plugin, platform: Platform) -> Result<bool> {
     if plugin.api_version().1 < MIN_MINOR {
         return Ok(false);
     }
@@ -74,14 +72,15 @@ pub(crate) fn register(plugin: &Plugin) -> Result<bool> {
             let Some(register_handler) = (unsafe { &*(ext as *const FfiExtension) }).register_handler else {
                 return Ok(false);
             };
-            for kernel in siphon_kernels::KERNELS {
+            let name = platform.name();
+            for kernel in siphon_kernels::KERNELS.iter().filter(|k| k.platform == platform) {
                 let mut args = RegisterHandlerArgs {
                     struct_size: std::mem::size_of::<RegisterHandlerArgs>(),
                     target_name: kernel.name.as_ptr(),
                     target_name_size: kernel.name.len(),
                     handler: kernel.handler as *const c_void,
-                    platform_name: PLATFORM.as_ptr(),
-                    platform_name_size: PLATFORM.len(),
+                    platform_name: name.as_ptr(),
+                    platform_name_size: name.len(),
                     traits: 0,
                 };
                 // SAFETY: the args match the extension's function; XLA copies the names.

@@ -21,7 +21,8 @@ pub struct Plugin {
     api_size: usize,
     version: (i32, i32),
     attributes: Vec<(String, AttributeValue)>,
-    /// Whether siphon's CPU kernels are registered with the plugin (asked once).
+    /// Whether siphon's kernels are registered with the plugin (asked once: a plugin has one
+    /// platform).
     kernels: OnceLock<bool>,
     // Kept so the library is never unloaded; the plugin lives in a static registry.
     _library: libloading::Library,
@@ -200,13 +201,14 @@ impl Plugin {
         }
     }
 
-    /// Whether siphon's CPU kernels (`siphon-kernels`) are registered with this plugin's FFI
-    /// extension, registering them on the first call (a CPU client's creation makes it);
-    /// false where the plugin has no such extension or registration failed (logged).
-    pub fn cpu_kernels(&self) -> bool {
+    /// Whether siphon's kernels of `platform` (`siphon-kernels`) are registered with this
+    /// plugin's FFI extension, registering them on the first call (a CPU or CUDA client's
+    /// creation makes it); false where the plugin has no such extension or registration
+    /// failed (logged).
+    pub fn kernels(&self, platform: crate::kernels::Platform) -> bool {
         *self.kernels.get_or_init(|| {
-            crate::kernels::register(self).unwrap_or_else(|err| {
-                tracing::warn!("siphon's CPU kernels not registered with {}: {err}", self.path.display());
+            crate::kernels::register(self, platform).unwrap_or_else(|err| {
+                tracing::warn!("siphon's {platform:?} kernels not registered with {}: {err}", self.path.display());
                 false
             })
         })

@@ -13,7 +13,7 @@
 //! Measured nowhere yet: the first session with a GPU runs `scripts/bench-gpu.sh kernels`.
 
 use serde_json::json;
-use siphon_hlo::{DType, TensorType, Value};
+use siphon_hlo::{Builder, DType, HloError, TensorType, Value};
 
 use crate::ModelError;
 use crate::contract::AttentionForm;
@@ -65,17 +65,12 @@ impl Graph<'_> {
             (self.spec.batch, self.spec.seq, c.attention.n_heads, c.kv_heads_at(layer), c.head_dim_at(layer));
         let lengths = self.row_lengths()?;
         let b = &mut self.b;
-        let every_query = b.splat(s as f64, TensorType::new(DType::I32, &[bsz]))?;
         let q = b.reshape(q, &[bsz, s, n, hd])?;
         let k = b.reshape(k, &[bsz, s, nkv, hd])?;
         let v = b.reshape(v, &[bsz, s, nkv, hd])?;
         let scale = c.attention.scalar.unwrap_or(hd as f64).powf(-0.5);
         let window = c.window(layer).filter(|&w| w < s).unwrap_or(0);
-        let config = backend_config(bsz, n, s, scale, window);
-        let results = [TensorType::new(DType::BF16, &[bsz, n, s, hd]), TensorType::new(DType::U8, &[0])];
-        let out =
-            b.library_call(TARGET, &[q, k, v, every_query, lengths], &results, &config, &[vec![3, 1, 2, 0], vec![0]])?;
-        let out = b.transpose(out[0], &[0, 2, 1, 3])?;
+        let out = fused(b, [q, k, v], lengths, [bsz, s, n, hd], scale, window)?;
         Ok(b.reshape(out, &[bsz * s, n * hd])?)
     }
 
@@ -94,6 +89,40 @@ impl Graph<'_> {
         self.row_lengths = Some(lengths);
         Ok(lengths)
     }
+}
+
+/// cuDNN's causal attention over `q` `[B, S, N, H]` and `k`, `v` `[B, S, KV, H]` (bf16) of
+/// right-padded rows of `lengths` `[B]` (i32) real tokens, every query row given: `[B, S, N, H]`.
+fn fused(
+    b: &mut Builder,
+    [q, k, v]: [Value; 3],
+    lengths: Value,
+    [bsz, s, n, hd]: [usize; 4],
+    scale: f64,
+    window: usize,
+) -> Result<Value, HloError> {
+    let every_query = b.splat(s as f64, TensorType::new(DType::I32, &[bsz]))?;
+    let config = backend_config(bsz, n, s, scale, window);
+    let results = [TensorType::new(DType::BF16, &[bsz, n, s, hd]), TensorType::new(DType::U8, &[0])];
+    let out =
+        b.library_call(TARGET, &[q, k, v, every_query, lengths], &results, &config, &[vec![3, 1, 2, 0], vec![0]])?;
+    b.transpose(out[0], &[0, 2, 1, 3])
+}
+
+/// cuDNN's causal attention alone as a whole program, for timing it against other kernels
+/// (`scripts/bench/bench_attention.py`): arguments q `[batch, seq, heads, head_dim]`, k and v
+/// `[batch, seq, kv_heads, head_dim]` (bf16) and each row's real tokens `[batch]` (i32);
+/// result `[batch, seq, heads, head_dim]`.
+pub fn program(batch: usize, seq: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Result<String, HloError> {
+    let mut b = Builder::new("cudnn_attention");
+    let bf16 = |h: usize| TensorType::new(DType::BF16, &[batch, seq, h, head_dim]);
+    let q = b.arg(bf16(heads), None)?;
+    let k = b.arg(bf16(kv_heads), None)?;
+    let v = b.arg(bf16(kv_heads), None)?;
+    let lengths = b.arg(TensorType::new(DType::I32, &[batch]), None)?;
+    let dims = [batch, seq, heads, head_dim];
+    let out = fused(&mut b, [q, k, v], lengths, dims, (head_dim as f64).powf(-0.5), 0)?;
+    b.finish(&[out])
 }
 
 /// The call's backend config: JAX's fields for a forward pass without dropout or bias.

@@ -17,6 +17,10 @@
 //! about 1.4× at 16 choices per expert, 1.25× at 64); memory: the sorted rows and outputs,
 //! `2 · (n·k + chunk) · H`, and one expert's weights (sliced out of the stacks on each step).
 //!
+//! Dispatch on one device as grouped products ([`Routing::grouped`], `siphon_kernels::grouped`:
+//! cuBLAS on a CUDA plugin): the sorted rows through each projection of every expert in one
+//! call, each expert's queue times its own weights where they lie; exactly the routed rows.
+//!
 //! Dispatch on a mesh ([`Routing::in_rounds`]): rounds of `[experts, capacity]` buffers,
 //! each holding the rows at positions `round·capacity …` of every queue, through one
 //! batched product per projection (weights on the left too), so that experts split whole
@@ -173,6 +177,8 @@ impl Graph<'_> {
         let out = if self.sharded() {
             let cap = self.spec.expert_capacity.unwrap_or_else(|| capacity(n, k, e)).clamp(1, n);
             routing.in_rounds(&mut self.b, x, experts, dt, cap)?
+        } else if self.spec.grouped_experts {
+            routing.grouped(&mut self.b, x, experts, dt)?
         } else if let Some(target) = experts.cpu_kernel(dt).filter(|_| self.spec.cpu_kernels) {
             routing.cpu_kernel(&mut self.b, x, experts, target)?
         } else {
@@ -288,7 +294,8 @@ struct Routing {
     e: usize,
     /// `[groups, a]`: each choice's expert.
     expert: Value,
-    /// `[groups, a]`: the sorted choices' slots (`token·k + j`) and tokens.
+    /// `[groups, a]`: the sorted choices' experts, slots (`token·k + j`) and tokens.
+    sorted_expert: Value,
     sorted_slot: Value,
     sorted_token: Value,
     /// `[groups, a]`: where each slot landed in the sorted order.
@@ -316,7 +323,7 @@ impl Routing {
         let token = b.iota(i32t(&[groups, n, k]), 1)?;
         let token = b.reshape(token, &[groups, a])?;
         let sorted = b.sort_by_first(&[expert, slot, token], 1)?;
-        let (sorted_slot, sorted_token) = (sorted[1], sorted[2]);
+        let (sorted_expert, sorted_slot, sorted_token) = (sorted[0], sorted[1], sorted[2]);
         let rank = b.sort_by_first(&[sorted_slot, slot], 1)?[1];
         let gae = [groups, a, e];
         let each = b.broadcast_in_dim(expert, &gae, &[0, 1])?;
@@ -329,7 +336,20 @@ impl Routing {
         };
         let counts = count(CompareDir::Eq)?;
         let starts = count(CompareDir::Lt)?;
-        Ok(Routing { groups, n, k, e, expert, sorted_slot, sorted_token, rank, counts, starts, chosen_weights })
+        Ok(Routing {
+            groups,
+            n,
+            k,
+            e,
+            expert,
+            sorted_expert,
+            sorted_slot,
+            sorted_token,
+            rank,
+            counts,
+            starts,
+            chosen_weights,
+        })
     }
 
     /// One device: a loop over the experts, each taking its queue `chunk` rows at a time
@@ -442,6 +462,47 @@ impl Routing {
             operands.push(b.constant_f32(&[alpha as f32, limit as f32], &[2])?);
         }
         let y = b.custom_call(target, &operands, TensorType::new(DType::F32, &[a, h]))?;
+        let y = b.reshape(y, &[t, k, h])?;
+        let weights = b.broadcast_in_dim(self.chosen_weights, &[t, k, h], &[0, 1])?;
+        let y = b.mul(y, weights)?;
+        b.reduce_sum(y, &[1])
+    }
+
+    /// One device, as grouped products (`siphon_kernels::grouped`): the choices' token rows in
+    /// the sorted order, each projection of every expert in one call over the experts' queues
+    /// (each expert's weights read in place), each bias gathered by the row's expert, the
+    /// gating in XLA's ops; then each output, by slot, times its router weight and each
+    /// token's `k` summed, as [`Routing::cpu_kernel`] does. Needs one group.
+    fn grouped(&self, b: &mut Builder, x: Value, w: &Experts, dt: DType) -> Result<Value, HloError> {
+        let (t, k, a, h, e) = (self.n, self.k, self.n * self.k, b.dims(x)?[1], self.e);
+        let at_rows = |b: &mut Builder, table: Value, index: Value| -> Result<Value, HloError> {
+            let dims = b.dims(table)?.to_vec();
+            let table = b.reshape(table, &[&[1][..], &dims].concat())?;
+            let index = b.reshape(index, &[1, a, 1])?;
+            let rows = b.take_along(table, 0, &[1], index)?;
+            b.reshape(rows, &[&[a][..], &dims[1..]].concat())
+        };
+        let rows = at_rows(b, x, self.sorted_token)?;
+        let counts = b.reshape(self.counts, &[e])?;
+        let [gate, up, down] = [w.weights[0], w.weights[1], w.weights[2]];
+        let [gb, ub, db] = w.biases.map_or([None; 3], |bs| bs.map(Some));
+        let project = |b: &mut Builder, v: Value, weight: Value, bias: Option<Value>| -> Result<Value, HloError> {
+            let n = b.dims(weight)?[1];
+            let y =
+                b.custom_call(siphon_kernels::grouped::TARGET, &[v, counts, weight], TensorType::new(dt, &[a, n]))?;
+            match bias {
+                Some(bias) => {
+                    let bias = at_rows(b, bias, self.sorted_expert)?;
+                    b.add(y, bias)
+                }
+                None => Ok(y),
+            }
+        };
+        let g = project(b, rows, gate, gb)?;
+        let u = project(b, rows, up, ub)?;
+        let act = w.glu.apply(b, g, u, dt)?;
+        let y = project(b, act, down, db)?;
+        let y = at_rows(b, y, self.rank)?;
         let y = b.reshape(y, &[t, k, h])?;
         let weights = b.broadcast_in_dim(self.chosen_weights, &[t, k, h], &[0, 1])?;
         let y = b.mul(y, weights)?;

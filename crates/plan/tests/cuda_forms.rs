@@ -1,8 +1,11 @@
-//! Where programs for a CUDA plugin call cuDNN's fused attention (`__cudnn$fmhaSoftmax`), for
-//! every fixture family: the form each block takes is pinned in `tests/cudnn_forms.txt`
-//! (`UPDATE_EXPECT=1` rewrites it; review the diff), the program calls the kernel exactly in the
-//! blocks that say so, and left-padded rows, f32 compute or a hooked pattern keep XLA's form.
-//! Whether the calls run right is for a GPU (`scripts/bench-gpu.sh kernels`).
+//! Where programs for a CUDA plugin call cuDNN's fused attention (`__cudnn$fmhaSoftmax`) and
+//! the grouped expert products (`siphon_grouped_matmul`), for every fixture family: the form
+//! each block takes and the grouped calls are pinned in `tests/cuda_forms.txt`
+//! (`UPDATE_EXPECT=1` rewrites it; review the diff), the program calls cuDNN exactly in the
+//! blocks that say so, and left-padded rows, f32 compute or a hooked pattern keep XLA's form;
+//! the experts take three grouped products per mixture block on one device, none on a mesh.
+//! Whether the calls run right on a GPU is for a GPU (`scripts/bench-gpu.sh kernels`); the
+//! grouped products' values are checked on the CPU plugin (`crates/engine/tests/fixtures.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +39,10 @@ fn calls(text: &str) -> usize {
     text.matches(siphon_models::cudnn::TARGET).count()
 }
 
+fn grouped_calls(text: &str) -> usize {
+    text.matches(&format!("@{}(", siphon_kernels::grouped::TARGET)).count()
+}
+
 #[test]
 fn every_family_calls_cudnn_exactly_where_its_blocks_can_take_it() {
     let mut table = String::new();
@@ -47,7 +54,22 @@ fn every_family_calls_cudnn_exactly_where_its_blocks_can_take_it() {
         let cudnn = forms.iter().filter(|(_, f)| *f == AttentionForm::Cudnn).count();
         assert_eq!(calls(&program.text), cudnn, "{name}: one call per block that takes cuDNN");
         fused += cudnn;
-        table.push_str(&format!("{name}: {}\n", siphon_models::cudnn::summary(forms)));
+        assert_eq!(grouped_calls(&program.text), 0, "{name}: grouped products only when asked for");
+        let mut grouped_spec = spec(vec![last], true);
+        grouped_spec.grouped_experts = true;
+        let grouped = grouped_calls(&build_forward(&config, &grouped_spec).unwrap().text);
+        assert_eq!(grouped % 3, 0, "{name}: gate, up and down per mixture block");
+        let experts = if grouped == 0 { String::new() } else { format!("; experts: {grouped} grouped products") };
+        table.push_str(&format!("{name}: {}{experts}\n", siphon_models::cudnn::summary(forms)));
+        if grouped > 0 {
+            // f32 takes the same products; a mesh keeps its rounds (experts split over `model`).
+            grouped_spec.compute_dtype = DType::F32.into();
+            assert_eq!(grouped_calls(&build_forward(&config, &grouped_spec).unwrap().text), grouped, "{name}");
+            let mesh = siphon_mesh::Mesh::new(&[("data", 1), ("model", 2)], vec![0, 1]).unwrap();
+            let mut meshed = spec(vec![last], false).with_megatron_plan(&config, mesh);
+            meshed.grouped_experts = true;
+            assert_eq!(grouped_calls(&build_forward(&config, &meshed).unwrap().text), 0, "{name} on a mesh");
+        }
 
         // Left-padded rows (the flag off): XLA's form everywhere, the program as on the CPU.
         let left = build_forward(&config, &spec(vec![last], false)).unwrap();
@@ -71,7 +93,7 @@ fn every_family_calls_cudnn_exactly_where_its_blocks_can_take_it() {
         }
     }
     assert!(fused > 0, "some fixture block takes cuDNN's form");
-    let path = format!("{}/tests/cudnn_forms.txt", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/tests/cuda_forms.txt", env!("CARGO_MANIFEST_DIR"));
     if std::env::var_os("UPDATE_EXPECT").is_some() {
         std::fs::write(&path, &table).unwrap();
         return;
