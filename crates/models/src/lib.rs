@@ -6,6 +6,7 @@ mod arch;
 pub mod config;
 mod contract;
 mod deepseek_v3;
+pub mod dictionary;
 mod family;
 pub mod forward;
 mod fp8;

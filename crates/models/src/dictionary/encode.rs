@@ -1,0 +1,179 @@
+//! A dictionary's encoder as program ops: the latents of `[tokens, d_in]` hook values, each
+//! token's active latents as a fixed-width sparse row.
+//!
+//! In f32 (products at `HIGHEST` precision, as every f32 product siphon emits). The dense
+//! latents `[tokens, d_sae]` are computed as SAELens computes them, then each token's `cap`
+//! largest are kept by one stable sort per row (latent indices carried with the values, so the
+//! lower latent comes first among ties): indices where a value is a firing (> 0), `-1`
+//! elsewhere, and each token's number of firings — more than `cap` is for the caller to
+//! refuse, never to truncate silently. For a TopK encoder the `k` largest of the
+//! pre-activations are the `k` largest after the `relu`, the same firings.
+
+use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
+
+use super::{Dictionary, Encoder, Normalize};
+
+/// One dictionary's latents for a program's tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct Latents {
+    /// `[tokens, cap]` i32: each token's largest latents, largest first; `-1` past its firings.
+    pub indices: Value,
+    /// `[tokens, cap]` f32: their values; 0 past the firings.
+    pub values: Value,
+    /// `[tokens]` i32: each token's number of firings (latents > 0), which may exceed `cap`.
+    pub count: Value,
+}
+
+/// The latents of `x` `[tokens, d_in]` (any float dtype, encoded in f32) under `dict`, whose
+/// tensors the program holds as `tensors` (in [`Dictionary::tensors`]' order), `cap` per token.
+pub fn encode(
+    b: &mut Builder,
+    x: Value,
+    dict: &Dictionary,
+    tensors: &[Value],
+    cap: usize,
+) -> Result<Latents, HloError> {
+    let [t, d] = b.dims(x)?.try_into().map_err(|_| HloError::Shape {
+        op: "dictionary",
+        detail: format!("input {:?} is not [tokens, d_in]", b.dims(x).unwrap_or(&[])),
+    })?;
+    if d != dict.d_in || tensors.len() != dict.tensors.len() || cap == 0 || cap > dict.d_sae {
+        return Err(HloError::Shape {
+            op: "dictionary",
+            detail: format!(
+                "{}: input width {d} (d_in {}), {} tensors for {}, cap {cap} of {} latents",
+                dict.name,
+                dict.d_in,
+                tensors.len(),
+                dict.tensors.len(),
+                dict.d_sae
+            ),
+        });
+    }
+    let n = dict.d_sae;
+    let tensor = |name: &str| tensors[dict.tensors.iter().position(|t| t.name == name).expect("checked names")];
+    let row = |b: &mut Builder, v: Value, width: usize| b.broadcast_in_dim(v, &[t, width], &[1]);
+    let mut x = b.convert(x, DType::F32)?;
+    if dict.normalize != Normalize::None {
+        x = normalize(b, x, dict.normalize)?;
+    }
+    if dict.subtract_b_dec {
+        let b_dec = row(b, tensor("b_dec"), d)?;
+        x = b.sub(x, b_dec)?;
+    }
+    let dense = TensorType::new(DType::F32, &[t, n]);
+    let zero = b.splat(0.0, dense.clone())?;
+    let affine = |b: &mut Builder, w: Value, bias: Value| -> Result<Value, HloError> {
+        let y = b.matmul(x, w)?;
+        let bias = row(b, bias, n)?;
+        b.add(y, bias)
+    };
+    let acts = match dict.encoder {
+        Encoder::Relu | Encoder::TopK { .. } => {
+            let pre = affine(b, tensor("W_enc"), tensor("b_enc"))?;
+            b.max(pre, zero)?
+        }
+        Encoder::JumpRelu => {
+            let pre = affine(b, tensor("W_enc"), tensor("b_enc"))?;
+            let threshold = row(b, tensor("threshold"), n)?;
+            let above = b.compare(CompareDir::Gt, pre, threshold)?;
+            let relu = b.max(pre, zero)?;
+            b.select(above, relu, zero)?
+        }
+        Encoder::Gated => {
+            let w = tensor("W_enc");
+            let gate = affine(b, w, tensor("b_gate"))?;
+            let open = b.compare(CompareDir::Gt, gate, zero)?;
+            let scale = b.exp(tensor("r_mag"))?;
+            let scale = b.broadcast_in_dim(scale, &[d, n], &[1])?;
+            let w_mag = b.mul(w, scale)?;
+            let mag = affine(b, w_mag, tensor("b_mag"))?;
+            let mag = b.max(mag, zero)?;
+            b.select(open, mag, zero)?
+        }
+    };
+    // Largest first: ascending by the negated value, stably, the latent index carried along.
+    let ids = b.iota(TensorType::new(DType::I32, &[t, n]), 1)?;
+    let negated = b.neg(acts)?;
+    let sorted = b.sort_by_first(&[negated, ids], 1)?;
+    let largest = b.neg(sorted[0])?;
+    // A TopK encoder's latents are its `k` largest only; the others' firings, none.
+    let candidates = match dict.encoder {
+        Encoder::TopK { k } => k,
+        _ => n,
+    };
+    let fires = |b: &mut Builder, width: usize| -> Result<Value, HloError> {
+        let values = b.slice_dim(largest, 1, 0, width)?;
+        let none = b.splat(0.0, TensorType::new(DType::F32, &[t, width]))?;
+        let fires = b.compare(CompareDir::Gt, values, none)?;
+        if width <= candidates {
+            return Ok(fires);
+        }
+        let position = b.iota(TensorType::new(DType::I32, &[t, width]), 1)?;
+        let limit = b.splat(candidates as f64, TensorType::new(DType::I32, &[t, width]))?;
+        let candidate = b.compare(CompareDir::Lt, position, limit)?;
+        b.and(fires, candidate)
+    };
+    let firing = fires(b, candidates)?;
+    let count = b.convert(firing, DType::I32)?;
+    let count = b.reduce_sum(count, &[1])?;
+    let kept = fires(b, cap)?;
+    let top = b.slice_dim(largest, 1, 0, cap)?;
+    let none = b.splat(0.0, TensorType::new(DType::F32, &[t, cap]))?;
+    let values = b.select(kept, top, none)?;
+    let top_ids = b.slice_dim(sorted[1], 1, 0, cap)?;
+    let no_latent = b.splat(-1.0, TensorType::new(DType::I32, &[t, cap]))?;
+    let indices = b.select(kept, top_ids, no_latent)?;
+    Ok(Latents { indices, values, count })
+}
+
+/// `x` `[tokens, d]` (f32) normalised per token as `how` says.
+fn normalize(b: &mut Builder, x: Value, how: Normalize) -> Result<Value, HloError> {
+    let [t, d] = b.dims(x)?.try_into().expect("checked [tokens, d_in]");
+    let per_token = |b: &mut Builder, v: Value| b.broadcast_in_dim(v, &[t, d], &[0]);
+    let sum = |b: &mut Builder, v: Value| b.reduce_sum(v, &[1]);
+    let scalar = |b: &mut Builder, v: f64| b.splat(v, TensorType::new(DType::F32, &[t]));
+    match how {
+        Normalize::None => Ok(x),
+        Normalize::ConstantNorm => {
+            let squares = b.mul(x, x)?;
+            let norm = sum(b, squares)?;
+            let norm = b.sqrt(norm)?;
+            let root = scalar(b, (d as f64).sqrt())?;
+            let coeff = b.div(root, norm)?;
+            let coeff = per_token(b, coeff)?;
+            b.mul(x, coeff)
+        }
+        Normalize::LayerNorm => {
+            let mean = sum(b, x)?;
+            let width = scalar(b, d as f64)?;
+            let mean = b.div(mean, width)?;
+            let mean = per_token(b, mean)?;
+            let centred = b.sub(x, mean)?;
+            let squares = b.mul(centred, centred)?;
+            let var = sum(b, squares)?;
+            let bessel = scalar(b, (d - 1).max(1) as f64)?;
+            let var = b.div(var, bessel)?;
+            let std = b.sqrt(var)?;
+            let eps = scalar(b, 1e-5)?;
+            let std = b.add(std, eps)?;
+            let std = per_token(b, std)?;
+            b.div(centred, std)
+        }
+    }
+}
+
+/// `dict`'s encoder alone as a whole program (for its tests and for timing it): arguments the
+/// hook values `[tokens, d_in]` (f32) then the dictionary's tensors; results [`Latents`]'
+/// indices, values and count.
+pub fn program(dict: &Dictionary, tokens: usize, cap: usize) -> Result<String, HloError> {
+    let mut b = Builder::new("dictionary");
+    let x = b.arg(TensorType::new(DType::F32, &[tokens, dict.d_in]), None)?;
+    let tensors = dict
+        .tensors
+        .iter()
+        .map(|t| b.arg(TensorType::new(DType::F32, &t.shape), None))
+        .collect::<Result<Vec<_>, _>>()?;
+    let latents = encode(&mut b, x, dict, &tensors, cap)?;
+    b.finish(&[latents.indices, latents.values, latents.count])
+}

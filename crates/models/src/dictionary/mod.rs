@@ -1,0 +1,149 @@
+//! Sparse dictionaries — SAEs and transcoders, as researchers publish them — read into one
+//! form, and their encoders as part of a program ([`encode`]): a dictionary is a room beside
+//! the layers, reading one hook's value and giving each token's active latents.
+//!
+//! A [`Dictionary`] is the hook it reads (TransformerLens's name), its widths, its encoder and
+//! the encoder's tensors in f32 under fixed names: `W_enc` `[d_in, d_sae]`, `b_enc` `[d_sae]`,
+//! `b_dec` `[d_in]` (subtracted from the input where the format says so), `threshold`
+//! `[d_sae]` (JumpReLU), `b_gate`, `r_mag`, `b_mag` `[d_sae]` (gated). The decoder is not
+//! read: latents are all a latent cache needs. What a format holds that siphon does not
+//! compute exactly (an input normalisation fitted on data, a rescaling by decoder norms) is
+//! refused with an error naming it.
+//!
+//! Formats, each in its own file: SAELens ([`saelens`]: `cfg.json` + `sae_weights.safetensors`).
+
+mod encode;
+pub mod saelens;
+
+use std::path::{Path, PathBuf};
+
+pub use encode::{Latents, encode, program};
+
+use crate::ModelError;
+
+/// How a dictionary turns the pre-activations `pre = x̃·W_enc + b_enc` into latents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoder {
+    /// `relu(pre)`.
+    Relu,
+    /// `relu(pre) · (pre > threshold)`, one threshold per latent.
+    JumpRelu,
+    /// The `k` largest pre-activations (the lower latent first among ties), then `relu`.
+    TopK {
+        /// Latents kept per token.
+        k: usize,
+    },
+    /// `(x̃·W_enc + b_gate > 0) · relu(x̃·(W_enc · exp(r_mag)) + b_mag)` (no `b_enc`).
+    Gated,
+}
+
+/// How the hook's values are normalised per token before encoding (SAELens's
+/// `normalize_activations` at inference).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Normalize {
+    /// As they are.
+    None,
+    /// `x · √d_in / ‖x‖₂`.
+    ConstantNorm,
+    /// `(x − mean(x)) / (std(x) + 1e-5)`, `std` with Bessel's correction (torch's default).
+    LayerNorm,
+}
+
+/// One of a dictionary's tensors, f32, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    /// Its name in [`Dictionary`]'s scheme (`W_enc`, `b_enc`, …).
+    pub name: &'static str,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Its values.
+    pub values: Vec<f32>,
+}
+
+/// A sparse dictionary's encoder, ready to build into a program.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dictionary {
+    /// A name that tells it from other dictionaries on the same hook (its directory's name
+    /// unless given).
+    pub name: String,
+    /// The TransformerLens hook it reads (a transcoder's input hook).
+    pub hook: String,
+    /// The hook's width.
+    pub d_in: usize,
+    /// Its number of latents.
+    pub d_sae: usize,
+    /// How pre-activations become latents.
+    pub encoder: Encoder,
+    /// How the input is normalised first.
+    pub normalize: Normalize,
+    /// Whether `b_dec` is subtracted from the input (after normalising) before encoding.
+    pub subtract_b_dec: bool,
+    /// The tensors the encoder reads, in the order a program takes them.
+    pub tensors: Vec<Tensor>,
+    /// Where it was read from.
+    pub source: PathBuf,
+}
+
+impl Dictionary {
+    /// Reads the dictionary in `dir`, whichever format its files say.
+    pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
+        if dir.join("cfg.json").is_file() && dir.join(saelens::WEIGHTS).is_file() {
+            return saelens::open(dir);
+        }
+        Err(ModelError::Config(format!(
+            "{}: not a dictionary siphon reads (SAELens: cfg.json and {})",
+            dir.display(),
+            saelens::WEIGHTS
+        )))
+    }
+
+    /// The tensor `name`.
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The names its encoder reads, in program order, for `encoder`.
+    pub fn tensor_names(encoder: Encoder, subtract_b_dec: bool) -> Vec<&'static str> {
+        let mut names = vec!["W_enc"];
+        match encoder {
+            Encoder::Relu | Encoder::TopK { .. } => names.push("b_enc"),
+            Encoder::JumpRelu => names.extend(["b_enc", "threshold"]),
+            Encoder::Gated => names.extend(["b_gate", "r_mag", "b_mag"]),
+        }
+        if subtract_b_dec {
+            names.push("b_dec");
+        }
+        names
+    }
+
+    /// Checks that the tensors are exactly those the encoder reads, each of its shape.
+    pub(crate) fn check(&self) -> Result<(), ModelError> {
+        let wrong = |detail: String| ModelError::Config(format!("dictionary {}: {detail}", self.source.display()));
+        let names = Dictionary::tensor_names(self.encoder, self.subtract_b_dec);
+        if self.tensors.iter().map(|t| t.name).collect::<Vec<_>>() != names {
+            return Err(wrong(format!(
+                "holds {:?}, its encoder reads {names:?}",
+                self.tensors.iter().map(|t| t.name).collect::<Vec<_>>()
+            )));
+        }
+        for t in &self.tensors {
+            let want = match t.name {
+                "W_enc" => vec![self.d_in, self.d_sae],
+                "b_dec" => vec![self.d_in],
+                _ => vec![self.d_sae],
+            };
+            if t.shape != want || t.values.len() != want.iter().product::<usize>() {
+                return Err(wrong(format!(
+                    "{} is {:?}, expected {want:?} (d_in {}, d_sae {})",
+                    t.name, t.shape, self.d_in, self.d_sae
+                )));
+            }
+        }
+        if let Encoder::TopK { k } = self.encoder
+            && (k == 0 || k > self.d_sae)
+        {
+            return Err(wrong(format!("k = {k} of {} latents", self.d_sae)));
+        }
+        Ok(())
+    }
+}

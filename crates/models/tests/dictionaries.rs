@@ -1,0 +1,153 @@
+//! Dictionaries' encoders on the PJRT CPU plugin against the libraries that made them: each
+//! fixture under `fixtures/dictionaries/` was saved by SAELens itself, with the latents its
+//! `SAE.encode` gives for TransformerLens's values of the hook on tiny-llama's golden rows
+//! (`scripts/gen-sae-fixtures.sh`). siphon reads the saved files, encodes the same values in
+//! a program and must give the same latents within 1e-4 of their scale, and the same firings
+//! wherever a pre-activation is not within that of its threshold.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use safetensors::SafeTensors;
+use siphon_models::dictionary::{self, Dictionary, Encoder};
+use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin};
+
+fn client() -> Client {
+    static PLUGIN: OnceLock<Arc<Plugin>> = OnceLock::new();
+    let plugin = PLUGIN.get_or_init(|| {
+        let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
+        Plugin::load(&path).expect("load the CPU plugin")
+    });
+    Client::new(plugin, ClientOptions::new()).unwrap()
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/dictionaries");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root).unwrap().map(|e| e.unwrap().path()).collect();
+    dirs.sort();
+    dirs
+}
+
+fn f32s(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let t = st.tensor(name).unwrap();
+    (t.shape().to_vec(), t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+}
+
+/// The program's latents for `x` as (indices, values, count), `cap` per token.
+fn encode(client: &Client, dict: &Dictionary, x: &[f32], tokens: usize, cap: usize) -> (Vec<i32>, Vec<f32>, Vec<i32>) {
+    let text = dictionary::program(dict, tokens, cap).unwrap();
+    let exe = client.compile(&text, &CompileOptions::single_device(None)).unwrap();
+    let device = exe.device_ids()[0];
+    let mut args = vec![client.upload(&HostArray::from_slice(&[tokens, dict.d_in], x).unwrap(), device).unwrap()];
+    for t in &dict.tensors {
+        args.push(client.upload(&HostArray::from_slice(&t.shape, &t.values).unwrap(), device).unwrap());
+    }
+    let out = exe.execute(&[args.iter().collect()]).unwrap();
+    let host: Vec<HostArray> = out[0].iter().map(|b| b.to_host().unwrap()).collect();
+    let ints = |a: &HostArray| a.to_f32().iter().map(|&v| v as i32).collect::<Vec<i32>>();
+    (ints(&host[0]), host[1].to_f32(), ints(&host[2]))
+}
+
+#[test]
+fn every_saelens_architecture_encodes_as_saelens_does() {
+    let client = client();
+    let dirs = fixtures();
+    assert!(dirs.len() >= 9, "the dictionary fixtures are there");
+    for dir in dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let dict = Dictionary::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
+        let golden = SafeTensors::deserialize(&bytes).unwrap();
+        let (shape, x) = f32s(&golden, "x");
+        let (_, want) = f32s(&golden, "latents");
+        let (tokens, n) = (shape[0], dict.d_sae);
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let tol = 1e-4 * scale;
+        // Every latent kept: the dense latents, rebuilt from the sparse rows.
+        let (indices, values, count) = encode(&client, &dict, &x, tokens, n);
+        let mut got = vec![0f32; tokens * n];
+        for t in 0..tokens {
+            let fires = want[t * n..][..n].iter().filter(|&&v| v > 0.0).count();
+            assert!(
+                (count[t] as usize).abs_diff(fires) <= 1,
+                "{name} token {t}: {} firings, SAELens {fires}",
+                count[t]
+            );
+            for j in 0..n {
+                let (i, v) = (indices[t * n + j], values[t * n + j]);
+                if i < 0 {
+                    assert!(j as i32 >= count[t] && v == 0.0, "{name} token {t}: a gap before the end of the firings");
+                    continue;
+                }
+                assert!(v > 0.0, "{name}: index {i} kept without firing");
+                if j > 0 && indices[t * n + j - 1] >= 0 {
+                    assert!(values[t * n + j - 1] >= v, "{name} token {t}: not largest first");
+                }
+                got[t * n + i as usize] = v;
+            }
+        }
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (t, latent) = (k / n, k % n);
+            // A latent at its threshold may fire on one side and not the other: its value is
+            // then at most the threshold's scale (JumpReLU) or near 0 (ReLU, gates).
+            let near_threshold = match dict.encoder {
+                Encoder::JumpRelu => dict.tensor("threshold").unwrap().values[latent].abs() + tol,
+                _ => tol,
+            };
+            let ok = (g - w).abs() <= tol || ((*g == 0.0 || *w == 0.0) && g.max(*w) <= near_threshold);
+            assert!(ok, "{name} token {t} latent {latent}: {g} vs SAELens {w} (scale {scale})");
+        }
+        let differ = got.iter().zip(&want).filter(|(g, w)| (**g > 0.0) != (**w > 0.0)).count();
+        assert!(differ <= 1, "{name}: {differ} firings differ from SAELens's");
+        if let Encoder::TopK { k } = dict.encoder {
+            assert!(count.iter().all(|&c| c as usize <= k), "{name}: at most k firings");
+        }
+
+        // A cap below the firings: the largest kept, the count tells how many there were.
+        let most = *count.iter().max().unwrap() as usize;
+        if most > 2 {
+            let cap = most - 1;
+            let (small, small_values, small_count) = encode(&client, &dict, &x, tokens, cap);
+            assert_eq!(small_count, count, "{name}: the count does not depend on the cap");
+            for t in 0..tokens {
+                assert_eq!(&small[t * cap..][..cap], &indices[t * n..][..cap], "{name} token {t}");
+                assert_eq!(&small_values[t * cap..][..cap], &values[t * n..][..cap], "{name} token {t}");
+            }
+        }
+    }
+}
+
+/// What siphon does not compute exactly is refused with an error naming it.
+#[test]
+fn what_is_not_computed_is_refused_by_name() {
+    let source = fixtures().into_iter().find(|d| d.ends_with("saelens-topk")).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("cfg.json")).unwrap()).unwrap();
+    let cases: [(&str, serde_json::Value); 6] = [
+        ("rescale_acts_by_decoder_norm", serde_json::json!({"rescale_acts_by_decoder_norm": true})),
+        ("architecture \"matryoshka_batchtopk\"", serde_json::json!({"architecture": "matryoshka_batchtopk"})),
+        (
+            "normalize_activations \"covariance_whitening\"",
+            serde_json::json!({"normalize_activations": "covariance_whitening"}),
+        ),
+        ("hook_head_index 3", serde_json::json!({"hook_head_index": 3})),
+        ("reshape_activations \"hook_z\"", serde_json::json!({"reshape_activations": "hook_z"})),
+        ("activation_fn \"tanh-relu\"", serde_json::json!({"activation_fn": "tanh-relu"})),
+    ];
+    for (want, edit) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = cfg.clone();
+        for (k, v) in edit.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        std::fs::write(dir.path().join("cfg.json"), cfg.to_string()).unwrap();
+        std::fs::copy(source.join("sae_weights.safetensors"), dir.path().join("sae_weights.safetensors")).unwrap();
+        let err = Dictionary::open(dir.path()).expect_err(want).to_string();
+        assert!(err.contains(want), "{err:?} lacks {want:?}");
+    }
+    let empty = tempfile::tempdir().unwrap();
+    let err = Dictionary::open(empty.path()).unwrap_err().to_string();
+    assert!(err.contains("not a dictionary siphon reads"), "{err}");
+}
