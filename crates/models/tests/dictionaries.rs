@@ -1,5 +1,6 @@
 //! Dictionaries' encoders on the PJRT CPU plugin against the libraries that made them: each
-//! fixture under `fixtures/dictionaries/` was saved by SAELens itself, with the latents its
+//! fixture under `fixtures/dictionaries/` was saved by SAELens itself (or written as Gemma
+//! Scope's `params.npz` and read back by SAELens's own loader), with the latents its
 //! `SAE.encode` gives for TransformerLens's values of the hook on tiny-llama's golden rows
 //! (`scripts/gen-sae-fixtures.sh`). siphon reads the saved files, encodes the same values in
 //! a program and must give the same latents within 1e-4 of their scale, and the same firings
@@ -23,9 +24,22 @@ fn client() -> Client {
     Client::new(plugin, ClientOptions::new()).unwrap()
 }
 
+/// Every directory under `fixtures/dictionaries` that holds a golden (Gemma Scope's under the
+/// Hub's layout, several levels down).
 fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/dictionaries");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root).unwrap().map(|e| e.unwrap().path()).collect();
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        if dir.join("golden.safetensors").is_file() {
+            out.push(dir.to_path_buf());
+        }
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            }
+        }
+    }
+    let mut dirs = Vec::new();
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/dictionaries"), &mut dirs);
     dirs.sort();
     dirs
 }
@@ -51,13 +65,13 @@ fn encode(client: &Client, dict: &Dictionary, x: &[f32], tokens: usize, cap: usi
 }
 
 #[test]
-fn every_saelens_architecture_encodes_as_saelens_does() {
+fn every_architecture_encodes_as_its_library_does() {
     let client = client();
     let dirs = fixtures();
-    assert!(dirs.len() >= 9, "the dictionary fixtures are there");
+    assert!(dirs.len() >= 10, "the dictionary fixtures are there");
     for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let dict = Dictionary::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let dict = Dictionary::open(&dir, None).unwrap_or_else(|e| panic!("{name}: {e}"));
         let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
         let golden = SafeTensors::deserialize(&bytes).unwrap();
         let (shape, x) = f32s(&golden, "x");
@@ -144,10 +158,21 @@ fn what_is_not_computed_is_refused_by_name() {
         }
         std::fs::write(dir.path().join("cfg.json"), cfg.to_string()).unwrap();
         std::fs::copy(source.join("sae_weights.safetensors"), dir.path().join("sae_weights.safetensors")).unwrap();
-        let err = Dictionary::open(dir.path()).expect_err(want).to_string();
+        let err = Dictionary::open(dir.path(), None).expect_err(want).to_string();
         assert!(err.contains(want), "{err:?} lacks {want:?}");
     }
     let empty = tempfile::tempdir().unwrap();
-    let err = Dictionary::open(empty.path()).unwrap_err().to_string();
+    let err = Dictionary::open(empty.path(), None).unwrap_err().to_string();
     assert!(err.contains("not a dictionary siphon reads"), "{err}");
+    let err = Dictionary::open(&source, Some("blocks.0.hook_resid_post")).unwrap_err().to_string();
+    assert!(err.contains("trained on blocks.1.hook_resid_post, not blocks.0.hook_resid_post"), "{err}");
+
+    // Gemma Scope's file names no hook: outside the Hub's layout the caller names it.
+    let gemma = fixtures().into_iter().find(|d| d.to_string_lossy().contains("gemma-scope")).unwrap();
+    let moved = tempfile::tempdir().unwrap();
+    std::fs::copy(gemma.join("params.npz"), moved.path().join("params.npz")).unwrap();
+    let err = Dictionary::open(moved.path(), None).unwrap_err().to_string();
+    assert!(err.contains("name the hook"), "{err}");
+    let named = Dictionary::open(moved.path(), Some("blocks.1.hook_resid_post")).unwrap();
+    assert_eq!(named.tensors, Dictionary::open(&gemma, None).unwrap().tensors);
 }

@@ -10,9 +10,11 @@
 //! compute exactly (an input normalisation fitted on data, a rescaling by decoder norms) is
 //! refused with an error naming it.
 //!
-//! Formats, each in its own file: SAELens ([`saelens`]: `cfg.json` + `sae_weights.safetensors`).
+//! Formats, each in its own file: SAELens ([`saelens`]: `cfg.json` + `sae_weights.safetensors`),
+//! Gemma Scope ([`gemma_scope`]: `params.npz`).
 
 mod encode;
+pub mod gemma_scope;
 pub mod saelens;
 
 use std::path::{Path, PathBuf};
@@ -85,16 +87,29 @@ pub struct Dictionary {
 }
 
 impl Dictionary {
-    /// Reads the dictionary in `dir`, whichever format its files say.
-    pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
-        if dir.join("cfg.json").is_file() && dir.join(saelens::WEIGHTS).is_file() {
-            return saelens::open(dir);
+    /// Reads the dictionary in `dir`, whichever format its files say, on `hook` if given
+    /// (else on the hook its files or path name; a given hook must match a file's).
+    pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
+        let dict = if dir.join("cfg.json").is_file() && dir.join(saelens::WEIGHTS).is_file() {
+            saelens::open(dir)?
+        } else if dir.join(gemma_scope::PARAMS).is_file() {
+            gemma_scope::open(dir, hook)?
+        } else {
+            return Err(ModelError::Config(format!(
+                "{}: not a dictionary siphon reads (SAELens: cfg.json and {}; Gemma Scope: {})",
+                dir.display(),
+                saelens::WEIGHTS,
+                gemma_scope::PARAMS
+            )));
+        };
+        if let Some(hook) = hook.filter(|h| *h != dict.hook) {
+            return Err(ModelError::Config(format!(
+                "dictionary {} was trained on {}, not {hook}",
+                dir.display(),
+                dict.hook
+            )));
         }
-        Err(ModelError::Config(format!(
-            "{}: not a dictionary siphon reads (SAELens: cfg.json and {})",
-            dir.display(),
-            saelens::WEIGHTS
-        )))
+        Ok(dict)
     }
 
     /// The tensor `name`.
