@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Regenerates the committed dictionary fixtures (fixtures/dictionaries/<name>/: a dictionary as
-# SAELens saves it, and golden.safetensors with the hook's values and the library's latents for
-# them) from PyPI sae-lens 6.x on TransformerLens's values of tiny-llama's golden rows
-# (scripts/fixtures/gen_sae_fixtures.py). Uses the venv of scripts/setup-python-train.sh (which
-# it creates if missing). Offline apart from PyPI; CI never runs this.
+# its library saves it, and golden.safetensors with the hook's values and the library's latents
+# for them) on TransformerLens's values of tiny-llama's golden rows: PyPI sae-lens 6.x in the venv
+# of scripts/setup-python-train.sh (scripts/fixtures/gen_sae_fixtures.py: SAELens's
+# architectures, Gemma Scope through SAELens's loader), PyPI eai-sparsify in its own venv
+# $SIPHON_CACHE/venvs/sparsify (scripts/fixtures/gen_sparsify_fixtures.py). Creates the venvs
+# if missing (torch twice, several GB). Offline apart from PyPI; CI never runs this.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib.sh"
 python="$(bash "$here/setup-python-train.sh" | tail -n 1)"
 "$python" "$here/fixtures/gen_sae_fixtures.py" --fixtures "$REPO_ROOT/fixtures" "$@"
+ensure_venv sparsify .siphon-setup-v1 "torch, sparsify, safetensors, numpy" eai-sparsify safetensors numpy
+"$SIPHON_CACHE/venvs/sparsify/bin/python" "$here/fixtures/gen_sparsify_fixtures.py" --fixtures "$REPO_ROOT/fixtures"

@@ -11,11 +11,13 @@
 //! refused with an error naming it.
 //!
 //! Formats, each in its own file: SAELens ([`saelens`]: `cfg.json` + `sae_weights.safetensors`),
-//! Gemma Scope ([`gemma_scope`]: `params.npz`).
+//! Gemma Scope ([`gemma_scope`]: `params.npz`), EleutherAI sparsify ([`sparsify`]:
+//! `<hookpoint>/cfg.json` + `sae.safetensors`).
 
 mod encode;
 pub mod gemma_scope;
 pub mod saelens;
+pub mod sparsify;
 
 use std::path::{Path, PathBuf};
 
@@ -92,13 +94,17 @@ impl Dictionary {
     pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
         let dict = if dir.join("cfg.json").is_file() && dir.join(saelens::WEIGHTS).is_file() {
             saelens::open(dir)?
+        } else if dir.join("cfg.json").is_file() && dir.join(sparsify::WEIGHTS).is_file() {
+            sparsify::open(dir, hook)?
         } else if dir.join(gemma_scope::PARAMS).is_file() {
             gemma_scope::open(dir, hook)?
         } else {
             return Err(ModelError::Config(format!(
-                "{}: not a dictionary siphon reads (SAELens: cfg.json and {}; Gemma Scope: {})",
+                "{}: not a dictionary siphon reads (SAELens: cfg.json and {}; sparsify: cfg.json and {}; \
+                 Gemma Scope: {})",
                 dir.display(),
                 saelens::WEIGHTS,
+                sparsify::WEIGHTS,
                 gemma_scope::PARAMS
             )));
         };

@@ -1,0 +1,134 @@
+//! EleutherAI sparsify's dictionaries: a checkpoint's `<hookpoint>/cfg.json` and
+//! `<hookpoint>/sae.safetensors` (`encoder.weight` `[d_sae, d_in]`, `encoder.bias`, `W_dec`,
+//! `b_dec`), as `SparseCoder.save_to_disk` writes them. `SparseCoder.encode`: the `k` largest
+//! of relu((x − b_dec)·encoder.weightᵀ + encoder.bias) — a transcoder (`transcode`) never
+//! subtracts `b_dec` — and a zero among them is no firing.
+//!
+//! The hook is the directory's name, a module path of the Hugging Face model, read as
+//! sparsify hooks it: `layers.N` (its output) → `blocks.N.hook_resid_post`; `layers.N.mlp` →
+//! `blocks.N.hook_mlp_out`, or for a transcoder the MLP's input, `blocks.N.mlp.hook_in`; with
+//! any prefix before `layers` (`model.`, `gpt_neox.`). Other module paths need the hook named.
+//! Refused by name: `groupmax` activations, skip connections' `W_skip` is not read (latents
+//! do not need it).
+
+use std::path::Path;
+
+use serde_json::Value as Json;
+
+use super::{Dictionary, Encoder, Normalize, Tensor};
+use crate::ModelError;
+use crate::weights::{DType, decode_into};
+
+/// The weights file next to `cfg.json`.
+pub const WEIGHTS: &str = "sae.safetensors";
+
+/// Reads the sparsify dictionary in `dir`, on `hook` if given, else on the hook its directory's
+/// name says.
+pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
+    let cfg_path = dir.join("cfg.json");
+    let text =
+        std::fs::read_to_string(&cfg_path).map_err(|source| ModelError::Io { path: cfg_path.clone(), source })?;
+    let cfg: Json = serde_json::from_str(&text)
+        .map_err(|e| ModelError::Corrupt { path: cfg_path.clone(), detail: format!("not JSON: {e}") })?;
+    let refuse = |what: String| ModelError::Config(format!("sparsify dictionary {}: {what}", dir.display()));
+    match cfg.get("activation").and_then(Json::as_str).unwrap_or("topk") {
+        "topk" => {}
+        other => return Err(refuse(format!("activation {other:?}: only topk is computed"))),
+    }
+    let transcode = cfg.get("transcode").and_then(Json::as_bool).unwrap_or(false);
+    let point = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let hook = match hook {
+        Some(hook) => hook.to_string(),
+        None => hook_of(&point, transcode).ok_or_else(|| {
+            refuse(format!("hookpoint {point:?} is not layers.N or layers.N.mlp; name the hook (PATH@HOOK)"))
+        })?,
+    };
+    let size = |name: &str| cfg.get(name).and_then(Json::as_u64).map(|v| v as usize);
+    let d_in = size("d_in").ok_or_else(|| refuse("cfg.json lacks d_in".into()))?;
+    let k = size("k").ok_or_else(|| refuse("cfg.json lacks k".into()))?;
+
+    let path = dir.join(WEIGHTS);
+    let bytes = std::fs::read(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+    let file = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| ModelError::Corrupt { path: path.clone(), detail: e.to_string() })?;
+    let read = |stored: &str| -> Result<(Vec<usize>, Vec<f32>), ModelError> {
+        let t = file.tensor(stored).map_err(|_| refuse(format!("{WEIGHTS} lacks {stored}")))?;
+        let dtype = match t.dtype() {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::BF16 => DType::Bf16,
+            safetensors::Dtype::F16 => DType::F16,
+            other => return Err(refuse(format!("{stored} is {other:?}"))),
+        };
+        let mut values = vec![0.0; t.shape().iter().product()];
+        decode_into(dtype, t.data(), &mut values);
+        Ok((t.shape().to_vec(), values))
+    };
+    let (shape, weight) = read("encoder.weight")?;
+    let [d_sae, width] = shape[..] else {
+        return Err(refuse(format!("encoder.weight is {shape:?}, not [latents, d_in]")));
+    };
+    if width != d_in {
+        return Err(refuse(format!("encoder.weight is {shape:?}, d_in is {d_in}")));
+    }
+    // `encoder.weight` is `[d_sae, d_in]`; the encoder reads `W_enc` `[d_in, d_sae]`.
+    let mut w_enc = vec![0.0; d_in * d_sae];
+    for (latent, row) in weight.chunks_exact(d_in).enumerate() {
+        for (i, &v) in row.iter().enumerate() {
+            w_enc[i * d_sae + latent] = v;
+        }
+    }
+    let encoder = Encoder::TopK { k };
+    let subtract_b_dec = !transcode;
+    let mut tensors = vec![
+        Tensor { name: "W_enc", shape: vec![d_in, d_sae], values: w_enc },
+        Tensor { name: "b_enc", shape: vec![d_sae], values: read("encoder.bias")?.1 },
+    ];
+    if subtract_b_dec {
+        let (shape, values) = read("b_dec")?;
+        tensors.push(Tensor { name: "b_dec", shape, values });
+    }
+    let parent = dir.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned());
+    let name = parent.map_or(point.clone(), |p| format!("{p}_{point}"));
+    let dict = Dictionary {
+        name,
+        hook,
+        d_in,
+        d_sae,
+        encoder,
+        normalize: Normalize::None,
+        subtract_b_dec,
+        tensors,
+        source: dir.to_path_buf(),
+    };
+    dict.check()?;
+    Ok(dict)
+}
+
+/// The TransformerLens hook of sparsify's hookpoint `point`, if it is one of the usual ones.
+fn hook_of(point: &str, transcode: bool) -> Option<String> {
+    let at = point.find("layers.")?;
+    let rest = &point[at + "layers.".len()..];
+    let (layer, tail) = rest.split_once('.').map_or((rest, ""), |(l, t)| (l, t));
+    let layer: usize = layer.parse().ok()?;
+    match (tail, transcode) {
+        ("", false) => Some(format!("blocks.{layer}.hook_resid_post")),
+        ("mlp", false) => Some(format!("blocks.{layer}.hook_mlp_out")),
+        ("mlp", true) => Some(format!("blocks.{layer}.mlp.hook_in")),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hookpoints_name_their_hooks() {
+        assert_eq!(hook_of("layers.10", false).as_deref(), Some("blocks.10.hook_resid_post"));
+        assert_eq!(hook_of("model.layers.3.mlp", false).as_deref(), Some("blocks.3.hook_mlp_out"));
+        assert_eq!(hook_of("gpt_neox.layers.3.mlp", true).as_deref(), Some("blocks.3.mlp.hook_in"));
+        assert_eq!(hook_of("layers.3", true), None);
+        assert_eq!(hook_of("layers.3.self_attn", false), None);
+        assert_eq!(hook_of("embed_tokens", false), None);
+    }
+}
