@@ -7,7 +7,9 @@
 //! token) and `position_ids`, each `[batch, seq]` i32. Its results are the requested hooks
 //! in the requested order, each `[batch, seq, *per-token shape]` in the output dtype (the
 //! per-token shape is the hook's [`crate::hooks::HookShape`]: `[hidden]`, `[d_mlp]`, `[1]`,
-//! `[heads, head_dim]` or `[heads, seq]`). Position ids
+//! `[heads, head_dim]` or `[heads, seq]`). With dictionaries ([`ForwardSpec::dictionaries`]),
+//! each one's tensors follow the inputs (f32, replicated; [`crate::dictionary::Dictionary`]'s
+//! order) and its latents follow the hooks ([`LatentsInfo`]). Position ids
 //! are an input so that the caller decides them: `cumsum(mask) - 1` for padded rows makes
 //! left- and right-padded rows give the activations of an unpadded run.
 //!
@@ -22,12 +24,14 @@
 //! materialising repeated keys).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use siphon_hlo::DType;
 use siphon_mesh::{Mesh, PartitionSpec};
 
 use crate::StoredForm;
 use crate::config::{ModelConfig, ParamInfo};
+use crate::dictionary::Dictionary;
 use crate::hooks::HookPoint;
 
 /// What to build: shapes, hooks, dtypes and sharding.
@@ -72,6 +76,9 @@ pub struct ForwardSpec {
     /// (the layers' `cudnn.rs`), the others keep XLA's ops. Off (the default, and for
     /// left-padded rows), every block keeps XLA's ops.
     pub cudnn_attention: bool,
+    /// Sparse dictionaries whose latents the program computes from the hooks they read (which
+    /// need not be among `hooks`), in order.
+    pub dictionaries: Vec<DictionaryHook>,
     /// The weights the program declares, by Hugging Face name. `None` (the default): exactly
     /// those its graph reads, which `build_forward` learns by building once with every
     /// weight of the blocks it builds. Given (as an engine passes what its first build
@@ -97,8 +104,20 @@ impl ForwardSpec {
             cpu_kernels: false,
             grouped_experts: false,
             cudnn_attention: false,
+            dictionaries: Vec::new(),
             weights: None,
         }
+    }
+
+    /// The hooks the graph must produce: the requested ones, then those only dictionaries read.
+    pub fn read_hooks(&self) -> Vec<HookPoint> {
+        let mut hooks = self.hooks.clone();
+        for d in &self.dictionaries {
+            if !hooks.contains(&d.hook) {
+                hooks.push(d.hook);
+            }
+        }
+        hooks
     }
 
     /// Uses `mesh` with the fixed Megatron-style plan of [`crate::sharding::megatron_specs`].
@@ -168,6 +187,32 @@ pub struct InputInfo {
     pub spec: PartitionSpec,
 }
 
+/// A dictionary read from one hook's values inside the program.
+#[derive(Debug, Clone)]
+pub struct DictionaryHook {
+    /// The hook it reads: its per-token values must be `d_in` wide.
+    pub hook: HookPoint,
+    /// The dictionary.
+    pub dictionary: Arc<Dictionary>,
+    /// Latents kept per token, its largest; firings past them are counted, never kept.
+    pub cap: usize,
+}
+
+/// One dictionary's three results, after the hooks': its latents' indices `[batch, seq, cap]`
+/// (i32, largest first, `-1` past a token's firings), their values `[batch, seq, cap]` (f32,
+/// 0 there) and each token's number of firings `[batch, seq]` (i32; more than `cap` means some
+/// were not kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatentsInfo {
+    /// Its index in [`ForwardSpec::dictionaries`].
+    pub dictionary: usize,
+    /// `[batch, seq, cap]`.
+    pub shape: Vec<usize>,
+    /// How the indices and values come back split over the mesh (the firings: its first two
+    /// dimensions).
+    pub spec: PartitionSpec,
+}
+
 /// One result of the program.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputInfo {
@@ -199,8 +244,10 @@ pub struct ForwardProgram {
     pub param_dtype: DType,
     /// The inputs that follow the weights: `input_ids`, `attention_mask`, `position_ids`.
     pub inputs: Vec<InputInfo>,
-    /// The results, in order.
+    /// The hooks' results, in order.
     pub outputs: Vec<OutputInfo>,
+    /// The dictionaries' results, after the hooks', three each.
+    pub latents: Vec<LatentsInfo>,
     /// The mesh the program is partitioned over.
     pub mesh: Mesh,
     /// Number of blocks the program runs.

@@ -44,7 +44,9 @@ pub mod weights;
 pub use config::{
     Activation, Arch, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice,
 };
-pub use forward::{AttentionForm, ForwardProgram, ForwardSpec, InputInfo, OutputInfo, build_forward};
+pub use forward::{
+    AttentionForm, DictionaryHook, ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, build_forward,
+};
 pub use gemma4::Gemma4;
 pub use gpt_oss::GptOss;
 pub use hf::LoadedModel;

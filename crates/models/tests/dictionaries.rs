@@ -21,7 +21,7 @@ fn client() -> Client {
             .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
         Plugin::load(&path).expect("load the CPU plugin")
     });
-    Client::new(plugin, ClientOptions::new()).unwrap()
+    Client::new(plugin, ClientOptions::new().cpu_device_count(8)).unwrap()
 }
 
 /// Every directory under `fixtures/dictionaries` that holds a golden (Gemma Scope's under the
@@ -175,4 +175,128 @@ fn what_is_not_computed_is_refused_by_name() {
     assert!(err.contains("name the hook"), "{err}");
     let named = Dictionary::open(moved.path(), Some("blocks.1.hook_resid_post")).unwrap();
     assert_eq!(named.tensors, Dictionary::open(&gemma, None).unwrap().tensors);
+}
+
+/// Every dictionary fixture read inside tiny-llama's forward, from the hook it names, on the
+/// tokens TransformerLens ran (right-padded rows): the latents of each row's real tokens equal
+/// the library's on TransformerLens's values, within 1e-4 of their scale, firings included.
+#[test]
+fn latents_inside_the_forward_equal_the_librarys_on_the_models_tokens() {
+    use siphon_models::{DictionaryHook, ForwardSpec, HookKind, HookPoint, LoadedModel, build_forward};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/tiny-llama");
+    let model = LoadedModel::open(&root).unwrap();
+    let bytes = std::fs::read(root.join("golden-tl.safetensors")).unwrap();
+    let tl = SafeTensors::deserialize(&bytes).unwrap();
+    let ids_t = tl.tensor("input_ids").unwrap();
+    let (batch, seq) = (ids_t.shape()[0], ids_t.shape()[1]);
+    let ints = |name: &str| -> Vec<i32> {
+        let t = tl.tensor(name).unwrap();
+        match t.dtype() {
+            safetensors::Dtype::I64 => {
+                t.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as i32).collect()
+            }
+            _ => t.data().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect(),
+        }
+    };
+    let (ids, lengths) = (ints("input_ids"), ints("lengths"));
+    let mask: Vec<i32> = (0..batch * seq).map(|i| i32::from(((i % seq) as i32) < lengths[i / seq])).collect();
+    let positions: Vec<i32> = (0..batch * seq).map(|i| (i % seq) as i32).collect();
+
+    let dicts: Vec<(Dictionary, Vec<f32>)> = fixtures()
+        .into_iter()
+        .map(|dir| {
+            let golden = std::fs::read(dir.join("golden.safetensors")).unwrap();
+            let latents = f32s(&SafeTensors::deserialize(&golden).unwrap(), "latents").1;
+            (Dictionary::open(&dir, None).unwrap(), latents)
+        })
+        .collect();
+    let dictionaries: Vec<DictionaryHook> = dicts
+        .iter()
+        .map(|(d, _)| DictionaryHook {
+            hook: HookPoint::parse(&d.hook, &model.config).unwrap(),
+            dictionary: Arc::new(d.clone()),
+            cap: d.d_sae,
+        })
+        .collect();
+    let client = client();
+    // One device, and a 3 x 2 mesh (a row per `data` device, heads over `model`).
+    let mesh = siphon_mesh::Mesh::new(&[("data", 3), ("model", 2)], (0..6).collect()).unwrap();
+    for on_mesh in [false, true] {
+        let mut spec = ForwardSpec::new(batch, seq, vec![HookPoint::block(1, HookKind::ResidPost)]);
+        if on_mesh {
+            spec = spec.with_megatron_plan(&model.config, mesh.clone());
+        }
+        spec.dictionaries = dictionaries.clone();
+        let program = build_forward(&model.config, &spec).unwrap();
+        assert_eq!(program.latents.len(), dicts.len());
+        let mut arrays = Vec::new();
+        for p in &program.params {
+            let values = model.weights.load(p, siphon_models::DType::F32).unwrap().to_f32_vec();
+            arrays.push(HostArray::from_slice(&p.shape, &values).unwrap());
+        }
+        for data in [&ids, &mask, &positions] {
+            arrays.push(HostArray::from_slice(&[batch, seq], data).unwrap());
+        }
+        for (d, _) in &dicts {
+            for t in &d.tensors {
+                arrays.push(HostArray::from_slice(&t.shape, &t.values).unwrap());
+            }
+        }
+        let results: Vec<Vec<f32>> = if on_mesh {
+            let exe = client.compile(&program.text, &CompileOptions::spmd(&mesh)).unwrap();
+            let replicated: Vec<siphon_mesh::PartitionSpec> = dicts
+                .iter()
+                .flat_map(|(d, _)| d.tensors.iter().map(|t| siphon_mesh::PartitionSpec::replicated(t.shape.len())))
+                .collect();
+            let specs = program.param_specs.iter().chain(program.inputs.iter().map(|i| &i.spec)).chain(&replicated);
+            let args: Vec<_> =
+                arrays.iter().zip(specs).map(|(a, s)| client.upload_sharded(a, s, &mesh).unwrap()).collect();
+            let mut out_specs: Vec<_> = program.outputs.iter().map(|o| o.spec.clone()).collect();
+            for l in &program.latents {
+                let per_token = siphon_mesh::PartitionSpec::from_dims(l.spec.dims()[..2].to_vec());
+                out_specs.extend([l.spec.clone(), l.spec.clone(), per_token]);
+            }
+            let out = exe.execute_sharded(&mesh, &args.iter().collect::<Vec<_>>(), &out_specs).unwrap();
+            out.iter().map(|a| a.to_host().unwrap().to_f32()).collect()
+        } else {
+            let exe = client.compile(&program.text, &CompileOptions::single_device(None)).unwrap();
+            let device = exe.device_ids()[0];
+            let args: Vec<_> = arrays.iter().map(|a| client.upload(a, device).unwrap()).collect();
+            let out = exe.execute(&[args.iter().collect()]).unwrap();
+            out[0].iter().map(|b| b.to_host().unwrap().to_f32()).collect()
+        };
+        check_latents(&dicts, &results, &lengths, seq, on_mesh);
+    }
+}
+
+fn check_latents(dicts: &[(Dictionary, Vec<f32>)], results: &[Vec<f32>], lengths: &[i32], seq: usize, on_mesh: bool) {
+    assert_eq!(results.len(), 1 + 3 * dicts.len());
+    for (i, (d, want)) in dicts.iter().enumerate() {
+        let (indices, values, count) = (&results[1 + 3 * i], &results[2 + 3 * i], &results[3 + 3 * i]);
+        let n = d.d_sae;
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let mut got = Vec::new();
+        for (row, &len) in lengths.iter().enumerate() {
+            for pos in 0..len as usize {
+                let token = row * seq + pos;
+                let mut dense = vec![0f32; n];
+                for j in 0..n {
+                    if indices[token * n + j] >= 0.0 {
+                        dense[indices[token * n + j] as usize] = values[token * n + j];
+                    }
+                }
+                assert_eq!(dense.iter().filter(|&&v| v > 0.0).count(), count[token] as usize, "{}", d.name);
+                got.extend(dense);
+            }
+        }
+        assert_eq!(got.len(), want.len(), "{}", d.name);
+        let worst = got.iter().zip(want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        assert!(
+            worst <= 1e-4 * scale,
+            "{} (mesh: {on_mesh}): latents {worst} from the library's (scale {scale})",
+            d.name
+        );
+        let differ = got.iter().zip(want).filter(|(g, w)| (**g > 0.0) != (**w > 0.0)).count();
+        assert_eq!(differ, 0, "{} (mesh: {on_mesh}): firings differ from the library's", d.name);
+    }
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use siphon_hlo::{Builder, DType, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
-use super::{ForwardProgram, ForwardSpec, InputInfo, OutputInfo, fp8_rows};
+use super::{ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, fp8_rows};
 use crate::config::{ModelConfig, ParamInfo};
 use crate::hooks::{HookKind, HookPoint};
 use crate::{ModelError, StoredForm};
@@ -37,6 +37,8 @@ pub(crate) struct Graph<'a> {
     pub attention_mask: Value,
     pub position_ids: Value,
     hooks: BTreeMap<HookPoint, Value>,
+    /// Each dictionary's tensors (arguments after the inputs).
+    dictionary_args: Vec<Vec<Value>>,
     /// Attention masks built so far, by window.
     pub(crate) masks: Vec<(Option<usize>, Value)>,
     /// RoPE tables built so far, by local base (`None`: the model's) and head width.
@@ -52,7 +54,7 @@ impl<'a> Graph<'a> {
     /// `spec.weights`, else every weight of the blocks the hooks need and the model's own),
     /// then the three inputs.
     pub fn new(config: &'a ModelConfig, spec: &'a ForwardSpec) -> Result<Graph<'a>, ModelError> {
-        let (n_blocks, with_final_norm) = super::blocks_for(config, &spec.hooks)?;
+        let (n_blocks, with_final_norm) = super::blocks_for(config, &spec.read_hooks())?;
         if spec.batch == 0 || spec.seq == 0 {
             return Err(ModelError::Config(format!("batch {} x seq {} has no tokens", spec.batch, spec.seq)));
         }
@@ -122,6 +124,14 @@ impl<'a> Graph<'a> {
         let input_ids = b.arg(ids_ty.clone(), in_spec.clone())?;
         let attention_mask = b.arg(ids_ty.clone(), in_spec.clone())?;
         let position_ids = b.arg(ids_ty, in_spec)?;
+        let mut dictionary_args = Vec::new();
+        for d in &spec.dictionaries {
+            let args = d.dictionary.tensors.iter().map(|t| {
+                let ty = TensorType::new(DType::F32, &t.shape);
+                b.arg(ty, sharded.then(|| PartitionSpec::replicated(t.shape.len())))
+            });
+            dictionary_args.push(args.collect::<Result<Vec<_>, _>>()?);
+        }
         let token_axes = input_spec.dims().concat();
         Ok(Graph {
             b,
@@ -141,6 +151,7 @@ impl<'a> Graph<'a> {
             attention_mask,
             position_ids,
             hooks: BTreeMap::new(),
+            dictionary_args,
             masks: Vec::new(),
             attention_forms: Vec::new(),
             row_lengths: None,
@@ -174,9 +185,9 @@ impl<'a> Graph<'a> {
         Ok(*value)
     }
 
-    /// Whether `hook` was requested.
+    /// Whether `hook` was requested, or a dictionary reads it.
     pub fn wants(&self, hook: HookPoint) -> bool {
-        self.spec.hooks.contains(&hook)
+        self.spec.hooks.contains(&hook) || self.spec.dictionaries.iter().any(|d| d.hook == hook)
     }
 
     /// Records `x` as `hook` if it was requested. `x` holds the hook's values token-major
@@ -277,6 +288,34 @@ impl<'a> Graph<'a> {
             results.push((x, self.sharded.then(|| out_spec.clone())));
             outputs.push(OutputInfo { hook, shape, dtype, spec: out_spec });
         }
+        let mut latents = Vec::new();
+        for (i, (d, tensors)) in self.spec.dictionaries.iter().zip(&self.dictionary_args).enumerate() {
+            let x = *self.hooks.get(&d.hook).ok_or_else(|| {
+                ModelError::Hook(format!("{} reads {}, which the graph did not produce", d.dictionary.name, d.hook))
+            })?;
+            let width: usize = d.hook.dims(self.config, s).iter().product();
+            if width != d.dictionary.d_in {
+                return Err(ModelError::Config(format!(
+                    "dictionary {} reads {} values a token, {} has {width}",
+                    d.dictionary.name, d.dictionary.d_in, d.hook
+                )));
+            }
+            let x = b.reshape(x, &[bsz * s, width])?;
+            let l = crate::dictionary::encode(&mut b, x, &d.dictionary, tensors, d.cap)?;
+            let mut dims = self.input_spec.dims()[..2].to_vec();
+            dims.push(Vec::new());
+            let spec = PartitionSpec::from_dims(dims);
+            let per_token = PartitionSpec::from_dims(self.input_spec.dims()[..2].to_vec());
+            for (v, shape, out_spec) in [
+                (l.indices, vec![bsz, s, d.cap], &spec),
+                (l.values, vec![bsz, s, d.cap], &spec),
+                (l.count, vec![bsz, s], &per_token),
+            ] {
+                let v = b.reshape(v, &shape)?;
+                results.push((v, self.sharded.then(|| out_spec.clone())));
+            }
+            latents.push(LatentsInfo { dictionary: i, shape: vec![bsz, s, d.cap], spec });
+        }
         let unread: Vec<String> =
             self.params.iter().map(|p| &p.name).filter(|n| !self.weights[*n].1.get()).cloned().collect();
         if self.spec.weights.is_some() && !unread.is_empty() {
@@ -295,6 +334,7 @@ impl<'a> Graph<'a> {
             param_dtype: self.dt,
             inputs,
             outputs,
+            latents,
             mesh: self.spec.mesh.clone(),
             n_blocks: self.n_blocks,
             attention: self.attention_forms,

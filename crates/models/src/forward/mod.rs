@@ -12,7 +12,9 @@ pub(crate) use self::decoder::{decoder_params, pre_norm_decoder, self_attention_
 pub(crate) use self::graph::Graph;
 use crate::ModelError;
 use crate::config::{ModelConfig, ParamInfo};
-pub use crate::contract::{AttentionForm, ForwardProgram, ForwardSpec, InputInfo, OutputInfo};
+pub use crate::contract::{
+    AttentionForm, DictionaryHook, ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo,
+};
 use crate::hooks::{HookPoint, Scope};
 
 /// Builds the forward pass of `config` as described by `spec`. Its weight arguments are
