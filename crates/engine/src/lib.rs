@@ -44,7 +44,8 @@ use std::time::Instant;
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::sharding::megatron_specs;
 use siphon_models::{
-    DType, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, StoredForm, build_forward,
+    DType, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, StoredForm,
+    build_forward,
 };
 use siphon_runtime::{Client, CompileOptions, Download, ElementType, Executable, HostArray, ShardedArray};
 
@@ -78,6 +79,24 @@ pub enum EngineError {
     /// Options that cannot work together.
     #[error("invalid engine options: {0}")]
     Options(String),
+    /// A token fired more of a dictionary's latents than the dictionary keeps: refused, never
+    /// truncated.
+    #[error(
+        "dictionary {dictionary}: a token (row {row}, position {position}) fires {firings} latents, more than the \
+         {cap} kept (raise the latent cap)"
+    )]
+    LatentCap {
+        /// The dictionary's name.
+        dictionary: String,
+        /// Row of this process's batch.
+        row: usize,
+        /// Position in the row.
+        position: usize,
+        /// Its firings.
+        firings: i32,
+        /// Latents kept per token.
+        cap: usize,
+    },
 }
 
 fn rt<T>(context: impl FnOnce() -> String, r: siphon_runtime::Result<T>) -> Result<T, EngineError> {
@@ -130,6 +149,9 @@ pub struct EngineOptions {
     /// kernel takes then calls it (`siphon_models::cudnn`). Off (the default; left-padded rows,
     /// as `siphon forward` gives), XLA's form everywhere.
     pub right_padded: bool,
+    /// Sparse dictionaries whose latents every run computes on the devices, each from the hook
+    /// it reads (`siphon_models::DictionaryHook`), returned in [`Activations::latents`].
+    pub dictionaries: Vec<DictionaryHook>,
     /// The processes whose partitions of `mesh` this engine runs. Empty: the whole mesh, in
     /// this process. In a job whose mesh spans processes, this process's [`HostView`]: it
     /// uploads only its partitions' weights, feeds only its data groups' rows and reads back
@@ -213,14 +235,15 @@ impl ProgramSpec<'_> {
         spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
         spec.grouped_experts = self.cuda_kernels || (self.options.grouped_experts && self.cpu_kernels);
         spec.cudnn_attention = self.options.right_padded && self.cuda;
+        spec.dictionaries = self.options.dictionaries.clone();
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec
     }
 }
 
-/// What no engine program takes: no hooks, or f16 compute.
+/// What no engine program takes: no hooks (nor dictionaries), or f16 compute.
 fn check(hooks: &[HookPoint], options: &EngineOptions) -> Result<(), EngineError> {
-    if hooks.is_empty() {
+    if hooks.is_empty() && options.dictionaries.is_empty() {
         return Err(EngineError::Options("no hooks requested".into()));
     }
     if options.compute_dtype == DType::F16 {
@@ -253,6 +276,7 @@ impl Default for EngineOptions {
             cpu_kernels: true,
             grouped_experts: false,
             right_padded: false,
+            dictionaries: Vec::new(),
             processes: Vec::new(),
         }
     }
@@ -372,6 +396,19 @@ pub fn positions_from_mask(mask: &[i32], seq: usize) -> Vec<i32> {
 pub struct Activations {
     /// (hook, array) in the order the hooks were requested.
     pub hooks: Vec<(HookPoint, HostArray)>,
+    /// Each dictionary's latents, in [`EngineOptions::dictionaries`]' order.
+    pub latents: Vec<Latents>,
+}
+
+/// One dictionary's latents for a batch's rows: each token's largest, sparsely.
+#[derive(Debug, Clone)]
+pub struct Latents {
+    /// `[rows, seq, cap]` s32: latent indices, largest first, `-1` past the token's firings.
+    pub indices: HostArray,
+    /// `[rows, seq, cap]` f32: their values, 0 past the firings.
+    pub values: HostArray,
+    /// `[rows, seq]` s32: each token's firings (at most `cap`: more is an error).
+    pub firings: HostArray,
 }
 
 impl Activations {
@@ -411,6 +448,8 @@ pub struct Engine {
     stored: HashMap<String, StoredForm>,
     /// Every weight argument, in the program's order (a stored weight's parts one by one).
     weights: Vec<ShardedArray>,
+    /// Every dictionary's tensors, replicated, in the program's order (after the inputs).
+    dictionary_args: Vec<ShardedArray>,
     /// The processes whose partitions this engine runs ([`EngineOptions::processes`], or one
     /// view of the whole mesh).
     views: Vec<HostView>,
@@ -521,6 +560,7 @@ impl Engine {
             params: Vec::new(),
             stored: HashMap::new(),
             weights: Vec::new(),
+            dictionary_args: Vec::new(),
             views,
             compiled: Mutex::new(HashMap::new()),
             load_stats: LoadStats::default(),
@@ -572,6 +612,19 @@ impl Engine {
             seconds = engine.load_stats.upload_s,
             "weights uploaded"
         );
+        for d in &engine.options.dictionaries {
+            for t in &d.dictionary.tensors {
+                let context = || format!("uploading dictionary {}'s {}", d.dictionary.name, t.name);
+                let bytes: Vec<u8> = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let tensor = HostTensor { dtype: DType::F32, shape: t.shape.clone(), data: bytes.into() };
+                let spec = PartitionSpec::replicated(t.shape.len());
+                let mut shares = Vec::with_capacity(engine.views.len());
+                for view in &engine.views {
+                    shares.push(upload(client, &tensor, &spec, view, context)?.0);
+                }
+                engine.dictionary_args.push(merged(shares, context)?);
+            }
+        }
         engine.params = probe.params;
         engine.weights = weights;
         Ok(engine)
@@ -694,7 +747,8 @@ impl Engine {
                         Ok((hook, rt(|| format!("copying {hook} to the host"), array)?))
                     })
                     .collect::<Result<_, EngineError>>()?;
-                Ok(Activations { hooks })
+                let latents = launched.latents(process, &self.options.dictionaries)?;
+                Ok(Activations { hooks, latents })
             })
             .collect()
     }
@@ -766,8 +820,12 @@ impl Engine {
             }
             inputs.push(merged(shares, context)?);
         }
-        let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).collect();
-        let out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
+        let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).chain(&self.dictionary_args).collect();
+        let mut out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
+        for l in &program.latents {
+            let per_token = PartitionSpec::from_dims(l.spec.dims()[..2].to_vec());
+            out_specs.extend([l.spec.clone(), l.spec.clone(), per_token]);
+        }
         let outputs =
             rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
         Ok(Launched {
@@ -811,7 +869,48 @@ impl Launched {
     /// Each hook's shape for process `process`'s rows: `[rows, seq, *per-token shape]`.
     pub fn shapes(&self, process: usize) -> Vec<Vec<usize>> {
         let rows: usize = self.views[process].rows(self.rows).iter().map(|r| r.len()).sum();
-        self.outputs.iter().map(|o| std::iter::once(rows).chain(o.shape()[1..].iter().copied()).collect()).collect()
+        self.outputs[..self.hooks.len()]
+            .iter()
+            .map(|o| std::iter::once(rows).chain(o.shape()[1..].iter().copied()).collect())
+            .collect()
+    }
+
+    /// Each dictionary's latents for process `process`'s rows (read from its partitions only,
+    /// waiting for the copies); refuses a token that fired more latents than were kept.
+    fn latents(&self, process: usize, dictionaries: &[DictionaryHook]) -> Result<Vec<Latents>, EngineError> {
+        let view = &self.views[process];
+        let (rows, from) = (view.rows(self.rows), view.partitions());
+        let local: usize = rows.iter().map(|r| r.len()).sum();
+        let outputs = &self.outputs[self.hooks.len()..];
+        let mut all = Vec::with_capacity(dictionaries.len());
+        for (d, parts) in dictionaries.iter().zip(outputs.chunks(3)) {
+            let name = &d.dictionary.name;
+            let read = |output: &ShardedArray, ty: ElementType| -> Result<HostArray, EngineError> {
+                let context = || format!("copying dictionary {name}'s latents to the host");
+                let shape: Vec<usize> = std::iter::once(local).chain(output.shape()[1..].iter().copied()).collect();
+                let mut bytes = vec![0u8; shape.iter().product::<usize>() * ty.size_in_bytes()];
+                rt(context, rt(context, output.rows_into(&rows, &from, &mut bytes))?.wait())?;
+                rt(context, HostArray::from_bytes(ty, &shape, bytes))
+            };
+            let latents = Latents {
+                indices: read(&parts[0], ElementType::S32)?,
+                values: read(&parts[1], ElementType::F32)?,
+                firings: read(&parts[2], ElementType::S32)?,
+            };
+            let seq = latents.firings.shape()[1];
+            let firings = latents.firings.to_f32();
+            if let Some(token) = firings.iter().position(|&f| f as usize > d.cap) {
+                return Err(EngineError::LatentCap {
+                    dictionary: name.clone(),
+                    row: token / seq,
+                    position: token % seq,
+                    firings: firings[token] as i32,
+                    cap: d.cap,
+                });
+            }
+            all.push(latents);
+        }
+        Ok(all)
     }
 
     /// Each hook's bytes for process `process`'s rows: the destinations [`Launched::copy_into`]
