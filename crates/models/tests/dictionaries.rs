@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use safetensors::SafeTensors;
-use siphon_models::dictionary::{self, Dictionary, Encoder};
+use siphon_models::dictionary::{Dictionary, Encoder};
 use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin};
 
 fn client() -> Client {
@@ -51,7 +51,7 @@ fn f32s(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
 
 /// The program's latents for `x` as (indices, values, count), `cap` per token.
 fn encode(client: &Client, dict: &Dictionary, x: &[f32], tokens: usize, cap: usize) -> (Vec<i32>, Vec<f32>, Vec<i32>) {
-    let text = dictionary::program(dict, tokens, cap).unwrap();
+    let text = siphon_models::latents::program(dict, tokens, cap).unwrap();
     let exe = client.compile(&text, &CompileOptions::single_device(None)).unwrap();
     let device = exe.device_ids()[0];
     let mut args = vec![client.upload(&HostArray::from_slice(&[tokens, dict.d_in], x).unwrap(), device).unwrap()];

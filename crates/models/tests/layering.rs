@@ -22,10 +22,10 @@ use std::path::{Path, PathBuf};
 /// (`family.rs`) lists.
 const LAYERS: &[(&str, &[&str])] = &[
     ("formats", &["(root)", "fp8", "mxfp4", "gguf", "tokenizer"]),
-    ("descriptions", &["arch", "config", "contract", "hooks", "hf_config", "sharding", "stored"]),
+    ("descriptions", &["arch", "config", "contract", "dictionary", "hooks", "hf_config", "sharding", "stored"]),
     ("program", &["forward", "layers"]),
     ("families", &["family"]),
-    ("loading", &["safetensors", "weights", "hf"]),
+    ("loading", &["safetensors", "weights", "hf", "dictionary_files"]),
 ];
 
 /// The modules of the families the registry lists (`&crate::<module>::<FAMILY>,` lines).

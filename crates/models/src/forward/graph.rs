@@ -301,7 +301,7 @@ impl<'a> Graph<'a> {
                 )));
             }
             let x = b.reshape(x, &[bsz * s, width])?;
-            let l = crate::dictionary::encode(&mut b, x, &d.dictionary, tensors, d.cap)?;
+            let l = crate::layers::dictionary::encode(&mut b, x, &d.dictionary, tensors, d.cap)?;
             let mut dims = self.input_spec.dims()[..2].to_vec();
             dims.push(Vec::new());
             let spec = PartitionSpec::from_dims(dims);

@@ -11,7 +11,7 @@
 
 use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
 
-use super::{Dictionary, Encoder, Normalize};
+use crate::dictionary::{Dictionary, Encoder, Normalize};
 
 /// One dictionary's latents for a program's tokens.
 #[derive(Debug, Clone, Copy)]

@@ -12,8 +12,8 @@ use std::path::Path;
 
 use npyz::npz::NpzArchive;
 
-use super::{Dictionary, Encoder, Normalize, Tensor};
 use crate::ModelError;
+use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
 
 /// The archive's name.
 pub const PARAMS: &str = "params.npz";

@@ -1,6 +1,8 @@
-//! Sparse dictionaries — SAEs and transcoders, as researchers publish them — read into one
-//! form, and their encoders as part of a program ([`encode`]): a dictionary is a room beside
-//! the layers, reading one hook's value and giving each token's active latents.
+//! Sparse dictionaries — SAEs and transcoders, as researchers publish them — in one form: the
+//! description a program's encoder is built from (the layers' `dictionary.rs`, public as
+//! `siphon_models::latents`), read from the formats' files by `Dictionary::open` (in
+//! `dictionary_files/`). A dictionary reads one hook's value and gives each token's
+//! active latents.
 //!
 //! A [`Dictionary`] is the hook it reads (TransformerLens's name), its widths, its encoder and
 //! the encoder's tensors in f32 under fixed names: `W_enc` `[d_in, d_sae]`, `b_enc` `[d_sae]`,
@@ -10,18 +12,7 @@
 //! compute exactly (an input normalisation fitted on data, a rescaling by decoder norms) is
 //! refused with an error naming it.
 //!
-//! Formats, each in its own file: SAELens ([`saelens`]: `cfg.json` + `sae_weights.safetensors`),
-//! Gemma Scope ([`gemma_scope`]: `params.npz`), EleutherAI sparsify ([`sparsify`]:
-//! `<hookpoint>/cfg.json` + `sae.safetensors`).
-
-mod encode;
-pub mod gemma_scope;
-pub mod saelens;
-pub mod sparsify;
-
-use std::path::{Path, PathBuf};
-
-pub use encode::{Latents, encode, program};
+use std::path::PathBuf;
 
 use crate::ModelError;
 
@@ -89,35 +80,6 @@ pub struct Dictionary {
 }
 
 impl Dictionary {
-    /// Reads the dictionary in `dir`, whichever format its files say, on `hook` if given
-    /// (else on the hook its files or path name; a given hook must match a file's).
-    pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
-        let dict = if dir.join("cfg.json").is_file() && dir.join(saelens::WEIGHTS).is_file() {
-            saelens::open(dir)?
-        } else if dir.join("cfg.json").is_file() && dir.join(sparsify::WEIGHTS).is_file() {
-            sparsify::open(dir, hook)?
-        } else if dir.join(gemma_scope::PARAMS).is_file() {
-            gemma_scope::open(dir, hook)?
-        } else {
-            return Err(ModelError::Config(format!(
-                "{}: not a dictionary siphon reads (SAELens: cfg.json and {}; sparsify: cfg.json and {}; \
-                 Gemma Scope: {})",
-                dir.display(),
-                saelens::WEIGHTS,
-                sparsify::WEIGHTS,
-                gemma_scope::PARAMS
-            )));
-        };
-        if let Some(hook) = hook.filter(|h| *h != dict.hook) {
-            return Err(ModelError::Config(format!(
-                "dictionary {} was trained on {}, not {hook}",
-                dir.display(),
-                dict.hook
-            )));
-        }
-        Ok(dict)
-    }
-
     /// The tensor `name`.
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|t| t.name == name)

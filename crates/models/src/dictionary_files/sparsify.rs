@@ -15,8 +15,8 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::{Dictionary, Encoder, Normalize, Tensor};
 use crate::ModelError;
+use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
 use crate::weights::{DType, decode_into};
 
 /// The weights file next to `cfg.json`.
