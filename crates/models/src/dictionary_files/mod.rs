@@ -11,7 +11,38 @@ pub mod sparsify;
 use std::path::Path;
 
 use crate::ModelError;
-use crate::dictionary::Dictionary;
+use crate::dictionary::{Dictionary, Tensor};
+use crate::weights::{DType, decode_into};
+
+/// A safetensors file's bytes, read whole (dictionaries' files are small next to a model's).
+pub(crate) struct Safetensors {
+    path: std::path::PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Safetensors {
+    pub(crate) fn read(path: &Path) -> Result<Safetensors, ModelError> {
+        let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        Ok(Safetensors { path: path.to_path_buf(), bytes })
+    }
+
+    /// The tensor `name` as f32 (from f32, bf16 or f16); `Ok(None)` where the file has no such
+    /// tensor.
+    pub(crate) fn tensor(&self, name: &'static str) -> Result<Option<Tensor>, ModelError> {
+        let corrupt = |detail: String| ModelError::Corrupt { path: self.path.clone(), detail };
+        let file = safetensors::SafeTensors::deserialize(&self.bytes).map_err(|e| corrupt(e.to_string()))?;
+        let Ok(t) = file.tensor(name) else { return Ok(None) };
+        let dtype = match t.dtype() {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::BF16 => DType::Bf16,
+            safetensors::Dtype::F16 => DType::F16,
+            other => return Err(corrupt(format!("{name} is {other:?}, not a float siphon reads"))),
+        };
+        let mut values = vec![0.0; t.shape().iter().product()];
+        decode_into(dtype, t.data(), &mut values);
+        Ok(Some(Tensor { name, shape: t.shape().to_vec(), values }))
+    }
+}
 
 impl Dictionary {
     /// Reads the dictionary in `dir`, whichever format its files say, on `hook` if given

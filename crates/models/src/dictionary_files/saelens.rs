@@ -20,9 +20,9 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
+use super::Safetensors;
 use crate::ModelError;
-use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
-use crate::weights::{DType, decode_into};
+use crate::dictionary::{Dictionary, Encoder, Normalize};
 
 /// The weights file next to `cfg.json`.
 pub const WEIGHTS: &str = "sae_weights.safetensors";
@@ -92,25 +92,11 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
     // SAELens refuses b_dec on a transcoder's input; older configs lack the field (default on).
     let subtract_b_dec = !transcoder && cfg.get("apply_b_dec_to_input").and_then(Json::as_bool).unwrap_or(true);
 
-    let path = dir.join(WEIGHTS);
-    let bytes = std::fs::read(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-    let file = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| ModelError::Corrupt { path: path.clone(), detail: e.to_string() })?;
+    let file = Safetensors::read(&dir.join(WEIGHTS))?;
     let tensors = Dictionary::tensor_names(encoder, subtract_b_dec)
         .into_iter()
-        .map(|name| {
-            let t = file.tensor(name).map_err(|_| refuse(format!("{WEIGHTS} lacks {name}")))?;
-            let dtype = match t.dtype() {
-                safetensors::Dtype::F32 => DType::F32,
-                safetensors::Dtype::BF16 => DType::Bf16,
-                safetensors::Dtype::F16 => DType::F16,
-                other => return Err(refuse(format!("{name} is {other:?}"))),
-            };
-            let mut values = vec![0.0; t.shape().iter().product()];
-            decode_into(dtype, t.data(), &mut values);
-            Ok(Tensor { name, shape: t.shape().to_vec(), values })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|name| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}"))))
+        .collect::<Result<Vec<_>, ModelError>>()?;
     let name = dir.file_name().map_or_else(|| "sae".into(), |n| n.to_string_lossy().into_owned());
     let dict =
         Dictionary { name, hook, d_in, d_sae, encoder, normalize, subtract_b_dec, tensors, source: dir.to_path_buf() };

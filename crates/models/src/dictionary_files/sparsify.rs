@@ -15,9 +15,9 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
+use super::Safetensors;
 use crate::ModelError;
 use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
-use crate::weights::{DType, decode_into};
 
 /// The weights file next to `cfg.json`.
 pub const WEIGHTS: &str = "sae.safetensors";
@@ -47,23 +47,9 @@ pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
     let d_in = size("d_in").ok_or_else(|| refuse("cfg.json lacks d_in".into()))?;
     let k = size("k").ok_or_else(|| refuse("cfg.json lacks k".into()))?;
 
-    let path = dir.join(WEIGHTS);
-    let bytes = std::fs::read(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-    let file = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| ModelError::Corrupt { path: path.clone(), detail: e.to_string() })?;
-    let read = |stored: &str| -> Result<(Vec<usize>, Vec<f32>), ModelError> {
-        let t = file.tensor(stored).map_err(|_| refuse(format!("{WEIGHTS} lacks {stored}")))?;
-        let dtype = match t.dtype() {
-            safetensors::Dtype::F32 => DType::F32,
-            safetensors::Dtype::BF16 => DType::Bf16,
-            safetensors::Dtype::F16 => DType::F16,
-            other => return Err(refuse(format!("{stored} is {other:?}"))),
-        };
-        let mut values = vec![0.0; t.shape().iter().product()];
-        decode_into(dtype, t.data(), &mut values);
-        Ok((t.shape().to_vec(), values))
-    };
-    let (shape, weight) = read("encoder.weight")?;
+    let file = Safetensors::read(&dir.join(WEIGHTS))?;
+    let read = |name: &'static str| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")));
+    let Tensor { shape, values: weight, .. } = read("encoder.weight")?;
     let [d_sae, width] = shape[..] else {
         return Err(refuse(format!("encoder.weight is {shape:?}, not [latents, d_in]")));
     };
@@ -81,11 +67,10 @@ pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
     let subtract_b_dec = !transcode;
     let mut tensors = vec![
         Tensor { name: "W_enc", shape: vec![d_in, d_sae], values: w_enc },
-        Tensor { name: "b_enc", shape: vec![d_sae], values: read("encoder.bias")?.1 },
+        Tensor { name: "b_enc", ..read("encoder.bias")? },
     ];
     if subtract_b_dec {
-        let (shape, values) = read("b_dec")?;
-        tensors.push(Tensor { name: "b_dec", shape, values });
+        tensors.push(read("b_dec")?);
     }
     let parent = dir.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned());
     let name = parent.map_or(point.clone(), |p| format!("{p}_{point}"));
