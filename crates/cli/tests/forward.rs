@@ -168,3 +168,128 @@ fn forward_writes_one_gemma4_block_alone() {
     let scale = all.iter().fold(0f32, |m, x| m.max(x.abs()));
     assert!(scale > 0.1 && diff <= 1e-6 * scale, "{hook} alone differs by {diff:e} (scale {scale})");
 }
+
+/// `--sae`: dictionaries saved by SAELens (and Gemma Scope's file) read on the devices from the
+/// hooks they name; each token's latents equal the library's on TransformerLens's values of
+/// the same tokens (the fixtures' goldens), two dictionaries on one hook told apart by name; a
+/// token firing more latents than `--latent-cap` fails the run, writing nothing.
+#[test]
+fn forward_writes_dictionary_latents_matching_the_librarys() {
+    let model = repo().join("fixtures/models/tiny-llama");
+    let (tl_header, tl_data) = read_safetensors(&model.join("golden-tl.safetensors"));
+    let t = &tl_header["input_ids"];
+    let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
+    let width = if t["dtype"] == "I64" { 8 } else { 4 };
+    let ids: Vec<i64> = tl_data[a..b]
+        .chunks_exact(width)
+        .map(|c| {
+            if width == 8 {
+                i64::from_le_bytes(c.try_into().unwrap())
+            } else {
+                i32::from_le_bytes(c.try_into().unwrap()) as i64
+            }
+        })
+        .collect();
+    let seq = t["shape"][1].as_u64().unwrap() as usize;
+    // Row 0 of TransformerLens's batch has no padding: its tokens are the goldens' first rows.
+    let tmp = Scratch::new("sae");
+    let ids_file = tmp.path().join("ids.json");
+    std::fs::write(&ids_file, serde_json::to_string(&vec![ids[..seq].to_vec()]).unwrap()).unwrap();
+    let dicts = repo().join("fixtures/dictionaries");
+    let topk = dicts.join("saelens-topk");
+    let gemma = dicts.join("gemma-scope-2b-pt-res/layer_1/width_16k/average_l0_7");
+    let transcoder = dicts.join("saelens-transcoder");
+    let out = tmp.path().join("latents.safetensors");
+    let sae = format!("{},{},{}", topk.display(), gemma.display(), transcoder.display());
+    let o = siphon(&[
+        "forward",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        ids_file.to_str().unwrap(),
+        "--sae",
+        &sae,
+        "--latent-cap",
+        "96",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (header, data) = read_safetensors(&out);
+    for (dir, name) in [
+        (&topk, "blocks.1.hook_resid_post.hook_sae_acts_post.saelens-topk"),
+        (&gemma, "blocks.1.hook_resid_post.hook_sae_acts_post.layer_1_width_16k_average_l0_7"),
+        (&transcoder, "blocks.1.ln2.hook_normalized.hook_sae_acts_post"),
+    ] {
+        let (golden_header, golden_data) = read_safetensors(&dir.join("golden.safetensors"));
+        let (shape, want) = tensor_f32(&golden_header, &golden_data, "latents");
+        let n = shape[1];
+        let (got_shape, values) = tensor_f32(&header, &data, &format!("{name}.values"));
+        assert_eq!(got_shape, [1, seq, 96], "{name}");
+        let index = &header[format!("{name}.indices")];
+        assert_eq!(index["dtype"], "I32", "{name}");
+        let (a, b) =
+            (index["data_offsets"][0].as_u64().unwrap() as usize, index["data_offsets"][1].as_u64().unwrap() as usize);
+        let indices: Vec<i32> = data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for token in 0..seq {
+            let mut dense = vec![0f32; n];
+            for j in 0..96 {
+                if indices[token * 96 + j] >= 0 {
+                    dense[indices[token * 96 + j] as usize] = values[token * 96 + j];
+                }
+            }
+            for (latent, (g, w)) in dense.iter().zip(&want[token * n..][..n]).enumerate() {
+                assert!((g - w).abs() <= 1e-4 * scale, "{name} token {token} latent {latent}: {g} vs {w}");
+                assert_eq!(*g > 0.0, *w > 0.0, "{name} token {token} latent {latent}");
+            }
+        }
+    }
+
+    // A cap below some token's firings: an error naming the dictionary, and no file.
+    let refused = tmp.path().join("refused.safetensors");
+    let standard = dicts.join("saelens-standard");
+    let o = siphon(&[
+        "forward",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        ids_file.to_str().unwrap(),
+        "--sae",
+        standard.to_str().unwrap(),
+        "--latent-cap",
+        "3",
+        "--out",
+        refused.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("saelens-standard") && err.contains("more than the 3 kept"), "{err}");
+    assert!(!refused.exists());
+    // A dictionary of another hook's width, and a path that is none.
+    let o = siphon(&[
+        "forward",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        ids_file.to_str().unwrap(),
+        "--sae",
+        &format!("{}@blocks.1.ln1.hook_scale", gemma.display()),
+        "--out",
+        refused.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("reads 64 values a token, blocks.1.ln1.hook_scale has 1"), "{err}");
+    let o = siphon(&[
+        "forward",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        ids_file.to_str().unwrap(),
+        "--sae",
+        "/nonexistent/sae",
+        "--out",
+        refused.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("not a dictionary siphon reads"), "{err}");
+}

@@ -198,6 +198,21 @@ pub struct DictionaryHook {
     pub cap: usize,
 }
 
+impl DictionaryHook {
+    /// The name of each dictionary's latents, as SAELens's `HookedSAETransformer` names them:
+    /// `<hook>.hook_sae_acts_post`, then `.<dictionary>` where several dictionaries read one hook.
+    pub fn names(dictionaries: &[DictionaryHook]) -> Vec<String> {
+        dictionaries
+            .iter()
+            .map(|d| {
+                let shared = dictionaries.iter().filter(|o| o.hook == d.hook).count() > 1;
+                let base = format!("{}.hook_sae_acts_post", d.hook);
+                if shared { format!("{base}.{}", d.dictionary.name) } else { base }
+            })
+            .collect()
+    }
+}
+
 /// One dictionary's three results, after the hooks': its latents' indices `[batch, seq, cap]`
 /// (i32, largest first, `-1` past a token's firings), their values `[batch, seq, cap]` (f32,
 /// 0 there) and each token's number of firings `[batch, seq]` (i32; more than `cap` means some

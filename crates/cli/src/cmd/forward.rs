@@ -1,16 +1,19 @@
 //! `siphon forward`: one forward pass for inspection. Tokenizes a text (or reads token ids),
 //! runs the model on a mesh and writes the requested hook activations to a safetensors file,
 //! one `[batch, seq, *per-token shape]` tensor per hook, keyed by the hook's TransformerLens
-//! name.
+//! name; with `--sae`, each dictionary's latents computed on the devices (each token's largest,
+//! sparsely: `<name>.indices`, `<name>.values`, `<name>.firings`).
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
-use siphon_models::{DType, LoadedModel};
+use siphon_models::dictionary::{Dictionary, Encoder};
+use siphon_models::{DType, DictionaryHook, HookPoint, LoadedModel, ModelConfig};
 use siphon_runtime::{Client, ClientOptions, HostArray, Plugin, PluginLocator};
 
 /// `siphon forward` flags.
@@ -28,8 +31,20 @@ pub struct Args {
     pub ids: Option<PathBuf>,
     /// Comma-separated TransformerLens hook names or patterns, e.g.
     /// blocks.3.hook_resid_post,blocks.*.attn.hook_z,blocks.{0..3}.ln2.hook_normalized.
-    #[arg(long, value_name = "NAMES")]
-    pub hooks: String,
+    #[arg(long, value_name = "NAMES", required_unless_present = "sae")]
+    pub hooks: Option<String>,
+    /// Sparse dictionaries (SAEs, transcoders) whose latents to compute on the devices,
+    /// comma-separated: a directory as SAELens, EleutherAI sparsify or Gemma Scope saves one,
+    /// `DIR@HOOK` to name the hook it reads where its files do not. Written as
+    /// `<hook>.hook_sae_acts_post[.<dictionary>].{indices,values,firings}`: each token's largest
+    /// latents (`[batch, seq, cap]` i32 indices, -1 past its firings, and f32 values) and its
+    /// number of firings.
+    #[arg(long, value_name = "DIR[@HOOK]", value_delimiter = ',')]
+    pub sae: Vec<String>,
+    /// Latents kept per token for every dictionary (its largest); a token firing more is an
+    /// error, never truncated. Default: a TopK dictionary's k, the dictionary's width otherwise.
+    #[arg(long, value_name = "N")]
+    pub latent_cap: Option<usize>,
     /// Output safetensors file.
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
@@ -62,7 +77,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let model = LoadedModel::open(&args.model).with_context(|| format!("opening model {}", args.model.display()))?;
-    let hooks = siphon_models::resolve_hooks(&args.hooks, &model.config).context("--hooks")?;
+    let hooks = match &args.hooks {
+        Some(list) => siphon_models::resolve_hooks(list, &model.config).context("--hooks")?,
+        None => Vec::new(),
+    };
+    let dictionaries = open_dictionaries(&args.sae, args.latent_cap, &model.config)?;
     let rows = match (&args.text, &args.ids) {
         (Some(text), _) => {
             let tok = model.tokenizer.as_ref().with_context(|| {
@@ -112,12 +131,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mesh,
         plan,
         weights: args.weights,
+        dictionaries: dictionaries.clone(),
         ..EngineOptions::default()
     };
     let engine = Engine::new(&client, &model, hooks, options).context("loading the weights onto the devices")?;
     let acts = engine.run(&batch).context("running the forward")?;
 
-    let tensors: Vec<(String, &HostArray)> = acts.hooks.iter().map(|(h, a)| (h.to_string(), a)).collect();
+    let mut tensors: Vec<(String, &HostArray)> = acts.hooks.iter().map(|(h, a)| (h.to_string(), a)).collect();
+    for (name, latents) in DictionaryHook::names(&dictionaries).into_iter().zip(&acts.latents) {
+        tensors.push((format!("{name}.indices"), &latents.indices));
+        tensors.push((format!("{name}.values"), &latents.values));
+        tensors.push((format!("{name}.firings"), &latents.firings));
+    }
     let mut metadata = HashMap::new();
     metadata.insert("model".to_string(), args.model.display().to_string());
     metadata.insert("token_ids".to_string(), serde_json::to_string(&rows)?);
@@ -125,11 +150,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("tokens: {:?}", rows.iter().map(|r| r.len()).collect::<Vec<_>>());
     for (name, array) in &tensors {
         let values = array.to_f32();
-        let head: Vec<String> = values.iter().take(4).map(|v| format!("{v:.5}")).collect();
+        let integer = array.element_type() == siphon_runtime::ElementType::S32;
+        let head: Vec<String> =
+            values.iter().take(4).map(|v| if integer { format!("{v}") } else { format!("{v:.5}") }).collect();
         println!("{name}: {}{:?} [{} ...]", array.element_type(), array.shape(), head.join(", "));
     }
     println!("wrote {}", args.out.display());
     Ok(())
+}
+
+/// The dictionaries `--sae` names (`DIR[@HOOK]`), each on the hook it reads, keeping `cap`
+/// latents a token (default: a TopK's k, else every latent).
+fn open_dictionaries(
+    specs: &[String],
+    cap: Option<usize>,
+    config: &ModelConfig,
+) -> anyhow::Result<Vec<DictionaryHook>> {
+    if cap == Some(0) {
+        bail!("--latent-cap must be at least 1");
+    }
+    specs
+        .iter()
+        .map(|spec| {
+            let (dir, hook) = match spec.rsplit_once('@') {
+                Some((dir, hook)) if !Path::new(spec).exists() => (dir, Some(hook)),
+                _ => (spec.as_str(), None),
+            };
+            let dictionary = Dictionary::open(Path::new(dir), hook).with_context(|| format!("--sae {spec}"))?;
+            let hook = HookPoint::parse(&dictionary.hook, config)
+                .with_context(|| format!("--sae {spec}: its hook {} is not one of this model's", dictionary.hook))?;
+            let cap = cap
+                .unwrap_or(match dictionary.encoder {
+                    Encoder::TopK { k } => k,
+                    _ => dictionary.d_sae,
+                })
+                .min(dictionary.d_sae);
+            Ok(DictionaryHook { hook, dictionary: Arc::new(dictionary), cap })
+        })
+        .collect()
 }
 
 fn read_ids(path: &Path) -> anyhow::Result<Vec<Vec<u32>>> {
@@ -211,6 +269,7 @@ fn write_safetensors(
             siphon_runtime::ElementType::F32 => "F32",
             siphon_runtime::ElementType::BF16 => "BF16",
             siphon_runtime::ElementType::F16 => "F16",
+            siphon_runtime::ElementType::S32 => "I32",
             other => bail!("cannot store a {other} activation"),
         };
         let len = array.bytes().len();
