@@ -246,50 +246,30 @@ fn forward_writes_dictionary_latents_matching_the_librarys() {
         }
     }
 
-    // A cap below some token's firings: an error naming the dictionary, and no file.
+    // A cap below some token's firings: an error naming the dictionary, and no file; a
+    // dictionary of another hook's width; a path that holds none.
     let refused = tmp.path().join("refused.safetensors");
-    let standard = dicts.join("saelens-standard");
-    let o = siphon(&[
-        "forward",
-        "--model",
-        model.to_str().unwrap(),
-        "--ids",
-        ids_file.to_str().unwrap(),
-        "--sae",
-        standard.to_str().unwrap(),
-        "--latent-cap",
-        "3",
-        "--out",
-        refused.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("saelens-standard") && err.contains("more than the 3 kept"), "{err}");
-    assert!(!refused.exists());
-    // A dictionary of another hook's width, and a path that is none.
-    let o = siphon(&[
-        "forward",
-        "--model",
-        model.to_str().unwrap(),
-        "--ids",
-        ids_file.to_str().unwrap(),
-        "--sae",
-        &format!("{}@blocks.1.ln1.hook_scale", gemma.display()),
-        "--out",
-        refused.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("reads 64 values a token, blocks.1.ln1.hook_scale has 1"), "{err}");
-    let o = siphon(&[
-        "forward",
-        "--model",
-        model.to_str().unwrap(),
-        "--ids",
-        ids_file.to_str().unwrap(),
-        "--sae",
-        "/nonexistent/sae",
-        "--out",
-        refused.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("not a dictionary siphon reads"), "{err}");
+    let fails = |sae: &str, cap: &str| {
+        let o = siphon(&[
+            "forward",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            ids_file.to_str().unwrap(),
+            "--sae",
+            sae,
+            "--latent-cap",
+            cap,
+            "--out",
+            refused.to_str().unwrap(),
+        ]);
+        assert!(!o.status.success() && !refused.exists(), "{sae}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = fails(dicts.join("saelens-standard").to_str().unwrap(), "3");
+    assert!(err.contains("saelens-standard") && err.contains("more than the 3 kept"), "{err}");
+    let err = fails(&format!("{}@blocks.1.ln1.hook_scale", gemma.display()), "96");
+    assert!(err.contains("reads 64 values a token, blocks.1.ln1.hook_scale has 1"), "{err}");
+    let err = fails("/nonexistent/sae", "96");
+    assert!(err.contains("not a dictionary siphon reads"), "{err}");
 }
