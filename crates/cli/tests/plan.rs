@@ -323,3 +323,69 @@ fn plans_suggestion_spanning_hosts_is_taken_by_extract_and_refused_plainly_on_th
     assert!(err.contains("the CPU plugin") && err.contains("cannot form a mesh across processes"), "{err}");
     assert!(!err.contains("coordination service listening"), "stopped before the coordinator: {err}");
 }
+
+/// `--sae`: the dictionaries' f32 tensors (whole on every device), their latents (i32 indices
+/// and f32 values per kept latent, i32 firings per token) and the encoders' transients are
+/// counted with the activations, and the blocks a dictionary's hook needs are planned; with
+/// --target the compiler is not asked yet, and says so.
+#[test]
+fn dictionaries_are_counted_with_the_activations() {
+    let base = ["plan", "--model", "fixtures/models/tiny-llama", "--batch", "4", "--seq", "16", "--json"];
+    let plan = |extra: &[&str]| -> serde_json::Value {
+        serde_json::from_str(&stdout(&siphon(&[&base[..], extra].concat()))).unwrap()
+    };
+    let without = plan(&["--hooks", "blocks.0.hook_resid_post"]);
+    assert!(without["memory"]["dictionaries"].is_null());
+    // SAELens's TopK (k 6) on blocks.1.hook_resid_post: d_in 64, 96 latents.
+    let with = plan(&["--hooks", "blocks.0.hook_resid_post", "--sae", "fixtures/dictionaries/saelens-topk"]);
+    let d = &with["memory"]["dictionaries"];
+    let (d_in, d_sae, cap, tokens) = (64u64, 96u64, 6u64, 4 * 16u64);
+    assert_eq!(d["tensor_bytes"], 4 * (d_in * d_sae + d_sae + d_in), "W_enc, b_enc, b_dec: {d}");
+    assert_eq!(d["output_bytes"], tokens * cap * 8 + tokens * 4, "{d}");
+    assert_eq!(d["working_bytes"], 6 * 4 * tokens * d_sae, "{d}");
+    let extra = d["tensor_bytes"].as_u64().unwrap()
+        + d["output_bytes"].as_u64().unwrap()
+        + d["working_bytes"].as_u64().unwrap();
+    // The dictionary's hook needs block 1, which the hook alone does not: its weights too.
+    let weights = |p: &serde_json::Value| p["memory"]["weights"]["sharded_bytes"].as_u64().unwrap();
+    assert!(weights(&with) > weights(&without));
+    let required = |p: &serde_json::Value| p["memory"]["required_bytes"].as_u64().unwrap();
+    let activations = |p: &serde_json::Value| p["memory"]["activations"]["total_bytes"].as_u64().unwrap();
+    assert_eq!(required(&with), weights(&with) + activations(&with) + extra);
+    // --latent-cap keeps that many.
+    let capped = plan(&[
+        "--hooks",
+        "blocks.0.hook_resid_post",
+        "--sae",
+        "fixtures/dictionaries/saelens-topk",
+        "--latent-cap",
+        "2",
+    ]);
+    assert_eq!(capped["memory"]["dictionaries"]["output_bytes"], tokens * 2 * 8 + tokens * 4);
+    let text = stdout(&siphon(&[
+        "plan",
+        "--model",
+        "fixtures/models/tiny-llama",
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "--sae",
+        "fixtures/dictionaries/saelens-topk",
+    ]));
+    assert!(text.contains("  dictionaries "), "{text}");
+    let out = siphon(&[
+        "plan",
+        "--model",
+        "fixtures/models/tiny-llama",
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "--target",
+        "tpu:v5e-4",
+        "--sae",
+        "fixtures/dictionaries/saelens-topk",
+    ]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--sae with --target"), "{out:?}");
+}

@@ -47,7 +47,9 @@ pub mod rules;
 pub mod tpu;
 
 pub use flops::forward_flops_per_token;
-pub use memory::{ActivationMemory, DType, DeviceLayout, HostMemory, MemoryEstimate, WeightMemory};
+pub use memory::{
+    ActivationMemory, DType, DeviceLayout, DictionaryMemory, DictionaryShape, HostMemory, MemoryEstimate, WeightMemory,
+};
 pub use mesh::{DeviceInfo, MeshKind, MeshRequest, MeshShape, Topology};
 pub use planner::{ClassPlan, Fallback, Plan, PlanRequest, Suggestion, cuda_attention, every_hidden_state, plan};
 pub use rules::{TensorSharding, input_spec, param_spec};

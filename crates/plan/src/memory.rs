@@ -211,6 +211,81 @@ pub struct MemoryEstimate {
     /// One host's output-path memory, when a batch and sequence length were given (host
     /// memory: not in `required_bytes`).
     pub host: Option<HostMemory>,
+    /// Sparse dictionaries' memory, when any were asked for with a batch and sequence length
+    /// (in `required_bytes`).
+    pub dictionaries: Option<DictionaryMemory>,
+}
+
+/// A sparse dictionary as the planner counts it: its encoder's tensors (f32, whole on every
+/// device) and the latents it keeps per token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DictionaryShape {
+    /// Its name.
+    pub name: String,
+    /// The hook it reads (its blocks' weights are counted).
+    pub hook: HookPoint,
+    /// Its tensors' shapes (`siphon_models::dictionary::Dictionary::tensors`).
+    pub tensors: Vec<Vec<usize>>,
+    /// Its number of latents.
+    pub d_sae: usize,
+    /// Latents kept per token.
+    pub cap: usize,
+}
+
+impl DictionaryShape {
+    /// The shape of a dictionary the program reads.
+    pub fn of(d: &siphon_models::DictionaryHook) -> DictionaryShape {
+        DictionaryShape {
+            name: d.dictionary.name.clone(),
+            hook: d.hook,
+            tensors: d.dictionary.tensors.iter().map(|t| t.shape.clone()).collect(),
+            d_sae: d.dictionary.d_sae,
+            cap: d.cap,
+        }
+    }
+}
+
+/// Per-device bytes of the dictionaries a program computes latents of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DictionaryMemory {
+    /// Their tensors (program arguments, replicated).
+    pub tensor_bytes: u64,
+    /// Their results, three each (`[b, s, cap]` i32 indices and f32 values, `[b, s]` i32
+    /// firings), and their share of the results' table.
+    pub output_bytes: u64,
+    /// The encoders' transients: per local token and latent, the pre-activations, the latents
+    /// and the sort's keys and indices (in and out), 4 bytes each, summed over dictionaries.
+    pub working_bytes: u64,
+}
+
+/// The bytes of `dictionaries` on each device for `local_batch` sequences of `seq` tokens,
+/// beside `hooks` hook results.
+pub fn dictionary_memory(
+    dictionaries: &[DictionaryShape],
+    local_batch: usize,
+    seq: usize,
+    hooks: usize,
+    layout: DeviceLayout,
+) -> DictionaryMemory {
+    let tokens = (local_batch * seq) as u64;
+    let tensor_bytes = dictionaries.iter().flat_map(|d| &d.tensors).map(|shape| layout.array_bytes(shape, 4)).sum();
+    let latents: u64 = dictionaries
+        .iter()
+        .map(|d| 2 * layout.array_bytes(&[local_batch, seq, d.cap], 4) + layout.array_bytes(&[local_batch, seq], 4))
+        .sum();
+    let table = layout.results_table_bytes(hooks + 3 * dictionaries.len()) - layout.results_table_bytes(hooks);
+    let working_bytes = dictionaries.iter().map(|d| 6 * 4 * tokens * d.d_sae as u64).sum();
+    DictionaryMemory { tensor_bytes, output_bytes: latents + table, working_bytes }
+}
+
+impl MemoryEstimate {
+    /// Adds the dictionaries' bytes to what the devices need, and decides again.
+    pub fn with_dictionaries(mut self, d: DictionaryMemory) -> MemoryEstimate {
+        self.required_bytes += d.tensor_bytes + d.output_bytes + d.working_bytes;
+        self.fits = self.budget_bytes.map(|b| self.required_bytes <= b);
+        self.dictionaries = Some(d);
+        self
+    }
 }
 
 fn fsdp_split(spec: &siphon_mesh::PartitionSpec) -> bool {
@@ -368,6 +443,7 @@ pub fn estimate(
         budget_bytes,
         fits: budget_bytes.map(|b| required_bytes <= b),
         host: None,
+        dictionaries: None,
     }
 }
 

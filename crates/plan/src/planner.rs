@@ -42,6 +42,9 @@ pub struct PlanRequest {
     pub pipeline_depth: usize,
     /// How the devices lay arrays out (a TPU pads them to its tiles).
     pub layout: DeviceLayout,
+    /// Sparse dictionaries whose latents the program computes (`--sae`), counted with the
+    /// activations.
+    pub dictionaries: Vec<memory::DictionaryShape>,
 }
 
 /// The hooks a plan counts when it names none: every hidden state (each block's input and the
@@ -69,6 +72,7 @@ impl Default for PlanRequest {
             output_dtype: DType::Bf16,
             pipeline_depth: 2,
             layout: DeviceLayout::Dense,
+            dictionaries: Vec::new(),
         }
     }
 }
@@ -407,14 +411,19 @@ fn plan_auto(config: &ModelConfig, topology: &Topology, request: &PlanRequest) -
     Ok(plan)
 }
 
-/// The weights the forward for `request`'s hooks reads (every hidden state's when it names
-/// none), as the forward builder declares them, with the untied lm_head when asked for; and
-/// the number of blocks built.
+/// The weights the forward for `request`'s hooks and its dictionaries' hooks reads (every
+/// hidden state's when it names none), as the forward builder declares them, with the untied
+/// lm_head when asked for; and the number of blocks built.
 fn planned_params(config: &ModelConfig, request: &PlanRequest) -> Result<(Vec<ParamInfo>, usize), PlanError> {
-    let hooks = match request.hooks.as_ref().filter(|h| !h.is_empty()) {
-        Some(hooks) => hooks.clone(),
-        None => every_hidden_state(config),
-    };
+    let mut hooks = request.hooks.clone().unwrap_or_else(|| every_hidden_state(config));
+    for d in &request.dictionaries {
+        if !hooks.contains(&d.hook) {
+            hooks.push(d.hook);
+        }
+    }
+    if hooks.is_empty() {
+        hooks = every_hidden_state(config);
+    }
     let mut params = siphon_models::forward::forward_params(config, &hooks)
         .map_err(|e| PlanError::Request(format!("the forward for these hooks: {e}")))?;
     if request.with_lm_head {
@@ -487,6 +496,10 @@ fn evaluate(
         _ => None,
     };
     let mut estimate = memory::estimate(weights, activations, request.device_memory_bytes, request.headroom);
+    if let Some(act) = activations.filter(|_| !request.dictionaries.is_empty()) {
+        let d = memory::dictionary_memory(&request.dictionaries, act.local_batch, act.seq, act.hooks, request.layout);
+        estimate = estimate.with_dictionaries(d);
+    }
     if let (Some(batch), Some(seq)) = (request.batch, request.seq) {
         let hooks = request.hooks.clone().unwrap_or_else(|| every_hidden_state(config));
         let hosts = topology.hosts();
@@ -622,6 +635,16 @@ impl fmt::Display for Plan {
                 gib(a.working_bytes)
             )?,
             None => writeln!(f, "  activations       (give --batch and --seq)")?,
+        }
+        if let Some(d) = &m.dictionaries {
+            writeln!(
+                f,
+                "  dictionaries      {:>12}  (tensors {}, latents {}, working {})",
+                gib(d.tensor_bytes + d.output_bytes + d.working_bytes),
+                gib(d.tensor_bytes),
+                gib(d.output_bytes),
+                gib(d.working_bytes)
+            )?;
         }
         writeln!(f, "  required          {:>12}", gib(m.required_bytes))?;
         if let Some(h) = &m.host {

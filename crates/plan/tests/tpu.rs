@@ -39,7 +39,21 @@ fn compile(
     mesh: MeshRequest,
     dtype: DType,
 ) -> (Plan, AotProgram) {
+    compile_with(topology, slice, config, hooks, mesh, dtype, &[])
+}
+
+/// [`compile`], with sparse dictionaries' latents in the program.
+fn compile_with(
+    topology: &Topology,
+    slice: &TpuSlice,
+    config: &ModelConfig,
+    hooks: &[HookPoint],
+    mesh: MeshRequest,
+    dtype: DType,
+    dictionaries: &[siphon_models::DictionaryHook],
+) -> (Plan, AotProgram) {
     let request = PlanRequest {
+        dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
         mesh,
         dtype,
         output_dtype: dtype,
@@ -51,7 +65,12 @@ fn compile(
         ..PlanRequest::default()
     };
     let plan = siphon_plan::plan(config, &slice.planner_topology().unwrap(), &request).unwrap();
-    let options = EngineOptions { compute_dtype: dtype, output_dtype: dtype, ..common::planned_options(&plan) };
+    let options = EngineOptions {
+        compute_dtype: dtype,
+        output_dtype: dtype,
+        dictionaries: dictionaries.to_vec(),
+        ..common::planned_options(&plan)
+    };
     let request =
         AotRequest { config, hooks: hooks.to_vec(), options, stored: Default::default(), batch: BATCH, seq: SEQ };
     let aot = siphon_engine::aot::compile(topology, request).unwrap_or_else(|e| panic!("{e}"));
@@ -145,5 +164,32 @@ fn every_fixture_family_compiles_for_a_v5e_slice() {
                 assert_eq!(aot.program.n_blocks, if hooks.len() == 1 { 2 } else { config.n_layers }, "{what}");
             }
         }
+    }
+
+    // Sparse dictionaries' tensors and latents, as `siphon plan --sae` counts them: the
+    // compiler's argument and output bytes, byte for byte, with and without hooks of its own.
+    let config = LoadedModel::open(&common::fixtures().join("tiny-llama")).unwrap().config;
+    let dictionaries: Vec<siphon_models::DictionaryHook> = ["saelens-topk", "saelens-gated", "saelens-transcoder"]
+        .iter()
+        .map(|name| {
+            let dir = common::fixtures().join("../dictionaries").join(name);
+            let dictionary = siphon_models::dictionary::Dictionary::open(&dir, None).unwrap();
+            let hook = HookPoint::parse(&dictionary.hook, &config).unwrap();
+            siphon_models::DictionaryHook { hook, dictionary: std::sync::Arc::new(dictionary), cap: 24 }
+        })
+        .collect();
+    let one = siphon_models::resolve_hooks("blocks.0.hook_resid_post", &config).unwrap();
+    let three_d = MeshRequest { kind: MeshKind::ThreeD, data: Some(2), fsdp: Some(1), model: Some(2) };
+    for (mesh, hooks) in [(two_d, &one), (three_d, &vec![])] {
+        let (plan, aot) = compile_with(&topology, &slice, &config, hooks, mesh, DType::Bf16, &dictionaries);
+        let what = format!("tiny-llama {} with dictionaries, {} hooks", plan.mesh, hooks.len());
+        let (act, dict) = (plan.memory.activations.unwrap(), plan.memory.dictionaries.unwrap());
+        assert_eq!(
+            aot.memory.argument_size_in_bytes as u64,
+            plan.memory.weights.sharded_bytes + act.input_bytes + dict.tensor_bytes,
+            "{what}"
+        );
+        assert_eq!(aot.memory.output_size_in_bytes as u64, act.hook_bytes + dict.output_bytes, "{what}");
+        assert!(plan.memory.required_bytes > plan.memory.weights.sharded_bytes + act.total_bytes + dict.working_bytes);
     }
 }

@@ -16,6 +16,54 @@ use siphon_models::dictionary::{Dictionary, Encoder};
 use siphon_models::{DType, DictionaryHook, HookPoint, LoadedModel, ModelConfig};
 use siphon_runtime::{Client, ClientOptions, HostArray, Plugin, PluginLocator};
 
+/// Sparse dictionaries' flags (`forward`, `plan`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct SaeArgs {
+    /// Sparse dictionaries (SAEs, transcoders) whose latents to compute on the devices,
+    /// comma-separated: a directory as SAELens, EleutherAI sparsify or Gemma Scope saves one,
+    /// `DIR@HOOK` to name the hook it reads where its files do not. `forward` writes each as
+    /// `<hook>.hook_sae_acts_post[.<dictionary>].{indices,values,firings}`: each token's largest
+    /// latents (`[batch, seq, cap]` i32 indices, -1 past its firings, and f32 values) and its
+    /// number of firings.
+    #[arg(long, value_name = "DIR[@HOOK]", value_delimiter = ',')]
+    pub sae: Vec<String>,
+    /// Latents kept per token for every dictionary (its largest); a token firing more is an
+    /// error, never truncated. Default: a TopK dictionary's k, the dictionary's width otherwise.
+    #[arg(long, value_name = "N")]
+    pub latent_cap: Option<usize>,
+}
+
+impl SaeArgs {
+    /// The dictionaries `--sae` names (`DIR[@HOOK]`), each on the hook it reads, keeping
+    /// `--latent-cap` latents a token (default: a TopK's k, else every latent).
+    pub fn open(&self, config: &ModelConfig) -> anyhow::Result<Vec<DictionaryHook>> {
+        if self.latent_cap == Some(0) {
+            bail!("--latent-cap must be at least 1");
+        }
+        self.sae
+            .iter()
+            .map(|spec| {
+                let (dir, hook) = match spec.rsplit_once('@') {
+                    Some((dir, hook)) if !Path::new(spec).exists() => (dir, Some(hook)),
+                    _ => (spec.as_str(), None),
+                };
+                let dictionary = Dictionary::open(Path::new(dir), hook).with_context(|| format!("--sae {spec}"))?;
+                let hook = HookPoint::parse(&dictionary.hook, config).with_context(|| {
+                    format!("--sae {spec}: its hook {} is not one of this model's", dictionary.hook)
+                })?;
+                let cap = self
+                    .latent_cap
+                    .unwrap_or(match dictionary.encoder {
+                        Encoder::TopK { k } => k,
+                        _ => dictionary.d_sae,
+                    })
+                    .min(dictionary.d_sae);
+                Ok(DictionaryHook { hook, dictionary: Arc::new(dictionary), cap })
+            })
+            .collect()
+    }
+}
+
 /// `siphon forward` flags.
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["text", "ids"])))]
@@ -33,18 +81,8 @@ pub struct Args {
     /// blocks.3.hook_resid_post,blocks.*.attn.hook_z,blocks.{0..3}.ln2.hook_normalized.
     #[arg(long, value_name = "NAMES", required_unless_present = "sae")]
     pub hooks: Option<String>,
-    /// Sparse dictionaries (SAEs, transcoders) whose latents to compute on the devices,
-    /// comma-separated: a directory as SAELens, EleutherAI sparsify or Gemma Scope saves one,
-    /// `DIR@HOOK` to name the hook it reads where its files do not. Written as
-    /// `<hook>.hook_sae_acts_post[.<dictionary>].{indices,values,firings}`: each token's largest
-    /// latents (`[batch, seq, cap]` i32 indices, -1 past its firings, and f32 values) and its
-    /// number of firings.
-    #[arg(long, value_name = "DIR[@HOOK]", value_delimiter = ',')]
-    pub sae: Vec<String>,
-    /// Latents kept per token for every dictionary (its largest); a token firing more is an
-    /// error, never truncated. Default: a TopK dictionary's k, the dictionary's width otherwise.
-    #[arg(long, value_name = "N")]
-    pub latent_cap: Option<usize>,
+    #[command(flatten)]
+    pub dictionaries: SaeArgs,
     /// Output safetensors file.
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
@@ -81,7 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(list) => siphon_models::resolve_hooks(list, &model.config).context("--hooks")?,
         None => Vec::new(),
     };
-    let dictionaries = open_dictionaries(&args.sae, args.latent_cap, &model.config)?;
+    let dictionaries = args.dictionaries.open(&model.config)?;
     let rows = match (&args.text, &args.ids) {
         (Some(text), _) => {
             let tok = model.tokenizer.as_ref().with_context(|| {
@@ -157,37 +195,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     println!("wrote {}", args.out.display());
     Ok(())
-}
-
-/// The dictionaries `--sae` names (`DIR[@HOOK]`), each on the hook it reads, keeping `cap`
-/// latents a token (default: a TopK's k, else every latent).
-fn open_dictionaries(
-    specs: &[String],
-    cap: Option<usize>,
-    config: &ModelConfig,
-) -> anyhow::Result<Vec<DictionaryHook>> {
-    if cap == Some(0) {
-        bail!("--latent-cap must be at least 1");
-    }
-    specs
-        .iter()
-        .map(|spec| {
-            let (dir, hook) = match spec.rsplit_once('@') {
-                Some((dir, hook)) if !Path::new(spec).exists() => (dir, Some(hook)),
-                _ => (spec.as_str(), None),
-            };
-            let dictionary = Dictionary::open(Path::new(dir), hook).with_context(|| format!("--sae {spec}"))?;
-            let hook = HookPoint::parse(&dictionary.hook, config)
-                .with_context(|| format!("--sae {spec}: its hook {} is not one of this model's", dictionary.hook))?;
-            let cap = cap
-                .unwrap_or(match dictionary.encoder {
-                    Encoder::TopK { k } => k,
-                    _ => dictionary.d_sae,
-                })
-                .min(dictionary.d_sae);
-            Ok(DictionaryHook { hook, dictionary: Arc::new(dictionary), cap })
-        })
-        .collect()
 }
 
 fn read_ids(path: &Path) -> anyhow::Result<Vec<Vec<u32>>> {

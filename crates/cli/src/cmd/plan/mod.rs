@@ -108,6 +108,10 @@ pub struct Args {
     /// alone, the projections its `quantization_config` `fp8` stores FP8).
     #[arg(long, default_value = "dequantized")]
     pub weights: siphon_engine::WeightForm,
+    /// Count sparse dictionaries' tensors and latents (as `forward --sae` and, later, `extract`
+    /// compute them) and the blocks their hooks need.
+    #[command(flatten)]
+    pub dictionaries: crate::cmd::forward::SaeArgs,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -131,6 +135,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(gib) => Some((gib * (1u64 << 30) as f64) as u64),
         None => slice.as_ref().map(|s| s.generation.hbm_bytes()),
     };
+    if slice.is_some() && !args.dictionaries.sae.is_empty() {
+        anyhow::bail!(
+            "--sae with --target: the compiler is not asked about dictionaries yet; plan without --target counts them"
+        );
+    }
+    let dictionaries = args.dictionaries.open(&config)?;
     let request = PlanRequest {
         mesh: args.mesh.request(),
         dtype: args.dtype.or(config_dtype).unwrap_or(DType::Bf16),
@@ -153,6 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(_) => siphon_plan::DeviceLayout::TpuTiled,
             None => siphon_plan::DeviceLayout::Dense,
         },
+        dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
     };
     let mut plan = siphon_plan::plan(&config, &topology, &request)?;
     plan.notes.extend(siphon_plan::cuda_attention(&config, &plan, &request));
