@@ -82,6 +82,15 @@ fn a_fixture_compiled_for_v5e_4_reports_the_compilers_figures_beside_the_planner
     assert_eq!(fp8["compiled"]["output_size_in_bytes"].as_u64(), fp8["planner"]["output_bytes"].as_u64());
     assert!(fp8["compiled"]["output_size_in_bytes"].as_u64() < compiled["output_size_in_bytes"].as_u64());
 
+    // A dictionary's tensors and latents in the program: counted as the compiler counts them.
+    let sae = ["--sae", "fixtures/dictionaries/saelens-gated", "--latent-cap", "20", "--json"];
+    let out = siphon(&[&args[..], &sae].concat(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let with: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(with["compiled"]["argument_size_in_bytes"].as_u64(), with["planner"]["argument_bytes"].as_u64());
+    assert_eq!(with["compiled"]["output_size_in_bytes"].as_u64(), with["planner"]["output_bytes"].as_u64());
+    assert!(with["compiled"]["output_size_in_bytes"].as_u64() > compiled["output_size_in_bytes"].as_u64());
+
     let out = siphon(&args, &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", stderr(&out));

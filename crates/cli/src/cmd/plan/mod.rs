@@ -135,11 +135,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(gib) => Some((gib * (1u64 << 30) as f64) as u64),
         None => slice.as_ref().map(|s| s.generation.hbm_bytes()),
     };
-    if slice.is_some() && !args.dictionaries.sae.is_empty() {
-        anyhow::bail!(
-            "--sae with --target: the compiler is not asked about dictionaries yet; plan without --target counts them"
-        );
-    }
     let dictionaries = args.dictionaries.open(&config)?;
     let request = PlanRequest {
         mesh: args.mesh.request(),
@@ -168,8 +163,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut plan = siphon_plan::plan(&config, &topology, &request)?;
     plan.notes.extend(siphon_plan::cuda_attention(&config, &plan, &request));
     if let Some(slice) = slice {
-        let compile =
-            target::Compile { slice, config: &config, request, weights: args.weights, plugin: args.plugin.as_deref() };
+        let plugin = args.plugin.as_deref();
+        let compile = target::Compile { slice, config: &config, request, weights: args.weights, plugin, dictionaries };
         return target::run(compile, &plan, args.json);
     }
     if args.json {

@@ -27,6 +27,8 @@ pub struct Compile<'a> {
     pub weights: WeightForm,
     /// `--plugin`: the libtpu to compile with.
     pub plugin: Option<&'a Path>,
+    /// `--sae`: dictionaries whose latents the program computes.
+    pub dictionaries: Vec<siphon_models::DictionaryHook>,
 }
 
 /// The slice `--target` names (`tpu:v5litepod-64`), `slices` times over.
@@ -94,9 +96,10 @@ struct Compiled {
 /// The planner's estimate for the same terms, per device.
 #[derive(Debug, Serialize)]
 struct Planned {
-    /// Weights (sharded) and the token inputs: the compiler's arguments.
+    /// Weights (sharded), the token inputs and the dictionaries' tensors: the compiler's
+    /// arguments.
     argument_bytes: u64,
-    /// The hooks' outputs.
+    /// The hooks' outputs and the dictionaries' latents.
     output_bytes: u64,
     /// One block's working set and the FSDP gathers.
     temp_bytes: u64,
@@ -122,10 +125,11 @@ impl Planned {
     /// The planner's terms for `plan` (which has a batch and a sequence).
     fn of(plan: &Plan) -> Planned {
         let activations = plan.memory.activations.unwrap_or_default();
+        let dictionaries = plan.memory.dictionaries.unwrap_or_default();
         Planned {
-            argument_bytes: plan.memory.weights.sharded_bytes + activations.input_bytes,
-            output_bytes: activations.hook_bytes,
-            temp_bytes: activations.working_bytes + plan.memory.weights.fsdp_gather_bytes,
+            argument_bytes: plan.memory.weights.sharded_bytes + activations.input_bytes + dictionaries.tensor_bytes,
+            output_bytes: activations.hook_bytes + dictionaries.output_bytes,
+            temp_bytes: activations.working_bytes + plan.memory.weights.fsdp_gather_bytes + dictionaries.working_bytes,
             total_bytes: plan.memory.required_bytes,
         }
     }
@@ -173,7 +177,7 @@ struct Report<'a> {
 }
 
 pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> {
-    let Compile { slice, config, request, weights, plugin } = compile;
+    let Compile { slice, config, request, weights, plugin, dictionaries } = compile;
     let (Some(batch), Some(seq)) = (request.batch, request.seq) else {
         bail!("--target compiles the program for one step: give --batch and --seq")
     };
@@ -191,6 +195,7 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
             input: Some(plan.input_spec.clone()),
         },
         weights,
+        dictionaries,
         ..Default::default()
     };
     let aot = match siphon_engine::aot::compile(
