@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{HIDDEN, make_corpus, make_model, plugin, repo_root};
+use common::{Guard, HIDDEN, free_port, make_corpus, make_model, plugin, python_server, repo_root};
 
 const SIPHON: &str = env!("CARGO_BIN_EXE_siphon");
 const HOOKS: &str = "blocks.0.hook_resid_pre,blocks.0.hook_attn_out,blocks.1.hook_mlp_out,ln_final.hook_normalized";
@@ -76,15 +76,6 @@ fn launch_args(s: &Setup, output: &Path, devices: usize) -> Vec<String> {
 }
 
 /// Kills the child if the test ends before it does.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn siphon(args: &[String]) -> Command {
     let mut command = Command::new(SIPHON);
     command
@@ -456,10 +447,6 @@ fn host_command(args: &[String], id: usize, port: u16, devices: usize) -> Comman
         .env("SIPHON_JOB_TOKEN", "test-token")
         .env("SIPHON_CPU_DEVICES", devices.to_string());
     command
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[test]
@@ -855,27 +842,6 @@ fn conversations_through_a_chat_template_keep_only_the_assistants_tokens() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Starts `python3` with the arguments `args` gives for a free port, a server on 127.0.0.1
-/// at that port, and waits until it accepts connections.
-fn python_server(args: impl FnOnce(u16) -> Vec<std::ffi::OsString>) -> (Guard, u16) {
-    let port = free_port();
-    let args = args(port);
-    let server = Guard(
-        Command::new("python3")
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("python3 {args:?}: {e}")),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "python3 {args:?} did not start serving");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (server, port)
 }
 
 /// Starts scripts/testing/stand_in_hub.py serving `root` on a free port, requiring `token`.

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -272,4 +274,99 @@ fn forward_writes_dictionary_latents_matching_the_librarys() {
     assert!(err.contains("reads 64 values a token, blocks.1.ln1.hook_scale has 1"), "{err}");
     let err = fails("/nonexistent/sae", "96");
     assert!(err.contains("not a dictionary siphon reads"), "{err}");
+}
+
+/// `--sae hf://OWNER/NAME[@REVISION]/PATH`: a dictionary's files fetched from a Hub endpoint
+/// (`HF_ENDPOINT`, a server of the Hub's layout on 127.0.0.1) once into siphon's cache, under
+/// the repository's own path — so Gemma Scope's hook comes from its layout there as on disk —
+/// and the same latents as from the directory itself; a path with no dictionary is named.
+#[test]
+fn forward_reads_dictionaries_from_the_hub() {
+    let model = repo().join("fixtures/models/tiny-llama");
+    let tmp = Scratch::new("hub");
+    let ids_file = tmp.path().join("ids.json");
+    std::fs::write(&ids_file, "[[115, 114, 45, 118, 79, 223, 139, 149]]").unwrap();
+    let dicts = repo().join("fixtures/dictionaries");
+    let served = tmp.path().join("hub");
+    let copy = |from: &Path, to: &Path, files: &[&str]| {
+        std::fs::create_dir_all(to).unwrap();
+        for f in files {
+            std::fs::copy(from.join(f), to.join(f)).unwrap();
+        }
+    };
+    let gemma = "layer_1/width_16k/average_l0_7";
+    copy(
+        &dicts.join("gemma-scope-2b-pt-res").join(gemma),
+        &served.join("google/gemma-scope-2b-pt-res/resolve/main").join(gemma),
+        &["params.npz"],
+    );
+    copy(
+        &dicts.join("saelens-topk"),
+        &served.join("org/saes/resolve/v1/topk"),
+        &["cfg.json", "sae_weights.safetensors"],
+    );
+    let (_server, port) = common::python_server(|port| {
+        let mut args: Vec<std::ffi::OsString> =
+            ["-m", "http.server", "--bind", "127.0.0.1", &port.to_string(), "--directory"].map(Into::into).to_vec();
+        args.push(served.clone().into());
+        args
+    });
+    let cache = tmp.path().join("cache");
+    let run = |sae: &str, out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_siphon"))
+            .args(["forward", "--model", model.to_str().unwrap(), "--ids", ids_file.to_str().unwrap(), "--sae", sae])
+            .args(["--out", out.to_str().unwrap()])
+            .env("TF_CPP_MIN_LOG_LEVEL", "2")
+            .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
+            .env("SIPHON_CACHE_DIR", &cache)
+            .output()
+            .unwrap()
+    };
+    let (hub, local) = (tmp.path().join("hub.safetensors"), tmp.path().join("local.safetensors"));
+    let from_hub = format!("hf://google/gemma-scope-2b-pt-res/{gemma},hf://org/saes@v1/topk");
+    let o = run(&from_hub, &hub);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let on_disk = format!(
+        "{},{}",
+        dicts.join("gemma-scope-2b-pt-res").join(gemma).display(),
+        dicts.join("saelens-topk").display()
+    );
+    let o = run(&on_disk, &local);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ((hub_header, hub_data), (local_header, local_data)) = (read_safetensors(&hub), read_safetensors(&local));
+    let tensors = |h: &serde_json::Value| {
+        let mut names: Vec<String> = h.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect();
+        names.sort();
+        names
+    };
+    // Two dictionaries on one hook: told apart by their names (the Hub copy's own).
+    assert_eq!(tensors(&hub_header).len(), 6, "{hub_header}");
+    assert!(tensors(&hub_header).iter().any(|n| n.starts_with("blocks.1.hook_resid_post.hook_sae_acts_post.")));
+    let bytes = |h: &serde_json::Value, d: &[u8]| -> Vec<Vec<u8>> {
+        let mut all: Vec<(String, Vec<u8>)> = tensors(h)
+            .into_iter()
+            .map(|n| {
+                let (a, b) = (
+                    h[&n]["data_offsets"][0].as_u64().unwrap() as usize,
+                    h[&n]["data_offsets"][1].as_u64().unwrap() as usize,
+                );
+                (n.rsplit('.').next().unwrap().to_string() + &h[&n]["shape"].to_string(), d[a..b].to_vec())
+            })
+            .collect();
+        all.sort();
+        all.into_iter().map(|(_, b)| b).collect()
+    };
+    assert_eq!(
+        bytes(&hub_header, &hub_data),
+        bytes(&local_header, &local_data),
+        "the Hub's copy gives the same latents"
+    );
+    assert!(cache.join("models/hf___google_gemma-scope-2b-pt-res_main").join(gemma).join("params.npz").is_file());
+
+    let o = run("hf://org/saes@v1/missing", &tmp.path().join("none.safetensors"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("neither cfg.json") && err.contains("hf://org/saes@v1/missing"),
+        "{err}"
+    );
 }

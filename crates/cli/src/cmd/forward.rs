@@ -20,7 +20,8 @@ use siphon_runtime::{Client, ClientOptions, HostArray, Plugin, PluginLocator};
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct SaeArgs {
     /// Sparse dictionaries (SAEs, transcoders) whose latents to compute on the devices,
-    /// comma-separated: a directory as SAELens, EleutherAI sparsify or Gemma Scope saves one,
+    /// comma-separated: a directory as SAELens, EleutherAI sparsify or Gemma Scope saves one (or
+    /// its URL: `hf://OWNER/NAME[@REVISION]/PATH`, gs://, s3://, https://, downloaded once),
     /// `DIR@HOOK` to name the hook it reads where its files do not. `forward` writes each as
     /// `<hook>.hook_sae_acts_post[.<dictionary>].{indices,values,firings}`: each token's largest
     /// latents (`[batch, seq, cap]` i32 indices, -1 past its firings, and f32 values) and its
@@ -44,10 +45,12 @@ impl SaeArgs {
             .iter()
             .map(|spec| {
                 let (dir, hook) = match spec.rsplit_once('@') {
-                    Some((dir, hook)) if !Path::new(spec).exists() => (dir, Some(hook)),
+                    // A hook name has no '/' (an `@` before one is a Hub revision).
+                    Some((dir, hook)) if !hook.contains('/') && !Path::new(spec).exists() => (dir, Some(hook)),
                     _ => (spec.as_str(), None),
                 };
-                let dictionary = Dictionary::open(Path::new(dir), hook).with_context(|| format!("--sae {spec}"))?;
+                let dir = crate::job::fetch::local_dictionary_path(dir).with_context(|| format!("--sae {spec}"))?;
+                let dictionary = Dictionary::open(&dir, hook).with_context(|| format!("--sae {spec}"))?;
                 let hook = HookPoint::parse(&dictionary.hook, config).with_context(|| {
                     format!("--sae {spec}: its hook {} is not one of this model's", dictionary.hook)
                 })?;

@@ -57,6 +57,57 @@ pub fn local_model_path(spec: &Path) -> anyhow::Result<PathBuf> {
     Ok(cache)
 }
 
+/// A local directory for the dictionary `spec`: unchanged when it is not a URL, else its files
+/// downloaded once into `$SIPHON_CACHE/models/` — `hf://OWNER/NAME[@REVISION]/PATH` (a
+/// directory of the repository, kept under its own path, so that a layout that names the hook,
+/// as Gemma Scope's does, still does), or a `gs://`, `s3://`, `az://` or `http(s)://` URL of
+/// the directory. Whichever format the files are in: `cfg.json` with `sae_weights.safetensors`
+/// (SAELens) or `sae.safetensors` (sparsify), else `params.npz` (Gemma Scope).
+pub fn local_dictionary_path(spec: &str) -> anyhow::Result<PathBuf> {
+    let Some((scheme, rest)) = spec.split_once("://") else { return Ok(PathBuf::from(spec)) };
+    let (base, cache) = match scheme {
+        "hf" => {
+            let mut parts = rest.splitn(3, '/');
+            let (owner, name, path) = (parts.next(), parts.next(), parts.next());
+            let (Some(owner), Some(name)) = (owner, name) else {
+                bail!("{spec}: a dictionary on the Hub is hf://OWNER/NAME[@REVISION]/PATH");
+            };
+            let (name, revision) = name.split_once('@').unwrap_or((name, "main"));
+            let path = path.unwrap_or("").trim_matches('/');
+            let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
+            let base = format!("{}/{owner}/{name}/resolve/{revision}/{path}", endpoint.trim_end_matches('/'));
+            let root = siphon_runtime::siphon_cache_dir()
+                .join("models")
+                .join(sanitize(&format!("hf://{owner}/{name}@{revision}")));
+            (base.trim_end_matches('/').to_string(), root.join(path))
+        }
+        "file" => return Ok(PathBuf::from(rest)),
+        "gs" | "s3" | "az" | "http" | "https" => (
+            spec.trim_end_matches('/').to_string(),
+            siphon_runtime::siphon_cache_dir().join("models").join(sanitize(spec)),
+        ),
+        other => {
+            bail!("unsupported dictionary URL scheme {other:?} (use a path, hf://, gs://, s3://, az:// or https://)")
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let options: Vec<(String, String)> =
+        if base.starts_with("http://") { vec![("allow_http".into(), "true".into())] } else { Vec::new() };
+    let location = StoreLocation::open(&base, &options)?;
+    runtime.block_on(async {
+        if download(&location, "cfg.json", &cache.join("cfg.json"), false).await? {
+            let saelens = "sae_weights.safetensors";
+            if !download(&location, saelens, &cache.join(saelens), false).await? {
+                download(&location, "sae.safetensors", &cache.join("sae.safetensors"), true).await?;
+            }
+        } else if !download(&location, "params.npz", &cache.join("params.npz"), false).await? {
+            bail!("{spec}: neither cfg.json (SAELens, sparsify) nor params.npz (Gemma Scope) is there");
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(cache)
+}
+
 /// Downloads `name` to `dest` unless it is there already; `Ok(false)` when an optional file
 /// does not exist remotely.
 async fn download(location: &StoreLocation, name: &str, dest: &Path, required: bool) -> anyhow::Result<bool> {

@@ -26,7 +26,7 @@
 //! command resumes after the last committed shard.
 
 mod compute;
-mod fetch;
+pub(crate) mod fetch;
 mod options;
 mod output;
 mod pipeline;

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// Hidden width of the tiny model.
 pub const HIDDEN: usize = 32;
@@ -79,4 +81,40 @@ pub fn make_corpus(dir: &Path, lines_per_file: usize) {
         }
         std::fs::write(dir.join(format!("part-{file}.txt")), text).unwrap();
     }
+}
+
+/// A child process killed and reaped when dropped.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A port on 127.0.0.1 free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts `python3` with the arguments `args` gives for a free port, a server on 127.0.0.1
+/// at that port, and waits until it accepts connections.
+pub fn python_server(args: impl FnOnce(u16) -> Vec<std::ffi::OsString>) -> (Guard, u16) {
+    let port = free_port();
+    let args = args(port);
+    let server = Guard(
+        Command::new("python3")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("python3 {args:?}: {e}")),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "python3 {args:?} did not start serving");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, port)
 }
