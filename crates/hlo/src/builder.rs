@@ -890,6 +890,27 @@ impl Builder {
 
     // ---------------------------------------------------------------- sort, loops
 
+    /// `chlo.top_k`: the `k` largest of `a` (floats) along its last dimension, largest first,
+    /// and their indices (i32); among equal values the lower index comes first (XLA's TopK).
+    pub fn top_k(&mut self, a: Value, k: usize) -> Result<(Value, Value)> {
+        let ta = self.ty_of("top_k", a)?.clone();
+        let Some(&last) = ta.dims().last() else {
+            return Err(shape_err("top_k", format!("{ta} has no last dimension")));
+        };
+        if k == 0 || k > last {
+            return Err(shape_err("top_k", format!("k = {k} of {last} in {ta}")));
+        }
+        if !ta.dtype().is_float() {
+            return Err(dtype_err("top_k", format!("{ta} is not a float")));
+        }
+        let mut dims = ta.dims().to_vec();
+        *dims.last_mut().expect("a last dimension") = k;
+        let (values, indices) = (TensorType::new(ta.dtype(), &dims), TensorType::new(DType::I32, &dims));
+        let line = format!("chlo.top_k({}, k = {k}) : {ta} -> ({values}, {indices})", self.name(a));
+        let out = self.emit_many(line, vec![values, indices]);
+        Ok((out[0], out[1]))
+    }
+
     /// Sorts `operands` (one shape) together along `dim`, ascending by the first, stably:
     /// equal keys keep their order. Returns the sorted operands.
     pub fn sort_by_first(&mut self, operands: &[Value], dim: usize) -> Result<Vec<Value>> {

@@ -403,3 +403,29 @@ fn a_library_call_parses_and_the_cpu_plugin_names_it() {
     // "No registered implementation for untyped custom call to __cudnn$fmhaSoftmax for Host".
     assert!(message.contains("custom call") && message.contains("__cudnn$fmhaSoftmax"), "{message}");
 }
+
+/// `top_k`: each row's k largest, largest first, the lower index first among equal values, as
+/// a stable sort of the row by descending value gives them.
+#[test]
+fn top_k_gives_each_rows_largest_lower_index_first_among_ties() {
+    let (rows, n, k) = (3, 10, 4);
+    let mut b = Builder::new("top_k");
+    let x = b.arg(f32t(&[rows, n]), None).unwrap();
+    let (values, indices) = b.top_k(x, k).unwrap();
+    let text = b.finish(&[values, indices]).unwrap();
+    // Rounded to tenths, so that rows hold ties.
+    let xs: Vec<f32> = data(rows * n, 7).iter().map(|v| (v * 10.0).round() / 10.0).collect();
+    let out = run_single(&text, &[HostArray::from_slice(&[rows, n], &xs).unwrap()]);
+    for r in 0..rows {
+        let row = &xs[r * n..][..n];
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        let want_indices: Vec<f32> = order[..k].iter().map(|&i| i as f32).collect();
+        let want_values: Vec<f32> = order[..k].iter().map(|&i| row[i]).collect();
+        assert_eq!(&out[1][r * k..][..k], &want_indices[..], "row {r}: {row:?}");
+        assert_eq!(&out[0][r * k..][..k], &want_values[..], "row {r}");
+    }
+    let mut b = Builder::new("top_k_bad");
+    let x = b.arg(f32t(&[rows, n]), None).unwrap();
+    assert!(b.top_k(x, n + 1).is_err() && b.top_k(x, 0).is_err());
+}

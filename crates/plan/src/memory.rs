@@ -254,7 +254,8 @@ pub struct DictionaryMemory {
     /// firings), and their share of the results' table.
     pub output_bytes: u64,
     /// The encoders' transients: per local token and latent, the pre-activations, the latents
-    /// and the sort's keys and indices (in and out), 4 bytes each, summed over dictionaries.
+    /// and a sort's keys and indices, in and out (XLA may take the top latents by sorting), 4
+    /// bytes each, summed over dictionaries.
     pub working_bytes: u64,
 }
 

@@ -3,11 +3,10 @@
 //!
 //! In f32 (products at `HIGHEST` precision, as every f32 product siphon emits). The dense
 //! latents `[tokens, d_sae]` are computed as SAELens computes them, then each token's `cap`
-//! largest are kept by one stable sort per row (latent indices carried with the values, so the
-//! lower latent comes first among ties): indices where a value is a firing (> 0), `-1`
-//! elsewhere, and each token's number of firings — more than `cap` is for the caller to
-//! refuse, never to truncate silently. For a TopK encoder the `k` largest of the
-//! pre-activations are the `k` largest after the `relu`, the same firings.
+//! largest are kept by XLA's TopK (`chlo.top_k`: the lower latent first among ties): indices
+//! where a value is a firing (> 0), `-1` elsewhere, and each token's number of firings — more
+//! than `cap` is for the caller to refuse, never to truncate silently. For a TopK encoder the
+//! `k` largest of the pre-activations are the `k` largest after the `relu`, the same firings.
 
 use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
 
@@ -92,36 +91,35 @@ pub fn encode(
             b.select(open, mag, zero)?
         }
     };
-    // Largest first: ascending by the negated value, stably, the latent index carried along.
-    let ids = b.iota(TensorType::new(DType::I32, &[t, n]), 1)?;
-    let negated = b.neg(acts)?;
-    let sorted = b.sort_by_first(&[negated, ids], 1)?;
-    let largest = b.neg(sorted[0])?;
     // A TopK encoder's latents are its `k` largest only; the others' firings, none.
     let candidates = match dict.encoder {
         Encoder::TopK { k } => k,
         _ => n,
     };
-    let fires = |b: &mut Builder, width: usize| -> Result<Value, HloError> {
-        let values = b.slice_dim(largest, 1, 0, width)?;
+    let positive = |b: &mut Builder, v: Value, width: usize| -> Result<Value, HloError> {
         let none = b.splat(0.0, TensorType::new(DType::F32, &[t, width]))?;
-        let fires = b.compare(CompareDir::Gt, values, none)?;
-        if width <= candidates {
-            return Ok(fires);
-        }
-        let position = b.iota(TensorType::new(DType::I32, &[t, width]), 1)?;
-        let limit = b.splat(candidates as f64, TensorType::new(DType::I32, &[t, width]))?;
-        let candidate = b.compare(CompareDir::Lt, position, limit)?;
-        b.and(fires, candidate)
+        b.compare(CompareDir::Gt, v, none)
     };
-    let firing = fires(b, candidates)?;
-    let count = b.convert(firing, DType::I32)?;
+    let (top, top_ids) = b.top_k(acts, cap)?;
+    let count = match dict.encoder {
+        Encoder::TopK { k } if k != cap => {
+            let (largest, _) = b.top_k(acts, k)?;
+            positive(b, largest, k)?
+        }
+        Encoder::TopK { .. } => positive(b, top, cap)?,
+        _ => positive(b, acts, n)?,
+    };
+    let count = b.convert(count, DType::I32)?;
     let count = b.reduce_sum(count, &[1])?;
-    let kept = fires(b, cap)?;
-    let top = b.slice_dim(largest, 1, 0, cap)?;
+    let mut kept = positive(b, top, cap)?;
+    if cap > candidates {
+        let position = b.iota(TensorType::new(DType::I32, &[t, cap]), 1)?;
+        let limit = b.splat(candidates as f64, TensorType::new(DType::I32, &[t, cap]))?;
+        let candidate = b.compare(CompareDir::Lt, position, limit)?;
+        kept = b.and(kept, candidate)?;
+    }
     let none = b.splat(0.0, TensorType::new(DType::F32, &[t, cap]))?;
     let values = b.select(kept, top, none)?;
-    let top_ids = b.slice_dim(sorted[1], 1, 0, cap)?;
     let no_latent = b.splat(-1.0, TensorType::new(DType::I32, &[t, cap]))?;
     let indices = b.select(kept, top_ids, no_latent)?;
     Ok(Latents { indices, values, count })
