@@ -486,7 +486,7 @@ fn project<const B: usize, const R: usize, const FMA: bool>(w: &[f32], k: usize,
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The same sums in f64, one choice at a time (HF's `down(gating(gate(x), up(x)))`).
@@ -524,7 +524,8 @@ mod tests {
         out
     }
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
+    /// `n` pseudo-random values in [-0.25, 0.25], the same for a `seed` (the crate's tests' inputs).
+    pub(crate) fn values(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
         (0..n)
             .map(|_| {

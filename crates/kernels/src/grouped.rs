@@ -230,6 +230,7 @@ fn execute(frame: &CallFrame) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::experts::tests::values;
 
     fn op(dtype: DataType, dims: &[usize]) -> Operand {
         Operand { dtype, dims: dims.to_vec() }
@@ -278,18 +279,6 @@ mod tests {
             assert!(err.contains("do not hold the 10 rows"), "{err}");
         }
         assert_eq!(shape.gemms(&[0, 10, 0]).unwrap().len(), 1);
-    }
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
     }
 
     /// The descriptors, read as cuBLAS reads them, give every row its own group's product

@@ -14,6 +14,13 @@ use crate::ModelError;
 use crate::dictionary::{Dictionary, Tensor};
 use crate::weights::{DType, decode_into};
 
+/// `dir/cfg.json` as JSON (SAELens's and sparsify's dictionaries both keep one).
+pub(crate) fn read_cfg(dir: &Path) -> Result<serde_json::Value, ModelError> {
+    let path = dir.join("cfg.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Corrupt { path, detail: format!("not JSON: {e}") })
+}
+
 /// A safetensors file's bytes, read whole (dictionaries' files are small next to a model's).
 pub(crate) struct Safetensors {
     path: std::path::PathBuf,

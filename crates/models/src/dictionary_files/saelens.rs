@@ -20,7 +20,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::Safetensors;
+use super::{Safetensors, read_cfg};
 use crate::ModelError;
 use crate::dictionary::{Dictionary, Encoder, Normalize};
 
@@ -29,11 +29,7 @@ pub const WEIGHTS: &str = "sae_weights.safetensors";
 
 /// Reads the SAELens dictionary in `dir`.
 pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
-    let cfg_path = dir.join("cfg.json");
-    let text =
-        std::fs::read_to_string(&cfg_path).map_err(|source| ModelError::Io { path: cfg_path.clone(), source })?;
-    let cfg: Json = serde_json::from_str(&text)
-        .map_err(|e| ModelError::Corrupt { path: cfg_path.clone(), detail: format!("not JSON: {e}") })?;
+    let cfg = read_cfg(dir)?;
     let refuse = |what: String| ModelError::Config(format!("SAELens dictionary {}: {what}", dir.display()));
     let field = |name: &str| cfg.get("metadata").and_then(|m| m.get(name)).filter(|v| !v.is_null()).or(cfg.get(name));
     let hook = field("hook_name")

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::Safetensors;
+use super::{Safetensors, read_cfg};
 use crate::ModelError;
 use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
 
@@ -25,11 +25,7 @@ pub const WEIGHTS: &str = "sae.safetensors";
 /// Reads the sparsify dictionary in `dir`, on `hook` if given, else on the hook its directory's
 /// name says.
 pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
-    let cfg_path = dir.join("cfg.json");
-    let text =
-        std::fs::read_to_string(&cfg_path).map_err(|source| ModelError::Io { path: cfg_path.clone(), source })?;
-    let cfg: Json = serde_json::from_str(&text)
-        .map_err(|e| ModelError::Corrupt { path: cfg_path.clone(), detail: format!("not JSON: {e}") })?;
+    let cfg = read_cfg(dir)?;
     let refuse = |what: String| ModelError::Config(format!("sparsify dictionary {}: {what}", dir.display()));
     match cfg.get("activation").and_then(Json::as_str).unwrap_or("topk") {
         "topk" => {}
