@@ -41,6 +41,55 @@ impl HookActivations {
     }
 }
 
+/// One dictionary's latents for a whole batch, as the devices return them: per token its `cap`
+/// largest latents (largest first) and its number of firings. The writer stores the firings
+/// sparsely ([`crate::LatentsColumn`]); a stored token that fired more than `cap` latents is
+/// refused, never truncated.
+#[derive(Debug, Clone)]
+pub struct BatchLatents {
+    /// The column's name, one of the run's [`crate::LatentsColumn`]s.
+    pub name: String,
+    /// Latents kept per token.
+    pub cap: usize,
+    /// `[batch, seq, cap]` little-endian i32: latent indices, `-1` past the token's firings.
+    pub indices: Bytes,
+    /// `[batch, seq, cap]` little-endian f32: their values.
+    pub values: Bytes,
+    /// `[batch, seq]` little-endian i32: each token's firings (may exceed `cap`).
+    pub firings: Bytes,
+}
+
+impl BatchLatents {
+    /// Token `t`'s firings and its kept latents as (index, value) pairs in the order given;
+    /// `Err` says what is wrong (more firings than kept, an index out of range or past the
+    /// firings).
+    pub(crate) fn token(&self, t: usize, width: usize) -> std::result::Result<Vec<(u32, f32)>, String> {
+        let word = |b: &Bytes, i: usize| [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
+        let firings = i32::from_le_bytes(word(&self.firings, t));
+        if firings < 0 || firings as usize > self.cap {
+            return Err(format!(
+                "fires {firings} latents, more than the {} kept (--latent-cap): refused, never truncated",
+                self.cap
+            ));
+        }
+        let mut kept = Vec::with_capacity(firings as usize);
+        for slot in t * self.cap..(t + 1) * self.cap {
+            let index = i32::from_le_bytes(word(&self.indices, slot));
+            if index < 0 {
+                continue;
+            }
+            if index as usize >= width {
+                return Err(format!("has latent index {index}, past the dictionary's {width} latents"));
+            }
+            kept.push((index as u32, f32::from_le_bytes(word(&self.values, slot))));
+        }
+        if kept.len() != firings as usize {
+            return Err(format!("counts {firings} firings but holds {} latent indices", kept.len()));
+        }
+        Ok(kept)
+    }
+}
+
 /// Checks a per-token shape: non-empty, no zero dimension, element count fits in `usize`.
 /// Returns the element count; the error says what is wrong (the caller names the hook).
 pub(crate) fn check_token_shape(shape: &[usize]) -> std::result::Result<usize, String> {
@@ -70,6 +119,8 @@ pub struct BatchActivations {
     pub seq: usize,
     /// Per hook activations, in the run's hook order.
     pub hooks: Vec<HookActivations>,
+    /// Per latents column, in the run's order ([`crate::RunDescriptor::latents`]).
+    pub latents: Vec<BatchLatents>,
     /// `[batch, seq]` token ids.
     pub token_ids: Vec<i32>,
     /// `[batch, seq]` index of the corpus document each token came from.
@@ -100,7 +151,7 @@ impl BatchActivations {
     /// Checks sizes against the run's hooks and each hook's own per-token shape; returns a
     /// clear error naming the first problem. (That shapes stay the same from batch to batch is
     /// the writer's check.)
-    pub fn validate(&self, hooks: &[String]) -> Result<()> {
+    pub fn validate(&self, hooks: &[String], latents: &[crate::LatentsColumn]) -> Result<()> {
         let bad = |reason: String| StoreError::InvalidBatch { first_sample: self.first_sample, reason };
         let tokens = self.batch.checked_mul(self.seq).ok_or_else(|| bad("batch * seq overflows".into()))?;
         if tokens == 0 {
@@ -120,6 +171,29 @@ impl BatchActivations {
         if self.hooks.len() != hooks.len() || self.hooks.iter().zip(hooks).any(|(h, n)| &h.hook != n) {
             let got: Vec<&str> = self.hooks.iter().map(|h| h.hook.as_str()).collect();
             return Err(bad(format!("hooks {got:?} differ from the run's hooks {hooks:?}")));
+        }
+        if self.latents.len() != latents.len() || self.latents.iter().zip(latents).any(|(l, c)| l.name != c.name) {
+            let got: Vec<&str> = self.latents.iter().map(|l| l.name.as_str()).collect();
+            let run: Vec<&str> = latents.iter().map(|c| c.name.as_str()).collect();
+            return Err(bad(format!("latents {got:?} differ from the run's latents {run:?}")));
+        }
+        for (l, column) in self.latents.iter().zip(latents) {
+            if l.cap == 0 || l.cap > column.width {
+                return Err(bad(format!("latents {} keep {} per token, of {} latents", l.name, l.cap, column.width)));
+            }
+            let slots = tokens.checked_mul(4 * l.cap).ok_or_else(|| bad(format!("latents {} size overflows", l.name)))?;
+            for (part, len, expected) in [
+                ("indices", l.indices.len(), slots),
+                ("values", l.values.len(), slots),
+                ("firings", l.firings.len(), 4 * tokens),
+            ] {
+                if len != expected {
+                    return Err(bad(format!(
+                        "latents {} has {len} bytes of {part}, expected {expected} (batch*seq = {tokens}, cap {})",
+                        l.name, l.cap
+                    )));
+                }
+            }
         }
         for hook in &self.hooks {
             if !hook.dtype.is_activation() {

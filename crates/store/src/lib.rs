@@ -53,16 +53,17 @@ mod moments;
 mod probe;
 mod run;
 mod shard;
+mod sparse;
 mod stats;
 pub mod synthetic;
 mod upload;
 mod verify;
 mod writer;
 
-pub use batch::{BatchActivations, DType, HookActivations, fp8_scale_name};
+pub use batch::{BatchActivations, BatchLatents, DType, HookActivations, fp8_scale_name};
 pub use config::{
-    DEFAULT_GIVE_UP_AFTER, DEFAULT_SEALERS, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES,
-    RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,
+    DEFAULT_GIVE_UP_AFTER, DEFAULT_SEALERS, DEFAULT_TARGET_SHARD_BYTES, HostId, LatentsColumn, MAX_BACKOFF,
+    MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,
 };
 pub use error::{Result, StoreError};
 pub use location::{MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, parse_host_dir, shard_name};
@@ -73,7 +74,7 @@ pub use shard::{
     FORMAT_TAG, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RESERVED_TENSOR_NAMES, SealedShard, ShardSummary,
     check_format, format_version, summarize_shard,
 };
-pub use stats::{HookStats, HookStatsJson, RunStats, StatsFile, merge_run_stats};
+pub use stats::{HookStats, HookStatsJson, LatentStats, RunStats, StatsFile, merge_run_stats};
 pub use upload::upload_object;
 pub use verify::{HostReport, VerifyReport, finalize_run, verify_run, verify_run_blocking};
 pub use writer::{HostSummary, ShardWriter, WriterTiming, batch_shard};

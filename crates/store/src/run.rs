@@ -204,8 +204,7 @@ pub(crate) async fn recover_host(
     location: &StoreLocation,
     run: &str,
     host: HostId,
-    hooks: &[String],
-    shapes: &[Vec<usize>],
+    descriptor: &RunDescriptor,
 ) -> Result<HostState> {
     let (lines, torn) = read_manifest_torn(location, run, host).await?;
     if let Some(torn) = torn {
@@ -280,7 +279,8 @@ pub(crate) async fn recover_host(
                 path: path.to_string(),
                 reason: "committed shard is missing".into(),
             })?;
-            let summary = summarize_shard(path.as_ref(), &bytes, hooks, shapes)?;
+            let (hooks, shapes, latents) = (&descriptor.hooks, &descriptor.hook_shapes, &descriptor.latents);
+            let summary = summarize_shard(path.as_ref(), &bytes, hooks, shapes, latents)?;
             stats::merge_run_stats(&mut run_stats, &summary.stats)?;
         }
         let body = serde_json::to_vec(&stats::to_file(&run_stats, last)).expect("stats serialize");

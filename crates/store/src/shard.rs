@@ -15,8 +15,9 @@ use rand::seq::SliceRandom;
 
 use crate::batch::{BatchActivations, DType, fp8_scale_name};
 use crate::column::{ColumnPool, HookColumn, MIN_LENT_BYTES};
-use crate::config::{HostId, ShardFormat};
+use crate::config::{HostId, LatentsColumn, ShardFormat};
 use crate::error::{Result, StoreError};
+use crate::sparse::SparseColumn;
 use crate::stats::{HookStats, RunStats};
 
 /// Format tag in every shard's metadata and in run.json.
@@ -59,6 +60,7 @@ pub(crate) struct ShardIdentity {
     pub model: String,
     pub host: HostId,
     pub hooks: Vec<String>,
+    pub latents: Vec<LatentsColumn>,
 }
 
 /// A shard ready to upload: its bytes in chunks, with everything the manifest needs.
@@ -92,6 +94,7 @@ pub(crate) struct ShardBuilder {
     pool: ColumnPool,
     index: u64,
     hooks: Vec<HookColumn>,
+    latents: Vec<SparseColumn>,
     token_ids: Vec<i32>,
     doc_index: Vec<i64>,
     position: Vec<i32>,
@@ -115,6 +118,7 @@ impl ShardBuilder {
             pool,
             index,
             hooks: Vec::new(),
+            latents: Vec::new(),
             token_ids: Vec::new(),
             doc_index: Vec::new(),
             position: Vec::new(),
@@ -134,7 +138,8 @@ impl ShardBuilder {
     pub fn data_bytes(&self) -> u64 {
         let meta = self.token_ids.len()
             * (4 + 8 + 4 + 8 + usize::from(self.format.keep_excluded) + usize::from(self.format.roles));
-        (self.hooks.iter().map(HookColumn::len).sum::<usize>() + meta) as u64
+        let latents = self.latents.iter().map(SparseColumn::bytes).sum::<usize>();
+        (self.hooks.iter().map(HookColumn::len).sum::<usize>() + latents + meta) as u64
     }
 
     /// Appends one unit (a batch, or a shuffle window of batches) whose samples are contiguous.
@@ -143,8 +148,9 @@ impl ShardBuilder {
             return Ok(());
         };
         let out_dtype = self.format.dtype;
-        if self.hooks.is_empty() {
+        if self.is_empty() {
             self.hooks = first.hooks.iter().map(|h| HookColumn::new(h.shape.clone(), out_dtype)).collect();
+            self.latents = self.identity.latents.iter().map(|c| SparseColumn::new(c.width)).collect();
         }
         for batch in &unit {
             for h in &batch.hooks {
@@ -225,6 +231,17 @@ impl ShardBuilder {
                 i = end;
             }
         }
+        for (c, column) in self.latents.iter_mut().enumerate() {
+            let name = &self.identity.latents[c].name;
+            for &(b, t) in &order {
+                let batch = &unit[b as usize];
+                let t = t as usize;
+                column.push(&batch.latents[c], t, batch.keep[t], out_dtype).map_err(|e| StoreError::InvalidBatch {
+                    first_sample: batch.first_sample,
+                    reason: format!("latents {name}: the token at sequence {} position {} {e}", t / batch.seq, t % batch.seq),
+                })?;
+            }
+        }
         let unit = &unit;
         let last = unit.last().expect("non-empty");
         for &(b, t) in &order {
@@ -254,8 +271,11 @@ impl ShardBuilder {
         let mut known = HashMap::new();
         for (column, name) in self.hooks.iter_mut().zip(&self.identity.hooks) {
             let (column_stats, crc) = column.stats_and_crc(self.format.dtype, mask, &self.pool);
-            stats.insert(name.clone(), column_stats);
+            stats.hooks.insert(name.clone(), column_stats);
             known.extend(crc.map(|crc| (name.clone(), crc)));
+        }
+        for (column, c) in self.latents.iter().zip(&self.identity.latents) {
+            stats.latents.insert(c.name.clone(), column.stats().clone());
         }
         let (index, samples) = (self.index, self.samples.unwrap_or((0, 0)));
         let tokens = self.token_ids.len() as u64;
@@ -303,6 +323,7 @@ impl ShardBuilder {
             pool,
             index,
             hooks,
+            latents,
             token_ids,
             doc_index,
             position,
@@ -349,7 +370,22 @@ impl ShardBuilder {
         tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
         tensors.push(("position".into(), "I32", vec![tokens], vec![le_bytes(&position, |v| v.to_le_bytes())]));
         tensors.append(&mut scale_tensors);
+        // Each latents column's CSR parts (4-byte aligned, and the values where their size puts
+        // them).
+        let mut narrow_values = Vec::new();
+        for (column, c) in latents.into_iter().zip(&identity.latents) {
+            let [indptr, indices, values] = c.tensor_names();
+            let parts = column.into_parts();
+            tensors.push((indptr, "I32", vec![tokens + 1], vec![parts.indptr]));
+            tensors.push((indices, "I32", vec![parts.nnz], vec![parts.indices]));
+            let values = (values, dtype.safetensors_name(), vec![parts.nnz], vec![parts.values]);
+            match dtype.size() {
+                4 => tensors.push(values),
+                _ => narrow_values.push(values),
+            }
+        }
         tensors.append(&mut hook_tensors);
+        tensors.append(&mut narrow_values);
         if format.roles {
             tensors.push(("role".into(), "U8", vec![tokens], vec![Bytes::from(role)]));
         }
@@ -423,7 +459,16 @@ pub struct ShardSummary {
 ///
 /// `shapes` are the per-token shapes run.json records, in `hooks` order; when given (non-empty),
 /// a hook whose trailing dimensions differ is an error naming the hook and both shapes.
-pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String], shapes: &[Vec<usize>]) -> Result<ShardSummary> {
+///
+/// Each of `latents` must be a well-formed CSR matrix over the shard's rows (see
+/// [`LatentsColumn`]): its statistics are recomputed from it.
+pub fn summarize_shard(
+    path: &str,
+    bytes: &[u8],
+    hooks: &[String],
+    shapes: &[Vec<usize>],
+    latents: &[LatentsColumn],
+) -> Result<ShardSummary> {
     let bad = |reason: String| StoreError::BadShard { path: path.to_string(), reason };
     let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
@@ -490,8 +535,13 @@ pub fn summarize_shard(path: &str, bytes: &[u8], hooks: &[String], shapes: &[Vec
             }
             _ => std::borrow::Cow::Borrowed(t.data()),
         };
-        stats.insert(hook.clone(), HookStats::from_rows(dtype, token_shape, &rows, mask.as_deref()));
+        stats.hooks.insert(hook.clone(), HookStats::from_rows(dtype, token_shape, &rows, mask.as_deref()));
         hook_shapes.insert(hook.clone(), token_shape.to_vec());
+    }
+    for column in latents {
+        let column_stats = crate::sparse::summarize(&st, column, tokens, mask.as_deref())
+            .map_err(|e| bad(format!("latents {}: {e}", column.name)))?;
+        stats.latents.insert(column.name.clone(), column_stats);
     }
     Ok(ShardSummary { metadata, format_version, hook_shapes, tokens: tokens as u64, included_tokens, stats })
 }

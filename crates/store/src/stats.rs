@@ -216,7 +216,7 @@ impl StatsAccumulator {
     }
 }
 
-/// Statistics of every hook, keyed by hook name; what `stats.json` holds.
+/// Statistics of every hook and latents column, keyed by name; what `stats.json` holds.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct StatsFile {
     /// Index of the last shard these statistics cover per host (`None` in the merged file or
@@ -225,6 +225,9 @@ pub struct StatsFile {
     pub through_shard: Option<u64>,
     /// Per hook.
     pub hooks: BTreeMap<String, HookStatsJson>,
+    /// Per latents column. Absent in runs without dictionaries.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub latents: BTreeMap<String, LatentStats>,
 }
 
 /// The JSON form of [`HookStats`] with the derived values spelled out for readers.
@@ -290,17 +293,79 @@ impl From<&HookStatsJson> for HookStats {
     }
 }
 
-/// Statistics for all hooks of a run.
-pub type RunStats = BTreeMap<String, HookStats>;
+/// Statistics of one latents column over the included tokens: how often each latent fired
+/// and the sum of its stored values (a latent's mean activation when firing is
+/// `sums[i] / firings[i]`, its firing rate `firings[i] / count`). Sums run in f64 over the
+/// values as stored, a shard at a time, shards in order: the same bits on resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatentStats {
+    /// Tokens counted.
+    pub count: u64,
+    /// Per latent, the tokens it fired on.
+    pub firings: Vec<u64>,
+    /// Per latent, the sum of its values.
+    pub sums: Vec<f64>,
+}
 
-/// Merges `other` into `into`, hook by hook.
+impl LatentStats {
+    /// No tokens yet, over `width` latents.
+    pub fn new(width: usize) -> Self {
+        LatentStats { count: 0, firings: vec![0; width], sums: vec![0.0; width] }
+    }
+
+    /// Counts one token's firings (latent, stored value).
+    pub(crate) fn add_token(&mut self, fired: impl IntoIterator<Item = (usize, f32)>) {
+        self.count += 1;
+        for (latent, value) in fired {
+            self.firings[latent] += 1;
+            self.sums[latent] += f64::from(value);
+        }
+    }
+
+    /// Adds another set of tokens; both must have the same width.
+    pub fn merge(&mut self, other: &LatentStats) -> Result<()> {
+        if self.firings.len() != other.firings.len() {
+            return Err(StoreError::InvalidConfig(format!(
+                "cannot merge statistics of {} and {} latents",
+                self.firings.len(),
+                other.firings.len()
+            )));
+        }
+        self.count += other.count;
+        self.firings.iter_mut().zip(&other.firings).for_each(|(a, b)| *a += b);
+        self.sums.iter_mut().zip(&other.sums).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+}
+
+/// Statistics of a run's (or a shard's) hooks and latents columns.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunStats {
+    /// Per hook.
+    pub hooks: BTreeMap<String, HookStats>,
+    /// Per latents column.
+    pub latents: BTreeMap<String, LatentStats>,
+}
+
+impl RunStats {
+    /// No statistics yet.
+    pub fn new() -> Self {
+        RunStats::default()
+    }
+}
+
+/// Merges `other` into `into`, hook by hook and column by column.
 pub fn merge_run_stats(into: &mut RunStats, other: &RunStats) -> Result<()> {
-    for (hook, stats) in other {
-        match into.get_mut(hook) {
+    for (hook, stats) in &other.hooks {
+        match into.hooks.get_mut(hook) {
             Some(existing) => existing.merge(stats)?,
-            None => {
-                into.insert(hook.clone(), stats.clone());
-            }
+            None => _ = into.hooks.insert(hook.clone(), stats.clone()),
+        }
+    }
+    for (name, stats) in &other.latents {
+        match into.latents.get_mut(name) {
+            Some(existing) => existing.merge(stats)?,
+            None => _ = into.latents.insert(name.clone(), stats.clone()),
         }
     }
     Ok(())
@@ -308,12 +373,19 @@ pub fn merge_run_stats(into: &mut RunStats, other: &RunStats) -> Result<()> {
 
 /// Converts running statistics into the file form.
 pub fn to_file(stats: &RunStats, through_shard: Option<u64>) -> StatsFile {
-    StatsFile { through_shard, hooks: stats.iter().map(|(k, v)| (k.clone(), v.into())).collect() }
+    StatsFile {
+        through_shard,
+        hooks: stats.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
+        latents: stats.latents.clone(),
+    }
 }
 
 /// Converts the file form back into running statistics.
 pub fn from_file(file: &StatsFile) -> RunStats {
-    file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect()
+    RunStats {
+        hooks: file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
+        latents: file.latents.clone(),
+    }
 }
 
 /// Decodes one row of little-endian `dtype` values into f32.
@@ -366,9 +438,14 @@ mod tests {
             min: vec![-1.0, -3.0],
             max: vec![1.5, 0.1],
         };
-        let text = serde_json::to_vec(&to_file(&[("h".to_string(), first.clone())].into(), Some(0))).unwrap();
+        let mut latents = LatentStats::new(3);
+        latents.add_token([(0, 0.1), (2, 7.887_233_5)]);
+        latents.add_token([(2, 1e-7)]);
+        let stats = RunStats { hooks: [("h".to_string(), first.clone())].into(), latents: [("l".into(), latents)].into() };
+        let text = serde_json::to_vec(&to_file(&stats, Some(0))).unwrap();
         let back = from_file(&serde_json::from_slice(&text).unwrap());
-        assert_eq!(back["h"], first, "bit-identical after a JSON round trip");
+        assert_eq!(back, stats, "bit-identical after a JSON round trip");
+        let back = back.hooks;
         let more = HookStats::from_rows(DType::F32, &[2], &f32_bytes(&[0.3, 1.7, -2.2, 0.9]), None);
         let (mut straight, mut resumed) = (first, back["h"].clone());
         straight.merge(&more).unwrap();

@@ -5,7 +5,8 @@
 //! of each sequence is excluded (like a BOS), and so is the last token of every third sequence
 //! (like padding).
 
-use crate::batch::{BatchActivations, DType, HookActivations};
+use crate::batch::{BatchActivations, BatchLatents, DType, HookActivations};
+use crate::config::LatentsColumn;
 
 /// Shape of the synthetic stream.
 #[derive(Debug, Clone)]
@@ -18,6 +19,8 @@ pub struct SyntheticSpec {
     pub batch: usize,
     /// Tokens per sequence.
     pub seq: usize,
+    /// Latents columns: each token fires [`SyntheticSpec::firings`] of them.
+    pub latents: Vec<LatentsColumn>,
 }
 
 impl SyntheticSpec {
@@ -28,6 +31,7 @@ impl SyntheticSpec {
             shapes: vec![vec![d_model]; n_hooks],
             batch,
             seq,
+            latents: Vec::new(),
         }
     }
 
@@ -38,7 +42,16 @@ impl SyntheticSpec {
             shapes: hooks.iter().map(|(_, shape)| shape.to_vec()).collect(),
             batch,
             seq,
+            latents: Vec::new(),
         }
+    }
+
+    /// Adds a latents column `name` of `width` latents, `cap` kept per token.
+    pub fn with_latents(mut self, name: &str, width: usize, cap: usize) -> Self {
+        let hook = name.split(".hook_sae_acts_post").next().unwrap_or(name).to_string();
+        let dictionary = serde_json::json!({ "synthetic": true });
+        self.latents.push(LatentsColumn { name: name.into(), hook, width, cap, dictionary });
+        self
     }
 
     /// Elements per token of hook `hook` (the product of its shape).
@@ -52,6 +65,26 @@ impl SyntheticSpec {
         let h = mix(sample.wrapping_mul(0x100_0000) ^ ((token as u64) << 24) ^ ((hook as u64) << 20) ^ dim as u64);
         // 8 significant bits: survives the f32 -> bf16 conversion unchanged.
         ((h % 255) as f32 - 127.0) / 16.0
+    }
+
+    /// The latents `(sample, token)` fires in column `column`, in the devices' order (largest
+    /// value first): between none and the cap, distinct, each value exactly representable in
+    /// bf16 and positive.
+    pub fn firings(&self, sample: u64, token: usize, column: usize) -> Vec<(i32, f32)> {
+        let LatentsColumn { width, cap, .. } = self.latents[column];
+        let h = mix(sample << 20 ^ (token as u64) << 4 ^ column as u64);
+        let n = (h % (cap as u64 + 1)) as usize;
+        let start = (h >> 16) as usize % width;
+        let mut fired: Vec<(i32, f32)> = (0..n)
+            .map(|j| (((start + 3 * j) % width) as i32, 1.0 + ((mix(h ^ j as u64) % 255) as f32) / 16.0))
+            .collect();
+        // Distinct: 3j mod width takes n ≤ width distinct values unless 3 divides the width; then
+        // consecutive latents instead.
+        if width.is_multiple_of(3) {
+            fired.iter_mut().enumerate().for_each(|(j, f)| f.0 = ((start + j) % width) as i32);
+        }
+        fired.sort_by(|a, b| b.1.total_cmp(&a.1));
+        fired
     }
 
     /// Token id of `(sample, token)`.
@@ -104,7 +137,9 @@ impl SyntheticSpec {
                 }
             })
             .collect();
+        let latents = (0..self.latents.len()).map(|c| self.batch_latents(first_sample, c)).collect();
         BatchActivations {
+            latents,
             roles: None,
             first_sample,
             batch: self.batch,
@@ -115,6 +150,33 @@ impl SyntheticSpec {
             position,
             keep,
             data_position_after: serde_json::json!({ "batch": k + 1 }),
+        }
+    }
+}
+
+impl SyntheticSpec {
+    /// Column `column`'s latents of the batch starting at `first_sample`, as the devices
+    /// return them.
+    fn batch_latents(&self, first_sample: u64, column: usize) -> BatchLatents {
+        let cap = self.latents[column].cap;
+        let (mut indices, mut values, mut firings) = (Vec::new(), Vec::new(), Vec::new());
+        for b in 0..self.batch {
+            for t in 0..self.seq {
+                let fired = self.firings(first_sample + b as u64, t, column);
+                firings.extend_from_slice(&(fired.len() as i32).to_le_bytes());
+                for slot in 0..cap {
+                    let (index, value) = fired.get(slot).copied().unwrap_or((-1, 0.0));
+                    indices.extend_from_slice(&index.to_le_bytes());
+                    values.extend_from_slice(&value.to_le_bytes());
+                }
+            }
+        }
+        BatchLatents {
+            name: self.latents[column].name.clone(),
+            cap,
+            indices: indices.into(),
+            values: values.into(),
+            firings: firings.into(),
         }
     }
 }

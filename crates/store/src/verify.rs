@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use futures::TryStreamExt;
 use sha2::{Digest, Sha256};
 
-use crate::config::HostId;
+use crate::config::{HostId, LatentsColumn};
 use crate::error::{Result, StoreError};
 use crate::location::{MANIFEST_NAME, STATS_NAME, StoreLocation};
 use crate::run::{RunJson, get_optional, list_hosts, merge_host_stats, read_manifest};
@@ -82,6 +82,8 @@ pub struct HostReport {
 /// What every shard must agree on, from run.json or learnt from the first shard read.
 struct Expected {
     hooks: Vec<String>,
+    /// run.json's latents columns.
+    latents: Vec<LatentsColumn>,
     /// Format version; `None` until known.
     format: Option<u32>,
     /// Per-token shapes in hook order; empty until known.
@@ -103,13 +105,15 @@ struct Expected {
 pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyReport> {
     let mut report = VerifyReport::default();
     let run_json_path = location.run_json(run);
-    let mut expected = Expected { hooks: Vec::new(), format: None, shapes: Vec::new(), shapes_recorded: false };
+    let mut expected =
+        Expected { hooks: Vec::new(), latents: Vec::new(), format: None, shapes: Vec::new(), shapes_recorded: false };
     match get_optional(location, &run_json_path).await? {
         None => report.problems.push(format!("{run_json_path} is missing")),
         Some(bytes) => match serde_json::from_slice::<RunJson>(&bytes) {
             Ok(parsed) => {
                 expected.format = Some(parsed.format_version(run_json_path.as_ref())?);
                 expected.hooks = parsed.descriptor.hooks.clone();
+                expected.latents = parsed.descriptor.latents.clone();
                 let shapes = &parsed.descriptor.hook_shapes;
                 if !shapes.is_empty() && shapes.len() != expected.hooks.len() {
                     report.problems.push(format!(
@@ -267,7 +271,7 @@ async fn verify_host(
             continue;
         }
         let recorded: &[Vec<usize>] = if expected.shapes_recorded { &expected.shapes } else { &[] };
-        match summarize_shard(path.as_ref(), &bytes, &expected.hooks, recorded) {
+        match summarize_shard(path.as_ref(), &bytes, &expected.hooks, recorded, &expected.latents) {
             Err(e) => report.problems.push(e.to_string()),
             Ok(summary) => {
                 match expected.format {
@@ -339,6 +343,9 @@ async fn verify_host(
 /// files written before minima and maxima were kept came from an earlier summation order, and
 /// must agree within 1e-6 of each element's scale.
 fn stats_match(file: &StatsFile, recomputed: &RunStats) -> bool {
+    if file.latents != recomputed.latents {
+        return false;
+    }
     if file.hooks.values().any(|h| h.m2.is_none()) {
         return true;
     }
@@ -372,6 +379,23 @@ fn close_without_extremes(file: &stats::HookStatsJson, expected: &stats::HookSta
 }
 
 fn check_stats(what: &str, file: &StatsFile, expected: &Expected, included: u64, problems: &mut Vec<String>) {
+    for column in &expected.latents {
+        match file.latents.get(&column.name) {
+            None if included == 0 => {}
+            None => problems.push(format!("{what}: no statistics for latents {}", column.name)),
+            Some(s) if s.count != included => problems.push(format!(
+                "{what}: latents {} count {} tokens, manifests include {included}",
+                column.name, s.count
+            )),
+            Some(s) if s.firings.len() != column.width || s.sums.len() != column.width => problems.push(format!(
+                "{what}: latents {} has statistics of {} latents, run.json says {}",
+                column.name,
+                s.firings.len(),
+                column.width
+            )),
+            Some(_) => {}
+        }
+    }
     for (i, hook) in expected.hooks.iter().enumerate() {
         match file.hooks.get(hook) {
             None if included == 0 => {}

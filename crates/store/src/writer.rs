@@ -32,9 +32,9 @@ use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::batch::{BatchActivations, check_token_shape};
+use crate::batch::{BatchActivations, DType, check_token_shape};
 use crate::column::ColumnPool;
-use crate::config::{HostId, RunDescriptor, StoreConfig};
+use crate::config::{HostId, LatentsColumn, RunDescriptor, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::failpoint::{self, Failpoint};
 use crate::location::StoreLocation;
@@ -114,6 +114,7 @@ pub struct ShardWriter {
     failure: Arc<Mutex<Option<String>>>,
     resume: ResumePoint,
     hooks: Vec<String>,
+    latents: Vec<LatentsColumn>,
     /// Per hook, the per-token shape every batch must have: run.json's, or (when it records
     /// none) the first pushed batch's.
     shapes: Vec<Vec<usize>>,
@@ -142,7 +143,8 @@ impl ShardWriter {
     /// object store); `config.output` and `config.options` are then ignored.
     pub fn open_at(location: StoreLocation, config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
         config.validate()?;
-        validate_hooks(&descriptor.hooks, &descriptor.hook_shapes)?;
+        validate_hooks(&descriptor.hooks, &descriptor.hook_shapes, !descriptor.latents.is_empty())?;
+        validate_latents(&descriptor, config.format.dtype)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("siphon-store")
@@ -152,7 +154,7 @@ impl ShardWriter {
         let run_json = RunJson::new(&config.run, &descriptor, &config.format);
         let state = runtime.block_on(async {
             claim_run(&location, &run_json).await?;
-            recover_host(&location, &config.run, config.host, &descriptor.hooks, &descriptor.hook_shapes).await
+            recover_host(&location, &config.run, config.host, &descriptor).await
         })?;
         let resume = state.resume_point();
         tracing::info!(host = %config.host.dir_name(), next_shard = resume.next_shard, next_sample = resume.next_sample, "store opened");
@@ -166,6 +168,7 @@ impl ShardWriter {
             model: model_id(&descriptor.model),
             host: config.host,
             hooks: descriptor.hooks.clone(),
+            latents: descriptor.latents.clone(),
         };
         let committer = Committer {
             location,
@@ -216,6 +219,7 @@ impl ShardWriter {
             next_sample: resume.next_sample,
             resume,
             hooks: descriptor.hooks,
+            latents: descriptor.latents,
             shapes_recorded: !descriptor.hook_shapes.is_empty(),
             shapes: descriptor.hook_shapes,
             drop_partial,
@@ -243,6 +247,11 @@ impl ShardWriter {
         &self.hooks
     }
 
+    /// The run's latents columns, in the order every batch must hold them.
+    pub fn latents(&self) -> &[LatentsColumn] {
+        &self.latents
+    }
+
     /// Where the writer's time went so far (see [`HostSummary::timing`] for the whole run).
     pub fn timing(&self) -> WriterTiming {
         self.timing.lock().map(|t| *t).unwrap_or_default()
@@ -259,7 +268,7 @@ impl ShardWriter {
     /// first batch's), on a batch that does not start where the previous one ended, or when
     /// the background writer failed.
     pub fn push(&mut self, batch: BatchActivations) -> Result<()> {
-        batch.validate(&self.hooks)?;
+        batch.validate(&self.hooks, &self.latents)?;
         for (hook, expected) in batch.hooks.iter().zip(&self.shapes) {
             if &hook.shape != expected {
                 let reason = if self.shapes_recorded {
@@ -370,9 +379,9 @@ fn record_failure(slot: &Mutex<Option<String>>, error: &StoreError) {
     }
 }
 
-fn validate_hooks(hooks: &[String], shapes: &[Vec<usize>]) -> Result<()> {
-    if hooks.is_empty() {
-        return Err(StoreError::InvalidConfig("no hooks to store".into()));
+fn validate_hooks(hooks: &[String], shapes: &[Vec<usize>], latents: bool) -> Result<()> {
+    if hooks.is_empty() && !latents {
+        return Err(StoreError::InvalidConfig("no hooks or latents to store".into()));
     }
     if !shapes.is_empty() && shapes.len() != hooks.len() {
         return Err(StoreError::InvalidConfig(format!(
@@ -402,6 +411,34 @@ fn validate_hooks(hooks: &[String], shapes: &[Vec<usize>]) -> Result<()> {
     Ok(())
 }
 
+/// Checks the latents columns: stored as f32, bf16 or f16; a width and a cap; names that are
+/// not a hook's, a reserved one or another column's.
+fn validate_latents(descriptor: &RunDescriptor, dtype: DType) -> Result<()> {
+    let bad = |reason: String| Err(StoreError::InvalidConfig(reason));
+    if !descriptor.latents.is_empty() && !matches!(dtype, DType::F32 | DType::Bf16 | DType::F16) {
+        return bad(format!("latents are stored as f32, bf16 or f16, not {}: choose another --dtype", dtype.name()));
+    }
+    let mut seen: std::collections::HashSet<String> = descriptor.hooks.iter().cloned().collect();
+    for column in &descriptor.latents {
+        if column.width == 0 || column.cap == 0 || column.cap > column.width {
+            return bad(format!(
+                "latents {}: {} kept per token of {} latents (both > 0, the cap at most the width)",
+                column.name, column.cap, column.width
+            ));
+        }
+        if i32::try_from(column.width).is_err() {
+            return bad(format!("latents {}: {} latents do not fit the i32 indices", column.name, column.width));
+        }
+        let names = std::iter::once(column.name.clone()).chain(column.tensor_names());
+        for name in names {
+            if RESERVED_TENSOR_NAMES.contains(&name.as_str()) || name.is_empty() || !seen.insert(name.clone()) {
+                return bad(format!("latents name {name:?} is empty, reserved or already a hook's or a column's"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A short model id for shard metadata: the descriptor's `id`/`name` field, or its JSON.
 /// One batch as a shard of its own, in the store's format (its kept rows, or every row and its
 /// mask with `keep_excluded`; no shuffle): what a live stream sends for each batch.
@@ -413,8 +450,13 @@ pub fn batch_shard(
     index: u64,
     batch: BatchActivations,
 ) -> Result<bytes::Bytes> {
-    let identity =
-        ShardIdentity { run: run.into(), model: model_id(&descriptor.model), host, hooks: descriptor.hooks.clone() };
+    let identity = ShardIdentity {
+        run: run.into(),
+        model: model_id(&descriptor.model),
+        host,
+        hooks: descriptor.hooks.clone(),
+        latents: descriptor.latents.clone(),
+    };
     let mut builder =
         ShardBuilder::new(identity, crate::config::ShardFormat { shuffle: None, ..format.clone() }, index);
     builder.add_unit(vec![batch])?;

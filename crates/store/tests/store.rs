@@ -28,6 +28,7 @@ fn descriptor(spec: &SyntheticSpec) -> RunDescriptor {
         model: serde_json::json!({"id": "synthetic"}),
         hooks: spec.hooks.clone(),
         hook_shapes: spec.shapes.clone(),
+        latents: spec.latents.clone(),
         mesh: serde_json::json!({"data": 1}),
         partition: serde_json::json!({"hosts": 1}),
         config: serde_json::json!({"seq": spec.seq}),
@@ -191,6 +192,8 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
     let args = |prefix: &str| {
         let mut args = vec!["--output".to_string(), backend.url(prefix), "--run".into(), RUN.into()];
         args.extend(["--machine", "1", "--host", "2", "--finalize"].map(String::from));
+        // A dictionary's latents beside the hooks: their CSR tensors and statistics resume too.
+        args.extend(["--latents", "4096:16"].map(String::from));
         args.extend(backend.option_args());
         args
     };
@@ -933,7 +936,7 @@ fn an_unknown_format_is_an_error() {
     // A shard with an unknown tag is refused too (verify lists it as that shard's problem).
     let shard = dir.path().join("v3").join(RUN).join(HOST.dir_name()).join("shard_000000.safetensors");
     let rewritten = with_format_tag(&std::fs::read(&shard).unwrap(), "siphon-activations/3");
-    let err = siphon_store::summarize_shard("s", &rewritten, &spec.hooks, &[]).unwrap_err();
+    let err = siphon_store::summarize_shard("s", &rewritten, &spec.hooks, &[], &[]).unwrap_err();
     assert!(err.to_string().contains("unsupported dataset format \"siphon-activations/3\""), "{err}");
 }
 

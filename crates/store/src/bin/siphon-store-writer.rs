@@ -4,8 +4,8 @@
 //!
 //! Usage: `siphon-store-writer --output URL --run NAME [--batches N] [--batch B] [--seq S]
 //! [--d-model D] [--hooks K] [--dtype f32|bf16|f16] [--target-bytes X] [--part-bytes P]
-//! [--shuffle-window W --seed S] [--keep-excluded] [--machine M --host H] [--finalize]
-//! [--option key=value]...`. Prints the host summary as JSON.
+//! [--shuffle-window W --seed S] [--keep-excluded] [--latents WIDTH:CAP] [--machine M --host H]
+//! [--finalize] [--option key=value]...`. Prints the host summary as JSON.
 
 use std::collections::HashMap;
 
@@ -38,12 +38,17 @@ fn main() -> anyhow::Result<()> {
     };
     let output = values.get("output").context("--output is required")?.clone();
     let run = values.get("run").context("--run is required")?.clone();
-    let spec = SyntheticSpec::new(
+    let mut spec = SyntheticSpec::new(
         get("hooks", 2)? as usize,
         get("batch", 4)? as usize,
         get("seq", 64)? as usize,
         get("d-model", 512)? as usize,
     );
+    if let Some(latents) = values.get("latents") {
+        let (width, cap) = latents.split_once(':').context("--latents WIDTH:CAP")?;
+        let (width, cap) = (width.parse().context("--latents WIDTH")?, cap.parse().context("--latents CAP")?);
+        spec = spec.with_latents("blocks.0.hook_resid_post.hook_sae_acts_post", width, cap);
+    }
     let batches = get("batches", 20)?;
     let host = HostId { machine: get("machine", 0)? as u32, host: get("host", 0)? as u32 };
 
@@ -61,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         model: serde_json::json!({ "id": "synthetic" }),
         hooks: spec.hooks.clone(),
         hook_shapes: spec.shapes.clone(),
+        latents: spec.latents.clone(),
         mesh: serde_json::json!({ "data": 1 }),
         partition: serde_json::json!({ "hosts": 1 }),
         config: serde_json::json!({ "batch": spec.batch, "seq": spec.seq, "batches": batches }),

@@ -1,0 +1,152 @@
+//! One latents column's rows in a shard being built: each stored token's firings compacted
+//! from the devices' fixed-width rows (`cap` slots, `-1` past the firings) into a CSR matrix,
+//! each token's latents in ascending order, values in the stored dtype; and the column's
+//! statistics over the included tokens, counted as the rows come in.
+
+use bytes::Bytes;
+
+use crate::batch::{BatchLatents, DType};
+use crate::config::LatentsColumn;
+use crate::stats::LatentStats;
+
+/// A latents column's rows so far.
+pub(crate) struct SparseColumn {
+    width: usize,
+    /// `[rows + 1]`: row `t`'s entries are `indptr[t]..indptr[t + 1]`.
+    indptr: Vec<i32>,
+    indices: Vec<i32>,
+    /// The values, little-endian in the stored dtype.
+    values: Vec<u8>,
+    stats: LatentStats,
+}
+
+/// A sealed column's tensors.
+pub(crate) struct CsrParts {
+    pub nnz: usize,
+    pub indptr: Bytes,
+    pub indices: Bytes,
+    pub values: Bytes,
+}
+
+impl SparseColumn {
+    pub fn new(width: usize) -> Self {
+        SparseColumn { width, indptr: vec![0], indices: Vec::new(), values: Vec::new(), stats: LatentStats::new(width) }
+    }
+
+    /// Bytes of the column's tensors so far.
+    pub fn bytes(&self) -> usize {
+        4 * (self.indptr.len() + self.indices.len()) + self.values.len()
+    }
+
+    /// Appends token `t` of `latents` as the next row, its values stored as `dtype`; counts it
+    /// in the statistics when `included`. `Err` says what is wrong with the token (the caller
+    /// names the column and the token).
+    pub fn push(&mut self, latents: &BatchLatents, t: usize, included: bool, dtype: DType) -> Result<(), String> {
+        let mut fired = latents.token(t, self.width)?;
+        fired.sort_unstable_by_key(|&(latent, _)| latent);
+        if let Some(pair) = fired.windows(2).find(|p| p[0].0 == p[1].0) {
+            return Err(format!("holds latent {} twice", pair[0].0));
+        }
+        let nnz = i32::try_from(self.indices.len() + fired.len())
+            .map_err(|_| "overflows the shard's i32 latent offsets: choose a smaller --shard-bytes".to_string())?;
+        let first = self.indices.len();
+        for &(latent, value) in &fired {
+            self.indices.push(latent as i32);
+            store_value(value, dtype, &mut self.values);
+        }
+        self.indptr.push(nnz);
+        if included {
+            let stored = self.stored_values(first, dtype);
+            self.stats.add_token(fired.iter().map(|&(latent, _)| latent as usize).zip(stored));
+        }
+        Ok(())
+    }
+
+    /// The values of entries `first..` as stored (rounded to `dtype`).
+    fn stored_values(&self, first: usize, dtype: DType) -> Vec<f32> {
+        let size = dtype.size();
+        let mut out = vec![0f32; self.indices.len() - first];
+        crate::stats::decode_row(dtype, &self.values[first * size..], &mut out);
+        out
+    }
+
+    /// The statistics of the included tokens so far.
+    pub fn stats(&self) -> &LatentStats {
+        &self.stats
+    }
+
+    pub fn into_parts(self) -> CsrParts {
+        let words = |v: Vec<i32>| Bytes::from(v.into_iter().flat_map(i32::to_le_bytes).collect::<Vec<u8>>());
+        CsrParts {
+            nnz: self.indices.len(),
+            indptr: words(self.indptr),
+            indices: words(self.indices),
+            values: Bytes::from(self.values),
+        }
+    }
+}
+
+/// Appends `value` in `dtype` (f32, bf16 or f16: latents are never stored as fp8).
+fn store_value(value: f32, dtype: DType, out: &mut Vec<u8>) {
+    match dtype {
+        DType::F32 => out.extend_from_slice(&value.to_le_bytes()),
+        DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(value).to_le_bytes()),
+        DType::F16 => out.extend_from_slice(&half::f16::from_f32(value).to_le_bytes()),
+        DType::Fp8 | DType::U8 => unreachable!("latents are stored as f32, bf16 or f16 (checked when the writer opens)"),
+    }
+}
+
+/// Reads a shard's CSR tensors of `column` back: checks their dtypes and shapes, that the
+/// offsets run from 0 to the entries without going back, that each row's latents ascend and lie
+/// within the width; returns the statistics of the rows `mask` includes (all without a mask),
+/// the writer's numbers.
+pub(crate) fn summarize(
+    st: &safetensors::SafeTensors<'_>,
+    column: &LatentsColumn,
+    tokens: usize,
+    mask: Option<&[bool]>,
+) -> Result<LatentStats, String> {
+    let [indptr_name, indices_name, values_name] = column.tensor_names();
+    let tensor = |name: &str| st.tensor(name).map_err(|e| format!("{name}: {e}"));
+    let (indptr, indices, values) = (tensor(&indptr_name)?, tensor(&indices_name)?, tensor(&values_name)?);
+    let dtype = match values.dtype() {
+        safetensors::Dtype::F32 => DType::F32,
+        safetensors::Dtype::BF16 => DType::Bf16,
+        safetensors::Dtype::F16 => DType::F16,
+        other => return Err(format!("{values_name} is {other:?}, expected F32, BF16 or F16")),
+    };
+    let words = |t: &safetensors::tensor::TensorView<'_>| -> Vec<i32> {
+        t.data().chunks_exact(4).map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect()
+    };
+    if indptr.dtype() != safetensors::Dtype::I32 || indptr.shape() != [tokens + 1] {
+        return Err(format!("{indptr_name} is {:?}{:?}, expected I32[{}]", indptr.dtype(), indptr.shape(), tokens + 1));
+    }
+    let offsets = words(&indptr);
+    let nnz = *offsets.last().expect("tokens + 1 offsets") as usize;
+    for (name, t, dtype_ok) in [
+        (&indices_name, &indices, indices.dtype() == safetensors::Dtype::I32),
+        (&values_name, &values, true),
+    ] {
+        if t.shape() != [nnz] || !dtype_ok {
+            return Err(format!("{name} is {:?}{:?}, the offsets count {nnz} entries", t.dtype(), t.shape()));
+        }
+    }
+    if offsets[0] != 0 || offsets.windows(2).any(|w| w[1] < w[0]) {
+        return Err(format!("{indptr_name} does not run from 0 upwards"));
+    }
+    let latents = words(&indices);
+    let mut decoded = vec![0f32; nnz];
+    crate::stats::decode_row(dtype, values.data(), &mut decoded);
+    let mut stats = LatentStats::new(column.width);
+    for (row, span) in offsets.windows(2).enumerate() {
+        let (start, end) = (span[0] as usize, span[1] as usize);
+        let fired = &latents[start..end];
+        if fired.iter().any(|&l| l < 0 || l as usize >= column.width) || fired.windows(2).any(|w| w[1] <= w[0]) {
+            return Err(format!("row {row}'s latents {fired:?} do not ascend within 0..{}", column.width));
+        }
+        if mask.is_none_or(|m| m[row]) {
+            stats.add_token(fired.iter().map(|&l| l as usize).zip(decoded[start..end].iter().copied()));
+        }
+    }
+    Ok(stats)
+}
