@@ -44,6 +44,17 @@ from ._reader import (
     windows_of,
 )
 from .errors import DatasetError
+from .latents import (
+    LatentShard,
+    LatentsInfo,
+    VALUE_DTYPES,
+    checked_latents,
+    csr_names,
+    iter_latent_shards,
+    latents_stats,
+    parse_latents,
+    resolve_value_dtype,
+)
 
 DEFAULT_SHUFFLE_BUFFER_BYTES = 512 << 20
 DEFAULT_UNIT_TOKENS = 8192
@@ -105,7 +116,7 @@ class Dataset:
             # Format 1 run.json files do not record shapes: take them from the first shard.
             header = parse_header(self._location, self.shards[0].rel, self.shards[0].bytes)
             shapes = [list(header.tensors[h].shape[1:]) if h in header.tensors else [] for h in names]
-        if dtype is None and self.shards:
+        if dtype is None and self.shards and names:
             header = parse_header(self._location, self.shards[0].rel, self.shards[0].bytes)
             dtype = STORED_DTYPES[header.tensors[names[0]].dtype][1]
         self.dtype: str = dtype or "unknown"
@@ -113,6 +124,8 @@ class Dataset:
             name: HookInfo(name, tuple(int(d) for d in shape), self.dtype)
             for name, shape in zip(names, shapes or [[] for _ in names])
         }
+        #: The dictionaries' latents columns (run.json's ``"latents"``; empty without), by name.
+        self.latents: Dict[str, LatentsInfo] = parse_latents(self.run, self._latent_dtype(), self.url)
         self._has_mask = bool(self.run.get("shard_format", {}).get("keep_excluded", False))
         #: Whether the shards carry each token's role (a run of conversations).
         self.has_roles = bool(self.run.get("shard_format", {}).get("roles", False))
@@ -161,10 +174,21 @@ class Dataset:
 
     def __repr__(self) -> str:
         hooks = ", ".join(f"{h.name} {list(h.shape)}" for h in self.hooks.values())
+        latents = ", ".join(f"{i.name} [{i.width}]" for i in self.latents.values())
+        latents = f", latents: {latents}" if latents else ""
         return (
             f"siphon.Dataset({self.url!r}, {self.format_tag}, {len(self.shards)} shards, {self.tokens} tokens, "
-            f"{self.dtype}, hooks: {hooks})"
+            f"{self.dtype}, hooks: {hooks}{latents})"
         )
+
+    def _latent_dtype(self) -> str:
+        """The stored dtype of latent values: the run's, unless it is fp8 (or unknown), then
+        the first shard's."""
+        if self.dtype in ("float32", "bfloat16", "float16") or not self.run.get("latents") or not self.shards:
+            return self.dtype
+        header = parse_header(self._location, self.shards[0].rel, self.shards[0].bytes)
+        values = header.tensors.get(csr_names(str(self.run["latents"][0].get("name", "")))[2])
+        return STORED_DTYPES[values.dtype][1] if values is not None and values.dtype in VALUE_DTYPES else self.dtype
 
     # ----------------------------------------------------------------------------- checks
 
@@ -172,7 +196,8 @@ class Dataset:
         """Checks every committed shard: present with its manifest size, its checksum (with
         `hashes`; reads every byte: CRC32C, or sha256 for shards written before it), a readable
         header of this format with every hook at its run.json shape and the manifest's token
-        count. Returns the report, whose `problems`
+        count, and each dictionary's latents as a CSR matrix over the shard's tokens (its three
+        tensors' dtypes and shapes; `latent_shards` checks their contents). Returns the report, whose `problems`
         name each problem found; with `raise_on_problem` (the default) a problem raises
         `DatasetError` listing them all instead."""
         problems: List[str] = []
@@ -212,6 +237,8 @@ class Dataset:
                     if scale is None or scale.dtype != "F32" or scale.shape != (shard.tokens,):
                         found = "missing" if scale is None else f"{scale.dtype} {list(scale.shape)}"
                         problems.append(f"{where}: fp8 hook {hook.name}'s scales {name}: {found}, expected F32 [{shard.tokens}]")
+            for info in self.latents.values():
+                problems.extend(_latents_header_problems(where, header.tensors, info, shard.tokens))
             if hashes:
                 problem = _check_checksum(self._location, shard)
                 if problem:
@@ -370,6 +397,83 @@ class Dataset:
                 templates.update(role=np.zeros(0, np.uint8))
             return convert(templates)
         return convert({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+    # ----------------------------------------------------------------------------- latents
+
+    def latent_shards(self, name: str, *, dtype: Any = "float32", check: bool = True) -> Iterator[LatentShard]:
+        """One `LatentShard` per committed shard of latents column `name` (see `latents`),
+        hosts in order, then shards: the CSR arrays, the values as `dtype` (``"float32"``,
+        ``"float16"``, ``"bfloat16"`` or ``None`` for the stored dtype), and the shard's
+        ``token_ids``, ``doc_index``, ``position``, ``sample_index`` (and ``mask``). Every row
+        is there, those a ``keep_excluded`` mask excludes too; `LatentShard.row_start` numbers
+        them in the run's global row order. With `check` (the default) each shard is read
+        whole once and its CRC32C compared with its manifest line; without, only the tensors
+        needed are read. The CSR structure is always checked."""
+        info = checked_latents(name, self.latents)
+        out = resolve_value_dtype(dtype)
+        return iter_latent_shards(self._location, list(self.shards), info, has_mask=self._has_mask, dtype=out, check=check)
+
+    def read_latents(
+        self,
+        name: str,
+        *,
+        format: str = "csr",  # noqa: A002 - the name the formats go by
+        dtype: Any = "float32",
+        device: Any = None,
+        check: bool = True,
+    ) -> Iterator[Dict[str, Any]]:
+        """Per committed shard (in `latent_shards` order) a dict of the shard's
+        ``token_ids``, ``doc_index``, ``position``, ``sample_index`` (and ``mask`` in a
+        ``keep_excluded`` run), ``row_start``, and its latents: ``format="csr"`` gives
+        ``"latents"``, a ``torch.sparse_csr_tensor`` ``[rows, width]`` (on `device`);
+        ``format="triples"`` gives numpy ``"token"`` (int64, the global row: rows of earlier
+        shards counted first), ``"latent"`` (int32) and ``"value"``, rows ascending and latents
+        ascending within a row. Values are float32 unless `dtype` says otherwise."""
+        if format not in ("csr", "triples"):
+            raise DatasetError(f"format must be 'csr' or 'triples', got {format!r}")
+        if device is not None and format != "csr":
+            raise DatasetError("device is only for format='csr' (torch)")
+        for shard in self.latent_shards(name, dtype=dtype, check=check):
+            item: Dict[str, Any] = {
+                "token_ids": shard.token_ids, "doc_index": shard.doc_index, "position": shard.position,
+                "sample_index": shard.sample_index, "row_start": shard.row_start,
+            }
+            if shard.mask is not None:
+                item["mask"] = shard.mask
+            if format == "csr":
+                item["latents"] = shard.csr(device)
+            else:
+                item["token"], item["latent"], item["value"] = shard.triples()
+            yield item
+
+    def latent_stats(self, name: str) -> Dict[str, Any]:
+        """stats.json's statistics of latents column `name` over the tokens the run counts
+        (mask-included): ``count``, ``firings`` and ``sums`` per latent (numpy), ``frequency``
+        (firings / count) and ``mean`` (of the stored values where a latent fired)."""
+        checked_latents(name, self.latents)
+        raw = self._location.read("stats.json")
+        if raw is None:
+            raise DatasetError(f"{self.url}: no stats.json (written when the run completes)")
+        try:
+            stats = json.loads(raw)
+        except ValueError as e:
+            raise DatasetError(f"{self.url}/stats.json: not valid JSON: {e}") from e
+        return latents_stats(stats, name)
+
+
+def _latents_header_problems(where: str, tensors: Mapping[str, Any], info: LatentsInfo, tokens: int) -> List[str]:
+    """What is wrong with a shard header's CSR tensors of latents column `info`."""
+    problems = []
+    indptr, indices, values = (tensors.get(n) for n in csr_names(info.name))
+    if indptr is None or indices is None or values is None:
+        return [f"{where}: latents {info.name}: missing " + ", ".join(n for n, t in zip(csr_names(info.name), (indptr, indices, values)) if t is None)]
+    if indptr.dtype != "I32" or indptr.shape != (tokens + 1,):
+        problems.append(f"{where}: latents {info.name}: indptr is {indptr.dtype} {list(indptr.shape)}, expected I32 [{tokens + 1}]")
+    if indices.dtype != "I32" or len(indices.shape) != 1 or values.shape != indices.shape:
+        problems.append(f"{where}: latents {info.name}: indices {indices.dtype} {list(indices.shape)} and values {list(values.shape)}, expected I32 [nnz] and [nnz]")
+    if values.dtype not in VALUE_DTYPES or STORED_DTYPES[values.dtype][1] != info.dtype:
+        problems.append(f"{where}: latents {info.name}: values are {values.dtype}, the run stores {info.dtype}")
+    return problems
 
 
 def checked_hooks(hooks: Optional[Sequence[str]], available: Sequence[str]) -> List[str]:

@@ -747,7 +747,8 @@ impl Engine {
                         Ok((hook, rt(|| format!("copying {hook} to the host"), array)?))
                     })
                     .collect::<Result<_, EngineError>>()?;
-                let latents = launched.latents(process, &self.options.dictionaries)?;
+                let latents = launched.latents(process)?;
+                check_caps(&latents, &self.options.dictionaries)?;
                 Ok(Activations { hooks, latents })
             })
             .collect()
@@ -831,6 +832,7 @@ impl Engine {
         Ok(Launched {
             outputs,
             hooks: self.hooks.clone(),
+            dictionaries: self.options.dictionaries.clone(),
             views: self.views.clone(),
             rows,
             element_type: element_type(self.options.output_dtype),
@@ -838,11 +840,30 @@ impl Engine {
     }
 }
 
+/// Refuses a token that fired more of a dictionary's latents than it keeps.
+fn check_caps(latents: &[Latents], dictionaries: &[DictionaryHook]) -> Result<(), EngineError> {
+    for (latents, d) in latents.iter().zip(dictionaries) {
+        let seq = latents.firings.shape()[1];
+        let firings = latents.firings.to_f32();
+        if let Some(token) = firings.iter().position(|&f| f as usize > d.cap) {
+            return Err(EngineError::LatentCap {
+                dictionary: d.dictionary.name.clone(),
+                row: token / seq,
+                position: token % seq,
+                firings: firings[token] as i32,
+                cap: d.cap,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// One step launched on the devices ([`Engine::launch`]): the program's outputs, until each
 /// process's rows are copied to the host.
 pub struct Launched {
     outputs: Vec<ShardedArray>,
     hooks: Vec<HookPoint>,
+    dictionaries: Vec<DictionaryHook>,
     views: Vec<HostView>,
     /// Rows of the global batch.
     rows: usize,
@@ -853,9 +874,13 @@ impl Launched {
     /// Waits until the program has computed every output (the step's device time, when
     /// called right after launching).
     pub fn wait(&self) -> Result<(), EngineError> {
-        for (hook, output) in self.hooks.iter().zip(&self.outputs) {
+        for (i, output) in self.outputs.iter().enumerate() {
+            let what = || match self.hooks.get(i) {
+                Some(hook) => format!("computing {hook}"),
+                None => "computing the dictionaries' latents".to_string(),
+            };
             for buffer in output.buffers() {
-                rt(|| format!("computing {hook}"), buffer.wait_ready())?;
+                rt(what, buffer.wait_ready())?;
             }
         }
         Ok(())
@@ -875,15 +900,17 @@ impl Launched {
             .collect()
     }
 
-    /// Each dictionary's latents for process `process`'s rows (read from its partitions only,
-    /// waiting for the copies); refuses a token that fired more latents than were kept.
-    fn latents(&self, process: usize, dictionaries: &[DictionaryHook]) -> Result<Vec<Latents>, EngineError> {
-        let view = &self.views[process];
+    /// Each dictionary's latents for process `process`'s rows, read from its partitions only
+    /// (waiting for the copies), as the devices left them: a token's firings may exceed the
+    /// latents kept (see [`Latents::firings`]); [`Engine::run`] refuses those, the extraction's
+    /// writer refuses those it would store.
+    pub fn latents(&self, process: usize) -> Result<Vec<Latents>, EngineError> {
+        let view = self.views.get(process).ok_or_else(|| EngineError::Batch(format!("no process {process}")))?;
         let (rows, from) = (view.rows(self.rows), view.partitions());
         let local: usize = rows.iter().map(|r| r.len()).sum();
         let outputs = &self.outputs[self.hooks.len()..];
-        let mut all = Vec::with_capacity(dictionaries.len());
-        for (d, parts) in dictionaries.iter().zip(outputs.chunks(3)) {
+        let mut all = Vec::with_capacity(self.dictionaries.len());
+        for (d, parts) in self.dictionaries.iter().zip(outputs.chunks(3)) {
             let name = &d.dictionary.name;
             let read = |output: &ShardedArray, ty: ElementType| -> Result<HostArray, EngineError> {
                 let context = || format!("copying dictionary {name}'s latents to the host");
@@ -892,23 +919,11 @@ impl Launched {
                 rt(context, rt(context, output.rows_into(&rows, &from, &mut bytes))?.wait())?;
                 rt(context, HostArray::from_bytes(ty, &shape, bytes))
             };
-            let latents = Latents {
+            all.push(Latents {
                 indices: read(&parts[0], ElementType::S32)?,
                 values: read(&parts[1], ElementType::F32)?,
                 firings: read(&parts[2], ElementType::S32)?,
-            };
-            let seq = latents.firings.shape()[1];
-            let firings = latents.firings.to_f32();
-            if let Some(token) = firings.iter().position(|&f| f as usize > d.cap) {
-                return Err(EngineError::LatentCap {
-                    dictionary: name.clone(),
-                    row: token / seq,
-                    position: token % seq,
-                    firings: firings[token] as i32,
-                    cap: d.cap,
-                });
-            }
-            all.push(latents);
+            });
         }
         Ok(all)
     }

@@ -193,7 +193,7 @@ fn suite_crash_and_resume(backend: &Backend, failpoint: &str, reference_prefix: 
         let mut args = vec!["--output".to_string(), backend.url(prefix), "--run".into(), RUN.into()];
         args.extend(["--machine", "1", "--host", "2", "--finalize"].map(String::from));
         // A dictionary's latents beside the hooks: their CSR tensors and statistics resume too.
-        args.extend(["--latents", "4096:16"].map(String::from));
+        args.extend(["--latents", "4096:2"].map(String::from));
         args.extend(backend.option_args());
         args
     };
