@@ -15,15 +15,20 @@ the same way: their hooks come dequantized, float32 unless ``dtype=`` asks for a
 `siphon.stream(url, ...)` reads the batches ``siphon extract --output stream://HOST:PORT``
 serves while it runs, no disk between. `siphon.torch` holds the PyTorch IterableDataset and SAELens/dictionary_learning data
 providers; `siphon.saelens` exports a run as SAELens's cached-activation dataset.
+
+A run extracted with dictionaries (``--sae``) also stores their latents, sparse: ``ds.latents``
+names them, ``ds.read_latents(name, format="csr" | "triples")`` reads them shard by shard, and
+`siphon.delphi` exports them as delphi's latent cache.
 """
 
 from ._convert import Batch
 from ._format import ROLES
 from .dataset import Dataset, HookInfo, VerifyReport, open, open_dataset
 from .errors import DatasetError
+from .latents import LatentShard, LatentsInfo
 from .stream import Stream, stream
 
 __version__ = "0.1.0"
 
-__all__ = ["Batch", "Dataset", "DatasetError", "HookInfo", "ROLES", "Stream", "VerifyReport", "open", "open_dataset", "stream",
+__all__ = ["Batch", "Dataset", "DatasetError", "HookInfo", "LatentShard", "LatentsInfo", "ROLES", "Stream", "VerifyReport", "open", "open_dataset", "stream",
            "__version__"]

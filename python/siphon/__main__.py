@@ -3,8 +3,9 @@
     python -m siphon info RUN
     python -m siphon verify RUN [--no-hashes]
     python -m siphon export-saelens RUN OUT [--hooks H,...] [--context-size N] [--dtype float32|float16]
+    python -m siphon export-delphi RUN OUT [--latents NAME,...] [--splits 5] [--ctx-len N] [--sequences exact|stored]
 
-(``siphon export saelens ...`` on the command line runs the same export.)
+(``siphon export saelens ...`` and ``siphon export delphi ...`` on the command line run the same exports.)
 """
 
 from __future__ import annotations
@@ -35,6 +36,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     export.add_argument("--seed", type=int, default=0)
     export.add_argument("--exclude-token-ids", help="comma-separated token ids to leave out")
     export.add_argument("--max-tokens", type=int)
+    delphi = sub.add_parser("export-delphi", help="write delphi's latent cache of the run's dictionary latents")
+    delphi.add_argument("run")
+    delphi.add_argument("out", help="delphi's latents directory (one folder per hookpoint is added)")
+    delphi.add_argument("--latents", help="comma-separated latents columns (default: every one)")
+    delphi.add_argument("--splits", type=int, default=5, help="latent ranges per hookpoint, as delphi's n_splits (default 5)")
+    delphi.add_argument("--ctx-len", type=int, help="tokens per row (default: the run's seq_len)")
+    delphi.add_argument("--sequences", default="exact", choices=["exact", "stored"],
+                        help="exact: the run's rows (needs --keep-excluded); stored: stored tokens cut into ctx-len rows")
+    delphi.add_argument("--hookpoint", action="append", default=[], metavar="NAME=HOOKPOINT",
+                        help="the folder (delphi hookpoint) of latents column NAME; repeatable")
+    delphi.add_argument("--model-name", help="config.json's model_name (default: the run's model)")
+    delphi.add_argument("--keep-excluded-latents", action="store_true",
+                        help="keep the latents of excluded tokens (BOS, EOS, padding) in exact sequences")
+    delphi.add_argument("--min-activation", type=float, default=1e-5, help="keep entries with |value| above this (delphi: 1e-5)")
+    delphi.add_argument("--no-check", action="store_true", help="skip each shard's CRC32C check")
     args = parser.parse_args(argv)
     try:
         if args.command == "info":
@@ -46,6 +62,32 @@ def main(argv: Optional[List[str]] = None) -> int:
         elif args.command == "verify":
             report = open_run(args.run).verify(hashes=not args.no_hashes)
             print(f"ok: {report.shards} shards, {report.tokens} tokens, {report.bytes} bytes")
+        elif args.command == "export-delphi":
+            from .delphi import export as export_delphi
+
+            hookpoints = {}
+            for item in args.hookpoint:
+                name, sep, folder = item.partition("=")
+                if not sep or not name or not folder:
+                    raise DatasetError(f"--hookpoint takes NAME=HOOKPOINT, got {item!r}")
+                hookpoints[name] = folder
+            done = export_delphi(
+                args.run,
+                args.out,
+                latents=args.latents.split(",") if args.latents else None,
+                n_splits=args.splits,
+                ctx_len=args.ctx_len,
+                sequences=args.sequences,
+                hookpoints=hookpoints,
+                model_name=args.model_name,
+                excluded_latents="keep" if args.keep_excluded_latents else "drop",
+                min_activation=args.min_activation,
+                check=not args.no_check,
+            )
+            print(f"wrote {done.n_seq} sequences x {done.ctx_len} tokens ({done.sequences}) to {done.path}:")
+            for name, folder in done.hookpoints.items():
+                print(f"  {name} -> {folder}: {done.entries[name]} entries ({done.left_out[name]} left out)")
+            print("delphi: LatentDataset(raw_dir=" + repr(done.path) + ", modules=" + repr(list(done.hookpoints.values())) + ", ...)")
         else:
             from .saelens import export as export_saelens
 

@@ -220,3 +220,35 @@ def decode(info: TensorInfo, raw: bytes, rows: int) -> np.ndarray:
     (bf16 as uint16 bit patterns, fp8 as uint8 bytes)."""
     np_dtype, _ = STORED_DTYPES[info.dtype]
     return np.frombuffer(raw, dtype=np_dtype).reshape((rows,) + tuple(info.shape[1:]))
+
+
+# numpy dtype -> safetensors dtype, for the files siphon writes (exports).
+_SAFETENSORS_DTYPES = {
+    "float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32", "int16": "I16",
+    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL",
+}
+
+
+def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
+    """Writes `tensors` as a safetensors file (little-endian, C order; the header padded with
+    spaces to 8 bytes as the safetensors library pads it), without the library."""
+    entries: Dict[str, Any] = {}
+    arrays = []
+    offset = 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        dtype = _SAFETENSORS_DTYPES.get(a.dtype.name)
+        if dtype is None:
+            raise DatasetError(f"cannot write {name}: no safetensors dtype for {a.dtype}")
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        entries[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+        arrays.append(a)
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        for a in arrays:
+            a.tofile(f)
