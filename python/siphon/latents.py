@@ -140,15 +140,22 @@ class LatentShard:
     def csr(self, device: Any = None) -> Any:
         """The rows as a ``torch.sparse_csr_tensor`` of size ``[rows, width]`` (int64 offsets
         and indices; values in the dtype read)."""
+        import warnings
+
         import torch
 
         values = _torch_values(torch, self.values)
-        t = torch.sparse_csr_tensor(
-            torch.from_numpy(self.indptr.astype(np.int64)),
-            torch.from_numpy(self.indices.astype(np.int64)),
-            values,
-            size=(self.rows, self.info.width),
-        )
+        with warnings.catch_warnings():
+            # torch calls its sparse CSR support beta at every construction.
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+            # The structure was checked when the shard was read (`check_csr`).
+            t = torch.sparse_csr_tensor(
+                torch.from_numpy(self.indptr.astype(np.int64)),
+                torch.from_numpy(self.indices.astype(np.int64)),
+                values,
+                size=(self.rows, self.info.width),
+                check_invariants=False,
+            )
         return t if device is None else t.to(device)
 
     def dense(self) -> np.ndarray:
