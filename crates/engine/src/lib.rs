@@ -650,6 +650,11 @@ impl Engine {
         program.forward(batch, seq, &self.params)
     }
 
+    /// The dictionaries whose latents every run computes, in [`Activations::latents`]' order.
+    pub fn dictionaries(&self) -> &[DictionaryHook] {
+        &self.options.dictionaries
+    }
+
     /// The hooks every run returns, in order.
     pub fn hooks(&self) -> &[HookPoint] {
         &self.hooks

@@ -67,6 +67,25 @@ impl SaeArgs {
     }
 }
 
+impl SaeArgs {
+    /// [`SaeArgs::open`] for a run over a corpus: a dictionary that is not a TopK needs
+    /// `--latent-cap` (else every one of its latents would be kept for every token).
+    pub fn open_capped(&self, config: &ModelConfig) -> anyhow::Result<Vec<DictionaryHook>> {
+        let opened = self.open(config)?;
+        if self.latent_cap.is_none()
+            && let Some(d) = opened.iter().find(|d| !matches!(d.dictionary.encoder, Encoder::TopK { .. }))
+        {
+            bail!(
+                "--sae: dictionary {} ({:?}) fires a varying number of latents per token: give --latent-cap N, at \
+                 least the most any stored token fires (a token firing more stops the run, never truncated)",
+                d.dictionary.name,
+                d.dictionary.encoder
+            );
+        }
+        Ok(opened)
+    }
+}
+
 /// `siphon forward` flags.
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["text", "ids"])))]

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use siphon_mesh::HostView;
-use siphon_models::{HookPoint, LoadedModel, ModelConfig};
+use siphon_models::{DictionaryHook, HookPoint, LoadedModel, ModelConfig};
 use siphon_plan::{PlanRequest, Topology};
 use siphon_runtime::PluginKind;
 use siphon_store::DType;
@@ -39,6 +39,7 @@ pub enum Span {
 /// What was checked before the coordinator and the plugin: hooks, weights and mesh.
 pub struct Plan {
     hooks: Vec<HookPoint>,
+    dictionaries: Vec<DictionaryHook>,
     request: PlanRequest,
     span: Span,
 }
@@ -57,6 +58,7 @@ impl Plan {
         simulate: Option<usize>,
         plugin: &std::path::Path,
         pipeline_depth: usize,
+        dictionaries: Vec<DictionaryHook>,
     ) -> anyhow::Result<Plan> {
         let hooks = spec
             .hooks
@@ -64,7 +66,8 @@ impl Plan {
             .map(|name| HookPoint::parse(name, &model.config))
             .collect::<Result<Vec<_>, _>>()
             .context("bad --hooks/--layers")?;
-        let (blocks, _) = siphon_models::forward::blocks_needed(&model.config, &hooks);
+        let read: Vec<HookPoint> = hooks.iter().copied().chain(dictionaries.iter().map(|d| d.hook)).collect();
+        let (blocks, _) = siphon_models::forward::blocks_needed(&model.config, &read);
         model.check_weights(blocks).context("the model's weights do not match its config")?;
         let request = PlanRequest {
             mesh: spec.mesh,
@@ -78,6 +81,7 @@ impl Plan {
                 siphon_engine::WeightForm::Stored => model.stored_forms(blocks)?,
                 siphon_engine::WeightForm::Dequantized => Default::default(),
             },
+            dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
             ..PlanRequest::default()
         };
         let kind = PluginKind::of(plugin);
@@ -97,7 +101,7 @@ impl Plan {
             (None, None) if hosts > 1 && group > 1 => Span::Hosts { hosts, per_host: None, simulated: false },
             _ => Span::Host,
         };
-        let plan = Plan { hooks, request, span };
+        let plan = Plan { hooks, dictionaries, request, span };
         match (span, per_host) {
             (Span::Hosts { hosts, per_host: Some(local), simulated }, _) => {
                 let planned = plan.mesh_plan(&model.config, hosts, local)?;
@@ -299,6 +303,7 @@ impl Compute {
             // Packed rows and `--pad right` put real tokens first: cuDNN's fused attention
             // takes them on a CUDA plugin.
             right_padded: !matches!(spec.corpus.pad, Some(crate::cmd::data::PadSideArg::Left)),
+            dictionaries: plan.dictionaries.clone(),
             ..Default::default()
         };
         let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)
@@ -368,6 +373,11 @@ impl Compute {
     /// Each hook's per-token shape at sequence length `seq` (for run.json).
     pub fn hook_shapes(&self, seq: usize) -> Vec<Vec<usize>> {
         self.engine.hooks().iter().map(|h| h.dims(self.engine.config(), seq)).collect()
+    }
+
+    /// The dictionaries whose latents each step computes, in output order.
+    pub fn dictionaries(&self) -> &[DictionaryHook] {
+        self.engine.dictionaries()
     }
 
     /// The mesh as JSON (for run.json).

@@ -42,7 +42,7 @@ use serde_json::json;
 use siphon_coord::{Coordination, JoinOptions};
 use siphon_data::{Corpus, PackConfig, Partition, Worker};
 use siphon_store::{
-    BatchActivations, DType, HostId, RunDescriptor, ShardFormat, ShardWriter, ShuffleConfig, StoreConfig,
+    BatchActivations, DType, HostId, LatentsColumn, RunDescriptor, ShardFormat, ShardWriter, ShuffleConfig, StoreConfig,
 };
 
 pub use options::{ExtractOptions, RunSpec};
@@ -68,6 +68,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let model = siphon_models::LoadedModel::open(&model_path)
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let mut spec = options.resolve(Some(&model.config), identity.total_machines)?;
+    let dictionaries = options.dictionaries.open_capped(&model.config)?;
     let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
     let text_tokenizer = model.tokenizer.as_ref();
@@ -86,6 +87,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         options.simulate_hosts,
         &plugin.path,
         options.pipeline_depth,
+        dictionaries,
     )?;
     tracing::info!(
         model = %model_path.display(), hooks = spec.hooks.len(), units = corpus.units().len(),
@@ -231,6 +233,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         model: json!({ "path": spec.model, "config": compute.model_config() }),
         hooks: spec.hooks.clone(),
         hook_shapes: compute.hook_shapes(spec.corpus.seq_len),
+        latents: latents_columns(compute.dictionaries()),
         mesh: compute.mesh_json(),
         partition: json!({ "machines": partition.machines, "hosts": partition.hosts }),
         config: serde_json::to_value(spec)?,
@@ -331,6 +334,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         dtype: compute.output_dtype(),
         shapes: compute.hook_shapes(spec.corpus.seq_len),
         roles: spec.chat_template.is_some(),
+        latents: descriptor.latents.iter().map(|c| (c.name.clone(), c.cap)).collect(),
     };
     // The writers keep rows where they lie until their shards are uploaded: the pool grows by
     // what they may hold.
@@ -563,11 +567,36 @@ fn output_path_failed(pipeline: pipeline::Pipeline) -> anyhow::Error {
     }
 }
 
+/// The store's latents columns of the run's dictionaries: named as SAELens's
+/// `HookedSAETransformer` names them, each described in run.json.
+fn latents_columns(dictionaries: &[siphon_models::DictionaryHook]) -> Vec<LatentsColumn> {
+    let names = siphon_models::DictionaryHook::names(dictionaries);
+    dictionaries
+        .iter()
+        .zip(names)
+        .map(|(d, name)| LatentsColumn {
+            name,
+            hook: d.hook.to_string(),
+            width: d.dictionary.d_sae,
+            cap: d.cap,
+            dictionary: json!({
+                "name": d.dictionary.name,
+                "source": d.dictionary.source.display().to_string(),
+                "d_in": d.dictionary.d_in,
+                "encoder": format!("{:?}", d.dictionary.encoder),
+                "normalize": format!("{:?}", d.dictionary.normalize),
+                "subtract_b_dec": d.dictionary.subtract_b_dec,
+            }),
+        })
+        .collect()
+}
+
 /// The store's view of a batch: token metadata from the data path (with each token's role,
-/// in a run of conversations) plus the hook outputs.
+/// in a run of conversations) plus the hook outputs and the dictionaries' latents.
 fn to_store_batch(
     batch: &siphon_data::Batch,
     hooks: Vec<siphon_store::HookActivations>,
+    latents: Vec<siphon_store::BatchLatents>,
     roles: bool,
 ) -> anyhow::Result<BatchActivations> {
     let first_sample = batch.position.sequences - batch.len() as u64;
@@ -576,6 +605,7 @@ fn to_store_batch(
         batch: batch.len(),
         seq: batch.seq_len,
         hooks,
+        latents,
         token_ids: batch.tokens.iter().map(|&t| t as i32).collect(),
         doc_index: batch.doc.clone(),
         position: batch.doc_pos.clone(),

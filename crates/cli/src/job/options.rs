@@ -39,6 +39,8 @@ pub struct ExtractOptions {
     /// them, dequantized inside the forward: the same activations, less device memory).
     #[arg(long, default_value = "dequantized", help_heading = "Model")]
     pub weights: String,
+    #[command(flatten, next_help_heading = "Dictionaries")]
+    pub dictionaries: crate::cmd::forward::SaeArgs,
 
     // --- data ---
     #[command(flatten)]
@@ -146,6 +148,12 @@ pub struct RunSpec {
     pub dtype: String,
     /// Compute dtype.
     pub compute_dtype: String,
+    /// Sparse dictionaries as given to `--sae` (their latents are stored beside the hooks).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sae: Vec<String>,
+    /// `--latent-cap`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latent_cap: Option<usize>,
     /// How quantized weights sit on the devices; not part of the dataset's identity (the
     /// activations are the same either way), so hosts may differ.
     #[serde(skip)]
@@ -196,8 +204,16 @@ impl ExtractOptions {
             .map(|p| p.display().to_string())
             .context("missing --model (or `model` in the --config file)")?;
         let output = need(&self.output, "output")?;
-        let mut hooks = hook_names(self.hooks.as_deref(), self.layers.as_deref())?;
-        if let Some(config) = model_config {
+        let dictionaries = !self.dictionaries.sae.is_empty();
+        let named = self.hooks.as_deref().filter(|h| !h.trim().is_empty());
+        let mut hooks = match (named, self.layers.as_deref()) {
+            // A dictionary's latents alone: its hook is computed, not stored.
+            (None, None) if dictionaries => Vec::new(),
+            (hooks, layers) => hook_names(hooks, layers)?,
+        };
+        if let Some(config) = model_config
+            && !hooks.is_empty()
+        {
             hooks = siphon_models::resolve_hooks(&hooks.join(","), config)
                 .context("bad --hooks/--layers")?
                 .iter()
@@ -213,6 +229,12 @@ impl ExtractOptions {
             }
         }
         let weights = self.weights.parse().map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
+        if dictionaries && self.dtype == "fp8" {
+            bail!("--sae: latents are stored as f32, bf16 or f16, not fp8; choose another --dtype");
+        }
+        if dictionaries && self.output.as_deref().is_some_and(|o| siphon_stream::address(o).is_some()) {
+            bail!("--sae: a dictionary's latents are written to shards; a stream:// output carries hooks only");
+        }
         if self.corpus.seq_len < 2 {
             bail!("--seq-len {} is too small (at least 2)", self.corpus.seq_len);
         }
@@ -245,6 +267,8 @@ impl ExtractOptions {
             hooks,
             dtype: self.dtype.clone(),
             compute_dtype: self.compute_dtype.clone(),
+            sae: self.dictionaries.sae.clone(),
+            latent_cap: self.dictionaries.latent_cap,
             weights,
             corpus: self.corpus.clone(),
             max_tokens: self.max_tokens,

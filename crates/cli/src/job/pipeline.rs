@@ -107,6 +107,8 @@ pub struct Batches {
     pub shapes: Vec<Vec<usize>>,
     /// Whether each token's role is stored.
     pub roles: bool,
+    /// Each latents column's name and latents kept per token, in the dictionaries' order.
+    pub latents: Vec<(String, usize)>,
 }
 
 /// Where one member's rows go: its shard writer (members that write nothing have none),
@@ -283,15 +285,24 @@ fn drain(
         for download in downloads {
             download.wait().context("copying activations to the host")?;
         }
+        // The dictionaries' latents, a few slots a token: copied whole for each writing member.
+        let mut latents = Vec::with_capacity(sinks.len());
+        for (sink, batch) in sinks.iter().zip(&batches) {
+            latents.push(match (&sink.writer, batch) {
+                (Some(_), Some(_)) => launched.latents(sink.process)?,
+                _ => Vec::new(),
+            });
+        }
         let copied = Instant::now();
         total.copy_s += copied.duration_since(ready).as_secs_f64();
 
         drop(launched);
         let loan = Arc::new(OnLoan { slot: Some(slot), home: home.clone() });
-        for (member, (sink, batch)) in sinks.iter_mut().zip(&batches).enumerate() {
+        for (member, ((sink, batch), latents)) in sinks.iter_mut().zip(&batches).zip(latents).enumerate() {
             let (Some((writer, _)), Some(batch)) = (sink.writer.as_mut(), batch) else { continue };
             let hooks = writer_hooks(writer, batches_are, batch, &loan, member);
-            writer.push(super::to_store_batch(batch, hooks, batches_are.roles)?)?;
+            let latents = writer_latents(batches_are, batch, latents);
+            writer.push(super::to_store_batch(batch, hooks, latents, batches_are.roles)?)?;
         }
         drop(loan);
         total.push_s += copied.elapsed().as_secs_f64();
@@ -323,6 +334,33 @@ fn writer_hooks(
             let rows = Rows { loan: Arc::clone(loan), member, hook };
             let data = Bytes::from_owner(rows).slice(..len);
             HookActivations { hook: name.clone(), dtype, shape: shape.clone(), data }
+        })
+        .collect()
+}
+
+/// The member's latents of each dictionary as the store takes them: the batch's own rows (a
+/// short last batch's filler rows dropped).
+fn writer_latents(
+    batches: &Batches,
+    batch: &siphon_data::Batch,
+    latents: Vec<siphon_engine::Latents>,
+) -> Vec<siphon_store::BatchLatents> {
+    let tokens = batch.len() * batch.seq_len;
+    batches
+        .latents
+        .iter()
+        .zip(latents)
+        .map(|((name, cap), l)| {
+            let rows = |array: siphon_runtime::HostArray, per_token: usize| {
+                Bytes::from(array.into_bytes()).slice(..tokens * per_token * 4)
+            };
+            siphon_store::BatchLatents {
+                name: name.clone(),
+                cap: *cap,
+                indices: rows(l.indices, *cap),
+                values: rows(l.values, *cap),
+                firings: rows(l.firings, 1),
+            }
         })
         .collect()
 }

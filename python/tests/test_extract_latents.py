@@ -1,0 +1,100 @@
+"""`siphon extract --sae`: dictionaries saved by SAELens encode the hooks they read on the
+devices, and the shards hold each stored token's firings as CSR rows. The reference is SAELens's
+own `SAE.encode` run here on the hook values the same run stored in f32: the same tokens, the
+same numbers in. (sparsify's and Gemma Scope's encoders are compared through the engine's tests,
+`crates/engine/tests/dictionaries.rs`, whose goldens those libraries made.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from conftest import REPO, extract
+
+DICTS = REPO / "fixtures/dictionaries"
+# (directory, the hook it reads, its latents column's name)
+SAES = [
+    ("saelens-topk", "blocks.1.hook_resid_post", "blocks.1.hook_resid_post.hook_sae_acts_post.saelens-topk"),
+    ("saelens-jumprelu", "blocks.1.hook_resid_post", "blocks.1.hook_resid_post.hook_sae_acts_post.saelens-jumprelu"),
+    ("saelens-transcoder", "blocks.1.ln2.hook_normalized", "blocks.1.ln2.hook_normalized.hook_sae_acts_post"),
+]
+CAP = 96
+
+
+def shards(run: Path) -> List[Dict[str, np.ndarray]]:
+    out = []
+    for host in sorted(run.glob("machine_*")):
+        for line in (host / "manifest.jsonl").read_text().splitlines():
+            out.append(load_file(str(host / json.loads(line)["shard"])))
+    return out
+
+
+def csr_dense(shard: Dict[str, np.ndarray], name: str, width: int) -> np.ndarray:
+    indptr, indices, values = (shard[f"{name}.{part}"] for part in ("indptr", "indices", "values"))
+    dense = np.zeros((len(indptr) - 1, width), dtype=np.float32)
+    for row in range(len(indptr) - 1):
+        span = slice(indptr[row], indptr[row + 1])
+        assert np.all(np.diff(indices[span]) > 0), f"{name}: row {row}'s latents do not ascend"
+        dense[row, indices[span]] = values[span]
+    return dense
+
+
+@pytest.fixture(scope="module")
+def sae_run(runs: Path) -> Path:
+    saes = ",".join(str(DICTS / d) for d, _, _ in SAES)
+    hooks = ["blocks.1.hook_resid_post", "blocks.1.ln2.hook_normalized"]
+    return extract(runs, "tiny-sae", dtype="f32", hooks=hooks, extra=["--sae", saes, "--latent-cap", str(CAP)])
+
+
+def test_latents_equal_saelens_encode_of_the_stored_hooks(sae_run: Path) -> None:
+    torch = pytest.importorskip("torch")
+    sae_lens = pytest.importorskip("sae_lens")
+    run_json = json.loads((sae_run / "run.json").read_text())
+    columns = {c["name"]: c for c in run_json["latents"]}
+    assert set(columns) == {name for _, _, name in SAES}
+    stats = json.loads((sae_run / "stats.json").read_text())["latents"]
+    for directory, hook, name in SAES:
+        sae = sae_lens.SAE.load_from_disk(str(DICTS / directory), device="cpu")
+        width = columns[name]["width"]
+        assert width == sae.cfg.d_sae and columns[name]["hook"] == hook
+        firings = np.zeros(width, dtype=np.int64)
+        tokens = 0
+        for shard in shards(sae_run):
+            x = torch.from_numpy(shard[hook].astype(np.float32))
+            with torch.no_grad():
+                want = sae.encode(x).numpy()
+            got = csr_dense(shard, name, width)
+            scale = float(np.abs(want).max())
+            assert np.abs(got - want).max() <= 1e-4 * scale, name
+            # The same set of firings wherever a value is away from the threshold.
+            away = np.abs(want) > 1e-4 * scale
+            assert np.array_equal((got > 0) & away, (want > 0) & away), name
+            firings += (got > 0).sum(axis=0)
+            tokens += got.shape[0]
+        assert stats[name]["count"] == tokens
+        assert stats[name]["firings"] == firings.tolist(), name
+        assert firings.sum() > tokens, f"{name}: the test needs tokens that fire"
+
+
+def test_latents_alone_in_bf16_are_the_f32_run_rounded(sae_run: Path, runs: Path) -> None:
+    """No hook stored, values in bf16: each firing of the f32 run, rounded."""
+    import ml_dtypes
+
+    topk, hook, name = SAES[0]
+    run = extract(runs, "tiny-sae-bf16", dtype="bf16", hooks=[], extra=["--sae", str(DICTS / topk)])
+    name = "blocks.1.hook_resid_post.hook_sae_acts_post"
+    run_json = json.loads((run / "run.json").read_text())
+    assert run_json["hooks"] == [] and run_json["latents"][0]["name"] == name
+    width = run_json["latents"][0]["width"]
+    f32 = np.concatenate([csr_dense(s, SAES[0][2], width) for s in shards(sae_run)])
+    bf16 = np.concatenate([csr_dense(s, name, width) for s in shards(run)])
+    rounded = f32.astype(ml_dtypes.bfloat16).astype(np.float32)
+    # Another run of the same tokens: the same rows, and no hook tensor in its shards.
+    assert bf16.shape == f32.shape
+    assert np.abs(bf16 - rounded).max() <= 1e-2 * float(np.abs(f32).max())
+    assert all(hook not in s for s in shards(run))
