@@ -181,7 +181,8 @@ impl BatchActivations {
             if l.cap == 0 || l.cap > column.width {
                 return Err(bad(format!("latents {} keep {} per token, of {} latents", l.name, l.cap, column.width)));
             }
-            let slots = tokens.checked_mul(4 * l.cap).ok_or_else(|| bad(format!("latents {} size overflows", l.name)))?;
+            let slots =
+                tokens.checked_mul(4 * l.cap).ok_or_else(|| bad(format!("latents {} size overflows", l.name)))?;
             for (part, len, expected) in [
                 ("indices", l.indices.len(), slots),
                 ("values", l.values.len(), slots),

@@ -238,7 +238,11 @@ impl ShardBuilder {
                 let t = t as usize;
                 column.push(&batch.latents[c], t, batch.keep[t], out_dtype).map_err(|e| StoreError::InvalidBatch {
                     first_sample: batch.first_sample,
-                    reason: format!("latents {name}: the token at sequence {} position {} {e}", t / batch.seq, t % batch.seq),
+                    reason: format!(
+                        "latents {name}: the token at sequence {} position {} {e}",
+                        t / batch.seq,
+                        t % batch.seq
+                    ),
                 })?;
             }
         }

@@ -92,7 +92,9 @@ fn store_value(value: f32, dtype: DType, out: &mut Vec<u8>) {
         DType::F32 => out.extend_from_slice(&value.to_le_bytes()),
         DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(value).to_le_bytes()),
         DType::F16 => out.extend_from_slice(&half::f16::from_f32(value).to_le_bytes()),
-        DType::Fp8 | DType::U8 => unreachable!("latents are stored as f32, bf16 or f16 (checked when the writer opens)"),
+        DType::Fp8 | DType::U8 => {
+            unreachable!("latents are stored as f32, bf16 or f16 (checked when the writer opens)")
+        }
     }
 }
 
@@ -123,10 +125,9 @@ pub(crate) fn summarize(
     }
     let offsets = words(&indptr);
     let nnz = *offsets.last().expect("tokens + 1 offsets") as usize;
-    for (name, t, dtype_ok) in [
-        (&indices_name, &indices, indices.dtype() == safetensors::Dtype::I32),
-        (&values_name, &values, true),
-    ] {
+    for (name, t, dtype_ok) in
+        [(&indices_name, &indices, indices.dtype() == safetensors::Dtype::I32), (&values_name, &values, true)]
+    {
         if t.shape() != [nnz] || !dtype_ok {
             return Err(format!("{name} is {:?}{:?}, the offsets count {nnz} entries", t.dtype(), t.shape()));
         }

@@ -382,10 +382,7 @@ pub fn to_file(stats: &RunStats, through_shard: Option<u64>) -> StatsFile {
 
 /// Converts the file form back into running statistics.
 pub fn from_file(file: &StatsFile) -> RunStats {
-    RunStats {
-        hooks: file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
-        latents: file.latents.clone(),
-    }
+    RunStats { hooks: file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect(), latents: file.latents.clone() }
 }
 
 /// Decodes one row of little-endian `dtype` values into f32.
@@ -441,7 +438,8 @@ mod tests {
         let mut latents = LatentStats::new(3);
         latents.add_token([(0, 0.1), (2, 7.887_233_5)]);
         latents.add_token([(2, 1e-7)]);
-        let stats = RunStats { hooks: [("h".to_string(), first.clone())].into(), latents: [("l".into(), latents)].into() };
+        let stats =
+            RunStats { hooks: [("h".to_string(), first.clone())].into(), latents: [("l".into(), latents)].into() };
         let text = serde_json::to_vec(&to_file(&stats, Some(0))).unwrap();
         let back = from_file(&serde_json::from_slice(&text).unwrap());
         assert_eq!(back, stats, "bit-identical after a JSON round trip");

@@ -77,7 +77,8 @@ fn check_run(dir: &std::path::Path, spec: &SyntheticSpec, dtype: DType, batches:
         let samples = i64s(&st.tensor("sample_index").unwrap());
         // The synthetic position is per document (two per sequence); the token's place in its
         // sequence is found from the hook's value.
-        let hook = decode(dtype, &st.tensor(&spec.hooks[0]).unwrap()).chunks(8).map(<[f32]>::to_vec).collect::<Vec<_>>();
+        let hook =
+            decode(dtype, &st.tensor(&spec.hooks[0]).unwrap()).chunks(8).map(<[f32]>::to_vec).collect::<Vec<_>>();
         let mask: Option<Vec<bool>> = st.tensor("mask").ok().map(|m| m.data().iter().map(|&b| b != 0).collect());
         assert_eq!(mask.is_some(), keep_excluded);
         for (c, column) in spec.latents.iter().enumerate() {
@@ -94,7 +95,8 @@ fn check_run(dir: &std::path::Path, spec: &SyntheticSpec, dtype: DType, batches:
                 let mut want = spec.firings(sample as u64, token, c);
                 want.sort_by_key(|&(l, _)| l);
                 let span = indptr[row] as usize..indptr[row + 1] as usize;
-                let got: Vec<(i32, f32)> = indices[span.clone()].iter().copied().zip(values[span].iter().copied()).collect();
+                let got: Vec<(i32, f32)> =
+                    indices[span.clone()].iter().copied().zip(values[span].iter().copied()).collect();
                 let want: Vec<(i32, f32)> = want.into_iter().map(|(l, v)| (l, stored(dtype, v))).collect();
                 assert_eq!(got, want, "{}: sample {sample} token {token}", column.name);
                 if mask.as_ref().is_none_or(|m| m[row]) {
@@ -107,10 +109,12 @@ fn check_run(dir: &std::path::Path, spec: &SyntheticSpec, dtype: DType, batches:
         }
         seen += samples.len();
     }
-    let included: u64 = (0..batches * spec.batch as u64).map(|s| (0..spec.seq).filter(|&t| spec.keep(s, t)).count() as u64).sum();
+    let included: u64 =
+        (0..batches * spec.batch as u64).map(|s| (0..spec.seq).filter(|&t| spec.keep(s, t)).count() as u64).sum();
     let all = batches as usize * spec.batch * spec.seq;
     assert_eq!(seen, if keep_excluded { all } else { included as usize });
-    let stats: siphon_store::StatsFile = serde_json::from_slice(&std::fs::read(dir.join(RUN).join("stats.json")).unwrap()).unwrap();
+    let stats: siphon_store::StatsFile =
+        serde_json::from_slice(&std::fs::read(dir.join(RUN).join("stats.json")).unwrap()).unwrap();
     for (c, column) in spec.latents.iter().enumerate() {
         let s = &stats.latents[&column.name];
         assert_eq!((s.count, &s.firings), (included, &firings[c]), "{}", column.name);
@@ -169,7 +173,9 @@ fn a_token_over_the_cap_and_bad_columns_are_refused_by_name() {
     writer.push(batch).unwrap();
     let err = writer.finish().unwrap_err().to_string();
     assert!(
-        err.contains(NAME) && err.contains("sequence 0 position 5") && err.contains("fires 7 latents, more than the 6 kept"),
+        err.contains(NAME)
+            && err.contains("sequence 0 position 5")
+            && err.contains("fires 7 latents, more than the 6 kept"),
         "{err}"
     );
 
