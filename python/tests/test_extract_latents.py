@@ -98,3 +98,57 @@ def test_latents_alone_in_bf16_are_the_f32_run_rounded(sae_run: Path, runs: Path
     assert bf16.shape == f32.shape
     assert np.abs(bf16 - rounded).max() <= 1e-2 * float(np.abs(f32).max())
     assert all(hook not in s for s in shards(run))
+
+
+def test_a_run_killed_mid_way_resumes_to_the_same_shards(runs: Path) -> None:
+    """kill -9 after the first committed shard; the same command resumes, and every shard, the
+    manifest and the statistics equal an uninterrupted run's (elsewhere), byte for byte."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import extract_command
+
+    from conftest import make_corpus
+
+    topk = str(DICTS / SAES[0][0])
+    corpus = runs / "tiny-sae-kill-corpus"
+    make_corpus(corpus, 120)
+    kwargs = dict(dtype="bf16", hooks=["blocks.1.hook_resid_post"], hosts=1, launch=False, corpus=corpus,
+                  extra=["--sae", topk, "--shuffle-tokens-window", "2"])
+    # The same run (its name is in every shard) in two places.
+    reference = extract(runs, "kill", output=runs / "reference", **kwargs) and runs / "reference" / "kill"
+    killed = runs / "killed" / "kill"
+    cmd, env = extract_command(runs, "kill", output=runs / "killed", **kwargs)
+    process = subprocess.Popen(cmd, env={**env, "SIPHON_TEST_SLOW_BATCH_MS": "150"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        manifest = killed / "machine_000_host_00" / "manifest.jsonl"
+        deadline = time.monotonic() + 120
+        while not (manifest.exists() and manifest.read_text().strip()):
+            assert process.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no shard committed in time"
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    lines = len(manifest.read_text().splitlines())
+    reference_lines = len((reference / "machine_000_host_00" / "manifest.jsonl").read_text().splitlines())
+    assert 1 <= lines < reference_lines, "killed mid-way"
+    extract(runs, "kill", output=runs / "killed", **kwargs)
+
+    def files(run: Path) -> Dict[str, bytes]:
+        # Each session's timing (timing/) is its own.
+        return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+                if p.is_file() and p.relative_to(run).parts[0] != "timing"}
+
+    got, want = files(killed), files(reference)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        # run.json records each run's --output.
+        if name != "run.json":
+            assert got[name] == want[name], name
