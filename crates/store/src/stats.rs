@@ -293,10 +293,11 @@ impl From<&HookStatsJson> for HookStats {
     }
 }
 
-/// Statistics of one latents column over the included tokens: how often each latent fired
-/// and the sum of its stored values (a latent's mean activation when firing is
-/// `sums[i] / firings[i]`, its firing rate `firings[i] / count`). Sums run in f64 over the
-/// values as stored, a shard at a time, shards in order: the same bits on resume.
+/// Statistics of one latents column over the included tokens: how often each latent fired,
+/// the sum of its stored values and its largest (a latent's mean activation when firing is
+/// `sums[i] / firings[i]`, its firing rate `firings[i] / count`; `max` bounds the activation
+/// quantiles a dashboard samples examples from). Sums run in f64 over the values as stored, a
+/// shard at a time, shards in order: the same bits on resume.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LatentStats {
     /// Tokens counted.
@@ -305,12 +306,14 @@ pub struct LatentStats {
     pub firings: Vec<u64>,
     /// Per latent, the sum of its values.
     pub sums: Vec<f64>,
+    /// Per latent, its largest value (0 for a latent that never fired).
+    pub max: Vec<f64>,
 }
 
 impl LatentStats {
     /// No tokens yet, over `width` latents.
     pub fn new(width: usize) -> Self {
-        LatentStats { count: 0, firings: vec![0; width], sums: vec![0.0; width] }
+        LatentStats { count: 0, firings: vec![0; width], sums: vec![0.0; width], max: vec![0.0; width] }
     }
 
     /// Counts one token's firings (latent, stored value).
@@ -319,6 +322,7 @@ impl LatentStats {
         for (latent, value) in fired {
             self.firings[latent] += 1;
             self.sums[latent] += f64::from(value);
+            self.max[latent] = self.max[latent].max(f64::from(value));
         }
     }
 
@@ -334,6 +338,7 @@ impl LatentStats {
         self.count += other.count;
         self.firings.iter_mut().zip(&other.firings).for_each(|(a, b)| *a += b);
         self.sums.iter_mut().zip(&other.sums).for_each(|(a, b)| *a += b);
+        self.max.iter_mut().zip(&other.max).for_each(|(a, b)| *a = a.max(*b));
         Ok(())
     }
 }

@@ -71,6 +71,7 @@ fn check_run(dir: &std::path::Path, spec: &SyntheticSpec, dtype: DType, batches:
     let mut seen = 0;
     let mut firings: Vec<Vec<u64>> = spec.latents.iter().map(|c| vec![0; c.width]).collect();
     let mut sums: Vec<Vec<f64>> = spec.latents.iter().map(|c| vec![0.0; c.width]).collect();
+    let mut max: Vec<Vec<f64>> = spec.latents.iter().map(|c| vec![0.0; c.width]).collect();
     for line in &lines {
         let bytes = std::fs::read(host_dir.join(&line.shard)).unwrap();
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -103,6 +104,7 @@ fn check_run(dir: &std::path::Path, spec: &SyntheticSpec, dtype: DType, batches:
                     for (l, v) in got {
                         firings[c][l as usize] += 1;
                         sums[c][l as usize] += f64::from(v);
+                        max[c][l as usize] = max[c][l as usize].max(f64::from(v));
                     }
                 }
             }
@@ -117,7 +119,7 @@ fn check_run(dir: &std::path::Path, spec: &SyntheticSpec, dtype: DType, batches:
         serde_json::from_slice(&std::fs::read(dir.join(RUN).join("stats.json")).unwrap()).unwrap();
     for (c, column) in spec.latents.iter().enumerate() {
         let s = &stats.latents[&column.name];
-        assert_eq!((s.count, &s.firings), (included, &firings[c]), "{}", column.name);
+        assert_eq!((s.count, &s.firings, &s.max), (included, &firings[c], &max[c]), "{}", column.name);
         for (a, b) in s.sums.iter().zip(&sums[c]) {
             assert!((a - b).abs() <= 1e-12 * b.abs(), "{}: sum {a} vs {b}", column.name);
         }
