@@ -10,11 +10,15 @@
 //! ```text
 //! {output}/{run}/run.json                       format, config, model, hooks and their per-token
 //!                                               shapes, mesh, partition
-//! {output}/{run}/stats.json                     per hook count/mean/variance/mean norm (all hosts)
+//! {output}/{run}/stats.json                     per hook count/mean/variance/mean norm, per latent
+//!                                               firings/sum/max (all hosts)
 //! {output}/{run}/machine_{m:03}_host_{h:02}/
 //!     shard_{n:06}.safetensors                  per hook [tokens, *shape] (e.g. [tokens, d_model],
 //!                                               [tokens, n_heads, d_head]); token_ids, doc_index,
-//!                                               position, sample_index [tokens]; mask (optional)
+//!                                               position, sample_index [tokens]; mask (optional);
+//!                                               per dictionary's latents a CSR matrix over the
+//!                                               rows: {name}.indptr, .indices, .values
+//!                                               ([`LatentsColumn`])
 //!     manifest.jsonl                            one line per committed shard
 //!     stats.json                                this host's statistics
 //! ```
