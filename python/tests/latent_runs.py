@@ -57,11 +57,16 @@ def write_run(
     with_hook: bool = True,
     shuffle: Optional[dict] = None,
     seed: int = 0,
+    token_rows: Optional[np.ndarray] = None,
+    latents: Optional[Dict[str, np.ndarray]] = None,
 ) -> Truth:
     """A run of `hosts` hosts, each with `shards_per_host` shards of `seqs_per_shard` whole
     sequences: BOS, a document, `pad_tail` pads on every other sequence. Without
     `keep_excluded` BOS and pads are dropped; with it they are stored, masked. Each token fires
-    up to `cap` latents of each column (some none), values rounded to `dtype`."""
+    up to `cap` latents of each column (some none), values rounded to `dtype`. `token_rows`
+    ``[sequences, seq_len]`` and `latents` (name -> ``[sequences * seq_len, width]``, every
+    row of every sequence) replace the random tokens (BOS and pads kept where they are) and
+    latents."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     latents_meta = [
@@ -90,11 +95,14 @@ def write_run(
         lines = []
         sample = 0
         for s in range(shards_per_host):
+            first_seq = (h * shards_per_host + s) * seqs_per_shard
             ids, samples, pos, doc, mask = [], [], [], [], []
             for q in range(seqs_per_shard):
                 pads = pad_tail if (sample % 2) else 0
                 words = seq_len - 1 - pads
                 row_ids = [BOS] + list(rng.integers(4, 250, words)) + [PAD] * pads
+                if token_rows is not None:
+                    row_ids = [BOS] + list(token_rows[first_seq + q][1 : 1 + words]) + [PAD] * pads
                 row_pos = [0] + list(range(1, words + 1)) + [-1] * pads
                 row_doc = [h * 1000 + sample] * (words + 1) + [-1] * pads
                 row_mask = [False] + [True] * words + [False] * pads
@@ -119,12 +127,18 @@ def write_run(
                 meta["hook"].append(hook.float().numpy())
             for n, w in zip(names, widths):
                 dense = np.zeros((tokens, w), np.float32)
+                if latents is not None:
+                    given = latents[n][first_seq * seq_len : (first_seq + seqs_per_shard) * seq_len][keep]
                 indptr = [0]
                 indices: List[int] = []
                 for t in range(tokens):
-                    k = int(rng.integers(0, cap + 1))
-                    fired = np.sort(rng.choice(w, size=k, replace=False))
-                    dense[t, fired] = rng.uniform(0.01, 5.0, size=k)
+                    if latents is not None:
+                        fired = np.flatnonzero(given[t])
+                        dense[t, fired] = given[t, fired]
+                    else:
+                        k = int(rng.integers(0, cap + 1))
+                        fired = np.sort(rng.choice(w, size=k, replace=False))
+                        dense[t, fired] = rng.uniform(0.01, 5.0, size=k)
                     indices += fired.tolist()
                     indptr.append(len(indices))
                 dense = torch.from_numpy(dense).to(tdtype).float().numpy()
