@@ -14,7 +14,8 @@ write for one hookpoint::
         activations  [N] float16
         tokens       [n_seq, ctx_len] int64: every sequence, in every split
 
-`<hookpoint>` is the module path delphi hooks for the dictionary's hook (``layers.3`` for
+Every split file is written, those without a firing too (delphi's loader takes them; its own
+``save_splits`` cannot write them). `<hookpoint>` is the module path delphi hooks for the dictionary's hook (``layers.3`` for
 ``blocks.3.hook_resid_post``, ``layers.3.mlp`` for a transcoder reading
 ``blocks.3.ln2.hook_normalized``; `delphi_hookpoint`), which is how ``LatentDataset(raw_dir,
 modules=[...])`` and delphi's ``--hookpoints`` name it. Entries are what delphi's cache keeps:
