@@ -10,7 +10,8 @@
 //! `[d_sae]` (JumpReLU), `b_gate`, `r_mag`, `b_mag` `[d_sae]` (gated). The decoder is not
 //! read: latents are all a latent cache needs. What a format holds that siphon does not
 //! compute exactly (an input normalisation fitted on data, a rescaling by decoder norms) is
-//! refused with an error naming it.
+//! refused with an error naming it — unless the format's own loader folds it into the
+//! encoder's weights, as Llama Scope's does; the reader then folds it the same way.
 //!
 use std::path::PathBuf;
 

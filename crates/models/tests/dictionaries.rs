@@ -1,7 +1,9 @@
 //! Dictionaries' encoders on the PJRT CPU plugin against the libraries that made them: each
 //! fixture under `fixtures/dictionaries/` was saved by SAELens itself (or written as Gemma
-//! Scope's `params.npz` and read back by SAELens's own loader) or by EleutherAI's sparsify
-//! (`SparseCoder.save_to_disk`), with the latents the library's encoder gives for TransformerLens's values of the hook on tiny-llama's golden rows
+//! Scope's `params.npz` and read back by SAELens's own loader), by EleutherAI's sparsify
+//! (`SparseCoder.save_to_disk`), or in Llama Scope's layout (its latents by lm-saes's encoder,
+//! written out from lm-saes's source: SAELens's loader computes otherwise), with the latents the
+//! library's encoder gives for TransformerLens's values of the hook on tiny-llama's golden rows
 //! (`scripts/gen-sae-fixtures.sh`). siphon reads the saved files, encodes the same values in
 //! a program and must give the same latents within 1e-4 of their scale, and the same firings
 //! wherever a pre-activation is not within that of its threshold.
@@ -68,7 +70,7 @@ fn encode(client: &Client, dict: &Dictionary, x: &[f32], tokens: usize, cap: usi
 fn every_architecture_encodes_as_its_library_does() {
     let client = client();
     let dirs = fixtures();
-    assert!(dirs.len() >= 12, "the dictionary fixtures are there");
+    assert!(dirs.len() >= 13, "the dictionary fixtures are there");
     for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let dict = Dictionary::open(&dir, None).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -175,6 +177,121 @@ fn what_is_not_computed_is_refused_by_name() {
     assert!(err.contains("name the hook"), "{err}");
     let named = Dictionary::open(moved.path(), Some("blocks.1.hook_resid_post")).unwrap();
     assert_eq!(named.tensors, Dictionary::open(&gemma, None).unwrap().tensors);
+}
+
+/// The Llama Scope fixture in a temporary directory, `hyperparams.json` edited by `edit`
+/// (a null removes the field).
+fn llama_scope_copy(edit: &serde_json::Value) -> tempfile::TempDir {
+    let source = fixtures().into_iter().find(|d| d.ends_with("llama-scope/tiny-llama-L1R")).unwrap();
+    let mut hp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("hyperparams.json")).unwrap()).unwrap();
+    for (k, v) in edit.as_object().unwrap() {
+        if v.is_null() {
+            hp.as_object_mut().unwrap().remove(k);
+        } else {
+            hp[k] = v.clone();
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("checkpoints")).unwrap();
+    std::fs::write(dir.path().join("hyperparams.json"), hp.to_string()).unwrap();
+    let weights = "checkpoints/final.safetensors";
+    std::fs::copy(source.join(weights), dir.path().join(weights)).unwrap();
+    dir
+}
+
+/// Llama Scope: what lm-saes's loader of the release does not compute as siphon reads it is
+/// refused by name, and so is lm-saes's later layout.
+#[test]
+fn llama_scope_refuses_what_it_does_not_read_by_name() {
+    use serde_json::json;
+    let cases = [
+        ("act_fn \"topk\": only jumprelu", json!({"act_fn": "topk"})),
+        ("act_fn \"relu\"", json!({"act_fn": null})),
+        ("jump_relu_threshold -0.5", json!({"jump_relu_threshold": -0.5})),
+        ("norm_activation \"token-wise\"", json!({"norm_activation": null})),
+        ("norm_activation \"batch-wise\"", json!({"norm_activation": "batch-wise"})),
+        ("dataset-wise without dataset_average_activation_norm.in", json!({"dataset_average_activation_norm": null})),
+        (
+            "dataset_average_activation_norm.out 0 is not a norm",
+            json!({"dataset_average_activation_norm": {"in": 2.0, "out": 0.0}}),
+        ),
+        ("apply_decoder_bias_to_pre_encoder", json!({"apply_decoder_bias_to_pre_encoder": true})),
+        ("apply_decoder_bias_to_pre_encoder", json!({"apply_decoder_bias_to_pre_encoder": null})),
+        ("use_glu_encoder", json!({"use_glu_encoder": true})),
+        ("names no hook_point_in", json!({"hook_point_in": null})),
+        ("d_sae is 128", json!({"d_sae": 128})),
+    ];
+    for (want, edit) in cases {
+        let dir = llama_scope_copy(&edit);
+        let err = Dictionary::open(dir.path(), None).expect_err(want).to_string();
+        assert!(err.contains("Llama Scope dictionary") && err.contains(want), "{err:?} lacks {want:?}");
+    }
+    // A checkpoint lm-saes's loader reads first.
+    let dir = llama_scope_copy(&json!({}));
+    std::fs::copy(dir.path().join("checkpoints/final.safetensors"), dir.path().join("checkpoints/pruned.safetensors"))
+        .unwrap();
+    let err = Dictionary::open(dir.path(), None).unwrap_err().to_string();
+    assert!(err.contains("lm-saes reads checkpoints/pruned.safetensors before checkpoints/final.safetensors"), "{err}");
+    // The hook it names, not another.
+    let dir = llama_scope_copy(&json!({}));
+    let err = Dictionary::open(dir.path(), Some("blocks.1.hook_mlp_out")).unwrap_err().to_string();
+    assert!(err.contains("trained on blocks.1.hook_resid_post, not blocks.1.hook_mlp_out"), "{err}");
+    // lm-saes's later layout (Llama Scope R1 Distill).
+    let later = tempfile::tempdir().unwrap();
+    std::fs::write(later.path().join("config.json"), r#"{"sae_type": "sae", "d_model": 64}"#).unwrap();
+    let err = Dictionary::open(later.path(), None).unwrap_err().to_string();
+    assert!(err.contains("lm-saes's later layout"), "{err}");
+}
+
+/// Llama Scope's fixture tells lm-saes's folds apart: leaving out the dataset-wise input scale
+/// (`inference`) or the decoder's norms fires other latents than the golden's on many tokens,
+/// more than `every_architecture_encodes_as_its_library_does` lets pass.
+#[test]
+fn llama_scope_golden_needs_the_input_scale_and_the_decoder_norms() {
+    let client = client();
+    let golden_dir = fixtures().into_iter().find(|d| d.ends_with("llama-scope/tiny-llama-L1R")).unwrap();
+    let bytes = std::fs::read(golden_dir.join("golden.safetensors")).unwrap();
+    let golden = SafeTensors::deserialize(&bytes).unwrap();
+    let (shape, x) = f32s(&golden, "x");
+    let (_, want) = f32s(&golden, "latents");
+    let read = Dictionary::open(&golden_dir, None).unwrap();
+    assert_eq!(
+        (read.encoder, read.normalize, read.subtract_b_dec),
+        (Encoder::JumpRelu, siphon_models::dictionary::Normalize::None, false)
+    );
+    for edit in [
+        serde_json::json!({"norm_activation": "inference"}),
+        serde_json::json!({"sparsity_include_decoder_norm": false}),
+    ] {
+        let dir = llama_scope_copy(&edit);
+        let dict = Dictionary::open(dir.path(), None).unwrap();
+        let (indices, _, count) = encode(&client, &dict, &x, shape[0], dict.d_sae);
+        let mut differ = 0;
+        for t in 0..shape[0] {
+            let mut got: Vec<i32> = indices[t * dict.d_sae..][..count[t] as usize].to_vec();
+            got.sort();
+            let fired: Vec<i32> =
+                (0..dict.d_sae).filter(|&i| want[t * dict.d_sae + i] > 0.0).map(|i| i as i32).collect();
+            differ +=
+                got.iter().filter(|i| !fired.contains(i)).count() + fired.iter().filter(|i| !got.contains(i)).count();
+        }
+        assert!(differ > 10, "{edit}: only {differ} firings differ from lm-saes's");
+    }
+    // A transcoder's output norm: the decoder is scaled by s_in / s_out = out / in before its
+    // norms are taken, so an `out` twice the `in` doubles every latent's weights.
+    let hp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(golden_dir.join("hyperparams.json")).unwrap()).unwrap();
+    let norm_in = hp["dataset_average_activation_norm"]["in"].as_f64().unwrap();
+    let dir = llama_scope_copy(
+        &serde_json::json!({"dataset_average_activation_norm": {"in": norm_in, "out": 2.0 * norm_in}}),
+    );
+    let doubled = Dictionary::open(dir.path(), None).unwrap();
+    for (a, b) in read.tensors.iter().zip(&doubled.tensors).filter(|(a, _)| a.name != "threshold") {
+        for (v, w) in a.values.iter().zip(&b.values) {
+            assert!((2.0 * v - w).abs() <= 1e-6 * v.abs().max(1.0), "{}: {w} is not twice {v}", a.name);
+        }
+    }
 }
 
 /// Every dictionary fixture read inside tiny-llama's forward, from the hook it names, on the

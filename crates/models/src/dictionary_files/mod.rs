@@ -1,10 +1,12 @@
 //! Reading sparse dictionaries from the files their libraries write, each format in its own
 //! file: SAELens ([`saelens`]: `cfg.json` + `sae_weights.safetensors`), Gemma Scope
 //! ([`gemma_scope`]: `params.npz`), EleutherAI sparsify ([`sparsify`]: `<hookpoint>/cfg.json` +
-//! `sae.safetensors`). What a format holds that siphon does not compute exactly is refused by
-//! name.
+//! `sae.safetensors`), Llama Scope ([`llama_scope`]: lm-saes's `hyperparams.json` +
+//! `checkpoints/final.safetensors`). What a format holds that siphon does not compute exactly is
+//! refused by name.
 
 pub mod gemma_scope;
+pub mod llama_scope;
 pub mod saelens;
 pub mod sparsify;
 
@@ -16,7 +18,12 @@ use crate::weights::{DType, decode_into};
 
 /// `dir/cfg.json` as JSON (SAELens's and sparsify's dictionaries both keep one).
 pub(crate) fn read_cfg(dir: &Path) -> Result<serde_json::Value, ModelError> {
-    let path = dir.join("cfg.json");
+    read_json(&dir.join("cfg.json"))
+}
+
+/// The JSON file at `path`.
+fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
+    let path = path.to_path_buf();
     let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
     serde_json::from_str(&text).map_err(|e| ModelError::Corrupt { path, detail: format!("not JSON: {e}") })
 }
@@ -61,14 +68,25 @@ impl Dictionary {
             sparsify::open(dir, hook)?
         } else if dir.join(gemma_scope::PARAMS).is_file() {
             gemma_scope::open(dir, hook)?
+        } else if dir.join(llama_scope::HYPERPARAMS).is_file() {
+            llama_scope::open(dir)?
+        } else if read_json(&dir.join("config.json")).is_ok_and(|cfg| cfg.get("sae_type").is_some()) {
+            // lm-saes since 2025 (Llamascopium): `config.json` with `sae_type`, a threshold per
+            // latent (`log_jumprelu_threshold`), as Llama Scope R1 Distill is published.
+            return Err(ModelError::Config(format!(
+                "{}: lm-saes's later layout (config.json with sae_type, as Llama Scope R1 Distill) is not read yet",
+                dir.display()
+            )));
         } else {
             return Err(ModelError::Config(format!(
                 "{}: not a dictionary siphon reads (SAELens: cfg.json and {}; sparsify: cfg.json and {}; \
-                 Gemma Scope: {})",
+                 Gemma Scope: {}; Llama Scope: {} and {})",
                 dir.display(),
                 saelens::WEIGHTS,
                 sparsify::WEIGHTS,
-                gemma_scope::PARAMS
+                gemma_scope::PARAMS,
+                llama_scope::HYPERPARAMS,
+                llama_scope::WEIGHTS
             )));
         };
         if let Some(hook) = hook.filter(|h| *h != dict.hook) {
