@@ -99,6 +99,8 @@ def rebuild_sequences(ds: Dataset, mode: str = "exact", ctx_len: Optional[int] =
         )
     if not ds.shards:
         raise DatasetError(f"{ds.url} has no committed shards")
+    if mode == "exact":
+        _check_exact(ds, ctx_len)
     loader = ShardLoader(ds._location, ds._has_mask, check=False)
     cols: Dict[str, List[np.ndarray]] = {n: [] for n in ("token_ids", "sample_index", "doc_index", "position", "mask")}
     hosts: List[np.ndarray] = []
@@ -119,7 +121,8 @@ def _host_number(host: str) -> int:
     return int(m.group(1)) * 1000 + int(m.group(2)) if m else 0
 
 
-def _exact(ds: Dataset, cols: Dict[str, np.ndarray], host: np.ndarray, ctx_len: Optional[int]) -> Sequences:
+def _check_exact(ds: Dataset, ctx_len: Optional[int]) -> None:
+    """Whether the run can give its rows exactly (before any shard is read)."""
     seq_len = ds.seq_len
     if not ds._has_mask:
         raise DatasetError(
@@ -133,6 +136,10 @@ def _exact(ds: Dataset, cols: Dict[str, np.ndarray], host: np.ndarray, ctx_len: 
         raise DatasetError(
             f"exact sequences are the run's rows of seq_len {seq_len} tokens; ctx_len {ctx_len} needs sequences='stored'"
         )
+
+
+def _exact(ds: Dataset, cols: Dict[str, np.ndarray], host: np.ndarray, ctx_len: Optional[int]) -> Sequences:
+    seq_len = int(ds.seq_len or 0)
     sample = cols["sample_index"]
     n = len(sample)
     # A sequence is a run of rows of one host with one sample_index.
@@ -281,7 +288,8 @@ class DelphiExportSummary:
     sequences: str
     n_seq: int
     ctx_len: int
-    splits: List[Tuple[int, int]] = field(default_factory=list)
+    #: latents column -> its latent ranges ``(start, end)``, end inclusive (one file each).
+    splits: Dict[str, List[Tuple[int, int]]] = field(default_factory=dict)
     #: latents column -> entries written.
     entries: Dict[str, int] = field(default_factory=dict)
     #: latents column -> stored entries left out (|value| <= min_activation, excluded tokens,
@@ -357,7 +365,7 @@ def export(
         shutil.rmtree(tmp, ignore_errors=True)
     return DelphiExportSummary(
         path=out, hookpoints=folders, sequences=seqs.mode, n_seq=seqs.n_seq, ctx_len=seqs.ctx_len,
-        splits=splits[infos[0].name], entries=entries, left_out=left_out,
+        splits=splits, entries=entries, left_out=left_out,
     )
 
 
