@@ -227,8 +227,8 @@ def split_bounds(width: int, n_splits: int) -> List[Tuple[int, int]]:
 
 
 def is_transcoder(info: LatentsInfo) -> bool:
-    """Whether run.json describes the dictionary as a transcoder (it reads one hook and
-    predicts another)."""
+    """Whether the dictionary is a transcoder (it reads one hook and predicts another), by
+    run.json's description or, when that names a local folder (``source``), its cfg.json."""
     d = info.dictionary
     for key in ("transcoder", "transcode"):
         if bool(d.get(key)):
@@ -237,7 +237,20 @@ def is_transcoder(info: LatentsInfo) -> bool:
         if "transcoder" in str(d.get(key, "")).lower():
             return True
     out = d.get("hook_out") or d.get("output_hook") or d.get("hook_name_out")
-    return bool(out) and out != info.hook
+    if out and out != info.hook:
+        return True
+    # The dictionary's own cfg.json, when its source is a local folder (SAELens: "architecture"
+    # names transcoders; sparsify: "transcode").
+    source = d.get("source") or d.get("path")
+    cfg = os.path.join(str(source), "cfg.json") if source else ""
+    if cfg and os.path.isfile(cfg):
+        try:
+            with open(cfg) as f:
+                raw = json.load(f)
+        except (OSError, ValueError):
+            return False
+        return "transcoder" in str(raw.get("architecture", "")).lower() or bool(raw.get("transcode"))
+    return False
 
 
 def delphi_hookpoint(hook: str, model_type: str, transcoder: bool = False) -> Optional[str]:
@@ -261,7 +274,9 @@ def delphi_hookpoint(hook: str, model_type: str, transcoder: bool = False) -> Op
             return block
         return f"{layers}.{layer - 1}" if layer > 0 else None
     if rest in ("ln2.hook_normalized", "hook_mlp_in"):
-        return f"{block}.mlp" if transcoder else None
+        # The MLP's input: delphi hooks it as the input of the MLP module (transcode), as
+        # sparsify's and delphi's transcoders name it.
+        return f"{block}.mlp"
     if rest == "hook_mlp_out" and not transcoder:
         return f"{block}.post_feedforward_layernorm" if post_norms else f"{block}.mlp"
     if rest == "hook_attn_out" and not transcoder:

@@ -264,3 +264,26 @@ def test_siphon_export_delphi_command(tmp_path):
     bad = subprocess.run([siphon_binary(), "export", "delphi", str(truth.path), str(tmp_path / "x"), "--latents", "nope"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "unknown latents 'nope'" in bad.stderr
+
+
+def test_hookpoints_are_the_modules_delphi_hooks():
+    from siphon.latents import LatentsInfo
+
+    assert delphi.delphi_hookpoint("blocks.3.hook_resid_post", "llama") == "layers.3"
+    assert delphi.delphi_hookpoint("blocks.3.hook_resid_post", "gpt2") == "h.3"
+    assert delphi.delphi_hookpoint("blocks.3.hook_resid_pre", "qwen2") == "layers.2"
+    assert delphi.delphi_hookpoint("blocks.3.ln2.hook_normalized", "llama", transcoder=True) == "layers.3.mlp"
+    assert delphi.delphi_hookpoint("blocks.3.hook_mlp_out", "gemma2") == "layers.3.post_feedforward_layernorm"
+    assert delphi.delphi_hookpoint("blocks.3.hook_attn_out", "gpt_neox") == "layers.3.attention"
+    assert delphi.delphi_hookpoint("blocks.3.attn.hook_z", "llama") is None
+    assert delphi.delphi_hookpoint("hook_embed", "llama") is None
+
+    def info(**dictionary):
+        return LatentsInfo("n", "blocks.1.ln2.hook_normalized", 96, None, "float32", dictionary)
+
+    # extract --sae describes a dictionary by its source folder: its cfg.json says what it is.
+    assert delphi.is_transcoder(info(source=str(REPO / "fixtures/dictionaries/saelens-transcoder")))
+    assert delphi.is_transcoder(info(source=str(REPO / "fixtures/dictionaries/sparsify-transcoder/layers.1.mlp")))
+    assert not delphi.is_transcoder(info(source=str(REPO / "fixtures/dictionaries/saelens-topk")))
+    assert delphi.is_transcoder(info(architecture="jumprelu_transcoder"))
+    assert not delphi.is_transcoder(info())
