@@ -14,6 +14,10 @@ in the venv of scripts/setup-python-delphi.sh:
     #     float16 rounding (or --rtol, e.g. 2**-8 for a bf16 run).
     $PY scripts/delphi_compare.py compare --export OUT/layers.1 --model MODEL_DIR \
         --sae fixtures/dictionaries/sparsify/layers.1 [--hookpoint layers.1] [--run RUN] [--work DIR]
+    # a transcoder on blocks.1.ln2.hook_normalized (before the norm's gain; delphi hooks the
+    # MLP's input, after it):
+    $PY scripts/delphi_compare.py compare --export OUT/layers.1.mlp --model MODEL_DIR \
+        --sae fixtures/dictionaries/saelens-transcoder --norm-gain layers.1.post_attention_layernorm --run RUN
 
 From Python (this file's directory on sys.path): `check_loads(raw_dir, ...)`,
 `delphi_cache(tokens, model_dir, sae_dir, hookpoint, out_dir, ...)` and
@@ -188,11 +192,15 @@ def delphi_cache(
     batch_size: Optional[int] = None,
     device: str = "cpu",
     transcode: Optional[bool] = None,
+    norm_gain: Optional[str] = None,
 ) -> Path:
     """delphi's own cache of `tokens` ``[n_seq, ctx]``: ``LatentCache(AutoModel, {hookpoint:
     encode}).run``, ``save_splits`` and ``save_config`` into `out_dir`; returns the hookpoint's
     folder. `batch_size` (sequences per forward) defaults to the largest divisor of n_seq up to
-    32, so that delphi caches every row (it drops a last partial batch)."""
+    32, so that delphi caches every row (it drops a last partial batch). `norm_gain` (a norm
+    module's path, e.g. ``layers.1.post_attention_layernorm``) divides the hooked values by that
+    norm's gain before encoding: siphon's ``ln2.hook_normalized`` is the MLP norm's output
+    *before* its gain (TransformerLens's convention), the MLP module's input after it."""
     import torch
     from delphi.config import CacheConfig
     from delphi.latents import LatentCache
@@ -200,6 +208,13 @@ def delphi_cache(
 
     model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     encode, sae_transcodes = sparse_encoder(Path(sae_dir), hookpoint, model, device)
+    if norm_gain is not None:
+        gain = model.get_submodule(norm_gain).weight.detach()
+        inner = encode
+
+        def encode(x: Any) -> Any:
+            return inner(x / gain.to(x.dtype))
+
     n_seq, ctx = tokens.shape
     if batch_size is None:
         batch_size = max(d for d in range(1, min(32, n_seq) + 1) if n_seq % d == 0)
@@ -290,6 +305,7 @@ def compare_with_delphi(
     included: Optional[np.ndarray] = None,
     work_dir: Optional[Path] = None,
     transcode: Optional[bool] = None,
+    norm_gain: Optional[str] = None,
     rtol: float = 2.0**-10,
     allowed: int = 0,
     device: str = "cpu",
@@ -298,7 +314,8 @@ def compare_with_delphi(
     `export_dir` (``OUT/<hookpoint>``), made with the HF model `model_dir` and the dictionary
     `sae_dir`, compared with the export (`compare_caches`). `hookpoint` defaults to the
     export folder's name; `run` (the siphon run) restricts the comparison to the tokens it
-    includes (`siphon.delphi.rebuild_sequences`), as does `included`."""
+    includes (`siphon.delphi.rebuild_sequences`), as does `included`; `norm_gain` as for
+    `delphi_cache` (a dictionary on ``blocks.N.ln2.hook_normalized``)."""
     import tempfile
 
     hookpoint = hookpoint or export_dir.name
@@ -314,7 +331,8 @@ def compare_with_delphi(
             raise SystemExit(f"{export_dir}: its tokens are not the rows of {run}")
         included = seqs.included
     work = Path(work_dir or tempfile.mkdtemp(prefix="delphi-cache-"))
-    ours = delphi_cache(tokens, model_dir, sae_dir, hookpoint, work, transcode=transcode, device=device)
+    ours = delphi_cache(tokens, model_dir, sae_dir, hookpoint, work, transcode=transcode, device=device,
+                        norm_gain=norm_gain)
     return compare_caches(export_dir, ours, included=included, rtol=rtol, allowed=allowed)
 
 
@@ -334,7 +352,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     cmp.add_argument("--run", help="the siphon run: compare only the positions it includes")
     cmp.add_argument("--work", help="where delphi's cache is written (default: a temporary directory)")
     cmp.add_argument("--transcode", action="store_true", default=None, help="hook module inputs (default: from the dictionary)")
-    cmp.add_argument("--rtol", type=float, default=2.0**-10)
+    cmp.add_argument("--norm-gain", help="divide the hooked values by this norm module's gain (siphon's ln2.hook_normalized "
+                     "is before the gain): e.g. layers.1.post_attention_layernorm")
+    cmp.add_argument("--rtol", type=float, default=2.0**-10, help="relative tolerance (bf16 runs: 0.005)")
     cmp.add_argument("--allowed", type=int, default=0, help="differing entries tolerated (near-zero or tied latents)")
     args = parser.parse_args(argv)
     if args.command == "load":
@@ -347,7 +367,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1 if problems else 0
     result = compare_with_delphi(Path(args.export), args.model, args.sae, hookpoint=args.hookpoint, run=args.run,
                                  work_dir=Path(args.work) if args.work else None, transcode=args.transcode,
-                                 rtol=args.rtol, allowed=args.allowed)
+                                 norm_gain=args.norm_gain, rtol=args.rtol, allowed=args.allowed)
     for line in result.lines():
         print(line)
     print("ok: the export equals delphi's own cache" if result.ok else "FAILED: the caches differ")

@@ -155,8 +155,10 @@ class Dataset:
 
     @property
     def seq_len(self) -> Optional[int]:
-        """The extraction's sequence length, when run.json records it."""
-        value = self.run.get("config", {}).get("seq_len")
+        """The extraction's sequence length, when run.json records it (``config.corpus.seq_len``;
+        ``config.seq_len`` in older runs)."""
+        config = self.run.get("config", {})
+        value = (config.get("corpus") or {}).get("seq_len", config.get("seq_len"))
         return int(value) if value is not None else None
 
     @property

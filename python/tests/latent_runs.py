@@ -78,7 +78,7 @@ def write_run(
         "format": FORMAT, "run": root.name,
         "model": {"config": {"arch": "llama", "n_layers": 3}, "path": "/models/tiny"},
         "hooks": [RESID] if with_hook else [], "hook_shapes": [[4]] if with_hook else [],
-        "config": {"seq_len": seq_len, "model": "hf://org/tiny@main",
+        "config": {"model": "hf://org/tiny@main",
                    "corpus": {"corpus": "org/corpus", "text_column": "text", "batch_size": 4, "seq_len": seq_len}},
         "shard_format": {"dtype": dtype, "keep_excluded": keep_excluded, "shuffle": shuffle},
         "latents": latents_meta,
