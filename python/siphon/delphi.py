@@ -275,7 +275,8 @@ def delphi_hookpoint(hook: str, model_type: str, transcoder: bool = False) -> Op
         return f"{layers}.{layer - 1}" if layer > 0 else None
     if rest in ("ln2.hook_normalized", "hook_mlp_in"):
         # The MLP's input: delphi hooks it as the input of the MLP module (transcode), as
-        # sparsify's and delphi's transcoders name it.
+        # sparsify's and delphi's transcoders name it. (siphon's ln2.hook_normalized is the
+        # norm's output before its gain, the MLP module's input after it.)
         return f"{block}.mlp"
     if rest == "hook_mlp_out" and not transcoder:
         return f"{block}.post_feedforward_layernorm" if post_norms else f"{block}.mlp"
