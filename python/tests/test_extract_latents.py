@@ -152,3 +152,40 @@ def test_a_run_killed_mid_way_resumes_to_the_same_shards(runs: Path) -> None:
         # run.json records each run's --output.
         if name != "run.json":
             assert got[name] == want[name], name
+
+
+def test_an_extracted_cache_exported_for_delphi_equals_delphis_own(runs: Path, tmp_path: Path) -> None:
+    """`siphon extract --sae` (a sparsify dictionary, every position stored), `siphon export
+    delphi`, then delphi's own LatentCache on the export's token rows with the same model and
+    sparsify's own encoder (scripts/delphi_compare.py, in delphi's venv): the same firings at the
+    same places, activations within float16 rounding, and delphi's loader finds every latent's
+    examples."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import siphon_binary
+    from test_delphi_export import delphi_python
+
+    python = delphi_python()
+    if python is None:
+        pytest.skip("no Python with delphi (bash scripts/setup-python-delphi.sh)")
+    sae = DICTS / "sparsify" / "layers.1"
+    run = extract(runs, "tiny-sae-delphi", dtype="f32", hooks=[], extra=["--sae", str(sae), "--keep-excluded"])
+    out = tmp_path / "latents"
+    env = dict(os.environ, SIPHON_PYTHON=sys.executable, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([siphon_binary(), "export", "delphi", str(run), str(out)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    model = runs.parent / "tiny-llama-264"
+    compare = [python, str(REPO / "scripts/delphi_compare.py")]
+    result = subprocess.run([*compare, "compare", "--export", str(out / "layers.1"), "--model", str(model),
+                             "--sae", str(sae), "--run", str(run), "--work", str(tmp_path / "delphi")],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok: the export equals delphi's own cache" in result.stdout
+    assert "only in siphon's export: 0 " in result.stdout
+    loads = subprocess.run([*compare, "load", str(out), "--tokenizer", str(REPO / "fixtures/data/tokenizer.json")],
+                           capture_output=True, text=True, timeout=600)
+    assert loads.returncode == 0, loads.stdout + loads.stderr
+    assert "every latent with firings has its examples" in loads.stdout
