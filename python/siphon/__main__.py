@@ -4,6 +4,7 @@
     python -m siphon verify RUN [--no-hashes]
     python -m siphon export-saelens RUN OUT [--hooks H,...] [--context-size N] [--dtype float32|float16]
     python -m siphon export-delphi RUN OUT [--latents NAME,...] [--splits 5] [--ctx-len N] [--sequences exact|stored]
+    python -m siphon latent-examples RUN NAME OUT.json [--top 20] [--quantiles 10] [--per-quantile 5] [--window 16]
 
 (``siphon export saelens ...`` and ``siphon export delphi ...`` on the command line run the same exports.)
 """
@@ -51,6 +52,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="keep the latents of excluded tokens (BOS, EOS, padding) in exact sequences")
     delphi.add_argument("--min-activation", type=float, default=1e-5, help="keep entries with |value| above this (delphi: 1e-5)")
     delphi.add_argument("--no-check", action="store_true", help="skip each shard's CRC32C check")
+    examples = sub.add_parser("latent-examples", help="each latent's top and per-activation-range examples, as JSON")
+    examples.add_argument("run")
+    examples.add_argument("name", help="the latents column")
+    examples.add_argument("out", help="JSON file: one entry per latent that fired")
+    examples.add_argument("--top", type=int, default=20, help="largest activations kept per latent")
+    examples.add_argument("--quantiles", type=int, default=10, help="equal-width activation ranges up to each max")
+    examples.add_argument("--per-quantile", type=int, default=5, help="examples drawn per range")
+    examples.add_argument("--window", type=int, default=16, help="tokens kept on each side of an example")
+    examples.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         if args.command == "info":
@@ -62,6 +72,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         elif args.command == "verify":
             report = open_run(args.run).verify(hashes=not args.no_hashes)
             print(f"ok: {report.shards} shards, {report.tokens} tokens, {report.bytes} bytes")
+        elif args.command == "latent-examples":
+            import json
+
+            from .examples import latent_examples
+
+            ds = open_run(args.run)
+            ex = latent_examples(ds, args.name, top=args.top, quantiles=args.quantiles,
+                                 per_quantile=args.per_quantile, window=args.window, seed=args.seed)
+            fired = sorted(set(ex.arrays["latent"].tolist()))
+            with open(args.out, "w") as f:
+                json.dump({"name": args.name, "latents": [ex.latent(i) for i in fired]}, f)
+            print(f"wrote the examples of {len(fired)} latents of {args.name} to {args.out}")
         elif args.command == "export-delphi":
             from .delphi import export as export_delphi
 

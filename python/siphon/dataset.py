@@ -451,7 +451,8 @@ class Dataset:
     def latent_stats(self, name: str) -> Dict[str, Any]:
         """stats.json's statistics of latents column `name` over the tokens the run counts
         (mask-included): ``count``, ``firings`` and ``sums`` per latent (numpy), ``frequency``
-        (firings / count) and ``mean`` (of the stored values where a latent fired)."""
+        (firings / count), ``mean`` (of the stored values where a latent fired) and ``max``
+        (each latent's largest)."""
         checked_latents(name, self.latents)
         raw = self._location.read("stats.json")
         if raw is None:

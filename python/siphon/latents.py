@@ -330,7 +330,8 @@ def iter_latent_shards(
 def latents_stats(stats: Mapping[str, Any], name: str) -> Dict[str, Any]:
     """stats.json's statistics of latents column `name`: ``count`` (tokens counted),
     ``firings`` (int64 per latent), ``sums`` (float64 per latent), ``frequency`` (firings /
-    count) and ``mean`` (sums / firings, 0 where a latent never fired)."""
+    count), ``mean`` (sums / firings, 0 where a latent never fired) and, where the file has it,
+    ``max`` (float64 per latent, each one's largest value)."""
     entry = (stats.get("latents") or {}).get(name)
     if entry is None:
         raise DatasetError(f"stats.json has no statistics of latents {name!r}")
@@ -340,7 +341,10 @@ def latents_stats(stats: Mapping[str, Any], name: str) -> Dict[str, Any]:
     with np.errstate(invalid="ignore", divide="ignore"):
         frequency = firings / count if count else np.zeros(len(firings))
         mean = np.where(firings > 0, sums / np.maximum(firings, 1), 0.0)
-    return {"count": count, "firings": firings, "sums": sums, "frequency": frequency, "mean": mean}
+    out = {"count": count, "firings": firings, "sums": sums, "frequency": frequency, "mean": mean}
+    if "max" in entry:
+        out["max"] = np.asarray(entry["max"], dtype=np.float64)
+    return out
 
 
 def latent_tensor_names(latents: Mapping[str, LatentsInfo]) -> List[str]:
