@@ -189,3 +189,22 @@ def test_an_extracted_cache_exported_for_delphi_equals_delphis_own(runs: Path, t
                            capture_output=True, text=True, timeout=600)
     assert loads.returncode == 0, loads.stdout + loads.stderr
     assert "every latent with firings has its examples" in loads.stdout
+
+
+def test_inspect_lists_each_dictionarys_latents(sae_run: Path) -> None:
+    import subprocess
+
+    from conftest import siphon_binary
+
+    done = subprocess.run([siphon_binary(), "inspect", str(sae_run), "--json"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    stats = json.loads((sae_run / "stats.json").read_text())["latents"]
+    assert [c["name"] for c in report["latents"]] == [name for _, _, name in SAES]
+    for column in report["latents"]:
+        s = stats[column["name"]]
+        assert column["l0"] == pytest.approx(sum(s["firings"]) / s["count"])
+        # A TopK keeps its k (6) whatever the larger --latent-cap.
+        cap = 6 if column["name"].endswith("saelens-topk") else CAP
+        assert column["dead"] == sum(f == 0 for f in s["firings"]) and column["cap"] == cap

@@ -218,16 +218,17 @@ fn forward_writes_dictionary_latents_matching_the_librarys() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (header, data) = read_safetensors(&out);
-    for (dir, name) in [
-        (&topk, "blocks.1.hook_resid_post.hook_sae_acts_post.saelens-topk"),
-        (&gemma, "blocks.1.hook_resid_post.hook_sae_acts_post.layer_1_width_16k_average_l0_7"),
-        (&transcoder, "blocks.1.ln2.hook_normalized.hook_sae_acts_post"),
+    for (dir, name, cap) in [
+        // A TopK keeps its k (6), whatever the larger cap.
+        (&topk, "blocks.1.hook_resid_post.hook_sae_acts_post.saelens-topk", 6),
+        (&gemma, "blocks.1.hook_resid_post.hook_sae_acts_post.layer_1_width_16k_average_l0_7", 96),
+        (&transcoder, "blocks.1.ln2.hook_normalized.hook_sae_acts_post", 96),
     ] {
         let (golden_header, golden_data) = read_safetensors(&dir.join("golden.safetensors"));
         let (shape, want) = tensor_f32(&golden_header, &golden_data, "latents");
         let n = shape[1];
         let (got_shape, values) = tensor_f32(&header, &data, &format!("{name}.values"));
-        assert_eq!(got_shape, [1, seq, 96], "{name}");
+        assert_eq!(got_shape, [1, seq, cap], "{name}");
         let index = &header[format!("{name}.indices")];
         assert_eq!(index["dtype"], "I32", "{name}");
         let (a, b) =
@@ -236,9 +237,9 @@ fn forward_writes_dictionary_latents_matching_the_librarys() {
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         for token in 0..seq {
             let mut dense = vec![0f32; n];
-            for j in 0..96 {
-                if indices[token * 96 + j] >= 0 {
-                    dense[indices[token * 96 + j] as usize] = values[token * 96 + j];
+            for j in 0..cap {
+                if indices[token * cap + j] >= 0 {
+                    dense[indices[token * cap + j] as usize] = values[token * cap + j];
                 }
             }
             for (latent, (g, w)) in dense.iter().zip(&want[token * n..][..n]).enumerate() {

@@ -37,6 +37,8 @@ pub struct VerifyReport {
     pub shards_sha256: String,
     /// Hex sha256 of the run's `stats.json`, when it exists.
     pub stats_sha256: Option<String>,
+    /// The run's `stats.json`, when it parses.
+    pub stats: Option<StatsFile>,
 }
 
 impl VerifyReport {
@@ -168,6 +170,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
                                 .into(),
                         );
                     }
+                    report.stats = Some(file);
                 }
             }
         }

@@ -29,7 +29,8 @@ pub struct SaeArgs {
     #[arg(long, value_name = "DIR[@HOOK]", value_delimiter = ',')]
     pub sae: Vec<String>,
     /// Latents kept per token for every dictionary (its largest); a token firing more is an
-    /// error, never truncated. Default: a TopK dictionary's k, the dictionary's width otherwise.
+    /// error, never truncated. A TopK dictionary keeps at most its k; the default for others is
+    /// their width (`extract` asks for the cap).
     #[arg(long, value_name = "N")]
     pub latent_cap: Option<usize>,
 }
@@ -54,13 +55,12 @@ impl SaeArgs {
                 let hook = HookPoint::parse(&dictionary.hook, config).with_context(|| {
                     format!("--sae {spec}: its hook {} is not one of this model's", dictionary.hook)
                 })?;
-                let cap = self
-                    .latent_cap
-                    .unwrap_or(match dictionary.encoder {
-                        Encoder::TopK { k } => k,
-                        _ => dictionary.d_sae,
-                    })
-                    .min(dictionary.d_sae);
+                // A TopK keeps at most its k: a larger cap would only carry `-1`s.
+                let cap = match dictionary.encoder {
+                    Encoder::TopK { k } => self.latent_cap.map_or(k, |cap| cap.min(k)),
+                    _ => self.latent_cap.unwrap_or(dictionary.d_sae),
+                }
+                .min(dictionary.d_sae);
                 Ok(DictionaryHook { hook, dictionary: Arc::new(dictionary), cap })
             })
             .collect()

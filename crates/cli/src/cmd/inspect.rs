@@ -61,6 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     let notes = format_notes(report.format_version, &hooks);
+    let latents = latents_summary(&report);
     let bytes: u64 = report.hosts.iter().map(|h| h.bytes).sum();
     let seconds = timing.iter().map(|t| t.seconds).fold(0.0, f64::max);
 
@@ -79,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let out = serde_json::json!({
             "url": args.url, "ok": problems.is_empty(), "problems": problems, "format": format,
             "format_version": report.format_version, "hooks": hooks, "hook_shapes": report.hook_shapes,
-            "hook_shapes_from": shapes_from, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
+            "hook_shapes_from": shapes_from, "latents": latents, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
             "bytes": bytes, "hosts": hosts, "shards_sha256": report.shards_sha256,
             "stats_sha256": report.stats_sha256, "seconds": seconds, "timing": timing,
             "tokens_per_second": if seconds > 0.0 { report.tokens as f64 / seconds } else { 0.0 },
@@ -91,6 +92,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("  hooks ({}), per-token shape from {shapes_from}:", hooks.len());
         for hook in &hooks {
             println!("    {hook} {}", report.hook_shapes.get(hook).map_or("?".to_string(), |s| format!("{s:?}")));
+        }
+        if !latents.is_empty() {
+            println!("  dictionaries' latents ({}), CSR per shard:", latents.len());
+        }
+        for l in &latents {
+            println!(
+                "    {} [{} latents, cap {}] L0 {:.2}, {} never fired",
+                l["name"].as_str().unwrap_or("?"),
+                l["width"],
+                l["cap"],
+                l["l0"].as_f64().unwrap_or(f64::NAN),
+                l["dead"]
+            );
         }
         println!(
             "  dtype {dtype}; {} tokens ({} kept) in {}",
@@ -202,6 +216,23 @@ fn human_bytes(bytes: u64) -> String {
         unit += 1;
     }
     format!("{value:.1} {}", units[unit])
+}
+
+/// Each latents column of the run: its width and cap, and from the run's statistics its mean
+/// firings per counted token (L0) and the latents that never fired.
+fn latents_summary(report: &siphon_store::VerifyReport) -> Vec<serde_json::Value> {
+    let Some(run_json) = &report.run_json else { return Vec::new() };
+    run_json
+        .descriptor
+        .latents
+        .iter()
+        .map(|c| {
+            let stats = report.stats.as_ref().and_then(|s| s.latents.get(&c.name));
+            let l0 = stats.map(|s| s.firings.iter().sum::<u64>() as f64 / s.count.max(1) as f64);
+            let dead = stats.map(|s| s.firings.iter().filter(|&&f| f == 0).count());
+            serde_json::json!({ "name": c.name, "hook": c.hook, "width": c.width, "cap": c.cap, "l0": l0, "dead": dead })
+        })
+        .collect()
 }
 
 #[cfg(test)]
