@@ -290,8 +290,8 @@ fn forward_reads_dictionaries_from_the_hub() {
     let dicts = repo().join("fixtures/dictionaries");
     let served = tmp.path().join("hub");
     let copy = |from: &Path, to: &Path, files: &[&str]| {
-        std::fs::create_dir_all(to).unwrap();
         for f in files {
+            std::fs::create_dir_all(to.join(f).parent().unwrap()).unwrap();
             std::fs::copy(from.join(f), to.join(f)).unwrap();
         }
     };
@@ -305,6 +305,11 @@ fn forward_reads_dictionaries_from_the_hub() {
         &dicts.join("saelens-topk"),
         &served.join("org/saes/resolve/v1/topk"),
         &["cfg.json", "sae_weights.safetensors"],
+    );
+    copy(
+        &dicts.join("llama-scope/tiny-llama-L1R"),
+        &served.join("fnlp/llama-scope/resolve/main/L1R"),
+        &["hyperparams.json", "checkpoints/final.safetensors"],
     );
     let (_server, port) = common::python_server(|port| {
         let mut args: Vec<std::ffi::OsString> =
@@ -324,13 +329,15 @@ fn forward_reads_dictionaries_from_the_hub() {
             .unwrap()
     };
     let (hub, local) = (tmp.path().join("hub.safetensors"), tmp.path().join("local.safetensors"));
-    let from_hub = format!("hf://google/gemma-scope-2b-pt-res/{gemma},hf://org/saes@v1/topk");
+    // Llama Scope's by a bare Hub id (no such directory here).
+    let from_hub = format!("hf://google/gemma-scope-2b-pt-res/{gemma},hf://org/saes@v1/topk,fnlp/llama-scope/L1R");
     let o = run(&from_hub, &hub);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let on_disk = format!(
-        "{},{}",
+        "{},{},{}",
         dicts.join("gemma-scope-2b-pt-res").join(gemma).display(),
-        dicts.join("saelens-topk").display()
+        dicts.join("saelens-topk").display(),
+        dicts.join("llama-scope/tiny-llama-L1R").display()
     );
     let o = run(&on_disk, &local);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -341,7 +348,7 @@ fn forward_reads_dictionaries_from_the_hub() {
         names
     };
     // Two dictionaries on one hook: told apart by their names (the Hub copy's own).
-    assert_eq!(tensors(&hub_header).len(), 6, "{hub_header}");
+    assert_eq!(tensors(&hub_header).len(), 9, "{hub_header}");
     assert!(tensors(&hub_header).iter().any(|n| n.starts_with("blocks.1.hook_resid_post.hook_sae_acts_post.")));
     let bytes = |h: &serde_json::Value, d: &[u8]| -> Vec<Vec<u8>> {
         let mut all: Vec<(String, Vec<u8>)> = tensors(h)
@@ -368,6 +375,12 @@ fn forward_reads_dictionaries_from_the_hub() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && err.contains("neither cfg.json") && err.contains("hf://org/saes@v1/missing"),
+        "{err}"
+    );
+    let o = run("org/saes@v1/missing", &tmp.path().join("none.safetensors"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("org/saes@v1/missing is no directory here, so it was read as a Hub id"),
         "{err}"
     );
 }

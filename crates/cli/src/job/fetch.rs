@@ -61,10 +61,20 @@ pub fn local_model_path(spec: &Path) -> anyhow::Result<PathBuf> {
 /// downloaded once into `$SIPHON_CACHE/models/` — `hf://OWNER/NAME[@REVISION]/PATH` (a
 /// directory of the repository, kept under its own path, so that a layout that names the hook,
 /// as Gemma Scope's does, still does), or a `gs://`, `s3://`, `az://` or `http(s)://` URL of
-/// the directory. Whichever format the files are in: `cfg.json` with `sae_weights.safetensors`
-/// (SAELens) or `sae.safetensors` (sparsify), else `params.npz` (Gemma Scope).
+/// the directory; a bare `OWNER/NAME[@REVISION]/PATH` that is no directory here is read as
+/// `hf://`. Whichever format the files are in: `cfg.json` with `sae_weights.safetensors`
+/// (SAELens) or `sae.safetensors` (sparsify), else `hyperparams.json` with
+/// `checkpoints/final.safetensors` (Llama Scope), else `params.npz` (Gemma Scope).
 pub fn local_dictionary_path(spec: &str) -> anyhow::Result<PathBuf> {
-    let Some((scheme, rest)) = spec.split_once("://") else { return Ok(PathBuf::from(spec)) };
+    let Some((scheme, rest)) = spec.split_once("://") else {
+        let local = Path::new(spec);
+        let relative = !(spec.starts_with(['/', '.', '~']) || spec.ends_with('/'));
+        if !local.exists() && relative && spec.contains('/') {
+            return local_dictionary_path(&format!("hf://{spec}"))
+                .with_context(|| format!("{spec} is no directory here, so it was read as a Hub id"));
+        }
+        return Ok(PathBuf::from(spec));
+    };
     let (base, cache) = match scheme {
         "hf" => {
             let mut parts = rest.splitn(3, '/');
@@ -100,8 +110,14 @@ pub fn local_dictionary_path(spec: &str) -> anyhow::Result<PathBuf> {
             if !download(&location, saelens, &cache.join(saelens), false).await? {
                 download(&location, "sae.safetensors", &cache.join("sae.safetensors"), true).await?;
             }
+        } else if download(&location, "hyperparams.json", &cache.join("hyperparams.json"), false).await? {
+            let checkpoint = "checkpoints/final.safetensors";
+            download(&location, checkpoint, &cache.join(checkpoint), true).await?;
         } else if !download(&location, "params.npz", &cache.join("params.npz"), false).await? {
-            bail!("{spec}: neither cfg.json (SAELens, sparsify) nor params.npz (Gemma Scope) is there");
+            bail!(
+                "{spec}: neither cfg.json (SAELens, sparsify), hyperparams.json (Llama Scope) nor params.npz (Gemma \
+                 Scope) is there"
+            );
         }
         anyhow::Ok(())
     })?;
@@ -114,7 +130,9 @@ async fn download(location: &StoreLocation, name: &str, dest: &Path, required: b
     if dest.exists() {
         return Ok(true);
     }
-    let path = location.run_dir(name);
+    // A file in a folder (Llama Scope's checkpoints/): one path part per folder.
+    let path =
+        name.split('/').skip(1).fold(location.run_dir(name.split('/').next().unwrap_or(name)), |p, part| p.join(part));
     let bytes = match location.store().get(&path).await {
         Ok(result) => result.bytes().await.with_context(|| format!("downloading {name} from {}", location.url()))?,
         Err(object_store::Error::NotFound { .. }) if !required => return Ok(false),
