@@ -60,10 +60,10 @@ pub struct BatchLatents {
 }
 
 impl BatchLatents {
-    /// Token `t`'s firings and its kept latents as (index, value) pairs in the order given;
-    /// `Err` says what is wrong (more firings than kept, an index out of range or past the
-    /// firings).
-    pub(crate) fn token(&self, t: usize, width: usize) -> std::result::Result<Vec<(u32, f32)>, String> {
+    /// Token `t`'s kept latents as (index, value) pairs in the order given, into `kept`
+    /// (cleared first); `Err` says what is wrong (more firings than kept, an index out of range
+    /// or past the firings).
+    pub(crate) fn token(&self, t: usize, width: usize, kept: &mut Vec<(u32, f32)>) -> std::result::Result<(), String> {
         let word = |b: &Bytes, i: usize| [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
         let firings = i32::from_le_bytes(word(&self.firings, t));
         if firings < 0 || firings as usize > self.cap {
@@ -72,7 +72,7 @@ impl BatchLatents {
                 self.cap
             ));
         }
-        let mut kept = Vec::with_capacity(firings as usize);
+        kept.clear();
         for slot in t * self.cap..(t + 1) * self.cap {
             let index = i32::from_le_bytes(word(&self.indices, slot));
             if index < 0 {
@@ -86,7 +86,7 @@ impl BatchLatents {
         if kept.len() != firings as usize {
             return Err(format!("counts {firings} firings but holds {} latent indices", kept.len()));
         }
-        Ok(kept)
+        Ok(())
     }
 }
 

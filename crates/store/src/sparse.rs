@@ -18,6 +18,8 @@ pub(crate) struct SparseColumn {
     /// The values, little-endian in the stored dtype.
     values: Vec<u8>,
     stats: LatentStats,
+    /// One token's firings, reused.
+    fired: Vec<(u32, f32)>,
 }
 
 /// A sealed column's tensors.
@@ -30,7 +32,14 @@ pub(crate) struct CsrParts {
 
 impl SparseColumn {
     pub fn new(width: usize) -> Self {
-        SparseColumn { width, indptr: vec![0], indices: Vec::new(), values: Vec::new(), stats: LatentStats::new(width) }
+        SparseColumn {
+            width,
+            indptr: vec![0],
+            indices: Vec::new(),
+            values: Vec::new(),
+            stats: LatentStats::new(width),
+            fired: Vec::new(),
+        }
     }
 
     /// Bytes of the column's tensors so far.
@@ -42,32 +51,24 @@ impl SparseColumn {
     /// in the statistics when `included`. `Err` says what is wrong with the token (the caller
     /// names the column and the token).
     pub fn push(&mut self, latents: &BatchLatents, t: usize, included: bool, dtype: DType) -> Result<(), String> {
-        let mut fired = latents.token(t, self.width)?;
+        let mut fired = std::mem::take(&mut self.fired);
+        latents.token(t, self.width, &mut fired)?;
         fired.sort_unstable_by_key(|&(latent, _)| latent);
         if let Some(pair) = fired.windows(2).find(|p| p[0].0 == p[1].0) {
             return Err(format!("holds latent {} twice", pair[0].0));
         }
         let nnz = i32::try_from(self.indices.len() + fired.len())
-            .map_err(|_| "overflows the shard's i32 latent offsets: choose a smaller --shard-bytes".to_string())?;
-        let first = self.indices.len();
-        for &(latent, value) in &fired {
-            self.indices.push(latent as i32);
-            store_value(value, dtype, &mut self.values);
+            .map_err(|_| "overflows the shard's i32 latent offsets: choose a smaller --shard-size-mb".to_string())?;
+        for (latent, value) in &mut fired {
+            self.indices.push(*latent as i32);
+            *value = store_value(*value, dtype, &mut self.values);
         }
         self.indptr.push(nnz);
         if included {
-            let stored = self.stored_values(first, dtype);
-            self.stats.add_token(fired.iter().map(|&(latent, _)| latent as usize).zip(stored));
+            self.stats.add_token(fired.iter().map(|&(latent, value)| (latent as usize, value)));
         }
+        self.fired = fired;
         Ok(())
-    }
-
-    /// The values of entries `first..` as stored (rounded to `dtype`).
-    fn stored_values(&self, first: usize, dtype: DType) -> Vec<f32> {
-        let size = dtype.size();
-        let mut out = vec![0f32; self.indices.len() - first];
-        crate::stats::decode_row(dtype, &self.values[first * size..], &mut out);
-        out
     }
 
     /// The statistics of the included tokens so far.
@@ -86,12 +87,24 @@ impl SparseColumn {
     }
 }
 
-/// Appends `value` in `dtype` (f32, bf16 or f16: latents are never stored as fp8).
-fn store_value(value: f32, dtype: DType, out: &mut Vec<u8>) {
+/// Appends `value` in `dtype` (f32, bf16 or f16: latents are never stored as fp8); returns the
+/// value as stored.
+fn store_value(value: f32, dtype: DType, out: &mut Vec<u8>) -> f32 {
     match dtype {
-        DType::F32 => out.extend_from_slice(&value.to_le_bytes()),
-        DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(value).to_le_bytes()),
-        DType::F16 => out.extend_from_slice(&half::f16::from_f32(value).to_le_bytes()),
+        DType::F32 => {
+            out.extend_from_slice(&value.to_le_bytes());
+            value
+        }
+        DType::Bf16 => {
+            let stored = half::bf16::from_f32(value);
+            out.extend_from_slice(&stored.to_le_bytes());
+            stored.to_f32()
+        }
+        DType::F16 => {
+            let stored = half::f16::from_f32(value);
+            out.extend_from_slice(&stored.to_le_bytes());
+            stored.to_f32()
+        }
         DType::Fp8 | DType::U8 => {
             unreachable!("latents are stored as f32, bf16 or f16 (checked when the writer opens)")
         }
