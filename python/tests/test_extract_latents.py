@@ -82,11 +82,21 @@ def test_latents_equal_saelens_encode_of_the_stored_hooks(sae_run: Path) -> None
 
 
 def test_latents_alone_in_bf16_are_the_f32_run_rounded(sae_run: Path, runs: Path) -> None:
-    """No hook stored, values in bf16: each firing of the f32 run, rounded."""
+    """No hook stored, values in bf16: each firing of the f32 run, rounded. Shards of the
+    default size (a step of no hook rows once sized the host buffers' pool by dividing by zero
+    bytes)."""
+    import subprocess
+
     import ml_dtypes
 
+    from conftest import extract_command
+
     topk, hook, name = SAES[0]
-    run = extract(runs, "tiny-sae-bf16", dtype="bf16", hooks=[], extra=["--sae", str(DICTS / topk)])
+    cmd, env = extract_command(runs, "tiny-sae-bf16", dtype="bf16", hooks=[], extra=["--sae", str(DICTS / topk)])
+    cmd[cmd.index("--shard-size-mb") + 1] = "256"
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = runs / "tiny-sae-bf16"
     name = "blocks.1.hook_resid_post.hook_sae_acts_post"
     run_json = json.loads((run / "run.json").read_text())
     assert run_json["hooks"] == [] and run_json["latents"][0]["name"] == name

@@ -344,8 +344,12 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         .filter_map(|(sink, member)| match &sink.writer {
             Some((output::Output::Shards(writer), _)) => {
                 let (batches, bytes) = writer.holds_at_most();
-                let step = member.iter().sum::<usize>().max(1) as u64;
-                Some(batches + bytes.div_ceil(step) as usize + 1)
+                // A step of no hook rows (a dictionary's latents alone) lends the writer nothing.
+                let held = match member.iter().sum::<usize>() as u64 {
+                    0 => 0,
+                    step => bytes.div_ceil(step) as usize,
+                };
+                Some(batches + held + 1)
             }
             _ => None,
         })
