@@ -9,8 +9,8 @@ scripts/bench-latents.sh in a venv with delphi, SAELens, transformers and gguf::
     latents_vs_delphi.py bench --siphon BIN --model HF_DIR --sae SAE_DIR --corpus CORPUS \
         --layer 15 --tokens 16384,65536 --rounds 2 --batch-size 32 --work DIR [-- EXTRACT_FLAGS...]
 
-A siphon run is `siphon extract --sae SAE_DIR --hooks blocks.L.hook_resid_post --keep-excluded
---max-tokens N` as one host (one process, the CPU plugin, one device), then `python -m siphon
+A siphon run is `siphon extract --sae SAE_DIR --keep-excluded --max-tokens N` (the latents alone,
+not the hook they read) as one host (one process, the CPU plugin, one device), then `python -m siphon
 export-delphi RUN OUT --keep-excluded-latents` (delphi's layout). A delphi run is a fresh
 Python process: `AutoModel.from_pretrained(HF_DIR, float32)`, the SAE's own encoder
 (`SAE.load_from_disk(SAE_DIR).encode`, as delphi takes a SAELens dictionary),
@@ -202,7 +202,7 @@ def export_tokens(export_hook_dir: pathlib.Path) -> Any:
 def siphon_round(args: argparse.Namespace, extra: List[str], n: int, out: pathlib.Path) -> Dict[str, Any]:
     run = out / "run" / "bench"
     cmd = [args.siphon, "extract", "--model", args.model, "--corpus", args.corpus, "--sae", args.sae,
-           "--hooks", f"blocks.{args.layer}.hook_resid_post", "--seq-len", str(args.ctx),
+           "--seq-len", str(args.ctx),
            "--batch-size", str(args.batch_size), "--max-tokens", str(n), "--keep-excluded",
            "--cpu-devices", "1", "--output", str(out / "run"), "--run", "bench", "--log-format", "plain", *extra]
     m = timed(cmd)
