@@ -69,6 +69,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let mut spec = options.resolve(Some(&model.config), identity.total_machines)?;
     let dictionaries = options.dictionaries.open_capped(&model.config)?;
+    let fingerprints: Vec<String> = dictionaries.iter().map(|d| dictionary_fingerprint(&d.dictionary)).collect();
     let corpus = options.corpus.open()?;
     let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
     let text_tokenizer = model.tokenizer.as_ref();
@@ -115,7 +116,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     })?;
     coord.install_failure_reporting();
 
-    let prepared = Prepared { spec, model, compute_plan, corpus, tokenizer, pack, chat, plugin };
+    let prepared = Prepared { spec, model, compute_plan, corpus, tokenizer, pack, chat, plugin, fingerprints };
     let result = run_joined(&coord, host, prepared, &options);
     if let Err(err) = &result
         && coord.job_error().is_none()
@@ -176,6 +177,8 @@ struct Prepared {
     pack: PackConfig,
     chat: Option<Arc<siphon_data::ChatTemplate>>,
     plugin: siphon_runtime::LocatedPlugin,
+    /// Each dictionary's [`dictionary_fingerprint`].
+    fingerprints: Vec<String>,
 }
 
 /// One member's share of the loop: the stream of its reader's corpus slice (its writer, if
@@ -201,7 +204,7 @@ impl Lane {
 }
 
 fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &ExtractOptions) -> anyhow::Result<()> {
-    let Prepared { spec, model, compute_plan, corpus, tokenizer, pack, chat, plugin } = prepared;
+    let Prepared { spec, model, compute_plan, corpus, tokenizer, pack, chat, plugin, fingerprints } = prepared;
     let spec = &spec;
     // 4. Config broadcast: every host must run the same code on the same configuration.
     let plugin_sha256 = sha256_file(&plugin.path)?;
@@ -211,6 +214,8 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         "corpus_fingerprint": format!("{:016x}", corpus.fingerprint()),
         "siphon_version": env!("CARGO_PKG_VERSION"),
         "plugin_sha256": plugin_sha256,
+        // What the dictionaries' files hold, not only their paths.
+        "dictionaries_sha256": fingerprints,
     });
     let run_info = coord
         .broadcast_config(&compared, BARRIER_TIMEOUT)
@@ -233,7 +238,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         model: json!({ "path": spec.model, "config": compute.model_config() }),
         hooks: spec.hooks.clone(),
         hook_shapes: compute.hook_shapes(spec.corpus.seq_len),
-        latents: latents_columns(compute.dictionaries()),
+        latents: latents_columns(compute.dictionaries(), &fingerprints),
         mesh: compute.mesh_json(),
         partition: json!({ "machines": partition.machines, "hosts": partition.hosts }),
         config: serde_json::to_value(spec)?,
@@ -573,12 +578,13 @@ fn output_path_failed(pipeline: pipeline::Pipeline) -> anyhow::Error {
 
 /// The store's latents columns of the run's dictionaries: named as SAELens's
 /// `HookedSAETransformer` names them, each described in run.json.
-fn latents_columns(dictionaries: &[siphon_models::DictionaryHook]) -> Vec<LatentsColumn> {
+fn latents_columns(dictionaries: &[siphon_models::DictionaryHook], fingerprints: &[String]) -> Vec<LatentsColumn> {
     let names = siphon_models::DictionaryHook::names(dictionaries);
     dictionaries
         .iter()
         .zip(names)
-        .map(|(d, name)| LatentsColumn {
+        .zip(fingerprints)
+        .map(|((d, name), sha256)| LatentsColumn {
             name,
             hook: d.hook.to_string(),
             width: d.dictionary.d_sae,
@@ -590,6 +596,7 @@ fn latents_columns(dictionaries: &[siphon_models::DictionaryHook]) -> Vec<Latent
                 "encoder": format!("{:?}", d.dictionary.encoder),
                 "normalize": format!("{:?}", d.dictionary.normalize),
                 "subtract_b_dec": d.dictionary.subtract_b_dec,
+                "sha256": sha256,
             }),
         })
         .collect()
@@ -635,6 +642,22 @@ fn store_config(spec: &RunSpec, run: &str, host: HostId, give_up_after: Duration
     Ok(config)
 }
 
+/// A dictionary's identity, which every host must share: sha256 over its encoder's description
+/// and its tensors' names, shapes and f32 values, as siphon computes with them (hosts that read
+/// different files under one path are caught at the configuration check).
+fn dictionary_fingerprint(d: &siphon_models::dictionary::Dictionary) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(format!("{}|{}|{}|{:?}|{:?}|{}", d.hook, d.d_in, d.d_sae, d.encoder, d.normalize, d.subtract_b_dec));
+    for t in &d.tensors {
+        hasher.update(format!("|{}{:?}|", t.name, t.shape));
+        for chunk in t.values.chunks(1 << 14) {
+            hasher.update(chunk.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        }
+    }
+    hex_string(&hasher.finalize())
+}
+
 fn sha256_file(path: &std::path::Path) -> anyhow::Result<String> {
     use sha2::Digest;
     let mut file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -650,6 +673,21 @@ fn hex_string(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dictionarys_fingerprint_follows_its_values_and_description() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/dictionaries/saelens-topk");
+        let d = siphon_models::dictionary::Dictionary::open(&dir, None).unwrap();
+        let same = siphon_models::dictionary::Dictionary::open(&dir, None).unwrap();
+        assert_eq!(dictionary_fingerprint(&d), dictionary_fingerprint(&same));
+        let mut value = d.clone();
+        value.tensors[0].values[7] += 1e-6;
+        let mut encoder = d.clone();
+        encoder.subtract_b_dec = !encoder.subtract_b_dec;
+        for other in [value, encoder] {
+            assert_ne!(dictionary_fingerprint(&d), dictionary_fingerprint(&other));
+        }
+    }
 
     #[test]
     fn a_step_runs_while_any_reader_has_a_batch_and_a_desync_stops_it() {
