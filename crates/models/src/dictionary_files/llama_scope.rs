@@ -108,15 +108,10 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
 
     let file = Safetensors::read(&dir.join(WEIGHTS))?;
     let read = |name: &'static str| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")));
-    let Tensor { shape, values: weight, .. } = read("encoder.weight")?;
-    let [d_sae, width] = shape[..] else {
-        return Err(refuse(format!("encoder.weight is {shape:?}, not [d_sae, d_model]")));
-    };
-    if width != d_model {
-        return Err(refuse(format!("encoder.weight is {shape:?}, d_model is {d_model}")));
-    }
+    let weight = read("encoder.weight")?;
+    let d_sae = super::encoder_latents(&weight, d_model, "d_model").map_err(refuse)?;
     if let Some(n) = hp.d_sae.filter(|&n| n != d_sae) {
-        return Err(refuse(format!("encoder.weight is {shape:?}, d_sae is {n}")));
+        return Err(refuse(format!("encoder.weight is {:?}, d_sae is {n}", weight.shape)));
     }
     let bias = read("encoder.bias")?;
     if bias.shape != [d_sae] {
@@ -139,13 +134,7 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
     } else {
         vec![1.0; d_sae]
     };
-    // `encoder.weight` is `[d_sae, d_model]`; the encoder reads `W_enc` `[d_in, d_sae]`.
-    let mut w_enc = vec![0.0; d_model * d_sae];
-    for (latent, row) in weight.chunks_exact(d_model).enumerate() {
-        for (i, &v) in row.iter().enumerate() {
-            w_enc[i * d_sae + latent] = (f64::from(v) * norms[latent]) as f32;
-        }
-    }
+    let w_enc = super::transposed_encoder(&weight, d_sae, |latent| norms[latent]);
     let b_enc = bias.values.iter().zip(&norms).map(|(&b, n)| (f64::from(b) / scale_in * n) as f32).collect();
     let encoder = Encoder::JumpRelu;
     let tensors = vec![

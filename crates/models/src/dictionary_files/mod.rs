@@ -99,3 +99,30 @@ impl Dictionary {
         Ok(dict)
     }
 }
+
+/// The latents of a torch `Linear` encoder's `encoder.weight` `[d_sae, d_in]` (sparsify's and
+/// lm-saes's layout); `Err` names a shape that is not `[d_sae, d_in]` (`d_in` as the format
+/// calls it: `input`).
+pub(crate) fn encoder_latents(weight: &Tensor, d_in: usize, input: &str) -> Result<usize, String> {
+    let shape = &weight.shape;
+    match shape[..] {
+        [d_sae, width] if width == d_in => Ok(d_sae),
+        [_, _] => Err(format!("encoder.weight is {shape:?}, {input} is {d_in}")),
+        _ => Err(format!("encoder.weight is {shape:?}, not [d_sae, {input}]")),
+    }
+}
+
+/// `encoder.weight` `[d_sae, d_in]` ([`encoder_latents`] checked it) as the `W_enc`
+/// `[d_in, d_sae]` the encoder reads, each latent's row times `scale(latent)` (1 leaves it
+/// exact).
+pub(crate) fn transposed_encoder(weight: &Tensor, d_sae: usize, scale: impl Fn(usize) -> f64) -> Vec<f32> {
+    let d_in = weight.values.len() / d_sae;
+    let mut w_enc = vec![0.0; d_in * d_sae];
+    for (latent, row) in weight.values.chunks_exact(d_in).enumerate() {
+        let factor = scale(latent);
+        for (i, &v) in row.iter().enumerate() {
+            w_enc[i * d_sae + latent] = (f64::from(v) * factor) as f32;
+        }
+    }
+    w_enc
+}

@@ -45,20 +45,9 @@ pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
 
     let file = Safetensors::read(&dir.join(WEIGHTS))?;
     let read = |name: &'static str| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")));
-    let Tensor { shape, values: weight, .. } = read("encoder.weight")?;
-    let [d_sae, width] = shape[..] else {
-        return Err(refuse(format!("encoder.weight is {shape:?}, not [latents, d_in]")));
-    };
-    if width != d_in {
-        return Err(refuse(format!("encoder.weight is {shape:?}, d_in is {d_in}")));
-    }
-    // `encoder.weight` is `[d_sae, d_in]`; the encoder reads `W_enc` `[d_in, d_sae]`.
-    let mut w_enc = vec![0.0; d_in * d_sae];
-    for (latent, row) in weight.chunks_exact(d_in).enumerate() {
-        for (i, &v) in row.iter().enumerate() {
-            w_enc[i * d_sae + latent] = v;
-        }
-    }
+    let weight = read("encoder.weight")?;
+    let d_sae = super::encoder_latents(&weight, d_in, "d_in").map_err(refuse)?;
+    let w_enc = super::transposed_encoder(&weight, d_sae, |_| 1.0);
     let encoder = Encoder::TopK { k };
     let subtract_b_dec = !transcode;
     let mut tensors = vec![
