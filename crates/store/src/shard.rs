@@ -500,12 +500,8 @@ pub fn summarize_shard(
     let mut hook_shapes = BTreeMap::new();
     for (i, hook) in hooks.iter().enumerate() {
         let t = st.tensor(hook).map_err(|e| bad(format!("hook {hook}: {e}")))?;
-        let dtype = match t.dtype() {
-            safetensors::Dtype::F32 => DType::F32,
-            safetensors::Dtype::BF16 => DType::Bf16,
-            safetensors::Dtype::F16 => DType::F16,
-            safetensors::Dtype::F8_E4M3 => DType::Fp8,
-            other => return Err(bad(format!("hook {hook} has dtype {other:?}"))),
+        let Some(dtype) = stored_dtype(t.dtype()) else {
+            return Err(bad(format!("hook {hook} has dtype {:?}", t.dtype())));
         };
         let Some((&rows, token_shape)) = t.shape().split_first() else {
             return Err(bad(format!("hook {hook} is a scalar, expected [{tokens}, *per-token shape]")));
@@ -550,7 +546,18 @@ pub fn summarize_shard(
     Ok(ShardSummary { metadata, format_version, hook_shapes, tokens: tokens as u64, included_tokens, stats })
 }
 
-fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Bytes {
+/// The element type of a stored activation tensor; `None` for a dtype siphon never stores.
+pub(crate) fn stored_dtype(dtype: safetensors::Dtype) -> Option<DType> {
+    match dtype {
+        safetensors::Dtype::F32 => Some(DType::F32),
+        safetensors::Dtype::BF16 => Some(DType::Bf16),
+        safetensors::Dtype::F16 => Some(DType::F16),
+        safetensors::Dtype::F8_E4M3 => Some(DType::Fp8),
+        _ => None,
+    }
+}
+
+pub(crate) fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Bytes {
     let mut out = Vec::with_capacity(values.len() * N);
     for &v in values {
         out.extend_from_slice(&f(v));

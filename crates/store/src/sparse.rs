@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use crate::batch::{BatchLatents, DType};
 use crate::config::LatentsColumn;
+use crate::shard::{le_bytes, stored_dtype};
 use crate::stats::LatentStats;
 
 /// A latents column's rows so far.
@@ -77,11 +78,10 @@ impl SparseColumn {
     }
 
     pub fn into_parts(self) -> CsrParts {
-        let words = |v: Vec<i32>| Bytes::from(v.into_iter().flat_map(i32::to_le_bytes).collect::<Vec<u8>>());
         CsrParts {
             nnz: self.indices.len(),
-            indptr: words(self.indptr),
-            indices: words(self.indices),
+            indptr: le_bytes(&self.indptr, i32::to_le_bytes),
+            indices: le_bytes(&self.indices, i32::to_le_bytes),
             values: Bytes::from(self.values),
         }
     }
@@ -124,11 +124,9 @@ pub(crate) fn summarize(
     let [indptr_name, indices_name, values_name] = column.tensor_names();
     let tensor = |name: &str| st.tensor(name).map_err(|e| format!("{name}: {e}"));
     let (indptr, indices, values) = (tensor(&indptr_name)?, tensor(&indices_name)?, tensor(&values_name)?);
-    let dtype = match values.dtype() {
-        safetensors::Dtype::F32 => DType::F32,
-        safetensors::Dtype::BF16 => DType::Bf16,
-        safetensors::Dtype::F16 => DType::F16,
-        other => return Err(format!("{values_name} is {other:?}, expected F32, BF16 or F16")),
+    let dtype = match stored_dtype(values.dtype()) {
+        Some(dtype @ (DType::F32 | DType::Bf16 | DType::F16)) => dtype,
+        _ => return Err(format!("{values_name} is {:?}, expected F32, BF16 or F16", values.dtype())),
     };
     let words = |t: &safetensors::tensor::TensorView<'_>| -> Vec<i32> {
         t.data().chunks_exact(4).map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect()
