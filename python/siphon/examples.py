@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import numpy as np
 
 from .errors import DatasetError
-from .latents import LatentShard
+from .latents import LatentShard, checked_latents
 
 #: The example arrays of a `LatentExamples`, each with one entry per example.
 FIELDS = ("latent", "kind", "value", "row", "priority", "doc_index", "position")
@@ -169,11 +169,7 @@ def latent_examples(
                                ("window", window, 0)):
         if value < least:
             raise DatasetError(f"{what} must be at least {least}, got {value}")
-    info = dataset.latents[name] if name in dataset.latents else None
-    if info is None:
-        from .latents import checked_latents
-
-        info = checked_latents(name, dataset.latents)
+    info = checked_latents(name, dataset.latents)
     shuffle = dataset.run.get("shard_format", {}).get("shuffle")
     if shuffle and window > 0:
         raise DatasetError(

@@ -131,8 +131,9 @@ async fn download(location: &StoreLocation, name: &str, dest: &Path, required: b
         return Ok(true);
     }
     // A file in a folder (Llama Scope's checkpoints/): one path part per folder.
-    let path =
-        name.split('/').skip(1).fold(location.run_dir(name.split('/').next().unwrap_or(name)), |p, part| p.join(part));
+    let mut parts = name.split('/');
+    let first = location.run_dir(parts.next().unwrap_or(name));
+    let path = parts.fold(first, |path, part| path.join(part));
     let bytes = match location.store().get(&path).await {
         Ok(result) => result.bytes().await.with_context(|| format!("downloading {name} from {}", location.url()))?,
         Err(object_store::Error::NotFound { .. }) if !required => return Ok(false),
