@@ -1,20 +1,24 @@
 //! Compiling the engine's program for devices this process does not hold: a TPU slice that
-//! libtpu describes on a CPU-only machine ([`siphon_runtime::Topology`]), with no weights
-//! and no client.
+//! libtpu describes, or GPUs the CUDA plugin describes from a target description, on a
+//! CPU-only machine ([`siphon_runtime::Topology`]), with no weights and no client.
 //!
 //! The program is the one [`crate::Engine`] would compile on those devices: the same
 //! [`ForwardSpec`] (hooks, dtypes, shardings, stored weight forms, the weights its graph
 //! reads), built by the same code, on the mesh's devices taken host by host from the
 //! topology — so the compiler's per-device memory and cost are those of the run. Programs for
-//! another platform never call siphon's CPU kernels: a mixture's experts take XLA's sorted
-//! dispatch in StableHLO, exact as on the CPU.
+//! a TPU never call siphon's kernels: a mixture's experts take XLA's sorted dispatch in
+//! StableHLO, exact as on the CPU. Programs for CUDA take what a CUDA client takes: cuDNN's
+//! fused attention over right-padded rows (`EngineOptions::right_padded`) and siphon's grouped
+//! expert products, whose handlers are registered for the compile; cuDNN builds and checks
+//! each attention's graph for the target ([`CUDNN_DEVICELESS`]), and the compiled program's
+//! instructions come back ([`AotProgram::instructions`]) to say which calls it kept.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
 use siphon_mesh::Mesh;
 use siphon_models::{ForwardProgram, HookPoint, ModelConfig, StoredForm, build_forward};
-use siphon_runtime::{CompileOptions, CompiledMemoryStats, Topology};
+use siphon_runtime::{CompileOptions, CompiledMemoryStats, HloInstruction, Topology, XlaOption};
 
 use crate::{EngineError, EngineOptions, ProgramSpec, check, rt, stored_on};
 
@@ -54,7 +58,16 @@ pub struct AotProgram {
     pub bytes_accessed: Option<f64>,
     /// Seconds the compiler took.
     pub compile_seconds: f64,
+    /// For a CUDA topology, the compiled program's instructions (which library and custom
+    /// calls it kept, under which op names); empty elsewhere.
+    pub instructions: Vec<HloInstruction>,
 }
+
+/// The XLA option that makes a compile without a GPU ask cuDNN to build and check each fused
+/// attention's graph for the target (`xla_gpu_cudnn_deviceless_compilation_mode`: by default
+/// such a compile keeps the call unchecked, and an executable without its graph).
+pub const CUDNN_DEVICELESS: (&str, &str) =
+    ("xla_gpu_cudnn_deviceless_compilation_mode", "CUDNN_DEVICELESS_COMPILATION_AUTO");
 
 /// Builds the engine's program for `request` and compiles it for `topology`: the planner's
 /// device `i` is the topology's `i`-th device host by host
@@ -69,6 +82,8 @@ pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgra
     })?;
     let mut options = request.options.clone();
     options.mesh = mesh.clone();
+    let cuda = topology.platform_name().eq_ignore_ascii_case("cuda");
+    let cuda_kernels = cuda && topology.cuda_kernels();
     let (param_specs, input_spec) = options.plan.specs(request.config, &mesh);
     let mut stored = HashMap::new();
     let spec = |stored: &HashMap<String, StoredForm>, batch, seq, params: &[_]| {
@@ -79,8 +94,8 @@ pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgra
             input_spec: &input_spec,
             stored,
             cpu_kernels: false,
-            cuda_kernels: false,
-            cuda: false,
+            cuda_kernels,
+            cuda,
         }
         .forward(batch, seq, params)
     };
@@ -99,11 +114,15 @@ pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgra
         probe = build_forward(request.config, &spec(&stored, probe_batch, 1, &[]))?;
     }
     let program = build_forward(request.config, &spec(&stored, request.batch, request.seq, &probe.params))?;
-    let compile_options = if mesh.num_devices() > 1 {
+    let mut compile_options = if mesh.num_devices() > 1 {
         CompileOptions::spmd(&mesh)
     } else {
         CompileOptions::single_device(Some(mesh.device_ids()[0]))
     };
+    if cuda {
+        let (name, value) = CUDNN_DEVICELESS;
+        compile_options.xla_options.push((name.into(), XlaOption::Str(value.into())));
+    }
     let start = Instant::now();
     let context = || format!("compiling the forward for {}", topology.name());
     let compiled = rt(context, topology.compile(&program.text, &compile_options))?;
@@ -111,5 +130,6 @@ pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgra
     let memory = rt(context, compiled.memory_stats())?;
     let flops = rt(context, compiled.cost("flops"))?;
     let bytes_accessed = rt(context, compiled.cost("bytes accessed"))?;
-    Ok(AotProgram { program, mesh, stored, memory, flops, bytes_accessed, compile_seconds })
+    let instructions = if cuda { rt(context, compiled.optimized_instructions())? } else { Vec::new() };
+    Ok(AotProgram { program, mesh, stored, memory, flops, bytes_accessed, compile_seconds, instructions })
 }

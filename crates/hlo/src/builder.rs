@@ -821,6 +821,19 @@ impl Builder {
     /// XLA FFI call (`api_version = 4`): the plugin must have a handler registered as
     /// `target`, which checks the operands itself.
     pub fn custom_call(&mut self, target: &str, operands: &[Value], result: TensorType) -> Result<Value> {
+        self.custom_call_at(target, operands, result, None)
+    }
+
+    /// [`Builder::custom_call`] with the op named `name` (`loc("name")`): XLA keeps the name
+    /// as the instruction's `op_name`, so the compiled program says which call is which.
+    pub fn custom_call_at(
+        &mut self,
+        target: &str,
+        operands: &[Value],
+        result: TensorType,
+        name: Option<&str>,
+    ) -> Result<Value> {
+        let loc = location(name)?;
         if target.is_empty() || !target.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') {
             return Err(shape_err("custom_call", format!("target {target:?} is not a plain identifier")));
         }
@@ -828,7 +841,7 @@ impl Builder {
             operands.iter().map(|&v| self.ty_of("custom_call", v).map(ToString::to_string)).collect::<Result<_>>()?;
         let names: Vec<&str> = operands.iter().map(|&v| self.name(v)).collect();
         let line = format!(
-            "stablehlo.custom_call @{target}({}) {{api_version = 4 : i32}} : ({}) -> {result}",
+            "stablehlo.custom_call @{target}({}) {{api_version = 4 : i32}} : ({}) -> {result}{loc}",
             names.join(", "),
             types.join(", ")
         );
@@ -838,7 +851,8 @@ impl Builder {
     /// `stablehlo.custom_call @target(operands)` of the older, untyped convention XLA's own
     /// library calls use (`api_version = 2`: cuDNN's `__cudnn$fmhaSoftmax`), with a
     /// `backend_config` string, row-major operand layouts and the given result layouts
-    /// (`minor_to_major` per result); returns one value per result type.
+    /// (`minor_to_major` per result); returns one value per result type. `name`, if any,
+    /// names the op (`loc("name")`), as in [`Builder::custom_call_at`].
     pub fn library_call(
         &mut self,
         target: &str,
@@ -846,7 +860,9 @@ impl Builder {
         results: &[TensorType],
         backend_config: &str,
         result_layouts: &[Vec<usize>],
+        name: Option<&str>,
     ) -> Result<Vec<Value>> {
+        let loc = location(name)?;
         let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c == b'.';
         if target.is_empty() || !target.bytes().all(plain) {
             return Err(shape_err("library_call", format!("target {target:?} is not an identifier")));
@@ -878,7 +894,7 @@ impl Builder {
         let config = backend_config.replace('\\', "\\\\").replace('"', "\\\"");
         let line = format!(
             "stablehlo.custom_call @{target}({}) {{api_version = 2 : i32, backend_config = \"{config}\", \
-             operand_layouts = [{}], result_layouts = [{}]}} : ({}) -> ({})",
+             operand_layouts = [{}], result_layouts = [{}]}} : ({}) -> ({}){loc}",
             names.join(", "),
             types.iter().map(row_major).collect::<Vec<_>>().join(", "),
             result_layouts.iter().map(|l| layout(l)).collect::<Vec<_>>().join(", "),
@@ -972,6 +988,75 @@ impl Builder {
             names.join(", ")
         );
         Ok(self.emit_many(line, types))
+    }
+
+    /// `sdy.manual_computation` over every axis of the builder's mesh (what JAX's
+    /// `shard_map` lowers to): `body` gets each operand's part on one device — its dims divided
+    /// by the axes its `in_specs` entry splits them over — and returns each result's part,
+    /// which `out_specs` assemble into the results; nothing is partitioned inside, so a library
+    /// call without a sharding rule runs on each device's part as it is. An operand not split
+    /// over an axis is whole on each of its devices; a result not split over one must be the
+    /// same on all of them. Values from outside are passed in as operands (using one is an
+    /// error); the body's results must split evenly.
+    pub fn manual_computation(
+        &mut self,
+        operands: &[Value],
+        in_specs: &[PartitionSpec],
+        out_specs: &[PartitionSpec],
+        body: impl FnOnce(&mut Builder, &[Value]) -> Result<Vec<Value>>,
+    ) -> Result<Vec<Value>> {
+        let mesh = self.mesh.clone().ok_or_else(|| HloError::NoMesh("manual_computation".into()))?;
+        if operands.len() != in_specs.len() || out_specs.is_empty() {
+            return Err(shape_err(
+                "manual_computation",
+                format!("{} operands with {} specs, {} result specs", operands.len(), in_specs.len(), out_specs.len()),
+            ));
+        }
+        let globals: Vec<TensorType> =
+            operands.iter().map(|&v| self.ty_of("manual_computation", v).cloned()).collect::<Result<_>>()?;
+        let mut locals = Vec::with_capacity(globals.len());
+        for (i, (ty, spec)) in globals.iter().zip(in_specs).enumerate() {
+            let what = format!("manual_computation operand {i} {ty}");
+            let dims = spec.shard_shape(ty.dims(), &mesh).map_err(|source| HloError::Sharding { what, source })?;
+            locals.push(TensorType::new(ty.dtype(), &dims));
+        }
+        let r = self.regions;
+        self.regions += 1;
+        let block = self.block(&format!("m{r}"), &locals, body)?;
+        if block.results.len() != out_specs.len() {
+            return Err(shape_err(
+                "manual_computation",
+                format!("the body returns {} values for {} result specs", block.results.len(), out_specs.len()),
+            ));
+        }
+        let mut results = Vec::with_capacity(out_specs.len());
+        for (ty, spec) in block.results.iter().zip(out_specs) {
+            if spec.dims().len() != ty.rank() {
+                return Err(shape_err("manual_computation", format!("result spec {spec} for {ty}")));
+            }
+            let dims: Vec<usize> =
+                ty.dims().iter().zip(spec.dims()).map(|(&d, axes)| d * spec_ways(axes, &mesh)).collect();
+            results.push(TensorType::new(ty.dtype(), &dims));
+        }
+        let specs = |specs: &[PartitionSpec]| specs.iter().map(sharding_body).collect::<Vec<_>>().join(", ");
+        let axes: Vec<String> = mesh.axes().iter().map(|a| format!("\"{}\"", a.name)).collect();
+        let names: Vec<&str> = operands.iter().map(|&v| self.name(v)).collect();
+        let tys = |t: &[TensorType]| t.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        let line = format!(
+            "sdy.manual_computation({}) in_shardings=[{}] out_shardings=[{}] manual_axes={{{}}} ({}) {{\n{}      \
+             sdy.return {} : {}\n    }} : ({}) -> ({})",
+            names.join(", "),
+            specs(in_specs),
+            specs(out_specs),
+            axes.join(", "),
+            block.params,
+            block.body,
+            block.returned,
+            block.result_types(),
+            tys(&globals),
+            tys(&results),
+        );
+        Ok(self.emit_many(line, results))
     }
 
     // ---------------------------------------------------------------- finish
@@ -1068,31 +1153,44 @@ impl Builder {
         results: &[TensorType],
         f: impl FnOnce(&mut Builder, &[Value]) -> Result<Vec<Value>>,
     ) -> Result<String> {
+        let block = self.block(prefix, args, f)?;
+        if block.results != results {
+            return Err(shape_err("region", format!("returns {:?}, must return {results:?}", block.results)));
+        }
+        Ok(format!(
+            "    ^bb0({}):\n{}      \"stablehlo.return\"({}) : ({}) -> ()\n",
+            block.params,
+            block.body,
+            block.returned,
+            block.result_types()
+        ))
+    }
+
+    /// Builds a block with `f` on arguments of `args`, values of the builder outside it out of
+    /// its reach and its own out of reach after it: its parameters, body and returned values.
+    fn block(
+        &mut self,
+        prefix: &str,
+        args: &[TensorType],
+        f: impl FnOnce(&mut Builder, &[Value]) -> Result<Vec<Value>>,
+    ) -> Result<Block> {
         let outer = std::mem::take(&mut self.body);
         let floor = self.types.len();
         let vals: Vec<Value> =
             args.iter().enumerate().map(|(i, t)| self.push_value(format!("%{prefix}_{i}"), t.clone())).collect();
         self.floors.push(floor);
         let built = f(self, &vals).and_then(|out| {
-            let got: Vec<TensorType> = out.iter().map(|&v| self.ty_of("region", v).cloned()).collect::<Result<_>>()?;
-            if got != results {
-                return Err(shape_err("region", format!("returns {got:?}, must return {results:?}")));
-            }
-            Ok(out)
+            let types: Vec<TensorType> =
+                out.iter().map(|&v| self.ty_of("region", v).cloned()).collect::<Result<_>>()?;
+            Ok((out, types))
         });
         self.floors.pop();
         self.closed.push(floor..self.types.len());
-        let inner = std::mem::replace(&mut self.body, outer);
-        let out = built?;
+        let body = std::mem::replace(&mut self.body, outer);
+        let (out, results) = built?;
         let params: Vec<String> = vals.iter().zip(args).map(|(v, t)| format!("{}: {t}", self.name(*v))).collect();
         let names: Vec<&str> = out.iter().map(|&v| self.name(v)).collect();
-        let tys: Vec<String> = results.iter().map(ToString::to_string).collect();
-        Ok(format!(
-            "    ^bb0({}):\n{inner}      \"stablehlo.return\"({}) : ({}) -> ()\n",
-            params.join(", "),
-            names.join(", "),
-            tys.join(", ")
-        ))
+        Ok(Block { params: params.join(", "), body, returned: names.join(", "), results })
     }
 
     fn check_spec(&self, what: &str, spec: &PartitionSpec, dims: &[usize], divisible: bool) -> Result<()> {
@@ -1174,6 +1272,38 @@ impl Kind {
             };
             Err(dtype_err(op, format!("{t} is not {want}")))
         }
+    }
+}
+
+/// A block [`Builder::block`] built: its parameters, body text, the names it returns and their
+/// types.
+struct Block {
+    params: String,
+    body: String,
+    returned: String,
+    results: Vec<TensorType>,
+}
+
+impl Block {
+    fn result_types(&self) -> String {
+        self.results.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// How many parts the mesh axes `axes` split a dimension into.
+fn spec_ways(axes: &[String], mesh: &Mesh) -> usize {
+    axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1)).product()
+}
+
+/// ` loc("name")` for an op named `name` (nothing for `None`); a name is letters, digits and
+/// `._-/`, so that it needs no escaping.
+fn location(name: Option<&str>) -> Result<String> {
+    match name {
+        None => Ok(String::new()),
+        Some(n) if !n.is_empty() && n.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-/".contains(&c)) => {
+            Ok(format!(" loc(\"{n}\")"))
+        }
+        Some(n) => Err(shape_err("loc", format!("op name {n:?} is not letters, digits and ._-/"))),
     }
 }
 

@@ -181,6 +181,67 @@ fn sharded_mlp_on_2x4_mesh_equals_single_device_and_rust() {
     close(&y, &matmul_t(&want_h, &downs, 8, 32, 16), 1e-5, "y vs rust");
 }
 
+/// `manual_computation`: each device's body sees its own rows of `x` (split over `data`) and
+/// its columns of `w` (over `model`), and the parts it returns, stacked by `model` on a new
+/// first dimension, assemble into every device's product; summed over that dimension outside,
+/// the partitioner adds them across `model`. Operands or results that do not split evenly, and
+/// a body using a value from outside, are refused.
+#[test]
+fn manual_computation_runs_each_devices_part() {
+    let client = client();
+    let mesh = mesh_2x4();
+    let (xs, ws) = (data(8 * 16, 11), data(16 * 8, 12));
+    let mut b = Builder::with_mesh("manual", mesh.clone());
+    let x = b.arg(f32t(&[8, 16]), Some(PartitionSpec::new(&[&["data"], &[]]))).unwrap();
+    let w = b.arg(f32t(&[16, 8]), Some(PartitionSpec::new(&[&[], &[]]))).unwrap();
+    let outside = b.splat(1.0, f32t(&[4, 2])).unwrap();
+    let (in_specs, out_specs) = (
+        [PartitionSpec::new(&[&["data"], &[]]), PartitionSpec::new(&[&[], &["model"]])],
+        [PartitionSpec::new(&[&["model"], &["data"], &[]])],
+    );
+    let leak = b.manual_computation(&[x, w], &in_specs, &out_specs, |b, v| {
+        let y = b.dot_general(v[0], v[1], &DotDims::contract(&[1], &[0]))?;
+        Ok(vec![b.add(y, outside)?])
+    });
+    assert!(leak.is_err(), "a value from outside the body");
+    let uneven = [PartitionSpec::new(&[&["model"], &[]]), in_specs[1].clone()];
+    assert!(b.manual_computation(&[w, w], &uneven, &out_specs, |_, v| Ok(vec![v[0]])).is_err(), "16 rows over 4");
+    let parts = b
+        .manual_computation(&[x, w], &in_specs, &out_specs, |b, v| {
+            assert_eq!((b.dims(v[0])?, b.dims(v[1])?), (&[4, 16][..], &[16, 2][..]));
+            let y = b.dot_general(v[0], v[1], &DotDims::contract(&[1], &[0]))?;
+            Ok(vec![b.reshape(y, &[1, 4, 2])?])
+        })
+        .unwrap();
+    assert_eq!(b.dims(parts[0]).unwrap(), &[4, 8, 2]);
+    let total = b.reduce_sum(parts[0], &[0]).unwrap();
+    let spec = PartitionSpec::new(&[&["model"], &["data"], &[]]);
+    let whole = PartitionSpec::new(&[&[], &[]]);
+    let text = b.finish_sharded(&[(parts[0], Some(spec.clone())), (total, Some(whole.clone()))]).unwrap();
+    let exe = client.compile(&text, &CompileOptions::spmd(&mesh)).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let arrays = [HostArray::from_slice(&[8, 16], &xs).unwrap(), HostArray::from_slice(&[16, 8], &ws).unwrap()];
+    let specs = [PartitionSpec::new(&[&["data"], &[]]), PartitionSpec::new(&[&[], &[]])];
+    let args: Vec<_> = arrays.iter().zip(&specs).map(|(a, s)| client.upload_sharded(a, s, &mesh).unwrap()).collect();
+    let out = exe.execute_sharded(&mesh, &args.iter().collect::<Vec<_>>(), &[spec, whole]).unwrap();
+    let (parts, total) = (out[0].to_host().unwrap().to_f32(), out[1].to_host().unwrap().to_f32());
+    // Device (d, m) holds rows 4d.. of x times columns 2m.. of w at [m, 4d.., ..].
+    let wt: Vec<f32> = (0..8).flat_map(|c| (0..16).map(move |r| (r, c))).map(|(r, c)| ws[r * 8 + c]).collect();
+    let full = matmul_t(&xs, &wt, 8, 16, 8);
+    for m in 0..4 {
+        for row in 0..8 {
+            for j in 0..2 {
+                let got = parts[(m * 8 + row) * 2 + j];
+                close(&[got], &[full[row * 8 + 2 * m + j]], 1e-5, &format!("part [{m}, {row}, {j}]"));
+            }
+        }
+    }
+    let want: Vec<f32> = (0..8)
+        .flat_map(|row| (0..2).map(move |j| (row, j)))
+        .map(|(row, j)| (0..4).map(|m| full[row * 8 + 2 * m + j]).sum::<f32>())
+        .collect();
+    close(&total, &want, 1e-5, "summed over model");
+}
+
 #[test]
 fn malformed_text_is_an_error_not_a_crash() {
     let err = client().compile("module { func.func @main() -> () { bogus } }", &CompileOptions::single_device(None));
@@ -393,6 +454,7 @@ fn a_library_call_parses_and_the_cpu_plugin_names_it() {
             &results,
             r#"{"a":"b"}"#,
             &[vec![3, 1, 2, 0], vec![0]],
+            Some("blocks.0.attn"),
         )
         .unwrap();
     let text = b.finish(&[out[0]]).unwrap();

@@ -138,13 +138,23 @@ fn library_call_snapshot() {
     let results = [bf16(&[2, 4, 16, 8]), TensorType::new(DType::U8, &[0])];
     let config = r#"{"cudnn_fmha_backend_config":{"mask_type":"PADDING_CAUSAL","path":"a\b"}}"#;
     let layouts = vec![vec![3, 1, 2, 0], vec![0]];
-    let bad = b.library_call("no spaces", &[q], &results, config, &layouts);
+    let bad = b.library_call("no spaces", &[q], &results, config, &layouts, None);
     assert!(bad.unwrap_err().to_string().contains("not an identifier"));
-    let bad = b.library_call("__cudnn$fmhaSoftmax", &[q], &results, config, &layouts[..1]);
+    let bad = b.library_call("__cudnn$fmhaSoftmax", &[q], &results, config, &layouts[..1], None);
     assert!(bad.unwrap_err().to_string().contains("2 results, 1 layouts"));
-    let bad = b.library_call("__cudnn$fmhaSoftmax", &[q], &results, config, &[vec![3, 1, 1, 0], vec![0]]);
+    let bad = b.library_call("__cudnn$fmhaSoftmax", &[q], &results, config, &[vec![3, 1, 1, 0], vec![0]], None);
     assert!(bad.unwrap_err().to_string().contains("not a permutation"));
-    let out = b.library_call("__cudnn$fmhaSoftmax", &[q, k, k, lengths, lengths], &results, config, &layouts).unwrap();
+    let bad = b.library_call("__cudnn$fmhaSoftmax", &[q], &results, config, &layouts, Some("a \"b\""));
+    assert!(bad.unwrap_err().to_string().contains("op name"));
+    let out =
+        b.library_call("__cudnn$fmhaSoftmax", &[q, k, k, lengths, lengths], &results, config, &layouts, None).unwrap();
     assert_eq!(out.len(), 2);
     expect_snapshot("library_call", &b.finish(&[out[0]]).unwrap());
+    // A named call carries its name as the op's location.
+    let mut b = Builder::new("named");
+    let q = b.arg(bf16(&[2, 16, 4, 8]), None).unwrap();
+    let out = b.library_call("__cudnn$fmhaSoftmax", &[q], &results, config, &layouts, Some("blocks.3.attn")).unwrap();
+    let text = b.finish(&[out[0]]).unwrap();
+    let line = text.lines().find(|l| l.contains("custom_call")).unwrap();
+    assert!(line.ends_with(r#"tensor<0xui8>) loc("blocks.3.attn")"#), "{line}");
 }

@@ -7,7 +7,7 @@
 //! PJRT, so `siphon plan` and the extraction command's pre-flight check run the exact same
 //! code in milliseconds, before weights are read or devices touched.
 //!
-//! Five pieces, one module each:
+//! Six pieces, one module each:
 //! - [`mesh`]: the mesh kinds (`1d`, `2d`, `3d`, `auto`), the axes `data` × `fsdp` × `model`
 //!   and the device order that keeps `fsdp`/`model` groups inside a host; impossible shapes
 //!   are errors that list the valid ones.
@@ -17,6 +17,9 @@
 //! - [`memory`]: per-device bytes of weights (sharded and gathered), activations of a batch,
 //!   and whether that fits a device's memory with headroom.
 //! - [`flops`]: the forward's analytic operations per token, to hold a compiler's count against.
+//! - [`gpu`]: GPU nodes by the names users rent them by (`h100x8`): the device the CUDA
+//!   plugin's description names, GPUs per node, a GPU's memory and peaks, for compiling for
+//!   them on any machine (`siphon plan --target gpu:…`).
 //! - [`tpu`]: TPU slices by their Cloud TPU names (`v5litepod-64`, `v5p-128`): libtpu's
 //!   topology for each, hosts × chips, and a chip's memory and peaks, for planning a slice
 //!   and compiling for it on any machine (`siphon plan --target tpu:…`).
@@ -40,6 +43,7 @@
 #![deny(missing_docs)]
 
 pub mod flops;
+pub mod gpu;
 pub mod memory;
 pub mod mesh;
 mod planner;
@@ -47,6 +51,7 @@ pub mod rules;
 pub mod tpu;
 
 pub use flops::forward_flops_per_token;
+pub use gpu::{GpuModel, GpuTarget};
 pub use memory::{
     ActivationMemory, DType, DeviceLayout, DictionaryMemory, DictionaryShape, HostMemory, MemoryEstimate, WeightMemory,
 };

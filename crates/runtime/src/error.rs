@@ -216,6 +216,18 @@ pub enum Error {
         /// The pinned libtpu version.
         version: &'static str,
     },
+    /// No CUDA plugin to compile for a GPU topology with.
+    #[error(
+        "no CUDA plugin found to compile for GPUs; looked at: {tried}. Install the pinned one with \
+         scripts/setup-cuda-compiler.sh in a siphon checkout (into siphon's cache, with cuDNN and ptxas), or \
+         `pip install jax-cuda12-pjrt=={version} 'jax-cuda12-plugin[with-cuda]=={version}'`, or pass --plugin PATH"
+    )]
+    NoCudaCompilerFound {
+        /// What was tried, in order.
+        tried: String,
+        /// The pinned plugin version.
+        version: &'static str,
+    },
     /// Compile options siphon refuses before they reach XLA (XLA would abort the process).
     #[error("invalid compile options: {0}")]
     InvalidCompileOptions(String),

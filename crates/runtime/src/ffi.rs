@@ -140,6 +140,7 @@ pub mod slot {
         Executable_NumOutputs = 44;
         Executable_SizeOfGeneratedCodeInBytes = 45;
         Executable_GetCostAnalysis = 46;
+        Executable_OptimizedProgram = 48;
         LoadedExecutable_Destroy = 50;
         LoadedExecutable_GetExecutable = 51;
         LoadedExecutable_AddressableDevices = 52;
@@ -726,6 +727,14 @@ pub struct PJRT_Compile_Args {
 }
 
 #[repr(C)]
+pub struct PJRT_Executable_OptimizedProgram_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub executable: *mut PJRT_Executable,
+    pub program: *mut PJRT_Program,
+}
+
+#[repr(C)]
 pub struct PJRT_Executable_GetCostAnalysis_Args {
     pub struct_size: usize,
     pub extension_start: *mut c_void,
@@ -797,6 +806,7 @@ args_structs!(
     PJRT_TopologyDescription_GetDeviceDescriptions_Args,
     PJRT_Compile_Args,
     PJRT_Executable_GetCostAnalysis_Args,
+    PJRT_Executable_OptimizedProgram_Args,
 );
 
 /// A zeroed argument struct (every field "not set"), ready for `Plugin::call`.
@@ -859,4 +869,5 @@ const _: () = {
     assert!(size_of::<PJRT_TopologyDescription_GetDeviceDescriptions_Args>() == 40);
     assert!(size_of::<PJRT_Compile_Args>() == 64);
     assert!(size_of::<PJRT_Executable_GetCostAnalysis_Args>() == 40);
+    assert!(size_of::<PJRT_Executable_OptimizedProgram_Args>() == 32);
 };

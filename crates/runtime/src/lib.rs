@@ -80,9 +80,11 @@ mod compile;
 pub mod diagnose;
 mod error;
 mod ffi;
+mod gpu;
 mod host;
 mod kernels;
 mod locate;
+mod optimized;
 mod plugin;
 mod proto;
 mod sharded;
@@ -94,11 +96,14 @@ pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore, OptionValue};
 pub use compile::{CPU_DEFAULTS, CompileOptions, CompiledMemoryStats, Executable, XlaOption};
 pub use diagnose::PluginKind;
 pub use error::{Error, ErrorCode, Result};
+pub use gpu::{GpuTargetConfig, gpu_topology_options};
 pub use host::HostBuffer;
 pub use locate::{
-    CPU_PLUGIN_VERSION, LIBTPU_VERSION, LocatedPlugin, PLUGIN_ENV, PluginChoice, PluginLocator, PluginSource,
-    cpu_plugin_path_in, default_cpu_plugin_path, libtpu_path_in, locate_plugin, siphon_cache_dir,
+    CPU_PLUGIN_VERSION, CUDA_COMPILER_VERSION, LIBTPU_VERSION, LocatedPlugin, PLUGIN_ENV, PluginChoice, PluginLocator,
+    PluginSource, cpu_plugin_path_in, cuda_compiler_path_in, default_cpu_plugin_path, libtpu_path_in, locate_plugin,
+    siphon_cache_dir,
 };
+pub use optimized::HloInstruction;
 pub use plugin::{AttributeValue, Plugin};
 pub use sharded::{HostShard, ShardedArray};
 pub use topology::{CompiledProgram, Topology, TopologyDevice, tpu_topology_options};

@@ -15,6 +15,11 @@ pub const CPU_PLUGIN_VERSION: &str = "2026.6.23";
 /// TPU slices with (`siphon plan --target tpu:…`), on any machine.
 pub const LIBTPU_VERSION: &str = "0.0.51";
 
+/// The pinned CUDA plugin (PyPI `jax-cuda12-pjrt`) `scripts/setup-cuda-compiler.sh` installs
+/// with what compiling needs beside it: the GPU compiler siphon plans GPUs with (`siphon plan
+/// --target gpu:…`), on any x86-64 Linux machine (no GPU needed).
+pub const CUDA_COMPILER_VERSION: &str = "0.12.0.1";
+
 /// The environment variable naming a plugin file.
 pub const PLUGIN_ENV: &str = "SIPHON_PJRT_PLUGIN";
 
@@ -55,15 +60,15 @@ pub fn locate_plugin(explicit: Option<&Path>) -> Result<PluginChoice> {
     PluginLocator::new().explicit(explicit).locate()
 }
 
+/// The CUDA 12 plugin's Python package: (package, path inside site-packages).
+const CUDA12_PACKAGE: (&str, &str) = ("jax-cuda12-pjrt", "jax_plugins/xla_cuda12/xla_cuda_plugin.so");
+
 /// libtpu's Python package: (package, path inside site-packages).
 const LIBTPU_PACKAGE: (&str, &str) = ("libtpu", "libtpu/libtpu.so");
 
 /// Plugins shipped inside Python packages: (package, path inside site-packages).
-const PYTHON_PLUGINS: &[(&str, &str)] = &[
-    LIBTPU_PACKAGE,
-    ("jax-cuda12-pjrt", "jax_plugins/xla_cuda12/xla_cuda_plugin.so"),
-    ("jax-cuda13-pjrt", "jax_plugins/xla_cuda13/xla_cuda_plugin.so"),
-];
+const PYTHON_PLUGINS: &[(&str, &str)] =
+    &[LIBTPU_PACKAGE, CUDA12_PACKAGE, ("jax-cuda13-pjrt", "jax_plugins/xla_cuda13/xla_cuda_plugin.so")];
 
 /// Finds a PJRT plugin in siphon's discovery order. Each step's input can be overridden,
 /// which keeps tests hermetic.
@@ -166,6 +171,32 @@ impl PluginLocator {
         Err(Error::NoLibtpuFound { tried: tried.join("; "), version: LIBTPU_VERSION })
     }
 
+    /// Finds the CUDA plugin to compile for a GPU topology with, on a machine that may have no
+    /// GPU: `--plugin`, then `SIPHON_PJRT_PLUGIN` when it names a CUDA plugin, then the pinned
+    /// one in siphon's cache (with the libraries it compiles with beside it), then the
+    /// `jax-cuda12-pjrt` Python package.
+    pub fn locate_cuda_compiler(&self) -> Result<PluginChoice> {
+        if let Some(path) = &self.explicit {
+            let reason = format!("--plugin {}", path.display());
+            return existing(path, PluginSource::Explicit, "--plugin", reason);
+        }
+        let mut tried = vec!["--plugin (not given)".to_string()];
+        match &self.env_value {
+            Some(value) if crate::PluginKind::of(Path::new(value)) == crate::PluginKind::Cuda => {
+                let path = PathBuf::from(value);
+                let reason = format!("{PLUGIN_ENV}={}", path.display());
+                return existing(&path, PluginSource::EnvVar, PLUGIN_ENV, reason);
+            }
+            Some(value) => tried.push(format!("{PLUGIN_ENV}={} (not a CUDA plugin)", Path::new(value).display())),
+            None => tried.push(format!("{PLUGIN_ENV} (not set)")),
+        }
+        let pinned = format!("CUDA plugin {CUDA_COMPILER_VERSION}");
+        if let Some(choice) = self.cached_or_installed(cuda_compiler_path_in, &pinned, &[CUDA12_PACKAGE], &mut tried) {
+            return Ok(choice);
+        }
+        Err(Error::NoCudaCompilerFound { tried: tried.join("; "), version: CUDA_COMPILER_VERSION })
+    }
+
     /// The pinned plugin (`pinned` names it) where `in_cache` puts it in siphon's cache, else
     /// the first of `packages` (PyPI name, path in site-packages) installed for Python; each
     /// place looked at is added to `tried`.
@@ -236,6 +267,13 @@ pub fn cpu_plugin_path_in(cache: &Path) -> PathBuf {
 /// Where `scripts/setup-libtpu.sh` installs the pinned libtpu under `cache`.
 pub fn libtpu_path_in(cache: &Path) -> PathBuf {
     cache.join("pjrt").join(format!("libtpu-{LIBTPU_VERSION}")).join("libtpu.so")
+}
+
+/// Where `scripts/setup-cuda-compiler.sh` installs the pinned CUDA plugin under `cache`: laid
+/// out as in site-packages (`nvidia/…` beside `jax_plugins/`), where the plugin's own search
+/// paths find cuDNN, `ptxas` and libdevice.
+pub fn cuda_compiler_path_in(cache: &Path) -> PathBuf {
+    cache.join("pjrt").join(format!("xla-cuda12-{CUDA_COMPILER_VERSION}")).join(CUDA12_PACKAGE.1)
 }
 
 /// The default path of the pinned CPU plugin.

@@ -102,6 +102,9 @@ impl Plugin {
         if let Some(plugin) = registry.get(&canonical) {
             return Ok(plugin.clone());
         }
+        if !need_devices && crate::diagnose::PluginKind::of(&canonical) == crate::diagnose::PluginKind::Cuda {
+            crate::gpu::driver_for_compiling(&canonical);
+        }
         if need_devices {
             crate::diagnose::preflight(&canonical).map_err(|(kind, likely_cause)| Error::DevicesMissing {
                 plugin: canonical.clone(),

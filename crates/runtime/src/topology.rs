@@ -13,6 +13,7 @@ use crate::client::{OptionValue, describe, named_values};
 use crate::compile::{CompileOptions, CompiledMemoryStats, memory_stats, mlir_program};
 use crate::error::{Error, Result};
 use crate::ffi::{self, slot};
+use crate::optimized::HloInstruction;
 use crate::plugin::{AttributeValue, Plugin, read_named_value, string_from};
 use crate::proto;
 
@@ -147,6 +148,17 @@ impl Topology {
         &self.platform_name
     }
 
+    /// Whether programs compiled for this topology may call siphon's CUDA kernels
+    /// (`siphon-kernels`' grouped products): a CUDA topology whose plugin registered them
+    /// (registering them on the first call, before any program is compiled), unless
+    /// `SIPHON_CUDA_KERNELS=0` turns them off — as [`crate::Client::cuda_kernels`] decides
+    /// for a client.
+    pub fn cuda_kernels(&self) -> bool {
+        self.platform_name.eq_ignore_ascii_case("cuda")
+            && std::env::var("SIPHON_CUDA_KERNELS").map_or(true, |v| v != "0")
+            && self.plugin.kernels(crate::kernels::Platform::Cuda)
+    }
+
     /// Its devices, in the plugin's order.
     pub fn devices(&self) -> &[TopologyDevice] {
         &self.devices
@@ -224,12 +236,16 @@ impl CompiledProgram {
 
     /// The compiler's cost analysis (`PJRT_Executable_GetCostAnalysis`) by property name, e.g.
     /// `flops` and `bytes accessed` per device. XLA counts a loop's body once, whatever its
-    /// trip count.
+    /// trip count. Empty where the plugin has no cost analysis (the CUDA plugin).
     pub fn cost_analysis(&self) -> Result<Vec<(String, AttributeValue)>> {
         let mut args: ffi::PJRT_Executable_GetCostAnalysis_Args = ffi::zeroed();
         args.executable = self.raw;
         // SAFETY: the executable is live.
-        unsafe { self.plugin.call(slot::Executable_GetCostAnalysis, &mut args) }?;
+        match unsafe { self.plugin.call(slot::Executable_GetCostAnalysis, &mut args) } {
+            // The CUDA plugin has none ("GetCostAnalysis is not supported"): no figures.
+            Err(e) if e.pjrt_code() == Some(crate::ErrorCode::Unimplemented) => return Ok(Vec::new()),
+            other => other?,
+        };
         if args.properties.is_null() {
             return Ok(Vec::new());
         }
@@ -237,6 +253,25 @@ impl CompiledProgram {
         let values = unsafe { std::slice::from_raw_parts(args.properties, args.num_properties) };
         // SAFETY: each value came from the plugin with consistent type tags and sizes.
         Ok(values.iter().map(|value| unsafe { read_named_value(value) }).collect())
+    }
+
+    /// The instructions of the program as the compiler left it (`PJRT_Executable_OptimizedProgram`):
+    /// which custom calls it kept, under which op names, with which shapes.
+    pub fn optimized_instructions(&self) -> Result<Vec<HloInstruction>> {
+        let mut program: ffi::PJRT_Program = ffi::zeroed_plain();
+        program.struct_size = std::mem::size_of::<ffi::PJRT_Program>();
+        let mut args: ffi::PJRT_Executable_OptimizedProgram_Args = ffi::zeroed();
+        args.executable = self.raw;
+        args.program = &mut program;
+        // SAFETY: the executable is live; a null `code` asks for the size and format only.
+        unsafe { self.plugin.call(slot::Executable_OptimizedProgram, &mut args) }?;
+        let mut code = vec![0u8; program.code_size];
+        program.code = code.as_mut_ptr() as *mut c_char;
+        // SAFETY: `code` holds `code_size` bytes, which the plugin fills.
+        unsafe { self.plugin.call(slot::Executable_OptimizedProgram, &mut args) }?;
+        // SAFETY: the format string lives as long as the executable.
+        let format = unsafe { string_from(program.format, program.format_size) };
+        crate::optimized::instructions(&code, &format)
     }
 
     /// One cost property as a number (`flops`, `bytes accessed`), if the plugin gives it.

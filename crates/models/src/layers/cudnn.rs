@@ -70,7 +70,8 @@ impl Graph<'_> {
         let v = b.reshape(v, &[bsz, s, nkv, hd])?;
         let scale = c.attention.scalar.unwrap_or(hd as f64).powf(-0.5);
         let window = c.window(layer).filter(|&w| w < s).unwrap_or(0);
-        let out = fused(b, [q, k, v], lengths, [bsz, s, n, hd], scale, window)?;
+        let name = format!("blocks.{layer}.attn");
+        let out = fused(b, [q, k, v], lengths, [bsz, s, n, hd], scale, window, Some(&name))?;
         Ok(b.reshape(out, &[bsz * s, n * hd])?)
     }
 
@@ -100,12 +101,19 @@ fn fused(
     [bsz, s, n, hd]: [usize; 4],
     scale: f64,
     window: usize,
+    name: Option<&str>,
 ) -> Result<Value, HloError> {
     let every_query = b.splat(s as f64, TensorType::new(DType::I32, &[bsz]))?;
     let config = backend_config(bsz, n, s, scale, window);
     let results = [TensorType::new(DType::BF16, &[bsz, n, s, hd]), TensorType::new(DType::U8, &[0])];
-    let out =
-        b.library_call(TARGET, &[q, k, v, every_query, lengths], &results, &config, &[vec![3, 1, 2, 0], vec![0]])?;
+    let out = b.library_call(
+        TARGET,
+        &[q, k, v, every_query, lengths],
+        &results,
+        &config,
+        &[vec![3, 1, 2, 0], vec![0]],
+        name,
+    )?;
     b.transpose(out[0], &[0, 2, 1, 3])
 }
 
@@ -121,7 +129,7 @@ pub fn program(batch: usize, seq: usize, heads: usize, kv_heads: usize, head_dim
     let v = b.arg(bf16(kv_heads), None)?;
     let lengths = b.arg(TensorType::new(DType::I32, &[batch]), None)?;
     let dims = [batch, seq, heads, head_dim];
-    let out = fused(&mut b, [q, k, v], lengths, dims, (head_dim as f64).powf(-0.5), 0)?;
+    let out = fused(&mut b, [q, k, v], lengths, dims, (head_dim as f64).powf(-0.5), 0, None)?;
     b.finish(&[out])
 }
 

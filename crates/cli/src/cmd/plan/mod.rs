@@ -52,8 +52,8 @@ pub struct Args {
     /// A config.json file.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Number of hosts.
-    #[arg(long, default_value_t = 1, conflicts_with = "target")]
+    /// Number of hosts (with --target gpu:…, GPU nodes).
+    #[arg(long, default_value_t = 1)]
     pub hosts: usize,
     /// Accelerator devices on each host.
     #[arg(long, default_value_t = 1, conflicts_with = "target")]
@@ -62,18 +62,25 @@ pub struct Args {
     #[arg(long, value_name = "GiB")]
     pub device_memory: Option<f64>,
     /// Plan for a TPU slice by its Cloud TPU name (`tpu:v5litepod-64`, `tpu:v5e-64`,
-    /// `tpu:v6e-16`, `tpu:v4-32`, `tpu:v5p-128`) and compile the program `siphon extract`
-    /// would run there with libtpu, on this machine (no TPU needed): the compiler's memory
-    /// and flops per device. Needs --batch and --seq.
-    #[arg(long, value_name = "tpu:SLICE")]
+    /// `tpu:v6e-16`, `tpu:v4-32`, `tpu:v5p-128`) or for GPU nodes (`gpu:h100`, `gpu:h100x8`,
+    /// `gpu:h200x8`, `gpu:a100-80x8`, `gpu:b200x8`; --hosts nodes) and compile the program
+    /// `siphon extract` would run there — with libtpu, or XLA's CUDA plugin — on this machine
+    /// (no TPU or GPU needed): the compiler's memory per device (and on a TPU its flops); on
+    /// GPUs which attention each block compiled to. Needs --batch and --seq.
+    #[arg(long, value_name = "tpu:SLICE|gpu:GPUS")]
     pub target: Option<String>,
     /// With --target: this many slices joined into one job (multi-slice).
     #[arg(long, default_value_t = 1, requires = "target")]
     pub slices: usize,
-    /// With --target: the libtpu to compile with (default: `SIPHON_PJRT_PLUGIN` when it is
-    /// libtpu, siphon's cache, the libtpu Python package).
+    /// With --target: the libtpu or CUDA plugin to compile with (default: `SIPHON_PJRT_PLUGIN`
+    /// when it is one, the pinned one in siphon's cache, the libtpu or jax-cuda12-pjrt Python
+    /// package).
     #[arg(long, value_name = "PATH", requires = "target")]
     pub plugin: Option<PathBuf>,
+    /// With --target gpu:…: how `extract` pads the rows (`--pad`): right (its default), where
+    /// each block cuDNN's fused attention can take takes it, or left (XLA's form everywhere).
+    #[arg(long, value_enum, requires = "target")]
+    pub pad: Option<crate::cmd::data::PadSideArg>,
     #[command(flatten)]
     pub mesh: MeshArgs,
     /// Global batch (sequences per step); must divide over the data axis.
@@ -123,9 +130,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         siphon_engine::WeightForm::Dequantized => Default::default(),
         siphon_engine::WeightForm::Stored => stored_forms(&config, args.model.as_deref(), fp8_block)?,
     };
-    let slice = args.target.as_deref().map(|t| target::slice(t, args.slices)).transpose()?;
-    let topology = match &slice {
-        Some(slice) => slice.planner_topology()?,
+    let target = args.target.as_deref().map(|t| target::Target::parse(t, args.slices, args.hosts)).transpose()?;
+    let topology = match &target {
+        Some(target) => target.planner_topology()?,
         None => Topology::uniform(args.hosts, args.devices_per_host)?,
     };
     let device_memory_bytes = match args.device_memory {
@@ -133,7 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             anyhow::bail!("--device-memory {gib} must be a positive number of GiB")
         }
         Some(gib) => Some((gib * (1u64 << 30) as f64) as u64),
-        None => slice.as_ref().map(|s| s.generation.hbm_bytes()),
+        None => target.as_ref().map(target::Target::usable_bytes),
     };
     let dictionaries = args.dictionaries.open(&config)?;
     let request = PlanRequest {
@@ -154,17 +161,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         output_dtype: args.output_dtype,
         pipeline_depth: args.pipeline_depth,
         // A TPU pads every array to its tiles; the planner counts the padded bytes.
-        layout: match slice {
-            Some(_) => siphon_plan::DeviceLayout::TpuTiled,
-            None => siphon_plan::DeviceLayout::Dense,
-        },
+        layout: target.as_ref().map_or(siphon_plan::DeviceLayout::Dense, target::Target::layout),
         dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
     };
     let mut plan = siphon_plan::plan(&config, &topology, &request)?;
     plan.notes.extend(siphon_plan::cuda_attention(&config, &plan, &request));
-    if let Some(slice) = slice {
-        let plugin = args.plugin.as_deref();
-        let compile = target::Compile { slice, config: &config, request, weights: args.weights, plugin, dictionaries };
+    if let Some(target) = target {
+        let compile = target::Compile {
+            target,
+            config: &config,
+            request,
+            weights: args.weights,
+            plugin: args.plugin.as_deref(),
+            right_padded: !matches!(args.pad, Some(crate::cmd::data::PadSideArg::Left)),
+            dictionaries,
+        };
         return target::run(compile, &plan, args.json);
     }
     if args.json {

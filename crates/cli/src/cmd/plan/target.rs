@@ -1,12 +1,16 @@
-//! `siphon plan --target tpu:SLICE`: the program `siphon extract` would run on a TPU slice,
-//! compiled for it by libtpu on this machine (no TPU needed), and the compiler's figures per
-//! device beside the planner's.
+//! `siphon plan --target tpu:SLICE | gpu:GPUS`: the program `siphon extract` would run on a
+//! TPU slice or on GPU nodes, compiled for them on this machine (no TPU or GPU needed) — by
+//! libtpu, or by XLA's CUDA plugin from its own description of the GPU — and the compiler's
+//! figures per device beside the planner's.
 //!
-//! The slice gives hosts × chips and each chip's HBM (`siphon_plan::TpuSlice`); the planner
-//! chooses the mesh as for any run; `siphon_engine::aot` builds the engine's own program for
-//! that mesh (hooks, dtypes, shardings, stored weight forms) and libtpu compiles it for the
-//! slice's topology. A program whose per-device total exceeds a chip's HBM is refused, naming
-//! its largest term and the mesh that would fit.
+//! The target gives hosts × devices and each device's memory (`siphon_plan::TpuSlice`,
+//! `siphon_plan::GpuTarget`); the planner chooses the mesh as for any run;
+//! `siphon_engine::aot` builds the engine's own program for that mesh (hooks, dtypes,
+//! shardings, stored weight forms; on GPUs cuDNN's attention over right-padded rows and the
+//! grouped expert products, as a CUDA client runs them) and the compiler compiles it for the
+//! target's topology. On GPUs the compiled program is read back: which blocks kept cuDNN's
+//! fused call, how many grouped products it holds. A program whose per-device total exceeds a
+//! device's memory is refused, naming its largest term and the mesh that would fit.
 
 use std::path::{Path, PathBuf};
 
@@ -14,19 +18,105 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use siphon_engine::aot::{AotProgram, AotRequest};
 use siphon_engine::{EngineOptions, ShardingPlan, WeightForm};
+use siphon_models::AttentionForm;
 use siphon_models::ModelConfig;
 use siphon_plan::memory::gib;
-use siphon_plan::{Plan, PlanRequest, TpuSlice};
-use siphon_runtime::{Plugin, PluginLocator, Topology, tpu_topology_options};
+use siphon_plan::{GpuTarget, Plan, PlanRequest, TpuSlice};
+use siphon_runtime::{
+    GpuTargetConfig, HloInstruction, Plugin, PluginLocator, Topology, gpu_topology_options, tpu_topology_options,
+};
 
-/// What to compile, and for which slice.
+/// The devices `--target` names.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A TPU slice (`tpu:v5litepod-64`), `--slices` times over.
+    Tpu(TpuSlice),
+    /// GPU nodes (`gpu:h100x8`), `--hosts` of them.
+    Gpu(GpuTarget),
+}
+
+impl Target {
+    /// The target `--target` names: `tpu:SLICE` (`slices` of them) or `gpu:GPUS` (on `hosts`
+    /// nodes; a TPU slice's hosts come from its name).
+    pub fn parse(target: &str, slices: usize, hosts: usize) -> anyhow::Result<Target> {
+        if let Some(name) = target.strip_prefix("gpu:") {
+            if slices != 1 {
+                bail!("--slices joins TPU slices; GPU nodes are counted with --hosts");
+            }
+            return Ok(Target::Gpu(GpuTarget::parse(name, hosts).context("--target")?));
+        }
+        if hosts != 1 {
+            bail!("--hosts counts GPU nodes; a TPU slice's hosts follow from its name (--slices joins slices)");
+        }
+        Ok(Target::Tpu(slice(target, slices)?))
+    }
+
+    /// The planner's hosts × devices per host.
+    pub fn planner_topology(&self) -> anyhow::Result<siphon_plan::Topology> {
+        Ok(match self {
+            Target::Tpu(slice) => slice.planner_topology()?,
+            Target::Gpu(gpus) => gpus.planner_topology()?,
+        })
+    }
+
+    /// What a job may use of one device: a TPU chip's HBM, a GPU's allocator share.
+    pub fn usable_bytes(&self) -> u64 {
+        match self {
+            Target::Tpu(slice) => slice.generation.hbm_bytes(),
+            Target::Gpu(gpus) => gpus.model.usable_bytes(),
+        }
+    }
+
+    /// How the devices lay arrays out (a TPU pads them to its tiles).
+    pub fn layout(&self) -> siphon_plan::DeviceLayout {
+        match self {
+            Target::Tpu(_) => siphon_plan::DeviceLayout::TpuTiled,
+            Target::Gpu(_) => siphon_plan::DeviceLayout::Dense,
+        }
+    }
+
+    fn devices(&self) -> usize {
+        match self {
+            Target::Tpu(slice) => slice.devices(),
+            Target::Gpu(gpus) => gpus.devices(),
+        }
+    }
+
+    /// A device's peak bf16 flops and memory bytes per second.
+    fn peaks(&self) -> (f64, f64) {
+        match self {
+            Target::Tpu(slice) => (slice.generation.peak_bf16_flops(), slice.generation.hbm_bytes_per_second()),
+            Target::Gpu(gpus) => (gpus.model.peak_bf16_flops(), gpus.model.memory_bytes_per_second()),
+        }
+    }
+
+    /// What a device is called in messages: `v5e chip`, `H100`.
+    fn device_word(&self) -> String {
+        match self {
+            Target::Tpu(slice) => format!("{} chip", slice.topology.split(':').next().unwrap_or_default()),
+            Target::Gpu(gpus) => gpus.model.device_name().to_string(),
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Target::Tpu(slice) => slice.name.clone(),
+            Target::Gpu(gpus) => gpus.name.clone(),
+        }
+    }
+}
+
+/// What to compile, and for which devices.
 pub struct Compile<'a> {
-    pub slice: TpuSlice,
+    pub target: Target,
     pub config: &'a ModelConfig,
     pub request: PlanRequest,
     pub weights: WeightForm,
-    /// `--plugin`: the libtpu to compile with.
+    /// `--plugin`: the libtpu or CUDA plugin to compile with.
     pub plugin: Option<&'a Path>,
+    /// Whether the rows are right-padded (`extract`'s default `--pad right`): on GPUs, the
+    /// blocks cuDNN's fused attention can take then take it.
+    pub right_padded: bool,
     /// `--sae`: dictionaries whose latents the program computes.
     pub dictionaries: Vec<siphon_models::DictionaryHook>,
 }
@@ -72,6 +162,35 @@ pub fn open_topology(slice: &TpuSlice, plugin: Option<&Path>) -> anyhow::Result<
             slice.slices,
             slice.name,
             slice.devices()
+        );
+    }
+    Ok((topology, choice.path))
+}
+
+/// The CUDA plugin's description of `gpus`' device and a topology of them (compiled for on
+/// this machine: no GPU), the plugin's path and the description: `plugin`, else where
+/// [`PluginLocator::locate_cuda_compiler`] finds it.
+pub fn open_gpu_topology(gpus: &GpuTarget, plugin: Option<&Path>) -> anyhow::Result<(Topology, PathBuf)> {
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        // SAFETY: called before this process starts any thread (the planner is pure and the
+        // plugin is not loaded yet), so nothing reads the environment concurrently.
+        unsafe { std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2") };
+    }
+    let choice = PluginLocator::new().explicit(plugin).locate_cuda_compiler()?;
+    let cuda = Plugin::load_for_compiling(&choice.path)
+        .with_context(|| format!("loading the CUDA plugin {} ({})", choice.path.display(), choice.reason))?;
+    let device = gpus.model.device_name();
+    let description = GpuTargetConfig::find(&choice.path, device)?;
+    let options = gpu_topology_options(&description, gpus.hosts, gpus.gpus_per_host);
+    let topology = Topology::new(&cuda, &gpus.name, &options)
+        .with_context(|| format!("the CUDA plugin's topology of {} x {} {device}", gpus.hosts, gpus.gpus_per_host))?;
+    if topology.devices().len() != gpus.devices() || topology.devices().iter().any(|d| d.kind != device) {
+        bail!(
+            "the CUDA plugin's topology for {} has devices {:?}; {} x {} {device} expected",
+            gpus.name,
+            topology.devices().iter().map(|d| d.kind.as_str()).collect::<Vec<_>>(),
+            gpus.hosts,
+            gpus.gpus_per_host
         );
     }
     Ok((topology, choice.path))
@@ -140,15 +259,43 @@ impl Planned {
     }
 }
 
+/// The target as the report names it: a TPU slice's or GPU nodes' own fields.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum TargetFields<'a> {
+    Tpu(&'a TpuSlice),
+    Gpu(&'a GpuTarget),
+}
+
+/// One block's attention on a GPU: the form the program chose for it, and whether the
+/// compiled program kept its fused call.
+#[derive(Debug, Serialize)]
+struct BlockAttention {
+    block: usize,
+    /// `cudnn` (cuDNN's fused flash attention) or `xla` (XLA's ops: the scores materialized).
+    form: &'static str,
+    /// Why the block keeps XLA's form.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// The block's `__cudnn$fmhaSoftmax` calls in the compiled program.
+    compiled_fused_calls: usize,
+}
+
 /// `siphon plan --target … --json`.
 #[derive(Debug, Serialize)]
 struct Report<'a> {
-    target: &'a TpuSlice,
-    libtpu: String,
+    target: TargetFields<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    libtpu: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_plugin: Option<String>,
     hosts: usize,
     devices: usize,
     devices_per_host: usize,
+    /// A device's memory.
     hbm_bytes: u64,
+    /// What a job may use of it: a TPU chip's HBM, the CUDA plugin's allocator share of a GPU.
+    usable_bytes: u64,
     mesh: String,
     mesh_flags: String,
     batch: usize,
@@ -156,8 +303,17 @@ struct Report<'a> {
     hooks: usize,
     compute_dtype: String,
     output_dtype: String,
+    /// On GPUs: how the rows are padded (`right`, as `extract` packs them, or `left`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    padding: Option<&'static str>,
+    /// On GPUs: each softmax attention block's form, as built and as compiled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attention: Option<Vec<BlockAttention>>,
     /// How a mixture's experts are computed in this program.
     experts: Option<&'static str>,
+    /// On GPUs: the grouped expert products (`siphon_grouped_matmul`) in the compiled program.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grouped_calls: Option<usize>,
     /// Weights kept in their stored (quantized) form on the devices.
     stored_weights: usize,
     compile_seconds: f64,
@@ -173,11 +329,15 @@ struct Report<'a> {
     /// Tokens per second the compiler's flops and bytes allow at the chip's bf16 and HBM
     /// peaks: an estimate, not a measurement.
     roofline_tokens_per_second: Option<f64>,
+    /// On GPUs (whose plugin counts no flops): tokens per second the analytic forward's flops
+    /// allow at the GPUs' dense bf16 peak, memory traffic not counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flops_bound_tokens_per_second: Option<f64>,
     plan: &'a Plan,
 }
 
 pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> {
-    let Compile { slice, config, request, weights, plugin, dictionaries } = compile;
+    let Compile { target, config, request, weights, plugin, right_padded, dictionaries } = compile;
     let (Some(batch), Some(seq)) = (request.batch, request.seq) else {
         bail!("--target compiles the program for one step: give --batch and --seq")
     };
@@ -185,7 +345,10 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         Some(hooks) => hooks,
         None => siphon_plan::every_hidden_state(config),
     };
-    let (topology, libtpu) = open_topology(&slice, plugin)?;
+    let (topology, compiler) = match &target {
+        Target::Tpu(slice) => open_topology(slice, plugin)?,
+        Target::Gpu(gpus) => open_gpu_topology(gpus, plugin)?,
+    };
     let engine = EngineOptions {
         compute_dtype: request.dtype,
         output_dtype: request.output_dtype,
@@ -195,6 +358,7 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
             input: Some(plan.input_spec.clone()),
         },
         weights,
+        right_padded,
         dictionaries,
         ..Default::default()
     };
@@ -211,70 +375,149 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
                 siphon_runtime::Error::Pjrt { message, .. } => message.lines().next().unwrap_or_default().to_string(),
                 other => other.to_string(),
             };
-            let needs = format!("libtpu's compiler ran out of a chip's memory ({compiler})");
-            bail!("{}", refusal(&slice, plan, needs, Planned::of(plan).terms(), None));
+            let needs = match &target {
+                Target::Tpu(_) => format!("libtpu's compiler ran out of a chip's memory ({compiler})"),
+                Target::Gpu(_) => format!("the CUDA compiler ran out of a GPU's memory ({compiler})"),
+            };
+            bail!("{}", refusal(&target, plan, needs, Planned::of(plan).terms(), None));
         }
         Err(e) => return Err(e.into()),
     };
-    let report = report(&slice, config, plan, &aot, &hooks, batch, seq, libtpu.display().to_string())?;
+    let report = report(&target, config, plan, &aot, &hooks, batch, seq, right_padded, compiler.display().to_string())?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report).context("serializing the report")?);
     } else {
         print!("{}", text(&report));
     }
+    if let Some(missing) = report.attention.iter().flatten().find(|b| b.form == "cudnn" && b.compiled_fused_calls != 1)
+    {
+        bail!(
+            "block {}'s attention was built as cuDNN's fused call, but the compiled program holds {} of them: \
+             the compiler rewrote it (report this with the command above)",
+            missing.block,
+            missing.compiled_fused_calls
+        );
+    }
     if !report.fits {
         let c = &report.compiled;
         let needs = format!(
-            "the compiled program needs {} per device but a {} chip has {}",
+            "the compiled program needs {} per device but {}",
             gib(c.total_bytes.max(0) as u64),
-            slice.topology.split(':').next().unwrap_or_default(),
-            gib(report.hbm_bytes)
+            memory_phrase(&target, report.hbm_bytes, report.usable_bytes)
         );
         // The planner's estimate scaled to this compile's total finds the mesh that fits.
         let scale = report.planner.total_bytes as f64 / c.total_bytes.max(1) as f64;
         let mut calibrated = request.clone();
-        calibrated.device_memory_bytes = Some((report.hbm_bytes as f64 * scale) as u64);
+        calibrated.device_memory_bytes = Some((report.usable_bytes as f64 * scale) as u64);
         calibrated.headroom = 0.0;
-        let fitting = siphon_plan::plan(config, &slice.planner_topology()?, &calibrated)?.suggestion;
-        bail!("{}", refusal(&slice, plan, needs, c.terms(), Some(fitting)));
+        let fitting = siphon_plan::plan(config, &target.planner_topology()?, &calibrated)?.suggestion;
+        bail!("{}", refusal(&target, plan, needs, c.terms(), Some(fitting)));
     }
     Ok(())
 }
 
+/// A device's memory as a refusal states it.
+fn memory_phrase(target: &Target, memory: u64, usable: u64) -> String {
+    match target {
+        Target::Tpu(_) => format!("a {} has {}", target.device_word(), gib(memory)),
+        Target::Gpu(_) => format!(
+            "one {} gives a job {} ({:.0}% of its {}, the CUDA plugin's allocator share)",
+            target.device_word(),
+            gib(usable),
+            100.0 * siphon_plan::gpu::CUDA_ALLOCATOR_FRACTION,
+            gib(memory)
+        ),
+    }
+}
+
+/// Each softmax attention block's form as built, and its fused calls in the compiled
+/// program (`instructions`), found by the op name the call carries (`blocks.N.attn`).
+fn block_attention(forms: &[(usize, AttentionForm)], instructions: &[HloInstruction]) -> Vec<BlockAttention> {
+    let fused: Vec<&str> = instructions
+        .iter()
+        .filter(|i| i.custom_call_target == siphon_models::cudnn::TARGET)
+        .map(|i| i.op_name.as_str())
+        .collect();
+    forms
+        .iter()
+        .map(|(layer, form)| {
+            let name = format!("blocks.{layer}.attn");
+            let calls = fused.iter().filter(|op| **op == name || op.starts_with(&format!("{name}/"))).count();
+            match form {
+                AttentionForm::Cudnn => {
+                    BlockAttention { block: *layer, form: "cudnn", reason: None, compiled_fused_calls: calls }
+                }
+                AttentionForm::Xla(why) => BlockAttention {
+                    block: *layer,
+                    form: "xla",
+                    reason: Some(why.clone()),
+                    compiled_fused_calls: calls,
+                },
+            }
+        })
+        .collect()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn report<'a>(
-    slice: &'a TpuSlice,
+    target: &'a Target,
     config: &ModelConfig,
     plan: &'a Plan,
     aot: &AotProgram,
     hooks: &[siphon_models::HookPoint],
     batch: usize,
     seq: usize,
-    libtpu: String,
+    right_padded: bool,
+    compiler: String,
 ) -> anyhow::Result<Report<'a>> {
     let m = aot.memory;
     let total =
         m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes + m.generated_code_size_in_bytes
             - m.alias_size_in_bytes;
     let planner = Planned::of(plan);
-    let devices = slice.devices();
+    let devices = target.devices();
     let tokens = (batch * seq) as f64;
-    let generation = slice.generation;
+    let (peak_flops, peak_bytes) = target.peaks();
     let roofline = match (aot.flops, aot.bytes_accessed) {
         (Some(flops), Some(bytes)) if flops > 0.0 || bytes > 0.0 => {
-            let step = (flops / generation.peak_bf16_flops()).max(bytes / generation.hbm_bytes_per_second());
+            let step = (flops / peak_flops).max(bytes / peak_bytes);
             Some(tokens / step)
         }
         _ => None,
     };
+    let analytic = siphon_plan::forward_flops_per_token(config, hooks, seq)?;
     let text = &aot.program.text;
+    let usable = target.usable_bytes();
+    let (target_fields, devices_per_host, memory, gpu) = match target {
+        Target::Tpu(slice) => (TargetFields::Tpu(slice), slice.chips_per_host(), slice.generation.hbm_bytes(), false),
+        Target::Gpu(gpus) => (TargetFields::Gpu(gpus), gpus.gpus_per_host, gpus.model.memory_bytes(), true),
+    };
+    let grouped = aot.instructions.iter().filter(|i| i.custom_call_target == siphon_kernels::grouped::TARGET).count();
+    let experts = config.moe.as_ref().map(|_| match (gpu, grouped > 0) {
+        (false, _) => {
+            "XLA's sorted dispatch in StableHLO (every choice, in rounds of whole experts; siphon's experts \
+             kernel is the CPU's alone)"
+        }
+        (true, true) => {
+            "siphon's grouped products on cuBLAS (siphon_grouped_matmul: each projection of every expert in one call)"
+        }
+        (true, false) => {
+            "XLA's sorted dispatch in StableHLO (every choice, in rounds of whole experts: the experts are split \
+             over the mesh)"
+        }
+    });
     Ok(Report {
-        target: slice,
-        libtpu,
-        hosts: slice.hosts(),
+        target: target_fields,
+        libtpu: (!gpu).then(|| compiler.clone()),
+        cuda_plugin: gpu.then_some(compiler),
+        hosts: match target {
+            Target::Tpu(slice) => slice.hosts(),
+            Target::Gpu(gpus) => gpus.hosts,
+        },
         devices,
-        devices_per_host: slice.chips_per_host(),
-        hbm_bytes: generation.hbm_bytes(),
+        devices_per_host,
+        hbm_bytes: memory,
+        usable_bytes: usable,
         mesh: aot.mesh.to_string(),
         mesh_flags: plan.shape.flags(),
         batch,
@@ -282,10 +525,10 @@ fn report<'a>(
         hooks: hooks.len(),
         compute_dtype: plan.dtype.to_string(),
         output_dtype: plan.memory.host.map_or_else(|| plan.dtype.to_string(), |h| h.dtype.to_string()),
-        experts: config.moe.as_ref().map(|_| {
-            "XLA's sorted dispatch in StableHLO (every choice, in rounds of whole experts; siphon's experts \
-             kernel is the CPU's alone)"
-        }),
+        padding: gpu.then_some(if right_padded { "right" } else { "left" }),
+        attention: gpu.then(|| block_attention(&aot.program.attention, &aot.instructions)),
+        experts,
+        grouped_calls: gpu.then_some(grouped),
         stored_weights: aot.stored.len(),
         compile_seconds: aot.compile_seconds,
         compiled: Compiled {
@@ -299,11 +542,16 @@ fn report<'a>(
             bytes_accessed: aot.bytes_accessed,
         },
         planner,
-        fits: total as u64 <= generation.hbm_bytes(),
+        fits: total as u64 <= usable,
         flops_per_token: aot.flops.map(|f| f * devices as f64 / tokens),
-        analytic_flops_per_token: siphon_plan::forward_flops_per_token(config, hooks, seq)?,
-        has_loops: text.contains("stablehlo.while"),
+        analytic_flops_per_token: analytic,
+        has_loops: if gpu {
+            aot.instructions.iter().any(|i| i.opcode == "while")
+        } else {
+            text.contains("stablehlo.while")
+        },
         roofline_tokens_per_second: roofline,
+        flops_bound_tokens_per_second: gpu.then(|| devices as f64 * peak_flops / analytic),
         plan,
     })
 }
@@ -317,24 +565,55 @@ fn text(r: &Report<'_>) -> String {
         out.push_str(&s);
         out.push('\n');
     };
-    line(format!(
-        "target:      tpu:{}{}: libtpu topology {} ({}), {} hosts x {} chips, {} HBM a chip",
-        r.target.name,
-        if r.target.slices > 1 { format!(" x {} slices", r.target.slices) } else { String::new() },
-        r.target.topology,
-        r.target.chip_config,
-        r.hosts,
-        r.devices_per_host,
-        gib(r.hbm_bytes)
-    ));
-    line(format!("libtpu:      {}", r.libtpu));
+    match r.target {
+        TargetFields::Tpu(slice) => {
+            line(format!(
+                "target:      tpu:{}{}: libtpu topology {} ({}), {} hosts x {} chips, {} HBM a chip",
+                slice.name,
+                if slice.slices > 1 { format!(" x {} slices", slice.slices) } else { String::new() },
+                slice.topology,
+                slice.chip_config,
+                r.hosts,
+                r.devices_per_host,
+                gib(r.hbm_bytes)
+            ));
+            line(format!("libtpu:      {}", r.libtpu.as_deref().unwrap_or_default()));
+        }
+        TargetFields::Gpu(gpus) => {
+            line(format!(
+                "target:      gpu:{}: {} hosts x {} {}, {} a GPU ({:.0}% for a job, the CUDA plugin's allocator share: {})",
+                gpus.name,
+                r.hosts,
+                r.devices_per_host,
+                gpus.model.device_name(),
+                gib(r.hbm_bytes),
+                100.0 * siphon_plan::gpu::CUDA_ALLOCATOR_FRACTION,
+                gib(r.usable_bytes)
+            ));
+            line(format!(
+                "cuda plugin: {} (described by the plugin itself; no GPU used)",
+                r.cuda_plugin.as_deref().unwrap_or_default()
+            ));
+        }
+    }
     line(format!("mesh:        {} ({})", r.mesh, r.mesh_flags));
     line(format!(
-        "program:     batch {} x seq {}, {} hooks, {} compute, {} out, {} weights kept stored; compiled in {:.1} s",
-        r.batch, r.seq, r.hooks, r.compute_dtype, r.output_dtype, r.stored_weights, r.compile_seconds
+        "program:     batch {} x seq {}, {} hooks, {} compute, {} out, {}{} weights kept stored; compiled in {:.1} s",
+        r.batch,
+        r.seq,
+        r.hooks,
+        r.compute_dtype,
+        r.output_dtype,
+        r.padding.map_or_else(String::new, |p| format!("{p}-padded rows, ")),
+        r.stored_weights,
+        r.compile_seconds
     ));
+    if let Some(blocks) = &r.attention {
+        line(format!("attention:   {}", attention_line(blocks)));
+    }
     if let Some(experts) = r.experts {
-        line(format!("experts:     {experts}"));
+        let calls = r.grouped_calls.filter(|&n| n > 0).map_or_else(String::new, |n| format!("; {n} calls compiled"));
+        line(format!("experts:     {experts}{calls}"));
     }
     line("per device:  compiler     planner".to_string());
     line(format!(
@@ -348,12 +627,15 @@ fn text(r: &Report<'_>) -> String {
     if c.alias_size_in_bytes > 0 {
         line(format!("  aliased    -{}", bytes(c.alias_size_in_bytes)));
     }
+    let of = match r.target {
+        TargetFields::Tpu(_) => format!("a chip's {}", gib(r.hbm_bytes)),
+        TargetFields::Gpu(_) => format!("a GPU's {} for a job", gib(r.usable_bytes)),
+    };
     line(format!(
-        "  total      {:<12} {} — {:.0}% of a chip's {}{}",
+        "  total      {:<12} {} — {:.0}% of {of}{}",
         bytes(c.total_bytes),
         gib(p.total_bytes),
-        100.0 * c.total_bytes as f64 / r.hbm_bytes as f64,
-        gib(r.hbm_bytes),
+        100.0 * c.total_bytes as f64 / r.usable_bytes as f64,
         if r.fits { "" } else { ": DOES NOT FIT" }
     ));
     if let Some(per_token) = r.flops_per_token {
@@ -376,14 +658,52 @@ fn text(r: &Report<'_>) -> String {
             tokens
         ));
     }
+    if let Some(tokens) = r.flops_bound_tokens_per_second {
+        line(format!(
+            "flops:       analytic forward {:.2} GFLOP a token (the CUDA plugin counts none){}",
+            r.analytic_flops_per_token / 1e9,
+            if r.has_loops { "; the compiled program has loops" } else { "" }
+        ));
+        line(format!(
+            "roofline:    at most {:.0} tokens/s over {} GPUs at their dense bf16 peak (the analytic flops alone, \
+             memory traffic not counted: an estimate, not a measurement)",
+            tokens, r.devices
+        ));
+    }
     out
 }
 
-/// Why the program does not fit a chip (`needs`), its largest of `terms` (in [`TERMS`]' order),
-/// and a mesh that fits:
-/// `fitting` as the compile calibrated the planner, else the planner's own suggestion.
+/// The attention line of a GPU report: each form's blocks, and whether the compiled program
+/// kept every cuDNN block's fused call.
+fn attention_line(blocks: &[BlockAttention]) -> String {
+    let forms: Vec<(usize, AttentionForm)> = blocks
+        .iter()
+        .map(|b| {
+            let form = match &b.reason {
+                None => AttentionForm::Cudnn,
+                Some(why) => AttentionForm::Xla(why.clone()),
+            };
+            (b.block, form)
+        })
+        .collect();
+    let summary = siphon_models::cudnn::summary(&forms);
+    let fused: Vec<&BlockAttention> = blocks.iter().filter(|b| b.form == "cudnn").collect();
+    if fused.is_empty() {
+        return summary;
+    }
+    let kept = fused.iter().filter(|b| b.compiled_fused_calls == 1).count();
+    if kept == fused.len() {
+        format!("{summary} (compiled: each cuDNN block's {} call kept)", siphon_models::cudnn::TARGET)
+    } else {
+        format!("{summary} (compiled: only {kept} of {} cuDNN blocks kept their call)", fused.len())
+    }
+}
+
+/// Why the program does not fit a device (`needs`), its largest of `terms` (in [`TERMS`]'
+/// order), and a mesh that fits: `fitting` as the compile calibrated the planner, else the
+/// planner's own suggestion.
 fn refusal(
-    slice: &TpuSlice,
+    target: &Target,
     plan: &Plan,
     needs: String,
     terms: [u64; 4],
@@ -401,14 +721,20 @@ fn refusal(
              weight-sharding group (--fsdp, --model-parallel), a smaller --batch or --seq, or fewer hooks",
             gib(plan.memory.required_bytes)
         ),
-        None => {
-            "; no mesh over this slice fits: use a larger slice, a smaller --batch or --seq, or fewer hooks".to_string()
-        }
+        None => match target {
+            Target::Tpu(_) => {
+                "; no mesh over this slice fits: use a larger slice, a smaller --batch or --seq, or fewer hooks".into()
+            }
+            Target::Gpu(_) => {
+                "; no mesh over these GPUs fits: use more GPUs or nodes, a smaller --batch or --seq, or fewer hooks"
+                    .into()
+            }
+        },
     };
     format!(
         "mesh {} does not fit {}: {needs}; its largest term is {largest} ({}){hint}",
         plan.mesh,
-        slice.name,
+        target.name(),
         gib(bytes)
     )
 }
