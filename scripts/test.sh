@@ -9,7 +9,9 @@
 # `pip install .` into a fresh venv (scripts/check-pip-install.sh; SIPHON_SKIP_PIP_INSTALL=1
 # skips it). libtpu (PyPI, ~200 MB once; scripts/setup-libtpu.sh) is for
 # the tests that compile every fixture family for a TPU slice on this machine and that check
-# libtpu's error without a TPU.
+# libtpu's error without a TPU; XLA's CUDA plugin with cuDNN, cuBLASLt, ptxas and the driver
+# library (~1.5 GB of downloads once, ~2 GB in the cache; scripts/setup-cuda-compiler.sh) for
+# those that compile every family's GPU program for H100s, no GPU needed.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -34,6 +36,8 @@ if [ -f scripts/setup-corpus.sh ]; then
 fi
 SIPHON_TEST_LIBTPU_PLUGIN="$(setup setup-libtpu.sh)"
 export SIPHON_TEST_LIBTPU_PLUGIN
+SIPHON_TEST_CUDA_COMPILER="$(setup setup-cuda-compiler.sh)"
+export SIPHON_TEST_CUDA_COMPILER
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
 log "plugin: $SIPHON_PJRT_PLUGIN"

@@ -31,6 +31,9 @@ fn a_writable_output_is_checked_and_left_as_it_was() {
     assert!(stdout.contains("devices:   2"), "the plugin is checked after the output: {stdout}");
     // Where `siphon plan --target tpu:…` finds libtpu, or how to install it.
     assert!(stdout.contains("tpu plans: libtpu ") || stdout.contains("tpu plans: no libtpu found"), "{stdout}");
+    // And where `siphon plan --target gpu:…` finds the CUDA plugin, or how to install it.
+    let gpu = stdout.lines().find(|l| l.starts_with("gpu plans: ")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(gpu.contains("compiles for GPUs") || gpu.contains("scripts/setup-cuda-compiler.sh"), "{gpu}");
     assert_eq!(std::fs::read_dir(&output).unwrap().count(), 0, "the probe left something behind");
 }
 

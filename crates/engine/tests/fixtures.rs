@@ -63,7 +63,9 @@ fn masked_diff(a: &[f32], b: &[f32], mask: &[Vec<u8>], d: usize) -> (f32, f32) {
             continue;
         }
         for i in tok * d..(tok + 1) * d {
-            diff = diff.max((a[i] - b[i]).abs());
+            // A NaN is no distance `max` would keep: it counts as infinitely far.
+            let e = (a[i] - b[i]).abs();
+            diff = if e.is_nan() { f32::INFINITY } else { diff.max(e) };
             scale = scale.max(b[i].abs());
         }
     }
@@ -281,11 +283,17 @@ fn mixtures_match_hf_at_any_capacity_and_on_a_mesh() {
 /// The grouped form a CUDA plugin runs (`siphon_kernels::grouped`, cuBLAS's grouped products
 /// there), on the CPU plugin's plain loop over the same product descriptors: each mixture's
 /// goldens in f32 (biases and GPT-OSS's clamped SwiGLU, tied routing, top-k = every expert,
-/// DeepSeek-V3's shared experts and groups), and in bf16 within twice the distance of XLA's
-/// own bf16 expert loop from HF's f32 (or 2% of the hook's scale).
+/// DeepSeek-V3's shared experts and groups) on one device, on a 2 × 4 mesh (each device its
+/// tokens through the experts it holds: experts over `model`) and on 8 devices of `model`
+/// alone (every device all tokens), and in bf16 within twice the distance of XLA's own bf16
+/// expert loop from HF's f32 (or 2% of the hook's scale).
 #[test]
 fn mixtures_as_grouped_products_match_hf() {
     let grouped = EngineOptions { grouped_experts: true, ..EngineOptions::default() };
+    let meshes = [
+        Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap(),
+        Mesh::new(&[("model", 8)], (0..8).collect()).unwrap(),
+    ];
     for name in [
         "tiny-qwen3-moe",
         "tiny-mixtral",
@@ -300,6 +308,10 @@ fn mixtures_as_grouped_products_match_hf() {
     ] {
         let model = LoadedModel::open(&fixture(name)).unwrap();
         check_goldens_with(&format!("{name} as grouped products"), &model, &tiny_goldens(name), &grouped);
+        for mesh in &meshes {
+            let options = EngineOptions { mesh: mesh.clone(), ..grouped.clone() };
+            check_goldens_with(&format!("{name} as grouped products on {mesh}"), &model, &tiny_goldens(name), &options);
+        }
         let g = golden(&fixture(&format!("{name}/golden-right.safetensors")));
         let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
         let hook = HookPoint::model(HookKind::LnFinalOut);
@@ -316,7 +328,11 @@ fn mixtures_as_grouped_products_match_hf() {
             engine.run(&batch).unwrap().get(hook).unwrap().to_f32()
         };
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let dist = |got: &[f32]| got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let dist = |got: &[f32]| got.iter().zip(&want).fold(0f32, |m, (a, b)| {
+            // A NaN counts as infinitely far (`max` would drop it).
+            let e = (a - b).abs();
+            if e.is_nan() { f32::INFINITY } else { m.max(e) }
+        });
         let (xla, grouped) = (dist(&bf16(false)), dist(&bf16(true)));
         assert!(
             grouped <= (2.0 * xla).max(0.02 * scale),

@@ -168,7 +168,7 @@ fn differences(
                     for key in 0..seq {
                         let value = at(offset + q, h * seq + key);
                         match key.checked_sub(offset).filter(|&k| k < n) {
-                            Some(k) => worst = worst.max((value - t.values[(h * n + q) * n + k]).abs()),
+                            Some(k) => worst = farther(worst, value - t.values[(h * n + q) * n + k]),
                             None => assert_eq!(value, masked, "{} row {} query {q}: padding key {key}", t.name, t.row),
                         }
                     }
@@ -184,7 +184,7 @@ fn differences(
                 for tok in 0..n {
                     for i in 0..rest {
                         let want = t.values[(h * n + tok) * rest + i];
-                        worst = worst.max((at(offset + tok, h * rest + i) - want).abs());
+                        worst = farther(worst, at(offset + tok, h * rest + i) - want);
                     }
                 }
             }
@@ -199,7 +199,7 @@ fn differences(
             assert_eq!(t.shape[0], n, "{}", t.name);
             for tok in 0..n {
                 for i in 0..per_token {
-                    worst = worst.max((at(offset + tok, i) - t.values[tok * per_token + i]).abs());
+                    worst = farther(worst, at(offset + tok, i) - t.values[tok * per_token + i]);
                 }
             }
         }
@@ -504,4 +504,9 @@ fn tiny_deepseek_v3_without_q_lora_every_hook_matches_transformer_lens() {
 #[test]
 fn tiny_gpt_oss_every_hook_matches_transformer_lens() {
     check_model("tiny-gpt-oss");
+}
+
+/// The larger of `worst` and `|d|`, a NaN `d` counting as infinitely far (`max` would drop it).
+fn farther(worst: f32, d: f32) -> f32 {
+    if d.is_nan() { f32::INFINITY } else { worst.max(d.abs()) }
 }

@@ -3,10 +3,12 @@
 //! `r` of group `g` — one projection of every expert at once, each expert's weights read
 //! where they lie.
 //!
-//! Operands: `lhs` `[A, K]`, the groups' sizes `counts` `[G]` (s32, summing to `A`, in the
-//! rows' order), the stacked matrices `w` `[G, N, K]` (as a mixture stores `gate`, `up` and
-//! `down`); result `[A, N]`. `lhs`, `w` and the result are all f32 or all bf16 (products
-//! summed in f32, rounded once to the result's type).
+//! Operands: `lhs` `[A, K]`, the groups' sizes `counts` `[G]` (s32, in the rows' order,
+//! summing to at most `A`), the stacked matrices `w` `[G, N, K]` (as a mixture stores `gate`,
+//! `up` and `down`); result `[A, N]`. `lhs`, `w` and the result are all f32 or all bf16
+//! (products summed in f32, rounded once to the result's type). Rows past the groups' total
+//! belong to no group and are not written: a caller masks them (a device of a mesh holding
+//! some of the experts gives the rows routed elsewhere to no group).
 //!
 //! Each group is one product in cuBLAS's terms ([`Gemm`], column-major): on CUDA
 //! ([`crate::cuda`]) the groups go to cuBLAS; on the CPU ([`handler`]) the same descriptors run
@@ -113,13 +115,13 @@ pub struct Gemm {
 
 impl Grouped {
     /// One [`Gemm`] per group that has rows, in order, for the groups' sizes `counts` (read
-    /// from the device); refuses sizes that are negative, of another number of groups, or do
-    /// not sum to the rows.
+    /// from the device); refuses sizes that are negative, of another number of groups, or sum
+    /// to more than the rows.
     pub fn gemms(&self, counts: &[i32]) -> Result<Vec<Gemm>, String> {
         let Grouped { rows, groups, k, n, .. } = *self;
         let total: i64 = counts.iter().map(|&c| c as i64).sum();
-        if counts.len() != groups || counts.iter().any(|&c| c < 0) || total != rows as i64 {
-            return Err(format!("{TARGET}: the {groups} groups' sizes {counts:?} do not hold the {rows} rows"));
+        if counts.len() != groups || counts.iter().any(|&c| c < 0) || total > rows as i64 {
+            return Err(format!("{TARGET}: the {groups} groups' sizes {counts:?} do not fit in the {rows} rows"));
         }
         let mut start = 0;
         let mut gemms = Vec::new();
@@ -203,25 +205,31 @@ fn execute(frame: &CallFrame) -> Result<(), String> {
     // SAFETY: `check` matched every buffer's dtype and dims; XLA keeps the operands alive and
     // the result to this call for its duration.
     unsafe {
-        let gemms = shape.gemms(counts.slice::<i32>("counts", DataType::S32, &[groups])?)?;
+        let counts = counts.slice::<i32>("counts", DataType::S32, &[groups])?;
+        let gemms = shape.gemms(counts)?;
+        // The rows past the groups' total belong to no group: NaN here, so that a caller that
+        // forgets to mask them sees it (a GPU leaves them as they were).
+        let grouped = counts.iter().map(|&c| c as usize).sum::<usize>() * n;
         let dt = lhs.dtype;
         match element {
-            Element::F32 => run_gemms(
-                &gemms,
-                w.slice::<f32>("w", dt, &[groups, n, k])?,
-                lhs.slice::<f32>("lhs", dt, &[rows, k])?,
-                out.slice_mut::<f32>("out", dt, &[rows, n])?,
-                |v| v,
-                |v| v,
-            ),
-            Element::Bf16 => run_gemms(
-                &gemms,
-                w.slice::<u16>("w", dt, &[groups, n, k])?,
-                lhs.slice::<u16>("lhs", dt, &[rows, k])?,
-                out.slice_mut::<u16>("out", dt, &[rows, n])?,
-                bf16_to_f32,
-                f32_to_bf16,
-            ),
+            Element::F32 => {
+                let out = out.slice_mut::<f32>("out", dt, &[rows, n])?;
+                run_gemms(
+                    &gemms,
+                    w.slice::<f32>("w", dt, &[groups, n, k])?,
+                    lhs.slice::<f32>("lhs", dt, &[rows, k])?,
+                    out,
+                    |v| v,
+                    |v| v,
+                );
+                out[grouped..].fill(f32::NAN);
+            }
+            Element::Bf16 => {
+                let out = out.slice_mut::<u16>("out", dt, &[rows, n])?;
+                let (w, lhs) = (w.slice::<u16>("w", dt, &[groups, n, k])?, lhs.slice::<u16>("lhs", dt, &[rows, k])?);
+                run_gemms(&gemms, w, lhs, out, bf16_to_f32, f32_to_bf16);
+                out[grouped..].fill(f32_to_bf16(f32::NAN));
+            }
         }
     }
     Ok(())
@@ -272,13 +280,16 @@ mod tests {
     }
 
     #[test]
-    fn group_sizes_that_do_not_hold_the_rows_are_refused() {
+    fn group_sizes_that_do_not_fit_the_rows_are_refused() {
         let shape = Grouped { rows: 10, groups: 3, k: 4, n: 6, element: Element::F32 };
-        for counts in [&[3, 3, 3][..], &[5, 6, -1], &[10, 0], &[4, 4, 4]] {
+        for counts in [&[5, 6, -1][..], &[10, 0], &[4, 4, 3], &[0, 0, 11]] {
             let err = shape.gemms(counts).expect_err("bad sizes");
-            assert!(err.contains("do not hold the 10 rows"), "{err}");
+            assert!(err.contains("do not fit in the 10 rows"), "{err}");
         }
         assert_eq!(shape.gemms(&[0, 10, 0]).unwrap().len(), 1);
+        // Fewer rows than the lhs has: the rest belong to no group and get no product.
+        let gemms = shape.gemms(&[3, 0, 4]).unwrap();
+        assert_eq!(gemms.iter().map(|g| (g.group, g.b, g.n)).collect::<Vec<_>>(), [(0, 0, 3), (2, 3 * 4, 4)]);
     }
 
     /// The descriptors, read as cuBLAS reads them, give every row its own group's product

@@ -407,7 +407,11 @@ fn check_latents(dicts: &[(Dictionary, Vec<f32>)], results: &[Vec<f32>], lengths
             }
         }
         assert_eq!(got.len(), want.len(), "{}", d.name);
-        let worst = got.iter().zip(want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        let worst = got.iter().zip(want).fold(0f32, |m, (g, w)| {
+            // A NaN counts as infinitely far (`max` would drop it).
+            let e = (g - w).abs();
+            if e.is_nan() { f32::INFINITY } else { m.max(e) }
+        });
         assert!(
             worst <= 1e-4 * scale,
             "{} (mesh: {on_mesh}): latents {worst} from the library's (scale {scale})",

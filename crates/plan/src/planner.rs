@@ -261,26 +261,25 @@ pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) ->
 /// A note for `plan`: which form each block's attention would take on a CUDA plugin over the
 /// extraction's right-padded rows (cuDNN's fused kernel where the block can take it,
 /// `siphon_models::cudnn`), for a bf16 plan with a batch and sequence length, on GPUs (not a
-/// TPU slice). Built on one device: on a mesh every block keeps XLA's form. It builds the
-/// forward, so `siphon plan` asks for it, not every caller of [`plan`].
+/// TPU slice), on the plan's mesh. It builds the forward, so `siphon plan` asks for it, not
+/// every caller of [`plan`].
 pub fn cuda_attention(config: &ModelConfig, plan: &Plan, request: &PlanRequest) -> Option<String> {
-    let shape = plan.shape;
     let (Some(batch), Some(seq)) = (request.batch, request.seq) else {
         return None;
     };
     if request.dtype != DType::Bf16 || request.layout != DeviceLayout::Dense {
         return None;
     }
-    if shape.data * shape.fsdp * shape.model > 1 {
-        return Some(
-            "on a CUDA plugin, attention keeps XLA's form on a mesh (cuDNN's call has no sharding rule here)".into(),
-        );
-    }
     let hooks = request.hooks.clone().unwrap_or_else(|| every_hidden_state(config));
     let mut spec = siphon_models::ForwardSpec::new(batch, seq, hooks);
     spec.compute_dtype = siphon_models::DType::Bf16.into();
     spec.output_dtype = spec.compute_dtype;
     spec.cudnn_attention = true;
+    if plan.mesh.num_devices() > 1 {
+        spec.mesh = plan.mesh.clone();
+        spec.param_specs = plan.param_specs().iter().cloned().collect();
+        spec.input_spec = Some(plan.input_spec.clone());
+    }
     let program = siphon_models::build_forward(config, &spec).ok()?;
     (!program.attention.is_empty())
         .then(|| format!("on a CUDA plugin (right-padded rows): {}", siphon_models::cudnn::summary(&program.attention)))

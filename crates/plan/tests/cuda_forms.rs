@@ -3,7 +3,8 @@
 //! each block takes and the grouped calls are pinned in `tests/cuda_forms.txt`
 //! (`UPDATE_EXPECT=1` rewrites it; review the diff), the program calls cuDNN exactly in the
 //! blocks that say so, and left-padded rows, f32 compute or a hooked pattern keep XLA's form;
-//! the experts take three grouped products per mixture block on one device, none on a mesh.
+//! the experts take three grouped products per mixture block, on one device and on each
+//! device's part of a mesh (a manual computation each), where cuDNN's calls are too.
 //! Whether the calls run right on a GPU is for a GPU (`scripts/bench-gpu.sh kernels`); the
 //! grouped products' values are checked on the CPU plugin (`crates/engine/tests/fixtures.rs`).
 
@@ -62,14 +63,34 @@ fn every_family_calls_cudnn_exactly_where_its_blocks_can_take_it() {
         let experts = if grouped == 0 { String::new() } else { format!("; experts: {grouped} grouped products") };
         table.push_str(&format!("{name}: {}{experts}\n", siphon_models::cudnn::summary(forms)));
         if grouped > 0 {
-            // f32 takes the same products; a mesh keeps its rounds (experts split over `model`).
+            // f32 takes the same products; so does a mesh, each device's part in a manual
+            // computation (experts split over `model`).
             grouped_spec.compute_dtype = DType::F32.into();
             assert_eq!(grouped_calls(&build_forward(&config, &grouped_spec).unwrap().text), grouped, "{name}");
-            let mesh = siphon_mesh::Mesh::new(&[("data", 1), ("model", 2)], vec![0, 1]).unwrap();
+            let mesh = siphon_mesh::Mesh::new(&[("data", 2), ("model", 2)], vec![0, 1, 2, 3]).unwrap();
             let mut meshed = spec(vec![last], false).with_megatron_plan(&config, mesh);
             meshed.grouped_experts = true;
-            assert_eq!(grouped_calls(&build_forward(&config, &meshed).unwrap().text), 0, "{name} on a mesh");
+            let text = build_forward(&config, &meshed).unwrap().text;
+            assert_eq!(grouped_calls(&text), grouped, "{name} on a mesh");
+            let manual = text.matches("sdy.manual_computation").count();
+            assert_eq!(manual, grouped / 3, "{name}: one manual computation per mixture block");
+            meshed.grouped_experts = false;
+            assert_eq!(grouped_calls(&build_forward(&config, &meshed).unwrap().text), 0, "{name}: rounds on a mesh");
         }
+
+        // On a mesh (rows over `data`, heads over `model`): the same forms where the heads
+        // split over `model`, each block's call on each device's part.
+        let mesh = siphon_mesh::Mesh::new(&[("data", 2), ("model", 2)], vec![0, 1, 2, 3]).unwrap();
+        let meshed = spec(vec![last], true).with_megatron_plan(&config, mesh);
+        let program = build_forward(&config, &meshed).unwrap();
+        let splits = config.attention.n_heads % 2 == 0
+            && (0..config.n_layers).all(|l| config.kv_heads_at(l) % 2 == 0);
+        if splits {
+            assert_eq!(program.attention, *forms, "{name} on a mesh");
+        }
+        let on_mesh = program.attention.iter().filter(|(_, f)| *f == AttentionForm::Cudnn).count();
+        assert_eq!(calls(&program.text), on_mesh, "{name} on a mesh: one call per cuDNN block");
+        assert_eq!(program.text.matches("sdy.manual_computation").count(), on_mesh, "{name}");
 
         // Left-padded rows (the flag off): XLA's form everywhere, the program as on the CPU.
         let left = build_forward(&config, &spec(vec![last], false)).unwrap();
@@ -104,7 +125,7 @@ fn every_family_calls_cudnn_exactly_where_its_blocks_can_take_it() {
 }
 
 /// `siphon plan` says which form each block's attention takes on a CUDA plugin: for a bf16
-/// batch on one device the blocks' forms, on a mesh XLA's, on a TPU slice or in f32 nothing.
+/// batch the blocks' forms on the plan's mesh, on a TPU slice or in f32 nothing.
 #[test]
 fn the_plan_says_where_cudnn_attention_runs() {
     use siphon_plan::{DeviceLayout, PlanRequest, Topology};
@@ -125,7 +146,11 @@ fn the_plan_says_where_cudnn_attention_runs() {
         note(&gemma2, 1, &request).as_deref(),
         Some("on a CUDA plugin (right-padded rows): XLA (soft-capped scores): blocks 0-2")
     );
-    assert!(note(&llama, 2, &request).unwrap().contains("keeps XLA's form on a mesh"));
+    assert_eq!(
+        note(&llama, 2, &request).as_deref(),
+        Some("on a CUDA plugin (right-padded rows): cuDNN fused: blocks 0-2"),
+        "on a mesh of 2 (heads over model)"
+    );
     let f32_request = PlanRequest { dtype: DType::F32, ..request.clone() };
     assert_eq!(note(&llama, 1, &f32_request), None);
     let tpu = PlanRequest { layout: DeviceLayout::TpuTiled, ..request.clone() };

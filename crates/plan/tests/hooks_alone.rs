@@ -216,7 +216,11 @@ fn check(
         let (got, want) = (got.to_f32(), want.to_f32());
         // Masked attention scores (the most negative f32) do not set the scale.
         let scale = want.iter().filter(|x| **x > f32::MIN).fold(0f32, |m, x| m.max(x.abs()));
-        let diff = got.iter().zip(&want).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        let diff = got.iter().zip(&want).fold(0f32, |m, (x, y)| {
+            // A NaN counts as infinitely far (`max` would drop it).
+            let e = (x - y).abs();
+            if e.is_nan() { f32::INFINITY } else { m.max(e) }
+        });
         let ulps = diff / ulp(scale);
         assert!(
             ulps <= ULPS,

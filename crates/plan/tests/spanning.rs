@@ -112,7 +112,7 @@ fn hosts_of_a_spanning_mesh_together_give_the_single_process_activations() {
                 let (mut diff, mut scale) = (0f32, 0f32);
                 for (t, _) in flat.iter().enumerate().filter(|(_, m)| **m == 1) {
                     for i in t * per_token..(t + 1) * per_token {
-                        diff = diff.max((a[i] - b[i]).abs());
+                        diff = farther(diff, a[i] - b[i]);
                         scale = scale.max(a[i].abs());
                     }
                 }
@@ -124,4 +124,9 @@ fn hosts_of_a_spanning_mesh_together_give_the_single_process_activations() {
             }
         }
     }
+}
+
+/// The larger of `worst` and `|d|`, a NaN `d` counting as infinitely far (`max` would drop it).
+fn farther(worst: f32, d: f32) -> f32 {
+    if d.is_nan() { f32::INFINITY } else { worst.max(d.abs()) }
 }

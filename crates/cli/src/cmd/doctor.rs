@@ -1,8 +1,8 @@
 //! `siphon doctor`: with `--output`, check that the output location takes a write, a read, a
 //! listing and a delete; then find and load the PJRT plugin, list its devices, and run a
 //! sharded matmul over all of them on a 2-D mesh, checked against plain Rust. It also says
-//! which libtpu `siphon plan --target tpu:…` would compile with (found, not loaded), or how to
-//! install it.
+//! which libtpu `siphon plan --target tpu:…` and which CUDA plugin `siphon plan --target
+//! gpu:…` would compile with (found, not loaded), or how to install them.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -54,6 +54,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             libtpu.reason
         ),
         Err(e) => println!("tpu plans: {e}"),
+    }
+    match PluginLocator::new().locate_cuda_compiler() {
+        Ok(cuda) => println!(
+            "gpu plans: the CUDA plugin {} ({}) compiles for GPUs (`siphon plan --target gpu:GPUS`)",
+            cuda.path.display(),
+            cuda.reason
+        ),
+        Err(e) => println!("gpu plans: {e}"),
     }
 
     let mut options = ClientOptions::new();

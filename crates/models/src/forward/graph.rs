@@ -175,6 +175,23 @@ impl<'a> Graph<'a> {
         self.sharded
     }
 
+    /// The mesh axes the flattened token dimension `batch*seq` is split over.
+    pub fn token_axes(&self) -> &[String] {
+        &self.token_axes
+    }
+
+    /// How the inputs `[batch, seq]` are split over the mesh.
+    pub fn input_spec(&self) -> &PartitionSpec {
+        &self.input_spec
+    }
+
+    /// How the weight whose value is `v` is split over the mesh (`None` for a value that is
+    /// no weight).
+    pub fn weight_spec(&self, v: Value) -> Option<&PartitionSpec> {
+        let i = self.params.iter().position(|p| self.weights.get(&p.name).is_some_and(|(w, _)| *w == v))?;
+        self.param_specs.get(i)
+    }
+
     /// The weight argument named `name`, noted as read.
     pub fn w(&self, name: &str) -> Result<Value, ModelError> {
         let (value, read) = self

@@ -10,18 +10,35 @@
 //! Every query row is given (`q_seqlen` = T): a padding position attends the real keys before
 //! it, as XLA's form and Hugging Face's mask have it, rather than being left undefined.
 //! A window `w` (query i sees key j when i − j < w) is cuDNN's `sliding_window_length` w.
-//! Measured nowhere yet: the first session with a GPU runs `scripts/bench-gpu.sh kernels`.
+//! On a mesh the call runs on each device's part (an `sdy.manual_computation`: its rows of
+//! the batch, its heads where `model` splits them), as XLA's form would be split; the call
+//! itself has no sharding rule. Each call is named `blocks.N.attn`, so that a compiled
+//! program says which block's call it kept. Compiled for an H100 by XLA's CUDA plugin, cuDNN
+//! building each graph (`crates/plan/tests/cuda_compile.rs`); run on no GPU yet.
 
 use serde_json::json;
 use siphon_hlo::{Builder, DType, HloError, TensorType, Value};
+use siphon_mesh::PartitionSpec;
 
 use crate::ModelError;
 use crate::contract::AttentionForm;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
+use crate::sharding::MODEL;
 
 /// The library call's target.
 pub const TARGET: &str = "__cudnn$fmhaSoftmax";
+
+/// The op name block `layer`'s call carries (`loc("blocks.N.attn")`).
+fn call_name(layer: usize) -> String {
+    format!("blocks.{layer}.attn")
+}
+
+/// The block whose call a compiled instruction's op name names: XLA keeps the call's name as
+/// its `op_name`, prefixed on a mesh by the computation that holds it (`call.2/blocks.0.attn`).
+pub fn call_block(op_name: &str) -> Option<usize> {
+    op_name.rsplit('/').next()?.strip_prefix("blocks.")?.strip_suffix(".attn")?.parse().ok()
+}
 
 pub use crate::contract::attention_summary as summary;
 
@@ -32,10 +49,13 @@ impl Graph<'_> {
         let c = self.config;
         let hd = c.head_dim_at(layer);
         let at = |kind| HookPoint::block(layer, kind);
+        let model = self.spec.mesh.axis_size(MODEL).unwrap_or(1);
         let why = if !self.spec.cudnn_attention {
             "not a CUDA program of right-padded rows".to_string()
-        } else if !self.spec.mesh.axes().is_empty() {
-            "a mesh: the call has no sharding rule".into()
+        } else if self.sharded() && !self.input_spec().dims()[1].is_empty() {
+            "a sequence split over the mesh".into()
+        } else if !(c.attention.n_heads.is_multiple_of(model) && c.kv_heads_at(layer).is_multiple_of(model)) {
+            format!("{} heads and {} KV heads over model = {model}", c.attention.n_heads, c.kv_heads_at(layer))
         } else if self.dt != DType::BF16 {
             format!("{} compute (cuDNN takes bf16)", self.dt)
         } else if hd > 128 || !hd.is_multiple_of(8) {
@@ -64,14 +84,30 @@ impl Graph<'_> {
         let (bsz, s, n, nkv, hd) =
             (self.spec.batch, self.spec.seq, c.attention.n_heads, c.kv_heads_at(layer), c.head_dim_at(layer));
         let lengths = self.row_lengths()?;
+        let (sharded, mesh) = (self.sharded(), self.spec.mesh.clone());
+        let rows: Vec<String> = self.input_spec().dims()[0].clone();
         let b = &mut self.b;
         let q = b.reshape(q, &[bsz, s, n, hd])?;
         let k = b.reshape(k, &[bsz, s, nkv, hd])?;
         let v = b.reshape(v, &[bsz, s, nkv, hd])?;
         let scale = c.attention.scalar.unwrap_or(hd as f64).powf(-0.5);
         let window = c.window(layer).filter(|&w| w < s).unwrap_or(0);
-        let name = format!("blocks.{layer}.attn");
-        let out = fused(b, [q, k, v], lengths, [bsz, s, n, hd], scale, window, Some(&name))?;
+        let name = call_name(layer);
+        let out = if sharded {
+            // Each device its rows and, over `model`, its heads (the KV heads split alike, so
+            // that each query head's KV head is on its device).
+            let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
+            let heads: &[&str] = if mesh.axis_size(MODEL).unwrap_or(1) > 1 { &[MODEL] } else { &[] };
+            let split = PartitionSpec::new(&[&rows, &[], heads, &[]]);
+            let specs = [split.clone(), split.clone(), split.clone(), PartitionSpec::new(&[&rows])];
+            b.manual_computation(&[q, k, v, lengths], &specs, &[split], |b, p| {
+                let [local_b, _, local_n, _] = b.dims(p[0])?.try_into().expect("q is [B, S, N, H]");
+                let dims = [local_b, s, local_n, hd];
+                Ok(vec![fused(b, [p[0], p[1], p[2]], p[3], dims, scale, window, Some(&name))?])
+            })?[0]
+        } else {
+            fused(b, [q, k, v], lengths, [bsz, s, n, hd], scale, window, Some(&name))?
+        };
         Ok(b.reshape(out, &[bsz * s, n * hd])?)
     }
 
@@ -186,4 +222,21 @@ fn backend_config(batch: usize, heads: usize, seq: usize, scale: f64, window: us
         },
     })
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_calls_block_is_read_from_its_op_name() {
+        for (op_name, block) in [
+            ("blocks.3.attn", Some(3)),
+            ("call.2/blocks.11.attn", Some(11)),
+            ("blocks.3.attn.x", None),
+            ("blocks.x.attn", None),
+            ("", None),
+        ] {
+            assert_eq!(super::call_block(op_name), block, "{op_name:?}");
+        }
+        assert_eq!(super::call_block(&super::call_name(7)), Some(7));
+    }
 }

@@ -20,6 +20,10 @@
 //! Dispatch on one device as grouped products ([`Routing::grouped`], `siphon_kernels::grouped`:
 //! cuBLAS on a CUDA plugin): the sorted rows through each projection of every expert in one
 //! call, each expert's queue times its own weights where they lie; exactly the routed rows.
+//! On a mesh the same, on each device's part ([`Graph::grouped_on_mesh`], an
+//! `sdy.manual_computation`): each device routes its own tokens through the experts it holds
+//! (experts split whole over `model`: expert parallelism), its choices of other devices'
+//! experts sorted last, in no group, and masked; the devices' parts are summed.
 //!
 //! Dispatch on a mesh ([`Routing::in_rounds`]): rounds of `[experts, capacity]` buffers,
 //! each holding the rows at positions `round·capacity …` of every queue, through one
@@ -33,6 +37,7 @@
 //! uneven.
 
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, HloError, TensorType, Value};
+use siphon_mesh::PartitionSpec;
 
 use crate::ModelError;
 use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, Slice};
@@ -170,6 +175,9 @@ impl Graph<'_> {
         let [t, k] =
             self.b.dims(indices)?.try_into().map_err(|_| ModelError::Config("indices not [tokens, k]".into()))?;
         let e = self.b.dims(experts.weights[0])?[0];
+        if self.sharded() && self.spec.grouped_experts {
+            return self.grouped_on_mesh(x, experts, chosen, indices);
+        }
         let groups = Some(self.token_groups()).filter(|g| t % g == 0).unwrap_or(1);
         let n = t / groups;
         let routing = Routing::new(&mut self.b, e, chosen, indices, groups)?;
@@ -178,7 +186,7 @@ impl Graph<'_> {
             let cap = self.spec.expert_capacity.unwrap_or_else(|| capacity(n, k, e)).clamp(1, n);
             routing.in_rounds(&mut self.b, x, experts, dt, cap)?
         } else if self.spec.grouped_experts {
-            routing.grouped(&mut self.b, x, experts, dt)?
+            routing.grouped(&mut self.b, x, experts, dt, None)?
         } else if let Some(target) = experts.cpu_kernel(dt).filter(|_| self.spec.cpu_kernels) {
             routing.cpu_kernel(&mut self.b, x, experts, target)?
         } else {
@@ -186,6 +194,95 @@ impl Graph<'_> {
             routing.per_expert(&mut self.b, x, experts, dt, chunk)?
         };
         Ok(out)
+    }
+}
+
+impl Graph<'_> {
+    /// [`Graph::routed`] as grouped products on a mesh: an `sdy.manual_computation` in which
+    /// each device routes its own tokens (those of its part of the token split; all of them
+    /// where tokens are not split) through the experts it holds — whole experts over the axes
+    /// the stacked weights' expert dimension is split over (`model`: expert parallelism; the
+    /// other splits are gathered as the device enters), every expert where it is not split.
+    /// A choice of an expert another device holds is sorted after the device's own, in no
+    /// group (the grouped product leaves its row unwritten), and masked; each device's part of
+    /// each token's sum comes out along a new first dimension split like the experts, summed
+    /// outside (the partitioner adds the parts across the devices). Exactly the routed rows
+    /// are multiplied, each on the device holding its expert.
+    fn grouped_on_mesh(
+        &mut self,
+        x: Value,
+        experts: &Experts,
+        chosen: Value,
+        indices: Value,
+    ) -> Result<Value, ModelError> {
+        let mesh = self.spec.mesh.clone();
+        let e = self.b.dims(experts.weights[0])?[0];
+        let k = self.b.dims(indices)?[1];
+        let expert_axes: Vec<String> =
+            self.weight_spec(experts.weights[0]).map(|s| s.dims()[0].clone()).unwrap_or_default();
+        let m: usize = expert_axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1)).product();
+        let token_axes = self.token_axes().to_vec();
+        let tokens: Vec<&str> = token_axes.iter().map(String::as_str).collect();
+        let by_expert: Vec<&str> = expert_axes.iter().map(String::as_str).collect();
+        let rows = PartitionSpec::new(&[&tokens, &[]]);
+        let mut operands = vec![x, chosen, indices];
+        let mut specs = vec![rows.clone(), rows.clone(), rows];
+        for w in experts.all() {
+            let rank = self.b.dims(w)?.len();
+            let mut dims: Vec<&[&str]> = vec![&[]; rank];
+            dims[0] = &by_expert;
+            operands.push(w);
+            specs.push(PartitionSpec::new(&dims));
+        }
+        let held = experts.all().len();
+        if m > 1 {
+            // Each device's index along the experts' split: its part of 0..m.
+            operands.push(self.b.iota(TensorType::new(DType::I32, &[m]), 0)?);
+            specs.push(PartitionSpec::new(&[&by_expert]));
+        }
+        let out_spec = match m {
+            1 => PartitionSpec::new(&[&tokens, &[]]),
+            _ => PartitionSpec::new(&[&by_expert, &tokens, &[]]),
+        };
+        let dt = self.dt;
+        let out = self.b.manual_computation(&operands, &specs, &[out_spec], |b, v| {
+            let (x, chosen, indices) = (v[0], v[1], v[2]);
+            let own = experts.with(&v[3..3 + held]);
+            let e_local = e / m;
+            let expert = b.convert(indices, DType::I32)?;
+            let t = b.dims(expert)?[0];
+            let (key, keep) = if m > 1 {
+                // The device's experts are `first .. first + e_local`; the others' key is
+                // `e_local`, sorted last.
+                let index = b.reshape(v[3 + held], &[])?;
+                let size = b.scalar(e_local as f64, DType::I32)?;
+                let first = b.mul(index, size)?;
+                let first = b.broadcast_in_dim(first, &[t, k], &[])?;
+                let local = b.sub(expert, first)?;
+                let zero = b.splat(0.0, i32t(&[t, k]))?;
+                let size = b.splat(e_local as f64, i32t(&[t, k]))?;
+                let above = b.compare(CompareDir::Ge, local, zero)?;
+                let below = b.compare(CompareDir::Lt, local, size)?;
+                let keep = b.and(above, below)?;
+                (b.select(keep, local, size)?, Some(keep))
+            } else {
+                (expert, None)
+            };
+            let routing = Routing::new(b, e_local + usize::from(m > 1), chosen, key, 1)?;
+            let y = routing.grouped(b, x, &own, dt, keep)?;
+            let y = match m {
+                1 => y,
+                _ => {
+                    let h = b.dims(y)?[1];
+                    b.reshape(y, &[1, t, h])?
+                }
+            };
+            Ok(vec![y])
+        })?;
+        Ok(match m {
+            1 => out[0],
+            _ => self.b.reduce_sum(out[0], &[0])?,
+        })
     }
 }
 
@@ -472,9 +569,19 @@ impl Routing {
     /// the sorted order, each projection of every expert in one call over the experts' queues
     /// (each expert's weights read in place), each bias gathered by the row's expert, the
     /// gating in XLA's ops; then each output, by slot, times its router weight and each
-    /// token's `k` summed, as [`Routing::cpu_kernel`] does. Needs one group.
-    fn grouped(&self, b: &mut Builder, x: Value, w: &Experts, dt: DType) -> Result<Value, HloError> {
-        let (t, k, a, h, e) = (self.n, self.k, self.n * self.k, b.dims(x)?[1], self.e);
+    /// token's `k` summed, as [`Routing::cpu_kernel`] does. Needs one group. With `keep`
+    /// (`[tokens, k]`: the choices of the experts `w` holds), the routing's last expert is
+    /// "elsewhere": its rows are in no group of the products and its slots give 0.
+    fn grouped(
+        &self,
+        b: &mut Builder,
+        x: Value,
+        w: &Experts,
+        dt: DType,
+        keep: Option<Value>,
+    ) -> Result<Value, HloError> {
+        let (t, k, a, h) = (self.n, self.k, self.n * self.k, b.dims(x)?[1]);
+        let e = self.e - usize::from(keep.is_some());
         let at_rows = |b: &mut Builder, table: Value, index: Value| -> Result<Value, HloError> {
             let dims = b.dims(table)?.to_vec();
             let table = b.reshape(table, &[&[1][..], &dims].concat())?;
@@ -483,7 +590,8 @@ impl Routing {
             b.reshape(rows, &[&[a][..], &dims[1..]].concat())
         };
         let rows = at_rows(b, x, self.sorted_token)?;
-        let counts = b.reshape(self.counts, &[e])?;
+        let counts = b.reshape(self.counts, &[self.e])?;
+        let counts = if keep.is_some() { b.slice_dim(counts, 0, 0, e)? } else { counts };
         let [gate, up, down] = [w.weights[0], w.weights[1], w.weights[2]];
         let [gb, ub, db] = w.biases.map_or([None; 3], |bs| bs.map(Some));
         let project = |b: &mut Builder, v: Value, weight: Value, bias: Option<Value>| -> Result<Value, HloError> {
@@ -491,6 +599,8 @@ impl Routing {
             let y =
                 b.custom_call(siphon_kernels::grouped::TARGET, &[v, counts, weight], TensorType::new(dt, &[a, n]))?;
             match bias {
+                // The rows of experts held elsewhere gather a clamped index's bias (a gather
+                // clamps its indices); they are masked below.
                 Some(bias) => {
                     let bias = at_rows(b, bias, self.sorted_expert)?;
                     b.add(y, bias)
@@ -503,6 +613,15 @@ impl Routing {
         let act = w.glu.apply(b, g, u, dt)?;
         let y = project(b, act, down, db)?;
         let y = at_rows(b, y, self.rank)?;
+        let y = match keep {
+            Some(keep) => {
+                let keep = b.reshape(keep, &[a])?;
+                let keep = b.broadcast_in_dim(keep, &[a, h], &[0])?;
+                let zero = b.splat(0.0, TensorType::new(dt, &[a, h]))?;
+                b.select(keep, y, zero)?
+            }
+            None => y,
+        };
         let y = b.reshape(y, &[t, k, h])?;
         let weights = b.broadcast_in_dim(self.chosen_weights, &[t, k, h], &[0, 1])?;
         let y = b.mul(y, weights)?;

@@ -431,18 +431,17 @@ fn memory_phrase(target: &Target, memory: u64, usable: u64) -> String {
 }
 
 /// Each softmax attention block's form as built, and its fused calls in the compiled
-/// program (`instructions`), found by the op name the call carries (`blocks.N.attn`).
+/// program (`instructions`), found by the op name each call carries.
 fn block_attention(forms: &[(usize, AttentionForm)], instructions: &[HloInstruction]) -> Vec<BlockAttention> {
-    let fused: Vec<&str> = instructions
+    let fused: Vec<Option<usize>> = instructions
         .iter()
         .filter(|i| i.custom_call_target == siphon_models::cudnn::TARGET)
-        .map(|i| i.op_name.as_str())
+        .map(|i| siphon_models::cudnn::call_block(&i.op_name))
         .collect();
     forms
         .iter()
         .map(|(layer, form)| {
-            let name = format!("blocks.{layer}.attn");
-            let calls = fused.iter().filter(|op| **op == name || op.starts_with(&format!("{name}/"))).count();
+            let calls = fused.iter().filter(|block| **block == Some(*layer)).count();
             match form {
                 AttentionForm::Cudnn => {
                     BlockAttention { block: *layer, form: "cudnn", reason: None, compiled_fused_calls: calls }
