@@ -4,7 +4,11 @@
 # (jax-cuda13-pjrt) but no Rust toolchain: build the binaries here first, then run this there.
 #
 #   scripts/bench-gpu.sh --prepare     # here: release binaries, stripped and xz'd into .gpu/
-#   scripts/bench-gpu.sh [STEP...]     # there: doctor fixtures qwen2 gemma2 extract host llama (default: all)
+#   scripts/bench-gpu.sh [STEP...]     # there: compile doctor fixtures qwen2 gemma2 extract host llama (default: all)
+#                                      #   compile (first, always): `siphon plan --target gpu:…` for this very
+#                                      #   device, compiled deviceless from the plugin's own description of it
+#                                      #   (Llama-3-8B with cuDNN's attention, Qwen3-30B-A3B with the grouped
+#                                      #   products): compile errors in seconds, before any run
 #                                      #   also: long (Llama-3-8B shape, 4 x 8192), moe (Qwen3-30B-A3B's
 #                                      #   shape, 2 layers; GPT-OSS-20B's): the checklist's items 4 and 5
 #                                      #   kernels: issue 46's GPU steps in one go: fixtures (f32 goldens in
@@ -73,14 +77,42 @@ bench() { # LIMIT NAME bench_forward.py flags...
 
 steps=("$@")
 [[ ${#steps[@]} -gt 0 ]] || steps=(doctor fixtures qwen2 gemma2 extract host llama)
-# kernels: the steps issue 46 needs on its first device, in order.
-expanded=()
+# kernels: the steps issue 46 needs on its first device, in order. The deviceless compile for
+# this device comes first whatever the steps.
+expanded=(compile)
 for step in "${steps[@]}"; do
-    if [[ $step == kernels ]]; then expanded+=(fixtures attention long moe); else expanded+=("$step"); fi
+    if [[ $step == kernels ]]; then
+        expanded+=(fixtures attention long moe)
+    elif [[ $step != compile ]]; then
+        expanded+=("$step")
+    fi
 done
 steps=("${expanded[@]}")
 for step in "${steps[@]}"; do
     case "$step" in
+    compile)
+        # The program extract would run, compiled for this device's own description (no run).
+        name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+        case "$name" in
+        *H100*PCIe*) target=h100-pcie ;;
+        *H100*) target=h100 ;;
+        *H200*) target=h200 ;;
+        *A100*40GB*) target=a100-40 ;;
+        *A100*) target=a100-80 ;;
+        *B200*) target=b200 ;;
+        *) target="" ;;
+        esac
+        if [[ -z $target ]]; then
+            note "compile skipped: siphon has no gpu: target for $name"
+        else
+            for plan in "llama-3-8b.json|blocks.{0..7}.hook_resid_post" "qwen3-30b-a3b.json|blocks.1.hook_resid_post"; do
+                IFS='|' read -r config hooks <<< "$plan"
+                timeout 120 .gpu/siphon plan --target "gpu:$target" --plugin "$plugin" --config "fixtures/configs/$config" \
+                    --hooks "$hooks" --batch 32 --seq 1024 > "$out/compile-${config%.json}.txt" 2>&1
+                note "compile $config for gpu:$target rc=$?: $(grep -E '^attention|^experts|total' "$out/compile-${config%.json}.txt" | tr '\n' ' ')"
+            done
+        fi
+        ;;
     doctor)
         timeout 45 .gpu/siphon doctor > "$out/doctor.txt" 2>&1
         note "doctor rc=$?"

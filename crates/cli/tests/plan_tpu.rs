@@ -165,7 +165,7 @@ fn a_program_larger_than_a_chip_is_refused_naming_its_largest_term() {
 fn bad_targets_and_a_missing_libtpu_are_named() {
     let config = ["--config", "fixtures/configs/qwen2.5-7b.json", "--batch", "64", "--seq", "128"];
     for (target, expected) in [
-        ("gpu:h100", "name a TPU slice as tpu:SLICE"),
+        ("h100", "name a TPU slice as tpu:SLICE (tpu:v5litepod-64) or GPU nodes as gpu:GPUS"),
         ("tpu:v5e-12", "no v5e slice has 12 chips"),
         ("tpu:v9-8", "unknown generation \"v9\""),
     ] {

@@ -716,7 +716,9 @@ impl Engine {
             tracing::info!(forms = %siphon_models::cudnn::summary(&program.attention), "attention");
         }
         if spec.grouped_experts && self.config.moe.is_some() {
-            tracing::info!("experts: one grouped product per projection (siphon_grouped_matmul), on each device's part");
+            tracing::info!(
+                "experts: one grouped product per projection (siphon_grouped_matmul), on each device's part"
+            );
         }
         let compiled = Arc::new(Compiled { executable, program });
         self.compiled.lock().expect("compile cache poisoned").insert((batch, seq), compiled.clone());

@@ -117,10 +117,10 @@ fn latents_through_the_engine_equal_the_librarys_on_one_device_and_a_mesh() {
             }
             let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             let worst = got.iter().zip(want).fold(0f32, |m, (g, w)| {
-            // A NaN counts as infinitely far (`max` would drop it).
-            let e = (g - w).abs();
-            if e.is_nan() { f32::INFINITY } else { m.max(e) }
-        });
+                // A NaN counts as infinitely far (`max` would drop it).
+                let e = (g - w).abs();
+                if e.is_nan() { f32::INFINITY } else { m.max(e) }
+            });
             assert!(worst <= 1e-4 * scale, "{} ({what}): {worst} from the library's (scale {scale})", d.name);
             let differ = got.iter().zip(want).filter(|(g, w)| (**g > 0.0) != (**w > 0.0)).count();
             assert_eq!(differ, 0, "{} ({what}): firings differ from the library's", d.name);

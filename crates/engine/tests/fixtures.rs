@@ -328,11 +328,13 @@ fn mixtures_as_grouped_products_match_hf() {
             engine.run(&batch).unwrap().get(hook).unwrap().to_f32()
         };
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let dist = |got: &[f32]| got.iter().zip(&want).fold(0f32, |m, (a, b)| {
-            // A NaN counts as infinitely far (`max` would drop it).
-            let e = (a - b).abs();
-            if e.is_nan() { f32::INFINITY } else { m.max(e) }
-        });
+        let dist = |got: &[f32]| {
+            got.iter().zip(&want).fold(0f32, |m, (a, b)| {
+                // A NaN counts as infinitely far (`max` would drop it).
+                let e = (a - b).abs();
+                if e.is_nan() { f32::INFINITY } else { m.max(e) }
+            })
+        };
         let (xla, grouped) = (dist(&bf16(false)), dist(&bf16(true)));
         assert!(
             grouped <= (2.0 * xla).max(0.02 * scale),

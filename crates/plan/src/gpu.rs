@@ -16,9 +16,9 @@ use crate::mesh::Topology;
 /// `siphon extract` on the GPU may use.
 pub const CUDA_ALLOCATOR_FRACTION: f64 = 0.75;
 
-/// A GPU model and its published figures (NVIDIA's data sheets, SXM parts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// A GPU model and its published figures (NVIDIA's data sheets, SXM parts); serialized as
+/// siphon's name for it (`h100`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuModel {
     /// H100 SXM 80 GB: 989 TFLOP/s dense bf16, 3.35 TB/s.
     H100,
@@ -103,6 +103,12 @@ impl GpuModel {
             GpuModel::A100_40 => 1.555e12,
             GpuModel::B200 => 7.7e12,
         }
+    }
+}
+
+impl Serialize for GpuModel {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
     }
 }
 

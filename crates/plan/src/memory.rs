@@ -66,9 +66,12 @@ pub use siphon_dtype::DType;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeviceLayout {
-    /// The values alone, row-major (XLA's CPU and GPU layouts).
+    /// The values alone, row-major (XLA's CPU layouts).
     #[default]
     Dense,
+    /// A GPU's: the values alone, row-major; a program's results, when more than one, come
+    /// with a table of their addresses, 8 bytes each (as XLA's CUDA compiler counts them).
+    Gpu,
     /// A TPU's tiled layouts, as libtpu 0.0.51 lays out a program's arguments and results
     /// (measured by compiling one-array programs for v5e): one dimension in the 128 lanes
     /// (padded to a multiple of 128), another in the rows (padded to a multiple of 8, or to a
@@ -85,7 +88,7 @@ impl DeviceLayout {
     pub fn array_bytes(self, shape: &[usize], element: usize) -> u64 {
         let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
         match self {
-            DeviceLayout::Dense => dims.iter().product::<u64>() * element as u64,
+            DeviceLayout::Dense | DeviceLayout::Gpu => dims.iter().product::<u64>() * element as u64,
             DeviceLayout::TpuTiled => {
                 let values = match dims.as_slice() {
                     [] => 1,
@@ -100,10 +103,13 @@ impl DeviceLayout {
 }
 
 impl DeviceLayout {
-    /// Bytes a program's `results` take beyond their arrays (a TPU's table of a tuple).
+    /// Bytes a program's `results` take beyond their arrays (a TPU's or GPU's table of a
+    /// tuple).
     pub fn results_table_bytes(self, results: usize) -> u64 {
         match self {
             DeviceLayout::Dense => 0,
+            DeviceLayout::Gpu if results > 1 => 8 * results as u64,
+            DeviceLayout::Gpu => 0,
             DeviceLayout::TpuTiled if results > 1 => (4 * results as u64).next_multiple_of(512),
             DeviceLayout::TpuTiled => 0,
         }

@@ -267,7 +267,7 @@ pub fn cuda_attention(config: &ModelConfig, plan: &Plan, request: &PlanRequest) 
     let (Some(batch), Some(seq)) = (request.batch, request.seq) else {
         return None;
     };
-    if request.dtype != DType::Bf16 || request.layout != DeviceLayout::Dense {
+    if request.dtype != DType::Bf16 || request.layout == DeviceLayout::TpuTiled {
         return None;
     }
     let hooks = request.hooks.clone().unwrap_or_else(|| every_hidden_state(config));

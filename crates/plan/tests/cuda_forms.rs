@@ -83,8 +83,8 @@ fn every_family_calls_cudnn_exactly_where_its_blocks_can_take_it() {
         let mesh = siphon_mesh::Mesh::new(&[("data", 2), ("model", 2)], vec![0, 1, 2, 3]).unwrap();
         let meshed = spec(vec![last], true).with_megatron_plan(&config, mesh);
         let program = build_forward(&config, &meshed).unwrap();
-        let splits = config.attention.n_heads % 2 == 0
-            && (0..config.n_layers).all(|l| config.kv_heads_at(l) % 2 == 0);
+        let splits = config.attention.n_heads.is_multiple_of(2)
+            && (0..config.n_layers).all(|l| config.kv_heads_at(l).is_multiple_of(2));
         if splits {
             assert_eq!(program.attention, *forms, "{name} on a mesh");
         }

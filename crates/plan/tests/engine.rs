@@ -126,10 +126,10 @@ fn planned_shardings_give_the_single_device_activations() {
                 // Masked attention scores (the most negative f32) do not set the scale.
                 let scale = a.iter().filter(|x| **x > f32::MIN).fold(0f32, |m, x| m.max(x.abs()));
                 let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| {
-            // A NaN counts as infinitely far (`max` would drop it).
-            let e = (x - y).abs();
-            if e.is_nan() { f32::INFINITY } else { m.max(e) }
-        });
+                    // A NaN counts as infinitely far (`max` would drop it).
+                    let e = (x - y).abs();
+                    if e.is_nan() { f32::INFINITY } else { m.max(e) }
+                });
                 assert!(scale > 0.01, "{name} {hook}: activations are trivially small");
                 assert!(diff <= 1e-4 * scale.max(1.0), "{name} on {}: {hook} differs by {diff:e}", plan.mesh);
             }

@@ -45,6 +45,12 @@ impl Target {
             }
             return Ok(Target::Gpu(GpuTarget::parse(name, hosts).context("--target")?));
         }
+        if !target.starts_with("tpu:") {
+            bail!(
+                "--target {target}: name a TPU slice as tpu:SLICE (tpu:v5litepod-64) or GPU nodes as gpu:GPUS \
+                 (gpu:h100x8): what siphon compiles for without their devices"
+            );
+        }
         if hosts != 1 {
             bail!("--hosts counts GPU nodes; a TPU slice's hosts follow from its name (--slices joins slices)");
         }
@@ -67,11 +73,12 @@ impl Target {
         }
     }
 
-    /// How the devices lay arrays out (a TPU pads them to its tiles).
+    /// How the devices lay arrays out (a TPU pads them to its tiles; a GPU adds a table of a
+    /// program's results).
     pub fn layout(&self) -> siphon_plan::DeviceLayout {
         match self {
             Target::Tpu(_) => siphon_plan::DeviceLayout::TpuTiled,
-            Target::Gpu(_) => siphon_plan::DeviceLayout::Dense,
+            Target::Gpu(_) => siphon_plan::DeviceLayout::Gpu,
         }
     }
 
