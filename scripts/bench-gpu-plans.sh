@@ -8,8 +8,9 @@
 # temporaries. A plan refused is a row with siphon's message.
 #
 # Installs the CUDA compiler (scripts/setup-cuda-compiler.sh) and builds siphon in release
-# unless SIPHON_BIN names a binary; JAX (jax, jaxlib, jax-cuda12-pjrt 0.12.0.1: the same
-# plugin) in its own venv. Compiles run one after another; DeepSeek-V3 takes minutes.
+# unless SIPHON_BIN names a binary; JAX (jax, jaxlib, jax-cuda12-pjrt and jax-cuda12-plugin
+# 0.12.0.1: the same plugin, compiling with the cuDNN and ptxas of siphon's set-up) in its own venv, with Python 3.12 or later (SIPHON_JAX_PYTHON, default python3.12).
+# Compiles run one after another; DeepSeek-V3 takes minutes.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -59,11 +60,20 @@ for plan in "${plans[@]}"; do
     i=$((i + 1))
 done
 
+# JAX 0.12 needs Python 3.12 or later: SIPHON_JAX_PYTHON names one (default python3.12).
+jax_python="${SIPHON_JAX_PYTHON:-python3.12}"
 log "JAX's own attention for the same H100 (its venv: jax, jaxlib, jax-cuda12-pjrt 0.12.0.1)"
-ensure_venv jax-cuda jax-cuda-0.12.0.1 "jax, jax_plugins.xla_cuda12" \
-    jax==0.12.0.1 jaxlib==0.12.0.1 jax-cuda12-pjrt==0.12.0.1 jax-cuda12-plugin==0.12.0.1
-"$SIPHON_CACHE/venvs/jax-cuda/bin/python" scripts/bench/jax_gpu_attention.py > "$work/jax.json" 2> "$work/jax.err" ||
-    { tail -n 5 "$work/jax.err" >&2; }
+# JAX's plugin compiles with the cuDNN, ptxas and libdevice siphon's set-up installed.
+cuda_root="$(cd "$(dirname "$SIPHON_PJRT_PLUGIN")/../.." && pwd)"
+if ! (
+    PYTHON="$jax_python" ensure_venv jax-cuda jax-cuda-0.12.0.1-2 "jax, jax_plugins.xla_cuda12, jax_cuda12_plugin" \
+        jax==0.12.0.1 jaxlib==0.12.0.1 jax-cuda12-pjrt==0.12.0.1 jax-cuda12-plugin==0.12.0.1 &&
+        XLA_FLAGS="--xla_gpu_cuda_data_dir=$cuda_root/nvidia/cuda_nvcc" LD_LIBRARY_PATH="$cuda_root/nvidia/cudnn/lib" \
+            "$SIPHON_CACHE/venvs/jax-cuda/bin/python" scripts/bench/jax_gpu_attention.py > "$work/jax.json" 2> "$work/jax.err"
+); then
+    log "JAX's reference failed (JAX 0.12 needs Python 3.12 or later: SIPHON_JAX_PYTHON names one)"
+    tail -n 5 "$work/jax.err" >&2 2>/dev/null || true
+fi
 
 "${PYTHON:-python3}" - "$work" <<'PY'
 import glob, json, os, sys

@@ -195,9 +195,7 @@ impl Graph<'_> {
         };
         Ok(out)
     }
-}
 
-impl Graph<'_> {
     /// [`Graph::routed`] as grouped products on a mesh: an `sdy.manual_computation` in which
     /// each device routes its own tokens (those of its part of the token split; all of them
     /// where tokens are not split) through the experts it holds — whole experts over the axes
