@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod fatal;
 mod job;
 
 #[derive(Parser)]
@@ -49,6 +50,7 @@ pub(crate) enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    fatal::install();
     let args = match cmd::extract::expand_config_file(std::env::args().collect()) {
         Ok(args) => args,
         Err(err) => {

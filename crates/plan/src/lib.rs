@@ -7,7 +7,9 @@
 //! PJRT, so `siphon plan` and the extraction command's pre-flight check run the exact same
 //! code in milliseconds, before weights are read or devices touched.
 //!
-//! Six pieces, one module each:
+//! Seven pieces, one module each:
+//! - [`bounds`]: what can be counted at all (every term of a plan sized before the exact
+//!   counts, which then cannot overflow) and the model's context limit.
 //! - [`mesh`]: the mesh kinds (`1d`, `2d`, `3d`, `auto`), the axes `data` × `fsdp` × `model`
 //!   and the device order that keeps `fsdp`/`model` groups inside a host; impossible shapes
 //!   are errors that list the valid ones.
@@ -42,6 +44,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod bounds;
 pub mod flops;
 pub mod gpu;
 pub mod memory;
@@ -50,6 +53,7 @@ mod planner;
 pub mod rules;
 pub mod tpu;
 
+pub use bounds::check_context;
 pub use flops::forward_flops_per_token;
 pub use gpu::{GpuModel, GpuTarget};
 pub use memory::{
@@ -99,6 +103,31 @@ pub enum PlanError {
     /// The plan needs more memory per device than the budget allows.
     #[error("{0}")]
     DoesNotFit(String),
+    /// A term of the plan is past what the planner, XLA and the host buffers can count.
+    #[error(
+        "{what} would take {bytes:.3e} bytes, past the 4 PiB (2^52 bytes) siphon counts: far past any device's \
+         or host's memory, and near the integer sizes XLA and the host buffers use; choose a smaller batch, \
+         sequence or model"
+    )]
+    Uncountable {
+        /// The term, e.g. `the attention scores of a step of batch 4 × seq 1000000000`.
+        what: String,
+        /// Its size at 8 bytes a value.
+        bytes: f64,
+        /// Whether it grows with the step's batch and sequence (else: the model's own).
+        per_step: bool,
+    },
+    /// The sequence is longer than the model's context.
+    #[error(
+        "a sequence of {seq} tokens is longer than the model's context (max_position_embeddings {limit}): positions \
+         past it were never trained; use at most {limit} tokens, or allow it explicitly (--allow-long-context)"
+    )]
+    LongContext {
+        /// The requested sequence length.
+        seq: usize,
+        /// The model's `max_position_embeddings`.
+        limit: usize,
+    },
     /// Building the mesh or applying a spec failed (a bug in the planner's own arithmetic).
     #[error(transparent)]
     Mesh(#[from] siphon_mesh::MeshError),

@@ -215,6 +215,10 @@ impl Plan {
 /// memory is still returned (`plan.fits() == Some(false)`), with a suggestion when one fits.
 pub fn plan(config: &ModelConfig, topology: &Topology, request: &PlanRequest) -> Result<Plan, PlanError> {
     check_request(request)?;
+    let (params, _) = planned_params(config, request)?;
+    let hooks = request.hooks.clone().unwrap_or_else(|| every_hidden_state(config));
+    let step = request.batch.zip(request.seq);
+    crate::bounds::check_countable(config, &params, &hooks, &request.dictionaries, step, request.pipeline_depth)?;
     if request.mesh.kind == MeshKind::Auto {
         return plan_auto(config, topology, request);
     }

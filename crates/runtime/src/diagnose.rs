@@ -111,6 +111,38 @@ impl Machine {
     }
 }
 
+/// Bytes of memory this host can still give a process: `/proc/meminfo`'s `MemAvailable`,
+/// capped by the process's cgroup limit (`memory.max` of cgroup v2 less what the group already
+/// uses: a container's or a Kubernetes pod's limit). `None` where neither can be read.
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let host = meminfo.as_deref().and_then(|text| meminfo_bytes(text, "MemAvailable"));
+    let cgroup = cgroup_path().and_then(|dir| {
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+        let max: u64 = read("memory.max")?.trim().parse().ok()?;
+        let current: u64 = read("memory.current").and_then(|c| c.trim().parse().ok()).unwrap_or(0);
+        Some(max.saturating_sub(current))
+    });
+    match (host, cgroup) {
+        (Some(h), Some(c)) => Some(h.min(c)),
+        (h, c) => h.or(c),
+    }
+}
+
+/// A `/proc/meminfo` field (`MemAvailable:   123 kB`) in bytes.
+fn meminfo_bytes(text: &str, field: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.split(':').next() == Some(field))?;
+    let kib: u64 = line.split(':').nth(1)?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// This process's cgroup v2 directory (`0::/path` in `/proc/self/cgroup`).
+fn cgroup_path() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/')))
+}
+
 /// What this machine lacks for a plugin of `kind`, as a sentence; `None` when nothing obvious
 /// is missing (then PJRT's own message is all there is).
 pub fn likely_cause(kind: PluginKind, machine: &Machine) -> Option<String> {
@@ -208,6 +240,15 @@ pub(crate) fn load_failure_hint(path: &Path, reason: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn available_memory_reads_meminfo_and_is_known_here() {
+        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(meminfo_bytes(text, "MemAvailable"), Some(20_000_000 * 1024));
+        assert_eq!(meminfo_bytes(text, "Mem"), None);
+        let here = available_memory().expect("Linux reports MemAvailable");
+        assert!(here > 1 << 20, "{here}");
+    }
 
     #[test]
     fn kinds_from_file_names() {

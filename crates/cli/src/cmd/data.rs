@@ -61,7 +61,7 @@ pub struct CorpusArgs {
     #[arg(long, value_enum, default_value = "file")]
     pub text_records: TextRecordsArg,
     /// Bytes per work unit of jsonl and line-text files.
-    #[arg(long, default_value_t = 8 << 20)]
+    #[arg(long, default_value_t = 8 << 20, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
     pub unit_bytes: u64,
     /// Shuffle the unit order (and, with --shuffle-within-unit, the records in each unit)
     /// with this seed.
@@ -73,8 +73,9 @@ pub struct CorpusArgs {
     /// Fail on the first unusable record instead of skipping and counting it.
     #[arg(long)]
     pub strict: bool,
-    /// Tokens per sequence.
-    #[arg(long)]
+    /// Tokens per sequence (at most the model's context, `max_position_embeddings`, unless
+    /// `extract --allow-long-context`).
+    #[arg(long, value_parser = crate::cmd::limits::count(1, crate::cmd::limits::MAX_SEQ))]
     pub seq_len: usize,
     /// Pack documents into full rows (the default).
     #[arg(long, conflicts_with = "pad")]
@@ -84,7 +85,7 @@ pub struct CorpusArgs {
     pub pad: Option<PadSideArg>,
     /// Sequences per batch: per host, or per step of the whole mesh when the mesh spans hosts
     /// (as `siphon plan --batch`; each data group then reads its share).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::cmd::limits::count(1, crate::cmd::limits::MAX_BATCH))]
     pub batch_size: usize,
     /// BOS token (name or id), or `none`; default: detected from the tokenizer.
     #[arg(long, value_name = "TOKEN")]
@@ -108,7 +109,7 @@ pub struct CorpusArgs {
     #[arg(long, value_name = "TOKEN", value_delimiter = ',')]
     pub exclude_token: Vec<String>,
     /// Tokenizer threads (default: available cores).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cmd::limits::count(1, crate::cmd::limits::MAX_SMALL_COUNT))]
     pub tokenizer_threads: Option<usize>,
 }
 

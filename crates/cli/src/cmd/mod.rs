@@ -10,6 +10,7 @@ pub mod extract;
 pub mod forward;
 pub mod inspect;
 pub mod launch;
+pub mod limits;
 pub mod plan;
 
 /// Whether a command ended because its job was preempted (exit [`siphon_coord::EXIT_PREEMPTED`]

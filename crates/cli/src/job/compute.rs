@@ -102,14 +102,21 @@ impl Plan {
             _ => Span::Host,
         };
         let plan = Plan { hooks, dictionaries, request, span };
+        let window = spec.shuffle_tokens_window;
         match (span, per_host) {
             (Span::Hosts { hosts, per_host: Some(local), simulated }, _) => {
                 let planned = plan.mesh_plan(&model.config, hosts, local)?;
                 if kind == PluginKind::Cpu && !simulated {
                     return Err(cpu_refusal(&planned, hosts, local, plugin));
                 }
+                // Simulated hosts are this one process: all their devices and buffers.
+                let processes = if simulated { hosts } else { 1 };
+                check_machine_memory(&planned, kind, local * processes, processes, window)?;
             }
-            (Span::Host, Some(local)) => _ = plan.mesh_plan(&model.config, 1, local)?,
+            (Span::Host, Some(local)) => {
+                let planned = plan.mesh_plan(&model.config, 1, local)?;
+                check_machine_memory(&planned, kind, local, 1, window)?;
+            }
             // Planned once the plugin reports its devices.
             _ => {}
         }
@@ -119,11 +126,59 @@ impl Plan {
     /// The planner's answer for `hosts` hosts of `per_host` devices.
     fn mesh_plan(&self, config: &ModelConfig, hosts: usize, per_host: usize) -> anyhow::Result<siphon_plan::Plan> {
         let topology = Topology::uniform(hosts, per_host)?;
-        siphon_plan::plan(config, &topology, &self.request).with_context(|| match hosts {
-            1 => "no valid mesh for this host's devices".to_string(),
-            _ => format!("no valid mesh over {hosts} hosts of {per_host} devices"),
+        siphon_plan::plan(config, &topology, &self.request).map_err(|e| {
+            let context = match &e {
+                siphon_plan::PlanError::Uncountable { per_step: true, .. } => "--batch-size, --seq-len".to_string(),
+                siphon_plan::PlanError::Uncountable { .. } => "the model's config".to_string(),
+                _ if hosts == 1 => "no valid mesh for this host's devices".to_string(),
+                _ => format!("no valid mesh over {hosts} hosts of {per_host} devices"),
+            };
+            anyhow::Error::new(e).context(context)
         })
     }
+}
+
+/// Stops, before anything is compiled or allocated, a job that needs more of this host's
+/// memory than the machine reports available: the output path's buffers (`--pipeline-depth`
+/// steps) and shuffle window on every plugin, and on the CPU plugin, whose devices are this
+/// host's memory, every device's planned bytes too. `processes` is how many hosts' buffers
+/// this process holds (`--simulate-hosts`).
+fn check_machine_memory(
+    planned: &siphon_plan::Plan,
+    kind: PluginKind,
+    devices: usize,
+    processes: usize,
+    window: Option<usize>,
+) -> anyhow::Result<()> {
+    use siphon_plan::memory::gib;
+    let Some(available) = siphon_runtime::diagnose::available_memory() else { return Ok(()) };
+    let Some(host) = planned.memory.host else { return Ok(()) };
+    let mut parts = vec![(
+        host.total_bytes.saturating_mul(processes as u64),
+        format!("the output path's buffers (--pipeline-depth {} steps)", host.depth),
+    )];
+    if let Some(window) = window.filter(|&w| w > 1) {
+        let bytes = host.step_bytes.saturating_mul(window as u64).saturating_mul(processes as u64);
+        parts.push((bytes, format!("the shuffle window (--shuffle-tokens-window {window} batches)")));
+    }
+    if kind == PluginKind::Cpu {
+        let bytes = planned.memory.required_bytes.saturating_mul(devices as u64);
+        let each = gib(planned.memory.required_bytes);
+        parts.push((bytes, format!("the CPU plugin's {devices} devices ({each} each, in this host's memory)")));
+    }
+    let need = parts.iter().fold(0u64, |sum, (bytes, _)| sum.saturating_add(*bytes));
+    if need > available {
+        let parts: Vec<String> = parts.iter().map(|(bytes, what)| format!("{} for {what}", gib(*bytes))).collect();
+        bail!(
+            "this job needs {} of this host's memory ({}) but the machine reports {} available (MemAvailable, \
+             within the cgroup's limit): choose a smaller --batch-size or --seq-len, fewer hooks, or a smaller \
+             --pipeline-depth",
+            gib(need),
+            parts.join(", "),
+            gib(available)
+        );
+    }
+    Ok(())
 }
 
 /// `--simulate-hosts n`: the CPU plugin's devices of this one process split over `n` hosts.

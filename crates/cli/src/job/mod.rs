@@ -59,6 +59,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     // 1. Identity.
     let identity = options.cluster.identity()?;
     let host = HostId { machine: identity.machine_id, host: identity.process_id };
+    crate::fatal::set_host(host.machine, host.host);
     let _span = tracing::info_span!("host", m = host.machine, h = host.host).entered();
 
     // 2. Validation and plan, before anything expensive.
@@ -320,8 +321,10 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
         let per_worker = tokens.div_ceil(partition.workers());
         per_worker.div_ceil((compute.reader_rows() * spec.corpus.seq_len) as u64)
     });
-    let mut progress =
-        Progress::new(host, budget_batches.map(|b| b * (compute.reader_rows() * spec.corpus.seq_len) as u64));
+    let mut progress = Progress::new(
+        host,
+        budget_batches.map(|b| b.saturating_mul((compute.reader_rows() * spec.corpus.seq_len) as u64)),
+    );
     progress.resumed(committed_tokens);
     // The output path: `--pipeline-depth` steps' worth of reused host buffers (pipeline.rs).
     let sizes = compute.slot_sizes(spec.corpus.seq_len);
@@ -370,6 +373,7 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     stop.arm();
     let mut preempted = false;
     for step in 0u64.. {
+        crate::fatal::set_step(step);
         if let Some(delay) = slow_batch {
             std::thread::sleep(delay);
         }

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::cmd::cluster::ClusterArgs;
 use crate::cmd::data::CorpusArgs;
+use crate::cmd::limits;
 
 /// Every `siphon extract` option (also the keys of its TOML config file).
 #[derive(clap::Args, Debug, Clone)]
@@ -48,6 +49,10 @@ pub struct ExtractOptions {
     /// Stop after about this many tokens in total over all hosts (whole batches).
     #[arg(long, help_heading = "Data")]
     pub max_tokens: Option<u64>,
+    /// Allow a --seq-len longer than the model's context (`max_position_embeddings`):
+    /// positions past it were never trained, so such activations are refused by default.
+    #[arg(long, help_heading = "Data")]
+    pub allow_long_context: bool,
 
     // --- output ---
     /// Where the dataset goes: a local path or gs:// s3:// az:// file:// URL; or
@@ -64,7 +69,7 @@ pub struct ExtractOptions {
     pub shard_size_mb: f64,
     /// Shuffle tokens across a window of this many batches before writing (deterministic, so
     /// a resumed run writes the same shards).
-    #[arg(long, value_name = "BATCHES", help_heading = "Output")]
+    #[arg(long, value_name = "BATCHES", value_parser = limits::count(1, limits::MAX_WINDOW), help_heading = "Output")]
     pub shuffle_tokens_window: Option<usize>,
     /// Seed of the token shuffle.
     #[arg(long, default_value_t = 0, help_heading = "Output")]
@@ -76,21 +81,24 @@ pub struct ExtractOptions {
     /// earlier ones are copied to the host, converted and written (each step's host buffers
     /// are reused). 1 runs each step's program, copy and hand-over to the writer in turn. The
     /// shards are the same at any depth.
-    #[arg(long, value_name = "STEPS", default_value_t = super::pipeline::DEFAULT_DEPTH, help_heading = "Output")]
+    #[arg(long, value_name = "STEPS", default_value_t = super::pipeline::DEFAULT_DEPTH,
+          value_parser = limits::count(1, limits::MAX_SMALL_COUNT), help_heading = "Output")]
     pub pipeline_depth: usize,
     /// Seconds a write to the output may keep failing (the store down or throttling, requests
     /// stalled; retried with backoff) before the job fails; committed shards are kept. A stream
     /// waits as long for its consumers to take a batch.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300.0, help_heading = "Output")]
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0, value_parser = limits::seconds, help_heading = "Output")]
     pub store_timeout: f64,
     /// A stream's batches made and not yet sent, per host: while this many wait for their
     /// consumers, the host waits.
-    #[arg(long, value_name = "BATCHES", default_value_t = 8, help_heading = "Output")]
+    #[arg(long, value_name = "BATCHES", default_value_t = 8, value_parser = limits::count(1, limits::MAX_SMALL_COUNT),
+          help_heading = "Output")]
     pub stream_buffer: usize,
     /// A stream's batches kept after they are sent, per host, for a consumer that restarts from
     /// a checkpoint and pulls them again (one from further back needs the producer restarted:
     /// it makes them again). Memory: (--stream-buffer + --stream-keep) batches.
-    #[arg(long, value_name = "BATCHES", default_value_t = 16, help_heading = "Output")]
+    #[arg(long, value_name = "BATCHES", default_value_t = 16, value_parser = limits::count(0, limits::MAX_SMALL_COUNT),
+          help_heading = "Output")]
     pub stream_keep: usize,
 
     // --- devices and mesh ---
@@ -98,7 +106,7 @@ pub struct ExtractOptions {
     #[arg(long, help_heading = "Devices")]
     pub plugin: Option<PathBuf>,
     /// Virtual devices of the CPU plugin.
-    #[arg(long, env = "SIPHON_CPU_DEVICES", help_heading = "Devices")]
+    #[arg(long, env = "SIPHON_CPU_DEVICES", value_parser = limits::count(1, limits::MAX_CPU_DEVICES), help_heading = "Devices")]
     pub cpu_devices: Option<usize>,
     /// Mesh: 1d, 2d, 3d or auto, as in `siphon plan` (default: every device on `data`, weights
     /// replicated, hosts data-parallel). A weight-sharding group (`--fsdp` × `--model-parallel`)
@@ -106,32 +114,32 @@ pub struct ExtractOptions {
     #[arg(long, value_name = "KIND", help_heading = "Devices")]
     pub mesh: Option<siphon_plan::MeshKind>,
     /// Size of the data (batch-splitting) axis.
-    #[arg(long, value_name = "N", help_heading = "Devices")]
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_AXIS), help_heading = "Devices")]
     pub data: Option<usize>,
     /// Size of the fsdp (weight-sharding) axis.
-    #[arg(long, value_name = "N", help_heading = "Devices")]
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_AXIS), help_heading = "Devices")]
     pub fsdp: Option<usize>,
     /// Size of the model (tensor-parallel) axis.
-    #[arg(long, value_name = "N", help_heading = "Devices")]
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_AXIS), help_heading = "Devices")]
     pub model_parallel: Option<usize>,
     /// Verify a job whose mesh spans N hosts without them: this one process, on the CPU
     /// plugin's --cpu-devices, runs each host's part (its weight partitions, corpus slice, rows
     /// and shards, written as that host's) and writes the dataset the N hosts would.
-    #[arg(long, value_name = "N", help_heading = "Devices")]
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_CPU_DEVICES), help_heading = "Devices")]
     pub simulate_hosts: Option<usize>,
 
     // --- cluster ---
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// Seconds to keep trying to reach the coordinator (it may start after this host).
-    #[arg(long, default_value_t = 120.0, help_heading = "Cluster")]
+    #[arg(long, default_value_t = 120.0, value_parser = limits::seconds, help_heading = "Cluster")]
     pub connect_timeout: f64,
     /// Seconds to wait for every host to register.
-    #[arg(long, default_value_t = 300.0, help_heading = "Cluster")]
+    #[arg(long, default_value_t = 300.0, value_parser = limits::seconds, help_heading = "Cluster")]
     pub register_timeout: f64,
     /// After SIGTERM (preemption) or another host's preemption, seconds this host may take to
     /// commit its complete shards before it exits anyway (exit code 75 either way).
-    #[arg(long, default_value_t = 10.0, help_heading = "Cluster")]
+    #[arg(long, default_value_t = 10.0, value_parser = limits::seconds, help_heading = "Cluster")]
     pub stop_timeout: f64,
 }
 
@@ -212,6 +220,12 @@ impl ExtractOptions {
             (hooks, layers) => hook_names(hooks, layers)?,
         };
         if let Some(config) = model_config
+            && !self.allow_long_context
+        {
+            siphon_plan::check_context(config, self.corpus.seq_len)
+                .with_context(|| format!("--seq-len {}", self.corpus.seq_len))?;
+        }
+        if let Some(config) = model_config
             && !hooks.is_empty()
         {
             hooks = siphon_models::resolve_hooks(&hooks.join(","), config)
@@ -241,8 +255,12 @@ impl ExtractOptions {
         if self.corpus.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        if !(self.shard_size_mb > 0.0 && self.shard_size_mb.is_finite()) {
-            bail!("--shard-size-mb must be positive");
+        if !(self.shard_size_mb > 0.0 && self.shard_size_mb <= limits::MAX_SHARD_MB) {
+            bail!(
+                "--shard-size-mb {} must be positive and at most {} (1 TB)",
+                self.shard_size_mb,
+                limits::MAX_SHARD_MB
+            );
         }
         if !(self.store_timeout > 0.0 && self.store_timeout.is_finite()) {
             bail!("--store-timeout must be a positive number of seconds");

@@ -14,6 +14,8 @@ use anyhow::Context;
 use siphon_models::{HfConfig, ModelConfig};
 use siphon_plan::{DType, MeshKind, MeshRequest, PlanRequest, Topology};
 
+use crate::cmd::limits;
+
 pub(crate) mod target;
 
 /// Mesh flags shared by every command that builds a mesh.
@@ -25,13 +27,13 @@ pub struct MeshArgs {
     #[arg(long = "mesh", value_name = "KIND", default_value = "2d")]
     pub kind: MeshKind,
     /// Size of the data (batch-splitting) axis.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_AXIS))]
     pub data: Option<usize>,
     /// Size of the fsdp (weight-sharding on the hidden dimension) axis.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_AXIS))]
     pub fsdp: Option<usize>,
     /// Size of the model (tensor-parallel, whole heads) axis.
-    #[arg(long = "model-parallel", value_name = "N")]
+    #[arg(long = "model-parallel", value_name = "N", value_parser = limits::count(1, limits::MAX_AXIS))]
     pub model_parallel: Option<usize>,
 }
 
@@ -53,10 +55,10 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Number of hosts (with --target gpu:…, GPU nodes).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = limits::count(1, limits::MAX_AXIS))]
     pub hosts: usize,
     /// Accelerator devices on each host.
-    #[arg(long, default_value_t = 1, conflicts_with = "target")]
+    #[arg(long, default_value_t = 1, conflicts_with = "target", value_parser = limits::count(1, limits::MAX_AXIS))]
     pub devices_per_host: usize,
     /// Memory of one device, in GiB (with --target: the chip's HBM unless given).
     #[arg(long, value_name = "GiB")]
@@ -70,7 +72,7 @@ pub struct Args {
     #[arg(long, value_name = "tpu:SLICE|gpu:GPUS")]
     pub target: Option<String>,
     /// With --target: this many slices joined into one job (multi-slice).
-    #[arg(long, default_value_t = 1, requires = "target")]
+    #[arg(long, default_value_t = 1, requires = "target", value_parser = limits::count(1, limits::MAX_AXIS))]
     pub slices: usize,
     /// With --target: the libtpu or CUDA plugin to compile with (default: `SIPHON_PJRT_PLUGIN`
     /// when it is one, the pinned one in siphon's cache, the libtpu or jax-cuda12-pjrt Python
@@ -84,11 +86,16 @@ pub struct Args {
     #[command(flatten)]
     pub mesh: MeshArgs,
     /// Global batch (sequences per step); must divide over the data axis.
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count(1, limits::MAX_BATCH))]
     pub batch: Option<usize>,
-    /// Tokens per sequence (with --batch: the activation estimate).
-    #[arg(long)]
+    /// Tokens per sequence (with --batch: the activation estimate); at most the model's
+    /// context unless --allow-long-context.
+    #[arg(long, value_parser = limits::count(1, limits::MAX_SEQ))]
     pub seq: Option<usize>,
+    /// Plan a --seq longer than the model's context (`max_position_embeddings`), as `extract
+    /// --allow-long-context` runs one.
+    #[arg(long)]
+    pub allow_long_context: bool,
     /// Hook names or patterns, as `extract --hooks` takes them, each counted at its own size
     /// (default: every hidden state, layers + 1).
     #[arg(long)]
@@ -105,7 +112,7 @@ pub struct Args {
     #[arg(long, default_value = "bf16")]
     pub output_dtype: DType,
     /// Steps in flight on the output path (`extract --pipeline-depth`).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = limits::count(1, limits::MAX_SMALL_COUNT))]
     pub pipeline_depth: usize,
     /// Also plan lm_head.weight (extraction never computes logits, so it is skipped by default).
     #[arg(long)]
@@ -126,6 +133,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (config, config_dtype, fp8_block) = load_config(args.model.as_deref(), args.config.as_deref())?;
+    if let Some(seq) = args.seq.filter(|_| !args.allow_long_context) {
+        siphon_plan::check_context(&config, seq).with_context(|| format!("--seq {seq}"))?;
+    }
     let stored = match args.weights {
         siphon_engine::WeightForm::Dequantized => Default::default(),
         siphon_engine::WeightForm::Stored => stored_forms(&config, args.model.as_deref(), fp8_block)?,
@@ -164,7 +174,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         layout: target.as_ref().map_or(siphon_plan::DeviceLayout::Dense, target::Target::layout),
         dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
     };
-    let mut plan = siphon_plan::plan(&config, &topology, &request)?;
+    let mut plan = siphon_plan::plan(&config, &topology, &request).map_err(|e| match &e {
+        siphon_plan::PlanError::Uncountable { per_step: true, .. } => anyhow::Error::new(e).context("--batch, --seq"),
+        _ => e.into(),
+    })?;
     plan.notes.extend(siphon_plan::cuda_attention(&config, &plan, &request));
     if let Some(target) = target {
         let compile = target::Compile {
