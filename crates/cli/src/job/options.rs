@@ -47,7 +47,7 @@ pub struct ExtractOptions {
     #[command(flatten)]
     pub corpus: CorpusArgs,
     /// Stop after about this many tokens in total over all hosts (whole batches).
-    #[arg(long, help_heading = "Data")]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Data")]
     pub max_tokens: Option<u64>,
     /// Allow a --seq-len longer than the model's context (`max_position_embeddings`):
     /// positions past it were never trained, so such activations are refused by default.
@@ -357,6 +357,12 @@ pub fn parse_layers(text: &str) -> anyhow::Result<Vec<usize>> {
                 if a > b {
                     bail!("--layers: range {part:?} is empty");
                 }
+                // Checked against the model later; bounded here, before the list is made.
+                // (the models crate refuses a config with more layers than this).
+                const MAX: usize = siphon_models::config::MAX_LAYERS;
+                if b >= MAX {
+                    bail!("--layers: range {part:?} reaches past layer {}: no model has that many", MAX - 1);
+                }
                 out.extend(a..=b);
             }
             None => out.push(part.parse().with_context(bad)?),
@@ -378,6 +384,7 @@ mod tests {
         assert_eq!(parse_layers("0-1, 5").unwrap(), vec![0, 1, 5]);
         assert!(parse_layers("3-1").is_err());
         assert!(parse_layers("x").is_err());
+        assert!(parse_layers("0-4000000000").unwrap_err().to_string().contains("no model has that many"));
         assert_eq!(
             hook_names(Some("ln_final.hook_normalized"), Some("1")).unwrap(),
             vec!["ln_final.hook_normalized", "blocks.1.hook_resid_post"]
