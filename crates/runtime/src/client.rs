@@ -323,6 +323,22 @@ impl Client {
     pub fn device(&self, id: usize) -> Result<DeviceInfo> {
         Ok(self.inner.device(id)?.info.clone())
     }
+
+    /// The memory a program may use on device `id`, as its plugin reports it
+    /// (`PJRT_Device_MemoryStats`' `bytes_limit`: on a GPU what its allocator was given); `None`
+    /// where the plugin does not report it (the CPU plugin's devices are the host's memory).
+    pub fn device_memory_limit(&self, id: usize) -> Result<Option<u64>> {
+        let device = self.inner.device(id)?;
+        let mut stats: ffi::PJRT_Device_MemoryStats_Args = ffi::zeroed();
+        stats.device = device.raw;
+        // SAFETY: `device.raw` is a live device of this client; the struct is the header's.
+        match unsafe { self.inner.plugin.call(slot::Device_MemoryStats, &mut stats) } {
+            Ok(()) if stats.bytes_limit_is_set && stats.bytes_limit > 0 => Ok(Some(stats.bytes_limit as u64)),
+            Ok(()) => Ok(None),
+            Err(Error::Pjrt { code: ErrorCode::Unimplemented, .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
 }
 
 fn client_string(inner: &ClientInner, slot: ffi::Slot) -> Result<String> {

@@ -445,6 +445,36 @@ pub struct PJRT_Device_LocalHardwareId_Args {
     pub local_hardware_id: c_int,
 }
 
+/// `PJRT_Device_MemoryStats_Args` as of PJRT 0.115 (the caller's size tells the plugin
+/// which fields it may fill; a plugin leaves those it does not report unset).
+#[repr(C)]
+pub struct PJRT_Device_MemoryStats_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub device: *mut PJRT_Device,
+    pub bytes_in_use: i64,
+    pub peak_bytes_in_use: i64,
+    pub peak_bytes_in_use_is_set: bool,
+    pub num_allocs: i64,
+    pub num_allocs_is_set: bool,
+    pub largest_alloc_size: i64,
+    pub largest_alloc_size_is_set: bool,
+    pub bytes_limit: i64,
+    pub bytes_limit_is_set: bool,
+    pub bytes_reserved: i64,
+    pub bytes_reserved_is_set: bool,
+    pub peak_bytes_reserved: i64,
+    pub peak_bytes_reserved_is_set: bool,
+    pub bytes_reservable_limit: i64,
+    pub bytes_reservable_limit_is_set: bool,
+    pub largest_free_block_bytes: i64,
+    pub largest_free_block_bytes_is_set: bool,
+    pub pool_bytes: i64,
+    pub pool_bytes_is_set: bool,
+    pub peak_pool_bytes: i64,
+    pub peak_pool_bytes_is_set: bool,
+}
+
 // ---------------------------------------------------------------- executables
 
 /// Shape of `PJRT_Executable_Destroy_Args` and `PJRT_LoadedExecutable_Destroy_Args`.
@@ -783,6 +813,7 @@ args_structs!(
     PJRT_Device_GetDescription_Args,
     PJRT_Device_IsAddressable_Args,
     PJRT_Device_LocalHardwareId_Args,
+    PJRT_Device_MemoryStats_Args,
     PJRT_Executable_Destroy_Args,
     PJRT_LoadedExecutable_GetExecutable_Args,
     PJRT_Executable_Count_Args,
@@ -862,6 +893,8 @@ const _: () = {
     assert!(size_of::<PJRT_Buffer_MemoryLayout>() == 80);
     assert!(offset_of!(PJRT_Buffer_MemoryLayout, type_) == 72);
     assert!(size_of::<PJRT_Device_IsAddressable_Args>() == 32);
+    assert!(offset_of!(PJRT_Device_MemoryStats_Args, bytes_limit) == 80);
+    assert!(offset_of!(PJRT_Device_MemoryStats_Args, peak_pool_bytes_is_set) == 184);
     // The sizes both pinned plugins (CPU 0.106, CUDA 0.115) check.
     assert!(size_of::<PJRT_Client_DmaMap_Args>() == 40);
     assert!(size_of::<PJRT_Client_DmaUnmap_Args>() == 32);

@@ -599,3 +599,14 @@ fn chlo_erf_compiles_and_matches_libm() {
         assert!((g - w).abs() <= 2e-7, "erf: got {got:?}, want {want:?}");
     }
 }
+
+#[test]
+fn device_memory_limits_are_asked_without_error() {
+    // The CPU plugin's devices are the host's memory: it reports no limit (a GPU's plugin
+    // reports its allocator's); asking must not fail either way.
+    let client = client();
+    for id in client.addressable_device_ids() {
+        let limit = client.device_memory_limit(id).unwrap();
+        assert!(limit.is_none_or(|bytes| bytes > 1 << 20), "{limit:?}");
+    }
+}

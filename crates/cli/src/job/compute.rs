@@ -138,6 +138,34 @@ impl Plan {
     }
 }
 
+/// Stops, before the weights are uploaded or the program compiled, a job whose planned bytes
+/// per device exceed what a device's plugin reports programs may use (a GPU's allocator limit;
+/// the CPU plugin reports none: its devices were checked against the host's memory).
+fn check_device_memory(
+    client: &siphon_runtime::Client,
+    local: &[usize],
+    planned: &siphon_plan::Plan,
+) -> anyhow::Result<()> {
+    use siphon_plan::memory::gib;
+    let need = planned.memory.required_bytes;
+    for &id in local {
+        let Some(limit) = client.device_memory_limit(id).context("asking a device for its memory")? else { continue };
+        if need > limit {
+            let kind = client.device(id).map(|d| d.kind).unwrap_or_default();
+            bail!(
+                "the plan needs {} per device ({} of weights, {} of activations: `siphon plan` shows the terms) but \
+                 device {id} ({kind}) reports {} for programs: choose a smaller --batch-size or --seq-len, fewer \
+                 hooks, or a mesh that shards the weights more (--fsdp, --model-parallel)",
+                gib(need),
+                gib(planned.memory.weights.sharded_bytes + planned.memory.weights.fsdp_gather_bytes),
+                gib(planned.memory.activations.map_or(0, |a| a.total_bytes)),
+                gib(limit)
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Stops, before anything is compiled or allocated, a job that needs more of this host's
 /// memory than the machine reports available: the output path's buffers (`--pipeline-depth`
 /// steps) and shuffle window on every plugin, and on the CPU plugin, whose devices are this
@@ -340,6 +368,7 @@ impl Compute {
             }
             Span::Hosts { per_host: None, .. } => unreachable!("resolved above"),
         };
+        check_device_memory(&client, &local, &planned)?;
         let (members, readers, reader_of) = members(&views, identity.process_id, identity.num_processes)?;
         tracing::info!(
             platform = client.platform_name(), devices = local.len(), mesh = %mesh,
