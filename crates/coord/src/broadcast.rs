@@ -126,19 +126,32 @@ pub async fn broadcast_config(
         resolved
     } else {
         let bytes = client.kv_get(CONFIG_KEY, timeout).await?;
-        let published: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| CoordError::Internal(format!("task 0 published an unreadable config: {e}")))?;
-        if published.get("hash").and_then(Value::as_str) != Some(hash.as_str()) {
-            let fields = diff(published.get("compared").unwrap_or(&Value::Null), compared);
-            let error = CoordError::ConfigMismatch { task: client.task(), fields };
-            // Stop everyone: the report becomes the job's error on every process.
-            let _ = client.report_error(&error.to_string()).await;
-            return Err(error);
+        match read_published(&bytes, compared, &hash, client.task()) {
+            Ok(resolved) => resolved,
+            Err(error) => {
+                if matches!(error, CoordError::ConfigMismatch { .. }) {
+                    // Stop everyone: the report becomes the job's error on every process.
+                    let _ = client.report_error(&error.to_string()).await;
+                }
+                return Err(error);
+            }
         }
-        published.get("resolved").cloned().unwrap_or(Value::Null)
     };
     client.barrier(CONFIG_BARRIER, timeout).await?;
     Ok(resolved)
+}
+
+/// Reads what task 0 published (`bytes`, from the key-value store) on task `task`, whose
+/// canonical config is `compared` with hash `hash`: task 0's resolved values, or why not (an
+/// unreadable publication, or the fields that differ).
+pub(crate) fn read_published(bytes: &[u8], compared: &Value, hash: &str, task: u32) -> Result<Value> {
+    let published: Value = serde_json::from_slice(bytes)
+        .map_err(|e| CoordError::Internal(format!("task 0 published an unreadable config: {e}")))?;
+    if published.get("hash").and_then(Value::as_str) != Some(hash) {
+        let fields = diff(published.get("compared").unwrap_or(&Value::Null), compared);
+        return Err(CoordError::ConfigMismatch { task, fields });
+    }
+    Ok(published.get("resolved").cloned().unwrap_or(Value::Null))
 }
 
 /// Values rank 0 resolves for a run: a generated run name and the start time (UTC, RFC 3339).

@@ -282,7 +282,7 @@ impl Coordination {
         let handle = self.runtime.handle().clone();
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let message = format!("task {} panicked: {info}", client.task());
+            let message = format!("task {} panicked: {info}", client.task()).replace('\n', " ");
             let client = client.clone();
             let handle = handle.clone();
             // The hook may run on a runtime thread, where block_on is not allowed: report from

@@ -67,6 +67,9 @@ pub mod proto {
     tonic::include_proto!("siphon.coord.v1");
 }
 
+#[cfg(test)]
+mod generated_inputs;
+
 pub use client::{Client, ClientOptions};
 pub use error::{CoordError, ErrorCode, Result};
 pub use identity::{Identity, IdentityFlags, Source};

@@ -192,12 +192,12 @@ async fn sweep_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
 
 /// The caller of an RPC, as the interceptor parsed it.
 #[derive(Debug, Clone, Copy)]
-struct Caller {
-    task: u32,
-    incarnation: u64,
+pub(crate) struct Caller {
+    pub(crate) task: u32,
+    pub(crate) incarnation: u64,
 }
 
-fn auth_interceptor(
+pub(crate) fn auth_interceptor(
     token: String,
     num_tasks: u32,
 ) -> impl FnMut(Request<()>) -> std::result::Result<Request<()>, Status> + Clone {
@@ -239,7 +239,7 @@ struct Service {
     shared: Arc<Shared>,
 }
 
-fn timeout_from_ms(ms: u64, what: &str) -> std::result::Result<Duration, Status> {
+pub(crate) fn timeout_from_ms(ms: u64, what: &str) -> std::result::Result<Duration, Status> {
     if ms == 0 {
         return Err(CoordError::InvalidArgument(format!("{what}: the timeout must be positive")).to_status());
     }

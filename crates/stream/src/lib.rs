@@ -104,6 +104,15 @@ pub struct Start {
 /// How long consumers' streams get to end when the producer stops serving.
 const GRACE: Duration = Duration::from_secs(2);
 
+/// The most consumers a stream is read by: a pull naming more is refused before the host
+/// makes room for each of them.
+pub const MAX_CONSUMERS: u32 = 1 << 16;
+
+/// The first batch index a pull may not start from (2^53, the largest integer JSON carries
+/// exactly): no run makes that many batches, and the indices that follow a start stay far from
+/// overflowing.
+pub const MAX_START: u64 = 1 << 53;
+
 /// Serves a host's batches to the consumers that pull them; see the crate's documentation.
 pub struct StreamSink {
     shared: Arc<Shared>,
@@ -211,11 +220,7 @@ impl StreamSink {
             }
             (state, in_time) = self.shared.wait(state, deadline);
         }
-        // A batch its consumer already has (it pulled from a later one) is not held.
-        if index >= state.next_of(index) {
-            state.held.insert(index, Held { shard, position });
-        }
-        state.made += 1;
+        state.add(index, Held { shard, position });
         drop(state);
         self.shared.bump();
         Ok(())
@@ -367,6 +372,15 @@ impl State {
         Start { first, resume }
     }
 
+    /// Takes batch `index`, the next one made (the producer waited for room).
+    fn add(&mut self, index: u64, held: Held) {
+        // A batch its consumer already has (it pulled from a later one) is not held.
+        if index >= self.next_of(index) {
+            self.held.insert(index, held);
+        }
+        self.made += 1;
+    }
+
     /// Forgets the oldest batches sent while more than `keep` are held.
     fn trim(&mut self, keep: usize) {
         let n = self.next.len() as u64;
@@ -422,6 +436,16 @@ impl Shared {
             return Err(Status::invalid_argument(format!(
                 "consumer {consumer} of {consumers} from batch {start}: not 0 <= consumer < consumers with \
                  start = consumer mod consumers"
+            )));
+        }
+        if consumers > MAX_CONSUMERS {
+            return Err(Status::invalid_argument(format!(
+                "consumer {consumer} of {consumers}: a stream is read by at most {MAX_CONSUMERS} consumers"
+            )));
+        }
+        if start >= MAX_START {
+            return Err(Status::invalid_argument(format!(
+                "consumer {consumer} of {consumers} pulls from batch {start}: batch indices stop below {MAX_START}"
             )));
         }
         let mut state = self.lock();
@@ -546,3 +570,6 @@ impl pb::stream_server::Stream for Service {
         Ok(Response::new(Box::pin(batches)))
     }
 }
+
+#[cfg(test)]
+mod generated_inputs;
