@@ -61,6 +61,15 @@ impl Bounded {
         if size > self.limit && ACTIVE.load(Ordering::Relaxed) {
             LIMIT.store(self.limit, Ordering::Relaxed);
             REFUSED.fetch_max(size, Ordering::Relaxed);
+            // Named now: a reader that cannot handle the refusal aborts the binary before
+            // `check` could shrink and print the case (writing a `&str` allocates nothing).
+            if let Ok(case) = CASE.try_lock() {
+                use std::io::Write;
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(b"siphon-fuzz: an allocation over the bound, reading ");
+                let _ = err.write_all(case.as_bytes());
+                let _ = err.write_all(b"\n");
+            }
             return true;
         }
         false
