@@ -129,7 +129,11 @@ fn start_watchdog() {
                 let now = epoch().elapsed().as_millis() as u64;
                 if start != 0 && now.saturating_sub(start) > HANG_SECONDS * 1000 {
                     let case = CASE.lock().map(|c| c.clone()).unwrap_or_default();
-                    eprintln!("siphon-fuzz: a case ran past {HANG_SECONDS} s (a hang): {case}");
+                    // Straight to the file descriptor: libtest captures `eprintln!` of a thread
+                    // a test spawned, and the abort would lose it.
+                    use std::io::Write;
+                    let line = format!("siphon-fuzz: a case ran past {HANG_SECONDS} s (a hang): {case}\n");
+                    let _ = std::io::stderr().write_all(line.as_bytes());
                     std::process::abort();
                 }
             }

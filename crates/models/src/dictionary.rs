@@ -103,6 +103,9 @@ impl Dictionary {
     /// Checks that the tensors are exactly those the encoder reads, each of its shape.
     pub(crate) fn check(&self) -> Result<(), ModelError> {
         let wrong = |detail: String| ModelError::Config(format!("dictionary {}: {detail}", self.source.display()));
+        if self.d_in == 0 || self.d_sae == 0 {
+            return Err(wrong(format!("d_in {} and d_sae {} must be positive", self.d_in, self.d_sae)));
+        }
         let names = Dictionary::tensor_names(self.encoder, self.subtract_b_dec);
         if self.tensors.iter().map(|t| t.name).collect::<Vec<_>>() != names {
             return Err(wrong(format!(

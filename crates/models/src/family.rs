@@ -41,6 +41,7 @@ impl TryFrom<String> for Arch {
 impl HfConfig {
     /// The family's validated configuration, with its architecture's defaults filled in.
     pub fn into_config(self) -> Result<ModelConfig, ModelError> {
+        self.check_sizes()?;
         let family = for_hf(&self)?;
         let config = (family.from_hf)(self)?;
         config.validate()?;

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::ModelError;
 use crate::arch::Arch;
-use crate::config::{Activation, Attention, Layers, ModelConfig, Rope, RopeScaling};
+use crate::config::{Activation, Attention, Layers, MAX_LAYERS, MAX_SIZE, ModelConfig, Rope, RopeScaling};
 
 /// `config.json` as Hugging Face writes it; every field optional so that a missing one gets
 /// a clear error or the architecture's default in [`HfConfig::into_config`]. Keys several
@@ -146,16 +146,49 @@ impl HfConfig {
         }
         match q.get("weight_block_size") {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => <[usize; 2]>::deserialize(v)
-                .map(Some)
-                .map_err(|e| ModelError::Config(format!("quantization_config weight_block_size {v}: {e}"))),
+            Some(v) => match <[usize; 2]>::deserialize(v) {
+                Ok(block) if block.iter().all(|&b| (1..=MAX_SIZE).contains(&b)) => Ok(Some(block)),
+                Ok(_) => Err(ModelError::Config(format!(
+                    "quantization_config weight_block_size {v}: each side must be 1 to {MAX_SIZE}"
+                ))),
+                Err(e) => Err(ModelError::Config(format!("quantization_config weight_block_size {v}: {e}"))),
+            },
         }
     }
 
-    /// A key only one family reads, as `T`; `None` when absent or null.
+    /// Refuses a size no model has before any family computes with it: a width, head count,
+    /// vocabulary or expert count above [`MAX_SIZE`], a layer count above [`MAX_LAYERS`] (here
+    /// and in the `text_config`; the keys only one family reads are bounded by
+    /// [`HfConfig::key`]).
+    pub(crate) fn check_sizes(&self) -> Result<(), ModelError> {
+        let sizes = [
+            ("vocab_size", self.vocab_size, MAX_SIZE),
+            ("hidden_size", self.hidden_size, MAX_SIZE),
+            ("intermediate_size", self.intermediate_size, MAX_SIZE),
+            ("num_attention_heads", self.num_attention_heads, MAX_SIZE),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_SIZE),
+            ("head_dim", self.head_dim, MAX_SIZE),
+            ("num_experts", self.num_experts, MAX_SIZE),
+            ("num_local_experts", self.num_local_experts, MAX_SIZE),
+            ("num_experts_per_tok", self.num_experts_per_tok, MAX_SIZE),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+        ];
+        for (name, size, most) in sizes {
+            if let Some(size) = size.filter(|&size| size > most) {
+                return Err(ModelError::Config(format!("{name} {size} is more than {most}: a corrupt config?")));
+            }
+        }
+        self.text_config.as_ref().map_or(Ok(()), |text| text.check_sizes())
+    }
+
+    /// A key only one family reads, as `T`; `None` when absent or null. An integer above
+    /// [`MAX_SIZE`] is refused: every such key is a size, a count or a layer's index.
     pub(crate) fn key<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ModelError> {
         match self.extra.get(name) {
             None | Some(Value::Null) => Ok(None),
+            Some(v) if v.as_u64().is_some_and(|n| n > MAX_SIZE as u64) => {
+                Err(ModelError::Config(format!("{name} {v} is more than {MAX_SIZE}: a corrupt config?")))
+            }
             Some(v) => T::deserialize(v).map(Some).map_err(|e| ModelError::Config(format!("{name} {v}: {e}"))),
         }
     }

@@ -132,12 +132,12 @@ impl TextTokenizer {
                 let eos = special(flag("add_eos_token"), tok.eos_id);
                 let post =
                     template(bos.as_ref().map(|(t, i)| (t.as_str(), *i)), eos.as_ref().map(|(t, i)| (t.as_str(), *i)));
-                let fail = |e: String| ModelError::Tokenizer(format!("{}: {e}", path.display()));
-                let mut spec: Value =
-                    serde_json::from_str(&tok.inner.to_string(false).map_err(|e| fail(e.to_string()))?)
-                        .map_err(|e| fail(e.to_string()))?;
-                spec["post_processor"] = post;
-                tok.inner = parse_tokenizer(&spec.to_string()).map_err(fail)?;
+                // Set in place, not by a round trip through the tokenizer's JSON: writing a
+                // vocabulary out walks every id up to the largest, which a corrupt file can
+                // put at 2^32 - 1.
+                let post: tokenizers::processors::PostProcessorWrapper = serde_json::from_value(post)
+                    .map_err(|e| ModelError::Tokenizer(format!("{}: the post-processor: {e}", path.display())))?;
+                tok.inner.with_post_processor(Some(post));
             }
         }
         Ok(Some(tok))
@@ -186,7 +186,15 @@ impl TextTokenizer {
             byte_level_parts(file, &tokens, &merges, &token_types)
         } else {
             let scores: Vec<f64> = match file.get("tokenizer.ggml.scores").and_then(GgufValue::as_array) {
-                Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect(),
+                // A NaN has no place in the merges' order (sorting by it is no order at all).
+                Some(a) => a
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| match v.as_f64().unwrap_or(0.0) {
+                        s if s.is_nan() => Err(fail(format!("tokenizer.ggml.scores[{i}] is NaN"))),
+                        s => Ok(s),
+                    })
+                    .collect::<Result<_, _>>()?,
                 None if merges.is_some() => vec![0.0; tokens.len()],
                 None => return Err(fail("a llama vocabulary without merges needs tokenizer.ggml.scores".into())),
             };

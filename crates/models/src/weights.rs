@@ -331,6 +331,7 @@ impl GgufWeights {
             Some((e, n)) => (e * (n_rows / n), n_rows / n),
             None => (0, n_rows),
         };
+        self.check_heads(name, mapping.order, n_rows, row_len, &Self::hf_shape(t, mapping))?;
         let (bb, nb) = (t.ggml_type.block_bytes(), row_len / t.ggml_type.block_size());
         let row_bytes = nb * bb;
         let mut parts: Vec<Vec<u8>> = vec![Vec::new(); form.parts(&[1, QK_K]).len()];
@@ -444,6 +445,37 @@ impl GgufWeights {
         Ok((&self.file.tensors()[*i], mapping))
     }
 
+    /// Checks that `n_rows` rows reordered as `order` says split into its heads, each of 2
+    /// (q, k) or 3 (fused qkv) equal parts.
+    fn check_heads(
+        &self,
+        name: &str,
+        order: RowOrder,
+        n_rows: usize,
+        row_len: usize,
+        shape: &[usize],
+    ) -> Result<(), ModelError> {
+        let heads = match order {
+            RowOrder::ReversePermute { n_heads } => Some((n_heads, 2)),
+            RowOrder::PerHeadQkv { n_heads } => Some((n_heads, 3)),
+            RowOrder::Identity => None,
+        };
+        if let Some((n_heads, per)) = heads
+            && (n_heads == 0 || !n_rows.is_multiple_of(per * n_heads))
+        {
+            return Err(ModelError::ShapeMismatch {
+                name: name.into(),
+                expected: vec![n_heads * per, row_len],
+                found: shape.to_vec(),
+                source_desc: format!(
+                    "{} (rows must split into {n_heads} heads of {per} equal parts)",
+                    self.file.path().display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The HF shape of a tensor: one expert's rows of a stacked tensor, transposed where HF
     /// stores `[in, out]`.
     fn hf_shape(t: &crate::gguf::GgufTensorInfo, mapping: &convert::Mapping) -> Vec<usize> {
@@ -479,24 +511,7 @@ impl GgufWeights {
             )));
         }
         let row_bytes = row_len / t.ggml_type.block_size() * t.ggml_type.block_bytes();
-        let heads = match order {
-            RowOrder::ReversePermute { n_heads } => Some((n_heads, 2)),
-            RowOrder::PerHeadQkv { n_heads } => Some((n_heads, 3)),
-            RowOrder::Identity => None,
-        };
-        if let Some((n_heads, per)) = heads
-            && (n_heads == 0 || !n_rows.is_multiple_of(per * n_heads))
-        {
-            return Err(ModelError::ShapeMismatch {
-                name: name.into(),
-                expected: vec![n_heads * per, row_len],
-                found: shape,
-                source_desc: format!(
-                    "{} (rows must split into {n_heads} heads of {per} equal parts)",
-                    self.file.path().display()
-                ),
-            });
-        }
+        self.check_heads(name, order, n_rows, row_len, &shape)?;
         let mut row = vec![0f32; row_len];
         let read_row = |hf_row: usize, row: &mut [f32]| {
             let src_row = first + convert::hf_row_of(order, n_rows, hf_row);

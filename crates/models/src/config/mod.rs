@@ -307,6 +307,12 @@ impl ParamInfo {
 /// The most blocks a config may declare ([`ModelConfig::validate`]).
 pub const MAX_LAYERS: usize = 4096;
 
+/// The largest width, head count, vocabulary or expert count a config may declare
+/// ([`ModelConfig::validate`]): 2^21, far above any model's (the largest vocabularies have
+/// ~262K entries), and small enough that a weight's element count — at most three of them
+/// multiplied — fits in 64 bits.
+pub const MAX_SIZE: usize = 1 << 21;
+
 impl ModelConfig {
     /// This config with `extra` kept among its [`Extras`].
     pub fn with_extra<T: FamilyExtra>(mut self, extra: &T) -> ModelConfig {
@@ -324,6 +330,9 @@ impl ModelConfig {
         // refused here, before every block's weight list is built for it.
         if self.n_layers > MAX_LAYERS {
             return fail(format!("num_hidden_layers {} is more than {MAX_LAYERS}: a corrupt config?", self.n_layers));
+        }
+        if let Some((name, size)) = self.sizes().into_iter().find(|&(_, size)| size > MAX_SIZE) {
+            return fail(format!("{name} {size} is more than {MAX_SIZE}: a corrupt config?"));
         }
         let layers = self.layers.len();
         if layers != 0 && layers != self.n_layers {
@@ -358,6 +367,58 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+
+    /// Every size a weight's shape is made of, by its `config.json` name (for
+    /// [`ModelConfig::validate`]'s bound).
+    fn sizes(&self) -> Vec<(&'static str, usize)> {
+        let a = &self.attention;
+        let mut sizes = vec![
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_attention_heads", a.n_heads),
+            ("num_key_value_heads", a.n_kv_heads),
+            ("head_dim", a.head_dim),
+            ("rotary_dim", self.rope.rotary_dim.unwrap_or(0)),
+        ];
+        for shape in self.layers.iter().filter_map(|l| l.shape.as_ref()) {
+            sizes.extend([
+                ("a layer's head_dim", shape.head_dim),
+                ("a layer's num_key_value_heads", shape.n_kv_heads),
+                ("a layer's intermediate_size", shape.intermediate_size),
+            ]);
+        }
+        if let Some(p) = &self.per_layer_input {
+            sizes.extend([("hidden_size_per_layer_input", p.width), ("vocab_size_per_layer_input", p.vocab_size)]);
+        }
+        if let Some(m) = &self.moe {
+            sizes.extend([
+                ("num_experts", m.n_experts),
+                ("num_experts_per_tok", m.top_k),
+                ("moe_intermediate_size", m.expert_size),
+                ("shared_expert_intermediate_size", m.shared_expert.unwrap_or(0)),
+            ]);
+        }
+        if let Some(l) = &self.linear_attention {
+            sizes.extend([
+                ("linear_num_key_heads", l.n_key_heads),
+                ("linear_num_value_heads", l.n_value_heads),
+                ("linear_key_head_dim", l.key_head_dim),
+                ("linear_value_head_dim", l.value_head_dim),
+                ("linear_conv_kernel_dim", l.conv_kernel),
+            ]);
+        }
+        if let Some(m) = &self.mla {
+            sizes.extend([
+                ("q_lora_rank", m.q_lora_rank.unwrap_or(0)),
+                ("kv_lora_rank", m.kv_lora_rank),
+                ("qk_nope_head_dim", m.nope),
+                ("qk_rope_head_dim", m.rope),
+                ("v_head_dim", m.v_head_dim),
+            ]);
+        }
+        sizes
     }
 
     /// Every weight tensor the forward pass reads, for the first `n_layers` blocks

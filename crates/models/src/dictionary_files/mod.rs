@@ -106,6 +106,7 @@ impl Dictionary {
 pub(crate) fn encoder_latents(weight: &Tensor, d_in: usize, input: &str) -> Result<usize, String> {
     let shape = &weight.shape;
     match shape[..] {
+        [0, _] | [_, 0] => Err(format!("encoder.weight is {shape:?}: an empty encoder")),
         [d_sae, width] if width == d_in => Ok(d_sae),
         [_, _] => Err(format!("encoder.weight is {shape:?}, {input} is {d_in}")),
         _ => Err(format!("encoder.weight is {shape:?}, not [d_sae, {input}]")),

@@ -254,6 +254,10 @@ impl GgufFile {
             let mut dims = Vec::new();
             for _ in 0..n_dims {
                 let d = r.u64().map_err(what)?;
+                if d == 0 {
+                    // An empty weight is no model's; a row of no elements has no blocks.
+                    return Err(what(format!("dimension {} is 0", dims.len())));
+                }
                 dims.push(usize::try_from(d).map_err(|_| what(format!("dimension {d}")))?);
             }
             let ty = r.u32().map_err(what)?;

@@ -88,14 +88,10 @@ pub struct Args {
     /// Global batch (sequences per step); must divide over the data axis.
     #[arg(long, value_parser = limits::count(1, limits::MAX_BATCH))]
     pub batch: Option<usize>,
-    /// Tokens per sequence (with --batch: the activation estimate); at most the model's
-    /// context unless --allow-long-context.
+    /// Tokens per sequence (with --batch: the activation estimate); past the model's context
+    /// the plan says `extract` refuses it without --allow-long-context.
     #[arg(long, value_parser = limits::count(1, limits::MAX_SEQ))]
     pub seq: Option<usize>,
-    /// Plan a --seq longer than the model's context (`max_position_embeddings`), as `extract
-    /// --allow-long-context` runs one.
-    #[arg(long)]
-    pub allow_long_context: bool,
     /// Hook names or patterns, as `extract --hooks` takes them, each counted at its own size
     /// (default: every hidden state, layers + 1).
     #[arg(long)]
@@ -133,9 +129,6 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (config, config_dtype, fp8_block) = load_config(args.model.as_deref(), args.config.as_deref())?;
-    if let Some(seq) = args.seq.filter(|_| !args.allow_long_context) {
-        siphon_plan::check_context(&config, seq).with_context(|| format!("--seq {seq}"))?;
-    }
     let stored = match args.weights {
         siphon_engine::WeightForm::Dequantized => Default::default(),
         siphon_engine::WeightForm::Stored => stored_forms(&config, args.model.as_deref(), fp8_block)?,
@@ -179,6 +172,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => e.into(),
     })?;
     plan.notes.extend(siphon_plan::cuda_attention(&config, &plan, &request));
+    if let Some(seq) = args.seq.filter(|&seq| seq > config.max_position_embeddings) {
+        plan.notes.push(format!(
+            "--seq {seq} is longer than the model's context (max_position_embeddings {}): `siphon extract` \
+             refuses it unless --allow-long-context",
+            config.max_position_embeddings
+        ));
+    }
     if let Some(target) = target {
         let compile = target::Compile {
             target,
