@@ -119,6 +119,16 @@ impl ActivationKey {
         &[("gelu", Activation::Gelu), ("gelu_new", Activation::GeluTanh), ("gelu_pytorch_tanh", Activation::GeluTanh)];
 }
 
+/// The numbers among the family keys ([`HfConfig::key`]) that are not sizes.
+const NOT_SIZES: [&str; 6] = [
+    "rotary_emb_base",
+    "layer_norm_eps",
+    "layer_norm_epsilon",
+    "routed_scaling_factor",
+    "swiglu_alpha",
+    "swiglu_limit",
+];
+
 impl HfConfig {
     /// Parses `config.json` text.
     pub fn from_json(text: &str) -> Result<HfConfig, ModelError> {
@@ -182,11 +192,12 @@ impl HfConfig {
     }
 
     /// A key only one family reads, as `T`; `None` when absent or null. An integer above
-    /// [`MAX_SIZE`] is refused: every such key is a size, a count or a layer's index.
+    /// [`MAX_SIZE`] is refused where the key is a size, a count or a layer's index (all but
+    /// the [`NOT_SIZES`]: a RoPE base of 10^7 is a real one).
     pub(crate) fn key<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ModelError> {
         match self.extra.get(name) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) if v.as_u64().is_some_and(|n| n > MAX_SIZE as u64) => {
+            Some(v) if v.as_u64().is_some_and(|n| n > MAX_SIZE as u64) && !NOT_SIZES.contains(&name) => {
                 Err(ModelError::Config(format!("{name} {v} is more than {MAX_SIZE}: a corrupt config?")))
             }
             Some(v) => T::deserialize(v).map(Some).map_err(|e| ModelError::Config(format!("{name} {v}: {e}"))),
@@ -529,6 +540,14 @@ fn parse_rope_scaling(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_large_rope_base_is_no_corrupt_size() {
+        let text = r#"{"model_type": "gpt_neox", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 96,
+            "num_attention_heads": 4, "num_hidden_layers": 2, "rotary_emb_base": 10000000, "rotary_pct": 0.25}"#;
+        let config = HfConfig::from_json(text).unwrap().into_config().unwrap();
+        assert_eq!(config.rope.theta, 1e7);
+    }
     use crate::config::Moe;
 
     const QWEN25_05B: &str = r#"{
