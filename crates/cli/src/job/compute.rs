@@ -369,6 +369,10 @@ impl Compute {
             Span::Hosts { per_host: None, .. } => unreachable!("resolved above"),
         };
         check_device_memory(&client, &local, &planned)?;
+        // Planned only now (libtpu reports its devices): the host's buffers checked here.
+        if !matches!(PluginKind::of(&plugin.path), PluginKind::Cpu | PluginKind::Cuda) {
+            check_machine_memory(&planned, PluginKind::of(&plugin.path), local.len(), 1, spec.shuffle_tokens_window)?;
+        }
         let (members, readers, reader_of) = members(&views, identity.process_id, identity.num_processes)?;
         tracing::info!(
             platform = client.platform_name(), devices = local.len(), mesh = %mesh,
