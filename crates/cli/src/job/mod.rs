@@ -27,6 +27,7 @@
 
 mod compute;
 pub(crate) mod fetch;
+mod fits;
 mod options;
 mod output;
 mod pipeline;
