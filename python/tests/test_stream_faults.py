@@ -180,8 +180,9 @@ def test_a_producer_waits_holding_its_buffer_while_its_consumer_pauses(runs, tmp
     connection's buffers hold few of them."""
     corpus = tmp_path / "corpus"
     make_corpus(corpus, 24000, seed=3)
-    extra = ["--batch-size", "64", "--seq-len", "256", "--stream-buffer", "2", "--stream-keep", "1",
-             "--store-timeout", "4"]
+    # 256 tokens are past the tiny model's 128 positions: allowed explicitly (only the bytes matter here).
+    extra = ["--batch-size", "64", "--seq-len", "256", "--allow-long-context", "--stream-buffer", "2",
+             "--stream-keep", "1", "--store-timeout", "4"]
     log = tmp_path / "consumer.jsonl"
     with Producer(runs, corpus, "faults-pause", launch=False, extra=extra) as producer:
         env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
