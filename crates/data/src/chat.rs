@@ -189,15 +189,22 @@ impl ChatTemplate {
     ) -> std::result::Result<(Vec<u32>, Vec<Role>), String> {
         let rendered = self.render(messages)?;
         let encoding = tokenizer.encode(rendered.text.as_str(), false).map_err(|e| format!("tokenizer: {e}"))?;
+        let spans = &rendered.spans;
+        // Spans sorted by start that do not overlap have sorted ends too: the first span a
+        // token overlaps is found by bisection (a scan per token is quadratic in a long
+        // conversation).
+        let disjoint = spans.windows(2).all(|w| w[0].0.end <= w[1].0.start);
         let roles = encoding
             .get_offsets()
             .iter()
             .map(|&(start, end)| {
-                rendered
-                    .spans
-                    .iter()
-                    .find(|(span, _)| start < span.end && span.start < end.max(start + 1))
-                    .map_or(Role::Template, |(_, role)| *role)
+                let overlaps = |span: &Range<usize>| start < span.end && span.start < end.max(start + 1);
+                let found = if disjoint {
+                    spans.get(spans.partition_point(|(span, _)| span.end <= start)).filter(|(span, _)| overlaps(span))
+                } else {
+                    spans.iter().find(|(span, _)| overlaps(span))
+                };
+                found.map_or(Role::Template, |(_, role)| *role)
             })
             .collect();
         Ok((encoding.get_ids().to_vec(), roles))
@@ -212,7 +219,8 @@ fn rewrite_generation(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(open) = rest.find("{%") {
-        let Some(close) = rest[open..].find("%}").map(|c| open + c + 2) else { break };
+        // The tag's end after its opening (`{%}` is not a whole tag).
+        let Some(close) = rest[open + 2..].find("%}").map(|c| open + 2 + c + 2) else { break };
         let tag = &rest[open..close];
         let inner = tag[2..tag.len() - 2].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         let marker = match inner {

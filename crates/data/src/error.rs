@@ -80,6 +80,22 @@ pub enum Error {
         /// What is wrong with the record.
         reason: String,
     },
+    /// A record (a line of a jsonl or line-text file, a parquet value) is longer than
+    /// [`CorpusConfig::max_record_bytes`](crate::CorpusConfig::max_record_bytes): tokenizing it
+    /// would take far more memory than its size, so it is refused whatever the invalid-record
+    /// policy.
+    #[error(
+        "{file}: {location}: a record longer than {limit} bytes, the most one record may have \
+         (split the document, or raise the limit: extract --max-record-mb)"
+    )]
+    RecordTooLarge {
+        /// The file.
+        file: String,
+        /// Where in the file (the line's byte offset, or row group and row).
+        location: String,
+        /// The limit.
+        limit: u64,
+    },
     /// A file cannot be used as a corpus file at all (e.g. too large for whole-file records).
     #[error("corpus file {file}: {reason}")]
     Unusable {

@@ -67,6 +67,11 @@ pub struct CorpusConfig {
     pub unit_bytes: u64,
     /// Largest file accepted with [`TextRecords::File`].
     pub max_file_bytes: u64,
+    /// Longest record accepted (a line of a jsonl or line-text file, a parquet text value):
+    /// a longer one is an [`Error::RecordTooLarge`] naming the file and where in it. A line is
+    /// never buffered past this, so a file without newlines costs this much memory, not its
+    /// size; tokenizing a record takes on the order of 100× its bytes. Default 16 MiB.
+    pub max_record_bytes: u64,
     /// Optional seeded shuffling.
     pub shuffle: Option<Shuffle>,
     /// Policy for unusable records.
@@ -87,6 +92,7 @@ impl Default for CorpusConfig {
             text_records: TextRecords::File,
             unit_bytes: 8 << 20,
             max_file_bytes: 256 << 20,
+            max_record_bytes: 16 << 20,
             shuffle: None,
             invalid: InvalidRecords::Skip,
             hub_config: None,
@@ -395,11 +401,30 @@ impl Corpus {
 
 pub(crate) async fn load_parquet_meta(store: &Arc<dyn ObjectStore>, file: &CorpusFile) -> Result<ArrowReaderMetadata> {
     let mut reader = crate::read::StoreReader::new(store.clone(), file);
-    ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new()).await.map_err(|source| Error::Parquet {
-        file: file.display.clone(),
-        row_group: None,
-        source,
-    })
+    let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+        .await
+        .map_err(|source| Error::Parquet { file: file.display.clone(), row_group: None, source })?;
+    // Column chunks must lie within the file: the parquet reader asserts it (a panic) when
+    // it fetches them.
+    for (g, row_group) in meta.metadata().row_groups().iter().enumerate() {
+        for column in row_group.columns() {
+            let start = column.dictionary_page_offset().unwrap_or(column.data_page_offset());
+            let len = column.compressed_size();
+            let end = u64::try_from(start).ok().zip(u64::try_from(len).ok()).and_then(|(s, l)| s.checked_add(l));
+            if end.is_none_or(|end| end > file.size) {
+                return Err(Error::Unusable {
+                    file: file.display.clone(),
+                    reason: format!(
+                        "the footer puts row group {g}'s column {} at bytes {start}..{start}+{len}, outside the \
+                         file's {} bytes",
+                        column.column_path(),
+                        file.size
+                    ),
+                });
+            }
+        }
+    }
+    Ok(meta)
 }
 
 /// Index of the text column among the top-level columns, checked to be a string column.

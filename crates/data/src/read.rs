@@ -106,8 +106,8 @@ impl UnitReader {
                         meta
                     }
                 };
-                read_row_group(store, file, meta, &self.corpus.config.text_column, index as usize, rows, skip, emit)
-                    .await
+                let (column, max) = (&self.corpus.config.text_column, self.corpus.config.max_record_bytes);
+                read_row_group(store, file, meta, column, max, index as usize, rows, skip, emit).await
             }
             (UnitKind::WholeFile, _) => {
                 if skip > 0 {
@@ -130,7 +130,8 @@ impl UnitReader {
             }
             (UnitKind::Bytes { start, end }, format) => {
                 let json_field = self.corpus.config.json_field.clone();
-                let mut lines = LineReader::new(store, file, start).await?;
+                let max = self.corpus.config.max_record_bytes;
+                let mut lines = LineReader::new(store, file, start, max).await?;
                 let mut index = 0u64;
                 while let Some((offset, line)) = lines.next_line(end).await? {
                     if index >= skip {
@@ -156,6 +157,7 @@ async fn read_row_group(
     file: &CorpusFile,
     meta: ArrowReaderMetadata,
     column: &str,
+    max_record_bytes: u64,
     row_group: usize,
     rows: u64,
     skip: u64,
@@ -182,6 +184,13 @@ async fn read_row_group(
     while let Some(batch) = stream.try_next().await.map_err(perr)? {
         let array = batch.column(0);
         let mut each = |value: Option<&str>| -> Result<bool> {
+            if value.is_some_and(|t| t.len() as u64 > max_record_bytes) {
+                return Err(Error::RecordTooLarge {
+                    file: file.display.clone(),
+                    location: format!("row group {row_group}, row {row}"),
+                    limit: max_record_bytes,
+                });
+            }
             let record = match value {
                 None => Record::Invalid("null text".into()),
                 Some(t) if t.trim().is_empty() => Record::Empty,
@@ -302,12 +311,20 @@ struct LineReader {
     buf_start: u64,
     /// File offset of the next line.
     pos: u64,
+    /// The longest line read ([`crate::CorpusConfig::max_record_bytes`]).
+    max: u64,
 }
 
 impl LineReader {
-    async fn new(store: Arc<dyn ObjectStore>, file: &CorpusFile, start: u64) -> Result<LineReader> {
-        let mut reader =
-            LineReader { store, file: file.clone(), buf: Vec::new(), buf_start: start.saturating_sub(1), pos: start };
+    async fn new(store: Arc<dyn ObjectStore>, file: &CorpusFile, start: u64, max: u64) -> Result<LineReader> {
+        let mut reader = LineReader {
+            store,
+            file: file.clone(),
+            buf: Vec::new(),
+            buf_start: start.saturating_sub(1),
+            pos: start,
+            max,
+        };
         if start > 0 {
             // Does a line start exactly at `start`? Only if the byte before is a newline.
             reader.fill_to(start + 1).await?;
@@ -338,11 +355,19 @@ impl LineReader {
         Ok(())
     }
 
-    /// Offset of the first newline at or after `pos`, or None at end of file.
+    /// Offset of the first newline at or after `pos`, or None at end of file; an error when
+    /// there is none within `max` bytes (the line is too long to be a record).
     async fn find_newline(&mut self) -> Result<Option<u64>> {
         let mut from = self.pos;
         loop {
             let have = self.buf_start + self.buf.len() as u64;
+            if from > self.pos && from - self.pos > self.max {
+                return Err(Error::RecordTooLarge {
+                    file: self.file.display.clone(),
+                    location: format!("the line at byte {}", self.pos),
+                    limit: self.max,
+                });
+            }
             if from < have {
                 let rel = (from - self.buf_start) as usize;
                 if let Some(i) = self.buf[rel..].iter().position(|&b| b == b'\n') {
@@ -353,7 +378,7 @@ impl LineReader {
             if have >= self.file.size {
                 return Ok(None);
             }
-            self.fill_to(have + BLOCK).await?;
+            self.fill_to(have + BLOCK.min(self.max.saturating_add(1))).await?;
         }
     }
 

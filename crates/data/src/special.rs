@@ -37,6 +37,20 @@ pub fn parse_token(tokenizer: &Tokenizer, spec: &str) -> Result<u32> {
 }
 
 /// Loads a tokenizer.json.
+///
+/// The `tokenizers` library panics on some malformed files (a decoder it cannot build, for
+/// one); that panic is caught and returned as the error it should have been.
 pub fn load_tokenizer(path: &std::path::Path) -> Result<Tokenizer> {
-    Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("cannot load {}: {e}", path.display())))
+    let cannot = |e: String| Error::Tokenizer(format!("cannot load {}: {e}", path.display()));
+    match std::panic::catch_unwind(|| Tokenizer::from_file(path)) {
+        Ok(loaded) => loaded.map_err(|e| cannot(e.to_string())),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(cannot(format!("the file is malformed (the tokenizers library failed reading it: {what})")))
+        }
+    }
 }

@@ -99,11 +99,15 @@ pub(crate) fn check_token_shape(shape: &[usize]) -> std::result::Result<usize, S
     if shape.contains(&0) {
         return Err(format!("has a zero dimension in its per-token shape {shape:?}"));
     }
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| format!("per-token shape {shape:?} overflows"))
+    match shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+        Some(n) if n <= MAX_TOKEN_ELEMENTS => Ok(n),
+        _ => Err(format!("has per-token shape {shape:?}, more than {MAX_TOKEN_ELEMENTS} elements per token")),
+    }
 }
+
+/// The most elements one token's activation of a hook may have (2^24: an attention pattern
+/// over 128k keys of 64 heads has 2^23); what readers allocate statistics for is bounded by it.
+pub(crate) const MAX_TOKEN_ELEMENTS: usize = 1 << 24;
 
 /// Everything the writer needs about one batch of `batch` sequences of `seq` tokens.
 ///

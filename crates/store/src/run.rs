@@ -75,7 +75,7 @@ impl HostState {
             next_shard: self.lines.len() as u64,
             next_sample: last.map_or(0, |l| l.samples[1]),
             data_position: last.map(|l| l.data_position_after.clone()),
-            committed_tokens: self.lines.iter().map(|l| l.tokens).sum(),
+            committed_tokens: self.lines.iter().fold(0u64, |n, l| n.saturating_add(l.tokens)),
         }
     }
 }
@@ -267,22 +267,34 @@ pub(crate) async fn recover_host(
     let last = lines.last().map(|l| l.index);
     let (mut run_stats, covered) = match stored {
         Some(file) if file.through_shard.is_some() && file.through_shard <= last => {
-            (stats::from_file(&file), file.through_shard)
+            let stats = stats::from_file(&file)
+                .map_err(|reason| StoreError::Corrupt { path: stats_path.to_string(), reason })?;
+            (stats, file.through_shard)
         }
         _ => (RunStats::new(), None),
     };
-    if covered != last {
-        let from = covered.map_or(0, |c| c + 1) as usize;
-        for line in &lines[from..] {
-            let path = dir.clone().join(line.shard.as_str());
-            let bytes = get_optional(location, &path).await?.ok_or_else(|| StoreError::Corrupt {
-                path: path.to_string(),
-                reason: "committed shard is missing".into(),
-            })?;
+    // Committed shards are checked by their size above; the shards read here (those the
+    // statistics do not cover yet, and at least the last one) by their checksum too. Earlier
+    // shards are not read again on every restart (that would download the whole dataset):
+    // `verify_run` checks every one.
+    let rebuild_from = if covered == last { lines.len() } else { covered.map_or(0, |c| c + 1) as usize };
+    for (i, line) in lines.iter().enumerate().skip(rebuild_from.min(lines.len().saturating_sub(1))) {
+        let path = dir.clone().join(line.shard.as_str());
+        let bytes = get_optional(location, &path).await?.ok_or_else(|| StoreError::Corrupt {
+            path: path.to_string(),
+            reason: "committed shard is missing".into(),
+        })?;
+        line.check(&bytes).map_err(|problem| StoreError::Corrupt {
+            path: path.to_string(),
+            reason: format!("committed shard does not match its manifest line: {problem}"),
+        })?;
+        if i >= rebuild_from {
             let (hooks, shapes, latents) = (&descriptor.hooks, &descriptor.hook_shapes, &descriptor.latents);
             let summary = summarize_shard(path.as_ref(), &bytes, hooks, shapes, latents)?;
             stats::merge_run_stats(&mut run_stats, &summary.stats)?;
         }
+    }
+    if covered != last {
         let body = serde_json::to_vec(&stats::to_file(&run_stats, last)).expect("stats serialize");
         location
             .store()
@@ -336,7 +348,9 @@ pub async fn merge_host_stats(location: &StoreLocation, run: &str) -> Result<Sta
         };
         let file: StatsFile = serde_json::from_slice(&bytes)
             .map_err(|e| StoreError::Corrupt { path: path.to_string(), reason: e.to_string() })?;
-        stats::merge_run_stats(&mut merged, &stats::from_file(&file))?;
+        let host_stats =
+            stats::from_file(&file).map_err(|reason| StoreError::Corrupt { path: path.to_string(), reason })?;
+        stats::merge_run_stats(&mut merged, &host_stats)?;
     }
     let file = stats::to_file(&merged, None);
     let path = location.run_stats(run);

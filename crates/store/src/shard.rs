@@ -492,6 +492,9 @@ pub fn summarize_shard(
         return Err(bad(format!("role has shape {:?}, expected [{tokens}]", t.shape())));
     }
     let mask: Option<Vec<bool>> = match st.tensor("mask") {
+        Ok(t) if t.dtype() != safetensors::Dtype::BOOL || t.shape() != [tokens] => {
+            return Err(bad(format!("mask is {:?}{:?}, expected BOOL[{tokens}]", t.dtype(), t.shape())));
+        }
         Ok(t) => Some(t.data().iter().map(|&b| b != 0).collect()),
         Err(_) => None,
     };
@@ -506,6 +509,9 @@ pub fn summarize_shard(
         let Some((&rows, token_shape)) = t.shape().split_first() else {
             return Err(bad(format!("hook {hook} is a scalar, expected [{tokens}, *per-token shape]")));
         };
+        if let Err(e) = crate::batch::check_token_shape(token_shape) {
+            return Err(bad(format!("hook {hook} (tensor {:?}) {e}", t.shape())));
+        }
         if rows != tokens || token_shape.is_empty() || token_shape.contains(&0) {
             return Err(bad(format!(
                 "hook {hook} has shape {:?}, expected [{tokens}, *per-token shape] with no zero dimension",

@@ -10,6 +10,10 @@ use crate::config::LatentsColumn;
 use crate::shard::{le_bytes, stored_dtype};
 use crate::stats::LatentStats;
 
+/// The most latents a column may have (2^26, twice the largest dictionaries trained): their
+/// statistics are three arrays of that length.
+pub(crate) const MAX_LATENTS: usize = 1 << 26;
+
 /// A latents column's rows so far.
 pub(crate) struct SparseColumn {
     width: usize,
@@ -121,6 +125,9 @@ pub(crate) fn summarize(
     tokens: usize,
     mask: Option<&[bool]>,
 ) -> Result<LatentStats, String> {
+    if column.width > MAX_LATENTS {
+        return Err(format!("run.json gives {} latents, more than the {MAX_LATENTS} this crate reads", column.width));
+    }
     let [indptr_name, indices_name, values_name] = column.tensor_names();
     let tensor = |name: &str| st.tensor(name).map_err(|e| format!("{name}: {e}"));
     let (indptr, indices, values) = (tensor(&indptr_name)?, tensor(&indices_name)?, tensor(&values_name)?);

@@ -82,6 +82,12 @@ impl HookStats {
             *self = other.clone();
             return Ok(());
         }
+        let count = self.count.checked_add(other.count).ok_or_else(|| {
+            StoreError::InvalidConfig(format!(
+                "cannot merge statistics of {} and {} tokens: the count overflows",
+                self.count, other.count
+            ))
+        })?;
         let (na, nb) = (self.count as f64, other.count as f64);
         let n = na + nb;
         for i in 0..self.mean.len() {
@@ -89,7 +95,7 @@ impl HookStats {
             self.mean[i] += delta * nb / n;
             self.m2[i] += other.m2[i] + delta * delta * na * nb / n;
         }
-        self.count += other.count;
+        self.count = count;
         self.norm_sum += other.norm_sum;
         if self.min.is_empty() || other.min.is_empty() {
             (self.min, self.max) = (Vec::new(), Vec::new());
@@ -240,24 +246,27 @@ pub struct HookStatsJson {
     /// Token rows counted.
     pub count: u64,
     /// Per-element mean.
+    #[serde(with = "float_text::vec")]
     pub mean: Vec<f64>,
     /// Per-element population variance.
+    #[serde(with = "float_text::vec")]
     pub variance: Vec<f64>,
     /// Mean L2 norm of the flattened token rows.
+    #[serde(with = "float_text::one")]
     pub mean_norm: f64,
     /// The running state behind `variance` (`variance · count`) and `mean_norm`
     /// (`mean_norm · count`), exactly: statistics read back (on resume, when hosts are merged)
     /// continue bit-identically, which `variance · count` does not. Absent in files before it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "float_text::opt_vec")]
     pub m2: Option<Vec<f64>>,
     /// See `m2`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "float_text::opt_one")]
     pub norm_sum: Option<f64>,
     /// Per-element minimum of the stored values. Absent in files before it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "float_text::opt_vec")]
     pub min: Option<Vec<f64>>,
     /// Per-element maximum of the stored values. Absent in files before it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "float_text::opt_vec")]
     pub max: Option<Vec<f64>>,
 }
 
@@ -305,8 +314,10 @@ pub struct LatentStats {
     /// Per latent, the tokens it fired on.
     pub firings: Vec<u64>,
     /// Per latent, the sum of its values.
+    #[serde(with = "float_text::vec")]
     pub sums: Vec<f64>,
     /// Per latent, its largest value (0 for a latent that never fired).
+    #[serde(with = "float_text::vec")]
     pub max: Vec<f64>,
 }
 
@@ -335,8 +346,22 @@ impl LatentStats {
                 other.firings.len()
             )));
         }
-        self.count += other.count;
-        self.firings.iter_mut().zip(&other.firings).for_each(|(a, b)| *a += b);
+        let overflow = || {
+            StoreError::InvalidConfig(format!(
+                "cannot merge latent statistics of {} and {} tokens: a count overflows",
+                self.count, other.count
+            ))
+        };
+        let count = self.count.checked_add(other.count).ok_or_else(overflow)?;
+        let firings: Vec<u64> = self
+            .firings
+            .iter()
+            .zip(&other.firings)
+            .map(|(a, b)| a.checked_add(*b))
+            .collect::<Option<_>>()
+            .ok_or_else(overflow)?;
+        self.count = count;
+        self.firings = firings;
         self.sums.iter_mut().zip(&other.sums).for_each(|(a, b)| *a += b);
         self.max.iter_mut().zip(&other.max).for_each(|(a, b)| *a = a.max(*b));
         Ok(())
@@ -385,9 +410,158 @@ pub fn to_file(stats: &RunStats, through_shard: Option<u64>) -> StatsFile {
     }
 }
 
-/// Converts the file form back into running statistics.
-pub fn from_file(file: &StatsFile) -> RunStats {
-    RunStats { hooks: file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect(), latents: file.latents.clone() }
+/// Converts the file form back into running statistics, checking that every hook's arrays have
+/// one entry per element of its shape and every latents column's one per latent (what merging
+/// them with more statistics indexes by).
+pub fn from_file(file: &StatsFile) -> std::result::Result<RunStats, String> {
+    for (hook, s) in &file.hooks {
+        let width = s.mean.len();
+        if !s.shape.is_empty() && s.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(width) {
+            return Err(format!("hook {hook}: {width} means for per-token shape {:?}", s.shape));
+        }
+        let lengths = [
+            ("variance", Some(s.variance.len())),
+            ("m2", s.m2.as_ref().map(Vec::len)),
+            ("min", s.min.as_ref().map(Vec::len)),
+            ("max", s.max.as_ref().map(Vec::len)),
+        ];
+        for (name, len) in lengths {
+            if let Some(len) = len.filter(|&len| len != width) {
+                return Err(format!("hook {hook}: {len} entries in {name}, {width} means"));
+            }
+        }
+        if s.min.is_some() != s.max.is_some() {
+            return Err(format!("hook {hook}: min and max must be both present or both absent"));
+        }
+    }
+    for (name, s) in &file.latents {
+        if s.sums.len() != s.firings.len() || s.max.len() != s.firings.len() {
+            return Err(format!(
+                "latents {name}: {} firings, {} sums and {} maxima (one each per latent)",
+                s.firings.len(),
+                s.sums.len(),
+                s.max.len()
+            ));
+        }
+    }
+    Ok(RunStats {
+        hooks: file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
+        latents: file.latents.clone(),
+    })
+}
+
+impl StatsFile {
+    /// The running statistics the file holds; `Err` says which hook or latents column has
+    /// arrays of the wrong lengths.
+    pub fn to_run_stats(&self) -> std::result::Result<RunStats, String> {
+        from_file(self)
+    }
+}
+
+/// Statistics as JSON numbers, except the non-finite ones (activations holding NaN or ±Inf
+/// give them), which JSON has no numbers for: they are written as the strings `"NaN"`,
+/// `"Infinity"` and `"-Infinity"` (what Python's `float()` parses) and read back as the
+/// same values, so a file round-trips and a resumed run continues. `null` (what files
+/// written before this encoding hold for them) reads as NaN.
+mod float_text {
+    use serde::de::{self, Deserializer, Visitor};
+    use serde::ser::{SerializeSeq, Serializer};
+    use serde::{Deserialize, Serialize};
+
+    /// One value in its JSON form.
+    pub struct Float(pub f64);
+
+    impl Serialize for Float {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let v = self.0;
+            match () {
+                _ if v.is_finite() => s.serialize_f64(v),
+                _ if v.is_nan() => s.serialize_str("NaN"),
+                _ if v > 0.0 => s.serialize_str("Infinity"),
+                _ => s.serialize_str("-Infinity"),
+            }
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Float {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Float, D::Error> {
+            struct V;
+            impl Visitor<'_> for V {
+                type Value = Float;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a number, \"NaN\", \"Infinity\" or \"-Infinity\"")
+                }
+                fn visit_f64<E: de::Error>(self, v: f64) -> Result<Float, E> {
+                    Ok(Float(v))
+                }
+                fn visit_u64<E: de::Error>(self, v: u64) -> Result<Float, E> {
+                    Ok(Float(v as f64))
+                }
+                fn visit_i64<E: de::Error>(self, v: i64) -> Result<Float, E> {
+                    Ok(Float(v as f64))
+                }
+                fn visit_unit<E: de::Error>(self) -> Result<Float, E> {
+                    Ok(Float(f64::NAN))
+                }
+                fn visit_str<E: de::Error>(self, v: &str) -> Result<Float, E> {
+                    match v {
+                        "NaN" => Ok(Float(f64::NAN)),
+                        "Infinity" => Ok(Float(f64::INFINITY)),
+                        "-Infinity" => Ok(Float(f64::NEG_INFINITY)),
+                        _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                    }
+                }
+            }
+            d.deserialize_any(V)
+        }
+    }
+
+    pub mod one {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+            Float(*v).serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+            Float::deserialize(d).map(|f| f.0)
+        }
+    }
+
+    pub mod vec {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
+            let mut seq = s.serialize_seq(Some(v.len()))?;
+            for &x in v {
+                seq.serialize_element(&Float(x))?;
+            }
+            seq.end()
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+            Vec::<Float>::deserialize(d).map(|v| v.into_iter().map(|f| f.0).collect())
+        }
+    }
+
+    pub mod opt_one {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+            v.map(Float).serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+            Option::<Float>::deserialize(d).map(|v| v.map(|f| f.0))
+        }
+    }
+
+    pub mod opt_vec {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &Option<Vec<f64>>, s: S) -> Result<S::Ok, S::Error> {
+            match v {
+                Some(v) => vec::serialize(v, s),
+                None => s.serialize_none(),
+            }
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<f64>>, D::Error> {
+            Option::<Vec<Float>>::deserialize(d).map(|v| v.map(|v| v.into_iter().map(|f| f.0).collect()))
+        }
+    }
 }
 
 /// Decodes one row of little-endian `dtype` values into f32.
@@ -446,7 +620,7 @@ mod tests {
         let stats =
             RunStats { hooks: [("h".to_string(), first.clone())].into(), latents: [("l".into(), latents)].into() };
         let text = serde_json::to_vec(&to_file(&stats, Some(0))).unwrap();
-        let back = from_file(&serde_json::from_slice(&text).unwrap());
+        let back = from_file(&serde_json::from_slice(&text).unwrap()).unwrap();
         assert_eq!(back, stats, "bit-identical after a JSON round trip");
         let back = back.hooks;
         let more = HookStats::from_rows(DType::F32, &[2], &f32_bytes(&[0.3, 1.7, -2.2, 0.9]), None);

@@ -426,8 +426,13 @@ fn validate_latents(descriptor: &RunDescriptor, dtype: DType) -> Result<()> {
                 column.name, column.cap, column.width
             ));
         }
-        if i32::try_from(column.width).is_err() {
-            return bad(format!("latents {}: {} latents do not fit the i32 indices", column.name, column.width));
+        if column.width > crate::sparse::MAX_LATENTS {
+            return bad(format!(
+                "latents {}: {} latents, more than the {} a column may have",
+                column.name,
+                column.width,
+                crate::sparse::MAX_LATENTS
+            ));
         }
         let names = std::iter::once(column.name.clone()).chain(column.tensor_names());
         for name in names {
@@ -634,11 +639,11 @@ impl Committer {
         Ok(HostSummary {
             host: self.host,
             shards: self.lines.len() as u64,
-            tokens: self.lines.iter().map(|l| l.tokens).sum(),
-            included_tokens: self.lines.iter().map(|l| l.included_tokens).sum(),
+            tokens: self.lines.iter().fold(0u64, |n, l| n.saturating_add(l.tokens)),
+            included_tokens: self.lines.iter().fold(0u64, |n, l| n.saturating_add(l.included_tokens)),
             samples_end: self.lines.last().map_or(0, |l| l.samples[1]),
             data_position: self.lines.last().map(|l| l.data_position_after.clone()),
-            bytes: self.lines.iter().map(|l| l.bytes).sum(),
+            bytes: self.lines.iter().fold(0u64, |n, l| n.saturating_add(l.bytes)),
             stats: self.stats,
             timing: self.timing.lock().map(|t| *t).unwrap_or_default(),
         })

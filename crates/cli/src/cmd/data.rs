@@ -63,6 +63,11 @@ pub struct CorpusArgs {
     /// Bytes per work unit of jsonl and line-text files.
     #[arg(long, default_value_t = 8 << 20, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
     pub unit_bytes: u64,
+    /// Longest record (a jsonl or line-text line, a parquet value) in MiB, default 16: a longer
+    /// one stops the run naming its file and place (tokenizing a record takes ~100× its bytes).
+    #[arg(long, value_name = "MiB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_record_mb: Option<u64>,
     /// Shuffle the unit order (and, with --shuffle-within-unit, the records in each unit)
     /// with this seed.
     #[arg(long, value_name = "SEED")]
@@ -156,6 +161,9 @@ impl CorpusArgs {
             TextRecordsArg::Line => TextRecords::Line,
         };
         config.unit_bytes = self.unit_bytes;
+        if let Some(mb) = self.max_record_mb {
+            config.max_record_bytes = mb << 20;
+        }
         config.shuffle = self.shuffle_seed.map(|seed| Shuffle { seed, within_unit: self.shuffle_within_unit });
         config.invalid = if self.strict { InvalidRecords::Error } else { InvalidRecords::Skip };
         config.hub_config = self.hf_config.clone();
