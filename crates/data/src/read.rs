@@ -358,24 +358,33 @@ impl LineReader {
     /// Offset of the first newline at or after `pos`, or None at end of file; an error when
     /// there is none within `max` bytes (the line is too long to be a record).
     async fn find_newline(&mut self) -> Result<Option<u64>> {
+        let too_large = |reader: &LineReader| Error::RecordTooLarge {
+            file: reader.file.display.clone(),
+            location: format!("the line at byte {}", reader.pos),
+            limit: reader.max,
+        };
         let mut from = self.pos;
         loop {
             let have = self.buf_start + self.buf.len() as u64;
             if from > self.pos && from - self.pos > self.max {
-                return Err(Error::RecordTooLarge {
-                    file: self.file.display.clone(),
-                    location: format!("the line at byte {}", self.pos),
-                    limit: self.max,
-                });
+                return Err(too_large(self));
             }
             if from < have {
                 let rel = (from - self.buf_start) as usize;
                 if let Some(i) = self.buf[rel..].iter().position(|&b| b == b'\n') {
-                    return Ok(Some(from + i as u64));
+                    // Found in what was already read: the line may still be past the limit.
+                    let newline = from + i as u64;
+                    if newline - self.pos > self.max {
+                        return Err(too_large(self));
+                    }
+                    return Ok(Some(newline));
                 }
                 from = have;
             }
             if have >= self.file.size {
+                if self.file.size - self.pos > self.max {
+                    return Err(too_large(self));
+                }
                 return Ok(None);
             }
             self.fill_to(have + BLOCK.min(self.max.saturating_add(1))).await?;
