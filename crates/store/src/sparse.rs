@@ -116,8 +116,8 @@ fn store_value(value: f32, dtype: DType, out: &mut Vec<u8>) -> f32 {
 }
 
 /// Reads a shard's CSR tensors of `column` back: checks their dtypes and shapes, that the
-/// offsets run from 0 to the entries without going back, that each row's latents ascend and lie
-/// within the width; returns the statistics of the rows `mask` includes (all without a mask),
+/// offsets run from 0 to the entries without going back, that each row's latents ascend, lie
+/// within the width and number at most the cap; returns the statistics of the rows `mask` includes (all without a mask),
 /// the writer's numbers.
 pub(crate) fn summarize(
     st: &safetensors::SafeTensors<'_>,
@@ -162,6 +162,11 @@ pub(crate) fn summarize(
         let fired = &latents[start..end];
         if fired.iter().any(|&l| l < 0 || l as usize >= column.width) || fired.windows(2).any(|w| w[1] <= w[0]) {
             return Err(format!("row {row}'s latents {fired:?} do not ascend within 0..{}", column.width));
+        }
+        // The writer refuses a token firing more than the cap: a row with more was not written
+        // under this run.json.
+        if fired.len() > column.cap {
+            return Err(format!("row {row} fires {} latents, more than the run's cap of {}", fired.len(), column.cap));
         }
         if mask.is_none_or(|m| m[row]) {
             stats.add_token(fired.iter().map(|&l| l as usize).zip(decoded[start..end].iter().copied()));

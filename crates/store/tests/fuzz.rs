@@ -378,6 +378,17 @@ fn a_latents_width_past_the_limit_is_a_problem() {
     assert!(err.contains("more than the 67108864"), "{err}");
 }
 
+/// run.json's cap lowered below what its shards' tokens fire: verified clean before (found by a
+/// property "a run.json describing another run does not verify"; the cap was never checked).
+#[test]
+fn a_cap_below_the_shards_firings_is_a_problem() {
+    let mut doc: serde_json::Value = serde_json::from_str(&base().run_json).unwrap();
+    doc["latents"][0]["cap"] = serde_json::json!(0);
+    let dir = mutated_copy("run.json", doc.to_string().as_bytes());
+    let err = verify(dir.path()).unwrap_err();
+    assert!(err.contains("more than the run's cap of 0"), "{err}");
+}
+
 /// A shard whose mask is shorter than its rows: the statistics indexed past it (a panic).
 #[test]
 fn a_mask_of_the_wrong_length_is_an_error() {
