@@ -3,42 +3,24 @@
 //! a message naming what is wrong, never a crash without one. The tiny random Llama of the
 //! end-to-end tests, the PJRT CPU plugin, 127.0.0.1 only.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Guard, make_corpus, make_model, plugin, repo_root};
-
-const SIPHON: &str = env!("CARGO_BIN_EXE_siphon");
+use common::{Guard, make_corpus, make_model, repo_root, siphon_command, wait_with_limit};
 
 fn siphon(args: &[String]) -> Command {
-    let mut command = Command::new(SIPHON);
-    command
-        .args(args)
-        .env("SIPHON_PJRT_PLUGIN", plugin())
-        .env("TF_CPP_MIN_LOG_LEVEL", "2")
-        .env("RUST_LOG", "warn")
-        .env_remove("SIPHON_PROCESS_ID")
-        .env_remove("SIPHON_NUM_PROCESSES")
-        .env_remove("SIPHON_COORDINATOR")
-        .env_remove("SIPHON_CPU_DEVICES")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut command = siphon_command(args);
+    command.env("RUST_LOG", "warn").env_remove("SIPHON_CPU_DEVICES");
     command
 }
 
-/// Runs to its end within `limit` (else kills it and fails).
+/// Runs to its end within `limit` (else kills it and fails), and how long it took.
 fn run(mut command: Command, limit: Duration) -> (Output, Duration) {
     let start = Instant::now();
-    let mut guard = Guard(command.spawn().expect("start siphon"));
-    while guard.0.try_wait().unwrap().is_none() {
-        assert!(start.elapsed() < limit, "siphon ran past {limit:?}: {command:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let child = std::mem::replace(&mut guard.0, Command::new("true").spawn().unwrap());
-    (child.wait_with_output().unwrap(), start.elapsed())
+    let output = wait_with_limit(Guard(command.spawn().expect("start siphon")), limit);
+    (output, start.elapsed())
 }
 
 struct Setup {

@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Guard, HIDDEN, free_port, make_corpus, make_model, plugin, python_server, repo_root};
+use common::{
+    Guard, HIDDEN, free_port, make_corpus, make_model, python_server, repo_root, siphon_command as siphon,
+    wait_with_limit,
+};
 
-const SIPHON: &str = env!("CARGO_BIN_EXE_siphon");
 const HOOKS: &str = "blocks.0.hook_resid_pre,blocks.0.hook_attn_out,blocks.1.hook_mlp_out,ln_final.hook_normalized";
 
 struct Setup {
@@ -75,22 +77,6 @@ fn launch_args(s: &Setup, output: &Path, devices: usize) -> Vec<String> {
     args
 }
 
-/// Kills the child if the test ends before it does.
-fn siphon(args: &[String]) -> Command {
-    let mut command = Command::new(SIPHON);
-    command
-        .args(args)
-        .env("SIPHON_PJRT_PLUGIN", plugin())
-        .env("TF_CPP_MIN_LOG_LEVEL", "2")
-        .env_remove("SIPHON_PROCESS_ID")
-        .env_remove("SIPHON_NUM_PROCESSES")
-        .env_remove("SIPHON_COORDINATOR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
 /// Runs to completion within `limit`, or fails the test.
 fn run_ok(mut command: Command, limit: Duration) -> Output {
     let child = command.spawn().expect("start siphon");
@@ -102,28 +88,6 @@ fn run_ok(mut command: Command, limit: Duration) -> Output {
         String::from_utf8_lossy(&output.stderr)
     );
     output
-}
-
-fn wait_with_limit(mut guard: Guard, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    // Drain the pipes on threads so a chatty child never blocks on a full pipe.
-    let stdout = guard.0.stdout.take().unwrap();
-    let stderr = guard.0.stderr.take().unwrap();
-    let out = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap_or_default());
-    let err = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
-    let status = loop {
-        if let Some(status) = guard.0.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = guard.0.kill();
-            let _ = guard.0.wait();
-            let (out, err) = (out.join().unwrap(), err.join().unwrap());
-            panic!("siphon did not finish within {limit:?}\nstdout:\n{out}\nstderr:\n{err}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output { status, stdout: out.join().unwrap().into_bytes(), stderr: err.join().unwrap().into_bytes() }
 }
 
 /// Every kept token of a run: (document, position) → concatenated hook rows.

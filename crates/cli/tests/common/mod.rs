@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Hidden width of the tiny model.
@@ -117,4 +117,44 @@ pub fn python_server(args: impl FnOnce(u16) -> Vec<std::ffi::OsString>) -> (Guar
         std::thread::sleep(Duration::from_millis(50));
     }
     (server, port)
+}
+
+/// The `siphon` binary with `args`, on the CPU plugin, outside any job the environment names,
+/// its output piped.
+pub fn siphon_command(args: &[String]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_siphon"));
+    command
+        .args(args)
+        .env("SIPHON_PJRT_PLUGIN", plugin())
+        .env("TF_CPP_MIN_LOG_LEVEL", "2")
+        .env_remove("SIPHON_PROCESS_ID")
+        .env_remove("SIPHON_NUM_PROCESSES")
+        .env_remove("SIPHON_COORDINATOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Waits for the child to end within `limit` (else kills it and fails the test), draining its
+/// pipes on threads so a chatty child never blocks on a full pipe.
+pub fn wait_with_limit(mut guard: Guard, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    let stdout = guard.0.stdout.take().unwrap();
+    let stderr = guard.0.stderr.take().unwrap();
+    let out = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap_or_default());
+    let err = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = guard.0.kill();
+            let _ = guard.0.wait();
+            let (out, err) = (out.join().unwrap(), err.join().unwrap());
+            panic!("siphon did not finish within {limit:?}\nstdout:\n{out}\nstderr:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: out.join().unwrap().into_bytes(), stderr: err.join().unwrap().into_bytes() }
 }
