@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use prost::Message;
 use serde_json::{Value, json};
-use siphon_fuzz::bytes::{EDGE_INTEGERS, Mutated, mutations};
+use siphon_fuzz::bytes::{Mutated, edge, mutations};
 use tonic::metadata::AsciiMetadataValue;
 
 use crate::error::{CoordError, job_error_from_proto};
@@ -111,12 +111,6 @@ impl std::ops::Deref for Body {
             Body::Fields(_, bytes) => bytes,
         }
     }
-}
-
-/// An unsigned field: a valid value, or one at the edges of `mask`'s width.
-fn edge(valid: u64, mask: u64) -> BoxedStrategy<u64> {
-    prop_oneof![1 => Just(valid), 2 => proptest::sample::select(EDGE_INTEGERS.to_vec()).prop_map(move |v| v & mask)]
-        .boxed()
 }
 
 /// Task ids: none, a few (valid, repeated, out of range), or many.

@@ -4,54 +4,19 @@
 
 use std::time::Duration;
 
-use bytes::{Buf, BufMut};
 use proptest::prelude::*;
 use prost::Message;
 use siphon_coord::proto;
 use siphon_coord::service::{self, INCARNATION_HEADER, ServiceConfig, TASK_HEADER, TOKEN_HEADER};
 use siphon_fuzz::bytes::EDGE_INTEGERS;
+use siphon_fuzz::grpc::{Raw, broken};
 use tonic::Status;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 
 #[global_allocator]
 static ALLOC: siphon_fuzz::Bounded = siphon_fuzz::Bounded::new(256 << 20);
 
 const TOKEN: &str = "test-token";
-
-/// A message's bytes as they are: what a client with a broken (or hostile) encoder sends.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Vec<u8>;
-    type Error = Status;
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Vec<u8>;
-    type Error = Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
-    }
-}
 
 /// The RPCs a task may send anything to without failing the job (ReportError would), each
 /// with a valid body; blocking ones wait 50 ms.
@@ -106,13 +71,6 @@ fn edge_requests() -> impl Strategy<Value = (&'static str, String, Vec<u8>)> {
             (get, shown(&m), m.encode_to_vec())
         }),
     ]
-}
-
-/// Whether a call got no answer from the service: the connection failed, or the stream was
-/// reset (what a client sees when a handler panics: `Cancelled`, "h2 protocol error").
-fn broken(status: &Status) -> bool {
-    matches!(status.code(), tonic::Code::Unknown | tonic::Code::Unavailable)
-        || status.message().contains("h2 protocol error")
 }
 
 #[test]

@@ -22,6 +22,17 @@ pub const EDGE_INTEGERS: [u64; 12] = [
 /// Bytes a run is filled with: NUL, all ones, the sign bit, and JSON's and text's delimiters.
 pub const EDGE_BYTES: [u8; 9] = [0, 0xff, 0x7f, 0x80, b'"', b'{', b'9', b'\n', b'\\'];
 
+/// An integer field of a message: its `valid` value, one of [`EDGE_INTEGERS`] cut to the
+/// field's width (`mask`), or just past the valid value.
+pub fn edge(valid: u64, mask: u64) -> BoxedStrategy<u64> {
+    prop_oneof![
+        1 => Just(valid),
+        2 => proptest::sample::select(EDGE_INTEGERS.to_vec()).prop_map(move |v| v & mask),
+        1 => (0..4u64).prop_map(move |d| valid.wrapping_add(d) & mask),
+    ]
+    .boxed()
+}
+
 /// One change to an input.
 #[derive(Debug, Clone)]
 pub enum Op {

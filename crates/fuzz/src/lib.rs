@@ -11,6 +11,7 @@
 //!   duplicated or deleted — most of them within the first `hot` bytes, where headers are.
 //! - [`json`]: a JSON document with fields removed, values of the wrong type, numbers set to
 //!   0 / -1 / huge / fractional, strings emptied or made long, arrays emptied or grown.
+//! - [`grpc`]: raw gRPC calls, for the readers behind a service.
 //! - [`check`]: runs a reader on generated cases; a case fails on a panic, an `Err` with an
 //!   empty message, or an allocation over [`Bounded`]'s limit (set up as the test binary's
 //!   global allocator); a case running past the hang limit aborts the binary naming it. A
@@ -29,6 +30,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 
 pub mod bytes;
+pub mod grpc;
 pub mod json;
 
 /// A global allocator that refuses, while a case runs, any single allocation above `limit`

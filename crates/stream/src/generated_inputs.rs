@@ -10,7 +10,7 @@ use std::sync::{Condvar, Mutex};
 use bytes::Bytes;
 use proptest::prelude::*;
 use prost::Message;
-use siphon_fuzz::bytes::{EDGE_INTEGERS, Mutated, mutations};
+use siphon_fuzz::bytes::{Mutated, edge, mutations};
 use tokio::sync::watch;
 
 use super::*;
@@ -37,16 +37,6 @@ fn shared(buffer: usize, keep: usize) -> Shared {
         bounds: Bounds { buffer, keep },
         description: "{}".into(),
     }
-}
-
-/// An integer field: its valid value, or one at the edges (0, 1, sign bits, all ones, 2^32,
-/// 2^40, ...), of the field's width.
-fn edge(valid: u64, mask: u64) -> impl Strategy<Value = u64> {
-    prop_oneof![
-        2 => Just(valid),
-        1 => proptest::sample::select(EDGE_INTEGERS.to_vec()).prop_map(move |v| v & mask),
-        1 => (0..4u64).prop_map(move |d| valid.wrapping_add(d) & mask),
-    ]
 }
 
 /// A pull as generated: bytes (valid, or mutated), or a message with fields at their edges.

@@ -5,51 +5,16 @@
 
 use std::time::Duration;
 
-use bytes::{Buf, BufMut};
 use proptest::prelude::*;
 use prost::Message;
-use siphon_fuzz::bytes::{EDGE_INTEGERS, Mutated, mutations};
+use siphon_fuzz::bytes::{Mutated, edge, mutations};
+use siphon_fuzz::grpc::{Raw, broken};
 use siphon_stream::{Bounds, PullRequest, Serving, StreamSink};
 use tonic::Status;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 
 #[global_allocator]
 static ALLOC: siphon_fuzz::Bounded = siphon_fuzz::Bounded::new(256 << 20);
-
-/// A message's bytes as they are: what a client with a broken (or hostile) encoder sends.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Vec<u8>;
-    type Error = Status;
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Vec<u8>;
-    type Error = Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
-    }
-}
 
 /// A pull as generated: mutated bytes, or a message with fields at their edges.
 #[derive(Clone)]
@@ -72,11 +37,6 @@ impl std::fmt::Debug for Pull {
             ),
         }
     }
-}
-
-/// An integer field: its valid value, or one at the edges, of the field's width.
-fn edge(valid: u64, mask: u64) -> impl Strategy<Value = u64> {
-    prop_oneof![1 => Just(valid), 2 => proptest::sample::select(EDGE_INTEGERS.to_vec()).prop_map(move |v| v & mask)]
 }
 
 /// Consumer 0 of 3's first pull: its bytes mutated, or its fields at their edges.
@@ -115,13 +75,6 @@ async fn call(
 }
 
 /// Each case pulls first from a stream of its own: the first pull fixes the consumers' count.
-/// Whether a call got no answer from the service: the connection failed, or the stream was
-/// reset (what a client sees when a handler panics: `Cancelled`, "h2 protocol error").
-fn broken(status: &Status) -> bool {
-    matches!(status.code(), tonic::Code::Unknown | tonic::Code::Unavailable)
-        || status.message().contains("h2 protocol error")
-}
-
 #[test]
 fn raw_mutated_pulls_get_a_stream_or_a_status_and_the_server_stays_up() {
     siphon_fuzz::quiet_panics();
