@@ -252,6 +252,7 @@ impl Compute {
         model: &LoadedModel,
         coord: &siphon_coord::Coordination,
     ) -> anyhow::Result<Compute> {
+        let kind = PluginKind::of(&plugin.path);
         let loaded = siphon_runtime::Plugin::load(&plugin.path)
             .with_context(|| format!("cannot load the PJRT plugin {}", plugin.path.display()))?;
         let mut options = siphon_runtime::ClientOptions::new();
@@ -263,7 +264,7 @@ impl Compute {
         // SIPHON_CUDA_KEY_VALUE=1 takes that path on one process too (`num_nodes` 1), so that
         // one GPU checks the client's key-value exchange.
         let key_value = spans_processes || std::env::var_os("SIPHON_CUDA_KEY_VALUE").is_some_and(|v| v == "1");
-        if key_value && PluginKind::of(&plugin.path) == PluginKind::Cuda {
+        if key_value && kind == PluginKind::Cuda {
             use siphon_runtime::OptionValue::Int64;
             options = options
                 .option("num_nodes", Int64(i64::from(identity.num_processes)))
@@ -300,8 +301,8 @@ impl Compute {
         };
         fits::device_memory(&client, &local, &planned)?;
         // Planned only now (libtpu reports its devices): the host's buffers checked here.
-        if !matches!(PluginKind::of(&plugin.path), PluginKind::Cpu | PluginKind::Cuda) {
-            fits::machine_memory(&planned, PluginKind::of(&plugin.path), local.len(), 1, spec.shuffle_tokens_window)?;
+        if !matches!(kind, PluginKind::Cpu | PluginKind::Cuda) {
+            fits::machine_memory(&planned, kind, local.len(), 1, spec.shuffle_tokens_window)?;
         }
         let (members, readers, reader_of) = members(&views, identity.process_id, identity.num_processes)?;
         tracing::info!(

@@ -172,12 +172,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => e.into(),
     })?;
     plan.notes.extend(siphon_plan::cuda_attention(&config, &plan, &request));
-    if let Some(seq) = args.seq.filter(|&seq| seq > config.max_position_embeddings) {
-        plan.notes.push(format!(
-            "--seq {seq} is longer than the model's context (max_position_embeddings {}): `siphon extract` \
-             refuses it unless --allow-long-context",
-            config.max_position_embeddings
-        ));
+    // The rule extract applies, as a note: a plan computes nothing.
+    if let Some(Err(err)) = args.seq.map(|seq| siphon_plan::check_context(&config, seq)) {
+        plan.notes.push(format!("--seq: {err}; `siphon extract` refuses it otherwise"));
     }
     if let Some(target) = target {
         let compile = target::Compile {
