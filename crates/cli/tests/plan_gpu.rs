@@ -42,10 +42,11 @@ fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Llama-3-8B's widths, two blocks, 2 x 2048 tokens, on one H100: every block's cuDNN call is
-/// in the compiled program and the temporaries are below those of the same plan with
-/// left-padded rows (XLA's form, the scores materialized) by at least one block's bf16
-/// scores; the planner's argument and output bytes are the compiler's.
+/// Llama-3-8B's widths, two blocks, 32 x 1024 tokens, on one H100: every block's cuDNN call is
+/// in the compiled program and the temporaries are at least 3 GiB below those of the same plan
+/// with left-padded rows (XLA's form: a block's bf16 scores, 2 GiB, materialized twice), the
+/// MLP running over the sequence in chunks; the planner's argument and output bytes are the
+/// compiler's.
 #[test]
 fn llama_on_an_h100_compiles_each_blocks_attention_with_cudnn() {
     let Some(cuda) = cuda() else { return };
@@ -60,9 +61,9 @@ fn llama_on_an_h100_compiles_each_blocks_attention_with_cudnn() {
         "--hooks",
         "blocks.{0..1}.hook_resid_post",
         "--batch",
-        "2",
+        "32",
         "--seq",
-        "2048",
+        "1024",
     ];
     let right = json(&siphon(&[&args[..], &["--json"]].concat(), &[]));
     assert_eq!(right["target"]["model"], "h100");
@@ -83,10 +84,10 @@ fn llama_on_an_h100_compiles_each_blocks_attention_with_cudnn() {
     let left = json(&siphon(&[&args[..], &["--pad", "left", "--json"]].concat(), &[]));
     assert!(left["attention"].as_array().unwrap().iter().all(|b| b["form"] == "xla" && b["compiled_fused_calls"] == 0));
     let temp = |r: &serde_json::Value| r["compiled"]["temp_size_in_bytes"].as_u64().unwrap();
-    // One block's scores: 2 rows x 32 heads x 2048 x 2048, bf16 (at this length the
-    // attention's working set, not the MLP's, is the peak).
-    let scores = 2 * 32 * 2048 * 2048 * 2;
-    assert!(temp(&left) >= temp(&right) + scores, "XLA's form {} against cuDNN's {}", temp(&left), temp(&right));
+    // XLA's form keeps a block's scores, 32 rows x 32 heads x 1024 x 1024 in bf16 (2 GiB),
+    // twice; cuDNN's keeps none, and its peak is one chunk of the MLP (issue 53: 3 GiB less).
+    assert!(temp(&left) >= temp(&right) + (3 << 30), "XLA's form {} against cuDNN's {}", temp(&left), temp(&right));
+    assert!(temp(&right) < 1 << 30, "cuDNN's form keeps {} bytes of temporaries", temp(&right));
 
     let out = siphon(&args, &[]);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -235,6 +235,7 @@ impl ProgramSpec<'_> {
         spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
         spec.grouped_experts = self.cuda_kernels || (self.options.grouped_experts && self.cpu_kernels);
         spec.cudnn_attention = self.options.right_padded && self.cuda;
+        spec.mlp_chunk = self.cuda.then_some(siphon_models::MLP_CHUNK_ELEMENTS);
         spec.dictionaries = self.options.dictionaries.clone();
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec

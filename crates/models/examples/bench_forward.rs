@@ -82,6 +82,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Full rows: cuDNN's fused attention where a block takes it, on a CUDA plugin, unless
     // SIPHON_BENCH_XLA_ATTENTION is set (XLA's form, to compare the two).
     spec.cudnn_attention = client.platform_name() == "cuda" && std::env::var_os("SIPHON_BENCH_XLA_ATTENTION").is_none();
+    // The MLP over the sequence in chunks on a CUDA plugin, as `siphon extract` runs it.
+    spec.mlp_chunk = (client.platform_name() == "cuda").then_some(siphon_models::MLP_CHUNK_ELEMENTS);
     let program = build_forward(&config, &spec)?;
     if spec.cudnn_attention {
         eprintln!("attention: {}", siphon_models::cudnn::summary(&program.attention));

@@ -76,6 +76,12 @@ pub struct ForwardSpec {
     /// (the layers' `cudnn.rs`), the others keep XLA's ops. Off (the default, and for
     /// left-padded rows), every block keeps XLA's ops.
     pub cudnn_attention: bool,
+    /// When given, a block's gated MLP runs over the sequence in chunks whose intermediate
+    /// (gate or up) holds at most this many elements, where none of its intermediates is read
+    /// (the layers' `mlp.rs`): on a CUDA plugin ([`crate::MLP_CHUNK_ELEMENTS`]), where
+    /// once cuDNN takes the attention the MLP's gate and up are a step's largest temporaries.
+    /// `None` (the default): in one piece (every CPU and TPU program).
+    pub mlp_chunk: Option<usize>,
     /// Sparse dictionaries whose latents the program computes from the hooks they read (which
     /// need not be among `hooks`), in order.
     pub dictionaries: Vec<DictionaryHook>,
@@ -104,6 +110,7 @@ impl ForwardSpec {
             cpu_kernels: false,
             grouped_experts: false,
             cudnn_attention: false,
+            mlp_chunk: None,
             dictionaries: Vec::new(),
             weights: None,
         }

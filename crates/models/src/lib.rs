@@ -54,6 +54,7 @@ pub use hf::LoadedModel;
 pub use hf_config::HfConfig;
 pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_kinds, resolve_hooks};
 pub use layers::dictionary as latents;
+pub use layers::mlp::MLP_CHUNK_ELEMENTS;
 pub use layers::moe::{capacity as expert_capacity, chunk_rows as expert_chunk};
 pub use layers::{cudnn, gated_deltanet, mla};
 pub use stored::{Part as StoredPart, StoredForm, fp8_forms};

@@ -291,11 +291,19 @@ fn max_diff_real(a: &[f32], b: &[f64], mask: &[i32], h: usize) -> f64 {
 }
 
 fn check_against_reference(c: &ModelConfig) {
+    check_spec_against_reference(c, |_| ());
+}
+
+/// [`check_against_reference`] with the spec changed by `with` (a program form that must not
+/// change a value).
+fn check_spec_against_reference(c: &ModelConfig, with: impl Fn(&mut ForwardSpec)) {
     let s = 7;
     let w = weights(c, 11);
     let (ids, mask, pos) = padded_batch(s, c.vocab_size);
     let hooks = all_hooks(c.n_layers);
-    let program = build_forward(c, &ForwardSpec::new(2, s, hooks.clone())).unwrap();
+    let mut spec = ForwardSpec::new(2, s, hooks.clone());
+    with(&mut spec);
+    let program = build_forward(c, &spec).unwrap();
     let outs = run(&program, &w, &ids, &mask, &pos);
     let want = reference(c, &w, 2, s, &ids, &mask, &pos);
     for (out, info) in outs.iter().zip(&program.outputs) {
@@ -332,6 +340,22 @@ fn llama_matches_reference_at_every_hook_with_padding() {
     check_against_reference(&c);
 }
 
+/// The MLP over the sequence in chunks (a CUDA program's form, here 3 + 3 + 1 positions of
+/// the 7): every hook as Hugging Face computes it.
+#[test]
+fn llama_with_its_mlp_in_chunks_matches_reference() {
+    let c = config("llama", 4, 1);
+    let chunks = |spec: &mut ForwardSpec| spec.mlp_chunk = Some(2 * 3 * c.intermediate_size);
+    let program = |with: &dyn Fn(&mut ForwardSpec)| {
+        let mut spec = ForwardSpec::new(2, 7, vec![HookPoint::block(0, HookKind::MlpOut)]);
+        with(&mut spec);
+        build_forward(&c, &spec).unwrap().text
+    };
+    let slices = |text: &str| text.matches("stablehlo.slice").count();
+    assert_eq!(slices(&program(&chunks)), slices(&program(&|_| ())) + 3, "three chunks of block 0's MLP");
+    check_spec_against_reference(&c, chunks);
+}
+
 #[test]
 fn mesh_2x4_equals_single_device() {
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
@@ -350,12 +374,21 @@ fn mesh_2x4_equals_single_device() {
             HookPoint::block(2, HookKind::MlpOut),
         ];
         let single = build_forward(&c, &ForwardSpec::new(bsz, s, hooks.clone())).unwrap();
-        let sharded = build_forward(&c, &ForwardSpec::new(bsz, s, hooks).with_megatron_plan(&c, mesh.clone())).unwrap();
+        let sharded = ForwardSpec::new(bsz, s, hooks).with_megatron_plan(&c, mesh.clone());
+        // and with the MLP in chunks of 2 positions, as a CUDA program runs it
+        let mut chunked = sharded.clone();
+        chunked.mlp_chunk = Some(bsz * 2 * c.intermediate_size);
         let a = run(&single, &w, &ids, &mask, &pos);
-        let b = run(&sharded, &w, &ids, &mask, &pos);
-        for ((x, y), info) in a.iter().zip(&b).zip(&single.outputs) {
-            let diff = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
-            assert!(diff <= 1e-5, "heads {nh}/{nkv} {}: 2x4 mesh differs from one device by {diff}", info.hook);
+        for (form, spec) in [("", sharded), (" (MLP in chunks)", chunked)] {
+            let b = run(&build_forward(&c, &spec).unwrap(), &w, &ids, &mask, &pos);
+            for ((x, y), info) in a.iter().zip(&b).zip(&single.outputs) {
+                let diff = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+                assert!(
+                    diff <= 1e-5,
+                    "heads {nh}/{nkv} {}: 2x4 mesh{form} differs from one device by {diff}",
+                    info.hook
+                );
+            }
         }
     }
 }

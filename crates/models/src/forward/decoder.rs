@@ -168,9 +168,8 @@ impl<'a> Graph<'a> {
                 h
             }
         };
-        let mlp = self.gated_mlp(input, &format!("model.layers.{layer}.mlp"))?;
-        self.hook_mlp(&mlp, layer, MlpProjOut);
-        let ffn = beside(self, h, mlp.out)?;
+        let out = self.block_mlp(input, &format!("model.layers.{layer}.mlp"), layer, MlpProjOut)?;
+        let ffn = beside(self, h, out)?;
         let post = [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at);
         self.add_post_normed(h, ffn, &norm("post_feedforward_layernorm"), gain, post)
     }

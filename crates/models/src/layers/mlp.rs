@@ -21,6 +21,10 @@ pub(crate) struct Mlp {
     pub out: Value,
 }
 
+/// The most intermediate elements (`[rows, intermediate]` of the gate, or of the up) one chunk
+/// of a chunked MLP holds in a CUDA program: 2^26, 128 MiB in bf16.
+pub const MLP_CHUNK_ELEMENTS: usize = 1 << 26;
+
 impl Graph<'_> {
     /// The gated MLP: `down(act(gate(x)) * up(x))` with the config's activation (SiLU, or
     /// Gemma's tanh-approximated GELU), with its parts; the weights are
@@ -37,9 +41,54 @@ impl Graph<'_> {
     /// Block `layer`'s dense gated MLP (`model.layers.{layer}.mlp.*`) with its hooks; returns
     /// its output.
     pub fn dense_mlp(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
-        let mlp = self.gated_mlp(x, &format!("model.layers.{layer}.mlp"))?;
-        self.hook_mlp(&mlp, layer, HookKind::MlpOut);
-        Ok(mlp.out)
+        self.block_mlp(x, &format!("model.layers.{layer}.mlp"), layer, HookKind::MlpOut)
+    }
+
+    /// Block `layer`'s gated MLP `prefix` with its hooks, its output recorded as `out`;
+    /// returns the output. Where the spec asks for it ([`crate::ForwardSpec::mlp_chunk`]) and
+    /// none of its intermediates is read, it runs over the sequence in chunks, one after
+    /// another in the compiled program: each position's row is computed as in one piece, and
+    /// only one chunk's gate and up are live at once.
+    pub fn block_mlp(&mut self, x: Value, prefix: &str, layer: usize, out: HookKind) -> Result<Value, ModelError> {
+        let at = |kind| HookPoint::block(layer, kind);
+        let read = [HookKind::MlpPre, HookKind::MlpPreLinear, HookKind::MlpPost].into_iter().any(|k| self.wants(at(k)));
+        let chunks = self.mlp_chunks(layer);
+        if read || chunks < 2 {
+            let mlp = self.gated_mlp(x, prefix)?;
+            self.hook_mlp(&mlp, layer, out);
+            return Ok(mlp.out);
+        }
+        let (bsz, s) = (self.spec.batch, self.spec.seq);
+        let width = self.b.dims(x)?[1];
+        let rows = self.b.reshape(x, &[bsz, s, width])?;
+        let step = s.div_ceil(chunks);
+        let mut parts = Vec::with_capacity(chunks);
+        for start in (0..s).step_by(step) {
+            let end = (start + step).min(s);
+            let part = self.b.slice_dim(rows, 1, start, end)?;
+            let part = self.b.reshape(part, &[bsz * (end - start), width])?;
+            let y = self.gated_mlp(part, prefix)?.out;
+            parts.push(self.b.reshape(y, &[bsz, end - start, width])?);
+        }
+        let joined = self.b.concatenate(&parts, 1)?;
+        let y = self.b.reshape(joined, &[bsz * s, width])?;
+        self.hook(at(out), y);
+        Ok(y)
+    }
+
+    /// How many chunks of the sequence block `layer`'s gated MLP runs over: 1 unless the spec
+    /// asks for chunks and the sequence is not split over the mesh; else enough that each
+    /// chunk's intermediate (gate or up, `[rows, intermediate]`) holds at most the spec's
+    /// elements.
+    fn mlp_chunks(&self, layer: usize) -> usize {
+        let split_sequence = self.sharded() && !self.input_spec().dims()[1].is_empty();
+        match self.spec.mlp_chunk {
+            Some(most) if !split_sequence => {
+                let elements = self.spec.batch * self.spec.seq * self.config.intermediate_at(layer);
+                elements.div_ceil(most.max(1)).min(self.spec.seq)
+            }
+            _ => 1,
+        }
     }
 
     /// Block `layer`'s shared expert, the gated MLP `prefix` beside a mixture's routed
