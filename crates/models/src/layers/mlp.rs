@@ -52,8 +52,8 @@ impl Graph<'_> {
     pub fn block_mlp(&mut self, x: Value, prefix: &str, layer: usize, out: HookKind) -> Result<Value, ModelError> {
         let at = |kind| HookPoint::block(layer, kind);
         let read = [HookKind::MlpPre, HookKind::MlpPreLinear, HookKind::MlpPost].into_iter().any(|k| self.wants(at(k)));
-        let chunks = self.mlp_chunks(layer);
-        if read || chunks < 2 {
+        let step = self.mlp_chunk_positions(layer);
+        if read || step >= self.spec.seq {
             let mlp = self.gated_mlp(x, prefix)?;
             self.hook_mlp(&mlp, layer, out);
             return Ok(mlp.out);
@@ -61,8 +61,7 @@ impl Graph<'_> {
         let (bsz, s) = (self.spec.batch, self.spec.seq);
         let width = self.b.dims(x)?[1];
         let rows = self.b.reshape(x, &[bsz, s, width])?;
-        let step = s.div_ceil(chunks);
-        let mut parts = Vec::with_capacity(chunks);
+        let mut parts = Vec::with_capacity(s.div_ceil(step));
         for start in (0..s).step_by(step) {
             let end = (start + step).min(s);
             let part = self.b.slice_dim(rows, 1, start, end)?;
@@ -76,18 +75,17 @@ impl Graph<'_> {
         Ok(y)
     }
 
-    /// How many chunks of the sequence block `layer`'s gated MLP runs over: 1 unless the spec
-    /// asks for chunks and the sequence is not split over the mesh; else enough that each
-    /// chunk's intermediate (gate or up, `[rows, intermediate]`) holds at most the spec's
-    /// elements.
-    fn mlp_chunks(&self, layer: usize) -> usize {
+    /// The positions of the sequence each chunk of block `layer`'s gated MLP holds: all of
+    /// them unless the spec asks for chunks and the sequence is not split over the mesh; else
+    /// as many as keep a chunk's intermediate (gate or up, `[batch·positions, intermediate]`)
+    /// within the spec's elements, at least one.
+    fn mlp_chunk_positions(&self, layer: usize) -> usize {
         let split_sequence = self.sharded() && !self.input_spec().dims()[1].is_empty();
         match self.spec.mlp_chunk {
             Some(most) if !split_sequence => {
-                let elements = self.spec.batch * self.spec.seq * self.config.intermediate_at(layer);
-                elements.div_ceil(most.max(1)).min(self.spec.seq)
+                (most / (self.spec.batch * self.config.intermediate_at(layer)).max(1)).clamp(1, self.spec.seq)
             }
-            _ => 1,
+            _ => self.spec.seq,
         }
     }
 
