@@ -44,8 +44,8 @@ use std::time::Instant;
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::sharding::megatron_specs;
 use siphon_models::{
-    DType, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, StoredForm,
-    build_forward,
+    DType, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, RaggedDot,
+    StoredForm, build_forward,
 };
 use siphon_runtime::{Client, CompileOptions, Download, ElementType, Executable, HostArray, ShardedArray};
 
@@ -144,6 +144,10 @@ pub struct EngineOptions {
     /// CPU). A CUDA client whose plugin took siphon's CUDA kernels
     /// (`siphon_runtime::Client::cuda_kernels`) always runs them so, on cuBLAS.
     pub grouped_experts: bool,
+    /// Whether a mixture's experts run as XLA's `chlo.ragged_dot` on any client (the TPU
+    /// form's program; on the CPU plugin, which has no `ragged-dot`, its values by ordinary
+    /// ops: `siphon_models::RaggedDot::Masked`). A TPU client always runs them so.
+    pub ragged_experts: bool,
     /// Whether the rows this engine runs are right-padded (real tokens first, as the
     /// extraction packs them): on a CUDA client, each block whose attention cuDNN's fused
     /// kernel takes then calls it (`siphon_models::cudnn`). Off (the default; left-padded rows,
@@ -216,8 +220,10 @@ struct ProgramSpec<'a> {
     /// Whether the compiling side has siphon's CPU kernels, and its CUDA kernels.
     cpu_kernels: bool,
     cuda_kernels: bool,
-    /// Whether the compiling side is a CUDA plugin.
+    /// Whether the compiling side is a CUDA plugin, libtpu, or the CPU plugin.
     cuda: bool,
+    tpu: bool,
+    cpu: bool,
 }
 
 impl ProgramSpec<'_> {
@@ -234,6 +240,12 @@ impl ProgramSpec<'_> {
         spec.stored = self.stored.clone();
         spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
         spec.grouped_experts = self.cuda_kernels || (self.options.grouped_experts && self.cpu_kernels);
+        spec.ragged_experts = match (self.tpu, self.options.ragged_experts, self.cpu) {
+            (true, _, _) => Some(RaggedDot::Native),
+            (false, true, true) => Some(RaggedDot::Masked),
+            (false, true, false) => Some(RaggedDot::Native),
+            (false, false, _) => None,
+        };
         spec.cudnn_attention = self.options.right_padded && self.cuda;
         spec.mlp_chunk = self.cuda.then_some(siphon_models::MLP_CHUNK_ELEMENTS);
         spec.dictionaries = self.options.dictionaries.clone();
@@ -276,6 +288,7 @@ impl Default for EngineOptions {
             weights: WeightForm::Dequantized,
             cpu_kernels: true,
             grouped_experts: false,
+            ragged_experts: false,
             right_padded: false,
             dictionaries: Vec::new(),
             processes: Vec::new(),
@@ -646,6 +659,8 @@ impl Engine {
             cpu_kernels: self.client.cpu_kernels(),
             cuda_kernels: self.client.cuda_kernels(),
             cuda: self.client.platform_name() == "cuda",
+            tpu: self.client.platform_name() == "tpu",
+            cpu: self.client.platform_name() == "cpu",
         };
         // Every shape reads the weights the first build found (none before it).
         program.forward(batch, seq, &self.params)
@@ -716,7 +731,11 @@ impl Engine {
         if spec.cudnn_attention {
             tracing::info!(forms = %siphon_models::cudnn::summary(&program.attention), "attention");
         }
-        if spec.grouped_experts && self.config.moe.is_some() {
+        if spec.ragged_experts.is_some() && self.config.moe.is_some() {
+            tracing::info!(
+                "experts: one chlo.ragged_dot per projection (XLA's grouped product), on each device's part"
+            );
+        } else if spec.grouped_experts && self.config.moe.is_some() {
             tracing::info!(
                 "experts: one grouped product per projection (siphon_grouped_matmul), on each device's part"
             );

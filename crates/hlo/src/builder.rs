@@ -612,6 +612,82 @@ impl Builder {
         Ok(self.emit(line, out))
     }
 
+    /// The grouped product `chlo.ragged_dot` (`jax.lax.ragged_dot`): `lhs` `[m, k]` holds
+    /// the groups' rows one after another, `group_sizes` (i32 `[g]`) how many each has, and
+    /// `rhs` `[g, k, n]` (`rhs_contract` 1) or `[g, n, k]` (2) each group's matrix; row `i`
+    /// of the result `[m, n]` is `lhs[i] · rhs[its group]`, and rows past the groups' total
+    /// are 0. XLA compiles it without a loop on TPU (and GPU); on the CPU it is per-group
+    /// products.
+    pub fn ragged_dot(&mut self, lhs: Value, rhs: Value, group_sizes: Value, rhs_contract: usize) -> Result<Value> {
+        let tl = self.ty_of("ragged_dot", lhs)?.clone();
+        let tr = self.ty_of("ragged_dot", rhs)?.clone();
+        let tg = self.ty_of("ragged_dot", group_sizes)?.clone();
+        if tl.dtype() != tr.dtype() || tg.dtype() != DType::I32 {
+            return Err(dtype_err("ragged_dot", format!("{tl} x {tr} in groups {tg}")));
+        }
+        let bad = |d: &str| Err(shape_err("ragged_dot", format!("{d}: {tl} x {tr} in groups {tg}")));
+        if tl.rank() != 2 || tr.rank() != 3 || tg.dims() != [tr.dims()[0]] || !matches!(rhs_contract, 1 | 2) {
+            return bad("needs [m, k] x [g, k, n] or [g, n, k] with [g] group sizes");
+        }
+        if tl.dims()[1] != tr.dims()[rhs_contract] {
+            return bad("the contracted widths differ");
+        }
+        let out = TensorType::new(tl.dtype(), &[tl.dims()[0], tr.dims()[3 - rhs_contract]]);
+        let precision = match tl.dtype() {
+            DType::F32 | DType::F64 => "HIGHEST",
+            _ => "DEFAULT",
+        };
+        let line = format!(
+            "\"chlo.ragged_dot\"({}, {}, {}) <{{precision_config = [#chlo<precision {precision}>, \
+             #chlo<precision {precision}>], ragged_dot_dimension_numbers = #chlo.ragged_dot<\
+             lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [{rhs_contract}], \
+             lhs_ragged_dimensions = [0], rhs_group_dimensions = [0]>}}> : ({tl}, {tr}, {tg}) -> {out}",
+            self.name(lhs),
+            self.name(rhs),
+            self.name(group_sizes)
+        );
+        Ok(self.emit(line, out))
+    }
+
+    /// [`Builder::ragged_dot`]'s values by XLA's ordinary ops, as JAX lowers
+    /// `jax.lax.ragged_dot` for the CPU (whose XLA has no `ragged-dot`): each group's copy of
+    /// `lhs` with the rows of other groups zeroed, `[g, m, k]`, contracted with `rhs` over
+    /// `k` and the groups at once. Each row sums its own group's product and exact zeros;
+    /// `g` times the work and the memory of the grouped product.
+    pub fn ragged_dot_masked(
+        &mut self,
+        lhs: Value,
+        rhs: Value,
+        group_sizes: Value,
+        rhs_contract: usize,
+    ) -> Result<Value> {
+        let tl = self.ty_of("ragged_dot", lhs)?.clone();
+        let tr = self.ty_of("ragged_dot", rhs)?.clone();
+        if tl.rank() != 2 || tr.rank() != 3 || !matches!(rhs_contract, 1 | 2) {
+            return Err(shape_err("ragged_dot", format!("needs [m, k] x [g, k, n] or [g, n, k]: {tl} x {tr}")));
+        }
+        let (m, k, g) = (tl.dims()[0], tl.dims()[1], tr.dims()[0]);
+        let i32t = |dims: &[usize]| TensorType::new(DType::I32, dims);
+        // Each group's first row: the sizes of the groups before it, summed.
+        let sizes = self.broadcast_in_dim(group_sizes, &[g, g], &[1])?;
+        let (earlier, group) = (self.iota(i32t(&[g, g]), 1)?, self.iota(i32t(&[g, g]), 0)?);
+        let before = self.compare(CompareDir::Lt, earlier, group)?;
+        let zero = self.splat(0.0, i32t(&[g, g]))?;
+        let before = self.select(before, sizes, zero)?;
+        let starts = self.reduce_sum(before, &[1])?;
+        let ends = self.add(starts, group_sizes)?;
+        let row = self.iota(i32t(&[g, m, k]), 1)?;
+        let starts = self.broadcast_in_dim(starts, &[g, m, k], &[0])?;
+        let ends = self.broadcast_in_dim(ends, &[g, m, k], &[0])?;
+        let from = self.compare(CompareDir::Le, starts, row)?;
+        let to = self.compare(CompareDir::Lt, row, ends)?;
+        let mine = self.and(from, to)?;
+        let rows = self.broadcast_in_dim(lhs, &[g, m, k], &[1, 2])?;
+        let none = self.splat(0.0, TensorType::new(tl.dtype(), &[g, m, k]))?;
+        let rows = self.select(mine, rows, none)?;
+        self.dot_general(rows, rhs, &DotDims::contract(&[2, 0], &[rhs_contract, 0]))
+    }
+
     /// `[.., k] x [k, n] -> [.., n]`: contracts the last dimension of `a` with the first
     /// of a rank-2 `b`.
     pub fn matmul(&mut self, a: Value, b: Value) -> Result<Value> {

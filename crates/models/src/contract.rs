@@ -71,6 +71,13 @@ pub struct ForwardSpec {
     /// products on a CUDA plugin, a plain loop on the CPU plugin), gating, biases and the
     /// router's weights in XLA's ops around them. Before the CPU kernels when both are on.
     pub grouped_experts: bool,
+    /// When given, a mixture's experts run as XLA's grouped products, `chlo.ragged_dot`
+    /// (`jax.lax.ragged_dot`: no loop; libtpu compiles it natively), on one device and on a
+    /// mesh (each device its tokens through its part of the experts, as their weights lie),
+    /// gating, biases and router weights in XLA's ops around them: a TPU program's form,
+    /// before the grouped products and the CPU kernels. [`RaggedDot::Masked`] gives the same
+    /// values on the CPU plugin, which has no `ragged-dot`.
+    pub ragged_experts: Option<RaggedDot>,
     /// Whether the program runs on a CUDA plugin over right-padded rows (real tokens first):
     /// each block whose attention cuDNN's fused kernel takes calls it
     /// (the layers' `cudnn.rs`), the others keep XLA's ops. Off (the default, and for
@@ -93,6 +100,17 @@ pub struct ForwardSpec {
     pub weights: Option<BTreeSet<String>>,
 }
 
+/// How a program writes a grouped product ([`ForwardSpec::ragged_experts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaggedDot {
+    /// `chlo.ragged_dot` itself (TPU; GPU).
+    Native,
+    /// Its values by ordinary ops, as JAX lowers `jax.lax.ragged_dot` for the CPU: each
+    /// group's rows masked and one product over all groups (`siphon_hlo`'s
+    /// `ragged_dot_masked`).
+    Masked,
+}
+
 impl ForwardSpec {
     /// One device, f32 in and out, no sharding.
     pub fn new(batch: usize, seq: usize, hooks: Vec<HookPoint>) -> ForwardSpec {
@@ -109,6 +127,7 @@ impl ForwardSpec {
             stored: HashMap::new(),
             cpu_kernels: false,
             grouped_experts: false,
+            ragged_experts: None,
             cudnn_attention: false,
             mlp_chunk: None,
             dictionaries: Vec::new(),

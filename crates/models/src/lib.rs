@@ -46,7 +46,8 @@ pub use config::{
     Activation, Arch, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice,
 };
 pub use forward::{
-    AttentionForm, DictionaryHook, ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, build_forward,
+    AttentionForm, DictionaryHook, ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, RaggedDot,
+    build_forward,
 };
 pub use gemma4::Gemma4;
 pub use gpt_oss::GptOss;

@@ -18,6 +18,8 @@
 //! | experts' gate/up (stacked)     | `[experts, out, hidden]` | `P(model, None, fsdp)` | by experts  |
 //! | experts' down (stacked)        | `[experts, hidden, in]`  | `P(model, fsdp, None)` | by experts  |
 //! | experts' biases (stacked)      | `[experts, width]` | `P(model, None)`          | by experts        |
+//! | experts' gate/up, width split ([`ExpertSplit::Width`]) | `[experts, out, hidden]` | `P(None, model, fsdp)` | — |
+//! | experts' down, width split     | `[experts, hidden, in]` | `P(None, fsdp, model)` | —            |
 //! | router                         | `[experts, hidden]` | replicated               | replicated        |
 //! | a low-rank latent (MLA)        | `[rank, hidden]`   | `P(None, fsdp)`           | replicated        |
 //! | norms, their biases, o/down biases | `[hidden]`     | replicated                | replicated        |
@@ -111,6 +113,30 @@ pub fn rule(class: ParamClass) -> Vec<Dim> {
         LinearOut => vec![HIDDEN, d(&[MODEL], Some(LinearValueHeads))],
         LinearHeads => vec![d(&[MODEL], Some(LinearValueHeads))],
         LinearConv => vec![WHOLE, WHOLE, WHOLE],
+    }
+}
+
+/// How a mixture's stacked experts are split over `model`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertSplit {
+    /// Whole experts over `model` (expert parallelism: [`rule`]'s).
+    #[default]
+    Experts,
+    /// Every expert's intermediate width over `model`, the experts whole (as Megatron splits
+    /// a dense MLP): each device multiplies every routed row by its columns, so a grouped
+    /// product's rows are exactly the routed ones on every device (the form TPU programs
+    /// take, `chlo.ragged_dot`).
+    Width,
+}
+
+/// The rule of `class` with the experts split as `split` says ([`rule`] for the others).
+pub fn rule_for(class: ParamClass, split: ExpertSplit) -> Vec<Dim> {
+    use ParamClass::*;
+    match (split, class) {
+        (ExpertSplit::Width, ExpertGate | ExpertUp) => vec![WHOLE, d(&[MODEL], Some(Unit::Features)), HIDDEN],
+        (ExpertSplit::Width, ExpertDown) => vec![WHOLE, HIDDEN, d(&[MODEL], Some(Unit::Features))],
+        _ => rule(class),
     }
 }
 

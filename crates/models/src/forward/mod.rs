@@ -13,7 +13,7 @@ pub(crate) use self::graph::Graph;
 use crate::ModelError;
 use crate::config::{ModelConfig, ParamInfo};
 pub use crate::contract::{
-    AttentionForm, DictionaryHook, ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo,
+    AttentionForm, DictionaryHook, ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, RaggedDot,
 };
 use crate::hooks::{HookPoint, Scope};
 

@@ -41,6 +41,7 @@ use siphon_mesh::PartitionSpec;
 
 use crate::ModelError;
 use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, Slice};
+use crate::contract::RaggedDot;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
 use crate::layers::attention::softmax_last;
@@ -175,18 +176,23 @@ impl Graph<'_> {
         let [t, k] =
             self.b.dims(indices)?.try_into().map_err(|_| ModelError::Config("indices not [tokens, k]".into()))?;
         let e = self.b.dims(experts.weights[0])?[0];
-        if self.sharded() && self.spec.grouped_experts {
-            return self.grouped_on_mesh(x, experts, chosen, indices);
+        let product = match (self.spec.ragged_experts, self.spec.grouped_experts) {
+            (Some(form), _) => Some(Product::Ragged(form)),
+            (None, true) => Some(Product::Kernel),
+            (None, false) => None,
+        };
+        if let Some(product) = product.filter(|_| self.sharded()) {
+            return self.grouped_on_mesh(x, experts, chosen, indices, product);
         }
         let groups = Some(self.token_groups()).filter(|g| t % g == 0).unwrap_or(1);
         let n = t / groups;
         let routing = Routing::new(&mut self.b, e, chosen, indices, groups)?;
         let dt = self.dt;
-        let out = if self.sharded() {
+        let out = if self.sharded() && product.is_none() {
             let cap = self.spec.expert_capacity.unwrap_or_else(|| capacity(n, k, e)).clamp(1, n);
             routing.in_rounds(&mut self.b, x, experts, dt, cap)?
-        } else if self.spec.grouped_experts {
-            routing.grouped(&mut self.b, x, experts, dt, None)?
+        } else if let Some(product) = product {
+            routing.grouped(&mut self.b, x, experts, dt, product, Keep::All)?
         } else if let Some(target) = experts.cpu_kernel(dt).filter(|_| self.spec.cpu_kernels) {
             routing.cpu_kernel(&mut self.b, x, experts, target)?
         } else {
@@ -198,77 +204,112 @@ impl Graph<'_> {
 
     /// [`Graph::routed`] as grouped products on a mesh: an `sdy.manual_computation` in which
     /// each device routes its own tokens (those of its part of the token split; all of them
-    /// where tokens are not split) through the experts it holds — whole experts over the axes
-    /// the stacked weights' expert dimension is split over (`model`: expert parallelism; the
-    /// other splits are gathered as the device enters), every expert where it is not split.
-    /// A choice of an expert another device holds is sorted after the device's own, in no
-    /// group (the grouped product leaves its row unwritten), and masked; each device's part of
-    /// each token's sum comes out along a new first dimension split like the experts, summed
-    /// outside (the partitioner adds the parts across the devices). Exactly the routed rows
-    /// are multiplied, each on the device holding its expert.
+    /// where tokens are not split) through its part of the experts, as the stacked weights
+    /// lie: whole experts over the axes their expert dimension is split over (`model` in the
+    /// default rule: expert parallelism), and the device's part of every expert's
+    /// intermediate width over the axes that width is split over (`model` in the rule TPU
+    /// programs take, [`crate::sharding::ExpertSplit::Width`]); other splits (`fsdp` over the hidden dimension) are gathered as the device
+    /// enters. A choice of an expert another device holds is sorted after the device's own,
+    /// in no group (the grouped product leaves its row unwritten, or 0), and masked; a width
+    /// split gives each device a part of every row's down projection (the down bias added on
+    /// the first part only). Each device's part of each token's sum comes out along a new
+    /// first dimension split like the experts and their width, summed outside (the
+    /// partitioner adds the parts across the devices). Exactly the routed rows are
+    /// multiplied, each on the devices holding its expert.
     fn grouped_on_mesh(
         &mut self,
         x: Value,
         experts: &Experts,
         chosen: Value,
         indices: Value,
+        product: Product,
     ) -> Result<Value, ModelError> {
         let mesh = self.spec.mesh.clone();
         let e = self.b.dims(experts.weights[0])?[0];
         let k = self.b.dims(indices)?[1];
-        let expert_axes: Vec<String> =
-            self.weight_spec(experts.weights[0]).map(|s| s.dims()[0].clone()).unwrap_or_default();
-        let m: usize = expert_axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1)).product();
+        let gate_spec = self.weight_spec(experts.weights[0]).map(|s| s.dims().to_vec()).unwrap_or_default();
+        let axes_of = |dim: usize| gate_spec.get(dim).cloned().unwrap_or_default();
+        let (expert_axes, width_axes) = (axes_of(0), axes_of(1));
+        let ways = |axes: &[String]| -> usize { axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1)).product() };
+        let (m, w) = (ways(&expert_axes), ways(&width_axes));
         let token_axes = self.token_axes().to_vec();
         let tokens: Vec<&str> = token_axes.iter().map(String::as_str).collect();
         let by_expert: Vec<&str> = expert_axes.iter().map(String::as_str).collect();
+        let by_width: Vec<&str> = width_axes.iter().map(String::as_str).collect();
         let rows = PartitionSpec::new(&[&tokens, &[]]);
         let mut operands = vec![x, chosen, indices];
         let mut specs = vec![rows.clone(), rows.clone(), rows];
-        for w in experts.all() {
-            let rank = self.b.dims(w)?.len();
+        // gate and up `[E, I, H]`, down `[E, H, I]`, their biases `[E, I]`, `[E, I]`, `[E, H]`:
+        // the dimension each splits by width.
+        let width_dims = [Some(1), Some(1), Some(2), Some(1), Some(1), None];
+        for (i, v) in experts.all().into_iter().enumerate() {
+            let rank = self.b.dims(v)?.len();
             let mut dims: Vec<&[&str]> = vec![&[]; rank];
             dims[0] = &by_expert;
-            operands.push(w);
+            if let Some(d) = width_dims[i] {
+                dims[d] = &by_width;
+            }
+            operands.push(v);
             specs.push(PartitionSpec::new(&dims));
         }
         let held = experts.all().len();
-        if m > 1 {
-            // Each device's index along the experts' split: its part of 0..m.
-            operands.push(self.b.iota(TensorType::new(DType::I32, &[m]), 0)?);
-            specs.push(PartitionSpec::new(&[&by_expert]));
+        // Each device's index along the experts' split and along the width's.
+        for (parts, axes) in [(m, &by_expert), (w, &by_width)] {
+            if parts > 1 {
+                operands.push(self.b.iota(TensorType::new(DType::I32, &[parts]), 0)?);
+                specs.push(PartitionSpec::new(&[axes]));
+            }
         }
-        let out_spec = match m {
+        let parts: Vec<&str> = by_expert.iter().chain(&by_width).copied().collect();
+        let out_spec = match m * w {
             1 => PartitionSpec::new(&[&tokens, &[]]),
-            _ => PartitionSpec::new(&[&by_expert, &tokens, &[]]),
+            _ => PartitionSpec::new(&[&parts, &tokens, &[]]),
         };
         let dt = self.dt;
         let out = self.b.manual_computation(&operands, &specs, &[out_spec], |b, v| {
             let (x, chosen, indices) = (v[0], v[1], v[2]);
-            let own = experts.with(&v[3..3 + held]);
+            let mut own = experts.with(&v[3..3 + held]);
+            let mut index = 3 + held;
+            let mut next_index = |b: &mut Builder, parts: usize| -> Result<Option<Value>, HloError> {
+                if parts == 1 {
+                    return Ok(None);
+                }
+                index += 1;
+                Ok(Some(b.reshape(v[index - 1], &[])?))
+            };
+            let (expert_index, width_index) = (next_index(b, m)?, next_index(b, w)?);
+            if let (Some(first), Some(biases)) = (width_index, own.biases.as_mut()) {
+                // Every width part adds its share of the down product; the bias once.
+                let zero = b.scalar(0.0, DType::I32)?;
+                let is_first = b.compare(CompareDir::Eq, first, zero)?;
+                let dims = b.dims(biases[2])?.to_vec();
+                let is_first = b.broadcast_in_dim(is_first, &dims, &[])?;
+                let none = b.splat(0.0, b.ty(biases[2])?.clone())?;
+                biases[2] = b.select(is_first, biases[2], none)?;
+            }
             let e_local = e / m;
             let expert = b.convert(indices, DType::I32)?;
             let t = b.dims(expert)?[0];
-            let (key, keep) = if m > 1 {
-                // The device's experts are `first .. first + e_local`; the others' key is
-                // `e_local`, sorted last.
-                let index = b.reshape(v[3 + held], &[])?;
-                let size = b.scalar(e_local as f64, DType::I32)?;
-                let first = b.mul(index, size)?;
-                let first = b.broadcast_in_dim(first, &[t, k], &[])?;
-                let local = b.sub(expert, first)?;
-                let zero = b.splat(0.0, i32t(&[t, k]))?;
-                let size = b.splat(e_local as f64, i32t(&[t, k]))?;
-                let above = b.compare(CompareDir::Ge, local, zero)?;
-                let below = b.compare(CompareDir::Lt, local, size)?;
-                let keep = b.and(above, below)?;
-                (b.select(keep, local, size)?, Some(keep))
-            } else {
-                (expert, None)
+            let (key, keep) = match expert_index {
+                Some(index) => {
+                    // The device's experts are `first .. first + e_local`; the others' key is
+                    // `e_local`, sorted last.
+                    let size = b.scalar(e_local as f64, DType::I32)?;
+                    let first = b.mul(index, size)?;
+                    let first = b.broadcast_in_dim(first, &[t, k], &[])?;
+                    let local = b.sub(expert, first)?;
+                    let zero = b.splat(0.0, i32t(&[t, k]))?;
+                    let size = b.splat(e_local as f64, i32t(&[t, k]))?;
+                    let above = b.compare(CompareDir::Ge, local, zero)?;
+                    let below = b.compare(CompareDir::Lt, local, size)?;
+                    let keep = b.and(above, below)?;
+                    (b.select(keep, local, size)?, Keep::Held(keep))
+                }
+                None => (expert, Keep::All),
             };
             let routing = Routing::new(b, e_local + usize::from(m > 1), chosen, key, 1)?;
-            let y = routing.grouped(b, x, &own, dt, keep)?;
-            let y = match m {
+            let y = routing.grouped(b, x, &own, dt, product, keep)?;
+            let y = match m * w {
                 1 => y,
                 _ => {
                     let h = b.dims(y)?[1];
@@ -277,11 +318,31 @@ impl Graph<'_> {
             };
             Ok(vec![y])
         })?;
-        Ok(match m {
+        Ok(match m * w {
             1 => out[0],
             _ => self.b.reduce_sum(out[0], &[0])?,
         })
     }
+}
+
+/// The call a grouped dispatch makes for each projection of every expert at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Product {
+    /// siphon's grouped product (`siphon_kernels::grouped`): cuBLAS's grouped products on a
+    /// CUDA plugin, a plain loop on the CPU plugin.
+    Kernel,
+    /// XLA's own `chlo.ragged_dot` (`jax.lax.ragged_dot`), which libtpu compiles with no
+    /// loop, or its values by ordinary ops.
+    Ragged(RaggedDot),
+}
+
+/// Which of a grouped dispatch's choices are of experts the device holds.
+#[derive(Debug, Clone, Copy)]
+enum Keep {
+    /// Every choice.
+    All,
+    /// Those marked (`[tokens, k]`); the routing's last expert stands for the others.
+    Held(Value),
 }
 
 /// How an expert gates: `act(gate) · up` with a model's activation, or GPT-OSS's clamped
@@ -567,19 +628,21 @@ impl Routing {
     /// the sorted order, each projection of every expert in one call over the experts' queues
     /// (each expert's weights read in place), each bias gathered by the row's expert, the
     /// gating in XLA's ops; then each output, by slot, times its router weight and each
-    /// token's `k` summed, as [`Routing::cpu_kernel`] does. Needs one group. With `keep`
-    /// (`[tokens, k]`: the choices of the experts `w` holds), the routing's last expert is
-    /// "elsewhere": its rows are in no group of the products and its slots give 0.
+    /// token's `k` summed, as [`Routing::cpu_kernel`] does. Needs one group. With
+    /// [`Keep::Held`], the routing's last expert is "elsewhere": its rows are in no group of
+    /// the products and its slots give 0.
     fn grouped(
         &self,
         b: &mut Builder,
         x: Value,
         w: &Experts,
         dt: DType,
-        keep: Option<Value>,
+        product: Product,
+        keep: Keep,
     ) -> Result<Value, HloError> {
         let (t, k, a, h) = (self.n, self.k, self.n * self.k, b.dims(x)?[1]);
-        let e = self.e - usize::from(keep.is_some());
+        let held = matches!(keep, Keep::Held(_));
+        let e = self.e - usize::from(held);
         let at_rows = |b: &mut Builder, table: Value, index: Value| -> Result<Value, HloError> {
             let dims = b.dims(table)?.to_vec();
             let table = b.reshape(table, &[&[1][..], &dims].concat())?;
@@ -589,13 +652,19 @@ impl Routing {
         };
         let rows = at_rows(b, x, self.sorted_token)?;
         let counts = b.reshape(self.counts, &[self.e])?;
-        let counts = if keep.is_some() { b.slice_dim(counts, 0, 0, e)? } else { counts };
+        let counts = if held { b.slice_dim(counts, 0, 0, e)? } else { counts };
         let [gate, up, down] = [w.weights[0], w.weights[1], w.weights[2]];
         let [gb, ub, db] = w.biases.map_or([None; 3], |bs| bs.map(Some));
         let project = |b: &mut Builder, v: Value, weight: Value, bias: Option<Value>| -> Result<Value, HloError> {
-            let n = b.dims(weight)?[1];
-            let y =
-                b.custom_call(siphon_kernels::grouped::TARGET, &[v, counts, weight], TensorType::new(dt, &[a, n]))?;
+            let y = match product {
+                Product::Kernel => {
+                    let n = b.dims(weight)?[1];
+                    b.custom_call(siphon_kernels::grouped::TARGET, &[v, counts, weight], TensorType::new(dt, &[a, n]))?
+                }
+                // Hugging Face's `[E, out, in]`: the input contracted with each matrix's last.
+                Product::Ragged(RaggedDot::Native) => b.ragged_dot(v, weight, counts, 2)?,
+                Product::Ragged(RaggedDot::Masked) => b.ragged_dot_masked(v, weight, counts, 2)?,
+            };
             match bias {
                 // The rows of experts held elsewhere gather a clamped index's bias (a gather
                 // clamps its indices); they are masked below.
@@ -612,13 +681,13 @@ impl Routing {
         let y = project(b, act, down, db)?;
         let y = at_rows(b, y, self.rank)?;
         let y = match keep {
-            Some(keep) => {
+            Keep::Held(keep) => {
                 let keep = b.reshape(keep, &[a])?;
                 let keep = b.broadcast_in_dim(keep, &[a, h], &[0])?;
                 let zero = b.splat(0.0, TensorType::new(dt, &[a, h]))?;
                 b.select(keep, y, zero)?
             }
-            None => y,
+            Keep::All => y,
         };
         let y = b.reshape(y, &[t, k, h])?;
         let weights = b.broadcast_in_dim(self.chosen_weights, &[t, k, h], &[0, 1])?;
