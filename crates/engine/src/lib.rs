@@ -144,10 +144,13 @@ pub struct EngineOptions {
     /// CPU). A CUDA client whose plugin took siphon's CUDA kernels
     /// (`siphon_runtime::Client::cuda_kernels`) always runs them so, on cuBLAS.
     pub grouped_experts: bool,
-    /// Whether a mixture's experts run as XLA's `chlo.ragged_dot` on any client (the TPU
-    /// form's program; on the CPU plugin, which has no `ragged-dot`, its values by ordinary
-    /// ops: `siphon_models::RaggedDot::Masked`). A TPU client always runs them so.
-    pub ragged_experts: bool,
+    /// The forms a TPU program takes — a mixture's experts as XLA's `chlo.ragged_dot` (on
+    /// the CPU plugin, which has no `ragged-dot`, its values by ordinary ops:
+    /// `siphon_models::RaggedDot::Masked`) and FP8 weights kept stored decoded by conversion
+    /// — on any client (`Some(true)`: how they are checked on the CPU), on none
+    /// (`Some(false)`: a TPU program as the other clients' are, to compare), or on TPU
+    /// clients only (`None`, the default).
+    pub tpu_forms: Option<bool>,
     /// Whether the rows this engine runs are right-padded (real tokens first, as the
     /// extraction packs them): on a CUDA client, each block whose attention cuDNN's fused
     /// kernel takes then calls it (`siphon_models::cudnn`). Off (the default; left-padded rows,
@@ -240,11 +243,12 @@ impl ProgramSpec<'_> {
         spec.stored = self.stored.clone();
         spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
         spec.grouped_experts = self.cuda_kernels || (self.options.grouped_experts && self.cpu_kernels);
-        spec.ragged_experts = match (self.tpu, self.options.ragged_experts, self.cpu) {
-            (true, _, _) => Some(RaggedDot::Native),
-            (false, true, true) => Some(RaggedDot::Masked),
-            (false, true, false) => Some(RaggedDot::Native),
-            (false, false, _) => None,
+        let tpu_forms = self.options.tpu_forms.unwrap_or(self.tpu);
+        spec.fp8_convert = tpu_forms;
+        spec.ragged_experts = match (tpu_forms, self.cpu) {
+            (true, true) => Some(RaggedDot::Masked),
+            (true, false) => Some(RaggedDot::Native),
+            (false, _) => None,
         };
         spec.cudnn_attention = self.options.right_padded && self.cuda;
         spec.mlp_chunk = self.cuda.then_some(siphon_models::MLP_CHUNK_ELEMENTS);
@@ -288,7 +292,7 @@ impl Default for EngineOptions {
             weights: WeightForm::Dequantized,
             cpu_kernels: true,
             grouped_experts: false,
-            ragged_experts: false,
+            tpu_forms: None,
             right_padded: false,
             dictionaries: Vec::new(),
             processes: Vec::new(),

@@ -534,7 +534,9 @@ fn bf16_compute_and_outputs_stay_close_and_shapes_compile_once() {
 /// program give every hook bit for bit what dequantize-on-load gives, in f32 on one device and
 /// on a 2×4 mesh: DeepSeek-V3's FP8 blocks (partial ones included), GPT-OSS's MXFP4 experts,
 /// a GGUF Mixtral in Q4_1 (attention), Q4_0 (experts) and Q8_0 (the rest), its q/k rows
-/// permuted on read, and a GGUF Llama in Q4_K and Q6_K.
+/// permuted on read, and a GGUF Llama in Q4_K and Q6_K; and so with the TPU's forms (FP8 by
+/// conversion; mixtures as grouped products, bit for bit the same with the weights stored or
+/// not).
 #[test]
 fn weights_kept_stored_give_dequantize_on_load_bit_for_bit() {
     use siphon_engine::WeightForm;
@@ -559,13 +561,16 @@ fn weights_kept_stored_give_dequantize_on_load_bit_for_bit() {
         let mask = [golden.mask.clone(), golden.mask[..1].to_vec()].concat();
         let batch = Batch::new(ids, Some(mask)).unwrap();
         for mesh in [Mesh::single_device(), mesh.clone()] {
-            let run = |weights| {
-                let options = EngineOptions { mesh: mesh.clone(), weights, ..EngineOptions::default() };
+            let run = |weights, tpu_forms| {
+                let options = EngineOptions { mesh: mesh.clone(), weights, tpu_forms, ..EngineOptions::default() };
                 let engine = Engine::new(&client(), &model, hooks.clone(), options).unwrap();
                 (engine.stored_weights().len(), engine.run(&batch).unwrap())
             };
-            let (none, plain) = run(WeightForm::Dequantized);
-            let (stored, kept_stored) = run(WeightForm::Stored);
+            let (none, plain) = run(WeightForm::Dequantized, None);
+            let (stored, kept_stored) = run(WeightForm::Stored, None);
+            // The TPU's decode (FP8 by conversion, not by table): the same bits.
+            let (_, tpu_stored) = run(WeightForm::Stored, Some(true));
+            let (_, tpu_plain) = run(WeightForm::Dequantized, Some(true));
             // On the mesh the weights whose head split would cut a block (DeepSeek's q_b_proj:
             // 20 rows per head in 16-row blocks) are dequantized on load instead.
             assert_eq!(none, 0);
@@ -573,6 +578,8 @@ fn weights_kept_stored_give_dequantize_on_load_bit_for_bit() {
             for &hook in &hooks {
                 let (a, b) = (plain.get(hook).unwrap(), kept_stored.get(hook).unwrap());
                 assert!(a.bytes() == b.bytes(), "{name} on {:?}: {hook} differs", mesh.axes());
+                let (a, b) = (tpu_plain.get(hook).unwrap(), tpu_stored.get(hook).unwrap());
+                assert!(a.bytes() == b.bytes(), "{name} on {:?}, TPU forms: {hook} differs", mesh.axes());
                 assert!(a.to_f32().iter().all(|v| v.is_finite()), "{name}: {hook} is not finite");
             }
         }
@@ -640,7 +647,7 @@ fn bf16_right_padded_goldens_of_every_family() {
 /// bf16 expert loop from HF's f32 (or 2% of the hook's scale).
 #[test]
 fn mixtures_as_ragged_dots_match_hf() {
-    let ragged = EngineOptions { ragged_experts: true, cpu_kernels: false, ..EngineOptions::default() };
+    let ragged = EngineOptions { tpu_forms: Some(true), cpu_kernels: false, ..EngineOptions::default() };
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
     for name in [
         "tiny-qwen3-moe",
@@ -668,11 +675,11 @@ fn mixtures_as_ragged_dots_match_hf() {
         let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
         let hook = HookPoint::model(HookKind::LnFinalOut);
         let Some(want) = g.acts.iter().find(|a| a.0 == hook).map(|a| a.2.clone()) else { continue };
-        let bf16 = |ragged_experts| {
+        let bf16 = |ragged: bool| {
             let options = EngineOptions {
                 compute_dtype: siphon_models::DType::Bf16,
                 output_dtype: siphon_models::DType::F32,
-                ragged_experts,
+                tpu_forms: Some(ragged),
                 cpu_kernels: false,
                 ..EngineOptions::default()
             };

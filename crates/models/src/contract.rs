@@ -62,6 +62,11 @@ pub struct ForwardSpec {
     /// Weights taken in their stored form and dequantized in the program, by Hugging Face
     /// name (see [`crate::StoredForm`]); the others are taken in the compute dtype.
     pub stored: HashMap<String, StoredForm>,
+    /// Whether FP8 weights kept stored become values by XLA's `f8E4M3FN` conversion rather
+    /// than a byte table (the same values): a TPU program's form, where libtpu costs the
+    /// table's gather at kilobytes an element. Off by default (CPU and CUDA programs as
+    /// before).
+    pub fp8_convert: bool,
     /// Whether the program may call siphon's CPU kernels (`siphon-kernels`, registered with
     /// the CPU plugin: `siphon_runtime::Client::cpu_kernels`) where they are faster than XLA's
     /// ops: a mixture's experts on one device in f32.
@@ -125,6 +130,7 @@ impl ForwardSpec {
             input_spec: None,
             expert_capacity: None,
             stored: HashMap::new(),
+            fp8_convert: false,
             cpu_kernels: false,
             grouped_experts: false,
             ragged_experts: None,

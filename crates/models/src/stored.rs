@@ -158,13 +158,17 @@ impl StoredForm {
         Ok(self.parts(shape).iter().map(|_| spec.clone()).collect())
     }
 
-    /// The weight, `[…, rows, cols]` in `dt`, from its parts inside the program.
+    /// The weight, `[…, rows, cols]` in `dt`, from its parts inside the program. With
+    /// `fp8_convert`, FP8 bytes become values by XLA's `f8E4M3FN` conversion (a bitcast and a
+    /// convert, the same values) instead of a 256-entry table, whose gather libtpu costs at
+    /// kilobytes an element.
     pub(crate) fn dequantize(
         self,
         b: &mut Builder,
         parts: &[Value],
         shape: &[usize],
         dt: Hlo,
+        fp8_convert: bool,
     ) -> Result<Value, ModelError> {
         let n = shape.len();
         let (r, c) = (shape[n - 2], shape[n - 1]);
@@ -172,8 +176,13 @@ impl StoredForm {
         let dims = |last: &[usize]| [lead, last].concat();
         let values = match self {
             StoredForm::Fp8 { block: [br, bc] } => {
-                let table: Vec<f32> = (0..=255u8).map(crate::fp8::e4m3).collect();
-                let w = byte_table(b, parts[0], &table)?;
+                let w = if fp8_convert {
+                    let w = b.bitcast_convert(parts[0], Hlo::F8E4M3FN)?;
+                    b.convert(w, Hlo::F32)?
+                } else {
+                    let table: Vec<f32> = (0..=255u8).map(crate::fp8::e4m3).collect();
+                    byte_table(b, parts[0], &table)?
+                };
                 let (sr, sc) = (r.div_ceil(br), c.div_ceil(bc));
                 let mut map: Vec<usize> = (0..lead.len()).collect();
                 map.extend([n - 2, n]);

@@ -45,6 +45,11 @@ pub struct PlanRequest {
     /// Sparse dictionaries whose latents the program computes (`--sae`), counted with the
     /// activations.
     pub dictionaries: Vec<memory::DictionaryShape>,
+    /// How a mixture's experts split over `model`: whole experts (the default), or each
+    /// expert's width (what TPU programs take, their grouped products then multiplying exactly
+    /// the routed rows on every device).
+    #[serde(default)]
+    pub experts: siphon_models::sharding::ExpertSplit,
 }
 
 /// The hooks a plan counts when it names none: every hidden state (each block's input and the
@@ -73,6 +78,7 @@ impl Default for PlanRequest {
             pipeline_depth: 2,
             layout: DeviceLayout::Dense,
             dictionaries: Vec::new(),
+            experts: Default::default(),
         }
     }
 }
@@ -448,7 +454,7 @@ fn evaluate(
     let mut classes: Vec<ClassPlan> = Vec::new();
     let mut fallbacks: Vec<Fallback> = Vec::new();
     for param in &params {
-        let mut sharding = rules::param_spec(param.class, &param.shape, &mesh);
+        let mut sharding = rules::param_spec(param.class, &param.shape, &mesh, request.experts);
         if let Some(form) = request.stored.get(&param.name) {
             // A weight kept stored splits on whole blocks only.
             let (spec, dropped) = form.whole_blocks(&param.shape, &sharding.spec, &mesh);

@@ -16,6 +16,7 @@
 
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_models::ParamClass;
+use siphon_models::sharding::ExpertSplit;
 
 use crate::mesh::DATA;
 
@@ -28,19 +29,21 @@ pub struct TensorSharding {
     pub fallback: Option<String>,
 }
 
-/// The class rule: per dimension, the axes it should be split over.
-fn wanted(class: ParamClass) -> Vec<Vec<&'static str>> {
-    siphon_models::sharding::rule(class).into_iter().map(|dim| dim.planned.to_vec()).collect()
+/// The class rule, the experts split as `experts` says: per dimension, the axes it should
+/// be split over.
+fn wanted(class: ParamClass, experts: ExpertSplit) -> Vec<Vec<&'static str>> {
+    siphon_models::sharding::rule_for(class, experts).into_iter().map(|dim| dim.planned.to_vec()).collect()
 }
 
 fn size(mesh: &Mesh, axis: &str) -> usize {
     mesh.axis_size_or_one(axis)
 }
 
-/// The spec for a tensor of `class` and `shape` on `mesh`. Axes the mesh lacks (or has with
-/// size 1) are left out; a dimension that does not divide is split over fewer axes.
-pub fn param_spec(class: ParamClass, shape: &[usize], mesh: &Mesh) -> TensorSharding {
-    let mut rule = wanted(class);
+/// The spec for a tensor of `class` and `shape` on `mesh`, a mixture's experts split as
+/// `experts` says. Axes the mesh lacks (or has with size 1) are left out; a dimension that
+/// does not divide is split over fewer axes.
+pub fn param_spec(class: ParamClass, shape: &[usize], mesh: &Mesh, experts: ExpertSplit) -> TensorSharding {
+    let mut rule = wanted(class, experts);
     if rule.len() != shape.len() {
         // A rank the rule does not know (never for siphon-models' own params): replicate.
         rule = vec![Vec::new(); shape.len()];
@@ -102,18 +105,18 @@ mod tests {
     #[test]
     fn megatron_on_model_fsdp_on_hidden() {
         let m = mesh(&[("data", 2), ("fsdp", 2), ("model", 4)]);
-        let q = param_spec(ParamClass::AttnQ, &[256, 128], &m);
+        let q = param_spec(ParamClass::AttnQ, &[256, 128], &m, ExpertSplit::Experts);
         assert_eq!(q.spec, PartitionSpec::new(&[&["model"], &["fsdp"]]));
         assert_eq!(q.fallback, None);
-        let o = param_spec(ParamClass::AttnO, &[128, 256], &m);
+        let o = param_spec(ParamClass::AttnO, &[128, 256], &m, ExpertSplit::Experts);
         assert_eq!(o.spec, PartitionSpec::new(&[&["fsdp"], &["model"]]));
-        let down = param_spec(ParamClass::MlpDown, &[128, 512], &m);
+        let down = param_spec(ParamClass::MlpDown, &[128, 512], &m, ExpertSplit::Experts);
         assert_eq!(down.spec, PartitionSpec::new(&[&["fsdp"], &["model"]]));
-        let bias = param_spec(ParamClass::KBias, &[64], &m);
+        let bias = param_spec(ParamClass::KBias, &[64], &m, ExpertSplit::Experts);
         assert_eq!(bias.spec, PartitionSpec::new(&[&["model"]]));
-        let norm = param_spec(ParamClass::Norm, &[128], &m);
+        let norm = param_spec(ParamClass::Norm, &[128], &m, ExpertSplit::Experts);
         assert!(norm.spec.is_replicated());
-        let emb = param_spec(ParamClass::Embedding, &[1024, 128], &m);
+        let emb = param_spec(ParamClass::Embedding, &[1024, 128], &m, ExpertSplit::Experts);
         assert_eq!(emb.spec, PartitionSpec::new(&[&["fsdp", "model"], &[]]));
         assert_eq!(emb.spec.shard_shape(&[1024, 128], &m).unwrap(), vec![128, 128]);
         assert_eq!(input_spec(&m), PartitionSpec::new(&[&["data"], &[]]));
@@ -122,9 +125,9 @@ mod tests {
     #[test]
     fn absent_axes_are_not_named() {
         let m = mesh(&[("data", 2), ("model", 4)]);
-        let gate = param_spec(ParamClass::MlpGate, &[512, 128], &m);
+        let gate = param_spec(ParamClass::MlpGate, &[512, 128], &m, ExpertSplit::Experts);
         assert_eq!(gate.spec, PartitionSpec::new(&[&["model"], &[]]));
-        let emb = param_spec(ParamClass::Embedding, &[1024, 128], &m);
+        let emb = param_spec(ParamClass::Embedding, &[1024, 128], &m, ExpertSplit::Experts);
         assert_eq!(emb.spec, PartitionSpec::new(&[&["model"], &[]]));
         let single = Mesh::single_device();
         assert!(param_spec(ParamClass::AttnQ, &[8, 8], &single).spec.is_replicated());
@@ -135,15 +138,15 @@ mod tests {
     fn non_dividing_dimensions_fall_back_and_say_so() {
         let m = mesh(&[("fsdp", 2), ("model", 4)]);
         // Vocab 1020 divides by 4 but not by 8: split over model only.
-        let emb = param_spec(ParamClass::Embedding, &[1020, 128], &m);
+        let emb = param_spec(ParamClass::Embedding, &[1020, 128], &m, ExpertSplit::Experts);
         assert_eq!(emb.spec, PartitionSpec::new(&[&["model"], &[]]));
         assert!(emb.fallback.as_deref().unwrap().contains("1020"), "{emb:?}");
         // Vocab 1021 is prime: replicated.
-        let emb = param_spec(ParamClass::Embedding, &[1021, 128], &m);
+        let emb = param_spec(ParamClass::Embedding, &[1021, 128], &m, ExpertSplit::Experts);
         assert!(emb.spec.is_replicated());
         assert!(emb.fallback.as_deref().unwrap().contains("replicated"));
         // An intermediate size of 510 does not divide over model=4: that dim replicates.
-        let up = param_spec(ParamClass::MlpUp, &[510, 128], &m);
+        let up = param_spec(ParamClass::MlpUp, &[510, 128], &m, ExpertSplit::Experts);
         assert_eq!(up.spec, PartitionSpec::new(&[&[], &["fsdp"]]));
         assert!(up.fallback.is_some());
         // Every chosen spec is valid on the mesh.

@@ -279,7 +279,7 @@ fn bench_weight(
     let row_bytes = (cols * 4) as u64;
     let rows = ((args.target_bytes / row_bytes) as usize / shape.fsdp * shape.fsdp).max(shape.fsdp);
     let param = ParamInfo::new("bench.weight", &[rows, cols], ParamClass::MlpDown, None);
-    let spec = siphon_plan::param_spec(param.class, &param.shape, &mesh).spec;
+    let spec = siphon_plan::param_spec(param.class, &param.shape, &mesh, Default::default()).spec;
     let predicted = siphon_plan::memory::weight_memory(
         std::slice::from_ref(&param),
         std::slice::from_ref(&spec),

@@ -83,6 +83,11 @@ impl Plan {
                 siphon_engine::WeightForm::Dequantized => Default::default(),
             },
             dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
+            // A TPU's mixtures are grouped products over each expert's width.
+            experts: match PluginKind::of(plugin) {
+                PluginKind::Tpu => siphon_models::sharding::ExpertSplit::Width,
+                _ => Default::default(),
+            },
             ..PlanRequest::default()
         };
         let kind = PluginKind::of(plugin);

@@ -44,6 +44,13 @@ impl MeshArgs {
     }
 }
 
+/// `--tpu-forms`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TpuForms {
+    On,
+    Off,
+}
+
 /// `siphon plan` flags.
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["model", "config"])))]
@@ -83,6 +90,12 @@ pub struct Args {
     /// each block cuDNN's fused attention can take takes it, or left (XLA's form everywhere).
     #[arg(long, value_enum, requires = "target")]
     pub pad: Option<crate::cmd::data::PadSideArg>,
+    /// With --target tpu:…: `off` compiles the program as the CPU and GPUs would take it — a
+    /// mixture's experts in rounds of whole experts (a loop), FP8 decoded by a byte table —
+    /// instead of a TPU's own forms (`chlo.ragged_dot` over each expert's width, FP8 by
+    /// conversion), to compare the two.
+    #[arg(long, value_enum, default_value = "on", requires = "target")]
+    pub tpu_forms: TpuForms,
     #[command(flatten)]
     pub mesh: MeshArgs,
     /// Global batch (sequences per step); must divide over the data axis.
@@ -166,6 +179,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // A TPU pads every array to its tiles; the planner counts the padded bytes.
         layout: target.as_ref().map_or(siphon_plan::DeviceLayout::Dense, target::Target::layout),
         dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
+        experts: match (&target, args.tpu_forms) {
+            (Some(target), TpuForms::On) => target.expert_split(),
+            _ => Default::default(),
+        },
     };
     let mut plan = siphon_plan::plan(&config, &topology, &request).map_err(|e| match &e {
         siphon_plan::PlanError::Uncountable { per_step: true, .. } => anyhow::Error::new(e).context("--batch, --seq"),
@@ -184,6 +201,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             weights: args.weights,
             plugin: args.plugin.as_deref(),
             right_padded: !matches!(args.pad, Some(crate::cmd::data::PadSideArg::Left)),
+            tpu_forms: args.tpu_forms == TpuForms::On,
             dictionaries,
         };
         return target::run(compile, &plan, args.json);

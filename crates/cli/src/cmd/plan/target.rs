@@ -82,6 +82,16 @@ impl Target {
         }
     }
 
+    /// How a mixture's experts split over `model` there: each expert's width on a TPU (its
+    /// programs' `chlo.ragged_dot` then multiplies only the routed rows on each chip), whole
+    /// experts on GPUs (siphon's grouped products, expert parallelism).
+    pub fn expert_split(&self) -> siphon_models::sharding::ExpertSplit {
+        match self {
+            Target::Tpu(_) => siphon_models::sharding::ExpertSplit::Width,
+            Target::Gpu(_) => siphon_models::sharding::ExpertSplit::Experts,
+        }
+    }
+
     fn devices(&self) -> usize {
         match self {
             Target::Tpu(slice) => slice.devices(),
@@ -124,6 +134,8 @@ pub struct Compile<'a> {
     /// Whether the rows are right-padded (`extract`'s default `--pad right`): on GPUs, the
     /// blocks cuDNN's fused attention can take then take it.
     pub right_padded: bool,
+    /// `--tpu-forms`: whether a TPU program takes its own forms (the default) or the CPU's.
+    pub tpu_forms: bool,
     /// `--sae`: dictionaries whose latents the program computes.
     pub dictionaries: Vec<siphon_models::DictionaryHook>,
 }
@@ -318,7 +330,9 @@ struct Report<'a> {
     attention: Option<Vec<BlockAttention>>,
     /// How a mixture's experts are computed in this program.
     experts: Option<&'static str>,
-    /// On GPUs: the grouped expert products (`siphon_grouped_matmul`) in the compiled program.
+    /// The grouped expert products: on GPUs the `siphon_grouped_matmul` calls in the compiled
+    /// program, on a TPU the program's `chlo.ragged_dot`s (libtpu rewrites each into its own
+    /// kernels).
     #[serde(skip_serializing_if = "Option::is_none")]
     grouped_calls: Option<usize>,
     /// Weights kept in their stored (quantized) form on the devices.
@@ -344,7 +358,7 @@ struct Report<'a> {
 }
 
 pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> {
-    let Compile { target, config, request, weights, plugin, right_padded, dictionaries } = compile;
+    let Compile { target, config, request, weights, plugin, right_padded, tpu_forms, dictionaries } = compile;
     let (Some(batch), Some(seq)) = (request.batch, request.seq) else {
         bail!("--target compiles the program for one step: give --batch and --seq")
     };
@@ -367,6 +381,7 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         weights,
         right_padded,
         dictionaries,
+        tpu_forms: (!tpu_forms).then_some(false),
         ..Default::default()
     };
     let aot = match siphon_engine::aot::compile(
@@ -499,7 +514,12 @@ fn report<'a>(
         Target::Gpu(gpus) => (TargetFields::Gpu(gpus), gpus.gpus_per_host, gpus.model.memory_bytes(), true),
     };
     let grouped = aot.instructions.iter().filter(|i| i.custom_call_target == siphon_kernels::grouped::TARGET).count();
+    let ragged = text.matches("chlo.ragged_dot").count();
     let experts = config.moe.as_ref().map(|_| match (gpu, grouped > 0) {
+        (false, _) if ragged > 0 => {
+            "XLA's grouped products (chlo.ragged_dot: every routed row once, no loop; each device its columns of \
+             every expert, as the weights are split by width)"
+        }
         (false, _) => {
             "XLA's sorted dispatch in StableHLO (every choice, in rounds of whole experts; siphon's experts \
              kernel is the CPU's alone)"
@@ -534,7 +554,7 @@ fn report<'a>(
         padding: gpu.then_some(if right_padded { "right" } else { "left" }),
         attention: gpu.then(|| block_attention(&aot.program.attention, &aot.instructions)),
         experts,
-        grouped_calls: gpu.then_some(grouped),
+        grouped_calls: if gpu { Some(grouped) } else { Some(ragged).filter(|&n| n > 0) },
         stored_weights: aot.stored.len(),
         compile_seconds: aot.compile_seconds,
         compiled: Compiled {
@@ -618,7 +638,7 @@ fn text(r: &Report<'_>) -> String {
         line(format!("attention:   {}", attention_line(blocks)));
     }
     if let Some(experts) = r.experts {
-        let calls = r.grouped_calls.filter(|&n| n > 0).map_or_else(String::new, |n| format!("; {n} calls compiled"));
+        let calls = r.grouped_calls.filter(|&n| n > 0).map_or_else(String::new, |n| format!("; {n} grouped products"));
         line(format!("experts:     {experts}{calls}"));
     }
     line("per device:  compiler     planner".to_string());
