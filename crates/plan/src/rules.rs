@@ -130,8 +130,22 @@ mod tests {
         let emb = param_spec(ParamClass::Embedding, &[1024, 128], &m, ExpertSplit::Experts);
         assert_eq!(emb.spec, PartitionSpec::new(&[&["model"], &[]]));
         let single = Mesh::single_device();
-        assert!(param_spec(ParamClass::AttnQ, &[8, 8], &single).spec.is_replicated());
+        assert!(param_spec(ParamClass::AttnQ, &[8, 8], &single, ExpertSplit::Experts).spec.is_replicated());
         assert!(input_spec(&single).is_replicated());
+    }
+
+    #[test]
+    fn experts_split_whole_or_by_width() {
+        let m = mesh(&[("data", 2), ("fsdp", 2), ("model", 4)]);
+        let [gate, down] = [(ParamClass::ExpertGate, [8, 64, 32]), (ParamClass::ExpertDown, [8, 32, 64])];
+        let spec = |(class, shape): (ParamClass, [usize; 3]), split| param_spec(class, &shape, &m, split).spec;
+        assert_eq!(spec(gate, ExpertSplit::Experts), PartitionSpec::new(&[&["model"], &[], &["fsdp"]]));
+        assert_eq!(spec(down, ExpertSplit::Experts), PartitionSpec::new(&[&["model"], &["fsdp"], &[]]));
+        assert_eq!(spec(gate, ExpertSplit::Width), PartitionSpec::new(&[&[], &["model"], &["fsdp"]]));
+        assert_eq!(spec(down, ExpertSplit::Width), PartitionSpec::new(&[&[], &["fsdp"], &["model"]]));
+        // The others as before.
+        let q = param_spec(ParamClass::AttnQ, &[64, 32], &m, ExpertSplit::Width).spec;
+        assert_eq!(q, PartitionSpec::new(&[&["model"], &["fsdp"]]));
     }
 
     #[test]
