@@ -641,14 +641,16 @@ fn bf16_right_padded_goldens_of_every_family() {
 
 /// The form a TPU program takes (`chlo.ragged_dot`, no loop), on the CPU plugin: each
 /// mixture's goldens in f32 on one device; on a 2 × 4 mesh with the experts split whole over
-/// `model` (the default rule: each device its tokens through the experts it holds) and with
-/// every expert's width split over `model` (the TPU rule, `ExpertSplit::Width`: each device
-/// every routed row through its columns); and in bf16 within twice the distance of XLA's own
+/// `model` (the default rule: each device its tokens through the experts it holds) and, on a
+/// 2 × 2 × 2 mesh, with every expert's width split over `model` and its hidden dimension over
+/// `fsdp` (the TPU rule, `ExpertSplit::Width`: each device its share of the routed rows
+/// through its columns); and in bf16 within twice the distance of XLA's own
 /// bf16 expert loop from HF's f32 (or 2% of the hook's scale).
 #[test]
 fn mixtures_as_ragged_dots_match_hf() {
     let ragged = EngineOptions { tpu_forms: Some(true), cpu_kernels: false, ..EngineOptions::default() };
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    let mesh3 = Mesh::new(&[("data", 2), ("fsdp", 2), ("model", 2)], (0..8).collect()).unwrap();
     for name in [
         "tiny-qwen3-moe",
         "tiny-mixtral",
@@ -666,10 +668,10 @@ fn mixtures_as_ragged_dots_match_hf() {
         check_goldens_with(&format!("{name} as ragged dots"), &model, &goldens, &ragged);
         let by_experts = EngineOptions { mesh: mesh.clone(), ..ragged.clone() };
         check_goldens_with(&format!("{name} as ragged dots, experts over {mesh}"), &model, &goldens, &by_experts);
-        let (params, input) = width_split(&model.config, &mesh);
+        let (params, input) = width_split(&model.config, &mesh3);
         let width = ShardingPlan::Explicit { params, input: Some(input) };
-        let by_width = EngineOptions { plan: width, ..by_experts };
-        check_goldens_with(&format!("{name} as ragged dots, widths over {mesh}"), &model, &goldens, &by_width);
+        let by_width = EngineOptions { plan: width, mesh: mesh3.clone(), ..by_experts };
+        check_goldens_with(&format!("{name} as ragged dots, widths over {mesh3}"), &model, &goldens, &by_width);
 
         let g = golden(&fixture(&format!("{name}/golden-right.safetensors")));
         let batch = Batch::new(g.ids.clone(), Some(g.mask.clone())).unwrap();
@@ -701,16 +703,16 @@ fn mixtures_as_ragged_dots_match_hf() {
     }
 }
 
-/// The fixed plan's specs with every stacked expert projection split by width over `model`
-/// as the TPU rule has it (`siphon_models::sharding::rule_for`, `ExpertSplit::Width`).
+/// The fixed plan's specs with every stacked expert projection split as the TPU rule has it
+/// (`siphon_models::sharding::rule_for`, `ExpertSplit::Width`): its width over `model`, its
+/// hidden dimension over `fsdp`.
 fn width_split(config: &siphon_models::ModelConfig, mesh: &Mesh) -> (HashMap<String, PartitionSpec>, PartitionSpec) {
     use siphon_models::sharding::{ExpertSplit, rule_for};
     let (mut specs, input) = siphon_models::sharding::megatron_specs(config, mesh);
     for p in config.params(config.n_layers, true) {
         let rule = rule_for(p.class, ExpertSplit::Width);
         if rule != siphon_models::sharding::rule(p.class) {
-            let dims: Vec<&[&str]> =
-                rule.iter().map(|d| if d.fixed.is_some() { &["model"][..] } else { &[][..] }).collect();
+            let dims: Vec<&[&str]> = rule.iter().map(|d| d.planned).collect();
             specs.insert(p.name, PartitionSpec::new(&dims));
         }
     }

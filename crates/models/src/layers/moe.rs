@@ -209,7 +209,7 @@ impl Graph<'_> {
     /// default rule: expert parallelism), and the device's part of every expert's
     /// intermediate width over the axes that width is split over (`model` in the rule TPU
     /// programs take, [`crate::sharding::ExpertSplit::Width`]); other splits (`fsdp` over the hidden dimension) are gathered as the device
-    /// enters. A choice of an expert another device holds is sorted after the device's own,
+    /// enters, and the devices that gather them share their tokens out. A choice of an expert another device holds is sorted after the device's own,
     /// in no group (the grouped product leaves its row unwritten, or 0), and masked; a width
     /// split gives each device a part of every row's down projection (the down bias added on
     /// the first part only). Each device's part of each token's sum comes out along a new
@@ -232,7 +232,14 @@ impl Graph<'_> {
         let (expert_axes, width_axes) = (axes_of(0), axes_of(1));
         let ways = |axes: &[String]| -> usize { axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1)).product() };
         let (m, w) = (ways(&expert_axes), ways(&width_axes));
-        let token_axes = self.token_axes().to_vec();
+        // The devices that gather the weights' hidden dimension (`fsdp`) would otherwise
+        // route the same tokens: they share them out instead.
+        let mut token_axes = self.token_axes().to_vec();
+        let gathered: Vec<String> = axes_of(2).into_iter().filter(|a| !token_axes.contains(a)).collect();
+        let t = self.b.dims(x)?[0];
+        if t.is_multiple_of(ways(&token_axes) * ways(&gathered)) {
+            token_axes.extend(gathered);
+        }
         let tokens: Vec<&str> = token_axes.iter().map(String::as_str).collect();
         let by_expert: Vec<&str> = expert_axes.iter().map(String::as_str).collect();
         let by_width: Vec<&str> = width_axes.iter().map(String::as_str).collect();
