@@ -2,7 +2,8 @@
 //! libtpu for a 4-chip v5e (`v5e:2x2`) on this CPU-only machine (no TPU): every hook in bf16
 //! on the planner's mesh; 1d, 2d and 3d meshes, f32 and a one-hook set on a dense and a
 //! mixture family; and the planner's per-device weight bytes against the compiler's argument
-//! bytes.
+//! bytes. A mixture's experts are `chlo.ragged_dot`s (no loop), each expert's width over
+//! `model`, as `extract` plans them for libtpu.
 //!
 //! Needs the pinned libtpu: `scripts/test.sh` fetches it into siphon's cache
 //! (`scripts/setup-libtpu.sh`) and names it in `SIPHON_TEST_LIBTPU_PLUGIN`. Without it the
@@ -62,6 +63,8 @@ fn compile_with(
         hooks: Some(hooks.to_vec()),
         device_memory_bytes: Some(slice.generation.hbm_bytes()),
         layout: siphon_plan::DeviceLayout::TpuTiled,
+        // As `extract` plans for libtpu: each expert's width over `model`.
+        experts: siphon_models::sharding::ExpertSplit::Width,
         ..PlanRequest::default()
     };
     let plan = siphon_plan::plan(config, &slice.planner_topology().unwrap(), &request).unwrap();
@@ -135,6 +138,13 @@ fn every_fixture_family_compiles_for_a_v5e_slice() {
             ));
         }
         assert!(aot.flops.is_some_and(|f| f > 0.0), "{name}: no flops");
+        // A mixture's experts as XLA's grouped products, three a block, with no loop.
+        if config.moe.is_some() {
+            let ragged = aot.program.text.matches("chlo.ragged_dot").count();
+            if ragged == 0 || aot.program.text.contains("stablehlo.while") {
+                wrong.push(format!("{name}: {ragged} chlo.ragged_dot, a loop: {}", aot.program.text.contains("while")));
+            }
+        }
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
 
