@@ -25,6 +25,13 @@
 //! (experts split whole over `model`: expert parallelism), its choices of other devices'
 //! experts sorted last, in no group, and masked; the devices' parts are summed.
 //!
+//! Dispatch as XLA's grouped product (a TPU program's form, [`crate::ForwardSpec::ragged_experts`]):
+//! the same as [`Routing::grouped`], each projection one `chlo.ragged_dot` over the sorted
+//! rows (no loop: libtpu compiles it natively), on a mesh with the experts as their weights
+//! lie (on TPU each expert's width over `model`, so every device multiplies exactly its
+//! tokens' routed rows by its columns). On the CPU plugin, which has no `ragged-dot`, the same
+//! values come from ordinary ops ([`crate::RaggedDot::Masked`]).
+//!
 //! Dispatch on a mesh ([`Routing::in_rounds`]): rounds of `[experts, capacity]` buffers,
 //! each holding the rows at positions `round·capacity …` of every queue, through one
 //! batched product per projection (weights on the left too), so that experts split whole
@@ -206,15 +213,16 @@ impl Graph<'_> {
     /// each device routes its own tokens (those of its part of the token split; all of them
     /// where tokens are not split) through its part of the experts, as the stacked weights
     /// lie: whole experts over the axes their expert dimension is split over (`model` in the
-    /// default rule: expert parallelism), and the device's part of every expert's
-    /// intermediate width over the axes that width is split over (`model` in the rule TPU
-    /// programs take, [`crate::sharding::ExpertSplit::Width`]); other splits (`fsdp` over the hidden dimension) are gathered as the device
-    /// enters, and the devices that gather them share their tokens out. A choice of an expert another device holds is sorted after the device's own,
-    /// in no group (the grouped product leaves its row unwritten, or 0), and masked; a width
-    /// split gives each device a part of every row's down projection (the down bias added on
-    /// the first part only). Each device's part of each token's sum comes out along a new
-    /// first dimension split like the experts and their width, summed outside (the
-    /// partitioner adds the parts across the devices). Exactly the routed rows are
+    /// default rule: expert parallelism), and its part of every expert's intermediate width
+    /// over the axes that width is split over (`model` in the rule TPU programs take,
+    /// [`crate::sharding::ExpertSplit::Width`]). Other splits (`fsdp` over the hidden
+    /// dimension) are gathered as the device enters, and the devices that gather them share
+    /// their tokens out. A choice of an expert another device holds is sorted after the
+    /// device's own, in no group (the grouped product leaves its row unwritten, or 0), and
+    /// masked; a width split gives each device a part of every row's down projection (the
+    /// down bias added on the first part only). Each device's part of each token's sum comes
+    /// out along a new first dimension split like the experts and their width, summed outside
+    /// (the partitioner adds the parts across the devices). Exactly the routed rows are
     /// multiplied, each on the devices holding its expert.
     fn grouped_on_mesh(
         &mut self,
