@@ -237,3 +237,53 @@ fn two_slices_are_one_mesh_over_both() {
     assert_eq!((report["hosts"].as_u64(), report["devices"].as_u64()), (Some(8), Some(32)));
     assert_eq!(report["mesh"], "[data=8, fsdp=2, model=2]");
 }
+
+/// A mixture on a v5e-4 (`data=2, model=2`): by default its experts are XLA's grouped products,
+/// three `chlo.ragged_dot` a mixture block with no loop, and the experts' flops are the routed
+/// ones (the compiler within 1.5× of the analytic forward, as a dense tiny model); with
+/// `--tpu-forms off` the rounds loop the CPU takes, named as such.
+#[test]
+fn a_mixture_compiles_to_grouped_products_with_no_loop() {
+    let Some(libtpu) = libtpu() else { return };
+    let args = [
+        "plan",
+        "--target",
+        "tpu:v5litepod-4",
+        "--plugin",
+        libtpu.to_str().unwrap(),
+        "--model",
+        "fixtures/models/tiny-qwen3-moe",
+        "--hooks",
+        "blocks.1.hook_resid_post",
+        "--batch",
+        "8",
+        "--seq",
+        "32",
+        "--mesh",
+        "3d",
+        "--data",
+        "2",
+        "--fsdp",
+        "1",
+        "--model-parallel",
+        "2",
+        "--json",
+    ];
+    let report = |extra: &[&str]| -> serde_json::Value {
+        let out = siphon(&[&args[..], extra].concat(), &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let grouped = report(&[]);
+    assert!(grouped["experts"].as_str().unwrap().contains("chlo.ragged_dot"), "{}", grouped["experts"]);
+    assert_eq!(grouped["has_loops"], false);
+    assert_eq!(grouped["grouped_calls"].as_u64(), Some(6), "gate, up and down of two blocks");
+    let (compiler, analytic) =
+        (grouped["flops_per_token"].as_f64().unwrap(), grouped["analytic_flops_per_token"].as_f64().unwrap());
+    assert!((1.0..1.5).contains(&(compiler / analytic)), "compiler {compiler}, analytic {analytic}");
+
+    let rounds = report(&["--tpu-forms", "off"]);
+    assert!(rounds["experts"].as_str().unwrap().contains("rounds"), "{}", rounds["experts"]);
+    assert_eq!(rounds["has_loops"], true);
+    assert!(rounds["grouped_calls"].is_null(), "{}", rounds["grouped_calls"]);
+}

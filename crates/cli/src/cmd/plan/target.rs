@@ -514,7 +514,7 @@ fn report<'a>(
         Target::Gpu(gpus) => (TargetFields::Gpu(gpus), gpus.gpus_per_host, gpus.model.memory_bytes(), true),
     };
     let grouped = aot.instructions.iter().filter(|i| i.custom_call_target == siphon_kernels::grouped::TARGET).count();
-    let ragged = text.matches("chlo.ragged_dot").count();
+    let ragged = text.matches("\"chlo.ragged_dot\"(").count();
     let experts = config.moe.as_ref().map(|_| match (gpu, grouped > 0) {
         (false, _) if ragged > 0 => {
             "XLA's grouped products (chlo.ragged_dot: every routed row once, no loop; each device its columns of \
