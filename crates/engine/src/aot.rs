@@ -83,7 +83,6 @@ pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgra
     let mut options = request.options.clone();
     options.mesh = mesh.clone();
     let cuda = topology.platform_name().eq_ignore_ascii_case("cuda");
-    let tpu = topology.platform_name().eq_ignore_ascii_case("tpu");
     let cuda_kernels = cuda && topology.cuda_kernels();
     let (param_specs, input_spec) = options.plan.specs(request.config, &mesh);
     let mut stored = HashMap::new();
@@ -96,9 +95,7 @@ pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgra
             stored,
             cpu_kernels: false,
             cuda_kernels,
-            cuda,
-            tpu,
-            cpu: topology.platform_name().eq_ignore_ascii_case("cpu"),
+            platform: topology.platform_name().to_ascii_lowercase(),
         }
         .forward(batch, seq, params)
     };

@@ -223,10 +223,8 @@ struct ProgramSpec<'a> {
     /// Whether the compiling side has siphon's CPU kernels, and its CUDA kernels.
     cpu_kernels: bool,
     cuda_kernels: bool,
-    /// Whether the compiling side is a CUDA plugin, libtpu, or the CPU plugin.
-    cuda: bool,
-    tpu: bool,
-    cpu: bool,
+    /// The compiling side's platform, lower case: `cpu`, `cuda`, `tpu`.
+    platform: String,
 }
 
 impl ProgramSpec<'_> {
@@ -243,15 +241,16 @@ impl ProgramSpec<'_> {
         spec.stored = self.stored.clone();
         spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
         spec.grouped_experts = self.cuda_kernels || (self.options.grouped_experts && self.cpu_kernels);
-        let tpu_forms = self.options.tpu_forms.unwrap_or(self.tpu);
+        let on = |platform: &str| self.platform == platform;
+        let tpu_forms = self.options.tpu_forms.unwrap_or(on("tpu"));
         spec.fp8_convert = tpu_forms;
-        spec.ragged_experts = match (tpu_forms, self.cpu) {
+        spec.ragged_experts = match (tpu_forms, on("cpu")) {
             (true, true) => Some(RaggedDot::Masked),
             (true, false) => Some(RaggedDot::Native),
             (false, _) => None,
         };
-        spec.cudnn_attention = self.options.right_padded && self.cuda;
-        spec.mlp_chunk = self.cuda.then_some(siphon_models::MLP_CHUNK_ELEMENTS);
+        spec.cudnn_attention = self.options.right_padded && on("cuda");
+        spec.mlp_chunk = on("cuda").then_some(siphon_models::MLP_CHUNK_ELEMENTS);
         spec.dictionaries = self.options.dictionaries.clone();
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec
@@ -662,9 +661,7 @@ impl Engine {
             stored: &self.stored,
             cpu_kernels: self.client.cpu_kernels(),
             cuda_kernels: self.client.cuda_kernels(),
-            cuda: self.client.platform_name() == "cuda",
-            tpu: self.client.platform_name() == "tpu",
-            cpu: self.client.platform_name() == "cpu",
+            platform: self.client.platform_name().to_ascii_lowercase(),
         };
         // Every shape reads the weights the first build found (none before it).
         program.forward(batch, seq, &self.params)
