@@ -90,7 +90,7 @@ pub struct ForwardSpec {
     pub cudnn_attention: bool,
     /// When given, a block's gated MLP runs over the sequence in chunks whose intermediate
     /// (gate or up) holds at most this many elements, where none of its intermediates is read
-    /// (the layers' `mlp.rs`): on a CUDA plugin ([`crate::MLP_CHUNK_ELEMENTS`]), where
+    /// (the layers' `mlp.rs`): on a CUDA plugin (`MLP_CHUNK_ELEMENTS`), where
     /// once cuDNN takes the attention the MLP's gate and up are a step's largest temporaries.
     /// `None` (the default): in one piece (every CPU and TPU program).
     pub mlp_chunk: Option<usize>,

@@ -1,5 +1,5 @@
 //! A routed mixture of experts' settings: its experts, their routing and widths, a shared
-//! expert, dense first blocks. The mixture itself is `layers/moe.rs`.
+//! expert, dense first blocks. The mixture itself is `layers/moe/`.
 
 use serde::{Deserialize, Serialize};
 
