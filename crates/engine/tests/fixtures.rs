@@ -281,6 +281,21 @@ fn mixtures_match_hf_at_any_capacity_and_on_a_mesh() {
     }
 }
 
+/// Every mixture fixture: biases and GPT-OSS's clamped SwiGLU, tied routing, top-k = every
+/// expert, the hybrids' mixtures, DeepSeek-V3's shared experts and groups.
+const MIXTURES: [&str; 10] = [
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
+    "tiny-gemma4-moe",
+    "tiny-olmoe",
+    "tiny-moe-tied",
+    "tiny-moe-all",
+    "tiny-gpt-oss",
+    "tiny-qwen3-5-moe",
+    "tiny-qwen3-next",
+    "tiny-deepseek-v3",
+];
+
 /// The grouped form a CUDA plugin runs (`siphon_kernels::grouped`, cuBLAS's grouped products
 /// there), on the CPU plugin's plain loop over the same product descriptors: each mixture's
 /// goldens in f32 (biases and GPT-OSS's clamped SwiGLU, tied routing, top-k = every expert,
@@ -295,18 +310,7 @@ fn mixtures_as_grouped_products_match_hf() {
         Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap(),
         Mesh::new(&[("model", 8)], (0..8).collect()).unwrap(),
     ];
-    for name in [
-        "tiny-qwen3-moe",
-        "tiny-mixtral",
-        "tiny-gemma4-moe",
-        "tiny-olmoe",
-        "tiny-moe-tied",
-        "tiny-moe-all",
-        "tiny-gpt-oss",
-        "tiny-qwen3-5-moe",
-        "tiny-qwen3-next",
-        "tiny-deepseek-v3",
-    ] {
+    for name in MIXTURES {
         let model = LoadedModel::open(&fixture(name)).unwrap();
         check_goldens_with(&format!("{name} as grouped products"), &model, &tiny_goldens(name), &grouped);
         for mesh in &meshes {
@@ -625,18 +629,7 @@ fn mixtures_as_ragged_dots_match_hf() {
     let ragged = EngineOptions { tpu_forms: Some(true), cpu_kernels: false, ..EngineOptions::default() };
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
     let mesh3 = Mesh::new(&[("data", 2), ("fsdp", 2), ("model", 2)], (0..8).collect()).unwrap();
-    for name in [
-        "tiny-qwen3-moe",
-        "tiny-mixtral",
-        "tiny-gemma4-moe",
-        "tiny-olmoe",
-        "tiny-moe-tied",
-        "tiny-moe-all",
-        "tiny-gpt-oss",
-        "tiny-qwen3-5-moe",
-        "tiny-qwen3-next",
-        "tiny-deepseek-v3",
-    ] {
+    for name in MIXTURES {
         let model = LoadedModel::open(&fixture(name)).unwrap();
         let goldens = tiny_goldens(name);
         check_goldens_with(&format!("{name} as ragged dots"), &model, &goldens, &ragged);

@@ -616,23 +616,10 @@ impl Builder {
     /// the groups' rows one after another, `group_sizes` (i32 `[g]`) how many each has, and
     /// `rhs` `[g, k, n]` (`rhs_contract` 1) or `[g, n, k]` (2) each group's matrix; row `i`
     /// of the result `[m, n]` is `lhs[i] · rhs[its group]`, and rows past the groups' total
-    /// are 0. XLA compiles it without a loop on TPU (and GPU); on the CPU it is per-group
-    /// products.
+    /// are 0. XLA compiles it without a loop on TPU (and GPU); the CPU plugin has no
+    /// `ragged-dot` ([`Builder::ragged_dot_masked`] gives its values there).
     pub fn ragged_dot(&mut self, lhs: Value, rhs: Value, group_sizes: Value, rhs_contract: usize) -> Result<Value> {
-        let tl = self.ty_of("ragged_dot", lhs)?.clone();
-        let tr = self.ty_of("ragged_dot", rhs)?.clone();
-        let tg = self.ty_of("ragged_dot", group_sizes)?.clone();
-        if tl.dtype() != tr.dtype() || tg.dtype() != DType::I32 {
-            return Err(dtype_err("ragged_dot", format!("{tl} x {tr} in groups {tg}")));
-        }
-        let bad = |d: &str| Err(shape_err("ragged_dot", format!("{d}: {tl} x {tr} in groups {tg}")));
-        if tl.rank() != 2 || tr.rank() != 3 || tg.dims() != [tr.dims()[0]] || !matches!(rhs_contract, 1 | 2) {
-            return bad("needs [m, k] x [g, k, n] or [g, n, k] with [g] group sizes");
-        }
-        if tl.dims()[1] != tr.dims()[rhs_contract] {
-            return bad("the contracted widths differ");
-        }
-        let out = TensorType::new(tl.dtype(), &[tl.dims()[0], tr.dims()[3 - rhs_contract]]);
+        let [tl, tr, tg, out] = self.ragged_dot_types(lhs, rhs, group_sizes, rhs_contract)?;
         let precision = match tl.dtype() {
             DType::F32 | DType::F64 => "HIGHEST",
             _ => "DEFAULT",
@@ -661,11 +648,7 @@ impl Builder {
         group_sizes: Value,
         rhs_contract: usize,
     ) -> Result<Value> {
-        let tl = self.ty_of("ragged_dot", lhs)?.clone();
-        let tr = self.ty_of("ragged_dot", rhs)?.clone();
-        if tl.rank() != 2 || tr.rank() != 3 || !matches!(rhs_contract, 1 | 2) {
-            return Err(shape_err("ragged_dot", format!("needs [m, k] x [g, k, n] or [g, n, k]: {tl} x {tr}")));
-        }
+        let [tl, tr, ..] = self.ragged_dot_types(lhs, rhs, group_sizes, rhs_contract)?;
         let (m, k, g) = (tl.dims()[0], tl.dims()[1], tr.dims()[0]);
         let i32t = |dims: &[usize]| TensorType::new(DType::I32, dims);
         // Each group's first row: the sizes of the groups before it, summed.
@@ -686,6 +669,31 @@ impl Builder {
         let none = self.splat(0.0, TensorType::new(tl.dtype(), &[g, m, k]))?;
         let rows = self.select(mine, rows, none)?;
         self.dot_general(rows, rhs, &DotDims::contract(&[2, 0], &[rhs_contract, 0]))
+    }
+
+    /// The operands' types of a grouped product, checked, and its result's.
+    fn ragged_dot_types(
+        &self,
+        lhs: Value,
+        rhs: Value,
+        group_sizes: Value,
+        rhs_contract: usize,
+    ) -> Result<[TensorType; 4]> {
+        let tl = self.ty_of("ragged_dot", lhs)?.clone();
+        let tr = self.ty_of("ragged_dot", rhs)?.clone();
+        let tg = self.ty_of("ragged_dot", group_sizes)?.clone();
+        if tl.dtype() != tr.dtype() || tg.dtype() != DType::I32 {
+            return Err(dtype_err("ragged_dot", format!("{tl} x {tr} in groups {tg}")));
+        }
+        let bad = |d: &str| Err(shape_err("ragged_dot", format!("{d}: {tl} x {tr} in groups {tg}")));
+        if tl.rank() != 2 || tr.rank() != 3 || tg.dims() != [tr.dims()[0]] || !matches!(rhs_contract, 1 | 2) {
+            return bad("needs [m, k] x [g, k, n] or [g, n, k] with [g] group sizes");
+        }
+        if tl.dims()[1] != tr.dims()[rhs_contract] {
+            return bad("the contracted widths differ");
+        }
+        let out = TensorType::new(tl.dtype(), &[tl.dims()[0], tr.dims()[3 - rhs_contract]]);
+        Ok([tl, tr, tg, out])
     }
 
     /// `[.., k] x [k, n] -> [.., n]`: contracts the last dimension of `a` with the first

@@ -70,6 +70,7 @@ impl Plan {
         let read: Vec<HookPoint> = hooks.iter().copied().chain(dictionaries.iter().map(|d| d.hook)).collect();
         let (blocks, _) = siphon_models::forward::blocks_needed(&model.config, &read);
         model.check_weights(blocks).context("the model's weights do not match its config")?;
+        let kind = PluginKind::of(plugin);
         let request = PlanRequest {
             mesh: spec.mesh,
             batch: Some(spec.corpus.batch_size),
@@ -84,13 +85,12 @@ impl Plan {
             },
             dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
             // A TPU's mixtures are grouped products over each expert's width.
-            experts: match PluginKind::of(plugin) {
+            experts: match kind {
                 PluginKind::Tpu => siphon_models::sharding::ExpertSplit::Width,
                 _ => Default::default(),
             },
             ..PlanRequest::default()
         };
-        let kind = PluginKind::of(plugin);
         let group = spec.mesh.fsdp.unwrap_or(1) * spec.mesh.model.unwrap_or(1);
         // This host's devices, where known before the plugin starts.
         let per_host = match kind {
