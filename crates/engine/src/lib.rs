@@ -244,6 +244,7 @@ impl ProgramSpec<'_> {
         let on = |platform: &str| self.platform == platform;
         let tpu_forms = self.options.tpu_forms.unwrap_or(on("tpu"));
         spec.fp8_convert = tpu_forms;
+        spec.norm_heads_in_place = tpu_forms;
         spec.ragged_experts = match (tpu_forms, on("cpu")) {
             (true, true) => Some(RaggedDot::Masked),
             (true, false) => Some(RaggedDot::Native),

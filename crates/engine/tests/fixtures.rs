@@ -645,6 +645,24 @@ fn mixtures_as_ragged_dots_match_hf() {
     }
 }
 
+/// A TPU program's per-head q/k norms, reduced in place over `[tokens, heads, head_dim]`
+/// (`ForwardSpec::norm_heads_in_place`, one of the TPU forms): every dense family that has
+/// them equals HF's goldens in f32 on one device and on a 2 × 4 mesh (heads over `model`).
+/// The mixtures' are checked with their experts above.
+#[test]
+fn per_head_norms_in_place_match_hf() {
+    let tpu = EngineOptions { tpu_forms: Some(true), ..EngineOptions::default() };
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    for name in ["tiny-qwen3", "tiny-gemma3", "tiny-gemma4", "tiny-qwen3-5"] {
+        let model = LoadedModel::open(&fixture(name)).unwrap();
+        let attention = &model.config.attention;
+        assert!(attention.qk_norm && !attention.qk_norm_whole, "{name} has no per-head norms");
+        check_goldens_with(&format!("{name}, norms in place"), &model, &tiny_goldens(name), &tpu);
+        let on_mesh = EngineOptions { mesh: mesh.clone(), ..tpu.clone() };
+        check_goldens_with(&format!("{name}, norms in place on {mesh}"), &model, &tiny_goldens(name), &on_mesh);
+    }
+}
+
 /// `model`'s final norm output in bf16 with its experts in the form `form` gives, within twice
 /// the distance of XLA's own bf16 expert loop from HF's f32 goldens (or 2% of the hook's
 /// scale); models without a right-padded golden of that hook are passed over.
@@ -678,16 +696,22 @@ fn check_bf16_envelope(what: &str, model: &LoadedModel, form: impl Fn(EngineOpti
     );
 }
 
-/// The fixed plan's specs with every stacked expert projection split as the TPU rule has it
-/// (`siphon_models::sharding::rule_for`, `ExpertSplit::Width`): its width over `model`, its
-/// hidden dimension over `fsdp`.
+/// The fixed plan's specs with the weights the TPU rule splits its own way split so
+/// (`siphon_models::sharding::rule_for`, `ExpertSplit::Width`): every stacked expert
+/// projection's width over `model` and its hidden dimension over `fsdp`; the router and MLA's
+/// latents by their outputs over `model` (where the mesh's axes divide them).
 fn width_split(config: &siphon_models::ModelConfig, mesh: &Mesh) -> (HashMap<String, PartitionSpec>, PartitionSpec) {
     use siphon_models::sharding::{ExpertSplit, rule_for};
     let (mut specs, input) = siphon_models::sharding::megatron_specs(config, mesh);
     for p in config.params(config.n_layers, true) {
         let rule = rule_for(p.class, ExpertSplit::Width);
         if rule != siphon_models::sharding::rule(p.class) {
-            let dims: Vec<&[&str]> = rule.iter().map(|d| d.planned).collect();
+            let parts = |axes: &[&str]| axes.iter().map(|a| mesh.axis_size_or_one(a)).product::<usize>();
+            let dims: Vec<&[&str]> = rule
+                .iter()
+                .zip(&p.shape)
+                .map(|(d, &n)| if n % parts(d.planned) == 0 { d.planned } else { &[] })
+                .collect();
             specs.insert(p.name, PartitionSpec::new(&dims));
         }
     }

@@ -67,6 +67,12 @@ pub struct ForwardSpec {
     /// table's gather at kilobytes an element. Off by default (CPU and CUDA programs as
     /// before).
     pub fp8_convert: bool,
+    /// Whether a per-head norm (Qwen3's and Gemma 3's q/k norms) reduces over the last
+    /// dimension of `[tokens, heads, head_dim]` in place rather than over the rows of
+    /// `[tokens·heads, head_dim]`: the same values, and on a mesh the heads stay split over
+    /// `model` (a TPU program's form: for rows, libtpu's partitioner gathers q and k over
+    /// `model` in f32). Off by default (CPU and CUDA programs as before).
+    pub norm_heads_in_place: bool,
     /// Whether the program may call siphon's CPU kernels (`siphon-kernels`, registered with
     /// the CPU plugin: `siphon_runtime::Client::cpu_kernels`) where they are faster than XLA's
     /// ops: a mixture's experts on one device in f32.
@@ -131,6 +137,7 @@ impl ForwardSpec {
             expert_capacity: None,
             stored: HashMap::new(),
             fp8_convert: false,
+            norm_heads_in_place: false,
             cpu_kernels: false,
             grouped_experts: false,
             ragged_experts: None,

@@ -21,7 +21,9 @@
 //! | experts' gate/up, width split ([`ExpertSplit::Width`]) | `[experts, out, hidden]` | `P(None, model, fsdp)` | — |
 //! | experts' down, width split     | `[experts, hidden, in]` | `P(None, fsdp, model)` | —            |
 //! | router                         | `[experts, hidden]` | replicated               | replicated        |
+//! | router, width split            | `[experts, hidden]` | `P(model, None)`         | —                 |
 //! | a low-rank latent (MLA)        | `[rank, hidden]`   | `P(None, fsdp)`           | replicated        |
+//! | a low-rank latent, width split | `[rank, hidden]`   | `P(model, fsdp)`          | —                 |
 //! | norms, their biases, o/down biases | `[hidden]`     | replicated                | replicated        |
 //! | a block's scalar (Gemma 4)     | `[1]`              | replicated                | replicated        |
 //! | per-layer-input projections (Gemma 4) | `[out, in]` | replicated                | replicated        |
@@ -126,7 +128,9 @@ pub enum ExpertSplit {
     /// Every expert's intermediate width over `model`, the experts whole (as Megatron splits
     /// a dense MLP): each device multiplies every routed row by its columns, so a grouped
     /// product's rows are exactly the routed ones on every device (the form TPU programs
-    /// take, `chlo.ragged_dot`).
+    /// take, `chlo.ragged_dot`). The router and MLA's low-rank latents are split by their
+    /// outputs over `model` too, so that no chip repeats another's work (libtpu counted
+    /// DeepSeek-V3's replicated latents and router as 8% of its flops).
     Width,
 }
 
@@ -136,6 +140,10 @@ pub fn rule_for(class: ParamClass, split: ExpertSplit) -> Vec<Dim> {
     match (split, class) {
         (ExpertSplit::Width, ExpertGate | ExpertUp) => vec![WHOLE, d(&[MODEL], Some(Unit::Features)), HIDDEN],
         (ExpertSplit::Width, ExpertDown) => vec![WHOLE, HIDDEN, d(&[MODEL], Some(Unit::Features))],
+        // The narrow projections every chip of `model` would otherwise repeat: split by their
+        // outputs, which are small enough to gather.
+        (ExpertSplit::Width, Router) => vec![d(&[MODEL], None), WHOLE],
+        (ExpertSplit::Width, Latent) => vec![d(&[MODEL], None), HIDDEN],
         _ => rule(class),
     }
 }

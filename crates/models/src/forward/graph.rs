@@ -226,6 +226,23 @@ impl<'a> Graph<'a> {
         Ok(self.b.sharding_constraint(x, &PartitionSpec::new(&[&axes, &[]]))?)
     }
 
+    /// Pins a projection's output `x` `[tokens, out]` to the token split and to its weight's
+    /// split of `out` over `model`, where the weight `[out, in]` is split so (the TPU rule's
+    /// MLA latents): each chip multiplies by its rows of the weight and what follows gathers
+    /// the narrow result, where propagation would gather the weight instead and every chip
+    /// repeat the whole product (it does for `kv_a_proj_with_mqa`, whose output is sliced at
+    /// a boundary its split does not respect). Unchanged where the weight's `out` is whole.
+    pub fn keep_outputs_split(&mut self, x: Value, weight: &str) -> Result<Value, ModelError> {
+        let w = self.w(weight)?;
+        let split = self.weight_spec(w).and_then(|spec| spec.dims().first()).cloned().unwrap_or_default();
+        if split.is_empty() || split.iter().any(|a| self.token_axes.contains(a)) {
+            return Ok(x);
+        }
+        let tokens: Vec<&str> = self.token_axes.iter().map(String::as_str).collect();
+        let out: Vec<&str> = split.iter().map(String::as_str).collect();
+        Ok(self.b.sharding_constraint(x, &PartitionSpec::new(&[&tokens, &out]))?)
+    }
+
     /// Token embeddings `[tokens, hidden]` from the table `table`.
     pub fn embed(&mut self, table: &str) -> Result<Value, ModelError> {
         let ids = self.input_ids;

@@ -265,6 +265,30 @@ mod tests {
     }
 
     #[test]
+    fn per_head_norms_in_place_keep_the_heads_on_a_mesh() {
+        let mut c = tiny();
+        c.arch = crate::qwen3::ARCH;
+        c.attention.qk_norm = true;
+        c.attention.qkv_bias = false;
+        let mesh = Mesh::new(&[("data", 2), ("model", 2)], (0..4).collect()).unwrap();
+        let hooks = vec![block(0, AttnQNormScale), block(0, AttnKNormed), block(0, ResidPost)];
+        let build = |in_place| {
+            let mut spec = ForwardSpec::new(2, 4, hooks.clone()).with_megatron_plan(&c, mesh.clone());
+            spec.norm_heads_in_place = in_place;
+            build_forward(&c, &spec).unwrap()
+        };
+        let (rows, in_place) = (build(false), build(true));
+        // 8 tokens × 4 query heads of 4 as rows, reduced to 32 scales; in place, 8 × 4.
+        assert!(rows.text.contains("tensor<32x4xf32>"));
+        assert!(!in_place.text.contains("tensor<32x4xf32>") && !in_place.text.contains("tensor<16x4xf32>"));
+        assert!(in_place.text.contains("tensor<8x4x4xf32>") && in_place.text.contains("tensor<8x4xf32>"));
+        // The same results, shapes and splits.
+        let outputs =
+            |p: &ForwardProgram| p.outputs.iter().map(|o| format!("{:?} {:?}", o.shape, o.spec)).collect::<Vec<_>>();
+        assert_eq!(outputs(&rows), outputs(&in_place));
+    }
+
+    #[test]
     fn llama3_scaling_matches_hf_formula() {
         use crate::layers::rope::rope_inv_freq;
         let mut c = tiny();

@@ -86,6 +86,7 @@ impl Graph<'_> {
         let q_pass = self.b.slice_dim(q, 2, 0, dn)?;
         let q_rot = self.b.slice_dim(q, 2, dn, dn + dr)?;
         let kva = self.linear(x, &p("kv_a_proj_with_mqa.weight"), None)?;
+        let kva = self.keep_outputs_split(kva, &p("kv_a_proj_with_mqa.weight"))?;
         self.hook(at(MlaKvA), kva);
         let latent = self.b.slice_dim(kva, 1, 0, kr)?;
         let k_rot = self.b.slice_dim(kva, 1, kr, kr + dr)?;

@@ -20,11 +20,11 @@ pub(crate) enum Gain {
 
 /// A norm's hookable parts (see [`Graph::rms_norm_with`]).
 pub(crate) struct Norm {
-    /// `mean(x²) + eps`, `[rows]`, f32.
+    /// `mean(x²) + eps`, `[rows]` (the input's shape less its last dimension), f32.
     pub var: Value,
-    /// `[rows, hidden]`, before the gain.
+    /// The input's shape, before the gain.
     pub normalized: Value,
-    /// `[rows, hidden]`, after the gain.
+    /// The input's shape, after the gain.
     pub out: Value,
 }
 
@@ -47,9 +47,8 @@ impl Graph<'_> {
         let w = self.w(weight)?;
         let (var, normed, normalized) = self.rms_normalize(x, eps)?;
         let dims = self.b.dims(x)?.to_vec();
-        let (rows, hidden) = (dims[0], dims[1]);
         let b = &mut self.b;
-        let w = b.broadcast_in_dim(w, &[rows, hidden], &[1])?;
+        let w = b.broadcast_in_dim(w, &dims, &[dims.len() - 1])?;
         let out = match gain {
             Gain::Plain => b.mul(normalized, w)?,
             Gain::F32 => {
@@ -59,7 +58,7 @@ impl Graph<'_> {
             }
             Gain::UnitOffset => {
                 let wf = b.convert(w, DType::F32)?;
-                let one = b.splat(1.0, TensorType::new(DType::F32, &[rows, hidden]))?;
+                let one = b.splat(1.0, TensorType::new(DType::F32, &dims))?;
                 let wf = b.add(wf, one)?;
                 let out = b.mul(normed, wf)?;
                 b.convert(out, self.dt)?
@@ -75,21 +74,23 @@ impl Graph<'_> {
         Ok(Norm { var, normalized, out: normalized })
     }
 
-    /// `x / sqrt(mean(x²) + eps)` of every row of `x` `[rows, hidden]`, in f32: the variance
-    /// plus eps, the f32 result, and the result in the compute dtype.
+    /// `x / sqrt(mean(x²) + eps)` over the last dimension of `x` (`[rows, hidden]`, or
+    /// `[tokens, heads, head_dim]` for a norm per head), in f32: the variance plus eps (`x`'s
+    /// shape less its last dimension), the f32 result, and the result in the compute dtype.
     fn rms_normalize(&mut self, x: Value, eps: f64) -> Result<(Value, Value, Value), ModelError> {
         let dims = self.b.dims(x)?.to_vec();
-        let (rows, hidden) = (dims[0], dims[1]);
+        let (rows, hidden) = dims.split_at(dims.len() - 1);
+        let kept: Vec<usize> = (0..rows.len()).collect();
         let b = &mut self.b;
         let xf = b.convert(x, DType::F32)?;
         let sq = b.mul(xf, xf)?;
-        let sum = b.reduce_sum(sq, &[1])?;
-        let n = b.splat(hidden as f64, TensorType::new(DType::F32, &[rows]))?;
+        let sum = b.reduce_sum(sq, &[rows.len()])?;
+        let n = b.splat(hidden[0] as f64, TensorType::new(DType::F32, rows))?;
         let mean = b.div(sum, n)?;
-        let eps = b.splat(eps, TensorType::new(DType::F32, &[rows]))?;
+        let eps = b.splat(eps, TensorType::new(DType::F32, rows))?;
         let var = b.add(mean, eps)?;
         let inv = b.rsqrt(var)?;
-        let inv = b.broadcast_in_dim(inv, &[rows, hidden], &[0])?;
+        let inv = b.broadcast_in_dim(inv, &dims, &kept)?;
         let normed = b.mul(xf, inv)?;
         let normalized = b.convert(normed, self.dt)?;
         Ok((var, normed, normalized))
@@ -167,7 +168,8 @@ impl Graph<'_> {
 
 /// RMSNorm over `head_dim` of every head of `x` `[tokens, heads, head_dim]` (the q/k norms of
 /// Qwen3, and of Gemma 3 with its `(1 + w)` gain), recording its scale, normalized and output
-/// hooks.
+/// hooks: over rows `[tokens·heads, head_dim]`, or in place where the program asks
+/// ([`crate::ForwardSpec::norm_heads_in_place`]; the same values).
 pub(crate) fn head_norm(
     g: &mut Graph<'_>,
     x: Value,
@@ -175,10 +177,15 @@ pub(crate) fn head_norm(
     gain: Gain,
     hooks: [HookPoint; 3],
 ) -> Result<Value, ModelError> {
+    let [scale, normalized, out] = hooks;
+    if g.spec.norm_heads_in_place {
+        let norm = g.rms_norm_with(x, weight, gain)?;
+        g.hook_norm(&norm, scale, normalized, out)?;
+        return Ok(norm.out);
+    }
     let dims = g.b.dims(x)?.to_vec();
     let rows = g.b.reshape(x, &[dims[0] * dims[1], dims[2]])?;
     let norm = g.rms_norm_with(rows, weight, gain)?;
-    let [scale, normalized, out] = hooks;
     g.hook_norm(&norm, scale, normalized, out)?;
     Ok(g.b.reshape(norm.out, &dims)?)
 }
