@@ -26,6 +26,7 @@ deepseek=(--config fixtures/configs/deepseek-v3.json --weights stored --hooks 'b
     --batch 16 --seq 1024)
 qwen3moe=(--config fixtures/configs/qwen3-30b-a3b.json --hooks blocks.24.hook_resid_post --batch 16 --seq 1024)
 qwen3big=(--config fixtures/configs/qwen3-235b-a22b.json --hooks blocks.47.hook_resid_post --batch 16 --seq 1024)
+gptoss=(--config fixtures/configs/gpt-oss-120b.json --hooks blocks.18.hook_resid_post --batch 16 --seq 1024)
 # name|slice|array of model flags|mesh flags (and --tpu-forms off: the CPU's forms, the
 # mixtures' rounds loop and FP8 by table, beside a TPU's own)
 plans=(
@@ -42,6 +43,10 @@ plans=(
     "Qwen3-30B-A3B|v5litepod-16|qwen3moe|--mesh 3d --data 4 --fsdp 1 --model-parallel 4 --tpu-forms off"
     "Qwen3-235B-A22B|v5p-128|qwen3big|--mesh 3d --data 8 --fsdp 2 --model-parallel 4"
     "Qwen3-235B-A22B|v5p-128|qwen3big|--mesh 3d --data 8 --fsdp 2 --model-parallel 4 --tpu-forms off"
+    "GPT-OSS-120B|v5p-128|gptoss|--mesh 3d --data 8 --fsdp 2 --model-parallel 4"
+    "GPT-OSS-120B|v5p-128|gptoss|--mesh 3d --data 8 --fsdp 2 --model-parallel 4 --tpu-forms off"
+    "GPT-OSS-120B (MXFP4 kept)|v5p-128|gptoss|--weights stored --mesh 3d --data 8 --fsdp 2 --model-parallel 4"
+    "GPT-OSS-120B (MXFP4 kept)|v5p-128|gptoss|--weights stored --mesh 3d --data 8 --fsdp 2 --model-parallel 4 --tpu-forms off"
 )
 if [[ -n "${SIPHON_TPU_PLANS:-}" ]]; then
     # Only the rows whose name contains this text (e.g. "Qwen3").
@@ -79,6 +84,7 @@ layers=(
     "Qwen3-30B-A3B layer|v5e:4x4|2,2,1|default|false,false,false|4|4|16384|2048|768|128|8"
     "Qwen3-235B-A22B layer|v5:4x4x4|2,2,1|megacore|true,true,true|16|4|16384|4096|1536|128|8"
     "DeepSeek-V3 layer (routed experts)|v5:4x4x4|2,2,1|megacore|true,true,true|16|4|16384|7168|2048|256|8"
+    "GPT-OSS-120B layer|v5:4x4x4|2,2,1|megacore|true,true,true|16|4|16384|2880|2880|128|4"
 )
 if PYTHON="$jax_python" ensure_venv jax-cuda jax-cuda-0.12.0.1-2 "jax, jax_plugins.xla_cuda12, jax_cuda12_plugin" \
     jax==0.12.0.1 jaxlib==0.12.0.1 jax-cuda12-pjrt==0.12.0.1 jax-cuda12-plugin==0.12.0.1; then

@@ -182,6 +182,43 @@ fn deepseek_v3_fits_one_8_device_host_only_with_its_weights_kept_fp8() {
     assert!(notes.contains("weights kept in their stored form"), "{notes}");
 }
 
+/// GPT-OSS-120B from its config alone (`quantization_config` `mxfp4`): `--weights stored`
+/// counts its 108 expert projections at MXFP4's bytes (half a byte a value and a scale byte
+/// per 32), so the whole model fits one 80 GB device, where in bf16 it needs 217 GiB.
+#[test]
+fn plan_counts_mxfp4_experts_from_a_config() {
+    let plan = |weights: &str| {
+        let out = siphon(&[
+            "plan",
+            "--config",
+            "fixtures/configs/gpt-oss-120b.json",
+            "--hooks",
+            "blocks.35.hook_resid_post",
+            "--devices-per-host",
+            "1",
+            "--device-memory",
+            "80",
+            "--batch",
+            "8",
+            "--seq",
+            "1024",
+            "--weights",
+            weights,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str::<serde_json::Value>(&stdout(&out)).unwrap()
+    };
+    let (bf16, mxfp4) = (plan("dequantized"), plan("stored"));
+    let gib = |p: &serde_json::Value| p["memory"]["weights"]["sharded_bytes"].as_f64().unwrap() / (1u64 << 30) as f64;
+    assert_eq!(bf16["memory"]["fits"], false);
+    assert_eq!(mxfp4["memory"]["fits"], true);
+    assert!((216.0..217.0).contains(&gib(&bf16)), "{}", gib(&bf16));
+    assert!((59.0..60.5).contains(&gib(&mxfp4)), "{}", gib(&mxfp4));
+    let notes = mxfp4["notes"].to_string();
+    assert!(notes.contains("108 weights kept in their stored form"), "{notes}");
+}
+
 /// A hook at layer 40 of Llama-3.1-70B's 80 needs blocks 0..=40 only: the blocks after it are
 /// never built, so their weights are not counted (issue 24), nor the final norm.
 #[test]

@@ -243,7 +243,7 @@ impl ProgramSpec<'_> {
         spec.grouped_experts = self.cuda_kernels || (self.options.grouped_experts && self.cpu_kernels);
         let on = |platform: &str| self.platform == platform;
         let tpu_forms = self.options.tpu_forms.unwrap_or(on("tpu"));
-        spec.fp8_convert = tpu_forms;
+        spec.decode_without_tables = tpu_forms;
         spec.norm_heads_in_place = tpu_forms;
         spec.ragged_experts = match (tpu_forms, on("cpu")) {
             (true, true) => Some(RaggedDot::Masked),

@@ -62,11 +62,11 @@ pub struct ForwardSpec {
     /// Weights taken in their stored form and dequantized in the program, by Hugging Face
     /// name (see [`crate::StoredForm`]); the others are taken in the compute dtype.
     pub stored: HashMap<String, StoredForm>,
-    /// Whether FP8 weights kept stored become values by XLA's `f8E4M3FN` conversion rather
-    /// than a byte table (the same values): a TPU program's form, where libtpu costs the
-    /// table's gather at kilobytes an element. Off by default (CPU and CUDA programs as
-    /// before).
-    pub fp8_convert: bool,
+    /// Whether weights kept stored decode without byte tables — FP8 by XLA's `f8E4M3FN`
+    /// conversion, MXFP4's nibbles and scales by their bits — rather than by a gather from a
+    /// table (the same values): a TPU program's form, where libtpu costs a table's gather at
+    /// kilobytes an element. Off by default (CPU and CUDA programs as before).
+    pub decode_without_tables: bool,
     /// Whether a per-head norm (Qwen3's and Gemma 3's q/k norms) reduces over the last
     /// dimension of `[tokens, heads, head_dim]` in place rather than over the rows of
     /// `[tokens·heads, head_dim]`: the same values, and on a mesh the heads stay split over
@@ -136,7 +136,7 @@ impl ForwardSpec {
             input_spec: None,
             expert_capacity: None,
             stored: HashMap::new(),
-            fp8_convert: false,
+            decode_without_tables: false,
             norm_heads_in_place: false,
             cpu_kernels: false,
             grouped_experts: false,

@@ -58,7 +58,7 @@ pub use layers::dictionary as latents;
 pub use layers::mlp::MLP_CHUNK_ELEMENTS;
 pub use layers::moe::{capacity as expert_capacity, chunk_rows as expert_chunk};
 pub use layers::{cudnn, gated_deltanet, mla};
-pub use stored::{Part as StoredPart, StoredForm, fp8_forms};
+pub use stored::{Part as StoredPart, StoredForm, fp8_forms, mxfp4_forms};
 pub use tokenizer::TextTokenizer;
 pub use weights::{DType, HostTensor, TensorMeta, Weights};
 

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
-use siphon_hlo::{Builder, DType as Hlo, TensorType, Value};
+use siphon_hlo::{Builder, CompareDir, DType as Hlo, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
 use crate::config::ParamClass;
@@ -159,16 +159,16 @@ impl StoredForm {
     }
 
     /// The weight, `[…, rows, cols]` in `dt`, from its parts inside the program. With
-    /// `fp8_convert`, FP8 bytes become values by XLA's `f8E4M3FN` conversion (a bitcast and a
-    /// convert, the same values) instead of a 256-entry table, whose gather libtpu costs at
-    /// kilobytes an element.
+    /// `without_tables`, FP8 bytes become values by XLA's `f8E4M3FN` conversion (a bitcast
+    /// and a convert) and MXFP4's by their bits ([`e2m1_from_bits`], [`e8m0_from_bits`]), the
+    /// same values, instead of a table's gather, which libtpu costs at kilobytes an element.
     pub(crate) fn dequantize(
         self,
         b: &mut Builder,
         parts: &[Value],
         shape: &[usize],
         dt: Hlo,
-        fp8_convert: bool,
+        without_tables: bool,
     ) -> Result<Value, ModelError> {
         let n = shape.len();
         let (r, c) = (shape[n - 2], shape[n - 1]);
@@ -176,7 +176,7 @@ impl StoredForm {
         let dims = |last: &[usize]| [lead, last].concat();
         let values = match self {
             StoredForm::Fp8 { block: [br, bc] } => {
-                let w = if fp8_convert {
+                let w = if without_tables {
                     let w = b.bitcast_convert(parts[0], Hlo::F8E4M3FN)?;
                     b.convert(w, Hlo::F32)?
                 } else {
@@ -269,10 +269,13 @@ impl StoredForm {
                 let nibbles = nibbles(b, blocks, n)?;
                 let nibbles = b.reshape(nibbles, &dims(&[r, c / QK, QK]))?;
                 // 2·e2m1 · 2^(e − 128): exact, and finite at e = 255 where 2^(e − 127) is not.
-                let e2m1: Vec<f32> = crate::mxfp4::E2M1.iter().map(|v| 2.0 * v).collect();
-                let v = byte_table(b, nibbles, &e2m1)?;
-                let powers: Vec<f32> = (0..=255).map(|e| 2f64.powi(e - 128) as f32).collect();
-                let p = byte_table(b, parts[1], &powers)?;
+                let (v, p) = if without_tables {
+                    (e2m1_from_bits(b, nibbles)?, e8m0_from_bits(b, parts[1])?)
+                } else {
+                    let e2m1: Vec<f32> = crate::mxfp4::E2M1.iter().map(|v| 2.0 * v).collect();
+                    let powers: Vec<f32> = (0..=255).map(|e| 2f64.powi(e - 128) as f32).collect();
+                    (byte_table(b, nibbles, &e2m1)?, byte_table(b, parts[1], &powers)?)
+                };
                 let map: Vec<usize> = (0..n).collect();
                 let p = b.broadcast_in_dim(p, &dims(&[r, c / QK, QK]), &map)?;
                 let v = b.mul(v, p)?;
@@ -302,6 +305,19 @@ pub fn fp8_forms(config: &ModelConfig, n_layers: usize, block: [usize; 2]) -> Ha
         .collect()
 }
 
+/// The weights of `config`'s first `n_layers` blocks that a checkpoint in MXFP4 stores so: the
+/// parts read untransposed from a hub tensor `{name}_blocks` ([`crate::mxfp4`]; GPT-OSS's
+/// experts under `quantization_config` `mxfp4`). For planning from a config alone.
+pub fn mxfp4_forms(config: &ModelConfig, n_layers: usize) -> HashMap<String, StoredForm> {
+    config
+        .params(n_layers, false)
+        .into_iter()
+        .filter(|p| p.source.as_ref().is_some_and(|s| !s.transposed && s.tensor.ends_with("_blocks")))
+        .filter(|p| StoredForm::Mxfp4.fits(&p.shape))
+        .map(|p| (p.name, StoredForm::Mxfp4))
+        .collect()
+}
+
 /// The low nibbles of `bytes` (u8) and then their high nibbles, concatenated along `axis`.
 fn nibbles(b: &mut Builder, bytes: Value, axis: usize) -> Result<Value, ModelError> {
     let ty = b.ty(bytes)?.clone();
@@ -309,6 +325,58 @@ fn nibbles(b: &mut Builder, bytes: Value, axis: usize) -> Result<Value, ModelErr
     let lo = b.and(bytes, low)?;
     let hi = b.shift_right_logical(bytes, four)?;
     Ok(b.concatenate(&[lo, hi], axis)?)
+}
+
+/// `2 · e2m1(n)` for every nibble `n` (u8, `s e e m`) as f32, built from its bits as the table
+/// `2 · E2M1` has it: `m · 1.0` where `e = 0`, else the f32 of exponent `e` (biased 127) and
+/// mantissa `m`; its sign by a multiply, so that `8` is `-0.0`.
+fn e2m1_from_bits(b: &mut Builder, nibbles: Value) -> Result<Value, ModelError> {
+    let dims = b.dims(nibbles)?.to_vec();
+    let int = |b: &mut Builder, v: f64| b.splat(v, TensorType::new(Hlo::I32, &dims));
+    let n = b.convert(nibbles, Hlo::I32)?;
+    let (one, three) = (int(b, 1.0)?, int(b, 3.0)?);
+    let m = b.and(n, one)?;
+    let e = b.shift_right_logical(n, one)?;
+    let e = b.and(e, three)?;
+    let exponent = int(b, 127.0)?;
+    let exponent = b.add(e, exponent)?;
+    let step = int(b, (1 << 23) as f64)?;
+    let exponent = b.mul(exponent, step)?;
+    let half = int(b, (1 << 22) as f64)?;
+    let mantissa = b.mul(m, half)?;
+    let normal = b.add(exponent, mantissa)?;
+    let unit = int(b, f32::to_bits(1.0) as f64)?;
+    let small = b.mul(m, unit)?;
+    let zero = int(b, 0.0)?;
+    let is_small = b.compare(CompareDir::Eq, e, zero)?;
+    let bits = b.select(is_small, small, normal)?;
+    let magnitude = b.bitcast_convert(bits, Hlo::F32)?;
+    let s = int(b, 3.0)?;
+    let s = b.shift_right_logical(n, s)?;
+    let negative = b.compare(CompareDir::Eq, s, one)?;
+    let f = |b: &mut Builder, v: f64| b.splat(v, TensorType::new(Hlo::F32, &dims));
+    let (minus, plus) = (f(b, -1.0)?, f(b, 1.0)?);
+    let sign = b.select(negative, minus, plus)?;
+    Ok(b.mul(magnitude, sign)?)
+}
+
+/// `2^(e − 128)` for every E8M0 byte `e` (u8) as f32, built from its bits as the table has
+/// it: exponent field `e − 1` from `e = 2`, the subnormals `2^-127` and `2^-128` below.
+fn e8m0_from_bits(b: &mut Builder, bytes: Value) -> Result<Value, ModelError> {
+    let dims = b.dims(bytes)?.to_vec();
+    let int = |b: &mut Builder, v: f64| b.splat(v, TensorType::new(Hlo::I32, &dims));
+    let e = b.convert(bytes, Hlo::I32)?;
+    let (one, two) = (int(b, 1.0)?, int(b, 2.0)?);
+    let field = b.sub(e, one)?;
+    let step = int(b, (1 << 23) as f64)?;
+    let normal = b.mul(field, step)?;
+    let (at_one, at_zero) =
+        (int(b, f32::to_bits(2f32.powi(-127)) as f64)?, int(b, f32::to_bits(2f32.powi(-128)) as f64)?);
+    let is_one = b.compare(CompareDir::Eq, e, one)?;
+    let subnormal = b.select(is_one, at_one, at_zero)?;
+    let is_normal = b.compare(CompareDir::Ge, e, two)?;
+    let bits = b.select(is_normal, normal, subnormal)?;
+    Ok(b.bitcast_convert(bits, Hlo::F32)?)
 }
 
 /// `table[byte]` for every byte of `bytes` (u8), as f32.
@@ -327,6 +395,46 @@ fn per_block(b: &mut Builder, v: Value, full: &[usize]) -> Result<Value, ModelEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// MXFP4 decoded from its bits (the TPU's form) is the tables' decode bit for bit: every
+    /// nibble under every scale byte, run on the CPU plugin (which flushes subnormals, so the
+    /// scale bytes 0 and 1, `2^-128` and `2^-127`, give zeros both ways here).
+    #[test]
+    fn mxfp4_from_bits_is_the_tables_bit_for_bit() {
+        use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin};
+        let (r, c) = (256, 32);
+        // Row i: scale byte i; its 16 bytes hold the nibbles 0..15 twice.
+        let blocks: Vec<u8> = (0..r).flat_map(|_| (0..16u8).map(|k| (2 * k % 16) | ((2 * k + 1) % 16) << 4)).collect();
+        let scales: Vec<u8> = (0..=255).collect();
+        let mut b = Builder::new("mxfp4");
+        let parts = [
+            b.arg(TensorType::new(Hlo::U8, &[r, c / 2]), None).unwrap(),
+            b.arg(TensorType::new(Hlo::U8, &[r, 1]), None).unwrap(),
+        ];
+        let decode = |b: &mut Builder, without_tables| {
+            let v = StoredForm::Mxfp4.dequantize(b, &parts, &[r, c], Hlo::F32, without_tables).unwrap();
+            b.bitcast_convert(v, Hlo::I32).unwrap()
+        };
+        let (tables, bits) = (decode(&mut b, false), decode(&mut b, true));
+        let text = b.finish(&[tables, bits]).unwrap();
+        let path = std::env::var_os("SIPHON_PJRT_PLUGIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(siphon_runtime::default_cpu_plugin_path);
+        let client = Client::new(&Plugin::load(&path).unwrap(), ClientOptions::new()).unwrap();
+        let exe = client.compile(&text, &CompileOptions::single_device(None)).unwrap();
+        let device = exe.device_ids()[0];
+        let args =
+            [HostArray::from_slice(&[r, c / 2], &blocks).unwrap(), HostArray::from_slice(&[r, 1], &scales).unwrap()];
+        let bufs: Vec<_> = args.iter().map(|a| client.upload(a, device).unwrap()).collect();
+        let out = exe.execute(&[bufs.iter().collect()]).unwrap();
+        let [tables, bits] = [0, 1].map(|i| out[0][i].to_host().unwrap().bytes().to_vec());
+        assert_eq!(tables.len(), r * c * 4);
+        assert!(tables == bits, "MXFP4 from bits differs from the tables");
+        // The tables' values themselves: -0.0 for nibble 8, 2·6·2^(255−128) at the top.
+        let at = |i: usize| f32::from_le_bytes(tables[4 * i..4 * i + 4].try_into().unwrap());
+        assert_eq!(at(128 * c + 8).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(at(255 * c + 7), 12.0 * 2f32.powi(127));
+    }
 
     #[test]
     fn parts_bytes_and_splits_on_whole_blocks() {

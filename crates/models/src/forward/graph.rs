@@ -108,7 +108,7 @@ impl<'a> Graph<'a> {
                         let ty = TensorType::new(siphon_hlo::DType::from(part.dtype), &part.shape);
                         parts.push(b.arg(ty, sharded.then_some(pspec))?);
                     }
-                    form.dequantize(&mut b, &parts, &p.shape, dt, spec.fp8_convert)?
+                    form.dequantize(&mut b, &parts, &p.shape, dt, spec.decode_without_tables)?
                 }
             };
             weights.insert(p.name.clone(), (v, Cell::new(false)));

@@ -214,8 +214,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The weights kept stored under `--weights stored`: a model's own (its GGUF or FP8 tensors)
-/// when `--model` has weights, else those a `quantization_config` `fp8` stores FP8.
+/// The weights kept stored under `--weights stored`: a model's own (its GGUF, FP8 or MXFP4
+/// tensors) when `--model` has weights, else those a `quantization_config` stores FP8 or MXFP4.
 fn stored_forms(
     config: &ModelConfig,
     model: Option<&Path>,
@@ -230,10 +230,16 @@ fn stored_forms(
         let loaded = siphon_models::LoadedModel::open(path).with_context(|| format!("opening {}", path.display()))?;
         return Ok(loaded.stored_forms(config.n_layers)?);
     }
-    let block = fp8_block.context(
-        "--weights stored without weights to read: the config has no quantization_config fp8 with a weight_block_size",
-    )?;
-    Ok(siphon_models::fp8_forms(config, config.n_layers, block))
+    if let Some(block) = fp8_block {
+        return Ok(siphon_models::fp8_forms(config, config.n_layers, block));
+    }
+    let mxfp4 = siphon_models::mxfp4_forms(config, config.n_layers);
+    anyhow::ensure!(
+        !mxfp4.is_empty(),
+        "--weights stored without weights to read: the config has no quantization_config fp8 with a \
+         weight_block_size, nor mxfp4"
+    );
+    Ok(mxfp4)
 }
 
 /// Reads a model's config from `--model` (HF directory, config.json or .gguf) or `--config`,
