@@ -5,6 +5,8 @@
     python -m siphon export-saelens RUN OUT [--hooks H,...] [--context-size N] [--dtype float32|float16]
     python -m siphon export-delphi RUN OUT [--latents NAME,...] [--splits 5] [--ctx-len N] [--sequences exact|stored]
     python -m siphon latent-examples RUN NAME OUT.json [--top 20] [--quantiles 10] [--per-quantile 5] [--window 16]
+    python -m siphon dashboard RUN --out DIR [--latents NAME,...] [--effects DIR] [--top 20] [--quantiles 10]
+        [--per-quantile 5] [--window 16] [--bins 50] [--seed 0] [--no-progress]
 
 (``siphon export saelens ...`` and ``siphon export delphi ...`` on the command line run the same exports.)
 """
@@ -61,6 +63,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     examples.add_argument("--per-quantile", type=int, default=5, help="examples drawn per range")
     examples.add_argument("--window", type=int, default=16, help="tokens kept on each side of an example")
     examples.add_argument("--seed", type=int, default=0)
+    dashboard = sub.add_parser("dashboard", help="a static site of every latent's examples and histogram (opens from file://)")
+    dashboard.add_argument("run")
+    dashboard.add_argument("--out", required=True, help="the site's folder (index.html there)")
+    dashboard.add_argument("--latents", help="comma-separated latents columns (default: every one)")
+    dashboard.add_argument("--effects", help="effects directory: vocab.json and {column}.safetensors (logits, neighbours)")
+    dashboard.add_argument("--top", type=int, default=20, help="largest activations shown per latent")
+    dashboard.add_argument("--quantiles", type=int, default=10, help="equal-width activation ranges up to each max")
+    dashboard.add_argument("--per-quantile", type=int, default=5, help="examples drawn per range")
+    dashboard.add_argument("--window", type=int, default=16, help="tokens shown on each side of an example")
+    dashboard.add_argument("--bins", type=int, default=50, help="bins of each latent's activation histogram")
+    dashboard.add_argument("--seed", type=int, default=0)
+    dashboard.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    dashboard.add_argument("--no-check", action="store_true", help="skip each shard's CRC32C check")
     args = parser.parse_args(argv)
     try:
         if args.command == "info":
@@ -84,6 +99,24 @@ def main(argv: Optional[List[str]] = None) -> int:
             with open(args.out, "w") as f:
                 json.dump({"name": args.name, "latents": [ex.latent(i) for i in fired]}, f)
             print(f"wrote the examples of {len(fired)} latents of {args.name} to {args.out}")
+        elif args.command == "dashboard":
+            from .dashboard import build_dashboard
+
+            index = build_dashboard(
+                args.run,
+                args.out,
+                names=args.latents.split(",") if args.latents else None,
+                effects=args.effects,
+                top=args.top,
+                quantiles=args.quantiles,
+                per_quantile=args.per_quantile,
+                window=args.window,
+                bins=args.bins,
+                seed=args.seed,
+                progress=not args.no_progress,
+                check=not args.no_check,
+            )
+            print(index)
         elif args.command == "export-delphi":
             from .delphi import export as export_delphi
 

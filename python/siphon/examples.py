@@ -39,9 +39,11 @@ class LatentExamples:
     """The examples of one latents column. Per example (arrays of equal length): its `latent`,
     `kind` (`TOP`, or the activation range it was drawn from), `value`, global `row` (rows of
     earlier shards counted first, hosts in order), the sampling `priority`, the token's
-    `doc_index` and `position`, and `tokens` ``[examples, 2 * window + 1]``: the token ids of
-    its sequence around it, the example's own in the middle, ``-1`` past the sequence's stored
-    tokens."""
+    `doc_index` and `position`, `tokens` ``[examples, 2 * window + 1]``: the token ids of its
+    sequence around it, the example's own in the middle, ``-1`` past the sequence's stored
+    tokens, and `window_values` (float32, the same shape): the example's latent's value at each
+    of those tokens (its stored value, 0 where it did not fire and past the sequence), looked up
+    in the shard's CSR when the example is taken in."""
 
     name: str
     width: int
@@ -54,12 +56,14 @@ class LatentExamples:
     max: np.ndarray
     arrays: Dict[str, np.ndarray] = field(default_factory=dict)
     tokens: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), np.int32))
+    window_values: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), np.float32))
 
     def __post_init__(self) -> None:
         if not self.arrays:
             dtypes = (np.int32, np.int8, np.float32, np.int64, np.uint64, np.int64, np.int32)
             self.arrays = {f: np.zeros(0, d) for f, d in zip(FIELDS, dtypes)}
             self.tokens = np.zeros((0, 2 * self.window + 1), np.int32)
+            self.window_values = np.zeros((0, 2 * self.window + 1), np.float32)
 
     def add(self, shard: LatentShard) -> None:
         """Takes one shard's firings in."""
@@ -85,8 +89,11 @@ class LatentExamples:
         candidates = {f: np.concatenate([top[f], ranged[f]]) for f in FIELDS}
         local = np.concatenate([rows, rows])
         taken, new_taken = self._merged(candidates)
-        windows = _windows(shard, local[new_taken], self.window)
+        neighbour, inside = _window_rows(shard, local[new_taken], self.window)
+        windows = np.where(inside, shard.token_ids[neighbour], -1).astype(np.int32)
+        values = np.where(inside, _values_at(shard, neighbour, candidates["latent"][new_taken][:, None]), 0)
         self.tokens = np.concatenate([self.tokens[taken], windows])
+        self.window_values = np.concatenate([self.window_values[taken], values.astype(np.float32)])
         self.arrays = {f: np.concatenate([self.arrays[f][taken], candidates[f][new_taken]]) for f in FIELDS}
 
     def merge(self, other: "LatentExamples") -> None:
@@ -97,6 +104,7 @@ class LatentExamples:
             raise DatasetError(f"cannot merge examples of {other.name!r} taken with other settings than {self.name!r}'s")
         taken, new_taken = self._merged(other.arrays)
         self.tokens = np.concatenate([self.tokens[taken], other.tokens[new_taken]])
+        self.window_values = np.concatenate([self.window_values[taken], other.window_values[new_taken]])
         self.arrays = {f: np.concatenate([self.arrays[f][taken], other.arrays[f][new_taken]]) for f in FIELDS}
 
     def _merged(self, candidates: Dict[str, np.ndarray]) -> "tuple[np.ndarray, np.ndarray]":
@@ -121,7 +129,8 @@ class LatentExamples:
     def latent(self, latent: int) -> Dict[str, Any]:
         """One latent's examples: ``{"latent", "max", "top": [...], "quantiles": [{"range":
         [low, high], "examples": [...]}, ...]}``, each example ``{"value", "row",
-        "doc_index", "position", "tokens"}``, tops by value (largest first), samples by row."""
+        "doc_index", "position", "tokens", "values"}`` (`values`: the example's
+        `window_values`), tops by value (largest first), samples by row."""
         if not 0 <= latent < self.width:
             raise DatasetError(f"latent {latent} is outside 0..{self.width} of {self.name!r}")
         mine = np.flatnonzero(self.arrays["latent"] == latent)
@@ -131,7 +140,8 @@ class LatentExamples:
             key = np.lexsort((a["row"][picked], -a["value"][picked])) if by_value else np.argsort(a["row"][picked])
             return [
                 {"value": float(a["value"][i]), "row": int(a["row"][i]), "doc_index": int(a["doc_index"][i]),
-                 "position": int(a["position"][i]), "tokens": self.tokens[i].tolist()}
+                 "position": int(a["position"][i]), "tokens": self.tokens[i].tolist(),
+                 "values": self.window_values[i].tolist()}
                 for i in picked[key]
             ]
 
@@ -197,9 +207,11 @@ def _priority(rows: np.ndarray, latents: np.ndarray, seed: int) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _windows(shard: LatentShard, rows: np.ndarray, window: int) -> np.ndarray:
-    """The token ids around each of the shard's `rows` in its sequence: the shard's rows of the
-    same sample, in their order (a sample's rows lie in one shard, in order unless shuffled)."""
+def _window_rows(shard: LatentShard, rows: np.ndarray, window: int) -> "tuple[np.ndarray, np.ndarray]":
+    """The shard rows around each of the shard's `rows` in its sequence, ``[rows, 2 * window +
+    1]``, and whether each lies in the sequence (where not, the row given is a stand-in): the
+    shard's rows of the same sample, in their order (a sample's rows lie in one shard, in order
+    unless shuffled)."""
     order = np.lexsort((np.arange(shard.rows), shard.sample_index))
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
@@ -208,4 +220,19 @@ def _windows(shard: LatentShard, rows: np.ndarray, window: int) -> np.ndarray:
     inside = (at >= 0) & (at < len(order))
     neighbour = order[np.clip(at, 0, len(order) - 1)]
     same = inside & (shard.sample_index[neighbour] == shard.sample_index[rows][:, None])
-    return np.where(same, shard.token_ids[neighbour], -1).astype(np.int32)
+    return neighbour, same
+
+
+def _values_at(shard: LatentShard, rows: np.ndarray, latents: np.ndarray) -> np.ndarray:
+    """The shard's value (float32) of latent `latents` at shard row `rows` (arrays that
+    broadcast together), 0 where it did not fire: a binary search of the entries' (row,
+    latent) keys, which the CSR stores ascending."""
+    rows, latents = np.broadcast_arrays(rows, latents)
+    if shard.nnz == 0 or rows.size == 0:
+        return np.zeros(rows.shape, np.float32)
+    width = np.int64(shard.info.width)
+    keys = shard.local_rows() * width + shard.indices.astype(np.int64)
+    wanted = rows.astype(np.int64) * width + latents.astype(np.int64)
+    at = np.minimum(np.searchsorted(keys, wanted), shard.nnz - 1)
+    found: np.ndarray = np.where(keys[at] == wanted, shard.values[at].astype(np.float32), np.float32(0))
+    return found

@@ -47,6 +47,8 @@ pub(crate) enum Command {
     /// Write a run in another tool's format (needs the siphon Python package).
     #[command(subcommand)]
     Export(cmd::export::Command),
+    /// A run's feature dashboards as a static site (needs the siphon Python package).
+    Dashboard(cmd::dashboard::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -72,6 +74,7 @@ fn main() -> std::process::ExitCode {
         Command::Launch(args) => cmd::launch::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Export(command) => cmd::export::run(command),
+        Command::Dashboard(args) => cmd::dashboard::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

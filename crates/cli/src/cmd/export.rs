@@ -110,7 +110,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
 }
 
 /// The interpreter to run `python -m siphon` with, once it imports `module`.
-fn checked_python(given: Option<PathBuf>, module: &str, extra: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn checked_python(given: Option<PathBuf>, module: &str, extra: &str) -> anyhow::Result<PathBuf> {
     let python = python(given);
     let probe = Process::new(&python)
         .args(["-c", &format!("import {module}")])

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod coordinator;
+pub mod dashboard;
 pub mod data;
 pub mod doctor;
 pub mod export;

@@ -1,0 +1,78 @@
+"""`siphon dashboard` end to end: a run `siphon extract --sae` wrote on the fixture model, its
+site written by the binary (the vocabulary from the run's own tokenizer, then the Python pass):
+the pages exist, the tokens are the tokenizer's strings, and every latent's data are the run's
+latents (its firings, its largest values at the top)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import siphon
+
+from conftest import REPO, extract, siphon_binary
+
+NAME = "blocks.1.hook_resid_post.hook_sae_acts_post"
+
+
+@pytest.fixture(scope="module")
+def run(runs: Path) -> Path:
+    sae = REPO / "fixtures/dictionaries/saelens-topk"
+    return extract(runs, "tiny-dashboard", dtype="f32", hooks=["blocks.1.hook_resid_post"],
+                   extra=["--sae", str(sae), "--keep-excluded"])
+
+
+def chunks(folder: Path) -> dict:
+    """Every latent of the chunk files, by number."""
+    out = {}
+    for path in sorted((folder / "data").glob("chunk-*.js")):
+        text = path.read_text()
+        assert text.startswith("siphonChunk(") and text.rstrip().endswith(");")
+        start, rest = text[len("siphonChunk("):].split(",", 1)
+        for latent in json.loads(rest.rstrip().rstrip(";").rstrip(")")):
+            out[latent["latent"]] = latent
+    return out
+
+
+def test_the_binary_writes_the_site_of_a_latents_run(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "site"
+    done = subprocess.run([siphon_binary(), "dashboard", str(run), "--out", str(out), "--no-progress",
+                           "--top", "5", "--window", "3", "--python", sys.executable],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "index.html").is_file()
+    vocab = json.loads((out / "effects" / "vocab.json").read_text())
+    # The run's tokenizer (run.json names it): each id decoded alone.
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_file(str(REPO / "fixtures/data/tokenizer.json"))
+    assert len(vocab) == reference.get_vocab_size(with_added_tokens=True)
+    assert vocab == [reference.decode([i], skip_special_tokens=False) for i in range(len(vocab))]
+    assert (out / "vocab.js").read_text().startswith("siphonVocab(")
+    folders = [p for p in out.iterdir() if (p / "latent.html").is_file()]
+    assert len(folders) == 1
+    latents = chunks(folders[0])
+    ds = siphon.open_dataset(str(run))
+    stats = ds.latent_stats(NAME)
+    assert sorted(latents) == list(range(len(stats["firings"])))
+    values: dict = {}
+    for shard in ds.latent_shards(NAME):
+        rows, idx, vals = shard.local_rows(), shard.indices, shard.values.astype(np.float32)
+        keep = shard.mask[rows] if shard.mask is not None else np.ones(len(rows), bool)
+        for latent, value in zip(idx[keep], vals[keep]):
+            values.setdefault(int(latent), []).append(float(value))
+    fired = [n for n, f in enumerate(stats["firings"]) if f > 0]
+    assert fired, "the dictionary fired on the run"
+    for n in fired:
+        got = [e["value"] for e in latents[n]["top"]]
+        want = sorted(values[n], reverse=True)[:5]
+        np.testing.assert_allclose(got, want, rtol=1e-4)
+        assert latents[n]["firings"] == stats["firings"][n] == len(values[n])
+        assert sum(latents[n]["hist"]) == len([v for v in values[n] if v > 0])
+        for example in latents[n]["top"]:
+            assert len(example["tokens"]) == 7 and example["values"][3] == pytest.approx(example["value"], rel=1e-4)
