@@ -5,7 +5,8 @@
 # kubernetes-validate) and the demo corpus. Extra arguments go to `cargo test`. Then the Python
 # package's type check (mypy --strict) and tests (python/tests, pytest, in the venv of
 # scripts/setup-python-train.sh: SAELens 6.x, torch; delphi's checks in the venv of
-# scripts/setup-python-delphi.sh) on datasets the debug `siphon` binary writes, and
+# scripts/setup-python-delphi.sh; the dashboard's in headless Chromium, scripts/setup-chromium.sh)
+# on datasets the debug `siphon` binary writes, and
 # `pip install .` into a fresh venv (scripts/check-pip-install.sh; SIPHON_SKIP_PIP_INSTALL=1
 # skips it). libtpu (PyPI, ~200 MB once; scripts/setup-libtpu.sh) is for
 # the tests that compile every fixture family for a TPU slice on this machine and that check
@@ -64,6 +65,15 @@ if [ -f scripts/setup-python-train.sh ] && [ -d python/tests ]; then
     cargo build --quiet -p siphon
     if [ "${SIPHON_SKIP_PIP_INSTALL:-0}" != 1 ]; then
         SIPHON_PIP_PROFILE=dev CARGO_TARGET_DIR="$target" bash scripts/check-pip-install.sh || status=$?
+    fi
+    # Headless Chromium for the dashboard's browser test (Debian's, via apt-get as root): where
+    # it installs, the test is required; elsewhere it is skipped, said in the log.
+    if [ -f scripts/setup-chromium.sh ]; then
+        if SIPHON_CHROMIUM="$(setup setup-chromium.sh)" && [ -n "$SIPHON_CHROMIUM" ]; then
+            export SIPHON_CHROMIUM SIPHON_REQUIRE_BROWSER=1
+        else
+            log "no chromium: the dashboard's browser test is skipped"
+        fi
     fi
     log "python types (mypy --strict python/siphon)"
     "$train_python" -m mypy --strict --no-error-summary python/siphon || status=$?
