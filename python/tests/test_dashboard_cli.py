@@ -1,7 +1,8 @@
 """`siphon dashboard` end to end: a run `siphon extract --sae` wrote on the fixture model, its
 site written by the binary (the vocabulary from the run's own tokenizer, then the Python pass):
 the pages exist, the tokens are the tokenizer's strings, and every latent's data are the run's
-latents (its firings, its largest values at the top)."""
+latents (its firings, its largest values at the top), its nearest latents those of the
+dictionary's decoder rows by cosine (numpy's, from SAELens's file)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ import siphon
 from conftest import REPO, extract, siphon_binary
 
 NAME = "blocks.1.hook_resid_post.hook_sae_acts_post"
+SAE_DIR = REPO / "fixtures/dictionaries/saelens-topk"
 
 
 @pytest.fixture(scope="module")
 def run(runs: Path) -> Path:
-    sae = REPO / "fixtures/dictionaries/saelens-topk"
     return extract(runs, "tiny-dashboard", dtype="f32", hooks=["blocks.1.hook_resid_post"],
-                   extra=["--sae", str(sae), "--keep-excluded"])
+                   extra=["--sae", str(SAE_DIR), "--keep-excluded"])
 
 
 def chunks(folder: Path) -> dict:
@@ -76,3 +77,24 @@ def test_the_binary_writes_the_site_of_a_latents_run(run: Path, tmp_path: Path) 
         assert sum(latents[n]["hist"]) == len([v for v in values[n] if v > 0])
         for example in latents[n]["top"]:
             assert len(example["tokens"]) == 7 and example["values"][3] == pytest.approx(example["value"], rel=1e-4)
+
+
+def test_the_nearest_latents_are_the_decoders(run: Path, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "site"
+    done = subprocess.run([siphon_binary(), "dashboard", str(run), "--out", str(out), "--no-progress",
+                           "--neighbours", "4", "--python", sys.executable], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    w = load_file(str(SAE_DIR / "sae_weights.safetensors"))["W_dec"].astype(np.float64)
+    unit = w / np.linalg.norm(w, axis=1, keepdims=True)
+    cosine = unit @ unit.T
+    np.fill_diagonal(cosine, -np.inf)
+    folder = next(p for p in out.iterdir() if (p / "latent.html").is_file())
+    latents = chunks(folder)
+    assert sorted(latents) == list(range(len(w)))
+    for n, latent in latents.items():
+        got = latent["neighbours"]
+        want = np.sort(cosine[n])[::-1][:4]
+        assert [c for _, c in got] == pytest.approx(want.tolist(), abs=1e-4), n
+        assert all(abs(cosine[n][j] - c) <= 1e-4 and j != n for j, c in got), n

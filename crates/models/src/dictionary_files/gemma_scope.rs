@@ -18,6 +18,25 @@ use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
 /// The archive's name.
 pub const PARAMS: &str = "params.npz";
 
+/// The array `name` of the `params.npz` in `dir`, as f32 (older archives spell the weights
+/// `w_enc`; SAELens maps `w_` to `W_`).
+pub(crate) fn read_array(dir: &Path, name: &'static str) -> Result<Tensor, ModelError> {
+    let path = dir.join(PARAMS);
+    let corrupt = |detail: String| ModelError::Corrupt { path: path.clone(), detail };
+    let mut archive = NpzArchive::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+    let stored = if name.starts_with("W_") && archive.array_names().any(|n| n == name.replacen('W', "w", 1)) {
+        name.replacen('W', "w", 1)
+    } else {
+        name.to_string()
+    };
+    let npy = archive.by_name(&stored).map_err(|e| corrupt(e.to_string()))?.ok_or_else(|| {
+        ModelError::Config(format!("Gemma Scope dictionary {}: {PARAMS} lacks {name}", dir.display()))
+    })?;
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let values = npy.into_vec::<f32>().map_err(|e| corrupt(format!("{name}: {e} (float32 expected)")))?;
+    Ok(Tensor { name, shape, values })
+}
+
 /// Reads the Gemma Scope dictionary in `dir`, on `hook` if given, else on the hook its path names.
 pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
     let refuse = |what: String| ModelError::Config(format!("Gemma Scope dictionary {}: {what}", dir.display()));
@@ -25,26 +44,11 @@ pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
         Some(hook) => hook.to_string(),
         None => hook_from_path(dir).map_err(refuse)?,
     };
-    let path = dir.join(PARAMS);
-    let corrupt = |detail: String| ModelError::Corrupt { path: path.clone(), detail };
-    let mut archive = NpzArchive::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-    let mut read = |name: &'static str| -> Result<Tensor, ModelError> {
-        // Older archives spell the weights `w_enc`; SAELens maps `w_` to `W_`.
-        let stored = if name.starts_with("W_") && archive.array_names().any(|n| n == name.replacen('W', "w", 1)) {
-            name.replacen('W', "w", 1)
-        } else {
-            name.to_string()
-        };
-        let npy = archive
-            .by_name(&stored)
-            .map_err(|e| corrupt(e.to_string()))?
-            .ok_or_else(|| refuse(format!("{PARAMS} lacks {name}")))?;
-        let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-        let values = npy.into_vec::<f32>().map_err(|e| corrupt(format!("{name}: {e} (float32 expected)")))?;
-        Ok(Tensor { name, shape, values })
-    };
     let encoder = Encoder::JumpRelu;
-    let tensors = Dictionary::tensor_names(encoder, false).into_iter().map(&mut read).collect::<Result<Vec<_>, _>>()?;
+    let tensors = Dictionary::tensor_names(encoder, false)
+        .into_iter()
+        .map(|name| read_array(dir, name))
+        .collect::<Result<Vec<_>, _>>()?;
     let [d_in, d_sae] = tensors[0].shape[..] else {
         return Err(refuse(format!("W_enc is {:?}, not [d_model, d_sae]", tensors[0].shape)));
     };

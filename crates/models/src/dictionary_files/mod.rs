@@ -100,6 +100,38 @@ impl Dictionary {
     }
 }
 
+/// The decoder of the dictionary in `dir`, `W_dec` `[d_sae, d_out]` in f32: each latent's
+/// direction in the hook it writes (the hook it reads for an SAE, its output hook for a
+/// transcoder), from the files [`Dictionary::open`] reads — SAELens's and sparsify's `W_dec`,
+/// Gemma Scope's. Llama Scope's decoder, stored rescaled by its dataset-wise norms, is refused
+/// by name (not read yet).
+pub fn decoder(dir: &Path) -> Result<Tensor, ModelError> {
+    let from = |file: &str| -> Result<Tensor, ModelError> {
+        let path = dir.join(file);
+        Safetensors::read(&path)?
+            .tensor("W_dec")?
+            .ok_or_else(|| ModelError::Config(format!("dictionary {}: {file} lacks W_dec", dir.display())))
+    };
+    let w = if dir.join("cfg.json").is_file() && dir.join(saelens::WEIGHTS).is_file() {
+        from(saelens::WEIGHTS)?
+    } else if dir.join("cfg.json").is_file() && dir.join(sparsify::WEIGHTS).is_file() {
+        from(sparsify::WEIGHTS)?
+    } else if dir.join(gemma_scope::PARAMS).is_file() {
+        gemma_scope::read_array(dir, "W_dec")?
+    } else {
+        return Err(ModelError::Config(format!(
+            "{}: no decoder siphon reads (SAELens's, sparsify's or Gemma Scope's W_dec; Llama Scope's is not read yet)",
+            dir.display()
+        )));
+    };
+    match w.shape[..] {
+        [d_sae, d_out] if d_sae > 0 && d_out > 0 => Ok(w),
+        _ => {
+            Err(ModelError::Config(format!("dictionary {}: W_dec is {:?}, not [d_sae, d_out]", dir.display(), w.shape)))
+        }
+    }
+}
+
 /// The latents of a torch `Linear` encoder's `encoder.weight` `[d_sae, d_in]` (sparsify's and
 /// lm-saes's layout); `Err` names a shape that is not `[d_sae, d_in]` (`d_in` as the format
 /// calls it: `input`).
