@@ -421,3 +421,28 @@ fn check_latents(dicts: &[(Dictionary, Vec<f32>)], results: &[Vec<f32>], lengths
         assert_eq!(differ, 0, "{} (mesh: {on_mesh}): firings differ from the library's", d.name);
     }
 }
+
+/// Every fixture's decoder as the dashboards read it (`dictionary_files::decoder`): `[d_sae,
+/// d_out]` with the encoder's latents, the values of the file's own `W_dec` (SAELens's and
+/// sparsify's safetensors, Gemma Scope's npz); Llama Scope's, stored rescaled, refused by name.
+#[test]
+fn every_decoder_is_read_as_its_file_stores_it() {
+    for dir in fixtures() {
+        let dict = Dictionary::open(&dir, None).unwrap();
+        let read = siphon_models::dictionary_files::decoder(&dir);
+        if dir.to_string_lossy().contains("llama-scope") {
+            let err = read.unwrap_err().to_string();
+            assert!(err.contains("Llama Scope"), "{}: {err}", dir.display());
+            continue;
+        }
+        let w = read.unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        assert_eq!(w.shape, [dict.d_sae, 64], "{}", dir.display());
+        let file =
+            ["sae_weights.safetensors", "sae.safetensors"].into_iter().map(|f| dir.join(f)).find(|p| p.is_file());
+        if let Some(file) = file {
+            let bytes = std::fs::read(&file).unwrap();
+            let (shape, values) = f32s(&SafeTensors::deserialize(&bytes).unwrap(), "W_dec");
+            assert_eq!((shape, values), (w.shape.clone(), w.values.clone()), "{}", dir.display());
+        }
+    }
+}
