@@ -130,7 +130,7 @@ pub enum ExpertSplit {
     /// product's rows are exactly the routed ones on every device (the form TPU programs
     /// take, `chlo.ragged_dot`). The router and MLA's low-rank latents are split by their
     /// outputs over `model` too, so that no chip repeats another's work (libtpu counted
-    /// DeepSeek-V3's replicated latents and router as 8% of its flops).
+    /// DeepSeek-V3's replicated latents and router as 5.5% of its flops).
     Width,
 }
 

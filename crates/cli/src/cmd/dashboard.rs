@@ -112,15 +112,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The run's tokenizer where the run is a local directory and it is on this machine: the one
-/// its job named (run.json's `config.tokenizer`), else its model (`model.path`).
-fn run_tokenizer(run: &str) -> anyhow::Result<Option<PathBuf>> {
+/// The run's run.json where the run is a local directory (`None` for an object store's: what
+/// it names is not on this machine either).
+fn run_json(run: &str) -> anyhow::Result<Option<serde_json::Value>> {
     let path = Path::new(run).join("run.json");
     if run.contains("://") || !path.is_file() {
         return Ok(None);
     }
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    Ok(Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?))
+}
+
+/// The run's tokenizer where it is on this machine: the one its job named (run.json's
+/// `config.tokenizer`), else its model (`model.path`).
+fn run_tokenizer(run: &str) -> anyhow::Result<Option<PathBuf>> {
+    let Some(json) = run_json(run)? else { return Ok(None) };
     let named = [&json["config"]["tokenizer"], &json["model"]["path"]];
     Ok(named.into_iter().filter_map(|v| v.as_str()).map(PathBuf::from).find(|p| p.exists()))
 }
@@ -152,15 +158,10 @@ fn write_all_neighbours(args: &Args, effects: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Each latents column of a local run with its dictionary's directory, where that is on this
+/// Each latents column of the run with its dictionary's directory, where that is on this
 /// machine (run.json's `latents[].dictionary.source`).
 fn run_dictionaries(run: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
-    let path = Path::new(run).join("run.json");
-    if run.contains("://") || !path.is_file() {
-        return Ok(Vec::new());
-    }
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let Some(json) = run_json(run)? else { return Ok(Vec::new()) };
     let latents = json["latents"].as_array().map(Vec::as_slice).unwrap_or_default();
     Ok(latents
         .iter()
