@@ -502,6 +502,16 @@ unsafe extern "C" fn free_value(value: *mut c_char) {
 }
 
 /// Runs a callback body, turning panics into errors (unwinding into C is not allowed).
+/// A found value copied into memory the plugin frees with [`free_value`]: its pointer and
+/// size, or the error to report when the copy cannot be allocated.
+fn hand_over(value: &[u8], key: &str) -> Result<(*mut c_char, usize), (ErrorCode, String)> {
+    let pointer = malloc_copy(value);
+    if pointer.is_null() {
+        return Err((ErrorCode::ResourceExhausted, format!("out of memory copying value of {key}")));
+    }
+    Ok((pointer, value.len()))
+}
+
 fn guarded<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
         .unwrap_or_else(|_| Err("key-value store callback panicked".into()))
@@ -514,15 +524,14 @@ unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_Args) -> *m
     let (key, store) = unsafe { (string_from(args.key, args.key_size), store_from(args.user_arg)) };
     let timeout = Duration::from_millis(args.timeout_in_ms.max(0) as u64);
     let (code, message) = match guarded(|| store.get(&key, timeout)) {
-        Ok(Some(value)) => {
-            args.value = malloc_copy(&value);
-            args.value_size = value.len();
-            args.value_deleter_callback = Some(free_value);
-            if !args.value.is_null() {
+        Ok(Some(value)) => match hand_over(&value, &key) {
+            Ok((pointer, size)) => {
+                (args.value, args.value_size) = (pointer, size);
+                args.value_deleter_callback = Some(free_value);
                 return std::ptr::null_mut();
             }
-            (ErrorCode::ResourceExhausted, format!("out of memory copying value of {key}"))
-        }
+            Err(err) => err,
+        },
         Ok(None) => (ErrorCode::DeadlineExceeded, format!("key {key} not set within {timeout:?}")),
         Err(err) => (ErrorCode::Unavailable, format!("key-value get {key}: {err}")),
     };
@@ -536,15 +545,14 @@ unsafe extern "C" fn kv_try_get(args: *mut ffi::PJRT_KeyValueTryGetCallback_Args
     // SAFETY: key/size come from the plugin; `user_arg` is ours.
     let (key, store) = unsafe { (string_from(args.key, args.key_size), store_from(args.user_arg)) };
     let (code, message) = match guarded(|| store.try_get(&key)) {
-        Ok(Some(value)) => {
-            args.value = malloc_copy(&value);
-            args.value_size = value.len();
-            args.value_deleter_callback = Some(free_value);
-            if !args.value.is_null() {
+        Ok(Some(value)) => match hand_over(&value, &key) {
+            Ok((pointer, size)) => {
+                (args.value, args.value_size) = (pointer, size);
+                args.value_deleter_callback = Some(free_value);
                 return std::ptr::null_mut();
             }
-            (ErrorCode::ResourceExhausted, format!("out of memory copying value of {key}"))
-        }
+            Err(err) => err,
+        },
         Ok(None) => (ErrorCode::NotFound, format!("key {key} not found")),
         Err(err) => (ErrorCode::Unavailable, format!("key-value try_get {key}: {err}")),
     };
