@@ -234,3 +234,10 @@ pub(crate) fn job_error_to_proto(error: &CoordError) -> proto::JobError {
         other => proto::JobError { code: code_to_proto(other.code()) as i32, message: other.to_string(), task: None },
     }
 }
+
+impl From<CoordError> for tonic::Status {
+    /// The status an RPC answers with ([`CoordError::to_status`]), so handlers can use `?`.
+    fn from(error: CoordError) -> tonic::Status {
+        error.to_status()
+    }
+}

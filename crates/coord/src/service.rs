@@ -257,6 +257,12 @@ impl Service {
         }
         Ok(caller)
     }
+
+    /// The registered caller of an RPC and its message.
+    fn open<T>(&self, request: Request<T>) -> std::result::Result<(Caller, T), Status> {
+        let caller = self.caller(&request)?;
+        Ok((caller, request.into_inner()))
+    }
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = std::result::Result<proto::Event, Status>> + Send>>;
@@ -268,8 +274,7 @@ impl Coordination for Service {
         request: Request<proto::RegisterRequest>,
     ) -> std::result::Result<Response<proto::RegisterResponse>, Status> {
         let caller = *request.extensions().get::<Caller>().ok_or_else(|| Status::internal("no caller"))?;
-        let num_tasks =
-            self.shared.lock().register(caller.task, caller.incarnation, Instant::now()).map_err(|e| e.to_status())?;
+        let num_tasks = self.shared.lock().register(caller.task, caller.incarnation, Instant::now())?;
         tracing::debug!(task = caller.task, "task registered");
         Ok(Response::new(proto::RegisterResponse { num_tasks }))
     }
@@ -333,8 +338,7 @@ impl Coordination for Service {
         &self,
         request: Request<proto::BarrierRequest>,
     ) -> std::result::Result<Response<proto::Empty>, Status> {
-        let caller = self.caller(&request)?;
-        let request = request.into_inner();
+        let (caller, request) = self.open(request)?;
         let timeout = timeout_from_ms(request.timeout_ms, &format!("barrier '{}'", request.id))?;
         let key = (request.id, request.counter);
         let arrival =
@@ -346,19 +350,15 @@ impl Coordination for Service {
                 state::await_barrier(receiver, deadline, move |now| shared.lock().expire_barrier(&key, now)).await
             }
         };
-        outcome.map(|()| Response::new(proto::Empty {})).map_err(|e| e.to_status())
+        outcome.map(|()| Response::new(proto::Empty {})).map_err(Status::from)
     }
 
     async fn cancel_barrier(
         &self,
         request: Request<proto::CancelBarrierRequest>,
     ) -> std::result::Result<Response<proto::Empty>, Status> {
-        let caller = self.caller(&request)?;
-        let request = request.into_inner();
-        self.shared
-            .lock()
-            .cancel_barrier(caller.task, (request.id, request.counter), Instant::now())
-            .map_err(|e| e.to_status())?;
+        let (caller, request) = self.open(request)?;
+        self.shared.lock().cancel_barrier(caller.task, (request.id, request.counter), Instant::now())?;
         Ok(Response::new(proto::Empty {}))
     }
 
@@ -366,9 +366,8 @@ impl Coordination for Service {
         &self,
         request: Request<proto::KvSetRequest>,
     ) -> std::result::Result<Response<proto::Empty>, Status> {
-        self.caller(&request)?;
-        let request = request.into_inner();
-        self.shared.lock().kv_set(&request.key, request.value, request.allow_overwrite).map_err(|e| e.to_status())?;
+        let (_, request) = self.open(request)?;
+        self.shared.lock().kv_set(&request.key, request.value, request.allow_overwrite)?;
         Ok(Response::new(proto::Empty {}))
     }
 
@@ -376,14 +375,13 @@ impl Coordination for Service {
         &self,
         request: Request<proto::KvGetRequest>,
     ) -> std::result::Result<Response<proto::KvValue>, Status> {
-        self.caller(&request)?;
-        let request = request.into_inner();
+        let (_, request) = self.open(request)?;
         let timeout = timeout_from_ms(request.timeout_ms, &format!("get of key '{}'", request.key))?;
-        let lookup = self.shared.lock().kv_get(&request.key).map_err(|e| e.to_status())?;
+        let lookup = self.shared.lock().kv_get(&request.key)?;
         let value = match lookup {
             Lookup::Found(value) => value,
             Lookup::Wait(receiver) => match tokio::time::timeout(timeout, receiver).await {
-                Ok(Ok(result)) => result.map_err(|e| e.to_status())?,
+                Ok(Ok(result)) => result?,
                 Ok(Err(_)) => return Err(Status::internal("key-value waiter dropped")),
                 Err(_) => {
                     return Err(CoordError::DeadlineExceeded(format!(
@@ -402,7 +400,7 @@ impl Coordination for Service {
         request: Request<proto::KvKey>,
     ) -> std::result::Result<Response<proto::KvMaybeValue>, Status> {
         self.caller(&request)?;
-        let value = self.shared.lock().kv_try_get(&request.get_ref().key).map_err(|e| e.to_status())?;
+        let value = self.shared.lock().kv_try_get(&request.get_ref().key)?;
         Ok(Response::new(proto::KvMaybeValue { value }))
     }
 
@@ -410,15 +408,14 @@ impl Coordination for Service {
         &self,
         request: Request<proto::KvIncrementRequest>,
     ) -> std::result::Result<Response<proto::KvCounter>, Status> {
-        self.caller(&request)?;
-        let request = request.into_inner();
-        let value = self.shared.lock().kv_increment(&request.key, request.delta).map_err(|e| e.to_status())?;
+        let (_, request) = self.open(request)?;
+        let value = self.shared.lock().kv_increment(&request.key, request.delta)?;
         Ok(Response::new(proto::KvCounter { value }))
     }
 
     async fn kv_list(&self, request: Request<proto::KvKey>) -> std::result::Result<Response<proto::KvEntries>, Status> {
         self.caller(&request)?;
-        let entries = self.shared.lock().kv_list(&request.get_ref().key).map_err(|e| e.to_status())?;
+        let entries = self.shared.lock().kv_list(&request.get_ref().key)?;
         let entries = entries.into_iter().map(|(key, value)| proto::KvEntry { key, value }).collect();
         Ok(Response::new(proto::KvEntries { entries }))
     }
@@ -427,9 +424,8 @@ impl Coordination for Service {
         &self,
         request: Request<proto::KvDeleteRequest>,
     ) -> std::result::Result<Response<proto::Empty>, Status> {
-        self.caller(&request)?;
-        let request = request.into_inner();
-        self.shared.lock().kv_delete(&request.key, request.prefix).map_err(|e| e.to_status())?;
+        let (_, request) = self.open(request)?;
+        self.shared.lock().kv_delete(&request.key, request.prefix)?;
         Ok(Response::new(proto::Empty {}))
     }
 
@@ -452,7 +448,7 @@ impl Coordination for Service {
         request: Request<proto::AliveTasksRequest>,
     ) -> std::result::Result<Response<proto::AliveTasks>, Status> {
         self.caller(&request)?;
-        let alive = self.shared.lock().alive_tasks(&request.get_ref().tasks).map_err(|e| e.to_status())?;
+        let alive = self.shared.lock().alive_tasks(&request.get_ref().tasks)?;
         Ok(Response::new(proto::AliveTasks { alive }))
     }
 
@@ -471,7 +467,7 @@ impl Coordination for Service {
                 state::await_barrier(receiver, deadline, move |now| shared.lock().expire_barrier(&key, now)).await
             }
         };
-        outcome.map(|()| Response::new(proto::Empty {})).map_err(|e| e.to_status())
+        outcome.map(|()| Response::new(proto::Empty {})).map_err(Status::from)
     }
 }
 
