@@ -17,6 +17,6 @@ fi
 log "pip install $REPO_ROOT ${MATURIN_PEP517_ARGS:-}"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$REPO_ROOT" >&2
 version="$("$venv/bin/siphon" --version)"
-module="$(cd / && "$venv/bin/python" -c 'import siphon, siphon.dataset; print(siphon.__version__, siphon.__file__)')"
+module="$(cd / && "$venv/bin/python" -c 'import siphon, siphon.dataset, siphon.dashboard; print(siphon.__version__, siphon.__file__)')"
 [[ "$module" == *"$venv"* ]] || { log "import siphon did not load the installed package: $module"; exit 1; }
 log "siphon --version: $version; import siphon: $module"
