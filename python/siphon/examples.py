@@ -175,6 +175,19 @@ def latent_examples(
     over `shards` (default: every committed shard; a part of them, e.g. one host's, gives that
     part's examples, which `LatentExamples.merge` combines). The activation ranges' bounds are
     the run's statistics (stats.json, the whole run's even for a part)."""
+    out = empty_examples(dataset, name, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
+                         seed=seed)
+    for shard in shards if shards is not None else dataset.latent_shards(name, check=check):
+        out.add(shard)
+    return out
+
+
+def empty_examples(
+    dataset: Any, name: str, *, top: int, quantiles: int, per_quantile: int, window: int, seed: int
+) -> LatentExamples:
+    """An empty example set of latents column `name` of `dataset` with these settings, its
+    ranges bounded by the run's per-latent max; the settings, the column, its max and (for a
+    window) the stored token order checked first."""
     for what, value, least in (("top", top, 0), ("quantiles", quantiles, 1), ("per_quantile", per_quantile, 0),
                                ("window", window, 0)):
         if value < least:
@@ -184,16 +197,15 @@ def latent_examples(
     if shuffle and window > 0:
         raise DatasetError(
             f"{dataset.url} stores its tokens shuffled (shard_format.shuffle {shuffle!r}): the tokens around an "
-            "example are not known; ask for window=0, or extract without token shuffling"
+            "example are not known; ask for window=0 (--window 0), or extract without token shuffling"
         )
     stats = dataset.latent_stats(name)
     if "max" not in stats:
         raise DatasetError(f"{name!r}: the run's stats.json has no per-latent max (written before siphon kept it)")
-    out = LatentExamples(name, info.width, top, quantiles, per_quantile, window, seed,
-                         np.asarray(stats["max"], dtype=np.float32))
-    for shard in shards if shards is not None else dataset.latent_shards(name, check=check):
-        out.add(shard)
-    return out
+    bound = np.asarray(stats["max"], dtype=np.float32)
+    if bound.shape != (info.width,):
+        raise DatasetError(f"{name!r}: stats.json's max has {bound.size} entries, the column {info.width} latents")
+    return LatentExamples(name, info.width, top, quantiles, per_quantile, window, seed, bound)
 
 
 def _priority(rows: np.ndarray, latents: np.ndarray, seed: int) -> np.ndarray:

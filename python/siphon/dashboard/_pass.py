@@ -20,8 +20,8 @@ from typing import Any, Iterable, Optional, Sequence, TextIO
 import numpy as np
 
 from ..errors import DatasetError
-from ..examples import LatentExamples
-from ..latents import LatentShard, checked_latents
+from ..examples import LatentExamples, empty_examples
+from ..latents import LatentShard
 
 
 @dataclass
@@ -171,25 +171,11 @@ def column_pass(
     histogram of `bins` bins. `shards` (default: every committed shard) may be a part of the
     run (a host's), whose passes `ColumnPass.merge` combines; `total` is their number for the
     progress line (default: ``len(shards)`` where it has one, else the run's shards)."""
-    for what, value, least in (("top", top, 0), ("quantiles", quantiles, 1), ("per_quantile", per_quantile, 0),
-                               ("window", window, 0), ("bins", bins, 1)):
-        if value < least:
-            raise DatasetError(f"{what} must be at least {least}, got {value}")
-    info = checked_latents(name, dataset.latents)
-    shuffle = dataset.run.get("shard_format", {}).get("shuffle")
-    if shuffle and window > 0:
-        raise DatasetError(
-            f"{dataset.url} stores its tokens shuffled (shard_format.shuffle {shuffle!r}): the tokens around an "
-            "example are not known; ask for window=0 (--window 0), or extract without token shuffling"
-        )
-    stats = dataset.latent_stats(name)
-    if "max" not in stats:
-        raise DatasetError(f"{name!r}: the run's stats.json has no per-latent max (written before siphon kept it)")
-    bound = np.asarray(stats["max"], dtype=np.float32)
-    if bound.shape != (info.width,):
-        raise DatasetError(f"{name!r}: stats.json's max has {bound.size} entries, the column {info.width} latents")
-    examples = LatentExamples(name, info.width, top, quantiles, per_quantile, window, seed, bound)
-    out = ColumnPass(examples, np.zeros((info.width, bins), np.int64))
+    if bins < 1:
+        raise DatasetError(f"bins must be at least 1, got {bins}")
+    examples = empty_examples(dataset, name, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
+                              seed=seed)
+    out = ColumnPass(examples, np.zeros((examples.width, bins), np.int64))
     if total is None:
         total = len(shards) if isinstance(shards, Sequence) else len(dataset.shards)
     meter = Progress(name, total, enabled=progress, stream=stream)
