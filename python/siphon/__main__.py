@@ -21,6 +21,15 @@ from .dataset import open_dataset as open_run
 from .errors import DatasetError
 
 
+def add_example_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of `siphon.examples.latent_examples` (latent-examples and dashboard)."""
+    parser.add_argument("--top", type=int, default=20, help="largest activations kept per latent")
+    parser.add_argument("--quantiles", type=int, default=10, help="equal-width activation ranges up to each max")
+    parser.add_argument("--per-quantile", type=int, default=5, help="examples drawn per range")
+    parser.add_argument("--window", type=int, default=16, help="tokens kept on each side of an example")
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m siphon", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -58,22 +67,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     examples.add_argument("run")
     examples.add_argument("name", help="the latents column")
     examples.add_argument("out", help="JSON file: one entry per latent that fired")
-    examples.add_argument("--top", type=int, default=20, help="largest activations kept per latent")
-    examples.add_argument("--quantiles", type=int, default=10, help="equal-width activation ranges up to each max")
-    examples.add_argument("--per-quantile", type=int, default=5, help="examples drawn per range")
-    examples.add_argument("--window", type=int, default=16, help="tokens kept on each side of an example")
-    examples.add_argument("--seed", type=int, default=0)
+    add_example_flags(examples)
     dashboard = sub.add_parser("dashboard", help="a static site of every latent's examples and histogram (opens from file://)")
     dashboard.add_argument("run")
     dashboard.add_argument("--out", required=True, help="the site's folder (index.html there)")
     dashboard.add_argument("--latents", help="comma-separated latents columns (default: every one)")
     dashboard.add_argument("--effects", help="effects directory: vocab.json and {column}.safetensors (logits, neighbours)")
-    dashboard.add_argument("--top", type=int, default=20, help="largest activations shown per latent")
-    dashboard.add_argument("--quantiles", type=int, default=10, help="equal-width activation ranges up to each max")
-    dashboard.add_argument("--per-quantile", type=int, default=5, help="examples drawn per range")
-    dashboard.add_argument("--window", type=int, default=16, help="tokens shown on each side of an example")
+    add_example_flags(dashboard)
     dashboard.add_argument("--bins", type=int, default=50, help="bins of each latent's activation histogram")
-    dashboard.add_argument("--seed", type=int, default=0)
     dashboard.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     dashboard.add_argument("--no-check", action="store_true", help="skip each shard's CRC32C check")
     args = parser.parse_args(argv)

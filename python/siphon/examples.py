@@ -32,6 +32,10 @@ from .latents import LatentShard, checked_latents
 FIELDS = ("latent", "kind", "value", "row", "priority", "doc_index", "position")
 #: `kind` of a top example; quantile examples have their range's index (0 = lowest).
 TOP = -1
+#: The most activation ranges: a range's index is an example's `kind`, an int8.
+MAX_QUANTILES = 128
+#: The most tokens on each side of an example, and the most examples of a latent per kind.
+MAX_WINDOW, MAX_EXAMPLES = 4096, 100_000
 
 
 @dataclass
@@ -188,10 +192,12 @@ def empty_examples(
     """An empty example set of latents column `name` of `dataset` with these settings, its
     ranges bounded by the run's per-latent max; the settings, the column, its max and (for a
     window) the stored token order checked first."""
-    for what, value, least in (("top", top, 0), ("quantiles", quantiles, 1), ("per_quantile", per_quantile, 0),
-                               ("window", window, 0)):
+    for what, value, least, most in (("top", top, 0, MAX_EXAMPLES), ("quantiles", quantiles, 1, MAX_QUANTILES),
+                                     ("per_quantile", per_quantile, 0, MAX_EXAMPLES), ("window", window, 0, MAX_WINDOW)):
         if value < least:
             raise DatasetError(f"{what} must be at least {least}, got {value}")
+        if value > most:
+            raise DatasetError(f"{what} must be at most {most}, got {value}")
     info = checked_latents(name, dataset.latents)
     shuffle = dataset.run.get("shard_format", {}).get("shuffle")
     if shuffle and window > 0:

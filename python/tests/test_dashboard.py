@@ -137,6 +137,12 @@ def test_parts_merge_into_the_whole(tmp_path: Path) -> None:
     assert merged.shards == whole.shards and merged.tokens == whole.tokens
     for latent in range(WIDTH):
         assert merged.examples.latent(latent) == whole.examples.latent(latent), latent
+    # Sizes are bounded before any shard is read (a latent's counts are width × bins int64).
+    from siphon.errors import DatasetError
+
+    for bins, message in ((0, "bins must be at least 1"), (10**9, "bins must be at most 10000")):
+        with pytest.raises(DatasetError, match=message):
+            column_pass(ds, SAE, shards=shards, **{**kw, "bins": bins})
 
 
 def test_the_site_holds_the_truths_numbers(tmp_path: Path) -> None:

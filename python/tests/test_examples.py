@@ -87,6 +87,12 @@ def test_parts_merge_into_the_whole(run: Path) -> None:
         parts[0].merge(other)
     with pytest.raises(DatasetError, match="quantiles must be at least 1"):
         latent_examples(ds, NAME, quantiles=0)
+    # A range's index is an int8: 129 ranges would wrap the last one to -128, a top example.
+    with pytest.raises(DatasetError, match="quantiles must be at most 128"):
+        latent_examples(ds, NAME, quantiles=129)
+    with pytest.raises(DatasetError, match="window must be at most 4096"):
+        latent_examples(ds, NAME, window=2**31)
+    latent_examples(ds, NAME, quantiles=128, window=0, shards=shards[:1])
     assert isinstance(whole, LatentExamples) and TOP == -1
 
 

@@ -23,6 +23,9 @@ from ..errors import DatasetError
 from ..examples import LatentExamples, empty_examples
 from ..latents import LatentShard
 
+#: The most bins of a latent's histogram (each latent holds its counts: width × bins int64).
+MAX_BINS = 10_000
+
 
 @dataclass
 class ColumnPass:
@@ -173,6 +176,8 @@ def column_pass(
     progress line (default: ``len(shards)`` where it has one, else the run's shards)."""
     if bins < 1:
         raise DatasetError(f"bins must be at least 1, got {bins}")
+    if bins > MAX_BINS:
+        raise DatasetError(f"bins must be at most {MAX_BINS}, got {bins}")
     examples = empty_examples(dataset, name, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
                               seed=seed)
     out = ColumnPass(examples, np.zeros((examples.width, bins), np.int64))
