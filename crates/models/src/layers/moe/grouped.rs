@@ -6,7 +6,7 @@
 use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
-use super::{Experts, Routing, i32t};
+use super::{Experts, Routing, in_range};
 use crate::ModelError;
 use crate::contract::RaggedDot;
 use crate::forward::Graph;
@@ -37,7 +37,6 @@ impl Graph<'_> {
     ) -> Result<Value, ModelError> {
         let mesh = self.spec.mesh.clone();
         let e = self.b.dims(experts.weights[0])?[0];
-        let k = self.b.dims(indices)?[1];
         let gate_spec = self.weight_spec(experts.weights[0]).map(|s| s.dims().to_vec()).unwrap_or_default();
         let axes_of = |dim: usize| gate_spec.get(dim).cloned().unwrap_or_default();
         let (expert_axes, width_axes) = (axes_of(0), axes_of(1));
@@ -114,13 +113,7 @@ impl Graph<'_> {
                     // `e_local`, sorted last.
                     let size = b.scalar(e_local as f64, DType::I32)?;
                     let first = b.mul(index, size)?;
-                    let first = b.broadcast_in_dim(first, &[t, k], &[])?;
-                    let local = b.sub(expert, first)?;
-                    let zero = b.splat(0.0, i32t(&[t, k]))?;
-                    let size = b.splat(e_local as f64, i32t(&[t, k]))?;
-                    let above = b.compare(CompareDir::Ge, local, zero)?;
-                    let below = b.compare(CompareDir::Lt, local, size)?;
-                    let keep = b.and(above, below)?;
+                    let (local, keep, size) = in_range(b, expert, first, e_local)?;
                     (b.select(keep, local, size)?, Keep::Held(keep))
                 }
                 None => (expert, Keep::All),

@@ -537,13 +537,7 @@ impl Routing {
                 let y = w.with(&s[9..]).mlp_t(b, xd, dt)?;
                 let y = b.reshape(y, &[e, h, groups, cap])?;
                 // Combine: each slot whose position falls in this round takes its row.
-                let first_a = b.broadcast_in_dim(first, &[groups, a], &[])?;
-                let local = b.sub(position, first_a)?;
-                let zero_a = b.splat(0.0, i32t(&[groups, a]))?;
-                let cap_a = b.splat(cap as f64, i32t(&[groups, a]))?;
-                let lo = b.compare(CompareDir::Ge, local, zero_a)?;
-                let hi = b.compare(CompareDir::Lt, local, cap_a)?;
-                let here = b.and(lo, hi)?;
+                let (local, here, _) = in_range(b, position, first, cap)?;
                 let pick = [b.reshape(expert, &[groups, a, 1])?, b.reshape(local, &[groups, a, 1])?];
                 let pick = b.concatenate(&pick, 2)?;
                 let mine = b.take_along(y, 2, &[0, 3], pick)?;
@@ -566,6 +560,20 @@ impl Routing {
 
 fn i32t(dims: &[usize]) -> TensorType {
     TensorType::new(DType::I32, dims)
+}
+
+/// `x - first` for `x` (i32) and the scalar `first`, whether it lies in `0..size`, and `size`
+/// in `x`'s shape: the rows of one round (the rounds loop) or of one device's experts (the
+/// grouped form on a mesh).
+fn in_range(b: &mut Builder, x: Value, first: Value, size: usize) -> Result<(Value, Value, Value), HloError> {
+    let dims = b.dims(x)?.to_vec();
+    let first = b.broadcast_in_dim(first, &dims, &[])?;
+    let local = b.sub(x, first)?;
+    let zero = b.splat(0.0, i32t(&dims))?;
+    let size = b.splat(size as f64, i32t(&dims))?;
+    let above = b.compare(CompareDir::Ge, local, zero)?;
+    let below = b.compare(CompareDir::Lt, local, size)?;
+    Ok((local, b.and(above, below)?, size))
 }
 
 /// Rows per product on one device for `n` tokens choosing `k` of `e` experts each: the
