@@ -331,7 +331,8 @@ def latents_stats(stats: Mapping[str, Any], name: str) -> Dict[str, Any]:
     """stats.json's statistics of latents column `name`: ``count`` (tokens counted),
     ``firings`` (int64 per latent), ``sums`` (float64 per latent), ``frequency`` (firings /
     count), ``mean`` (sums / firings, 0 where a latent never fired) and, where the file has it,
-    ``max`` (float64 per latent, each one's largest value)."""
+    ``max`` (float64 per latent, each one's largest value) and ``min`` (each one's smallest value
+    above 0, 0 where it never fired above 0)."""
     entry = (stats.get("latents") or {}).get(name)
     if entry is None:
         raise DatasetError(f"stats.json has no statistics of latents {name!r}")
@@ -342,8 +343,12 @@ def latents_stats(stats: Mapping[str, Any], name: str) -> Dict[str, Any]:
         frequency = firings / count if count else np.zeros(len(firings))
         mean = np.where(firings > 0, sums / np.maximum(firings, 1), 0.0)
     out = {"count": count, "firings": firings, "sums": sums, "frequency": frequency, "mean": mean}
-    if "max" in entry:
-        out["max"] = np.asarray(entry["max"], dtype=np.float64)
+    for key in ("max", "min"):
+        if key in entry:
+            out[key] = np.asarray(entry[key], dtype=np.float64)
+            if out[key].shape != firings.shape:
+                raise DatasetError(f"stats.json: latents {name!r}: {len(out[key])} entries in {key}, "
+                                   f"{len(firings)} latents")
     return out
 
 

@@ -98,3 +98,38 @@ def test_the_nearest_latents_are_the_decoders(run: Path, tmp_path: Path) -> None
         want = np.sort(cosine[n])[::-1][:4]
         assert [c for _, c in got] == pytest.approx(want.tolist(), abs=1e-4), n
         assert all(abs(cosine[n][j] - c) <= 1e-4 and j != n for j, c in got), n
+
+
+def test_the_logit_effects_are_the_folded_unembeddings(run: Path, tmp_path: Path) -> None:
+    """SAEDashboard's convention, computed here with torch from the model's own files: each
+    unit decoder row times TransformerLens's W_U (the final norm's gain folded in, centred over
+    the vocabulary); the top and bottom tokens and the histogram of all of them (torch.histc)."""
+    import torch
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "site"
+    done = subprocess.run([siphon_binary(), "dashboard", str(run), "--out", str(out), "--no-progress", "--neighbours", "0",
+                           "--logits", "5", "--bins", "20", "--python", sys.executable],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    model = Path(json.loads((run / "run.json").read_text())["model"]["path"])
+    weights = load_file(str(model / "model.safetensors"))
+    w_u = torch.from_numpy(weights["model.embed_tokens.weight"] * weights["model.norm.weight"]).double()  # tied
+    w_u = w_u - w_u.mean(0, keepdim=True)
+    w_dec = torch.from_numpy(load_file(str(SAE_DIR / "sae_weights.safetensors"))["W_dec"]).double()
+    logits = (w_dec / w_dec.norm(dim=1, keepdim=True)) @ w_u.T
+    folder = next(p for p in out.iterdir() if (p / "latent.html").is_file())
+    latents = chunks(folder)
+    assert sorted(latents) == list(range(len(w_dec)))
+    for n, latent in latents.items():
+        top, bottom = logits[n].topk(5), logits[n].topk(5, largest=False)
+        assert [i for i, _ in latent["logits_top"]] == top.indices.tolist(), n
+        assert [v for _, v in latent["logits_top"]] == pytest.approx(top.values.tolist(), rel=1e-4, abs=1e-6)
+        assert [i for i, _ in latent["logits_bottom"]] == bottom.indices.tolist(), n
+        assert [v for _, v in latent["logits_bottom"]] == pytest.approx(bottom.values.tolist(), rel=1e-4, abs=1e-6)
+        row = logits[n].float()
+        heights = torch.histc(row, bins=20).int().tolist()
+        got = latent["logits_hist"]
+        # Float rounding may move a value lying on a bin edge into its neighbour.
+        assert sum(got["heights"]) == len(row) and sum(abs(a - b) for a, b in zip(got["heights"], heights)) <= 2, n
+        assert got["range"] == pytest.approx([row.min().item(), row.max().item()], rel=1e-4)

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{ModelConfig, ParamInfo};
 use crate::contract::{ForwardProgram, ForwardSpec};
 use crate::hooks::Feature;
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelError};
 
 /// An architecture siphon can build a forward pass for: a handle on its family's [`Family`],
@@ -90,4 +91,8 @@ pub(crate) struct Family {
     /// in order when a name starting with `prefix` is missing (GPT-2 checkpoints without the
     /// `transformer.` prefix, the text tower of multimodal Gemma 3 checkpoints).
     pub renames: &'static [(&'static str, &'static str)],
+    /// How the final norm applies its gain: the norm [`crate::forward::Graph::finish_decoder`]
+    /// builds, and the factor a dictionary's logit effects fold into the unembedding
+    /// ([`crate::Unembedding`]).
+    pub final_gain: Gain,
 }

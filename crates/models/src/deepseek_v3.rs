@@ -61,6 +61,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::SharedExpert,
     ],
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// DeepSeek-V3's router: sigmoid scores, chosen by score plus a correction bias within the

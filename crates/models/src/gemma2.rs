@@ -53,6 +53,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::PostNorms,
     ],
     renames: &[],
+    final_gain: Gain::UnitOffset,
 };
 
 /// Gemma2Config's: `head_dim` 256, tied, GeGLU, every other layer windowed from the first.
@@ -140,7 +141,7 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
         let attention = |g: &mut Graph<'_>, input| self_attention(g, input, layer, Gain::UnitOffset, cos, sin, mask);
         g.post_normed_block(x, layer, Gain::UnitOffset, true, attention, |_, _, mlp| Ok(mlp))
     })?;
-    g.finish_decoder(x, Gain::UnitOffset)
+    g.finish_decoder(x)
 }
 
 #[cfg(test)]

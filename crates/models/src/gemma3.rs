@@ -17,6 +17,7 @@ use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::gemma2::{GEMMA_ACTIVATION, gemma_config, gemma_params, gemma_windows};
 use crate::hf_config::Defaults;
 use crate::hooks::Feature;
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -41,6 +42,7 @@ pub(crate) static FAMILY: Family = Family {
     // The text tower of multimodal checkpoints: transformers 5 and late 4.x save it under
     // `model.language_model.`, earlier ones under `language_model.model.`.
     renames: &[("model.", "model.language_model."), ("model.", "language_model.model.")],
+    final_gain: Gain::UnitOffset,
 };
 
 /// Gemma3TextConfig's: `head_dim` 256, global layers with base 1e6, five local layers for

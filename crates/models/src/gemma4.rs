@@ -72,6 +72,7 @@ pub(crate) static FAMILY: Family = Family {
     ],
     // The text tower of a multimodal checkpoint.
     renames: &[("model.", "model.language_model.")],
+    final_gain: Gain::F32,
 };
 
 /// What only Gemma 4's block reads.
@@ -391,7 +392,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let out = g.b.mul(out, scalar)?;
         Ok(out)
     })?;
-    g.finish_decoder(x, Gain::F32)
+    g.finish_decoder(x)
 }
 
 /// Every layer's per-layer input `[tokens, layers * width]`: the per-layer table's rows

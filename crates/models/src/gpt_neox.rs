@@ -25,6 +25,7 @@ use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::layers::norm::Gain;
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -39,6 +40,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: &[Feature::PreNorms, Feature::DenseMlp, Feature::Rotary],
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// GPTNeoXConfig: `layer_norm_eps` 1e-5, biases, exact GELU, untied; the hub's older

@@ -49,6 +49,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::Moe, Feature::TopKRouter],
     renames: &[],
+    final_gain: Gain::F32,
 };
 
 /// What only GPT-OSS's experts read.

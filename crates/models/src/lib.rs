@@ -40,6 +40,7 @@ pub mod sharding;
 mod smollm3;
 mod stored;
 pub mod tokenizer;
+mod unembedding;
 pub mod weights;
 
 pub use config::{
@@ -60,6 +61,7 @@ pub use layers::moe::{capacity as expert_capacity, chunk_rows as expert_chunk};
 pub use layers::{cudnn, gated_deltanet, mla};
 pub use stored::{Part as StoredPart, StoredForm, fp8_forms, mxfp4_forms};
 pub use tokenizer::TextTokenizer;
+pub use unembedding::Unembedding;
 pub use weights::{DType, HostTensor, TensorMeta, Weights};
 
 /// What went wrong reading or building a model.

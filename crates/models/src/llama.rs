@@ -30,6 +30,7 @@ use crate::config::ParamInfo;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
 use crate::hooks::Feature;
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -44,6 +45,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: FEATURES,
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// The hook features of the decoder without q/k norms or post-norms (Llama, Qwen2, Mistral).

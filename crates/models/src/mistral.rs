@@ -8,6 +8,7 @@
 use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
+use crate::layers::norm::Gain;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -23,6 +24,7 @@ pub(crate) static FAMILY: Family = Family {
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: FEATURES,
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// MistralConfig's: a window on every layer, 4096 when the key is absent, none when null.

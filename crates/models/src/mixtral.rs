@@ -12,6 +12,7 @@ use crate::config::ParamInfo;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need, windows_on_every_layer};
 use crate::hooks::Feature;
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The family's handle.
@@ -26,6 +27,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::Moe],
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// MixtralConfig: no window unless set; every expert as wide as `intermediate_size`; the

@@ -47,6 +47,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::QkNorm,
     ],
     renames: &[],
+    final_gain: Gain::F32,
 };
 
 /// Olmo2Config: eps 1e-5, q/k norms over the whole projection, no biases, no windows.
@@ -117,5 +118,5 @@ pub(crate) fn build_post_norm(config: &ModelConfig, spec: &ForwardSpec) -> Resul
         let attention = |g: &mut Graph<'_>, input| self_attention(g, input, layer, Gain::F32, cos, sin, mask);
         g.post_normed_block(x, layer, Gain::F32, false, attention, |_, _, mlp| Ok(mlp))
     })?;
-    g.finish_decoder(x, Gain::F32)
+    g.finish_decoder(x)
 }

@@ -10,6 +10,7 @@ use crate::arch::{Arch, Family};
 use crate::config::{Attention, Rope};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::Defaults;
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -24,6 +25,7 @@ pub(crate) static FAMILY: Family = Family {
     params: crate::olmo2::params,
     features: crate::olmo2::FAMILY.features,
     renames: &[],
+    final_gain: Gain::F32,
 };
 
 /// Olmo3Config's: eps 1e-5, RoPE base 5e5 on both kinds of layer, a window of 4096 on all

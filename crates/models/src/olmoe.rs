@@ -16,6 +16,7 @@ use crate::config::Attention;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::Feature;
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The family's handle.
@@ -30,6 +31,7 @@ pub(crate) static FAMILY: Family = Family {
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::QkNorm, Feature::Moe],
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// OlmoeConfig: eps 1e-5, untied, experts `intermediate_size` wide, not renormalised unless

@@ -14,6 +14,7 @@ use crate::arch::{Arch, Family};
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, self_attention_decoder};
 use crate::hf_config::{Defaults, windows_on_every_layer};
+use crate::layers::norm::Gain;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -29,6 +30,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: FEATURES,
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// Phi3Config: eps 1e-5; a window on every layer when `sliding_window` is set (Phi-3-mini:

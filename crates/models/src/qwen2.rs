@@ -10,6 +10,7 @@
 use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
+use crate::layers::norm::Gain;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -28,6 +29,7 @@ pub(crate) static FAMILY: Family = Family {
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: FEATURES,
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// Builds the Qwen2 forward for `spec`.

@@ -14,6 +14,7 @@ use crate::config::Attention;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
 use crate::hooks::Feature;
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -36,6 +37,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::QkNorm,
     ],
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// Qwen3Config's (Qwen3-MoE's too): `head_dim` 128, Qwen2's windows.

@@ -11,6 +11,7 @@
 
 use crate::arch::{Arch, Family};
 use crate::hooks::Feature;
+use crate::layers::norm::Gain;
 use crate::qwen3_next::{MIXTURE_FEATURES, build_hybrid, hybrid, hybrid_params, mixture};
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -35,6 +36,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::LinearAttention,
     ],
     renames: TEXT_TOWER,
+    final_gain: Gain::UnitOffset,
 };
 
 /// The mixture family's handle.
@@ -49,6 +51,7 @@ pub(crate) static MOE_FAMILY: Family = Family {
     params: hybrid_params,
     features: MIXTURE_FEATURES,
     renames: TEXT_TOWER,
+    final_gain: Gain::UnitOffset,
 };
 
 /// Where a multimodal checkpoint keeps its text tower's weights.

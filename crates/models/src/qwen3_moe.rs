@@ -14,6 +14,7 @@ use crate::config::Attention;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::need;
 use crate::hooks::Feature;
+use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The family's handle.
@@ -28,6 +29,7 @@ pub(crate) static FAMILY: Family = Family {
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::QkNorm, Feature::Moe],
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {

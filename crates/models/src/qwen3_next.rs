@@ -53,6 +53,7 @@ pub(crate) static FAMILY: Family = Family {
     params: hybrid_params,
     features: MIXTURE_FEATURES,
     renames: &[],
+    final_gain: Gain::UnitOffset,
 };
 
 /// The hooks of the hybrid decoder with a mixture (Qwen3-Next, Qwen3.5-MoE).

@@ -11,6 +11,7 @@
 use crate::arch::{Arch, Family};
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
+use crate::layers::norm::Gain;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -26,6 +27,7 @@ pub(crate) static FAMILY: Family = Family {
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: FEATURES,
     renames: &[],
+    final_gain: Gain::Plain,
 };
 
 /// SmolLM3Config's: tied, eps 1e-6, windows as [`windows`] says.

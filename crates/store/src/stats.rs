@@ -305,7 +305,8 @@ impl From<&HookStatsJson> for HookStats {
 /// Statistics of one latents column over the included tokens: how often each latent fired,
 /// the sum of its stored values and its largest (a latent's mean activation when firing is
 /// `sums[i] / firings[i]`, its firing rate `firings[i] / count`; `max` bounds the activation
-/// quantiles a dashboard samples examples from). Sums run in f64 over the values as stored, a
+/// quantiles a dashboard samples examples from, `min` and `max` its histogram as SAEDashboard
+/// bins it). Sums run in f64 over the values as stored, a
 /// shard at a time, shards in order: the same bits on resume.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LatentStats {
@@ -319,12 +320,22 @@ pub struct LatentStats {
     /// Per latent, its largest value (0 for a latent that never fired).
     #[serde(with = "float_text::vec")]
     pub max: Vec<f64>,
+    /// Per latent, its smallest value above 0 (0 for a latent that never fired above 0);
+    /// empty in the files of runs written before it was counted.
+    #[serde(default, with = "float_text::vec", skip_serializing_if = "Vec::is_empty")]
+    pub min: Vec<f64>,
 }
 
 impl LatentStats {
     /// No tokens yet, over `width` latents.
     pub fn new(width: usize) -> Self {
-        LatentStats { count: 0, firings: vec![0; width], sums: vec![0.0; width], max: vec![0.0; width] }
+        LatentStats {
+            count: 0,
+            firings: vec![0; width],
+            sums: vec![0.0; width],
+            max: vec![0.0; width],
+            min: vec![0.0; width],
+        }
     }
 
     /// Counts one token's firings (latent, stored value).
@@ -334,6 +345,9 @@ impl LatentStats {
             self.firings[latent] += 1;
             self.sums[latent] += f64::from(value);
             self.max[latent] = self.max[latent].max(f64::from(value));
+            if value > 0.0 {
+                self.min[latent] = smallest_above_zero(self.min[latent], f64::from(value));
+            }
         }
     }
 
@@ -364,7 +378,22 @@ impl LatentStats {
         self.firings = firings;
         self.sums.iter_mut().zip(&other.sums).for_each(|(a, b)| *a += b);
         self.max.iter_mut().zip(&other.max).for_each(|(a, b)| *a = a.max(*b));
+        if self.min.len() == other.min.len() {
+            self.min.iter_mut().zip(&other.min).for_each(|(a, b)| *a = smallest_above_zero(*a, *b));
+        } else {
+            // One side was written before minima were counted: none is known.
+            self.min.clear();
+        }
         Ok(())
+    }
+}
+
+/// The smaller of two values above 0, where 0 stands for none.
+fn smallest_above_zero(a: f64, b: f64) -> f64 {
+    match (a > 0.0, b > 0.0) {
+        (true, true) => a.min(b),
+        (true, false) => a,
+        _ => b,
     }
 }
 
@@ -435,12 +464,16 @@ pub fn from_file(file: &StatsFile) -> std::result::Result<RunStats, String> {
         }
     }
     for (name, s) in &file.latents {
-        if s.sums.len() != s.firings.len() || s.max.len() != s.firings.len() {
+        if s.sums.len() != s.firings.len()
+            || s.max.len() != s.firings.len()
+            || !(s.min.is_empty() || s.min.len() == s.firings.len())
+        {
             return Err(format!(
-                "latents {name}: {} firings, {} sums and {} maxima (one each per latent)",
+                "latents {name}: {} firings, {} sums, {} maxima and {} minima (one each per latent)",
                 s.firings.len(),
                 s.sums.len(),
-                s.max.len()
+                s.max.len(),
+                s.min.len()
             ));
         }
     }
@@ -628,6 +661,24 @@ mod tests {
         straight.merge(&more).unwrap();
         resumed.merge(&more).unwrap();
         assert_eq!(resumed, straight);
+    }
+
+    /// A latent's smallest value above 0 over any split of its tokens, 0 where it never fired
+    /// above 0; a file without minima merges into none known.
+    #[test]
+    fn latent_minima_are_the_smallest_above_zero_and_merge() {
+        let mut a = LatentStats::new(3);
+        a.add_token([(0, 0.5), (1, 0.0)]);
+        a.add_token([(0, 0.25)]);
+        let mut b = LatentStats::new(3);
+        b.add_token([(0, 0.75), (2, 2.0)]);
+        assert_eq!((a.min.clone(), b.min.clone()), (vec![0.25, 0.0, 0.0], vec![0.75, 0.0, 2.0]));
+        let mut both = a.clone();
+        both.merge(&b).unwrap();
+        assert_eq!(both.min, vec![0.25, 0.0, 2.0]);
+        let old = LatentStats { min: Vec::new(), ..b };
+        a.merge(&old).unwrap();
+        assert!(a.min.is_empty());
     }
 
     /// Rows like a residual stream's: per element a mean far from zero (up to ±300) next to a

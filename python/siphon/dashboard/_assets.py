@@ -150,23 +150,25 @@ LATENT_JS = COMMON_JS + r"""
     if (!list.length) return '<p class="muted">none</p>';
     return list.map(function (e) { return example(e, max); }).join("");
   }
-  function histogram(d) {
-    var W = 640, H = 150, left = 40, bottom = 28, bins = d.hist.length, top = Math.max.apply(null, d.hist.concat([1]));
-    var bw = (W - left - 10) / bins, out = ['<svg id="histogram" width="' + W + '" height="' + H +
-      '" viewBox="0 0 ' + W + " " + H + '" role="img"><title>activations of latent ' + d.latent + "</title>"];
+  // counts: bar heights of equal bins from range[0] to range[1] (the last one closed).
+  function histogram(id, title, counts, range) {
+    var W = 640, H = 150, left = 40, bottom = 28, bins = counts.length, top = Math.max.apply(null, counts.concat([1]));
+    var from = range[0], width = (range[1] - range[0]) / bins;
+    var bw = (W - left - 10) / bins, out = ['<svg id="' + id + '" width="' + W + '" height="' + H +
+      '" viewBox="0 0 ' + W + " " + H + '" role="img"><title>' + title + "</title>"];
     for (var i = 0; i < bins; i++) {
-      var lo = d.max * i / bins, hi = d.max * (i + 1) / bins, h = (H - bottom - 8) * d.hist[i] / top;
-      out.push('<rect class="bar" data-count="' + d.hist[i] + '" data-lo="' + fmt(lo) + '" data-hi="' + fmt(hi) +
+      var lo = from + width * i, hi = from + width * (i + 1), h = (H - bottom - 8) * counts[i] / top;
+      out.push('<rect class="bar" data-count="' + counts[i] + '" data-lo="' + fmt(lo) + '" data-hi="' + fmt(hi) +
                '" x="' + (left + i * bw).toFixed(1) + '" y="' + (H - bottom - h).toFixed(1) + '" width="' +
                Math.max(bw - 1, 1).toFixed(1) + '" height="' + h.toFixed(1) + '"><title>[' + fmt(lo) + ", " + fmt(hi) +
-               (i === bins - 1 ? "]" : ")") + ": " + d.hist[i] + "</title></rect>");
+               (i === bins - 1 ? "]" : ")") + ": " + counts[i] + "</title></rect>");
     }
     var step = Math.max(1, Math.ceil(bins / 5));
     for (var e = 0; e <= bins; e += step) out.push(edge(e));
     if (bins % step) out.push(edge(bins));
     function edge(e) {
       return '<text class="axis edge" x="' + (left + e * bw).toFixed(1) + '" y="' + (H - bottom + 14) +
-             '" text-anchor="middle">' + fmt(d.max * e / bins) + "</text>";
+             '" text-anchor="middle">' + fmt(from + width * e) + "</text>";
     }
     out.push('<text class="axis" x="' + (left - 4) + '" y="12" text-anchor="end">' + top + "</text>");
     out.push('<text class="axis" x="' + (left - 4) + '" y="' + (H - bottom) + '" text-anchor="end">0</text></svg>');
@@ -199,12 +201,13 @@ LATENT_JS = COMMON_JS + r"""
       '<dl class="stats" id="stats"><dt>frequency</dt><dd data-key="frequency">' + fmt(d.frequency) +
       '</dd><dt>firings</dt><dd data-key="firings">' + d.firings + '</dd><dt>max</dt><dd data-key="max">' + fmt(d.max) +
       '</dd><dt>mean</dt><dd data-key="mean">' + fmt(d.mean) + "</dd></dl>",
-      "<h2>Activations</h2>" + histogram(d)];
+      "<h2>Activations</h2>" + histogram("histogram", "activations of latent " + d.latent, d.hist, d.hist_range)];
     if (d.logits_top || d.logits_bottom) {
       html.push('<h2>Logit effects</h2><div class="effects" id="logits">' +
         (d.logits_top ? "<div><h3>top</h3>" + pairs("logits-top", d.logits_top, "token", false) + "</div>" : "") +
         (d.logits_bottom ? "<div><h3>bottom</h3>" + pairs("logits-bottom", d.logits_bottom, "token", false) + "</div>" : "") +
-        "</div>");
+        "</div>" + (d.logits_hist ? histogram("logits-histogram", "logit effects over the vocabulary", d.logits_hist.heights,
+                                              d.logits_hist.range) : ""));
     }
     if (d.neighbours) html.push('<h2>Nearest latents (decoder cosine)</h2><div id="neighbours">' +
       pairs("neighbours-table", d.neighbours, "latent", true) + "</div>");

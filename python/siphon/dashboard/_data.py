@@ -5,11 +5,12 @@ every latent the column's index embeds. Values carry 5 significant digits.
 A latent object::
 
     {"latent": 123, "firings": 40, "frequency": 0.0012, "max": 5.25, "mean": 1.5,
-     "hist": [counts of the `bins` bins over (0, max]],
+     "hist": [counts of the `bins` bins], "hist_range": [lo, hi],  # SAEDashboard's bins (_pass)
      "top": [example, ...],                       # largest value first (the earlier row first)
      "ranges": [{"range": 0, "lo": 0.0, "hi": 0.525, "examples": [example, ...]}, ...],
      "logits_top": [[token id, value], ...],      # with effects: largest first
      "logits_bottom": [[token id, value], ...],   #   most negative first
+     "logits_hist": {"heights": [...], "range": [lo, hi]},  # over the whole vocabulary
      "neighbours": [[latent, cosine], ...]}       #   largest first
 
 an example ``{"value", "row", "doc", "position", "tokens": [ids], "values": [this latent's
@@ -104,6 +105,10 @@ class ColumnData:
         self.sections: Dict[str, Tuple[List[List[int]], List[List[Optional[float]]]]] = {}
         for section, (ids, values) in (effects.sections.items() if effects is not None else ()):
             self.sections[section] = (ids.tolist(), [numbers(row) for row in values])
+        self.logits_hist: Optional[Tuple[List[List[int]], List[List[Optional[float]]]]] = None
+        if effects is not None and effects.logits_hist is not None:
+            heights, ranges = effects.logits_hist
+            self.logits_hist = (heights.tolist(), [numbers(row) for row in ranges])
 
     def examples(self, latent: int) -> Tuple[List[Dict[str, Any]], List[List[Dict[str, Any]]]]:
         """Latent `latent`'s top examples and its examples per range."""
@@ -137,12 +142,16 @@ class ColumnData:
             "max": self.max[latent],
             "mean": self.mean[latent],
             "hist": self.result.histogram[latent].tolist(),
+            "hist_range": numbers(self.result.range(latent)),
             "top": top,
             "ranges": [{"range": q, "lo": edges[q], "hi": edges[q + 1], "examples": group}
                        for q, group in enumerate(ranges)],
         }
         for section, (ids, values) in self.sections.items():
             out[section] = [[i, v] for i, v in zip(ids[latent], values[latent]) if i >= 0]
+        if self.logits_hist is not None:
+            heights, ranges = self.logits_hist
+            out["logits_hist"] = {"heights": heights[latent], "range": ranges[latent]}
         return out
 
     def chunks(self) -> Iterator[Tuple[int, List[Dict[str, Any]]]]:

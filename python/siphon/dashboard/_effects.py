@@ -7,6 +7,9 @@ binary writes them to an effects directory (every part optional)::
         logits_top_values     float32 [width, k]    direction raises most, largest first
         logits_bottom_ids     int32   [width, k]  ... and lowers most,
         logits_bottom_values  float32 [width, k]    most negative first
+        logits_hist_heights   int32   [width, bins]  the histogram of its logit effects over the
+        logits_hist_range     float32 [width, 2]     vocabulary: counts of equal bins between
+                                                     the smallest and largest (torch.histc's)
         neighbours_ids        int32   [width, n]  the latents nearest by decoder cosine,
         neighbours_cosine     float32 [width, n]    largest first, the latent itself excluded
 
@@ -46,6 +49,8 @@ class ColumnEffects:
     name: str
     width: int
     sections: Dict[str, Tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    #: ``(heights int64 [width, bins], range float32 [width, 2])`` where the file has them.
+    logits_hist: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
     def latent(self, latent: int) -> Dict[str, List[List[float]]]:
         """Latent `latent`'s sections: each a list of ``[id, value]`` (ids ``< 0`` left out)."""
@@ -95,6 +100,13 @@ def read_column(path: Path, name: str, width: int) -> ColumnEffects:
             raise DatasetError(f"{where}: {ids_name} {list(ids.shape)} and {values_name} {list(values.shape)} "
                                f"must both be [{width}, k] ({name!r} has {width} latents)")
         out.sections[section] = (ids.astype(np.int64), values.astype(np.float32))
+    if "logits_hist_heights" in tensors and "logits_hist_range" in tensors:
+        heights, ranges = tensors["logits_hist_heights"], tensors["logits_hist_range"]
+        if heights.dtype.kind not in "iu" or heights.ndim != 2 or heights.shape[0] != width \
+                or ranges.shape != (width, 2) or ranges.dtype.kind != "f":
+            raise DatasetError(f"{where}: logits_hist_heights {list(heights.shape)} and logits_hist_range "
+                               f"{list(ranges.shape)} must be integers [{width}, bins] and floats [{width}, 2]")
+        out.logits_hist = (heights.astype(np.int64), ranges.astype(np.float32))
     return out
 
 

@@ -1,13 +1,14 @@
 """One pass over a latents column's shards: every latent's examples (`siphon.examples`, with
 the latent's values over each example's window) and the histogram of its activations.
 
-The histogram of latent ``l`` has `bins` equal-width bins over ``(0, max[l]]``, ``max`` the
-run's per-latent largest value (stats.json): bin ``i`` holds the values ``v`` with
-``edge[i] <= v < edge[i + 1]``, ``edge[i] = max * i / bins``, the last bin also the value equal
-to ``max`` (as ``np.histogram(v, bins, range=(0, max))`` counts them). Values ``<= 0`` are not
-counted, nor are the tokens a ``keep_excluded`` mask excludes (as stats.json's firings). What
-the pass holds is per-latent arrays and the bounded example sets: its memory does not grow
-with the run.
+The histogram of latent ``l`` is SAEDashboard's (``torch.histc`` of the latent's values above
+0): `bins` equal-width bins from ``lo = min[l]`` to ``hi = max[l]``, the run's per-latent
+smallest value above 0 and largest (stats.json; both widened by 1 when they are equal, as
+torch does; ``lo`` 0 for a run written before minima were counted); a value's bin is
+``floor((v - lo) * bins / (hi - lo))`` in f32 as torch's kernel computes it, the largest in the
+last. Values ``<= 0`` are not counted, nor are the tokens a ``keep_excluded`` mask excludes (as
+stats.json's firings). What the pass holds is per-latent arrays and the bounded example sets:
+its memory does not grow with the run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, TextIO
+from typing import Any, Iterable, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
@@ -35,6 +36,7 @@ class ColumnPass:
 
     examples: LatentExamples
     histogram: np.ndarray
+    lo: np.ndarray
     shards: int = 0
     tokens: int = 0
 
@@ -52,17 +54,18 @@ class ColumnPass:
 
     @property
     def max(self) -> np.ndarray:
-        """Each latent's largest value (the run's): the upper bound of its histogram."""
+        """Each latent's largest value (the run's)."""
         return self.examples.max
 
-    def edges(self, latent: int) -> np.ndarray:
-        """The `bins` + 1 bin edges of `latent`'s histogram."""
-        return float(self.max[latent]) * np.arange(self.bins + 1) / self.bins
+    def range(self, latent: int) -> Tuple[float, float]:
+        """The ends of `latent`'s histogram, as the module says (f32 values as floats)."""
+        lo, hi = histogram_range(self.lo[latent:latent + 1], self.max[latent:latent + 1])
+        return float(lo[0]), float(hi[0])
 
     def add(self, shard: LatentShard) -> None:
         """Takes one shard in: its firings' examples and histogram."""
         self.examples.add(shard)
-        add_histogram(self.histogram, shard, self.max)
+        add_histogram(self.histogram, shard, self.lo, self.max)
         self.shards += 1
         self.tokens += shard.rows
 
@@ -81,28 +84,36 @@ class ColumnPass:
         return self
 
 
-def add_histogram(histogram: np.ndarray, shard: LatentShard, bound: np.ndarray) -> None:
+def histogram_range(lo: np.ndarray, hi: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The histograms' ends (f32) from the latents' smallest values above 0 and largest, equal
+    ones widened by 1 each side as ``torch.histc`` widens them."""
+    lo, hi = lo.astype(np.float32), hi.astype(np.float32)
+    same = lo == hi
+    return np.where(same, lo - np.float32(1), lo), np.where(same, hi + np.float32(1), hi)
+
+
+def add_histogram(histogram: np.ndarray, shard: LatentShard, lo: np.ndarray, hi: np.ndarray) -> None:
     """Adds the shard's included firings with a value above 0 to `histogram` (``[width,
-    bins]``), bins over ``(0, bound[latent]]`` as the module says."""
+    bins]``), latent ``l``'s bins from ``lo[l]`` to ``hi[l]`` as the module says (values
+    outside them are not counted)."""
     width, bins = histogram.shape
     rows = shard.local_rows()
     latents = shard.indices.astype(np.int64)
-    values = shard.values.astype(np.float64)
+    values = shard.values.astype(np.float32)
     keep = values > 0
     if shard.mask is not None:
         keep &= shard.mask[rows]
     latents, values = latents[keep], values[keep]
-    top = bound[latents].astype(np.float64)
-    latents, values, top = latents[top > 0], values[top > 0], top[top > 0]
+    start, end = histogram_range(lo, hi)
+    start, end = start[latents], end[latents]
+    inside = (values >= start) & (values <= end) & (end > start)
+    latents, values, start, end = latents[inside], values[inside], start[inside], end[inside]
     if not len(values):
         return
-    with np.errstate(over="ignore", invalid="ignore"):
-        at = np.floor(values / top * bins)
-    at = np.clip(np.nan_to_num(at, nan=0.0), 0, bins - 1).astype(np.int64)
-    # Exact against the edges max * i / bins: a value below its bin's lower edge goes down one,
-    # one at or past its upper edge up one (the last bin is closed).
-    at -= (values < top * at / bins) & (at > 0)
-    at += (values >= top * (at + 1) / bins) & (at < bins - 1)
+    # torch's CPU histc: pos = (elt - leftmost) * bins / (rightmost - leftmost), in the data's
+    # f32, truncated; the rightmost value into the last bin.
+    at = ((values - start) * np.float32(bins) / (end - start)).astype(np.int64)
+    at = np.minimum(at, bins - 1)
     histogram += np.bincount(latents * bins + at, minlength=width * bins).reshape(width, bins)
 
 
@@ -180,7 +191,9 @@ def column_pass(
         raise DatasetError(f"bins must be at most {MAX_BINS}, got {bins}")
     examples = empty_examples(dataset, name, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
                               seed=seed)
-    out = ColumnPass(examples, np.zeros((examples.width, bins), np.int64))
+    stats = dataset.latent_stats(name)
+    lo = stats.get("min", np.zeros(examples.width))
+    out = ColumnPass(examples, np.zeros((examples.width, bins), np.int64), lo)
     if total is None:
         total = len(shards) if isinstance(shards, Sequence) else len(dataset.shards)
     meter = Progress(name, total, enabled=progress, stream=stream)

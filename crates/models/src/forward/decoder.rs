@@ -46,7 +46,7 @@ pub(crate) fn pre_norm_decoder<T>(
         let out = g.b.add(h, m)?;
         Ok(out)
     })?;
-    g.finish_decoder(x, gain)
+    g.finish_decoder(x)
 }
 
 /// The decoder of Llama and the families built like it (Qwen2/3, Mistral, Phi-3, SmolLM3,
@@ -194,11 +194,12 @@ impl<'a> Graph<'a> {
 
     /// Ends a decoder after its blocks left the residual stream `x`: `x` is the
     /// next block's `hook_resid_pre` when that block is not built, then the final norm
-    /// (`model.norm.weight`, its gain applied as `gain` says) and its hooks when asked for,
-    /// then the program ([`Graph::finish`]).
-    pub fn finish_decoder(mut self, x: Value, gain: Gain) -> Result<ForwardProgram, ModelError> {
+    /// (`model.norm.weight`, its gain applied as the family's `final_gain` says) and its hooks
+    /// when asked for, then the program ([`Graph::finish`]).
+    pub fn finish_decoder(mut self, x: Value) -> Result<ForwardProgram, ModelError> {
         self.end_blocks(x);
         if self.with_final_norm {
+            let gain = self.config.arch.family().final_gain;
             let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;
             self.hook_final_norm(&norm)?;
         }

@@ -8,19 +8,19 @@
 //! exports do; this command first writes what only the model knows beside them — the
 //! vocabulary as strings (`OUT/effects/vocab.json`, each token id decoded alone by the run's
 //! tokenizer: `--tokenizer`, else the one run.json names, else its model's), so that the
-//! pages show tokens rather than ids — and each dictionary's nearest latents by the cosine of
-//! their decoder rows (`OUT/effects/{column}.safetensors`: `neighbours_ids` i32 and
-//! `neighbours_cosine` f32 `[d_sae, n]`, largest first, the latent itself left out), computed
-//! by XLA on the CPU plugin in chunks of rows.
+//! pages show tokens rather than ids — and what each dictionary's decoder rows say: its
+//! nearest latents and its logit effects through the run's model (`OUT/effects/{column}.safetensors`,
+//! [`effects`]).
+
+mod effects;
 
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
 
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
-use siphon_hlo::{Builder, DType, TensorType};
-use siphon_models::dictionary::Tensor;
-use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginLocator};
+use siphon_models::{DType, LoadedModel};
+use siphon_runtime::{Client, ClientOptions, Plugin, PluginLocator};
 
 /// `siphon dashboard` flags (the pass's passed on to `python -m siphon dashboard`).
 #[derive(ClapArgs)]
@@ -61,6 +61,14 @@ pub struct Args {
     /// Nearest latents shown per latent, by decoder cosine (0: none).
     #[arg(long, default_value_t = 10)]
     neighbours: usize,
+    /// Tokens shown per latent whose logits its decoder direction raises most, and as many
+    /// it lowers most (0: no logit effects).
+    #[arg(long, default_value_t = 10)]
+    logits: usize,
+    /// The model whose unembedding gives the logit effects: an HF model directory or a .gguf
+    /// (default: the run's, where it is on this machine).
+    #[arg(long)]
+    model: Option<PathBuf>,
     /// PJRT plugin for the decoder products (default: SIPHON_PJRT_PLUGIN, then siphon's cache).
     #[arg(long, value_name = "PATH")]
     plugin: Option<PathBuf>,
@@ -84,8 +92,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tracing::warn!("the run's tokenizer is not on this machine: tokens are shown as ids (give --tokenizer)")
         }
     }
-    if args.neighbours > 0 {
-        write_all_neighbours(&args, &effects)?;
+    if args.neighbours > 0 || args.logits > 0 {
+        write_all_effects(&args, &effects)?;
     }
     let mut cmd = Process::new(&python);
     cmd.args(["-m", "siphon", "dashboard", &args.run, "--out"]).arg(&args.out).arg("--effects").arg(&effects);
@@ -131,105 +139,119 @@ fn run_tokenizer(run: &str) -> anyhow::Result<Option<PathBuf>> {
     Ok(named.into_iter().filter_map(|v| v.as_str()).map(PathBuf::from).find(|p| p.exists()))
 }
 
-/// Each dictionary's nearest latents (those of `--latents`) into `effects`; a dictionary whose
-/// decoder siphon does not read is passed over, said in the log.
-fn write_all_neighbours(args: &Args, effects: &Path) -> anyhow::Result<()> {
+/// Each dictionary's effects (those of `--latents`) into `effects`: its nearest latents, and
+/// its logit effects where the model is on this machine and its decoder writes to the
+/// residual stream; what cannot be computed is passed over, said in the log.
+fn write_all_effects(args: &Args, effects: &Path) -> anyhow::Result<()> {
     let wanted: Option<Vec<&str>> = args.latents.as_deref().map(|l| l.split(',').collect());
     let columns: Vec<_> = run_dictionaries(&args.run)?
         .into_iter()
-        .filter(|(name, _)| wanted.as_ref().is_none_or(|w| w.contains(&name.as_str())))
+        .filter(|c| wanted.as_ref().is_none_or(|w| w.contains(&c.name.as_str())))
         .collect();
     if columns.is_empty() {
         return Ok(());
     }
+    let unembedding = if args.logits > 0 { unembedding(args)? } else { None };
     let choice = PluginLocator::new().explicit(args.plugin.clone()).locate().context("finding a PJRT plugin")?;
     let plugin = Plugin::load(&choice.path).context("loading the PJRT plugin")?;
     let client = Client::new(&plugin, ClientOptions::new()).context("creating a PJRT client")?;
-    for (name, dictionary) in columns {
-        match siphon_models::dictionary_files::decoder(&dictionary) {
-            Ok(w_dec) => {
-                let (ids, cosine) = neighbours(&client, &w_dec, args.neighbours)
-                    .with_context(|| format!("the nearest latents of {name}"))?;
-                write_neighbours(&effects.join(format!("{name}.safetensors")), &ids, &cosine, w_dec.shape[0])?;
+    for column in columns {
+        let name = &column.name;
+        let w_dec = match siphon_models::dictionary_files::decoder(&column.dictionary) {
+            Ok(w_dec) => w_dec,
+            Err(e) => {
+                tracing::warn!("{name}: no nearest latents or logit effects ({e})");
+                continue;
             }
-            Err(e) => tracing::warn!("{name}: no nearest latents ({e})"),
+        };
+        let (unit, latents, d) = effects::unit_rows(&w_dec)?;
+        let mut out = effects::ColumnEffects::default();
+        effects::neighbours(&client, &mut out, &unit, (latents, d), args.neighbours)
+            .with_context(|| format!("the nearest latents of {name}"))?;
+        match &unembedding {
+            Some(w_u) if !effects::writes_residual_basis(&column.hook) => tracing::warn!(
+                "{name}: no logit effects: a dictionary on {} writes outside the residual stream's basis (SAEDashboard \
+                 maps such rows through W_O or W_out first; siphon does not yet)",
+                column.hook
+            ),
+            Some(w_u) if w_u.len() % d != 0 => {
+                bail!(
+                    "{name}: the decoder's rows have {d} values but the model's hidden size does not divide its unembedding"
+                )
+            }
+            Some(w_u) => effects::logits(&client, &mut out, &unit, (latents, d), w_u, args.logits, args.bins as usize)
+                .with_context(|| format!("the logit effects of {name}"))?,
+            None => {}
+        }
+        if !out.is_empty() {
+            out.write(&effects.join(format!("{name}.safetensors")))?;
         }
     }
     Ok(())
 }
 
-/// Each latents column of the run with its dictionary's directory, where that is on this
-/// machine (run.json's `latents[].dictionary.source`).
-fn run_dictionaries(run: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
+/// The run's model's unembedding in TransformerLens's convention (`[vocab, hidden]`,
+/// [`effects::folded_unembedding`]), where the model is on this machine (`--model`, else
+/// run.json's `model.path`); `None`, said in the log, where it is not.
+fn unembedding(args: &Args) -> anyhow::Result<Option<Vec<f32>>> {
+    let named = match &args.model {
+        Some(path) => Some(path.clone()),
+        None => {
+            run_json(&args.run)?.and_then(|j| j["model"]["path"].as_str().map(PathBuf::from)).filter(|p| p.exists())
+        }
+    };
+    let Some(path) = named else {
+        tracing::warn!("the run's model is not on this machine: no logit effects (give --model)");
+        return Ok(None);
+    };
+    let model = LoadedModel::open(&path).with_context(|| format!("opening the model {}", path.display()))?;
+    let names = model.config.unembedding()?;
+    let read = |name: &str| -> anyhow::Result<Vec<f32>> {
+        Ok(model.weights.get(name, DType::F32).with_context(|| format!("reading {name}"))?.to_f32_vec())
+    };
+    let mut gain = read(&names.norm)?;
+    if names.unit_offset {
+        gain.iter_mut().for_each(|g| *g += 1.0);
+    }
+    let unembed = read(&names.weight)?;
+    if gain.is_empty() || unembed.len() % gain.len() != 0 {
+        bail!(
+            "{}: {} has {} values, {} {} (not [vocab, hidden])",
+            path.display(),
+            names.norm,
+            gain.len(),
+            names.weight,
+            unembed.len()
+        );
+    }
+    Ok(Some(effects::folded_unembedding(&unembed, &gain, gain.len())))
+}
+
+/// A latents column of the run whose dictionary is on this machine.
+struct RunDictionary {
+    /// The column's name.
+    name: String,
+    /// The hook its dictionary reads.
+    hook: String,
+    /// The dictionary's directory (run.json's `latents[].dictionary.source`).
+    dictionary: PathBuf,
+}
+
+/// Each latents column of the run whose dictionary's directory is on this machine.
+fn run_dictionaries(run: &str) -> anyhow::Result<Vec<RunDictionary>> {
     let Some(json) = run_json(run)? else { return Ok(Vec::new()) };
     let latents = json["latents"].as_array().map(Vec::as_slice).unwrap_or_default();
     Ok(latents
         .iter()
-        .filter_map(|l| Some((l["name"].as_str()?.to_string(), PathBuf::from(l["dictionary"]["source"].as_str()?))))
-        .filter(|(_, dir)| dir.is_dir())
+        .filter_map(|l| {
+            Some(RunDictionary {
+                name: l["name"].as_str()?.to_string(),
+                hook: l["hook"].as_str()?.to_string(),
+                dictionary: PathBuf::from(l["dictionary"]["source"].as_str()?),
+            })
+        })
+        .filter(|c| c.dictionary.is_dir())
         .collect())
-}
-
-/// Rows of the decoder multiplied at once.
-const CHUNK: usize = 1024;
-
-/// Each latent's `n` nearest others by the cosine of its decoder row `w_dec` `[d_sae, d]`
-/// (a zero row's cosines are 0), largest first: `[d_sae, n]` ids and cosines, by
-/// `normalized · normalizedᵀ` and top-k on `client` in chunks of [`CHUNK`] rows.
-fn neighbours(client: &Client, w_dec: &Tensor, n: usize) -> anyhow::Result<(Vec<i32>, Vec<f32>)> {
-    let [latents, d] = w_dec.shape[..] else { bail!("W_dec is {:?}, not [d_sae, d]", w_dec.shape) };
-    let n = n.min(latents.saturating_sub(1));
-    if n == 0 {
-        return Ok((Vec::new(), Vec::new()));
-    }
-    let mut unit = w_dec.values.clone();
-    for row in unit.chunks_exact_mut(d) {
-        let norm = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt();
-        row.iter_mut().for_each(|v| *v = if norm > 0.0 { (f64::from(*v) / norm) as f32 } else { 0.0 });
-    }
-    let chunk = CHUNK.min(latents);
-    let mut b = Builder::new("neighbours");
-    let rows = b.arg(TensorType::new(DType::F32, &[chunk, d]), None)?;
-    let all = b.arg(TensorType::new(DType::F32, &[latents, d]), None)?;
-    let cosine = b.matmul_t(rows, all)?;
-    let (values, indices) = b.top_k(cosine, n + 1)?;
-    let exe = client.compile(&b.finish(&[values, indices])?, &CompileOptions::single_device(None))?;
-    let device = exe.device_ids()[0];
-    let all = client.upload(&HostArray::from_slice(&[latents, d], &unit)?, device)?;
-    let (mut ids, mut cosines) = (Vec::with_capacity(latents * n), Vec::with_capacity(latents * n));
-    for start in (0..latents).step_by(chunk) {
-        let end = (start + chunk).min(latents);
-        let mut block = vec![0f32; chunk * d];
-        block[..(end - start) * d].copy_from_slice(&unit[start * d..end * d]);
-        let block = client.upload(&HostArray::from_slice(&[chunk, d], &block)?, device)?;
-        let out = exe.execute(&[vec![&block, &all]])?;
-        let values = out[0][0].to_host()?.to_f32();
-        let found = out[0][1].to_host()?;
-        let found: Vec<i32> =
-            found.bytes().chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        for r in 0..end - start {
-            // The latent itself (cosine 1) is left out, wherever the top-k put it.
-            let latent = (start + r) as i32;
-            for i in (r * (n + 1)..(r + 1) * (n + 1)).filter(|&i| found[i] != latent).take(n) {
-                ids.push(found[i]);
-                cosines.push(values[i]);
-            }
-        }
-    }
-    Ok((ids, cosines))
-}
-
-/// The nearest latents of `latents` latents as the effects file `siphon.dashboard` reads.
-fn write_neighbours(path: &Path, ids: &[i32], cosine: &[f32], latents: usize) -> anyhow::Result<()> {
-    use safetensors::{Dtype, tensor::TensorView};
-    let n = ids.len() / latents.max(1);
-    let id_bytes: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let cos_bytes: Vec<u8> = cosine.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let tensors = [
-        ("neighbours_ids", TensorView::new(Dtype::I32, vec![latents, n], &id_bytes)?),
-        ("neighbours_cosine", TensorView::new(Dtype::F32, vec![latents, n], &cos_bytes)?),
-    ];
-    safetensors::serialize_to_file(tensors, None, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Every token id of the tokenizer at `path` decoded alone, as a JSON list by id.

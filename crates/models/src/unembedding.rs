@@ -1,0 +1,76 @@
+//! The end of a model as a direction in the residual stream reaches the logits, in
+//! TransformerLens's convention (`fold_ln`, `center_unembed`, the defaults of
+//! `HookedTransformer.from_pretrained` that SAEDashboard's logit tables read): the final norm's
+//! gain folded into the unembedding, `W_U[:, v] = g ⊙ unembed[v]`, each row of `W_U` then
+//! centred over the vocabulary. `g` is the norm's stored weight `w`, or `1 + w` where the
+//! family's norm applies it so (Gemma, Qwen3-Next); a LayerNorm's bias does not reach a
+//! direction's logits.
+
+use crate::ModelError;
+use crate::config::{ModelConfig, ParamClass};
+use crate::layers::norm::Gain;
+
+/// Where a model's logits come from (tensor names as [`crate::Weights`] finds them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unembedding {
+    /// The final norm's gain `[hidden]`.
+    pub norm: String,
+    /// Whether the norm multiplies by `1 + w` rather than by its stored `w`.
+    pub unit_offset: bool,
+    /// The unembedding `[vocab, hidden]`: `lm_head.weight`, the token embedding when tied.
+    pub weight: String,
+}
+
+impl ModelConfig {
+    /// The final norm and unembedding of this model: the family's weights (its `params`,
+    /// the final norm the gain without a block, the untied lm_head else the embedding) and
+    /// its final norm's gain form.
+    pub fn unembedding(&self) -> Result<Unembedding, ModelError> {
+        let params = self.params(self.n_layers, true);
+        let last = |class: ParamClass| params.iter().rev().find(|p| p.class == class && p.layer.is_none());
+        let norm = last(ParamClass::Norm);
+        let weight = last(ParamClass::LmHead).or_else(|| last(ParamClass::Embedding));
+        match (norm, weight) {
+            (Some(norm), Some(weight)) => Ok(Unembedding {
+                norm: norm.name.clone(),
+                unit_offset: self.arch.family().final_gain == Gain::UnitOffset,
+                weight: weight.name.clone(),
+            }),
+            _ => Err(ModelError::UnsupportedArch(format!(
+                "{}: no final norm and unembedding among its weights",
+                self.arch
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::HfConfig;
+
+    fn config(json: &str) -> crate::ModelConfig {
+        HfConfig::from_json(json).unwrap().into_config().unwrap()
+    }
+
+    #[test]
+    fn tied_models_unembed_with_their_embedding_and_gemma_adds_one() {
+        let dims = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256"#;
+        let llama = config(&format!(r#"{{"model_type": "llama", {dims}, "tie_word_embeddings": false}}"#));
+        let u = llama.unembedding().unwrap();
+        assert_eq!((u.norm.as_str(), u.unit_offset, u.weight.as_str()), ("model.norm.weight", false, "lm_head.weight"));
+        let tied = config(&format!(r#"{{"model_type": "llama", {dims}, "tie_word_embeddings": true}}"#));
+        assert_eq!(tied.unembedding().unwrap().weight, "model.embed_tokens.weight");
+        let gemma = config(&format!(r#"{{"model_type": "gemma2", {dims}, "head_dim": 16}}"#));
+        let u = gemma.unembedding().unwrap();
+        assert_eq!(
+            (u.norm.as_str(), u.unit_offset, u.weight.as_str()),
+            ("model.norm.weight", true, "model.embed_tokens.weight")
+        );
+        let gpt2 = config(
+            r#"{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 32}"#,
+        );
+        let u = gpt2.unembedding().unwrap();
+        assert_eq!((u.norm.as_str(), u.unit_offset), ("transformer.ln_f.weight", false));
+    }
+}
