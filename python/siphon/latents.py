@@ -345,10 +345,11 @@ def latents_stats(stats: Mapping[str, Any], name: str) -> Dict[str, Any]:
     out = {"count": count, "firings": firings, "sums": sums, "frequency": frequency, "mean": mean}
     for key in ("max", "min"):
         if key in entry:
-            out[key] = np.asarray(entry[key], dtype=np.float64)
-            if out[key].shape != firings.shape:
-                raise DatasetError(f"stats.json: latents {name!r}: {len(out[key])} entries in {key}, "
+            per_latent = np.asarray(entry[key], dtype=np.float64)
+            if per_latent.shape != firings.shape:
+                raise DatasetError(f"stats.json: latents {name!r}: {per_latent.size} entries in {key}, "
                                    f"{len(firings)} latents")
+            out[key] = per_latent
     return out
 
 

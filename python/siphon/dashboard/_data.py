@@ -150,8 +150,8 @@ class ColumnData:
         for section, (ids, values) in self.sections.items():
             out[section] = [[i, v] for i, v in zip(ids[latent], values[latent]) if i >= 0]
         if self.logits_hist is not None:
-            heights, ranges = self.logits_hist
-            out["logits_hist"] = {"heights": heights[latent], "range": ranges[latent]}
+            heights, bounds = self.logits_hist
+            out["logits_hist"] = {"heights": heights[latent], "range": bounds[latent]}
         return out
 
     def chunks(self) -> Iterator[Tuple[int, List[Dict[str, Any]]]]:
