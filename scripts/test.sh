@@ -5,7 +5,8 @@
 # kubernetes-validate) and the demo corpus. Extra arguments go to `cargo test`. Then the Python
 # package's type check (mypy --strict) and tests (python/tests, pytest, in the venv of
 # scripts/setup-python-train.sh: SAELens 6.x, torch; delphi's checks in the venv of
-# scripts/setup-python-delphi.sh; the dashboard's in headless Chromium, scripts/setup-chromium.sh)
+# scripts/setup-python-delphi.sh; the dashboards' against SAEDashboard's in the venv of
+# scripts/setup-python-saedashboard.sh and in headless Chromium, scripts/setup-chromium.sh)
 # on datasets the debug `siphon` binary writes, and
 # `pip install .` into a fresh venv (scripts/check-pip-install.sh; SIPHON_SKIP_PIP_INSTALL=1
 # skips it). libtpu (PyPI, ~200 MB once; scripts/setup-libtpu.sh) is for
@@ -60,6 +61,11 @@ if [ -f scripts/setup-python-train.sh ] && [ -d python/tests ]; then
     if [ -f scripts/setup-python-delphi.sh ]; then
         SIPHON_DELPHI_PYTHON="$(setup setup-python-delphi.sh)"
         export SIPHON_DELPHI_PYTHON
+    fi
+    # SAEDashboard (without its pins) on the train venv: the dashboards' reference.
+    if [ -f scripts/setup-python-saedashboard.sh ]; then
+        SIPHON_SAEDASHBOARD_PYTHON="$(setup setup-python-saedashboard.sh)"
+        export SIPHON_SAEDASHBOARD_PYTHON
     fi
     target="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
     cargo build --quiet -p siphon

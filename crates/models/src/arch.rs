@@ -91,8 +91,31 @@ pub(crate) struct Family {
     /// in order when a name starting with `prefix` is missing (GPT-2 checkpoints without the
     /// `transformer.` prefix, the text tower of multimodal Gemma 3 checkpoints).
     pub renames: &'static [(&'static str, &'static str)],
-    /// How the final norm applies its gain: the norm [`crate::forward::Graph::finish_decoder`]
-    /// builds, and the factor a dictionary's logit effects fold into the unembedding
-    /// ([`crate::Unembedding`]).
-    pub final_gain: Gain,
+    /// The final norm: how it applies its gain (the norm
+    /// [`crate::forward::Graph::finish_decoder`] builds) and how TransformerLens folds it into
+    /// the unembedding that a dictionary's logit effects read ([`crate::Unembedding`]).
+    pub final_norm: FinalNorm,
+}
+
+/// A family's final norm, and its unembedding as TransformerLens's `from_pretrained` processes
+/// it by default (what SAEDashboard's logit tables multiply by).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FinalNorm {
+    /// How the norm applies its gain.
+    pub gain: Gain,
+    /// Whether TransformerLens folds the gain into `W_U` (`fold_ln`; not for the post-norm
+    /// architectures, OLMo 2 and 3).
+    pub folded: bool,
+    /// Whether it centres `W_U` over the vocabulary (`center_unembed`; not where the final
+    /// logits are soft-capped, which centring would change: Gemma 2, Gemma 4).
+    pub centred: bool,
+}
+
+impl FinalNorm {
+    /// `w · x`, folded and centred (Llama and most families).
+    pub const PLAIN: FinalNorm = FinalNorm { gain: Gain::Plain, folded: true, centred: true };
+    /// `w · x` in f32, folded and centred.
+    pub const F32: FinalNorm = FinalNorm { gain: Gain::F32, ..FinalNorm::PLAIN };
+    /// `(1 + w) · x` in f32 (Gemma's, Qwen3-Next's), folded as `1 + w` and centred.
+    pub const UNIT_OFFSET: FinalNorm = FinalNorm { gain: Gain::UnitOffset, ..FinalNorm::PLAIN };
 }

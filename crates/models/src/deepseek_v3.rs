@@ -29,7 +29,7 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{DType, TensorType, Value};
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Rope};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
@@ -61,7 +61,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::SharedExpert,
     ],
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// DeepSeek-V3's router: sigmoid scores, chosen by score plus a correction bias within the

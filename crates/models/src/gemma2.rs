@@ -24,7 +24,7 @@
 
 use serde_json::Value;
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, decoder_params};
 use crate::hf_config::{ActivationKey, Defaults};
@@ -53,7 +53,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::PostNorms,
     ],
     renames: &[],
-    final_gain: Gain::UnitOffset,
+    final_norm: FinalNorm { gain: Gain::UnitOffset, folded: true, centred: false },
 };
 
 /// Gemma2Config's: `head_dim` 256, tied, GeGLU, every other layer windowed from the first.

@@ -11,13 +11,12 @@
 //! (`model_type` `gemma3`) give their text tower: its config is `text_config` and its weights
 //! sit under `model.language_model.` (or `language_model.model.`); the vision tower is not read.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, Rope};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::gemma2::{GEMMA_ACTIVATION, gemma_config, gemma_params, gemma_windows};
 use crate::hf_config::Defaults;
 use crate::hooks::Feature;
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -42,7 +41,7 @@ pub(crate) static FAMILY: Family = Family {
     // The text tower of multimodal checkpoints: transformers 5 and late 4.x save it under
     // `model.language_model.`, earlier ones under `language_model.model.`.
     renames: &[("model.", "model.language_model."), ("model.", "language_model.model.")],
-    final_gain: Gain::UnitOffset,
+    final_norm: FinalNorm::UNIT_OFFSET,
 };
 
 /// Gemma3TextConfig's: `head_dim` 256, global layers with base 1e6, five local layers for

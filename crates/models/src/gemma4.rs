@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use siphon_hlo::Value;
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Rope, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
@@ -72,7 +72,7 @@ pub(crate) static FAMILY: Family = Family {
     ],
     // The text tower of a multimodal checkpoint.
     renames: &[("model.", "model.language_model.")],
-    final_gain: Gain::F32,
+    final_norm: FinalNorm { gain: Gain::F32, folded: true, centred: false },
 };
 
 /// What only Gemma 4's block reads.

@@ -22,12 +22,11 @@
 
 use serde_json::Value;
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::{ActivationKey, Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::layers::norm::Gain;
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -42,7 +41,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: &[Feature::LearnedPositions, Feature::PreNorms, Feature::ResidMid, Feature::DenseMlp],
     renames: &[("transformer.", "")],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// GPT2Config: its own key names (`n_embd`, `n_layer`, `n_head`, `n_positions`, `n_inner`,

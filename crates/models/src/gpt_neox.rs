@@ -20,12 +20,11 @@
 //! The parallel block has no `hook_resid_mid`. `query_key_value` is cut into per-part weights
 //! of whole heads when read ([`crate::Slice`]), so the parts shard over heads.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::layers::norm::Gain;
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -40,7 +39,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: &[Feature::PreNorms, Feature::DenseMlp, Feature::Rotary],
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// GPTNeoXConfig: `layer_norm_eps` 1e-5, biases, exact GELU, untied; the hub's older

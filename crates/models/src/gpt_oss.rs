@@ -27,7 +27,7 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
@@ -49,7 +49,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::Moe, Feature::TopKRouter],
     renames: &[],
-    final_gain: Gain::F32,
+    final_norm: FinalNorm::F32,
 };
 
 /// What only GPT-OSS's experts read.

@@ -25,12 +25,11 @@
 //! Weights keep their Hugging Face names and `[out, in]` layout; [`crate::qwen2`] reuses
 //! this block with q/k/v biases.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::ParamInfo;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
 use crate::hooks::Feature;
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -45,7 +44,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: FEATURES,
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// The hook features of the decoder without q/k norms or post-norms (Llama, Qwen2, Mistral).

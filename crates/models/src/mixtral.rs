@@ -7,12 +7,11 @@
 //!
 //! Hooks: Llama's, except the MLP's insides; `hook_mlp_out` is the mixture's output.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::ParamInfo;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need, windows_on_every_layer};
 use crate::hooks::Feature;
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The family's handle.
@@ -27,7 +26,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::Moe],
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// MixtralConfig: no window unless set; every expert as wide as `intermediate_size`; the

@@ -19,7 +19,7 @@
 //! As TransformerLens has them, the q/k-norm hooks are per token over the whole projection
 //! (`[n_heads * head_dim]`, one scale per token), and there are no `ln1` / `ln2` hooks.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, ParamClass, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::Defaults;
@@ -47,7 +47,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::QkNorm,
     ],
     renames: &[],
-    final_gain: Gain::F32,
+    final_norm: FinalNorm { gain: Gain::F32, folded: false, centred: true },
 };
 
 /// Olmo2Config: eps 1e-5, q/k norms over the whole projection, no biases, no windows.

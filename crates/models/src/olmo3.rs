@@ -6,7 +6,7 @@
 //!
 //! Hooks: OLMo 2's (TransformerLens's OLMo 3 adapter is OLMo 2's).
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, Rope};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::Defaults;
@@ -25,7 +25,7 @@ pub(crate) static FAMILY: Family = Family {
     params: crate::olmo2::params,
     features: crate::olmo2::FAMILY.features,
     renames: &[],
-    final_gain: Gain::F32,
+    final_norm: FinalNorm { gain: Gain::F32, folded: false, centred: true },
 };
 
 /// Olmo3Config's: eps 1e-5, RoPE base 5e5 on both kinds of layer, a window of 4096 on all

@@ -11,12 +11,11 @@
 //! Hooks: Llama's with OLMo 2's whole-projection q/k-norm hooks, except the MLP's insides;
 //! `hook_mlp_out` is the mixture's output.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::Attention;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::Feature;
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The family's handle.
@@ -31,7 +30,7 @@ pub(crate) static FAMILY: Family = Family {
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::QkNorm, Feature::Moe],
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// OlmoeConfig: eps 1e-5, untied, experts `intermediate_size` wide, not renormalised unless

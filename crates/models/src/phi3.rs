@@ -10,11 +10,10 @@
 //! `up_proj` when they are read ([`crate::Slice`]), so the forward is Llama's and every part
 //! shards on whole heads; the hooks are Llama's.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, self_attention_decoder};
 use crate::hf_config::{Defaults, windows_on_every_layer};
-use crate::layers::norm::Gain;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -30,7 +29,7 @@ pub(crate) static FAMILY: Family = Family {
     params,
     features: FEATURES,
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// Phi3Config: eps 1e-5; a window on every layer when `sliding_window` is set (Phi-3-mini:

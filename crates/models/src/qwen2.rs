@@ -7,10 +7,9 @@
 //! Sliding-window attention (`use_sliding_window`, off in every released Qwen2.5 config) is
 //! honoured on the layers Hugging Face windows ([`crate::config::LayerSpec::window`]).
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
-use crate::layers::norm::Gain;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -29,7 +28,7 @@ pub(crate) static FAMILY: Family = Family {
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: FEATURES,
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// Builds the Qwen2 forward for `spec`.

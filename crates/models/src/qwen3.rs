@@ -9,12 +9,11 @@
 //! `attn.hook_q_normed` / `hook_k_normed` (and `attn.q_norm.hook_scale` / `hook_normalized`)
 //! are the norms' parts, and `attn.hook_rot_q` / `hook_rot_k` RoPE of the normed heads.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::Attention;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, qwen_windows};
 use crate::hooks::Feature;
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.
@@ -37,7 +36,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::QkNorm,
     ],
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// Qwen3Config's (Qwen3-MoE's too): `head_dim` 128, Qwen2's windows.

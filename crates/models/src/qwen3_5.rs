@@ -9,9 +9,8 @@
 //! is not read. Their RoPE is multimodal (`mrope_section`): for text, whose three position
 //! ids are equal, it is the plain rotary of the first `partial_rotary_factor` of each head.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::hooks::Feature;
-use crate::layers::norm::Gain;
 use crate::qwen3_next::{MIXTURE_FEATURES, build_hybrid, hybrid, hybrid_params, mixture};
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -36,7 +35,7 @@ pub(crate) static FAMILY: Family = Family {
         Feature::LinearAttention,
     ],
     renames: TEXT_TOWER,
-    final_gain: Gain::UnitOffset,
+    final_norm: FinalNorm::UNIT_OFFSET,
 };
 
 /// The mixture family's handle.
@@ -51,7 +50,7 @@ pub(crate) static MOE_FAMILY: Family = Family {
     params: hybrid_params,
     features: MIXTURE_FEATURES,
     renames: TEXT_TOWER,
-    final_gain: Gain::UnitOffset,
+    final_norm: FinalNorm::UNIT_OFFSET,
 };
 
 /// Where a multimodal checkpoint keeps its text tower's weights.

@@ -9,12 +9,11 @@
 //! which a mixture does not have per token; `mlp.hook_in` is the mixture's input and
 //! `hook_mlp_out` its output (the routed experts' weighted sum).
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::Attention;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::need;
 use crate::hooks::Feature;
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The family's handle.
@@ -29,7 +28,7 @@ pub(crate) static FAMILY: Family = Family {
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: &[Feature::PreNorms, Feature::ResidMid, Feature::Rotary, Feature::QkNorm, Feature::Moe],
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {

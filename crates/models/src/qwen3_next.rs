@@ -30,7 +30,7 @@
 
 use siphon_hlo::Value;
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, ParamClass, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::gated_deltanet::{self, LinearAttention};
@@ -53,7 +53,7 @@ pub(crate) static FAMILY: Family = Family {
     params: hybrid_params,
     features: MIXTURE_FEATURES,
     renames: &[],
-    final_gain: Gain::UnitOffset,
+    final_norm: FinalNorm::UNIT_OFFSET,
 };
 
 /// The hooks of the hybrid decoder with a mixture (Qwen3-Next, Qwen3.5-MoE).

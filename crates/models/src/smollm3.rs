@@ -8,10 +8,9 @@
 //! Hooks: Llama's. On a NoPE layer `attn.hook_rot_q` / `hook_rot_k` are the queries and
 //! keys as they enter attention, unrotated.
 
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, Family, FinalNorm};
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
-use crate::layers::norm::Gain;
 use crate::llama::FEATURES;
 use crate::{HfConfig, ModelConfig, ModelError};
 
@@ -27,7 +26,7 @@ pub(crate) static FAMILY: Family = Family {
     params: |c, n, lm_head| decoder_params(c, n, lm_head, &[]),
     features: FEATURES,
     renames: &[],
-    final_gain: Gain::Plain,
+    final_norm: FinalNorm::PLAIN,
 };
 
 /// SmolLM3Config's: tied, eps 1e-6, windows as [`windows`] says.

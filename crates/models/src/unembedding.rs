@@ -2,9 +2,10 @@
 //! TransformerLens's convention (`fold_ln`, `center_unembed`, the defaults of
 //! `HookedTransformer.from_pretrained` that SAEDashboard's logit tables read): the final norm's
 //! gain folded into the unembedding, `W_U[:, v] = g ⊙ unembed[v]`, each row of `W_U` then
-//! centred over the vocabulary. `g` is the norm's stored weight `w`, or `1 + w` where the
-//! family's norm applies it so (Gemma, Qwen3-Next); a LayerNorm's bias does not reach a
-//! direction's logits.
+//! centred over the vocabulary — each step where the family's [`crate::arch::FinalNorm`] says
+//! TransformerLens takes it. `g` is the norm's stored weight `w`, or `1 + w` where the family's
+//! norm applies it so (Gemma, Qwen3-Next); a LayerNorm's bias does not reach a direction's
+//! logits.
 
 use crate::ModelError;
 use crate::config::{ModelConfig, ParamClass};
@@ -13,10 +14,12 @@ use crate::layers::norm::Gain;
 /// Where a model's logits come from (tensor names as [`crate::Weights`] finds them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unembedding {
-    /// The final norm's gain `[hidden]`.
-    pub norm: String,
+    /// The final norm's gain `[hidden]`, where it is folded into the unembedding.
+    pub norm: Option<String>,
     /// Whether the norm multiplies by `1 + w` rather than by its stored `w`.
     pub unit_offset: bool,
+    /// Whether each hidden dimension's row is centred over the vocabulary.
+    pub centred: bool,
     /// The unembedding `[vocab, hidden]`: `lm_head.weight`, the token embedding when tied.
     pub weight: String,
 }
@@ -31,11 +34,15 @@ impl ModelConfig {
         let norm = last(ParamClass::Norm);
         let weight = last(ParamClass::LmHead).or_else(|| last(ParamClass::Embedding));
         match (norm, weight) {
-            (Some(norm), Some(weight)) => Ok(Unembedding {
-                norm: norm.name.clone(),
-                unit_offset: self.arch.family().final_gain == Gain::UnitOffset,
-                weight: weight.name.clone(),
-            }),
+            (Some(norm), Some(weight)) => {
+                let end = self.arch.family().final_norm;
+                Ok(Unembedding {
+                    norm: end.folded.then(|| norm.name.clone()),
+                    unit_offset: end.gain == Gain::UnitOffset,
+                    centred: end.centred,
+                    weight: weight.name.clone(),
+                })
+            }
             _ => Err(ModelError::UnsupportedArch(format!(
                 "{}: no final norm and unembedding among its weights",
                 self.arch
@@ -53,24 +60,27 @@ mod tests {
     }
 
     #[test]
-    fn tied_models_unembed_with_their_embedding_and_gemma_adds_one() {
+    fn the_unembedding_is_transformer_lenss_per_family() {
         let dims = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256"#;
         let llama = config(&format!(r#"{{"model_type": "llama", {dims}, "tie_word_embeddings": false}}"#));
         let u = llama.unembedding().unwrap();
-        assert_eq!((u.norm.as_str(), u.unit_offset, u.weight.as_str()), ("model.norm.weight", false, "lm_head.weight"));
+        assert_eq!((u.norm.as_deref(), u.unit_offset, u.centred), (Some("model.norm.weight"), false, true));
+        assert_eq!(u.weight, "lm_head.weight");
         let tied = config(&format!(r#"{{"model_type": "llama", {dims}, "tie_word_embeddings": true}}"#));
         assert_eq!(tied.unembedding().unwrap().weight, "model.embed_tokens.weight");
         let gemma = config(&format!(r#"{{"model_type": "gemma2", {dims}, "head_dim": 16}}"#));
         let u = gemma.unembedding().unwrap();
-        assert_eq!(
-            (u.norm.as_str(), u.unit_offset, u.weight.as_str()),
-            ("model.norm.weight", true, "model.embed_tokens.weight")
-        );
+        // Gemma 2's final logits are soft-capped: TransformerLens leaves W_U uncentred.
+        assert_eq!((u.norm.as_deref(), u.unit_offset, u.centred), (Some("model.norm.weight"), true, false));
+        assert_eq!(u.weight, "model.embed_tokens.weight");
+        // OLMo 2 is post-norm: TransformerLens folds no norm.
+        let olmo2 = config(&format!(r#"{{"model_type": "olmo2", {dims}}}"#));
+        assert_eq!(olmo2.unembedding().unwrap().norm, None);
         let gpt2 = config(
             r#"{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 32}"#,
         );
         let u = gpt2.unembedding().unwrap();
-        assert_eq!((u.norm.as_str(), u.unit_offset), ("transformer.ln_f.weight", false));
+        assert_eq!((u.norm.as_deref(), u.unit_offset), (Some("transformer.ln_f.weight"), false));
     }
 }

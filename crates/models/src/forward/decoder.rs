@@ -194,12 +194,12 @@ impl<'a> Graph<'a> {
 
     /// Ends a decoder after its blocks left the residual stream `x`: `x` is the
     /// next block's `hook_resid_pre` when that block is not built, then the final norm
-    /// (`model.norm.weight`, its gain applied as the family's `final_gain` says) and its hooks
+    /// (`model.norm.weight`, its gain applied as the family's `final_norm` says) and its hooks
     /// when asked for, then the program ([`Graph::finish`]).
     pub fn finish_decoder(mut self, x: Value) -> Result<ForwardProgram, ModelError> {
         self.end_blocks(x);
         if self.with_final_norm {
-            let gain = self.config.arch.family().final_gain;
+            let gain = self.config.arch.family().final_norm.gain;
             let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;
             self.hook_final_norm(&norm)?;
         }

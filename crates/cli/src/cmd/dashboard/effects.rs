@@ -124,18 +124,23 @@ pub(super) fn neighbours(
 }
 
 /// The unembedding in TransformerLens's convention, `[vocab, d]` (rows by token): `unembed`
-/// `[vocab, d]` times the final norm's `gain` `[d]` per column, each column then less its mean
-/// over the vocabulary (`center_unembed`).
-pub(super) fn folded_unembedding(unembed: &[f32], gain: &[f32], d: usize) -> Vec<f32> {
+/// `[vocab, d]` times the final norm's `gain` `[d]` per column where it is folded, each column
+/// then less its mean over the vocabulary where `centred` (`center_unembed`).
+pub(super) fn folded_unembedding(unembed: &[f32], gain: Option<&[f32]>, d: usize, centred: bool) -> Vec<f32> {
     let vocab = unembed.len() / d.max(1);
-    let mut out: Vec<f32> = unembed.chunks_exact(d).flat_map(|row| row.iter().zip(gain).map(|(u, g)| u * g)).collect();
-    let mut mean = vec![0f64; d];
-    for row in out.chunks_exact(d) {
-        mean.iter_mut().zip(row).for_each(|(m, &v)| *m += f64::from(v));
+    let mut out = unembed.to_vec();
+    if let Some(gain) = gain {
+        out.chunks_exact_mut(d).for_each(|row| row.iter_mut().zip(gain).for_each(|(u, g)| *u *= g));
     }
-    mean.iter_mut().for_each(|m| *m /= vocab.max(1) as f64);
-    for row in out.chunks_exact_mut(d) {
-        row.iter_mut().zip(&mean).for_each(|(v, &m)| *v = (f64::from(*v) - m) as f32);
+    if centred {
+        let mut mean = vec![0f64; d];
+        for row in out.chunks_exact(d) {
+            mean.iter_mut().zip(row).for_each(|(m, &v)| *m += f64::from(v));
+        }
+        mean.iter_mut().for_each(|m| *m /= vocab.max(1) as f64);
+        for row in out.chunks_exact_mut(d) {
+            row.iter_mut().zip(&mean).for_each(|(v, &m)| *v = (f64::from(*v) - m) as f32);
+        }
     }
     out
 }
@@ -253,7 +258,9 @@ mod tests {
     fn the_unembedding_is_folded_and_centred() {
         // vocab 2, d 2: rows [1, 2] and [3, 6], gain [2, 0.5]: [2, 1] and [6, 3], centred
         // per column over the two tokens.
-        assert_eq!(folded_unembedding(&[1.0, 2.0, 3.0, 6.0], &[2.0, 0.5], 2), vec![-2.0, -1.0, 2.0, 1.0]);
+        assert_eq!(folded_unembedding(&[1.0, 2.0, 3.0, 6.0], Some(&[2.0, 0.5]), 2, true), vec![-2.0, -1.0, 2.0, 1.0]);
+        assert_eq!(folded_unembedding(&[1.0, 2.0, 3.0, 6.0], Some(&[2.0, 0.5]), 2, false), vec![2.0, 1.0, 6.0, 3.0]);
+        assert_eq!(folded_unembedding(&[1.0, 2.0, 3.0, 6.0], None, 2, false), vec![1.0, 2.0, 3.0, 6.0]);
     }
 
     #[test]

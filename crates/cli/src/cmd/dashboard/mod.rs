@@ -209,22 +209,25 @@ fn unembedding(args: &Args) -> anyhow::Result<Option<Vec<f32>>> {
     let read = |name: &str| -> anyhow::Result<Vec<f32>> {
         Ok(model.weights.get(name, DType::F32).with_context(|| format!("reading {name}"))?.to_f32_vec())
     };
-    let mut gain = read(&names.norm)?;
-    if names.unit_offset {
-        gain.iter_mut().for_each(|g| *g += 1.0);
-    }
     let unembed = read(&names.weight)?;
-    if gain.is_empty() || unembed.len() % gain.len() != 0 {
-        bail!(
-            "{}: {} has {} values, {} {} (not [vocab, hidden])",
-            path.display(),
-            names.norm,
-            gain.len(),
-            names.weight,
-            unembed.len()
-        );
+    let d = model.config.hidden_size;
+    if d == 0 || unembed.len() % d != 0 {
+        bail!("{}: {} has {} values, not [vocab, {d}]", path.display(), names.weight, unembed.len());
     }
-    Ok(Some(effects::folded_unembedding(&unembed, &gain, gain.len())))
+    let gain = match &names.norm {
+        Some(norm) => {
+            let mut gain = read(norm)?;
+            if gain.len() != d {
+                bail!("{}: {norm} has {} values, not the hidden size {d}", path.display(), gain.len());
+            }
+            if names.unit_offset {
+                gain.iter_mut().for_each(|g| *g += 1.0);
+            }
+            Some(gain)
+        }
+        None => None,
+    };
+    Ok(Some(effects::folded_unembedding(&unembed, gain.as_deref(), d, names.centred)))
 }
 
 /// A latents column of the run whose dictionary is on this machine.
