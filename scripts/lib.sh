@@ -32,6 +32,20 @@ ensure_venv() {
     touch "$venv/$stamp"
 }
 
+# on_train_venv NAME: creates (where missing) the venv $SIPHON_CACHE/venvs/NAME on the
+# interpreter of scripts/setup-python-train.sh's venv, with a .pth file naming that venv's
+# site-packages, so that a tool installed in NAME without its pins (delphi, SAEDashboard) runs
+# on the train venv's torch, sae-lens and transformers. Prints nothing on stdout.
+on_train_venv() {
+    local venv="$SIPHON_CACHE/venvs/$1" train_python base train_site own_site
+    train_python="$(bash "$REPO_ROOT/scripts/setup-python-train.sh" | tail -n 1)"
+    base="$("$train_python" -c 'import sys; print(sys._base_executable)')"
+    [[ -x "$venv/bin/python" ]] || "$base" -m venv "$venv" >&2
+    train_site="$("$train_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    own_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    echo "$train_site" > "$own_site/_siphon_train.pth"
+}
+
 # sha256_of FILE: the file's hex sha256.
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
 

@@ -16,14 +16,8 @@ source "$(dirname "$0")/lib.sh"
 
 stamp=.siphon-setup-v1
 venv="$SIPHON_CACHE/venvs/delphi"
-train_python="$(bash "$(dirname "$0")/setup-python-train.sh" | tail -n 1)"
 if [[ ! -f "$venv/$stamp" ]]; then
-    # The train venv's interpreter, so that its site-packages fit this venv's Python.
-    base="$("$train_python" -c 'import sys; print(sys._base_executable)')"
-    [[ -x "$venv/bin/python" ]] || "$base" -m venv "$venv" >&2
-    train_site="$("$train_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    own_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    echo "$train_site" > "$own_site/_siphon_train.pth"
+    on_train_venv delphi
     pip() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >&2; }
     pip --no-deps "eai-delphi==0.1.3" "eai-sparsify==1.3.3" sentence-transformers faiss-cpu asyncer blobfile orjson
     pip scikit-learn natsort schedulefree lxml pycryptodomex
