@@ -16,7 +16,7 @@
 
 use anyhow::{Context, bail};
 use safetensors::{Dtype, tensor::TensorView};
-use siphon_hlo::{Builder, DType, TensorType};
+use siphon_hlo::{Builder, DType, TensorType, Value};
 use siphon_models::dictionary::Tensor;
 use siphon_runtime::{Client, CompileOptions, HostArray};
 
@@ -93,22 +93,14 @@ pub(super) fn neighbours(
     if n == 0 {
         return Ok(());
     }
-    let chunk = CHUNK.min(latents);
-    let mut b = Builder::new("neighbours");
-    let rows = b.arg(TensorType::new(DType::F32, &[chunk, d]), None)?;
-    let all = b.arg(TensorType::new(DType::F32, &[latents, d]), None)?;
-    let cosine = b.matmul_t(rows, all)?;
-    let (values, indices) = b.top_k(cosine, n + 1)?;
-    let exe = client.compile(&b.finish(&[values, indices])?, &CompileOptions::single_device(None))?;
-    let device = exe.device_ids()[0];
-    let all = client.upload(&HostArray::from_slice(&[latents, d], unit)?, device)?;
     let (mut ids, mut cosines) = (Vec::with_capacity(latents * n), Vec::with_capacity(latents * n));
-    for start in (0..latents).step_by(chunk) {
-        let end = (start + chunk).min(latents);
-        let block = client.upload(&HostArray::from_slice(&[chunk, d], &padded(unit, start, end, chunk, d))?, device)?;
-        let result = exe.execute(&[vec![&block, &all]])?;
-        let values = result[0][0].to_host()?.to_f32();
-        let found = i32s(&result[0][1].to_host()?);
+    let products = |b: &mut Builder, cosine| -> anyhow::Result<Vec<Value>> {
+        let (values, indices) = b.top_k(cosine, n + 1)?;
+        Ok(vec![values, indices])
+    };
+    by_chunks(client, unit, d, CHUNK, unit, products, |start, end, result| {
+        let values = result[0].to_f32();
+        let found = i32s(&result[1]);
         for r in 0..end - start {
             // The latent itself (cosine 1) is left out, wherever the top-k put it.
             let latent = (start + r) as i32;
@@ -117,7 +109,8 @@ pub(super) fn neighbours(
                 cosines.push(values[i]);
             }
         }
-    }
+        Ok(())
+    })?;
     out.add_i32("neighbours_ids", vec![latents, n], &ids);
     out.add_f32("neighbours_cosine", vec![latents, n], &cosines);
     Ok(())
@@ -164,40 +157,32 @@ pub(super) fn logits(
     if k == 0 || latents == 0 {
         return Ok(());
     }
-    let chunk = LOGIT_ROWS.min(latents);
-    let mut b = Builder::new("logit_effects");
-    let rows = b.arg(TensorType::new(DType::F32, &[chunk, d]), None)?;
-    let all = b.arg(TensorType::new(DType::F32, &[vocab, d]), None)?;
-    let logits = b.matmul_t(rows, all)?;
-    let (top, top_ids) = b.top_k(logits, k)?;
-    let negated = b.neg(logits)?;
-    let (bottom, bottom_ids) = b.top_k(negated, k)?;
-    let exe = client
-        .compile(&b.finish(&[logits, top, top_ids, bottom, bottom_ids])?, &CompileOptions::single_device(None))?;
-    let device = exe.device_ids()[0];
-    let all = client.upload(&HostArray::from_slice(&[vocab, d], w_u)?, device)?;
     let mut top_values = Vec::with_capacity(latents * k);
     let mut top_found = Vec::with_capacity(latents * k);
     let mut bottom_values = Vec::with_capacity(latents * k);
     let mut bottom_found = Vec::with_capacity(latents * k);
     let mut heights = Vec::with_capacity(latents * bins);
     let mut range = Vec::with_capacity(latents * 2);
-    for start in (0..latents).step_by(chunk) {
-        let end = (start + chunk).min(latents);
-        let block = client.upload(&HostArray::from_slice(&[chunk, d], &padded(unit, start, end, chunk, d))?, device)?;
-        let result = exe.execute(&[vec![&block, &all]])?;
-        let values = result[0][0].to_host()?.to_f32();
+    let products = |b: &mut Builder, logits| -> anyhow::Result<Vec<Value>> {
+        let (top, top_ids) = b.top_k(logits, k)?;
+        let negated = b.neg(logits)?;
+        let (bottom, bottom_ids) = b.top_k(negated, k)?;
+        Ok(vec![logits, top, top_ids, bottom, bottom_ids])
+    };
+    by_chunks(client, unit, d, LOGIT_ROWS, w_u, products, |start, end, result| {
+        let values = result[0].to_f32();
         let taken = (end - start) * k;
-        top_values.extend_from_slice(&result[0][1].to_host()?.to_f32()[..taken]);
-        top_found.extend_from_slice(&i32s(&result[0][2].to_host()?)[..taken]);
-        bottom_values.extend(result[0][3].to_host()?.to_f32()[..taken].iter().map(|v| -v));
-        bottom_found.extend_from_slice(&i32s(&result[0][4].to_host()?)[..taken]);
+        top_values.extend_from_slice(&result[1].to_f32()[..taken]);
+        top_found.extend_from_slice(&i32s(&result[2])[..taken]);
+        bottom_values.extend(result[3].to_f32()[..taken].iter().map(|v| -v));
+        bottom_found.extend_from_slice(&i32s(&result[4])[..taken]);
         for row in values.chunks_exact(vocab).take(end - start) {
             let (lo, hi, counts) = histc(row, bins);
             heights.extend(counts.iter().map(|&c| c as i32));
             range.extend([lo, hi]);
         }
-    }
+        Ok(())
+    })?;
     out.add_i32("logits_top_ids", vec![latents, k], &top_found);
     out.add_f32("logits_top_values", vec![latents, k], &top_values);
     out.add_i32("logits_bottom_ids", vec![latents, k], &bottom_found);
@@ -227,6 +212,40 @@ pub(super) fn histc(values: &[f32], bins: usize) -> (f32, f32, Vec<u32>) {
         counts[at.min(bins - 1)] += 1;
     }
     (min, max, counts)
+}
+
+/// The products of every chunk of `chunk` rows of `rows` (`[_, d]`, the last chunk
+/// padded with zeros) with every row of `other` (`[_, d]`, uploaded once): a program whose
+/// outputs `outputs` builds from the `[chunk, other rows]` product, compiled once
+/// and run per chunk; `each` takes the chunk's first and end row and the outputs on the host.
+fn by_chunks(
+    client: &Client,
+    rows: &[f32],
+    d: usize,
+    chunk: usize,
+    other: &[f32],
+    outputs: impl FnOnce(&mut Builder, Value) -> anyhow::Result<Vec<Value>>,
+    mut each: impl FnMut(usize, usize, Vec<HostArray>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let latents = rows.len() / d.max(1);
+    let chunk = chunk.min(latents);
+    let others = other.len() / d.max(1);
+    let mut b = Builder::new("decoder_rows");
+    let block = b.arg(TensorType::new(DType::F32, &[chunk, d]), None)?;
+    let all = b.arg(TensorType::new(DType::F32, &[others, d]), None)?;
+    let product = b.matmul_t(block, all)?;
+    let outputs = outputs(&mut b, product)?;
+    let exe = client.compile(&b.finish(&outputs)?, &CompileOptions::single_device(None))?;
+    let device = exe.device_ids()[0];
+    let all = client.upload(&HostArray::from_slice(&[others, d], other)?, device)?;
+    for start in (0..latents).step_by(chunk.max(1)) {
+        let end = (start + chunk).min(latents);
+        let block = client.upload(&HostArray::from_slice(&[chunk, d], &padded(rows, start, end, chunk, d))?, device)?;
+        let result = exe.execute(&[vec![&block, &all]])?;
+        let host = result[0].iter().map(|b| b.to_host()).collect::<Result<Vec<_>, _>>()?;
+        each(start, end, host)?;
+    }
+    Ok(())
 }
 
 /// Rows `start..end` of `rows` (`[_, d]`) padded with zeros to `chunk` rows.
