@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 use crate::config::{ModelConfig, ParamInfo};
 use crate::contract::{ForwardProgram, ForwardSpec};
 use crate::hooks::Feature;
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelError};
 
 /// An architecture siphon can build a forward pass for: a handle on its family's [`Family`],
@@ -91,10 +90,21 @@ pub(crate) struct Family {
     /// in order when a name starting with `prefix` is missing (GPT-2 checkpoints without the
     /// `transformer.` prefix, the text tower of multimodal Gemma 3 checkpoints).
     pub renames: &'static [(&'static str, &'static str)],
-    /// The final norm: how it applies its gain (the norm
-    /// [`crate::forward::Graph::finish_decoder`] builds) and how TransformerLens folds it into
-    /// the unembedding that a dictionary's logit effects read ([`crate::Unembedding`]).
+    /// The final norm: how it applies its gain (the norm the forward's `finish_decoder`
+    /// builds) and how TransformerLens folds it into the unembedding that a dictionary's logit
+    /// effects read (the models crate's `Unembedding`).
     pub final_norm: FinalNorm,
+}
+
+/// How a norm applies its gain `w`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gain {
+    /// `w * x` (Llama and most families).
+    Plain,
+    /// `(1 + w) * x` in f32 (Gemma).
+    UnitOffset,
+    /// `w * x` in f32 before the cast back (OLMo 2).
+    F32,
 }
 
 /// A family's final norm, and its unembedding as TransformerLens's `from_pretrained` processes

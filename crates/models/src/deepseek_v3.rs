@@ -29,6 +29,7 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{DType, TensorType, Value};
 
+use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Rope};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
@@ -36,7 +37,6 @@ use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::moe::moe_params;
 use crate::layers::moe::{Experts, Glu};
-use crate::layers::norm::Gain;
 use crate::mla::{self, Mla};
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 

@@ -24,13 +24,13 @@
 
 use serde_json::Value;
 
+use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, decoder_params};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::self_attention;
-use crate::layers::norm::Gain;
 use crate::{Activation, HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.

@@ -38,13 +38,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use siphon_hlo::Value;
 
+use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Rope, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.

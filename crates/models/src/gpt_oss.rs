@@ -27,6 +27,7 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
+use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Slice};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
@@ -34,7 +35,6 @@ use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::softmax_last;
 use crate::layers::moe::{Experts, Glu};
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 
 /// The family's handle.

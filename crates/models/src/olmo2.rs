@@ -19,13 +19,13 @@
 //! As TransformerLens has them, the q/k-norm hooks are per token over the whole projection
 //! (`[n_heads * head_dim]`, one scale per token), and there are no `ln1` / `ln2` hooks.
 
+use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, ParamClass, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::Defaults;
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::self_attention;
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.

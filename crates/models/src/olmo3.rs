@@ -6,11 +6,11 @@
 //!
 //! Hooks: OLMo 2's (TransformerLens's OLMo 3 adapter is OLMo 2's).
 
+use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, Rope};
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::Defaults;
-use crate::layers::norm::Gain;
 use crate::{HfConfig, ModelConfig, ModelError};
 
 /// The family's handle.

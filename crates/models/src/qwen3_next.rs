@@ -30,6 +30,7 @@
 
 use siphon_hlo::Value;
 
+use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, ParamClass, ParamInfo};
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
@@ -37,7 +38,6 @@ use crate::gated_deltanet::{self, LinearAttention};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::moe::moe_params;
-use crate::layers::norm::Gain;
 use crate::layers::norm::head_norm;
 use crate::{HfConfig, ModelConfig, ModelError, Moe};
 

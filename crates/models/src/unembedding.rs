@@ -8,10 +8,10 @@
 //! logits.
 
 use crate::ModelError;
+use crate::arch::Gain;
 use crate::config::{ModelConfig, ParamClass};
-use crate::layers::norm::Gain;
 
-/// Where a model's logits come from (tensor names as [`crate::Weights`] finds them).
+/// Where a model's logits come from (tensor names as the loaded `Weights` find them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unembedding {
     /// The final norm's gain `[hidden]`, where it is folded into the unembedding.

@@ -7,7 +7,8 @@
 //!    the tokenizer;
 //! 2. descriptions: the configuration, the hook kinds, `config.json`'s reader, the sharding
 //!    table, the stored forms of weights;
-//! 3. the program: `forward` (the contract, `Graph`, the decoder loop) and `layers`;
+//! 3. the program: `forward` (the contract, `Graph`, the decoder loop), `layers` and the
+//!    unembedding;
 //! 4. families: each family's file and the registry;
 //! 5. loading: weights from safetensors and GGUF, a model directory.
 //!
@@ -23,7 +24,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     ("formats", &["(root)", "fp8", "mxfp4", "gguf", "tokenizer"]),
     ("descriptions", &["arch", "config", "contract", "dictionary", "hooks", "hf_config", "sharding", "stored"]),
-    ("program", &["forward", "layers"]),
+    ("program", &["forward", "layers", "unembedding"]),
     ("families", &["family"]),
     ("loading", &["safetensors", "weights", "hf", "dictionary_files"]),
 ];

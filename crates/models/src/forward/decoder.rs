@@ -7,10 +7,11 @@ use siphon_hlo::Value;
 
 use super::{ForwardProgram, ForwardSpec, Graph};
 use crate::ModelError;
+use crate::arch::Gain;
 use crate::config::{ModelConfig, ParamClass, ParamInfo};
 use crate::hooks::{HookKind, HookPoint};
 use crate::layers::attention::self_attention;
-use crate::layers::norm::{Gain, Norm};
+use crate::layers::norm::Norm;
 
 /// The pre-norm decoder several families share around their own token mixer and MLP:
 /// embeddings, then per block `x += mixer(norm(x))`, `x += mlp(norm(x))` with every

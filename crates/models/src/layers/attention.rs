@@ -5,9 +5,10 @@
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType, Value};
 
 use crate::ModelError;
+use crate::arch::Gain;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
-use crate::layers::norm::{Gain, head_norm};
+use crate::layers::norm::head_norm;
 
 /// Attention's hookable parts (see [`Graph::attention`]).
 pub(crate) struct Attention {

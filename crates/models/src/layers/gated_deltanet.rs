@@ -38,11 +38,11 @@
 
 use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
 
+use crate::arch::Gain;
 pub use crate::config::LinearAttention;
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
-use crate::layers::norm::Gain;
 use crate::{ModelConfig, ModelError};
 
 /// Tokens per chunk of the chunked recurrence (transformers' `chunk_size`).

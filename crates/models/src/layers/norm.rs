@@ -4,19 +4,9 @@
 use siphon_hlo::{DType, TensorType, Value};
 
 use crate::ModelError;
+use crate::arch::Gain;
 use crate::forward::Graph;
 use crate::hooks::HookPoint;
-
-/// How a norm applies its gain `w`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Gain {
-    /// `w * x` (Llama and most families).
-    Plain,
-    /// `(1 + w) * x` in f32 (Gemma).
-    UnitOffset,
-    /// `w * x` in f32 before the cast back (OLMo 2).
-    F32,
-}
 
 /// A norm's hookable parts (see [`Graph::rms_norm_with`]).
 pub(crate) struct Norm {
