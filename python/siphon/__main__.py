@@ -7,8 +7,12 @@
     python -m siphon latent-examples RUN NAME OUT.json [--top 20] [--quantiles 10] [--per-quantile 5] [--window 16]
     python -m siphon dashboard RUN --out DIR [--latents NAME,...] [--effects DIR] [--top 20] [--quantiles 10]
         [--per-quantile 5] [--window 16] [--bins 50] [--seed 0] [--no-progress]
+    python -m siphon export-neuronpedia RUN OUT --effects DIR --sae-set NAME [--latents NAME] [--model-id ID]
+        [--layer N] [--sae-id-suffix S] [--dataset D] [--batch-size 128] [--top 20] [--quantiles 5]
+        [--per-quantile 5] [--seed 0] [--no-progress]
 
-(``siphon export saelens ...`` and ``siphon export delphi ...`` on the command line run the same exports.)
+(``siphon export saelens|delphi|neuronpedia ...`` on the command line run the same exports; the
+binary writes Neuronpedia's effects directory first.)
 """
 
 from __future__ import annotations
@@ -63,6 +67,23 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="keep the latents of excluded tokens (BOS, EOS, padding) in exact sequences")
     delphi.add_argument("--min-activation", type=float, default=1e-5, help="keep entries with |value| above this (delphi: 1e-5)")
     delphi.add_argument("--no-check", action="store_true", help="skip each shard's CRC32C check")
+    np_export = sub.add_parser("export-neuronpedia", help="write Neuronpedia's batch files of a dictionary's latents")
+    np_export.add_argument("run")
+    np_export.add_argument("out", help="new or empty folder: batch-N.json")
+    np_export.add_argument("--effects", required=True, help="effects directory: pieces.json, {column}.safetensors")
+    np_export.add_argument("--sae-set", required=True, help="Neuronpedia's SAE set")
+    np_export.add_argument("--latents", help="the latents column (default: the run's only one)")
+    np_export.add_argument("--model-id", help="Neuronpedia's model id (default: the run's model directory's name)")
+    np_export.add_argument("--layer", type=int, help="the layer (default: N of the hook blocks.N.…)")
+    np_export.add_argument("--sae-id-suffix", help="Neuronpedia's suffix of the SAE id")
+    np_export.add_argument("--dataset", help="the examples' dataset (default: the run's corpus)")
+    np_export.add_argument("--batch-size", type=int, default=128, help="latents per batch file")
+    np_export.add_argument("--top", type=int, default=20, help="largest activations per latent")
+    np_export.add_argument("--quantiles", type=int, default=5, help="equal-width intervals up to each max")
+    np_export.add_argument("--per-quantile", type=int, default=5, help="examples drawn per interval")
+    np_export.add_argument("--seed", type=int, default=0)
+    np_export.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    np_export.add_argument("--no-check", action="store_true", help="skip each shard's CRC32C check")
     examples = sub.add_parser("latent-examples", help="each latent's top and per-activation-range examples, as JSON")
     examples.add_argument("run")
     examples.add_argument("name", help="the latents column")
@@ -118,6 +139,28 @@ def main(argv: Optional[List[str]] = None) -> int:
                 check=not args.no_check,
             )
             print(index)
+        elif args.command == "export-neuronpedia":
+            from .dashboard.neuronpedia import export_neuronpedia
+
+            paths = export_neuronpedia(
+                args.run,
+                args.out,
+                effects=args.effects,
+                sae_set=args.sae_set,
+                name=args.latents,
+                model_id=args.model_id,
+                layer=args.layer,
+                sae_id_suffix=args.sae_id_suffix,
+                dataset_name=args.dataset,
+                batch_size=args.batch_size,
+                top=args.top,
+                quantiles=args.quantiles,
+                per_quantile=args.per_quantile,
+                seed=args.seed,
+                progress=not args.no_progress,
+                check=not args.no_check,
+            )
+            print(f"wrote {len(paths)} batch files to {args.out}")
         elif args.command == "export-delphi":
             from .delphi import export as export_delphi
 

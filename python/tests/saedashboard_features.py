@@ -1,9 +1,13 @@
 """Run in SAEDashboard's venv (scripts/setup-python-saedashboard.sh) by test_saedashboard.py:
 SAEDashboard's own runner (`SaeVisRunner`, with the layout its Neuronpedia runner uses) on a
-model, a SAELens dictionary and token rows, writing the feature data the test compares with
-siphon's dashboards as JSON.
+model, a SAELens dictionary and token rows, writing as JSON the feature data the test compares
+with siphon's dashboards, and the same features converted to a Neuronpedia batch by
+SAEDashboard's `NeuronpediaConverter` (with its runner's vocabulary, `get_vocab_dict`), which
+the test compares with `siphon export neuronpedia`'s. Its correlation tables are also computed
+again by SAEDashboard's `RollingCorrCoef` over the tokens not ignored (siphon's tokens: the run
+leaves the ignored ones out), from the same SAE activations.
 
-    python saedashboard_features.py MODEL_DIR SAE_DIR TOKENS.npy IGNORE_IDS FEATURES OUT.json
+    python saedashboard_features.py MODEL_DIR SAE_DIR TOKENS.npy IGNORE_IDS FEATURES TOKENIZER_JSON OUT.json
 
 The model is loaded as TransformerLens's `HookedTransformer.from_pretrained` loads one (its
 config and state dict converted from the HF files, then `load_and_process_state_dict` with the
@@ -17,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import types
 
 import numpy as np
 import torch
@@ -33,8 +38,16 @@ from sae_dashboard.components_config import (
     SequencesConfig,
 )
 from sae_dashboard.layout import SaeVisLayoutConfig
+from sae_dashboard.neuronpedia.neuronpedia_converter import FeatureProcessor, NeuronpediaConverter
+from sae_dashboard.neuronpedia.neuronpedia_runner import NeuronpediaRunner
+from sae_dashboard.neuronpedia.neuronpedia_runner_config import NeuronpediaRunnerConfig
 from sae_dashboard.sae_vis_data import SaeVisConfig
 from sae_dashboard.sae_vis_runner import SaeVisRunner
+from sae_dashboard.utils_fns import RollingCorrCoef
+from transformers import PreTrainedTokenizerFast
+
+#: The Neuronpedia batch's names (the test passes them to siphon too).
+MODEL_ID, SAE_SET, DATASET = "tiny-llama", "res-test", "fixture-corpus"
 
 
 def load_model(model_dir: str) -> HookedSAETransformer:
@@ -52,12 +65,43 @@ def load_model(model_dir: str) -> HookedSAETransformer:
     return model
 
 
+def vocab_dict(tokenizer_json: str, d_vocab: int) -> dict:
+    """The Neuronpedia runner's vocabulary: its own `get_vocab_dict` on the tokenizer."""
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_json)
+    runner = types.SimpleNamespace(model=types.SimpleNamespace(tokenizer=tokenizer, cfg=types.SimpleNamespace(d_vocab=d_vocab)))
+    return NeuronpediaRunner.get_vocab_dict(runner)  # type: ignore[arg-type]
+
+
+@torch.inference_mode()
+def included_correlations(model: HookedSAETransformer, sae: SAE, tokens: torch.Tensor, ignored: set,
+                          features: list) -> dict:
+    """SAEDashboard's feature tables' correlations (its `RollingCorrCoef`, as its generator
+    updates them) over the tokens whose ids are not ignored, rounded as its converter rounds."""
+    hook = sae.cfg.metadata.hook_name
+    _, cache = model.run_with_cache(tokens, names_filter=[hook])
+    acts = cache[hook].reshape(-1, cache[hook].shape[-1])
+    keep = ~torch.isin(tokens.reshape(-1), torch.tensor(sorted(ignored), dtype=tokens.dtype))
+    acts = acts[keep]
+    feats = sae.encode(acts)[:, features]
+    neurons = RollingCorrCoef()
+    encoder = RollingCorrCoef(indices=features, with_self=True)
+    neurons.update(feats.T, acts.T)
+    encoder.update(feats.T, feats.T)
+    out = {}
+    for name, corr in (("neurons", neurons), ("features", encoder)):
+        indices, pearson, cossim = corr.topk_pearson(k=3)
+        out[name] = [{"indices": i, "pearson": FeatureProcessor.round_list(p), "l1": FeatureProcessor.round_list(c)}
+                     for i, p, c in zip(indices, pearson, cossim)]
+    return out
+
+
 def main() -> None:
-    model_dir, sae_dir, tokens_path, ignore, features_arg, out = sys.argv[1:7]
+    model_dir, sae_dir, tokens_path, ignore, features_arg, tokenizer_json, out = sys.argv[1:8]
     model = load_model(model_dir)
     sae = SAE.load_from_disk(sae_dir, device="cpu")
     tokens = torch.from_numpy(np.load(tokens_path)).long()
     features = [int(f) for f in features_arg.split(",")]
+    ignored = {int(i) for i in ignore.split(",") if i}
     layout = SaeVisLayoutConfig(columns=[Column(
         SequencesConfig(stack_mode="stack-all", buffer=None, compute_buffer=True, n_quantiles=5,
                         top_acts_group_size=20, quantile_group_size=5),
@@ -65,7 +109,7 @@ def main() -> None:
     )])
     cfg = SaeVisConfig(hook_point=sae.cfg.metadata.hook_name, features=features, minibatch_size_features=len(features),
                        minibatch_size_tokens=64, feature_centric_layout=layout, perform_ablation_experiments=False,
-                       dtype="float32", device="cpu", ignore_tokens={int(i) for i in ignore.split(",") if i})
+                       dtype="float32", device="cpu", ignore_tokens=ignored)
     data = SaeVisRunner(cfg).run(encoder=sae, model=model, tokens=tokens)
     result = {}
     for feature in features:
@@ -85,8 +129,15 @@ def main() -> None:
             "logits_hist": fd.logits_histogram_data.bar_heights,
             "logits_hist_values": fd.logits_histogram_data.bar_values,
         }
+    hook = sae.cfg.metadata.hook_name
+    np_cfg = NeuronpediaRunnerConfig(sae_set=SAE_SET, sae_path=sae_dir, outputs_dir=tempfile.mkdtemp(),
+                                     huggingface_dataset_path=DATASET, n_prompts_total=int(tokens.shape[0]),
+                                     n_tokens_in_prompt=int(tokens.shape[1]), model_id=MODEL_ID,
+                                     layer=int(hook.split(".")[1]))
+    batch = NeuronpediaConverter.convert_to_np_json(model, data, np_cfg, vocab_dict(tokenizer_json, model.cfg.d_vocab))
     with open(out, "w") as f:
-        json.dump(result, f)
+        json.dump({"features": result, "neuronpedia": json.loads(batch),
+                   "included": included_correlations(model, sae, tokens, ignored, features)}, f)
 
 
 if __name__ == "__main__":

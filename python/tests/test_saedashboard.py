@@ -1,13 +1,16 @@
-"""siphon's dashboards against SAEDashboard's own (PyPI sae-dashboard 0.8.0 in its venv,
-scripts/setup-python-saedashboard.sh; skipped where there is none and SIPHON_SAEDASHBOARD_PYTHON
-is unset, required where it is set, as scripts/test.sh sets it).
+"""siphon's dashboards and Neuronpedia export against SAEDashboard's own (PyPI sae-dashboard
+0.8.0 in its venv, scripts/setup-python-saedashboard.sh; skipped where there is none and
+SIPHON_SAEDASHBOARD_PYTHON is unset, required where it is set, as scripts/test.sh sets it).
 
-siphon extracts a SAELens JumpReLU dictionary's latents on the fixture model; `siphon dashboard`
-writes its site; SAEDashboard's runner (saedashboard_features.py) runs the model in
-TransformerLens over the very token rows the run stored, with the tokens the run excludes
-ignored, for a sample of latents. Their feature data must agree: each latent's top activations,
-its density, the counts of its activation histogram (SAEDashboard's bins), its top and bottom
-logit effects (ids and values) and the histogram of its logits over the vocabulary.
+siphon extracts a SAELens JumpReLU dictionary's latents and its hook on the fixture model;
+`siphon dashboard` writes its site and `siphon export neuronpedia` its batch files;
+SAEDashboard's runner (saedashboard_features.py) runs the model in TransformerLens over the very
+token rows the run stored, with the tokens the run excludes ignored, for one batch of latents,
+and converts them to a Neuronpedia batch with its own converter. Their feature data must agree:
+each latent's top activations, its density, the counts of its activation histogram
+(SAEDashboard's bins), its top and bottom logit effects (ids and values) and the histogram of
+its logits over the vocabulary; and the Neuronpedia batch field for field (see
+`test_neuronpedia_batches_equal_saedashboards`).
 
 SAEDashboard folds the decoder norms into the encoder first (`fold_W_dec_norm`), which scales a
 latent by its decoder row's norm; the dictionary here has unit rows (SAELens trains them so),
@@ -21,7 +24,9 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,8 +38,10 @@ from conftest import REPO, extract, siphon_binary
 
 HOOK = "blocks.1.hook_resid_post"
 NAME = f"{HOOK}.hook_sae_acts_post"
-#: Latents SAEDashboard computes (its runner re-reads every token for each batch of them).
-SAMPLE = 24
+#: The batch of latents SAEDashboard computes (its runner re-reads every token for each
+#: batch): siphon's second batch file of 3 (96 latents, --batch-size 32).
+BATCH, BATCH_SIZE = 1, 32
+FEATURES = list(range(BATCH * BATCH_SIZE, (BATCH + 1) * BATCH_SIZE))
 
 
 def saedashboard_python() -> str:
@@ -74,37 +81,59 @@ def latent_objects(site: Path) -> dict:
     return out
 
 
-def test_siphon_dashboards_equal_saedashboards_feature_data(runs: Path, unit_sae: Path, tmp_path: Path) -> None:
+@dataclass
+class Compared:
+    """siphon's outputs and SAEDashboard's on the same run."""
+
+    site: dict
+    batch: dict
+    reference: dict
+    rows: Any
+    ignored: np.ndarray
+
+
+@pytest.fixture(scope="module")
+def compared(runs: Path, unit_sae: Path, tmp_path_factory: pytest.TempPathFactory) -> Compared:
     python = saedashboard_python()
+    tmp = tmp_path_factory.mktemp("saedashboard")
     run = extract(runs, "tiny-saedashboard", dtype="f32", hooks=[HOOK], docs=200,
                   extra=["--sae", str(unit_sae), "--latent-cap", "96", "--keep-excluded"])
-    site = tmp_path / "site"
+    site = tmp / "site"
     done = subprocess.run([siphon_binary(), "dashboard", str(run), "--out", str(site), "--no-progress", "--top", "20",
                            "--neighbours", "0", "--logits", "10", "--bins", "50", "--python", sys.executable],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    ours = latent_objects(site)
+    exported = tmp / "neuronpedia"
+    done = subprocess.run([siphon_binary(), "export", "neuronpedia", str(run), str(exported), "--sae-set", "res-test",
+                           "--model-id", "tiny-llama", "--dataset", "fixture-corpus", "--batch-size", str(BATCH_SIZE),
+                           "--no-progress", "--python", sys.executable], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in exported.iterdir()) == ["batch-0.json", "batch-1.json", "batch-2.json"]
 
     ds = siphon.open_dataset(str(run))
     rows = rebuild_sequences(ds, "exact")
     # The tokens the run excludes (BOS, EOS, padding) are ids SAEDashboard ignores wherever they are.
     ignored = np.unique(rows.tokens[~rows.included])
     assert not np.isin(rows.tokens[rows.included], ignored).any(), "an excluded id is also included elsewhere"
-    np.save(tmp_path / "tokens.npy", rows.tokens)
+    np.save(tmp / "tokens.npy", rows.tokens)
     stats = ds.latent_stats(NAME)
-    fired = [int(n) for n in np.flatnonzero(stats["firings"] > 0)]
-    assert len(fired) >= SAMPLE, "the dictionary fired on enough latents"
-    sample = fired[:: max(1, len(fired) // SAMPLE)][:SAMPLE]
+    assert (stats["firings"][FEATURES] > 0).sum() >= 24, "the dictionary fired on enough latents of the batch"
     model = json.loads((run / "run.json").read_text())["model"]["path"]
-    out = tmp_path / "saedashboard.json"
+    out = tmp / "saedashboard.json"
     done = subprocess.run([python, str(Path(__file__).with_name("saedashboard_features.py")), model, str(unit_sae),
-                           str(tmp_path / "tokens.npy"), ",".join(map(str, ignored.tolist())),
-                           ",".join(map(str, sample)), str(out)],
+                           str(tmp / "tokens.npy"), ",".join(map(str, ignored.tolist())),
+                           ",".join(map(str, FEATURES)), str(REPO / "fixtures/data/tokenizer.json"), str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    theirs = {int(k): v for k, v in json.loads(out.read_text()).items()}
+    reference = json.loads(out.read_text())
+    batch = json.loads((exported / f"batch-{BATCH}.json").read_text())
+    return Compared(latent_objects(site), batch, reference, rows, ignored)
 
-    for n in sample:
+
+def test_siphon_dashboards_equal_saedashboards_feature_data(compared: Compared) -> None:
+    ours, rows = compared.site, compared.rows
+    theirs = {int(k): v for k, v in compared.reference["features"].items()}
+    for n in FEATURES:
         mine, ref = ours[n], theirs[n]
         # Top activations: SAEDashboard pads its 20 with zeros where fewer tokens fired, and
         # rounds them to 4 decimals.
@@ -118,9 +147,11 @@ def test_siphon_dashboards_equal_saedashboards_feature_data(runs: Path, unit_sae
         assert sum(mine["hist"]) == sum(ref["acts_hist"]) == mine["firings"], n
         moved = sum(abs(a - b) for a, b in zip(mine["hist"], ref["acts_hist"]))
         assert moved <= 2, (n, mine["hist"], ref["acts_hist"])
-        centres = np.asarray(ref["acts_hist_values"])
-        lo, hi = mine["hist_range"]
-        np.testing.assert_allclose(np.round(lo + (np.arange(50) + 0.5) * (hi - lo) / 50, 5), centres, rtol=1e-4, atol=1e-5)
+        if mine["firings"]:
+            centres = np.asarray(ref["acts_hist_values"])
+            lo, hi = mine["hist_range"]
+            np.testing.assert_allclose(np.round(lo + (np.arange(50) + 0.5) * (hi - lo) / 50, 5), centres, rtol=1e-4,
+                                       atol=1e-5)
         # Logit effects.
         assert [i for i, _ in mine["logits_top"]] == ref["logits_top_ids"], n
         assert [v for _, v in mine["logits_top"]] == pytest.approx(ref["logits_top"], rel=1e-4, abs=1e-5), n
@@ -129,3 +160,103 @@ def test_siphon_dashboards_equal_saedashboards_feature_data(runs: Path, unit_sae
         heights = mine["logits_hist"]["heights"]
         assert sum(heights) == sum(ref["logits_hist"]), n
         assert sum(abs(a - b) for a, b in zip(heights, ref["logits_hist"])) <= 2, (n, heights, ref["logits_hist"])
+
+
+#: Values the converter rounds to 3 decimals: siphon's may round the other way at a 5th digit.
+ROUNDED = 1.5e-3
+
+
+def test_neuronpedia_batches_equal_saedashboards(compared: Compared) -> None:
+    """siphon's batch file against the batch SAEDashboard's converter makes of its runner's
+    data for the same latents and tokens: the same fields in the same order with the same JSON
+    types, and the same values — where siphon counts the tokens the run includes and
+    SAEDashboard every token of its rows (the ignored ones as zeros), the counts behind each
+    share agree once that is allowed for."""
+    ours, theirs = compared.batch, compared.reference["neuronpedia"]
+    assert list(ours) == list(theirs)
+    assert {k: ours[k] for k in ("model_id", "layer", "sae_set", "sae_id_suffix")} == \
+        {k: theirs[k] for k in ("model_id", "layer", "sae_set", "sae_id_suffix")}
+    assert [f["feature_index"] for f in ours["features"]] == [f["feature_index"] for f in theirs["features"]] == FEATURES
+    tokens = compared.rows.tokens
+    everything, included = tokens.size, int(compared.rows.included.sum())
+    ignored_count = everything - included
+    included_tables = compared.reference["included"]
+    checked = {"neurons": 0, "features": 0}
+    intervals = 0
+    for i, (mine, ref) in enumerate(zip(ours["features"], theirs["features"])):
+        n = mine["feature_index"]
+        assert list(mine) == list(ref), n
+        for key in mine:
+            if key != "activations":
+                assert _json_types(mine[key]) == _json_types(ref[key]) or not mine[key] or not ref[key], (n, key)
+        for key in ("n_prompts_total", "n_tokens_in_prompt", "dataset", "decoder_weights_dist", "vector",
+                    "neuron_alignment_indices", "pos_str", "neg_str"):
+            assert mine[key] == ref[key], (n, key, mine[key], ref[key])
+        for key in ("neuron_alignment_values", "neuron_alignment_l1", "pos_values", "neg_values",
+                    "logits_hist_data_bar_values", "freq_hist_data_bar_values"):
+            assert mine[key] == pytest.approx(ref[key], abs=ROUNDED), (n, key)
+        for mine_hist, ref_hist in (("freq_hist_data_bar_heights",) * 2, ("logits_hist_data_bar_heights",) * 2):
+            assert sum(mine[mine_hist]) == sum(ref[ref_hist]), (n, mine_hist)
+            assert sum(abs(a - b) for a, b in zip(mine[mine_hist], ref[ref_hist])) <= 2, (n, mine_hist)
+        # Density: of the included tokens here, of every token there.
+        assert abs(mine["frac_nonzero"] * included - ref["frac_nonzero"] * everything) <= 1e-5 * everything + 0.5, n
+        # Correlations over the included tokens, by SAEDashboard's RollingCorrCoef.
+        for kind in ("neurons", "features"):
+            table = included_tables[kind][i]
+            pearson = mine[f"correlated_{kind}_pearson"]
+            assert pearson == pytest.approx(table["pearson"], abs=ROUNDED), (n, kind)
+            # The same indices where a value stands alone (equal ones may come in any order).
+            for at, (p, index) in enumerate(zip(table["pearson"], table["indices"])):
+                if p != 0 and sum(abs(p - q) <= ROUNDED for q in table["pearson"]) == 1:
+                    assert mine[f"correlated_{kind}_indices"][at] == index, (n, kind, at)
+                    assert mine[f"correlated_{kind}_l1"][at] == pytest.approx(table["l1"][at], abs=ROUNDED), (n, kind)
+                    checked[kind] += 1
+        intervals += _same_activations(n, mine["activations"], ref["activations"], included, everything,
+                                       ignored_count)
+    # Most rows of the tables had a value of their own to compare, and most latents intervals.
+    assert min(checked.values()) >= len(FEATURES), checked
+    assert intervals >= 2 * len(FEATURES), intervals
+
+
+def _same_activations(n: int, mine: list, ref: list, included: int, everything: int, ignored: int) -> int:
+    """The top group equal (SAEDashboard's less its zero padding) and each interval's bounds,
+    share and examples consistent (SAEDashboard draws other examples); the intervals compared."""
+    def key(a: dict) -> tuple:
+        return a["qualifying_token_index"], tuple(a["tokens"])
+
+    def value(a: dict) -> float:
+        return float(a["values"][a["qualifying_token_index"]])
+
+    top_mine = [a for a in mine if a["bin_min"] == -1]
+    top_ref = [a for a in ref if a["bin_min"] == -1 and value(a) > 0]
+    assert sorted(map(value, top_mine)) == pytest.approx(sorted(map(value, top_ref)), abs=ROUNDED), n
+    # The same examples above the smallest value kept (equal values at the cut may be others).
+    cut = min(map(value, top_ref), default=0.0) + ROUNDED
+    assert sorted(key(a) for a in top_mine if value(a) > cut) == sorted(key(a) for a in top_ref if value(a) > cut), n
+    by_key = {key(a): a for a in top_ref}
+    for a in top_mine:
+        b = by_key.get(key(a))
+        if b is None:
+            continue
+        assert (a["bin_max"], a["bin_contains"]) == pytest.approx((b["bin_max"], b["bin_contains"]), abs=ROUNDED), n
+        assert a["values"] == pytest.approx(b["values"], abs=ROUNDED), n
+    intervals_ref = {(a["bin_min"], a["bin_max"]): a["bin_contains"] for a in ref if a["bin_min"] != -1}
+    intervals_mine = {(a["bin_min"], a["bin_max"]): a["bin_contains"] for a in mine if a["bin_min"] != -1}
+    for (lo, hi), share in intervals_mine.items():
+        match = [k for k in intervals_ref if abs(k[0] - lo) <= ROUNDED and abs(k[1] - hi) <= ROUNDED]
+        assert len(match) == 1, (n, lo, hi, list(intervals_ref))
+        theirs = intervals_ref[match[0]] * everything - (ignored if lo == 0 else 0)
+        assert abs(share * included - theirs) <= 1e-5 * everything + 0.5, (n, lo, hi)
+    for a in mine:
+        if a["bin_min"] != -1:
+            value = a["values"][a["qualifying_token_index"]]
+            assert a["bin_min"] - ROUNDED <= value <= a["bin_max"] + ROUNDED and value > 0, n
+    order = [a["bin_min"] for a in mine]
+    assert order == sorted(order, key=lambda v: (v != -1, -v)), "the top group, then the intervals from the highest"
+    return len(intervals_mine)
+
+
+def _json_types(value: Any) -> Any:
+    if isinstance(value, list):
+        return sorted({type(v).__name__ for v in value})
+    return type(value).__name__

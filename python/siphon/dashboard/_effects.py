@@ -12,6 +12,10 @@ binary writes them to an effects directory (every part optional)::
                                                      the smallest and largest (torch.histc's)
         neighbours_ids        int32   [width, n]  the latents nearest by decoder cosine,
         neighbours_cosine     float32 [width, n]    largest first, the latent itself excluded
+        alignment_ids         int32   [width, n]  the largest entries of the unit decoder row,
+        alignment_values      float32 [width, n]    largest first (SAEDashboard's neuron
+        alignment_l1          float32 [width, n]    alignment), each's share of the row's L1
+    EFFECTS/pieces.json                the tokenizer's pieces by token id (``Ġthe``; null: none)
 
 A safetensors file is an 8-byte little-endian header length, a JSON header naming each
 tensor's ``dtype``, ``shape`` and ``data_offsets`` (relative to the end of the header), then the
@@ -38,6 +42,7 @@ PAIRS: Dict[str, Tuple[str, str]] = {
     "logits_top": ("logits_top_ids", "logits_top_values"),
     "logits_bottom": ("logits_bottom_ids", "logits_bottom_values"),
     "neighbours": ("neighbours_ids", "neighbours_cosine"),
+    "alignment": ("alignment_ids", "alignment_values"),
 }
 
 
@@ -51,6 +56,8 @@ class ColumnEffects:
     sections: Dict[str, Tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     #: ``(heights int64 [width, bins], range float32 [width, 2])`` where the file has them.
     logits_hist: Optional[Tuple[np.ndarray, np.ndarray]] = None
+    #: The alignment's shares of L1 (float32 ``[width, n]``) where the file has them.
+    alignment_l1: Optional[np.ndarray] = None
 
     def latent(self, latent: int) -> Dict[str, List[List[float]]]:
         """Latent `latent`'s sections: each a list of ``[id, value]`` (ids ``< 0`` left out)."""
@@ -68,6 +75,8 @@ class Effects:
 
     vocab: Optional[List[str]]
     columns: Dict[str, ColumnEffects] = field(default_factory=dict)
+    #: The tokenizer's pieces (``pieces.json``; ``None`` without; an id without one ``None``).
+    pieces: Optional[List[Optional[str]]] = None
 
 
 def read_vocab(path: Path) -> List[str]:
@@ -79,6 +88,17 @@ def read_vocab(path: Path) -> List[str]:
     if not isinstance(vocab, list) or not all(v is None or isinstance(v, str) for v in vocab):
         raise DatasetError(f"{path}: expected a JSON list of token strings")
     return ["" if v is None else str(v) for v in vocab]
+
+
+def read_pieces(path: Path) -> List[Optional[str]]:
+    """``pieces.json``: a JSON list of strings or nulls."""
+    try:
+        pieces = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"{path}: not a readable JSON file: {e}") from e
+    if not isinstance(pieces, list) or not all(p is None or isinstance(p, str) for p in pieces):
+        raise DatasetError(f"{path}: expected a JSON list of token pieces")
+    return pieces
 
 
 def read_column(path: Path, name: str, width: int) -> ColumnEffects:
@@ -107,6 +127,11 @@ def read_column(path: Path, name: str, width: int) -> ColumnEffects:
             raise DatasetError(f"{where}: logits_hist_heights {list(heights.shape)} and logits_hist_range "
                                f"{list(ranges.shape)} must be integers [{width}, bins] and floats [{width}, 2]")
         out.logits_hist = (heights.astype(np.int64), ranges.astype(np.float32))
+    if "alignment" in out.sections and "alignment_l1" in tensors:
+        shares = tensors["alignment_l1"]
+        if shares.shape != out.sections["alignment"][0].shape or shares.dtype.kind != "f":
+            raise DatasetError(f"{where}: alignment_l1 {list(shares.shape)} must be floats shaped as alignment_ids")
+        out.alignment_l1 = shares.astype(np.float32)
     return out
 
 
@@ -117,6 +142,9 @@ def read_effects(directory: Union[str, Path], widths: Mapping[str, int]) -> Effe
         raise DatasetError(f"{root}: no effects directory there")
     vocab_path = root / "vocab.json"
     out = Effects(read_vocab(vocab_path) if vocab_path.exists() else None)
+    pieces_path = root / "pieces.json"
+    if pieces_path.exists():
+        out.pieces = read_pieces(pieces_path)
     for name, width in widths.items():
         path = root / f"{name}.safetensors"
         if path.exists():

@@ -1,5 +1,6 @@
 //! `siphon export saelens`: a run as SAELens's cached-activation dataset; `siphon export
-//! delphi`: a run's dictionary latents as delphi's latent cache.
+//! delphi`: a run's dictionary latents as delphi's latent cache; `siphon export neuronpedia`
+//! ([`super::dashboard::neuronpedia`]): Neuronpedia's batch files.
 //!
 //! SAELens's format is HF datasets' `save_to_disk` (Arrow), which only the Python `datasets`
 //! package writes faithfully, and delphi's is read by its own Python loader, so these commands
@@ -25,6 +26,9 @@ pub enum Command {
     /// latents: OUT/<hookpoint>/<start>_<end>.safetensors (locations, activations, tokens) and
     /// config.json, loaded by delphi's LatentDataset(raw_dir=OUT, ...).
     Delphi(DelphiArgs),
+    /// Neuronpedia's batch files of a dictionary's latents, as SAEDashboard's Neuronpedia
+    /// runner writes them (OUT/batch-N.json), from the stored run: no model forward.
+    Neuronpedia(super::dashboard::neuronpedia::Args),
 }
 
 /// `siphon export delphi` flags (passed on to `python -m siphon export-delphi`).
@@ -106,6 +110,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Saelens(args) => saelens(args),
         Command::Delphi(args) => delphi(args),
+        Command::Neuronpedia(args) => super::dashboard::neuronpedia::run(args),
     }
 }
 

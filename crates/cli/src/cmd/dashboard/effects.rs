@@ -3,6 +3,8 @@
 //! (`python/siphon/dashboard/_effects.py` names every tensor):
 //!
 //! - **nearest latents**: each latent's `n` others of largest cosine between decoder rows;
+//! - **neuron alignment**, SAEDashboard's first feature table: the largest entries of the
+//!   unit decoder row, and each one's share of the row's L1 norm;
 //! - **logit effects**, as SAEDashboard computes them (`sae_vis_runner.py`): the row made a
 //!   unit vector (SAEDashboard folds the decoder norms first, `fold_W_dec_norm`), times the
 //!   unembedding in TransformerLens's convention ([`siphon_models::Unembedding`]: the final
@@ -114,6 +116,33 @@ pub(super) fn neighbours(
     out.add_i32("neighbours_ids", vec![latents, n], &ids);
     out.add_f32("neighbours_cosine", vec![latents, n], &cosines);
     Ok(())
+}
+
+/// Each latent's `n` largest entries of its `unit` decoder row (`[latents, d]`), largest
+/// first, as SAEDashboard's neuron alignment table takes them (`add_neuron_alignment_data`:
+/// `topk` of the folded row): `alignment_ids`, `alignment_values`, and each one's share of the
+/// row's L1 norm, `|value| / Σ|row|` (`alignment_l1`; 0 for a zero row).
+pub(super) fn alignment(out: &mut ColumnEffects, unit: &[f32], (latents, d): (usize, usize), n: usize) {
+    let n = n.min(d);
+    if n == 0 || latents == 0 {
+        return;
+    }
+    let (mut ids, mut values, mut shares) =
+        (Vec::with_capacity(latents * n), Vec::with_capacity(latents * n), Vec::with_capacity(latents * n));
+    let mut order: Vec<usize> = (0..d).collect();
+    for row in unit.chunks_exact(d) {
+        order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        let l1: f32 = row.iter().map(|v| v.abs()).sum();
+        for &i in &order[..n] {
+            ids.push(i as i32);
+            values.push(row[i]);
+            shares.push(if l1 > 0.0 { row[i].abs() / l1 } else { 0.0 });
+        }
+    }
+    out.add_i32("alignment_ids", vec![latents, n], &ids);
+    out.add_f32("alignment_values", vec![latents, n], &values);
+    out.add_f32("alignment_l1", vec![latents, n], &shares);
 }
 
 /// The unembedding in TransformerLens's convention, `[vocab, d]` (rows by token): `unembed`
@@ -271,6 +300,21 @@ mod tests {
         // One value: the range is widened by one each side, the value in the middle bin.
         assert_eq!(histc(&[2.0, 2.0], 4), (2.0, 2.0, vec![0, 0, 2, 0]));
         assert_eq!(histc(&[], 3), (0.0, 0.0, vec![0, 0, 0]));
+    }
+
+    #[test]
+    fn the_alignment_is_the_largest_entries_and_their_share_of_l1() {
+        let mut out = ColumnEffects::default();
+        alignment(&mut out, &[0.5, -0.25, 0.25, 0.0, 0.0, 0.0], (2, 3), 2);
+        let tensor = |name: &str| out.tensors.iter().find(|t| t.0 == name).map(|t| t.3.clone()).unwrap();
+        let f32s =
+            |b: Vec<u8>| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<_>>();
+        let i32s =
+            |b: Vec<u8>| b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<_>>();
+        // Ties go to the lower index; a zero row has zero shares.
+        assert_eq!(i32s(tensor("alignment_ids")), vec![0, 2, 0, 1]);
+        assert_eq!(f32s(tensor("alignment_values")), vec![0.5, 0.25, 0.0, 0.0]);
+        assert_eq!(f32s(tensor("alignment_l1")), vec![0.5, 0.25, 0.0, 0.0]);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! [`effects`]).
 
 mod effects;
+pub mod neuronpedia;
 
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
@@ -81,20 +82,18 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let python = super::export::checked_python(args.python.clone(), "siphon.dashboard", "")?;
     let effects = args.out.join("effects");
-    std::fs::create_dir_all(&effects).with_context(|| format!("creating {}", effects.display()))?;
-    let tokenizer = match &args.tokenizer {
-        Some(path) => Some(path.clone()),
-        None => run_tokenizer(&args.run)?,
+    let request = EffectsRequest {
+        run: &args.run,
+        latents: args.latents.as_deref(),
+        tokenizer: args.tokenizer.as_deref(),
+        model: args.model.as_deref(),
+        plugin: args.plugin.as_deref(),
+        neighbours: args.neighbours,
+        logits: args.logits,
+        bins: args.bins as usize,
+        alignment: 0,
     };
-    match tokenizer {
-        Some(path) => write_vocab(&path, &effects.join("vocab.json"))?,
-        None => {
-            tracing::warn!("the run's tokenizer is not on this machine: tokens are shown as ids (give --tokenizer)")
-        }
-    }
-    if args.neighbours > 0 || args.logits > 0 {
-        write_all_effects(&args, &effects)?;
-    }
+    write_effects(&request, &effects)?;
     let mut cmd = Process::new(&python);
     cmd.args(["-m", "siphon", "dashboard", &args.run, "--out"]).arg(&args.out).arg("--effects").arg(&effects);
     for (flag, value) in [
@@ -120,6 +119,49 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What an effects directory gets (see [`write_effects`]) and where its inputs come from.
+pub(crate) struct EffectsRequest<'a> {
+    /// The run directory.
+    pub run: &'a str,
+    /// Comma-separated latents columns (`None`: every one of the run).
+    pub latents: Option<&'a str>,
+    /// The tokenizer naming the tokens (`None`: the run's, where it is on this machine).
+    pub tokenizer: Option<&'a Path>,
+    /// The model of the logit effects (`None`: the run's, where it is on this machine).
+    pub model: Option<&'a Path>,
+    /// The PJRT plugin of the decoder products.
+    pub plugin: Option<&'a Path>,
+    /// Nearest latents per latent (0: none).
+    pub neighbours: usize,
+    /// Tokens of largest and of most negative logit effect per latent (0: no logit effects).
+    pub logits: usize,
+    /// Bins of each latent's logits histogram.
+    pub bins: usize,
+    /// Largest decoder entries per latent ([`effects::alignment`]; 0: none).
+    pub alignment: usize,
+}
+
+/// Writes the effects directory `dir`: the vocabulary as strings (`vocab.json`, each token
+/// id decoded alone by the run's tokenizer) and as the tokenizer's own pieces (`pieces.json`,
+/// what Neuronpedia shows), where a tokenizer is found, and each dictionary's effects file.
+pub(crate) fn write_effects(request: &EffectsRequest<'_>, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tokenizer = match request.tokenizer {
+        Some(path) => Some(path.to_path_buf()),
+        None => run_tokenizer(request.run)?,
+    };
+    match tokenizer {
+        Some(path) => write_vocab(&path, dir)?,
+        None => {
+            tracing::warn!("the run's tokenizer is not on this machine: tokens are shown as ids (give --tokenizer)")
+        }
+    }
+    if request.neighbours > 0 || request.logits > 0 || request.alignment > 0 {
+        write_all_effects(request, dir)?;
+    }
+    Ok(())
+}
+
 /// The run's run.json where the run is a local directory (`None` for an object store's: what
 /// it names is not on this machine either).
 fn run_json(run: &str) -> anyhow::Result<Option<serde_json::Value>> {
@@ -139,12 +181,12 @@ fn run_tokenizer(run: &str) -> anyhow::Result<Option<PathBuf>> {
     Ok(named.into_iter().filter_map(|v| v.as_str()).map(PathBuf::from).find(|p| p.exists()))
 }
 
-/// Each dictionary's effects (those of `--latents`) into `effects`: its nearest latents, and
-/// its logit effects where the model is on this machine and its decoder writes to the
+/// Each dictionary's effects (those of `--latents`) into `effects`: its nearest latents, its
+/// decoder rows' largest entries, and its logit effects where the model is on this machine and its decoder writes to the
 /// residual stream; what cannot be computed is passed over, said in the log.
-fn write_all_effects(args: &Args, effects: &Path) -> anyhow::Result<()> {
-    let wanted: Option<Vec<&str>> = args.latents.as_deref().map(|l| l.split(',').collect());
-    let columns: Vec<_> = run_dictionaries(&args.run)?
+fn write_all_effects(args: &EffectsRequest<'_>, effects: &Path) -> anyhow::Result<()> {
+    let wanted: Option<Vec<&str>> = args.latents.map(|l| l.split(',').collect());
+    let columns: Vec<_> = run_dictionaries(args.run)?
         .into_iter()
         .filter(|c| wanted.as_ref().is_none_or(|w| w.contains(&c.name.as_str())))
         .collect();
@@ -152,7 +194,8 @@ fn write_all_effects(args: &Args, effects: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let unembedding = if args.logits > 0 { unembedding(args)? } else { None };
-    let choice = PluginLocator::new().explicit(args.plugin.clone()).locate().context("finding a PJRT plugin")?;
+    let choice =
+        PluginLocator::new().explicit(args.plugin.map(Path::to_path_buf)).locate().context("finding a PJRT plugin")?;
     let plugin = Plugin::load(&choice.path).context("loading the PJRT plugin")?;
     let client = Client::new(&plugin, ClientOptions::new()).context("creating a PJRT client")?;
     for column in columns {
@@ -166,6 +209,7 @@ fn write_all_effects(args: &Args, effects: &Path) -> anyhow::Result<()> {
         };
         let (unit, latents, d) = effects::unit_rows(&w_dec)?;
         let mut out = effects::ColumnEffects::default();
+        effects::alignment(&mut out, &unit, (latents, d), args.alignment);
         effects::neighbours(&client, &mut out, &unit, (latents, d), args.neighbours)
             .with_context(|| format!("the nearest latents of {name}"))?;
         match &unembedding {
@@ -179,7 +223,7 @@ fn write_all_effects(args: &Args, effects: &Path) -> anyhow::Result<()> {
                     "{name}: the decoder's rows have {d} values but the model's hidden size does not divide its unembedding"
                 )
             }
-            Some(w_u) => effects::logits(&client, &mut out, &unit, (latents, d), w_u, args.logits, args.bins as usize)
+            Some(w_u) => effects::logits(&client, &mut out, &unit, (latents, d), w_u, args.logits, args.bins)
                 .with_context(|| format!("the logit effects of {name}"))?,
             None => {}
         }
@@ -193,12 +237,10 @@ fn write_all_effects(args: &Args, effects: &Path) -> anyhow::Result<()> {
 /// The run's model's unembedding in TransformerLens's convention (`[vocab, hidden]`,
 /// [`effects::folded_unembedding`]), where the model is on this machine (`--model`, else
 /// run.json's `model.path`); `None`, said in the log, where it is not.
-fn unembedding(args: &Args) -> anyhow::Result<Option<Vec<f32>>> {
-    let named = match &args.model {
-        Some(path) => Some(path.clone()),
-        None => {
-            run_json(&args.run)?.and_then(|j| j["model"]["path"].as_str().map(PathBuf::from)).filter(|p| p.exists())
-        }
+fn unembedding(args: &EffectsRequest<'_>) -> anyhow::Result<Option<Vec<f32>>> {
+    let named = match args.model {
+        Some(path) => Some(path.to_path_buf()),
+        None => run_json(args.run)?.and_then(|j| j["model"]["path"].as_str().map(PathBuf::from)).filter(|p| p.exists()),
     };
     let Some(path) = named else {
         tracing::warn!("the run's model is not on this machine: no logit effects (give --model)");
@@ -257,14 +299,22 @@ fn run_dictionaries(run: &str) -> anyhow::Result<Vec<RunDictionary>> {
         .collect())
 }
 
-/// Every token id of the tokenizer at `path` decoded alone, as a JSON list by id.
-fn write_vocab(path: &Path, out: &Path) -> anyhow::Result<()> {
+/// The tokenizer at `path`'s vocabulary into `dir`, each a JSON list by token id: every id
+/// decoded alone (`vocab.json`) and its piece as the tokenizer stores it (`pieces.json`, e.g.
+/// `Ġthe`; `null` for an id without one).
+fn write_vocab(path: &Path, dir: &Path) -> anyhow::Result<()> {
     let (tokenizer, _) = super::data::load_tokenizer(path)?;
     let inner = tokenizer.inner();
     let size = inner.get_vocab_size(true) as u32;
     let vocab = (0..size)
         .map(|id| inner.decode(&[id], false).map_err(|e| anyhow::anyhow!("decoding token {id}: {e}")))
         .collect::<anyhow::Result<Vec<String>>>()?;
-    let text = serde_json::to_string(&vocab).context("serializing the vocabulary")?;
-    std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))
+    let pieces: Vec<Option<String>> = (0..size).map(|id| inner.id_to_token(id)).collect();
+    for (name, text) in [("vocab.json", serde_json::to_string(&vocab)), ("pieces.json", serde_json::to_string(&pieces))]
+    {
+        let out = dir.join(name);
+        let text = text.context("serializing the vocabulary")?;
+        std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
 }
