@@ -133,3 +133,75 @@ def test_the_logit_effects_are_the_folded_unembeddings(run: Path, tmp_path: Path
         # Float rounding may move a value lying on a bin edge into its neighbour.
         assert sum(got["heights"]) == len(row) and sum(abs(a - b) for a, b in zip(got["heights"], heights)) <= 2, n
         assert got["range"] == pytest.approx([row.min().item(), row.max().item()], rel=1e-4)
+
+
+def test_the_neuronpedia_batches_show_the_runs_sequences_and_latents(run: Path, tmp_path: Path) -> None:
+    """`siphon export neuronpedia` on the run: every latent in a batch file, each example a
+    whole row of the run (less its first token) in the runner's vocabulary (the tokenizer's
+    pieces, its HTML anomalies replaced), with the run's stored values of that latent on it."""
+    from tokenizers import Tokenizer
+
+    from siphon.dashboard.neuronpedia import HTML_ANOMALIES
+    from siphon.delphi import rebuild_sequences
+
+    out = tmp_path / "np"
+    done = subprocess.run([siphon_binary(), "export", "neuronpedia", str(run), str(out), "--sae-set", "res-test",
+                           "--batch-size", "50", "--no-progress", "--python", sys.executable],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ds = siphon.open_dataset(str(run))
+    width = ds.latents[NAME].width
+    files = sorted(out.glob("batch-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    assert len(files) == -(-width // 50)
+    batches = [json.loads(p.read_text()) for p in files]
+    assert [f["feature_index"] for b in batches for f in b["features"]] == list(range(width))
+    assert {(b["model_id"], b["layer"], b["sae_set"]) for b in batches} == {(ds.run["model"]["path"].rstrip("/").split("/")[-1], 1, "res-test")}
+
+    tokenizer = Tokenizer.from_file(str(REPO / "fixtures/data/tokenizer.json"))
+
+    def piece(i: int) -> str:
+        text = tokenizer.id_to_token(i)
+        for anomaly, replacement in HTML_ANOMALIES.items():
+            text = text.replace(anomaly, replacement)
+        return text
+
+    rows = rebuild_sequences(ds, "exact")
+    dense = np.concatenate([s.dense() * (s.mask[:, None] if s.mask is not None else 1) for s in ds.latent_shards(NAME)])
+    by_row = np.zeros(rows.tokens.shape + (width,), np.float32)
+    by_row[rows.row_seq, rows.row_pos] = dense
+    shown = {}
+    for s, ids in enumerate(rows.tokens):
+        shown.setdefault(tuple(piece(int(i)) for i in ids[1:]), []).append(s)
+    stats = ds.latent_stats(NAME)
+    examples = 0
+    for feature in (f for b in batches for f in b["features"]):
+        n = feature["feature_index"]
+        assert feature["n_prompts_total"] == rows.tokens.shape[0] and feature["n_tokens_in_prompt"] == rows.tokens.shape[1]
+        assert feature["frac_nonzero"] == pytest.approx(stats["firings"][n] / ds.tokens, abs=1e-5)
+        top = [a for a in feature["activations"] if a["bin_min"] == -1]
+        assert len(top) == min(20, int(stats["firings"][n]))
+        for a in feature["activations"]:
+            candidates = shown[tuple(a["tokens"])]
+            values = [np.round([round(float(v), 4) for v in by_row[s, 1:, n]], 3).tolist() for s in candidates]
+            assert a["values"] in values, n
+            assert a["values"][a["qualifying_token_index"]] > 0
+            examples += 1
+        tops = [a["values"][a["qualifying_token_index"]] for a in top]
+        assert tops == sorted(tops, reverse=True)
+        if top:
+            assert top[0]["bin_max"] == pytest.approx(float(np.max(by_row[..., n])), abs=1e-3)
+    assert examples > width
+
+
+def test_the_neuronpedia_export_refuses_a_folder_in_use_and_an_unknown_column(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "np"
+    out.mkdir()
+    (out / "other.txt").write_text("mine")
+    done = subprocess.run([siphon_binary(), "export", "neuronpedia", str(run), str(out), "--sae-set", "s",
+                           "--no-progress", "--python", sys.executable], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "not empty" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["other.txt"]
+    done = subprocess.run([siphon_binary(), "export", "neuronpedia", str(run), str(tmp_path / "np2"), "--sae-set", "s",
+                           "--latents", "nope", "--no-progress", "--python", sys.executable],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "nope" in done.stderr

@@ -179,14 +179,16 @@ def vocab_strings(pieces: Sequence[Optional[str]], size: int) -> List[str]:
 
 def linspace_f32(start: np.ndarray, end: np.ndarray, steps: int) -> np.ndarray:
     """``torch.linspace(start, end, steps)`` in float32 per row (``[rows, steps]``), as
-    torch's CPU kernel computes it: ``start + i·step`` for the first half, ``end − (steps − 1 −
-    i)·step`` for the rest, ``step = (end − start) / (steps − 1)``, all in float32."""
+    torch's CPU kernel computes it: ``step = (end − start) / (steps − 1)`` in float32, then
+    ``start + i·step`` for the first half and ``end − (steps − 1 − i)·step`` for the rest, each
+    a fused multiply-add (one rounding to float32; the float64 product of two float32 values is
+    exact)."""
     start = np.asarray(start, np.float32)[:, None]
     end = np.asarray(end, np.float32)[:, None]
-    i = np.arange(steps, dtype=np.float32)[None, :]
-    step = (end - start) / np.float32(max(1, steps - 1))
-    first = start + step * i
-    second = end - step * (np.float32(steps - 1) - i)
+    step = ((end - start) / np.float32(max(1, steps - 1))).astype(np.float64)
+    i = np.arange(steps, dtype=np.float64)[None, :]
+    first = start.astype(np.float64) + step * i
+    second = end.astype(np.float64) - step * (steps - 1 - i)
     out: np.ndarray = np.where(i < steps // 2, first, second).astype(np.float32)
     return out
 
