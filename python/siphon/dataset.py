@@ -50,6 +50,7 @@ from .latents import (
     VALUE_DTYPES,
     checked_latents,
     csr_names,
+    iter_latent_shard_groups,
     iter_latent_shards,
     latents_stats,
     parse_latents,
@@ -414,6 +415,17 @@ class Dataset:
         info = checked_latents(name, self.latents)
         out = resolve_value_dtype(dtype)
         return iter_latent_shards(self._location, list(self.shards), info, has_mask=self._has_mask, dtype=out, check=check)
+
+    def latent_shard_groups(
+        self, names: Sequence[str], *, dtype: Any = "float32", check: bool = True
+    ) -> Iterator[Dict[str, LatentShard]]:
+        """Per committed shard, the `LatentShard` of each latents column of `names` by name
+        (as `latent_shards` gives them), every column from one read of the shard: one pass
+        over the run for several dictionaries."""
+        infos = [checked_latents(name, self.latents) for name in names]
+        out = resolve_value_dtype(dtype)
+        return iter_latent_shard_groups(self._location, list(self.shards), infos, has_mask=self._has_mask, dtype=out,
+                                        check=check)
 
     def read_latents(
         self,

@@ -298,8 +298,23 @@ def iter_latent_shards(
     check: bool,
 ) -> Iterator[LatentShard]:
     """`LatentShard`s of `info` for `shards` in order (see `Dataset.latent_shards`)."""
+    for group in iter_latent_shard_groups(location, shards, [info], has_mask=has_mask, dtype=dtype, check=check):
+        yield group[info.name]
+
+
+def iter_latent_shard_groups(
+    location: Location,
+    shards: Sequence[ManifestLine],
+    infos: Sequence[LatentsInfo],
+    *,
+    has_mask: bool,
+    dtype: Optional[str],
+    check: bool,
+) -> Iterator[Dict[str, LatentShard]]:
+    """Per shard in order, the `LatentShard` of each column of `infos` by name, from one read
+    of the shard (see `Dataset.latent_shard_groups`)."""
     loader = ShardLoader(location, has_mask, check)
-    names = list(csr_names(info.name)) + list(ROW_TENSORS)
+    names = [n for info in infos for n in csr_names(info.name)] + list(ROW_TENSORS)
     row_start = 0
     for shard in shards:
         where = f"{location.url}/{shard.rel}"
@@ -307,23 +322,26 @@ def iter_latent_shards(
         ids = tensors["token_ids"][1]
         if ids.shape != (shard.tokens,):
             raise DatasetError(f"{where}: token_ids has shape {list(ids.shape)}, the manifest says {shard.tokens} tokens")
-        check_csr(info, tensors, shard.tokens, where)
-        p_name, i_name, v_name = csr_names(info.name)
-        v_info, raw_values = tensors[v_name]
         mask = tensors["mask"][1] if has_mask else None
-        yield LatentShard(
-            info=info,
-            shard=shard,
-            row_start=row_start,
-            indptr=tensors[p_name][1],
-            indices=tensors[i_name][1],
-            values=convert_values(raw_values, v_info.dtype, dtype),
-            token_ids=ids,
-            doc_index=tensors["doc_index"][1],
-            position=tensors["position"][1],
-            sample_index=tensors["sample_index"][1],
-            mask=mask,
-        )
+        group: Dict[str, LatentShard] = {}
+        for info in infos:
+            check_csr(info, tensors, shard.tokens, where)
+            p_name, i_name, v_name = csr_names(info.name)
+            v_info, raw_values = tensors[v_name]
+            group[info.name] = LatentShard(
+                info=info,
+                shard=shard,
+                row_start=row_start,
+                indptr=tensors[p_name][1],
+                indices=tensors[i_name][1],
+                values=convert_values(raw_values, v_info.dtype, dtype),
+                token_ids=ids,
+                doc_index=tensors["doc_index"][1],
+                position=tensors["position"][1],
+                sample_index=tensors["sample_index"][1],
+                mask=mask,
+            )
+        yield group
         row_start += shard.tokens
 
 

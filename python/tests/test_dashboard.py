@@ -19,7 +19,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import siphon
-from siphon.dashboard import build_dashboard, column_pass
+from siphon.dashboard import build_dashboard, column_pass, columns_pass
 from siphon.examples import TOP
 
 from latent_runs import RESID, SAE, Truth, write_run
@@ -143,6 +143,31 @@ def test_parts_merge_into_the_whole(tmp_path: Path) -> None:
     for bins, message in ((0, "bins must be at least 1"), (10**9, "bins must be at most 10000")):
         with pytest.raises(DatasetError, match=message):
             column_pass(ds, SAE, shards=shards, **{**kw, "bins": bins})
+
+
+def test_several_dictionaries_come_from_one_read_of_each_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(9)
+    other = SAE + ".second"
+    rows, widths = 2 * 2 * 2 * 8, (WIDTH, 7)
+    dense = {name: np.where(rng.random((rows, w)) < 0.3, rng.uniform(0.05, 4.0, (rows, w)), 0).astype(np.float32)
+             for name, w in zip((SAE, other), widths)}
+    truth = write_run(tmp_path / "run", dtype="f32", hosts=2, shards_per_host=2, seqs_per_shard=2, seq_len=8,
+                      widths=widths, names=(SAE, other), latents=dense)
+    finish_stats(truth)
+    ds = siphon.open_dataset(str(truth.path))
+    kw: Dict[str, Any] = dict(top=3, quantiles=2, per_quantile=2, window=2, bins=5)
+    alone = {name: column_pass(ds, name, progress=False, **kw) for name in (SAE, other)}
+    from siphon.latents import ShardLoader
+
+    reads: List[str] = []
+    load = ShardLoader.load
+    monkeypatch.setattr(ShardLoader, "load", lambda self, shard, names: reads.append(shard.rel) or load(self, shard, names))
+    together = columns_pass(ds, [SAE, other], progress=False, **kw)
+    assert sorted(reads) == sorted(s.rel for s in ds.shards), "each shard read once for both dictionaries"
+    for name, width in zip((SAE, other), widths):
+        assert np.array_equal(together[name].histogram, alone[name].histogram)
+        for latent in range(width):
+            assert together[name].examples.latent(latent) == alone[name].examples.latent(latent), (name, latent)
 
 
 def test_the_site_holds_the_truths_numbers(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ or ``python -m siphon dashboard out/run --out out/dashboard``. The site opens fr
 (no server, no network): ``index.html`` (the run's columns and its hooks' statistics), per
 column ``{folder}/index.html`` (a sortable, filterable table of every latent) and
 ``{folder}/latent.html#N`` (latent N), whose data lie in ``{folder}/data/chunk-NNNN.js`` (see
-`siphon.dashboard._data`). Parts of a run (a host's shards each) give `ColumnPass`es that merge
-(`ColumnPass.merge`).
+`siphon.dashboard._data`). Every column comes from one read of the shards (`columns_pass`);
+parts of a run (a host's shards each) give `ColumnPass`es that merge (`ColumnPass.merge`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from ..latents import checked_latents
 from ._data import ColumnData
 from ._effects import Effects, read_effects
 from ._hooks import hook_summaries, read_stats
-from ._pass import ColumnPass, column_pass
+from ._pass import ColumnPass, column_pass, columns_pass
 from ._site import ColumnSummary, folder_names, write_column, write_index, write_vocab
 
-__all__ = ["build_dashboard", "column_pass", "ColumnPass", "read_effects", "Effects"]
+__all__ = ["build_dashboard", "column_pass", "columns_pass", "ColumnPass", "read_effects", "Effects"]
 
 
 def build_dashboard(
@@ -53,7 +53,7 @@ def build_dashboard(
     directory (`siphon.dashboard._effects`; its ``vocab.json`` gives token strings, else tokens
     show as ``#id``). `top`, `quantiles`, `per_quantile`, `window`, `seed`: the examples, as
     `siphon.examples.latent_examples` takes them; `bins`: of each latent's histogram.
-    `progress`: a progress line on stderr per column. `check`: each shard's CRC32C."""
+    `progress`: a progress line on stderr. `check`: each shard's CRC32C."""
     dataset = run if isinstance(run, Dataset) else open_dataset(os.fspath(run))
     columns: List[str] = list(dataset.latents) if names is None else list(names)
     for name in columns:
@@ -67,9 +67,10 @@ def build_dashboard(
     root.mkdir(parents=True, exist_ok=True)
     folders = folder_names(columns)
     written: List[ColumnSummary] = []
+    passes = columns_pass(dataset, columns, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
+                          bins=bins, seed=seed, check=check, progress=progress)
     for name in columns:
-        result = column_pass(dataset, name, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
-                             bins=bins, seed=seed, check=check, progress=progress)
+        result = passes.pop(name)
         data = ColumnData(result, dataset.latent_stats(name), found.columns.get(name) if found is not None else None)
         written.append(write_column(root, folders[name], data, run_name=dataset.name, vocab=vocab, window=window))
     if vocab is not None:

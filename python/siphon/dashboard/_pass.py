@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, Iterable, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
@@ -164,6 +164,20 @@ def _seconds(s: float) -> str:
     return f"{m}m{sec:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
 
 
+def new_column_pass(dataset: Any, name: str, *, top: int = 20, quantiles: int = 10, per_quantile: int = 5,
+                    window: int = 16, bins: int = 50, seed: int = 0) -> ColumnPass:
+    """An empty pass of latents column `name` of `dataset` with these settings (checked)."""
+    if bins < 1:
+        raise DatasetError(f"bins must be at least 1, got {bins}")
+    if bins > MAX_BINS:
+        raise DatasetError(f"bins must be at most {MAX_BINS}, got {bins}")
+    examples = empty_examples(dataset, name, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
+                              seed=seed)
+    stats = dataset.latent_stats(name)
+    lo = stats.get("min", np.zeros(examples.width))
+    return ColumnPass(examples, np.zeros((examples.width, bins), np.int64), lo)
+
+
 def column_pass(
     dataset: Any,
     name: str,
@@ -185,15 +199,8 @@ def column_pass(
     histogram of `bins` bins. `shards` (default: every committed shard) may be a part of the
     run (a host's), whose passes `ColumnPass.merge` combines; `total` is their number for the
     progress line (default: ``len(shards)`` where it has one, else the run's shards)."""
-    if bins < 1:
-        raise DatasetError(f"bins must be at least 1, got {bins}")
-    if bins > MAX_BINS:
-        raise DatasetError(f"bins must be at most {MAX_BINS}, got {bins}")
-    examples = empty_examples(dataset, name, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
-                              seed=seed)
-    stats = dataset.latent_stats(name)
-    lo = stats.get("min", np.zeros(examples.width))
-    out = ColumnPass(examples, np.zeros((examples.width, bins), np.int64), lo)
+    out = new_column_pass(dataset, name, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
+                          bins=bins, seed=seed)
     if total is None:
         total = len(shards) if isinstance(shards, Sequence) else len(dataset.shards)
     meter = Progress(name, total, enabled=progress, stream=stream)
@@ -202,3 +209,20 @@ def column_pass(
         meter.step(shard.rows)
     meter.finish()
     return out
+
+
+def columns_pass(dataset: Any, names: Sequence[str], *, check: bool = True, progress: bool = True,
+                 stream: Optional[TextIO] = None, **settings: Any) -> Dict[str, ColumnPass]:
+    """The passes of several latents columns of `dataset` from one read of its shards (each
+    shard read once for all of them), by name; `settings` as `column_pass` takes them."""
+    passes = {name: new_column_pass(dataset, name, **settings) for name in names}
+    if not passes:
+        return passes
+    meter = Progress(", ".join(names) if len(names) == 1 else f"{len(names)} dictionaries", len(dataset.shards),
+                     enabled=progress, stream=stream)
+    for group in dataset.latent_shard_groups(list(names), check=check):
+        for name, shard in group.items():
+            passes[name].add(shard)
+        meter.step(next(iter(group.values())).rows)
+    meter.finish()
+    return passes
