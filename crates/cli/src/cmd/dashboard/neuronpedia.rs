@@ -86,6 +86,27 @@ const TABLE_ROWS: usize = 3;
 /// Writes the batch files.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let python = super::super::export::checked_python(args.python.clone(), "siphon.dashboard.neuronpedia", "")?;
+    // What the Python side refuses, refused before the decoder's products.
+    if std::fs::read_dir(&args.out).is_ok_and(|mut entries| entries.next().is_some()) {
+        bail!("{}: not empty (the batch files go into a new or empty folder)", args.out.display());
+    }
+    if args.latents.is_none() {
+        let columns = super::run_json(&args.run)?
+            .and_then(|j| {
+                j["latents"]
+                    .as_array()
+                    .map(|l| l.iter().filter_map(|c| c["name"].as_str().map(String::from)).collect::<Vec<_>>())
+            })
+            .unwrap_or_default();
+        if columns.len() > 1 {
+            bail!(
+                "{} has {} latents columns: name one with --latents ({})",
+                args.run,
+                columns.len(),
+                columns.join(", ")
+            );
+        }
+    }
     let scratch = tempfile::tempdir().context("creating a scratch directory for the decoder's effects")?;
     let effects = scratch.path().join("effects");
     let request = EffectsRequest {
