@@ -10,7 +10,6 @@
 //! resolved arguments plus the siphon version and the PJRT plugin's sha256), so this crate does
 //! not depend on what the config holds.
 
-use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
@@ -25,27 +24,7 @@ pub const CONFIG_KEY: &str = "siphon/config";
 /// The barrier all ranks pass after comparing.
 pub const CONFIG_BARRIER: &str = "siphon/config-checked";
 
-/// One field that differs between rank 0's config and another rank's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldDiff {
-    /// Dotted path of the field (`model.layers`, `hooks[2]`).
-    pub path: String,
-    /// Rank 0's value as JSON, `None` when rank 0 lacks the field.
-    pub rank0: Option<String>,
-    /// This rank's value as JSON, `None` when this rank lacks the field.
-    pub ours: Option<String>,
-}
-
-impl fmt::Display for FieldDiff {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let show = |v: &Option<String>| match v {
-            None => "(absent)".to_string(),
-            Some(text) if text.chars().count() > 80 => format!("{}…", text.chars().take(80).collect::<String>()),
-            Some(text) => text.clone(),
-        };
-        write!(f, "{} (task 0: {}, here: {})", self.path, show(&self.rank0), show(&self.ours))
-    }
-}
+pub use crate::error::FieldDiff;
 
 /// JSON with object keys sorted at every level, so that equal configs hash equally whatever
 /// order they were built in (serde_json may preserve insertion order).

@@ -1,5 +1,7 @@
 //! The crate's error type and its mapping to and from gRPC statuses.
 
+use std::fmt;
+
 use prost::Message;
 
 use crate::proto;
@@ -58,7 +60,7 @@ pub enum CoordError {
         /// The task whose configuration differs from rank 0's.
         task: u32,
         /// The differing fields as dotted paths, with both values.
-        fields: Vec<crate::broadcast::FieldDiff>,
+        fields: Vec<FieldDiff>,
     },
 }
 
@@ -70,7 +72,7 @@ fn job_failed_message(code: ErrorCode, message: &str) -> String {
     }
 }
 
-fn config_mismatch_message(task: u32, fields: &[crate::broadcast::FieldDiff]) -> String {
+fn config_mismatch_message(task: u32, fields: &[FieldDiff]) -> String {
     let listed: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
     format!(
         "task {task} was started with a configuration that differs from task 0's in {} field(s): {}",
@@ -239,5 +241,27 @@ impl From<CoordError> for tonic::Status {
     /// The status an RPC answers with ([`CoordError::to_status`]), so handlers can use `?`.
     fn from(error: CoordError) -> tonic::Status {
         error.to_status()
+    }
+}
+
+/// One field that differs between rank 0's config and another rank's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldDiff {
+    /// Dotted path of the field (`model.layers`, `hooks[2]`).
+    pub path: String,
+    /// Rank 0's value as JSON, `None` when rank 0 lacks the field.
+    pub rank0: Option<String>,
+    /// This rank's value as JSON, `None` when this rank lacks the field.
+    pub ours: Option<String>,
+}
+
+impl fmt::Display for FieldDiff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |v: &Option<String>| match v {
+            None => "(absent)".to_string(),
+            Some(text) if text.chars().count() > 80 => format!("{}…", text.chars().take(80).collect::<String>()),
+            Some(text) => text.clone(),
+        };
+        write!(f, "{} (task 0: {}, here: {})", self.path, show(&self.rank0), show(&self.ours))
     }
 }

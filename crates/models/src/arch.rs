@@ -4,10 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::HfConfig;
 use crate::config::{ModelConfig, ParamInfo};
 use crate::contract::{ForwardProgram, ForwardSpec};
+use crate::error::ModelError;
 use crate::hooks::Feature;
-use crate::{HfConfig, ModelError};
 
 /// An architecture siphon can build a forward pass for: a handle on its family's [`Family`],
 /// whose file's `//!` says what its block is. An architecture is written as its family's name

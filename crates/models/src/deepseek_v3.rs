@@ -32,13 +32,14 @@ use siphon_hlo::{DType, TensorType, Value};
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Rope};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::moe::moe_params;
 use crate::layers::moe::{Experts, Glu};
 use crate::mla::{self, Mla};
-use crate::{HfConfig, ModelConfig, ModelError, Moe};
+use crate::{HfConfig, ModelConfig, Moe};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -280,7 +281,8 @@ fn mixture(g: &mut Graph<'_>, x: Value, layer: usize) -> Result<Value, ModelErro
 
 #[cfg(test)]
 mod tests {
-    use crate::{HfConfig, ModelConfig, ModelError};
+    use crate::error::ModelError;
+    use crate::{HfConfig, ModelConfig};
 
     /// DeepSeek-V3's own config.json, less the keys siphon does not read.
     const V3: &str = r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",

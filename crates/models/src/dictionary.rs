@@ -15,7 +15,7 @@
 //!
 use std::path::PathBuf;
 
-use crate::ModelError;
+use crate::error::ModelError;
 
 /// How a dictionary turns the pre-activations `pre = x̃·W_enc + b_enc` into latents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,8 @@
 use std::str::FromStr;
 
 use crate::arch::{Arch, Family};
-use crate::{HfConfig, ModelConfig, ModelError};
+use crate::error::ModelError;
+use crate::{HfConfig, ModelConfig};
 
 /// The architecture of a configuration that names none: Llama's.
 impl Default for Arch {

@@ -27,11 +27,12 @@ use serde_json::Value;
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, ParamInfo};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, decoder_params};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::self_attention;
-use crate::{Activation, HfConfig, ModelConfig, ModelError};
+use crate::{Activation, HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

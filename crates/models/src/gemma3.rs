@@ -13,11 +13,12 @@
 
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, Rope};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::gemma2::{GEMMA_ACTIVATION, gemma_config, gemma_params, gemma_windows};
 use crate::hf_config::Defaults;
 use crate::hooks::Feature;
-use crate::{HfConfig, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

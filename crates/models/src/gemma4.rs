@@ -41,11 +41,12 @@ use siphon_hlo::Value;
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Rope, Slice};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{HfConfig, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -532,7 +533,7 @@ mod tests {
     const BASE: &str = r#"{"model_type": "gemma4_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
         "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 2"#;
 
-    fn parse(extra: &str) -> Result<ModelConfig, crate::ModelError> {
+    fn parse(extra: &str) -> Result<ModelConfig, crate::error::ModelError> {
         HfConfig::from_json(&format!("{BASE}{extra}}}")).unwrap().into_config()
     }
 

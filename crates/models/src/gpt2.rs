@@ -24,10 +24,11 @@ use serde_json::Value;
 
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::{ActivationKey, Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{Activation, HfConfig, ModelConfig, ModelError};
+use crate::{Activation, HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

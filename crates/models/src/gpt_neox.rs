@@ -22,10 +22,11 @@
 
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{Activation, HfConfig, ModelConfig, ModelError};
+use crate::{Activation, HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

@@ -6,10 +6,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use crate::error::ModelError;
 use crate::gguf::{GgufFile, convert};
 use crate::tokenizer::TextTokenizer;
 use crate::weights::Weights;
-use crate::{HfConfig, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig};
 
 /// A model's config, weights and tokenizer, files mapped but no tensor read yet.
 #[derive(Debug)]

@@ -9,9 +9,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::ModelError;
 use crate::arch::Arch;
 use crate::config::{Activation, Attention, Layers, MAX_LAYERS, MAX_SIZE, ModelConfig, Rope, RopeScaling};
+use crate::error::ModelError;
 
 /// `config.json` as Hugging Face writes it; every field optional so that a missing one gets
 /// a clear error or the architecture's default in [`HfConfig::into_config`]. Keys several

@@ -9,9 +9,10 @@
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, Rope};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::Defaults;
-use crate::{HfConfig, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -73,7 +74,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 mod tests {
     use crate::{HfConfig, ModelConfig, RopeScaling};
 
-    fn parse(extra: &str) -> Result<ModelConfig, crate::ModelError> {
+    fn parse(extra: &str) -> Result<ModelConfig, crate::error::ModelError> {
         let base = r#"{"model_type": "olmo3", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
             "num_hidden_layers": 4, "num_attention_heads": 4"#;
         HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config()

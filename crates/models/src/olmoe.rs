@@ -13,10 +13,11 @@
 
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::Attention;
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::Feature;
-use crate::{HfConfig, ModelConfig, ModelError, Moe};
+use crate::{HfConfig, ModelConfig, Moe};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

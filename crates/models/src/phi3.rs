@@ -12,10 +12,11 @@
 
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, self_attention_decoder};
 use crate::hf_config::{Defaults, windows_on_every_layer};
 use crate::llama::FEATURES;
-use crate::{HfConfig, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

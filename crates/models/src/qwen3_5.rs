@@ -10,9 +10,10 @@
 //! ids are equal, it is the plain rotary of the first `partial_rotary_factor` of each head.
 
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::error::ModelError;
 use crate::hooks::Feature;
 use crate::qwen3_next::{MIXTURE_FEATURES, build_hybrid, hybrid, hybrid_params, mixture};
-use crate::{HfConfig, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

@@ -33,13 +33,14 @@ use siphon_hlo::Value;
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, ParamClass, ParamInfo};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::gated_deltanet::{self, LinearAttention};
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::moe::moe_params;
 use crate::layers::norm::head_norm;
-use crate::{HfConfig, ModelConfig, ModelError, Moe};
+use crate::{HfConfig, ModelConfig, Moe};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -253,7 +254,8 @@ fn shared_mixture(g: &mut Graph<'_>, x: Value, layer: usize) -> Result<Value, Mo
 
 #[cfg(test)]
 mod tests {
-    use crate::{HfConfig, ModelConfig, ModelError};
+    use crate::error::ModelError;
+    use crate::{HfConfig, ModelConfig};
 
     fn parse(extra: &str) -> Result<ModelConfig, ModelError> {
         let base = r#"{"model_type": "qwen3_next", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 8,

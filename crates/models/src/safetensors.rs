@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
 
-use crate::ModelError;
+use crate::error::ModelError;
 use crate::weights::{Stored, TensorMeta};
 
 /// A block-scaled tensor's dequantized shape and values.

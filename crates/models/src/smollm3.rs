@@ -9,10 +9,11 @@
 //! keys as they enter attention, unrotated.
 
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
 use crate::llama::FEATURES;
-use crate::{HfConfig, ModelConfig, ModelError};
+use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -95,7 +96,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 mod tests {
     use crate::{HfConfig, ModelConfig};
 
-    fn parse(extra: &str) -> Result<ModelConfig, crate::ModelError> {
+    fn parse(extra: &str) -> Result<ModelConfig, crate::error::ModelError> {
         let base = r#"{"model_type": "smollm3", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
             "num_hidden_layers": 8, "num_attention_heads": 4"#;
         HfConfig::from_json(&format!("{base}{extra}}}")).unwrap().into_config()

@@ -13,11 +13,13 @@
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
+use siphon_dtype::DType;
 use siphon_hlo::{Builder, CompareDir, DType as Hlo, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
+use crate::ModelConfig;
 use crate::config::ParamClass;
-use crate::{DType, ModelConfig, ModelError};
+use crate::error::ModelError;
 
 /// A stored form a weight can stay in on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::ModelError;
+use crate::error::ModelError;
 use crate::gguf::{GgufFile, GgufValue};
 
 /// A ready tokenizer plus the special-token facts the data pipeline needs.

@@ -7,9 +7,9 @@
 //! norm applies it so (Gemma, Qwen3-Next); a LayerNorm's bias does not reach a direction's
 //! logits.
 
-use crate::ModelError;
 use crate::arch::Gain;
 use crate::config::{ModelConfig, ParamClass};
+use crate::error::ModelError;
 
 /// Where a model's logits come from (tensor names as the loaded `Weights` find them).
 #[derive(Debug, Clone, PartialEq, Eq)]

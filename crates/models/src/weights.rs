@@ -11,11 +11,12 @@ use std::path::Path;
 
 use half::{bf16, f16};
 
+use crate::error::ModelError;
 use crate::gguf::convert::{self, RowOrder};
 use crate::gguf::{GgmlType, GgufFile, dequant};
 use crate::safetensors::SafeTensorsSet;
 use crate::stored::StoredBytes;
-use crate::{ModelError, ParamInfo, Slice};
+use crate::{ParamInfo, Slice};
 
 pub use siphon_dtype::DType;
 

@@ -3,10 +3,10 @@
 //! of a lower one, and no file is over 800 lines before its tests.
 //!
 //! Layers, lowest first:
-//! 1. formats: the crate root (errors, re-exports), GGUF, the block encodings (fp8, MXFP4),
+//! 1. formats: the crate root (re-exports), the error, GGUF, the block encodings (fp8, MXFP4),
 //!    the tokenizer;
-//! 2. descriptions: the configuration, the hook kinds, `config.json`'s reader, the sharding
-//!    table, the stored forms of weights;
+//! 2. descriptions: the configuration, the hook kinds, `config.json`'s reader and GGUF's
+//!    metadata read as one (`gguf::convert`), the sharding table, the stored forms of weights;
 //! 3. the program: `forward` (the contract, `Graph`, the decoder loop), `layers` and the
 //!    unembedding;
 //! 4. families: each family's file and the registry;
@@ -19,11 +19,14 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// The layers by their modules; the families' layer also holds every module the registry
-/// (`family.rs`) lists.
+/// The layers by their modules (a submodule named stands apart from its parent's layer); the
+/// families' layer also holds every module the registry (`family.rs`) lists.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("formats", &["(root)", "fp8", "mxfp4", "gguf", "tokenizer"]),
-    ("descriptions", &["arch", "config", "contract", "dictionary", "hooks", "hf_config", "sharding", "stored"]),
+    ("formats", &["(root)", "error", "fp8", "mxfp4", "gguf", "tokenizer"]),
+    (
+        "descriptions",
+        &["arch", "config", "contract", "dictionary", "gguf::convert", "hooks", "hf_config", "sharding", "stored"],
+    ),
     ("program", &["forward", "layers", "unembedding"]),
     ("families", &["family"]),
     ("loading", &["safetensors", "weights", "hf", "dictionary_files"]),
@@ -70,7 +73,8 @@ fn layer_of(module: &str, families: &[String]) -> usize {
     let families_layer = LAYERS.iter().position(|(name, _)| *name == "families").unwrap();
     LAYERS
         .iter()
-        .position(|(_, modules)| modules.contains(&top))
+        .position(|(_, modules)| modules.contains(&module))
+        .or_else(|| LAYERS.iter().position(|(_, modules)| modules.contains(&top)))
         .or_else(|| families.iter().any(|f| f == top).then_some(families_layer))
         .unwrap_or_else(|| panic!("module {module} is in no layer of tests/layering.rs: give it one"))
 }
@@ -80,28 +84,78 @@ fn code(text: &str) -> &str {
     text.find("#[cfg(test)]\nmod tests").map_or(text, |i| &text[..i])
 }
 
-/// The modules `text` names through `crate::` paths (a name the root re-exports counts as the
-/// module it comes from).
+/// The modules `text` names through `crate::` paths, a grouped import `crate::{a::X, b}` as
+/// each of its paths (a name the root re-exports counts as the module it comes from).
 fn uses(text: &str, modules: &BTreeSet<String>, reexports: &[(String, String)]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for (i, _) in text.match_indices("crate::") {
         if text[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
             continue; // `siphon_crate::`, not ours
         }
-        let path: String =
-            text[i + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
-        let parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
-        let module = (1..=parts.len()).rev().map(|n| parts[..n].join("::")).find(|m| modules.contains(m));
-        let target = match module {
-            Some(m) => m,
-            None => match reexports.iter().find(|(name, _)| Some(name.as_str()) == parts.first().copied()) {
-                Some((_, from)) => from.clone(),
-                None => "(root)".into(),
-            },
-        };
-        out.insert(target);
+        for path in paths_at(&text[i + 7..]) {
+            out.insert(target(&path, modules, reexports));
+        }
     }
     out
+}
+
+/// The paths a `crate::` prefix leads to: one, or each of a `{…}` group's (nested groups
+/// expanded), each as `a::b::C`.
+fn paths_at(rest: &str) -> Vec<String> {
+    let head: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
+    let after = &rest[head.len()..];
+    if !head.is_empty() && !head.ends_with("::") || !after.starts_with('{') {
+        return vec![head];
+    }
+    // The group's text up to its matching brace, split at its own top-level commas.
+    let mut depth = 0;
+    let mut end = after.len();
+    for (i, c) in after.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    end = i;
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let inner = &after[1..end];
+    let (mut items, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&inner[start..]);
+    items
+        .into_iter()
+        .map(str::trim)
+        .filter(|item| !item.is_empty() && *item != "self")
+        .flat_map(|item| paths_at(item).into_iter().map(|p| format!("{head}{p}")).collect::<Vec<_>>())
+        .collect()
+}
+
+/// The module a `crate::` path names: its longest prefix that is a module, else the module a
+/// root re-export of its first name comes from, else the root.
+fn target(path: &str, modules: &BTreeSet<String>, reexports: &[(String, String)]) -> String {
+    let parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
+    if let Some(m) = (1..=parts.len()).rev().map(|n| parts[..n].join("::")).find(|m| modules.contains(m)) {
+        return m;
+    }
+    match reexports.iter().find(|(name, _)| Some(name.as_str()) == parts.first().copied()) {
+        Some((_, from)) => from.clone(),
+        None => "(root)".into(),
+    }
 }
 
 /// `pub use a::b::{X, Y as Z};` lines of lib.rs: each name and the module it comes from.
@@ -156,4 +210,17 @@ fn no_module_names_a_higher_layer_and_no_file_is_too_long() {
     let back: Vec<String> = back.iter().map(|(a, b)| format!("{a} ({}) -> {b} ({})", name(a), name(b))).collect();
     assert!(back.is_empty(), "modules naming a higher layer: {back:#?}");
     assert!(long.is_empty(), "files over 800 lines: {long:?}");
+}
+
+#[test]
+fn grouped_imports_count_each_path_and_a_back_arrow_in_one_is_found() {
+    let group = "{config::ModelConfig, layers::{norm, moe::Router}, Weights, self};";
+    assert_eq!(paths_at(group), ["config::ModelConfig", "layers::norm", "layers::moe::Router", "Weights"]);
+    let modules: BTreeSet<String> =
+        ["config", "fp8", "layers", "layers::norm", "layers::moe", "weights"].map(String::from).into();
+    let reexports = vec![("Weights".to_string(), "weights".to_string())];
+    let named = uses(&format!("use crate::{group}"), &modules, &reexports);
+    assert_eq!(named, ["config", "layers::moe", "layers::norm", "weights"].map(String::from).into());
+    // `fp8` (formats) naming `Weights` through the group names the loading layer: a back arrow.
+    assert!(named.iter().any(|m| layer_of(m, &[]) > layer_of("fp8", &[])));
 }

@@ -14,7 +14,7 @@
 
 use siphon_models::{HookPoint, ModelConfig, ParamInfo};
 
-use crate::PlanError;
+use crate::error::PlanError;
 use crate::memory::DictionaryShape;
 
 /// The largest term, in bytes at 8 bytes a value, the planner counts (2^52, 4 PiB).

@@ -12,7 +12,7 @@
 
 use siphon_models::{HookPoint, ModelConfig, ParamClass};
 
-use crate::PlanError;
+use crate::error::PlanError;
 
 /// Operations per token of the forward returning `hooks`, at `seq` tokens a row.
 pub fn forward_flops_per_token(config: &ModelConfig, hooks: &[HookPoint], seq: usize) -> Result<f64, PlanError> {

@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::PlanError;
+use crate::error::PlanError;
 use crate::mesh::Topology;
 
 /// The share of a GPU's memory the CUDA plugin's allocator takes by default (XLA's

@@ -54,7 +54,7 @@ use std::collections::HashMap;
 
 use siphon_models::{HookPoint, ModelConfig, ParamInfo, StoredForm};
 
-use crate::PlanError;
+use crate::error::PlanError;
 use crate::mesh::{DATA, FSDP, MODEL};
 
 /// Default share of device memory kept free.

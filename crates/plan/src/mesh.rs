@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use siphon_mesh::Mesh;
 use siphon_models::ModelConfig;
 
-use crate::PlanError;
+use crate::error::PlanError;
 
 pub use siphon_models::sharding::{DATA, FSDP, MODEL};
 

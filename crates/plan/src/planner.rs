@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_models::{Arch, ModelConfig, ParamClass, ParamInfo};
 
-use crate::PlanError;
+use crate::error::PlanError;
 use crate::memory::{self, DType, DeviceLayout, MemoryEstimate, gib};
 use crate::mesh::{self, MeshKind, MeshRequest, MeshShape, Topology};
 use crate::rules;

@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use crate::PlanError;
+use crate::error::PlanError;
 use crate::mesh::Topology;
 
 /// A TPU generation and its chip's figures (Cloud TPU's published specifications).

@@ -40,8 +40,8 @@ pub enum StoreError {
     /// (a run begun by an older siphon); shards of two formats are never mixed in one run.
     #[error(
         "refusing to resume into {path}: run.json was written by format {stored_version} ({stored:?}), this siphon writes format {} ({:?}); a run cannot mix formats: start a new run (another run name or output), or finish this one with the siphon that began it",
-        crate::shard::FORMAT_VERSION,
-        crate::shard::FORMAT_TAG
+        crate::format::FORMAT_VERSION,
+        crate::format::FORMAT_TAG
     )]
     FormatMismatch {
         /// The run.json object.
@@ -52,7 +52,7 @@ pub enum StoreError {
         stored_version: u32,
     },
     /// A run.json or shard records a dataset format this crate cannot read.
-    #[error("{path}: unsupported dataset format {found:?} (this siphon reads {})", crate::shard::readable_formats())]
+    #[error("{path}: unsupported dataset format {found:?} (this siphon reads {})", crate::format::readable_formats())]
     UnsupportedFormat {
         /// The object.
         path: String,

@@ -51,6 +51,7 @@ mod column;
 mod config;
 mod error;
 mod failpoint;
+mod format;
 mod location;
 mod manifest;
 mod moments;
@@ -70,14 +71,12 @@ pub use config::{
     MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,
 };
 pub use error::{Result, StoreError};
+pub use format::{FORMAT_TAG, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, format_version};
 pub use location::{MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, parse_host_dir, shard_name};
 pub use manifest::{ManifestLine, parse_manifest, parse_manifest_torn, render_manifest};
 pub use probe::{PROBE_BYTES, ProbeReport, probe, probe_blocking};
 pub use run::{ResumePoint, RunJson, list_hosts, merge_host_stats};
-pub use shard::{
-    FORMAT_TAG, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RESERVED_TENSOR_NAMES, SealedShard, ShardSummary,
-    check_format, format_version, summarize_shard,
-};
+pub use shard::{RESERVED_TENSOR_NAMES, SealedShard, ShardSummary, check_format, summarize_shard};
 pub use stats::{HookStats, HookStatsJson, LatentStats, RunStats, StatsFile, merge_run_stats};
 pub use upload::upload_object;
 pub use verify::{HostReport, VerifyReport, finalize_run, verify_run, verify_run_blocking};

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{HostId, RunDescriptor, ShardFormat};
 use crate::error::{Result, StoreError};
+use crate::format::{FORMAT_TAG, FORMAT_VERSION};
 use crate::location::{MANIFEST_NAME, STATS_NAME, StoreLocation, parse_host_dir};
 use crate::manifest::{ManifestLine, parse_manifest_torn, render_manifest};
-use crate::shard::{FORMAT_TAG, FORMAT_VERSION, check_format, summarize_shard};
+use crate::shard::{check_format, summarize_shard};
 use crate::stats::{self, RunStats, StatsFile};
 
 /// The contents of `run.json`: everything that decides the dataset's bytes.

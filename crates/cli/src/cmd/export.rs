@@ -5,15 +5,16 @@
 //! SAELens's format is HF datasets' `save_to_disk` (Arrow), which only the Python `datasets`
 //! package writes faithfully, and delphi's is read by its own Python loader, so these commands
 //! hand the work to the `siphon` Python module that `pip install <checkout>` installs beside
-//! the binary (`python -m siphon export-saelens`, `python -m siphon export-delphi`).
-//! The interpreter: `--python`, `SIPHON_PYTHON`, the `python` beside this executable (a venv's
-//! `bin/`), then `python3` on `PATH`.
+//! the binary (`python -m siphon export-saelens`, `python -m siphon export-delphi`), run by
+//! the interpreter [`python::checked`] finds.
 
 use std::path::PathBuf;
 use std::process::Command as Process;
 
 use anyhow::{Context, bail};
 use clap::{Args as ClapArgs, Subcommand};
+
+use super::python;
 
 /// Export formats.
 #[derive(Subcommand)]
@@ -114,25 +115,8 @@ pub fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// The interpreter to run `python -m siphon` with, once it imports `module`.
-pub(crate) fn checked_python(given: Option<PathBuf>, module: &str, extra: &str) -> anyhow::Result<PathBuf> {
-    let python = python(given);
-    let probe = Process::new(&python)
-        .args(["-c", &format!("import {module}")])
-        .output()
-        .with_context(|| format!("running {}", python.display()))?;
-    if !probe.status.success() {
-        bail!(
-            "{} cannot import the siphon Python package ({}): `pip install <siphon checkout>`{extra}, or name another interpreter with --python",
-            python.display(),
-            String::from_utf8_lossy(&probe.stderr).trim().lines().last().unwrap_or("no output")
-        );
-    }
-    Ok(python)
-}
-
 fn delphi(args: DelphiArgs) -> anyhow::Result<()> {
-    let python = checked_python(args.python.clone(), "siphon.delphi", "")?;
+    let python = python::checked(args.python.clone(), "siphon.delphi", "")?;
     let mut cmd = Process::new(&python);
     cmd.args(["-m", "siphon", "export-delphi", &args.run]).arg(&args.out);
     cmd.args(["--splits", &args.splits.to_string(), "--sequences", &args.sequences]);
@@ -165,8 +149,11 @@ fn delphi(args: DelphiArgs) -> anyhow::Result<()> {
 }
 
 fn saelens(args: SaelensArgs) -> anyhow::Result<()> {
-    let python =
-        checked_python(args.python.clone(), "siphon.saelens", " (with datasets: `pip install '<checkout>[saelens]'`)")?;
+    let python = python::checked(
+        args.python.clone(),
+        "siphon.saelens",
+        " (with datasets: `pip install '<checkout>[saelens]'`)",
+    )?;
     let mut cmd = Process::new(&python);
     cmd.args(["-m", "siphon", "export-saelens", &args.run]).arg(&args.out);
     cmd.args(["--dtype", &args.dtype, "--seed", &args.seed.to_string()]);
@@ -190,13 +177,4 @@ fn saelens(args: SaelensArgs) -> anyhow::Result<()> {
         bail!("export to {} failed ({status})", args.out.display());
     }
     Ok(())
-}
-
-fn python(given: Option<PathBuf>) -> PathBuf {
-    if let Some(python) = given {
-        return python;
-    }
-    let beside =
-        std::env::current_exe().ok().and_then(|exe| exe.parent().map(|dir| dir.join("python"))).filter(|p| p.exists());
-    beside.unwrap_or_else(|| PathBuf::from("python3"))
 }

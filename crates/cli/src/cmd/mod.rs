@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod launch;
 pub mod limits;
 pub mod plan;
+mod python;
 
 /// Whether a command ended because its job was preempted (exit [`siphon_coord::EXIT_PREEMPTED`]
 /// rather than 1): a host that stopped for it, a coordinator call failed by it, or a launch

@@ -5,9 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::HfConfig;
+use crate::error::ModelError;
 use crate::hf_config::need;
 use crate::hooks::HookKind;
-use crate::{HfConfig, ModelError};
 
 /// The latent attention's sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -21,8 +21,8 @@ pub use self::layers::{LayerShape, LayerSpec, Layers};
 pub use self::mixers::{LinearAttention, Mla};
 pub use self::mixture::Moe;
 pub use self::rope::{Rope, RopeScaling};
-use crate::ModelError;
 pub use crate::arch::Arch;
+use crate::error::ModelError;
 
 /// Per-layer input embeddings: a second embedding table of `width` per layer, and a
 /// projection of the token embeddings, mixed into each block after its MLP.

@@ -12,8 +12,8 @@ use std::path::Path;
 
 use npyz::npz::NpzArchive;
 
-use crate::ModelError;
 use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
+use crate::error::ModelError;
 
 /// The archive's name.
 pub const PARAMS: &str = "params.npz";

@@ -33,8 +33,8 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::Safetensors;
-use crate::ModelError;
 use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
+use crate::error::ModelError;
 
 /// The configuration's file.
 pub const HYPERPARAMS: &str = "hyperparams.json";

@@ -12,8 +12,8 @@ pub mod sparsify;
 
 use std::path::Path;
 
-use crate::ModelError;
 use crate::dictionary::{Dictionary, Tensor};
+use crate::error::ModelError;
 use crate::weights::{DType, decode_into};
 
 /// `dir/cfg.json` as JSON (SAELens's and sparsify's dictionaries both keep one).

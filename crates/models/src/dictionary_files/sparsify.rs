@@ -16,8 +16,8 @@ use std::path::Path;
 use serde_json::Value as Json;
 
 use super::{Safetensors, read_cfg};
-use crate::ModelError;
 use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
+use crate::error::ModelError;
 
 /// The weights file next to `cfg.json`.
 pub const WEIGHTS: &str = "sae.safetensors";

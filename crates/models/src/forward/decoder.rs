@@ -6,9 +6,9 @@
 use siphon_hlo::Value;
 
 use super::{ForwardProgram, ForwardSpec, Graph};
-use crate::ModelError;
 use crate::arch::Gain;
 use crate::config::{ModelConfig, ParamClass, ParamInfo};
+use crate::error::ModelError;
 use crate::hooks::{HookKind, HookPoint};
 use crate::layers::attention::self_attention;
 use crate::layers::norm::Norm;

@@ -9,9 +9,10 @@ use siphon_hlo::{Builder, DType, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
 use super::{ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, fp8_rows};
+use crate::StoredForm;
 use crate::config::{ModelConfig, ParamInfo};
+use crate::error::ModelError;
 use crate::hooks::{HookKind, HookPoint};
-use crate::{ModelError, StoredForm};
 
 /// Graph state shared by the architecture files: the builder, the weights by name, the
 /// shapes, and the per-batch tables (RoPE, mask) built once for all blocks.

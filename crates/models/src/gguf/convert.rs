@@ -8,7 +8,8 @@
 //! half-split RoPE, so the weights must be in HF's order. Qwen2 GGUFs are not permuted.
 
 use super::{GgufFile, GgufValue};
-use crate::{HfConfig, ModelError};
+use crate::HfConfig;
+use crate::error::ModelError;
 
 /// The GGUF architectures siphon converts.
 const SUPPORTED_ARCHS: &[&str] =

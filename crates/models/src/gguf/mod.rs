@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-use crate::ModelError;
+use crate::error::ModelError;
 
 /// The magic number at the start of every GGUF file ("GGUF" little-endian).
 const GGUF_MAGIC: u32 = 0x4655_4747;

@@ -1,7 +1,8 @@
 //! Crafted GGUF files: a tiny valid llama file and corruptions of it.
 
 use super::*;
-use crate::{DType, LoadedModel, ModelError, TextTokenizer};
+use crate::error::ModelError;
+use crate::{DType, LoadedModel, TextTokenizer};
 
 /// A minimal GGUF writer for tests.
 pub(crate) struct Writer {

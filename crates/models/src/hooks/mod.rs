@@ -17,8 +17,8 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use self::kinds::*;
-use crate::ModelError;
 use crate::config::ModelConfig;
+use crate::error::ModelError;
 
 /// When a bridge name means another kind than the row of [`KINDS`] that lists it: what the
 /// block has or lacks decides which tensor the name is.

@@ -4,8 +4,8 @@
 
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, TensorType, Value};
 
-use crate::ModelError;
 use crate::arch::Gain;
+use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
 use crate::layers::norm::head_norm;

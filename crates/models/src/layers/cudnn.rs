@@ -20,8 +20,8 @@ use serde_json::json;
 use siphon_hlo::{Builder, DType, HloError, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
-use crate::ModelError;
 use crate::contract::AttentionForm;
+use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
 use crate::sharding::MODEL;

@@ -38,12 +38,13 @@
 
 use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
 
+use crate::ModelConfig;
 use crate::arch::Gain;
 pub use crate::config::LinearAttention;
 use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
-use crate::{ModelConfig, ModelError};
 
 /// Tokens per chunk of the chunked recurrence (transformers' `chunk_size`).
 pub const CHUNK: usize = 64;

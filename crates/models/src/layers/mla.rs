@@ -26,11 +26,12 @@
 
 use siphon_hlo::Value;
 
+use crate::ModelConfig;
 pub use crate::config::Mla;
 use crate::config::{ParamClass, ParamInfo};
+use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
-use crate::{ModelConfig, ModelError};
 
 /// The latent norms' eps (transformers' `DeepseekV3RMSNorm` default).
 const LATENT_EPS: f64 = 1e-6;

@@ -3,8 +3,8 @@
 
 use siphon_hlo::{Builder, DType, HloError, Value};
 
-use crate::ModelError;
 use crate::config::Activation;
+use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
 

@@ -3,8 +3,8 @@
 
 use siphon_hlo::{DType, TensorType, Value};
 
-use crate::ModelError;
 use crate::arch::Gain;
+use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::HookPoint;
 

@@ -4,8 +4,8 @@
 
 use siphon_hlo::{DType, TensorType, Value};
 
-use crate::ModelError;
 use crate::config::RopeScaling;
+use crate::error::ModelError;
 use crate::forward::Graph;
 
 impl Graph<'_> {

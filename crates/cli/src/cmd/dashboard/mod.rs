@@ -80,7 +80,7 @@ pub struct Args {
 
 /// Writes the dashboards.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let python = super::export::checked_python(args.python.clone(), "siphon.dashboard", "")?;
+    let python = super::python::checked(args.python.clone(), "siphon.dashboard", "")?;
     let effects = args.out.join("effects");
     let request = EffectsRequest {
         run: &args.run,

@@ -85,7 +85,7 @@ const TABLE_ROWS: usize = 3;
 
 /// Writes the batch files.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let python = super::super::export::checked_python(args.python.clone(), "siphon.dashboard.neuronpedia", "")?;
+    let python = super::super::python::checked(args.python.clone(), "siphon.dashboard.neuronpedia", "")?;
     // What the Python side refuses, refused before the decoder's products.
     if std::fs::read_dir(&args.out).is_ok_and(|mut entries| entries.next().is_some()) {
         bail!("{}: not empty (the batch files go into a new or empty folder)", args.out.display());

@@ -7,8 +7,8 @@ use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
 use super::{Experts, Routing, in_range};
-use crate::ModelError;
 use crate::contract::RaggedDot;
+use crate::error::ModelError;
 use crate::forward::Graph;
 
 impl Graph<'_> {

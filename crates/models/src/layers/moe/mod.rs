@@ -45,8 +45,8 @@
 
 use siphon_hlo::{Builder, CompareDir, DType, DotDims, HloError, TensorType, Value};
 
-use crate::ModelError;
 use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, Slice};
+use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
 use crate::layers::attention::softmax_last;
