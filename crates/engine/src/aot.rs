@@ -20,7 +20,9 @@ use siphon_mesh::Mesh;
 use siphon_models::{ForwardProgram, HookPoint, ModelConfig, StoredForm, build_forward};
 use siphon_runtime::{CompileOptions, CompiledMemoryStats, HloInstruction, Topology, XlaOption};
 
-use crate::{EngineError, EngineOptions, ProgramSpec, check, rt, stored_on};
+use crate::engine::{ProgramSpec, stored_on};
+use crate::error::{EngineError, rt};
+use crate::options::{EngineOptions, check};
 
 /// What to compile: the engine's options with the mesh numbered as the planner numbers
 /// devices (`0..n`, hosts major), the weights a checkpoint stores quantized (kept so where

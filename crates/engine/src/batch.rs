@@ -1,0 +1,166 @@
+//! What goes in and comes out of a run: a [`Batch`] of token rows with its mask and
+//! positions, the [`Activations`] of its hooks and the [`Latents`] of its dictionaries.
+
+use crate::error::EngineError;
+use siphon_models::HookPoint;
+use siphon_runtime::HostArray;
+
+/// A batch of equal-length token rows, its attention mask and position ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub(crate) batch: usize,
+    pub(crate) seq: usize,
+    pub(crate) input_ids: Vec<i32>,
+    pub(crate) attention_mask: Vec<i32>,
+    pub(crate) position_ids: Vec<i32>,
+}
+
+impl Batch {
+    /// Rows of token ids (all the same length) and an optional 0/1 mask of the same shape
+    /// (all ones when `None`). Position ids are `cumsum(mask) - 1`, clamped at 0.
+    pub fn new(ids: Vec<Vec<u32>>, mask: Option<Vec<Vec<u8>>>) -> Result<Batch, EngineError> {
+        let batch = ids.len();
+        let seq = ids.first().map_or(0, Vec::len);
+        if batch == 0 || seq == 0 {
+            return Err(EngineError::Batch("the batch is empty".into()));
+        }
+        if let Some(row) = ids.iter().position(|r| r.len() != seq) {
+            return Err(EngineError::Batch(format!(
+                "row {row} has {} tokens, row 0 has {seq}: rows must have equal length",
+                ids[row].len()
+            )));
+        }
+        let mask = match mask {
+            None => vec![1i32; batch * seq],
+            Some(m) => {
+                if m.len() != batch || m.iter().any(|r| r.len() != seq) {
+                    return Err(EngineError::Batch(format!("the attention mask must be {batch}x{seq} like the ids")));
+                }
+                let mut flat = Vec::with_capacity(batch * seq);
+                for (r, row) in m.iter().enumerate() {
+                    for &v in row {
+                        if v > 1 {
+                            return Err(EngineError::Batch(format!("attention mask row {r} holds {v}; only 0 and 1")));
+                        }
+                        flat.push(i32::from(v));
+                    }
+                }
+                flat
+            }
+        };
+        let mut input_ids = Vec::with_capacity(batch * seq);
+        for row in &ids {
+            for &t in row {
+                input_ids.push(i32::try_from(t).map_err(|_| EngineError::Batch(format!("token id {t} exceeds i32")))?);
+            }
+        }
+        let position_ids = positions_from_mask(&mask, seq);
+        Ok(Batch { batch, seq, input_ids, attention_mask: mask, position_ids })
+    }
+
+    /// Replaces the computed position ids (row-major `[batch, seq]`).
+    pub fn with_position_ids(mut self, position_ids: Vec<i32>) -> Result<Batch, EngineError> {
+        if position_ids.len() != self.batch * self.seq {
+            return Err(EngineError::Batch(format!(
+                "{} position ids for a {}x{} batch",
+                position_ids.len(),
+                self.batch,
+                self.seq
+            )));
+        }
+        if let Some(p) = position_ids.iter().find(|&&p| p < 0) {
+            return Err(EngineError::Batch(format!("negative position id {p}")));
+        }
+        self.position_ids = position_ids;
+        Ok(self)
+    }
+
+    /// Rows.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Tokens per row.
+    pub fn seq(&self) -> usize {
+        self.seq
+    }
+
+    /// Row-major `[batch, seq]` attention mask.
+    pub fn attention_mask(&self) -> &[i32] {
+        &self.attention_mask
+    }
+
+    /// Row-major `[batch, seq]` position ids.
+    pub fn position_ids(&self) -> &[i32] {
+        &self.position_ids
+    }
+
+    /// Row-major `[batch, seq]` token ids.
+    pub fn input_ids(&self) -> &[i32] {
+        &self.input_ids
+    }
+}
+
+/// `cumsum(mask) - 1` per row, clamped at 0 (HF's convention for padded batches).
+pub fn positions_from_mask(mask: &[i32], seq: usize) -> Vec<i32> {
+    let mut out = Vec::with_capacity(mask.len());
+    for row in mask.chunks(seq.max(1)) {
+        let mut sum = 0i32;
+        for &m in row {
+            sum += m;
+            out.push((sum - 1).max(0));
+        }
+    }
+    out
+}
+
+/// The requested activations of one batch, in hook order, each `[batch, seq, hidden]`.
+#[derive(Debug, Clone)]
+pub struct Activations {
+    /// (hook, array) in the order the hooks were requested.
+    pub hooks: Vec<(HookPoint, HostArray)>,
+    /// Each dictionary's latents, in [`EngineOptions::dictionaries`]' order.
+    pub latents: Vec<Latents>,
+}
+
+/// One dictionary's latents for a batch's rows: each token's largest, sparsely.
+#[derive(Debug, Clone)]
+pub struct Latents {
+    /// `[rows, seq, cap]` s32: latent indices, largest first, `-1` past the token's firings.
+    pub indices: HostArray,
+    /// `[rows, seq, cap]` f32: their values, 0 past the firings.
+    pub values: HostArray,
+    /// `[rows, seq]` s32: each token's firings (at most `cap`: more is an error).
+    pub firings: HostArray,
+}
+
+impl Activations {
+    /// The array of one hook.
+    pub fn get(&self, hook: HookPoint) -> Option<&HostArray> {
+        self.hooks.iter().find(|(h, _)| *h == hook).map(|(_, a)| a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_follow_the_mask_on_either_side() {
+        assert_eq!(positions_from_mask(&[1, 1, 1, 0, 0], 5), vec![0, 1, 2, 2, 2]);
+        assert_eq!(positions_from_mask(&[0, 0, 1, 1, 1], 5), vec![0, 0, 0, 1, 2]);
+        assert_eq!(positions_from_mask(&[1, 1, 0, 1, 1, 1], 3), vec![0, 1, 1, 0, 1, 2]);
+    }
+
+    #[test]
+    fn batch_validation_names_the_problem() {
+        let err = Batch::new(vec![], None).unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+        let err = Batch::new(vec![vec![1, 2]], Some(vec![vec![1, 2]])).unwrap_err();
+        assert!(err.to_string().contains("only 0 and 1"), "{err}");
+        let b = Batch::new(vec![vec![1, 2]], None).unwrap();
+        assert!(b.clone().with_position_ids(vec![0]).is_err());
+        assert!(b.clone().with_position_ids(vec![0, -1]).is_err());
+        assert_eq!(b.with_position_ids(vec![5, 6]).unwrap().position_ids(), &[5, 6]);
+    }
+}

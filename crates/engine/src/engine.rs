@@ -1,0 +1,545 @@
+//! The [`Engine`]: the forward built once, its weights read, split and uploaded once, a
+//! program compiled per `(batch, seq)` shape; runs batches, or launches them without
+//! waiting ([`Launched`](crate::Launched)).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::batch::{Activations, Batch, Latents};
+use crate::error::{EngineError, rt};
+use crate::launched::Launched;
+use crate::options::{EngineOptions, WeightForm, check};
+use siphon_mesh::{HostView, Mesh, PartitionSpec};
+use siphon_models::{
+    DType, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, RaggedDot,
+    StoredForm, build_forward,
+};
+use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
+
+/// What the engine's program is built from, whether it runs here ([`Engine`]) or is only
+/// compiled for devices elsewhere ([`aot`]): one place, so both build the same program.
+pub(crate) struct ProgramSpec<'a> {
+    pub(crate) hooks: &'a [HookPoint],
+    pub(crate) options: &'a EngineOptions,
+    pub(crate) param_specs: &'a HashMap<String, PartitionSpec>,
+    pub(crate) input_spec: &'a Option<PartitionSpec>,
+    pub(crate) stored: &'a HashMap<String, StoredForm>,
+    /// Whether the compiling side has siphon's CPU kernels, and its CUDA kernels.
+    pub(crate) cpu_kernels: bool,
+    pub(crate) cuda_kernels: bool,
+    /// The compiling side's platform, lower case: `cpu`, `cuda`, `tpu`.
+    pub(crate) platform: String,
+}
+
+impl ProgramSpec<'_> {
+    /// The forward for `batch` × `seq`, reading `params` (every weight its graph reads when
+    /// empty: the first build, which finds them).
+    pub(crate) fn forward(&self, batch: usize, seq: usize, params: &[ParamInfo]) -> ForwardSpec {
+        let mut spec = ForwardSpec::new(batch, seq, self.hooks.to_vec());
+        spec.compute_dtype = siphon_hlo::DType::from(self.options.compute_dtype);
+        spec.output_dtype = siphon_hlo::DType::from(self.options.output_dtype);
+        spec.mesh = self.options.mesh.clone();
+        spec.param_specs = self.param_specs.clone();
+        spec.input_spec = self.input_spec.clone();
+        spec.expert_capacity = self.options.expert_capacity;
+        spec.stored = self.stored.clone();
+        spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
+        spec.grouped_experts = self.cuda_kernels || (self.options.grouped_experts && self.cpu_kernels);
+        let on = |platform: &str| self.platform == platform;
+        let tpu_forms = self.options.tpu_forms.unwrap_or(on("tpu"));
+        spec.decode_without_tables = tpu_forms;
+        spec.norm_heads_in_place = tpu_forms;
+        spec.ragged_experts = match (tpu_forms, on("cpu")) {
+            (true, true) => Some(RaggedDot::Masked),
+            (true, false) => Some(RaggedDot::Native),
+            (false, _) => None,
+        };
+        spec.cudnn_attention = self.options.right_padded && on("cuda");
+        spec.mlp_chunk = on("cuda").then_some(siphon_models::MLP_CHUNK_ELEMENTS);
+        spec.dictionaries = self.options.dictionaries.clone();
+        spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
+        spec
+    }
+}
+
+/// Whether a weight stored as `form` stays so on the devices under `spec`: a split that would
+/// cut the form's blocks keeps it dequantized (logged).
+pub(crate) fn stored_on(form: StoredForm, param: &ParamInfo, spec: &PartitionSpec, mesh: &Mesh) -> bool {
+    match form.part_specs(&param.name, &param.shape, spec, mesh) {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!("{e}: dequantized on load instead");
+            false
+        }
+    }
+}
+
+/// Timings of the last [`Engine::new`] steps, for logs and benchmarks.
+#[derive(Debug, Clone, Default)]
+pub struct LoadStats {
+    /// Seconds reading, converting, splitting and uploading weights.
+    pub upload_s: f64,
+    /// Bytes uploaded over all devices.
+    pub uploaded_bytes: usize,
+    /// Bytes uploaded by each process of [`EngineOptions::processes`] (one entry for the
+    /// whole mesh).
+    pub process_bytes: Vec<usize>,
+}
+
+pub(crate) struct Compiled {
+    pub(crate) executable: Executable,
+    pub(crate) program: ForwardProgram,
+}
+
+/// A model's weights on a mesh, and its forward compiled per batch shape.
+pub struct Engine {
+    pub(crate) client: Client,
+    pub(crate) config: siphon_models::ModelConfig,
+    pub(crate) hooks: Vec<HookPoint>,
+    pub(crate) options: EngineOptions,
+    pub(crate) param_specs: HashMap<String, PartitionSpec>,
+    pub(crate) input_spec: Option<PartitionSpec>,
+    pub(crate) params: Vec<ParamInfo>,
+    /// The weights kept in their stored form ([`WeightForm::Stored`]).
+    pub(crate) stored: HashMap<String, StoredForm>,
+    /// Every weight argument, in the program's order (a stored weight's parts one by one).
+    pub(crate) weights: Vec<ShardedArray>,
+    /// Every dictionary's tensors, replicated, in the program's order (after the inputs).
+    pub(crate) dictionary_args: Vec<ShardedArray>,
+    /// The processes whose partitions this engine runs ([`EngineOptions::processes`], or one
+    /// view of the whole mesh).
+    pub(crate) views: Vec<HostView>,
+    pub(crate) compiled: Mutex<HashMap<(usize, usize), Arc<Compiled>>>,
+    pub(crate) load_stats: LoadStats,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("hooks", &self.hooks)
+            .field("mesh", &self.options.mesh)
+            .field("compute_dtype", &self.options.compute_dtype)
+            .field("params", &self.params.len())
+            .finish()
+    }
+}
+
+pub(crate) fn element_type(dtype: DType) -> ElementType {
+    match dtype {
+        DType::F32 => ElementType::F32,
+        DType::Bf16 => ElementType::BF16,
+        DType::F16 => ElementType::F16,
+        // Rows of scale and E4M3 bytes (`siphon_models::forward::FP8_MAX`).
+        DType::U8 | DType::Fp8 => ElementType::U8,
+    }
+}
+
+/// Uploads `tensor` split by `spec` over `view`'s mesh, each of the view's partitions
+/// receiving its shard on its device; returns the view's share of the array and the bytes
+/// moved.
+pub(crate) fn upload(
+    client: &Client,
+    tensor: &HostTensor<'_>,
+    spec: &PartitionSpec,
+    view: &HostView,
+    context: impl Fn() -> String + Copy,
+) -> Result<(ShardedArray, usize), EngineError> {
+    let mesh = view.mesh();
+    let mesh_error = |source| EngineError::Mesh { context: context(), source };
+    let ty = element_type(tensor.dtype);
+    let shard_shape = spec.shard_shape(&tensor.shape, mesh).map_err(mesh_error)?;
+    let partitions = view.partitions();
+    let mut buffers = Vec::with_capacity(partitions.len());
+    for &p in &partitions {
+        let device = mesh.device_ids()[p];
+        let buffer = if spec.is_replicated() {
+            // The same bytes to every device, straight from the map when no conversion ran.
+            client.upload_bytes(ty, &shard_shape, &tensor.data, device)
+        } else {
+            let shard = spec.shard(&tensor.data, tensor.dtype.size(), &tensor.shape, mesh, p).map_err(mesh_error)?;
+            client.upload_bytes(ty, &shard_shape, &shard, device)
+        };
+        buffers.push(rt(context, buffer)?);
+    }
+    let bytes = shard_shape.iter().product::<usize>() * tensor.dtype.size() * partitions.len();
+    Ok((rt(context, ShardedArray::from_local_buffers(buffers, partitions, &tensor.shape, spec, mesh))?, bytes))
+}
+
+/// One array from each view's share (the share itself for a single view).
+pub(crate) fn merged(
+    mut shares: Vec<ShardedArray>,
+    context: impl Fn() -> String + Copy,
+) -> Result<ShardedArray, EngineError> {
+    if shares.len() == 1 {
+        return Ok(shares.remove(0));
+    }
+    rt(context, ShardedArray::merge(shares))
+}
+
+impl Engine {
+    /// Checks the checkpoint, builds the forward's parameter list for `hooks` and uploads the
+    /// weights it needs, each device receiving only its shard.
+    pub fn new(
+        client: &Client,
+        model: &LoadedModel,
+        hooks: Vec<HookPoint>,
+        options: EngineOptions,
+    ) -> Result<Engine, EngineError> {
+        check(&hooks, &options)?;
+        let mesh = options.mesh.clone();
+        let views = match options.processes.as_slice() {
+            [] => vec![
+                HostView::new(&mesh, vec![0; mesh.num_devices()], 0)
+                    .map_err(|e| EngineError::Options(e.to_string()))?,
+            ],
+            views => views.to_vec(),
+        };
+        if let Some(v) = views.iter().find(|v| *v.mesh() != mesh) {
+            return Err(EngineError::Options(format!("process {}'s view is of another mesh than {mesh}", v.process())));
+        }
+        let available = client.addressable_device_ids();
+        let mut held: Vec<usize> = views.iter().flat_map(HostView::partitions).collect();
+        held.sort_unstable();
+        if held.windows(2).any(|w| w[0] == w[1]) {
+            return Err(EngineError::Options("two processes' views hold the same partition".into()));
+        }
+        if let Some(d) = held.iter().map(|&p| mesh.device_ids()[p]).find(|d| !available.contains(d)) {
+            return Err(EngineError::Options(format!(
+                "mesh device {d} is not one of this client's devices {available:?}"
+            )));
+        }
+        let (param_specs, input_spec) = options.plan.specs(&model.config, &mesh);
+        let mut engine = Engine {
+            client: client.clone(),
+            config: model.config.clone(),
+            hooks,
+            options,
+            param_specs,
+            input_spec,
+            params: Vec::new(),
+            stored: HashMap::new(),
+            weights: Vec::new(),
+            dictionary_args: Vec::new(),
+            views,
+            compiled: Mutex::new(HashMap::new()),
+            load_stats: LoadStats::default(),
+        };
+        // The parameter list does not depend on the batch shape: build a small program once
+        // to learn it (the builder is pure Rust, milliseconds).
+        let probe_batch = engine.input_spec.as_ref().map_or(1, |s| s.ways(0, &mesh)).max(1);
+        let mut probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
+        model.check_weights(probe.n_blocks)?;
+        if engine.options.weights == WeightForm::Stored {
+            for (param, spec) in probe.params.iter().zip(&probe.param_specs) {
+                if let Some(form) = model.weights.stored_form(param)?
+                    && stored_on(form, param, spec, &mesh)
+                {
+                    engine.stored.insert(param.name.clone(), form);
+                }
+            }
+            probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
+        }
+        let start = Instant::now();
+        let mut process_bytes = vec![0usize; engine.views.len()];
+        let mut weights = Vec::with_capacity(probe.params.len());
+        for ((param, spec), form) in probe.params.iter().zip(&probe.param_specs).zip(&probe.param_forms) {
+            let context = || format!("uploading {}", param.name);
+            let (tensors, specs) = match form {
+                None => (vec![model.weights.load(param, engine.options.compute_dtype)?], vec![spec.clone()]),
+                Some(form) => (
+                    model.weights.load_stored(param, *form)?,
+                    form.part_specs(&param.name, &param.shape, spec, &mesh).map_err(EngineError::Model)?,
+                ),
+            };
+            for (tensor, spec) in tensors.iter().zip(&specs) {
+                let mut shares = Vec::with_capacity(engine.views.len());
+                for (view, total) in engine.views.iter().zip(&mut process_bytes) {
+                    let (share, bytes) = upload(client, tensor, spec, view, context)?;
+                    *total += bytes;
+                    shares.push(share);
+                }
+                weights.push(merged(shares, context)?);
+            }
+        }
+        let uploaded = process_bytes.iter().sum();
+        engine.load_stats =
+            LoadStats { upload_s: start.elapsed().as_secs_f64(), uploaded_bytes: uploaded, process_bytes };
+        tracing::info!(
+            arrays = weights.len(),
+            stored = engine.stored.len(),
+            bytes = uploaded,
+            seconds = engine.load_stats.upload_s,
+            "weights uploaded"
+        );
+        for d in &engine.options.dictionaries {
+            for t in &d.dictionary.tensors {
+                let context = || format!("uploading dictionary {}'s {}", d.dictionary.name, t.name);
+                let bytes: Vec<u8> = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let tensor = HostTensor { dtype: DType::F32, shape: t.shape.clone(), data: bytes.into() };
+                let spec = PartitionSpec::replicated(t.shape.len());
+                let mut shares = Vec::with_capacity(engine.views.len());
+                for view in &engine.views {
+                    shares.push(upload(client, &tensor, &spec, view, context)?.0);
+                }
+                engine.dictionary_args.push(merged(shares, context)?);
+            }
+        }
+        engine.params = probe.params;
+        engine.weights = weights;
+        Ok(engine)
+    }
+
+    /// The weights kept in their stored form on the devices, by name.
+    pub fn stored_weights(&self) -> &HashMap<String, StoredForm> {
+        &self.stored
+    }
+
+    fn spec(&self, batch: usize, seq: usize) -> ForwardSpec {
+        let program = ProgramSpec {
+            hooks: &self.hooks,
+            options: &self.options,
+            param_specs: &self.param_specs,
+            input_spec: &self.input_spec,
+            stored: &self.stored,
+            cpu_kernels: self.client.cpu_kernels(),
+            cuda_kernels: self.client.cuda_kernels(),
+            platform: self.client.platform_name().to_ascii_lowercase(),
+        };
+        // Every shape reads the weights the first build found (none before it).
+        program.forward(batch, seq, &self.params)
+    }
+
+    /// The dictionaries whose latents every run computes, in [`Activations::latents`]' order.
+    pub fn dictionaries(&self) -> &[DictionaryHook] {
+        &self.options.dictionaries
+    }
+
+    /// The hooks every run returns, in order.
+    pub fn hooks(&self) -> &[HookPoint] {
+        &self.hooks
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &siphon_models::ModelConfig {
+        &self.config
+    }
+
+    /// The mesh the weights live on.
+    pub fn mesh(&self) -> &Mesh {
+        &self.options.mesh
+    }
+
+    /// How long the weight upload took and how much it moved.
+    pub fn load_stats(&self) -> LoadStats {
+        self.load_stats.clone()
+    }
+
+    /// Compiles the forward for `(batch, seq)` unless already compiled. [`Engine::run`]
+    /// does this on demand; calling it ahead keeps compile time out of the first batch.
+    pub fn prepare(&self, batch: usize, seq: usize) -> Result<(), EngineError> {
+        self.compiled_for(batch, seq).map(|_| ())
+    }
+
+    fn compiled_for(&self, batch: usize, seq: usize) -> Result<Arc<Compiled>, EngineError> {
+        if let Some(c) = self.compiled.lock().expect("compile cache poisoned").get(&(batch, seq)) {
+            return Ok(c.clone());
+        }
+        let mesh = &self.options.mesh;
+        if let Some(spec) = &self.input_spec {
+            let ways = spec.ways(0, mesh);
+            if !batch.is_multiple_of(ways) {
+                return Err(EngineError::Batch(format!(
+                    "batch {batch} does not split evenly over {ways} data-parallel devices"
+                )));
+            }
+        }
+        let start = Instant::now();
+        let spec = self.spec(batch, seq);
+        let program = build_forward(&self.config, &spec)?;
+        if program.params != self.params || program.param_forms.iter().flatten().count() != self.stored.len() {
+            return Err(EngineError::Options(format!(
+                "the forward for batch {batch} x seq {seq} takes different weights than the uploaded ones"
+            )));
+        }
+        let options = if mesh.num_devices() > 1 {
+            CompileOptions::spmd(mesh)
+        } else {
+            CompileOptions::single_device(Some(mesh.device_ids()[0]))
+        };
+        let executable = rt(
+            || format!("compiling the forward for batch {batch} x seq {seq}"),
+            self.client.compile(&program.text, &options),
+        )?;
+        tracing::info!(batch, seq, seconds = start.elapsed().as_secs_f64(), "forward compiled");
+        if spec.cudnn_attention {
+            tracing::info!(forms = %siphon_models::cudnn::summary(&program.attention), "attention");
+        }
+        if spec.ragged_experts.is_some() && self.config.moe.is_some() {
+            tracing::info!(
+                "experts: one chlo.ragged_dot per projection (XLA's grouped product), on each device's part"
+            );
+        } else if spec.grouped_experts && self.config.moe.is_some() {
+            tracing::info!(
+                "experts: one grouped product per projection (siphon_grouped_matmul), on each device's part"
+            );
+        }
+        let compiled = Arc::new(Compiled { executable, program });
+        self.compiled.lock().expect("compile cache poisoned").insert((batch, seq), compiled.clone());
+        Ok(compiled)
+    }
+
+    /// Runs one batch and returns the requested activations on the host: the whole batch on
+    /// a mesh this process holds, or, on a mesh spanning processes, this process's rows
+    /// (its data groups', in order) in and out.
+    pub fn run(&self, batch: &Batch) -> Result<Activations, EngineError> {
+        let mut out = self.run_processes(std::slice::from_ref(batch))?;
+        Ok(out.remove(0))
+    }
+
+    /// Runs one step for each process of [`EngineOptions::processes`]: `batches[i]` holds the
+    /// rows process `i` feeds (its data groups' rows, in order), and the result `i` the
+    /// activations of those rows, read back from its partitions only.
+    pub fn run_processes(&self, batches: &[Batch]) -> Result<Vec<Activations>, EngineError> {
+        let launched = self.launch(batches)?;
+        (0..batches.len())
+            .map(|process| {
+                let shapes = launched.shapes(process);
+                let mut arrays: Vec<Vec<u8>> = launched.sizes(process).into_iter().map(|n| vec![0; n]).collect();
+                let download = launched.copy_into(process, arrays.iter_mut().map(Vec::as_mut_slice))?;
+                rt(|| "copying the activations to the host".into(), download.wait())?;
+                let hooks = self
+                    .hooks
+                    .iter()
+                    .zip(shapes)
+                    .zip(arrays)
+                    .map(|((&hook, shape), bytes)| {
+                        let array = HostArray::from_bytes(launched.element_type, &shape, bytes);
+                        Ok((hook, rt(|| format!("copying {hook} to the host"), array)?))
+                    })
+                    .collect::<Result<_, EngineError>>()?;
+                let latents = launched.latents(process)?;
+                check_caps(&latents, &self.options.dictionaries)?;
+                Ok(Activations { hooks, latents })
+            })
+            .collect()
+    }
+
+    /// Starts one step, as [`Engine::run_processes`] does, and returns once the program is
+    /// launched: its outputs stay on the devices until [`Launched::copy_into`] copies each
+    /// process's rows into memory the caller reuses. On a plugin that runs programs
+    /// asynchronously (CUDA, TPU) the next step can be launched while this one's rows are
+    /// copied.
+    pub fn launch(&self, batches: &[Batch]) -> Result<Launched, EngineError> {
+        if batches.len() != self.views.len() {
+            return Err(EngineError::Batch(format!(
+                "{} batches for the {} processes this engine runs",
+                batches.len(),
+                self.views.len()
+            )));
+        }
+        let mut global = None;
+        for (batch, view) in batches.iter().zip(&self.views) {
+            if let Some(&t) = batch.input_ids.iter().find(|&&t| t < 0 || t as usize >= self.config.vocab_size) {
+                return Err(EngineError::Batch(format!(
+                    "token id {t} is outside the vocabulary (0..{})",
+                    self.config.vocab_size
+                )));
+            }
+            let rows = view.global_batch(batch.batch).map_err(|e| EngineError::Batch(e.to_string()))?;
+            match global {
+                None => global = Some((rows, batch.seq)),
+                Some(shape) if shape != (rows, batch.seq) => {
+                    return Err(EngineError::Batch(format!(
+                        "process {} feeds a {}x{} batch, unlike the others (a global {}x{})",
+                        view.process(),
+                        batch.batch,
+                        batch.seq,
+                        shape.0,
+                        shape.1
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let (rows, seq) = global.ok_or_else(|| EngineError::Batch("no batch".into()))?;
+        let compiled = self.compiled_for(rows, seq)?;
+        let mesh = &self.options.mesh;
+        let program = &compiled.program;
+        let mut inputs = Vec::with_capacity(3);
+        for info in &program.inputs {
+            let context = || format!("uploading {}", info.name);
+            let mut shares = Vec::with_capacity(self.views.len());
+            for (batch, view) in batches.iter().zip(&self.views) {
+                let values = match info.name {
+                    "input_ids" => &batch.input_ids,
+                    "attention_mask" => &batch.attention_mask,
+                    "position_ids" => &batch.position_ids,
+                    other => return Err(EngineError::Options(format!("the forward takes an unknown input {other:?}"))),
+                };
+                // The process's rows in their places of the global batch; its partitions read
+                // nothing else.
+                let mut placed = vec![0i32; rows * seq];
+                let mut local = values.chunks(seq);
+                for range in view.rows(rows) {
+                    for row in range {
+                        let values = local.next().ok_or_else(|| EngineError::Batch("too few rows".into()))?;
+                        placed[row * seq..(row + 1) * seq].copy_from_slice(values);
+                    }
+                }
+                let array = rt(context, HostArray::from_slice(&[rows, seq], &placed))?;
+                shares.push(rt(context, self.client.upload_partitions(&array, &info.spec, mesh, view.partitions()))?);
+            }
+            inputs.push(merged(shares, context)?);
+        }
+        let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).chain(&self.dictionary_args).collect();
+        let mut out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
+        for l in &program.latents {
+            let per_token = PartitionSpec::from_dims(l.spec.dims()[..2].to_vec());
+            out_specs.extend([l.spec.clone(), l.spec.clone(), per_token]);
+        }
+        let outputs =
+            rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
+        Ok(Launched {
+            outputs,
+            hooks: self.hooks.clone(),
+            dictionaries: self.options.dictionaries.clone(),
+            views: self.views.clone(),
+            rows,
+            element_type: element_type(self.options.output_dtype),
+        })
+    }
+}
+
+/// Refuses a token that fired more of a dictionary's latents than it keeps.
+pub(crate) fn check_caps(latents: &[Latents], dictionaries: &[DictionaryHook]) -> Result<(), EngineError> {
+    for (latents, d) in latents.iter().zip(dictionaries) {
+        let seq = latents.firings.shape()[1];
+        let firings = latents.firings.to_f32();
+        if let Some(token) = firings.iter().position(|&f| f as usize > d.cap) {
+            return Err(EngineError::LatentCap {
+                dictionary: d.dictionary.name.clone(),
+                row: token / seq,
+                position: token % seq,
+                firings: firings[token] as i32,
+                cap: d.cap,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_and_batches_cross_threads() {
+        // The extraction loop owns the engine on a compute thread and hands batches over
+        // channels; both must be Send, and the engine Sync for a shared `Arc<Engine>`.
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Engine>();
+        send_sync::<Batch>();
+        send_sync::<Activations>();
+    }
+}

@@ -1,0 +1,108 @@
+//! A batch's run in flight: [`Launched`] holds the device buffers until its activations
+//! are downloaded into the caller's host buffers.
+
+use crate::batch::Latents;
+use crate::error::{EngineError, rt};
+use siphon_mesh::HostView;
+use siphon_models::{DictionaryHook, HookPoint};
+use siphon_runtime::{Download, ElementType, HostArray, ShardedArray};
+
+/// One step launched on the devices ([`Engine::launch`]): the program's outputs, until each
+/// process's rows are copied to the host.
+pub struct Launched {
+    pub(crate) outputs: Vec<ShardedArray>,
+    pub(crate) hooks: Vec<HookPoint>,
+    pub(crate) dictionaries: Vec<DictionaryHook>,
+    pub(crate) views: Vec<HostView>,
+    /// Rows of the global batch.
+    pub(crate) rows: usize,
+    pub(crate) element_type: ElementType,
+}
+
+impl Launched {
+    /// Waits until the program has computed every output (the step's device time, when
+    /// called right after launching).
+    pub fn wait(&self) -> Result<(), EngineError> {
+        for (i, output) in self.outputs.iter().enumerate() {
+            let what = || match self.hooks.get(i) {
+                Some(hook) => format!("computing {hook}"),
+                None => "computing the dictionaries' latents".to_string(),
+            };
+            for buffer in output.buffers() {
+                rt(what, buffer.wait_ready())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The element type of every output.
+    pub fn element_type(&self) -> ElementType {
+        self.element_type
+    }
+
+    /// Each hook's shape for process `process`'s rows: `[rows, seq, *per-token shape]`.
+    pub fn shapes(&self, process: usize) -> Vec<Vec<usize>> {
+        let rows: usize = self.views[process].rows(self.rows).iter().map(|r| r.len()).sum();
+        self.outputs[..self.hooks.len()]
+            .iter()
+            .map(|o| std::iter::once(rows).chain(o.shape()[1..].iter().copied()).collect())
+            .collect()
+    }
+
+    /// Each dictionary's latents for process `process`'s rows, read from its partitions only
+    /// (waiting for the copies), as the devices left them: a token's firings may exceed the
+    /// latents kept (see [`Latents::firings`]); [`Engine::run`] refuses those, the extraction's
+    /// writer refuses those it would store.
+    pub fn latents(&self, process: usize) -> Result<Vec<Latents>, EngineError> {
+        let view = self.views.get(process).ok_or_else(|| EngineError::Batch(format!("no process {process}")))?;
+        let (rows, from) = (view.rows(self.rows), view.partitions());
+        let local: usize = rows.iter().map(|r| r.len()).sum();
+        let outputs = &self.outputs[self.hooks.len()..];
+        let mut all = Vec::with_capacity(self.dictionaries.len());
+        for (d, parts) in self.dictionaries.iter().zip(outputs.chunks(3)) {
+            let name = &d.dictionary.name;
+            let read = |output: &ShardedArray, ty: ElementType| -> Result<HostArray, EngineError> {
+                let context = || format!("copying dictionary {name}'s latents to the host");
+                let shape: Vec<usize> = std::iter::once(local).chain(output.shape()[1..].iter().copied()).collect();
+                let mut bytes = vec![0u8; shape.iter().product::<usize>() * ty.size_in_bytes()];
+                rt(context, rt(context, output.rows_into(&rows, &from, &mut bytes))?.wait())?;
+                rt(context, HostArray::from_bytes(ty, &shape, bytes))
+            };
+            all.push(Latents {
+                indices: read(&parts[0], ElementType::S32)?,
+                values: read(&parts[1], ElementType::F32)?,
+                firings: read(&parts[2], ElementType::S32)?,
+            });
+        }
+        Ok(all)
+    }
+
+    /// Each hook's bytes for process `process`'s rows: the destinations [`Launched::copy_into`]
+    /// takes.
+    pub fn sizes(&self, process: usize) -> Vec<usize> {
+        let size = self.element_type.size_in_bytes();
+        self.shapes(process).iter().map(|s| s.iter().product::<usize>() * size).collect()
+    }
+
+    /// Starts copying process `process`'s rows of every hook, read from its partitions only,
+    /// each into its destination of `dsts` (hook order, [`Launched::sizes`] bytes each).
+    pub fn copy_into<'a>(
+        &self,
+        process: usize,
+        dsts: impl IntoIterator<Item = &'a mut [u8]>,
+    ) -> Result<Download<'a>, EngineError> {
+        let view = self.views.get(process).ok_or_else(|| EngineError::Batch(format!("no process {process}")))?;
+        let (rows, from) = (view.rows(self.rows), view.partitions());
+        let mut dsts = dsts.into_iter();
+        let mut download: Option<Download<'a>> = None;
+        for (hook, output) in self.hooks.iter().zip(&self.outputs) {
+            let dst = dsts.next().ok_or_else(|| EngineError::Batch(format!("no destination for {hook}")))?;
+            let started = rt(|| format!("copying {hook} to the host"), output.rows_into(&rows, &from, dst))?;
+            download = Some(match download {
+                None => started,
+                Some(d) => d.join(started),
+            });
+        }
+        Ok(download.unwrap_or_else(Download::done))
+    }
+}
