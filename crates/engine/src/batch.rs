@@ -1,9 +1,10 @@
 //! What goes in and comes out of a run: a [`Batch`] of token rows with its mask and
 //! positions, the [`Activations`] of its hooks and the [`Latents`] of its dictionaries.
 
-use crate::error::EngineError;
 use siphon_models::HookPoint;
 use siphon_runtime::HostArray;
+
+use crate::error::EngineError;
 
 /// A batch of equal-length token rows, its attention mask and position ids.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,16 +6,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::batch::{Activations, Batch, Latents};
-use crate::error::{EngineError, rt};
-use crate::launched::Launched;
-use crate::options::{EngineOptions, WeightForm, check};
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::{
     DType, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, RaggedDot,
     StoredForm, build_forward,
 };
 use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
+
+use crate::batch::{Activations, Batch, Latents};
+use crate::error::{EngineError, rt};
+use crate::launched::Launched;
+use crate::options::{EngineOptions, WeightForm, check};
 
 /// What the engine's program is built from, whether it runs here ([`Engine`]) or is only
 /// compiled for devices elsewhere ([`aot`]): one place, so both build the same program.

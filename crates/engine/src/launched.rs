@@ -1,13 +1,14 @@
 //! A batch's run in flight: [`Launched`] holds the device buffers until its activations
 //! are downloaded into the caller's host buffers.
 
-use crate::batch::Latents;
-use crate::error::{EngineError, rt};
 use siphon_mesh::HostView;
 use siphon_models::{DictionaryHook, HookPoint};
 use siphon_runtime::{Download, ElementType, HostArray, ShardedArray};
 
-/// One step launched on the devices ([`Engine::launch`]): the program's outputs, until each
+use crate::batch::Latents;
+use crate::error::{EngineError, rt};
+
+/// One step launched on the devices ([`Engine::launch`](crate::Engine::launch)): the program's outputs, until each
 /// process's rows are copied to the host.
 pub struct Launched {
     pub(crate) outputs: Vec<ShardedArray>,

@@ -3,10 +3,11 @@
 
 use std::collections::HashMap;
 
-use crate::error::EngineError;
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::sharding::megatron_specs;
 use siphon_models::{DType, DictionaryHook, HookPoint};
+
+use crate::error::EngineError;
 
 /// How weights are split over the mesh.
 #[derive(Debug, Clone, PartialEq)]
