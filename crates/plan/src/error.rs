@@ -1,6 +1,6 @@
 //! What went wrong planning a mesh and its shardings: [`PlanError`].
 
-use crate::mesh::MeshShape;
+use crate::shape::MeshShape;
 
 /// What went wrong planning a mesh and its shardings.
 #[derive(Debug, thiserror::Error, PartialEq)]

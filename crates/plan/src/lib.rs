@@ -52,6 +52,7 @@ pub mod memory;
 pub mod mesh;
 mod planner;
 pub mod rules;
+mod shape;
 pub mod tpu;
 
 pub use bounds::check_context;
@@ -61,7 +62,8 @@ pub use gpu::{GpuModel, GpuTarget};
 pub use memory::{
     ActivationMemory, DType, DeviceLayout, DictionaryMemory, DictionaryShape, HostMemory, MemoryEstimate, WeightMemory,
 };
-pub use mesh::{DeviceInfo, MeshKind, MeshRequest, MeshShape, Topology};
+pub use mesh::{DeviceInfo, MeshKind, MeshRequest, Topology};
 pub use planner::{ClassPlan, Fallback, Plan, PlanRequest, Suggestion, cuda_attention, every_hidden_state, plan};
 pub use rules::{TensorSharding, input_spec, param_spec};
+pub use shape::MeshShape;
 pub use tpu::{TpuGeneration, TpuSlice};

@@ -34,6 +34,7 @@ use siphon_mesh::Mesh;
 use siphon_models::ModelConfig;
 
 use crate::error::PlanError;
+pub use crate::shape::MeshShape;
 
 pub use siphon_models::sharding::{DATA, FSDP, MODEL};
 
@@ -206,23 +207,6 @@ impl fmt::Display for MeshRequest {
             write!(f, " with {}", flags.join(" "))?;
         }
         Ok(())
-    }
-}
-
-/// Sizes of the three axes; their product is the device count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct MeshShape {
-    /// Batch-splitting axis.
-    pub data: usize,
-    /// Weight-sharding axis on the hidden dimension.
-    pub fsdp: usize,
-    /// Tensor-parallel axis (whole heads, intermediate).
-    pub model: usize,
-}
-
-impl fmt::Display for MeshShape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}×{}×{}", self.data, self.fsdp, self.model)
     }
 }
 

@@ -9,8 +9,9 @@ use siphon_models::{Arch, ModelConfig, ParamClass, ParamInfo};
 
 use crate::error::PlanError;
 use crate::memory::{self, DType, DeviceLayout, MemoryEstimate, gib};
-use crate::mesh::{self, MeshKind, MeshRequest, MeshShape, Topology};
+use crate::mesh::{self, MeshKind, MeshRequest, Topology};
 use crate::rules;
+use crate::shape::MeshShape;
 
 /// Everything the planner needs besides the model and the devices.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
