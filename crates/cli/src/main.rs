@@ -3,9 +3,11 @@
 
 use clap::{Parser, Subcommand};
 
+mod args;
 mod cmd;
 mod fatal;
 mod job;
+mod outcome;
 
 #[derive(Parser)]
 #[command(name = "siphon", version, about = "Extract LLM activations over large corpora into sharded datasets")]
@@ -56,7 +58,7 @@ fn main() -> std::process::ExitCode {
     let args = match cmd::extract::expand_config_file(std::env::args().collect()) {
         Ok(args) => args,
         Err(err) => {
-            eprintln!("error: {}", cmd::describe(&err));
+            eprintln!("error: {}", outcome::describe(&err));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -78,12 +80,12 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) if cmd::is_preemption(&err) => {
-            eprintln!("siphon: {}", cmd::describe(&err));
+        Err(err) if outcome::is_preemption(&err) => {
+            eprintln!("siphon: {}", outcome::describe(&err));
             std::process::ExitCode::from(siphon_coord::EXIT_PREEMPTED as u8)
         }
         Err(err) => {
-            eprintln!("error: {}", cmd::describe(&err));
+            eprintln!("error: {}", outcome::describe(&err));
             std::process::ExitCode::FAILURE
         }
     }

@@ -5,7 +5,7 @@
 use anyhow::Context;
 use siphon_coord::ServiceConfig;
 
-use super::cluster::ClusterArgs;
+use crate::args::ClusterArgs;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -79,12 +79,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .env("SIPHON_NUM_PROCESSES", args.local_hosts.to_string())
             .env("SIPHON_COORDINATOR", &coordinator)
             .env("SIPHON_JOB_TOKEN", &token)
-            .env_remove(super::cluster::LAUNCH_MADE_TOKEN)
+            .env_remove(crate::args::cluster::LAUNCH_MADE_TOKEN)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if made {
-            command.env(super::cluster::LAUNCH_MADE_TOKEN, "1");
+            command.env(crate::args::cluster::LAUNCH_MADE_TOKEN, "1");
         }
         if let Some(devices) = args.cpu_devices_per_host {
             command.env("SIPHON_CPU_DEVICES", devices.to_string());
@@ -171,7 +171,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         h.status.filter(|s| !s.success()).map(|s| format!("host {}: {}", h.process_id, describe(s)))
                     })
                     .collect();
-                return Err(anyhow::Error::new(crate::job::Preempted::new(format!(
+                return Err(anyhow::Error::new(crate::outcome::Preempted::new(format!(
                     "the hosts were preempted ({})",
                     if stopped.is_empty() { "all had finished".to_string() } else { stopped.join(", ") }
                 ))));

@@ -326,7 +326,7 @@ impl Compute {
             processes: views.clone(),
             // Packed rows and `--pad right` put real tokens first: cuDNN's fused attention
             // takes them on a CUDA plugin.
-            right_padded: !matches!(spec.corpus.pad, Some(crate::cmd::data::PadSideArg::Left)),
+            right_padded: !matches!(spec.corpus.pad, Some(crate::args::corpus::PadSideArg::Left)),
             dictionaries: plan.dictionaries.clone(),
             ..Default::default()
         };

@@ -49,6 +49,7 @@ use siphon_store::{
 pub use options::{ExtractOptions, RunSpec};
 pub use timing::{HostTiming, read_timing};
 
+use crate::outcome::Preempted;
 use compute::Compute;
 use progress::Progress;
 
@@ -127,47 +128,18 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
             "host {} (machine {}): {}",
             host.host,
             host.machine,
-            crate::cmd::describe(err)
+            crate::outcome::describe(err)
         ));
     }
     match result {
         // Whatever this host was doing, the job stopped to be resumed (a barrier or get that
         // another host's preemption failed is no error of this host's).
         Err(err) if coord.preempted() && err.downcast_ref::<Preempted>().is_none() => {
-            Err(anyhow::Error::new(Preempted::new(crate::cmd::describe(&err))))
+            Err(anyhow::Error::new(Preempted::new(crate::outcome::describe(&err))))
         }
         other => other,
     }
 }
-
-/// This host stopped because the job was preempted (SIGTERM here or on another host): what was
-/// complete is committed, and the same command resumes the run. `siphon` exits with
-/// [`siphon_coord::EXIT_PREEMPTED`].
-#[derive(Debug)]
-pub struct Preempted {
-    message: String,
-    /// Shards committed by this host when it stopped in its loop.
-    shards: Option<u64>,
-}
-
-impl Preempted {
-    /// A preemption seen from outside a host (the launcher's hosts exited preempted).
-    pub fn new(message: impl Into<String>) -> Preempted {
-        Preempted { message: message.into(), shards: None }
-    }
-}
-
-impl std::fmt::Display for Preempted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "preempted: {}", self.message)?;
-        if let Some(shards) = self.shards {
-            write!(f, "; {shards} shards of this host are committed")?;
-        }
-        write!(f, "; run the same command again to resume")
-    }
-}
-
-impl std::error::Error for Preempted {}
 
 /// Everything step 2 checked and opened, handed to the steps that need the other hosts.
 struct Prepared {

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use crate::cmd::cluster::ClusterArgs;
-use crate::cmd::data::CorpusArgs;
-use crate::cmd::limits;
+use crate::args::ClusterArgs;
+use crate::args::CorpusArgs;
+use crate::args::limits;
 
 /// Every `siphon extract` option (also the keys of its TOML config file).
 #[derive(clap::Args, Debug, Clone)]
@@ -41,7 +41,7 @@ pub struct ExtractOptions {
     #[arg(long, default_value = "dequantized", help_heading = "Model")]
     pub weights: String,
     #[command(flatten, next_help_heading = "Dictionaries")]
-    pub dictionaries: crate::cmd::forward::SaeArgs,
+    pub dictionaries: crate::args::SaeArgs,
 
     // --- data ---
     #[command(flatten)]

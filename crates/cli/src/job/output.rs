@@ -12,7 +12,7 @@ use anyhow::Context;
 use siphon_store::{BatchActivations, HostId, ResumePoint, RunDescriptor, ShardFormat, ShardWriter};
 use siphon_stream::{Bounds, Serving, StreamSink};
 
-use crate::cmd::cluster::ClusterArgs;
+use crate::args::ClusterArgs;
 
 /// A member's output.
 pub enum Output {

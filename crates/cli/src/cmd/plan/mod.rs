@@ -14,7 +14,7 @@ use anyhow::Context;
 use siphon_models::{HfConfig, ModelConfig};
 use siphon_plan::{DType, MeshKind, MeshRequest, PlanRequest, Topology};
 
-use crate::cmd::limits;
+use crate::args::limits;
 
 pub(crate) mod target;
 
@@ -89,7 +89,7 @@ pub struct Args {
     /// With --target gpu:…: how `extract` pads the rows (`--pad`): right (its default), where
     /// each block cuDNN's fused attention can take takes it, or left (XLA's form everywhere).
     #[arg(long, value_enum, requires = "target")]
-    pub pad: Option<crate::cmd::data::PadSideArg>,
+    pub pad: Option<crate::args::corpus::PadSideArg>,
     /// With --target tpu:…: `off` compiles the program as the CPU and GPUs would take it — a
     /// mixture's experts in rounds of whole experts (a loop), FP8 decoded by a byte table —
     /// instead of a TPU's own forms (`chlo.ragged_dot` over each expert's width, FP8 by
@@ -134,7 +134,7 @@ pub struct Args {
     /// Count sparse dictionaries' tensors and latents (as `forward --sae` and, later, `extract`
     /// compute them) and the blocks their hooks need.
     #[command(flatten)]
-    pub dictionaries: crate::cmd::forward::SaeArgs,
+    pub dictionaries: crate::args::SaeArgs,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -200,7 +200,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             request,
             weights: args.weights,
             plugin: args.plugin.as_deref(),
-            right_padded: !matches!(args.pad, Some(crate::cmd::data::PadSideArg::Left)),
+            right_padded: !matches!(args.pad, Some(crate::args::corpus::PadSideArg::Left)),
             tpu_forms: args.tpu_forms == TpuForms::On,
             dictionaries,
         };

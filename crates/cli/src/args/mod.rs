@@ -1,0 +1,13 @@
+//! Flag groups several commands flatten in (`#[command(flatten)]`): a job's identity and
+//! coordinator, a corpus and its packing, sparse dictionaries, and the bounds every size flag
+//! is checked against before work starts. The commands (`cmd/`) and the job (`job/`) both read
+//! them; neither reaches into the other for them.
+
+pub mod cluster;
+pub mod corpus;
+pub mod limits;
+pub mod sae;
+
+pub use cluster::ClusterArgs;
+pub use corpus::CorpusArgs;
+pub use sae::SaeArgs;
