@@ -1,5 +1,34 @@
 //! `siphon`: the command-line tool. Every subcommand lives in its own module under `cmd/`,
 //! holding its clap `Args` and a `run` function; this file only dispatches.
+//!
+//! # The rooms
+//!
+//! `src/job/` is the
+//! extraction job: `options.rs` (flags → `RunSpec`, the part every host must agree on; the
+//! context limit), `fits.rs` (the machine's memory before compiling: the host's `MemAvailable`
+//! within its cgroup, a device's PJRT `bytes_limit`), `compute.rs` (plan, plugin, engine; `Span`, whether the mesh lies in a host or spans them, and the
+//! `Member`s whose steps this process runs), `pipeline.rs` (the output path: `--pipeline-depth`
+//! slots of reused host buffers; the loop launches each step into a free slot while a drain
+//! thread waits for earlier steps' programs, copies their rows into their slots and pushes them
+//! to the writers, which give a slot back when they have copied its rows; `PathTiming` and which
+//! side waited for the other), `output.rs` (a writing member's `Output`: a `ShardWriter`, or a
+//! stream on `PORT+reader`, and where readers reach every host: `Endpoints`, `advertised`), `fetch.rs` (models from `hf://`, `gs://`, `s3://`, `https://` into the
+//! cache), `progress.rs` (its line says which side bounds the run), `timing.rs` (per host: device-only
+//! compute, and every stage's seconds and bytes, which `siphon inspect` prints). `cmd/launch.rs` starts N local hosts with
+//! their identities and draws one progress bar per host. `cmd/plan/target.rs` is `siphon plan
+//! --target tpu:SLICE | gpu:GPUS` (`Target`): the slice's libtpu topology (`open_topology`, which
+//! also serves `siphon bench memory --target`) or the CUDA plugin's topology of the GPUs
+//! (`open_gpu_topology`), `siphon_engine::aot` for the planner's mesh, and the report of the
+//! compiler's figures beside the planner's (on GPUs each block's attention as compiled and the
+//! grouped products), refusing a program larger than a device by its largest term with a mesh that
+//! fits. `cmd/forward.rs` is `siphon
+//! forward`: one batch's hooks, and with `--sae` its dictionaries' latents (the engine's
+//! `Activations::latents`), into one safetensors file; `siphon extract --sae` (the same
+//! `SaeArgs`; `open_capped` asks a non-TopK dictionary for `--latent-cap`) computes them with each
+//! step and the drain thread hands them to the writer (`pipeline::writer_latents`), described in
+//! run.json (`job::latents_columns`). `args::ClusterArgs` carries the
+//! coordinator's TLS flags (`--coordinator-ca/-cert/-key/-tls-name`, `SIPHON_COORDINATOR_*`) to
+//! every command that joins a job.
 
 use clap::{Parser, Subcommand};
 

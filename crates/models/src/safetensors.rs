@@ -13,7 +13,7 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
 
 use crate::error::ModelError;
-use crate::weights::{Stored, TensorMeta};
+use crate::stored::TensorMeta;
 
 /// A block-scaled tensor's dequantized shape and values.
 pub(crate) struct Dequantized {
@@ -297,5 +297,23 @@ impl SafeTensorsSet {
             }
         };
         Ok((stored, info.shape.clone(), self.bytes(name)?))
+    }
+}
+
+/// Safetensors encodings siphon reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stored {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Stored {
+    pub(crate) fn as_dtype(self) -> DType {
+        match self {
+            Stored::F32 => DType::F32,
+            Stored::F16 => DType::F16,
+            Stored::Bf16 => DType::Bf16,
+        }
     }
 }

@@ -394,6 +394,17 @@ fn per_block(b: &mut Builder, v: Value, full: &[usize]) -> Result<Value, ModelEr
     Ok(b.broadcast_in_dim(v, full, &map)?)
 }
 
+/// How a tensor is stored in its file, before any conversion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    /// Hugging Face name.
+    pub name: String,
+    /// Row-major shape in Hugging Face layout.
+    pub shape: Vec<usize>,
+    /// The stored encoding as the file names it (`F32`, `BF16`, `Q4_1`, ...).
+    pub stored: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

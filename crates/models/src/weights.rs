@@ -14,8 +14,8 @@ use half::{bf16, f16};
 use crate::error::ModelError;
 use crate::gguf::convert::{self, RowOrder};
 use crate::gguf::{GgmlType, GgufFile, dequant};
-use crate::safetensors::SafeTensorsSet;
-use crate::stored::StoredBytes;
+use crate::safetensors::{SafeTensorsSet, Stored};
+use crate::stored::{StoredBytes, TensorMeta};
 use crate::{ParamInfo, Slice};
 
 pub use siphon_dtype::DType;
@@ -44,17 +44,6 @@ impl HostTensor<'_> {
         decode_into(self.dtype, &self.data, &mut out);
         out
     }
-}
-
-/// How a tensor is stored in its file, before any conversion.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorMeta {
-    /// Hugging Face name.
-    pub name: String,
-    /// Row-major shape in Hugging Face layout.
-    pub shape: Vec<usize>,
-    /// The stored encoding as the file names it (`F32`, `BF16`, `Q4_1`, ...).
-    pub stored: String,
 }
 
 /// Weight tensors by Hugging Face name, from safetensors files or a GGUF file.
@@ -541,24 +530,6 @@ impl GgufWeights {
             }
         }
         Ok(HostTensor { dtype, shape, data: Cow::Owned(out) })
-    }
-}
-
-/// Safetensors encodings siphon reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stored {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl Stored {
-    fn as_dtype(self) -> DType {
-        match self {
-            Stored::F32 => DType::F32,
-            Stored::F16 => DType::F16,
-            Stored::Bf16 => DType::Bf16,
-        }
     }
 }
 

@@ -71,6 +71,31 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Compiling for devices this machine lacks, and why a plugin does not start
+//!
+//! `topology.rs` compiles for devices this machine lacks: a plugin's `Topology`
+//! (`PJRT_TopologyDescription_Create` with named create options; `tpu_topology_options` gives
+//! libtpu's for a slice) lists its devices, and `Topology::compile` runs `PJRT_Compile` with no
+//! client, so a `CompiledProgram` (an unloaded `PJRT_Executable`) gives only the compiler's memory
+//! figures and cost analysis. libtpu does this for any TPU slice on a CPU-only machine
+//! (`Plugin::load_for_compiling` skips the device check `Plugin::load` makes; no libtpu client is
+//! ever created without a TPU). `PluginLocator::locate_libtpu` finds the libtpu to compile with
+//! (`--plugin`, `SIPHON_PJRT_PLUGIN` when it names libtpu, the pinned one in siphon's cache, the
+//! `libtpu` Python package). The CUDA plugin does the same for GPUs given a target description:
+//! `gpu.rs` reads the descriptions the plugin file embeds (`GpuTargetConfig`: XLA's own
+//! `GpuTargetConfigProto` text per device, handed back unchanged), `gpu_topology_options` makes
+//! `hosts × GPUs` of one, and loading the plugin to compile preloads the driver library cuDNN
+//! needs to check its graphs where the machine has none (the copy `setup-cuda-compiler.sh`
+//! installs); `PluginLocator::locate_cuda_compiler` finds the plugin. `CompiledProgram::
+//! optimized_instructions` reads the compiled program back (`PJRT_Executable_OptimizedProgram`,
+//! the HLO proto walked by `optimized.rs`): each instruction's custom-call target, op name and
+//! shapes. The CUDA plugin has no cost analysis (an empty one here).
+//!
+//! `diagnose.rs` names the likely cause when a plugin cannot start: the platform a plugin file is
+//! for (`PluginKind`) and what this host lacks for it (TPU or NVIDIA device files, the driver
+//! library, `CUDA_VISIBLE_DEVICES`); load, initialize and client-create failures carry it
+//! (`Error::LoadFailed`, `Error::PluginStart`).
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -44,6 +44,35 @@
 //! listing shows: give the bucket an `AbortIncompleteMultipartUpload` lifecycle rule. GCS is
 //! tested for listing and reads against fake-gcs-server only, because the emulator lacks the
 //! XML multipart API that object_store's GCS client writes with; writes are tested on S3 (moto).
+//!
+//! # Failures, stopping, latents, roles and fp8
+//!
+//! Failing writes end in one of two ways: errors that may pass (5xx, 429, resets, stalled
+//! requests) are retried, requests by object_store and whole shard uploads by `upload_object`, until
+//! `UploadConfig::give_up_after` (`--store-timeout`), then `StoreError::GaveUp` with the last
+//! error; a full disk, quota or file-size limit is `StoreError::OutOfSpace` at once.
+//!
+//! `ShardWriter::finish` commits everything pushed, the last shard possibly short;
+//! `ShardWriter::stop` (a preempted host) commits only the shards the pushed batches complete and
+//! drops the partial one, so shard boundaries stay those of an uninterrupted run.
+//!
+//! A run with sparse dictionaries (`RunDescriptor::latents`, a `LatentsColumn` each) takes each
+//! batch's `BatchLatents` as the devices return them (per token its `cap` largest latents, `-1`
+//! past its firings, and its firings); `sparse.rs` compacts the stored tokens' rows into a CSR
+//! matrix per shard (`{name}.indptr`, `.indices` as i32, each row's latents ascending, `.values`
+//! in the stored dtype, never fp8) and counts each latent's firings, sum and largest value over
+//! the included tokens (`LatentStats`, in `stats.json` beside the hooks'), which a resume and
+//! `verify_run` recompute from the CSR read back. A stored token that fired more than the cap is
+//! refused, naming the column, sequence and position.
+//!
+//! A run of conversations (`ShardFormat::roles`) stores each token's role as a `role` (U8) tensor.
+//! An fp8 run (`DType::Fp8`) takes rows quantized by the program (each row's f32 scale,
+//! then its `float8_e4m3fn` values) and stores the values as `F8_E4M3` with `{hook}.fp8_scale`
+//! beside them; its statistics are over the dequantized values, and the writer never converts to
+//! or from fp8. `WriterTiming` sums the CPU seconds (the conversion's and the sealers' threads)
+//! and bytes of the conversion and sealing stages, and the upload stage's seconds and bytes
+//! (`HostSummary::timing`); `siphon-store-bench host` reads them to give each stage's
+//! core-seconds per GB.
 #![deny(missing_docs)]
 
 mod batch;

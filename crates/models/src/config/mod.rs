@@ -342,7 +342,7 @@ impl ModelConfig {
         if shapes != 0 && shapes != layers {
             return fail(format!("layer_shapes gives {shapes} of the {layers} layers' sizes"));
         }
-        let rotary = self.arch.family().features.contains(&crate::hooks::Feature::Rotary);
+        let rotary = self.arch.family().features.contains(&crate::hooks::feature::Feature::Rotary);
         for layer in 0..self.n_layers {
             let (kv, d) = (self.kv_heads_at(layer), self.head_dim_at(layer));
             let at = if shapes == 0 { String::new() } else { format!(" (layer {layer})") };

@@ -11,11 +11,13 @@
 //! `blocks.{0..27}.ln2.hook_normalized` (an inclusive range), `blocks.{3,5}.attn.hook_z`
 //! (a list) and `blocks.3.*` (every hook of block 3), see [`resolve_hooks`].
 
+pub mod feature;
 mod kinds;
 
 use std::fmt;
 use std::str::FromStr;
 
+pub use self::feature::Feature;
 pub use self::kinds::*;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
