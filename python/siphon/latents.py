@@ -137,6 +137,44 @@ class LatentShard:
         of each entry, rows ascending and latents ascending within a row."""
         return self.local_rows() + self.row_start, self.indices, self.values
 
+    def parts(self, rows: int) -> Iterator["LatentShard"]:
+        """The shard as consecutive parts of about `rows` token rows at most, each ending where
+        a sample ends (a sample's rows stay in one part, so the tokens around a row are all in
+        its part), for passes whose scratch memory grows with the rows taken at once: the
+        shard itself when it is no larger. A sample longer than `rows` is one part."""
+        if self.rows <= rows:
+            yield self
+            return
+        starts = np.flatnonzero(np.r_[True, self.sample_index[1:] != self.sample_index[:-1]])
+        cut = 0
+        while cut < self.rows:
+            limit = cut + rows
+            if limit >= self.rows:
+                end = self.rows
+            else:
+                at = int(np.searchsorted(starts, limit, side="right"))
+                end = int(starts[at - 1]) if at > 0 and starts[at - 1] > cut else (
+                    int(starts[at]) if at < len(starts) else self.rows)
+            yield self._rows(cut, end)
+            cut = end
+
+    def _rows(self, start: int, end: int) -> "LatentShard":
+        """Rows ``start..end`` as a shard of their own (its `row_start` theirs)."""
+        lo, hi = int(self.indptr[start]), int(self.indptr[end])
+        return LatentShard(
+            info=self.info,
+            shard=self.shard,
+            row_start=self.row_start + start,
+            indptr=self.indptr[start:end + 1] - self.indptr[start],
+            indices=self.indices[lo:hi],
+            values=self.values[lo:hi],
+            token_ids=self.token_ids[start:end],
+            doc_index=self.doc_index[start:end],
+            position=self.position[start:end],
+            sample_index=self.sample_index[start:end],
+            mask=self.mask[start:end] if self.mask is not None else None,
+        )
+
     def csr(self, device: Any = None) -> Any:
         """The rows as a ``torch.sparse_csr_tensor`` of size ``[rows, width]`` (int64 offsets
         and indices; values in the dtype read)."""

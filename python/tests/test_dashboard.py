@@ -170,6 +170,28 @@ def test_several_dictionaries_come_from_one_read_of_each_shard(tmp_path: Path, m
             assert together[name].examples.latent(latent) == alone[name].examples.latent(latent), (name, latent)
 
 
+def test_a_shard_taken_in_parts_gives_the_same_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    truth = crafted(tmp_path / "run")
+    ds = siphon.open_dataset(str(truth.path))
+    kw: Dict[str, Any] = dict(top=3, quantiles=2, per_quantile=2, window=3, bins=5, progress=False)
+    whole = column_pass(ds, SAE, **kw)
+    shard = next(ds.latent_shards(SAE))
+    parts = list(shard.parts(5))
+    # Parts end where samples end (8 rows each here, longer than 5: one sample a part).
+    assert [p.rows for p in parts] == [8] * (shard.rows // 8)
+    assert all(len(set(p.sample_index.tolist())) == 1 for p in parts)
+    assert np.array_equal(np.concatenate([p.indices for p in parts]), shard.indices)
+    assert [p.row_start for p in parts] == [shard.row_start + 8 * i for i in range(len(parts))]
+    assert list(shard.parts(shard.rows)) == [shard]
+    import siphon.dashboard._pass as pass_module
+
+    monkeypatch.setattr(pass_module, "PART_ROWS", 5)
+    parted = column_pass(ds, SAE, **kw)
+    assert np.array_equal(parted.histogram, whole.histogram)
+    for latent in range(WIDTH):
+        assert parted.examples.latent(latent) == whole.examples.latent(latent), latent
+
+
 def test_the_site_holds_the_truths_numbers(tmp_path: Path) -> None:
     truth = crafted(tmp_path / "run")
     out = tmp_path / "site"

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
+use siphon_dtype::DType;
 
 use crate::error::ModelError;
 use crate::stored::TensorMeta;

@@ -26,6 +26,9 @@ from ..latents import LatentShard
 
 #: The most bins of a latent's histogram (each latent holds its counts: width × bins int64).
 MAX_BINS = 10_000
+#: Token rows a pass takes in at once (`LatentShard.parts`): its scratch memory (the candidate
+#: examples of each firing, their sort) grows with them, whatever the shards' size.
+PART_ROWS = 1 << 15
 
 
 @dataclass
@@ -63,9 +66,10 @@ class ColumnPass:
         return float(lo[0]), float(hi[0])
 
     def add(self, shard: LatentShard) -> None:
-        """Takes one shard in: its firings' examples and histogram."""
-        self.examples.add(shard)
-        add_histogram(self.histogram, shard, self.lo, self.max)
+        """Takes one shard in: its firings' examples and histogram, `PART_ROWS` rows at a time."""
+        for part in shard.parts(PART_ROWS):
+            self.examples.add(part)
+            add_histogram(self.histogram, part, self.lo, self.max)
         self.shards += 1
         self.tokens += shard.rows
 

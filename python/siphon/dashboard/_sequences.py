@@ -44,7 +44,7 @@ class Sequences:
 
 def gather_sequences(shards: Any, rows: np.ndarray, latents: np.ndarray) -> Sequences:
     """The sequences of examples (global `rows`, `latents`) from `shards` (the column's
-    `LatentShard`s in order, every shard of the run). An example at a sequence's first row is
+    `LatentShard`s in order, every shard of the run, or their parts: whole samples each). An example at a sequence's first row is
     outside what is shown: its index is -1, as SAEDashboard's ``qualifying_token_index - 1``."""
     count = len(rows)
     sequence = np.full(count, -1, np.int64)

@@ -51,7 +51,7 @@ from ..examples import TOP, empty_examples
 from ..latents import checked_latents
 from ._correlations import Correlations, batch_bounds
 from ._effects import ColumnEffects, read_effects
-from ._pass import ColumnPass, Progress
+from ._pass import PART_ROWS, ColumnPass, Progress
 from ._sequences import Sequences, gather_sequences
 
 __all__ = ["export_neuronpedia", "HTML_ANOMALIES"]
@@ -130,6 +130,10 @@ def export_neuronpedia(
     assert column is not None
     if found.pieces is None:
         raise DatasetError(f"{effects}: no pieces.json (the run's tokenizer was not found: give --tokenizer)")
+    shuffle = ds.run.get("shard_format", {}).get("shuffle")
+    if shuffle:
+        raise DatasetError(f"{ds.url} stores its tokens shuffled (shard_format.shuffle {shuffle!r}): the rows its "
+                           "examples come from cannot be shown; extract without token shuffling")
     header = _header(ds, info.hook, model_id=model_id, layer=layer, sae_set=sae_set, sae_id_suffix=sae_id_suffix,
                      dataset_name=dataset_name)
     root = Path(os.fspath(out))
@@ -145,7 +149,8 @@ def export_neuronpedia(
                             seed=seed, progress=progress, check=check)
     header.prompts = collected.samples
     a = collected.column.examples.arrays
-    sequences = gather_sequences(ds.latent_shards(name, check=check), a["row"], a["latent"])
+    parts = (part for shard in ds.latent_shards(name, check=check) for part in shard.parts(PART_ROWS))
+    sequences = gather_sequences(parts, a["row"], a["latent"])
     writer = _Features(collected, column, sequences, vocab, header)
     root.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -245,20 +250,21 @@ def _first_pass(ds: Dataset, name: str, batches: List[Tuple[int, int]], hook_wid
     meter = Progress(name, len(ds.shards), enabled=progress)
     for shard in ds.latent_shards(name, check=check):
         column.add(shard)
-        rows = shard.local_rows()
-        latents, values = shard.indices.astype(np.int64), shard.values.astype(np.float32)
-        tokens = shard.rows
-        if shard.mask is not None:
-            kept = shard.mask[rows]
-            rows, latents, values = (np.cumsum(shard.mask)[rows] - 1)[kept], latents[kept], values[kept]
-            tokens = int(shard.mask.sum())
-        entries += np.bincount(latents, minlength=width)
-        e = edges[latents]
-        inside = (values[:, None] >= e[:, :-1]) & (values[:, None] <= e[:, 1:])
-        at, q = np.nonzero(inside)
-        intervals += np.bincount(latents[at] * quantiles + q, minlength=width * quantiles).reshape(width, quantiles)
-        correlations.add(rows, latents, values, tokens, hook.take(tokens) if hook is not None else None)
         samples += len(np.unique(shard.sample_index))
+        for part in shard.parts(PART_ROWS):
+            rows = part.local_rows()
+            latents, values = part.indices.astype(np.int64), part.values.astype(np.float32)
+            tokens = part.rows
+            if part.mask is not None:
+                kept = part.mask[rows]
+                rows, latents, values = (np.cumsum(part.mask)[rows] - 1)[kept], latents[kept], values[kept]
+                tokens = int(part.mask.sum())
+            entries += np.bincount(latents, minlength=width)
+            e = edges[latents]
+            inside = (values[:, None] >= e[:, :-1]) & (values[:, None] <= e[:, 1:])
+            at, q = np.nonzero(inside)
+            intervals += np.bincount(latents[at] * quantiles + q, minlength=width * quantiles).reshape(width, quantiles)
+            correlations.add(rows, latents, values, tokens, hook.take(tokens) if hook is not None else None)
         meter.step(shard.rows)
     meter.finish()
     # Tokens where a latent is 0: in each interval holding 0.
