@@ -65,6 +65,16 @@ def load_model(model_dir: str) -> HookedSAETransformer:
     return model
 
 
+def neuronpedia_layout() -> SaeVisLayoutConfig:
+    """The layout SAEDashboard's Neuronpedia runner gives `SaeVisRunner` (its defaults: 5
+    intervals of 5 examples, the top 20, 3-row feature tables)."""
+    return SaeVisLayoutConfig(columns=[Column(
+        SequencesConfig(stack_mode="stack-all", buffer=None, compute_buffer=True, n_quantiles=5,
+                        top_acts_group_size=20, quantile_group_size=5),
+        ActsHistogramConfig(), LogitsHistogramConfig(), LogitsTableConfig(), FeatureTablesConfig(n_rows=3),
+    )])
+
+
 def vocab_dict(tokenizer_json: str, d_vocab: int) -> dict:
     """The Neuronpedia runner's vocabulary: its own `get_vocab_dict` on the tokenizer."""
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_json)
@@ -102,11 +112,7 @@ def main() -> None:
     tokens = torch.from_numpy(np.load(tokens_path)).long()
     features = [int(f) for f in features_arg.split(",")]
     ignored = {int(i) for i in ignore.split(",") if i}
-    layout = SaeVisLayoutConfig(columns=[Column(
-        SequencesConfig(stack_mode="stack-all", buffer=None, compute_buffer=True, n_quantiles=5,
-                        top_acts_group_size=20, quantile_group_size=5),
-        ActsHistogramConfig(), LogitsHistogramConfig(), LogitsTableConfig(), FeatureTablesConfig(n_rows=3),
-    )])
+    layout = neuronpedia_layout()
     cfg = SaeVisConfig(hook_point=sae.cfg.metadata.hook_name, features=features, minibatch_size_features=len(features),
                        minibatch_size_tokens=64, feature_centric_layout=layout, perform_ablation_experiments=False,
                        dtype="float32", device="cpu", ignore_tokens=ignored)

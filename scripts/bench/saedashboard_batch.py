@@ -26,16 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "tests"))
-from saedashboard_features import load_model, vocab_dict  # noqa: E402
-from sae_dashboard.components_config import (  # noqa: E402
-    ActsHistogramConfig,
-    Column,
-    FeatureTablesConfig,
-    LogitsHistogramConfig,
-    LogitsTableConfig,
-    SequencesConfig,
-)
-from sae_dashboard.layout import SaeVisLayoutConfig  # noqa: E402
+from saedashboard_features import load_model, neuronpedia_layout, vocab_dict  # noqa: E402
 from sae_dashboard.neuronpedia.neuronpedia_converter import NeuronpediaConverter  # noqa: E402
 from sae_dashboard.neuronpedia.neuronpedia_runner_config import NeuronpediaRunnerConfig  # noqa: E402
 from sae_dashboard.sae_vis_data import SaeVisConfig  # noqa: E402
@@ -53,11 +44,7 @@ def main() -> None:
     tokens = torch.from_numpy(np.load(tokens_path)).long()
     features = list(range(int(first), int(first) + int(count)))
     loaded = time.perf_counter()
-    layout = SaeVisLayoutConfig(columns=[Column(
-        SequencesConfig(stack_mode="stack-all", buffer=None, compute_buffer=True, n_quantiles=5,
-                        top_acts_group_size=20, quantile_group_size=5),
-        ActsHistogramConfig(), LogitsHistogramConfig(), LogitsTableConfig(), FeatureTablesConfig(n_rows=3),
-    )])
+    layout = neuronpedia_layout()
     cfg = SaeVisConfig(hook_point=sae.cfg.metadata.hook_name, features=features, minibatch_size_features=len(features),
                        minibatch_size_tokens=32, feature_centric_layout=layout, perform_ablation_experiments=False,
                        dtype="float32", device="cpu", ignore_tokens={int(i) for i in ignore.split(",") if i})

@@ -81,24 +81,23 @@ class Effects:
 
 def read_vocab(path: Path) -> List[str]:
     """``vocab.json``: a JSON list of strings (a ``null`` entry reads as ``""``)."""
-    try:
-        vocab = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DatasetError(f"{path}: not a readable JSON file: {e}") from e
-    if not isinstance(vocab, list) or not all(v is None or isinstance(v, str) for v in vocab):
-        raise DatasetError(f"{path}: expected a JSON list of token strings")
-    return ["" if v is None else str(v) for v in vocab]
+    return ["" if v is None else v for v in read_strings(path, "token strings")]
 
 
 def read_pieces(path: Path) -> List[Optional[str]]:
     """``pieces.json``: a JSON list of strings or nulls."""
+    return read_strings(path, "token pieces")
+
+
+def read_strings(path: Path, what: str) -> List[Optional[str]]:
+    """A JSON file holding a list of strings or nulls (`what` names them in the error)."""
     try:
-        pieces = json.loads(path.read_text(encoding="utf-8"))
+        items = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DatasetError(f"{path}: not a readable JSON file: {e}") from e
-    if not isinstance(pieces, list) or not all(p is None or isinstance(p, str) for p in pieces):
-        raise DatasetError(f"{path}: expected a JSON list of token pieces")
-    return pieces
+    if not isinstance(items, list) or not all(v is None or isinstance(v, str) for v in items):
+        raise DatasetError(f"{path}: expected a JSON list of {what}")
+    return items
 
 
 def read_column(path: Path, name: str, width: int) -> ColumnEffects:
