@@ -1,5 +1,7 @@
 """Turning raw batches (numpy, bf16 as uint16 bit patterns, fp8 as uint8 bytes beside their
-row scales) into numpy arrays or torch tensors of the dtype asked for.
+row scales) into numpy arrays or torch tensors of the dtype asked for (`Converter`), as a
+`Batch`: a dict of each hook's rows and ``token_ids``, ``position`` (and ``role``), those three
+also as properties.
 
 fp8 rows are always dequantized: ``float32(e4m3) * scale`` in float32, then rounded to the
 dtype asked for; ``dtype=None`` gives that float32 (the exact value the run stores)."""

@@ -17,6 +17,11 @@ a run is still being written.
 In an fp8 run (``shard_format.dtype`` ``"fp8"``) each hook tensor holds float8_e4m3fn values
 (F8_E4M3) and, beside it, ``{hook}.fp8_scale`` (F32, ``[tokens]``) one scale per token row: a
 value is ``float32(e4m3) * scale``, computed in float32.
+
+A shard's safetensors header is parsed here by hand (no safetensors library) into each
+tensor's absolute byte range in the file (`TensorInfo`), so that a reader asks for the bytes of
+the tensors it reads and no others. numpy has no bfloat16 nor float8: bf16 elements are held
+as uint16 bit patterns and fp8 ones as uint8 bytes until `siphon._convert` converts them.
 """
 
 from __future__ import annotations

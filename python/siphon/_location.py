@@ -1,7 +1,10 @@
 """Where a run lives: a local directory, or ``s3://``/``gs://``/... through fsspec.
 
 Local paths are read with plain file reads (``os.pread``), remote ones with fsspec range reads,
-so reading a few hooks of a shard never downloads the whole shard.
+so reading a few hooks of a shard never downloads the whole shard; several ranges of one
+remote object go out as concurrent requests (fsspec's ``cat_ranges``). For ``s3://``, s3fs's
+endpoint is ``AWS_ENDPOINT_URL`` or else ``AWS_ENDPOINT``, the variable siphon's Rust side
+(object_store) reads, so one environment serves both.
 """
 
 from __future__ import annotations

@@ -10,12 +10,13 @@ A *unit* is a contiguous block of at most ``unit_tokens`` rows of one shard. One
    together cover every unit: each token is read exactly once per epoch;
 4. a consumer groups its units into windows of at most ``buffer_rows`` rows (`windows_of`; one
    unit per window without shuffle) and reads a window's units (only the tensors asked for, as
-   byte ranges): on local disk straight into the window's rows (``os.preadv``, one copy out of
-   the page cache), from an object store a few units ahead in threads; then it drops filtered
-   rows, and
+   byte ranges) into a preallocated `Window`: on local disk straight into the window's rows
+   (``os.preadv``, one copy out of the page cache), from an object store a few units ahead in
+   threads (`read_ahead`); then it drops filtered rows, and
 5. with ``shuffle``, permutes the window's rows (seeded by ``(seed, epoch, c, C, window)``);
    batches are consecutive rows of the windows in turn. The position after a batch, (epoch,
-   window, rows of the window read), continues the stream exactly (`Dataset.batches(resume=)`).
+   window, rows of the window read), continues the stream exactly (`Batches.state_dict`,
+   `Dataset.batches(resume=)`).
 
 Memory per consumer: the window's arrays, ``max(buffer_rows, unit_tokens)`` rows of every
 tensor read, plus the batch being built and ``prefetch`` units in flight: about ``(2 *

@@ -1,4 +1,19 @@
-"""A siphon run opened for reading: ``siphon.open_dataset(url)``."""
+"""A siphon run opened for reading: ``siphon.open_dataset(url)`` gives a `Dataset`.
+
+A `Dataset` is run.json and the shards its hosts' manifests have committed (`refresh` reads
+the manifests again): `hooks`, `dtype`, `tokens`; `verify` (every shard against its manifest
+line); `batches` (one reader's `Batch`es, shuffled and resumable), `activations` (one hook as
+bare arrays, for trainers) and `read` (every token, in memory); and the dictionaries' latents
+(`latents`, `latent_shards`, `read_latents`, `latent_stats`; see `siphon.latents`). Every
+argument of `batches`, `activations` and `read` after the hooks is keyword-only. The names
+that shadowed builtins are kept as deprecated aliases: ``siphon.open`` (`open_dataset`),
+``format=`` (``output=``) and ``Dataset.format`` (`format_tag`).
+
+One reader's iteration over epochs is a frozen `_Iteration` (its units, unit reader,
+conversion, shuffle and reader index: how `siphon._reader` orders its rows); `Batches` is the
+iterator it gives, whose `state_dict` is the position after the last batch. Conversion to
+numpy or torch and the dtype asked for is `siphon._convert`'s (`Batch`).
+"""
 
 from __future__ import annotations
 

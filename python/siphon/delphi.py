@@ -37,6 +37,13 @@ them (`sequences`):
 
 Other runs are refused with the reason. delphi's constructor cuts the rows into windows of
 ``example_ctx_len`` (32 by default), which must divide ``ctx_len``.
+
+`export` reads the latents in one pass over the shards (each checked against its CRC32C with
+`check`) and spills the entries to disk per split, so memory holds one split at a time.
+``siphon export delphi`` (``crates/cli/src/cmd/export.rs``) runs it through ``python -m siphon
+export-delphi``. ``scripts/delphi_compare.py`` (in the venv of
+``scripts/setup-python-delphi.sh``) checks an export with delphi's own ``LatentDataset`` and
+against delphi's own ``LatentCache``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,10 @@ and, in a ``keep_excluded`` run, ``mask``: excluded tokens have rows too):
 
 `Dataset.latent_shards` yields one `LatentShard` per committed shard (hosts in order, then
 shards), each able to give its rows as a ``torch.sparse_csr_tensor``, as ``(token, latent,
-value)`` triples numbered in the run's global row order, or dense.
+value)`` triples numbered in the run's global row order, or dense; `Dataset.read_latents`
+gives the first two shard by shard, and `Dataset.latents` the `LatentsInfo` of each column.
+With ``check=True`` (the default) a shard is read whole and checked against its manifest
+line's CRC32C; its CSR structure is checked always.
 """
 
 from __future__ import annotations

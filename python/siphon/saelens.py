@@ -15,6 +15,9 @@ siphon drops BOS/padding tokens and stores tokens, not sequences: each exported 
 past the last whole row are left out. Arrow has no bfloat16: bf16 runs are exported as float32
 (exact) unless ``dtype="float16"``. fp8 runs are exported dequantized (each value times its
 row's scale): float32 (exact) unless ``dtype="float16"``.
+
+``siphon export saelens`` (``crates/cli/src/cmd/export.rs``) runs the same export through
+``python -m siphon export-saelens``.
 """
 
 from __future__ import annotations

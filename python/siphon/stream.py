@@ -24,6 +24,22 @@ window's start, which the host still holds (its last ``--stream-keep`` batches s
 again when restarted. The job token and TLS as the control plane's (`Stream`). A run of several
 machines (each with its own coordinator, so each lists only its hosts) is read through one
 address of each: ``stream://HOST0:PORT,HOST1:PORT``.
+
+Code: `Stream` is a stream opened by URL (its run, hooks and access; it holds no connection,
+so it pickles to DataLoader workers), and `Stream.batches` gives `StreamBatches`, the disk
+reader's twin (`Dataset.batches`'s arguments, `state_dict` and ``resume=``, so that
+`siphon.torch`'s `ActivationDataset` and SAELens provider read streams too). `_Merge` takes a
+message of each host in turn, each host pulled by a `_Puller` thread that pulls again when its
+host comes back. A reader's windows are whole messages (taken until the window holds at least
+`shuffle_buffer_tokens` rows; one message without shuffle), permuted by (seed, reader, readers,
+window); its batches are consecutive rows of them, so (window, offset, the `_Cursor` at the
+window's start) continues exactly.
+
+Transport: grpcio, its fork support turned on (``GRPC_ENABLE_FORK_SUPPORT``, unless already
+set) when siphon is imported, so that DataLoader workers forked after earlier readers do not
+inherit a lock a gRPC thread held; the protobuf messages are built from a descriptor, no
+generated code, and a test (``python/tests/test_stream.py``) checks them against
+``crates/stream/proto/stream.proto``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,21 @@ a ``DataLoader(ds, batch_size=None)`` without workers, or `batch_loader`'s loade
 ``loader.state_dict()`` of torchdata's ``StatefulDataLoader`` with any workers (each worker's
 iterator says where its reader stands). Restored (``load_state_dict``) on a new dataset or
 loader of the same arguments, the batches continue exactly.
+
+How: `ActivationDataset` reads its DataLoader worker (``get_worker_info()``) and
+``torch.distributed`` rank, and keeps its epoch in shared memory, so that `set_epoch` reaches
+persistent workers. ``iter(dataset)`` is a `_Reader`, stateful as ``StatefulDataLoader`` asks
+of an iterable dataset's iterator in each worker: it starts reading at its first batch, from
+the position loaded by then. Iterated in the main process (a loop over the dataset, a
+DataLoader without workers) the dataset keeps its own state. `batch_loader` gives an
+`EpochLoader`: a DataLoader that moves to the next epoch at each iteration and records which
+worker's reader gave each batch and where that reader then stands, for the dataset's
+`state_dict`; restored, its workers are rotated so that the round robin over them continues
+in the uninterrupted order. A plain DataLoader's workers mark the state as unknown (in shared
+memory), so ``ds.state_dict()`` then refuses rather than guess. `data_provider` gives a
+`Provider` (for SAELens's ``SAETrainer`` and dictionary_learning) read by a `batch_loader`
+loader, with the same state. All of them read a live stream too (a `siphon.Stream` or its
+``stream://`` URL; `stream_provider`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,18 @@ column ``{folder}/index.html`` (a sortable, filterable table of every latent) an
 ``{folder}/latent.html#N`` (latent N), whose data lie in ``{folder}/data/chunk-NNNN.js`` (see
 `siphon.dashboard._data`). Every column comes from one read of the shards (`columns_pass`);
 parts of a run (a host's shards each) give `ColumnPass`es that merge (`ColumnPass.merge`).
+
+``siphon dashboard`` (``crates/cli/src/cmd/dashboard/``) first writes what only the model and
+its tokenizer know into an effects directory (`siphon.dashboard._effects`), then runs ``python
+-m siphon dashboard``; ``siphon export neuronpedia`` does the same for
+`siphon.dashboard.neuronpedia`. ``python/tests/test_saedashboard.py`` compares the site's
+feature data and the Neuronpedia batch files with SAEDashboard's own (its runner and its
+converter).
+
+Modules: `_pass` the one pass (each latent's examples as `siphon.examples` takes them, and its
+histogram); `_data`, `_site`, `_assets` the pages; `_hooks` the hooks' statistics; `_effects`
+what the binary writes beside; `neuronpedia` Neuronpedia's batch files, with `_correlations`
+(the correlations' sparse sums) and `_sequences` (the examples' whole sequences).
 """
 
 from __future__ import annotations

@@ -23,6 +23,14 @@ raw little-endian data (read here without the safetensors library). A column wit
 no effects; a file may hold the logits without the neighbours or the other way round (each
 pair is read when both of its tensors are there). A directory with only ``vocab.json`` gives
 token strings to the pages.
+
+``siphon dashboard`` and ``siphon export neuronpedia`` (``crates/cli/src/cmd/dashboard/``)
+write it: ``vocab.json`` each token id decoded alone by the run's tokenizer, ``pieces.json``
+its pieces; and in ``effects.rs``, from each dictionary's decoder
+(``siphon_models::dictionary_files::decoder``), the nearest latents by decoder cosine and the
+logit effects through the model's unembedding as TransformerLens processes it
+(``siphon_models::Unembedding``, each family's ``FinalNorm`` saying how), computed by XLA on
+the CPU plugin in chunks of rows; the alignment only for the Neuronpedia export.
 """
 
 from __future__ import annotations

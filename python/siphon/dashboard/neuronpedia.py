@@ -31,6 +31,12 @@ where the latent is 0), and the interval holding 0 draws its examples from firin
 would mostly show tokens where the latent is 0); activations are the dictionary's own
 (SAEDashboard's folded decoder norms scale them, equal for unit-norm decoders, as SAELens
 trains them); examples are drawn by siphon's seeded sample (`siphon.examples`).
+
+Reading: the dashboard's pass over the column's shards (`siphon.dashboard._pass`) plus the
+intervals' shares and the correlations' sparse sums (`siphon.dashboard._correlations`), then
+one more read of the shards for the examples' whole sequences (`siphon.dashboard._sequences`);
+a run stored with its tokens shuffled is refused. ``python/tests/test_saedashboard.py``
+compares the files with those of SAEDashboard's own runner and converter.
 """
 
 from __future__ import annotations
