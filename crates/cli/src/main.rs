@@ -24,9 +24,9 @@
 //! fits. `cmd/forward.rs` is `siphon
 //! forward`: one batch's hooks, and with `--sae` its dictionaries' latents (the engine's
 //! `Activations::latents`), into one safetensors file; `siphon extract --sae` (the same
-//! `SaeArgs`; `open_capped` asks a non-TopK dictionary for `--latent-cap`) computes them with each
-//! step and the drain thread hands them to the writer (`pipeline::writer_latents`), described in
-//! run.json (`job::latents_columns`). `args::ClusterArgs` carries the
+//! `SaeArgs`) computes them with each step; `job/latents.rs` holds the CLI's whole part of a
+//! dictionary (opening it on its hook and cap, `open_capped` asking a non-TopK for
+//! `--latent-cap`; its fingerprint; its run.json column; a step's latents for the writer). `args::ClusterArgs` carries the
 //! coordinator's TLS flags (`--coordinator-ca/-cert/-key/-tls-name`, `SIPHON_COORDINATOR_*`) to
 //! every command that joins a job.
 

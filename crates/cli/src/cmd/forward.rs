@@ -71,7 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(list) => siphon_models::resolve_hooks(list, &model.config).context("--hooks")?,
         None => Vec::new(),
     };
-    let dictionaries = args.dictionaries.open(&model.config)?;
+    let dictionaries = crate::job::latents::open(&args.dictionaries, &model.config)?;
     let rows = match (&args.text, &args.ids) {
         (Some(text), _) => {
             let tok = model.tokenizer.as_ref().with_context(|| {

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use siphon_engine::Launched;
 use siphon_runtime::HostBuffer;
-use siphon_store::{DType, HookActivations};
+use siphon_store::{BatchActivations, BatchLatents, DType, HookActivations};
 
 use super::progress::Bound;
 
@@ -301,8 +301,8 @@ fn drain(
         for (member, ((sink, batch), latents)) in sinks.iter_mut().zip(&batches).zip(latents).enumerate() {
             let (Some((writer, _)), Some(batch)) = (sink.writer.as_mut(), batch) else { continue };
             let hooks = writer_hooks(writer, batches_are, batch, &loan, member);
-            let latents = writer_latents(batches_are, batch, latents);
-            writer.push(super::to_store_batch(batch, hooks, latents, batches_are.roles)?)?;
+            let latents = super::latents::for_writer(&batches_are.latents, batch, latents);
+            writer.push(to_store_batch(batch, hooks, latents, batches_are.roles)?)?;
         }
         drop(loan);
         total.push_s += copied.elapsed().as_secs_f64();
@@ -338,29 +338,26 @@ fn writer_hooks(
         .collect()
 }
 
-/// The member's latents of each dictionary as the store takes them: the batch's own rows (a
-/// short last batch's filler rows dropped).
-fn writer_latents(
-    batches: &Batches,
+/// The store's view of a batch: token metadata from the data path (with each token's role,
+/// in a run of conversations) plus the hook outputs and the dictionaries' latents.
+fn to_store_batch(
     batch: &siphon_data::Batch,
-    latents: Vec<siphon_engine::Latents>,
-) -> Vec<siphon_store::BatchLatents> {
-    let tokens = batch.len() * batch.seq_len;
-    batches
-        .latents
-        .iter()
-        .zip(latents)
-        .map(|((name, cap), l)| {
-            let rows = |array: siphon_runtime::HostArray, per_token: usize| {
-                Bytes::from(array.into_bytes()).slice(..tokens * per_token * 4)
-            };
-            siphon_store::BatchLatents {
-                name: name.clone(),
-                cap: *cap,
-                indices: rows(l.indices, *cap),
-                values: rows(l.values, *cap),
-                firings: rows(l.firings, 1),
-            }
-        })
-        .collect()
+    hooks: Vec<HookActivations>,
+    latents: Vec<BatchLatents>,
+    roles: bool,
+) -> anyhow::Result<BatchActivations> {
+    let first_sample = batch.position.sequences - batch.len() as u64;
+    Ok(BatchActivations {
+        first_sample,
+        batch: batch.len(),
+        seq: batch.seq_len,
+        hooks,
+        latents,
+        token_ids: batch.tokens.iter().map(|&t| t as i32).collect(),
+        doc_index: batch.doc.clone(),
+        position: batch.doc_pos.clone(),
+        keep: batch.exclude.iter().map(|&e| e == 0).collect(),
+        roles: roles.then(|| batch.role.clone()),
+        data_position_after: serde_json::to_value(&batch.position)?,
+    })
 }

@@ -1,0 +1,152 @@
+//! The job's sparse dictionaries, from `--sae` to the store's latents columns: opening each
+//! on its hook with its cap ([`open`], [`open_capped`]; `forward` and `plan` open them too),
+//! the identity every host must share ([`fingerprint`]), how run.json describes each
+//! ([`columns`]) and a step's latents as the writer takes them ([`for_writer`]). The engine
+//! computes them on the devices (`siphon_models`' dictionary layer); the store writes them.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use serde_json::json;
+use siphon_models::dictionary::{Dictionary, Encoder};
+use siphon_models::{DictionaryHook, HookPoint, ModelConfig};
+use siphon_store::{BatchLatents, LatentsColumn};
+
+use crate::args::SaeArgs;
+
+/// The dictionaries `--sae` names (`DIR[@HOOK]`), each on the hook it reads, keeping
+/// `--latent-cap` latents a token (default: a TopK's k, else every latent).
+pub fn open(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<DictionaryHook>> {
+    if args.latent_cap == Some(0) {
+        bail!("--latent-cap must be at least 1");
+    }
+    args.sae
+        .iter()
+        .map(|spec| {
+            let (dir, hook) = match spec.rsplit_once('@') {
+                // A hook name has no '/' (an `@` before one is a Hub revision).
+                Some((dir, hook)) if !hook.contains('/') && !Path::new(spec).exists() => (dir, Some(hook)),
+                _ => (spec.as_str(), None),
+            };
+            let dir = super::fetch::local_dictionary_path(dir).with_context(|| format!("--sae {spec}"))?;
+            let dictionary = Dictionary::open(&dir, hook).with_context(|| format!("--sae {spec}"))?;
+            let hook = HookPoint::parse(&dictionary.hook, config)
+                .with_context(|| format!("--sae {spec}: its hook {} is not one of this model's", dictionary.hook))?;
+            // A TopK keeps at most its k: a larger cap would only carry `-1`s.
+            let cap = match dictionary.encoder {
+                Encoder::TopK { k } => args.latent_cap.map_or(k, |cap| cap.min(k)),
+                _ => args.latent_cap.unwrap_or(dictionary.d_sae),
+            }
+            .min(dictionary.d_sae);
+            Ok(DictionaryHook { hook, dictionary: Arc::new(dictionary), cap })
+        })
+        .collect()
+}
+
+/// [`open`] for a run over a corpus: a dictionary that is not a TopK needs `--latent-cap`
+/// (else every one of its latents would be kept for every token).
+pub fn open_capped(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<DictionaryHook>> {
+    let opened = open(args, config)?;
+    if args.latent_cap.is_none()
+        && let Some(d) = opened.iter().find(|d| !matches!(d.dictionary.encoder, Encoder::TopK { .. }))
+    {
+        bail!(
+            "--sae: dictionary {} ({:?}) fires a varying number of latents per token: give --latent-cap N, at \
+             least the most any stored token fires (a token firing more stops the run, never truncated)",
+            d.dictionary.name,
+            d.dictionary.encoder
+        );
+    }
+    Ok(opened)
+}
+
+/// A dictionary's identity, which every host must share: sha256 over its encoder's description
+/// and its tensors' names, shapes and f32 values, as siphon computes with them (hosts that read
+/// different files under one path are caught at the configuration check).
+pub fn fingerprint(d: &Dictionary) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(format!("{}|{}|{}|{:?}|{:?}|{}", d.hook, d.d_in, d.d_sae, d.encoder, d.normalize, d.subtract_b_dec));
+    for t in &d.tensors {
+        hasher.update(format!("|{}{:?}|", t.name, t.shape));
+        for chunk in t.values.chunks(1 << 14) {
+            hasher.update(chunk.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        }
+    }
+    format!("{:x}", hasher.finalize())
+}
+
+/// The store's latents columns of the run's dictionaries: named as SAELens's
+/// `HookedSAETransformer` names them, each described in run.json.
+pub fn columns(dictionaries: &[DictionaryHook], fingerprints: &[String]) -> Vec<LatentsColumn> {
+    let names = DictionaryHook::names(dictionaries);
+    dictionaries
+        .iter()
+        .zip(names)
+        .zip(fingerprints)
+        .map(|((d, name), sha256)| LatentsColumn {
+            name,
+            hook: d.hook.to_string(),
+            width: d.dictionary.d_sae,
+            cap: d.cap,
+            dictionary: json!({
+                "name": d.dictionary.name,
+                "source": d.dictionary.source.display().to_string(),
+                "d_in": d.dictionary.d_in,
+                "encoder": format!("{:?}", d.dictionary.encoder),
+                "normalize": format!("{:?}", d.dictionary.normalize),
+                "subtract_b_dec": d.dictionary.subtract_b_dec,
+                "sha256": sha256,
+            }),
+        })
+        .collect()
+}
+
+/// A member's latents of each column (`(name, cap)`, in the dictionaries' order) as the store
+/// takes them: the batch's own rows (a short last batch's filler rows dropped).
+pub fn for_writer(
+    columns: &[(String, usize)],
+    batch: &siphon_data::Batch,
+    latents: Vec<siphon_engine::Latents>,
+) -> Vec<BatchLatents> {
+    let tokens = batch.len() * batch.seq_len;
+    columns
+        .iter()
+        .zip(latents)
+        .map(|((name, cap), l)| {
+            let rows = |array: siphon_runtime::HostArray, per_token: usize| {
+                Bytes::from(array.into_bytes()).slice(..tokens * per_token * 4)
+            };
+            BatchLatents {
+                name: name.clone(),
+                cap: *cap,
+                indices: rows(l.indices, *cap),
+                values: rows(l.values, *cap),
+                firings: rows(l.firings, 1),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dictionarys_fingerprint_follows_its_values_and_description() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/dictionaries/saelens-topk");
+        let d = Dictionary::open(&dir, None).unwrap();
+        let same = Dictionary::open(&dir, None).unwrap();
+        assert_eq!(fingerprint(&d), fingerprint(&same));
+        assert_eq!(fingerprint(&d).len(), 64);
+        let mut value = d.clone();
+        value.tensors[0].values[7] += 1e-6;
+        let mut encoder = d.clone();
+        encoder.subtract_b_dec = !encoder.subtract_b_dec;
+        for other in [value, encoder] {
+            assert_ne!(fingerprint(&d), fingerprint(&other));
+        }
+    }
+}
