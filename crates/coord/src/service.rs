@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status};
 use crate::error::{CoordError, Result, job_error_to_proto};
 use crate::proto;
 use crate::proto::coordination_server::{Coordination, CoordinationServer};
-use crate::state::{self, Arrival, Lookup, State};
+use crate::state::{self, Arrival, BarrierKey, Lookup, State};
 
 /// Metadata key of the job token.
 pub const TOKEN_HEADER: &str = "x-siphon-job-token";
@@ -263,6 +263,38 @@ impl Service {
         let caller = self.caller(&request)?;
         Ok((caller, request.into_inner()))
     }
+
+    /// Answers an RPC that the state answers at once: opens `request` (the checked caller and
+    /// its message) and runs `body` on them under the state's lock.
+    fn answer<T, R>(
+        &self,
+        request: Request<T>,
+        body: impl FnOnce(&mut State, Caller, T) -> Result<R>,
+    ) -> std::result::Result<Response<R>, Status> {
+        let (caller, request) = self.open(request)?;
+        let reply = body(&mut self.shared.lock(), caller, request)?;
+        Ok(Response::new(reply))
+    }
+
+    /// Enters the caller's `task` into the barrier `key` and waits for it to pass or fail (at
+    /// the latest after `timeout` from its first arrival).
+    async fn pass_barrier(
+        &self,
+        task: u32,
+        key: BarrierKey,
+        timeout: Duration,
+        participants: &[u32],
+    ) -> std::result::Result<Response<proto::Empty>, Status> {
+        let arrival = self.shared.lock().barrier(task, key.clone(), timeout, participants, Instant::now());
+        let outcome = match arrival {
+            Arrival::Done(outcome) => outcome,
+            Arrival::Wait(receiver, deadline) => {
+                let shared = self.shared.clone();
+                state::await_barrier(receiver, deadline, move |now| shared.lock().expire_barrier(&key, now)).await
+            }
+        };
+        outcome.map(|()| Response::new(proto::Empty {})).map_err(Status::from)
+    }
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = std::result::Result<proto::Event, Status>> + Send>>;
@@ -340,35 +372,27 @@ impl Coordination for Service {
     ) -> std::result::Result<Response<proto::Empty>, Status> {
         let (caller, request) = self.open(request)?;
         let timeout = timeout_from_ms(request.timeout_ms, &format!("barrier '{}'", request.id))?;
-        let key = (request.id, request.counter);
-        let arrival =
-            self.shared.lock().barrier(caller.task, key.clone(), timeout, &request.participants, Instant::now());
-        let outcome = match arrival {
-            Arrival::Done(outcome) => outcome,
-            Arrival::Wait(receiver, deadline) => {
-                let shared = self.shared.clone();
-                state::await_barrier(receiver, deadline, move |now| shared.lock().expire_barrier(&key, now)).await
-            }
-        };
-        outcome.map(|()| Response::new(proto::Empty {})).map_err(Status::from)
+        self.pass_barrier(caller.task, (request.id, request.counter), timeout, &request.participants).await
     }
 
     async fn cancel_barrier(
         &self,
         request: Request<proto::CancelBarrierRequest>,
     ) -> std::result::Result<Response<proto::Empty>, Status> {
-        let (caller, request) = self.open(request)?;
-        self.shared.lock().cancel_barrier(caller.task, (request.id, request.counter), Instant::now())?;
-        Ok(Response::new(proto::Empty {}))
+        self.answer(request, |state, caller, request| {
+            state.cancel_barrier(caller.task, (request.id, request.counter), Instant::now())?;
+            Ok(proto::Empty {})
+        })
     }
 
     async fn kv_set(
         &self,
         request: Request<proto::KvSetRequest>,
     ) -> std::result::Result<Response<proto::Empty>, Status> {
-        let (_, request) = self.open(request)?;
-        self.shared.lock().kv_set(&request.key, request.value, request.allow_overwrite)?;
-        Ok(Response::new(proto::Empty {}))
+        self.answer(request, |state, _, request| {
+            state.kv_set(&request.key, request.value, request.allow_overwrite)?;
+            Ok(proto::Empty {})
+        })
     }
 
     async fn kv_get(
@@ -399,57 +423,54 @@ impl Coordination for Service {
         &self,
         request: Request<proto::KvKey>,
     ) -> std::result::Result<Response<proto::KvMaybeValue>, Status> {
-        self.caller(&request)?;
-        let value = self.shared.lock().kv_try_get(&request.get_ref().key)?;
-        Ok(Response::new(proto::KvMaybeValue { value }))
+        self.answer(request, |state, _, request| Ok(proto::KvMaybeValue { value: state.kv_try_get(&request.key)? }))
     }
 
     async fn kv_increment(
         &self,
         request: Request<proto::KvIncrementRequest>,
     ) -> std::result::Result<Response<proto::KvCounter>, Status> {
-        let (_, request) = self.open(request)?;
-        let value = self.shared.lock().kv_increment(&request.key, request.delta)?;
-        Ok(Response::new(proto::KvCounter { value }))
+        self.answer(request, |state, _, request| {
+            Ok(proto::KvCounter { value: state.kv_increment(&request.key, request.delta)? })
+        })
     }
 
     async fn kv_list(&self, request: Request<proto::KvKey>) -> std::result::Result<Response<proto::KvEntries>, Status> {
-        self.caller(&request)?;
-        let entries = self.shared.lock().kv_list(&request.get_ref().key)?;
-        let entries = entries.into_iter().map(|(key, value)| proto::KvEntry { key, value }).collect();
-        Ok(Response::new(proto::KvEntries { entries }))
+        self.answer(request, |state, _, request| {
+            let entries = state.kv_list(&request.key)?.into_iter().map(|(key, value)| proto::KvEntry { key, value });
+            Ok(proto::KvEntries { entries: entries.collect() })
+        })
     }
 
     async fn kv_delete(
         &self,
         request: Request<proto::KvDeleteRequest>,
     ) -> std::result::Result<Response<proto::Empty>, Status> {
-        let (_, request) = self.open(request)?;
-        self.shared.lock().kv_delete(&request.key, request.prefix)?;
-        Ok(Response::new(proto::Empty {}))
+        self.answer(request, |state, _, request| {
+            state.kv_delete(&request.key, request.prefix)?;
+            Ok(proto::Empty {})
+        })
     }
 
     async fn report_error(
         &self,
         request: Request<proto::ReportErrorRequest>,
     ) -> std::result::Result<Response<proto::Empty>, Status> {
-        let caller = self.caller(&request)?;
-        let request = request.get_ref();
-        if request.preempted {
-            self.shared.lock().report_preemption(caller.task, &request.message);
-        } else {
-            self.shared.lock().report_error(caller.task, &request.message);
-        }
-        Ok(Response::new(proto::Empty {}))
+        self.answer(request, |state, caller, request| {
+            if request.preempted {
+                state.report_preemption(caller.task, &request.message);
+            } else {
+                state.report_error(caller.task, &request.message);
+            }
+            Ok(proto::Empty {})
+        })
     }
 
     async fn get_alive_tasks(
         &self,
         request: Request<proto::AliveTasksRequest>,
     ) -> std::result::Result<Response<proto::AliveTasks>, Status> {
-        self.caller(&request)?;
-        let alive = self.shared.lock().alive_tasks(&request.get_ref().tasks)?;
-        Ok(Response::new(proto::AliveTasks { alive }))
+        self.answer(request, |state, _, request| Ok(proto::AliveTasks { alive: state.alive_tasks(&request.tasks)? }))
     }
 
     async fn shutdown(
@@ -458,16 +479,7 @@ impl Coordination for Service {
     ) -> std::result::Result<Response<proto::Empty>, Status> {
         let caller = self.caller(&request)?;
         let timeout = timeout_from_ms(request.get_ref().timeout_ms, "shutdown")?;
-        let key = (state::SHUTDOWN_BARRIER.to_string(), 0);
-        let arrival = self.shared.lock().barrier(caller.task, key.clone(), timeout, &[], Instant::now());
-        let outcome = match arrival {
-            Arrival::Done(outcome) => outcome,
-            Arrival::Wait(receiver, deadline) => {
-                let shared = self.shared.clone();
-                state::await_barrier(receiver, deadline, move |now| shared.lock().expire_barrier(&key, now)).await
-            }
-        };
-        outcome.map(|()| Response::new(proto::Empty {})).map_err(Status::from)
+        self.pass_barrier(caller.task, (state::SHUTDOWN_BARRIER.to_string(), 0), timeout, &[]).await
     }
 }
 

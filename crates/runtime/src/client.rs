@@ -502,19 +502,41 @@ unsafe extern "C" fn free_value(value: *mut c_char) {
 }
 
 /// Runs a callback body, turning panics into errors (unwinding into C is not allowed).
-/// A found value copied into memory the plugin frees with [`free_value`]: its pointer and
-/// size, or the error to report when the copy cannot be allocated.
-fn hand_over(value: &[u8], key: &str) -> Result<(*mut c_char, usize), (ErrorCode, String)> {
-    let pointer = malloc_copy(value);
-    if pointer.is_null() {
-        return Err((ErrorCode::ResourceExhausted, format!("out of memory copying value of {key}")));
-    }
-    Ok((pointer, value.len()))
-}
-
 fn guarded<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
         .unwrap_or_else(|_| Err("key-value store callback panicked".into()))
+}
+
+/// The body of [`kv_get`] and [`kv_try_get`], whose args differ only in `kv_get`'s timeout:
+/// looks `key` up with `lookup` (a panic is an error) and hands a found value to `deliver`: a
+/// pointer and size in memory the plugin frees with the deleter, [`free_value`]. Otherwise it
+/// returns the plugin's error: `missing`'s for a key without a value, `Unavailable` naming
+/// `operation` for a failed store, `ResourceExhausted` when the copy cannot be allocated.
+///
+/// # Safety
+/// `callback_error` must be the pointer the plugin passed to the callback.
+unsafe fn answer_get(
+    key: &str,
+    operation: &str,
+    lookup: impl FnOnce() -> Result<Option<Vec<u8>>, String>,
+    missing: impl FnOnce() -> (ErrorCode, String),
+    callback_error: *const ffi::PJRT_CallbackError,
+    deliver: impl FnOnce(*mut c_char, usize, ffi::PJRT_KeyValueGetCallback_ValueDeleter),
+) -> *mut ffi::PJRT_Error {
+    let (code, message) = match guarded(lookup) {
+        Ok(Some(value)) => {
+            let pointer = malloc_copy(&value);
+            if !pointer.is_null() {
+                deliver(pointer, value.len(), free_value);
+                return std::ptr::null_mut();
+            }
+            (ErrorCode::ResourceExhausted, format!("out of memory copying value of {key}"))
+        }
+        Ok(None) => missing(),
+        Err(err) => (ErrorCode::Unavailable, format!("key-value {operation} {key}: {err}")),
+    };
+    // SAFETY: guaranteed by the caller.
+    unsafe { Plugin::callback_error(callback_error, code, &message) }
 }
 
 unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_Args) -> *mut ffi::PJRT_Error {
@@ -523,20 +545,14 @@ unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_Args) -> *m
     // SAFETY: key/size come from the plugin; `user_arg` is ours.
     let (key, store) = unsafe { (string_from(args.key, args.key_size), store_from(args.user_arg)) };
     let timeout = Duration::from_millis(args.timeout_in_ms.max(0) as u64);
-    let (code, message) = match guarded(|| store.get(&key, timeout)) {
-        Ok(Some(value)) => match hand_over(&value, &key) {
-            Ok((pointer, size)) => {
-                (args.value, args.value_size) = (pointer, size);
-                args.value_deleter_callback = Some(free_value);
-                return std::ptr::null_mut();
-            }
-            Err(err) => err,
-        },
-        Ok(None) => (ErrorCode::DeadlineExceeded, format!("key {key} not set within {timeout:?}")),
-        Err(err) => (ErrorCode::Unavailable, format!("key-value get {key}: {err}")),
-    };
+    let lookup = || store.get(&key, timeout);
+    let missing = || (ErrorCode::DeadlineExceeded, format!("key {key} not set within {timeout:?}"));
     // SAFETY: `callback_error` is the plugin's.
-    unsafe { Plugin::callback_error(args.callback_error, code, &message) }
+    unsafe {
+        answer_get(&key, "get", lookup, missing, args.callback_error, |value, size, deleter| {
+            (args.value, args.value_size, args.value_deleter_callback) = (value, size, Some(deleter))
+        })
+    }
 }
 
 unsafe extern "C" fn kv_try_get(args: *mut ffi::PJRT_KeyValueTryGetCallback_Args) -> *mut ffi::PJRT_Error {
@@ -544,20 +560,14 @@ unsafe extern "C" fn kv_try_get(args: *mut ffi::PJRT_KeyValueTryGetCallback_Args
     let args = unsafe { &mut *args };
     // SAFETY: key/size come from the plugin; `user_arg` is ours.
     let (key, store) = unsafe { (string_from(args.key, args.key_size), store_from(args.user_arg)) };
-    let (code, message) = match guarded(|| store.try_get(&key)) {
-        Ok(Some(value)) => match hand_over(&value, &key) {
-            Ok((pointer, size)) => {
-                (args.value, args.value_size) = (pointer, size);
-                args.value_deleter_callback = Some(free_value);
-                return std::ptr::null_mut();
-            }
-            Err(err) => err,
-        },
-        Ok(None) => (ErrorCode::NotFound, format!("key {key} not found")),
-        Err(err) => (ErrorCode::Unavailable, format!("key-value try_get {key}: {err}")),
-    };
+    let lookup = || store.try_get(&key);
+    let missing = || (ErrorCode::NotFound, format!("key {key} not found"));
     // SAFETY: `callback_error` is the plugin's.
-    unsafe { Plugin::callback_error(args.callback_error, code, &message) }
+    unsafe {
+        answer_get(&key, "try_get", lookup, missing, args.callback_error, |value, size, deleter| {
+            (args.value, args.value_size, args.value_deleter_callback) = (value, size, Some(deleter))
+        })
+    }
 }
 
 unsafe extern "C" fn kv_put(args: *mut ffi::PJRT_KeyValuePutCallback_Args) -> *mut ffi::PJRT_Error {
