@@ -194,15 +194,15 @@
 //! `scripts/fixtures/gen_fixtures.py` and `gen_tl_fixtures.py` and its test lines in
 //! `crates/engine/tests/{fixtures,transformer_lens}.rs` and `crates/plan/tests/engine.rs`.
 //!
-//! Sparse dictionaries (SAEs, transcoders) are a room of their own across those layers:
-//! `dictionary.rs` describes one (the hook it reads, widths, `Encoder` — ReLU, JumpReLU, TopK,
+//! Sparse dictionaries (SAEs, transcoders) are a room of their own, `dictionary/`, standing in
+//! three of those layers: `mod.rs` describes one (the hook it reads, widths, `Encoder` — ReLU, JumpReLU, TopK,
 //! gated —, input normalisation, whether `b_dec` is subtracted, its encoder's tensors in f32 under
-//! fixed names); `dictionary_files/` reads the formats their libraries write (`Dictionary::open`:
+//! fixed names); `files.rs` and a file per format read the formats their libraries write (`Dictionary::open`:
 //! SAELens's `cfg.json` + `sae_weights.safetensors` in 6.x and older layouts, Gemma Scope's
 //! `params.npz` with the hook from the Hub's layout, sparsify's `<hookpoint>/` checkpoints, Llama
 //! Scope's `hyperparams.json` + `checkpoints/final.safetensors` as lm-saes loads the release), each
-//! refusing by name what it does not compute exactly; `layers/dictionary.rs` (public as
-//! `latents`) builds the encoder into a program: the dense latents as the library computes them in
+//! refusing by name what it does not compute exactly; `encoder.rs` builds the encoder into a
+//! program: the dense latents as the library computes them in
 //! f32, then each token's `cap` largest by XLA's TopK (`Builder::top_k`, `chlo.top_k`: the lower
 //! latent first among ties; indices, `-1` past its firings;
 //! values) and its number of firings. `ForwardSpec::dictionaries` puts them in the forward: each
@@ -217,7 +217,6 @@ pub mod config;
 mod contract;
 mod deepseek_v3;
 pub mod dictionary;
-pub mod dictionary_files;
 mod error;
 mod family;
 pub mod forward;
@@ -267,7 +266,6 @@ pub use gpt_oss::GptOss;
 pub use hf::LoadedModel;
 pub use hf_config::HfConfig;
 pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_kinds, resolve_hooks};
-pub use layers::dictionary as latents;
 pub use layers::mlp::MLP_CHUNK_ELEMENTS;
 pub use layers::moe::{capacity as expert_capacity, chunk_rows as expert_chunk};
 pub use layers::{cudnn, gated_deltanet, mla};

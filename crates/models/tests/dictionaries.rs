@@ -53,7 +53,7 @@ fn f32s(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
 
 /// The program's latents for `x` as (indices, values, count), `cap` per token.
 fn encode(client: &Client, dict: &Dictionary, x: &[f32], tokens: usize, cap: usize) -> (Vec<i32>, Vec<f32>, Vec<i32>) {
-    let text = siphon_models::latents::program(dict, tokens, cap).unwrap();
+    let text = siphon_models::dictionary::encoder::program(dict, tokens, cap).unwrap();
     let exe = client.compile(&text, &CompileOptions::single_device(None)).unwrap();
     let device = exe.device_ids()[0];
     let mut args = vec![client.upload(&HostArray::from_slice(&[tokens, dict.d_in], x).unwrap(), device).unwrap()];
@@ -422,14 +422,14 @@ fn check_latents(dicts: &[(Dictionary, Vec<f32>)], results: &[Vec<f32>], lengths
     }
 }
 
-/// Every fixture's decoder as the dashboards read it (`dictionary_files::decoder`): `[d_sae,
+/// Every fixture's decoder as the dashboards read it (`dictionary::decoder`): `[d_sae,
 /// d_out]` with the encoder's latents, the values of the file's own `W_dec` (SAELens's and
 /// sparsify's safetensors, Gemma Scope's npz); Llama Scope's, stored rescaled, refused by name.
 #[test]
 fn every_decoder_is_read_as_its_file_stores_it() {
     for dir in fixtures() {
         let dict = Dictionary::open(&dir, None).unwrap();
-        let read = siphon_models::dictionary_files::decoder(&dir);
+        let read = siphon_models::dictionary::decoder(&dir);
         if dir.to_string_lossy().contains("llama-scope") {
             let err = read.unwrap_err().to_string();
             assert!(err.contains("Llama Scope"), "{}: {err}", dir.display());

@@ -7,10 +7,10 @@
 //!    the tokenizer;
 //! 2. descriptions: the configuration, the hook kinds, `config.json`'s reader and GGUF's
 //!    metadata read as one (`gguf::convert`), the sharding table, the stored forms of weights;
-//! 3. the program: `forward` (the contract, `Graph`, the decoder loop), `layers` and the
-//!    unembedding;
+//! 3. the program: `forward` (the contract, `Graph`, the decoder loop), `layers`, the
+//!    unembedding and a dictionary's encoder;
 //! 4. families: each family's file and the registry;
-//! 5. loading: weights from safetensors and GGUF, a model directory.
+//! 5. loading: weights from safetensors and GGUF, a model directory, a dictionary's files.
 //!
 //! A lower layer reaches a family only through the handle its configuration keeps
 //! ([`Arch`](siphon_models::Arch), a `&'static Family`); the registry implements reading an
@@ -27,9 +27,21 @@ const LAYERS: &[(&str, &[&str])] = &[
         "descriptions",
         &["arch", "config", "contract", "dictionary", "gguf::convert", "hooks", "hf_config", "sharding", "stored"],
     ),
-    ("program", &["forward", "layers", "unembedding"]),
+    ("program", &["forward", "layers", "unembedding", "dictionary::encoder"]),
     ("families", &["family"]),
-    ("loading", &["safetensors", "weights", "hf", "dictionary_files"]),
+    (
+        "loading",
+        &[
+            "safetensors",
+            "weights",
+            "hf",
+            "dictionary::files",
+            "dictionary::gemma_scope",
+            "dictionary::llama_scope",
+            "dictionary::saelens",
+            "dictionary::sparsify",
+        ],
+    ),
 ];
 
 /// The modules of the families the registry lists (`&crate::<module>::<FAMILY>,` lines).

@@ -27,7 +27,7 @@ token strings to the pages.
 ``siphon dashboard`` and ``siphon export neuronpedia`` (``crates/cli/src/cmd/dashboard/``)
 write it: ``vocab.json`` each token id decoded alone by the run's tokenizer, ``pieces.json``
 its pieces; and in ``effects.rs``, from each dictionary's decoder
-(``siphon_models::dictionary_files::decoder``), the nearest latents by decoder cosine and the
+(``siphon_models::dictionary::decoder``), the nearest latents by decoder cosine and the
 logit effects through the model's unembedding as TransformerLens processes it
 (``siphon_models::Unembedding``, each family's ``FinalNorm`` saying how), computed by XLA on
 the CPU plugin in chunks of rows; the alignment only for the Neuronpedia export.

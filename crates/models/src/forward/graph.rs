@@ -336,7 +336,7 @@ impl<'a> Graph<'a> {
                 )));
             }
             let x = b.reshape(x, &[bsz * s, width])?;
-            let l = crate::layers::dictionary::encode(&mut b, x, &d.dictionary, tensors, d.cap)?;
+            let l = crate::dictionary::encoder::encode(&mut b, x, &d.dictionary, tensors, d.cap)?;
             let mut dims = self.input_spec.dims()[..2].to_vec();
             dims.push(Vec::new());
             let spec = PartitionSpec::from_dims(dims);

@@ -1,12 +1,10 @@
 //! The layers families build their blocks from, each a file: norms, RoPE, softmax attention,
 //! multi-head latent attention (MLA), gated DeltaNet (linear attention), MLPs and the routed
-//! mixture, and a sparse dictionary's encoder (`dictionary`: the latents of a hook's values). Each
-//! adds its methods to [`crate::forward::Graph`] and records its own hooks; a
+//! mixture (a sparse dictionary's encoder is in [`crate::dictionary`]). Each adds its methods to [`crate::forward::Graph`] and records its own hooks; a
 //! family's file says which it uses and how they are wired.
 
 pub(crate) mod attention;
 pub mod cudnn;
-pub mod dictionary;
 pub mod gated_deltanet;
 pub mod mla;
 pub(crate) mod mlp;

@@ -200,7 +200,7 @@ fn write_all_effects(args: &EffectsRequest<'_>, effects: &Path) -> anyhow::Resul
     let client = Client::new(&plugin, ClientOptions::new()).context("creating a PJRT client")?;
     for column in columns {
         let name = &column.name;
-        let w_dec = match siphon_models::dictionary_files::decoder(&column.dictionary) {
+        let w_dec = match siphon_models::dictionary::decoder(&column.dictionary) {
             Ok(w_dec) => w_dec,
             Err(e) => {
                 tracing::warn!("{name}: no nearest latents or logit effects ({e})");

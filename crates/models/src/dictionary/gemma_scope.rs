@@ -12,7 +12,7 @@ use std::path::Path;
 
 use npyz::npz::NpzArchive;
 
-use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
+use crate::dictionary::{Dictionary, Encoder, Tensor};
 use crate::error::ModelError;
 
 /// The archive's name.
@@ -53,19 +53,7 @@ pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
         return Err(refuse(format!("W_enc is {:?}, not [d_model, d_sae]", tensors[0].shape)));
     };
     let name = dir.iter().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect::<std::path::PathBuf>();
-    let dict = Dictionary {
-        name: name.to_string_lossy().replace('/', "_"),
-        hook,
-        d_in,
-        d_sae,
-        encoder,
-        normalize: Normalize::None,
-        subtract_b_dec: false,
-        tensors,
-        source: dir.to_path_buf(),
-    };
-    dict.check()?;
-    Ok(dict)
+    Ok(Dictionary::new(name.to_string_lossy().replace('/', "_"), hook, [d_in, d_sae], encoder, tensors, dir))
 }
 
 /// The hook the Hub's layout names: `…/<repo with res|mlp>/layer_<n>/…`.

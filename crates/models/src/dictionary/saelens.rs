@@ -20,7 +20,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::{Safetensors, read_cfg};
+use super::files::{Safetensors, read_cfg};
 use crate::dictionary::{Dictionary, Encoder, Normalize};
 use crate::error::ModelError;
 
@@ -94,8 +94,5 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
         .map(|name| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}"))))
         .collect::<Result<Vec<_>, ModelError>>()?;
     let name = dir.file_name().map_or_else(|| "sae".into(), |n| n.to_string_lossy().into_owned());
-    let dict =
-        Dictionary { name, hook, d_in, d_sae, encoder, normalize, subtract_b_dec, tensors, source: dir.to_path_buf() };
-    dict.check()?;
-    Ok(dict)
+    Ok(Dictionary { normalize, subtract_b_dec, ..Dictionary::new(name, hook, [d_in, d_sae], encoder, tensors, dir) })
 }

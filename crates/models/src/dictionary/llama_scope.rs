@@ -32,8 +32,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::Safetensors;
-use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
+use super::files::{self, Safetensors};
+use crate::dictionary::{Dictionary, Encoder, Tensor};
 use crate::error::ModelError;
 
 /// The configuration's file.
@@ -109,7 +109,7 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
     let file = Safetensors::read(&dir.join(WEIGHTS))?;
     let read = |name: &'static str| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")));
     let weight = read("encoder.weight")?;
-    let d_sae = super::encoder_latents(&weight, d_model, "d_model").map_err(refuse)?;
+    let d_sae = files::encoder_latents(&weight, d_model, "d_model").map_err(refuse)?;
     if let Some(n) = hp.d_sae.filter(|&n| n != d_sae) {
         return Err(refuse(format!("encoder.weight is {:?}, d_sae is {n}", weight.shape)));
     }
@@ -134,7 +134,7 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
     } else {
         vec![1.0; d_sae]
     };
-    let w_enc = super::transposed_encoder(&weight, d_sae, |latent| norms[latent]);
+    let w_enc = files::transposed_encoder(&weight, d_sae, |latent| norms[latent]);
     let b_enc = bias.values.iter().zip(&norms).map(|(&b, n)| (f64::from(b) / scale_in * n) as f32).collect();
     let encoder = Encoder::JumpRelu;
     let tensors = vec![
@@ -143,17 +143,5 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
         Tensor { name: "threshold", shape: vec![d_sae], values: vec![threshold as f32; d_sae] },
     ];
     let name = dir.file_name().map_or_else(|| "sae".into(), |n| n.to_string_lossy().into_owned());
-    let dict = Dictionary {
-        name,
-        hook,
-        d_in: d_model,
-        d_sae,
-        encoder,
-        normalize: Normalize::None,
-        subtract_b_dec: false,
-        tensors,
-        source: dir.to_path_buf(),
-    };
-    dict.check()?;
-    Ok(dict)
+    Ok(Dictionary::new(name, hook, [d_model, d_sae], encoder, tensors, dir))
 }

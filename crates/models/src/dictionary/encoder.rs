@@ -10,7 +10,7 @@
 
 use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
 
-use crate::dictionary::{Dictionary, Encoder, Normalize};
+use super::{Dictionary, Encoder, Normalize};
 
 /// One dictionary's latents for a program's tokens.
 #[derive(Debug, Clone, Copy)]

@@ -15,8 +15,8 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::{Safetensors, read_cfg};
-use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
+use super::files::{self, Safetensors, read_cfg};
+use crate::dictionary::{Dictionary, Encoder, Tensor};
 use crate::error::ModelError;
 
 /// The weights file next to `cfg.json`.
@@ -46,8 +46,8 @@ pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
     let file = Safetensors::read(&dir.join(WEIGHTS))?;
     let read = |name: &'static str| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")));
     let weight = read("encoder.weight")?;
-    let d_sae = super::encoder_latents(&weight, d_in, "d_in").map_err(refuse)?;
-    let w_enc = super::transposed_encoder(&weight, d_sae, |_| 1.0);
+    let d_sae = files::encoder_latents(&weight, d_in, "d_in").map_err(refuse)?;
+    let w_enc = files::transposed_encoder(&weight, d_sae, |_| 1.0);
     let encoder = Encoder::TopK { k };
     let subtract_b_dec = !transcode;
     let mut tensors = vec![
@@ -59,19 +59,7 @@ pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
     }
     let parent = dir.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned());
     let name = parent.map_or(point.clone(), |p| format!("{p}_{point}"));
-    let dict = Dictionary {
-        name,
-        hook,
-        d_in,
-        d_sae,
-        encoder,
-        normalize: Normalize::None,
-        subtract_b_dec,
-        tensors,
-        source: dir.to_path_buf(),
-    };
-    dict.check()?;
-    Ok(dict)
+    Ok(Dictionary { subtract_b_dec, ..Dictionary::new(name, hook, [d_in, d_sae], encoder, tensors, dir) })
 }
 
 /// The TransformerLens hook of sparsify's hookpoint `point`, if it is one of the usual ones.

@@ -1,8 +1,8 @@
-//! Sparse dictionaries — SAEs and transcoders, as researchers publish them — in one form: the
-//! description a program's encoder is built from (the layers' `dictionary.rs`, public as
-//! `siphon_models::latents`), read from the formats' files by `Dictionary::open` (in
-//! `dictionary_files/`). A dictionary reads one hook's value and gives each token's
-//! active latents.
+//! Sparse dictionaries — SAEs and transcoders, as researchers publish them — in one form, one
+//! room: the description ([`Dictionary`], here), read from the formats' files by
+//! [`Dictionary::open`] ([`files`] and a file per format: [`saelens`], [`gemma_scope`],
+//! [`sparsify`], [`llama_scope`]), and built into a program by [`encoder`]. A dictionary reads
+//! one hook's value and gives each token's active latents.
 //!
 //! A [`Dictionary`] is the hook it reads (TransformerLens's name), its widths, its encoder and
 //! the encoder's tensors in f32 under fixed names: `W_enc` `[d_in, d_sae]`, `b_enc` `[d_sae]`,
@@ -13,7 +13,19 @@
 //! refused with an error naming it — unless the format's own loader folds it into the
 //! encoder's weights, as Llama Scope's does; the reader then folds it the same way.
 //!
+//! The room stands in three of the crate's layers (`tests/layering.rs`): the description with
+//! the configuration, the encoder with the program, the files' readers with the loading.
+
+pub mod encoder;
+mod files;
+pub mod gemma_scope;
+pub mod llama_scope;
+pub mod saelens;
+pub mod sparsify;
+
 use std::path::PathBuf;
+
+pub use files::decoder;
 
 use crate::error::ModelError;
 
@@ -81,6 +93,20 @@ pub struct Dictionary {
 }
 
 impl Dictionary {
+    /// A dictionary of `encoder` that reads its hook's values as they are: no normalisation,
+    /// `b_dec` not subtracted (a format that says otherwise sets those fields).
+    pub(crate) fn new(
+        name: String,
+        hook: String,
+        [d_in, d_sae]: [usize; 2],
+        encoder: Encoder,
+        tensors: Vec<Tensor>,
+        source: &std::path::Path,
+    ) -> Dictionary {
+        let (normalize, subtract_b_dec, source) = (Normalize::None, false, source.to_path_buf());
+        Dictionary { name, hook, d_in, d_sae, encoder, normalize, subtract_b_dec, tensors, source }
+    }
+
     /// The tensor `name`.
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|t| t.name == name)

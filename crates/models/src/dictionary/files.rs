@@ -5,14 +5,9 @@
 //! `checkpoints/final.safetensors`). What a format holds that siphon does not compute exactly is
 //! refused by name.
 
-pub mod gemma_scope;
-pub mod llama_scope;
-pub mod saelens;
-pub mod sparsify;
-
 use std::path::Path;
 
-use crate::dictionary::{Dictionary, Tensor};
+use super::{Dictionary, Tensor, gemma_scope, llama_scope, saelens, sparsify};
 use crate::error::ModelError;
 use crate::weights::{DType, decode_into};
 
@@ -89,6 +84,7 @@ impl Dictionary {
                 llama_scope::WEIGHTS
             )));
         };
+        dict.check()?;
         if let Some(hook) = hook.filter(|h| *h != dict.hook) {
             return Err(ModelError::Config(format!(
                 "dictionary {} was trained on {}, not {hook}",
