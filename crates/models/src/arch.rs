@@ -4,10 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::HfConfig;
 use crate::config::{ModelConfig, ParamInfo};
 use crate::contract::{ForwardProgram, ForwardSpec};
 use crate::error::ModelError;
+use crate::hf_config::HfConfig;
 use crate::hooks::Feature;
 
 /// An architecture siphon can build a forward pass for: a handle on its family's [`Family`],

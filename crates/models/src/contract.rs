@@ -29,10 +29,10 @@ use std::sync::Arc;
 use siphon_hlo::DType;
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::StoredForm;
 use crate::config::{ModelConfig, ParamInfo};
 use crate::dictionary::Dictionary;
 use crate::hooks::HookPoint;
+use crate::stored::StoredForm;
 
 /// What to build: shapes, hooks, dtypes and sharding.
 #[derive(Debug, Clone)]
@@ -60,7 +60,7 @@ pub struct ForwardSpec {
     /// chooses from the mean load.
     pub expert_capacity: Option<usize>,
     /// Weights taken in their stored form and dequantized in the program, by Hugging Face
-    /// name (see [`crate::StoredForm`]); the others are taken in the compute dtype.
+    /// name (see [`crate::stored::StoredForm`]); the others are taken in the compute dtype.
     pub stored: HashMap<String, StoredForm>,
     /// Whether weights kept stored decode without byte tables — FP8 by XLA's `f8E4M3FN`
     /// conversion, MXFP4's nibbles and scales by their bits — rather than by a gather from a

@@ -1,5 +1,5 @@
 //! DeepSeek-V3 / R1 and Kimi K2 (`model_type` `deepseek_v3`, `kimi_k2`): Llama's pre-norm
-//! block with multi-head latent attention ([`crate::mla`]) and, after the first
+//! block with multi-head latent attention ([`crate::layers::mla`]) and, after the first
 //! `first_k_dense_replace` dense blocks, a fine-grained mixture with shared experts:
 //!
 //! ```text
@@ -32,14 +32,15 @@ use siphon_hlo::{DType, TensorType, Value};
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Rope};
+use crate::config::{ModelConfig, Moe};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::layers::mla::{self, Mla};
 use crate::layers::moe::moe_params;
 use crate::layers::moe::{Experts, Glu};
-use crate::mla::{self, Mla};
-use crate::{HfConfig, ModelConfig, Moe};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -281,8 +282,9 @@ fn mixture(g: &mut Graph<'_>, x: Value, layer: usize) -> Result<Value, ModelErro
 
 #[cfg(test)]
 mod tests {
+    use crate::config::ModelConfig;
     use crate::error::ModelError;
-    use crate::{HfConfig, ModelConfig};
+    use crate::hf_config::HfConfig;
 
     /// DeepSeek-V3's own config.json, less the keys siphon does not read.
     const V3: &str = r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",

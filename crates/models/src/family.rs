@@ -9,8 +9,9 @@
 use std::str::FromStr;
 
 use crate::arch::{Arch, Family};
+use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::{HfConfig, ModelConfig};
+use crate::hf_config::HfConfig;
 
 /// The architecture of a configuration that names none: Llama's.
 impl Default for Arch {

@@ -26,13 +26,14 @@ use serde_json::Value;
 
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::{Activation, ModelConfig};
 use crate::config::{Attention, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, decoder_params};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::self_attention;
-use crate::{Activation, HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -147,7 +148,8 @@ pub(crate) fn build_gemma(config: &ModelConfig, spec: &ForwardSpec) -> Result<Fo
 
 #[cfg(test)]
 mod tests {
-    use crate::{Activation, HfConfig};
+    use crate::config::Activation;
+    use crate::hf_config::HfConfig;
 
     #[test]
     fn gemma2_defaults_follow_gemma2config() {

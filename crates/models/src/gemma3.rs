@@ -12,13 +12,14 @@
 //! sit under `model.language_model.` (or `language_model.model.`); the vision tower is not read.
 
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::ModelConfig;
 use crate::config::{Attention, Rope};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::gemma2::{GEMMA_ACTIVATION, gemma_config, gemma_params, gemma_windows};
 use crate::hf_config::Defaults;
+use crate::hf_config::HfConfig;
 use crate::hooks::Feature;
-use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -85,7 +86,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 
 #[cfg(test)]
 mod tests {
-    use crate::{HfConfig, RopeScaling};
+    use crate::config::RopeScaling;
+    use crate::hf_config::HfConfig;
 
     #[test]
     fn gemma3_defaults_and_rope_per_layer_type_follow_gemma3textconfig() {

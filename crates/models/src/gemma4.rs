@@ -40,13 +40,14 @@ use siphon_hlo::Value;
 
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::ModelConfig;
 use crate::config::{Attention, FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Rope, Slice};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
+use crate::hf_config::HfConfig;
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -528,7 +529,8 @@ fn attention(
 
 #[cfg(test)]
 mod tests {
-    use crate::{HfConfig, LayerShape, ModelConfig, PerLayerInput, RopeScaling};
+    use crate::config::{LayerShape, ModelConfig, PerLayerInput, RopeScaling};
+    use crate::hf_config::HfConfig;
 
     const BASE: &str = r#"{"model_type": "gemma4_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
         "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 2"#;
@@ -590,8 +592,12 @@ mod tests {
         let shared = parse(r#", "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 1"#).unwrap();
         assert_eq!(shared.layers.get(6).kv_source, Some(5), "the last layer reads the last global one before it");
         // Its keys are layer 5's: a forward asked for them is refused before it is built.
-        let spec = crate::ForwardSpec::new(1, 4, vec![crate::HookPoint::block(6, crate::HookKind::AttnK)]);
-        let err = crate::build_forward(&shared, &spec).unwrap_err().to_string();
+        let spec = crate::forward::ForwardSpec::new(
+            1,
+            4,
+            vec![crate::hooks::HookPoint::block(6, crate::hooks::HookKind::AttnK)],
+        );
+        let err = crate::forward::build_forward(&shared, &spec).unwrap_err().to_string();
         assert!(err.contains("block 5's keys and values"), "{err}");
         let (d, kv) = (512, 2);
         assert_eq!(without.n_params() - shared.n_params(), 2 * kv * d * 16 + d);
@@ -632,7 +638,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.moe,
-            Some(crate::Moe { n_experts: 4, top_k: 2, norm_topk: true, expert_size: 8, ..Default::default() })
+            Some(crate::config::Moe { n_experts: 4, top_k: 2, norm_topk: true, expert_size: 8, ..Default::default() })
         );
         let params = c.params(1, false);
         let gate = params.iter().find(|p| p.name == "model.layers.0.experts.gate_up_proj[gate]").unwrap();
@@ -641,9 +647,11 @@ mod tests {
             (vec![4, 8, 16], Some(vec![4, 16, 16]))
         );
         // The dense MLP stays, and with it its hooks; the mixture's hooks join them.
-        let kinds = crate::hook_kinds(&c);
-        assert!(kinds.contains(&crate::HookKind::MlpPost) && kinds.contains(&crate::HookKind::FfnRouterProbs));
-        assert!(!kinds.contains(&crate::HookKind::MlpExpertWeights));
+        let kinds = crate::hooks::hook_kinds(&c);
+        assert!(
+            kinds.contains(&crate::hooks::HookKind::MlpPost) && kinds.contains(&crate::hooks::HookKind::FfnRouterProbs)
+        );
+        assert!(!kinds.contains(&crate::hooks::HookKind::MlpExpertWeights));
     }
 
     #[test]

@@ -17,18 +17,19 @@
 //! ```
 //!
 //! The Conv1D weights are transposed to `[out, in]` and `c_attn` cut into its q, k and v parts
-//! when read ([`crate::Slice`]), so they shard like any projection. Checkpoints with or
+//! when read ([`crate::config::Slice`]), so they shard like any projection. Checkpoints with or
 //! without the `transformer.` prefix load alike.
 
 use serde_json::Value;
 
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::{Activation, ModelConfig};
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{ActivationKey, Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{Activation, HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

@@ -18,15 +18,16 @@
 //! ```
 //!
 //! The parallel block has no `hook_resid_mid`. `query_key_value` is cut into per-part weights
-//! of whole heads when read ([`crate::Slice`]), so the parts shard over heads.
+//! of whole heads when read ([`crate::config::Slice`]), so the parts shard over heads.
 
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::{Activation, ModelConfig};
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{ActivationKey, Defaults};
 use crate::hooks::{Feature, HookKind, HookPoint};
-use crate::{Activation, HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

@@ -30,13 +30,14 @@ use siphon_hlo::{CompareDir, DType, TensorType, Value};
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Slice};
+use crate::config::{ModelConfig, Moe};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::softmax_last;
 use crate::layers::moe::{Experts, Glu};
-use crate::{HfConfig, ModelConfig, Moe};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -253,8 +254,9 @@ fn mixture(g: &mut Graph<'_>, x: Value, layer: usize, moe: &Moe, gpt_oss: GptOss
 
 #[cfg(test)]
 mod tests {
+    use crate::config::{ModelConfig, RopeScaling};
     use crate::error::ModelError;
-    use crate::{HfConfig, ModelConfig, RopeScaling};
+    use crate::hf_config::HfConfig;
 
     fn parse(extra: &str) -> Result<ModelConfig, ModelError> {
         let base = r#"{"model_type": "gpt_oss", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 8,

@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::gguf::{GgufFile, convert};
+use crate::hf_config::HfConfig;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::Weights;
-use crate::{HfConfig, ModelConfig};
 
 /// A model's config, weights and tokenizer, files mapped but no tensor read yet.
 #[derive(Debug)]
@@ -73,8 +74,8 @@ impl LoadedModel {
     }
 
     /// The weights of the first `n_layers` blocks that can stay in their stored form on the
-    /// devices ([`crate::Weights::stored_form`]), by name.
-    pub fn stored_forms(&self, n_layers: usize) -> Result<HashMap<String, crate::StoredForm>, ModelError> {
+    /// devices ([`crate::weights::Weights::stored_form`]), by name.
+    pub fn stored_forms(&self, n_layers: usize) -> Result<HashMap<String, crate::stored::StoredForm>, ModelError> {
         let mut out = HashMap::new();
         for p in self.config.params(n_layers, false) {
             if let Some(form) = self.weights.stored_form(&p)? {

@@ -9,11 +9,12 @@
 
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::ParamInfo;
+use crate::config::{ModelConfig, Moe};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{Defaults, need, windows_on_every_layer};
 use crate::hooks::Feature;
-use crate::{HfConfig, ModelConfig, Moe};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

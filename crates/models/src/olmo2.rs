@@ -21,13 +21,14 @@
 
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::ModelConfig;
 use crate::config::{Attention, ParamClass, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::hf_config::Defaults;
+use crate::hf_config::HfConfig;
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::self_attention;
-use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

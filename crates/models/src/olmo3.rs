@@ -8,11 +8,12 @@
 
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::ModelConfig;
 use crate::config::{Attention, Rope};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::hf_config::Defaults;
-use crate::{HfConfig, ModelConfig};
+use crate::hf_config::HfConfig;
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -72,7 +73,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 
 #[cfg(test)]
 mod tests {
-    use crate::{HfConfig, ModelConfig, RopeScaling};
+    use crate::config::{ModelConfig, RopeScaling};
+    use crate::hf_config::HfConfig;
 
     fn parse(extra: &str) -> Result<ModelConfig, crate::error::ModelError> {
         let base = r#"{"model_type": "olmo3", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,

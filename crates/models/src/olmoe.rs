@@ -13,11 +13,12 @@
 
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::Attention;
+use crate::config::{ModelConfig, Moe};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{Defaults, need};
 use crate::hooks::Feature;
-use crate::{HfConfig, ModelConfig, Moe};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -66,7 +67,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 
 #[cfg(test)]
 mod tests {
-    use crate::{HfConfig, Moe};
+    use crate::config::Moe;
+    use crate::hf_config::HfConfig;
 
     const OLMOE: &str = r#"{"model_type": "olmoe", "vocab_size": 50, "hidden_size": 64, "intermediate_size": 32,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 8,

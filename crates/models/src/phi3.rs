@@ -7,16 +7,17 @@
 //! where Hugging Face switches to the long factors, are refused).
 //!
 //! The fused tensors are cut into Llama's `q_proj` / `k_proj` / `v_proj` / `gate_proj` /
-//! `up_proj` when they are read ([`crate::Slice`]), so the forward is Llama's and every part
+//! `up_proj` when they are read ([`crate::config::Slice`]), so the forward is Llama's and every part
 //! shards on whole heads; the hooks are Llama's.
 
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::ModelConfig;
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, self_attention_decoder};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{Defaults, windows_on_every_layer};
 use crate::llama::FEATURES;
-use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

@@ -8,11 +8,12 @@
 //! honoured on the layers Hugging Face windows ([`crate::config::LayerSpec::window`]).
 
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{Defaults, qwen_windows};
 use crate::llama::FEATURES;
-use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

@@ -11,11 +11,12 @@
 
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::Attention;
+use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{Defaults, qwen_windows};
 use crate::hooks::Feature;
-use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

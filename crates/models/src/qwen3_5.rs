@@ -10,10 +10,11 @@
 //! ids are equal, it is the plain rotary of the first `partial_rotary_factor` of each head.
 
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::hf_config::HfConfig;
 use crate::hooks::Feature;
 use crate::qwen3_next::{MIXTURE_FEATURES, build_hybrid, hybrid, hybrid_params, mixture};
-use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -70,7 +71,7 @@ fn from_hf(hf: HfConfig, multimodal: &str, text: &str, experts: bool) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use crate::HfConfig;
+    use crate::hf_config::HfConfig;
 
     #[test]
     fn reads_qwen3_5_and_its_multimodal_text_tower() {

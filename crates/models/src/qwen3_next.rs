@@ -1,6 +1,6 @@
 //! Qwen3-Next (`model_type` `qwen3_next`, Qwen3-Next-80B-A3B): the hybrid decoder Qwen3.5
 //! ([`crate::qwen3_5`]) also has. Its layers are Gated DeltaNet linear attention
-//! ([`crate::gated_deltanet`]) or gated full attention as `layer_types` says (three linear
+//! ([`crate::layers::gated_deltanet`]) or gated full attention as `layer_types` says (three linear
 //! for each full one by default); every norm is `(1 + w)`; every MLP a routed mixture with a
 //! gated shared expert.
 //!
@@ -33,14 +33,15 @@ use siphon_hlo::Value;
 use crate::arch::Gain;
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::{Attention, ParamClass, ParamInfo};
+use crate::config::{ModelConfig, Moe};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
-use crate::gated_deltanet::{self, LinearAttention};
+use crate::hf_config::HfConfig;
 use crate::hf_config::{Defaults, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
+use crate::layers::gated_deltanet::{self, LinearAttention};
 use crate::layers::moe::moe_params;
 use crate::layers::norm::head_norm;
-use crate::{HfConfig, ModelConfig, Moe};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -254,8 +255,9 @@ fn shared_mixture(g: &mut Graph<'_>, x: Value, layer: usize) -> Result<Value, Mo
 
 #[cfg(test)]
 mod tests {
+    use crate::config::ModelConfig;
     use crate::error::ModelError;
-    use crate::{HfConfig, ModelConfig};
+    use crate::hf_config::HfConfig;
 
     fn parse(extra: &str) -> Result<ModelConfig, ModelError> {
         let base = r#"{"model_type": "qwen3_next", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 8,

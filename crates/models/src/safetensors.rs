@@ -211,13 +211,15 @@ impl SafeTensorsSet {
         let [rows, cols] = info.shape[..] else { return Ok(None) };
         let Some(block) = crate::fp8::block_of(rows, cols, grid, self.fp8_block) else { return Ok(None) };
         let scales = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-        Ok(Some((crate::StoredForm::Fp8 { block }, vec![self.bytes(name)?.to_vec(), scales])))
+        Ok(Some((crate::stored::StoredForm::Fp8 { block }, vec![self.bytes(name)?.to_vec(), scales])))
     }
 
     /// `name` (`…_blocks`) as it stays on the device when kept stored: its blocks, `[…, rows,
     /// groups · 16]`, and exponents, `[…, rows, groups]`; `None` unless it is MXFP4.
     pub(crate) fn mxfp4_stored(&self, name: &str) -> Result<Option<crate::stored::StoredBytes>, ModelError> {
-        Ok(self.mxfp4_parts(name)?.map(|p| (crate::StoredForm::Mxfp4, vec![p.blocks.to_vec(), p.scales.to_vec()])))
+        Ok(self
+            .mxfp4_parts(name)?
+            .map(|p| (crate::stored::StoredForm::Mxfp4, vec![p.blocks.to_vec(), p.scales.to_vec()])))
     }
 
     /// The scale grid and f32 scales of `name` when it is F8_E4M3 beside a `…_scale_inv`.

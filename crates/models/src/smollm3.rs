@@ -9,11 +9,12 @@
 //! keys as they enter attention, unrotated.
 
 use crate::arch::{Arch, Family, FinalNorm};
+use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
 use crate::hf_config::Defaults;
+use crate::hf_config::HfConfig;
 use crate::llama::FEATURES;
-use crate::{HfConfig, ModelConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -94,7 +95,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
 
 #[cfg(test)]
 mod tests {
-    use crate::{HfConfig, ModelConfig};
+    use crate::config::ModelConfig;
+    use crate::hf_config::HfConfig;
 
     fn parse(extra: &str) -> Result<ModelConfig, crate::error::ModelError> {
         let base = r#"{"model_type": "smollm3", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,

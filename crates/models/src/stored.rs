@@ -17,7 +17,7 @@ use siphon_dtype::DType;
 use siphon_hlo::{Builder, CompareDir, DType as Hlo, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::ModelConfig;
+use crate::config::ModelConfig;
 use crate::config::ParamClass;
 use crate::error::ModelError;
 

@@ -53,9 +53,9 @@ impl ModelConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::HfConfig;
+    use crate::hf_config::HfConfig;
 
-    fn config(json: &str) -> crate::ModelConfig {
+    fn config(json: &str) -> crate::config::ModelConfig {
         HfConfig::from_json(json).unwrap().into_config().unwrap()
     }
 

@@ -11,12 +11,12 @@ use std::path::Path;
 
 use half::{bf16, f16};
 
+use crate::config::{ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::gguf::convert::{self, RowOrder};
 use crate::gguf::{GgmlType, GgufFile, dequant};
 use crate::safetensors::{SafeTensorsSet, Stored};
 use crate::stored::{StoredBytes, TensorMeta};
-use crate::{ParamInfo, Slice};
 
 pub use siphon_dtype::DType;
 
@@ -203,7 +203,7 @@ impl Weights {
     }
 
     /// The tensor a forward parameter needs, checked against the shape the config expects,
-    /// and cut from its stored tensor when it is part of one ([`crate::Slice`]).
+    /// and cut from its stored tensor when it is part of one ([`crate::config::Slice`]).
     pub fn load(&self, param: &ParamInfo, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
         self.check(param)?;
         if !param.stack.is_empty() {
@@ -222,17 +222,19 @@ impl Weights {
 }
 
 impl Weights {
-    /// The form `param` can stay in on the device ([`crate::StoredForm`]): an FP8 or MXFP4 weight (rows
+    /// The form `param` can stay in on the device ([`crate::stored::StoredForm`]): an FP8 or MXFP4 weight (rows
     /// of one cut as GPT-OSS cuts its gate and up), or a
     /// GGUF block-quantized one read as it is stored (not transposed, not shifted, rows of
     /// whole blocks); stacked experts when every expert's is the same. `None` for anything
     /// else, which is dequantized on load.
-    pub fn stored_form(&self, param: &ParamInfo) -> Result<Option<crate::StoredForm>, ModelError> {
+    pub fn stored_form(&self, param: &ParamInfo) -> Result<Option<crate::stored::StoredForm>, ModelError> {
         if let Some(slice) = &param.source {
             // Rows of a stored tensor (GPT-OSS's interleaved gate and up): each row keeps its
             // blocks; a transposed one does not.
             let form = self.stored_one(&self.resolve(&slice.tensor))?.map(|(f, _)| f);
-            return Ok(form.filter(|f| !slice.transposed && *f == crate::StoredForm::Mxfp4 && f.fits(&param.shape)));
+            return Ok(
+                form.filter(|f| !slice.transposed && *f == crate::stored::StoredForm::Mxfp4 && f.fits(&param.shape))
+            );
         }
         let mut form = None;
         for name in members(param) {
@@ -246,7 +248,11 @@ impl Weights {
     }
 
     /// `param`'s parts in its stored form ([`Weights::stored_form`]), experts stacked.
-    pub fn load_stored(&self, param: &ParamInfo, form: crate::StoredForm) -> Result<Vec<HostTensor<'_>>, ModelError> {
+    pub fn load_stored(
+        &self,
+        param: &ParamInfo,
+        form: crate::stored::StoredForm,
+    ) -> Result<Vec<HostTensor<'_>>, ModelError> {
         self.check(param)?;
         if let Some(slice) = &param.source {
             let Some((f, whole)) = self.stored_one(&self.resolve(&slice.tensor))? else {
@@ -299,9 +305,9 @@ impl Weights {
 
 impl GgufWeights {
     /// A block-quantized tensor's parts in HF row order: per row its blocks' f16 scales (and mins)
-    /// and their quants, as [`crate::StoredForm`] lays them out.
+    /// and their quants, as [`crate::stored::StoredForm`] lays them out.
     fn stored(&self, name: &str) -> Result<Option<StoredBytes>, ModelError> {
-        use crate::StoredForm;
+        use crate::stored::StoredForm;
         let (t, mapping) = self.info(name)?;
         let form = match t.ggml_type {
             GgmlType::Q8_0 => StoredForm::Q8_0,
@@ -338,11 +344,11 @@ impl GgufWeights {
 /// Values per k-quant super-block.
 const QK_K: usize = 256;
 
-/// Appends one GGUF block's fields to `parts`, in [`crate::StoredForm::parts`]' order: its f16
+/// Appends one GGUF block's fields to `parts`, in [`crate::stored::StoredForm::parts`]' order: its f16
 /// scale (and min), then its quants as stored — Q4_K's packed 6-bit scales and mins unpacked
 /// to a byte each, Q6_K's values gathered from their bit planes to a byte each, in order.
-fn split_block(form: crate::StoredForm, block: &[u8], parts: &mut [Vec<u8>]) {
-    use crate::StoredForm::*;
+fn split_block(form: crate::stored::StoredForm, block: &[u8], parts: &mut [Vec<u8>]) {
+    use crate::stored::StoredForm::*;
     match form {
         Q8_0 | Q4_0 => {
             parts[0].extend_from_slice(&block[..2]);

@@ -36,6 +36,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "weights",
             "hf",
             "dictionary::files",
+            "dictionary::read",
             "dictionary::gemma_scope",
             "dictionary::llama_scope",
             "dictionary::saelens",

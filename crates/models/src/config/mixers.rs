@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::HfConfig;
 use crate::error::ModelError;
+use crate::hf_config::HfConfig;
 use crate::hf_config::need;
 use crate::hooks::HookKind;
 

@@ -1,5 +1,5 @@
 //! Model configuration in two layers, like candle's `LlamaConfig::into_config`:
-//! [`crate::HfConfig`] mirrors `config.json` with optional fields, and [`ModelConfig`] is the
+//! [`crate::hf_config::HfConfig`] mirrors `config.json` with optional fields, and [`ModelConfig`] is the
 //! plain validated form every other part of siphon uses: the sizes, and the settings of the
 //! shared layer pieces that families choose between. [`ModelConfig::params`] lists every
 //! weight tensor the forward needs, by its Hugging Face name, with its shape and

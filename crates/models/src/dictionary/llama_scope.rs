@@ -32,7 +32,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::files::{self, Safetensors};
+use super::read::{self, Safetensors};
 use crate::dictionary::{Dictionary, Encoder, Tensor};
 use crate::error::ModelError;
 
@@ -109,7 +109,7 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
     let file = Safetensors::read(&dir.join(WEIGHTS))?;
     let read = |name: &'static str| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")));
     let weight = read("encoder.weight")?;
-    let d_sae = files::encoder_latents(&weight, d_model, "d_model").map_err(refuse)?;
+    let d_sae = read::encoder_latents(&weight, d_model, "d_model").map_err(refuse)?;
     if let Some(n) = hp.d_sae.filter(|&n| n != d_sae) {
         return Err(refuse(format!("encoder.weight is {:?}, d_sae is {n}", weight.shape)));
     }
@@ -134,7 +134,7 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
     } else {
         vec![1.0; d_sae]
     };
-    let w_enc = files::transposed_encoder(&weight, d_sae, |latent| norms[latent]);
+    let w_enc = read::transposed_encoder(&weight, d_sae, |latent| norms[latent]);
     let b_enc = bias.values.iter().zip(&norms).map(|(&b, n)| (f64::from(b) / scale_in * n) as f32).collect();
     let encoder = Encoder::JumpRelu;
     let tensors = vec![

@@ -1,6 +1,6 @@
 //! Sparse dictionaries — SAEs and transcoders, as researchers publish them — in one form, one
 //! room: the description ([`Dictionary`], here), read from the formats' files by
-//! [`Dictionary::open`] ([`files`] and a file per format: [`saelens`], [`gemma_scope`],
+//! [`Dictionary::open`] (`files.rs`, `read.rs` and a file per format: [`saelens`], [`gemma_scope`],
 //! [`sparsify`], [`llama_scope`]), and built into a program by [`encoder`]. A dictionary reads
 //! one hook's value and gives each token's active latents.
 //!
@@ -20,6 +20,7 @@ pub mod encoder;
 mod files;
 pub mod gemma_scope;
 pub mod llama_scope;
+mod read;
 pub mod saelens;
 pub mod sparsify;
 

@@ -20,7 +20,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::files::{Safetensors, read_cfg};
+use super::read::{Safetensors, read_cfg};
 use crate::dictionary::{Dictionary, Encoder, Normalize};
 use crate::error::ModelError;
 

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::files::{self, Safetensors, read_cfg};
+use super::read::{self, Safetensors, read_cfg};
 use crate::dictionary::{Dictionary, Encoder, Tensor};
 use crate::error::ModelError;
 
@@ -46,8 +46,8 @@ pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
     let file = Safetensors::read(&dir.join(WEIGHTS))?;
     let read = |name: &'static str| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")));
     let weight = read("encoder.weight")?;
-    let d_sae = files::encoder_latents(&weight, d_in, "d_in").map_err(refuse)?;
-    let w_enc = files::transposed_encoder(&weight, d_sae, |_| 1.0);
+    let d_sae = read::encoder_latents(&weight, d_in, "d_in").map_err(refuse)?;
+    let w_enc = read::transposed_encoder(&weight, d_sae, |_| 1.0);
     let encoder = Encoder::TopK { k };
     let subtract_b_dec = !transcode;
     let mut tensors = vec![

@@ -9,10 +9,10 @@ use siphon_hlo::{Builder, DType, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
 use super::{ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, fp8_rows};
-use crate::StoredForm;
 use crate::config::{ModelConfig, ParamInfo};
 use crate::error::ModelError;
 use crate::hooks::{HookKind, HookPoint};
+use crate::stored::StoredForm;
 
 /// Graph state shared by the architecture files: the builder, the weights by name, the
 /// shapes, and the per-batch tables (RoPE, mask) built once for all blocks.
@@ -45,7 +45,7 @@ pub(crate) struct Graph<'a> {
     /// RoPE tables built so far, by local base (`None`: the model's) and head width.
     pub(crate) ropes: Vec<(Option<f64>, usize, (Value, Value))>,
     /// The form each softmax attention took, by block.
-    pub(crate) attention_forms: Vec<(usize, crate::AttentionForm)>,
+    pub(crate) attention_forms: Vec<(usize, crate::forward::AttentionForm)>,
     /// Each row's real tokens (cuDNN's per-row lengths), once built.
     pub(crate) row_lengths: Option<Value>,
 }

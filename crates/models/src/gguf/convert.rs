@@ -8,8 +8,8 @@
 //! half-split RoPE, so the weights must be in HF's order. Qwen2 GGUFs are not permuted.
 
 use super::{GgufFile, GgufValue};
-use crate::HfConfig;
 use crate::error::ModelError;
+use crate::hf_config::HfConfig;
 
 /// The GGUF architectures siphon converts.
 const SUPPORTED_ARCHS: &[&str] =

@@ -2,7 +2,9 @@
 
 use super::*;
 use crate::error::ModelError;
-use crate::{DType, LoadedModel, TextTokenizer};
+use crate::hf::LoadedModel;
+use crate::tokenizer::TextTokenizer;
+use crate::weights::DType;
 
 /// A minimal GGUF writer for tests.
 pub(crate) struct Writer {
@@ -184,7 +186,7 @@ fn wide_head_q_rows_are_unpermuted() {
     w2.tensors = w.tensors.into_iter().filter(|t| t.0 == "blk.0.attn_q.weight" && t.1 == [1, 8]).collect();
     let dir = tempfile::tempdir().unwrap();
     let path = write(&dir, "q.gguf", &w2.bytes());
-    let weights = crate::Weights::from_gguf(GgufFile::open(&path).unwrap(), 2, 1, 0).unwrap();
+    let weights = crate::weights::Weights::from_gguf(GgufFile::open(&path).unwrap(), 2, 1, 0).unwrap();
     let q = weights.get("model.layers.0.self_attn.q_proj.weight", DType::F32).unwrap();
     assert_eq!(q.to_f32_vec(), vec![0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
 }

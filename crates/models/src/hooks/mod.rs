@@ -534,7 +534,7 @@ mod tests {
         for k in KINDS {
             assert!(seen.insert((k.scope == Scope::Block, k.name)), "{} is the name of two kinds", k.name);
         }
-        for arch in crate::family::FAMILIES.iter().map(|f| crate::Arch::of(f)) {
+        for arch in crate::family::FAMILIES.iter().map(|f| crate::arch::Arch::of(f)) {
             let c = of(arch);
             let family = hook_kinds(&c);
             for k in KINDS.iter().filter(|k| family.contains(&k.kind)) {

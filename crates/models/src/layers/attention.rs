@@ -156,7 +156,7 @@ impl Graph<'_> {
         let window = self.config.window(layer);
         let causal = self.masks.iter().any(|&(w, m)| w == window && m == mask);
         let form = self.attention_form(layer, hv, sinks.is_some(), causal);
-        let cudnn = form == crate::AttentionForm::Cudnn;
+        let cudnn = form == crate::forward::AttentionForm::Cudnn;
         self.attention_forms.push((layer, form));
         if cudnn {
             let z = self.cudnn_attention(layer, q, k, v)?;

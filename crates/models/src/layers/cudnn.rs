@@ -1,6 +1,6 @@
 //! Softmax attention through cuDNN's fused flash attention (`__cudnn$fmhaSoftmax`, a library
 //! call of XLA's CUDA backend) where a block can take it, XLA's ops elsewhere; which form each
-//! block takes is recorded in the program ([`crate::ForwardProgram::attention`]).
+//! block takes is recorded in the program ([`crate::forward::ForwardProgram::attention`]).
 //!
 //! The call, as JAX's `jax/_src/cudnn/fused_attention_stablehlo.py` builds it for inference:
 //! q `[B, T, N, H]`, k and v `[B, S, KV, H]` (BTNH; GQA with fewer KV heads), then the per-row

@@ -38,9 +38,9 @@
 
 use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
 
-use crate::ModelConfig;
 use crate::arch::Gain;
 pub use crate::config::LinearAttention;
+use crate::config::ModelConfig;
 use crate::config::{ParamClass, ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::forward::Graph;

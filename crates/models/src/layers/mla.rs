@@ -26,8 +26,8 @@
 
 use siphon_hlo::Value;
 
-use crate::ModelConfig;
 pub use crate::config::Mla;
+use crate::config::ModelConfig;
 use crate::config::{ParamClass, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::Graph;

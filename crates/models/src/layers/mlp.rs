@@ -45,7 +45,7 @@ impl Graph<'_> {
     }
 
     /// Block `layer`'s gated MLP `prefix` with its hooks, its output recorded as `out`;
-    /// returns the output. Where the spec asks for it ([`crate::ForwardSpec::mlp_chunk`]) and
+    /// returns the output. Where the spec asks for it ([`crate::forward::ForwardSpec::mlp_chunk`]) and
     /// none of its intermediates is read, it runs over the sequence in chunks, one after
     /// another in the compiled program: each position's row is computed as in one piece, and
     /// only one chunk's gate and up are live at once.

@@ -159,7 +159,7 @@ impl Graph<'_> {
 /// RMSNorm over `head_dim` of every head of `x` `[tokens, heads, head_dim]` (the q/k norms of
 /// Qwen3, and of Gemma 3 with its `(1 + w)` gain), recording its scale, normalized and output
 /// hooks: over rows `[tokens·heads, head_dim]`, or in place where the program asks
-/// ([`crate::ForwardSpec::norm_heads_in_place`]; the same values).
+/// ([`crate::forward::ForwardSpec::norm_heads_in_place`]; the same values).
 pub(crate) fn head_norm(
     g: &mut Graph<'_>,
     x: Value,

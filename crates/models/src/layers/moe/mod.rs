@@ -25,12 +25,12 @@
 //! (experts split whole over `model`: expert parallelism), its choices of other devices'
 //! experts sorted last, in no group, and masked; the devices' parts are summed.
 //!
-//! Dispatch as XLA's grouped product (a TPU program's form, [`crate::ForwardSpec::ragged_experts`]):
+//! Dispatch as XLA's grouped product (a TPU program's form, [`crate::forward::ForwardSpec::ragged_experts`]):
 //! the same as [`Routing::grouped`], each projection one `chlo.ragged_dot` over the sorted
 //! rows (no loop: libtpu compiles it natively), on a mesh with the experts as their weights
 //! lie (on TPU each expert's width over `model`, so every device multiplies exactly its
 //! tokens' routed rows by its columns). On the CPU plugin, which has no `ragged-dot`, the same
-//! values come from ordinary ops ([`crate::RaggedDot::Masked`]).
+//! values come from ordinary ops ([`crate::forward::RaggedDot::Masked`]).
 //!
 //! Dispatch on a mesh ([`Routing::in_rounds`]): rounds of `[experts, capacity]` buffers,
 //! each holding the rows at positions `round·capacity …` of every queue, through one
