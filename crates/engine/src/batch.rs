@@ -131,7 +131,8 @@ pub struct Latents {
     pub indices: HostArray,
     /// `[rows, seq, cap]` f32: their values, 0 past the firings.
     pub values: HostArray,
-    /// `[rows, seq]` s32: each token's firings (at most `cap`: more is an error).
+    /// `[rows, seq]` s32: each token's firings, which may exceed `cap` (what stores them refuses
+    /// such a token: `siphon_store::BatchLatents::firings`).
     pub firings: HostArray,
 }
 

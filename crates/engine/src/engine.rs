@@ -13,7 +13,7 @@ use siphon_models::{
 };
 use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
 
-use crate::batch::{Activations, Batch, Latents};
+use crate::batch::{Activations, Batch};
 use crate::error::{EngineError, rt};
 use crate::launched::Launched;
 use crate::options::{EngineOptions, WeightForm, check};
@@ -419,9 +419,7 @@ impl Engine {
                         Ok((hook, rt(|| format!("copying {hook} to the host"), array)?))
                     })
                     .collect::<Result<_, EngineError>>()?;
-                let latents = launched.latents(process)?;
-                check_caps(&latents, &self.options.dictionaries)?;
-                Ok(Activations { hooks, latents })
+                Ok(Activations { hooks, latents: launched.latents(process)? })
             })
             .collect()
     }
@@ -510,24 +508,6 @@ impl Engine {
             element_type: element_type(self.options.output_dtype),
         })
     }
-}
-
-/// Refuses a token that fired more of a dictionary's latents than it keeps.
-pub(crate) fn check_caps(latents: &[Latents], dictionaries: &[DictionaryHook]) -> Result<(), EngineError> {
-    for (latents, d) in latents.iter().zip(dictionaries) {
-        let seq = latents.firings.shape()[1];
-        let firings = latents.firings.to_f32();
-        if let Some(token) = firings.iter().position(|&f| f as usize > d.cap) {
-            return Err(EngineError::LatentCap {
-                dictionary: d.dictionary.name.clone(),
-                row: token / seq,
-                position: token % seq,
-                firings: firings[token] as i32,
-                cap: d.cap,
-            });
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

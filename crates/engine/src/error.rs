@@ -30,24 +30,6 @@ pub enum EngineError {
     /// Options that cannot work together.
     #[error("invalid engine options: {0}")]
     Options(String),
-    /// A token fired more of a dictionary's latents than the dictionary keeps: refused, never
-    /// truncated.
-    #[error(
-        "dictionary {dictionary}: a token (row {row}, position {position}) fires {firings} latents, more than the \
-         {cap} kept (raise the latent cap)"
-    )]
-    LatentCap {
-        /// The dictionary's name.
-        dictionary: String,
-        /// Row of this process's batch.
-        row: usize,
-        /// Position in the row.
-        position: usize,
-        /// Its firings.
-        firings: i32,
-        /// Latents kept per token.
-        cap: usize,
-    },
 }
 
 pub(crate) fn rt<T>(context: impl FnOnce() -> String, r: siphon_runtime::Result<T>) -> Result<T, EngineError> {

@@ -60,18 +60,25 @@ pub struct BatchLatents {
 }
 
 impl BatchLatents {
+    /// Token `t`'s number of firings; `Err` when it fired more latents than the `cap` kept: the
+    /// one place siphon refuses such a token (never truncated), for the writer and for
+    /// `siphon forward` alike.
+    pub fn firings(&self, t: usize) -> std::result::Result<usize, String> {
+        let firings = i32::from_le_bytes(word(&self.firings, t));
+        match usize::try_from(firings) {
+            Ok(n) if n <= self.cap => Ok(n),
+            _ => Err(format!(
+                "fires {firings} latents, more than the {} kept (--latent-cap): refused, never truncated",
+                self.cap
+            )),
+        }
+    }
+
     /// Token `t`'s kept latents as (index, value) pairs in the order given, into `kept`
     /// (cleared first); `Err` says what is wrong (more firings than kept, an index out of range
     /// or past the firings).
     pub(crate) fn token(&self, t: usize, width: usize, kept: &mut Vec<(u32, f32)>) -> std::result::Result<(), String> {
-        let word = |b: &Bytes, i: usize| [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
-        let firings = i32::from_le_bytes(word(&self.firings, t));
-        if firings < 0 || firings as usize > self.cap {
-            return Err(format!(
-                "fires {firings} latents, more than the {} kept (--latent-cap): refused, never truncated",
-                self.cap
-            ));
-        }
+        let firings = self.firings(t)?;
         kept.clear();
         for slot in t * self.cap..(t + 1) * self.cap {
             let index = i32::from_le_bytes(word(&self.indices, slot));
@@ -83,11 +90,16 @@ impl BatchLatents {
             }
             kept.push((index as u32, f32::from_le_bytes(word(&self.values, slot))));
         }
-        if kept.len() != firings as usize {
+        if kept.len() != firings {
             return Err(format!("counts {firings} firings but holds {} latent indices", kept.len()));
         }
         Ok(())
     }
+}
+
+/// The `i`th little-endian 4-byte word of `b`.
+fn word(b: &Bytes, i: usize) -> [u8; 4] {
+    [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]
 }
 
 /// Checks a per-token shape: non-empty, no zero dimension, element count fits in `usize`.

@@ -126,6 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let engine = Engine::new(&client, &model, hooks, options).context("loading the weights onto the devices")?;
     let acts = engine.run(&batch).context("running the forward")?;
+    crate::job::latents::check_caps(&dictionaries, &acts.latents)?;
 
     let mut tensors: Vec<(String, &HostArray)> = acts.hooks.iter().map(|(h, a)| (h.to_string(), a)).collect();
     for (name, latents) in DictionaryHook::names(&dictionaries).into_iter().zip(&acts.latents) {

@@ -130,6 +130,24 @@ pub fn for_writer(
         .collect()
 }
 
+/// Refuses a token of `siphon forward`'s batch that fired more of a dictionary's latents than
+/// it keeps, by the store's rule ([`BatchLatents::firings`]), naming the dictionary and token.
+pub fn check_caps(dictionaries: &[DictionaryHook], latents: &[siphon_engine::Latents]) -> anyhow::Result<()> {
+    for (d, l) in dictionaries.iter().zip(latents) {
+        let seq = l.firings.shape().get(1).copied().unwrap_or(1).max(1);
+        let firings = Bytes::copy_from_slice(l.firings.bytes());
+        let tokens = firings.len() / 4;
+        let (name, cap) = (d.dictionary.name.clone(), d.cap);
+        let column = BatchLatents { name, cap, indices: Bytes::new(), values: Bytes::new(), firings };
+        for t in 0..tokens {
+            column.firings(t).map_err(|e| {
+                anyhow::anyhow!("dictionary {}: the token at row {} position {} {e}", column.name, t / seq, t % seq)
+            })?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
