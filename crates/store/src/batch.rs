@@ -97,6 +97,26 @@ impl BatchLatents {
     }
 }
 
+/// The element type of a stored activation tensor; `None` for a dtype siphon never stores.
+pub(crate) fn stored_dtype(dtype: safetensors::Dtype) -> Option<DType> {
+    match dtype {
+        safetensors::Dtype::F32 => Some(DType::F32),
+        safetensors::Dtype::BF16 => Some(DType::Bf16),
+        safetensors::Dtype::F16 => Some(DType::F16),
+        safetensors::Dtype::F8_E4M3 => Some(DType::Fp8),
+        _ => None,
+    }
+}
+
+/// `values` as little-endian bytes, `f` giving each one's.
+pub(crate) fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Bytes {
+    let mut out = Vec::with_capacity(values.len() * N);
+    for &v in values {
+        out.extend_from_slice(&f(v));
+    }
+    Bytes::from(out)
+}
+
 /// The `i`th little-endian 4-byte word of `b`.
 fn word(b: &Bytes, i: usize) -> [u8; 4] {
     [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
-use crate::batch::{BatchActivations, DType, fp8_scale_name};
+use crate::batch::{BatchActivations, DType, fp8_scale_name, le_bytes, stored_dtype};
 use crate::column::{ColumnPool, HookColumn, MIN_LENT_BYTES};
 use crate::config::{HostId, LatentsColumn, ShardFormat};
 use crate::error::{Result, StoreError};
@@ -526,25 +526,6 @@ pub fn summarize_shard(
         stats.latents.insert(column.name.clone(), column_stats);
     }
     Ok(ShardSummary { metadata, format_version, hook_shapes, tokens: tokens as u64, included_tokens, stats })
-}
-
-/// The element type of a stored activation tensor; `None` for a dtype siphon never stores.
-pub(crate) fn stored_dtype(dtype: safetensors::Dtype) -> Option<DType> {
-    match dtype {
-        safetensors::Dtype::F32 => Some(DType::F32),
-        safetensors::Dtype::BF16 => Some(DType::Bf16),
-        safetensors::Dtype::F16 => Some(DType::F16),
-        safetensors::Dtype::F8_E4M3 => Some(DType::Fp8),
-        _ => None,
-    }
-}
-
-pub(crate) fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Bytes {
-    let mut out = Vec::with_capacity(values.len() * N);
-    for &v in values {
-        out.extend_from_slice(&f(v));
-    }
-    Bytes::from(out)
 }
 
 /// fp8 rows (`[4-byte scale][width values]` each, in segments of whole rows) as the scales and

@@ -5,9 +5,8 @@
 
 use bytes::Bytes;
 
-use crate::batch::{BatchLatents, DType};
+use crate::batch::{BatchLatents, DType, le_bytes, stored_dtype};
 use crate::config::LatentsColumn;
-use crate::shard::{le_bytes, stored_dtype};
 use crate::stats::LatentStats;
 
 /// The most latents a column may have (2^26, twice the largest dictionaries trained): their
