@@ -2,14 +2,16 @@
 //! (right-padded rows), every dictionary fixture (saved by SAELens, Gemma Scope's layout or
 //! sparsify, with the library's latents of TransformerLens's hook values as goldens) read on
 //! the devices from the hook it names — on one device and on a 3 x 2 mesh, with and without
-//! hooks of its own — and a token firing more latents than the cap refused by name.
+//! hooks of its own — and a token firing more latents than the cap keeping its count.
 
 mod common;
+#[path = "../../models/tests/support/dictionary_fixtures.rs"]
+mod dictionary_fixtures;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::{client, fixture};
+use dictionary_fixtures::dictionary_fixtures;
 use safetensors::SafeTensors;
 use siphon_engine::{Batch, Engine, EngineOptions};
 use siphon_mesh::Mesh;
@@ -22,21 +24,8 @@ fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
 
 /// Every dictionary fixture with its golden latents `[tokens, d_sae]`.
 fn dictionaries() -> Vec<(Dictionary, Vec<f32>)> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        if dir.join("golden.safetensors").is_file() {
-            out.push(dir.to_path_buf());
-        }
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(&path, out);
-            }
-        }
-    }
-    let mut dirs = Vec::new();
-    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/dictionaries"), &mut dirs);
-    dirs.sort();
-    dirs.into_iter()
+    dictionary_fixtures()
+        .into_iter()
         .map(|dir| {
             let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
             let latents = f32s(&SafeTensors::deserialize(&bytes).unwrap(), "latents");

@@ -26,25 +26,10 @@ fn client() -> Client {
     Client::new(plugin, ClientOptions::new().cpu_device_count(8)).unwrap()
 }
 
-/// Every directory under `fixtures/dictionaries` that holds a golden (Gemma Scope's under the
-/// Hub's layout, several levels down).
-fn fixtures() -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        if dir.join("golden.safetensors").is_file() {
-            out.push(dir.to_path_buf());
-        }
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(&path, out);
-            }
-        }
-    }
-    let mut dirs = Vec::new();
-    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/dictionaries"), &mut dirs);
-    dirs.sort();
-    dirs
+mod support {
+    pub mod dictionary_fixtures;
 }
+use support::dictionary_fixtures::dictionary_fixtures as fixtures;
 
 fn f32s(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
     let t = st.tensor(name).unwrap();
