@@ -1,175 +1,222 @@
-//! One hook's rows in a shard being built: slices of the batches' own memory where the kept rows
-//! lie contiguous in the stored dtype (no copy), else fixed-size pooled chunks the rows are copied
-//! (converted, shuffled) into. Sealing reads every row once, a block at a time, for the CRC32C and
-//! the statistics together.
+//! A run's stored columns: a hook's dense rows ([`crate::dense`]) and a dictionary's sparse
+//! latents ([`crate::sparse`]) are both a [`Column`] — described by run.json, built from the
+//! batches ([`Building`]), written as tensors in the file's order ([`Tensor`], [`file_order`])
+//! and summarised back from a file ([`Column::summarize`]). The shard's builder, its file, its
+//! reader and the run's checks each loop over a run's columns once; what differs between the
+//! two kinds is here and in their own files.
 
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use crate::batch::DType;
-use crate::moments::BLOCK;
-use crate::stats::{HookStats, StatsAccumulator};
+use crate::batch::{BatchActivations, DType};
+use crate::config::LatentsColumn;
+use crate::dense::{ColumnPool, HookColumn};
+use crate::error::{Result, StoreError};
+use crate::sparse::SparseColumn;
+use crate::stats::{HookStats, LatentStats, RunStats};
 
-/// Rows copied into pooled chunks of about this size (whole rows; one row at least).
-const CHUNK_BYTES: usize = 4 << 20;
-/// Contiguous runs of kept rows at least this long are kept as slices of the batch's memory;
-/// shorter ones are copied.
-pub(crate) const MIN_LENT_BYTES: usize = 64 << 10;
-
-/// Chunks handed back once a shard's upload is done, so that the next shards' copied rows land
-/// in memory that is already mapped: a fresh buffer faults its pages in on first touch, which
-/// made taking rows in ~8× slower than the copy itself.
-#[derive(Clone, Default)]
-pub(crate) struct ColumnPool(Arc<Mutex<Vec<Vec<u8>>>>);
-
-impl ColumnPool {
-    /// An empty buffer of at least `capacity` bytes: the smallest pooled one that fits, else a
-    /// new one.
-    pub fn take(&self, capacity: usize) -> Vec<u8> {
-        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let fits = pool.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
-        match fits.map(|(i, _)| i) {
-            Some(i) => pool.swap_remove(i),
-            None => Vec::with_capacity(capacity),
-        }
-    }
-
-    fn give_back(&self, mut data: Vec<u8>) {
-        data.clear();
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(data);
-    }
-
-    /// `data` as bytes that go back to the pool when the last reference is dropped.
-    pub fn bytes(&self, data: Vec<u8>) -> Bytes {
-        Bytes::from_owner(Pooled { data, pool: self.clone() })
-    }
+/// One stored column as run.json describes it.
+pub(crate) enum Column<'a> {
+    /// A hook: its tensor, `[tokens, *shape]`, with the per-token shape run.json records (if it
+    /// records shapes).
+    Hook { name: &'a str, shape: Option<&'a [usize]> },
+    /// A dictionary's latents: a CSR matrix over the shard's rows.
+    Latents(&'a LatentsColumn),
 }
 
-struct Pooled {
-    data: Vec<u8>,
-    pool: ColumnPool,
+/// A run's columns, hooks first: `hooks` with their recorded `shapes` (empty when not
+/// recorded), then `latents`.
+pub(crate) fn columns<'a>(
+    hooks: &'a [String],
+    shapes: &'a [Vec<usize>],
+    latents: &'a [LatentsColumn],
+) -> Vec<Column<'a>> {
+    let hooks =
+        hooks.iter().enumerate().map(|(i, name)| Column::Hook { name, shape: shapes.get(i).map(Vec::as_slice) });
+    hooks.chain(latents.iter().map(Column::Latents)).collect()
 }
 
-impl AsRef<[u8]> for Pooled {
-    fn as_ref(&self) -> &[u8] {
-        &self.data
-    }
+/// A column's statistics, recomputed from a file or counted as it was built.
+pub(crate) enum ColumnStats {
+    Hook(HookStats),
+    Latents(LatentStats),
 }
 
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        self.pool.give_back(std::mem::take(&mut self.data));
-    }
-}
-
-/// One hook's rows in shard order, in the stored dtype.
-pub(crate) struct HookColumn {
-    /// Per-token shape.
-    pub shape: Vec<usize>,
-    /// Elements per row: the product of `shape`.
-    pub width: usize,
-    /// Bytes of one stored row.
-    row_bytes: usize,
-    /// The rows, in order, each segment whole rows.
-    segments: Vec<Bytes>,
-    /// The chunk rows are being copied into.
-    chunk: Vec<u8>,
-    bytes: usize,
-}
-
-impl HookColumn {
-    pub fn new(shape: Vec<usize>, dtype: DType) -> Self {
-        let width = shape.iter().product();
-        HookColumn {
-            shape,
-            width,
-            row_bytes: dtype.row_bytes(width),
-            segments: Vec::new(),
-            chunk: Vec::new(),
-            bytes: 0,
-        }
-    }
-
-    /// Bytes of rows so far.
-    pub fn len(&self) -> usize {
-        self.bytes
-    }
-
-    /// Appends `rows` (whole stored rows) without copying them.
-    pub fn lend(&mut self, rows: Bytes, pool: &ColumnPool) {
-        self.close_chunk(pool);
-        self.bytes += rows.len();
-        self.segments.push(rows);
-    }
-
-    /// Appends rows by writing them into pooled chunks: `write(chunk, n)` appends the next `n`
-    /// rows (converted) to `chunk`; `rows` rows in all.
-    pub fn copy(&mut self, rows: usize, pool: &ColumnPool, mut write: impl FnMut(&mut Vec<u8>, usize)) {
-        let per_chunk = (CHUNK_BYTES / self.row_bytes).max(1);
-        let mut done = 0;
-        while done < rows {
-            if self.chunk.capacity() == 0 {
-                self.chunk = pool.take(per_chunk * self.row_bytes);
+impl ColumnStats {
+    /// Files the statistics under `name` (a hook's with its per-token shape).
+    pub fn insert(self, name: &str, stats: &mut RunStats, hook_shapes: &mut BTreeMap<String, Vec<usize>>) {
+        match self {
+            ColumnStats::Hook(s) => {
+                hook_shapes.insert(name.to_string(), s.shape.clone());
+                stats.hooks.insert(name.to_string(), s);
             }
-            let room = per_chunk - self.chunk.len() / self.row_bytes;
-            let n = room.min(rows - done);
-            write(&mut self.chunk, n);
-            done += n;
-            self.bytes += n * self.row_bytes;
-            if self.chunk.len() / self.row_bytes == per_chunk {
-                self.close_chunk(pool);
+            ColumnStats::Latents(s) => _ = stats.latents.insert(name.to_string(), s),
+        }
+    }
+}
+
+impl Column<'_> {
+    /// Its name: the hook's, or the latents column's.
+    pub fn name(&self) -> &str {
+        match self {
+            Column::Hook { name, .. } => name,
+            Column::Latents(c) => &c.name,
+        }
+    }
+
+    /// Its tensors in a shard file of `tokens` rows, checked, and the statistics of the rows
+    /// `mask` includes (all without a mask); `Err` says what is wrong, naming the column.
+    pub fn summarize(
+        &self,
+        st: &safetensors::SafeTensors<'_>,
+        tokens: usize,
+        mask: Option<&[bool]>,
+    ) -> std::result::Result<ColumnStats, String> {
+        match self {
+            Column::Hook { name, shape } => {
+                crate::dense::summarize(st, name, *shape, tokens, mask).map(ColumnStats::Hook)
+            }
+            Column::Latents(c) => crate::sparse::summarize(st, c, tokens, mask)
+                .map(ColumnStats::Latents)
+                .map_err(|e| format!("latents {}: {e}", c.name)),
+        }
+    }
+}
+
+/// One column of a shard being built: the `at`th hook or latents column of every batch.
+pub(crate) enum Building {
+    Hook { name: String, at: usize, rows: HookColumn },
+    Latents { name: String, at: usize, rows: SparseColumn },
+}
+
+impl Building {
+    /// The columns of a shard whose first batch is `first`: its hooks (their shapes), then
+    /// `latents`.
+    pub fn all(hooks: &[String], latents: &[LatentsColumn], first: &BatchActivations, dtype: DType) -> Vec<Building> {
+        let hooks = hooks.iter().zip(&first.hooks).enumerate().map(|(at, (name, h))| Building::Hook {
+            name: name.clone(),
+            at,
+            rows: HookColumn::new(h.shape.clone(), dtype),
+        });
+        let latents = latents.iter().enumerate().map(|(at, c)| Building::Latents {
+            name: c.name.clone(),
+            at,
+            rows: SparseColumn::new(c.width),
+        });
+        hooks.chain(latents).collect()
+    }
+
+    /// Bytes of its tensors so far.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Building::Hook { rows, .. } => rows.len(),
+            Building::Latents { rows, .. } => rows.bytes(),
+        }
+    }
+
+    /// Appends the rows of `unit` in `order` ((batch, token) pairs), in the stored `dtype`.
+    pub fn take(
+        &mut self,
+        unit: &[BatchActivations],
+        order: &[(u32, u32)],
+        dtype: DType,
+        pool: &ColumnPool,
+    ) -> Result<()> {
+        match self {
+            Building::Hook { at, rows, .. } => rows.take(unit, order, *at, dtype, pool),
+            Building::Latents { name, at, rows } => {
+                for &(b, t) in order {
+                    let batch = &unit[b as usize];
+                    let t = t as usize;
+                    rows.push(&batch.latents[*at], t, batch.keep[t], dtype).map_err(|e| StoreError::InvalidBatch {
+                        first_sample: batch.first_sample,
+                        reason: format!(
+                            "latents {name}: the token at sequence {} position {} {e}",
+                            t / batch.seq,
+                            t % batch.seq
+                        ),
+                    })?;
+                }
             }
         }
+        Ok(())
     }
 
-    fn close_chunk(&mut self, pool: &ColumnPool) {
-        if !self.chunk.is_empty() {
-            self.segments.push(pool.bytes(std::mem::take(&mut self.chunk)));
-        } else if self.chunk.capacity() > 0 {
-            pool.give_back(std::mem::take(&mut self.chunk));
-        }
-    }
-
-    /// The rows as segments, in order.
-    pub fn into_segments(mut self, pool: &ColumnPool) -> Vec<Bytes> {
-        self.close_chunk(pool);
-        self.segments
-    }
-
-    /// The column's statistics (rows selected by `mask`) and the CRC32C of its bytes, in one
-    /// pass: each block of rows is checksummed, then reduced while it is in cache. An fp8
-    /// column is not stored as it is held (its rows are split into scales and values), so it
-    /// has no CRC here: `None`.
-    pub fn stats_and_crc(
+    /// Its statistics (over the rows `mask` includes) into `stats`, and for a column stored as
+    /// it is held, its tensor's CRC32C (computed in the same pass over a hook's rows).
+    pub fn seal(
         &mut self,
         dtype: DType,
         mask: Option<&[bool]>,
         pool: &ColumnPool,
-    ) -> (HookStats, Option<u32>) {
-        self.close_chunk(pool);
-        let mut acc = StatsAccumulator::new(dtype, &self.shape);
-        let mut crc = 0;
-        let mut block: Vec<&[u8]> = Vec::with_capacity(BLOCK);
-        let mut first_row = 0;
-        let mut row = 0;
-        for segment in &self.segments {
-            for piece in segment.chunks(BLOCK * self.row_bytes) {
-                if dtype != DType::Fp8 {
-                    crc = crc32c::crc32c_append(crc, piece);
-                }
-                for r in piece.chunks_exact(self.row_bytes) {
-                    block.push(r);
-                    row += 1;
-                    if block.len() == BLOCK {
-                        acc.reduce(&block, mask.map(|m| &m[first_row..row]));
-                        block.clear();
-                        first_row = row;
-                    }
-                }
+        stats: &mut RunStats,
+    ) -> Option<u32> {
+        match self {
+            Building::Hook { name, rows, .. } => {
+                let (column_stats, crc) = rows.stats_and_crc(dtype, mask, pool);
+                stats.hooks.insert(name.clone(), column_stats);
+                crc
+            }
+            Building::Latents { name, rows, .. } => {
+                stats.latents.insert(name.clone(), rows.stats().clone());
+                None
             }
         }
-        acc.reduce(&block, mask.map(|m| &m[first_row..row]));
-        (acc.finish(), (dtype != DType::Fp8).then_some(crc))
     }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        match self {
+            Building::Hook { name, .. } | Building::Latents { name, .. } => name,
+        }
+    }
+
+    /// Its tensors over the shard's `tokens` rows.
+    pub fn into_tensors(self, tokens: usize, dtype: DType, pool: &ColumnPool) -> Vec<Tensor> {
+        match self {
+            Building::Hook { name, rows, .. } => rows.into_tensors(&name, tokens, dtype, pool),
+            Building::Latents { name, rows, .. } => rows.into_tensors(&name, tokens, dtype),
+        }
+    }
+}
+
+/// A tensor of a shard file: name, safetensors dtype, shape, bytes (in segments), and where it
+/// stands among the tensors of its alignment.
+pub(crate) struct Tensor {
+    pub name: String,
+    pub dtype: &'static str,
+    pub shape: Vec<usize>,
+    pub data: Vec<Bytes>,
+    pub rank: Rank,
+}
+
+/// Within one alignment, the file's tensors stand in this order (each kind in column order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Rank {
+    /// `doc_index`, `sample_index`.
+    Samples,
+    /// Hooks' values.
+    Hooks,
+    /// `token_ids`, `position`.
+    Tokens,
+    /// fp8 hooks' scales.
+    Scales,
+    /// Latents columns' CSR parts.
+    Latents,
+    /// `role`, `mask`.
+    Masks,
+}
+
+/// Orders a shard's tensors as its file holds them: by element alignment (8, 4, 2, 1 bytes),
+/// so that every tensor of a mapped file starts aligned for its dtype, then by [`Rank`]; the
+/// sort is stable, so columns keep their order.
+pub(crate) fn file_order(tensors: &mut [Tensor]) {
+    let alignment = |dtype: &str| match dtype {
+        "I64" | "F64" | "U64" => 8,
+        "I32" | "F32" | "U32" => 4,
+        "BF16" | "F16" | "I16" | "U16" => 2,
+        _ => 1,
+    };
+    tensors.sort_by_key(|t| (std::cmp::Reverse(alignment(t.dtype)), t.rank));
 }

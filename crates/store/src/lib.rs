@@ -78,6 +78,7 @@
 mod batch;
 mod column;
 mod config;
+mod dense;
 mod error;
 mod failpoint;
 mod format;

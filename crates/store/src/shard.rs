@@ -1,7 +1,8 @@
 //! Shard assembly (token selection, shuffle, dtype conversion) and the safetensors encoding.
 //!
-//! A shard is built column-wise: each hook's kept rows, in shard order and the stored dtype,
-//! as a list of segments ([`crate::column`]): runs of rows that lie contiguous in the stored
+//! A shard is built column-wise ([`crate::column`]: each hook and each dictionary's latents a
+//! column): each hook's kept rows, in shard order and the stored dtype, as a list of segments
+//! ([`crate::dense`]): runs of rows that lie contiguous in the stored
 //! dtype stay where the batch has them (a slice of its `Bytes`, held until the shard is
 //! uploaded), other rows are copied (converted, shuffled) into pooled chunks. Sealing writes
 //! the safetensors header and hands out the header plus each tensor's segments as separate
@@ -13,13 +14,13 @@ use bytes::Bytes;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
-use crate::batch::{BatchActivations, DType, fp8_scale_name, le_bytes, stored_dtype};
-use crate::column::{ColumnPool, HookColumn, MIN_LENT_BYTES};
+use crate::batch::{BatchActivations, DType, le_bytes};
+use crate::column::{Building, Rank, Tensor, columns, file_order};
 use crate::config::{HostId, LatentsColumn, ShardFormat};
+use crate::dense::ColumnPool;
 use crate::error::{Result, StoreError};
 use crate::format::{FORMAT_TAG, format_version};
-use crate::sparse::SparseColumn;
-use crate::stats::{HookStats, RunStats};
+use crate::stats::RunStats;
 
 /// [`format_version`], or [`StoreError::UnsupportedFormat`] naming `path` and the tag.
 pub fn check_format(path: &str, tag: &str) -> Result<u32> {
@@ -69,8 +70,8 @@ pub(crate) struct ShardBuilder {
     format: ShardFormat,
     pool: ColumnPool,
     index: u64,
-    hooks: Vec<HookColumn>,
-    latents: Vec<SparseColumn>,
+    /// The hooks', then the latents columns'.
+    columns: Vec<Building>,
     token_ids: Vec<i32>,
     doc_index: Vec<i64>,
     position: Vec<i32>,
@@ -93,8 +94,7 @@ impl ShardBuilder {
             format,
             pool,
             index,
-            hooks: Vec::new(),
-            latents: Vec::new(),
+            columns: Vec::new(),
             token_ids: Vec::new(),
             doc_index: Vec::new(),
             position: Vec::new(),
@@ -114,8 +114,7 @@ impl ShardBuilder {
     pub fn data_bytes(&self) -> u64 {
         let meta = self.token_ids.len()
             * (4 + 8 + 4 + 8 + usize::from(self.format.keep_excluded) + usize::from(self.format.roles));
-        let latents = self.latents.iter().map(SparseColumn::bytes).sum::<usize>();
-        (self.hooks.iter().map(HookColumn::len).sum::<usize>() + latents + meta) as u64
+        (self.columns.iter().map(Building::bytes).sum::<usize>() + meta) as u64
     }
 
     /// Appends one unit (a batch, or a shuffle window of batches) whose samples are contiguous.
@@ -125,8 +124,7 @@ impl ShardBuilder {
         };
         let out_dtype = self.format.dtype;
         if self.is_empty() {
-            self.hooks = first.hooks.iter().map(|h| HookColumn::new(h.shape.clone(), out_dtype)).collect();
-            self.latents = self.identity.latents.iter().map(|c| SparseColumn::new(c.width)).collect();
+            self.columns = Building::all(&self.identity.hooks, &self.identity.latents, first, out_dtype);
         }
         for batch in &unit {
             for h in &batch.hooks {
@@ -150,13 +148,17 @@ impl ShardBuilder {
                     reason: "the run stores roles and the batch has none".into(),
                 });
             }
-            for (h, column) in batch.hooks.iter().zip(&self.hooks) {
-                if h.shape != column.shape {
+            let shapes = self.columns.iter().filter_map(|c| match c {
+                Building::Hook { rows, .. } => Some(&rows.shape),
+                Building::Latents { .. } => None,
+            });
+            for (h, shape) in batch.hooks.iter().zip(shapes) {
+                if h.shape != *shape {
                     return Err(StoreError::InvalidBatch {
                         first_sample: batch.first_sample,
                         reason: format!(
                             "hook {} changed its per-token shape from {:?} to {:?}",
-                            h.hook, column.shape, h.shape
+                            h.hook, shape, h.shape
                         ),
                     });
                 }
@@ -182,45 +184,8 @@ impl ShardBuilder {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             order.shuffle(&mut rng);
         }
-        for (h, column) in self.hooks.iter_mut().enumerate() {
-            // Runs of consecutive rows of one batch are taken together: kept as they lie when
-            // they are long and already in the stored dtype, else copied (and converted).
-            let mut i = 0;
-            while i < order.len() {
-                let (b, t) = order[i];
-                let mut end = i + 1;
-                while end < order.len() && order[end] == (b, t + (end - i) as u32) {
-                    end += 1;
-                }
-                let hook = &unit[b as usize].hooks[h];
-                let row_bytes = hook.dtype.row_bytes(column.width);
-                let run = t as usize * row_bytes..(t as usize + end - i) * row_bytes;
-                if hook.dtype == out_dtype && run.len() >= MIN_LENT_BYTES {
-                    column.lend(hook.data.slice(run), &self.pool);
-                } else {
-                    let mut at = run.start;
-                    column.copy(end - i, &self.pool, |chunk, n| {
-                        convert_rows(hook.dtype, &hook.data[at..at + n * row_bytes], out_dtype, chunk);
-                        at += n * row_bytes;
-                    });
-                }
-                i = end;
-            }
-        }
-        for (c, column) in self.latents.iter_mut().enumerate() {
-            let name = &self.identity.latents[c].name;
-            for &(b, t) in &order {
-                let batch = &unit[b as usize];
-                let t = t as usize;
-                column.push(&batch.latents[c], t, batch.keep[t], out_dtype).map_err(|e| StoreError::InvalidBatch {
-                    first_sample: batch.first_sample,
-                    reason: format!(
-                        "latents {name}: the token at sequence {} position {} {e}",
-                        t / batch.seq,
-                        t % batch.seq
-                    ),
-                })?;
-            }
+        for column in &mut self.columns {
+            column.take(&unit, &order, out_dtype, &self.pool)?;
         }
         let unit = &unit;
         let last = unit.last().expect("non-empty");
@@ -247,15 +212,11 @@ impl ShardBuilder {
     pub fn seal(mut self) -> Result<SealedShard> {
         let mask = self.format.keep_excluded.then_some(&self.mask[..]);
         let mut stats = RunStats::new();
-        // The CRC of each hook tensor that is its column as stored (fp8 columns are split first).
+        // The CRC of each tensor that is its column as stored (fp8 columns are split first).
         let mut known = HashMap::new();
-        for (column, name) in self.hooks.iter_mut().zip(&self.identity.hooks) {
-            let (column_stats, crc) = column.stats_and_crc(self.format.dtype, mask, &self.pool);
-            stats.hooks.insert(name.clone(), column_stats);
-            known.extend(crc.map(|crc| (name.clone(), crc)));
-        }
-        for (column, c) in self.latents.iter().zip(&self.identity.latents) {
-            stats.latents.insert(c.name.clone(), column.stats().clone());
+        for column in &mut self.columns {
+            let crc = column.seal(self.format.dtype, mask, &self.pool, &mut stats);
+            known.extend(crc.map(|crc| (column.name().to_string(), crc)));
         }
         let (index, samples) = (self.index, self.samples.unwrap_or((0, 0)));
         let tokens = self.token_ids.len() as u64;
@@ -302,8 +263,7 @@ impl ShardBuilder {
             format,
             pool,
             index,
-            hooks,
-            latents,
+            columns,
             token_ids,
             doc_index,
             position,
@@ -317,66 +277,30 @@ impl ShardBuilder {
         let tokens = token_ids.len();
         let dtype = format.dtype;
 
-        // Tensors ordered by element alignment (8, 4, 2, 1 bytes) so every tensor in a
-        // mmap-ed file starts aligned for its dtype.
-        let mut tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = Vec::new();
-        tensors.push(("doc_index".into(), "I64", vec![tokens], vec![le_bytes(&doc_index, |v| v.to_le_bytes())]));
-        tensors.push(("sample_index".into(), "I64", vec![tokens], vec![le_bytes(&sample_index, |v| v.to_le_bytes())]));
-        let mut scale_tensors = Vec::new();
-        let mut hook_tensors: Vec<(String, &'static str, Vec<usize>, Vec<Bytes>)> = hooks
-            .into_iter()
-            .zip(&identity.hooks)
-            .map(|(column, name)| {
-                let mut shape = Vec::with_capacity(1 + column.shape.len());
-                shape.push(tokens);
-                shape.extend_from_slice(&column.shape);
-                let width = column.width;
-                let segments = column.into_segments(&pool);
-                let data = match dtype {
-                    // Rows of (scale, values) become the values and, beside them, the scales.
-                    DType::Fp8 => {
-                        let (scales, values) = split_fp8_rows(&segments, width, &pool);
-                        scale_tensors.push((fp8_scale_name(name), "F32", vec![tokens], vec![pool.bytes(scales)]));
-                        vec![pool.bytes(values)]
-                    }
-                    _ => segments,
-                };
-                (name.clone(), dtype.safetensors_name(), shape, data)
-            })
-            .collect();
-        if dtype == DType::F32 {
-            tensors.append(&mut hook_tensors);
+        let tensor = |name: &str, dtype, data, rank| Tensor {
+            name: name.into(),
+            dtype,
+            shape: vec![tokens],
+            data: vec![data],
+            rank,
+        };
+        let mut tensors = vec![
+            tensor("doc_index", "I64", le_bytes(&doc_index, i64::to_le_bytes), Rank::Samples),
+            tensor("sample_index", "I64", le_bytes(&sample_index, i64::to_le_bytes), Rank::Samples),
+            tensor("token_ids", "I32", le_bytes(&token_ids, i32::to_le_bytes), Rank::Tokens),
+            tensor("position", "I32", le_bytes(&position, i32::to_le_bytes), Rank::Tokens),
+        ];
+        for column in columns {
+            tensors.extend(column.into_tensors(tokens, dtype, &pool));
         }
-        tensors.push(("token_ids".into(), "I32", vec![tokens], vec![le_bytes(&token_ids, |v| v.to_le_bytes())]));
-        tensors.push(("position".into(), "I32", vec![tokens], vec![le_bytes(&position, |v| v.to_le_bytes())]));
-        tensors.append(&mut scale_tensors);
-        // Each latents column's CSR parts (4-byte aligned, and the values where their size puts
-        // them).
-        let mut narrow_values = Vec::new();
-        for (column, c) in latents.into_iter().zip(&identity.latents) {
-            let [indptr, indices, values] = c.tensor_names();
-            let parts = column.into_parts();
-            tensors.push((indptr, "I32", vec![tokens + 1], vec![parts.indptr]));
-            tensors.push((indices, "I32", vec![parts.nnz], vec![parts.indices]));
-            let values = (values, dtype.safetensors_name(), vec![parts.nnz], vec![parts.values]);
-            match dtype.size() {
-                4 => tensors.push(values),
-                _ => narrow_values.push(values),
-            }
-        }
-        tensors.append(&mut hook_tensors);
-        tensors.append(&mut narrow_values);
         if format.roles {
-            tensors.push(("role".into(), "U8", vec![tokens], vec![Bytes::from(role)]));
+            tensors.push(tensor("role", "U8", Bytes::from(role), Rank::Masks));
         }
         if format.keep_excluded {
-            tensors.push((
-                "mask".into(),
-                "BOOL",
-                vec![tokens],
-                vec![Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>())],
-            ));
+            let mask = Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>());
+            tensors.push(tensor("mask", "BOOL", mask, Rank::Masks));
         }
+        file_order(&mut tensors);
 
         let mut metadata = BTreeMap::new();
         metadata.insert("format", FORMAT_TAG.to_string());
@@ -395,11 +319,11 @@ impl ShardBuilder {
         let mut header = serde_json::Map::new();
         header.insert("__metadata__".into(), serde_json::to_value(&metadata).expect("strings serialize"));
         let mut offset = 0usize;
-        for (name, dt, shape, data) in &tensors {
-            let end = offset + data.iter().map(Bytes::len).sum::<usize>();
+        for t in &tensors {
+            let end = offset + t.data.iter().map(Bytes::len).sum::<usize>();
             header.insert(
-                name.clone(),
-                serde_json::json!({ "dtype": dt, "shape": shape, "data_offsets": [offset, end] }),
+                t.name.clone(),
+                serde_json::json!({ "dtype": t.dtype, "shape": t.shape, "data_offsets": [offset, end] }),
             );
             offset = end;
         }
@@ -412,7 +336,7 @@ impl ShardBuilder {
         head.extend_from_slice(&(header.len() as u64).to_le_bytes());
         head.extend_from_slice(&header);
 
-        (Bytes::from(head), tensors.into_iter().map(|(name, _, _, data)| (name, data)).collect())
+        (Bytes::from(head), tensors.into_iter().map(|t| (t.name, t.data)).collect())
     }
 }
 
@@ -477,93 +401,9 @@ pub fn summarize_shard(
     let included_tokens = mask.as_ref().map_or(tokens, |m| m.iter().filter(|x| **x).count()) as u64;
     let mut stats = RunStats::new();
     let mut hook_shapes = BTreeMap::new();
-    for (i, hook) in hooks.iter().enumerate() {
-        let t = st.tensor(hook).map_err(|e| bad(format!("hook {hook}: {e}")))?;
-        let Some(dtype) = stored_dtype(t.dtype()) else {
-            return Err(bad(format!("hook {hook} has dtype {:?}", t.dtype())));
-        };
-        let Some((&rows, token_shape)) = t.shape().split_first() else {
-            return Err(bad(format!("hook {hook} is a scalar, expected [{tokens}, *per-token shape]")));
-        };
-        if let Err(e) = crate::batch::check_token_shape(token_shape) {
-            return Err(bad(format!("hook {hook} (tensor {:?}) {e}", t.shape())));
-        }
-        if rows != tokens || token_shape.is_empty() || token_shape.contains(&0) {
-            return Err(bad(format!(
-                "hook {hook} has shape {:?}, expected [{tokens}, *per-token shape] with no zero dimension",
-                t.shape()
-            )));
-        }
-        if let Some(expected) = shapes.get(i)
-            && expected.as_slice() != token_shape
-        {
-            return Err(bad(format!(
-                "hook {hook} has per-token shape {token_shape:?} (tensor {:?}), run.json records {expected:?}",
-                t.shape()
-            )));
-        }
-        let rows = match dtype {
-            DType::Fp8 => {
-                let name = fp8_scale_name(hook);
-                let scales = st.tensor(&name).map_err(|e| bad(format!("{name}: {e}")))?;
-                if scales.dtype() != safetensors::Dtype::F32 || scales.shape() != [tokens] {
-                    return Err(bad(format!(
-                        "{name} is {:?}{:?}, expected F32[{tokens}]",
-                        scales.dtype(),
-                        scales.shape()
-                    )));
-                }
-                std::borrow::Cow::Owned(join_fp8_rows(scales.data(), t.data(), token_shape.iter().product()))
-            }
-            _ => std::borrow::Cow::Borrowed(t.data()),
-        };
-        stats.hooks.insert(hook.clone(), HookStats::from_rows(dtype, token_shape, &rows, mask.as_deref()));
-        hook_shapes.insert(hook.clone(), token_shape.to_vec());
-    }
-    for column in latents {
-        let column_stats = crate::sparse::summarize(&st, column, tokens, mask.as_deref())
-            .map_err(|e| bad(format!("latents {}: {e}", column.name)))?;
-        stats.latents.insert(column.name.clone(), column_stats);
+    for column in &columns(hooks, shapes, latents) {
+        let summary = column.summarize(&st, tokens, mask.as_deref()).map_err(bad)?;
+        summary.insert(column.name(), &mut stats, &mut hook_shapes);
     }
     Ok(ShardSummary { metadata, format_version, hook_shapes, tokens: tokens as u64, included_tokens, stats })
-}
-
-/// fp8 rows (`[4-byte scale][width values]` each, in segments of whole rows) as the scales and
-/// the values, each in row order.
-fn split_fp8_rows(segments: &[Bytes], width: usize, pool: &ColumnPool) -> (Vec<u8>, Vec<u8>) {
-    let n = segments.iter().map(Bytes::len).sum::<usize>() / (4 + width);
-    let (mut scales, mut values) = (pool.take(4 * n), pool.take(width * n));
-    for row in segments.iter().flat_map(|s| s.chunks_exact(4 + width)) {
-        scales.extend_from_slice(&row[..4]);
-        values.extend_from_slice(&row[4..]);
-    }
-    (scales, values)
-}
-
-/// [`split_fp8_rows`] undone.
-fn join_fp8_rows(scales: &[u8], values: &[u8], width: usize) -> Vec<u8> {
-    let mut rows = Vec::with_capacity(scales.len() + values.len());
-    for (scale, row) in scales.chunks_exact(4).zip(values.chunks_exact(width.max(1))) {
-        rows.extend_from_slice(scale);
-        rows.extend_from_slice(row);
-    }
-    rows
-}
-
-/// Appends rows converted from `src_dtype` to `dst_dtype` (little-endian both sides; fp8 is
-/// never converted, [`ShardBuilder::add_unit`] refuses it).
-fn convert_rows(src_dtype: DType, src: &[u8], dst_dtype: DType, dst: &mut Vec<u8>) {
-    if src_dtype == dst_dtype {
-        dst.extend_from_slice(src);
-        return;
-    }
-    let mut values = vec![0f32; src.len() / src_dtype.size()];
-    crate::stats::decode_row(src_dtype, src, &mut values);
-    match dst_dtype {
-        DType::F32 => values.iter().for_each(|v| dst.extend_from_slice(&v.to_le_bytes())),
-        DType::Bf16 => values.iter().for_each(|v| dst.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),
-        DType::F16 => values.iter().for_each(|v| dst.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
-        DType::Fp8 => unreachable!("fp8 rows are never converted (refused in add_unit)"),
-        DType::U8 => unreachable!("u8 holds no activations (refused by BatchActivations::validate)"),
-    }
 }

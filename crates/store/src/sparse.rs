@@ -6,7 +6,8 @@
 use bytes::Bytes;
 
 use crate::batch::{BatchLatents, DType, le_bytes, stored_dtype};
-use crate::config::LatentsColumn;
+use crate::column::{Rank, Tensor};
+use crate::config::{LatentsColumn, latents_tensor_names};
 use crate::stats::LatentStats;
 
 /// The most latents a column may have (2^26, twice the largest dictionaries trained): their
@@ -24,14 +25,6 @@ pub(crate) struct SparseColumn {
     stats: LatentStats,
     /// One token's firings, reused.
     fired: Vec<(u32, f32)>,
-}
-
-/// A sealed column's tensors.
-pub(crate) struct CsrParts {
-    pub nnz: usize,
-    pub indptr: Bytes,
-    pub indices: Bytes,
-    pub values: Bytes,
 }
 
 impl SparseColumn {
@@ -80,13 +73,17 @@ impl SparseColumn {
         &self.stats
     }
 
-    pub fn into_parts(self) -> CsrParts {
-        CsrParts {
-            nnz: self.indices.len(),
-            indptr: le_bytes(&self.indptr, i32::to_le_bytes),
-            indices: le_bytes(&self.indices, i32::to_le_bytes),
-            values: Bytes::from(self.values),
-        }
+    /// The column `name`'s tensors over `tokens` rows: `<name>.indptr` `[tokens + 1]`,
+    /// `<name>.indices` and `<name>.values` `[nnz]`, the values in the stored `dtype`.
+    pub fn into_tensors(self, name: &str, tokens: usize, dtype: DType) -> Vec<Tensor> {
+        let [indptr, indices, values] = latents_tensor_names(name);
+        let nnz = self.indices.len();
+        let tensor = |name, dtype, shape, data| Tensor { name, dtype, shape, data: vec![data], rank: Rank::Latents };
+        vec![
+            tensor(indptr, "I32", vec![tokens + 1], le_bytes(&self.indptr, i32::to_le_bytes)),
+            tensor(indices, "I32", vec![nnz], le_bytes(&self.indices, i32::to_le_bytes)),
+            tensor(values, dtype.safetensors_name(), vec![nnz], Bytes::from(self.values)),
+        ]
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::mpsc::Receiver;
 use super::seal::{Sealer, thread_cpu_seconds};
 use super::summary::WriterTiming;
 use crate::batch::BatchActivations;
-use crate::column::ColumnPool;
+use crate::dense::ColumnPool;
 use crate::error::{Result, StoreError};
 use crate::shard::{ShardBuilder, ShardIdentity};
 
