@@ -6,10 +6,10 @@
 //! | phase | module |
 //! |---|---|
 //! | 1. identity | here ([`run`]) |
-//! | 2. validation and plan: model config, hooks, dictionaries, corpus listing, mesh | here, [`options`], [`latents`], [`compute`]`::Plan`, [`fits`] |
+//! | 2. validation and plan: model config, hooks, dictionaries, corpus listing, mesh | here, [`options`], [`latents`], [`plan`], [`fits`] |
 //! | 3. coordinator | here |
 //! | 4. config broadcast and hash check; the run's name | [`agree`] |
-//! | 5–6. plugin and client, model on the mesh | [`compute`]`::Compute` |
+//! | 5–6. plugin and client, model on the mesh | [`compute`] |
 //! | 7. outputs and resume points, published by every host | [`resume`] (outputs in [`output`]) |
 //! | 8. the loop | [`steps`] (the output path in [`pipeline`], reports in [`progress`]) |
 //! | 9. last shards, completion barrier, stats merge, shutdown barrier | [`finish`] ([`timing`]) |
@@ -42,6 +42,7 @@ pub(crate) mod latents;
 mod options;
 mod output;
 mod pipeline;
+mod plan;
 pub mod progress;
 mod resume;
 mod steps;
@@ -82,7 +83,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let dictionaries = latents::open_capped(&options.dictionaries, &model.config)?;
     let fingerprints: Vec<String> = dictionaries.iter().map(|d| latents::fingerprint(&d.dictionary)).collect();
     let corpus = options.corpus.open()?;
-    let tokenizer = compute::tokenizer(&model, spec.tokenizer.as_deref())?;
+    let tokenizer = plan::tokenizer(&model, spec.tokenizer.as_deref())?;
     let text_tokenizer = model.tokenizer.as_ref();
     let chat = options.corpus.chat(
         &corpus,
@@ -92,7 +93,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     spec.chat_template = chat.as_ref().map(|c| c.source().to_string());
     let pack = options.corpus.pack_config(&tokenizer, siphon_data::SpecialTokens::detect(&tokenizer))?;
     let plugin = siphon_runtime::locate_plugin(options.plugin.as_deref()).context("no PJRT plugin")?;
-    let compute_plan = compute::Plan::new(
+    let compute_plan = plan::Plan::new(
         &model,
         &spec,
         identity.num_processes as usize,
@@ -154,7 +155,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
 struct Prepared {
     spec: RunSpec,
     model: siphon_models::LoadedModel,
-    compute_plan: compute::Plan,
+    compute_plan: plan::Plan,
     plugin: siphon_runtime::LocatedPlugin,
     /// Each dictionary's [`latents::fingerprint`].
     fingerprints: Vec<String>,
