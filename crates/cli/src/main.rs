@@ -6,8 +6,11 @@
 //! `src/job/` is the
 //! extraction job: `options.rs` (flags → `RunSpec`, the part every host must agree on; the
 //! context limit), `fits.rs` (the machine's memory before compiling: the host's `MemAvailable`
-//! within its cgroup, a device's PJRT `bytes_limit`), `compute.rs` (plan, plugin, engine; `Span`, whether the mesh lies in a host or spans them, and the
-//! `Member`s whose steps this process runs), `pipeline.rs` (the output path: `--pipeline-depth`
+//! within its cgroup, a device's PJRT `bytes_limit`), the phases in their own modules (`mod.rs` lists them: `plan.rs` checks and plans before
+//! anything expensive, `Span`, whether the mesh lies in a host or spans them; `agree.rs` the
+//! configuration every host shares; `compute.rs` the plugin and engine, the `Member`s whose
+//! steps this process runs; `resume.rs` outputs and resume points; `steps.rs` the loop;
+//! `finish.rs` the last shards and barriers), `pipeline.rs` (the output path: `--pipeline-depth`
 //! slots of reused host buffers; the loop launches each step into a free slot while a drain
 //! thread waits for earlier steps' programs, copies their rows into their slots and pushes them
 //! to the writers, which give a slot back when they have copied its rows; `PathTiming` and which

@@ -3,11 +3,11 @@
 //!
 //! # Code map
 //!
-//! - `hf_config.rs`: `HfConfig`, a serde mirror of `config.json` (keys several families read as
+//! - `hf_config/`: `HfConfig`, a serde mirror of `config.json` (keys several families read as
 //!   fields, the rest kept by name for the one family that reads them), and the reading families
 //!   share: `HfConfig::decoder` (sizes, heads, activation, windows, RoPE from `rope_theta` /
-//!   `rope_scaling` or transformers 5's `rope_parameters`) with the `Defaults` a family's
-//!   configuration class fills in, the window rules several families use, per-layer-type RoPE,
+//!   `rope_scaling` or transformers 5's `rope_parameters`; in `decode.rs`, the one part that knows
+//!   a family's `Arch`) with the `Defaults` a family's configuration class fills in, the window rules several families use, per-layer-type RoPE,
 //!   a mixture's expert counts. `HfConfig::into_config` (in `family.rs`) finds the family in the
 //!   registry and calls its `from_hf`.
 //! - `arch.rs`: `Family`, what siphon knows of one family (its names, `from_hf`, build function,

@@ -58,12 +58,14 @@
 //!
 //! A run with sparse dictionaries (`RunDescriptor::latents`, a `LatentsColumn` each) takes each
 //! batch's `BatchLatents` as the devices return them (per token its `cap` largest latents, `-1`
-//! past its firings, and its firings); `sparse.rs` compacts the stored tokens' rows into a CSR
+//! past its firings, and its firings); like a hook's rows (`dense.rs`) they are a column of the
+//! shard (`column.rs`); `sparse.rs` compacts the stored tokens' rows into a CSR
 //! matrix per shard (`{name}.indptr`, `.indices` as i32, each row's latents ascending, `.values`
 //! in the stored dtype, never fp8) and counts each latent's firings, sum and largest value over
 //! the included tokens (`LatentStats`, in `stats.json` beside the hooks'), which a resume and
 //! `verify_run` recompute from the CSR read back. A stored token that fired more than the cap is
-//! refused, naming the column, sequence and position.
+//! refused, naming the column, sequence and position (`BatchLatents::firings`, the one place
+//! siphon refuses it: `siphon forward` uses it too).
 //!
 //! A run of conversations (`ShardFormat::roles`) stores each token's role as a `role` (U8) tensor.
 //! An fp8 run (`DType::Fp8`) takes rows quantized by the program (each row's f32 scale,
