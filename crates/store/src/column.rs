@@ -1,13 +1,11 @@
 //! A run's stored columns: a hook's dense rows ([`crate::dense`]) and a dictionary's sparse
 //! latents ([`crate::sparse`]) are both a [`Column`] — described by run.json, built from the
-//! batches ([`Building`]), written as tensors in the file's order ([`Tensor`], [`file_order`])
-//! and summarised back from a file ([`Column::summarize`]). The shard's builder, its file, its
+//! batches ([`Building`]), written as tensors in the file's order ([`crate::tensor`]) and
+//! summarised back from a file ([`Column::summarize`]). The shard's builder, its file, its
 //! reader and the run's checks each loop over a run's columns once; what differs between the
 //! two kinds is here and in their own files.
 
 use std::collections::BTreeMap;
-
-use bytes::Bytes;
 
 use crate::batch::{BatchActivations, DType};
 use crate::config::LatentsColumn;
@@ -15,6 +13,7 @@ use crate::dense::{ColumnPool, HookColumn};
 use crate::error::{Result, StoreError};
 use crate::sparse::SparseColumn;
 use crate::stats::{HookStats, LatentStats, RunStats};
+use crate::tensor::Tensor;
 
 /// One stored column as run.json describes it.
 pub(crate) enum Column<'a> {
@@ -179,44 +178,4 @@ impl Building {
             Building::Latents { name, rows, .. } => rows.into_tensors(&name, tokens, dtype),
         }
     }
-}
-
-/// A tensor of a shard file: name, safetensors dtype, shape, bytes (in segments), and where it
-/// stands among the tensors of its alignment.
-pub(crate) struct Tensor {
-    pub name: String,
-    pub dtype: &'static str,
-    pub shape: Vec<usize>,
-    pub data: Vec<Bytes>,
-    pub rank: Rank,
-}
-
-/// Within one alignment, the file's tensors stand in this order (each kind in column order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Rank {
-    /// `doc_index`, `sample_index`.
-    Samples,
-    /// Hooks' values.
-    Hooks,
-    /// `token_ids`, `position`.
-    Tokens,
-    /// fp8 hooks' scales.
-    Scales,
-    /// Latents columns' CSR parts.
-    Latents,
-    /// `role`, `mask`.
-    Masks,
-}
-
-/// Orders a shard's tensors as its file holds them: by element alignment (8, 4, 2, 1 bytes),
-/// so that every tensor of a mapped file starts aligned for its dtype, then by [`Rank`]; the
-/// sort is stable, so columns keep their order.
-pub(crate) fn file_order(tensors: &mut [Tensor]) {
-    let alignment = |dtype: &str| match dtype {
-        "I64" | "F64" | "U64" => 8,
-        "I32" | "F32" | "U32" => 4,
-        "BF16" | "F16" | "I16" | "U16" => 2,
-        _ => 1,
-    };
-    tensors.sort_by_key(|t| (std::cmp::Reverse(alignment(t.dtype)), t.rank));
 }

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use crate::batch::{BatchActivations, DType, fp8_scale_name, stored_dtype};
-use crate::column::{Rank, Tensor};
 use crate::moments::BLOCK;
 use crate::stats::{HookStats, StatsAccumulator};
+use crate::tensor::{Rank, Tensor};
 
 /// Rows copied into pooled chunks of about this size (whole rows; one row at least).
 const CHUNK_BYTES: usize = 4 << 20;

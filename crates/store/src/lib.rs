@@ -93,6 +93,7 @@ mod shard;
 mod sparse;
 mod stats;
 pub mod synthetic;
+mod tensor;
 mod upload;
 mod verify;
 mod writer;

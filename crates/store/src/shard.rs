@@ -15,12 +15,13 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
 use crate::batch::{BatchActivations, DType, le_bytes};
-use crate::column::{Building, Rank, Tensor, columns, file_order};
+use crate::column::{Building, columns};
 use crate::config::{HostId, LatentsColumn, ShardFormat};
 use crate::dense::ColumnPool;
 use crate::error::{Result, StoreError};
 use crate::format::{FORMAT_TAG, format_version};
 use crate::stats::RunStats;
+use crate::tensor::{Rank, Tensor, file_order};
 
 /// [`format_version`], or [`StoreError::UnsupportedFormat`] naming `path` and the tag.
 pub fn check_format(path: &str, tag: &str) -> Result<u32> {

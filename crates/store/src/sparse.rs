@@ -6,9 +6,9 @@
 use bytes::Bytes;
 
 use crate::batch::{BatchLatents, DType, le_bytes, stored_dtype};
-use crate::column::{Rank, Tensor};
 use crate::config::{LatentsColumn, latents_tensor_names};
 use crate::stats::LatentStats;
+use crate::tensor::{Rank, Tensor};
 
 /// The most latents a column may have (2^26, twice the largest dictionaries trained): their
 /// statistics are three arrays of that length.

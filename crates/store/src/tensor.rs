@@ -1,0 +1,43 @@
+//! A shard file's tensors ([`Tensor`]) and the order the file holds them in ([`file_order`]).
+
+use bytes::Bytes;
+
+/// A tensor of a shard file: name, safetensors dtype, shape, bytes (in segments), and where it
+/// stands among the tensors of its alignment.
+pub(crate) struct Tensor {
+    pub name: String,
+    pub dtype: &'static str,
+    pub shape: Vec<usize>,
+    pub data: Vec<Bytes>,
+    pub rank: Rank,
+}
+
+/// Within one alignment, the file's tensors stand in this order (each kind in column order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Rank {
+    /// `doc_index`, `sample_index`.
+    Samples,
+    /// Hooks' values.
+    Hooks,
+    /// `token_ids`, `position`.
+    Tokens,
+    /// fp8 hooks' scales.
+    Scales,
+    /// Latents columns' CSR parts.
+    Latents,
+    /// `role`, `mask`.
+    Masks,
+}
+
+/// Orders a shard's tensors as its file holds them: by element alignment (8, 4, 2, 1 bytes),
+/// so that every tensor of a mapped file starts aligned for its dtype, then by [`Rank`]; the
+/// sort is stable, so columns keep their order.
+pub(crate) fn file_order(tensors: &mut [Tensor]) {
+    let alignment = |dtype: &str| match dtype {
+        "I64" | "F64" | "U64" => 8,
+        "I32" | "F32" | "U32" => 4,
+        "BF16" | "F16" | "I16" | "U16" => 2,
+        _ => 1,
+    };
+    tensors.sort_by_key(|t| (std::cmp::Reverse(alignment(t.dtype)), t.rank));
+}
