@@ -16,6 +16,7 @@ use object_store::ObjectStore;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::percent::percent_decode;
 
 /// The Hub's default endpoint.
 const HUB: &str = "https://huggingface.co";
@@ -85,7 +86,7 @@ impl HubDataset {
         let (owner, name_rev, path) =
             (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
         let (name, revision) = name_rev.split_once('@').unwrap_or((name_rev, "main"));
-        let revision = crate::source::percent_decode(revision);
+        let revision = percent_decode(revision);
         Ok((HubDataset::new(&format!("{owner}/{name}"), &revision)?, path.to_string()))
     }
 

@@ -56,6 +56,8 @@ mod convert;
 mod error;
 mod hub;
 mod pack;
+mod parquet_file;
+mod percent;
 mod plan;
 mod read;
 mod source;

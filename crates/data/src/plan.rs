@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use object_store::ObjectStore;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::parquet_file::{load_parquet_meta, text_column_index};
 use crate::source::{self, CorpusFile, FileFormat};
 
 /// What one record of a plain-text file is.
@@ -320,35 +320,6 @@ impl Corpus {
         })
     }
 
-    /// The first `n` records of the corpus in its global order (fewer if it has fewer):
-    /// what a run will read first, as read (a conversation not yet rendered), for checks and
-    /// examples before a run.
-    pub fn first_records(&self, n: usize) -> Result<Vec<crate::Record>> {
-        let corpus = self.clone();
-        let read = move || -> Result<Vec<crate::Record>> {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
-            rt.block_on(async {
-                let mut records = Vec::new();
-                let mut reader = crate::read::UnitReader::new(corpus.clone());
-                for &unit in corpus.order.iter() {
-                    let unit = corpus.units[unit as usize];
-                    let mut emit = |_: u64, _: u64, record: crate::Record| -> Result<bool> {
-                        records.push(record);
-                        Ok(records.len() < n)
-                    };
-                    reader.read(&unit, 0, &mut emit).await?;
-                    if records.len() >= n {
-                        break;
-                    }
-                }
-                Ok(records)
-            })
-        };
-        // On a helper thread, so that callers inside a tokio runtime may call it too.
-        std::thread::scope(|scope| scope.spawn(read).join())
-            .map_err(|_| Error::Runtime(std::io::Error::other("the thread reading the first records panicked")))?
-    }
-
     /// The corpus files, sorted.
     pub fn files(&self) -> &[CorpusFile] {
         &self.files
@@ -396,55 +367,6 @@ impl Corpus {
             UnitKind::Bytes { start, end } => format!("{file} [bytes {start}..{end})"),
             UnitKind::WholeFile => file.clone(),
         }
-    }
-}
-
-pub(crate) async fn load_parquet_meta(store: &Arc<dyn ObjectStore>, file: &CorpusFile) -> Result<ArrowReaderMetadata> {
-    let mut reader = crate::read::StoreReader::new(store.clone(), file);
-    let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-        .await
-        .map_err(|source| Error::Parquet { file: file.display.clone(), row_group: None, source })?;
-    // Column chunks must lie within the file: the parquet reader asserts it (a panic) when
-    // it fetches them.
-    for (g, row_group) in meta.metadata().row_groups().iter().enumerate() {
-        for column in row_group.columns() {
-            let start = column.dictionary_page_offset().unwrap_or(column.data_page_offset());
-            let len = column.compressed_size();
-            let end = u64::try_from(start).ok().zip(u64::try_from(len).ok()).and_then(|(s, l)| s.checked_add(l));
-            if end.is_none_or(|end| end > file.size) {
-                return Err(Error::Unusable {
-                    file: file.display.clone(),
-                    reason: format!(
-                        "the footer puts row group {g}'s column {} at bytes {start}..{start}+{len}, outside the \
-                         file's {} bytes",
-                        column.column_path(),
-                        file.size
-                    ),
-                });
-            }
-        }
-    }
-    Ok(meta)
-}
-
-/// Index of the text column among the top-level columns, checked to be a string column.
-pub(crate) fn text_column_index(meta: &ArrowReaderMetadata, file: &CorpusFile, column: &str) -> Result<usize> {
-    let schema = meta.schema();
-    let Ok(index) = schema.index_of(column) else {
-        let available = schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ");
-        return Err(Error::MissingColumn { file: file.display.clone(), column: column.to_string(), available });
-    };
-    use arrow_schema::DataType;
-    let messages = |item: &DataType| matches!(item, DataType::Struct(_));
-    match schema.field(index).data_type() {
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Ok(index),
-        // Conversations: a list of {role, content, ...} messages.
-        DataType::List(item) | DataType::LargeList(item) if messages(item.data_type()) => Ok(index),
-        other => Err(Error::ColumnType {
-            file: file.display.clone(),
-            column: column.to_string(),
-            data_type: other.to_string(),
-        }),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Reading the records of one unit, streaming, from the object store.
+//! Reading the records of one unit, streaming, from the object store (and so a corpus's
+//! first records).
 
 use std::sync::Arc;
 
@@ -7,11 +8,11 @@ use futures::TryStreamExt;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
-use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
 use crate::error::{Error, Result};
-use crate::plan::Unit;
-use crate::plan::{Corpus, InvalidRecords, UnitKind, load_parquet_meta, permute, text_column_index};
+use crate::parquet_file::{StoreReader, load_parquet_meta, text_column_index};
+use crate::plan::{Corpus, InvalidRecords, Unit, UnitKind, permute};
 use crate::source::{CorpusFile, FileFormat};
 
 /// One record as read, before tokenization.
@@ -148,6 +149,37 @@ impl UnitReader {
                 Ok(())
             }
         }
+    }
+}
+
+impl Corpus {
+    /// The first `n` records of the corpus in its global order (fewer if it has fewer):
+    /// what a run will read first, as read (a conversation not yet rendered), for checks and
+    /// examples before a run.
+    pub fn first_records(&self, n: usize) -> Result<Vec<Record>> {
+        let corpus = self.clone();
+        let read = move || -> Result<Vec<Record>> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
+            rt.block_on(async {
+                let mut records = Vec::new();
+                let mut reader = UnitReader::new(corpus.clone());
+                for &unit in corpus.order.iter() {
+                    let unit = corpus.units[unit as usize];
+                    let mut emit = |_: u64, _: u64, record: Record| -> Result<bool> {
+                        records.push(record);
+                        Ok(records.len() < n)
+                    };
+                    reader.read(&unit, 0, &mut emit).await?;
+                    if records.len() >= n {
+                        break;
+                    }
+                }
+                Ok(records)
+            })
+        };
+        // On a helper thread, so that callers inside a tokio runtime may call it too.
+        std::thread::scope(|scope| scope.spawn(read).join())
+            .map_err(|_| Error::Runtime(std::io::Error::other("the thread reading the first records panicked")))?
     }
 }
 
@@ -413,55 +445,5 @@ impl LineReader {
         }
         self.pos = stop + 1;
         Ok(Some((line_start, line)))
-    }
-}
-
-/// Parquet's async reader over our object store. (parquet's own `ParquetObjectReader` is
-/// deprecated and built against a different object_store release.)
-pub(crate) struct StoreReader {
-    store: Arc<dyn ObjectStore>,
-    path: object_store::path::Path,
-    size: u64,
-}
-
-impl StoreReader {
-    pub fn new(store: Arc<dyn ObjectStore>, file: &CorpusFile) -> StoreReader {
-        StoreReader { store, path: file.path.clone(), size: file.size }
-    }
-}
-
-fn external(e: object_store::Error) -> parquet::errors::ParquetError {
-    parquet::errors::ParquetError::External(Box::new(e))
-}
-
-impl AsyncFileReader for StoreReader {
-    fn get_bytes(
-        &mut self,
-        range: std::ops::Range<u64>,
-    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
-        Box::pin(async move { self.store.get_range(&self.path, range).await.map_err(external) })
-    }
-
-    fn get_byte_ranges(
-        &mut self,
-        ranges: Vec<std::ops::Range<u64>>,
-    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Vec<bytes::Bytes>>> {
-        // One call, so stores that coalesce nearby ranges (all of object_store's) can.
-        Box::pin(async move { self.store.get_ranges(&self.path, &ranges).await.map_err(external) })
-    }
-
-    fn get_metadata<'a>(
-        &'a mut self,
-        _options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
-    ) -> futures::future::BoxFuture<'a, parquet::errors::Result<Arc<parquet::file::metadata::ParquetMetaData>>> {
-        Box::pin(async move {
-            let size = self.size;
-            // 64 KiB usually holds the whole footer: one request per file.
-            let meta = parquet::file::metadata::ParquetMetaDataReader::new()
-                .with_prefetch_hint(Some(64 << 10))
-                .load_and_finish(self, size)
-                .await?;
-            Ok(Arc::new(meta))
-        })
     }
 }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::hub::HubDataset;
+use crate::percent::percent_decode;
 
 /// How the records of a file are encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -159,25 +160,6 @@ fn split_glob(path: &str) -> (String, Option<String>) {
 
 fn has_glob(s: &str) -> bool {
     s.contains(['*', '?', '['])
-}
-
-pub(crate) fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Some(v) = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(v);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Lists the files of a located source, sorted by path. `forced` overrides extension-based
@@ -430,8 +412,6 @@ mod tests {
         assert_eq!(FileFormat::from_name("README"), None);
         assert_eq!(FileFormat::from_name("README.md"), None);
         assert!(is_repo_doc("README.txt") && is_repo_doc("LICENSE") && !is_repo_doc("readings.txt"));
-        assert_eq!(percent_decode("a%2Ab"), "a*b");
-        assert_eq!(percent_decode("%é%"), "%é%");
     }
 
     #[test]

@@ -10,8 +10,8 @@
 
 use std::path::Path;
 
-use crate::client::OptionValue;
 use crate::error::{Error, Result};
+use crate::named::OptionValue;
 
 /// The key each embedded description ends with: the device's name as CUDA reports it.
 const NAME_KEY: &[u8] = b"device_description_str: \"";

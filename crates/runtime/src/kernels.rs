@@ -9,6 +9,21 @@ use crate::ffi;
 use crate::plugin::Plugin;
 pub(crate) use siphon_kernels::Platform;
 
+impl Plugin {
+    /// Whether siphon's kernels of `platform` (`siphon-kernels`) are registered with this
+    /// plugin's FFI extension, registering them on the first call (a CPU or CUDA client's
+    /// creation makes it); false where the plugin has no such extension or registration
+    /// failed (logged).
+    pub fn kernels(&self, platform: Platform) -> bool {
+        *self.kernels.get_or_init(|| {
+            register(self, platform).unwrap_or_else(|err| {
+                tracing::warn!("siphon's {platform:?} kernels not registered with {}: {err}", self.path().display());
+                false
+            })
+        })
+    }
+}
+
 /// `PJRT_Extension_Base`.
 #[repr(C)]
 struct ExtensionBase {

@@ -102,6 +102,7 @@
 mod buffer;
 mod client;
 mod compile;
+mod compile_options;
 pub mod diagnose;
 mod error;
 mod ffi;
@@ -109,6 +110,7 @@ mod gpu;
 mod host;
 mod kernels;
 mod locate;
+mod named;
 mod optimized;
 mod plugin;
 mod proto;
@@ -117,8 +119,9 @@ mod signature;
 mod topology;
 
 pub use buffer::{Buffer, Download, ElementType, HostArray, NativeType, Upload, download_many};
-pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore, OptionValue};
-pub use compile::{CPU_DEFAULTS, CompileOptions, CompiledMemoryStats, Executable, XlaOption};
+pub use client::{Client, ClientOptions, DeviceInfo, KeyValueStore};
+pub use compile::{CPU_DEFAULTS, CompiledMemoryStats, Executable};
+pub use compile_options::{CompileOptions, XlaOption};
 pub use diagnose::PluginKind;
 pub use error::{Error, ErrorCode, Result};
 pub use gpu::{GpuTargetConfig, gpu_topology_options};
@@ -128,6 +131,7 @@ pub use locate::{
     PluginSource, cpu_plugin_path_in, cuda_compiler_path_in, default_cpu_plugin_path, libtpu_path_in, locate_plugin,
     siphon_cache_dir,
 };
+pub use named::OptionValue;
 pub use optimized::HloInstruction;
 pub use plugin::{AttributeValue, Plugin};
 pub use sharded::{HostShard, ShardedArray};

@@ -23,7 +23,7 @@ pub struct Plugin {
     attributes: Vec<(String, AttributeValue)>,
     /// Whether siphon's kernels are registered with the plugin (asked once: a plugin has one
     /// platform).
-    kernels: OnceLock<bool>,
+    pub(crate) kernels: OnceLock<bool>,
     // Kept so the library is never unloaded; the plugin lives in a static registry.
     _library: libloading::Library,
 }
@@ -202,19 +202,6 @@ impl Plugin {
             },
             other => other,
         }
-    }
-
-    /// Whether siphon's kernels of `platform` (`siphon-kernels`) are registered with this
-    /// plugin's FFI extension, registering them on the first call (a CPU or CUDA client's
-    /// creation makes it); false where the plugin has no such extension or registration
-    /// failed (logged).
-    pub fn kernels(&self, platform: crate::kernels::Platform) -> bool {
-        *self.kernels.get_or_init(|| {
-            crate::kernels::register(self, platform).unwrap_or_else(|err| {
-                tracing::warn!("siphon's {platform:?} kernels not registered with {}: {err}", self.path.display());
-                false
-            })
-        })
     }
 
     /// The plugin's `PJRT_Api` table.

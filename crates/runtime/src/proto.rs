@@ -4,7 +4,7 @@
 //! XLA's `xla/pjrt/proto/compile_options.proto` and `xla/xla_data.proto`. Writing these few
 //! bytes by hand avoids protoc/prost in a crate that otherwise needs no protobuf.
 
-use crate::compile::{CompileOptions, XlaOption};
+use crate::compile_options::{CompileOptions, XlaOption};
 
 // CompileOptionsProto
 const COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS: u32 = 3;

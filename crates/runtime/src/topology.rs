@@ -9,10 +9,12 @@
 use std::ffi::c_char;
 use std::sync::Arc;
 
-use crate::client::{OptionValue, describe, named_values};
-use crate::compile::{CompileOptions, CompiledMemoryStats, memory_stats, mlir_program};
+use crate::client::describe;
+use crate::compile::{CompiledMemoryStats, memory_stats, mlir_program};
+use crate::compile_options::CompileOptions;
 use crate::error::{Error, Result};
 use crate::ffi::{self, slot};
+use crate::named::{OptionValue, named_values};
 use crate::optimized::HloInstruction;
 use crate::plugin::{AttributeValue, Plugin, read_named_value, string_from};
 use crate::proto;
