@@ -3,9 +3,9 @@
 //! ([`ActivationKey`]) and which layers attend through a window ([`WindowRule`]), and
 //! [`HfConfig::decoder`], which reads a decoder's sizes, heads, activation and RoPE with them.
 
-use crate::arch::Arch;
 use serde_json::Value;
 
+use crate::arch::Arch;
 use crate::config::{Activation, Attention, Layers, ModelConfig, Rope};
 use crate::error::ModelError;
 
