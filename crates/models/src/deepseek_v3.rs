@@ -29,18 +29,14 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{DType, TensorType, Value};
 
-use crate::arch::Gain;
-use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Rope};
-use crate::config::{ModelConfig, Moe};
+use crate::arch::{Arch, Family, FinalNorm, Gain};
+use crate::config::{Attention, FamilyExtra, ModelConfig, Moe, ParamClass, ParamInfo, Rope};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{Defaults, need};
+use crate::hf_config::{Defaults, HfConfig, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::mla::{self, Mla};
-use crate::layers::moe::moe_params;
-use crate::layers::moe::{Experts, Glu};
+use crate::layers::moe::{Experts, Glu, moe_params};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

@@ -24,14 +24,11 @@
 
 use serde_json::Value;
 
-use crate::arch::Gain;
-use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::{Activation, ModelConfig};
-use crate::config::{Attention, ParamInfo};
+use crate::arch::{Arch, Family, FinalNorm, Gain};
+use crate::config::{Activation, Attention, ModelConfig, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, decoder_params};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{ActivationKey, Defaults};
+use crate::hf_config::{ActivationKey, Defaults, HfConfig};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::self_attention;
 

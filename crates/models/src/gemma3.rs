@@ -12,13 +12,11 @@
 //! sit under `model.language_model.` (or `language_model.model.`); the vision tower is not read.
 
 use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::ModelConfig;
-use crate::config::{Attention, Rope};
+use crate::config::{Attention, ModelConfig, Rope};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec};
 use crate::gemma2::{GEMMA_ACTIVATION, gemma_config, gemma_params, gemma_windows};
-use crate::hf_config::Defaults;
-use crate::hf_config::HfConfig;
+use crate::hf_config::{Defaults, HfConfig};
 use crate::hooks::Feature;
 
 /// The family's handle.

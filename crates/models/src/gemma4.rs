@@ -38,15 +38,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use siphon_hlo::Value;
 
-use crate::arch::Gain;
-use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::ModelConfig;
-use crate::config::{Attention, FamilyExtra, LayerShape, Moe, ParamClass, ParamInfo, PerLayerInput, Rope, Slice};
+use crate::arch::{Arch, Family, FinalNorm, Gain};
+use crate::config::{
+    Attention, FamilyExtra, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, Rope, Slice,
+};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
 use crate::gemma2::GEMMA_ACTIVATION;
-use crate::hf_config::HfConfig;
-use crate::hf_config::{Defaults, need};
+use crate::hf_config::{Defaults, HfConfig, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 
 /// The family's handle.

@@ -23,12 +23,10 @@
 use serde_json::Value;
 
 use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::{Activation, ModelConfig};
-use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{ActivationKey, Defaults, need};
+use crate::hf_config::{ActivationKey, Defaults, HfConfig, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 
 /// The family's handle.

@@ -21,12 +21,10 @@
 //! of whole heads when read ([`crate::config::Slice`]), so the parts shard over heads.
 
 use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::{Activation, ModelConfig};
-use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::config::{Activation, ModelConfig, ParamClass, ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{ActivationKey, Defaults};
+use crate::hf_config::{ActivationKey, Defaults, HfConfig};
 use crate::hooks::{Feature, HookKind, HookPoint};
 
 /// The family's handle.

@@ -27,14 +27,11 @@
 use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
-use crate::arch::Gain;
-use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::{Attention, FamilyExtra, ParamClass, ParamInfo, Slice};
-use crate::config::{ModelConfig, Moe};
+use crate::arch::{Arch, Family, FinalNorm, Gain};
+use crate::config::{Attention, FamilyExtra, ModelConfig, Moe, ParamClass, ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{Defaults, need};
+use crate::hf_config::{Defaults, HfConfig, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::softmax_last;
 use crate::layers::moe::{Experts, Glu};

@@ -26,12 +26,10 @@
 //! this block with q/k/v biases.
 
 use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::ModelConfig;
-use crate::config::ParamInfo;
+use crate::config::{ModelConfig, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
-use crate::hf_config::Defaults;
-use crate::hf_config::HfConfig;
+use crate::hf_config::{Defaults, HfConfig};
 use crate::hooks::Feature;
 
 /// The family's handle.

@@ -9,8 +9,7 @@ use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
-use crate::hf_config::Defaults;
-use crate::hf_config::HfConfig;
+use crate::hf_config::{Defaults, HfConfig};
 use crate::llama::FEATURES;
 
 /// The family's handle.

@@ -8,12 +8,10 @@
 //! Hooks: Llama's, except the MLP's insides; `hook_mlp_out` is the mixture's output.
 
 use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::ParamInfo;
-use crate::config::{ModelConfig, Moe};
+use crate::config::{ModelConfig, Moe, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{Defaults, need, windows_on_every_layer};
+use crate::hf_config::{Defaults, HfConfig, need, windows_on_every_layer};
 use crate::hooks::Feature;
 
 /// The family's handle.

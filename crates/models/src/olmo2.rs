@@ -19,14 +19,11 @@
 //! As TransformerLens has them, the q/k-norm hooks are per token over the whole projection
 //! (`[n_heads * head_dim]`, one scale per token), and there are no `ln1` / `ln2` hooks.
 
-use crate::arch::Gain;
-use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::ModelConfig;
-use crate::config::{Attention, ParamClass, ParamInfo};
+use crate::arch::{Arch, Family, FinalNorm, Gain};
+use crate::config::{Attention, ModelConfig, ParamClass, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph};
-use crate::hf_config::Defaults;
-use crate::hf_config::HfConfig;
+use crate::hf_config::{Defaults, HfConfig};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::attention::self_attention;
 

@@ -6,14 +6,11 @@
 //!
 //! Hooks: OLMo 2's (TransformerLens's OLMo 3 adapter is OLMo 2's).
 
-use crate::arch::Gain;
-use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::ModelConfig;
-use crate::config::{Attention, Rope};
+use crate::arch::{Arch, Family, FinalNorm, Gain};
+use crate::config::{Attention, ModelConfig, Rope};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec};
-use crate::hf_config::Defaults;
-use crate::hf_config::HfConfig;
+use crate::hf_config::{Defaults, HfConfig};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);

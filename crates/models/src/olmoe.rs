@@ -12,12 +12,10 @@
 //! `hook_mlp_out` is the mixture's output.
 
 use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::Attention;
-use crate::config::{ModelConfig, Moe};
+use crate::config::{Attention, ModelConfig, Moe};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{Defaults, need};
+use crate::hf_config::{Defaults, HfConfig, need};
 use crate::hooks::Feature;
 
 /// The family's handle.

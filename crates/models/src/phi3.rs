@@ -11,12 +11,10 @@
 //! shards on whole heads; the hooks are Llama's.
 
 use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::ModelConfig;
-use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::config::{ModelConfig, ParamClass, ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, self_attention_decoder};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{Defaults, windows_on_every_layer};
+use crate::hf_config::{Defaults, HfConfig, windows_on_every_layer};
 use crate::llama::FEATURES;
 
 /// The family's handle.

@@ -10,12 +10,10 @@
 //! are the norms' parts, and `attn.hook_rot_q` / `hook_rot_k` RoPE of the normed heads.
 
 use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::Attention;
-use crate::config::ModelConfig;
+use crate::config::{Attention, ModelConfig};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, decoder_params, self_attention_decoder};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{Defaults, qwen_windows};
+use crate::hf_config::{Defaults, HfConfig, qwen_windows};
 use crate::hooks::Feature;
 
 /// The family's handle.

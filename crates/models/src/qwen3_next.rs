@@ -30,14 +30,11 @@
 
 use siphon_hlo::Value;
 
-use crate::arch::Gain;
-use crate::arch::{Arch, Family, FinalNorm};
-use crate::config::{Attention, ParamClass, ParamInfo};
-use crate::config::{ModelConfig, Moe};
+use crate::arch::{Arch, Family, FinalNorm, Gain};
+use crate::config::{Attention, ModelConfig, Moe, ParamClass, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
-use crate::hf_config::HfConfig;
-use crate::hf_config::{Defaults, need};
+use crate::hf_config::{Defaults, HfConfig, need};
 use crate::hooks::{Feature, HookKind, HookPoint};
 use crate::layers::gated_deltanet::{self, LinearAttention};
 use crate::layers::moe::moe_params;

@@ -17,8 +17,7 @@ use siphon_dtype::DType;
 use siphon_hlo::{Builder, CompareDir, DType as Hlo, TensorType, Value};
 use siphon_mesh::{Mesh, PartitionSpec};
 
-use crate::config::ModelConfig;
-use crate::config::ParamClass;
+use crate::config::{ModelConfig, ParamClass};
 use crate::error::ModelError;
 
 /// A stored form a weight can stay in on the device.

@@ -6,8 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
-use crate::hf_config::HfConfig;
-use crate::hf_config::need;
+use crate::hf_config::{HfConfig, need};
 use crate::hooks::HookKind;
 
 /// The latent attention's sizes.

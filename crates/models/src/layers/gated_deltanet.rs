@@ -40,8 +40,7 @@ use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
 
 use crate::arch::Gain;
 pub use crate::config::LinearAttention;
-use crate::config::ModelConfig;
-use crate::config::{ParamClass, ParamInfo, Slice};
+use crate::config::{ModelConfig, ParamClass, ParamInfo, Slice};
 use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};

@@ -27,8 +27,7 @@
 use siphon_hlo::Value;
 
 pub use crate::config::Mla;
-use crate::config::ModelConfig;
-use crate::config::{ParamClass, ParamInfo};
+use crate::config::{ModelConfig, ParamClass, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
