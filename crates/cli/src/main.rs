@@ -27,7 +27,7 @@
 //! fits. `cmd/forward.rs` is `siphon
 //! forward`: one batch's hooks, and with `--sae` its dictionaries' latents (the engine's
 //! `Activations::latents`), into one safetensors file; `siphon extract --sae` (the same
-//! `SaeArgs`) computes them with each step; `job/latents.rs` holds the CLI's whole part of a
+//! `SaeArgs`) computes them with each step; `job/dictionary.rs` holds the CLI's whole part of a
 //! dictionary (opening it on its hook and cap, `open_capped` asking a non-TopK for
 //! `--latent-cap`; its fingerprint; its run.json column; a step's latents for the writer). `args::ClusterArgs` carries the
 //! coordinator's TLS flags (`--coordinator-ca/-cert/-key/-tls-name`, `SIPHON_COORDINATOR_*`) to

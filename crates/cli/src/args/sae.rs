@@ -1,5 +1,5 @@
 //! The sparse dictionaries' flags (`--sae`, `--latent-cap`) of `forward`, `plan` and
-//! `extract` ([`SaeArgs`]); `job::latents` opens what they name.
+//! `extract` ([`SaeArgs`]); `job::dictionary` opens what they name.
 
 /// Sparse dictionaries' flags (`forward`, `plan`).
 #[derive(clap::Args, Debug, Clone, Default)]

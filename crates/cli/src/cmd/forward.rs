@@ -71,7 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(list) => siphon_models::resolve_hooks(list, &model.config).context("--hooks")?,
         None => Vec::new(),
     };
-    let dictionaries = crate::job::latents::open(&args.dictionaries, &model.config)?;
+    let dictionaries = crate::job::dictionary::open(&args.dictionaries, &model.config)?;
     let rows = match (&args.text, &args.ids) {
         (Some(text), _) => {
             let tok = model.tokenizer.as_ref().with_context(|| {
@@ -126,7 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let engine = Engine::new(&client, &model, hooks, options).context("loading the weights onto the devices")?;
     let acts = engine.run(&batch).context("running the forward")?;
-    crate::job::latents::check_caps(&dictionaries, &acts.latents)?;
+    crate::job::dictionary::check_caps(&dictionaries, &acts.latents)?;
 
     let mut tensors: Vec<(String, &HostArray)> = acts.hooks.iter().map(|(h, a)| (h.to_string(), a)).collect();
     for (name, latents) in DictionaryHook::names(&dictionaries).into_iter().zip(&acts.latents) {

@@ -1,7 +1,7 @@
 //! Phase 4, the configuration check: every host must run the same code on the same
 //! configuration, so rank 0's is broadcast and each host's compared with it — the resolved
 //! run spec, the model's config, the corpus listing's fingerprint, siphon's version, the
-//! plugin's sha256 and each dictionary's ([`super::latents::fingerprint`]). The run's name
+//! plugin's sha256 and each dictionary's ([`super::dictionary::fingerprint`]). The run's name
 //! comes from it when `--run` gives none, so the same command resumes the same run.
 
 use std::path::Path;

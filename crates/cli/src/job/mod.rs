@@ -6,7 +6,7 @@
 //! | phase | module |
 //! |---|---|
 //! | 1. identity | here ([`run`]) |
-//! | 2. validation and plan: model config, hooks, dictionaries, corpus listing, mesh | here, [`options`], [`latents`], [`plan`], [`fits`] |
+//! | 2. validation and plan: model config, hooks, dictionaries, corpus listing, mesh | here, [`options`], [`dictionary`], [`plan`], [`fits`] |
 //! | 3. coordinator | here |
 //! | 4. config broadcast and hash check; the run's name | [`agree`] |
 //! | 5–6. plugin and client, model on the mesh | [`compute`] |
@@ -35,10 +35,10 @@
 
 mod agree;
 mod compute;
+pub(crate) mod dictionary;
 pub(crate) mod fetch;
 mod finish;
 mod fits;
-pub(crate) mod latents;
 mod options;
 mod output;
 mod pipeline;
@@ -80,8 +80,8 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let model = siphon_models::LoadedModel::open(&model_path)
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let mut spec = options.resolve(Some(&model.config), identity.total_machines)?;
-    let dictionaries = latents::open_capped(&options.dictionaries, &model.config)?;
-    let fingerprints: Vec<String> = dictionaries.iter().map(|d| latents::fingerprint(&d.dictionary)).collect();
+    let dictionaries = dictionary::open_capped(&options.dictionaries, &model.config)?;
+    let fingerprints: Vec<String> = dictionaries.iter().map(|d| dictionary::fingerprint(&d.dictionary)).collect();
     let corpus = options.corpus.open()?;
     let tokenizer = plan::tokenizer(&model, spec.tokenizer.as_deref())?;
     let text_tokenizer = model.tokenizer.as_ref();
@@ -157,7 +157,7 @@ struct Prepared {
     model: siphon_models::LoadedModel,
     compute_plan: plan::Plan,
     plugin: siphon_runtime::LocatedPlugin,
-    /// Each dictionary's [`latents::fingerprint`].
+    /// Each dictionary's [`dictionary::fingerprint`].
     fingerprints: Vec<String>,
     reading: Reading,
 }

@@ -301,7 +301,7 @@ fn drain(
         for (member, ((sink, batch), latents)) in sinks.iter_mut().zip(&batches).zip(latents).enumerate() {
             let (Some((writer, _)), Some(batch)) = (sink.writer.as_mut(), batch) else { continue };
             let hooks = writer_hooks(writer, batches_are, batch, &loan, member);
-            let latents = super::latents::for_writer(&batches_are.latents, batch, latents);
+            let latents = super::dictionary::for_writer(&batches_are.latents, batch, latents);
             writer.push(to_store_batch(batch, hooks, latents, batches_are.roles)?)?;
         }
         drop(loan);

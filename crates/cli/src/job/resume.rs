@@ -65,7 +65,7 @@ pub fn open(job: &Job, compute: &Compute, reading: &Reading, fingerprints: &[Str
         model: json!({ "path": spec.model, "config": compute.model_config() }),
         hooks: spec.hooks.clone(),
         hook_shapes: compute.hook_shapes(spec.corpus.seq_len),
-        latents: super::latents::columns(compute.dictionaries(), fingerprints),
+        latents: super::dictionary::columns(compute.dictionaries(), fingerprints),
         mesh: compute.mesh_json(),
         partition: json!({ "machines": partition.machines, "hosts": partition.hosts }),
         config: serde_json::to_value(spec)?,

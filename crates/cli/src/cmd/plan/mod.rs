@@ -158,7 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(gib) => Some((gib * (1u64 << 30) as f64) as u64),
         None => target.as_ref().map(target::Target::usable_bytes),
     };
-    let dictionaries = crate::job::latents::open(&args.dictionaries, &config)?;
+    let dictionaries = crate::job::dictionary::open(&args.dictionaries, &config)?;
     let request = PlanRequest {
         mesh: args.mesh.request(),
         dtype: args.dtype.or(config_dtype).unwrap_or(DType::Bf16),

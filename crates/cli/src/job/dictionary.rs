@@ -1,8 +1,9 @@
 //! The job's sparse dictionaries, from `--sae` to the store's latents columns: opening each
 //! on its hook with its cap ([`open`], [`open_capped`]; `forward` and `plan` open them too),
 //! the identity every host must share ([`fingerprint`]), how run.json describes each
-//! ([`columns`]) and a step's latents as the writer takes them ([`for_writer`]). The engine
-//! computes them on the devices (`siphon_models`' dictionary layer); the store writes them.
+//! ([`columns`]), a step's latents as the writer takes them ([`for_writer`]) and `forward`'s
+//! cap check ([`check_caps`], the store's rule). The engine computes them on the devices
+//! (`siphon_models::dictionary::encoder`); the store writes them.
 
 use std::path::Path;
 use std::sync::Arc;
