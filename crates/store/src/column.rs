@@ -114,6 +114,16 @@ impl Building {
         }
     }
 
+    /// Whether `batch` holds this column's rows as the shard stores them (`Err` says why not):
+    /// a hook's of the shard's per-token shape, and fp8 rows only in an fp8 run (they are
+    /// quantized on the device, never converted by the writer).
+    pub fn check(&self, batch: &BatchActivations, dtype: DType) -> std::result::Result<(), String> {
+        match self {
+            Building::Hook { at, rows, .. } => rows.check(&batch.hooks[*at], dtype),
+            Building::Latents { .. } => Ok(()),
+        }
+    }
+
     /// Appends the rows of `unit` in `order` ((batch, token) pairs), in the stored `dtype`.
     pub fn take(
         &mut self,

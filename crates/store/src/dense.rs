@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::batch::{BatchActivations, DType, fp8_scale_name, stored_dtype};
+use crate::batch::{BatchActivations, DType, HookActivations, fp8_scale_name, stored_dtype};
 use crate::moments::BLOCK;
 use crate::stats::{HookStats, StatsAccumulator};
 use crate::tensor::{Rank, Tensor};
@@ -130,6 +130,24 @@ impl HookColumn {
         } else if self.chunk.capacity() > 0 {
             pool.give_back(std::mem::take(&mut self.chunk));
         }
+    }
+
+    /// Whether `h` holds this column's rows: of its per-token shape, fp8 only into fp8 (`Err`
+    /// says why not).
+    pub fn check(&self, h: &HookActivations, dtype: DType) -> Result<(), String> {
+        if [h.dtype, dtype].contains(&DType::Fp8) && h.dtype != dtype {
+            return Err(format!(
+                "hook {} is {}, the run stores {}: fp8 rows are quantized on the device, never converted by the \
+                 writer",
+                h.hook,
+                h.dtype.name(),
+                dtype.name()
+            ));
+        }
+        if h.shape != self.shape {
+            return Err(format!("hook {} changed its per-token shape from {:?} to {:?}", h.hook, self.shape, h.shape));
+        }
+        Ok(())
     }
 
     /// Appends hook `hook`'s rows of `unit` in `order` ((batch, token) pairs), in the stored

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
-use crate::batch::{BatchActivations, DType, le_bytes};
+use crate::batch::{BatchActivations, le_bytes};
 use crate::column::{Building, columns};
 use crate::config::{HostId, LatentsColumn, ShardFormat};
 use crate::dense::ColumnPool;
@@ -128,41 +128,12 @@ impl ShardBuilder {
             self.columns = Building::all(&self.identity.hooks, &self.identity.latents, first, out_dtype);
         }
         for batch in &unit {
-            for h in &batch.hooks {
-                let fp8 = [h.dtype, out_dtype].contains(&DType::Fp8);
-                if fp8 && h.dtype != out_dtype {
-                    return Err(StoreError::InvalidBatch {
-                        first_sample: batch.first_sample,
-                        reason: format!(
-                            "hook {} is {}, the run stores {}: fp8 rows are quantized on the device, never \
-                             converted by the writer",
-                            h.hook,
-                            h.dtype.name(),
-                            out_dtype.name()
-                        ),
-                    });
-                }
+            let invalid = |reason| StoreError::InvalidBatch { first_sample: batch.first_sample, reason };
+            for column in &self.columns {
+                column.check(batch, out_dtype).map_err(invalid)?;
             }
             if self.format.roles && batch.roles.is_none() {
-                return Err(StoreError::InvalidBatch {
-                    first_sample: batch.first_sample,
-                    reason: "the run stores roles and the batch has none".into(),
-                });
-            }
-            let shapes = self.columns.iter().filter_map(|c| match c {
-                Building::Hook { rows, .. } => Some(&rows.shape),
-                Building::Latents { .. } => None,
-            });
-            for (h, shape) in batch.hooks.iter().zip(shapes) {
-                if h.shape != *shape {
-                    return Err(StoreError::InvalidBatch {
-                        first_sample: batch.first_sample,
-                        reason: format!(
-                            "hook {} changed its per-token shape from {:?} to {:?}",
-                            h.hook, shape, h.shape
-                        ),
-                    });
-                }
+                return Err(invalid("the run stores roles and the batch has none".into()));
             }
         }
         let first_sample = first.first_sample;
