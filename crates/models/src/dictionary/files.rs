@@ -1,5 +1,6 @@
 //! Reading sparse dictionaries from the files their libraries write ([`Dictionary::open`],
-//! [`decoder`]: which format a directory holds), each format in its own file: SAELens ([`saelens`]: `cfg.json` + `sae_weights.safetensors`), Gemma Scope
+//! [`decoder`]: which format a directory holds, [`Format::of`]), each format in its own file:
+//! SAELens ([`saelens`]: `cfg.json` + `sae_weights.safetensors`), Gemma Scope
 //! ([`gemma_scope`]: `params.npz`), EleutherAI sparsify ([`sparsify`]: `<hookpoint>/cfg.json` +
 //! `sae.safetensors`), Llama Scope ([`llama_scope`]: lm-saes's `hyperparams.json` +
 //! `checkpoints/final.safetensors`). What a format holds that siphon does not compute exactly is
@@ -11,36 +12,62 @@ use super::read::{Safetensors, read_json};
 use super::{Dictionary, Tensor, gemma_scope, llama_scope, saelens, sparsify};
 use crate::error::ModelError;
 
+/// The formats siphon reads, told apart by their files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    SaeLens,
+    Sparsify,
+    GemmaScope,
+    LlamaScope,
+}
+
+impl Format {
+    /// The format of the dictionary in `dir`, by the files it holds.
+    fn of(dir: &Path) -> Option<Format> {
+        let cfg = dir.join("cfg.json").is_file();
+        if cfg && dir.join(saelens::WEIGHTS).is_file() {
+            Some(Format::SaeLens)
+        } else if cfg && dir.join(sparsify::WEIGHTS).is_file() {
+            Some(Format::Sparsify)
+        } else if dir.join(gemma_scope::PARAMS).is_file() {
+            Some(Format::GemmaScope)
+        } else if dir.join(llama_scope::HYPERPARAMS).is_file() {
+            Some(Format::LlamaScope)
+        } else {
+            None
+        }
+    }
+}
+
 impl Dictionary {
     /// Reads the dictionary in `dir`, whichever format its files say, on `hook` if given
     /// (else on the hook its files or path name; a given hook must match a file's).
     pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
-        let dict = if dir.join("cfg.json").is_file() && dir.join(saelens::WEIGHTS).is_file() {
-            saelens::open(dir)?
-        } else if dir.join("cfg.json").is_file() && dir.join(sparsify::WEIGHTS).is_file() {
-            sparsify::open(dir, hook)?
-        } else if dir.join(gemma_scope::PARAMS).is_file() {
-            gemma_scope::open(dir, hook)?
-        } else if dir.join(llama_scope::HYPERPARAMS).is_file() {
-            llama_scope::open(dir)?
-        } else if read_json(&dir.join("config.json")).is_ok_and(|cfg| cfg.get("sae_type").is_some()) {
+        let dict = match Format::of(dir) {
+            Some(Format::SaeLens) => saelens::open(dir)?,
+            Some(Format::Sparsify) => sparsify::open(dir, hook)?,
+            Some(Format::GemmaScope) => gemma_scope::open(dir, hook)?,
+            Some(Format::LlamaScope) => llama_scope::open(dir)?,
             // lm-saes since 2025 (Llamascopium): `config.json` with `sae_type`, a threshold per
             // latent (`log_jumprelu_threshold`), as Llama Scope R1 Distill is published.
-            return Err(ModelError::Config(format!(
-                "{}: lm-saes's later layout (config.json with sae_type, as Llama Scope R1 Distill) is not read yet",
-                dir.display()
-            )));
-        } else {
-            return Err(ModelError::Config(format!(
-                "{}: not a dictionary siphon reads (SAELens: cfg.json and {}; sparsify: cfg.json and {}; \
-                 Gemma Scope: {}; Llama Scope: {} and {})",
-                dir.display(),
-                saelens::WEIGHTS,
-                sparsify::WEIGHTS,
-                gemma_scope::PARAMS,
-                llama_scope::HYPERPARAMS,
-                llama_scope::WEIGHTS
-            )));
+            None if read_json(&dir.join("config.json")).is_ok_and(|cfg| cfg.get("sae_type").is_some()) => {
+                return Err(ModelError::Config(format!(
+                    "{}: lm-saes's later layout (config.json with sae_type, as Llama Scope R1 Distill) is not read yet",
+                    dir.display()
+                )));
+            }
+            None => {
+                return Err(ModelError::Config(format!(
+                    "{}: not a dictionary siphon reads (SAELens: cfg.json and {}; sparsify: cfg.json and {}; \
+                     Gemma Scope: {}; Llama Scope: {} and {})",
+                    dir.display(),
+                    saelens::WEIGHTS,
+                    sparsify::WEIGHTS,
+                    gemma_scope::PARAMS,
+                    llama_scope::HYPERPARAMS,
+                    llama_scope::WEIGHTS
+                )));
+            }
         };
         dict.check()?;
         if let Some(hook) = hook.filter(|h| *h != dict.hook) {
@@ -66,17 +93,16 @@ pub fn decoder(dir: &Path) -> Result<Tensor, ModelError> {
             .tensor("W_dec")?
             .ok_or_else(|| ModelError::Config(format!("dictionary {}: {file} lacks W_dec", dir.display())))
     };
-    let w = if dir.join("cfg.json").is_file() && dir.join(saelens::WEIGHTS).is_file() {
-        from(saelens::WEIGHTS)?
-    } else if dir.join("cfg.json").is_file() && dir.join(sparsify::WEIGHTS).is_file() {
-        from(sparsify::WEIGHTS)?
-    } else if dir.join(gemma_scope::PARAMS).is_file() {
-        gemma_scope::read_array(dir, "W_dec")?
-    } else {
-        return Err(ModelError::Config(format!(
-            "{}: no decoder siphon reads (SAELens's, sparsify's or Gemma Scope's W_dec; Llama Scope's is not read yet)",
-            dir.display()
-        )));
+    let w = match Format::of(dir) {
+        Some(Format::SaeLens) => from(saelens::WEIGHTS)?,
+        Some(Format::Sparsify) => from(sparsify::WEIGHTS)?,
+        Some(Format::GemmaScope) => gemma_scope::read_array(dir, "W_dec")?,
+        Some(Format::LlamaScope) | None => {
+            return Err(ModelError::Config(format!(
+                "{}: no decoder siphon reads (SAELens's, sparsify's or Gemma Scope's W_dec; Llama Scope's is not read yet)",
+                dir.display()
+            )));
+        }
     };
     match w.shape[..] {
         [d_sae, d_out] if d_sae > 0 && d_out > 0 => Ok(w),
