@@ -132,7 +132,7 @@ pub struct Latents {
     /// `[rows, seq, cap]` f32: their values, 0 past the firings.
     pub values: HostArray,
     /// `[rows, seq]` s32: each token's firings, which may exceed `cap` (what stores them refuses
-    /// such a token: `siphon_store::BatchLatents::firings`).
+    /// such a token: `siphon_store::kept_firings`).
     pub firings: HostArray,
 }
 

@@ -53,7 +53,7 @@ impl Launched {
     /// Each dictionary's latents for process `process`'s rows, read from its partitions only
     /// (waiting for the copies), as the devices left them: a token's firings may exceed the
     /// latents kept (see [`Latents::firings`]): the store refuses those
-    /// (`siphon_store::BatchLatents::firings`: the extraction's writer for the tokens it
+    /// (`siphon_store::kept_firings`: the extraction's writer for the tokens it
     /// stores, `siphon forward` for every token).
     pub fn latents(&self, process: usize) -> Result<Vec<Latents>, EngineError> {
         let view = self.views.get(process).ok_or_else(|| EngineError::Batch(format!("no process {process}")))?;

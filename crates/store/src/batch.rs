@@ -60,25 +60,11 @@ pub struct BatchLatents {
 }
 
 impl BatchLatents {
-    /// Token `t`'s number of firings; `Err` when it fired more latents than the `cap` kept: the
-    /// one place siphon refuses such a token (never truncated), for the writer and for
-    /// `siphon forward` alike.
-    pub fn firings(&self, t: usize) -> std::result::Result<usize, String> {
-        let firings = i32::from_le_bytes(word(&self.firings, t));
-        match usize::try_from(firings) {
-            Ok(n) if n <= self.cap => Ok(n),
-            _ => Err(format!(
-                "fires {firings} latents, more than the {} kept (--latent-cap): refused, never truncated",
-                self.cap
-            )),
-        }
-    }
-
     /// Token `t`'s kept latents as (index, value) pairs in the order given, into `kept`
     /// (cleared first); `Err` says what is wrong (more firings than kept, an index out of range
     /// or past the firings).
     pub(crate) fn token(&self, t: usize, width: usize, kept: &mut Vec<(u32, f32)>) -> std::result::Result<(), String> {
-        let firings = self.firings(t)?;
+        let firings = kept_firings(i32::from_le_bytes(word(&self.firings, t)), self.cap)?;
         kept.clear();
         for slot in t * self.cap..(t + 1) * self.cap {
             let index = i32::from_le_bytes(word(&self.indices, slot));
@@ -115,6 +101,16 @@ pub(crate) fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [
         out.extend_from_slice(&f(v));
     }
     Bytes::from(out)
+}
+
+/// A token's number of `firings` as the devices count them; `Err` when it fired more latents
+/// than the `cap` kept: the one place siphon refuses such a token (never truncated), for the
+/// writer and for `siphon forward` alike.
+pub fn kept_firings(firings: i32, cap: usize) -> std::result::Result<usize, String> {
+    match usize::try_from(firings) {
+        Ok(n) if n <= cap => Ok(n),
+        _ => Err(format!("fires {firings} latents, more than the {cap} kept (--latent-cap): refused, never truncated")),
+    }
 }
 
 /// The `i`th little-endian 4-byte word of `b`.

@@ -64,7 +64,7 @@
 //! in the stored dtype, never fp8) and counts each latent's firings, sum and largest value over
 //! the included tokens (`LatentStats`, in `stats.json` beside the hooks'), which a resume and
 //! `verify_run` recompute from the CSR read back. A stored token that fired more than the cap is
-//! refused, naming the column, sequence and position (`BatchLatents::firings`, the one place
+//! refused, naming the column, sequence and position (`kept_firings`, the one place
 //! siphon refuses it: `siphon forward` uses it too).
 //!
 //! A run of conversations (`ShardFormat::roles`) stores each token's role as a `role` (U8) tensor.
@@ -98,7 +98,7 @@ mod upload;
 mod verify;
 mod writer;
 
-pub use batch::{BatchActivations, BatchLatents, DType, HookActivations, fp8_scale_name};
+pub use batch::{BatchActivations, BatchLatents, DType, HookActivations, fp8_scale_name, kept_firings};
 pub use config::{
     DEFAULT_GIVE_UP_AFTER, DEFAULT_SEALERS, DEFAULT_TARGET_SHARD_BYTES, HostId, LatentsColumn, MAX_BACKOFF,
     MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,

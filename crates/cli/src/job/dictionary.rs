@@ -132,17 +132,16 @@ pub fn for_writer(
 }
 
 /// Refuses a token of `siphon forward`'s batch that fired more of a dictionary's latents than
-/// it keeps, by the store's rule ([`BatchLatents::firings`]), naming the dictionary and token.
+/// it keeps, by the store's rule ([`siphon_store::kept_firings`]), naming the dictionary and
+/// token.
 pub fn check_caps(dictionaries: &[DictionaryHook], latents: &[siphon_engine::Latents]) -> anyhow::Result<()> {
     for (d, l) in dictionaries.iter().zip(latents) {
         let seq = l.firings.shape().get(1).copied().unwrap_or(1).max(1);
-        let firings = Bytes::copy_from_slice(l.firings.bytes());
-        let tokens = firings.len() / 4;
-        let (name, cap) = (d.dictionary.name.clone(), d.cap);
-        let column = BatchLatents { name, cap, indices: Bytes::new(), values: Bytes::new(), firings };
-        for t in 0..tokens {
-            column.firings(t).map_err(|e| {
-                anyhow::anyhow!("dictionary {}: the token at row {} position {} {e}", column.name, t / seq, t % seq)
+        let firings = l.firings.bytes().chunks_exact(4).map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+        for (t, firings) in firings.enumerate() {
+            siphon_store::kept_firings(firings, d.cap).map_err(|e| {
+                let name = &d.dictionary.name;
+                anyhow::anyhow!("dictionary {name}: the token at row {} position {} {e}", t / seq, t % seq)
             })?;
         }
     }
