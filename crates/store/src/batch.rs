@@ -7,6 +7,7 @@
 use bytes::Bytes;
 
 use crate::error::{Result, StoreError};
+use crate::sparse::{BatchLatents, LatentsColumn};
 
 pub use siphon_dtype::DType;
 
@@ -39,83 +40,6 @@ impl HookActivations {
     pub fn row_elements(&self) -> usize {
         self.shape.iter().product()
     }
-}
-
-/// One dictionary's latents for a whole batch, as the devices return them: per token its `cap`
-/// largest latents (largest first) and its number of firings. The writer stores the firings
-/// sparsely ([`crate::LatentsColumn`]); a stored token that fired more than `cap` latents is
-/// refused, never truncated.
-#[derive(Debug, Clone)]
-pub struct BatchLatents {
-    /// The column's name, one of the run's [`crate::LatentsColumn`]s.
-    pub name: String,
-    /// Latents kept per token.
-    pub cap: usize,
-    /// `[batch, seq, cap]` little-endian i32: latent indices, `-1` past the token's firings.
-    pub indices: Bytes,
-    /// `[batch, seq, cap]` little-endian f32: their values.
-    pub values: Bytes,
-    /// `[batch, seq]` little-endian i32: each token's firings (may exceed `cap`).
-    pub firings: Bytes,
-}
-
-impl BatchLatents {
-    /// Token `t`'s kept latents as (index, value) pairs in the order given, into `kept`
-    /// (cleared first); `Err` says what is wrong (more firings than kept, an index out of range
-    /// or past the firings).
-    pub(crate) fn token(&self, t: usize, width: usize, kept: &mut Vec<(u32, f32)>) -> std::result::Result<(), String> {
-        let firings = kept_firings(i32::from_le_bytes(word(&self.firings, t)), self.cap)?;
-        kept.clear();
-        for slot in t * self.cap..(t + 1) * self.cap {
-            let index = i32::from_le_bytes(word(&self.indices, slot));
-            if index < 0 {
-                continue;
-            }
-            if index as usize >= width {
-                return Err(format!("has latent index {index}, past the dictionary's {width} latents"));
-            }
-            kept.push((index as u32, f32::from_le_bytes(word(&self.values, slot))));
-        }
-        if kept.len() != firings {
-            return Err(format!("counts {firings} firings but holds {} latent indices", kept.len()));
-        }
-        Ok(())
-    }
-}
-
-/// The element type of a stored activation tensor; `None` for a dtype siphon never stores.
-pub(crate) fn stored_dtype(dtype: safetensors::Dtype) -> Option<DType> {
-    match dtype {
-        safetensors::Dtype::F32 => Some(DType::F32),
-        safetensors::Dtype::BF16 => Some(DType::Bf16),
-        safetensors::Dtype::F16 => Some(DType::F16),
-        safetensors::Dtype::F8_E4M3 => Some(DType::Fp8),
-        _ => None,
-    }
-}
-
-/// `values` as little-endian bytes, `f` giving each one's.
-pub(crate) fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Bytes {
-    let mut out = Vec::with_capacity(values.len() * N);
-    for &v in values {
-        out.extend_from_slice(&f(v));
-    }
-    Bytes::from(out)
-}
-
-/// A token's number of `firings` as the devices count them; `Err` when it fired more latents
-/// than the `cap` kept: the one place siphon refuses such a token (never truncated), for the
-/// writer and for `siphon forward` alike.
-pub fn kept_firings(firings: i32, cap: usize) -> std::result::Result<usize, String> {
-    match usize::try_from(firings) {
-        Ok(n) if n <= cap => Ok(n),
-        _ => Err(format!("fires {firings} latents, more than the {cap} kept (--latent-cap): refused, never truncated")),
-    }
-}
-
-/// The `i`th little-endian 4-byte word of `b`.
-fn word(b: &Bytes, i: usize) -> [u8; 4] {
-    [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]
 }
 
 /// Checks a per-token shape: non-empty, no zero dimension, element count fits in `usize`.
@@ -183,7 +107,7 @@ impl BatchActivations {
     /// Checks sizes against the run's hooks and each hook's own per-token shape; returns a
     /// clear error naming the first problem. (That shapes stay the same from batch to batch is
     /// the writer's check.)
-    pub fn validate(&self, hooks: &[String], latents: &[crate::LatentsColumn]) -> Result<()> {
+    pub fn validate(&self, hooks: &[String], latents: &[LatentsColumn]) -> Result<()> {
         let bad = |reason: String| StoreError::InvalidBatch { first_sample: self.first_sample, reason };
         let tokens = self.batch.checked_mul(self.seq).ok_or_else(|| bad("batch * seq overflows".into()))?;
         if tokens == 0 {
@@ -204,30 +128,7 @@ impl BatchActivations {
             let got: Vec<&str> = self.hooks.iter().map(|h| h.hook.as_str()).collect();
             return Err(bad(format!("hooks {got:?} differ from the run's hooks {hooks:?}")));
         }
-        if self.latents.len() != latents.len() || self.latents.iter().zip(latents).any(|(l, c)| l.name != c.name) {
-            let got: Vec<&str> = self.latents.iter().map(|l| l.name.as_str()).collect();
-            let run: Vec<&str> = latents.iter().map(|c| c.name.as_str()).collect();
-            return Err(bad(format!("latents {got:?} differ from the run's latents {run:?}")));
-        }
-        for (l, column) in self.latents.iter().zip(latents) {
-            if l.cap == 0 || l.cap > column.width {
-                return Err(bad(format!("latents {} keep {} per token, of {} latents", l.name, l.cap, column.width)));
-            }
-            let slots =
-                tokens.checked_mul(4 * l.cap).ok_or_else(|| bad(format!("latents {} size overflows", l.name)))?;
-            for (part, len, expected) in [
-                ("indices", l.indices.len(), slots),
-                ("values", l.values.len(), slots),
-                ("firings", l.firings.len(), 4 * tokens),
-            ] {
-                if len != expected {
-                    return Err(bad(format!(
-                        "latents {} has {len} bytes of {part}, expected {expected} (batch*seq = {tokens}, cap {})",
-                        l.name, l.cap
-                    )));
-                }
-            }
-        }
+        crate::sparse::check_batch(&self.latents, latents, tokens).map_err(bad)?;
         for hook in &self.hooks {
             if !hook.dtype.is_activation() {
                 return Err(bad(format!("hook {} is {}, which holds no activations", hook.hook, hook.dtype)));

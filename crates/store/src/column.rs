@@ -8,11 +8,10 @@
 use std::collections::BTreeMap;
 
 use crate::batch::{BatchActivations, DType};
-use crate::config::LatentsColumn;
 use crate::dense::{ColumnPool, HookColumn};
 use crate::error::{Result, StoreError};
-use crate::sparse::SparseColumn;
-use crate::stats::{HookStats, LatentStats, RunStats};
+use crate::sparse::{LatentsColumn, SparseColumn};
+use crate::stats::{HookStats, LatentStats, RunStats, StatsFile};
 use crate::tensor::Tensor;
 
 /// One stored column as run.json describes it.
@@ -61,6 +60,23 @@ impl Column<'_> {
         match self {
             Column::Hook { name, .. } => name,
             Column::Latents(c) => &c.name,
+        }
+    }
+
+    /// What is wrong with `file`'s statistics of this column, which must count the `included`
+    /// tokens (a file of no included token may lack them); `None` when nothing is.
+    pub fn check_stats(&self, file: &StatsFile, included: u64) -> Option<String> {
+        match self {
+            Column::Hook { name, shape } => match file.hooks.get(*name) {
+                None if included == 0 => None,
+                None => Some(format!("no statistics for hook {name}")),
+                Some(s) => crate::dense::check_stats(name, *shape, s, included),
+            },
+            Column::Latents(c) => match file.latents.get(&c.name) {
+                None if included == 0 => None,
+                None => Some(format!("no statistics for latents {}", c.name)),
+                Some(s) => c.check_stats(s, included),
+            },
         }
     }
 

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::DType;
 use crate::error::{Result, StoreError};
+use crate::sparse::LatentsColumn;
 
 /// Default target shard size: about 256 MB.
 pub const DEFAULT_TARGET_SHARD_BYTES: u64 = 256 << 20;
@@ -211,39 +212,6 @@ pub struct RunDescriptor {
     pub partition: serde_json::Value,
     /// The extraction config (corpus, seq len, batch size...).
     pub config: serde_json::Value,
-}
-
-/// One dictionary's latents in the run: per shard the tensors `<name>.indptr` (i32
-/// `[tokens + 1]`), `<name>.indices` (i32 `[nnz]`, each token's latents in ascending order) and
-/// `<name>.values` (`[nnz]`, the stored dtype): row `t` of the shard fired latents
-/// `indices[indptr[t]..indptr[t + 1]]`, a CSR matrix `[tokens, width]` over the shard's rows.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LatentsColumn {
-    /// `<hook>.hook_sae_acts_post`, with `.<dictionary>` where several dictionaries read one
-    /// hook (as SAELens's `HookedSAETransformer` names them).
-    pub name: String,
-    /// The hook the dictionary reads.
-    pub hook: String,
-    /// The dictionary's latents (the matrix's columns).
-    pub width: usize,
-    /// Latents kept per token on the devices; a token that fires more is refused.
-    pub cap: usize,
-    /// What the dictionary is (its source, format, architecture): opaque to the store.
-    #[serde(default)]
-    pub dictionary: serde_json::Value,
-}
-
-impl LatentsColumn {
-    /// The names of the column's three tensors: indptr, indices, values.
-    pub fn tensor_names(&self) -> [String; 3] {
-        latents_tensor_names(&self.name)
-    }
-}
-
-/// The names of a latents column's three tensors: `<name>.indptr`, `<name>.indices`,
-/// `<name>.values`.
-pub fn latents_tensor_names(name: &str) -> [String; 3] {
-    [format!("{name}.indptr"), format!("{name}.indices"), format!("{name}.values")]
 }
 
 impl RunDescriptor {

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::batch::{BatchActivations, DType, HookActivations, fp8_scale_name, stored_dtype};
+use crate::batch::{BatchActivations, DType, HookActivations, fp8_scale_name};
 use crate::moments::BLOCK;
-use crate::stats::{HookStats, StatsAccumulator};
-use crate::tensor::{Rank, Tensor};
+use crate::stats::{HookStats, HookStatsJson, StatsAccumulator};
+use crate::tensor::{Rank, Tensor, stored_dtype};
 
 /// Rows copied into pooled chunks of about this size (whole rows; one row at least).
 const CHUNK_BYTES: usize = 4 << 20;
@@ -332,4 +332,23 @@ fn convert_rows(src_dtype: DType, src: &[u8], dst_dtype: DType, dst: &mut Vec<u8
         DType::Fp8 => unreachable!("fp8 rows are never converted (refused in add_unit)"),
         DType::U8 => unreachable!("u8 holds no activations (refused by BatchActivations::validate)"),
     }
+}
+
+/// What is wrong with `hook`'s statistics `s` in stats.json: a count other than the `included`
+/// tokens, or another per-token shape than `shape` (where known).
+pub(crate) fn check_stats(hook: &str, shape: Option<&[usize]>, s: &HookStatsJson, included: u64) -> Option<String> {
+    if s.count != included {
+        return Some(format!("hook {hook} counts {} tokens, manifests include {included}", s.count));
+    }
+    let shape = shape?;
+    let width = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    let same =
+        width == Some(s.mean.len()) && width == Some(s.variance.len()) && (s.shape.is_empty() || s.shape == shape);
+    (!same).then(|| {
+        format!(
+            "hook {hook} has statistics of per-token shape {:?} ({} means), the shards {shape:?}",
+            s.shape,
+            s.mean.len()
+        )
+    })
 }

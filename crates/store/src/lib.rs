@@ -98,10 +98,10 @@ mod upload;
 mod verify;
 mod writer;
 
-pub use batch::{BatchActivations, BatchLatents, DType, HookActivations, fp8_scale_name, kept_firings};
+pub use batch::{BatchActivations, DType, HookActivations, fp8_scale_name};
 pub use config::{
-    DEFAULT_GIVE_UP_AFTER, DEFAULT_SEALERS, DEFAULT_TARGET_SHARD_BYTES, HostId, LatentsColumn, MAX_BACKOFF,
-    MIN_PART_BYTES, RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,
+    DEFAULT_GIVE_UP_AFTER, DEFAULT_SEALERS, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES,
+    RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,
 };
 pub use error::{Result, StoreError};
 pub use format::{FORMAT_TAG, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, format_version};
@@ -109,8 +109,10 @@ pub use location::{MANIFEST_NAME, RUN_JSON_NAME, STATS_NAME, StoreLocation, pars
 pub use manifest::{ManifestLine, parse_manifest, parse_manifest_torn, render_manifest};
 pub use probe::{PROBE_BYTES, ProbeReport, probe, probe_blocking};
 pub use run::{ResumePoint, RunJson, list_hosts, merge_host_stats};
-pub use shard::{RESERVED_TENSOR_NAMES, SealedShard, ShardSummary, check_format, summarize_shard};
+pub use shard::{SealedShard, ShardSummary, check_format, summarize_shard};
+pub use sparse::{BatchLatents, LatentsColumn, kept_firings};
 pub use stats::{HookStats, HookStatsJson, LatentStats, RunStats, StatsFile, merge_run_stats};
+pub use tensor::RESERVED_TENSOR_NAMES;
 pub use upload::upload_object;
 pub use verify::{HostReport, VerifyReport, finalize_run, verify_run, verify_run_blocking};
 pub use writer::{HostSummary, ShardWriter, WriterTiming, batch_shard};

@@ -9,7 +9,7 @@
 //! any x86 or ARM machine, whichever vector width runs it: a shard's statistics recomputed on
 //! another machine (resume, `siphon inspect`) equal the writer's exactly.
 
-use crate::batch::DType;
+use siphon_dtype::DType;
 
 /// Stored rows per f32 block. Blocks are counted from a shard's first row, so the sums depend
 /// on the rows only, never on how they were handed in.

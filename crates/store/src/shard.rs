@@ -14,22 +14,20 @@ use bytes::Bytes;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
-use crate::batch::{BatchActivations, le_bytes};
+use crate::batch::BatchActivations;
 use crate::column::{Building, columns};
-use crate::config::{HostId, LatentsColumn, ShardFormat};
+use crate::config::{HostId, ShardFormat};
 use crate::dense::ColumnPool;
 use crate::error::{Result, StoreError};
 use crate::format::{FORMAT_TAG, format_version};
+use crate::sparse::LatentsColumn;
 use crate::stats::RunStats;
-use crate::tensor::{Rank, Tensor, file_order};
+use crate::tensor::{Rank, Tensor, file_order, le_bytes};
 
 /// [`format_version`], or [`StoreError::UnsupportedFormat`] naming `path` and the tag.
 pub fn check_format(path: &str, tag: &str) -> Result<u32> {
     format_version(tag).ok_or_else(|| StoreError::UnsupportedFormat { path: path.to_string(), found: tag.to_string() })
 }
-
-/// Tensor names that hooks may not use.
-pub const RESERVED_TENSOR_NAMES: [&str; 6] = ["token_ids", "doc_index", "position", "sample_index", "mask", "role"];
 
 /// Identity written into each shard's metadata.
 #[derive(Debug, Clone)]

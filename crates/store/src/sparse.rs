@@ -1,14 +1,185 @@
-//! One latents column's rows in a shard being built: each stored token's firings compacted
-//! from the devices' fixed-width rows (`cap` slots, `-1` past the firings) into a CSR matrix,
-//! each token's latents in ascending order, values in the stored dtype; and the column's
-//! statistics over the included tokens, counted as the rows come in.
+//! A dictionary's latents as the store holds them: the run's column as run.json describes it
+//! ([`LatentsColumn`]) and its checks before the writer opens ([`validate_columns`]); a batch's
+//! rows as the devices return them ([`BatchLatents`], [`check_batch`]), each token's firings
+//! under the one cap rule ([`kept_firings`]); a shard's rows being built, compacted from the
+//! devices' fixed-width rows (`cap` slots, `-1` past the firings) into a CSR matrix, each
+//! token's latents ascending, values in the stored dtype, with the column's statistics over the
+//! included tokens counted as the rows come in ([`SparseColumn`]); and a shard's CSR tensors
+//! read back ([`summarize`]).
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use siphon_dtype::DType;
 
-use crate::batch::{BatchLatents, DType, le_bytes, stored_dtype};
-use crate::config::{LatentsColumn, latents_tensor_names};
-use crate::stats::LatentStats;
-use crate::tensor::{Rank, Tensor};
+use crate::error::{Result, StoreError};
+use crate::stats::{LatentStats, decode_row};
+use crate::tensor::{RESERVED_TENSOR_NAMES, Rank, Tensor, le_bytes, stored_dtype};
+
+/// One dictionary's latents in the run: per shard the tensors `<name>.indptr` (i32
+/// `[tokens + 1]`), `<name>.indices` (i32 `[nnz]`, each token's latents in ascending order) and
+/// `<name>.values` (`[nnz]`, the stored dtype): row `t` of the shard fired latents
+/// `indices[indptr[t]..indptr[t + 1]]`, a CSR matrix `[tokens, width]` over the shard's rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatentsColumn {
+    /// `<hook>.hook_sae_acts_post`, with `.<dictionary>` where several dictionaries read one
+    /// hook (as SAELens's `HookedSAETransformer` names them).
+    pub name: String,
+    /// The hook the dictionary reads.
+    pub hook: String,
+    /// The dictionary's latents (the matrix's columns).
+    pub width: usize,
+    /// Latents kept per token on the devices; a token that fires more is refused.
+    pub cap: usize,
+    /// What the dictionary is (its source, format, architecture): opaque to the store.
+    #[serde(default)]
+    pub dictionary: serde_json::Value,
+}
+
+impl LatentsColumn {
+    /// What is wrong with the column's statistics `s` in stats.json: a count other than the
+    /// `included` tokens, or another width.
+    pub(crate) fn check_stats(&self, s: &LatentStats, included: u64) -> Option<String> {
+        if s.count != included {
+            return Some(format!("latents {} count {} tokens, manifests include {included}", self.name, s.count));
+        }
+        ([s.firings.len(), s.sums.len(), s.max.len()] != [self.width; 3]).then(|| {
+            format!("latents {} has statistics of {} latents, run.json says {}", self.name, s.firings.len(), self.width)
+        })
+    }
+
+    /// The names of the column's three tensors: indptr, indices, values.
+    pub fn tensor_names(&self) -> [String; 3] {
+        latents_tensor_names(&self.name)
+    }
+}
+
+/// The names of a latents column's three tensors: `<name>.indptr`, `<name>.indices`,
+/// `<name>.values`.
+pub fn latents_tensor_names(name: &str) -> [String; 3] {
+    [format!("{name}.indptr"), format!("{name}.indices"), format!("{name}.values")]
+}
+
+/// Checks the latents columns: stored as f32, bf16 or f16; a width and a cap; names that are
+/// not a hook's, a reserved one or another column's.
+pub(crate) fn validate_columns(columns: &[LatentsColumn], hooks: &[String], dtype: DType) -> Result<()> {
+    let bad = |reason: String| Err(StoreError::InvalidConfig(reason));
+    if !columns.is_empty() && !matches!(dtype, DType::F32 | DType::Bf16 | DType::F16) {
+        return bad(format!("latents are stored as f32, bf16 or f16, not {}: choose another --dtype", dtype.name()));
+    }
+    let mut seen: std::collections::HashSet<String> = hooks.iter().cloned().collect();
+    for column in columns {
+        if column.width == 0 || column.cap == 0 || column.cap > column.width {
+            return bad(format!(
+                "latents {}: {} kept per token of {} latents (both > 0, the cap at most the width)",
+                column.name, column.cap, column.width
+            ));
+        }
+        if column.width > MAX_LATENTS {
+            return bad(format!(
+                "latents {}: {} latents, more than the {} a column may have",
+                column.name, column.width, MAX_LATENTS
+            ));
+        }
+        let names = std::iter::once(column.name.clone()).chain(column.tensor_names());
+        for name in names {
+            if RESERVED_TENSOR_NAMES.contains(&name.as_str()) || name.is_empty() || !seen.insert(name.clone()) {
+                return bad(format!("latents name {name:?} is empty, reserved or already a hook's or a column's"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One dictionary's latents for a whole batch, as the devices return them: per token its `cap`
+/// largest latents (largest first) and its number of firings. The writer stores the firings
+/// sparsely ([`crate::LatentsColumn`]); a stored token that fired more than `cap` latents is
+/// refused, never truncated.
+#[derive(Debug, Clone)]
+pub struct BatchLatents {
+    /// The column's name, one of the run's [`crate::LatentsColumn`]s.
+    pub name: String,
+    /// Latents kept per token.
+    pub cap: usize,
+    /// `[batch, seq, cap]` little-endian i32: latent indices, `-1` past the token's firings.
+    pub indices: Bytes,
+    /// `[batch, seq, cap]` little-endian f32: their values.
+    pub values: Bytes,
+    /// `[batch, seq]` little-endian i32: each token's firings (may exceed `cap`).
+    pub firings: Bytes,
+}
+
+impl BatchLatents {
+    /// Token `t`'s kept latents as (index, value) pairs in the order given, into `kept`
+    /// (cleared first); `Err` says what is wrong (more firings than kept, an index out of range
+    /// or past the firings).
+    pub(crate) fn token(&self, t: usize, width: usize, kept: &mut Vec<(u32, f32)>) -> std::result::Result<(), String> {
+        let firings = kept_firings(i32::from_le_bytes(word(&self.firings, t)), self.cap)?;
+        kept.clear();
+        for slot in t * self.cap..(t + 1) * self.cap {
+            let index = i32::from_le_bytes(word(&self.indices, slot));
+            if index < 0 {
+                continue;
+            }
+            if index as usize >= width {
+                return Err(format!("has latent index {index}, past the dictionary's {width} latents"));
+            }
+            kept.push((index as u32, f32::from_le_bytes(word(&self.values, slot))));
+        }
+        if kept.len() != firings {
+            return Err(format!("counts {firings} firings but holds {} latent indices", kept.len()));
+        }
+        Ok(())
+    }
+}
+
+/// Checks a batch's latents against the run's `columns` over its `tokens` (batch * seq): one
+/// per column in order, each of a cap within the width and its parts' sizes; `Err` says
+/// what is wrong.
+pub(crate) fn check_batch(
+    batch: &[BatchLatents],
+    columns: &[LatentsColumn],
+    tokens: usize,
+) -> std::result::Result<(), String> {
+    if batch.len() != columns.len() || batch.iter().zip(columns).any(|(l, c)| l.name != c.name) {
+        let got: Vec<&str> = batch.iter().map(|l| l.name.as_str()).collect();
+        let run: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+        return Err(format!("latents {got:?} differ from the run's latents {run:?}"));
+    }
+    for (l, column) in batch.iter().zip(columns) {
+        if l.cap == 0 || l.cap > column.width {
+            return Err(format!("latents {} keep {} per token, of {} latents", l.name, l.cap, column.width));
+        }
+        let slots = tokens.checked_mul(4 * l.cap).ok_or_else(|| format!("latents {} size overflows", l.name))?;
+        for (part, len, expected) in [
+            ("indices", l.indices.len(), slots),
+            ("values", l.values.len(), slots),
+            ("firings", l.firings.len(), 4 * tokens),
+        ] {
+            if len != expected {
+                return Err(format!(
+                    "latents {} has {len} bytes of {part}, expected {expected} (batch*seq = {tokens}, cap {})",
+                    l.name, l.cap
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A token's number of `firings` as the devices count them; `Err` when it fired more latents
+/// than the `cap` kept: the one place siphon refuses such a token (never truncated), for the
+/// writer and for `siphon forward` alike.
+pub fn kept_firings(firings: i32, cap: usize) -> std::result::Result<usize, String> {
+    match usize::try_from(firings) {
+        Ok(n) if n <= cap => Ok(n),
+        _ => Err(format!("fires {firings} latents, more than the {cap} kept (--latent-cap): refused, never truncated")),
+    }
+}
+
+/// The `i`th little-endian 4-byte word of `b`.
+fn word(b: &Bytes, i: usize) -> [u8; 4] {
+    [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]
+}
 
 /// The most latents a column may have (2^26, twice the largest dictionaries trained): their
 /// statistics are three arrays of that length.
@@ -151,7 +322,7 @@ pub(crate) fn summarize(
     }
     let latents = words(&indices);
     let mut decoded = vec![0f32; nnz];
-    crate::stats::decode_row(dtype, values.data(), &mut decoded);
+    decode_row(dtype, values.data(), &mut decoded);
     let mut stats = LatentStats::new(column.width);
     for (row, span) in offsets.windows(2).enumerate() {
         let (start, end) = (span[0] as usize, span[1] as usize);

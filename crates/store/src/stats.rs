@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::batch::DType;
 use crate::error::{Result, StoreError};
 use crate::moments::{self, BLOCK, Moments};
+use siphon_dtype::DType;
 
 /// Running statistics of one hook.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,8 +5,8 @@
 //! of each sequence is excluded (like a BOS), and so is the last token of every third sequence
 //! (like padding).
 
-use crate::batch::{BatchActivations, BatchLatents, DType, HookActivations};
-use crate::config::LatentsColumn;
+use crate::batch::{BatchActivations, DType, HookActivations};
+use crate::sparse::{BatchLatents, LatentsColumn};
 
 /// Shape of the synthetic stream.
 #[derive(Debug, Clone)]

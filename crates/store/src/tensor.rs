@@ -1,6 +1,9 @@
-//! A shard file's tensors ([`Tensor`]) and the order the file holds them in ([`file_order`]).
+//! A shard file's tensors ([`Tensor`]), the order the file holds them in ([`file_order`]), the
+//! names the shard's own tensors keep ([`RESERVED_TENSOR_NAMES`]) and their bytes
+//! ([`le_bytes`], [`stored_dtype`]).
 
 use bytes::Bytes;
+use siphon_dtype::DType;
 
 /// A tensor of a shard file: name, safetensors dtype, shape, bytes (in segments), and where it
 /// stands among the tensors of its alignment.
@@ -40,4 +43,27 @@ pub(crate) fn file_order(tensors: &mut [Tensor]) {
         _ => 1,
     };
     tensors.sort_by_key(|t| (std::cmp::Reverse(alignment(t.dtype)), t.rank));
+}
+
+/// Tensor names that hooks may not use.
+pub const RESERVED_TENSOR_NAMES: [&str; 6] = ["token_ids", "doc_index", "position", "sample_index", "mask", "role"];
+
+/// The element type of a stored activation tensor; `None` for a dtype siphon never stores.
+pub(crate) fn stored_dtype(dtype: safetensors::Dtype) -> Option<DType> {
+    match dtype {
+        safetensors::Dtype::F32 => Some(DType::F32),
+        safetensors::Dtype::BF16 => Some(DType::Bf16),
+        safetensors::Dtype::F16 => Some(DType::F16),
+        safetensors::Dtype::F8_E4M3 => Some(DType::Fp8),
+        _ => None,
+    }
+}
+
+/// `values` as little-endian bytes, `f` giving each one's.
+pub(crate) fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Bytes {
+    let mut out = Vec::with_capacity(values.len() * N);
+    for &v in values {
+        out.extend_from_slice(&f(v));
+    }
+    Bytes::from(out)
 }

@@ -5,11 +5,13 @@ use std::collections::BTreeMap;
 use futures::TryStreamExt;
 use sha2::{Digest, Sha256};
 
-use crate::config::{HostId, LatentsColumn};
+use crate::column::columns;
+use crate::config::HostId;
 use crate::error::{Result, StoreError};
 use crate::location::{MANIFEST_NAME, STATS_NAME, StoreLocation};
 use crate::run::{RunJson, get_optional, list_hosts, merge_host_stats, read_manifest};
 use crate::shard::{check_format, summarize_shard};
+use crate::sparse::LatentsColumn;
 use crate::stats::{self, RunStats, StatsFile};
 
 /// What [`verify_run`] found.
@@ -395,47 +397,10 @@ fn close_without_extremes(file: &stats::HookStatsJson, expected: &stats::HookSta
         && close(file.mean_norm, expected.mean_norm, expected.mean_norm)
 }
 
+/// Pushes what is wrong with `file`'s statistics of each of the run's columns (named `what`),
+/// which must count the `included` tokens.
 fn check_stats(what: &str, file: &StatsFile, expected: &Expected, included: u64, problems: &mut Vec<String>) {
-    for column in &expected.latents {
-        match file.latents.get(&column.name) {
-            None if included == 0 => {}
-            None => problems.push(format!("{what}: no statistics for latents {}", column.name)),
-            Some(s) if s.count != included => problems.push(format!(
-                "{what}: latents {} count {} tokens, manifests include {included}",
-                column.name, s.count
-            )),
-            Some(s) if [s.firings.len(), s.sums.len(), s.max.len()] != [column.width; 3] => problems.push(format!(
-                "{what}: latents {} has statistics of {} latents, run.json says {}",
-                column.name,
-                s.firings.len(),
-                column.width
-            )),
-            Some(_) => {}
-        }
-    }
-    for (i, hook) in expected.hooks.iter().enumerate() {
-        match file.hooks.get(hook) {
-            None if included == 0 => {}
-            None => problems.push(format!("{what}: no statistics for hook {hook}")),
-            Some(s) if s.count != included => {
-                problems.push(format!("{what}: hook {hook} counts {} tokens, manifests include {included}", s.count))
-            }
-            Some(s) => {
-                let Some(shape) = expected.shapes.get(i) else {
-                    continue;
-                };
-                let width = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-                if width != Some(s.mean.len())
-                    || width != Some(s.variance.len())
-                    || (!s.shape.is_empty() && &s.shape != shape)
-                {
-                    problems.push(format!(
-                        "{what}: hook {hook} has statistics of per-token shape {:?} ({} means), the shards {shape:?}",
-                        s.shape,
-                        s.mean.len()
-                    ));
-                }
-            }
-        }
+    for column in columns(&expected.hooks, &expected.shapes, &expected.latents) {
+        problems.extend(column.check_stats(file, included).map(|problem| format!("{what}: {problem}")));
     }
 }

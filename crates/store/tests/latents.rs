@@ -233,3 +233,24 @@ fn verify_names_a_csr_row_that_is_out_of_order() {
     let summary = siphon_store::summarize_shard("s", &bytes, &spec.hooks, &spec.shapes, &spec.latents).unwrap_err();
     assert!(summary.to_string().contains(&format!("latents {NAME}: row {row}'s latents")), "{summary}");
 }
+
+#[test]
+fn verify_names_each_column_whose_statistics_are_wrong() {
+    let spec = spec();
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &spec, |c| c.format.dtype = DType::F32, 2);
+    let path = dir.path().join(RUN).join(HOST.dir_name()).join("stats.json");
+    let mut stats: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let hook = &spec.hooks[0];
+    stats["hooks"][hook]["count"] = (stats["hooks"][hook]["count"].as_u64().unwrap() + 1).into();
+    stats["latents"][NAME]["firings"].as_array_mut().unwrap().pop();
+    std::fs::write(&path, serde_json::to_vec(&stats).unwrap()).unwrap();
+    let report = siphon_store::verify_run_blocking(dir.path().to_str().unwrap(), &[], RUN).unwrap();
+    let problems = report.all_problems().join("\n");
+    assert!(problems.contains(&format!("stats.json: hook {hook} counts")), "{problems}");
+    assert!(
+        problems.contains(&format!("stats.json: latents {NAME} has statistics of 49 latents, run.json says 50")),
+        "{problems}"
+    );
+    assert!(!problems.contains(&format!("latents {NAME}.second")), "{problems}");
+}

@@ -39,16 +39,17 @@ use std::thread::JoinHandle;
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::batch::BatchActivations;
-use crate::config::{HostId, LatentsColumn, RunDescriptor, StoreConfig};
+use crate::config::{HostId, RunDescriptor, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::location::StoreLocation;
 use crate::run::{ResumePoint, RunJson, claim_run, recover_host};
 use crate::shard::{ShardBuilder, ShardIdentity};
+use crate::sparse::{LatentsColumn, validate_columns};
 use assemble::assemble;
 use commit::{CONCURRENT_SHARD_UPLOADS, Committer};
 use seal::Sealer;
 pub use summary::{HostSummary, WriterTiming};
-use validate::{validate_hooks, validate_latents};
+use validate::validate_hooks;
 
 /// One host's shard writer: blocking API, background assembly and upload.
 ///
@@ -104,7 +105,7 @@ impl ShardWriter {
     pub fn open_at(location: StoreLocation, config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
         config.validate()?;
         validate_hooks(&descriptor.hooks, &descriptor.hook_shapes, !descriptor.latents.is_empty())?;
-        validate_latents(&descriptor, config.format.dtype)?;
+        validate_columns(&descriptor.latents, &descriptor.hooks, config.format.dtype)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("siphon-store")
