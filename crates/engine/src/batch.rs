@@ -5,6 +5,7 @@ use siphon_models::HookPoint;
 use siphon_runtime::HostArray;
 
 use crate::error::EngineError;
+use crate::latents::Latents;
 
 /// A batch of equal-length token rows, its attention mask and position ids.
 #[derive(Debug, Clone, PartialEq)]
@@ -122,18 +123,6 @@ pub struct Activations {
     pub hooks: Vec<(HookPoint, HostArray)>,
     /// Each dictionary's latents, in [`EngineOptions::dictionaries`]' order.
     pub latents: Vec<Latents>,
-}
-
-/// One dictionary's latents for a batch's rows: each token's largest, sparsely.
-#[derive(Debug, Clone)]
-pub struct Latents {
-    /// `[rows, seq, cap]` s32: latent indices, largest first, `-1` past the token's firings.
-    pub indices: HostArray,
-    /// `[rows, seq, cap]` f32: their values, 0 past the firings.
-    pub values: HostArray,
-    /// `[rows, seq]` s32: each token's firings, which may exceed `cap` (what stores them refuses
-    /// such a token: `siphon_store::kept_firings`).
-    pub firings: HostArray,
 }
 
 impl Activations {

@@ -273,18 +273,14 @@ impl Engine {
             seconds = engine.load_stats.upload_s,
             "weights uploaded"
         );
-        for d in &engine.options.dictionaries {
-            for t in &d.dictionary.tensors {
-                let context = || format!("uploading dictionary {}'s {}", d.dictionary.name, t.name);
-                let bytes: Vec<u8> = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                let tensor = HostTensor { dtype: DType::F32, shape: t.shape.clone(), data: bytes.into() };
-                let spec = PartitionSpec::replicated(t.shape.len());
-                let mut shares = Vec::with_capacity(engine.views.len());
-                for view in &engine.views {
-                    shares.push(upload(client, &tensor, &spec, view, context)?.0);
-                }
-                engine.dictionary_args.push(merged(shares, context)?);
+        for (what, tensor) in crate::latents::host_tensors(&engine.options.dictionaries) {
+            let context = || format!("uploading {what}");
+            let spec = PartitionSpec::replicated(tensor.shape.len());
+            let mut shares = Vec::with_capacity(engine.views.len());
+            for view in &engine.views {
+                shares.push(upload(client, &tensor, &spec, view, context)?.0);
             }
+            engine.dictionary_args.push(merged(shares, context)?);
         }
         engine.params = probe.params;
         engine.weights = weights;
@@ -493,10 +489,7 @@ impl Engine {
         }
         let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).chain(&self.dictionary_args).collect();
         let mut out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
-        for l in &program.latents {
-            let per_token = PartitionSpec::from_dims(l.spec.dims()[..2].to_vec());
-            out_specs.extend([l.spec.clone(), l.spec.clone(), per_token]);
-        }
+        out_specs.extend(crate::latents::out_specs(&program.latents));
         let outputs =
             rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
         Ok(Launched {

@@ -3,9 +3,8 @@
 
 use siphon_mesh::HostView;
 use siphon_models::{DictionaryHook, HookPoint};
-use siphon_runtime::{Download, ElementType, HostArray, ShardedArray};
+use siphon_runtime::{Download, ElementType, ShardedArray};
 
-use crate::batch::Latents;
 use crate::error::{EngineError, rt};
 
 /// One step launched on the devices ([`Engine::launch`](crate::Engine::launch)): the program's outputs, until each
@@ -48,35 +47,6 @@ impl Launched {
             .iter()
             .map(|o| std::iter::once(rows).chain(o.shape()[1..].iter().copied()).collect())
             .collect()
-    }
-
-    /// Each dictionary's latents for process `process`'s rows, read from its partitions only
-    /// (waiting for the copies), as the devices left them: a token's firings may exceed the
-    /// latents kept (see [`Latents::firings`]): the store refuses those
-    /// (`siphon_store::kept_firings`: the extraction's writer for the tokens it
-    /// stores, `siphon forward` for every token).
-    pub fn latents(&self, process: usize) -> Result<Vec<Latents>, EngineError> {
-        let view = self.views.get(process).ok_or_else(|| EngineError::Batch(format!("no process {process}")))?;
-        let (rows, from) = (view.rows(self.rows), view.partitions());
-        let local: usize = rows.iter().map(|r| r.len()).sum();
-        let outputs = &self.outputs[self.hooks.len()..];
-        let mut all = Vec::with_capacity(self.dictionaries.len());
-        for (d, parts) in self.dictionaries.iter().zip(outputs.chunks(3)) {
-            let name = &d.dictionary.name;
-            let read = |output: &ShardedArray, ty: ElementType| -> Result<HostArray, EngineError> {
-                let context = || format!("copying dictionary {name}'s latents to the host");
-                let shape: Vec<usize> = std::iter::once(local).chain(output.shape()[1..].iter().copied()).collect();
-                let mut bytes = vec![0u8; shape.iter().product::<usize>() * ty.size_in_bytes()];
-                rt(context, rt(context, output.rows_into(&rows, &from, &mut bytes))?.wait())?;
-                rt(context, HostArray::from_bytes(ty, &shape, bytes))
-            };
-            all.push(Latents {
-                indices: read(&parts[0], ElementType::S32)?,
-                values: read(&parts[1], ElementType::F32)?,
-                firings: read(&parts[2], ElementType::S32)?,
-            });
-        }
-        Ok(all)
     }
 
     /// Each hook's bytes for process `process`'s rows: the destinations [`Launched::copy_into`]

@@ -24,13 +24,12 @@
 //! materialising repeated keys).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 
 use siphon_hlo::DType;
 use siphon_mesh::{Mesh, PartitionSpec};
 
 use crate::config::{ModelConfig, ParamInfo};
-use crate::dictionary::Dictionary;
+use crate::dictionary::{DictionaryHook, LatentsInfo};
 use crate::hooks::HookPoint;
 use crate::stored::StoredForm;
 
@@ -223,47 +222,6 @@ pub struct InputInfo {
     /// Always `I32`.
     pub dtype: DType,
     /// How it is split over the mesh.
-    pub spec: PartitionSpec,
-}
-
-/// A dictionary read from one hook's values inside the program.
-#[derive(Debug, Clone)]
-pub struct DictionaryHook {
-    /// The hook it reads: its per-token values must be `d_in` wide.
-    pub hook: HookPoint,
-    /// The dictionary.
-    pub dictionary: Arc<Dictionary>,
-    /// Latents kept per token, its largest; firings past them are counted, never kept.
-    pub cap: usize,
-}
-
-impl DictionaryHook {
-    /// The name of each dictionary's latents, as SAELens's `HookedSAETransformer` names them:
-    /// `<hook>.hook_sae_acts_post`, then `.<dictionary>` where several dictionaries read one hook.
-    pub fn names(dictionaries: &[DictionaryHook]) -> Vec<String> {
-        dictionaries
-            .iter()
-            .map(|d| {
-                let shared = dictionaries.iter().filter(|o| o.hook == d.hook).count() > 1;
-                let base = format!("{}.hook_sae_acts_post", d.hook);
-                if shared { format!("{base}.{}", d.dictionary.name) } else { base }
-            })
-            .collect()
-    }
-}
-
-/// One dictionary's three results, after the hooks': its latents' indices `[batch, seq, cap]`
-/// (i32, largest first, `-1` past a token's firings), their values `[batch, seq, cap]` (f32,
-/// 0 there) and each token's number of firings `[batch, seq]` (i32; more than `cap` means some
-/// were not kept).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LatentsInfo {
-    /// Its index in [`ForwardSpec::dictionaries`].
-    pub dictionary: usize,
-    /// `[batch, seq, cap]`.
-    pub shape: Vec<usize>,
-    /// How the indices and values come back split over the mesh (the firings: its first two
-    /// dimensions).
     pub spec: PartitionSpec,
 }
 

@@ -256,11 +256,9 @@ pub mod weights;
 pub use config::{
     Activation, Arch, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice,
 };
+pub use dictionary::{DictionaryHook, LatentsInfo};
 pub use error::ModelError;
-pub use forward::{
-    AttentionForm, DictionaryHook, ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, RaggedDot,
-    build_forward,
-};
+pub use forward::{AttentionForm, ForwardProgram, ForwardSpec, InputInfo, OutputInfo, RaggedDot, build_forward};
 pub use gemma4::Gemma4;
 pub use gpt_oss::GptOss;
 pub use hf::LoadedModel;

@@ -8,9 +8,15 @@
 //! than `cap` is for the caller to refuse, never to truncate silently. For a TopK encoder the
 //! `k` largest of the pre-activations are the `k` largest after the `relu`, the same firings.
 
-use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
+use std::collections::BTreeMap;
 
-use super::{Dictionary, Encoder, Normalize};
+use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
+use siphon_mesh::PartitionSpec;
+
+use super::{Dictionary, DictionaryHook, Encoder, LatentsInfo, Normalize};
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::hooks::HookPoint;
 
 /// One dictionary's latents for a program's tokens.
 #[derive(Debug, Clone, Copy)]
@@ -21,6 +27,77 @@ pub struct Latents {
     pub values: Value,
     /// `[tokens]` i32: each token's number of firings (latents > 0), which may exceed `cap`.
     pub count: Value,
+}
+
+/// Declares every dictionary's tensors as the program's arguments, after its inputs: f32, in
+/// [`Dictionary::tensors`]' order, replicated where the program is `sharded`.
+pub(crate) fn args(
+    b: &mut Builder,
+    dictionaries: &[DictionaryHook],
+    sharded: bool,
+) -> Result<Vec<Vec<Value>>, HloError> {
+    let mut all = Vec::with_capacity(dictionaries.len());
+    for d in dictionaries {
+        let mut args = Vec::with_capacity(d.dictionary.tensors.len());
+        for t in &d.dictionary.tensors {
+            let ty = TensorType::new(DType::F32, &t.shape);
+            args.push(b.arg(ty, sharded.then(|| PartitionSpec::replicated(t.shape.len())))?);
+        }
+        all.push(args);
+    }
+    Ok(all)
+}
+
+/// The dictionaries' part of a program's results ([`results`]).
+pub(crate) struct Results {
+    /// Each result, after the hooks', with its partitioning.
+    pub values: Vec<(Value, PartitionSpec)>,
+    /// What each dictionary's three results are.
+    pub latents: Vec<LatentsInfo>,
+}
+
+/// Each dictionary's latents of the hook it reads (`hooks`: the program's hook values of
+/// `config`, over `[batch, seq]` tokens), as the program's results after the hooks', each with
+/// its partitioning: indices and values `[batch, seq, cap]`, split as the tokens are
+/// (`tokens`, the inputs' partitioning), then the firings `[batch, seq]`; and what each
+/// dictionary's three results are.
+pub(crate) fn results(
+    b: &mut Builder,
+    dictionaries: &[DictionaryHook],
+    args: &[Vec<Value>],
+    hooks: &BTreeMap<HookPoint, Value>,
+    config: &ModelConfig,
+    tokens: &PartitionSpec,
+    [batch, seq]: [usize; 2],
+) -> Result<Results, ModelError> {
+    let (mut values, mut latents) = (Vec::new(), Vec::new());
+    for (i, (d, tensors)) in dictionaries.iter().zip(args).enumerate() {
+        let x = *hooks.get(&d.hook).ok_or_else(|| {
+            ModelError::Hook(format!("{} reads {}, which the graph did not produce", d.dictionary.name, d.hook))
+        })?;
+        let width: usize = d.hook.dims(config, seq).iter().product();
+        if width != d.dictionary.d_in {
+            return Err(ModelError::Config(format!(
+                "dictionary {} reads {} values a token, {} has {width}",
+                d.dictionary.name, d.dictionary.d_in, d.hook
+            )));
+        }
+        let x = b.reshape(x, &[batch * seq, width])?;
+        let l = encode(b, x, &d.dictionary, tensors, d.cap)?;
+        let mut dims = tokens.dims()[..2].to_vec();
+        dims.push(Vec::new());
+        let spec = PartitionSpec::from_dims(dims);
+        let per_token = PartitionSpec::from_dims(tokens.dims()[..2].to_vec());
+        for (v, shape, out_spec) in [
+            (l.indices, vec![batch, seq, d.cap], &spec),
+            (l.values, vec![batch, seq, d.cap], &spec),
+            (l.count, vec![batch, seq], &per_token),
+        ] {
+            values.push((b.reshape(v, &shape)?, out_spec.clone()));
+        }
+        latents.push(LatentsInfo { dictionary: i, shape: vec![batch, seq, d.cap], spec });
+    }
+    Ok(Results { values, latents })
 }
 
 /// The latents of `x` `[tokens, d_in]` (any float dtype, encoded in f32) under `dict`, whose

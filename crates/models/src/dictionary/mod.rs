@@ -25,10 +25,14 @@ pub mod saelens;
 pub mod sparsify;
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use siphon_mesh::PartitionSpec;
 
 pub use files::decoder;
 
 use crate::error::ModelError;
+use crate::hooks::HookPoint;
 
 /// How a dictionary turns the pre-activations `pre = x̃·W_enc + b_enc` into latents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,4 +164,45 @@ impl Dictionary {
         }
         Ok(())
     }
+}
+
+/// A dictionary read from one hook's values inside the program.
+#[derive(Debug, Clone)]
+pub struct DictionaryHook {
+    /// The hook it reads: its per-token values must be `d_in` wide.
+    pub hook: HookPoint,
+    /// The dictionary.
+    pub dictionary: Arc<Dictionary>,
+    /// Latents kept per token, its largest; firings past them are counted, never kept.
+    pub cap: usize,
+}
+
+impl DictionaryHook {
+    /// The name of each dictionary's latents, as SAELens's `HookedSAETransformer` names them:
+    /// `<hook>.hook_sae_acts_post`, then `.<dictionary>` where several dictionaries read one hook.
+    pub fn names(dictionaries: &[DictionaryHook]) -> Vec<String> {
+        dictionaries
+            .iter()
+            .map(|d| {
+                let shared = dictionaries.iter().filter(|o| o.hook == d.hook).count() > 1;
+                let base = format!("{}.hook_sae_acts_post", d.hook);
+                if shared { format!("{base}.{}", d.dictionary.name) } else { base }
+            })
+            .collect()
+    }
+}
+
+/// One dictionary's three results, after the hooks': its latents' indices `[batch, seq, cap]`
+/// (i32, largest first, `-1` past a token's firings), their values `[batch, seq, cap]` (f32,
+/// 0 there) and each token's number of firings `[batch, seq]` (i32; more than `cap` means some
+/// were not kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatentsInfo {
+    /// Its index in the program's dictionaries (`ForwardSpec::dictionaries`).
+    pub dictionary: usize,
+    /// `[batch, seq, cap]`.
+    pub shape: Vec<usize>,
+    /// How the indices and values come back split over the mesh (the firings: its first two
+    /// dimensions).
+    pub spec: PartitionSpec,
 }

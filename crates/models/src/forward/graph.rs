@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use siphon_hlo::{Builder, DType, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
-use super::{ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, fp8_rows};
+use super::{ForwardProgram, ForwardSpec, InputInfo, OutputInfo, fp8_rows};
 use crate::config::{ModelConfig, ParamInfo};
 use crate::error::ModelError;
 use crate::hooks::{HookKind, HookPoint};
@@ -125,14 +125,7 @@ impl<'a> Graph<'a> {
         let input_ids = b.arg(ids_ty.clone(), in_spec.clone())?;
         let attention_mask = b.arg(ids_ty.clone(), in_spec.clone())?;
         let position_ids = b.arg(ids_ty, in_spec)?;
-        let mut dictionary_args = Vec::new();
-        for d in &spec.dictionaries {
-            let args = d.dictionary.tensors.iter().map(|t| {
-                let ty = TensorType::new(DType::F32, &t.shape);
-                b.arg(ty, sharded.then(|| PartitionSpec::replicated(t.shape.len())))
-            });
-            dictionary_args.push(args.collect::<Result<Vec<_>, _>>()?);
-        }
+        let dictionary_args = crate::dictionary::encoder::args(&mut b, &spec.dictionaries, sharded)?;
         let token_axes = input_spec.dims().concat();
         Ok(Graph {
             b,
@@ -323,34 +316,16 @@ impl<'a> Graph<'a> {
             results.push((x, self.sharded.then(|| out_spec.clone())));
             outputs.push(OutputInfo { hook, shape, dtype, spec: out_spec });
         }
-        let mut latents = Vec::new();
-        for (i, (d, tensors)) in self.spec.dictionaries.iter().zip(&self.dictionary_args).enumerate() {
-            let x = *self.hooks.get(&d.hook).ok_or_else(|| {
-                ModelError::Hook(format!("{} reads {}, which the graph did not produce", d.dictionary.name, d.hook))
-            })?;
-            let width: usize = d.hook.dims(self.config, s).iter().product();
-            if width != d.dictionary.d_in {
-                return Err(ModelError::Config(format!(
-                    "dictionary {} reads {} values a token, {} has {width}",
-                    d.dictionary.name, d.dictionary.d_in, d.hook
-                )));
-            }
-            let x = b.reshape(x, &[bsz * s, width])?;
-            let l = crate::dictionary::encoder::encode(&mut b, x, &d.dictionary, tensors, d.cap)?;
-            let mut dims = self.input_spec.dims()[..2].to_vec();
-            dims.push(Vec::new());
-            let spec = PartitionSpec::from_dims(dims);
-            let per_token = PartitionSpec::from_dims(self.input_spec.dims()[..2].to_vec());
-            for (v, shape, out_spec) in [
-                (l.indices, vec![bsz, s, d.cap], &spec),
-                (l.values, vec![bsz, s, d.cap], &spec),
-                (l.count, vec![bsz, s], &per_token),
-            ] {
-                let v = b.reshape(v, &shape)?;
-                results.push((v, self.sharded.then(|| out_spec.clone())));
-            }
-            latents.push(LatentsInfo { dictionary: i, shape: vec![bsz, s, d.cap], spec });
-        }
+        let dictionaries = crate::dictionary::encoder::results(
+            &mut b,
+            &self.spec.dictionaries,
+            &self.dictionary_args,
+            &self.hooks,
+            self.config,
+            &self.input_spec,
+            [bsz, s],
+        )?;
+        results.extend(dictionaries.values.into_iter().map(|(v, spec)| (v, self.sharded.then_some(spec))));
         let unread: Vec<String> =
             self.params.iter().map(|p| &p.name).filter(|n| !self.weights[*n].1.get()).cloned().collect();
         if self.spec.weights.is_some() && !unread.is_empty() {
@@ -369,7 +344,7 @@ impl<'a> Graph<'a> {
             param_dtype: self.dt,
             inputs,
             outputs,
-            latents,
+            latents: dictionaries.latents,
             mesh: self.spec.mesh.clone(),
             n_blocks: self.n_blocks,
             attention: self.attention_forms,

@@ -11,9 +11,7 @@ use siphon_hlo::{Builder, CompareDir, DType, TensorType, Value};
 pub(crate) use self::decoder::{decoder_params, pre_norm_decoder, self_attention_decoder};
 pub(crate) use self::graph::Graph;
 use crate::config::{ModelConfig, ParamInfo};
-pub use crate::contract::{
-    AttentionForm, DictionaryHook, ForwardProgram, ForwardSpec, InputInfo, LatentsInfo, OutputInfo, RaggedDot,
-};
+pub use crate::contract::{AttentionForm, ForwardProgram, ForwardSpec, InputInfo, OutputInfo, RaggedDot};
 use crate::error::ModelError;
 use crate::hooks::{HookPoint, Scope};
 
