@@ -1,5 +1,6 @@
 //! The job's sparse dictionaries, from `--sae` to the store's latents columns: opening each
 //! on its hook with its cap ([`open`], [`open_capped`]; `forward` and `plan` open them too),
+//! the outputs that can hold latents ([`check_outputs`]),
 //! the identity every host must share ([`fingerprint`]), how run.json describes each
 //! ([`columns`]), a step's latents as the writer takes them ([`for_writer`]) and `forward`'s
 //! cap check ([`check_caps`], the store's rule). The engine computes them on the devices
@@ -44,6 +45,21 @@ pub fn open(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<Dictiona
             Ok(DictionaryHook { hook, dictionary: Arc::new(dictionary), cap })
         })
         .collect()
+}
+
+/// Refuses `--sae` with outputs that cannot hold latents: an fp8 `--dtype` (latents are stored
+/// as f32, bf16 or f16) or a `stream://` output (it carries hooks only).
+pub fn check_outputs(args: &SaeArgs, dtype: &str, output: &str) -> anyhow::Result<()> {
+    if args.sae.is_empty() {
+        return Ok(());
+    }
+    if dtype == "fp8" {
+        bail!("--sae: latents are stored as f32, bf16 or f16, not fp8; choose another --dtype");
+    }
+    if siphon_stream::address(output).is_some() {
+        bail!("--sae: a dictionary's latents are written to shards; a stream:// output carries hooks only");
+    }
+    Ok(())
 }
 
 /// [`open`] for a run over a corpus: a dictionary that is not a TopK needs `--latent-cap`

@@ -243,12 +243,7 @@ impl ExtractOptions {
             }
         }
         let weights = self.weights.parse().map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
-        if dictionaries && self.dtype == "fp8" {
-            bail!("--sae: latents are stored as f32, bf16 or f16, not fp8; choose another --dtype");
-        }
-        if dictionaries && self.output.as_deref().is_some_and(|o| siphon_stream::address(o).is_some()) {
-            bail!("--sae: a dictionary's latents are written to shards; a stream:// output carries hooks only");
-        }
+        super::dictionary::check_outputs(&self.dictionaries, &self.dtype, &output)?;
         if self.corpus.seq_len < 2 {
             bail!("--seq-len {} is too small (at least 2)", self.corpus.seq_len);
         }
