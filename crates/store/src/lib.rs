@@ -59,7 +59,8 @@
 //! A run with sparse dictionaries (`RunDescriptor::latents`, a `LatentsColumn` each) takes each
 //! batch's `BatchLatents` as the devices return them (per token its `cap` largest latents, `-1`
 //! past its firings, and its firings); like a hook's rows (`dense.rs`) they are a column of the
-//! shard (`column.rs`); `sparse.rs` compacts the stored tokens' rows into a CSR
+//! shard (`column.rs`); `sparse.rs`, which holds these types and their checks, compacts the
+//! stored tokens' rows into a CSR
 //! matrix per shard (`{name}.indptr`, `.indices` as i32, each row's latents ascending, `.values`
 //! in the stored dtype, never fp8) and counts each latent's firings, sum and largest value over
 //! the included tokens (`LatentStats`, in `stats.json` beside the hooks'), which a resume and
