@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use crate::batch::{BatchActivations, DType};
 use crate::dense::{ColumnPool, HookColumn};
 use crate::error::{Result, StoreError};
-use crate::sparse::{LatentsColumn, SparseColumn};
-use crate::stats::{HookStats, LatentStats, RunStats, StatsFile};
+use crate::sparse::{LatentStats, LatentsColumn, SparseColumn};
+use crate::stats::{HookStats, RunStats, StatsFile};
 use crate::tensor::Tensor;
 
 /// One stored column as run.json describes it.

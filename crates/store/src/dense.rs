@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::batch::{BatchActivations, DType, HookActivations, fp8_scale_name};
 use crate::moments::BLOCK;
 use crate::stats::{HookStats, HookStatsJson, StatsAccumulator};
-use crate::tensor::{Rank, Tensor, stored_dtype};
+use crate::tensor::{Rank, Tensor, decode_row, stored_dtype};
 
 /// Rows copied into pooled chunks of about this size (whole rows; one row at least).
 const CHUNK_BYTES: usize = 4 << 20;
@@ -324,7 +324,7 @@ fn convert_rows(src_dtype: DType, src: &[u8], dst_dtype: DType, dst: &mut Vec<u8
         return;
     }
     let mut values = vec![0f32; src.len() / src_dtype.size()];
-    crate::stats::decode_row(src_dtype, src, &mut values);
+    decode_row(src_dtype, src, &mut values);
     match dst_dtype {
         DType::F32 => values.iter().for_each(|v| dst.extend_from_slice(&v.to_le_bytes())),
         DType::Bf16 => values.iter().for_each(|v| dst.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),

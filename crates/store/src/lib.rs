@@ -84,6 +84,7 @@ mod config;
 mod dense;
 mod error;
 mod failpoint;
+mod float_text;
 mod format;
 mod location;
 mod manifest;
@@ -111,8 +112,8 @@ pub use manifest::{ManifestLine, parse_manifest, parse_manifest_torn, render_man
 pub use probe::{PROBE_BYTES, ProbeReport, probe, probe_blocking};
 pub use run::{ResumePoint, RunJson, list_hosts, merge_host_stats};
 pub use shard::{SealedShard, ShardSummary, check_format, summarize_shard};
-pub use sparse::{BatchLatents, LatentsColumn, kept_firings};
-pub use stats::{HookStats, HookStatsJson, LatentStats, RunStats, StatsFile, merge_run_stats};
+pub use sparse::{BatchLatents, LatentStats, LatentsColumn, kept_firings};
+pub use stats::{HookStats, HookStatsJson, RunStats, StatsFile, merge_run_stats};
 pub use tensor::RESERVED_TENSOR_NAMES;
 pub use upload::upload_object;
 pub use verify::{HostReport, VerifyReport, finalize_run, verify_run, verify_run_blocking};

@@ -4,16 +4,16 @@
 //! under the one cap rule ([`kept_firings`]); a shard's rows being built, compacted from the
 //! devices' fixed-width rows (`cap` slots, `-1` past the firings) into a CSR matrix, each
 //! token's latents ascending, values in the stored dtype, with the column's statistics over the
-//! included tokens counted as the rows come in ([`SparseColumn`]); and a shard's CSR tensors
-//! read back ([`summarize`]).
+//! included tokens counted as the rows come in ([`SparseColumn`], [`LatentStats`], which
+//! `stats.json` holds); and a shard's CSR tensors read back ([`summarize`]).
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use siphon_dtype::DType;
 
 use crate::error::{Result, StoreError};
-use crate::stats::{LatentStats, decode_row};
-use crate::tensor::{RESERVED_TENSOR_NAMES, Rank, Tensor, le_bytes, stored_dtype};
+use crate::float_text;
+use crate::tensor::{RESERVED_TENSOR_NAMES, Rank, Tensor, decode_row, le_bytes, stored_dtype};
 
 /// One dictionary's latents in the run: per shard the tensors `<name>.indptr` (i32
 /// `[tokens + 1]`), `<name>.indices` (i32 `[nnz]`, each token's latents in ascending order) and
@@ -179,6 +179,101 @@ pub fn kept_firings(firings: i32, cap: usize) -> std::result::Result<usize, Stri
 /// The `i`th little-endian 4-byte word of `b`.
 fn word(b: &Bytes, i: usize) -> [u8; 4] {
     [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]
+}
+
+/// Statistics of one latents column over the included tokens: how often each latent fired,
+/// the sum of its stored values and its largest (a latent's mean activation when firing is
+/// `sums[i] / firings[i]`, its firing rate `firings[i] / count`; `max` bounds the activation
+/// quantiles a dashboard samples examples from, `min` and `max` its histogram as SAEDashboard
+/// bins it). Sums run in f64 over the values as stored, a
+/// shard at a time, shards in order: the same bits on resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatentStats {
+    /// Tokens counted.
+    pub count: u64,
+    /// Per latent, the tokens it fired on.
+    pub firings: Vec<u64>,
+    /// Per latent, the sum of its values.
+    #[serde(with = "float_text::vec")]
+    pub sums: Vec<f64>,
+    /// Per latent, its largest value (0 for a latent that never fired).
+    #[serde(with = "float_text::vec")]
+    pub max: Vec<f64>,
+    /// Per latent, its smallest value above 0 (0 for a latent that never fired above 0);
+    /// empty in the files of runs written before it was counted.
+    #[serde(default, with = "float_text::vec", skip_serializing_if = "Vec::is_empty")]
+    pub min: Vec<f64>,
+}
+
+impl LatentStats {
+    /// No tokens yet, over `width` latents.
+    pub fn new(width: usize) -> Self {
+        LatentStats {
+            count: 0,
+            firings: vec![0; width],
+            sums: vec![0.0; width],
+            max: vec![0.0; width],
+            min: vec![0.0; width],
+        }
+    }
+
+    /// Counts one token's firings (latent, stored value).
+    pub(crate) fn add_token(&mut self, fired: impl IntoIterator<Item = (usize, f32)>) {
+        self.count += 1;
+        for (latent, value) in fired {
+            self.firings[latent] += 1;
+            self.sums[latent] += f64::from(value);
+            self.max[latent] = self.max[latent].max(f64::from(value));
+            if value > 0.0 {
+                self.min[latent] = smallest_above_zero(self.min[latent], f64::from(value));
+            }
+        }
+    }
+
+    /// Adds another set of tokens; both must have the same width.
+    pub fn merge(&mut self, other: &LatentStats) -> Result<()> {
+        if self.firings.len() != other.firings.len() {
+            return Err(StoreError::InvalidConfig(format!(
+                "cannot merge statistics of {} and {} latents",
+                self.firings.len(),
+                other.firings.len()
+            )));
+        }
+        let overflow = || {
+            StoreError::InvalidConfig(format!(
+                "cannot merge latent statistics of {} and {} tokens: a count overflows",
+                self.count, other.count
+            ))
+        };
+        let count = self.count.checked_add(other.count).ok_or_else(overflow)?;
+        let firings: Vec<u64> = self
+            .firings
+            .iter()
+            .zip(&other.firings)
+            .map(|(a, b)| a.checked_add(*b))
+            .collect::<Option<_>>()
+            .ok_or_else(overflow)?;
+        self.count = count;
+        self.firings = firings;
+        self.sums.iter_mut().zip(&other.sums).for_each(|(a, b)| *a += b);
+        self.max.iter_mut().zip(&other.max).for_each(|(a, b)| *a = a.max(*b));
+        if self.min.len() == other.min.len() {
+            self.min.iter_mut().zip(&other.min).for_each(|(a, b)| *a = smallest_above_zero(*a, *b));
+        } else {
+            // One side was written before minima were counted: none is known.
+            self.min.clear();
+        }
+        Ok(())
+    }
+}
+
+/// The smaller of two values above 0, where 0 stands for none.
+fn smallest_above_zero(a: f64, b: f64) -> f64 {
+    match (a > 0.0, b > 0.0) {
+        (true, true) => a.min(b),
+        (true, false) => a,
+        _ => b,
+    }
 }
 
 /// The most latents a column may have (2^26, twice the largest dictionaries trained): their

@@ -1,6 +1,6 @@
 //! A shard file's tensors ([`Tensor`]), the order the file holds them in ([`file_order`]), the
 //! names the shard's own tensors keep ([`RESERVED_TENSOR_NAMES`]) and their bytes
-//! ([`le_bytes`], [`stored_dtype`]).
+//! ([`le_bytes`], [`stored_dtype`], [`decode_row`]).
 
 use bytes::Bytes;
 use siphon_dtype::DType;
@@ -66,4 +66,32 @@ pub(crate) fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [
         out.extend_from_slice(&f(v));
     }
     Bytes::from(out)
+}
+
+/// Decodes one row of little-endian `dtype` values into f32.
+pub(crate) fn decode_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        DType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        DType::Bf16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        DType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        DType::U8 => unreachable!("u8 holds no activations (refused by BatchActivations::validate)"),
+        DType::Fp8 => {
+            let scale = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            for (o, &b) in out.iter_mut().zip(&bytes[4..]) {
+                *o = siphon_dtype::e4m3fn_to_f32(b) * scale;
+            }
+        }
+    }
 }

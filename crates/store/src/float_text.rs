@@ -1,0 +1,104 @@
+//! Statistics as JSON numbers, except the non-finite ones (activations holding NaN or ±Inf
+//! give them), which JSON has no numbers for: they are written as the strings `"NaN"`,
+//! `"Infinity"` and `"-Infinity"` (what Python's `float()` parses) and read back as the
+//! same values, so a file round-trips and a resumed run continues. `null` (what files
+//! written before this encoding hold for them) reads as NaN.
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::ser::{SerializeSeq, Serializer};
+use serde::{Deserialize, Serialize};
+
+/// One value in its JSON form.
+pub struct Float(pub f64);
+
+impl Serialize for Float {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let v = self.0;
+        match () {
+            _ if v.is_finite() => s.serialize_f64(v),
+            _ if v.is_nan() => s.serialize_str("NaN"),
+            _ if v > 0.0 => s.serialize_str("Infinity"),
+            _ => s.serialize_str("-Infinity"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Float {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Float, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Float;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number, \"NaN\", \"Infinity\" or \"-Infinity\"")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Float, E> {
+                Ok(Float(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Float, E> {
+                Ok(Float(v as f64))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Float, E> {
+                Ok(Float(v as f64))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Float, E> {
+                Ok(Float(f64::NAN))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Float, E> {
+                match v {
+                    "NaN" => Ok(Float(f64::NAN)),
+                    "Infinity" => Ok(Float(f64::INFINITY)),
+                    "-Infinity" => Ok(Float(f64::NEG_INFINITY)),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+pub mod one {
+    use super::*;
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        Float(*v).serialize(s)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Float::deserialize(d).map(|f| f.0)
+    }
+}
+
+pub mod vec {
+    use super::*;
+    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(v.len()))?;
+        for &x in v {
+            seq.serialize_element(&Float(x))?;
+        }
+        seq.end()
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        Vec::<Float>::deserialize(d).map(|v| v.into_iter().map(|f| f.0).collect())
+    }
+}
+
+pub mod opt_one {
+    use super::*;
+    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        v.map(Float).serialize(s)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        Option::<Float>::deserialize(d).map(|v| v.map(|f| f.0))
+    }
+}
+
+pub mod opt_vec {
+    use super::*;
+    pub fn serialize<S: Serializer>(v: &Option<Vec<f64>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => vec::serialize(v, s),
+            None => s.serialize_none(),
+        }
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<f64>>, D::Error> {
+        Option::<Vec<Float>>::deserialize(d).map(|v| v.map(|v| v.into_iter().map(|f| f.0).collect()))
+    }
+}
