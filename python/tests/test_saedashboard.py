@@ -90,6 +90,8 @@ class Compared:
     reference: dict
     rows: Any
     ignored: np.ndarray
+    #: Per latent, its stored values at each inner edge of its histogram ([`_edge_ties`]).
+    ties: dict[int, np.ndarray]
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +129,46 @@ def compared(runs: Path, unit_sae: Path, tmp_path_factory: pytest.TempPathFactor
     assert done.returncode == 0, done.stderr[-4000:]
     reference = json.loads(out.read_text())
     batch = json.loads((exported / f"batch-{BATCH}.json").read_text())
-    return Compared(latent_objects(site), batch, reference, rows, ignored)
+    site_data = latent_objects(site)
+    return Compared(site_data, batch, reference, rows, ignored, _edge_ties(ds, site_data))
+
+
+#: How close to a bin's edge (in bin widths) a value may fall on either side of it in another
+#: computation of the same activation: the last bits of a sum differ between CPUs and libraries
+#: (a value 1.5e-5 widths above an edge, stored four times, crossed it on an AVX-512 machine).
+EDGE = 1e-3
+
+
+def _edge_ties(ds: Any, site: dict) -> dict[int, np.ndarray]:
+    """Per latent of FEATURES, how many of its stored values (of the included tokens, those its
+    histogram counts) lie within EDGE of each inner edge of its histogram (the site's range, 50
+    bins)."""
+    values: dict[int, list] = {n: [] for n in FEATURES}
+    for part in ds.read_latents(NAME):
+        dense = part["latents"].to_dense().numpy()
+        if "mask" in part:
+            dense = dense[np.asarray(part["mask"], dtype=bool)]
+        for n in FEATURES:
+            values[n].append(dense[:, n][dense[:, n] > 0])
+    ties = {}
+    for n in FEATURES:
+        v = np.concatenate(values[n]).astype(np.float64)
+        if not site[n]["firings"]:
+            ties[n] = np.zeros(49, dtype=np.int64)
+            continue
+        lo, hi = site[n]["hist_range"]
+        at = (v - lo) * 50 / (hi - lo)
+        ties[n] = np.array([(np.abs(at - edge) <= EDGE).sum() for edge in range(1, 50)])
+    return ties
+
+
+def _same_bins(mine: list, ref: list, ties: np.ndarray, what: Any) -> None:
+    """The same counts in the same bins, but for values at an edge (`ties`, per inner edge), which
+    may count on either side of it: the running counts differ at no edge by more than the values
+    on it."""
+    assert sum(mine) == sum(ref), what
+    apart = np.abs(np.cumsum(mine)[:-1] - np.cumsum(ref)[:-1])
+    assert (apart <= ties).all(), (what, mine, ref, ties.tolist())
 
 
 def test_siphon_dashboards_equal_saedashboards_feature_data(compared: Compared) -> None:
@@ -144,9 +185,8 @@ def test_siphon_dashboards_equal_saedashboards_feature_data(compared: Compared) 
         density = float(ref["acts_title"].split("=")[1].strip().rstrip("%")) / 100
         assert abs(mine["firings"] - density * rows.tokens.size) <= 5e-6 * rows.tokens.size + 0.5, n
         # The activation histogram: the same counts in the same bins.
-        assert sum(mine["hist"]) == sum(ref["acts_hist"]) == mine["firings"], n
-        moved = sum(abs(a - b) for a, b in zip(mine["hist"], ref["acts_hist"]))
-        assert moved <= 2, (n, mine["hist"], ref["acts_hist"])
+        assert sum(mine["hist"]) == mine["firings"], n
+        _same_bins(mine["hist"], ref["acts_hist"], compared.ties[n], n)
         if mine["firings"]:
             centres = np.asarray(ref["acts_hist_values"])
             lo, hi = mine["hist_range"]
@@ -195,9 +235,13 @@ def test_neuronpedia_batches_equal_saedashboards(compared: Compared) -> None:
         for key in ("neuron_alignment_values", "neuron_alignment_l1", "pos_values", "neg_values",
                     "logits_hist_data_bar_values", "freq_hist_data_bar_values"):
             assert mine[key] == pytest.approx(ref[key], abs=ROUNDED), (n, key)
-        for mine_hist, ref_hist in (("freq_hist_data_bar_heights",) * 2, ("logits_hist_data_bar_heights",) * 2):
-            assert sum(mine[mine_hist]) == sum(ref[ref_hist]), (n, mine_hist)
-            assert sum(abs(a - b) for a, b in zip(mine[mine_hist], ref[ref_hist])) <= 2, (n, mine_hist)
+        if mine["freq_hist_data_bar_heights"]:
+            _same_bins(mine["freq_hist_data_bar_heights"], ref["freq_hist_data_bar_heights"], compared.ties[n], n)
+        else:
+            assert not ref["freq_hist_data_bar_heights"] or not sum(ref["freq_hist_data_bar_heights"]), n
+        mine_hist, ref_hist = mine["logits_hist_data_bar_heights"], ref["logits_hist_data_bar_heights"]
+        assert sum(mine_hist) == sum(ref_hist), n
+        assert sum(abs(a - b) for a, b in zip(mine_hist, ref_hist)) <= 2, n
         # Density: of the included tokens here, of every token there.
         assert abs(mine["frac_nonzero"] * included - ref["frac_nonzero"] * everything) <= 1e-5 * everything + 0.5, n
         # Correlations over the included tokens, by SAEDashboard's RollingCorrCoef.
