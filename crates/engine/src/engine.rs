@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::{
-    DType, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LoadedModel, ParamInfo, RaggedDot,
-    StoredForm, build_forward,
+    DType, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LatentsInfo, LoadedModel, ParamInfo,
+    RaggedDot, StoredForm, build_forward,
 };
 use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
 
@@ -489,7 +489,7 @@ impl Engine {
         }
         let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).chain(&self.dictionary_args).collect();
         let mut out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
-        out_specs.extend(crate::latents::out_specs(&program.latents));
+        out_specs.extend(program.latents.iter().flat_map(LatentsInfo::result_specs));
         let outputs =
             rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
         Ok(Launched {

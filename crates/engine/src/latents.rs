@@ -1,10 +1,10 @@
 //! A dictionary's part on the devices: its tensors as the program takes them
-//! ([`host_tensors`], replicated after the inputs), its three results' partitioning
-//! ([`out_specs`]) and a step's [`Latents`] copied back for one process
-//! ([`Launched::latents`]). The program's encoder is `siphon_models::dictionary::encoder`.
+//! ([`host_tensors`], replicated after the inputs) and a step's [`Latents`] copied back for one
+//! process ([`Launched::latents`]; its results' partitioning is
+//! `siphon_models::LatentsInfo::result_specs`). The program's encoder is
+//! `siphon_models::dictionary::encoder`.
 
-use siphon_mesh::PartitionSpec;
-use siphon_models::{DType, DictionaryHook, HostTensor, LatentsInfo};
+use siphon_models::{DType, DictionaryHook, HostTensor};
 use siphon_runtime::{ElementType, HostArray, ShardedArray};
 
 use crate::error::{EngineError, rt};
@@ -32,15 +32,6 @@ pub(crate) fn host_tensors(
             let what = format!("dictionary {}'s {}", d.dictionary.name, t.name);
             (what, HostTensor { dtype: DType::F32, shape: t.shape.clone(), data: bytes.into() })
         })
-    })
-}
-
-/// The partitioning of each dictionary's three results: indices and values as the program
-/// gives them, the firings over `[batch, seq]`.
-pub(crate) fn out_specs(latents: &[LatentsInfo]) -> impl Iterator<Item = PartitionSpec> + '_ {
-    latents.iter().flat_map(|l| {
-        let per_token = PartitionSpec::from_dims(l.spec.dims()[..2].to_vec());
-        [l.spec.clone(), l.spec.clone(), per_token]
     })
 }
 

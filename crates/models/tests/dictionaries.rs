@@ -354,10 +354,7 @@ fn latents_inside_the_forward_equal_the_librarys_on_the_models_tokens() {
             let args: Vec<_> =
                 arrays.iter().zip(specs).map(|(a, s)| client.upload_sharded(a, s, &mesh).unwrap()).collect();
             let mut out_specs: Vec<_> = program.outputs.iter().map(|o| o.spec.clone()).collect();
-            for l in &program.latents {
-                let per_token = siphon_mesh::PartitionSpec::from_dims(l.spec.dims()[..2].to_vec());
-                out_specs.extend([l.spec.clone(), l.spec.clone(), per_token]);
-            }
+            out_specs.extend(program.latents.iter().flat_map(siphon_models::LatentsInfo::result_specs));
             let out = exe.execute_sharded(&mesh, &args.iter().collect::<Vec<_>>(), &out_specs).unwrap();
             out.iter().map(|a| a.to_host().unwrap().to_f32()).collect()
         } else {

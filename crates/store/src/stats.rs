@@ -12,13 +12,13 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use siphon_dtype::DType;
 
 use crate::error::{Result, StoreError};
 use crate::float_text;
 use crate::moments::{self, BLOCK, Moments};
 use crate::sparse::LatentStats;
 use crate::tensor::decode_row;
-use siphon_dtype::DType;
 
 /// Running statistics of one hook.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

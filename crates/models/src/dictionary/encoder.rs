@@ -86,16 +86,12 @@ pub(crate) fn results(
         let l = encode(b, x, &d.dictionary, tensors, d.cap)?;
         let mut dims = tokens.dims()[..2].to_vec();
         dims.push(Vec::new());
-        let spec = PartitionSpec::from_dims(dims);
-        let per_token = PartitionSpec::from_dims(tokens.dims()[..2].to_vec());
-        for (v, shape, out_spec) in [
-            (l.indices, vec![batch, seq, d.cap], &spec),
-            (l.values, vec![batch, seq, d.cap], &spec),
-            (l.count, vec![batch, seq], &per_token),
-        ] {
-            values.push((b.reshape(v, &shape)?, out_spec.clone()));
+        let info = LatentsInfo { dictionary: i, shape: vec![batch, seq, d.cap], spec: PartitionSpec::from_dims(dims) };
+        let shapes = [vec![batch, seq, d.cap], vec![batch, seq, d.cap], vec![batch, seq]];
+        for ((v, shape), spec) in [l.indices, l.values, l.count].into_iter().zip(shapes).zip(info.result_specs()) {
+            values.push((b.reshape(v, &shape)?, spec));
         }
-        latents.push(LatentsInfo { dictionary: i, shape: vec![batch, seq, d.cap], spec });
+        latents.push(info);
     }
     Ok(Results { values, latents })
 }

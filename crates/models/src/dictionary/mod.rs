@@ -208,3 +208,12 @@ pub struct LatentsInfo {
     /// dimensions).
     pub spec: PartitionSpec,
 }
+
+impl LatentsInfo {
+    /// How its three results come back split over the mesh: the indices and values as
+    /// [`LatentsInfo::spec`] says, the firings over its first two dimensions.
+    pub fn result_specs(&self) -> [PartitionSpec; 3] {
+        let firings = PartitionSpec::from_dims(self.spec.dims()[..2].to_vec());
+        [self.spec.clone(), self.spec.clone(), firings]
+    }
+}
