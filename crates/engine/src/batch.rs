@@ -1,11 +1,10 @@
 //! What goes in and comes out of a run: a [`Batch`] of token rows with its mask and
-//! positions, the [`Activations`] of its hooks and the [`Latents`] of its dictionaries.
+//! positions, the [`Activations`] of its hooks and its dictionaries' latents.
 
-use siphon_models::HookPoint;
+use siphon_models::{HookPoint, Latents};
 use siphon_runtime::HostArray;
 
 use crate::error::EngineError;
-use crate::latents::Latents;
 
 /// A batch of equal-length token rows, its attention mask and position ids.
 #[derive(Debug, Clone, PartialEq)]
@@ -122,7 +121,7 @@ pub struct Activations {
     /// (hook, array) in the order the hooks were requested.
     pub hooks: Vec<(HookPoint, HostArray)>,
     /// Each dictionary's latents, in [`EngineOptions::dictionaries`]' order.
-    pub latents: Vec<Latents>,
+    pub latents: Vec<Latents<HostArray>>,
 }
 
 impl Activations {

@@ -273,7 +273,7 @@ impl Engine {
             seconds = engine.load_stats.upload_s,
             "weights uploaded"
         );
-        for (what, tensor) in crate::latents::host_tensors(&engine.options.dictionaries) {
+        for (what, tensor) in siphon_models::dictionary::host_tensors(&engine.options.dictionaries) {
             let context = || format!("uploading {what}");
             let spec = PartitionSpec::replicated(tensor.shape.len());
             let mut shares = Vec::with_capacity(engine.views.len());
@@ -495,7 +495,6 @@ impl Engine {
         Ok(Launched {
             outputs,
             hooks: self.hooks.clone(),
-            dictionaries: self.options.dictionaries.clone(),
             views: self.views.clone(),
             rows,
             element_type: element_type(self.options.output_dtype),

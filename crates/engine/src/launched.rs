@@ -2,8 +2,8 @@
 //! are downloaded into the caller's host buffers.
 
 use siphon_mesh::HostView;
-use siphon_models::{DictionaryHook, HookPoint};
-use siphon_runtime::{Download, ElementType, ShardedArray};
+use siphon_models::{HookPoint, Latents};
+use siphon_runtime::{Download, ElementType, HostArray, ShardedArray};
 
 use crate::error::{EngineError, rt};
 
@@ -12,7 +12,6 @@ use crate::error::{EngineError, rt};
 pub struct Launched {
     pub(crate) outputs: Vec<ShardedArray>,
     pub(crate) hooks: Vec<HookPoint>,
-    pub(crate) dictionaries: Vec<DictionaryHook>,
     pub(crate) views: Vec<HostView>,
     /// Rows of the global batch.
     pub(crate) rows: usize,
@@ -76,5 +75,22 @@ impl Launched {
             });
         }
         Ok(download.unwrap_or_else(Download::done))
+    }
+
+    /// Each dictionary's latents for process `process`'s rows (the program's results after the
+    /// hooks', [`Latents::of_results`]), read from its partitions only, waiting for the copies,
+    /// as the devices left them: a token's firings may exceed the latents kept (see
+    /// [`Latents::firings`]): the store refuses those (`siphon_store::kept_firings`: the
+    /// extraction's writer for the tokens it stores, `siphon forward` for every token).
+    pub fn latents(&self, process: usize) -> Result<Vec<Latents<HostArray>>, EngineError> {
+        let view = self.views.get(process).ok_or_else(|| EngineError::Batch(format!("no process {process}")))?;
+        let (rows, from) = (view.rows(self.rows), view.partitions());
+        let context = || "copying the dictionaries' latents to the host".to_string();
+        let results = self.outputs[self.hooks.len()..]
+            .iter()
+            .map(|output| rt(context, output.rows_to_host(&rows, &from)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = results.len();
+        Latents::of_results(results).ok_or_else(|| EngineError::Batch(format!("{n} results after the hooks'")))
     }
 }

@@ -39,13 +39,11 @@ pub mod aot;
 mod batch;
 mod engine;
 mod error;
-mod latents;
 mod launched;
 mod options;
 
 pub use batch::{Activations, Batch, positions_from_mask};
 pub use engine::{Engine, LoadStats};
 pub use error::EngineError;
-pub use latents::Latents;
 pub use launched::Launched;
 pub use options::{EngineOptions, ShardingPlan, WeightForm};

@@ -256,7 +256,7 @@ pub mod weights;
 pub use config::{
     Activation, Arch, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice,
 };
-pub use dictionary::{DictionaryHook, LatentsInfo};
+pub use dictionary::{DictionaryHook, Latents, LatentsInfo};
 pub use error::ModelError;
 pub use forward::{AttentionForm, ForwardProgram, ForwardSpec, InputInfo, OutputInfo, RaggedDot, build_forward};
 pub use gemma4::Gemma4;

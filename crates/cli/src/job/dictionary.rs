@@ -13,7 +13,8 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use serde_json::json;
 use siphon_models::dictionary::{Dictionary, Encoder};
-use siphon_models::{DictionaryHook, HookPoint, ModelConfig};
+use siphon_models::{DictionaryHook, HookPoint, Latents, ModelConfig};
+use siphon_runtime::HostArray;
 use siphon_store::{BatchLatents, LatentsColumn};
 
 use crate::args::SaeArgs;
@@ -126,16 +127,15 @@ pub fn columns(dictionaries: &[DictionaryHook], fingerprints: &[String]) -> Vec<
 pub fn for_writer(
     columns: &[(String, usize)],
     batch: &siphon_data::Batch,
-    latents: Vec<siphon_engine::Latents>,
+    latents: Vec<Latents<HostArray>>,
 ) -> Vec<BatchLatents> {
     let tokens = batch.len() * batch.seq_len;
     columns
         .iter()
         .zip(latents)
         .map(|((name, cap), l)| {
-            let rows = |array: siphon_runtime::HostArray, per_token: usize| {
-                Bytes::from(array.into_bytes()).slice(..tokens * per_token * 4)
-            };
+            let rows =
+                |array: HostArray, per_token: usize| Bytes::from(array.into_bytes()).slice(..tokens * per_token * 4);
             BatchLatents {
                 name: name.clone(),
                 cap: *cap,
@@ -150,7 +150,7 @@ pub fn for_writer(
 /// Refuses a token of `siphon forward`'s batch that fired more of a dictionary's latents than
 /// it keeps, by the store's rule ([`siphon_store::kept_firings`]), naming the dictionary and
 /// token.
-pub fn check_caps(dictionaries: &[DictionaryHook], latents: &[siphon_engine::Latents]) -> anyhow::Result<()> {
+pub fn check_caps(dictionaries: &[DictionaryHook], latents: &[Latents<HostArray>]) -> anyhow::Result<()> {
     for (d, l) in dictionaries.iter().zip(latents) {
         let seq = l.firings.shape().get(1).copied().unwrap_or(1).max(1);
         let firings = l.firings.bytes().chunks_exact(4).map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]]));

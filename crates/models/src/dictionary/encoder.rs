@@ -13,21 +13,10 @@ use std::collections::BTreeMap;
 use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
-use super::{Dictionary, DictionaryHook, Encoder, LatentsInfo, Normalize};
+use super::{Dictionary, DictionaryHook, Encoder, Latents, LatentsInfo, Normalize};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::hooks::HookPoint;
-
-/// One dictionary's latents for a program's tokens.
-#[derive(Debug, Clone, Copy)]
-pub struct Latents {
-    /// `[tokens, cap]` i32: each token's largest latents, largest first; `-1` past its firings.
-    pub indices: Value,
-    /// `[tokens, cap]` f32: their values; 0 past the firings.
-    pub values: Value,
-    /// `[tokens]` i32: each token's number of firings (latents > 0), which may exceed `cap`.
-    pub count: Value,
-}
 
 /// Declares every dictionary's tensors as the program's arguments, after its inputs: f32, in
 /// [`Dictionary::tensors`]' order, replicated where the program is `sharded`.
@@ -88,7 +77,7 @@ pub(crate) fn results(
         dims.push(Vec::new());
         let info = LatentsInfo { dictionary: i, shape: vec![batch, seq, d.cap], spec: PartitionSpec::from_dims(dims) };
         let shapes = [vec![batch, seq, d.cap], vec![batch, seq, d.cap], vec![batch, seq]];
-        for ((v, shape), spec) in [l.indices, l.values, l.count].into_iter().zip(shapes).zip(info.result_specs()) {
+        for ((v, shape), spec) in l.into_results().into_iter().zip(shapes).zip(info.result_specs()) {
             values.push((b.reshape(v, &shape)?, spec));
         }
         latents.push(info);
@@ -104,7 +93,7 @@ pub fn encode(
     dict: &Dictionary,
     tensors: &[Value],
     cap: usize,
-) -> Result<Latents, HloError> {
+) -> Result<Latents<Value>, HloError> {
     let [t, d] = b.dims(x)?.try_into().map_err(|_| HloError::Shape {
         op: "dictionary",
         detail: format!("input {:?} is not [tokens, d_in]", b.dims(x).unwrap_or(&[])),
@@ -174,7 +163,7 @@ pub fn encode(
         b.compare(CompareDir::Gt, v, none)
     };
     let (top, top_ids) = b.top_k(acts, cap)?;
-    let count = match dict.encoder {
+    let firings = match dict.encoder {
         Encoder::TopK { k } if k != cap => {
             let (largest, _) = b.top_k(acts, k)?;
             positive(b, largest, k)?
@@ -182,8 +171,8 @@ pub fn encode(
         Encoder::TopK { .. } => positive(b, top, cap)?,
         _ => positive(b, acts, n)?,
     };
-    let count = b.convert(count, DType::I32)?;
-    let count = b.reduce_sum(count, &[1])?;
+    let firings = b.convert(firings, DType::I32)?;
+    let firings = b.reduce_sum(firings, &[1])?;
     let mut kept = positive(b, top, cap)?;
     if cap > candidates {
         let position = b.iota(TensorType::new(DType::I32, &[t, cap]), 1)?;
@@ -195,7 +184,7 @@ pub fn encode(
     let values = b.select(kept, top, none)?;
     let no_latent = b.splat(-1.0, TensorType::new(DType::I32, &[t, cap]))?;
     let indices = b.select(kept, top_ids, no_latent)?;
-    Ok(Latents { indices, values, count })
+    Ok(Latents { indices, values, firings })
 }
 
 /// `x` `[tokens, d]` (f32) normalised per token as `how` says.
@@ -235,8 +224,7 @@ fn normalize(b: &mut Builder, x: Value, how: Normalize) -> Result<Value, HloErro
 }
 
 /// `dict`'s encoder alone as a whole program (for its tests and for timing it): arguments the
-/// hook values `[tokens, d_in]` (f32) then the dictionary's tensors; results [`Latents`]'
-/// indices, values and count.
+/// hook values `[tokens, d_in]` (f32) then the dictionary's tensors; results its [`Latents`].
 pub fn program(dict: &Dictionary, tokens: usize, cap: usize) -> Result<String, HloError> {
     let mut b = Builder::new("dictionary");
     let x = b.arg(TensorType::new(DType::F32, &[tokens, dict.d_in]), None)?;
@@ -246,5 +234,5 @@ pub fn program(dict: &Dictionary, tokens: usize, cap: usize) -> Result<String, H
         .map(|t| b.arg(TensorType::new(DType::F32, &t.shape), None))
         .collect::<Result<Vec<_>, _>>()?;
     let latents = encode(&mut b, x, dict, &tensors, cap)?;
-    b.finish(&[latents.indices, latents.values, latents.count])
+    b.finish(&latents.into_results())
 }

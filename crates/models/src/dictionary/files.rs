@@ -1,5 +1,6 @@
 //! Reading sparse dictionaries from the files their libraries write ([`Dictionary::open`],
-//! [`decoder`]: which format a directory holds, [`Format::of`]), each format in its own file:
+//! [`decoder`]: which format a directory holds, [`Format::of`]; what was read as the host
+//! tensors a program takes, [`host_tensors`]), each format in its own file:
 //! SAELens ([`saelens`]: `cfg.json` + `sae_weights.safetensors`), Gemma Scope
 //! ([`gemma_scope`]: `params.npz`), EleutherAI sparsify ([`sparsify`]: `<hookpoint>/cfg.json` +
 //! `sae.safetensors`), Llama Scope ([`llama_scope`]: lm-saes's `hyperparams.json` +
@@ -9,8 +10,9 @@
 use std::path::Path;
 
 use super::read::{Safetensors, read_json};
-use super::{Dictionary, Tensor, gemma_scope, llama_scope, saelens, sparsify};
+use super::{Dictionary, DictionaryHook, Tensor, gemma_scope, llama_scope, saelens, sparsify};
 use crate::error::ModelError;
+use crate::weights::{DType, HostTensor};
 
 /// The formats siphon reads, told apart by their files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,4 +112,16 @@ pub fn decoder(dir: &Path) -> Result<Tensor, ModelError> {
             Err(ModelError::Config(format!("dictionary {}: W_dec is {:?}, not [d_sae, d_out]", dir.display(), w.shape)))
         }
     }
+}
+
+/// Every dictionary's tensors as the program takes them (`encoder`'s arguments after its
+/// inputs: f32, in [`Dictionary::tensors`]' order), each with what it is (for errors).
+pub fn host_tensors(dictionaries: &[DictionaryHook]) -> impl Iterator<Item = (String, HostTensor<'static>)> + '_ {
+    dictionaries.iter().flat_map(|d| {
+        d.dictionary.tensors.iter().map(move |t| {
+            let bytes: Vec<u8> = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let what = format!("dictionary {}'s {}", d.dictionary.name, t.name);
+            (what, HostTensor { dtype: DType::F32, shape: t.shape.clone(), data: bytes.into() })
+        })
+    })
 }

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use siphon_mesh::PartitionSpec;
 
-pub use files::decoder;
+pub use files::{decoder, host_tensors};
 
 use crate::error::ModelError;
 use crate::hooks::HookPoint;
@@ -194,10 +194,43 @@ impl DictionaryHook {
     }
 }
 
-/// One dictionary's three results, after the hooks': its latents' indices `[batch, seq, cap]`
-/// (i32, largest first, `-1` past a token's firings), their values `[batch, seq, cap]` (f32,
-/// 0 there) and each token's number of firings `[batch, seq]` (i32; more than `cap` means some
-/// were not kept).
+/// One dictionary's latents, its three results: `T` is a value of the program
+/// ([`encoder::encode`]: over `[tokens]`) or, copied back, an array on the host (over
+/// `[batch, seq]`, as [`LatentsInfo`] says).
+#[derive(Debug, Clone, Copy)]
+pub struct Latents<T> {
+    /// `[.., cap]` i32: each token's largest latents, largest first; `-1` past its firings.
+    pub indices: T,
+    /// `[.., cap]` f32: their values; 0 past the firings.
+    pub values: T,
+    /// `[..]` i32: each token's number of firings (latents > 0), which may exceed `cap` (what
+    /// stores them refuses such a token: `siphon_store::kept_firings`).
+    pub firings: T,
+}
+
+impl<T> Latents<T> {
+    /// Its results in the program's order.
+    pub fn into_results(self) -> [T; 3] {
+        [self.indices, self.values, self.firings]
+    }
+
+    /// The dictionaries' latents from a program's results after the hooks', three each in
+    /// order; `None` where their number is not a multiple of three.
+    pub fn of_results(results: Vec<T>) -> Option<Vec<Latents<T>>> {
+        if !results.len().is_multiple_of(3) {
+            return None;
+        }
+        let mut results = results.into_iter();
+        let mut all = Vec::with_capacity(results.len() / 3);
+        while let (Some(indices), Some(values), Some(firings)) = (results.next(), results.next(), results.next()) {
+            all.push(Latents { indices, values, firings });
+        }
+        Some(all)
+    }
+}
+
+/// What one dictionary's [`Latents`] are among a program's results, after the hooks': indices
+/// and values `[batch, seq, cap]`, firings `[batch, seq]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatentsInfo {
     /// Its index in the program's dictionaries (`ForwardSpec::dictionaries`).
