@@ -197,7 +197,8 @@
 //! Sparse dictionaries (SAEs, transcoders) are a room of their own, `dictionary/`, standing in
 //! three of those layers: `mod.rs` describes one (the hook it reads, widths, `Encoder` — ReLU, JumpReLU, TopK,
 //! gated —, input normalisation, whether `b_dec` is subtracted, its encoder's tensors in f32 under
-//! fixed names); `files.rs` and a file per format read the formats their libraries write (`Dictionary::open`:
+//! fixed names) and its `Latents` as a program returns them; `files.rs` and a file per format read
+//! the formats their libraries write, safetensors through `Weights` (`Dictionary::open`:
 //! SAELens's `cfg.json` + `sae_weights.safetensors` in 6.x and older layouts, Gemma Scope's
 //! `params.npz` with the hook from the Hub's layout, sparsify's `<hookpoint>/` checkpoints, Llama
 //! Scope's `hyperparams.json` + `checkpoints/final.safetensors` as lm-saes loads the release), each

@@ -181,6 +181,16 @@ impl Weights {
         }
     }
 
+    /// [`Weights::get`], or `None` where the weights hold no tensor `name` (for files whose
+    /// tensors are optional, as a dictionary's are).
+    pub fn get_if_stored(&self, name: &str, dtype: DType) -> Result<Option<HostTensor<'_>>, ModelError> {
+        match self.get(name, dtype) {
+            Ok(t) => Ok(Some(t)),
+            Err(ModelError::MissingTensor { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Checks that the tensor a forward parameter is read from exists with the shape the
     /// config implies.
     pub fn check(&self, param: &ParamInfo) -> Result<(), ModelError> {

@@ -36,7 +36,6 @@ const LAYERS: &[(&str, &[&str])] = &[
             "weights",
             "hf",
             "dictionary::files",
-            "dictionary::read",
             "dictionary::gemma_scope",
             "dictionary::llama_scope",
             "dictionary::saelens",

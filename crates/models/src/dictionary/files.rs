@@ -5,14 +5,14 @@
 //! ([`gemma_scope`]: `params.npz`), EleutherAI sparsify ([`sparsify`]: `<hookpoint>/cfg.json` +
 //! `sae.safetensors`), Llama Scope ([`llama_scope`]: lm-saes's `hyperparams.json` +
 //! `checkpoints/final.safetensors`). What a format holds that siphon does not compute exactly is
-//! refused by name. What several formats read alike is in `read.rs`.
+//! refused by name. A format's `cfg.json` (SAELens's, sparsify's) is read here, where it tells
+//! the format; safetensors files through the crate's [`Weights`].
 
 use std::path::Path;
 
-use super::read::{Safetensors, read_json};
 use super::{Dictionary, DictionaryHook, Tensor, gemma_scope, llama_scope, saelens, sparsify};
 use crate::error::ModelError;
-use crate::weights::{DType, HostTensor};
+use crate::weights::{DType, HostTensor, Weights};
 
 /// The formats siphon reads, told apart by their files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,8 +46,8 @@ impl Dictionary {
     /// (else on the hook its files or path name; a given hook must match a file's).
     pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
         let dict = match Format::of(dir) {
-            Some(Format::SaeLens) => saelens::open(dir)?,
-            Some(Format::Sparsify) => sparsify::open(dir, hook)?,
+            Some(Format::SaeLens) => saelens::open(dir, &read_json(&dir.join("cfg.json"))?)?,
+            Some(Format::Sparsify) => sparsify::open(dir, &read_json(&dir.join("cfg.json"))?, hook)?,
             Some(Format::GemmaScope) => gemma_scope::open(dir, hook)?,
             Some(Format::LlamaScope) => llama_scope::open(dir)?,
             // lm-saes since 2025 (Llamascopium): `config.json` with `sae_type`, a threshold per
@@ -90,10 +90,11 @@ impl Dictionary {
 /// by name (not read yet).
 pub fn decoder(dir: &Path) -> Result<Tensor, ModelError> {
     let from = |file: &str| -> Result<Tensor, ModelError> {
-        let path = dir.join(file);
-        Safetensors::read(&path)?
-            .tensor("W_dec")?
-            .ok_or_else(|| ModelError::Config(format!("dictionary {}: {file} lacks W_dec", dir.display())))
+        let weights = Weights::from_safetensors_file(&dir.join(file))?;
+        let t = weights
+            .get_if_stored("W_dec", DType::F32)?
+            .ok_or_else(|| ModelError::Config(format!("dictionary {}: {file} lacks W_dec", dir.display())))?;
+        Ok(Tensor { name: "W_dec", shape: t.shape.clone(), values: t.to_f32_vec() })
     };
     let w = match Format::of(dir) {
         Some(Format::SaeLens) => from(saelens::WEIGHTS)?,
@@ -112,6 +113,13 @@ pub fn decoder(dir: &Path) -> Result<Tensor, ModelError> {
             Err(ModelError::Config(format!("dictionary {}: W_dec is {:?}, not [d_sae, d_out]", dir.display(), w.shape)))
         }
     }
+}
+
+/// The JSON file at `path`.
+fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
+    let path = path.to_path_buf();
+    let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Corrupt { path, detail: format!("not JSON: {e}") })
 }
 
 /// Every dictionary's tensors as the program takes them (`encoder`'s arguments after its

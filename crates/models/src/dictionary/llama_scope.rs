@@ -32,9 +32,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::read::{self, Safetensors};
 use crate::dictionary::{Dictionary, Encoder, Tensor};
 use crate::error::ModelError;
+use crate::weights::{DType, Weights};
 
 /// The configuration's file.
 pub const HYPERPARAMS: &str = "hyperparams.json";
@@ -106,10 +106,13 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
         return Err(refuse(format!("lm-saes reads {first} before {WEIGHTS}; not read")));
     }
 
-    let file = Safetensors::read(&dir.join(WEIGHTS))?;
-    let read = |name: &'static str| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")));
+    let file = Weights::from_safetensors_file(&dir.join(WEIGHTS))?;
+    let read = |name: &'static str| {
+        let t = file.get_if_stored(name, DType::F32)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")))?;
+        Ok::<_, ModelError>(Tensor { name, shape: t.shape.clone(), values: t.to_f32_vec() })
+    };
     let weight = read("encoder.weight")?;
-    let d_sae = read::encoder_latents(&weight, d_model, "d_model").map_err(refuse)?;
+    let d_sae = weight.linear_latents(d_model, "d_model").map_err(refuse)?;
     if let Some(n) = hp.d_sae.filter(|&n| n != d_sae) {
         return Err(refuse(format!("encoder.weight is {:?}, d_sae is {n}", weight.shape)));
     }
@@ -134,11 +137,11 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
     } else {
         vec![1.0; d_sae]
     };
-    let w_enc = read::transposed_encoder(&weight, d_sae, |latent| norms[latent]);
+    let w_enc = weight.linear_as_w_enc(d_sae, |latent| norms[latent]);
     let b_enc = bias.values.iter().zip(&norms).map(|(&b, n)| (f64::from(b) / scale_in * n) as f32).collect();
     let encoder = Encoder::JumpRelu;
     let tensors = vec![
-        Tensor { name: "W_enc", shape: vec![d_model, d_sae], values: w_enc },
+        w_enc,
         Tensor { name: "b_enc", shape: vec![d_sae], values: b_enc },
         Tensor { name: "threshold", shape: vec![d_sae], values: vec![threshold as f32; d_sae] },
     ];

@@ -1,7 +1,7 @@
 //! Sparse dictionaries — SAEs and transcoders, as researchers publish them — in one form, one
 //! room: the description ([`Dictionary`], here; [`DictionaryHook`] on the hook it reads, and
 //! its results in a program, [`LatentsInfo`]), read from the formats' files by
-//! [`Dictionary::open`] (`files.rs`, `read.rs` and a file per format: [`saelens`], [`gemma_scope`],
+//! [`Dictionary::open`] (`files.rs` and a file per format: [`saelens`], [`gemma_scope`],
 //! [`sparsify`], [`llama_scope`]), and built into a program by [`encoder`] (its arguments, its
 //! ops, its results). A dictionary reads
 //! one hook's value and gives each token's active latents.
@@ -22,7 +22,6 @@ pub mod encoder;
 mod files;
 pub mod gemma_scope;
 pub mod llama_scope;
-mod read;
 pub mod saelens;
 pub mod sparsify;
 
@@ -73,6 +72,36 @@ pub struct Tensor {
     pub shape: Vec<usize>,
     /// Its values.
     pub values: Vec<f32>,
+}
+
+impl Tensor {
+    /// The latents of a torch `Linear` encoder's weight `[d_sae, d_in]` (sparsify's and
+    /// lm-saes's `encoder.weight`); `Err` names a shape that is not `[d_sae, d_in]` (`d_in` as
+    /// the format calls it: `input`).
+    pub(crate) fn linear_latents(&self, d_in: usize, input: &str) -> Result<usize, String> {
+        let shape = &self.shape;
+        match shape[..] {
+            [0, _] | [_, 0] => Err(format!("{} is {shape:?}: an empty encoder", self.name)),
+            [d_sae, width] if width == d_in => Ok(d_sae),
+            [_, _] => Err(format!("{} is {shape:?}, {input} is {d_in}", self.name)),
+            _ => Err(format!("{} is {shape:?}, not [d_sae, {input}]", self.name)),
+        }
+    }
+
+    /// A torch `Linear` encoder's weight `[d_sae, d_in]` ([`Tensor::linear_latents`] checked
+    /// it) as the `W_enc` `[d_in, d_sae]` the encoder reads, each latent's row times
+    /// `scale(latent)` (1 leaves it exact).
+    pub(crate) fn linear_as_w_enc(&self, d_sae: usize, scale: impl Fn(usize) -> f64) -> Tensor {
+        let d_in = self.values.len() / d_sae;
+        let mut w_enc = vec![0.0; d_in * d_sae];
+        for (latent, row) in self.values.chunks_exact(d_in).enumerate() {
+            let factor = scale(latent);
+            for (i, &v) in row.iter().enumerate() {
+                w_enc[i * d_sae + latent] = (f64::from(v) * factor) as f32;
+            }
+        }
+        Tensor { name: "W_enc", shape: vec![d_in, d_sae], values: w_enc }
+    }
 }
 
 /// A sparse dictionary's encoder, ready to build into a program.

@@ -20,16 +20,15 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::read::{Safetensors, read_cfg};
-use crate::dictionary::{Dictionary, Encoder, Normalize};
+use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
 use crate::error::ModelError;
+use crate::weights::{DType, Weights};
 
 /// The weights file next to `cfg.json`.
 pub const WEIGHTS: &str = "sae_weights.safetensors";
 
-/// Reads the SAELens dictionary in `dir`.
-pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
-    let cfg = read_cfg(dir)?;
+/// Reads the SAELens dictionary in `dir`, whose `cfg.json` is `cfg`.
+pub fn open(dir: &Path, cfg: &Json) -> Result<Dictionary, ModelError> {
     let refuse = |what: String| ModelError::Config(format!("SAELens dictionary {}: {what}", dir.display()));
     let field = |name: &str| cfg.get("metadata").and_then(|m| m.get(name)).filter(|v| !v.is_null()).or(cfg.get(name));
     let hook = field("hook_name")
@@ -88,10 +87,13 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
     // SAELens refuses b_dec on a transcoder's input; older configs lack the field (default on).
     let subtract_b_dec = !transcoder && cfg.get("apply_b_dec_to_input").and_then(Json::as_bool).unwrap_or(true);
 
-    let file = Safetensors::read(&dir.join(WEIGHTS))?;
+    let file = Weights::from_safetensors_file(&dir.join(WEIGHTS))?;
     let tensors = Dictionary::tensor_names(encoder, subtract_b_dec)
         .into_iter()
-        .map(|name| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}"))))
+        .map(|name| {
+            let t = file.get_if_stored(name, DType::F32)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")))?;
+            Ok(Tensor { name, shape: t.shape.clone(), values: t.to_f32_vec() })
+        })
         .collect::<Result<Vec<_>, ModelError>>()?;
     let name = dir.file_name().map_or_else(|| "sae".into(), |n| n.to_string_lossy().into_owned());
     Ok(Dictionary { normalize, subtract_b_dec, ..Dictionary::new(name, hook, [d_in, d_sae], encoder, tensors, dir) })

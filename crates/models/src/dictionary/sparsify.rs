@@ -15,17 +15,16 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::read::{self, Safetensors, read_cfg};
 use crate::dictionary::{Dictionary, Encoder, Tensor};
 use crate::error::ModelError;
+use crate::weights::{DType, Weights};
 
 /// The weights file next to `cfg.json`.
 pub const WEIGHTS: &str = "sae.safetensors";
 
-/// Reads the sparsify dictionary in `dir`, on `hook` if given, else on the hook its directory's
-/// name says.
-pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
-    let cfg = read_cfg(dir)?;
+/// Reads the sparsify dictionary in `dir`, whose `cfg.json` is `cfg`, on `hook` if given, else
+/// on the hook its directory's name says.
+pub fn open(dir: &Path, cfg: &Json, hook: Option<&str>) -> Result<Dictionary, ModelError> {
     let refuse = |what: String| ModelError::Config(format!("sparsify dictionary {}: {what}", dir.display()));
     match cfg.get("activation").and_then(Json::as_str).unwrap_or("topk") {
         "topk" => {}
@@ -43,17 +42,16 @@ pub fn open(dir: &Path, hook: Option<&str>) -> Result<Dictionary, ModelError> {
     let d_in = size("d_in").ok_or_else(|| refuse("cfg.json lacks d_in".into()))?;
     let k = size("k").ok_or_else(|| refuse("cfg.json lacks k".into()))?;
 
-    let file = Safetensors::read(&dir.join(WEIGHTS))?;
-    let read = |name: &'static str| file.tensor(name)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")));
+    let file = Weights::from_safetensors_file(&dir.join(WEIGHTS))?;
+    let read = |name: &'static str| {
+        let t = file.get_if_stored(name, DType::F32)?.ok_or_else(|| refuse(format!("{WEIGHTS} lacks {name}")))?;
+        Ok::<_, ModelError>(Tensor { name, shape: t.shape.clone(), values: t.to_f32_vec() })
+    };
     let weight = read("encoder.weight")?;
-    let d_sae = read::encoder_latents(&weight, d_in, "d_in").map_err(refuse)?;
-    let w_enc = read::transposed_encoder(&weight, d_sae, |_| 1.0);
+    let d_sae = weight.linear_latents(d_in, "d_in").map_err(refuse)?;
     let encoder = Encoder::TopK { k };
     let subtract_b_dec = !transcode;
-    let mut tensors = vec![
-        Tensor { name: "W_enc", shape: vec![d_in, d_sae], values: w_enc },
-        Tensor { name: "b_enc", ..read("encoder.bias")? },
-    ];
+    let mut tensors = vec![weight.linear_as_w_enc(d_sae, |_| 1.0), Tensor { name: "b_enc", ..read("encoder.bias")? }];
     if subtract_b_dec {
         tensors.push(read("b_dec")?);
     }
