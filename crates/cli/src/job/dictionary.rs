@@ -1,18 +1,19 @@
 //! The job's sparse dictionaries, from `--sae` to the store's latents columns: opening each
-//! on its hook with its cap ([`open`], [`open_capped`]; `forward` and `plan` open them too),
+//! on its hook with its cap, its files fetched first where it is a URL ([`open`],
+//! [`open_capped`]; `forward` and `plan` open them too),
 //! the outputs that can hold latents ([`check_outputs`]),
 //! the identity every host must share ([`fingerprint`]), how run.json describes each
 //! ([`columns`]), a step's latents as the writer takes them ([`for_writer`]) and `forward`'s
 //! cap check ([`check_caps`], the store's rule). The engine computes them on the devices
 //! (`siphon_models::dictionary::encoder`); the store writes them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use serde_json::json;
-use siphon_models::dictionary::{Dictionary, Encoder};
+use siphon_models::dictionary::{Dictionary, Encoder, gemma_scope, llama_scope, saelens, sparsify};
 use siphon_models::{DictionaryHook, HookPoint, Latents, ModelConfig};
 use siphon_runtime::HostArray;
 use siphon_store::{BatchLatents, LatentsColumn};
@@ -33,7 +34,7 @@ pub fn open(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<Dictiona
                 Some((dir, hook)) if !hook.contains('/') && !Path::new(spec).exists() => (dir, Some(hook)),
                 _ => (spec.as_str(), None),
             };
-            let dir = super::fetch::local_dictionary_path(dir).with_context(|| format!("--sae {spec}"))?;
+            let dir = local_path(dir).with_context(|| format!("--sae {spec}"))?;
             let dictionary = Dictionary::open(&dir, hook).with_context(|| format!("--sae {spec}"))?;
             let hook = HookPoint::parse(&dictionary.hook, config)
                 .with_context(|| format!("--sae {spec}: its hook {} is not one of this model's", dictionary.hook))?;
@@ -46,6 +47,35 @@ pub fn open(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<Dictiona
             Ok(DictionaryHook { hook, dictionary: Arc::new(dictionary), cap })
         })
         .collect()
+}
+
+/// A local directory for the dictionary `spec`: unchanged when it is not a URL, else its files
+/// downloaded once ([`super::fetch::local_directory`]); a bare `OWNER/NAME[@REVISION]/PATH`
+/// that is no directory here is read as `hf://`. Whichever format the files are in: `cfg.json`
+/// with SAELens's or sparsify's weights, else Llama Scope's `hyperparams.json` with its
+/// checkpoint, else Gemma Scope's `params.npz`.
+fn local_path(spec: &str) -> anyhow::Result<PathBuf> {
+    let relative = !(spec.starts_with(['/', '.', '~']) || spec.ends_with('/'));
+    if !spec.contains("://") && !Path::new(spec).exists() && relative && spec.contains('/') {
+        return local_path(&format!("hf://{spec}"))
+            .with_context(|| format!("{spec} is no directory here, so it was read as a Hub id"));
+    }
+    super::fetch::local_directory(spec, "dictionary", |files| {
+        if files.file("cfg.json", false)? {
+            if !files.file(saelens::WEIGHTS, false)? {
+                files.file(sparsify::WEIGHTS, true)?;
+            }
+        } else if files.file(llama_scope::HYPERPARAMS, false)? {
+            files.file(llama_scope::WEIGHTS, true)?;
+        } else if !files.file(gemma_scope::PARAMS, false)? {
+            bail!(
+                "{spec}: neither cfg.json (SAELens, sparsify), {} (Llama Scope) nor {} (Gemma Scope) is there",
+                llama_scope::HYPERPARAMS,
+                gemma_scope::PARAMS
+            );
+        }
+        Ok(())
+    })
 }
 
 /// Refuses `--sae` with outputs that cannot hold latents: an fp8 `--dtype` (latents are stored

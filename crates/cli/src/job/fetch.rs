@@ -1,8 +1,10 @@
-//! Models that are not on local disk: `hf://org/name[@revision]` (the Hugging Face hub, or
-//! `HF_ENDPOINT` as huggingface_hub reads it), `gs://`, `s3://`, `az://` and `http(s)://` URLs
-//! of a model directory or a `.gguf` file. The files a model needs are downloaded once into
-//! `$SIPHON_CACHE/models/`, each written under a temporary name and renamed, so an interrupted
-//! download never leaves a half-written file that a later run would trust.
+//! Models and directories that are not on local disk: `hf://org/name[@revision]` (the Hugging
+//! Face hub, or `HF_ENDPOINT` as huggingface_hub reads it), `gs://`, `s3://`, `az://` and
+//! `http(s)://` URLs of a model directory or a `.gguf` file ([`local_model_path`]), or of a
+//! directory whose files its reader chooses ([`local_directory`]: a dictionary's,
+//! `super::dictionary`). The files are downloaded once into `$SIPHON_CACHE/models/`, each
+//! written under a temporary name and renamed, so an interrupted download never leaves a
+//! half-written file that a later run would trust.
 
 use std::path::{Path, PathBuf};
 
@@ -57,30 +59,23 @@ pub fn local_model_path(spec: &Path) -> anyhow::Result<PathBuf> {
     Ok(cache)
 }
 
-/// A local directory for the dictionary `spec`: unchanged when it is not a URL, else its files
-/// downloaded once into `$SIPHON_CACHE/models/` — `hf://OWNER/NAME[@REVISION]/PATH` (a
-/// directory of the repository, kept under its own path, so that a layout that names the hook,
-/// as Gemma Scope's does, still does), or a `gs://`, `s3://`, `az://` or `http(s)://` URL of
-/// the directory; a bare `OWNER/NAME[@REVISION]/PATH` that is no directory here is read as
-/// `hf://`. Whichever format the files are in: `cfg.json` with `sae_weights.safetensors`
-/// (SAELens) or `sae.safetensors` (sparsify), else `hyperparams.json` with
-/// `checkpoints/final.safetensors` (Llama Scope), else `params.npz` (Gemma Scope).
-pub fn local_dictionary_path(spec: &str) -> anyhow::Result<PathBuf> {
-    let Some((scheme, rest)) = spec.split_once("://") else {
-        let local = Path::new(spec);
-        let relative = !(spec.starts_with(['/', '.', '~']) || spec.ends_with('/'));
-        if !local.exists() && relative && spec.contains('/') {
-            return local_dictionary_path(&format!("hf://{spec}"))
-                .with_context(|| format!("{spec} is no directory here, so it was read as a Hub id"));
-        }
-        return Ok(PathBuf::from(spec));
-    };
+/// A local directory for `spec`: unchanged when it is not a URL, else the files `fetch` asks
+/// for, downloaded once into `$SIPHON_CACHE/models/` — `hf://OWNER/NAME[@REVISION]/PATH` (a
+/// directory of the repository, kept under its own path, so that a layout that names what the
+/// directory holds, as Gemma Scope's does, still does), or a `gs://`, `s3://`, `az://` or
+/// `http(s)://` URL of the directory. `what` the directory holds names it in errors.
+pub fn local_directory(
+    spec: &str,
+    what: &str,
+    fetch: impl FnOnce(&Directory) -> anyhow::Result<()>,
+) -> anyhow::Result<PathBuf> {
+    let Some((scheme, rest)) = spec.split_once("://") else { return Ok(PathBuf::from(spec)) };
     let (base, cache) = match scheme {
         "hf" => {
             let mut parts = rest.splitn(3, '/');
             let (owner, name, path) = (parts.next(), parts.next(), parts.next());
             let (Some(owner), Some(name)) = (owner, name) else {
-                bail!("{spec}: a dictionary on the Hub is hf://OWNER/NAME[@REVISION]/PATH");
+                bail!("{spec}: a {what} on the Hub is hf://OWNER/NAME[@REVISION]/PATH");
             };
             let (name, revision) = name.split_once('@').unwrap_or((name, "main"));
             let path = path.unwrap_or("").trim_matches('/');
@@ -96,32 +91,29 @@ pub fn local_dictionary_path(spec: &str) -> anyhow::Result<PathBuf> {
             spec.trim_end_matches('/').to_string(),
             siphon_runtime::siphon_cache_dir().join("models").join(sanitize(spec)),
         ),
-        other => {
-            bail!("unsupported dictionary URL scheme {other:?} (use a path, hf://, gs://, s3://, az:// or https://)")
-        }
+        other => bail!("unsupported {what} URL scheme {other:?} (use a path, hf://, gs://, s3://, az:// or https://)"),
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let options: Vec<(String, String)> =
         if base.starts_with("http://") { vec![("allow_http".into(), "true".into())] } else { Vec::new() };
     let location = StoreLocation::open(&base, &options)?;
-    runtime.block_on(async {
-        if download(&location, "cfg.json", &cache.join("cfg.json"), false).await? {
-            let saelens = "sae_weights.safetensors";
-            if !download(&location, saelens, &cache.join(saelens), false).await? {
-                download(&location, "sae.safetensors", &cache.join("sae.safetensors"), true).await?;
-            }
-        } else if download(&location, "hyperparams.json", &cache.join("hyperparams.json"), false).await? {
-            let checkpoint = "checkpoints/final.safetensors";
-            download(&location, checkpoint, &cache.join(checkpoint), true).await?;
-        } else if !download(&location, "params.npz", &cache.join("params.npz"), false).await? {
-            bail!(
-                "{spec}: neither cfg.json (SAELens, sparsify), hyperparams.json (Llama Scope) nor params.npz (Gemma \
-                 Scope) is there"
-            );
-        }
-        anyhow::Ok(())
-    })?;
+    fetch(&Directory { location, cache: cache.clone(), runtime })?;
     Ok(cache)
+}
+
+/// A directory's files at a URL as [`local_directory`] fetches them.
+pub struct Directory {
+    location: StoreLocation,
+    cache: PathBuf,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Directory {
+    /// Downloads the file `name` (a path inside the directory) unless it is there already;
+    /// `Ok(false)` when an optional file does not exist remotely.
+    pub fn file(&self, name: &str, required: bool) -> anyhow::Result<bool> {
+        self.runtime.block_on(download(&self.location, name, &self.cache.join(name), required))
+    }
 }
 
 /// Downloads `name` to `dest` unless it is there already; `Ok(false)` when an optional file
