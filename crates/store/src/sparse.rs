@@ -217,6 +217,21 @@ impl LatentStats {
         }
     }
 
+    /// `Err` says what is wrong where its arrays do not hold one entry each per latent (the
+    /// minima may be absent: files written before they were counted), as merging indexes them.
+    pub(crate) fn check_lengths(&self) -> std::result::Result<(), String> {
+        let n = self.firings.len();
+        if self.sums.len() != n || self.max.len() != n || !(self.min.is_empty() || self.min.len() == n) {
+            return Err(format!(
+                "{n} firings, {} sums, {} maxima and {} minima (one each per latent)",
+                self.sums.len(),
+                self.max.len(),
+                self.min.len()
+            ));
+        }
+        Ok(())
+    }
+
     /// Counts one token's firings (latent, stored value).
     pub(crate) fn add_token(&mut self, fired: impl IntoIterator<Item = (usize, f32)>) {
         self.count += 1;

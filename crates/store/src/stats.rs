@@ -372,18 +372,7 @@ pub fn from_file(file: &StatsFile) -> std::result::Result<RunStats, String> {
         }
     }
     for (name, s) in &file.latents {
-        if s.sums.len() != s.firings.len()
-            || s.max.len() != s.firings.len()
-            || !(s.min.is_empty() || s.min.len() == s.firings.len())
-        {
-            return Err(format!(
-                "latents {name}: {} firings, {} sums, {} maxima and {} minima (one each per latent)",
-                s.firings.len(),
-                s.sums.len(),
-                s.max.len(),
-                s.min.len()
-            ));
-        }
+        s.check_lengths().map_err(|e| format!("latents {name}: {e}"))?;
     }
     Ok(RunStats {
         hooks: file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
