@@ -444,6 +444,25 @@ mod tests {
         assert!(a.min.is_empty());
     }
 
+    /// A stats.json whose latents column lacks an entry of one of its per-latent arrays is
+    /// refused naming the column and the lengths; one written before the minima were kept reads.
+    #[test]
+    fn a_latents_columns_arrays_hold_one_entry_per_latent() {
+        let mut s = LatentStats::new(3);
+        s.add_token([(1, 0.5)]);
+        let file = |s: &LatentStats| {
+            to_file(&RunStats { latents: [("l".to_string(), s.clone())].into(), ..RunStats::new() }, None)
+        };
+        assert_eq!(from_file(&file(&s)).unwrap().latents["l"], s);
+        assert!(from_file(&file(&LatentStats { min: Vec::new(), ..s.clone() })).is_ok());
+        let short = LatentStats { sums: vec![0.5, 0.0], ..s.clone() };
+        assert_eq!(
+            from_file(&file(&short)).unwrap_err(),
+            "latents l: 3 firings, 2 sums, 3 maxima and 3 minima (one each per latent)"
+        );
+        assert!(from_file(&file(&LatentStats { min: vec![0.0], ..s })).is_err());
+    }
+
     /// Rows like a residual stream's: per element a mean far from zero (up to ±300) next to a
     /// small spread, some huge outliers, bf16 and f32; against sums in f64 of the same stored
     /// values. Mean, variance, min and max within 1e-5 relative (of the spread for the mean),
