@@ -1,9 +1,9 @@
 //! Sparse dictionaries — SAEs and transcoders, as researchers publish them — in one form, one
 //! room: the description ([`Dictionary`], here; [`DictionaryHook`] on the hook it reads, and
-//! its results in a program, [`LatentsInfo`]), read from the formats' files by
+//! its results in a program, [`Latents`] and [`LatentsInfo`]), read from the formats' files by
 //! [`Dictionary::open`] (`files.rs` and a file per format: [`saelens`], [`gemma_scope`],
-//! [`sparsify`], [`llama_scope`]), and built into a program by [`encoder`] (its arguments, its
-//! ops, its results). A dictionary reads
+//! [`sparsify`], [`llama_scope`]) and handed to the devices as [`host_tensors`], and built into
+//! a program by [`encoder`] (its arguments, its ops, its results). A dictionary reads
 //! one hook's value and gives each token's active latents.
 //!
 //! A [`Dictionary`] is the hook it reads (TransformerLens's name), its widths, its encoder and
