@@ -78,18 +78,24 @@ impl Launched {
     }
 
     /// Each dictionary's latents for process `process`'s rows (the program's results after the
-    /// hooks', [`Latents::of_results`]), read from its partitions only, waiting for the copies,
+    /// hooks', [`Latents::of_results`]), copied from its partitions only straight into host
+    /// arrays (as [`Launched::copy_into`] copies the hooks), waiting for the copies,
     /// as the devices left them: a token's firings may exceed the latents kept (see
     /// [`Latents::firings`]): the store refuses those (`siphon_store::kept_firings`: the
     /// extraction's writer for the tokens it stores, `siphon forward` for every token).
     pub fn latents(&self, process: usize) -> Result<Vec<Latents<HostArray>>, EngineError> {
         let view = self.views.get(process).ok_or_else(|| EngineError::Batch(format!("no process {process}")))?;
         let (rows, from) = (view.rows(self.rows), view.partitions());
+        let local: usize = rows.iter().map(|r| r.len()).sum();
         let context = || "copying the dictionaries' latents to the host".to_string();
-        let results = self.outputs[self.hooks.len()..]
-            .iter()
-            .map(|output| rt(context, output.rows_to_host(&rows, &from)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let read = |output: &ShardedArray| -> Result<HostArray, EngineError> {
+            let ty = output.element_type();
+            let shape: Vec<usize> = std::iter::once(local).chain(output.shape()[1..].iter().copied()).collect();
+            let mut bytes = vec![0u8; shape.iter().product::<usize>() * ty.size_in_bytes()];
+            rt(context, rt(context, output.rows_into(&rows, &from, &mut bytes))?.wait())?;
+            rt(context, HostArray::from_bytes(ty, &shape, bytes))
+        };
+        let results = self.outputs[self.hooks.len()..].iter().map(read).collect::<Result<Vec<_>, _>>()?;
         let n = results.len();
         Latents::of_results(results).ok_or_else(|| EngineError::Batch(format!("{n} results after the hooks'")))
     }
