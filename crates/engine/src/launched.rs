@@ -42,10 +42,7 @@ impl Launched {
     /// Each hook's shape for process `process`'s rows: `[rows, seq, *per-token shape]`.
     pub fn shapes(&self, process: usize) -> Vec<Vec<usize>> {
         let rows: usize = self.views[process].rows(self.rows).iter().map(|r| r.len()).sum();
-        self.outputs[..self.hooks.len()]
-            .iter()
-            .map(|o| std::iter::once(rows).chain(o.shape()[1..].iter().copied()).collect())
-            .collect()
+        self.outputs[..self.hooks.len()].iter().map(|o| local_shape(o, rows)).collect()
     }
 
     /// Each hook's bytes for process `process`'s rows: the destinations [`Launched::copy_into`]
@@ -90,7 +87,7 @@ impl Launched {
         let context = || "copying the dictionaries' latents to the host".to_string();
         let read = |output: &ShardedArray| -> Result<HostArray, EngineError> {
             let ty = output.element_type();
-            let shape: Vec<usize> = std::iter::once(local).chain(output.shape()[1..].iter().copied()).collect();
+            let shape = local_shape(output, local);
             let mut bytes = vec![0u8; shape.iter().product::<usize>() * ty.size_in_bytes()];
             rt(context, rt(context, output.rows_into(&rows, &from, &mut bytes))?.wait())?;
             rt(context, HostArray::from_bytes(ty, &shape, bytes))
@@ -99,4 +96,9 @@ impl Launched {
         let n = results.len();
         Latents::of_results(results).ok_or_else(|| EngineError::Batch(format!("{n} results after the hooks'")))
     }
+}
+
+/// `output`'s shape for `rows` of its first dimension (a process's rows).
+fn local_shape(output: &ShardedArray, rows: usize) -> Vec<usize> {
+    std::iter::once(rows).chain(output.shape()[1..].iter().copied()).collect()
 }

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use super::{Dictionary, DictionaryHook, Tensor, gemma_scope, llama_scope, saelens, sparsify};
 use crate::error::ModelError;
-use crate::weights::{DType, HostTensor, Weights};
+use crate::weights::{DType, HostTensor, Weights, encode_into};
 
 /// The formats siphon reads, told apart by their files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +127,8 @@ fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
 pub fn host_tensors(dictionaries: &[DictionaryHook]) -> impl Iterator<Item = (String, HostTensor<'static>)> + '_ {
     dictionaries.iter().flat_map(|d| {
         d.dictionary.tensors.iter().map(move |t| {
-            let bytes: Vec<u8> = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut bytes = vec![0; t.values.len() * DType::F32.size()];
+            encode_into(DType::F32, &t.values, &mut bytes);
             let what = format!("dictionary {}'s {}", d.dictionary.name, t.name);
             (what, HostTensor { dtype: DType::F32, shape: t.shape.clone(), data: bytes.into() })
         })
