@@ -41,16 +41,27 @@ pub struct VerifyReport {
     pub stats_sha256: Option<String>,
     /// The run's `stats.json`, when it parses.
     pub stats: Option<StatsFile>,
+    /// What the run's `stats.json` says of hooks whose values are not all finite (a run
+    /// written with `--allow-non-finite`, or by a siphon that did not refuse them): a problem
+    /// unless the reader allows them ([`VerifyReport::problems_allowing_non_finite`]).
+    pub non_finite: Vec<String>,
 }
 
 impl VerifyReport {
-    /// True when neither the run nor any host has a problem.
+    /// True when neither the run nor any host has a problem, and every statistic is finite.
     pub fn is_ok(&self) -> bool {
-        self.problems.is_empty() && self.hosts.iter().all(|h| h.problems.is_empty())
+        self.all_problems().is_empty()
     }
 
-    /// Every problem, prefixed by its host.
+    /// Every problem, prefixed by its host, and the hooks whose values are not all finite.
     pub fn all_problems(&self) -> Vec<String> {
+        let mut out = self.problems_allowing_non_finite();
+        out.extend(self.non_finite.iter().cloned());
+        out
+    }
+
+    /// Every problem, prefixed by its host, but values that are not finite.
+    pub fn problems_allowing_non_finite(&self) -> Vec<String> {
         let mut out = self.problems.clone();
         for host in &self.hosts {
             out.extend(host.problems.iter().map(|p| format!("{}: {p}", host.host.dir_name())));
@@ -165,6 +176,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
                 Err(e) => report.problems.push(format!("run stats.json does not parse: {e}")),
                 Ok(file) => {
                     check_stats("run stats.json", &file, &expected, report.included_tokens, &mut report.problems);
+                    report.non_finite = non_finite(&file);
                     let hosts_ok = report.hosts.iter().all(|h| h.problems.is_empty());
                     if hosts_ok && !stats_match(&file, &all_stats) {
                         report.problems.push(
@@ -395,6 +407,29 @@ fn close_without_extremes(file: &stats::HookStatsJson, expected: &stats::HookSta
             close(file.mean[i], expected.mean[i], scale) && close(file.variance[i], expected.variance[i], scale * scale)
         })
         && close(file.mean_norm, expected.mean_norm, expected.mean_norm)
+}
+
+/// Each hook of `file` whose values are not all finite, said in a line: the ones it counts, or
+/// statistics that are not finite though it counts none (a file of a siphon that kept no
+/// count).
+fn non_finite(file: &StatsFile) -> Vec<String> {
+    file.hooks
+        .iter()
+        .filter_map(|(hook, s)| {
+            let arrays = [Some(&s.mean), Some(&s.variance), s.m2.as_ref(), s.min.as_ref(), s.max.as_ref()];
+            let scalars = [Some(s.mean_norm), s.norm_sum];
+            let values = arrays.into_iter().flatten().flatten().chain(scalars.iter().flatten());
+            let not_finite = values.filter(|v| !v.is_finite()).count();
+            match (s.non_finite, not_finite) {
+                (0, 0) => None,
+                (0, n) => Some(format!("run stats.json: hook {hook} has {n} statistics that are not finite")),
+                (count, _) => Some(format!(
+                    "run stats.json: hook {hook} holds {count} values that are NaN or ±Inf (stored as \
+                     --allow-non-finite lets a run; its statistics are null where they reach)"
+                )),
+            }
+        })
+        .collect()
 }
 
 /// Pushes what is wrong with `file`'s statistics of each of the run's columns (named `what`),

@@ -5,6 +5,7 @@
 //!
 //! - `sizes`: size flags at their edges, sequences past the context, shapes nothing can count;
 //! - `crashes`: a host that panics or dies of a fatal signal;
+//! - `non_finite`: activations that are NaN or ±Inf;
 //! - `signals`: SIGTERM and SIGINT at every phase of the job.
 
 use std::process::{Command, Output};
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 mod crashes;
+mod non_finite;
 mod signals;
 mod sizes;
 
