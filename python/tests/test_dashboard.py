@@ -443,4 +443,14 @@ def test_the_pages_render_the_data(tmp_path: Path) -> None:
     assert [int(r["attrs"]["data-latent"]) for r in rows] == list(range(WIDTH))
     assert table["shown"]["textContent"] == f"{WIDTH} of {WIDTH} latents"
     missing = render(tmp_path, out / SAE / "latent.html", f"#{WIDTH}")
-    assert "no latent" in missing["status"]["textContent"]
+    assert missing["status"]["textContent"] == f"no latent {WIDTH} (latents are 0..{WIDTH - 1})"
+    # An address that is not a latent's number names no latent (not latent 0, nor its digits').
+    for fragment in ("#abc", "#12abc", "#1e1", "#-1"):
+        bad = render(tmp_path, out / SAE / "latent.html", fragment)
+        assert bad["status"]["textContent"] == f"no latent {fragment[1:]} (latents are 0..{WIDTH - 1})"
+        assert bad["latent"]["innerHTML"] == ""
+    # A latent that never fired says so instead of empty data.
+    never = render(tmp_path, out / SAE / "latent.html", f"#{WIDTH - 1}")["latent"]["innerHTML"]
+    assert f"Latent {WIDTH - 1} never fired" in never
+    assert 'id="histogram"' not in never and 'class="range"' not in never and 'data-key="mean"' not in never
+    assert "<dt>mean over firings</dt>" in shown["latent"]["innerHTML"]
