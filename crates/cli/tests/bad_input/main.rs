@@ -5,6 +5,7 @@
 //!
 //! - `sizes`: size flags at their edges, sequences past the context, shapes nothing can count;
 //! - `crashes`: a host that panics or dies of a fatal signal;
+//! - `exports`: the exports' and dashboards' folders in use and count flags out of range;
 //! - `non_finite`: activations that are NaN or ±Inf;
 //! - `signals`: SIGTERM and SIGINT at every phase of the job.
 
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 mod crashes;
+mod exports;
 mod non_finite;
 mod signals;
 mod sizes;
