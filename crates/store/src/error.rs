@@ -138,6 +138,15 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A local path where a run's file must be is something else (a FIFO, a device, a
+    /// directory): reading it could block forever, so it is never opened.
+    #[error("{path}: not a regular file ({kind}); a run's files are regular files")]
+    NotAFile {
+        /// The path on disk.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
     /// A manifest, run.json or stats.json object is not what this crate writes.
     #[error("corrupt {path}: {reason}")]
     Corrupt {

@@ -9,7 +9,7 @@ use crate::column::columns;
 use crate::config::HostId;
 use crate::error::{Result, StoreError};
 use crate::location::{MANIFEST_NAME, STATS_NAME, StoreLocation};
-use crate::run::{RunJson, get_optional, list_hosts, merge_host_stats, read_manifest};
+use crate::run::{RunJson, list_hosts, merge_host_stats, read_manifest};
 use crate::shard::{check_format, summarize_shard};
 use crate::sparse::LatentsColumn;
 use crate::stats::{self, RunStats, StatsFile};
@@ -122,7 +122,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
     let run_json_path = location.run_json(run);
     let mut expected =
         Expected { hooks: Vec::new(), latents: Vec::new(), format: None, shapes: Vec::new(), shapes_recorded: false };
-    match get_optional(location, &run_json_path).await? {
+    match location.get_optional(&run_json_path).await? {
         None => report.problems.push(format!("{run_json_path} is missing")),
         Some(bytes) => match serde_json::from_slice::<RunJson>(&bytes) {
             Ok(parsed) => {
@@ -140,6 +140,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
                     expected.shapes = shapes.clone();
                     expected.shapes_recorded = true;
                 }
+                report.problems.extend(parsed.check_numbers().into_iter().map(|p| format!("{run_json_path}: {p}")));
                 report.run_json = Some(parsed);
             }
             Err(e) => {
@@ -168,7 +169,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
     if report.hosts.is_empty() {
         report.problems.push("no host directories".into());
     }
-    match get_optional(location, &location.run_stats(run)).await? {
+    match location.get_optional(&location.run_stats(run)).await? {
         None => report.problems.push("run stats.json is missing (run not finalized)".into()),
         Some(bytes) => {
             report.stats_sha256 = Some(hex::encode(Sha256::digest(&bytes)));
@@ -276,7 +277,7 @@ async fn verify_host(
         report.bytes = report.bytes.saturating_add(line.bytes);
         report.samples_end = line.samples[1];
         let path = dir.clone().join(line.shard.as_str());
-        let Some(bytes) = get_optional(location, &path).await? else {
+        let Some(bytes) = location.get_optional(&path).await? else {
             report.problems.push(format!("{}: committed shard is missing", line.shard));
             continue;
         };
@@ -330,7 +331,7 @@ async fn verify_host(
             }
         }
     }
-    match get_optional(location, &location.host_stats(run, host)).await? {
+    match location.get_optional(&location.host_stats(run, host)).await? {
         None if lines.is_empty() => {}
         None => report.problems.push("stats.json is missing".into()),
         Some(bytes) => match serde_json::from_slice::<StatsFile>(&bytes) {

@@ -7,6 +7,7 @@
 //! - `crashes`: a host that panics or dies of a fatal signal;
 //! - `exports`: the exports' and dashboards' folders in use and count flags out of range;
 //! - `non_finite`: activations that are NaN or ±Inf;
+//! - `runs`: a run's files replaced by FIFOs, or holding numbers of the wrong type;
 //! - `signals`: SIGTERM and SIGINT at every phase of the job.
 
 use std::process::{Command, Output};
@@ -18,6 +19,7 @@ mod common;
 mod crashes;
 mod exports;
 mod non_finite;
+mod runs;
 mod signals;
 mod sizes;
 
