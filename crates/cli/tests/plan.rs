@@ -411,4 +411,9 @@ fn dictionaries_are_counted_with_the_activations() {
         "fixtures/dictionaries/saelens-topk",
     ]));
     assert!(text.contains("  dictionaries "), "{text}");
+    // A dictionary of another width than its hook is refused, as extract and forward refuse it.
+    let gemma = "fixtures/dictionaries/gemma-scope-2b-pt-res/layer_1/width_16k/average_l0_7@blocks.1.ln1.hook_scale";
+    let out = siphon(&[&base[..], &["--sae", gemma]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("reads 64 values a token, blocks.1.ln1.hook_scale has 1"), "{err}");
 }

@@ -44,7 +44,18 @@ pub fn open(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<Dictiona
                 _ => args.latent_cap.unwrap_or(dictionary.d_sae),
             }
             .min(dictionary.d_sae);
-            Ok(DictionaryHook { hook, dictionary: Arc::new(dictionary), cap })
+            let opened = DictionaryHook { hook, dictionary: Arc::new(dictionary), cap };
+            // Every command that opens one (plan, forward, extract) checks its width here, before
+            // anything is counted or built; a hook whose width depends on the row's length has
+            // none to check against.
+            if opened.hook.dims(config, 1) != opened.hook.dims(config, 2) {
+                bail!(
+                    "--sae {spec}: its hook {} has no fixed per-token width (it grows with the sequence)",
+                    opened.hook
+                );
+            }
+            opened.width(config, 1).with_context(|| format!("--sae {spec}"))?;
+            Ok(opened)
         })
         .collect()
 }

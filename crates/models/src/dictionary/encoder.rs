@@ -64,13 +64,7 @@ pub(crate) fn results(
         let x = *hooks.get(&d.hook).ok_or_else(|| {
             ModelError::Hook(format!("{} reads {}, which the graph did not produce", d.dictionary.name, d.hook))
         })?;
-        let width: usize = d.hook.dims(config, seq).iter().product();
-        if width != d.dictionary.d_in {
-            return Err(ModelError::Config(format!(
-                "dictionary {} reads {} values a token, {} has {width}",
-                d.dictionary.name, d.dictionary.d_in, d.hook
-            )));
-        }
+        let width = d.width(config, seq)?;
         let x = b.reshape(x, &[batch * seq, width])?;
         let l = encode(b, x, &d.dictionary, tensors, d.cap)?;
         let mut dims = tokens.dims()[..2].to_vec();

@@ -209,6 +209,19 @@ pub struct DictionaryHook {
 }
 
 impl DictionaryHook {
+    /// Its hook's per-token width at `seq` tokens a row, refused unless it is the dictionary's
+    /// `d_in`.
+    pub fn width(&self, config: &crate::config::ModelConfig, seq: usize) -> Result<usize, ModelError> {
+        let width: usize = self.hook.dims(config, seq).iter().product();
+        if width != self.dictionary.d_in {
+            return Err(ModelError::Config(format!(
+                "dictionary {} reads {} values a token, {} has {width}",
+                self.dictionary.name, self.dictionary.d_in, self.hook
+            )));
+        }
+        Ok(width)
+    }
+
     /// The name of each dictionary's latents, as SAELens's `HookedSAETransformer` names them:
     /// `<hook>.hook_sae_acts_post`, then `.<dictionary>` where several dictionaries read one hook.
     pub fn names(dictionaries: &[DictionaryHook]) -> Vec<String> {
