@@ -165,9 +165,33 @@ impl CorpusArgs {
         config
     }
 
-    /// Opens the corpus (lists files, reads parquet footers).
+    /// Opens the corpus (lists files, reads parquet footers) and reads it up to its first
+    /// usable record: a corpus of nothing (every file empty, every record blank or unusable)
+    /// is refused here, before any work, rather than completing a run of 0 tokens.
     pub fn open(&self) -> anyhow::Result<Corpus> {
-        Corpus::open(&self.corpus, &self.corpus_config()).with_context(|| format!("opening corpus {}", self.corpus))
+        self.check_names()?;
+        let corpus = Corpus::open(&self.corpus, &self.corpus_config())
+            .with_context(|| format!("opening corpus {}", self.corpus))?;
+        corpus.check_usable().with_context(|| format!("corpus {}", self.corpus))?;
+        Ok(corpus)
+    }
+
+    /// The names the corpus is read by (a column, a field, a Hub config or split) are not
+    /// empty: an empty one would name nothing, or (a path) the current directory.
+    fn check_names(&self) -> anyhow::Result<()> {
+        let names = [
+            ("--corpus", Some(&self.corpus)),
+            ("--text-column", Some(&self.text_column)),
+            ("--json-field", Some(&self.json_field)),
+            ("--hf-config", self.hf_config.as_ref()),
+            ("--hf-split", self.hf_split.as_ref()),
+        ];
+        for (flag, value) in names {
+            if value.is_some_and(|v| v.trim().is_empty()) {
+                bail!("{flag} is empty");
+            }
+        }
+        Ok(())
     }
 
     /// Packing options: `base` holds the special tokens the model defines (from GGUF
@@ -243,7 +267,7 @@ impl CorpusArgs {
         };
         let source = match (&self.chat_template, model_template) {
             (Some(path), _) => {
-                std::fs::read_to_string(path).with_context(|| format!("reading --chat-template {}", path.display()))?
+                siphon_data::read_text_file(path).with_context(|| format!("reading --chat-template {}", path.display()))?
             }
             (None, Some(source)) => source.to_string(),
             (None, None) => bail!(

@@ -4,7 +4,8 @@
 //! Llama of the end-to-end tests, a generated corpus, the PJRT CPU plugin, 127.0.0.1 only.
 //!
 //! - `sizes`: size flags at their edges, sequences past the context, shapes nothing can count;
-//! - `crashes`: a host that panics or dies of a fatal signal.
+//! - `crashes`: a host that panics or dies of a fatal signal;
+//! - `corpus`: corpora of nothing, `siphon data`'s counts, special files the data path reads.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 #[path = "../common/mod.rs"]
 mod common;
 
+mod corpus;
 mod crashes;
 mod sizes;
 
