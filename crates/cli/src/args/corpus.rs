@@ -57,8 +57,9 @@ pub struct CorpusArgs {
     /// Bytes per work unit of jsonl and line-text files.
     #[arg(long, default_value_t = 8 << 20, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
     pub unit_bytes: u64,
-    /// Longest record (a jsonl or line-text line, a parquet value) in MiB, default 16: a longer
-    /// one stops the run naming its file and place (tokenizing a record takes ~100× its bytes).
+    /// Longest record (a jsonl or line-text line, a parquet value, a whole text file) in MiB,
+    /// default 16: a longer one stops the run naming its file and place (a worker holds a record's
+    /// text and token ids, a few times its bytes).
     #[arg(long, value_name = "MiB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_record_mb: Option<u64>,

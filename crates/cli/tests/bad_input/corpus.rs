@@ -22,7 +22,10 @@ fn refused(args: &[String], words: &[&str], within: Duration) {
 }
 
 fn data_args(corpus: &Path, extra: &[&str]) -> Vec<String> {
-    let tokenizer = repo_root().join("fixtures/data/tokenizer.json");
+    data_args_with(&repo_root().join("fixtures/data/tokenizer.json"), corpus, extra)
+}
+
+fn data_args_with(tokenizer: &Path, corpus: &Path, extra: &[&str]) -> Vec<String> {
     let mut args: Vec<String> = ["data", "--corpus", corpus.to_str().unwrap(), "--tokenizer", tokenizer.to_str().unwrap()]
         .iter()
         .map(|s| s.to_string())
@@ -105,7 +108,7 @@ fn special_files_the_data_path_reads_are_refused_naming_them() {
     let fifo = s.root.join("fifo.json");
     mkfifo(&fifo);
     let corpus = s.root.join("corpus");
-    refused(&data_args(&corpus, &["--tokenizer", fifo.to_str().unwrap()]), &["fifo.json", "FIFO"], Duration::from_secs(5));
+    refused(&data_args_with(&fifo, &corpus, &[]), &["fifo.json", "FIFO"], Duration::from_secs(5));
     // The chat template is read when the corpus holds conversations.
     let chats = corpus_of(&s, "chats", "c.jsonl", |path| {
         std::fs::write(path, "{\"text\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n").unwrap()
