@@ -22,7 +22,7 @@ use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 
 use crate::error::{Error, Result};
-use crate::pieces::Encoder;
+use crate::pieces::{Encoded, Encoder};
 
 /// Where a token of a rendered conversation comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -189,20 +189,22 @@ impl ChatTemplate {
         messages: &serde_json::Value,
     ) -> std::result::Result<(Vec<u32>, Vec<Role>), String> {
         match self.encode_with(&Encoder::new(tokenizer), messages, None)? {
-            (ids, roles, None) => Ok((ids, roles)),
-            (_, _, Some(at)) => Err(format!("the rendered conversation could not be tokenized past byte {at}")),
+            (Encoded { ids, cut: None, .. }, roles) => Ok((ids, roles)),
+            (Encoded { cut: Some(at), .. }, _) => {
+                Err(format!("the rendered conversation could not be tokenized past byte {at}"))
+            }
         }
     }
 
     /// [`ChatTemplate::encode`] through `encoder`, which tokenizes a long conversation in
-    /// bounded pieces (with `enough`, only until that many tokens): the ids, their roles, and
-    /// the byte of the rendered text where it was cut, if it was.
+    /// bounded pieces (with `enough`, only until that many tokens): its tokens (and the byte of
+    /// the rendered text where it was cut, if it was) and their roles.
     pub(crate) fn encode_with<T: Deref<Target = tokenizers::Tokenizer>>(
         &self,
         encoder: &Encoder<T>,
         messages: &serde_json::Value,
         enough: Option<usize>,
-    ) -> std::result::Result<(Vec<u32>, Vec<Role>, Option<usize>), String> {
+    ) -> std::result::Result<(Encoded, Vec<Role>), String> {
         let rendered = self.render(messages)?;
         let encoded = encoder.encode(rendered.text.as_str(), true, enough).map_err(|e| format!("tokenizer: {e}"))?;
         let spans = &rendered.spans;
@@ -223,7 +225,7 @@ impl ChatTemplate {
                 found.map_or(Role::Template, |(_, role)| *role)
             })
             .collect();
-        Ok((encoded.ids, roles, encoded.cut))
+        Ok((encoded, roles))
     }
 }
 

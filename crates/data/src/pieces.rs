@@ -274,13 +274,13 @@ impl<T: Deref<Target = Tokenizer>> Encoder<T> {
 
 #[cfg(test)]
 mod tests {
+    use tokenizers::models::TrainerWrapper;
     use tokenizers::models::bpe::{BPE, BpeTrainer};
     use tokenizers::models::wordpiece::{WordPiece, WordPieceTrainer};
     use tokenizers::normalizers::{BertNormalizer, Prepend, Replace, Sequence};
     use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
     use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
-    use tokenizers::models::TrainerWrapper;
     use tokenizers::{AddedToken, NormalizerWrapper};
 
     use super::*;
@@ -291,8 +291,31 @@ mod tests {
     /// digits, accented, CJK and emoji characters, and the special token.
     fn text(seed: u64, len: usize) -> String {
         const PARTS: &[&str] = &[
-            "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "Über", "café", "naïve", "中文字",
-            "🙂", "don't", "it's", "12345", "3.14", "—", "...", ",", ".", "!", "(x)", "\"q\"", SPECIAL,
+            "the",
+            "quick",
+            "brown",
+            "fox",
+            "jumps",
+            "over",
+            "lazy",
+            "dog",
+            "Über",
+            "café",
+            "naïve",
+            "中文字",
+            "🙂",
+            "don't",
+            "it's",
+            "12345",
+            "3.14",
+            "—",
+            "...",
+            ",",
+            ".",
+            "!",
+            "(x)",
+            "\"q\"",
+            SPECIAL,
         ];
         const GAPS: &[&str] = &[" ", " ", " ", "  ", "   ", "\n", "\n\n", "\t", " \n ", ""];
         let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -377,9 +400,12 @@ mod tests {
 
     #[test]
     fn windows_give_the_whole_texts_tokens_for_every_kind_of_tokenizer() {
-        for (name, tokenizer) in
-            [("byte-level", byte_level()), ("prepended", prepended()), ("metaspace", metaspace()), ("wordpiece", wordpiece())]
-        {
+        for (name, tokenizer) in [
+            ("byte-level", byte_level()),
+            ("prepended", prepended()),
+            ("metaspace", metaspace()),
+            ("wordpiece", wordpiece()),
+        ] {
             for seed in 0..4 {
                 let text = text(1000 + seed, 24 << 10);
                 let (ids, offsets) = whole(&tokenizer, &text);

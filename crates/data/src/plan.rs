@@ -527,7 +527,9 @@ mod tests {
 
     #[test]
     fn a_corpus_of_empty_files_is_refused_naming_them_and_an_empty_file_among_others_skipped() {
-        for (name, why) in [("a.jsonl", "is empty (0 bytes)"), ("a.txt", "is empty (0 bytes)"), ("a.parquet", "has no rows")] {
+        for (name, why) in
+            [("a.jsonl", "is empty (0 bytes)"), ("a.txt", "is empty (0 bytes)"), ("a.parquet", "has no rows")]
+        {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join(name);
             match name.ends_with(".parquet") {
@@ -552,8 +554,7 @@ mod tests {
     fn a_whole_file_past_the_record_limit_is_refused_when_opened() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("book.txt"), "word ".repeat(100)).unwrap();
-        let mut config = CorpusConfig::default();
-        config.max_record_bytes = 499;
+        let mut config = CorpusConfig { max_record_bytes: 499, ..CorpusConfig::default() };
         let err = open(dir.path(), &config).unwrap_err().to_string();
         assert!(err.contains("book.txt") && err.contains("whole file (500 bytes)"), "{err}");
         assert!(err.contains("--max-record-mb") && err.contains("--text-records line"), "{err}");

@@ -484,7 +484,9 @@ mod tests {
         assert_eq!(open(&root).unwrap(), 1);
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         let fifo = mkfifo("sub/part.jsonl");
-        for spec in [root.clone(), format!("{root}/sub/*.jsonl"), format!("{root}/**/*.jsonl"), fifo.display().to_string()] {
+        for spec in
+            [root.clone(), format!("{root}/sub/*.jsonl"), format!("{root}/**/*.jsonl"), fifo.display().to_string()]
+        {
             let err = open(&spec).err().unwrap_or_else(|| panic!("{spec}: accepted")).to_string();
             assert!(err.contains("sub/part.jsonl") && err.contains("FIFO"), "{spec}: {err}");
         }

@@ -204,7 +204,11 @@ enum Work {
 enum Tok {
     /// A document's ids; each one's role for a rendered conversation (empty for text); the
     /// byte where a long record was cut, if it was.
-    Doc { ids: Vec<u32>, roles: Vec<Role>, cut: Option<usize> },
+    Doc {
+        ids: Vec<u32>,
+        roles: Vec<Role>,
+        cut: Option<usize>,
+    },
     Empty,
     /// Unusable, and why.
     Invalid(String),
@@ -764,7 +768,7 @@ fn tokenize(
                 "the record is a conversation and there is no chat template (the model's, or --chat-template)".into(),
             ),
             Some(chat) => match chat.encode_with(encoder, &messages, enough) {
-                Ok((ids, roles, cut)) => doc(ids, roles, cut),
+                Ok((encoded, roles)) => doc(encoded.ids, roles, encoded.cut),
                 Err(reason) => Tok::Invalid(reason),
             },
         },

@@ -267,9 +267,8 @@ impl CorpusArgs {
             return Ok(None);
         };
         let source = match (&self.chat_template, model_template) {
-            (Some(path), _) => {
-                siphon_data::read_text_file(path).with_context(|| format!("reading --chat-template {}", path.display()))?
-            }
+            (Some(path), _) => siphon_data::read_text_file(path)
+                .with_context(|| format!("reading --chat-template {}", path.display()))?,
             (None, Some(source)) => source.to_string(),
             (None, None) => bail!(
                 "the corpus holds conversations (its --json-field {:?} is a list of messages) and the model has no \

@@ -26,10 +26,11 @@ fn data_args(corpus: &Path, extra: &[&str]) -> Vec<String> {
 }
 
 fn data_args_with(tokenizer: &Path, corpus: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["data", "--corpus", corpus.to_str().unwrap(), "--tokenizer", tokenizer.to_str().unwrap()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut args: Vec<String> =
+        ["data", "--corpus", corpus.to_str().unwrap(), "--tokenizer", tokenizer.to_str().unwrap()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
     args.extend(["--seq-len", "16"].iter().chain(extra).map(|s| s.to_string()));
     args
 }
@@ -81,7 +82,11 @@ fn a_corpus_of_nothing_is_refused_naming_the_file_before_a_run_starts() {
     }
     refused(&data_args(Path::new(""), &[]), &["--corpus is empty"], Duration::from_secs(5));
     refused(&extract_args(&s, "r", &["--corpus", ""]), &["--corpus is empty"], Duration::from_secs(10));
-    refused(&data_args(&s.root.join("corpus"), &["--json-field", ""]), &["--json-field is empty"], Duration::from_secs(5));
+    refused(
+        &data_args(&s.root.join("corpus"), &["--json-field", ""]),
+        &["--json-field is empty"],
+        Duration::from_secs(5),
+    );
 }
 
 #[test]
