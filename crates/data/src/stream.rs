@@ -49,6 +49,9 @@ pub struct StreamConfig {
     /// Renders conversation records (a field holding a list of `{role, content}` messages);
     /// without it they are unusable records.
     pub chat: Option<Arc<ChatTemplate>>,
+    /// The most tokens the consumer takes (a job's budget): no record is tokenized past it, as
+    /// no more of one can be used. The rows up to it are those of an unbounded stream.
+    pub max_tokens: Option<u64>,
 }
 
 impl StreamConfig {
@@ -63,6 +66,7 @@ impl StreamConfig {
             threads,
             resume: None,
             chat: None,
+            max_tokens: None,
         }
     }
 }
@@ -311,11 +315,14 @@ impl Corpus {
         let tokenizer = untruncated(tokenizer).map_err(Error::Tokenizer)?;
         let encoder = Arc::new(Encoder::new(tokenizer));
         // Pad mode keeps a document's first row: a long one is tokenized until that is full
-        // (and one token more, so that it counts as truncated).
-        let enough = match config.pack.mode {
+        // (and one token more, so that it counts as truncated). No document needs more tokens
+        // than the consumer takes in all.
+        let row = match config.pack.mode {
             PackMode::Pad(_) => Some(config.pack.seq_len + 1),
             PackMode::Pack => None,
         };
+        let budget = config.max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        let enough = row.into_iter().chain(budget).min();
         let max_in_flight = 4 * config.threads + 4;
         let (work_tx, work_rx) = sync_channel::<Work>(max_in_flight);
         let (done_tx, done_rx) = sync_channel::<(u64, Done)>(max_in_flight);
