@@ -16,12 +16,13 @@
 //! marks are used for the assistant instead of its messages' content.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
+use std::ops::{Deref, Range};
 
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 
 use crate::error::{Error, Result};
+use crate::pieces::{Encoded, Encoder};
 
 /// Where a token of a rendered conversation comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -187,15 +188,32 @@ impl ChatTemplate {
         tokenizer: &tokenizers::Tokenizer,
         messages: &serde_json::Value,
     ) -> std::result::Result<(Vec<u32>, Vec<Role>), String> {
+        match self.encode_with(&Encoder::new(tokenizer), messages, None)? {
+            (Encoded { ids, cut: None, .. }, roles) => Ok((ids, roles)),
+            (Encoded { cut: Some(at), .. }, _) => {
+                Err(format!("the rendered conversation could not be tokenized past byte {at}"))
+            }
+        }
+    }
+
+    /// [`ChatTemplate::encode`] through `encoder`, which tokenizes a long conversation in
+    /// bounded pieces (with `enough`, only until that many tokens): its tokens (and the byte of
+    /// the rendered text where it was cut, if it was) and their roles.
+    pub(crate) fn encode_with<T: Deref<Target = tokenizers::Tokenizer>>(
+        &self,
+        encoder: &Encoder<T>,
+        messages: &serde_json::Value,
+        enough: Option<usize>,
+    ) -> std::result::Result<(Encoded, Vec<Role>), String> {
         let rendered = self.render(messages)?;
-        let encoding = tokenizer.encode(rendered.text.as_str(), false).map_err(|e| format!("tokenizer: {e}"))?;
+        let encoded = encoder.encode(rendered.text.as_str(), true, enough).map_err(|e| format!("tokenizer: {e}"))?;
         let spans = &rendered.spans;
         // Spans sorted by start that do not overlap have sorted ends too: the first span a
         // token overlaps is found by bisection (a scan per token is quadratic in a long
         // conversation).
         let disjoint = spans.windows(2).all(|w| w[0].0.end <= w[1].0.start);
-        let roles = encoding
-            .get_offsets()
+        let roles = encoded
+            .offsets
             .iter()
             .map(|&(start, end)| {
                 let overlaps = |span: &Range<usize>| start < span.end && span.start < end.max(start + 1);
@@ -207,7 +225,7 @@ impl ChatTemplate {
                 found.map_or(Role::Template, |(_, role)| *role)
             })
             .collect();
-        Ok((encoding.get_ids().to_vec(), roles))
+        Ok((encoded, roles))
     }
 }
 

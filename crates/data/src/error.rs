@@ -39,6 +39,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A path read as a file is something else (a FIFO would block the read forever).
+    #[error("{path} is {what}, not a regular file")]
+    NotAFile {
+        /// The path.
+        path: String,
+        /// What it is.
+        what: String,
+    },
     /// A parquet file could not be decoded.
     #[error("parquet file {file}{}: {source}", row_group.map(|g| format!(" (row group {g})")).unwrap_or_default())]
     Parquet {
@@ -117,6 +125,14 @@ pub enum Error {
         invalid: u64,
         /// Why the first unusable record was.
         first: String,
+    },
+    /// Every record of the corpus is blank: a run would complete with 0 tokens.
+    #[error("the corpus holds no text: all {records} records of {files} are blank")]
+    NoText {
+        /// The corpus's files, named.
+        files: String,
+        /// Records read.
+        records: u64,
     },
     /// The tokenizer failed or lacks a token that was asked for.
     #[error("tokenizer: {0}")]

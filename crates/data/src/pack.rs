@@ -205,9 +205,21 @@ impl Packer {
     }
 
     /// Adds document `record` (content tokens, no separators, and each one's role, or none
-    /// for plain text), starting at token `offset` of its separated form (non-zero only when
-    /// resuming mid-document). Finished rows are appended to `out`.
-    pub fn push(&mut self, record: u64, stable: u64, content: &[u32], roles: &[Role], offset: u64, out: &mut Vec<Row>) {
+    /// for plain text), starting at token `offset` of its separated form (non-zero when
+    /// resuming mid-document, or going on where an earlier call stopped). Finished rows are
+    /// appended to `out`; once it holds `max_rows` rows with the document not done, packing stops
+    /// and the offset to go on from is returned (the rows are those one call would make).
+    #[allow(clippy::too_many_arguments)]
+    pub fn push(
+        &mut self,
+        record: u64,
+        stable: u64,
+        content: &[u32],
+        roles: &[Role],
+        offset: u64,
+        max_rows: usize,
+        out: &mut Vec<Row>,
+    ) -> Option<u64> {
         let cfg = self.cfg.clone();
         let cfg = &*cfg;
         let doc = doc_id(self.unit, stable);
@@ -233,6 +245,7 @@ impl Packer {
                 }
                 row.next = Some((record + 1, 0));
                 out.push(row);
+                None
             }
             PackMode::Pack => {
                 let mut i = offset as usize;
@@ -260,10 +273,14 @@ impl Packer {
                     if row.tokens.len() == cfg.seq_len {
                         row.next = Some(if i < len { (record, i as u64) } else { (record + 1, 0) });
                         out.push(row);
+                        if out.len() >= max_rows && i < len {
+                            return Some(i as u64);
+                        }
                     } else {
                         self.cur = Some(row);
                     }
                 }
+                None
             }
         }
     }
@@ -318,8 +335,8 @@ mod tests {
         cfg.row_bos = false;
         let mut p = Packer::new(Arc::new(cfg.clone()), 3, 0);
         let mut out = Vec::new();
-        p.push(0, 0, &[10, 11, 12], &[], 0, &mut out); // B 10 11 12 E  (5)
-        p.push(1, 1, &[20, 99, 21], &[], 0, &mut out); // B 20 99 21 E  (5)
+        p.push(0, 0, &[10, 11, 12], &[], 0, usize::MAX, &mut out); // B 10 11 12 E  (5)
+        p.push(1, 1, &[20, 99, 21], &[], 0, usize::MAX, &mut out); // B 20 99 21 E  (5)
         p.finish(&mut out);
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].tokens, vec![BOS, 10, 11, 12, EOS, BOS]);
@@ -345,7 +362,7 @@ mod tests {
         let cfg = PackConfig::new(4, PackMode::Pack, special());
         let mut p = Packer::new(Arc::new(cfg.clone()), 0, 0);
         let mut out = Vec::new();
-        p.push(0, 0, &[10, 11, 12, 13, 14], &[], 0, &mut out); // B 10 11 12 13 14 E
+        p.push(0, 0, &[10, 11, 12, 13, 14], &[], 0, usize::MAX, &mut out); // B 10 11 12 13 14 E
         p.finish(&mut out);
         // Row 0 starts with the doc's own BOS; later rows get an inserted one.
         assert_eq!(out[0].tokens, vec![BOS, 10, 11, 12]);
@@ -362,8 +379,8 @@ mod tests {
             let cfg = PackConfig::new(5, PackMode::Pad(side), special());
             let mut p = Packer::new(Arc::new(cfg.clone()), 0, 0);
             let mut out = Vec::new();
-            p.push(0, 0, &[10, 11], &[], 0, &mut out);
-            p.push(1, 1, &[20, 21, 22, 23, 24, 25], &[], 0, &mut out);
+            p.push(0, 0, &[10, 11], &[], 0, usize::MAX, &mut out);
+            p.push(1, 1, &[20, 21, 22, 23, 24, 25], &[], 0, usize::MAX, &mut out);
             assert_eq!(p.truncated_docs, 1);
             let expect_short = match side {
                 PadSide::Left => vec![PAD, PAD, BOS, 10, 11],
@@ -390,7 +407,7 @@ mod tests {
         let mut full = Vec::new();
         let mut p = Packer::new(Arc::new(cfg.clone()), 0, 0);
         for (i, d) in docs.iter().enumerate() {
-            p.push(i as u64, i as u64, d, &[], 0, &mut full);
+            p.push(i as u64, i as u64, d, &[], 0, usize::MAX, &mut full);
         }
         p.finish(&mut full);
         for cut in 0..full.len() - 1 {
@@ -398,10 +415,39 @@ mod tests {
             let mut rest = Vec::new();
             let mut p = Packer::new(Arc::new(cfg.clone()), 0, full[cut].index_in_unit + 1);
             for (i, d) in docs.iter().enumerate().skip(rec as usize) {
-                p.push(i as u64, i as u64, d, &[], if i as u64 == rec { off } else { 0 }, &mut rest);
+                p.push(i as u64, i as u64, d, &[], if i as u64 == rec { off } else { 0 }, usize::MAX, &mut rest);
             }
             p.finish(&mut rest);
             assert_eq!(rest, full[cut + 1..].to_vec(), "resume after row {cut}");
         }
+    }
+
+    #[test]
+    fn packing_a_row_at_a_time_gives_the_rows_of_one_call() {
+        let cfg = Arc::new(PackConfig::new(4, PackMode::Pack, special()));
+        let docs: Vec<Vec<u32>> = vec![(10..40).collect(), vec![50], (60..75).collect()];
+        let mut whole = Vec::new();
+        let mut p = Packer::new(cfg.clone(), 0, 0);
+        for (i, d) in docs.iter().enumerate() {
+            assert_eq!(p.push(i as u64, i as u64, d, &[], 0, usize::MAX, &mut whole), None);
+        }
+        p.finish(&mut whole);
+        let mut rows = Vec::new();
+        let mut p = Packer::new(cfg, 0, 0);
+        for (i, d) in docs.iter().enumerate() {
+            let mut offset = 0;
+            loop {
+                let mut out = Vec::new();
+                let stopped = p.push(i as u64, i as u64, d, &[], offset, 1, &mut out);
+                assert!(out.len() <= 1, "{} rows for at most one", out.len());
+                rows.extend(out);
+                match stopped {
+                    Some(next) => offset = next,
+                    None => break,
+                }
+            }
+        }
+        p.finish(&mut rows);
+        assert_eq!(rows, whole);
     }
 }

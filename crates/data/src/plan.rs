@@ -22,7 +22,8 @@ use crate::source::{self, CorpusFile, FileFormat};
 pub enum TextRecords {
     /// Each non-blank line is a document (large files are split into byte-range units).
     Line,
-    /// Each file is one document (the file is one unit; see [`CorpusConfig::max_file_bytes`]).
+    /// Each file is one document (the file is one unit, and one record: see
+    /// [`CorpusConfig::max_record_bytes`]).
     #[default]
     File,
 }
@@ -65,12 +66,13 @@ pub struct CorpusConfig {
     pub text_records: TextRecords,
     /// Size of a byte-range unit of jsonl and line-text files.
     pub unit_bytes: u64,
-    /// Largest file accepted with [`TextRecords::File`].
-    pub max_file_bytes: u64,
-    /// Longest record accepted (a line of a jsonl or line-text file, a parquet text value):
-    /// a longer one is an [`Error::RecordTooLarge`] naming the file and where in it. A line is
-    /// never buffered past this, so a file without newlines costs this much memory, not its
-    /// size; tokenizing a record takes on the order of 100× its bytes. Default 16 MiB.
+    /// Longest record accepted (a line of a jsonl or line-text file, a parquet text value, a
+    /// whole text file with [`TextRecords::File`]): a longer one is an
+    /// [`Error::RecordTooLarge`] naming the file and where in it (a whole file's when the
+    /// corpus is opened). A line is never buffered past this, so a file without newlines costs
+    /// this much memory, not its size; a record is held as text and as token ids while it is
+    /// used, and tokenized in bounded pieces, so a worker's memory is a fixed amount plus a
+    /// few times this. Default 16 MiB.
     pub max_record_bytes: u64,
     /// Optional seeded shuffling.
     pub shuffle: Option<Shuffle>,
@@ -91,7 +93,6 @@ impl Default for CorpusConfig {
             json_field: "text".into(),
             text_records: TextRecords::File,
             unit_bytes: 8 << 20,
-            max_file_bytes: 256 << 20,
             max_record_bytes: 16 << 20,
             shuffle: None,
             invalid: InvalidRecords::Skip,
@@ -281,13 +282,15 @@ impl Corpus {
                     }
                 }
                 FileFormat::Text if config.text_records == TextRecords::File => {
-                    if file.size > config.max_file_bytes {
-                        return Err(Error::Unusable {
+                    if file.size > config.max_record_bytes {
+                        return Err(Error::RecordTooLarge {
                             file: file.display.clone(),
-                            reason: format!(
-                                "{} bytes is more than the {} allowed for one-document-per-file text; use line records",
-                                file.size, config.max_file_bytes
+                            location: format!(
+                                "the whole file ({} bytes), one record with --text-records file (--text-records line \
+                                 makes each line one)",
+                                file.size
                             ),
+                            limit: config.max_record_bytes,
                         });
                     }
                     push(UnitKind::WholeFile);
@@ -302,6 +305,7 @@ impl Corpus {
                 }
             }
         }
+        check_not_empty(&files, &units)?;
         if units.len() > u32::MAX as usize {
             return Err(Error::Config("more than 2^32 units; raise unit_bytes".into()));
         }
@@ -368,6 +372,45 @@ impl Corpus {
             UnitKind::WholeFile => file.clone(),
         }
     }
+}
+
+/// Refuses a corpus whose every file is empty (0 bytes, or a parquet file of no rows), naming
+/// them, before anything reads it; an empty file among others is a warning naming it. Not an
+/// error then: it changes nothing the others give (an empty file has no record to lose), and
+/// large datasets hold empty shards (a split's last parquet file, a crawl's empty part) that
+/// should not stop a run of thousands of files.
+fn check_not_empty(files: &[CorpusFile], units: &[Unit]) -> Result<()> {
+    // Each file's rows (parquet) or bytes (text) over its units.
+    let mut held = vec![0u64; files.len()];
+    for unit in units {
+        held[unit.file as usize] += match unit.kind {
+            UnitKind::RowGroup { rows, .. } => rows,
+            UnitKind::Bytes { start, end } => end - start,
+            UnitKind::WholeFile => files[unit.file as usize].size,
+        };
+    }
+    let empty: Vec<(&CorpusFile, &str)> = files
+        .iter()
+        .zip(&held)
+        .filter(|(_, held)| **held == 0)
+        .map(|(file, _)| (file, if file.format == FileFormat::Parquet { "has no rows" } else { "is empty (0 bytes)" }))
+        .collect();
+    if empty.len() == files.len()
+        && let Some((file, why)) = empty.first()
+    {
+        let others = match empty.len() {
+            1 => String::new(),
+            n => format!(", and so are the {} other files", n - 1),
+        };
+        return Err(Error::Unusable {
+            file: file.display.clone(),
+            reason: format!("it {why}{others}: the corpus holds no record"),
+        });
+    }
+    for (file, why) in empty {
+        tracing::warn!(file = %file.display, "corpus file skipped: it {why}");
+    }
+    Ok(())
 }
 
 /// Runs a future to completion on a fresh current-thread runtime on a helper thread, so
@@ -459,6 +502,67 @@ mod tests {
         let mut c: Vec<u32> = (0..100).collect();
         permute(&mut c, 8);
         assert_ne!(a, c);
+    }
+
+    fn open(dir: &std::path::Path, config: &CorpusConfig) -> Result<Corpus> {
+        Corpus::open(dir.to_str().unwrap(), config)
+    }
+
+    /// Writes a parquet file with a string `text` column and these rows.
+    fn parquet(path: &std::path::Path, texts: &[&str]) {
+        use arrow_array::{ArrayRef, RecordBatch, StringArray};
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            "text",
+            arrow_schema::DataType::Utf8,
+            true,
+        )]));
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).unwrap();
+        if !texts.is_empty() {
+            let column: ArrayRef = Arc::new(StringArray::from(texts.to_vec()));
+            writer.write(&RecordBatch::try_new(schema, vec![column]).unwrap()).unwrap();
+        }
+        writer.close().unwrap();
+    }
+
+    #[test]
+    fn a_corpus_of_empty_files_is_refused_naming_them_and_an_empty_file_among_others_skipped() {
+        for (name, why) in
+            [("a.jsonl", "is empty (0 bytes)"), ("a.txt", "is empty (0 bytes)"), ("a.parquet", "has no rows")]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(name);
+            match name.ends_with(".parquet") {
+                true => parquet(&path, &[]),
+                false => std::fs::write(&path, "").unwrap(),
+            }
+            let err = open(dir.path(), &CorpusConfig::default()).unwrap_err().to_string();
+            assert!(err.contains(name) && err.contains(why) && err.contains("holds no record"), "{err}");
+            std::fs::write(dir.path().join("b.jsonl"), "{\"text\": \"a document\"}\n").unwrap();
+            let corpus = open(dir.path(), &CorpusConfig::default()).expect("an empty file among others is skipped");
+            assert_eq!(corpus.files().len(), 2);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a.jsonl", "b.jsonl"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let err = open(dir.path(), &CorpusConfig::default()).unwrap_err().to_string();
+        assert!(err.contains("a.jsonl") && err.contains("so are the 1 other files"), "{err}");
+    }
+
+    #[test]
+    fn a_whole_file_past_the_record_limit_is_refused_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("book.txt"), "word ".repeat(100)).unwrap();
+        let mut config = CorpusConfig { max_record_bytes: 499, ..CorpusConfig::default() };
+        let err = open(dir.path(), &config).unwrap_err().to_string();
+        assert!(err.contains("book.txt") && err.contains("whole file (500 bytes)"), "{err}");
+        assert!(err.contains("--max-record-mb") && err.contains("--text-records line"), "{err}");
+        config.max_record_bytes = 500;
+        open(dir.path(), &config).expect("a file at the limit is one record");
+        config.text_records = TextRecords::Line;
+        config.max_record_bytes = 499;
+        open(dir.path(), &config).expect("with line records the file is not one record");
     }
 
     #[test]

@@ -28,6 +28,26 @@ pub enum Record {
     Conversation(serde_json::Value),
 }
 
+impl Record {
+    /// The bytes of text it holds (a conversation's strings), which its tokens take memory in
+    /// proportion to.
+    pub(crate) fn text_bytes(&self) -> usize {
+        fn strings(value: &serde_json::Value) -> usize {
+            match value {
+                serde_json::Value::String(s) => s.len(),
+                serde_json::Value::Array(items) => items.iter().map(strings).sum(),
+                serde_json::Value::Object(fields) => fields.iter().map(|(k, v)| k.len() + strings(v)).sum(),
+                _ => 0,
+            }
+        }
+        match self {
+            Record::Text(text) => text.len(),
+            Record::Conversation(messages) => strings(messages),
+            Record::Empty | Record::Invalid(_) => 0,
+        }
+    }
+}
+
 /// Receives `(index in emitted order, stable record index, record)`; returns `false` to stop.
 pub(crate) type Emit<'a> = dyn FnMut(u64, u64, Record) -> Result<bool> + 'a;
 
@@ -36,6 +56,8 @@ type EmitAt<'a> = dyn FnMut(u64, u64, Record, &dyn Fn() -> String) -> Result<boo
 
 /// Bytes fetched per request when scanning byte-range units.
 const BLOCK: u64 = 1 << 20;
+/// Bytes of parquet rows decoded at once, about.
+const BATCH_BYTES: u64 = 8 << 20;
 /// Invalid records logged per reader before going quiet.
 const LOGGED_INVALID: u32 = 5;
 
@@ -121,7 +143,7 @@ impl UnitReader {
                     .bytes()
                     .await
                     .map_err(|source| Error::Store { location: file.display.clone(), source })?;
-                let record = match String::from_utf8(bytes.to_vec()) {
+                let record = match String::from_utf8(Vec::from(bytes)) {
                     Ok(text) if text.trim().is_empty() => Record::Empty,
                     Ok(text) => Record::Text(text),
                     Err(e) => Record::Invalid(format!("not UTF-8 text ({e})")),
@@ -157,27 +179,70 @@ impl Corpus {
     /// what a run will read first, as read (a conversation not yet rendered), for checks and
     /// examples before a run.
     pub fn first_records(&self, n: usize) -> Result<Vec<Record>> {
+        let mut records = Vec::new();
+        self.scan(|record| {
+            records.push(record);
+            records.len() < n
+        })?;
+        Ok(records)
+    }
+
+    /// Reads the corpus in its global order up to its first usable record (a text or a
+    /// conversation; usually the first record), so that a corpus of nothing is refused before
+    /// a run starts, not completed with 0 tokens: records all blank are [`Error::NoText`],
+    /// some unusable [`Error::NothingUsable`] (as the run would find).
+    pub fn check_usable(&self) -> Result<()> {
+        let (mut records, mut invalid, mut first) = (0u64, 0u64, None);
+        let mut usable = false;
+        self.scan(|record| {
+            records += 1;
+            match record {
+                Record::Text(_) | Record::Conversation(_) => usable = true,
+                Record::Empty => {}
+                Record::Invalid(reason) => {
+                    invalid += 1;
+                    first.get_or_insert(reason);
+                }
+            }
+            !usable
+        })?;
+        match (usable, first) {
+            (true, _) => Ok(()),
+            (false, Some(first)) => Err(Error::NothingUsable { records, invalid, first }),
+            (false, None) => Err(Error::NoText {
+                files: match self.files.as_slice() {
+                    [one] => one.display.clone(),
+                    [first, rest @ ..] => format!("{} and {} more files", first.display, rest.len()),
+                    [] => "no file".into(),
+                },
+                records,
+            }),
+        }
+    }
+
+    /// Hands `visit` the corpus's records in its global order until it returns false or the
+    /// corpus ends; on a helper thread, so that callers inside a tokio runtime may call it too.
+    fn scan(&self, mut visit: impl FnMut(Record) -> bool + Send) -> Result<()> {
         let corpus = self.clone();
-        let read = move || -> Result<Vec<Record>> {
+        let read = move || -> Result<()> {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
             rt.block_on(async {
-                let mut records = Vec::new();
                 let mut reader = UnitReader::new(corpus.clone());
+                let mut more = true;
                 for &unit in corpus.order.iter() {
                     let unit = corpus.units[unit as usize];
                     let mut emit = |_: u64, _: u64, record: Record| -> Result<bool> {
-                        records.push(record);
-                        Ok(records.len() < n)
+                        more = visit(record);
+                        Ok(more)
                     };
                     reader.read(&unit, 0, &mut emit).await?;
-                    if records.len() >= n {
+                    if !more {
                         break;
                     }
                 }
-                Ok(records)
+                Ok(())
             })
         };
-        // On a helper thread, so that callers inside a tokio runtime may call it too.
         std::thread::scope(|scope| scope.spawn(read).join())
             .map_err(|_| Error::Runtime(std::io::Error::other("the thread reading the first records panicked")))?
     }
@@ -203,7 +268,12 @@ async fn read_row_group(
     let reader = StoreReader::new(store, file);
     let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta);
     let mask = ProjectionMask::roots(builder.parquet_schema(), [col]);
-    let mut builder = builder.with_row_groups(vec![row_group]).with_projection(mask).with_batch_size(1024);
+    // Rows decoded at once: 1024, fewer when the row group's rows are large (a batch of huge
+    // values would hold them all at once).
+    let group = builder.metadata().row_group(row_group);
+    let row_bytes = u64::try_from(group.total_byte_size()).unwrap_or(0) / rows.max(1);
+    let batch_rows = (BATCH_BYTES / row_bytes.max(1)).clamp(1, 1024) as usize;
+    let mut builder = builder.with_row_groups(vec![row_group]).with_projection(mask).with_batch_size(batch_rows);
     if skip > 0 {
         // Resume inside a row group: skipped pages are not decoded.
         builder = builder.with_row_selection(RowSelection::from(vec![
@@ -317,17 +387,18 @@ fn json_record(line: &[u8], field: &str) -> Record {
     if line.iter().all(u8::is_ascii_whitespace) {
         return Record::Empty;
     }
-    let value: serde_json::Value = match serde_json::from_slice(line) {
+    let mut value: serde_json::Value = match serde_json::from_slice(line) {
         Ok(v) => v,
         Err(e) => return Record::Invalid(format!("line is not valid JSON ({e})")),
     };
-    match value.get(field) {
+    // Taken out of the object rather than copied: a record's text is held once.
+    match value.get_mut(field).map(serde_json::Value::take) {
         None => Record::Invalid(format!("no field {field:?}")),
         Some(serde_json::Value::String(s)) if s.trim().is_empty() => Record::Empty,
-        Some(serde_json::Value::String(s)) => Record::Text(s.clone()),
+        Some(serde_json::Value::String(s)) => Record::Text(s),
         Some(serde_json::Value::Null) => Record::Invalid(format!("field {field:?} is null")),
         Some(serde_json::Value::Array(messages)) if messages.is_empty() => Record::Empty,
-        Some(messages @ serde_json::Value::Array(_)) => Record::Conversation(messages.clone()),
+        Some(messages @ serde_json::Value::Array(_)) => Record::Conversation(messages),
         Some(_) => Record::Invalid(format!("field {field:?} is not a string or a list of messages")),
     }
 }
@@ -445,5 +516,35 @@ impl LineReader {
         }
         self.pos = stop + 1;
         Ok(Some((line_start, line)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Corpus, CorpusConfig, Error};
+
+    fn check(files: &[(&str, &str)]) -> crate::Result<()> {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default())?.check_usable()
+    }
+
+    #[test]
+    fn a_corpus_with_no_text_is_refused_naming_it_and_why() {
+        for files in [&[("a.jsonl", "\n\n  \n")][..], &[("a.txt", " \n\t\n")], &[("a.jsonl", "{\"text\": \"  \"}\n")]] {
+            match check(files) {
+                Err(err @ Error::NoText { .. }) => {
+                    let text = err.to_string();
+                    assert!(text.contains("a.") && text.contains("blank"), "{text}");
+                }
+                other => panic!("{files:?}: {other:?}"),
+            }
+        }
+        let err = check(&[("a.jsonl", "{\"body\": \"x\"}\n\n")]).unwrap_err().to_string();
+        assert!(err.contains("none of the 2 records") && err.contains("no field \"text\""), "{err}");
+        // Blank records first, text later: usable.
+        check(&[("a.jsonl", "\n\n"), ("b.jsonl", "{\"text\": \"a document\"}\n")]).expect("usable");
     }
 }

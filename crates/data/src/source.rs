@@ -12,6 +12,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::file::{check_regular_file, special_kind};
 use crate::hub::HubDataset;
 use crate::percent::percent_decode;
 
@@ -87,6 +88,10 @@ pub(crate) struct Located {
 /// Turns a source string into a store and a path inside it; does not touch the data.
 pub(crate) fn locate(spec: &str) -> Result<Located> {
     let bad = |reason: String| Error::BadSource { spec: spec.to_string(), reason };
+    if spec.trim().is_empty() {
+        // An empty path would be the current directory.
+        return Err(bad("the source is empty (give a file, a directory, a glob or a URL)".into()));
+    }
     if let Some((scheme, _)) = spec.split_once("://") {
         let url = url::Url::parse(spec).map_err(|e| bad(e.to_string()))?;
         if scheme == "file" {
@@ -175,6 +180,9 @@ pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFor
         (None, true, _) => {
             let fs_path = format!("/{path}");
             let meta = std::fs::metadata(&fs_path).map_err(|source| Error::Io { path: fs_path.clone(), source })?;
+            if let Some(what) = special_kind(&meta) {
+                return Err(Error::NotAFile { path: fs_path, what: what.into() });
+            }
             meta.is_file()
         }
         (None, false, Some(_)) => false,
@@ -213,9 +221,46 @@ pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFor
         listed.extend(metas.into_iter().map(|m| (m.location, m.size)));
     }
     let single = single || (hub.is_some() && pattern.is_none() && listed.iter().any(|(p, _)| p.as_ref() == path));
+    if local && !single {
+        // The listing leaves out what is not a regular file; one that would be a corpus file
+        // is refused as a FIFO given by name is, not skipped.
+        let specials = special_files(std::path::Path::new(&format!("/{base}")));
+        if let Ok(files) = select(spec, &display_root, &base, pattern.as_deref(), None, specials, forced)
+            && let Some(file) = files.first()
+        {
+            check_regular_file(std::path::Path::new(&format!("/{}", file.path)))?;
+        }
+    }
     let files =
         select(spec, &display_root, &base, pattern.as_deref(), single.then_some(path.as_str()), listed, forced)?;
     Ok(Resolved { store, files })
+}
+
+/// The files under the local directory `root` (links followed, as the store lists them) that
+/// are neither regular files nor directories, as store paths (sizes 0).
+fn special_files(root: &std::path::Path) -> Vec<(StorePath, u64)> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(dir) = dirs.pop() {
+        // A link back up the tree is walked once.
+        if !std::fs::canonicalize(&dir).is_ok_and(|real| seen.insert(real)) {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            if meta.is_dir() {
+                dirs.push(path);
+            } else if special_kind(&meta).is_some()
+                && let Some(store) = path.to_str().and_then(|p| StorePath::parse(p.trim_start_matches('/')).ok())
+            {
+                found.push((store, 0));
+            }
+        }
+    }
+    found
 }
 
 /// The corpus files among `listed` (paths and sizes): the file `single` names, or those under
@@ -412,6 +457,41 @@ mod tests {
         assert_eq!(FileFormat::from_name("README"), None);
         assert_eq!(FileFormat::from_name("README.md"), None);
         assert!(is_repo_doc("README.txt") && is_repo_doc("LICENSE") && !is_repo_doc("readings.txt"));
+    }
+
+    #[test]
+    fn an_empty_source_is_refused_not_read_as_the_current_directory() {
+        for spec in ["", "  "] {
+            let err = locate(spec).err().expect("refused").to_string();
+            assert!(err.contains("the source is empty"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_fifo_as_a_corpus_file_is_refused_by_name_through_a_directory_or_a_glob() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap().to_string();
+        std::fs::write(dir.path().join("good.jsonl"), "{\"text\": \"x\"}\n").unwrap();
+        let mkfifo = |name: &str| {
+            let path = dir.path().join(name);
+            assert!(std::process::Command::new("mkfifo").arg(&path).status().unwrap().success());
+            path
+        };
+        // Not corpus files: never opened, no error.
+        mkfifo(".hidden.jsonl");
+        mkfifo("notes.md");
+        let open = |spec: &str| crate::Corpus::open(spec, &crate::CorpusConfig::default()).map(|c| c.files().len());
+        assert_eq!(open(&root).unwrap(), 1);
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let fifo = mkfifo("sub/part.jsonl");
+        for spec in
+            [root.clone(), format!("{root}/sub/*.jsonl"), format!("{root}/**/*.jsonl"), fifo.display().to_string()]
+        {
+            let err = open(&spec).err().unwrap_or_else(|| panic!("{spec}: accepted")).to_string();
+            assert!(err.contains("sub/part.jsonl") && err.contains("FIFO"), "{spec}: {err}");
+        }
+        // Only the good file matches.
+        assert_eq!(open(&format!("{root}/good.*")).unwrap(), 1);
     }
 
     #[test]

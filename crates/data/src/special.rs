@@ -36,12 +36,13 @@ pub fn parse_token(tokenizer: &Tokenizer, spec: &str) -> Result<u32> {
     tokenizer.token_to_id(spec).ok_or_else(|| Error::Tokenizer(format!("no token {spec:?} in the vocabulary")))
 }
 
-/// Loads a tokenizer.json.
+/// Loads a tokenizer.json (a regular file: a FIFO is refused, not read).
 ///
 /// The `tokenizers` library panics on some malformed files (a decoder it cannot build, for
 /// one); that panic is caught and returned as the error it should have been.
 pub fn load_tokenizer(path: &std::path::Path) -> Result<Tokenizer> {
     let cannot = |e: String| Error::Tokenizer(format!("cannot load {}: {e}", path.display()));
+    crate::file::check_regular_file(path).map_err(|e| cannot(e.to_string()))?;
     match std::panic::catch_unwind(|| Tokenizer::from_file(path)) {
         Ok(loaded) => loaded.map_err(|e| cannot(e.to_string())),
         Err(panic) => {

@@ -2,9 +2,13 @@
 //! encode chunks of records, and the consumer (the caller's thread, in
 //! [`BatchStream::next`]) puts chunks back in order, packs them and cuts batches.
 //!
-//! Memory is bounded by credits: the reader may only hand out a chunk while fewer than
-//! `max_in_flight` chunks are between it and the consumer, so the channels and the reorder
-//! buffer never hold more than that.
+//! Memory is bounded by credits: the reader hands out a chunk for one credit per
+//! [`CHUNK_BYTES`] of its text (one at least, all of them at most), and only while it holds
+//! them, so the channels and the reorder buffer hold about `max_in_flight` chunks' worth of
+//! text (or one record longer than that). A record is tokenized in bounded pieces
+//! ([`crate::pieces`]) and its rows are packed as batches are made, a batch's worth at a time,
+//! so neither the tokenizer's working memory nor the rows grow with a record's length: a
+//! record costs its text and its token ids.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -16,7 +20,8 @@ use tokenizers::Tokenizer;
 
 use crate::chat::{ChatTemplate, Role};
 use crate::error::{Error, Result};
-use crate::pack::{PackConfig, Packer, Row};
+use crate::pack::{PackConfig, PackMode, Packer, Row};
+use crate::pieces::{Encoder, untruncated};
 use crate::plan::{Corpus, Fnv, Partition, Unit, Worker};
 use crate::read::{Record, UnitReader};
 
@@ -44,6 +49,9 @@ pub struct StreamConfig {
     /// Renders conversation records (a field holding a list of `{role, content}` messages);
     /// without it they are unusable records.
     pub chat: Option<Arc<ChatTemplate>>,
+    /// The most tokens the consumer takes (a job's budget): no record is tokenized past it, as
+    /// no more of one can be used. The rows up to it are those of an unbounded stream.
+    pub max_tokens: Option<u64>,
 }
 
 impl StreamConfig {
@@ -58,6 +66,7 @@ impl StreamConfig {
             threads,
             resume: None,
             chat: None,
+            max_tokens: None,
         }
     }
 }
@@ -174,6 +183,9 @@ pub struct DataStats {
     pub invalid: u64,
     /// Documents cut short by padding mode.
     pub truncated: u64,
+    /// Long records cut where no tokenizer window could be cut exactly: their tokens past the
+    /// cut are dropped (each is logged).
+    pub cut: u64,
     /// Sequences produced.
     pub sequences: u64,
     /// Non-pad tokens in produced sequences.
@@ -186,25 +198,47 @@ pub struct DataStats {
     pub batches: u64,
 }
 
+/// What the reader hands the tokenizers, with the credits it took.
 enum Work {
-    Chunk { seq: u64, ordinal: u64, unit: Unit, records: Vec<(u64, u64, Record)>, end_of_unit: bool },
+    Chunk { seq: u64, credits: usize, ordinal: u64, unit: Unit, records: Vec<(u64, u64, Record)>, end_of_unit: bool },
     Failed { seq: u64, error: Error },
     End { seq: u64 },
 }
 
 enum Tok {
-    Ids(Vec<u32>),
-    /// A rendered conversation: its ids and each one's role.
-    Chat(Vec<u32>, Vec<Role>),
+    /// A document's ids; each one's role for a rendered conversation (empty for text); the
+    /// byte where a long record was cut, if it was.
+    Doc {
+        ids: Vec<u32>,
+        roles: Vec<Role>,
+        cut: Option<usize>,
+    },
     Empty,
     /// Unusable, and why.
     Invalid(String),
 }
 
 enum Done {
-    Chunk { ordinal: u64, unit: Unit, docs: Vec<(u64, u64, Tok)>, end_of_unit: bool },
+    Chunk { credits: usize, ordinal: u64, unit: Unit, docs: Vec<(u64, u64, Tok)>, end_of_unit: bool },
     Failed(Error),
     End,
+}
+
+impl Done {
+    /// Credits to give back to the reader once the consumer took it.
+    fn credits(&self) -> usize {
+        match self {
+            Done::Chunk { credits, .. } => *credits,
+            Done::Failed(_) | Done::End => 1,
+        }
+    }
+}
+
+/// What the consumer took from the tokenizers and has not packed yet: a document (from
+/// token `offset` of its separated form on) or the end of a unit.
+enum Pending {
+    Doc { ordinal: u64, unit: Unit, order: u64, stable: u64, ids: Vec<u32>, roles: Vec<Role>, offset: u64 },
+    EndOfUnit { ordinal: u64, unit: Unit },
 }
 
 /// A worker's stream of batches. Iterating yields `Result<Batch>`; after an error the
@@ -220,6 +254,9 @@ pub struct BatchStream {
     credit_tx: Option<SyncSender<()>>,
     reorder: BTreeMap<u64, Done>,
     next_seq: u64,
+    /// Documents taken and not yet packed, in order: packing stops once a batch's rows are
+    /// ready, so a long document's rows are made as they are used.
+    pending: VecDeque<Pending>,
     packer: Option<(u64, Packer)>,
     rows: VecDeque<(u64, u32, Row)>,
     finished: bool,
@@ -275,6 +312,17 @@ impl Corpus {
         };
         let ordinals: Vec<u64> = (start.ordinal.max(w)..n_units).filter(|o| o % n_workers == w).collect();
 
+        let tokenizer = untruncated(tokenizer).map_err(Error::Tokenizer)?;
+        let encoder = Arc::new(Encoder::new(tokenizer));
+        // Pad mode keeps a document's first row: a long one is tokenized until that is full
+        // (and one token more, so that it counts as truncated). No document needs more tokens
+        // than the consumer takes in all.
+        let row = match config.pack.mode {
+            PackMode::Pad(_) => Some(config.pack.seq_len + 1),
+            PackMode::Pack => None,
+        };
+        let budget = config.max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        let enough = row.into_iter().chain(budget).min();
         let max_in_flight = 4 * config.threads + 4;
         let (work_tx, work_rx) = sync_channel::<Work>(max_in_flight);
         let (done_tx, done_rx) = sync_channel::<(u64, Done)>(max_in_flight);
@@ -288,19 +336,19 @@ impl Corpus {
         threads.push(
             std::thread::Builder::new()
                 .name(format!("siphon-read-{w}"))
-                .spawn(move || read_main(corpus, ordinals, skip, work_tx, credit_rx))
+                .spawn(move || read_main(corpus, ordinals, skip, work_tx, credit_rx, max_in_flight))
                 .map_err(Error::Runtime)?,
         );
         let work_rx = Arc::new(Mutex::new(work_rx));
         for t in 0..config.threads {
             let work_rx = work_rx.clone();
             let done_tx = done_tx.clone();
-            let tokenizer = tokenizer.clone();
+            let encoder = encoder.clone();
             let chat = config.chat.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("siphon-tok-{w}-{t}"))
-                    .spawn(move || tokenize_main(&tokenizer, chat.as_deref(), &work_rx, &done_tx))
+                    .spawn(move || tokenize_main(&encoder, chat.as_deref(), enough, &work_rx, &done_tx))
                     .map_err(Error::Runtime)?,
             );
         }
@@ -317,6 +365,7 @@ impl Corpus {
             credit_tx: Some(credit_tx),
             reorder: BTreeMap::new(),
             next_seq: 0,
+            pending: VecDeque::new(),
             packer: None,
             rows: VecDeque::new(),
             finished: false,
@@ -377,45 +426,54 @@ impl BatchStream {
         &self.position
     }
 
-    /// Takes chunks in order until more than `batch_size` rows are ready or the input ends
-    /// (one row of look-ahead, so the last batch knows it is the last).
+    /// Packs what was taken and takes chunks in order until more than `batch_size` rows are
+    /// ready or the input ends (one row of look-ahead, so the last batch knows it is the last).
     fn fill(&mut self) -> Result<()> {
-        while self.rows.len() <= self.batch_size && !self.finished {
-            let done = loop {
-                if let Some(done) = self.reorder.remove(&self.next_seq) {
-                    break done;
-                }
-                let rx = self.done_rx.as_ref().expect("open while not finished");
-                match rx.recv() {
-                    Ok((seq, done)) => {
-                        self.reorder.insert(seq, done);
-                    }
-                    Err(_) => {
-                        return Err(Error::Runtime(std::io::Error::other("a data-path thread stopped unexpectedly")));
-                    }
-                }
-            };
-            self.next_seq += 1;
-            if let Some(credit) = &self.credit_tx {
-                let _ = credit.send(());
+        while self.rows.len() <= self.batch_size {
+            if let Some(pending) = self.pending.pop_front() {
+                self.pack(pending);
+                continue;
             }
-            match done {
+            if self.finished {
+                break;
+            }
+            match self.next_done()? {
                 Done::Failed(e) => return Err(e),
                 Done::End => self.finished = true,
-                Done::Chunk { ordinal, unit, docs, end_of_unit } => self.absorb(ordinal, unit, docs, end_of_unit),
+                Done::Chunk { ordinal, unit, docs, end_of_unit, .. } => self.take(ordinal, unit, docs, end_of_unit),
             }
         }
         Ok(())
     }
 
-    fn absorb(&mut self, ordinal: u64, unit: Unit, docs: Vec<(u64, u64, Tok)>, end_of_unit: bool) {
-        let resume = self.resume.as_ref().filter(|p| p.ordinal == ordinal);
-        if self.packer.as_ref().is_none_or(|(o, _)| *o != ordinal) {
-            let first_row = resume.map_or(0, |p| p.row_in_unit);
-            self.packer = Some((ordinal, Packer::new(self.cfg.clone(), unit.id, first_row)));
+    /// The next chunk in order from the tokenizers; its credits go back to the reader.
+    fn next_done(&mut self) -> Result<Done> {
+        let done = loop {
+            if let Some(done) = self.reorder.remove(&self.next_seq) {
+                break done;
+            }
+            let rx = self.done_rx.as_ref().expect("open while not finished");
+            match rx.recv() {
+                Ok((seq, done)) => {
+                    self.reorder.insert(seq, done);
+                }
+                Err(_) => {
+                    return Err(Error::Runtime(std::io::Error::other("a data-path thread stopped unexpectedly")));
+                }
+            }
+        };
+        self.next_seq += 1;
+        if let Some(credit) = &self.credit_tx {
+            for _ in 0..done.credits() {
+                let _ = credit.send(());
+            }
         }
-        let (_, packer) = self.packer.as_mut().expect("just set");
-        let mut out = Vec::new();
+        Ok(done)
+    }
+
+    /// Counts a chunk's records and queues its documents for packing.
+    fn take(&mut self, ordinal: u64, unit: Unit, docs: Vec<(u64, u64, Tok)>, end_of_unit: bool) {
+        let resume = self.resume.as_ref().filter(|p| p.ordinal == ordinal);
         for (order, stable, tok) in docs {
             self.stats.records += 1;
             match tok {
@@ -424,25 +482,53 @@ impl BatchStream {
                     self.stats.invalid += 1;
                     self.first_invalid.get_or_insert(reason);
                 }
-                Tok::Ids(ids) => {
+                Tok::Doc { ids, roles, cut } => {
                     self.stats.documents += 1;
+                    if let Some(at) = cut {
+                        self.stats.cut += 1;
+                        tracing::warn!(
+                            unit = %self.corpus.describe_unit(&unit), record = stable, byte = at, tokens = ids.len(),
+                            "record cut: the tokenizer's windows did not agree near this byte, so its tokens past it \
+                             are dropped (its tokens before it are exact)"
+                        );
+                    }
                     let offset = resume.filter(|p| p.record == order).map_or(0, |p| p.token);
-                    packer.push(order, stable, &ids, &[], offset, &mut out);
-                }
-                Tok::Chat(ids, roles) => {
-                    self.stats.documents += 1;
-                    let offset = resume.filter(|p| p.record == order).map_or(0, |p| p.token);
-                    packer.push(order, stable, &ids, &roles, offset, &mut out);
+                    self.pending.push_back(Pending::Doc { ordinal, unit, order, stable, ids, roles, offset });
                 }
             }
         }
         if end_of_unit {
-            packer.finish(&mut out);
-            self.stats.truncated += packer.truncated_docs;
-            self.stats.units += 1;
-            self.packer = None;
-            // Only the first unit of a resumed stream starts mid-way.
-            self.resume = None;
+            self.pending.push_back(Pending::EndOfUnit { ordinal, unit });
+        }
+    }
+
+    /// Packs one pending item into rows, up to the rows a batch still needs: a document not
+    /// packed to its end goes back to the front of the queue.
+    fn pack(&mut self, pending: Pending) {
+        let (ordinal, unit) = match &pending {
+            Pending::Doc { ordinal, unit, .. } | Pending::EndOfUnit { ordinal, unit } => (*ordinal, *unit),
+        };
+        if self.packer.as_ref().is_none_or(|(o, _)| *o != ordinal) {
+            let first_row = self.resume.as_ref().filter(|p| p.ordinal == ordinal).map_or(0, |p| p.row_in_unit);
+            self.packer = Some((ordinal, Packer::new(self.cfg.clone(), unit.id, first_row)));
+        }
+        let (_, packer) = self.packer.as_mut().expect("just set");
+        let mut out = Vec::new();
+        match pending {
+            Pending::Doc { ordinal, unit, order, stable, ids, roles, offset } => {
+                let room = (self.batch_size + 1).saturating_sub(self.rows.len()).max(1);
+                if let Some(offset) = packer.push(order, stable, &ids, &roles, offset, room, &mut out) {
+                    self.pending.push_front(Pending::Doc { ordinal, unit, order, stable, ids, roles, offset });
+                }
+            }
+            Pending::EndOfUnit { .. } => {
+                packer.finish(&mut out);
+                self.stats.truncated += packer.truncated_docs;
+                self.stats.units += 1;
+                self.packer = None;
+                // Only the first unit of a resumed stream starts mid-way.
+                self.resume = None;
+            }
         }
         self.rows.extend(out.into_iter().map(|r| (ordinal, unit.id, r)));
     }
@@ -544,31 +630,49 @@ impl Drop for BatchStream {
     }
 }
 
-/// Hands out chunks in order, one credit each.
+/// Hands out chunks in order, each for the credits its text takes.
 struct ChunkSender {
     seq: u64,
     work_tx: SyncSender<Work>,
     credit_rx: Receiver<()>,
+    /// Every credit there is: what the longest chunk takes.
+    max_in_flight: usize,
 }
 
 impl ChunkSender {
-    /// False when the consumer is gone.
-    fn send(&mut self, make: impl FnOnce(u64) -> Work) -> bool {
-        if self.credit_rx.recv().is_err() {
-            return false;
+    /// Sends a chunk of `bytes` of text, once its credits are free; false when the consumer is
+    /// gone.
+    fn send(&mut self, bytes: usize, make: impl FnOnce(u64, usize) -> Work) -> bool {
+        let credits = bytes.div_ceil(CHUNK_BYTES).clamp(1, self.max_in_flight);
+        for _ in 0..credits {
+            if self.credit_rx.recv().is_err() {
+                return false;
+            }
         }
-        let ok = self.work_tx.send(make(self.seq)).is_ok();
+        let ok = self.work_tx.send(make(self.seq, credits)).is_ok();
         self.seq += 1;
         ok
     }
+
+    /// Sends what takes one credit (an error, the end).
+    fn send_one(&mut self, make: impl FnOnce(u64) -> Work) -> bool {
+        self.send(0, |seq, _| make(seq))
+    }
 }
 
-fn read_main(corpus: Corpus, ordinals: Vec<u64>, first_skip: u64, work_tx: SyncSender<Work>, credit_rx: Receiver<()>) {
-    let mut sender = ChunkSender { seq: 0, work_tx, credit_rx };
+fn read_main(
+    corpus: Corpus,
+    ordinals: Vec<u64>,
+    first_skip: u64,
+    work_tx: SyncSender<Work>,
+    credit_rx: Receiver<()>,
+    max_in_flight: usize,
+) {
+    let mut sender = ChunkSender { seq: 0, work_tx, credit_rx, max_in_flight };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            sender.send(|seq| Work::Failed { seq, error: Error::Runtime(e) });
+            sender.send_one(|seq| Work::Failed { seq, error: Error::Runtime(e) });
             return;
         }
     };
@@ -582,14 +686,18 @@ fn read_main(corpus: Corpus, ordinals: Vec<u64>, first_skip: u64, work_tx: SyncS
             let mut alive = true;
             let result = {
                 let mut emit = |order: u64, stable: u64, record: Record| -> Result<bool> {
-                    if let Record::Text(t) = &record {
-                        bytes += t.len();
-                    }
+                    bytes += record.text_bytes();
                     chunk.push((order, stable, record));
                     if chunk.len() >= CHUNK_RECORDS || bytes >= CHUNK_BYTES {
                         let records = std::mem::take(&mut chunk);
-                        bytes = 0;
-                        alive = sender.send(|seq| Work::Chunk { seq, ordinal, unit, records, end_of_unit: false });
+                        alive = sender.send(std::mem::take(&mut bytes), |seq, credits| Work::Chunk {
+                            seq,
+                            credits,
+                            ordinal,
+                            unit,
+                            records,
+                            end_of_unit: false,
+                        });
                     }
                     Ok(alive)
                 };
@@ -599,20 +707,22 @@ fn read_main(corpus: Corpus, ordinals: Vec<u64>, first_skip: u64, work_tx: SyncS
                 return;
             }
             if let Err(error) = result {
-                sender.send(|seq| Work::Failed { seq, error });
+                sender.send_one(|seq| Work::Failed { seq, error });
                 return;
             }
-            if !sender.send(|seq| Work::Chunk { seq, ordinal, unit, records: chunk, end_of_unit: true }) {
+            let last = |seq, credits| Work::Chunk { seq, credits, ordinal, unit, records: chunk, end_of_unit: true };
+            if !sender.send(bytes, last) {
                 return;
             }
         }
-        sender.send(|seq| Work::End { seq });
+        sender.send_one(|seq| Work::End { seq });
     });
 }
 
 fn tokenize_main(
-    tokenizer: &Tokenizer,
+    encoder: &Encoder<Arc<Tokenizer>>,
     chat: Option<&ChatTemplate>,
+    enough: Option<usize>,
     work_rx: &Mutex<Receiver<Work>>,
     done_tx: &SyncSender<(u64, Done)>,
 ) {
@@ -627,39 +737,18 @@ fn tokenize_main(
         let item = match work {
             Work::End { seq } => (seq, Done::End),
             Work::Failed { seq, error } => (seq, Done::Failed(error)),
-            Work::Chunk { seq, ordinal, unit, records, end_of_unit } => {
-                let mut docs = Vec::with_capacity(records.len());
-                let mut failure = None;
-                for (order, stable, record) in records {
-                    let tok = match record {
-                        Record::Empty => Tok::Empty,
-                        Record::Invalid(reason) => Tok::Invalid(reason),
-                        Record::Conversation(messages) => match chat {
-                            None => Tok::Invalid(
-                                "the record is a conversation and there is no chat template (the model's, or \
-                                 --chat-template)"
-                                    .into(),
-                            ),
-                            Some(chat) => match chat.encode(tokenizer, &messages) {
-                                Ok((ids, _)) if ids.is_empty() => Tok::Empty,
-                                Ok((ids, roles)) => Tok::Chat(ids, roles),
-                                Err(reason) => Tok::Invalid(reason),
-                            },
-                        },
-                        Record::Text(text) => match tokenizer.encode_fast(text.as_str(), false) {
-                            Ok(enc) if enc.get_ids().is_empty() => Tok::Empty,
-                            Ok(enc) => Tok::Ids(enc.get_ids().to_vec()),
-                            Err(e) => {
-                                failure = Some(Error::Tokenizer(format!("unit {} record {stable}: {e}", unit.id)));
-                                break;
-                            }
-                        },
-                    };
-                    docs.push((order, stable, tok));
-                }
-                match failure {
-                    Some(e) => (seq, Done::Failed(e)),
-                    None => (seq, Done::Chunk { ordinal, unit, docs, end_of_unit }),
+            Work::Chunk { seq, credits, ordinal, unit, records, end_of_unit } => {
+                let docs: Result<Vec<_>> = records
+                    .into_iter()
+                    .map(|(order, stable, record)| {
+                        let tok = tokenize(encoder, chat, enough, record)
+                            .map_err(|e| Error::Tokenizer(format!("unit {} record {stable}: {e}", unit.id)))?;
+                        Ok((order, stable, tok))
+                    })
+                    .collect();
+                match docs {
+                    Ok(docs) => (seq, Done::Chunk { credits, ordinal, unit, docs, end_of_unit }),
+                    Err(e) => (seq, Done::Failed(e)),
                 }
             }
         };
@@ -667,4 +756,32 @@ fn tokenize_main(
             return;
         }
     }
+}
+
+/// One record's tokens (the tokenizer's error on a text fails the stream; a conversation
+/// that does not render or tokenize is an unusable record).
+fn tokenize(
+    encoder: &Encoder<Arc<Tokenizer>>,
+    chat: Option<&ChatTemplate>,
+    enough: Option<usize>,
+    record: Record,
+) -> std::result::Result<Tok, String> {
+    let doc = |ids: Vec<u32>, roles, cut| if ids.is_empty() { Tok::Empty } else { Tok::Doc { ids, roles, cut } };
+    Ok(match record {
+        Record::Empty => Tok::Empty,
+        Record::Invalid(reason) => Tok::Invalid(reason),
+        Record::Conversation(messages) => match chat {
+            None => Tok::Invalid(
+                "the record is a conversation and there is no chat template (the model's, or --chat-template)".into(),
+            ),
+            Some(chat) => match chat.encode_with(encoder, &messages, enough) {
+                Ok((encoded, roles)) => doc(encoded.ids, roles, encoded.cut),
+                Err(reason) => Tok::Invalid(reason),
+            },
+        },
+        Record::Text(text) => {
+            let encoded = encoder.encode(text.as_str(), false, enough)?;
+            doc(encoded.ids, Vec::new(), encoded.cut)
+        }
+    })
 }

@@ -175,3 +175,38 @@ fn a_position_from_another_setup_is_refused() {
     config.resume = Some(first.position);
     assert!(other_corpus.stream(tokenizer(), config).is_err());
 }
+
+/// Short documents around one longer than a tokenizer window (256 KiB), so that it is
+/// tokenized in several windows.
+fn long_record_corpus(dir: &std::path::Path) -> Corpus {
+    let long: String = (0..9_000).map(doc_text).collect::<Vec<_>>().join(" ");
+    assert!((600 << 10..1 << 20).contains(&long.len()), "{} bytes", long.len());
+    let lines = [doc_text(1), long, doc_text(2)];
+    let jsonl: String = lines.iter().map(|t| format!("{}\n", serde_json::json!({ "text": t }))).collect();
+    std::fs::write(dir.join("long.jsonl"), jsonl).unwrap();
+    Corpus::open(dir.to_str().unwrap(), &CorpusConfig::default()).unwrap()
+}
+
+#[test]
+fn resuming_inside_a_long_record_yields_exactly_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = long_record_corpus(dir.path());
+    // A few batches, each ending inside the long record.
+    check_resume(&corpus, &|| stream_config(4095, PackMode::Pack, 32));
+}
+
+#[test]
+fn a_token_budget_stops_tokenizing_a_long_record_and_keeps_the_rows_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = long_record_corpus(dir.path());
+    let full = batches(&corpus, stream_config(512, PackMode::Pack, 8));
+    let mut config = stream_config(512, PackMode::Pack, 8);
+    config.max_tokens = Some(3 * 8 * 512);
+    let mut bounded = corpus.stream(tokenizer(), config).unwrap();
+    let first: Vec<_> = bounded.by_ref().take(3).map(Result::unwrap).collect();
+    assert_eq!(first, full[..3]);
+    // The long record is tokenized no further than its first window (256 KiB, a token per
+    // byte with the fixture): the stream's rows stop there, not at its end.
+    let all = 3 + bounded.map(Result::unwrap).count();
+    assert!(all <= (256 << 10) / (8 * 512) + 2 && all < full.len(), "{all} batches of {}", full.len());
+}

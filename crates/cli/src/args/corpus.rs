@@ -57,8 +57,9 @@ pub struct CorpusArgs {
     /// Bytes per work unit of jsonl and line-text files.
     #[arg(long, default_value_t = 8 << 20, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
     pub unit_bytes: u64,
-    /// Longest record (a jsonl or line-text line, a parquet value) in MiB, default 16: a longer
-    /// one stops the run naming its file and place (tokenizing a record takes ~100× its bytes).
+    /// Longest record (a jsonl or line-text line, a parquet value, a whole text file) in MiB,
+    /// default 16: a longer one stops the run naming its file and place (a worker holds a record's
+    /// text and token ids, a few times its bytes).
     #[arg(long, value_name = "MiB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_record_mb: Option<u64>,
@@ -165,9 +166,33 @@ impl CorpusArgs {
         config
     }
 
-    /// Opens the corpus (lists files, reads parquet footers).
+    /// Opens the corpus (lists files, reads parquet footers) and reads it up to its first
+    /// usable record: a corpus of nothing (every file empty, every record blank or unusable)
+    /// is refused here, before any work, rather than completing a run of 0 tokens.
     pub fn open(&self) -> anyhow::Result<Corpus> {
-        Corpus::open(&self.corpus, &self.corpus_config()).with_context(|| format!("opening corpus {}", self.corpus))
+        self.check_names()?;
+        let corpus = Corpus::open(&self.corpus, &self.corpus_config())
+            .with_context(|| format!("opening corpus {}", self.corpus))?;
+        corpus.check_usable().with_context(|| format!("corpus {}", self.corpus))?;
+        Ok(corpus)
+    }
+
+    /// The names the corpus is read by (a column, a field, a Hub config or split) are not
+    /// empty: an empty one would name nothing, or (a path) the current directory.
+    fn check_names(&self) -> anyhow::Result<()> {
+        let names = [
+            ("--corpus", Some(&self.corpus)),
+            ("--text-column", Some(&self.text_column)),
+            ("--json-field", Some(&self.json_field)),
+            ("--hf-config", self.hf_config.as_ref()),
+            ("--hf-split", self.hf_split.as_ref()),
+        ];
+        for (flag, value) in names {
+            if value.is_some_and(|v| v.trim().is_empty()) {
+                bail!("{flag} is empty");
+            }
+        }
+        Ok(())
     }
 
     /// Packing options: `base` holds the special tokens the model defines (from GGUF
@@ -242,9 +267,8 @@ impl CorpusArgs {
             return Ok(None);
         };
         let source = match (&self.chat_template, model_template) {
-            (Some(path), _) => {
-                std::fs::read_to_string(path).with_context(|| format!("reading --chat-template {}", path.display()))?
-            }
+            (Some(path), _) => siphon_data::read_text_file(path)
+                .with_context(|| format!("reading --chat-template {}", path.display()))?,
             (None, Some(source)) => source.to_string(),
             (None, None) => bail!(
                 "the corpus holds conversations (its --json-field {:?} is a list of messages) and the model has no \

@@ -16,6 +16,11 @@ use siphon_data::{
 };
 
 use crate::args::CorpusArgs;
+use crate::args::limits::{MAX_SMALL_COUNT, count};
+
+/// Workers (machines × hosts) a partition is shown for: each is read on its own, so the count
+/// bounds how long `siphon data` runs whatever the corpus (65536 hosts is past any job's).
+const MAX_WORKERS: i64 = 1 << 16;
 
 /// Loads a tokenizer and the special tokens it implies: a tokenizer.json, an HF model
 /// directory (tokenizer.json + tokenizer_config.json) or a .gguf file (its `tokenizer.ggml.*`
@@ -79,20 +84,21 @@ pub struct Args {
     #[arg(long)]
     tokenizer: PathBuf,
     /// Number of machines.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_WORKERS))]
     machines: u32,
     /// Hosts per machine.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_WORKERS))]
     hosts: u32,
     /// Only list the units per worker; do not read or tokenize the corpus.
     #[arg(long)]
     plan_only: bool,
     /// Instead of the partition, measure tokenization + packing throughput over the whole
     /// corpus with each of these tokenizer thread counts (e.g. `--bench 1,2`).
-    #[arg(long, value_name = "THREADS", value_delimiter = ',', conflicts_with = "plan_only")]
+    #[arg(long, value_name = "THREADS", value_delimiter = ',', conflicts_with = "plan_only",
+          value_parser = count(1, MAX_SMALL_COUNT))]
     bench: Vec<usize>,
     /// Benchmark passes per thread count (the fastest is reported).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = count(1, MAX_SMALL_COUNT))]
     bench_repeat: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -145,8 +151,13 @@ struct ShowReport {
 
 fn show_partition(args: Args) -> anyhow::Result<()> {
     let partition = Partition { machines: args.machines, hosts: args.hosts };
-    if partition.workers() == 0 {
-        bail!("--machines and --hosts must be at least 1");
+    if partition.workers() > MAX_WORKERS as u64 {
+        bail!(
+            "--machines {} × --hosts {} is {} workers, more than {MAX_WORKERS}",
+            args.machines,
+            args.hosts,
+            partition.workers()
+        );
     }
     let corpus = args.corpus.open()?;
     let (text_tokenizer, special) = load_tokenizer(&args.tokenizer)?;
@@ -218,10 +229,29 @@ fn show_partition(args: Args) -> anyhow::Result<()> {
         example,
         workers,
     };
+    let total = report.workers.iter().filter_map(|w| w.stats.as_ref()).fold(DataStats::default(), |mut a, s| {
+        a.documents += s.documents;
+        a.empty += s.empty;
+        a.invalid += s.invalid;
+        a.truncated += s.truncated;
+        a.records += s.records;
+        a.sequences += s.sequences;
+        a.tokens += s.tokens;
+        a
+    });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+    } else {
+        print_partition(&report, &total, args.plan_only);
     }
+    if !args.plan_only {
+        no_tokens(&report.corpus, &total)?;
+    }
+    Ok(())
+}
+
+/// The partition as a table, and the totals when the corpus was read.
+fn print_partition(report: &ShowReport, total: &DataStats, plan_only: bool) {
     println!(
         "corpus {}: {} files, {} units, plan {}; {} machines x {} hosts, seq_len {}",
         report.corpus, report.files, report.units, report.fingerprint, report.machines, report.hosts, report.seq_len
@@ -246,25 +276,30 @@ fn show_partition(args: Args) -> anyhow::Result<()> {
             w.units,
             w.rows,
             w.bytes,
-            if args.plan_only { "-".to_string() } else { w.sequences.to_string() },
-            if args.plan_only { "-".to_string() } else { w.tokens.to_string() },
+            if plan_only { "-".to_string() } else { w.sequences.to_string() },
+            if plan_only { "-".to_string() } else { w.tokens.to_string() },
             seqs(&w.first),
             seqs(&w.last)
         );
     }
-    if !args.plan_only {
-        let total = report.workers.iter().filter_map(|w| w.stats.as_ref()).fold(DataStats::default(), |mut a, s| {
-            a.documents += s.documents;
-            a.empty += s.empty;
-            a.invalid += s.invalid;
-            a.truncated += s.truncated;
-            a.sequences += s.sequences;
-            a.tokens += s.tokens;
-            a
-        });
+    if !plan_only {
         println!(
             "total: {} sequences, {} tokens, {} documents; skipped {} empty and {} invalid records; {} documents truncated",
             total.sequences, total.tokens, total.documents, total.empty, total.invalid, total.truncated
+        );
+    }
+}
+
+/// A corpus read to its end that gave no token is an error: its records (the up-front check
+/// found a usable one) all tokenized to nothing.
+fn no_tokens(corpus: &str, total: &DataStats) -> anyhow::Result<()> {
+    if total.tokens == 0 {
+        bail!(
+            "corpus {corpus} gave no token: of its {} records read, {} were blank or tokenized to nothing and {} were \
+             unusable",
+            total.records,
+            total.empty,
+            total.invalid
         );
     }
     Ok(())
@@ -289,7 +324,7 @@ fn bench(args: Args) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &threads in &args.bench {
         let mut best: Option<BenchRow> = None;
-        for _ in 0..args.bench_repeat.max(1) {
+        for _ in 0..args.bench_repeat {
             let mut config = args.corpus.stream_config(pack.clone(), Partition::SINGLE, Worker { machine: 0, host: 0 });
             config.threads = threads;
             config.chat = chat.clone();
@@ -300,6 +335,7 @@ fn bench(args: Args) -> anyhow::Result<()> {
             }
             let seconds = start.elapsed().as_secs_f64();
             let stats = stream.stats();
+            no_tokens(&args.corpus.corpus, stats)?;
             let row = BenchRow {
                 threads,
                 seconds,

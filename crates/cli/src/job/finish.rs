@@ -69,7 +69,17 @@ pub fn finish(job: &Job, ended: Ended, streaming: bool) -> anyhow::Result<()> {
     // Completion, statistics, shutdown.
     coord.barrier("complete", BARRIER_TIMEOUT)?;
     if host.host == 0 && !streaming {
-        siphon_store::finalize_run(&spec.output, &[], run_name).context("cannot merge the hosts' statistics")?;
+        let stats =
+            siphon_store::finalize_run(&spec.output, &[], run_name).context("cannot merge the hosts' statistics")?;
+        // The corpus was checked to hold a usable record before the run; its records may still
+        // all tokenize to nothing, or every token be excluded: such a run is no dataset.
+        let counts = stats.hooks.values().map(|h| h.count).chain(stats.latents.values().map(|l| l.count));
+        if counts.max().unwrap_or(0) == 0 {
+            anyhow::bail!(
+                "the run holds no token: the corpus's records tokenized to nothing, or every token was excluded \
+                 (--roles, --exclude-token); the run is not complete"
+            );
+        }
         tracing::info!(output = %spec.output, run = %run_name, "dataset complete");
     }
     coord.shutdown(BARRIER_TIMEOUT)?;

@@ -128,6 +128,9 @@ pub fn open(job: &Job, compute: &Compute, reading: &Reading, fingerprints: &[Str
         );
         stream_config.batch_size = compute.reader_rows();
         stream_config.chat = reading.chat.clone();
+        // A long record is tokenized no further than the budget's tokens.
+        stream_config.max_tokens = super::steps::budget_batches(spec, partition, compute.reader_rows())
+            .map(|batches| batches.saturating_mul((compute.reader_rows() * spec.corpus.seq_len) as u64));
         stream_config.resume = match position {
             serde_json::Value::Null => None,
             value => Some(serde_json::from_value(value).context("the manifest's data position is unreadable")?),

@@ -13,7 +13,7 @@ use siphon_coord::Coordination;
 use super::compute::Compute;
 use super::progress::Progress;
 use super::resume::{Lane, Resumed};
-use super::{BARRIER_TIMEOUT, Job, output, pipeline};
+use super::{BARRIER_TIMEOUT, Job, RunSpec, output, pipeline};
 
 /// How the loop ended: the sinks back from the pipeline, and what the host reports.
 pub struct Ended {
@@ -25,14 +25,20 @@ pub struct Ended {
     pub started: Instant,
 }
 
+/// The batches each reader runs under `--max-tokens` (whole batches of `rows` sequences), if
+/// it is given.
+pub fn budget_batches(spec: &RunSpec, partition: siphon_data::Partition, rows: usize) -> Option<u64> {
+    spec.max_tokens.map(|tokens| {
+        let per_worker = tokens.div_ceil(partition.workers());
+        per_worker.div_ceil((rows * spec.corpus.seq_len) as u64)
+    })
+}
+
 /// Runs the steps until the corpus slice, the budget or a stop ends them.
 pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<Ended> {
     let Job { coord, host, spec, run: run_name, options } = *job;
     let Resumed { mut lanes, sinks, committed_tokens, latents, partition, .. } = resumed;
-    let budget_batches = spec.max_tokens.map(|tokens| {
-        let per_worker = tokens.div_ceil(partition.workers());
-        per_worker.div_ceil((compute.reader_rows() * spec.corpus.seq_len) as u64)
-    });
+    let budget_batches = budget_batches(spec, partition, compute.reader_rows());
     let mut progress = Progress::new(
         host,
         budget_batches.map(|b| b.saturating_mul((compute.reader_rows() * spec.corpus.seq_len) as u64)),

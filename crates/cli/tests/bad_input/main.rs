@@ -5,6 +5,7 @@
 //!
 //! - `sizes`: size flags at their edges, sequences past the context, shapes nothing can count;
 //! - `crashes`: a host that panics or dies of a fatal signal;
+//! - `corpus`: corpora of nothing, `siphon data`'s counts, special files the data path reads;
 //! - `exports`: the exports' and dashboards' folders in use and count flags out of range;
 //! - `non_finite`: activations that are NaN or ±Inf;
 //! - `runs`: a run's files replaced by FIFOs, or holding numbers of the wrong type;
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 #[path = "../common/mod.rs"]
 mod common;
 
+mod corpus;
 mod crashes;
 mod exports;
 mod non_finite;
