@@ -5,6 +5,11 @@
 //! `super::dictionary`). The files are downloaded once into `$SIPHON_CACHE/models/`, each
 //! written under a temporary name and renamed, so an interrupted download never leaves a
 //! half-written file that a later run would trust.
+//!
+//! Before its first download from an `http(s)://` host (the Hub, a mirror) a process checks
+//! that the host answers at all ([`reachable`]: its name resolves and a connection opens, within
+//! seconds): an offline machine is told so at once instead of after the store client's retries,
+//! which are for errors that pass. A file already in the cache needs no network.
 
 use std::path::{Path, PathBuf};
 
@@ -31,9 +36,7 @@ pub fn local_model_path(spec: &Path) -> anyhow::Result<PathBuf> {
     };
     let cache = siphon_runtime::siphon_cache_dir().join("models").join(sanitize(&text));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    // Plain http only when asked for explicitly (a local mirror, HF_ENDPOINT=http://...).
-    let options: Vec<(String, String)> =
-        if base.starts_with("http://") { vec![("allow_http".into(), "true".into())] } else { Vec::new() };
+    let options = download_options(&base);
     if base.ends_with(".gguf") {
         let (dir, file) = base.rsplit_once('/').context("a .gguf URL needs a directory part")?;
         let location = StoreLocation::open(dir, &options)?;
@@ -94,9 +97,7 @@ pub fn local_directory(
         other => bail!("unsupported {what} URL scheme {other:?} (use a path, hf://, gs://, s3://, az:// or https://)"),
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let options: Vec<(String, String)> =
-        if base.starts_with("http://") { vec![("allow_http".into(), "true".into())] } else { Vec::new() };
-    let location = StoreLocation::open(&base, &options)?;
+    let location = StoreLocation::open(&base, &download_options(&base))?;
     fetch(&Directory { location, cache: cache.clone(), runtime })?;
     Ok(cache)
 }
@@ -116,12 +117,75 @@ impl Directory {
     }
 }
 
+/// The store client's options for downloads from `base`: plain http only when asked for
+/// explicitly (a local mirror, `HF_ENDPOINT=http://...`); a connection must open within
+/// [`CONNECT_TIMEOUT`], and a transfer may take as long as its file needs (the client's own
+/// bound on a whole request, made for a shard's upload parts, would cut a weight file short).
+fn download_options(base: &str) -> Vec<(String, String)> {
+    let mut options = vec![
+        ("connect_timeout".to_string(), format!("{}s", CONNECT_TIMEOUT.as_secs())),
+        ("timeout".to_string(), "24h".to_string()),
+    ];
+    if base.starts_with("http://") {
+        options.push(("allow_http".into(), "true".into()));
+    }
+    options
+}
+
+/// How long a host may take to resolve, and a connection to it to open.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether the host of an `http(s)://` URL answers: its name resolves and a TCP connection
+/// opens, each within [`CONNECT_TIMEOUT`] (checked once per host and process). Other schemes
+/// pass: their clients find their own endpoints.
+fn reachable(url: &str) -> anyhow::Result<()> {
+    static ANSWERED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let parsed = url::Url::parse(url).with_context(|| format!("{url} is not a URL"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Ok(());
+    }
+    let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+        bail!("{url} names no host");
+    };
+    let address = format!("{host}:{port}");
+    if ANSWERED.lock().unwrap_or_else(|e| e.into_inner()).contains(&address) {
+        return Ok(());
+    }
+    let (sender, answer) = std::sync::mpsc::channel();
+    let probed = address.clone();
+    // A thread of its own: a name lookup has no timeout of its own.
+    std::thread::spawn(move || {
+        use std::net::ToSocketAddrs;
+        let result =
+            probed.to_socket_addrs().map_err(|e| format!("its name does not resolve ({e})")).and_then(|mut addrs| {
+                let addr = addrs.next().ok_or_else(|| "its name resolves to no address".to_string())?;
+                std::net::TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+                    .map(drop)
+                    .map_err(|e| format!("no connection to {addr} ({e})"))
+            });
+        let _ = sender.send(result);
+    });
+    let why = match answer.recv_timeout(CONNECT_TIMEOUT * 2) {
+        Ok(Ok(())) => {
+            ANSWERED.lock().unwrap_or_else(|e| e.into_inner()).push(address);
+            return Ok(());
+        }
+        Ok(Err(why)) => why,
+        Err(_) => format!("no answer within {:?}", CONNECT_TIMEOUT * 2),
+    };
+    bail!(
+        "cannot reach {address}: {why}; is this machine offline? Download the files where there is a \
+         network and give their local path (or set HF_ENDPOINT to a mirror this machine reaches)"
+    )
+}
+
 /// Downloads `name` to `dest` unless it is there already; `Ok(false)` when an optional file
 /// does not exist remotely.
 async fn download(location: &StoreLocation, name: &str, dest: &Path, required: bool) -> anyhow::Result<bool> {
     if dest.exists() {
         return Ok(true);
     }
+    reachable(location.url())?;
     // A file in a folder (Llama Scope's checkpoints/): one path part per folder.
     let mut parts = name.split('/');
     let first = location.run_dir(parts.next().unwrap_or(name));

@@ -7,6 +7,7 @@
 //! - `crashes`: a host that panics or dies of a fatal signal;
 //! - `corpus`: corpora of nothing, `siphon data`'s counts, special files the data path reads;
 //! - `exports`: the exports' and dashboards' folders in use and count flags out of range;
+//! - `fetch`: a model's or dictionary's host that does not answer;
 //! - `non_finite`: activations that are NaN or ±Inf;
 //! - `runs`: a run's files replaced by FIFOs, or holding numbers of the wrong type;
 //! - `signals`: SIGTERM and SIGINT at every phase of the job.
@@ -20,6 +21,7 @@ mod common;
 mod corpus;
 mod crashes;
 mod exports;
+mod fetch;
 mod non_finite;
 mod runs;
 mod signals;
