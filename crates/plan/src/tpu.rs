@@ -163,6 +163,18 @@ impl TpuSlice {
         })
     }
 
+    /// Cloud TPU's accelerator type of one slice, as a TPU VM's `TPU_ACCELERATOR_TYPE` holds
+    /// it: `v5litepod-64` for `v5e-64`; v4 and v5p counted in TensorCores.
+    pub fn accelerator_type(&self) -> String {
+        let (family, count) = match self.generation {
+            TpuGeneration::V5e => ("v5litepod", self.chips),
+            TpuGeneration::V6e => ("v6e", self.chips),
+            TpuGeneration::V4 => ("v4", 2 * self.chips),
+            TpuGeneration::V5p => ("v5p", 2 * self.chips),
+        };
+        format!("{family}-{count}")
+    }
+
     /// Chips of one host.
     pub fn chips_per_host(&self) -> usize {
         self.chips_per_host_bounds.iter().product::<usize>().min(self.chips)
@@ -227,6 +239,10 @@ mod tests {
             assert_eq!(slice.chips_per_host_bounds, bounds, "{name}");
             assert_eq!(slice.wrap, wrap, "{name}");
             assert_eq!((slice.hosts(), slice.devices()), (hosts, devices), "{name}");
+        }
+        // Cloud TPU's accelerator types, whichever name was given.
+        for (name, accelerator) in [("v5e-4", "v5litepod-4"), ("v5litepod-64", "v5litepod-64"), ("v4-32", "v4-32")] {
+            assert_eq!(TpuSlice::parse(name, 1).unwrap().accelerator_type(), accelerator);
         }
         let two = TpuSlice::parse("v5e-16", 2).unwrap();
         assert_eq!((two.hosts(), two.devices()), (8, 32));

@@ -157,15 +157,30 @@ pub fn open_topology(slice: &TpuSlice, plugin: Option<&Path>) -> anyhow::Result<
     // libtpu asks the GCE metadata server about the TPU it runs on unless told not to (for
     // minutes where there is none), takes a machine-wide lock (/tmp/libtpu_lockfile) that
     // makes a second process fail while the first runs, and logs at length; none of it helps
-    // compiling for a slice, which touches no TPU.
-    for (name, value) in
-        [("TPU_SKIP_MDS_QUERY", "1"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TF_CPP_MIN_LOG_LEVEL", "2")]
-    {
+    // compiling for a slice, which touches no TPU. Off a TPU VM it also logs, as errors a user
+    // would take for failures, that it cannot tell the accelerator type and the worker
+    // hostnames a TPU VM sets, and that it cannot move its code to huge pages: it is told the
+    // slice's type and a one-host worker list, as a TPU VM would tell it, and not to try the
+    // huge pages (a load-time speed-up of its own code). Its real errors still show.
+    let accelerator = slice.accelerator_type();
+    for (name, value) in [
+        ("TPU_SKIP_MDS_QUERY", "1"),
+        ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+        ("TF_CPP_MIN_LOG_LEVEL", "2"),
+        ("TPU_ACCELERATOR_TYPE", accelerator.as_str()),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+        ("TPU_WORKER_ID", "0"),
+    ] {
         if std::env::var_os(name).is_none() {
             // SAFETY: called before this process starts any thread (the planner is pure and
             // the plugin is not loaded yet), so nothing reads the environment concurrently.
             unsafe { std::env::set_var(name, value) };
         }
+    }
+    let init_args = std::env::var("LIBTPU_INIT_ARGS").unwrap_or_default();
+    if !init_args.contains("hugepage_text") {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("LIBTPU_INIT_ARGS", format!("{init_args} --hugepage_text=false").trim_start()) };
     }
     let choice = PluginLocator::new().explicit(plugin).locate_libtpu()?;
     let libtpu = Plugin::load_for_compiling(&choice.path)
