@@ -4,7 +4,10 @@
 //! Llama of the end-to-end tests, a generated corpus, the PJRT CPU plugin, 127.0.0.1 only.
 //!
 //! - `sizes`: size flags at their edges, sequences past the context, shapes nothing can count;
-//! - `crashes`: a host that panics or dies of a fatal signal.
+//! - `crashes`: a host that panics or dies of a fatal signal;
+//! - `flags`: every command's count, duration and size flags past their range, hook ranges
+//!   past the model, `forward`'s rows past the context or the memory, special files a flag
+//!   names, a launched host's own error.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -13,6 +16,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 mod crashes;
+mod flags;
 mod sizes;
 
 use common::{Guard, make_corpus, make_model, repo_root, siphon_command, wait_with_limit};
