@@ -19,7 +19,7 @@ pub fn read_text(path: &Path, what: &str, max_bytes: u64) -> anyhow::Result<Stri
 }
 
 /// Refuses `path` unless it is a regular file of at most `max_bytes`, without opening it.
-pub fn check_regular(path: &Path, what: &str, max_bytes: u64) -> anyhow::Result<()> {
+fn check_regular(path: &Path, what: &str, max_bytes: u64) -> anyhow::Result<()> {
     let metadata = std::fs::metadata(path).with_context(|| format!("cannot read {what} {}", path.display()))?;
     if !metadata.is_file() {
         bail!("{what} {} is {}, not a regular file", path.display(), kind(&metadata.file_type()));

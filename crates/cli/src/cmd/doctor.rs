@@ -87,7 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(count) = args.cpu_devices
         && client.platform_name() == "cpu"
-        && devices.len() != count as usize
+        && devices.len() != count
     {
         bail!("asked for {count} CPU devices but the plugin created {}", devices.len());
     }

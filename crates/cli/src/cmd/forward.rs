@@ -91,26 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let dictionaries = crate::job::dictionary::open(&args.dictionaries, &model.config)?;
-    let (rows, input) = match (&args.text, &args.ids) {
-        (Some(text), _) => {
-            let tok = model.tokenizer.as_ref().with_context(|| {
-                format!(
-                    "{} has no tokenizer (tokenizer.json or GGUF vocabulary); pass --ids instead",
-                    args.model.display()
-                )
-            })?;
-            let ids = tok.encode(text).context("tokenizing --text")?;
-            if ids.is_empty() {
-                bail!("--text gives no tokens");
-            }
-            (vec![ids], "--text".to_string())
-        }
-        (None, Some(path)) => (read_ids(path)?, format!("--ids {}", path.display())),
-        (None, None) => bail!("give --text or --ids"),
-    };
-    if !args.allow_long_context {
-        siphon_plan::check_context(&model.config, rows[0].len()).with_context(|| input.clone())?;
-    }
+    let (rows, input) = read_rows(&args, &model)?;
     let batch = Batch::new(rows.clone(), None).context("the token ids")?;
     let request = plan_request(&args, &model, &hooks, &dictionaries, &batch)?;
 
@@ -123,10 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let client = Client::new(&plugin, options).context("creating a PJRT client")?;
     let devices = client.addressable_device_ids();
     let (mesh, plan, planned) = resolve_mesh(args.mesh.as_deref(), &devices, &model, request)?;
-    // Before any weight is uploaded or buffer made for the rows.
-    fits::device_memory(&client, mesh.device_ids(), &planned, DEVICE_REMEDY).with_context(|| input.clone())?;
-    let kind = PluginKind::of(&choice.path);
-    fits::machine_memory(&planned, kind, mesh.device_ids().len(), 1, None, HOST_REMEDY).with_context(|| input)?;
+    check_memory(&client, &mesh, &planned, PluginKind::of(&choice.path)).with_context(|| input)?;
     println!(
         "model:  {} ({:?}, {} layers, d_model {})",
         args.model.display(),
@@ -172,6 +150,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     println!("wrote {}", args.out.display());
     Ok(())
+}
+
+/// The rows `--text` or `--ids` give, and the flag that gave them (for errors), each within
+/// the model's context unless `--allow-long-context`.
+fn read_rows(args: &Args, model: &LoadedModel) -> anyhow::Result<(Vec<Vec<u32>>, String)> {
+    let (rows, input) = match (&args.text, &args.ids) {
+        (Some(text), _) => {
+            let tok = model.tokenizer.as_ref().with_context(|| {
+                format!(
+                    "{} has no tokenizer (tokenizer.json or GGUF vocabulary); pass --ids instead",
+                    args.model.display()
+                )
+            })?;
+            let ids = tok.encode(text).context("tokenizing --text")?;
+            if ids.is_empty() {
+                bail!("--text gives no tokens");
+            }
+            (vec![ids], "--text".to_string())
+        }
+        (None, Some(path)) => (read_ids(path)?, format!("--ids {}", path.display())),
+        (None, None) => bail!("give --text or --ids"),
+    };
+    if !args.allow_long_context {
+        siphon_plan::check_context(&model.config, rows[0].len()).with_context(|| input.clone())?;
+    }
+    Ok((rows, input))
+}
+
+/// Stops, before any weight is uploaded or buffer made for the rows, a plan that a device
+/// (its plugin's limit) or this host's memory (the CPU plugin's devices, the rows' copy back)
+/// cannot hold.
+fn check_memory(client: &Client, mesh: &Mesh, planned: &siphon_plan::Plan, kind: PluginKind) -> anyhow::Result<()> {
+    fits::device_memory(client, mesh.device_ids(), planned, DEVICE_REMEDY)?;
+    fits::machine_memory(planned, kind, mesh.device_ids().len(), 1, None, HOST_REMEDY)
 }
 
 /// The planner's request for `batch` (its mesh set by [`resolve_mesh`]): the hooks and

@@ -123,6 +123,13 @@ fn bench_doctor_and_plan_sizes_past_their_range_make_nothing() {
     each_refused(&plan, "--device-memory", &["0", "inf", "NaN", "-1", "1e300"]);
     each_refused(&plan, "--headroom", &["1", "-0.5", "NaN", "inf"]);
     each_refused(&plan, "--latent-cap", &["0", "4294967296"]);
+    // Each in range, their product past any machine siphon plans for.
+    let mut hosts = strings(&plan);
+    hosts.extend(strings(&["--hosts", "1048576", "--devices-per-host", "1048576"]));
+    refused(&hosts, &["--devices-per-host", "more than the 65536 devices"]);
+    let mut slices = strings(&plan);
+    slices.extend(strings(&["--target", "tpu:v5e-64", "--slices", "1048576", "--batch", "8", "--seq", "8"]));
+    refused(&slices, &["--slices", "more than the 65536 devices"]);
 }
 
 #[test]

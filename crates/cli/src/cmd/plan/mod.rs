@@ -148,8 +148,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let target = args.target.as_deref().map(|t| target::Target::parse(t, args.slices, args.hosts)).transpose()?;
     let topology = match &target {
-        Some(target) => target.planner_topology()?,
-        None => Topology::uniform(args.hosts, args.devices_per_host)?,
+        Some(target) => target.planner_topology().context("--target, --slices, --hosts")?,
+        None => Topology::uniform(args.hosts, args.devices_per_host).context("--hosts, --devices-per-host")?,
     };
     let device_memory_bytes = match args.device_memory {
         Some(gib) => Some((gib * (1u64 << 30) as f64) as u64),
