@@ -57,15 +57,15 @@ pub fn count_of<T: TryFrom<u64> + Clone + Send + Sync + 'static>(min: u64, max: 
 #[derive(Debug, Clone, Copy)]
 pub struct Reals {
     /// What a value is, for the error (`a number of seconds`).
-    pub what: &'static str,
+    what: &'static str,
     /// The smallest value, or the bound every value is above.
-    pub min: f64,
+    min: f64,
     /// Whether `min` itself is taken.
-    pub min_included: bool,
+    min_included: bool,
     /// The largest value, or the bound every value is below.
-    pub max: f64,
+    max: f64,
     /// Whether `max` itself is taken.
-    pub max_included: bool,
+    max_included: bool,
 }
 
 /// Seconds of a timeout or a grace period; 0 is "at once".
@@ -93,7 +93,7 @@ impl Reals {
     }
 
     /// Whether `value` lies in the range (never a NaN).
-    pub fn contains(&self, value: f64) -> bool {
+    fn contains(&self, value: f64) -> bool {
         let above = if self.min_included { value >= self.min } else { value > self.min };
         let below = if self.max_included { value <= self.max } else { value < self.max };
         above && below
