@@ -34,6 +34,17 @@ def add_example_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
+def token_ids(text: str) -> List[int]:
+    """A flag's comma-separated token ids (``--exclude-token-ids 0,2``)."""
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated token ids") from None
+    if any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"{text!r}: token ids are not negative")
+    return ids
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m siphon", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,7 +61,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     export.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     export.add_argument("--no-shuffle", action="store_true", help="keep the stored token order")
     export.add_argument("--seed", type=int, default=0)
-    export.add_argument("--exclude-token-ids", help="comma-separated token ids to leave out")
+    export.add_argument("--exclude-token-ids", type=token_ids, help="comma-separated token ids to leave out")
     export.add_argument("--max-tokens", type=int)
     delphi = sub.add_parser("export-delphi", help="write delphi's latent cache of the run's dictionary latents")
     delphi.add_argument("run")
@@ -198,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 dtype=args.dtype,
                 shuffle=not args.no_shuffle,
                 seed=args.seed,
-                exclude_token_ids=[int(t) for t in args.exclude_token_ids.split(",")] if args.exclude_token_ids else None,
+                exclude_token_ids=args.exclude_token_ids,
                 max_tokens=args.max_tokens,
             )
             print(f"wrote {summary.rows} rows x {summary.context_size} tokens ({summary.tokens} tokens, "

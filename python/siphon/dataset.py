@@ -175,7 +175,11 @@ class Dataset:
         ``config.seq_len`` in older runs)."""
         config = self.run.get("config", {})
         value = (config.get("corpus") or {}).get("seq_len", config.get("seq_len"))
-        return int(value) if value is not None else None
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DatasetError(f"{self.url}/run.json: seq_len is {value!r}, not a positive integer")
+        return value
 
     @property
     def nbytes(self) -> int:

@@ -49,6 +49,7 @@ against delphi's own ``LatentCache``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -59,6 +60,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Unio
 import numpy as np
 
 from ._format import write_safetensors
+from ._output import check_count, check_new_or_empty
 from .dataset import Dataset, open_dataset
 from .errors import DatasetError
 from .latents import LatentsInfo, ShardLoader, check_csr, checked_latents, convert_values, csr_names
@@ -108,6 +110,7 @@ def rebuild_sequences(ds: Dataset, mode: str = "exact", ctx_len: Optional[int] =
         raise DatasetError(f"{ds.url} has no committed shards")
     if mode == "exact":
         _check_exact(ds, ctx_len)
+    stored_ctx = _stored_ctx_len(ds, ctx_len) if mode == "stored" else 0
     loader = ShardLoader(ds._location, ds._has_mask, check=False)
     cols: Dict[str, List[np.ndarray]] = {n: [] for n in ("token_ids", "sample_index", "doc_index", "position", "mask")}
     hosts: List[np.ndarray] = []
@@ -120,7 +123,7 @@ def rebuild_sequences(ds: Dataset, mode: str = "exact", ctx_len: Optional[int] =
     if mode == "exact":
         host_of_shard = np.asarray([_host_number(s.host) for s in ds.shards], dtype=np.int64)
         return _exact(ds, joined, host_of_shard[np.concatenate(hosts)], ctx_len)
-    return _stored(ds, joined, ctx_len)
+    return _stored(ds, joined, stored_ctx)
 
 
 def _host_number(host: str) -> int:
@@ -143,6 +146,15 @@ def _check_exact(ds: Dataset, ctx_len: Optional[int]) -> None:
         raise DatasetError(
             f"exact sequences are the run's rows of seq_len {seq_len} tokens; ctx_len {ctx_len} needs sequences='stored'"
         )
+
+
+def _stored_ctx_len(ds: Dataset, ctx_len: Optional[int]) -> int:
+    """The row length of stored sequences (before any shard is read): `ctx_len`, else the
+    run's seq_len; at most the run's tokens (more would leave no row)."""
+    ctx = ctx_len if ctx_len is not None else ds.seq_len
+    if ctx is None:
+        raise DatasetError(f"{ds.url}/run.json records no seq_len: give ctx_len (--ctx-len)")
+    return check_count("ctx_len", ctx, 1, ds.tokens, most_is=f"the {ds.tokens} tokens {ds.url} stores")
 
 
 def _exact(ds: Dataset, cols: Dict[str, np.ndarray], host: np.ndarray, ctx_len: Optional[int]) -> Sequences:
@@ -189,12 +201,7 @@ def _host_name(ds: Dataset, number: Any) -> str:
     return str(number)
 
 
-def _stored(ds: Dataset, cols: Dict[str, np.ndarray], ctx_len: Optional[int]) -> Sequences:
-    ctx = ctx_len if ctx_len is not None else ds.seq_len
-    if ctx is None:
-        raise DatasetError(f"{ds.url}/run.json records no seq_len: give ctx_len")
-    if ctx <= 0:
-        raise DatasetError(f"ctx_len must be positive, got {ctx}")
+def _stored(ds: Dataset, cols: Dict[str, np.ndarray], ctx: int) -> Sequences:
     ids = cols["token_ids"]
     keep = cols["mask"].astype(bool) if "mask" in cols else np.ones(len(ids), dtype=bool)
     order = np.flatnonzero(keep)
@@ -345,6 +352,8 @@ def export(
     ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options)
     if excluded_latents not in ("drop", "keep"):
         raise DatasetError(f"excluded_latents must be 'drop' or 'keep', got {excluded_latents!r}")
+    if not 0 <= min_activation < math.inf:
+        raise DatasetError(f"min_activation (--min-activation) must be a finite number >= 0, got {min_activation}")
     if latents is None:
         if not ds.latents:
             raise DatasetError(f"{ds.url} stores no dictionary latents (run.json has no \"latents\"): nothing to export")
@@ -352,14 +361,15 @@ def export(
     infos = [checked_latents(name, ds.latents) for name in latents]
     if len({i.name for i in infos}) != len(infos):
         raise DatasetError(f"latents {list(latents)} name a column twice")
+    for info in infos:
+        # torch's ranges past the latents would be empty (and 4e9 of them fill the memory).
+        check_count("n_splits", n_splits, 1, info.width, flag="--splits", most_is=f"the latents of {info.name!r}")
+    splits = {i.name: split_bounds(i.width, n_splits) for i in infos}
     folders = _folders(ds, infos, hookpoints or {})
     out = os.path.abspath(os.fspath(out_dir))
     for folder in folders.values():
-        target = os.path.join(out, folder)
-        if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
-            raise DatasetError(f"{target} exists and is not an empty directory")
+        check_new_or_empty(os.path.join(out, folder), "a hookpoint's split files")
     seqs = rebuild_sequences(ds, sequences, ctx_len)
-    splits = {i.name: split_bounds(i.width, n_splits) for i in infos}
     os.makedirs(out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".siphon-delphi-", dir=out)
     try:

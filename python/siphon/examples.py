@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
 
+from ._output import check_count
 from .errors import DatasetError
 from .latents import LatentShard, checked_latents
 
@@ -194,10 +195,7 @@ def empty_examples(
     window) the stored token order checked first."""
     for what, value, least, most in (("top", top, 0, MAX_EXAMPLES), ("quantiles", quantiles, 1, MAX_QUANTILES),
                                      ("per_quantile", per_quantile, 0, MAX_EXAMPLES), ("window", window, 0, MAX_WINDOW)):
-        if value < least:
-            raise DatasetError(f"{what} must be at least {least}, got {value}")
-        if value > most:
-            raise DatasetError(f"{what} must be at most {most}, got {value}")
+        check_count(what, value, least, most)
     info = checked_latents(name, dataset.latents)
     shuffle = dataset.run.get("shard_format", {}).get("shuffle")
     if shuffle and window > 0:

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from ._output import check_count, check_new_or_empty
 from .dataset import Dataset, open_dataset
 from .errors import DatasetError
 
@@ -86,12 +88,13 @@ def export(
     if context_size is None:
         context_size = ds.seq_len
         if context_size is None:
-            raise DatasetError("run.json records no seq_len: give context_size")
-    if context_size <= 0:
-        raise DatasetError(f"context_size must be positive, got {context_size}")
+            raise DatasetError("run.json records no seq_len: give context_size (--context-size)")
+    # A row is context_size tokens: more than the run (or max_tokens) holds leaves no row.
+    context_size = check_count("context_size", context_size, 1, ds.tokens, most_is=f"the {ds.tokens} tokens of the run")
+    if max_tokens is not None:
+        check_count("max_tokens", max_tokens, context_size, sys.maxsize, least_is="one row of context_size")
     out = os.path.abspath(os.fspath(out_dir))
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise DatasetError(f"{out} exists and is not an empty directory")
+    check_new_or_empty(out, "the dataset's files")
     widths = {h: ds.hooks[h].width for h in hooks}
     features = datasets.Features(
         {h: datasets.Array2D(shape=(context_size, w), dtype=dtype) for h, w in widths.items()}

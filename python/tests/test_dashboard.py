@@ -140,9 +140,57 @@ def test_parts_merge_into_the_whole(tmp_path: Path) -> None:
     # Sizes are bounded before any shard is read (a latent's counts are width × bins int64).
     from siphon.errors import DatasetError
 
-    for bins, message in ((0, "bins must be at least 1"), (10**9, "bins must be at most 10000")):
+    for bins, message in ((0, r"bins \(--bins\) must be at least 1"), (10**9, r"bins \(--bins\) must be at most 10000")):
         with pytest.raises(DatasetError, match=message):
             column_pass(ds, SAE, shards=shards, **{**kw, "bins": bins})
+
+
+def test_histograms_past_their_memory_are_refused_naming_bins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each latent holds its bins' counts: width × bins past the bound is refused before a
+    shard is read, naming --bins and the column's width."""
+    import siphon.dashboard._pass as pass_module
+    from siphon.errors import DatasetError
+
+    truth = crafted(tmp_path / "run", hosts=1)
+    ds = siphon.open_dataset(str(truth.path))
+    monkeypatch.setattr(pass_module, "MAX_HISTOGRAM_COUNTS", 10 * WIDTH)
+    with pytest.raises(DatasetError, match=rf"bins \(--bins\) must be at most 10 \({10 * WIDTH} counts over the {WIDTH} "
+                                           rf"latents of '{re.escape(SAE)}'\), got 11"):
+        column_pass(ds, SAE, bins=11, progress=False)
+    assert column_pass(ds, SAE, bins=10, progress=False).histogram.shape == (WIDTH, 10)
+
+
+def test_the_site_goes_into_a_new_or_empty_folder(tmp_path: Path) -> None:
+    """A folder holding anything (a user's own index.html) is refused before any work, naming
+    it, and left as it was; a new one, an empty one, or one holding only the effects directory
+    given (where `siphon dashboard` writes it) takes the site."""
+    from siphon.__main__ import main
+    from siphon.errors import DatasetError
+
+    truth = crafted(tmp_path / "run", hosts=1)
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "index.html").write_text("mine")
+    with pytest.raises(DatasetError, match=rf"{re.escape(str(used))}: not empty \(the dashboard's pages go into a new "
+                                           r"or empty folder\)"):
+        build_dashboard(truth.path, used, progress=False)
+    assert main(["dashboard", str(truth.path), "--out", str(used), "--no-progress"]) == 1
+    assert [p.name for p in used.iterdir()] == ["index.html"] and (used / "index.html").read_text() == "mine"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(DatasetError, match="not a folder"):
+        build_dashboard(truth.path, tmp_path / "file", progress=False)
+    # Its effects directory inside: taken; anything beside it: refused.
+    site = tmp_path / "site"
+    site.mkdir()
+    write_effects(site / "effects", [f"t{i}" for i in range(256)])
+    build_dashboard(truth.path, site, effects=site / "effects", progress=False)
+    assert (site / "index.html").is_file()
+    (site / "index.html").unlink()
+    with pytest.raises(DatasetError, match="not empty"):
+        build_dashboard(truth.path, site, effects=site / "effects", progress=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert build_dashboard(truth.path, empty, progress=False) == empty / "index.html"
 
 
 def test_several_dictionaries_come_from_one_read_of_each_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -443,4 +491,14 @@ def test_the_pages_render_the_data(tmp_path: Path) -> None:
     assert [int(r["attrs"]["data-latent"]) for r in rows] == list(range(WIDTH))
     assert table["shown"]["textContent"] == f"{WIDTH} of {WIDTH} latents"
     missing = render(tmp_path, out / SAE / "latent.html", f"#{WIDTH}")
-    assert "no latent" in missing["status"]["textContent"]
+    assert missing["status"]["textContent"] == f"no latent {WIDTH} (latents are 0..{WIDTH - 1})"
+    # An address that is not a latent's number names no latent (not latent 0, nor its digits').
+    for fragment in ("#abc", "#12abc", "#1e1", "#-1"):
+        bad = render(tmp_path, out / SAE / "latent.html", fragment)
+        assert bad["status"]["textContent"] == f"no latent {fragment[1:]} (latents are 0..{WIDTH - 1})"
+        assert bad["latent"]["innerHTML"] == ""
+    # A latent that never fired says so instead of empty data.
+    never = render(tmp_path, out / SAE / "latent.html", f"#{WIDTH - 1}")["latent"]["innerHTML"]
+    assert f"Latent {WIDTH - 1} never fired" in never
+    assert 'id="histogram"' not in never and 'class="range"' not in never and 'data-key="mean"' not in never
+    assert "<dt>mean over firings</dt>" in shown["latent"]["innerHTML"]

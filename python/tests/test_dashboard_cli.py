@@ -205,3 +205,28 @@ def test_the_neuronpedia_export_refuses_a_folder_in_use_and_an_unknown_column(ru
                            "--latents", "nope", "--no-progress", "--python", sys.executable],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "nope" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["dashboard", "neuronpedia"])
+def test_the_binary_bounds_the_flags_as_the_package_does(tmp_path: Path, command: str) -> None:
+    """The binary computes the decoder's effects before the Python pass, so it checks the
+    pass's count flags itself where clap reads them: with the package's bounds, one past each
+    refused at once naming the flag and the package's range."""
+    import time
+
+    from siphon.dashboard._pass import MAX_BINS
+    from siphon.examples import MAX_EXAMPLES, MAX_QUANTILES, MAX_WINDOW
+
+    out = str(tmp_path / "out")
+    args = {"dashboard": ["dashboard", "no-run", "--out", out],
+            "neuronpedia": ["export", "neuronpedia", "no-run", out, "--sae-set", "s"]}[command]
+    bounds = [("--top", 0, MAX_EXAMPLES), ("--per-quantile", 0, MAX_EXAMPLES), ("--quantiles", 1, MAX_QUANTILES)]
+    if command == "dashboard":
+        bounds += [("--window", 0, MAX_WINDOW), ("--bins", 1, MAX_BINS)]
+    for flag, least, most in bounds:
+        start = time.monotonic()
+        done = subprocess.run([siphon_binary(), *args, flag, str(most + 1), "--python", sys.executable],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and f"'{flag} <" in done.stderr and f"{least}..={most}" in done.stderr, done.stderr
+        assert time.monotonic() - start < 5
+    assert not (tmp_path / "out").exists()

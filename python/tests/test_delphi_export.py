@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
+import siphon
 import siphon.delphi as delphi
 from latent_runs import SAE, TRANSCODER, write_run
 from siphon import DatasetError
@@ -127,7 +129,7 @@ def test_refusals_name_what_is_wrong(tmp_path):
         delphi.export(truth.path, tmp_path / "a", latents=["nope"])
     (tmp_path / "full" / "layers.1").mkdir(parents=True)
     (tmp_path / "full" / "layers.1" / "x").write_text("")
-    with pytest.raises(DatasetError, match="exists and is not an empty directory"):
+    with pytest.raises(DatasetError, match=r"layers.1: not empty \(a hookpoint's split files go into a new or empty "):
         delphi.export(truth.path, tmp_path / "full")
     shuffled = write_run(tmp_path / "shuffled", hosts=1, shuffle={"window": 4, "seed": 0})
     with pytest.raises(DatasetError, match="shuffled"):
@@ -137,6 +139,30 @@ def test_refusals_name_what_is_wrong(tmp_path):
         delphi.export(two.path, tmp_path / "c")
     done = delphi.export(two.path, tmp_path / "c", hookpoints={SAE + ".other": "layers.1.other"})
     assert done.hookpoints[SAE + ".other"] == "layers.1.other"
+
+
+def test_sizes_are_refused_before_any_shard_is_read(tmp_path, monkeypatch):
+    """--splits past the latents (4e9 took 6 GB), a row longer than the run, and a minimum
+    that keeps nothing (NaN, inf) or everything (below 0) are refused naming the flag, before
+    the shards' tokens are read; nothing is written."""
+    truth = write_run(tmp_path / "run", hosts=1)
+    tokens = siphon.open_dataset(str(truth.path)).tokens
+    reads = []
+    monkeypatch.setattr(delphi.ShardLoader, "load", lambda *a, **k: reads.append(a) or pytest.fail("a shard was read"))
+    for kw, message in (
+        ({"n_splits": 4_000_000_000}, r"n_splits \(--splits\) must be at most 40 \(the latents of '.*'\), got 4000000000"),
+        ({"n_splits": 41}, r"n_splits \(--splits\) must be at most 40"),
+        ({"n_splits": 0}, r"n_splits \(--splits\) must be at least 1, got 0"),
+        ({"sequences": "stored", "ctx_len": tokens + 1},
+         rf"ctx_len \(--ctx-len\) must be at most {tokens} \(the {tokens} tokens .* stores\), got {tokens + 1}"),
+        ({"sequences": "stored", "ctx_len": 0}, r"ctx_len \(--ctx-len\) must be at least 1"),
+        ({"min_activation": float("nan")}, r"min_activation \(--min-activation\) must be a finite number >= 0, got nan"),
+        ({"min_activation": float("inf")}, r"min_activation \(--min-activation\) must be a finite number"),
+        ({"min_activation": -1.0}, r"min_activation \(--min-activation\) must be a finite number"),
+    ):
+        with pytest.raises(DatasetError, match=message):
+            delphi.export(truth.path, tmp_path / "out", **kw)
+    assert not reads and not (tmp_path / "out").exists()
 
 
 def test_uint32_locations_past_65536_sequences(tmp_path):
@@ -264,6 +290,12 @@ def test_siphon_export_delphi_command(tmp_path):
     bad = subprocess.run([siphon_binary(), "export", "delphi", str(truth.path), str(tmp_path / "x"), "--latents", "nope"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "unknown latents 'nope'" in bad.stderr
+    # The 6 GB case of issue 67: refused at once, naming the flag.
+    start = time.monotonic()
+    bad = subprocess.run([siphon_binary(), "export", "delphi", str(truth.path), str(tmp_path / "x"), "--splits",
+                          "4000000000"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "--splits" in bad.stderr and "at most 40" in bad.stderr, bad.stderr
+    assert time.monotonic() - start < 10 and not (tmp_path / "x").exists()
 
 
 def test_hookpoints_are_the_modules_delphi_hooks():

@@ -85,13 +85,15 @@ def test_parts_merge_into_the_whole(run: Path) -> None:
     other = latent_examples(ds, NAME, top=4, quantiles=3, per_quantile=2, window=2, shards=shards[:1])
     with pytest.raises(DatasetError, match="other settings"):
         parts[0].merge(other)
-    with pytest.raises(DatasetError, match="quantiles must be at least 1"):
+    with pytest.raises(DatasetError, match=r"quantiles \(--quantiles\) must be at least 1, got 0"):
         latent_examples(ds, NAME, quantiles=0)
     # A range's index is an int8: 129 ranges would wrap the last one to -128, a top example.
-    with pytest.raises(DatasetError, match="quantiles must be at most 128"):
+    with pytest.raises(DatasetError, match=r"quantiles \(--quantiles\) must be at most 128"):
         latent_examples(ds, NAME, quantiles=129)
-    with pytest.raises(DatasetError, match="window must be at most 4096"):
+    with pytest.raises(DatasetError, match=r"window \(--window\) must be at most 4096"):
         latent_examples(ds, NAME, window=2**31)
+    with pytest.raises(DatasetError, match=r"per_quantile \(--per-quantile\) must be a whole number, got 2.5"):
+        latent_examples(ds, NAME, per_quantile=2.5)
     latent_examples(ds, NAME, quantiles=128, window=0, shards=shards[:1])
     assert isinstance(whole, LatentExamples) and TOP == -1
 

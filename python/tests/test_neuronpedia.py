@@ -75,3 +75,33 @@ def test_sparse_sums_give_the_dense_coefficients() -> None:
         np.testing.assert_array_equal(ids[start:end], top + start)
         np.testing.assert_allclose(pearson[start:end], np.take_along_axis(p_ref, top, 1), rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(cosine[start:end], np.take_along_axis(c_ref, top, 1), rtol=1e-9, atol=1e-12)
+
+
+def test_a_batch_size_past_the_correlations_memory_is_refused_before_any_work(tmp_path, monkeypatch) -> None:
+    """Each latent's correlations with the others of its batch are summed (width × batch
+    float64): a batch size past that bound, or below 1, is refused naming --batch-size before
+    the effects or a shard are read."""
+    import re
+
+    import siphon.dashboard.neuronpedia as neuronpedia
+    from siphon.errors import DatasetError
+
+    from latent_runs import SAE, write_run
+
+    truth = write_run(tmp_path / "run", hosts=1)  # 40 latents
+    monkeypatch.setattr(neuronpedia, "MAX_CORRELATION_SUMS", 40 * 10)
+    export = neuronpedia.export_neuronpedia
+    no_effects = tmp_path / "no-effects"
+    with pytest.raises(DatasetError, match=rf"batch_size \(--batch-size\) must be at most 10 \(400 correlation sums over "
+                                           rf"the 40 latents of '{re.escape(SAE)}'\), got 11"):
+        export(truth.path, tmp_path / "out", effects=no_effects, sae_set="s", batch_size=11)
+    with pytest.raises(DatasetError, match=r"batch_size \(--batch-size\) must be at least 1, got 0"):
+        export(truth.path, tmp_path / "out", effects=no_effects, sae_set="s", batch_size=0)
+    # Within the bound the export goes on to its effects.
+    with pytest.raises(DatasetError, match="no effects directory"):
+        export(truth.path, tmp_path / "out", effects=no_effects, sae_set="s", batch_size=10)
+    # A batch of every latent fits whatever the batch size where width² does.
+    monkeypatch.setattr(neuronpedia, "MAX_CORRELATION_SUMS", 40 * 40)
+    with pytest.raises(DatasetError, match="no effects directory"):
+        export(truth.path, tmp_path / "out", effects=no_effects, sae_set="s", batch_size=4_000_000_000)
+    assert not (tmp_path / "out").exists()

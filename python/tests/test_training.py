@@ -280,3 +280,31 @@ def test_siphon_export_saelens_command(f32_run, tmp_path):
     bad = subprocess.run([siphon_binary(), "export", "saelens", str(f32_run), str(tmp_path / "x"), "--hooks", "nope"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "unknown hook 'nope'" in bad.stderr
+
+
+def test_export_refuses_sizes_and_folders_before_any_work(f32_run, tmp_path):
+    """A row longer than the run, a token budget shorter than a row, a folder in use and token
+    ids that are not ids are refused naming the flag or the folder, before anything is read or
+    written."""
+    from siphon import DatasetError
+    from siphon.__main__ import main
+
+    tokens = siphon.open_dataset(f32_run).tokens
+    for kw, message in (
+        ({"context_size": tokens + 1}, rf"context_size \(--context-size\) must be at most {tokens} \(the {tokens} tokens"),
+        ({"context_size": 0}, r"context_size \(--context-size\) must be at least 1, got 0"),
+        ({"context_size": 16, "max_tokens": 15},
+         r"max_tokens \(--max-tokens\) must be at least 16 \(one row of context_size\), got 15"),
+    ):
+        with pytest.raises(DatasetError, match=message):
+            export(f32_run, tmp_path / "out", hooks=[HOOK], **kw)
+    assert not (tmp_path / "out").exists()
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "mine.txt").write_text("mine")
+    with pytest.raises(DatasetError, match=r"used: not empty \(the dataset's files go into a new or empty folder\)"):
+        export(f32_run, used, hooks=[HOOK], context_size=16)
+    assert [p.name for p in used.iterdir()] == ["mine.txt"]
+    with pytest.raises(SystemExit) as exited:
+        main(["export-saelens", str(f32_run), str(tmp_path / "out"), "--exclude-token-ids", "1,x"])
+    assert exited.value.code == 2 and not (tmp_path / "out").exists()

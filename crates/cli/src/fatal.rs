@@ -11,14 +11,81 @@
 //!   it from the coordinator (a host that stops answering fails the job).
 //!
 //! `SIPHON_TEST_CRASH=panic@N` or `segv@N` makes a job fail that way at step N (the tests'; with
-//! `SIPHON_TEST_CRASH_HOST=h`, only host h).
+//! `SIPHON_TEST_CRASH_HOST=h`, only host h). `SIPHON_TEST_SIGNAL=PHASE:SIGTERM` (or `SIGINT`)
+//! sends this process the signal as it enters the job's [`Phase`] of that name, which it then
+//! goes on doing while the signal is handled (the tests of `crate::interrupt`).
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 
 /// The job's step, -1 before the loop.
 static STEP: AtomicI64 = AtomicI64::new(-1);
 /// The host as `machine << 32 | host`, `u64::MAX` before it is known.
 static HOST: AtomicU64 = AtomicU64::new(u64::MAX);
+/// The job's [`Phase`] (as its index in [`Phase::ALL`] plus one), 0 before the job.
+static PHASE: AtomicU8 = AtomicU8::new(0);
+
+/// The phases of the job the fatal lines name, and where the tests send signals.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Phase {
+    /// Fetching and opening the model, the checks and the plan (before the coordinator).
+    Load,
+    /// Loading the plugin, making its client and putting the weights on the devices.
+    Upload,
+    /// Compiling the forward pass.
+    Compile,
+    /// The loop of steps.
+    Step,
+    /// The last shards, the completion barrier and the statistics' merge.
+    Commit,
+}
+
+impl Phase {
+    /// Every phase, in the job's order.
+    pub const ALL: [Phase; 5] = [Phase::Load, Phase::Upload, Phase::Compile, Phase::Step, Phase::Commit];
+
+    /// Its name in `SIPHON_TEST_SIGNAL`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Load => "load",
+            Phase::Upload => "upload",
+            Phase::Compile => "compile",
+            Phase::Step => "step",
+            Phase::Commit => "commit",
+        }
+    }
+
+    /// What the process is doing in it, for the fatal lines.
+    fn doing(self) -> &'static str {
+        match self {
+            Phase::Load => "loading the model",
+            Phase::Upload => "starting the devices and uploading the weights",
+            Phase::Compile => "compiling the forward pass",
+            Phase::Step => "stepping",
+            Phase::Commit => "committing the last shards",
+        }
+    }
+}
+
+/// Records that the job enters `phase`; sends the signal `SIPHON_TEST_SIGNAL` asks for there.
+pub fn enter(phase: Phase) {
+    let index = Phase::ALL.iter().position(|&p| p == phase).unwrap_or(0);
+    PHASE.store(index as u8 + 1, Ordering::Relaxed);
+    let Ok(asked) = std::env::var("SIPHON_TEST_SIGNAL") else { return };
+    let signal = match asked.split_once(':') {
+        Some((name, "SIGTERM")) if name == phase.name() => libc::SIGTERM,
+        Some((name, "SIGINT")) if name == phase.name() => libc::SIGINT,
+        _ => return,
+    };
+    // SAFETY: kill(2) of this process, as a scheduler or a terminal would send it.
+    unsafe { _ = libc::kill(libc::getpid(), signal) };
+}
+
+fn phase() -> Option<Phase> {
+    match PHASE.load(Ordering::Relaxed) {
+        0 => None,
+        n => Phase::ALL.get(n as usize - 1).copied(),
+    }
+}
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -91,8 +158,10 @@ fn where_text() -> String {
     if host != u64::MAX {
         text += &format!(" in host {} (machine {})", host & 0xffff_ffff, host >> 32);
     }
-    if step >= 0 {
-        text += &format!(" at step {step}");
+    match phase() {
+        Some(Phase::Step) | None if step >= 0 => text += &format!(" at step {step}"),
+        Some(phase) => text += &format!(" while {}", phase.doing()),
+        None => {}
     }
     text
 }
@@ -149,9 +218,16 @@ extern "C" fn on_fatal_signal(signal: libc::c_int) {
         line.push(b")");
     }
     let step = STEP.load(Ordering::Relaxed);
-    if step >= 0 {
-        line.push(b" at step ");
-        line.number(step as u64);
+    match phase() {
+        Some(Phase::Step) | None if step >= 0 => {
+            line.push(b" at step ");
+            line.number(step as u64);
+        }
+        Some(phase) => {
+            line.push(b" while ");
+            line.push(phase.doing().as_bytes());
+        }
+        None => {}
     }
     line.push(b"\n");
     // SAFETY: write(2) and raise(3) are async-signal-safe; the buffer lives on this stack.

@@ -38,6 +38,7 @@ use clap::{Parser, Subcommand};
 mod args;
 mod cmd;
 mod fatal;
+mod interrupt;
 mod job;
 mod outcome;
 
@@ -85,13 +86,23 @@ pub(crate) enum Command {
     Dashboard(cmd::dashboard::Args),
 }
 
-fn main() -> std::process::ExitCode {
+/// Runs the command and ends the process through `siphon_coord::exit_now`: a plugin's threads
+/// may still run (a compile a signal interrupted), and `exit(3)`'s C++ static destructors
+/// would crash them.
+fn main() {
     fatal::install();
+    let code = run();
+    siphon_coord::exit_now(code)
+}
+
+/// The command's exit code: 0, 1, [`siphon_coord::EXIT_PREEMPTED`], or a signal's
+/// ([`interrupt::received`]).
+fn run() -> i32 {
     let args = match cmd::extract::expand_config_file(std::env::args().collect()) {
         Ok(args) => args,
         Err(err) => {
             eprintln!("error: {}", outcome::describe(&err));
-            return std::process::ExitCode::FAILURE;
+            return 1;
         }
     };
     let cli = Cli::parse_from(args);
@@ -110,15 +121,24 @@ fn main() -> std::process::ExitCode {
         Command::Export(command) => cmd::export::run(command),
         Command::Dashboard(args) => cmd::dashboard::run(args),
     };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) if outcome::is_preemption(&err) => {
-            eprintln!("siphon: {}", outcome::describe(&err));
-            std::process::ExitCode::from(siphon_coord::EXIT_PREEMPTED as u8)
+    let code = match &result {
+        Ok(()) => 0,
+        Err(err) if outcome::is_preemption(err) => {
+            eprintln!("siphon: {}", outcome::describe(err));
+            siphon_coord::EXIT_PREEMPTED
         }
         Err(err) => {
-            eprintln!("error: {}", outcome::describe(&err));
-            std::process::ExitCode::FAILURE
+            eprintln!("error: {}", outcome::describe(err));
+            1
         }
+    };
+    // A job that ended on its own just as a signal came still ends in the signal's code: SIGINT
+    // always, SIGTERM unless the job failed for a reason of its own.
+    match interrupt::received() {
+        Some((name, signal_code)) if signal_code != code && (code == 0 || name == "SIGINT") => {
+            eprintln!("siphon: received {name} as the job ended; exiting with {signal_code}");
+            signal_code
+        }
+        _ => code,
     }
 }

@@ -11,7 +11,7 @@ use crate::client::{Client, ClientOptions};
 use crate::error::{CoordError, Result};
 use crate::identity::Identity;
 use crate::service::{self, CoordinatorHandle, ServiceConfig};
-use crate::stop::{EXIT_PREEMPTED, StopSignal};
+use crate::stop::{EXIT_PREEMPTED, StopSignal, exit_now};
 use crate::tls::TlsOptions;
 
 /// How a process joins its job.
@@ -275,8 +275,9 @@ impl Coordination {
     /// process exits, so that the other processes stop at once instead of waiting for a
     /// heartbeat timeout. A panic or SIGINT is a failure (SIGINT exits 130). SIGTERM is a
     /// preemption (see [`crate::stop`]): reported as such, it stops the armed work loop
-    /// cooperatively within the stop timeout, or exits at once with [`EXIT_PREEMPTED`]. Call
-    /// once per process.
+    /// cooperatively within the stop timeout, or exits at once with [`EXIT_PREEMPTED`]. The
+    /// process ends through [`exit_now`] whatever its other threads are doing. The signal
+    /// handlers are registered when this returns. Call once per process.
     pub fn install_failure_reporting(&self) {
         let client = self.client.clone();
         let handle = self.runtime.handle().clone();
@@ -298,12 +299,18 @@ impl Coordination {
         let client = self.client.clone();
         let hosted = self.hosted.clone();
         let stop = self.stop.clone();
-        self.runtime.spawn(async move {
+        // Registered before this returns, so that a caller's own handlers may stand down
+        // once it does: no signal falls between the two.
+        let signals = {
             use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-                tracing::warn!("cannot install signal handlers; a signal will not be reported to the job");
-                return;
-            };
+            let _runtime = self.runtime.enter();
+            (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        };
+        let (Ok(mut term), Ok(mut int)) = signals else {
+            tracing::warn!("cannot install signal handlers; a signal will not be reported to the job");
+            return;
+        };
+        self.runtime.spawn(async move {
             let task = client.task();
             let sigterm = tokio::select! {
                 _ = term.recv() => true,
@@ -316,7 +323,7 @@ impl Coordination {
                     handle.wait_idle(Some(task), Duration::from_secs(1)).await;
                 }
                 eprintln!("error: {message}; reported to the job");
-                std::process::exit(130);
+                exit_now(130);
             }
             stop.request();
             let _ = tokio::time::timeout(Duration::from_secs(2), client.report_preemption("received SIGTERM")).await;
@@ -334,18 +341,18 @@ impl Coordination {
                     _ = int.recv() => "SIGINT",
                 };
                 eprintln!("siphon: task {task} received {again} while stopping; exiting now");
-                std::process::exit(EXIT_PREEMPTED);
+                exit_now(EXIT_PREEMPTED);
             }
             if let Some(handle) = hosted {
                 handle.wait_idle(Some(task), Duration::from_secs(1)).await;
             }
             if preempted {
                 eprintln!("siphon: task {task} received SIGTERM: preempted; reported to the job; exiting with {EXIT_PREEMPTED}");
-                std::process::exit(EXIT_PREEMPTED);
+                exit_now(EXIT_PREEMPTED);
             }
             // The job had already failed: this is part of that failure.
             eprintln!("error: task {task} received SIGTERM after the job failed");
-            std::process::exit(143);
+            exit_now(143);
         });
     }
 }

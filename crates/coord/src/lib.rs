@@ -76,5 +76,5 @@ pub use identity::{Identity, IdentityFlags, MAX_PROCESSES, Source};
 pub use join::{Coordination, JoinOptions, generate_job_token};
 pub use service::{CoordinatorHandle, ServiceConfig};
 pub use state::{REGISTER_BARRIER, SHUTDOWN_BARRIER};
-pub use stop::{EXIT_PREEMPTED, StopSignal};
+pub use stop::{EXIT_PREEMPTED, StopSignal, exit_now};
 pub use tls::TlsOptions;

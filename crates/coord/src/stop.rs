@@ -12,6 +12,12 @@
 //!
 //! Either way the exit status is [`EXIT_PREEMPTED`]. A second SIGTERM or a SIGINT during the
 //! stop ends the process at once.
+//!
+//! A process that ends while other threads still work (a signal handler's exit while the main
+//! thread compiles in a PJRT plugin) ends through [`exit_now`], never `std::process::exit`:
+//! `exit(3)` runs the plugin's C++ static destructors under its own running threads, which
+//! then die by SIGSEGV or SIGABRT ("Pure virtual function called!", "recursive_mutex lock
+//! failed") instead of with the documented code.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,10 +97,21 @@ impl StopSignal {
                 "siphon: preempted: still committing after {bound:?}; exiting now (what is not committed is \
                  redone when the same command runs again)"
             );
-            std::process::exit(EXIT_PREEMPTED);
+            exit_now(EXIT_PREEMPTED);
         });
         if let Err(error) = spawned {
             tracing::warn!(%error, "cannot start the stop deadline; the stop is unbounded");
         }
     }
+}
+
+/// Ends the process with `code` at once, from any thread: stdout and stderr flushed, then
+/// `_exit(2)` — no `atexit` handlers and no C++ static destructors, which would run under the
+/// threads of a PJRT plugin still at work (a compile, a transfer) and crash them.
+pub fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit(2) ends the process; it touches no memory of this one.
+    unsafe { libc::_exit(code) }
 }

@@ -168,24 +168,25 @@ impl Building {
         Ok(())
     }
 
-    /// Its statistics (over the rows `mask` includes) into `stats`, and for a column stored as
-    /// it is held, its tensor's CRC32C (computed in the same pass over a hook's rows).
+    /// Its statistics (over the rows `mask` includes) into `stats`; for a column stored as it
+    /// is held, its tensor's CRC32C (computed in the same pass over a hook's rows); and the
+    /// first included row of a hook holding a value that is not finite.
     pub fn seal(
         &mut self,
         dtype: DType,
         mask: Option<&[bool]>,
         pool: &ColumnPool,
         stats: &mut RunStats,
-    ) -> Option<u32> {
+    ) -> (Option<u32>, Option<usize>) {
         match self {
             Building::Hook { name, rows, .. } => {
-                let (column_stats, crc) = rows.stats_and_crc(dtype, mask, pool);
+                let (column_stats, crc, first_non_finite) = rows.stats_and_crc(dtype, mask, pool);
                 stats.hooks.insert(name.clone(), column_stats);
-                crc
+                (crc, first_non_finite)
             }
             Building::Latents { name, rows, .. } => {
                 stats.latents.insert(name.clone(), rows.stats().clone());
-                None
+                (None, None)
             }
         }
     }

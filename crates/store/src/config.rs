@@ -56,6 +56,10 @@ pub struct ShardFormat {
     /// through a chat template it comes from, or template text).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub roles: bool,
+    /// Store hooks' values that are not finite (NaN, ±Inf), counted per hook in the
+    /// statistics, instead of refusing the shard that holds one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_non_finite: bool,
 }
 
 impl Default for ShardFormat {
@@ -66,6 +70,7 @@ impl Default for ShardFormat {
             keep_excluded: false,
             shuffle: None,
             roles: false,
+            allow_non_finite: false,
         }
     }
 }

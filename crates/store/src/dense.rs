@@ -211,13 +211,14 @@ impl HookColumn {
     /// The column's statistics (rows selected by `mask`) and the CRC32C of its bytes, in one
     /// pass: each block of rows is checksummed, then reduced while it is in cache. An fp8
     /// column is not stored as it is held (its rows are split into scales and values), so it
-    /// has no CRC here: `None`.
+    /// has no CRC here: `None`. Last, the first included row holding a value that is not
+    /// finite, if any.
     pub fn stats_and_crc(
         &mut self,
         dtype: DType,
         mask: Option<&[bool]>,
         pool: &ColumnPool,
-    ) -> (HookStats, Option<u32>) {
+    ) -> (HookStats, Option<u32>, Option<usize>) {
         self.close_chunk(pool);
         let mut acc = StatsAccumulator::new(dtype, &self.shape);
         let mut crc = 0;
@@ -241,7 +242,8 @@ impl HookColumn {
             }
         }
         acc.reduce(&block, mask.map(|m| &m[first_row..row]));
-        (acc.finish(), (dtype != DType::Fp8).then_some(crc))
+        let first_non_finite = acc.first_non_finite();
+        (acc.finish(), (dtype != DType::Fp8).then_some(crc), first_non_finite)
     }
 }
 

@@ -25,6 +25,33 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A hook's values hold NaN or ±Inf where the run does not allow them
+    /// ([`crate::ShardFormat::allow_non_finite`]): the shard is refused, never written.
+    #[error(
+        "hook {hook} computed {count} values that are NaN or ±Inf (in shard {shard} of {}): the first at step {step} \
+         (host sample {sample}, document {document}, token position {position}); the model's weights or config give \
+         them there, so the shard is not written (--allow-non-finite stores such values and counts them in \
+         stats.json)",
+        host.dir_name()
+    )]
+    NonFinite {
+        /// The hook.
+        hook: String,
+        /// Its values that are not finite in the shard.
+        count: u64,
+        /// The writing host.
+        host: crate::HostId,
+        /// The shard's index.
+        shard: u64,
+        /// The step (the host's batch) of the first.
+        step: u64,
+        /// The host's sample it lies in.
+        sample: u64,
+        /// Its token's document.
+        document: i64,
+        /// Its token's position in the document.
+        position: i32,
+    },
     /// The output already holds a run whose `run.json` differs from this run's.
     #[error(
         "refusing to resume into {path}: its run.json holds a different configuration; differing fields: {}",
@@ -110,6 +137,15 @@ pub enum StoreError {
         /// The underlying error.
         #[source]
         source: std::io::Error,
+    },
+    /// A local path where a run's file must be is something else (a FIFO, a device, a
+    /// directory): reading it could block forever, so it is never opened.
+    #[error("{path}: not a regular file ({kind}); a run's files are regular files")]
+    NotAFile {
+        /// The path on disk.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
     },
     /// A manifest, run.json or stats.json object is not what this crate writes.
     #[error("corrupt {path}: {reason}")]

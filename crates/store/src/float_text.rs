@@ -1,8 +1,10 @@
-//! Statistics as JSON numbers, except the non-finite ones (activations holding NaN or ±Inf
-//! give them), which JSON has no numbers for: they are written as the strings `"NaN"`,
-//! `"Infinity"` and `"-Infinity"` (what Python's `float()` parses) and read back as the
-//! same values, so a file round-trips and a resumed run continues. `null` (what files
-//! written before this encoding hold for them) reads as NaN.
+//! Statistics as JSON numbers, except the non-finite ones (a run that allows NaN or ±Inf
+//! activations gives them), which JSON has no numbers for: they are written as `null`, what
+//! every JSON reader takes (numpy reads it as NaN through `float`/`np.asarray(..., float)`),
+//! and read back as NaN; the hook's `non_finite` count says how many values gave them. A
+//! statistic that is not finite stays so when merged (`HookStats::merge`), so a resumed run's
+//! file is the run's. The strings `"NaN"`, `"Infinity"` and `"-Infinity"` that files of
+//! earlier siphons hold read as those values.
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::ser::{SerializeSeq, Serializer};
@@ -14,11 +16,9 @@ pub struct Float(pub f64);
 impl Serialize for Float {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let v = self.0;
-        match () {
-            _ if v.is_finite() => s.serialize_f64(v),
-            _ if v.is_nan() => s.serialize_str("NaN"),
-            _ if v > 0.0 => s.serialize_str("Infinity"),
-            _ => s.serialize_str("-Infinity"),
+        match v.is_finite() {
+            true => s.serialize_f64(v),
+            false => s.serialize_unit(),
         }
     }
 }
@@ -29,7 +29,7 @@ impl<'de> Deserialize<'de> for Float {
         impl Visitor<'_> for V {
             type Value = Float;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a number, \"NaN\", \"Infinity\" or \"-Infinity\"")
+                f.write_str("a number or null")
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Float, E> {
                 Ok(Float(v))
@@ -85,8 +85,9 @@ pub mod opt_one {
     pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
         v.map(Float).serialize(s)
     }
+    /// A present value, `null` included (NaN); an absent one is the field's default.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-        Option::<Float>::deserialize(d).map(|v| v.map(|f| f.0))
+        Float::deserialize(d).map(|f| Some(f.0))
     }
 }
 

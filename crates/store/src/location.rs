@@ -7,13 +7,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
 use object_store::azure::MicrosoftAzureBuilder;
 use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::http::HttpBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{BackoffConfig, ObjectStore, RetryConfig};
+use object_store::{BackoffConfig, ObjectStore, ObjectStoreExt, RetryConfig};
 
 use crate::config::{DEFAULT_GIVE_UP_AFTER, HostId, MAX_BACKOFF};
 use crate::error::{Result, StoreError};
@@ -140,6 +141,23 @@ impl StoreLocation {
         self.local_dir.as_deref()
     }
 
+    /// Reads an object; `Ok(None)` when it does not exist. On local disk a path that is not a
+    /// regular file (a FIFO, a device, a directory) is refused before it is opened: reading a
+    /// FIFO would block forever.
+    pub async fn get_optional(&self, path: &Path) -> Result<Option<Bytes>> {
+        if let Some(file) = self.local_dir.as_ref().map(|dir| dir.join(path.as_ref()))
+            && let Ok(meta) = std::fs::metadata(&file)
+            && !meta.is_file()
+        {
+            return Err(StoreError::NotAFile { kind: file_kind(&meta), path: file });
+        }
+        match self.store.get(path).await {
+            Ok(result) => Ok(Some(result.bytes().await.map_err(|e| StoreError::store("get", path, e))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(StoreError::store("get", path, e)),
+        }
+    }
+
     /// `{root}/{run}`.
     pub fn run_dir(&self, run: &str) -> Path {
         self.root.clone().join(run)
@@ -191,6 +209,19 @@ where
         builder = set(builder, key, value.clone());
     }
     Ok(builder)
+}
+
+/// What a path that is not a regular file is, in words.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = meta.file_type();
+    match () {
+        _ if kind.is_dir() => "a directory",
+        _ if kind.is_fifo() => "a FIFO",
+        _ if kind.is_socket() => "a socket",
+        _ if kind.is_char_device() || kind.is_block_device() => "a device",
+        _ => "not a file",
+    }
 }
 
 /// `shard_{n:06}.safetensors`.

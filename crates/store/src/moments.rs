@@ -4,7 +4,9 @@
 //! Within a block every sum runs in f32 (vector lanes), and the block's sums are then added to
 //! the f64 totals: 64 rows per f32 sum keep its rounding within ~64 ulp of the block, far below
 //! the 1e-5 relative the statistics promise, while the loop stays a handful of vector
-//! instructions per element. Every operation is elementwise IEEE arithmetic in a fixed order
+//! instructions per element. Values that are not finite (NaN, ±Inf) are found for nothing more
+//! than a look at each row's sum of squares, which any of them makes non-finite: only such a
+//! row is read again, to count them exactly ([`Moments::non_finite`]). Every operation is elementwise IEEE arithmetic in a fixed order
 //! (no fused multiply-add, explicit lanes for the row norms), so the result is the same bits on
 //! any x86 or ARM machine, whichever vector width runs it: a shard's statistics recomputed on
 //! another machine (resume, `siphon inspect`) equal the writer's exactly.
@@ -30,6 +32,8 @@ pub(crate) struct Moments {
     pub max: Vec<f32>,
     pub norm_sum: f64,
     pub count: u64,
+    /// Elements that are NaN or ±Inf.
+    pub non_finite: u64,
 }
 
 impl Moments {
@@ -43,12 +47,14 @@ impl Moments {
             max: vec![f32::NEG_INFINITY; width],
             norm_sum: 0.0,
             count: 0,
+            non_finite: 0,
         }
     }
 }
 
 /// Adds `rows` (each one stored row of `dtype`, all included) to `m`; at most [`BLOCK`] rows.
-pub(crate) fn reduce_block(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
+/// Returns the first of them holding a value that is not finite, if any.
+pub(crate) fn reduce_block(dtype: DType, rows: &[&[u8]], m: &mut Moments) -> Option<usize> {
     assert!(rows.len() <= BLOCK, "a block holds at most {BLOCK} rows");
     #[cfg(target_arch = "x86_64")]
     {
@@ -66,18 +72,18 @@ pub(crate) fn reduce_block(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn reduce_avx512(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
+unsafe fn reduce_avx512(dtype: DType, rows: &[&[u8]], m: &mut Moments) -> Option<usize> {
     reduce_any(dtype, rows, m)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn reduce_avx2(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
+unsafe fn reduce_avx2(dtype: DType, rows: &[&[u8]], m: &mut Moments) -> Option<usize> {
     reduce_any(dtype, rows, m)
 }
 
 #[inline(always)]
-fn reduce_any(dtype: DType, rows: &[&[u8]], m: &mut Moments) {
+fn reduce_any(dtype: DType, rows: &[&[u8]], m: &mut Moments) -> Option<usize> {
     match dtype {
         DType::Bf16 => reduce::<Bf16>(rows, m),
         DType::F32 => reduce::<F32>(rows, m),
@@ -163,7 +169,7 @@ fn e4m3(byte: u8) -> f32 {
 
 /// The block loop: tiles of [`TILE`] elements, each kept in registers across the block's rows.
 #[inline(always)]
-fn reduce<E: Element>(rows: &[&[u8]], m: &mut Moments) {
+fn reduce<E: Element>(rows: &[&[u8]], m: &mut Moments) -> Option<usize> {
     let width = m.shift.len();
     let mut squares = [[0f32; LANES]; BLOCK];
     let tiles = width / TILE;
@@ -205,10 +211,23 @@ fn reduce<E: Element>(rows: &[&[u8]], m: &mut Moments) {
         }
         fold(m, d, &[s1], &[s2], &[lo], &[hi]);
     }
-    for lanes in &squares[..rows.len()] {
-        m.norm_sum += lanes.iter().map(|&s| f64::from(s)).sum::<f64>().sqrt();
+    let mut first_non_finite = None;
+    for (r, lanes) in squares[..rows.len()].iter().enumerate() {
+        let squares = lanes.iter().map(|&s| f64::from(s)).sum::<f64>();
+        // A NaN or ±Inf element makes the row's sum of squares non-finite (squares are never
+        // negative, so nothing cancels an Inf); so do squares past f32's range, which the exact
+        // count below tells apart.
+        if !squares.is_finite() {
+            let count = (0..width).filter(|&d| !E::one(rows[r], d).is_finite()).count() as u64;
+            if count > 0 {
+                m.non_finite += count;
+                first_non_finite = first_non_finite.or(Some(r));
+            }
+        }
+        m.norm_sum += squares.sqrt();
     }
     m.count += rows.len() as u64;
+    first_non_finite
 }
 
 #[inline(always)]
@@ -239,6 +258,44 @@ mod tests {
         for byte in 0..=255u8 {
             let (ours, theirs) = (e4m3(byte), siphon_dtype::e4m3fn_to_f32(byte));
             assert!(ours.to_bits() == theirs.to_bits() || (ours.is_nan() && theirs.is_nan()), "{byte:#04x}");
+        }
+    }
+
+    /// Every value that is not finite is counted, in any dtype, whatever its place in a row
+    /// (a tile, or the rest past the last tile), and the first row holding one is named; finite
+    /// values whose squares leave f32's range count nothing.
+    #[test]
+    fn values_that_are_not_finite_are_counted_exactly() {
+        let width = 70; // a tile and a rest
+        for dtype in [DType::F32, DType::Bf16, DType::F16, DType::Fp8] {
+            let encode = |v: f32| -> Vec<u8> {
+                match dtype {
+                    DType::F32 => v.to_le_bytes().to_vec(),
+                    DType::Bf16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+                    DType::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+                    _ => vec![if v.is_nan() { 0x7f } else { 0x38 }],
+                }
+            };
+            let row = |bad: &[(usize, f32)]| -> Vec<u8> {
+                let mut row = if dtype == DType::Fp8 { 1f32.to_le_bytes().to_vec() } else { Vec::new() };
+                for d in 0..width {
+                    row.extend(encode(bad.iter().find(|(at, _)| *at == d).map_or(0.5, |(_, v)| *v)));
+                }
+                row
+            };
+            let (big, inf) = match dtype {
+                // Finite values whose squares overflow f32 (fp8 and f16 cannot hold one).
+                DType::F32 | DType::Bf16 => (3e30f32, f32::INFINITY),
+                _ => (0.5, f32::NAN),
+            };
+            let rows = [row(&[]), row(&[(3, big)]), row(&[(5, f32::NAN), (69, inf)]), row(&[(64, f32::NAN)])];
+            let rows: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+            let mut m = Moments::new(vec![0.0; width]);
+            assert_eq!(reduce_block(dtype, &rows, &mut m), Some(2), "{dtype}");
+            assert_eq!(m.non_finite, 3, "{dtype}");
+            let mut clean = Moments::new(vec![0.0; width]);
+            assert_eq!(reduce_block(dtype, &rows[..2], &mut clean), None, "{dtype}");
+            assert_eq!(clean.non_finite, 0, "{dtype}");
         }
     }
 

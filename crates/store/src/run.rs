@@ -2,7 +2,6 @@
 
 use std::collections::BTreeSet;
 
-use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
@@ -47,6 +46,29 @@ impl RunJson {
     pub fn format_version(&self, path: &str) -> Result<u32> {
         check_format(path, &self.format)
     }
+
+    /// What is wrong with the numbers readers take from the free-form parts of run.json (the
+    /// extraction's sequence length and batch, the partition's machines and hosts): each,
+    /// where present, must be a positive integer. One line per field at fault, naming it.
+    pub fn check_numbers(&self) -> Vec<String> {
+        let d = &self.descriptor;
+        let corpus = d.config.get("corpus");
+        let fields = [
+            ("config.corpus.seq_len", corpus.and_then(|c| c.get("seq_len"))),
+            ("config.seq_len", d.config.get("seq_len")),
+            ("config.corpus.batch_size", corpus.and_then(|c| c.get("batch_size"))),
+            ("partition.machines", d.partition.get("machines")),
+            ("partition.hosts", d.partition.get("hosts")),
+        ];
+        fields
+            .into_iter()
+            .filter_map(|(name, value)| match value {
+                None | Some(serde_json::Value::Null) => None,
+                Some(v) if v.as_u64().is_some_and(|n| n > 0) => None,
+                Some(v) => Some(format!("{name} is {v}, not a positive integer")),
+            })
+            .collect()
+    }
 }
 
 /// Where a host resumes: after its last committed shard.
@@ -81,21 +103,12 @@ impl HostState {
     }
 }
 
-/// Reads an object; `Ok(None)` when it does not exist.
-pub(crate) async fn get_optional(location: &StoreLocation, path: &Path) -> Result<Option<Bytes>> {
-    match location.store().get(path).await {
-        Ok(result) => Ok(Some(result.bytes().await.map_err(|e| StoreError::store("get", path, e))?)),
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(StoreError::store("get", path, e)),
-    }
-}
-
 /// Writes `run.json` if the run is new, or checks that the stored one matches.
 pub(crate) async fn claim_run(location: &StoreLocation, expected: &RunJson) -> Result<()> {
     let path = location.run_json(&expected.run);
     let body = serde_json::to_vec_pretty(expected).expect("run.json serializes");
     for _ in 0..3 {
-        if let Some(stored) = get_optional(location, &path).await? {
+        if let Some(stored) = location.get_optional(&path).await? {
             return compare_run_json(&path, &stored, expected);
         }
         // Create-if-absent so that two hosts racing to start a run cannot both write.
@@ -171,7 +184,7 @@ async fn read_manifest_torn(
     host: HostId,
 ) -> Result<(Vec<ManifestLine>, Option<String>)> {
     let path = location.manifest(run, host);
-    let Some(bytes) = get_optional(location, &path).await? else {
+    let Some(bytes) = location.get_optional(&path).await? else {
         return Ok((Vec::new(), None));
     };
     let text = std::str::from_utf8(&bytes)
@@ -258,7 +271,7 @@ pub(crate) async fn recover_host(
     }
 
     let stats_path = location.host_stats(run, host);
-    let stored = match get_optional(location, &stats_path).await? {
+    let stored = match location.get_optional(&stats_path).await? {
         Some(bytes) => Some(
             serde_json::from_slice::<StatsFile>(&bytes)
                 .map_err(|e| StoreError::Corrupt { path: stats_path.to_string(), reason: e.to_string() })?,
@@ -281,7 +294,7 @@ pub(crate) async fn recover_host(
     let rebuild_from = if covered == last { lines.len() } else { covered.map_or(0, |c| c + 1) as usize };
     for (i, line) in lines.iter().enumerate().skip(rebuild_from.min(lines.len().saturating_sub(1))) {
         let path = dir.clone().join(line.shard.as_str());
-        let bytes = get_optional(location, &path).await?.ok_or_else(|| StoreError::Corrupt {
+        let bytes = location.get_optional(&path).await?.ok_or_else(|| StoreError::Corrupt {
             path: path.to_string(),
             reason: "committed shard is missing".into(),
         })?;
@@ -344,7 +357,7 @@ pub async fn merge_host_stats(location: &StoreLocation, run: &str) -> Result<Sta
     let mut merged = RunStats::new();
     for host in list_hosts(location, run).await? {
         let path = location.host_stats(run, host);
-        let Some(bytes) = get_optional(location, &path).await? else {
+        let Some(bytes) = location.get_optional(&path).await? else {
             continue;
         };
         let file: StatsFile = serde_json::from_slice(&bytes)

@@ -78,6 +78,8 @@ pub(crate) struct ShardBuilder {
     mask: Vec<bool>,
     role: Vec<u8>,
     samples: Option<(u64, u64)>,
+    /// Sequences in the host's batches (each step's).
+    batch_rows: usize,
     data_position_after: serde_json::Value,
 }
 
@@ -101,6 +103,7 @@ impl ShardBuilder {
             mask: Vec::new(),
             role: Vec::new(),
             samples: None,
+            batch_rows: 0,
             data_position_after: serde_json::Value::Null,
         }
     }
@@ -124,6 +127,7 @@ impl ShardBuilder {
         let out_dtype = self.format.dtype;
         if self.is_empty() {
             self.columns = Building::all(&self.identity.hooks, &self.identity.latents, first, out_dtype);
+            self.batch_rows = first.batch;
         }
         for batch in &unit {
             let invalid = |reason| StoreError::InvalidBatch { first_sample: batch.first_sample, reason };
@@ -184,9 +188,18 @@ impl ShardBuilder {
         let mut stats = RunStats::new();
         // The CRC of each tensor that is its column as stored (fp8 columns are split first).
         let mut known = HashMap::new();
+        let mut refused = None;
         for column in &mut self.columns {
-            let crc = column.seal(self.format.dtype, mask, &self.pool, &mut stats);
+            let (crc, first_non_finite) = column.seal(self.format.dtype, mask, &self.pool, &mut stats);
+            if let Some(row) = first_non_finite.filter(|_| !self.format.allow_non_finite) {
+                refused = Some((column.name().to_string(), row));
+                break;
+            }
             known.extend(crc.map(|crc| (column.name().to_string(), crc)));
+        }
+        if let Some((hook, row)) = refused {
+            let count = stats.hooks.get(&hook).map_or(0, |s| s.non_finite);
+            return Err(self.non_finite(&hook, count, row));
         }
         let (index, samples) = (self.index, self.samples.unwrap_or((0, 0)));
         let tokens = self.token_ids.len() as u64;
@@ -219,6 +232,23 @@ impl ShardBuilder {
         })
     }
 
+    /// The refusal of a shard whose hook `hook` holds `count` values that are not finite, the
+    /// first in row `row`: where they came from (the host's sample, the batch it was in, the
+    /// token's document and position).
+    fn non_finite(&self, hook: &str, count: u64, row: usize) -> StoreError {
+        let sample = self.sample_index[row] as u64;
+        StoreError::NonFinite {
+            hook: hook.to_string(),
+            count,
+            host: self.identity.host,
+            shard: self.index,
+            sample,
+            step: sample / self.batch_rows.max(1) as u64,
+            document: self.doc_index[row],
+            position: self.position[row],
+        }
+    }
+
     /// The shard's safetensors file, in order (header first), without the checksum and
     /// statistics [`ShardBuilder::seal`] adds: what a stream sends for a batch.
     pub fn into_file(self) -> Vec<Bytes> {
@@ -241,6 +271,7 @@ impl ShardBuilder {
             mask,
             role,
             samples,
+            batch_rows: _,
             data_position_after: _,
         } = self;
         let (sample_start, sample_end) = samples.unwrap_or((0, 0));

@@ -8,6 +8,10 @@
 //! tokens only, one chunk per shard (two-pass mean/M2 inside the chunk), and chunks are combined
 //! with Chan et al.'s parallel update. The same function runs in the writer and when stats are
 //! rebuilt from shards on resume, so both give identical numbers.
+//!
+//! Values that are not finite are counted per hook (`non_finite`); the writer refuses a shard
+//! holding one unless the run allows them (`ShardFormat::allow_non_finite`), whose statistics
+//! then hold NaN or ±Inf where those values reach them, written to `stats.json` as `null`.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +45,9 @@ pub struct HookStats {
     /// See `min`.
     #[serde(default)]
     pub max: Vec<f64>,
+    /// Elements that are NaN or ±Inf (counted, and reaching the other statistics as they do).
+    #[serde(default)]
+    pub non_finite: u64,
 }
 
 impl HookStats {
@@ -55,6 +62,7 @@ impl HookStats {
             norm_sum: 0.0,
             min: Vec::new(),
             max: Vec::new(),
+            non_finite: 0,
         }
     }
 
@@ -100,11 +108,17 @@ impl HookStats {
         }
         self.count = count;
         self.norm_sum += other.norm_sum;
+        self.non_finite += other.non_finite;
         if self.min.is_empty() || other.min.is_empty() {
             (self.min, self.max) = (Vec::new(), Vec::new());
         } else {
-            self.min.iter_mut().zip(&other.min).for_each(|(a, b)| *a = a.min(*b));
-            self.max.iter_mut().zip(&other.max).for_each(|(a, b)| *a = a.max(*b));
+            // NaN wins: a ±Inf read back from stats.json's `null` is NaN, and must merge as the
+            // ±Inf it was (stays not finite) for a resumed run's statistics to equal the run's.
+            let pick = |a: f64, b: f64, first: fn(f64, f64) -> f64| {
+                if a.is_nan() || b.is_nan() { f64::NAN } else { first(a, b) }
+            };
+            self.min.iter_mut().zip(&other.min).for_each(|(a, b)| *a = pick(*a, *b, f64::min));
+            self.max.iter_mut().zip(&other.max).for_each(|(a, b)| *a = pick(*a, *b, f64::max));
         }
         Ok(())
     }
@@ -135,6 +149,10 @@ pub(crate) struct StatsAccumulator {
     /// Stored rows of the block in progress (fewer than [`BLOCK`]) and their mask entries.
     pending: Vec<u8>,
     pending_mask: Vec<bool>,
+    /// Rows handed in so far (included or not).
+    rows: usize,
+    /// The first included row holding a value that is not finite, counted as `rows` is.
+    first_non_finite: Option<usize>,
 }
 
 impl StatsAccumulator {
@@ -148,6 +166,8 @@ impl StatsAccumulator {
             moments: None,
             pending: Vec::new(),
             pending_mask: Vec::new(),
+            rows: 0,
+            first_non_finite: None,
         }
     }
 
@@ -189,8 +209,10 @@ impl StatsAccumulator {
     /// included ones. [`StatsAccumulator::add_rows`] cuts blocks so; a caller that holds the
     /// rows in pieces (a shard's column) cuts them so itself.
     pub fn reduce(&mut self, rows: &[&[u8]], mask: Option<&[bool]>) {
-        let included: Vec<&[u8]> =
-            rows.iter().enumerate().filter(|(r, _)| mask.is_none_or(|m| m[*r])).map(|(_, row)| *row).collect();
+        let start = self.rows;
+        self.rows += rows.len();
+        let (at, included): (Vec<usize>, Vec<&[u8]>) =
+            rows.iter().enumerate().filter(|(r, _)| mask.is_none_or(|m| m[*r])).map(|(r, row)| (r, *row)).unzip();
         let Some(first) = included.first() else {
             return;
         };
@@ -200,7 +222,15 @@ impl StatsAccumulator {
             decode_row(dtype, first, &mut shift);
             Moments::new(shift)
         });
-        moments::reduce_block(self.dtype, &included, moments);
+        if let Some(k) = moments::reduce_block(self.dtype, &included, moments) {
+            self.first_non_finite = self.first_non_finite.or(Some(start + at[k]));
+        }
+    }
+
+    /// The first included row (counted over every row handed in) holding a value that is not
+    /// finite, once the rows are reduced ([`StatsAccumulator::finish`] reduces the last ones).
+    pub fn first_non_finite(&self) -> Option<usize> {
+        self.first_non_finite
     }
 
     pub fn finish(mut self) -> HookStats {
@@ -213,11 +243,14 @@ impl StatsAccumulator {
         };
         stats.count = m.count;
         stats.norm_sum = m.norm_sum;
+        stats.non_finite = m.non_finite;
         let n = m.count as f64;
         let sums = m.shift.iter().zip(&m.s1).zip(&m.s2);
         for ((mean, m2), ((&k, s1), s2)) in stats.mean.iter_mut().zip(stats.m2.iter_mut()).zip(sums) {
             *mean = f64::from(k) + s1 / n;
-            *m2 = (s2 - s1 * s1 / n).max(0.0);
+            // Rounding may leave a hair below zero; a NaN (of values that are not finite) stays.
+            let deviations = s2 - s1 * s1 / n;
+            *m2 = if deviations.is_nan() { deviations } else { deviations.max(0.0) };
         }
         stats.min = m.min.iter().map(|&v| f64::from(v)).collect();
         stats.max = m.max.iter().map(|&v| f64::from(v)).collect();
@@ -271,6 +304,14 @@ pub struct HookStatsJson {
     /// Per-element maximum of the stored values. Absent in files before it.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "float_text::opt_vec")]
     pub max: Option<Vec<f64>>,
+    /// Elements that are NaN or ±Inf (a run written with `--allow-non-finite`); the statistics
+    /// they reach are `null`. Absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub non_finite: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl From<&HookStats> for HookStatsJson {
@@ -285,6 +326,7 @@ impl From<&HookStats> for HookStatsJson {
             norm_sum: Some(s.norm_sum),
             min: (!s.min.is_empty()).then(|| s.min.clone()),
             max: (!s.max.is_empty()).then(|| s.max.clone()),
+            non_finite: s.non_finite,
         }
     }
 }
@@ -301,6 +343,7 @@ impl From<&HookStatsJson> for HookStats {
             norm_sum: s.norm_sum.unwrap_or(s.mean_norm * n),
             min: s.min.clone().unwrap_or_default(),
             max: s.max.clone().unwrap_or_default(),
+            non_finite: s.non_finite,
         }
     }
 }
@@ -409,6 +452,7 @@ mod tests {
             norm_sum: 7.887233511355132,
             min: vec![-1.0, -3.0],
             max: vec![1.5, 0.1],
+            non_finite: 0,
         };
         let mut latents = LatentStats::new(3);
         latents.add_token([(0, 0.1), (2, 7.887_233_5)]);
@@ -424,6 +468,36 @@ mod tests {
         straight.merge(&more).unwrap();
         resumed.merge(&more).unwrap();
         assert_eq!(resumed, straight);
+    }
+
+    /// A run that allows values that are not finite: they are counted, their statistics are
+    /// `null` in the file, and a resumed run (the file read back, merged with more) writes the
+    /// file the uninterrupted run writes, though `null` reads back as NaN where it was ±Inf.
+    #[test]
+    fn statistics_of_values_that_are_not_finite_are_null_and_resume_to_the_same_file() {
+        let rows = |v: &[f32]| HookStats::from_rows(DType::F32, &[3], &f32_bytes(v), None);
+        let first = rows(&[1.0, f32::INFINITY, 2.0, 3.0, f32::NEG_INFINITY, f32::NAN]);
+        assert_eq!(first.non_finite, 3);
+        let (max, min) = (first.max[1], first.min[1]);
+        assert!(max == f64::INFINITY && min == f64::NEG_INFINITY && first.mean[0] == 2.0, "{first:?}");
+        assert!(first.mean[1].is_nan() && first.m2[1].is_nan() && first.m2[2].is_nan(), "{first:?}");
+        let file = |s: &HookStats| {
+            let stats = RunStats { hooks: [("h".to_string(), s.clone())].into(), latents: Default::default() };
+            serde_json::to_string(&to_file(&stats, None)).unwrap()
+        };
+        let text = file(&first);
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let hook = &json["hooks"]["h"];
+        assert!(hook["max"][1].is_null() && hook["mean"][1].is_null() && hook["variance"][2].is_null(), "{text}");
+        assert!(hook["mean_norm"].is_null() && hook["norm_sum"].is_null() && hook["non_finite"] == 3, "{text}");
+        assert_eq!(hook["mean"][0], 2.0, "{text}");
+        let back = from_file(&serde_json::from_str(&text).unwrap()).unwrap().hooks["h"].clone();
+        let more = rows(&[5.0, 6.0, 7.0]);
+        let (mut straight, mut resumed) = (first, back);
+        straight.merge(&more).unwrap();
+        resumed.merge(&more).unwrap();
+        assert_eq!(straight.non_finite, 3);
+        assert_eq!(file(&resumed), file(&straight));
     }
 
     /// A latent's smallest value above 0 over any split of its tokens, 0 where it never fired

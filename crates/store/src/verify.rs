@@ -9,7 +9,7 @@ use crate::column::columns;
 use crate::config::HostId;
 use crate::error::{Result, StoreError};
 use crate::location::{MANIFEST_NAME, STATS_NAME, StoreLocation};
-use crate::run::{RunJson, get_optional, list_hosts, merge_host_stats, read_manifest};
+use crate::run::{RunJson, list_hosts, merge_host_stats, read_manifest};
 use crate::shard::{check_format, summarize_shard};
 use crate::sparse::LatentsColumn;
 use crate::stats::{self, RunStats, StatsFile};
@@ -41,16 +41,27 @@ pub struct VerifyReport {
     pub stats_sha256: Option<String>,
     /// The run's `stats.json`, when it parses.
     pub stats: Option<StatsFile>,
+    /// What the run's `stats.json` says of hooks whose values are not all finite (a run
+    /// written with `--allow-non-finite`, or by a siphon that did not refuse them): a problem
+    /// unless the reader allows them ([`VerifyReport::problems_allowing_non_finite`]).
+    pub non_finite: Vec<String>,
 }
 
 impl VerifyReport {
-    /// True when neither the run nor any host has a problem.
+    /// True when neither the run nor any host has a problem, and every statistic is finite.
     pub fn is_ok(&self) -> bool {
-        self.problems.is_empty() && self.hosts.iter().all(|h| h.problems.is_empty())
+        self.all_problems().is_empty()
     }
 
-    /// Every problem, prefixed by its host.
+    /// Every problem, prefixed by its host, and the hooks whose values are not all finite.
     pub fn all_problems(&self) -> Vec<String> {
+        let mut out = self.problems_allowing_non_finite();
+        out.extend(self.non_finite.iter().cloned());
+        out
+    }
+
+    /// Every problem, prefixed by its host, but values that are not finite.
+    pub fn problems_allowing_non_finite(&self) -> Vec<String> {
         let mut out = self.problems.clone();
         for host in &self.hosts {
             out.extend(host.problems.iter().map(|p| format!("{}: {p}", host.host.dir_name())));
@@ -111,7 +122,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
     let run_json_path = location.run_json(run);
     let mut expected =
         Expected { hooks: Vec::new(), latents: Vec::new(), format: None, shapes: Vec::new(), shapes_recorded: false };
-    match get_optional(location, &run_json_path).await? {
+    match location.get_optional(&run_json_path).await? {
         None => report.problems.push(format!("{run_json_path} is missing")),
         Some(bytes) => match serde_json::from_slice::<RunJson>(&bytes) {
             Ok(parsed) => {
@@ -129,6 +140,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
                     expected.shapes = shapes.clone();
                     expected.shapes_recorded = true;
                 }
+                report.problems.extend(parsed.check_numbers().into_iter().map(|p| format!("{run_json_path}: {p}")));
                 report.run_json = Some(parsed);
             }
             Err(e) => {
@@ -157,7 +169,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
     if report.hosts.is_empty() {
         report.problems.push("no host directories".into());
     }
-    match get_optional(location, &location.run_stats(run)).await? {
+    match location.get_optional(&location.run_stats(run)).await? {
         None => report.problems.push("run stats.json is missing (run not finalized)".into()),
         Some(bytes) => {
             report.stats_sha256 = Some(hex::encode(Sha256::digest(&bytes)));
@@ -165,6 +177,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
                 Err(e) => report.problems.push(format!("run stats.json does not parse: {e}")),
                 Ok(file) => {
                     check_stats("run stats.json", &file, &expected, report.included_tokens, &mut report.problems);
+                    report.non_finite = non_finite(&file);
                     let hosts_ok = report.hosts.iter().all(|h| h.problems.is_empty());
                     if hosts_ok && !stats_match(&file, &all_stats) {
                         report.problems.push(
@@ -264,7 +277,7 @@ async fn verify_host(
         report.bytes = report.bytes.saturating_add(line.bytes);
         report.samples_end = line.samples[1];
         let path = dir.clone().join(line.shard.as_str());
-        let Some(bytes) = get_optional(location, &path).await? else {
+        let Some(bytes) = location.get_optional(&path).await? else {
             report.problems.push(format!("{}: committed shard is missing", line.shard));
             continue;
         };
@@ -318,7 +331,7 @@ async fn verify_host(
             }
         }
     }
-    match get_optional(location, &location.host_stats(run, host)).await? {
+    match location.get_optional(&location.host_stats(run, host)).await? {
         None if lines.is_empty() => {}
         None => report.problems.push("stats.json is missing".into()),
         Some(bytes) => match serde_json::from_slice::<StatsFile>(&bytes) {
@@ -395,6 +408,29 @@ fn close_without_extremes(file: &stats::HookStatsJson, expected: &stats::HookSta
             close(file.mean[i], expected.mean[i], scale) && close(file.variance[i], expected.variance[i], scale * scale)
         })
         && close(file.mean_norm, expected.mean_norm, expected.mean_norm)
+}
+
+/// Each hook of `file` whose values are not all finite, said in a line: the ones it counts, or
+/// statistics that are not finite though it counts none (a file of a siphon that kept no
+/// count).
+fn non_finite(file: &StatsFile) -> Vec<String> {
+    file.hooks
+        .iter()
+        .filter_map(|(hook, s)| {
+            let arrays = [Some(&s.mean), Some(&s.variance), s.m2.as_ref(), s.min.as_ref(), s.max.as_ref()];
+            let scalars = [Some(s.mean_norm), s.norm_sum];
+            let values = arrays.into_iter().flatten().flatten().chain(scalars.iter().flatten());
+            let not_finite = values.filter(|v| !v.is_finite()).count();
+            match (s.non_finite, not_finite) {
+                (0, 0) => None,
+                (0, n) => Some(format!("run stats.json: hook {hook} has {n} statistics that are not finite")),
+                (count, _) => Some(format!(
+                    "run stats.json: hook {hook} holds {count} values that are NaN or ±Inf (stored as \
+                     --allow-non-finite lets a run; its statistics are null where they reach)"
+                )),
+            }
+        })
+        .collect()
 }
 
 /// Pushes what is wrong with `file`'s statistics of each of the run's columns (named `what`),

@@ -32,6 +32,7 @@ import os
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
+from .._output import check_new_or_empty
 from ..dataset import Dataset, open_dataset
 from ..errors import DatasetError
 from ..latents import checked_latents
@@ -60,12 +61,15 @@ def build_dashboard(
     check: bool = True,
 ) -> Path:
     """Writes the dashboard of `run` (a path or URL, or an opened `siphon.Dataset`) to the
-    folder `out` and returns the path of its ``index.html``. `names`: the latents columns
-    (default: every one; a run without any gets only the index). `effects`: an effects
+    new or empty folder `out` and returns the path of its ``index.html``. `names`: the latents
+    columns (default: every one; a run without any gets only the index). `effects`: an effects
     directory (`siphon.dashboard._effects`; its ``vocab.json`` gives token strings, else tokens
-    show as ``#id``). `top`, `quantiles`, `per_quantile`, `window`, `seed`: the examples, as
-    `siphon.examples.latent_examples` takes them; `bins`: of each latent's histogram.
-    `progress`: a progress line on stderr. `check`: each shard's CRC32C."""
+    show as ``#id``), which may lie in `out` already. `top`, `quantiles`, `per_quantile`,
+    `window`, `seed`: the examples, as `siphon.examples.latent_examples` takes them; `bins`: of
+    each latent's histogram. `progress`: a progress line on stderr. `check`: each shard's
+    CRC32C."""
+    root = Path(os.fspath(out))
+    check_new_or_empty(root, "the dashboard's pages", besides=effects)
     dataset = run if isinstance(run, Dataset) else open_dataset(os.fspath(run))
     columns: List[str] = list(dataset.latents) if names is None else list(names)
     for name in columns:
@@ -75,7 +79,6 @@ def build_dashboard(
     widths = {n: dataset.latents[n].width for n in columns}
     found = read_effects(os.fspath(effects), widths) if effects is not None else None
     vocab = found.vocab if found is not None else None
-    root = Path(os.fspath(out))
     root.mkdir(parents=True, exist_ok=True)
     folders = folder_names(columns)
     written: List[ColumnSummary] = []

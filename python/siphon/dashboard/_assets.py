@@ -47,6 +47,21 @@ function fmt(v) {
   if (v === 0) return "0";
   return Number(v.toPrecision(5)).toString();
 }
+// Widens each SVG's viewBox (and its size with it) to hold all it draws, a pixel to spare: an
+// axis label at an edge (the last bin's, a large count) is shown whole, not cut off there.
+function fitSvgs() {
+  var svgs = document.querySelectorAll("svg");
+  for (var i = 0; i < svgs.length; i++) {
+    var svg = svgs[i], box = svg.getBBox(), view = svg.viewBox.baseVal;
+    if (!box.width || !box.height) continue;
+    var x0 = Math.min(view.x, Math.floor(box.x) - 1), y0 = Math.min(view.y, Math.floor(box.y) - 1);
+    var x1 = Math.max(view.x + view.width, Math.ceil(box.x + box.width) + 1);
+    var y1 = Math.max(view.y + view.height, Math.ceil(box.y + box.height) + 1);
+    svg.setAttribute("viewBox", x0 + " " + y0 + " " + (x1 - x0) + " " + (y1 - y0));
+    svg.setAttribute("width", x1 - x0);
+    svg.setAttribute("height", y1 - y0);
+  }
+}
 """
 
 #: The column index: the table of every latent, sortable and filterable.
@@ -61,8 +76,11 @@ COLUMN_JS = COMMON_JS + r"""
       text.push('<span class="token">' + esc(showToken(toks[t][0])) + '</span> <span class="muted">\u00D7' + toks[t][1] + "</span>");
       plain.push(showToken(toks[t][0]).toLowerCase());
     }
-    rows[i] = {latent: data.latent[i], frequency: data.frequency[i], max: data.max[i], mean: data.mean[i],
-               firings: data.firings[i], top_tokens: plain.join(" "), html: text.join(", ")};
+    // A latent that never fired has no largest or mean activation (stats.json's 0s).
+    var fired = data.firings[i] > 0;
+    rows[i] = {latent: data.latent[i], frequency: data.frequency[i], max: fired ? data.max[i] : null,
+               mean: fired ? data.mean[i] : null, firings: data.firings[i], top_tokens: plain.join(" "),
+               html: text.join(", ")};
   }
   var body = document.querySelector("#table tbody"), filter = document.getElementById("filter");
   var shown = document.getElementById("shown"), key = "latent", dir = 1;
@@ -102,6 +120,7 @@ COLUMN_JS = COMMON_JS + r"""
   var timer = null;
   filter.addEventListener("input", function () { clearTimeout(timer); timer = setTimeout(draw, 120); });
   draw();
+  fitSvgs();
 })();
 """
 
@@ -117,9 +136,15 @@ LATENT_JS = COMMON_JS + r"""
   function tokenText(id) {
     return vocab !== null && id >= 0 && id < vocab.length ? vocab[id] : "#" + id;
   }
+  // The address's latent: "#12" is 12, no hash latent 0; anything else (null) is none.
   function current() {
-    var n = parseInt(location.hash.replace(/^#/, ""), 10);
-    return isNaN(n) ? 0 : n;
+    var hash = location.hash.replace(/^#/, "");
+    if (hash === "") return 0;
+    return /^[0-9]+$/.test(hash) ? parseInt(hash, 10) : null;
+  }
+  function asked() {
+    var hash = location.hash.replace(/^#/, "");
+    try { return decodeURIComponent(hash); } catch (e) { return hash; }
   }
   function chunkFile(c) { return "data/chunk-" + ("000" + c).slice(-Math.max(4, String(c).length)) + ".js"; }
   function load(c) {
@@ -188,8 +213,13 @@ LATENT_JS = COMMON_JS + r"""
   }
   function render() {
     var n = current();
+    if (n === null || n >= config.width) {
+      document.title = config.name + ": no latent " + asked();
+      status.textContent = "no latent " + asked() + " (latents are 0.." + (config.width - 1) + ")";
+      main.innerHTML = "";
+      return;
+    }
     document.title = config.name + " latent " + n;
-    if (n < 0 || n >= config.width) { status.textContent = "no latent " + n + " (0.." + (config.width - 1) + ")"; main.innerHTML = ""; return; }
     var c = Math.floor(n / config.chunk);
     if (!chunks[c]) { status.textContent = "loading latent " + n + "\u2026"; load(c); return; }
     var d = chunks[c][n - c * config.chunk];
@@ -199,25 +229,36 @@ LATENT_JS = COMMON_JS + r"""
       '<a href="index.html">all latents</a></nav>',
       '<h1 id="title" data-latent="' + n + '">Latent ' + n + "</h1>",
       '<dl class="stats" id="stats"><dt>frequency</dt><dd data-key="frequency">' + fmt(d.frequency) +
-      '</dd><dt>firings</dt><dd data-key="firings">' + d.firings + '</dd><dt>max</dt><dd data-key="max">' + fmt(d.max) +
-      '</dd><dt>mean</dt><dd data-key="mean">' + fmt(d.mean) + "</dd></dl>",
-      "<h2>Activations</h2>" + histogram("histogram", "activations of latent " + d.latent, d.hist, d.hist_range)];
+      '</dd><dt>firings</dt><dd data-key="firings">' + d.firings + "</dd>" + (d.firings > 0 ?
+        '<dt>max</dt><dd data-key="max">' + fmt(d.max) + '</dd><dt>mean over firings</dt><dd data-key="mean">' +
+        fmt(d.mean) + "</dd>" : "") + "</dl>"];
+    // A latent that never fired has no activations: said once, instead of an empty histogram
+    // and empty ranges (its decoder's effects below still hold).
+    if (d.firings > 0) {
+      html.push("<h2>Activations</h2>" + histogram("histogram", "activations of latent " + d.latent, d.hist, d.hist_range));
+    } else {
+      html.push('<p id="never-fired">Latent ' + n + " never fired on the run's " + config.count +
+                " tokens: it has no activations to show.</p>");
+    }
     if (d.logits_top || d.logits_bottom) {
       html.push('<h2>Logit effects</h2><div class="effects" id="logits">' +
         (d.logits_top ? "<div><h3>top</h3>" + pairs("logits-top", d.logits_top, "token", false) + "</div>" : "") +
         (d.logits_bottom ? "<div><h3>bottom</h3>" + pairs("logits-bottom", d.logits_bottom, "token", false) + "</div>" : "") +
-        "</div>" + (d.logits_hist ? histogram("logits-histogram", "logit effects over the vocabulary", d.logits_hist.heights,
-                                              d.logits_hist.range) : ""));
+        "</div>" + (d.logits_hist ? '<h3 id="logits-histogram-heading">Logit effects over the vocabulary</h3>' +
+          histogram("logits-histogram", "logit effects over the vocabulary", d.logits_hist.heights, d.logits_hist.range) : ""));
     }
     if (d.neighbours) html.push('<h2>Nearest latents (decoder cosine)</h2><div id="neighbours">' +
       pairs("neighbours-table", d.neighbours, "latent", true) + "</div>");
-    html.push('<section id="top"><h2>Top activations</h2>' + examples(d.top, d.max) + "</section>");
-    for (var q = 0; q < d.ranges.length; q++) {
-      var r = d.ranges[q];
-      html.push('<section class="range" data-range="' + r.range + '" data-lo="' + fmt(r.lo) + '" data-hi="' + fmt(r.hi) +
-        '"><h3>range ' + r.range + ": (" + fmt(r.lo) + ", " + fmt(r.hi) + "]</h3>" + examples(r.examples, d.max) + "</section>");
+    if (d.firings > 0) {
+      html.push('<section id="top"><h2>Top activations</h2>' + examples(d.top, d.max) + "</section>");
+      for (var q = 0; q < d.ranges.length; q++) {
+        var r = d.ranges[q];
+        html.push('<section class="range" data-range="' + r.range + '" data-lo="' + fmt(r.lo) + '" data-hi="' + fmt(r.hi) +
+          '"><h3>range ' + r.range + ": (" + fmt(r.lo) + ", " + fmt(r.hi) + "]</h3>" + examples(r.examples, d.max) + "</section>");
+      }
     }
     main.innerHTML = html.join("");
+    fitSvgs();
     var next = c + 1;
     if (next * config.chunk < config.width && n % config.chunk > config.chunk - 8) load(next);
   }

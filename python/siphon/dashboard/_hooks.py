@@ -3,8 +3,9 @@ dimension (the hook's per-token shape flattened row-major) mean, variance, min a
 dimensions whose scale stands out ("massive activations": ``|mean|`` or ``max(|min|, |max|)``
 above `FACTOR` times its median over the hook's dimensions, or not finite).
 
-stats.json writes a non-finite number as the string ``"NaN"``, ``"Infinity"`` or
-``"-Infinity"``; ``min`` and ``max`` are absent in files written before siphon kept them.
+stats.json writes a statistic that is not finite (a run written with ``--allow-non-finite``) as
+``null`` (files of earlier siphons: the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``);
+``min`` and ``max`` are absent in files written before siphon kept them.
 """
 
 from __future__ import annotations

@@ -20,12 +20,16 @@ from typing import Any, Dict, Iterable, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
+from .._output import check_count
 from ..errors import DatasetError
 from ..examples import LatentExamples, empty_examples
 from ..latents import LatentShard
 
 #: The most bins of a latent's histogram (each latent holds its counts: width × bins int64).
 MAX_BINS = 10_000
+#: The most counts of a column's histograms, width × bins (8 GiB of int64: 64 bins of 16M
+#: latents).
+MAX_HISTOGRAM_COUNTS = 1 << 30
 #: Token rows a pass takes in at once (`LatentShard.parts`): its scratch memory (the candidate
 #: examples of each firing, their sort) grows with them, whatever the shards' size.
 PART_ROWS = 1 << 15
@@ -171,12 +175,11 @@ def _seconds(s: float) -> str:
 def new_column_pass(dataset: Any, name: str, *, top: int = 20, quantiles: int = 10, per_quantile: int = 5,
                     window: int = 16, bins: int = 50, seed: int = 0) -> ColumnPass:
     """An empty pass of latents column `name` of `dataset` with these settings (checked)."""
-    if bins < 1:
-        raise DatasetError(f"bins must be at least 1, got {bins}")
-    if bins > MAX_BINS:
-        raise DatasetError(f"bins must be at most {MAX_BINS}, got {bins}")
     examples = empty_examples(dataset, name, top=top, quantiles=quantiles, per_quantile=per_quantile, window=window,
                               seed=seed)
+    fits = MAX_HISTOGRAM_COUNTS // max(examples.width, 1)
+    check_count("bins", bins, 1, min(MAX_BINS, fits), most_is=None if fits >= MAX_BINS else
+                f"{MAX_HISTOGRAM_COUNTS} counts over the {examples.width} latents of {name!r}")
     stats = dataset.latent_stats(name)
     lo = stats.get("min", np.zeros(examples.width))
     return ColumnPass(examples, np.zeros((examples.width, bins), np.int64), lo)

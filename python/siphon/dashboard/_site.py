@@ -127,7 +127,7 @@ def write_column(out: Path, folder: str, data: ColumnData, *, run_name: str, voc
             f'<p><input id="filter" type="search" placeholder="filter: latent number or token" autocomplete="off"> '
             f'<span class="muted" id="shown"></span></p>\n'
             '<table id="table"><thead><tr><th data-key="latent">latent</th><th data-key="frequency">frequency</th>'
-            '<th data-key="max">max</th><th data-key="mean">mean</th><th data-key="firings">firings</th>'
+            '<th data-key="max">max</th><th data-key="mean" title="the mean of its activations where it fired">mean over firings</th><th data-key="firings">firings</th>'
             '<th class="tokens" data-key="top_tokens">top tokens</th></tr></thead><tbody></tbody></table>\n'
             + json_script("latents", table))
     (root / "index.html").write_text(page(title, body, script=COLUMN_JS), encoding="utf-8")

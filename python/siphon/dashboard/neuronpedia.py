@@ -51,6 +51,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._output import check_count, check_new_or_empty
 from ..dataset import Dataset, open_dataset
 from ..errors import DatasetError
 from ..examples import TOP, empty_examples
@@ -78,6 +79,8 @@ HTML_ANOMALIES = {
 OUT_OF_RANGE_TOKEN = "<|outofrange|>"
 #: The layout's histogram bins and feature table rows.
 BINS, TABLE_ROWS = 50, 3
+#: The most correlation sums of a column, width × latents per batch (8 GiB of float64).
+MAX_CORRELATION_SUMS = 1 << 30
 
 
 @dataclass
@@ -122,8 +125,10 @@ def export_neuronpedia(
     ds = run if isinstance(run, Dataset) else open_dataset(os.fspath(run))
     name = _column(ds, name)
     info = checked_latents(name, ds.latents)
-    if batch_size < 1:
-        raise DatasetError(f"batch_size must be at least 1, got {batch_size}")
+    # The batch's correlation sums hold width × (latents of a batch) float64.
+    fits = MAX_CORRELATION_SUMS // info.width if info.width * info.width > MAX_CORRELATION_SUMS else sys.maxsize
+    check_count("batch_size", batch_size, 1, fits,
+                most_is=f"{MAX_CORRELATION_SUMS} correlation sums over the {info.width} latents of {name!r}")
     found = read_effects(os.fspath(effects), {name: info.width})
     column = found.columns.get(name)
     missing = [what for what, there in (("logit effects", column is not None and "logits_top" in column.sections),
@@ -143,8 +148,7 @@ def export_neuronpedia(
     header = _header(ds, info.hook, model_id=model_id, layer=layer, sae_set=sae_set, sae_id_suffix=sae_id_suffix,
                      dataset_name=dataset_name)
     root = Path(os.fspath(out))
-    if root.exists() and any(root.iterdir()):
-        raise DatasetError(f"{root}: not empty (the batch files go into a new or empty folder)")
+    check_new_or_empty(root, "the batch files")
     vocab = vocab_strings(found.pieces, _vocab_size(ds, found.pieces))
     batches = batch_bounds(info.width, batch_size)
     hook_width = ds.hooks[info.hook].width if info.hook in ds.hooks else None

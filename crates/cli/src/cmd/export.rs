@@ -6,7 +6,9 @@
 //! package writes faithfully, and delphi's is read by its own Python loader, so these commands
 //! hand the work to the `siphon` Python module that `pip install <checkout>` installs beside
 //! the binary (`python -m siphon export-saelens`, `python -m siphon export-delphi`), run by
-//! the interpreter [`python::checked`] finds.
+//! the interpreter [`python::checked`] finds. The Python side checks what depends on the run
+//! before any work, naming the flag or the folder: each folder new or empty, `--splits` at most
+//! the dictionary's latents, a row (`--ctx-len`, `--context-size`) at most the run's tokens.
 
 use std::path::PathBuf;
 use std::process::Command as Process;
@@ -42,7 +44,7 @@ pub struct DelphiArgs {
     /// Comma-separated latents columns (default: every one of the run).
     #[arg(long)]
     latents: Option<String>,
-    /// Latent ranges per hookpoint, as delphi's n_splits.
+    /// Latent ranges per hookpoint, as delphi's n_splits (at most the dictionary's latents).
     #[arg(long, default_value_t = 5)]
     splits: u32,
     /// Tokens per row (default: the run's seq_len; exact sequences are always seq_len).
@@ -83,7 +85,7 @@ pub struct SaelensArgs {
     /// Comma-separated hooks (default: every hook of the run).
     #[arg(long)]
     hooks: Option<String>,
-    /// Tokens per row (default: the run's seq_len).
+    /// Tokens per row (default: the run's seq_len; at most the run's tokens).
     #[arg(long)]
     context_size: Option<u64>,
     /// Stored dtype of the activations (Arrow has no bfloat16).
@@ -98,7 +100,7 @@ pub struct SaelensArgs {
     /// Comma-separated token ids to leave out (e.g. BOS when kept).
     #[arg(long)]
     exclude_token_ids: Option<String>,
-    /// Stop after this many tokens.
+    /// Stop after this many tokens (at least a row).
     #[arg(long)]
     max_tokens: Option<u64>,
     /// Python interpreter with the siphon package installed.

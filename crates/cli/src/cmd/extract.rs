@@ -23,6 +23,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    crate::interrupt::install();
     job::run(args.options)
 }
 

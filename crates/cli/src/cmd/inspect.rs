@@ -20,13 +20,20 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Accept hooks whose values are NaN or ±Inf (a run written with `extract
+    /// --allow-non-finite`): each is printed as a note instead of failing the check.
+    #[arg(long)]
+    allow_non_finite: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (output, run) = split_run_url(&args.url)?;
     let report = siphon_store::verify_run_blocking(&output, &[], &run)
         .with_context(|| format!("cannot read the run at {}", args.url))?;
-    let mut problems = report.all_problems();
+    let (mut problems, mut notes) = match args.allow_non_finite {
+        true => (report.problems_allowing_non_finite(), report.non_finite.clone()),
+        false => (report.all_problems(), Vec::new()),
+    };
     let timing = crate::job::read_timing(&output, &run).unwrap_or_default();
 
     let format = match (&report.run_json, report.format_version) {
@@ -60,7 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             report.hosts.len()
         ));
     }
-    let notes = format_notes(report.format_version, &hooks);
+    notes.extend(format_notes(report.format_version, &hooks));
     let latents = latents_summary(&report);
     let bytes: u64 = report.hosts.iter().map(|h| h.bytes).sum();
     let seconds = timing.iter().map(|t| t.seconds).fold(0.0, f64::max);

@@ -78,6 +78,7 @@ impl Compute {
         model: &LoadedModel,
         coord: &siphon_coord::Coordination,
     ) -> anyhow::Result<Compute> {
+        crate::fatal::enter(crate::fatal::Phase::Upload);
         let kind = PluginKind::of(&plugin.path);
         let loaded = siphon_runtime::Plugin::load(&plugin.path)
             .with_context(|| format!("cannot load the PJRT plugin {}", plugin.path.display()))?;
@@ -168,6 +169,7 @@ impl Compute {
             }
             None => spec.corpus.batch_size,
         };
+        crate::fatal::enter(crate::fatal::Phase::Compile);
         engine.prepare(spec.corpus.batch_size, spec.corpus.seq_len).context("cannot compile the forward pass")?;
         let stats = engine.load_stats();
         tracing::info!(seconds = stats.upload_s, bytes = stats.uploaded_bytes, "weights uploaded, forward compiled");

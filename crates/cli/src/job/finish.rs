@@ -14,6 +14,7 @@ use crate::outcome::Preempted;
 pub fn finish(job: &Job, ended: Ended, streaming: bool) -> anyhow::Result<()> {
     let Job { coord, host, spec, run: run_name, options } = *job;
     let Ended { sinks, path, preempted, mut progress, started } = ended;
+    crate::fatal::enter(crate::fatal::Phase::Commit);
     let mut writing: Vec<(HostId, ShardWriter, u64)> = Vec::new();
     for sink in sinks {
         match sink.writer {

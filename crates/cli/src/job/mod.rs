@@ -74,6 +74,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     let _span = tracing::info_span!("host", m = host.machine, h = host.host).entered();
 
     // 2. Validation and plan, before anything expensive.
+    crate::fatal::enter(crate::fatal::Phase::Load);
     let model_spec = options.model.clone().context("missing --model (or `model` in the --config file)")?;
     let model_path = fetch::local_model_path(&model_spec)
         .with_context(|| format!("cannot fetch the model {}", model_spec.display()))?;
@@ -127,6 +128,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         )
     })?;
     coord.install_failure_reporting();
+    crate::interrupt::hand_over();
 
     let reading = Reading { corpus, tokenizer, pack, chat };
     let prepared = Prepared { spec, model, compute_plan, plugin, fingerprints, reading };

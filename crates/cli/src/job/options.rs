@@ -77,6 +77,10 @@ pub struct ExtractOptions {
     /// Keep excluded tokens (BOS/pad/...) in the shards, with a `mask` tensor.
     #[arg(long, help_heading = "Output")]
     pub keep_excluded: bool,
+    /// Store activations that are NaN or ±Inf, counted per hook in stats.json (whose statistics
+    /// they reach are null), instead of stopping the run at the first shard that holds one.
+    #[arg(long, help_heading = "Output")]
+    pub allow_non_finite: bool,
     /// Steps in flight: while one step's program runs, the activations of up to this many
     /// earlier ones are copied to the host, converted and written (each step's host buffers
     /// are reused). 1 runs each step's program, copy and hand-over to the writer in turn. The
@@ -183,6 +187,9 @@ pub struct RunSpec {
     pub shuffle_tokens_seed: u64,
     /// Keep excluded tokens with a mask.
     pub keep_excluded: bool,
+    /// Store NaN and ±Inf activations instead of stopping.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub allow_non_finite: bool,
     /// Virtual CPU devices.
     pub cpu_devices: Option<usize>,
     /// Mesh request over the host's devices.
@@ -271,6 +278,7 @@ impl ExtractOptions {
             shuffle_tokens_window: self.shuffle_tokens_window,
             shuffle_tokens_seed: self.shuffle_tokens_seed,
             keep_excluded: self.keep_excluded,
+            allow_non_finite: self.allow_non_finite,
             cpu_devices: self.cpu_devices,
             mesh: self.mesh_request(self.cpu_devices),
             total_machines,

@@ -175,6 +175,7 @@ fn store_config(spec: &RunSpec, run: &str, host: HostId, give_up_after: Duration
             .shuffle_tokens_window
             .map(|window_batches| ShuffleConfig { seed: spec.shuffle_tokens_seed, window_batches }),
         roles: spec.chat_template.is_some(),
+        allow_non_finite: spec.allow_non_finite,
     };
     config.validate()?;
     Ok(config)

@@ -84,6 +84,7 @@ pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<End
     let stop = coord.stop_signal();
     stop.arm();
     let mut preempted = false;
+    crate::fatal::enter(crate::fatal::Phase::Step);
     for step in 0u64.. {
         crate::fatal::set_step(step);
         if let Some(delay) = slow_batch {

@@ -53,8 +53,9 @@ pub fn read_timing(output: &str, run: &str) -> anyhow::Result<Vec<HostTiming>> {
         let objects: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
         let mut out = Vec::new();
         for object in objects {
-            let bytes = store.get(&object.location).await?.bytes().await?;
-            out.push(serde_json::from_slice(&bytes)?);
+            if let Some(bytes) = location.get_optional(&object.location).await? {
+                out.push(serde_json::from_slice(&bytes)?);
+            }
         }
         Ok(out)
     })

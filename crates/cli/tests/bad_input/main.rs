@@ -5,9 +5,13 @@
 //!
 //! - `sizes`: size flags at their edges, sequences past the context, shapes nothing can count;
 //! - `crashes`: a host that panics or dies of a fatal signal;
+//! - `exports`: the exports' and dashboards' folders in use and count flags out of range;
 //! - `flags`: every command's count, duration and size flags past their range, hook ranges
 //!   past the model, `forward`'s rows past the context or the memory, special files a flag
-//!   names, a launched host's own error.
+//!   names, a launched host's own error;
+//! - `non_finite`: activations that are NaN or ±Inf;
+//! - `runs`: a run's files replaced by FIFOs, or holding numbers of the wrong type;
+//! - `signals`: SIGTERM and SIGINT at every phase of the job.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -16,7 +20,11 @@ use std::time::{Duration, Instant};
 mod common;
 
 mod crashes;
+mod exports;
 mod flags;
+mod non_finite;
+mod runs;
+mod signals;
 mod sizes;
 
 use common::{Guard, make_corpus, make_model, repo_root, siphon_command, wait_with_limit};

@@ -11,6 +11,11 @@
 //! pages show tokens rather than ids — and what each dictionary's decoder rows say: its
 //! nearest latents and its logit effects through the run's model (`OUT/effects/{column}.safetensors`,
 //! [`effects`]).
+//!
+//! Since that comes first, what the Python side would refuse is refused here before it: the
+//! output folder unless new or empty ([`new_or_empty`], the rule of the Python package's
+//! `_output.py`), and each count flag outside its range, where clap reads it (the pass's
+//! bounds are the Python package's, which `python/tests/test_dashboard_cli.py` holds equal).
 
 mod effects;
 pub mod neuronpedia;
@@ -22,6 +27,24 @@ use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use siphon_models::{DType, LoadedModel};
 use siphon_runtime::{Client, ClientOptions, Plugin, PluginLocator};
+
+use crate::args::limits::count;
+
+/// Examples per latent of each kind (`--top`, `--per-quantile`): `siphon.examples.MAX_EXAMPLES`.
+pub(crate) const MAX_EXAMPLES: u64 = 100_000;
+/// Activation ranges (`--quantiles`): `siphon.examples.MAX_QUANTILES` (a range's index is an
+/// int8 there).
+pub(crate) const MAX_QUANTILES: u64 = 128;
+/// Tokens on each side of an example (`--window`): `siphon.examples.MAX_WINDOW`.
+const MAX_WINDOW: u64 = 4096;
+/// Bins of a histogram (`--bins`): `siphon.dashboard._pass.MAX_BINS`.
+const MAX_BINS: u64 = 10_000;
+/// Rows of a latent's tables (`--neighbours`, `--logits`): what a page shows, not a dump.
+const MAX_TABLE_ROWS: u64 = 1000;
+/// Entries of one per-latent array of a column (latents × neighbours, logits or bins): the
+/// Python pass's bound on its histograms (`MAX_HISTOGRAM_COUNTS`), which it checks after this
+/// binary's effects.
+const MAX_COLUMN_ENTRIES: usize = 1 << 30;
 
 /// `siphon dashboard` flags (the pass's passed on to `python -m siphon dashboard`).
 #[derive(ClapArgs)]
@@ -39,20 +62,20 @@ pub struct Args {
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Largest activations shown per latent.
-    #[arg(long, default_value_t = 20)]
-    top: u32,
+    #[arg(long, default_value_t = 20, value_parser = count(0, MAX_EXAMPLES))]
+    top: usize,
     /// Equal-width activation ranges up to each latent's largest value.
-    #[arg(long, default_value_t = 10)]
-    quantiles: u32,
+    #[arg(long, default_value_t = 10, value_parser = count(1, MAX_QUANTILES))]
+    quantiles: usize,
     /// Examples drawn per range.
-    #[arg(long, default_value_t = 5)]
-    per_quantile: u32,
+    #[arg(long, default_value_t = 5, value_parser = count(0, MAX_EXAMPLES))]
+    per_quantile: usize,
     /// Tokens shown on each side of an example.
-    #[arg(long, default_value_t = 16)]
-    window: u32,
-    /// Bins of each latent's activation histogram.
-    #[arg(long, default_value_t = 50)]
-    bins: u32,
+    #[arg(long, default_value_t = 16, value_parser = count(0, MAX_WINDOW))]
+    window: usize,
+    /// Bins of each latent's activation histogram (and of its logit effects').
+    #[arg(long, default_value_t = 50, value_parser = count(1, MAX_BINS))]
+    bins: usize,
     /// Seed of the ranges' draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -60,11 +83,11 @@ pub struct Args {
     #[arg(long)]
     no_progress: bool,
     /// Nearest latents shown per latent, by decoder cosine (0: none).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = count(0, MAX_TABLE_ROWS))]
     neighbours: usize,
     /// Tokens shown per latent whose logits its decoder direction raises most, and as many
     /// it lowers most (0: no logit effects).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = count(0, MAX_TABLE_ROWS))]
     logits: usize,
     /// The model whose unembedding gives the logit effects: an HF model directory or a .gguf
     /// (default: the run's, where it is on this machine).
@@ -80,6 +103,7 @@ pub struct Args {
 
 /// Writes the dashboards.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    new_or_empty(&args.out, "the dashboard's pages")?;
     let python = super::python::checked(args.python.clone(), "siphon.dashboard", "")?;
     let effects = args.out.join("effects");
     let request = EffectsRequest {
@@ -90,7 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         plugin: args.plugin.as_deref(),
         neighbours: args.neighbours,
         logits: args.logits,
-        bins: args.bins as usize,
+        bins: args.bins,
         alignment: 0,
     };
     write_effects(&request, &effects)?;
@@ -115,6 +139,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let status = cmd.status().with_context(|| format!("running {} -m siphon dashboard", python.display()))?;
     if !status.success() {
         bail!("dashboards into {} failed ({status})", args.out.display());
+    }
+    Ok(())
+}
+
+/// Refuses `out` unless it is new or an empty directory, naming it and what goes there
+/// (`holds`), before anything is computed or written: the rule and words of the Python
+/// package's `check_new_or_empty`, which the passes apply again.
+pub(crate) fn new_or_empty(out: &Path, holds: &str) -> anyhow::Result<()> {
+    match std::fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", out.display())),
+        Ok(_) => {}
+    }
+    if !out.is_dir() {
+        bail!("{}: not a folder ({holds} go into a new or empty folder)", out.display());
+    }
+    let mut entries = std::fs::read_dir(out).with_context(|| format!("reading {}", out.display()))?;
+    if entries.next().is_some() {
+        bail!("{}: not empty ({holds} go into a new or empty folder)", out.display());
     }
     Ok(())
 }
@@ -193,6 +236,7 @@ fn write_all_effects(args: &EffectsRequest<'_>, effects: &Path) -> anyhow::Resul
     if columns.is_empty() {
         return Ok(());
     }
+    check_column_entries(&columns, args)?;
     let unembedding = if args.logits > 0 { unembedding(args)? } else { None };
     let choice =
         PluginLocator::new().explicit(args.plugin.map(Path::to_path_buf)).locate().context("finding a PJRT plugin")?;
@@ -229,6 +273,25 @@ fn write_all_effects(args: &EffectsRequest<'_>, effects: &Path) -> anyhow::Resul
         }
         if !out.is_empty() {
             out.write(&effects.join(format!("{name}.safetensors")))?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a per-latent count whose array over a column's latents would pass
+/// [`MAX_COLUMN_ENTRIES`], naming its flag, before the model or the plugin is loaded.
+fn check_column_entries(columns: &[RunDictionary], args: &EffectsRequest<'_>) -> anyhow::Result<()> {
+    for column in columns {
+        for (flag, n) in [("--neighbours", args.neighbours), ("--logits", args.logits), ("--bins", args.bins)] {
+            let entries = column.width.saturating_mul(n);
+            if entries > MAX_COLUMN_ENTRIES {
+                bail!(
+                    "{flag} {n}: the {} latents of {} would make {entries} entries, more than {MAX_COLUMN_ENTRIES}: \
+                     give a smaller {flag}",
+                    column.width,
+                    column.name
+                );
+            }
         }
     }
     Ok(())
@@ -278,6 +341,8 @@ struct RunDictionary {
     name: String,
     /// The hook its dictionary reads.
     hook: String,
+    /// Its latents (run.json's `latents[].width`).
+    width: usize,
     /// The dictionary's directory (run.json's `latents[].dictionary.source`).
     dictionary: PathBuf,
 }
@@ -292,6 +357,7 @@ fn run_dictionaries(run: &str) -> anyhow::Result<Vec<RunDictionary>> {
             Some(RunDictionary {
                 name: l["name"].as_str()?.to_string(),
                 hook: l["hook"].as_str()?.to_string(),
+                width: usize::try_from(l["width"].as_u64()?).ok()?,
                 dictionary: PathBuf::from(l["dictionary"]["source"].as_str()?),
             })
         })
@@ -317,4 +383,53 @@ fn write_vocab(path: &Path, dir: &Path) -> anyhow::Result<()> {
         std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_is_taken_only_new_or_empty() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("site");
+        new_or_empty(&out, "the pages").unwrap();
+        std::fs::create_dir(&out).unwrap();
+        new_or_empty(&out, "the pages").unwrap();
+        std::fs::write(out.join("index.html"), "mine").unwrap();
+        let error = new_or_empty(&out, "the pages").unwrap_err().to_string();
+        assert_eq!(error, format!("{}: not empty (the pages go into a new or empty folder)", out.display()));
+        let error = new_or_empty(&out.join("index.html"), "the pages").unwrap_err().to_string();
+        assert!(error.ends_with("index.html: not a folder (the pages go into a new or empty folder)"), "{error}");
+    }
+
+    #[test]
+    fn a_per_latent_count_past_a_columns_bound_is_refused_naming_its_flag() {
+        let column = |width| RunDictionary {
+            name: "c".into(),
+            hook: "blocks.0.hook_resid_post".into(),
+            width,
+            dictionary: PathBuf::from("/d"),
+        };
+        let request = |neighbours, logits, bins| EffectsRequest {
+            run: "r",
+            latents: None,
+            tokenizer: None,
+            model: None,
+            plugin: None,
+            neighbours,
+            logits,
+            bins,
+            alignment: 0,
+        };
+        // 16M latents at the defaults fit; a thousand bins of a million latents do not.
+        check_column_entries(&[column(1 << 24)], &request(10, 10, 50)).unwrap();
+        for (flag, args) in
+            [("--bins", request(0, 0, 1025)), ("--neighbours", request(1025, 0, 1)), ("--logits", request(0, 1025, 1))]
+        {
+            let error = check_column_entries(&[column(1 << 20), column(1 << 20)], &args).unwrap_err().to_string();
+            assert!(error.starts_with(&format!("{flag} 1025: the 1048576 latents of c")), "{error}");
+            assert!(error.contains(&format!("give a smaller {flag}")), "{error}");
+        }
+    }
 }

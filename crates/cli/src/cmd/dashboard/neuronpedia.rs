@@ -11,7 +11,8 @@ use std::process::Command as Process;
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 
-use super::{EffectsRequest, write_effects};
+use super::{EffectsRequest, MAX_EXAMPLES, MAX_QUANTILES, new_or_empty, write_effects};
+use crate::args::limits::count;
 
 /// `siphon export neuronpedia` flags (the passes' passed on to `python -m siphon
 /// export-neuronpedia`).
@@ -41,17 +42,17 @@ pub struct Args {
     dataset: Option<String>,
     /// Latents per batch file (SAEDashboard's n_features_at_a_time: its correlated features
     /// are those of the same batch).
-    #[arg(long, default_value_t = 128)]
-    batch_size: u32,
+    #[arg(long, default_value_t = 128, value_parser = count(1, MAX_BATCH_SIZE))]
+    batch_size: usize,
     /// Largest activations per latent.
-    #[arg(long, default_value_t = 20)]
-    top: u32,
+    #[arg(long, default_value_t = 20, value_parser = count(0, MAX_EXAMPLES))]
+    top: usize,
     /// Equal-width activation intervals up to each latent's largest value.
-    #[arg(long, default_value_t = 5)]
-    quantiles: u32,
+    #[arg(long, default_value_t = 5, value_parser = count(1, MAX_QUANTILES))]
+    quantiles: usize,
     /// Examples drawn per interval.
-    #[arg(long, default_value_t = 5)]
-    per_quantile: u32,
+    #[arg(long, default_value_t = 5, value_parser = count(0, MAX_EXAMPLES))]
+    per_quantile: usize,
     /// Seed of the intervals' draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -82,14 +83,15 @@ pub struct Args {
 const LOGITS: usize = 10;
 const BINS: usize = 50;
 const TABLE_ROWS: usize = 3;
+/// Latents per batch file (`--batch-size`): each latent's correlations with the others of its
+/// batch are summed (width × batch size float64; the Python side bounds that product).
+const MAX_BATCH_SIZE: u64 = 1 << 16;
 
 /// Writes the batch files.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let python = super::super::python::checked(args.python.clone(), "siphon.dashboard.neuronpedia", "")?;
     // What the Python side refuses, refused before the decoder's products.
-    if std::fs::read_dir(&args.out).is_ok_and(|mut entries| entries.next().is_some()) {
-        bail!("{}: not empty (the batch files go into a new or empty folder)", args.out.display());
-    }
+    new_or_empty(&args.out, "the batch files")?;
+    let python = super::super::python::checked(args.python.clone(), "siphon.dashboard.neuronpedia", "")?;
     if args.latents.is_none() {
         let columns = super::run_json(&args.run)?
             .and_then(|j| {
