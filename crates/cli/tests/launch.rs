@@ -47,7 +47,8 @@ fn a_failing_host_fails_the_launch() {
 fn zero_hosts_is_an_error() {
     let out = launch(&["--local-hosts", "0", "--", "doctor"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 1"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--local-hosts") && stderr.contains("0 is not in 1..=256"), "{stderr}");
 }
 
 /// (CA, certificate for 127.0.0.1, its key) as PEM files in `dir`, named `{name}-ca.pem`, ….

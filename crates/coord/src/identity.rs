@@ -22,6 +22,11 @@ use crate::error::{CoordError, Result};
 /// [`PORT_ENV`] says otherwise.
 pub const DEFAULT_PORT: u16 = 8476;
 
+/// The most processes a job may have, and machines a run: the service holds a slot for every
+/// process, so a count from a flag or an environment past this (a million, one per device of
+/// the largest mesh siphon plans) is refused before anything is allocated for it.
+pub const MAX_PROCESSES: u32 = 1 << 20;
+
 /// The environment variable that replaces [`DEFAULT_PORT`] for a coordinator address that
 /// comes without a port (a TPU worker host name, the first SLURM node, `MASTER_ADDR`), e.g.
 /// when JAX already uses 8476 on the same hosts.
@@ -246,6 +251,11 @@ pub fn resolve(
     if num_processes == 0 {
         return Err(CoordError::InvalidArgument(format!("the process count (from {count_source}) must be at least 1")));
     }
+    if num_processes > MAX_PROCESSES {
+        return Err(CoordError::InvalidArgument(format!(
+            "the process count {num_processes} (from {count_source}) is more than the {MAX_PROCESSES} processes a job may have"
+        )));
+    }
     if process_id >= num_processes {
         return Err(CoordError::InvalidArgument(format!(
             "process id {process_id} (from {id_source}) is not below the process count {num_processes} (from {count_source})"
@@ -277,6 +287,11 @@ pub fn resolve(
         None => first_number(env, &["SIPHON_TOTAL_MACHINES", "MEGASCALE_NUM_SLICES"])?,
     }
     .unwrap_or(1);
+    if total_machines > MAX_PROCESSES {
+        return Err(CoordError::InvalidArgument(format!(
+            "the machine count {total_machines} is more than the {MAX_PROCESSES} machines a run may have"
+        )));
+    }
     if machine_id >= total_machines {
         return Err(CoordError::InvalidArgument(format!(
             "machine id {machine_id} is not below the machine count {total_machines}"

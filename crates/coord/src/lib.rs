@@ -72,7 +72,7 @@ mod generated_inputs;
 
 pub use client::{Client, ClientOptions};
 pub use error::{CoordError, ErrorCode, Result};
-pub use identity::{Identity, IdentityFlags, Source};
+pub use identity::{Identity, IdentityFlags, MAX_PROCESSES, Source};
 pub use join::{Coordination, JoinOptions, generate_job_token};
 pub use service::{CoordinatorHandle, ServiceConfig};
 pub use state::{REGISTER_BARRIER, SHUTDOWN_BARRIER};

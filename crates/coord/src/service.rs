@@ -129,8 +129,12 @@ impl CoordinatorHandle {
 /// Binds `addr` and builds the service. Returns the handle and the server future; the service
 /// runs once the future is spawned. Bind to port 0 in tests.
 pub async fn bind(config: ServiceConfig, addr: SocketAddr) -> Result<(CoordinatorHandle, ServerFuture)> {
-    if config.num_tasks == 0 {
-        return Err(CoordError::InvalidArgument("a job needs at least one task".into()));
+    if config.num_tasks == 0 || config.num_tasks > crate::MAX_PROCESSES {
+        return Err(CoordError::InvalidArgument(format!(
+            "a job has 1..={} tasks, not {}",
+            crate::MAX_PROCESSES,
+            config.num_tasks
+        )));
     }
     if config.job_token.is_empty() {
         return Err(CoordError::InvalidArgument("the job token must not be empty".into()));

@@ -17,6 +17,22 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::{CoordError, Result};
 
+/// The most bytes a PEM file may have (a chain of a few certificates is a few KiB).
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// A PEM file's bytes, when it is a regular file of at most [`MAX_PEM_BYTES`]: checked before
+/// it is opened, as a FIFO would block the read forever and a device never ends.
+fn read_pem(path: &Path) -> std::result::Result<Vec<u8>, String> {
+    let metadata = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !metadata.is_file() {
+        return Err("not a regular file".into());
+    }
+    if metadata.len() > MAX_PEM_BYTES {
+        return Err(format!("{} bytes, more than the {MAX_PEM_BYTES} a PEM file may have", metadata.len()));
+    }
+    std::fs::read(path).map_err(|e| e.to_string())
+}
+
 /// TLS material of a job. Every process holds the CA; the process that hosts the service also
 /// holds the certificate and key it serves with (with the same flags on every host, all do).
 #[derive(Clone)]
@@ -53,8 +69,8 @@ impl TlsOptions {
     /// certificate and key go together.
     pub fn from_files(ca: &Path, cert: Option<&Path>, key: Option<&Path>) -> Result<TlsOptions> {
         let read = |path: &Path, what: &str| {
-            std::fs::read(path).map_err(|e| {
-                CoordError::InvalidArgument(format!("cannot read the coordinator {what} {}: {e}", path.display()))
+            read_pem(path).map_err(|why| {
+                CoordError::InvalidArgument(format!("cannot read the coordinator {what} {}: {why}", path.display()))
             })
         };
         let ca_pem = read(ca, "CA")?;

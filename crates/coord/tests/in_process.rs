@@ -136,6 +136,15 @@ async fn wrong_token_and_unknown_task_are_rejected() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_count_no_job_has_is_refused_before_any_slot_is_made() {
+    for tasks in [0, siphon_coord::MAX_PROCESSES + 1, u32::MAX] {
+        let config = ServiceConfig::new(tasks, TOKEN);
+        let error = service::bind(config, "127.0.0.1:0".parse().unwrap()).await.err().unwrap();
+        assert!(matches!(&error, CoordError::InvalidArgument(m) if m.contains("1..=1048576")), "{error:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reported_error_reaches_every_waiting_task_at_once() {
     let handle = start(3).await;
     let clients = join_all(&handle, 3).await;

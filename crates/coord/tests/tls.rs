@@ -137,4 +137,14 @@ fn bad_pem_files_are_named_before_any_connection() {
     let err = text(TlsOptions::from_files(&dir.path().join("missing.pem"), None, None).unwrap_err());
     assert!(err.contains("missing.pem"), "{err}");
     assert!(!TlsOptions::from_files(&ca_path, None, None).unwrap().can_serve());
+    // A FIFO would block the read forever, a device never ends, a directory is no file: each
+    // is refused before it is opened, named.
+    let fifo = dir.path().join("fifo.pem");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    for special in [fifo.as_path(), std::path::Path::new("/dev/zero"), dir.path()] {
+        let err = text(TlsOptions::from_files(special, None, None).unwrap_err());
+        assert!(err.contains(&special.display().to_string()) && err.contains("not a regular file"), "{err}");
+        let err = text(TlsOptions::from_files(&ca_path, Some(&cert_path), Some(special)).unwrap_err());
+        assert!(err.contains("coordinator key") && err.contains("not a regular file"), "{err}");
+    }
 }

@@ -7,14 +7,16 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use siphon_coord::{Coordination, Identity, IdentityFlags, JoinOptions, identity};
 
+use super::{files, limits};
+
 /// Identity and coordinator flags shared by every command that joins a job.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ClusterArgs {
     /// This process's id in the job (else SIPHON_PROCESS_ID, then TPU/GKE/SLURM/MPI/torchrun).
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count_of::<u32>(0, limits::MAX_PROCESSES - 1))]
     pub process_id: Option<u32>,
     /// How many processes the job has (else SIPHON_NUM_PROCESSES, then the platform).
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count_of::<u32>(1, limits::MAX_PROCESSES))]
     pub num_processes: Option<u32>,
     /// The coordinator, hosted by process 0 (else SIPHON_COORDINATOR, then the platform).
     #[arg(long, value_name = "HOST:PORT")]
@@ -27,10 +29,10 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "PATH")]
     pub job_token_file: Option<PathBuf>,
     /// Which machine (pod, with its own coordinator) of a several-machine run this is.
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count_of::<u32>(0, limits::MAX_PROCESSES - 1))]
     pub machine_id: Option<u32>,
     /// How many machines the run has.
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count_of::<u32>(1, limits::MAX_PROCESSES))]
     pub total_machines: Option<u32>,
     /// The service runs elsewhere (`siphon coordinator`): process 0 does not host it.
     #[arg(long)]
@@ -109,8 +111,7 @@ impl ClusterArgs {
 
     fn job_token_from(&self, identity: &Identity, env_token: Option<String>) -> anyhow::Result<(String, TokenSource)> {
         if let Some(path) = &self.job_token_file {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the job token file {}", path.display()))?;
+            let text = files::read_text(path, "the job token file", files::MAX_TEXT_BYTES)?;
             let token = text.trim().to_string();
             if token.is_empty() {
                 bail!("the job token file {} is empty", path.display());
@@ -221,6 +222,12 @@ mod tests {
         std::fs::write(&file, "\n").unwrap();
         let error = args.job_token_from(&identity(4), None).unwrap_err().to_string();
         assert!(error.contains("is empty"), "{error}");
+        // A FIFO given as the token file is refused before it is opened (its read would block).
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let args = ClusterArgs { job_token_file: Some(fifo), ..Default::default() };
+        let error = args.job_token_from(&identity(4), None).unwrap_err().to_string();
+        assert!(error.contains("the job token file") && error.contains("a FIFO, not a regular file"), "{error}");
 
         let none = ClusterArgs::default();
         let (token, source) = none.job_token_from(&identity(4), Some("from-env".into())).unwrap();

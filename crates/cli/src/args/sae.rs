@@ -16,6 +16,6 @@ pub struct SaeArgs {
     /// Latents kept per token for every dictionary (its largest); a token firing more is an
     /// error, never truncated. A TopK dictionary keeps at most its k; the default for others is
     /// their width (`extract` asks for the cap).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::args::limits::count(1, crate::args::limits::MAX_LATENTS))]
     pub latent_cap: Option<usize>,
 }

@@ -13,9 +13,12 @@ use siphon_hlo::{Builder, TensorType};
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_models::{ParamClass, ParamInfo};
 use siphon_plan::{MeshKind, MeshShape, Topology};
-use siphon_runtime::{Client, ClientOptions, CompileOptions, CompiledMemoryStats, HostArray, Plugin, PluginLocator};
+use siphon_runtime::{
+    Client, ClientOptions, CompileOptions, CompiledMemoryStats, HostArray, Plugin, PluginKind, PluginLocator,
+};
 
 use super::plan::MeshArgs;
+use crate::args::limits;
 
 #[derive(clap::Subcommand)]
 pub enum Command {
@@ -27,11 +30,12 @@ pub enum Command {
 /// `siphon bench memory` flags.
 #[derive(clap::Args, Debug)]
 pub struct MemoryArgs {
-    /// Approximate size of the weight buffer in bytes (rounded down to whole rows).
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Approximate size of the weight buffer in bytes (rounded down to whole rows). Its
+    /// copies must fit this host's memory (on the CPU plugin one per device).
+    #[arg(long, default_value_t = 64 << 20, value_parser = limits::count_of::<u64>(1, limits::MAX_BYTES))]
     pub target_bytes: u64,
     /// Virtual devices of the CPU plugin (default 8 when no --plugin is given).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_CPU_DEVICES))]
     pub cpu_devices: Option<usize>,
     /// PJRT plugin library (default: SIPHON_PJRT_PLUGIN, then siphon's cache; with --target,
     /// the libtpu to compile with).
@@ -210,6 +214,7 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
         .collect();
     let topology = Topology::from_devices(&devices)?;
     let (weight, mesh, spec) = bench_weight(args, &topology, siphon_plan::DeviceLayout::Dense)?;
+    check_host_memory(weight.total_bytes, weight.devices, PluginKind::of(&choice.path))?;
     let weight_shape = weight.weight_shape;
     let [rows, cols] = weight_shape;
     let values: Vec<f32> = (0..rows * cols).map(|i| (i % 251) as f32).collect();
@@ -258,6 +263,29 @@ pub fn memory_bench(args: &MemoryArgs) -> anyhow::Result<MemoryBench> {
         gather_program,
         matches,
     })
+}
+
+/// Refuses, before any buffer is made, a weight of `total` bytes whose copies this host's
+/// memory cannot hold: the values and their host array, and on the CPU plugin, whose devices
+/// are this host's memory, a whole copy on each of the `devices` (replicated, then gathered).
+fn check_host_memory(total: u64, devices: usize, kind: PluginKind) -> anyhow::Result<()> {
+    let Some(available) = siphon_runtime::diagnose::available_memory() else { return Ok(()) };
+    let copies = match kind {
+        PluginKind::Cpu => devices as u64 + 2,
+        _ => 2,
+    };
+    let need = total.saturating_mul(copies);
+    if need > available {
+        use siphon_plan::memory::gib;
+        anyhow::bail!(
+            "--target-bytes: the bench needs {} of this host's memory ({copies} copies of its {} weight) but the \
+             machine reports {} available (MemAvailable, within the cgroup's limit): choose a smaller --target-bytes",
+            gib(need),
+            gib(total),
+            gib(available)
+        );
+    }
+    Ok(())
 }
 
 /// The bench's `[rows, 1024]` f32 weight of about `target_bytes` (whole rows over fsdp) on the

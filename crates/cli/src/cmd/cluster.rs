@@ -8,7 +8,7 @@ use anyhow::Context;
 use siphon_coord::Identity;
 use siphon_coord::check::{CheckOptions, CheckReport, Latency};
 
-use crate::args::ClusterArgs;
+use crate::args::{ClusterArgs, limits};
 
 #[derive(clap::Subcommand)]
 pub enum Command {
@@ -34,11 +34,11 @@ pub struct CheckArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// Rounds of each measurement.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = limits::count_of::<u32>(1, limits::MAX_ROUNDS))]
     pub rounds: u32,
     /// Timeout of each barrier and get, in seconds.
-    #[arg(long, default_value_t = 60)]
-    pub timeout_s: u64,
+    #[arg(long, default_value_t = 60.0, value_parser = limits::positive_seconds)]
+    pub timeout_s: f64,
     /// Print the report as one JSON line.
     #[arg(long)]
     pub json: bool,
@@ -46,11 +46,12 @@ pub struct CheckArgs {
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Process counts to run, e.g. 2,8,32.
-    #[arg(long, value_delimiter = ',', default_value = "2,8,32")]
+    /// Process counts to run, e.g. 2,8,32 (each run starts that many siphon processes here).
+    #[arg(long, value_delimiter = ',', default_value = "2,8,32",
+          value_parser = limits::count_of::<u32>(1, limits::MAX_LOCAL_PROCESSES))]
     pub processes: Vec<u32>,
     /// Rounds of each measurement in every run.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = limits::count_of::<u32>(1, limits::MAX_ROUNDS))]
     pub rounds: u32,
     /// Print one JSON line per run as well.
     #[arg(long)]
@@ -102,7 +103,7 @@ fn info(args: InfoArgs) -> anyhow::Result<()> {
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {
     let job = args.cluster.join()?;
-    let options = CheckOptions { rounds: args.rounds, timeout: Duration::from_secs(args.timeout_s.max(1)) };
+    let options = CheckOptions { rounds: args.rounds, timeout: Duration::from_secs_f64(args.timeout_s) };
     let report = siphon_coord::check::run_check(&job, &options).context("the cluster check failed")?;
     job.shutdown(options.timeout).context("shutting down after the check")?;
     if args.json {

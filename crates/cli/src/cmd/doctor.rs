@@ -12,6 +12,8 @@ use siphon_hlo::{Builder, DType, TensorType};
 use siphon_mesh::{Mesh, PartitionSpec};
 use siphon_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginLocator};
 
+use crate::args::limits;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// PJRT plugin to use (default: SIPHON_PJRT_PLUGIN, then siphon's cache directory, then
@@ -19,14 +21,14 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     plugin: Option<PathBuf>,
     /// Number of virtual devices for the CPU plugin (its `cpu_device_count` option).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
-    cpu_devices: Option<u32>,
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_CPU_DEVICES))]
+    cpu_devices: Option<usize>,
     /// Also check an output location (what `extract --output` gets): write, read back, list
     /// and delete a 64 KiB object under `{output}/.siphon-probe/`.
     #[arg(long, value_name = "URL")]
     output: Option<String>,
     /// Seconds the output check may keep retrying a failing store.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = limits::positive_seconds)]
     store_timeout: f64,
 }
 
@@ -66,7 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let mut options = ClientOptions::new();
     if let Some(count) = args.cpu_devices {
-        options = options.cpu_device_count(count as usize);
+        options = options.cpu_device_count(count);
     }
     let client = Client::new(&plugin, options).context("creating a PJRT client")?;
     println!("platform:  {} ({})", client.platform_name(), client.platform_version());
@@ -85,7 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(count) = args.cpu_devices
         && client.platform_name() == "cpu"
-        && devices.len() != count as usize
+        && devices.len() != count
     {
         bail!("asked for {count} CPU devices but the plugin created {}", devices.len());
     }
@@ -97,7 +99,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Writes, reads back, lists and deletes one object at `output`, printing how long each took.
 fn check_output(output: &str, store_timeout: f64) -> anyhow::Result<()> {
-    ensure!(store_timeout > 0.0 && store_timeout.is_finite(), "--store-timeout must be a positive number of seconds");
     println!("output:    {output}");
     let timeout = std::time::Duration::from_secs_f64(store_timeout);
     let report = siphon_store::probe_blocking(output, &[], timeout)

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
+use crate::args::files;
 use crate::job::{self, ExtractOptions};
 
 /// The flags of `siphon extract`.
@@ -40,7 +41,7 @@ pub fn expand_config_file(args: Vec<String>) -> anyhow::Result<Vec<String>> {
         }
     }
     let Some(path) = path else { return Ok(args) };
-    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read the config file {path}"))?;
+    let text = files::read_text(path.as_ref(), "the config file", files::MAX_TEXT_BYTES)?;
     let from_file = toml_to_args(&text).with_context(|| format!("in the config file {path}"))?;
     let mut out = args[..=at].to_vec();
     out.extend(from_file);

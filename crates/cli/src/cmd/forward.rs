@@ -3,6 +3,12 @@
 //! one `[batch, seq, *per-token shape]` tensor per hook, keyed by the hook's TransformerLens
 //! name; with `--sae`, each dictionary's latents computed on the devices (each token's largest,
 //! sparsely: `<name>.indices`, `<name>.values`, `<name>.firings`).
+//!
+//! Its rows meet `extract`'s rules before any weight reaches a device: no longer than the
+//! model's context unless `--allow-long-context`, and the plan of their batch on the mesh
+//! within what the devices and this host's memory hold (`job::fits`). The `--ids` file is a
+//! regular file of a bounded size, read whole; a `--text` is bounded by the system's limit on
+//! one argument (128 KiB on Linux), so it is tokenized whole and its tokens checked.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -11,10 +17,18 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
-use siphon_models::{DType, DictionaryHook, LoadedModel};
-use siphon_runtime::{Client, ClientOptions, HostArray, Plugin, PluginLocator};
+use siphon_models::{DType, DictionaryHook, HookPoint, LoadedModel};
+use siphon_plan::{MeshRequest, PlanRequest};
+use siphon_runtime::{Client, ClientOptions, HostArray, Plugin, PluginKind, PluginLocator};
 
-use crate::args::SaeArgs;
+use crate::args::{SaeArgs, files, limits};
+use crate::job::fits;
+
+/// What `forward` can change when a device cannot hold its rows.
+const DEVICE_REMEDY: &str =
+    "give fewer or shorter rows (--ids, --text), fewer hooks, or a mesh that shards the weights more (--mesh)";
+/// What `forward` can change when this host cannot hold its rows.
+const HOST_REMEDY: &str = "give fewer or shorter rows (--ids, --text) or fewer hooks";
 
 /// `siphon forward` flags.
 #[derive(clap::Args, Debug)]
@@ -26,9 +40,14 @@ pub struct Args {
     /// Text to tokenize with the model's tokenizer (one row).
     #[arg(long)]
     pub text: Option<String>,
-    /// A JSON file holding a list of equal-length lists of token ids.
+    /// A JSON file holding a list of equal-length lists of token ids (at most 16 MiB).
     #[arg(long, value_name = "FILE")]
     pub ids: Option<PathBuf>,
+    /// Allow rows longer than the model's context (`max_position_embeddings`), as `extract
+    /// --allow-long-context`: positions past it were never trained, so they are refused by
+    /// default.
+    #[arg(long)]
+    pub allow_long_context: bool,
     /// Comma-separated TransformerLens hook names or patterns, e.g.
     /// blocks.3.hook_resid_post,blocks.*.attn.hook_z,blocks.{0..3}.ln2.hook_normalized.
     #[arg(long, value_name = "NAMES", required_unless_present = "sae")]
@@ -48,7 +67,7 @@ pub struct Args {
     #[arg(long, default_value = "dequantized")]
     pub weights: siphon_engine::WeightForm,
     /// Number of virtual devices of the CPU plugin.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_CPU_DEVICES))]
     pub cpu_devices: Option<usize>,
     /// Mesh: explicit axes like `data=2,model=4` (Megatron-style plan), or a planner kind
     /// (1d, 2d, 3d, auto) over all devices. Default: one device.
@@ -72,37 +91,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let dictionaries = crate::job::dictionary::open(&args.dictionaries, &model.config)?;
-    let rows = match (&args.text, &args.ids) {
-        (Some(text), _) => {
-            let tok = model.tokenizer.as_ref().with_context(|| {
-                format!(
-                    "{} has no tokenizer (tokenizer.json or GGUF vocabulary); pass --ids instead",
-                    args.model.display()
-                )
-            })?;
-            let ids = tok.encode(text).context("tokenizing --text")?;
-            if ids.is_empty() {
-                bail!("--text gives no tokens");
-            }
-            vec![ids]
-        }
-        (None, Some(path)) => read_ids(path)?,
-        (None, None) => bail!("give --text or --ids"),
-    };
+    let (rows, input) = read_rows(&args, &model)?;
     let batch = Batch::new(rows.clone(), None).context("the token ids")?;
+    let request = plan_request(&args, &model, &hooks, &dictionaries, &batch)?;
 
     let choice = PluginLocator::new().explicit(args.plugin.clone()).locate().context("finding a PJRT plugin")?;
     let plugin = Plugin::load(&choice.path).context("loading the PJRT plugin")?;
     let mut options = ClientOptions::new();
     if let Some(n) = args.cpu_devices {
-        if n == 0 {
-            bail!("--cpu-devices must be at least 1");
-        }
         options = options.cpu_device_count(n);
     }
     let client = Client::new(&plugin, options).context("creating a PJRT client")?;
     let devices = client.addressable_device_ids();
-    let (mesh, plan) = resolve_mesh(args.mesh.as_deref(), &devices, &model, batch.batch())?;
+    let (mesh, plan, planned) = resolve_mesh(args.mesh.as_deref(), &devices, &model, request)?;
+    check_memory(&client, &mesh, &planned, PluginKind::of(&choice.path)).with_context(|| input)?;
     println!(
         "model:  {} ({:?}, {} layers, d_model {})",
         args.model.display(),
@@ -150,8 +152,72 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The rows `--text` or `--ids` give, and the flag that gave them (for errors), each within
+/// the model's context unless `--allow-long-context`.
+fn read_rows(args: &Args, model: &LoadedModel) -> anyhow::Result<(Vec<Vec<u32>>, String)> {
+    let (rows, input) = match (&args.text, &args.ids) {
+        (Some(text), _) => {
+            let tok = model.tokenizer.as_ref().with_context(|| {
+                format!(
+                    "{} has no tokenizer (tokenizer.json or GGUF vocabulary); pass --ids instead",
+                    args.model.display()
+                )
+            })?;
+            let ids = tok.encode(text).context("tokenizing --text")?;
+            if ids.is_empty() {
+                bail!("--text gives no tokens");
+            }
+            (vec![ids], "--text".to_string())
+        }
+        (None, Some(path)) => (read_ids(path)?, format!("--ids {}", path.display())),
+        (None, None) => bail!("give --text or --ids"),
+    };
+    if !args.allow_long_context {
+        siphon_plan::check_context(&model.config, rows[0].len()).with_context(|| input.clone())?;
+    }
+    Ok((rows, input))
+}
+
+/// Stops, before any weight is uploaded or buffer made for the rows, a plan that a device
+/// (its plugin's limit) or this host's memory (the CPU plugin's devices, the rows' copy back)
+/// cannot hold.
+fn check_memory(client: &Client, mesh: &Mesh, planned: &siphon_plan::Plan, kind: PluginKind) -> anyhow::Result<()> {
+    fits::device_memory(client, mesh.device_ids(), planned, DEVICE_REMEDY)?;
+    fits::machine_memory(planned, kind, mesh.device_ids().len(), 1, None, HOST_REMEDY)
+}
+
+/// The planner's request for `batch` (its mesh set by [`resolve_mesh`]): the hooks and
+/// dictionaries in their dtypes, the rows' copy on the host, the weights as `--weights` keeps
+/// them.
+fn plan_request(
+    args: &Args,
+    model: &LoadedModel,
+    hooks: &[HookPoint],
+    dictionaries: &[DictionaryHook],
+    batch: &Batch,
+) -> anyhow::Result<PlanRequest> {
+    let read: Vec<HookPoint> = hooks.iter().copied().chain(dictionaries.iter().map(|d| d.hook)).collect();
+    let stored = match args.weights {
+        siphon_engine::WeightForm::Stored => {
+            model.stored_forms(siphon_models::forward::blocks_needed(&model.config, &read).0)?
+        }
+        siphon_engine::WeightForm::Dequantized => Default::default(),
+    };
+    Ok(PlanRequest {
+        batch: Some(batch.batch()),
+        seq: Some(batch.seq()),
+        hooks: Some(hooks.to_vec()),
+        dtype: args.compute_dtype,
+        output_dtype: args.dtype,
+        pipeline_depth: 1,
+        stored,
+        dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
+        ..PlanRequest::default()
+    })
+}
+
 fn read_ids(path: &Path) -> anyhow::Result<Vec<Vec<u32>>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading --ids {}", path.display()))?;
+    let text = files::read_text(path, "--ids", files::MAX_TEXT_BYTES)?;
     let rows: Vec<Vec<u32>> = serde_json::from_str(&text)
         .with_context(|| format!("--ids {}: expected a JSON list of lists of token ids", path.display()))?;
     if rows.is_empty() || rows[0].is_empty() {
@@ -169,49 +235,88 @@ fn read_ids(path: &Path) -> anyhow::Result<Vec<Vec<u32>>> {
 }
 
 /// `data=2,model=4` → that mesh over the first devices with the Megatron plan; `1d`/`2d`/
-/// `3d`/`auto` → the planner's mesh and specs over all devices; nothing → one device.
+/// `3d`/`auto` → the planner's mesh and specs over all devices; nothing → one device. Each with
+/// the planner's plan of `request` on it, whose memory is checked before anything is uploaded.
 fn resolve_mesh(
     arg: Option<&str>,
     devices: &[usize],
     model: &LoadedModel,
-    batch: usize,
-) -> anyhow::Result<(Mesh, ShardingPlan)> {
+    mut request: PlanRequest,
+) -> anyhow::Result<(Mesh, ShardingPlan, siphon_plan::Plan)> {
     let Some(arg) = arg else {
         let first = *devices.first().context("the plugin has no devices")?;
-        return Ok((Mesh::new(&[], vec![first])?, ShardingPlan::Megatron));
+        let mesh = Mesh::new(&[], vec![first])?;
+        let planned = megatron_plan(&model.config, &mesh, request)?;
+        return Ok((mesh, ShardingPlan::Megatron, planned));
     };
     if arg.contains('=') {
-        let mut axes = Vec::new();
-        for part in arg.split(',') {
-            let (name, size) = part
-                .split_once('=')
-                .with_context(|| format!("--mesh {arg:?}: expected axis=size pairs like data=2,model=4"))?;
-            let size: usize = size
-                .trim()
-                .parse()
-                .with_context(|| format!("--mesh {arg:?}: size of axis {name:?} is not a number"))?;
-            axes.push((name.trim().to_string(), size));
-        }
-        let n: usize = axes.iter().map(|a| a.1).product();
-        if n > devices.len() {
-            bail!("--mesh {arg} needs {n} devices but the plugin has {} (try --cpu-devices {n})", devices.len());
-        }
+        let axes = parse_axes(arg)?;
+        let n = axes.iter().try_fold(1usize, |n, (_, size)| n.checked_mul(*size));
+        let n = match n {
+            Some(n) if n <= devices.len() => n,
+            _ => bail!(
+                "--mesh {arg} needs {} devices but the plugin has {} (try --cpu-devices N)",
+                n.map_or("more".to_string(), |n| n.to_string()),
+                devices.len()
+            ),
+        };
         let axes_ref: Vec<(&str, usize)> = axes.iter().map(|(a, s)| (a.as_str(), *s)).collect();
         let mesh = Mesh::new(&axes_ref, devices[..n].to_vec()).with_context(|| format!("--mesh {arg}"))?;
-        return Ok((mesh, ShardingPlan::Megatron));
+        let planned = megatron_plan(&model.config, &mesh, request)?;
+        return Ok((mesh, ShardingPlan::Megatron, planned));
     }
     let kind: siphon_plan::MeshKind = arg.parse().map_err(|e: String| anyhow::anyhow!("--mesh: {e}"))?;
     let topology = siphon_plan::Topology::uniform(1, devices.len())?;
-    let mut request = siphon_plan::PlanRequest::default();
     request.mesh.kind = kind;
-    request.batch = Some(batch);
     let plan = siphon_plan::plan(&model.config, &topology, &request).context("planning the mesh")?;
     // The planner numbers devices 0..n; map them onto this client's device ids.
     let ids: Vec<usize> = plan.mesh.device_ids().iter().map(|&i| devices[i]).collect();
     let axes: Vec<(&str, usize)> = plan.mesh.axes().iter().map(|a| (a.name.as_str(), a.size)).collect();
     let mesh = Mesh::new(&axes, ids)?;
     let params = plan.param_specs().iter().cloned().collect();
-    Ok((mesh, ShardingPlan::Explicit { params, input: Some(plan.input_spec.clone()) }))
+    let sharding = ShardingPlan::Explicit { params, input: Some(plan.input_spec.clone()) };
+    Ok((mesh, sharding, plan))
+}
+
+/// `data=2,model=4` as (axis, size) pairs, each size a count of devices (`1..=MAX_AXIS`).
+fn parse_axes(arg: &str) -> anyhow::Result<Vec<(String, usize)>> {
+    arg.split(',')
+        .map(|part| {
+            let (name, size) = part
+                .split_once('=')
+                .with_context(|| format!("--mesh {arg:?}: expected axis=size pairs like data=2,model=4"))?;
+            let size = size
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|size| (1..=limits::MAX_AXIS as usize).contains(size))
+                .with_context(|| {
+                    format!("--mesh {arg:?}: the size of axis {name:?} is not in 1..={}", limits::MAX_AXIS)
+                })?;
+            Ok((name.trim().to_string(), size))
+        })
+        .collect()
+}
+
+/// The plan a Megatron mesh is checked against: the batch over `data`, the weights over
+/// `model` where the planner splits them so (else whole: more than the Megatron plan keeps),
+/// every other axis holding copies, which the same plan per device counts.
+fn megatron_plan(
+    config: &siphon_models::ModelConfig,
+    mesh: &Mesh,
+    mut request: PlanRequest,
+) -> anyhow::Result<siphon_plan::Plan> {
+    let data = mesh.axis_size("data").unwrap_or(1);
+    let mut plan = |model: usize| {
+        request.mesh = MeshRequest { data: Some(data), fsdp: Some(1), model: Some(model), ..MeshRequest::default() };
+        siphon_plan::plan(config, &siphon_plan::Topology::uniform(1, data * model)?, &request)
+    };
+    let model = mesh.axis_size("model").unwrap_or(1);
+    let planned = match plan(model) {
+        Err(siphon_plan::PlanError::InvalidMesh { .. }) if model > 1 => plan(1),
+        planned => planned,
+    };
+    planned.context("planning the rows on the mesh")
 }
 
 /// Writes a safetensors file: 8-byte header length, JSON header, data. Written to a

@@ -5,7 +5,10 @@
 //! `SIPHON_COORDINATOR`), a coordinator address on 127.0.0.1 and the job token
 //! (`SIPHON_JOB_TOKEN` when set, which a stream's readers then give, else a fresh one). Every
 //! output line is prefixed with its host. When one host fails the others are stopped
-//! (SIGTERM, then SIGKILL after a grace period), so a local job never hangs either.
+//! (SIGTERM, then SIGKILL after a grace period), so a local job never hangs either; the
+//! launcher's own error names the failed host's first `error:` line, read after its output has
+//! drained (a host that fails at once exits before its forwarded lines are printed). Hosts
+//! still running when the launcher itself stops for any reason are killed with it.
 //!
 //! Preemption passes through: SIGTERM to the launcher goes on to every host, and when hosts
 //! exit preempted (75) the launcher waits for the rest (up to the grace period) and exits 75
@@ -16,29 +19,34 @@
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use siphon_coord::EXIT_PREEMPTED;
 
+use crate::args::limits;
 use crate::job::progress;
+
+/// How long a finished host's output may take to reach the launcher before it reports the
+/// host (a grandchild holding the pipes open must not hold the launcher).
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Number of host processes to start.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = limits::count(1, limits::MAX_LOCAL_PROCESSES))]
     local_hosts: usize,
     /// Virtual CPU devices per host (sets `SIPHON_CPU_DEVICES` for each host).
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count(1, limits::MAX_CPU_DEVICES))]
     cpu_devices_per_host: Option<usize>,
     /// Port for the coordinator on 127.0.0.1 (default: a free one).
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count_of::<u16>(1, u16::MAX.into()))]
     port: Option<u16>,
     /// Seconds between SIGTERM and SIGKILL when stopping the remaining hosts, and the time
     /// preempted hosts get to commit and exit (keep it above the hosts' --stop-timeout).
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, default_value_t = 15.0, value_parser = limits::seconds)]
     grace_seconds: f64,
     /// The siphon subcommand and its arguments that every host runs, after `--`.
     #[arg(last = true, required = true)]
@@ -46,9 +54,6 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.local_hosts == 0 {
-        bail!("--local-hosts must be at least 1");
-    }
     let exe = std::env::current_exe().context("cannot find the siphon executable to launch")?;
     let port = match args.port {
         Some(port) => port,
@@ -70,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // One bar per host when someone is watching; the hosts then report instead of logging.
     let bars = std::io::stderr().is_terminal().then(indicatif::MultiProgress::new);
-    let mut hosts = Vec::with_capacity(args.local_hosts);
+    let mut started = Hosts(Vec::with_capacity(args.local_hosts));
     for process_id in 0..args.local_hosts {
         let mut command = Command::new(&exe);
         command
@@ -92,13 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if bars.is_some() {
             command.env(progress::PIPE_ENV, "1");
         }
-        let mut child = match command.spawn() {
-            Ok(child) => child,
-            Err(err) => {
-                stop_all(&mut hosts, Duration::ZERO);
-                return Err(err).context(format!("cannot start host {process_id}"));
-            }
-        };
+        let mut child = command.spawn().with_context(|| format!("cannot start host {process_id}"))?;
         let prefix = format!("[host {process_id}] ");
         let output = Output {
             prefix,
@@ -109,17 +108,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 bar
             }),
         };
-        forward_lines(child.stdout.take(), output.clone(), false);
-        forward_lines(child.stderr.take(), output, true);
-        hosts.push(Host { process_id, child, status: None });
+        let (drained, done) = mpsc::channel();
+        let first_error = Arc::new(OnceLock::new());
+        forward_lines(child.stdout.take(), output.clone(), None, drained.clone());
+        forward_lines(child.stderr.take(), output, Some(first_error.clone()), drained);
+        started.0.push(Host { process_id, child, status: None, done, first_error });
     }
+    let hosts = &mut started.0;
 
     // Ctrl-C reaches the children too (same process group); the launcher then stops the rest.
     // SIGTERM to the launcher (its pod or VM preempted) is passed on to every host, which
     // stop as preempted.
     let signal = Arc::new(AtomicI32::new(0));
     on_signal_set(signal.clone());
-    let grace = Duration::from_secs_f64(args.grace_seconds.max(0.0));
+    let grace = Duration::from_secs_f64(args.grace_seconds);
     let mut preempted = None;
     let mut sigterm_forwarded = false;
     // Once hosts stop as preempted, the rest get `grace` to commit and exit.
@@ -137,19 +139,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         if let Some((process_id, status)) = failed {
+            let said = hosts[process_id].said();
             eprintln!("host {process_id} failed ({}); stopping the other hosts", describe(status));
-            stop_all(&mut hosts, grace);
-            bail!("host {process_id} failed ({})", describe(status));
+            stop_all(hosts, grace);
+            bail!("host {process_id} failed ({}){said}", describe(status));
         }
         match signal.load(Ordering::SeqCst) {
             libc::SIGTERM if !sigterm_forwarded => {
                 eprintln!("received SIGTERM: stopping every host as preempted (at most {grace:?})");
-                signal_all(&hosts, libc::SIGTERM);
+                signal_all(hosts, libc::SIGTERM);
                 sigterm_forwarded = true;
                 stop_deadline.get_or_insert(Instant::now() + grace);
             }
             libc::SIGINT => {
-                stop_all(&mut hosts, grace);
+                stop_all(hosts, grace);
                 bail!("interrupted");
             }
             _ => {}
@@ -161,7 +164,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             stop_deadline = Some(Instant::now() + grace);
         }
         if stop_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-            stop_all(&mut hosts, Duration::ZERO);
+            stop_all(hosts, Duration::ZERO);
         }
         if hosts.iter().all(|h| h.status.is_some()) {
             if preempted.is_some() || sigterm_forwarded {
@@ -187,6 +190,31 @@ struct Host {
     process_id: usize,
     child: Child,
     status: Option<ExitStatus>,
+    /// Disconnected once both of the host's pipes reached their end (every forwarding thread
+    /// holds a sender).
+    done: mpsc::Receiver<()>,
+    /// The first line of the host's stderr that starts with `error:`.
+    first_error: Arc<OnceLock<String>>,
+}
+
+impl Host {
+    /// `: <the host's first error line>` once its output drained (at most [`DRAIN_LIMIT`]),
+    /// or nothing when it printed none.
+    fn said(&self) -> String {
+        // Nothing is ever sent: the wait ends when every sender is gone, or at the limit.
+        let _ = self.done.recv_timeout(DRAIN_LIMIT);
+        self.first_error.get().map(|line| format!(": {line}")).unwrap_or_default()
+    }
+}
+
+/// The started hosts; those still running when the launcher returns (an error of its own, a
+/// panic) are killed, never left running alone.
+struct Hosts(Vec<Host>);
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        stop_all(&mut self.0, Duration::ZERO);
+    }
 }
 
 /// `signal` to every running host.
@@ -239,11 +267,25 @@ struct Output {
     bar: Option<indicatif::ProgressBar>,
 }
 
-fn forward_lines(pipe: Option<impl std::io::Read + Send + 'static>, output: Output, to_stderr: bool) {
+/// Prints a host's pipe line by line, prefixed (stdout's to stdout, stderr's to stderr), and
+/// keeps the first `error:` line of stderr in `first_error` (`None` for stdout). `drained` is
+/// dropped when the pipe ends.
+fn forward_lines(
+    pipe: Option<impl std::io::Read + Send + 'static>,
+    output: Output,
+    first_error: Option<Arc<OnceLock<String>>>,
+    drained: mpsc::Sender<()>,
+) {
     let Some(pipe) = pipe else { return };
     std::thread::spawn(move || {
+        let _drained = drained;
         for line in BufReader::new(pipe).lines() {
             let Ok(line) = line else { break };
+            if let Some(first) = &first_error
+                && line.starts_with("error:")
+            {
+                let _ = first.set(line.clone());
+            }
             if let (Some(bar), Some(json)) = (&output.bar, line.strip_prefix(progress::LINE_PREFIX))
                 && let Ok(report) = serde_json::from_str::<progress::Report>(json)
             {
@@ -256,7 +298,7 @@ fn forward_lines(pipe: Option<impl std::io::Read + Send + 'static>, output: Outp
                 Some(bars) => {
                     let _ = bars.println(text);
                 }
-                None if to_stderr => {
+                None if first_error.is_some() => {
                     let _ = writeln!(std::io::stderr().lock(), "{text}");
                 }
                 None => {

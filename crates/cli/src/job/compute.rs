@@ -126,10 +126,10 @@ impl Compute {
             }
             Span::Hosts { per_host: None, .. } => unreachable!("resolved above"),
         };
-        fits::device_memory(&client, &local, &planned)?;
+        fits::device_memory(&client, &local, &planned, fits::EXTRACT_DEVICE)?;
         // Planned only now (libtpu reports its devices): the host's buffers checked here.
         if !matches!(kind, PluginKind::Cpu | PluginKind::Cuda) {
-            fits::machine_memory(&planned, kind, local.len(), 1, spec.shuffle_tokens_window)?;
+            fits::machine_memory(&planned, kind, local.len(), 1, spec.shuffle_tokens_window, fits::EXTRACT_HOST)?;
         }
         let (members, readers, reader_of) = members(&views, identity.process_id, identity.num_processes)?;
         tracing::info!(

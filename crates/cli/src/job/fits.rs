@@ -6,13 +6,22 @@
 use anyhow::{Context, bail};
 use siphon_runtime::PluginKind;
 
+/// What `extract` can change when a device cannot hold its step ([`device_memory`]).
+pub(crate) const EXTRACT_DEVICE: &str = "choose a smaller --batch-size or --seq-len, fewer hooks, or a mesh that \
+     shards the weights more (--fsdp, --model-parallel)";
+/// What `extract` can change when the host cannot hold its buffers ([`machine_memory`]).
+pub(crate) const EXTRACT_HOST: &str =
+    "choose a smaller --batch-size or --seq-len, fewer hooks, or a smaller --pipeline-depth";
+
 /// Stops, before the weights are uploaded or the program compiled, a job whose planned bytes
 /// per device exceed what a device's plugin reports programs may use (a GPU's allocator limit;
-/// the CPU plugin reports none: its devices were checked against the host's memory).
-pub(super) fn device_memory(
+/// the CPU plugin reports none: its devices were checked against the host's memory). `remedy`
+/// says what the command can change ([`EXTRACT_DEVICE`]).
+pub(crate) fn device_memory(
     client: &siphon_runtime::Client,
     local: &[usize],
     planned: &siphon_plan::Plan,
+    remedy: &str,
 ) -> anyhow::Result<()> {
     use siphon_plan::memory::gib;
     let need = planned.memory.required_bytes;
@@ -22,8 +31,7 @@ pub(super) fn device_memory(
             let kind = client.device(id).map(|d| d.kind).unwrap_or_default();
             bail!(
                 "the plan needs {} per device ({} of weights, {} of activations: `siphon plan` shows the terms) but \
-                 device {id} ({kind}) reports {} for programs: choose a smaller --batch-size or --seq-len, fewer \
-                 hooks, or a mesh that shards the weights more (--fsdp, --model-parallel)",
+                 device {id} ({kind}) reports {} for programs: {remedy}",
                 gib(need),
                 gib(planned.memory.weights.sharded_bytes + planned.memory.weights.fsdp_gather_bytes),
                 gib(planned.memory.activations.map_or(0, |a| a.total_bytes)),
@@ -38,13 +46,15 @@ pub(super) fn device_memory(
 /// memory than the machine reports available: the output path's buffers (`--pipeline-depth`
 /// steps) and shuffle window on every plugin, and on the CPU plugin, whose devices are this
 /// host's memory, every device's planned bytes too. `processes` is how many hosts' buffers
-/// this process holds (`--simulate-hosts`).
-pub(super) fn machine_memory(
+/// this process holds (`--simulate-hosts`); `remedy` says what the command can change
+/// ([`EXTRACT_HOST`]).
+pub(crate) fn machine_memory(
     planned: &siphon_plan::Plan,
     kind: PluginKind,
     devices: usize,
     processes: usize,
     window: Option<usize>,
+    remedy: &str,
 ) -> anyhow::Result<()> {
     use siphon_plan::memory::gib;
     let Some(available) = siphon_runtime::diagnose::available_memory() else { return Ok(()) };
@@ -67,8 +77,7 @@ pub(super) fn machine_memory(
         let parts: Vec<String> = parts.iter().map(|(bytes, what)| format!("{} for {what}", gib(*bytes))).collect();
         bail!(
             "this job needs {} of this host's memory ({}) but the machine reports {} available (MemAvailable, \
-             within the cgroup's limit): choose a smaller --batch-size or --seq-len, fewer hooks, or a smaller \
-             --pipeline-depth",
+             within the cgroup's limit): {remedy}",
             gib(need),
             parts.join(", "),
             gib(available)

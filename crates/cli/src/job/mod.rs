@@ -38,7 +38,7 @@ mod compute;
 pub(crate) mod dictionary;
 pub(crate) mod fetch;
 mod finish;
-mod fits;
+pub(crate) mod fits;
 mod options;
 mod output;
 mod pipeline;

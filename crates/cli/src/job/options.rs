@@ -65,7 +65,7 @@ pub struct ExtractOptions {
     #[arg(long, help_heading = "Output")]
     pub run: Option<String>,
     /// Target shard size in MB.
-    #[arg(long, default_value_t = 256.0, help_heading = "Output")]
+    #[arg(long, default_value_t = 256.0, value_parser = limits::megabytes, help_heading = "Output")]
     pub shard_size_mb: f64,
     /// Shuffle tokens across a window of this many batches before writing (deterministic, so
     /// a resumed run writes the same shards).
@@ -91,7 +91,8 @@ pub struct ExtractOptions {
     /// Seconds a write to the output may keep failing (the store down or throttling, requests
     /// stalled; retried with backoff) before the job fails; committed shards are kept. A stream
     /// waits as long for its consumers to take a batch.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300.0, value_parser = limits::seconds, help_heading = "Output")]
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0, value_parser = limits::positive_seconds,
+          help_heading = "Output")]
     pub store_timeout: f64,
     /// A stream's batches made and not yet sent, per host: while this many wait for their
     /// consumers, the host waits.
@@ -251,30 +252,9 @@ impl ExtractOptions {
         }
         let weights = self.weights.parse().map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
         super::dictionary::check_outputs(&self.dictionaries, &self.dtype, &output)?;
+        // Every other count, size and duration was bounded where clap read it (`limits`).
         if self.corpus.seq_len < 2 {
             bail!("--seq-len {} is too small (at least 2)", self.corpus.seq_len);
-        }
-        if self.corpus.batch_size == 0 {
-            bail!("--batch-size must be at least 1");
-        }
-        if !(self.shard_size_mb > 0.0 && self.shard_size_mb <= limits::MAX_SHARD_MB) {
-            bail!(
-                "--shard-size-mb {} must be positive and at most {} (1 TB)",
-                self.shard_size_mb,
-                limits::MAX_SHARD_MB
-            );
-        }
-        if !(self.store_timeout > 0.0 && self.store_timeout.is_finite()) {
-            bail!("--store-timeout must be a positive number of seconds");
-        }
-        if self.stream_buffer == 0 {
-            bail!("--stream-buffer must be at least 1 batch");
-        }
-        if self.pipeline_depth == 0 {
-            bail!("--pipeline-depth must be at least 1 step");
-        }
-        if self.shuffle_tokens_window == Some(0) {
-            bail!("--shuffle-tokens-window must be at least 1 batch");
         }
         if let Some(run) = &self.run
             && (run.is_empty() || run.contains('/') || run.starts_with('.'))

@@ -115,11 +115,11 @@ impl Plan {
                 }
                 // Simulated hosts are this one process: all their devices and buffers.
                 let processes = if simulated { hosts } else { 1 };
-                fits::machine_memory(&planned, kind, local * processes, processes, window)?;
+                fits::machine_memory(&planned, kind, local * processes, processes, window, fits::EXTRACT_HOST)?;
             }
             (Span::Host, Some(local)) => {
                 let planned = plan.mesh_plan(&model.config, 1, local)?;
-                fits::machine_memory(&planned, kind, local, 1, window)?;
+                fits::machine_memory(&planned, kind, local, 1, window, fits::EXTRACT_HOST)?;
             }
             // Planned once the plugin reports its devices.
             _ => {}

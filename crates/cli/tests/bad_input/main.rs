@@ -8,6 +8,9 @@
 //! - `corpus`: corpora of nothing, `siphon data`'s counts, special files the data path reads;
 //! - `exports`: the exports' and dashboards' folders in use and count flags out of range;
 //! - `fetch`: a model's or dictionary's host that does not answer;
+//! - `flags`: every command's count, duration and size flags past their range, hook ranges
+//!   past the model, `forward`'s rows past the context or the memory, special files a flag
+//!   names, a launched host's own error;
 //! - `non_finite`: activations that are NaN or ±Inf;
 //! - `runs`: a run's files replaced by FIFOs, or holding numbers of the wrong type;
 //! - `signals`: SIGTERM and SIGINT at every phase of the job.
@@ -22,6 +25,7 @@ mod corpus;
 mod crashes;
 mod exports;
 mod fetch;
+mod flags;
 mod non_finite;
 mod runs;
 mod signals;

@@ -213,6 +213,10 @@ fn bad_input_is_a_clear_error() {
         (&[("SIPHON_NUM_PROCESSES", "0")], "at least 1"),
         (&[("SIPHON_COORDINATOR", "h:notaport")], "bad port"),
         (&[("SIPHON_MACHINE_ID", "2"), ("SIPHON_TOTAL_MACHINES", "2")], "machine id 2"),
+        // Counts no job has, from any source, before anything is allocated for them.
+        (&[("SIPHON_NUM_PROCESSES", "4294967295"), ("SIPHON_COORDINATOR", "h:1")], "process count 4294967295"),
+        (&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1048577")], "more than the 1048576 processes"),
+        (&[("SIPHON_TOTAL_MACHINES", "4294967295")], "machine count 4294967295"),
     ];
     for (vars, expected) in cases {
         let error = resolve(&no_flags(), &env(vars), None).unwrap_err().to_string();

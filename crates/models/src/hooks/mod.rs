@@ -409,6 +409,12 @@ fn parse_layer_set(item: &str, set: &str, n_layers: usize) -> Result<Vec<usize>,
         }
         s.parse().map_err(|_| bad(format!("{s:?} is too large")))
     };
+    let out_of_range = |layer: usize| {
+        bad(format!(
+            "layer {layer} is out of range (the model has {n_layers} layers, 0..={})",
+            n_layers.saturating_sub(1)
+        ))
+    };
     if set == "*" {
         return Ok((0..n_layers).collect());
     }
@@ -417,17 +423,18 @@ fn parse_layer_set(item: &str, set: &str, n_layers: usize) -> Result<Vec<usize>,
         if a > b {
             return Err(bad(format!("the range {a}..{b} is empty")));
         }
+        // Bounded by the model before the list is made: `{0..999999999999}` names no more.
+        if b >= n_layers {
+            return Err(out_of_range(b));
+        }
         (a..=b).collect()
     } else {
         set.split(',').map(number).collect::<Result<_, _>>()?
     };
-    if let Some(layer) = layers.iter().find(|&&l| l >= n_layers) {
-        return Err(bad(format!(
-            "layer {layer} is out of range (the model has {n_layers} layers, 0..={})",
-            n_layers.saturating_sub(1)
-        )));
+    match layers.iter().find(|&&l| l >= n_layers) {
+        Some(&layer) => Err(out_of_range(layer)),
+        None => Ok(layers),
     }
-    Ok(layers)
 }
 
 /// `" (did you mean …?)"` with up to three known names closest to `name`, or nothing.
@@ -644,7 +651,10 @@ mod tests {
         let err = resolve_hooks("blocks.*.hook_resid_post, blocks.2.hook_resid_post", &c).unwrap_err().to_string();
         assert!(err.contains("blocks.2.hook_resid_post is requested twice"), "{err}");
         for (list, want) in [
-            ("blocks.{0..9}.hook_mlp_out", "layer 4 is out of range"),
+            ("blocks.{0..9}.hook_mlp_out", "layer 9 is out of range"),
+            // Refused from its end, before the range is made (it once allocated 8 TB).
+            ("blocks.{0..999999999999}.hook_resid_post", "layer 999999999999 is out of range"),
+            ("blocks.{3..18446744073709551615}.hook_resid_post", "layer 18446744073709551615 is out of range"),
             ("blocks.{3..1}.hook_mlp_out", "empty"),
             ("blocks.{0..2.hook_mlp_out", "without"),
             ("blocks.*.hook_mlp_ot", "did you mean"),

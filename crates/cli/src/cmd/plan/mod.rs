@@ -14,7 +14,7 @@ use anyhow::Context;
 use siphon_models::{HfConfig, ModelConfig};
 use siphon_plan::{DType, MeshKind, MeshRequest, PlanRequest, Topology};
 
-use crate::args::limits;
+use crate::args::{files, limits};
 
 pub(crate) mod target;
 
@@ -68,7 +68,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1, conflicts_with = "target", value_parser = limits::count(1, limits::MAX_AXIS))]
     pub devices_per_host: usize,
     /// Memory of one device, in GiB (with --target: the chip's HBM unless given).
-    #[arg(long, value_name = "GiB")]
+    #[arg(long, value_name = "GiB", value_parser = limits::gib)]
     pub device_memory: Option<f64>,
     /// Plan for a TPU slice by its Cloud TPU name (`tpu:v5litepod-64`, `tpu:v5e-64`,
     /// `tpu:v6e-16`, `tpu:v4-32`, `tpu:v5p-128`) or for GPU nodes (`gpu:h100`, `gpu:h100x8`,
@@ -113,7 +113,7 @@ pub struct Args {
     #[arg(long)]
     pub dtype: Option<DType>,
     /// Share of device memory kept free.
-    #[arg(long, default_value_t = siphon_plan::memory::DEFAULT_HEADROOM)]
+    #[arg(long, default_value_t = siphon_plan::memory::DEFAULT_HEADROOM, value_parser = limits::share)]
     pub headroom: f64,
     /// The stored activation dtype (`extract --dtype`): f32, bf16, f16 or fp8; with --batch
     /// and --seq, the hooks' outputs on the devices and the output path's host memory are
@@ -148,13 +148,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let target = args.target.as_deref().map(|t| target::Target::parse(t, args.slices, args.hosts)).transpose()?;
     let topology = match &target {
-        Some(target) => target.planner_topology()?,
-        None => Topology::uniform(args.hosts, args.devices_per_host)?,
+        Some(target) => target.planner_topology().context("--target, --slices, --hosts")?,
+        None => Topology::uniform(args.hosts, args.devices_per_host).context("--hosts, --devices-per-host")?,
     };
     let device_memory_bytes = match args.device_memory {
-        Some(gib) if !(gib.is_finite() && gib > 0.0) => {
-            anyhow::bail!("--device-memory {gib} must be a positive number of GiB")
-        }
         Some(gib) => Some((gib * (1u64 << 30) as f64) as u64),
         None => target.as_ref().map(target::Target::usable_bytes),
     };
@@ -272,6 +269,6 @@ pub fn load_config(
 }
 
 fn read_config_json(path: &Path) -> anyhow::Result<HfConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = files::read_text(path, "the config", files::MAX_TEXT_BYTES)?;
     HfConfig::from_json(&text).with_context(|| format!("parsing {}", path.display()))
 }
