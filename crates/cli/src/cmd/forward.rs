@@ -48,6 +48,10 @@ pub struct Args {
     /// default.
     #[arg(long)]
     pub allow_long_context: bool,
+    /// Write hook values that are NaN or ±Inf (counted on stderr) instead of refusing them,
+    /// as `extract --allow-non-finite`.
+    #[arg(long)]
+    pub allow_non_finite: bool,
     /// Comma-separated TransformerLens hook names or patterns, e.g.
     /// blocks.3.hook_resid_post,blocks.*.attn.hook_z,blocks.{0..3}.ln2.hook_normalized.
     #[arg(long, value_name = "NAMES", required_unless_present = "sae")]
@@ -129,6 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let engine = Engine::new(&client, &model, hooks, options).context("loading the weights onto the devices")?;
     let acts = engine.run(&batch).context("running the forward")?;
     crate::job::dictionary::check_caps(&dictionaries, &acts.latents)?;
+    check_finite(&acts.hooks, batch.seq(), args.allow_non_finite)?;
 
     let mut tensors: Vec<(String, &HostArray)> = acts.hooks.iter().map(|(h, a)| (h.to_string(), a)).collect();
     for (name, latents) in DictionaryHook::names(&dictionaries).into_iter().zip(&acts.latents) {
@@ -214,6 +219,27 @@ fn plan_request(
         dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
         ..PlanRequest::default()
     })
+}
+
+/// Refuses hook values that are NaN or ±Inf, naming the hook, its count and the first one's
+/// row and token, unless `allow` (then each such hook is counted on stderr).
+fn check_finite(hooks: &[(HookPoint, HostArray)], seq: usize, allow: bool) -> anyhow::Result<()> {
+    for (hook, array) in hooks {
+        let values = array.to_f32();
+        let Some(first) = values.iter().position(|v| !v.is_finite()) else { continue };
+        let count = values.iter().filter(|v| !v.is_finite()).count();
+        // `[batch, seq, *per-token shape]`.
+        let per_token: usize = array.shape().get(2..).map_or(1, |dims| dims.iter().product());
+        let token = first / per_token.max(1);
+        let (row, position) = (token / seq.max(1), token % seq.max(1));
+        let what =
+            format!("hook {hook} holds {count} values that are NaN or ±Inf, the first at row {row}, token {position}");
+        if !allow {
+            bail!("{what}: the model's weights or config give them there (--allow-non-finite writes them)");
+        }
+        eprintln!("warning: {what}");
+    }
+    Ok(())
 }
 
 fn read_ids(path: &Path) -> anyhow::Result<Vec<Vec<u32>>> {

@@ -65,3 +65,29 @@ fn non_finite_activations_stop_the_run_naming_hook_and_step_unless_allowed() {
     let problems = String::from_utf8_lossy(&allowed.stderr);
     assert!(allowed.status.success() && text.contains("NaN or ±Inf"), "{text}{problems}");
 }
+
+#[test]
+fn forward_refuses_non_finite_hooks_unless_allowed() {
+    let s = setup();
+    overflowing(&s);
+    let out = s.root.join("acts.safetensors");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = ["forward", "--model", s.root.join("model").to_str().unwrap(), "--ids"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let ids = s.root.join("ids.json");
+        std::fs::write(&ids, "[[1, 2, 3, 4]]").unwrap();
+        args.extend([ids.display().to_string(), "--hooks".into(), "blocks.1.hook_resid_post".into()]);
+        args.extend(["--out".into(), out.display().to_string()]);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    let (output, _) = run(siphon(&args(&[])), Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && !out.exists(), "{stderr}");
+    assert!(stderr.contains("hook blocks.1.hook_resid_post holds") && stderr.contains("row 0, token 0"), "{stderr}");
+    let (output, _) = run(siphon(&args(&["--allow-non-finite"])), Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success() && out.exists() && stderr.contains("warning: hook"), "{stderr}");
+}
