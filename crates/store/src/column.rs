@@ -191,6 +191,16 @@ impl Building {
         }
     }
 
+    /// For a hook, the first included row holding a value that is NaN or ±Inf and how many
+    /// the included rows hold ([`HookColumn::non_finite`]); a dictionary's latents hold none to
+    /// look for.
+    pub fn non_finite(&self, dtype: DType, mask: Option<&[bool]>) -> Option<(usize, u64)> {
+        match self {
+            Building::Hook { rows, .. } => rows.non_finite(dtype, mask),
+            Building::Latents { .. } => None,
+        }
+    }
+
     /// Its name.
     pub fn name(&self) -> &str {
         match self {

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::batch::{BatchActivations, DType, HookActivations, fp8_scale_name};
 use crate::moments::BLOCK;
 use crate::stats::{HookStats, HookStatsJson, StatsAccumulator};
-use crate::tensor::{Rank, Tensor, decode_row, stored_dtype};
+use crate::tensor::{Rank, Tensor, count_not_finite, decode_row, stored_dtype};
 
 /// Rows copied into pooled chunks of about this size (whole rows; one row at least).
 const CHUNK_BYTES: usize = 4 << 20;
@@ -182,6 +182,22 @@ impl HookColumn {
             }
             i = end;
         }
+    }
+
+    /// The first row `mask` includes that holds a value that is NaN or ±Inf, and how many the
+    /// included rows hold: a scan of its own, for a batch that is sent rather than sealed (a
+    /// shard's seal finds them in its statistics' pass).
+    pub fn non_finite(&self, dtype: DType, mask: Option<&[bool]>) -> Option<(usize, u64)> {
+        let pieces = self.segments.iter().map(|s| &s[..]).chain([&self.chunk[..]]);
+        let rows = pieces.flat_map(|piece| piece.chunks_exact(self.row_bytes));
+        let mut found: Option<(usize, u64)> = None;
+        for (r, row) in rows.enumerate().filter(|(r, _)| mask.is_none_or(|m| m[*r])) {
+            let count = count_not_finite(dtype, row);
+            if count > 0 {
+                found = Some(found.map_or((r, count), |(first, total)| (first, total + count)));
+            }
+        }
+        found
     }
 
     /// The column's tensors over `tokens` rows: the hook `name`'s values `[tokens, *shape]`

@@ -232,6 +232,21 @@ impl ShardBuilder {
         })
     }
 
+    /// Refuses the rows so far where a hook holds a value that is NaN or ±Inf and the format
+    /// does not allow them, as sealing would: for a batch that is sent (a stream), not sealed.
+    pub fn check_finite(&self) -> Result<()> {
+        if self.format.allow_non_finite {
+            return Ok(());
+        }
+        let mask = self.format.keep_excluded.then_some(&self.mask[..]);
+        for column in &self.columns {
+            if let Some((row, count)) = column.non_finite(self.format.dtype, mask) {
+                return Err(self.non_finite(column.name(), count, row));
+            }
+        }
+        Ok(())
+    }
+
     /// The refusal of a shard whose hook `hook` holds `count` values that are not finite, the
     /// first in row `row`: where they came from (the host's sample, the batch it was in, the
     /// token's document and position).

@@ -68,6 +68,35 @@ pub(crate) fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [
     Bytes::from(out)
 }
 
+/// Values of one stored row that are NaN or ±Inf, as [`decode_row`] would decode them: an
+/// exponent of all ones in the float types (a test on the bits, no decoding); in an fp8 row the
+/// E4M3 NaN bytes, or every value where its scale is not finite.
+pub(crate) fn count_not_finite(dtype: DType, bytes: &[u8]) -> u64 {
+    let count = |width: usize, exponent: u32| -> u64 {
+        let all_ones = |c: &[u8]| {
+            let bits = match width {
+                2 => u32::from(u16::from_le_bytes([c[0], c[1]])),
+                _ => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            };
+            bits & exponent == exponent
+        };
+        bytes.chunks_exact(width).filter(|c| all_ones(c)).count() as u64
+    };
+    match dtype {
+        DType::F32 => count(4, 0x7f80_0000),
+        DType::Bf16 => count(2, 0x7f80),
+        DType::F16 => count(2, 0x7c00),
+        DType::U8 => unreachable!("u8 holds no activations (refused by BatchActivations::validate)"),
+        DType::Fp8 => {
+            let (scale, values) = bytes.split_at(4);
+            match f32::from_le_bytes([scale[0], scale[1], scale[2], scale[3]]).is_finite() {
+                true => values.iter().filter(|&&b| b & 0x7f == 0x7f).count() as u64,
+                false => values.len() as u64,
+            }
+        }
+    }
+}
+
 /// Decodes one row of little-endian `dtype` values into f32.
 pub(crate) fn decode_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     match dtype {
@@ -92,6 +121,37 @@ pub(crate) fn decode_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
             for (o, &b) in out.iter_mut().zip(&bytes[4..]) {
                 *o = siphon_dtype::e4m3fn_to_f32(b) * scale;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test on the bits counts what decoding finds, for every bf16, f16 and fp8 value, f32
+    /// values at and around the exponent's edges, and an fp8 row whose scale is not finite.
+    #[test]
+    fn not_finite_by_the_bits_is_what_decoding_finds() {
+        let decoded = |dtype: DType, bytes: &[u8], width: usize| {
+            let mut out = vec![0f32; width];
+            decode_row(dtype, bytes, &mut out);
+            out.iter().filter(|v| !v.is_finite()).count() as u64
+        };
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        for dtype in [DType::Bf16, DType::F16] {
+            assert_eq!(count_not_finite(dtype, &all), decoded(dtype, &all, 1 << 16), "{dtype}");
+        }
+        let f32s: Vec<u8> = [0.0, -0.0, 1.5, f32::MAX, f32::MIN_POSITIVE, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .chain([0xff, 0xff, 0xbf, 0x7f, 0x01, 0x00, 0x80, 0xff])
+            .collect();
+        assert_eq!(count_not_finite(DType::F32, &f32s), decoded(DType::F32, &f32s, 10));
+        assert_eq!(count_not_finite(DType::F32, &f32s), 5);
+        for scale in [1.0f32, f32::NAN, f32::INFINITY] {
+            let row: Vec<u8> = scale.to_le_bytes().into_iter().chain(0..=255u8).collect();
+            assert_eq!(count_not_finite(DType::Fp8, &row), decoded(DType::Fp8, &row, 256), "scale {scale}");
         }
     }
 }

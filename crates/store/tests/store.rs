@@ -1244,3 +1244,62 @@ fn rows_kept_where_they_lie_and_rows_copied_make_the_same_shards() {
     assert_eq!(stats("copied"), stats("lent"));
     verify_ok(&backend, "lent");
 }
+
+/// Batch `k` of `spec` with hook 1's value of sample `sample`, token `token`, element `dim`
+/// replaced by `value`.
+fn with_value(
+    spec: &SyntheticSpec,
+    k: u64,
+    sample: usize,
+    token: usize,
+    dim: usize,
+    value: f32,
+) -> siphon_store::BatchActivations {
+    let mut batch = spec.batch(k);
+    let width = spec.width(1);
+    let mut data = batch.hooks[1].data.to_vec();
+    let at = 4 * ((sample * spec.seq + token) * width + dim);
+    data[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    batch.hooks[1].data = data.into();
+    batch
+}
+
+/// A value that is NaN or ±Inf in a hook: the shard holding it is refused naming the hook, the
+/// step, the host's sample and the token, and nothing of it is committed; a stream's batch is
+/// refused the same way; with `allow_non_finite` both are written and the shard's statistics
+/// count it.
+#[test]
+fn values_that_are_not_finite_are_refused_unless_the_format_allows_them() {
+    let spec = spec();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::local(dir.path());
+    let mut writer = ShardWriter::open(config(&backend, "refused"), descriptor(&spec)).unwrap();
+    writer.push(spec.batch(0)).unwrap();
+    // Batch 1, its sequence 2 (host sample 6), token 5.
+    writer.push(with_value(&spec, 1, 2, 5, 7, f32::NAN)).unwrap();
+    let err = writer.finish().unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, StoreError::NonFinite { count: 1, step: 1, sample: 6, .. }), "{text}");
+    assert!(text.contains("hook blocks.1.hook_resid_post computed 1 values") && text.contains("step 1"), "{text}");
+    assert!(text.contains("host sample 6") && text.contains("--allow-non-finite"), "{text}");
+    let manifest = location(&backend, "refused").manifest(RUN, HOST);
+    let committed = block_on(async { location(&backend, "refused").store().get(&manifest).await.map(|_| ()) });
+    assert!(committed.is_err(), "a manifest was written");
+
+    let descriptor = descriptor(&spec);
+    let format = config(&backend, "stream").format;
+    let bad = || with_value(&spec, 0, 1, 3, 0, f32::INFINITY);
+    let err = siphon_store::batch_shard(RUN, &descriptor, HOST, &format, 0, bad()).unwrap_err();
+    assert!(matches!(err, StoreError::NonFinite { count: 1, step: 0, sample: 1, .. }), "{err}");
+    let allowed = siphon_store::ShardFormat { allow_non_finite: true, ..format };
+    siphon_store::batch_shard(RUN, &descriptor, HOST, &allowed, 0, bad()).unwrap();
+
+    let mut config = config(&backend, "allowed");
+    config.format.allow_non_finite = true;
+    let mut writer = ShardWriter::open(config, descriptor.clone()).unwrap();
+    writer.push(bad()).unwrap();
+    writer.finish().unwrap();
+    let stats = block_on(siphon_store::merge_host_stats(&location(&backend, "allowed"), RUN)).unwrap();
+    assert_eq!(stats.hooks["blocks.1.hook_resid_post"].non_finite, 1);
+    assert_eq!(stats.hooks["blocks.0.hook_resid_post"].non_finite, 0);
+}

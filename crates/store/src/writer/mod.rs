@@ -341,7 +341,8 @@ fn record_failure(slot: &Mutex<Option<String>>, error: &StoreError) {
 }
 
 /// One batch as a shard of its own, in the store's format (its kept rows, or every row and its
-/// mask with `keep_excluded`; no shuffle): what a live stream sends for each batch.
+/// mask with `keep_excluded`; no shuffle): what a live stream sends for each batch. Values that
+/// are NaN or ±Inf are refused as a shard's seal refuses them.
 pub fn batch_shard(
     run: &str,
     descriptor: &RunDescriptor,
@@ -360,6 +361,7 @@ pub fn batch_shard(
     let mut builder =
         ShardBuilder::new(identity, crate::config::ShardFormat { shuffle: None, ..format.clone() }, index);
     builder.add_unit(vec![batch])?;
+    builder.check_finite()?;
     Ok(builder.into_file().concat().into())
 }
 
