@@ -4,9 +4,9 @@
 //!
 //! The job sends itself the signal as it enters the phase (`SIPHON_TEST_SIGNAL`) and goes on
 //! with it while the signal is handled, the race a scheduler's signal wins or loses.
-//! `SIPHON_SIGNAL_REPEATS` sets how often each phase and signal are tried (1 by default; the
-//! stress command of the README's failure table runs 40) and `SIPHON_SIGNAL_PHASES` which
-//! phases (comma-separated; default all).
+//! `SIPHON_SIGNAL_REPEATS` sets how often each phase and signal are tried (3 by default, the
+//! first try of each then resumed; the stress command of the README's failure table runs 40)
+//! and `SIPHON_SIGNAL_PHASES` which phases (comma-separated; default all).
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use crate::{Setup, extract_args, run, setup, siphon};
 const PHASES: [&str; 5] = ["load", "upload", "compile", "step", "commit"];
 
 fn repeats() -> usize {
-    std::env::var("SIPHON_SIGNAL_REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
+    std::env::var("SIPHON_SIGNAL_REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(3)
 }
 
 fn phases() -> Vec<&'static str> {
@@ -87,6 +87,9 @@ fn a_signal_at_every_phase_ends_in_its_code_and_the_run_completes_after() {
                     let stderr = String::from_utf8_lossy(&output.stderr);
                     assert_eq!(output.status.code(), Some(code), "{what}: {stderr}");
                     assert!(!stderr.contains("fatal signal") && !stderr.contains("Pure virtual"), "{what}: {stderr}");
+                    if i > 0 {
+                        continue;
+                    }
                     // The same command completes the run, into the uninterrupted run's shards.
                     let (resumed, _) = run(siphon(&job(s, &name)), Duration::from_secs(120));
                     let again = String::from_utf8_lossy(&resumed.stderr);
