@@ -31,7 +31,9 @@
 //!   tensors); `ModelConfig::params` asks the family (through `Arch`) for its list.
 //! - Loading: `LoadedModel::open` turns an HF directory (`config.json`, `model.safetensors` or a
 //!   sharded index, `tokenizer.json`/`tokenizer_config.json`) or a GGUF file into a `ModelConfig`,
-//!   a `Weights` source keyed by HF tensor name (cutting and transposing `Slice`d parts as it reads them) and an optional `TextTokenizer`. GGUF conversion
+//!   a `Weights` source keyed by HF tensor name (cutting and transposing `Slice`d parts as it reads them) and an optional `TextTokenizer`;
+//!   every file the crate reads, a dictionary's too, is opened through `file.rs`, which refuses
+//!   one that is not a regular file (a FIFO, a device) by its path before opening it. GGUF conversion
 //!   follows transformers' `gguf_file=` loading (names and config per architecture, llama.cpp's
 //!   stored forms undone as each tensor is read: the q/k RoPE permutation, GPT-2's transposed
 //!   Conv1D, GPT-NeoX's regrouped qkv, Gemma's `1 + w` norms, a mixture's stacked experts split
@@ -220,6 +222,7 @@ mod deepseek_v3;
 pub mod dictionary;
 mod error;
 mod family;
+mod file;
 pub mod forward;
 mod fp8;
 mod gemma2;

@@ -6,7 +6,6 @@
 //! end of the file) and tensors are read as slices of the map.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -72,7 +71,7 @@ impl SafeTensorsSet {
     }
 
     pub(crate) fn open_index(index: &Path) -> Result<SafeTensorsSet, ModelError> {
-        let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+        let text = crate::file::read_to_string(index)?;
         let corrupt = |detail: String| ModelError::Corrupt { path: index.to_path_buf(), detail };
         let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| corrupt(format!("not JSON: {e}")))?;
         let map = json
@@ -110,7 +109,7 @@ impl SafeTensorsSet {
     }
 
     fn add_file(&mut self, path: &Path, only: Option<&BTreeSet<&str>>) -> Result<(), ModelError> {
-        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let file = crate::file::open(path)?;
         // SAFETY: read-only map of a model file nobody writes while siphon runs.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
         let (n, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Corrupt {

@@ -82,16 +82,16 @@ impl TextTokenizer {
         if !path.exists() {
             return Ok(None);
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let text = crate::file::read_to_string(&path)?;
         let inner = parse_tokenizer(&text).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
         let mut tok = TextTokenizer::new(inner, None, None, None);
         let jinja = dir.join("chat_template.jinja");
         if jinja.exists() {
-            tok.chat_template = Some(std::fs::read_to_string(&jinja).map_err(|e| ModelError::io(&jinja, e))?);
+            tok.chat_template = Some(crate::file::read_to_string(&jinja)?);
         }
         let config_path = dir.join("tokenizer_config.json");
         if config_path.exists() {
-            let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
+            let text = crate::file::read_to_string(&config_path)?;
             let config: Value = serde_json::from_str(&text)
                 .map_err(|e| ModelError::Corrupt { path: config_path.clone(), detail: format!("not JSON: {e}") })?;
             // Special tokens are given as a string or as {"content": ...}.

@@ -24,16 +24,18 @@ enum Format {
 }
 
 impl Format {
-    /// The format of the dictionary in `dir`, by the files it holds.
+    /// The format of the dictionary in `dir`, by the files it holds (by their names: one that
+    /// is not a regular file is refused, naming it, when it is read).
     fn of(dir: &Path) -> Option<Format> {
-        let cfg = dir.join("cfg.json").is_file();
-        if cfg && dir.join(saelens::WEIGHTS).is_file() {
+        let has = |name: &str| dir.join(name).exists();
+        let cfg = has("cfg.json");
+        if cfg && has(saelens::WEIGHTS) {
             Some(Format::SaeLens)
-        } else if cfg && dir.join(sparsify::WEIGHTS).is_file() {
+        } else if cfg && has(sparsify::WEIGHTS) {
             Some(Format::Sparsify)
-        } else if dir.join(gemma_scope::PARAMS).is_file() {
+        } else if has(gemma_scope::PARAMS) {
             Some(Format::GemmaScope)
-        } else if dir.join(llama_scope::HYPERPARAMS).is_file() {
+        } else if has(llama_scope::HYPERPARAMS) {
             Some(Format::LlamaScope)
         } else {
             None
@@ -117,9 +119,9 @@ pub fn decoder(dir: &Path) -> Result<Tensor, ModelError> {
 
 /// The JSON file at `path`.
 fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
-    let path = path.to_path_buf();
-    let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Corrupt { path, detail: format!("not JSON: {e}") })
+    let text = crate::file::read_to_string(path)?;
+    serde_json::from_str(&text)
+        .map_err(|e| ModelError::Corrupt { path: path.to_path_buf(), detail: format!("not JSON: {e}") })
 }
 
 /// Every dictionary's tensors as the program takes them (`encoder`'s arguments after its
