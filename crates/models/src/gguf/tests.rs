@@ -284,3 +284,31 @@ fn tokenizer_without_gpt2_model_is_an_error() {
     let err = TextTokenizer::from_gguf(&file).unwrap_err();
     assert!(err.to_string().contains("\"bert\""), "{err}");
 }
+
+#[test]
+fn metadata_of_another_type_or_out_of_its_range_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            tiny_llama().f32("llama.rope.freq_base", f32::NAN),
+            "llama.rope.freq_base is F32(NaN), expected a finite number",
+        ),
+        (tiny_llama().f32("llama.rope.freq_base", f32::INFINITY), "llama.rope.freq_base is F32(inf)"),
+        (tiny_llama().f32("llama.rope.freq_base", -1.0), "rope_theta (the RoPE base) -1"),
+        (tiny_llama().f32("llama.attention.layer_norm_rms_epsilon", 0.0), "rms_norm_eps"),
+        (tiny_llama().str("llama.attention.layer_norm_rms_epsilon", "1e-5"), "layer_norm_rms_epsilon is Str"),
+        (tiny_llama().u32("llama.rope.scaling.type", 3), "llama.rope.scaling.type is U32(3), expected a string"),
+        (tiny_llama().str("llama.rope.scaling.type", "linear"), "rope_scaling lacks factor"),
+        (
+            tiny_llama().str("llama.rope.scaling.type", "linear").f32("llama.rope.scaling.factor", 0.0),
+            "(linear) factor 0",
+        ),
+    ];
+    for (i, (writer, named)) in cases.into_iter().enumerate() {
+        let err = LoadedModel::open(&write(&dir, &format!("{i}.gguf"), &writer.bytes())).unwrap_err().to_string();
+        assert!(err.contains(named), "{named}: {err}");
+    }
+    let linear = tiny_llama().str("llama.rope.scaling.type", "linear").f32("llama.rope.scaling.factor", 2.0);
+    let model = LoadedModel::open(&write(&dir, "linear.gguf", &linear.bytes())).unwrap();
+    assert_eq!(model.config.rope.scaling, Some(crate::RopeScaling::Linear { factor: 2.0 }));
+}
