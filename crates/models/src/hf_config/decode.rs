@@ -90,7 +90,7 @@ impl HfConfig {
         let windows = (defaults.windows)(self, n_layers, arch)?;
         let activation = self.activation(&defaults.activation)?;
         let rope = self.rope(arch, head_dim, defaults)?;
-        let max_position_embeddings = self.max_position_embeddings.unwrap_or(4096);
+        let max_position_embeddings = self.max_positions();
         Ok(ModelConfig {
             arch,
             vocab_size: need(self.vocab_size, "vocab_size")?,

@@ -172,6 +172,11 @@ impl HfConfig {
         }
     }
 
+    /// `max_position_embeddings`, 4096 when absent.
+    pub(crate) fn max_positions(&self) -> usize {
+        self.max_position_embeddings.unwrap_or(4096)
+    }
+
     /// `sliding_window`: absent (`None`), null (`Some(None)`, no window) or a positive size.
     pub(crate) fn sliding_window(&self) -> Result<Option<Option<usize>>, ModelError> {
         Ok(match &self.sliding_window {

@@ -188,7 +188,7 @@ impl HfConfig {
             None => None,
         };
         let context = Context {
-            max_positions: self.max_position_embeddings.unwrap_or(4096),
+            max_positions: self.max_positions(),
             original_max: self.original_max_position_embeddings,
             rotary_dim: rotary_dim.unwrap_or(head_dim),
         };
