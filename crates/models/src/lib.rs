@@ -37,7 +37,10 @@
 //!   sharded index, `tokenizer.json`/`tokenizer_config.json`) or a GGUF file into a `ModelConfig`,
 //!   a `Weights` source keyed by HF tensor name (cutting and transposing `Slice`d parts as it reads them) and an optional `TextTokenizer`;
 //!   every file the crate reads, a dictionary's too, is opened through `file.rs`, which refuses
-//!   one that is not a regular file (a FIFO, a device) by its path before opening it. GGUF conversion
+//!   one that is not a regular file (a FIFO, a device) by its path before opening it; every
+//!   tensor `Weights` reads is refused naming it and its file when it holds a NaN or an
+//!   infinity (`finite.rs`'s scan of its encoded bytes; a stored form's scales as its format
+//!   tells: `fp8.rs`, `mxfp4.rs`, the GGUF blocks' f16 scales). GGUF conversion
 //!   follows transformers' `gguf_file=` loading (names and config per architecture, llama.cpp's
 //!   stored forms undone as each tensor is read: the q/k RoPE permutation, GPT-2's transposed
 //!   Conv1D, GPT-NeoX's regrouped qkv, Gemma's `1 + w` norms, a mixture's stacked experts split
@@ -227,6 +230,7 @@ pub mod dictionary;
 mod error;
 mod family;
 mod file;
+mod finite;
 pub mod forward;
 mod fp8;
 mod gemma2;

@@ -224,8 +224,8 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 
 /// GPT-OSS's experts stored as the hub stores them (MXFP4 blocks and scales): read to exactly
 /// the values transformers' `convert_moe_packed_tensors` gives (its parameter layout, `x @ W`,
-/// against siphon's `[out, in]` halves), in f32 and bf16, and every byte under the extreme
-/// scales (subnormal, overflowing) as transformers dequantizes them.
+/// against siphon's `[out, in]` halves), in f32 and bf16 (every byte under the extreme scales:
+/// `mxfp4.rs`'s tests, the overflowing ones being refused by `Weights`).
 #[test]
 fn mxfp4_experts_read_to_transformers_values_bit_for_bit() {
     let dir = fixture("tiny-gpt-oss-mxfp4");
@@ -257,11 +257,6 @@ fn mxfp4_experts_read_to_transformers_values_bit_for_bit() {
             assert!(same_bits(&got, &theirs), "layer {l} down ({dtype:?})");
         }
     }
-    let edge = want.get("edge_blocks", DType::F32).unwrap();
-    assert_eq!(edge.shape, vec![7, 512]);
-    let theirs = want.get("edge_dequantized", DType::F32).unwrap().to_f32_vec();
-    assert!(same_bits(&edge.to_f32_vec(), &theirs), "every byte under scales 0, 1, 126, 127, 128, 254, 255");
-    assert!(theirs.iter().any(|v| v.is_infinite()) && theirs.iter().any(|v| v.is_subnormal()));
 }
 
 /// FP8 block-scaled projections (`quantization_config` `fp8`: F8_E4M3 beside an f32
