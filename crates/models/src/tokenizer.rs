@@ -120,16 +120,24 @@ impl TextTokenizer {
             };
             tok.chat_template = tok.chat_template.take().or(chat_template);
             // transformers ≥5 rebuilds the post-processor from add_bos_token/add_eos_token
-            // when the config names either, or when tokenizer.json has none.
-            let flag = |key: &str| config.get(key).and_then(Value::as_bool);
-            let explicit = flag("add_bos_token").is_some() || flag("add_eos_token").is_some();
+            // when the config names either, or when tokenizer.json has none; either of another
+            // type is refused rather than taken as absent (it would change every sequence).
+            let flag = |key: &str| match config.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Bool(on)) => Ok(Some(*on)),
+                Some(other) => {
+                    Err(ModelError::Tokenizer(format!("{}: {key} {other} is not true or false", config_path.display())))
+                }
+            };
+            let (add_bos, add_eos) = (flag("add_bos_token")?, flag("add_eos_token")?);
+            let explicit = add_bos.is_some() || add_eos.is_some();
             if explicit || tok.inner.get_post_processor().is_none() {
                 let special = |on: Option<bool>, id: Option<u32>| match (on, id) {
                     (Some(true), Some(id)) => tok.inner.id_to_token(id).map(|t| (t, id)),
                     _ => None,
                 };
-                let bos = special(flag("add_bos_token"), tok.bos_id);
-                let eos = special(flag("add_eos_token"), tok.eos_id);
+                let bos = special(add_bos, tok.bos_id);
+                let eos = special(add_eos, tok.eos_id);
                 let post =
                     template(bos.as_ref().map(|(t, i)| (t.as_str(), *i)), eos.as_ref().map(|(t, i)| (t.as_str(), *i)));
                 // Set in place, not by a round trip through the tokenizer's JSON: writing a

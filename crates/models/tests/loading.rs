@@ -211,6 +211,10 @@ fn hf_dir_tokenizer_follows_tokenizer_config_like_transformers() {
     assert_eq!((tok.bos_id, tok.eos_id), (Some(1), Some(2)));
     let ids = tok.encode("the dog").unwrap();
     assert_eq!(ids, [&plain[1..], &[2]].concat());
+    // A flag of another type is refused by name, not taken as absent (which keeps the BOS).
+    std::fs::write(tmp.path().join("tokenizer_config.json"), r#"{"add_bos_token": "false"}"#).unwrap();
+    let err = siphon_models::TextTokenizer::from_hf_dir(tmp.path()).unwrap_err().to_string();
+    assert!(err.contains("tokenizer_config.json: add_bos_token \"false\" is not true or false"), "{err}");
     // A broken tokenizer_config.json is named.
     std::fs::write(tmp.path().join("tokenizer_config.json"), "{").unwrap();
     let err = siphon_models::TextTokenizer::from_hf_dir(tmp.path()).unwrap_err();
