@@ -4,7 +4,9 @@
 //! Llama of the end-to-end tests, a generated corpus, the PJRT CPU plugin, 127.0.0.1 only.
 //!
 //! - `sizes`: size flags at their edges, sequences past the context, shapes nothing can count;
-//! - `crashes`: a host that panics or dies of a fatal signal.
+//! - `crashes`: a host that panics or dies of a fatal signal;
+//! - `model`: config.json values out of range or not understood, weights and dictionaries
+//!   holding NaN, special files where a model's files are read.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 mod crashes;
+mod model;
 mod sizes;
 
 use common::{Guard, make_corpus, make_model, repo_root, siphon_command, wait_with_limit};
