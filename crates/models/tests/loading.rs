@@ -1,12 +1,17 @@
 //! Loading the committed fixtures (HF directories written by transformers) and the SmolLM2
 //! GGUF, and clear errors for damaged copies of them.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use siphon_models::{DType, LoadedModel, ModelError};
 
+mod support {
+    pub mod copies;
+}
+use support::copies::{copy_dir, fixtures};
+
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models").join(name)
+    fixtures().join("models").join(name)
 }
 
 fn smollm2_gguf() -> Option<PathBuf> {
@@ -43,14 +48,6 @@ fn tiny_qwen2_sharded_index_loads() {
     // Tensors come from both shards.
     assert!(m.weights.names().contains("lm_head.weight"));
     assert_eq!(m.weights.meta("model.layers.0.self_attn.k_proj.bias").unwrap().shape, vec![32]);
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
 }
 
 #[test]

@@ -4,25 +4,16 @@
 //! their exponents, dequantized on load or kept stored on the devices. (GGUF blocks' scales:
 //! `gguf/tests.rs`.)
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::{Dtype, SafeTensors};
 use siphon_models::dictionary::Dictionary;
 use siphon_models::{DType, LoadedModel, ModelError};
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+mod support {
+    pub mod copies;
 }
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if !e.file_name().to_string_lossy().starts_with("golden") {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
+use support::copies::{copy_dir, fixtures};
 
 /// Rewrites the safetensors file `path` with `edit` applied to each tensor's dtype and bytes.
 fn rewrite(path: &Path, edit: impl Fn(&str, &mut Dtype, &mut Vec<u8>)) {
@@ -112,37 +103,21 @@ fn an_fp8_weight_holding_nan_or_a_scale_that_makes_one_is_refused_read_or_kept_s
     let tmp = tempfile::tempdir().unwrap();
     let name = "model.layers.0.mlp.up_proj.weight";
     let scale = format!("{name}_scale_inv");
-    let cases: [(&str, Box<dyn Fn(&str, &mut Vec<u8>)>); 3] = [
-        (
-            "a NaN byte",
-            Box::new(|tensor, data| {
-                if tensor == name {
-                    data[100] = 0x7f
-                }
-            }),
-        ),
-        (
-            "a NaN scale",
-            Box::new(|tensor, data| {
-                if tensor == scale {
-                    data[4..8].copy_from_slice(&f32::NAN.to_le_bytes())
-                }
-            }),
-        ),
-        (
-            "an overflowing scale",
-            Box::new(|tensor, data| {
-                if tensor == scale {
-                    data[..4].copy_from_slice(&1e38f32.to_le_bytes())
-                }
-            }),
-        ),
+    // Which tensor's bytes are overwritten, where, with what.
+    let cases = [
+        ("a NaN byte", name, 100, vec![0x7f]),
+        ("a NaN scale", scale.as_str(), 4, f32::NAN.to_le_bytes().to_vec()),
+        ("an overflowing scale", scale.as_str(), 0, 1e38f32.to_le_bytes().to_vec()),
     ];
-    for (i, (what, edit)) in cases.iter().enumerate() {
+    for (i, (what, tensor, at, bytes)) in cases.iter().enumerate() {
         let dir = tmp.path().join(i.to_string());
         copy_dir(&fixtures().join("models/tiny-qwen3-fp8"), &dir);
         let file = dir.join("model.safetensors");
-        rewrite(&file, |tensor, _, data| edit(tensor, data));
+        rewrite(&file, |this, _, data| {
+            if this == *tensor {
+                data[*at..at + bytes.len()].copy_from_slice(bytes);
+            }
+        });
         let model = LoadedModel::open(&dir).unwrap();
         for stored in [false, true] {
             let err = load_error(&model, name, DType::F32, stored);

@@ -9,21 +9,10 @@ use std::time::Duration;
 use siphon_models::LoadedModel;
 use siphon_models::dictionary::Dictionary;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+mod support {
+    pub mod copies;
 }
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
+use support::copies::{copy_dir, fixtures};
 
 fn mkfifo(path: &Path) {
     let status = std::process::Command::new("mkfifo").arg(path).status().expect("run mkfifo");

@@ -26,6 +26,25 @@ fn refused(s: &Setup, run_name: &str, args: &[String], seconds: u64, named: &[&s
     assert!(!s.root.join("out").join(run_name).exists(), "{what}: a run directory was made");
 }
 
+/// Rewrites the safetensors file `path` with `edit` applied to each tensor's bytes.
+fn rewrite_tensors(path: &Path, edit: impl Fn(&str, &mut Vec<u8>)) {
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            let mut data = t.data().to_vec();
+            edit(&name, &mut data);
+            (name, t.dtype(), t.shape().to_vec(), data)
+        })
+        .collect();
+    let views = tensors.iter().map(|(name, dtype, shape, data)| {
+        (name.clone(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap())
+    });
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
 /// The test model's config.json with `edit`'s keys set.
 fn edit_config(s: &Setup, original: &Value, edit: &Value) {
     let mut config = original.clone();
@@ -64,24 +83,12 @@ fn config_values_out_of_range_or_not_understood_are_refused_by_name() {
 fn a_weight_holding_nan_is_refused_naming_it_and_its_file() {
     let s = setup();
     let file = s.root.join("model/model.safetensors");
-    let bytes = std::fs::read(&file).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let name = "model.layers.1.mlp.down_proj.weight";
-    let views: Vec<(String, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, t)| {
-            let mut data = t.data().to_vec();
-            if n == name {
-                data.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&f32::NAN.to_le_bytes()));
-            }
-            (n, t.shape().to_vec(), data)
-        })
-        .collect();
-    let views = views.iter().map(|(n, shape, data)| {
-        (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data).unwrap())
+    rewrite_tensors(&file, |tensor, data| {
+        if tensor == name {
+            data.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&f32::NAN.to_le_bytes()));
+        }
     });
-    safetensors::serialize_to_file(views, None, &file).unwrap();
     // Read while the weights are uploaded, before any step: the plugin is loaded first.
     let args = extract_args(&s, "w", &[]);
     refused(&s, "w", &args, 30, &[name, &file.display().to_string(), "NaN"]);
@@ -110,23 +117,11 @@ fn a_dictionary_holding_nan_is_refused_naming_the_tensor_and_file() {
         std::fs::copy(fixture.join(file), dictionary.join(file)).unwrap();
     }
     let weights = dictionary.join("sae_weights.safetensors");
-    let bytes = std::fs::read(&weights).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, t)| {
-            let mut data = t.data().to_vec();
-            if n == "b_enc" {
-                data[..4].copy_from_slice(&f32::INFINITY.to_le_bytes());
-            }
-            (n, t.dtype(), t.shape().to_vec(), data)
-        })
-        .collect();
-    let views = tensors.iter().map(|(n, dtype, shape, data)| {
-        (n.clone(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap())
+    rewrite_tensors(&weights, |tensor, data| {
+        if tensor == "b_enc" {
+            data[..4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+        }
     });
-    safetensors::serialize_to_file(views, None, &weights).unwrap();
     let model = repo_root().join("fixtures/models/tiny-llama");
     let ids = s.root.join("ids.json");
     std::fs::write(&ids, "[[1, 2, 3, 4]]").unwrap();
