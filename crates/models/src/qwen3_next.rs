@@ -294,6 +294,9 @@ mod tests {
         assert!(err.contains("layer type \"sliding_attention\" in a hybrid decoder"), "{err}");
         let err = parse(r#", "linear_num_value_heads": 3"#).unwrap_err().to_string();
         assert!(err.contains("value heads a multiple of the key heads"), "{err}");
+        // Not taken as 1 (Hugging Face's modulo would divide by zero).
+        let err = parse(r#", "full_attention_interval": 0"#).unwrap_err().to_string();
+        assert!(err.contains("full_attention_interval 0"), "{err}");
     }
 
     #[test]

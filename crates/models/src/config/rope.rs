@@ -121,16 +121,18 @@ impl Rope {
         if let Some(scaling) = &self.scaling {
             scaling.check()?;
         }
-        for &head_dim in head_dims {
-            for windowed in [false, true] {
-                let (inv_freq, scale) = self.frequencies(head_dim, windowed);
+        // The model's frequencies, and the sliding-window layers' where they have their own.
+        let kinds = [false].into_iter().chain(self.local_theta.map(|_| true));
+        for windowed in kinds {
+            for &head_dim in head_dims {
+                let (inv_freq, _) = self.frequencies(head_dim, windowed);
                 if let Some(f) = inv_freq.iter().find(|f| !f.is_finite()) {
+                    let which = if windowed { "the sliding-window layers' RoPE" } else { "RoPE and its scaling" };
                     return Err(ModelError::Config(format!(
-                        "RoPE (base {}, {:?}) gives the inverse frequency {f} for heads {head_dim} wide",
-                        self.theta, self.scaling
+                        "{which} give the inverse frequency {f} for heads {head_dim} wide (base {}, local base {:?})",
+                        self.theta, self.local_theta
                     )));
                 }
-                positive("RoPE's attention factor", scale)?;
             }
         }
         Ok(())

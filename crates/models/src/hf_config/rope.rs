@@ -101,8 +101,12 @@ impl<'a> RopeObject<'a> {
         match self.map.keys().find(|key| !asked.contains(&key.as_str())) {
             None => Ok(()),
             Some(key) => {
-                let mut read: Vec<&str> = asked.into_iter().filter(|k| *k != "type").collect();
-                read.dedup();
+                let mut read: Vec<&str> = Vec::new();
+                for key in asked.into_iter().filter(|k| *k != "type") {
+                    if !read.contains(&key) {
+                        read.push(key);
+                    }
+                }
                 Err(ModelError::UnsupportedArch(format!(
                     "{}.{key}: not a setting siphon reads for rope_type {kind:?} (it reads {})",
                     self.at,
