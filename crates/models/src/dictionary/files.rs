@@ -124,6 +124,24 @@ fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
         .map_err(|e| ModelError::Corrupt { path: path.to_path_buf(), detail: format!("not JSON: {e}") })
 }
 
+/// A value of `dir`'s `cfg.json` (under `name`, for errors) as `read` reads it: absent or null
+/// is `None`; another type than `what` is refused naming it, never taken as absent (a format's
+/// setting read as its default would change the latents).
+pub(crate) fn cfg_value<'v, T>(
+    dir: &Path,
+    name: &str,
+    value: Option<&'v serde_json::Value>,
+    what: &str,
+    read: impl Fn(&'v serde_json::Value) -> Option<T>,
+) -> Result<Option<T>, ModelError> {
+    match value.filter(|v| !v.is_null()) {
+        None => Ok(None),
+        Some(v) => read(v)
+            .map(Some)
+            .ok_or_else(|| ModelError::Config(format!("{}: {name} {v} is not {what}", dir.join("cfg.json").display()))),
+    }
+}
+
 /// Every dictionary's tensors as the program takes them (`encoder`'s arguments after its
 /// inputs: f32, in [`Dictionary::tensors`]' order), each with what it is (for errors).
 pub fn host_tensors(dictionaries: &[DictionaryHook]) -> impl Iterator<Item = (String, HostTensor<'static>)> + '_ {
