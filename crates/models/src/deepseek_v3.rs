@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use siphon_hlo::{DType, TensorType, Value};
 
 use crate::arch::{Arch, Family, FinalNorm, Gain};
-use crate::config::{Attention, FamilyExtra, ModelConfig, Moe, ParamClass, ParamInfo, Rope};
+use crate::config::{Attention, FamilyExtra, ModelConfig, Moe, ParamClass, ParamInfo, Rope, positive};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, HfConfig, need};
@@ -124,7 +124,8 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if moe.shared_expert.is_none() {
         return refuse("n_shared_experts = 0".into());
     }
-    let router = Router { n_group, topk_group, scaling: hf.key("routed_scaling_factor")?.unwrap_or(1.0) };
+    let scaling = positive("routed_scaling_factor", hf.key("routed_scaling_factor")?.unwrap_or(1.0))?;
+    let router = Router { n_group, topk_group, scaling };
     // RoPE turns the `qk_rope_head_dim` part only (transformers sets head_dim to it).
     hf.head_dim = Some(mla.rope);
     let c = hf.decoder(ARCH, &Defaults::LLAMA)?;
@@ -133,7 +134,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
         attention: Attention {
             n_kv_heads: n_heads,
             head_dim: qk,
-            scalar: softmax_mscale(&hf).map(|m| qk as f64 / m.powi(4)),
+            scalar: softmax_mscale(&hf)?.map(|m| qk as f64 / m.powi(4)),
             ..c.attention
         },
         rope: Rope { rotary_dim: Some(mla.rope), ..c.rope },
@@ -145,13 +146,21 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
 }
 
 /// YaRN's `mscale_all_dim` factor, which multiplies the softmax scale squared
-/// (transformers' `yarn_apply_mscale`), when the config has one.
-fn softmax_mscale(hf: &HfConfig) -> Option<f64> {
-    let rope = hf.rope_parameters.as_ref().filter(|p| !p.is_null()).or(hf.rope_scaling.as_ref())?;
-    let kind = rope.get("rope_type").or_else(|| rope.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
-    let all = rope.get("mscale_all_dim").and_then(|m| m.as_f64()).filter(|&m| m != 0.0 && kind != "default")?;
-    let factor = rope.get("factor").and_then(|f| f.as_f64())?;
-    Some(if factor <= 1.0 { 1.0 } else { 0.1 * all * factor.ln() + 1.0 })
+/// (transformers' `yarn_apply_mscale`, with the object's `factor`), when the config has one.
+fn softmax_mscale(hf: &HfConfig) -> Result<Option<f64>, ModelError> {
+    let Some(rope) = hf.rope_object()? else { return Ok(None) };
+    let Some(all) = rope.number("mscale_all_dim")?.filter(|&m| m != 0.0) else { return Ok(None) };
+    if rope.kind()? == "default" {
+        return Ok(None);
+    }
+    let factor = rope.required("factor")?;
+    let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * all * factor.ln() + 1.0 };
+    if !(mscale > 0.0 && mscale.is_finite()) {
+        return Err(ModelError::Config(format!(
+            "mscale_all_dim {all} with factor {factor} scales the attention by {mscale}, not a positive number"
+        )));
+    }
+    Ok(Some(mscale))
 }
 
 /// Every weight, in Hugging Face's names: per block the norms, the latent attention, and

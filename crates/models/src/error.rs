@@ -46,6 +46,17 @@ pub enum ModelError {
         /// The file or index.
         source_desc: String,
     },
+    /// A tensor holds a value that is not finite (NaN or infinity), or a scale that makes
+    /// one: every activation it reaches would carry it.
+    #[error("tensor {name:?} in {}: {detail}", path.display())]
+    NonFinite {
+        /// Hugging Face tensor name (or the stored tensor's, for a scale).
+        name: String,
+        /// The file it is stored in.
+        path: std::path::PathBuf,
+        /// Which value, and what it is.
+        detail: String,
+    },
     /// A tensor encoding (dtype or GGUF quantization) siphon cannot read.
     #[error("unsupported tensor encoding: {0}")]
     UnsupportedQuant(String),

@@ -32,15 +32,49 @@ pub(crate) fn dequantize(
     if scales.len() != sr * sc {
         return None;
     }
-    let [br, bc] = block_of(rows, cols, grid, block)?;
-    let table: Vec<f32> = (0..=255u8).map(e4m3).collect();
+    let block = block_of(rows, cols, grid, block)?;
     let mut out = Vec::with_capacity(rows * cols);
     for (i, row) in weights.chunks_exact(cols).enumerate() {
-        let block_row = &scales[(i / br) * sc..(i / br + 1) * sc];
-        out.extend(row.iter().enumerate().map(|(j, &b)| table[usize::from(b)] * block_row[j / bc]));
+        out.extend(row_values(row, i, scales, sc, block));
     }
     Some(out)
 }
+
+/// The index of the first value of a weight, as [`dequantize`] computes it with the scales of
+/// `grid` in blocks of `block`, that is not finite: a NaN byte, or a scale that is not finite
+/// or makes a product overflow. Under scales no larger than `f32::MAX / 448` (E4M3's largest
+/// magnitude), which real checkpoints' are by far, only a NaN byte can: its bytes alone are
+/// scanned then.
+pub(crate) fn first_non_finite(
+    weights: &[u8],
+    cols: usize,
+    scales: &[f32],
+    grid: [usize; 2],
+    block: [usize; 2],
+) -> Option<usize> {
+    if scales.iter().all(|s| s.abs() <= f32::MAX / 448.0) {
+        return crate::finite::first_non_finite(siphon_dtype::DType::Fp8, weights);
+    }
+    weights.chunks_exact(cols).enumerate().find_map(|(i, row)| {
+        row_values(row, i, scales, grid[1], block).position(|v| !v.is_finite()).map(|j| i * cols + j)
+    })
+}
+
+/// The values of row `i` of a weight: each byte's E4M3 value times its block's scale (`sc`
+/// scales per row of blocks of `[br, bc]`), rounded once to f32.
+fn row_values<'a>(
+    row: &'a [u8],
+    i: usize,
+    scales: &'a [f32],
+    sc: usize,
+    [br, bc]: [usize; 2],
+) -> impl Iterator<Item = f32> + 'a {
+    let block_row = &scales[(i / br) * sc..(i / br + 1) * sc];
+    row.iter().enumerate().map(move |(j, &b)| E4M3[usize::from(b)] * block_row[j / bc])
+}
+
+/// The E4M3 value of every byte (NaN for `0x7f` and `0xff`).
+static E4M3: std::sync::LazyLock<[f32; 256]> = std::sync::LazyLock::new(|| std::array::from_fn(|b| e4m3(b as u8)));
 
 /// The block a `rows × cols` weight's `grid` of scales is in: `block` (the config's) where the
 /// grid is that block's rounded up, else the grid's exact division of the weight.
@@ -76,5 +110,17 @@ mod tests {
         let v = dequantize(&[0x38; 6], 6, 1, &[0.5, 3.0], [2, 1], Some([4, 4])).unwrap();
         assert_eq!(v, [0.5, 0.5, 0.5, 0.5, 3.0, 3.0]);
         assert!(dequantize(&[0x38; 6], 2, 3, &[1.0, 1.0], [1, 2], Some([2, 1])).is_none());
+    }
+
+    #[test]
+    fn a_nan_byte_or_a_scale_that_makes_a_value_non_finite_is_found() {
+        // 2 × 4 weights in 1 × 2 blocks of [2, 2]: 0x38 is 1.0, 0x7e is 448, 0x7f NaN.
+        let first = |weights: &[u8], scales: &[f32]| first_non_finite(weights, 4, scales, [1, 2], [2, 2]);
+        assert_eq!(first(&[0x38; 8], &[0.5, 3e38]), None);
+        assert_eq!(first(&[0x38, 0x38, 0x38, 0x7f, 0x38, 0x38, 0x38, 0x38], &[0.5, 3.0]), Some(3));
+        assert_eq!(first(&[0x38; 8], &[0.5, f32::NAN]), Some(2));
+        assert_eq!(first(&[0x38; 8], &[f32::INFINITY, 1.0]), Some(0));
+        // 448 · 1e36 overflows f32; 1.0 · 1e36 does not.
+        assert_eq!(first(&[0x38, 0x38, 0x38, 0x38, 0x38, 0x7e, 0x38, 0x38], &[1e36, 1.0]), Some(5));
     }
 }

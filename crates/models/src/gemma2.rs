@@ -88,11 +88,9 @@ pub(crate) fn gemma_config(
     let attn_softcap = match hf.extra.get("attn_logit_softcapping") {
         None => softcap,
         Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_f64()
-                .filter(|c| *c > 0.0)
-                .ok_or_else(|| ModelError::Config(format!("attn_logit_softcapping {v} is not a positive number")))?,
-        ),
+        Some(v) => {
+            Some(v.as_f64().ok_or_else(|| ModelError::Config(format!("attn_logit_softcapping {v} is not a number")))?)
+        }
     };
     let attn_scalar = Some(hf.key::<f64>("query_pre_attn_scalar")?.unwrap_or(256.0));
     Ok(ModelConfig { attention: Attention { scalar: attn_scalar, softcap: attn_softcap, ..c.attention }, ..c })

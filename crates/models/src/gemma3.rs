@@ -50,7 +50,10 @@ const DEFAULTS: Defaults = Defaults {
     head_dim: Some(256),
     rope_theta: 1_000_000.0,
     activation: GEMMA_ACTIVATION,
-    windows: |c, n_layers, _| gemma_windows(c, n_layers, c.key("sliding_window_pattern")?.unwrap_or(6)),
+    windows: |c, n_layers, _| match c.key("sliding_window_pattern")?.unwrap_or(6) {
+        0 => Err(ModelError::Config("sliding_window_pattern 0 must be at least 1".into())),
+        pattern => gemma_windows(c, n_layers, pattern),
+    },
     ..Defaults::LLAMA
 };
 
@@ -126,5 +129,8 @@ mod tests {
         assert!(err.to_string().contains("per layer type"), "{err}");
         let err = HfConfig::from_json(r#"{"model_type": "gemma3"}"#).unwrap().into_config().unwrap_err();
         assert!(err.to_string().contains("multimodal"), "{err}");
+        // A pattern of 0 layers would divide by zero.
+        let err = parse(r#", "sliding_window_pattern": 0"#).unwrap_err();
+        assert!(err.to_string().contains("sliding_window_pattern 0"), "{err}");
     }
 }

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
 
 use crate::arch::{Arch, Family, FinalNorm, Gain};
-use crate::config::{Attention, FamilyExtra, ModelConfig, Moe, ParamClass, ParamInfo, Slice};
+use crate::config::{Attention, FamilyExtra, ModelConfig, Moe, ParamClass, ParamInfo, Slice, positive};
 use crate::error::ModelError;
 use crate::forward::{ForwardProgram, ForwardSpec, Graph, pre_norm_decoder};
 use crate::hf_config::{Defaults, HfConfig, need};
@@ -99,8 +99,8 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
     let (n_experts, top_k) = hf.experts()?;
     let expert_size = need(hf.intermediate_size, "intermediate_size")?;
     let gpt_oss = GptOss {
-        swiglu_alpha: hf.key("swiglu_alpha")?.unwrap_or(1.702),
-        swiglu_limit: hf.key("swiglu_limit")?.unwrap_or(7.0),
+        swiglu_alpha: positive("swiglu_alpha", hf.key("swiglu_alpha")?.unwrap_or(1.702))?,
+        swiglu_limit: positive("swiglu_limit", hf.key("swiglu_limit")?.unwrap_or(7.0))?,
         mxfp4,
     };
     let c = hf.decoder(ARCH, &DEFAULTS)?;

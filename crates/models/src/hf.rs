@@ -30,13 +30,17 @@ impl LoadedModel {
     /// Opens an HF model directory or a `.gguf` file.
     pub fn open(path: &Path) -> Result<LoadedModel, ModelError> {
         let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
-        if meta.is_dir() { Self::open_hf_dir(path) } else { Self::open_gguf(path) }
+        match meta.file_type() {
+            t if t.is_dir() => Self::open_hf_dir(path),
+            t if t.is_file() => Self::open_gguf(path),
+            t => Err(crate::file::not_a(path, &t, "a model directory or a .gguf file")),
+        }
     }
 
     /// Opens an HF model directory.
     pub fn open_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
         let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
+        let text = crate::file::read_to_string(&config_path)?;
         let hf = HfConfig::from_json(&text)?;
         let fp8_block = hf.fp8_block_size()?;
         let config = hf.into_config()?;

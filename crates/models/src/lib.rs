@@ -4,11 +4,13 @@
 //! # Code map
 //!
 //! - `hf_config/`: `HfConfig`, a serde mirror of `config.json` (keys several families read as
-//!   fields, the rest kept by name for the one family that reads them), and the reading families
-//!   share: `HfConfig::decoder` (sizes, heads, activation, windows, RoPE from `rope_theta` /
-//!   `rope_scaling` or transformers 5's `rope_parameters`; in `decode.rs`, the one part that knows
-//!   a family's `Arch`) with the `Defaults` a family's configuration class fills in, the window rules several families use, per-layer-type RoPE,
-//!   a mixture's expert counts. `HfConfig::into_config` (in `family.rs`) finds the family in the
+//!   fields, the rest kept by name for the one family that reads them; a key of the wrong type
+//!   named by its path), and the reading families
+//!   share: `HfConfig::decoder` (sizes, heads, activation, windows, RoPE; in `decode.rs`, the one part that knows
+//!   a family's `Arch`) with the `Defaults` a family's configuration class fills in, the window rules several families use,
+//!   RoPE from `rope_theta` / `rope_scaling` or transformers 5's `rope_parameters`, per layer type
+//!   where the family reads it so (`rope.rs`: every key of a RoPE object read with its type
+//!   checked, a key its `rope_type` does not read refused by name), a mixture's expert counts. `HfConfig::into_config` (in `family.rs`) finds the family in the
 //!   registry and calls its `from_hf`.
 //! - `arch.rs`: `Family`, what siphon knows of one family (its names, `from_hf`, build function,
 //!   inventory, hook features, renames, its `FinalNorm`: the final norm's gain and how
@@ -20,18 +22,25 @@
 //! - `config/`: the validated `ModelConfig`: the sizes, and the settings of the shared layer
 //!   pieces families choose between, a typed piece each — `Attention` (heads, biases, q/k norms,
 //!   score scale and soft-cap, output gate; `attention.rs`), `Rope` (base, scaling, local base,
-//!   rotated width; `rope.rs`), `Moe` (`mixture.rs`), the token mixers' `Mla` and
+//!   rotated width, and the inverse frequencies they give; `rope.rs`), `Moe` (`mixture.rs`), the token mixers' `Mla` and
 //!   `LinearAttention` (`mixers.rs`), each serialized flat under the names `run.json` has always
 //!   held; what each block is where blocks differ, one `LayerSpec` per layer — window, sizes,
 //!   the layer whose keys and values it reads, NoPE — serialized as the per-layer lists
 //!   (`layers.rs`); `Default` for tests and `from_hf`; what one family alone reads is a
 //!   `FamilyExtra` its file defines, kept in `ModelConfig::extras` by its key and serialized
-//!   beside the other fields. And what a weight is (`ParamInfo`: HF name, shape, `ParamClass`,
+//!   beside the other fields. `ModelConfig::validate` checks the relations the forward relies
+//!   on and every number's range, each in the piece that owns it (`config::positive`: bases,
+//!   epsilons, factors, scales and caps positive and finite; RoPE's frequencies finite). And what a weight is (`ParamInfo`: HF name, shape, `ParamClass`,
 //!   and a `Slice` for parts of fused or Conv1D
 //!   tensors); `ModelConfig::params` asks the family (through `Arch`) for its list.
 //! - Loading: `LoadedModel::open` turns an HF directory (`config.json`, `model.safetensors` or a
 //!   sharded index, `tokenizer.json`/`tokenizer_config.json`) or a GGUF file into a `ModelConfig`,
-//!   a `Weights` source keyed by HF tensor name (cutting and transposing `Slice`d parts as it reads them) and an optional `TextTokenizer`. GGUF conversion
+//!   a `Weights` source keyed by HF tensor name (cutting and transposing `Slice`d parts as it reads them) and an optional `TextTokenizer`;
+//!   every file the crate reads, a dictionary's too, is opened through `file.rs`, which refuses
+//!   one that is not a regular file (a FIFO, a device) by its path before opening it; every
+//!   tensor `Weights` reads is refused naming it and its file when it holds a NaN or an
+//!   infinity (`finite.rs`'s scan of its encoded bytes; a stored form's scales as its format
+//!   tells: `fp8.rs`, `mxfp4.rs`, the GGUF blocks' f16 scales). GGUF conversion
 //!   follows transformers' `gguf_file=` loading (names and config per architecture, llama.cpp's
 //!   stored forms undone as each tensor is read: the q/k RoPE permutation, GPT-2's transposed
 //!   Conv1D, GPT-NeoX's regrouped qkv, Gemma's `1 + w` norms, a mixture's stacked experts split
@@ -220,6 +229,8 @@ mod deepseek_v3;
 pub mod dictionary;
 mod error;
 mod family;
+mod file;
+mod finite;
 pub mod forward;
 mod fp8;
 mod gemma2;

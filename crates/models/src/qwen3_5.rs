@@ -12,9 +12,9 @@
 use crate::arch::{Arch, Family, FinalNorm};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::hf_config::HfConfig;
+use crate::hf_config::{Defaults, HfConfig};
 use crate::hooks::Feature;
-use crate::qwen3_next::{MIXTURE_FEATURES, build_hybrid, hybrid, hybrid_params, mixture};
+use crate::qwen3_next::{self, MIXTURE_FEATURES, build_hybrid, hybrid, hybrid_params, mixture};
 
 /// The family's handle.
 pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
@@ -66,8 +66,11 @@ fn from_hf(hf: HfConfig, multimodal: &str, text: &str, experts: bool) -> Result<
         true => (MOE_ARCH, Some(mixture(&hf, true)?)),
         false => (ARCH, None),
     };
-    hybrid(hf, arch, false, moe)
+    hybrid(hf, arch, &DEFAULTS, false, moe)
 }
+
+/// Qwen3-Next's, with the multimodal RoPE's sections read to no effect.
+const DEFAULTS: Defaults = Defaults { rope_no_effect: &["mrope_section", "mrope_interleaved"], ..qwen3_next::DEFAULTS };
 
 #[cfg(test)]
 mod tests {

@@ -78,7 +78,7 @@ fn from_hf(hf: HfConfig) -> Result<ModelConfig, ModelError> {
         return refuse("dense MLP layers (decoder_sparse_step != 1 or mlp_only_layers)");
     }
     let moe = Some(mixture(&hf, hf.norm_topk_prob.unwrap_or(true))?);
-    hybrid(hf, ARCH, true, moe)
+    hybrid(hf, ARCH, &DEFAULTS, true, moe)
 }
 
 /// The routed experts and the shared expert of a Qwen3-Next-style config.
@@ -95,9 +95,16 @@ pub(crate) fn mixture(hf: &HfConfig, norm_topk: bool) -> Result<Moe, ModelError>
 }
 
 /// The hybrid decoder's configuration (Qwen3-Next, Qwen3.5): the decoder's sizes with
-/// partial rotary 0.25 by default, gated attention with q/k norms, the linear-attention
-/// layers (their projections `fused` as Qwen3-Next stores them) and the mixture, if any.
-pub(crate) fn hybrid(mut hf: HfConfig, arch: Arch, fused: bool, moe: Option<Moe>) -> Result<ModelConfig, ModelError> {
+/// `defaults` and partial rotary 0.25 by default, gated attention with q/k norms, the
+/// linear-attention layers (their projections `fused` as Qwen3-Next stores them) and the
+/// mixture, if any.
+pub(crate) fn hybrid(
+    mut hf: HfConfig,
+    arch: Arch,
+    defaults: &Defaults,
+    fused: bool,
+    moe: Option<Moe>,
+) -> Result<ModelConfig, ModelError> {
     if hf.attention_bias == Some(true) {
         return Err(ModelError::UnsupportedArch(format!("{arch} with attention_bias = true")));
     }
@@ -109,7 +116,7 @@ pub(crate) fn hybrid(mut hf: HfConfig, arch: Arch, fused: bool, moe: Option<Moe>
         // The dense MLP's width is unused.
         hf.intermediate_size.get_or_insert(0);
     }
-    let c = hf.decoder(arch, &DEFAULTS)?;
+    let c = hf.decoder(arch, defaults)?;
     let linear_attention = Some(LinearAttention::from_hf(&hf, c.n_layers, fused)?);
     Ok(ModelConfig {
         attention: Attention { qk_norm: true, output_gate: true, ..c.attention },
@@ -287,6 +294,9 @@ mod tests {
         assert!(err.contains("layer type \"sliding_attention\" in a hybrid decoder"), "{err}");
         let err = parse(r#", "linear_num_value_heads": 3"#).unwrap_err().to_string();
         assert!(err.contains("value heads a multiple of the key heads"), "{err}");
+        // Not taken as 1 (Hugging Face's modulo would divide by zero).
+        let err = parse(r#", "full_attention_interval": 0"#).unwrap_err().to_string();
+        assert!(err.contains("full_attention_interval 0"), "{err}");
     }
 
     #[test]

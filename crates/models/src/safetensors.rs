@@ -6,7 +6,6 @@
 //! end of the file) and tensors are read as slices of the map.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -72,7 +71,7 @@ impl SafeTensorsSet {
     }
 
     pub(crate) fn open_index(index: &Path) -> Result<SafeTensorsSet, ModelError> {
-        let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+        let text = crate::file::read_to_string(index)?;
         let corrupt = |detail: String| ModelError::Corrupt { path: index.to_path_buf(), detail };
         let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| corrupt(format!("not JSON: {e}")))?;
         let map = json
@@ -110,7 +109,7 @@ impl SafeTensorsSet {
     }
 
     fn add_file(&mut self, path: &Path, only: Option<&BTreeSet<&str>>) -> Result<(), ModelError> {
-        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let file = crate::file::open(path)?;
         // SAFETY: read-only map of a model file nobody writes while siphon runs.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
         let (n, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Corrupt {
@@ -210,16 +209,33 @@ impl SafeTensorsSet {
         let (_, info) = self.entry(name)?;
         let [rows, cols] = info.shape[..] else { return Ok(None) };
         let Some(block) = crate::fp8::block_of(rows, cols, grid, self.fp8_block) else { return Ok(None) };
+        let weights = self.bytes(name)?;
+        if let Some(i) = crate::fp8::first_non_finite(weights, cols, &scales, grid, block) {
+            let detail = format!("value {i} (FP8 byte {:#04x} times its block's scale) is not finite", weights[i]);
+            return Err(ModelError::NonFinite { name: name.into(), path: self.file_of(name), detail });
+        }
         let scales = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-        Ok(Some((crate::stored::StoredForm::Fp8 { block }, vec![self.bytes(name)?.to_vec(), scales])))
+        Ok(Some((crate::stored::StoredForm::Fp8 { block }, vec![weights.to_vec(), scales])))
     }
 
     /// `name` (`…_blocks`) as it stays on the device when kept stored: its blocks, `[…, rows,
     /// groups · 16]`, and exponents, `[…, rows, groups]`; `None` unless it is MXFP4.
     pub(crate) fn mxfp4_stored(&self, name: &str) -> Result<Option<crate::stored::StoredBytes>, ModelError> {
-        Ok(self
-            .mxfp4_parts(name)?
-            .map(|p| (crate::stored::StoredForm::Mxfp4, vec![p.blocks.to_vec(), p.scales.to_vec()])))
+        let Some(p) = self.mxfp4_parts(name)? else { return Ok(None) };
+        if let Some(i) = crate::mxfp4::first_infinite(p.blocks, p.scales) {
+            let detail =
+                format!("value {i} is infinite: its group's scale 2^({} - 127) overflows f32", p.scales[i / 32]);
+            return Err(ModelError::NonFinite { name: name.into(), path: self.file_of(name), detail });
+        }
+        Ok(Some((crate::stored::StoredForm::Mxfp4, vec![p.blocks.to_vec(), p.scales.to_vec()])))
+    }
+
+    /// The file the tensor `name` is in (the set's description when it has none).
+    pub(crate) fn file_of(&self, name: &str) -> PathBuf {
+        match self.by_name.get(name) {
+            Some((idx, _)) => self.files[*idx].path.clone(),
+            None => PathBuf::from(&self.describe),
+        }
     }
 
     /// The scale grid and f32 scales of `name` when it is F8_E4M3 beside a `…_scale_inv`.

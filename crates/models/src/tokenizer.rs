@@ -82,16 +82,16 @@ impl TextTokenizer {
         if !path.exists() {
             return Ok(None);
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let text = crate::file::read_to_string(&path)?;
         let inner = parse_tokenizer(&text).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
         let mut tok = TextTokenizer::new(inner, None, None, None);
         let jinja = dir.join("chat_template.jinja");
         if jinja.exists() {
-            tok.chat_template = Some(std::fs::read_to_string(&jinja).map_err(|e| ModelError::io(&jinja, e))?);
+            tok.chat_template = Some(crate::file::read_to_string(&jinja)?);
         }
         let config_path = dir.join("tokenizer_config.json");
         if config_path.exists() {
-            let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
+            let text = crate::file::read_to_string(&config_path)?;
             let config: Value = serde_json::from_str(&text)
                 .map_err(|e| ModelError::Corrupt { path: config_path.clone(), detail: format!("not JSON: {e}") })?;
             // Special tokens are given as a string or as {"content": ...}.
@@ -120,16 +120,24 @@ impl TextTokenizer {
             };
             tok.chat_template = tok.chat_template.take().or(chat_template);
             // transformers ≥5 rebuilds the post-processor from add_bos_token/add_eos_token
-            // when the config names either, or when tokenizer.json has none.
-            let flag = |key: &str| config.get(key).and_then(Value::as_bool);
-            let explicit = flag("add_bos_token").is_some() || flag("add_eos_token").is_some();
+            // when the config names either, or when tokenizer.json has none; either of another
+            // type is refused rather than taken as absent (it would change every sequence).
+            let flag = |key: &str| match config.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Bool(on)) => Ok(Some(*on)),
+                Some(other) => {
+                    Err(ModelError::Tokenizer(format!("{}: {key} {other} is not true or false", config_path.display())))
+                }
+            };
+            let (add_bos, add_eos) = (flag("add_bos_token")?, flag("add_eos_token")?);
+            let explicit = add_bos.is_some() || add_eos.is_some();
             if explicit || tok.inner.get_post_processor().is_none() {
                 let special = |on: Option<bool>, id: Option<u32>| match (on, id) {
                     (Some(true), Some(id)) => tok.inner.id_to_token(id).map(|t| (t, id)),
                     _ => None,
                 };
-                let bos = special(flag("add_bos_token"), tok.bos_id);
-                let eos = special(flag("add_eos_token"), tok.eos_id);
+                let bos = special(add_bos, tok.bos_id);
+                let eos = special(add_eos, tok.eos_id);
                 let post =
                     template(bos.as_ref().map(|(t, i)| (t.as_str(), *i)), eos.as_ref().map(|(t, i)| (t.as_str(), *i)));
                 // Set in place, not by a round trip through the tokenizer's JSON: writing a

@@ -13,6 +13,7 @@ use half::{bf16, f16};
 
 use crate::config::{ParamInfo, Slice};
 use crate::error::ModelError;
+use crate::finite::first_non_finite;
 use crate::gguf::convert::{self, RowOrder};
 use crate::gguf::{GgmlType, GgufFile, dequant};
 use crate::safetensors::{SafeTensorsSet, Stored};
@@ -43,6 +44,14 @@ impl HostTensor<'_> {
         let mut out = vec![0.0; self.n_elements()];
         decode_into(self.dtype, &self.data, &mut out);
         out
+    }
+
+    /// Element `i` as f32.
+    fn to_f32_at(&self, i: usize) -> f32 {
+        let size = self.dtype.size();
+        let mut out = [0.0];
+        decode_into(self.dtype, &self.data[i * size..(i + 1) * size], &mut out);
+        out[0]
     }
 }
 
@@ -163,9 +172,32 @@ impl Weights {
         }
     }
 
-    /// A tensor converted to `dtype` (borrowed from the map when stored as `dtype`).
+    /// A tensor converted to `dtype` (borrowed from the map when stored as `dtype`); one
+    /// holding a NaN or an infinity, stored or from its dequantization, is refused naming it
+    /// and its file.
     pub fn get(&self, name: &str, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
         let name = &*self.resolve(name);
+        let tensor = self.read(name, dtype)?;
+        match first_non_finite(tensor.dtype, &tensor.data) {
+            None => Ok(tensor),
+            Some(i) => {
+                let value = tensor.to_f32_at(i);
+                let detail = format!("holds {value} (element {i} of {})", tensor.n_elements());
+                Err(ModelError::NonFinite { name: name.into(), path: self.file_of(name), detail })
+            }
+        }
+    }
+
+    /// The file the stored tensor `name` is in.
+    fn file_of(&self, name: &str) -> std::path::PathBuf {
+        match &self.inner {
+            Inner::SafeTensors(s) => s.file_of(name),
+            Inner::Gguf(g) => g.file.path().to_path_buf(),
+        }
+    }
+
+    /// The stored tensor `name` converted to `dtype`.
+    fn read(&self, name: &str, dtype: DType) -> Result<HostTensor<'_>, ModelError> {
         match &self.inner {
             Inner::SafeTensors(s) => {
                 if let Some(t) = s.dequantized(name)? {
@@ -345,6 +377,15 @@ impl GgufWeights {
             let src_row = first + convert::hf_row_of(mapping.order, n_rows, hf_row);
             for block in raw[src_row * row_bytes..(src_row + 1) * row_bytes].chunks_exact(bb) {
                 split_block(form, block, &mut parts);
+            }
+        }
+        // The blocks' f16 scales and mins: every other part is a small integer, so these
+        // alone can make a stored weight's values non-finite.
+        for (part, bytes) in form.parts(&[1, QK_K]).iter().zip(&parts) {
+            if let Some(i) = first_non_finite(part.dtype, bytes) {
+                let value = f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]);
+                let detail = format!("a block's f16 scale is {value} ({:?}, scale {i} of its part)", t.ggml_type);
+                return Err(ModelError::NonFinite { name: name.into(), path: self.file.path().to_path_buf(), detail });
             }
         }
         Ok(Some((form, parts)))

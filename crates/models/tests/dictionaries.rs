@@ -126,7 +126,7 @@ fn what_is_not_computed_is_refused_by_name() {
     let source = fixtures().into_iter().find(|d| d.ends_with("saelens-topk")).unwrap();
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(source.join("cfg.json")).unwrap()).unwrap();
-    let cases: [(&str, serde_json::Value); 6] = [
+    let cases: [(&str, serde_json::Value); 10] = [
         ("rescale_acts_by_decoder_norm", serde_json::json!({"rescale_acts_by_decoder_norm": true})),
         ("architecture \"matryoshka_batchtopk\"", serde_json::json!({"architecture": "matryoshka_batchtopk"})),
         (
@@ -136,6 +136,14 @@ fn what_is_not_computed_is_refused_by_name() {
         ("hook_head_index 3", serde_json::json!({"hook_head_index": 3})),
         ("reshape_activations \"hook_z\"", serde_json::json!({"reshape_activations": "hook_z"})),
         ("activation_fn \"tanh-relu\"", serde_json::json!({"activation_fn": "tanh-relu"})),
+        // A setting of another type is refused naming it, not read as its default.
+        ("cfg.json: architecture 3 is not a string", serde_json::json!({"architecture": 3})),
+        (
+            "rescale_acts_by_decoder_norm \"yes\" is not true or false",
+            serde_json::json!({"rescale_acts_by_decoder_norm": "yes"}),
+        ),
+        ("reshape_activations [\"hook_z\"] is not a string", serde_json::json!({"reshape_activations": ["hook_z"]})),
+        ("d_in \"64\" is not a count", serde_json::json!({"d_in": "64"})),
     ];
     for (want, edit) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -146,6 +154,23 @@ fn what_is_not_computed_is_refused_by_name() {
         std::fs::write(dir.path().join("cfg.json"), cfg.to_string()).unwrap();
         std::fs::copy(source.join("sae_weights.safetensors"), dir.path().join("sae_weights.safetensors")).unwrap();
         let err = Dictionary::open(dir.path(), None).expect_err(want).to_string();
+        assert!(err.contains(want), "{err:?} lacks {want:?}");
+    }
+    // sparsify's settings likewise (a transcoder read as an SAE would subtract b_dec).
+    let sparsify = fixtures().into_iter().find(|d| d.ends_with("sparsify/layers.1")).unwrap();
+    let copy = tempfile::tempdir().unwrap();
+    let dir = copy.path().join("layers.1");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(sparsify.join("sae.safetensors"), dir.join("sae.safetensors")).unwrap();
+    for (edit, want) in [
+        (serde_json::json!({"transcode": "true"}), "transcode \"true\" is not true or false"),
+        (serde_json::json!({"activation": null, "k": 6.5}), "k 6.5 is not a count"),
+    ] {
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(sparsify.join("cfg.json")).unwrap()).unwrap();
+        cfg.as_object_mut().unwrap().extend(edit.as_object().unwrap().clone());
+        std::fs::write(dir.join("cfg.json"), cfg.to_string()).unwrap();
+        let err = Dictionary::open(&dir, None).unwrap_err().to_string();
         assert!(err.contains(want), "{err:?} lacks {want:?}");
     }
     let empty = tempfile::tempdir().unwrap();

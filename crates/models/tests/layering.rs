@@ -3,8 +3,8 @@
 //! of a lower one, and no file is over 800 lines before its tests.
 //!
 //! Layers, lowest first:
-//! 1. formats: the crate root (re-exports), the error, GGUF, the block encodings (fp8, MXFP4),
-//!    the tokenizer;
+//! 1. formats: the crate root (re-exports), the error, opening files, finding non-finite
+//!    values, GGUF, the block encodings (fp8, MXFP4), the tokenizer;
 //! 2. descriptions: the configuration, the hook kinds, `config.json`'s reader and GGUF's
 //!    metadata read as one (`gguf::convert`), the sharding table, the stored forms of weights;
 //! 3. the program: `forward` (the contract, `Graph`, the decoder loop), `layers`, the
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 /// The layers by their modules (a submodule named stands apart from its parent's layer); the
 /// families' layer also holds every module the registry (`family.rs`) lists.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("formats", &["(root)", "error", "fp8", "mxfp4", "gguf", "tokenizer"]),
+    ("formats", &["(root)", "error", "file", "finite", "fp8", "mxfp4", "gguf", "tokenizer"]),
     (
         "descriptions",
         &["arch", "config", "contract", "dictionary", "gguf::convert", "hooks", "hf_config", "sharding", "stored"],

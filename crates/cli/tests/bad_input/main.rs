@@ -11,6 +11,8 @@
 //! - `flags`: every command's count, duration and size flags past their range, hook ranges
 //!   past the model, `forward`'s rows past the context or the memory, special files a flag
 //!   names, a launched host's own error;
+//! - `model`: config.json values out of range or not understood, weights and dictionaries
+//!   holding NaN, special files where a model's files are read;
 //! - `non_finite`: activations that are NaN or ±Inf;
 //! - `runs`: a run's files replaced by FIFOs, or holding numbers of the wrong type;
 //! - `signals`: SIGTERM and SIGINT at every phase of the job.
@@ -26,6 +28,7 @@ mod crashes;
 mod exports;
 mod fetch;
 mod flags;
+mod model;
 mod non_finite;
 mod runs;
 mod signals;

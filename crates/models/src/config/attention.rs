@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::positive;
+use crate::error::ModelError;
+
 /// The attention's heads and settings; serialized flat in the configuration, under the names
 /// `run.json` has always held.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -33,4 +36,17 @@ pub struct Attention {
     /// `o_proj` reads `z · sigmoid(gate)` (Qwen3.5, Qwen3-Next).
     #[serde(rename = "attn_output_gate", default, skip_serializing_if = "std::ops::Not::not")]
     pub output_gate: bool,
+}
+
+impl Attention {
+    /// Checks the scores' scale and soft-cap: positive finite numbers where given.
+    pub(crate) fn check(&self) -> Result<(), ModelError> {
+        if let Some(scalar) = self.scalar {
+            positive("query_pre_attn_scalar (the scores' scale)", scalar)?;
+        }
+        if let Some(cap) = self.softcap {
+            positive("attn_logit_softcapping", cap)?;
+        }
+        Ok(())
+    }
 }

@@ -103,7 +103,10 @@ impl LinearAttention {
                 })
                 .collect::<Result<_, _>>()?,
             None => {
-                let every = hf.key::<usize>("full_attention_interval")?.unwrap_or(4).max(1);
+                let every = hf.key::<usize>("full_attention_interval")?.unwrap_or(4);
+                if every == 0 {
+                    return Err(ModelError::Config("full_attention_interval 0 must be at least 1".into()));
+                }
                 (0..n_layers).map(|l| (l + 1) % every != 0).collect()
             }
         };

@@ -304,6 +304,24 @@ impl ParamInfo {
     }
 }
 
+/// `value`, when it is a positive finite number; else an error naming `what`. Every float a
+/// configuration holds is one (a base, an epsilon, a factor, a scale, a cap) or is derived
+/// from them, and each piece's check calls this.
+pub(crate) fn positive(what: &str, value: f64) -> Result<f64, ModelError> {
+    match value > 0.0 && value.is_finite() {
+        true => Ok(value),
+        false => Err(ModelError::Config(format!("{what} {value} must be a positive finite number"))),
+    }
+}
+
+/// Checks that a length the configuration names (a context length) is at least 1.
+pub(crate) fn positive_count(what: &str, value: usize) -> Result<(), ModelError> {
+    match value {
+        0 => Err(ModelError::Config(format!("{what} 0 must be at least 1"))),
+        _ => Ok(()),
+    }
+}
+
 /// The most blocks a config may declare ([`ModelConfig::validate`]).
 pub const MAX_LAYERS: usize = 4096;
 
@@ -320,7 +338,9 @@ impl ModelConfig {
         self
     }
 
-    /// Checks the relations the forward relies on.
+    /// Checks the relations the forward relies on, and the ranges of its numbers (each piece
+    /// checks its own: [`Attention`]'s scale and cap, [`Rope`]'s base, scaling and
+    /// frequencies).
     pub fn validate(&self) -> Result<(), ModelError> {
         let fail = |m: String| Err(ModelError::Config(m));
         if self.vocab_size == 0 || self.hidden_size == 0 || self.n_layers == 0 || self.attention.head_dim == 0 {
@@ -365,6 +385,17 @@ impl ModelConfig {
                     return fail(format!("layer {layer} cannot attend over layer {source}'s keys and values"));
                 }
             }
+        }
+        positive(
+            "rms_norm_eps (the norms' epsilon; GPT-2's layer_norm_epsilon, GPT-NeoX's layer_norm_eps)",
+            self.rms_norm_eps,
+        )?;
+        self.attention.check()?;
+        if rotary {
+            let mut head_dims: Vec<usize> = (0..self.n_layers).map(|l| self.head_dim_at(l)).collect();
+            head_dims.sort_unstable();
+            head_dims.dedup();
+            self.rope.check(&head_dims)?;
         }
         Ok(())
     }

@@ -24,16 +24,18 @@ enum Format {
 }
 
 impl Format {
-    /// The format of the dictionary in `dir`, by the files it holds.
+    /// The format of the dictionary in `dir`, by the files it holds (by their names: one that
+    /// is not a regular file is refused, naming it, when it is read).
     fn of(dir: &Path) -> Option<Format> {
-        let cfg = dir.join("cfg.json").is_file();
-        if cfg && dir.join(saelens::WEIGHTS).is_file() {
+        let has = |name: &str| dir.join(name).exists();
+        let cfg = has("cfg.json");
+        if cfg && has(saelens::WEIGHTS) {
             Some(Format::SaeLens)
-        } else if cfg && dir.join(sparsify::WEIGHTS).is_file() {
+        } else if cfg && has(sparsify::WEIGHTS) {
             Some(Format::Sparsify)
-        } else if dir.join(gemma_scope::PARAMS).is_file() {
+        } else if has(gemma_scope::PARAMS) {
             Some(Format::GemmaScope)
-        } else if dir.join(llama_scope::HYPERPARAMS).is_file() {
+        } else if has(llama_scope::HYPERPARAMS) {
             Some(Format::LlamaScope)
         } else {
             None
@@ -117,9 +119,27 @@ pub fn decoder(dir: &Path) -> Result<Tensor, ModelError> {
 
 /// The JSON file at `path`.
 fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
-    let path = path.to_path_buf();
-    let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Corrupt { path, detail: format!("not JSON: {e}") })
+    let text = crate::file::read_to_string(path)?;
+    serde_json::from_str(&text)
+        .map_err(|e| ModelError::Corrupt { path: path.to_path_buf(), detail: format!("not JSON: {e}") })
+}
+
+/// A value of `dir`'s `cfg.json` (under `name`, for errors) as `read` reads it: absent or null
+/// is `None`; another type than `what` is refused naming it, never taken as absent (a format's
+/// setting read as its default would change the latents).
+pub(crate) fn cfg_value<'v, T>(
+    dir: &Path,
+    name: &str,
+    value: Option<&'v serde_json::Value>,
+    what: &str,
+    read: impl Fn(&'v serde_json::Value) -> Option<T>,
+) -> Result<Option<T>, ModelError> {
+    match value.filter(|v| !v.is_null()) {
+        None => Ok(None),
+        Some(v) => read(v)
+            .map(Some)
+            .ok_or_else(|| ModelError::Config(format!("{}: {name} {v} is not {what}", dir.join("cfg.json").display()))),
+    }
 }
 
 /// Every dictionary's tensors as the program takes them (`encoder`'s arguments after its

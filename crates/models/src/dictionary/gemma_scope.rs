@@ -23,6 +23,7 @@ pub const PARAMS: &str = "params.npz";
 pub(crate) fn read_array(dir: &Path, name: &'static str) -> Result<Tensor, ModelError> {
     let path = dir.join(PARAMS);
     let corrupt = |detail: String| ModelError::Corrupt { path: path.clone(), detail };
+    crate::file::check_regular(&path)?;
     let mut archive = NpzArchive::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
     let stored = if name.starts_with("W_") && archive.array_names().any(|n| n == name.replacen('W', "w", 1)) {
         name.replacen('W', "w", 1)

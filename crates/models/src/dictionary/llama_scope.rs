@@ -65,7 +65,7 @@ struct Hyperparams {
 pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
     let refuse = |what: String| ModelError::Config(format!("Llama Scope dictionary {}: {what}", dir.display()));
     let path = dir.join(HYPERPARAMS);
-    let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+    let text = crate::file::read_to_string(&path)?;
     let hp: Hyperparams =
         serde_json::from_str(&text).map_err(|e| ModelError::Corrupt { path: path.clone(), detail: e.to_string() })?;
 
@@ -102,7 +102,7 @@ pub fn open(dir: &Path) -> Result<Dictionary, ModelError> {
         "inference" => (1.0, 1.0),
         other => return Err(refuse(format!("norm_activation {other:?} is not read"))),
     };
-    if let Some(first) = READ_FIRST.iter().find(|f| dir.join(f).is_file()) {
+    if let Some(first) = READ_FIRST.iter().find(|f| dir.join(f).exists()) {
         return Err(refuse(format!("lm-saes reads {first} before {WEIGHTS}; not read")));
     }
 

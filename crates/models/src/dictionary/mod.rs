@@ -162,7 +162,9 @@ impl Dictionary {
         names
     }
 
-    /// Checks that the tensors are exactly those the encoder reads, each of its shape.
+    /// Checks that the tensors are exactly those the encoder reads, each of its shape and
+    /// finite (as its file holds it, or as siphon folds a format's scales into it): a NaN or
+    /// an infinity would make every latent it reaches NaN, or never fire.
     pub(crate) fn check(&self) -> Result<(), ModelError> {
         let wrong = |detail: String| ModelError::Config(format!("dictionary {}: {detail}", self.source.display()));
         if self.d_in == 0 || self.d_sae == 0 {
@@ -186,6 +188,13 @@ impl Dictionary {
                     "{} is {:?}, expected {want:?} (d_in {}, d_sae {})",
                     t.name, t.shape, self.d_in, self.d_sae
                 )));
+            }
+            if let Some(i) = t.values.iter().position(|v| !v.is_finite()) {
+                return Err(ModelError::NonFinite {
+                    name: t.name.into(),
+                    path: self.source.clone(),
+                    detail: format!("dictionary tensor holds {} (element {i} of {})", t.values[i], t.values.len()),
+                });
             }
         }
         if let Encoder::TopK { k } = self.encoder
@@ -290,5 +299,39 @@ impl LatentsInfo {
     pub fn result_specs(&self) -> [PartitionSpec; 3] {
         let firings = PartitionSpec::from_dims(self.spec.dims()[..2].to_vec());
         [self.spec.clone(), self.spec.clone(), firings]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a format's reader folds into a tensor (Gemma Scope's arrays, Llama Scope's scaled
+    /// encoder) is checked like what a file holds.
+    #[test]
+    fn a_tensor_that_is_not_finite_is_refused_naming_it() {
+        let tensors = |bad: f32| {
+            vec![
+                Tensor { name: "W_enc", shape: vec![2, 3], values: vec![0.5; 6] },
+                Tensor { name: "b_enc", shape: vec![3], values: vec![0.0, bad, 0.0] },
+            ]
+        };
+        let dictionary = |bad| {
+            Dictionary::new(
+                "d".into(),
+                "blocks.0.hook_resid_post".into(),
+                [2, 3],
+                Encoder::Relu,
+                tensors(bad),
+                std::path::Path::new("/sae/d"),
+            )
+        };
+        dictionary(1.0).check().unwrap();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let err = dictionary(bad).check().unwrap_err();
+            assert!(matches!(err, ModelError::NonFinite { .. }), "{err}");
+            let err = err.to_string();
+            assert!(err.contains("\"b_enc\" in /sae/d") && err.contains("(element 1 of 3)"), "{err}");
+        }
     }
 }

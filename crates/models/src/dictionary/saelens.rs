@@ -20,6 +20,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
+use crate::dictionary::files::cfg_value;
 use crate::dictionary::{Dictionary, Encoder, Normalize, Tensor};
 use crate::error::ModelError;
 use crate::weights::{DType, Weights};
@@ -31,25 +32,28 @@ pub const WEIGHTS: &str = "sae_weights.safetensors";
 pub fn open(dir: &Path, cfg: &Json) -> Result<Dictionary, ModelError> {
     let refuse = |what: String| ModelError::Config(format!("SAELens dictionary {}: {what}", dir.display()));
     let field = |name: &str| cfg.get("metadata").and_then(|m| m.get(name)).filter(|v| !v.is_null()).or(cfg.get(name));
-    let hook = field("hook_name")
-        .or(cfg.get("hook_point"))
-        .and_then(Json::as_str)
+    let text = |name: &str| cfg_value(dir, name, cfg.get(name), "a string", Json::as_str);
+    let flag = |name: &str| cfg_value(dir, name, cfg.get(name), "true or false", Json::as_bool);
+    let hook = cfg_value(dir, "hook_name", field("hook_name").or(cfg.get("hook_point")), "a string", Json::as_str)?
         .ok_or_else(|| refuse("cfg.json names no hook (metadata.hook_name, hook_name or hook_point)".into()))?
         .to_string();
     let size = |name: &str| {
-        cfg.get(name).and_then(Json::as_u64).map(|v| v as usize).ok_or_else(|| refuse(format!("cfg.json lacks {name}")))
+        cfg_value(dir, name, cfg.get(name), "a count", Json::as_u64)?
+            .map(|v| v as usize)
+            .ok_or_else(|| refuse(format!("cfg.json lacks {name}")))
     };
     let (d_in, d_sae) = (size("d_in")?, size("d_sae")?);
     if let Some(head) = field("hook_head_index").filter(|v| !v.is_null()) {
         return Err(refuse(format!("hook_head_index {head}: per-head dictionaries are not read yet")));
     }
-    match cfg.get("reshape_activations").and_then(Json::as_str) {
+    match text("reshape_activations")? {
         None | Some("none") => {}
         Some(other) => return Err(refuse(format!("reshape_activations {other:?} is not read yet"))),
     }
-    let activation = cfg.get("activation_fn").or(cfg.get("activation_fn_str")).and_then(Json::as_str);
+    let activation_fn = cfg.get("activation_fn").or(cfg.get("activation_fn_str"));
+    let activation = cfg_value(dir, "activation_fn", activation_fn, "a string", Json::as_str)?;
     let old_topk = activation == Some("topk");
-    let mut architecture = cfg.get("architecture").and_then(Json::as_str).unwrap_or("standard");
+    let mut architecture = text("architecture")?.unwrap_or("standard");
     if old_topk {
         architecture = "topk";
     }
@@ -62,13 +66,12 @@ pub fn open(dir: &Path, cfg: &Json) -> Result<Dictionary, ModelError> {
         "jumprelu" | "jumprelu_transcoder" | "jumprelu_skip_transcoder" => Encoder::JumpRelu,
         "gated" => Encoder::Gated,
         "topk" => {
-            if cfg.get("rescale_acts_by_decoder_norm").and_then(Json::as_bool) == Some(true) {
+            if flag("rescale_acts_by_decoder_norm")? == Some(true) {
                 return Err(refuse("rescale_acts_by_decoder_norm: not computed".into()));
             }
             let k = cfg.get("k").or(cfg.get("activation_fn_kwargs").and_then(|kw| kw.get("k")));
-            Encoder::TopK {
-                k: k.and_then(Json::as_u64).ok_or_else(|| refuse("a topk dictionary without k".into()))? as usize,
-            }
+            let k = cfg_value(dir, "k", k, "a count", Json::as_u64)?;
+            Encoder::TopK { k: k.ok_or_else(|| refuse("a topk dictionary without k".into()))? as usize }
         }
         other => return Err(refuse(format!("architecture {other:?} is not one siphon encodes"))),
     };
@@ -85,7 +88,7 @@ pub fn open(dir: &Path, cfg: &Json) -> Result<Dictionary, ModelError> {
         Some(other) => return Err(refuse(format!("normalize_activations {other}"))),
     };
     // SAELens refuses b_dec on a transcoder's input; older configs lack the field (default on).
-    let subtract_b_dec = !transcoder && cfg.get("apply_b_dec_to_input").and_then(Json::as_bool).unwrap_or(true);
+    let subtract_b_dec = !transcoder && flag("apply_b_dec_to_input")?.unwrap_or(true);
 
     let file = Weights::from_safetensors_file(&dir.join(WEIGHTS))?;
     let tensors = Dictionary::tensor_names(encoder, subtract_b_dec)

@@ -15,6 +15,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
+use crate::dictionary::files::cfg_value;
 use crate::dictionary::{Dictionary, Encoder, Tensor};
 use crate::error::ModelError;
 use crate::weights::{DType, Weights};
@@ -26,11 +27,11 @@ pub const WEIGHTS: &str = "sae.safetensors";
 /// on the hook its directory's name says.
 pub fn open(dir: &Path, cfg: &Json, hook: Option<&str>) -> Result<Dictionary, ModelError> {
     let refuse = |what: String| ModelError::Config(format!("sparsify dictionary {}: {what}", dir.display()));
-    match cfg.get("activation").and_then(Json::as_str).unwrap_or("topk") {
+    match cfg_value(dir, "activation", cfg.get("activation"), "a string", Json::as_str)?.unwrap_or("topk") {
         "topk" => {}
         other => return Err(refuse(format!("activation {other:?}: only topk is computed"))),
     }
-    let transcode = cfg.get("transcode").and_then(Json::as_bool).unwrap_or(false);
+    let transcode = cfg_value(dir, "transcode", cfg.get("transcode"), "true or false", Json::as_bool)?.unwrap_or(false);
     let point = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let hook = match hook {
         Some(hook) => hook.to_string(),
@@ -38,9 +39,12 @@ pub fn open(dir: &Path, cfg: &Json, hook: Option<&str>) -> Result<Dictionary, Mo
             refuse(format!("hookpoint {point:?} is not layers.N or layers.N.mlp; name the hook (PATH@HOOK)"))
         })?,
     };
-    let size = |name: &str| cfg.get(name).and_then(Json::as_u64).map(|v| v as usize);
-    let d_in = size("d_in").ok_or_else(|| refuse("cfg.json lacks d_in".into()))?;
-    let k = size("k").ok_or_else(|| refuse("cfg.json lacks k".into()))?;
+    let size = |name: &str| {
+        cfg_value(dir, name, cfg.get(name), "a count", Json::as_u64)?
+            .map(|v| v as usize)
+            .ok_or_else(|| refuse(format!("cfg.json lacks {name}")))
+    };
+    let (d_in, k) = (size("d_in")?, size("k")?);
 
     let file = Weights::from_safetensors_file(&dir.join(WEIGHTS))?;
     let read = |name: &'static str| {

@@ -99,7 +99,6 @@ mod tests {
     use siphon_mesh::{Mesh, PartitionSpec};
 
     use super::*;
-    use crate::config::RopeScaling;
     use crate::hooks::HookKind;
     use crate::hooks::HookKind::*;
 
@@ -284,27 +283,5 @@ mod tests {
         let outputs =
             |p: &ForwardProgram| p.outputs.iter().map(|o| format!("{:?} {:?}", o.shape, o.spec)).collect::<Vec<_>>();
         assert_eq!(outputs(&rows), outputs(&in_place));
-    }
-
-    #[test]
-    fn llama3_scaling_matches_hf_formula() {
-        use crate::layers::rope::rope_inv_freq;
-        let mut c = tiny();
-        c.attention.head_dim = 64;
-        c.rope.theta = 500000.0;
-        let plain = rope_inv_freq(&c);
-        c.rope.scaling = Some(RopeScaling::Llama3 {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 8192,
-        });
-        let scaled = rope_inv_freq(&c);
-        // High frequencies (short wavelengths) untouched, the lowest divided by the factor.
-        assert_eq!(scaled[0], plain[0]);
-        assert!((scaled[31] - plain[31] / 8.0).abs() <= 1e-6 * plain[31]);
-        // Medium band lies strictly between.
-        let mid = (0..32).find(|&i| scaled[i] != plain[i] && (scaled[i] - plain[i] / 8.0).abs() > 1e-12).unwrap();
-        assert!(scaled[mid] < plain[mid] && scaled[mid] > plain[mid] / 8.0);
     }
 }

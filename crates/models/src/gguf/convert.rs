@@ -212,16 +212,10 @@ pub fn architecture(file: &GgufFile) -> Result<String, ModelError> {
 pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
     let arch = architecture(file)?;
     let key = |k: &str| file.get(&format!("{arch}.{k}"));
-    let int = |k: &str| -> Result<Option<usize>, ModelError> {
-        match key(k) {
-            None => Ok(None),
-            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| ModelError::Corrupt {
-                path: file.path().to_path_buf(),
-                detail: format!("GGUF metadata {arch}.{k} is {v:?}, expected an integer"),
-            }),
-        }
-    };
-    let float = |k: &str| key(k).and_then(GgufValue::as_f64);
+    let int = |k: &str| metadata(file, &arch, k, "an integer", |v| v.as_u64().map(|n| n as usize));
+    // A float goes into JSON, which has no NaN or infinity.
+    let float = |k: &str| metadata(file, &arch, k, "a finite number", |v| v.as_f64().filter(|x| x.is_finite()));
+    let flag = |k: &str| metadata(file, &arch, k, "a boolean", GgufValue::as_bool);
     let token_id =
         |k: &str| file.get(&format!("tokenizer.ggml.{k}")).and_then(GgufValue::as_u64).map(serde_json::Value::from);
     // transformers takes vocab_size from the metadata when present, else from the
@@ -233,12 +227,15 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
             .map(|t| t.shape()[0])
             .or_else(|| file.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array).map(<[_]>::len)),
     };
-    let rope_scaling = match key("rope.scaling.type").and_then(GgufValue::as_str) {
+    let rope_scaling = match metadata(file, &arch, "rope.scaling.type", "a string", GgufValue::as_str)? {
         None | Some("none") => None,
-        Some(kind) => Some(serde_json::json!({
-            "type": kind,
-            "factor": float("rope.scaling.factor").unwrap_or(1.0),
-        })),
+        Some(kind) => {
+            let mut scaling = serde_json::json!({ "type": kind });
+            if let Some(factor) = float("rope.scaling.factor")? {
+                scaling["factor"] = factor.into();
+            }
+            Some(scaling)
+        }
     };
     if arch == "phi3" && file.tensor("rope_factors_long.weight").is_some() {
         return Err(ModelError::UnsupportedArch(format!(
@@ -285,8 +282,8 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         num_attention_heads: heads,
         num_key_value_heads: int("attention.head_count_kv")?,
         head_dim,
-        rms_norm_eps: float("attention.layer_norm_rms_epsilon"),
-        rope_theta: float("rope.freq_base"),
+        rms_norm_eps: float("attention.layer_norm_rms_epsilon")?,
+        rope_theta: float("rope.freq_base")?,
         rope_scaling,
         rope_parameters: None,
         max_position_embeddings: int("context_length")?,
@@ -312,14 +309,11 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
     };
     match arch.as_str() {
         "gpt2" | "gptneox" => {
-            let eps = float("attention.layer_norm_epsilon").map(serde_json::Value::from);
+            let eps = float("attention.layer_norm_epsilon")?.map(serde_json::Value::from);
             set("layer_norm_epsilon", eps.clone());
             set("layer_norm_eps", eps);
             set("n_inner", int("feed_forward_length")?.map(serde_json::Value::from));
-            set(
-                "use_parallel_residual",
-                key("use_parallel_residual").and_then(GgufValue::as_bool).map(serde_json::Value::from),
-            );
+            set("use_parallel_residual", flag("use_parallel_residual")?.map(serde_json::Value::from));
         }
         "qwen3moe" => {
             set("moe_intermediate_size", int("expert_feed_forward_length")?.map(serde_json::Value::from));
@@ -328,11 +322,11 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
             // llama.cpp renormalises Qwen3-MoE's top-k weights unless the file says otherwise,
             // as the released checkpoints' configs do (norm_topk_prob true); transformers' GGUF
             // loader leaves Qwen3MoeConfig's default (false), which changes every MoE output.
-            config.norm_topk_prob = Some(key("expert_weights_norm").and_then(GgufValue::as_bool).unwrap_or(true));
+            config.norm_topk_prob = Some(flag("expert_weights_norm")?.unwrap_or(true));
         }
         "gemma2" | "gemma3" => {
             // Absent: each config's default (Gemma 2 caps at 50, Gemma 3 not at all), as llama.cpp.
-            set("attn_logit_softcapping", float("attn_logit_softcapping").map(serde_json::Value::from));
+            set("attn_logit_softcapping", float("attn_logit_softcapping")?.map(serde_json::Value::from));
             // The file does not record query_pre_attn_scalar; llama.cpp scales by head_dim,
             // except for the 27B models (Gemma 2: 46 layers, Gemma 3: 62), which use
             // hidden / heads — as their configs do.
@@ -351,6 +345,24 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig, ModelError> {
         _ => {}
     }
     Ok(config)
+}
+
+/// The metadata value `{arch}.{k}` as `read` reads it: absent, or `what` (a value of another
+/// type is refused, naming the key, rather than taken as absent).
+fn metadata<'f, T>(
+    file: &'f GgufFile,
+    arch: &str,
+    k: &str,
+    what: &str,
+    read: impl Fn(&'f GgufValue) -> Option<T>,
+) -> Result<Option<T>, ModelError> {
+    match file.get(&format!("{arch}.{k}")) {
+        None => Ok(None),
+        Some(v) => read(v).map(Some).ok_or_else(|| ModelError::Corrupt {
+            path: file.path().to_path_buf(),
+            detail: format!("GGUF metadata {arch}.{k} is {v:?}, expected {what}"),
+        }),
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,6 @@ pub mod convert;
 pub mod dequant;
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -214,7 +213,7 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     /// Memory-maps and parses `path`.
     pub fn open(path: &Path) -> Result<GgufFile, ModelError> {
-        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let file = crate::file::open(path)?;
         // SAFETY: the map is read-only; siphon never writes model files while they are
         // open, and a file truncated under us by another process is outside what any
         // mmap-based loader (safetensors, llama.cpp) can defend against.

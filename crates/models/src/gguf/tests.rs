@@ -284,3 +284,78 @@ fn tokenizer_without_gpt2_model_is_an_error() {
     let err = TextTokenizer::from_gguf(&file).unwrap_err();
     assert!(err.to_string().contains("\"bert\""), "{err}");
 }
+
+#[test]
+fn metadata_of_another_type_or_out_of_its_range_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            tiny_llama().f32("llama.rope.freq_base", f32::NAN),
+            "llama.rope.freq_base is F32(NaN), expected a finite number",
+        ),
+        (tiny_llama().f32("llama.rope.freq_base", f32::INFINITY), "llama.rope.freq_base is F32(inf)"),
+        (tiny_llama().f32("llama.rope.freq_base", -1.0), "rope_theta (the RoPE base) -1"),
+        (tiny_llama().f32("llama.attention.layer_norm_rms_epsilon", 0.0), "rms_norm_eps"),
+        (tiny_llama().str("llama.attention.layer_norm_rms_epsilon", "1e-5"), "layer_norm_rms_epsilon is Str"),
+        (tiny_llama().u32("llama.rope.scaling.type", 3), "llama.rope.scaling.type is U32(3), expected a string"),
+        (tiny_llama().str("llama.rope.scaling.type", "linear"), "rope_scaling lacks factor"),
+        (
+            tiny_llama().str("llama.rope.scaling.type", "linear").f32("llama.rope.scaling.factor", 0.0),
+            "(linear) factor 0",
+        ),
+    ];
+    for (i, (writer, named)) in cases.into_iter().enumerate() {
+        let err = LoadedModel::open(&write(&dir, &format!("{i}.gguf"), &writer.bytes())).unwrap_err().to_string();
+        assert!(err.contains(named), "{named}: {err}");
+    }
+    let linear = tiny_llama().str("llama.rope.scaling.type", "linear").f32("llama.rope.scaling.factor", 2.0);
+    let model = LoadedModel::open(&write(&dir, "linear.gguf", &linear.bytes())).unwrap();
+    assert_eq!(model.config.rope.scaling, Some(crate::RopeScaling::Linear { factor: 2.0 }));
+}
+
+/// A 1-layer llama 32 wide (2 heads of 16, one KV head, ffn 32, vocab 6) whose projections are
+/// Q8_0 blocks of scale `d`, every quant 1.
+fn q8_llama(d: half::f16) -> Writer {
+    let blocks =
+        |rows: u64| -> Vec<u8> { (0..rows).flat_map(|_| d.to_le_bytes().into_iter().chain([1u8; 32])).collect() };
+    let mut w = tiny_llama().u32("llama.embedding_length", 32).u32("llama.feed_forward_length", 32);
+    w.tensors.clear();
+    let (q8, ones) = (8, [1.0; 32]);
+    w.f32_tensor("token_embd.weight", &[32, 6], &[0.1; 192])
+        .f32_tensor("blk.0.attn_norm.weight", &[32], &ones)
+        .tensor("blk.0.attn_q.weight", &[32, 32], q8, blocks(32))
+        .tensor("blk.0.attn_k.weight", &[32, 16], q8, blocks(16))
+        .tensor("blk.0.attn_v.weight", &[32, 16], q8, blocks(16))
+        .tensor("blk.0.attn_output.weight", &[32, 32], q8, blocks(32))
+        .f32_tensor("blk.0.ffn_norm.weight", &[32], &ones)
+        .tensor("blk.0.ffn_gate.weight", &[32, 32], q8, blocks(32))
+        .tensor("blk.0.ffn_up.weight", &[32, 32], q8, blocks(32))
+        .tensor("blk.0.ffn_down.weight", &[32, 32], q8, blocks(32))
+        .f32_tensor("output_norm.weight", &[32], &ones)
+}
+
+/// A block scale that is NaN or infinite is refused naming the tensor and the file, both
+/// where the weight is dequantized on load and where it stays stored on the devices.
+#[test]
+fn a_non_finite_block_scale_is_refused_read_or_kept_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = LoadedModel::open(&write(&dir, "good.gguf", &q8_llama(half::f16::from_f32(0.5)).bytes())).unwrap();
+    good.check_weights(1).unwrap();
+    assert_eq!(good.stored_forms(1).unwrap().len(), 7);
+    for p in good.config.params(1, false) {
+        assert!(good.weights.load(&p, DType::F32).unwrap().to_f32_vec().iter().all(|v| v.is_finite()));
+    }
+    for (i, d) in [half::f16::NAN, half::f16::INFINITY, half::f16::NEG_INFINITY].into_iter().enumerate() {
+        let path = write(&dir, &format!("bad{i}.gguf"), &q8_llama(d).bytes());
+        let model = LoadedModel::open(&path).unwrap();
+        let q = model.config.params(1, false).into_iter().find(|p| p.name.ends_with("q_proj.weight")).unwrap();
+        for err in [model.weights.load(&q, DType::F32).unwrap_err(), model.stored_forms(1).unwrap_err()] {
+            assert!(matches!(err, ModelError::NonFinite { .. }), "{err}");
+            let err = err.to_string();
+            assert!(
+                err.contains("model.layers.0.self_attn.q_proj.weight") && err.contains(&path.display().to_string()),
+                "{err}"
+            );
+        }
+    }
+}

@@ -3,13 +3,11 @@
 //! ([`ActivationKey`]) and which layers attend through a window ([`WindowRule`]), and
 //! [`HfConfig::decoder`], which reads a decoder's sizes, heads, activation and RoPE with them.
 
-use serde_json::Value;
-
 use crate::arch::Arch;
-use crate::config::{Activation, Attention, Layers, ModelConfig, Rope};
+use crate::config::{Activation, Attention, Layers, ModelConfig};
 use crate::error::ModelError;
 
-use super::{HfConfig, need, parse_rope_scaling};
+use super::{HfConfig, need};
 
 /// What a family's Hugging Face configuration class fills in for the keys `config.json`
 /// leaves out, and how the family reads its activation and windows.
@@ -20,6 +18,9 @@ pub(crate) struct Defaults {
     pub norm_eps: f64,
     /// The RoPE base when absent.
     pub rope_theta: f64,
+    /// Keys of the RoPE object the family's text model reads to no effect (a multimodal
+    /// RoPE's sections, which the equal position ids of text make plain RoPE).
+    pub rope_no_effect: &'static [&'static str],
     /// `tie_word_embeddings` when absent.
     pub tie_word_embeddings: bool,
     /// `attention_bias` when absent.
@@ -40,6 +41,7 @@ impl Defaults {
         head_dim: None,
         norm_eps: 1e-6,
         rope_theta: 10_000.0,
+        rope_no_effect: &[],
         tie_word_embeddings: false,
         attention_bias: false,
         activation: ActivationKey::SILU,
@@ -87,45 +89,8 @@ impl HfConfig {
         let n_layers = need(self.num_hidden_layers, "num_hidden_layers")?;
         let windows = (defaults.windows)(self, n_layers, arch)?;
         let activation = self.activation(&defaults.activation)?;
-        let mut rope_theta = self.rope_theta;
-        let mut rotary_fraction = self.partial_rotary_factor;
-        let mut rope_scaling_json = self.rope_scaling.clone();
-        if let Some(params) = self.rope_parameters.as_ref().filter(|p| !p.is_null()) {
-            if params.get("full_attention").is_some() {
-                return Err(ModelError::UnsupportedArch(format!(
-                    "rope_parameters per layer type in a {arch} config (siphon reads them only where the \
-                     family's modeling file does)"
-                )));
-            }
-            if let Some(theta) = params.get("rope_theta").and_then(Value::as_f64) {
-                rope_theta = Some(theta);
-            }
-            let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str);
-            // Proportional RoPE reads the fraction itself: it rotates the whole head.
-            if let Some(fraction) =
-                params.get("partial_rotary_factor").and_then(Value::as_f64).filter(|_| kind != Some("proportional"))
-            {
-                rotary_fraction = Some(fraction);
-            }
-            if !matches!(kind, None | Some("default")) {
-                rope_scaling_json = Some(params.clone());
-            }
-        }
-        let max_position_embeddings = self.max_position_embeddings.unwrap_or(4096);
-        let rotary_dim = match rotary_fraction {
-            // Hugging Face: int(head_dim * fraction).
-            Some(f) if f != 1.0 => Some((head_dim as f64 * f) as usize),
-            _ => None,
-        };
-        let rope_scaling = match rope_scaling_json {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(parse_rope_scaling(
-                &v,
-                max_position_embeddings,
-                self.original_max_position_embeddings,
-                rotary_dim.unwrap_or(head_dim),
-            )?),
-        };
+        let rope = self.rope(arch, head_dim, defaults)?;
+        let max_position_embeddings = self.max_positions();
         Ok(ModelConfig {
             arch,
             vocab_size: need(self.vocab_size, "vocab_size")?,
@@ -140,12 +105,7 @@ impl HfConfig {
                 qkv_bias: self.attention_bias.unwrap_or(defaults.attention_bias),
                 ..Attention::default()
             },
-            rope: Rope {
-                theta: rope_theta.unwrap_or(defaults.rope_theta),
-                scaling: rope_scaling,
-                rotary_dim,
-                ..Rope::default()
-            },
+            rope,
             max_position_embeddings,
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(defaults.tie_word_embeddings),
             activation,
@@ -168,34 +128,6 @@ impl HfConfig {
                 Err(ModelError::UnsupportedArch(format!("{} {value:?} (supported: {})", key.key, names.join(", "))))
             }
         }
-    }
-
-    /// The RoPE base of the sliding-window layers, which take no frequency scaling (Gemma 3,
-    /// OLMo 3): from transformers ≥5's `rope_parameters` keyed by layer type, whose
-    /// `full_attention` entry then stands as the model's RoPE; `local` when not given there.
-    pub(crate) fn rope_by_layer_type(&mut self, arch: Arch, local: f64) -> Result<f64, ModelError> {
-        let by_type = self
-            .rope_parameters
-            .as_ref()
-            .is_some_and(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
-        if !by_type {
-            return Ok(local);
-        }
-        let by_type = self.rope_parameters.take().unwrap_or_default();
-        let mut theta = local;
-        if let Some(params) = by_type.get("sliding_attention") {
-            let kind = params.get("rope_type").and_then(Value::as_str);
-            if !matches!(kind, None | Some("default")) {
-                return Err(ModelError::UnsupportedArch(format!(
-                    "rope_type {kind:?} on {arch}'s sliding-window layers (only default)"
-                )));
-            }
-            if let Some(t) = params.get("rope_theta").and_then(Value::as_f64) {
-                theta = t;
-            }
-        }
-        self.rope_parameters = by_type.get("full_attention").cloned();
-        Ok(theta)
     }
 }
 

@@ -1,7 +1,7 @@
-//! `config.json` as Hugging Face writes it ([`HfConfig`]) and the reading several families
-//! share: a decoder's sizes, heads, activation and RoPE ([`HfConfig::decoder`], in `decode.rs`
-//! with the defaults a family's configuration class fills in, [`Defaults`]), sliding windows,
-//! and a mixture's experts. What only one family reads — its own keys, defaults and refusals — is
+//! `config.json` as Hugging Face writes it ([`HfConfig`], a key of the wrong type named) and
+//! the reading several families share: a decoder's sizes, heads, activation and RoPE
+//! ([`HfConfig::decoder`], in `decode.rs` with the defaults a family's configuration class
+//! fills in, [`Defaults`]; RoPE's keys in `rope.rs`), sliding windows, and a mixture's experts. What only one family reads — its own keys, defaults and refusals — is
 //! in that family's file (its `from_hf`); [`HfConfig::into_config`] finds the family in the
 //! registry (`family.rs`) by `model_type` or `architectures`.
 
@@ -10,8 +10,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 mod decode;
+mod rope;
 
-use crate::config::{MAX_LAYERS, MAX_SIZE, RopeScaling};
+use crate::config::{MAX_LAYERS, MAX_SIZE};
 use crate::error::ModelError;
 
 pub(crate) use decode::{ActivationKey, Defaults, qwen_windows, windows_on_every_layer};
@@ -78,9 +79,28 @@ const NOT_SIZES: [&str; 6] = [
 ];
 
 impl HfConfig {
-    /// Parses `config.json` text.
+    /// Parses `config.json` text; a key of the wrong type is named (`text_config.rope_theta`).
     pub fn from_json(text: &str) -> Result<HfConfig, ModelError> {
-        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))
+        let json: Value = serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        HfConfig::from_value(&json, "")
+    }
+
+    /// `json` as an [`HfConfig`], the object under `at` (`""` for the top). serde's error does
+    /// not say which key failed: the key that fails alone is the one named.
+    fn from_value(json: &Value, at: &str) -> Result<HfConfig, ModelError> {
+        HfConfig::deserialize(json).map_err(|e| {
+            let alone = |(key, value): &(&String, &Value)| {
+                HfConfig::deserialize(Value::Object([((*key).clone(), (*value).clone())].into_iter().collect()))
+                    .is_err()
+            };
+            match json.as_object().and_then(|object| object.iter().find(alone)) {
+                Some((key, value)) if key == "text_config" => HfConfig::from_value(value, &format!("{at}text_config."))
+                    .err()
+                    .unwrap_or(ModelError::Config(format!("config.json: {e}"))),
+                Some((key, _)) => ModelError::Config(format!("config.json {at}{key}: {e}")),
+                None => ModelError::Config(format!("config.json: {e}")),
+            }
+        })
     }
 
     /// A multimodal checkpoint's text model (Gemma 3, Gemma 4): its `text_config` as
@@ -150,6 +170,11 @@ impl HfConfig {
             }
             Some(v) => T::deserialize(v).map(Some).map_err(|e| ModelError::Config(format!("{name} {v}: {e}"))),
         }
+    }
+
+    /// `max_position_embeddings`, 4096 when absent.
+    pub(crate) fn max_positions(&self) -> usize {
+        self.max_position_embeddings.unwrap_or(4096)
     }
 
     /// `sliding_window`: absent (`None`), null (`Some(None)`, no window) or a positive size.
@@ -226,99 +251,10 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
     Value::deserialize(d).map(Some)
 }
 
-/// RoPE scaling from its JSON (`rope_scaling`, or `rope_parameters` in transformers 5), with
-/// the config's context lengths and the rotated width (LongRoPE has a factor per frequency).
-fn parse_rope_scaling(
-    v: &Value,
-    max_position_embeddings: usize,
-    original_max: Option<usize>,
-    rotary_dim: usize,
-) -> Result<RopeScaling, ModelError> {
-    let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str());
-    let num = |name: &str| -> Result<f64, ModelError> {
-        v.get(name).and_then(|x| x.as_f64()).ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))
-    };
-    match kind {
-        Some("llama3") => Ok(RopeScaling::Llama3 {
-            factor: num("factor")?,
-            low_freq_factor: num("low_freq_factor")?,
-            high_freq_factor: num("high_freq_factor")?,
-            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
-        }),
-        Some("linear") => Ok(RopeScaling::Linear { factor: num("factor")? }),
-        Some("proportional") => Ok(RopeScaling::Proportional {
-            fraction: v.get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(1.0),
-            factor: v.get("factor").and_then(Value::as_f64).unwrap_or(1.0),
-        }),
-        Some("default") => Ok(RopeScaling::Linear { factor: 1.0 }),
-        Some("yarn") => {
-            // Hugging Face's _compute_yarn_parameters.
-            let opt = |name: &str| v.get(name).and_then(Value::as_f64);
-            let original = original_max
-                .or_else(|| v.get("original_max_position_embeddings").and_then(Value::as_u64).map(|x| x as usize))
-                .ok_or_else(|| ModelError::Config("yarn scaling without original_max_position_embeddings".into()))?;
-            let factor = opt("factor").unwrap_or(max_position_embeddings as f64 / original as f64);
-            let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
-            let attention_factor = match (opt("attention_factor"), opt("mscale"), opt("mscale_all_dim")) {
-                (Some(a), _, _) => a,
-                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(factor, m) / mscale(factor, all),
-                _ => mscale(factor, 1.0),
-            };
-            let nonzero = |x: Option<f64>| x.filter(|&x| x != 0.0);
-            Ok(RopeScaling::Yarn {
-                factor,
-                beta_fast: nonzero(opt("beta_fast")).unwrap_or(32.0),
-                beta_slow: nonzero(opt("beta_slow")).unwrap_or(1.0),
-                original_max_position_embeddings: original,
-                truncate: v.get("truncate").and_then(Value::as_bool).unwrap_or(true),
-                attention_factor,
-            })
-        }
-        Some("longrope" | "su") => {
-            let factors = |name: &str| -> Result<Vec<f64>, ModelError> {
-                let list = v
-                    .get(name)
-                    .and_then(|f| f.as_array())
-                    .ok_or_else(|| ModelError::Config(format!("rope_scaling lacks {name}")))?;
-                let out: Vec<f64> = list.iter().filter_map(|x| x.as_f64()).collect();
-                if out.len() != list.len() || out.len() != rotary_dim / 2 {
-                    return Err(ModelError::Config(format!(
-                        "rope_scaling {name} has {} numbers, the rotary width {rotary_dim} needs {}",
-                        list.len(),
-                        rotary_dim / 2
-                    )));
-                }
-                Ok(out)
-            };
-            factors("long_factor")?;
-            let original = original_max
-                .or_else(|| v.get("original_max_position_embeddings").and_then(|x| x.as_u64()).map(|x| x as usize))
-                .ok_or_else(|| {
-                    ModelError::Config("longrope scaling without original_max_position_embeddings".into())
-                })?;
-            // Hugging Face's _compute_longrope_parameters.
-            let factor = max_position_embeddings as f64 / original as f64;
-            let attention_factor = match v.get("attention_factor").and_then(|x| x.as_f64()) {
-                Some(a) => a,
-                None if factor <= 1.0 => 1.0,
-                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
-            };
-            Ok(RopeScaling::LongRope {
-                short_factor: factors("short_factor")?,
-                original_max_position_embeddings: original,
-                attention_factor,
-            })
-        }
-        other => Err(ModelError::UnsupportedArch(format!(
-            "rope_scaling type {other:?} (supported: llama3, linear, longrope, proportional, yarn)"
-        ))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Activation;
+    use crate::config::{Activation, ModelConfig, RopeScaling};
 
     #[test]
     fn a_large_rope_base_is_no_corrupt_size() {
@@ -373,9 +309,129 @@ mod tests {
         let c = HfConfig::from_json(text).unwrap().into_config().unwrap();
         assert_eq!(c.rope.theta, 500.0);
         assert!(matches!(c.rope.scaling, Some(RopeScaling::Llama3 { original_max_position_embeddings: 16, .. })));
-        let text = text.replace("llama3", "default");
+        // The default type reads no scaling: llama3's keys left in it are refused, not dropped.
+        let err = HfConfig::from_json(&text.replace("llama3", "default")).unwrap().into_config().unwrap_err();
+        assert!(err.to_string().contains("rope_parameters.factor: not a setting siphon reads"), "{err}");
+        let text = text.replace(
+            r#""rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16,"#,
+            r#""rope_type": "default","#,
+        );
         let c = HfConfig::from_json(&text).unwrap().into_config().unwrap();
         assert_eq!((c.rope.theta, c.rope.scaling), (500.0, None));
+    }
+
+    /// A small Llama whose config.json is `LLAMA` with `edit` merged in (null removes a key).
+    fn llama(edit: serde_json::Value) -> Result<ModelConfig, ModelError> {
+        let mut json = serde_json::json!({"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "rms_norm_eps": 1e-5,
+            "rope_theta": 1e4, "max_position_embeddings": 64, "rope_scaling": {"rope_type": "llama3",
+            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16}});
+        for (key, value) in edit.as_object().unwrap() {
+            match value {
+                serde_json::Value::Null => json.as_object_mut().unwrap().remove(key),
+                v => json.as_object_mut().unwrap().insert(key.clone(), v.clone()),
+            };
+        }
+        HfConfig::from_json(&json.to_string())?.into_config()
+    }
+
+    /// The values that gave an all-NaN dataset with exit 0, and their siblings, are refused
+    /// naming the value.
+    #[test]
+    fn a_value_out_of_its_range_is_refused_by_name() {
+        use serde_json::json;
+        assert!(llama(json!({})).is_ok());
+        let scaling = |edit: serde_json::Value| {
+            let mut s = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16});
+            s.as_object_mut().unwrap().extend(edit.as_object().unwrap().clone());
+            json!({ "rope_scaling": s })
+        };
+        for (edit, named) in [
+            (json!({"rope_theta": -1}), "rope_theta (the RoPE base) -1"),
+            (json!({"rope_theta": 0}), "rope_theta (the RoPE base) 0"),
+            (
+                json!({"rms_norm_eps": -1}),
+                "rms_norm_eps (the norms' epsilon; GPT-2's layer_norm_epsilon, GPT-NeoX's layer_norm_eps) -1",
+            ),
+            (json!({"rms_norm_eps": 0}), "rms_norm_eps"),
+            (json!({"partial_rotary_factor": 0}), "partial_rotary_factor 0 is not in (0, 1]"),
+            (json!({"partial_rotary_factor": 1.5}), "partial_rotary_factor 1.5"),
+            (scaling(json!({"factor": 0})), "(llama3) factor 0"),
+            (scaling(json!({"low_freq_factor": 4, "high_freq_factor": 1})), "high_freq_factor 1 must be above"),
+            (scaling(json!({"original_max_position_embeddings": 0})), "original_max_position_embeddings 0"),
+            (scaling(json!({"rope_theta": -5})), "rope_theta (the RoPE base) -5"),
+            (
+                json!({"rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 16, "beta_fast": -2}}),
+                "(yarn) beta_fast -2",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 16, "attention_factor": 0}}),
+                "(yarn) attention_factor",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 16, "mscale": 1, "mscale_all_dim": -100}}),
+                "(yarn) attention_factor",
+            ),
+            (json!({"rope_scaling": {"rope_type": "linear", "factor": -1}}), "(linear) factor -1"),
+        ] {
+            let err = llama(edit.clone()).unwrap_err().to_string();
+            assert!(err.contains(named), "{edit}: {err}");
+        }
+    }
+
+    /// A setting siphon does not understand is refused naming it, never dropped: a RoPE
+    /// object that is not one, a key its type does not read, a key of the wrong JSON type.
+    #[test]
+    fn a_setting_not_understood_is_refused_by_name() {
+        use serde_json::json;
+        for (edit, named) in [
+            (json!({"rope_parameters": "garbage"}), "rope_parameters \"garbage\" is not an object"),
+            (json!({"rope_scaling": 8}), "rope_scaling 8 is not an object"),
+            (
+                json!({"rope_scaling": {"rope_type": "linear", "factor": 2, "low_freq_factor": 1}}),
+                "rope_scaling.low_freq_factor: not a setting siphon reads for rope_type \"linear\"",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "llama3", "factor": "8", "low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 16}}),
+                "rope_scaling.factor \"8\" is not a number",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 16, "truncate": "no"}}),
+                "rope_scaling.truncate \"no\" is not true or false",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 16.5}}),
+                "original_max_position_embeddings 16.5 is not a non-negative integer",
+            ),
+            (json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2}}), "rope_type \"dynamic\""),
+            (
+                json!({"rope_scaling": {"rope_type": "linear", "type": "yarn", "factor": 2}}),
+                "gives rope_type \"linear\" and type \"yarn\"",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "linear", "factor": 2}, "rope_parameters": {"rope_type": "linear", "factor": 3}}),
+                "both rope_parameters and rope_scaling",
+            ),
+            (json!({"rope_theta": "10000"}), "config.json rope_theta: invalid type: string \"10000\", expected f64"),
+            (json!({"rms_norm_eps": [1e-5]}), "config.json rms_norm_eps: invalid type"),
+            (json!({"num_hidden_layers": -2}), "config.json num_hidden_layers: invalid value"),
+        ] {
+            let err = llama(edit.clone()).unwrap_err().to_string();
+            assert!(err.contains(named), "{edit}: {err}");
+        }
+        // Within a multimodal config's text model, the key is named by its path.
+        let text = r#"{"model_type": "gemma3", "text_config": {"vocab_size": 50, "rope_theta": "x"}}"#;
+        let err = HfConfig::from_json(text).unwrap_err().to_string();
+        assert!(err.contains("config.json text_config.rope_theta: invalid type"), "{err}");
+        // A family's own key of the wrong type, and a value JSON cannot hold.
+        let err = llama(json!({"model_type": "gemma2", "query_pre_attn_scalar": "256"})).unwrap_err().to_string();
+        assert!(err.contains("query_pre_attn_scalar"), "{err}");
+        let err = llama(json!({"model_type": "gemma2", "query_pre_attn_scalar": -256})).unwrap_err().to_string();
+        assert!(err.contains("query_pre_attn_scalar (the scores' scale) -256"), "{err}");
+        let err = llama(json!({"model_type": "gemma2", "attn_logit_softcapping": 0})).unwrap_err().to_string();
+        assert!(err.contains("attn_logit_softcapping 0"), "{err}");
     }
 
     #[test]

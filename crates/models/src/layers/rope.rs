@@ -1,6 +1,6 @@
-//! Rotary position embeddings: the inverse frequencies as Hugging Face computes them (with
-//! Llama 3, linear, YaRN-style scaling where the config says), the cos/sin tables built once
-//! per base and width, and rotate-half applied per head.
+//! Rotary position embeddings: the cos/sin tables of the inverse frequencies the config's
+//! RoPE gives (`Rope::frequencies`, its scaling applied), built once per base and width, and
+//! rotate-half applied per head.
 
 use siphon_hlo::{DType, TensorType, Value};
 
@@ -20,29 +20,19 @@ impl Graph<'_> {
         if let Some(&(_, _, tables)) = self.ropes.iter().find(|(l, d, _)| *l == local && *d == head_dim) {
             return Ok(tables);
         }
-        let rotated = c.rope.rotary_dim.unwrap_or(head_dim);
-        let (inv_freq, scale) = match (local, &c.rope.scaling) {
-            (Some(theta), _) => (inv_freq(head_dim, theta, None), 1.0),
-            (
-                None,
-                Some(RopeScaling::LongRope { original_max_position_embeddings: original, attention_factor, .. }),
-            ) => {
-                // Hugging Face switches to the long factors once a batch reaches past the
-                // original context, whatever its rows' lengths: refuse rather than guess.
-                if self.spec.seq > *original {
-                    return Err(ModelError::UnsupportedArch(format!(
-                        "longrope scaling with sequences of {} tokens, longer than original_max_position_embeddings {original} \
-                         (Hugging Face then switches to long_factor depending on the batch; siphon reads up to {original})",
-                        self.spec.seq
-                    )));
-                }
-                (inv_freq(rotated, c.rope.theta, c.rope.scaling.as_ref()), *attention_factor)
-            }
-            (None, Some(RopeScaling::Yarn { attention_factor, .. })) => {
-                (inv_freq(rotated, c.rope.theta, c.rope.scaling.as_ref()), *attention_factor)
-            }
-            (None, _) => (inv_freq(rotated, c.rope.theta, c.rope.scaling.as_ref()), 1.0),
-        };
+        // Hugging Face switches to LongRoPE's long factors once a batch reaches past the
+        // original context, whatever its rows' lengths: refuse rather than guess.
+        if let (None, Some(RopeScaling::LongRope { original_max_position_embeddings: original, .. })) =
+            (local, &c.rope.scaling)
+            && self.spec.seq > *original
+        {
+            return Err(ModelError::UnsupportedArch(format!(
+                "longrope scaling with sequences of {} tokens, longer than original_max_position_embeddings {original} \
+                 (Hugging Face then switches to long_factor depending on the batch; siphon reads up to {original})",
+                self.spec.seq
+            )));
+        }
+        let (inv_freq, scale) = c.rope.frequencies(head_dim, windowed);
         let tables = self.rope_tables(&inv_freq, scale)?;
         self.ropes.push((local, head_dim, tables));
         Ok(tables)
@@ -94,88 +84,5 @@ impl Graph<'_> {
         let a = b.mul(x, cos)?;
         let r = b.mul(rot, sin)?;
         Ok(b.add(a, r)?)
-    }
-}
-
-/// RoPE inverse frequencies as Hugging Face computes them (f32), for the rotated width
-/// (`rotary_dim`, else `head_dim`), with the config's scaling applied.
-#[cfg(test)]
-pub(crate) fn rope_inv_freq(config: &crate::config::ModelConfig) -> Vec<f32> {
-    inv_freq(
-        config.rope.rotary_dim.unwrap_or(config.attention.head_dim),
-        config.rope.theta,
-        config.rope.scaling.as_ref(),
-    )
-}
-
-/// Inverse frequencies of a `d`-wide head for base `theta` with `scaling`.
-fn inv_freq(d: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f32> {
-    let base = theta as f32;
-    let inv: Vec<f32> = (0..d).step_by(2).map(|i| 1.0 / base.powf(i as f32 / d as f32)).collect();
-    match scaling {
-        None => inv,
-        Some(RopeScaling::Linear { factor }) => inv.iter().map(|f| f / *factor as f32).collect(),
-        // Hugging Face's _compute_proportional_rope_parameters: int(fraction * d // 2) rotated
-        // frequencies, zeros for the rest, all divided by the factor.
-        Some(RopeScaling::Proportional { fraction, factor }) => {
-            let rotated = (fraction * d as f64 / 2.0).floor() as usize;
-            inv.iter().enumerate().map(|(i, f)| if i < rotated { f / *factor as f32 } else { 0.0 }).collect()
-        }
-        // 1 / (factor * base^(i/d)), in f32 as Hugging Face computes it.
-        Some(RopeScaling::LongRope { short_factor, .. }) => (0..d)
-            .step_by(2)
-            .zip(short_factor)
-            .map(|(i, &f)| 1.0 / (f as f32 * base.powf(i as f32 / d as f32)))
-            .collect(),
-        // Hugging Face's _compute_yarn_parameters, its tensor arithmetic in f32.
-        Some(RopeScaling::Yarn {
-            factor, beta_fast, beta_slow, original_max_position_embeddings, truncate, ..
-        }) => {
-            let dim = d as f64;
-            let correction = |rotations: f64| {
-                let max = *original_max_position_embeddings as f64;
-                dim * (max / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
-            };
-            let (mut low, mut high) = (correction(*beta_fast), correction(*beta_slow));
-            if *truncate {
-                (low, high) = (low.floor(), high.ceil());
-            }
-            let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
-            if low == high {
-                high += 0.001;
-            }
-            (0..d)
-                .step_by(2)
-                .enumerate()
-                .map(|(j, i)| {
-                    let pos = base.powf(i as f32 / d as f32);
-                    let (extrapolated, interpolated) = (1.0 / pos, 1.0 / (*factor as f32 * pos));
-                    let ramp = ((j as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
-                    let keep = 1.0 - ramp;
-                    interpolated * (1.0 - keep) + extrapolated * keep
-                })
-                .collect()
-        }
-        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
-            let (factor, low, high) = (*factor, *low_freq_factor, *high_freq_factor);
-            let old = *original_max_position_embeddings as f64;
-            let low_wavelen = old / low;
-            let high_wavelen = old / high;
-            inv.iter()
-                .map(|&f| {
-                    let f = f as f64;
-                    let wavelen = 2.0 * std::f64::consts::PI / f;
-                    let scaled = if wavelen > low_wavelen { f / factor } else { f };
-                    // HF's `~(wavelen < high) * ~(wavelen > low)`; wavelengths are finite, so >= is the same.
-                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
-                    if medium {
-                        let smooth = (old / wavelen - low) / (high - low);
-                        ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
-                    } else {
-                        scaled as f32
-                    }
-                })
-                .collect()
-        }
     }
 }
