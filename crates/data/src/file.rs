@@ -9,10 +9,9 @@ use crate::error::{Error, Result};
 /// Refuses `path` unless it is a regular file (or a link to one), naming what it is instead.
 pub fn check_regular_file(path: &Path) -> Result<()> {
     let meta = std::fs::metadata(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
-    match special_kind(&meta) {
-        None if meta.is_file() => Ok(()),
-        None => Err(not_a_file(path, "a directory")),
-        Some(kind) => Err(not_a_file(path, kind)),
+    match meta.is_file() {
+        true => Ok(()),
+        false => Err(not_a_file(path, siphon_files::kind(&meta.file_type()))),
     }
 }
 
@@ -20,21 +19,6 @@ pub fn check_regular_file(path: &Path) -> Result<()> {
 pub fn read_text_file(path: &Path) -> Result<String> {
     check_regular_file(path)?;
     std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })
-}
-
-/// What a file that is neither a regular file nor a directory is (a FIFO, a socket, a device).
-pub(crate) fn special_kind(meta: &std::fs::Metadata) -> Option<&'static str> {
-    use std::os::unix::fs::FileTypeExt;
-    let kind = meta.file_type();
-    if kind.is_fifo() {
-        Some("a FIFO (named pipe)")
-    } else if kind.is_socket() {
-        Some("a socket")
-    } else if kind.is_char_device() || kind.is_block_device() {
-        Some("a device")
-    } else {
-        None
-    }
 }
 
 fn not_a_file(path: &Path, what: &str) -> Error {
@@ -62,6 +46,6 @@ mod tests {
             assert!(err.contains(&path.display().to_string()) && err.contains(what), "{err}");
         }
         let err = check_regular_file(Path::new("/dev/null")).unwrap_err().to_string();
-        assert!(err.contains("a device"), "{err}");
+        assert!(err.contains("a character device"), "{err}");
     }
 }

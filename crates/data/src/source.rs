@@ -12,7 +12,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::file::{check_regular_file, special_kind};
+use crate::file::check_regular_file;
 use crate::hub::HubDataset;
 use crate::percent::percent_decode;
 
@@ -180,7 +180,7 @@ pub(crate) async fn resolve(spec: &str, located: Located, forced: Option<FileFor
         (None, true, _) => {
             let fs_path = format!("/{path}");
             let meta = std::fs::metadata(&fs_path).map_err(|source| Error::Io { path: fs_path.clone(), source })?;
-            if let Some(what) = special_kind(&meta) {
+            if let Some(what) = siphon_files::special(&meta) {
                 return Err(Error::NotAFile { path: fs_path, what: what.into() });
             }
             meta.is_file()
@@ -253,7 +253,7 @@ fn special_files(root: &std::path::Path) -> Vec<(StorePath, u64)> {
             let Ok(meta) = std::fs::metadata(&path) else { continue };
             if meta.is_dir() {
                 dirs.push(path);
-            } else if special_kind(&meta).is_some()
+            } else if siphon_files::special(&meta).is_some()
                 && let Some(store) = path.to_str().and_then(|p| StorePath::parse(p.trim_start_matches('/')).ok())
             {
                 found.push((store, 0));

@@ -1,8 +1,7 @@
 //! Opening the files a model or a dictionary is read from. Each must be a regular file (a
-//! symlink to one is fine), checked before it is opened: a FIFO in its place would block the
-//! open forever, and a device or a directory gives an OS error that does not say what is
-//! wrong. Every file the crate reads goes through [`check_regular`], through [`open`] and
-//! [`read_to_string`] where it reads it itself.
+//! symlink to one is fine), checked before it is opened (`siphon_files`): a FIFO in its place
+//! would block the open forever. Every file the crate reads goes through [`check_regular`],
+//! through [`open`] and [`read_to_string`] where it reads it itself.
 
 use std::fs::{File, FileType};
 use std::path::Path;
@@ -10,13 +9,9 @@ use std::path::Path;
 use crate::error::ModelError;
 
 /// Checks that `path` is a regular file, following symlinks; otherwise an error naming the
-/// path and what it is instead.
+/// path and what it is instead ([`siphon_files::check_regular`]).
 pub(crate) fn check_regular(path: &Path) -> Result<(), ModelError> {
-    let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
-    match meta.is_file() {
-        true => Ok(()),
-        false => Err(not_a(path, &meta.file_type(), "a regular file")),
-    }
+    siphon_files::check_regular(path).map(drop).map_err(|e| ModelError::io(path, e))
 }
 
 /// `path` opened for reading, once it is known to be a regular file.
@@ -33,28 +28,8 @@ pub(crate) fn read_to_string(path: &Path) -> Result<String, ModelError> {
 
 /// The error for `path`, of type `found`, given where `wanted` was expected.
 pub(crate) fn not_a(path: &Path, found: &FileType, wanted: &str) -> ModelError {
-    let detail = format!("{}, not {wanted}", kind(found));
+    let detail = format!("{}, not {wanted}", siphon_files::kind(found));
     ModelError::io(path, std::io::Error::new(std::io::ErrorKind::InvalidInput, detail))
-}
-
-/// What a file type is, in words.
-fn kind(t: &FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_file() {
-        "a regular file"
-    } else {
-        "a special file"
-    }
 }
 
 /// Makes a FIFO at `path` (which must not exist), for the tests that put one where a file

@@ -140,12 +140,12 @@ pub enum StoreError {
     },
     /// A local path where a run's file must be is something else (a FIFO, a device, a
     /// directory): reading it could block forever, so it is never opened.
-    #[error("{path}: not a regular file ({kind}); a run's files are regular files")]
+    #[error("{path}: {what}")]
     NotAFile {
         /// The path on disk.
         path: PathBuf,
-        /// What it is instead.
-        kind: &'static str,
+        /// What it is instead: `a FIFO (named pipe), not a regular file`.
+        what: String,
     },
     /// A manifest, run.json or stats.json object is not what this crate writes.
     #[error("corrupt {path}: {reason}")]

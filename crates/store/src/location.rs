@@ -146,10 +146,10 @@ impl StoreLocation {
     /// FIFO would block forever.
     pub async fn get_optional(&self, path: &Path) -> Result<Option<Bytes>> {
         if let Some(file) = self.local_dir.as_ref().map(|dir| dir.join(path.as_ref()))
-            && let Ok(meta) = std::fs::metadata(&file)
-            && !meta.is_file()
+            && let Err(e) = siphon_files::check_regular(&file)
+            && e.kind() == std::io::ErrorKind::InvalidInput
         {
-            return Err(StoreError::NotAFile { kind: file_kind(&meta), path: file });
+            return Err(StoreError::NotAFile { path: file, what: e.to_string() });
         }
         match self.store.get(path).await {
             Ok(result) => Ok(Some(result.bytes().await.map_err(|e| StoreError::store("get", path, e))?)),
@@ -209,19 +209,6 @@ where
         builder = set(builder, key, value.clone());
     }
     Ok(builder)
-}
-
-/// What a path that is not a regular file is, in words.
-fn file_kind(meta: &std::fs::Metadata) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    let kind = meta.file_type();
-    match () {
-        _ if kind.is_dir() => "a directory",
-        _ if kind.is_fifo() => "a FIFO",
-        _ if kind.is_socket() => "a socket",
-        _ if kind.is_char_device() || kind.is_block_device() => "a device",
-        _ => "not a file",
-    }
 }
 
 /// `shard_{n:06}.safetensors`.

@@ -20,27 +20,12 @@ pub fn read_text(path: &Path, what: &str, max_bytes: u64) -> anyhow::Result<Stri
 
 /// Refuses `path` unless it is a regular file of at most `max_bytes`, without opening it.
 fn check_regular(path: &Path, what: &str, max_bytes: u64) -> anyhow::Result<()> {
-    let metadata = std::fs::metadata(path).with_context(|| format!("cannot read {what} {}", path.display()))?;
-    if !metadata.is_file() {
-        bail!("{what} {} is {}, not a regular file", path.display(), kind(&metadata.file_type()));
-    }
+    let metadata =
+        siphon_files::check_regular(path).with_context(|| format!("cannot read {what} {}", path.display()))?;
     if metadata.len() > max_bytes {
         bail!("{what} {} has {} bytes, more than the {max_bytes} it may have", path.display(), metadata.len());
     }
     Ok(())
-}
-
-/// What a file that is not a regular file is, for the error.
-fn kind(file_type: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    match file_type {
-        t if t.is_dir() => "a directory",
-        t if t.is_fifo() => "a FIFO",
-        t if t.is_char_device() => "a character device",
-        t if t.is_block_device() => "a block device",
-        t if t.is_socket() => "a socket",
-        _ => "a special file",
-    }
 }
 
 #[cfg(test)]
@@ -61,11 +46,13 @@ mod tests {
         assert!(err.contains("--config") && err.contains("12 bytes, more than the 4"), "{err}");
         let fifo = dir.path().join("fifo");
         assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
-        for (path, is) in
-            [(fifo.as_path(), "a FIFO"), (Path::new("/dev/zero"), "a character device"), (dir.path(), "a directory")]
-        {
-            let err = read_text(path, "--ids", MAX_TEXT_BYTES).unwrap_err().to_string();
-            assert_eq!(err, format!("--ids {} is {is}, not a regular file", path.display()));
+        for (path, is) in [
+            (fifo.as_path(), "a FIFO (named pipe)"),
+            (Path::new("/dev/zero"), "a character device"),
+            (dir.path(), "a directory"),
+        ] {
+            let err = format!("{:#}", read_text(path, "--ids", MAX_TEXT_BYTES).unwrap_err());
+            assert_eq!(err, format!("cannot read --ids {}: {is}, not a regular file", path.display()));
         }
         let err = format!("{:#}", read_text(&dir.path().join("missing"), "--ids", 1).unwrap_err());
         assert!(err.contains("cannot read --ids") && err.contains("missing"), "{err}");

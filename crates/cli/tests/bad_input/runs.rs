@@ -47,7 +47,10 @@ fn inspect_names_special_files_and_numbers_of_the_wrong_type() {
         let (output, took) = inspect(&dir);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success() && took < Duration::from_secs(10), "{file} ({took:?}): {stderr}");
-        assert!(stderr.contains(file) && stderr.contains("not a regular file (a FIFO)"), "{file}: {stderr}");
+        assert!(
+            stderr.contains(file) && stderr.contains("a FIFO (named pipe), not a regular file"),
+            "{file}: {stderr}"
+        );
     }
     let dir = s.root.join("numbers/r");
     copy_dir(&good, &dir);
