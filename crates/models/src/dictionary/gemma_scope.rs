@@ -10,7 +10,8 @@
 
 use std::path::Path;
 
-use npyz::npz::NpzArchive;
+use npyz::npz::{array_name_from_file_name, file_name_from_array_name};
+use zip::result::ZipError;
 
 use crate::dictionary::{Dictionary, Encoder, Tensor};
 use crate::error::ModelError;
@@ -23,16 +24,19 @@ pub const PARAMS: &str = "params.npz";
 pub(crate) fn read_array(dir: &Path, name: &'static str) -> Result<Tensor, ModelError> {
     let path = dir.join(PARAMS);
     let corrupt = |detail: String| ModelError::Corrupt { path: path.clone(), detail };
-    crate::file::check_regular(&path)?;
-    let mut archive = NpzArchive::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-    let stored = if name.starts_with("W_") && archive.array_names().any(|n| n == name.replacen('W', "w", 1)) {
-        name.replacen('W', "w", 1)
-    } else {
-        name.to_string()
+    let mut archive = zip::ZipArchive::new(crate::file::open(&path)?).map_err(|e| corrupt(e.to_string()))?;
+    let lower = name.replacen('W', "w", 1);
+    let spelled_lower =
+        name.starts_with("W_") && archive.file_names().any(|f| array_name_from_file_name(f) == Some(&lower));
+    let stored = if spelled_lower { lower } else { name.to_string() };
+    let entry = match archive.by_name(&file_name_from_array_name(&stored)) {
+        Ok(entry) => entry,
+        Err(ZipError::FileNotFound) => {
+            return Err(ModelError::Config(format!("Gemma Scope dictionary {}: {PARAMS} lacks {name}", dir.display())));
+        }
+        Err(e) => return Err(corrupt(e.to_string())),
     };
-    let npy = archive.by_name(&stored).map_err(|e| corrupt(e.to_string()))?.ok_or_else(|| {
-        ModelError::Config(format!("Gemma Scope dictionary {}: {PARAMS} lacks {name}", dir.display()))
-    })?;
+    let npy = npyz::NpyFile::new(entry).map_err(|e| corrupt(format!("{name}: {e}")))?;
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     let values = npy.into_vec::<f32>().map_err(|e| corrupt(format!("{name}: {e} (float32 expected)")))?;
     Ok(Tensor { name, shape, values })

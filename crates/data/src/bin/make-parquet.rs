@@ -1,8 +1,9 @@
 //! Converts a directory of .txt files into a parquet dataset (columns `id`, `text`; several
 //! files and row groups). Used by `scripts/setup-corpus.sh` to build the Shakespeare demo
-//! corpus; `siphon data make-parquet` is the same thing behind the CLI.
+//! corpus. A binary, not an example, so that building it takes none of the crate's test-only
+//! dependencies (`scripts/demo.sh` builds it with siphon).
 //!
-//! `cargo run -p siphon-data --example make_parquet -- --from DIR --out DIR [--exclude NAME,..]
+//! `cargo run -p siphon-data --bin make-parquet -- --from DIR --out DIR [--exclude NAME,..]
 //!  [--files N] [--rows-per-group N] [--max-row-bytes N]`
 
 use std::path::PathBuf;
