@@ -136,6 +136,50 @@ fn forward_rejects_bad_input_without_writing() {
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "only ids.json remains");
 }
 
+/// `--outputs`: the model's next-token outputs beside the hooks, each under its name, equal to
+/// HF's (`next-token.safetensors`: log-softmax of its logits in f64) on the golden's first row,
+/// whose last token has no next (NaN); a bad list is refused naming it, before any work.
+#[test]
+fn forward_writes_next_token_outputs_matching_hf() {
+    let model = repo().join("fixtures/models/tiny-gemma2");
+    let (golden_header, golden_data) = read_safetensors(&model.join("next-token.safetensors"));
+    let t = &golden_header["input_ids"];
+    let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
+    let ids: Vec<i32> = golden_data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+    let seq = t["shape"][1].as_u64().unwrap() as usize;
+    let tmp = Scratch::new("outputs");
+    let ids_file = tmp.path().join("ids.json");
+    std::fs::write(&ids_file, serde_json::to_string(&vec![ids[..seq].to_vec()]).unwrap()).unwrap();
+    let out = tmp.path().join("next.safetensors");
+    let run = |outputs: &str| {
+        let (model, ids) = (model.to_str().unwrap(), ids_file.to_str().unwrap());
+        siphon(&["forward", "--model", model, "--ids", ids, "--outputs", outputs, "--out", out.to_str().unwrap()])
+    };
+    let o = run("nll,entropy,topk=3");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    let (header, data) = read_safetensors(&out);
+    let (shape, nll) = tensor_f32(&header, &data, "output.nll");
+    assert_eq!(shape, vec![1, seq]);
+    let (_, want) = tensor_f32(&golden_header, &golden_data, "output.nll");
+    for p in 0..seq - 1 {
+        assert!((nll[p] - want[p]).abs() <= 1e-4 * want[p].abs().max(1.0), "position {p}: {} {}", nll[p], want[p]);
+    }
+    assert!(nll[seq - 1].is_nan(), "the row's last token has no next");
+    let (shape, _) = tensor_f32(&header, &data, "output.topk_logprobs");
+    assert_eq!(shape, vec![1, seq, 3]);
+    assert_eq!(header["output.topk_ids"]["dtype"], "I32");
+    assert!(header.get("output.entropy").is_some());
+    std::fs::remove_file(&out).unwrap();
+    for (bad, named) in [("topk=0", "topk=0 is not a count"), ("logits", "\"logits\" is not an output")] {
+        let o = run(bad);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--outputs") && stderr.contains(named), "{bad}: {stderr}");
+        assert!(!out.exists());
+    }
+}
+
 /// The command of issue 36: one Gemma 4 block's residual alone (its per-layer inputs read a
 /// norm outside the blocks) equals that hook in the run of every block's residual and the
 /// final norm.

@@ -14,6 +14,7 @@ pub struct Batch {
     pub(crate) input_ids: Vec<i32>,
     pub(crate) attention_mask: Vec<i32>,
     pub(crate) position_ids: Vec<i32>,
+    pub(crate) next_ids: Vec<i32>,
 }
 
 impl Batch {
@@ -56,7 +57,32 @@ impl Batch {
             }
         }
         let position_ids = positions_from_mask(&mask, seq);
-        Ok(Batch { batch, seq, input_ids, attention_mask: mask, position_ids })
+        let next_ids = next_in_row(&input_ids, &mask, seq);
+        Ok(Batch { batch, seq, input_ids, attention_mask: mask, position_ids, next_ids })
+    }
+
+    /// Replaces each token's next token (row-major `[batch, seq]`, −1 where a token has none:
+    /// the last of a document packed with others) for the next-token outputs; by default the
+    /// row's next real token ([`next_in_row`]).
+    pub fn with_next_ids(mut self, next_ids: Vec<i32>) -> Result<Batch, EngineError> {
+        if next_ids.len() != self.batch * self.seq {
+            return Err(EngineError::Batch(format!(
+                "{} next token ids for a {}x{} batch",
+                next_ids.len(),
+                self.batch,
+                self.seq
+            )));
+        }
+        if let Some(t) = next_ids.iter().find(|&&t| t < -1) {
+            return Err(EngineError::Batch(format!("next token id {t} (-1 is none)")));
+        }
+        self.next_ids = next_ids;
+        Ok(self)
+    }
+
+    /// Row-major `[batch, seq]`: each token's next token, −1 where it has none.
+    pub fn next_ids(&self) -> &[i32] {
+        &self.next_ids
     }
 
     /// Replaces the computed position ids (row-major `[batch, seq]`).
@@ -102,6 +128,19 @@ impl Batch {
     }
 }
 
+/// Each real token's next token in its row (`ids[p + 1]` where both are real), −1 where
+/// there is none: a row's last real token, and padding.
+pub fn next_in_row(ids: &[i32], mask: &[i32], seq: usize) -> Vec<i32> {
+    let mut out = vec![-1; ids.len()];
+    for (p, next) in out.iter_mut().enumerate() {
+        let last_in_row = (p + 1).is_multiple_of(seq.max(1));
+        if !last_in_row && mask[p] == 1 && mask[p + 1] == 1 {
+            *next = ids[p + 1];
+        }
+    }
+    out
+}
+
 /// `cumsum(mask) - 1` per row, clamped at 0 (HF's convention for padded batches).
 pub fn positions_from_mask(mask: &[i32], seq: usize) -> Vec<i32> {
     let mut out = Vec::with_capacity(mask.len());
@@ -122,6 +161,9 @@ pub struct Activations {
     pub hooks: Vec<(HookPoint, HostArray)>,
     /// Each dictionary's latents, in [`EngineOptions::dictionaries`]' order.
     pub latents: Vec<Latents<HostArray>>,
+    /// The next-token outputs by name (`output.nll`, …; [`EngineOptions::next_token`]), each
+    /// `[batch, seq, …]`: f32, the top-k's ids i32.
+    pub next_token: Vec<(&'static str, HostArray)>,
 }
 
 impl Activations {
@@ -134,6 +176,16 @@ impl Activations {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tokens_next_is_the_rows_next_real_token() {
+        let (ids, seq) = ([5, 6, 7, 0, 0, 0, 8, 9, 4], 3);
+        assert_eq!(next_in_row(&ids, &[1, 1, 1, 1, 0, 0, 0, 1, 1], seq), [6, 7, -1, -1, -1, -1, -1, 4, -1]);
+        let batch = Batch::new(vec![vec![1, 2], vec![3, 4]], None).unwrap();
+        assert_eq!(batch.next_ids(), [2, -1, 4, -1]);
+        assert!(batch.clone().with_next_ids(vec![-2, 0, 0, 0]).unwrap_err().to_string().contains("-2"));
+        assert!(batch.with_next_ids(vec![0]).unwrap_err().to_string().contains("1 next token ids"));
+    }
 
     #[test]
     fn positions_follow_the_mask_on_either_side() {

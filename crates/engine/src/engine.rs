@@ -59,6 +59,7 @@ impl ProgramSpec<'_> {
         spec.cudnn_attention = self.options.right_padded && on("cuda");
         spec.mlp_chunk = on("cuda").then_some(siphon_models::MLP_CHUNK_ELEMENTS);
         spec.dictionaries = self.options.dictionaries.clone();
+        spec.next_token = self.options.next_token;
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec
     }
@@ -415,7 +416,11 @@ impl Engine {
                         Ok((hook, rt(|| format!("copying {hook} to the host"), array)?))
                     })
                     .collect::<Result<_, EngineError>>()?;
-                Ok(Activations { hooks, latents: launched.latents(process)? })
+                Ok(Activations {
+                    hooks,
+                    latents: launched.latents(process)?,
+                    next_token: launched.next_token(process)?,
+                })
             })
             .collect()
     }
@@ -438,6 +443,13 @@ impl Engine {
             if let Some(&t) = batch.input_ids.iter().find(|&&t| t < 0 || t as usize >= self.config.vocab_size) {
                 return Err(EngineError::Batch(format!(
                     "token id {t} is outside the vocabulary (0..{})",
+                    self.config.vocab_size
+                )));
+            }
+            if let Some(&t) = batch.next_ids.iter().find(|&&t| t < -1 || t >= 0 && t as usize >= self.config.vocab_size)
+            {
+                return Err(EngineError::Batch(format!(
+                    "next token id {t} is outside the vocabulary (0..{}; -1 for none)",
                     self.config.vocab_size
                 )));
             }
@@ -470,6 +482,7 @@ impl Engine {
                     "input_ids" => &batch.input_ids,
                     "attention_mask" => &batch.attention_mask,
                     "position_ids" => &batch.position_ids,
+                    "next_ids" => &batch.next_ids,
                     other => return Err(EngineError::Options(format!("the forward takes an unknown input {other:?}"))),
                 };
                 // The process's rows in their places of the global batch; its partitions read
@@ -490,11 +503,15 @@ impl Engine {
         let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).chain(&self.dictionary_args).collect();
         let mut out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
         out_specs.extend(program.latents.iter().flat_map(LatentsInfo::result_specs));
+        let latent_results = out_specs.len() - program.outputs.len();
+        out_specs.extend(program.next_token.iter().map(|o| o.spec.clone()));
         let outputs =
             rt(|| "running the forward".into(), compiled.executable.execute_sharded(mesh, &args, &out_specs))?;
         Ok(Launched {
             outputs,
             hooks: self.hooks.clone(),
+            latent_results,
+            next_token: program.next_token.iter().map(|o| o.name).collect(),
             views: self.views.clone(),
             rows,
             element_type: element_type(self.options.output_dtype),

@@ -12,6 +12,10 @@ use crate::error::{EngineError, rt};
 pub struct Launched {
     pub(crate) outputs: Vec<ShardedArray>,
     pub(crate) hooks: Vec<HookPoint>,
+    /// How many results the dictionaries' latents take, after the hooks'.
+    pub(crate) latent_results: usize,
+    /// The next-token results' names, after the latents'.
+    pub(crate) next_token: Vec<&'static str>,
     pub(crate) views: Vec<HostView>,
     /// Rows of the global batch.
     pub(crate) rows: usize,
@@ -23,9 +27,10 @@ impl Launched {
     /// called right after launching).
     pub fn wait(&self) -> Result<(), EngineError> {
         for (i, output) in self.outputs.iter().enumerate() {
-            let what = || match self.hooks.get(i) {
-                Some(hook) => format!("computing {hook}"),
-                None => "computing the dictionaries' latents".to_string(),
+            let what = || match (self.hooks.get(i), i.checked_sub(self.hooks.len() + self.latent_results)) {
+                (Some(hook), _) => format!("computing {hook}"),
+                (None, Some(j)) => format!("computing {}", self.next_token[j]),
+                (None, None) => "computing the dictionaries' latents".to_string(),
             };
             for buffer in output.buffers() {
                 rt(what, buffer.wait_ready())?;
@@ -81,10 +86,34 @@ impl Launched {
     /// [`Latents::firings`]): the store refuses those (`siphon_store::kept_firings`: the
     /// extraction's writer for the tokens it stores, `siphon forward` for every token).
     pub fn latents(&self, process: usize) -> Result<Vec<Latents<HostArray>>, EngineError> {
+        let first = self.hooks.len();
+        let context = || "copying the dictionaries' latents to the host".to_string();
+        let results = self.read(process, first..first + self.latent_results, context)?;
+        let n = results.len();
+        Latents::of_results(results).ok_or_else(|| EngineError::Batch(format!("{n} results after the hooks'")))
+    }
+
+    /// The next-token outputs for process `process`'s rows (the program's results after the
+    /// latents', `siphon_models::NextToken::names`' order), copied as [`Launched::latents`]
+    /// copies them.
+    pub fn next_token(&self, process: usize) -> Result<Vec<(&'static str, HostArray)>, EngineError> {
+        let first = self.hooks.len() + self.latent_results;
+        let context = || "copying the next-token outputs to the host".to_string();
+        let results = self.read(process, first..self.outputs.len(), context)?;
+        Ok(self.next_token.iter().copied().zip(results).collect())
+    }
+
+    /// The results `range`, process `process`'s rows of each, read from its partitions only
+    /// into host arrays, waiting for the copies.
+    fn read(
+        &self,
+        process: usize,
+        range: std::ops::Range<usize>,
+        context: impl Fn() -> String + Copy,
+    ) -> Result<Vec<HostArray>, EngineError> {
         let view = self.views.get(process).ok_or_else(|| EngineError::Batch(format!("no process {process}")))?;
         let (rows, from) = (view.rows(self.rows), view.partitions());
         let local: usize = rows.iter().map(|r| r.len()).sum();
-        let context = || "copying the dictionaries' latents to the host".to_string();
         let read = |output: &ShardedArray| -> Result<HostArray, EngineError> {
             let ty = output.element_type();
             let shape = local_shape(output, local);
@@ -92,9 +121,7 @@ impl Launched {
             rt(context, rt(context, output.rows_into(&rows, &from, &mut bytes))?.wait())?;
             rt(context, HostArray::from_bytes(ty, &shape, bytes))
         };
-        let results = self.outputs[self.hooks.len()..].iter().map(read).collect::<Result<Vec<_>, _>>()?;
-        let n = results.len();
-        Latents::of_results(results).ok_or_else(|| EngineError::Batch(format!("{n} results after the hooks'")))
+        self.outputs[range].iter().map(read).collect()
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::sharding::megatron_specs;
-use siphon_models::{DType, DictionaryHook, HookPoint};
+use siphon_models::{DType, DictionaryHook, HookPoint, NextToken};
 
 use crate::error::EngineError;
 
@@ -65,6 +65,10 @@ pub struct EngineOptions {
     /// Sparse dictionaries whose latents every run computes on the devices, each from the hook
     /// it reads (`siphon_models::DictionaryHook`), returned in [`Activations::latents`].
     pub dictionaries: Vec<DictionaryHook>,
+    /// The model's next-token outputs every run computes on the devices from its logits
+    /// (`siphon_models::NextToken`), returned in `Activations::next_token`; each token's next
+    /// token is `Batch::next_ids`.
+    pub next_token: Option<NextToken>,
     /// The processes whose partitions of `mesh` this engine runs. Empty: the whole mesh, in
     /// this process. In a job whose mesh spans processes, this process's [`HostView`]: it
     /// uploads only its partitions' weights, feeds only its data groups' rows and reads back
@@ -132,14 +136,16 @@ impl Default for EngineOptions {
             tpu_forms: None,
             right_padded: false,
             dictionaries: Vec::new(),
+            next_token: None,
             processes: Vec::new(),
         }
     }
 }
 
-/// What no engine program takes: no hooks (nor dictionaries), or f16 compute.
+/// What no engine program takes: no hooks (nor dictionaries, nor next-token outputs), or f16
+/// compute.
 pub(crate) fn check(hooks: &[HookPoint], options: &EngineOptions) -> Result<(), EngineError> {
-    if hooks.is_empty() && options.dictionaries.is_empty() {
+    if hooks.is_empty() && options.dictionaries.is_empty() && options.next_token.is_none() {
         return Err(EngineError::Options("no hooks requested".into()));
     }
     if options.compute_dtype == DType::F16 {

@@ -9,7 +9,10 @@
 //! per-token shape is the hook's [`crate::hooks::HookShape`]: `[hidden]`, `[d_mlp]`, `[1]`,
 //! `[heads, head_dim]` or `[heads, seq]`). With dictionaries ([`ForwardSpec::dictionaries`]),
 //! each one's tensors follow the inputs (f32, replicated; [`crate::dictionary::Dictionary`]'s
-//! order) and its latents follow the hooks ([`LatentsInfo`]). Position ids
+//! order) and its latents follow the hooks ([`LatentsInfo`]). With the model's next-token
+//! outputs ([`ForwardSpec::next_token`]) a fourth input, `next_ids`, follows the three (each
+//! token's next token, −1 where it has none) and the outputs follow the latents
+//! ([`NextTokenInfo`]). Position ids
 //! are an input so that the caller decides them: `cumsum(mask) - 1` for padded rows makes
 //! left- and right-padded rows give the activations of an unpadded run.
 //!
@@ -99,6 +102,9 @@ pub struct ForwardSpec {
     /// once cuDNN takes the attention the MLP's gate and up are a step's largest temporaries.
     /// `None` (the default): in one piece (every CPU and TPU program).
     pub mlp_chunk: Option<usize>,
+    /// The model's own next-token outputs the program computes from its logits, chunked over
+    /// the sequence so that `[tokens, vocab]` never exists whole (`None`: no logits at all).
+    pub next_token: Option<NextToken>,
     /// Sparse dictionaries whose latents the program computes from the hooks they read (which
     /// need not be among `hooks`), in order.
     pub dictionaries: Vec<DictionaryHook>,
@@ -108,6 +114,67 @@ pub struct ForwardSpec {
     /// found), it must be exactly that set: a weight read but not given, or given but never
     /// read, is an error naming it.
     pub weights: Option<BTreeSet<String>>,
+}
+
+/// The model's next-token outputs a program computes per token from its logits (the family's
+/// final norm and unembedding, and its own rule after them: Gemma's final soft-cap), in f32
+/// whatever the compute and output dtypes; each is a result `[batch, seq, …]` after the
+/// latents, in this order: `output.nll`, `output.entropy`, `output.topk_logprobs` and
+/// `output.topk_ids` (`[K]` each), those asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NextToken {
+    /// `output.nll`: −log p of the token `next_ids` names; NaN where it names none (−1).
+    pub nll: bool,
+    /// `output.entropy`: −Σ p log p over the vocabulary.
+    pub entropy: bool,
+    /// `output.topk_logprobs` and `output.topk_ids` (i32) of the `topk` likeliest tokens,
+    /// likeliest first, a lower id first among equal ones; 0: neither.
+    pub topk: usize,
+    /// Sequence positions per chunk of the logits; `None` chooses so that a data group's
+    /// chunk holds at most [`LOGITS_CHUNK_ELEMENTS`] logits.
+    pub chunk: Option<usize>,
+}
+
+/// The most logits a data group's chunk holds when [`NextToken::chunk`] is not given
+/// (64 MiB in f32): a 262k vocabulary at 32 × 1024 tokens is computed 64 rows of positions at
+/// a time, never `[tokens, vocab]` at once.
+pub const LOGITS_CHUNK_ELEMENTS: usize = 1 << 24;
+
+impl NextToken {
+    /// The results' names, in result order.
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut names = Vec::new();
+        if self.nll {
+            names.push("output.nll");
+        }
+        if self.entropy {
+            names.push("output.entropy");
+        }
+        if self.topk > 0 {
+            names.extend(["output.topk_logprobs", "output.topk_ids"]);
+        }
+        names
+    }
+
+    /// Sequence positions per chunk for rows of `seq` positions, `rows` of them per data
+    /// group, over a vocabulary of `vocab` (`vocab_ways` ways split).
+    pub fn chunk_for(&self, seq: usize, rows: usize, vocab: usize, vocab_ways: usize) -> usize {
+        let per_position = (rows * vocab.div_ceil(vocab_ways.max(1))).max(1);
+        self.chunk.unwrap_or(LOGITS_CHUNK_ELEMENTS / per_position).clamp(1, seq.max(1))
+    }
+}
+
+/// One next-token result of the program ([`NextToken`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextTokenInfo {
+    /// `output.nll`, `output.entropy`, `output.topk_logprobs` or `output.topk_ids`.
+    pub name: &'static str,
+    /// `[batch, seq]`, or `[batch, seq, K]` for the top-k.
+    pub shape: Vec<usize>,
+    /// `F32`, or `I32` for the ids.
+    pub dtype: DType,
+    /// How it comes back split over the mesh (its rows as the inputs').
+    pub spec: PartitionSpec,
 }
 
 /// How a program writes a grouped product ([`ForwardSpec::ragged_experts`]).
@@ -142,17 +209,20 @@ impl ForwardSpec {
             ragged_experts: None,
             cudnn_attention: false,
             mlp_chunk: None,
+            next_token: None,
             dictionaries: Vec::new(),
             weights: None,
         }
     }
 
-    /// The hooks the graph must produce: the requested ones, then those only dictionaries read.
+    /// The hooks the graph must produce: the requested ones, then those only dictionaries
+    /// read, then the final norm's output where the next-token outputs read it.
     pub fn read_hooks(&self) -> Vec<HookPoint> {
         let mut hooks = self.hooks.clone();
-        for d in &self.dictionaries {
-            if !hooks.contains(&d.hook) {
-                hooks.push(d.hook);
+        let final_norm = self.next_token.map(|_| HookPoint::model(crate::hooks::HookKind::LnFinalOut));
+        for hook in self.dictionaries.iter().map(|d| d.hook).chain(final_norm) {
+            if !hooks.contains(&hook) {
+                hooks.push(hook);
             }
         }
         hooks
@@ -215,7 +285,7 @@ pub fn attention_summary(forms: &[(usize, AttentionForm)]) -> String {
 /// One `[batch, seq]` i32 input of the program.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputInfo {
-    /// `input_ids`, `attention_mask` or `position_ids`.
+    /// `input_ids`, `attention_mask`, `position_ids` or `next_ids`.
     pub name: &'static str,
     /// `[batch, seq]`.
     pub shape: Vec<usize>,
@@ -254,12 +324,15 @@ pub struct ForwardProgram {
     pub param_forms: Vec<Option<StoredForm>>,
     /// Dtype of every weight taken whole.
     pub param_dtype: DType,
-    /// The inputs that follow the weights: `input_ids`, `attention_mask`, `position_ids`.
+    /// The inputs that follow the weights: `input_ids`, `attention_mask`, `position_ids`,
+    /// and `next_ids` where the program computes `output.nll`.
     pub inputs: Vec<InputInfo>,
     /// The hooks' results, in order.
     pub outputs: Vec<OutputInfo>,
     /// The dictionaries' results, after the hooks', three each.
     pub latents: Vec<LatentsInfo>,
+    /// The next-token results, after the latents' ([`ForwardSpec::next_token`]).
+    pub next_token: Vec<NextTokenInfo>,
     /// The mesh the program is partitioned over.
     pub mesh: Mesh,
     /// Number of blocks the program runs.

@@ -39,8 +39,8 @@ pub(crate) const ARCH: Arch = Arch::of(&FAMILY);
 pub(crate) static FAMILY: Family = Family {
     model_types: &["gemma2"],
     architectures: &["Gemma2ForCausalLM"],
-    // Gemma2Config caps attention logits at 50 by default.
-    from_hf: |hf: HfConfig| gemma_config(&hf, ARCH, &DEFAULTS, Some(50.0)),
+    // Gemma2Config caps attention logits at 50 and the final logits at 30 by default.
+    from_hf: |hf: HfConfig| gemma_config(&hf, ARCH, &DEFAULTS, Some(50.0), Some(30.0)),
     build,
     params: gemma_params,
     features: &[
@@ -73,27 +73,37 @@ pub(crate) const GEMMA_ACTIVATION: ActivationKey = ActivationKey {
 
 /// What Gemma 2 and 3 read alike: the decoder with `defaults`, scores scaled by
 /// `query_pre_attn_scalar^-0.5` (256 when absent), logits soft-capped by
-/// `attn_logit_softcapping` (`softcap` when absent, none when null); bidirectional attention
+/// `attn_logit_softcapping` (`softcap` when absent, none when null), final logits by
+/// `final_logit_softcapping` (`final_softcap` when absent); bidirectional attention
 /// is refused.
 pub(crate) fn gemma_config(
     hf: &HfConfig,
     arch: Arch,
     defaults: &Defaults,
     softcap: Option<f64>,
+    final_softcap: Option<f64>,
 ) -> Result<ModelConfig, ModelError> {
     if hf.key::<bool>("use_bidirectional_attention")? == Some(true) {
         return Err(ModelError::UnsupportedArch(format!("{arch} with use_bidirectional_attention")));
     }
     let c = hf.decoder(arch, defaults)?;
-    let attn_softcap = match hf.extra.get("attn_logit_softcapping") {
-        None => softcap,
-        Some(Value::Null) => None,
-        Some(v) => {
-            Some(v.as_f64().ok_or_else(|| ModelError::Config(format!("attn_logit_softcapping {v} is not a number")))?)
-        }
-    };
+    let attn_softcap = softcap_key(hf, "attn_logit_softcapping", softcap)?;
+    let final_softcap = softcap_key(hf, "final_logit_softcapping", final_softcap)?;
     let attn_scalar = Some(hf.key::<f64>("query_pre_attn_scalar")?.unwrap_or(256.0));
-    Ok(ModelConfig { attention: Attention { scalar: attn_scalar, softcap: attn_softcap, ..c.attention }, ..c })
+    Ok(ModelConfig {
+        attention: Attention { scalar: attn_scalar, softcap: attn_softcap, ..c.attention },
+        final_softcap,
+        ..c
+    })
+}
+
+/// A soft-cap `key` of `config.json`: `default` when absent, none when null.
+pub(crate) fn softcap_key(hf: &HfConfig, key: &str, default: Option<f64>) -> Result<Option<f64>, ModelError> {
+    match hf.extra.get(key) {
+        None => Ok(default),
+        Some(Value::Null) => Ok(None),
+        Some(v) => Ok(Some(v.as_f64().ok_or_else(|| ModelError::Config(format!("{key} {v} is not a number")))?)),
+    }
 }
 
 /// Gemma's windows: on the layers `layer_types` marks, by default all but every

@@ -66,7 +66,7 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     // Local layers take `rope_local_base_freq` (1e4) and no scaling.
     let local = hf.key::<f64>("rope_local_base_freq")?.unwrap_or(10_000.0);
     let local_rope_theta = hf.rope_by_layer_type(ARCH, local)?;
-    let c = gemma_config(&hf, ARCH, &DEFAULTS, None)?;
+    let c = gemma_config(&hf, ARCH, &DEFAULTS, None, None)?;
     Ok(ModelConfig {
         attention: Attention { qk_norm: true, ..c.attention },
         rope: Rope { local_theta: Some(local_rope_theta), ..c.rope },

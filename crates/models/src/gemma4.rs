@@ -98,6 +98,9 @@ const DEFAULTS: Defaults = Defaults {
     ..Defaults::LLAMA
 };
 
+/// Gemma4TextConfig's `final_logit_softcapping` when absent.
+const FINAL_SOFTCAP: Option<f64> = None;
+
 fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
     if hf.model_type.as_deref() == Some("gemma4") {
         // A multimodal checkpoint: its text tower is a gemma4_text model under
@@ -152,8 +155,10 @@ fn from_hf(mut hf: HfConfig) -> Result<ModelConfig, ModelError> {
             Some(PerLayerInput { width, vocab_size })
         }
     };
+    let final_softcap = crate::gemma2::softcap_key(&hf, "final_logit_softcapping", FINAL_SOFTCAP)?;
     Ok(ModelConfig {
         attention: Attention { qk_norm: true, scalar: Some(1.0), ..c.attention },
+        final_softcap,
         rope: Rope { local_theta: Some(local_rope_theta), ..c.rope },
         layers: c.layers.clone().with(c.n_layers, |layer, spec| {
             spec.kv_source = kv_shared_from.get(layer).copied().flatten();

@@ -270,7 +270,10 @@ pub use config::{
 };
 pub use dictionary::{DictionaryHook, Latents, LatentsInfo};
 pub use error::ModelError;
-pub use forward::{AttentionForm, ForwardProgram, ForwardSpec, InputInfo, OutputInfo, RaggedDot, build_forward};
+pub use forward::{
+    AttentionForm, ForwardProgram, ForwardSpec, InputInfo, NextToken, NextTokenInfo, OutputInfo, RaggedDot,
+    build_forward,
+};
 pub use gemma4::Gemma4;
 pub use gpt_oss::GptOss;
 pub use hf::LoadedModel;

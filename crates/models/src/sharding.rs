@@ -93,9 +93,11 @@ pub fn rule(class: ParamClass) -> Vec<Dim> {
         MlpUpBias => vec![d(&[MODEL], Some(Features))],
         // One per query head, split with the heads.
         AttnSinks => vec![d(&[MODEL], Some(QHeads))],
-        // The fixed plan keeps the vocabulary tables whole.
+        // The fixed plan keeps the embedding whole; the unembedding, which only the
+        // next-token outputs read, splits its vocabulary over `model` as Megatron's output
+        // layer does (each device its vocabulary's logits of a chunk).
         Embedding => vec![d(&[FSDP, MODEL], None), WHOLE],
-        LmHead => vec![d(&[MODEL], None), HIDDEN],
+        LmHead => vec![d(&[MODEL], Some(Features)), HIDDEN],
         // Small, and added where the activations are whole.
         PosEmbedding => vec![WHOLE, WHOLE],
         Norm | NormBias | OBias | MlpDownBias | Scalar => vec![WHOLE],

@@ -26,13 +26,14 @@ pub struct Unembedding {
 
 impl ModelConfig {
     /// The final norm and unembedding of this model: the family's weights (its `params`,
-    /// the final norm the gain without a block, the untied lm_head else the embedding) and
+    /// the final norm the gain without a block, the untied lm_head else the token embedding) and
     /// its final norm's gain form.
     pub fn unembedding(&self) -> Result<Unembedding, ModelError> {
         let params = self.params(self.n_layers, true);
-        let last = |class: ParamClass| params.iter().rev().find(|p| p.class == class && p.layer.is_none());
-        let norm = last(ParamClass::Norm);
-        let weight = last(ParamClass::LmHead).or_else(|| last(ParamClass::Embedding));
+        let model_wide = |class: ParamClass| params.iter().filter(move |p| p.class == class && p.layer.is_none());
+        let norm = model_wide(ParamClass::Norm).next_back();
+        // Tied: the token embedding, the first table (Gemma 4's per-layer input table follows it).
+        let weight = model_wide(ParamClass::LmHead).next_back().or_else(|| model_wide(ParamClass::Embedding).next());
         match (norm, weight) {
             (Some(norm), Some(weight)) => {
                 let end = self.arch.family().final_norm;
@@ -74,6 +75,8 @@ mod tests {
         // Gemma 2's final logits are soft-capped: TransformerLens leaves W_U uncentred.
         assert_eq!((u.norm.as_deref(), u.unit_offset, u.centred), (Some("model.norm.weight"), true, false));
         assert_eq!(u.weight, "model.embed_tokens.weight");
+        let gemma4 = config(&format!(r#"{{"model_type": "gemma4_text", {dims}, "head_dim": 16}}"#));
+        assert_eq!(gemma4.unembedding().unwrap().weight, "model.embed_tokens.weight", "not the per-layer table");
         // OLMo 2 is post-norm: TransformerLens folds no norm.
         let olmo2 = config(&format!(r#"{{"model_type": "olmo2", {dims}}}"#));
         assert_eq!(olmo2.unembedding().unwrap().norm, None);

@@ -227,7 +227,10 @@ mod tests {
         assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
         let args = ClusterArgs { job_token_file: Some(fifo), ..Default::default() };
         let error = format!("{:#}", args.job_token_from(&identity(4), None).unwrap_err());
-        assert!(error.contains("the job token file") && error.contains("a FIFO (named pipe), not a regular file"), "{error}");
+        assert!(
+            error.contains("the job token file") && error.contains("a FIFO (named pipe), not a regular file"),
+            "{error}"
+        );
 
         let none = ClusterArgs::default();
         let (token, source) = none.job_token_from(&identity(4), Some("from-env".into())).unwrap();

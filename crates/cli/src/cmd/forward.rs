@@ -2,7 +2,10 @@
 //! runs the model on a mesh and writes the requested hook activations to a safetensors file,
 //! one `[batch, seq, *per-token shape]` tensor per hook, keyed by the hook's TransformerLens
 //! name; with `--sae`, each dictionary's latents computed on the devices (each token's largest,
-//! sparsely: `<name>.indices`, `<name>.values`, `<name>.firings`).
+//! sparsely: `<name>.indices`, `<name>.values`, `<name>.firings`); with `--outputs`, the
+//! model's next-token outputs computed on the devices from its logits (`output.nll`,
+//! `output.entropy`, `output.topk_logprobs`, `output.topk_ids`; a token's next is the next
+//! one in its row, the row's last has none: its `output.nll` is NaN).
 //!
 //! Its rows meet `extract`'s rules before any weight reaches a device: no longer than the
 //! model's context unless `--allow-long-context`, and the plan of their batch on the mesh
@@ -21,7 +24,7 @@ use siphon_models::{DType, DictionaryHook, HookPoint, LoadedModel};
 use siphon_plan::{MeshRequest, PlanRequest};
 use siphon_runtime::{Client, ClientOptions, HostArray, Plugin, PluginKind, PluginLocator};
 
-use crate::args::{SaeArgs, files, limits};
+use crate::args::{SaeArgs, files, limits, outputs};
 use crate::job::fits;
 
 /// What `forward` can change when a device cannot hold its rows.
@@ -54,8 +57,14 @@ pub struct Args {
     pub allow_non_finite: bool,
     /// Comma-separated TransformerLens hook names or patterns, e.g.
     /// blocks.3.hook_resid_post,blocks.*.attn.hook_z,blocks.{0..3}.ln2.hook_normalized.
-    #[arg(long, value_name = "NAMES", required_unless_present = "sae")]
+    #[arg(long, value_name = "NAMES", required_unless_present_any = ["sae", "outputs"])]
     pub hooks: Option<String>,
+    /// The model's next-token outputs, computed on the devices from its logits and written
+    /// in f32: any of `nll` (−log p of the next token in the row; NaN for a row's last token),
+    /// `entropy`, `topk=K` (the K likeliest tokens' log-probabilities and ids), as
+    /// `nll,entropy,topk=5`.
+    #[arg(long, value_name = "LIST", value_parser = outputs::parse)]
+    pub outputs: Option<siphon_models::NextToken>,
     #[command(flatten)]
     pub dictionaries: SaeArgs,
     /// Output safetensors file.
@@ -128,12 +137,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         plan,
         weights: args.weights,
         dictionaries: dictionaries.clone(),
+        next_token: args.outputs,
         ..EngineOptions::default()
     };
     let engine = Engine::new(&client, &model, hooks, options).context("loading the weights onto the devices")?;
     let acts = engine.run(&batch).context("running the forward")?;
     crate::job::dictionary::check_caps(&dictionaries, &acts.latents)?;
     check_finite(&acts.hooks, batch.seq(), args.allow_non_finite)?;
+    check_outputs(&acts.next_token, batch.next_ids(), args.allow_non_finite)?;
 
     let mut tensors: Vec<(String, &HostArray)> = acts.hooks.iter().map(|(h, a)| (h.to_string(), a)).collect();
     for (name, latents) in DictionaryHook::names(&dictionaries).into_iter().zip(&acts.latents) {
@@ -141,6 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tensors.push((format!("{name}.values"), &latents.values));
         tensors.push((format!("{name}.firings"), &latents.firings));
     }
+    tensors.extend(acts.next_token.iter().map(|(name, array)| (name.to_string(), array)));
     let mut metadata = HashMap::new();
     metadata.insert("model".to_string(), args.model.display().to_string());
     metadata.insert("token_ids".to_string(), serde_json::to_string(&rows)?);
@@ -201,7 +213,10 @@ fn plan_request(
     dictionaries: &[DictionaryHook],
     batch: &Batch,
 ) -> anyhow::Result<PlanRequest> {
-    let read: Vec<HookPoint> = hooks.iter().copied().chain(dictionaries.iter().map(|d| d.hook)).collect();
+    // The next-token outputs read the final norm and the unembedding.
+    let final_norm = args.outputs.map(|_| HookPoint::model(siphon_models::HookKind::LnFinalOut));
+    let read: Vec<HookPoint> =
+        hooks.iter().copied().chain(dictionaries.iter().map(|d| d.hook)).chain(final_norm).collect();
     let stored = match args.weights {
         siphon_engine::WeightForm::Stored => {
             model.stored_forms(siphon_models::forward::blocks_needed(&model.config, &read).0)?
@@ -211,7 +226,8 @@ fn plan_request(
     Ok(PlanRequest {
         batch: Some(batch.batch()),
         seq: Some(batch.seq()),
-        hooks: Some(hooks.to_vec()),
+        hooks: Some(hooks.iter().copied().chain(final_norm.filter(|h| !hooks.contains(h))).collect()),
+        with_lm_head: args.outputs.is_some(),
         dtype: args.compute_dtype,
         output_dtype: args.dtype,
         pipeline_depth: 1,
@@ -234,6 +250,24 @@ fn check_finite(hooks: &[(HookPoint, HostArray)], seq: usize, allow: bool) -> an
         let (row, position) = (token / seq.max(1), token % seq.max(1));
         let what =
             format!("hook {hook} holds {count} values that are NaN or ±Inf, the first at row {row}, token {position}");
+        if !allow {
+            bail!("{what}: the model's weights or config give them there (--allow-non-finite writes them)");
+        }
+        eprintln!("warning: {what}");
+    }
+    Ok(())
+}
+
+/// Refuses next-token outputs holding NaN or ±Inf, naming the output and the first one's
+/// index, unless `allow`; `output.nll` is NaN by definition where a token has no next one
+/// (`next_ids` −1).
+fn check_outputs(outputs: &[(&str, HostArray)], next_ids: &[i32], allow: bool) -> anyhow::Result<()> {
+    for (name, array) in outputs {
+        let values = array.to_f32();
+        let expected_nan = |i: usize| *name == "output.nll" && next_ids[i] == -1;
+        let bad: Vec<usize> = (0..values.len()).filter(|&i| !values[i].is_finite() && !expected_nan(i)).collect();
+        let Some(&first) = bad.first() else { continue };
+        let what = format!("{name} holds {} values that are NaN or ±Inf, the first at index {first}", bad.len());
         if !allow {
             bail!("{what}: the model's weights or config give them there (--allow-non-finite writes them)");
         }

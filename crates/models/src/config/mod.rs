@@ -124,6 +124,10 @@ pub struct ModelConfig {
     /// Multi-head latent attention in place of q/k/v projections (DeepSeek-V3, Kimi K2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla: Option<Mla>,
+    /// The final logits' soft-cap, `cap · tanh(logits / cap)` (the Gemmas'
+    /// `final_logit_softcapping`); only the next-token outputs read it.
+    #[serde(default, rename = "final_logit_softcapping", skip_serializing_if = "Option::is_none")]
+    pub final_softcap: Option<f64>,
     /// What only one family's builder reads (Gemma 4's, GPT-OSS's, DeepSeek-V3's router), each
     /// a [`FamilyExtra`] its family's file defines, serialized beside the fields above under
     /// its key.
@@ -391,6 +395,9 @@ impl ModelConfig {
             self.rms_norm_eps,
         )?;
         self.attention.check()?;
+        if let Some(cap) = self.final_softcap {
+            positive("final_logit_softcapping", cap)?;
+        }
         if rotary {
             let mut head_dims: Vec<usize> = (0..self.n_layers).map(|l| self.head_dim_at(l)).collect();
             head_dims.sort_unstable();

@@ -37,6 +37,8 @@ pub(crate) struct Graph<'a> {
     pub input_ids: Value,
     pub attention_mask: Value,
     pub position_ids: Value,
+    /// Each token's next token (−1: none), where the program computes `output.nll`.
+    next_ids: Option<Value>,
     hooks: BTreeMap<HookPoint, Value>,
     /// Each dictionary's tensors (arguments after the inputs).
     dictionary_args: Vec<Vec<Value>>,
@@ -81,7 +83,11 @@ impl<'a> Graph<'a> {
             Builder::new("siphon_forward")
         };
         let dt = spec.compute_dtype;
-        let mut params = config.params(n_blocks, false);
+        if let Some(outputs) = &spec.next_token {
+            super::next_token::check(outputs, config)?;
+        }
+        // The untied unembedding only where the logits are computed.
+        let mut params = config.params(n_blocks, spec.next_token.is_some());
         if let Some(names) = &spec.weights {
             if let Some(name) = names.iter().find(|n| !params.iter().any(|p| &p.name == *n)) {
                 return Err(ModelError::Config(format!(
@@ -124,7 +130,11 @@ impl<'a> Graph<'a> {
         let in_spec = sharded.then(|| input_spec.clone());
         let input_ids = b.arg(ids_ty.clone(), in_spec.clone())?;
         let attention_mask = b.arg(ids_ty.clone(), in_spec.clone())?;
-        let position_ids = b.arg(ids_ty, in_spec)?;
+        let position_ids = b.arg(ids_ty.clone(), in_spec.clone())?;
+        let next_ids = match spec.next_token.is_some_and(|o| o.nll) {
+            true => Some(b.arg(ids_ty, in_spec)?),
+            false => None,
+        };
         let dictionary_args = crate::dictionary::encoder::args(&mut b, &spec.dictionaries, sharded)?;
         let token_axes = input_spec.dims().concat();
         Ok(Graph {
@@ -144,6 +154,7 @@ impl<'a> Graph<'a> {
             input_ids,
             attention_mask,
             position_ids,
+            next_ids,
             hooks: BTreeMap::new(),
             dictionary_args,
             masks: Vec::new(),
@@ -196,9 +207,11 @@ impl<'a> Graph<'a> {
         Ok(*value)
     }
 
-    /// Whether `hook` was requested, or a dictionary reads it.
+    /// Whether `hook` was requested, or a dictionary or the next-token outputs read it.
     pub fn wants(&self, hook: HookPoint) -> bool {
-        self.spec.hooks.contains(&hook) || self.spec.dictionaries.iter().any(|d| d.hook == hook)
+        self.spec.hooks.contains(&hook)
+            || self.spec.dictionaries.iter().any(|d| d.hook == hook)
+            || self.spec.next_token.is_some() && hook == HookPoint::model(HookKind::LnFinalOut)
     }
 
     /// Records `x` as `hook` if it was requested. `x` holds the hook's values token-major
@@ -291,6 +304,13 @@ impl<'a> Graph<'a> {
     /// prints the program.
     pub fn finish(self) -> Result<ForwardProgram, ModelError> {
         let (bsz, s) = (self.spec.batch, self.spec.seq);
+        let unembedding = match self.spec.next_token {
+            Some(_) => {
+                let w = self.w(&self.config.unembedding()?.weight)?;
+                Some((w, self.weight_spec(w).cloned()))
+            }
+            None => None,
+        };
         let mut b = self.b;
         let mut results = Vec::new();
         let mut outputs = Vec::new();
@@ -326,14 +346,38 @@ impl<'a> Graph<'a> {
             [bsz, s],
         )?;
         results.extend(dictionaries.values.into_iter().map(|(v, spec)| (v, self.sharded.then_some(spec))));
+        let mut next_token = Vec::new();
+        if let (Some(outputs), Some((unembedding, unembedding_spec))) = (self.spec.next_token, &unembedding) {
+            let hidden = *self.hooks.get(&HookPoint::model(HookKind::LnFinalOut)).ok_or_else(|| {
+                ModelError::Hook("the next-token outputs read the final norm, which the graph did not produce".into())
+            })?;
+            let request = super::next_token::Request {
+                outputs,
+                config: self.config,
+                rows: [bsz, s],
+                dtype: self.dt,
+                mesh: &self.spec.mesh,
+                sharded: self.sharded,
+                input_spec: &self.input_spec,
+                hidden,
+                unembedding: *unembedding,
+                unembedding_spec: unembedding_spec.as_ref(),
+                next_ids: self.next_ids,
+            };
+            let outputs = super::next_token::results(&mut b, request)?;
+            results.extend(outputs.values);
+            next_token = outputs.infos;
+        }
         let unread: Vec<String> =
             self.params.iter().map(|p| &p.name).filter(|n| !self.weights[*n].1.get()).cloned().collect();
         if self.spec.weights.is_some() && !unread.is_empty() {
             return Err(ModelError::Config(format!("the forward declares weights its graph never reads: {unread:?}")));
         }
         let text = b.finish_sharded(&results)?;
+        let next_ids = self.next_ids.map(|_| "next_ids");
         let inputs = ["input_ids", "attention_mask", "position_ids"]
             .into_iter()
+            .chain(next_ids)
             .map(|name| InputInfo { name, shape: vec![bsz, s], dtype: DType::I32, spec: self.input_spec.clone() })
             .collect();
         Ok(ForwardProgram {
@@ -345,6 +389,7 @@ impl<'a> Graph<'a> {
             inputs,
             outputs,
             latents: dictionaries.latents,
+            next_token,
             mesh: self.spec.mesh.clone(),
             n_blocks: self.n_blocks,
             attention: self.attention_forms,

@@ -5,13 +5,17 @@
 
 mod decoder;
 mod graph;
+mod next_token;
 
 use siphon_hlo::{Builder, CompareDir, DType, TensorType, Value};
 
 pub(crate) use self::decoder::{decoder_params, pre_norm_decoder, self_attention_decoder};
 pub(crate) use self::graph::Graph;
 use crate::config::{ModelConfig, ParamInfo};
-pub use crate::contract::{AttentionForm, ForwardProgram, ForwardSpec, InputInfo, OutputInfo, RaggedDot};
+pub use crate::contract::{
+    AttentionForm, ForwardProgram, ForwardSpec, InputInfo, LOGITS_CHUNK_ELEMENTS, NextToken, NextTokenInfo, OutputInfo,
+    RaggedDot,
+};
 use crate::error::ModelError;
 use crate::hooks::{HookPoint, Scope};
 
