@@ -180,6 +180,58 @@ fn forward_writes_next_token_outputs_matching_hf() {
     }
 }
 
+/// `--steer`: two vectors (one read with a scale) added where HF's forward hooks add them give
+/// HF's final norm output (`steered.safetensors`); a hook that is not steered is refused by name.
+#[test]
+fn forward_steers_as_hfs_forward_hooks() {
+    let model = repo().join("fixtures/models/tiny-llama");
+    let (golden_header, golden_data) = read_safetensors(&model.join("steered.safetensors"));
+    let t = &golden_header["input_ids"];
+    let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
+    let ids: Vec<i32> = golden_data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+    let seq = t["shape"][1].as_u64().unwrap() as usize;
+    let tmp = Scratch::new("steer");
+    let ids_file = tmp.path().join("ids.json");
+    std::fs::write(&ids_file, serde_json::to_string(&vec![ids[..seq].to_vec()]).unwrap()).unwrap();
+    // Each vector in its own one-tensor file; the first halved, read back with scale 2.
+    let mut steer = Vec::new();
+    for (hook, scale) in [("blocks.1.hook_resid_pre", 2.0f32), ("blocks.2.hook_resid_post", 1.0)] {
+        let (_, v) = tensor_f32(&golden_header, &golden_data, &format!("steer.{hook}"));
+        let data: Vec<u8> = v.iter().flat_map(|x| (x / scale).to_le_bytes()).collect();
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![v.len()], &data).unwrap();
+        let file = tmp.path().join(format!("{hook}.safetensors"));
+        std::fs::write(&file, safetensors::serialize([("v", view)], None).unwrap()).unwrap();
+        steer.push(format!("{hook}={}:{scale}", file.display()));
+    }
+    let out = tmp.path().join("acts.safetensors");
+    let run = |steer: &[String]| {
+        let (model, ids) = (model.to_str().unwrap(), ids_file.to_str().unwrap());
+        let mut args = vec!["forward", "--model", model, "--ids", ids, "--hooks", "ln_final.hook_out"];
+        args.extend(steer.iter().flat_map(|s| ["--steer", s.as_str()]));
+        args.extend(["--out", out.to_str().unwrap()]);
+        siphon(&args)
+    };
+    let o = run(&steer);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (header, data) = read_safetensors(&out);
+    let (_, got) = tensor_f32(&header, &data, "ln_final.hook_out");
+    let (_, want) = tensor_f32(&golden_header, &golden_data, "ln_final.hook_out");
+    let diff = got.iter().zip(&want[..seq * 64]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(diff <= 1e-4, "ln_final.hook_out steered: {diff:e}");
+    std::fs::remove_file(&out).unwrap();
+    let file = steer[1].split_once('=').unwrap().1.to_string();
+    for (bad, named) in [
+        (format!("blocks.0.hook_mlp_out={file}"), "steering at blocks.0.hook_mlp_out"),
+        ("blocks.0.hook_resid_pre".to_string(), "expected HOOK=FILE"),
+        (format!("blocks.*.hook_resid_pre={file}"), "one expected"),
+    ] {
+        let o = run(std::slice::from_ref(&bad));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && stderr.contains(named), "{bad}: {stderr}");
+        assert!(!out.exists());
+    }
+}
+
 /// The command of issue 36: one Gemma 4 block's residual alone (its per-layer inputs read a
 /// norm outside the blocks) equals that hook in the run of every block's residual and the
 /// final norm.

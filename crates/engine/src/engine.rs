@@ -60,6 +60,7 @@ impl ProgramSpec<'_> {
         spec.mlp_chunk = on("cuda").then_some(siphon_models::MLP_CHUNK_ELEMENTS);
         spec.dictionaries = self.options.dictionaries.clone();
         spec.next_token = self.options.next_token;
+        spec.steering = self.options.steering.iter().map(|s| s.hook).collect();
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec
     }
@@ -109,6 +110,8 @@ pub struct Engine {
     pub(crate) weights: Vec<ShardedArray>,
     /// Every dictionary's tensors, replicated, in the program's order (after the inputs).
     pub(crate) dictionary_args: Vec<ShardedArray>,
+    /// Each steering vector (`EngineOptions::steering`), after the dictionaries' tensors.
+    pub(crate) steering_args: Vec<ShardedArray>,
     /// The processes whose partitions this engine runs ([`EngineOptions::processes`], or one
     /// view of the whole mesh).
     pub(crate) views: Vec<HostView>,
@@ -223,6 +226,7 @@ impl Engine {
             stored: HashMap::new(),
             weights: Vec::new(),
             dictionary_args: Vec::new(),
+            steering_args: Vec::new(),
             views,
             compiled: Mutex::new(HashMap::new()),
             load_stats: LoadStats::default(),
@@ -282,6 +286,16 @@ impl Engine {
                 shares.push(upload(client, &tensor, &spec, view, context)?.0);
             }
             engine.dictionary_args.push(merged(shares, context)?);
+        }
+        for steering in &engine.options.steering {
+            let context = || format!("uploading the steering vector of {}", steering.hook);
+            let data = steering.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let tensor = HostTensor { dtype: DType::F32, shape: vec![steering.values.len()], data };
+            let mut shares = Vec::with_capacity(engine.views.len());
+            for view in &engine.views {
+                shares.push(upload(client, &tensor, &PartitionSpec::replicated(1), view, context)?.0);
+            }
+            engine.steering_args.push(merged(shares, context)?);
         }
         engine.params = probe.params;
         engine.weights = weights;
@@ -500,7 +514,8 @@ impl Engine {
             }
             inputs.push(merged(shares, context)?);
         }
-        let args: Vec<&ShardedArray> = self.weights.iter().chain(&inputs).chain(&self.dictionary_args).collect();
+        let args: Vec<&ShardedArray> =
+            self.weights.iter().chain(&inputs).chain(&self.dictionary_args).chain(&self.steering_args).collect();
         let mut out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();
         out_specs.extend(program.latents.iter().flat_map(LatentsInfo::result_specs));
         let latent_results = out_specs.len() - program.outputs.len();

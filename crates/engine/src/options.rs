@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::sharding::megatron_specs;
-use siphon_models::{DType, DictionaryHook, HookPoint, NextToken};
+use siphon_models::{DType, DictionaryHook, HookPoint, NextToken, Steering};
 
 use crate::error::EngineError;
 
@@ -69,6 +69,9 @@ pub struct EngineOptions {
     /// (`siphon_models::NextToken`), returned in `Activations::next_token`; each token's next
     /// token is `Batch::next_ids`.
     pub next_token: Option<NextToken>,
+    /// Steering vectors every run adds to their hooks (`siphon_models::Steering`), uploaded
+    /// once, replicated.
+    pub steering: Vec<Steering>,
     /// The processes whose partitions of `mesh` this engine runs. Empty: the whole mesh, in
     /// this process. In a job whose mesh spans processes, this process's [`HostView`]: it
     /// uploads only its partitions' weights, feeds only its data groups' rows and reads back
@@ -137,6 +140,7 @@ impl Default for EngineOptions {
             right_padded: false,
             dictionaries: Vec::new(),
             next_token: None,
+            steering: Vec::new(),
             processes: Vec::new(),
         }
     }

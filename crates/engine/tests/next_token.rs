@@ -2,7 +2,10 @@
 //! `<fixture>/next-token.safetensors`, written by scripts/fixtures/gen_next_token_fixtures.py),
 //! for every family's fixture and the SmolLM2 GGUF: on one device with chunks of 3 positions
 //! (rows of 8 and 70: chunks that do not divide them), and on a 2 × 4 mesh whose `model` axis
-//! splits the vocabulary, in the chunks the engine chooses.
+//! splits the vocabulary, in the chunks the engine chooses. With steering vectors at a block's
+//! `hook_resid_pre` and the last block's `hook_resid_post` (`steered.safetensors`: HF with a
+//! forward pre-hook and a forward hook adding them), the final norm's output and the outputs
+//! equal HF's too.
 //!
 //! Each value is within 1e-5 of HF's, relative (absolute below 1), beyond what the final
 //! hidden state's own difference from HF's accounts for: the same run returns
@@ -21,7 +24,7 @@ use common::{client, fixture};
 use safetensors::SafeTensors;
 use siphon_engine::{Activations, Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::{Mesh, PartitionSpec};
-use siphon_models::{DType, HookKind, HookPoint, LoadedModel, NextToken};
+use siphon_models::{DType, HookKind, HookPoint, LoadedModel, NextToken, Steering};
 
 const TOPK: usize = 5;
 
@@ -31,7 +34,7 @@ struct Golden {
     next_ids: Vec<i32>,
     nll: Vec<f32>,
     entropy: Vec<f32>,
-    /// `[tokens, 8]` each.
+    /// `[tokens, 8]` each (empty in a steered golden).
     topk_logprobs: Vec<f32>,
     topk_ids: Vec<i32>,
 }
@@ -39,11 +42,13 @@ struct Golden {
 fn golden(path: &Path) -> Golden {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let st = SafeTensors::deserialize(&bytes).unwrap();
+    // The steered goldens have no top-k: empty.
+    let bytes_of = |name: &str| st.tensor(name).map(|t| t.data().to_vec()).unwrap_or_default();
     let f32s = |name: &str| -> Vec<f32> {
-        st.tensor(name).unwrap().data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+        bytes_of(name).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
     };
     let i32s = |name: &str| -> Vec<i32> {
-        st.tensor(name).unwrap().data().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
+        bytes_of(name).chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
     };
     let seq = st.tensor("input_ids").unwrap().shape()[1];
     let rows = |v: Vec<i32>| -> Vec<Vec<i32>> { v.chunks(seq).map(<[i32]>::to_vec).collect() };
@@ -177,6 +182,76 @@ fn check_fixture(name: &str, options: EngineOptions) {
     check(name, &fixture(name), &fixture(name).join("next-token.safetensors"), options);
 }
 
+/// Steered by HF's forward hooks: the final norm's output within 1e-4 of its scale (the hook
+/// goldens' tolerance) and the NLL and entropy as above, on `options`' mesh; and the vectors
+/// changed them.
+fn steered(name: &str, options: EngineOptions) {
+    let dir = fixture(name);
+    let path = dir.join("steered.safetensors");
+    let model = LoadedModel::open(&dir).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        st.tensor(name).unwrap().data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    };
+    let mut steering: Vec<Steering> = st
+        .names()
+        .into_iter()
+        .filter_map(|n| n.strip_prefix("steer.").map(|hook| (n, hook)))
+        .map(|(n, hook)| Steering { hook: hook.parse().unwrap(), values: f32s(n), scale: 1.0, source: path.clone() })
+        .collect();
+    steering.sort_by_key(|s| s.hook);
+    assert_eq!(steering.len(), 2, "{name}: two vectors");
+    let g = golden(&path);
+    let seq = g.ids[0].len();
+    let (mut ids, mut mask) = (g.ids.clone(), g.mask.clone());
+    while ids.len() % options.mesh.axis_size_or_one("data") != 0 {
+        ids.push(g.ids[0].clone());
+        mask.push(g.mask[0].clone());
+    }
+    let batch = Batch::new(ids, Some(mask)).unwrap();
+    let outputs = NextToken { nll: true, entropy: true, topk: 0, chunk: None };
+    let options = EngineOptions { next_token: Some(outputs), steering, ..options };
+    let acts = run(&model, &batch, options);
+    let tokens = g.nll.len();
+    let d = model.config.hidden_size;
+    let hidden = acts.get(ln_final()).unwrap().to_f32();
+    let want = f32s("ln_final.hook_out");
+    let real = |t: &usize| g.mask[t / seq][t % seq] == 1;
+    let scale = (0..tokens).filter(real).flat_map(|t| &want[t * d..(t + 1) * d]).fold(0f32, |m, v| m.max(v.abs()));
+    for t in (0..tokens).filter(real) {
+        for i in t * d..(t + 1) * d {
+            let e = (hidden[i] - want[i]).abs();
+            assert!(
+                e <= 1e-4 * scale.max(1.0),
+                "{name}: token {t} ln_final.hook_out[{}] {} against HF's {}",
+                i % d,
+                hidden[i],
+                want[i]
+            );
+        }
+    }
+    let slack = logit_slack(&model, &hidden[..tokens * d], &path);
+    let (nll, entropy) = (acts.next_token[0].1.to_f32(), acts.next_token[1].1.to_f32());
+    let plain = golden(&fixture(name).join("next-token.safetensors"));
+    let mut moved = 0f32;
+    for t in (0..tokens).filter(real) {
+        let at = format!("{name} steered: token {t} (logits within {:e})", slack[t]);
+        assert!(close(nll[t], g.nll[t], 2.0 * slack[t]), "{at}: nll {} against HF's {}", nll[t], g.nll[t]);
+        let entropy_slack = 2.0 * slack[t] * g.entropy[t];
+        assert!(
+            close(entropy[t], g.entropy[t], entropy_slack),
+            "{at}: entropy {} against {}",
+            entropy[t],
+            g.entropy[t]
+        );
+        if !g.nll[t].is_nan() {
+            moved = moved.max((g.nll[t] - plain.nll[t]).abs());
+        }
+    }
+    assert!(moved > 1e-3, "{name}: the vectors changed the NLL by at most {moved}");
+}
+
 macro_rules! families {
     ($($test:ident: $name:literal,)*) => {
         mod one_device {
@@ -184,6 +259,15 @@ macro_rules! families {
         }
         mod mesh_2x4 {
             $(#[test] fn $test() { super::mesh_2x4($name) })*
+        }
+        mod steered_one_device {
+            $(#[test] fn $test() { super::steered($name, siphon_engine::EngineOptions::default()) })*
+        }
+        mod steered_mesh_2x4 {
+            $(#[test] fn $test() {
+                let mesh = siphon_mesh::Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+                super::steered($name, siphon_engine::EngineOptions { mesh, ..Default::default() })
+            })*
         }
     };
 }

@@ -12,7 +12,8 @@
 //! order) and its latents follow the hooks ([`LatentsInfo`]). With the model's next-token
 //! outputs ([`ForwardSpec::next_token`]) a fourth input, `next_ids`, follows the three (each
 //! token's next token, −1 where it has none) and the outputs follow the latents
-//! ([`NextTokenInfo`]). Position ids
+//! ([`NextTokenInfo`]). With steering vectors ([`ForwardSpec::steering`]) each one's vector
+//! follows the dictionaries' tensors (f32 `[hidden]`, replicated). Position ids
 //! are an input so that the caller decides them: `cumsum(mask) - 1` for padded rows makes
 //! left- and right-padded rows give the activations of an unpadded run.
 //!
@@ -105,6 +106,9 @@ pub struct ForwardSpec {
     /// The model's own next-token outputs the program computes from its logits, chunked over
     /// the sequence so that `[tokens, vocab]` never exists whole (`None`: no logits at all).
     pub next_token: Option<NextToken>,
+    /// The hooks a steering vector is added to (`crate::steering`), each an argument `[hidden]`
+    /// f32 in this order: from that hook on, the forward carries the hook's value plus it.
+    pub steering: Vec<HookPoint>,
     /// Sparse dictionaries whose latents the program computes from the hooks they read (which
     /// need not be among `hooks`), in order.
     pub dictionaries: Vec<DictionaryHook>,
@@ -121,7 +125,7 @@ pub struct ForwardSpec {
 /// whatever the compute and output dtypes; each is a result `[batch, seq, …]` after the
 /// latents, in this order: `output.nll`, `output.entropy`, `output.topk_logprobs` and
 /// `output.topk_ids` (`[K]` each), those asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct NextToken {
     /// `output.nll`: −log p of the token `next_ids` names; NaN where it names none (−1).
     pub nll: bool,
@@ -210,6 +214,7 @@ impl ForwardSpec {
             cudnn_attention: false,
             mlp_chunk: None,
             next_token: None,
+            steering: Vec::new(),
             dictionaries: Vec::new(),
             weights: None,
         }

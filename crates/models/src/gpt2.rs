@@ -178,7 +178,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let out = g.b.add(h, mlp.out)?;
         Ok(out)
     })?;
-    g.end_blocks(x);
+    g.end_blocks(x)?;
     if g.with_final_norm {
         let norm = g.layer_norm(x, "transformer.ln_f.weight", "transformer.ln_f.bias")?;
         g.hook_final_norm(&norm)?;

@@ -161,7 +161,7 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
         let out = g.b.add(sum, x)?;
         Ok(out)
     })?;
-    g.end_blocks(x);
+    g.end_blocks(x)?;
     if g.with_final_norm {
         let norm = g.layer_norm(x, "gpt_neox.final_layer_norm.weight", "gpt_neox.final_layer_norm.bias")?;
         g.hook_final_norm(&norm)?;

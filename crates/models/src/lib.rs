@@ -260,6 +260,7 @@ mod qwen3_next;
 mod safetensors;
 pub mod sharding;
 mod smollm3;
+pub mod steering;
 mod stored;
 pub mod tokenizer;
 mod unembedding;
@@ -282,6 +283,7 @@ pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_ki
 pub use layers::mlp::MLP_CHUNK_ELEMENTS;
 pub use layers::moe::{capacity as expert_capacity, chunk_rows as expert_chunk};
 pub use layers::{cudnn, gated_deltanet, mla};
+pub use steering::Steering;
 pub use stored::{Part as StoredPart, StoredForm, TensorMeta, fp8_forms, mxfp4_forms};
 pub use tokenizer::TextTokenizer;
 pub use unembedding::Unembedding;

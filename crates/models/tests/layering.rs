@@ -6,7 +6,8 @@
 //! 1. formats: the crate root (re-exports), the error, opening files, finding non-finite
 //!    values, GGUF, the block encodings (fp8, MXFP4), the tokenizer;
 //! 2. descriptions: the configuration, the hook kinds, `config.json`'s reader and GGUF's
-//!    metadata read as one (`gguf::convert`), the sharding table, the stored forms of weights;
+//!    metadata read as one (`gguf::convert`), the sharding table, the stored forms of weights,
+//!    a steering vector (its hook and its file);
 //! 3. the program: `forward` (the contract, `Graph`, the decoder loop), `layers`, the
 //!    unembedding and a dictionary's encoder;
 //! 4. families: each family's file and the registry;
@@ -25,7 +26,18 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("formats", &["(root)", "error", "file", "finite", "fp8", "mxfp4", "gguf", "tokenizer"]),
     (
         "descriptions",
-        &["arch", "config", "contract", "dictionary", "gguf::convert", "hooks", "hf_config", "sharding", "stored"],
+        &[
+            "arch",
+            "config",
+            "contract",
+            "dictionary",
+            "gguf::convert",
+            "hooks",
+            "hf_config",
+            "sharding",
+            "steering",
+            "stored",
+        ],
     ),
     ("program", &["forward", "layers", "unembedding", "dictionary::encoder"]),
     ("families", &["family"]),

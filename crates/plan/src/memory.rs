@@ -220,6 +220,10 @@ pub struct MemoryEstimate {
     /// Sparse dictionaries' memory, when any were asked for with a batch and sequence length
     /// (in `required_bytes`).
     pub dictionaries: Option<DictionaryMemory>,
+    /// The next-token outputs' memory, when asked for with a batch and sequence length (in
+    /// `required_bytes`; the unembedding is among the weights).
+    #[serde(default)]
+    pub next_token: Option<NextTokenMemory>,
 }
 
 /// A sparse dictionary as the planner counts it: its encoder's tensors (f32, whole on every
@@ -285,7 +289,54 @@ pub fn dictionary_memory(
     DictionaryMemory { tensor_bytes, output_bytes: latents + table, working_bytes }
 }
 
+/// The model's next-token outputs as a device holds them (`siphon_models::NextToken`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NextTokenMemory {
+    /// Sequence positions per chunk of the logits.
+    pub chunk: usize,
+    /// Their results (`[b, s]` f32 each, `[b, s, K]` f32 and i32 for the top-k) and their
+    /// share of the results' table.
+    pub output_bytes: u64,
+    /// One chunk's logits and what the log-softmax makes of them (the logits, their exponent,
+    /// the log-probabilities and the next token's mask or the entropy's products: 4 arrays of
+    /// `[local rows, chunk, local vocabulary]`, 4 bytes each).
+    pub working_bytes: u64,
+}
+
+/// The bytes of `outputs` on each device for `local_batch` sequences of `seq` tokens over a
+/// vocabulary of `vocab` split `vocab_ways` ways, beside `results` other results.
+pub fn next_token_memory(
+    outputs: &siphon_models::NextToken,
+    local_batch: usize,
+    seq: usize,
+    vocab: usize,
+    vocab_ways: usize,
+    results: usize,
+    layout: DeviceLayout,
+) -> NextTokenMemory {
+    let chunk = outputs.chunk_for(seq, local_batch, vocab, vocab_ways);
+    let names = outputs.names();
+    let per_token: u64 = names
+        .iter()
+        .map(|name| match name.starts_with("output.topk") {
+            true => layout.array_bytes(&[local_batch, seq, outputs.topk], 4),
+            false => layout.array_bytes(&[local_batch, seq], 4),
+        })
+        .sum();
+    let table = layout.results_table_bytes(results + names.len()) - layout.results_table_bytes(results);
+    let working_bytes = 4 * layout.array_bytes(&[local_batch, chunk, vocab.div_ceil(vocab_ways.max(1))], 4);
+    NextTokenMemory { chunk, output_bytes: per_token + table, working_bytes }
+}
+
 impl MemoryEstimate {
+    /// Adds the next-token outputs' bytes to what the devices need, and decides again.
+    pub fn with_next_token(mut self, n: NextTokenMemory) -> MemoryEstimate {
+        self.required_bytes += n.output_bytes + n.working_bytes;
+        self.fits = self.budget_bytes.map(|b| self.required_bytes <= b);
+        self.next_token = Some(n);
+        self
+    }
+
     /// Adds the dictionaries' bytes to what the devices need, and decides again.
     pub fn with_dictionaries(mut self, d: DictionaryMemory) -> MemoryEstimate {
         self.required_bytes += d.tensor_bytes + d.output_bytes + d.working_bytes;
@@ -451,6 +502,7 @@ pub fn estimate(
         fits: budget_bytes.map(|b| required_bytes <= b),
         host: None,
         dictionaries: None,
+        next_token: None,
     }
 }
 

@@ -46,6 +46,10 @@ pub struct PlanRequest {
     /// Sparse dictionaries whose latents the program computes (`--sae`), counted with the
     /// activations.
     pub dictionaries: Vec<memory::DictionaryShape>,
+    /// The model's next-token outputs the program computes (`--outputs`): the final norm and
+    /// the unembedding among the weights, their results and one chunk's logits counted.
+    #[serde(default)]
+    pub next_token: Option<siphon_models::NextToken>,
     /// How a mixture's experts split over `model`: whole experts (the default), or each
     /// expert's width (what TPU programs take, their grouped products then multiplying exactly
     /// the routed rows on every device).
@@ -79,6 +83,7 @@ impl Default for PlanRequest {
             pipeline_depth: 2,
             layout: DeviceLayout::Dense,
             dictionaries: Vec::new(),
+            next_token: None,
             experts: Default::default(),
         }
     }
@@ -434,9 +439,13 @@ fn planned_params(config: &ModelConfig, request: &PlanRequest) -> Result<(Vec<Pa
     if hooks.is_empty() {
         hooks = every_hidden_state(config);
     }
+    let final_norm = siphon_models::HookPoint::model(siphon_models::HookKind::LnFinalOut);
+    if request.next_token.is_some() && !hooks.contains(&final_norm) {
+        hooks.push(final_norm);
+    }
     let mut params = siphon_models::forward::forward_params(config, &hooks)
         .map_err(|e| PlanError::Request(format!("the forward for these hooks: {e}")))?;
-    if request.with_lm_head {
+    if request.with_lm_head || request.next_token.is_some() {
         params.extend(config.params(0, true).into_iter().filter(|p| p.class == ParamClass::LmHead));
     }
     Ok((params, siphon_models::forward::blocks_needed(config, &hooks).0))
@@ -510,6 +519,22 @@ fn evaluate(
         let d = memory::dictionary_memory(&request.dictionaries, act.local_batch, act.seq, act.hooks, request.layout);
         estimate = estimate.with_dictionaries(d);
     }
+    if let (Some(act), Some(outputs)) = (activations, &request.next_token) {
+        // The unembedding's vocabulary split on this mesh (the embedding's where tied).
+        let unembedding = config.unembedding().map_err(|e| PlanError::Request(e.to_string()))?.weight;
+        let vocab_ways = params.iter().position(|p| p.name == unembedding).map_or(1, |i| specs[i].ways(0, &mesh));
+        let results = act.hooks + 3 * request.dictionaries.len();
+        let n = memory::next_token_memory(
+            outputs,
+            act.local_batch,
+            act.seq,
+            config.vocab_size,
+            vocab_ways,
+            results,
+            request.layout,
+        );
+        estimate = estimate.with_next_token(n);
+    }
     if let (Some(batch), Some(seq)) = (request.batch, request.seq) {
         let hooks = request.hooks.clone().unwrap_or_else(|| every_hidden_state(config));
         let hosts = topology.hosts();
@@ -518,7 +543,8 @@ fn evaluate(
     }
     let spans_hosts = shape.spans_hosts(topology);
     let mut notes = Vec::new();
-    if !request.with_lm_head && !config.tie_word_embeddings {
+    let with_lm_head = request.with_lm_head || request.next_token.is_some();
+    if !with_lm_head && !config.tie_word_embeddings {
         notes.push("lm_head.weight is not loaded (activation extraction never computes logits)".into());
     }
     if blocks < config.n_layers {
@@ -548,7 +574,7 @@ fn evaluate(
         arch: config.arch,
         n_layers: config.n_layers,
         n_params,
-        lm_head_included: request.with_lm_head && !config.tie_word_embeddings,
+        lm_head_included: with_lm_head && !config.tie_word_embeddings,
         dtype: request.dtype,
         hosts: topology.hosts(),
         devices_per_host: topology.devices_per_host(),
@@ -654,6 +680,16 @@ impl fmt::Display for Plan {
                 gib(d.tensor_bytes),
                 gib(d.output_bytes),
                 gib(d.working_bytes)
+            )?;
+        }
+        if let Some(n) = &m.next_token {
+            writeln!(
+                f,
+                "  next-token        {:>12}  (outputs {}, a chunk of {} positions' logits {})",
+                gib(n.output_bytes + n.working_bytes),
+                gib(n.output_bytes),
+                n.chunk,
+                gib(n.working_bytes)
             )?;
         }
         writeln!(f, "  required          {:>12}", gib(m.required_bytes))?;

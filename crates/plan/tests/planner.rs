@@ -217,3 +217,38 @@ fn the_output_path_host_memory_counts_steps_in_flight_in_the_stored_dtype() {
     let fp8_compute = PlanRequest { dtype: DType::Fp8, ..request(MeshKind::TwoD, None) };
     assert!(plan(&config, &topology, &fp8_compute).unwrap_err().to_string().contains("stored dtype of activations"));
 }
+
+/// `--outputs`: the final norm and the unembedding are among the weights, and the devices hold
+/// the outputs and one chunk's logits — Llama 3's 128,256-token vocabulary at 32 × 1024 tokens
+/// a chunk of positions at a time, split as the unembedding is.
+#[test]
+fn next_token_outputs_count_their_weights_results_and_one_chunk() {
+    let config = fixture("llama-3-8b.json");
+    let topology = Topology::uniform(1, 8).unwrap();
+    let hooks = vec![siphon_models::HookPoint::block(3, siphon_models::HookKind::ResidPost)];
+    let base = PlanRequest {
+        mesh: MeshRequest { kind: MeshKind::TwoD, data: Some(2), ..MeshRequest::default() },
+        batch: Some(32),
+        seq: Some(1024),
+        hooks: Some(hooks),
+        ..request(MeshKind::TwoD, Some(80))
+    };
+    let without = plan(&config, &topology, &base).unwrap();
+    assert!(without.memory.next_token.is_none() && !without.lm_head_included);
+    let outputs = siphon_models::NextToken { nll: true, entropy: true, topk: 20, chunk: None };
+    let with = plan(&config, &topology, &PlanRequest { next_token: Some(outputs), ..base }).unwrap();
+    // Every block, the final norm and lm_head, not the first four blocks alone.
+    assert!(with.lm_head_included && with.n_params > without.n_params);
+    let n = with.memory.next_token.expect("the outputs' memory");
+    // 16 rows a data group; the vocabulary as lm_head's rows are split.
+    let ways = with.spec("lm_head.weight").unwrap().ways(0, &with.mesh) as u64;
+    assert!(ways > 1, "the vocabulary is split");
+    let (rows, local_vocab) = (16u64, (config.vocab_size as u64).div_ceil(ways));
+    assert_eq!(n.chunk as u64, (1u64 << 24) / (rows * local_vocab));
+    assert_eq!(n.working_bytes, 4 * rows * n.chunk as u64 * local_vocab * 4);
+    assert_eq!(n.output_bytes, rows * 1024 * (2 + 2 * 20) * 4);
+    assert!(n.working_bytes < rows * 1024 * local_vocab, "never [tokens, vocab]");
+    let counted = with.memory.required_bytes - n.output_bytes - n.working_bytes;
+    assert!(counted > without.memory.required_bytes, "the later blocks' weights");
+    assert!(with.to_string().contains("next-token"), "{with}");
+}

@@ -65,6 +65,11 @@ pub struct Args {
     /// `nll,entropy,topk=5`.
     #[arg(long, value_name = "LIST", value_parser = outputs::parse)]
     pub outputs: Option<siphon_models::NextToken>,
+    /// Add a steering vector to a hook for the rest of the forward: `HOOK=FILE[:SCALE]`, the
+    /// vector a `.npy` (float32/float64) or one-tensor `.safetensors` of the hidden size, times
+    /// SCALE (1 by default); HOOK a block's `hook_resid_pre` or `hook_resid_post`. Repeatable.
+    #[arg(long, value_name = "HOOK=FILE[:SCALE]")]
+    pub steer: Vec<String>,
     #[command(flatten)]
     pub dictionaries: SaeArgs,
     /// Output safetensors file.
@@ -104,6 +109,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let dictionaries = crate::job::dictionary::open(&args.dictionaries, &model.config)?;
+    let steering = args.steer.iter().map(|s| steering(s, &model.config)).collect::<anyhow::Result<Vec<_>>>()?;
+    siphon_models::steering::check_all(&steering.iter().map(|s| s.hook).collect::<Vec<_>>(), &model.config)
+        .context("--steer")?;
     let (rows, input) = read_rows(&args, &model)?;
     let batch = Batch::new(rows.clone(), None).context("the token ids")?;
     let request = plan_request(&args, &model, &hooks, &dictionaries, &batch)?;
@@ -138,6 +146,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         weights: args.weights,
         dictionaries: dictionaries.clone(),
         next_token: args.outputs,
+        steering,
         ..EngineOptions::default()
     };
     let engine = Engine::new(&client, &model, hooks, options).context("loading the weights onto the devices")?;
@@ -226,8 +235,8 @@ fn plan_request(
     Ok(PlanRequest {
         batch: Some(batch.batch()),
         seq: Some(batch.seq()),
-        hooks: Some(hooks.iter().copied().chain(final_norm.filter(|h| !hooks.contains(h))).collect()),
-        with_lm_head: args.outputs.is_some(),
+        hooks: Some(hooks.to_vec()),
+        next_token: args.outputs,
         dtype: args.compute_dtype,
         output_dtype: args.dtype,
         pipeline_depth: 1,
@@ -256,6 +265,19 @@ fn check_finite(hooks: &[(HookPoint, HostArray)], seq: usize, allow: bool) -> an
         eprintln!("warning: {what}");
     }
     Ok(())
+}
+
+/// `HOOK=FILE[:SCALE]` as the steering vector it names (a scale only where the text after
+/// the last `:` is a number, so a path may hold colons).
+fn steering(arg: &str, config: &siphon_models::ModelConfig) -> anyhow::Result<siphon_models::Steering> {
+    let (hook, file) = arg.split_once('=').with_context(|| format!("--steer {arg:?}: expected HOOK=FILE[:SCALE]"))?;
+    let (file, scale) = match file.rsplit_once(':').map(|(f, s)| (f, s.parse::<f32>())) {
+        Some((file, Ok(scale))) => (file, scale),
+        _ => (file, 1.0),
+    };
+    let hooks = siphon_models::resolve_hooks(hook, config).with_context(|| format!("--steer {arg:?}"))?;
+    let [hook] = hooks[..] else { bail!("--steer {arg:?}: {hook} names {} hooks, one expected", hooks.len()) };
+    siphon_models::Steering::read(hook, Path::new(file), scale, config).with_context(|| format!("--steer {arg:?}"))
 }
 
 /// Refuses next-token outputs holding NaN or ±Inf, naming the output and the first one's

@@ -178,17 +178,22 @@ impl<'a> Graph<'a> {
     /// The decoder loop every family's block plugs into: for each block built,
     /// `x` is recorded as its `hook_resid_pre`, `block` computes what the block leaves in the
     /// residual stream (recording the block's own hooks), and that, pinned to the tokens'
-    /// layout, is the block's `hook_resid_post` and the next block's input.
+    /// layout, is the block's `hook_resid_post` and the next block's input; a steering vector
+    /// of either hook is added where it is recorded.
     pub fn blocks(
         &mut self,
         mut x: Value,
         mut block: impl FnMut(&mut Graph<'a>, Value, usize) -> Result<Value, ModelError>,
     ) -> Result<Value, ModelError> {
         for layer in 0..self.n_blocks {
-            self.hook(HookPoint::block(layer, HookKind::ResidPre), x);
+            let (pre, post) =
+                (HookPoint::block(layer, HookKind::ResidPre), HookPoint::block(layer, HookKind::ResidPost));
+            x = self.steer(pre, x)?;
+            self.hook(pre, x);
             let out = block(self, x, layer)?;
             x = self.constrain_tokens(out)?;
-            self.hook(HookPoint::block(layer, HookKind::ResidPost), x);
+            x = self.steer(post, x)?;
+            self.hook(post, x);
         }
         Ok(x)
     }
@@ -198,7 +203,7 @@ impl<'a> Graph<'a> {
     /// (`model.norm.weight`, its gain applied as the family's `final_norm` says) and its hooks
     /// when asked for, then the program ([`Graph::finish`]).
     pub fn finish_decoder(mut self, x: Value) -> Result<ForwardProgram, ModelError> {
-        self.end_blocks(x);
+        self.end_blocks(x)?;
         if self.with_final_norm {
             let gain = self.config.arch.family().final_norm.gain;
             let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;

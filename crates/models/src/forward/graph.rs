@@ -42,6 +42,8 @@ pub(crate) struct Graph<'a> {
     hooks: BTreeMap<HookPoint, Value>,
     /// Each dictionary's tensors (arguments after the inputs).
     dictionary_args: Vec<Vec<Value>>,
+    /// Each steered hook's vector `[hidden]` f32 (arguments after the dictionaries').
+    steering_args: Vec<(HookPoint, Value)>,
     /// Attention masks built so far, by window.
     pub(crate) masks: Vec<(Option<usize>, Value)>,
     /// RoPE tables built so far, by local base (`None`: the model's) and head width.
@@ -136,6 +138,12 @@ impl<'a> Graph<'a> {
             false => None,
         };
         let dictionary_args = crate::dictionary::encoder::args(&mut b, &spec.dictionaries, sharded)?;
+        crate::steering::check_all(&spec.steering, config)?;
+        let mut steering_args = Vec::new();
+        for &hook in &spec.steering {
+            let vector = TensorType::new(DType::F32, &[config.hidden_size]);
+            steering_args.push((hook, b.arg(vector, sharded.then(|| PartitionSpec::replicated(1)))?));
+        }
         let token_axes = input_spec.dims().concat();
         Ok(Graph {
             b,
@@ -157,6 +165,7 @@ impl<'a> Graph<'a> {
             next_ids,
             hooks: BTreeMap::new(),
             dictionary_args,
+            steering_args,
             masks: Vec::new(),
             attention_forms: Vec::new(),
             row_lengths: None,
@@ -221,6 +230,16 @@ impl<'a> Graph<'a> {
         if self.wants(hook) {
             self.hooks.insert(hook, x);
         }
+    }
+
+    /// `x` `[tokens, hidden]` plus the steering vector of `hook`, rounded to the compute dtype,
+    /// where one is given; else `x`.
+    pub fn steer(&mut self, hook: HookPoint, x: Value) -> Result<Value, ModelError> {
+        let Some(&(_, vector)) = self.steering_args.iter().find(|(h, _)| *h == hook) else { return Ok(x) };
+        let dims = self.b.dims(x)?.to_vec();
+        let vector = self.b.convert(vector, self.dt)?;
+        let vector = self.b.broadcast_in_dim(vector, &dims, &[dims.len() - 1])?;
+        Ok(self.b.add(x, vector)?)
     }
 
     /// Pins the residual stream `[tokens, hidden]` to the input's token split, so every
@@ -293,11 +312,14 @@ impl<'a> Graph<'a> {
     }
 
     /// Records `x`, what the built blocks left, as the next block's `hook_resid_pre` when
-    /// that block is not built.
-    pub fn end_blocks(&mut self, x: Value) {
+    /// that block is not built (steered there, where a vector is given).
+    pub fn end_blocks(&mut self, x: Value) -> Result<(), ModelError> {
         if self.n_blocks < self.config.n_layers {
-            self.hook(HookPoint::block(self.n_blocks, HookKind::ResidPre), x);
+            let hook = HookPoint::block(self.n_blocks, HookKind::ResidPre);
+            let x = self.steer(hook, x)?;
+            self.hook(hook, x);
         }
+        Ok(())
     }
 
     /// Returns the requested hooks, each reshaped to `[batch, seq, *per-token shape]`, and
@@ -372,6 +394,18 @@ impl<'a> Graph<'a> {
             self.params.iter().map(|p| &p.name).filter(|n| !self.weights[*n].1.get()).cloned().collect();
         if self.spec.weights.is_some() && !unread.is_empty() {
             return Err(ModelError::Config(format!("the forward declares weights its graph never reads: {unread:?}")));
+        }
+        if let Some((hook, _)) = self.steering_args.iter().find(|(h, _)| h.layer().is_some_and(|l| l >= self.n_blocks))
+        {
+            // Past the blocks built, a vector changes nothing the program returns: say so
+            // rather than take it silently.
+            if hook.kind() != HookKind::ResidPre || hook.layer() != Some(self.n_blocks) {
+                return Err(ModelError::Hook(format!(
+                    "steering at {hook}, after every hook and output asked for (the forward stops at block {}): \
+                     it would change nothing returned",
+                    self.n_blocks
+                )));
+            }
         }
         let text = b.finish_sharded(&results)?;
         let next_ids = self.next_ids.map(|_| "next_ids");

@@ -135,6 +135,11 @@ pub struct Args {
     /// compute them) and the blocks their hooks need.
     #[command(flatten)]
     pub dictionaries: crate::args::SaeArgs,
+    /// Count the model's next-token outputs (as `forward --outputs` computes them): every
+    /// block, the final norm and the unembedding, the outputs and one chunk's logits. Not
+    /// with --target yet (its programs do not compute them).
+    #[arg(long, value_name = "LIST", value_parser = crate::args::outputs::parse, conflicts_with = "target")]
+    pub outputs: Option<siphon_models::NextToken>,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -176,6 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // A TPU pads every array to its tiles; the planner counts the padded bytes.
         layout: target.as_ref().map_or(siphon_plan::DeviceLayout::Dense, target::Target::layout),
         dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
+        next_token: args.outputs,
         experts: match (&target, args.tpu_forms) {
             (Some(target), TpuForms::On) => target.expert_split(),
             _ => Default::default(),
