@@ -137,12 +137,12 @@ fn forward_rejects_bad_input_without_writing() {
 }
 
 /// `--outputs`: the model's next-token outputs beside the hooks, each under its name, equal to
-/// HF's (`next-token.safetensors`: log-softmax of its logits in f64) on the golden's first row,
+/// HF's (`golden-next-token.safetensors`: log-softmax of its logits in f64) on the golden's first row,
 /// whose last token has no next (NaN); a bad list is refused naming it, before any work.
 #[test]
 fn forward_writes_next_token_outputs_matching_hf() {
     let model = repo().join("fixtures/models/tiny-gemma2");
-    let (golden_header, golden_data) = read_safetensors(&model.join("next-token.safetensors"));
+    let (golden_header, golden_data) = read_safetensors(&model.join("golden-next-token.safetensors"));
     let t = &golden_header["input_ids"];
     let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
     let ids: Vec<i32> = golden_data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
@@ -181,11 +181,11 @@ fn forward_writes_next_token_outputs_matching_hf() {
 }
 
 /// `--steer`: two vectors (one read with a scale) added where HF's forward hooks add them give
-/// HF's final norm output (`steered.safetensors`); a hook that is not steered is refused by name.
+/// HF's final norm output (`golden-steered.safetensors`); a hook that is not steered is refused by name.
 #[test]
 fn forward_steers_as_hfs_forward_hooks() {
     let model = repo().join("fixtures/models/tiny-llama");
-    let (golden_header, golden_data) = read_safetensors(&model.join("steered.safetensors"));
+    let (golden_header, golden_data) = read_safetensors(&model.join("golden-steered.safetensors"));
     let t = &golden_header["input_ids"];
     let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
     let ids: Vec<i32> = golden_data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();

@@ -1,9 +1,9 @@
 //! The model's next-token outputs against HF transformers' logits (log-softmax in f64;
-//! `<fixture>/next-token.safetensors`, written by scripts/fixtures/gen_next_token_fixtures.py),
+//! `<fixture>/golden-next-token.safetensors`, written by scripts/fixtures/gen_next_token_fixtures.py),
 //! for every family's fixture and the SmolLM2 GGUF: on one device with chunks of 3 positions
 //! (rows of 8 and 70: chunks that do not divide them), and on a 2 × 4 mesh whose `model` axis
 //! splits the vocabulary, in the chunks the engine chooses. With steering vectors at a block's
-//! `hook_resid_pre` and the last block's `hook_resid_post` (`steered.safetensors`: HF with a
+//! `hook_resid_pre` and the last block's `hook_resid_post` (`golden-steered.safetensors`: HF with a
 //! forward pre-hook and a forward hook adding them), the final norm's output and the outputs
 //! equal HF's too.
 //!
@@ -179,7 +179,7 @@ fn mesh_2x4(name: &str) {
 }
 
 fn check_fixture(name: &str, options: EngineOptions) {
-    check(name, &fixture(name), &fixture(name).join("next-token.safetensors"), options);
+    check(name, &fixture(name), &fixture(name).join("golden-next-token.safetensors"), options);
 }
 
 /// Steered by HF's forward hooks: the final norm's output within 1e-4 of its scale (the hook
@@ -187,7 +187,7 @@ fn check_fixture(name: &str, options: EngineOptions) {
 /// changed them.
 fn steered(name: &str, options: EngineOptions) {
     let dir = fixture(name);
-    let path = dir.join("steered.safetensors");
+    let path = dir.join("golden-steered.safetensors");
     let model = LoadedModel::open(&dir).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -233,7 +233,7 @@ fn steered(name: &str, options: EngineOptions) {
     }
     let slack = logit_slack(&model, &hidden[..tokens * d], &path);
     let (nll, entropy) = (acts.next_token[0].1.to_f32(), acts.next_token[1].1.to_f32());
-    let plain = golden(&fixture(name).join("next-token.safetensors"));
+    let plain = golden(&fixture(name).join("golden-next-token.safetensors"));
     let mut moved = 0f32;
     for t in (0..tokens).filter(real) {
         let at = format!("{name} steered: token {t} (logits within {:e})", slack[t]);
@@ -303,5 +303,5 @@ families! {
 fn smollm2_gguf_matches_hf() {
     let gguf = std::env::var_os("SIPHON_SMOLLM2_GGUF").expect("SIPHON_SMOLLM2_GGUF (scripts/setup-model.sh)");
     let options = EngineOptions { next_token: Some(outputs(Some(5))), ..EngineOptions::default() };
-    check("smollm2", Path::new(&gguf), &fixture("smollm2").join("next-token.safetensors"), options);
+    check("smollm2", Path::new(&gguf), &fixture("smollm2").join("golden-next-token.safetensors"), options);
 }

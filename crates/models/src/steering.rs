@@ -4,7 +4,7 @@
 //! TransformerLens hook function returning `x + v` leaves it). A vector is read from a `.npy`
 //! (float32 or float64, `[d]` or `[1, d]`) or a `.safetensors` file holding one tensor (F32,
 //! BF16 or F16), scaled in f32; it reaches the program as an f32 argument `[d]` after the
-//! dictionaries' tensors ([`crate::ForwardSpec::steering`]), rounded to the compute dtype and
+//! dictionaries' tensors (`ForwardSpec::steering`), rounded to the compute dtype and
 //! added there (as a forward hook of a bf16 model returning `out + v.to(out.dtype)`).
 //!
 //! Steered so far: a block's `hook_resid_pre` and `hook_resid_post`, the residual stream every
