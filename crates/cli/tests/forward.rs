@@ -27,6 +27,18 @@ fn tensor_f32(header: &serde_json::Value, data: &[u8], name: &str) -> (Vec<usize
     (shape, values)
 }
 
+/// The golden's first row of `input_ids` (unpadded in every golden) written as `--ids` JSON in
+/// `dir`, and its length.
+fn first_row(header: &serde_json::Value, data: &[u8], dir: &Path) -> (PathBuf, usize) {
+    let t = &header["input_ids"];
+    let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
+    let ids: Vec<i32> = data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+    let seq = t["shape"][1].as_u64().unwrap() as usize;
+    let file = dir.join("ids.json");
+    std::fs::write(&file, serde_json::to_string(&vec![ids[..seq].to_vec()]).unwrap()).unwrap();
+    (file, seq)
+}
+
 /// A scratch directory removed on drop (the cli crate has no tempfile dev-dependency).
 struct Scratch(PathBuf);
 
@@ -143,13 +155,8 @@ fn forward_rejects_bad_input_without_writing() {
 fn forward_writes_next_token_outputs_matching_hf() {
     let model = repo().join("fixtures/models/tiny-gemma2");
     let (golden_header, golden_data) = read_safetensors(&model.join("golden-next-token.safetensors"));
-    let t = &golden_header["input_ids"];
-    let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
-    let ids: Vec<i32> = golden_data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
-    let seq = t["shape"][1].as_u64().unwrap() as usize;
     let tmp = Scratch::new("outputs");
-    let ids_file = tmp.path().join("ids.json");
-    std::fs::write(&ids_file, serde_json::to_string(&vec![ids[..seq].to_vec()]).unwrap()).unwrap();
+    let (ids_file, seq) = first_row(&golden_header, &golden_data, tmp.path());
     let out = tmp.path().join("next.safetensors");
     let run = |outputs: &str| {
         let (model, ids) = (model.to_str().unwrap(), ids_file.to_str().unwrap());
@@ -186,13 +193,8 @@ fn forward_writes_next_token_outputs_matching_hf() {
 fn forward_steers_as_hfs_forward_hooks() {
     let model = repo().join("fixtures/models/tiny-llama");
     let (golden_header, golden_data) = read_safetensors(&model.join("golden-steered.safetensors"));
-    let t = &golden_header["input_ids"];
-    let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
-    let ids: Vec<i32> = golden_data[a..b].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
-    let seq = t["shape"][1].as_u64().unwrap() as usize;
     let tmp = Scratch::new("steer");
-    let ids_file = tmp.path().join("ids.json");
-    std::fs::write(&ids_file, serde_json::to_string(&vec![ids[..seq].to_vec()]).unwrap()).unwrap();
+    let (ids_file, seq) = first_row(&golden_header, &golden_data, tmp.path());
     // Each vector in its own one-tensor file; the first halved, read back with scale 2.
     let mut steer = Vec::new();
     for (hook, scale) in [("blocks.1.hook_resid_pre", 2.0f32), ("blocks.2.hook_resid_post", 1.0)] {
