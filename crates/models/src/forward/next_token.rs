@@ -58,6 +58,9 @@ pub(crate) struct Results {
 /// The outputs' results and their descriptions.
 pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelError> {
     let [bsz, s] = r.rows;
+    if r.outputs.nll && r.next_ids.is_none() {
+        return Err(ModelError::Config("output.nll needs each token's next token (next_ids)".into()));
+    }
     let (hidden, vocab) = (r.config.hidden_size, r.config.vocab_size);
     let row_axes = r.input_spec.dims().first().cloned().unwrap_or_default();
     // The vocabulary's split, where it does not reuse an axis the rows are split over.
