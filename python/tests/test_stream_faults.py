@@ -222,8 +222,10 @@ LOOPS: Dict[str, Tuple[Loop, Callable[[Any, Any], Any], Callable[[Any, Any, Any]
         lambda ds, _, s: ds.load_state_dict(s),
     ),
     "stateful_dataloader_2_workers": (
+        # A worker that waits past 300 s for a batch fails the test rather than hanging CI (seen
+        # once under heavy load: the main process waiting on its workers' queue for good).
         lambda ds: __import__("torchdata.stateful_dataloader").stateful_dataloader.StatefulDataLoader(
-            ds, batch_size=None, num_workers=2),
+            ds, batch_size=None, num_workers=2, timeout=300),
         lambda _, it: it.state_dict(),
         lambda _, it, s: it.load_state_dict(s),
     ),
