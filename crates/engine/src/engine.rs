@@ -143,6 +143,18 @@ pub(crate) fn element_type(dtype: DType) -> ElementType {
 /// Uploads `tensor` split by `spec` over `view`'s mesh, each of the view's partitions
 /// receiving its shard on its device; returns the view's share of the array and the bytes
 /// moved.
+/// `tensor` whole on every device of `views` (a dictionary's tensors, a steering vector).
+fn upload_replicated(
+    client: &Client,
+    views: &[HostView],
+    tensor: &HostTensor<'_>,
+    context: impl Fn() -> String + Copy,
+) -> Result<ShardedArray, EngineError> {
+    let spec = PartitionSpec::replicated(tensor.shape.len());
+    let shares = views.iter().map(|view| Ok(upload(client, tensor, &spec, view, context)?.0));
+    merged(shares.collect::<Result<Vec<_>, EngineError>>()?, context)
+}
+
 pub(crate) fn upload(
     client: &Client,
     tensor: &HostTensor<'_>,
@@ -279,23 +291,14 @@ impl Engine {
             "weights uploaded"
         );
         for (what, tensor) in siphon_models::dictionary::host_tensors(&engine.options.dictionaries) {
-            let context = || format!("uploading {what}");
-            let spec = PartitionSpec::replicated(tensor.shape.len());
-            let mut shares = Vec::with_capacity(engine.views.len());
-            for view in &engine.views {
-                shares.push(upload(client, &tensor, &spec, view, context)?.0);
-            }
-            engine.dictionary_args.push(merged(shares, context)?);
+            let array = upload_replicated(client, &engine.views, &tensor, || format!("uploading {what}"))?;
+            engine.dictionary_args.push(array);
         }
         for steering in &engine.options.steering {
-            let context = || format!("uploading the steering vector of {}", steering.hook);
             let data = steering.values.iter().flat_map(|v| v.to_le_bytes()).collect();
             let tensor = HostTensor { dtype: DType::F32, shape: vec![steering.values.len()], data };
-            let mut shares = Vec::with_capacity(engine.views.len());
-            for view in &engine.views {
-                shares.push(upload(client, &tensor, &PartitionSpec::replicated(1), view, context)?.0);
-            }
-            engine.steering_args.push(merged(shares, context)?);
+            let context = || format!("uploading the steering vector of {}", steering.hook);
+            engine.steering_args.push(upload_replicated(client, &engine.views, &tensor, context)?);
         }
         engine.params = probe.params;
         engine.weights = weights;
