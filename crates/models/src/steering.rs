@@ -209,6 +209,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("steering at blocks.1.hook_resid_post") && err.contains("change nothing"), "{err}");
+        // Every vector is checked, not only the first past the blocks: the next block's input
+        // is steered where it is returned, a later vector still refused.
+        let (pre1_post1, hooks) = (vec![pre1, HookPoint::block(1, HookKind::ResidPost)], vec![post0, pre1]);
+        let err = crate::forward::build_forward(&c, &spec(hooks.clone(), pre1_post1)).unwrap_err().to_string();
+        assert!(err.contains("steering at blocks.1.hook_resid_post"), "{err}");
+        crate::forward::build_forward(&c, &spec(hooks, vec![pre1])).unwrap();
+        // The next block's input not returned: nothing would change.
+        let err = crate::forward::build_forward(&c, &spec(vec![post0], vec![pre1])).unwrap_err().to_string();
+        assert!(err.contains("steering at blocks.1.hook_resid_pre"), "{err}");
         let err = crate::forward::build_forward(&c, &spec(vec![post0], vec![HookPoint::block(0, HookKind::AttnOut)]))
             .unwrap_err()
             .to_string();

@@ -139,6 +139,17 @@ impl<'a> Graph<'a> {
         };
         let dictionary_args = crate::dictionary::encoder::args(&mut b, &spec.dictionaries, sharded)?;
         crate::steering::check_all(&spec.steering, config)?;
+        // Past the blocks built, a vector changes nothing the program returns (but the next
+        // block's input, where that is asked for): say so rather than take it silently.
+        let stop = HookPoint::block(n_blocks, HookKind::ResidPre);
+        let read = spec.read_hooks();
+        let past = |h: &HookPoint| h.layer().is_some_and(|l| l >= n_blocks) && !(*h == stop && read.contains(h));
+        if let Some(hook) = spec.steering.iter().find(|h| past(h)) {
+            return Err(ModelError::Hook(format!(
+                "steering at {hook}, after every hook and output asked for (the forward stops at block \
+                 {n_blocks}): it would change nothing returned"
+            )));
+        }
         let mut steering_args = Vec::new();
         for &hook in &spec.steering {
             let vector = TensorType::new(DType::F32, &[config.hidden_size]);
@@ -394,18 +405,6 @@ impl<'a> Graph<'a> {
             self.params.iter().map(|p| &p.name).filter(|n| !self.weights[*n].1.get()).cloned().collect();
         if self.spec.weights.is_some() && !unread.is_empty() {
             return Err(ModelError::Config(format!("the forward declares weights its graph never reads: {unread:?}")));
-        }
-        if let Some((hook, _)) = self.steering_args.iter().find(|(h, _)| h.layer().is_some_and(|l| l >= self.n_blocks))
-        {
-            // Past the blocks built, a vector changes nothing the program returns: say so
-            // rather than take it silently.
-            if hook.kind() != HookKind::ResidPre || hook.layer() != Some(self.n_blocks) {
-                return Err(ModelError::Hook(format!(
-                    "steering at {hook}, after every hook and output asked for (the forward stops at block {}): \
-                     it would change nothing returned",
-                    self.n_blocks
-                )));
-            }
         }
         let text = b.finish_sharded(&results)?;
         let next_ids = self.next_ids.map(|_| "next_ids");
