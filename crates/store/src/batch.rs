@@ -7,6 +7,7 @@
 use bytes::Bytes;
 
 use crate::error::{Result, StoreError};
+use crate::output::{BatchOutput, OutputColumn};
 use crate::sparse::{BatchLatents, LatentsColumn};
 
 pub use siphon_dtype::DType;
@@ -77,6 +78,8 @@ pub struct BatchActivations {
     pub hooks: Vec<HookActivations>,
     /// Per latents column, in the run's order ([`crate::RunDescriptor::latents`]).
     pub latents: Vec<BatchLatents>,
+    /// Per output column, in the run's order ([`crate::RunDescriptor::outputs`]).
+    pub outputs: Vec<BatchOutput>,
     /// `[batch, seq]` token ids.
     pub token_ids: Vec<i32>,
     /// `[batch, seq]` index of the corpus document each token came from.
@@ -107,7 +110,7 @@ impl BatchActivations {
     /// Checks sizes against the run's hooks and each hook's own per-token shape; returns a
     /// clear error naming the first problem. (That shapes stay the same from batch to batch is
     /// the writer's check.)
-    pub fn validate(&self, hooks: &[String], latents: &[LatentsColumn]) -> Result<()> {
+    pub fn validate(&self, hooks: &[String], latents: &[LatentsColumn], outputs: &[OutputColumn]) -> Result<()> {
         let bad = |reason: String| StoreError::InvalidBatch { first_sample: self.first_sample, reason };
         let tokens = self.batch.checked_mul(self.seq).ok_or_else(|| bad("batch * seq overflows".into()))?;
         if tokens == 0 {
@@ -129,6 +132,7 @@ impl BatchActivations {
             return Err(bad(format!("hooks {got:?} differ from the run's hooks {hooks:?}")));
         }
         crate::sparse::check_batch(&self.latents, latents, tokens).map_err(bad)?;
+        crate::output::check_batch(&self.outputs, outputs, tokens).map_err(bad)?;
         for hook in &self.hooks {
             if !hook.dtype.is_activation() {
                 return Err(bad(format!("hook {} is {}, which holds no activations", hook.hook, hook.dtype)));

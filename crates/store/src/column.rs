@@ -1,15 +1,16 @@
-//! A run's stored columns: a hook's dense rows ([`crate::dense`]) and a dictionary's sparse
-//! latents ([`crate::sparse`]) are both a [`Column`] — described by run.json, built from the
+//! A run's stored columns: a hook's dense rows ([`crate::dense`]), a dictionary's sparse
+//! latents ([`crate::sparse`]) and the model's outputs ([`crate::output`]) are each a [`Column`] — described by run.json, built from the
 //! batches ([`Building`]), written as tensors in the file's order ([`crate::tensor`]) and
 //! summarised back from a file ([`Column::summarize`]). The shard's builder, its file, its
 //! reader and the run's checks each loop over a run's columns once; what differs between the
-//! two kinds is here and in their own files.
+//! kinds is here and in their own files.
 
 use std::collections::BTreeMap;
 
 use crate::batch::{BatchActivations, DType};
 use crate::dense::{ColumnPool, HookColumn};
 use crate::error::{Result, StoreError};
+use crate::output::{OutputColumn, OutputRows, OutputStats};
 use crate::sparse::{LatentStats, LatentsColumn, SparseColumn};
 use crate::stats::{HookStats, RunStats, StatsFile};
 use crate::tensor::Tensor;
@@ -21,24 +22,28 @@ pub(crate) enum Column<'a> {
     Hook { name: &'a str, shape: Option<&'a [usize]> },
     /// A dictionary's latents: a CSR matrix over the shard's rows.
     Latents(&'a LatentsColumn),
+    /// One of the model's outputs: a dense tensor of its own element type.
+    Output(&'a OutputColumn),
 }
 
 /// A run's columns, hooks first: `hooks` with their recorded `shapes` (empty when not
-/// recorded), then `latents`.
+/// recorded), then `latents`, then `outputs`.
 pub(crate) fn columns<'a>(
     hooks: &'a [String],
     shapes: &'a [Vec<usize>],
     latents: &'a [LatentsColumn],
+    outputs: &'a [OutputColumn],
 ) -> Vec<Column<'a>> {
     let hooks =
         hooks.iter().enumerate().map(|(i, name)| Column::Hook { name, shape: shapes.get(i).map(Vec::as_slice) });
-    hooks.chain(latents.iter().map(Column::Latents)).collect()
+    hooks.chain(latents.iter().map(Column::Latents)).chain(outputs.iter().map(Column::Output)).collect()
 }
 
 /// A column's statistics, recomputed from a file or counted as it was built.
 pub(crate) enum ColumnStats {
     Hook(HookStats),
     Latents(LatentStats),
+    Output(OutputStats),
 }
 
 impl ColumnStats {
@@ -50,6 +55,7 @@ impl ColumnStats {
                 stats.hooks.insert(name.to_string(), s);
             }
             ColumnStats::Latents(s) => _ = stats.latents.insert(name.to_string(), s),
+            ColumnStats::Output(s) => _ = stats.outputs.insert(name.to_string(), s),
         }
     }
 }
@@ -60,6 +66,7 @@ impl Column<'_> {
         match self {
             Column::Hook { name, .. } => name,
             Column::Latents(c) => &c.name,
+            Column::Output(c) => &c.name,
         }
     }
 
@@ -75,6 +82,11 @@ impl Column<'_> {
             Column::Latents(c) => match file.latents.get(&c.name) {
                 None if included == 0 => None,
                 None => Some(format!("no statistics for latents {}", c.name)),
+                Some(s) => c.check_stats(s, included),
+            },
+            Column::Output(c) => match file.outputs.get(&c.name) {
+                None if included == 0 => None,
+                None => Some(format!("no statistics for output {}", c.name)),
                 Some(s) => c.check_stats(s, included),
             },
         }
@@ -95,20 +107,28 @@ impl Column<'_> {
             Column::Latents(c) => crate::sparse::summarize(st, c, tokens, mask)
                 .map(ColumnStats::Latents)
                 .map_err(|e| format!("latents {}: {e}", c.name)),
+            Column::Output(c) => crate::output::summarize(st, c, tokens, mask).map(ColumnStats::Output),
         }
     }
 }
 
-/// One column of a shard being built: the `at`th hook or latents column of every batch.
+/// One column of a shard being built: the `at`th hook, latents or output column of every batch.
 pub(crate) enum Building {
     Hook { name: String, at: usize, rows: HookColumn },
     Latents { name: String, at: usize, rows: SparseColumn },
+    Output { name: String, at: usize, rows: OutputRows },
 }
 
 impl Building {
     /// The columns of a shard whose first batch is `first`: its hooks (their shapes), then
-    /// `latents`.
-    pub fn all(hooks: &[String], latents: &[LatentsColumn], first: &BatchActivations, dtype: DType) -> Vec<Building> {
+    /// `latents`, then `outputs`.
+    pub fn all(
+        hooks: &[String],
+        latents: &[LatentsColumn],
+        outputs: &[OutputColumn],
+        first: &BatchActivations,
+        dtype: DType,
+    ) -> Vec<Building> {
         let hooks = hooks.iter().zip(&first.hooks).enumerate().map(|(at, (name, h))| Building::Hook {
             name: name.clone(),
             at,
@@ -119,7 +139,12 @@ impl Building {
             at,
             rows: SparseColumn::new(c.width),
         });
-        hooks.chain(latents).collect()
+        let outputs = outputs.iter().enumerate().map(|(at, c)| Building::Output {
+            name: c.name.clone(),
+            at,
+            rows: OutputRows::new(c),
+        });
+        hooks.chain(latents).chain(outputs).collect()
     }
 
     /// Bytes of its tensors so far.
@@ -127,6 +152,7 @@ impl Building {
         match self {
             Building::Hook { rows, .. } => rows.len(),
             Building::Latents { rows, .. } => rows.bytes(),
+            Building::Output { rows, .. } => rows.bytes(),
         }
     }
 
@@ -136,7 +162,7 @@ impl Building {
     pub fn check(&self, batch: &BatchActivations, dtype: DType) -> std::result::Result<(), String> {
         match self {
             Building::Hook { at, rows, .. } => rows.check(&batch.hooks[*at], dtype),
-            Building::Latents { .. } => Ok(()),
+            Building::Latents { .. } | Building::Output { .. } => Ok(()),
         }
     }
 
@@ -164,6 +190,12 @@ impl Building {
                     })?;
                 }
             }
+            Building::Output { at, rows, .. } => {
+                for &(b, t) in order {
+                    let batch = &unit[b as usize];
+                    rows.push(&batch.outputs[*at], t as usize, batch.keep[t as usize]);
+                }
+            }
         }
         Ok(())
     }
@@ -188,23 +220,28 @@ impl Building {
                 stats.latents.insert(name.clone(), rows.stats().clone());
                 (None, None)
             }
+            Building::Output { name, rows, .. } => {
+                stats.outputs.insert(name.clone(), rows.stats().clone());
+                (None, None)
+            }
         }
     }
 
     /// For a hook, the first included row holding a value that is NaN or ±Inf and how many
     /// the included rows hold ([`HookColumn::non_finite`]); a dictionary's latents hold none to
-    /// look for.
+    /// look for, and an output's are what the model gives (`output.nll` is NaN where a token has
+    /// no next token; the job checks the others before they reach the store).
     pub fn non_finite(&self, dtype: DType, mask: Option<&[bool]>) -> Option<(usize, u64)> {
         match self {
             Building::Hook { rows, .. } => rows.non_finite(dtype, mask),
-            Building::Latents { .. } => None,
+            Building::Latents { .. } | Building::Output { .. } => None,
         }
     }
 
     /// Its name.
     pub fn name(&self) -> &str {
         match self {
-            Building::Hook { name, .. } | Building::Latents { name, .. } => name,
+            Building::Hook { name, .. } | Building::Latents { name, .. } | Building::Output { name, .. } => name,
         }
     }
 
@@ -213,6 +250,7 @@ impl Building {
         match self {
             Building::Hook { name, rows, .. } => rows.into_tensors(&name, tokens, dtype, pool),
             Building::Latents { name, rows, .. } => rows.into_tensors(&name, tokens, dtype),
+            Building::Output { rows, .. } => rows.into_tensors(tokens),
         }
     }
 }

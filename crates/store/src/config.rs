@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::DType;
 use crate::error::{Result, StoreError};
+use crate::output::OutputColumn;
 use crate::sparse::LatentsColumn;
 
 /// Default target shard size: about 256 MB.
@@ -211,6 +212,10 @@ pub struct RunDescriptor {
     /// [`LatentsColumn`]). Empty in runs without dictionaries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub latents: Vec<LatentsColumn>,
+    /// The model's own outputs stored per token (`siphon extract --outputs`), each a dense
+    /// tensor of a fixed element type (see [`OutputColumn`]). Empty in runs without them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputColumn>,
     /// Device mesh.
     pub mesh: serde_json::Value,
     /// How the corpus is partitioned over hosts.

@@ -303,8 +303,8 @@ pub(crate) async fn recover_host(
             reason: format!("committed shard does not match its manifest line: {problem}"),
         })?;
         if i >= rebuild_from {
-            let (hooks, shapes, latents) = (&descriptor.hooks, &descriptor.hook_shapes, &descriptor.latents);
-            let summary = summarize_shard(path.as_ref(), &bytes, hooks, shapes, latents)?;
+            let d = descriptor;
+            let summary = summarize_shard(path.as_ref(), &bytes, &d.hooks, &d.hook_shapes, &d.latents, &d.outputs)?;
             stats::merge_run_stats(&mut run_stats, &summary.stats)?;
         }
     }

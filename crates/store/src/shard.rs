@@ -20,6 +20,7 @@ use crate::config::{HostId, ShardFormat};
 use crate::dense::ColumnPool;
 use crate::error::{Result, StoreError};
 use crate::format::{FORMAT_TAG, format_version};
+use crate::output::OutputColumn;
 use crate::sparse::LatentsColumn;
 use crate::stats::RunStats;
 use crate::tensor::{Rank, Tensor, file_order, le_bytes};
@@ -37,6 +38,7 @@ pub(crate) struct ShardIdentity {
     pub host: HostId,
     pub hooks: Vec<String>,
     pub latents: Vec<LatentsColumn>,
+    pub outputs: Vec<OutputColumn>,
 }
 
 /// A shard ready to upload: its bytes in chunks, with everything the manifest needs.
@@ -126,7 +128,8 @@ impl ShardBuilder {
         };
         let out_dtype = self.format.dtype;
         if self.is_empty() {
-            self.columns = Building::all(&self.identity.hooks, &self.identity.latents, first, out_dtype);
+            self.columns =
+                Building::all(&self.identity.hooks, &self.identity.latents, &self.identity.outputs, first, out_dtype);
             self.batch_rows = first.batch;
         }
         for batch in &unit {
@@ -381,13 +384,15 @@ pub struct ShardSummary {
 /// a hook whose trailing dimensions differ is an error naming the hook and both shapes.
 ///
 /// Each of `latents` must be a well-formed CSR matrix over the shard's rows (see
-/// [`LatentsColumn`]): its statistics are recomputed from it.
+/// [`LatentsColumn`]), each of `outputs` a tensor of its dtype and shape: their statistics are
+/// recomputed from them.
 pub fn summarize_shard(
     path: &str,
     bytes: &[u8],
     hooks: &[String],
     shapes: &[Vec<usize>],
     latents: &[LatentsColumn],
+    outputs: &[OutputColumn],
 ) -> Result<ShardSummary> {
     let bad = |reason: String| StoreError::BadShard { path: path.to_string(), reason };
     let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
@@ -417,7 +422,7 @@ pub fn summarize_shard(
     let included_tokens = mask.as_ref().map_or(tokens, |m| m.iter().filter(|x| **x).count()) as u64;
     let mut stats = RunStats::new();
     let mut hook_shapes = BTreeMap::new();
-    for column in &columns(hooks, shapes, latents) {
+    for column in &columns(hooks, shapes, latents, outputs) {
         let summary = column.summarize(&st, tokens, mask.as_deref()).map_err(bad)?;
         summary.insert(column.name(), &mut stats, &mut hook_shapes);
     }

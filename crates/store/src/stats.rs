@@ -21,6 +21,7 @@ use siphon_dtype::DType;
 use crate::error::{Result, StoreError};
 use crate::float_text;
 use crate::moments::{self, BLOCK, Moments};
+use crate::output::OutputStats;
 use crate::sparse::LatentStats;
 use crate::tensor::decode_row;
 
@@ -270,6 +271,9 @@ pub struct StatsFile {
     /// Per latents column. Absent in runs without dictionaries.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub latents: BTreeMap<String, LatentStats>,
+    /// Per output column (`siphon extract --outputs`). Absent in runs without them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, OutputStats>,
 }
 
 /// The JSON form of [`HookStats`] with the derived values spelled out for readers.
@@ -355,6 +359,8 @@ pub struct RunStats {
     pub hooks: BTreeMap<String, HookStats>,
     /// Per latents column.
     pub latents: BTreeMap<String, LatentStats>,
+    /// Per output column.
+    pub outputs: BTreeMap<String, OutputStats>,
 }
 
 impl RunStats {
@@ -378,6 +384,12 @@ pub fn merge_run_stats(into: &mut RunStats, other: &RunStats) -> Result<()> {
             None => _ = into.latents.insert(name.clone(), stats.clone()),
         }
     }
+    for (name, stats) in &other.outputs {
+        match into.outputs.get_mut(name) {
+            Some(existing) => existing.merge(stats)?,
+            None => _ = into.outputs.insert(name.clone(), stats.clone()),
+        }
+    }
     Ok(())
 }
 
@@ -387,6 +399,7 @@ pub fn to_file(stats: &RunStats, through_shard: Option<u64>) -> StatsFile {
         through_shard,
         hooks: stats.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
         latents: stats.latents.clone(),
+        outputs: stats.outputs.clone(),
     }
 }
 
@@ -417,9 +430,13 @@ pub fn from_file(file: &StatsFile) -> std::result::Result<RunStats, String> {
     for (name, s) in &file.latents {
         s.check_lengths().map_err(|e| format!("latents {name}: {e}"))?;
     }
+    for (name, s) in &file.outputs {
+        s.check_lengths(s.sum.len()).map_err(|e| format!("output {name}: {e}"))?;
+    }
     Ok(RunStats {
         hooks: file.hooks.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
         latents: file.latents.clone(),
+        outputs: file.outputs.clone(),
     })
 }
 
@@ -457,8 +474,11 @@ mod tests {
         let mut latents = LatentStats::new(3);
         latents.add_token([(0, 0.1), (2, 7.887_233_5)]);
         latents.add_token([(2, 1e-7)]);
-        let stats =
-            RunStats { hooks: [("h".to_string(), first.clone())].into(), latents: [("l".into(), latents)].into() };
+        let stats = RunStats {
+            hooks: [("h".to_string(), first.clone())].into(),
+            latents: [("l".into(), latents)].into(),
+            ..RunStats::new()
+        };
         let text = serde_json::to_vec(&to_file(&stats, Some(0))).unwrap();
         let back = from_file(&serde_json::from_slice(&text).unwrap()).unwrap();
         assert_eq!(back, stats, "bit-identical after a JSON round trip");
@@ -482,7 +502,7 @@ mod tests {
         assert!(max == f64::INFINITY && min == f64::NEG_INFINITY && first.mean[0] == 2.0, "{first:?}");
         assert!(first.mean[1].is_nan() && first.m2[1].is_nan() && first.m2[2].is_nan(), "{first:?}");
         let file = |s: &HookStats| {
-            let stats = RunStats { hooks: [("h".to_string(), s.clone())].into(), latents: Default::default() };
+            let stats = RunStats { hooks: [("h".to_string(), s.clone())].into(), ..RunStats::new() };
             serde_json::to_string(&to_file(&stats, None)).unwrap()
         };
         let text = file(&first);

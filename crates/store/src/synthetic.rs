@@ -6,6 +6,7 @@
 //! (like padding).
 
 use crate::batch::{BatchActivations, DType, HookActivations};
+use crate::output::{BatchOutput, OutputColumn, OutputDType};
 use crate::sparse::{BatchLatents, LatentsColumn};
 
 /// Shape of the synthetic stream.
@@ -21,6 +22,10 @@ pub struct SyntheticSpec {
     pub seq: usize,
     /// Latents columns: each token fires [`SyntheticSpec::firings`] of them.
     pub latents: Vec<LatentsColumn>,
+    /// Output columns: f32 values of [`SyntheticSpec::value`] (NaN at each sequence's last
+    /// token in `output.nll`, as the model's has no next token there), i32 ids of
+    /// [`SyntheticSpec::token_id`].
+    pub outputs: Vec<OutputColumn>,
 }
 
 impl SyntheticSpec {
@@ -32,6 +37,7 @@ impl SyntheticSpec {
             batch,
             seq,
             latents: Vec::new(),
+            outputs: Vec::new(),
         }
     }
 
@@ -43,6 +49,7 @@ impl SyntheticSpec {
             batch,
             seq,
             latents: Vec::new(),
+            outputs: Vec::new(),
         }
     }
 
@@ -51,6 +58,19 @@ impl SyntheticSpec {
         let hook = name.split(".hook_sae_acts_post").next().unwrap_or(name).to_string();
         let dictionary = serde_json::json!({ "synthetic": true });
         self.latents.push(LatentsColumn { name: name.into(), hook, width, cap, dictionary });
+        self
+    }
+
+    /// Adds the next-token outputs `output.nll`, `output.entropy`, `output.topk_logprobs [k]`
+    /// and `output.topk_ids [k]`.
+    pub fn with_next_token(mut self, k: usize) -> Self {
+        let column = |name: &str, dtype, shape: Vec<usize>| OutputColumn { name: name.into(), dtype, shape };
+        self.outputs.extend([
+            column("output.nll", OutputDType::F32, vec![]),
+            column("output.entropy", OutputDType::F32, vec![]),
+            column("output.topk_logprobs", OutputDType::F32, vec![k]),
+            column("output.topk_ids", OutputDType::I32, vec![k]),
+        ]);
         self
     }
 
@@ -138,8 +158,10 @@ impl SyntheticSpec {
             })
             .collect();
         let latents = (0..self.latents.len()).map(|c| self.batch_latents(first_sample, c)).collect();
+        let outputs = self.outputs.iter().enumerate().map(|(o, c)| self.batch_output(first_sample, o, c)).collect();
         BatchActivations {
             latents,
+            outputs,
             roles: None,
             first_sample,
             batch: self.batch,
@@ -155,6 +177,25 @@ impl SyntheticSpec {
 }
 
 impl SyntheticSpec {
+    /// Output `column` (the `o`th) of the batch starting at `first_sample`.
+    fn batch_output(&self, first_sample: u64, o: usize, column: &OutputColumn) -> BatchOutput {
+        let mut data = Vec::with_capacity(self.batch * self.seq * column.row_bytes());
+        for b in 0..self.batch {
+            let sample = first_sample + b as u64;
+            for t in 0..self.seq {
+                for d in 0..column.width() {
+                    let word = match column.dtype {
+                        OutputDType::I32 => Self::token_id(sample, t + 1 + d).to_le_bytes(),
+                        OutputDType::F32 if column.name == "output.nll" && t + 1 == self.seq => f32::NAN.to_le_bytes(),
+                        OutputDType::F32 => Self::value(sample, t, 1000 + o, d).to_le_bytes(),
+                    };
+                    data.extend_from_slice(&word);
+                }
+            }
+        }
+        BatchOutput { name: column.name.clone(), data: data.into() }
+    }
+
     /// Column `column`'s latents of the batch starting at `first_sample`, as the devices
     /// return them.
     fn batch_latents(&self, first_sample: u64, column: usize) -> BatchLatents {

@@ -28,6 +28,8 @@ pub(crate) enum Rank {
     Scales,
     /// Latents columns' CSR parts.
     Latents,
+    /// The model's outputs (`output.*`).
+    Outputs,
     /// `role`, `mask`.
     Masks,
 }

@@ -9,6 +9,7 @@ use crate::column::columns;
 use crate::config::HostId;
 use crate::error::{Result, StoreError};
 use crate::location::{MANIFEST_NAME, STATS_NAME, StoreLocation};
+use crate::output::OutputColumn;
 use crate::run::{RunJson, list_hosts, merge_host_stats, read_manifest};
 use crate::shard::{check_format, summarize_shard};
 use crate::sparse::LatentsColumn;
@@ -99,6 +100,8 @@ struct Expected {
     hooks: Vec<String>,
     /// run.json's latents columns.
     latents: Vec<LatentsColumn>,
+    /// run.json's output columns.
+    outputs: Vec<OutputColumn>,
     /// Format version; `None` until known.
     format: Option<u32>,
     /// Per-token shapes in hook order; empty until known.
@@ -120,8 +123,14 @@ struct Expected {
 pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyReport> {
     let mut report = VerifyReport::default();
     let run_json_path = location.run_json(run);
-    let mut expected =
-        Expected { hooks: Vec::new(), latents: Vec::new(), format: None, shapes: Vec::new(), shapes_recorded: false };
+    let mut expected = Expected {
+        hooks: Vec::new(),
+        latents: Vec::new(),
+        outputs: Vec::new(),
+        format: None,
+        shapes: Vec::new(),
+        shapes_recorded: false,
+    };
     match location.get_optional(&run_json_path).await? {
         None => report.problems.push(format!("{run_json_path} is missing")),
         Some(bytes) => match serde_json::from_slice::<RunJson>(&bytes) {
@@ -129,6 +138,7 @@ pub async fn verify_run(location: &StoreLocation, run: &str) -> Result<VerifyRep
                 expected.format = Some(parsed.format_version(run_json_path.as_ref())?);
                 expected.hooks = parsed.descriptor.hooks.clone();
                 expected.latents = parsed.descriptor.latents.clone();
+                expected.outputs = parsed.descriptor.outputs.clone();
                 let shapes = &parsed.descriptor.hook_shapes;
                 if !shapes.is_empty() && shapes.len() != expected.hooks.len() {
                     report.problems.push(format!(
@@ -289,7 +299,7 @@ async fn verify_host(
             continue;
         }
         let recorded: &[Vec<usize>] = if expected.shapes_recorded { &expected.shapes } else { &[] };
-        match summarize_shard(path.as_ref(), &bytes, &expected.hooks, recorded, &expected.latents) {
+        match summarize_shard(path.as_ref(), &bytes, &expected.hooks, recorded, &expected.latents, &expected.outputs) {
             Err(e) => report.problems.push(e.to_string()),
             Ok(summary) => {
                 match expected.format {
@@ -363,7 +373,7 @@ async fn verify_host(
 fn stats_match(file: &StatsFile, recomputed: &RunStats) -> bool {
     // Compared in their JSON forms, where a NaN statistic (of NaN activations) equals itself.
     let same = |a: &dyn erased::Json, b: &dyn erased::Json| a.json() == b.json();
-    if !same(&file.latents, &recomputed.latents) {
+    if !same(&file.latents, &recomputed.latents) || !same(&file.outputs, &recomputed.outputs) {
         return false;
     }
     if file.hooks.values().any(|h| h.m2.is_none()) {
@@ -436,7 +446,7 @@ fn non_finite(file: &StatsFile) -> Vec<String> {
 /// Pushes what is wrong with `file`'s statistics of each of the run's columns (named `what`),
 /// which must count the `included` tokens.
 fn check_stats(what: &str, file: &StatsFile, expected: &Expected, included: u64, problems: &mut Vec<String>) {
-    for column in columns(&expected.hooks, &expected.shapes, &expected.latents) {
+    for column in columns(&expected.hooks, &expected.shapes, &expected.latents, &expected.outputs) {
         problems.extend(column.check_stats(file, included).map(|problem| format!("{what}: {problem}")));
     }
 }

@@ -205,7 +205,7 @@ fn stats_json_parses_or_names_what_is_wrong() {
 fn read_shard(bytes: &[u8]) -> Outcome {
     let run = base().parsed_run_json();
     let d = &run.descriptor;
-    outcome(summarize_shard("shard_000000.safetensors", bytes, &d.hooks, &d.hook_shapes, &d.latents))
+    outcome(summarize_shard("shard_000000.safetensors", bytes, &d.hooks, &d.hook_shapes, &d.latents, &d.outputs))
 }
 
 #[test]

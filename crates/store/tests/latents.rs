@@ -19,6 +19,7 @@ fn descriptor(spec: &SyntheticSpec) -> RunDescriptor {
         hooks: spec.hooks.clone(),
         hook_shapes: spec.shapes.clone(),
         latents: spec.latents.clone(),
+        outputs: spec.outputs.clone(),
         ..Default::default()
     }
 }
@@ -230,7 +231,8 @@ fn verify_names_a_csr_row_that_is_out_of_order() {
     let problems = report.all_problems().join("\n");
     // The CRC names the change first; the summary names the row when the checksum is not asked.
     assert!(problems.contains("shard_000000") && problems.contains("crc32c"), "{problems}");
-    let summary = siphon_store::summarize_shard("s", &bytes, &spec.hooks, &spec.shapes, &spec.latents).unwrap_err();
+    let summary = siphon_store::summarize_shard("s", &bytes, &spec.hooks, &spec.shapes, &spec.latents, &spec.outputs)
+        .unwrap_err();
     assert!(summary.to_string().contains(&format!("latents {NAME}: row {row}'s latents")), "{summary}");
 }
 

@@ -29,6 +29,7 @@ fn descriptor(spec: &SyntheticSpec) -> RunDescriptor {
         hooks: spec.hooks.clone(),
         hook_shapes: spec.shapes.clone(),
         latents: spec.latents.clone(),
+        outputs: spec.outputs.clone(),
         mesh: serde_json::json!({"data": 1}),
         partition: serde_json::json!({"hosts": 1}),
         config: serde_json::json!({"seq": spec.seq}),
@@ -936,7 +937,7 @@ fn an_unknown_format_is_an_error() {
     // A shard with an unknown tag is refused too (verify lists it as that shard's problem).
     let shard = dir.path().join("v3").join(RUN).join(HOST.dir_name()).join("shard_000000.safetensors");
     let rewritten = with_format_tag(&std::fs::read(&shard).unwrap(), "siphon-activations/3");
-    let err = siphon_store::summarize_shard("s", &rewritten, &spec.hooks, &[], &[]).unwrap_err();
+    let err = siphon_store::summarize_shard("s", &rewritten, &spec.hooks, &[], &[], &[]).unwrap_err();
     assert!(err.to_string().contains("unsupported dataset format \"siphon-activations/3\""), "{err}");
 }
 

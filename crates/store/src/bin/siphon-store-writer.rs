@@ -67,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         hooks: spec.hooks.clone(),
         hook_shapes: spec.shapes.clone(),
         latents: spec.latents.clone(),
+        outputs: spec.outputs.clone(),
         mesh: serde_json::json!({ "data": 1 }),
         partition: serde_json::json!({ "hosts": 1 }),
         config: serde_json::json!({ "batch": spec.batch, "seq": spec.seq, "batches": batches }),

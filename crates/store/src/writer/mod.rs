@@ -42,6 +42,7 @@ use crate::batch::BatchActivations;
 use crate::config::{HostId, RunDescriptor, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::location::StoreLocation;
+use crate::output::OutputColumn;
 use crate::run::{ResumePoint, RunJson, claim_run, recover_host};
 use crate::shard::{ShardBuilder, ShardIdentity};
 use crate::sparse::{LatentsColumn, validate_columns};
@@ -76,6 +77,7 @@ pub struct ShardWriter {
     resume: ResumePoint,
     hooks: Vec<String>,
     latents: Vec<LatentsColumn>,
+    outputs: Vec<OutputColumn>,
     /// Per hook, the per-token shape every batch must have: run.json's, or (when it records
     /// none) the first pushed batch's.
     shapes: Vec<Vec<usize>>,
@@ -106,6 +108,9 @@ impl ShardWriter {
         config.validate()?;
         validate_hooks(&descriptor.hooks, &descriptor.hook_shapes, !descriptor.latents.is_empty())?;
         validate_columns(&descriptor.latents, &descriptor.hooks, config.format.dtype)?;
+        let taken: Vec<String> =
+            descriptor.hooks.iter().chain(descriptor.latents.iter().map(|c| &c.name)).cloned().collect();
+        crate::output::validate_columns(&descriptor.outputs, &taken)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("siphon-store")
@@ -130,6 +135,7 @@ impl ShardWriter {
             host: config.host,
             hooks: descriptor.hooks.clone(),
             latents: descriptor.latents.clone(),
+            outputs: descriptor.outputs.clone(),
         };
         let committer = Committer {
             location,
@@ -181,6 +187,7 @@ impl ShardWriter {
             resume,
             hooks: descriptor.hooks,
             latents: descriptor.latents,
+            outputs: descriptor.outputs,
             shapes_recorded: !descriptor.hook_shapes.is_empty(),
             shapes: descriptor.hook_shapes,
             drop_partial,
@@ -213,6 +220,11 @@ impl ShardWriter {
         &self.latents
     }
 
+    /// The run's output columns, in the order every batch must hold them.
+    pub fn outputs(&self) -> &[OutputColumn] {
+        &self.outputs
+    }
+
     /// Where the writer's time went so far (see [`HostSummary::timing`] for the whole run).
     pub fn timing(&self) -> WriterTiming {
         self.timing.lock().map(|t| *t).unwrap_or_default()
@@ -229,7 +241,7 @@ impl ShardWriter {
     /// first batch's), on a batch that does not start where the previous one ended, or when
     /// the background writer failed.
     pub fn push(&mut self, batch: BatchActivations) -> Result<()> {
-        batch.validate(&self.hooks, &self.latents)?;
+        batch.validate(&self.hooks, &self.latents, &self.outputs)?;
         for (hook, expected) in batch.hooks.iter().zip(&self.shapes) {
             if &hook.shape != expected {
                 let reason = if self.shapes_recorded {
@@ -357,6 +369,7 @@ pub fn batch_shard(
         host,
         hooks: descriptor.hooks.clone(),
         latents: descriptor.latents.clone(),
+        outputs: descriptor.outputs.clone(),
     };
     let mut builder =
         ShardBuilder::new(identity, crate::config::ShardFormat { shuffle: None, ..format.clone() }, index);

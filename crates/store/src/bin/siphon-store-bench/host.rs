@@ -312,6 +312,7 @@ fn template(o: &Options, dtype: DType) -> BatchActivations {
         seq: o.seq,
         hooks,
         latents: Vec::new(),
+        outputs: Vec::new(),
         token_ids: (0..tokens as i32).collect(),
         doc_index: (0..tokens).map(|t| (t / o.seq) as i64).collect(),
         position: (0..tokens).map(|t| (t % o.seq) as i32).collect(),
