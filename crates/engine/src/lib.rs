@@ -42,7 +42,7 @@ mod error;
 mod launched;
 mod options;
 
-pub use batch::{Activations, Batch, positions_from_mask};
+pub use batch::{Activations, Batch, next_in_row, positions_from_mask};
 pub use engine::{Engine, LoadStats};
 pub use error::EngineError;
 pub use launched::Launched;

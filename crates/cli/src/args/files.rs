@@ -19,7 +19,7 @@ pub fn read_text(path: &Path, what: &str, max_bytes: u64) -> anyhow::Result<Stri
 }
 
 /// Refuses `path` unless it is a regular file of at most `max_bytes`, without opening it.
-fn check_regular(path: &Path, what: &str, max_bytes: u64) -> anyhow::Result<()> {
+pub fn check_regular(path: &Path, what: &str, max_bytes: u64) -> anyhow::Result<()> {
     let metadata =
         siphon_files::check_regular(path).with_context(|| format!("cannot read {what} {}", path.display()))?;
     if metadata.len() > max_bytes {

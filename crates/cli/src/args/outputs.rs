@@ -35,6 +35,14 @@ pub fn parse(text: &str) -> anyhow::Result<NextToken> {
     Ok(outputs)
 }
 
+/// Refuses outputs `config`'s model cannot give: a top-k past its vocabulary.
+pub fn check(outputs: &NextToken, config: &siphon_models::ModelConfig) -> anyhow::Result<()> {
+    if outputs.topk > config.vocab_size {
+        bail!("--outputs topk={}: more than the model's vocabulary of {} tokens", outputs.topk, config.vocab_size);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

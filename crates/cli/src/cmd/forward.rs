@@ -24,7 +24,7 @@ use siphon_models::{DType, DictionaryHook, HookPoint, LoadedModel};
 use siphon_plan::{MeshRequest, PlanRequest};
 use siphon_runtime::{Client, ClientOptions, HostArray, Plugin, PluginKind, PluginLocator};
 
-use crate::args::{SaeArgs, files, limits, outputs};
+use crate::args::{SaeArgs, files, limits, outputs, steer};
 use crate::job::fits;
 
 /// What `forward` can change when a device cannot hold its rows.
@@ -109,9 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let dictionaries = crate::job::dictionary::open(&args.dictionaries, &model.config)?;
-    let steering = args.steer.iter().map(|s| steering(s, &model.config)).collect::<anyhow::Result<Vec<_>>>()?;
-    siphon_models::steering::check_all(&steering.iter().map(|s| s.hook).collect::<Vec<_>>(), &model.config)
-        .context("--steer")?;
+    let (steering, _) = steer::open_all(&args.steer, &model.config)?;
     let (rows, input) = read_rows(&args, &model)?;
     let batch = Batch::new(rows.clone(), None).context("the token ids")?;
     let request = plan_request(&args, &model, &hooks, &dictionaries, &batch)?;
@@ -265,19 +263,6 @@ fn check_finite(hooks: &[(HookPoint, HostArray)], seq: usize, allow: bool) -> an
         eprintln!("warning: {what}");
     }
     Ok(())
-}
-
-/// `HOOK=FILE[:SCALE]` as the steering vector it names (a scale only where the text after
-/// the last `:` is a number, so a path may hold colons).
-fn steering(arg: &str, config: &siphon_models::ModelConfig) -> anyhow::Result<siphon_models::Steering> {
-    let (hook, file) = arg.split_once('=').with_context(|| format!("--steer {arg:?}: expected HOOK=FILE[:SCALE]"))?;
-    let (file, scale) = match file.rsplit_once(':').map(|(f, s)| (f, s.parse::<f32>())) {
-        Some((file, Ok(scale))) => (file, scale),
-        _ => (file, 1.0),
-    };
-    let hooks = siphon_models::resolve_hooks(hook, config).with_context(|| format!("--steer {arg:?}"))?;
-    let [hook] = hooks[..] else { bail!("--steer {arg:?}: {hook} names {} hooks, one expected", hooks.len()) };
-    siphon_models::Steering::read(hook, Path::new(file), scale, config).with_context(|| format!("--steer {arg:?}"))
 }
 
 /// Refuses next-token outputs holding NaN or ±Inf, naming the output and the first one's

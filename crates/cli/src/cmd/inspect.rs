@@ -69,6 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     notes.extend(format_notes(report.format_version, &hooks));
     let latents = latents_summary(&report);
+    let outputs = outputs_summary(&report);
     let bytes: u64 = report.hosts.iter().map(|h| h.bytes).sum();
     let seconds = timing.iter().map(|t| t.seconds).fold(0.0, f64::max);
 
@@ -87,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let out = serde_json::json!({
             "url": args.url, "ok": problems.is_empty(), "problems": problems, "format": format,
             "format_version": report.format_version, "hooks": hooks, "hook_shapes": report.hook_shapes,
-            "hook_shapes_from": shapes_from, "latents": latents, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
+            "hook_shapes_from": shapes_from, "latents": latents, "outputs": outputs, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
             "bytes": bytes, "hosts": hosts, "shards_sha256": report.shards_sha256,
             "stats_sha256": report.stats_sha256, "seconds": seconds, "timing": timing,
             "tokens_per_second": if seconds > 0.0 { report.tokens as f64 / seconds } else { 0.0 },
@@ -112,6 +113,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 l["l0"].as_f64().unwrap_or(f64::NAN),
                 l["dead"]
             );
+        }
+        if !outputs.is_empty() {
+            println!("  the model's outputs ({}), per token:", outputs.len());
+        }
+        for o in &outputs {
+            let mean = match o["mean"].as_array() {
+                Some(m) if !m.is_empty() => {
+                    let m: Vec<String> = m.iter().map(|v| format!("{:.4}", v.as_f64().unwrap_or(f64::NAN))).collect();
+                    format!(" mean {}", m.join(", "))
+                }
+                _ => String::new(),
+            };
+            let undefined = o["undefined"]
+                .as_u64()
+                .filter(|&n| n > 0)
+                .map_or(String::new(), |n| format!(" ({n} tokens with no next token, NaN)"));
+            let (name, dtype) = (o["name"].as_str().unwrap_or("?"), o["dtype"].as_str().unwrap_or("?"));
+            println!("    {name} {dtype} {}{mean}{undefined}", o["shape"]);
         }
         println!(
             "  dtype {dtype}; {} tokens ({} kept) in {}",
@@ -238,6 +257,27 @@ fn latents_summary(report: &siphon_store::VerifyReport) -> Vec<serde_json::Value
             let l0 = stats.map(|s| s.firings.iter().sum::<u64>() as f64 / s.count.max(1) as f64);
             let dead = stats.map(|s| s.firings.iter().filter(|&&f| f == 0).count());
             serde_json::json!({ "name": c.name, "hook": c.hook, "width": c.width, "cap": c.cap, "l0": l0, "dead": dead })
+        })
+        .collect()
+}
+
+/// Each output column of the run: its dtype and shape, and from the run's statistics the mean
+/// of each element's finite values (the mean NLL is the cross-entropy) and the tokens whose
+/// first element is not (`output.nll` where a token has no next token).
+fn outputs_summary(report: &siphon_store::VerifyReport) -> Vec<serde_json::Value> {
+    let Some(run_json) = &report.run_json else { return Vec::new() };
+    run_json
+        .descriptor
+        .outputs
+        .iter()
+        .map(|c| {
+            let stats = report.stats.as_ref().and_then(|s| s.outputs.get(&c.name));
+            let mean = stats.map(siphon_store::OutputStats::mean);
+            let undefined = stats.and_then(|s| s.defined.first().map(|d| s.count - d));
+            serde_json::json!({
+                "name": c.name, "dtype": c.dtype, "shape": c.shape, "count": stats.map(|s| s.count),
+                "mean": mean, "undefined": undefined,
+            })
         })
         .collect()
 }

@@ -150,6 +150,8 @@ impl Compute {
             // takes them on a CUDA plugin.
             right_padded: !matches!(spec.corpus.pad, Some(crate::args::corpus::PadSideArg::Left)),
             dictionaries: plan.dictionaries.clone(),
+            next_token: plan.next_token,
+            steering: plan.steering.clone(),
             ..Default::default()
         };
         let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)

@@ -39,6 +39,7 @@ pub(crate) mod dictionary;
 pub(crate) mod fetch;
 mod finish;
 pub(crate) mod fits;
+mod next_token;
 mod options;
 mod output;
 mod pipeline;
@@ -82,6 +83,8 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the model {}", model_path.display()))?;
     let mut spec = options.resolve(Some(&model.config), identity.total_machines)?;
     let dictionaries = dictionary::open_capped(&options.dictionaries, &model.config)?;
+    let (steering, records) = crate::args::steer::open_all(&options.steer, &model.config)?;
+    spec.steering = records;
     let fingerprints: Vec<String> = dictionaries.iter().map(|d| dictionary::fingerprint(&d.dictionary)).collect();
     let corpus = options.corpus.open()?;
     let tokenizer = plan::tokenizer(&model, spec.tokenizer.as_deref())?;
@@ -102,6 +105,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         &plugin.path,
         options.pipeline_depth,
         dictionaries,
+        steering,
     )?;
     tracing::info!(
         model = %model_path.display(), hooks = spec.hooks.len(), units = corpus.units().len(),

@@ -42,6 +42,18 @@ pub struct ExtractOptions {
     pub weights: String,
     #[command(flatten, next_help_heading = "Dictionaries")]
     pub dictionaries: crate::args::SaeArgs,
+    /// The model's next-token outputs, computed on the devices from its logits and stored per
+    /// token beside the hooks, in f32 whatever --dtype (ids in i32): `nll,entropy,topk=K`, any
+    /// subset: output.nll (−log p of the next token in the row; NaN at a row's last token),
+    /// output.entropy, output.topk_logprobs and output.topk_ids.
+    #[arg(long, value_name = "LIST", value_parser = crate::args::outputs::parse, help_heading = "Model")]
+    pub outputs: Option<siphon_models::NextToken>,
+    /// Add a steering vector to a hook for the rest of the forward, so every later hook,
+    /// latent and output sees it: `HOOK=FILE[:SCALE]`, a .npy or one-tensor .safetensors vector
+    /// of the hook's width; a block's hook_resid_pre or hook_resid_post. Repeatable; run.json
+    /// records each file's sha256 and scale.
+    #[arg(long, value_name = "HOOK=FILE[:SCALE]", help_heading = "Model")]
+    pub steer: Vec<String>,
 
     // --- data ---
     #[command(flatten)]
@@ -167,6 +179,13 @@ pub struct RunSpec {
     /// `--latent-cap`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latent_cap: Option<usize>,
+    /// The model's next-token outputs stored per token (`--outputs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<siphon_models::NextToken>,
+    /// The steering vectors (`--steer`), recorded by their files' sha256 and scales (set once
+    /// the files are read).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steering: Vec<crate::args::steer::SteerRecord>,
     /// How quantized weights sit on the devices; not part of the dataset's identity (the
     /// activations are the same either way), so hosts may differ.
     #[serde(skip)]
@@ -223,8 +242,8 @@ impl ExtractOptions {
         let dictionaries = !self.dictionaries.sae.is_empty();
         let named = self.hooks.as_deref().filter(|h| !h.trim().is_empty());
         let mut hooks = match (named, self.layers.as_deref()) {
-            // A dictionary's latents alone: its hook is computed, not stored.
-            (None, None) if dictionaries => Vec::new(),
+            // A dictionary's latents or the model's outputs alone: no hook stored.
+            (None, None) if dictionaries || self.outputs.is_some() => Vec::new(),
             (hooks, layers) => hook_names(hooks, layers)?,
         };
         if let Some(config) = model_config
@@ -232,6 +251,9 @@ impl ExtractOptions {
         {
             siphon_plan::check_context(config, self.corpus.seq_len)
                 .with_context(|| format!("--seq-len {}", self.corpus.seq_len))?;
+        }
+        if let (Some(config), Some(outputs)) = (model_config, &self.outputs) {
+            crate::args::outputs::check(outputs, config)?;
         }
         if let Some(config) = model_config
             && !hooks.is_empty()
@@ -269,6 +291,8 @@ impl ExtractOptions {
             compute_dtype: self.compute_dtype.clone(),
             sae: self.dictionaries.sae.clone(),
             latent_cap: self.dictionaries.latent_cap,
+            outputs: self.outputs,
+            steering: Vec::new(),
             weights,
             corpus: self.corpus.clone(),
             max_tokens: self.max_tokens,

@@ -134,6 +134,7 @@ impl Output {
             "model": descriptor.model,
             "hooks": descriptor.hooks,
             "hook_shapes": descriptor.hook_shapes,
+            "outputs": descriptor.outputs,
             "format": config.format,
             "config": descriptor.config,
         }))?;

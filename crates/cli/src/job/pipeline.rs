@@ -30,7 +30,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use siphon_engine::Launched;
 use siphon_runtime::HostBuffer;
-use siphon_store::{BatchActivations, BatchLatents, DType, HookActivations};
+use siphon_store::{BatchActivations, BatchLatents, BatchOutput, DType, HookActivations};
 
 use super::progress::Bound;
 
@@ -109,6 +109,10 @@ pub struct Batches {
     pub roles: bool,
     /// Each latents column's name and latents kept per token, in the dictionaries' order.
     pub latents: Vec<(String, usize)>,
+    /// The model's output columns, in the program's order.
+    pub outputs: Vec<siphon_store::OutputColumn>,
+    /// Whether outputs that are NaN or ±Inf are stored (else refused).
+    pub allow_non_finite: bool,
 }
 
 /// Where one member's rows go: its shard writer (members that write nothing have none),
@@ -285,24 +289,31 @@ fn drain(
         for download in downloads {
             download.wait().context("copying activations to the host")?;
         }
-        // The dictionaries' latents, a few slots a token: copied whole for each writing member.
+        // The dictionaries' latents, a few slots a token, and the model's outputs: copied whole
+        // for each writing member.
         let mut latents = Vec::with_capacity(sinks.len());
+        let mut outputs = Vec::with_capacity(sinks.len());
         for (sink, batch) in sinks.iter().zip(&batches) {
-            latents.push(match (&sink.writer, batch) {
-                (Some(_), Some(_)) => launched.latents(sink.process)?,
-                _ => Vec::new(),
-            });
+            let (l, o) = match (&sink.writer, batch) {
+                (Some(_), Some(_)) => (launched.latents(sink.process)?, launched.next_token(sink.process)?),
+                _ => (Vec::new(), Vec::new()),
+            };
+            latents.push(l);
+            outputs.push(o);
         }
         let copied = Instant::now();
         total.copy_s += copied.duration_since(ready).as_secs_f64();
 
         drop(launched);
         let loan = Arc::new(OnLoan { slot: Some(slot), home: home.clone() });
-        for (member, ((sink, batch), latents)) in sinks.iter_mut().zip(&batches).zip(latents).enumerate() {
+        let results = sinks.iter_mut().zip(&batches).zip(latents.into_iter().zip(outputs));
+        for (member, ((sink, batch), (latents, outputs))) in results.enumerate() {
             let (Some((writer, _)), Some(batch)) = (sink.writer.as_mut(), batch) else { continue };
             let hooks = writer_hooks(writer, batches_are, batch, &loan, member);
             let latents = super::dictionary::for_writer(&batches_are.latents, batch, latents);
-            writer.push(to_store_batch(batch, hooks, latents, batches_are.roles)?)?;
+            let outputs =
+                super::next_token::for_writer(&batches_are.outputs, batch, outputs, batches_are.allow_non_finite)?;
+            writer.push(to_store_batch(batch, hooks, latents, outputs, batches_are.roles)?)?;
         }
         drop(loan);
         total.push_s += copied.elapsed().as_secs_f64();
@@ -339,11 +350,13 @@ fn writer_hooks(
 }
 
 /// The store's view of a batch: token metadata from the data path (with each token's role,
-/// in a run of conversations) plus the hook outputs and the dictionaries' latents.
+/// in a run of conversations) plus the hook outputs, the dictionaries' latents and the model's
+/// next-token outputs.
 fn to_store_batch(
     batch: &siphon_data::Batch,
     hooks: Vec<HookActivations>,
     latents: Vec<BatchLatents>,
+    outputs: Vec<BatchOutput>,
     roles: bool,
 ) -> anyhow::Result<BatchActivations> {
     let first_sample = batch.position.sequences - batch.len() as u64;
@@ -353,6 +366,7 @@ fn to_store_batch(
         seq: batch.seq_len,
         hooks,
         latents,
+        outputs,
         token_ids: batch.tokens.iter().map(|&t| t as i32).collect(),
         doc_index: batch.doc.clone(),
         position: batch.doc_pos.clone(),

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use siphon_models::{DictionaryHook, HookPoint, LoadedModel, ModelConfig};
+use siphon_models::{DictionaryHook, HookKind, HookPoint, LoadedModel, ModelConfig, NextToken, Steering};
 use siphon_plan::{PlanRequest, Topology};
 use siphon_runtime::PluginKind;
 
@@ -39,6 +39,10 @@ pub enum Span {
 pub struct Plan {
     pub hooks: Vec<HookPoint>,
     pub dictionaries: Vec<DictionaryHook>,
+    /// The model's next-token outputs each step computes.
+    pub next_token: Option<NextToken>,
+    /// The steering vectors each step adds.
+    pub steering: Vec<Steering>,
     request: PlanRequest,
     pub span: Span,
 }
@@ -58,6 +62,7 @@ impl Plan {
         plugin: &std::path::Path,
         pipeline_depth: usize,
         dictionaries: Vec<DictionaryHook>,
+        steering: Vec<Steering>,
     ) -> anyhow::Result<Plan> {
         let hooks = spec
             .hooks
@@ -65,7 +70,10 @@ impl Plan {
             .map(|name| HookPoint::parse(name, &model.config))
             .collect::<Result<Vec<_>, _>>()
             .context("bad --hooks/--layers")?;
-        let read: Vec<HookPoint> = hooks.iter().copied().chain(dictionaries.iter().map(|d| d.hook)).collect();
+        // The next-token outputs read the final norm (and every block before it).
+        let final_norm = spec.outputs.map(|_| HookPoint::model(HookKind::LnFinalOut));
+        let read: Vec<HookPoint> =
+            hooks.iter().copied().chain(dictionaries.iter().map(|d| d.hook)).chain(final_norm).collect();
         let (blocks, _) = siphon_models::forward::blocks_needed(&model.config, &read);
         model.check_weights(blocks).context("the model's weights do not match its config")?;
         let kind = PluginKind::of(plugin);
@@ -82,6 +90,7 @@ impl Plan {
                 siphon_engine::WeightForm::Dequantized => Default::default(),
             },
             dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
+            next_token: spec.outputs,
             // A TPU's mixtures are grouped products over each expert's width.
             experts: match kind {
                 PluginKind::Tpu => siphon_models::sharding::ExpertSplit::Width,
@@ -105,7 +114,7 @@ impl Plan {
             (None, None) if hosts > 1 && group > 1 => Span::Hosts { hosts, per_host: None, simulated: false },
             _ => Span::Host,
         };
-        let plan = Plan { hooks, dictionaries, request, span };
+        let plan = Plan { hooks, dictionaries, next_token: spec.outputs, steering, request, span };
         let window = spec.shuffle_tokens_window;
         match (span, per_host) {
             (Span::Hosts { hosts, per_host: Some(local), simulated }, _) => {

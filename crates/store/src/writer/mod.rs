@@ -106,7 +106,8 @@ impl ShardWriter {
     /// object store); `config.output` and `config.options` are then ignored.
     pub fn open_at(location: StoreLocation, config: StoreConfig, descriptor: RunDescriptor) -> Result<Self> {
         config.validate()?;
-        validate_hooks(&descriptor.hooks, &descriptor.hook_shapes, !descriptor.latents.is_empty())?;
+        let other_columns = !descriptor.latents.is_empty() || !descriptor.outputs.is_empty();
+        validate_hooks(&descriptor.hooks, &descriptor.hook_shapes, other_columns)?;
         validate_columns(&descriptor.latents, &descriptor.hooks, config.format.dtype)?;
         let taken: Vec<String> =
             descriptor.hooks.iter().chain(descriptor.latents.iter().map(|c| &c.name)).cloned().collect();

@@ -5,11 +5,11 @@ use crate::batch::check_token_shape;
 use crate::error::{Result, StoreError};
 use crate::tensor::RESERVED_TENSOR_NAMES;
 
-/// Checks the hooks: something to store (hooks or latents), one shape per hook where shapes
-/// are given, names neither empty, reserved nor repeated.
-pub(super) fn validate_hooks(hooks: &[String], shapes: &[Vec<usize>], latents: bool) -> Result<()> {
-    if hooks.is_empty() && !latents {
-        return Err(StoreError::InvalidConfig("no hooks or latents to store".into()));
+/// Checks the hooks: something to store (hooks, or `other_columns`: latents or outputs), one
+/// shape per hook where shapes are given, names neither empty, reserved nor repeated.
+pub(super) fn validate_hooks(hooks: &[String], shapes: &[Vec<usize>], other_columns: bool) -> Result<()> {
+    if hooks.is_empty() && !other_columns {
+        return Err(StoreError::InvalidConfig("no hooks, latents or outputs to store".into()));
     }
     if !shapes.is_empty() && shapes.len() != hooks.len() {
         return Err(StoreError::InvalidConfig(format!(
