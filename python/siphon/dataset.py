@@ -59,6 +59,7 @@ from ._reader import (
     windows_of,
 )
 from .errors import DatasetError
+from .outputs import OutputInfo, checked_outputs, header_problems, output_stats, parse_outputs
 from .latents import (
     LatentShard,
     LatentsInfo,
@@ -142,6 +143,9 @@ class Dataset:
         }
         #: The dictionaries' latents columns (run.json's ``"latents"``; empty without), by name.
         self.latents: Dict[str, LatentsInfo] = parse_latents(self.run, self._latent_dtype(), self.url)
+        #: The model's outputs stored per token (run.json's ``"outputs"``; empty without), by
+        #: name: see `siphon.outputs`.
+        self.outputs: Dict[str, OutputInfo] = parse_outputs(self.run, self.url)
         self._has_mask = bool(self.run.get("shard_format", {}).get("keep_excluded", False))
         #: Whether the shards carry each token's role (a run of conversations).
         self.has_roles = bool(self.run.get("shard_format", {}).get("roles", False))
@@ -198,9 +202,11 @@ class Dataset:
         hooks = ", ".join(f"{h.name} {list(h.shape)}" for h in self.hooks.values())
         latents = ", ".join(f"{i.name} [{i.width}]" for i in self.latents.values())
         latents = f", latents: {latents}" if latents else ""
+        outputs = ", ".join(f"{o.name} {list(o.shape)}" for o in self.outputs.values())
+        outputs = f", outputs: {outputs}" if outputs else ""
         return (
             f"siphon.Dataset({self.url!r}, {self.format_tag}, {len(self.shards)} shards, {self.tokens} tokens, "
-            f"{self.dtype}, hooks: {hooks}{latents})"
+            f"{self.dtype}, hooks: {hooks}{latents}{outputs})"
         )
 
     def _latent_dtype(self) -> str:
@@ -261,6 +267,8 @@ class Dataset:
                         problems.append(f"{where}: fp8 hook {hook.name}'s scales {name}: {found}, expected F32 [{shard.tokens}]")
             for info in self.latents.values():
                 problems.extend(_latents_header_problems(where, header.tensors, info, shard.tokens))
+            for output in self.outputs.values():
+                problems.extend(header_problems(where, header.tensors, output, shard.tokens))
             if hashes:
                 problem = _check_checksum(self._location, shard)
                 if problem:
@@ -270,13 +278,25 @@ class Dataset:
             raise DatasetError(f"{self.url}: {len(problems)} problem(s): " + "; ".join(problems))
         return report
 
-    def _row_bytes(self, hooks: Sequence[str]) -> int:
-        """Stored bytes of one token's rows of `hooks` (an fp8 row's float32 scale included)."""
+    def _row_bytes(self, hooks: Sequence[str], outputs: Sequence[str] = ()) -> int:
+        """Stored bytes of one token's rows of `hooks` (an fp8 row's float32 scale included)
+        and `outputs`."""
         itemsize = np.dtype(STORED_DTYPES_BY_NAME[self.dtype]).itemsize
-        return sum(self.hooks[h].width * itemsize + (4 if self.dtype == FP8 else 0) for h in hooks)
+        hook_bytes = sum(self.hooks[h].width * itemsize + (4 if self.dtype == FP8 else 0) for h in hooks)
+        return hook_bytes + sum(4 * int(np.prod(self.outputs[o].shape)) for o in outputs)
 
     def _check_hooks(self, hooks: Optional[Sequence[str]]) -> List[str]:
         return checked_hooks(hooks, list(self.hooks))
+
+    def _check_columns(
+        self, hooks: Optional[Sequence[str]], outputs: Optional[Sequence[str]]
+    ) -> Tuple[List[str], List[str]]:
+        """The hooks and outputs asked for: `hooks` ``None`` is every hook (none, in a run that
+        stores only outputs); something must be asked for."""
+        names = checked_outputs(outputs, self.outputs)
+        if hooks is None and not self.hooks and names:
+            return [], names
+        return self._check_hooks(hooks), names
 
     # ----------------------------------------------------------------------------- reading
 
@@ -305,10 +325,16 @@ class Dataset:
         prefetch: int = 2,
         device: Any = None,
         resume: Optional[Mapping[str, Any]] = None,
+        outputs: Optional[Sequence[str]] = None,
         format: Optional[str] = None,  # noqa: A002 - the deprecated name of `output`
     ) -> Batches:
         """`Batch`es of ``{hook: [n, *shape], "token_ids": [n], "position": [n]}``, every hook
         for the same tokens.
+
+        - `outputs`: the model's outputs to return beside the hooks (names of `outputs`, e.g.
+          ``["output.nll", "output.topk_ids"]``), as stored (float32, ids int32; see
+          `siphon.outputs`), whatever `dtype` asks of the hooks. With `outputs` and no hook
+          of the run, `hooks` may be left ``None``.
 
         - `shuffle`: units of at most `unit_tokens` rows of a shard are visited in a seeded
           random order, and rows are permuted within windows of `shuffle_buffer_tokens` rows
@@ -336,7 +362,7 @@ class Dataset:
           ``(seed, epoch + e)``. The last batch of an epoch may be short unless `drop_last`.
         """
         output = _deprecated_output(format, output)
-        hooks = self._check_hooks(hooks)
+        hooks, outputs = self._check_columns(hooks, outputs)
         check_reader(batch_size, rank, world_size, worker, num_workers)
         if unit_tokens <= 0:
             raise DatasetError(f"unit_tokens must be positive, got {unit_tokens}")
@@ -346,7 +372,7 @@ class Dataset:
             raise DatasetError(f"epochs must be >= 0 or None, got {epochs}")
         out_dtype = _convert.resolve_dtype(dtype, output)
         convert = _convert.Converter(output, out_dtype, self.dtype, hooks, device)
-        row_bytes = self._row_bytes(hooks) + 8
+        row_bytes = self._row_bytes(hooks, outputs) + 8
         if shuffle_buffer_tokens is None:
             shuffle_buffer_tokens = max(DEFAULT_SHUFFLE_BUFFER_BYTES // row_bytes, 4 * batch_size)
         if shuffle and shuffle_buffer_tokens < 2 * batch_size:
@@ -368,7 +394,7 @@ class Dataset:
             roles=role_ids,
         )
         # An fp8 hook's scales are read (and shuffled, filtered) with its rows.
-        tensors = hook_tensors(hooks, self.dtype) + ["token_ids", "position"] + (["role"] if self.has_roles else [])
+        tensors = hook_tensors(hooks, self.dtype) + outputs + ["token_ids", "position"] + (["role"] if self.has_roles else [])
         plan = _Iteration(
             units=make_units(list(self.shards), unit_tokens),
             reader=UnitReader(self._location, tensors, filt, self._has_mask),
@@ -403,15 +429,22 @@ class Dataset:
         *,
         output: str = "numpy",
         dtype: Any = None,
+        outputs: Optional[Sequence[str]] = None,
         format: Optional[str] = None,  # noqa: A002 - the deprecated name of `output`
     ) -> Batch:
-        """Every committed token of `hooks` in stored order, in memory: for small runs and tests."""
+        """Every committed token of `hooks` (and `outputs`, as `batches` takes them) in stored
+        order, in memory: for small runs and tests."""
         output = _deprecated_output(format, output)
-        hooks = self._check_hooks(hooks)
+        hooks, outputs = self._check_columns(hooks, outputs)
         convert = _convert.Converter(output, _convert.resolve_dtype(dtype, output), self.dtype, hooks, None)
-        parts = list(self.batches(hooks, batch_size=1 << 20, shuffle=False, output="numpy", dtype="raw", prefetch=0))
+        parts = list(
+            self.batches(
+                hooks, batch_size=1 << 20, shuffle=False, output="numpy", dtype="raw", prefetch=0, outputs=outputs
+            )
+        )
         if not parts:
             templates = {h: np.zeros((0,) + self.hooks[h].shape, STORED_DTYPES_BY_NAME[self.dtype]) for h in hooks}
+            templates.update({o: np.zeros((0,) + self.outputs[o].shape, self.outputs[o].dtype) for o in outputs})
             if self.dtype == FP8:
                 templates.update({fp8_scale_name(h): np.zeros(0, np.float32) for h in hooks})
             templates.update(token_ids=np.zeros(0, np.int32), position=np.zeros(0, np.int32))
@@ -419,6 +452,21 @@ class Dataset:
                 templates.update(role=np.zeros(0, np.uint8))
             return convert(templates)
         return convert({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+    def output_stats(self, name: str) -> Dict[str, Any]:
+        """stats.json's statistics of output `name` over the tokens the run counts
+        (`siphon.outputs.output_stats`): ``count``; for a float output ``defined``, ``sum``,
+        ``mean``, ``min``, ``max`` per element (``output_stats("output.nll")["mean"][0]`` is the
+        cross-entropy over the tokens that have a next token)."""
+        checked_outputs([name], self.outputs)
+        raw = self._location.read("stats.json")
+        if raw is None:
+            raise DatasetError(f"{self.url}: no stats.json (written when the run completes)")
+        try:
+            stats = json.loads(raw)
+        except ValueError as e:
+            raise DatasetError(f"{self.url}/stats.json: not valid JSON: {e}") from e
+        return output_stats(stats, name)
 
     # ----------------------------------------------------------------------------- latents
 
