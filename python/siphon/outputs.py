@@ -96,7 +96,10 @@ def output_stats(stats: Mapping[str, Any], name: str) -> Dict[str, Any]:
         raise DatasetError(f"stats.json has no statistics of output {name}")
     out: Dict[str, Any] = {"count": int(entry["count"])}
     if entry.get("sum"):
-        as_float = lambda key: np.asarray([np.nan if v is None else v for v in entry[key]], dtype=np.float64)  # noqa: E731
+
+        def as_float(key: str) -> np.ndarray:
+            return np.asarray([np.nan if v is None else v for v in entry[key]], dtype=np.float64)
+
         defined = np.asarray(entry["defined"], dtype=np.int64)
         total = as_float("sum")
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -1,0 +1,85 @@
+"""The model's outputs in a run (``siphon extract --outputs``): the reader returns them as the
+shards store them (parsed here by hand), beside the hooks for the same tokens, shuffled and
+resumed like them; stats.json's means are numpy's over the stored values; verify checks their
+tensors; unknown names are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import siphon
+from conftest import extract
+from siphon import DatasetError
+from test_fp8 import raw_tensors, shard_paths
+
+OUTPUTS = ["output.nll", "output.entropy", "output.topk_logprobs", "output.topk_ids"]
+
+
+@pytest.fixture(scope="module")
+def outputs_run(runs) -> Path:
+    return extract(runs, "tiny-outputs", hosts=1, launch=False, extra=("--outputs", "nll,entropy,topk=4"))
+
+
+def stored(run: Path, name: str) -> np.ndarray:
+    parts = []
+    for path in shard_paths(run):
+        tensors, _ = raw_tensors(path)
+        dtype, shape, raw = tensors[name]
+        parts.append(np.frombuffer(raw, {"F32": "<f4", "I32": "<i4"}[dtype]).reshape(shape))
+    return np.concatenate(parts)
+
+
+def test_the_reader_returns_the_stored_outputs_beside_the_hooks(outputs_run: Path) -> None:
+    ds = siphon.open_dataset(str(outputs_run))
+    assert list(ds.outputs) == OUTPUTS
+    assert ds.outputs["output.topk_ids"].dtype == "int32" and ds.outputs["output.topk_ids"].shape == (4,)
+    assert "outputs: output.nll []" in repr(ds)
+    everything = ds.read(outputs=OUTPUTS, dtype="float32")
+    for name in OUTPUTS:
+        np.testing.assert_array_equal(everything[name], stored(outputs_run, name))
+        assert everything[name].dtype == (np.int32 if name == "output.topk_ids" else np.float32)
+    nll = everything["output.nll"]
+    assert np.isnan(nll).any() and np.isfinite(nll).mean() > 0.9, "NaN only where a row ends"
+    # The top-k: likeliest first, a distribution's log-probabilities.
+    topk = everything["output.topk_logprobs"]
+    assert (np.diff(topk, axis=1) <= 0).all() and (np.exp(topk).sum(axis=1) <= 1 + 1e-5).all()
+
+    # Shuffled and resumed, the same tokens with the same outputs.
+    kwargs = dict(outputs=["output.nll", "output.topk_ids"], batch_size=64, seed=3, shuffle_buffer_tokens=256,
+                  output="torch")
+    batches = ds.batches(**kwargs)
+    first = next(batches)
+    state = batches.state_dict()
+    rest = list(ds.batches(**kwargs, resume=state))
+    seen = [first, *rest]
+    ids = np.concatenate([b["token_ids"].numpy() for b in seen])
+    got = np.concatenate([b["output.topk_ids"].numpy() for b in seen])
+    assert sorted(map(tuple, np.column_stack([ids, got]))) == sorted(
+        map(tuple, np.column_stack([everything["token_ids"], everything["output.topk_ids"]])))
+    assert str(first["output.nll"].dtype) == "torch.float32"
+
+
+def test_statistics_are_the_stored_values_means(outputs_run: Path) -> None:
+    ds = siphon.open_dataset(str(outputs_run))
+    everything = ds.read(outputs=OUTPUTS, dtype="float32")
+    nll = ds.output_stats("output.nll")
+    values = everything["output.nll"]
+    assert nll["count"] == len(values) and nll["defined"][0] == np.isfinite(values).sum()
+    np.testing.assert_allclose(nll["mean"][0], np.nanmean(values.astype(np.float64)), rtol=1e-12)
+    topk = ds.output_stats("output.topk_logprobs")
+    np.testing.assert_allclose(topk["max"], everything["output.topk_logprobs"].max(axis=0), rtol=0)
+    assert ds.output_stats("output.topk_ids") == {"count": len(values)}
+    assert ds.verify().ok
+
+
+def test_unknown_outputs_and_a_run_without_them_are_named(outputs_run: Path, bf16_run: Path) -> None:
+    ds = siphon.open_dataset(str(outputs_run))
+    with pytest.raises(DatasetError, match="unknown output 'output.logits'"):
+        ds.read(outputs=["output.logits"])
+    with pytest.raises(DatasetError, match="name an output twice"):
+        ds.read(outputs=["output.nll", "output.nll"])
+    with pytest.raises(DatasetError, match=r"none \(extract with --outputs\)"):
+        siphon.open_dataset(str(bf16_run)).read(outputs=["output.nll"])
