@@ -60,6 +60,7 @@ from ._convert import Batch
 from ._format import RUN_DTYPES, hook_tensors, read_shard
 from ._ranks import check_reader, ranks
 from .dataset import HookInfo, checked_hooks
+from .outputs import OutputInfo, checked_outputs, parse_outputs
 from .errors import DatasetError
 
 # DataLoader workers are forked from a process whose earlier readers left gRPC's threads
@@ -188,6 +189,8 @@ class Stream:
         }
         #: Whether batches hold each token's role (a run of conversations).
         self.has_roles = bool(self.run["format"].get("roles"))
+        #: The model's outputs each batch holds (``extract --outputs``), by name.
+        self.outputs: Dict[str, OutputInfo] = parse_outputs(self.run, url)
 
     def _describe(self, url: str, target: str, timeout: float) -> Dict[str, Any]:
         """The run the host at `target` serves."""
@@ -233,21 +236,25 @@ class Stream:
         epoch: int = 0,
         epochs: Optional[int] = 1,
         resume: Optional[Mapping[str, Any]] = None,
+        outputs: Optional[Sequence[str]] = None,
     ) -> "StreamBatches":
         """Shuffled `Batch`es of `hooks` (default: every hook) for reader ``rank * num_workers +
         worker`` of ``world_size * num_workers``, as `Dataset.batches` gives them. Rows are
         shuffled within windows of `shuffle_buffer_tokens` rows (default ``4 * batch_size``),
         seeded by (`seed`, reader, readers, window). A stream is one pass: `epoch` is 0, and
         `epochs` 1 or ``None`` read it once. `resume`: a state ``state_dict()`` gave; the
-        batches continue exactly from there. Nothing is pulled before the first batch."""
-        hooks = self._check_hooks(hooks)
+        batches continue exactly from there. Nothing is pulled before the first batch.
+        `outputs`: the model's outputs to return beside the hooks, as `Dataset.batches`."""
+        wanted = checked_outputs(outputs, self.outputs)
+        hooks = [] if hooks is None and not self.hooks and wanted else self._check_hooks(hooks)
         check_reader(batch_size, rank, world_size, worker, num_workers)
         if epoch != 0 or epochs not in (None, 1):
             raise DatasetError(f"a stream is read once: it has no epoch {epoch} (epochs={epochs})")
         window = shuffle_buffer_tokens or DEFAULT_WINDOW_BATCHES * batch_size
         if shuffle and window < batch_size:
             raise DatasetError(f"shuffle_buffer_tokens ({window}) must be at least batch_size ({batch_size})")
-        names = hook_tensors(hooks, self.dtype) + ["token_ids", "position"] + (["role"] if self.has_roles else [])
+        names = hook_tensors(hooks, self.dtype) + wanted + ["token_ids", "position"]
+        names += ["role"] if self.has_roles else []
         plan = _Plan(
             stream=self,
             names=names,
@@ -307,7 +314,7 @@ def stream(
     """`Stream.batches` of the stream `url` (``stream://HOST:PORT``), as reader `rank` of
     `world_size` (default: torch.distributed's, else 0 of 1). `token`, `ca`, `tls_name` and the
     timeouts as `Stream`; keyword arguments as `Stream.batches` (shuffle, seed,
-    shuffle_buffer_tokens, drop_last, output, dtype, device, resume)."""
+    shuffle_buffer_tokens, drop_last, output, dtype, device, resume, outputs)."""
     if not url.startswith(SCHEME):
         raise DatasetError(f"{url!r} is not a stream: give stream://HOST:PORT, as siphon extract --output has it")
     rank, world_size = ranks(rank, world_size)

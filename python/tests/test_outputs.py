@@ -83,3 +83,30 @@ def test_unknown_outputs_and_a_run_without_them_are_named(outputs_run: Path, bf1
         ds.read(outputs=["output.nll", "output.nll"])
     with pytest.raises(DatasetError, match=r"none \(extract with --outputs\)"):
         siphon.open_dataset(str(bf16_run)).read(outputs=["output.nll"])
+
+
+def test_a_live_stream_carries_the_outputs_the_disk_run_stores(runs: Path, outputs_run: Path) -> None:
+    pytest.importorskip("grpc")
+    from collections import Counter
+
+    from conftest import Producer
+
+    def keyed(batches: list) -> Counter:
+        out: Counter = Counter()
+        for b in batches:
+            values = [np.asarray(b[o]).reshape(len(b["token_ids"]), -1) for o in OUTPUTS]
+            for i, (t, p) in enumerate(zip(b["token_ids"].tolist(), b["position"].tolist())):
+                out[(t, p) + tuple(v[i].tobytes() for v in values)] += 1
+        return out
+
+    want = keyed(list(siphon.open_dataset(str(outputs_run)).batches(batch_size=64, shuffle=False, outputs=OUTPUTS)))
+    extra = ("--outputs", "nll,entropy,topk=4")
+    # The corpus `extract` made for the disk run (beside the runs' directory).
+    corpus = runs.parent / "tiny-outputs-corpus"
+    with Producer(runs, corpus, "tiny-outputs-live", launch=False, extra=extra) as producer:
+        try:
+            got = keyed(list(siphon.stream(producer.url, batch_size=32, connect_timeout=60, outputs=OUTPUTS)))
+        finally:
+            log = producer.log()
+    assert producer.process.returncode == 0, log[-4000:]
+    assert sum(want.values()) > 500 and got == want
