@@ -29,7 +29,9 @@
 //! `Activations::latents`), into one safetensors file; `siphon extract --sae` (the same
 //! `SaeArgs`) computes them with each step; `job/dictionary.rs` holds the CLI's whole part of a
 //! dictionary (opening it on its hook and cap, `open_capped` asking a non-TopK for
-//! `--latent-cap`; its fingerprint; its run.json column; a step's latents for the writer). `args::ClusterArgs` carries the
+//! `--latent-cap`; its fingerprint; its run.json column; a step's latents for the writer);
+//! `job/next_token.rs` likewise for `--outputs` (the store's columns, a step's outputs checked
+//! for the writer), while `args::outputs` and `args::steer` parse what both commands take. `args::ClusterArgs` carries the
 //! coordinator's TLS flags (`--coordinator-ca/-cert/-key/-tls-name`, `SIPHON_COORDINATOR_*`) to
 //! every command that joins a job.
 
