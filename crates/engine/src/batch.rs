@@ -163,7 +163,7 @@ pub struct Activations {
     pub latents: Vec<Latents<HostArray>>,
     /// The next-token outputs by name (`output.nll`, …; [`EngineOptions::next_token`]), each
     /// `[batch, seq, …]`: f32, the top-k's ids i32.
-    pub next_token: Vec<(&'static str, HostArray)>,
+    pub next_token: Vec<(String, HostArray)>,
 }
 
 impl Activations {

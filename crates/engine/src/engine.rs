@@ -529,7 +529,7 @@ impl Engine {
             outputs,
             hooks: self.hooks.clone(),
             latent_results,
-            next_token: program.next_token.iter().map(|o| o.name).collect(),
+            next_token: program.next_token.iter().map(|o| o.name.clone()).collect(),
             views: self.views.clone(),
             rows,
             element_type: element_type(self.options.output_dtype),

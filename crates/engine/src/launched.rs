@@ -15,7 +15,7 @@ pub struct Launched {
     /// How many results the dictionaries' latents take, after the hooks'.
     pub(crate) latent_results: usize,
     /// The next-token results' names, after the latents'.
-    pub(crate) next_token: Vec<&'static str>,
+    pub(crate) next_token: Vec<String>,
     pub(crate) views: Vec<HostView>,
     /// Rows of the global batch.
     pub(crate) rows: usize,
@@ -96,11 +96,11 @@ impl Launched {
     /// The next-token outputs for process `process`'s rows (the program's results after the
     /// latents', `siphon_models::NextToken::names`' order), copied as [`Launched::latents`]
     /// copies them.
-    pub fn next_token(&self, process: usize) -> Result<Vec<(&'static str, HostArray)>, EngineError> {
+    pub fn next_token(&self, process: usize) -> Result<Vec<(String, HostArray)>, EngineError> {
         let first = self.hooks.len() + self.latent_results;
         let context = || "copying the next-token outputs to the host".to_string();
         let results = self.read(process, first..self.outputs.len(), context)?;
-        Ok(self.next_token.iter().copied().zip(results).collect())
+        Ok(self.next_token.iter().cloned().zip(results).collect())
     }
 
     /// The results `range`, process `process`'s rows of each, read from its partitions only

@@ -124,7 +124,7 @@ fn check(name: &str, model: &Path, golden_path: &Path, options: EngineOptions) {
     let slack = logit_slack(&model, &hidden[..tokens * model.config.hidden_size], golden_path);
     let largest = (0..tokens).filter(|&t| g.mask[t / seq][t % seq] == 1).map(|t| slack[t]).fold(0f32, f32::max);
     eprintln!("{name}: the final hidden state moves a logit by at most {largest:e} against HF's");
-    let names: Vec<&str> = acts.next_token.iter().map(|(n, _)| *n).collect();
+    let names: Vec<&str> = acts.next_token.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["output.nll", "output.entropy", "output.topk_logprobs", "output.topk_ids"]);
     let output = |i: usize| &acts.next_token[i].1;
     let (nll, entropy, logprobs) = (output(0).to_f32(), output(1).to_f32(), output(2).to_f32());

@@ -171,8 +171,9 @@ impl NextToken {
 /// One next-token result of the program ([`NextToken`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NextTokenInfo {
-    /// `output.nll`, `output.entropy`, `output.topk_logprobs` or `output.topk_ids`.
-    pub name: &'static str,
+    /// `output.nll`, `output.entropy`, `output.topk_logprobs` or `output.topk_ids`; then a
+    /// spliced dictionary's (`output.nll.spliced.<hook>`, …: `crate::forward` `splice`).
+    pub name: String,
     /// `[batch, seq]`, or `[batch, seq, K]` for the top-k.
     pub shape: Vec<usize>,
     /// `F32`, or `I32` for the ids.

@@ -358,6 +358,8 @@ fn build(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, Mod
     };
     // Each built layer's rotated keys and normed values, for the layers that share them.
     let mut keys_values: Vec<(Value, Value)> = Vec::with_capacity(g.n_blocks);
+    g.replay_refusal =
+        Some("Gemma 4's later layers read earlier layers' keys and values, which a replay does not build yet");
     let x = g.blocks(x, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let norm = |name: &str| format!("model.layers.{layer}.{name}.weight");

@@ -35,6 +35,12 @@ pub fn parse(text: &str) -> anyhow::Result<NextToken> {
     Ok(outputs)
 }
 
+/// Whether output `name` is an NLL (the clean stream's, or a spliced or ablated one's), NaN
+/// where a token has no next token.
+pub fn is_nll(name: &str) -> bool {
+    name == "output.nll" || name.starts_with("output.nll.")
+}
+
 /// Refuses outputs `config`'s model cannot give: a top-k past its vocabulary.
 pub fn check(outputs: &NextToken, config: &siphon_models::ModelConfig) -> anyhow::Result<()> {
     if outputs.topk > config.vocab_size {

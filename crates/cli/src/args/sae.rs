@@ -1,5 +1,5 @@
-//! The sparse dictionaries' flags (`--sae`, `--latent-cap`) of `forward`, `plan` and
-//! `extract` ([`SaeArgs`]); `job::dictionary` opens what they name.
+//! The sparse dictionaries' flags (`--sae`, `--latent-cap`, `--splice`) of `forward`, `plan`
+//! and `extract` ([`SaeArgs`]); `job::dictionary` opens what they name.
 
 /// Sparse dictionaries' flags (`forward`, `plan`).
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -18,4 +18,46 @@ pub struct SaeArgs {
     /// their width (`extract` asks for the cap).
     #[arg(long, value_name = "N", value_parser = crate::args::limits::count(1, crate::args::limits::MAX_LATENTS))]
     pub latent_cap: Option<usize>,
+    /// Splice dictionaries into the forward (SAELens's `run_evals`): the rest of the forward
+    /// run again from each one's hook with the hook's value replaced by its reconstruction,
+    /// and once more with it zero-ablated; per token the NLL of each and its KL divergence from
+    /// the clean forward (`output.nll.spliced.<hook>`, `output.kl.spliced.<hook>`,
+    /// `output.nll.ablated.<hook>`, `output.kl.ablated.<hook>`; implies `--outputs nll`).
+    /// Every --sae dictionary, or those named (comma-separated dictionary names). A block's
+    /// hook_resid_pre or hook_resid_post so far.
+    #[arg(long, value_name = "NAMES", num_args = 0..=1, default_missing_value = "")]
+    pub splice: Option<String>,
+}
+
+impl SaeArgs {
+    /// Whether the dictionary `name` is spliced in.
+    pub fn splices(&self, name: &str) -> bool {
+        match self.splice.as_deref() {
+            None => false,
+            Some("") => true,
+            Some(names) => names.split(',').any(|n| n.trim() == name),
+        }
+    }
+
+    /// Refuses `--splice` without `--sae`, or naming none of the dictionaries `names`.
+    pub fn check_splice(&self, names: &[&str]) -> anyhow::Result<()> {
+        let Some(splice) = self.splice.as_deref() else { return Ok(()) };
+        if self.sae.is_empty() {
+            anyhow::bail!("--splice splices the --sae dictionaries into the forward: give --sae");
+        }
+        if !splice.is_empty()
+            && let Some(unknown) = splice.split(',').map(str::trim).find(|n| !names.contains(n))
+        {
+            anyhow::bail!("--splice {splice}: no --sae dictionary is named {unknown:?} (they are {names:?})");
+        }
+        Ok(())
+    }
+
+    /// `outputs` with the NLL a splice is measured by.
+    pub fn with_splice_outputs(&self, outputs: Option<siphon_models::NextToken>) -> Option<siphon_models::NextToken> {
+        match self.splice {
+            None => outputs,
+            Some(_) => Some(siphon_models::NextToken { nll: true, ..outputs.unwrap_or_default() }),
+        }
+    }
 }

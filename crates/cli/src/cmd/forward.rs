@@ -143,7 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         plan,
         weights: args.weights,
         dictionaries: dictionaries.clone(),
-        next_token: args.outputs,
+        next_token: args.dictionaries.with_splice_outputs(args.outputs),
         steering,
         ..EngineOptions::default()
     };
@@ -159,7 +159,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tensors.push((format!("{name}.values"), &latents.values));
         tensors.push((format!("{name}.firings"), &latents.firings));
     }
-    tensors.extend(acts.next_token.iter().map(|(name, array)| (name.to_string(), array)));
+    tensors.extend(acts.next_token.iter().map(|(name, array)| (name.clone(), array)));
     let mut metadata = HashMap::new();
     metadata.insert("model".to_string(), args.model.display().to_string());
     metadata.insert("token_ids".to_string(), serde_json::to_string(&rows)?);
@@ -221,7 +221,8 @@ fn plan_request(
     batch: &Batch,
 ) -> anyhow::Result<PlanRequest> {
     // The next-token outputs read the final norm and the unembedding.
-    let final_norm = args.outputs.map(|_| HookPoint::model(siphon_models::HookKind::LnFinalOut));
+    let outputs = args.dictionaries.with_splice_outputs(args.outputs);
+    let final_norm = outputs.map(|_| HookPoint::model(siphon_models::HookKind::LnFinalOut));
     let read: Vec<HookPoint> =
         hooks.iter().copied().chain(dictionaries.iter().map(|d| d.hook)).chain(final_norm).collect();
     let stored = match args.weights {
@@ -234,7 +235,7 @@ fn plan_request(
         batch: Some(batch.batch()),
         seq: Some(batch.seq()),
         hooks: Some(hooks.to_vec()),
-        next_token: args.outputs,
+        next_token: args.dictionaries.with_splice_outputs(args.outputs),
         dtype: args.compute_dtype,
         output_dtype: args.dtype,
         pipeline_depth: 1,
@@ -268,10 +269,10 @@ fn check_finite(hooks: &[(HookPoint, HostArray)], seq: usize, allow: bool) -> an
 /// Refuses next-token outputs holding NaN or ±Inf, naming the output and the first one's
 /// index, unless `allow`; `output.nll` is NaN by definition where a token has no next one
 /// (`next_ids` −1).
-fn check_outputs(outputs: &[(&str, HostArray)], next_ids: &[i32], allow: bool) -> anyhow::Result<()> {
+fn check_outputs(outputs: &[(String, HostArray)], next_ids: &[i32], allow: bool) -> anyhow::Result<()> {
     for (name, array) in outputs {
         let values = array.to_f32();
-        let expected_nan = |i: usize| *name == "output.nll" && next_ids[i] == -1;
+        let expected_nan = |i: usize| outputs::is_nll(name) && next_ids[i] == -1;
         let bad: Vec<usize> = (0..values.len()).filter(|&i| !values[i].is_finite() && !expected_nan(i)).collect();
         let Some(&first) = bad.first() else { continue };
         let what = format!("{name} holds {} values that are NaN or ±Inf, the first at index {first}", bad.len());

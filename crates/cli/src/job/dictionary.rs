@@ -26,7 +26,8 @@ pub fn open(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<Dictiona
     if args.latent_cap == Some(0) {
         bail!("--latent-cap must be at least 1");
     }
-    args.sae
+    let opened = args
+        .sae
         .iter()
         .map(|spec| {
             let (dir, hook) = match spec.rsplit_once('@') {
@@ -35,7 +36,10 @@ pub fn open(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<Dictiona
                 _ => (spec.as_str(), None),
             };
             let dir = local_path(dir).with_context(|| format!("--sae {spec}"))?;
-            let dictionary = Dictionary::open(&dir, hook).with_context(|| format!("--sae {spec}"))?;
+            let mut dictionary = Dictionary::open(&dir, hook).with_context(|| format!("--sae {spec}"))?;
+            if args.splices(&dictionary.name) {
+                dictionary = dictionary.with_decoder(&dir).with_context(|| format!("--sae {spec} --splice"))?;
+            }
             let hook = HookPoint::parse(&dictionary.hook, config)
                 .with_context(|| format!("--sae {spec}: its hook {} is not one of this model's", dictionary.hook))?;
             // A TopK keeps at most its k: a larger cap would only carry `-1`s.
@@ -57,7 +61,10 @@ pub fn open(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<Dictiona
             opened.width(config, 1).with_context(|| format!("--sae {spec}"))?;
             Ok(opened)
         })
-        .collect()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let names: Vec<&str> = opened.iter().map(|d| d.dictionary.name.as_str()).collect();
+    args.check_splice(&names)?;
+    Ok(opened)
 }
 
 /// A local directory for the dictionary `spec`: unchanged when it is not a URL, else its files
@@ -122,13 +129,13 @@ pub fn open_capped(args: &SaeArgs, config: &ModelConfig) -> anyhow::Result<Vec<D
 }
 
 /// A dictionary's identity, which every host must share: sha256 over its encoder's description
-/// and its tensors' names, shapes and f32 values, as siphon computes with them (hosts that read
+/// and its tensors' (its decoder's too, where it is spliced) names, shapes and f32 values, as siphon computes with them (hosts that read
 /// different files under one path are caught at the configuration check).
 pub fn fingerprint(d: &Dictionary) -> String {
     use sha2::Digest;
     let mut hasher = sha2::Sha256::new();
     hasher.update(format!("{}|{}|{}|{:?}|{:?}|{}", d.hook, d.d_in, d.d_sae, d.encoder, d.normalize, d.subtract_b_dec));
-    for t in &d.tensors {
+    for t in d.program_tensors() {
         hasher.update(format!("|{}{:?}|", t.name, t.shape));
         for chunk in t.values.chunks(1 << 14) {
             hasher.update(chunk.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());

@@ -34,7 +34,7 @@ pub fn columns(outputs: Option<NextToken>) -> Vec<OutputColumn> {
 pub fn for_writer(
     columns: &[OutputColumn],
     batch: &siphon_data::Batch,
-    results: Vec<(&'static str, HostArray)>,
+    results: Vec<(String, HostArray)>,
     allow_non_finite: bool,
 ) -> anyhow::Result<Vec<BatchOutput>> {
     let tokens = batch.len() * batch.seq_len;
@@ -53,7 +53,7 @@ pub fn for_writer(
 /// Refuses a value of `column` that is NaN or ±Inf at a kept token, but `output.nll`'s where the
 /// token has no next token in its row.
 fn check_finite(column: &OutputColumn, batch: &siphon_data::Batch, data: &[u8]) -> anyhow::Result<()> {
-    let nll = column.name == "output.nll";
+    let nll = crate::args::outputs::is_nll(&column.name);
     let next = match nll {
         true => {
             let ids: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();

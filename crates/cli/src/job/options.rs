@@ -179,7 +179,11 @@ pub struct RunSpec {
     /// `--latent-cap`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latent_cap: Option<usize>,
-    /// The model's next-token outputs stored per token (`--outputs`).
+    /// The dictionaries spliced in (`--splice`: `""` for every one, else their names).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub splice: Option<String>,
+    /// The model's next-token outputs stored per token (`--outputs`, with the NLL where
+    /// dictionaries are spliced in).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outputs: Option<siphon_models::NextToken>,
     /// The steering vectors (`--steer`), recorded by their files' sha256 and scales (set once
@@ -291,7 +295,8 @@ impl ExtractOptions {
             compute_dtype: self.compute_dtype.clone(),
             sae: self.dictionaries.sae.clone(),
             latent_cap: self.dictionaries.latent_cap,
-            outputs: self.outputs,
+            outputs: self.dictionaries.with_splice_outputs(self.outputs),
+            splice: self.dictionaries.splice.clone(),
             steering: Vec::new(),
             weights,
             corpus: self.corpus.clone(),

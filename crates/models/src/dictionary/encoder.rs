@@ -19,7 +19,7 @@ use crate::error::ModelError;
 use crate::hooks::HookPoint;
 
 /// Declares every dictionary's tensors as the program's arguments, after its inputs: f32, in
-/// [`Dictionary::tensors`]' order, replicated where the program is `sharded`.
+/// [`Dictionary::program_tensors`]' order, replicated where the program is `sharded`.
 pub(crate) fn args(
     b: &mut Builder,
     dictionaries: &[DictionaryHook],
@@ -27,8 +27,8 @@ pub(crate) fn args(
 ) -> Result<Vec<Vec<Value>>, HloError> {
     let mut all = Vec::with_capacity(dictionaries.len());
     for d in dictionaries {
-        let mut args = Vec::with_capacity(d.dictionary.tensors.len());
-        for t in &d.dictionary.tensors {
+        let mut args = Vec::new();
+        for t in d.dictionary.program_tensors() {
             let ty = TensorType::new(DType::F32, &t.shape);
             args.push(b.arg(ty, sharded.then(|| PartitionSpec::replicated(t.shape.len())))?);
         }
@@ -66,7 +66,7 @@ pub(crate) fn results(
         })?;
         let width = d.width(config, seq)?;
         let x = b.reshape(x, &[batch * seq, width])?;
-        let l = encode(b, x, &d.dictionary, tensors, d.cap)?;
+        let l = encode(b, x, &d.dictionary, &tensors[..d.dictionary.tensors.len()], d.cap)?;
         let mut dims = tokens.dims()[..2].to_vec();
         dims.push(Vec::new());
         let info = LatentsInfo { dictionary: i, shape: vec![batch, seq, d.cap], spec: PartitionSpec::from_dims(dims) };
@@ -88,7 +88,7 @@ pub fn encode(
     tensors: &[Value],
     cap: usize,
 ) -> Result<Latents<Value>, HloError> {
-    let [t, d] = b.dims(x)?.try_into().map_err(|_| HloError::Shape {
+    let [_, d] = b.dims(x)?.try_into().map_err(|_| HloError::Shape {
         op: "dictionary",
         detail: format!("input {:?} is not [tokens, d_in]", b.dims(x).unwrap_or(&[])),
     })?;
@@ -105,6 +105,14 @@ pub fn encode(
             ),
         });
     }
+    let acts = activations(b, x, dict, tensors)?;
+    latents(b, acts, dict, cap)
+}
+
+/// The dense latents `[tokens, d_sae]` f32 of `x` `[tokens, d_in]` under `dict` as SAELens
+/// computes them before a TopK's selection (every latent's `relu`, for a TopK encoder too).
+fn activations(b: &mut Builder, x: Value, dict: &Dictionary, tensors: &[Value]) -> Result<Value, HloError> {
+    let [t, d] = b.dims(x)?.try_into().expect("checked [tokens, d_in]");
     let n = dict.d_sae;
     let tensor = |name: &str| tensors[dict.tensors.iter().position(|t| t.name == name).expect("checked names")];
     let row = |b: &mut Builder, v: Value, width: usize| b.broadcast_in_dim(v, &[t, width], &[1]);
@@ -147,6 +155,41 @@ pub fn encode(
             b.select(open, mag, zero)?
         }
     };
+    Ok(acts)
+}
+
+/// The reconstruction of `x` `[tokens, d_in]` under `dict`, whose encoder's tensors the
+/// program holds as `tensors` and its decoder's as `[w_dec, b_dec]`: `latents · W_dec + b_dec`
+/// in f32 (SAELens's `decode`), the latents a TopK encoder keeps being its `k` largest.
+pub fn reconstruct(
+    b: &mut Builder,
+    x: Value,
+    dict: &Dictionary,
+    tensors: &[Value],
+    [w_dec, b_dec]: [Value; 2],
+) -> Result<Value, HloError> {
+    let mut acts = activations(b, x, dict, tensors)?;
+    let [t, n] = b.dims(acts)?.try_into().expect("[tokens, d_sae]");
+    if let Encoder::TopK { k } = dict.encoder {
+        // The k-th largest of each token, and every latent below it set to 0 (a latent tied
+        // with it kept: equal floats, as torch.topk would pick either).
+        let (largest, _) = b.top_k(acts, k)?;
+        let kth = b.slice_dim(largest, 1, k - 1, k)?;
+        let kth = b.reshape(kth, &[t])?;
+        let kth = b.broadcast_in_dim(kth, &[t, n], &[0])?;
+        let kept = b.compare(CompareDir::Ge, acts, kth)?;
+        let zero = b.splat(0.0, TensorType::new(DType::F32, &[t, n]))?;
+        acts = b.select(kept, acts, zero)?;
+    }
+    let y = b.matmul(acts, w_dec)?;
+    let d = dict.d_in;
+    let bias = b.broadcast_in_dim(b_dec, &[t, d], &[1])?;
+    b.add(y, bias)
+}
+
+/// Each token's `cap` largest of the dense `acts` `[tokens, d_sae]` as [`Latents`].
+fn latents(b: &mut Builder, acts: Value, dict: &Dictionary, cap: usize) -> Result<Latents<Value>, HloError> {
+    let [t, n] = b.dims(acts)?.try_into().expect("[tokens, d_sae]");
     // A TopK encoder's latents are its `k` largest only; the others' firings, none.
     let candidates = match dict.encoder {
         Encoder::TopK { k } => k,

@@ -91,29 +91,38 @@ impl Dictionary {
 /// Gemma Scope's. Llama Scope's decoder, stored rescaled by its dataset-wise norms, is refused
 /// by name (not read yet).
 pub fn decoder(dir: &Path) -> Result<Tensor, ModelError> {
-    let from = |file: &str| -> Result<Tensor, ModelError> {
-        let weights = Weights::from_safetensors_file(&dir.join(file))?;
-        let t = weights
-            .get_if_stored("W_dec", DType::F32)?
-            .ok_or_else(|| ModelError::Config(format!("dictionary {}: {file} lacks W_dec", dir.display())))?;
-        Ok(Tensor { name: "W_dec", shape: t.shape.clone(), values: t.to_f32_vec() })
-    };
-    let w = match Format::of(dir) {
-        Some(Format::SaeLens) => from(saelens::WEIGHTS)?,
-        Some(Format::Sparsify) => from(sparsify::WEIGHTS)?,
-        Some(Format::GemmaScope) => gemma_scope::read_array(dir, "W_dec")?,
-        Some(Format::LlamaScope) | None => {
-            return Err(ModelError::Config(format!(
-                "{}: no decoder siphon reads (SAELens's, sparsify's or Gemma Scope's W_dec; Llama Scope's is not read yet)",
-                dir.display()
-            )));
-        }
-    };
+    let w = decoder_tensor(dir, "W_dec")?;
     match w.shape[..] {
         [d_sae, d_out] if d_sae > 0 && d_out > 0 => Ok(w),
         _ => {
             Err(ModelError::Config(format!("dictionary {}: W_dec is {:?}, not [d_sae, d_out]", dir.display(), w.shape)))
         }
+    }
+}
+
+/// The decoder's `W_dec` and `b_dec` of the dictionary in `dir`, as [`decoder`] reads them
+/// (shapes unchecked).
+pub(crate) fn decoder_tensors(dir: &Path) -> Result<[Tensor; 2], ModelError> {
+    Ok([decoder_tensor(dir, "W_dec")?, decoder_tensor(dir, "b_dec")?])
+}
+
+/// The decoder's tensor `name` (`W_dec` or `b_dec`) of the dictionary in `dir`, in f32.
+fn decoder_tensor(dir: &Path, name: &'static str) -> Result<Tensor, ModelError> {
+    let from = |file: &str| -> Result<Tensor, ModelError> {
+        let weights = Weights::from_safetensors_file(&dir.join(file))?;
+        let t = weights
+            .get_if_stored(name, DType::F32)?
+            .ok_or_else(|| ModelError::Config(format!("dictionary {}: {file} lacks {name}", dir.display())))?;
+        Ok(Tensor { name, shape: t.shape.clone(), values: t.to_f32_vec() })
+    };
+    match Format::of(dir) {
+        Some(Format::SaeLens) => from(saelens::WEIGHTS),
+        Some(Format::Sparsify) => from(sparsify::WEIGHTS),
+        Some(Format::GemmaScope) => gemma_scope::read_array(dir, name),
+        Some(Format::LlamaScope) | None => Err(ModelError::Config(format!(
+            "{}: no decoder siphon reads (SAELens's, sparsify's or Gemma Scope's {name}; Llama Scope's is not read yet)",
+            dir.display()
+        ))),
     }
 }
 
@@ -143,10 +152,10 @@ pub(crate) fn cfg_value<'v, T>(
 }
 
 /// Every dictionary's tensors as the program takes them (`encoder`'s arguments after its
-/// inputs: f32, in [`Dictionary::tensors`]' order), each with what it is (for errors).
+/// inputs: f32, in [`Dictionary::program_tensors`]' order), each with what it is (for errors).
 pub fn host_tensors(dictionaries: &[DictionaryHook]) -> impl Iterator<Item = (String, HostTensor<'static>)> + '_ {
     dictionaries.iter().flat_map(|d| {
-        d.dictionary.tensors.iter().map(move |t| {
+        d.dictionary.program_tensors().map(move |t| {
             let mut bytes = vec![0; t.values.len() * DType::F32.size()];
             encode_into(DType::F32, &t.values, &mut bytes);
             let what = format!("dictionary {}'s {}", d.dictionary.name, t.name);

@@ -122,8 +122,15 @@ pub struct Dictionary {
     pub normalize: Normalize,
     /// Whether `b_dec` is subtracted from the input (after normalising) before encoding.
     pub subtract_b_dec: bool,
+    /// Whether it is a transcoder: its decoder writes another hook (the MLP's output) than
+    /// the one it reads.
+    pub transcoder: bool,
     /// The tensors the encoder reads, in the order a program takes them.
     pub tensors: Vec<Tensor>,
+    /// Its decoder, `W_dec` `[d_sae, d_in]` then `b_dec` `[d_in]`, where its reconstruction is
+    /// spliced into the forward ([`Dictionary::with_decoder`]); empty otherwise (latents alone
+    /// need no decoder). A program takes them after [`Dictionary::tensors`].
+    pub decoder: Vec<Tensor>,
     /// Where it was read from.
     pub source: PathBuf,
 }
@@ -140,7 +147,53 @@ impl Dictionary {
         source: &std::path::Path,
     ) -> Dictionary {
         let (normalize, subtract_b_dec, source) = (Normalize::None, false, source.to_path_buf());
-        Dictionary { name, hook, d_in, d_sae, encoder, normalize, subtract_b_dec, tensors, source }
+        let (decoder, transcoder) = (Vec::new(), false);
+        Dictionary { name, hook, d_in, d_sae, encoder, normalize, subtract_b_dec, transcoder, tensors, decoder, source }
+    }
+
+    /// The dictionary with its decoder read from `dir` (where [`Dictionary::open`] read it), to
+    /// splice its reconstruction `latents · W_dec + b_dec` into the forward in place of the
+    /// hook's value, as SAELens's `decode` computes it. Refused by name where that is not the
+    /// hook's own value: a dictionary that normalises its input (the reconstruction would
+    /// need the normalisation undone), a transcoder (whose output is another hook's), or a
+    /// decoder of another width.
+    pub fn with_decoder(mut self, dir: &std::path::Path) -> Result<Dictionary, ModelError> {
+        let refuse = |why: String| ModelError::Config(format!("splicing dictionary {}: {why}", self.name));
+        if self.transcoder {
+            return Err(refuse(format!(
+                "a transcoder writes another hook than the {} it reads, which is not spliced yet",
+                self.hook
+            )));
+        }
+        if self.normalize != Normalize::None {
+            return Err(refuse(format!(
+                "it normalises its input ({:?}), which splicing does not undo yet",
+                self.normalize
+            )));
+        }
+        let [w_dec, b_dec] = files::decoder_tensors(dir)?;
+        if w_dec.shape != [self.d_sae, self.d_in] || b_dec.shape != [self.d_in] {
+            return Err(refuse(format!(
+                "W_dec is {:?} and b_dec {:?}: a reconstruction of its own hook is [{}, {}] and [{}]",
+                w_dec.shape, b_dec.shape, self.d_sae, self.d_in, self.d_in
+            )));
+        }
+        for t in [&w_dec, &b_dec] {
+            if let Some(i) = t.values.iter().position(|v| !v.is_finite()) {
+                return Err(ModelError::NonFinite {
+                    name: t.name.into(),
+                    path: self.source.clone(),
+                    detail: format!("dictionary tensor holds {} (element {i} of {})", t.values[i], t.values.len()),
+                });
+            }
+        }
+        self.decoder = vec![w_dec, b_dec];
+        Ok(self)
+    }
+
+    /// Every tensor a program takes, in its order: the encoder's, then the decoder's.
+    pub fn program_tensors(&self) -> impl Iterator<Item = &Tensor> {
+        self.tensors.iter().chain(&self.decoder)
     }
 
     /// The tensor `name`.

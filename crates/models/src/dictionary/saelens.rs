@@ -99,5 +99,10 @@ pub fn open(dir: &Path, cfg: &Json) -> Result<Dictionary, ModelError> {
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
     let name = dir.file_name().map_or_else(|| "sae".into(), |n| n.to_string_lossy().into_owned());
-    Ok(Dictionary { normalize, subtract_b_dec, ..Dictionary::new(name, hook, [d_in, d_sae], encoder, tensors, dir) })
+    Ok(Dictionary {
+        normalize,
+        subtract_b_dec,
+        transcoder,
+        ..Dictionary::new(name, hook, [d_in, d_sae], encoder, tensors, dir)
+    })
 }

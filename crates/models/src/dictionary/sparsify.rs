@@ -61,7 +61,8 @@ pub fn open(dir: &Path, cfg: &Json, hook: Option<&str>) -> Result<Dictionary, Mo
     }
     let parent = dir.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned());
     let name = parent.map_or(point.clone(), |p| format!("{p}_{point}"));
-    Ok(Dictionary { subtract_b_dec, ..Dictionary::new(name, hook, [d_in, d_sae], encoder, tensors, dir) })
+    let transcoder = transcode;
+    Ok(Dictionary { subtract_b_dec, transcoder, ..Dictionary::new(name, hook, [d_in, d_sae], encoder, tensors, dir) })
 }
 
 /// The TransformerLens hook of sparsify's hookpoint `point`, if it is one of the usual ones.

@@ -179,7 +179,9 @@ impl<'a> Graph<'a> {
     /// `x` is recorded as its `hook_resid_pre`, `block` computes what the block leaves in the
     /// residual stream (recording the block's own hooks), and that, pinned to the tokens'
     /// layout, is the block's `hook_resid_post` and the next block's input; a steering vector
-    /// of either hook is added where it is recorded.
+    /// of either hook is added where it is recorded. Then, for each dictionary spliced in, the
+    /// blocks after its hook a second time (and a third, with the hook zero-ablated):
+    /// `super::splice`.
     pub fn blocks(
         &mut self,
         mut x: Value,
@@ -195,19 +197,25 @@ impl<'a> Graph<'a> {
             x = self.steer(post, x)?;
             self.hook(post, x);
         }
+        self.replay_splices(&mut block)?;
         Ok(x)
     }
 
     /// Ends a decoder after its blocks left the residual stream `x`: `x` is the
     /// next block's `hook_resid_pre` when that block is not built, then the final norm
     /// (`model.norm.weight`, its gain applied as the family's `final_norm` says) and its hooks
-    /// when asked for, then the program ([`Graph::finish`]).
+    /// when asked for — the spliced streams' final norms too — then the program
+    /// ([`Graph::finish`]).
     pub fn finish_decoder(mut self, x: Value) -> Result<ForwardProgram, ModelError> {
         self.end_blocks(x)?;
         if self.with_final_norm {
             let gain = self.config.arch.family().final_norm.gain;
             let norm = self.rms_norm_with(x, "model.norm.weight", gain)?;
             self.hook_final_norm(&norm)?;
+            for i in 0..self.splices.len() {
+                let norm = self.rms_norm_with(self.splices[i].last, "model.norm.weight", gain)?;
+                self.splices[i].hidden = Some(norm.out);
+            }
         }
         self.finish()
     }

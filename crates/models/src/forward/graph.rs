@@ -39,9 +39,9 @@ pub(crate) struct Graph<'a> {
     pub position_ids: Value,
     /// Each token's next token (−1: none), where the program computes `output.nll`.
     next_ids: Option<Value>,
-    hooks: BTreeMap<HookPoint, Value>,
+    pub(crate) hooks: BTreeMap<HookPoint, Value>,
     /// Each dictionary's tensors (arguments after the inputs).
-    dictionary_args: Vec<Vec<Value>>,
+    pub(crate) dictionary_args: Vec<Vec<Value>>,
     /// Each steered hook's vector `[hidden]` f32 (arguments after the dictionaries').
     steering_args: Vec<(HookPoint, Value)>,
     /// Attention masks built so far, by window.
@@ -52,6 +52,14 @@ pub(crate) struct Graph<'a> {
     pub(crate) attention_forms: Vec<(usize, crate::forward::AttentionForm)>,
     /// Each row's real tokens (cuDNN's per-row lengths), once built.
     pub(crate) row_lengths: Option<Value>,
+    /// Whether [`Graph::hook`] records (not while the blocks are replayed for a splice).
+    pub(crate) recording: bool,
+    /// Why this family's blocks cannot be built a second time from a hook on, where that is
+    /// so (`super::splice`).
+    pub(crate) replay_refusal: Option<&'static str>,
+    /// Each splice's residual stream after the last block, then its final norm's output
+    /// (`super::splice`).
+    pub(crate) splices: Vec<super::splice::Replayed>,
 }
 
 impl<'a> Graph<'a> {
@@ -138,6 +146,7 @@ impl<'a> Graph<'a> {
             false => None,
         };
         let dictionary_args = crate::dictionary::encoder::args(&mut b, &spec.dictionaries, sharded)?;
+        super::splice::check(spec, config)?;
         crate::steering::check_all(&spec.steering, config)?;
         // Past the blocks built, a vector changes nothing the program returns (but the next
         // block's input, where that is asked for): say so rather than take it silently.
@@ -181,6 +190,9 @@ impl<'a> Graph<'a> {
             attention_forms: Vec::new(),
             row_lengths: None,
             ropes: Vec::new(),
+            recording: true,
+            replay_refusal: None,
+            splices: Vec::new(),
         })
     }
 
@@ -238,7 +250,7 @@ impl<'a> Graph<'a> {
     /// (`[tokens, …]` with the per-token elements in the hook's shape order); [`Graph::finish`]
     /// reshapes it to `[batch, seq, *shape]`.
     pub fn hook(&mut self, hook: HookPoint, x: Value) {
-        if self.wants(hook) {
+        if self.recording && self.wants(hook) {
             self.hooks.insert(hook, x);
         }
     }
@@ -337,6 +349,7 @@ impl<'a> Graph<'a> {
     /// prints the program.
     pub fn finish(self) -> Result<ForwardProgram, ModelError> {
         let (bsz, s) = (self.spec.batch, self.spec.seq);
+        let variants = super::splice::variants(&self)?;
         let unembedding = match self.spec.next_token {
             Some(_) => {
                 let w = self.w(&self.config.unembedding()?.weight)?;
@@ -396,6 +409,7 @@ impl<'a> Graph<'a> {
                 unembedding: *unembedding,
                 unembedding_spec: unembedding_spec.as_ref(),
                 next_ids: self.next_ids,
+                variants,
             };
             let outputs = super::next_token::results(&mut b, request)?;
             results.extend(outputs.values);

@@ -6,6 +6,7 @@
 mod decoder;
 mod graph;
 mod next_token;
+mod splice;
 
 use siphon_hlo::{Builder, CompareDir, DType, TensorType, Value};
 

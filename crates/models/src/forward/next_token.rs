@@ -27,6 +27,10 @@ pub(crate) struct Request<'a> {
     pub unembedding: Value,
     pub unembedding_spec: Option<&'a PartitionSpec>,
     pub next_ids: Option<Value>,
+    /// The spliced and ablated streams' final norms' outputs (`super::splice`), each with the
+    /// names of its NLL and its KL divergence from the clean stream, which follow the
+    /// outputs' results in this order.
+    pub variants: Vec<([String; 2], Value)>,
 }
 
 /// Checks a request before anything is built: something asked for, a top-k within the
@@ -76,11 +80,18 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
     let padded = n * c;
     let k = r.outputs.topk;
 
-    let mut h = b.reshape(r.hidden, &[bsz, s, hidden])?;
+    let pad = |b: &mut Builder, hidden_state: Value| -> Result<Value, siphon_hlo::HloError> {
+        let h = b.reshape(hidden_state, &[bsz, s, hidden])?;
+        if padded == s {
+            return Ok(h);
+        }
+        let zeros = b.splat(0.0, TensorType::new(r.dtype, &[bsz, padded - s, hidden]))?;
+        b.concatenate(&[h, zeros], 1)
+    };
+    let h = pad(b, r.hidden)?;
+    let variant_states = r.variants.iter().map(|(_, v)| pad(b, *v)).collect::<Result<Vec<_>, _>>()?;
     let mut next = r.next_ids;
     if padded > s {
-        let zeros = b.splat(0.0, TensorType::new(r.dtype, &[bsz, padded - s, hidden]))?;
-        h = b.concatenate(&[h, zeros], 1)?;
         if let Some(ids) = next {
             let none = b.splat(-1.0, TensorType::new(DType::I32, &[bsz, padded - s]))?;
             next = Some(b.concatenate(&[ids, none], 1)?);
@@ -89,6 +100,8 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
     let f32_ty = |dims: &[usize]| TensorType::new(DType::F32, dims);
     let mut state = vec![b.scalar(0.0, DType::I32)?, h, r.unembedding];
     state.extend(next);
+    let first_variant = state.len();
+    state.extend(&variant_states);
     let first_out = state.len();
     if r.outputs.nll {
         state.push(b.splat(0.0, f32_ty(&[bsz, padded]))?);
@@ -100,6 +113,11 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
         state.push(b.splat(0.0, f32_ty(&[bsz, padded, k]))?);
         state.push(b.splat(0.0, TensorType::new(DType::I32, &[bsz, padded, k]))?);
     }
+    for _ in &r.variants {
+        state.push(b.splat(0.0, f32_ty(&[bsz, padded]))?);
+        state.push(b.splat(0.0, f32_ty(&[bsz, padded]))?);
+    }
+    let variants = r.variants.len();
     let logits_spec = r.sharded.then(|| {
         let rows: Vec<&str> = row_axes.iter().map(String::as_str).collect();
         let vocab: Vec<&str> = vocab_axes.iter().map(String::as_str).collect();
@@ -113,32 +131,50 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
             b.compare(CompareDir::Lt, st[0], end)
         },
         |b, st| {
-            let (i, h, w) = (st[0], st[1], st[2]);
+            let (i, w) = (st[0], st[2]);
             let zero = b.scalar(0.0, DType::I32)?;
             let width = b.scalar(c as f64, DType::I32)?;
             let start = b.mul(i, width)?;
-            let hc = b.dynamic_slice(h, &[zero, start, zero], &[bsz, c, hidden])?;
-            let mut logits = b.matmul_t(hc, w)?;
-            if let Some(cap) = softcap {
-                // transformers: logits / cap, tanh, * cap, in the logits' dtype.
-                let cap_t = b.splat(cap, TensorType::new(dtype, &[bsz, c, vocab]))?;
-                let scaled = b.div(logits, cap_t)?;
-                let bent = b.tanh(scaled)?;
-                logits = b.mul(bent, cap_t)?;
-            }
-            let mut logits = b.convert(logits, DType::F32)?;
-            if let Some(spec) = &logits_spec {
-                logits = b.sharding_constraint(logits, spec)?;
-            }
             let full = [bsz, c, vocab];
-            let max = b.reduce_max(logits, &[2])?;
-            let max = b.broadcast_in_dim(max, &full, &[0, 1])?;
-            let z = b.sub(logits, max)?;
-            let e = b.exp(z)?;
-            let sum = b.reduce_sum(e, &[2])?;
-            let lse = b.log(sum)?;
-            let lse = b.broadcast_in_dim(lse, &full, &[0, 1])?;
-            let logp = b.sub(z, lse)?;
+            // The log-probabilities `[bsz, c, vocab]` f32 of the chunk of hidden state `h`.
+            let log_probs = |b: &mut Builder, h: Value| -> Result<Value, siphon_hlo::HloError> {
+                let hc = b.dynamic_slice(h, &[zero, start, zero], &[bsz, c, hidden])?;
+                let mut logits = b.matmul_t(hc, w)?;
+                if let Some(cap) = softcap {
+                    // transformers: logits / cap, tanh, * cap, in the logits' dtype.
+                    let cap_t = b.splat(cap, TensorType::new(dtype, &[bsz, c, vocab]))?;
+                    let scaled = b.div(logits, cap_t)?;
+                    let bent = b.tanh(scaled)?;
+                    logits = b.mul(bent, cap_t)?;
+                }
+                let mut logits = b.convert(logits, DType::F32)?;
+                if let Some(spec) = &logits_spec {
+                    logits = b.sharding_constraint(logits, spec)?;
+                }
+                let max = b.reduce_max(logits, &[2])?;
+                let max = b.broadcast_in_dim(max, &full, &[0, 1])?;
+                let z = b.sub(logits, max)?;
+                let e = b.exp(z)?;
+                let sum = b.reduce_sum(e, &[2])?;
+                let lse = b.log(sum)?;
+                let lse = b.broadcast_in_dim(lse, &full, &[0, 1])?;
+                b.sub(z, lse)
+            };
+            // −log p of each position's next token (`ids` `[bsz, c]`), NaN where it has none.
+            let nll_of = |b: &mut Builder, logp: Value, ids: Value| -> Result<Value, siphon_hlo::HloError> {
+                let vocab_ids = b.iota(TensorType::new(DType::I32, &full), 2)?;
+                let wanted = b.broadcast_in_dim(ids, &full, &[0, 1])?;
+                let hit = b.compare(CompareDir::Eq, vocab_ids, wanted)?;
+                let zeros = b.splat(0.0, f32_ty(&full))?;
+                let picked = b.select(hit, logp, zeros)?;
+                let picked = b.reduce_sum(picked, &[2])?;
+                let nll = b.neg(picked)?;
+                let none = b.splat(-1.0, TensorType::new(DType::I32, &[bsz, c]))?;
+                let has = b.compare(CompareDir::Gt, ids, none)?;
+                let nan = b.splat(f64::NAN, f32_ty(&[bsz, c]))?;
+                b.select(has, nll, nan)
+            };
+            let logp = log_probs(b, st[1])?;
             let mut next_state = st.to_vec();
             let one = b.scalar(1.0, DType::I32)?;
             next_state[0] = b.add(i, one)?;
@@ -150,19 +186,12 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
                 *slot += 1;
                 Ok(())
             };
-            if outputs.nll {
-                let ids = b.dynamic_slice(st[3], &[zero, start], &[bsz, c])?;
-                let vocab_ids = b.iota(TensorType::new(DType::I32, &full), 2)?;
-                let wanted = b.broadcast_in_dim(ids, &full, &[0, 1])?;
-                let hit = b.compare(CompareDir::Eq, vocab_ids, wanted)?;
-                let zeros = b.splat(0.0, f32_ty(&full))?;
-                let picked = b.select(hit, logp, zeros)?;
-                let picked = b.reduce_sum(picked, &[2])?;
-                let nll = b.neg(picked)?;
-                let none = b.splat(-1.0, TensorType::new(DType::I32, &[bsz, c]))?;
-                let has = b.compare(CompareDir::Gt, ids, none)?;
-                let nan = b.splat(f64::NAN, f32_ty(&[bsz, c]))?;
-                let nll = b.select(has, nll, nan)?;
+            let ids = match outputs.nll {
+                true => Some(b.dynamic_slice(st[3], &[zero, start], &[bsz, c])?),
+                false => None,
+            };
+            if let Some(ids) = ids {
+                let nll = nll_of(b, logp, ids)?;
                 write(b, &mut slot, nll)?;
             }
             if outputs.entropy {
@@ -177,12 +206,26 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
                 write(b, &mut slot, values)?;
                 write(b, &mut slot, ids)?;
             }
+            // Each replayed stream: its NLL and KL(clean ‖ it) = Σ p (log p − log q).
+            for v in 0..variants {
+                let other = log_probs(b, st[first_variant + v])?;
+                let ids = ids.expect("a splice asks for the NLL (splice::check)");
+                let nll = nll_of(b, other, ids)?;
+                write(b, &mut slot, nll)?;
+                let p = b.exp(logp)?;
+                let gap = b.sub(logp, other)?;
+                let terms = b.mul(p, gap)?;
+                let kl = b.reduce_sum(terms, &[2])?;
+                write(b, &mut slot, kl)?;
+            }
             Ok(next_state)
         },
     )?;
     let mut values = Vec::new();
     let mut infos = Vec::new();
-    for (name, &out) in outputs.names().into_iter().zip(&looped[first_out..]) {
+    let variant_names = r.variants.iter().flat_map(|(names, _)| names.iter().cloned());
+    let names = outputs.names().into_iter().map(str::to_string).chain(variant_names);
+    for (name, &out) in names.zip(&looped[first_out..]) {
         let dims = b.dims(out)?.to_vec();
         let value = b.slice_dim(out, 1, 0, s)?;
         let shape: Vec<usize> = [bsz, s].into_iter().chain(dims[2..].iter().copied()).collect();
@@ -190,6 +233,7 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
         split.resize(shape.len(), Vec::new());
         let spec = PartitionSpec::from_dims(split);
         let dtype = if name == "output.topk_ids" { DType::I32 } else { DType::F32 };
+        let name = name.to_string();
         values.push((value, r.sharded.then(|| spec.clone())));
         infos.push(NextTokenInfo { name, shape, dtype, spec });
     }
@@ -236,7 +280,7 @@ mod tests {
         let inputs: Vec<&str> = p.inputs.iter().map(|i| i.name).collect();
         assert_eq!(inputs, ["input_ids", "attention_mask", "position_ids", "next_ids"]);
         let results: Vec<(&str, Vec<usize>, DType)> =
-            p.next_token.iter().map(|o| (o.name, o.shape.clone(), o.dtype)).collect();
+            p.next_token.iter().map(|o| (o.name.as_str(), o.shape.clone(), o.dtype)).collect();
         assert_eq!(
             results,
             [

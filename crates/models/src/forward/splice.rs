@@ -1,0 +1,151 @@
+//! Dictionaries spliced into the forward (SAELens's `run_evals`): for each dictionary given a
+//! decoder ([`crate::dictionary::Dictionary::with_decoder`]), the blocks after the hook it reads
+//! are built a second time from the hook on, its value replaced by the dictionary's
+//! reconstruction, and — once per hook — a third time with the value zero-ablated; each
+//! stream's final norm then feeds the next-token outputs, which give per token the NLL of
+//! each stream and its KL divergence from the clean one (`super::next_token`):
+//!
+//! - `output.nll.spliced.<hook>[.<dictionary>]`, `output.kl.spliced.<hook>[.<dictionary>]`
+//! - `output.nll.ablated.<hook>`, `output.kl.ablated.<hook>`
+//!
+//! (`<dictionary>` where several dictionaries read one hook, as their latents are named).
+//! A replay records no hook and adds the steering vectors of the blocks it builds again.
+//!
+//! Spliced so far: a block's `hook_resid_pre` or `hook_resid_post` (the residual stream every
+//! family's decoder loop carries), in the families whose decoder ends with
+//! [`Graph::finish_decoder`] and whose blocks may be built again (not Gemma 4's, whose later
+//! layers read earlier layers' keys and values); anything else is refused by name.
+
+use siphon_hlo::{TensorType, Value};
+
+use super::{ForwardSpec, Graph};
+use crate::config::ModelConfig;
+use crate::dictionary::DictionaryHook;
+use crate::error::ModelError;
+use crate::hooks::{HookKind, HookPoint};
+
+/// One stream replayed from a hook on.
+#[derive(Debug, Clone)]
+pub(crate) struct Replayed {
+    /// The names of its two outputs: its NLL and its KL divergence from the clean stream.
+    pub names: [String; 2],
+    /// The residual stream after the last block.
+    pub last: Value,
+    /// Its final norm's output, once built.
+    pub hidden: Option<Value>,
+}
+
+/// The dictionaries `spec` splices in, by index.
+fn spliced(spec: &ForwardSpec) -> impl Iterator<Item = (usize, &DictionaryHook)> {
+    spec.dictionaries.iter().enumerate().filter(|(_, d)| !d.dictionary.decoder.is_empty())
+}
+
+/// Refuses splices that are not built: at a hook other than the residual stream's, without
+/// the next-token NLL that they are measured by.
+pub(crate) fn check(spec: &ForwardSpec, _config: &ModelConfig) -> Result<(), ModelError> {
+    for (_, d) in spliced(spec) {
+        if !matches!(d.hook.kind(), HookKind::ResidPre | HookKind::ResidPost) {
+            return Err(ModelError::Hook(format!(
+                "splicing dictionary {} at {}: only a block's hook_resid_pre or hook_resid_post is spliced so far",
+                d.dictionary.name, d.hook
+            )));
+        }
+        if !spec.next_token.is_some_and(|o| o.nll) {
+            return Err(ModelError::Config(format!(
+                "splicing dictionary {} is measured by the next-token NLL: ask for the nll output too",
+                d.dictionary.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The names of a splice's outputs, by the dictionary's latents column `column`
+/// (`<hook>.hook_sae_acts_post[.<dictionary>]`), and of its hook's ablation.
+fn names(column: &str, hook: HookPoint) -> ([String; 2], [String; 2]) {
+    let tail = column.replacen(".hook_sae_acts_post", "", 1);
+    let spliced = [format!("output.nll.spliced.{tail}"), format!("output.kl.spliced.{tail}")];
+    (spliced, [format!("output.nll.ablated.{hook}"), format!("output.kl.ablated.{hook}")])
+}
+
+impl<'a> Graph<'a> {
+    /// After the blocks' clean pass: each spliced dictionary's stream, and each of their hooks'
+    /// zero-ablated one, through the blocks after the hook ([`Replayed`], in
+    /// [`Graph::splices`]).
+    pub(crate) fn replay_splices<F>(&mut self, block: &mut F) -> Result<(), ModelError>
+    where
+        F: FnMut(&mut Graph<'a>, Value, usize) -> Result<Value, ModelError>,
+    {
+        let spec = self.spec;
+        let columns = DictionaryHook::names(&spec.dictionaries);
+        let mut ablated = Vec::new();
+        for (i, d) in spliced(spec) {
+            if let Some(why) = self.replay_refusal {
+                return Err(ModelError::Config(format!("splicing dictionary {}: {why}", d.dictionary.name)));
+            }
+            let x = *self.hooks.get(&d.hook).ok_or_else(|| {
+                ModelError::Hook(format!(
+                    "splicing {} at {}, which the graph did not produce",
+                    d.dictionary.name, d.hook
+                ))
+            })?;
+            let args = &self.dictionary_args[i];
+            let (encoder, decoder) = args.split_at(d.dictionary.tensors.len());
+            let decoder = [decoder[0], decoder[1]];
+            let reconstruction =
+                crate::dictionary::encoder::reconstruct(&mut self.b, x, &d.dictionary, encoder, decoder)?;
+            let reconstruction = self.b.convert(reconstruction, self.dt)?;
+            let (spliced_names, ablated_names) = names(&columns[i], d.hook);
+            let last = self.replay_from(d.hook, reconstruction, block)?;
+            self.splices.push(Replayed { names: spliced_names, last, hidden: None });
+            if !ablated.contains(&d.hook) {
+                ablated.push(d.hook);
+                let dims = self.b.dims(x)?.to_vec();
+                let zeros = self.b.splat(0.0, TensorType::new(self.dt, &dims))?;
+                let last = self.replay_from(d.hook, zeros, block)?;
+                self.splices.push(Replayed { names: ablated_names, last, hidden: None });
+            }
+        }
+        Ok(())
+    }
+
+    /// The residual stream after the last block built when `hook` (a block's `hook_resid_pre`
+    /// or `hook_resid_post`) holds `x`: the blocks after it built again, recording nothing.
+    fn replay_from<F>(&mut self, hook: HookPoint, mut x: Value, block: &mut F) -> Result<Value, ModelError>
+    where
+        F: FnMut(&mut Graph<'a>, Value, usize) -> Result<Value, ModelError>,
+    {
+        let layer = hook.layer().expect("a block's hook");
+        let first = match hook.kind() {
+            HookKind::ResidPre => layer,
+            _ => layer + 1,
+        };
+        self.recording = false;
+        for l in first..self.n_blocks {
+            let (pre, post) = (HookPoint::block(l, HookKind::ResidPre), HookPoint::block(l, HookKind::ResidPost));
+            if pre != hook {
+                x = self.steer(pre, x)?;
+            }
+            let out = block(self, x, l)?;
+            x = self.constrain_tokens(out)?;
+            x = self.steer(post, x)?;
+        }
+        self.recording = true;
+        Ok(x)
+    }
+}
+
+/// Each replayed stream's output names and final norm's output, for the next-token outputs;
+/// refused where a splice was asked for and the family's decoder did not build its stream
+/// (one that does not end with [`Graph::finish_decoder`]).
+pub(crate) fn variants(g: &Graph<'_>) -> Result<Vec<([String; 2], Value)>, ModelError> {
+    if let Some((_, d)) = spliced(g.spec).next()
+        && (g.splices.is_empty() || g.splices.iter().any(|s| s.hidden.is_none()))
+    {
+        return Err(ModelError::Config(format!(
+            "splicing dictionary {} in {:?}: this family's decoder is not built for it yet",
+            d.dictionary.name, g.config.arch
+        )));
+    }
+    Ok(g.splices.iter().map(|s| (s.names.clone(), s.hidden.expect("checked"))).collect())
+}
