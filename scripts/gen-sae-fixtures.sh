@@ -6,8 +6,10 @@
 # architectures, Gemma Scope through SAELens's loader; scripts/fixtures/gen_llama_scope_fixtures.py:
 # Llama Scope's layout, its latents by lm-saes's encoder written out from lm-saes's source and
 # checked against SAELens's loader where the two agree), PyPI eai-sparsify in its own venv
-# $SIPHON_CACHE/venvs/sparsify (scripts/fixtures/gen_sparsify_fixtures.py). Creates the venvs
-# if missing (torch twice, several GB). Offline apart from PyPI; CI never runs this.
+# $SIPHON_CACHE/venvs/sparsify (scripts/fixtures/gen_sparsify_fixtures.py); then the splice
+# goldens, golden-splice*.safetensors (scripts/fixtures/gen_splice_fixtures.py: HF transformers
+# with SAELens's reconstruction hooked in). Creates the venvs if missing (torch twice, several
+# GB). Offline apart from PyPI; CI never runs this.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib.sh"
@@ -16,3 +18,6 @@ python="$(bash "$here/setup-python-train.sh" | tail -n 1)"
 "$python" "$here/fixtures/gen_llama_scope_fixtures.py" --fixtures "$REPO_ROOT/fixtures"
 ensure_venv sparsify .siphon-setup-v1 "torch, sparsify, safetensors, numpy" eai-sparsify safetensors numpy
 "$SIPHON_CACHE/venvs/sparsify/bin/python" "$here/fixtures/gen_sparsify_fixtures.py" --fixtures "$REPO_ROOT/fixtures"
+# The splice goldens (HF transformers with SAELens's reconstruction hooked in) over the
+# dictionaries just written.
+"$python" "$here/fixtures/gen_splice_fixtures.py" --fixtures "$REPO_ROOT/fixtures"

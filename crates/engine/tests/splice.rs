@@ -124,8 +124,11 @@ fn check(name: &str, golden_file: &str, hook: Option<&str>, options: EngineOptio
         for &t in &real {
             assert!(close(got[t], want[t]), "{name} {output}: token {t}: {} against HF's {}", got[t], want[t]);
         }
-        // The run's means over the tokens with a next token, in f64 as SAELens takes them.
-        let defined: Vec<f64> = real.iter().filter(|&&t| g.next_ids[t] >= 0).map(|&t| f64::from(got[t])).collect();
+        // The run's means in f64 as SAELens takes them: the NLLs over the tokens with a next
+        // token, the KLs over every real token.
+        let nll = golden_name.starts_with("output.nll");
+        let defined: Vec<f64> =
+            real.iter().filter(|&&t| !nll || g.next_ids[t] >= 0).map(|&t| f64::from(got[t])).collect();
         ours.push((golden_name.as_str(), defined.iter().sum::<f64>() / defined.len() as f64));
     }
     let mean = |n: &str| ours.iter().find(|(k, _)| *k == n).unwrap().1;

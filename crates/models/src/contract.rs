@@ -161,10 +161,18 @@ impl NextToken {
     }
 
     /// Sequence positions per chunk for rows of `seq` positions, `rows` of them per data
-    /// group, over a vocabulary of `vocab` (`vocab_ways` ways split).
+    /// group, over a vocabulary of `vocab` (`vocab_ways` ways split): [`NextToken::chunk`]
+    /// where given, else the fewest chunks of at most [`LOGITS_CHUNK_ELEMENTS`] logits, as even
+    /// as they can be (the last chunk's padding is computed and dropped: 128 positions of
+    /// which 42 fit go as 4 × 32, not 4 × 42).
     pub fn chunk_for(&self, seq: usize, rows: usize, vocab: usize, vocab_ways: usize) -> usize {
+        let seq = seq.max(1);
+        if let Some(chunk) = self.chunk {
+            return chunk.clamp(1, seq);
+        }
         let per_position = (rows * vocab.div_ceil(vocab_ways.max(1))).max(1);
-        self.chunk.unwrap_or(LOGITS_CHUNK_ELEMENTS / per_position).clamp(1, seq.max(1))
+        let most = (LOGITS_CHUNK_ELEMENTS / per_position).clamp(1, seq);
+        seq.div_ceil(seq.div_ceil(most))
     }
 }
 

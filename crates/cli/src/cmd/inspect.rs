@@ -70,6 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     notes.extend(format_notes(report.format_version, &hooks));
     let latents = latents_summary(&report);
     let outputs = outputs_summary(&report);
+    let splices = splice_summary(&outputs);
     let bytes: u64 = report.hosts.iter().map(|h| h.bytes).sum();
     let seconds = timing.iter().map(|t| t.seconds).fold(0.0, f64::max);
 
@@ -88,7 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let out = serde_json::json!({
             "url": args.url, "ok": problems.is_empty(), "problems": problems, "format": format,
             "format_version": report.format_version, "hooks": hooks, "hook_shapes": report.hook_shapes,
-            "hook_shapes_from": shapes_from, "latents": latents, "outputs": outputs, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
+            "hook_shapes_from": shapes_from, "latents": latents, "outputs": outputs, "splices": splices, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
             "bytes": bytes, "hosts": hosts, "shards_sha256": report.shards_sha256,
             "stats_sha256": report.stats_sha256, "seconds": seconds, "timing": timing,
             "tokens_per_second": if seconds > 0.0 { report.tokens as f64 / seconds } else { 0.0 },
@@ -131,6 +132,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .map_or(String::new(), |n| format!(" ({n} tokens with no next token, NaN)"));
             let (name, dtype) = (o["name"].as_str().unwrap_or("?"), o["dtype"].as_str().unwrap_or("?"));
             println!("    {name} {dtype} {}{mean}{undefined}", o["shape"]);
+        }
+        for s in &splices {
+            let f = |key: &str| s[key].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "    spliced {}: CE clean {:.4}, spliced {:.4}, ablated {:.4}: ce_loss_score {:.4}; KL spliced {:.4}, \
+                 ablated {:.4}: kl_div_score {:.4}",
+                s["spliced"].as_str().unwrap_or("?"),
+                f("ce_clean"),
+                f("ce_spliced"),
+                f("ce_ablated"),
+                f("ce_loss_score"),
+                f("kl_spliced"),
+                f("kl_ablated"),
+                f("kl_div_score")
+            );
         }
         println!(
             "  dtype {dtype}; {} tokens ({} kept) in {}",
@@ -278,6 +294,41 @@ fn outputs_summary(report: &siphon_store::VerifyReport) -> Vec<serde_json::Value
                 "name": c.name, "dtype": c.dtype, "shape": c.shape, "count": stats.map(|s| s.count),
                 "mean": mean, "undefined": undefined,
             })
+        })
+        .collect()
+}
+
+/// Each spliced dictionary's SAELens metrics from the outputs' means (`outputs_summary`): the
+/// mean NLLs over the tokens with a next token, the mean KLs over every counted token;
+/// `ce_loss_score` = (CE ablated − CE spliced) / (CE ablated − CE clean), `kl_div_score` =
+/// (KL ablated − KL spliced) / KL ablated.
+fn splice_summary(outputs: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    let mean = |name: &str| {
+        let o = outputs.iter().find(|o| o["name"] == name)?;
+        o["mean"].as_array()?.first()?.as_f64()
+    };
+    let names: Vec<&str> = outputs.iter().filter_map(|o| o["name"].as_str()).collect();
+    names
+        .iter()
+        .filter_map(|n| n.strip_prefix("output.nll.spliced."))
+        .filter_map(|spliced| {
+            // The ablation of the hook it reads: `<hook>` is `spliced` or its start.
+            let hook = names
+                .iter()
+                .filter_map(|n| n.strip_prefix("output.nll.ablated."))
+                .find(|hook| spliced == *hook || spliced.starts_with(&format!("{hook}.")))?;
+            let ce_clean = mean("output.nll")?;
+            let ce_spliced = mean(&format!("output.nll.spliced.{spliced}"))?;
+            let ce_ablated = mean(&format!("output.nll.ablated.{hook}"))?;
+            let kl_spliced = mean(&format!("output.kl.spliced.{spliced}"))?;
+            let kl_ablated = mean(&format!("output.kl.ablated.{hook}"))?;
+            Some(serde_json::json!({
+                "spliced": spliced, "hook": hook,
+                "ce_clean": ce_clean, "ce_spliced": ce_spliced, "ce_ablated": ce_ablated,
+                "ce_loss_score": (ce_ablated - ce_spliced) / (ce_ablated - ce_clean),
+                "kl_spliced": kl_spliced, "kl_ablated": kl_ablated,
+                "kl_div_score": (kl_ablated - kl_spliced) / kl_ablated,
+            }))
         })
         .collect()
 }

@@ -8,13 +8,19 @@
 
 use anyhow::bail;
 use bytes::Bytes;
-use siphon_models::NextToken;
+use siphon_models::{DictionaryHook, NextToken};
 use siphon_runtime::HostArray;
 use siphon_store::{BatchOutput, OutputColumn, OutputDType};
 
-/// The store's columns of `outputs`, in the program's result order.
-pub fn columns(outputs: Option<NextToken>) -> Vec<OutputColumn> {
+/// The store's columns of `outputs` and of the splices of `dictionaries`
+/// (`output.nll.spliced.<hook>`, …, f32 a token), in the program's result order.
+pub fn columns(outputs: Option<NextToken>, dictionaries: &[DictionaryHook]) -> Vec<OutputColumn> {
     let Some(outputs) = outputs else { return Vec::new() };
+    let spliced = siphon_models::forward::splice_output_names(dictionaries).into_iter().map(|name| OutputColumn {
+        name,
+        dtype: OutputDType::F32,
+        shape: Vec::new(),
+    });
     outputs
         .names()
         .into_iter()
@@ -26,6 +32,7 @@ pub fn columns(outputs: Option<NextToken>) -> Vec<OutputColumn> {
                 shape: if topk { vec![outputs.topk] } else { Vec::new() },
             }
         })
+        .chain(spliced)
         .collect()
 }
 
@@ -90,7 +97,7 @@ mod tests {
     #[test]
     fn each_output_is_a_column_of_its_own_dtype_and_shape() {
         let all = NextToken { nll: true, entropy: true, topk: 7, chunk: None };
-        let columns = columns(Some(all));
+        let columns = columns(Some(all), &[]);
         let described: Vec<(&str, OutputDType, &[usize])> =
             columns.iter().map(|c| (c.name.as_str(), c.dtype, c.shape.as_slice())).collect();
         assert_eq!(
@@ -102,6 +109,6 @@ mod tests {
                 ("output.topk_ids", OutputDType::I32, &[7][..]),
             ]
         );
-        assert!(super::columns(None).is_empty());
+        assert!(super::columns(None, &[]).is_empty());
     }
 }

@@ -66,7 +66,7 @@ pub fn open(job: &Job, compute: &Compute, reading: &Reading, fingerprints: &[Str
         hooks: spec.hooks.clone(),
         hook_shapes: compute.hook_shapes(spec.corpus.seq_len),
         latents: super::dictionary::columns(compute.dictionaries(), fingerprints),
-        outputs: super::next_token::columns(spec.outputs),
+        outputs: super::next_token::columns(spec.outputs, compute.dictionaries()),
         mesh: compute.mesh_json(),
         partition: json!({ "machines": partition.machines, "hosts": partition.hosts }),
         config: serde_json::to_value(spec)?,

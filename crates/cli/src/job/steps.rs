@@ -61,7 +61,7 @@ pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<End
         shapes: compute.hook_shapes(spec.corpus.seq_len),
         roles: spec.chat_template.is_some(),
         latents,
-        outputs: super::next_token::columns(spec.outputs),
+        outputs: super::next_token::columns(spec.outputs, compute.dictionaries()),
         allow_non_finite: spec.allow_non_finite,
     };
     // The writers keep rows where they lie until their shards are uploaded: the pool grows by

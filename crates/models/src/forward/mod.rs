@@ -8,6 +8,8 @@ mod graph;
 mod next_token;
 mod splice;
 
+pub use splice::output_names as splice_output_names;
+
 use siphon_hlo::{Builder, CompareDir, DType, TensorType, Value};
 
 pub(crate) use self::decoder::{decoder_params, pre_norm_decoder, self_attention_decoder};

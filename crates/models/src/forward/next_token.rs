@@ -136,8 +136,10 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
             let width = b.scalar(c as f64, DType::I32)?;
             let start = b.mul(i, width)?;
             let full = [bsz, c, vocab];
-            // The log-probabilities `[bsz, c, vocab]` f32 of the chunk of hidden state `h`.
-            let log_probs = |b: &mut Builder, h: Value| -> Result<Value, siphon_hlo::HloError> {
+            // The chunk of hidden state `h`'s logits less each position's largest, `z`
+            // `[bsz, c, vocab]` f32, `e = exp(z)`, and per position `Σe` and `lse = log Σe`: the
+            // log-probabilities are `z − lse`, never materialized (each output reads `z` or `e`).
+            let distribution = |b: &mut Builder, h: Value| -> Result<[Value; 4], siphon_hlo::HloError> {
                 let hc = b.dynamic_slice(h, &[zero, start, zero], &[bsz, c, hidden])?;
                 let mut logits = b.matmul_t(hc, w)?;
                 if let Some(cap) = softcap {
@@ -157,24 +159,30 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
                 let e = b.exp(z)?;
                 let sum = b.reduce_sum(e, &[2])?;
                 let lse = b.log(sum)?;
-                let lse = b.broadcast_in_dim(lse, &full, &[0, 1])?;
-                b.sub(z, lse)
+                Ok([z, e, sum, lse])
             };
-            // −log p of each position's next token (`ids` `[bsz, c]`), NaN where it has none.
-            let nll_of = |b: &mut Builder, logp: Value, ids: Value| -> Result<Value, siphon_hlo::HloError> {
+            // −log p of each position's next token (`ids` `[bsz, c]`), `lse − z[next]`; NaN
+            // where it has none.
+            let nll_of = |b: &mut Builder, z: Value, lse: Value, ids: Value| -> Result<Value, siphon_hlo::HloError> {
                 let vocab_ids = b.iota(TensorType::new(DType::I32, &full), 2)?;
                 let wanted = b.broadcast_in_dim(ids, &full, &[0, 1])?;
                 let hit = b.compare(CompareDir::Eq, vocab_ids, wanted)?;
                 let zeros = b.splat(0.0, f32_ty(&full))?;
-                let picked = b.select(hit, logp, zeros)?;
+                let picked = b.select(hit, z, zeros)?;
                 let picked = b.reduce_sum(picked, &[2])?;
-                let nll = b.neg(picked)?;
+                let nll = b.sub(lse, picked)?;
                 let none = b.splat(-1.0, TensorType::new(DType::I32, &[bsz, c]))?;
                 let has = b.compare(CompareDir::Gt, ids, none)?;
                 let nan = b.splat(f64::NAN, f32_ty(&[bsz, c]))?;
                 b.select(has, nll, nan)
             };
-            let logp = log_probs(b, st[1])?;
+            // `Σ p·x` over the vocabulary for `p = e / Σe`.
+            let expect = |b: &mut Builder, e: Value, sum: Value, x: Value| -> Result<Value, siphon_hlo::HloError> {
+                let ex = b.mul(e, x)?;
+                let total = b.reduce_sum(ex, &[2])?;
+                b.div(total, sum)
+            };
+            let [z, e, sum, lse] = distribution(b, st[1])?;
             let mut next_state = st.to_vec();
             let one = b.scalar(1.0, DType::I32)?;
             next_state[0] = b.add(i, one)?;
@@ -191,31 +199,33 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
                 false => None,
             };
             if let Some(ids) = ids {
-                let nll = nll_of(b, logp, ids)?;
+                let nll = nll_of(b, z, lse, ids)?;
                 write(b, &mut slot, nll)?;
             }
             if outputs.entropy {
-                let p = b.exp(logp)?;
-                let plogp = b.mul(p, logp)?;
-                let sum = b.reduce_sum(plogp, &[2])?;
-                let entropy = b.neg(sum)?;
+                // H = −Σ p (z − lse) = lse − Σ p z.
+                let mean_z = expect(b, e, sum, z)?;
+                let entropy = b.sub(lse, mean_z)?;
                 write(b, &mut slot, entropy)?;
             }
             if k > 0 {
-                let (values, ids) = b.top_k(logp, k)?;
+                // The k largest of z are the k largest log-probabilities, less lse.
+                let (values, ids) = b.top_k(z, k)?;
+                let lse_k = b.broadcast_in_dim(lse, &[bsz, c, k], &[0, 1])?;
+                let values = b.sub(values, lse_k)?;
                 write(b, &mut slot, values)?;
                 write(b, &mut slot, ids)?;
             }
-            // Each replayed stream: its NLL and KL(clean ‖ it) = Σ p (log p − log q).
+            // Each replayed stream: its NLL and KL(clean ‖ it) = Σ p (z − z') − lse + lse'.
             for v in 0..variants {
-                let other = log_probs(b, st[first_variant + v])?;
+                let [z_other, _, _, lse_other] = distribution(b, st[first_variant + v])?;
                 let ids = ids.expect("a splice asks for the NLL (splice::check)");
-                let nll = nll_of(b, other, ids)?;
+                let nll = nll_of(b, z_other, lse_other, ids)?;
                 write(b, &mut slot, nll)?;
-                let p = b.exp(logp)?;
-                let gap = b.sub(logp, other)?;
-                let terms = b.mul(p, gap)?;
-                let kl = b.reduce_sum(terms, &[2])?;
+                let gap = b.sub(z, z_other)?;
+                let mean_gap = expect(b, e, sum, gap)?;
+                let lse_gap = b.sub(lse_other, lse)?;
+                let kl = b.add(mean_gap, lse_gap)?;
                 write(b, &mut slot, kl)?;
             }
             Ok(next_state)
@@ -345,5 +355,8 @@ mod tests {
         assert_eq!(outputs.chunk_for(1024, 1024, 262_144, 1), 1, "at least one position");
         assert_eq!(outputs.chunk_for(8, 1, 256, 1), 8, "at most the row");
         assert_eq!(NextToken { chunk: Some(3), ..outputs }.chunk_for(8, 1, 256, 1), 3);
+        // 42 positions fit (2^24 over 8 rows of 49,152): 128 go as 4 chunks of 32, no padding.
+        assert_eq!(outputs.chunk_for(128, 8, 49_152, 1), 32);
+        assert_eq!(outputs.chunk_for(130, 8, 49_152, 1), 33, "4 chunks, the last one position short");
     }
 }

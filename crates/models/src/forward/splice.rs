@@ -68,6 +68,24 @@ fn names(column: &str, hook: HookPoint) -> ([String; 2], [String; 2]) {
     (spliced, [format!("output.nll.ablated.{hook}"), format!("output.kl.ablated.{hook}")])
 }
 
+/// The names of the outputs the splices of `dictionaries` add after the next-token outputs, in
+/// result order: each spliced dictionary's NLL and KL, then its hook's ablated NLL and KL the
+/// first time that hook is spliced.
+pub fn output_names(dictionaries: &[DictionaryHook]) -> Vec<String> {
+    let columns = DictionaryHook::names(dictionaries);
+    let mut ablated = Vec::new();
+    let mut out = Vec::new();
+    for (i, d) in dictionaries.iter().enumerate().filter(|(_, d)| !d.dictionary.decoder.is_empty()) {
+        let (spliced, ablation) = names(&columns[i], d.hook);
+        out.extend(spliced);
+        if !ablated.contains(&d.hook) {
+            ablated.push(d.hook);
+            out.extend(ablation);
+        }
+    }
+    out
+}
+
 impl<'a> Graph<'a> {
     /// After the blocks' clean pass: each spliced dictionary's stream, and each of their hooks'
     /// zero-ablated one, through the blocks after the hook ([`Replayed`], in
