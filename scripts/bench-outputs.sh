@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What `extract --outputs nll,entropy,topk=20` costs (issue 68): the demo model (SmolLM2-135M,
 # bundled GGUF, vocabulary 49,152) over the Shakespeare demo corpus, one host on the CPU plugin's
-# one device, batch 8 x 128, hooks blocks.10.hook_resid_post and blocks.20.hook_resid_post,
+# one device, batch 8 x 128, hooks blocks.10.hook_resid_post and blocks.29.hook_resid_post (the
+# last block: both runs compute every block, so the difference is the logits and the outputs),
 # BENCH_TOKENS tokens (default 16384) — with the outputs (A) and without (B), interleaved A B A B
 # for BENCH_ROUNDS rounds (default 3). Per run: the whole command's wall seconds and the job's
 # own tokens/s (`siphon inspect --json`: the loop, weights and compile excluded); medians and
@@ -31,7 +32,7 @@ one() {  # one() NAME [flags]: runs the extraction, prints "wall tokens_per_seco
     local start end
     start="$(date +%s.%N)"
     "$siphon" extract --model "$model" --corpus "$corpus" --cpu-devices 1 \
-        --hooks blocks.10.hook_resid_post,blocks.20.hook_resid_post --seq-len 128 --batch-size 8 \
+        --hooks blocks.10.hook_resid_post,blocks.29.hook_resid_post --seq-len 128 --batch-size 8 \
         --max-tokens "$tokens" --dtype bf16 --shard-size-mb 16 --output "$work" --run "$name" "$@" \
         > "$work/$name.log" 2>&1 || { cat "$work/$name.log" >&2; exit 1; }
     end="$(date +%s.%N)"

@@ -289,3 +289,108 @@ fn bad_outputs_and_vectors_are_refused_by_name_before_anything_is_written() {
         assert!(!s.root.join("out/bad").exists(), "{extra:?}: nothing written");
     }
 }
+
+/// A random SAELens TopK dictionary (k 4 of 48 latents) of the tiny model's residual stream after
+/// block 0, as SAELens saves one: cfg.json and sae_weights.safetensors.
+fn topk_dictionary(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let (d_in, d_sae) = (common::HIDDEN, 48);
+    let cfg = serde_json::json!({
+        "d_in": d_in, "d_sae": d_sae, "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": true,
+        "normalize_activations": "none", "k": 4, "architecture": "topk",
+        "metadata": {"hook_name": "blocks.0.hook_resid_post"}
+    });
+    std::fs::write(dir.join("cfg.json"), cfg.to_string()).unwrap();
+    let mut seed = 0x2545f4914f6cdd1du64;
+    let mut values = |n: usize, scale: f32| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (scale * ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5)).to_le_bytes()
+            })
+            .collect()
+    };
+    let tensors = [
+        ("W_enc", vec![d_in, d_sae], values(d_in * d_sae, 1.0)),
+        ("b_enc", vec![d_sae], values(d_sae, 0.1)),
+        ("W_dec", vec![d_sae, d_in], values(d_sae * d_in, 1.0)),
+        ("b_dec", vec![d_in], values(d_in, 0.1)),
+    ];
+    let views: Vec<(&str, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, shape, b)| {
+            (*n, safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b).unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("sae_weights.safetensors")).unwrap();
+}
+
+#[test]
+fn a_spliced_dictionarys_losses_are_stored_per_token_and_inspect_scores_them() {
+    let s = setup();
+    let sae = s.root.join("sae");
+    topk_dictionary(&sae);
+    let sae_flag = sae.display().to_string();
+    run_ok(&extract(&s, "spliced", "f32", &["--sae", &sae_flag, "--splice"]));
+    let run_dir = s.root.join("out/spliced");
+    let run_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
+    let names: Vec<&str> =
+        run_json["outputs"].as_array().unwrap().iter().map(|o| o["name"].as_str().unwrap()).collect();
+    let hook = "blocks.0.hook_resid_post";
+    let expected = [
+        "output.nll".to_string(),
+        format!("output.nll.spliced.{hook}"),
+        format!("output.kl.spliced.{hook}"),
+        format!("output.nll.ablated.{hook}"),
+        format!("output.kl.ablated.{hook}"),
+    ];
+    assert_eq!(names, expected);
+
+    // The stored losses are forward's over the same rows.
+    let stored = columns(&run_dir);
+    let (rows, full) = rows(&stored);
+    let ids = s.root.join("rows.json");
+    std::fs::write(&ids, serde_json::to_vec(&rows).unwrap()).unwrap();
+    let out = s.root.join("spliced.safetensors");
+    let model = s.root.join("model");
+    let args = [
+        "forward",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        ids.to_str().unwrap(),
+        "--sae",
+        &sae_flag,
+        "--splice",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    run_ok(&strings(&args));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for name in &expected {
+        let (ours, theirs) = (f32s(&stored[name.as_str()]), f32s(st.tensor(name).unwrap().data()));
+        for (r, _) in full.iter().enumerate().filter(|(_, f)| **f) {
+            for t in r * SEQ..(r + 1) * SEQ {
+                let (a, b) = (ours[t], theirs[t]);
+                let same = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+                assert!(same, "{name} row {r} token {t}: {a} vs forward's {b}");
+            }
+        }
+    }
+    let inspect = run_ok(&strings(&["inspect", run_dir.to_str().unwrap()]));
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(text.contains(&format!("spliced {hook}: CE clean")) && text.contains("ce_loss_score"), "{text}");
+    assert!(text.contains("kl_div_score") && text.contains("OK:"), "{text}");
+
+    for (extra, named) in [
+        (vec!["--splice"], "--splice splices the --sae dictionaries into the forward: give --sae"),
+        (vec!["--sae", sae_flag.as_str(), "--splice", "other"], "no --sae dictionary is named \"other\""),
+    ] {
+        let output = run(&extract(&s, "bad-splice", "f32", &extra));
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && err.contains(named), "{extra:?}: {err}");
+        assert!(!s.root.join("out/bad-splice").exists());
+    }
+}
