@@ -198,7 +198,8 @@ fn a_transcoder_or_a_hook_off_the_residual_stream_is_refused_by_name() {
         dictionaries: vec![d],
         ..EngineOptions::default()
     };
-    let err = Engine::new(&client(), &model, Vec::new(), options).err().expect("refused").to_string();
+    let Err(err) = Engine::new(&client(), &model, Vec::new(), options) else { panic!("a splice at mlp_out built") };
+    let err = err.to_string();
     assert!(err.contains("only a block's hook_resid_pre or hook_resid_post is spliced so far"), "{err}");
     let dir = dictionaries().join("saelens-constant-norm");
     let err = Dictionary::open(&dir, None).unwrap().with_decoder(&dir).unwrap_err().to_string();

@@ -342,9 +342,10 @@ mod tests {
         let short = check_batch(std::slice::from_ref(&good), std::slice::from_ref(&column), 3).unwrap_err();
         assert!(short.contains("has 24 bytes, expected batch*seq*12 = Some(36)"), "{short}");
         let other = BatchOutput { name: "output.nll".into(), ..good };
-        let named = check_batch(&[other], &[column.clone()], 2).unwrap_err();
+        let named = check_batch(&[other], std::slice::from_ref(&column), 2).unwrap_err();
         assert!(named.contains("outputs [\"output.nll\"] differ"), "{named}");
-        let clash = validate_columns(&[column.clone()], &["output.topk_ids".into()]).unwrap_err().to_string();
+        let clash =
+            validate_columns(std::slice::from_ref(&column), &["output.topk_ids".into()]).unwrap_err().to_string();
         assert!(clash.contains("already a hook's or a column's"), "{clash}");
         let zero = OutputColumn { shape: vec![0], ..column };
         assert!(validate_columns(&[zero], &[]).unwrap_err().to_string().contains("no zero dimension"));

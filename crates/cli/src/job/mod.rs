@@ -104,8 +104,7 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         options.simulate_hosts,
         &plugin.path,
         options.pipeline_depth,
-        dictionaries,
-        steering,
+        plan::Attached { dictionaries, steering },
     )?;
     tracing::info!(
         model = %model_path.display(), hooks = spec.hooks.len(), units = corpus.units().len(),

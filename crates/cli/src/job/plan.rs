@@ -35,6 +35,13 @@ pub enum Span {
     },
 }
 
+/// What the job attaches to the model's forward beside its hooks: the dictionaries (their
+/// latents; spliced in where they have a decoder) and the steering vectors.
+pub struct Attached {
+    pub dictionaries: Vec<DictionaryHook>,
+    pub steering: Vec<Steering>,
+}
+
 /// What was checked before the coordinator and the plugin: hooks, weights and mesh.
 pub struct Plan {
     pub hooks: Vec<HookPoint>,
@@ -61,9 +68,9 @@ impl Plan {
         simulate: Option<usize>,
         plugin: &std::path::Path,
         pipeline_depth: usize,
-        dictionaries: Vec<DictionaryHook>,
-        steering: Vec<Steering>,
+        attached: Attached,
     ) -> anyhow::Result<Plan> {
+        let Attached { dictionaries, steering } = attached;
         let hooks = spec
             .hooks
             .iter()

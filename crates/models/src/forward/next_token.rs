@@ -91,11 +91,11 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
     let h = pad(b, r.hidden)?;
     let variant_states = r.variants.iter().map(|(_, v)| pad(b, *v)).collect::<Result<Vec<_>, _>>()?;
     let mut next = r.next_ids;
-    if padded > s {
-        if let Some(ids) = next {
-            let none = b.splat(-1.0, TensorType::new(DType::I32, &[bsz, padded - s]))?;
-            next = Some(b.concatenate(&[ids, none], 1)?);
-        }
+    if padded > s
+        && let Some(ids) = next
+    {
+        let none = b.splat(-1.0, TensorType::new(DType::I32, &[bsz, padded - s]))?;
+        next = Some(b.concatenate(&[ids, none], 1)?);
     }
     let f32_ty = |dims: &[usize]| TensorType::new(DType::F32, dims);
     let mut state = vec![b.scalar(0.0, DType::I32)?, h, r.unembedding];
