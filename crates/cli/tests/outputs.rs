@@ -344,6 +344,7 @@ fn a_spliced_dictionarys_losses_are_stored_per_token_and_inspect_scores_them() {
         format!("output.kl.spliced.{hook}"),
         format!("output.nll.ablated.{hook}"),
         format!("output.kl.ablated.{hook}"),
+        format!("output.sq_error.spliced.{hook}"),
     ];
     assert_eq!(names, expected);
 
@@ -383,6 +384,8 @@ fn a_spliced_dictionarys_losses_are_stored_per_token_and_inspect_scores_them() {
     let text = String::from_utf8_lossy(&inspect.stdout);
     assert!(text.contains(&format!("spliced {hook}: CE clean")) && text.contains("ce_loss_score"), "{text}");
     assert!(text.contains("kl_div_score") && text.contains("OK:"), "{text}");
+    // The hook is not stored: the variance the FVU divides by is not known.
+    assert!(text.contains(&format!("FVU: store {hook} too")) && text.contains("L0 "), "{text}");
 
     for (extra, named) in [
         (vec!["--splice"], "--splice splices the --sae dictionaries into the forward: give --sae"),

@@ -42,7 +42,14 @@ fn golden(path: &Path) -> Golden {
     };
     let i32s = |name: &str| -> Vec<i32> { words(name).into_iter().map(i32::from_le_bytes).collect() };
     let seq = st.tensor("input_ids").unwrap().shape()[1];
-    let names = ["output.nll", "output.nll.spliced", "output.kl.spliced", "output.nll.ablated", "output.kl.ablated"];
+    let names = [
+        "output.nll",
+        "output.nll.spliced",
+        "output.kl.spliced",
+        "output.nll.ablated",
+        "output.kl.ablated",
+        "output.sq_error.spliced",
+    ];
     let values =
         names.iter().map(|n| (n.to_string(), words(n).into_iter().map(f32::from_le_bytes).collect())).collect();
     let metrics = st
@@ -102,10 +109,11 @@ fn check(name: &str, golden_file: &str, hook: Option<&str>, options: EngineOptio
     assert_eq!(&batch.next_ids()[..tokens], &g.next_ids[..], "{name}: each token's next as the golden takes it");
     let options = EngineOptions {
         next_token: Some(NextToken { nll: true, ..NextToken::default() }),
-        dictionaries: vec![d],
+        dictionaries: vec![d.clone()],
         ..options
     };
-    let engine = Engine::new(&client(), &model, Vec::new(), options).unwrap();
+    let hook = d.hook;
+    let engine = Engine::new(&client(), &model, vec![hook], options).unwrap();
     let acts = engine.run(&batch).unwrap();
     let names: Vec<&str> = acts.next_token.iter().map(|(n, _)| n.as_str()).collect();
     let expected = [
@@ -114,6 +122,7 @@ fn check(name: &str, golden_file: &str, hook: Option<&str>, options: EngineOptio
         format!("output.kl.spliced.{at}"),
         format!("output.nll.ablated.{at}"),
         format!("output.kl.ablated.{at}"),
+        format!("output.sq_error.spliced.{at}"),
     ];
     assert_eq!(names, expected);
     let seq = g.ids[0].len();
@@ -127,11 +136,21 @@ fn check(name: &str, golden_file: &str, hook: Option<&str>, options: EngineOptio
         // The run's means in f64 as SAELens takes them: the NLLs over the tokens with a next
         // token, the KLs over every real token.
         let nll = golden_name.starts_with("output.nll");
+        assert!(nll || !got.iter().any(|v| v.is_nan()), "{name} {output}: NaN only in an NLL");
         let defined: Vec<f64> =
             real.iter().filter(|&&t| !nll || g.next_ids[t] >= 0).map(|&t| f64::from(got[t])).collect();
         ours.push((golden_name.as_str(), defined.iter().sum::<f64>() / defined.len() as f64));
     }
     let mean = |n: &str| ours.iter().find(|(k, _)| *k == n).unwrap().1;
+    // The fraction of variance unexplained: the squared errors' sum over the hook's own
+    // total variance, over the real tokens.
+    let x = acts.get(hook).unwrap().to_f32();
+    let width = x.len() / (batch.batch() * seq);
+    let rows: Vec<&[f32]> = real.iter().map(|&t| &x[t * width..(t + 1) * width]).collect();
+    let centre: Vec<f64> =
+        (0..width).map(|j| rows.iter().map(|r| f64::from(r[j])).sum::<f64>() / rows.len() as f64).collect();
+    let total: f64 = rows.iter().flat_map(|r| r.iter().zip(&centre).map(|(v, c)| (f64::from(*v) - c).powi(2))).sum();
+    let fvu = mean("output.sq_error.spliced") * real.len() as f64 / total;
     let (clean, spliced, ablated) = (mean("output.nll"), mean("output.nll.spliced"), mean("output.nll.ablated"));
     let (kl_spliced, kl_ablated) = (mean("output.kl.spliced"), mean("output.kl.ablated"));
     let metrics = [
@@ -141,6 +160,7 @@ fn check(name: &str, golden_file: &str, hook: Option<&str>, options: EngineOptio
         (ablated - spliced) / (ablated - clean),
         (kl_ablated - kl_spliced) / kl_ablated,
         kl_spliced,
+        fvu,
     ];
     for (i, (got, want)) in metrics.iter().zip(&g.metrics).enumerate() {
         assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "{name}: metric {i}: {got} against HF's {want}");

@@ -70,7 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     notes.extend(format_notes(report.format_version, &hooks));
     let latents = latents_summary(&report);
     let outputs = outputs_summary(&report);
-    let splices = splice_summary(&outputs);
+    let splices = splice_summary(&report, &outputs, &latents);
     let bytes: u64 = report.hosts.iter().map(|h| h.bytes).sum();
     let seconds = timing.iter().map(|t| t.seconds).fold(0.0, f64::max);
 
@@ -135,9 +135,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         for s in &splices {
             let f = |key: &str| s[key].as_f64().unwrap_or(f64::NAN);
+            let fvu = match s["fvu"].as_f64() {
+                Some(fvu) => format!("FVU {fvu:.4}"),
+                None => format!("FVU: store {} too (--hooks)", s["hook"].as_str().unwrap_or("its hook")),
+            };
             println!(
                 "    spliced {}: CE clean {:.4}, spliced {:.4}, ablated {:.4}: ce_loss_score {:.4}; KL spliced {:.4}, \
-                 ablated {:.4}: kl_div_score {:.4}",
+                 ablated {:.4}: kl_div_score {:.4}; {fvu}; L0 {:.2}",
                 s["spliced"].as_str().unwrap_or("?"),
                 f("ce_clean"),
                 f("ce_spliced"),
@@ -145,7 +149,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 f("ce_loss_score"),
                 f("kl_spliced"),
                 f("kl_ablated"),
-                f("kl_div_score")
+                f("kl_div_score"),
+                f("l0")
             );
         }
         println!(
@@ -301,8 +306,14 @@ fn outputs_summary(report: &siphon_store::VerifyReport) -> Vec<serde_json::Value
 /// Each spliced dictionary's SAELens metrics from the outputs' means (`outputs_summary`): the
 /// mean NLLs over the tokens with a next token, the mean KLs over every counted token;
 /// `ce_loss_score` = (CE ablated − CE spliced) / (CE ablated − CE clean), `kl_div_score` =
-/// (KL ablated − KL spliced) / KL ablated.
-fn splice_summary(outputs: &[serde_json::Value]) -> Vec<serde_json::Value> {
+/// (KL ablated − KL spliced) / KL ablated; the fraction of variance unexplained, the mean
+/// squared error over the hook's total variance per token (where the hook is stored: its
+/// statistics); and the latents' L0 (`latents_summary`).
+fn splice_summary(
+    report: &siphon_store::VerifyReport,
+    outputs: &[serde_json::Value],
+    latents: &[serde_json::Value],
+) -> Vec<serde_json::Value> {
     let mean = |name: &str| {
         let o = outputs.iter().find(|o| o["name"] == name)?;
         o["mean"].as_array()?.first()?.as_f64()
@@ -322,12 +333,19 @@ fn splice_summary(outputs: &[serde_json::Value]) -> Vec<serde_json::Value> {
             let ce_ablated = mean(&format!("output.nll.ablated.{hook}"))?;
             let kl_spliced = mean(&format!("output.kl.spliced.{spliced}"))?;
             let kl_ablated = mean(&format!("output.kl.ablated.{hook}"))?;
+            let squared_error = mean(&format!("output.sq_error.spliced.{spliced}"));
+            let variance =
+                report.stats.as_ref().and_then(|s| s.hooks.get(hook)).map(|h| h.variance.iter().sum::<f64>());
+            let fvu = squared_error.zip(variance).map(|(e, v)| e / v);
+            let column = format!("{hook}.hook_sae_acts_post{}", &spliced[hook.len()..]);
+            let l0 = latents.iter().find(|l| l["name"] == column.as_str()).and_then(|l| l["l0"].as_f64());
             Some(serde_json::json!({
                 "spliced": spliced, "hook": hook,
                 "ce_clean": ce_clean, "ce_spliced": ce_spliced, "ce_ablated": ce_ablated,
                 "ce_loss_score": (ce_ablated - ce_spliced) / (ce_ablated - ce_clean),
                 "kl_spliced": kl_spliced, "kl_ablated": kl_ablated,
                 "kl_div_score": (kl_ablated - kl_spliced) / kl_ablated,
+                "mean_squared_error": squared_error, "fvu": fvu, "l0": l0,
             }))
         })
         .collect()

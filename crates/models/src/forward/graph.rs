@@ -409,7 +409,8 @@ impl<'a> Graph<'a> {
                 unembedding: *unembedding,
                 unembedding_spec: unembedding_spec.as_ref(),
                 next_ids: self.next_ids,
-                variants,
+                variants: variants.streams,
+                per_token: variants.per_token,
             };
             let outputs = super::next_token::results(&mut b, request)?;
             results.extend(outputs.values);

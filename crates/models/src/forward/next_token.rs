@@ -31,6 +31,9 @@ pub(crate) struct Request<'a> {
     /// names of its NLL and its KL divergence from the clean stream, which follow the
     /// outputs' results in this order.
     pub variants: Vec<([String; 2], Value)>,
+    /// Values of each token `[tokens]` f32 computed beside the outputs (a splice's squared
+    /// error), by name, after every other result.
+    pub per_token: Vec<(String, Value)>,
 }
 
 /// Checks a request before anything is built: something asked for, a top-k within the
@@ -246,6 +249,12 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
         let name = name.to_string();
         values.push((value, r.sharded.then(|| spec.clone())));
         infos.push(NextTokenInfo { name, shape, dtype, spec });
+    }
+    for (name, value) in r.per_token {
+        let value = b.reshape(value, &[bsz, s])?;
+        let spec = PartitionSpec::from_dims(r.input_spec.dims()[..2].to_vec());
+        values.push((value, r.sharded.then(|| spec.clone())));
+        infos.push(NextTokenInfo { name, shape: vec![bsz, s], dtype: DType::F32, spec });
     }
     Ok(Results { values, infos })
 }

@@ -7,6 +7,9 @@
 //!
 //! - `output.nll.spliced.<hook>[.<dictionary>]`, `output.kl.spliced.<hook>[.<dictionary>]`
 //! - `output.nll.ablated.<hook>`, `output.kl.ablated.<hook>`
+//! - then each spliced dictionary's `output.sq_error.spliced.<hook>[.<dictionary>]`: `‖x − x̂‖²`
+//!   of the hook's value and its reconstruction, in f32 (the numerator of SAELens's fraction of
+//!   variance unexplained; the hook's own statistics give the denominator)
 //!
 //! (`<dictionary>` where several dictionaries read one hook, as their latents are named).
 //! A replay records no hook and adds the steering vectors of the blocks it builds again.
@@ -33,6 +36,8 @@ pub(crate) struct Replayed {
     pub last: Value,
     /// Its final norm's output, once built.
     pub hidden: Option<Value>,
+    /// A spliced stream's `output.sq_error.spliced.…` name and its value `[tokens]` f32.
+    pub squared_error: Option<(String, Value)>,
 }
 
 /// The dictionaries `spec` splices in, by index.
@@ -62,27 +67,29 @@ pub(crate) fn check(spec: &ForwardSpec, _config: &ModelConfig) -> Result<(), Mod
 
 /// The names of a splice's outputs, by the dictionary's latents column `column`
 /// (`<hook>.hook_sae_acts_post[.<dictionary>]`), and of its hook's ablation.
-fn names(column: &str, hook: HookPoint) -> ([String; 2], [String; 2]) {
+fn names(column: &str, hook: HookPoint) -> ([String; 3], [String; 2]) {
     let tail = column.replacen(".hook_sae_acts_post", "", 1);
-    let spliced = [format!("output.nll.spliced.{tail}"), format!("output.kl.spliced.{tail}")];
+    let spliced = ["nll", "kl", "sq_error"].map(|what| format!("output.{what}.spliced.{tail}"));
     (spliced, [format!("output.nll.ablated.{hook}"), format!("output.kl.ablated.{hook}")])
 }
 
 /// The names of the outputs the splices of `dictionaries` add after the next-token outputs, in
 /// result order: each spliced dictionary's NLL and KL, then its hook's ablated NLL and KL the
-/// first time that hook is spliced.
+/// first time that hook is spliced; last, each spliced dictionary's squared error.
 pub fn output_names(dictionaries: &[DictionaryHook]) -> Vec<String> {
     let columns = DictionaryHook::names(dictionaries);
     let mut ablated = Vec::new();
-    let mut out = Vec::new();
+    let (mut out, mut errors) = (Vec::new(), Vec::new());
     for (i, d) in dictionaries.iter().enumerate().filter(|(_, d)| !d.dictionary.decoder.is_empty()) {
-        let (spliced, ablation) = names(&columns[i], d.hook);
-        out.extend(spliced);
+        let ([nll, kl, error], ablation) = names(&columns[i], d.hook);
+        out.extend([nll, kl]);
+        errors.push(error);
         if !ablated.contains(&d.hook) {
             ablated.push(d.hook);
             out.extend(ablation);
         }
     }
+    out.extend(errors);
     out
 }
 
@@ -112,19 +119,30 @@ impl<'a> Graph<'a> {
             let decoder = [decoder[0], decoder[1]];
             let reconstruction =
                 crate::dictionary::encoder::reconstruct(&mut self.b, x, &d.dictionary, encoder, decoder)?;
+            let squared_error = self.squared_error(x, reconstruction)?;
             let reconstruction = self.b.convert(reconstruction, self.dt)?;
-            let (spliced_names, ablated_names) = names(&columns[i], d.hook);
+            let ([nll, kl, error], ablated_names) = names(&columns[i], d.hook);
             let last = self.replay_from(d.hook, reconstruction, block)?;
-            self.splices.push(Replayed { names: spliced_names, last, hidden: None });
+            let squared_error = Some((error, squared_error));
+            self.splices.push(Replayed { names: [nll, kl], last, hidden: None, squared_error });
             if !ablated.contains(&d.hook) {
                 ablated.push(d.hook);
                 let dims = self.b.dims(x)?.to_vec();
                 let zeros = self.b.splat(0.0, TensorType::new(self.dt, &dims))?;
                 let last = self.replay_from(d.hook, zeros, block)?;
-                self.splices.push(Replayed { names: ablated_names, last, hidden: None });
+                self.splices.push(Replayed { names: ablated_names, last, hidden: None, squared_error: None });
             }
         }
         Ok(())
+    }
+
+    /// `‖x − x̂‖²` per token `[tokens]` f32 of `x` `[tokens, d]` and its reconstruction
+    /// (f32).
+    fn squared_error(&mut self, x: Value, reconstruction: Value) -> Result<Value, ModelError> {
+        let x = self.b.convert(x, siphon_hlo::DType::F32)?;
+        let diff = self.b.sub(x, reconstruction)?;
+        let squares = self.b.mul(diff, diff)?;
+        Ok(self.b.reduce_sum(squares, &[1])?)
     }
 
     /// The residual stream after the last block built when `hook` (a block's `hook_resid_pre`
@@ -153,10 +171,11 @@ impl<'a> Graph<'a> {
     }
 }
 
-/// Each replayed stream's output names and final norm's output, for the next-token outputs;
+/// Each replayed stream's output names and final norm's output, and the per-token values
+/// beside them, for the next-token outputs;
 /// refused where a splice was asked for and the family's decoder did not build its stream
 /// (one that does not end with [`Graph::finish_decoder`]).
-pub(crate) fn variants(g: &Graph<'_>) -> Result<Vec<([String; 2], Value)>, ModelError> {
+pub(crate) fn variants(g: &Graph<'_>) -> Result<Variants, ModelError> {
     if let Some((_, d)) = spliced(g.spec).next()
         && (g.splices.is_empty() || g.splices.iter().any(|s| s.hidden.is_none()))
     {
@@ -165,5 +184,16 @@ pub(crate) fn variants(g: &Graph<'_>) -> Result<Vec<([String; 2], Value)>, Model
             d.dictionary.name, g.config.arch
         )));
     }
-    Ok(g.splices.iter().map(|s| (s.names.clone(), s.hidden.expect("checked"))).collect())
+    Ok(Variants {
+        streams: g.splices.iter().map(|s| (s.names.clone(), s.hidden.expect("checked"))).collect(),
+        per_token: g.splices.iter().filter_map(|s| s.squared_error.clone()).collect(),
+    })
+}
+
+/// What the splices add to the next-token outputs.
+pub(crate) struct Variants {
+    /// Each replayed stream's NLL and KL names and final norm's output.
+    pub streams: Vec<([String; 2], Value)>,
+    /// Values of each token computed beside them (`[tokens]` f32), by name, after them.
+    pub per_token: Vec<(String, Value)>,
 }
