@@ -59,7 +59,7 @@ from ._reader import (
     windows_of,
 )
 from .errors import DatasetError
-from .outputs import OutputInfo, checked_outputs, header_problems, output_stats, parse_outputs
+from .outputs import OutputInfo, checked_outputs, header_problems, output_stats, parse_outputs, splice_metrics
 from .latents import (
     LatentShard,
     LatentsInfo,
@@ -453,20 +453,30 @@ class Dataset:
             return convert(templates)
         return convert({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
 
+    def splice_metrics(self) -> Dict[str, Dict[str, float]]:
+        """Each dictionary spliced in (``--splice``): its SAELens ``run_evals`` metrics over the
+        run (``ce_loss_score``, ``kl_div_score``, the mean CEs and KLs, the reconstruction's mean
+        squared error and, where the hook is stored, ``fvu``), by ``<hook>[.<dictionary>]``; see
+        `siphon.outputs.splice_metrics`."""
+        return splice_metrics(self._stats_json())
+
+    def _stats_json(self) -> Dict[str, Any]:
+        raw = self._location.read("stats.json")
+        if raw is None:
+            raise DatasetError(f"{self.url}: no stats.json (written when the run completes)")
+        try:
+            stats: Dict[str, Any] = json.loads(raw)
+        except ValueError as e:
+            raise DatasetError(f"{self.url}/stats.json: not valid JSON: {e}") from e
+        return stats
+
     def output_stats(self, name: str) -> Dict[str, Any]:
         """stats.json's statistics of output `name` over the tokens the run counts
         (`siphon.outputs.output_stats`): ``count``; for a float output ``defined``, ``sum``,
         ``mean``, ``min``, ``max`` per element (``output_stats("output.nll")["mean"][0]`` is the
         cross-entropy over the tokens that have a next token)."""
         checked_outputs([name], self.outputs)
-        raw = self._location.read("stats.json")
-        if raw is None:
-            raise DatasetError(f"{self.url}: no stats.json (written when the run completes)")
-        try:
-            stats = json.loads(raw)
-        except ValueError as e:
-            raise DatasetError(f"{self.url}/stats.json: not valid JSON: {e}") from e
-        return output_stats(stats, name)
+        return output_stats(self._stats_json(), name)
 
     # ----------------------------------------------------------------------------- latents
 

@@ -9,10 +9,15 @@ token rows, whatever the run's stored dtype:
 - ``output.topk_logprobs`` float32 ``[tokens, K]`` and ``output.topk_ids`` int32
   ``[tokens, K]``: the K likeliest next tokens, likeliest first.
 
+With dictionaries spliced in (``--sae DIR --splice``), per token and dictionary also
+``output.nll.spliced.<hook>[.<dictionary>]``, ``output.kl.spliced.…``, ``output.sq_error.spliced.…``
+and per hook ``output.nll.ablated.<hook>``, ``output.kl.ablated.<hook>`` (float32 ``[tokens]``).
+
 `Dataset.outputs` names them (`OutputInfo`); ``Dataset.batches(..., outputs=[...])`` and
 ``Dataset.read(..., outputs=[...])`` return them beside the hooks for the same tokens, as
 stored; `Dataset.output_stats` gives stats.json's per-element counts and means (the mean NLL
-is the cross-entropy over the tokens that have a next token).
+is the cross-entropy over the tokens that have a next token); `Dataset.splice_metrics` each
+spliced dictionary's SAELens ``run_evals`` metrics over the run (`splice_metrics`).
 """
 
 from __future__ import annotations
@@ -105,4 +110,45 @@ def output_stats(stats: Mapping[str, Any], name: str) -> Dict[str, Any]:
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(defined > 0, total / np.maximum(defined, 1), np.nan)
         out.update(defined=defined, sum=total, mean=mean, min=as_float("min"), max=as_float("max"))
+    return out
+
+
+def splice_metrics(stats: Mapping[str, Any]) -> Dict[str, Dict[str, float]]:
+    """Each spliced dictionary's SAELens ``run_evals`` metrics from stats.json, by the name its
+    outputs carry (``<hook>[.<dictionary>]``): ``ce_clean``, ``ce_spliced``, ``ce_ablated`` (mean
+    NLLs over the tokens with a next token), ``ce_loss_score`` = (ablated − spliced) / (ablated −
+    clean), ``kl_spliced``, ``kl_ablated`` (mean KLs over every counted token), ``kl_div_score``
+    = (kl_ablated − kl_spliced) / kl_ablated, ``mean_squared_error`` (of the reconstruction) and,
+    where the hook itself is stored, ``fvu`` (that over the hook's total variance per token;
+    SAELens's explained variance is 1 − fvu)."""
+    outputs = stats.get("outputs") or {}
+
+    def mean(name: str) -> float:
+        entry = outputs[name]
+        return float(entry["sum"][0]) / max(int(entry["defined"][0]), 1)
+
+    ablated = [n[len("output.nll.ablated."):] for n in outputs if n.startswith("output.nll.ablated.")]
+    out: Dict[str, Dict[str, float]] = {}
+    for name in outputs:
+        if not name.startswith("output.nll.spliced."):
+            continue
+        spliced = name[len("output.nll.spliced."):]
+        hooks = [h for h in ablated if spliced == h or spliced.startswith(h + ".")]
+        if not hooks:
+            continue
+        hook = hooks[0]
+        m = {
+            "ce_clean": mean("output.nll"),
+            "ce_spliced": mean(name),
+            "ce_ablated": mean(f"output.nll.ablated.{hook}"),
+            "kl_spliced": mean(f"output.kl.spliced.{spliced}"),
+            "kl_ablated": mean(f"output.kl.ablated.{hook}"),
+            "mean_squared_error": mean(f"output.sq_error.spliced.{spliced}"),
+        }
+        m["ce_loss_score"] = (m["ce_ablated"] - m["ce_spliced"]) / (m["ce_ablated"] - m["ce_clean"])
+        m["kl_div_score"] = (m["kl_ablated"] - m["kl_spliced"]) / m["kl_ablated"]
+        variance = ((stats.get("hooks") or {}).get(hook) or {}).get("variance")
+        if variance:
+            m["fvu"] = m["mean_squared_error"] / float(sum(v for v in variance if v is not None))
+        out[spliced] = m
     return out

@@ -110,3 +110,41 @@ def test_a_live_stream_carries_the_outputs_the_disk_run_stores(runs: Path, outpu
             log = producer.log()
     assert producer.process.returncode == 0, log[-4000:]
     assert sum(want.values()) > 500 and got == want
+
+
+def test_splice_metrics_are_saelens_formulas_over_the_stored_losses(runs: Path) -> None:
+    from conftest import REPO
+
+    sae = REPO / "fixtures/dictionaries/saelens-topk"
+    hook = "blocks.1.hook_resid_post"
+    run = extract(runs, "tiny-spliced", hosts=1, launch=False, dtype="f32", hooks=[hook],
+                  extra=("--sae", str(sae), "--splice"))
+    ds = siphon.open_dataset(str(run))
+    names = [f"output.{w}.{k}.{hook}" for k, w in (("spliced", "nll"), ("spliced", "kl"), ("ablated", "nll"),
+                                                     ("ablated", "kl"), ("spliced", "sq_error"))]
+    assert set(names) | {"output.nll"} == set(ds.outputs)
+    got = ds.read([hook], outputs=["output.nll", *names], dtype="float32")
+    nll = lambda n: float(np.nanmean(got[n].astype(np.float64)))  # noqa: E731
+    mean = lambda n: float(got[n].astype(np.float64).mean())  # noqa: E731
+    ce = {"clean": nll("output.nll"), "spliced": nll(names[0]), "ablated": nll(names[2])}
+    kl = {"spliced": mean(names[1]), "ablated": mean(names[3])}
+    x = got[hook].astype(np.float64)
+    fvu = got[names[4]].astype(np.float64).sum() / ((x - x.mean(0)) ** 2).sum()
+    m = ds.splice_metrics()[hook]
+    want = {
+        "ce_clean": ce["clean"], "ce_spliced": ce["spliced"], "ce_ablated": ce["ablated"],
+        "ce_loss_score": (ce["ablated"] - ce["spliced"]) / (ce["ablated"] - ce["clean"]),
+        "kl_spliced": kl["spliced"], "kl_ablated": kl["ablated"],
+        "kl_div_score": (kl["ablated"] - kl["spliced"]) / kl["ablated"], "fvu": fvu,
+    }
+    for key, value in want.items():
+        assert m[key] == pytest.approx(value, rel=1e-6), key
+    # The reconstruction's squared error is the stored hook's against SAELens's own
+    # reconstruction of it.
+    sae_lens = pytest.importorskip("sae_lens")
+    import torch
+
+    loaded = sae_lens.SAE.load_from_disk(str(sae), device="cpu")
+    with torch.no_grad():
+        recon = loaded.decode(loaded.encode(torch.from_numpy(x.astype(np.float32)))).double().numpy()
+    np.testing.assert_allclose(got[names[4]], ((x - recon) ** 2).sum(1), rtol=1e-4, atol=1e-4)
