@@ -290,7 +290,7 @@ pub fn dictionary_memory(
 }
 
 /// The model's next-token outputs as a device holds them (`siphon_models::NextToken`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NextTokenMemory {
     /// Sequence positions per chunk of the logits.
     pub chunk: usize,

@@ -136,9 +136,9 @@ pub struct Args {
     #[command(flatten)]
     pub dictionaries: crate::args::SaeArgs,
     /// Count the model's next-token outputs (as `forward --outputs` computes them): every
-    /// block, the final norm and the unembedding, the outputs and one chunk's logits. Not
-    /// with --target yet (its programs do not compute them).
-    #[arg(long, value_name = "LIST", value_parser = crate::args::outputs::parse, conflicts_with = "target")]
+    /// block, the final norm and the unembedding, the outputs and one chunk's logits; with
+    /// --target, the program computes them too.
+    #[arg(long, value_name = "LIST", value_parser = crate::args::outputs::parse)]
     pub outputs: Option<siphon_models::NextToken>,
     /// Print the plan as JSON.
     #[arg(long)]

@@ -279,10 +279,14 @@ impl Planned {
     fn of(plan: &Plan) -> Planned {
         let activations = plan.memory.activations.unwrap_or_default();
         let dictionaries = plan.memory.dictionaries.unwrap_or_default();
+        let next_token = plan.memory.next_token.unwrap_or_default();
         Planned {
             argument_bytes: plan.memory.weights.sharded_bytes + activations.input_bytes + dictionaries.tensor_bytes,
-            output_bytes: activations.hook_bytes + dictionaries.output_bytes,
-            temp_bytes: activations.working_bytes + plan.memory.weights.fsdp_gather_bytes + dictionaries.working_bytes,
+            output_bytes: activations.hook_bytes + dictionaries.output_bytes + next_token.output_bytes,
+            temp_bytes: activations.working_bytes
+                + plan.memory.weights.fsdp_gather_bytes
+                + dictionaries.working_bytes
+                + next_token.working_bytes,
             total_bytes: plan.memory.required_bytes,
         }
     }
@@ -396,6 +400,7 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         weights,
         right_padded,
         dictionaries,
+        next_token: request.next_token,
         tpu_forms: (!tpu_forms).then_some(false),
         ..Default::default()
     };
