@@ -294,3 +294,41 @@ fn a_mixture_compiles_to_grouped_products_with_no_loop() {
     assert_eq!(rounds["has_loops"], true);
     assert!(rounds["grouped_calls"].is_null(), "{}", rounds["grouped_calls"]);
 }
+
+/// A Gemma-3-sized vocabulary's next-token outputs compiled for a v5e-16 slice: the outputs'
+/// bytes are the planner's, and nothing of `[tokens, vocab]` is ever whole — the compiler's
+/// temporaries are a small part of one device's `8 rows × 1024 × 262,144` f32 logits (8 GiB),
+/// the planner's chunk of 32 positions (256 MiB) bounding them.
+#[test]
+fn a_262k_vocabularys_outputs_compile_without_a_tokens_by_vocab_temporary() {
+    let Some(libtpu) = libtpu() else { return };
+    let args = [
+        "plan",
+        "--target",
+        "tpu:v5litepod-16",
+        "--plugin",
+        libtpu.to_str().unwrap(),
+        "--config",
+        "fixtures/configs/gemma-3-1b.json",
+        "--hooks",
+        "blocks.25.hook_resid_post",
+        "--batch",
+        "32",
+        "--seq",
+        "1024",
+        "--outputs",
+        "nll,topk=20",
+        "--json",
+    ];
+    let out = siphon(&args, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (compiled, planner) = (&report["compiled"], &report["planner"]);
+    assert_eq!(compiled["output_size_in_bytes"], planner["output_bytes"], "{report}");
+    let next_token = &report["plan"]["memory"]["next_token"];
+    assert_eq!(next_token["chunk"], 32, "{next_token}");
+    let whole_logits = 8u64 * 1024 * 262_144 * 4;
+    let temp = compiled["temp_size_in_bytes"].as_u64().unwrap();
+    assert!(temp < whole_logits / 16, "temporaries {temp} bytes, [tokens, vocab] is {whole_logits}");
+    assert!(temp <= planner["temp_bytes"].as_u64().unwrap(), "the planner bounds the compiler: {report}");
+}

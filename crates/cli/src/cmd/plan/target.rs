@@ -667,7 +667,11 @@ fn text(r: &Report<'_>) -> String {
         bytes(c.argument_size_in_bytes),
         gib(p.argument_bytes)
     ));
-    line(format!("  outputs    {:<12} {} (the hooks)", bytes(c.output_size_in_bytes), gib(p.output_bytes)));
+    line(format!(
+        "  outputs    {:<12} {} (the hooks, latents and outputs)",
+        bytes(c.output_size_in_bytes),
+        gib(p.output_bytes)
+    ));
     line(format!("  temporary  {:<12} {} (working set, FSDP gathers)", bytes(c.temp_size_in_bytes), gib(p.temp_bytes)));
     line(format!("  code       {}", bytes(c.generated_code_size_in_bytes)));
     if c.alias_size_in_bytes > 0 {
