@@ -292,9 +292,9 @@ class Dataset:
         self, hooks: Optional[Sequence[str]], outputs: Optional[Sequence[str]]
     ) -> Tuple[List[str], List[str]]:
         """The hooks and outputs asked for: `hooks` ``None`` is every hook (none, in a run that
-        stores only outputs); something must be asked for."""
+        stores only outputs), ``[]`` none where outputs are asked for; something must be."""
         names = checked_outputs(outputs, self.outputs)
-        if hooks is None and not self.hooks and names:
+        if names and not hooks and (hooks is not None or not self.hooks):
             return [], names
         return self._check_hooks(hooks), names
 

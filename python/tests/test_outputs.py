@@ -60,6 +60,10 @@ def test_the_reader_returns_the_stored_outputs_beside_the_hooks(outputs_run: Pat
     assert sorted(map(tuple, np.column_stack([ids, got]))) == sorted(
         map(tuple, np.column_stack([everything["token_ids"], everything["output.topk_ids"]])))
     assert str(first["output.nll"].dtype) == "torch.float32"
+    # The outputs alone, without any hook.
+    alone = ds.read([], outputs=["output.entropy"])
+    assert set(alone) == {"output.entropy", "token_ids", "position"}
+    np.testing.assert_array_equal(alone["output.entropy"], everything["output.entropy"])
 
 
 def test_statistics_are_the_stored_values_means(outputs_run: Path) -> None:
