@@ -40,16 +40,18 @@ def siphon_round(args: argparse.Namespace, extra: List[str], out: pathlib.Path) 
 
 
 def stored_rows(run: pathlib.Path, hook: str) -> Tuple[Any, Any]:
-    """The run's rows in order (token ids [n, SEQ]) and each token's spliced NLL."""
+    """The run's rows in order (token ids [n, SEQ]; every token is stored, `--keep-excluded`, no
+    shuffle) and each token's spliced NLL, read from its shards."""
     import numpy as np
+    from safetensors import safe_open
 
-    sys.path.insert(0, str(REPO / "python"))
-    import siphon
-
-    ds = siphon.open_dataset(str(run))
-    got = ds.read(outputs=[f"output.nll.spliced.{hook}"])
-    ids = np.asarray(got["token_ids"]).reshape(-1, SEQ)
-    return ids, np.asarray(got[f"output.nll.spliced.{hook}"]).reshape(-1, SEQ)
+    ids, nll = [], []
+    for host in sorted(p for p in run.iterdir() if p.name.startswith("machine_")):
+        for line in (host / "manifest.jsonl").read_text().splitlines():
+            with safe_open(str(host / json.loads(line)["shard"]), framework="np") as f:
+                ids.append(f.get_tensor("token_ids"))
+                nll.append(f.get_tensor(f"output.nll.spliced.{hook}"))
+    return np.concatenate(ids).reshape(-1, SEQ), np.concatenate(nll).reshape(-1, SEQ)
 
 
 def saelens_round(args: argparse.Namespace, ids: Any) -> Dict[str, Any]:
