@@ -160,7 +160,8 @@ fn activations(b: &mut Builder, x: Value, dict: &Dictionary, tensors: &[Value]) 
 
 /// The reconstruction of `x` `[tokens, d_in]` under `dict`, whose encoder's tensors the
 /// program holds as `tensors` and its decoder's as `[w_dec, b_dec]`: `latents · W_dec + b_dec`
-/// in f32 (SAELens's `decode`), the latents a TopK encoder keeps being its `k` largest.
+/// in f32 (SAELens's `decode`). A TopK encoder's `k` largest latents (XLA's TopK, as SAELens's
+/// `torch.topk`) are decoded sparsely: the sum of their values times their decoder rows.
 pub fn reconstruct(
     b: &mut Builder,
     x: Value,
@@ -168,21 +169,19 @@ pub fn reconstruct(
     tensors: &[Value],
     [w_dec, b_dec]: [Value; 2],
 ) -> Result<Value, HloError> {
-    let mut acts = activations(b, x, dict, tensors)?;
-    let [t, n] = b.dims(acts)?.try_into().expect("[tokens, d_sae]");
-    if let Encoder::TopK { k } = dict.encoder {
-        // The k-th largest of each token, and every latent below it set to 0 (a latent tied
-        // with it kept: equal floats, as torch.topk would pick either).
-        let (largest, _) = b.top_k(acts, k)?;
-        let kth = b.slice_dim(largest, 1, k - 1, k)?;
-        let kth = b.reshape(kth, &[t])?;
-        let kth = b.broadcast_in_dim(kth, &[t, n], &[0])?;
-        let kept = b.compare(CompareDir::Ge, acts, kth)?;
-        let zero = b.splat(0.0, TensorType::new(DType::F32, &[t, n]))?;
-        acts = b.select(kept, acts, zero)?;
-    }
-    let y = b.matmul(acts, w_dec)?;
+    let acts = activations(b, x, dict, tensors)?;
+    let [t, _] = b.dims(acts)?.try_into().expect("[tokens, d_sae]");
     let d = dict.d_in;
+    let y = match dict.encoder {
+        Encoder::TopK { k } => {
+            let (values, ids) = b.top_k(acts, k)?;
+            let rows = b.take_rows(w_dec, ids)?;
+            let values = b.broadcast_in_dim(values, &[t, k, d], &[0, 1])?;
+            let weighted = b.mul(values, rows)?;
+            b.reduce_sum(weighted, &[1])?
+        }
+        _ => b.matmul(acts, w_dec)?,
+    };
     let bias = b.broadcast_in_dim(b_dec, &[t, d], &[1])?;
     b.add(y, bias)
 }
