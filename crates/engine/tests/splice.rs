@@ -3,7 +3,9 @@
 //! scripts/fixtures/gen_splice_fixtures.py: a forward hook on tiny-llama's block 1 replacing its
 //! output — its input for `hook_resid_pre` — by `sae.decode(sae.encode(x))`, and by zeros;
 //! log-softmax in f64): SAELens's standard, TopK and JumpReLU dictionaries at
-//! `blocks.1.hook_resid_post`, the standard one at `blocks.1.hook_resid_pre` too. Per token the
+//! `blocks.1.hook_resid_post`, the standard one at `blocks.1.hook_resid_pre` too, and its
+//! standard and JumpReLU transcoders (reading `blocks.1.ln2.hook_normalized`, their output in
+//! place of the MLP's, `blocks.1.hook_mlp_out`). Per token the
 //! clean, spliced and ablated NLL and the KL divergences within 1e-5 of HF's (relative,
 //! absolute below 1), on one device and on a 2 × 4 mesh; and the run's SAELens metrics
 //! (`ce_loss_score`, `kl_div_score`, the mean CEs) computed from them within 1e-4 of those
@@ -19,7 +21,7 @@ use safetensors::SafeTensors;
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
 use siphon_models::dictionary::{Dictionary, Encoder};
-use siphon_models::{DictionaryHook, HookPoint, LoadedModel, NextToken};
+use siphon_models::{DictionaryHook, HookKind, HookPoint, LoadedModel, NextToken};
 
 fn dictionaries() -> PathBuf {
     fixture("tiny-llama").join("../../dictionaries")
@@ -97,7 +99,12 @@ fn check(name: &str, golden_file: &str, hook: Option<&str>, options: EngineOptio
     let dir = dictionaries().join(name);
     let g = golden(&dir.join(golden_file));
     let d = spliced(&dir, hook, &model);
-    let at = d.hook.to_string();
+    // What the reconstruction replaces: an SAE's own hook, a transcoder's block's MLP output.
+    let target = match d.dictionary.transcoder {
+        true => HookPoint::block(d.hook.layer().unwrap(), HookKind::MlpOut),
+        false => d.hook,
+    };
+    let at = target.to_string();
     let (mut ids, mut mask) = (g.ids.clone(), g.mask.clone());
     // A data axis that does not divide the golden batch gets copies of the first row (not compared).
     while ids.len() % options.mesh.axis_size_or_one("data") != 0 {
@@ -112,8 +119,7 @@ fn check(name: &str, golden_file: &str, hook: Option<&str>, options: EngineOptio
         dictionaries: vec![d.clone()],
         ..options
     };
-    let hook = d.hook;
-    let engine = Engine::new(&client(), &model, vec![hook], options).unwrap();
+    let engine = Engine::new(&client(), &model, vec![target], options).unwrap();
     let acts = engine.run(&batch).unwrap();
     let names: Vec<&str> = acts.next_token.iter().map(|(n, _)| n.as_str()).collect();
     let expected = [
@@ -144,7 +150,7 @@ fn check(name: &str, golden_file: &str, hook: Option<&str>, options: EngineOptio
     let mean = |n: &str| ours.iter().find(|(k, _)| *k == n).unwrap().1;
     // The fraction of variance unexplained: the squared errors' sum over the hook's own
     // total variance, over the real tokens.
-    let x = acts.get(hook).unwrap().to_f32();
+    let x = acts.get(target).unwrap().to_f32();
     let width = x.len() / (batch.batch() * seq);
     let rows: Vec<&[f32]> = real.iter().map(|&t| &x[t * width..(t + 1) * width]).collect();
     let centre: Vec<f64> =
@@ -201,16 +207,28 @@ fn saelens_standard_spliced_at_the_blocks_input() {
 }
 
 #[test]
+fn saelens_transcoder_spliced_at_the_blocks_mlp_output() {
+    check("saelens-transcoder", "golden-splice.safetensors", None, EngineOptions::default());
+}
+
+#[test]
+fn saelens_jumprelu_transcoder_spliced_at_the_blocks_mlp_output() {
+    check("saelens-jumprelu-transcoder", "golden-splice.safetensors", None, EngineOptions::default());
+}
+
+#[test]
+fn saelens_transcoder_spliced_on_a_mesh() {
+    check("saelens-transcoder", "golden-splice.safetensors", None, mesh_2x4());
+}
+
+#[test]
 fn saelens_topk_spliced_on_a_mesh() {
     check("saelens-topk", "golden-splice.safetensors", None, mesh_2x4());
 }
 
 #[test]
-fn a_transcoder_or_a_hook_off_the_residual_stream_is_refused_by_name() {
+fn a_hook_off_the_residual_stream_or_a_normalising_dictionary_is_refused_by_name() {
     let model = LoadedModel::open(&fixture("tiny-llama")).unwrap();
-    let dir = dictionaries().join("saelens-transcoder");
-    let err = Dictionary::open(&dir, None).unwrap().with_decoder(&dir).unwrap_err().to_string();
-    assert!(err.contains("a transcoder writes another hook"), "{err}");
     let dir = dictionaries().join("saelens-standard");
     let d = spliced(&dir, Some("blocks.1.hook_mlp_out"), &model);
     let options = EngineOptions {

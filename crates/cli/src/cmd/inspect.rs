@@ -135,13 +135,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         for s in &splices {
             let f = |key: &str| s[key].as_f64().unwrap_or(f64::NAN);
+            let l0 = s["l0"].as_f64().map_or(String::new(), |l0| format!("; L0 {l0:.2}"));
             let fvu = match s["fvu"].as_f64() {
                 Some(fvu) => format!("FVU {fvu:.4}"),
                 None => format!("FVU: store {} too (--hooks)", s["hook"].as_str().unwrap_or("its hook")),
             };
             println!(
                 "    spliced {}: CE clean {:.4}, spliced {:.4}, ablated {:.4}: ce_loss_score {:.4}; KL spliced {:.4}, \
-                 ablated {:.4}: kl_div_score {:.4}; {fvu}; L0 {:.2}",
+                 ablated {:.4}: kl_div_score {:.4}; {fvu}{l0}",
                 s["spliced"].as_str().unwrap_or("?"),
                 f("ce_clean"),
                 f("ce_spliced"),
@@ -149,8 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 f("ce_loss_score"),
                 f("kl_spliced"),
                 f("kl_ablated"),
-                f("kl_div_score"),
-                f("l0")
+                f("kl_div_score")
             );
         }
         println!(

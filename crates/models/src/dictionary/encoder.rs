@@ -171,7 +171,7 @@ pub fn reconstruct(
 ) -> Result<Value, HloError> {
     let acts = activations(b, x, dict, tensors)?;
     let [t, _] = b.dims(acts)?.try_into().expect("[tokens, d_sae]");
-    let d = dict.d_in;
+    let d = dict.d_out().unwrap_or(dict.d_in);
     let y = match dict.encoder {
         Encoder::TopK { k } => {
             let (values, ids) = b.top_k(acts, k)?;

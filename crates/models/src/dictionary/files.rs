@@ -106,6 +106,17 @@ pub(crate) fn decoder_tensors(dir: &Path) -> Result<[Tensor; 2], ModelError> {
     Ok([decoder_tensor(dir, "W_dec")?, decoder_tensor(dir, "b_dec")?])
 }
 
+/// Whether the dictionary in `dir` is a skip transcoder (SAELens's weights hold `W_skip`).
+pub(crate) fn has_skip(dir: &Path) -> Result<bool, ModelError> {
+    match Format::of(dir) {
+        Some(Format::SaeLens) => {
+            let weights = Weights::from_safetensors_file(&dir.join(saelens::WEIGHTS))?;
+            Ok(weights.get_if_stored("W_skip", DType::F32)?.is_some())
+        }
+        _ => Ok(false),
+    }
+}
+
 /// The decoder's tensor `name` (`W_dec` or `b_dec`) of the dictionary in `dir`, in f32.
 fn decoder_tensor(dir: &Path, name: &'static str) -> Result<Tensor, ModelError> {
     let from = |file: &str| -> Result<Tensor, ModelError> {

@@ -152,18 +152,16 @@ impl Dictionary {
     }
 
     /// The dictionary with its decoder read from `dir` (where [`Dictionary::open`] read it), to
-    /// splice its reconstruction `latents · W_dec + b_dec` into the forward in place of the
-    /// hook's value, as SAELens's `decode` computes it. Refused by name where that is not the
-    /// hook's own value: a dictionary that normalises its input (the reconstruction would
-    /// need the normalisation undone), a transcoder (whose output is another hook's), or a
-    /// decoder of another width.
+    /// splice its reconstruction `latents · W_dec + b_dec` into the forward, as SAELens's
+    /// `decode` computes it: in place of the hook's value for an SAE, of its block's MLP output
+    /// for a transcoder (`W_dec` `[d_sae, d_out]`). Refused by name where that is not what the
+    /// dictionary's own library computes: one that normalises its input (the reconstruction
+    /// would need the normalisation undone), a skip transcoder (its `W_skip` term), or an
+    /// SAE's decoder of another width than its hook.
     pub fn with_decoder(mut self, dir: &std::path::Path) -> Result<Dictionary, ModelError> {
         let refuse = |why: String| ModelError::Config(format!("splicing dictionary {}: {why}", self.name));
-        if self.transcoder {
-            return Err(refuse(format!(
-                "a transcoder writes another hook than the {} it reads, which is not spliced yet",
-                self.hook
-            )));
+        if files::has_skip(dir)? {
+            return Err(refuse("a skip transcoder's W_skip term is not spliced yet".into()));
         }
         if self.normalize != Normalize::None {
             return Err(refuse(format!(
@@ -172,10 +170,13 @@ impl Dictionary {
             )));
         }
         let [w_dec, b_dec] = files::decoder_tensors(dir)?;
-        if w_dec.shape != [self.d_sae, self.d_in] || b_dec.shape != [self.d_in] {
+        // A transcoder's output may be of another width than its input (the graph checks it
+        // against the hook it writes).
+        let d_out = if self.transcoder { w_dec.shape.get(1).copied().unwrap_or(0) } else { self.d_in };
+        if w_dec.shape != [self.d_sae, d_out] || b_dec.shape != [d_out] || d_out == 0 {
             return Err(refuse(format!(
-                "W_dec is {:?} and b_dec {:?}: a reconstruction of its own hook is [{}, {}] and [{}]",
-                w_dec.shape, b_dec.shape, self.d_sae, self.d_in, self.d_in
+                "W_dec is {:?} and b_dec {:?}: its reconstruction is [{}, {d_out}] and [{d_out}]",
+                w_dec.shape, b_dec.shape, self.d_sae
             )));
         }
         for t in [&w_dec, &b_dec] {
@@ -189,6 +190,11 @@ impl Dictionary {
         }
         self.decoder = vec![w_dec, b_dec];
         Ok(self)
+    }
+
+    /// The width of what its decoder writes (its hook's for an SAE); `None` without a decoder.
+    pub fn d_out(&self) -> Option<usize> {
+        self.decoder.first().and_then(|w| w.shape.get(1).copied())
     }
 
     /// Every tensor a program takes, in its order: the encoder's, then the decoder's.

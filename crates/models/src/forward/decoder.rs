@@ -31,6 +31,8 @@ pub(crate) fn pre_norm_decoder<T>(
     let mut g = Graph::new(config, spec)?;
     let x = g.embed("model.embed_tokens.weight")?;
     g.hook(HookPoint::model(Embed), x);
+    // Each block ends with `h + m`: hook_resid_mid plus hook_mlp_out.
+    g.mlp_joins_resid_mid = true;
     let x = g.blocks(x, |g, x, layer| {
         let at = |kind| HookPoint::block(layer, kind);
         let p = |name: &str| format!("model.layers.{layer}.{name}");
@@ -172,6 +174,8 @@ impl<'a> Graph<'a> {
         let out = self.block_mlp(input, &format!("model.layers.{layer}.mlp"), layer, MlpProjOut)?;
         let ffn = beside(self, h, out)?;
         let post = [Ln2PostScale, Ln2PostNormalized, MlpOut].map(at);
+        // The block ends with `h` plus the normed MLP output, hook_mlp_out.
+        self.mlp_joins_resid_mid = true;
         self.add_post_normed(h, ffn, &norm("post_feedforward_layernorm"), gain, post)
     }
 

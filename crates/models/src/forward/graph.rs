@@ -57,6 +57,9 @@ pub(crate) struct Graph<'a> {
     /// Why this family's blocks cannot be built a second time from a hook on, where that is
     /// so (`super::splice`).
     pub(crate) replay_refusal: Option<&'static str>,
+    /// Whether the family's blocks end with `hook_resid_mid + hook_mlp_out` as they are (a
+    /// transcoder's reconstruction of the MLP's output is spliced there: `super::splice`).
+    pub(crate) mlp_joins_resid_mid: bool,
     /// Each splice's residual stream after the last block, then its final norm's output
     /// (`super::splice`).
     pub(crate) splices: Vec<super::splice::Replayed>,
@@ -192,6 +195,7 @@ impl<'a> Graph<'a> {
             ropes: Vec::new(),
             recording: true,
             replay_refusal: None,
+            mlp_joins_resid_mid: false,
             splices: Vec::new(),
         })
     }
@@ -239,11 +243,12 @@ impl<'a> Graph<'a> {
         Ok(*value)
     }
 
-    /// Whether `hook` was requested, or a dictionary or the next-token outputs read it.
+    /// Whether `hook` was requested, or a dictionary, a splice or the next-token outputs read it.
     pub fn wants(&self, hook: HookPoint) -> bool {
         self.spec.hooks.contains(&hook)
             || self.spec.dictionaries.iter().any(|d| d.hook == hook)
             || self.spec.next_token.is_some() && hook == HookPoint::model(HookKind::LnFinalOut)
+            || super::splice::reads(self.spec).any(|h| h == hook)
     }
 
     /// Records `x` as `hook` if it was requested. `x` holds the hook's values token-major

@@ -45,14 +45,46 @@ fn spliced(spec: &ForwardSpec) -> impl Iterator<Item = (usize, &DictionaryHook)>
     spec.dictionaries.iter().enumerate().filter(|(_, d)| !d.dictionary.decoder.is_empty())
 }
 
-/// Refuses splices that are not built: at a hook other than the residual stream's, without
-/// the next-token NLL that they are measured by.
-pub(crate) fn check(spec: &ForwardSpec, _config: &ModelConfig) -> Result<(), ModelError> {
+/// The hook a spliced dictionary's reconstruction replaces: an SAE's own (a block's
+/// `hook_resid_pre` or `hook_resid_post`), a transcoder's block's `hook_mlp_out` (it reads the
+/// MLP's input: `ln2.hook_normalized` or `mlp.hook_in`); `Err` says why the hook is not spliced.
+fn target(d: &DictionaryHook) -> Result<HookPoint, String> {
+    let (kind, layer) = (d.hook.kind(), d.hook.layer());
+    match (d.dictionary.transcoder, kind, layer) {
+        (false, HookKind::ResidPre | HookKind::ResidPost, Some(_)) => Ok(d.hook),
+        (true, HookKind::Ln2Normalized | HookKind::MlpIn, Some(layer)) => Ok(HookPoint::block(layer, HookKind::MlpOut)),
+        (false, ..) => Err(format!("{}: only a block's hook_resid_pre or hook_resid_post is spliced so far", d.hook)),
+        (true, ..) => Err(format!(
+            "a transcoder reading {}: only one reading its block's MLP input (ln2.hook_normalized or mlp.hook_in) is \
+             spliced so far",
+            d.hook
+        )),
+    }
+}
+
+/// The hooks a splice reads besides the dictionary's own: a transcoder's block's
+/// `hook_resid_mid` (its MLP output joins it) and `hook_mlp_out` (what it reconstructs).
+pub(crate) fn reads(spec: &ForwardSpec) -> impl Iterator<Item = HookPoint> + '_ {
+    spliced(spec)
+        .filter(|(_, d)| d.dictionary.transcoder)
+        .filter_map(|(_, d)| d.hook.layer())
+        .flat_map(|layer| [HookPoint::block(layer, HookKind::ResidMid), HookPoint::block(layer, HookKind::MlpOut)])
+}
+
+/// Refuses splices that are not built: at a hook other than those [`target`] takes, a
+/// transcoder writing another width than the residual stream's, without the next-token NLL
+/// that they are measured by.
+pub(crate) fn check(spec: &ForwardSpec, config: &ModelConfig) -> Result<(), ModelError> {
     for (_, d) in spliced(spec) {
-        if !matches!(d.hook.kind(), HookKind::ResidPre | HookKind::ResidPost) {
-            return Err(ModelError::Hook(format!(
-                "splicing dictionary {} at {}: only a block's hook_resid_pre or hook_resid_post is spliced so far",
-                d.dictionary.name, d.hook
+        let refuse = |why: String| ModelError::Hook(format!("splicing dictionary {}: {why}", d.dictionary.name));
+        target(d).map_err(refuse)?;
+        if let Some(d_out) = d.dictionary.d_out()
+            && d.dictionary.transcoder
+            && d_out != config.hidden_size
+        {
+            return Err(refuse(format!(
+                "it writes {d_out} values a token, the MLP's output is {}",
+                config.hidden_size
             )));
         }
         if !spec.next_token.is_some_and(|o| o.nll) {
@@ -66,11 +98,12 @@ pub(crate) fn check(spec: &ForwardSpec, _config: &ModelConfig) -> Result<(), Mod
 }
 
 /// The names of a splice's outputs, by the dictionary's latents column `column`
-/// (`<hook>.hook_sae_acts_post[.<dictionary>]`), and of its hook's ablation.
-fn names(column: &str, hook: HookPoint) -> ([String; 3], [String; 2]) {
-    let tail = column.replacen(".hook_sae_acts_post", "", 1);
+/// (`<hook it reads>.hook_sae_acts_post[.<dictionary>]`) and the hook it replaces, `target`
+/// (`output.nll.spliced.<target>[.<dictionary>]`, …), and of that hook's ablation.
+fn names(column: &str, read: HookPoint, target: HookPoint) -> ([String; 3], [String; 2]) {
+    let tail = column.replacen(&format!("{read}.hook_sae_acts_post"), &target.to_string(), 1);
     let spliced = ["nll", "kl", "sq_error"].map(|what| format!("output.{what}.spliced.{tail}"));
-    (spliced, [format!("output.nll.ablated.{hook}"), format!("output.kl.ablated.{hook}")])
+    (spliced, [format!("output.nll.ablated.{target}"), format!("output.kl.ablated.{target}")])
 }
 
 /// The names of the outputs the splices of `dictionaries` add after the next-token outputs, in
@@ -81,11 +114,12 @@ pub fn output_names(dictionaries: &[DictionaryHook]) -> Vec<String> {
     let mut ablated = Vec::new();
     let (mut out, mut errors) = (Vec::new(), Vec::new());
     for (i, d) in dictionaries.iter().enumerate().filter(|(_, d)| !d.dictionary.decoder.is_empty()) {
-        let ([nll, kl, error], ablation) = names(&columns[i], d.hook);
+        let Ok(at) = target(d) else { continue };
+        let ([nll, kl, error], ablation) = names(&columns[i], d.hook, at);
         out.extend([nll, kl]);
         errors.push(error);
-        if !ablated.contains(&d.hook) {
-            ablated.push(d.hook);
+        if !ablated.contains(&at) {
+            ablated.push(at);
             out.extend(ablation);
         }
     }
@@ -105,39 +139,66 @@ impl<'a> Graph<'a> {
         let columns = DictionaryHook::names(&spec.dictionaries);
         let mut ablated = Vec::new();
         for (i, d) in spliced(spec) {
+            let refuse = |why: String| ModelError::Config(format!("splicing dictionary {}: {why}", d.dictionary.name));
             if let Some(why) = self.replay_refusal {
-                return Err(ModelError::Config(format!("splicing dictionary {}: {why}", d.dictionary.name)));
+                return Err(refuse(why.to_string()));
             }
-            let x = *self.hooks.get(&d.hook).ok_or_else(|| {
-                ModelError::Hook(format!(
-                    "splicing {} at {}, which the graph did not produce",
-                    d.dictionary.name, d.hook
-                ))
-            })?;
+            let at = target(d).map_err(refuse)?;
+            if d.dictionary.transcoder && !self.mlp_joins_resid_mid {
+                return Err(refuse(format!(
+                    "{:?}'s blocks do not add the MLP's output to hook_resid_mid as it is, so a transcoder's is not \
+                     spliced there yet",
+                    self.config.arch
+                )));
+            }
+            let hook = |g: &Graph<'a>, hook: HookPoint| {
+                g.hooks.get(&hook).copied().ok_or_else(|| {
+                    ModelError::Hook(format!(
+                        "splicing {} reads {hook}, which the graph did not produce",
+                        d.dictionary.name
+                    ))
+                })
+            };
+            let x = hook(self, d.hook)?;
             let args = &self.dictionary_args[i];
             let (encoder, decoder) = args.split_at(d.dictionary.tensors.len());
             let decoder = [decoder[0], decoder[1]];
-            let reconstruction =
-                crate::dictionary::encoder::reconstruct(&mut self.b, x, &d.dictionary, encoder, decoder)?;
-            let squared_error = self.squared_error(x, reconstruction)?;
-            let reconstruction = self.b.convert(reconstruction, self.dt)?;
-            let ([nll, kl, error], ablated_names) = names(&columns[i], d.hook);
-            let last = self.replay_from(d.hook, reconstruction, block)?;
+            let exact = crate::dictionary::encoder::reconstruct(&mut self.b, x, &d.dictionary, encoder, decoder)?;
+            let reconstruction = self.b.convert(exact, self.dt)?;
+            let ([nll, kl, error], ablated_names) = names(&columns[i], d.hook, at);
+            // Where the replay starts, with what: an SAE's hook holds its reconstruction (or 0);
+            // a transcoder's block ends with hook_resid_mid plus it (or nothing), steered as the
+            // block's output is.
+            let (truth, start, spliced_value, ablated_value) = match d.dictionary.transcoder {
+                false => {
+                    let dims = self.b.dims(x)?.to_vec();
+                    (x, d.hook, reconstruction, self.b.splat(0.0, TensorType::new(self.dt, &dims))?)
+                }
+                true => {
+                    let layer = d.hook.layer().expect("a block's hook");
+                    let mid = hook(self, HookPoint::block(layer, HookKind::ResidMid))?;
+                    let post = HookPoint::block(layer, HookKind::ResidPost);
+                    let joined = self.b.add(mid, reconstruction)?;
+                    let joined = self.constrain_tokens(joined)?;
+                    let (joined, mid_only) = (self.steer(post, joined)?, self.steer(post, mid)?);
+                    (hook(self, at)?, post, joined, mid_only)
+                }
+            };
+            let squared_error = self.squared_error(truth, exact)?;
+            let last = self.replay_from(start, spliced_value, block)?;
             let squared_error = Some((error, squared_error));
             self.splices.push(Replayed { names: [nll, kl], last, hidden: None, squared_error });
-            if !ablated.contains(&d.hook) {
-                ablated.push(d.hook);
-                let dims = self.b.dims(x)?.to_vec();
-                let zeros = self.b.splat(0.0, TensorType::new(self.dt, &dims))?;
-                let last = self.replay_from(d.hook, zeros, block)?;
+            if !ablated.contains(&at) {
+                ablated.push(at);
+                let last = self.replay_from(start, ablated_value, block)?;
                 self.splices.push(Replayed { names: ablated_names, last, hidden: None, squared_error: None });
             }
         }
         Ok(())
     }
 
-    /// `‖x − x̂‖²` per token `[tokens]` f32 of `x` `[tokens, d]` and its reconstruction
-    /// (f32).
+    /// `‖x − x̂‖²` per token `[tokens]` f32 of `x` `[tokens, d]` (the value replaced) and its
+    /// reconstruction (f32).
     fn squared_error(&mut self, x: Value, reconstruction: Value) -> Result<Value, ModelError> {
         let x = self.b.convert(x, siphon_hlo::DType::F32)?;
         let diff = self.b.sub(x, reconstruction)?;
