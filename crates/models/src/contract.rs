@@ -180,7 +180,7 @@ impl NextToken {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NextTokenInfo {
     /// `output.nll`, `output.entropy`, `output.topk_logprobs` or `output.topk_ids`; then a
-    /// spliced dictionary's (`output.nll.spliced.<hook>`, …: `crate::forward` `splice`).
+    /// spliced dictionary's (`output.nll.spliced.<hook>`, …).
     pub name: String,
     /// `[batch, seq]`, or `[batch, seq, K]` for the top-k.
     pub shape: Vec<usize>,

@@ -19,12 +19,14 @@ pub struct SaeArgs {
     #[arg(long, value_name = "N", value_parser = crate::args::limits::count(1, crate::args::limits::MAX_LATENTS))]
     pub latent_cap: Option<usize>,
     /// Splice dictionaries into the forward (SAELens's `run_evals`): the rest of the forward
-    /// run again from each one's hook with the hook's value replaced by its reconstruction,
-    /// and once more with it zero-ablated; per token the NLL of each and its KL divergence from
-    /// the clean forward (`output.nll.spliced.<hook>`, `output.kl.spliced.<hook>`,
-    /// `output.nll.ablated.<hook>`, `output.kl.ablated.<hook>`; implies `--outputs nll`).
-    /// Every --sae dictionary, or those named (comma-separated dictionary names). A block's
-    /// hook_resid_pre or hook_resid_post so far.
+    /// run again from each one's hook with the hook's value replaced by its reconstruction (a
+    /// transcoder's: its block's MLP output), and once more with it zero-ablated; per token the
+    /// NLL of each, its KL divergence from the clean forward and the reconstruction's squared
+    /// error (`output.nll.spliced.<hook>`, `output.kl.spliced.<hook>`,
+    /// `output.sq_error.spliced.<hook>`, `output.nll.ablated.<hook>`, `output.kl.ablated.<hook>`;
+    /// implies `--outputs nll`). Every --sae dictionary, or those named (comma-separated
+    /// dictionary names). An SAE of a block's hook_resid_pre or hook_resid_post, or a transcoder
+    /// of its MLP input, so far.
     #[arg(long, value_name = "NAMES", num_args = 0..=1, default_missing_value = "")]
     pub splice: Option<String>,
 }

@@ -45,30 +45,26 @@ pub fn for_writer(
     allow_non_finite: bool,
 ) -> anyhow::Result<Vec<BatchOutput>> {
     let tokens = batch.len() * batch.seq_len;
+    // Each token's next token in its row (−1: none), where an NLL may be NaN.
+    let ids: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
+    let mask: Vec<i32> = batch.attention_mask.iter().map(|&m| i32::from(m)).collect();
+    let next = siphon_engine::next_in_row(&ids, &mask, batch.seq_len);
     let mut outputs = Vec::with_capacity(columns.len());
     for (column, (name, array)) in columns.iter().zip(results) {
         debug_assert_eq!(column.name, name);
         let data = Bytes::from(array.into_bytes()).slice(..tokens * column.row_bytes());
         if column.dtype == OutputDType::F32 && !allow_non_finite {
-            check_finite(column, batch, &data)?;
+            check_finite(column, batch, &next, &data)?;
         }
         outputs.push(BatchOutput { name: column.name.clone(), data });
     }
     Ok(outputs)
 }
 
-/// Refuses a value of `column` that is NaN or ±Inf at a kept token, but `output.nll`'s where the
-/// token has no next token in its row.
-fn check_finite(column: &OutputColumn, batch: &siphon_data::Batch, data: &[u8]) -> anyhow::Result<()> {
+/// Refuses a value of `column` that is NaN or ±Inf at a kept token, but an NLL's where the
+/// token has no next token in its row (`next` −1).
+fn check_finite(column: &OutputColumn, batch: &siphon_data::Batch, next: &[i32], data: &[u8]) -> anyhow::Result<()> {
     let nll = crate::args::outputs::is_nll(&column.name);
-    let next = match nll {
-        true => {
-            let ids: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
-            let mask: Vec<i32> = batch.attention_mask.iter().map(|&m| i32::from(m)).collect();
-            siphon_engine::next_in_row(&ids, &mask, batch.seq_len)
-        }
-        false => Vec::new(),
-    };
     let row_bytes = column.row_bytes();
     for (t, row) in data.chunks_exact(row_bytes).enumerate() {
         if batch.exclude[t] != 0 || (nll && next[t] == -1) {
@@ -110,5 +106,52 @@ mod tests {
             ]
         );
         assert!(super::columns(None, &[]).is_empty());
+    }
+
+    /// One row of 4 tokens: BOS (excluded), two words, padding. Only the second word has no
+    /// next token; an NLL may be NaN there (and at excluded tokens), nothing else may.
+    fn batch() -> siphon_data::Batch {
+        siphon_data::Batch {
+            index: 0,
+            seq_len: 4,
+            ids: vec![siphon_data::SeqId { unit: 0, index: 0 }],
+            tokens: vec![1, 6, 7, 0],
+            attention_mask: vec![1, 1, 1, 0],
+            exclude: vec![1, 0, 0, 1],
+            doc: vec![-1, 3, 3, -1],
+            doc_pos: vec![-1, 0, 1, -1],
+            role: vec![0; 4],
+            position: siphon_data::Position {
+                plan: String::new(),
+                ordinal: 0,
+                unit: None,
+                location: None,
+                record: 0,
+                token: 0,
+                row_in_unit: 0,
+                batches: 1,
+                sequences: 1,
+            },
+        }
+    }
+
+    fn written(name: &str, values: [f32; 4]) -> anyhow::Result<Vec<BatchOutput>> {
+        let column = OutputColumn { name: name.into(), dtype: OutputDType::F32, shape: Vec::new() };
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let array = HostArray::from_bytes(siphon_runtime::ElementType::F32, &[1, 4], bytes).unwrap();
+        for_writer(&[column], &batch(), vec![(name.to_string(), array)], false)
+    }
+
+    #[test]
+    fn an_nll_is_nan_only_where_a_kept_token_has_no_next_token() {
+        let nan = f32::NAN;
+        for name in ["output.nll", "output.nll.spliced.blocks.0.hook_resid_post"] {
+            written(name, [nan, 1.5, nan, nan]).unwrap();
+            let err = written(name, [0.0, nan, 2.0, 0.0]).unwrap_err().to_string();
+            assert!(err.contains(&format!("{name} is NaN or ±Inf at document 3 position 0")), "{err}");
+        }
+        let err = written("output.entropy", [0.0, 1.0, nan, 0.0]).unwrap_err().to_string();
+        assert!(err.contains("output.entropy is NaN or ±Inf at document 3 position 1"), "{err}");
+        written("output.entropy", [nan, 1.0, 2.0, f32::INFINITY]).unwrap();
     }
 }

@@ -14,10 +14,13 @@
 //! (`<dictionary>` where several dictionaries read one hook, as their latents are named).
 //! A replay records no hook and adds the steering vectors of the blocks it builds again.
 //!
-//! Spliced so far: a block's `hook_resid_pre` or `hook_resid_post` (the residual stream every
-//! family's decoder loop carries), in the families whose decoder ends with
-//! [`Graph::finish_decoder`] and whose blocks may be built again (not Gemma 4's, whose later
-//! layers read earlier layers' keys and values); anything else is refused by name.
+//! Spliced so far: an SAE of a block's `hook_resid_pre` or `hook_resid_post` (the residual
+//! stream every family's decoder loop carries), and a transcoder of a block's MLP input, whose
+//! reconstruction takes the place of the block's `hook_mlp_out` (the block then ends with
+//! `hook_resid_mid` plus it, in the families whose blocks end so: `Graph::mlp_joins_resid_mid`);
+//! in the families whose decoder ends with [`Graph::finish_decoder`] and whose blocks may be
+//! built again (not Gemma 4's, whose later layers read earlier layers' keys and values);
+//! anything else is refused by name.
 
 use siphon_hlo::{TensorType, Value};
 
