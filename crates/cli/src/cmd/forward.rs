@@ -235,7 +235,7 @@ fn plan_request(
         batch: Some(batch.batch()),
         seq: Some(batch.seq()),
         hooks: Some(hooks.to_vec()),
-        next_token: args.dictionaries.with_splice_outputs(args.outputs),
+        next_token: outputs,
         dtype: args.compute_dtype,
         output_dtype: args.dtype,
         pipeline_depth: 1,
