@@ -186,8 +186,13 @@ fn check_fixture(name: &str, options: EngineOptions) {
 /// goldens' tolerance) and the NLL and entropy as above, on `options`' mesh; and the vectors
 /// changed them.
 fn steered(name: &str, options: EngineOptions) {
+    steered_by(name, "golden-steered.safetensors", 2, options)
+}
+
+/// As [`steered`], the `vectors` of the golden `file`.
+fn steered_by(name: &str, file: &str, vectors: usize, options: EngineOptions) {
     let dir = fixture(name);
-    let path = dir.join("golden-steered.safetensors");
+    let path = dir.join(file);
     let model = LoadedModel::open(&dir).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -201,7 +206,7 @@ fn steered(name: &str, options: EngineOptions) {
         .map(|(n, hook)| Steering { hook: hook.parse().unwrap(), values: f32s(n), scale: 1.0, source: path.clone() })
         .collect();
     steering.sort_by_key(|s| s.hook);
-    assert_eq!(steering.len(), 2, "{name}: two vectors");
+    assert_eq!(steering.len(), vectors, "{name}: {vectors} vectors");
     let g = golden(&path);
     let seq = g.ids[0].len();
     let (mut ids, mut mask) = (g.ids.clone(), g.mask.clone());
@@ -322,4 +327,44 @@ fn smollm2_gguf_matches_hf() {
     let gguf = std::env::var_os("SIPHON_SMOLLM2_GGUF").expect("SIPHON_SMOLLM2_GGUF (scripts/setup-model.sh)");
     let options = EngineOptions { next_token: Some(outputs(Some(5))), ..EngineOptions::default() };
     check("smollm2", Path::new(&gguf), &fixture("smollm2").join("golden-next-token.safetensors"), options);
+}
+
+/// A vector added to block 1's `hook_mlp_out` (`golden-steered-mlp.safetensors`: HF with a forward
+/// hook on the block's MLP), in the families whose pre-norm blocks add the MLP's output to the
+/// residual stream as it is; a family whose blocks do not add it is refused when its program is
+/// built.
+mod steered_mlp_out {
+    fn steered_at_the_mlp(name: &str) {
+        super::steered_by(name, "golden-steered-mlp.safetensors", 1, siphon_engine::EngineOptions::default())
+    }
+
+    #[test]
+    fn tiny_llama() {
+        steered_at_the_mlp("tiny-llama")
+    }
+
+    #[test]
+    fn tiny_qwen3() {
+        steered_at_the_mlp("tiny-qwen3")
+    }
+
+    #[test]
+    fn tiny_mixtral() {
+        steered_at_the_mlp("tiny-mixtral")
+    }
+
+    #[test]
+    fn a_family_whose_blocks_do_not_add_it_is_refused() {
+        use siphon_models::{HookKind, HookPoint, LoadedModel, Steering};
+        let model = LoadedModel::open(&super::fixture("tiny-gpt2")).unwrap();
+        let hook = HookPoint::block(0, HookKind::MlpOut);
+        let values = vec![1.0; model.config.hidden_size];
+        let steering = vec![Steering { hook, values, scale: 1.0, source: "v.npy".into() }];
+        let options = siphon_engine::EngineOptions { steering, ..Default::default() };
+        let Err(err) = siphon_engine::Engine::new(&super::client(), &model, vec![super::ln_final()], options) else {
+            panic!("a vector at gpt2's hook_mlp_out built")
+        };
+        assert!(err.to_string().contains("steering at blocks.0.hook_mlp_out"), "{err}");
+        assert!(err.to_string().contains("do not add a vector there yet"), "{err}");
+    }
 }

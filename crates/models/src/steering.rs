@@ -8,7 +8,10 @@
 //! added there (as a forward hook of a bf16 model returning `out + v.to(out.dtype)`).
 //!
 //! Steered so far: a block's `hook_resid_pre` and `hook_resid_post`, the residual stream every
-//! family's decoder loop shares; any other hook is refused by name, never steered elsewhere.
+//! family's decoder loop shares, and its `hook_mlp_out` in the families built by the pre-norm
+//! decoder (Llama and those built like it); any other hook is refused by name, and a family
+//! whose program never adds a vector it was given is refused when the program is built, never
+//! steered elsewhere.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -30,12 +33,13 @@ pub struct Steering {
     pub source: PathBuf,
 }
 
-/// Refuses `hook` unless siphon steers it: a block's `hook_resid_pre` or `hook_resid_post`
-/// within the model.
+/// Refuses `hook` unless siphon steers it: a block's `hook_resid_pre`, `hook_resid_post` or
+/// `hook_mlp_out` within the model (the last where the family's blocks add the vector: a
+/// program that never adds one it was given is refused when built).
 pub fn check_hook(hook: HookPoint, config: &ModelConfig) -> Result<(), ModelError> {
-    if !matches!(hook.kind(), HookKind::ResidPre | HookKind::ResidPost) {
+    if !matches!(hook.kind(), HookKind::ResidPre | HookKind::ResidPost | HookKind::MlpOut) {
         return Err(ModelError::Hook(format!(
-            "steering at {hook}: only a block's hook_resid_pre or hook_resid_post is steered so far"
+            "steering at {hook}: only a block's hook_resid_pre, hook_resid_post or hook_mlp_out is steered so far"
         )));
     }
     crate::hooks::check(&hook.to_string(), hook, config)
@@ -179,8 +183,8 @@ mod tests {
         assert!(err.contains("element 1 is NaN"), "{err}");
         std::fs::write(&path, npy_f32(&[1.0, 2.0, 3.0, 4.0], "(4,)")).unwrap();
         assert!(Steering::read(at, &path, f32::INFINITY, &c).unwrap_err().to_string().contains("scale inf"));
-        let err = Steering::read(HookPoint::block(0, HookKind::MlpOut), &path, 1.0, &c).unwrap_err().to_string();
-        assert!(err.contains("steering at blocks.0.hook_mlp_out"), "{err}");
+        let err = Steering::read(HookPoint::block(0, HookKind::AttnOut), &path, 1.0, &c).unwrap_err().to_string();
+        assert!(err.contains("steering at blocks.0.hook_attn_out"), "{err}");
         assert!(Steering::read(HookPoint::block(2, HookKind::ResidPre), &path, 1.0, &c).is_err());
         let txt = dir.path().join("v.txt");
         std::fs::write(&txt, "1 2 3 4").unwrap();
@@ -221,6 +225,6 @@ mod tests {
         let err = crate::forward::build_forward(&c, &spec(vec![post0], vec![HookPoint::block(0, HookKind::AttnOut)]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("only a block's hook_resid_pre or hook_resid_post"), "{err}");
+        assert!(err.contains("only a block's hook_resid_pre, hook_resid_post or hook_mlp_out"), "{err}");
     }
 }

@@ -45,6 +45,7 @@ pub(crate) fn pre_norm_decoder<T>(
         let ln2 = g.rms_norm_with(h, &p("post_attention_layernorm.weight"), gain)?;
         g.hook_norm(&ln2, at(Ln2Scale), at(Ln2Normalized), at(MlpIn))?;
         let m = mlp(g, ln2.out, layer)?;
+        let m = g.steer(at(MlpOut), m)?;
         g.hook(at(MlpOut), m);
         let out = g.b.add(h, m)?;
         Ok(out)

@@ -44,6 +44,9 @@ pub(crate) struct Graph<'a> {
     pub(crate) dictionary_args: Vec<Vec<Value>>,
     /// Each steered hook's vector `[hidden]` f32 (arguments after the dictionaries').
     steering_args: Vec<(HookPoint, Value)>,
+    /// The steered hooks whose vector the graph added somewhere (a family that never adds
+    /// one it was given is refused: [`Graph::finish`]).
+    steered: Vec<HookPoint>,
     /// Attention masks built so far, by window.
     pub(crate) masks: Vec<(Option<usize>, Value)>,
     /// RoPE tables built so far, by local base (`None`: the model's) and head width.
@@ -189,6 +192,7 @@ impl<'a> Graph<'a> {
             hooks: BTreeMap::new(),
             dictionary_args,
             steering_args,
+            steered: Vec::new(),
             masks: Vec::new(),
             attention_forms: Vec::new(),
             row_lengths: None,
@@ -264,6 +268,9 @@ impl<'a> Graph<'a> {
     /// where one is given; else `x`.
     pub fn steer(&mut self, hook: HookPoint, x: Value) -> Result<Value, ModelError> {
         let Some(&(_, vector)) = self.steering_args.iter().find(|(h, _)| *h == hook) else { return Ok(x) };
+        if !self.steered.contains(&hook) {
+            self.steered.push(hook);
+        }
         let dims = self.b.dims(x)?.to_vec();
         let vector = self.b.convert(vector, self.dt)?;
         let vector = self.b.broadcast_in_dim(vector, &dims, &[dims.len() - 1])?;
@@ -354,6 +361,12 @@ impl<'a> Graph<'a> {
     /// prints the program.
     pub fn finish(self) -> Result<ForwardProgram, ModelError> {
         let (bsz, s) = (self.spec.batch, self.spec.seq);
+        if let Some(hook) = self.spec.steering.iter().find(|h| !self.steered.contains(h)) {
+            return Err(ModelError::Hook(format!(
+                "steering at {hook}: {:?}'s blocks do not add a vector there yet",
+                self.config.arch
+            )));
+        }
         let variants = super::splice::variants(&self)?;
         let unembedding = match self.spec.next_token {
             Some(_) => {
