@@ -223,7 +223,7 @@ fn forward_steers_as_hfs_forward_hooks() {
     std::fs::remove_file(&out).unwrap();
     let file = steer[1].split_once('=').unwrap().1.to_string();
     for (bad, named) in [
-        (format!("blocks.0.hook_attn_out={file}"), "steering at blocks.0.hook_attn_out"),
+        (format!("blocks.0.attn.hook_z={file}"), "steering at blocks.0.attn.hook_z"),
         ("blocks.0.hook_resid_pre".to_string(), "expected HOOK=FILE"),
         (format!("blocks.*.hook_resid_pre={file}"), "one expected"),
     ] {

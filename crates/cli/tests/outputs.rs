@@ -278,7 +278,10 @@ fn bad_outputs_and_vectors_are_refused_by_name_before_anything_is_written() {
         (vec!["--outputs", "topk=300"], "topk=300: more than the model's vocabulary of 264 tokens"),
         (vec!["--outputs", "nll,logits"], "\"logits\" is not an output"),
         (vec!["--steer", wide.as_str()], "shape [2, 32]"),
-        (vec!["--steer", attn.as_str()], "only a block's hook_resid_pre, hook_resid_post or hook_mlp_out is steered"),
+        (
+            vec!["--steer", attn.as_str()],
+            "only a block's hook_resid_pre, hook_resid_post, hook_attn_out or hook_mlp_out is steered",
+        ),
         (vec!["--steer", "blocks.0.hook_resid_post"], "expected HOOK=FILE[:SCALE]"),
     ] {
         let output = run(&extract(&s, "bad", "f32", &extra));

@@ -329,28 +329,34 @@ fn smollm2_gguf_matches_hf() {
     check("smollm2", Path::new(&gguf), &fixture("smollm2").join("golden-next-token.safetensors"), options);
 }
 
-/// A vector added to block 1's `hook_mlp_out` (`golden-steered-mlp.safetensors`: HF with a forward
-/// hook on the block's MLP), in the families whose pre-norm blocks add the MLP's output to the
-/// residual stream as it is; a family whose blocks do not add it is refused when its program is
-/// built.
-mod steered_mlp_out {
-    fn steered_at_the_mlp(name: &str) {
-        super::steered_by(name, "golden-steered-mlp.safetensors", 1, siphon_engine::EngineOptions::default())
+/// A vector added to block 1's `hook_mlp_out` or `hook_attn_out`
+/// (`golden-steered-{mlp,attn}.safetensors`: HF with a forward hook on the module that gives what
+/// joins the residual stream: the block's MLP or attention, or in a post-normed block its
+/// post-norm), in pre-norm (Llama, Qwen3, Mixtral) and post-normed blocks (Gemma 3, OLMo 2); a
+/// family whose blocks do not add it is refused when its program is built.
+mod steered_sublayer {
+    fn steered(name: &str, kind: &str) {
+        let file = format!("golden-steered-{kind}.safetensors");
+        super::steered_by(name, &file, 1, siphon_engine::EngineOptions::default())
     }
 
-    #[test]
-    fn tiny_llama() {
-        steered_at_the_mlp("tiny-llama")
+    macro_rules! sublayers {
+        ($($test:ident: $name:literal $kind:literal,)*) => {
+            $(#[test] fn $test() { steered($name, $kind) })*
+        };
     }
 
-    #[test]
-    fn tiny_qwen3() {
-        steered_at_the_mlp("tiny-qwen3")
-    }
-
-    #[test]
-    fn tiny_mixtral() {
-        steered_at_the_mlp("tiny-mixtral")
+    sublayers! {
+        llama_mlp_out: "tiny-llama" "mlp",
+        llama_attn_out: "tiny-llama" "attn",
+        qwen3_mlp_out: "tiny-qwen3" "mlp",
+        qwen3_attn_out: "tiny-qwen3" "attn",
+        mixtral_mlp_out: "tiny-mixtral" "mlp",
+        mixtral_attn_out: "tiny-mixtral" "attn",
+        gemma3_mlp_out: "tiny-gemma3" "mlp",
+        gemma3_attn_out: "tiny-gemma3" "attn",
+        olmo2_mlp_out: "tiny-olmo2" "mlp",
+        olmo2_attn_out: "tiny-olmo2" "attn",
     }
 
     #[test]

@@ -8,10 +8,12 @@
 //! added there (as a forward hook of a bf16 model returning `out + v.to(out.dtype)`).
 //!
 //! Steered so far: a block's `hook_resid_pre` and `hook_resid_post`, the residual stream every
-//! family's decoder loop shares, and its `hook_mlp_out` in the families built by the pre-norm
-//! decoder (Llama and those built like it); any other hook is refused by name, and a family
-//! whose program never adds a vector it was given is refused when the program is built, never
-//! steered elsewhere.
+//! family's decoder loop shares; its `hook_mlp_out` in the families built by the pre-norm
+//! decoder (Llama and those built like it) and its `hook_attn_out` in those of them whose mixer
+//! is the shared self-attention; both in the post-normed blocks (Gemma 2/3, OLMo 2), where they
+//! are the normed outputs that join the residual stream. Any other hook is refused by name,
+//! and a family whose program never adds a vector it was given is refused when the program is
+//! built, never steered elsewhere.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -33,13 +35,14 @@ pub struct Steering {
     pub source: PathBuf,
 }
 
-/// Refuses `hook` unless siphon steers it: a block's `hook_resid_pre`, `hook_resid_post` or
-/// `hook_mlp_out` within the model (the last where the family's blocks add the vector: a
-/// program that never adds one it was given is refused when built).
+/// Refuses `hook` unless siphon steers it: a block's `hook_resid_pre`, `hook_resid_post`,
+/// `hook_attn_out` or `hook_mlp_out` within the model (the last two where the family's blocks
+/// add the vector: a program that never adds one it was given is refused when built).
 pub fn check_hook(hook: HookPoint, config: &ModelConfig) -> Result<(), ModelError> {
-    if !matches!(hook.kind(), HookKind::ResidPre | HookKind::ResidPost | HookKind::MlpOut) {
+    if !matches!(hook.kind(), HookKind::ResidPre | HookKind::ResidPost | HookKind::AttnOut | HookKind::MlpOut) {
         return Err(ModelError::Hook(format!(
-            "steering at {hook}: only a block's hook_resid_pre, hook_resid_post or hook_mlp_out is steered so far"
+            "steering at {hook}: only a block's hook_resid_pre, hook_resid_post, hook_attn_out or hook_mlp_out is \
+             steered so far"
         )));
     }
     crate::hooks::check(&hook.to_string(), hook, config)
@@ -183,8 +186,8 @@ mod tests {
         assert!(err.contains("element 1 is NaN"), "{err}");
         std::fs::write(&path, npy_f32(&[1.0, 2.0, 3.0, 4.0], "(4,)")).unwrap();
         assert!(Steering::read(at, &path, f32::INFINITY, &c).unwrap_err().to_string().contains("scale inf"));
-        let err = Steering::read(HookPoint::block(0, HookKind::AttnOut), &path, 1.0, &c).unwrap_err().to_string();
-        assert!(err.contains("steering at blocks.0.hook_attn_out"), "{err}");
+        let err = Steering::read(HookPoint::block(0, HookKind::MlpPost), &path, 1.0, &c).unwrap_err().to_string();
+        assert!(err.contains("steering at blocks.0.mlp.hook_post"), "{err}");
         assert!(Steering::read(HookPoint::block(2, HookKind::ResidPre), &path, 1.0, &c).is_err());
         let txt = dir.path().join("v.txt");
         std::fs::write(&txt, "1 2 3 4").unwrap();
@@ -222,9 +225,9 @@ mod tests {
         // The next block's input not returned: nothing would change.
         let err = crate::forward::build_forward(&c, &spec(vec![post0], vec![pre1])).unwrap_err().to_string();
         assert!(err.contains("steering at blocks.1.hook_resid_pre"), "{err}");
-        let err = crate::forward::build_forward(&c, &spec(vec![post0], vec![HookPoint::block(0, HookKind::AttnOut)]))
+        let err = crate::forward::build_forward(&c, &spec(vec![post0], vec![HookPoint::block(0, HookKind::MlpPost)]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("only a block's hook_resid_pre, hook_resid_post or hook_mlp_out"), "{err}");
+        assert!(err.contains("only a block's hook_resid_pre, hook_resid_post, hook_attn_out or hook_mlp_out"), "{err}");
     }
 }

@@ -65,6 +65,7 @@ pub(crate) fn self_attention_decoder(config: &ModelConfig, spec: &ForwardSpec) -
         |g, layer| Ok((g.layer_rope(layer)?, g.layer_mask(layer)?)),
         |g, n, layer, ((cos, sin), mask)| {
             let attn = self_attention(g, n, layer, Gain::Plain, cos, sin, mask)?;
+            let attn = g.steer(HookPoint::block(layer, HookKind::AttnOut), attn)?;
             g.hook(HookPoint::block(layer, HookKind::AttnOut), attn);
             Ok(attn)
         },

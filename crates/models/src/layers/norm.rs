@@ -97,7 +97,9 @@ impl Graph<'_> {
         gain: Gain,
         hooks: [HookPoint; 3],
     ) -> Result<Value, ModelError> {
-        let post = self.rms_norm_with(y, weight, gain)?;
+        let mut post = self.rms_norm_with(y, weight, gain)?;
+        // What joins the residual stream (hook_attn_out, hook_mlp_out) is where a vector is added.
+        post.out = self.steer(hooks[2], post.out)?;
         self.hook_norm(&post, hooks[0], hooks[1], hooks[2])?;
         Ok(self.b.add(x, post.out)?)
     }
