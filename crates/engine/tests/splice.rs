@@ -207,6 +207,16 @@ fn saelens_standard_spliced_at_the_blocks_input() {
 }
 
 #[test]
+fn saelens_standard_spliced_at_the_blocks_mlp_output() {
+    check(
+        "saelens-standard",
+        "golden-splice-mlp-out.safetensors",
+        Some("blocks.1.hook_mlp_out"),
+        EngineOptions::default(),
+    );
+}
+
+#[test]
 fn saelens_transcoder_spliced_at_the_blocks_mlp_output() {
     check("saelens-transcoder", "golden-splice.safetensors", None, EngineOptions::default());
 }
@@ -230,7 +240,7 @@ fn saelens_topk_spliced_on_a_mesh() {
 fn a_hook_off_the_residual_stream_or_a_normalising_dictionary_is_refused_by_name() {
     let model = LoadedModel::open(&fixture("tiny-llama")).unwrap();
     let dir = dictionaries().join("saelens-standard");
-    let d = spliced(&dir, Some("blocks.1.hook_mlp_out"), &model);
+    let d = spliced(&dir, Some("blocks.1.hook_attn_out"), &model);
     let options = EngineOptions {
         next_token: Some(NextToken { nll: true, ..NextToken::default() }),
         dictionaries: vec![d],
@@ -238,7 +248,7 @@ fn a_hook_off_the_residual_stream_or_a_normalising_dictionary_is_refused_by_name
     };
     let Err(err) = Engine::new(&client(), &model, Vec::new(), options) else { panic!("a splice at mlp_out built") };
     let err = err.to_string();
-    assert!(err.contains("only a block's hook_resid_pre or hook_resid_post is spliced so far"), "{err}");
+    assert!(err.contains("only a block's hook_resid_pre, hook_resid_post or hook_mlp_out is spliced so far"), "{err}");
     let dir = dictionaries().join("saelens-constant-norm");
     let err = Dictionary::open(&dir, None).unwrap().with_decoder(&dir).unwrap_err().to_string();
     assert!(err.contains("normalises its input"), "{err}");

@@ -25,8 +25,8 @@ pub struct SaeArgs {
     /// error (`output.nll.spliced.<hook>`, `output.kl.spliced.<hook>`,
     /// `output.sq_error.spliced.<hook>`, `output.nll.ablated.<hook>`, `output.kl.ablated.<hook>`;
     /// implies `--outputs nll`). Every --sae dictionary, or those named (comma-separated
-    /// dictionary names). An SAE of a block's hook_resid_pre or hook_resid_post, or a transcoder
-    /// of its MLP input, so far.
+    /// dictionary names). An SAE of a block's hook_resid_pre, hook_resid_post or hook_mlp_out,
+    /// or a transcoder of its MLP input, so far.
     #[arg(long, value_name = "NAMES", num_args = 0..=1, default_missing_value = "")]
     pub splice: Option<String>,
 }

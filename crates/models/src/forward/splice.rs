@@ -15,8 +15,9 @@
 //! A replay records no hook and adds the steering vectors of the blocks it builds again.
 //!
 //! Spliced so far: an SAE of a block's `hook_resid_pre` or `hook_resid_post` (the residual
-//! stream every family's decoder loop carries), and a transcoder of a block's MLP input, whose
-//! reconstruction takes the place of the block's `hook_mlp_out` (the block then ends with
+//! stream every family's decoder loop carries), and an SAE of a block's `hook_mlp_out` or a
+//! transcoder of its MLP input, whose reconstruction takes the place of the block's
+//! `hook_mlp_out` (the block then ends with
 //! `hook_resid_mid` plus it, in the families whose blocks end so: `Graph::mlp_joins_resid_mid`);
 //! in the families whose decoder ends with [`Graph::finish_decoder`] and whose blocks may be
 //! built again (not Gemma 4's, whose later layers read earlier layers' keys and values);
@@ -54,9 +55,11 @@ fn spliced(spec: &ForwardSpec) -> impl Iterator<Item = (usize, &DictionaryHook)>
 fn target(d: &DictionaryHook) -> Result<HookPoint, String> {
     let (kind, layer) = (d.hook.kind(), d.hook.layer());
     match (d.dictionary.transcoder, kind, layer) {
-        (false, HookKind::ResidPre | HookKind::ResidPost, Some(_)) => Ok(d.hook),
+        (false, HookKind::ResidPre | HookKind::ResidPost | HookKind::MlpOut, Some(_)) => Ok(d.hook),
         (true, HookKind::Ln2Normalized | HookKind::MlpIn, Some(layer)) => Ok(HookPoint::block(layer, HookKind::MlpOut)),
-        (false, ..) => Err(format!("{}: only a block's hook_resid_pre or hook_resid_post is spliced so far", d.hook)),
+        (false, ..) => {
+            Err(format!("{}: only a block's hook_resid_pre, hook_resid_post or hook_mlp_out is spliced so far", d.hook))
+        }
         (true, ..) => Err(format!(
             "a transcoder reading {}: only one reading its block's MLP input (ln2.hook_normalized or mlp.hook_in) is \
              spliced so far",
@@ -65,12 +68,14 @@ fn target(d: &DictionaryHook) -> Result<HookPoint, String> {
     }
 }
 
-/// The hooks a splice reads besides the dictionary's own: a transcoder's block's
-/// `hook_resid_mid` (its MLP output joins it) and `hook_mlp_out` (what it reconstructs).
+/// The hooks a splice reads besides the dictionary's own: where it replaces a block's
+/// `hook_mlp_out` (a transcoder, or an SAE of it), the block's `hook_resid_mid` (the MLP's
+/// output joins it) and `hook_mlp_out` (what it reconstructs).
 pub(crate) fn reads(spec: &ForwardSpec) -> impl Iterator<Item = HookPoint> + '_ {
     spliced(spec)
-        .filter(|(_, d)| d.dictionary.transcoder)
-        .filter_map(|(_, d)| d.hook.layer())
+        .filter_map(|(_, d)| target(d).ok())
+        .filter(|at| at.kind() == HookKind::MlpOut)
+        .filter_map(|at| at.layer())
         .flat_map(|layer| [HookPoint::block(layer, HookKind::ResidMid), HookPoint::block(layer, HookKind::MlpOut)])
 }
 
@@ -147,10 +152,11 @@ impl<'a> Graph<'a> {
                 return Err(refuse(why.to_string()));
             }
             let at = target(d).map_err(refuse)?;
-            if d.dictionary.transcoder && !self.mlp_joins_resid_mid {
+            let mlp_out = at.kind() == HookKind::MlpOut;
+            if mlp_out && !self.mlp_joins_resid_mid {
                 return Err(refuse(format!(
-                    "{:?}'s blocks do not add the MLP's output to hook_resid_mid as it is, so a transcoder's is not \
-                     spliced there yet",
+                    "{:?}'s blocks do not add the MLP's output to hook_resid_mid as it is, so a reconstruction of \
+                     it is not spliced there yet",
                     self.config.arch
                 )));
             }
@@ -169,10 +175,10 @@ impl<'a> Graph<'a> {
             let exact = crate::dictionary::encoder::reconstruct(&mut self.b, x, &d.dictionary, encoder, decoder)?;
             let reconstruction = self.b.convert(exact, self.dt)?;
             let ([nll, kl, error], ablated_names) = names(&columns[i], d.hook, at);
-            // Where the replay starts, with what: an SAE's hook holds its reconstruction (or 0);
-            // a transcoder's block ends with hook_resid_mid plus it (or nothing), steered as the
-            // block's output is.
-            let (truth, start, spliced_value, ablated_value) = match d.dictionary.transcoder {
+            // Where the replay starts, with what: an SAE's residual hook holds its reconstruction
+            // (or 0); where hook_mlp_out is replaced (a transcoder, an SAE of it), the block ends
+            // with hook_resid_mid plus it (or nothing), steered as the block's output is.
+            let (truth, start, spliced_value, ablated_value) = match mlp_out {
                 false => {
                     let dims = self.b.dims(x)?.to_vec();
                     (x, d.hook, reconstruction, self.b.splat(0.0, TensorType::new(self.dt, &dims))?)
