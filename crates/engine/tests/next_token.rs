@@ -332,7 +332,7 @@ fn smollm2_gguf_matches_hf() {
 /// A vector added to block 1's `hook_mlp_out` or `hook_attn_out`
 /// (`golden-steered-{mlp,attn}.safetensors`: HF with a forward hook on the module that gives what
 /// joins the residual stream: the block's MLP or attention, or in a post-normed block its
-/// post-norm), in pre-norm (Llama, Qwen3, Mixtral) and post-normed blocks (Gemma 3, OLMo 2); a
+/// post-norm), in pre-norm (Llama, Qwen3, Mixtral) and post-normed blocks (Gemma 2/3/4, OLMo 2); a
 /// family whose blocks do not add it is refused when its program is built.
 mod steered_sublayer {
     fn steered(name: &str, kind: &str) {
@@ -353,6 +353,10 @@ mod steered_sublayer {
         qwen3_attn_out: "tiny-qwen3" "attn",
         mixtral_mlp_out: "tiny-mixtral" "mlp",
         mixtral_attn_out: "tiny-mixtral" "attn",
+        gemma2_mlp_out: "tiny-gemma2" "mlp",
+        gemma2_attn_out: "tiny-gemma2" "attn",
+        gemma4_mlp_out: "tiny-gemma4" "mlp",
+        gemma4_attn_out: "tiny-gemma4" "attn",
         gemma3_mlp_out: "tiny-gemma3" "mlp",
         gemma3_attn_out: "tiny-gemma3" "attn",
         olmo2_mlp_out: "tiny-olmo2" "mlp",
