@@ -10,7 +10,7 @@
 //! Steered so far: a block's `hook_resid_pre` and `hook_resid_post`, the residual stream every
 //! family's decoder loop shares; its `hook_mlp_out` in the families built by the pre-norm
 //! decoder (Llama and those built like it) and its `hook_attn_out` in those of them whose mixer
-//! is the shared self-attention; both in the post-normed blocks (Gemma 2/3, OLMo 2), where they
+//! is the shared self-attention; both in the post-normed blocks (Gemma 2/3/4, OLMo 2), where they
 //! are the normed outputs that join the residual stream. Any other hook is refused by name,
 //! and a family whose program never adds a vector it was given is refused when the program is
 //! built, never steered elsewhere.
