@@ -37,7 +37,8 @@ window's start) continues exactly.
 
 Transport: grpcio, its fork support turned on (``GRPC_ENABLE_FORK_SUPPORT``, unless already
 set) when siphon is imported, so that DataLoader workers forked after earlier readers do not
-inherit a lock a gRPC thread held; the protobuf messages are built from a descriptor, no
+inherit a lock a gRPC thread held (that alone still hung under load: `siphon.torch.batch_loader`
+starts a stream's workers from a fork server, ``siphon.torch.WORKERS_OF_A_STREAM``); the protobuf messages are built from a descriptor, no
 generated code, and a test (``python/tests/test_stream.py``) checks them against
 ``crates/stream/proto/stream.proto``.
 """

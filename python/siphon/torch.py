@@ -198,6 +198,14 @@ class ActivationDataset(IterableDataset[Any]):
         self._delivered = (int(state["workers"]), readers, (int(state["next"]) - 1) % int(state["workers"]))
 
 
+#: How `batch_loader` starts the DataLoader workers of a stream's dataset: not forked from a
+#: process whose earlier readers left gRPC's threads running (a forked worker can block for ever
+#: on a lock one of them held, gRPC's fork support notwithstanding: seen under load in CI), but
+#: from a fresh server process, as Python 3.14 does by default. Pass ``multiprocessing_context``
+#: to a DataLoader of your own likewise.
+WORKERS_OF_A_STREAM = "forkserver"
+
+
 def _opened(
     dataset: Union[Dataset, Stream, str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]]
 ) -> Union[Dataset, Stream]:
@@ -347,6 +355,8 @@ class EpochLoader(DataLoader[Any]):
     dataset: ActivationDataset
 
     def __init__(self, dataset: ActivationDataset, **kwargs: Any) -> None:
+        if kwargs.get("num_workers", 0) > 0 and isinstance(dataset.dataset, Stream):
+            kwargs.setdefault("multiprocessing_context", WORKERS_OF_A_STREAM)
         super().__init__(dataset, **kwargs)
         self._iterated = False
 

@@ -225,7 +225,7 @@ LOOPS: Dict[str, Tuple[Loop, Callable[[Any, Any], Any], Callable[[Any, Any, Any]
         # A worker that waits past 300 s for a batch fails the test rather than hanging CI (seen
         # once under heavy load: the main process waiting on its workers' queue for good).
         lambda ds: __import__("torchdata.stateful_dataloader").stateful_dataloader.StatefulDataLoader(
-            ds, batch_size=None, num_workers=2, timeout=300),
+            ds, batch_size=None, num_workers=2, timeout=300, multiprocessing_context=siphon.torch.WORKERS_OF_A_STREAM),
         lambda _, it: it.state_dict(),
         lambda _, it, s: it.load_state_dict(s),
     ),
