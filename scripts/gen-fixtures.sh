@@ -17,5 +17,7 @@ gguf="$("$root/scripts/setup-model.sh" | tail -n1)"
 "$venv/bin/python" "$here/fixtures/gen_fixtures.py" --out "$root/fixtures/models" --smollm2-gguf "$gguf" "$@"
 # The next-token outputs (log-probabilities, entropy, top-k) of those models, from HF's logits.
 "$venv/bin/python" "$here/fixtures/gen_next_token_fixtures.py" --models "$root/fixtures/models" --smollm2-gguf "$gguf"
+# Greedy completions of three prompts per family with HF generate, and the logits of each step.
+"$venv/bin/python" "$here/fixtures/gen_generate_fixtures.py" --models "$root/fixtures/models"
 # fp8 activation rows against ml_dtypes (numpy only: the test venv).
 "$("$root/scripts/setup-python.sh" | tail -n1)" "$here/fixtures/gen_fp8_fixtures.py" --out "$root/fixtures/models"

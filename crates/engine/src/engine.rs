@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::{
-    DType, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LatentsInfo, LoadedModel, ParamInfo,
-    RaggedDot, StoredForm, build_forward,
+    DType, DecodeStep, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LatentsInfo, LoadedModel,
+    ParamInfo, RaggedDot, StoredForm, build_forward,
 };
 use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
 
@@ -56,14 +56,23 @@ impl ProgramSpec<'_> {
             (true, false) => Some(RaggedDot::Native),
             (false, _) => None,
         };
-        spec.cudnn_attention = self.options.right_padded && on("cuda");
+        spec.cudnn_attention = self.options.right_padded && on("cuda") && self.options.decode.is_none();
         spec.mlp_chunk = on("cuda").then_some(siphon_models::MLP_CHUNK_ELEMENTS);
         spec.dictionaries = self.options.dictionaries.clone();
         spec.next_token = self.options.next_token;
         spec.steering = self.options.steering.iter().map(|s| s.hook).collect();
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
+        spec.decode = self.options.decode.map(|cache_len| DecodeStep { cache_len });
         spec
     }
+}
+
+/// The program `spec` asks for: a decoding step where it says so, else the forward.
+pub(crate) fn build(config: &siphon_models::ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, EngineError> {
+    Ok(match spec.decode {
+        Some(_) => siphon_models::build_decode_step(config, spec)?,
+        None => build_forward(config, spec)?,
+    })
 }
 
 /// Whether a weight stored as `form` stays so on the devices under `spec`: a split that would
@@ -246,7 +255,7 @@ impl Engine {
         // The parameter list does not depend on the batch shape: build a small program once
         // to learn it (the builder is pure Rust, milliseconds).
         let probe_batch = engine.input_spec.as_ref().map_or(1, |s| s.ways(0, &mesh)).max(1);
-        let mut probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
+        let mut probe = build(&engine.config, &engine.spec(probe_batch, 1))?;
         model.check_weights(probe.n_blocks)?;
         if engine.options.weights == WeightForm::Stored {
             for (param, spec) in probe.params.iter().zip(&probe.param_specs) {
@@ -256,7 +265,7 @@ impl Engine {
                     engine.stored.insert(param.name.clone(), form);
                 }
             }
-            probe = build_forward(&engine.config, &engine.spec(probe_batch, 1))?;
+            probe = build(&engine.config, &engine.spec(probe_batch, 1))?;
         }
         let start = Instant::now();
         let mut process_bytes = vec![0usize; engine.views.len()];
@@ -356,7 +365,7 @@ impl Engine {
         self.compiled_for(batch, seq).map(|_| ())
     }
 
-    fn compiled_for(&self, batch: usize, seq: usize) -> Result<Arc<Compiled>, EngineError> {
+    pub(crate) fn compiled_for(&self, batch: usize, seq: usize) -> Result<Arc<Compiled>, EngineError> {
         if let Some(c) = self.compiled.lock().expect("compile cache poisoned").get(&(batch, seq)) {
             return Ok(c.clone());
         }
@@ -371,7 +380,7 @@ impl Engine {
         }
         let start = Instant::now();
         let spec = self.spec(batch, seq);
-        let program = build_forward(&self.config, &spec)?;
+        let program = build(&self.config, &spec)?;
         if program.params != self.params || program.param_forms.iter().flatten().count() != self.stored.len() {
             return Err(EngineError::Options(format!(
                 "the forward for batch {batch} x seq {seq} takes different weights than the uploaded ones"
@@ -442,12 +451,9 @@ impl Engine {
             .collect()
     }
 
-    /// Starts one step, as [`Engine::run_processes`] does, and returns once the program is
-    /// launched: its outputs stay on the devices until [`Launched::copy_into`] copies each
-    /// process's rows into memory the caller reuses. On a plugin that runs programs
-    /// asynchronously (CUDA, TPU) the next step can be launched while this one's rows are
-    /// copied.
-    pub fn launch(&self, batches: &[Batch]) -> Result<Launched, EngineError> {
+    /// The program for `batches` (one per process of the engine's views, alike in global
+    /// shape), compiled, with its `[batch, seq]` inputs uploaded, and the global batch.
+    pub(crate) fn inputs(&self, batches: &[Batch]) -> Result<(Arc<Compiled>, Vec<ShardedArray>, usize), EngineError> {
         if batches.len() != self.views.len() {
             return Err(EngineError::Batch(format!(
                 "{} batches for the {} processes this engine runs",
@@ -517,6 +523,23 @@ impl Engine {
             }
             inputs.push(merged(shares, context)?);
         }
+        Ok((compiled, inputs, rows))
+    }
+
+    /// Starts one step, as [`Engine::run_processes`] does, and returns once the program is
+    /// launched: its outputs stay on the devices until [`Launched::copy_into`] copies each
+    /// process's rows into memory the caller reuses. On a plugin that runs programs
+    /// asynchronously (CUDA, TPU) the next step can be launched while this one's rows are
+    /// copied.
+    pub fn launch(&self, batches: &[Batch]) -> Result<Launched, EngineError> {
+        if self.options.decode.is_some() {
+            return Err(EngineError::Options(
+                "a decoding engine's steps run through a Decoder (Engine::decoder)".into(),
+            ));
+        }
+        let (compiled, inputs, rows) = self.inputs(batches)?;
+        let mesh = &self.options.mesh;
+        let program = &compiled.program;
         let args: Vec<&ShardedArray> =
             self.weights.iter().chain(&inputs).chain(&self.dictionary_args).chain(&self.steering_args).collect();
         let mut out_specs: Vec<PartitionSpec> = program.outputs.iter().map(|o| o.spec.clone()).collect();

@@ -37,12 +37,14 @@
 
 pub mod aot;
 mod batch;
+pub mod decode;
 mod engine;
 mod error;
 mod launched;
 mod options;
 
 pub use batch::{Activations, Batch, next_in_row, positions_from_mask};
+pub use decode::Decoder;
 pub use engine::{Engine, LoadStats};
 pub use error::EngineError;
 pub use launched::Launched;

@@ -79,6 +79,10 @@ pub struct EngineOptions {
     /// one process that holds every device (how a spanning job is verified without the
     /// hosts); [`Engine::run_processes`] takes and gives one batch per view.
     pub processes: Vec<HostView>,
+    /// When given, the engine's program is a decoding step whose caches hold this many
+    /// positions a row (`siphon_models::decode`), run by a [`crate::Decoder`]: no hooks,
+    /// dictionaries or next-token outputs.
+    pub decode: Option<usize>,
 }
 
 /// How a checkpoint's quantized weights reach the devices.
@@ -142,6 +146,7 @@ impl Default for EngineOptions {
             next_token: None,
             steering: Vec::new(),
             processes: Vec::new(),
+            decode: None,
         }
     }
 }
@@ -149,7 +154,13 @@ impl Default for EngineOptions {
 /// What no engine program takes: no hooks (nor dictionaries, nor next-token outputs), or f16
 /// compute.
 pub(crate) fn check(hooks: &[HookPoint], options: &EngineOptions) -> Result<(), EngineError> {
-    if hooks.is_empty() && options.dictionaries.is_empty() && options.next_token.is_none() {
+    if options.decode.is_some() {
+        if !hooks.is_empty() || !options.dictionaries.is_empty() || options.next_token.is_some() {
+            return Err(EngineError::Options(
+                "a decoding engine returns logits only: no hooks, dictionaries or next-token outputs".into(),
+            ));
+        }
+    } else if hooks.is_empty() && options.dictionaries.is_empty() && options.next_token.is_none() {
         return Err(EngineError::Options("no hooks requested".into()));
     }
     if options.compute_dtype == DType::F16 {

@@ -118,6 +118,30 @@ pub struct ForwardSpec {
     /// found), it must be exactly that set: a weight read but not given, or given but never
     /// read, is an error naming it.
     pub weights: Option<BTreeSet<String>>,
+    /// When given, the program is a decoding step (built by `build_decode_step`): each attention block's
+    /// keys and values are read from and written to a cache of this many positions per row,
+    /// and the program returns each row's next-token logits and the caches instead of hooks.
+    pub decode: Option<DecodeStep>,
+}
+
+/// A decoding step's cache: per row (a slot) and attention block, the keys and values of
+/// positions `0..cache_len`, at the index of their position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeStep {
+    /// Positions each row's cache holds: a sequence's prompt and completion together.
+    pub cache_len: usize,
+}
+
+/// A decoding step's results ([`ForwardSpec::decode`]): the logits, then each cache after
+/// the step, in the order of the cache arguments (which follow the steering vectors).
+#[derive(Debug, Clone)]
+pub struct DecodeInfo {
+    /// Each row's logits at its last real token, `[batch, vocab]` f32 (the family's final
+    /// soft-cap applied).
+    pub logits: NextTokenInfo,
+    /// Each cache argument (and its result): `blocks.{l}.k` / `blocks.{l}.v`, `[batch,
+    /// cache_len, width]` in the compute dtype.
+    pub caches: Vec<NextTokenInfo>,
 }
 
 /// The model's next-token outputs a program computes per token from its logits (the family's
@@ -226,6 +250,7 @@ impl ForwardSpec {
             steering: Vec::new(),
             dictionaries: Vec::new(),
             weights: None,
+            decode: None,
         }
     }
 
@@ -233,7 +258,8 @@ impl ForwardSpec {
     /// read, then the final norm's output where the next-token outputs read it.
     pub fn read_hooks(&self) -> Vec<HookPoint> {
         let mut hooks = self.hooks.clone();
-        let final_norm = self.next_token.map(|_| HookPoint::model(crate::hooks::HookKind::LnFinalOut));
+        let final_norm = (self.next_token.is_some() || self.decode.is_some())
+            .then(|| HookPoint::model(crate::hooks::HookKind::LnFinalOut));
         for hook in self.dictionaries.iter().map(|d| d.hook).chain(final_norm) {
             if !hooks.contains(&hook) {
                 hooks.push(hook);
@@ -353,6 +379,8 @@ pub struct ForwardProgram {
     pub n_blocks: usize,
     /// The form each softmax attention takes, by block, in block order.
     pub attention: Vec<(usize, AttentionForm)>,
+    /// A decoding step's logits and caches, in place of hooks ([`ForwardSpec::decode`]).
+    pub decode: Option<DecodeInfo>,
     /// Declared weights the graph never read (only where [`ForwardSpec::weights`] is `None`:
     /// `build_forward` then builds again without them).
     pub(crate) unread: Vec<String>,

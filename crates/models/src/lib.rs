@@ -225,6 +225,7 @@
 mod arch;
 pub mod config;
 mod contract;
+pub mod decode;
 mod deepseek_v3;
 pub mod dictionary;
 mod error;
@@ -269,11 +270,12 @@ pub mod weights;
 pub use config::{
     Activation, Arch, LayerShape, ModelConfig, Moe, ParamClass, ParamInfo, PerLayerInput, RopeScaling, Slice,
 };
+pub use decode::build_decode_step;
 pub use dictionary::{DictionaryHook, Latents, LatentsInfo};
 pub use error::ModelError;
 pub use forward::{
-    AttentionForm, ForwardProgram, ForwardSpec, InputInfo, NextToken, NextTokenInfo, OutputInfo, RaggedDot,
-    build_forward,
+    AttentionForm, DecodeInfo, DecodeStep, ForwardProgram, ForwardSpec, InputInfo, NextToken, NextTokenInfo,
+    OutputInfo, RaggedDot, build_forward,
 };
 pub use gemma4::Gemma4;
 pub use gpt_oss::GptOss;

@@ -8,8 +8,8 @@
 //! 2. descriptions: the configuration, the hook kinds, `config.json`'s reader and GGUF's
 //!    metadata read as one (`gguf::convert`), the sharding table, the stored forms of weights,
 //!    a steering vector (its hook and its file);
-//! 3. the program: `forward` (the contract, `Graph`, the decoder loop), `layers`, the
-//!    unembedding and a dictionary's encoder;
+//! 3. the program: `forward` (the contract, `Graph`, the decoder loop), `decode` (a decoding
+//!    step's caches and logits), `layers`, the unembedding and a dictionary's encoder;
 //! 4. families: each family's file and the registry;
 //! 5. loading: weights from safetensors and GGUF, a model directory, a dictionary's files.
 //!
@@ -39,7 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "stored",
         ],
     ),
-    ("program", &["forward", "layers", "unembedding", "dictionary::encoder"]),
+    ("program", &["forward", "decode", "layers", "unembedding", "dictionary::encoder"]),
     ("families", &["family"]),
     (
         "loading",

@@ -66,6 +66,8 @@ pub(crate) struct Graph<'a> {
     /// Each splice's residual stream after the last block, then its final norm's output
     /// (`super::splice`).
     pub(crate) splices: Vec<super::splice::Replayed>,
+    /// A decoding step's caches, as the blocks are built (`crate::decode`).
+    pub(crate) cache: Option<crate::decode::Cache>,
 }
 
 impl<'a> Graph<'a> {
@@ -103,7 +105,7 @@ impl<'a> Graph<'a> {
             super::next_token::check(outputs, config)?;
         }
         // The untied unembedding only where the logits are computed.
-        let mut params = config.params(n_blocks, spec.next_token.is_some());
+        let mut params = config.params(n_blocks, spec.next_token.is_some() || spec.decode.is_some());
         if let Some(names) = &spec.weights {
             if let Some(name) = names.iter().find(|n| !params.iter().any(|p| &p.name == *n)) {
                 return Err(ModelError::Config(format!(
@@ -201,6 +203,7 @@ impl<'a> Graph<'a> {
             replay_refusal: None,
             mlp_joins_resid_mid: false,
             splices: Vec::new(),
+            cache: spec.decode.map(|d| crate::decode::Cache::new(d.cache_len)),
         })
     }
 
@@ -251,7 +254,8 @@ impl<'a> Graph<'a> {
     pub fn wants(&self, hook: HookPoint) -> bool {
         self.spec.hooks.contains(&hook)
             || self.spec.dictionaries.iter().any(|d| d.hook == hook)
-            || self.spec.next_token.is_some() && hook == HookPoint::model(HookKind::LnFinalOut)
+            || (self.spec.next_token.is_some() || self.spec.decode.is_some())
+                && hook == HookPoint::model(HookKind::LnFinalOut)
             || super::splice::reads(self.spec).any(|h| h == hook)
     }
 
@@ -368,12 +372,12 @@ impl<'a> Graph<'a> {
             )));
         }
         let variants = super::splice::variants(&self)?;
-        let unembedding = match self.spec.next_token {
-            Some(_) => {
+        let unembedding = match self.spec.next_token.is_some() || self.spec.decode.is_some() {
+            true => {
                 let w = self.w(&self.config.unembedding()?.weight)?;
                 Some((w, self.weight_spec(w).cloned()))
             }
-            None => None,
+            false => None,
         };
         let mut b = self.b;
         let mut results = Vec::new();
@@ -434,6 +438,28 @@ impl<'a> Graph<'a> {
             results.extend(outputs.values);
             next_token = outputs.infos;
         }
+        let decode = match (&self.cache, &unembedding) {
+            (Some(cache), Some((unembedding, _))) => {
+                let hidden = *self.hooks.get(&HookPoint::model(HookKind::LnFinalOut)).ok_or_else(|| {
+                    ModelError::Hook("a decoding step reads the final norm, which the graph did not produce".into())
+                })?;
+                let request = crate::decode::Request {
+                    config: self.config,
+                    cache,
+                    hidden,
+                    unembedding: *unembedding,
+                    attention_mask: self.attention_mask,
+                    rows: [bsz, s],
+                    dtype: self.dt,
+                    input_spec: &self.input_spec,
+                    sharded: self.sharded,
+                };
+                let (values, info) = crate::decode::results(&mut b, request)?;
+                results.extend(values);
+                Some(info)
+            }
+            _ => None,
+        };
         let unread: Vec<String> =
             self.params.iter().map(|p| &p.name).filter(|n| !self.weights[*n].1.get()).cloned().collect();
         if self.spec.weights.is_some() && !unread.is_empty() {
@@ -459,6 +485,7 @@ impl<'a> Graph<'a> {
             mesh: self.spec.mesh.clone(),
             n_blocks: self.n_blocks,
             attention: self.attention_forms,
+            decode,
             unread,
         })
     }

@@ -16,8 +16,8 @@ pub(crate) use self::decoder::{decoder_params, pre_norm_decoder, self_attention_
 pub(crate) use self::graph::Graph;
 use crate::config::{ModelConfig, ParamInfo};
 pub use crate::contract::{
-    AttentionForm, ForwardProgram, ForwardSpec, InputInfo, LOGITS_CHUNK_ELEMENTS, NextToken, NextTokenInfo, OutputInfo,
-    RaggedDot,
+    AttentionForm, DecodeInfo, DecodeStep, ForwardProgram, ForwardSpec, InputInfo, LOGITS_CHUNK_ELEMENTS, NextToken,
+    NextTokenInfo, OutputInfo, RaggedDot,
 };
 use crate::error::ModelError;
 use crate::hooks::{HookPoint, Scope};

@@ -92,14 +92,16 @@ impl Graph<'_> {
         let g = c.attention.n_heads / nkv;
         let dt = self.dt;
         let b = &mut self.b;
-        // Values may be narrower than queries and keys (MLA's v_head_dim).
+        // Values may be narrower than queries and keys (MLA's v_head_dim); keys are the
+        // queries' tokens, or a decoding step's whole cache.
         let hv = b.dims(v)?[1] / nkv;
+        let sk = b.dims(k)?[0] / bsz;
         let q = b.reshape(q, &[bsz, s, nkv, g, hd])?;
-        let k = b.reshape(k, &[bsz, s, nkv, hd])?;
-        let v = b.reshape(v, &[bsz, s, nkv, hv])?;
+        let k = b.reshape(k, &[bsz, sk, nkv, hd])?;
+        let v = b.reshape(v, &[bsz, sk, nkv, hv])?;
         // scores[b, kv, i, g, j] = q[b, i, kv, g, :] · k[b, j, kv, :]
         let scores = b.dot_general(q, k, &DotDims::batched(&[0, 2], &[0, 2], &[4], &[3]))?;
-        let sdims = vec![bsz, nkv, s, g, s];
+        let sdims = vec![bsz, nkv, s, g, sk];
         let scale = b.splat(c.attention.scalar.unwrap_or(hd as f64).powf(-0.5), TensorType::new(dt, &sdims))?;
         let mut scores = b.mul(scores, scale)?;
         if let Some(cap) = c.attention.softcap {
@@ -123,7 +125,7 @@ impl Graph<'_> {
                 let sinks = b.broadcast_in_dim(sinks, &col, &[1, 3])?;
                 let all = b.concatenate(&[scores, sinks], 4)?;
                 let probs = softmax_last(b, all)?;
-                b.slice_dim(probs, 4, 0, s)?
+                b.slice_dim(probs, 4, 0, sk)?
             }
         };
         let pattern = b.convert(probs, dt)?;
@@ -151,6 +153,11 @@ impl Graph<'_> {
         sinks: Option<Value>,
     ) -> Result<Value, ModelError> {
         let at = |kind| HookPoint::block(layer, kind);
+        // A decoding step attends its cache, this step's keys and values written into it.
+        let (k, v, mask) = match self.cache.is_some() {
+            true => self.cached(layer, k, v)?,
+            false => (k, v, mask),
+        };
         let hv = self.b.dims(v)?[1] / self.config.kv_heads_at(layer);
         // The mask cuDNN applies is the block's own causal (and window) mask with padding.
         let window = self.config.window(layer);

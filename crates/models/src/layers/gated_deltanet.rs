@@ -117,6 +117,12 @@ impl Graph<'_> {
     /// Block `layer`'s Gated DeltaNet on its normed input `x` `[tokens, hidden]`, recording
     /// the `linear_attn.*` hooks; returns `out_proj`'s output (see the module docs).
     pub fn gated_deltanet(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
+        if self.cache.is_some() {
+            return Err(ModelError::UnsupportedArch(format!(
+                "{}: decoding has no cache for Gated DeltaNet's recurrent and convolution state yet",
+                self.config.arch
+            )));
+        }
         use HookKind::*;
         let la = self
             .config

@@ -24,12 +24,12 @@ impl Graph<'_> {
         // original context, whatever its rows' lengths: refuse rather than guess.
         if let (None, Some(RopeScaling::LongRope { original_max_position_embeddings: original, .. })) =
             (local, &c.rope.scaling)
-            && self.spec.seq > *original
+            && self.spec.decode.map_or(self.spec.seq, |d| d.cache_len) > *original
         {
             return Err(ModelError::UnsupportedArch(format!(
                 "longrope scaling with sequences of {} tokens, longer than original_max_position_embeddings {original} \
                  (Hugging Face then switches to long_factor depending on the batch; siphon reads up to {original})",
-                self.spec.seq
+                self.spec.decode.map_or(self.spec.seq, |d| d.cache_len)
             )));
         }
         let (inv_freq, scale) = c.rope.frequencies(head_dim, windowed);

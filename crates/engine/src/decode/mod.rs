@@ -1,0 +1,96 @@
+//! Decoding: a model's own completions on the mesh, a room of its own in three parts, as
+//! vLLM v1 splits them — the runner ([`Decoder`]: a decoding step's program on the engine's
+//! weights, its caches kept on the devices between steps), the sampler (`sampler.rs`: the
+//! next token from a row's logits, greedy or sampled with a counter-based generator keyed by
+//! (seed, record, sample, step)) and the scheduler (`schedule.rs`: which sequence each slot
+//! holds, its prompt fed in chunks, slots refilled as sequences finish).
+//!
+//! The program is the family's own forward built as a decoding step
+//! (`siphon_models::decode`): the same blocks, each attention block reading and writing its
+//! key/value cache, ending with each row's next-token logits.
+
+mod sampler;
+mod schedule;
+
+pub use sampler::{Sampling, choose};
+pub use schedule::{Completion, Finish, Prompt, Settings, generate};
+
+use siphon_models::DecodeInfo;
+use siphon_runtime::{HostArray, ShardedArray};
+
+use crate::batch::Batch;
+use crate::engine::{Engine, element_type};
+use crate::error::{EngineError, rt};
+
+/// A decoding step's runner over an [`Engine`] built with `EngineOptions::decode`: `slots`
+/// rows, each with its cache of `cache_len` positions on the devices.
+pub struct Decoder<'e> {
+    engine: &'e Engine,
+    slots: usize,
+    /// Each cache argument, as the last step left it (zeros before the first).
+    caches: Vec<ShardedArray>,
+}
+
+impl Engine {
+    /// A runner of this decoding engine's steps over `slots` rows, its caches zeroed on the
+    /// devices. Refused on an engine built for the forward, and (for now) on a mesh spanning
+    /// processes.
+    pub fn decoder(&self, slots: usize) -> Result<Decoder<'_>, EngineError> {
+        if self.options.decode.is_none() {
+            return Err(EngineError::Options("a decoder needs an engine built with EngineOptions::decode".into()));
+        }
+        if !self.options.processes.is_empty() {
+            return Err(EngineError::Options("decoding on a mesh spanning processes is not built yet".into()));
+        }
+        let compiled = self.compiled_for(slots, 1)?;
+        let info = decode_info(&compiled.program.decode)?;
+        let mut caches = Vec::with_capacity(info.caches.len());
+        for cache in &info.caches {
+            let zeros = HostArray::zeros(element_type(self.options.compute_dtype), &cache.shape);
+            let context = || format!("uploading the cache {}", cache.name);
+            caches.push(rt(context, self.client.upload_sharded(&zeros, &cache.spec, &self.options.mesh))?);
+        }
+        Ok(Decoder { engine: self, slots, caches })
+    }
+}
+
+fn decode_info(info: &Option<DecodeInfo>) -> Result<&DecodeInfo, EngineError> {
+    info.as_ref().ok_or_else(|| EngineError::Options("the engine's program is not a decoding step".into()))
+}
+
+impl Decoder<'_> {
+    /// The rows this decoder steps.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Runs one step: `batch` holds `slots` rows of new tokens (real tokens first, each at
+    /// its position: `Batch::with_position_ids`; a row with none changes nothing), written
+    /// into the caches; returns each row's logits at its last real token, `[slots][vocab]`.
+    pub fn step(&mut self, batch: &Batch) -> Result<Vec<Vec<f32>>, EngineError> {
+        if batch.batch() != self.slots {
+            return Err(EngineError::Batch(format!("{} rows for a decoder of {} slots", batch.batch(), self.slots)));
+        }
+        let engine = self.engine;
+        let (compiled, inputs, _) = engine.inputs(std::slice::from_ref(batch))?;
+        let info = decode_info(&compiled.program.decode)?;
+        let args: Vec<&ShardedArray> = engine
+            .weights
+            .iter()
+            .chain(&inputs)
+            .chain(&engine.dictionary_args)
+            .chain(&engine.steering_args)
+            .chain(&self.caches)
+            .collect();
+        let specs: Vec<_> = std::iter::once(&info.logits).chain(&info.caches).map(|o| o.spec.clone()).collect();
+        let mesh = &engine.options.mesh;
+        let mut out =
+            rt(|| "running the decoding step".into(), compiled.executable.execute_sharded(mesh, &args, &specs))?;
+        let caches = out.split_off(1);
+        let logits = rt(|| "copying the logits to the host".into(), out[0].to_host())?;
+        let logits: Vec<f32> = rt(|| "reading the logits".into(), logits.to_vec())?;
+        self.caches = caches;
+        let vocab = info.logits.shape[1];
+        Ok(logits.chunks(vocab).map(<[f32]>::to_vec).collect())
+    }
+}

@@ -1,0 +1,164 @@
+//! The scheduler: which sequence each of the decoder's slots holds. A slot takes the next
+//! prompt as soon as it is free; each step feeds every busy slot — up to `chunk` tokens of
+//! a prompt not yet in its cache, or the one token its sequence last drew — so a long prompt
+//! or a long completion never idles the other slots. A step where some slot still has more
+//! than one token to feed is `chunk` tokens wide, else one.
+
+use std::collections::VecDeque;
+
+use super::Decoder;
+use super::sampler::{Sampling, choose};
+use crate::batch::Batch;
+use crate::error::EngineError;
+
+/// A sequence to complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    /// The record it comes from (a key of the sampler's draws).
+    pub record: u64,
+    /// Which completion of the record (a key of the sampler's draws).
+    pub sample: u32,
+    /// Its token ids.
+    pub ids: Vec<u32>,
+}
+
+/// How sequences are completed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Tokens a completion holds at most.
+    pub max_new_tokens: usize,
+    /// Tokens that end a completion as the model's end of sequence (kept as its last).
+    pub eos_ids: Vec<u32>,
+    /// Other tokens that end a completion (kept as its last).
+    pub stop_ids: Vec<u32>,
+    /// How each token is chosen.
+    pub sampling: Sampling,
+    /// The seed of every draw.
+    pub seed: u64,
+    /// Prompt tokens a slot feeds in one step at most.
+    pub chunk: usize,
+    /// Positions a slot's cache holds (the decoder's `EngineOptions::decode`).
+    pub cache_len: usize,
+}
+
+/// Why a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-sequence token.
+    Eos,
+    /// A stop token.
+    Stop,
+    /// `max_new_tokens`, or the cache's last position.
+    Length,
+}
+
+impl Finish {
+    /// `eos`, `stop` or `length`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Finish::Eos => "eos",
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// A prompt's completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The tokens drawn, in order (an end token included).
+    pub ids: Vec<u32>,
+    /// Why it ended.
+    pub finish: Finish,
+}
+
+/// A slot's sequence: its prompt and what it drew, and how much of it is in the cache.
+struct Active {
+    index: usize,
+    tokens: Vec<u32>,
+    prompt: usize,
+    cached: usize,
+}
+
+/// Completes every prompt on `decoder`'s slots, in `prompts`' order. A prompt that is empty
+/// or leaves no room in the cache for a token is refused by record before any step.
+pub fn generate(decoder: &mut Decoder<'_>, prompts: &[Prompt], s: &Settings) -> Result<Vec<Completion>, EngineError> {
+    s.sampling.check().map_err(EngineError::Options)?;
+    if s.max_new_tokens == 0 || s.chunk == 0 {
+        return Err(EngineError::Options(format!(
+            "max_new_tokens {} and chunk {} must be at least 1",
+            s.max_new_tokens, s.chunk
+        )));
+    }
+    if let Some(p) = prompts.iter().find(|p| p.ids.is_empty() || p.ids.len() > s.cache_len) {
+        return Err(EngineError::Batch(format!(
+            "record {}'s prompt has {} tokens: decoding takes 1 to {} (the positions a cache holds)",
+            p.record,
+            p.ids.len(),
+            s.cache_len
+        )));
+    }
+    let mut pending: VecDeque<usize> = (0..prompts.len()).collect();
+    let mut slots: Vec<Option<Active>> = (0..decoder.slots()).map(|_| None).collect();
+    let mut done: Vec<Option<Completion>> = vec![None; prompts.len()];
+    loop {
+        for slot in slots.iter_mut().filter(|s| s.is_none()) {
+            let Some(index) = pending.pop_front() else { break };
+            let ids = prompts[index].ids.clone();
+            *slot = Some(Active { index, prompt: ids.len(), tokens: ids, cached: 0 });
+        }
+        if slots.iter().all(Option::is_none) {
+            break;
+        }
+        let width = match slots.iter().flatten().any(|a| a.tokens.len() - a.cached > 1) {
+            true => s.chunk,
+            false => 1,
+        };
+        let (mut ids, mut mask, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+        let mut fed = Vec::with_capacity(slots.len());
+        for slot in &slots {
+            let (mut row, mut real, mut at) = (vec![0u32; width], vec![0u8; width], vec![0i32; width]);
+            let n = slot.as_ref().map_or(0, |a| (a.tokens.len() - a.cached).min(width));
+            if let Some(a) = slot {
+                for i in 0..n {
+                    row[i] = a.tokens[a.cached + i];
+                    real[i] = 1;
+                    at[i] = (a.cached + i) as i32;
+                }
+            }
+            ids.push(row);
+            mask.push(real);
+            positions.extend(at);
+            fed.push(n);
+        }
+        let batch = Batch::new(ids, Some(mask))?.with_position_ids(positions)?;
+        let logits = decoder.step(&batch)?;
+        for ((slot, n), logits) in slots.iter_mut().zip(fed).zip(logits) {
+            let Some(a) = slot.as_mut() else { continue };
+            a.cached += n;
+            if a.cached < a.tokens.len() {
+                continue;
+            }
+            let prompt = &prompts[a.index];
+            let drawn = a.tokens.len() - a.prompt;
+            let key = [s.seed, prompt.record, u64::from(prompt.sample), drawn as u64];
+            let token = choose(&logits, &s.sampling, key);
+            a.tokens.push(token);
+            let finish = if s.eos_ids.contains(&token) {
+                Some(Finish::Eos)
+            } else if s.stop_ids.contains(&token) {
+                Some(Finish::Stop)
+            } else if drawn + 1 == s.max_new_tokens || a.tokens.len() > s.cache_len {
+                Some(Finish::Length)
+            } else {
+                None
+            };
+            if let Some(finish) = finish {
+                let ids = a.tokens[a.prompt..].to_vec();
+                done[a.index] = Some(Completion { ids, finish });
+                *slot = None;
+            }
+        }
+    }
+    Ok(done.into_iter().map(|c| c.expect("every prompt was completed")).collect())
+}

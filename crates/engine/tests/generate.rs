@@ -1,0 +1,226 @@
+//! Decoding against HF transformers' `generate` (`fixtures/models/<family>/golden-generate.safetensors`,
+//! written by scripts/fixtures/gen_generate_fixtures.py: three prompts of 3, 9 and 6 random
+//! tokens, each completed alone by greedy decoding at f32 with no end token, and the logits
+//! each token was chosen from). For every family whose cache siphon has: the completions
+//! token for token (up to a step whose two largest logits are within 1e-6, where either
+//! choice is right), the prompts fed 4 tokens a step beside slots already decoding; and each
+//! decoding step's logits, the golden tokens fed one by one, within 1e-5 of HF's (relative to
+//! the row's largest magnitude, absolute below 1); on one device and on a 2 × 4 mesh. A family
+//! whose cache is not built is refused by name, and Phi-3's LongRoPE past its original context.
+
+mod common;
+
+use std::path::Path;
+
+use common::{client, fixture};
+use safetensors::SafeTensors;
+use siphon_engine::decode::{Finish, Prompt, Sampling, Settings, generate};
+use siphon_engine::{Batch, Engine, EngineError, EngineOptions, ShardingPlan};
+use siphon_mesh::Mesh;
+use siphon_models::LoadedModel;
+
+const DECODED: &[&str] = &[
+    "tiny-llama",
+    "tiny-qwen2",
+    "tiny-mistral",
+    "tiny-gemma2",
+    "tiny-gemma3",
+    "tiny-qwen3",
+    "tiny-phi3",
+    "tiny-olmo2",
+    "tiny-gpt2",
+    "tiny-pythia",
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
+    "tiny-gpt-oss",
+    "tiny-olmoe",
+    "tiny-olmo3",
+    "tiny-smollm3",
+    "tiny-gemma4",
+    "tiny-gemma4-mm",
+    "tiny-deepseek-v3",
+];
+
+struct Golden {
+    prompts: Vec<Vec<u32>>,
+    completions: Vec<Vec<u32>>,
+    /// Per prompt, per step, the logits.
+    scores: Vec<Vec<Vec<f32>>>,
+}
+
+fn golden(dir: &Path) -> Golden {
+    let path = dir.join("golden-generate.safetensors");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let words = |name: &str| -> Vec<[u8; 4]> {
+        st.tensor(name).unwrap().data().chunks_exact(4).map(|b| b.try_into().unwrap()).collect()
+    };
+    let ids = |name: &str| -> Vec<u32> { words(name).into_iter().map(u32::from_le_bytes).collect() };
+    let (mut prompts, mut completions, mut scores) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..3 {
+        prompts.push(ids(&format!("prompt.{i}")));
+        completions.push(ids(&format!("completion.{i}")));
+        let vocab = st.tensor(&format!("scores.{i}")).unwrap().shape()[1];
+        let values: Vec<f32> = words(&format!("scores.{i}")).into_iter().map(f32::from_le_bytes).collect();
+        scores.push(values.chunks(vocab).map(<[f32]>::to_vec).collect());
+    }
+    Golden { prompts, completions, scores }
+}
+
+fn engine(client: &siphon_runtime::Client, model: &LoadedModel, mesh: Mesh, cache_len: usize) -> Engine {
+    let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, decode: Some(cache_len), ..Default::default() };
+    Engine::new(client, model, Vec::new(), options).unwrap()
+}
+
+/// Whether the two largest of `scores` are within 1e-6 (either is HF's choice).
+fn near_tie(scores: &[f32]) -> bool {
+    let mut sorted = scores.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    sorted[0] - sorted[1] <= 1e-6
+}
+
+fn check_family(name: &str, mesh: Mesh, slots: usize) {
+    let dir = fixture(name);
+    let model = LoadedModel::open(&dir).unwrap();
+    let g = golden(&dir);
+    let longest = g.prompts.iter().map(Vec::len).max().unwrap();
+    // Phi-3's LongRoPE: HF switches factors once a sequence passes 32 positions (keeping the
+    // keys cached before), which siphon refuses; its completions are held up to there.
+    let cache_len = match name {
+        "tiny-phi3" => 32,
+        _ => longest + g.completions[0].len(),
+    };
+    let new_tokens = cache_len - longest;
+    let client = client();
+    let engine = engine(&client, &model, mesh, cache_len);
+
+    // Greedy completions, the prompts fed 4 tokens a step.
+    let mut decoder = engine.decoder(slots).unwrap();
+    let prompts: Vec<Prompt> =
+        g.prompts.iter().enumerate().map(|(i, ids)| Prompt { record: i as u64, sample: 0, ids: ids.clone() }).collect();
+    let settings = Settings {
+        max_new_tokens: new_tokens,
+        eos_ids: Vec::new(),
+        stop_ids: Vec::new(),
+        sampling: Sampling::default(),
+        seed: 0,
+        chunk: 4,
+        cache_len,
+    };
+    let got = generate(&mut decoder, &prompts, &settings).unwrap();
+    for (i, completion) in got.iter().enumerate() {
+        assert_eq!(completion.finish, Finish::Length, "{name} prompt {i}");
+        let want = &g.completions[i][..new_tokens];
+        let same = completion.ids.iter().zip(want).take_while(|(a, b)| a == b).count();
+        if same < want.len() {
+            assert!(
+                near_tie(&g.scores[i][same]),
+                "{name} prompt {i}: step {same} drew {} where HF drew {} (got {:?}, HF {want:?})",
+                completion.ids[same],
+                want[same],
+                completion.ids
+            );
+        }
+        assert_eq!(completion.ids.len(), want.len(), "{name} prompt {i}");
+    }
+
+    // Each step's logits, HF's tokens fed one a step after the prompt (all prompts together).
+    let mut decoder = engine.decoder(slots).unwrap();
+    let sequences: Vec<Vec<u32>> =
+        g.prompts.iter().zip(&g.completions).map(|(p, c)| [&p[..], &c[..]].concat()).collect();
+    let mut fed = [0usize; 3];
+    for i in 0..3 {
+        let prompt = &g.prompts[i];
+        let mut ids = vec![vec![0u32; prompt.len()]; slots];
+        let mut mask = vec![vec![0u8; prompt.len()]; slots];
+        ids[i] = prompt.clone();
+        mask[i] = vec![1; prompt.len()];
+        let positions: Vec<i32> = (0..slots).flat_map(|_| 0..prompt.len() as i32).collect();
+        let logits = decoder.step(&Batch::new(ids, Some(mask)).unwrap().with_position_ids(positions).unwrap()).unwrap();
+        compare(name, i, 0, &logits[i], &g.scores[i][0]);
+        fed[i] = prompt.len();
+    }
+    for step in 1..new_tokens {
+        let mut ids = vec![vec![0u32]; slots];
+        let mut positions = vec![0i32; slots];
+        let mut mask = vec![vec![0u8]; slots];
+        for i in 0..3 {
+            ids[i] = vec![sequences[i][fed[i]]];
+            positions[i] = fed[i] as i32;
+            mask[i] = vec![1];
+        }
+        let logits = decoder.step(&Batch::new(ids, Some(mask)).unwrap().with_position_ids(positions).unwrap()).unwrap();
+        for i in 0..3 {
+            compare(name, i, step, &logits[i], &g.scores[i][step]);
+            fed[i] += 1;
+        }
+    }
+}
+
+fn compare(name: &str, prompt: usize, step: usize, got: &[f32], want: &[f32]) {
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-5 * scale, "{name} prompt {prompt} step {step}: logits differ by {worst} (scale {scale})");
+}
+
+#[test]
+fn greedy_decoding_equals_hf_generate_for_every_family_with_a_cache() {
+    for name in DECODED {
+        check_family(name, Mesh::single_device(), 3);
+    }
+}
+
+#[test]
+fn greedy_decoding_equals_hf_generate_on_a_2x4_mesh() {
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    for name in ["tiny-llama", "tiny-gemma2", "tiny-gpt-oss", "tiny-qwen3-moe", "tiny-deepseek-v3"] {
+        check_family(name, mesh.clone(), 4);
+    }
+}
+
+#[test]
+fn a_family_without_a_cache_is_refused_by_name() {
+    let client = client();
+    for name in ["tiny-qwen3-5", "tiny-qwen3-next"] {
+        let model = LoadedModel::open(&fixture(name)).unwrap();
+        let options = EngineOptions { decode: Some(16), ..Default::default() };
+        let e = Engine::new(&client, &model, Vec::new(), options).unwrap_err();
+        assert!(matches!(e, EngineError::Model(_)), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("Gated DeltaNet") && e.contains("qwen3"), "{name}: {e}");
+    }
+}
+
+#[test]
+fn bad_settings_are_refused_naming_them() {
+    let model = LoadedModel::open(&fixture("tiny-llama")).unwrap();
+    let client = client();
+    let engine = engine(&client, &model, Mesh::single_device(), 8);
+    let mut decoder = engine.decoder(1).unwrap();
+    let settings = Settings {
+        max_new_tokens: 4,
+        eos_ids: Vec::new(),
+        stop_ids: Vec::new(),
+        sampling: Sampling::default(),
+        seed: 0,
+        chunk: 4,
+        cache_len: 8,
+    };
+    let long = [Prompt { record: 7, sample: 0, ids: vec![1; 9] }];
+    let e = generate(&mut decoder, &long, &settings).unwrap_err().to_string();
+    assert!(e.contains("record 7") && e.contains("9 tokens"), "{e}");
+    let hot = Settings { sampling: Sampling { temperature: -1.0, ..Sampling::default() }, ..settings.clone() };
+    let e = generate(&mut decoder, &long[..0], &hot).unwrap_err().to_string();
+    assert!(e.contains("--temperature"), "{e}");
+    let none = Settings { max_new_tokens: 0, ..settings };
+    assert!(generate(&mut decoder, &long[..0], &none).unwrap_err().to_string().contains("max_new_tokens 0"));
+    // Past LongRoPE's original context (HF switches factors mid-sequence).
+    let phi3 = LoadedModel::open(&fixture("tiny-phi3")).unwrap();
+    let options = EngineOptions { decode: Some(33), ..Default::default() };
+    let e = Engine::new(&client, &phi3, Vec::new(), options).unwrap_err().to_string();
+    assert!(e.contains("longrope") && e.contains("33"), "{e}");
+    // A cache past the model's context.
+    let options = EngineOptions { decode: Some(100_000), ..Default::default() };
+    let e = Engine::new(&client, &model, Vec::new(), options).unwrap_err().to_string();
+    assert!(e.contains("past the model's context"), "{e}");
+}

@@ -1,0 +1,237 @@
+//! Decoding's part of the program: a step that reads and writes each attention block's key and
+//! value cache ([`build_decode_step`]). Every family's own forward is built as for extraction
+//! (its blocks, norms, RoPE, soft-caps, mixtures, steering), with two differences that live
+//! here: softmax attention takes its keys and values from the cache once this step's are
+//! written into it ([`Graph::cached`]), and the program ends with each row's next-token logits
+//! and the caches after the step ([`results`]).
+//!
+//! The cache of an attention block is, per row (a slot of the decoding loop), `[cache_len,
+//! width]` keys and as many values, position `p` at index `p`: a step writes each real token's
+//! keys and values at its position (`position_ids`; padding writes nothing) and each query at
+//! position `p` attends the indices `j <= p` (and `p - j < window` in a windowed block). A
+//! row's indices past its position hold whatever an earlier sequence of the slot left; none
+//! is read before this sequence writes it, so a slot is refilled without clearing it. A block
+//! that attends another block's keys and values (Gemma 4's shared KV layers) reads that
+//! block's cache. A token mixer with state of another kind (Gated DeltaNet's recurrent and
+//! convolution state) is refused by name.
+//!
+//! Sliding windows keep the whole `cache_len` (masked, not a ring buffer), and a latent
+//! attention (MLA) caches its expanded keys and values: exact, not yet the smallest form.
+
+use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
+use siphon_mesh::PartitionSpec;
+
+use crate::config::ModelConfig;
+use crate::contract::{DecodeInfo, ForwardProgram, ForwardSpec, NextTokenInfo};
+use crate::error::ModelError;
+use crate::forward::{Graph, build_forward};
+
+/// Builds the decoding step of `config` for `spec` ([`ForwardSpec::decode`] given): `batch`
+/// rows (slots) of `seq` new tokens each (a prompt's chunk, or one token), every block, and
+/// the logits at each row's last real token. What a step cannot take is refused by name:
+/// hooks, dictionaries, next-token outputs, cuDNN's attention.
+pub fn build_decode_step(config: &ModelConfig, spec: &ForwardSpec) -> Result<ForwardProgram, ModelError> {
+    let Some(step) = spec.decode else {
+        return Err(ModelError::Config("a decoding step needs its cache's length (ForwardSpec::decode)".into()));
+    };
+    let refused = [
+        (!spec.hooks.is_empty(), "hooks"),
+        (!spec.dictionaries.is_empty(), "dictionaries"),
+        (spec.next_token.is_some(), "next-token outputs"),
+        (spec.cudnn_attention, "cuDNN's attention"),
+    ];
+    if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
+        return Err(ModelError::Config(format!("a decoding step computes no {what}")));
+    }
+    if step.cache_len == 0 || spec.seq > step.cache_len {
+        return Err(ModelError::Config(format!(
+            "a decoding step of {} tokens a row with a cache of {} positions",
+            spec.seq, step.cache_len
+        )));
+    }
+    let limit = config.max_position_embeddings;
+    if limit > 0 && step.cache_len > limit {
+        return Err(ModelError::Config(format!(
+            "a cache of {} positions is past the model's context ({limit}, max_position_embeddings)",
+            step.cache_len
+        )));
+    }
+    build_forward(config, spec)
+}
+
+/// The caches a decoding step reads and writes, as the blocks are built.
+pub(crate) struct Cache {
+    len: usize,
+    /// Per cached block: the keys and values it was given (to find a block that shares them),
+    /// its argument and its result for each.
+    blocks: Vec<Cached>,
+    /// The cache's masks built so far, by window: `[batch, seq, cache_len]`.
+    masks: Vec<(Option<usize>, Value)>,
+}
+
+struct Cached {
+    layer: usize,
+    given: (Value, Value),
+    after: (Value, Value),
+}
+
+impl Cache {
+    pub(crate) fn new(len: usize) -> Cache {
+        Cache { len, blocks: Vec::new(), masks: Vec::new() }
+    }
+}
+
+impl Graph<'_> {
+    /// Block `layer`'s keys `k` `[tokens, k width]` and values `v` `[tokens, v width]` (RoPE
+    /// applied) written into its cache, and what its attention then reads: every cached key
+    /// and value, `[batch·cache_len, width]` each, and the mask `[batch, seq, cache_len]`.
+    pub(crate) fn cached(&mut self, layer: usize, k: Value, v: Value) -> Result<(Value, Value, Value), ModelError> {
+        let bsz = self.spec.batch;
+        let cache = self.cache.as_ref().expect("cached() while decoding");
+        let len = cache.len;
+        let shared = cache.blocks.iter().find(|c| c.given == (k, v)).map(|c| c.after);
+        let (k_all, v_all) = match shared {
+            Some(after) => after,
+            None => {
+                let batch_axes = self.input_spec().dims()[0].clone();
+                let spec = PartitionSpec::from_dims(vec![batch_axes, Vec::new(), Vec::new()]);
+                let sharded = self.sharded();
+                let mut after = [k; 2];
+                for (i, x) in [k, v].into_iter().enumerate() {
+                    let width = self.b.dims(x)?[1];
+                    let ty = TensorType::new(self.dt, &[bsz, len, width]);
+                    let arg = self.b.arg(ty, sharded.then(|| spec.clone()))?;
+                    after[i] = self.write(arg, x)?;
+                }
+                let cache = self.cache.as_mut().expect("cached() while decoding");
+                cache.blocks.push(Cached { layer, given: (k, v), after: (after[0], after[1]) });
+                (after[0], after[1])
+            }
+        };
+        let mask = self.cache_mask(self.config.window(layer))?;
+        let mut flat = [k_all, v_all];
+        for x in &mut flat {
+            let width = self.b.dims(*x)?[2];
+            *x = self.b.reshape(*x, &[bsz * len, width])?;
+        }
+        Ok((flat[0], flat[1], mask))
+    }
+
+    /// `cache` `[batch, cache_len, width]` with each real token of `x` `[tokens, width]` at its
+    /// position's index: a one-hot product (each written element is `1·x`, exact), selected
+    /// where a token was written.
+    fn write(&mut self, cache: Value, x: Value) -> Result<Value, ModelError> {
+        let (bsz, t) = (self.spec.batch, self.spec.seq);
+        let len = self.b.dims(cache)?[1];
+        let width = self.b.dims(x)?[1];
+        let (positions, real) = (self.position_ids, self.attention_mask);
+        let dt = self.dt;
+        let b = &mut self.b;
+        let hot = [bsz, len, t];
+        let index = b.iota(TensorType::new(DType::I32, &hot), 1)?;
+        let at = b.broadcast_in_dim(positions, &hot, &[0, 2])?;
+        let here = b.compare(CompareDir::Eq, index, at)?;
+        let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz, t]))?;
+        let real = b.compare(CompareDir::Ne, real, zero)?;
+        let real = b.broadcast_in_dim(real, &hot, &[0, 2])?;
+        let here = b.and(here, real)?;
+        let (one, none) = (b.splat(1.0, TensorType::new(dt, &hot))?, b.splat(0.0, TensorType::new(dt, &hot))?);
+        let hot_values = b.select(here, one, none)?;
+        let x = b.reshape(x, &[bsz, t, width])?;
+        let written = b.dot_general(hot_values, x, &DotDims::batched(&[0], &[0], &[2], &[1]))?;
+        let count = b.reduce_sum(hot_values, &[2])?;
+        let nothing = b.splat(0.0, TensorType::new(dt, &[bsz, len]))?;
+        let hit = b.compare(CompareDir::Gt, count, nothing)?;
+        let hit = b.broadcast_in_dim(hit, &[bsz, len, width], &[0, 1])?;
+        Ok(b.select(hit, written, cache)?)
+    }
+
+    /// The mask of a cache read by queries at `position_ids`: `[batch, seq, cache_len]`, true
+    /// where index `j <= p` (and `p - j < window`), built once per window.
+    fn cache_mask(&mut self, window: Option<usize>) -> Result<Value, ModelError> {
+        let cache = self.cache.as_ref().expect("cache_mask() while decoding");
+        if let Some(&(_, mask)) = cache.masks.iter().find(|(w, _)| *w == window) {
+            return Ok(mask);
+        }
+        let (bsz, t, len) = (self.spec.batch, self.spec.seq, cache.len);
+        let shape = [bsz, t, len];
+        let b = &mut self.b;
+        let j = b.iota(TensorType::new(DType::I32, &shape), 2)?;
+        let p = b.broadcast_in_dim(self.position_ids, &shape, &[0, 1])?;
+        let mut mask = b.compare(CompareDir::Le, j, p)?;
+        if let Some(w) = window {
+            // j > p - w, i.e. j + w > p.
+            let w = b.splat(w as f64, TensorType::new(DType::I32, &shape))?;
+            let reach = b.add(j, w)?;
+            let recent = b.compare(CompareDir::Gt, reach, p)?;
+            mask = b.and(mask, recent)?;
+        }
+        self.cache.as_mut().expect("cache_mask() while decoding").masks.push((window, mask));
+        Ok(mask)
+    }
+}
+
+/// What a decoding step returns, given the final norm's output `hidden` `[tokens, hidden]`
+/// and the unembedding `[vocab, hidden]`.
+pub(crate) struct Request<'a> {
+    pub config: &'a ModelConfig,
+    pub cache: &'a Cache,
+    pub hidden: Value,
+    pub unembedding: Value,
+    pub attention_mask: Value,
+    pub rows: [usize; 2],
+    pub dtype: DType,
+    pub input_spec: &'a PartitionSpec,
+    pub sharded: bool,
+}
+
+/// A program result and its split over the mesh (none on one device).
+type Produced = (Value, Option<PartitionSpec>);
+
+/// The logits of each row's last real token (its real tokens come first), `[batch, vocab]`
+/// f32 through the family's final soft-cap, then every cache after the step: the results
+/// (each with its split) and their description.
+pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Vec<Produced>, DecodeInfo), ModelError> {
+    let [bsz, t] = r.rows;
+    let vocab = r.config.vocab_size;
+    // Row b's last real token is token b·t + (real tokens − 1) of the flattened rows.
+    let real = b.reduce_sum(r.attention_mask, &[1])?;
+    let one = b.splat(1.0, TensorType::new(DType::I32, &[bsz]))?;
+    let last = b.sub(real, one)?;
+    let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz]))?;
+    let last = b.max(last, zero)?;
+    let row = b.iota(TensorType::new(DType::I32, &[bsz]), 0)?;
+    let width = b.splat(t as f64, TensorType::new(DType::I32, &[bsz]))?;
+    let start = b.mul(row, width)?;
+    let index = b.add(start, last)?;
+    let h = b.take_rows(r.hidden, index)?;
+    let mut logits = b.matmul_t(h, r.unembedding)?;
+    if let Some(cap) = r.config.final_softcap {
+        // transformers: logits / cap, tanh, * cap, in the logits' dtype.
+        let cap = b.splat(cap, TensorType::new(r.dtype, &[bsz, vocab]))?;
+        let scaled = b.div(logits, cap)?;
+        let bent = b.tanh(scaled)?;
+        logits = b.mul(bent, cap)?;
+    }
+    let logits = b.convert(logits, DType::F32)?;
+    let rows = r.input_spec.dims()[0].clone();
+    let logits_spec = PartitionSpec::from_dims(vec![rows.clone(), Vec::new()]);
+    let cache_spec = PartitionSpec::from_dims(vec![rows, Vec::new(), Vec::new()]);
+    let mut values = vec![(logits, r.sharded.then(|| logits_spec.clone()))];
+    let info = |name: String, shape: Vec<usize>, dtype, spec: &PartitionSpec| NextTokenInfo {
+        name,
+        shape,
+        dtype,
+        spec: spec.clone(),
+    };
+    let mut caches = Vec::new();
+    for c in &r.cache.blocks {
+        for (part, after) in [("k", c.after.0), ("v", c.after.1)] {
+            let shape = b.dims(after)?.to_vec();
+            caches.push(info(format!("blocks.{}.{part}", c.layer), shape, r.dtype, &cache_spec));
+            values.push((after, r.sharded.then(|| cache_spec.clone())));
+        }
+    }
+    let logits = info("logits".into(), vec![bsz, vocab], DType::F32, &logits_spec);
+    Ok((values, DecodeInfo { logits, caches }))
+}
