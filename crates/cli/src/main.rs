@@ -62,6 +62,9 @@ pub(crate) enum Command {
     Doctor(cmd::doctor::Args),
     /// One-shot forward pass: hook activations for a text or token ids into a safetensors file.
     Forward(cmd::forward::Args),
+    /// Complete prompts with the model on a mesh, greedy or sampled, into a JSON-lines file
+    /// with each completion's exact token ids.
+    Generate(cmd::generate::Args),
     /// Print the mesh, sharding and per-device memory a model would use.
     Plan(cmd::plan::Args),
     /// Benchmarks that run on the real runtime.
@@ -112,6 +115,7 @@ fn run() -> i32 {
     let result = match cli.command {
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Forward(args) => cmd::forward::run(args),
+        Command::Generate(args) => cmd::generate::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Bench(command) => cmd::bench::run(command),
         Command::Coordinator(args) => cmd::coordinator::run(args),

@@ -75,6 +75,11 @@ impl TextTokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The text of `ids`, special tokens left out (HF's `decode(ids, skip_special_tokens=True)`).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        self.inner.decode(ids, true).map_err(|e| ModelError::Tokenizer(format!("decoding ids: {e}")))
+    }
+
     /// Reads `tokenizer.json` and, when present, `tokenizer_config.json` from an HF model
     /// directory. Returns `None` when the directory has no `tokenizer.json`.
     pub fn from_hf_dir(dir: &Path) -> Result<Option<TextTokenizer>, ModelError> {

@@ -347,7 +347,7 @@ fn resolve_mesh(
 }
 
 /// `data=2,model=4` as (axis, size) pairs, each size a count of devices (`1..=MAX_AXIS`).
-fn parse_axes(arg: &str) -> anyhow::Result<Vec<(String, usize)>> {
+pub(crate) fn parse_axes(arg: &str) -> anyhow::Result<Vec<(String, usize)>> {
     arg.split(',')
         .map(|part| {
             let (name, size) = part

@@ -9,6 +9,7 @@ pub mod doctor;
 pub mod export;
 pub mod extract;
 pub mod forward;
+pub mod generate;
 pub mod inspect;
 pub mod launch;
 pub mod plan;

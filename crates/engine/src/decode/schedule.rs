@@ -111,7 +111,7 @@ pub fn generate(decoder: &mut Decoder<'_>, prompts: &[Prompt], s: &Settings) -> 
             break;
         }
         let width = match slots.iter().flatten().any(|a| a.tokens.len() - a.cached > 1) {
-            true => s.chunk,
+            true => s.chunk.min(s.cache_len),
             false => 1,
         };
         let (mut ids, mut mask, mut positions) = (Vec::new(), Vec::new(), Vec::new());

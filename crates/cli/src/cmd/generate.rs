@@ -1,0 +1,255 @@
+//! `siphon generate`: the model's own completions of prompts, on one device or a mesh
+//! (`siphon_engine::decode`: a decoding step with each family's key/value cache, slots
+//! refilled as completions end, the next token drawn greedily or from the warped distribution
+//! with a draw keyed by (seed, record, sample, step), so a completion depends on none of the
+//! mesh, the slots or the order). Prompts are `--text` (tokenized as `forward` does) or
+//! `--ids` (a JSON list of lists of token ids, any lengths). Each completion is one line of a
+//! JSON-lines file: `record`, `sample`, `seed`, `prompt_ids`, `completion_ids` (the exact ids
+//! drawn, an end token included), `completion` (their text, special tokens left out, where
+//! the model has a tokenizer) and `finish` (`eos`, `stop` or `length`). The file is written
+//! whole, through a temporary file beside it, or not at all.
+//!
+//! Every setting is checked before the plugin loads or a weight is read: `--max-new-tokens`
+//! and `--samples` of at least 1, sampling settings in range, stop tokens in the vocabulary, a
+//! prompt and its completion within the model's context.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use siphon_engine::decode::{Prompt, Sampling, Settings, generate};
+use siphon_engine::{Engine, EngineOptions, ShardingPlan};
+use siphon_mesh::Mesh;
+use siphon_models::{DType, LoadedModel};
+use siphon_runtime::{Client, ClientOptions, Plugin, PluginLocator};
+
+use crate::args::{files, limits, steer};
+
+/// `siphon generate` flags.
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["text", "ids"])))]
+pub struct Args {
+    /// A Hugging Face model directory or a .gguf file.
+    #[arg(long, value_name = "PATH")]
+    pub model: PathBuf,
+    /// A prompt to tokenize with the model's tokenizer (repeatable: one record each).
+    #[arg(long)]
+    pub text: Vec<String>,
+    /// A JSON file holding a list of prompts, each a list of token ids (at most 16 MiB).
+    #[arg(long, value_name = "FILE")]
+    pub ids: Option<PathBuf>,
+    /// Tokens each completion holds at most.
+    #[arg(long, value_name = "N")]
+    pub max_new_tokens: usize,
+    /// 0 (the default): greedy; else the logits are divided by it and the token drawn.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Draw among the K likeliest tokens only (0: all).
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    pub top_k: usize,
+    /// Draw among the likeliest tokens whose probabilities reach P (1: all).
+    #[arg(long, default_value_t = 1.0, value_name = "P")]
+    pub top_p: f64,
+    /// Drop tokens less likely than P times the likeliest (0: none).
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub min_p: f64,
+    /// Completions of each prompt (each its own draws).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub samples: usize,
+    /// The seed of every draw.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Token ids that end a completion besides the model's end of sequence (comma-separated).
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    pub stop_token: Vec<u32>,
+    /// Do not end a completion at the model's end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Sequences decoded side by side (a multiple of the mesh's `data` axis).
+    #[arg(long, default_value_t = 8, value_name = "N", value_parser = limits::count(1, 4096))]
+    pub slots: usize,
+    /// Prompt tokens a slot feeds in one step at most.
+    #[arg(long, default_value_t = 64, value_name = "N", value_parser = limits::count(1, 1 << 16))]
+    pub chunk: usize,
+    /// Add a steering vector to a hook during decoding: `HOOK=FILE[:SCALE]`, as `forward`.
+    #[arg(long, value_name = "HOOK=FILE[:SCALE]")]
+    pub steer: Vec<String>,
+    /// Output JSON-lines file.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Dtype of weights and compute: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub compute_dtype: DType,
+    /// Number of virtual devices of the CPU plugin.
+    #[arg(long, value_name = "N", value_parser = limits::count(1, limits::MAX_CPU_DEVICES))]
+    pub cpu_devices: Option<usize>,
+    /// Mesh axes like `data=2,model=4` (Megatron-style plan). Default: one device.
+    #[arg(long, value_name = "MESH")]
+    pub mesh: Option<String>,
+    /// PJRT plugin (default: SIPHON_PJRT_PLUGIN, then siphon's cache directory).
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+}
+
+/// One line of the output.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    record: u64,
+    sample: u32,
+    seed: u64,
+    prompt_ids: &'a [u32],
+    completion_ids: &'a [u32],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completion: Option<String>,
+    finish: &'static str,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.max_new_tokens == 0 {
+        bail!("--max-new-tokens 0: a completion holds at least 1 token");
+    }
+    if args.samples == 0 {
+        bail!("--samples 0: each prompt is completed at least once");
+    }
+    let sampling = Sampling { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
+    sampling.check().map_err(anyhow::Error::msg)?;
+    let model = LoadedModel::open(&args.model).with_context(|| format!("opening model {}", args.model.display()))?;
+    let vocab = model.config.vocab_size;
+    if let Some(t) = args.stop_token.iter().find(|&&t| t as usize >= vocab) {
+        bail!("--stop-token {t} is outside the vocabulary (0..{vocab})");
+    }
+    let prompts = read_prompts(&args, &model)?;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let context = model.config.max_position_embeddings;
+    let cache_len = longest + args.max_new_tokens;
+    if context > 0 && cache_len > context {
+        bail!(
+            "--max-new-tokens {} after the longest prompt ({longest} tokens) reaches position {cache_len}, past the \
+             model's context ({context})",
+            args.max_new_tokens
+        );
+    }
+    let (steering, _) = steer::open_all(&args.steer, &model.config)?;
+    let eos_ids = match (args.ignore_eos, model.tokenizer.as_ref().and_then(|t| t.eos_id)) {
+        (false, Some(eos)) => vec![eos],
+        _ => Vec::new(),
+    };
+
+    let choice = PluginLocator::new().explicit(args.plugin.clone()).locate().context("finding a PJRT plugin")?;
+    let plugin = Plugin::load(&choice.path).context("loading the PJRT plugin")?;
+    let mut options = ClientOptions::new();
+    if let Some(n) = args.cpu_devices {
+        options = options.cpu_device_count(n);
+    }
+    let client = Client::new(&plugin, options).context("creating a PJRT client")?;
+    let mesh = mesh(args.mesh.as_deref(), &client.addressable_device_ids())?;
+    let data = mesh.axis_size("data").unwrap_or(1);
+    if !args.slots.is_multiple_of(data) {
+        bail!("--slots {} does not split over the mesh's data axis ({data})", args.slots);
+    }
+    let options = EngineOptions {
+        compute_dtype: args.compute_dtype,
+        mesh,
+        plan: ShardingPlan::Megatron,
+        steering,
+        decode: Some(cache_len),
+        ..EngineOptions::default()
+    };
+    let engine = Engine::new(&client, &model, Vec::new(), options).context("loading the weights onto the devices")?;
+    let mut decoder = engine.decoder(args.slots).context("the decoding step")?;
+    let requests: Vec<Prompt> = prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(record, ids)| {
+            (0..args.samples as u32).map(move |sample| Prompt { record: record as u64, sample, ids: ids.clone() })
+        })
+        .collect();
+    let settings = Settings {
+        max_new_tokens: args.max_new_tokens,
+        eos_ids,
+        stop_ids: args.stop_token.clone(),
+        sampling,
+        seed: args.seed,
+        chunk: args.chunk,
+        cache_len,
+    };
+    let start = std::time::Instant::now();
+    let completions = generate(&mut decoder, &requests, &settings).context("decoding")?;
+    let seconds = start.elapsed().as_secs_f64();
+    let new_tokens: usize = completions.iter().map(|c| c.ids.len()).sum();
+
+    let tmp = args.out.with_extension("jsonl.partial");
+    let mut out =
+        std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+    for (request, completion) in requests.iter().zip(&completions) {
+        let text = match &model.tokenizer {
+            Some(tok) => Some(tok.decode(&completion.ids)?),
+            None => None,
+        };
+        let line = Line {
+            record: request.record,
+            sample: request.sample,
+            seed: args.seed,
+            prompt_ids: &request.ids,
+            completion_ids: &completion.ids,
+            completion: text,
+            finish: completion.finish.name(),
+        };
+        serde_json::to_writer(&mut out, &line)?;
+        out.write_all(b"\n")?;
+    }
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    std::fs::rename(&tmp, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
+    println!(
+        "{} completions, {new_tokens} new tokens in {seconds:.2} s ({:.1} tokens/s); wrote {}",
+        completions.len(),
+        new_tokens as f64 / seconds.max(1e-9),
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// The prompts `--text` or `--ids` give, each at least one token and every id in the
+/// vocabulary.
+fn read_prompts(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<Vec<u32>>> {
+    let prompts = match &args.ids {
+        Some(path) => {
+            let text = files::read_text(path, "--ids", files::MAX_TEXT_BYTES)?;
+            serde_json::from_str::<Vec<Vec<u32>>>(&text)
+                .with_context(|| format!("--ids {}: expected a JSON list of lists of token ids", path.display()))?
+        }
+        None => {
+            let tok = model
+                .tokenizer
+                .as_ref()
+                .with_context(|| format!("{} has no tokenizer; pass --ids instead", args.model.display()))?;
+            args.text.iter().map(|t| tok.encode(t)).collect::<Result<_, _>>().context("tokenizing --text")?
+        }
+    };
+    if prompts.is_empty() {
+        bail!("no prompts given");
+    }
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        bail!("prompt {i} has no tokens");
+    }
+    let vocab = model.config.vocab_size;
+    if let Some((i, t)) =
+        prompts.iter().enumerate().find_map(|(i, p)| p.iter().find(|&&t| t as usize >= vocab).map(|t| (i, t)))
+    {
+        bail!("prompt {i} holds token id {t}, outside the vocabulary (0..{vocab})");
+    }
+    Ok(prompts)
+}
+
+/// `data=2,model=4` over the first devices, or one device.
+fn mesh(arg: Option<&str>, devices: &[usize]) -> anyhow::Result<Mesh> {
+    let first = *devices.first().context("the plugin has no devices")?;
+    let Some(arg) = arg else { return Ok(Mesh::new(&[], vec![first])?) };
+    let axes = super::forward::parse_axes(arg)?;
+    let n = axes.iter().try_fold(1usize, |n, (_, s)| n.checked_mul(*s)).filter(|&n| n <= devices.len());
+    let Some(n) = n else {
+        bail!("--mesh {arg} needs more devices than the plugin's {} (try --cpu-devices N)", devices.len());
+    };
+    let axes: Vec<(&str, usize)> = axes.iter().map(|(a, s)| (a.as_str(), *s)).collect();
+    Mesh::new(&axes, devices[..n].to_vec()).with_context(|| format!("--mesh {arg}"))
+}
