@@ -224,3 +224,93 @@ fn bad_settings_are_refused_naming_them() {
     let e = Engine::new(&client, &model, Vec::new(), options).unwrap_err().to_string();
     assert!(e.contains("past the model's context"), "{e}");
 }
+
+/// transformers' warpers on fixed rows (`fixtures/sampling/golden-warpers.safetensors`): the
+/// sampler keeps the same tokens with the same probabilities, and 20,000 draws (one record
+/// each) fall on them as those probabilities say (chi-square, p > 0.01).
+#[test]
+fn the_sampler_draws_from_hf_s_warped_distribution() {
+    let path = fixture("../sampling/golden-warpers.safetensors");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        st.tensor(name).unwrap().data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    };
+    let settings: Vec<f64> = st
+        .tensor("settings")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let vocab = st.tensor("logits").unwrap().shape()[1];
+    let (logits, probs) = (f32s("logits"), f32s("probs"));
+    for (row, s) in settings.chunks(4).enumerate() {
+        let sampling = Sampling { temperature: s[0], top_k: s[1] as usize, top_p: s[2], min_p: s[3] };
+        let logits = &logits[row * vocab..(row + 1) * vocab];
+        let want = &probs[row * vocab..(row + 1) * vocab];
+        let got = sampling.probabilities(logits);
+        for (v, (&g, &w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g > 0.0, w > 0.0, "row {row} token {v}: kept {} where HF kept {}", g > 0.0, w > 0.0);
+            assert!((g - f64::from(w)).abs() < 1e-6, "row {row} token {v}: {g} where HF has {w}");
+        }
+        let n = 20_000;
+        let mut counts = vec![0usize; vocab];
+        for record in 0..n {
+            counts[siphon_engine::decode::choose(logits, &sampling, [5, record, 0, 0]) as usize] += 1;
+        }
+        let kept: Vec<usize> = (0..vocab).filter(|&v| want[v] > 0.0).collect();
+        assert!(counts.iter().enumerate().all(|(v, &c)| c == 0 || want[v] > 0.0), "row {row}: a dropped token drawn");
+        let chi2: f64 = kept
+            .iter()
+            .map(|&v| {
+                let expected = f64::from(want[v]) * n as f64;
+                (counts[v] as f64 - expected).powi(2) / expected
+            })
+            .sum();
+        // The 1% critical value of chi-square with df degrees (Wilson–Hilferty).
+        let df = (kept.len() - 1).max(1) as f64;
+        let z = 2.326_348;
+        let critical = df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3);
+        assert!(chi2 < critical, "row {row}: chi-square {chi2:.2} over {df} degrees past {critical:.2}: {counts:?}");
+    }
+}
+
+/// A sampled completion depends on the seed, record and sample only: the same on one device
+/// with 3 slots and on a 2 × 4 mesh with 4 (prompts in another order), another with another
+/// seed.
+#[test]
+fn sampled_completions_depend_on_seed_record_and_sample_only() {
+    let model = LoadedModel::open(&fixture("tiny-qwen2")).unwrap();
+    let g = golden(&fixture("tiny-qwen2"));
+    let client = client();
+    let settings = Settings {
+        max_new_tokens: 12,
+        eos_ids: Vec::new(),
+        stop_ids: Vec::new(),
+        sampling: Sampling { temperature: 1.0, top_k: 50, top_p: 0.95, min_p: 0.0 },
+        seed: 11,
+        chunk: 4,
+        cache_len: 24,
+    };
+    let prompts: Vec<Prompt> = (0..2u32)
+        .flat_map(|sample| {
+            g.prompts.iter().enumerate().map(move |(i, ids)| Prompt { record: i as u64, sample, ids: ids.clone() })
+        })
+        .collect();
+    let run = |mesh: Mesh, slots: usize, prompts: &[Prompt], settings: &Settings| {
+        let engine = engine(&client, &model, mesh, settings.cache_len);
+        let mut decoder = engine.decoder(slots).unwrap();
+        generate(&mut decoder, prompts, settings).unwrap()
+    };
+    let one = run(Mesh::single_device(), 3, &prompts, &settings);
+    let reversed: Vec<Prompt> = prompts.iter().rev().cloned().collect();
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    let mut other = run(mesh, 4, &reversed, &settings);
+    other.reverse();
+    assert_eq!(one, other);
+    // Two samples of a record differ, and another seed gives other completions.
+    assert_ne!(one[0].ids, one[3].ids);
+    let reseeded = run(Mesh::single_device(), 3, &prompts, &Settings { seed: 12, ..settings.clone() });
+    assert_ne!(one, reseeded);
+}
