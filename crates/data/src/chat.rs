@@ -126,6 +126,17 @@ impl ChatTemplate {
     /// Renders `messages` (a list of `{role, content, ...}` objects) and finds each role's
     /// spans. An error says why the conversation cannot be rendered or marked.
     pub fn render(&self, messages: &serde_json::Value) -> std::result::Result<Rendered, String> {
+        self.render_with(messages, false)
+    }
+
+    /// The text of `messages` rendered with `add_generation_prompt` true: what the model
+    /// completes as the assistant's next turn (transformers' `apply_chat_template(messages,
+    /// add_generation_prompt=True, tokenize=False)`).
+    pub fn render_prompt(&self, messages: &serde_json::Value) -> std::result::Result<String, String> {
+        Ok(self.render_with(messages, true)?.text)
+    }
+
+    fn render_with(&self, messages: &serde_json::Value, prompt: bool) -> std::result::Result<Rendered, String> {
         let list = messages.as_array().ok_or("the conversation is not a list of messages")?;
         let mut roles = Vec::with_capacity(list.len());
         for (i, message) in list.iter().enumerate() {
@@ -142,7 +153,7 @@ impl ChatTemplate {
         let mut context: BTreeMap<String, Value> =
             self.special.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
         context.insert("messages".into(), Value::from_serialize(messages));
-        context.insert("add_generation_prompt".into(), Value::from(false));
+        context.insert("add_generation_prompt".into(), Value::from(prompt));
         let marked = template.render(context).map_err(|e| format!("the chat template fails: {e:#}"))?;
 
         // The generation markers out of the text, their positions kept.

@@ -35,6 +35,10 @@ pub struct Args {
     /// A prompt to tokenize with the model's tokenizer (repeatable: one record each).
     #[arg(long)]
     pub text: Vec<String>,
+    /// Each `--text` is a user's message, rendered with the model's chat template and its
+    /// generation prompt (`add_generation_prompt=True`): the completion is the assistant's turn.
+    #[arg(long, requires = "text")]
+    pub chat: bool,
     /// A JSON file holding a list of prompts, each a list of token ids (at most 16 MiB).
     #[arg(long, value_name = "FILE")]
     pub ids: Option<PathBuf>,
@@ -223,7 +227,10 @@ fn read_prompts(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<Vec<u32>
                 .tokenizer
                 .as_ref()
                 .with_context(|| format!("{} has no tokenizer; pass --ids instead", args.model.display()))?;
-            args.text.iter().map(|t| tok.encode(t)).collect::<Result<_, _>>().context("tokenizing --text")?
+            match args.chat {
+                false => args.text.iter().map(|t| tok.encode(t)).collect::<Result<_, _>>().context("tokenizing --text")?,
+                true => chat_prompts(&args.text, tok)?,
+            }
         }
     };
     if prompts.is_empty() {
@@ -239,6 +246,24 @@ fn read_prompts(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<Vec<u32>
         bail!("prompt {i} holds token id {t}, outside the vocabulary (0..{vocab})");
     }
     Ok(prompts)
+}
+
+/// Each text as a user's message rendered by the model's chat template with its generation
+/// prompt, tokenized without special tokens added (the template writes them), as transformers'
+/// `apply_chat_template(..., add_generation_prompt=True, tokenize=True)`.
+fn chat_prompts(texts: &[String], tok: &siphon_models::TextTokenizer) -> anyhow::Result<Vec<Vec<u32>>> {
+    let source = tok.chat_template.as_deref().context("--chat: the model has no chat template")?;
+    let special: Vec<(&str, &str)> = tok.special_tokens.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let template = siphon_data::ChatTemplate::new(source, &special)?;
+    texts
+        .iter()
+        .map(|text| {
+            let messages = serde_json::json!([{ "role": "user", "content": text }]);
+            let rendered = template.render_prompt(&messages).map_err(|e| anyhow::anyhow!("--chat: {e}"))?;
+            let encoded = tok.inner().encode(rendered.as_str(), false).map_err(|e| anyhow::anyhow!("--chat: {e}"))?;
+            Ok(encoded.get_ids().to_vec())
+        })
+        .collect()
 }
 
 /// `data=2,model=4` over the first devices, or one device.
