@@ -95,3 +95,60 @@ fn chat_templates_render_and_tokenize_as_transformers_does() {
     assert!(checked >= 12, "only {checked} conversations checked");
     assert_eq!(Role::parse("assistant"), Some(Role::Assistant));
 }
+
+/// Each template's generation prompt (`add_generation_prompt=True`, the conversation up to
+/// its first user message) renders to transformers' text, and `siphon generate --chat` feeds
+/// the demo model transformers' ids for it.
+#[test]
+fn generation_prompts_render_as_transformers_does_and_generate_feeds_them() {
+    let Some(gguf) = std::env::var_os("SIPHON_SMOLLM2_GGUF") else {
+        eprintln!("note: SIPHON_SMOLLM2_GGUF is unset; skipping the generation prompt goldens");
+        return;
+    };
+    let model = siphon_models::LoadedModel::open(std::path::Path::new(&gguf)).unwrap();
+    let tokenizer = model.tokenizer.as_ref().expect("the GGUF has a tokenizer");
+    let goldens: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(common::repo_root().join("fixtures/chat/goldens.json")).unwrap())
+            .unwrap();
+    let special: Vec<(&str, &str)> = tokenizer.special_tokens.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut checked = 0;
+    for (name, golden) in goldens["templates"].as_object().unwrap() {
+        let template = ChatTemplate::new(golden["source"].as_str().unwrap(), &special).unwrap();
+        for prompt in golden["prompts"].as_array().unwrap() {
+            let got = template.render_prompt(&prompt["messages"]);
+            match prompt["error"].as_str() {
+                Some(error) => assert!(got.unwrap_err().contains(error), "{name}"),
+                None => {
+                    assert_eq!(got.unwrap(), prompt["text"].as_str().unwrap(), "{name}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 14, "{checked} prompts checked");
+    // The demo model's own template through `siphon generate --chat`: a user's message alone.
+    let prompts = goldens["templates"]["smollm2-gguf"]["prompts"].as_array().unwrap();
+    let demo = prompts.iter().find(|p| p["messages"].as_array().unwrap().len() == 1).expect("a user's message alone");
+    let message = &demo["messages"][0];
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("chat.jsonl");
+    let args: Vec<String> = [
+        "generate",
+        "--model",
+        gguf.to_str().unwrap(),
+        "--chat",
+        "--text",
+        message["content"].as_str().unwrap(),
+        "--max-new-tokens",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let status = common::siphon_command(&args).status().unwrap();
+    assert!(status.success());
+    let line: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&out).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(line["prompt_ids"], demo["ids"]);
+}

@@ -228,7 +228,9 @@ fn read_prompts(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<Vec<u32>
                 .as_ref()
                 .with_context(|| format!("{} has no tokenizer; pass --ids instead", args.model.display()))?;
             match args.chat {
-                false => args.text.iter().map(|t| tok.encode(t)).collect::<Result<_, _>>().context("tokenizing --text")?,
+                false => {
+                    args.text.iter().map(|t| tok.encode(t)).collect::<Result<_, _>>().context("tokenizing --text")?
+                }
                 true => chat_prompts(&args.text, tok)?,
             }
         }
