@@ -2,14 +2,18 @@
 //! as `--ids`) equal HF `generate`'s (`golden-generate.safetensors`, which
 //! crates/engine/tests/generate.rs holds every family to), on one device and on a 2 × 4 mesh,
 //! written as JSON lines with the exact ids; sampled completions are the same whatever the
-//! mesh and slots; bad flags are refused by name before any weight loads, nothing written.
+//! mesh and slots; bad flags are refused by name before any weight loads, nothing written; and
+//! `siphon extract` over generate's output reads its exact ids (no tokenizing again), the
+//! prompt's as the user's and the completion's as the assistant's: with `--roles assistant`
+//! it keeps the completions' tokens, whose activations are `siphon forward --ids`'s over
+//! prompt + completion.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod common;
 
-use common::{Guard, repo_root, siphon_command, wait_with_limit};
+use common::{Guard, make_model, repo_root, siphon_command, wait_with_limit};
 use safetensors::SafeTensors;
 
 fn fixture(name: &str) -> PathBuf {
@@ -120,4 +124,90 @@ fn bad_flags_are_refused_by_name_before_any_weight_loads() {
     let err = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && err.contains("Gated DeltaNet") && !err.contains("weights uploaded"), "{err}");
     assert!(!out.exists());
+}
+
+#[test]
+fn extract_reads_the_completions_by_their_ids_and_roles() {
+    const SEQ: usize = 24;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let model = root.join("model");
+    make_model(&model);
+    let prompts: Vec<Vec<u32>> = vec![vec![5, 17, 250, 3], vec![90, 91], vec![7, 8, 9, 10, 11, 12, 13]];
+    std::fs::write(root.join("prompts.json"), serde_json::to_string(&prompts).unwrap()).unwrap();
+    let completions = root.join("completions.jsonl");
+    let path = |p: &Path| p.display().to_string();
+    let args = ["generate", "--model", &path(&model), "--ids", &path(&root.join("prompts.json"))]
+        .into_iter()
+        .chain(["--max-new-tokens", "9", "--ignore-eos", "--temperature", "1", "--out", &path(&completions)])
+        .map(String::from)
+        .collect::<Vec<_>>();
+    assert!(run(&args).status.success());
+    let tokenizer = repo_root().join("fixtures/data/tokenizer.json");
+    let out = root.join("out");
+    let args = ["extract", "--model", &path(&model), "--tokenizer", &path(&tokenizer), "--corpus", &path(&completions)]
+        .into_iter()
+        .chain([
+            "--hooks",
+            "blocks.1.hook_resid_post",
+            "--seq-len",
+            &SEQ.to_string(),
+            "--pad",
+            "right",
+            "--dtype",
+            "f32",
+        ])
+        .chain(["--roles", "assistant", "--keep-excluded", "--batch-size", "4", "--output", &path(&out)])
+        .chain(["--run", "gen", "--tokenizer-threads", "1"])
+        .map(String::from)
+        .collect::<Vec<_>>();
+    let output = run(&args);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let host = out.join("gen/machine_000_host_00");
+    let mut stored: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+    for line in std::fs::read_to_string(host.join("manifest.jsonl")).unwrap().lines() {
+        let shard: serde_json::Value = serde_json::from_str(line).unwrap();
+        let bytes = std::fs::read(host.join(shard["shard"].as_str().unwrap())).unwrap();
+        for (name, tensor) in SafeTensors::deserialize(&bytes).unwrap().tensors() {
+            stored.entry(name).or_default().extend_from_slice(tensor.data());
+        }
+    }
+    let words = |name: &str| -> Vec<[u8; 4]> { stored[name].chunks_exact(4).map(|b| b.try_into().unwrap()).collect() };
+    let stored_ids: Vec<u32> = words("token_ids").into_iter().map(u32::from_le_bytes).collect();
+    let hook: Vec<f32> = words("blocks.1.hook_resid_post").into_iter().map(f32::from_le_bytes).collect();
+    let mask = &stored["mask"];
+    let width = hook.len() / stored_ids.len();
+    let lines = lines(&completions);
+    assert_eq!(stored_ids.len(), lines.len() * SEQ, "one padded row a completion");
+    for (r, line) in lines.iter().enumerate() {
+        let (prompt, completion) = (ids(&line["prompt_ids"]), ids(&line["completion_ids"]));
+        let whole = [&prompt[..], &completion[..]].concat();
+        let row = r * SEQ..(r + 1) * SEQ;
+        assert_eq!(&stored_ids[row.start..row.start + whole.len()], &whole[..], "row {r}: the ids as generated");
+        let kept: Vec<bool> = mask[row.clone()].iter().map(|&m| m != 0).collect();
+        let want: Vec<bool> = (0..SEQ).map(|i| i >= prompt.len() && i < whole.len()).collect();
+        assert_eq!(kept, want, "row {r}: the completion's tokens kept, the prompt's and padding not");
+        // The activations are forward's over prompt + completion.
+        let ids_file = root.join(format!("row{r}.json"));
+        std::fs::write(&ids_file, serde_json::to_string(&[&whole]).unwrap()).unwrap();
+        let st_file = root.join(format!("row{r}.safetensors"));
+        let args = ["forward", "--model", &path(&model), "--ids", &path(&ids_file), "--hooks"]
+            .into_iter()
+            .chain(["blocks.1.hook_resid_post", "--out", &path(&st_file)])
+            .map(String::from)
+            .collect::<Vec<_>>();
+        assert!(run(&args).status.success());
+        let bytes = std::fs::read(&st_file).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let want: Vec<f32> = st
+            .tensor("blocks.1.hook_resid_post")
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let got = &hook[row.start * width..(row.start + whole.len()) * width];
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-5, "row {r}: differs from forward by {worst}");
+    }
 }

@@ -26,6 +26,15 @@ pub enum Record {
     Invalid(String),
     /// A list of `{role, content}` messages, to be rendered with a chat template.
     Conversation(serde_json::Value),
+    /// Token ids as given, not tokenized again, and each one's role: a line of `siphon
+    /// generate`'s output (its `prompt_ids` as the user's, its `completion_ids` as the
+    /// assistant's), read where the line has no `--json-field`.
+    Tokens {
+        /// The ids, prompt then completion.
+        ids: Vec<u32>,
+        /// Each id's role.
+        roles: Vec<crate::chat::Role>,
+    },
 }
 
 impl Record {
@@ -43,6 +52,7 @@ impl Record {
         match self {
             Record::Text(text) => text.len(),
             Record::Conversation(messages) => strings(messages),
+            Record::Tokens { ids, .. } => ids.len() * 4,
             Record::Empty | Record::Invalid(_) => 0,
         }
     }
@@ -197,7 +207,7 @@ impl Corpus {
         self.scan(|record| {
             records += 1;
             match record {
-                Record::Text(_) | Record::Conversation(_) => usable = true,
+                Record::Text(_) | Record::Conversation(_) | Record::Tokens { .. } => usable = true,
                 Record::Empty => {}
                 Record::Invalid(reason) => {
                     invalid += 1;
@@ -393,6 +403,7 @@ fn json_record(line: &[u8], field: &str) -> Record {
     };
     // Taken out of the object rather than copied: a record's text is held once.
     match value.get_mut(field).map(serde_json::Value::take) {
+        None if value.get("completion_ids").is_some() => generated(&value),
         None => Record::Invalid(format!("no field {field:?}")),
         Some(serde_json::Value::String(s)) if s.trim().is_empty() => Record::Empty,
         Some(serde_json::Value::String(s)) => Record::Text(s),
@@ -400,6 +411,31 @@ fn json_record(line: &[u8], field: &str) -> Record {
         Some(serde_json::Value::Array(messages)) if messages.is_empty() => Record::Empty,
         Some(messages @ serde_json::Value::Array(_)) => Record::Conversation(messages),
         Some(_) => Record::Invalid(format!("field {field:?} is not a string or a list of messages")),
+    }
+}
+
+/// A line of `siphon generate`'s output: its prompt's and completion's ids, the prompt's as the
+/// user's and the completion's as the assistant's.
+fn generated(line: &serde_json::Value) -> Record {
+    use crate::chat::Role;
+    let ids = |name: &str| -> std::result::Result<Vec<u32>, String> {
+        let list = line.get(name).and_then(serde_json::Value::as_array).ok_or(format!("no list {name:?}"))?;
+        list.iter()
+            .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or(format!("{name} holds {v}, not a token id")))
+            .collect()
+    };
+    match (ids("prompt_ids"), ids("completion_ids")) {
+        (Ok(prompt), Ok(completion)) => {
+            let roles = [(Role::User, prompt.len()), (Role::Assistant, completion.len())]
+                .into_iter()
+                .flat_map(|(role, n)| std::iter::repeat_n(role, n))
+                .collect();
+            match prompt.len() + completion.len() {
+                0 => Record::Empty,
+                _ => Record::Tokens { ids: [prompt, completion].concat(), roles },
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => Record::Invalid(e),
     }
 }
 

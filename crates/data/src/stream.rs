@@ -783,5 +783,6 @@ fn tokenize(
             let encoded = encoder.encode(text.as_str(), false, enough)?;
             doc(encoded.ids, Vec::new(), encoded.cut)
         }
+        Record::Tokens { ids, roles } => doc(ids, roles, None),
     })
 }

@@ -258,7 +258,9 @@ impl CorpusArgs {
             Record::Conversation(messages) => Some(messages),
             _ => None,
         }) else {
-            if self.roles.is_some() {
+            // `siphon generate`'s lines carry their roles (prompt and completion) without a template.
+            let tokens = records.iter().any(|r| matches!(r, Record::Tokens { .. }));
+            if self.roles.is_some() && !tokens {
                 bail!(
                     "--roles keeps the tokens of some roles of conversations, and the corpus's first records are not \
                      conversations (a --json-field holding a list of {{role, content}} messages)"
