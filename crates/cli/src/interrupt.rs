@@ -1,4 +1,5 @@
-//! SIGTERM and SIGINT in `siphon extract`: whatever the job is doing — loading the model,
+//! SIGTERM and SIGINT in `siphon extract` (and `siphon generate`, whose written completions
+//! are whole lines a run started again resumes after: [`install_for_generate`]): whatever the job is doing — loading the model,
 //! uploading it, compiling, stepping or committing — the process ends in its documented exit
 //! code, [`siphon_coord::EXIT_PREEMPTED`] (75) for SIGTERM and 130 for SIGINT, never by a crash.
 //!
@@ -17,6 +18,15 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
 /// Whether the coordinator's handlers end the process now.
 static HANDED_OVER: AtomicBool = AtomicBool::new(false);
+/// Whether the process is `siphon generate` (its own lines).
+static GENERATE: AtomicBool = AtomicBool::new(false);
+
+/// [`install`] for `siphon generate`: a signal ends it at once with the same codes, the
+/// completions it wrote kept for the next run.
+pub fn install_for_generate() {
+    GENERATE.store(true, Ordering::SeqCst);
+    install();
+}
 
 /// Installs the handlers (first thing in `siphon extract`).
 pub fn install() {
@@ -52,12 +62,17 @@ extern "C" fn on_signal(signal: libc::c_int) {
     if HANDED_OVER.load(Ordering::SeqCst) {
         return;
     }
-    let (line, code): (&[u8], i32) = match signal {
-        libc::SIGTERM => (
+    let (line, code): (&[u8], i32) = match (signal, GENERATE.load(Ordering::SeqCst)) {
+        (libc::SIGTERM, true) => (
+            b"siphon: received SIGTERM: preempted; the completions written are kept (OUT.partial); exiting with 75 (run the same command again to go on)\n",
+            siphon_coord::EXIT_PREEMPTED,
+        ),
+        (_, true) => (b"error: received SIGINT; the completions written are kept (OUT.partial); exiting with 130\n", 130),
+        (libc::SIGTERM, false) => (
             b"siphon: received SIGTERM before the job started: preempted, nothing written; exiting with 75 (run the same command again)\n",
             siphon_coord::EXIT_PREEMPTED,
         ),
-        _ => (b"error: received SIGINT before the job started; exiting with 130\n", 130),
+        (_, false) => (b"error: received SIGINT before the job started; exiting with 130\n", 130),
     };
     // SAFETY: write(2) and _exit(2) are async-signal-safe; `line` is static.
     unsafe {

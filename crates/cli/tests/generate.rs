@@ -2,7 +2,9 @@
 //! as `--ids`) equal HF `generate`'s (`golden-generate.safetensors`, which
 //! crates/engine/tests/generate.rs holds every family to), on one device and on a 2 × 4 mesh,
 //! written as JSON lines with the exact ids; sampled completions are the same whatever the
-//! mesh and slots; bad flags are refused by name before any weight loads, nothing written; and
+//! mesh and slots; a run killed (-9) or preempted (SIGTERM: exit 75) and started again writes
+//! byte for byte what an uninterrupted run writes, a partial output of other settings refused by
+//! name; bad flags are refused by name before any weight loads, nothing written; and
 //! `siphon extract` over generate's output reads its exact ids (no tokenizing again), the
 //! prompt's as the user's and the completion's as the assistant's: with `--roles assistant`
 //! it keeps the completions' tokens, whose activations are `siphon forward --ids`'s over
@@ -210,4 +212,67 @@ fn extract_reads_the_completions_by_their_ids_and_roles() {
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst <= 1e-5, "row {r}: differs from forward by {worst}");
     }
+}
+
+/// Lines in `path`, 0 while it does not exist.
+fn line_count(path: &Path) -> usize {
+    std::fs::read_to_string(path).map(|t| t.lines().count()).unwrap_or(0)
+}
+
+/// Starts a slowed `generate` writing `out` and stops it with `signal` once 3 completions are
+/// written; returns its exit status.
+fn stopped(args: &[String], signal: libc::c_int, out: &Path) -> std::process::ExitStatus {
+    let mut command = siphon_command(args);
+    command.env("SIPHON_TEST_SLOW_COMPLETION_MS", "200");
+    command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let mut guard = Guard(command.spawn().unwrap());
+    let partial = PathBuf::from(format!("{}.partial", out.display()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while line_count(&partial) < 3 {
+        assert!(std::time::Instant::now() < deadline, "no 3 completions written in 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(guard.0.id() as libc::pid_t, signal) };
+    let status = guard.0.wait().unwrap();
+    assert!(!out.exists() && partial.exists(), "stopped: the partial file kept, no output yet");
+    status
+}
+
+#[test]
+fn a_run_killed_or_preempted_and_started_again_writes_what_an_uninterrupted_run_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts: Vec<Vec<u32>> = (0..8u32).map(|i| (0..3 + i % 4).map(|j| (i * 31 + j * 7) % 256).collect()).collect();
+    std::fs::write(tmp.path().join("prompts.json"), serde_json::to_string(&prompts).unwrap()).unwrap();
+    let sampled = ["--max-new-tokens", "10", "--temperature", "0.9", "--samples", "2", "--seed", "5", "--slots", "2"];
+    let (done, whole) = generate(tmp.path(), "whole", &sampled);
+    assert!(done.status.success());
+    let whole = std::fs::read(whole).unwrap();
+    for (name, signal, code) in [("killed", libc::SIGKILL, None), ("preempted", libc::SIGTERM, Some(75))] {
+        let out = tmp.path().join(format!("{name}.jsonl"));
+        let mut args: Vec<String> = ["generate", "--model"].map(String::from).to_vec();
+        args.push(fixture("tiny-qwen2").display().to_string());
+        args.extend(["--ids".into(), tmp.path().join("prompts.json").display().to_string()]);
+        args.extend(["--out".into(), out.display().to_string()]);
+        args.extend(sampled.iter().map(|s| s.to_string()));
+        let status = stopped(&args, signal, &out);
+        assert_eq!(status.code(), code, "{name}: {status:?}");
+        // Another seed is refused by name; the same settings on 3 slots go on.
+        let mut reseeded = args.clone();
+        let at = reseeded.iter().position(|a| a == "--seed").unwrap();
+        reseeded[at + 1] = "6".into();
+        let refused = run(&reseeded);
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && err.contains("seed") && err.contains("remove it"), "{err}");
+        let at = args.iter().position(|a| a == "--slots").unwrap();
+        args[at + 1] = "3".into();
+        let again = run(&args);
+        assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+        assert!(String::from_utf8_lossy(&again.stdout).contains("from an earlier run"));
+        assert_eq!(std::fs::read(&out).unwrap(), whole, "{name}: the output of an uninterrupted run");
+        assert!(!PathBuf::from(format!("{}.partial", out.display())).exists());
+    }
+    // An output that exists is never overwritten.
+    let (again, _) = generate(tmp.path(), "whole", &sampled);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists"));
 }

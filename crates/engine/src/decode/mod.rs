@@ -13,7 +13,7 @@ mod sampler;
 mod schedule;
 
 pub use sampler::{Sampling, choose};
-pub use schedule::{Completion, Finish, Prompt, Settings, generate};
+pub use schedule::{Completion, Finish, Prompt, Settings, generate, generate_each};
 
 use siphon_models::DecodeInfo;
 use siphon_runtime::{HostArray, ShardedArray};

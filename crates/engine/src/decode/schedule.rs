@@ -83,6 +83,22 @@ struct Active {
 /// Completes every prompt on `decoder`'s slots, in `prompts`' order. A prompt that is empty
 /// or leaves no room in the cache for a token is refused by record before any step.
 pub fn generate(decoder: &mut Decoder<'_>, prompts: &[Prompt], s: &Settings) -> Result<Vec<Completion>, EngineError> {
+    let mut done: Vec<Option<Completion>> = vec![None; prompts.len()];
+    generate_each(decoder, prompts, s, |i, completion| {
+        done[i] = Some(completion);
+        Ok(())
+    })?;
+    Ok(done.into_iter().map(|c| c.expect("every prompt was completed")).collect())
+}
+
+/// [`generate`], handing each completion to `done` with its prompt's index as soon as it
+/// ends (not in order); an error from `done` stops the loop.
+pub fn generate_each(
+    decoder: &mut Decoder<'_>,
+    prompts: &[Prompt],
+    s: &Settings,
+    mut done: impl FnMut(usize, Completion) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
     s.sampling.check().map_err(EngineError::Options)?;
     if s.max_new_tokens == 0 || s.chunk == 0 {
         return Err(EngineError::Options(format!(
@@ -100,7 +116,6 @@ pub fn generate(decoder: &mut Decoder<'_>, prompts: &[Prompt], s: &Settings) -> 
     }
     let mut pending: VecDeque<usize> = (0..prompts.len()).collect();
     let mut slots: Vec<Option<Active>> = (0..decoder.slots()).map(|_| None).collect();
-    let mut done: Vec<Option<Completion>> = vec![None; prompts.len()];
     loop {
         for slot in slots.iter_mut().filter(|s| s.is_none()) {
             let Some(index) = pending.pop_front() else { break };
@@ -155,10 +170,10 @@ pub fn generate(decoder: &mut Decoder<'_>, prompts: &[Prompt], s: &Settings) -> 
             };
             if let Some(finish) = finish {
                 let ids = a.tokens[a.prompt..].to_vec();
-                done[a.index] = Some(Completion { ids, finish });
+                done(a.index, Completion { ids, finish })?;
                 *slot = None;
             }
         }
     }
-    Ok(done.into_iter().map(|c| c.expect("every prompt was completed")).collect())
+    Ok(())
 }

@@ -6,24 +6,29 @@
 //! `--ids` (a JSON list of lists of token ids, any lengths). Each completion is one line of a
 //! JSON-lines file: `record`, `sample`, `seed`, `prompt_ids`, `completion_ids` (the exact ids
 //! drawn, an end token included), `completion` (their text, special tokens left out, where
-//! the model has a tokenizer) and `finish` (`eos`, `stop` or `length`). The file is written
-//! whole, through a temporary file beside it, or not at all.
+//! the model has a tokenizer) and `finish` (`eos`, `stop` or `length`). Lines go to
+//! `OUT.partial` as completions end and the file takes its name once all are there; a run
+//! stopped at any point resumes from what it wrote (`output.rs`). SIGTERM and SIGINT end the
+//! process with their exit codes (75, 130), never a crash.
 //!
 //! Every setting is checked before the plugin loads or a weight is read: `--max-new-tokens`
 //! and `--samples` of at least 1, sampling settings in range, stop tokens in the vocabulary, a
 //! prompt and its completion within the model's context.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use siphon_engine::decode::{Prompt, Sampling, Settings, generate};
+use sha2::{Digest, Sha256};
+use siphon_engine::EngineError;
+use siphon_engine::decode::{Prompt, Sampling, Settings, generate_each};
 use siphon_engine::{Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
 use siphon_models::{DType, LoadedModel};
 use siphon_runtime::{Client, ClientOptions, Plugin, PluginLocator};
 
 use crate::args::{files, limits, steer};
+
+mod output;
 
 /// `siphon generate` flags.
 #[derive(clap::Args, Debug)]
@@ -109,6 +114,8 @@ struct Line<'a> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    crate::interrupt::install_for_generate();
+    output::check(&args.out)?;
     if args.max_new_tokens == 0 {
         bail!("--max-new-tokens 0: a completion holds at least 1 token");
     }
@@ -177,17 +184,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         chunk: args.chunk,
         cache_len,
     };
+    let (mut out, written) = output::Output::open(&args.out, &run_settings(&args, &prompts), &requests)?;
+    let todo = &requests[written..];
+    let slow = std::env::var("SIPHON_TEST_SLOW_COMPLETION_MS").ok().and_then(|v| v.parse().ok());
     let start = std::time::Instant::now();
-    let completions = generate(&mut decoder, &requests, &settings).context("decoding")?;
-    let seconds = start.elapsed().as_secs_f64();
-    let new_tokens: usize = completions.iter().map(|c| c.ids.len()).sum();
-
-    let tmp = args.out.with_extension("jsonl.partial");
-    let mut out =
-        std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
-    for (request, completion) in requests.iter().zip(&completions) {
+    let mut new_tokens = 0;
+    generate_each(&mut decoder, todo, &settings, |i, completion| {
+        let request = &todo[i];
         let text = match &model.tokenizer {
-            Some(tok) => Some(tok.decode(&completion.ids)?),
+            Some(tok) => Some(tok.decode(&completion.ids).map_err(EngineError::Model)?),
             None => None,
         };
         let line = Line {
@@ -199,18 +204,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             completion: text,
             finish: completion.finish.name(),
         };
-        serde_json::to_writer(&mut out, &line)?;
-        out.write_all(b"\n")?;
-    }
-    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    std::fs::rename(&tmp, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
+        let line = serde_json::to_string(&line).map_err(|e| EngineError::Options(e.to_string()))?;
+        out.done(written + i, line).map_err(|e| EngineError::Options(format!("{e:#}")))?;
+        new_tokens += completion.ids.len();
+        if let Some(ms) = slow {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+        Ok(())
+    })
+    .context("decoding")?;
+    let seconds = start.elapsed().as_secs_f64();
+    out.finish()?;
     println!(
-        "{} completions, {new_tokens} new tokens in {seconds:.2} s ({:.1} tokens/s); wrote {}",
-        completions.len(),
+        "{} completions ({written} from an earlier run), {new_tokens} new tokens in {seconds:.2} s ({:.1} tokens/s); \
+         wrote {}",
+        requests.len(),
         new_tokens as f64 / seconds.max(1e-9),
         args.out.display()
     );
     Ok(())
+}
+
+/// What a run's completions depend on (the mesh, slots and chunk do not): a partial output is
+/// resumed only by a run of the same.
+fn run_settings(args: &Args, prompts: &[Vec<u32>]) -> serde_json::Value {
+    let digest = Sha256::digest(serde_json::to_vec(prompts).unwrap_or_default());
+    serde_json::json!({
+        "model": args.model.display().to_string(),
+        "prompts_sha256": digest.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "samples": args.samples,
+        "seed": args.seed,
+        "stop_token": args.stop_token,
+        "ignore_eos": args.ignore_eos,
+        "steer": args.steer,
+        "compute_dtype": args.compute_dtype.to_string(),
+    })
 }
 
 /// The prompts `--text` or `--ids` give, each at least one token and every id in the
