@@ -276,3 +276,37 @@ fn a_run_killed_or_preempted_and_started_again_writes_what_an_uninterrupted_run_
     let (again, _) = generate(tmp.path(), "whole", &sampled);
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists"));
 }
+
+/// `--stop TEXT` ends a completion with the token that completes the text (the demo model,
+/// greedy, on a chat prompt whose answer names rivers).
+#[test]
+fn a_stop_string_ends_the_completion_at_the_token_completing_it() {
+    let Some(gguf) = std::env::var_os("SIPHON_SMOLLM2_GGUF") else {
+        eprintln!("note: SIPHON_SMOLLM2_GGUF is unset; skipping the stop string test");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let run_with = |name: &str, stop: &[&str]| -> serde_json::Value {
+        let out = tmp.path().join(format!("{name}.jsonl"));
+        let mut args: Vec<String> = ["generate", "--model", gguf.to_str().unwrap(), "--chat", "--text"]
+            .into_iter()
+            .chain(["Name three rivers.", "--max-new-tokens", "24", "--out", out.to_str().unwrap()])
+            .map(String::from)
+            .collect();
+        args.extend(stop.iter().flat_map(|s| ["--stop".to_string(), s.to_string()]));
+        let output = run(&args);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        lines(&out).remove(0)
+    };
+    let free = run_with("free", &[]);
+    let text = free["completion"].as_str().unwrap();
+    assert!(text.contains("River"), "{text}");
+    let stopped = run_with("stopped", &["River", "never appears"]);
+    let cut = ids(&stopped["completion_ids"]);
+    assert_eq!(stopped["finish"], "stop");
+    // The same tokens as the free run up to the one completing the first "River".
+    assert_eq!(cut[..], ids(&free["completion_ids"])[..cut.len()]);
+    let stopped_text = stopped["completion"].as_str().unwrap();
+    assert!(stopped_text.ends_with("River") || stopped_text.trim_end().ends_with("River"), "{stopped_text}");
+    assert_eq!(stopped_text.matches("River").count(), 1, "{stopped_text}");
+}

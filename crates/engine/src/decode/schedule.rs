@@ -29,7 +29,8 @@ pub struct Settings {
     pub max_new_tokens: usize,
     /// Tokens that end a completion as the model's end of sequence (kept as its last).
     pub eos_ids: Vec<u32>,
-    /// Other tokens that end a completion (kept as its last).
+    /// Other tokens that end a completion (kept as its last); a caller's own rule too
+    /// ([`generate_each`]'s `stops`).
     pub stop_ids: Vec<u32>,
     /// How each token is chosen.
     pub sampling: Sampling,
@@ -46,7 +47,7 @@ pub struct Settings {
 pub enum Finish {
     /// An end-of-sequence token.
     Eos,
-    /// A stop token.
+    /// A stop token, or the caller's rule (a stop string).
     Stop,
     /// `max_new_tokens`, or the cache's last position.
     Length,
@@ -84,7 +85,7 @@ struct Active {
 /// or leaves no room in the cache for a token is refused by record before any step.
 pub fn generate(decoder: &mut Decoder<'_>, prompts: &[Prompt], s: &Settings) -> Result<Vec<Completion>, EngineError> {
     let mut done: Vec<Option<Completion>> = vec![None; prompts.len()];
-    generate_each(decoder, prompts, s, |i, completion| {
+    generate_each(decoder, prompts, s, &|_| false, |i, completion| {
         done[i] = Some(completion);
         Ok(())
     })?;
@@ -92,11 +93,13 @@ pub fn generate(decoder: &mut Decoder<'_>, prompts: &[Prompt], s: &Settings) -> 
 }
 
 /// [`generate`], handing each completion to `done` with its prompt's index as soon as it
-/// ends (not in order); an error from `done` stops the loop.
+/// ends (not in order); an error from `done` stops the loop. `stops` says whether a completion's
+/// ids so far end it as a stop (the caller's rule: a stop string in their text).
 pub fn generate_each(
     decoder: &mut Decoder<'_>,
     prompts: &[Prompt],
     s: &Settings,
+    stops: &dyn Fn(&[u32]) -> bool,
     mut done: impl FnMut(usize, Completion) -> Result<(), EngineError>,
 ) -> Result<(), EngineError> {
     s.sampling.check().map_err(EngineError::Options)?;
@@ -161,7 +164,7 @@ pub fn generate_each(
             a.tokens.push(token);
             let finish = if s.eos_ids.contains(&token) {
                 Some(Finish::Eos)
-            } else if s.stop_ids.contains(&token) {
+            } else if s.stop_ids.contains(&token) || stops(&a.tokens[a.prompt..]) {
                 Some(Finish::Stop)
             } else if drawn + 1 == s.max_new_tokens || a.tokens.len() > s.cache_len {
                 Some(Finish::Length)

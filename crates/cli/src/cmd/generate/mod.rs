@@ -71,6 +71,10 @@ pub struct Args {
     /// Token ids that end a completion besides the model's end of sequence (comma-separated).
     #[arg(long, value_name = "IDS", value_delimiter = ',')]
     pub stop_token: Vec<u32>,
+    /// Text that ends a completion once its text holds it (repeatable): the completion ends
+    /// with the token that completes it, kept, as transformers' `stop_strings`.
+    #[arg(long, value_name = "TEXT")]
+    pub stop: Vec<String>,
     /// Do not end a completion at the model's end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -128,6 +132,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let vocab = model.config.vocab_size;
     if let Some(t) = args.stop_token.iter().find(|&&t| t as usize >= vocab) {
         bail!("--stop-token {t} is outside the vocabulary (0..{vocab})");
+    }
+    if let Some(s) = args.stop.iter().find(|s| s.is_empty()) {
+        bail!("--stop {s:?}: a stop string holds at least one character");
+    }
+    if !args.stop.is_empty() && model.tokenizer.is_none() {
+        bail!("--stop needs the model's tokenizer to read the completions' text; {} has none", args.model.display());
     }
     let prompts = read_prompts(&args, &model)?;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
@@ -189,7 +199,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let slow = std::env::var("SIPHON_TEST_SLOW_COMPLETION_MS").ok().and_then(|v| v.parse().ok());
     let start = std::time::Instant::now();
     let mut new_tokens = 0;
-    generate_each(&mut decoder, todo, &settings, |i, completion| {
+    let stops = |ids: &[u32]| match (&model.tokenizer, args.stop.is_empty()) {
+        (Some(tok), false) => tok.decode(ids).is_ok_and(|text| args.stop.iter().any(|s| text.contains(s.as_str()))),
+        _ => false,
+    };
+    generate_each(&mut decoder, todo, &settings, &stops, |i, completion| {
         let request = &todo[i];
         let text = match &model.tokenizer {
             Some(tok) => Some(tok.decode(&completion.ids).map_err(EngineError::Model)?),
@@ -240,6 +254,7 @@ fn run_settings(args: &Args, prompts: &[Vec<u32>]) -> serde_json::Value {
         "samples": args.samples,
         "seed": args.seed,
         "stop_token": args.stop_token,
+        "stop": args.stop,
         "ignore_eos": args.ignore_eos,
         "steer": args.steer,
         "compute_dtype": args.compute_dtype.to_string(),
