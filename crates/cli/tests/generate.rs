@@ -310,3 +310,24 @@ fn a_stop_string_ends_the_completion_at_the_token_completing_it() {
     assert!(stopped_text.ends_with("River") || stopped_text.trim_end().ends_with("River"), "{stopped_text}");
     assert_eq!(stopped_text.matches("River").count(), 1, "{stopped_text}");
 }
+
+/// Slots whose caches this host cannot hold are refused by the plan, naming the flags, before
+/// any weight loads (the demo model: 4096 slots of 6,000 positions).
+#[test]
+fn caches_the_host_cannot_hold_are_refused_before_any_weight_loads() {
+    let Some(gguf) = std::env::var_os("SIPHON_SMOLLM2_GGUF") else {
+        eprintln!("note: SIPHON_SMOLLM2_GGUF is unset; skipping the memory check test");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("big.jsonl");
+    let args: Vec<String> = ["generate", "--model", gguf.to_str().unwrap(), "--text", "hi", "--max-new-tokens", "6000"]
+        .into_iter()
+        .chain(["--slots", "4096", "--out", out.to_str().unwrap()])
+        .map(String::from)
+        .collect();
+    let output = run(&args);
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && err.contains("--slots") && err.contains("memory"), "{err}");
+    assert!(!err.contains("weights uploaded") && !out.exists(), "{err}");
+}

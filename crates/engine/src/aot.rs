@@ -17,10 +17,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use siphon_mesh::Mesh;
-use siphon_models::{ForwardProgram, HookPoint, ModelConfig, StoredForm, build_forward};
+use siphon_models::{ForwardProgram, HookPoint, ModelConfig, StoredForm};
 use siphon_runtime::{CompileOptions, CompiledMemoryStats, HloInstruction, Topology, XlaOption};
 
-use crate::engine::{ProgramSpec, stored_on};
+use crate::engine::{ProgramSpec, build, stored_on};
 use crate::error::{EngineError, rt};
 use crate::options::{EngineOptions, check};
 
@@ -104,7 +104,7 @@ pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgra
     // As `Engine::new`: a small build finds the weights the graph reads and which stored
     // forms the mesh keeps whole; the program for the batch shape then reads exactly those.
     let probe_batch = input_spec.as_ref().map_or(1, |s| s.ways(0, &mesh)).max(1);
-    let mut probe = build_forward(request.config, &spec(&stored, probe_batch, 1, &[]))?;
+    let mut probe = build(request.config, &spec(&stored, probe_batch, 1, &[]))?;
     if options.weights == crate::WeightForm::Stored {
         for (param, param_spec) in probe.params.iter().zip(&probe.param_specs) {
             if let Some(&form) = request.stored.get(&param.name)
@@ -113,9 +113,9 @@ pub fn compile(topology: &Topology, request: AotRequest<'_>) -> Result<AotProgra
                 stored.insert(param.name.clone(), form);
             }
         }
-        probe = build_forward(request.config, &spec(&stored, probe_batch, 1, &[]))?;
+        probe = build(request.config, &spec(&stored, probe_batch, 1, &[]))?;
     }
-    let program = build_forward(request.config, &spec(&stored, request.batch, request.seq, &probe.params))?;
+    let program = build(request.config, &spec(&stored, request.batch, request.seq, &probe.params))?;
     let mut compile_options = if mesh.num_devices() > 1 {
         CompileOptions::spmd(&mesh)
     } else {

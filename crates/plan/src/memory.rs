@@ -224,6 +224,9 @@ pub struct MemoryEstimate {
     /// `required_bytes`; the unembedding is among the weights).
     #[serde(default)]
     pub next_token: Option<NextTokenMemory>,
+    /// A decoding step's caches and logits, when planned for one (in `required_bytes`).
+    #[serde(default)]
+    pub decode: Option<DecodeMemory>,
 }
 
 /// A sparse dictionary as the planner counts it: its encoder's tensors (f32, whole on every
@@ -328,7 +331,50 @@ pub fn next_token_memory(
     NextTokenMemory { chunk, output_bytes: per_token + table, working_bytes }
 }
 
+/// A decoding step's memory on each device (`siphon generate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecodeMemory {
+    /// Slots (rows) on each device.
+    pub local_slots: usize,
+    /// Positions each slot's caches hold.
+    pub cache_len: usize,
+    /// Every attention block's key and value caches for the device's slots, twice: a step
+    /// reads them and writes new ones.
+    pub cache_bytes: u64,
+    /// The logits of the device's slots, `[slots, vocab]` f32.
+    pub logits_bytes: u64,
+}
+
+/// The bytes a decoding step of `local_slots` slots with caches of `cache_len` positions
+/// needs on each device: the caches as the family's decoding step declares them
+/// (`siphon_models::decode`; a block reading another's keys and values has none of its own).
+pub fn decode_memory(
+    config: &ModelConfig,
+    local_slots: usize,
+    cache_len: usize,
+    dtype: DType,
+    layout: DeviceLayout,
+) -> Result<DecodeMemory, PlanError> {
+    // The caches' shapes, whatever the dtype they are counted in.
+    let mut spec = siphon_models::ForwardSpec::new(1, 1, Vec::new());
+    spec.decode = Some(siphon_models::DecodeStep { cache_len });
+    let program = siphon_models::build_decode_step(config, &spec).map_err(|e| PlanError::Request(e.to_string()))?;
+    let info = program.decode.ok_or_else(|| PlanError::Request("the decoding step returned no caches".into()))?;
+    let size = dtype.size();
+    let one: u64 = info.caches.iter().map(|c| layout.array_bytes(&[local_slots, c.shape[1], c.shape[2]], size)).sum();
+    let logits_bytes = layout.array_bytes(&[local_slots, config.vocab_size], 4);
+    Ok(DecodeMemory { local_slots, cache_len, cache_bytes: 2 * one, logits_bytes })
+}
+
 impl MemoryEstimate {
+    /// Adds a decoding step's caches and logits to what the devices need, and decides again.
+    pub fn with_decode(mut self, d: DecodeMemory) -> MemoryEstimate {
+        self.required_bytes += d.cache_bytes + d.logits_bytes;
+        self.fits = self.budget_bytes.map(|b| self.required_bytes <= b);
+        self.decode = Some(d);
+        self
+    }
+
     /// Adds the next-token outputs' bytes to what the devices need, and decides again.
     pub fn with_next_token(mut self, n: NextTokenMemory) -> MemoryEstimate {
         self.required_bytes += n.output_bytes + n.working_bytes;
@@ -503,6 +549,7 @@ pub fn estimate(
         host: None,
         dictionaries: None,
         next_token: None,
+        decode: None,
     }
 }
 
@@ -527,6 +574,23 @@ mod tests {
 
     fn param(shape: &[usize], layer: Option<usize>) -> ParamInfo {
         ParamInfo::new("w", shape, ParamClass::MlpUp, layer)
+    }
+
+    /// A decoding step's caches: every attention block's keys and values of each slot, read and
+    /// written; a Gemma 4 block reading another's keys and values adds none.
+    #[test]
+    fn a_decoding_step_counts_every_cache_twice_and_the_logits() {
+        let dims = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+            "max_position_embeddings": 512"#;
+        let config = |json: &str| siphon_models::HfConfig::from_json(json).unwrap().into_config().unwrap();
+        let llama = config(&format!(r#"{{"model_type": "llama", {dims}}}"#));
+        let d = decode_memory(&llama, 4, 100, DType::Bf16, DeviceLayout::Dense).unwrap();
+        // 3 blocks × (k + v) × 4 slots × 100 positions × 2 kv heads × 16 × 2 bytes, twice.
+        assert_eq!(d.cache_bytes, 2 * 3 * 2 * 4 * 100 * 32 * 2);
+        assert_eq!(d.logits_bytes, 4 * 256 * 4);
+        let e = decode_memory(&llama, 4, 1000, DType::Bf16, DeviceLayout::Dense).unwrap_err().to_string();
+        assert!(e.contains("past the model's context"), "{e}");
     }
 
     #[test]

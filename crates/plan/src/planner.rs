@@ -55,6 +55,11 @@ pub struct PlanRequest {
     /// the routed rows on every device).
     #[serde(default)]
     pub experts: siphon_models::sharding::ExpertSplit,
+    /// A decoding step (`siphon generate`) of `batch` slots whose key/value caches hold this
+    /// many positions each: the caches (read and written again each step), the logits and the
+    /// unembedding counted.
+    #[serde(default)]
+    pub decode: Option<usize>,
 }
 
 /// The hooks a plan counts when it names none: every hidden state (each block's input and the
@@ -85,6 +90,7 @@ impl Default for PlanRequest {
             dictionaries: Vec::new(),
             next_token: None,
             experts: Default::default(),
+            decode: None,
         }
     }
 }
@@ -535,6 +541,10 @@ fn evaluate(
         );
         estimate = estimate.with_next_token(n);
     }
+    if let (Some(act), Some(cache_len)) = (activations, request.decode) {
+        let d = memory::decode_memory(config, act.local_batch, cache_len, request.dtype, request.layout)?;
+        estimate = estimate.with_decode(d);
+    }
     if let (Some(batch), Some(seq)) = (request.batch, request.seq) {
         let hooks = request.hooks.clone().unwrap_or_else(|| every_hidden_state(config));
         let hosts = topology.hosts();
@@ -690,6 +700,17 @@ impl fmt::Display for Plan {
                 gib(n.output_bytes),
                 n.chunk,
                 gib(n.working_bytes)
+            )?;
+        }
+        if let Some(d) = &m.decode {
+            writeln!(
+                f,
+                "  decoding          {:>12}  (caches of {} slots × {} positions, read and written: {}; logits {})",
+                gib(d.cache_bytes + d.logits_bytes),
+                d.local_slots,
+                d.cache_len,
+                gib(d.cache_bytes),
+                gib(d.logits_bytes)
             )?;
         }
         writeln!(f, "  required          {:>12}", gib(m.required_bytes))?;

@@ -369,7 +369,7 @@ pub(crate) fn parse_axes(arg: &str) -> anyhow::Result<Vec<(String, usize)>> {
 /// The plan a Megatron mesh is checked against: the batch over `data`, the weights over
 /// `model` where the planner splits them so (else whole: more than the Megatron plan keeps),
 /// every other axis holding copies, which the same plan per device counts.
-fn megatron_plan(
+pub(crate) fn megatron_plan(
     config: &siphon_models::ModelConfig,
     mesh: &Mesh,
     mut request: PlanRequest,

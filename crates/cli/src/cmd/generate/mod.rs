@@ -24,11 +24,15 @@ use siphon_engine::decode::{Prompt, Sampling, Settings, generate_each};
 use siphon_engine::{Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
 use siphon_models::{DType, LoadedModel};
-use siphon_runtime::{Client, ClientOptions, Plugin, PluginLocator};
+use siphon_runtime::{Client, ClientOptions, Plugin, PluginKind, PluginLocator};
 
 use crate::args::{files, limits, steer};
 
 mod output;
+
+/// What `generate` can change when the devices or this host cannot hold a step.
+const MEMORY_REMEDY: &str = "choose fewer --slots, a smaller --max-new-tokens or shorter prompts, or a mesh that shards \
+     the weights more (--mesh)";
 
 /// `siphon generate` flags.
 #[derive(clap::Args, Debug)]
@@ -167,6 +171,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let data = mesh.axis_size("data").unwrap_or(1);
     if !args.slots.is_multiple_of(data) {
         bail!("--slots {} does not split over the mesh's data axis ({data})", args.slots);
+    }
+    // The weights, every slot's caches and the logits, against the devices and this host
+    // before any weight loads.
+    let request = siphon_plan::PlanRequest {
+        batch: Some(args.slots),
+        seq: Some(1),
+        hooks: Some(vec![siphon_models::HookPoint::model(siphon_models::HookKind::LnFinalOut)]),
+        with_lm_head: true,
+        dtype: args.compute_dtype,
+        output_dtype: args.compute_dtype,
+        pipeline_depth: 1,
+        decode: Some(cache_len),
+        ..siphon_plan::PlanRequest::default()
+    };
+    let planned = super::forward::megatron_plan(&model.config, &mesh, request)?;
+    let devices = mesh.device_ids().len();
+    crate::job::fits::device_memory(&client, mesh.device_ids(), &planned, MEMORY_REMEDY)?;
+    crate::job::fits::machine_memory(&planned, PluginKind::of(&choice.path), devices, 1, None, MEMORY_REMEDY)?;
+    if let Some(d) = planned.memory.decode {
+        tracing::info!(
+            slots = d.local_slots,
+            positions = d.cache_len,
+            caches = %siphon_plan::memory::gib(d.cache_bytes),
+            required = %siphon_plan::memory::gib(planned.memory.required_bytes),
+            "decoding planned, per device"
+        );
     }
     let options = EngineOptions {
         compute_dtype: args.compute_dtype,

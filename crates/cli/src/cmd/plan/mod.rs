@@ -140,6 +140,11 @@ pub struct Args {
     /// --target, the program computes them too.
     #[arg(long, value_name = "LIST", value_parser = crate::args::outputs::parse)]
     pub outputs: Option<siphon_models::NextToken>,
+    /// Plan a decoding step (`siphon generate`) of --batch slots whose key/value caches hold N
+    /// positions each (the longest prompt plus --max-new-tokens): every block, the unembedding,
+    /// the caches (read and written each step) and the logits counted.
+    #[arg(long, value_name = "N", requires = "batch", conflicts_with_all = ["outputs", "seq"])]
+    pub decode_cache_len: Option<usize>,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -165,16 +170,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mesh: args.mesh.request(),
         dtype: args.dtype.or(config_dtype).unwrap_or(DType::Bf16),
         batch: args.batch,
-        seq: args.seq,
-        hooks: args
-            .hooks
-            .as_deref()
-            .map(|h| siphon_models::resolve_hooks(h, &config))
-            .transpose()
-            .context("--hooks")?,
+        // A decoding step feeds one token a slot, through every block to the final norm.
+        seq: args.seq.or(args.decode_cache_len.map(|_| 1)),
+        hooks: match args.decode_cache_len {
+            Some(_) => Some(vec![siphon_models::HookPoint::model(siphon_models::HookKind::LnFinalOut)]),
+            None => args
+                .hooks
+                .as_deref()
+                .map(|h| siphon_models::resolve_hooks(h, &config))
+                .transpose()
+                .context("--hooks")?,
+        },
         device_memory_bytes,
         headroom: args.headroom,
-        with_lm_head: args.lm_head,
+        with_lm_head: args.lm_head || args.decode_cache_len.is_some(),
         stored,
         output_dtype: args.output_dtype,
         pipeline_depth: args.pipeline_depth,
@@ -182,6 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         layout: target.as_ref().map_or(siphon_plan::DeviceLayout::Dense, target::Target::layout),
         dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
         next_token: args.outputs,
+        decode: args.decode_cache_len,
         experts: match (&target, args.tpu_forms) {
             (Some(target), TpuForms::On) => target.expert_split(),
             _ => Default::default(),

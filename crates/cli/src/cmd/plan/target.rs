@@ -280,9 +280,18 @@ impl Planned {
         let activations = plan.memory.activations.unwrap_or_default();
         let dictionaries = plan.memory.dictionaries.unwrap_or_default();
         let next_token = plan.memory.next_token.unwrap_or_default();
+        // A decoding step's caches are arguments and results alike; its logits a result.
+        let decode = plan.memory.decode.unwrap_or_default();
         Planned {
-            argument_bytes: plan.memory.weights.sharded_bytes + activations.input_bytes + dictionaries.tensor_bytes,
-            output_bytes: activations.hook_bytes + dictionaries.output_bytes + next_token.output_bytes,
+            argument_bytes: plan.memory.weights.sharded_bytes
+                + activations.input_bytes
+                + dictionaries.tensor_bytes
+                + decode.cache_bytes / 2,
+            output_bytes: activations.hook_bytes
+                + dictionaries.output_bytes
+                + next_token.output_bytes
+                + decode.cache_bytes / 2
+                + decode.logits_bytes,
             temp_bytes: activations.working_bytes
                 + plan.memory.weights.fsdp_gather_bytes
                 + dictionaries.working_bytes
@@ -381,9 +390,11 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
     let (Some(batch), Some(seq)) = (request.batch, request.seq) else {
         bail!("--target compiles the program for one step: give --batch and --seq")
     };
-    let hooks = match request.hooks.clone().filter(|h| !h.is_empty()) {
-        Some(hooks) => hooks,
-        None => siphon_plan::every_hidden_state(config),
+    let hooks = match (request.hooks.clone().filter(|h| !h.is_empty()), request.decode) {
+        // A decoding step returns logits and caches, no hooks.
+        (_, Some(_)) => Vec::new(),
+        (Some(hooks), None) => hooks,
+        (None, None) => siphon_plan::every_hidden_state(config),
     };
     let (topology, compiler) = match &target {
         Target::Tpu(slice) => open_topology(slice, plugin)?,
@@ -401,6 +412,7 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         right_padded,
         dictionaries,
         next_token: request.next_token,
+        decode: request.decode,
         tpu_forms: (!tpu_forms).then_some(false),
         ..Default::default()
     };
@@ -511,6 +523,8 @@ fn report<'a>(
     right_padded: bool,
     compiler: String,
 ) -> anyhow::Result<Report<'a>> {
+    // A decoding step (a cache of this many positions a slot) or the forward.
+    let decode = plan.memory.decode.map(|d| d.cache_len);
     let m = aot.memory;
     let total =
         m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes + m.generated_code_size_in_bytes
@@ -526,7 +540,15 @@ fn report<'a>(
         }
         _ => None,
     };
-    let analytic = siphon_plan::forward_flops_per_token(config, hooks, seq)?;
+    let analytic = match decode {
+        // A decoding step: every block, attention over the whole cache, and the unembedding.
+        Some(cache_len) => {
+            let final_norm = [siphon_models::HookPoint::model(siphon_models::HookKind::LnFinalOut)];
+            siphon_plan::forward_flops_per_token(config, &final_norm, cache_len)?
+                + 2.0 * (config.vocab_size * config.hidden_size) as f64
+        }
+        None => siphon_plan::forward_flops_per_token(config, hooks, seq)?,
+    };
     let text = &aot.program.text;
     let usable = target.usable_bytes();
     let (target_fields, devices_per_host, memory, gpu) = match target {
