@@ -366,4 +366,6 @@ fn a_decoding_step_compiles_for_a_slice_with_the_planners_caches() {
     let decode = &report["plan"]["memory"]["decode"];
     assert_eq!(decode["cache_len"], 1024, "{decode}");
     assert!(report["roofline_tokens_per_second"].as_f64().is_some_and(|t| t > 0.0), "{report}");
+    let temp = compiled["temp_size_in_bytes"].as_u64().unwrap();
+    assert!(temp <= planner["temp_bytes"].as_u64().unwrap(), "the planner bounds the compiler's transients: {report}");
 }

@@ -5,7 +5,8 @@
 //! token for token (up to a step whose two largest logits are within 1e-6, where either
 //! choice is right), the prompts fed 4 tokens a step beside slots already decoding; and each
 //! decoding step's logits, the golden tokens fed one by one, within 1e-5 of HF's (relative to
-//! the row's largest magnitude, absolute below 1); on one device and on a 2 × 4 mesh. A family
+//! the row's largest magnitude, absolute below 1); on one device and on a 2 × 4 mesh (the caches
+//! split by heads over `model` where their KV heads divide: DeepSeek's, GPT-2's). A family
 //! whose cache is not built is refused by name, and Phi-3's LongRoPE past its original context.
 
 mod common;
@@ -173,7 +174,7 @@ fn greedy_decoding_equals_hf_generate_for_every_family_with_a_cache() {
 #[test]
 fn greedy_decoding_equals_hf_generate_on_a_2x4_mesh() {
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
-    for name in ["tiny-llama", "tiny-gemma2", "tiny-gpt-oss", "tiny-qwen3-moe", "tiny-deepseek-v3"] {
+    for name in ["tiny-llama", "tiny-gemma2", "tiny-gpt-oss", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-gpt2"] {
         check_family(name, mesh.clone(), 4);
     }
 }

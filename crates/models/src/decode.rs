@@ -25,6 +25,7 @@ use crate::config::ModelConfig;
 use crate::contract::{DecodeInfo, ForwardProgram, ForwardSpec, NextTokenInfo};
 use crate::error::ModelError;
 use crate::forward::{Graph, build_forward};
+use crate::sharding::MODEL;
 
 /// Builds the decoding step of `config` for `spec` ([`ForwardSpec::decode`] given): `batch`
 /// rows (slots) of `seq` new tokens each (a prompt's chunk, or one token), every block, and
@@ -73,6 +74,8 @@ struct Cached {
     layer: usize,
     given: (Value, Value),
     after: (Value, Value),
+    /// How both lie on the mesh.
+    spec: PartitionSpec,
 }
 
 impl Cache {
@@ -93,8 +96,7 @@ impl Graph<'_> {
         let (k_all, v_all) = match shared {
             Some(after) => after,
             None => {
-                let batch_axes = self.input_spec().dims()[0].clone();
-                let spec = PartitionSpec::from_dims(vec![batch_axes, Vec::new(), Vec::new()]);
+                let spec = self.cache_spec(layer);
                 let sharded = self.sharded();
                 let mut after = [k; 2];
                 for (i, x) in [k, v].into_iter().enumerate() {
@@ -104,7 +106,7 @@ impl Graph<'_> {
                     after[i] = self.write(arg, x)?;
                 }
                 let cache = self.cache.as_mut().expect("cached() while decoding");
-                cache.blocks.push(Cached { layer, given: (k, v), after: (after[0], after[1]) });
+                cache.blocks.push(Cached { layer, given: (k, v), after: (after[0], after[1]), spec });
                 (after[0], after[1])
             }
         };
@@ -115,6 +117,19 @@ impl Graph<'_> {
             *x = self.b.reshape(*x, &[bsz * len, width])?;
         }
         Ok((flat[0], flat[1], mask))
+    }
+
+    /// How block `layer`'s caches `[batch, cache_len, width]` lie on the mesh: rows as the
+    /// inputs', and the width (whole heads) over `model` where its KV heads divide, as the
+    /// keys and values are computed; else whole on each device of a row group.
+    fn cache_spec(&self, layer: usize) -> PartitionSpec {
+        let rows = self.input_spec().dims()[0].clone();
+        let model = self.spec.mesh.axis_size(MODEL).unwrap_or(1);
+        let heads = match model > 1 && self.config.kv_heads_at(layer).is_multiple_of(model) {
+            true => vec![MODEL.to_string()],
+            false => Vec::new(),
+        };
+        PartitionSpec::from_dims(vec![rows, Vec::new(), heads])
     }
 
     /// `cache` `[batch, cache_len, width]` with each real token of `x` `[tokens, width]` at its
@@ -216,7 +231,6 @@ pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Ve
     let logits = b.convert(logits, DType::F32)?;
     let rows = r.input_spec.dims()[0].clone();
     let logits_spec = PartitionSpec::from_dims(vec![rows.clone(), Vec::new()]);
-    let cache_spec = PartitionSpec::from_dims(vec![rows, Vec::new(), Vec::new()]);
     let mut values = vec![(logits, r.sharded.then(|| logits_spec.clone()))];
     let info = |name: String, shape: Vec<usize>, dtype, spec: &PartitionSpec| NextTokenInfo {
         name,
@@ -228,8 +242,8 @@ pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Ve
     for c in &r.cache.blocks {
         for (part, after) in [("k", c.after.0), ("v", c.after.1)] {
             let shape = b.dims(after)?.to_vec();
-            caches.push(info(format!("blocks.{}.{part}", c.layer), shape, r.dtype, &cache_spec));
-            values.push((after, r.sharded.then(|| cache_spec.clone())));
+            caches.push(info(format!("blocks.{}.{part}", c.layer), shape, r.dtype, &c.spec));
+            values.push((after, r.sharded.then(|| c.spec.clone())));
         }
     }
     let logits = info("logits".into(), vec![bsz, vocab], DType::F32, &logits_spec);

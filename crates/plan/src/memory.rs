@@ -343,15 +343,21 @@ pub struct DecodeMemory {
     pub cache_bytes: u64,
     /// The logits of the device's slots, `[slots, vocab]` f32.
     pub logits_bytes: u64,
+    /// The step's transients, bounded by one more copy of the caches (each block's written
+    /// cache is made before it replaces the old: XLA's CUDA and TPU programs hold about half
+    /// of that at their peak).
+    pub working_bytes: u64,
 }
 
 /// The bytes a decoding step of `local_slots` slots with caches of `cache_len` positions
 /// needs on each device: the caches as the family's decoding step declares them
-/// (`siphon_models::decode`; a block reading another's keys and values has none of its own).
+/// (`siphon_models::decode`; a block reading another's keys and values has none of its own),
+/// a block's split over `model` ways where its KV heads divide, as the step lays them.
 pub fn decode_memory(
     config: &ModelConfig,
     local_slots: usize,
     cache_len: usize,
+    model: usize,
     dtype: DType,
     layout: DeviceLayout,
 ) -> Result<DecodeMemory, PlanError> {
@@ -361,15 +367,26 @@ pub fn decode_memory(
     let program = siphon_models::build_decode_step(config, &spec).map_err(|e| PlanError::Request(e.to_string()))?;
     let info = program.decode.ok_or_else(|| PlanError::Request("the decoding step returned no caches".into()))?;
     let size = dtype.size();
-    let one: u64 = info.caches.iter().map(|c| layout.array_bytes(&[local_slots, c.shape[1], c.shape[2]], size)).sum();
+    let ways = |name: &str| {
+        let layer = name.strip_prefix("blocks.").and_then(|r| r.split('.').next()).and_then(|l| l.parse().ok());
+        match layer {
+            Some(l) if model > 1 && config.kv_heads_at(l).is_multiple_of(model) => model,
+            _ => 1,
+        }
+    };
+    let one: u64 = info
+        .caches
+        .iter()
+        .map(|c| layout.array_bytes(&[local_slots, c.shape[1], c.shape[2] / ways(&c.name)], size))
+        .sum();
     let logits_bytes = layout.array_bytes(&[local_slots, config.vocab_size], 4);
-    Ok(DecodeMemory { local_slots, cache_len, cache_bytes: 2 * one, logits_bytes })
+    Ok(DecodeMemory { local_slots, cache_len, cache_bytes: 2 * one, logits_bytes, working_bytes: one })
 }
 
 impl MemoryEstimate {
     /// Adds a decoding step's caches and logits to what the devices need, and decides again.
     pub fn with_decode(mut self, d: DecodeMemory) -> MemoryEstimate {
-        self.required_bytes += d.cache_bytes + d.logits_bytes;
+        self.required_bytes += d.cache_bytes + d.logits_bytes + d.working_bytes;
         self.fits = self.budget_bytes.map(|b| self.required_bytes <= b);
         self.decode = Some(d);
         self
@@ -585,11 +602,15 @@ mod tests {
             "max_position_embeddings": 512"#;
         let config = |json: &str| siphon_models::HfConfig::from_json(json).unwrap().into_config().unwrap();
         let llama = config(&format!(r#"{{"model_type": "llama", {dims}}}"#));
-        let d = decode_memory(&llama, 4, 100, DType::Bf16, DeviceLayout::Dense).unwrap();
+        let d = decode_memory(&llama, 4, 100, 1, DType::Bf16, DeviceLayout::Dense).unwrap();
         // 3 blocks × (k + v) × 4 slots × 100 positions × 2 kv heads × 16 × 2 bytes, twice.
         assert_eq!(d.cache_bytes, 2 * 3 * 2 * 4 * 100 * 32 * 2);
+        // Split by heads over model = 2; not over 4, which 2 KV heads do not divide.
+        let halves = decode_memory(&llama, 4, 100, 2, DType::Bf16, DeviceLayout::Dense).unwrap();
+        assert_eq!(halves.cache_bytes * 2, d.cache_bytes);
+        assert_eq!(decode_memory(&llama, 4, 100, 4, DType::Bf16, DeviceLayout::Dense).unwrap(), d);
         assert_eq!(d.logits_bytes, 4 * 256 * 4);
-        let e = decode_memory(&llama, 4, 1000, DType::Bf16, DeviceLayout::Dense).unwrap_err().to_string();
+        let e = decode_memory(&llama, 4, 1000, 1, DType::Bf16, DeviceLayout::Dense).unwrap_err().to_string();
         assert!(e.contains("past the model's context"), "{e}");
     }
 

@@ -542,7 +542,8 @@ fn evaluate(
         estimate = estimate.with_next_token(n);
     }
     if let (Some(act), Some(cache_len)) = (activations, request.decode) {
-        let d = memory::decode_memory(config, act.local_batch, cache_len, request.dtype, request.layout)?;
+        let model = mesh.axis_size(crate::mesh::MODEL).unwrap_or(1);
+        let d = memory::decode_memory(config, act.local_batch, cache_len, model, request.dtype, request.layout)?;
         estimate = estimate.with_decode(d);
     }
     if let (Some(batch), Some(seq)) = (request.batch, request.seq) {
@@ -705,12 +706,14 @@ impl fmt::Display for Plan {
         if let Some(d) = &m.decode {
             writeln!(
                 f,
-                "  decoding          {:>12}  (caches of {} slots × {} positions, read and written: {}; logits {})",
-                gib(d.cache_bytes + d.logits_bytes),
+                "  decoding          {:>12}  (caches of {} slots × {} positions, read and written: {}; logits {}; \
+                 working {})",
+                gib(d.cache_bytes + d.logits_bytes + d.working_bytes),
                 d.local_slots,
                 d.cache_len,
                 gib(d.cache_bytes),
-                gib(d.logits_bytes)
+                gib(d.logits_bytes),
+                gib(d.working_bytes)
             )?;
         }
         writeln!(f, "  required          {:>12}", gib(m.required_bytes))?;

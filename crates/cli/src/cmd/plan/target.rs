@@ -295,7 +295,8 @@ impl Planned {
             temp_bytes: activations.working_bytes
                 + plan.memory.weights.fsdp_gather_bytes
                 + dictionaries.working_bytes
-                + next_token.working_bytes,
+                + next_token.working_bytes
+                + decode.working_bytes,
             total_bytes: plan.memory.required_bytes,
         }
     }
