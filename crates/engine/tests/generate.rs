@@ -315,3 +315,77 @@ fn sampled_completions_depend_on_seed_record_and_sample_only() {
     let reseeded = run(Mesh::single_device(), 3, &prompts, &Settings { seed: 12, ..settings.clone() });
     assert_ne!(one, reseeded);
 }
+
+/// Steering vectors apply while decoding as in the forward: with a vector at
+/// `blocks.0.hook_mlp_out` and another at `blocks.1.hook_resid_post`, each greedy token is the
+/// steered forward's likeliest at the position before it (the forward's steering is held to
+/// HF in next_token.rs), and the completions differ from the unsteered ones.
+#[test]
+fn steering_applies_while_decoding_as_in_the_forward() {
+    use siphon_models::{HookKind, HookPoint, NextToken, Steering};
+    let dir = fixture("tiny-qwen2");
+    let model = LoadedModel::open(&dir).unwrap();
+    let g = golden(&dir);
+    let hidden = model.config.hidden_size;
+    let vector = |seed: u32, scale: f32| -> Vec<f32> {
+        (0..hidden as u32)
+            .map(|i| scale * ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 16) as f32 / 65536.0 - 0.5))
+            .collect()
+    };
+    let steering = vec![
+        Steering {
+            hook: HookPoint::block(0, HookKind::MlpOut),
+            values: vector(1, 4.0),
+            scale: 1.0,
+            source: Default::default(),
+        },
+        Steering {
+            hook: HookPoint::block(1, HookKind::ResidPost),
+            values: vector(2, 6.0),
+            scale: 1.0,
+            source: Default::default(),
+        },
+    ];
+    let client = client();
+    let new_tokens = 12;
+    let cache_len = 9 + new_tokens;
+    let options = EngineOptions { decode: Some(cache_len), steering: steering.clone(), ..Default::default() };
+    let decoding = Engine::new(&client, &model, Vec::new(), options).unwrap();
+    let mut decoder = decoding.decoder(3).unwrap();
+    let prompts: Vec<Prompt> =
+        g.prompts.iter().enumerate().map(|(i, ids)| Prompt { record: i as u64, sample: 0, ids: ids.clone() }).collect();
+    let settings = Settings {
+        max_new_tokens: new_tokens,
+        eos_ids: Vec::new(),
+        stop_ids: Vec::new(),
+        sampling: Sampling::default(),
+        seed: 0,
+        chunk: 4,
+        cache_len,
+    };
+    let got = generate(&mut decoder, &prompts, &settings).unwrap();
+    assert!(got.iter().zip(&g.completions).any(|(c, hf)| c.ids[..] != hf[..new_tokens]), "steering changed nothing");
+    let outputs = NextToken { topk: 2, ..Default::default() };
+    let options = EngineOptions { next_token: Some(outputs), steering, ..Default::default() };
+    let forward = Engine::new(&client, &model, Vec::new(), options).unwrap();
+    for (i, completion) in got.iter().enumerate() {
+        let whole = [&g.prompts[i][..], &completion.ids[..]].concat();
+        let acts = forward.run(&Batch::new(vec![whole.clone()], None).unwrap()).unwrap();
+        let array = |name: &str| acts.next_token.iter().find(|(n, _)| n == name).unwrap().1.clone();
+        let ids: Vec<i32> = array("output.topk_ids").to_vec().unwrap();
+        let logprobs: Vec<f32> = array("output.topk_logprobs").to_vec().unwrap();
+        let prompt = g.prompts[i].len();
+        for (step, &token) in completion.ids.iter().enumerate() {
+            let at = prompt - 1 + step;
+            let tie = logprobs[2 * at] - logprobs[2 * at + 1] <= 1e-5;
+            if ids[2 * at] as u32 != token {
+                assert!(
+                    tie,
+                    "prompt {i} step {step}: decoded {token}, the steered forward's likeliest is {}",
+                    ids[2 * at]
+                );
+                break;
+            }
+        }
+    }
+}
