@@ -331,3 +331,43 @@ fn caches_the_host_cannot_hold_are_refused_before_any_weight_loads() {
     assert!(!output.status.success() && err.contains("--slots") && err.contains("memory"), "{err}");
     assert!(!err.contains("weights uploaded") && !out.exists(), "{err}");
 }
+
+/// `--corpus`: records in the corpus's order, a conversation rendered up to its last user
+/// message with the generation prompt (transformers' ids for it: fixtures/chat/goldens.json),
+/// blank and unusable records skipped and counted, each line keeping its record's index.
+#[test]
+fn prompts_from_a_corpus_keep_their_records_and_conversations_end_at_the_last_user_message() {
+    let Some(gguf) = std::env::var_os("SIPHON_SMOLLM2_GGUF") else {
+        eprintln!("note: SIPHON_SMOLLM2_GGUF is unset; skipping the corpus prompts test");
+        return;
+    };
+    let goldens: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_root().join("fixtures/chat/goldens.json")).unwrap())
+            .unwrap();
+    let prompts = goldens["templates"]["smollm2-gguf"]["prompts"].as_array().unwrap();
+    let golden = prompts.iter().find(|p| p["messages"].as_array().unwrap().len() == 1).unwrap();
+    let mut conversation = golden["messages"].as_array().unwrap().clone();
+    conversation.push(serde_json::json!({"role": "assistant", "content": "the model's own turn, dropped"}));
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("prompts.jsonl");
+    let records = [
+        serde_json::json!({"text": "The capital of France is"}),
+        serde_json::json!({"text": "  "}),
+        serde_json::json!({"text": conversation}),
+        serde_json::json!({"other": 1}),
+    ];
+    std::fs::write(&corpus, records.iter().map(|r| format!("{r}\n")).collect::<String>()).unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let args: Vec<String> = ["generate", "--model", gguf.to_str().unwrap(), "--corpus", corpus.to_str().unwrap()]
+        .into_iter()
+        .chain(["--max-new-tokens", "3", "--out", out.to_str().unwrap()])
+        .map(String::from)
+        .collect();
+    let output = run(&args);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("skipped 2 records") && stdout.contains("record 1: blank"), "{stdout}");
+    let got = lines(&out);
+    assert_eq!(got.iter().map(|l| l["record"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 2]);
+    assert_eq!(got[1]["prompt_ids"], golden["ids"]);
+}

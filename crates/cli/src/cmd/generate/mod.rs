@@ -26,9 +26,10 @@ use siphon_mesh::Mesh;
 use siphon_models::{DType, LoadedModel};
 use siphon_runtime::{Client, ClientOptions, Plugin, PluginKind, PluginLocator};
 
-use crate::args::{files, limits, steer};
+use crate::args::{limits, steer};
 
 mod output;
+mod prompts;
 
 /// What `generate` can change when the devices or this host cannot hold a step.
 const MEMORY_REMEDY: &str = "choose fewer --slots, a smaller --max-new-tokens or shorter prompts, or a mesh that shards \
@@ -36,7 +37,7 @@ const MEMORY_REMEDY: &str = "choose fewer --slots, a smaller --max-new-tokens or
 
 /// `siphon generate` flags.
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("input").required(true).args(["text", "ids"])))]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["text", "ids", "corpus"])))]
 pub struct Args {
     /// A Hugging Face model directory or a .gguf file.
     #[arg(long, value_name = "PATH")]
@@ -46,11 +47,26 @@ pub struct Args {
     pub text: Vec<String>,
     /// Each `--text` is a user's message, rendered with the model's chat template and its
     /// generation prompt (`add_generation_prompt=True`): the completion is the assistant's turn.
-    #[arg(long, requires = "text")]
+    #[arg(long)]
     pub chat: bool,
     /// A JSON file holding a list of prompts, each a list of token ids (at most 16 MiB).
     #[arg(long, value_name = "FILE")]
     pub ids: Option<PathBuf>,
+    /// Prompts from a corpus (as `extract --corpus` reads it), its records in order: texts
+    /// (as `--text`, `--chat` included) and conversations (rendered with the chat template up
+    /// to their last user message, with the generation prompt); blank or unusable records
+    /// are skipped and counted.
+    #[arg(long, value_name = "SPEC")]
+    pub corpus: Option<String>,
+    /// The corpus's records read at most (its first N).
+    #[arg(long, value_name = "N", requires = "corpus", value_parser = limits::count(1, 1 << 32))]
+    pub max_prompts: Option<usize>,
+    /// A jsonl corpus's field holding the text or the conversation.
+    #[arg(long, default_value = "text", value_name = "NAME")]
+    pub json_field: String,
+    /// A parquet corpus's column holding the text or the conversation.
+    #[arg(long, default_value = "text", value_name = "NAME")]
+    pub text_column: String,
     /// Tokens each completion holds at most.
     #[arg(long, value_name = "N")]
     pub max_new_tokens: usize,
@@ -143,8 +159,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !args.stop.is_empty() && model.tokenizer.is_none() {
         bail!("--stop needs the model's tokenizer to read the completions' text; {} has none", args.model.display());
     }
-    let prompts = read_prompts(&args, &model)?;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let prompts = prompts::read(&args, &model)?;
+    let longest = prompts.iter().map(|(_, p)| p.len()).max().unwrap_or(0);
     let context = model.config.max_position_embeddings;
     let cache_len = longest + args.max_new_tokens;
     if context > 0 && cache_len > context {
@@ -210,9 +226,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut decoder = engine.decoder(args.slots).context("the decoding step")?;
     let requests: Vec<Prompt> = prompts
         .iter()
-        .enumerate()
         .flat_map(|(record, ids)| {
-            (0..args.samples as u32).map(move |sample| Prompt { record: record as u64, sample, ids: ids.clone() })
+            (0..args.samples as u32).map(move |sample| Prompt { record: *record, sample, ids: ids.clone() })
         })
         .collect();
     let settings = Settings {
@@ -271,7 +286,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// What a run's completions depend on (the mesh, slots and chunk do not): a partial output is
 /// resumed only by a run of the same.
-fn run_settings(args: &Args, prompts: &[Vec<u32>]) -> serde_json::Value {
+fn run_settings(args: &Args, prompts: &[(u64, Vec<u32>)]) -> serde_json::Value {
     let digest = Sha256::digest(serde_json::to_vec(prompts).unwrap_or_default());
     serde_json::json!({
         "model": args.model.display().to_string(),
@@ -289,61 +304,6 @@ fn run_settings(args: &Args, prompts: &[Vec<u32>]) -> serde_json::Value {
         "steer": args.steer,
         "compute_dtype": args.compute_dtype.to_string(),
     })
-}
-
-/// The prompts `--text` or `--ids` give, each at least one token and every id in the
-/// vocabulary.
-fn read_prompts(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<Vec<u32>>> {
-    let prompts = match &args.ids {
-        Some(path) => {
-            let text = files::read_text(path, "--ids", files::MAX_TEXT_BYTES)?;
-            serde_json::from_str::<Vec<Vec<u32>>>(&text)
-                .with_context(|| format!("--ids {}: expected a JSON list of lists of token ids", path.display()))?
-        }
-        None => {
-            let tok = model
-                .tokenizer
-                .as_ref()
-                .with_context(|| format!("{} has no tokenizer; pass --ids instead", args.model.display()))?;
-            match args.chat {
-                false => {
-                    args.text.iter().map(|t| tok.encode(t)).collect::<Result<_, _>>().context("tokenizing --text")?
-                }
-                true => chat_prompts(&args.text, tok)?,
-            }
-        }
-    };
-    if prompts.is_empty() {
-        bail!("no prompts given");
-    }
-    if let Some(i) = prompts.iter().position(Vec::is_empty) {
-        bail!("prompt {i} has no tokens");
-    }
-    let vocab = model.config.vocab_size;
-    if let Some((i, t)) =
-        prompts.iter().enumerate().find_map(|(i, p)| p.iter().find(|&&t| t as usize >= vocab).map(|t| (i, t)))
-    {
-        bail!("prompt {i} holds token id {t}, outside the vocabulary (0..{vocab})");
-    }
-    Ok(prompts)
-}
-
-/// Each text as a user's message rendered by the model's chat template with its generation
-/// prompt, tokenized without special tokens added (the template writes them), as transformers'
-/// `apply_chat_template(..., add_generation_prompt=True, tokenize=True)`.
-fn chat_prompts(texts: &[String], tok: &siphon_models::TextTokenizer) -> anyhow::Result<Vec<Vec<u32>>> {
-    let source = tok.chat_template.as_deref().context("--chat: the model has no chat template")?;
-    let special: Vec<(&str, &str)> = tok.special_tokens.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let template = siphon_data::ChatTemplate::new(source, &special)?;
-    texts
-        .iter()
-        .map(|text| {
-            let messages = serde_json::json!([{ "role": "user", "content": text }]);
-            let rendered = template.render_prompt(&messages).map_err(|e| anyhow::anyhow!("--chat: {e}"))?;
-            let encoded = tok.inner().encode(rendered.as_str(), false).map_err(|e| anyhow::anyhow!("--chat: {e}"))?;
-            Ok(encoded.get_ids().to_vec())
-        })
-        .collect()
 }
 
 /// `data=2,model=4` over the first devices, or one device.
