@@ -254,12 +254,17 @@ impl ForwardSpec {
         }
     }
 
+    /// Whether the program computes logits (the next-token outputs, or a decoding step's): it
+    /// then reads the final norm's output and the unembedding.
+    pub fn computes_logits(&self) -> bool {
+        self.next_token.is_some() || self.decode.is_some()
+    }
+
     /// The hooks the graph must produce: the requested ones, then those only dictionaries
-    /// read, then the final norm's output where the next-token outputs read it.
+    /// read, then the final norm's output where the logits read it.
     pub fn read_hooks(&self) -> Vec<HookPoint> {
         let mut hooks = self.hooks.clone();
-        let final_norm = (self.next_token.is_some() || self.decode.is_some())
-            .then(|| HookPoint::model(crate::hooks::HookKind::LnFinalOut));
+        let final_norm = self.computes_logits().then(|| HookPoint::model(crate::hooks::HookKind::LnFinalOut));
         for hook in self.dictionaries.iter().map(|d| d.hook).chain(final_norm) {
             if !hooks.contains(&hook) {
                 hooks.push(hook);

@@ -63,8 +63,8 @@ pub fn build_decode_step(config: &ModelConfig, spec: &ForwardSpec) -> Result<For
 /// The caches a decoding step reads and writes, as the blocks are built.
 pub(crate) struct Cache {
     len: usize,
-    /// Per cached block: the keys and values it was given (to find a block that shares them),
-    /// its argument and its result for each.
+    /// Per cached block: the keys and values it was given (to find a block that shares them)
+    /// and its caches after the step.
     blocks: Vec<Cached>,
     /// The cache's masks built so far, by window: `[batch, seq, cache_len]`.
     masks: Vec<(Option<usize>, Value)>,
@@ -222,11 +222,7 @@ pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Ve
     let h = b.take_rows(r.hidden, index)?;
     let mut logits = b.matmul_t(h, r.unembedding)?;
     if let Some(cap) = r.config.final_softcap {
-        // transformers: logits / cap, tanh, * cap, in the logits' dtype.
-        let cap = b.splat(cap, TensorType::new(r.dtype, &[bsz, vocab]))?;
-        let scaled = b.div(logits, cap)?;
-        let bent = b.tanh(scaled)?;
-        logits = b.mul(bent, cap)?;
+        logits = crate::layers::attention::soft_cap(b, logits, cap)?;
     }
     let logits = b.convert(logits, DType::F32)?;
     let rows = r.input_spec.dims()[0].clone();

@@ -105,7 +105,7 @@ impl<'a> Graph<'a> {
             super::next_token::check(outputs, config)?;
         }
         // The untied unembedding only where the logits are computed.
-        let mut params = config.params(n_blocks, spec.next_token.is_some() || spec.decode.is_some());
+        let mut params = config.params(n_blocks, spec.computes_logits());
         if let Some(names) = &spec.weights {
             if let Some(name) = names.iter().find(|n| !params.iter().any(|p| &p.name == *n)) {
                 return Err(ModelError::Config(format!(
@@ -254,8 +254,7 @@ impl<'a> Graph<'a> {
     pub fn wants(&self, hook: HookPoint) -> bool {
         self.spec.hooks.contains(&hook)
             || self.spec.dictionaries.iter().any(|d| d.hook == hook)
-            || (self.spec.next_token.is_some() || self.spec.decode.is_some())
-                && hook == HookPoint::model(HookKind::LnFinalOut)
+            || self.spec.computes_logits() && hook == HookPoint::model(HookKind::LnFinalOut)
             || super::splice::reads(self.spec).any(|h| h == hook)
     }
 
@@ -372,7 +371,7 @@ impl<'a> Graph<'a> {
             )));
         }
         let variants = super::splice::variants(&self)?;
-        let unembedding = match self.spec.next_token.is_some() || self.spec.decode.is_some() {
+        let unembedding = match self.spec.computes_logits() {
             true => {
                 let w = self.w(&self.config.unembedding()?.weight)?;
                 Some((w, self.weight_spec(w).cloned()))

@@ -126,7 +126,7 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
         let vocab: Vec<&str> = vocab_axes.iter().map(String::as_str).collect();
         PartitionSpec::new(&[&rows, &[], &vocab])
     });
-    let (outputs, softcap, dtype) = (r.outputs, r.config.final_softcap, r.dtype);
+    let (outputs, softcap) = (r.outputs, r.config.final_softcap);
     let looped = b.while_loop(
         &state,
         |b, st| {
@@ -146,11 +146,7 @@ pub(crate) fn results(b: &mut Builder, r: Request<'_>) -> Result<Results, ModelE
                 let hc = b.dynamic_slice(h, &[zero, start, zero], &[bsz, c, hidden])?;
                 let mut logits = b.matmul_t(hc, w)?;
                 if let Some(cap) = softcap {
-                    // transformers: logits / cap, tanh, * cap, in the logits' dtype.
-                    let cap_t = b.splat(cap, TensorType::new(dtype, &[bsz, c, vocab]))?;
-                    let scaled = b.div(logits, cap_t)?;
-                    let bent = b.tanh(scaled)?;
-                    logits = b.mul(bent, cap_t)?;
+                    logits = crate::layers::attention::soft_cap(b, logits, cap)?;
                 }
                 let mut logits = b.convert(logits, DType::F32)?;
                 if let Some(spec) = &logits_spec {

@@ -105,11 +105,8 @@ impl Graph<'_> {
         let scale = b.splat(c.attention.scalar.unwrap_or(hd as f64).powf(-0.5), TensorType::new(dt, &sdims))?;
         let mut scores = b.mul(scores, scale)?;
         if let Some(cap) = c.attention.softcap {
-            // cap * tanh(s / cap), in the compute dtype, before the mask (Gemma 2).
-            let cap = b.splat(cap, TensorType::new(dt, &sdims))?;
-            let t = b.div(scores, cap)?;
-            let t = b.tanh(t)?;
-            scores = b.mul(t, cap)?;
+            // In the compute dtype, before the mask (Gemma 2).
+            scores = soft_cap(b, scores, cap)?;
         }
         let scores = b.convert(scores, DType::F32)?;
         let mask = b.broadcast_in_dim(mask, &sdims, &[0, 2, 4])?;
@@ -205,6 +202,16 @@ impl Graph<'_> {
         let x = self.b.transpose(x, &[0, 2, 1, 3, 4])?;
         Ok(self.b.reshape(x, &[t, h, s])?)
     }
+}
+
+/// `cap · tanh(x / cap)` in `x`'s dtype, as transformers soft-caps attention scores and final
+/// logits (Gemma 2/3/4).
+pub(crate) fn soft_cap(b: &mut Builder, x: Value, cap: f64) -> Result<Value, siphon_hlo::HloError> {
+    let ty = b.ty(x)?.clone();
+    let cap = b.splat(cap, ty)?;
+    let t = b.div(x, cap)?;
+    let t = b.tanh(t)?;
+    b.mul(t, cap)
 }
 
 /// Softmax over the last dimension of an f32 tensor, max-subtracted.
