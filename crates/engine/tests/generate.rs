@@ -68,6 +68,19 @@ fn golden(dir: &Path) -> Golden {
     Golden { prompts, completions, scores }
 }
 
+/// Greedy decoding of `new_tokens` with no end token, prompts fed 4 tokens a step.
+fn greedy(new_tokens: usize, cache_len: usize) -> Settings {
+    Settings {
+        max_new_tokens: new_tokens,
+        eos_ids: Vec::new(),
+        stop_ids: Vec::new(),
+        sampling: Sampling::default(),
+        seed: 0,
+        chunk: 4,
+        cache_len,
+    }
+}
+
 fn engine(client: &siphon_runtime::Client, model: &LoadedModel, mesh: Mesh, cache_len: usize) -> Engine {
     let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, decode: Some(cache_len), ..Default::default() };
     Engine::new(client, model, Vec::new(), options).unwrap()
@@ -99,15 +112,7 @@ fn check_family(name: &str, mesh: Mesh, slots: usize) {
     let mut decoder = engine.decoder(slots).unwrap();
     let prompts: Vec<Prompt> =
         g.prompts.iter().enumerate().map(|(i, ids)| Prompt { record: i as u64, sample: 0, ids: ids.clone() }).collect();
-    let settings = Settings {
-        max_new_tokens: new_tokens,
-        eos_ids: Vec::new(),
-        stop_ids: Vec::new(),
-        sampling: Sampling::default(),
-        seed: 0,
-        chunk: 4,
-        cache_len,
-    };
+    let settings = greedy(new_tokens, cache_len);
     let got = generate(&mut decoder, &prompts, &settings).unwrap();
     for (i, completion) in got.iter().enumerate() {
         assert_eq!(completion.finish, Finish::Length, "{name} prompt {i}");
@@ -198,15 +203,7 @@ fn bad_settings_are_refused_naming_them() {
     let client = client();
     let engine = engine(&client, &model, Mesh::single_device(), 8);
     let mut decoder = engine.decoder(1).unwrap();
-    let settings = Settings {
-        max_new_tokens: 4,
-        eos_ids: Vec::new(),
-        stop_ids: Vec::new(),
-        sampling: Sampling::default(),
-        seed: 0,
-        chunk: 4,
-        cache_len: 8,
-    };
+    let settings = greedy(4, 8);
     let long = [Prompt { record: 7, sample: 0, ids: vec![1; 9] }];
     let e = generate(&mut decoder, &long, &settings).unwrap_err().to_string();
     assert!(e.contains("record 7") && e.contains("9 tokens"), "{e}");
@@ -285,15 +282,8 @@ fn sampled_completions_depend_on_seed_record_and_sample_only() {
     let model = LoadedModel::open(&fixture("tiny-qwen2")).unwrap();
     let g = golden(&fixture("tiny-qwen2"));
     let client = client();
-    let settings = Settings {
-        max_new_tokens: 12,
-        eos_ids: Vec::new(),
-        stop_ids: Vec::new(),
-        sampling: Sampling { temperature: 1.0, top_k: 50, top_p: 0.95, min_p: 0.0 },
-        seed: 11,
-        chunk: 4,
-        cache_len: 24,
-    };
+    let sampling = Sampling { temperature: 1.0, top_k: 50, top_p: 0.95, min_p: 0.0 };
+    let settings = Settings { sampling, seed: 11, ..greedy(12, 24) };
     let prompts: Vec<Prompt> = (0..2u32)
         .flat_map(|sample| {
             g.prompts.iter().enumerate().map(move |(i, ids)| Prompt { record: i as u64, sample, ids: ids.clone() })
@@ -354,15 +344,7 @@ fn steering_applies_while_decoding_as_in_the_forward() {
     let mut decoder = decoding.decoder(3).unwrap();
     let prompts: Vec<Prompt> =
         g.prompts.iter().enumerate().map(|(i, ids)| Prompt { record: i as u64, sample: 0, ids: ids.clone() }).collect();
-    let settings = Settings {
-        max_new_tokens: new_tokens,
-        eos_ids: Vec::new(),
-        stop_ids: Vec::new(),
-        sampling: Sampling::default(),
-        seed: 0,
-        chunk: 4,
-        cache_len,
-    };
+    let settings = greedy(new_tokens, cache_len);
     let got = generate(&mut decoder, &prompts, &settings).unwrap();
     assert!(got.iter().zip(&g.completions).any(|(c, hf)| c.ids[..] != hf[..new_tokens]), "steering changed nothing");
     let outputs = NextToken { topk: 2, ..Default::default() };

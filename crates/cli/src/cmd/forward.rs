@@ -318,18 +318,7 @@ fn resolve_mesh(
         return Ok((mesh, ShardingPlan::Megatron, planned));
     };
     if arg.contains('=') {
-        let axes = parse_axes(arg)?;
-        let n = axes.iter().try_fold(1usize, |n, (_, size)| n.checked_mul(*size));
-        let n = match n {
-            Some(n) if n <= devices.len() => n,
-            _ => bail!(
-                "--mesh {arg} needs {} devices but the plugin has {} (try --cpu-devices N)",
-                n.map_or("more".to_string(), |n| n.to_string()),
-                devices.len()
-            ),
-        };
-        let axes_ref: Vec<(&str, usize)> = axes.iter().map(|(a, s)| (a.as_str(), *s)).collect();
-        let mesh = Mesh::new(&axes_ref, devices[..n].to_vec()).with_context(|| format!("--mesh {arg}"))?;
+        let mesh = explicit_mesh(arg, devices)?;
         let planned = megatron_plan(&model.config, &mesh, request)?;
         return Ok((mesh, ShardingPlan::Megatron, planned));
     }
@@ -347,7 +336,23 @@ fn resolve_mesh(
 }
 
 /// `data=2,model=4` as (axis, size) pairs, each size a count of devices (`1..=MAX_AXIS`).
-pub(crate) fn parse_axes(arg: &str) -> anyhow::Result<Vec<(String, usize)>> {
+/// `--mesh data=2,model=4`: those axes over the first of `devices`.
+pub(crate) fn explicit_mesh(arg: &str, devices: &[usize]) -> anyhow::Result<Mesh> {
+    let axes = parse_axes(arg)?;
+    let n = axes.iter().try_fold(1usize, |n, (_, size)| n.checked_mul(*size));
+    let n = match n {
+        Some(n) if n <= devices.len() => n,
+        _ => bail!(
+            "--mesh {arg} needs {} devices but the plugin has {} (try --cpu-devices N)",
+            n.map_or("more".to_string(), |n| n.to_string()),
+            devices.len()
+        ),
+    };
+    let axes: Vec<(&str, usize)> = axes.iter().map(|(a, s)| (a.as_str(), *s)).collect();
+    Mesh::new(&axes, devices[..n].to_vec()).with_context(|| format!("--mesh {arg}"))
+}
+
+fn parse_axes(arg: &str) -> anyhow::Result<Vec<(String, usize)>> {
     arg.split(',')
         .map(|part| {
             let (name, size) = part

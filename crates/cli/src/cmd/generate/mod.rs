@@ -309,12 +309,8 @@ fn run_settings(args: &Args, prompts: &[(u64, Vec<u32>)]) -> serde_json::Value {
 /// `data=2,model=4` over the first devices, or one device.
 fn mesh(arg: Option<&str>, devices: &[usize]) -> anyhow::Result<Mesh> {
     let first = *devices.first().context("the plugin has no devices")?;
-    let Some(arg) = arg else { return Ok(Mesh::new(&[], vec![first])?) };
-    let axes = super::forward::parse_axes(arg)?;
-    let n = axes.iter().try_fold(1usize, |n, (_, s)| n.checked_mul(*s)).filter(|&n| n <= devices.len());
-    let Some(n) = n else {
-        bail!("--mesh {arg} needs more devices than the plugin's {} (try --cpu-devices N)", devices.len());
-    };
-    let axes: Vec<(&str, usize)> = axes.iter().map(|(a, s)| (a.as_str(), *s)).collect();
-    Mesh::new(&axes, devices[..n].to_vec()).with_context(|| format!("--mesh {arg}"))
+    match arg {
+        Some(arg) => super::forward::explicit_mesh(arg, devices),
+        None => Ok(Mesh::new(&[], vec![first])?),
+    }
 }
