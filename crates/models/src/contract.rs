@@ -125,7 +125,8 @@ pub struct ForwardSpec {
 }
 
 /// A decoding step's cache: per row (a slot) and attention block, the keys and values of
-/// positions `0..cache_len`, at the index of their position.
+/// positions `0..cache_len`, at the index of their position (and per Gated DeltaNet block,
+/// its state after the row's last token: see [`DecodeInfo::caches`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeStep {
     /// Positions each row's cache holds: a sequence's prompt and completion together.
@@ -139,8 +140,11 @@ pub struct DecodeInfo {
     /// Each row's logits at its last real token, `[batch, vocab]` f32 (the family's final
     /// soft-cap applied).
     pub logits: NextTokenInfo,
-    /// Each cache argument (and its result): `blocks.{l}.k` / `blocks.{l}.v`, `[batch,
-    /// cache_len, width]` in the compute dtype.
+    /// Each cache argument (and its result): an attention block's `blocks.{l}.k` /
+    /// `blocks.{l}.v`, `[batch, cache_len, width]` in the compute dtype; a Gated DeltaNet
+    /// block's `blocks.{l}.conv_q` / `conv_k` / `conv_v`, `[batch, K - 1, width]` in the
+    /// compute dtype, and `blocks.{l}.state`, `[batch, heads, dk, dv]` f32. Zeros before a
+    /// slot's first step.
     pub caches: Vec<NextTokenInfo>,
 }
 

@@ -12,8 +12,13 @@
 //! row's indices past its position hold whatever an earlier sequence of the slot left; none
 //! is read before this sequence writes it, so a slot is refilled without clearing it. A block
 //! that attends another block's keys and values (Gemma 4's shared KV layers) reads that
-//! block's cache. A token mixer with state of another kind (Gated DeltaNet's recurrent and
-//! convolution state) is refused by name.
+//! block's cache.
+//!
+//! A Gated DeltaNet block (Qwen3.5, Qwen3-Next) keeps, per row, its recurrence's state
+//! `[heads, dk, dv]` (f32) and the last `K - 1` inputs of each of its convolutions (q, k, v;
+//! the compute dtype): a step starts from them (from zeros on a row whose first token is at
+//! position 0, a sequence's start) and leaves them as they stand after the row's last real
+//! token (`crate::layers::gated_deltanet`).
 //!
 //! Sliding windows keep the whole `cache_len` (masked, not a ring buffer), and a latent
 //! attention (MLA) caches its expanded keys and values: exact, not yet the smallest form.
@@ -63,24 +68,21 @@ pub fn build_decode_step(config: &ModelConfig, spec: &ForwardSpec) -> Result<For
 /// The caches a decoding step reads and writes, as the blocks are built.
 pub(crate) struct Cache {
     len: usize,
-    /// Per cached block: the keys and values it was given (to find a block that shares them)
-    /// and its caches after the step.
-    blocks: Vec<Cached>,
+    /// Every cache, in the order of its argument: its name, its value after the step and how
+    /// it lies on the mesh.
+    entries: Vec<(String, Value, PartitionSpec)>,
+    /// Per attention block with a cache of its own: the keys and values it was given (to find
+    /// a block that shares them) and its caches after the step.
+    shared: Vec<((Value, Value), (Value, Value))>,
     /// The cache's masks built so far, by window: `[batch, seq, cache_len]`.
     masks: Vec<(Option<usize>, Value)>,
-}
-
-struct Cached {
-    layer: usize,
-    given: (Value, Value),
-    after: (Value, Value),
-    /// How both lie on the mesh.
-    spec: PartitionSpec,
+    /// Which rows start a sequence at this step, `[batch]` (built once).
+    fresh: Option<Value>,
 }
 
 impl Cache {
     pub(crate) fn new(len: usize) -> Cache {
-        Cache { len, blocks: Vec::new(), masks: Vec::new() }
+        Cache { len, entries: Vec::new(), shared: Vec::new(), masks: Vec::new(), fresh: None }
     }
 }
 
@@ -92,21 +94,20 @@ impl Graph<'_> {
         let bsz = self.spec.batch;
         let cache = self.cache.as_ref().expect("cached() while decoding");
         let len = cache.len;
-        let shared = cache.blocks.iter().find(|c| c.given == (k, v)).map(|c| c.after);
+        let shared = cache.shared.iter().find(|(given, _)| *given == (k, v)).map(|(_, after)| *after);
         let (k_all, v_all) = match shared {
             Some(after) => after,
             None => {
                 let spec = self.cache_spec(layer);
-                let sharded = self.sharded();
                 let mut after = [k; 2];
-                for (i, x) in [k, v].into_iter().enumerate() {
+                for (i, (x, part)) in [(k, "k"), (v, "v")].into_iter().enumerate() {
                     let width = self.b.dims(x)?[1];
-                    let ty = TensorType::new(self.dt, &[bsz, len, width]);
-                    let arg = self.b.arg(ty, sharded.then(|| spec.clone()))?;
+                    let arg = self.cache_arg(&[bsz, len, width], self.dt, &spec)?;
                     after[i] = self.write(arg, x)?;
+                    self.keep_cache(format!("blocks.{layer}.{part}"), after[i], spec.clone());
                 }
                 let cache = self.cache.as_mut().expect("cached() while decoding");
-                cache.blocks.push(Cached { layer, given: (k, v), after: (after[0], after[1]), spec });
+                cache.shared.push(((k, v), (after[0], after[1])));
                 (after[0], after[1])
             }
         };
@@ -123,13 +124,64 @@ impl Graph<'_> {
     /// inputs', and the width (whole heads) over `model` where its KV heads divide, as the
     /// keys and values are computed; else whole on each device of a row group.
     fn cache_spec(&self, layer: usize) -> PartitionSpec {
-        let rows = self.input_spec().dims()[0].clone();
+        self.state_spec(3, 2, self.config.kv_heads_at(layer))
+    }
+
+    /// How a cache of `rank` dimensions lies on the mesh: rows (its first) as the inputs', and
+    /// dimension `at` over `model` where `heads` (the heads it holds) divide by it.
+    pub(crate) fn state_spec(&self, rank: usize, at: usize, heads: usize) -> PartitionSpec {
+        let mut dims = vec![Vec::new(); rank];
+        dims[0] = self.input_spec().dims()[0].clone();
         let model = self.spec.mesh.axis_size(MODEL).unwrap_or(1);
-        let heads = match model > 1 && self.config.kv_heads_at(layer).is_multiple_of(model) {
-            true => vec![MODEL.to_string()],
-            false => Vec::new(),
+        if model > 1 && heads.is_multiple_of(model) {
+            dims[at] = vec![MODEL.to_string()];
+        }
+        PartitionSpec::from_dims(dims)
+    }
+
+    /// A cache argument of `dims` (rows first) and `dtype`, lying as `spec`.
+    pub(crate) fn cache_arg(
+        &mut self,
+        dims: &[usize],
+        dtype: DType,
+        spec: &PartitionSpec,
+    ) -> Result<Value, ModelError> {
+        let sharded = self.sharded();
+        Ok(self.b.arg(TensorType::new(dtype, dims), sharded.then(|| spec.clone()))?)
+    }
+
+    /// Records `after` as the cache `name` after the step (a result, in argument order).
+    pub(crate) fn keep_cache(&mut self, name: String, after: Value, spec: PartitionSpec) {
+        self.cache.as_mut().expect("keep_cache() while decoding").entries.push((name, after, spec));
+    }
+
+    /// `state` (a cache argument, rows first) where a row continues its sequence, zeros where
+    /// it starts one at this step (its first token real and at position 0).
+    pub(crate) fn state_or_fresh(&mut self, state: Value) -> Result<Value, ModelError> {
+        let fresh = match self.cache.as_ref().and_then(|c| c.fresh) {
+            Some(fresh) => fresh,
+            None => {
+                let bsz = self.spec.batch;
+                let (positions, real) = (self.position_ids, self.attention_mask);
+                let b = &mut self.b;
+                let first = |b: &mut siphon_hlo::Builder, x: Value| -> Result<Value, siphon_hlo::HloError> {
+                    let x = b.slice_dim(x, 1, 0, 1)?;
+                    b.reshape(x, &[bsz])
+                };
+                let (p, r) = (first(b, positions)?, first(b, real)?);
+                let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz]))?;
+                let start = b.compare(CompareDir::Eq, p, zero)?;
+                let real = b.compare(CompareDir::Ne, r, zero)?;
+                let fresh = b.and(start, real)?;
+                self.cache.as_mut().expect("state_or_fresh() while decoding").fresh = Some(fresh);
+                fresh
+            }
         };
-        PartitionSpec::from_dims(vec![rows, Vec::new(), heads])
+        let b = &mut self.b;
+        let (dims, dtype) = (b.dims(state)?.to_vec(), b.dtype(state)?);
+        let fresh = b.broadcast_in_dim(fresh, &dims, &[0])?;
+        let zeros = b.splat(0.0, TensorType::new(dtype, &dims))?;
+        Ok(b.select(fresh, zeros, state)?)
     }
 
     /// `cache` `[batch, cache_len, width]` with each real token of `x` `[tokens, width]` at its
@@ -195,7 +247,6 @@ pub(crate) struct Request<'a> {
     pub unembedding: Value,
     pub attention_mask: Value,
     pub rows: [usize; 2],
-    pub dtype: DType,
     pub input_spec: &'a PartitionSpec,
     pub sharded: bool,
 }
@@ -235,12 +286,10 @@ pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Ve
         spec: spec.clone(),
     };
     let mut caches = Vec::new();
-    for c in &r.cache.blocks {
-        for (part, after) in [("k", c.after.0), ("v", c.after.1)] {
-            let shape = b.dims(after)?.to_vec();
-            caches.push(info(format!("blocks.{}.{part}", c.layer), shape, r.dtype, &c.spec));
-            values.push((after, r.sharded.then(|| c.spec.clone())));
-        }
+    for (name, after, spec) in &r.cache.entries {
+        let (shape, dtype) = (b.dims(*after)?.to_vec(), b.dtype(*after)?);
+        caches.push(info(name.clone(), shape, dtype, spec));
+        values.push((*after, r.sharded.then(|| spec.clone())));
     }
     let logits = info("logits".into(), vec![bsz, vocab], DType::F32, &logits_spec);
     Ok((values, DecodeInfo { logits, caches }))

@@ -338,8 +338,8 @@ pub struct DecodeMemory {
     pub local_slots: usize,
     /// Positions each slot's caches hold.
     pub cache_len: usize,
-    /// Every attention block's key and value caches for the device's slots, twice: a step
-    /// reads them and writes new ones.
+    /// Every block's caches for the device's slots (attention's keys and values, Gated
+    /// DeltaNet's state), twice: a step reads them and writes new ones.
     pub cache_bytes: u64,
     /// The logits of the device's slots, `[slots, vocab]` f32.
     pub logits_bytes: u64,
@@ -351,8 +351,9 @@ pub struct DecodeMemory {
 
 /// The bytes a decoding step of `local_slots` slots with caches of `cache_len` positions
 /// needs on each device: the caches as the family's decoding step declares them
-/// (`siphon_models::decode`; a block reading another's keys and values has none of its own),
-/// a block's split over `model` ways where its KV heads divide, as the step lays them.
+/// (`siphon_models::decode`: an attention block's keys and values, a block reading another's
+/// having none of their own; a Gated DeltaNet block's f32 state and its convolutions' last
+/// inputs), each split over `model` ways where the step splits it (by heads, where they divide).
 pub fn decode_memory(
     config: &ModelConfig,
     local_slots: usize,
@@ -361,23 +362,28 @@ pub fn decode_memory(
     dtype: DType,
     layout: DeviceLayout,
 ) -> Result<DecodeMemory, PlanError> {
-    // The caches' shapes, whatever the dtype they are counted in.
     let mut spec = siphon_models::ForwardSpec::new(1, 1, Vec::new());
     spec.decode = Some(siphon_models::DecodeStep { cache_len });
+    spec.compute_dtype = dtype.into();
+    if model > 1 {
+        spec.mesh =
+            Mesh::new(&[(MODEL, model)], (0..model).collect()).map_err(|e| PlanError::Request(e.to_string()))?;
+    }
     let program = siphon_models::build_decode_step(config, &spec).map_err(|e| PlanError::Request(e.to_string()))?;
     let info = program.decode.ok_or_else(|| PlanError::Request("the decoding step returned no caches".into()))?;
-    let size = dtype.size();
-    let ways = |name: &str| {
-        let layer = name.strip_prefix("blocks.").and_then(|r| r.split('.').next()).and_then(|l| l.parse().ok());
-        match layer {
-            Some(l) if model > 1 && config.kv_heads_at(l).is_multiple_of(model) => model,
-            _ => 1,
-        }
-    };
     let one: u64 = info
         .caches
         .iter()
-        .map(|c| layout.array_bytes(&[local_slots, c.shape[1], c.shape[2] / ways(&c.name)], size))
+        .map(|c| {
+            let mut dims = c.shape.clone();
+            dims[0] = local_slots;
+            for (d, axes) in dims.iter_mut().zip(c.spec.dims()).skip(1) {
+                if axes.iter().any(|a| a == MODEL) {
+                    *d /= model;
+                }
+            }
+            layout.array_bytes(&dims, c.dtype.byte_size())
+        })
         .sum();
     let logits_bytes = layout.array_bytes(&[local_slots, config.vocab_size], 4);
     Ok(DecodeMemory { local_slots, cache_len, cache_bytes: 2 * one, logits_bytes, working_bytes: one })
@@ -612,6 +618,25 @@ mod tests {
         assert_eq!(d.logits_bytes, 4 * 256 * 4);
         let e = decode_memory(&llama, 4, 1000, 1, DType::Bf16, DeviceLayout::Dense).unwrap_err().to_string();
         assert!(e.contains("past the model's context"), "{e}");
+    }
+
+    /// A Gated DeltaNet block's caches: its f32 state `[slots, nv, dk, dv]` and its
+    /// convolutions' last 3 inputs (q, k: `nk·dk` wide, v: `nv·dv`), each split over `model`
+    /// where its heads divide.
+    #[test]
+    fn a_decoding_step_counts_gated_deltanet_state() {
+        let json = include_str!("../../../fixtures/models/tiny-qwen3-next/config.json");
+        let next = siphon_models::HfConfig::from_json(json).unwrap().into_config().unwrap();
+        // Layers 0 and 2 linear (nk 2, nv 4, dk 8, dv 12, kernel 4), layer 1 full (2 KV heads of 16).
+        let (conv_qk, conv_v, state) = (4 * 3 * 16 * 2, 4 * 3 * 48 * 2, 4 * 4 * 8 * 12 * 4);
+        let kv = 2 * 4 * 100 * 32 * 2;
+        let d = decode_memory(&next, 4, 100, 1, DType::Bf16, DeviceLayout::Dense).unwrap();
+        assert_eq!(d.cache_bytes, 2 * (2 * (2 * conv_qk + conv_v + state) + kv));
+        let halves = decode_memory(&next, 4, 100, 2, DType::Bf16, DeviceLayout::Dense).unwrap();
+        assert_eq!(halves.cache_bytes * 2, d.cache_bytes);
+        // Over 4: only the value heads (4) divide.
+        let quarters = decode_memory(&next, 4, 100, 4, DType::Bf16, DeviceLayout::Dense).unwrap();
+        assert_eq!(quarters.cache_bytes, 2 * (2 * (2 * conv_qk + conv_v / 4 + state / 4) + kv));
     }
 
     #[test]

@@ -16,10 +16,10 @@ pub use sampler::{Sampling, choose};
 pub use schedule::{Completion, Finish, Prompt, Settings, generate, generate_each};
 
 use siphon_models::DecodeInfo;
-use siphon_runtime::{HostArray, ShardedArray};
+use siphon_runtime::{ElementType, HostArray, ShardedArray};
 
 use crate::batch::Batch;
-use crate::engine::{Engine, element_type};
+use crate::engine::Engine;
 use crate::error::{EngineError, rt};
 
 /// A decoding step's runner over an [`Engine`] built with `EngineOptions::decode`: `slots`
@@ -46,7 +46,12 @@ impl Engine {
         let info = decode_info(&compiled.program.decode)?;
         let mut caches = Vec::with_capacity(info.caches.len());
         for cache in &info.caches {
-            let zeros = HostArray::zeros(element_type(self.options.compute_dtype), &cache.shape);
+            let element = match cache.dtype {
+                siphon_hlo::DType::F32 => ElementType::F32,
+                siphon_hlo::DType::BF16 => ElementType::BF16,
+                other => return Err(EngineError::Options(format!("a cache of {other:?} ({})", cache.name))),
+            };
+            let zeros = HostArray::zeros(element, &cache.shape);
             let context = || format!("uploading the cache {}", cache.name);
             caches.push(rt(context, self.client.upload_sharded(&zeros, &cache.spec, &self.options.mesh))?);
         }

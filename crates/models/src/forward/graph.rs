@@ -449,7 +449,6 @@ impl<'a> Graph<'a> {
                     unembedding: *unembedding,
                     attention_mask: self.attention_mask,
                     rows: [bsz, s],
-                    dtype: self.dt,
                     input_spec: &self.input_spec,
                     sharded: self.sharded,
                 };

@@ -22,6 +22,12 @@
 //! when the first real token arrives and the real tokens get the values of an unpadded row
 //! (padding after the last real token cannot reach them).
 //!
+//! A decoding step (`crate::decode`) carries each row's state between steps: the recurrence
+//! starts from the row's `[nv, dk, dv]` state and the convolutions from its last `K - 1`
+//! inputs (zeros where a row starts a sequence), padding tokens change neither (their decay
+//! and beta are zeroed), and the step's chunks are no longer than its rows, so a one-token
+//! step is one step of the recurrence, as transformers' `torch_recurrent_gated_delta_rule`.
+//!
 //! Weights: the projections as the program takes them, one per part (`…[q]`, `…[k]`, `…[v]`,
 //! `…[z]`, `…[b]`, `…[a]`), cut on read from Qwen3.5's `in_proj_qkv` / `in_proj_z` /
 //! `in_proj_b` / `in_proj_a` or from Qwen3-Next's `in_proj_qkvz` / `in_proj_ba`, whose rows
@@ -117,13 +123,8 @@ impl Graph<'_> {
     /// Block `layer`'s Gated DeltaNet on its normed input `x` `[tokens, hidden]`, recording
     /// the `linear_attn.*` hooks; returns `out_proj`'s output (see the module docs).
     pub fn gated_deltanet(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
-        if self.cache.is_some() {
-            return Err(ModelError::UnsupportedArch(format!(
-                "{}: decoding has no cache for Gated DeltaNet's recurrent and convolution state yet",
-                self.config.arch
-            )));
-        }
         use HookKind::*;
+        let decoding = self.cache.is_some();
         let la = self
             .config
             .linear_attention
@@ -148,9 +149,25 @@ impl Graph<'_> {
         let (kd, vd) = (la.key_dim(), la.value_dim());
         let conv = self.b.reshape(conv, &[2 * kd + vd, la.conv_kernel])?;
         let mut convolved = Vec::with_capacity(3);
-        for (y, start, width) in [(q, 0, kd), (k, kd, kd), (v, 2 * kd, vd)] {
+        let (nk, nv) = (la.n_key_heads, la.n_value_heads);
+        for (y, start, width, part, heads) in [(q, 0, kd, "q", nk), (k, kd, kd, "k", nk), (v, 2 * kd, vd, "v", nv)] {
             let w = self.b.slice_dim(conv, 0, start, start + width)?;
-            convolved.push(self.causal_conv_silu(y, w)?);
+            // A decoding step's row continues from its last K - 1 inputs.
+            let kept = la.conv_kernel - 1;
+            let cached = match decoding && kept > 0 {
+                true => {
+                    let spec = self.state_spec(3, 2, heads);
+                    let arg = self.cache_arg(&[self.spec.batch, kept, width], dt, &spec)?;
+                    Some((self.state_or_fresh(arg)?, spec))
+                }
+                false => None,
+            };
+            let (out, inputs) = self.causal_conv_silu(y, w, cached.as_ref().map(|c| c.0))?;
+            if let Some((_, spec)) = cached {
+                let after = self.last_inputs(inputs, kept)?;
+                self.keep_cache(format!("blocks.{layer}.conv_{part}"), after, spec);
+            }
+            convolved.push(out);
         }
         let [q, k, v] = [convolved[0], convolved[1], convolved[2]];
         self.hook(at(LinQ), q);
@@ -162,10 +179,13 @@ impl Graph<'_> {
         self.hook(at(LinBeta), beta);
         let decay = self.log_decay(a, &p("A_log"), &p("dt_bias"))?;
         self.hook(at(LinLogDecay), decay);
-        let core = self.chunked_delta_rule(&la, q, k, v, beta, decay)?;
+        let core = match decoding {
+            false => self.chunked_delta_rule(&la, q, k, v, beta, decay, None)?.0,
+            true => self.cached_delta_rule(&la, layer, q, k, v, beta, decay)?,
+        };
         self.hook(at(LinRecurrenceOut), core);
         // rmsnorm(o) · w over each value head, times silu(z) in f32.
-        let (nv, dv) = (la.n_value_heads, la.value_head_dim);
+        let dv = la.value_head_dim;
         let rows = self.b.reshape(core, &[t * nv, dv])?;
         let normed = self.rms_norm_with(rows, &p("norm.weight"), Gain::Plain)?.out;
         let b = &mut self.b;
@@ -184,8 +204,10 @@ impl Graph<'_> {
 
     /// `silu(causal_conv1d(y))` of `y` `[tokens, channels]` with the depthwise weights `w`
     /// `[channels, K]`: each channel's output at position `t` is `Σ_j w[j] · y[t - K + 1 + j]`
-    /// within its row (zeros before the row's start), in f32, cast back, then SiLU.
-    fn causal_conv_silu(&mut self, y: Value, w: Value) -> Result<Value, ModelError> {
+    /// within its row (before the row's start: `before` `[batch, K - 1, channels]`, a decoding
+    /// step's last inputs, else zeros), in f32, cast back, then SiLU. Also returns the inputs
+    /// the sum read, `[batch, K - 1 + seq, channels]` f32.
+    fn causal_conv_silu(&mut self, y: Value, w: Value, before: Option<Value>) -> Result<(Value, Value), ModelError> {
         let (bsz, s, dt) = (self.spec.batch, self.spec.seq, self.dt);
         let b = &mut self.b;
         let channels = b.dims(y)?[1];
@@ -193,8 +215,11 @@ impl Graph<'_> {
         let y = b.reshape(y, &[bsz, s, channels])?;
         let y = b.convert(y, DType::F32)?;
         let w = b.convert(w, DType::F32)?;
-        let zeros = b.splat(0.0, TensorType::new(DType::F32, &[bsz, kernel - 1, channels]))?;
-        let padded = b.concatenate(&[zeros, y], 1)?;
+        let before = match before {
+            Some(before) => b.convert(before, DType::F32)?,
+            None => b.splat(0.0, TensorType::new(DType::F32, &[bsz, kernel - 1, channels]))?,
+        };
+        let padded = b.concatenate(&[before, y], 1)?;
         let mut acc: Option<Value> = None;
         for j in 0..kernel {
             let window = b.slice_dim(padded, 1, j, j + s)?;
@@ -210,7 +235,22 @@ impl Graph<'_> {
         let out = b.convert(acc.expect("a kernel of at least one"), dt)?;
         let out = b.reshape(out, &[bsz * s, channels])?;
         let sig = b.logistic(out)?;
-        Ok(b.mul(out, sig)?)
+        Ok((b.mul(out, sig)?, padded))
+    }
+
+    /// The last `kept` inputs of each row's convolution up to its last real token (its real
+    /// tokens come first), from `inputs` `[batch, K - 1 + seq, channels]` f32 (the `K - 1`
+    /// before the row, then the step's): `[batch, kept, channels]` in the compute dtype.
+    fn last_inputs(&mut self, inputs: Value, kept: usize) -> Result<Value, ModelError> {
+        let bsz = self.spec.batch;
+        let b = &mut self.b;
+        let real = b.reduce_sum(self.attention_mask, &[1])?;
+        let shape = [bsz, kept, 1];
+        let from = b.broadcast_in_dim(real, &shape, &[0])?;
+        let offset = b.iota(TensorType::new(DType::I32, &shape), 1)?;
+        let index = b.add(from, offset)?;
+        let last = b.take_along(inputs, 0, &[1], index)?;
+        Ok(b.convert(last, self.dt)?)
     }
 
     /// `-exp(A_log) · softplus(a + dt_bias)` in f32, `[tokens, nv]` (PyTorch's softplus: `x`
@@ -236,9 +276,49 @@ impl Graph<'_> {
         Ok(b.mul(rate, soft)?)
     }
 
+    /// A decoding step's gated delta rule: each row from its state (zeros where it starts a
+    /// sequence), padding tokens leaving the state as it was (no decay, no write: `decay` and
+    /// `beta` zeroed there), in chunks no longer than the row; the state after the row's last
+    /// real token kept as the cache `blocks.{layer}.state`.
+    #[allow(clippy::too_many_arguments)]
+    fn cached_delta_rule(
+        &mut self,
+        la: &LinearAttention,
+        layer: usize,
+        q: Value,
+        k: Value,
+        v: Value,
+        beta: Value,
+        decay: Value,
+    ) -> Result<Value, ModelError> {
+        let (t, nv) = (self.tokens(), la.n_value_heads);
+        let spec = self.state_spec(4, 1, nv);
+        let dims = [self.spec.batch, nv, la.key_head_dim, la.value_head_dim];
+        let state = self.cache_arg(&dims, DType::F32, &spec)?;
+        let state = self.state_or_fresh(state)?;
+        let b = &mut self.b;
+        let real = b.reshape(self.attention_mask, &[t])?;
+        let zero = b.splat(0.0, TensorType::new(DType::I32, &[t]))?;
+        let real = b.compare(CompareDir::Ne, real, zero)?;
+        let real = b.broadcast_in_dim(real, &[t, nv], &[0])?;
+        let mut masked = [beta, decay];
+        for x in &mut masked {
+            let zeros = b.splat(0.0, TensorType::new(b.dtype(*x)?, &[t, nv]))?;
+            *x = b.select(real, *x, zeros)?;
+        }
+        let (out, after) = self.chunked_delta_rule(la, q, k, v, masked[0], masked[1], Some(state))?;
+        let after = after.expect("a state after the rows from a state before them");
+        self.keep_cache(format!("blocks.{layer}.state"), after, spec);
+        Ok(out)
+    }
+
     /// The gated delta rule over each row (see the module docs): `q`, `k` `[tokens, nk·dk]`,
     /// `v` `[tokens, nv·dv]`, `beta` `[tokens, nv]` in the compute dtype, `decay` `[tokens, nv]`
-    /// f32; returns `[tokens, nv·dv]` in the compute dtype.
+    /// f32, from the state `initial` `[batch, nv, dk, dv]` f32 (zeros when none); returns
+    /// `[tokens, nv·dv]` in the compute dtype and, given `initial`, the state after the rows. A
+    /// decoding step's chunks are no longer than its rows (a one-token step is one
+    /// recurrence step, as transformers decodes).
+    #[allow(clippy::too_many_arguments)]
     fn chunked_delta_rule(
         &mut self,
         la: &LinearAttention,
@@ -247,10 +327,15 @@ impl Graph<'_> {
         v: Value,
         beta: Value,
         decay: Value,
-    ) -> Result<Value, ModelError> {
+        initial: Option<Value>,
+    ) -> Result<(Value, Option<Value>), ModelError> {
         let (bsz, s, dt) = (self.spec.batch, self.spec.seq, self.dt);
         let (nk, nv, dk, dv) = (la.n_key_heads, la.n_value_heads, la.key_head_dim, la.value_head_dim);
-        let (c, n) = (CHUNK, s.div_ceil(CHUNK));
+        let c = match self.cache.is_some() {
+            true => CHUNK.min(s),
+            false => CHUNK,
+        };
+        let n = s.div_ceil(c);
         let (bh, groups) = (bsz * nv, n * bsz * nv);
         let b = &mut self.b;
         let f32t = |dims: &[usize]| TensorType::new(DType::F32, dims);
@@ -346,7 +431,10 @@ impl Graph<'_> {
         let chunk_decay = b.reshape(chunk_decay, &[n, bh, 1, 1])?;
         // One step per chunk: the state [bh, dk, dv] read by the chunk, then updated.
         let i0 = b.scalar(0.0, DType::I32)?;
-        let state0 = b.splat(0.0, f32t(&[bh, dk, dv]))?;
+        let state0 = match initial {
+            Some(state) => b.reshape(state, &[bh, dk, dv])?,
+            None => b.splat(0.0, f32t(&[bh, dk, dv]))?,
+        };
         let out0 = b.splat(0.0, f32t(&[n, bh, c, dv]))?;
         let n_chunks = n as f64;
         let looped = b.while_loop(
@@ -391,7 +479,12 @@ impl Graph<'_> {
         let out = b.slice_dim(out, 0, 0, s)?;
         let out = b.transpose(out, &[1, 0, 2, 3])?;
         let out = b.reshape(out, &[bsz * s, nv * dv])?;
-        Ok(b.convert(out, dt)?)
+        let out = b.convert(out, dt)?;
+        let state = match initial {
+            Some(_) => Some(b.reshape(looped[1], &[bsz, nv, dk, dv])?),
+            None => None,
+        };
+        Ok((out, state))
     }
 }
 
