@@ -15,7 +15,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{Guard, make_model, repo_root, siphon_command, wait_with_limit};
+use common::{Guard, free_port, make_model, repo_root, siphon_command, wait_with_limit};
 use safetensors::SafeTensors;
 
 fn fixture(name: &str) -> PathBuf {
@@ -263,6 +263,77 @@ fn a_run_killed_or_preempted_and_started_again_writes_what_an_uninterrupted_run_
     // An output that exists is never overwritten.
     let (again, _) = generate(tmp.path(), "whole", &sampled);
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists"));
+}
+
+/// Process `id` of a two-process job on 127.0.0.1:`port` running `generate` with `args`.
+fn host(args: &[String], id: usize, port: u16, slow: bool) -> Guard {
+    let mut command = siphon_command(args);
+    command
+        .env("SIPHON_PROCESS_ID", id.to_string())
+        .env("SIPHON_NUM_PROCESSES", "2")
+        .env("SIPHON_COORDINATOR", format!("127.0.0.1:{port}"))
+        .env("SIPHON_JOB_TOKEN", "test-token");
+    if slow {
+        command.env("SIPHON_TEST_SLOW_COMPLETION_MS", "300");
+    }
+    Guard(command.spawn().unwrap())
+}
+
+/// The same command on two processes: each completes every other record on its own devices
+/// into its shard (`two-0000{0,1}-of-00002.jsonl`), and the shards together hold, line for
+/// line, what one process writes (sampled: the draws depend on the record, the sample and the
+/// seed alone). One process killed (-9) midway fails the job with no shard named yet, and the
+/// same two commands started again finish it with the same lines.
+#[test]
+fn two_processes_write_shards_that_together_hold_one_process_s_completions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts: Vec<Vec<u32>> = (0..7u32).map(|i| (0..2 + i % 3).map(|j| (i * 37 + j * 11) % 256).collect()).collect();
+    std::fs::write(tmp.path().join("prompts.json"), serde_json::to_string(&prompts).unwrap()).unwrap();
+    let sampled = ["--max-new-tokens", "12", "--temperature", "0.9", "--top-k", "20", "--samples", "2", "--seed", "11"];
+    let (one, whole) = generate(tmp.path(), "one", &[&sampled[..], &["--slots", "4"]].concat());
+    assert!(one.status.success(), "{}", String::from_utf8_lossy(&one.stderr));
+    let whole = lines(&whole);
+    assert_eq!(whole.len(), 14);
+
+    let out = tmp.path().join("two.jsonl");
+    let mut args: Vec<String> = ["generate", "--model"].map(String::from).to_vec();
+    args.push(fixture("tiny-qwen2").display().to_string());
+    args.extend(["--ids".into(), tmp.path().join("prompts.json").display().to_string()]);
+    args.extend(["--out".into(), out.display().to_string(), "--slots".into(), "2".into()]);
+    args.extend(sampled.iter().map(|s| s.to_string()));
+    let shards = [tmp.path().join("two-00000-of-00002.jsonl"), tmp.path().join("two-00001-of-00002.jsonl")];
+    let partial = |i: usize| PathBuf::from(format!("{}.partial", shards[i].display()));
+
+    // Killed midway: process 1 once it has written a line.
+    let port = free_port();
+    let mut hosts = [host(&args, 0, port, true), host(&args, 1, port, true)];
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while line_count(&partial(1)) < 1 {
+        assert!(std::time::Instant::now() < deadline, "process 1 wrote no completion in 120 s");
+        assert!(hosts[1].0.try_wait().unwrap().is_none(), "process 1 ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    hosts[1].0.kill().unwrap();
+    let [zero, _] = hosts;
+    let zero = wait_with_limit(zero, Duration::from_secs(120));
+    assert!(!zero.status.success(), "process 0 ends with the job: {}", String::from_utf8_lossy(&zero.stderr));
+    assert!(shards.iter().all(|s| !s.exists()), "no shard is named before every process has written its lines");
+
+    // The same commands again.
+    let port = free_port();
+    let hosts = [host(&args, 0, port, false), host(&args, 1, port, false)];
+    for (i, h) in hosts.into_iter().enumerate() {
+        let output = wait_with_limit(h, Duration::from_secs(300));
+        assert!(output.status.success(), "process {i}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let mut got = Vec::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let lines = lines(shard);
+        assert!(lines.iter().all(|l| l["record"].as_u64().unwrap() % 2 == i as u64), "shard {i}: every other record");
+        got.extend(lines);
+    }
+    got.sort_by_key(|l| (l["record"].as_u64(), l["sample"].as_u64()));
+    assert_eq!(got, whole, "the shards hold one process's completions");
 }
 
 /// `--stop TEXT` ends a completion with the token that completes the text (the demo model,

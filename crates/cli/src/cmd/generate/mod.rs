@@ -11,11 +11,19 @@
 //! stopped at any point resumes from what it wrote (`output.rs`). SIGTERM and SIGINT end the
 //! process with their exit codes (75, 130), never a crash.
 //!
+//! The same command on several processes (`--process-id`, `--num-processes`, `--coordinator`
+//! or the platform's, as `extract`) joins them as a job: each completes every
+//! `processes`-th record on its own devices into its shard of the output
+//! (`completions-00001-of-00002.jsonl`), and the shards take their names once all are
+//! written. Since a completion depends only on the record, the sample and the seed, the
+//! shards together hold what one process writes.
+//!
 //! Every setting is checked before the plugin loads or a weight is read: `--max-new-tokens`
 //! and `--samples` of at least 1, sampling settings in range, stop tokens in the vocabulary, a
 //! prompt and its completion within the model's context.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
@@ -26,7 +34,8 @@ use siphon_mesh::Mesh;
 use siphon_models::{DType, LoadedModel};
 use siphon_runtime::{Client, ClientOptions, Plugin, PluginKind, PluginLocator};
 
-use crate::args::{limits, steer};
+use crate::args::{ClusterArgs, limits, steer};
+use prompts::Share;
 
 mod output;
 mod prompts;
@@ -122,7 +131,12 @@ pub struct Args {
     /// PJRT plugin (default: SIPHON_PJRT_PLUGIN, then siphon's cache directory).
     #[arg(long, value_name = "PATH")]
     pub plugin: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
+
+/// How long a process that has written all its completions waits for the others'.
+const ALL_WRITTEN_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// One line of the output.
 #[derive(serde::Serialize)]
@@ -139,7 +153,10 @@ struct Line<'a> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::interrupt::install_for_generate();
-    output::check(&args.out)?;
+    let identity = args.cluster.identity()?;
+    let share = Share { process: identity.process_id as usize, processes: identity.num_processes as usize };
+    let out_path = output::shard(&args.out, share.process, share.processes);
+    output::check(&out_path)?;
     if args.max_new_tokens == 0 {
         bail!("--max-new-tokens 0: a completion holds at least 1 token");
     }
@@ -159,7 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !args.stop.is_empty() && model.tokenizer.is_none() {
         bail!("--stop needs the model's tokenizer to read the completions' text; {} has none", args.model.display());
     }
-    let prompts = prompts::read(&args, &model)?;
+    let prompts = prompts::read(&args, &model, share)?;
     let longest = prompts.iter().map(|(_, p)| p.len()).max().unwrap_or(0);
     let context = model.config.max_position_embeddings;
     let cache_len = longest + args.max_new_tokens;
@@ -174,6 +191,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let eos_ids = match (args.ignore_eos, model.tokenizer.as_ref().and_then(|t| t.eos_id)) {
         (false, Some(eos)) => vec![eos],
         _ => Vec::new(),
+    };
+
+    // Every setting checked: the job's processes meet (each completes its share of the
+    // records on its own devices; they wait for each other only at the end).
+    let job = match share.processes > 1 {
+        true => {
+            let job = args.cluster.join()?;
+            crate::interrupt::hand_over();
+            Some(job)
+        }
+        false => None,
     };
 
     let choice = PluginLocator::new().explicit(args.plugin.clone()).locate().context("finding a PJRT plugin")?;
@@ -239,7 +267,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         chunk: args.chunk,
         cache_len,
     };
-    let (mut out, written) = output::Output::open(&args.out, &run_settings(&args, &prompts), &requests)?;
+    let (mut out, written) = output::Output::open(&out_path, &run_settings(&args, share, &prompts), &requests)?;
     let todo = &requests[written..];
     let slow = std::env::var("SIPHON_TEST_SLOW_COMPLETION_MS").ok().and_then(|v| v.parse().ok());
     let start = std::time::Instant::now();
@@ -273,23 +301,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
     .context("decoding")?;
     let seconds = start.elapsed().as_secs_f64();
+    // Each process's shard takes its name once every process has written all its lines: a
+    // job stopped before that resumes from the partial files alone.
+    if let Some(job) = &job {
+        out.complete()?;
+        job.barrier("generate: every completion written", ALL_WRITTEN_TIMEOUT)
+            .context("waiting for the other processes' completions")?;
+    }
     out.finish()?;
+    if let Some(job) = &job {
+        job.shutdown(Duration::from_secs(60)).context("leaving the job")?;
+    }
     println!(
         "{} completions ({written} from an earlier run), {new_tokens} new tokens in {seconds:.2} s ({:.1} tokens/s); \
          wrote {}",
         requests.len(),
         new_tokens as f64 / seconds.max(1e-9),
-        args.out.display()
+        out_path.display()
     );
     Ok(())
 }
 
-/// What a run's completions depend on (the mesh, slots and chunk do not): a partial output is
-/// resumed only by a run of the same.
-fn run_settings(args: &Args, prompts: &[(u64, Vec<u32>)]) -> serde_json::Value {
+/// What a run's completions depend on (the mesh, slots and chunk do not; the processes do
+/// choose which records a shard holds): a partial output is resumed only by a run of the same.
+fn run_settings(args: &Args, share: Share, prompts: &[(u64, Vec<u32>)]) -> serde_json::Value {
     let digest = Sha256::digest(serde_json::to_vec(prompts).unwrap_or_default());
     serde_json::json!({
         "model": args.model.display().to_string(),
+        "processes": share.processes,
         "prompts_sha256": digest.iter().map(|b| format!("{b:02x}")).collect::<String>(),
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,

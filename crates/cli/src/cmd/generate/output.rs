@@ -5,7 +5,8 @@
 //! last whole line, each line checked against its request: since a completion depends only on
 //! the settings, the record, the sample and the seed, a run killed at any point (kill -9,
 //! SIGTERM) and started again writes what an uninterrupted run writes. A partial file of other
-//! settings is refused, naming them.
+//! settings is refused, naming them. In a job of several processes each writes its own shard
+//! ([`shard`]), renamed only once every process has all its lines.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -32,6 +33,18 @@ fn beside(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(suffix);
     PathBuf::from(name)
+}
+
+/// The file process `process` of a job of `processes` writes for `--out out`: `out` itself
+/// for one process, else its shard beside it, `<stem>-<process>-of-<processes>[.<ext>]` with
+/// five digits each (as Hugging Face datasets name shards: `completions-00001-of-00002.jsonl`).
+pub fn shard(out: &Path, process: usize, processes: usize) -> PathBuf {
+    if processes == 1 {
+        return out.to_path_buf();
+    }
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let ext = out.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+    out.with_file_name(format!("{stem}-{process:05}-of-{processes:05}{ext}"))
 }
 
 /// Refuses an `out` that exists (nothing is overwritten); called before any weight loads.
@@ -133,12 +146,17 @@ impl Output {
         Ok(())
     }
 
-    /// Renames the partial file to the output once every request's line is in it.
-    pub fn finish(self) -> anyhow::Result<()> {
+    /// Checks that every request's line is in the partial file, on disk.
+    pub fn complete(&self) -> anyhow::Result<()> {
         if self.next != self.total {
             bail!("{} of {} completions written", self.next, self.total);
         }
-        self.file.sync_all()?;
+        Ok(self.file.sync_all()?)
+    }
+
+    /// Renames the partial file to the output once every request's line is in it.
+    pub fn finish(self) -> anyhow::Result<()> {
+        self.complete()?;
         std::fs::rename(&self.partial, &self.out).with_context(|| format!("writing {}", self.out.display()))?;
         let _ = std::fs::remove_file(&self.settings);
         Ok(())
@@ -151,4 +169,17 @@ fn differing(earlier: &serde_json::Value, now: &serde_json::Value) -> Option<(St
     now.iter()
         .find(|(k, v)| earlier.get(k.as_str()) != Some(v))
         .map(|(k, _)| (k.clone(), earlier.get(k.as_str()).cloned().unwrap_or(serde_json::Value::Null)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_process_writes_out_and_each_of_several_its_shard() {
+        let out = Path::new("/runs/completions.jsonl");
+        assert_eq!(shard(out, 0, 1), out);
+        assert_eq!(shard(out, 1, 2), Path::new("/runs/completions-00001-of-00002.jsonl"));
+        assert_eq!(shard(Path::new("out"), 0, 3), Path::new("out-00000-of-00003"));
+    }
 }

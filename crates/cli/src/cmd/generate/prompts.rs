@@ -3,7 +3,8 @@
 //! JSON list of prompts' ids), or `--corpus` (any corpus siphon reads, its records in the
 //! corpus's order: a text as `--text` takes it, a conversation rendered through the chat
 //! template up to its last user message with the generation prompt — the turns after it are
-//! the ones the model writes — and blank or unusable records skipped, counted and named).
+//! the ones the model writes — and blank or unusable records skipped, counted and named). In
+//! a job of several processes each reads its share ([`Share`]: every `processes`-th record).
 
 use anyhow::{Context, bail};
 use siphon_data::{ChatTemplate, Corpus, CorpusConfig, Record};
@@ -12,31 +13,54 @@ use siphon_models::{LoadedModel, TextTokenizer};
 use super::Args;
 use crate::args::files;
 
-/// The prompts and the record each one is (its index in `--text`, `--ids` or the corpus).
-pub fn read(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<(u64, Vec<u32>)>> {
-    let prompts: Vec<(u64, Vec<u32>)> = match (&args.ids, &args.corpus) {
+/// Prompts, each with the record it is.
+pub type Prompts = Vec<(u64, Vec<u32>)>;
+
+/// Which records this process completes: of a job of `processes`, record `i` is process
+/// `i % processes`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub process: usize,
+    pub processes: usize,
+}
+
+impl Share {
+    /// Whether record `record` is this process's.
+    pub fn holds(self, record: usize) -> bool {
+        record % self.processes == self.process
+    }
+}
+
+/// This process's share of the prompts, each with the record it is (its index in `--text`,
+/// `--ids` or the corpus); only those are tokenized and checked.
+pub fn read(args: &Args, model: &LoadedModel, share: Share) -> anyhow::Result<Prompts> {
+    let (records, prompts): (usize, Prompts) = match (&args.ids, &args.corpus) {
         (Some(path), _) => {
             let text = files::read_text(path, "--ids", files::MAX_TEXT_BYTES)?;
             let ids: Vec<Vec<u32>> = serde_json::from_str(&text)
                 .with_context(|| format!("--ids {}: expected a JSON list of lists of token ids", path.display()))?;
-            ids.into_iter().enumerate().map(|(i, p)| (i as u64, p)).collect()
+            let records = ids.len();
+            (
+                records,
+                ids.into_iter().enumerate().filter(|(i, _)| share.holds(*i)).map(|(i, p)| (i as u64, p)).collect(),
+            )
         }
-        (None, Some(spec)) => corpus(args, spec, tokenizer(args, model)?)?,
+        (None, Some(spec)) => corpus(args, spec, tokenizer(args, model)?, share)?,
         (None, None) => {
             let tok = tokenizer(args, model)?;
             let chat = args.chat.then(|| template(tok)).transpose()?;
             let mut out = Vec::new();
-            for (i, text) in args.text.iter().enumerate() {
+            for (i, text) in args.text.iter().enumerate().filter(|(i, _)| share.holds(*i)) {
                 let ids = match &chat {
                     Some(chat) => rendered(chat, tok, &serde_json::json!([{ "role": "user", "content": text }]))?,
                     None => tok.encode(text).context("tokenizing --text")?,
                 };
                 out.push((i as u64, ids));
             }
-            out
+            (args.text.len(), out)
         }
     };
-    if prompts.is_empty() {
+    if records == 0 {
         bail!("no prompts given");
     }
     if let Some((i, _)) = prompts.iter().find(|(_, p)| p.is_empty()) {
@@ -69,17 +93,19 @@ fn rendered(chat: &ChatTemplate, tok: &TextTokenizer, messages: &serde_json::Val
     Ok(encoded.get_ids().to_vec())
 }
 
-/// The corpus's records as prompts, at most `--max-prompts`, each keeping its index in the
-/// corpus's order; the records skipped are counted and the first named.
-fn corpus(args: &Args, spec: &str, tok: &TextTokenizer) -> anyhow::Result<Vec<(u64, Vec<u32>)>> {
+/// The corpus's records (how many, at most `--max-prompts`) and this process's share of them
+/// as prompts, each keeping its index in the corpus's order; the records of the share skipped
+/// are counted and the first named.
+fn corpus(args: &Args, spec: &str, tok: &TextTokenizer, share: Share) -> anyhow::Result<(usize, Prompts)> {
     let mut config = CorpusConfig::default();
     config.json_field = args.json_field.clone();
     config.text_column = args.text_column.clone();
     let corpus = Corpus::open(spec, &config).with_context(|| format!("opening corpus {spec}"))?;
     let records = corpus.first_records(args.max_prompts.unwrap_or(usize::MAX)).context("reading the corpus")?;
     let mut chat = None;
+    let count = records.len();
     let (mut prompts, mut skipped, mut first) = (Vec::new(), 0usize, None);
-    for (i, record) in records.into_iter().enumerate() {
+    for (i, record) in records.into_iter().enumerate().filter(|(i, _)| share.holds(*i)) {
         let prompt = match record {
             Record::Text(text) if args.chat => {
                 let chat = match &mut chat {
@@ -120,5 +146,5 @@ fn corpus(args: &Args, spec: &str, tok: &TextTokenizer) -> anyhow::Result<Vec<(u
         tracing::warn!(skipped, first = %first, "corpus records skipped");
         println!("skipped {skipped} records of the corpus (the first: {first})");
     }
-    Ok(prompts)
+    Ok((count, prompts))
 }
