@@ -25,11 +25,19 @@ static GENERATE: AtomicBool = AtomicBool::new(false);
 /// completions it wrote kept for the next run.
 pub fn install_for_generate() {
     GENERATE.store(true, Ordering::SeqCst);
-    install();
+    HANDED_OVER.store(false, Ordering::SeqCst);
+    register();
 }
 
-/// Installs the handlers (first thing in `siphon extract`).
+/// Installs the handlers (first thing in `siphon extract`, and again once `extract
+/// --generate`'s completions are written: whatever handled signals before stands down).
 pub fn install() {
+    GENERATE.store(false, Ordering::SeqCst);
+    HANDED_OVER.store(false, Ordering::SeqCst);
+    register();
+}
+
+fn register() {
     for signal in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: `on_signal` only touches atomics and calls write(2) and _exit(2), all
         // async-signal-safe.

@@ -153,15 +153,7 @@ fn extract_reads_the_completions_by_their_ids_and_roles() {
         .collect::<Vec<_>>();
     let output = run(&args);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let host = out.join("gen/machine_000_host_00");
-    let mut stored: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
-    for line in std::fs::read_to_string(host.join("manifest.jsonl")).unwrap().lines() {
-        let shard: serde_json::Value = serde_json::from_str(line).unwrap();
-        let bytes = std::fs::read(host.join(shard["shard"].as_str().unwrap())).unwrap();
-        for (name, tensor) in SafeTensors::deserialize(&bytes).unwrap().tensors() {
-            stored.entry(name).or_default().extend_from_slice(tensor.data());
-        }
-    }
+    let stored = stored(&out.join("gen/machine_000_host_00"));
     let words = |name: &str| -> Vec<[u8; 4]> { stored[name].chunks_exact(4).map(|b| b.try_into().unwrap()).collect() };
     let stored_ids: Vec<u32> = words("token_ids").into_iter().map(u32::from_le_bytes).collect();
     let hook: Vec<f32> = words("blocks.1.hook_resid_post").into_iter().map(f32::from_le_bytes).collect();
@@ -200,6 +192,83 @@ fn extract_reads_the_completions_by_their_ids_and_roles() {
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst <= 1e-5, "row {r}: differs from forward by {worst}");
     }
+}
+
+/// Every stored tensor of a run's host, its shards' bytes concatenated by name.
+fn stored(host: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut stored: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+    for line in std::fs::read_to_string(host.join("manifest.jsonl")).unwrap().lines() {
+        let shard: serde_json::Value = serde_json::from_str(line).unwrap();
+        let bytes = std::fs::read(host.join(shard["shard"].as_str().unwrap())).unwrap();
+        for (name, tensor) in SafeTensors::deserialize(&bytes).unwrap().tensors() {
+            stored.entry(name).or_default().extend_from_slice(tensor.data());
+        }
+    }
+    stored
+}
+
+/// `extract --generate FLAGS` in one command: the completions beside the run are byte for
+/// byte `generate`'s with those flags over the same corpus, and the stored hooks byte for
+/// byte those of `extract` over that file; started again it goes on (nothing generated
+/// twice), other flags are refused naming the completions, and flags that are extract's own
+/// are refused by name.
+#[test]
+fn extract_generate_is_generate_then_extract_in_one_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let model = root.join("model");
+    make_model(&model);
+    std::fs::copy(repo_root().join("fixtures/data/tokenizer.json"), model.join("tokenizer.json")).unwrap();
+    let corpus = root.join("prompts.jsonl");
+    std::fs::write(&corpus, "{\"text\": \"the river\"}\n{\"text\": \"\"}\n{\"text\": \"a cat sat on\"}\n").unwrap();
+    let path = |p: &Path| p.display().to_string();
+    let flags = "--max-new-tokens 6 --ignore-eos --temperature 0.8 --samples 2 --seed 4";
+    let out = root.join("out");
+    let extract = |corpus: &Path, name: &str, generate: Option<&str>| -> std::process::Output {
+        let mut args: Vec<String> = ["extract", "--model", &path(&model), "--corpus", &path(corpus)]
+            .into_iter()
+            .chain(["--hooks", "blocks.1.hook_resid_post", "--seq-len", "24", "--pad", "right", "--dtype", "f32"])
+            .chain(["--roles", "assistant", "--batch-size", "4", "--output", &path(&out), "--run", name])
+            .map(String::from)
+            .collect();
+        if let Some(flags) = generate {
+            args.extend(["--generate".to_string(), flags.to_string()]);
+        }
+        run(&args)
+    };
+    let both = extract(&corpus, "both", Some(flags));
+    assert!(both.status.success(), "{}", String::from_utf8_lossy(&both.stderr));
+
+    let separate = root.join("separate.jsonl");
+    let mut args: Vec<String> = ["generate", "--model", &path(&model), "--corpus", &path(&corpus), "--out"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    args.push(path(&separate));
+    args.extend(flags.split(' ').map(String::from));
+    assert!(run(&args).status.success());
+    let kept = out.join("both.completions/completions.jsonl");
+    assert_eq!(std::fs::read(&kept).unwrap(), std::fs::read(&separate).unwrap(), "generate's completions");
+    assert_eq!(lines(&kept).len(), 4, "two samples of each non-blank prompt");
+    let then = extract(&separate, "then", None);
+    assert!(then.status.success(), "{}", String::from_utf8_lossy(&then.stderr));
+    let (a, b) = (stored(&out.join("both/machine_000_host_00")), stored(&out.join("then/machine_000_host_00")));
+    assert!(
+        a.contains_key("blocks.1.hook_resid_post") && a["token_ids"].len() == 4 * 6 * 4,
+        "the 6 generated tokens of 4 completions"
+    );
+    assert_eq!(a, b, "extract over the completions");
+
+    // Again: nothing generated again, the run complete.
+    let again = extract(&corpus, "both", Some(flags));
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(!String::from_utf8_lossy(&again.stdout).contains("new tokens"));
+    let other = extract(&corpus, "both", Some("--max-new-tokens 7"));
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success() && err.contains("both.completions") && err.contains("--max-new-tokens 6"), "{err}");
+    let own = extract(&corpus, "own", Some("--max-new-tokens 7 --out x.jsonl"));
+    let err = String::from_utf8_lossy(&own.stderr);
+    assert!(!own.status.success() && err.contains("--out is extract's own"), "{err}");
 }
 
 /// Lines in `path`, 0 while it does not exist.

@@ -24,7 +24,12 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::interrupt::install();
-    job::run(args.options)
+    let mut options = args.options;
+    if let Some(flags) = options.generate.take() {
+        options = super::generate::completions_first(options, &flags)?;
+        crate::interrupt::install();
+    }
+    job::run(options)
 }
 
 /// Expands `extract --config FILE` in a command line: the file's entries become arguments

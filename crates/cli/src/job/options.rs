@@ -58,6 +58,13 @@ pub struct ExtractOptions {
     // --- data ---
     #[command(flatten)]
     pub corpus: CorpusArgs,
+    /// Complete the corpus's prompts with the model first, as `siphon generate` with these
+    /// flags (quoted: `--generate '--max-new-tokens 64 --chat --temperature 0.7'`), the
+    /// completions kept beside the run (`OUTPUT/RUN.completions/`), then extract over them by
+    /// their exact ids, the prompt's tokens the user's and the completion's the assistant's
+    /// (`--roles assistant` keeps the generated tokens). Needs --run and a local --output.
+    #[arg(long, value_name = "FLAGS", allow_hyphen_values = true, help_heading = "Data")]
+    pub generate: Option<String>,
     /// Stop after about this many tokens in total over all hosts (whole batches).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Data")]
     pub max_tokens: Option<u64>,

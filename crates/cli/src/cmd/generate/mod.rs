@@ -39,6 +39,9 @@ use prompts::Share;
 
 mod output;
 mod prompts;
+mod then_extract;
+
+pub use then_extract::completions_first;
 
 /// What `generate` can change when the devices or this host cannot hold a step.
 const MEMORY_REMEDY: &str = "choose fewer --slots, a smaller --max-new-tokens or shorter prompts, or a mesh that shards \
