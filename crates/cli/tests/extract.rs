@@ -300,6 +300,30 @@ fn dataset_files(run_dir: &Path) -> BTreeMap<String, Vec<u8>> {
 /// Steps in flight change when the work happens, never what is written: shards, manifests,
 /// statistics and run.json are byte-identical at depths 1, 2 and 3, on one device and on a
 /// mesh spanning (simulated) hosts.
+/// `--pack isolated`: every document's tokens stored with the activations it has alone in a
+/// row of its own (`--pad right`'s, within 1e-5 of their scale), and the tokens past a row
+/// that padding cuts off stored too, in rows of their own.
+#[test]
+fn isolated_packing_stores_what_one_document_a_row_stores() {
+    let s = setup(24);
+    let out = s.root.join("out");
+    let mut pad = extract_args(&s, &out, "pad");
+    pad.extend(["--pad".into(), "right".into()]);
+    let mut isolated = extract_args(&s, &out, "isolated");
+    isolated.extend(["--pack".into(), "isolated".into()]);
+    run_ok(siphon(&pad), Duration::from_secs(300));
+    run_ok(siphon(&isolated), Duration::from_secs(300));
+    let (alone, packed) = (read_tokens(&out.join("pad")), read_tokens(&out.join("isolated")));
+    assert!(alone.len() > 100, "{} tokens", alone.len());
+    for (key, want) in &alone {
+        let got = packed.get(key).unwrap_or_else(|| panic!("token {key:?} of a padded row is not stored"));
+        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+        let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-5 * scale, "token {key:?}: differs by {worst} (scale {scale})");
+    }
+    assert!(packed.len() > alone.len(), "the tokens padding cuts off are stored too");
+}
+
 #[test]
 fn the_pipeline_depth_does_not_change_the_dataset() {
     let s = setup(40);

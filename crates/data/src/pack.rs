@@ -27,6 +27,12 @@ pub enum PackMode {
     Pack,
     /// One document per row, truncated to the row, padded on the given side.
     Pad(PadSide),
+    /// Whole documents (each `[BOS] text`, as padded) packed into rows one after another, a
+    /// document that does not fit the rest of a row starting the next (the rest padded); a
+    /// document longer than a row is cut into rows of its own. Each document attends only
+    /// its own tokens (the forward's `isolated`), its positions restarting at 0: every piece
+    /// gets the activations it gets alone.
+    Isolated,
 }
 
 /// Token ids with a special role. The models crate fills this from GGUF metadata; for a
@@ -69,6 +75,7 @@ impl PackConfig {
     /// Defaults: pack mode with BOS before and EOS after each document and BOS at each row
     /// start; pad mode with BOS only.
     pub fn new(seq_len: usize, mode: PackMode, special: SpecialTokens) -> PackConfig {
+        // Isolated documents are separated as padded ones: each as it is alone.
         let pack = mode == PackMode::Pack;
         PackConfig { seq_len, mode, special, doc_bos: true, doc_eos: pack, row_bos: pack, keep_roles: None }
     }
@@ -247,42 +254,77 @@ impl Packer {
                 out.push(row);
                 None
             }
-            PackMode::Pack => {
-                let mut i = offset as usize;
-                while i < len {
-                    let mut row = match self.cur.take() {
-                        Some(row) => row,
-                        None => {
-                            let mut row = self.empty_row();
-                            if let Some(b) = cfg.row_bos() {
-                                // The document's own BOS serves when the row starts with it.
-                                let starts_with_bos = i == 0 && document.token(0) == b;
-                                if !starts_with_bos {
-                                    push_tok(cfg, &mut row, b, NO_DOC, -1, Role::Template);
-                                }
-                            }
-                            row
-                        }
-                    };
-                    let room = cfg.seq_len - row.tokens.len();
-                    let take = room.min(len - i);
-                    for j in i..i + take {
-                        push_tok(cfg, &mut row, document.token(j), doc, j as i32, document.role(j));
-                    }
-                    i += take;
-                    if row.tokens.len() == cfg.seq_len {
-                        row.next = Some(if i < len { (record, i as u64) } else { (record + 1, 0) });
-                        out.push(row);
-                        if out.len() >= max_rows && i < len {
-                            return Some(i as u64);
-                        }
-                    } else {
-                        self.cur = Some(row);
+            PackMode::Isolated => {
+                // A document that does not fit the rest of the row starts the next one (and
+                // one longer than a row is cut into whole rows of its own).
+                if offset == 0
+                    && let Some(mut row) = self.cur.take_if(|row| cfg.seq_len - row.tokens.len() < len)
+                {
+                    let pad = cfg.seq_len - row.tokens.len();
+                    self.pad_tokens += pad as u64;
+                    push_pad(cfg, &mut row, pad);
+                    row.next = Some((record, 0));
+                    out.push(row);
+                    if out.len() >= max_rows {
+                        return Some(0);
                     }
                 }
-                None
+                if offset == 0 && len > cfg.seq_len {
+                    self.truncated_docs += 1;
+                }
+                self.pack(record, doc, &document, offset, max_rows, out)
+            }
+            PackMode::Pack => self.pack(record, doc, &document, offset, max_rows, out),
+        }
+    }
+
+    /// Packs `document` from token `offset` on into the current row and new ones, as
+    /// [`Packer::push`] says.
+    fn pack(
+        &mut self,
+        record: u64,
+        doc: i64,
+        document: &Doc<'_>,
+        offset: u64,
+        max_rows: usize,
+        out: &mut Vec<Row>,
+    ) -> Option<u64> {
+        let cfg = self.cfg.clone();
+        let cfg = &*cfg;
+        let len = document.len();
+        let mut i = offset as usize;
+        while i < len {
+            let mut row = match self.cur.take() {
+                Some(row) => row,
+                None => {
+                    let mut row = self.empty_row();
+                    if let Some(b) = cfg.row_bos() {
+                        // The document's own BOS serves when the row starts with it.
+                        let starts_with_bos = i == 0 && document.token(0) == b;
+                        if !starts_with_bos {
+                            push_tok(cfg, &mut row, b, NO_DOC, -1, Role::Template);
+                        }
+                    }
+                    row
+                }
+            };
+            let room = cfg.seq_len - row.tokens.len();
+            let take = room.min(len - i);
+            for j in i..i + take {
+                push_tok(cfg, &mut row, document.token(j), doc, j as i32, document.role(j));
+            }
+            i += take;
+            if row.tokens.len() == cfg.seq_len {
+                row.next = Some(if i < len { (record, i as u64) } else { (record + 1, 0) });
+                out.push(row);
+                if out.len() >= max_rows && i < len {
+                    return Some(i as u64);
+                }
+            } else {
+                self.cur = Some(row);
             }
         }
+        None
     }
 
     /// Ends the unit: a partial packed row is right-padded and emitted.
@@ -355,6 +397,40 @@ mod tests {
         assert_eq!(out[1].next, None);
         assert_eq!((out[0].index_in_unit, out[1].index_in_unit), (0, 1));
         assert_eq!(p.pad_tokens, 2);
+    }
+
+    /// Isolated: whole documents as padded ones (BOS, no EOS); one that does not fit the rest
+    /// of a row starts the next, one longer than a row fills rows of its own; a packer
+    /// stopped at `max_rows` before a document goes on with it whole.
+    #[test]
+    fn isolated_documents_stay_whole_in_their_rows() {
+        let cfg = Arc::new(PackConfig::new(6, PackMode::Isolated, special()));
+        let mut p = Packer::new(cfg.clone(), 0, 0);
+        let mut out = Vec::new();
+        p.push(0, 0, &[10, 11], &[], 0, usize::MAX, &mut out); // B 10 11
+        p.push(1, 1, &[20, 21], &[], 0, usize::MAX, &mut out); // B 20 21
+        p.push(2, 2, &[30], &[], 0, usize::MAX, &mut out); // B 30: the next row
+        p.push(3, 3, &[40, 41, 42, 43, 44, 45, 46], &[], 0, usize::MAX, &mut out); // 8: rows of its own
+        p.finish(&mut out);
+        assert_eq!(out.len(), 4);
+        assert_eq!(out[0].tokens, vec![BOS, 10, 11, BOS, 20, 21]);
+        assert_eq!(out[0].doc_pos, vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(out[1].tokens, vec![BOS, 30, PAD, PAD, PAD, PAD]);
+        assert_eq!(out[1].attention, vec![1, 1, 0, 0, 0, 0]);
+        assert_eq!(out[1].next, Some((3, 0)));
+        assert_eq!(out[2].tokens, vec![BOS, 40, 41, 42, 43, 44]);
+        assert_eq!(out[3].tokens, vec![45, 46, PAD, PAD, PAD, PAD]);
+        assert_eq!(out[3].doc_pos[..2], [6, 7]);
+        assert_eq!((p.truncated_docs, p.pad_tokens), (1, 8));
+
+        let mut p = Packer::new(cfg, 0, 0);
+        let mut out = Vec::new();
+        p.push(0, 0, &[10, 11, 12, 13], &[], 0, usize::MAX, &mut out);
+        assert_eq!(p.push(1, 1, &[20, 21], &[], 0, 1, &mut out), Some(0));
+        assert_eq!(out.len(), 1);
+        assert_eq!(p.push(1, 1, &[20, 21], &[], 0, usize::MAX, &mut out), None);
+        p.finish(&mut out);
+        assert_eq!(out[1].tokens, vec![BOS, 20, 21, PAD, PAD, PAD]);
     }
 
     #[test]

@@ -319,7 +319,7 @@ impl Corpus {
         // than the consumer takes in all.
         let row = match config.pack.mode {
             PackMode::Pad(_) => Some(config.pack.seq_len + 1),
-            PackMode::Pack => None,
+            PackMode::Pack | PackMode::Isolated => None,
         };
         let budget = config.max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         let enough = row.into_iter().chain(budget).min();

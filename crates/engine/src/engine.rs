@@ -63,6 +63,7 @@ impl ProgramSpec<'_> {
         spec.steering = self.options.steering.iter().map(|s| s.hook).collect();
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec.decode = self.options.decode.map(|cache_len| DecodeStep { cache_len });
+        spec.isolated = self.options.isolated;
         spec
     }
 }

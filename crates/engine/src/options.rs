@@ -83,6 +83,10 @@ pub struct EngineOptions {
     /// positions a row (`siphon_models::decode`), run by a [`crate::Decoder`]: no hooks,
     /// dictionaries or next-token outputs.
     pub decode: Option<usize>,
+    /// Whether a row may hold several documents, each attending only its own tokens
+    /// (`siphon_models::ForwardSpec::isolated`): the batches' position ids restart at each
+    /// document (`Batch::with_position_ids`).
+    pub isolated: bool,
 }
 
 /// How a checkpoint's quantized weights reach the devices.
@@ -147,6 +151,7 @@ impl Default for EngineOptions {
             steering: Vec::new(),
             processes: Vec::new(),
             decode: None,
+            isolated: false,
         }
     }
 }

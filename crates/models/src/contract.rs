@@ -122,6 +122,11 @@ pub struct ForwardSpec {
     /// keys and values are read from and written to a cache of this many positions per row,
     /// and the program returns each row's next-token logits and the caches instead of hooks.
     pub decode: Option<DecodeStep>,
+    /// Whether a row may hold several documents, each attending its own tokens only: the
+    /// positions (`position_ids`) restart at each document's first token, and query `i`
+    /// attends key `j` where their positions differ by `i - j` (the same document). Each
+    /// document then gets the activations it gets alone. Gated DeltaNet's state is refused.
+    pub isolated: bool,
 }
 
 /// A decoding step's cache: per row (a slot) and attention block, the keys and values of
@@ -255,6 +260,7 @@ impl ForwardSpec {
             dictionaries: Vec::new(),
             weights: None,
             decode: None,
+            isolated: false,
         }
     }
 

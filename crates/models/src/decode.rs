@@ -45,6 +45,7 @@ pub fn build_decode_step(config: &ModelConfig, spec: &ForwardSpec) -> Result<For
         (!spec.dictionaries.is_empty(), "dictionaries"),
         (spec.next_token.is_some(), "next-token outputs"),
         (spec.cudnn_attention, "cuDNN's attention"),
+        (spec.isolated, "isolated documents"),
     ];
     if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
         return Err(ModelError::Config(format!("a decoding step computes no {what}")));

@@ -77,9 +77,12 @@ pub struct CorpusArgs {
     /// `extract --allow-long-context`).
     #[arg(long, value_parser = crate::args::limits::count(1, crate::args::limits::MAX_SEQ))]
     pub seq_len: usize,
-    /// Pack documents into full rows (the default).
-    #[arg(long, conflicts_with = "pad")]
-    pub pack: bool,
+    /// Pack documents into full rows (the default): `--pack` lets a document attend the ones
+    /// before it in its row; `--pack isolated` packs whole documents, each attending only its
+    /// own tokens with positions from 0, so each gets the activations it gets alone (as with
+    /// --pad, without the padding).
+    #[arg(long, value_enum, value_name = "HOW", num_args = 0..=1, default_missing_value = "joined", conflicts_with = "pad")]
+    pub pack: Option<PackArg>,
     /// One document per row, truncated and padded on this side.
     #[arg(long, value_enum, value_name = "SIDE")]
     pub pad: Option<PadSideArg>,
@@ -111,6 +114,16 @@ pub struct CorpusArgs {
     /// Tokenizer threads (default: available cores).
     #[arg(long, value_parser = crate::args::limits::count(1, crate::args::limits::MAX_SMALL_COUNT))]
     pub tokenizer_threads: Option<usize>,
+}
+
+/// `--pack` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PackArg {
+    /// Documents one after another, each attending the ones before it in its row.
+    Joined,
+    /// Whole documents, each attending only itself.
+    Isolated,
 }
 
 /// `--format` values.
@@ -212,10 +225,11 @@ impl CorpusArgs {
         for spec in &self.exclude_token {
             special.exclude.push(token(spec)?);
         }
-        let mode = match self.pad {
-            None => PackMode::Pack,
-            Some(PadSideArg::Left) => PackMode::Pad(PadSide::Left),
-            Some(PadSideArg::Right) => PackMode::Pad(PadSide::Right),
+        let mode = match (self.pad, self.pack) {
+            (Some(PadSideArg::Left), _) => PackMode::Pad(PadSide::Left),
+            (Some(PadSideArg::Right), _) => PackMode::Pad(PadSide::Right),
+            (None, Some(PackArg::Isolated)) => PackMode::Isolated,
+            (None, _) => PackMode::Pack,
         };
         let mut config = PackConfig::new(self.seq_len, mode, special);
         config.doc_bos &= !self.no_doc_bos;

@@ -40,6 +40,8 @@ pub struct Compute {
     output_dtype: DType,
     /// Rows each member feeds per step: its reader's share of `--batch-size`.
     reader_rows: usize,
+    /// Whether rows hold isolated documents (`--pack isolated`): positions restart at each.
+    isolated: bool,
     // Keeps the plugin's client alive as long as the engine's buffers; makes host buffers.
     client: siphon_runtime::Client,
 }
@@ -138,6 +140,7 @@ impl Compute {
             "devices ready"
         );
         let params = planned.param_specs().iter().cloned().collect();
+        let isolated = spec.corpus.pack == Some(crate::args::corpus::PackArg::Isolated);
         let options = siphon_engine::EngineOptions {
             compute_dtype: spec.compute_dtype.parse()?,
             // The stored dtype: the program returns it (fp8 rows quantized on the device).
@@ -152,6 +155,7 @@ impl Compute {
             dictionaries: plan.dictionaries.clone(),
             next_token: plan.next_token,
             steering: plan.steering.clone(),
+            isolated,
             ..Default::default()
         };
         let engine = siphon_engine::Engine::new(&client, model, plan.hooks.clone(), options)
@@ -184,6 +188,7 @@ impl Compute {
             reader_of,
             output_dtype: spec.dtype.parse()?,
             reader_rows,
+            isolated,
             client,
         })
     }
@@ -256,7 +261,15 @@ impl Compute {
                 };
                 ids.resize(self.reader_rows, vec![0; seq]);
                 mask.resize(self.reader_rows, vec![0; seq]);
-                siphon_engine::Batch::new(ids, Some(mask))
+                let rows = siphon_engine::Batch::new(ids, Some(mask))?;
+                match (self.isolated, batch) {
+                    (true, Some(b)) => {
+                        let mut positions = document_positions(&b.doc, seq);
+                        positions.resize(self.reader_rows * seq, 0);
+                        rows.with_position_ids(positions)
+                    }
+                    _ => Ok(rows),
+                }
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(self.engine.launch(&inputs)?)
@@ -337,4 +350,30 @@ fn members(views: &[HostView], process: u32, processes: u32) -> anyhow::Result<(
         .map(|v| Member { process: v.process() as u32, reader: reader_of[v.process()], writes: v.writer() })
         .collect();
     Ok((members, readers, reader_of))
+}
+
+/// Each token's position within its run of one document in its row (`doc`, row-major rows of
+/// `seq`): 0 where a row starts or the document changes. A document cut by a row's end starts
+/// again at 0 in the next: each piece is a document of its own.
+fn document_positions(doc: &[i64], seq: usize) -> Vec<i32> {
+    let mut positions = Vec::with_capacity(doc.len());
+    for (i, &d) in doc.iter().enumerate() {
+        let position = match i % seq != 0 && doc[i - 1] == d {
+            true => positions[i - 1] + 1,
+            false => 0,
+        };
+        positions.push(position);
+    }
+    positions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_restart_at_each_document_and_each_row() {
+        let doc = [7, 7, 7, 9, 9, -1, 9, 9, 4, 4];
+        assert_eq!(document_positions(&doc, 5), vec![0, 1, 2, 0, 1, 0, 0, 1, 0, 1]);
+    }
 }

@@ -50,7 +50,9 @@ impl Graph<'_> {
     /// The attention mask of the blocks with `window`: `[batch, seq_q, seq_k]` predicate,
     /// true where query `i` may attend key `j` (`j <= i`, `i - j < window` when windowed, and
     /// key `j` is a real token). Padding is contiguous at either end of a row, so index
-    /// distances are position distances, as in Hugging Face's mask.
+    /// distances are position distances, as in Hugging Face's mask. In a row of isolated
+    /// documents ([`crate::ForwardSpec::isolated`]), also only where `j`'s position is `i - j`
+    /// before `i`'s: the same document.
     pub fn attention_mask(&mut self, window: Option<usize>) -> Result<Value, ModelError> {
         let (bsz, s) = (self.spec.batch, self.spec.seq);
         let b = &mut self.b;
@@ -64,7 +66,17 @@ impl Graph<'_> {
             let recent = b.compare(CompareDir::Gt, reach, qi)?;
             causal = b.and(causal, recent)?;
         }
-        let causal = b.broadcast_in_dim(causal, &[bsz, s, s], &[1, 2])?;
+        let mut causal = b.broadcast_in_dim(causal, &[bsz, s, s], &[1, 2])?;
+        if self.spec.isolated {
+            let shape = [bsz, s, s];
+            let pq = b.broadcast_in_dim(self.position_ids, &shape, &[0, 1])?;
+            let pk = b.broadcast_in_dim(self.position_ids, &shape, &[0, 2])?;
+            let apart = b.sub(pq, pk)?;
+            let distance = b.sub(qi, ki)?;
+            let distance = b.broadcast_in_dim(distance, &shape, &[1, 2])?;
+            let same = b.compare(CompareDir::Eq, apart, distance)?;
+            causal = b.and(causal, same)?;
+        }
         let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz, s]))?;
         let real = b.compare(CompareDir::Ne, self.attention_mask, zero)?;
         let real = b.broadcast_in_dim(real, &[bsz, s, s], &[0, 2])?;
@@ -158,7 +170,7 @@ impl Graph<'_> {
         let hv = self.b.dims(v)?[1] / self.config.kv_heads_at(layer);
         // The mask cuDNN applies is the block's own causal (and window) mask with padding.
         let window = self.config.window(layer);
-        let causal = self.masks.iter().any(|&(w, m)| w == window && m == mask);
+        let causal = !self.spec.isolated && self.masks.iter().any(|&(w, m)| w == window && m == mask);
         let form = self.attention_form(layer, hv, sinks.is_some(), causal);
         let cudnn = form == crate::forward::AttentionForm::Cudnn;
         self.attention_forms.push((layer, form));

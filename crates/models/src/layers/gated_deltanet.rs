@@ -124,6 +124,13 @@ impl Graph<'_> {
     /// the `linear_attn.*` hooks; returns `out_proj`'s output (see the module docs).
     pub fn gated_deltanet(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
         use HookKind::*;
+        if self.spec.isolated {
+            return Err(ModelError::UnsupportedArch(format!(
+                "{}: isolated documents in a row need Gated DeltaNet's recurrent and convolution state reset at each \
+                 document's start, which is not built yet (pad one document a row instead)",
+                self.config.arch
+            )));
+        }
         let decoding = self.cache.is_some();
         let la = self
             .config
