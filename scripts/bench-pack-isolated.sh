@@ -14,17 +14,8 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
-ensure_rust
-export SIPHON_PJRT_PLUGIN="$(bash scripts/install-plugin.sh | tail -n 1)"
-export TF_CPP_MIN_LOG_LEVEL=2
-corpus="$(bash scripts/setup-corpus.sh | tail -n 1)"
-model="$(bash scripts/setup-model.sh | tail -n 1)"
+bench_prepare
 python="$(bash scripts/setup-python-train.sh | tail -n 1)"
-siphon="${SIPHON_BIN:-}"
-if [[ -z "$siphon" ]]; then
-    cargo build --release --quiet -p siphon --bin siphon
-    siphon="$REPO_ROOT/target/release/siphon"
-fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 rounds="${BENCH_ROUNDS:-3}"

