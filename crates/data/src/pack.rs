@@ -257,17 +257,9 @@ impl Packer {
             PackMode::Isolated => {
                 // A document that does not fit the rest of the row starts the next one (and
                 // one longer than a row is cut into whole rows of its own).
-                if offset == 0
-                    && let Some(mut row) = self.cur.take_if(|row| cfg.seq_len - row.tokens.len() < len)
-                {
-                    let pad = cfg.seq_len - row.tokens.len();
-                    self.pad_tokens += pad as u64;
-                    push_pad(cfg, &mut row, pad);
-                    row.next = Some((record, 0));
-                    out.push(row);
-                    if out.len() >= max_rows {
-                        return Some(0);
-                    }
+                let room = self.cur.as_ref().map_or(cfg.seq_len, |row| cfg.seq_len - row.tokens.len());
+                if offset == 0 && room < len && self.close(Some((record, 0)), out) && out.len() >= max_rows {
+                    return Some(0);
                 }
                 if offset == 0 && len > cfg.seq_len {
                     self.truncated_docs += 1;
@@ -329,13 +321,19 @@ impl Packer {
 
     /// Ends the unit: a partial packed row is right-padded and emitted.
     pub fn finish(&mut self, out: &mut Vec<Row>) {
-        if let Some(mut row) = self.cur.take() {
-            let pad = self.cfg.seq_len - row.tokens.len();
-            self.pad_tokens += pad as u64;
-            push_pad(&self.cfg, &mut row, pad);
-            row.next = None;
-            out.push(row);
-        }
+        self.close(None, out);
+    }
+
+    /// Right-pads the partial row, if there is one, and emits it with `next` as where the
+    /// stream goes on after it; whether there was one.
+    fn close(&mut self, next: Option<(u64, u64)>, out: &mut Vec<Row>) -> bool {
+        let Some(mut row) = self.cur.take() else { return false };
+        let pad = self.cfg.seq_len - row.tokens.len();
+        self.pad_tokens += pad as u64;
+        push_pad(&self.cfg, &mut row, pad);
+        row.next = next;
+        out.push(row);
+        true
     }
 }
 
