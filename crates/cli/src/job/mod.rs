@@ -56,7 +56,7 @@ use anyhow::Context;
 use siphon_coord::{Coordination, JoinOptions};
 use siphon_store::HostId;
 
-pub use options::{ExtractOptions, RunSpec};
+pub use options::{ExtractOptions, RunSpec, check_run_name};
 pub use timing::{HostTiming, read_timing};
 
 use crate::outcome::Preempted;

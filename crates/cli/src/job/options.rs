@@ -289,10 +289,8 @@ impl ExtractOptions {
         if self.corpus.seq_len < 2 {
             bail!("--seq-len {} is too small (at least 2)", self.corpus.seq_len);
         }
-        if let Some(run) = &self.run
-            && (run.is_empty() || run.contains('/') || run.starts_with('.'))
-        {
-            bail!("--run {run:?} must be a plain name (no '/', not starting with '.')");
+        if let Some(run) = &self.run {
+            check_run_name(run)?;
         }
         Ok(RunSpec {
             model,
@@ -391,6 +389,14 @@ pub fn parse_layers(text: &str) -> anyhow::Result<Vec<usize>> {
         bail!("--layers {text:?} names no layer");
     }
     Ok(out)
+}
+
+/// Refuses a `--run` that is not a plain name (a directory under `--output`).
+pub fn check_run_name(run: &str) -> anyhow::Result<()> {
+    if run.is_empty() || run.contains('/') || run.starts_with('.') {
+        bail!("--run {run:?} must be a plain name (no '/', not starting with '.')");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -56,6 +56,7 @@ pub fn completions_first(mut options: ExtractOptions, flags: &str) -> anyhow::Re
     }
     let model = options.model.clone().context("--generate needs --model")?;
     let run = options.run.clone().context("--generate needs --run (the completions are kept beside it)")?;
+    crate::job::check_run_name(&run)?;
     let output = options.output.clone().context("--generate needs --output")?;
     if output.contains("://") {
         bail!("--generate writes the completions beside the run: --output must be a local directory, not {output}");
