@@ -15,6 +15,9 @@ pub struct Batch {
     pub(crate) attention_mask: Vec<i32>,
     pub(crate) position_ids: Vec<i32>,
     pub(crate) next_ids: Vec<i32>,
+    /// Chosen rows: how many a sequence, and their weights row-major `[batch, rows, seq]`
+    /// (`siphon_models::ForwardSpec::select`).
+    pub(crate) select: Option<(usize, Vec<f32>)>,
 }
 
 impl Batch {
@@ -58,7 +61,7 @@ impl Batch {
         }
         let position_ids = positions_from_mask(&mask, seq);
         let next_ids = next_in_row(&input_ids, &mask, seq);
-        Ok(Batch { batch, seq, input_ids, attention_mask: mask, position_ids, next_ids })
+        Ok(Batch { batch, seq, input_ids, attention_mask: mask, position_ids, next_ids, select: None })
     }
 
     /// Replaces each token's next token (row-major `[batch, seq]`, −1 where a token has none:
@@ -100,6 +103,31 @@ impl Batch {
         }
         self.position_ids = position_ids;
         Ok(self)
+    }
+
+    /// Chosen rows: the run returns `rows` rows a sequence per hook instead of one per token,
+    /// row `r` of sequence `i` the sum of its tokens' values weighted by
+    /// `weights[(i * rows + r) * seq + t]` (row-major `[batch, rows, seq]`, finite): one-hot
+    /// picks a token, `1/n` over `n` tokens averages them.
+    pub fn with_selection(mut self, rows: usize, weights: Vec<f32>) -> Result<Batch, EngineError> {
+        if rows == 0 || weights.len() != self.batch * rows * self.seq {
+            return Err(EngineError::Batch(format!(
+                "{} selection weights for {rows} rows of a {}x{} batch",
+                weights.len(),
+                self.batch,
+                self.seq
+            )));
+        }
+        if let Some(w) = weights.iter().find(|w| !w.is_finite()) {
+            return Err(EngineError::Batch(format!("selection weight {w} is not finite")));
+        }
+        self.select = Some((rows, weights));
+        Ok(self)
+    }
+
+    /// Chosen rows a sequence, when the batch has a selection.
+    pub fn chosen_rows(&self) -> Option<usize> {
+        self.select.as_ref().map(|(rows, _)| *rows)
     }
 
     /// Rows.

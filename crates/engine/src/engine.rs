@@ -125,7 +125,8 @@ pub struct Engine {
     /// The processes whose partitions this engine runs ([`EngineOptions::processes`], or one
     /// view of the whole mesh).
     pub(crate) views: Vec<HostView>,
-    pub(crate) compiled: Mutex<HashMap<(usize, usize), Arc<Compiled>>>,
+    /// Compiled programs by `(batch, seq, chosen rows)`.
+    pub(crate) compiled: Mutex<HashMap<(usize, usize, Option<usize>), Arc<Compiled>>>,
     pub(crate) load_stats: LoadStats,
 }
 
@@ -256,7 +257,7 @@ impl Engine {
         // The parameter list does not depend on the batch shape: build a small program once
         // to learn it (the builder is pure Rust, milliseconds).
         let probe_batch = engine.input_spec.as_ref().map_or(1, |s| s.ways(0, &mesh)).max(1);
-        let mut probe = build(&engine.config, &engine.spec(probe_batch, 1))?;
+        let mut probe = build(&engine.config, &engine.spec(probe_batch, 1, None))?;
         model.check_weights(probe.n_blocks)?;
         if engine.options.weights == WeightForm::Stored {
             for (param, spec) in probe.params.iter().zip(&probe.param_specs) {
@@ -266,7 +267,7 @@ impl Engine {
                     engine.stored.insert(param.name.clone(), form);
                 }
             }
-            probe = build(&engine.config, &engine.spec(probe_batch, 1))?;
+            probe = build(&engine.config, &engine.spec(probe_batch, 1, None))?;
         }
         let start = Instant::now();
         let mut process_bytes = vec![0usize; engine.views.len()];
@@ -320,7 +321,7 @@ impl Engine {
         &self.stored
     }
 
-    fn spec(&self, batch: usize, seq: usize) -> ForwardSpec {
+    fn spec(&self, batch: usize, seq: usize, select: Option<usize>) -> ForwardSpec {
         let program = ProgramSpec {
             hooks: &self.hooks,
             options: &self.options,
@@ -332,7 +333,7 @@ impl Engine {
             platform: self.client.platform_name().to_ascii_lowercase(),
         };
         // Every shape reads the weights the first build found (none before it).
-        program.forward(batch, seq, &self.params)
+        ForwardSpec { select, ..program.forward(batch, seq, &self.params) }
     }
 
     /// The dictionaries whose latents every run computes, in [`Activations::latents`]' order.
@@ -363,11 +364,23 @@ impl Engine {
     /// Compiles the forward for `(batch, seq)` unless already compiled. [`Engine::run`]
     /// does this on demand; calling it ahead keeps compile time out of the first batch.
     pub fn prepare(&self, batch: usize, seq: usize) -> Result<(), EngineError> {
-        self.compiled_for(batch, seq).map(|_| ())
+        self.compiled_for(batch, seq, None).map(|_| ())
     }
 
-    pub(crate) fn compiled_for(&self, batch: usize, seq: usize) -> Result<Arc<Compiled>, EngineError> {
-        if let Some(c) = self.compiled.lock().expect("compile cache poisoned").get(&(batch, seq)) {
+    /// Compiles the forward for `(batch, seq)` returning `rows` chosen rows a sequence
+    /// ([`Batch::with_selection`]) unless already compiled.
+    pub fn prepare_chosen(&self, batch: usize, seq: usize, rows: usize) -> Result<(), EngineError> {
+        self.compiled_for(batch, seq, Some(rows)).map(|_| ())
+    }
+
+    pub(crate) fn compiled_for(
+        &self,
+        batch: usize,
+        seq: usize,
+        select: Option<usize>,
+    ) -> Result<Arc<Compiled>, EngineError> {
+        let key = (batch, seq, select);
+        if let Some(c) = self.compiled.lock().expect("compile cache poisoned").get(&key) {
             return Ok(c.clone());
         }
         let mesh = &self.options.mesh;
@@ -380,7 +393,7 @@ impl Engine {
             }
         }
         let start = Instant::now();
-        let spec = self.spec(batch, seq);
+        let spec = self.spec(batch, seq, select);
         let program = build(&self.config, &spec)?;
         if program.params != self.params || program.param_forms.iter().flatten().count() != self.stored.len() {
             return Err(EngineError::Options(format!(
@@ -396,7 +409,7 @@ impl Engine {
             || format!("compiling the forward for batch {batch} x seq {seq}"),
             self.client.compile(&program.text, &options),
         )?;
-        tracing::info!(batch, seq, seconds = start.elapsed().as_secs_f64(), "forward compiled");
+        tracing::info!(batch, seq, chosen_rows = select, seconds = start.elapsed().as_secs_f64(), "forward compiled");
         if spec.cudnn_attention {
             tracing::info!(forms = %siphon_models::cudnn::summary(&program.attention), "attention");
         }
@@ -410,7 +423,7 @@ impl Engine {
             );
         }
         let compiled = Arc::new(Compiled { executable, program });
-        self.compiled.lock().expect("compile cache poisoned").insert((batch, seq), compiled.clone());
+        self.compiled.lock().expect("compile cache poisoned").insert(key, compiled.clone());
         Ok(compiled)
     }
 
@@ -478,23 +491,26 @@ impl Engine {
                 )));
             }
             let rows = view.global_batch(batch.batch).map_err(|e| EngineError::Batch(e.to_string()))?;
+            let shape = (rows, batch.seq, batch.chosen_rows());
             match global {
-                None => global = Some((rows, batch.seq)),
-                Some(shape) if shape != (rows, batch.seq) => {
+                None => global = Some(shape),
+                Some(global) if global != shape => {
                     return Err(EngineError::Batch(format!(
-                        "process {} feeds a {}x{} batch, unlike the others (a global {}x{})",
+                        "process {} feeds a {}x{} batch ({:?} chosen rows), unlike the others (a global {}x{}, {:?})",
                         view.process(),
                         batch.batch,
                         batch.seq,
-                        shape.0,
-                        shape.1
+                        shape.2,
+                        global.0,
+                        global.1,
+                        global.2
                     )));
                 }
                 Some(_) => {}
             }
         }
-        let (rows, seq) = global.ok_or_else(|| EngineError::Batch("no batch".into()))?;
-        let compiled = self.compiled_for(rows, seq)?;
+        let (rows, seq, select) = global.ok_or_else(|| EngineError::Batch("no batch".into()))?;
+        let compiled = self.compiled_for(rows, seq, select)?;
         let mesh = &self.options.mesh;
         let program = &compiled.program;
         let mut inputs = Vec::with_capacity(3);
@@ -502,24 +518,18 @@ impl Engine {
             let context = || format!("uploading {}", info.name);
             let mut shares = Vec::with_capacity(self.views.len());
             for (batch, view) in batches.iter().zip(&self.views) {
-                let values = match info.name {
-                    "input_ids" => &batch.input_ids,
-                    "attention_mask" => &batch.attention_mask,
-                    "position_ids" => &batch.position_ids,
-                    "next_ids" => &batch.next_ids,
+                let array = match info.name {
+                    "input_ids" => placed(&batch.input_ids, view, &info.shape),
+                    "attention_mask" => placed(&batch.attention_mask, view, &info.shape),
+                    "position_ids" => placed(&batch.position_ids, view, &info.shape),
+                    "next_ids" => placed(&batch.next_ids, view, &info.shape),
+                    "select" => match &batch.select {
+                        Some((_, weights)) => placed(weights, view, &info.shape),
+                        None => return Err(EngineError::Batch("the forward chooses rows, the batch has none".into())),
+                    },
                     other => return Err(EngineError::Options(format!("the forward takes an unknown input {other:?}"))),
                 };
-                // The process's rows in their places of the global batch; its partitions read
-                // nothing else.
-                let mut placed = vec![0i32; rows * seq];
-                let mut local = values.chunks(seq);
-                for range in view.rows(rows) {
-                    for row in range {
-                        let values = local.next().ok_or_else(|| EngineError::Batch("too few rows".into()))?;
-                        placed[row * seq..(row + 1) * seq].copy_from_slice(values);
-                    }
-                }
-                let array = rt(context, HostArray::from_slice(&[rows, seq], &placed))?;
+                let array = array?;
                 shares.push(rt(context, self.client.upload_partitions(&array, &info.spec, mesh, view.partitions()))?);
             }
             inputs.push(merged(shares, context)?);
@@ -559,6 +569,25 @@ impl Engine {
             element_type: element_type(self.options.output_dtype),
         })
     }
+}
+
+/// A process's rows of an input (`shape`: the global batch's, rows first) in their places of
+/// the global batch, zeros elsewhere: its partitions read nothing else.
+fn placed<T: siphon_runtime::NativeType + Default + Copy>(
+    values: &[T],
+    view: &HostView,
+    shape: &[usize],
+) -> Result<HostArray, EngineError> {
+    let (rows, per_row) = (shape[0], shape[1..].iter().product::<usize>());
+    let mut placed = vec![T::default(); rows * per_row];
+    let mut local = values.chunks(per_row);
+    for range in view.rows(rows) {
+        for row in range {
+            let values = local.next().ok_or_else(|| EngineError::Batch("too few rows".into()))?;
+            placed[row * per_row..(row + 1) * per_row].copy_from_slice(values);
+        }
+    }
+    rt(|| "placing an input's rows".into(), HostArray::from_slice(shape, &placed))
 }
 
 #[cfg(test)]

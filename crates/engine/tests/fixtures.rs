@@ -814,3 +814,105 @@ fn isolated_documents_of_a_hybrid_are_refused_by_name() {
     let e = Engine::new(&client(), &model, hooks.to_vec(), options).unwrap_err().to_string();
     assert!(e.contains("isolated documents") && e.contains("Gated DeltaNet"), "{e}");
 }
+
+/// Chosen rows (`Batch::with_selection`): for each document packed into the row (as
+/// [`check_isolated`] packs them; one document a row, right-padded, for the hybrids, which
+/// isolation refuses), three rows — its last token, the mean of its tokens, its middle token —
+/// equal HF's values of that document alone taken or averaged in f64 (1e-5 of the hook's
+/// scale), on one device and on a 2 × 4 mesh.
+#[test]
+fn chosen_rows_equal_hf_taken_or_averaged_in_f64() {
+    for name in ISOLATED {
+        check_chosen(name, Mesh::single_device(), true);
+    }
+    for name in ["tiny-qwen3-next", "tiny-qwen3-5"] {
+        check_chosen(name, Mesh::single_device(), false);
+    }
+    let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
+    for name in ["tiny-llama", "tiny-gemma3", "tiny-deepseek-v3"] {
+        check_chosen(name, mesh.clone(), true);
+    }
+    check_chosen("tiny-qwen3-next", mesh, false);
+}
+
+fn check_chosen(name: &str, mesh: Mesh, isolated: bool) {
+    let dir = fixture(name);
+    let model = LoadedModel::open(&dir).unwrap();
+    let g = golden(&dir.join("golden-right.safetensors"));
+    let lengths: Vec<usize> = g.mask.iter().map(|m| m.iter().filter(|&&m| m != 0).count()).collect();
+    // Rows of the batch and, per row, its documents as (golden document, start in the row).
+    let (rows, seq, docs): (Vec<Vec<u32>>, usize, Vec<Vec<(usize, usize)>>) = match isolated {
+        true => {
+            let mut row = Vec::new();
+            let mut docs = Vec::new();
+            for (d, ids) in g.ids.iter().enumerate() {
+                docs.push((d, row.len()));
+                row.extend_from_slice(&ids[..lengths[d]]);
+            }
+            row.extend([0; 3]);
+            (vec![row.clone()], row.len(), vec![docs])
+        }
+        false => (g.ids.clone(), g.ids[0].len(), (0..g.ids.len()).map(|d| vec![(d, 0)]).collect()),
+    };
+    let copies = mesh.axis_size_or_one("data").max(1);
+    let per_row = docs.iter().map(Vec::len).max().unwrap() * 3;
+    let (mut ids, mut masks, mut positions, mut weights) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut chosen = Vec::new();
+    for _ in 0..copies {
+        for (row, row_docs) in rows.iter().zip(&docs) {
+            let mut mask = vec![0u8; seq];
+            let mut position = vec![0i32; seq];
+            let mut w = vec![0f32; per_row * seq];
+            let mut r = 0;
+            let mut row_chosen = Vec::new();
+            for &(d, start) in row_docs {
+                let n = lengths[d];
+                for t in 0..n {
+                    mask[start + t] = 1;
+                    position[start + t] = t as i32;
+                }
+                for (which, tokens) in [("last", n - 1..n), ("mean", 0..n), ("middle", n / 2..n / 2 + 1)] {
+                    for t in tokens.clone() {
+                        w[r * seq + start + t] = 1.0 / tokens.len() as f32;
+                    }
+                    row_chosen.push((which, d, tokens));
+                    r += 1;
+                }
+            }
+            ids.push(row.clone());
+            masks.push(mask);
+            positions.extend(position);
+            weights.extend(w);
+            chosen.push(row_chosen);
+        }
+    }
+    let mut batch = Batch::new(ids, Some(masks)).unwrap();
+    if isolated {
+        batch = batch.with_position_ids(positions).unwrap();
+    }
+    let batch = batch.with_selection(per_row, weights).unwrap();
+    let hooks: Vec<HookPoint> = g.acts.iter().map(|a| a.0).collect();
+    let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, isolated, ..EngineOptions::default() };
+    let acts = run_with(&model, &hooks, &batch, options);
+    for (hook, shape, want) in &g.acts {
+        let width: usize = shape[2..].iter().product();
+        let array = acts.get(*hook).unwrap();
+        assert_eq!(array.shape()[..2], [chosen.len(), per_row], "{name} {hook}");
+        let got = array.to_f32();
+        let (mut diff, mut scale) = (0f64, 0f64);
+        for (row, row_chosen) in chosen.iter().enumerate() {
+            for (r, (_, d, tokens)) in row_chosen.iter().enumerate() {
+                for k in 0..width {
+                    let values = tokens.clone().map(|t| f64::from(want[(d * shape[1] + t) * width + k]));
+                    let reference = values.sum::<f64>() / tokens.len() as f64;
+                    let x = f64::from(got[(row * per_row + r) * width + k]);
+                    let e = (x - reference).abs();
+                    diff = if e.is_nan() { f64::INFINITY } else { diff.max(e) };
+                    scale = scale.max(reference.abs());
+                }
+            }
+        }
+        let tolerance = 1e-5 * scale.max(1.0);
+        assert!(diff <= tolerance, "{name} chosen rows of {hook}: max-abs difference {diff:e} > {tolerance:e}");
+    }
+}

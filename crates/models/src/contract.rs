@@ -127,6 +127,11 @@ pub struct ForwardSpec {
     /// attends key `j` where their positions differ by `i - j` (the same document). Each
     /// document then gets the activations it gets alone. Gated DeltaNet's state is refused.
     pub isolated: bool,
+    /// When given, chosen rows: each row returns this many rows per hook (and its
+    /// dictionaries read them), each a weighted sum of its tokens, the weights the program's
+    /// `select` input `[batch, rows, seq]` f32 (the forward's `select.rs`): the last token of
+    /// a document, a mean over its tokens. Not with the next-token outputs.
+    pub select: Option<usize>,
 }
 
 /// A decoding step's cache: per row (a slot) and attention block, the keys and values of
@@ -261,6 +266,7 @@ impl ForwardSpec {
             weights: None,
             decode: None,
             isolated: false,
+            select: None,
         }
     }
 

@@ -42,7 +42,7 @@ impl Engine {
         if !self.options.processes.is_empty() {
             return Err(EngineError::Options("decoding on a mesh spanning processes is not built yet".into()));
         }
-        let compiled = self.compiled_for(slots, 1)?;
+        let compiled = self.compiled_for(slots, 1, None)?;
         let info = decode_info(&compiled.program.decode)?;
         let mut caches = Vec::with_capacity(info.caches.len());
         for cache in &info.caches {

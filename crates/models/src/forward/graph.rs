@@ -39,6 +39,8 @@ pub(crate) struct Graph<'a> {
     pub position_ids: Value,
     /// Each token's next token (−1: none), where the program computes `output.nll`.
     next_ids: Option<Value>,
+    /// The chosen rows' weights `[batch, rows, seq]` ([`ForwardSpec::select`]).
+    select: Option<Value>,
     pub(crate) hooks: BTreeMap<HookPoint, Value>,
     /// Each dictionary's tensors (arguments after the inputs).
     pub(crate) dictionary_args: Vec<Vec<Value>>,
@@ -153,6 +155,14 @@ impl<'a> Graph<'a> {
             true => Some(b.arg(ids_ty, in_spec)?),
             false => None,
         };
+        super::select::check(spec)?;
+        let select = match spec.select {
+            Some(rows) => {
+                let ty = TensorType::new(DType::F32, &[spec.batch, rows, spec.seq]);
+                Some(b.arg(ty, sharded.then(|| super::select::input_spec(&input_spec)))?)
+            }
+            None => None,
+        };
         let dictionary_args = crate::dictionary::encoder::args(&mut b, &spec.dictionaries, sharded)?;
         super::splice::check(spec, config)?;
         crate::steering::check_all(&spec.steering, config)?;
@@ -191,6 +201,7 @@ impl<'a> Graph<'a> {
             attention_mask,
             position_ids,
             next_ids,
+            select,
             hooks: BTreeMap::new(),
             dictionary_args,
             steering_args,
@@ -381,12 +392,27 @@ impl<'a> Graph<'a> {
         let mut b = self.b;
         let mut results = Vec::new();
         let mut outputs = Vec::new();
+        // With chosen rows, each hook (and each dictionary's input) is its rows.
+        let (hooks, rows) = match (self.select, self.spec.select) {
+            (Some(select), Some(rows)) => {
+                let read = super::select::read_tokens(&mut b, select)?;
+                let mut chosen = self.hooks.clone();
+                let dictionaries = self.spec.dictionaries.iter().map(|d| d.hook);
+                for hook in self.spec.hooks.iter().copied().chain(dictionaries) {
+                    if let Some(x) = chosen.get_mut(&hook) {
+                        let width = hook.dims(self.config, s).iter().product();
+                        *x = super::select::rows(&mut b, select, read, *x, [bsz, s], width)?;
+                    }
+                }
+                (chosen, rows)
+            }
+            _ => (self.hooks.clone(), s),
+        };
         for &hook in &self.spec.hooks {
-            let x = *self
-                .hooks
+            let x = *hooks
                 .get(&hook)
                 .ok_or_else(|| ModelError::Hook(format!("{hook} was requested but the graph did not produce it")))?;
-            let shape: Vec<usize> = [bsz, s].into_iter().chain(hook.dims(self.config, s)).collect();
+            let shape: Vec<usize> = [bsz, rows].into_iter().chain(hook.dims(self.config, s)).collect();
             let x = b.reshape(x, &shape)?;
             let (x, shape, dtype) = match self.spec.output_dtype {
                 // Each token's row flattened to its scale and values: `[batch, seq, 4 + n]`.
@@ -397,9 +423,14 @@ impl<'a> Graph<'a> {
                 }
                 dtype => (b.convert(x, dtype)?, shape, dtype),
             };
-            let mut dims = self.input_spec.dims()[..2].to_vec();
-            dims.resize(shape.len(), Vec::new());
-            let out_spec = PartitionSpec::from_dims(dims);
+            let out_spec = match self.select {
+                Some(_) => super::select::output_spec(&self.input_spec, shape.len()),
+                None => {
+                    let mut dims = self.input_spec.dims()[..2].to_vec();
+                    dims.resize(shape.len(), Vec::new());
+                    PartitionSpec::from_dims(dims)
+                }
+            };
             results.push((x, self.sharded.then(|| out_spec.clone())));
             outputs.push(OutputInfo { hook, shape, dtype, spec: out_spec });
         }
@@ -407,10 +438,10 @@ impl<'a> Graph<'a> {
             &mut b,
             &self.spec.dictionaries,
             &self.dictionary_args,
-            &self.hooks,
+            &hooks,
             self.config,
             &self.input_spec,
-            [bsz, s],
+            [bsz, rows],
         )?;
         results.extend(dictionaries.values.into_iter().map(|(v, spec)| (v, self.sharded.then_some(spec))));
         let mut next_token = Vec::new();
@@ -465,11 +496,15 @@ impl<'a> Graph<'a> {
         }
         let text = b.finish_sharded(&results)?;
         let next_ids = self.next_ids.map(|_| "next_ids");
-        let inputs = ["input_ids", "attention_mask", "position_ids"]
+        let mut inputs: Vec<InputInfo> = ["input_ids", "attention_mask", "position_ids"]
             .into_iter()
             .chain(next_ids)
             .map(|name| InputInfo { name, shape: vec![bsz, s], dtype: DType::I32, spec: self.input_spec.clone() })
             .collect();
+        if let Some(rows) = self.spec.select {
+            let spec = super::select::input_spec(&self.input_spec);
+            inputs.push(InputInfo { name: "select", shape: vec![bsz, rows, s], dtype: DType::F32, spec });
+        }
         Ok(ForwardProgram {
             text,
             params: self.params,

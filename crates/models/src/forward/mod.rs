@@ -6,6 +6,7 @@
 mod decoder;
 mod graph;
 mod next_token;
+mod select;
 mod splice;
 
 pub use splice::output_names as splice_output_names;
