@@ -174,6 +174,8 @@ pub(crate) struct Row {
     pub role: Vec<u8>,
     /// Next (record index, token offset) within the unit, or None if the unit is done.
     pub next: Option<(u64, u64)>,
+    /// Whether the row's last document goes on past it (cut off, or continued in the next).
+    pub cut: bool,
 }
 
 /// Packs the documents of one unit. Feed documents in record order with [`Packer::push`],
@@ -206,6 +208,7 @@ impl Packer {
             doc_pos: Vec::with_capacity(n),
             role: Vec::with_capacity(n),
             next: None,
+            cut: false,
         };
         self.next_index += 1;
         row
@@ -238,6 +241,7 @@ impl Packer {
                 let take = len.min(cfg.seq_len);
                 if len > take {
                     self.truncated_docs += 1;
+                    row.cut = true;
                 }
                 let pad = cfg.seq_len - take;
                 self.pad_tokens += pad as u64;
@@ -308,6 +312,7 @@ impl Packer {
             i += take;
             if row.tokens.len() == cfg.seq_len {
                 row.next = Some(if i < len { (record, i as u64) } else { (record + 1, 0) });
+                row.cut = i < len;
                 out.push(row);
                 if out.len() >= max_rows && i < len {
                     return Some(i as u64);
@@ -420,6 +425,7 @@ mod tests {
         assert_eq!(out[3].tokens, vec![45, 46, PAD, PAD, PAD, PAD]);
         assert_eq!(out[3].doc_pos[..2], [6, 7]);
         assert_eq!((p.truncated_docs, p.pad_tokens), (1, 8));
+        assert_eq!(out.iter().map(|r| r.cut).collect::<Vec<_>>(), [false, false, true, false]);
 
         let mut p = Packer::new(cfg, 0, 0);
         let mut out = Vec::new();
@@ -469,6 +475,7 @@ mod tests {
                 expect_short.iter().map(|&t| u8::from(t == PAD || t == BOS)).collect::<Vec<_>>()
             );
             assert_eq!(out[1].tokens, vec![BOS, 20, 21, 22, 23]);
+            assert_eq!((out[0].cut, out[1].cut), (false, true));
             assert_eq!(out[1].attention, vec![1; 5]);
             assert_eq!(out[1].next, Some((2, 0)));
         }

@@ -147,6 +147,9 @@ pub struct Batch {
     pub doc_pos: Vec<i32>,
     /// Each token's [`Role`] as a byte (`Template` for plain documents and padding).
     pub role: Vec<u8>,
+    /// Per sequence, 1 where its last document goes on past it: cut off at a padded row's
+    /// end, or continued in the next row.
+    pub cut: Vec<u8>,
     /// Where the stream continues after this batch.
     pub position: Position,
 }
@@ -546,6 +549,7 @@ impl BatchStream {
             doc: Vec::with_capacity(n * seq_len),
             doc_pos: Vec::with_capacity(n * seq_len),
             role: Vec::with_capacity(n * seq_len),
+            cut: Vec::with_capacity(n),
             position: self.position.clone(),
         };
         let mut last = None;
@@ -561,6 +565,7 @@ impl BatchStream {
             batch.doc.extend_from_slice(&row.doc);
             batch.doc_pos.extend_from_slice(&row.doc_pos);
             batch.role.extend_from_slice(&row.role);
+            batch.cut.push(u8::from(row.cut));
             last = Some((ordinal, row.index_in_unit, row.next));
         }
         self.stats.sequences += n as u64;

@@ -121,6 +121,7 @@ mod tests {
             doc: vec![-1, 3, 3, -1],
             doc_pos: vec![-1, 0, 1, -1],
             role: vec![0; 4],
+            cut: vec![0],
             position: siphon_data::Position {
                 plan: String::new(),
                 ordinal: 0,
