@@ -324,6 +324,119 @@ fn isolated_packing_stores_what_one_document_a_row_stores() {
     assert!(packed.len() > alone.len(), "the tokens padding cuts off are stored too");
 }
 
+/// One I32 (or I64) tensor of every shard of a run, keyed like [`read_tokens`]: (document,
+/// position) → value.
+fn read_ints(run_dir: &Path, name: &str) -> BTreeMap<(i64, i32), i64> {
+    let mut out = BTreeMap::new();
+    for host in std::fs::read_dir(run_dir).unwrap() {
+        let host = host.unwrap().path();
+        if !host.file_name().unwrap().to_str().unwrap().starts_with("machine_") {
+            continue;
+        }
+        for shard in std::fs::read_dir(&host).unwrap() {
+            let shard = shard.unwrap().path();
+            if shard.extension().and_then(|e| e.to_str()) != Some("safetensors") {
+                continue;
+            }
+            let bytes = std::fs::read(&shard).unwrap();
+            let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let ints = |name: &str| -> Vec<i64> {
+                let t = tensors.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+                match t.dtype() {
+                    safetensors::Dtype::I64 => {
+                        t.data().chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+                    }
+                    _ => t.data().chunks(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect(),
+                }
+            };
+            let (docs, positions, values) = (ints("doc_index"), ints("position"), ints(name));
+            for ((doc, position), value) in docs.iter().zip(&positions).zip(values) {
+                out.insert((*doc, *position as i32), value);
+            }
+        }
+    }
+    out
+}
+
+/// `--positions last|mean|after:…` over isolated documents: each document that lies whole in
+/// a row gives its last kept token's values, the mean of its kept tokens' (first position and
+/// count stored) or the token after each occurrence of the marker, as the same run storing
+/// every token has them (1e-5); documents longer than a row give none.
+#[test]
+fn chosen_positions_store_the_rows_of_every_token_run_taken_or_averaged() {
+    let s = setup(24);
+    let out = s.root.join("out");
+    let run = |name: &str, extra: &[&str]| {
+        let mut args = extract_args(&s, &out, name);
+        args.extend(["--pack", "isolated"].iter().chain(extra).map(|a| a.to_string()));
+        run_ok(siphon(&args), Duration::from_secs(300));
+        inspect_ok(&out.join(name));
+        read_tokens(&out.join(name))
+    };
+    let every = run("all", &[]);
+    let ids = read_ints(&out.join("all"), "token_ids");
+    let mut docs: BTreeMap<i64, Vec<i32>> = BTreeMap::new();
+    for &(doc, position) in every.keys() {
+        docs.entry(doc).or_default().push(position);
+    }
+    // A document fits a row of 32 when its last position is at most 31 (BOS at 0).
+    let whole: Vec<i64> = docs.iter().filter(|(_, p)| *p.iter().max().unwrap() < 32).map(|(d, _)| *d).collect();
+    assert!(whole.len() > 20 && whole.len() < docs.len(), "{} of {} documents whole", whole.len(), docs.len());
+    let close = |got: &[f32], want: &[f64], what: &str| {
+        let scale = want.iter().fold(1f64, |m, v| m.max(v.abs()));
+        let worst = got.iter().zip(want).map(|(a, b)| (f64::from(*a) - b).abs()).fold(0f64, f64::max);
+        assert!(worst <= 1e-5 * scale, "{what}: differs by {worst} (scale {scale})");
+    };
+
+    let last = run("last", &["--positions", "last"]);
+    assert_eq!(last.keys().map(|k| k.0).collect::<Vec<_>>(), whole, "one row per whole document");
+    for (&(doc, position), got) in &last {
+        assert_eq!(position, *docs[&doc].iter().max().unwrap(), "document {doc}: not its last token");
+        let want: Vec<f64> = every[&(doc, position)].iter().map(|&v| f64::from(v)).collect();
+        close(got, &want, &format!("last of {doc}"));
+    }
+
+    let mean = run("mean", &["--positions", "mean"]);
+    let (first, count) = (read_ints(&out.join("mean"), "position_first"), read_ints(&out.join("mean"), "count"));
+    assert_eq!(mean.keys().map(|k| k.0).collect::<Vec<_>>(), whole);
+    for (&(doc, position), got) in &mean {
+        let tokens = &docs[&doc];
+        assert_eq!((first[&(doc, position)], count[&(doc, position)]), (1, tokens.len() as i64), "document {doc}");
+        let mut want = vec![0f64; got.len()];
+        for p in tokens {
+            for (w, v) in want.iter_mut().zip(&every[&(doc, *p)]) {
+                *w += f64::from(*v) / tokens.len() as f64;
+            }
+        }
+        close(got, &want, &format!("mean of {doc}"));
+    }
+
+    let after = run("after", &["--positions", "after:river"]);
+    let run_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("after/run.json")).unwrap()).unwrap();
+    let marker: Vec<i64> = run_json["config"]["positions_marker"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{run_json}"))
+        .iter()
+        .map(|token| token[0].as_i64().unwrap())
+        .collect();
+    let at = |doc: i64, p: i32| ids.get(&(doc, p)).copied();
+    let followed: Vec<(i64, i32)> = ids
+        .keys()
+        .filter(|&&(doc, p)| {
+            whole.contains(&doc) && (0..marker.len()).all(|k| at(doc, p + k as i32) == Some(marker[k]))
+        })
+        .map(|&(doc, p)| (doc, p + marker.len() as i32))
+        .filter(|key| ids.contains_key(key))
+        .collect();
+    assert!(followed.len() > 5, "{} tokens after the marker", followed.len());
+    assert_eq!(after.keys().copied().collect::<Vec<_>>(), followed);
+    for (key, got) in &after {
+        let want: Vec<f64> = every[key].iter().map(|&v| f64::from(v)).collect();
+        close(got, &want, &format!("after the marker at {key:?}"));
+    }
+}
+
 #[test]
 fn the_pipeline_depth_does_not_change_the_dataset() {
     let s = setup(40);

@@ -98,8 +98,9 @@ pub struct Selection {
 /// One chosen row of a sequence: the (token index in the sequence, weight) it sums.
 type Chosen = Vec<(usize, f32)>;
 
-/// The rows `how` chooses in `batch`; `marker` is [`Positions::After`]'s text as token ids.
-pub fn choose(batch: &Batch, how: &Positions, marker: &[u32], per_turn: bool) -> Selection {
+/// The rows `how` chooses in `batch`, at least `at_least` a sequence (several batches of one
+/// step share a shape); `marker` is [`Positions::After`]'s text as token ids.
+pub fn choose(batch: &Batch, how: &Positions, marker: &[u32], per_turn: bool, at_least: usize) -> Selection {
     let seq = batch.seq_len;
     let mut per_sequence: Vec<Vec<Chosen>> = Vec::with_capacity(batch.len());
     let (mut without_marker, mut cut) = (Vec::new(), Vec::new());
@@ -142,7 +143,7 @@ pub fn choose(batch: &Batch, how: &Positions, marker: &[u32], per_turn: bool) ->
         per_sequence.push(chosen);
     }
     let most = per_sequence.iter().map(Vec::len).max().unwrap_or(0);
-    let rows = most.max(1).next_power_of_two().min(seq.max(1)).max(most.max(1));
+    let rows = most.max(1).next_power_of_two().min(seq.max(1)).max(most.max(1)).max(at_least);
     let mut s = Selection {
         rows,
         weights: vec![0.0; batch.len() * rows * seq],
@@ -291,7 +292,7 @@ mod tests {
     #[test]
     fn last_first_and_mean_rows_of_whole_documents() {
         let b = two_rows();
-        let s = choose(&b, &Positions::Last, &[], false);
+        let s = choose(&b, &Positions::Last, &[], false, 1);
         assert_eq!((s.rows, s.used.clone()), (2, vec![1, 1, 0, 0]));
         assert_eq!(
             (s.doc[..2].to_vec(), s.position[..2].to_vec(), s.tokens[..2].to_vec()),
@@ -299,26 +300,26 @@ mod tests {
         );
         assert_eq!(s.weights[..6], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]);
         assert_eq!(s.cut, [9]);
-        let s = choose(&b, &Positions::First, &[], false);
+        let s = choose(&b, &Positions::First, &[], false, 1);
         assert_eq!(s.position[..2], [1, 1]);
-        let s = choose(&b, &Positions::Mean, &[], false);
+        let s = choose(&b, &Positions::Mean, &[], false, 1);
         assert_eq!(
             (s.first[..2].to_vec(), s.position[..2].to_vec(), s.count[..2].to_vec()),
             (vec![1, 1], vec![2, 1], vec![2, 1])
         );
         assert_eq!(s.weights[..6], [0.0, 0.5, 0.5, 0.0, 0.0, 0.0]);
-        let s = choose(&b, &Positions::LastN(5), &[], false);
+        let s = choose(&b, &Positions::LastN(5), &[], false, 1);
         assert_eq!((s.rows, s.doc[..4].to_vec()), (4, vec![7, 7, 8, -1]));
     }
 
     #[test]
     fn after_a_marker_and_documents_without_it() {
         let b = two_rows();
-        let s = choose(&b, &Positions::After("x".into()), &[10], false);
+        let s = choose(&b, &Positions::After("x".into()), &[10], false, 1);
         assert_eq!((s.rows, s.tokens[0], s.position[0]), (1, 11, 2));
         assert_eq!((s.without_marker.clone(), s.cut.clone()), (vec![8], vec![9]));
         // A marker at a document's end has no token after it.
-        let s = choose(&b, &Positions::After("x".into()), &[20], false);
+        let s = choose(&b, &Positions::After("x".into()), &[20], false, 1);
         assert_eq!(s.without_marker, [7, 8]);
     }
 
@@ -327,9 +328,9 @@ mod tests {
         // user (1) then assistant (2), twice; the template token between excluded.
         let row = vec![(5, 3, 0, 0, 1), (6, 3, 1, 0, 2), (7, 3, 2, 0, 2), (8, 3, 3, 1, 0), (9, 3, 4, 0, 2), PAD];
         let b = batch(&[row], &[0]);
-        let s = choose(&b, &Positions::Last, &[], true);
+        let s = choose(&b, &Positions::Last, &[], true, 1);
         assert_eq!(s.position[..3], [0, 2, 4]);
-        let s = choose(&b, &Positions::Last, &[], false);
+        let s = choose(&b, &Positions::Last, &[], false, 1);
         assert_eq!(s.position[..1], [4]);
     }
 

@@ -91,9 +91,21 @@ pub struct BatchActivations {
     /// `[batch, seq]` role of each token (the data crate's `Role` as a byte), for runs that
     /// store roles.
     pub roles: Option<Vec<u8>>,
+    /// `[batch, seq]` of a run of pooled rows ([`crate::ShardFormat::pooled`]): each row's
+    /// first position (`position` is its last) and the tokens it pools.
+    pub pooled: Option<Pooled>,
     /// Opaque data-stream position after this batch (from the data crate), recorded in the
     /// manifest so that a restart resumes exactly after the last committed shard.
     pub data_position_after: serde_json::Value,
+}
+
+/// A pooled row's span: its first position and how many tokens it pools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pooled {
+    /// `[batch, seq]` each row's first position.
+    pub first: Vec<i32>,
+    /// `[batch, seq]` the tokens each row pools.
+    pub count: Vec<i32>,
 }
 
 impl BatchActivations {
@@ -122,6 +134,8 @@ impl BatchActivations {
             ("position", self.position.len()),
             ("keep", self.keep.len()),
             ("roles", self.roles.as_ref().map_or(tokens, Vec::len)),
+            ("position_first", self.pooled.as_ref().map_or(tokens, |p| p.first.len())),
+            ("count", self.pooled.as_ref().map_or(tokens, |p| p.count.len())),
         ] {
             if len != tokens {
                 return Err(bad(format!("{name} has {len} entries, expected batch*seq = {tokens}")));

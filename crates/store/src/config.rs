@@ -57,6 +57,10 @@ pub struct ShardFormat {
     /// through a chat template it comes from, or template text).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub roles: bool,
+    /// Rows pool several tokens of a document (`--positions mean`): each row's first position
+    /// (`position_first`, I32) and the tokens it pools (`count`, I32) are stored.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pooled: bool,
     /// Store hooks' values that are not finite (NaN, ±Inf), counted per hook in the
     /// statistics, instead of refusing the shard that holds one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -71,6 +75,7 @@ impl Default for ShardFormat {
             keep_excluded: false,
             shuffle: None,
             roles: false,
+            pooled: false,
             allow_non_finite: false,
         }
     }

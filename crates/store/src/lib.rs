@@ -101,7 +101,7 @@ mod upload;
 mod verify;
 mod writer;
 
-pub use batch::{BatchActivations, DType, HookActivations, fp8_scale_name};
+pub use batch::{BatchActivations, DType, HookActivations, Pooled, fp8_scale_name};
 pub use config::{
     DEFAULT_GIVE_UP_AFTER, DEFAULT_SEALERS, DEFAULT_TARGET_SHARD_BYTES, HostId, MAX_BACKOFF, MIN_PART_BYTES,
     RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig, UploadConfig,

@@ -79,6 +79,9 @@ pub(crate) struct ShardBuilder {
     sample_index: Vec<i64>,
     mask: Vec<bool>,
     role: Vec<u8>,
+    /// A pooled run's rows: first position and count.
+    position_first: Vec<i32>,
+    count: Vec<i32>,
     samples: Option<(u64, u64)>,
     /// Sequences in the host's batches (each step's).
     batch_rows: usize,
@@ -104,6 +107,8 @@ impl ShardBuilder {
             sample_index: Vec::new(),
             mask: Vec::new(),
             role: Vec::new(),
+            position_first: Vec::new(),
+            count: Vec::new(),
             samples: None,
             batch_rows: 0,
             data_position_after: serde_json::Value::Null,
@@ -117,7 +122,12 @@ impl ShardBuilder {
     /// Bytes of tensor data so far.
     pub fn data_bytes(&self) -> u64 {
         let meta = self.token_ids.len()
-            * (4 + 8 + 4 + 8 + usize::from(self.format.keep_excluded) + usize::from(self.format.roles));
+            * (4 + 8
+                + 4
+                + 8
+                + usize::from(self.format.keep_excluded)
+                + usize::from(self.format.roles)
+                + 8 * usize::from(self.format.pooled));
         (self.columns.iter().map(Building::bytes).sum::<usize>() + meta) as u64
     }
 
@@ -139,6 +149,9 @@ impl ShardBuilder {
             }
             if self.format.roles && batch.roles.is_none() {
                 return Err(invalid("the run stores roles and the batch has none".into()));
+            }
+            if self.format.pooled && batch.pooled.is_none() {
+                return Err(invalid("the run pools rows and the batch has no first positions and counts".into()));
             }
         }
         let first_sample = first.first_sample;
@@ -176,6 +189,10 @@ impl ShardBuilder {
             self.mask.push(batch.keep[t]);
             if self.format.roles {
                 self.role.extend(batch.roles.as_ref().map(|r| r[t]));
+            }
+            if let (true, Some(pooled)) = (self.format.pooled, &batch.pooled) {
+                self.position_first.push(pooled.first[t]);
+                self.count.push(pooled.count[t]);
             }
         }
         let start = self.samples.map_or(first_sample, |(s, _)| s);
@@ -288,6 +305,8 @@ impl ShardBuilder {
             sample_index,
             mask,
             role,
+            position_first,
+            count,
             samples,
             batch_rows: _,
             data_position_after: _,
@@ -314,6 +333,10 @@ impl ShardBuilder {
         }
         if format.roles {
             tensors.push(tensor("role", "U8", Bytes::from(role), Rank::Masks));
+        }
+        if format.pooled {
+            tensors.push(tensor("position_first", "I32", le_bytes(&position_first, i32::to_le_bytes), Rank::Tokens));
+            tensors.push(tensor("count", "I32", le_bytes(&count, i32::to_le_bytes), Rank::Tokens));
         }
         if format.keep_excluded {
             let mask = Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>());
@@ -407,10 +430,12 @@ pub fn summarize_shard(
             return Err(bad(format!("{name} has shape {:?}, expected [{tokens}]", t.shape())));
         }
     }
-    if let Ok(t) = st.tensor("role")
-        && t.shape() != [tokens]
-    {
-        return Err(bad(format!("role has shape {:?}, expected [{tokens}]", t.shape())));
+    for name in ["role", "position_first", "count"] {
+        if let Ok(t) = st.tensor(name)
+            && t.shape() != [tokens]
+        {
+            return Err(bad(format!("{name} has shape {:?}, expected [{tokens}]", t.shape())));
+        }
     }
     let mask: Option<Vec<bool>> = match st.tensor("mask") {
         Ok(t) if t.dtype() != safetensors::Dtype::BOOL || t.shape() != [tokens] => {

@@ -163,6 +163,7 @@ impl SyntheticSpec {
             latents,
             outputs,
             roles: None,
+            pooled: None,
             first_sample,
             batch: self.batch,
             seq: self.seq,

@@ -42,8 +42,18 @@ pub struct Compute {
     reader_rows: usize,
     /// Whether rows hold isolated documents (`--pack isolated`): positions restart at each.
     isolated: bool,
+    /// The rows of each document stored (`--positions`), chosen on the devices.
+    chooser: Option<Chooser>,
     // Keeps the plugin's client alive as long as the engine's buffers; makes host buffers.
     client: siphon_runtime::Client,
+}
+
+/// How each batch's rows are chosen (`--positions`): the choice, `after:`'s marker as token
+/// ids, and whether each turn of the kept roles is a unit (`--roles`).
+struct Chooser {
+    positions: siphon_data::Positions,
+    marker: Vec<u32>,
+    per_turn: bool,
 }
 
 /// The coordinator's key-value store as the PJRT client's (the CUDA plugin exchanges its
@@ -175,8 +185,25 @@ impl Compute {
             }
             None => spec.corpus.batch_size,
         };
+        let chooser = spec.positions.clone().map(|positions| Chooser {
+            positions,
+            marker: spec.positions_marker.iter().flatten().map(|(id, _)| *id).collect(),
+            per_turn: spec.corpus.roles.is_some(),
+        });
+        if chooser.is_some() && matches!(span, Span::Hosts { simulated: false, .. }) {
+            bail!(
+                "--positions on a mesh spanning processes: each step's chosen rows a sequence would need agreeing on \
+                 (not built); run the model on each host's devices"
+            );
+        }
         crate::fatal::enter(crate::fatal::Phase::Compile);
-        engine.prepare(spec.corpus.batch_size, spec.corpus.seq_len).context("cannot compile the forward pass")?;
+        let (batch, seq) = (spec.corpus.batch_size, spec.corpus.seq_len);
+        match chooser {
+            // A row a sequence is what one document a row gives; other counts compile as met.
+            Some(_) => engine.prepare_chosen(batch, seq, 1),
+            None => engine.prepare(batch, seq),
+        }
+        .context("cannot compile the forward pass")?;
         let stats = engine.load_stats();
         tracing::info!(seconds = stats.upload_s, bytes = stats.uploaded_bytes, "weights uploaded, forward compiled");
         Ok(Compute {
@@ -189,6 +216,7 @@ impl Compute {
             output_dtype: spec.dtype.parse()?,
             reader_rows,
             isolated,
+            chooser,
             client,
         })
     }
@@ -239,19 +267,36 @@ impl Compute {
         serde_json::to_value(&self.mesh).unwrap_or(serde_json::Value::Null)
     }
 
+    /// Each member's chosen rows (`--positions`; none without it), a sequence's count the
+    /// same for every member of the step.
+    pub fn choose(&self, batches: &[Option<&siphon_data::Batch>]) -> Vec<Option<siphon_data::Selection>> {
+        let Some(c) = &self.chooser else { return vec![None; batches.len()] };
+        let choose =
+            |b: &siphon_data::Batch, at_least| siphon_data::choose(b, &c.positions, &c.marker, c.per_turn, at_least);
+        let rows = batches.iter().flatten().map(|b| choose(b, 1).rows).max().unwrap_or(1);
+        batches.iter().map(|b| b.map(|b| choose(b, rows))).collect()
+    }
+
     /// Launches one step: `batches[i]` is member `i`'s batch (`None` once its reader's slice
-    /// is done: fully masked rows, whose outputs are never read). Returns once the program is
-    /// launched ([`siphon_engine::Engine::launch`]); member `i`'s rows are read back as the
-    /// engine's process `i`.
+    /// is done: fully masked rows, whose outputs are never read), `chosen[i]` its chosen
+    /// rows ([`Compute::choose`]). Returns once the program is launched
+    /// ([`siphon_engine::Engine::launch`]); member `i`'s rows are read back as the engine's
+    /// process `i`.
     ///
     /// A stream's last batch may be short: it is filled up with fully masked rows to the
     /// compiled batch size (one compiled shape, a batch the data axis always splits), and
     /// their outputs are dropped.
-    pub fn launch(&self, batches: &[Option<&siphon_data::Batch>]) -> anyhow::Result<siphon_engine::Launched> {
+    pub fn launch(
+        &self,
+        batches: &[Option<&siphon_data::Batch>],
+        chosen: &[Option<siphon_data::Selection>],
+    ) -> anyhow::Result<siphon_engine::Launched> {
         let seq = batches.iter().flatten().map(|b| b.seq_len).next().context("a step without any batch")?;
+        let chosen_rows = chosen.iter().flatten().map(|s| s.rows).max();
         let inputs = batches
             .iter()
-            .map(|batch| {
+            .zip(chosen)
+            .map(|(batch, chosen)| {
                 let (mut ids, mut mask): (Vec<Vec<u32>>, Vec<Vec<u8>>) = match batch {
                     Some(b) => (
                         (0..b.len()).map(|i| b.sequence(i).to_vec()).collect(),
@@ -261,15 +306,18 @@ impl Compute {
                 };
                 ids.resize(self.reader_rows, vec![0; seq]);
                 mask.resize(self.reader_rows, vec![0; seq]);
-                let rows = siphon_engine::Batch::new(ids, Some(mask))?;
-                match (self.isolated, batch) {
-                    (true, Some(b)) => {
-                        let mut positions = document_positions(&b.doc, seq);
-                        positions.resize(self.reader_rows * seq, 0);
-                        rows.with_position_ids(positions)
-                    }
-                    _ => Ok(rows),
+                let mut rows = siphon_engine::Batch::new(ids, Some(mask))?;
+                if let (true, Some(b)) = (self.isolated, batch) {
+                    let mut positions = document_positions(&b.doc, seq);
+                    positions.resize(self.reader_rows * seq, 0);
+                    rows = rows.with_position_ids(positions)?;
                 }
+                if let Some(per_sequence) = chosen_rows {
+                    let mut weights = chosen.as_ref().map_or_else(Vec::new, |c| c.weights.clone());
+                    weights.resize(self.reader_rows * per_sequence * seq, 0.0);
+                    rows = rows.with_selection(per_sequence, weights)?;
+                }
+                Ok::<_, siphon_engine::EngineError>(rows)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(self.engine.launch(&inputs)?)

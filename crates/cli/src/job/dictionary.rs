@@ -171,13 +171,9 @@ pub fn columns(dictionaries: &[DictionaryHook], fingerprints: &[String]) -> Vec<
 }
 
 /// A member's latents of each column (`(name, cap)`, in the dictionaries' order) as the store
-/// takes them: the batch's own rows (a short last batch's filler rows dropped).
-pub fn for_writer(
-    columns: &[(String, usize)],
-    batch: &siphon_data::Batch,
-    latents: Vec<Latents<HostArray>>,
-) -> Vec<BatchLatents> {
-    let tokens = batch.len() * batch.seq_len;
+/// takes them: the batch's own `tokens` rows (its tokens, or its chosen rows; a short last
+/// batch's filler rows dropped).
+pub fn for_writer(columns: &[(String, usize)], tokens: usize, latents: Vec<Latents<HostArray>>) -> Vec<BatchLatents> {
     columns
         .iter()
         .zip(latents)

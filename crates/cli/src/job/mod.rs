@@ -66,6 +66,21 @@ use resume::Reading;
 /// How long hosts wait for each other at the barriers around the loop.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// `--positions after:TEXT`'s marker as the tokenizer reads it (no special tokens added):
+/// each token's id and text, as run.json states them; a text of no tokens is refused.
+fn marker_tokens(tokenizer: &siphon_data::Tokenizer, text: &str) -> anyhow::Result<Vec<(u32, String)>> {
+    let encoding = tokenizer
+        .encode(text, false)
+        .map_err(|e| anyhow::anyhow!("--positions after:{text}: cannot tokenize the marker: {e}"))?;
+    let tokens: Vec<(u32, String)> =
+        encoding.get_ids().iter().zip(encoding.get_tokens()).map(|(&id, t)| (id, t.clone())).collect();
+    if tokens.is_empty() {
+        anyhow::bail!("--positions after:{text}: the marker is no token at all");
+    }
+    tracing::info!(marker = ?tokens, "--positions after: the marker's tokens (a document holding them in this order gives a row)");
+    Ok(tokens)
+}
+
 /// Runs the job on this host.
 pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
     // 1. Identity.
@@ -95,6 +110,9 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         text_tokenizer.map_or(&[][..], |t| &t.special_tokens),
     )?;
     spec.chat_template = chat.as_ref().map(|c| c.source().to_string());
+    if let Some(siphon_data::Positions::After(text)) = &spec.positions {
+        spec.positions_marker = Some(marker_tokens(&tokenizer, text)?);
+    }
     let pack = options.corpus.pack_config(&tokenizer, siphon_data::SpecialTokens::detect(&tokenizer))?;
     let plugin = siphon_runtime::locate_plugin(options.plugin.as_deref()).context("no PJRT plugin")?;
     let compute_plan = plan::Plan::new(

@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::args::ClusterArgs;
 use crate::args::CorpusArgs;
 use crate::args::limits;
+use siphon_data::Positions;
 
 /// Every `siphon extract` option (also the keys of its TOML config file).
 #[derive(clap::Args, Debug, Clone)]
@@ -96,6 +97,15 @@ pub struct ExtractOptions {
     /// Keep excluded tokens (BOS/pad/...) in the shards, with a `mask` tensor.
     #[arg(long, help_heading = "Output")]
     pub keep_excluded: bool,
+    /// Which rows of each document are stored: `all` (every kept token, the default), `first`
+    /// or `last` (its first or last kept token), `last:N`, `mean` (of its kept tokens, in f32
+    /// on the devices; each row's first position and count stored too) or `after:TEXT` (the
+    /// token right after each occurrence of TEXT's tokens; run.json states them). With --roles,
+    /// per turn of those roles. Chosen and pooled on the devices: only those rows leave them.
+    /// Needs each document whole in a row (--pad, or --pack isolated); one that is not gives
+    /// no row (counted, named in the log).
+    #[arg(long, value_name = "WHICH", value_parser = parse_positions, help_heading = "Output")]
+    pub positions: Option<Positions>,
     /// Store activations that are NaN or ±Inf, counted per hook in stats.json (whose statistics
     /// they reach are null), instead of stopping the run at the first shard that holds one.
     #[arg(long, help_heading = "Output")]
@@ -217,6 +227,13 @@ pub struct RunSpec {
     pub shuffle_tokens_seed: u64,
     /// Keep excluded tokens with a mask.
     pub keep_excluded: bool,
+    /// The rows of each document stored (`--positions`; every kept token when `None`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub positions: Option<Positions>,
+    /// `--positions after:TEXT`'s marker as the tokenizer reads it: each token's id and text
+    /// (set once the tokenizer is loaded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub positions_marker: Option<Vec<(u32, String)>>,
     /// Store NaN and ±Inf activations instead of stopping.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub allow_non_finite: bool,
@@ -292,6 +309,9 @@ impl ExtractOptions {
         if let Some(run) = &self.run {
             check_run_name(run)?;
         }
+        if let Some(positions) = &self.positions {
+            self.check_positions(positions)?;
+        }
         Ok(RunSpec {
             model,
             tokenizer: self.tokenizer.as_ref().map(|p| p.display().to_string()),
@@ -312,6 +332,8 @@ impl ExtractOptions {
             shuffle_tokens_window: self.shuffle_tokens_window,
             shuffle_tokens_seed: self.shuffle_tokens_seed,
             keep_excluded: self.keep_excluded,
+            positions: self.positions.clone(),
+            positions_marker: None,
             allow_non_finite: self.allow_non_finite,
             cpu_devices: self.cpu_devices,
             mesh: self.mesh_request(self.cpu_devices),
@@ -321,7 +343,42 @@ impl ExtractOptions {
     }
 }
 
+/// `--positions`: `all` is none.
+fn parse_positions(s: &str) -> Result<Positions, String> {
+    match s {
+        "all" => Err("all is the default: leave --positions out".into()),
+        s => s.parse(),
+    }
+}
+
 impl ExtractOptions {
+    /// What `--positions` cannot go with: rows that hold pieces of documents (`--pack`, every
+    /// document attending the ones before it and cut at rows' ends), per-token outputs, a mesh
+    /// spanning processes (each step's chosen rows a sequence would need agreeing on).
+    fn check_positions(&self, positions: &Positions) -> anyhow::Result<()> {
+        let which = match positions {
+            Positions::First => "first".to_string(),
+            Positions::Last => "last".to_string(),
+            Positions::LastN(n) => format!("last:{n}"),
+            Positions::Mean => "mean".to_string(),
+            Positions::After(text) => format!("after:{text}"),
+        };
+        let whole_documents =
+            self.corpus.pad.is_some() || self.corpus.pack == Some(crate::args::corpus::PackArg::Isolated);
+        if !whole_documents {
+            bail!(
+                "--positions {which} takes rows of whole documents: give --pad right (one a row) or --pack isolated \
+                 (packed, each attending only itself); --pack lets documents see each other and cuts them at rows' ends"
+            );
+        }
+        if self.outputs.is_some() || self.dictionaries.splice.is_some() {
+            bail!(
+                "--positions {which} with --outputs or --splice: the next-token outputs are per token, not built for chosen rows"
+            );
+        }
+        Ok(())
+    }
+
     /// The planner's mesh request; with no mesh flag at all, every device of the host on
     /// `data` (`local_devices` of them where known before the plugin starts, as the CPU
     /// plugin's are; otherwise as many as the plugin reports).

@@ -95,6 +95,9 @@ pub struct Step {
     pub slot: Slot,
     /// Each member's batch (`None` once its reader's slice is done).
     pub batches: Vec<Option<siphon_data::Batch>>,
+    /// Each member's chosen rows (`--positions`), which the program returned instead of
+    /// every token's.
+    pub chosen: Vec<Option<siphon_data::Selection>>,
     /// When the loop launched it.
     pub launched_at: Instant,
 }
@@ -107,6 +110,8 @@ pub struct Batches {
     pub shapes: Vec<Vec<usize>>,
     /// Whether each token's role is stored.
     pub roles: bool,
+    /// Whether chosen rows' first positions and counts are stored (`--positions mean`).
+    pub pooled: bool,
     /// Each latents column's name and latents kept per token, in the dictionaries' order.
     pub latents: Vec<(String, usize)>,
     /// The model's output columns, in the program's order.
@@ -269,7 +274,7 @@ fn drain(
 ) -> Drained {
     let mut previous_ready: Option<Instant> = None;
     let mut total = PathTiming::default();
-    for Step { launched, mut slot, batches, launched_at } in steps.iter() {
+    for Step { launched, mut slot, batches, chosen, launched_at } in steps.iter() {
         let waiting = Instant::now();
         launched.wait()?;
         let ready = Instant::now();
@@ -282,8 +287,11 @@ fn drain(
         let mut downloads = Vec::new();
         for (sink, (buffers, batch)) in sinks.iter().zip(slot.buffers.iter_mut().zip(&batches)) {
             if sink.writer.is_some() && batch.is_some() {
-                total.copy_bytes += buffers.iter().map(|b| b.len() as u64).sum::<u64>();
-                downloads.push(launched.copy_into(sink.process, buffers.iter_mut().map(HostBuffer::as_mut_slice))?);
+                // Chosen rows fill the start of each buffer (sized for every token).
+                let sizes = launched.sizes(sink.process);
+                total.copy_bytes += sizes.iter().sum::<usize>() as u64;
+                let dsts = buffers.iter_mut().zip(sizes).map(|(b, n)| &mut b.as_mut_slice()[..n]);
+                downloads.push(launched.copy_into(sink.process, dsts)?);
             }
         }
         for download in downloads {
@@ -306,14 +314,19 @@ fn drain(
 
         drop(launched);
         let loan = Arc::new(OnLoan { slot: Some(slot), home: home.clone() });
-        let results = sinks.iter_mut().zip(&batches).zip(latents.into_iter().zip(outputs));
-        for (member, ((sink, batch), (latents, outputs))) in results.enumerate() {
+        let results = sinks.iter_mut().zip(batches.iter().zip(&chosen)).zip(latents.into_iter().zip(outputs));
+        for (member, ((sink, (batch, chosen)), (latents, outputs))) in results.enumerate() {
             let (Some((writer, _)), Some(batch)) = (sink.writer.as_mut(), batch) else { continue };
-            let hooks = writer_hooks(writer, batches_are, batch, &loan, member);
-            let latents = super::dictionary::for_writer(&batches_are.latents, batch, latents);
+            let rows = batch.len() * chosen.as_ref().map_or(batch.seq_len, |c| c.rows);
+            let hooks = writer_hooks(writer, batches_are, rows, &loan, member);
+            let latents = super::dictionary::for_writer(&batches_are.latents, rows, latents);
             let outputs =
                 super::next_token::for_writer(&batches_are.outputs, batch, outputs, batches_are.allow_non_finite)?;
-            writer.push(to_store_batch(batch, hooks, latents, outputs, batches_are.roles)?)?;
+            let store_batch = match chosen {
+                Some(chosen) => chosen_batch(batch, chosen, hooks, latents, batches_are)?,
+                None => to_store_batch(batch, hooks, latents, outputs, batches_are.roles)?,
+            };
+            writer.push(store_batch)?;
         }
         drop(loan);
         total.push_s += copied.elapsed().as_secs_f64();
@@ -325,12 +338,12 @@ fn drain(
     Ok((sinks, total))
 }
 
-/// The member's rows of each hook, as slices of its buffers in the slot on loan (a short last
-/// batch keeps its own rows only).
+/// The member's `rows` rows of each hook (its batch's tokens, or its chosen rows), as slices
+/// of its buffers in the slot on loan (a short last batch keeps its own rows only).
 fn writer_hooks(
     writer: &super::output::Output,
     batches: &Batches,
-    batch: &siphon_data::Batch,
+    rows: usize,
     loan: &Arc<OnLoan>,
     member: usize,
 ) -> Vec<HookActivations> {
@@ -341,7 +354,7 @@ fn writer_hooks(
         .zip(&batches.shapes)
         .enumerate()
         .map(|(hook, (name, shape))| {
-            let len = batch.len() * batch.seq_len * dtype.row_bytes(shape.iter().product());
+            let len = rows * dtype.row_bytes(shape.iter().product());
             let rows = Rows { loan: Arc::clone(loan), member, hook };
             let data = Bytes::from_owner(rows).slice(..len);
             HookActivations { hook: name.clone(), dtype, shape: shape.clone(), data }
@@ -372,6 +385,38 @@ fn to_store_batch(
         position: batch.doc_pos.clone(),
         keep: batch.exclude.iter().map(|&e| e == 0).collect(),
         roles: roles.then(|| batch.role.clone()),
+        pooled: None,
+        data_position_after: serde_json::to_value(&batch.position)?,
+    })
+}
+
+/// The store's view of a batch's chosen rows: `chosen.rows` a sequence, each a "token" whose
+/// id, document, position and role are those of the row's (last) token; unused rows not kept.
+fn chosen_batch(
+    batch: &siphon_data::Batch,
+    chosen: &siphon_data::Selection,
+    hooks: Vec<HookActivations>,
+    latents: Vec<BatchLatents>,
+    batches: &Batches,
+) -> anyhow::Result<BatchActivations> {
+    let first_sample = batch.position.sequences - batch.len() as u64;
+    let rows = batch.len() * chosen.rows;
+    Ok(BatchActivations {
+        first_sample,
+        batch: batch.len(),
+        seq: chosen.rows,
+        hooks,
+        latents,
+        outputs: Vec::new(),
+        token_ids: chosen.tokens[..rows].iter().map(|&t| t as i32).collect(),
+        doc_index: chosen.doc[..rows].to_vec(),
+        position: chosen.position[..rows].to_vec(),
+        keep: chosen.used[..rows].iter().map(|&u| u == 1).collect(),
+        roles: batches.roles.then(|| chosen.role[..rows].to_vec()),
+        pooled: batches.pooled.then(|| siphon_store::Pooled {
+            first: chosen.first[..rows].to_vec(),
+            count: chosen.count[..rows].to_vec(),
+        }),
         data_position_after: serde_json::to_value(&batch.position)?,
     })
 }

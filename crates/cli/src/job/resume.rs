@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::json;
 use siphon_coord::Coordination;
-use siphon_data::{Partition, Worker};
+use siphon_data::{Partition, Positions, Worker};
 use siphon_store::{DType, HostId, RunDescriptor, ShardFormat, ShuffleConfig, StoreConfig};
 
 use super::compute::{Compute, Member};
@@ -179,6 +179,7 @@ fn store_config(spec: &RunSpec, run: &str, host: HostId, give_up_after: Duration
             .shuffle_tokens_window
             .map(|window_batches| ShuffleConfig { seed: spec.shuffle_tokens_seed, window_batches }),
         roles: spec.chat_template.is_some(),
+        pooled: spec.positions.as_ref().is_some_and(Positions::pools),
         allow_non_finite: spec.allow_non_finite,
     };
     config.validate()?;

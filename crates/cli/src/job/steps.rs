@@ -60,6 +60,7 @@ pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<End
         dtype: compute.output_dtype(),
         shapes: compute.hook_shapes(spec.corpus.seq_len),
         roles: spec.chat_template.is_some(),
+        pooled: spec.positions.as_ref().is_some_and(siphon_data::Positions::pools),
         latents,
         outputs: super::next_token::columns(spec.outputs, compute.dictionaries()),
         allow_non_finite: spec.allow_non_finite,
@@ -92,6 +93,7 @@ pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<End
     let stop = coord.stop_signal();
     stop.arm();
     let mut preempted = false;
+    let mut unchosen = Unchosen::default();
     crate::fatal::enter(crate::fatal::Phase::Step);
     for step in 0u64.. {
         crate::fatal::set_step(step);
@@ -135,7 +137,14 @@ pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<End
             Err(_) => return Err(output_path_failed(pipeline)),
         };
         let launched_at = Instant::now();
-        let launched = compute.launch(&batches.iter().map(Option::as_ref).collect::<Vec<_>>())?;
+        let fed: Vec<Option<&siphon_data::Batch>> = batches.iter().map(Option::as_ref).collect();
+        let chosen = compute.choose(&fed);
+        for (lane, chosen) in lanes.iter().zip(&chosen) {
+            if let Some(chosen) = chosen.as_ref().filter(|_| lane.member.writes) {
+                unchosen.count(chosen);
+            }
+        }
+        let launched = compute.launch(&fed, &chosen)?;
         // Progress counts what this process writes, or, writing nothing, what it feeds.
         let bound = pipeline.timing().bound();
         for ((lane, batch), process) in lanes.iter().zip(&batches).zip(0..) {
@@ -145,10 +154,11 @@ pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<End
                 progress.batch((batch.len() * batch.seq_len) as u64, bound);
             }
         }
-        if pipeline.send(pipeline::Step { launched, slot, batches, launched_at }).is_err() {
+        if pipeline.send(pipeline::Step { launched, slot, batches, chosen, launched_at }).is_err() {
             return Err(output_path_failed(pipeline));
         }
     }
+    unchosen.report();
     // Every step in flight reaches its writers first.
     tracing::info!(slots = pipeline.slots(), "host buffers used (steps' worth)");
     let (sinks, path) = pipeline.finish()?;
@@ -242,5 +252,45 @@ mod tests {
         assert!(err.contains("collective desync at step 7: hosts 2 and 3"), "{err}");
         // One host of a reader done, the other not: a desync too.
         assert!(count_votes(9, &[vote(0, 0, Some("9:ab")), vote(1, 0, None)]).is_err());
+    }
+}
+
+/// The documents `--positions` gave no row, counted and the first few named in the log: those
+/// without `after:`'s marker and those not whole in their row.
+#[derive(Default)]
+struct Unchosen {
+    without_marker: u64,
+    cut: u64,
+}
+
+impl Unchosen {
+    /// The documents that shown the log by name, of each kind.
+    const NAMED: u64 = 10;
+
+    fn count(&mut self, chosen: &siphon_data::Selection) {
+        let name = |doc: i64| format!("unit {} record {}", doc >> 32, doc & 0xffff_ffff);
+        for &doc in &chosen.without_marker {
+            if self.without_marker < Self::NAMED {
+                tracing::warn!(document = %name(doc), "--positions after: the marker never occurs: no row");
+            }
+            self.without_marker += 1;
+        }
+        for &doc in &chosen.cut {
+            if self.cut < Self::NAMED {
+                tracing::warn!(document = %name(doc), "--positions: the document is not whole in its row (longer than --seq-len): no row");
+            }
+            self.cut += 1;
+        }
+    }
+
+    fn report(&self) {
+        if self.without_marker + self.cut > 0 {
+            tracing::warn!(
+                without_marker = self.without_marker,
+                not_whole = self.cut,
+                "--positions: documents that gave no row (the first {} of each named above)",
+                Self::NAMED
+            );
+        }
     }
 }

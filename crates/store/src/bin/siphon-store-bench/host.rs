@@ -318,6 +318,7 @@ fn template(o: &Options, dtype: DType) -> BatchActivations {
         position: (0..tokens).map(|t| (t % o.seq) as i32).collect(),
         keep: (0..tokens).map(|t| t % o.seq != 0).collect(),
         roles: None,
+        pooled: None,
         data_position_after: serde_json::Value::Null,
     }
 }
