@@ -149,6 +149,9 @@ class Dataset:
         self._has_mask = bool(self.run.get("shard_format", {}).get("keep_excluded", False))
         #: Whether the shards carry each token's role (a run of conversations).
         self.has_roles = bool(self.run.get("shard_format", {}).get("roles", False))
+        #: Whether each row pools several tokens (``--positions mean``): its first position and
+        #: count are stored (`rows` returns them).
+        self.has_pooled = bool(self.run.get("shard_format", {}).get("pooled", False))
 
     # ----------------------------------------------------------------------------- metadata
 
@@ -327,6 +330,7 @@ class Dataset:
         resume: Optional[Mapping[str, Any]] = None,
         outputs: Optional[Sequence[str]] = None,
         format: Optional[str] = None,  # noqa: A002 - the deprecated name of `output`
+        _columns: Sequence[str] = (),
     ) -> Batches:
         """`Batch`es of ``{hook: [n, *shape], "token_ids": [n], "position": [n]}``, every hook
         for the same tokens.
@@ -395,6 +399,7 @@ class Dataset:
         )
         # An fp8 hook's scales are read (and shuffled, filtered) with its rows.
         tensors = hook_tensors(hooks, self.dtype) + outputs + ["token_ids", "position"] + (["role"] if self.has_roles else [])
+        tensors += list(_columns)
         plan = _Iteration(
             units=make_units(list(self.shards), unit_tokens),
             reader=UnitReader(self._location, tensors, filt, self._has_mask),
@@ -452,6 +457,42 @@ class Dataset:
                 templates.update(role=np.zeros(0, np.uint8))
             return convert(templates)
         return convert({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+    @property
+    def positions(self) -> Any:
+        """The rows of each document the run stores (``--positions``: ``"last"``, ``"mean"``,
+        ``{"last_n": 4}``, ``{"after": "Answer:"}``, …), or ``None``: every kept token."""
+        return self.run.get("config", {}).get("positions")
+
+    def rows(
+        self,
+        hooks: Optional[Sequence[str]] = None,
+        *,
+        output: str = "numpy",
+        dtype: Any = None,
+    ) -> Tuple[Batch, Dict[str, np.ndarray]]:
+        """Every stored row of `hooks` with its document, in stored order: ``(X, table)``. `X`
+        maps each hook to ``[n, *shape]`` (numpy or torch, `dtype` as `batches`); `table`
+        holds, row for row, ``doc_index`` (the corpus document: ``unit << 32 | record``),
+        ``position`` (in the document; a pooled row's last), ``token_ids``, and a
+        ``--positions mean`` run's ``position_first`` and ``count``, a run of conversations'
+        ``role``. A ``--positions`` run holds one row per document (turn, or marker
+        occurrence): what a probe is fit on."""
+        output = _deprecated_output(None, output)
+        hooks = self._check_hooks(hooks)
+        columns = ["doc_index"] + (["position_first", "count"] if self.has_pooled else [])
+        parts = list(
+            self.batches(hooks, batch_size=1 << 20, shuffle=False, output="numpy", dtype="raw", prefetch=0,
+                         _columns=columns)
+        )
+        names = hooks + [fp8_scale_name(h) for h in hooks if self.dtype == FP8]
+        table_names = ["doc_index", "position", "token_ids"] + columns[1:] + (["role"] if self.has_roles else [])
+        if not parts:
+            raise DatasetError(f"{self.url}: no committed rows")
+        joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        convert = _convert.Converter(output, _convert.resolve_dtype(dtype, output), self.dtype, hooks, None)
+        x = convert({k: joined[k] for k in names})
+        return x, {k: joined[k] for k in table_names}
 
     def splice_metrics(self) -> Dict[str, Dict[str, float]]:
         """Each dictionary spliced in (``--splice``): its SAELens ``run_evals`` metrics over the

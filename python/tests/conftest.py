@@ -73,7 +73,7 @@ def tiny_model(dest: Path) -> Path:
 
 
 def extract_command(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120, hooks=HOOKS, extra=(), corpus=None,
-                    hosts: int = 2, output=None, launch: bool = True):
+                    hosts: int = 2, output=None, launch: bool = True, seq: int = 32):
     """The `siphon launch ... extract` command of a test run, and its environment; without
     `launch`, one host's `siphon extract` alone (one process: killing it kills the host)."""
     assert launch or hosts == 1, "hosts of their own need siphon launch"
@@ -90,7 +90,7 @@ def extract_command(out: Path, run: str, *, dtype: str = "bf16", docs: int = 120
         siphon_binary(), *launcher, "extract", *([] if launch else ["--cpu-devices", "1"]), "--model", str(tiny_model(out.parent / "tiny-llama-264")),
         "--tokenizer", str(REPO / "fixtures/data/tokenizer.json"),
         "--corpus", str(corpus), "--text-records", "line", "--hooks", ",".join(hooks),
-        "--seq-len", "32", "--batch-size", "4", "--dtype", dtype, "--shard-size-mb", "0.03",
+        "--seq-len", str(seq), "--batch-size", "4", "--dtype", dtype, "--shard-size-mb", "0.03",
         "--output", str(output or out), "--run", run, "--tokenizer-threads", "1", *extra,
     ]
     return cmd, env

@@ -211,7 +211,7 @@ fn documents(batch: &Batch, i: usize) -> Vec<DocRun> {
 /// role's tokens) where `per_turn`.
 fn spans(batch: &Batch, i: usize, doc: &DocRun, per_turn: bool) -> Vec<std::ops::Range<usize>> {
     if !per_turn {
-        return vec![doc.start..doc.end];
+        return std::iter::once(doc.start..doc.end).collect();
     }
     let role = &batch.role[i * batch.seq_len..(i + 1) * batch.seq_len];
     let mut spans = Vec::new();
@@ -244,10 +244,13 @@ mod tests {
     use super::*;
     use crate::stream::{Position, SeqId};
 
-    /// A batch of `rows` (token, doc, doc_pos, exclude, role) each, `cut` per row.
-    fn batch(rows: &[Vec<(u32, i64, i32, u8, u8)>], cut: &[u8]) -> Batch {
+    /// A token: (id, doc, doc_pos, exclude, role).
+    type Token = (u32, i64, i32, u8, u8);
+
+    /// A batch of `rows` of tokens, `cut` per row.
+    fn batch(rows: &[Vec<Token>], cut: &[u8]) -> Batch {
         let seq = rows[0].len();
-        let pick = |f: &dyn Fn(&(u32, i64, i32, u8, u8)) -> i64| -> Vec<i64> { rows.iter().flatten().map(f).collect() };
+        let pick = |f: &dyn Fn(&Token) -> i64| -> Vec<i64> { rows.iter().flatten().map(f).collect() };
         Batch {
             index: 0,
             seq_len: seq,
@@ -273,7 +276,7 @@ mod tests {
         }
     }
 
-    const PAD: (u32, i64, i32, u8, u8) = (0, -1, -1, 1, 0);
+    const PAD: Token = (0, -1, -1, 1, 0);
 
     /// Two isolated documents in row 0 (BOS excluded), a cut one in row 1.
     fn two_rows() -> Batch {

@@ -18,6 +18,9 @@ use crate::error::{EngineError, rt};
 use crate::launched::Launched;
 use crate::options::{EngineOptions, WeightForm, check};
 
+/// A compiled program's shape: rows, tokens a row and chosen rows a row (`None`: every token).
+type Shape = (usize, usize, Option<usize>);
+
 /// What the engine's program is built from, whether it runs here ([`Engine`]) or is only
 /// compiled for devices elsewhere ([`aot`]): one place, so both build the same program.
 pub(crate) struct ProgramSpec<'a> {
@@ -125,8 +128,8 @@ pub struct Engine {
     /// The processes whose partitions this engine runs ([`EngineOptions::processes`], or one
     /// view of the whole mesh).
     pub(crate) views: Vec<HostView>,
-    /// Compiled programs by `(batch, seq, chosen rows)`.
-    pub(crate) compiled: Mutex<HashMap<(usize, usize, Option<usize>), Arc<Compiled>>>,
+    /// Compiled programs by shape.
+    pub(crate) compiled: Mutex<HashMap<Shape, Arc<Compiled>>>,
     pub(crate) load_stats: LoadStats,
 }
 

@@ -841,7 +841,8 @@ fn check_chosen(name: &str, mesh: Mesh, isolated: bool) {
     let g = golden(&dir.join("golden-right.safetensors"));
     let lengths: Vec<usize> = g.mask.iter().map(|m| m.iter().filter(|&&m| m != 0).count()).collect();
     // Rows of the batch and, per row, its documents as (golden document, start in the row).
-    let (rows, seq, docs): (Vec<Vec<u32>>, usize, Vec<Vec<(usize, usize)>>) = match isolated {
+    type Placed = Vec<Vec<(usize, usize)>>;
+    let (rows, seq, docs): (Vec<Vec<u32>>, usize, Placed) = match isolated {
         true => {
             let mut row = Vec::new();
             let mut docs = Vec::new();
