@@ -134,3 +134,40 @@ fn a_token_firing_more_latents_than_the_cap_keeps_its_count() {
         assert!(kept.iter().all(|&i| i >= 0.0), "{name}: a token past the cap keeps 4 latents: {kept:?}");
     }
 }
+
+/// Chosen rows (`Batch::with_selection`): each row's last token picked on the devices, every
+/// dictionary reads the chosen row, its latents the library's at that token.
+#[test]
+fn the_latents_of_a_chosen_row_are_the_librarys_at_its_token() {
+    let model = LoadedModel::open(&fixture("tiny-llama")).unwrap();
+    let dicts = dictionaries();
+    let (batch, lengths) = golden_batch();
+    let seq = batch.seq();
+    let mut weights = vec![0f32; batch.batch() * seq];
+    for (row, &len) in lengths.iter().enumerate() {
+        weights[row * seq + len - 1] = 1.0;
+    }
+    let batch = batch.with_selection(1, weights).unwrap();
+    let options = EngineOptions { dictionaries: hooks_of(&model, &dicts, None), ..EngineOptions::default() };
+    let engine = Engine::new(&client(), &model, vec![HookPoint::block(1, HookKind::ResidPost)], options).unwrap();
+    let acts = engine.run(&batch).unwrap();
+    for ((d, want), latents) in dicts.iter().zip(&acts.latents) {
+        let n = d.d_sae;
+        assert_eq!(latents.indices.shape(), [batch.batch(), 1, n], "{}", d.name);
+        let (indices, values) = (latents.indices.to_f32(), latents.values.to_f32());
+        let mut before = 0;
+        for (row, &len) in lengths.iter().enumerate() {
+            let golden = &want[(before + len - 1) * n..(before + len) * n];
+            before += len;
+            let mut dense = vec![0f32; n];
+            for j in 0..n {
+                if indices[row * n + j] >= 0.0 {
+                    dense[indices[row * n + j] as usize] = values[row * n + j];
+                }
+            }
+            let scale = golden.iter().fold(1f32, |m, v| m.max(v.abs()));
+            let worst = dense.iter().zip(golden).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+            assert!(worst <= 1e-4 * scale, "{} row {row}: {worst} from the library's", d.name);
+        }
+    }
+}

@@ -396,12 +396,12 @@ impl<'a> Graph<'a> {
         let (hooks, rows) = match (self.select, self.spec.select) {
             (Some(select), Some(rows)) => {
                 let read = super::select::read_tokens(&mut b, select)?;
-                let mut chosen = self.hooks.clone();
+                let mut chosen = BTreeMap::new();
                 let dictionaries = self.spec.dictionaries.iter().map(|d| d.hook);
                 for hook in self.spec.hooks.iter().copied().chain(dictionaries) {
-                    if let Some(x) = chosen.get_mut(&hook) {
+                    if let (Some(&x), false) = (self.hooks.get(&hook), chosen.contains_key(&hook)) {
                         let width = hook.dims(self.config, s).iter().product();
-                        *x = super::select::rows(&mut b, select, read, *x, [bsz, s], width)?;
+                        chosen.insert(hook, super::select::rows(&mut b, select, read, x, [bsz, s], width)?);
                     }
                 }
                 (chosen, rows)
