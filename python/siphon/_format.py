@@ -40,7 +40,7 @@ READABLE_FORMATS = ("siphon-activations/1", "siphon-activations/2")
 RUN_JSON = "run.json"
 MANIFEST = "manifest.jsonl"
 HOST_DIR = re.compile(r"^machine_(\d{3})_host_(\d{2})$")
-RESERVED = ("token_ids", "doc_index", "position", "sample_index", "mask", "role")
+RESERVED = ("token_ids", "doc_index", "position", "sample_index", "mask", "role", "position_first", "count")
 # The values of a run's ``role`` tensor (conversations rendered through a chat template).
 ROLES = ("template", "system", "user", "assistant", "tool")
 

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import google_crc32c
 import numpy as np
 
-from . import _convert
+from . import _convert, documents
 from ._format import (
     FP8,
     RESERVED,
@@ -470,14 +470,15 @@ class Dataset:
         *,
         output: str = "numpy",
         dtype: Any = None,
-    ) -> Tuple[Batch, Dict[str, np.ndarray]]:
+    ) -> Tuple[Batch, Any]:
         """Every stored row of `hooks` with its document, in stored order: ``(X, table)``. `X`
-        maps each hook to ``[n, *shape]`` (numpy or torch, `dtype` as `batches`); `table`
-        holds, row for row, ``doc_index`` (the corpus document: ``unit << 32 | record``),
-        ``position`` (in the document; a pooled row's last), ``token_ids``, and a
-        ``--positions mean`` run's ``position_first`` and ``count``, a run of conversations'
-        ``role``. A ``--positions`` run holds one row per document (turn, or marker
-        occurrence): what a probe is fit on."""
+        maps each hook to ``[n, *shape]`` (numpy or torch, `dtype` as `batches`); `table` is a
+        pyarrow table (``.to_pandas()`` for pandas) holding, row for row, ``doc_index`` (the
+        corpus document: ``unit << 32 | record``), ``position`` (in the document; a pooled
+        row's last), ``token_ids``, a ``--positions mean`` run's ``position_first`` and
+        ``count``, a run of conversations' ``role``, and the document's kept columns
+        (``--keep-columns``). A ``--positions`` run holds one row per document (turn, or marker
+        occurrence): what a probe is fit on. Needs pyarrow."""
         output = _deprecated_output(None, output)
         hooks = self._check_hooks(hooks)
         columns = ["doc_index"] + (["position_first", "count"] if self.has_pooled else [])
@@ -492,7 +493,31 @@ class Dataset:
         joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         convert = _convert.Converter(output, _convert.resolve_dtype(dtype, output), self.dtype, hooks, None)
         x = convert({k: joined[k] for k in names})
-        return x, {k: joined[k] for k in table_names}
+        kept = self.documents() if self.kept_columns else None
+        return x, documents.joined({k: joined[k] for k in table_names}, kept)
+
+    @property
+    def kept_columns(self) -> List[Tuple[str, str]]:
+        """The documents' kept columns (``--keep-columns``) as ``(name, kind)``: ``int``,
+        ``float``, ``bool``, ``string`` (a parquet column's type) or ``json`` (a jsonl field)."""
+        return documents.kept_columns(self.run)
+
+    def documents(self) -> Any:
+        """Every document the committed shards hold rows of, once, in document order: a pyarrow
+        table of ``doc_index`` and its kept columns (``--keep-columns``), typed. Needs pyarrow."""
+        if not self.kept_columns:
+            raise DatasetError(f"{self.url}: the run keeps no columns of its documents (--keep-columns)")
+        return documents.read_documents(self._location, self.shards, self.kept_columns)
+
+    def labeled(self, hook: str, label: str, *, dtype: Any = "float32") -> Any:
+        """A torch Dataset of ``(x, y)`` pairs: each stored row of `hook` (flattened, in
+        `dtype`) and its document's kept column `label`: what a probe trains on. Needs torch."""
+        from .torch import LabeledRows
+
+        if label not in dict(self.kept_columns):
+            raise DatasetError(f"{label!r} is not a kept column of {self.url} (kept: {[c for c, _ in self.kept_columns]})")
+        x, table = self.rows([hook], output="torch", dtype=dtype)
+        return LabeledRows(x[hook].reshape(len(table), -1), table.column(label).to_pylist())
 
     def splice_metrics(self) -> Dict[str, Dict[str, float]]:
         """Each dictionary spliced in (``--splice``): its SAELens ``run_evals`` metrics over the

@@ -43,6 +43,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Unio
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import Dataset as TorchDataset
 
 from ._ranks import ranks
 from .dataset import Batches, Dataset, open_dataset
@@ -393,3 +394,18 @@ def batch_loader(dataset: ActivationDataset, num_workers: int = 2, **kwargs: Any
 
 
 __all__ = ["ActivationDataset", "EpochLoader", "Provider", "data_provider", "batch_loader", "stream_provider"]
+
+
+class LabeledRows(TorchDataset[Tuple[torch.Tensor, Any]]):
+    """``(x, y)`` pairs: row ``i`` of `x` and its label (`Dataset.labeled`)."""
+
+    def __init__(self, x: torch.Tensor, labels: Sequence[Any]) -> None:
+        if len(labels) != x.shape[0]:
+            raise ValueError(f"{x.shape[0]} rows and {len(labels)} labels")
+        self.x, self.labels = x, list(labels)
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def __getitem__(self, i: int) -> Tuple[torch.Tensor, Any]:
+        return self.x[i], self.labels[i]

@@ -21,9 +21,10 @@ def every_token(runs: Path) -> Path:
 def by_document(ds: siphon.Dataset, hook: str) -> dict:
     """Each document's rows of `hook` in an every-token run, in position order."""
     x, table = ds.rows([hook])
+    docs, positions = table.column("doc_index").to_numpy(), table.column("position").to_numpy()
     out: dict = {}
-    for i in np.argsort(table["position"], kind="stable"):
-        out.setdefault(int(table["doc_index"][i]), []).append(x[hook][i])
+    for i in np.argsort(positions, kind="stable"):
+        out.setdefault(int(docs[i]), []).append(x[hook][i])
     return out
 
 
@@ -33,7 +34,8 @@ def test_a_mean_row_is_its_documents_tokens_averaged(runs: Path, every_token: Pa
     ds = siphon.open_dataset(run)
     assert ds.positions == "mean" and ds.has_pooled
     x, table = ds.rows()
-    assert sorted(table) == ["count", "doc_index", "position", "position_first", "token_ids"]
+    assert sorted(table.column_names) == ["count", "doc_index", "position", "position_first", "token_ids"]
+    table = {name: table.column(name).to_numpy() for name in table.column_names}
     assert len(set(table["doc_index"].tolist())) == len(table["doc_index"]) > 20, "one row per document"
     every = siphon.open_dataset(every_token)
     for hook in HOOKS[:2]:
@@ -51,6 +53,7 @@ def test_last_rows_come_as_torch_with_their_documents(runs: Path, every_token: P
                   extra=("--pack", "isolated", "--positions", "last"))
     ds = siphon.open_dataset(run)
     x, table = ds.rows(HOOKS[:1], output="torch")
+    table = {name: table.column(name).to_numpy() for name in table.column_names}
     assert isinstance(x[HOOKS[0]], torch.Tensor) and x[HOOKS[0]].shape[0] == len(table["doc_index"])
     rows = by_document(siphon.open_dataset(every_token), HOOKS[0])
     for i, doc in enumerate(table["doc_index"].tolist()):
@@ -76,6 +79,7 @@ def test_each_assistant_turn_gives_a_row(runs: Path) -> None:
                   extra=("--json-field", "messages", "--chat-template", str(template), "--pad", "right",
                          "--roles", "assistant", "--positions", "last", "--allow-long-context"))
     _, table = siphon.open_dataset(run).rows()
+    table = {name: table.column(name).to_numpy() for name in table.column_names}
     assert set(table["role"].tolist()) == {siphon.ROLES.index("assistant")}
     per_doc = {int(d): int((table["doc_index"] == d).sum()) for d in set(table["doc_index"].tolist())}
     assert per_doc == {i: n for i, n in enumerate(turns)}, "one row per assistant turn of each conversation"

@@ -9,11 +9,13 @@
 //! within its cgroup, a device's PJRT `bytes_limit`), the phases in their own modules (`mod.rs` lists them: `plan.rs` checks and plans before
 //! anything expensive, `Span`, whether the mesh lies in a host or spans them; `agree.rs` the
 //! configuration every host shares; `compute.rs` the plugin and engine, the `Member`s whose
-//! steps this process runs; `resume.rs` outputs and resume points; `steps.rs` the loop;
+//! steps this process runs, each step's chosen rows under `--positions` (`Compute::choose`, one
+//! count a sequence for the step); `resume.rs` outputs and resume points; `steps.rs` the loop;
 //! `finish.rs` the last shards and barriers), `pipeline.rs` (the output path: `--pipeline-depth`
 //! slots of reused host buffers; the loop launches each step into a free slot while a drain
 //! thread waits for earlier steps' programs, copies their rows into their slots and pushes them
-//! to the writers, which give a slot back when they have copied its rows; `PathTiming` and which
+//! to the writers (a step's chosen rows as the store's rows, `chosen_batch`), which give a slot
+//! back when they have copied its rows; `PathTiming` and which
 //! side waited for the other), `output.rs` (a writing member's `Output`: a `ShardWriter`, or a
 //! stream on `PORT+reader`, and where readers reach every host: `Endpoints`, `advertised`), `fetch.rs` (models from `hf://`, `gs://`, `s3://`, `https://` into the
 //! cache), `progress.rs` (its line says which side bounds the run), `timing.rs` (per host: device-only

@@ -52,6 +52,7 @@
 #![deny(missing_docs)]
 
 mod chat;
+mod columns;
 mod convert;
 mod error;
 mod file;
@@ -68,6 +69,7 @@ mod special;
 mod stream;
 
 pub use chat::{ChatTemplate, Rendered, Role};
+pub use columns::{Fields, column_kind};
 pub use convert::{ConvertOptions, ConvertReport, text_dir_to_parquet};
 pub use error::{Error, Result};
 pub use file::{check_regular_file, read_text_file};

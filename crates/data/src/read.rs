@@ -258,6 +258,50 @@ impl Corpus {
     }
 }
 
+impl Corpus {
+    /// Runs `future` to its end on a helper thread's runtime, so that callers inside a tokio
+    /// runtime may call it too.
+    pub(crate) fn block_on<T: Send>(&self, future: impl std::future::Future<Output = Result<T>> + Send) -> Result<T> {
+        let run = move || -> Result<T> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
+            rt.block_on(future)
+        };
+        std::thread::scope(|scope| scope.spawn(run).join())
+            .map_err(|_| Error::Runtime(std::io::Error::other("the thread reading the corpus panicked")))?
+    }
+
+    /// Every line of a byte-range unit (`start..end` of `file`), as [`UnitReader`] reads
+    /// them: line `i` is the unit's record `i`.
+    pub(crate) fn unit_lines(&self, file: &CorpusFile, start: u64, end: u64) -> Result<Vec<Vec<u8>>> {
+        let (store, max) = (self.store.clone(), self.config.max_record_bytes);
+        self.block_on(async move {
+            let mut lines = LineReader::new(store, file, start, max).await?;
+            let mut out = Vec::new();
+            while let Some((_, line)) = lines.next_line(end).await? {
+                out.push(line);
+            }
+            Ok(out)
+        })
+    }
+
+    /// The first `n` lines of the first jsonl unit in the corpus's order.
+    pub(crate) fn first_lines(&self, n: usize) -> Result<Vec<Vec<u8>>> {
+        for &unit in self.order.iter() {
+            let unit = self.units[unit as usize];
+            let file = &self.files[unit.file as usize];
+            if let (UnitKind::Bytes { start, end }, FileFormat::Jsonl) = (unit.kind, file.format) {
+                let mut lines = self.unit_lines(file, start, end)?;
+                lines.retain(|l| !l.iter().all(u8::is_ascii_whitespace));
+                if !lines.is_empty() {
+                    lines.truncate(n);
+                    return Ok(lines);
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn read_row_group(
     store: Arc<dyn ObjectStore>,

@@ -94,6 +94,10 @@ pub struct BatchActivations {
     /// `[batch, seq]` of a run of pooled rows ([`crate::ShardFormat::pooled`]): each row's
     /// first position (`position` is its last) and the tokens it pools.
     pub pooled: Option<Pooled>,
+    /// The kept columns of the documents this batch stores rows of, for a run that keeps them
+    /// ([`crate::ShardFormat::documents`]): each document's id (as `doc_index`) and its fields
+    /// as a JSON object's text.
+    pub documents: Vec<(i64, String)>,
     /// Opaque data-stream position after this batch (from the data crate), recorded in the
     /// manifest so that a restart resumes exactly after the last committed shard.
     pub data_position_after: serde_json::Value,

@@ -61,6 +61,11 @@ pub struct ShardFormat {
     /// (`position_first`, I32) and the tokens it pools (`count`, I32) are stored.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pooled: bool,
+    /// Store the kept columns of the documents a shard holds rows of (`--keep-columns`): a
+    /// `documents` (U8) tensor of JSON lines, `[doc_index, {column: value, …}]` each, one per
+    /// document, in document order.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub documents: bool,
     /// Store hooks' values that are not finite (NaN, ±Inf), counted per hook in the
     /// statistics, instead of refusing the shard that holds one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -76,6 +81,7 @@ impl Default for ShardFormat {
             shuffle: None,
             roles: false,
             pooled: false,
+            documents: false,
             allow_non_finite: false,
         }
     }

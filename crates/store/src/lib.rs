@@ -69,6 +69,9 @@
 //! siphon refuses it: `siphon forward` uses it too).
 //!
 //! A run of conversations (`ShardFormat::roles`) stores each token's role as a `role` (U8) tensor.
+//! A run of pooled rows (`ShardFormat::pooled`, `--positions mean`: each row the mean of a
+//! document's tokens) stores each row's first position and count as `position_first` and
+//! `count` (I32); its `position` is the row's last.
 //! An fp8 run (`DType::Fp8`) takes rows quantized by the program (each row's f32 scale,
 //! then its `float8_e4m3fn` values) and stores the values as `F8_E4M3` with `{hook}.fp8_scale`
 //! beside them; its statistics are over the dequantized values, and the writer never converts to

@@ -82,6 +82,8 @@ pub(crate) struct ShardBuilder {
     /// A pooled run's rows: first position and count.
     position_first: Vec<i32>,
     count: Vec<i32>,
+    /// The kept columns of the documents the shard holds rows of, by document.
+    documents: std::collections::BTreeMap<i64, String>,
     samples: Option<(u64, u64)>,
     /// Sequences in the host's batches (each step's).
     batch_rows: usize,
@@ -109,6 +111,7 @@ impl ShardBuilder {
             role: Vec::new(),
             position_first: Vec::new(),
             count: Vec::new(),
+            documents: Default::default(),
             samples: None,
             batch_rows: 0,
             data_position_after: serde_json::Value::Null,
@@ -127,7 +130,8 @@ impl ShardBuilder {
                 + 8
                 + usize::from(self.format.keep_excluded)
                 + usize::from(self.format.roles)
-                + 8 * usize::from(self.format.pooled));
+                + 8 * usize::from(self.format.pooled))
+            + self.documents.values().map(|d| d.len() + 24).sum::<usize>();
         (self.columns.iter().map(Building::bytes).sum::<usize>() + meta) as u64
     }
 
@@ -193,6 +197,11 @@ impl ShardBuilder {
             if let (true, Some(pooled)) = (self.format.pooled, &batch.pooled) {
                 self.position_first.push(pooled.first[t]);
                 self.count.push(pooled.count[t]);
+            }
+        }
+        if self.format.documents {
+            for batch in unit {
+                self.documents.extend(batch.documents.iter().cloned());
             }
         }
         let start = self.samples.map_or(first_sample, |(s, _)| s);
@@ -307,6 +316,7 @@ impl ShardBuilder {
             role,
             position_first,
             count,
+            documents,
             samples,
             batch_rows: _,
             data_position_after: _,
@@ -337,6 +347,20 @@ impl ShardBuilder {
         if format.pooled {
             tensors.push(tensor("position_first", "I32", le_bytes(&position_first, i32::to_le_bytes), Rank::Tokens));
             tensors.push(tensor("count", "I32", le_bytes(&count, i32::to_le_bytes), Rank::Tokens));
+        }
+        if format.documents {
+            let mut lines = String::new();
+            for (doc, fields) in &documents {
+                lines.push_str(&format!("[{doc},{fields}]\n"));
+            }
+            let bytes = lines.len();
+            tensors.push(Tensor {
+                name: "documents".into(),
+                dtype: "U8",
+                shape: vec![bytes],
+                data: vec![Bytes::from(lines)],
+                rank: Rank::Masks,
+            });
         }
         if format.keep_excluded {
             let mask = Bytes::from(mask.iter().map(|&m| u8::from(m)).collect::<Vec<u8>>());

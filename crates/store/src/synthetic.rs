@@ -164,6 +164,7 @@ impl SyntheticSpec {
             outputs,
             roles: None,
             pooled: None,
+            documents: Vec::new(),
             first_sample,
             batch: self.batch,
             seq: self.seq,

@@ -48,8 +48,8 @@ pub(crate) fn file_order(tensors: &mut [Tensor]) {
 }
 
 /// Tensor names that hooks may not use.
-pub const RESERVED_TENSOR_NAMES: [&str; 8] =
-    ["token_ids", "doc_index", "position", "sample_index", "mask", "role", "position_first", "count"];
+pub const RESERVED_TENSOR_NAMES: [&str; 9] =
+    ["token_ids", "doc_index", "position", "sample_index", "mask", "role", "position_first", "count", "documents"];
 
 /// The element type of a stored activation tensor; `None` for a dtype siphon never stores.
 pub(crate) fn stored_dtype(dtype: safetensors::Dtype) -> Option<DType> {

@@ -36,6 +36,7 @@
 mod agree;
 mod compute;
 pub(crate) mod dictionary;
+mod documents;
 pub(crate) mod fetch;
 mod finish;
 pub(crate) mod fits;
@@ -110,6 +111,11 @@ pub fn run(options: ExtractOptions) -> anyhow::Result<()> {
         text_tokenizer.map_or(&[][..], |t| &t.special_tokens),
     )?;
     spec.chat_template = chat.as_ref().map(|c| c.source().to_string());
+    if !spec.keep_columns.is_empty() {
+        let names: Vec<String> = spec.keep_columns.iter().map(|(name, _)| name.clone()).collect();
+        let kinds = corpus.check_columns(&names).context("--keep-columns")?;
+        spec.keep_columns = kinds.into_iter().map(|(name, kind)| (name, kind.to_string())).collect();
+    }
     if let Some(siphon_data::Positions::After(text)) = &spec.positions {
         spec.positions_marker = Some(marker_tokens(&tokenizer, text)?);
     }
@@ -209,7 +215,9 @@ fn run_joined(coord: &Coordination, host: HostId, prepared: Prepared, options: &
     let resumed = resume::open(&job, &compute, &reading, &fingerprints)?;
     let streaming = resumed.streaming;
     // 8. The loop.
-    let ended = steps::run(&job, &compute, resumed)?;
+    let names: Vec<String> = spec.keep_columns.iter().map(|(name, _)| name.clone()).collect();
+    let documents = (!names.is_empty()).then(|| documents::Documents::new(reading.corpus.clone(), names));
+    let ended = steps::run(&job, &compute, resumed, documents)?;
     // 9. The last shards, completion, statistics, shutdown.
     finish::finish(&job, ended, streaming)
 }

@@ -66,6 +66,13 @@ pub struct ExtractOptions {
     /// (`--roles assistant` keeps the generated tokens). Needs --run and a local --output.
     #[arg(long, value_name = "FLAGS", allow_hyphen_values = true, help_heading = "Data")]
     pub generate: Option<String>,
+    /// Carry these fields of each record into the run (comma-separated: parquet columns of
+    /// integers, floats, booleans or strings; jsonl fields of any JSON value, null where absent),
+    /// one row per document stored beside the rows of its shard, joined by `doc_index`:
+    /// `Dataset.rows()` and `Dataset.documents()` in Python return them. Checked against the
+    /// corpus before any work.
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', help_heading = "Data")]
+    pub keep_columns: Vec<String>,
     /// Stop after about this many tokens in total over all hosts (whole batches).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Data")]
     pub max_tokens: Option<u64>,
@@ -227,6 +234,10 @@ pub struct RunSpec {
     pub shuffle_tokens_seed: u64,
     /// Keep excluded tokens with a mask.
     pub keep_excluded: bool,
+    /// The kept columns of each document (`--keep-columns`) and each one's kind
+    /// (`siphon_data::column_kind`, `json` for a jsonl field), set once the corpus is checked.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub keep_columns: Vec<(String, String)>,
     /// The rows of each document stored (`--positions`; every kept token when `None`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub positions: Option<Positions>,
@@ -312,6 +323,10 @@ impl ExtractOptions {
         if let Some(positions) = &self.positions {
             self.check_positions(positions)?;
         }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(bad) = self.keep_columns.iter().find(|c| c.trim().is_empty() || !seen.insert(c.as_str())) {
+            bail!("--keep-columns names {bad:?} twice or empty");
+        }
         Ok(RunSpec {
             model,
             tokenizer: self.tokenizer.as_ref().map(|p| p.display().to_string()),
@@ -334,6 +349,7 @@ impl ExtractOptions {
             keep_excluded: self.keep_excluded,
             positions: self.positions.clone(),
             positions_marker: None,
+            keep_columns: self.keep_columns.iter().map(|c| (c.clone(), String::new())).collect(),
             allow_non_finite: self.allow_non_finite,
             cpu_devices: self.cpu_devices,
             mesh: self.mesh_request(self.cpu_devices),

@@ -98,6 +98,8 @@ pub struct Step {
     /// Each member's chosen rows (`--positions`), which the program returned instead of
     /// every token's.
     pub chosen: Vec<Option<siphon_data::Selection>>,
+    /// Each member's documents' kept columns (`--keep-columns`; empty without).
+    pub documents: Vec<Vec<(i64, String)>>,
     /// When the loop launched it.
     pub launched_at: Instant,
 }
@@ -274,7 +276,7 @@ fn drain(
 ) -> Drained {
     let mut previous_ready: Option<Instant> = None;
     let mut total = PathTiming::default();
-    for Step { launched, mut slot, batches, chosen, launched_at } in steps.iter() {
+    for Step { launched, mut slot, batches, chosen, documents, launched_at } in steps.iter() {
         let waiting = Instant::now();
         launched.wait()?;
         let ready = Instant::now();
@@ -315,17 +317,18 @@ fn drain(
         drop(launched);
         let loan = Arc::new(OnLoan { slot: Some(slot), home: home.clone() });
         let results = sinks.iter_mut().zip(batches.iter().zip(&chosen)).zip(latents.into_iter().zip(outputs));
-        for (member, ((sink, (batch, chosen)), (latents, outputs))) in results.enumerate() {
+        for (member, (((sink, (batch, chosen)), (latents, outputs)), documents)) in results.zip(documents).enumerate() {
             let (Some((writer, _)), Some(batch)) = (sink.writer.as_mut(), batch) else { continue };
             let rows = batch.len() * chosen.as_ref().map_or(batch.seq_len, |c| c.rows);
             let hooks = writer_hooks(writer, batches_are, rows, &loan, member);
             let latents = super::dictionary::for_writer(&batches_are.latents, rows, latents);
             let outputs =
                 super::next_token::for_writer(&batches_are.outputs, batch, outputs, batches_are.allow_non_finite)?;
-            let store_batch = match chosen {
+            let mut store_batch = match chosen {
                 Some(chosen) => chosen_batch(batch, chosen, hooks, latents, batches_are)?,
                 None => to_store_batch(batch, hooks, latents, outputs, batches_are.roles)?,
             };
+            store_batch.documents = documents;
             writer.push(store_batch)?;
         }
         drop(loan);
@@ -386,6 +389,7 @@ fn to_store_batch(
         keep: batch.exclude.iter().map(|&e| e == 0).collect(),
         roles: roles.then(|| batch.role.clone()),
         pooled: None,
+        documents: Vec::new(),
         data_position_after: serde_json::to_value(&batch.position)?,
     })
 }
@@ -417,6 +421,7 @@ fn chosen_batch(
             first: chosen.first[..rows].to_vec(),
             count: chosen.count[..rows].to_vec(),
         }),
+        documents: Vec::new(),
         data_position_after: serde_json::to_value(&batch.position)?,
     })
 }

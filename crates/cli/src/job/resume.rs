@@ -180,6 +180,7 @@ fn store_config(spec: &RunSpec, run: &str, host: HostId, give_up_after: Duration
             .map(|window_batches| ShuffleConfig { seed: spec.shuffle_tokens_seed, window_batches }),
         roles: spec.chat_template.is_some(),
         pooled: spec.positions.as_ref().is_some_and(Positions::pools),
+        documents: !spec.keep_columns.is_empty(),
         allow_non_finite: spec.allow_non_finite,
     };
     config.validate()?;

@@ -35,7 +35,12 @@ pub fn budget_batches(spec: &RunSpec, partition: siphon_data::Partition, rows: u
 }
 
 /// Runs the steps until the corpus slice, the budget or a stop ends them.
-pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<Ended> {
+pub fn run(
+    job: &Job,
+    compute: &Compute,
+    resumed: Resumed,
+    mut documents: Option<super::documents::Documents>,
+) -> anyhow::Result<Ended> {
     let Job { coord, host, spec, run: run_name, options } = *job;
     let Resumed { mut lanes, sinks, committed_tokens, latents, partition, .. } = resumed;
     let budget_batches = budget_batches(spec, partition, compute.reader_rows());
@@ -145,6 +150,16 @@ pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<End
             }
         }
         let launched = compute.launch(&fed, &chosen)?;
+        // The kept columns of the documents each writing member stores rows of.
+        let mut kept = Vec::with_capacity(lanes.len());
+        for ((lane, batch), chosen) in lanes.iter().zip(&fed).zip(&chosen) {
+            kept.push(match (&mut documents, batch) {
+                (Some(documents), Some(batch)) if lane.member.writes => {
+                    documents.of(super::documents::stored(batch, chosen.as_ref(), spec.keep_excluded))?
+                }
+                _ => Vec::new(),
+            });
+        }
         // Progress counts what this process writes, or, writing nothing, what it feeds.
         let bound = pipeline.timing().bound();
         for ((lane, batch), process) in lanes.iter().zip(&batches).zip(0..) {
@@ -154,7 +169,7 @@ pub fn run(job: &Job, compute: &Compute, resumed: Resumed) -> anyhow::Result<End
                 progress.batch((batch.len() * batch.seq_len) as u64, bound);
             }
         }
-        if pipeline.send(pipeline::Step { launched, slot, batches, chosen, launched_at }).is_err() {
+        if pipeline.send(pipeline::Step { launched, slot, batches, chosen, documents: kept, launched_at }).is_err() {
             return Err(output_path_failed(pipeline));
         }
     }

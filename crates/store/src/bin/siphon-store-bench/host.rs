@@ -319,6 +319,7 @@ fn template(o: &Options, dtype: DType) -> BatchActivations {
         keep: (0..tokens).map(|t| t % o.seq != 0).collect(),
         roles: None,
         pooled: None,
+        documents: Vec::new(),
         data_position_after: serde_json::Value::Null,
     }
 }
