@@ -73,6 +73,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let splices = splice_summary(&report, &outputs, &latents);
     let bytes: u64 = report.hosts.iter().map(|h| h.bytes).sum();
     let seconds = timing.iter().map(|t| t.seconds).fold(0.0, f64::max);
+    // What a row is (`--positions`) and the documents' kept columns (`--keep-columns`).
+    let config = report.run_json.as_ref().map(|r| &r.descriptor.config);
+    let positions = config.map_or(serde_json::Value::Null, |c| c["positions"].clone());
+    let kept_columns = config.map_or(serde_json::Value::Null, |c| c["keep_columns"].clone());
 
     if args.json {
         let hosts: Vec<_> = report
@@ -89,7 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let out = serde_json::json!({
             "url": args.url, "ok": problems.is_empty(), "problems": problems, "format": format,
             "format_version": report.format_version, "hooks": hooks, "hook_shapes": report.hook_shapes,
-            "hook_shapes_from": shapes_from, "latents": latents, "outputs": outputs, "splices": splices, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
+            "hook_shapes_from": shapes_from, "positions": positions, "kept_columns": kept_columns, "latents": latents, "outputs": outputs, "splices": splices, "notes": notes, "dtype": dtype, "tokens": report.tokens, "included_tokens": report.included_tokens,
             "bytes": bytes, "hosts": hosts, "shards_sha256": report.shards_sha256,
             "stats_sha256": report.stats_sha256, "seconds": seconds, "timing": timing,
             "tokens_per_second": if seconds > 0.0 { report.tokens as f64 / seconds } else { 0.0 },
@@ -101,6 +105,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("  hooks ({}), per-token shape from {shapes_from}:", hooks.len());
         for hook in &hooks {
             println!("    {hook} {}", report.hook_shapes.get(hook).map_or("?".to_string(), |s| format!("{s:?}")));
+        }
+        if !positions.is_null() {
+            let which = positions.as_str().map_or_else(|| positions.to_string(), str::to_string);
+            println!("  rows: --positions {which} of each document");
+        }
+        if let Some(columns) = kept_columns.as_array().filter(|c| !c.is_empty()) {
+            let named: Vec<String> = columns
+                .iter()
+                .map(|c| format!("{} ({})", c[0].as_str().unwrap_or("?"), c[1].as_str().unwrap_or("?")))
+                .collect();
+            println!("  documents' kept columns, per shard: {}", named.join(", "));
         }
         if !latents.is_empty() {
             println!("  dictionaries' latents ({}), CSR per shard:", latents.len());
