@@ -10,7 +10,8 @@
 //! anything expensive, `Span`, whether the mesh lies in a host or spans them; `agree.rs` the
 //! configuration every host shares; `compute.rs` the plugin and engine, the `Member`s whose
 //! steps this process runs, each step's chosen rows under `--positions` (`Compute::choose`, one
-//! count a sequence for the step); `resume.rs` outputs and resume points; `steps.rs` the loop;
+//! count a sequence for the step); `documents.rs` the kept columns (`--keep-columns`) of the
+//! documents each batch stores rows of; `resume.rs` outputs and resume points; `steps.rs` the loop;
 //! `finish.rs` the last shards and barriers), `pipeline.rs` (the output path: `--pipeline-depth`
 //! slots of reused host buffers; the loop launches each step into a free slot while a drain
 //! thread waits for earlier steps' programs, copies their rows into their slots and pushes them
