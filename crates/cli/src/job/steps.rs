@@ -250,26 +250,6 @@ fn output_path_failed(pipeline: pipeline::Pipeline) -> anyhow::Error {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_step_runs_while_any_reader_has_a_batch_and_a_desync_stops_it() {
-        let vote = |p, r, v: Option<&str>| (p, r, v.map(str::to_string));
-        // Reader 0 (hosts 0, 1) is done, reader 1 (hosts 2, 3) is not: the step runs.
-        let votes = [vote(0, 0, None), vote(1, 0, None), vote(2, 1, Some("7:ab")), vote(3, 1, Some("7:ab"))];
-        assert!(count_votes(7, &votes).unwrap());
-        assert!(!count_votes(8, &[vote(0, 0, None), vote(1, 1, None)]).unwrap());
-        // Host 3 read another batch than host 2.
-        let votes = [vote(2, 1, Some("7:ab")), vote(3, 1, Some("7:cd")), vote(0, 0, Some("7:ab"))];
-        let err = count_votes(7, &votes).unwrap_err().to_string();
-        assert!(err.contains("collective desync at step 7: hosts 2 and 3"), "{err}");
-        // One host of a reader done, the other not: a desync too.
-        assert!(count_votes(9, &[vote(0, 0, Some("9:ab")), vote(1, 0, None)]).is_err());
-    }
-}
-
 /// The documents `--positions` gave no row, counted and the first few named in the log: those
 /// without `after:`'s marker and those not whole in their row.
 #[derive(Default)]
@@ -279,7 +259,7 @@ struct Unchosen {
 }
 
 impl Unchosen {
-    /// The documents that shown the log by name, of each kind.
+    /// The documents named in the log, of each kind.
     const NAMED: u64 = 10;
 
     fn count(&mut self, chosen: &siphon_data::Selection) {
@@ -307,5 +287,25 @@ impl Unchosen {
                 Self::NAMED
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_runs_while_any_reader_has_a_batch_and_a_desync_stops_it() {
+        let vote = |p, r, v: Option<&str>| (p, r, v.map(str::to_string));
+        // Reader 0 (hosts 0, 1) is done, reader 1 (hosts 2, 3) is not: the step runs.
+        let votes = [vote(0, 0, None), vote(1, 0, None), vote(2, 1, Some("7:ab")), vote(3, 1, Some("7:ab"))];
+        assert!(count_votes(7, &votes).unwrap());
+        assert!(!count_votes(8, &[vote(0, 0, None), vote(1, 1, None)]).unwrap());
+        // Host 3 read another batch than host 2.
+        let votes = [vote(2, 1, Some("7:ab")), vote(3, 1, Some("7:cd")), vote(0, 0, Some("7:ab"))];
+        let err = count_votes(7, &votes).unwrap_err().to_string();
+        assert!(err.contains("collective desync at step 7: hosts 2 and 3"), "{err}");
+        // One host of a reader done, the other not: a desync too.
+        assert!(count_votes(9, &[vote(0, 0, Some("9:ab")), vote(1, 0, None)]).is_err());
     }
 }
