@@ -35,12 +35,13 @@ def hf_loop(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
     texts = [json.loads(line)["text"] for line in open(args.docs)]
-    bos = tokenizer.bos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     rows: List[Any] = []
     with torch.no_grad():
         for start in range(0, len(texts), BATCH):
-            ids = [[bos] + tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts[start : start + BATCH]]
+            # The tokenizer's own special tokens, as a user's call adds them (SmolLM2's: none;
+            # siphon detects no BOS for it either).
+            ids = [tokenizer(t)["input_ids"] for t in texts[start : start + BATCH]]
             width = max(map(len, ids))
             input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in ids])
             mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in ids])

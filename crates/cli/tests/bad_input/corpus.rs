@@ -135,3 +135,29 @@ fn special_files_the_data_path_reads_are_refused_naming_them() {
         );
     }
 }
+
+/// `--positions` and `--keep-columns` out of what they take: refused within seconds naming the
+/// flag and why, no run directory left.
+#[test]
+fn rows_and_kept_columns_out_of_range_are_refused_by_name() {
+    let s = setup();
+    let jsonl = corpus_of(&s, "labeled", "docs.jsonl", |path| {
+        std::fs::write(path, "{\"text\": \"the river\", \"label\": 1}\n{\"text\": \"a grey sky\", \"label\": 0}\n").unwrap()
+    });
+    let jsonl = jsonl.to_str().unwrap();
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--positions", "last"], &["--positions last", "--pad right", "--pack isolated"]),
+        (&["--pad", "right", "--positions", "last:0"], &["last:0"]),
+        (&["--pad", "right", "--positions", "after:"], &["after:", "marker"]),
+        (&["--pad", "right", "--positions", "middle"], &["middle", "last:N"]),
+        (&["--pad", "right", "--positions", "last", "--outputs", "nll"], &["--positions last", "--outputs"]),
+        (&["--keep-columns", "label"], &["--keep-columns", "plain text"]),
+        (&["--corpus", jsonl, "--keep-columns", "label,lable"], &["lable", "label"]),
+        (&["--corpus", jsonl, "--keep-columns", "label,label"], &["--keep-columns", "label"]),
+    ];
+    for (i, (extra, words)) in cases.iter().enumerate() {
+        let run = format!("rows{i}");
+        refused(&extract_args(&s, &run, extra), words, Duration::from_secs(30));
+        assert!(!s.root.join("out").join(&run).exists(), "{extra:?}: a run directory was left");
+    }
+}
