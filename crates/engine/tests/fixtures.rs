@@ -718,7 +718,7 @@ fn width_split(config: &siphon_models::ModelConfig, mesh: &Mesh) -> (HashMap<Str
     (specs, input)
 }
 
-/// Every family's fixture except the hybrids (tested below) and the stored-weight variants.
+/// Every family's fixture but the stored-weight variants.
 const ISOLATED: &[&str] = &[
     "tiny-llama",
     "tiny-qwen2",
@@ -741,10 +741,14 @@ const ISOLATED: &[&str] = &[
     "tiny-gemma4-mm",
     "tiny-gemma4-moe",
     "tiny-deepseek-v3",
+    "tiny-qwen3-5",
+    "tiny-qwen3-5-moe",
+    "tiny-qwen3-next",
 ];
 
 /// Isolated documents: the real tokens of each row of a family's right-padded golden (HF's
-/// run of that document alone) packed one after another into one row, positions restarting
+/// run of that document alone) packed one after another into one row (a hybrid's four times
+/// over), positions restarting
 /// at each, three padding tokens after the last; every hook of every document is HF's of it
 /// alone (1e-4 of the hook's scale, as the goldens). On `mesh`, the packed row fills the
 /// `data` axis.
@@ -753,11 +757,16 @@ fn check_isolated(name: &str, mesh: Mesh) {
     let model = LoadedModel::open(&dir).unwrap();
     let g = golden(&dir.join("golden-right.safetensors"));
     let (mut row, mut positions, mut spans) = (Vec::new(), Vec::new(), Vec::new());
-    for (ids, mask) in g.ids.iter().zip(&g.mask) {
-        let n = mask.iter().filter(|&&m| m != 0).count();
-        spans.push((row.len(), n));
-        row.extend_from_slice(&ids[..n]);
-        positions.extend(0..n as i32);
+    // A hybrid's documents four times over: a row of several chunks of Gated DeltaNet's
+    // recurrence, documents across their boundaries.
+    let copies = if model.config.linear_attention.is_some() { 4 } else { 1 };
+    for _ in 0..copies {
+        for (doc, (ids, mask)) in g.ids.iter().zip(&g.mask).enumerate() {
+            let n = mask.iter().filter(|&&m| m != 0).count();
+            spans.push((doc, row.len(), n));
+            row.extend_from_slice(&ids[..n]);
+            positions.extend(0..n as i32);
+        }
     }
     let real = row.len();
     row.extend([0; 3]);
@@ -775,7 +784,7 @@ fn check_isolated(name: &str, mesh: Mesh) {
         let width: usize = shape[2..].iter().product();
         let got = acts.get(*hook).unwrap().to_f32();
         let (mut diff, mut scale) = (0f32, 0f32);
-        for (doc, &(start, n)) in spans.iter().enumerate() {
+        for &(doc, start, n) in &spans {
             for t in 0..n {
                 let (a, b) = ((start + t) * width, (doc * shape[1] + t) * width);
                 for (x, y) in got[a..a + width].iter().zip(&want[b..b + width]) {
@@ -800,24 +809,15 @@ fn isolated_documents_in_one_row_equal_hf_on_each_alone() {
 #[test]
 fn isolated_documents_equal_hf_on_each_alone_on_a_2x4_mesh() {
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
-    for name in ["tiny-llama", "tiny-gemma2", "tiny-gemma3", "tiny-gpt-oss", "tiny-deepseek-v3", "tiny-gpt2"] {
+    for name in
+        ["tiny-llama", "tiny-gemma2", "tiny-gemma3", "tiny-gpt-oss", "tiny-deepseek-v3", "tiny-gpt2", "tiny-qwen3-next"]
+    {
         check_isolated(name, mesh.clone());
     }
 }
 
-/// Gated DeltaNet's state is not reset at a document's start yet: refused by name.
-#[test]
-fn isolated_documents_of_a_hybrid_are_refused_by_name() {
-    let model = LoadedModel::open(&fixture("tiny-qwen3-next")).unwrap();
-    let options = EngineOptions { isolated: true, ..EngineOptions::default() };
-    let hooks = [HookPoint::block(0, HookKind::ResidPost)];
-    let e = Engine::new(&client(), &model, hooks.to_vec(), options).unwrap_err().to_string();
-    assert!(e.contains("isolated documents") && e.contains("Gated DeltaNet"), "{e}");
-}
-
 /// Chosen rows (`Batch::with_selection`): for each document packed into the row (as
-/// [`check_isolated`] packs them; one document a row, right-padded, for the hybrids, which
-/// isolation refuses), three rows — its last token, the mean of its tokens, its middle token —
+/// [`check_isolated`] packs them, or one document a row, right-padded), three rows — its last token, the mean of its tokens, its middle token —
 /// equal HF's values of that document alone taken or averaged in f64 (1e-5 of the hook's
 /// scale), on one device and on a 2 × 4 mesh.
 #[test]
@@ -825,7 +825,8 @@ fn chosen_rows_equal_hf_taken_or_averaged_in_f64() {
     for name in ISOLATED {
         check_chosen(name, Mesh::single_device(), true);
     }
-    for name in ["tiny-qwen3-next", "tiny-qwen3-5"] {
+    // One document a row, padded, too.
+    for name in ["tiny-qwen3-next", "tiny-llama"] {
         check_chosen(name, Mesh::single_device(), false);
     }
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();

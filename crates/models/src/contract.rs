@@ -125,7 +125,8 @@ pub struct ForwardSpec {
     /// Whether a row may hold several documents, each attending its own tokens only: the
     /// positions (`position_ids`) restart at each document's first token, and query `i`
     /// attends key `j` where their positions differ by `i - j` (the same document). Each
-    /// document then gets the activations it gets alone. Gated DeltaNet's state is refused.
+    /// document then gets the activations it gets alone; Gated DeltaNet's convolution and
+    /// recurrence start afresh at each document (a token whose position id is 0).
     pub isolated: bool,
     /// When given, chosen rows: each row returns this many rows per hook (and its
     /// dictionaries read them), each a weighted sum of its tokens, the weights the program's

@@ -142,7 +142,8 @@ fn special_files_the_data_path_reads_are_refused_naming_them() {
 fn rows_and_kept_columns_out_of_range_are_refused_by_name() {
     let s = setup();
     let jsonl = corpus_of(&s, "labeled", "docs.jsonl", |path| {
-        std::fs::write(path, "{\"text\": \"the river\", \"label\": 1}\n{\"text\": \"a grey sky\", \"label\": 0}\n").unwrap()
+        std::fs::write(path, "{\"text\": \"the river\", \"label\": 1}\n{\"text\": \"a grey sky\", \"label\": 0}\n")
+            .unwrap()
     });
     let jsonl = jsonl.to_str().unwrap();
     let cases: &[(&[&str], &[&str])] = &[

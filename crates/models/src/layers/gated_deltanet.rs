@@ -22,6 +22,13 @@
 //! when the first real token arrives and the real tokens get the values of an unpadded row
 //! (padding after the last real token cannot reach them).
 //!
+//! Isolated documents in a row (`ForwardSpec::isolated`): each token's document is counted
+//! from the position ids (a document starts at position 0); a convolution tap reads zeros
+//! across a document's start, within a chunk the pairwise decays (and so the UT transform and
+//! the chunk's own attention) pair tokens of one document only, a chunk's tokens read the state
+//! only where their document began before the chunk, and it passes on only its last
+//! document's — so each document's recurrence starts from zeros, exactly as alone.
+//!
 //! A decoding step (`crate::decode`) carries each row's state between steps: the recurrence
 //! starts from the row's `[nv, dk, dv]` state and the convolutions from its last `K - 1`
 //! inputs (zeros where a row starts a sequence), padding tokens change neither (their decay
@@ -124,14 +131,13 @@ impl Graph<'_> {
     /// the `linear_attn.*` hooks; returns `out_proj`'s output (see the module docs).
     pub fn gated_deltanet(&mut self, x: Value, layer: usize) -> Result<Value, ModelError> {
         use HookKind::*;
-        if self.spec.isolated {
-            return Err(ModelError::UnsupportedArch(format!(
-                "{}: isolated documents in a row need Gated DeltaNet's recurrent and convolution state reset at each \
-                 document's start, which is not built yet (pad one document a row instead)",
-                self.config.arch
-            )));
-        }
         let decoding = self.cache.is_some();
+        // Isolated documents: each token's document within its row, so that neither the
+        // convolution nor the recurrence reads across a document's start.
+        let segments = match self.spec.isolated {
+            true => Some(self.document_segments()?),
+            false => None,
+        };
         let la = self
             .config
             .linear_attention
@@ -169,7 +175,7 @@ impl Graph<'_> {
                 }
                 false => None,
             };
-            let (out, inputs) = self.causal_conv_silu(y, w, cached.as_ref().map(|c| c.0))?;
+            let (out, inputs) = self.causal_conv_silu(y, w, cached.as_ref().map(|c| c.0), segments)?;
             if let Some((_, spec)) = cached {
                 let after = self.last_inputs(inputs, kept)?;
                 self.keep_cache(format!("blocks.{layer}.conv_{part}"), after, spec);
@@ -187,7 +193,7 @@ impl Graph<'_> {
         let decay = self.log_decay(a, &p("A_log"), &p("dt_bias"))?;
         self.hook(at(LinLogDecay), decay);
         let core = match decoding {
-            false => self.chunked_delta_rule(&la, q, k, v, beta, decay, None)?.0,
+            false => self.chunked_delta_rule(&la, q, k, v, beta, decay, None, segments)?.0,
             true => self.cached_delta_rule(&la, layer, q, k, v, beta, decay)?,
         };
         self.hook(at(LinRecurrenceOut), core);
@@ -209,12 +215,41 @@ impl Graph<'_> {
         Ok(out)
     }
 
+    /// Each token's document within its row, `[batch, seq]` f32: how many documents start at
+    /// or before it (a document starts where its position id is 0: isolated documents).
+    fn document_segments(&mut self) -> Result<Value, ModelError> {
+        let (bsz, s) = (self.spec.batch, self.spec.seq);
+        let b = &mut self.b;
+        let zeros = b.splat(0.0, TensorType::new(DType::I32, &[bsz, s]))?;
+        let starts = b.compare(CompareDir::Eq, self.position_ids, zeros)?;
+        let (one, none) = (
+            b.splat(1.0, TensorType::new(DType::F32, &[bsz, s]))?,
+            b.splat(0.0, TensorType::new(DType::F32, &[bsz, s]))?,
+        );
+        let starts = b.select(starts, one, none)?;
+        // Σ_{j ≤ i} starts[j]: a product with the lower triangle, built on the device.
+        let square = TensorType::new(DType::I32, &[s, s]);
+        let (ii, jj) = (b.iota(square.clone(), 0)?, b.iota(square, 1)?);
+        let lower = b.compare(CompareDir::Le, jj, ii)?;
+        let (one, none) =
+            (b.splat(1.0, TensorType::new(DType::F32, &[s, s]))?, b.splat(0.0, TensorType::new(DType::F32, &[s, s]))?);
+        let lower = b.select(lower, one, none)?;
+        Ok(b.dot_general(starts, lower, &DotDims::contract(&[1], &[1]))?)
+    }
+
     /// `silu(causal_conv1d(y))` of `y` `[tokens, channels]` with the depthwise weights `w`
     /// `[channels, K]`: each channel's output at position `t` is `Σ_j w[j] · y[t - K + 1 + j]`
     /// within its row (before the row's start: `before` `[batch, K - 1, channels]`, a decoding
-    /// step's last inputs, else zeros), in f32, cast back, then SiLU. Also returns the inputs
-    /// the sum read, `[batch, K - 1 + seq, channels]` f32.
-    fn causal_conv_silu(&mut self, y: Value, w: Value, before: Option<Value>) -> Result<(Value, Value), ModelError> {
+    /// step's last inputs, else zeros) and, given `segments` ([`Graph::document_segments`]),
+    /// within its document (inputs of another read as zeros), in f32, cast back, then SiLU.
+    /// Also returns the inputs the sum read, `[batch, K - 1 + seq, channels]` f32.
+    fn causal_conv_silu(
+        &mut self,
+        y: Value,
+        w: Value,
+        before: Option<Value>,
+        segments: Option<Value>,
+    ) -> Result<(Value, Value), ModelError> {
         let (bsz, s, dt) = (self.spec.batch, self.spec.seq, self.dt);
         let b = &mut self.b;
         let channels = b.dims(y)?[1];
@@ -227,9 +262,24 @@ impl Graph<'_> {
             None => b.splat(0.0, TensorType::new(DType::F32, &[bsz, kernel - 1, channels]))?,
         };
         let padded = b.concatenate(&[before, y], 1)?;
+        // Each input's document, the K - 1 before the row none's (-1).
+        let documents = match segments {
+            Some(seg) => {
+                let none = b.splat(-1.0, TensorType::new(DType::F32, &[bsz, kernel - 1]))?;
+                Some((seg, b.concatenate(&[none, seg], 1)?))
+            }
+            None => None,
+        };
         let mut acc: Option<Value> = None;
         for j in 0..kernel {
-            let window = b.slice_dim(padded, 1, j, j + s)?;
+            let mut window = b.slice_dim(padded, 1, j, j + s)?;
+            if let Some((seg, padded_seg)) = documents.filter(|_| j + 1 < kernel) {
+                let read = b.slice_dim(padded_seg, 1, j, j + s)?;
+                let same = b.compare(CompareDir::Eq, read, seg)?;
+                let same = b.broadcast_in_dim(same, &[bsz, s, channels], &[0, 1])?;
+                let zeros = b.splat(0.0, TensorType::new(DType::F32, &[bsz, s, channels]))?;
+                window = b.select(same, window, zeros)?;
+            }
             let wj = b.slice_dim(w, 1, j, j + 1)?;
             let wj = b.reshape(wj, &[channels])?;
             let wj = b.broadcast_in_dim(wj, &[bsz, s, channels], &[2])?;
@@ -313,7 +363,7 @@ impl Graph<'_> {
             let zeros = b.splat(0.0, TensorType::new(b.dtype(*x)?, &[t, nv]))?;
             *x = b.select(real, *x, zeros)?;
         }
-        let (out, after) = self.chunked_delta_rule(la, q, k, v, masked[0], masked[1], Some(state))?;
+        let (out, after) = self.chunked_delta_rule(la, q, k, v, masked[0], masked[1], Some(state), None)?;
         let after = after.expect("a state after the rows from a state before them");
         self.keep_cache(format!("blocks.{layer}.state"), after, spec);
         Ok(out)
@@ -324,7 +374,10 @@ impl Graph<'_> {
     /// f32, from the state `initial` `[batch, nv, dk, dv]` f32 (zeros when none); returns
     /// `[tokens, nv·dv]` in the compute dtype and, given `initial`, the state after the rows. A
     /// decoding step's chunks are no longer than its rows (a one-token step is one
-    /// recurrence step, as transformers decodes).
+    /// recurrence step, as transformers decodes). Given `segments` ([`Graph::document_segments`]),
+    /// each document's recurrence starts from zeros at its first token: within a chunk, tokens
+    /// read and solve against their own document's only; a chunk reads the state only for the
+    /// tokens of the document it carries on, and passes on only its last document's.
     #[allow(clippy::too_many_arguments)]
     fn chunked_delta_rule(
         &mut self,
@@ -335,6 +388,7 @@ impl Graph<'_> {
         beta: Value,
         decay: Value,
         initial: Option<Value>,
+        segments: Option<Value>,
     ) -> Result<(Value, Option<Value>), ModelError> {
         let (bsz, s, dt) = (self.spec.batch, self.spec.seq, self.dt);
         let (nk, nv, dk, dv) = (la.n_key_heads, la.n_value_heads, la.key_head_dim, la.value_head_dim);
@@ -371,6 +425,19 @@ impl Graph<'_> {
         let beta = b.reshape(beta, &[bsz, s, nv, 1])?;
         let beta = b.convert(beta, DType::F32)?;
         let decay = b.reshape(decay, &[bsz, s, nv, 1])?;
+        // Isolated documents: each token's document, and that of the token before it, per
+        // value head `[B, S, nv, 1]`; chunked below to `[groups, c]` (a chunk's tail past the
+        // row: document 0, no document's).
+        let documents = match segments {
+            Some(seg) => {
+                let none = b.splat(-1.0, f32t(&[bsz, 1]))?;
+                let shifted = b.slice_dim(seg, 1, 0, s - 1)?;
+                let shifted = b.concatenate(&[none, shifted], 1)?;
+                let seg = b.broadcast_in_dim(seg, &[bsz, s, nv, 1], &[0, 1])?;
+                Some((seg, b.broadcast_in_dim(shifted, &[bsz, s, nv, 1], &[0, 1])?))
+            }
+            None => None,
+        };
         // [B, S, nv, d] -> [N·B·nv, C, d]: padded to whole chunks, chunk-major.
         let mut chunked = |x: Value, d: usize| -> Result<Value, ModelError> {
             let x = b.transpose(x, &[1, 0, 2, 3])?;
@@ -387,8 +454,16 @@ impl Graph<'_> {
         let (q, k, v) = (chunked(heads[0], dk)?, chunked(heads[1], dk)?, chunked(v, dv)?);
         let beta = chunked(beta, 1)?;
         let decay = chunked(decay, 1)?;
+        let documents = match documents {
+            Some((seg, before)) => Some((chunked(seg, 1)?, chunked(before, 1)?)),
+            None => None,
+        };
         let beta = b.reshape(beta, &[groups, c])?;
         let decay = b.reshape(decay, &[groups, c])?;
+        let documents = match documents {
+            Some((seg, before)) => Some((b.reshape(seg, &[groups, c])?, b.reshape(before, &[groups, c])?)),
+            None => None,
+        };
         // cum[i] = Σ_{j ≤ i} decay[j] within each chunk.
         let lower: Vec<f32> = (0..c * c).map(|i| if i % c <= i / c { 1.0 } else { 0.0 }).collect();
         let lower = b.constant_f32(&lower, &[c, c])?;
@@ -402,7 +477,23 @@ impl Graph<'_> {
         let jj = b.iota(TensorType::new(DType::I32, &sq), 2)?;
         let upper = b.compare(CompareDir::Gt, jj, ii)?;
         let ninf = b.splat(f64::NEG_INFINITY, f32t(&sq))?;
-        let diff = b.select(upper, ninf, diff)?;
+        let mut diff = b.select(upper, ninf, diff)?;
+        // Per document: token i reads token j of its own only.
+        let mut carried = None;
+        if let Some((seg, before)) = documents {
+            let si = b.broadcast_in_dim(seg, &sq, &[0, 1])?;
+            let sj = b.broadcast_in_dim(seg, &sq, &[0, 2])?;
+            let same = b.compare(CompareDir::Eq, si, sj)?;
+            diff = b.select(same, diff, ninf)?;
+            // The tokens of the document the chunk carries on (that of the token before it).
+            let first = b.slice_dim(before, 1, 0, 1)?;
+            let first = b.broadcast_in_dim(first, &[groups, c], &[0, 1])?;
+            let on = b.compare(CompareDir::Eq, seg, first)?;
+            let last = b.slice_dim(seg, 1, c - 1, c)?;
+            let last = b.broadcast_in_dim(last, &[groups, c], &[0, 1])?;
+            let with_last = b.compare(CompareDir::Eq, seg, last)?;
+            carried = Some((on, with_last));
+        }
         let pairwise = b.exp(diff)?;
         let beta_k = b.broadcast_in_dim(beta, &[groups, c, dk], &[0, 1])?;
         let beta_v = b.broadcast_in_dim(beta, &[groups, c, dv], &[0, 1])?;
@@ -415,20 +506,38 @@ impl Graph<'_> {
         let intra = b.mul(intra, pairwise)?;
         let ecum = b.exp(cum)?;
         let ecum_k = b.broadcast_in_dim(ecum, &[groups, c, dk], &[0, 1])?;
-        let decayed_k_beta = b.mul(k_beta, ecum_k)?;
+        let mut decayed_k_beta = b.mul(k_beta, ecum_k)?;
+        // Zeros where a token does not read the state (its document starts in the chunk).
+        let only = |b: &mut siphon_hlo::Builder, x: Value, keep: Value, d: usize| -> Result<Value, ModelError> {
+            let keep = b.broadcast_in_dim(keep, &[groups, c, d], &[0, 1])?;
+            let zeros = b.splat(0.0, f32t(&[groups, c, d]))?;
+            Ok(b.select(keep, x, zeros)?)
+        };
+        if let Some((on, _)) = carried {
+            decayed_k_beta = only(b, decayed_k_beta, on, dk)?;
+        }
         // The UT transform: (I + strictly_lower(ut))⁻¹ applied to v·beta and k·beta·exp(cum).
         let rhs = b.concatenate(&[v_beta, decayed_k_beta], 2)?;
         let solved = b.solve_unit_lower(ut, rhs)?;
         let new_values = b.slice_dim(solved, 2, 0, dv)?;
         let k_cumdecay = b.slice_dim(solved, 2, dv, dv + dk)?;
-        let q_decayed = b.mul(q, ecum_k)?;
+        let mut q_decayed = b.mul(q, ecum_k)?;
         let last = b.slice_dim(cum, 1, c - 1, c)?;
         let last_c = b.broadcast_in_dim(last, &[groups, c], &[0, 1])?;
         let to_end = b.sub(last_c, cum)?;
         let to_end = b.exp(to_end)?;
         let to_end = b.broadcast_in_dim(to_end, &[groups, c, dk], &[0, 1])?;
-        let k_decayed = b.mul(k, to_end)?;
-        let chunk_decay = b.exp(last)?;
+        let mut k_decayed = b.mul(k, to_end)?;
+        let mut chunk_decay = b.exp(last)?;
+        if let Some((on, with_last)) = carried {
+            // The state passes on the chunk's last document only: its tokens' writes, and the
+            // state itself where that document began before the chunk.
+            q_decayed = only(b, q_decayed, on, dk)?;
+            k_decayed = only(b, k_decayed, with_last, dk)?;
+            let through = b.slice_dim(on, 1, c - 1, c)?;
+            let zeros = b.splat(0.0, f32t(&[groups, 1]))?;
+            chunk_decay = b.select(through, chunk_decay, zeros)?;
+        }
         let by_chunk = |b: &mut siphon_hlo::Builder, x: Value, d: usize| b.reshape(x, &[n, bh, c, d]);
         let new_values = by_chunk(b, new_values, dv)?;
         let k_cumdecay = by_chunk(b, k_cumdecay, dk)?;
