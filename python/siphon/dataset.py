@@ -28,7 +28,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import google_crc32c
 import numpy as np
 
-from . import _convert, documents
+from . import _convert
+from . import documents as _documents
 from ._format import (
     FP8,
     RESERVED,
@@ -479,7 +480,6 @@ class Dataset:
         ``count``, a run of conversations' ``role``, and the document's kept columns
         (``--keep-columns``). A ``--positions`` run holds one row per document (turn, or marker
         occurrence): what a probe is fit on. Needs pyarrow."""
-        output = _deprecated_output(None, output)
         hooks = self._check_hooks(hooks)
         columns = ["doc_index"] + (["position_first", "count"] if self.has_pooled else [])
         parts = list(
@@ -494,20 +494,20 @@ class Dataset:
         convert = _convert.Converter(output, _convert.resolve_dtype(dtype, output), self.dtype, hooks, None)
         x = convert({k: joined[k] for k in names})
         kept = self.documents() if self.kept_columns else None
-        return x, documents.joined({k: joined[k] for k in table_names}, kept)
+        return x, _documents.joined({k: joined[k] for k in table_names}, kept)
 
     @property
     def kept_columns(self) -> List[Tuple[str, str]]:
         """The documents' kept columns (``--keep-columns``) as ``(name, kind)``: ``int``,
         ``float``, ``bool``, ``string`` (a parquet column's type) or ``json`` (a jsonl field)."""
-        return documents.kept_columns(self.run)
+        return _documents.kept_columns(self.run)
 
     def documents(self) -> Any:
         """Every document the committed shards hold rows of, once, in document order: a pyarrow
         table of ``doc_index`` and its kept columns (``--keep-columns``), typed. Needs pyarrow."""
         if not self.kept_columns:
             raise DatasetError(f"{self.url}: the run keeps no columns of its documents (--keep-columns)")
-        return documents.read_documents(self._location, self.shards, self.kept_columns)
+        return _documents.read_documents(self._location, self.shards, self.kept_columns)
 
     def labeled(self, hook: str, label: str, *, dtype: Any = "float32") -> Any:
         """A torch Dataset of ``(x, y)`` pairs: each stored row of `hook` (flattened, in
