@@ -14,19 +14,8 @@ export SIPHON_PJRT_PLUGIN="$(bash scripts/install-plugin.sh | tail -n 1)"
 export TF_CPP_MIN_LOG_LEVEL=2
 corpus="$(bash scripts/setup-corpus.sh | tail -n 1)"
 gguf="$(bash scripts/setup-model.sh | tail -n 1)"
-# The train venv (torch, transformers) plus PyPI gguf, which transformers reads a GGUF with.
-on_train_venv bench-splice
-venv="$SIPHON_CACHE/venvs/bench-splice"
-if [[ ! -f "$venv/.siphon-setup-v1" ]]; then
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "gguf==0.19.0" >&2
-    "$venv/bin/python" -c "import gguf, sae_lens, transformers" >&2
-    touch "$venv/.siphon-setup-v1"
-fi
-python="$venv/bin/python"
-assets="$SIPHON_CACHE/bench/latents"
-model="$assets/smollm2-135m-instruct-f32"
-"$python" scripts/bench/latents_vs_delphi.py prepare --gguf "$gguf" --model-out "$model" \
-    --sae-out "$assets/saelens-topk-16k-k32-blocks.15" --layer 15 --width 16384 --k 32
+bench_hf_prepare "$gguf"
+model="$hf_model"
 siphon="${SIPHON_BIN:-}"
 if [[ -z "$siphon" ]]; then
     cargo build --release --quiet -p siphon --bin siphon

@@ -19,18 +19,7 @@ python="$(bash scripts/setup-python-train.sh | tail -n 1)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 rounds="${BENCH_ROUNDS:-3}"
-"$python" - "$corpus" "${BENCH_DOCS:-2000}" "$work/docs.jsonl" <<'PY'
-import glob, json, sys
-import pyarrow.parquet as pq
-corpus, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-docs = []
-for path in sorted(glob.glob(f"{corpus}/*.parquet")):
-    for text in pq.read_table(path).column("text").to_pylist():
-        docs += [p.strip() for p in text.split("\n\n") if 40 <= len(p.strip()) <= 300]
-with open(out, "w") as f:
-    for i, text in enumerate(docs[:n]):
-        f.write(json.dumps({"text": text, "label": i % 2}) + "\n")
-PY
+bench_short_docs "$python" "$corpus" "${BENCH_DOCS:-2000}" "$work/docs.jsonl"
 hooks="$(python3 -c 'print(",".join(f"blocks.{l}.hook_resid_post" for l in (3, 7, 11, 15, 19, 23, 27, 29)))')"
 
 one() {  # one() NAME [flags]: runs the extraction, prints "wall tokens_per_second tokens"

@@ -12,32 +12,9 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 bench_prepare
-gguf="$model"
-on_train_venv bench-splice
-venv="$SIPHON_CACHE/venvs/bench-splice"
-if [[ ! -f "$venv/.siphon-setup-v1" ]]; then
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "gguf==0.19.0" >&2
-    "$venv/bin/python" -c "import gguf, sae_lens, transformers" >&2
-    touch "$venv/.siphon-setup-v1"
-fi
-python="$venv/bin/python"
-assets="$SIPHON_CACHE/bench/latents"
-hf_model="$assets/smollm2-135m-instruct-f32"
-"$python" scripts/bench/latents_vs_delphi.py prepare --gguf "$gguf" --model-out "$hf_model" \
-    --sae-out "$assets/saelens-topk-16k-k32-blocks.15" --layer 15 --width 16384 --k 32
+bench_hf_prepare "$model"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-"$python" - "$corpus" "${BENCH_DOCS:-2000}" "$work/docs.jsonl" <<'PY'
-import glob, json, sys
-import pyarrow.parquet as pq
-corpus, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-docs = []
-for path in sorted(glob.glob(f"{corpus}/*.parquet")):
-    for text in pq.read_table(path).column("text").to_pylist():
-        docs += [p.strip() for p in text.split("\n\n") if 40 <= len(p.strip()) <= 300]
-with open(out, "w") as f:
-    for i, text in enumerate(docs[:n]):
-        f.write(json.dumps({"text": text, "label": i % 2}) + "\n")
-PY
+bench_short_docs "$python" "$corpus" "${BENCH_DOCS:-2000}" "$work/docs.jsonl"
 "$python" scripts/bench/positions_vs_hf.py bench --siphon "$siphon" --model "$hf_model" --docs "$work/docs.jsonl" \
     --rounds "${BENCH_ROUNDS:-3}"

