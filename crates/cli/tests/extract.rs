@@ -91,51 +91,56 @@ fn run_ok(mut command: Command, limit: Duration) -> Output {
 }
 
 /// Every kept token of a run: (document, position) → concatenated hook rows.
-fn read_tokens(run_dir: &Path) -> BTreeMap<(i64, i32), Vec<f32>> {
-    let mut out = BTreeMap::new();
-    let hooks: Vec<&str> = HOOKS.split(',').collect();
-    for host in std::fs::read_dir(run_dir).unwrap() {
-        let host = host.unwrap().path();
+/// Every shard file of a run, host by host.
+fn shard_files(run_dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for host in std::fs::read_dir(run_dir).unwrap().map(|e| e.unwrap().path()) {
         if !host.file_name().unwrap().to_str().unwrap().starts_with("machine_") {
             continue;
         }
-        for shard in std::fs::read_dir(&host).unwrap() {
-            let shard = shard.unwrap().path();
-            if shard.extension().and_then(|e| e.to_str()) != Some("safetensors") {
-                continue;
+        for shard in std::fs::read_dir(&host).unwrap().map(|e| e.unwrap().path()) {
+            if shard.extension().and_then(|e| e.to_str()) == Some("safetensors") {
+                out.push(shard);
             }
-            let bytes = std::fs::read(&shard).unwrap();
-            let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-            let ints = |name: &str| tensors.tensor(name).unwrap().data().to_vec();
-            let docs: Vec<i64> =
-                ints("doc_index").chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-            let positions: Vec<i32> =
-                ints("position").chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
-            let f32s = |name: &str| -> Vec<f32> {
-                ints(name).chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
-            };
-            let rows: Vec<Vec<f32>> = hooks
-                .iter()
-                .map(|h| match tensors.tensor(h).unwrap().dtype() {
-                    // fp8: each row's E4M3 values times its scale.
-                    safetensors::Dtype::F8_E4M3 => {
-                        let scales = f32s(&format!("{h}.fp8_scale"));
-                        ints(h).iter().enumerate().map(|(i, &b)| e4m3(b) * scales[i / HIDDEN]).collect()
-                    }
-                    safetensors::Dtype::BF16 => ints(h)
-                        .chunks(2)
-                        .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
-                        .collect(),
-                    _ => f32s(h),
-                })
-                .collect();
-            for (i, key) in docs.iter().zip(&positions).enumerate() {
-                let mut values = Vec::with_capacity(hooks.len() * HIDDEN);
-                for hook_rows in &rows {
-                    values.extend_from_slice(&hook_rows[i * HIDDEN..(i + 1) * HIDDEN]);
+        }
+    }
+    out
+}
+
+fn read_tokens(run_dir: &Path) -> BTreeMap<(i64, i32), Vec<f32>> {
+    let mut out = BTreeMap::new();
+    let hooks: Vec<&str> = HOOKS.split(',').collect();
+    for shard in shard_files(run_dir) {
+        let bytes = std::fs::read(&shard).unwrap();
+        let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let ints = |name: &str| tensors.tensor(name).unwrap().data().to_vec();
+        let docs: Vec<i64> = ints("doc_index").chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        let positions: Vec<i32> =
+            ints("position").chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        let f32s = |name: &str| -> Vec<f32> {
+            ints(name).chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+        };
+        let rows: Vec<Vec<f32>> = hooks
+            .iter()
+            .map(|h| match tensors.tensor(h).unwrap().dtype() {
+                // fp8: each row's E4M3 values times its scale.
+                safetensors::Dtype::F8_E4M3 => {
+                    let scales = f32s(&format!("{h}.fp8_scale"));
+                    ints(h).iter().enumerate().map(|(i, &b)| e4m3(b) * scales[i / HIDDEN]).collect()
                 }
-                assert!(out.insert((*key.0, *key.1), values).is_none(), "token {key:?} stored twice");
+                safetensors::Dtype::BF16 => ints(h)
+                    .chunks(2)
+                    .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                    .collect(),
+                _ => f32s(h),
+            })
+            .collect();
+        for (i, key) in docs.iter().zip(&positions).enumerate() {
+            let mut values = Vec::with_capacity(hooks.len() * HIDDEN);
+            for hook_rows in &rows {
+                values.extend_from_slice(&hook_rows[i * HIDDEN..(i + 1) * HIDDEN]);
             }
+            assert!(out.insert((*key.0, *key.1), values).is_none(), "token {key:?} stored twice");
         }
     }
     out
@@ -328,31 +333,21 @@ fn isolated_packing_stores_what_one_document_a_row_stores() {
 /// position) → value.
 fn read_ints(run_dir: &Path, name: &str) -> BTreeMap<(i64, i32), i64> {
     let mut out = BTreeMap::new();
-    for host in std::fs::read_dir(run_dir).unwrap() {
-        let host = host.unwrap().path();
-        if !host.file_name().unwrap().to_str().unwrap().starts_with("machine_") {
-            continue;
-        }
-        for shard in std::fs::read_dir(&host).unwrap() {
-            let shard = shard.unwrap().path();
-            if shard.extension().and_then(|e| e.to_str()) != Some("safetensors") {
-                continue;
-            }
-            let bytes = std::fs::read(&shard).unwrap();
-            let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-            let ints = |name: &str| -> Vec<i64> {
-                let t = tensors.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-                match t.dtype() {
-                    safetensors::Dtype::I64 => {
-                        t.data().chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
-                    }
-                    _ => t.data().chunks(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect(),
+    for shard in shard_files(run_dir) {
+        let bytes = std::fs::read(&shard).unwrap();
+        let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let ints = |name: &str| -> Vec<i64> {
+            let t = tensors.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            match t.dtype() {
+                safetensors::Dtype::I64 => {
+                    t.data().chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
                 }
-            };
-            let (docs, positions, values) = (ints("doc_index"), ints("position"), ints(name));
-            for ((doc, position), value) in docs.iter().zip(&positions).zip(values) {
-                out.insert((*doc, *position as i32), value);
+                _ => t.data().chunks(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect(),
             }
+        };
+        let (docs, positions, values) = (ints("doc_index"), ints("position"), ints(name));
+        for ((doc, position), value) in docs.iter().zip(&positions).zip(values) {
+            out.insert((*doc, *position as i32), value);
         }
     }
     out
@@ -686,49 +681,41 @@ fn hooks_of_different_widths_are_stored_side_by_side() {
     assert_eq!(run_json["hooks"], serde_json::json!(names), "{run_json}");
     assert_eq!(run_json["hook_shapes"], serde_json::json!(shapes), "{run_json}");
     let mut tokens = 0;
-    for host in std::fs::read_dir(&run_dir).unwrap().map(|e| e.unwrap().path()) {
-        if !host.file_name().unwrap().to_str().unwrap().starts_with("machine_") {
-            continue;
+    for shard in shard_files(&run_dir) {
+        let bytes = std::fs::read(&shard).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let n = st.tensor("token_ids").unwrap().shape()[0];
+        let values = |name: &str| -> Vec<f32> {
+            st.tensor(name).unwrap().data().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+        };
+        for (name, shape) in names.iter().zip(shapes) {
+            let want: Vec<usize> = std::iter::once(n).chain(shape.iter().copied()).collect();
+            assert_eq!(st.tensor(name).unwrap().shape(), want, "{name} in {}", shard.display());
         }
-        for shard in std::fs::read_dir(&host).unwrap().map(|e| e.unwrap().path()) {
-            if shard.extension().and_then(|e| e.to_str()) != Some("safetensors") {
-                continue;
+        // Row t of every hook is the same token: the scale is sqrt(mean(x²) + eps) of that
+        // token's block-0 input, block 1's input is block 0's output, and each head's
+        // pattern row is a distribution over the keys.
+        let (pre0, scale, pre1, post0) = (
+            values("blocks.0.hook_resid_pre"),
+            values("blocks.0.ln1.hook_scale"),
+            values("blocks.1.hook_resid_pre"),
+            values("blocks.0.hook_resid_post"),
+        );
+        assert_eq!(pre1, post0);
+        let pattern = values("blocks.1.attn.hook_pattern");
+        for t in 0..n {
+            let row = &pre0[t * HIDDEN..(t + 1) * HIDDEN];
+            let want = (row.iter().map(|x| x * x).sum::<f32>() / HIDDEN as f32 + 1e-5).sqrt();
+            assert!((scale[t] - want).abs() <= 1e-5 * want, "token {t}: scale {} vs {want}", scale[t]);
+            for head in pattern[t * 4 * 32..(t + 1) * 4 * 32].chunks(32) {
+                let sum: f32 = head.iter().sum();
+                assert!(
+                    (sum - 1.0).abs() <= 1e-5 && head.iter().all(|p| *p >= 0.0),
+                    "token {t}: pattern row sums to {sum}"
+                );
             }
-            let bytes = std::fs::read(&shard).unwrap();
-            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-            let n = st.tensor("token_ids").unwrap().shape()[0];
-            let values = |name: &str| -> Vec<f32> {
-                st.tensor(name).unwrap().data().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
-            };
-            for (name, shape) in names.iter().zip(shapes) {
-                let want: Vec<usize> = std::iter::once(n).chain(shape.iter().copied()).collect();
-                assert_eq!(st.tensor(name).unwrap().shape(), want, "{name} in {}", shard.display());
-            }
-            // Row t of every hook is the same token: the scale is sqrt(mean(x²) + eps) of that
-            // token's block-0 input, block 1's input is block 0's output, and each head's
-            // pattern row is a distribution over the keys.
-            let (pre0, scale, pre1, post0) = (
-                values("blocks.0.hook_resid_pre"),
-                values("blocks.0.ln1.hook_scale"),
-                values("blocks.1.hook_resid_pre"),
-                values("blocks.0.hook_resid_post"),
-            );
-            assert_eq!(pre1, post0);
-            let pattern = values("blocks.1.attn.hook_pattern");
-            for t in 0..n {
-                let row = &pre0[t * HIDDEN..(t + 1) * HIDDEN];
-                let want = (row.iter().map(|x| x * x).sum::<f32>() / HIDDEN as f32 + 1e-5).sqrt();
-                assert!((scale[t] - want).abs() <= 1e-5 * want, "token {t}: scale {} vs {want}", scale[t]);
-                for head in pattern[t * 4 * 32..(t + 1) * 4 * 32].chunks(32) {
-                    let sum: f32 = head.iter().sum();
-                    assert!(
-                        (sum - 1.0).abs() <= 1e-5 && head.iter().all(|p| *p >= 0.0),
-                        "token {t}: pattern row sums to {sum}"
-                    );
-                }
-            }
-            tokens += n;
         }
+        tokens += n;
     }
     assert!(tokens > 0);
     let text = String::from_utf8_lossy(
