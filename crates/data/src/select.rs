@@ -143,7 +143,8 @@ pub fn choose(batch: &Batch, how: &Positions, marker: &[u32], per_turn: bool, at
         per_sequence.push(chosen);
     }
     let most = per_sequence.iter().map(Vec::len).max().unwrap_or(0);
-    let rows = most.max(1).next_power_of_two().min(seq.max(1)).max(most.max(1)).max(at_least);
+    // Each chosen row ends at a token of its own, so `most` is at most `seq`.
+    let rows = most.max(1).next_power_of_two().min(seq).max(at_least);
     let mut s = Selection {
         rows,
         weights: vec![0.0; batch.len() * rows * seq],
