@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 use crate::chat::Role;
 use crate::error::{Error, Result};
 
+mod isolated;
+
+pub(crate) use isolated::LAYOUT as ISOLATED_LAYOUT;
+
 /// Which side of a padded row the padding goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -27,8 +31,8 @@ pub enum PackMode {
     Pack,
     /// One document per row, truncated to the row, padded on the given side.
     Pad(PadSide),
-    /// Whole documents (each `[BOS] text`, as padded) packed into rows one after another, a
-    /// document that does not fit the rest of a row starting the next (the rest padded); a
+    /// Whole documents (each `[BOS] text`, as padded) packed into rows, a window of them at a
+    /// time, best fit decreasing (so short ones fill the ends of rows; the rest padded); a
     /// document longer than a row is cut into rows of its own. Each document attends only
     /// its own tokens (the forward's `isolated`), its positions restarting at 0: every piece
     /// gets the activations it gets alone.
@@ -152,6 +156,16 @@ impl Doc<'_> {
     }
 }
 
+/// A document an isolated packing window holds: its separated tokens from `offset` on and
+/// their roles.
+struct Held {
+    record: u64,
+    offset: u64,
+    doc: i64,
+    tokens: Vec<u32>,
+    roles: Vec<Role>,
+}
+
 /// Marks a pad or inserted position in [`Row::doc`] and [`Row::doc_pos`].
 pub const NO_DOC: i64 = -1;
 
@@ -174,6 +188,10 @@ pub(crate) struct Row {
     pub role: Vec<u8>,
     /// Next (record index, token offset) within the unit, or None if the unit is done.
     pub next: Option<(u64, u64)>,
+    /// Rows already made of the isolated packing window that starts at `next` (0 when `next`
+    /// is a window's start, and in the other modes): a stream resumed there packs the window
+    /// again and drops them.
+    pub skip: u32,
     /// Whether the row's last document goes on past it (cut off, or continued in the next).
     pub cut: bool,
 }
@@ -185,6 +203,11 @@ pub(crate) struct Packer {
     unit: u32,
     next_index: u32,
     cur: Option<Row>,
+    /// Isolated mode: the documents held until their window is packed.
+    window: Vec<Held>,
+    window_tokens: usize,
+    /// Isolated mode: rows of the first window made before a resume (packed again, dropped).
+    skip: u32,
     /// Counters for stats.
     pub truncated_docs: u64,
     pub pad_tokens: u64,
@@ -194,7 +217,24 @@ impl Packer {
     /// `first_index` is the row index within the unit of the first row produced (non-zero
     /// on resume).
     pub fn new(cfg: Arc<PackConfig>, unit: u32, first_index: u32) -> Packer {
-        Packer { cfg, unit, next_index: first_index, cur: None, truncated_docs: 0, pad_tokens: 0 }
+        Packer {
+            cfg,
+            unit,
+            next_index: first_index,
+            cur: None,
+            window: Vec::new(),
+            window_tokens: 0,
+            skip: 0,
+            truncated_docs: 0,
+            pad_tokens: 0,
+        }
+    }
+
+    /// Resumes inside an isolated packing window: its first `skip` rows (numbered from the
+    /// packer's first index) were made before and are dropped.
+    pub fn skipping(mut self, skip: u32) -> Packer {
+        self.skip = skip;
+        self
     }
 
     fn empty_row(&mut self) -> Row {
@@ -208,6 +248,7 @@ impl Packer {
             doc_pos: Vec::with_capacity(n),
             role: Vec::with_capacity(n),
             next: None,
+            skip: 0,
             cut: false,
         };
         self.next_index += 1;
@@ -219,6 +260,7 @@ impl Packer {
     /// resuming mid-document, or going on where an earlier call stopped). Finished rows are
     /// appended to `out`; once it holds `max_rows` rows with the document not done, packing stops
     /// and the offset to go on from is returned (the rows are those one call would make).
+    /// Isolated mode holds the document and adds a whole window's rows once it is full.
     #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
@@ -259,16 +301,20 @@ impl Packer {
                 None
             }
             PackMode::Isolated => {
-                // A document that does not fit the rest of the row starts the next one (and
-                // one longer than a row is cut into whole rows of its own).
-                let room = self.cur.as_ref().map_or(cfg.seq_len, |row| cfg.seq_len - row.tokens.len());
-                if offset == 0 && room < len && self.close(Some((record, 0)), out) && out.len() >= max_rows {
-                    return Some(0);
+                // Held (from `offset` on) until the window is full; then all its rows at once.
+                let from = offset as usize;
+                self.window.push(Held {
+                    record,
+                    offset,
+                    doc,
+                    tokens: (from..len).map(|i| document.token(i)).collect(),
+                    roles: (from..len).map(|i| document.role(i)).collect(),
+                });
+                self.window_tokens += len - from;
+                if self.window_tokens >= isolated::WINDOW_ROWS * cfg.seq_len {
+                    self.pack_window(Some((record + 1, 0)), out);
                 }
-                if offset == 0 && len > cfg.seq_len {
-                    self.truncated_docs += 1;
-                }
-                self.pack(record, doc, &document, offset, max_rows, out)
+                None
             }
             PackMode::Pack => self.pack(record, doc, &document, offset, max_rows, out),
         }
@@ -324,9 +370,49 @@ impl Packer {
         None
     }
 
-    /// Ends the unit: a partial packed row is right-padded and emitted.
+    /// Ends the unit: a partial packed row is right-padded and emitted (isolated: the window
+    /// packed).
     pub fn finish(&mut self, out: &mut Vec<Row>) {
         self.close(None, out);
+        self.pack_window(None, out);
+    }
+
+    /// Isolated mode: packs the window's documents into rows (see [`isolated::layout`]) and
+    /// empties it; `next` is where the stream goes on after its last row. A row before the
+    /// last goes on at the window's start, with the rows made so far to skip.
+    fn pack_window(&mut self, next: Option<(u64, u64)>, out: &mut Vec<Row>) {
+        let window = std::mem::take(&mut self.window);
+        self.window_tokens = 0;
+        let Some(start) = window.first().map(|held| (held.record, held.offset)) else { return };
+        let cfg = self.cfg.clone();
+        let lens: Vec<usize> = window.iter().map(|held| held.tokens.len()).collect();
+        self.truncated_docs +=
+            window.iter().filter(|held| held.offset == 0 && held.tokens.len() > cfg.seq_len).count() as u64;
+        let rows = isolated::layout(&lens, cfg.seq_len);
+        let n = rows.len();
+        for (k, pieces) in rows.into_iter().enumerate() {
+            let mut row = self.empty_row();
+            for piece in &pieces {
+                let held = &window[piece.doc];
+                for i in piece.start..piece.end {
+                    let pos = (held.offset as usize + i) as i32;
+                    push_tok(&cfg, &mut row, held.tokens[i], held.doc, pos, held.roles[i]);
+                }
+            }
+            let last = pieces.last().expect("a row holds a piece");
+            row.cut = last.end < window[last.doc].tokens.len();
+            let pad = cfg.seq_len - row.tokens.len();
+            push_pad(&cfg, &mut row, pad);
+            (row.next, row.skip) = match k + 1 < n {
+                true => (Some(start), (k + 1) as u32),
+                false => (next, 0),
+            };
+            if k as u32 >= self.skip {
+                self.pad_tokens += pad as u64;
+                out.push(row);
+            }
+        }
+        self.skip = 0;
     }
 
     /// Right-pads the partial row, if there is one, and emits it with `next` as where the
@@ -402,9 +488,9 @@ mod tests {
         assert_eq!(p.pad_tokens, 2);
     }
 
-    /// Isolated: whole documents as padded ones (BOS, no EOS); one that does not fit the rest
-    /// of a row starts the next, one longer than a row fills rows of its own; a packer
-    /// stopped at `max_rows` before a document goes on with it whole.
+    /// Isolated: whole documents as padded ones (BOS, no EOS), placed best fit decreasing
+    /// within a window: the short ones fill the ends of rows, one longer than a row fills
+    /// rows of its own and its rest is placed like a short one.
     #[test]
     fn isolated_documents_stay_whole_in_their_rows() {
         let cfg = Arc::new(PackConfig::new(6, PackMode::Isolated, special()));
@@ -412,29 +498,50 @@ mod tests {
         let mut out = Vec::new();
         p.push(0, 0, &[10, 11], &[], 0, usize::MAX, &mut out); // B 10 11
         p.push(1, 1, &[20, 21], &[], 0, usize::MAX, &mut out); // B 20 21
-        p.push(2, 2, &[30], &[], 0, usize::MAX, &mut out); // B 30: the next row
-        p.push(3, 3, &[40, 41, 42, 43, 44, 45, 46], &[], 0, usize::MAX, &mut out); // 8: rows of its own
+        p.push(2, 2, &[30], &[], 0, usize::MAX, &mut out); // B 30
+        p.push(3, 3, &[40, 41, 42, 43, 44, 45, 46], &[], 0, usize::MAX, &mut out); // 8: a row of its own
+        assert!(out.is_empty(), "held until the window is full or the unit ends");
         p.finish(&mut out);
-        assert_eq!(out.len(), 4);
+        assert_eq!(out.len(), 3);
         assert_eq!(out[0].tokens, vec![BOS, 10, 11, BOS, 20, 21]);
         assert_eq!(out[0].doc_pos, vec![0, 1, 2, 0, 1, 2]);
-        assert_eq!(out[1].tokens, vec![BOS, 30, PAD, PAD, PAD, PAD]);
-        assert_eq!(out[1].attention, vec![1, 1, 0, 0, 0, 0]);
-        assert_eq!(out[1].next, Some((3, 0)));
+        assert_eq!(out[1].tokens, vec![BOS, 30, 45, 46, PAD, PAD]);
+        assert_eq!(out[1].doc_pos, vec![0, 1, 6, 7, -1, -1]);
+        assert_eq!(out[1].attention, vec![1, 1, 1, 1, 0, 0]);
         assert_eq!(out[2].tokens, vec![BOS, 40, 41, 42, 43, 44]);
-        assert_eq!(out[3].tokens, vec![45, 46, PAD, PAD, PAD, PAD]);
-        assert_eq!(out[3].doc_pos[..2], [6, 7]);
-        assert_eq!((p.truncated_docs, p.pad_tokens), (1, 8));
-        assert_eq!(out.iter().map(|r| r.cut).collect::<Vec<_>>(), [false, false, true, false]);
+        assert_eq!((p.truncated_docs, p.pad_tokens), (1, 2));
+        assert_eq!(out.iter().map(|r| r.cut).collect::<Vec<_>>(), [false, false, true]);
+        assert_eq!(
+            out.iter().map(|r| (r.next, r.skip)).collect::<Vec<_>>(),
+            [(Some((0, 0)), 1), (Some((0, 0)), 2), (None, 0)]
+        );
+    }
 
-        let mut p = Packer::new(cfg, 0, 0);
-        let mut out = Vec::new();
-        p.push(0, 0, &[10, 11, 12, 13], &[], 0, usize::MAX, &mut out);
-        assert_eq!(p.push(1, 1, &[20, 21], &[], 0, 1, &mut out), Some(0));
-        assert_eq!(out.len(), 1);
-        assert_eq!(p.push(1, 1, &[20, 21], &[], 0, usize::MAX, &mut out), None);
-        p.finish(&mut out);
-        assert_eq!(out[1].tokens, vec![BOS, 20, 21, PAD, PAD, PAD]);
+    /// Isolated: over several windows, a packer resumed after any row (at the window's start,
+    /// skipping the rows it made) makes the rows that followed it.
+    #[test]
+    fn isolated_resume_inside_a_window_reproduces_rows() {
+        let cfg = Arc::new(PackConfig::new(6, PackMode::Isolated, special()));
+        let docs: Vec<Vec<u32>> =
+            (0..300u32).map(|i| (0..(i * 7) % 9 + (i % 23 == 0) as u32 * 12).map(|t| 10 + t).collect()).collect();
+        let mut full = Vec::new();
+        let mut p = Packer::new(cfg.clone(), 0, 0);
+        for (i, d) in docs.iter().enumerate() {
+            p.push(i as u64, i as u64, d, &[], 0, usize::MAX, &mut full);
+        }
+        p.finish(&mut full);
+        let windows = full.iter().filter(|r| r.skip == 0).count();
+        assert!(windows >= 3, "{windows} windows");
+        for (k, row) in full.iter().enumerate().take(full.len() - 1) {
+            let (rec, off) = row.next.unwrap();
+            let mut rest = Vec::new();
+            let mut p = Packer::new(cfg.clone(), 0, row.index_in_unit + 1 - row.skip).skipping(row.skip);
+            for (i, d) in docs.iter().enumerate().skip(rec as usize) {
+                p.push(i as u64, i as u64, d, &[], if i as u64 == rec { off } else { 0 }, usize::MAX, &mut rest);
+            }
+            p.finish(&mut rest);
+            assert_eq!(rest, full[k + 1..].to_vec(), "resume after row {k}");
+        }
     }
 
     #[test]

@@ -271,6 +271,7 @@ mod tests {
                 record: 0,
                 token: 0,
                 row_in_unit: 0,
+                skip: 0,
                 batches: 1,
                 sequences: rows.len() as u64,
             },

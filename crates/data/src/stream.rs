@@ -20,7 +20,7 @@ use tokenizers::Tokenizer;
 
 use crate::chat::{ChatTemplate, Role};
 use crate::error::{Error, Result};
-use crate::pack::{PackConfig, PackMode, Packer, Row};
+use crate::pack::{ISOLATED_LAYOUT, PackConfig, PackMode, Packer, Row};
 use crate::pieces::{Encoder, untruncated};
 use crate::plan::{Corpus, Fnv, Partition, Unit, Worker};
 use crate::read::{Record, UnitReader};
@@ -95,6 +95,10 @@ pub struct Position {
     pub token: u64,
     /// Index within the unit of the next row.
     pub row_in_unit: u32,
+    /// Isolated packing: rows already made of the window that starts at `record` (it is
+    /// packed again from there and they are dropped; see `PackMode::Isolated`).
+    #[serde(default)]
+    pub skip: u32,
     /// Batches this worker produced before this position.
     pub batches: u64,
     /// Sequences this worker produced before this position.
@@ -381,7 +385,10 @@ impl Corpus {
     }
 
     fn stream_fingerprint(&self, config: &StreamConfig, vocab: u64) -> u64 {
-        let pack = serde_json::to_string(&config.pack).expect("PackConfig serializes");
+        let mut pack = serde_json::to_string(&config.pack).expect("PackConfig serializes");
+        if config.pack.mode == PackMode::Isolated {
+            pack.push_str(ISOLATED_LAYOUT);
+        }
         Fnv::new()
             .u64(self.fingerprint)
             .u64(u64::from(config.partition.machines))
@@ -412,6 +419,7 @@ impl Corpus {
             record,
             token,
             row_in_unit: 0,
+            skip: 0,
             batches,
             sequences,
         }
@@ -512,8 +520,12 @@ impl BatchStream {
             Pending::Doc { ordinal, unit, .. } | Pending::EndOfUnit { ordinal, unit } => (*ordinal, *unit),
         };
         if self.packer.as_ref().is_none_or(|(o, _)| *o != ordinal) {
-            let first_row = self.resume.as_ref().filter(|p| p.ordinal == ordinal).map_or(0, |p| p.row_in_unit);
-            self.packer = Some((ordinal, Packer::new(self.cfg.clone(), unit.id, first_row)));
+            let (first_row, skip) = self
+                .resume
+                .as_ref()
+                .filter(|p| p.ordinal == ordinal)
+                .map_or((0, 0), |p| (p.row_in_unit.saturating_sub(p.skip), p.skip));
+            self.packer = Some((ordinal, Packer::new(self.cfg.clone(), unit.id, first_row).skipping(skip)));
         }
         let (_, packer) = self.packer.as_mut().expect("just set");
         let mut out = Vec::new();
@@ -566,11 +578,11 @@ impl BatchStream {
             batch.doc_pos.extend_from_slice(&row.doc_pos);
             batch.role.extend_from_slice(&row.role);
             batch.cut.push(u8::from(row.cut));
-            last = Some((ordinal, row.index_in_unit, row.next));
+            last = Some((ordinal, row.index_in_unit, row.next, row.skip));
         }
         self.stats.sequences += n as u64;
         self.stats.batches += 1;
-        let (ordinal, index, next) = last.expect("batch has rows");
+        let (ordinal, index, next, skip) = last.expect("batch has rows");
         let batches = self.position.batches + 1;
         let sequences = self.position.sequences + n as u64;
         self.position = match next {
@@ -580,6 +592,7 @@ impl BatchStream {
             Some((record, token)) => {
                 let mut p = self.corpus.position_at(&self.plan, 0, ordinal, record, token, batches, sequences);
                 p.row_in_unit = index + 1;
+                p.skip = skip;
                 p
             }
             None => self.corpus.position_at(&self.plan, 0, ordinal + self.workers, 0, 0, batches, sequences),

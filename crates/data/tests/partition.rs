@@ -42,7 +42,7 @@ fn every_partition_up_to_8x8_covers_the_corpus_exactly_once() {
     assert!(corpus.units().len() >= 20, "corpus has {} units", corpus.units().len());
     assert_eq!(corpus.files().len(), 6);
 
-    for mode in [PackMode::Pack, PackMode::Pad(PadSide::Left)] {
+    for mode in [PackMode::Pack, PackMode::Pad(PadSide::Left), PackMode::Isolated] {
         let mut single = stream_config(24, mode, 5);
         single.threads = 3;
         let reference = rows(&corpus, single);
@@ -103,8 +103,8 @@ fn resuming_from_any_recorded_position_yields_exactly_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     mixed_corpus(dir.path());
     let corpus = Corpus::open(dir.path().to_str().unwrap(), &corpus_config()).unwrap();
-    for mode in [PackMode::Pack, PackMode::Pad(PadSide::Right)] {
-        // Odd sizes so that batches end mid-unit and rows end mid-document.
+    for mode in [PackMode::Pack, PackMode::Pad(PadSide::Right), PackMode::Isolated] {
+        // Odd sizes so that batches end mid-unit, rows mid-document and (isolated) mid-window.
         check_resume(&corpus, &|| stream_config(17, mode, 3));
         check_resume(&corpus, &|| {
             let mut c = stream_config(17, mode, 4);
@@ -193,6 +193,7 @@ fn resuming_inside_a_long_record_yields_exactly_the_rest() {
     let corpus = long_record_corpus(dir.path());
     // A few batches, each ending inside the long record.
     check_resume(&corpus, &|| stream_config(4095, PackMode::Pack, 32));
+    check_resume(&corpus, &|| stream_config(4095, PackMode::Isolated, 32));
 }
 
 #[test]
