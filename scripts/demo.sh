@@ -55,6 +55,10 @@ corpus="$(SIPHON_MAKE_PARQUET="$target/release/make-parquet" SIPHON_CORPUS_ONLY=
 out="${SIPHON_DEMO_OUT:-$REPO_ROOT/out/demo}"
 run="${SIPHON_DEMO_RUN:-smollm2-shakespeare}"
 # Preempted (SIGTERM), launch exits 75 and `set -e` passes it on: run the script again to resume.
+# Rows are packed (the default): documents one after another, as dictionaries trained on a text
+# stream see them. For per-document work (probes, steering vectors) add `--pack isolated` (each
+# document attends only itself, as alone) and `--positions last` (one row a document); see the
+# README's "Rows" and "One row per document".
 step "4/5 extracting into $out/$run: 2 local hosts x 4 virtual CPU devices (each host loads the model and compiles the forward pass first, ~10-30 s)"
 "$siphon" launch --local-hosts 2 --cpu-devices-per-host 4 -- extract \
     --model "$model" \
