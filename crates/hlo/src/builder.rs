@@ -823,6 +823,62 @@ impl Builder {
         Ok(self.emit(line, out))
     }
 
+    /// The inverse of [`Builder::take_along`]: `table` with `updates` (shaped as `take_along`'s
+    /// result for these `indices`) written where `take_along` would read them,
+    /// `out[g at batch_dim, indices[g, m…, :] at index_dims, r…] = updates[g, m…, r…]`; an
+    /// update whose index is out of range is dropped (`stablehlo.scatter`, replacing). Indices
+    /// must not repeat within a batch element.
+    pub fn put_along(
+        &mut self,
+        table: Value,
+        batch_dim: usize,
+        index_dims: &[usize],
+        indices: Value,
+        updates: Value,
+    ) -> Result<Value> {
+        let tt = self.ty_of("put_along", table)?.clone();
+        let ti = self.ty_of("put_along", indices)?.clone();
+        let tu = self.ty_of("put_along", updates)?.clone();
+        if !ti.dtype().is_int() {
+            return Err(dtype_err("put_along", format!("indices must be integers, got {ti}")));
+        }
+        let mut fixed = vec![batch_dim];
+        fixed.extend_from_slice(index_dims);
+        let n = index_dims.len();
+        if n == 0 || !distinct_below(&fixed, tt.rank()) {
+            return Err(shape_err("put_along", format!("batch {batch_dim}, index dims {index_dims:?} for {tt}")));
+        }
+        if ti.rank() < 2 || ti.dims()[ti.rank() - 1] != n || ti.dims()[0] != tt.dims()[batch_dim] {
+            return Err(shape_err(
+                "put_along",
+                format!("indices {ti} must be [{}, …, {n}] for {tt}", tt.dims()[batch_dim]),
+            ));
+        }
+        let rest: Vec<usize> = (0..tt.rank()).filter(|d| !fixed.contains(d)).collect();
+        let mut want = ti.dims()[..ti.rank() - 1].to_vec();
+        want.extend(rest.iter().map(|&d| tt.dims()[d]));
+        if tu.dtype() != tt.dtype() || tu.dims() != want.as_slice() {
+            return Err(shape_err("put_along", format!("updates {tu} must be {want:?} of {}", tt.dtype())));
+        }
+        let window: Vec<usize> = (ti.rank() - 1..ti.rank() - 1 + rest.len()).collect();
+        let mut inserted = index_dims.to_vec();
+        inserted.sort_unstable();
+        let scalar = TensorType::scalar(tt.dtype());
+        let r = self.regions;
+        self.regions += 1;
+        let line = format!(
+            "\"stablehlo.scatter\"({}, {}, {}) <{{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = {}, inserted_window_dims = {}, input_batching_dims = [{batch_dim}], scatter_indices_batching_dims = [0], scatter_dims_to_operand_dims = {}, index_vector_dim = {}>, unique_indices = false}}> ({{\n    ^bb0(%r{r}_a: {scalar}, %r{r}_b: {scalar}):\n      stablehlo.return %r{r}_b : {scalar}\n    }}) : ({tt}, {ti}, {tu}) -> {tt}",
+            self.name(table),
+            self.name(indices),
+            self.name(updates),
+            list(&window),
+            list(&inserted),
+            list(index_dims),
+            ti.rank() - 1,
+        );
+        Ok(self.emit(line, tt))
+    }
+
     /// The `sizes`-shaped window of `a` starting at the scalar integer `starts` (one per
     /// dimension), each start clamped so the window fits (`stablehlo.dynamic_slice`).
     pub fn dynamic_slice(&mut self, a: Value, starts: &[Value], sizes: &[usize]) -> Result<Value> {

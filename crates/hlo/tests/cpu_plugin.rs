@@ -334,6 +334,35 @@ fn sort_gather_and_while_match_rust() {
     assert_eq!(got[5], x_v.iter().map(|v| v * 3.0).collect::<Vec<_>>(), "x * (0 + 1 + 2)");
 }
 
+/// `put_along` writes a batch element's updates at its own indices (an out-of-range one
+/// dropped), leaving every other element of the table as it was: against Rust.
+#[test]
+fn put_along_writes_where_take_along_reads() {
+    let mut b = Builder::new("put");
+    let table = b.arg(f32t(&[2, 3, 4]), None).unwrap();
+    let idx = b.constant_i32(&[2, 0, 1, 7], &[2, 2, 1]).unwrap();
+    let updates = b.arg(f32t(&[2, 2, 4]), None).unwrap();
+    let put = b.put_along(table, 0, &[1], idx, updates).unwrap();
+    let wrong = b.arg(f32t(&[2, 2, 3]), None).unwrap();
+    assert!(b.put_along(table, 0, &[1], idx, wrong).is_err(), "updates of the wrong shape");
+    let text = b.finish(&[put]).unwrap();
+    let (table_v, updates_v) = (data(24, 7), data(16, 8));
+    let got = run_single(
+        &text,
+        &[
+            HostArray::from_slice(&[2, 3, 4], &table_v).unwrap(),
+            HostArray::from_slice(&[2, 2, 4], &updates_v).unwrap(),
+            HostArray::from_slice(&[2, 2, 3], &[0f32; 12]).unwrap(),
+        ],
+    );
+    let mut want = table_v.clone();
+    for (g, t, row) in [(0, 0, 2), (0, 1, 0), (1, 0, 1)] {
+        let from = (g * 2 + t) * 4;
+        want[(g * 3 + row) * 4..(g * 3 + row + 1) * 4].copy_from_slice(&updates_v[from..from + 4]);
+    }
+    assert_eq!(got[0], want);
+}
+
 /// `solve_unit_lower` (batched, the diagonal and upper triangle ignored) and `log_plus_one`
 /// against forward substitution and `ln_1p` in Rust.
 #[test]

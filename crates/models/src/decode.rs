@@ -23,7 +23,7 @@
 //! Sliding windows keep the whole `cache_len` (masked, not a ring buffer), and a latent
 //! attention (MLA) caches its expanded keys and values: exact, not yet the smallest form.
 
-use siphon_hlo::{CompareDir, DType, DotDims, TensorType, Value};
+use siphon_hlo::{CompareDir, DType, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
 use crate::config::ModelConfig;
@@ -186,32 +186,21 @@ impl Graph<'_> {
     }
 
     /// `cache` `[batch, cache_len, width]` with each real token of `x` `[tokens, width]` at its
-    /// position's index: a one-hot product (each written element is `1·x`, exact), selected
-    /// where a token was written.
+    /// position's index (a scatter, each row at its own positions; padding is sent out of
+    /// range, so dropped).
     fn write(&mut self, cache: Value, x: Value) -> Result<Value, ModelError> {
         let (bsz, t) = (self.spec.batch, self.spec.seq);
         let len = self.b.dims(cache)?[1];
         let width = self.b.dims(x)?[1];
         let (positions, real) = (self.position_ids, self.attention_mask);
-        let dt = self.dt;
         let b = &mut self.b;
-        let hot = [bsz, len, t];
-        let index = b.iota(TensorType::new(DType::I32, &hot), 1)?;
-        let at = b.broadcast_in_dim(positions, &hot, &[0, 2])?;
-        let here = b.compare(CompareDir::Eq, index, at)?;
         let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz, t]))?;
         let real = b.compare(CompareDir::Ne, real, zero)?;
-        let real = b.broadcast_in_dim(real, &hot, &[0, 2])?;
-        let here = b.and(here, real)?;
-        let (one, none) = (b.splat(1.0, TensorType::new(dt, &hot))?, b.splat(0.0, TensorType::new(dt, &hot))?);
-        let hot_values = b.select(here, one, none)?;
+        let beyond = b.splat(len as f64, TensorType::new(DType::I32, &[bsz, t]))?;
+        let at = b.select(real, positions, beyond)?;
+        let at = b.reshape(at, &[bsz, t, 1])?;
         let x = b.reshape(x, &[bsz, t, width])?;
-        let written = b.dot_general(hot_values, x, &DotDims::batched(&[0], &[0], &[2], &[1]))?;
-        let count = b.reduce_sum(hot_values, &[2])?;
-        let nothing = b.splat(0.0, TensorType::new(dt, &[bsz, len]))?;
-        let hit = b.compare(CompareDir::Gt, count, nothing)?;
-        let hit = b.broadcast_in_dim(hit, &[bsz, len, width], &[0, 1])?;
-        Ok(b.select(hit, written, cache)?)
+        Ok(b.put_along(cache, 0, &[1], at, x)?)
     }
 
     /// The mask of a cache read by queries at `position_ids`: `[batch, seq, cache_len]`, true
