@@ -106,6 +106,8 @@ pub struct Builder {
     floors: Vec<usize>,
     /// Ids of the values of finished regions, which nothing outside them may use.
     closed: Vec<std::ops::Range<usize>>,
+    /// Arguments donated to a result: (argument position, result index).
+    donated: Vec<(usize, usize)>,
 }
 
 impl Builder {
@@ -122,6 +124,7 @@ impl Builder {
             regions: 0,
             floors: Vec::new(),
             closed: Vec::new(),
+            donated: Vec::new(),
         }
     }
 
@@ -165,6 +168,23 @@ impl Builder {
         let v = self.push_value(name, ty);
         self.args.push((v.id, sharding));
         Ok(v)
+    }
+
+    /// Donates argument `arg` to result `result` (`tf.aliasing_output`): the program may
+    /// write that result into the argument's buffer, which the caller must not use after
+    /// running it. The result must have the argument's type (checked at [`Builder::finish`]).
+    pub fn donate(&mut self, arg: Value, result: usize) -> Result<()> {
+        self.ty_of("donate", arg)?;
+        let position = self
+            .args
+            .iter()
+            .position(|(id, _)| *id == arg.id)
+            .ok_or_else(|| shape_err("donate", format!("{} is not an argument", self.name(arg))))?;
+        if self.donated.iter().any(|&(a, r)| a == position || r == result) {
+            return Err(shape_err("donate", format!("argument {position} or result {result} is donated twice")));
+        }
+        self.donated.push((position, result));
+        Ok(())
     }
 
     // ---------------------------------------------------------------- constants, iota
@@ -1219,6 +1239,17 @@ impl Builder {
                 self.check_spec(&format!("result {i} {ty}"), spec, ty.dims(), true)?;
             }
         }
+        for &(position, result) in &self.donated {
+            let arg = &self.types[self.args[position].0];
+            match results.get(result) {
+                Some((v, _)) if self.types[v.id] == *arg => {}
+                Some((v, _)) => {
+                    let what = format!("argument {position} {arg} donated to result {result} {}", self.types[v.id]);
+                    return Err(shape_err("donate", what));
+                }
+                None => return Err(shape_err("donate", format!("result {result} of {}", results.len()))),
+            }
+        }
         let mut out = String::new();
         let w = &mut out;
         let _ = writeln!(w, "module @{} {{", self.name);
@@ -1229,7 +1260,11 @@ impl Builder {
         let args: Vec<String> = self
             .args
             .iter()
-            .map(|(id, spec)| format!("{}: {}{}", self.names[*id], self.types[*id], sharding_attr(spec.as_ref())))
+            .enumerate()
+            .map(|(position, (id, spec))| {
+                let donated = self.donated.iter().find(|(a, _)| *a == position).map(|(_, r)| *r);
+                format!("{}: {}{}", self.names[*id], self.types[*id], arg_attrs(spec.as_ref(), donated))
+            })
             .collect();
         let res_types: Vec<String> =
             results.iter().map(|(v, spec)| format!("{}{}", self.types[v.id], sharding_attr(spec.as_ref()))).collect();
@@ -1487,6 +1522,17 @@ fn sharding_body(spec: &PartitionSpec) -> String {
         .map(|axes| format!("{{{}}}", axes.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")))
         .collect();
     format!("<@mesh, [{}]>", dims.join(", "))
+}
+
+/// An argument's attributes: its sharding and the result it is donated to, if any.
+fn arg_attrs(spec: Option<&PartitionSpec>, donated: Option<usize>) -> String {
+    let Some(result) = donated else { return sharding_attr(spec) };
+    match spec {
+        Some(spec) => {
+            format!(" {{sdy.sharding = #sdy.sharding{}, tf.aliasing_output = {result} : i32}}", sharding_body(spec))
+        }
+        None => format!(" {{tf.aliasing_output = {result} : i32}}"),
+    }
 }
 
 fn sharding_attr(spec: Option<&PartitionSpec>) -> String {

@@ -363,6 +363,32 @@ fn put_along_writes_where_take_along_reads() {
     assert_eq!(got[0], want);
 }
 
+/// A donated argument: the program names the result it may be written into, runs as
+/// without it, and a donation to a result of another type, or twice, is refused.
+#[test]
+fn a_donated_argument_aliases_its_result() {
+    let mut b = Builder::new("donate");
+    let state = b.arg(f32t(&[2, 3]), None).unwrap();
+    let x = b.arg(f32t(&[2, 3]), None).unwrap();
+    let sum = b.add(state, x).unwrap();
+    let total = b.reduce_sum(sum, &[0, 1]).unwrap();
+    b.donate(state, 1).unwrap();
+    assert!(b.donate(state, 0).is_err(), "donated twice");
+    let text = b.finish(&[total, sum]).unwrap();
+    assert!(text.contains("%arg0: tensor<2x3xf32> {tf.aliasing_output = 1 : i32}"), "{text}");
+    let (s, v) = (data(6, 3), data(6, 4));
+    let got =
+        run_single(&text, &[HostArray::from_slice(&[2, 3], &s).unwrap(), HostArray::from_slice(&[2, 3], &v).unwrap()]);
+    let want: Vec<f32> = s.iter().zip(&v).map(|(a, b)| a + b).collect();
+    assert_eq!(got[1], want);
+
+    let mut b = Builder::new("donate_wrong");
+    let state = b.arg(f32t(&[2, 3]), None).unwrap();
+    let total = b.reduce_sum(state, &[0, 1]).unwrap();
+    b.donate(state, 0).unwrap();
+    assert!(b.finish(&[total]).is_err(), "a [2, 3] argument donated to a scalar result");
+}
+
 /// `solve_unit_lower` (batched, the diagonal and upper triangle ignored) and `log_plus_one`
 /// against forward substitution and `ln_1p` in Rust.
 #[test]

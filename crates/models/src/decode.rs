@@ -72,6 +72,8 @@ pub(crate) struct Cache {
     /// Every cache, in the order of its argument: its name, its value after the step and how
     /// it lies on the mesh.
     entries: Vec<(String, Value, PartitionSpec)>,
+    /// Every cache argument, in order: entry `i`'s value before the step (donated to it).
+    args: Vec<Value>,
     /// Per attention block with a cache of its own: the keys and values it was given (to find
     /// a block that shares them) and its caches after the step.
     shared: Vec<((Value, Value), (Value, Value))>,
@@ -83,7 +85,7 @@ pub(crate) struct Cache {
 
 impl Cache {
     pub(crate) fn new(len: usize) -> Cache {
-        Cache { len, entries: Vec::new(), shared: Vec::new(), masks: Vec::new(), fresh: None }
+        Cache { len, entries: Vec::new(), args: Vec::new(), shared: Vec::new(), masks: Vec::new(), fresh: None }
     }
 }
 
@@ -148,7 +150,9 @@ impl Graph<'_> {
         spec: &PartitionSpec,
     ) -> Result<Value, ModelError> {
         let sharded = self.sharded();
-        Ok(self.b.arg(TensorType::new(dtype, dims), sharded.then(|| spec.clone()))?)
+        let arg = self.b.arg(TensorType::new(dtype, dims), sharded.then(|| spec.clone()))?;
+        self.cache.as_mut().expect("cache_arg() while decoding").args.push(arg);
+        Ok(arg)
     }
 
     /// Records `after` as the cache `name` after the step (a result, in argument order).
@@ -239,6 +243,8 @@ pub(crate) struct Request<'a> {
     pub rows: [usize; 2],
     pub input_spec: &'a PartitionSpec,
     pub sharded: bool,
+    /// The index among the program's results of the first this returns.
+    pub first_result: usize,
 }
 
 /// A program result and its split over the mesh (none on one device).
@@ -276,9 +282,12 @@ pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Ve
         spec: spec.clone(),
     };
     let mut caches = Vec::new();
-    for (name, after, spec) in &r.cache.entries {
+    // Each cache's buffer is handed to the step, which writes the cache after it in place.
+    assert_eq!(r.cache.args.len(), r.cache.entries.len(), "a cache argument for every cache kept");
+    for ((name, after, spec), &before) in r.cache.entries.iter().zip(&r.cache.args) {
         let (shape, dtype) = (b.dims(*after)?.to_vec(), b.dtype(*after)?);
         caches.push(info(name.clone(), shape, dtype, spec));
+        b.donate(before, r.first_result + values.len())?;
         values.push((*after, r.sharded.then(|| spec.clone())));
     }
     let logits = info("logits".into(), vec![bsz, vocab], DType::F32, &logits_spec);

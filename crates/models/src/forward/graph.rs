@@ -482,6 +482,7 @@ impl<'a> Graph<'a> {
                     rows: [bsz, s],
                     input_spec: &self.input_spec,
                     sharded: self.sharded,
+                    first_result: results.len(),
                 };
                 let (values, info) = crate::decode::results(&mut b, request)?;
                 results.extend(values);
