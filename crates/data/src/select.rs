@@ -263,18 +263,7 @@ mod tests {
             doc_pos: pick(&|t| i64::from(t.2)).into_iter().map(|v| v as i32).collect(),
             role: pick(&|t| i64::from(t.4)).into_iter().map(|v| v as u8).collect(),
             cut: cut.to_vec(),
-            position: Position {
-                plan: String::new(),
-                ordinal: 0,
-                unit: None,
-                location: None,
-                record: 0,
-                token: 0,
-                row_in_unit: 0,
-                skip: 0,
-                batches: 1,
-                sequences: rows.len() as u64,
-            },
+            position: Position { batches: 1, sequences: rows.len() as u64, ..Default::default() },
         }
     }
 

@@ -78,7 +78,7 @@ impl StreamConfig {
 /// the global order, and is row `row_in_unit` of that unit. Resuming seeks to that unit
 /// (a parquet row group, or a byte range of a jsonl/text file) and skips `record` records
 /// inside it without tokenizing them; nothing before the unit is read.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Position {
     /// Fingerprint of corpus plan, partition, packing and tokenizer; resume refuses a
     /// position from a different setup.

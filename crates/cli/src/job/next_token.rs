@@ -122,18 +122,7 @@ mod tests {
             doc_pos: vec![-1, 0, 1, -1],
             role: vec![0; 4],
             cut: vec![0],
-            position: siphon_data::Position {
-                plan: String::new(),
-                ordinal: 0,
-                unit: None,
-                location: None,
-                record: 0,
-                token: 0,
-                row_in_unit: 0,
-                skip: 0,
-                batches: 1,
-                sequences: 1,
-            },
+            position: siphon_data::Position { batches: 1, sequences: 1, ..Default::default() },
         }
     }
 
