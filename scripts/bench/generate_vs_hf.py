@@ -33,6 +33,7 @@ def prompts(corpus: str, tokenizer: Any) -> List[List[int]]:
 
 def siphon_round(args: argparse.Namespace, ids_file: pathlib.Path, work: pathlib.Path, extra: List[str]) -> Dict[str, Any]:
     out = work / "siphon.jsonl"
+    out.unlink(missing_ok=True)  # generate refuses to write over an earlier round's file
     cmd = [args.siphon, "generate", "--model", args.model, "--ids", str(ids_file), "--max-new-tokens",
            str(args.new_tokens), "--ignore-eos", "--slots", str(BATCH), "--cpu-devices", "1", "--out", str(out), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True)
