@@ -334,8 +334,8 @@ fn a_262k_vocabularys_outputs_compile_without_a_tokens_by_vocab_temporary() {
 }
 
 /// A decoding step (`--decode-cache-len`) of Qwen2.5-7B compiled for a v5e slice: the planner's
-/// arguments (weights, tokens and every slot's caches) and results (the caches after the step
-/// and the logits) are the compiler's, and the report gives a roofline in new tokens a second.
+/// arguments (weights, tokens and every slot's caches) and results (the caches after the step,
+/// aliased to those, and the logits) are the compiler's, and the report gives a roofline in new tokens a second.
 #[test]
 fn a_decoding_step_compiles_for_a_slice_with_the_planners_caches() {
     let Some(libtpu) = libtpu() else { return };
@@ -363,6 +363,7 @@ fn a_decoding_step_compiles_for_a_slice_with_the_planners_caches() {
     };
     assert!(close(&compiled["argument_size_in_bytes"], &planner["argument_bytes"]), "{report}");
     assert!(close(&compiled["output_size_in_bytes"], &planner["output_bytes"]), "{report}");
+    assert!(close(&compiled["alias_size_in_bytes"], &planner["alias_bytes"]), "the caches written in place: {report}");
     let decode = &report["plan"]["memory"]["decode"];
     assert_eq!(decode["cache_len"], 1024, "{decode}");
     assert!(report["roofline_tokens_per_second"].as_f64().is_some_and(|t| t > 0.0), "{report}");

@@ -339,13 +339,14 @@ pub struct DecodeMemory {
     /// Positions each slot's caches hold.
     pub cache_len: usize,
     /// Every block's caches for the device's slots (attention's keys and values, Gated
-    /// DeltaNet's state), twice: a step reads them and writes new ones.
+    /// DeltaNet's state), once: a step's caches are donated to the ones it returns, which it
+    /// writes in place (an argument and a result aliased).
     pub cache_bytes: u64,
     /// The logits of the device's slots, `[slots, vocab]` f32.
     pub logits_bytes: u64,
-    /// The step's transients, bounded by one more copy of the caches (each block's written
-    /// cache is made before it replaces the old: XLA's CUDA and TPU programs hold about half
-    /// of that at their peak).
+    /// The step's transients, bounded by one more copy of the caches (what a block's
+    /// attention reads of them: XLA's CUDA and TPU programs hold about half of that at their
+    /// peak).
     pub working_bytes: u64,
 }
 
@@ -386,7 +387,7 @@ pub fn decode_memory(
         })
         .sum();
     let logits_bytes = layout.array_bytes(&[local_slots, config.vocab_size], 4);
-    Ok(DecodeMemory { local_slots, cache_len, cache_bytes: 2 * one, logits_bytes, working_bytes: one })
+    Ok(DecodeMemory { local_slots, cache_len, cache_bytes: one, logits_bytes, working_bytes: one })
 }
 
 impl MemoryEstimate {
@@ -602,15 +603,15 @@ mod tests {
     /// A decoding step's caches: every attention block's keys and values of each slot, read and
     /// written; a Gemma 4 block reading another's keys and values adds none.
     #[test]
-    fn a_decoding_step_counts_every_cache_twice_and_the_logits() {
+    fn a_decoding_step_counts_every_cache_once_and_the_logits() {
         let dims = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
             "max_position_embeddings": 512"#;
         let config = |json: &str| siphon_models::HfConfig::from_json(json).unwrap().into_config().unwrap();
         let llama = config(&format!(r#"{{"model_type": "llama", {dims}}}"#));
         let d = decode_memory(&llama, 4, 100, 1, DType::Bf16, DeviceLayout::Dense).unwrap();
-        // 3 blocks × (k + v) × 4 slots × 100 positions × 2 kv heads × 16 × 2 bytes, twice.
-        assert_eq!(d.cache_bytes, 2 * 3 * 2 * 4 * 100 * 32 * 2);
+        // 3 blocks × (k + v) × 4 slots × 100 positions × 2 kv heads × 16 × 2 bytes.
+        assert_eq!(d.cache_bytes, 3 * 2 * 4 * 100 * 32 * 2);
         // Split by heads over model = 2; not over 4, which 2 KV heads do not divide.
         let halves = decode_memory(&llama, 4, 100, 2, DType::Bf16, DeviceLayout::Dense).unwrap();
         assert_eq!(halves.cache_bytes * 2, d.cache_bytes);
@@ -631,12 +632,12 @@ mod tests {
         let (conv_qk, conv_v, state) = (4 * 3 * 16 * 2, 4 * 3 * 48 * 2, 4 * 4 * 8 * 12 * 4);
         let kv = 2 * 4 * 100 * 32 * 2;
         let d = decode_memory(&next, 4, 100, 1, DType::Bf16, DeviceLayout::Dense).unwrap();
-        assert_eq!(d.cache_bytes, 2 * (2 * (2 * conv_qk + conv_v + state) + kv));
+        assert_eq!(d.cache_bytes, 2 * (2 * conv_qk + conv_v + state) + kv);
         let halves = decode_memory(&next, 4, 100, 2, DType::Bf16, DeviceLayout::Dense).unwrap();
         assert_eq!(halves.cache_bytes * 2, d.cache_bytes);
         // Over 4: only the value heads (4) divide.
         let quarters = decode_memory(&next, 4, 100, 4, DType::Bf16, DeviceLayout::Dense).unwrap();
-        assert_eq!(quarters.cache_bytes, 2 * (2 * (2 * conv_qk + conv_v / 4 + state / 4) + kv));
+        assert_eq!(quarters.cache_bytes, 2 * (2 * conv_qk + conv_v / 4 + state / 4) + kv);
     }
 
     #[test]

@@ -56,7 +56,7 @@ pub struct PlanRequest {
     #[serde(default)]
     pub experts: siphon_models::sharding::ExpertSplit,
     /// A decoding step (`siphon generate`) of `batch` slots whose key/value caches hold this
-    /// many positions each: the caches (read and written again each step), the logits and the
+    /// many positions each: the caches (written in place each step), the logits and the
     /// unembedding counted.
     #[serde(default)]
     pub decode: Option<usize>,
@@ -706,7 +706,7 @@ impl fmt::Display for Plan {
         if let Some(d) = &m.decode {
             writeln!(
                 f,
-                "  decoding          {:>12}  (caches of {} slots × {} positions, read and written: {}; logits {}; \
+                "  decoding          {:>12}  (caches of {} slots × {} positions, written in place: {}; logits {}; \
                  working {})",
                 gib(d.cache_bytes + d.logits_bytes + d.working_bytes),
                 d.local_slots,

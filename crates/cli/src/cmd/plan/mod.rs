@@ -142,7 +142,7 @@ pub struct Args {
     pub outputs: Option<siphon_models::NextToken>,
     /// Plan a decoding step (`siphon generate`) of --batch slots whose key/value caches hold N
     /// positions each (the longest prompt plus --max-new-tokens): every block, the unembedding,
-    /// the caches (read and written each step) and the logits counted.
+    /// the caches (written in place each step) and the logits counted.
     #[arg(long, value_name = "N", requires = "batch", conflicts_with_all = ["outputs", "seq"])]
     pub decode_cache_len: Option<usize>,
     /// Print the plan as JSON.

@@ -256,6 +256,8 @@ struct Planned {
     output_bytes: u64,
     /// One block's working set and the FSDP gathers.
     temp_bytes: u64,
+    /// Outputs written into their arguments' buffers (a decoding step's caches).
+    alias_bytes: u64,
     total_bytes: u64,
 }
 
@@ -280,18 +282,19 @@ impl Planned {
         let activations = plan.memory.activations.unwrap_or_default();
         let dictionaries = plan.memory.dictionaries.unwrap_or_default();
         let next_token = plan.memory.next_token.unwrap_or_default();
-        // A decoding step's caches are arguments and results alike; its logits a result.
+        // A decoding step's caches are arguments and results alike, aliased; its logits a result.
         let decode = plan.memory.decode.unwrap_or_default();
         Planned {
             argument_bytes: plan.memory.weights.sharded_bytes
                 + activations.input_bytes
                 + dictionaries.tensor_bytes
-                + decode.cache_bytes / 2,
+                + decode.cache_bytes,
             output_bytes: activations.hook_bytes
                 + dictionaries.output_bytes
                 + next_token.output_bytes
-                + decode.cache_bytes / 2
+                + decode.cache_bytes
                 + decode.logits_bytes,
+            alias_bytes: decode.cache_bytes,
             temp_bytes: activations.working_bytes
                 + plan.memory.weights.fsdp_gather_bytes
                 + dictionaries.working_bytes
@@ -697,8 +700,8 @@ fn text(r: &Report<'_>) -> String {
     ));
     line(format!("  temporary  {:<12} {} (working set, FSDP gathers)", bytes(c.temp_size_in_bytes), gib(p.temp_bytes)));
     line(format!("  code       {}", bytes(c.generated_code_size_in_bytes)));
-    if c.alias_size_in_bytes > 0 {
-        line(format!("  aliased    -{}", bytes(c.alias_size_in_bytes)));
+    if c.alias_size_in_bytes > 0 || p.alias_bytes > 0 {
+        line(format!("  aliased    -{:<11} -{}", bytes(c.alias_size_in_bytes), gib(p.alias_bytes)));
     }
     let of = match r.target {
         TargetFields::Tpu(_) => format!("a chip's {}", gib(r.hbm_bytes)),
