@@ -804,32 +804,12 @@ impl Builder {
         index_dims: &[usize],
         indices: Value,
     ) -> Result<Value> {
-        let tt = self.ty_of("take_along", table)?.clone();
-        let ti = self.ty_of("take_along", indices)?.clone();
-        if !ti.dtype().is_int() {
-            return Err(dtype_err("take_along", format!("indices must be integers, got {ti}")));
-        }
-        let mut fixed = vec![batch_dim];
-        fixed.extend_from_slice(index_dims);
-        let n = index_dims.len();
-        if n == 0 || !distinct_below(&fixed, tt.rank()) {
-            return Err(shape_err("take_along", format!("batch {batch_dim}, index dims {index_dims:?} for {tt}")));
-        }
-        if ti.rank() < 2 || ti.dims()[ti.rank() - 1] != n || ti.dims()[0] != tt.dims()[batch_dim] {
-            return Err(shape_err(
-                "take_along",
-                format!("indices {ti} must be [{}, …, {n}] for {tt}", tt.dims()[batch_dim]),
-            ));
-        }
-        let rest: Vec<usize> = (0..tt.rank()).filter(|d| !fixed.contains(d)).collect();
-        let mut out_dims = ti.dims()[..ti.rank() - 1].to_vec();
-        out_dims.extend(rest.iter().map(|&d| tt.dims()[d]));
-        let out = TensorType::new(tt.dtype(), &out_dims);
+        let (tt, ti, rest, out) = self.along("take_along", table, batch_dim, index_dims, indices)?;
         let offset_dims: Vec<usize> = (ti.rank() - 1..ti.rank() - 1 + rest.len()).collect();
         let mut collapsed = index_dims.to_vec();
         collapsed.sort_unstable();
         let sizes: Vec<String> =
-            (0..tt.rank()).map(|d| if fixed.contains(&d) { 1 } else { tt.dims()[d] }.to_string()).collect();
+            (0..tt.rank()).map(|d| if rest.contains(&d) { tt.dims()[d] } else { 1 }.to_string()).collect();
         let line = format!(
             "\"stablehlo.gather\"({}, {}) <{{dimension_numbers = #stablehlo.gather<offset_dims = {}, collapsed_slice_dims = {}, operand_batching_dims = [{batch_dim}], start_indices_batching_dims = [0], start_index_map = {}, index_vector_dim = {}>, indices_are_sorted = false, slice_sizes = array<i64: {}>}}> : ({tt}, {ti}) -> {out}",
             self.name(table),
@@ -856,29 +836,10 @@ impl Builder {
         indices: Value,
         updates: Value,
     ) -> Result<Value> {
-        let tt = self.ty_of("put_along", table)?.clone();
-        let ti = self.ty_of("put_along", indices)?.clone();
+        let (tt, ti, rest, want) = self.along("put_along", table, batch_dim, index_dims, indices)?;
         let tu = self.ty_of("put_along", updates)?.clone();
-        if !ti.dtype().is_int() {
-            return Err(dtype_err("put_along", format!("indices must be integers, got {ti}")));
-        }
-        let mut fixed = vec![batch_dim];
-        fixed.extend_from_slice(index_dims);
-        let n = index_dims.len();
-        if n == 0 || !distinct_below(&fixed, tt.rank()) {
-            return Err(shape_err("put_along", format!("batch {batch_dim}, index dims {index_dims:?} for {tt}")));
-        }
-        if ti.rank() < 2 || ti.dims()[ti.rank() - 1] != n || ti.dims()[0] != tt.dims()[batch_dim] {
-            return Err(shape_err(
-                "put_along",
-                format!("indices {ti} must be [{}, …, {n}] for {tt}", tt.dims()[batch_dim]),
-            ));
-        }
-        let rest: Vec<usize> = (0..tt.rank()).filter(|d| !fixed.contains(d)).collect();
-        let mut want = ti.dims()[..ti.rank() - 1].to_vec();
-        want.extend(rest.iter().map(|&d| tt.dims()[d]));
-        if tu.dtype() != tt.dtype() || tu.dims() != want.as_slice() {
-            return Err(shape_err("put_along", format!("updates {tu} must be {want:?} of {}", tt.dtype())));
+        if tu != want {
+            return Err(shape_err("put_along", format!("updates {tu} must be {want}")));
         }
         let window: Vec<usize> = (ti.rank() - 1..ti.rank() - 1 + rest.len()).collect();
         let mut inserted = index_dims.to_vec();
@@ -897,6 +858,38 @@ impl Builder {
             ti.rank() - 1,
         );
         Ok(self.emit(line, tt))
+    }
+
+    /// [`Builder::take_along`]'s and [`Builder::put_along`]'s operands checked: the table's and
+    /// the indices' types, the table's dimensions neither batch nor indexed (in order), and
+    /// the type of what is taken (or put).
+    fn along(
+        &self,
+        op: &'static str,
+        table: Value,
+        batch_dim: usize,
+        index_dims: &[usize],
+        indices: Value,
+    ) -> Result<(TensorType, TensorType, Vec<usize>, TensorType)> {
+        let tt = self.ty_of(op, table)?.clone();
+        let ti = self.ty_of(op, indices)?.clone();
+        if !ti.dtype().is_int() {
+            return Err(dtype_err(op, format!("indices must be integers, got {ti}")));
+        }
+        let mut fixed = vec![batch_dim];
+        fixed.extend_from_slice(index_dims);
+        let n = index_dims.len();
+        if n == 0 || !distinct_below(&fixed, tt.rank()) {
+            return Err(shape_err(op, format!("batch {batch_dim}, index dims {index_dims:?} for {tt}")));
+        }
+        if ti.rank() < 2 || ti.dims()[ti.rank() - 1] != n || ti.dims()[0] != tt.dims()[batch_dim] {
+            return Err(shape_err(op, format!("indices {ti} must be [{}, …, {n}] for {tt}", tt.dims()[batch_dim])));
+        }
+        let rest: Vec<usize> = (0..tt.rank()).filter(|d| !fixed.contains(d)).collect();
+        let mut dims = ti.dims()[..ti.rank() - 1].to_vec();
+        dims.extend(rest.iter().map(|&d| tt.dims()[d]));
+        let taken = TensorType::new(tt.dtype(), &dims);
+        Ok((tt, ti, rest, taken))
     }
 
     /// The `sizes`-shaped window of `a` starting at the scalar integer `starts` (one per
