@@ -386,8 +386,6 @@ impl Packer {
         let Some(start) = window.first().map(|held| (held.record, held.offset)) else { return };
         let cfg = self.cfg.clone();
         let lens: Vec<usize> = window.iter().map(|held| held.tokens.len()).collect();
-        self.truncated_docs +=
-            window.iter().filter(|held| held.offset == 0 && held.tokens.len() > cfg.seq_len).count() as u64;
         let rows = isolated::layout(&lens, cfg.seq_len);
         let n = rows.len();
         for (k, pieces) in rows.into_iter().enumerate() {
@@ -409,6 +407,9 @@ impl Packer {
             };
             if k as u32 >= self.skip {
                 self.pad_tokens += pad as u64;
+                // A document longer than a row is counted with the row of its start.
+                let long = |p: &&isolated::Piece| p.start == 0 && window[p.doc].tokens.len() > cfg.seq_len;
+                self.truncated_docs += pieces.iter().filter(|p| long(p) && window[p.doc].offset == 0).count() as u64;
                 out.push(row);
             }
         }
@@ -541,6 +542,9 @@ mod tests {
             }
             p.finish(&mut rest);
             assert_eq!(rest, full[k + 1..].to_vec(), "resume after row {k}");
+            // Truncated documents counted once: those whose first (whole, cut) row it made.
+            let starts = rest.iter().filter(|r| r.cut && r.doc_pos[0] == 0).count() as u64;
+            assert_eq!(p.truncated_docs, starts, "truncated after row {k}");
         }
     }
 
