@@ -41,11 +41,9 @@ if [[ ! -f "$venv/$stamp" ]]; then
 fi
 python="$venv/bin/python"
 
-assets="$SIPHON_CACHE/bench/latents"
-model="$assets/smollm2-135m-instruct-f32"
-sae="$assets/saelens-topk-16k-k32-blocks.15"
-"$python" scripts/bench/latents_vs_delphi.py prepare --gguf "$gguf" --model-out "$model" --sae-out "$sae" \
-    --layer 15 --width 16384 --k 32
+bench_hf_assets "$python" "$gguf"
+model="$hf_model"
+sae="$hf_sae"
 
 siphon="${SIPHON_BIN:-}"
 if [[ -z "$siphon" ]]; then

@@ -62,20 +62,27 @@ PY
 
 # bench_hf_prepare GGUF: what a benchmark against HF transformers needs beside bench_prepare's:
 # `python`, the train venv (torch, transformers, sae-lens) plus PyPI gguf, which transformers
-# reads a GGUF with; `hf_model`, the demo model GGUF dequantized once into an HF f32 directory
-# both tools read; `hf_sae`, a SAELens TopK dictionary on its blocks.15 (made once).
+# reads a GGUF with, and bench_hf_assets's `hf_model` and `hf_sae`.
 bench_hf_prepare() {
     on_train_venv bench-splice
-    local venv="$SIPHON_CACHE/venvs/bench-splice" assets="$SIPHON_CACHE/bench/latents"
+    local venv="$SIPHON_CACHE/venvs/bench-splice"
     if [[ ! -f "$venv/.siphon-setup-v1" ]]; then
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "gguf==0.19.0" >&2
         "$venv/bin/python" -c "import gguf, sae_lens, transformers" >&2
         touch "$venv/.siphon-setup-v1"
     fi
     python="$venv/bin/python"
+    bench_hf_assets "$python" "$1"
+}
+
+# bench_hf_assets PYTHON GGUF: `hf_model`, the demo model GGUF dequantized once into an HF f32
+# directory siphon and HF both read; `hf_sae`, a SAELens TopK dictionary on its blocks.15 (made
+# once), through PYTHON (with gguf, sae-lens and transformers). Shared by every benchmark.
+bench_hf_assets() {
+    local assets="$SIPHON_CACHE/bench/latents"
     hf_model="$assets/smollm2-135m-instruct-f32"
     hf_sae="$assets/saelens-topk-16k-k32-blocks.15"
-    "$python" "$REPO_ROOT/scripts/bench/latents_vs_delphi.py" prepare --gguf "$1" --model-out "$hf_model" \
+    "$1" "$REPO_ROOT/scripts/bench/latents_vs_delphi.py" prepare --gguf "$2" --model-out "$hf_model" \
         --sae-out "$hf_sae" --layer 15 --width 16384 --k 32
 }
 
