@@ -69,11 +69,9 @@ pub fn build_decode_step(config: &ModelConfig, spec: &ForwardSpec) -> Result<For
 /// The caches a decoding step reads and writes, as the blocks are built.
 pub(crate) struct Cache {
     len: usize,
-    /// Every cache, in the order of its argument: its name, its value after the step and how
-    /// it lies on the mesh.
-    entries: Vec<(String, Value, PartitionSpec)>,
-    /// Every cache argument, in order: entry `i`'s value before the step (donated to it).
-    args: Vec<Value>,
+    /// Every cache, in the order of its argument: its name, its argument (the value before the
+    /// step, donated to the one after), its value after the step and how it lies on the mesh.
+    entries: Vec<(String, Value, Value, PartitionSpec)>,
     /// Per attention block with a cache of its own: the keys and values it was given (to find
     /// a block that shares them) and its caches after the step.
     shared: Vec<((Value, Value), (Value, Value))>,
@@ -85,7 +83,7 @@ pub(crate) struct Cache {
 
 impl Cache {
     pub(crate) fn new(len: usize) -> Cache {
-        Cache { len, entries: Vec::new(), args: Vec::new(), shared: Vec::new(), masks: Vec::new(), fresh: None }
+        Cache { len, entries: Vec::new(), shared: Vec::new(), masks: Vec::new(), fresh: None }
     }
 }
 
@@ -107,7 +105,7 @@ impl Graph<'_> {
                     let width = self.b.dims(x)?[1];
                     let arg = self.cache_arg(&[bsz, len, width], self.dt, &spec)?;
                     after[i] = self.write(arg, x)?;
-                    self.keep_cache(format!("blocks.{layer}.{part}"), after[i], spec.clone());
+                    self.keep_cache(format!("blocks.{layer}.{part}"), arg, after[i], spec.clone());
                 }
                 let cache = self.cache.as_mut().expect("cached() while decoding");
                 cache.shared.push(((k, v), (after[0], after[1])));
@@ -150,14 +148,13 @@ impl Graph<'_> {
         spec: &PartitionSpec,
     ) -> Result<Value, ModelError> {
         let sharded = self.sharded();
-        let arg = self.b.arg(TensorType::new(dtype, dims), sharded.then(|| spec.clone()))?;
-        self.cache.as_mut().expect("cache_arg() while decoding").args.push(arg);
-        Ok(arg)
+        Ok(self.b.arg(TensorType::new(dtype, dims), sharded.then(|| spec.clone()))?)
     }
 
-    /// Records `after` as the cache `name` after the step (a result, in argument order).
-    pub(crate) fn keep_cache(&mut self, name: String, after: Value, spec: PartitionSpec) {
-        self.cache.as_mut().expect("keep_cache() while decoding").entries.push((name, after, spec));
+    /// Records `after` as the cache `name` after the step, written over its argument `before`
+    /// (a [`Graph::cache_arg`]; kept in argument order).
+    pub(crate) fn keep_cache(&mut self, name: String, before: Value, after: Value, spec: PartitionSpec) {
+        self.cache.as_mut().expect("keep_cache() while decoding").entries.push((name, before, after, spec));
     }
 
     /// `state` (a cache argument, rows first) where a row continues its sequence, zeros where
@@ -283,11 +280,10 @@ pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Ve
     };
     let mut caches = Vec::new();
     // Each cache's buffer is handed to the step, which writes the cache after it in place.
-    assert_eq!(r.cache.args.len(), r.cache.entries.len(), "a cache argument for every cache kept");
-    for ((name, after, spec), &before) in r.cache.entries.iter().zip(&r.cache.args) {
+    for (name, before, after, spec) in &r.cache.entries {
         let (shape, dtype) = (b.dims(*after)?.to_vec(), b.dtype(*after)?);
         caches.push(info(name.clone(), shape, dtype, spec));
-        b.donate(before, r.first_result + values.len())?;
+        b.donate(*before, r.first_result + values.len())?;
         values.push((*after, r.sharded.then(|| spec.clone())));
     }
     let logits = info("logits".into(), vec![bsz, vocab], DType::F32, &logits_spec);

@@ -171,14 +171,14 @@ impl Graph<'_> {
                 true => {
                     let spec = self.state_spec(3, 2, heads);
                     let arg = self.cache_arg(&[self.spec.batch, kept, width], dt, &spec)?;
-                    Some((self.state_or_fresh(arg)?, spec))
+                    Some((arg, self.state_or_fresh(arg)?, spec))
                 }
                 false => None,
             };
-            let (out, inputs) = self.causal_conv_silu(y, w, cached.as_ref().map(|c| c.0), segments)?;
-            if let Some((_, spec)) = cached {
+            let (out, inputs) = self.causal_conv_silu(y, w, cached.as_ref().map(|c| c.1), segments)?;
+            if let Some((arg, _, spec)) = cached {
                 let after = self.last_inputs(inputs, kept)?;
-                self.keep_cache(format!("blocks.{layer}.conv_{part}"), after, spec);
+                self.keep_cache(format!("blocks.{layer}.conv_{part}"), arg, after, spec);
             }
             convolved.push(out);
         }
@@ -351,8 +351,8 @@ impl Graph<'_> {
         let (t, nv) = (self.tokens(), la.n_value_heads);
         let spec = self.state_spec(4, 1, nv);
         let dims = [self.spec.batch, nv, la.key_head_dim, la.value_head_dim];
-        let state = self.cache_arg(&dims, DType::F32, &spec)?;
-        let state = self.state_or_fresh(state)?;
+        let arg = self.cache_arg(&dims, DType::F32, &spec)?;
+        let state = self.state_or_fresh(arg)?;
         let b = &mut self.b;
         let real = b.reshape(self.attention_mask, &[t])?;
         let zero = b.splat(0.0, TensorType::new(DType::I32, &[t]))?;
@@ -365,7 +365,7 @@ impl Graph<'_> {
         }
         let (out, after) = self.chunked_delta_rule(la, q, k, v, masked[0], masked[1], Some(state), None)?;
         let after = after.expect("a state after the rows from a state before them");
-        self.keep_cache(format!("blocks.{layer}.state"), after, spec);
+        self.keep_cache(format!("blocks.{layer}.state"), arg, after, spec);
         Ok(out)
     }
 
