@@ -333,40 +333,47 @@ fn a_262k_vocabularys_outputs_compile_without_a_tokens_by_vocab_temporary() {
     assert!(temp <= planner["temp_bytes"].as_u64().unwrap(), "the planner bounds the compiler: {report}");
 }
 
-/// A decoding step (`--decode-cache-len`) of Qwen2.5-7B compiled for a v5e slice: the planner's
-/// arguments (weights, tokens and every slot's caches) and results (the caches after the step,
-/// aliased to those, and the logits) are the compiler's, and the report gives a roofline in new tokens a second.
+/// A decoding step (`--decode-cache-len`) compiled for a v5e slice, of Qwen2.5-7B and of
+/// Gemma 3 1B (22 of its 26 blocks windowed: each a ring of 512 + 64 - 1 positions): the
+/// planner's arguments (weights, tokens and every slot's caches) and results (the caches after
+/// the step, aliased to those, and the logits) are the compiler's, and the report gives a
+/// roofline in new tokens a second.
 #[test]
 fn a_decoding_step_compiles_for_a_slice_with_the_planners_caches() {
     let Some(libtpu) = libtpu() else { return };
-    let args = [
-        "plan",
-        "--target",
-        "tpu:v5litepod-16",
-        "--plugin",
-        libtpu.to_str().unwrap(),
-        "--config",
-        "fixtures/configs/qwen2.5-7b.json",
-        "--batch",
-        "32",
-        "--decode-cache-len",
-        "1024",
-        "--json",
-    ];
-    let out = siphon(&args, &[]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (compiled, planner) = (&report["compiled"], &report["planner"]);
-    let close = |a: &serde_json::Value, b: &serde_json::Value| {
-        let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
-        (a - b).abs() <= 0.01 * a.max(b)
-    };
-    assert!(close(&compiled["argument_size_in_bytes"], &planner["argument_bytes"]), "{report}");
-    assert!(close(&compiled["output_size_in_bytes"], &planner["output_bytes"]), "{report}");
-    assert!(close(&compiled["alias_size_in_bytes"], &planner["alias_bytes"]), "the caches written in place: {report}");
-    let decode = &report["plan"]["memory"]["decode"];
-    assert_eq!(decode["cache_len"], 1024, "{decode}");
-    assert!(report["roofline_tokens_per_second"].as_f64().is_some_and(|t| t > 0.0), "{report}");
-    let temp = compiled["temp_size_in_bytes"].as_u64().unwrap();
-    assert!(temp <= planner["temp_bytes"].as_u64().unwrap(), "the planner bounds the compiler's transients: {report}");
+    for (config, cache_len) in [("qwen2.5-7b", "1024"), ("gemma-3-1b", "8192")] {
+        let config = format!("fixtures/configs/{config}.json");
+        let args = [
+            "plan",
+            "--target",
+            "tpu:v5litepod-16",
+            "--plugin",
+            libtpu.to_str().unwrap(),
+            "--config",
+            &config,
+            "--batch",
+            "32",
+            "--decode-cache-len",
+            cache_len,
+            "--json",
+        ];
+        let out = siphon(&args, &[]);
+        assert!(out.status.success(), "{config}: {}", stderr(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (compiled, planner) = (&report["compiled"], &report["planner"]);
+        let close = |a: &serde_json::Value, b: &serde_json::Value| {
+            let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+            (a - b).abs() <= 0.01 * a.max(b)
+        };
+        assert!(close(&compiled["argument_size_in_bytes"], &planner["argument_bytes"]), "{config}: {report}");
+        assert!(close(&compiled["output_size_in_bytes"], &planner["output_bytes"]), "{config}: {report}");
+        let aliased = close(&compiled["alias_size_in_bytes"], &planner["alias_bytes"]);
+        assert!(aliased, "{config}: the caches written in place: {report}");
+        let decode = &report["plan"]["memory"]["decode"];
+        assert_eq!(decode["cache_len"].to_string(), cache_len, "{decode}");
+        assert!(report["roofline_tokens_per_second"].as_f64().is_some_and(|t| t > 0.0), "{report}");
+        let temp = compiled["temp_size_in_bytes"].as_u64().unwrap();
+        let bounded = temp <= planner["temp_bytes"].as_u64().unwrap();
+        assert!(bounded, "{config}: the planner bounds the compiler's transients: {report}");
+    }
 }

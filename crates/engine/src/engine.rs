@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use siphon_mesh::{HostView, Mesh, PartitionSpec};
 use siphon_models::{
-    DType, DecodeStep, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LatentsInfo, LoadedModel,
-    ParamInfo, RaggedDot, StoredForm, build_forward,
+    DType, DictionaryHook, ForwardProgram, ForwardSpec, HookPoint, HostTensor, LatentsInfo, LoadedModel, ParamInfo,
+    RaggedDot, StoredForm, build_forward,
 };
 use siphon_runtime::{Client, CompileOptions, ElementType, Executable, HostArray, ShardedArray};
 
@@ -65,7 +65,7 @@ impl ProgramSpec<'_> {
         spec.next_token = self.options.next_token;
         spec.steering = self.options.steering.iter().map(|s| s.hook).collect();
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
-        spec.decode = self.options.decode.map(|cache_len| DecodeStep { cache_len });
+        spec.decode = self.options.decode;
         spec.isolated = self.options.isolated;
         spec
     }

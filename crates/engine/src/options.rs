@@ -79,10 +79,10 @@ pub struct EngineOptions {
     /// one process that holds every device (how a spanning job is verified without the
     /// hosts); [`Engine::run_processes`] takes and gives one batch per view.
     pub processes: Vec<HostView>,
-    /// When given, the engine's program is a decoding step whose caches hold this many
-    /// positions a row (`siphon_models::decode`), run by a [`crate::Decoder`]: no hooks,
-    /// dictionaries or next-token outputs.
-    pub decode: Option<usize>,
+    /// When given, the engine's program is a decoding step over caches of these positions a
+    /// row, taking at most `chunk` new tokens a step (`siphon_models::decode`), run by a
+    /// [`crate::Decoder`]: no hooks, dictionaries or next-token outputs.
+    pub decode: Option<siphon_models::DecodeStep>,
     /// Whether a row may hold several documents, each attending only its own tokens
     /// (`siphon_models::ForwardSpec::isolated`): the batches' position ids restart at each
     /// document (`Batch::with_position_ids`).

@@ -18,7 +18,7 @@ use safetensors::SafeTensors;
 use siphon_engine::decode::{Finish, Prompt, Sampling, Settings, generate};
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
-use siphon_models::LoadedModel;
+use siphon_models::{DecodeStep, LoadedModel};
 
 const DECODED: &[&str] = &[
     "tiny-llama",
@@ -71,21 +71,24 @@ fn golden(dir: &Path) -> Golden {
     Golden { prompts, completions, scores }
 }
 
-/// Greedy decoding of `new_tokens` with no end token, prompts fed 4 tokens a step.
-fn greedy(new_tokens: usize, cache_len: usize) -> Settings {
+/// Greedy decoding of `new_tokens` with no end token.
+fn greedy(new_tokens: usize) -> Settings {
     Settings {
         max_new_tokens: new_tokens,
         eos_ids: Vec::new(),
         stop_ids: Vec::new(),
         sampling: Sampling::default(),
         seed: 0,
-        chunk: 4,
-        cache_len,
     }
 }
 
-fn engine(client: &siphon_runtime::Client, model: &LoadedModel, mesh: Mesh, cache_len: usize) -> Engine {
-    let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, decode: Some(cache_len), ..Default::default() };
+/// Sequences of `cache_len` positions fed `chunk` tokens a step at most.
+fn cache(cache_len: usize, chunk: usize) -> Option<DecodeStep> {
+    Some(DecodeStep { cache_len, chunk })
+}
+
+fn engine(client: &siphon_runtime::Client, model: &LoadedModel, mesh: Mesh, decode: Option<DecodeStep>) -> Engine {
+    let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, decode, ..Default::default() };
     Engine::new(client, model, Vec::new(), options).unwrap()
 }
 
@@ -109,13 +112,14 @@ fn check_family(name: &str, mesh: Mesh, slots: usize) {
     };
     let new_tokens = cache_len - longest;
     let client = client();
-    let engine = engine(&client, &model, mesh, cache_len);
 
-    // Greedy completions, the prompts fed 4 tokens a step.
-    let mut decoder = engine.decoder(slots).unwrap();
+    // Greedy completions, the prompts fed 4 tokens a step (a windowed block's ring: its
+    // window of 3 or 4 and 3 more positions).
+    let engine4 = engine(&client, &model, mesh.clone(), cache(cache_len, 4));
+    let mut decoder = engine4.decoder(slots).unwrap();
     let prompts: Vec<Prompt> =
         g.prompts.iter().enumerate().map(|(i, ids)| Prompt { record: i as u64, sample: 0, ids: ids.clone() }).collect();
-    let settings = greedy(new_tokens, cache_len);
+    let settings = greedy(new_tokens);
     let got = generate(&mut decoder, &prompts, &settings).unwrap();
     for (i, completion) in got.iter().enumerate() {
         assert_eq!(completion.finish, Finish::Length, "{name} prompt {i}");
@@ -133,7 +137,9 @@ fn check_family(name: &str, mesh: Mesh, slots: usize) {
         assert_eq!(completion.ids.len(), want.len(), "{name} prompt {i}");
     }
 
-    // Each step's logits, HF's tokens fed one a step after the prompt (all prompts together).
+    // Each step's logits, HF's tokens fed one a step after the whole prompt (all prompts
+    // together).
+    let engine = engine(&client, &model, mesh, cache(cache_len, longest));
     let mut decoder = engine.decoder(slots).unwrap();
     let sequences: Vec<Vec<u32>> =
         g.prompts.iter().zip(&g.completions).map(|(p, c)| [&p[..], &c[..]].concat()).collect();
@@ -199,9 +205,9 @@ fn greedy_decoding_equals_hf_generate_on_a_2x4_mesh() {
 fn bad_settings_are_refused_naming_them() {
     let model = LoadedModel::open(&fixture("tiny-llama")).unwrap();
     let client = client();
-    let engine = engine(&client, &model, Mesh::single_device(), 8);
+    let engine = engine(&client, &model, Mesh::single_device(), cache(8, 4));
     let mut decoder = engine.decoder(1).unwrap();
-    let settings = greedy(4, 8);
+    let settings = greedy(4);
     let long = [Prompt { record: 7, sample: 0, ids: vec![1; 9] }];
     let e = generate(&mut decoder, &long, &settings).unwrap_err().to_string();
     assert!(e.contains("record 7") && e.contains("9 tokens"), "{e}");
@@ -212,11 +218,11 @@ fn bad_settings_are_refused_naming_them() {
     assert!(generate(&mut decoder, &long[..0], &none).unwrap_err().to_string().contains("max_new_tokens 0"));
     // Past LongRoPE's original context (HF switches factors mid-sequence).
     let phi3 = LoadedModel::open(&fixture("tiny-phi3")).unwrap();
-    let options = EngineOptions { decode: Some(33), ..Default::default() };
+    let options = EngineOptions { decode: cache(33, 4), ..Default::default() };
     let e = Engine::new(&client, &phi3, Vec::new(), options).unwrap_err().to_string();
     assert!(e.contains("longrope") && e.contains("33"), "{e}");
     // A cache past the model's context.
-    let options = EngineOptions { decode: Some(100_000), ..Default::default() };
+    let options = EngineOptions { decode: cache(100_000, 4), ..Default::default() };
     let e = Engine::new(&client, &model, Vec::new(), options).unwrap_err().to_string();
     assert!(e.contains("past the model's context"), "{e}");
 }
@@ -273,34 +279,34 @@ fn the_sampler_draws_from_hf_s_warped_distribution() {
 }
 
 /// A sampled completion depends on the seed, record and sample only: the same on one device
-/// with 3 slots and on a 2 × 4 mesh with 4 (prompts in another order), another with another
-/// seed.
+/// with 3 slots fed 4 prompt tokens a step and on a 2 × 4 mesh with 4 fed 2 (prompts in
+/// another order), another with another seed.
 #[test]
 fn sampled_completions_depend_on_seed_record_and_sample_only() {
     let model = LoadedModel::open(&fixture("tiny-qwen2")).unwrap();
     let g = golden(&fixture("tiny-qwen2"));
     let client = client();
     let sampling = Sampling { temperature: 1.0, top_k: 50, top_p: 0.95, min_p: 0.0 };
-    let settings = Settings { sampling, seed: 11, ..greedy(12, 24) };
+    let settings = Settings { sampling, seed: 11, ..greedy(12) };
     let prompts: Vec<Prompt> = (0..2u32)
         .flat_map(|sample| {
             g.prompts.iter().enumerate().map(move |(i, ids)| Prompt { record: i as u64, sample, ids: ids.clone() })
         })
         .collect();
-    let run = |mesh: Mesh, slots: usize, prompts: &[Prompt], settings: &Settings| {
-        let engine = engine(&client, &model, mesh, settings.cache_len);
+    let run = |mesh: Mesh, slots: usize, chunk: usize, prompts: &[Prompt], settings: &Settings| {
+        let engine = engine(&client, &model, mesh, cache(24, chunk));
         let mut decoder = engine.decoder(slots).unwrap();
         generate(&mut decoder, prompts, settings).unwrap()
     };
-    let one = run(Mesh::single_device(), 3, &prompts, &settings);
+    let one = run(Mesh::single_device(), 3, 4, &prompts, &settings);
     let reversed: Vec<Prompt> = prompts.iter().rev().cloned().collect();
     let mesh = Mesh::new(&[("data", 2), ("model", 4)], (0..8).collect()).unwrap();
-    let mut other = run(mesh, 4, &reversed, &settings);
+    let mut other = run(mesh, 4, 2, &reversed, &settings);
     other.reverse();
     assert_eq!(one, other);
     // Two samples of a record differ, and another seed gives other completions.
     assert_ne!(one[0].ids, one[3].ids);
-    let reseeded = run(Mesh::single_device(), 3, &prompts, &Settings { seed: 12, ..settings.clone() });
+    let reseeded = run(Mesh::single_device(), 3, 4, &prompts, &Settings { seed: 12, ..settings.clone() });
     assert_ne!(one, reseeded);
 }
 
@@ -337,12 +343,12 @@ fn steering_applies_while_decoding_as_in_the_forward() {
     let client = client();
     let new_tokens = 12;
     let cache_len = 9 + new_tokens;
-    let options = EngineOptions { decode: Some(cache_len), steering: steering.clone(), ..Default::default() };
+    let options = EngineOptions { decode: cache(cache_len, 4), steering: steering.clone(), ..Default::default() };
     let decoding = Engine::new(&client, &model, Vec::new(), options).unwrap();
     let mut decoder = decoding.decoder(3).unwrap();
     let prompts: Vec<Prompt> =
         g.prompts.iter().enumerate().map(|(i, ids)| Prompt { record: i as u64, sample: 0, ids: ids.clone() }).collect();
-    let settings = greedy(new_tokens, cache_len);
+    let settings = greedy(new_tokens);
     let got = generate(&mut decoder, &prompts, &settings).unwrap();
     assert!(got.iter().zip(&g.completions).any(|(c, hf)| c.ids[..] != hf[..new_tokens]), "steering changed nothing");
     let outputs = NextToken { topk: 2, ..Default::default() };

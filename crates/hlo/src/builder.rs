@@ -266,6 +266,11 @@ impl Builder {
         self.binary("divide", a, b, Kind::Numeric)
     }
 
+    /// The remainder of `a / b` (same type), with the sign of `a`.
+    pub fn rem(&mut self, a: Value, b: Value) -> Result<Value> {
+        self.binary("remainder", a, b, Kind::Numeric)
+    }
+
     /// Elementwise maximum.
     pub fn max(&mut self, a: Value, b: Value) -> Result<Value> {
         self.binary("maximum", a, b, Kind::Numeric)

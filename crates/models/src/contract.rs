@@ -136,12 +136,27 @@ pub struct ForwardSpec {
 }
 
 /// A decoding step's cache: per row (a slot) and attention block, the keys and values of
-/// positions `0..cache_len`, at the index of their position (and per Gated DeltaNet block,
-/// its state after the row's last token: see [`DecodeInfo::caches`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// positions `0..cache_len`, at the index of their position — a block with a sliding window
+/// keeps the last [`DecodeStep::ring`] positions only, position `p` at index `p mod ring` —
+/// and per Gated DeltaNet block, its state after the row's last token: see
+/// [`DecodeInfo::caches`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DecodeStep {
-    /// Positions each row's cache holds: a sequence's prompt and completion together.
+    /// Positions a sequence holds: its prompt and completion together.
     pub cache_len: usize,
+    /// New tokens a row takes in one step at most (a prompt's chunk): every step over these
+    /// caches is at most this wide.
+    pub chunk: usize,
+}
+
+impl DecodeStep {
+    /// The positions the cache of a block attending `window` keys back holds: all of them
+    /// without a window; else a ring of the window and a step's other new tokens (`window +
+    /// chunk - 1`), what a step's queries read once its keys are written — fewer where the
+    /// sequence is shorter.
+    pub fn ring(&self, window: Option<usize>) -> usize {
+        window.map_or(self.cache_len, |w| (w + self.chunk - 1).min(self.cache_len))
+    }
 }
 
 /// A decoding step's results ([`ForwardSpec::decode`]): the logits, then each cache after
@@ -152,7 +167,9 @@ pub struct DecodeInfo {
     /// soft-cap applied).
     pub logits: NextTokenInfo,
     /// Each cache argument (and its result): an attention block's `blocks.{l}.k` /
-    /// `blocks.{l}.v`, `[batch, cache_len, width]` in the compute dtype; a Gated DeltaNet
+    /// `blocks.{l}.v`, `[batch, positions, width]` in the compute dtype (`cache_len`
+    /// positions, or a windowed block's [`DecodeStep::ring`]); a latent attention's
+    /// `blocks.{l}.latent`, `[batch, cache_len, kv_lora_rank + rope]`; a Gated DeltaNet
     /// block's `blocks.{l}.conv_q` / `conv_k` / `conv_v`, `[batch, K - 1, width]` in the
     /// compute dtype, and `blocks.{l}.state`, `[batch, heads, dk, dv]` f32. Zeros before a
     /// slot's first step.

@@ -5,14 +5,19 @@
 //! written into it ([`Graph::cached`]), and the program ends with each row's next-token logits
 //! and the caches after the step ([`results`]).
 //!
-//! The cache of an attention block is, per row (a slot of the decoding loop), `[cache_len,
-//! width]` keys and as many values, position `p` at index `p`: a step writes each real token's
-//! keys and values at its position (`position_ids`; padding writes nothing) and each query at
-//! position `p` attends the indices `j <= p` (and `p - j < window` in a windowed block). A
-//! row's indices past its position hold whatever an earlier sequence of the slot left; none
-//! is read before this sequence writes it, so a slot is refilled without clearing it. A block
-//! that attends another block's keys and values (Gemma 4's shared KV layers) reads that
-//! block's cache.
+//! The cache of an attention block is, per row (a slot of the decoding loop), `[positions,
+//! width]` keys and as many values: a step writes each real token's keys and values at its
+//! position's index (`position_ids`; padding writes nothing) and each query at position `q`
+//! attends the positions `p <= q` (and `q - p < window` in a windowed block). A block without
+//! a window holds every position (`cache_len`), position `p` at index `p`. A windowed block
+//! holds a ring of [`DecodeStep::ring`] positions, position `p` at index `p mod ring`: the
+//! ring is the window and the step's other new tokens, so the keys a step's queries read are
+//! all there once its own are written. Index `j` then holds, for query `q`, position `q - d`
+//! where `d = (q - j) mod ring`: attended where `d < window` and `d <= q` (a position of this
+//! sequence). A row's indices past what it wrote hold whatever an earlier sequence of the slot
+//! left; none is read before this sequence writes it, so a slot is refilled without clearing
+//! it. A block that attends another block's keys and values (Gemma 4's shared KV layers)
+//! reads that block's cache.
 //!
 //! A Gated DeltaNet block (Qwen3.5, Qwen3-Next) keeps, per row, its recurrence's state
 //! `[heads, dk, dv]` (f32) and the last `K - 1` inputs of each of its convolutions (q, k, v;
@@ -20,14 +25,15 @@
 //! position 0, a sequence's start) and leaves them as they stand after the row's last real
 //! token (`crate::layers::gated_deltanet`).
 //!
-//! Sliding windows keep the whole `cache_len` (masked, not a ring buffer), and a latent
-//! attention (MLA) caches its expanded keys and values: exact, not yet the smallest form.
+//! A latent attention (MLA: DeepSeek-V3, Kimi K2) caches, per position, its normed latent and
+//! its rotated RoPE key (`kv_lora_rank + rope` values, for every head), not each head's keys
+//! and values, and attends through the latent (`crate::layers::mla`).
 
 use siphon_hlo::{CompareDir, DType, TensorType, Value};
 use siphon_mesh::PartitionSpec;
 
 use crate::config::ModelConfig;
-use crate::contract::{DecodeInfo, ForwardProgram, ForwardSpec, NextTokenInfo};
+use crate::contract::{DecodeInfo, DecodeStep, ForwardProgram, ForwardSpec, NextTokenInfo};
 use crate::error::ModelError;
 use crate::forward::{Graph, build_forward};
 use crate::sharding::MODEL;
@@ -50,10 +56,10 @@ pub fn build_decode_step(config: &ModelConfig, spec: &ForwardSpec) -> Result<For
     if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
         return Err(ModelError::Config(format!("a decoding step computes no {what}")));
     }
-    if step.cache_len == 0 || spec.seq > step.cache_len {
+    if step.cache_len == 0 || step.chunk == 0 || spec.seq > step.chunk.min(step.cache_len) {
         return Err(ModelError::Config(format!(
-            "a decoding step of {} tokens a row with a cache of {} positions",
-            spec.seq, step.cache_len
+            "a decoding step of {} tokens a row over caches of {} positions taking {} tokens a step",
+            spec.seq, step.cache_len, step.chunk
         )));
     }
     let limit = config.max_position_embeddings;
@@ -68,42 +74,45 @@ pub fn build_decode_step(config: &ModelConfig, spec: &ForwardSpec) -> Result<For
 
 /// The caches a decoding step reads and writes, as the blocks are built.
 pub(crate) struct Cache {
-    len: usize,
+    step: DecodeStep,
     /// Every cache, in the order of its argument: its name, its argument (the value before the
     /// step, donated to the one after), its value after the step and how it lies on the mesh.
     entries: Vec<(String, Value, Value, PartitionSpec)>,
     /// Per attention block with a cache of its own: the keys and values it was given (to find
     /// a block that shares them) and its caches after the step.
     shared: Vec<((Value, Value), (Value, Value))>,
-    /// The cache's masks built so far, by window: `[batch, seq, cache_len]`.
-    masks: Vec<(Option<usize>, Value)>,
+    /// The masks built so far, by window and the positions of the cache they read: `[batch,
+    /// seq, positions]`.
+    masks: Vec<((Option<usize>, usize), Value)>,
     /// Which rows start a sequence at this step, `[batch]` (built once).
     fresh: Option<Value>,
 }
 
 impl Cache {
-    pub(crate) fn new(len: usize) -> Cache {
-        Cache { len, entries: Vec::new(), shared: Vec::new(), masks: Vec::new(), fresh: None }
+    pub(crate) fn new(step: DecodeStep) -> Cache {
+        Cache { step, entries: Vec::new(), shared: Vec::new(), masks: Vec::new(), fresh: None }
     }
 }
 
 impl Graph<'_> {
     /// Block `layer`'s keys `k` `[tokens, k width]` and values `v` `[tokens, v width]` (RoPE
     /// applied) written into its cache, and what its attention then reads: every cached key
-    /// and value, `[batch·cache_len, width]` each, and the mask `[batch, seq, cache_len]`.
+    /// and value, `[batch·positions, width]` each, and the mask `[batch, seq, positions]`.
     pub(crate) fn cached(&mut self, layer: usize, k: Value, v: Value) -> Result<(Value, Value, Value), ModelError> {
         let bsz = self.spec.batch;
         let cache = self.cache.as_ref().expect("cached() while decoding");
-        let len = cache.len;
+        let step = cache.step;
+        let window = self.config.window(layer);
         let shared = cache.shared.iter().find(|(given, _)| *given == (k, v)).map(|(_, after)| *after);
         let (k_all, v_all) = match shared {
             Some(after) => after,
             None => {
                 let spec = self.cache_spec(layer);
+                let positions = step.ring(window);
                 let mut after = [k; 2];
                 for (i, (x, part)) in [(k, "k"), (v, "v")].into_iter().enumerate() {
                     let width = self.b.dims(x)?[1];
-                    let arg = self.cache_arg(&[bsz, len, width], self.dt, &spec)?;
+                    let arg = self.cache_arg(&[bsz, positions, width], self.dt, &spec)?;
                     after[i] = self.write(arg, x)?;
                     self.keep_cache(format!("blocks.{layer}.{part}"), arg, after[i], spec.clone());
                 }
@@ -112,13 +121,38 @@ impl Graph<'_> {
                 (after[0], after[1])
             }
         };
-        let mask = self.cache_mask(self.config.window(layer))?;
+        // A block reading another's ring must attend no further back than the ring holds.
+        let positions = self.b.dims(k_all)?[1];
+        if positions < step.cache_len && step.ring(window) > positions {
+            return Err(ModelError::Config(format!(
+                "block {layer} attends {} positions back from another block's cache, which keeps {positions}",
+                window.map_or("all".to_string(), |w| w.to_string())
+            )));
+        }
+        let mask = self.cache_mask(window, positions)?;
         let mut flat = [k_all, v_all];
         for x in &mut flat {
             let width = self.b.dims(*x)?[2];
-            *x = self.b.reshape(*x, &[bsz * len, width])?;
+            *x = self.b.reshape(*x, &[bsz * positions, width])?;
         }
         Ok((flat[0], flat[1], mask))
+    }
+
+    /// Block `layer`'s latent `x` `[tokens, width]` (a latent attention's: one for every head)
+    /// written into its cache, whole on each device of a row group; returns the cache after
+    /// the write, `[batch, positions, width]`, and the mask of its positions `[batch, seq,
+    /// positions]`.
+    pub(crate) fn cached_latent(&mut self, layer: usize, x: Value) -> Result<(Value, Value), ModelError> {
+        let bsz = self.spec.batch;
+        let window = self.config.window(layer);
+        let positions = self.cache.as_ref().expect("cached_latent() while decoding").step.ring(window);
+        let width = self.b.dims(x)?[1];
+        let spec = self.state_spec(3, 2, 1);
+        let arg = self.cache_arg(&[bsz, positions, width], self.dt, &spec)?;
+        let after = self.write(arg, x)?;
+        self.keep_cache(format!("blocks.{layer}.latent"), arg, after, spec);
+        let mask = self.cache_mask(window, positions)?;
+        Ok((after, mask))
     }
 
     /// How block `layer`'s caches `[batch, cache_len, width]` lie on the mesh: rows as the
@@ -186,45 +220,71 @@ impl Graph<'_> {
         Ok(b.select(fresh, zeros, state)?)
     }
 
-    /// `cache` `[batch, cache_len, width]` with each real token of `x` `[tokens, width]` at its
-    /// position's index (a scatter, each row at its own positions; padding is sent out of
-    /// range, so dropped).
+    /// `cache` `[batch, positions, width]` with each real token of `x` `[tokens, width]` at its
+    /// position's index — modulo `positions` where they are a ring (fewer than the sequence's)
+    /// — a scatter, each row at its own positions; padding is sent out of range, so dropped.
     fn write(&mut self, cache: Value, x: Value) -> Result<Value, ModelError> {
         let (bsz, t) = (self.spec.batch, self.spec.seq);
         let len = self.b.dims(cache)?[1];
+        let ring = len < self.cache.as_ref().expect("write() while decoding").step.cache_len;
         let width = self.b.dims(x)?[1];
-        let (positions, real) = (self.position_ids, self.attention_mask);
+        let (mut positions, real) = (self.position_ids, self.attention_mask);
         let b = &mut self.b;
-        let zero = b.splat(0.0, TensorType::new(DType::I32, &[bsz, t]))?;
+        let ids = TensorType::new(DType::I32, &[bsz, t]);
+        if ring {
+            let len = b.splat(len as f64, ids.clone())?;
+            positions = b.rem(positions, len)?;
+        }
+        let zero = b.splat(0.0, ids.clone())?;
         let real = b.compare(CompareDir::Ne, real, zero)?;
-        let beyond = b.splat(len as f64, TensorType::new(DType::I32, &[bsz, t]))?;
+        let beyond = b.splat(len as f64, ids)?;
         let at = b.select(real, positions, beyond)?;
         let at = b.reshape(at, &[bsz, t, 1])?;
         let x = b.reshape(x, &[bsz, t, width])?;
         Ok(b.put_along(cache, 0, &[1], at, x)?)
     }
 
-    /// The mask of a cache read by queries at `position_ids`: `[batch, seq, cache_len]`, true
-    /// where index `j <= p` (and `p - j < window`), built once per window.
-    fn cache_mask(&mut self, window: Option<usize>) -> Result<Value, ModelError> {
+    /// The mask of a cache of `positions` read by queries at `position_ids`: `[batch, seq,
+    /// positions]`, true where index `j` holds a position `p <= q` (and `q - p < window`) —
+    /// `j` itself, or on a ring (fewer positions than the sequence's) `q - (q - j) mod
+    /// positions`. Built once per window and cache.
+    fn cache_mask(&mut self, window: Option<usize>, positions: usize) -> Result<Value, ModelError> {
         let cache = self.cache.as_ref().expect("cache_mask() while decoding");
-        if let Some(&(_, mask)) = cache.masks.iter().find(|(w, _)| *w == window) {
+        if let Some(&(_, mask)) = cache.masks.iter().find(|(key, _)| *key == (window, positions)) {
             return Ok(mask);
         }
-        let (bsz, t, len) = (self.spec.batch, self.spec.seq, cache.len);
-        let shape = [bsz, t, len];
+        let ring = positions < cache.step.cache_len;
+        let (bsz, t) = (self.spec.batch, self.spec.seq);
+        let shape = [bsz, t, positions];
+        let ids = TensorType::new(DType::I32, &shape);
         let b = &mut self.b;
-        let j = b.iota(TensorType::new(DType::I32, &shape), 2)?;
-        let p = b.broadcast_in_dim(self.position_ids, &shape, &[0, 1])?;
-        let mut mask = b.compare(CompareDir::Le, j, p)?;
-        if let Some(w) = window {
-            // j > p - w, i.e. j + w > p.
-            let w = b.splat(w as f64, TensorType::new(DType::I32, &shape))?;
-            let reach = b.add(j, w)?;
-            let recent = b.compare(CompareDir::Gt, reach, p)?;
-            mask = b.and(mask, recent)?;
-        }
-        self.cache.as_mut().expect("cache_mask() while decoding").masks.push((window, mask));
+        let j = b.iota(ids.clone(), 2)?;
+        let q = b.broadcast_in_dim(self.position_ids, &shape, &[0, 1])?;
+        let mask = match window {
+            Some(w) if ring => {
+                // d = (q - j) mod ring, from q - j + ring > 0: attended where d < w and d <= q.
+                let r = b.splat(positions as f64, ids.clone())?;
+                let d = b.sub(q, j)?;
+                let d = b.add(d, r)?;
+                let d = b.rem(d, r)?;
+                let w = b.splat(w as f64, ids)?;
+                let recent = b.compare(CompareDir::Lt, d, w)?;
+                let ours = b.compare(CompareDir::Le, d, q)?;
+                b.and(recent, ours)?
+            }
+            _ => {
+                let mut mask = b.compare(CompareDir::Le, j, q)?;
+                if let Some(w) = window {
+                    // j > q - w, i.e. j + w > q.
+                    let w = b.splat(w as f64, ids)?;
+                    let reach = b.add(j, w)?;
+                    let recent = b.compare(CompareDir::Gt, reach, q)?;
+                    mask = b.and(mask, recent)?;
+                }
+                mask
+            }
+        };
+        self.cache.as_mut().expect("cache_mask() while decoding").masks.push(((window, positions), mask));
         Ok(mask)
     }
 }

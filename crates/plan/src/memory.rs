@@ -350,21 +350,22 @@ pub struct DecodeMemory {
     pub working_bytes: u64,
 }
 
-/// The bytes a decoding step of `local_slots` slots with caches of `cache_len` positions
-/// needs on each device: the caches as the family's decoding step declares them
-/// (`siphon_models::decode`: an attention block's keys and values, a block reading another's
-/// having none of their own; a Gated DeltaNet block's f32 state and its convolutions' last
-/// inputs), each split over `model` ways where the step splits it (by heads, where they divide).
+/// The bytes a decoding step of `local_slots` slots over caches of `step` needs on each
+/// device: the caches as the family's decoding step declares them (`siphon_models::decode`:
+/// an attention block's keys and values — a windowed block's ring of them — a block reading
+/// another's having none of their own; a Gated DeltaNet block's f32 state and its
+/// convolutions' last inputs), each split over `model` ways where the step splits it (by
+/// heads, where they divide).
 pub fn decode_memory(
     config: &ModelConfig,
     local_slots: usize,
-    cache_len: usize,
+    step: siphon_models::DecodeStep,
     model: usize,
     dtype: DType,
     layout: DeviceLayout,
 ) -> Result<DecodeMemory, PlanError> {
     let mut spec = siphon_models::ForwardSpec::new(1, 1, Vec::new());
-    spec.decode = Some(siphon_models::DecodeStep { cache_len });
+    spec.decode = Some(step);
     spec.compute_dtype = dtype.into();
     if model > 1 {
         spec.mesh =
@@ -387,7 +388,7 @@ pub fn decode_memory(
         })
         .sum();
     let logits_bytes = layout.array_bytes(&[local_slots, config.vocab_size], 4);
-    Ok(DecodeMemory { local_slots, cache_len, cache_bytes: one, logits_bytes, working_bytes: one })
+    Ok(DecodeMemory { local_slots, cache_len: step.cache_len, cache_bytes: one, logits_bytes, working_bytes: one })
 }
 
 impl MemoryEstimate {
@@ -600,6 +601,10 @@ mod tests {
         ParamInfo::new("w", shape, ParamClass::MlpUp, layer)
     }
 
+    fn step(cache_len: usize) -> siphon_models::DecodeStep {
+        siphon_models::DecodeStep { cache_len, chunk: 8 }
+    }
+
     /// A decoding step's caches: every attention block's keys and values of each slot, read and
     /// written; a Gemma 4 block reading another's keys and values adds none.
     #[test]
@@ -609,16 +614,42 @@ mod tests {
             "max_position_embeddings": 512"#;
         let config = |json: &str| siphon_models::HfConfig::from_json(json).unwrap().into_config().unwrap();
         let llama = config(&format!(r#"{{"model_type": "llama", {dims}}}"#));
-        let d = decode_memory(&llama, 4, 100, 1, DType::Bf16, DeviceLayout::Dense).unwrap();
+        let d = decode_memory(&llama, 4, step(100), 1, DType::Bf16, DeviceLayout::Dense).unwrap();
         // 3 blocks × (k + v) × 4 slots × 100 positions × 2 kv heads × 16 × 2 bytes.
         assert_eq!(d.cache_bytes, 3 * 2 * 4 * 100 * 32 * 2);
         // Split by heads over model = 2; not over 4, which 2 KV heads do not divide.
-        let halves = decode_memory(&llama, 4, 100, 2, DType::Bf16, DeviceLayout::Dense).unwrap();
+        let halves = decode_memory(&llama, 4, step(100), 2, DType::Bf16, DeviceLayout::Dense).unwrap();
         assert_eq!(halves.cache_bytes * 2, d.cache_bytes);
-        assert_eq!(decode_memory(&llama, 4, 100, 4, DType::Bf16, DeviceLayout::Dense).unwrap(), d);
+        assert_eq!(decode_memory(&llama, 4, step(100), 4, DType::Bf16, DeviceLayout::Dense).unwrap(), d);
         assert_eq!(d.logits_bytes, 4 * 256 * 4);
-        let e = decode_memory(&llama, 4, 1000, 1, DType::Bf16, DeviceLayout::Dense).unwrap_err().to_string();
+        let e = decode_memory(&llama, 4, step(1000), 1, DType::Bf16, DeviceLayout::Dense).unwrap_err().to_string();
         assert!(e.contains("past the model's context"), "{e}");
+    }
+
+    /// A block with a sliding window keeps a ring of its window and a step's other new tokens:
+    /// 16 + 8 - 1 positions, not 100; the whole sequence where that is shorter.
+    #[test]
+    fn a_windowed_block_counts_its_ring() {
+        let dims = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+            "max_position_embeddings": 512, "sliding_window": 16"#;
+        let json = format!(r#"{{"model_type": "mistral", {dims}}}"#);
+        let mistral = siphon_models::HfConfig::from_json(&json).unwrap().into_config().unwrap();
+        let d = decode_memory(&mistral, 4, step(100), 1, DType::Bf16, DeviceLayout::Dense).unwrap();
+        assert_eq!(d.cache_bytes, 3 * 2 * 4 * 23 * 32 * 2);
+        let short = decode_memory(&mistral, 4, step(20), 1, DType::Bf16, DeviceLayout::Dense).unwrap();
+        assert_eq!(short.cache_bytes, 3 * 2 * 4 * 20 * 32 * 2);
+    }
+
+    /// A latent attention caches each position's normed latent and RoPE key (16 + 8 values),
+    /// not its 4 heads' keys (12 + 8 each) and values (10 each); whole on every device.
+    #[test]
+    fn a_latent_attention_counts_its_latent() {
+        let json = include_str!("../../../fixtures/models/tiny-deepseek-v3/config.json");
+        let deepseek = siphon_models::HfConfig::from_json(json).unwrap().into_config().unwrap();
+        let d = decode_memory(&deepseek, 4, step(50), 1, DType::Bf16, DeviceLayout::Dense).unwrap();
+        assert_eq!(d.cache_bytes, 3 * 4 * 50 * (16 + 8) * 2);
+        assert_eq!(decode_memory(&deepseek, 4, step(50), 2, DType::Bf16, DeviceLayout::Dense).unwrap(), d);
     }
 
     /// A Gated DeltaNet block's caches: its f32 state `[slots, nv, dk, dv]` and its
@@ -631,12 +662,12 @@ mod tests {
         // Layers 0 and 2 linear (nk 2, nv 4, dk 8, dv 12, kernel 4), layer 1 full (2 KV heads of 16).
         let (conv_qk, conv_v, state) = (4 * 3 * 16 * 2, 4 * 3 * 48 * 2, 4 * 4 * 8 * 12 * 4);
         let kv = 2 * 4 * 100 * 32 * 2;
-        let d = decode_memory(&next, 4, 100, 1, DType::Bf16, DeviceLayout::Dense).unwrap();
+        let d = decode_memory(&next, 4, step(100), 1, DType::Bf16, DeviceLayout::Dense).unwrap();
         assert_eq!(d.cache_bytes, 2 * (2 * conv_qk + conv_v + state) + kv);
-        let halves = decode_memory(&next, 4, 100, 2, DType::Bf16, DeviceLayout::Dense).unwrap();
+        let halves = decode_memory(&next, 4, step(100), 2, DType::Bf16, DeviceLayout::Dense).unwrap();
         assert_eq!(halves.cache_bytes * 2, d.cache_bytes);
         // Over 4: only the value heads (4) divide.
-        let quarters = decode_memory(&next, 4, 100, 4, DType::Bf16, DeviceLayout::Dense).unwrap();
+        let quarters = decode_memory(&next, 4, step(100), 4, DType::Bf16, DeviceLayout::Dense).unwrap();
         assert_eq!(quarters.cache_bytes, 2 * (2 * conv_qk + conv_v / 4 + state / 4) + kv);
     }
 

@@ -55,11 +55,11 @@ pub struct PlanRequest {
     /// the routed rows on every device).
     #[serde(default)]
     pub experts: siphon_models::sharding::ExpertSplit,
-    /// A decoding step (`siphon generate`) of `batch` slots whose key/value caches hold this
-    /// many positions each: the caches (written in place each step), the logits and the
-    /// unembedding counted.
+    /// A decoding step (`siphon generate`) of `batch` slots over caches of these positions,
+    /// taking at most `chunk` new tokens a step (a windowed block's ring is its window and the
+    /// chunk): the caches (written in place each step), the logits and the unembedding counted.
     #[serde(default)]
-    pub decode: Option<usize>,
+    pub decode: Option<siphon_models::DecodeStep>,
 }
 
 /// The hooks a plan counts when it names none: every hidden state (each block's input and the
@@ -541,9 +541,9 @@ fn evaluate(
         );
         estimate = estimate.with_next_token(n);
     }
-    if let (Some(act), Some(cache_len)) = (activations, request.decode) {
+    if let (Some(act), Some(step)) = (activations, request.decode) {
         let model = mesh.axis_size(crate::mesh::MODEL).unwrap_or(1);
-        let d = memory::decode_memory(config, act.local_batch, cache_len, model, request.dtype, request.layout)?;
+        let d = memory::decode_memory(config, act.local_batch, step, model, request.dtype, request.layout)?;
         estimate = estimate.with_decode(d);
     }
     if let (Some(batch), Some(seq)) = (request.batch, request.seq) {

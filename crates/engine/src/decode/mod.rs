@@ -15,7 +15,7 @@ mod schedule;
 pub use sampler::{Sampling, choose};
 pub use schedule::{Completion, Finish, Prompt, Settings, generate, generate_each};
 
-use siphon_models::DecodeInfo;
+use siphon_models::{DecodeInfo, DecodeStep};
 use siphon_runtime::{ElementType, HostArray, ShardedArray};
 
 use crate::batch::Batch;
@@ -23,10 +23,11 @@ use crate::engine::Engine;
 use crate::error::{EngineError, rt};
 
 /// A decoding step's runner over an [`Engine`] built with `EngineOptions::decode`: `slots`
-/// rows, each with its cache of `cache_len` positions on the devices.
+/// rows, each with its caches on the devices.
 pub struct Decoder<'e> {
     engine: &'e Engine,
     slots: usize,
+    cache: DecodeStep,
     /// Each cache argument, as the last step left it (zeros before the first).
     caches: Vec<ShardedArray>,
 }
@@ -36,9 +37,9 @@ impl Engine {
     /// devices. Refused on an engine built for the forward, and (for now) on a mesh spanning
     /// processes.
     pub fn decoder(&self, slots: usize) -> Result<Decoder<'_>, EngineError> {
-        if self.options.decode.is_none() {
+        let Some(cache) = self.options.decode else {
             return Err(EngineError::Options("a decoder needs an engine built with EngineOptions::decode".into()));
-        }
+        };
         if !self.options.processes.is_empty() {
             return Err(EngineError::Options("decoding on a mesh spanning processes is not built yet".into()));
         }
@@ -55,7 +56,7 @@ impl Engine {
             let context = || format!("uploading the cache {}", cache.name);
             caches.push(rt(context, self.client.upload_sharded(&zeros, &cache.spec, &self.options.mesh))?);
         }
-        Ok(Decoder { engine: self, slots, caches })
+        Ok(Decoder { engine: self, slots, cache, caches })
     }
 }
 
@@ -69,9 +70,15 @@ impl Decoder<'_> {
         self.slots
     }
 
-    /// Runs one step: `batch` holds `slots` rows of new tokens (real tokens first, each at
-    /// its position: `Batch::with_position_ids`; a row with none changes nothing), written
-    /// into the caches; returns each row's logits at its last real token, `[slots][vocab]`.
+    /// The positions a slot's sequence holds and the new tokens a step takes at most.
+    pub fn cache(&self) -> DecodeStep {
+        self.cache
+    }
+
+    /// Runs one step: `batch` holds `slots` rows of at most `chunk` new tokens (real tokens
+    /// first, each at its position: `Batch::with_position_ids`; a row with none changes
+    /// nothing), written into the caches; returns each row's logits at its last real token,
+    /// `[slots][vocab]`.
     pub fn step(&mut self, batch: &Batch) -> Result<Vec<Vec<f32>>, EngineError> {
         if batch.batch() != self.slots {
             return Err(EngineError::Batch(format!("{} rows for a decoder of {} slots", batch.batch(), self.slots)));

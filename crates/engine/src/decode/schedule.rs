@@ -1,10 +1,13 @@
 //! The scheduler: which sequence each of the decoder's slots holds. A slot takes the next
-//! prompt as soon as it is free; each step feeds every busy slot — up to `chunk` tokens of
+//! prompt as soon as it is free; each step feeds every busy slot — up to the decoder's
+//! `chunk` ([`DecodeStep`]) tokens of
 //! a prompt not yet in its cache, or the one token its sequence last drew — so a long prompt
 //! or a long completion never idles the other slots. A step where some slot still has more
 //! than one token to feed is `chunk` tokens wide, else one.
 
 use std::collections::VecDeque;
+
+use siphon_models::DecodeStep;
 
 use super::Decoder;
 use super::sampler::{Sampling, choose};
@@ -36,10 +39,6 @@ pub struct Settings {
     pub sampling: Sampling,
     /// The seed of every draw.
     pub seed: u64,
-    /// Prompt tokens a slot feeds in one step at most.
-    pub chunk: usize,
-    /// Positions a slot's cache holds (the decoder's `EngineOptions::decode`).
-    pub cache_len: usize,
 }
 
 /// Why a completion ended.
@@ -103,18 +102,15 @@ pub fn generate_each(
     mut done: impl FnMut(usize, Completion) -> Result<(), EngineError>,
 ) -> Result<(), EngineError> {
     s.sampling.check().map_err(EngineError::Options)?;
-    if s.max_new_tokens == 0 || s.chunk == 0 {
-        return Err(EngineError::Options(format!(
-            "max_new_tokens {} and chunk {} must be at least 1",
-            s.max_new_tokens, s.chunk
-        )));
+    if s.max_new_tokens == 0 {
+        return Err(EngineError::Options("max_new_tokens 0: a completion takes at least 1 token".into()));
     }
-    if let Some(p) = prompts.iter().find(|p| p.ids.is_empty() || p.ids.len() > s.cache_len) {
+    let DecodeStep { cache_len, chunk } = decoder.cache();
+    if let Some(p) = prompts.iter().find(|p| p.ids.is_empty() || p.ids.len() > cache_len) {
         return Err(EngineError::Batch(format!(
-            "record {}'s prompt has {} tokens: decoding takes 1 to {} (the positions a cache holds)",
+            "record {}'s prompt has {} tokens: decoding takes 1 to {cache_len} (the positions a sequence holds)",
             p.record,
             p.ids.len(),
-            s.cache_len
         )));
     }
     let mut pending: VecDeque<usize> = (0..prompts.len()).collect();
@@ -129,7 +125,7 @@ pub fn generate_each(
             break;
         }
         let width = match slots.iter().flatten().any(|a| a.tokens.len() - a.cached > 1) {
-            true => s.chunk.min(s.cache_len),
+            true => chunk.min(cache_len),
             false => 1,
         };
         let (mut ids, mut mask, mut positions) = (Vec::new(), Vec::new(), Vec::new());
@@ -166,7 +162,7 @@ pub fn generate_each(
                 Some(Finish::Eos)
             } else if s.stop_ids.contains(&token) || stops(&a.tokens[a.prompt..]) {
                 Some(Finish::Stop)
-            } else if drawn + 1 == s.max_new_tokens || a.tokens.len() > s.cache_len {
+            } else if drawn + 1 == s.max_new_tokens || a.tokens.len() > cache_len {
                 Some(Finish::Length)
             } else {
                 None

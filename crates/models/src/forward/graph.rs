@@ -214,7 +214,7 @@ impl<'a> Graph<'a> {
             replay_refusal: None,
             mlp_joins_resid_mid: false,
             splices: Vec::new(),
-            cache: spec.decode.map(|d| crate::decode::Cache::new(d.cache_len)),
+            cache: spec.decode.map(crate::decode::Cache::new),
         })
     }
 

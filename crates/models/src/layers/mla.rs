@@ -24,13 +24,14 @@
 //! On a mesh the heads split over `model` (`q_b_proj`, `kv_b_proj`, `o_proj`); the down
 //! projections are replicated.
 
-use siphon_hlo::Value;
+use siphon_hlo::{DType, DotDims, TensorType, Value};
 
 pub use crate::config::Mla;
 use crate::config::{ModelConfig, ParamClass, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
+use crate::layers::attention::softmax_last;
 
 /// The latent norms' eps (transformers' `DeepseekV3RMSNorm` default).
 const LATENT_EPS: f64 = 1e-6;
@@ -93,19 +94,19 @@ impl Graph<'_> {
         self.hook(at(MlaKvIn), latent);
         let norm = self.rms_norm_eps(latent, &p("kv_a_layernorm.weight"), LATENT_EPS)?;
         self.hook_norm(&norm, at(MlaKvScale), at(MlaKvNormalized), at(MlaKvLatent))?;
+        if self.cache.is_some() {
+            // A decoding step caches the normed latent and the RoPE key, not every head's keys
+            // and values, and attends through the latent.
+            let (q_rot, k_rot) = self.mla_rope(layer, &mla, q_rot, k_rot)?;
+            let z = self.mla_cached(layer, &mla, q_pass, q_rot, norm.out, k_rot)?;
+            return self.linear(z, &p("o_proj.weight"), None);
+        }
         let kv = self.linear(norm.out, &p("kv_b_proj.weight"), None)?;
         self.hook(at(MlaKvProj), kv);
         let kv = self.b.reshape(kv, &[t, heads, dn + dv])?;
         let k_pass = self.b.slice_dim(kv, 2, 0, dn)?;
         let v = self.b.slice_dim(kv, 2, dn, dn + dv)?;
-        let k_rot = self.b.reshape(k_rot, &[t, 1, dr])?;
-        let (q_rot, k_rot) = match mla.interleave {
-            true => (self.evens_first(q_rot)?, self.evens_first(k_rot)?),
-            false => (q_rot, k_rot),
-        };
-        let (cos, sin) = self.layer_rope(layer)?;
-        let q_rot = self.apply_rope(q_rot, cos, sin)?;
-        let k_rot = self.apply_rope(k_rot, cos, sin)?;
+        let (q_rot, k_rot) = self.mla_rope(layer, &mla, q_rot, k_rot)?;
         self.hook(at(AttnRotQ), q_rot);
         self.hook(at(AttnRotK), k_rot);
         let k_rot = self.b.broadcast_in_dim(k_rot, &[t, heads, dr], &[0, 1, 2])?;
@@ -120,6 +121,80 @@ impl Graph<'_> {
         let mask = self.layer_mask(layer)?;
         let z = self.attend(layer, q, k, v, mask)?;
         self.linear(z, &p("o_proj.weight"), None)
+    }
+
+    /// The queries' RoPE parts `q_rot` `[tokens, heads, rope]` and the shared RoPE key `k_rot`
+    /// `[tokens, rope]` rotated (evens first where the pairs are interleaved); the key as
+    /// `[tokens, 1, rope]`.
+    fn mla_rope(&mut self, layer: usize, mla: &Mla, q_rot: Value, k_rot: Value) -> Result<(Value, Value), ModelError> {
+        let (t, dr) = (self.tokens(), mla.rope);
+        let k_rot = self.b.reshape(k_rot, &[t, 1, dr])?;
+        let (q_rot, k_rot) = match mla.interleave {
+            true => (self.evens_first(q_rot)?, self.evens_first(k_rot)?),
+            false => (q_rot, k_rot),
+        };
+        let (cos, sin) = self.layer_rope(layer)?;
+        let q_rot = self.apply_rope(q_rot, cos, sin)?;
+        let k_rot = self.apply_rope(k_rot, cos, sin)?;
+        Ok((q_rot, k_rot))
+    }
+
+    /// A decoding step's latent attention of block `layer`: the normed latent `c` `[tokens,
+    /// rank]` and the rotated key `k_rot` `[tokens, 1, rope]` written into the block's cache
+    /// (`rank + rope` a position, what transformers' expanded keys and values are made from),
+    /// and every head attending it through `kv_b_proj`'s halves — the no-RoPE scores as `(q_pass
+    /// · W_k) · c`, the values as `(probs · c) · W_vᵀ` — rather than expanding each cached
+    /// position's keys and values: the same sums grouped otherwise. Returns z `[tokens,
+    /// heads·v_head_dim]`.
+    fn mla_cached(
+        &mut self,
+        layer: usize,
+        mla: &Mla,
+        q_pass: Value,
+        q_rot: Value,
+        c: Value,
+        k_rot: Value,
+    ) -> Result<Value, ModelError> {
+        let (bsz, s, t) = (self.spec.batch, self.spec.seq, self.tokens());
+        let (heads, dn, dr, dv, kr) =
+            (self.config.attention.n_heads, mla.nope, mla.rope, mla.v_head_dim, mla.kv_lora_rank);
+        let scale = self.config.attention.scalar.unwrap_or((dn + dr) as f64).powf(-0.5);
+        let k_rot = self.b.reshape(k_rot, &[t, dr])?;
+        let latent = self.b.concatenate(&[c, k_rot], 1)?;
+        let (all, mask) = self.cached_latent(layer, latent)?;
+        let len = self.b.dims(all)?[1];
+        let w = self.w(&format!("model.layers.{layer}.self_attn.kv_b_proj.weight"))?;
+        let dt = self.dt;
+        let b = &mut self.b;
+        let c_all = b.slice_dim(all, 2, 0, kr)?;
+        let r_all = b.slice_dim(all, 2, kr, kr + dr)?;
+        let w = b.reshape(w, &[heads, dn + dv, kr])?;
+        let w_k = b.slice_dim(w, 1, 0, dn)?;
+        let w_v = b.slice_dim(w, 1, dn, dn + dv)?;
+        // q_lat[h, t, r] = Σ_n q_pass[t, h, n] · w_k[h, n, r]
+        let q_lat = b.dot_general(q_pass, w_k, &DotDims::batched(&[1], &[0], &[2], &[1]))?;
+        let q_lat = b.reshape(q_lat, &[heads, bsz, s, kr])?;
+        // scores[b, h, i, j] = q_lat[h, b, i, :] · c[b, j, :] + q_rot[b, i, h, :] · k_rot[b, j, :]
+        let lat = b.dot_general(q_lat, c_all, &DotDims::batched(&[1], &[0], &[3], &[2]))?;
+        let q_rot = b.reshape(q_rot, &[bsz, s, heads, dr])?;
+        let rot = b.dot_general(q_rot, r_all, &DotDims::batched(&[0], &[0], &[3], &[2]))?;
+        let rot = b.transpose(rot, &[0, 2, 1, 3])?;
+        let scores = b.add(lat, rot)?;
+        let sdims = [bsz, heads, s, len];
+        let scale = b.splat(scale, TensorType::new(dt, &sdims))?;
+        let scores = b.mul(scores, scale)?;
+        let scores = b.convert(scores, DType::F32)?;
+        let mask = b.broadcast_in_dim(mask, &sdims, &[0, 2, 3])?;
+        let floor = b.splat(f32::MIN as f64, TensorType::new(DType::F32, &sdims))?;
+        let scores = b.select(mask, scores, floor)?;
+        let probs = softmax_last(b, scores)?;
+        let probs = b.convert(probs, dt)?;
+        // o_lat[b, h, i, r] = Σ_j probs[b, h, i, j] · c[b, j, r]
+        let o_lat = b.dot_general(probs, c_all, &DotDims::batched(&[0], &[0], &[3], &[1]))?;
+        // z[h, b, i, v] = Σ_r o_lat[b, h, i, r] · w_v[h, v, r]
+        let z = b.dot_general(o_lat, w_v, &DotDims::batched(&[1], &[0], &[3], &[2]))?;
+        let z = b.transpose(z, &[1, 2, 0, 3])?;
+        Ok(b.reshape(z, &[t, heads * dv])?)
     }
 
     /// `x` `[tokens, heads, d]` with each head's dimensions reordered evens first

@@ -190,6 +190,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.max_new_tokens
         );
     }
+    let cache = siphon_models::DecodeStep { cache_len, chunk: args.chunk };
     let (steering, _) = steer::open_all(&args.steer, &model.config)?;
     let eos_ids = match (args.ignore_eos, model.tokenizer.as_ref().and_then(|t| t.eos_id)) {
         (false, Some(eos)) => vec![eos],
@@ -229,7 +230,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         dtype: args.compute_dtype,
         output_dtype: args.compute_dtype,
         pipeline_depth: 1,
-        decode: Some(cache_len),
+        decode: Some(cache),
         ..siphon_plan::PlanRequest::default()
     };
     let planned = super::forward::megatron_plan(&model.config, &mesh, request)?;
@@ -250,7 +251,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mesh,
         plan: ShardingPlan::Megatron,
         steering,
-        decode: Some(cache_len),
+        decode: Some(cache),
         ..EngineOptions::default()
     };
     let engine = Engine::new(&client, &model, Vec::new(), options).context("loading the weights onto the devices")?;
@@ -267,8 +268,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop_ids: args.stop_token.clone(),
         sampling,
         seed: args.seed,
-        chunk: args.chunk,
-        cache_len,
     };
     let (mut out, written) = output::Output::open(&out_path, &run_settings(&args, share, &prompts), &requests)?;
     let todo = &requests[written..];

@@ -145,6 +145,11 @@ pub struct Args {
     /// the caches (written in place each step) and the logits counted.
     #[arg(long, value_name = "N", requires = "batch", conflicts_with_all = ["outputs", "seq"])]
     pub decode_cache_len: Option<usize>,
+    /// With --decode-cache-len: new tokens a slot takes in one step at most (`generate
+    /// --chunk`), which a sliding-window block's ring of keys and values holds beside its
+    /// window.
+    #[arg(long, default_value_t = 64, value_name = "N", value_parser = crate::args::limits::count(1, 1 << 16))]
+    pub decode_chunk: usize,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -191,7 +196,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         layout: target.as_ref().map_or(siphon_plan::DeviceLayout::Dense, target::Target::layout),
         dictionaries: dictionaries.iter().map(siphon_plan::DictionaryShape::of).collect(),
         next_token: args.outputs,
-        decode: args.decode_cache_len,
+        decode: args
+            .decode_cache_len
+            .map(|cache_len| siphon_models::DecodeStep { cache_len, chunk: args.decode_chunk }),
         experts: match (&target, args.tpu_forms) {
             (Some(target), TpuForms::On) => target.expert_split(),
             _ => Default::default(),
