@@ -3,7 +3,7 @@
 # KL) against SAELens's run_evals loop on the same token rows (issue 68): the demo model
 # (SmolLM2-135M-Instruct, its GGUF dequantized once into an HF f32 directory both read) with a
 # random 16,384-latent TopK SAE (k = 32, saved by SAELens) on blocks.15.hook_resid_post, batch
-# 8 x 128, BENCH_TOKENS tokens (default 16384), BENCH_ROUNDS rounds (default 2) of siphon then the
+# 8 x 128, BENCH_TOKENS tokens (default 65536), BENCH_ROUNDS rounds (default 2) of siphon then the
 # peer (scripts/bench/splice_vs_saelens.py); medians in a markdown table.
 #   scripts/bench-splice.sh [extra siphon extract flags]
 # SIPHON_BIN=... uses that binary instead of building release.
@@ -26,4 +26,4 @@ fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 "$python" scripts/bench/splice_vs_saelens.py bench --siphon "$siphon" --model "$model" --sae "$sae" \
-    --corpus "$corpus" --work "$work" --tokens "${BENCH_TOKENS:-16384}" --rounds "${BENCH_ROUNDS:-2}" -- "$@"
+    --corpus "$corpus" --work "$work" --tokens "${BENCH_TOKENS:-65536}" --rounds "${BENCH_ROUNDS:-2}" -- "$@"
