@@ -15,7 +15,7 @@ use std::path::Path;
 
 use common::{client, fixture};
 use safetensors::SafeTensors;
-use siphon_engine::decode::{Finish, Prompt, Sampling, Settings, generate};
+use siphon_engine::decode::{Finish, Prompt, Sampling, Settings, Step, choose, generate};
 use siphon_engine::{Batch, Engine, EngineOptions, ShardingPlan};
 use siphon_mesh::Mesh;
 use siphon_models::{DecodeStep, LoadedModel};
@@ -151,8 +151,8 @@ fn check_family(name: &str, mesh: Mesh, slots: usize) {
         ids[i] = prompt.clone();
         mask[i] = vec![1; prompt.len()];
         let positions: Vec<i32> = (0..slots).flat_map(|_| 0..prompt.len() as i32).collect();
-        let logits = decoder.step(&Batch::new(ids, Some(mask)).unwrap().with_position_ids(positions).unwrap()).unwrap();
-        compare(name, i, 0, &logits[i], &g.scores[i][0]);
+        let step = decoder.step(&Batch::new(ids, Some(mask)).unwrap().with_position_ids(positions).unwrap()).unwrap();
+        compare(name, i, 0, &step, i, &g.scores[i][0]);
         fed[i] = prompt.len();
     }
     for step in 1..new_tokens {
@@ -164,18 +164,23 @@ fn check_family(name: &str, mesh: Mesh, slots: usize) {
             positions[i] = fed[i] as i32;
             mask[i] = vec![1];
         }
-        let logits = decoder.step(&Batch::new(ids, Some(mask)).unwrap().with_position_ids(positions).unwrap()).unwrap();
-        for i in 0..3 {
-            compare(name, i, step, &logits[i], &g.scores[i][step]);
-            fed[i] += 1;
+        let out = decoder.step(&Batch::new(ids, Some(mask)).unwrap().with_position_ids(positions).unwrap()).unwrap();
+        for (i, fed) in fed.iter_mut().enumerate() {
+            compare(name, i, step, &out, i, &g.scores[i][step]);
+            *fed += 1;
         }
     }
 }
 
-fn compare(name: &str, prompt: usize, step: usize, got: &[f32], want: &[f32]) {
+/// Row `row`'s logits of `out` against HF's `want`, and the step's greedy choice (the
+/// devices') against the host's first largest of those logits.
+fn compare(name: &str, prompt: usize, step: usize, out: &Step, row: usize, want: &[f32]) {
+    let got = &out.logits().unwrap()[row];
     let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
     let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(worst <= 1e-5 * scale, "{name} prompt {prompt} step {step}: logits differ by {worst} (scale {scale})");
+    let host = choose(got, &Sampling::default(), [0; 4]);
+    assert_eq!(out.greedy()[row], host, "{name} prompt {prompt} step {step}: the devices' greedy choice");
 }
 
 #[test]
@@ -259,7 +264,7 @@ fn the_sampler_draws_from_hf_s_warped_distribution() {
         let n = 20_000;
         let mut counts = vec![0usize; vocab];
         for record in 0..n {
-            counts[siphon_engine::decode::choose(logits, &sampling, [5, record, 0, 0]) as usize] += 1;
+            counts[choose(logits, &sampling, [5, record, 0, 0]) as usize] += 1;
         }
         let kept: Vec<usize> = (0..vocab).filter(|&v| want[v] > 0.0).collect();
         assert!(counts.iter().enumerate().all(|(v, &c)| c == 0 || want[v] > 0.0), "row {row}: a dropped token drawn");

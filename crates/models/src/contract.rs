@@ -159,13 +159,17 @@ impl DecodeStep {
     }
 }
 
-/// A decoding step's results ([`ForwardSpec::decode`]): the logits, then each cache after
-/// the step, in the order of the cache arguments (which follow the steering vectors).
+/// A decoding step's results ([`ForwardSpec::decode`]): the logits, the greedy choices, then
+/// each cache after the step, in the order of the cache arguments (which follow the steering
+/// vectors).
 #[derive(Debug, Clone)]
 pub struct DecodeInfo {
     /// Each row's logits at its last real token, `[batch, vocab]` f32 (the family's final
     /// soft-cap applied).
     pub logits: NextTokenInfo,
+    /// Each row's greedy choice, `[batch]` i32: the index of its first largest logit (a NaN
+    /// never chosen), so a greedy step's logits need not leave the devices.
+    pub greedy: NextTokenInfo,
     /// Each cache argument (and its result): an attention block's `blocks.{l}.k` /
     /// `blocks.{l}.v`, `[batch, positions, width]` in the compute dtype (`cache_len`
     /// positions, or a windowed block's [`DecodeStep::ring`]); a latent attention's

@@ -342,7 +342,8 @@ pub struct DecodeMemory {
     /// DeltaNet's state), once: a step's caches are donated to the ones it returns, which it
     /// writes in place (an argument and a result aliased).
     pub cache_bytes: u64,
-    /// The logits of the device's slots, `[slots, vocab]` f32.
+    /// The logits of the device's slots, `[slots, vocab]` f32, and their greedy choices,
+    /// `[slots]` i32.
     pub logits_bytes: u64,
     /// The step's transients, bounded by one more copy of the caches (what a block's
     /// attention reads of them: XLA's CUDA and TPU programs hold about half of that at their
@@ -387,7 +388,8 @@ pub fn decode_memory(
             layout.array_bytes(&dims, c.dtype.byte_size())
         })
         .sum();
-    let logits_bytes = layout.array_bytes(&[local_slots, config.vocab_size], 4);
+    // The logits and each slot's greedy choice.
+    let logits_bytes = layout.array_bytes(&[local_slots, config.vocab_size], 4) + layout.array_bytes(&[local_slots], 4);
     Ok(DecodeMemory { local_slots, cache_len: step.cache_len, cache_bytes: one, logits_bytes, working_bytes: one })
 }
 
@@ -621,7 +623,7 @@ mod tests {
         let halves = decode_memory(&llama, 4, step(100), 2, DType::Bf16, DeviceLayout::Dense).unwrap();
         assert_eq!(halves.cache_bytes * 2, d.cache_bytes);
         assert_eq!(decode_memory(&llama, 4, step(100), 4, DType::Bf16, DeviceLayout::Dense).unwrap(), d);
-        assert_eq!(d.logits_bytes, 4 * 256 * 4);
+        assert_eq!(d.logits_bytes, 4 * 256 * 4 + 4 * 4);
         let e = decode_memory(&llama, 4, step(1000), 1, DType::Bf16, DeviceLayout::Dense).unwrap_err().to_string();
         assert!(e.contains("past the model's context"), "{e}");
     }

@@ -7,7 +7,9 @@
 //!
 //! The program is the family's own forward built as a decoding step
 //! (`siphon_models::decode`): the same blocks, each attention block reading and writing its
-//! key/value cache, ending with each row's next-token logits.
+//! key/value cache, ending with each row's next-token logits and its greedy choice among
+//! them. A greedy run takes the choices and leaves the logits on the devices; a sampled one
+//! copies them for the sampler.
 
 mod sampler;
 mod schedule;
@@ -77,9 +79,9 @@ impl Decoder<'_> {
 
     /// Runs one step: `batch` holds `slots` rows of at most `chunk` new tokens (real tokens
     /// first, each at its position: `Batch::with_position_ids`; a row with none changes
-    /// nothing), written into the caches; returns each row's logits at its last real token,
-    /// `[slots][vocab]`.
-    pub fn step(&mut self, batch: &Batch) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// nothing), written into the caches; returns each row's greedy choice, its logits left on
+    /// the devices until asked for ([`Step::logits`]).
+    pub fn step(&mut self, batch: &Batch) -> Result<Step, EngineError> {
         if batch.batch() != self.slots {
             return Err(EngineError::Batch(format!("{} rows for a decoder of {} slots", batch.batch(), self.slots)));
         }
@@ -94,15 +96,38 @@ impl Decoder<'_> {
             .chain(&engine.steering_args)
             .chain(&self.caches)
             .collect();
-        let specs: Vec<_> = std::iter::once(&info.logits).chain(&info.caches).map(|o| o.spec.clone()).collect();
+        let specs: Vec<_> =
+            [&info.logits, &info.greedy].into_iter().chain(&info.caches).map(|o| o.spec.clone()).collect();
         let mesh = &engine.options.mesh;
         let mut out =
             rt(|| "running the decoding step".into(), compiled.executable.execute_sharded(mesh, &args, &specs))?;
-        let caches = out.split_off(1);
-        let logits = rt(|| "copying the logits to the host".into(), out[0].to_host())?;
+        self.caches = out.split_off(2);
+        let greedy = out.pop().expect("the greedy choices");
+        let logits = out.pop().expect("the logits");
+        let greedy = rt(|| "copying the greedy choices to the host".into(), greedy.to_host())?;
+        let greedy: Vec<i32> = rt(|| "reading the greedy choices".into(), greedy.to_vec())?;
+        let greedy = greedy.into_iter().map(|i| i as u32).collect();
+        Ok(Step { greedy, logits, vocab: info.logits.shape[1] })
+    }
+}
+
+/// What one decoding step gives: each row's greedy choice, and its logits on the devices.
+pub struct Step {
+    greedy: Vec<u32>,
+    logits: ShardedArray,
+    vocab: usize,
+}
+
+impl Step {
+    /// Each row's greedy choice: its first largest logit (the sampler's at temperature 0).
+    pub fn greedy(&self) -> &[u32] {
+        &self.greedy
+    }
+
+    /// Each row's logits at its last real token, `[slots][vocab]`, copied from the devices.
+    pub fn logits(&self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let logits = rt(|| "copying the logits to the host".into(), self.logits.to_host())?;
         let logits: Vec<f32> = rt(|| "reading the logits".into(), logits.to_vec())?;
-        self.caches = caches;
-        let vocab = info.logits.shape[1];
-        Ok(logits.chunks(vocab).map(<[f32]>::to_vec).collect())
+        Ok(logits.chunks(self.vocab).map(<[f32]>::to_vec).collect())
     }
 }

@@ -146,8 +146,13 @@ pub fn generate_each(
             fed.push(n);
         }
         let batch = Batch::new(ids, Some(mask))?.with_position_ids(positions)?;
-        let logits = decoder.step(&batch)?;
-        for ((slot, n), logits) in slots.iter_mut().zip(fed).zip(logits) {
+        let step = decoder.step(&batch)?;
+        // A greedy run takes the devices' choices; a sampled one draws from the logits.
+        let logits = match s.sampling.temperature == 0.0 {
+            true => None,
+            false => Some(step.logits()?),
+        };
+        for (row, (slot, n)) in slots.iter_mut().zip(fed).enumerate() {
             let Some(a) = slot.as_mut() else { continue };
             a.cached += n;
             if a.cached < a.tokens.len() {
@@ -156,7 +161,10 @@ pub fn generate_each(
             let prompt = &prompts[a.index];
             let drawn = a.tokens.len() - a.prompt;
             let key = [s.seed, prompt.record, u64::from(prompt.sample), drawn as u64];
-            let token = choose(&logits, &s.sampling, key);
+            let token = match &logits {
+                None => step.greedy()[row],
+                Some(logits) => choose(&logits[row], &s.sampling, key),
+            };
             a.tokens.push(token);
             let finish = if s.eos_ids.contains(&token) {
                 Some(Finish::Eos)
