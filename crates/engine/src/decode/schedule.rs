@@ -1,9 +1,8 @@
 //! The scheduler: which sequence each of the decoder's slots holds. A slot takes the next
-//! prompt as soon as it is free; each step feeds every busy slot — up to the decoder's
-//! `chunk` ([`DecodeStep`]) tokens of
-//! a prompt not yet in its cache, or the one token its sequence last drew — so a long prompt
-//! or a long completion never idles the other slots. A step where some slot still has more
-//! than one token to feed is `chunk` tokens wide, else one.
+//! prompt as soon as it is free; each step feeds every busy slot — up to the decoder's `chunk`
+//! ([`DecodeStep`]) tokens of a prompt not yet in its cache, or the one token its sequence
+//! last drew — so a long prompt or a long completion never idles the other slots. A step where
+//! some slot still has more than one token to feed is `chunk` tokens wide, else one.
 
 use std::collections::VecDeque;
 
