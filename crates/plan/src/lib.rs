@@ -57,7 +57,7 @@ pub mod tpu;
 
 pub use bounds::check_context;
 pub use error::PlanError;
-pub use flops::forward_flops_per_token;
+pub use flops::{decode_flops_per_token, forward_flops_per_token};
 pub use gpu::{GpuModel, GpuTarget};
 pub use memory::{
     ActivationMemory, DType, DeviceLayout, DictionaryMemory, DictionaryShape, HostMemory, MemoryEstimate, WeightMemory,

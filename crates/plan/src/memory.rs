@@ -336,8 +336,12 @@ pub fn next_token_memory(
 pub struct DecodeMemory {
     /// Slots (rows) on each device.
     pub local_slots: usize,
-    /// Positions each slot's caches hold.
+    /// Positions each slot's sequence holds.
     pub cache_len: usize,
+    /// New tokens a step takes at most (a windowed block's ring holds its window and these,
+    /// less one).
+    #[serde(default)]
+    pub chunk: usize,
     /// Every block's caches for the device's slots (attention's keys and values, Gated
     /// DeltaNet's state), once: a step's caches are donated to the ones it returns, which it
     /// writes in place (an argument and a result aliased).
@@ -390,7 +394,14 @@ pub fn decode_memory(
         .sum();
     // The logits and each slot's greedy choice.
     let logits_bytes = layout.array_bytes(&[local_slots, config.vocab_size], 4) + layout.array_bytes(&[local_slots], 4);
-    Ok(DecodeMemory { local_slots, cache_len: step.cache_len, cache_bytes: one, logits_bytes, working_bytes: one })
+    Ok(DecodeMemory {
+        local_slots,
+        cache_len: step.cache_len,
+        chunk: step.chunk,
+        cache_bytes: one,
+        logits_bytes,
+        working_bytes: one,
+    })
 }
 
 impl MemoryEstimate {

@@ -706,11 +706,12 @@ impl fmt::Display for Plan {
         if let Some(d) = &m.decode {
             writeln!(
                 f,
-                "  decoding          {:>12}  (caches of {} slots × {} positions, written in place: {}; logits {}; \
-                 working {})",
+                "  decoding          {:>12}  (caches of {} slots × {} positions, {} new tokens a step, written in \
+                 place: {}; logits {}; working {})",
                 gib(d.cache_bytes + d.logits_bytes + d.working_bytes),
                 d.local_slots,
                 d.cache_len,
+                d.chunk,
                 gib(d.cache_bytes),
                 gib(d.logits_bytes),
                 gib(d.working_bytes)

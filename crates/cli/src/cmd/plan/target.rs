@@ -528,7 +528,7 @@ fn report<'a>(
     compiler: String,
 ) -> anyhow::Result<Report<'a>> {
     // A decoding step (a cache of this many positions a slot) or the forward.
-    let decode = plan.memory.decode.map(|d| d.cache_len);
+    let decode = plan.memory.decode.map(|d| siphon_models::DecodeStep { cache_len: d.cache_len, chunk: d.chunk });
     let m = aot.memory;
     let total =
         m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes + m.generated_code_size_in_bytes
@@ -545,12 +545,7 @@ fn report<'a>(
         _ => None,
     };
     let analytic = match decode {
-        // A decoding step: every block, attention over the whole cache, and the unembedding.
-        Some(cache_len) => {
-            let final_norm = [siphon_models::HookPoint::model(siphon_models::HookKind::LnFinalOut)];
-            siphon_plan::forward_flops_per_token(config, &final_norm, cache_len)?
-                + 2.0 * (config.vocab_size * config.hidden_size) as f64
-        }
+        Some(step) => siphon_plan::decode_flops_per_token(config, step)?,
         None => siphon_plan::forward_flops_per_token(config, hooks, seq)?,
     };
     let text = &aot.program.text;
