@@ -23,6 +23,10 @@
 //! one head), and `attn.hook_q` / `hook_k` / `hook_v` as they enter attention (after RoPE).
 //! On a mesh the heads split over `model` (`q_b_proj`, `kv_b_proj`, `o_proj`); the down
 //! projections are replicated.
+//!
+//! A decoding step (`crate::decode`) caches each position's normed latent and rotated RoPE
+//! key, whole on every device, and attends through `kv_b_proj`'s halves rather than expanding
+//! every cached position's keys and values (`Graph::mla_cached`).
 
 use siphon_hlo::{DType, DotDims, TensorType, Value};
 
