@@ -111,10 +111,7 @@ impl Graph<'_> {
                 let positions = step.ring(window);
                 let mut after = [k; 2];
                 for (i, (x, part)) in [(k, "k"), (v, "v")].into_iter().enumerate() {
-                    let width = self.b.dims(x)?[1];
-                    let arg = self.cache_arg(&[bsz, positions, width], self.dt, &spec)?;
-                    after[i] = self.write(arg, x)?;
-                    self.keep_cache(format!("blocks.{layer}.{part}"), arg, after[i], spec.clone());
+                    after[i] = self.written(format!("blocks.{layer}.{part}"), x, positions, &spec)?;
                 }
                 let cache = self.cache.as_mut().expect("cached() while decoding");
                 cache.shared.push(((k, v), (after[0], after[1])));
@@ -143,16 +140,22 @@ impl Graph<'_> {
     /// the write, `[batch, positions, width]`, and the mask of its positions `[batch, seq,
     /// positions]`.
     pub(crate) fn cached_latent(&mut self, layer: usize, x: Value) -> Result<(Value, Value), ModelError> {
-        let bsz = self.spec.batch;
         let window = self.config.window(layer);
         let positions = self.cache.as_ref().expect("cached_latent() while decoding").step.ring(window);
-        let width = self.b.dims(x)?[1];
         let spec = self.state_spec(3, 2, 1);
-        let arg = self.cache_arg(&[bsz, positions, width], self.dt, &spec)?;
-        let after = self.write(arg, x)?;
-        self.keep_cache(format!("blocks.{layer}.latent"), arg, after, spec);
+        let after = self.written(format!("blocks.{layer}.latent"), x, positions, &spec)?;
         let mask = self.cache_mask(window, positions)?;
         Ok((after, mask))
+    }
+
+    /// A new cache `name` of `positions` a row, lying as `spec`, with `x` `[tokens, width]`
+    /// written into it ([`Graph::write`]): its value after the step, kept.
+    fn written(&mut self, name: String, x: Value, positions: usize, spec: &PartitionSpec) -> Result<Value, ModelError> {
+        let width = self.b.dims(x)?[1];
+        let arg = self.cache_arg(&[self.spec.batch, positions, width], self.dt, spec)?;
+        let after = self.write(arg, x)?;
+        self.keep_cache(name, arg, after, spec.clone());
+        Ok(after)
     }
 
     /// How block `layer`'s caches `[batch, cache_len, width]` lie on the mesh: rows as the

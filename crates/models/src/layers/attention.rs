@@ -120,10 +120,7 @@ impl Graph<'_> {
             // In the compute dtype, before the mask (Gemma 2).
             scores = soft_cap(b, scores, cap)?;
         }
-        let scores = b.convert(scores, DType::F32)?;
-        let mask = b.broadcast_in_dim(mask, &sdims, &[0, 2, 4])?;
-        let floor = b.splat(f32::MIN as f64, TensorType::new(DType::F32, &sdims))?;
-        let scores = b.select(mask, scores, floor)?;
+        let scores = masked_f32(b, scores, mask, &[0, 2, 4])?;
         let probs = match sinks {
             None => softmax_last(b, scores)?,
             Some(sinks) => {
@@ -224,6 +221,21 @@ pub(crate) fn soft_cap(b: &mut Builder, x: Value, cap: f64) -> Result<Value, sip
     let t = b.div(x, cap)?;
     let t = b.tanh(t)?;
     b.mul(t, cap)
+}
+
+/// `scores` in f32, the most negative f32 where `mask` (`[batch, query, key]`, its dimensions
+/// at `mask_dims` of the scores') is false: what softmax attention takes its softmax of.
+pub(crate) fn masked_f32(
+    b: &mut Builder,
+    scores: Value,
+    mask: Value,
+    mask_dims: &[usize],
+) -> Result<Value, ModelError> {
+    let dims = b.dims(scores)?.to_vec();
+    let scores = b.convert(scores, DType::F32)?;
+    let mask = b.broadcast_in_dim(mask, &dims, mask_dims)?;
+    let floor = b.splat(f32::MIN as f64, TensorType::new(DType::F32, &dims))?;
+    Ok(b.select(mask, scores, floor)?)
 }
 
 /// Softmax over the last dimension of an f32 tensor, max-subtracted.

@@ -28,14 +28,14 @@
 //! key, whole on every device, and attends through `kv_b_proj`'s halves rather than expanding
 //! every cached position's keys and values (`Graph::mla_cached`).
 
-use siphon_hlo::{DType, DotDims, TensorType, Value};
+use siphon_hlo::{DotDims, TensorType, Value};
 
 pub use crate::config::Mla;
 use crate::config::{ModelConfig, ParamClass, ParamInfo};
 use crate::error::ModelError;
 use crate::forward::Graph;
 use crate::hooks::{HookKind, HookPoint};
-use crate::layers::attention::softmax_last;
+use crate::layers::attention::{masked_f32, softmax_last};
 
 /// The latent norms' eps (transformers' `DeepseekV3RMSNorm` default).
 const LATENT_EPS: f64 = 1e-6;
@@ -187,10 +187,7 @@ impl Graph<'_> {
         let sdims = [bsz, heads, s, len];
         let scale = b.splat(scale, TensorType::new(dt, &sdims))?;
         let scores = b.mul(scores, scale)?;
-        let scores = b.convert(scores, DType::F32)?;
-        let mask = b.broadcast_in_dim(mask, &sdims, &[0, 2, 3])?;
-        let floor = b.splat(f32::MIN as f64, TensorType::new(DType::F32, &sdims))?;
-        let scores = b.select(mask, scores, floor)?;
+        let scores = masked_f32(b, scores, mask, &[0, 2, 3])?;
         let probs = softmax_last(b, scores)?;
         let probs = b.convert(probs, dt)?;
         // o_lat[b, h, i, r] = Σ_j probs[b, h, i, j] · c[b, j, r]
