@@ -60,6 +60,7 @@ impl ProgramSpec<'_> {
             (false, _) => None,
         };
         spec.cudnn_attention = self.options.right_padded && on("cuda") && self.options.decode.is_none();
+        spec.weight_first = on("cpu") && self.options.decode.is_some();
         spec.mlp_chunk = on("cuda").then_some(siphon_models::MLP_CHUNK_ELEMENTS);
         spec.dictionaries = self.options.dictionaries.clone();
         spec.next_token = self.options.next_token;

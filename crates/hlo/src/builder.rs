@@ -741,6 +741,29 @@ impl Builder {
         self.dot_general(a, w, &DotDims::contract(&[ra - 1], &[1]))
     }
 
+    /// `[.., k] x [n, k] -> [.., n]` as [`Builder::matmul_t`], computed as `w · aᵀ` (`[n, ..]`)
+    /// kept whole by an optimization barrier, then transposed back. The same products; XLA's
+    /// CPU libraries take `w` as it lies this way, where `a · wᵀ` repacks the whole weight on
+    /// every call — most of a product's time when `a` has few rows (a decoding step's).
+    pub fn matmul_t_weight_first(&mut self, a: Value, w: Value) -> Result<Value> {
+        let ra = self.ty_of("matmul_t_weight_first", a)?.rank();
+        if ra == 0 {
+            return Err(shape_err("matmul_t_weight_first", "lhs is a scalar".into()));
+        }
+        let y = self.dot_general(w, a, &DotDims::contract(&[1], &[ra - 1]))?;
+        // Without the barrier XLA folds the transpose into the product, back to `a · wᵀ`.
+        let y = self.optimization_barrier(y)?;
+        let perm: Vec<usize> = (1..ra).chain([0]).collect();
+        self.transpose(y, &perm)
+    }
+
+    /// `a` unchanged, as a value XLA's passes do not look through (`stablehlo.optimization_barrier`).
+    pub fn optimization_barrier(&mut self, a: Value) -> Result<Value> {
+        let ta = self.ty_of("optimization_barrier", a)?.clone();
+        let line = format!("stablehlo.optimization_barrier {} : {ta}", self.name(a));
+        Ok(self.emit(line, ta))
+    }
+
     /// Sum over `dims` (removed from the shape).
     pub fn reduce_sum(&mut self, a: Value, dims: &[usize]) -> Result<Value> {
         self.reduce("add", 0.0, a, dims)

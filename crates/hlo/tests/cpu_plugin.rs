@@ -93,6 +93,26 @@ fn every_op_compiles_and_runs() {
 }
 
 #[test]
+fn weight_first_product_equals_x_times_w_transposed() {
+    // [2, 3, k] rows: the product's shape and values are matmul_t's, its form w·xᵀ behind a
+    // barrier, then transposed back.
+    let (m, k, n) = (6, 8, 5);
+    let mut b = Builder::new("weight_first");
+    let x = b.arg(f32t(&[2, 3, k]), None).unwrap();
+    let w = b.arg(f32t(&[n, k]), None).unwrap();
+    let y = b.matmul_t_weight_first(x, w).unwrap();
+    assert_eq!(b.dims(y).unwrap(), [2, 3, n]);
+    let text = b.finish(&[y]).unwrap();
+    assert!(text.contains("stablehlo.optimization_barrier"), "{text}");
+    let (xs, ws) = (data(m * k, 4), data(n * k, 5));
+    let out = run_single(
+        &text,
+        &[HostArray::from_slice(&[2, 3, k], &xs).unwrap(), HostArray::from_slice(&[n, k], &ws).unwrap()],
+    );
+    close(&out[0], &matmul_t(&xs, &ws, m, k, n), 1e-6, "w·xᵀ transposed");
+}
+
+#[test]
 fn softmax_mask_and_shape_ops_match_rust() {
     // softmax(select(iota_row >= iota_col, x, -big)) over the last dim, then transpose,
     // slice and concatenate.

@@ -97,6 +97,12 @@ pub struct ForwardSpec {
     /// (the layers' `cudnn.rs`), the others keep XLA's ops. Off (the default, and for
     /// left-padded rows), every block keeps XLA's ops.
     pub cudnn_attention: bool,
+    /// Whether each product with a weight is computed weight first (`w · xᵀ`, then transposed:
+    /// [`siphon_hlo::Builder::matmul_t_weight_first`]): the same products, where the CPU
+    /// plugin's libraries would otherwise repack the whole weight on every call — most of a
+    /// product's time at a decoding step's few rows. Off by default (extract's programs as
+    /// before); on for the CPU plugin's decoding steps.
+    pub weight_first: bool,
     /// When given, a block's gated MLP runs over the sequence in chunks whose intermediate
     /// (gate or up) holds at most this many elements, where none of its intermediates is read
     /// (the layers' `mlp.rs`): on a CUDA plugin (`MLP_CHUNK_ELEMENTS`), where
@@ -281,6 +287,7 @@ impl ForwardSpec {
             grouped_experts: false,
             ragged_experts: None,
             cudnn_attention: false,
+            weight_first: false,
             mlp_chunk: None,
             next_token: None,
             steering: Vec::new(),

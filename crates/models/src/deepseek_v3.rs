@@ -234,7 +234,7 @@ fn mixture(g: &mut Graph<'_>, x: Value, layer: usize) -> Result<Value, ModelErro
     let xf = g.b.convert(x, DType::F32)?;
     let w = g.w(&p("gate.weight"))?;
     let w = g.b.convert(w, DType::F32)?;
-    let logits = g.b.matmul_t(xf, w)?;
+    let logits = g.matmul_t(xf, w)?;
     g.hook(at(MlpRouterLogits), logits);
     let scores = g.b.logistic(logits)?;
     let bias = g.w(&p("gate.e_score_correction_bias"))?;

@@ -5,7 +5,8 @@
 //! CPU library choices can be compared through `XLA_FLAGS`. Results: docs/BENCHMARKS.md
 //! (issue 27).
 //!
-//! `cargo run --release -p siphon-runtime --example dot_bench`
+//! `cargo run --release -p siphon-runtime --example dot_bench [MxKxN ...]` (shapes given replace
+//! the defaults)
 
 use std::time::Instant;
 
@@ -23,8 +24,19 @@ fn forms(m: usize, k: usize, n: usize) -> [(&'static str, [usize; 2], [usize; 2]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let plugin = Plugin::load(&PluginLocator::new().locate()?.path)?;
     let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(1))?;
-    for (m, k, n) in [(1024, 2304, 9216), (1024, 9216, 2304), (1024, 896, 4864), (1024, 768, 3072), (1024, 2304, 18432)]
-    {
+    let given: Vec<[usize; 3]> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            let d: Vec<usize> = a.split('x').map(|d| d.parse()).collect::<Result<_, _>>()?;
+            d.try_into().map_err(|_| format!("a shape is MxKxN, not {a}").into())
+        })
+        .collect::<Result<_, Box<dyn std::error::Error>>>()?;
+    let shapes = if given.is_empty() {
+        vec![[1024, 2304, 9216], [1024, 9216, 2304], [1024, 896, 4864], [1024, 768, 3072], [1024, 2304, 18432]]
+    } else {
+        given
+    };
+    for [m, k, n] in shapes {
         let mut line = format!("{m}x{k}x{n}:");
         for (name, [w0, w1], [o0, o1], operands) in forms(m, k, n) {
             let (xt, wt, ot) =

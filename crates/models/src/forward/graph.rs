@@ -348,7 +348,7 @@ impl<'a> Graph<'a> {
     /// `x · Wᵀ (+ bias)` for a Hugging Face `[out, in]` weight.
     pub fn linear(&mut self, x: Value, weight: &str, bias: Option<&str>) -> Result<Value, ModelError> {
         let w = self.w(weight)?;
-        let y = self.b.matmul_t(x, w)?;
+        let y = self.matmul_t(x, w)?;
         match bias {
             None => Ok(y),
             Some(bias) => {
@@ -358,6 +358,14 @@ impl<'a> Graph<'a> {
                 Ok(self.b.add(y, bv)?)
             }
         }
+    }
+
+    /// `x · wᵀ`, weight first where the spec asks ([`ForwardSpec::weight_first`]).
+    pub fn matmul_t(&mut self, x: Value, w: Value) -> Result<Value, ModelError> {
+        Ok(match self.spec.weight_first {
+            true => self.b.matmul_t_weight_first(x, w)?,
+            false => self.b.matmul_t(x, w)?,
+        })
     }
 
     /// Records `x`, what the built blocks left, as the next block's `hook_resid_pre` when
@@ -482,6 +490,7 @@ impl<'a> Graph<'a> {
                     rows: [bsz, s],
                     input_spec: &self.input_spec,
                     sharded: self.sharded,
+                    weight_first: self.spec.weight_first,
                     first_result: results.len(),
                 };
                 let (values, info) = crate::decode::results(&mut b, request)?;
