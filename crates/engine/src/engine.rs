@@ -54,13 +54,14 @@ impl ProgramSpec<'_> {
         let tpu_forms = self.options.tpu_forms.unwrap_or(on("tpu"));
         spec.decode_without_tables = tpu_forms;
         spec.norm_heads_in_place = tpu_forms;
+        // A CPU form: the TPU's programs (and those checked in its forms) take none first.
+        spec.weight_first = on("cpu") && !tpu_forms && self.options.decode.is_some();
         spec.ragged_experts = match (tpu_forms, on("cpu")) {
             (true, true) => Some(RaggedDot::Masked),
             (true, false) => Some(RaggedDot::Native),
             (false, _) => None,
         };
         spec.cudnn_attention = self.options.right_padded && on("cuda") && self.options.decode.is_none();
-        spec.weight_first = on("cpu") && self.options.decode.is_some();
         spec.mlp_chunk = on("cuda").then_some(siphon_models::MLP_CHUNK_ELEMENTS);
         spec.dictionaries = self.options.dictionaries.clone();
         spec.next_token = self.options.next_token;

@@ -87,8 +87,16 @@ fn cache(cache_len: usize, chunk: usize) -> Option<DecodeStep> {
     Some(DecodeStep { cache_len, chunk })
 }
 
-fn engine(client: &siphon_runtime::Client, model: &LoadedModel, mesh: Mesh, decode: Option<DecodeStep>) -> Engine {
-    let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, decode, ..Default::default() };
+/// A decoding engine; `tpu_forms` as [`EngineOptions::tpu_forms`] (`Some(true)`: the TPU
+/// program's forms, which take no product weight or cache first, on this CPU).
+fn engine(
+    client: &siphon_runtime::Client,
+    model: &LoadedModel,
+    mesh: Mesh,
+    decode: Option<DecodeStep>,
+    tpu_forms: Option<bool>,
+) -> Engine {
+    let options = EngineOptions { mesh, plan: ShardingPlan::Megatron, decode, tpu_forms, ..Default::default() };
     Engine::new(client, model, Vec::new(), options).unwrap()
 }
 
@@ -99,7 +107,7 @@ fn near_tie(scores: &[f32]) -> bool {
     sorted[0] - sorted[1] <= 1e-6
 }
 
-fn check_family(name: &str, mesh: Mesh, slots: usize) {
+fn check_family(name: &str, mesh: Mesh, slots: usize, tpu_forms: Option<bool>) {
     let dir = fixture(name);
     let model = LoadedModel::open(&dir).unwrap();
     let g = golden(&dir);
@@ -115,7 +123,7 @@ fn check_family(name: &str, mesh: Mesh, slots: usize) {
 
     // Greedy completions, the prompts fed 4 tokens a step (a windowed block's ring: its
     // window of 3 or 4 and 3 more positions).
-    let engine4 = engine(&client, &model, mesh.clone(), cache(cache_len, 4));
+    let engine4 = engine(&client, &model, mesh.clone(), cache(cache_len, 4), tpu_forms);
     let mut decoder = engine4.decoder(slots).unwrap();
     let prompts: Vec<Prompt> =
         g.prompts.iter().enumerate().map(|(i, ids)| Prompt { record: i as u64, sample: 0, ids: ids.clone() }).collect();
@@ -139,7 +147,7 @@ fn check_family(name: &str, mesh: Mesh, slots: usize) {
 
     // Each step's logits, HF's tokens fed one a step after the whole prompt (all prompts
     // together).
-    let engine = engine(&client, &model, mesh, cache(cache_len, longest));
+    let engine = engine(&client, &model, mesh, cache(cache_len, longest), tpu_forms);
     let mut decoder = engine.decoder(slots).unwrap();
     let sequences: Vec<Vec<u32>> =
         g.prompts.iter().zip(&g.completions).map(|(p, c)| [&p[..], &c[..]].concat()).collect();
@@ -186,7 +194,16 @@ fn compare(name: &str, prompt: usize, step: usize, out: &Step, row: usize, want:
 #[test]
 fn greedy_decoding_equals_hf_generate_for_every_family() {
     for name in DECODED {
-        check_family(name, Mesh::single_device(), 3);
+        check_family(name, Mesh::single_device(), 3, None);
+    }
+}
+
+/// The TPU program's forms of a decoding step (its products as they are written, the keys
+/// cache second; a mixture's experts masked), on this CPU: every kind of attention cache.
+#[test]
+fn greedy_decoding_equals_hf_generate_in_the_tpu_forms() {
+    for name in ["tiny-llama", "tiny-gemma2", "tiny-gemma4", "tiny-gpt-oss", "tiny-qwen3-moe", "tiny-qwen3-next"] {
+        check_family(name, Mesh::single_device(), 3, Some(true));
     }
 }
 
@@ -202,7 +219,7 @@ fn greedy_decoding_equals_hf_generate_on_a_2x4_mesh() {
         "tiny-gpt2",
         "tiny-qwen3-next",
     ] {
-        check_family(name, mesh.clone(), 4);
+        check_family(name, mesh.clone(), 4, None);
     }
 }
 
@@ -210,7 +227,7 @@ fn greedy_decoding_equals_hf_generate_on_a_2x4_mesh() {
 fn bad_settings_are_refused_naming_them() {
     let model = LoadedModel::open(&fixture("tiny-llama")).unwrap();
     let client = client();
-    let engine = engine(&client, &model, Mesh::single_device(), cache(8, 4));
+    let engine = engine(&client, &model, Mesh::single_device(), cache(8, 4), None);
     let mut decoder = engine.decoder(1).unwrap();
     let settings = greedy(4);
     let long = [Prompt { record: 7, sample: 0, ids: vec![1; 9] }];
@@ -299,7 +316,7 @@ fn sampled_completions_depend_on_seed_record_and_sample_only() {
         })
         .collect();
     let run = |mesh: Mesh, slots: usize, chunk: usize, prompts: &[Prompt], settings: &Settings| {
-        let engine = engine(&client, &model, mesh, cache(24, chunk));
+        let engine = engine(&client, &model, mesh, cache(24, chunk), None);
         let mut decoder = engine.decoder(slots).unwrap();
         generate(&mut decoder, prompts, settings).unwrap()
     };

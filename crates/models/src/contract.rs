@@ -98,8 +98,9 @@ pub struct ForwardSpec {
     /// left-padded rows), every block keeps XLA's ops.
     pub cudnn_attention: bool,
     /// Whether each product with a weight is computed weight first (`w · xᵀ`, then transposed:
-    /// [`siphon_hlo::Builder::matmul_t_weight_first`]): the same products, where the CPU
-    /// plugin's libraries would otherwise repack the whole weight on every call — most of a
+    /// [`siphon_hlo::Builder::matmul_t_weight_first`]), and a decoding step's scores keys
+    /// first (its cache, then the queries): the same products, where the CPU plugin's
+    /// libraries would otherwise repack the whole weight (or cache) on every call — most of a
     /// product's time at a decoding step's few rows. Off by default (extract's programs as
     /// before); on for the CPU plugin's decoding steps.
     pub weight_first: bool,
@@ -177,8 +178,8 @@ pub struct DecodeInfo {
     /// never chosen), so a greedy step's logits need not leave the devices.
     pub greedy: NextTokenInfo,
     /// Each cache argument (and its result): an attention block's `blocks.{l}.k` /
-    /// `blocks.{l}.v`, `[batch, positions, width]` in the compute dtype (`cache_len`
-    /// positions, or a windowed block's [`DecodeStep::ring`]); a latent attention's
+    /// `blocks.{l}.v`, `[batch, kv_heads, positions, head width]` in the compute dtype
+    /// (`cache_len` positions, or a windowed block's [`DecodeStep::ring`]); a latent attention's
     /// `blocks.{l}.latent`, `[batch, cache_len, kv_lora_rank + rope]`; a Gated DeltaNet
     /// block's `blocks.{l}.conv_q` / `conv_k` / `conv_v`, `[batch, K - 1, width]` in the
     /// compute dtype, and `blocks.{l}.state`, `[batch, heads, dk, dv]` f32. Zeros before a

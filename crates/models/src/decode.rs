@@ -96,10 +96,11 @@ impl Cache {
 
 impl Graph<'_> {
     /// Block `layer`'s keys `k` `[tokens, k width]` and values `v` `[tokens, v width]` (RoPE
-    /// applied) written into its cache, and what its attention then reads: every cached key
-    /// and value, `[batch·positions, width]` each, and the mask `[batch, seq, positions]`.
+    /// applied) written into its caches, and what its attention then reads: every cached key
+    /// and value, `[batch, kv_heads, positions, head width]` each (a head's positions
+    /// together, so a step's products read them where they lie), and the mask `[batch, seq,
+    /// positions]`.
     pub(crate) fn cached(&mut self, layer: usize, k: Value, v: Value) -> Result<(Value, Value, Value), ModelError> {
-        let bsz = self.spec.batch;
         let cache = self.cache.as_ref().expect("cached() while decoding");
         let step = cache.step;
         let window = self.config.window(layer);
@@ -107,11 +108,15 @@ impl Graph<'_> {
         let (k_all, v_all) = match shared {
             Some(after) => after,
             None => {
-                let spec = self.cache_spec(layer);
+                // Rows as the inputs', the heads over `model` where they divide, as the keys and
+                // values are computed; else whole on each device of a row group.
+                let heads = self.config.kv_heads_at(layer);
+                let spec = self.state_spec(4, 1, heads);
                 let positions = step.ring(window);
                 let mut after = [k; 2];
                 for (i, (x, part)) in [(k, "k"), (v, "v")].into_iter().enumerate() {
-                    after[i] = self.written(format!("blocks.{layer}.{part}"), x, positions, &spec)?;
+                    let row = [heads, positions, self.b.dims(x)?[1] / heads];
+                    after[i] = self.written(format!("blocks.{layer}.{part}"), x, &row, &spec)?;
                 }
                 let cache = self.cache.as_mut().expect("cached() while decoding");
                 cache.shared.push(((k, v), (after[0], after[1])));
@@ -119,7 +124,7 @@ impl Graph<'_> {
             }
         };
         // A block reading another's ring must attend no further back than the ring holds.
-        let positions = self.b.dims(k_all)?[1];
+        let positions = self.b.dims(k_all)?[2];
         if positions < step.cache_len && step.ring(window) > positions {
             return Err(ModelError::Config(format!(
                 "block {layer} attends {} positions back from another block's cache, which keeps {positions}",
@@ -127,12 +132,7 @@ impl Graph<'_> {
             )));
         }
         let mask = self.cache_mask(window, positions)?;
-        let mut flat = [k_all, v_all];
-        for x in &mut flat {
-            let width = self.b.dims(*x)?[2];
-            *x = self.b.reshape(*x, &[bsz * positions, width])?;
-        }
-        Ok((flat[0], flat[1], mask))
+        Ok((k_all, v_all, mask))
     }
 
     /// Block `layer`'s latent `x` `[tokens, width]` (a latent attention's: one for every head)
@@ -143,26 +143,20 @@ impl Graph<'_> {
         let window = self.config.window(layer);
         let positions = self.cache.as_ref().expect("cached_latent() while decoding").step.ring(window);
         let spec = self.state_spec(3, 2, 1);
-        let after = self.written(format!("blocks.{layer}.latent"), x, positions, &spec)?;
+        let row = [positions, self.b.dims(x)?[1]];
+        let after = self.written(format!("blocks.{layer}.latent"), x, &row, &spec)?;
         let mask = self.cache_mask(window, positions)?;
         Ok((after, mask))
     }
 
-    /// A new cache `name` of `positions` a row, lying as `spec`, with `x` `[tokens, width]`
-    /// written into it ([`Graph::write`]): its value after the step, kept.
-    fn written(&mut self, name: String, x: Value, positions: usize, spec: &PartitionSpec) -> Result<Value, ModelError> {
-        let width = self.b.dims(x)?[1];
-        let arg = self.cache_arg(&[self.spec.batch, positions, width], self.dt, spec)?;
+    /// A new cache `name`, `row` a row (positions next to last), lying as `spec`, with `x`
+    /// `[tokens, width]` written into it ([`Graph::write`]): its value after the step, kept.
+    fn written(&mut self, name: String, x: Value, row: &[usize], spec: &PartitionSpec) -> Result<Value, ModelError> {
+        let dims: Vec<usize> = [self.spec.batch].iter().chain(row).copied().collect();
+        let arg = self.cache_arg(&dims, self.dt, spec)?;
         let after = self.write(arg, x)?;
         self.keep_cache(name, arg, after, spec.clone());
         Ok(after)
-    }
-
-    /// How block `layer`'s caches `[batch, cache_len, width]` lie on the mesh: rows as the
-    /// inputs', and the width (whole heads) over `model` where its KV heads divide, as the
-    /// keys and values are computed; else whole on each device of a row group.
-    fn cache_spec(&self, layer: usize) -> PartitionSpec {
-        self.state_spec(3, 2, self.config.kv_heads_at(layer))
     }
 
     /// How a cache of `rank` dimensions lies on the mesh: rows (its first) as the inputs', and
@@ -223,14 +217,16 @@ impl Graph<'_> {
         Ok(b.select(fresh, zeros, state)?)
     }
 
-    /// `cache` `[batch, positions, width]` with each real token of `x` `[tokens, width]` at its
-    /// position's index — modulo `positions` where they are a ring (fewer than the sequence's)
-    /// — a scatter, each row at its own positions; padding is sent out of range, so dropped.
+    /// `cache` `[batch, …, positions, width]` with each real token of `x` `[tokens, …·width]`
+    /// at its position's index — modulo `positions` where they are a ring (fewer than the
+    /// sequence's) — a scatter, each row at its own positions; padding is sent out of range,
+    /// so dropped.
     fn write(&mut self, cache: Value, x: Value) -> Result<Value, ModelError> {
         let (bsz, t) = (self.spec.batch, self.spec.seq);
-        let len = self.b.dims(cache)?[1];
+        let dims = self.b.dims(cache)?.to_vec();
+        let at_dim = dims.len() - 2;
+        let len = dims[at_dim];
         let ring = len < self.cache.as_ref().expect("write() while decoding").step.cache_len;
-        let width = self.b.dims(x)?[1];
         let (mut positions, real) = (self.position_ids, self.attention_mask);
         let b = &mut self.b;
         let ids = TensorType::new(DType::I32, &[bsz, t]);
@@ -243,8 +239,11 @@ impl Graph<'_> {
         let beyond = b.splat(len as f64, ids)?;
         let at = b.select(real, positions, beyond)?;
         let at = b.reshape(at, &[bsz, t, 1])?;
-        let x = b.reshape(x, &[bsz, t, width])?;
-        Ok(b.put_along(cache, 0, &[1], at, x)?)
+        // A token's values in the cache's order, less its positions: `[batch, seq, …, width]`.
+        let token: Vec<usize> =
+            [bsz, t].into_iter().chain(dims[1..at_dim].iter().copied()).chain([dims[at_dim + 1]]).collect();
+        let x = b.reshape(x, &token)?;
+        Ok(b.put_along(cache, 0, &[at_dim], at, x)?)
     }
 
     /// The mask of a cache of `positions` read by queries at `position_ids`: `[batch, seq,

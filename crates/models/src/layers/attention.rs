@@ -106,13 +106,27 @@ impl Graph<'_> {
         let b = &mut self.b;
         // Values may be narrower than queries and keys (MLA's v_head_dim); keys are the
         // queries' tokens, or a decoding step's whole cache.
-        let hv = b.dims(v)?[1] / nkv;
-        let sk = b.dims(k)?[0] / bsz;
+        let (sk, hv) = kv_widths(b, bsz, nkv, k, v)?;
         let q = b.reshape(q, &[bsz, s, nkv, g, hd])?;
-        let k = b.reshape(k, &[bsz, sk, nkv, hd])?;
-        let v = b.reshape(v, &[bsz, sk, nkv, hv])?;
+        // A decoding step's caches are `[batch, kv, key, width]` as they come; the queries'
+        // own keys and values `[batch, key, kv, width]`.
+        let cached = b.dims(k)?.len() == 4;
+        let (k, v) = match cached {
+            true => (k, v),
+            false => (b.reshape(k, &[bsz, sk, nkv, hd])?, b.reshape(v, &[bsz, sk, nkv, hv])?),
+        };
         // scores[b, kv, i, g, j] = q[b, i, kv, g, :] · k[b, j, kv, :]
-        let scores = b.dot_general(q, k, &DotDims::batched(&[0, 2], &[0, 2], &[4], &[3]))?;
+        let scores = match cached {
+            true if self.spec.weight_first => {
+                // The cache first, as it lies (see `ForwardSpec::weight_first`).
+                let q = b.transpose(q, &[0, 2, 1, 3, 4])?;
+                let t = b.dot_general(k, q, &DotDims::batched(&[0, 1], &[0, 1], &[3], &[4]))?;
+                let t = b.optimization_barrier(t)?;
+                b.transpose(t, &[0, 1, 3, 4, 2])?
+            }
+            true => b.dot_general(q, k, &DotDims::batched(&[0, 2], &[0, 1], &[4], &[3]))?,
+            false => b.dot_general(q, k, &DotDims::batched(&[0, 2], &[0, 2], &[4], &[3]))?,
+        };
         let sdims = vec![bsz, nkv, s, g, sk];
         let scale = b.splat(c.attention.scalar.unwrap_or(hd as f64).powf(-0.5), TensorType::new(dt, &sdims))?;
         let mut scores = b.mul(scores, scale)?;
@@ -136,7 +150,8 @@ impl Graph<'_> {
         };
         let pattern = b.convert(probs, dt)?;
         // out[b, kv, i, g, :] = Σ_j probs[b, kv, i, g, j] · v[b, j, kv, :]
-        let out = b.dot_general(pattern, v, &DotDims::batched(&[0, 1], &[0, 2], &[4], &[1]))?;
+        let (heads, keys) = if cached { (1, 2) } else { (2, 1) };
+        let out = b.dot_general(pattern, v, &DotDims::batched(&[0, 1], &[0, heads], &[4], &[keys]))?;
         let out = b.transpose(out, &[0, 2, 1, 3, 4])?;
         let z = b.reshape(out, &[bsz * s, c.attention.n_heads * hv])?;
         Ok(Attention { scores, pattern, z })
@@ -164,7 +179,7 @@ impl Graph<'_> {
             true => self.cached(layer, k, v)?,
             false => (k, v, mask),
         };
-        let hv = self.b.dims(v)?[1] / self.config.kv_heads_at(layer);
+        let (_, hv) = kv_widths(&self.b, self.spec.batch, self.config.kv_heads_at(layer), k, v)?;
         // The mask cuDNN applies is the block's own causal (and window) mask with padding.
         let window = self.config.window(layer);
         let causal = !self.spec.isolated && self.masks.iter().any(|&(w, m)| w == window && m == mask);
@@ -211,6 +226,17 @@ impl Graph<'_> {
         let x = self.b.transpose(x, &[0, 2, 1, 3, 4])?;
         Ok(self.b.reshape(x, &[t, h, s])?)
     }
+}
+
+/// The keys' positions a row and the values' width a head, of keys and values as the
+/// queries' tokens (`[tokens, heads·width]`) or a decoding step's caches (`[batch, heads,
+/// positions, width]`).
+fn kv_widths(b: &Builder, bsz: usize, heads: usize, k: Value, v: Value) -> Result<(usize, usize), ModelError> {
+    let (kd, vd) = (b.dims(k)?, b.dims(v)?);
+    Ok(match kd.len() {
+        4 => (kd[2], vd[3]),
+        _ => (kd[0] / bsz, vd[1] / heads),
+    })
 }
 
 /// `cap · tanh(x / cap)` in `x`'s dtype, as transformers soft-caps attention scores and final
