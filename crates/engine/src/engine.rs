@@ -55,7 +55,8 @@ impl ProgramSpec<'_> {
         spec.decode_without_tables = tpu_forms;
         spec.norm_heads_in_place = tpu_forms;
         // A CPU form: the TPU's programs (and those checked in its forms) take none first.
-        spec.weight_first = on("cpu") && !tpu_forms && self.options.decode.is_some();
+        let weight_first = on("cpu") && !tpu_forms && self.options.decode.is_some();
+        spec.weight_first = weight_first.then_some(siphon_models::WEIGHT_FIRST_ROWS);
         spec.ragged_experts = match (tpu_forms, on("cpu")) {
             (true, true) => Some(RaggedDot::Masked),
             (true, false) => Some(RaggedDot::Native),

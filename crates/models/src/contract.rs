@@ -37,6 +37,11 @@ use crate::dictionary::{DictionaryHook, LatentsInfo};
 use crate::hooks::HookPoint;
 use crate::stored::StoredForm;
 
+/// The most rows a CPU decoding step's products take weight first at
+/// ([`ForwardSpec::weight_first`]): on the CPU plugin's YNNPACK, `w · xᵀ` is 1.2–5× faster
+/// than `x · wᵀ` at 32–128 rows and no faster from 256 (`dot_bench`, docs/BENCHMARKS.md).
+pub const WEIGHT_FIRST_ROWS: usize = 128;
+
 /// What to build: shapes, hooks, dtypes and sharding.
 #[derive(Debug, Clone)]
 pub struct ForwardSpec {
@@ -97,13 +102,14 @@ pub struct ForwardSpec {
     /// (the layers' `cudnn.rs`), the others keep XLA's ops. Off (the default, and for
     /// left-padded rows), every block keeps XLA's ops.
     pub cudnn_attention: bool,
-    /// Whether each product with a weight is computed weight first (`w · xᵀ`, then transposed:
-    /// [`siphon_hlo::Builder::matmul_t_weight_first`]), and a decoding step's scores keys
-    /// first (its cache, then the queries): the same products, where the CPU plugin's
-    /// libraries would otherwise repack the whole weight (or cache) on every call — most of a
-    /// product's time at a decoding step's few rows. Off by default (extract's programs as
-    /// before); on for the CPU plugin's decoding steps.
-    pub weight_first: bool,
+    /// When given, each product of at most this many rows with a weight is computed weight
+    /// first (`w · xᵀ`, then transposed: [`siphon_hlo::Builder::matmul_t_weight_first`]), and
+    /// a decoding step's scores of as few rows keys first (its cache, then the queries): the
+    /// same products, where the CPU plugin's libraries would otherwise repack the whole weight
+    /// (or cache) on every call — most of a product's time at a decoding step's few rows, and
+    /// none worth avoiding at a prompt chunk's many. `None` by default (extract's programs as
+    /// before); the engine's CPU decoding steps give [`WEIGHT_FIRST_ROWS`].
+    pub weight_first: Option<usize>,
     /// When given, a block's gated MLP runs over the sequence in chunks whose intermediate
     /// (gate or up) holds at most this many elements, where none of its intermediates is read
     /// (the layers' `mlp.rs`): on a CUDA plugin (`MLP_CHUNK_ELEMENTS`), where
@@ -288,7 +294,7 @@ impl ForwardSpec {
             grouped_experts: false,
             ragged_experts: None,
             cudnn_attention: false,
-            weight_first: false,
+            weight_first: None,
             mlp_chunk: None,
             next_token: None,
             steering: Vec::new(),

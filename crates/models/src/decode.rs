@@ -302,8 +302,9 @@ pub(crate) struct Request<'a> {
     pub rows: [usize; 2],
     pub input_spec: &'a PartitionSpec,
     pub sharded: bool,
-    /// Whether the unembedding is taken weight first ([`crate::ForwardSpec::weight_first`]).
-    pub weight_first: bool,
+    /// The most rows the unembedding is taken weight first at
+    /// ([`crate::ForwardSpec::weight_first`]).
+    pub weight_first: Option<usize>,
     /// The index among the program's results of the first this returns.
     pub first_result: usize,
 }
@@ -328,10 +329,7 @@ pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Ve
     let start = b.mul(row, width)?;
     let index = b.add(start, last)?;
     let h = b.take_rows(r.hidden, index)?;
-    let mut logits = match r.weight_first {
-        true => b.matmul_t_weight_first(h, r.unembedding)?,
-        false => b.matmul_t(h, r.unembedding)?,
-    };
+    let mut logits = crate::forward::matmul_t(b, h, r.unembedding, r.weight_first)?;
     if let Some(cap) = r.config.final_softcap {
         logits = crate::layers::attention::soft_cap(b, logits, cap)?;
     }

@@ -275,7 +275,7 @@ pub use dictionary::{DictionaryHook, Latents, LatentsInfo};
 pub use error::ModelError;
 pub use forward::{
     AttentionForm, DecodeInfo, DecodeStep, ForwardProgram, ForwardSpec, InputInfo, NextToken, NextTokenInfo,
-    OutputInfo, RaggedDot, build_forward,
+    OutputInfo, RaggedDot, WEIGHT_FIRST_ROWS, build_forward,
 };
 pub use gemma4::Gemma4;
 pub use gpt_oss::GptOss;

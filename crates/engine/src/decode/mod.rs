@@ -35,8 +35,8 @@ pub struct Decoder<'e> {
 }
 
 impl Engine {
-    /// A runner of this decoding engine's steps over `slots` rows, its caches zeroed on the
-    /// devices. Refused on an engine built for the forward, and (for now) on a mesh spanning
+    /// A runner of this decoding engine's steps over `slots` rows, its programs compiled and
+    /// its caches zeroed on the devices. Refused on an engine built for the forward, and (for now) on a mesh spanning
     /// processes.
     pub fn decoder(&self, slots: usize) -> Result<Decoder<'_>, EngineError> {
         let Some(cache) = self.options.decode else {
@@ -44,6 +44,12 @@ impl Engine {
         };
         if !self.options.processes.is_empty() {
             return Err(EngineError::Options("decoding on a mesh spanning processes is not built yet".into()));
+        }
+        // Both programs a run steps with, compiled before its first step: a token a row, and
+        // a prompt's chunk (`schedule.rs`).
+        let wide = cache.chunk.min(cache.cache_len);
+        if wide > 1 {
+            self.compiled_for(slots, wide, None)?;
         }
         let compiled = self.compiled_for(slots, 1, None)?;
         let info = decode_info(&compiled.program.decode)?;

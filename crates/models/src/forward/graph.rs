@@ -362,10 +362,7 @@ impl<'a> Graph<'a> {
 
     /// `x · wᵀ`, weight first where the spec asks ([`ForwardSpec::weight_first`]).
     pub fn matmul_t(&mut self, x: Value, w: Value) -> Result<Value, ModelError> {
-        Ok(match self.spec.weight_first {
-            true => self.b.matmul_t_weight_first(x, w)?,
-            false => self.b.matmul_t(x, w)?,
-        })
+        Ok(matmul_t(&mut self.b, x, w, self.spec.weight_first)?)
     }
 
     /// Records `x`, what the built blocks left, as the next block's `hook_resid_pre` when
@@ -531,5 +528,21 @@ impl<'a> Graph<'a> {
             decode,
             unread,
         })
+    }
+}
+
+/// `x · wᵀ`, weight first where `x` has at most `weight_first` rows
+/// ([`ForwardSpec::weight_first`]).
+pub(crate) fn matmul_t(
+    b: &mut siphon_hlo::Builder,
+    x: Value,
+    w: Value,
+    weight_first: Option<usize>,
+) -> Result<Value, siphon_hlo::HloError> {
+    let dims = b.dims(x)?;
+    let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+    match weight_first {
+        Some(most) if rows <= most => b.matmul_t_weight_first(x, w),
+        _ => b.matmul_t(x, w),
     }
 }

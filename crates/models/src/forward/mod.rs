@@ -14,11 +14,11 @@ pub use splice::output_names as splice_output_names;
 use siphon_hlo::{Builder, CompareDir, DType, TensorType, Value};
 
 pub(crate) use self::decoder::{decoder_params, pre_norm_decoder, self_attention_decoder};
-pub(crate) use self::graph::Graph;
+pub(crate) use self::graph::{Graph, matmul_t};
 use crate::config::{ModelConfig, ParamInfo};
 pub use crate::contract::{
     AttentionForm, DecodeInfo, DecodeStep, ForwardProgram, ForwardSpec, InputInfo, LOGITS_CHUNK_ELEMENTS, NextToken,
-    NextTokenInfo, OutputInfo, RaggedDot,
+    NextTokenInfo, OutputInfo, RaggedDot, WEIGHT_FIRST_ROWS,
 };
 use crate::error::ModelError;
 use crate::hooks::{HookPoint, Scope};

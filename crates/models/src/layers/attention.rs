@@ -117,7 +117,7 @@ impl Graph<'_> {
         };
         // scores[b, kv, i, g, j] = q[b, i, kv, g, :] · k[b, j, kv, :]
         let scores = match cached {
-            true if self.spec.weight_first => {
+            true if self.spec.weight_first.is_some_and(|most| s * g <= most) => {
                 // The cache first, as it lies (see `ForwardSpec::weight_first`).
                 let q = b.transpose(q, &[0, 2, 1, 3, 4])?;
                 let t = b.dot_general(k, q, &DotDims::batched(&[0, 1], &[0, 1], &[3], &[4]))?;
