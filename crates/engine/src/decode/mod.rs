@@ -36,8 +36,8 @@ pub struct Decoder<'e> {
 
 impl Engine {
     /// A runner of this decoding engine's steps over `slots` rows, its programs compiled and
-    /// its caches zeroed on the devices. Refused on an engine built for the forward, and (for now) on a mesh spanning
-    /// processes.
+    /// its caches zeroed on the devices. Refused on an engine built for the forward, and (for
+    /// now) on a mesh spanning processes.
     pub fn decoder(&self, slots: usize) -> Result<Decoder<'_>, EngineError> {
         let Some(cache) = self.options.decode else {
             return Err(EngineError::Options("a decoder needs an engine built with EngineOptions::decode".into()));
