@@ -113,7 +113,7 @@ pub struct Args {
     /// Sequences decoded side by side (a multiple of the mesh's `data` axis).
     #[arg(long, default_value_t = 8, value_name = "N", value_parser = limits::count(1, 4096))]
     pub slots: usize,
-    /// Prompt tokens a slot feeds in one step at most.
+    /// Prompt tokens a slot feeds in one step at most (no more than the longest prompt's).
     #[arg(long, default_value_t = 64, value_name = "N", value_parser = limits::count(1, 1 << 16))]
     pub chunk: usize,
     /// Add a steering vector to a hook during decoding: `HOOK=FILE[:SCALE]`, as `forward`.
@@ -190,7 +190,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.max_new_tokens
         );
     }
-    let cache = siphon_models::DecodeStep { cache_len, chunk: args.chunk };
+    // A step feeds no more of a prompt than the longest holds: its program is no wider.
+    let cache = siphon_models::DecodeStep { cache_len, chunk: args.chunk.min(longest.max(1)) };
     let (steering, _) = steer::open_all(&args.steer, &model.config)?;
     let eos_ids = match (args.ignore_eos, model.tokenizer.as_ref().and_then(|t| t.eos_id)) {
         (false, Some(eos)) => vec![eos],
