@@ -18,6 +18,9 @@ pub struct Batch {
     /// Chosen rows: how many a sequence, and their weights row-major `[batch, rows, seq]`
     /// (`siphon_models::ForwardSpec::select`).
     pub(crate) select: Option<(usize, Vec<f32>)>,
+    /// Each row's uniform in `[0, 1)`, where a decoding step draws its next token
+    /// (`siphon_models::ForwardSpec::sampling`).
+    pub(crate) uniforms: Option<Vec<f32>>,
 }
 
 impl Batch {
@@ -61,7 +64,7 @@ impl Batch {
         }
         let position_ids = positions_from_mask(&mask, seq);
         let next_ids = next_in_row(&input_ids, &mask, seq);
-        Ok(Batch { batch, seq, input_ids, attention_mask: mask, position_ids, next_ids, select: None })
+        Ok(Batch { batch, seq, input_ids, attention_mask: mask, position_ids, next_ids, select: None, uniforms: None })
     }
 
     /// Replaces each token's next token (row-major `[batch, seq]`, −1 where a token has none:
@@ -86,6 +89,18 @@ impl Batch {
     /// Row-major `[batch, seq]`: each token's next token, −1 where it has none.
     pub fn next_ids(&self) -> &[i32] {
         &self.next_ids
+    }
+
+    /// Each row's uniform in `[0, 1)` for a decoding step that draws its next token.
+    pub fn with_uniforms(mut self, uniforms: Vec<f32>) -> Result<Batch, EngineError> {
+        if uniforms.len() != self.batch {
+            return Err(EngineError::Batch(format!("{} uniforms for {} rows", uniforms.len(), self.batch)));
+        }
+        if let Some(u) = uniforms.iter().find(|u| !(0.0..1.0).contains(*u)) {
+            return Err(EngineError::Batch(format!("uniform {u} is outside [0, 1)")));
+        }
+        self.uniforms = Some(uniforms);
+        Ok(self)
     }
 
     /// Replaces the computed position ids (row-major `[batch, seq]`).

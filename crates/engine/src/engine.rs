@@ -69,6 +69,7 @@ impl ProgramSpec<'_> {
         spec.steering = self.options.steering.iter().map(|s| s.hook).collect();
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec.decode = self.options.decode;
+        spec.sampling = self.options.sampling;
         spec.isolated = self.options.isolated;
         spec
     }
@@ -532,6 +533,14 @@ impl Engine {
                     "select" => match &batch.select {
                         Some((_, weights)) => placed(weights, view, &info.shape),
                         None => return Err(EngineError::Batch("the forward chooses rows, the batch has none".into())),
+                    },
+                    "uniforms" => match &batch.uniforms {
+                        Some(u) => placed(u, view, &info.shape),
+                        None => {
+                            return Err(EngineError::Batch(
+                                "the step draws each row's token, the batch has no uniforms".into(),
+                            ));
+                        }
                     },
                     other => return Err(EngineError::Options(format!("the forward takes an unknown input {other:?}"))),
                 };

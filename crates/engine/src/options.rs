@@ -83,6 +83,10 @@ pub struct EngineOptions {
     /// row, taking at most `chunk` new tokens a step (`siphon_models::decode`), run by a
     /// [`crate::Decoder`]: no hooks, dictionaries or next-token outputs.
     pub decode: Option<siphon_models::DecodeStep>,
+    /// How a decoding step chooses each row's next token, on the devices
+    /// (`siphon_models::sample`): greedy (the default), or drawn at a uniform each row's step
+    /// is given.
+    pub sampling: siphon_models::Sampling,
     /// Whether a row may hold several documents, each attending only its own tokens
     /// (`siphon_models::ForwardSpec::isolated`): the batches' position ids restart at each
     /// document (`Batch::with_position_ids`).
@@ -151,6 +155,7 @@ impl Default for EngineOptions {
             steering: Vec::new(),
             processes: Vec::new(),
             decode: None,
+            sampling: siphon_models::Sampling::default(),
             isolated: false,
         }
     }
@@ -165,6 +170,7 @@ pub(crate) fn check(hooks: &[HookPoint], options: &EngineOptions) -> Result<(), 
                 "a decoding engine returns logits only: no hooks, dictionaries or next-token outputs".into(),
             ));
         }
+        options.sampling.check().map_err(EngineError::Options)?;
     } else if hooks.is_empty() && options.dictionaries.is_empty() && options.next_token.is_none() {
         return Err(EngineError::Options("no hooks requested".into()));
     }

@@ -135,6 +135,10 @@ pub struct ForwardSpec {
     /// keys and values are read from and written to a cache of this many positions per row,
     /// and the program returns each row's next-token logits and the caches instead of hooks.
     pub decode: Option<DecodeStep>,
+    /// How a decoding step chooses each row's next token (`sample.rs`): greedy by default;
+    /// where it draws, the step takes each row's uniform in `[0, 1)` as the input `uniforms`
+    /// `[batch]` f32.
+    pub sampling: crate::Sampling,
     /// Whether a row may hold several documents, each attending its own tokens only: the
     /// positions (`position_ids`) restart at each document's first token, and query `i`
     /// attends key `j` where their positions differ by `i - j` (the same document). Each
@@ -172,7 +176,7 @@ impl DecodeStep {
     }
 }
 
-/// A decoding step's results ([`ForwardSpec::decode`]): the logits, the greedy choices, then
+/// A decoding step's results ([`ForwardSpec::decode`]): the logits, each row's next token, then
 /// each cache after the step, in the order of the cache arguments (which follow the steering
 /// vectors).
 #[derive(Debug, Clone)]
@@ -180,9 +184,11 @@ pub struct DecodeInfo {
     /// Each row's logits at its last real token, `[batch, vocab]` f32 (the family's final
     /// soft-cap applied).
     pub logits: NextTokenInfo,
-    /// Each row's greedy choice, `[batch]` i32: the index of its first largest logit (a NaN
-    /// never chosen), so a greedy step's logits need not leave the devices.
-    pub greedy: NextTokenInfo,
+    /// Each row's next token, `[batch]` i32, chosen as [`ForwardSpec::sampling`] says: the
+    /// index of its first largest logit (a NaN never chosen), or drawn after the warpers at
+    /// the row's `uniforms` input (−1 where no logit is finite) — so a step's logits need not
+    /// leave the devices.
+    pub choice: NextTokenInfo,
     /// Each cache argument (and its result): an attention block's `blocks.{l}.k` /
     /// `blocks.{l}.v`, `[batch, kv_heads, positions, head width]` in the compute dtype
     /// (`cache_len` positions, or a windowed block's [`DecodeStep::ring`]); a latent attention's
@@ -301,6 +307,7 @@ impl ForwardSpec {
             dictionaries: Vec::new(),
             weights: None,
             decode: None,
+            sampling: crate::Sampling::default(),
             isolated: false,
             select: None,
         }

@@ -305,6 +305,9 @@ pub(crate) struct Request<'a> {
     /// The most rows the unembedding is taken weight first at
     /// ([`crate::ForwardSpec::weight_first`]).
     pub weight_first: Option<usize>,
+    /// How each row's next token is chosen, and (where drawn) each row's uniform `[batch]`.
+    pub sampling: crate::Sampling,
+    pub uniforms: Option<Value>,
     /// The index among the program's results of the first this returns.
     pub first_result: usize,
 }
@@ -313,8 +316,8 @@ pub(crate) struct Request<'a> {
 type Produced = (Value, Option<PartitionSpec>);
 
 /// The logits of each row's last real token (its real tokens come first), `[batch, vocab]`
-/// f32 through the family's final soft-cap, each row's greedy choice among them, then every
-/// cache after the step: the results (each with its split) and their description.
+/// f32 through the family's final soft-cap, each row's next token (greedy, or drawn:
+/// `sample.rs`), then every cache after the step: the results (each with its split) and their description.
 pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Vec<Produced>, DecodeInfo), ModelError> {
     let [bsz, t] = r.rows;
     let vocab = r.config.vocab_size;
@@ -333,13 +336,17 @@ pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Ve
     if let Some(cap) = r.config.final_softcap {
         logits = crate::layers::attention::soft_cap(b, logits, cap)?;
     }
-    let logits = b.convert(logits, DType::F32)?;
-    let greedy = first_largest(b, logits)?;
+    let mut logits = b.convert(logits, DType::F32)?;
     let rows = r.input_spec.dims()[0].clone();
     let logits_spec = PartitionSpec::from_dims(vec![rows.clone(), Vec::new()]);
-    let greedy_spec = PartitionSpec::from_dims(vec![rows.clone()]);
+    let choice_spec = PartitionSpec::from_dims(vec![rows.clone()]);
+    if r.sharded {
+        // Each row's logits whole on its devices, as the choice reads them.
+        logits = b.sharding_constraint(logits, &logits_spec)?;
+    }
+    let choice = crate::sample::choose(b, logits, r.uniforms, &r.sampling)?;
     let mut values =
-        vec![(logits, r.sharded.then(|| logits_spec.clone())), (greedy, r.sharded.then(|| greedy_spec.clone()))];
+        vec![(logits, r.sharded.then(|| logits_spec.clone())), (choice, r.sharded.then(|| choice_spec.clone()))];
     let info = |name: String, shape: Vec<usize>, dtype, spec: &PartitionSpec| NextTokenInfo {
         name,
         shape,
@@ -355,25 +362,6 @@ pub(crate) fn results(b: &mut siphon_hlo::Builder, r: Request<'_>) -> Result<(Ve
         values.push((*after, r.sharded.then(|| spec.clone())));
     }
     let logits = info("logits".into(), vec![bsz, vocab], DType::F32, &logits_spec);
-    let greedy = info("greedy".into(), vec![bsz], DType::I32, &greedy_spec);
-    Ok((values, DecodeInfo { logits, greedy, caches }))
-}
-
-/// The index of each row's first largest value of `x` `[rows, n]` f32, `[rows]` i32 — a NaN
-/// never chosen — as the sampler's greedy choice (`torch.argmax`).
-fn first_largest(b: &mut siphon_hlo::Builder, x: Value) -> Result<Value, siphon_hlo::HloError> {
-    let dims = b.dims(x)?.to_vec();
-    let nan = b.compare(CompareDir::Ne, x, x)?;
-    let lowest = b.splat(f64::NEG_INFINITY, TensorType::new(DType::F32, &dims))?;
-    let x = b.select(nan, lowest, x)?;
-    let top = b.reduce_max(x, &[1])?;
-    let top = b.broadcast_in_dim(top, &dims, &[0])?;
-    let at_top = b.compare(CompareDir::Eq, x, top)?;
-    let index = b.iota(TensorType::new(DType::I32, &dims), 1)?;
-    let past = b.splat(dims[1] as f64, TensorType::new(DType::I32, &dims))?;
-    let index = b.select(at_top, index, past)?;
-    // The smallest index at the top: minus the largest of their negatives.
-    let index = b.neg(index)?;
-    let first = b.reduce_max(index, &[1])?;
-    b.neg(first)
+    let choice = info("choice".into(), vec![bsz], DType::I32, &choice_spec);
+    Ok((values, DecodeInfo { logits, choice, caches }))
 }

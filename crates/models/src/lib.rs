@@ -259,6 +259,7 @@ mod qwen3_5;
 mod qwen3_moe;
 mod qwen3_next;
 mod safetensors;
+pub mod sample;
 pub mod sharding;
 mod smollm3;
 pub mod steering;
@@ -285,6 +286,7 @@ pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_ki
 pub use layers::mlp::MLP_CHUNK_ELEMENTS;
 pub use layers::moe::{capacity as expert_capacity, chunk_rows as expert_chunk};
 pub use layers::{cudnn, gated_deltanet, mla};
+pub use sample::Sampling;
 pub use steering::Steering;
 pub use stored::{Part as StoredPart, StoredForm, TensorMeta, fp8_forms, mxfp4_forms};
 pub use tokenizer::TextTokenizer;

@@ -346,7 +346,7 @@ pub struct DecodeMemory {
     /// DeltaNet's state), once: a step's caches are donated to the ones it returns, which it
     /// writes in place (an argument and a result aliased).
     pub cache_bytes: u64,
-    /// The logits of the device's slots, `[slots, vocab]` f32, and their greedy choices,
+    /// The logits of the device's slots, `[slots, vocab]` f32, and their next tokens,
     /// `[slots]` i32.
     pub logits_bytes: u64,
     /// The step's transients, bounded by one more copy of the caches (what a block's
@@ -392,7 +392,7 @@ pub fn decode_memory(
             layout.array_bytes(&dims, c.dtype.byte_size())
         })
         .sum();
-    // The logits and each slot's greedy choice.
+    // The logits and each slot's next token.
     let logits_bytes = layout.array_bytes(&[local_slots, config.vocab_size], 4) + layout.array_bytes(&[local_slots], 4);
     Ok(DecodeMemory {
         local_slots,

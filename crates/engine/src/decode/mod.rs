@@ -1,21 +1,22 @@
 //! Decoding: a model's own completions on the mesh, a room of its own in three parts, as
 //! vLLM v1 splits them — the runner ([`Decoder`]: a decoding step's program on the engine's
-//! weights, its caches kept on the devices between steps), the sampler (`sampler.rs`: the
-//! next token from a row's logits, greedy or sampled with a counter-based generator keyed by
-//! (seed, record, sample, step)) and the scheduler (`schedule.rs`: which sequence each slot
-//! holds, its prompt fed in chunks, slots refilled as sequences finish).
+//! weights, its caches kept on the devices between steps), the sampler (the draw on the
+//! devices, `siphon_models::sample`; here `sampler.rs`: each row's uniform from a
+//! counter-based generator keyed by (seed, record, sample, step), and the warpers on the host
+//! as a reference) and the scheduler (`schedule.rs`: which sequence each slot holds, its prompt
+//! fed in chunks, slots refilled as sequences finish).
 //!
 //! The program is the family's own forward built as a decoding step
 //! (`siphon_models::decode`): the same blocks, each attention block reading and writing its
-//! key/value cache, ending with each row's next-token logits and its greedy choice among
-//! them. A greedy run takes the choices and leaves the logits on the devices; a sampled one
-//! copies them for the sampler.
+//! key/value cache, ending with each row's next-token logits and its next token — greedy, or
+//! drawn after the warpers at the row's uniform — so the logits stay on the devices.
 
 mod sampler;
 mod schedule;
 
-pub use sampler::{Sampling, choose};
+pub use sampler::{choose, probabilities, uniform};
 pub use schedule::{Completion, Finish, Prompt, Settings, generate, generate_each};
+pub use siphon_models::Sampling;
 
 use siphon_models::{DecodeInfo, DecodeStep};
 use siphon_runtime::{ElementType, HostArray, ShardedArray};
@@ -83,10 +84,17 @@ impl Decoder<'_> {
         self.cache
     }
 
+    /// How its steps choose each row's next token (`EngineOptions::sampling`).
+    pub fn sampling(&self) -> Sampling {
+        self.engine.options.sampling
+    }
+
     /// Runs one step: `batch` holds `slots` rows of at most `chunk` new tokens (real tokens
     /// first, each at its position: `Batch::with_position_ids`; a row with none changes
-    /// nothing), written into the caches; returns each row's greedy choice, its logits left on
-    /// the devices until asked for ([`Step::logits`]).
+    /// nothing; with each row's uniform where the engine's sampling draws:
+    /// `Batch::with_uniforms`), written into the caches; returns each row's next token, its
+    /// logits left on the devices until asked for ([`Step::logits`]). A row whose logits
+    /// leave no token to draw (none finite) is an error naming it.
     pub fn step(&mut self, batch: &Batch) -> Result<Step, EngineError> {
         if batch.batch() != self.slots {
             return Err(EngineError::Batch(format!("{} rows for a decoder of {} slots", batch.batch(), self.slots)));
@@ -103,31 +111,35 @@ impl Decoder<'_> {
             .chain(&self.caches)
             .collect();
         let specs: Vec<_> =
-            [&info.logits, &info.greedy].into_iter().chain(&info.caches).map(|o| o.spec.clone()).collect();
+            [&info.logits, &info.choice].into_iter().chain(&info.caches).map(|o| o.spec.clone()).collect();
         let mesh = &engine.options.mesh;
         let mut out =
             rt(|| "running the decoding step".into(), compiled.executable.execute_sharded(mesh, &args, &specs))?;
         self.caches = out.split_off(2);
-        let greedy = out.pop().expect("the greedy choices");
+        let choices = out.pop().expect("the choices");
         let logits = out.pop().expect("the logits");
-        let greedy = rt(|| "copying the greedy choices to the host".into(), greedy.to_host())?;
-        let greedy: Vec<i32> = rt(|| "reading the greedy choices".into(), greedy.to_vec())?;
-        let greedy = greedy.into_iter().map(|i| i as u32).collect();
-        Ok(Step { greedy, logits, vocab: info.logits.shape[1] })
+        let choices = rt(|| "copying the choices to the host".into(), choices.to_host())?;
+        let choices: Vec<i32> = rt(|| "reading the choices".into(), choices.to_vec())?;
+        if let Some(row) = choices.iter().position(|&c| c < 0) {
+            return Err(EngineError::Batch(format!("row {row}: no token to draw (none of its logits is finite)")));
+        }
+        let choices = choices.into_iter().map(|i| i as u32).collect();
+        Ok(Step { choices, logits, vocab: info.logits.shape[1] })
     }
 }
 
-/// What one decoding step gives: each row's greedy choice, and its logits on the devices.
+/// What one decoding step gives: each row's next token, and its logits on the devices.
 pub struct Step {
-    greedy: Vec<u32>,
+    choices: Vec<u32>,
     logits: ShardedArray,
     vocab: usize,
 }
 
 impl Step {
-    /// Each row's greedy choice: its first largest logit (the sampler's at temperature 0).
-    pub fn greedy(&self) -> &[u32] {
-        &self.greedy
+    /// Each row's next token: its first largest logit, or drawn at its uniform
+    /// (`EngineOptions::sampling`).
+    pub fn choices(&self) -> &[u32] {
+        &self.choices
     }
 
     /// Each row's logits at its last real token, `[slots][vocab]`, copied from the devices.

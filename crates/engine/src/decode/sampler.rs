@@ -1,92 +1,60 @@
-//! The next token from a row's logits: greedy (the first largest, as `torch.argmax`), or
-//! sampled after Hugging Face's warpers in their order (temperature, top-k, top-p, min-p),
-//! in f64, with a uniform draw from a counter-based generator keyed by (seed, record,
-//! sample, step) — so a completion depends on none of the mesh, the batch, the slot or a
-//! resume.
+//! Each row's uniform from a counter-based generator keyed by (seed, record, sample, step),
+//! which a sampled step draws its next token at on the devices (`siphon_models::sample`) — so
+//! a completion depends on none of the mesh, the batch, the slot or a resume — and the same
+//! choice on the host, in f64, as the reference the devices' is checked against: greedy (the
+//! first largest, as `torch.argmax`), or drawn after Hugging Face's warpers in their order
+//! (temperature, top-k, top-p, min-p).
 
-/// How the next token is chosen.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sampling {
-    /// 0: greedy; else the logits are divided by it.
-    pub temperature: f64,
-    /// Keep the `top_k` likeliest (ties with the last kept too); 0: all.
-    pub top_k: usize,
-    /// Keep the likeliest whose probabilities reach `top_p` (at least one); 1: all.
-    pub top_p: f64,
-    /// Drop tokens less likely than `min_p` times the likeliest; 0: none.
-    pub min_p: f64,
-}
+use siphon_models::Sampling;
 
-impl Default for Sampling {
-    fn default() -> Sampling {
-        Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0 }
+/// The probability of each token after the warpers (greedy: 1 for the chosen one).
+pub fn probabilities(sampling: &Sampling, logits: &[f32]) -> Vec<f64> {
+    let mut p = vec![0.0; logits.len()];
+    if sampling.temperature == 0.0 {
+        p[argmax(logits)] = 1.0;
+        return p;
     }
-}
-
-impl Sampling {
-    /// Whether the settings can be applied: what is wrong, named by the setting's flag.
-    pub fn check(&self) -> Result<(), String> {
-        if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!("--temperature {} (0 for greedy, or a positive number)", self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("--top-p {} (in (0, 1])", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("--min-p {} (in [0, 1])", self.min_p));
-        }
-        Ok(())
+    let mut scores: Vec<f64> = logits.iter().map(|&l| f64::from(l) / sampling.temperature).collect();
+    if sampling.top_k > 0 && sampling.top_k < scores.len() {
+        let mut sorted = scores.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let kth = sorted[sampling.top_k - 1];
+        scores.iter_mut().filter(|s| **s < kth).for_each(|s| *s = f64::NEG_INFINITY);
     }
-
-    /// The probability of each token after the warpers (greedy: 1 for the chosen one).
-    pub fn probabilities(&self, logits: &[f32]) -> Vec<f64> {
-        let mut p = vec![0.0; logits.len()];
-        if self.temperature == 0.0 {
-            p[argmax(logits)] = 1.0;
-            return p;
-        }
-        let mut scores: Vec<f64> = logits.iter().map(|&l| f64::from(l) / self.temperature).collect();
-        if self.top_k > 0 && self.top_k < scores.len() {
-            let mut sorted = scores.clone();
-            sorted.sort_by(|a, b| b.total_cmp(a));
-            let kth = sorted[self.top_k - 1];
-            scores.iter_mut().filter(|s| **s < kth).for_each(|s| *s = f64::NEG_INFINITY);
-        }
-        if self.top_p < 1.0 {
-            // Ascending; the least likely whose cumulative probability stays within 1 − top_p
-            // go, the likeliest always stays.
-            let probs = softmax(&scores);
-            let mut order: Vec<usize> = (0..scores.len()).collect();
-            order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]));
-            let mut cumulative = 0.0;
-            for &i in &order[..order.len() - 1] {
-                cumulative += probs[i];
-                if cumulative <= 1.0 - self.top_p {
-                    scores[i] = f64::NEG_INFINITY;
-                }
+    if sampling.top_p < 1.0 {
+        // Ascending; the least likely whose cumulative probability stays within 1 − top_p
+        // go, the likeliest always stays.
+        let probs = softmax(&scores);
+        let mut order: Vec<usize> = (0..scores.len()).collect();
+        order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]));
+        let mut cumulative = 0.0;
+        for &i in &order[..order.len() - 1] {
+            cumulative += probs[i];
+            if cumulative <= 1.0 - sampling.top_p {
+                scores[i] = f64::NEG_INFINITY;
             }
         }
-        if self.min_p > 0.0 {
-            let probs = softmax(&scores);
-            let top = probs.iter().copied().fold(0.0, f64::max);
-            for (s, q) in scores.iter_mut().zip(probs) {
-                if q < self.min_p * top {
-                    *s = f64::NEG_INFINITY;
-                }
+    }
+    if sampling.min_p > 0.0 {
+        let probs = softmax(&scores);
+        let top = probs.iter().copied().fold(0.0, f64::max);
+        for (s, q) in scores.iter_mut().zip(probs) {
+            if q < sampling.min_p * top {
+                *s = f64::NEG_INFINITY;
             }
         }
-        softmax(&scores)
     }
+    softmax(&scores)
 }
 
-/// The next token of a row: greedy, or drawn from [`Sampling::probabilities`] with the
-/// uniform of `key` (seed, record, sample, step).
+/// The next token of a row: greedy, or drawn from [`probabilities`] at the uniform of `key`
+/// (seed, record, sample, step).
 pub fn choose(logits: &[f32], sampling: &Sampling, key: [u64; 4]) -> u32 {
     if sampling.temperature == 0.0 {
         return argmax(logits) as u32;
     }
-    let probs = sampling.probabilities(logits);
-    let u = uniform(key);
+    let probs = probabilities(sampling, logits);
+    let u = f64::from(uniform(key));
     let mut cumulative = 0.0;
     let mut last = 0;
     for (i, &p) in probs.iter().enumerate() {
@@ -119,14 +87,15 @@ fn softmax(scores: &[f64]) -> Vec<f64> {
     e.into_iter().map(|x| x / sum).collect()
 }
 
-/// A uniform in `[0, 1)` from `key`: SplitMix64's finalizer over each word in turn (a
-/// counter-based generator: the same key gives the same draw on any machine).
-pub(crate) fn uniform(key: [u64; 4]) -> f64 {
+/// A uniform in `[0, 1)` from `key`, a multiple of 2⁻²⁴ (an f32 exactly, as a step takes it):
+/// SplitMix64's finalizer over each word in turn (a counter-based generator: the same key
+/// gives the same draw on any machine).
+pub fn uniform(key: [u64; 4]) -> f32 {
     let mut h = 0x9e37_79b9_7f4a_7c15u64;
     for word in key {
         h = mix(h ^ mix(word.wrapping_add(0x9e37_79b9_7f4a_7c15)));
     }
-    (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    (h >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
 }
 
 fn mix(mut z: u64) -> u64 {
@@ -147,7 +116,7 @@ mod tests {
     #[test]
     fn the_warpers_keep_what_hugging_face_keeps() {
         let logits = [3.0f32, 2.0, 1.0, 0.0, -1.0];
-        let keep = |s: Sampling| s.probabilities(&logits).iter().map(|&p| p > 0.0).collect::<Vec<_>>();
+        let keep = |s: Sampling| probabilities(&s, &logits).iter().map(|&p| p > 0.0).collect::<Vec<_>>();
         let t = Sampling { temperature: 1.0, ..Sampling::default() };
         assert_eq!(keep(Sampling { top_k: 2, ..t }), [true, true, false, false, false]);
         // softmax: .636, .234, .086, .032, .012; top-p 0.8 keeps the two whose sum reaches it.
@@ -155,7 +124,7 @@ mod tests {
         assert_eq!(keep(Sampling { top_p: 0.9, ..t }), [true, true, true, false, false]);
         // min-p 0.1 of .636: drops those under .0636.
         assert_eq!(keep(Sampling { min_p: 0.1, ..t }), [true, true, true, false, false]);
-        let p = Sampling { temperature: 2.0, ..t }.probabilities(&logits);
+        let p = probabilities(&Sampling { temperature: 2.0, ..t }, &logits);
         let expect: Vec<f64> = {
             let e: Vec<f64> = logits.iter().map(|&l| (f64::from(l) / 2.0).exp()).collect();
             let s: f64 = e.iter().sum();

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use siphon_models::DecodeStep;
 
 use super::Decoder;
-use super::sampler::{Sampling, choose};
+use super::sampler::uniform;
 use crate::batch::Batch;
 use crate::error::EngineError;
 
@@ -34,8 +34,6 @@ pub struct Settings {
     /// Other tokens that end a completion (kept as its last); a caller's own rule too
     /// ([`generate_each`]'s `stops`).
     pub stop_ids: Vec<u32>,
-    /// How each token is chosen.
-    pub sampling: Sampling,
     /// The seed of every draw.
     pub seed: u64,
 }
@@ -100,7 +98,6 @@ pub fn generate_each(
     stops: &dyn Fn(&[u32]) -> bool,
     mut done: impl FnMut(usize, Completion) -> Result<(), EngineError>,
 ) -> Result<(), EngineError> {
-    s.sampling.check().map_err(EngineError::Options)?;
     if s.max_new_tokens == 0 {
         return Err(EngineError::Options("max_new_tokens 0: a completion takes at least 1 token".into()));
     }
@@ -128,7 +125,7 @@ pub fn generate_each(
             false => 1,
         };
         let (mut ids, mut mask, mut positions) = (Vec::new(), Vec::new(), Vec::new());
-        let mut fed = Vec::with_capacity(slots.len());
+        let (mut fed, mut uniforms) = (Vec::with_capacity(slots.len()), Vec::with_capacity(slots.len()));
         for slot in &slots {
             let (mut row, mut real, mut at) = (vec![0u32; width], vec![0u8; width], vec![0i32; width]);
             let n = slot.as_ref().map_or(0, |a| (a.tokens.len() - a.cached).min(width));
@@ -139,31 +136,35 @@ pub fn generate_each(
                     at[i] = (a.cached + i) as i32;
                 }
             }
+            // A slot whose sequence is all in the cache after this step draws its next token
+            // at the uniform of (seed, record, sample, tokens drawn so far).
+            let u = match slot {
+                Some(a) if a.cached + n == a.tokens.len() => {
+                    let prompt = &prompts[a.index];
+                    let drawn = a.tokens.len() - a.prompt;
+                    uniform([s.seed, prompt.record, u64::from(prompt.sample), drawn as u64])
+                }
+                _ => 0.0,
+            };
             ids.push(row);
             mask.push(real);
             positions.extend(at);
             fed.push(n);
+            uniforms.push(u);
         }
-        let batch = Batch::new(ids, Some(mask))?.with_position_ids(positions)?;
+        let mut batch = Batch::new(ids, Some(mask))?.with_position_ids(positions)?;
+        if decoder.sampling().draws() {
+            batch = batch.with_uniforms(uniforms)?;
+        }
         let step = decoder.step(&batch)?;
-        // A greedy run takes the devices' choices; a sampled one draws from the logits.
-        let logits = match s.sampling.temperature == 0.0 {
-            true => None,
-            false => Some(step.logits()?),
-        };
         for (row, (slot, n)) in slots.iter_mut().zip(fed).enumerate() {
             let Some(a) = slot.as_mut() else { continue };
             a.cached += n;
             if a.cached < a.tokens.len() {
                 continue;
             }
-            let prompt = &prompts[a.index];
             let drawn = a.tokens.len() - a.prompt;
-            let key = [s.seed, prompt.record, u64::from(prompt.sample), drawn as u64];
-            let token = match &logits {
-                None => step.greedy()[row],
-                Some(logits) => choose(&logits[row], &s.sampling, key),
-            };
+            let token = step.choices()[row];
             a.tokens.push(token);
             let finish = if s.eos_ids.contains(&token) {
                 Some(Finish::Eos)

@@ -41,6 +41,8 @@ pub(crate) struct Graph<'a> {
     next_ids: Option<Value>,
     /// The chosen rows' weights `[batch, rows, seq]` ([`ForwardSpec::select`]).
     select: Option<Value>,
+    /// Each row's uniform `[batch]`, where a decoding step draws ([`ForwardSpec::sampling`]).
+    uniforms: Option<Value>,
     pub(crate) hooks: BTreeMap<HookPoint, Value>,
     /// Each dictionary's tensors (arguments after the inputs).
     pub(crate) dictionary_args: Vec<Vec<Value>>,
@@ -163,6 +165,13 @@ impl<'a> Graph<'a> {
             }
             None => None,
         };
+        let uniforms = match spec.decode.is_some() && spec.sampling.draws() {
+            true => {
+                let ty = TensorType::new(DType::F32, &[spec.batch]);
+                Some(b.arg(ty, sharded.then(|| uniforms_spec(&input_spec)))?)
+            }
+            false => None,
+        };
         let dictionary_args = crate::dictionary::encoder::args(&mut b, &spec.dictionaries, sharded)?;
         super::splice::check(spec, config)?;
         crate::steering::check_all(&spec.steering, config)?;
@@ -202,6 +211,7 @@ impl<'a> Graph<'a> {
             position_ids,
             next_ids,
             select,
+            uniforms,
             hooks: BTreeMap::new(),
             dictionary_args,
             steering_args,
@@ -488,6 +498,8 @@ impl<'a> Graph<'a> {
                     input_spec: &self.input_spec,
                     sharded: self.sharded,
                     weight_first: self.spec.weight_first,
+                    sampling: self.spec.sampling,
+                    uniforms: self.uniforms,
                     first_result: results.len(),
                 };
                 let (values, info) = crate::decode::results(&mut b, request)?;
@@ -511,6 +523,10 @@ impl<'a> Graph<'a> {
         if let Some(rows) = self.spec.select {
             let spec = super::select::input_spec(&self.input_spec);
             inputs.push(InputInfo { name: "select", shape: vec![bsz, rows, s], dtype: DType::F32, spec });
+        }
+        if self.uniforms.is_some() {
+            let spec = uniforms_spec(&self.input_spec);
+            inputs.push(InputInfo { name: "uniforms", shape: vec![bsz], dtype: DType::F32, spec });
         }
         Ok(ForwardProgram {
             text,
@@ -545,4 +561,9 @@ pub(crate) fn matmul_t(
         Some(most) if rows <= most => b.matmul_t_weight_first(x, w),
         _ => b.matmul_t(x, w),
     }
+}
+
+/// A decoding step's uniforms `[batch]`: split over the rows as the tokens are.
+fn uniforms_spec(tokens: &PartitionSpec) -> PartitionSpec {
+    PartitionSpec::from_dims(vec![tokens.dims()[0].clone()])
 }

@@ -253,6 +253,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         plan: ShardingPlan::Megatron,
         steering,
         decode: Some(cache),
+        sampling,
         ..EngineOptions::default()
     };
     let engine = Engine::new(&client, &model, Vec::new(), options).context("loading the weights onto the devices")?;
@@ -263,13 +264,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (0..args.samples as u32).map(move |sample| Prompt { record: *record, sample, ids: ids.clone() })
         })
         .collect();
-    let settings = Settings {
-        max_new_tokens: args.max_new_tokens,
-        eos_ids,
-        stop_ids: args.stop_token.clone(),
-        sampling,
-        seed: args.seed,
-    };
+    let settings =
+        Settings { max_new_tokens: args.max_new_tokens, eos_ids, stop_ids: args.stop_token.clone(), seed: args.seed };
     let (mut out, written) = output::Output::open(&out_path, &run_settings(&args, share, &prompts), &requests)?;
     let todo = &requests[written..];
     let slow = std::env::var("SIPHON_TEST_SLOW_COMPLETION_MS").ok().and_then(|v| v.parse().ok());
