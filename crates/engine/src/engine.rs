@@ -37,6 +37,14 @@ pub(crate) struct ProgramSpec<'a> {
 }
 
 impl ProgramSpec<'_> {
+    /// Whether a sampled decoding step draws on the devices (`siphon_models::sample`): on
+    /// accelerators, where the logits would cross to the host and a host's sort would hold a
+    /// step back; not on the CPU plugin (but in the TPU's forms), where XLA's sorts run slower
+    /// than the host's reference sampler (docs/BENCHMARKS.md), which then draws.
+    pub(crate) fn draws_on_devices(&self) -> bool {
+        self.platform != "cpu" || self.options.tpu_forms == Some(true)
+    }
+
     /// The forward for `batch` × `seq`, reading `params` (every weight its graph reads when
     /// empty: the first build, which finds them).
     pub(crate) fn forward(&self, batch: usize, seq: usize, params: &[ParamInfo]) -> ForwardSpec {
@@ -69,7 +77,10 @@ impl ProgramSpec<'_> {
         spec.steering = self.options.steering.iter().map(|s| s.hook).collect();
         spec.weights = (!params.is_empty()).then(|| params.iter().map(|p| p.name.clone()).collect());
         spec.decode = self.options.decode;
-        spec.sampling = self.options.sampling;
+        spec.sampling = match self.draws_on_devices() {
+            true => self.options.sampling,
+            false => siphon_models::Sampling::default(),
+        };
         spec.isolated = self.options.isolated;
         spec
     }
@@ -328,8 +339,8 @@ impl Engine {
         &self.stored
     }
 
-    fn spec(&self, batch: usize, seq: usize, select: Option<usize>) -> ForwardSpec {
-        let program = ProgramSpec {
+    fn program(&self) -> ProgramSpec<'_> {
+        ProgramSpec {
             hooks: &self.hooks,
             options: &self.options,
             param_specs: &self.param_specs,
@@ -338,9 +349,17 @@ impl Engine {
             cpu_kernels: self.client.cpu_kernels(),
             cuda_kernels: self.client.cuda_kernels(),
             platform: self.client.platform_name().to_ascii_lowercase(),
-        };
+        }
+    }
+
+    fn spec(&self, batch: usize, seq: usize, select: Option<usize>) -> ForwardSpec {
         // Every shape reads the weights the first build found (none before it).
-        ForwardSpec { select, ..program.forward(batch, seq, &self.params) }
+        ForwardSpec { select, ..self.program().forward(batch, seq, &self.params) }
+    }
+
+    /// Whether a sampled decoding step draws on the devices ([`ProgramSpec::draws_on_devices`]).
+    pub(crate) fn draws_on_devices(&self) -> bool {
+        self.program().draws_on_devices()
     }
 
     /// The dictionaries whose latents every run computes, in [`Activations::latents`]' order.

@@ -83,9 +83,9 @@ pub struct EngineOptions {
     /// row, taking at most `chunk` new tokens a step (`siphon_models::decode`), run by a
     /// [`crate::Decoder`]: no hooks, dictionaries or next-token outputs.
     pub decode: Option<siphon_models::DecodeStep>,
-    /// How a decoding step chooses each row's next token, on the devices
-    /// (`siphon_models::sample`): greedy (the default), or drawn at a uniform each row's step
-    /// is given.
+    /// How a decoding step chooses each row's next token: greedy (the default), or drawn at
+    /// a uniform each row's step is given — on the devices (`siphon_models::sample`), or by the
+    /// host on the CPU plugin (`crate::Decoder::draws`).
     pub sampling: siphon_models::Sampling,
     /// Whether a row may hold several documents, each attending only its own tokens
     /// (`siphon_models::ForwardSpec::isolated`): the batches' position ids restart at each

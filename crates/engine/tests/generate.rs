@@ -181,7 +181,7 @@ fn compare(name: &str, prompt: usize, step: usize, out: &Step, row: usize, want:
     let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
     let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(worst <= 1e-5 * scale, "{name} prompt {prompt} step {step}: logits differ by {worst} (scale {scale})");
-    let host = choose(got, &Sampling::default(), [0; 4]);
+    let host = choose(got, &Sampling::default(), 0.0);
     assert_eq!(out.choices()[row], host, "{name} prompt {prompt} step {step}: the devices' greedy choice");
 }
 
@@ -274,7 +274,7 @@ fn the_sampler_draws_from_hf_s_warped_distribution() {
         let mut apart = 0;
         for (record, &token) in drawn.iter().enumerate() {
             counts[token as usize] += 1;
-            apart += usize::from(token != choose(logits, &sampling, [5, record as u64, 0, 0]));
+            apart += usize::from(token != choose(logits, &sampling, uniform([5, record as u64, 0, 0])));
         }
         assert_eq!(apart, 0, "row {row}: {apart} of {n} device draws differ from the host's");
         let kept: Vec<usize> = (0..vocab).filter(|&v| want[v] > 0.0).collect();
@@ -317,7 +317,8 @@ fn device_draws(client: &siphon_runtime::Client, logits: &[f32], sampling: &Samp
 
 /// A sampled completion depends on the seed, record and sample only: the same on one device
 /// with 3 slots fed 4 prompt tokens a step and on a 2 × 4 mesh with 4 fed 2 (prompts in
-/// another order), another with another seed.
+/// another order), drawn by the host (the CPU plugin's way) or by the devices (the TPU's
+/// forms, on the mesh); another with another seed.
 #[test]
 fn sampled_completions_depend_on_seed_record_and_sample_only() {
     let model = LoadedModel::open(&fixture("tiny-qwen2")).unwrap();
@@ -331,15 +332,18 @@ fn sampled_completions_depend_on_seed_record_and_sample_only() {
         })
         .collect();
     let run = |mesh: Mesh, slots: usize, chunk: usize, prompts: &[Prompt], settings: &Settings| {
+        let on_devices = mesh.device_ids().len() > 1;
         let options = EngineOptions {
             mesh,
             plan: ShardingPlan::Megatron,
             decode: cache(24, chunk),
             sampling,
+            tpu_forms: on_devices.then_some(true),
             ..Default::default()
         };
         let engine = Engine::new(&client, &model, Vec::new(), options).unwrap();
         let mut decoder = engine.decoder(slots).unwrap();
+        assert_eq!(decoder.draws(), on_devices);
         generate(&mut decoder, prompts, settings).unwrap()
     };
     let one = run(Mesh::single_device(), 3, 4, &prompts, &settings);

@@ -1,15 +1,16 @@
 //! Decoding: a model's own completions on the mesh, a room of its own in three parts, as
 //! vLLM v1 splits them — the runner ([`Decoder`]: a decoding step's program on the engine's
-//! weights, its caches kept on the devices between steps), the sampler (the draw on the
-//! devices, `siphon_models::sample`; here `sampler.rs`: each row's uniform from a
-//! counter-based generator keyed by (seed, record, sample, step), and the warpers on the host
-//! as a reference) and the scheduler (`schedule.rs`: which sequence each slot holds, its prompt
+//! weights, its caches kept on the devices between steps), the sampler (`sampler.rs`: each
+//! row's uniform from a counter-based generator keyed by (seed, record, sample, step), drawn
+//! at on the devices, `siphon_models::sample`, or on the CPU plugin by the host's f64 warpers:
+//! [`Decoder::draws`]) and the scheduler (`schedule.rs`: which sequence each slot holds, its prompt
 //! fed in chunks, slots refilled as sequences finish).
 //!
 //! The program is the family's own forward built as a decoding step
 //! (`siphon_models::decode`): the same blocks, each attention block reading and writing its
 //! key/value cache, ending with each row's next-token logits and its next token — greedy, or
-//! drawn after the warpers at the row's uniform — so the logits stay on the devices.
+//! drawn after the warpers at the row's uniform — so a step's logits stay on the devices but
+//! where the host draws.
 
 mod sampler;
 mod schedule;
@@ -87,6 +88,13 @@ impl Decoder<'_> {
     /// How its steps choose each row's next token (`EngineOptions::sampling`).
     pub fn sampling(&self) -> Sampling {
         self.engine.options.sampling
+    }
+
+    /// Whether its steps draw sampled tokens themselves, at the uniforms a batch gives
+    /// (`Batch::with_uniforms`); else a step chooses greedily and the host draws from its
+    /// logits ([`choose`]).
+    pub fn draws(&self) -> bool {
+        self.engine.options.sampling.draws() && self.engine.draws_on_devices()
     }
 
     /// Runs one step: `batch` holds `slots` rows of at most `chunk` new tokens (real tokens

@@ -47,14 +47,14 @@ pub fn probabilities(sampling: &Sampling, logits: &[f32]) -> Vec<f64> {
     softmax(&scores)
 }
 
-/// The next token of a row: greedy, or drawn from [`probabilities`] at the uniform of `key`
-/// (seed, record, sample, step).
-pub fn choose(logits: &[f32], sampling: &Sampling, key: [u64; 4]) -> u32 {
+/// The next token of a row: greedy, or drawn from [`probabilities`] at the uniform `u` (a
+/// step's [`uniform`] of seed, record, sample and step).
+pub fn choose(logits: &[f32], sampling: &Sampling, u: f32) -> u32 {
     if sampling.temperature == 0.0 {
         return argmax(logits) as u32;
     }
     let probs = probabilities(sampling, logits);
-    let u = f64::from(uniform(key));
+    let u = f64::from(u);
     let mut cumulative = 0.0;
     let mut last = 0;
     for (i, &p) in probs.iter().enumerate() {
@@ -110,7 +110,7 @@ mod tests {
 
     #[test]
     fn greedy_takes_the_first_largest() {
-        assert_eq!(choose(&[0.5, 2.0, 2.0, -1.0], &Sampling::default(), [0; 4]), 1);
+        assert_eq!(choose(&[0.5, 2.0, 2.0, -1.0], &Sampling::default(), 0.0), 1);
     }
 
     #[test]

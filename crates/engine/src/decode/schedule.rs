@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use siphon_models::DecodeStep;
 
 use super::Decoder;
-use super::sampler::uniform;
+use super::sampler::{choose, uniform};
 use crate::batch::Batch;
 use crate::error::EngineError;
 
@@ -153,10 +153,16 @@ pub fn generate_each(
             uniforms.push(u);
         }
         let mut batch = Batch::new(ids, Some(mask))?.with_position_ids(positions)?;
-        if decoder.sampling().draws() {
-            batch = batch.with_uniforms(uniforms)?;
+        let (sampling, on_devices) = (decoder.sampling(), decoder.draws());
+        if on_devices {
+            batch = batch.with_uniforms(uniforms.clone())?;
         }
         let step = decoder.step(&batch)?;
+        // Where the devices do not draw, the host does at the same uniforms.
+        let logits = match sampling.draws() && !on_devices {
+            true => Some(step.logits()?),
+            false => None,
+        };
         for (row, (slot, n)) in slots.iter_mut().zip(fed).enumerate() {
             let Some(a) = slot.as_mut() else { continue };
             a.cached += n;
@@ -164,7 +170,10 @@ pub fn generate_each(
                 continue;
             }
             let drawn = a.tokens.len() - a.prompt;
-            let token = step.choices()[row];
+            let token = match &logits {
+                Some(logits) => choose(&logits[row], &sampling, uniforms[row]),
+                None => step.choices()[row],
+            };
             a.tokens.push(token);
             let finish = if s.eos_ids.contains(&token) {
                 Some(Finish::Eos)
