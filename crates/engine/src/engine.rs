@@ -339,7 +339,8 @@ impl Engine {
         &self.stored
     }
 
-    fn program(&self) -> ProgramSpec<'_> {
+    /// What this engine's programs are built from.
+    pub(crate) fn program(&self) -> ProgramSpec<'_> {
         ProgramSpec {
             hooks: &self.hooks,
             options: &self.options,
@@ -355,11 +356,6 @@ impl Engine {
     fn spec(&self, batch: usize, seq: usize, select: Option<usize>) -> ForwardSpec {
         // Every shape reads the weights the first build found (none before it).
         ForwardSpec { select, ..self.program().forward(batch, seq, &self.params) }
-    }
-
-    /// Whether a sampled decoding step draws on the devices ([`ProgramSpec::draws_on_devices`]).
-    pub(crate) fn draws_on_devices(&self) -> bool {
-        self.program().draws_on_devices()
     }
 
     /// The dictionaries whose latents every run computes, in [`Activations::latents`]' order.

@@ -85,7 +85,7 @@ pub struct EngineOptions {
     pub decode: Option<siphon_models::DecodeStep>,
     /// How a decoding step chooses each row's next token: greedy (the default), or drawn at
     /// a uniform each row's step is given — on the devices (`siphon_models::sample`), or by the
-    /// host on the CPU plugin (`crate::Decoder::draws`).
+    /// host on the CPU plugin (`crate::Decoder::draws_on_devices`).
     pub sampling: siphon_models::Sampling,
     /// Whether a row may hold several documents, each attending only its own tokens
     /// (`siphon_models::ForwardSpec::isolated`): the batches' position ids restart at each

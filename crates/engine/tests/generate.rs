@@ -343,7 +343,7 @@ fn sampled_completions_depend_on_seed_record_and_sample_only() {
         };
         let engine = Engine::new(&client, &model, Vec::new(), options).unwrap();
         let mut decoder = engine.decoder(slots).unwrap();
-        assert_eq!(decoder.draws(), on_devices);
+        assert_eq!(decoder.draws_on_devices(), on_devices);
         generate(&mut decoder, prompts, settings).unwrap()
     };
     let one = run(Mesh::single_device(), 3, 4, &prompts, &settings);

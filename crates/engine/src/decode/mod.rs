@@ -2,9 +2,9 @@
 //! vLLM v1 splits them — the runner ([`Decoder`]: a decoding step's program on the engine's
 //! weights, its caches kept on the devices between steps), the sampler (`sampler.rs`: each
 //! row's uniform from a counter-based generator keyed by (seed, record, sample, step), drawn
-//! at on the devices, `siphon_models::sample`, or on the CPU plugin by the host's f64 warpers:
-//! [`Decoder::draws`]) and the scheduler (`schedule.rs`: which sequence each slot holds, its prompt
-//! fed in chunks, slots refilled as sequences finish).
+//! at on the devices, `siphon_models::sample`, or on the CPU plugin by the host's f64
+//! warpers: [`Decoder::draws_on_devices`]) and the scheduler (`schedule.rs`: which sequence
+//! each slot holds, its prompt fed in chunks, slots refilled as sequences finish).
 //!
 //! The program is the family's own forward built as a decoding step
 //! (`siphon_models::decode`): the same blocks, each attention block reading and writing its
@@ -93,8 +93,8 @@ impl Decoder<'_> {
     /// Whether its steps draw sampled tokens themselves, at the uniforms a batch gives
     /// (`Batch::with_uniforms`); else a step chooses greedily and the host draws from its
     /// logits ([`choose`]).
-    pub fn draws(&self) -> bool {
-        self.engine.options.sampling.draws() && self.engine.draws_on_devices()
+    pub fn draws_on_devices(&self) -> bool {
+        self.engine.options.sampling.draws() && self.engine.program().draws_on_devices()
     }
 
     /// Runs one step: `batch` holds `slots` rows of at most `chunk` new tokens (real tokens

@@ -153,7 +153,7 @@ pub fn generate_each(
             uniforms.push(u);
         }
         let mut batch = Batch::new(ids, Some(mask))?.with_position_ids(positions)?;
-        let (sampling, on_devices) = (decoder.sampling(), decoder.draws());
+        let (sampling, on_devices) = (decoder.sampling(), decoder.draws_on_devices());
         if on_devices {
             batch = batch.with_uniforms(uniforms.clone())?;
         }
