@@ -138,7 +138,7 @@ pub struct ForwardSpec {
     /// How a decoding step chooses each row's next token (`sample.rs`): greedy by default;
     /// where it draws, the step takes each row's uniform in `[0, 1)` as the input `uniforms`
     /// `[batch]` f32.
-    pub sampling: crate::Sampling,
+    pub sampling: Sampling,
     /// Whether a row may hold several documents, each attending its own tokens only: the
     /// positions (`position_ids`) restart at each document's first token, and query `i`
     /// attends key `j` where their positions differ by `i - j` (the same document). Each
@@ -307,7 +307,7 @@ impl ForwardSpec {
             dictionaries: Vec::new(),
             weights: None,
             decode: None,
-            sampling: crate::Sampling::default(),
+            sampling: Sampling::default(),
             isolated: false,
             select: None,
         }
@@ -448,4 +448,44 @@ pub struct ForwardProgram {
     /// Declared weights the graph never read (only where [`ForwardSpec::weights`] is `None`:
     /// `build_forward` then builds again without them).
     pub(crate) unread: Vec<String>,
+}
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// 0: greedy; else the logits are divided by it.
+    pub temperature: f64,
+    /// Keep the `top_k` likeliest (ties with the last kept too); 0: all.
+    pub top_k: usize,
+    /// Keep the likeliest whose probabilities reach `top_p` (at least one); 1: all.
+    pub top_p: f64,
+    /// Drop tokens less likely than `min_p` times the likeliest; 0: none.
+    pub min_p: f64,
+}
+
+impl Default for Sampling {
+    fn default() -> Sampling {
+        Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0 }
+    }
+}
+
+impl Sampling {
+    /// Whether the settings can be applied: what is wrong, named by the setting's flag.
+    pub fn check(&self) -> Result<(), String> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(format!("--temperature {} (0 for greedy, or a positive number)", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("--top-p {} (in (0, 1])", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("--min-p {} (in [0, 1])", self.min_p));
+        }
+        Ok(())
+    }
+
+    /// Whether tokens are drawn (a positive temperature) rather than taken greedily.
+    pub fn draws(&self) -> bool {
+        self.temperature > 0.0
+    }
 }

@@ -306,7 +306,7 @@ pub(crate) struct Request<'a> {
     /// ([`crate::ForwardSpec::weight_first`]).
     pub weight_first: Option<usize>,
     /// How each row's next token is chosen, and (where drawn) each row's uniform `[batch]`.
-    pub sampling: crate::Sampling,
+    pub sampling: crate::contract::Sampling,
     pub uniforms: Option<Value>,
     /// The index among the program's results of the first this returns.
     pub first_result: usize,

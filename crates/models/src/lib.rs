@@ -276,7 +276,7 @@ pub use dictionary::{DictionaryHook, Latents, LatentsInfo};
 pub use error::ModelError;
 pub use forward::{
     AttentionForm, DecodeInfo, DecodeStep, ForwardProgram, ForwardSpec, InputInfo, NextToken, NextTokenInfo,
-    OutputInfo, RaggedDot, WEIGHT_FIRST_ROWS, build_forward,
+    OutputInfo, RaggedDot, Sampling, WEIGHT_FIRST_ROWS, build_forward,
 };
 pub use gemma4::Gemma4;
 pub use gpt_oss::GptOss;
@@ -286,7 +286,6 @@ pub use hooks::{HookKind, HookPoint, HookShape, KINDS, hook_kinds, layer_hook_ki
 pub use layers::mlp::MLP_CHUNK_ELEMENTS;
 pub use layers::moe::{capacity as expert_capacity, chunk_rows as expert_chunk};
 pub use layers::{cudnn, gated_deltanet, mla};
-pub use sample::Sampling;
 pub use steering::Steering;
 pub use stored::{Part as StoredPart, StoredForm, TensorMeta, fp8_forms, mxfp4_forms};
 pub use tokenizer::TextTokenizer;

@@ -7,48 +7,9 @@
 
 use siphon_hlo::{Builder, CompareDir, DType, HloError, TensorType, Value};
 
+use crate::contract::Sampling;
 use crate::error::ModelError;
 use crate::layers::attention::softmax_last;
-
-/// How the next token is chosen.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sampling {
-    /// 0: greedy; else the logits are divided by it.
-    pub temperature: f64,
-    /// Keep the `top_k` likeliest (ties with the last kept too); 0: all.
-    pub top_k: usize,
-    /// Keep the likeliest whose probabilities reach `top_p` (at least one); 1: all.
-    pub top_p: f64,
-    /// Drop tokens less likely than `min_p` times the likeliest; 0: none.
-    pub min_p: f64,
-}
-
-impl Default for Sampling {
-    fn default() -> Sampling {
-        Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0 }
-    }
-}
-
-impl Sampling {
-    /// Whether the settings can be applied: what is wrong, named by the setting's flag.
-    pub fn check(&self) -> Result<(), String> {
-        if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!("--temperature {} (0 for greedy, or a positive number)", self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("--top-p {} (in (0, 1])", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("--min-p {} (in [0, 1])", self.min_p));
-        }
-        Ok(())
-    }
-
-    /// Whether tokens are drawn (a positive temperature) rather than taken greedily.
-    pub fn draws(&self) -> bool {
-        self.temperature > 0.0
-    }
-}
 
 /// Each row's next token, `[rows]` i32, from its logits `[rows, vocab]` f32: greedy, or drawn
 /// at its uniform in `[0, 1)` (`uniforms` `[rows]` f32, given where `sampling` draws). A row

@@ -9,7 +9,8 @@
 //!    metadata read as one (`gguf::convert`), the sharding table, the stored forms of weights,
 //!    a steering vector (its hook and its file);
 //! 3. the program: `forward` (the contract, `Graph`, the decoder loop), `decode` (a decoding
-//!    step's caches and logits), `layers`, the unembedding and a dictionary's encoder;
+//!    step's caches and logits), `sample` (its next token), `layers`, the unembedding and a
+//!    dictionary's encoder;
 //! 4. families: each family's file and the registry;
 //! 5. loading: weights from safetensors and GGUF, a model directory, a dictionary's files.
 //!
@@ -39,7 +40,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "stored",
         ],
     ),
-    ("program", &["forward", "decode", "layers", "unembedding", "dictionary::encoder"]),
+    ("program", &["forward", "decode", "sample", "layers", "unembedding", "dictionary::encoder"]),
     ("families", &["family"]),
     (
         "loading",

@@ -18,7 +18,7 @@ pub(crate) use self::graph::{Graph, matmul_t};
 use crate::config::{ModelConfig, ParamInfo};
 pub use crate::contract::{
     AttentionForm, DecodeInfo, DecodeStep, ForwardProgram, ForwardSpec, InputInfo, LOGITS_CHUNK_ELEMENTS, NextToken,
-    NextTokenInfo, OutputInfo, RaggedDot, WEIGHT_FIRST_ROWS,
+    NextTokenInfo, OutputInfo, RaggedDot, Sampling, WEIGHT_FIRST_ROWS,
 };
 use crate::error::ModelError;
 use crate::hooks::{HookPoint, Scope};
