@@ -116,6 +116,11 @@
 //!   at most `MLP_CHUNK_ELEMENTS` intermediate elements where none of its intermediates is read),
 //!   and `moe/` (`mod.rs`; `grouped.rs`, the grouped dispatch),
 //!   `gated_deltanet.rs` and `mla.rs` below.
+//! - `decode.rs`: a decoding step (`ForwardSpec::decode`, `build_decode_step`): each block's
+//!   caches (`[batch, kv_heads, positions, head_dim]`, a window's ring, MLA's latent), their
+//!   masks and writes, and what a step returns; `sample.rs`, each row's next token on the
+//!   devices (greedy, or transformers' warpers and the draw at the row's uniform:
+//!   `ForwardSpec::sampling`, `sample::program`).
 //! - `sharding.rs`: the one sharding table, `rule(class)`: per dimension of each `ParamClass`,
 //!   the axes the planner splits it over and the unit (heads, experts, features) the fixed
 //!   Megatron plan (`megatron_specs`, the engine's plan for `--mesh data=2,model=4`) splits it by;
