@@ -37,12 +37,22 @@ pub(crate) struct ProgramSpec<'a> {
 }
 
 impl ProgramSpec<'_> {
+    /// Whether the TPU program's forms are taken ([`EngineOptions::tpu_forms`]).
+    fn tpu_forms(&self) -> bool {
+        self.options.tpu_forms.unwrap_or(self.platform == "tpu")
+    }
+
+    /// Whether the CPU plugin's own forms are taken: on it, but not in the TPU's forms.
+    fn cpu_forms(&self) -> bool {
+        self.platform == "cpu" && !self.tpu_forms()
+    }
+
     /// Whether a sampled decoding step draws on the devices (`siphon_models::sample`): on
     /// accelerators, where the logits would cross to the host and a host's sort would hold a
-    /// step back; not on the CPU plugin (but in the TPU's forms), where XLA's sorts run slower
-    /// than the host's reference sampler (docs/BENCHMARKS.md), which then draws.
+    /// step back; not in the CPU plugin's forms, where XLA's sorts run slower than the host's
+    /// reference sampler (docs/BENCHMARKS.md), which then draws.
     pub(crate) fn draws_on_devices(&self) -> bool {
-        self.platform != "cpu" || self.options.tpu_forms == Some(true)
+        !self.cpu_forms()
     }
 
     /// The forward for `batch` × `seq`, reading `params` (every weight its graph reads when
@@ -59,11 +69,10 @@ impl ProgramSpec<'_> {
         spec.cpu_kernels = self.options.cpu_kernels && self.cpu_kernels;
         spec.grouped_experts = self.cuda_kernels || (self.options.grouped_experts && self.cpu_kernels);
         let on = |platform: &str| self.platform == platform;
-        let tpu_forms = self.options.tpu_forms.unwrap_or(on("tpu"));
+        let tpu_forms = self.tpu_forms();
         spec.decode_without_tables = tpu_forms;
         spec.norm_heads_in_place = tpu_forms;
-        // A CPU form: the TPU's programs (and those checked in its forms) take none first.
-        let weight_first = on("cpu") && !tpu_forms && self.options.decode.is_some();
+        let weight_first = self.cpu_forms() && self.options.decode.is_some();
         spec.weight_first = weight_first.then_some(siphon_models::WEIGHT_FIRST_ROWS);
         spec.ragged_experts = match (tpu_forms, on("cpu")) {
             (true, true) => Some(RaggedDot::Masked),
