@@ -294,23 +294,105 @@ fn the_sampler_draws_from_hf_s_warped_distribution() {
     }
 }
 
+/// The devices' draw never lands on a token without probability where its f32 prefix sums
+/// rise there by rounding: rows of `kept` equally likely tokens among masked ones (`-inf`),
+/// drawn at uniforms around each masked token whose sum (the program's Hillis–Steele scan,
+/// redone here in f32) is past the one before it, and around the top of `[0, 1)`, where the
+/// sums may end below the uniform and the last token with a probability is drawn.
+#[test]
+fn a_draw_never_lands_on_a_token_without_probability() {
+    let client = client();
+    let sampling = Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 };
+    let vocab = 64;
+    let (mut state, mut rows, mut risen, mut short) = (0x9e37_79b9_7f4a_7c15u64, 0, 0, 0);
+    // Sums that end short are rare (about 1 row in 2,000): rows are made until one is seen.
+    for _ in 0..100_000 {
+        if rows >= 24 && short > 0 {
+            break;
+        }
+        // A row: each token kept with probability 1/2 (an LCG's high bit), the last masked.
+        let mut kept: Vec<bool> = (0..vocab)
+            .map(|_| {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                state >> 63 == 1
+            })
+            .collect();
+        kept[vocab - 1] = false;
+        let n = kept.iter().filter(|&&k| k).count();
+        if n < 3 {
+            continue;
+        }
+        let p = 1.0f32 / n as f32;
+        let mut sums: Vec<f32> = kept.iter().map(|&k| if k { p } else { 0.0 }).collect();
+        let mut shift = 1;
+        while shift < vocab {
+            let before = sums.clone();
+            for i in shift..vocab {
+                sums[i] = before[i] + before[i - shift];
+            }
+            shift *= 2;
+        }
+        let ends_short = sums[vocab - 1] < 1.0f32.next_down();
+        if rows >= 24 && !ends_short {
+            continue;
+        }
+        let mut uniforms = Vec::new();
+        let around = |x: f32, out: &mut Vec<f32>| {
+            let mut u = x;
+            for _ in 0..4 {
+                u = u.next_down();
+            }
+            for _ in 0..9 {
+                if (0.0..1.0).contains(&u) {
+                    out.push(u);
+                }
+                u = u.next_up();
+            }
+        };
+        for j in 1..vocab {
+            if !kept[j] && sums[j] > sums[j - 1] {
+                risen += 1;
+                around(sums[j - 1], &mut uniforms);
+            }
+        }
+        short += usize::from(ends_short);
+        around(1.0f32.next_down(), &mut uniforms);
+        let logits: Vec<f32> = kept.iter().map(|&k| if k { 0.0 } else { f32::NEG_INFINITY }).collect();
+        let drawn = draws_at(&client, &logits, &sampling, &uniforms);
+        for (u, token) in uniforms.iter().zip(drawn) {
+            assert!(kept[token as usize], "at uniform {u:e}: token {token}, which has no probability ({kept:?})");
+        }
+        rows += 1;
+    }
+    // The rows reach both guards: sums that rise at a masked token, and sums that end short.
+    assert!(risen > 0 && short > 0, "{risen} risen sums, {short} rows short of the top uniform");
+}
+
 /// `n` draws on one device from `logits` (one row) under `sampling`, record `r`'s at the
 /// uniform of key (5, r, 0, 0), by the program a sampled decoding step chooses with.
 fn device_draws(client: &siphon_runtime::Client, logits: &[f32], sampling: &Sampling, n: usize) -> Vec<u32> {
+    let uniforms: Vec<f32> = (0..n).map(|r| uniform([5, r as u64, 0, 0])).collect();
+    draws_at(client, logits, sampling, &uniforms)
+}
+
+/// A draw on one device from `logits` (one row) under `sampling` at each of `uniforms`, by the
+/// program a sampled decoding step chooses with.
+fn draws_at(client: &siphon_runtime::Client, logits: &[f32], sampling: &Sampling, uniforms: &[f32]) -> Vec<u32> {
     use siphon_runtime::{CompileOptions, HostArray};
-    let (rows, vocab) = (1000, logits.len());
+    let (rows, vocab) = (uniforms.len().min(1000), logits.len());
     let program = siphon_models::sample::program(rows, vocab, sampling).unwrap();
     let exe = client.compile(&program, &CompileOptions::single_device(None)).unwrap();
     let device = exe.device_ids()[0];
     let tiled: Vec<f32> = (0..rows).flat_map(|_| logits.iter().copied()).collect();
     let logits = client.upload(&HostArray::from_slice(&[rows, vocab], &tiled).unwrap(), device).unwrap();
-    let mut drawn = Vec::with_capacity(n);
-    for start in (0..n).step_by(rows) {
-        let u: Vec<f32> = (start..start + rows).map(|r| uniform([5, r as u64, 0, 0])).collect();
+    let mut drawn = Vec::with_capacity(uniforms.len());
+    for part in uniforms.chunks(rows) {
+        let mut u = part.to_vec();
+        u.resize(rows, 0.0);
         let u = client.upload(&HostArray::from_slice(&[rows], &u).unwrap(), device).unwrap();
         let out = exe.execute(&[vec![&logits, &u]]).unwrap();
         let got: Vec<i32> = out[0][0].to_host().unwrap().to_vec().unwrap();
-        drawn.extend(got.into_iter().take(n - start).map(|t| t as u32));
+        drawn.extend(got.into_iter().take(part.len()).map(|t| t as u32));
     }
     drawn
 }
