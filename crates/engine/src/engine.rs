@@ -39,20 +39,17 @@ pub(crate) struct ProgramSpec<'a> {
 impl ProgramSpec<'_> {
     /// Whether the TPU program's forms are taken ([`EngineOptions::tpu_forms`]).
     fn tpu_forms(&self) -> bool {
-        self.options.tpu_forms.unwrap_or(self.platform == "tpu")
+        tpu_forms(&self.platform, self.options.tpu_forms)
     }
 
     /// Whether the CPU plugin's own forms are taken: on it, but not in the TPU's forms.
     fn cpu_forms(&self) -> bool {
-        self.platform == "cpu" && !self.tpu_forms()
+        cpu_forms(&self.platform, self.options.tpu_forms)
     }
 
-    /// Whether a sampled decoding step draws on the devices (`siphon_models::sample`): on
-    /// accelerators, where the logits would cross to the host and a host's sort would hold a
-    /// step back; not in the CPU plugin's forms, where XLA's sorts run slower than the host's
-    /// reference sampler (docs/BENCHMARKS.md), which then draws.
+    /// Whether a sampled decoding step draws on the devices ([`draws_on_devices`]).
     pub(crate) fn draws_on_devices(&self) -> bool {
-        !self.cpu_forms()
+        draws_on_devices(&self.platform, self.options.tpu_forms)
     }
 
     /// The forward for `batch` × `seq`, reading `params` (every weight its graph reads when
@@ -93,6 +90,25 @@ impl ProgramSpec<'_> {
         spec.isolated = self.options.isolated;
         spec
     }
+}
+
+/// Whether a sampled decoding step on `platform` (lower case: `cpu`, `cuda`, `tpu`) draws on
+/// the devices (`siphon_models::sample`), with the TPU program's forms `asked` for or not
+/// ([`EngineOptions::tpu_forms`]): on accelerators, where the logits would cross to the host
+/// and a host's sort would hold a step back; not in the CPU plugin's own forms, where XLA's
+/// sorts run slower than the host's reference sampler (docs/BENCHMARKS.md), which then draws.
+pub fn draws_on_devices(platform: &str, asked: Option<bool>) -> bool {
+    !cpu_forms(platform, asked)
+}
+
+/// Whether the TPU program's forms are taken on `platform`: as `asked`, else on TPUs.
+fn tpu_forms(platform: &str, asked: Option<bool>) -> bool {
+    asked.unwrap_or(platform == "tpu")
+}
+
+/// Whether the CPU plugin's own forms are taken on `platform`: on it, but not in the TPU's forms.
+fn cpu_forms(platform: &str, asked: Option<bool>) -> bool {
+    platform == "cpu" && !tpu_forms(platform, asked)
 }
 
 /// The program `spec` asks for: a decoding step where it says so, else the forward.

@@ -45,7 +45,7 @@ mod options;
 
 pub use batch::{Activations, Batch, next_in_row, positions_from_mask};
 pub use decode::Decoder;
-pub use engine::{Engine, LoadStats};
+pub use engine::{Engine, LoadStats, draws_on_devices};
 pub use error::EngineError;
 pub use launched::Launched;
 pub use options::{EngineOptions, ShardingPlan, WeightForm};

@@ -451,7 +451,7 @@ pub struct ForwardProgram {
 }
 
 /// How the next token is chosen.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Sampling {
     /// 0: greedy; else the logits are divided by it.
     pub temperature: f64,

@@ -353,6 +353,31 @@ pub struct DecodeMemory {
     /// attention reads of them: XLA's CUDA and TPU programs hold about half of that at their
     /// peak).
     pub working_bytes: u64,
+    /// Where the step draws sampled tokens on the devices, its warpers' and draw's arrays
+    /// ([`sampler_bytes`]); 0 where it chooses greedily or the host draws.
+    #[serde(default)]
+    pub sampler_bytes: u64,
+}
+
+/// A bound on what a decoding step's draw (`siphon_models::sample`) holds beside its logits,
+/// `local_slots` rows of `vocab`: 4 arrays of `[slots, vocab]` f32 for the draw (the tempered
+/// logits, their probabilities, prefix sums, a mask), 1 more for top-k's cut, 1 for min-p's,
+/// 4 for top-p's sort (values, indices, their probabilities and prefix sums). XLA's programs
+/// compiled for an H100 hold 2 (the draw alone), 3 (top-k), 4 (min-p) and 6 (top-p) at 32 ×
+/// 49,152, 3.25 (the draw alone) at 256 × 151,936; for a v5e 2.25 and 5 (top-p) at 256 ×
+/// 151,936.
+pub fn sampler_bytes(
+    local_slots: usize,
+    vocab: usize,
+    sampling: &siphon_models::Sampling,
+    layout: DeviceLayout,
+) -> u64 {
+    if !sampling.draws() {
+        return 0;
+    }
+    let arrays =
+        4 + u64::from(sampling.top_k > 0) + u64::from(sampling.min_p > 0.0) + 4 * u64::from(sampling.top_p < 1.0);
+    arrays * layout.array_bytes(&[local_slots, vocab], 4)
 }
 
 /// The bytes a decoding step of `local_slots` slots over caches of `step` needs on each
@@ -401,13 +426,14 @@ pub fn decode_memory(
         cache_bytes: one,
         logits_bytes,
         working_bytes: one,
+        sampler_bytes: 0,
     })
 }
 
 impl MemoryEstimate {
     /// Adds a decoding step's caches and logits to what the devices need, and decides again.
     pub fn with_decode(mut self, d: DecodeMemory) -> MemoryEstimate {
-        self.required_bytes += d.cache_bytes + d.logits_bytes + d.working_bytes;
+        self.required_bytes += d.cache_bytes + d.logits_bytes + d.working_bytes + d.sampler_bytes;
         self.fits = self.budget_bytes.map(|b| self.required_bytes <= b);
         self.decode = Some(d);
         self

@@ -60,6 +60,10 @@ pub struct PlanRequest {
     /// chunk): the caches (written in place each step), the logits and the unembedding counted.
     #[serde(default)]
     pub decode: Option<siphon_models::DecodeStep>,
+    /// How a decoding step draws where it draws on the devices (`None`: it chooses greedily,
+    /// or the host draws from its logits): its sampler's arrays counted ([`memory::sampler_bytes`]).
+    #[serde(default)]
+    pub decode_sampling: Option<siphon_models::Sampling>,
 }
 
 /// The hooks a plan counts when it names none: every hidden state (each block's input and the
@@ -91,6 +95,7 @@ impl Default for PlanRequest {
             next_token: None,
             experts: Default::default(),
             decode: None,
+            decode_sampling: None,
         }
     }
 }
@@ -543,7 +548,10 @@ fn evaluate(
     }
     if let (Some(act), Some(step)) = (activations, request.decode) {
         let model = mesh.axis_size(crate::mesh::MODEL).unwrap_or(1);
-        let d = memory::decode_memory(config, act.local_batch, step, model, request.dtype, request.layout)?;
+        let mut d = memory::decode_memory(config, act.local_batch, step, model, request.dtype, request.layout)?;
+        if let Some(sampling) = &request.decode_sampling {
+            d.sampler_bytes = memory::sampler_bytes(act.local_batch, config.vocab_size, sampling, request.layout);
+        }
         estimate = estimate.with_decode(d);
     }
     if let (Some(batch), Some(seq)) = (request.batch, request.seq) {
@@ -707,14 +715,15 @@ impl fmt::Display for Plan {
             writeln!(
                 f,
                 "  decoding          {:>12}  (caches of {} slots × {} positions, {} new tokens a step, written in \
-                 place: {}; logits {}; working {})",
-                gib(d.cache_bytes + d.logits_bytes + d.working_bytes),
+                 place: {}; logits {}; working {}; sampler {})",
+                gib(d.cache_bytes + d.logits_bytes + d.working_bytes + d.sampler_bytes),
                 d.local_slots,
                 d.cache_len,
                 d.chunk,
                 gib(d.cache_bytes),
                 gib(d.logits_bytes),
-                gib(d.working_bytes)
+                gib(d.working_bytes),
+                gib(d.sampler_bytes)
             )?;
         }
         writeln!(f, "  required          {:>12}", gib(m.required_bytes))?;

@@ -252,3 +252,36 @@ fn next_token_outputs_count_their_weights_results_and_one_chunk() {
     assert!(counted > without.memory.required_bytes, "the later blocks' weights");
     assert!(with.to_string().contains("next-token"), "{with}");
 }
+
+/// A decoding step that draws on the devices counts its sampler: the draw's arrays of its
+/// slots' logits, more where top-p sorts them; a greedy one none.
+#[test]
+fn a_sampled_decoding_step_counts_its_sampler() {
+    let config = fixture("llama-3-8b.json");
+    let topology = Topology::uniform(1, 8).unwrap();
+    let base = PlanRequest {
+        mesh: MeshRequest { kind: MeshKind::TwoD, data: Some(2), ..MeshRequest::default() },
+        batch: Some(64),
+        seq: Some(1),
+        hooks: Some(vec![siphon_models::HookPoint::model(siphon_models::HookKind::LnFinalOut)]),
+        with_lm_head: true,
+        decode: Some(siphon_models::DecodeStep { cache_len: 4096, chunk: 64 }),
+        ..request(MeshKind::TwoD, Some(80))
+    };
+    let greedy = plan(&config, &topology, &base).unwrap();
+    let sampled = |s: siphon_models::Sampling| {
+        let p = plan(&config, &topology, &PlanRequest { decode_sampling: Some(s), ..base.clone() }).unwrap();
+        let d = p.memory.decode.expect("the decoding step's memory");
+        assert_eq!(p.memory.required_bytes, greedy.memory.required_bytes + d.sampler_bytes);
+        d.sampler_bytes
+    };
+    assert_eq!(greedy.memory.decode.unwrap().sampler_bytes, 0);
+    assert_eq!(sampled(siphon_models::Sampling::default()), 0, "greedy draws nothing");
+    // 32 slots a data group, each row's whole vocabulary (the choice reads it whole).
+    let array = 32 * config.vocab_size as u64 * 4;
+    let t = siphon_models::Sampling { temperature: 0.7, ..siphon_models::Sampling::default() };
+    assert_eq!(sampled(t), 4 * array);
+    assert_eq!(sampled(siphon_models::Sampling { top_p: 0.9, ..t }), 8 * array);
+    assert_eq!(sampled(siphon_models::Sampling { top_k: 50, top_p: 0.9, min_p: 0.05, ..t }), 10 * array);
+    assert!(sampled(t) > 0 && greedy.to_string().contains("sampler"), "{greedy}");
+}

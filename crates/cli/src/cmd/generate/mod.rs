@@ -232,6 +232,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         output_dtype: args.compute_dtype,
         pipeline_depth: 1,
         decode: Some(cache),
+        // A step that draws on the devices also holds its sampler's arrays.
+        decode_sampling: siphon_engine::draws_on_devices(&client.platform_name().to_ascii_lowercase(), None)
+            .then_some(sampling),
         ..siphon_plan::PlanRequest::default()
     };
     let planned = super::forward::megatron_plan(&model.config, &mesh, request)?;

@@ -142,7 +142,8 @@ pub struct Args {
     pub outputs: Option<siphon_models::NextToken>,
     /// Plan a decoding step (`siphon generate`) of --batch slots whose key/value caches hold N
     /// positions each (the longest prompt plus --max-new-tokens): every block, the unembedding,
-    /// the caches (written in place each step) and the logits counted.
+    /// the caches (written in place each step) and the logits counted, greedy (`generate` adds
+    /// a sampled step's sampler where the devices draw).
     #[arg(long, value_name = "N", requires = "batch", conflicts_with_all = ["outputs", "seq"])]
     pub decode_cache_len: Option<usize>,
     /// With --decode-cache-len: new tokens a slot takes in one step at most (`generate
@@ -199,6 +200,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         decode: args
             .decode_cache_len
             .map(|cache_len| siphon_models::DecodeStep { cache_len, chunk: args.decode_chunk }),
+        // A greedy step: `generate` counts a sampled step's sampler where the devices draw.
+        decode_sampling: None,
         experts: match (&target, args.tpu_forms) {
             (Some(target), TpuForms::On) => target.expert_split(),
             _ => Default::default(),
