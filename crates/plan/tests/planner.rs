@@ -283,5 +283,5 @@ fn a_sampled_decoding_step_counts_its_sampler() {
     assert_eq!(sampled(t), 4 * array);
     assert_eq!(sampled(siphon_models::Sampling { top_p: 0.9, ..t }), 8 * array);
     assert_eq!(sampled(siphon_models::Sampling { top_k: 50, top_p: 0.9, min_p: 0.05, ..t }), 10 * array);
-    assert!(sampled(t) > 0 && greedy.to_string().contains("sampler"), "{greedy}");
+    assert!(greedy.to_string().contains("sampler"), "{greedy}");
 }
