@@ -43,6 +43,7 @@ use clap::{Parser, Subcommand};
 mod args;
 mod cmd;
 mod fatal;
+mod huge_pages;
 mod interrupt;
 mod job;
 mod outcome;
@@ -94,10 +95,11 @@ pub(crate) enum Command {
     Dashboard(cmd::dashboard::Args),
 }
 
-/// Runs the command and ends the process through `siphon_coord::exit_now`: a plugin's threads
-/// may still run (a compile a signal interrupted), and `exit(3)`'s C++ static destructors
-/// would crash them.
+/// Runs the command (in the process re-executed to ask for huge pages: `huge_pages`) and ends
+/// the process through `siphon_coord::exit_now`: a plugin's threads may still run (a compile a
+/// signal interrupted), and `exit(3)`'s C++ static destructors would crash them.
 fn main() {
+    huge_pages::ask();
     fatal::install();
     let code = run();
     siphon_coord::exit_now(code)

@@ -50,3 +50,29 @@ fn an_unusable_output_is_named_before_the_plugin_is_loaded() {
     assert!(stderr.contains("Not a directory"), "{stderr}");
     assert!(!stderr.contains("libpjrt"), "the output is checked first: {stderr}");
 }
+
+/// The line `doctor` prints about huge pages, run with `GLIBC_TUNABLES` as given (`None`:
+/// unset); the plugin is not needed for it.
+#[cfg(target_os = "linux")]
+fn huge_pages_line(tunables: Option<&str>) -> String {
+    let mut command = Command::new(SIPHON);
+    command.args(["doctor", "--plugin", "/nonexistent/libpjrt.so"]).stdin(Stdio::null());
+    match tunables {
+        Some(t) => command.env("GLIBC_TUNABLES", t),
+        None => command.env_remove("GLIBC_TUNABLES"),
+    };
+    let out = command.output().expect("run siphon");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("huge pages: ")).unwrap_or_else(|| panic!("{stdout}"));
+    line.to_string()
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn malloc_is_asked_for_huge_pages_unless_the_tunable_is_named() {
+    // The process re-executed itself with the tunable added, after the user's own.
+    assert!(huge_pages_line(None).contains("GLIBC_TUNABLES glibc.malloc.hugetlb=1 ("));
+    assert!(huge_pages_line(Some("glibc.malloc.arena_max=2")).contains("GLIBC_TUNABLES glibc.malloc.hugetlb=1 ("));
+    // Named already (here to turn it off): left as the user set it.
+    assert!(huge_pages_line(Some("glibc.malloc.hugetlb=0")).contains("GLIBC_TUNABLES glibc.malloc.hugetlb=0 ("));
+}

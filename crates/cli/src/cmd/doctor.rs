@@ -36,6 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(output) = &args.output {
         check_output(output, args.store_timeout)?;
     }
+    println!("huge pages: {}", crate::huge_pages::describe());
     let choice = PluginLocator::new().explicit(args.plugin.clone()).locate().context("finding a PJRT plugin")?;
     println!("plugin:    {}", choice.path.display());
     println!("  picked:  {}", choice.reason);
