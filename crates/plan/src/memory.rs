@@ -361,7 +361,8 @@ pub struct DecodeMemory {
 
 /// A bound on what a decoding step's draw (`siphon_models::sample`) holds beside its logits,
 /// `local_slots` rows of `vocab`: 4 arrays of `[slots, vocab]` f32 for the draw (the tempered
-/// logits, their probabilities, prefix sums, a mask), 1 more for top-k's cut, 1 for min-p's,
+/// logits, their probabilities, prefix sums, a mask), 1 more for top-k's cut (where `top_k` is
+/// under `vocab`: else the draw keeps every token and cuts nothing), 1 for min-p's,
 /// 4 for top-p's sort (values, indices, their probabilities and prefix sums). XLA's programs
 /// compiled for an H100 hold 2 (the draw alone), 3 (top-k), 4 (min-p) and 6 (top-p) at 32 ×
 /// 49,152, 3.25 (the draw alone) at 256 × 151,936; for a v5e 2.25 and 5 (top-p) at 256 ×
@@ -375,8 +376,10 @@ pub fn sampler_bytes(
     if !sampling.draws() {
         return 0;
     }
-    let arrays =
-        4 + u64::from(sampling.top_k > 0) + u64::from(sampling.min_p > 0.0) + 4 * u64::from(sampling.top_p < 1.0);
+    let arrays = 4
+        + u64::from(sampling.top_k > 0 && sampling.top_k < vocab)
+        + u64::from(sampling.min_p > 0.0)
+        + 4 * u64::from(sampling.top_p < 1.0);
     arrays * layout.array_bytes(&[local_slots, vocab], 4)
 }
 

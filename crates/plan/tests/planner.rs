@@ -283,5 +283,8 @@ fn a_sampled_decoding_step_counts_its_sampler() {
     assert_eq!(sampled(t), 4 * array);
     assert_eq!(sampled(siphon_models::Sampling { top_p: 0.9, ..t }), 8 * array);
     assert_eq!(sampled(siphon_models::Sampling { top_k: 50, top_p: 0.9, min_p: 0.05, ..t }), 10 * array);
+    // A top-k as wide as the vocabulary keeps every token: the draw makes no cut to hold.
+    assert_eq!(sampled(siphon_models::Sampling { top_k: 50, ..t }), 5 * array);
+    assert_eq!(sampled(siphon_models::Sampling { top_k: config.vocab_size, ..t }), 4 * array);
     assert!(greedy.to_string().contains("sampler"), "{greedy}");
 }
