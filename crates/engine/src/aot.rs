@@ -3,7 +3,7 @@
 //! CPU-only machine ([`siphon_runtime::Topology`]), with no weights and no client.
 //!
 //! The program is the one [`crate::Engine`] would compile on those devices: the same
-//! [`ForwardSpec`] (hooks, dtypes, shardings, stored weight forms, the weights its graph
+//! [`ForwardSpec`](siphon_models::ForwardSpec) (hooks, dtypes, shardings, stored weight forms, the weights its graph
 //! reads), built by the same code, on the mesh's devices taken host by host from the
 //! topology — so the compiler's per-device memory and cost are those of the run. Programs for
 //! a TPU never call siphon's kernels: a mixture's experts take XLA's sorted dispatch in

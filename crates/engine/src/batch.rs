@@ -202,9 +202,9 @@ pub fn positions_from_mask(mask: &[i32], seq: usize) -> Vec<i32> {
 pub struct Activations {
     /// (hook, array) in the order the hooks were requested.
     pub hooks: Vec<(HookPoint, HostArray)>,
-    /// Each dictionary's latents, in [`EngineOptions::dictionaries`]' order.
+    /// Each dictionary's latents, in [`EngineOptions::dictionaries`](crate::EngineOptions::dictionaries)' order.
     pub latents: Vec<Latents<HostArray>>,
-    /// The next-token outputs by name (`output.nll`, …; [`EngineOptions::next_token`]), each
+    /// The next-token outputs by name (`output.nll`, …; [`EngineOptions::next_token`](crate::EngineOptions::next_token)), each
     /// `[batch, seq, …]`: f32, the top-k's ids i32.
     pub next_token: Vec<(String, HostArray)>,
 }

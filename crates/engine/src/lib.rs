@@ -4,7 +4,7 @@
 //! An [`Engine`] is built once per (model, hooks, mesh, dtypes): it builds the forward with
 //! `siphon-models`, reads each weight the program needs from the memory-mapped checkpoint
 //! (converted to the compute dtype on the way), splits it by the program's
-//! [`PartitionSpec`] and uploads to each device only its shard. [`Engine::run`] then takes a
+//! [`PartitionSpec`](siphon_mesh::PartitionSpec) and uploads to each device only its shard. [`Engine::run`] then takes a
 //! [`Batch`] of token ids and an attention mask, compiles the program for that
 //! `(batch, seq)` shape the first time it is seen (cached after), runs it and copies the
 //! requested activations back to the host as [`Activations`].

@@ -26,7 +26,7 @@ pub enum ShardingPlan {
     },
 }
 
-/// Dtypes, mesh and sharding of an [`Engine`].
+/// Dtypes, mesh and sharding of an [`Engine`](crate::Engine).
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
     /// Weights and compute (`F32` or `Bf16`).
@@ -63,7 +63,7 @@ pub struct EngineOptions {
     /// as `siphon forward` gives), XLA's form everywhere.
     pub right_padded: bool,
     /// Sparse dictionaries whose latents every run computes on the devices, each from the hook
-    /// it reads (`siphon_models::DictionaryHook`), returned in [`Activations::latents`].
+    /// it reads (`siphon_models::DictionaryHook`), returned in [`Activations::latents`](crate::Activations::latents).
     pub dictionaries: Vec<DictionaryHook>,
     /// The model's next-token outputs every run computes on the devices from its logits
     /// (`siphon_models::NextToken`), returned in `Activations::next_token`; each token's next
@@ -77,7 +77,7 @@ pub struct EngineOptions {
     /// uploads only its partitions' weights, feeds only its data groups' rows and reads back
     /// only its partitions. Several views: the per-process paths of each, side by side in
     /// one process that holds every device (how a spanning job is verified without the
-    /// hosts); [`Engine::run_processes`] takes and gives one batch per view.
+    /// hosts); [`Engine::run_processes`](crate::Engine::run_processes) takes and gives one batch per view.
     pub processes: Vec<HostView>,
     /// When given, the engine's program is a decoding step over caches of these positions a
     /// row, taking at most `chunk` new tokens a step (`siphon_models::decode`), run by a
