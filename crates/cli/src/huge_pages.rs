@@ -1,6 +1,6 @@
 //! Transparent huge pages for what the plugin allocates. On the CPU plugin a decoding step
 //! streams every weight and cache from memory; in 2 MiB pages rather than 4 KiB ones it takes
-//! far fewer TLB misses (`siphon generate` ~4% faster, docs/BENCHMARKS.md). The plugin
+//! far fewer TLB misses (`siphon generate` ~2.6% faster, docs/BENCHMARKS.md). The plugin
 //! allocates through glibc's `malloc`, which asks the kernel for huge pages
 //! (`madvise(MADV_HUGEPAGE)`, what the kernel's usual `madvise` mode waits for) only when
 //! `GLIBC_TUNABLES` holds `glibc.malloc.hugetlb=1` as the process starts. So the process
@@ -11,11 +11,16 @@
 /// The tunable, as `GLIBC_TUNABLES` names it.
 const TUNABLE: &str = "glibc.malloc.hugetlb";
 
+/// The tunable's own entry (`glibc.malloc.hugetlb=…`) in a `GLIBC_TUNABLES` value.
+fn entry(tunables: &str) -> Option<&str> {
+    tunables.split(':').find(|t| t.split('=').next() == Some(TUNABLE))
+}
+
 /// What `GLIBC_TUNABLES` should hold given what it holds (`None`: unset): the tunable added
 /// after any others, or `None` where it names the tunable already.
 fn with_tunable(current: Option<&str>) -> Option<String> {
     match current.filter(|c| !c.is_empty()) {
-        Some(c) if c.split(':').any(|t| t.split('=').next() == Some(TUNABLE)) => None,
+        Some(c) if entry(c).is_some() => None,
         Some(c) => Some(format!("{c}:{TUNABLE}=1")),
         None => Some(format!("{TUNABLE}=1")),
     }
@@ -46,9 +51,8 @@ pub(crate) fn ask() {}
 
 /// One line for `siphon doctor`: what `malloc` was told, and the kernel's mode.
 pub(crate) fn describe() -> String {
-    let told = std::env::var("GLIBC_TUNABLES")
-        .ok()
-        .and_then(|c| c.split(':').find(|t| t.split('=').next() == Some(TUNABLE)).map(str::to_string));
+    let tunables = std::env::var("GLIBC_TUNABLES").ok();
+    let told = tunables.as_deref().and_then(entry);
     let kernel = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok().and_then(|modes| {
         modes.split_whitespace().find(|m| m.starts_with('[')).map(|m| m.trim_matches(['[', ']']).to_string())
     });
