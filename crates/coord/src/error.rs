@@ -238,7 +238,7 @@ pub(crate) fn job_error_to_proto(error: &CoordError) -> proto::JobError {
 }
 
 impl From<CoordError> for tonic::Status {
-    /// The status an RPC answers with ([`CoordError::to_status`]), so handlers can use `?`.
+    /// The status an RPC answers with (`CoordError::to_status`), so handlers can use `?`.
     fn from(error: CoordError) -> tonic::Status {
         error.to_status()
     }

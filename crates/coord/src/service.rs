@@ -1,4 +1,4 @@
-//! The gRPC service: a thin tonic layer over the synchronous [`crate::state`] machines, behind a
+//! The gRPC service: a thin tonic layer over the synchronous `crate::state` machines, behind a
 //! cloneable [`CoordinatorHandle`].
 //!
 //! Every RPC passes an interceptor that checks the job token (constant-time compare; a wrong

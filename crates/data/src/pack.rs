@@ -166,7 +166,7 @@ struct Held {
     roles: Vec<Role>,
 }
 
-/// Marks a pad or inserted position in [`Row::doc`] and [`Row::doc_pos`].
+/// Marks a pad or inserted position in `Row::doc` and `Row::doc_pos`.
 pub const NO_DOC: i64 = -1;
 
 /// A global document id: `unit << 32 | record index within unit`. Stable for a corpus and

@@ -1,4 +1,4 @@
-//! [`grouped`](crate::grouped)'s products on a CUDA plugin: each group one cuBLAS product on
+//! [`grouped`]'s products on a CUDA plugin: each group one cuBLAS product on
 //! the stream XLA runs the program on.
 //!
 //! The groups' sizes live on the device (the program counts them); the handler copies them to

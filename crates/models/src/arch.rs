@@ -10,7 +10,7 @@ use crate::error::ModelError;
 use crate::hf_config::HfConfig;
 use crate::hooks::Feature;
 
-/// An architecture siphon can build a forward pass for: a handle on its family's [`Family`],
+/// An architecture siphon can build a forward pass for: a handle on its family's `Family`,
 /// whose file's `//!` says what its block is. An architecture is written as its family's name
 /// (its first `model_type`) in messages, in `run.json` and wherever it is serialized; read
 /// back through the registry (`"llama".parse::<Arch>()`).

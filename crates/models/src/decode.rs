@@ -2,8 +2,8 @@
 //! value cache ([`build_decode_step`]). Every family's own forward is built as for extraction
 //! (its blocks, norms, RoPE, soft-caps, mixtures, steering), with two differences that live
 //! here: softmax attention takes its keys and values from the cache once this step's are
-//! written into it ([`Graph::cached`]), and the program ends with each row's next-token logits
-//! and the caches after the step ([`results`]).
+//! written into it (`Graph::cached`), and the program ends with each row's next-token logits
+//! and the caches after the step (`results`).
 //!
 //! The cache of an attention block is, per row (a slot of the decoding loop), `[positions,
 //! width]` keys and as many values: a step writes each real token's keys and values at its

@@ -59,7 +59,7 @@ pub struct GptOss {
     /// Where gate and up are clamped (7).
     pub swiglu_limit: f64,
     /// The experts are stored as the hub's checkpoints store them, MXFP4
-    /// (`quantization_config` `mxfp4`: `…_blocks` and `…_scales`, [`crate::mxfp4`]).
+    /// (`quantization_config` `mxfp4`: `…_blocks` and `…_scales`, `crate::mxfp4`).
     pub mxfp4: bool,
 }
 

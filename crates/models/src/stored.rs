@@ -307,7 +307,7 @@ pub fn fp8_forms(config: &ModelConfig, n_layers: usize, block: [usize; 2]) -> Ha
 }
 
 /// The weights of `config`'s first `n_layers` blocks that a checkpoint in MXFP4 stores so: the
-/// parts read untransposed from a hub tensor `{name}_blocks` ([`crate::mxfp4`]; GPT-OSS's
+/// parts read untransposed from a hub tensor `{name}_blocks` (`crate::mxfp4`; GPT-OSS's
 /// experts under `quantization_config` `mxfp4`). For planning from a config alone.
 pub fn mxfp4_forms(config: &ModelConfig, n_layers: usize) -> HashMap<String, StoredForm> {
     config

@@ -108,7 +108,7 @@ impl Weights {
     }
 
     /// FP8 weights in blocks of `block` (the `weight_block_size` of the checkpoint's
-    /// `quantization_config`), partial blocks at the edges included (see [`crate::fp8`]).
+    /// `quantization_config`), partial blocks at the edges included (see `crate::fp8`).
     pub fn with_fp8_block(mut self, block: Option<[usize; 2]>) -> Weights {
         if let Inner::SafeTensors(set) = &mut self.inner {
             set.set_fp8_block(block);

@@ -140,53 +140,53 @@ pub struct ModelConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ParamClass {
-    /// Token embeddings [vocab, hidden].
+    /// Token embeddings `[vocab, hidden]`.
     Embedding,
-    /// Learned position embeddings [n_positions, hidden] (GPT-2).
+    /// Learned position embeddings `[n_positions, hidden]` (GPT-2).
     PosEmbedding,
-    /// The unembedding [vocab, hidden] (absent when tied; siphon never computes logits).
+    /// The unembedding `[vocab, hidden]` (absent when tied; siphon never computes logits).
     LmHead,
-    /// Query projection [n_heads*head_dim, hidden].
+    /// Query projection `[n_heads*head_dim, hidden]`.
     AttnQ,
-    /// Key projection [n_kv_heads*head_dim, hidden].
+    /// Key projection `[n_kv_heads*head_dim, hidden]`.
     AttnK,
-    /// Value projection [n_kv_heads*head_dim, hidden].
+    /// Value projection `[n_kv_heads*head_dim, hidden]`.
     AttnV,
-    /// Output projection [hidden, n_heads*head_dim].
+    /// Output projection `[hidden, n_heads*head_dim]`.
     AttnO,
-    /// Query bias [n_heads*head_dim].
+    /// Query bias `[n_heads*head_dim]`.
     QBias,
-    /// Key bias [n_kv_heads*head_dim].
+    /// Key bias `[n_kv_heads*head_dim]`.
     KBias,
-    /// Value bias [n_kv_heads*head_dim].
+    /// Value bias `[n_kv_heads*head_dim]`.
     VBias,
-    /// Output projection bias [hidden], added once after the row-parallel sum.
+    /// Output projection bias `[hidden]`, added once after the row-parallel sum.
     OBias,
-    /// Attention sinks, one logit per query head [n_heads] (GPT-OSS).
+    /// Attention sinks, one logit per query head `[n_heads]` (GPT-OSS).
     AttnSinks,
-    /// MLP gate projection [intermediate, hidden].
+    /// MLP gate projection `[intermediate, hidden]`.
     MlpGate,
-    /// MLP up projection (the input projection of a plain MLP) [intermediate, hidden].
+    /// MLP up projection (the input projection of a plain MLP) `[intermediate, hidden]`.
     MlpUp,
-    /// MLP down projection [hidden, intermediate].
+    /// MLP down projection `[hidden, intermediate]`.
     MlpDown,
-    /// Up projection bias [intermediate].
+    /// Up projection bias `[intermediate]`.
     MlpUpBias,
-    /// Down projection bias [hidden].
+    /// Down projection bias `[hidden]`.
     MlpDownBias,
-    /// A mixture's router [n_experts, hidden], or its bias [n_experts].
+    /// A mixture's router `[n_experts, hidden]`, or its bias `[n_experts]`.
     Router,
-    /// A mixture's stacked expert biases [n_experts, width] (GPT-OSS).
+    /// A mixture's stacked expert biases `[n_experts, width]` (GPT-OSS).
     ExpertBias,
-    /// Every expert's gate projection, stacked [n_experts, expert_size, hidden].
+    /// Every expert's gate projection, stacked `[n_experts, expert_size, hidden]`.
     ExpertGate,
-    /// Every expert's up projection, stacked [n_experts, expert_size, hidden].
+    /// Every expert's up projection, stacked `[n_experts, expert_size, hidden]`.
     ExpertUp,
-    /// Every expert's down projection, stacked [n_experts, hidden, expert_size].
+    /// Every expert's down projection, stacked `[n_experts, hidden, expert_size]`.
     ExpertDown,
-    /// A norm's gain, [hidden] or [head_dim] (or [heads*head_dim] for OLMo 2's q/k norms).
+    /// A norm's gain, `[hidden]` or `[head_dim]` (or `[heads*head_dim]` for OLMo 2's q/k norms).
     Norm,
-    /// A LayerNorm's bias [hidden].
+    /// A LayerNorm's bias `[hidden]`.
     NormBias,
     /// A linear-attention layer's query or key projection `[nk*dk, hidden]`, split by key heads.
     LinearKeys,

@@ -1,7 +1,7 @@
-//! The forward pass as a StableHLO program: the [`Graph`] a family's builder fills
+//! The forward pass as a StableHLO program: the `Graph` a family's builder fills
 //! (`graph.rs`) and the decoder loop families share (`decoder.rs`), for the contract of
-//! [`crate::contract`] (its arguments, results and numerics); the layers themselves are in
-//! [`crate::layers`].
+//! `crate::contract` (its arguments, results and numerics); the layers themselves are in
+//! `crate::layers`.
 
 mod decoder;
 mod graph;

@@ -20,7 +20,7 @@ pub(crate) use decode::{ActivationKey, Defaults, qwen_windows, windows_on_every_
 /// `config.json` as Hugging Face writes it; every field optional so that a missing one gets
 /// a clear error or the architecture's default in [`HfConfig::into_config`]. Keys several
 /// families read are fields; a key only one family reads stays in `extra`, read by name in
-/// that family's file ([`HfConfig::key`]).
+/// that family's file (`HfConfig::key`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[allow(missing_docs)]
 pub struct HfConfig {

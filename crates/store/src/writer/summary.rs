@@ -24,7 +24,7 @@ pub struct WriterTiming {
     pub upload_bytes: u64,
 }
 
-/// What one host wrote, returned by [`ShardWriter::finish`].
+/// What one host wrote, returned by [`ShardWriter::finish`](crate::ShardWriter::finish).
 #[derive(Debug, Clone)]
 pub struct HostSummary {
     /// The host.
