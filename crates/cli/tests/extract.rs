@@ -1179,3 +1179,23 @@ fn weights_kept_stored_write_the_same_dataset() {
     // The weights of the three blocks built (7 projections each) and the embedding.
     assert!(log.contains("stored=22") || log.contains("22 weights"), "{log}");
 }
+
+/// More hosts than units of the corpus: the host given none still leaves its part (an empty
+/// manifest), so the run holds a directory for each host of its partition and `inspect` finds
+/// nothing wrong.
+#[test]
+fn a_host_given_no_unit_leaves_an_empty_part() {
+    let s = setup(20);
+    for file in 1..4 {
+        std::fs::remove_file(s.corpus.join(format!("part-{file}.txt"))).unwrap();
+    }
+    let output = s.root.join("out");
+    run_ok(siphon(&launch_args(&s, &output, 1)), Duration::from_secs(300));
+    let run_dir = output.join("r");
+    let shards: Vec<usize> = ["machine_000_host_00", "machine_000_host_01"]
+        .iter()
+        .map(|host| std::fs::read_to_string(run_dir.join(host).join("manifest.jsonl")).unwrap().lines().count())
+        .collect();
+    assert!(shards.contains(&0) && shards.iter().any(|&n| n > 0), "shards per host: {shards:?}");
+    run_ok(siphon(&["inspect".into(), run_dir.display().to_string()]), Duration::from_secs(60));
+}

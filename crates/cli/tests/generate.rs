@@ -405,6 +405,37 @@ fn two_processes_write_shards_that_together_hold_one_process_s_completions() {
     assert_eq!(got, whole, "the shards hold one process's completions");
 }
 
+/// Progress as `siphon launch` reads it (`SIPHON_PROGRESS` lines on stderr): each report counts
+/// the completions written of the host's, and the last one every completion and its new tokens.
+#[test]
+fn progress_counts_completions_and_their_new_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (prompts, _) = golden(&fixture("tiny-qwen2"));
+    std::fs::write(tmp.path().join("prompts.json"), serde_json::to_string(&prompts).unwrap()).unwrap();
+    let out = tmp.path().join("progress.jsonl");
+    let args: Vec<String> = ["generate", "--model", fixture("tiny-qwen2").to_str().unwrap(), "--ids"]
+        .into_iter()
+        .map(String::from)
+        .chain([tmp.path().join("prompts.json").display().to_string(), "--out".into(), out.display().to_string()])
+        .chain(["--max-new-tokens", "6", "--samples", "2", "--temperature", "1.0", "--slots", "2"].map(String::from))
+        .collect();
+    let mut command = siphon_command(&args);
+    command.env("SIPHON_PROGRESS_PIPE", "1");
+    let output = wait_with_limit(Guard(command.spawn().unwrap()), Duration::from_secs(300));
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let reports: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter_map(|l| l.strip_prefix("SIPHON_PROGRESS "))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last = reports.last().expect("a progress report");
+    let written: u64 = lines(&out).iter().map(|l| ids(&l["completion_ids"]).len() as u64).sum();
+    assert_eq!((last["completions"].clone(), last["tokens"].as_u64()), (serde_json::json!([6, 6]), Some(written)));
+    for r in &reports {
+        assert_eq!(r["completions"][1], 6, "{r}");
+    }
+}
+
 /// `--stop TEXT` ends a completion with the token that completes the text (the demo model,
 /// greedy, on a chat prompt whose answer names rivers).
 #[test]

@@ -1,10 +1,11 @@
 //! `siphon plan --target gpu:GPUS` end to end on this CPU-only machine: the program compiled
 //! by XLA's CUDA plugin for H100s from the plugin's own description of them, the compiler's
 //! memory beside the planner's, each block's attention as compiled (cuDNN's fused call kept,
-//! or XLA's form), the grouped expert products of a mixture on eight GPUs, a program larger
-//! than a GPU's share refused with a mesh that fits, and bad targets named. The cases that
-//! compile need the pinned CUDA compiler (`SIPHON_TEST_CUDA_COMPILER`, set by
-//! `scripts/test.sh`): skipped with a note without it, except under CI, where they fail.
+//! or XLA's form, as isolated documents take it), the grouped expert products of a mixture on
+//! eight GPUs, a program larger than a GPU's share refused with a mesh that fits, and bad
+//! targets named. The cases that compile need the pinned CUDA compiler
+//! (`SIPHON_TEST_CUDA_COMPILER`, set by `scripts/test.sh`): skipped with a note without it,
+//! except under CI, where they fail.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -88,6 +89,19 @@ fn llama_on_an_h100_compiles_each_blocks_attention_with_cudnn() {
     // twice; cuDNN's keeps none, and its peak is one chunk of the MLP (issue 53: 3 GiB less).
     assert!(temp(&left) >= temp(&right) + (3 << 30), "XLA's form {} against cuDNN's {}", temp(&left), temp(&right));
     assert!(temp(&right) < 1 << 30, "cuDNN's form keeps {} bytes of temporaries", temp(&right));
+    // Isolated documents (`--pack isolated`): each attends only itself, a mask cuDNN's causal
+    // one is not, so every block takes XLA's form and its scores.
+    let isolated = json(&siphon(&[&args[..], &["--pack", "isolated", "--json"]].concat(), &[]));
+    assert_eq!((&isolated["pack"], &isolated["padding"]), (&"isolated".into(), &"right".into()));
+    assert!(
+        isolated["attention"].as_array().unwrap().iter().all(|b| b["form"] == "xla" && b["compiled_fused_calls"] == 0)
+    );
+    assert!(
+        temp(&isolated) >= temp(&right) + (3 << 30),
+        "isolated {} against cuDNN's {}",
+        temp(&isolated),
+        temp(&right)
+    );
 
     let out = siphon(&args, &[]);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -89,6 +89,15 @@ fn a_fixture_compiled_for_v5e_4_reports_the_compilers_figures_beside_the_planner
     assert_eq!(fp8["compiled"]["output_size_in_bytes"].as_u64(), fp8["planner"]["output_bytes"].as_u64());
     assert!(fp8["compiled"]["output_size_in_bytes"].as_u64() < compiled["output_size_in_bytes"].as_u64());
 
+    // Isolated documents (`--pack isolated`): their program compiles, its inputs as the
+    // planner counts them (the positions are an input of every forward).
+    let out = siphon(&[&args[..], &["--pack", "isolated", "--json"]].concat(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let isolated: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&isolated["pack"], &isolated["fits"]), (&"isolated".into(), &true.into()));
+    assert_eq!(isolated["compiled"]["argument_size_in_bytes"].as_u64(), isolated["planner"]["argument_bytes"].as_u64());
+    assert!(report["pack"].is_null(), "{}", report["pack"]);
+
     // A dictionary's tensors and latents in the program: counted as the compiler counts them.
     let sae = ["--sae", "fixtures/dictionaries/saelens-gated", "--latent-cap", "20", "--json"];
     let out = siphon(&[&args[..], &sae].concat(), &[]);

@@ -11,7 +11,7 @@ use arrow_array::types::{
     Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use arrow_schema::DataType;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use serde_json::{Map, Value};
@@ -50,10 +50,19 @@ impl Corpus {
             available,
         };
         let mut kinds: Vec<(String, &'static str)> = names.iter().map(|n| (n.clone(), "json")).collect();
+        // The parquet files' footers fetched concurrently, in the files' order (`buffered`),
+        // checked in that order below.
+        let parquet: Vec<_> = self.files.iter().filter(|f| f.format == FileFormat::Parquet).cloned().collect();
+        let store = &self.store;
+        let metas: Vec<Result<_>> = self.block_on(async move {
+            let fetch = |file| async move { load_parquet_meta(store, &file).await };
+            Ok(futures::stream::iter(parquet).map(fetch).buffered(16).collect().await)
+        })?;
+        let mut metas = metas.into_iter();
         for file in self.files.iter() {
             match file.format {
                 FileFormat::Parquet => {
-                    let meta = self.block_on(load_parquet_meta(&self.store, file))?;
+                    let meta = metas.next().expect("a footer fetched for every parquet file")?;
                     let schema = meta.schema();
                     for (name, kind) in &mut kinds {
                         let Ok(field) = schema.field_with_name(name) else {

@@ -76,7 +76,7 @@ pub use file::{check_regular_file, read_text_file};
 pub use pack::{NO_DOC, PackConfig, PackMode, PadSide, SpecialTokens, doc_id};
 pub use plan::{Corpus, CorpusConfig, InvalidRecords, Partition, Shuffle, TextRecords, Unit, UnitKind, Worker};
 pub use read::Record;
-pub use select::{Positions, Selection, choose};
+pub use select::{Positions, Selection, choose, choose_together};
 pub use source::{CorpusFile, FileFormat};
 pub use special::{load_tokenizer, parse_token};
 pub use stream::{Batch, BatchStream, DataStats, Position, SeqId, StreamConfig};

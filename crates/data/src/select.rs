@@ -177,6 +177,29 @@ pub fn choose(batch: &Batch, how: &Positions, marker: &[u32], per_turn: bool, at
     s
 }
 
+/// The rows `how` chooses in each member's batch of one step (`None` where a member has no
+/// batch), every selection with the same rows a sequence — the most any member needs — as
+/// the step's one program takes them.
+pub fn choose_together(
+    batches: &[Option<&Batch>],
+    how: &Positions,
+    marker: &[u32],
+    per_turn: bool,
+) -> Vec<Option<Selection>> {
+    let choose = |b: &Batch, at_least| choose(b, how, marker, per_turn, at_least);
+    let mut chosen: Vec<Option<Selection>> = batches.iter().map(|b| b.map(|b| choose(b, 1))).collect();
+    let rows = chosen.iter().flatten().map(|c| c.rows).max().unwrap_or(1);
+    // Chosen again only where another member's batch needs more rows a sequence.
+    for (c, b) in chosen.iter_mut().zip(batches) {
+        if let (Some(c), Some(b)) = (c, b)
+            && c.rows < rows
+        {
+            *c = choose(b, rows);
+        }
+    }
+    chosen
+}
+
 /// A document's run of tokens in a sequence: `start..end`.
 struct DocRun {
     start: usize,
@@ -326,6 +349,24 @@ mod tests {
         assert_eq!(s.position[..3], [0, 2, 4]);
         let s = choose(&b, &Positions::Last, &[], false, 1);
         assert_eq!(s.position[..1], [4]);
+    }
+
+    #[test]
+    fn members_of_one_step_share_the_most_rows_any_needs() {
+        let two_docs = two_rows();
+        let row = vec![(5, 4, 0, 0, 0), (6, 4, 1, 0, 0), (7, 4, 2, 0, 0), (8, 4, 3, 0, 0), (9, 4, 4, 0, 0), PAD];
+        let one_doc = batch(&[row], &[0]);
+        let how = Positions::Last;
+        // Alone, the first needs 2 rows a sequence (documents 7 and 8 share its row 0), the
+        // second 1.
+        assert_eq!((choose(&two_docs, &how, &[], false, 1).rows, choose(&one_doc, &how, &[], false, 1).rows), (2, 1));
+        let together = choose_together(&[Some(&one_doc), None, Some(&two_docs)], &how, &[], false);
+        assert!(together[1].is_none());
+        let (a, c) = (together[0].as_ref().unwrap(), together[2].as_ref().unwrap());
+        assert_eq!((a.rows, c.rows), (2, 2));
+        assert_eq!(*a, choose(&one_doc, &how, &[], false, 2));
+        assert_eq!((a.position.clone(), a.used.clone()), (vec![4, -1], vec![1, 0]));
+        assert_eq!(choose_together(&[None, None], &how, &[], false), vec![None, None]);
     }
 
     #[test]

@@ -375,3 +375,36 @@ fn pack_rows_keep_document_boundaries() {
     // Three row groups: at most three padded rows.
     assert!(packed.iter().filter(|r| r.attention.contains(&0)).count() <= 3);
 }
+
+#[test]
+fn kept_columns_are_checked_in_every_parquet_file_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    // More files than footers are fetched at once, so the check reads them in several waves.
+    for i in 0..40 {
+        write_parquet(&dir.path().join(format!("f{i:02}.parquet")), &[Some(doc_text(i))], 4);
+    }
+    let corpus = Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default()).unwrap();
+    assert_eq!(corpus.check_columns(&["id".to_string()]).unwrap(), vec![("id".to_string(), "string")]);
+
+    // Two files without the column: the first of them in the corpus's order is named.
+    for name in ["f33b.parquet", "f17b.parquet"] {
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            "text",
+            arrow_schema::DataType::Utf8,
+            true,
+        )]));
+        let file = std::fs::File::create(dir.path().join(name)).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).unwrap();
+        let text: arrow_array::ArrayRef = Arc::new(arrow_array::StringArray::from(vec!["a b c"]));
+        writer.write(&arrow_array::RecordBatch::try_new(schema, vec![text]).unwrap()).unwrap();
+        writer.close().unwrap();
+    }
+    let corpus = Corpus::open(dir.path().to_str().unwrap(), &CorpusConfig::default()).unwrap();
+    match corpus.check_columns(&["id".to_string()]) {
+        Err(Error::MissingColumn { file, column, available }) => {
+            assert!(file.ends_with("f17b.parquet"), "{file}");
+            assert_eq!((column.as_str(), available.as_str()), ("id", "text"));
+        }
+        other => panic!("expected the missing column named, got {other:?}"),
+    }
+}

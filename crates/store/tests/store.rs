@@ -376,9 +376,25 @@ fn suite_stop_and_resume(backend: &Backend) {
     assert_eq!(read_manifest(backend, "stop"), read_manifest(backend, "stop-reference"));
 }
 
+/// A host that commits no shard (no unit of the corpus was its) still leaves an empty
+/// manifest, so that its directory stands beside the others' and verify counts it.
+fn suite_a_host_without_a_shard(backend: &Backend) {
+    let spec = spec();
+    write_all(config(backend, "idle"), &spec, 3);
+    let other = HostId { machine: 1, host: 3 };
+    let mut idle = config(backend, "idle");
+    idle.host = other;
+    let summary = write_all(idle, &spec, 0);
+    assert_eq!((summary.shards, summary.tokens), (0, 0));
+    let report = verify_ok(backend, "idle");
+    let hosts: Vec<(HostId, u64)> = report.hosts.iter().map(|h| (h.host, h.shards)).collect();
+    assert_eq!(hosts, [(HOST, 1), (other, 0)]);
+}
+
 fn run_suite(backend: &Backend) {
     suite_write_read_verify(backend);
     suite_stop_and_resume(backend);
+    suite_a_host_without_a_shard(backend);
     suite_refuses_other_config(backend);
     suite_shuffle_and_mask(backend);
     for failpoint in ["before_upload", "mid_upload", "after_upload_before_manifest"] {

@@ -104,7 +104,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bars: bars.clone(),
             bar: bars.as_ref().map(|multi| {
                 let bar = multi.add(indicatif::ProgressBar::no_length());
-                bar.set_style(progress::bar_style(&format!("[host {process_id}]")));
+                bar.set_style(progress::bar_style(false));
+                bar.set_prefix(format!("[host {process_id}]"));
                 bar
             }),
         };

@@ -270,20 +270,10 @@ impl Compute {
     /// Each member's chosen rows (`--positions`; none without it), a sequence's count the
     /// same for every member of the step.
     pub fn choose(&self, batches: &[Option<&siphon_data::Batch>]) -> Vec<Option<siphon_data::Selection>> {
-        let Some(c) = &self.chooser else { return vec![None; batches.len()] };
-        let choose =
-            |b: &siphon_data::Batch, at_least| siphon_data::choose(b, &c.positions, &c.marker, c.per_turn, at_least);
-        let mut chosen: Vec<Option<siphon_data::Selection>> = batches.iter().map(|b| b.map(|b| choose(b, 1))).collect();
-        let rows = chosen.iter().flatten().map(|c| c.rows).max().unwrap_or(1);
-        // Chosen again only where another member's batch needs more rows a sequence.
-        for (c, b) in chosen.iter_mut().zip(batches) {
-            if let (Some(c), Some(b)) = (c, b)
-                && c.rows < rows
-            {
-                *c = choose(b, rows);
-            }
+        match &self.chooser {
+            Some(c) => siphon_data::choose_together(batches, &c.positions, &c.marker, c.per_turn),
+            None => vec![None; batches.len()],
         }
-        chosen
     }
 
     /// Launches one step: `batches[i]` is member `i`'s batch (`None` once its reader's slice

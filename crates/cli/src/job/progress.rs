@@ -1,4 +1,5 @@
-//! Progress of one host, shown one of three ways:
+//! Progress of one host (an extraction's tokens, or `generate`'s completions), shown one of
+//! three ways:
 //! - on a terminal, an indicatif bar;
 //! - under `siphon launch` on a terminal, `SIPHON_PROGRESS {json}` lines on stderr that the
 //!   launcher turns into one bar per host (children's stderr is a pipe, not a terminal);
@@ -35,6 +36,10 @@ pub struct Report {
     /// or `host` (the programs wait for the output path).
     #[serde(default)]
     pub bound: Option<Bound>,
+    /// `generate`'s completions written, and how many the host writes in all (the tokens
+    /// are then the new tokens of this session's completions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completions: Option<[u64; 2]>,
 }
 
 /// The side a run waits on.
@@ -56,14 +61,25 @@ impl std::fmt::Display for Bound {
     }
 }
 
-/// The bar style shared by a host's own bar and the launcher's bars.
-pub fn bar_style(label: &str) -> ProgressStyle {
-    let template = format!("{label} {{bar:30}} {{human_pos}} tokens {{per_sec}} {{msg}} eta {{eta}}");
-    ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar())
+/// The bar style shared by a host's own bar and the launcher's bars (their label the bar's
+/// prefix): tokens, or `generate`'s completions.
+pub fn bar_style(completions: bool) -> ProgressStyle {
+    let template = match completions {
+        false => "{prefix} {bar:30} {human_pos} tokens {per_sec} {msg} eta {eta}",
+        true => "{prefix} {bar:30} {human_pos}/{human_len} completions {msg} eta {eta}",
+    };
+    ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar())
 }
 
 /// Applies a report to a bar.
 pub fn show(bar: &ProgressBar, report: &Report) {
+    if let Some([done, of]) = report.completions {
+        bar.set_style(bar_style(true));
+        bar.set_length(of);
+        bar.set_position(done);
+        bar.set_message(format!("{} new tokens", report.tokens));
+        return;
+    }
     if let Some(total) = report.total {
         bar.set_length(total);
     }
@@ -93,18 +109,35 @@ pub struct Progress {
 impl Progress {
     /// `total_tokens`: this host's token budget, when there is one.
     pub fn new(host: HostId, total_tokens: Option<u64>) -> Progress {
+        let report = Report { total: total_tokens, ..Report::default() };
+        Progress::labelled(&format!("[m{:03} h{:02}]", host.machine, host.host), report)
+    }
+
+    /// `generate`'s process `process`, which writes `of` completions, `done` of them before
+    /// a restart.
+    pub fn completions(process: usize, done: u64, of: u64) -> Progress {
+        let report = Report { completions: Some([done, of]), ..Report::default() };
+        Progress::labelled(&format!("[process {process}]"), report)
+    }
+
+    fn labelled(label: &str, report: Report) -> Progress {
         let now = Instant::now();
         let display = if std::env::var_os(PIPE_ENV).is_some() {
             Display::Pipe { last: now }
         } else if std::io::stderr().is_terminal() {
-            let bar = total_tokens.map_or_else(ProgressBar::no_length, ProgressBar::new);
-            bar.set_style(bar_style(&format!("[m{:03} h{:02}]", host.machine, host.host)));
+            let length = report.completions.map(|[_, of]| of).or(report.total);
+            let bar = length.map_or_else(ProgressBar::no_length, ProgressBar::new);
+            bar.set_style(bar_style(report.completions.is_some()));
+            bar.set_prefix(label.to_string());
+            if report.completions.is_some() {
+                show(&bar, &report);
+                bar.reset_eta();
+            }
             bar.enable_steady_tick(Duration::from_millis(200));
             Display::Bar(bar)
         } else {
             Display::Log { last: now }
         };
-        let report = Report { total: total_tokens, ..Report::default() };
         Progress { display, report, session_tokens: 0, started: now }
     }
 
@@ -120,8 +153,20 @@ impl Progress {
     /// One batch of `tokens` launched; `bound` says which side bounds the run so far.
     pub fn batch(&mut self, tokens: u64, bound: Bound) {
         self.report.bound = Some(bound);
-        self.report.tokens += tokens;
         self.report.batches += 1;
+        self.advance(tokens);
+    }
+
+    /// One completion of `tokens` new tokens written ([`Progress::completions`]).
+    pub fn completion(&mut self, tokens: u64) {
+        if let Some([done, _]) = &mut self.report.completions {
+            *done += 1;
+        }
+        self.advance(tokens);
+    }
+
+    fn advance(&mut self, tokens: u64) {
+        self.report.tokens += tokens;
         self.session_tokens += tokens;
         match &mut self.display {
             Display::Bar(bar) => show(bar, &self.report),
@@ -135,13 +180,25 @@ impl Progress {
                 if last.elapsed() >= LOG_EVERY {
                     *last = Instant::now();
                     let seconds = self.started.elapsed().as_secs_f64();
-                    tracing::info!(
-                        tokens = self.report.tokens,
-                        batches = self.report.batches,
-                        tokens_per_second = (self.session_tokens as f64 / seconds).round(),
-                        bound = %bound,
-                        "progress"
-                    );
+                    let rate = (self.session_tokens as f64 / seconds).round();
+                    match self.report.completions {
+                        Some([done, of]) => {
+                            tracing::info!(
+                                completions = done,
+                                of,
+                                new_tokens = self.report.tokens,
+                                tokens_per_second = rate,
+                                "progress"
+                            )
+                        }
+                        None => tracing::info!(
+                            tokens = self.report.tokens,
+                            batches = self.report.batches,
+                            tokens_per_second = rate,
+                            bound = %self.report.bound.map_or("-".to_string(), |b| b.to_string()),
+                            "progress"
+                        ),
+                    }
                 }
             }
         }
@@ -150,8 +207,18 @@ impl Progress {
     /// The writer finished: every shard committed.
     pub fn finish(&mut self, summary: &HostSummary) {
         self.report.shards = Some(summary.shards);
+        self.end();
+    }
+
+    /// The last report: a bar finished, the launcher told.
+    pub fn end(&self) {
         match &self.display {
-            Display::Bar(bar) => show(bar, &self.report),
+            Display::Bar(bar) => {
+                show(bar, &self.report);
+                if !bar.is_finished() {
+                    bar.finish();
+                }
+            }
             Display::Pipe { .. } => emit(&self.report),
             Display::Log { .. } => {}
         }

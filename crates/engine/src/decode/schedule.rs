@@ -1,8 +1,13 @@
-//! The scheduler: which sequence each of the decoder's slots holds. A slot takes the next
-//! prompt as soon as it is free; each step feeds every busy slot — up to the decoder's `chunk`
-//! ([`DecodeStep`]) tokens of a prompt not yet in its cache, or the one token its sequence
-//! last drew — so a long prompt or a long completion never idles the other slots. A step where
-//! some slot still has more than one token to feed is `chunk` tokens wide, else one.
+//! The scheduler: which sequence each of the decoder's slots holds. Each step feeds every busy
+//! slot — up to the decoder's `chunk` ([`DecodeStep`]) tokens of a prompt not yet in its cache,
+//! or the one token its sequence last drew — so a long prompt or a long completion never idles
+//! the other slots. A step where some slot still has prompt tokens to feed is `chunk` tokens
+//! wide for every slot, and a slot drawing tokens waits it out; else a step is one token wide.
+//! So a position's values come from the program its kind of token always takes, whatever the
+//! other slots hold: on given slots and mesh, a completion is the same bits on any schedule
+//! (slots refilled at other times, a resumed run). Freed slots take their next prompts
+//! together, once half of them are free ([`refill_at`]; or none is busy, or the prompts left
+//! fill them): one wide step, where refilling each as it frees would take one wide step each.
 
 use std::collections::VecDeque;
 
@@ -112,23 +117,21 @@ pub fn generate_each(
     let mut pending: VecDeque<usize> = (0..prompts.len()).collect();
     let mut slots: Vec<Option<Active>> = (0..decoder.slots()).map(|_| None).collect();
     loop {
-        for slot in slots.iter_mut().filter(|s| s.is_none()) {
-            let Some(index) = pending.pop_front() else { break };
-            let ids = prompts[index].ids.clone();
-            *slot = Some(Active { index, prompt: ids.len(), tokens: ids, cached: 0 });
+        if refills(&slots, pending.len()) {
+            for slot in slots.iter_mut().filter(|s| s.is_none()) {
+                let Some(index) = pending.pop_front() else { break };
+                let ids = prompts[index].ids.clone();
+                *slot = Some(Active { index, prompt: ids.len(), tokens: ids, cached: 0 });
+            }
         }
         if slots.iter().all(Option::is_none) {
             break;
         }
-        let width = match slots.iter().flatten().any(|a| a.tokens.len() - a.cached > 1) {
-            true => chunk.min(cache_len),
-            false => 1,
-        };
+        let (width, fed) = feeds(&slots, chunk.min(cache_len));
         let (mut ids, mut mask, mut positions) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut fed, mut uniforms) = (Vec::with_capacity(slots.len()), Vec::with_capacity(slots.len()));
-        for slot in &slots {
+        let mut uniforms = Vec::with_capacity(slots.len());
+        for (slot, &n) in slots.iter().zip(&fed) {
             let (mut row, mut real, mut at) = (vec![0u32; width], vec![0u8; width], vec![0i32; width]);
-            let n = slot.as_ref().map_or(0, |a| (a.tokens.len() - a.cached).min(width));
             if let Some(a) = slot {
                 for i in 0..n {
                     row[i] = a.tokens[a.cached + i];
@@ -149,7 +152,6 @@ pub fn generate_each(
             ids.push(row);
             mask.push(real);
             positions.extend(at);
-            fed.push(n);
             uniforms.push(u);
         }
         let mut batch = Batch::new(ids, Some(mask))?.with_position_ids(positions)?;
@@ -192,4 +194,77 @@ pub fn generate_each(
         }
     }
     Ok(())
+}
+
+/// Whether the free slots take their next prompts now: once half of them are free
+/// ([`refill_at`]), or none is busy, or the `pending` prompts left fill them.
+fn refills(slots: &[Option<Active>], pending: usize) -> bool {
+    let free = slots.iter().filter(|s| s.is_none()).count();
+    free == slots.len() || free >= refill_at(slots.len()).min(pending)
+}
+
+/// Free slots that take their next prompts together, of `slots`: half of them. A prompt's
+/// first step is as wide as a chunk for every slot (the cost of ~`chunk` one-token steps where
+/// a step is bound by its products), while a free slot waiting costs a one-token step little
+/// (bound by reading the weights): completions of mixed lengths ran 4× faster so on the CPU
+/// plugin (docs/BENCHMARKS.md).
+fn refill_at(slots: usize) -> usize {
+    slots.div_ceil(2)
+}
+
+/// A step's width and the tokens each slot feeds: where some slot has prompt tokens left, a
+/// step `chunk` wide feeding each such slot up to `chunk` of them while a slot drawing tokens
+/// waits; else one token each. A prompt's tokens thus always go through the wide program and
+/// drawn ones through the one-token program, so a position's values are the same whatever the
+/// other slots hold (with `chunk` 1 there is one program).
+fn feeds(slots: &[Option<Active>], chunk: usize) -> (usize, Vec<usize>) {
+    let width = match slots.iter().flatten().any(|a| a.cached < a.prompt) {
+        true => chunk,
+        false => 1,
+    };
+    let fed = slots
+        .iter()
+        .map(|slot| match slot {
+            Some(a) if width == 1 || a.cached < a.prompt => (a.tokens.len() - a.cached).min(width),
+            _ => 0,
+        })
+        .collect();
+    (width, fed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot with a prompt of `prompt` tokens, `drawn` tokens drawn after it, `cached` in
+    /// the cache.
+    fn active(prompt: usize, drawn: usize, cached: usize) -> Option<Active> {
+        Some(Active { index: 0, tokens: vec![1; prompt + drawn], prompt, cached })
+    }
+
+    #[test]
+    fn a_drawing_slot_waits_out_a_step_that_feeds_a_prompt() {
+        // One slot drawing (its last token not yet fed), one with 10 prompt tokens left, one
+        // with 3, one free: a step 8 wide; the drawing slot feeds nothing.
+        let slots = [active(5, 2, 6), active(12, 0, 2), active(3, 0, 0), None];
+        assert_eq!(feeds(&slots, 8), (8, vec![0, 8, 3, 0]));
+        // Every prompt fed: one token each.
+        let slots = [active(5, 2, 6), active(12, 1, 12), None];
+        assert_eq!(feeds(&slots, 8), (1, vec![1, 1, 0]));
+        // Chunks of one token: one program for both kinds, every slot fed.
+        let slots = [active(5, 2, 6), active(12, 0, 2)];
+        assert_eq!(feeds(&slots, 1), (1, vec![1, 1]));
+    }
+
+    #[test]
+    fn free_slots_are_refilled_together() {
+        let busy = || active(3, 1, 3);
+        // 1 of 4 free: it waits while prompts remain for 2.
+        assert!(!refills(&[busy(), busy(), busy(), None], 5));
+        assert!(refills(&[busy(), busy(), None, None], 5));
+        // The one prompt left takes the one free slot; a batch with none busy refills at once.
+        assert!(refills(&[busy(), busy(), busy(), None], 1));
+        assert!(refills(&[None, None, None, None], 1));
+        assert_eq!((refill_at(1), refill_at(5), refill_at(32)), (1, 3, 16));
+    }
 }

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::summary::{HostSummary, WriterTiming};
 use crate::config::HostId;
@@ -32,6 +32,8 @@ pub(super) struct Committer {
     pub(super) lines: Vec<ManifestLine>,
     pub(super) stats: RunStats,
     pub(super) timing: Arc<Mutex<WriterTiming>>,
+    /// Whether the assembler made every batch a shard, sent as it ends.
+    pub(super) assembled: Option<oneshot::Receiver<bool>>,
 }
 
 impl Committer {
@@ -58,6 +60,16 @@ impl Committer {
             if !input_open && uploads.is_empty() {
                 break;
             }
+        }
+        // No shard committed, and none failed (no unit of the corpus was this host's, or its
+        // records gave no token): an empty manifest says so, and the host's directory stands
+        // beside the others' for whoever counts them.
+        if self.lines.is_empty()
+            && let Some(assembled) = self.assembled.take()
+            && assembled.await.unwrap_or(false)
+        {
+            let manifest = self.location.manifest(&self.run, self.host);
+            self.put(&manifest, Vec::new()).await?;
         }
         Ok(HostSummary {
             host: self.host,

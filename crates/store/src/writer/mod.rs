@@ -130,6 +130,8 @@ impl ShardWriter {
         let timing = Arc::new(Mutex::new(WriterTiming::default()));
         let (batch_tx, batch_rx) = sync_channel(config.queue_batches);
         let (shard_tx, shard_rx) = mpsc::channel(config.pending_shards.max(1));
+        // The assembler's end, success or not, for the committer of a host with no shard.
+        let (assembled_tx, assembled_rx) = tokio::sync::oneshot::channel();
         let identity = ShardIdentity {
             run: config.run.clone(),
             model: model_id(&descriptor.model),
@@ -147,6 +149,7 @@ impl ShardWriter {
             lines: state.lines,
             stats: state.stats,
             timing: Arc::clone(&timing),
+            assembled: Some(assembled_rx),
         };
         let committer_failure = Arc::clone(&failure);
         let committer = runtime.spawn(async move {
@@ -175,6 +178,7 @@ impl ShardWriter {
                 if let Err(e) = &result {
                     record_failure(&assembler_failure, e);
                 }
+                let _ = assembled_tx.send(result.is_ok());
                 result
             })
             .map_err(|source| StoreError::Io { op: "spawn thread", path: "siphon-store-assembler".into(), source })?;

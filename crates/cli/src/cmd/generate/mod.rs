@@ -272,6 +272,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (mut out, written) = output::Output::open(&out_path, &run_settings(&args, share, &prompts), &requests)?;
     let todo = &requests[written..];
     let slow = std::env::var("SIPHON_TEST_SLOW_COMPLETION_MS").ok().and_then(|v| v.parse().ok());
+    let mut progress =
+        crate::job::progress::Progress::completions(share.process, written as u64, requests.len() as u64);
     let start = std::time::Instant::now();
     let mut new_tokens = 0;
     let stops = |ids: &[u32]| match (&model.tokenizer, args.stop.is_empty()) {
@@ -296,6 +298,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let line = serde_json::to_string(&line).map_err(|e| EngineError::Options(e.to_string()))?;
         out.done(written + i, line).map_err(|e| EngineError::Options(format!("{e:#}")))?;
         new_tokens += completion.ids.len();
+        progress.completion(completion.ids.len() as u64);
         if let Some(ms) = slow {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
@@ -303,6 +306,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
     .context("decoding")?;
     let seconds = start.elapsed().as_secs_f64();
+    progress.end();
     // Each process's shard takes its name once every process has written all its lines: a
     // job stopped before that resumes from the partial files alone.
     if let Some(job) = &job {

@@ -90,6 +90,11 @@ pub struct Args {
     /// each block cuDNN's fused attention can take takes it, or left (XLA's form everywhere).
     #[arg(long, value_enum, requires = "target")]
     pub pad: Option<crate::args::corpus::PadSideArg>,
+    /// With --target: how `extract` packs the rows (`--pack`): `isolated` compiles its program,
+    /// each document attending only itself (positions restarting at each; on GPUs XLA's
+    /// attention form, which cuDNN's causal mask cannot take).
+    #[arg(long, value_enum, requires = "target")]
+    pub pack: Option<crate::args::corpus::PackArg>,
     /// With --target tpu:…: `off` compiles the program as the CPU and GPUs would take it — a
     /// mixture's experts in rounds of whole experts (a loop), FP8 decoded by a byte table —
     /// instead of a TPU's own forms (`chlo.ragged_dot` over each expert's width, FP8 by
@@ -211,7 +216,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         siphon_plan::PlanError::Uncountable { per_step: true, .. } => anyhow::Error::new(e).context("--batch, --seq"),
         _ => e.into(),
     })?;
-    plan.notes.extend(siphon_plan::cuda_attention(&config, &plan, &request));
+    let isolated = args.pack == Some(crate::args::corpus::PackArg::Isolated);
+    // Isolated documents take XLA's attention form on GPUs, whatever the blocks.
+    if !isolated {
+        plan.notes.extend(siphon_plan::cuda_attention(&config, &plan, &request));
+    }
     // The rule extract applies, as a note: a plan computes nothing.
     if let Some(Err(err)) = args.seq.map(|seq| siphon_plan::check_context(&config, seq)) {
         plan.notes.push(format!("--seq: {err}; `siphon extract` refuses it otherwise"));
@@ -224,6 +233,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             weights: args.weights,
             plugin: args.plugin.as_deref(),
             right_padded: !matches!(args.pad, Some(crate::args::corpus::PadSideArg::Left)),
+            isolated,
             tpu_forms: args.tpu_forms == TpuForms::On,
             dictionaries,
         };

@@ -134,6 +134,8 @@ pub struct Compile<'a> {
     /// Whether the rows are right-padded (`extract`'s default `--pad right`): on GPUs, the
     /// blocks cuDNN's fused attention can take then take it.
     pub right_padded: bool,
+    /// `--pack isolated`: each document of a row attends only itself.
+    pub isolated: bool,
     /// `--tpu-forms`: whether a TPU program takes its own forms (the default) or the CPU's.
     pub tpu_forms: bool,
     /// `--sae`: dictionaries whose latents the program computes.
@@ -357,6 +359,9 @@ struct Report<'a> {
     /// On GPUs: how the rows are padded (`right`, as `extract` packs them, or `left`).
     #[serde(skip_serializing_if = "Option::is_none")]
     padding: Option<&'static str>,
+    /// `isolated` where the rows hold isolated documents (`--pack isolated`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pack: Option<&'static str>,
     /// On GPUs: each softmax attention block's form, as built and as compiled.
     #[serde(skip_serializing_if = "Option::is_none")]
     attention: Option<Vec<BlockAttention>>,
@@ -390,7 +395,7 @@ struct Report<'a> {
 }
 
 pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> {
-    let Compile { target, config, request, weights, plugin, right_padded, tpu_forms, dictionaries } = compile;
+    let Compile { target, config, request, weights, plugin, right_padded, isolated, tpu_forms, dictionaries } = compile;
     let (Some(batch), Some(seq)) = (request.batch, request.seq) else {
         bail!("--target compiles the program for one step: give --batch and --seq")
     };
@@ -414,6 +419,7 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         },
         weights,
         right_padded,
+        isolated,
         dictionaries,
         next_token: request.next_token,
         decode: request.decode,
@@ -441,7 +447,9 @@ pub fn run(compile: Compile<'_>, plan: &Plan, json: bool) -> anyhow::Result<()> 
         }
         Err(e) => return Err(e.into()),
     };
-    let report = report(&target, config, plan, &aot, &hooks, batch, seq, right_padded, compiler.display().to_string())?;
+    let mut report =
+        report(&target, config, plan, &aot, &hooks, batch, seq, right_padded, compiler.display().to_string())?;
+    report.pack = isolated.then_some("isolated");
     if json {
         println!("{}", serde_json::to_string_pretty(&report).context("serializing the report")?);
     } else {
@@ -593,6 +601,7 @@ fn report<'a>(
         compute_dtype: plan.dtype.to_string(),
         output_dtype: plan.memory.host.map_or_else(|| plan.dtype.to_string(), |h| h.dtype.to_string()),
         padding: gpu.then_some(if right_padded { "right" } else { "left" }),
+        pack: None,
         attention: gpu.then(|| block_attention(&aot.program.attention, &aot.instructions)),
         experts,
         grouped_calls: if gpu { Some(grouped) } else { Some(ragged).filter(|&n| n > 0) },
@@ -671,7 +680,8 @@ fn text(r: &Report<'_>) -> String {
         r.hooks,
         r.compute_dtype,
         r.output_dtype,
-        r.padding.map_or_else(String::new, |p| format!("{p}-padded rows, ")),
+        r.padding.map_or_else(String::new, |p| format!("{p}-padded rows, "))
+            + r.pack.map_or("", |_| "isolated documents, "),
         r.stored_weights,
         r.compile_seconds
     ));
