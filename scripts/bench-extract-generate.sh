@@ -11,8 +11,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 bench_prepare
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+bench_workdir
 rounds="${BENCH_ROUNDS:-3}"
 prompts="$(ls "$corpus"/*.parquet | head -n 1)"
 flags="--max-prompts ${BENCH_PROMPTS:-32} --max-new-tokens 64 --ignore-eos --slots 32 --cpu-devices 1"

@@ -12,8 +12,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 bench_prepare
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+bench_workdir
 mkdir "$work/prompts"
 python3 - "$work/prompts/chat.jsonl" <<'EOF'
 import json, random, sys

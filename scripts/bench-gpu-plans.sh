@@ -20,8 +20,7 @@ if [[ -z "${SIPHON_BIN:-}" ]]; then
     cargo build --release --quiet -p siphon --bin siphon
     SIPHON_BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/siphon"
 fi
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+bench_workdir
 
 every_hook_but_scores='blocks.{0..7}.hook_resid_pre,blocks.{0..7}.ln1.hook_normalized,blocks.{0..7}.attn.hook_q,'
 every_hook_but_scores+='blocks.{0..7}.attn.hook_k,blocks.{0..7}.attn.hook_v,blocks.{0..7}.attn.hook_z,'

@@ -52,8 +52,7 @@ if [[ -z "$siphon" ]]; then
 fi
 work="${BENCH_WORK:-}"
 if [[ -z "$work" ]]; then
-    work="$(mktemp -d)"
-    trap 'rm -rf "$work"' EXIT
+    bench_workdir
 fi
 "$python" scripts/bench/latents_vs_delphi.py bench --siphon "$siphon" --model "$model" --sae "$sae" \
     --corpus "$corpus" --layer 15 --tokens "${BENCH_TOKENS:-16384,65536}" --rounds "${BENCH_ROUNDS:-2}" \

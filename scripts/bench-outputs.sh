@@ -13,8 +13,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 bench_prepare
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+bench_workdir
 rounds="${BENCH_ROUNDS:-3}"
 tokens="${BENCH_TOKENS:-16384}"
 

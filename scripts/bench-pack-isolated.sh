@@ -16,8 +16,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 bench_prepare
 python="$(bash scripts/setup-python-train.sh | tail -n 1)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+bench_workdir
 rounds="${BENCH_ROUNDS:-3}"
 bench_short_docs "$python" "$corpus" "${BENCH_DOCS:-2000}" "$work/docs.jsonl"
 hooks="$(python3 -c 'print(",".join(f"blocks.{l}.hook_resid_post" for l in (3, 7, 11, 15, 19, 23, 27, 29)))')"

@@ -13,8 +13,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 bench_prepare
 bench_hf_prepare "$model"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+bench_workdir
 bench_short_docs "$python" "$corpus" "${BENCH_DOCS:-2000}" "$work/docs.jsonl"
 "$python" scripts/bench/positions_vs_hf.py bench --siphon "$siphon" --model "$hf_model" --docs "$work/docs.jsonl" \
     --rounds "${BENCH_ROUNDS:-3}"

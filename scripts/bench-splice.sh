@@ -23,7 +23,6 @@ if [[ -z "$siphon" ]]; then
     cargo build --release --quiet -p siphon --bin siphon
     siphon="$REPO_ROOT/target/release/siphon"
 fi
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+bench_workdir
 "$python" scripts/bench/splice_vs_saelens.py bench --siphon "$siphon" --model "$model" --sae "$sae" \
     --corpus "$corpus" --work "$work" --tokens "${BENCH_TOKENS:-65536}" --rounds "${BENCH_ROUNDS:-2}" -- "$@"

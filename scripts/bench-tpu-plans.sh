@@ -17,8 +17,7 @@ if [[ -z "${SIPHON_BIN:-}" ]]; then
     cargo build --release --quiet -p siphon --bin siphon
     SIPHON_BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/siphon"
 fi
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+bench_workdir
 
 qwen=(--config fixtures/configs/qwen2.5-7b.json --hooks 'blocks.{20..27}.hook_resid_post' --batch 64 --seq 1024)
 llama=(--config fixtures/configs/llama-3.1-70b.json --hooks 'blocks.{40..79}.hook_resid_post' --batch 16 --seq 1024)

@@ -103,6 +103,12 @@ with open(out, "w") as f:
 PY
 }
 
+# bench_workdir: `work`, a fresh temporary directory removed when the script exits.
+bench_workdir() {
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+}
+
 # bench_prepare: what a benchmark over the demo needs, set as variables: SIPHON_PJRT_PLUGIN
 # (exported, with TF_CPP_MIN_LOG_LEVEL), corpus (the demo corpus), model (the demo GGUF) and
 # siphon (SIPHON_BIN, else a release build).
